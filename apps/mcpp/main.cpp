@@ -1,0 +1,46 @@
+// mcpp — the megatron-cpp CLI. `mcpp <command> [flags]`; `mcpp help` lists the commands.
+// Errors: mcpp::Error (and CLI11 parse errors) become one line on stderr and exit code 2.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "apps/mcpp/command.h"
+#include "mcpp/core/error.h"
+
+namespace {
+void print_help() {
+  fmt::print("usage: mcpp <command> [flags]   (mcpp <command> --help for its flags)\n\ncommands:\n");
+  for (const auto& [name, info] : mcpp::cli::commands()) fmt::print("  {:<12} {}\n", name, info.help);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
+      std::string(argv[1]) == "-h") {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  std::string name = argv[1];
+  auto it = mcpp::cli::commands().find(name);
+  if (it == mcpp::cli::commands().end()) {
+    fmt::print(stderr, "error: unknown command '{}' (mcpp help lists the commands)\n", name);
+    return 2;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    return it->second.fn(args);
+  } catch (const CLI::Success&) {
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  } catch (const mcpp::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,34 @@
+#include "mcpp/core/device_memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace mcpp {
+
+void* device_alloc(size_t nbytes, Device device) {
+  if (device == Device::CUDA) return cuda_backend::alloc(nbytes);
+  size_t rounded = (nbytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void device_free(void* ptr, Device device) {
+  if (device == Device::CUDA) cuda_backend::free(ptr);
+  else std::free(ptr);
+}
+
+void device_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  if (dst_device == Device::CPU && src_device == Device::CPU) std::memcpy(dst, src, nbytes);
+  else cuda_backend::memcpy(dst, dst_device, src, src_device, nbytes);
+}
+
+void device_memset_zero(void* dst, Device device, size_t nbytes) {
+  if (device == Device::CPU) std::memset(dst, 0, nbytes);
+  else cuda_backend::memset_zero(dst, nbytes);
+}
+
+bool cuda_available() { return cuda_backend::available(); }
+
+}  // namespace mcpp

@@ -1,0 +1,25 @@
+// Raw memory on a device: the one seam between core/ and a GPU backend.
+// CPU: aligned host allocation. CUDA: the backend's caching allocator (kernels/cuda), or, in a build
+// without CUDA, the stub that throws "built without CUDA".
+#pragma once
+#include <cstddef>
+
+#include "mcpp/core/dtype.h"
+
+namespace mcpp {
+
+void* device_alloc(size_t nbytes, Device device);
+void device_free(void* ptr, Device device);
+void device_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+void device_memset_zero(void* dst, Device device, size_t nbytes);
+bool cuda_available();  // compiled with CUDA and a device is visible
+
+namespace cuda_backend {  // implemented in kernels/cuda or kernels/cuda_stub
+void* alloc(size_t nbytes);
+void free(void* ptr);
+void memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+void memset_zero(void* dst, size_t nbytes);
+bool available();
+}  // namespace cuda_backend
+
+}  // namespace mcpp

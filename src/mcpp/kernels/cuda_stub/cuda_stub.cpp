@@ -1,0 +1,22 @@
+// Linked in a build without CUDA: every CUDA op and the device-memory seam report it clearly.
+#include "mcpp/core/device_memory.h"
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp {
+namespace cuda_backend {
+[[noreturn]] static void no_cuda() { fail("this mcpp was built without CUDA (rebuild with nvcc available or -DMCPP_CUDA=ON)"); }
+void* alloc(size_t) { no_cuda(); }
+void free(void*) {}
+void memcpy(void*, Device, const void*, Device, size_t) { no_cuda(); }
+void memset_zero(void*, size_t) { no_cuda(); }
+bool available() { return false; }
+}  // namespace cuda_backend
+
+namespace ops::cuda {
+#define MCPP_OP(ret, name, params) \
+  ret name(MCPP_OP_UNPAREN params, Stream) { cuda_backend::alloc(0); fail("unreachable"); }
+#include "mcpp/kernels/ops.inc"
+#undef MCPP_OP
+}  // namespace ops::cuda
+}  // namespace mcpp

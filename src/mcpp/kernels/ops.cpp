@@ -1,0 +1,114 @@
+// Dispatch of the kernel interface: the output (or first) tensor's device picks the backend; every
+// other tensor argument must live on the same device.
+#include "mcpp/kernels/ops.h"
+
+#include <initializer_list>
+
+#include "mcpp/core/error.h"
+
+namespace mcpp::ops {
+namespace {
+bool on_cuda(std::initializer_list<const Tensor*> ts) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : ts) {
+    if (!t || !t->defined()) continue;
+    if (!first) first = t;
+    MCPP_CHECK(t->device() == first->device(), "op arguments on different devices: {} vs {}", first->str(),
+               t->str());
+  }
+  return first && first->device() == Device::CUDA;
+}
+}  // namespace
+
+#define MCPP_DISPATCH(name, tensors, ...) \
+  return on_cuda tensors ? cuda::name(__VA_ARGS__) : cpu::name(__VA_ARGS__)
+
+void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, Stream s) {
+  MCPP_DISPATCH(gemm, ({&c, &a, &b}), c, a, b, opt, s);
+}
+void linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, Stream s) {
+  MCPP_DISPATCH(linear_fwd, ({&y, &x, &w, bias}), y, x, w, bias, s);
+}
+void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
+                Stream s) {
+  MCPP_DISPATCH(linear_bwd, ({dx, &dw_acc, db_acc, &dy, &x, &w}), dx, dw_acc, db_acc, dy, x, w, s);
+}
+void add(Tensor& out, const Tensor& a, const Tensor& b, Stream s) { MCPP_DISPATCH(add, ({&out, &a, &b}), out, a, b, s); }
+void add_inplace(Tensor& y, const Tensor& x, Stream s) { MCPP_DISPATCH(add_inplace, ({&y, &x}), y, x, s); }
+void scale_inplace(Tensor& y, float alpha, Stream s) { MCPP_DISPATCH(scale_inplace, ({&y}), y, alpha, s); }
+void cast(Tensor& out, const Tensor& in, Stream s) { MCPP_DISPATCH(cast, ({&out, &in}), out, in, s); }
+void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& table, int64_t vocab_start, Stream s) {
+  MCPP_DISPATCH(embedding_fwd, ({&out, &ids, &table}), out, ids, table, vocab_start, s);
+}
+void embedding_bwd(Tensor& dtable_acc, const Tensor& ids, const Tensor& dout, int64_t vocab_start, Stream s) {
+  MCPP_DISPATCH(embedding_bwd, ({&dtable_acc, &ids, &dout}), dtable_acc, ids, dout, vocab_start, s);
+}
+void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma, const Tensor* beta,
+                   float eps, Stream s) {
+  MCPP_DISPATCH(layernorm_fwd, ({&y, &mean, &rstd, &x, &gamma, beta}), y, mean, rstd, x, gamma, beta, eps, s);
+}
+void layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& x,
+                   const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Stream s) {
+  MCPP_DISPATCH(layernorm_bwd, ({&dx, &dgamma_acc, dbeta_acc, &dy, &x, &gamma, &mean, &rstd}), dx, dgamma_acc,
+                dbeta_acc, dy, x, gamma, mean, rstd, s);
+}
+void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma, float eps, Stream s) {
+  MCPP_DISPATCH(rmsnorm_fwd, ({&y, &rstd, &x, &gamma}), y, rstd, x, gamma, eps, s);
+}
+void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                 const Tensor& rstd, Stream s) {
+  MCPP_DISPATCH(rmsnorm_bwd, ({&dx, &dgamma_acc, &dy, &x, &gamma, &rstd}), dx, dgamma_acc, dy, x, gamma, rstd, s);
+}
+void gelu_fwd(Tensor& y, const Tensor& x, Stream s) { MCPP_DISPATCH(gelu_fwd, ({&y, &x}), y, x, s); }
+void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, Stream s) {
+  MCPP_DISPATCH(gelu_bwd, ({&dx, &dy, &x}), dx, dy, x, s);
+}
+void swiglu_fwd(Tensor& y, const Tensor& x, Stream s) { MCPP_DISPATCH(swiglu_fwd, ({&y, &x}), y, x, s); }
+void swiglu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, Stream s) {
+  MCPP_DISPATCH(swiglu_bwd, ({&dx, &dy, &x}), dx, dy, x, s);
+}
+void rope_fwd(Tensor& y, const Tensor& x, const Tensor& cos, const Tensor& sin, Stream s) {
+  MCPP_DISPATCH(rope_fwd, ({&y, &x, &cos, &sin}), y, x, cos, sin, s);
+}
+void rope_bwd(Tensor& dx, const Tensor& dy, const Tensor& cos, const Tensor& sin, Stream s) {
+  MCPP_DISPATCH(rope_bwd, ({&dx, &dy, &cos, &sin}), dx, dy, cos, sin, s);
+}
+void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttentionOptions& opt, Stream s) {
+  MCPP_DISPATCH(flash_attention_fwd, ({&o, &lse, &q, &k, &v}), o, lse, q, k, v, opt, s);
+}
+void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const Tensor& o, const Tensor& lse, const AttentionOptions& opt, Stream s) {
+  MCPP_DISPATCH(flash_attention_bwd, ({&dq, &dk, &dv, &dout, &q, &k, &v, &o, &lse}), dq, dk, dv, dout, q, k, v, o,
+                lse, opt, s);
+}
+void scaled_masked_softmax_fwd(Tensor& probs, const Tensor& scores, float scale, bool causal, Stream s) {
+  MCPP_DISPATCH(scaled_masked_softmax_fwd, ({&probs, &scores}), probs, scores, scale, causal, s);
+}
+void scaled_masked_softmax_bwd(Tensor& dscores, const Tensor& dprobs, const Tensor& probs, float scale, Stream s) {
+  MCPP_DISPATCH(scaled_masked_softmax_bwd, ({&dscores, &dprobs, &probs}), dscores, dprobs, probs, scale, s);
+}
+void cross_entropy_fwd(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets, Stream s) {
+  MCPP_DISPATCH(cross_entropy_fwd, ({&loss, &lse, &logits, &targets}), loss, lse, logits, targets, s);
+}
+void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logits, const Tensor& targets,
+                       const Tensor& lse, Stream s) {
+  MCPP_DISPATCH(cross_entropy_bwd, ({&dlogits, &dloss, &logits, &targets, &lse}), dlogits, dloss, logits, targets,
+                lse, s);
+}
+void dropout_fwd(Tensor& y, const Tensor& x, float p, const PhiloxKey& key, Stream s) {
+  MCPP_DISPATCH(dropout_fwd, ({&y, &x}), y, x, p, key, s);
+}
+void dropout_bwd(Tensor& dx, const Tensor& dy, float p, const PhiloxKey& key, Stream s) {
+  MCPP_DISPATCH(dropout_bwd, ({&dx, &dy}), dx, dy, p, key, s);
+}
+void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor* param_model,
+                const AdamWOptions& opt, Stream s) {
+  MCPP_DISPATCH(adamw_step, ({&param, &exp_avg, &exp_avg_sq, &grad, param_model}), param, exp_avg, exp_avg_sq, grad,
+                param_model, opt, s);
+}
+double sum_of_squares(const Tensor& x, Stream s) { MCPP_DISPATCH(sum_of_squares, ({&x}), x, s); }
+bool has_non_finite(const Tensor& x, Stream s) { MCPP_DISPATCH(has_non_finite, ({&x}), x, s); }
+
+#undef MCPP_DISPATCH
+}  // namespace mcpp::ops
