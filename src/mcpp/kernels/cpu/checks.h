@@ -1,0 +1,34 @@
+// Argument checks shared by the CPU kernels (kernels/cpu/*.cpp): each failure is an mcpp::Error that
+// names the op, the argument and the shapes involved, e.g.
+//   "layernorm_fwd: gamma must have 768 elements (hidden = x.size(-1)); got Tensor[float32, cpu, (512)]".
+#pragma once
+#include <cstdint>
+
+#include "mcpp/core/error.h"
+#include "mcpp/core/tensor.h"
+
+namespace mcpp::ops::cpu::detail {
+
+inline void require_cpu_f32(const char* op, const char* arg, const Tensor& t) {
+  MCPP_CHECK(t.defined(), "{}: {} is an undefined tensor", op, arg);
+  MCPP_CHECK(t.is_cpu(), "{}: {} must be a CPU tensor; got {}", op, arg, t.str());
+  MCPP_CHECK(t.dtype() == DType::F32, "{}: {} must be float32; got {}", op, arg, t.str());
+}
+
+inline void require_numel(const char* op, const char* arg, const Tensor& t, int64_t numel, const char* why) {
+  MCPP_CHECK(t.numel() == numel, "{}: {} must have {} elements ({}); got {}", op, arg, numel, why, t.str());
+}
+
+inline void require_same_shape(const char* op, const char* arg, const Tensor& t, const char* ref_name,
+                               const Tensor& ref) {
+  MCPP_CHECK(t.shape() == ref.shape(), "{}: {} must have the shape of {} {}; got {}", op, arg, ref_name,
+             shape_str(ref.shape()), t.str());
+}
+
+// Last dimension of a tensor with at least one dim (the hidden / feature dim of row-wise ops).
+inline int64_t last_dim(const char* op, const char* arg, const Tensor& t) {
+  MCPP_CHECK(t.ndim() >= 1, "{}: {} must have at least one dimension; got {}", op, arg, t.str());
+  return t.size(-1);
+}
+
+}  // namespace mcpp::ops::cpu::detail

@@ -1,0 +1,52 @@
+// CPU dropout with a counter-based key (core/rng.h): element i (flat index in the tensor) is kept iff
+// philox_uniform_at(key, i) >= p, and kept values are scaled by 1/(1-p).
+//
+//   dropout_fwd: y = keep(i) ? x / (1-p) : 0     (p == 0 copies; p == 1 gives zeros)
+//   dropout_bwd: dx = keep(i) ? dy / (1-p) : 0   (the mask is regenerated from the same key, not stored)
+// x/y (dy/dx): float32, same numel, any shape; outputs overwritten, may alias the input. The key's
+// offset counts 4-draw groups, so element i uses counter key.offset + i/4, lane i%4 — the same numbers
+// a CUDA kernel reading the same key draws. Parallel over 4-element groups; no order dependence.
+#include <cstring>
+
+#include "mcpp/kernels/cpu/checks.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp::ops::cpu {
+using detail::require_cpu_f32;
+
+namespace {
+void dropout_apply(const char* op, Tensor& out, const char* out_name, const Tensor& in, const char* in_name,
+                   float p, const PhiloxKey& key) {
+  require_cpu_f32(op, out_name, out);
+  require_cpu_f32(op, in_name, in);
+  detail::require_numel(op, in_name, in, out.numel(), "numel of the output");
+  MCPP_CHECK(p >= 0.0f && p <= 1.0f, "{}: dropout probability p must be in [0, 1]; got {}", op, p);
+  const int64_t n = out.numel();
+  const float* px = in.data<float>();
+  float* py = out.data<float>();
+  if (p == 0.0f) {
+    if (py != px) std::memmove(py, px, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  const int64_t groups = (n + 3) / 4;
+#pragma omp parallel for schedule(static) if (n > (1 << 14))
+  for (int64_t g = 0; g < groups; ++g) {
+    const auto r = philox4x32_10(key.seed, key.offset + static_cast<uint64_t>(g), 0);
+    for (int64_t lane = 0; lane < 4 && 4 * g + lane < n; ++lane) {
+      const int64_t i = 4 * g + lane;
+      py[i] = philox_uniform(r[static_cast<size_t>(lane)]) >= p ? px[i] * scale : 0.0f;
+    }
+  }
+}
+}  // namespace
+
+void dropout_fwd(Tensor& y, const Tensor& x, float p, const PhiloxKey& key, Stream) {
+  dropout_apply("dropout_fwd", y, "y", x, "x", p, key);
+}
+
+void dropout_bwd(Tensor& dx, const Tensor& dy, float p, const PhiloxKey& key, Stream) {
+  dropout_apply("dropout_bwd", dx, "dx", dy, "dy", p, key);
+}
+
+}  // namespace mcpp::ops::cpu

@@ -1,0 +1,189 @@
+// CPU LayerNorm and RMSNorm over the last dim h (Megatron's FusedLayerNorm / RMSNorm math), fp32 I/O
+// with float64 row statistics.
+//
+//   layernorm_fwd: mean[n] = mean(x), rstd[n] = 1/sqrt(var + eps) (biased var, as torch);
+//                  y[n,h] = (x - mean) * rstd * gamma[h] (+ beta[h])
+//   layernorm_bwd: xhat = (x - mean) * rstd, g = dy * gamma;
+//                  dx = rstd * (g - mean_h(g) - xhat * mean_h(g * xhat))           (overwritten)
+//                  dgamma_acc[h] += sum_n dy * xhat;  dbeta_acc[h] += sum_n dy      (ACCUMULATE)
+//   rmsnorm_fwd:   rstd[n] = 1/sqrt(mean(x^2) + eps); y = x * rstd * gamma
+//   rmsnorm_bwd:   xhat = x * rstd, g = dy * gamma; dx = rstd * (g - xhat * mean_h(g * xhat));
+//                  dgamma_acc[h] += sum_n dy * xhat                                (ACCUMULATE)
+// x/y/dy/dx: [.., h] (n = product of leading dims); gamma/beta: h elements; mean/rstd: float32, n elements.
+// Parallel over rows for y/dx; parameter grads are parallel over hidden-dim blocks, each column summed
+// over rows in order in double, so results do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "mcpp/kernels/cpu/checks.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp::ops::cpu {
+using detail::require_cpu_f32;
+
+namespace {
+struct RowDims {
+  int64_t n, h;
+};
+
+RowDims row_dims(const char* op, const Tensor& x, const Tensor& gamma) {
+  require_cpu_f32(op, "x", x);
+  require_cpu_f32(op, "gamma", gamma);
+  const int64_t h = detail::last_dim(op, "x", x);
+  detail::require_numel(op, "gamma", gamma, h, "hidden = x.size(-1)");
+  return {h ? x.numel() / h : 0, h};
+}
+
+void require_stat(const char* op, const char* arg, const Tensor& t, int64_t n) {
+  require_cpu_f32(op, arg, t);
+  detail::require_numel(op, arg, t, n, "one per row of x");
+}
+
+void require_like_x(const char* op, const char* arg, const Tensor& t, const Tensor& x) {
+  require_cpu_f32(op, arg, t);
+  detail::require_same_shape(op, arg, t, "x", x);
+}
+
+// acc[h] += sum_r dy[r, :] * xhat(r, :) (and dbeta[h] += sum_r dy[r, :] when dbeta != nullptr), where
+// xhat(r, c) = (x[r, c] - mean[r]) * rstd[r]; mean == nullptr means mean 0 (RMSNorm).
+void param_grads(float* dgamma, float* dbeta, const float* dy, const float* x, const float* mean,
+                 const float* rstd, RowDims d) {
+  constexpr int64_t kBlock = 64;  // hidden columns per task
+  const int64_t blocks = (d.h + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (d.n * d.h > (1 << 15))
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(d.h, c0 + kBlock);
+    double ag[kBlock] = {}, ab[kBlock] = {};
+    for (int64_t r = 0; r < d.n; ++r) {
+      const float* xr = x + r * d.h;
+      const float* dyr = dy + r * d.h;
+      const double mu = mean ? mean[r] : 0.0, rs = rstd[r];
+      for (int64_t c = c0; c < c1; ++c) {
+        ag[c - c0] += static_cast<double>(dyr[c]) * ((xr[c] - mu) * rs);
+        ab[c - c0] += dyr[c];
+      }
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      dgamma[c] += static_cast<float>(ag[c - c0]);
+      if (dbeta) dbeta[c] += static_cast<float>(ab[c - c0]);
+    }
+  }
+}
+
+// dx[r, :] = rstd * (g - mean_h(g) * center - xhat * mean_h(g * xhat)), g = dy * gamma; center = 0 for RMSNorm.
+void input_grad(float* dx, const float* dy, const float* x, const float* gamma, const float* mean,
+                const float* rstd, RowDims d) {
+#pragma omp parallel for schedule(static) if (d.n * d.h > (1 << 15))
+  for (int64_t r = 0; r < d.n; ++r) {
+    const float* xr = x + r * d.h;
+    const float* dyr = dy + r * d.h;
+    const double mu = mean ? mean[r] : 0.0, rs = rstd[r];
+    double sum_g = 0.0, sum_gx = 0.0;
+    for (int64_t c = 0; c < d.h; ++c) {
+      const double g = static_cast<double>(dyr[c]) * gamma[c];
+      sum_g += g;
+      sum_gx += g * ((xr[c] - mu) * rs);
+    }
+    const double mean_g = mean ? sum_g / d.h : 0.0, mean_gx = sum_gx / d.h;
+    float* dxr = dx + r * d.h;
+    for (int64_t c = 0; c < d.h; ++c) {
+      const double g = static_cast<double>(dyr[c]) * gamma[c];
+      const double xhat = (xr[c] - mu) * rs;
+      dxr[c] = static_cast<float>(rs * (g - mean_g - xhat * mean_gx));
+    }
+  }
+}
+}  // namespace
+
+void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma, const Tensor* beta,
+                   float eps, Stream) {
+  const RowDims d = row_dims("layernorm_fwd", x, gamma);
+  require_like_x("layernorm_fwd", "y", y, x);
+  require_stat("layernorm_fwd", "mean", mean, d.n);
+  require_stat("layernorm_fwd", "rstd", rstd, d.n);
+  if (beta) {
+    require_cpu_f32("layernorm_fwd", "beta", *beta);
+    detail::require_numel("layernorm_fwd", "beta", *beta, d.h, "hidden = x.size(-1)");
+  }
+  MCPP_CHECK(d.h > 0, "layernorm_fwd: hidden size must be positive; got x {}", x.str());
+  const float* px = x.data<float>();
+  const float* pg = gamma.data<float>();
+  const float* pb = beta ? beta->data<float>() : nullptr;
+  float* py = y.data<float>();
+  float* pm = mean.data<float>();
+  float* pr = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (d.n * d.h > (1 << 15))
+  for (int64_t r = 0; r < d.n; ++r) {
+    const float* xr = px + r * d.h;
+    double s = 0.0;
+    for (int64_t c = 0; c < d.h; ++c) s += xr[c];
+    const double mu = s / d.h;
+    double ss = 0.0;
+    for (int64_t c = 0; c < d.h; ++c) ss += (xr[c] - mu) * (xr[c] - mu);
+    const double rs = 1.0 / std::sqrt(ss / d.h + eps);
+    float* yr = py + r * d.h;
+    for (int64_t c = 0; c < d.h; ++c) {
+      const double v = (xr[c] - mu) * rs * pg[c] + (pb ? pb[c] : 0.0f);
+      yr[c] = static_cast<float>(v);
+    }
+    pm[r] = static_cast<float>(mu);
+    pr[r] = static_cast<float>(rs);
+  }
+}
+
+void layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& x,
+                   const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Stream) {
+  const RowDims d = row_dims("layernorm_bwd", x, gamma);
+  require_like_x("layernorm_bwd", "dx", dx, x);
+  require_like_x("layernorm_bwd", "dy", dy, x);
+  require_stat("layernorm_bwd", "mean", mean, d.n);
+  require_stat("layernorm_bwd", "rstd", rstd, d.n);
+  require_cpu_f32("layernorm_bwd", "dgamma_acc", dgamma_acc);
+  detail::require_numel("layernorm_bwd", "dgamma_acc", dgamma_acc, d.h, "hidden = x.size(-1)");
+  if (dbeta_acc) {
+    require_cpu_f32("layernorm_bwd", "dbeta_acc", *dbeta_acc);
+    detail::require_numel("layernorm_bwd", "dbeta_acc", *dbeta_acc, d.h, "hidden = x.size(-1)");
+  }
+  // Parameter grads first: dx may alias dy (in-place backward), and they read dy.
+  param_grads(dgamma_acc.data<float>(), dbeta_acc ? dbeta_acc->data<float>() : nullptr, dy.data<float>(),
+              x.data<float>(), mean.data<float>(), rstd.data<float>(), d);
+  input_grad(dx.data<float>(), dy.data<float>(), x.data<float>(), gamma.data<float>(), mean.data<float>(),
+             rstd.data<float>(), d);
+}
+
+void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma, float eps, Stream) {
+  const RowDims d = row_dims("rmsnorm_fwd", x, gamma);
+  require_like_x("rmsnorm_fwd", "y", y, x);
+  require_stat("rmsnorm_fwd", "rstd", rstd, d.n);
+  MCPP_CHECK(d.h > 0, "rmsnorm_fwd: hidden size must be positive; got x {}", x.str());
+  const float* px = x.data<float>();
+  const float* pg = gamma.data<float>();
+  float* py = y.data<float>();
+  float* pr = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (d.n * d.h > (1 << 15))
+  for (int64_t r = 0; r < d.n; ++r) {
+    const float* xr = px + r * d.h;
+    double ss = 0.0;
+    for (int64_t c = 0; c < d.h; ++c) ss += static_cast<double>(xr[c]) * xr[c];
+    const double rs = 1.0 / std::sqrt(ss / d.h + eps);
+    float* yr = py + r * d.h;
+    for (int64_t c = 0; c < d.h; ++c) yr[c] = static_cast<float>(xr[c] * rs * pg[c]);
+    pr[r] = static_cast<float>(rs);
+  }
+}
+
+void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                 const Tensor& rstd, Stream) {
+  const RowDims d = row_dims("rmsnorm_bwd", x, gamma);
+  require_like_x("rmsnorm_bwd", "dx", dx, x);
+  require_like_x("rmsnorm_bwd", "dy", dy, x);
+  require_stat("rmsnorm_bwd", "rstd", rstd, d.n);
+  require_cpu_f32("rmsnorm_bwd", "dgamma_acc", dgamma_acc);
+  detail::require_numel("rmsnorm_bwd", "dgamma_acc", dgamma_acc, d.h, "hidden = x.size(-1)");
+  param_grads(dgamma_acc.data<float>(), nullptr, dy.data<float>(), x.data<float>(), nullptr, rstd.data<float>(), d);
+  input_grad(dx.data<float>(), dy.data<float>(), x.data<float>(), gamma.data<float>(), nullptr, rstd.data<float>(),
+             d);
+}
+
+}  // namespace mcpp::ops::cpu
