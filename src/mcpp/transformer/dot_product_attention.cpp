@@ -1,0 +1,160 @@
+#include "mcpp/transformer/dot_product_attention.h"
+
+#include <cstring>
+
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp {
+namespace {
+
+class FlashAttention final : public CoreAttention {
+ public:
+  explicit FlashAttention(const CoreAttentionOptions& opt) : opt_(opt) {
+    if (opt.attention_dropout > 0.0f)
+      fail("attention_dropout={} is not supported by attention_impl=flash; use --attention-impl unfused "
+           "or --attention-dropout 0",
+           opt.attention_dropout);
+  }
+
+  Tensor forward(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const ForwardOptions&) const override {
+    const int64_t s = q.size(0), b = q.size(1), np = q.size(2);
+    ctx.q = q;
+    ctx.k = k;
+    ctx.v = v;
+    ctx.out = Tensor::empty(q.shape(), DType::F32, q.device());        // [s, b, np, hn]
+    ctx.lse = Tensor::empty({b, np, s}, DType::F32, q.device());       // [b, np, s]
+    ops::flash_attention_fwd(ctx.out, ctx.lse, q, k, v, {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
+    return ctx.out;
+  }
+
+  CoreAttentionGrads backward(CoreAttentionCtx& ctx, const Tensor& dout) const override {
+    CoreAttentionGrads g{Tensor::empty(ctx.q.shape(), DType::F32, dout.device()),
+                         Tensor::empty(ctx.k.shape(), DType::F32, dout.device()),
+                         Tensor::empty(ctx.v.shape(), DType::F32, dout.device())};
+    ops::flash_attention_bwd(g.dq, g.dk, g.dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse,
+                             {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
+    return g;
+  }
+
+ private:
+  CoreAttentionOptions opt_;
+};
+
+// [s, b, n, hn] <-> [b, n, s, hn] (host copies: the unfused path is the CPU reference implementation).
+Tensor to_head_major(const Tensor& x) {
+  MCPP_CHECK(x.is_cpu(), "unfused attention runs on CPU tensors (use attention_impl=flash on CUDA)");
+  const int64_t s = x.size(0), b = x.size(1), n = x.size(2), d = x.size(3);
+  Tensor y = Tensor::empty({b, n, s, d});
+  const float* src = x.data<float>();
+  float* dst = y.data<float>();
+  for (int64_t is = 0; is < s; ++is)
+    for (int64_t ib = 0; ib < b; ++ib)
+      for (int64_t in = 0; in < n; ++in)
+        std::memcpy(dst + ((ib * n + in) * s + is) * d, src + ((is * b + ib) * n + in) * d, sizeof(float) * d);
+  return y;
+}
+
+Tensor from_head_major(const Tensor& y) {
+  const int64_t b = y.size(0), n = y.size(1), s = y.size(2), d = y.size(3);
+  Tensor x = Tensor::empty({s, b, n, d});
+  const float* src = y.data<float>();
+  float* dst = x.data<float>();
+  for (int64_t is = 0; is < s; ++is)
+    for (int64_t ib = 0; ib < b; ++ib)
+      for (int64_t in = 0; in < n; ++in)
+        std::memcpy(dst + ((is * b + ib) * n + in) * d, src + ((ib * n + in) * s + is) * d, sizeof(float) * d);
+  return x;
+}
+
+class UnfusedAttention final : public CoreAttention {
+ public:
+  explicit UnfusedAttention(const CoreAttentionOptions& opt) : opt_(opt) {}
+
+  Tensor forward(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const ForwardOptions& fopt) const override {
+    const int64_t s = q.size(0), b = q.size(1), np = q.size(2), ng = k.size(2), hn = q.size(3);
+    const int64_t rep = np / ng;
+    ctx.q = to_head_major(q);  // [b, np, s, hn]
+    ctx.k = to_head_major(k);  // [b, ng, s, hn]
+    ctx.v = to_head_major(v);  // [b, ng, s, hn]
+    Tensor scores = Tensor::empty({b * np, s, s});  // [b*np, sq, sk]
+    for (int64_t ib = 0; ib < b; ++ib)
+      for (int64_t h = 0; h < np; ++h) {
+        Tensor sc = scores.narrow0(ib * np + h, 1).view({s, s});
+        ops::gemm(sc, head(ctx.q, ib, h), head(ctx.k, ib, h / rep), {.trans_b = true});
+      }
+    ctx.probs = Tensor::empty(scores.shape());
+    ops::scaled_masked_softmax_fwd(ctx.probs, scores, opt_.softmax_scale, opt_.causal);
+    Tensor probs = ctx.probs;
+    ctx.dropout = dropout_active(fopt, opt_.attention_dropout);
+    if (ctx.dropout) {
+      MCPP_CHECK(fopt.rng, "attention dropout needs an RNG stream");
+      ctx.dropout_key = fopt.rng->draw(static_cast<uint64_t>(ctx.probs.numel()));
+      probs = Tensor::empty(ctx.probs.shape());
+      ops::dropout_fwd(probs, ctx.probs, opt_.attention_dropout, ctx.dropout_key);
+    }
+    Tensor out = Tensor::empty({b, np, s, hn});
+    for (int64_t ib = 0; ib < b; ++ib)
+      for (int64_t h = 0; h < np; ++h) {
+        Tensor o = head(out, ib, h);
+        ops::gemm(o, probs.narrow0(ib * np + h, 1).view({s, s}), head(ctx.v, ib, h / rep), {});
+      }
+    return from_head_major(out);  // [s, b, np, hn]
+  }
+
+  CoreAttentionGrads backward(CoreAttentionCtx& ctx, const Tensor& dout_sbnd) const override {
+    const int64_t b = ctx.q.size(0), np = ctx.q.size(1), s = ctx.q.size(2), hn = ctx.q.size(3);
+    const int64_t ng = ctx.k.size(1), rep = np / ng;
+    Tensor dout = to_head_major(dout_sbnd);  // [b, np, s, hn]
+    Tensor probs = ctx.probs;
+    if (ctx.dropout) {
+      probs = Tensor::empty(ctx.probs.shape());
+      ops::dropout_fwd(probs, ctx.probs, opt_.attention_dropout, ctx.dropout_key);  // same mask again
+    }
+    Tensor dprobs = Tensor::empty(probs.shape());  // [b*np, s, s]
+    Tensor dq = Tensor::empty({b, np, s, hn});
+    Tensor dk = Tensor::zeros({b, ng, s, hn});
+    Tensor dv = Tensor::zeros({b, ng, s, hn});
+    for (int64_t ib = 0; ib < b; ++ib)
+      for (int64_t h = 0; h < np; ++h) {
+        Tensor dp = dprobs.narrow0(ib * np + h, 1).view({s, s});
+        ops::gemm(dp, head(dout, ib, h), head(ctx.v, ib, h / rep), {.trans_b = true});  // dP = dO V^T
+        Tensor dvh = head(dv, ib, h / rep);
+        ops::gemm(dvh, probs.narrow0(ib * np + h, 1).view({s, s}), head(dout, ib, h),
+                  {.trans_a = true, .beta = 1.0f});  // dV += P^T dO (summed over the group's heads)
+      }
+    if (ctx.dropout) ops::dropout_bwd(dprobs, dprobs, opt_.attention_dropout, ctx.dropout_key);
+    Tensor dscores = Tensor::empty(dprobs.shape());
+    ops::scaled_masked_softmax_bwd(dscores, dprobs, ctx.probs, opt_.softmax_scale);  // includes the scale
+    for (int64_t ib = 0; ib < b; ++ib)
+      for (int64_t h = 0; h < np; ++h) {
+        Tensor ds = dscores.narrow0(ib * np + h, 1).view({s, s});
+        Tensor dqh = head(dq, ib, h);
+        ops::gemm(dqh, ds, head(ctx.k, ib, h / rep), {});  // dQ = dS K
+        Tensor dkh = head(dk, ib, h / rep);
+        ops::gemm(dkh, ds, head(ctx.q, ib, h), {.trans_a = true, .beta = 1.0f});  // dK += dS^T Q
+      }
+    return {from_head_major(dq), from_head_major(dk), from_head_major(dv)};
+  }
+
+ private:
+  // The [s, hn] matrix of head h of batch row ib in a head-major [b, n, s, hn] tensor.
+  static Tensor head(const Tensor& t, int64_t ib, int64_t h) {
+    const int64_t n = t.size(1), s = t.size(2), hn = t.size(3);
+    return t.flat_slice((ib * n + h) * s * hn, {s, hn});
+  }
+  CoreAttentionOptions opt_;
+};
+
+}  // namespace
+
+std::unique_ptr<CoreAttention> make_flash_attention(const CoreAttentionOptions& opt) {
+  return std::make_unique<FlashAttention>(opt);
+}
+std::unique_ptr<CoreAttention> make_unfused_attention(const CoreAttentionOptions& opt) {
+  return std::make_unique<UnfusedAttention>(opt);
+}
+
+}  // namespace mcpp

@@ -1,0 +1,38 @@
+#include "mcpp/transformer/norms.h"
+
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp {
+
+Norm::Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps)
+    : hidden_(hidden), kind_(kind), eps_(eps) {
+  weight_ = params.add({.key = prefix + ".weight", .shape = {hidden}, .init = InitKind::Ones, .no_weight_decay = true});
+  if (kind == Normalization::LayerNorm)
+    bias_ = params.add({.key = prefix + ".bias", .shape = {hidden}, .init = InitKind::Zeros, .no_weight_decay = true});
+}
+
+Tensor Norm::forward(NormCtx& ctx, const Tensor& x) const {
+  ctx.x = x.view({-1, hidden_});  // [n, h]
+  const int64_t n = ctx.x.size(0);
+  Tensor y = Tensor::empty({n, hidden_}, DType::F32, x.device());
+  ctx.rstd = Tensor::empty({n}, DType::F32, x.device());
+  if (kind_ == Normalization::LayerNorm) {
+    ctx.mean = Tensor::empty({n}, DType::F32, x.device());
+    ops::layernorm_fwd(y, ctx.mean, ctx.rstd, ctx.x, weight_->data, &bias_->data, eps_);
+  } else {
+    ops::rmsnorm_fwd(y, ctx.rstd, ctx.x, weight_->data, eps_);
+  }
+  return y.view(x.shape());
+}
+
+Tensor Norm::backward(NormCtx& ctx, const Tensor& dy) const {
+  Tensor dx = Tensor::empty(ctx.x.shape(), DType::F32, dy.device());  // [n, h]
+  Tensor dy2 = dy.view({-1, hidden_});
+  if (kind_ == Normalization::LayerNorm)
+    ops::layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, ctx.x, weight_->data, ctx.mean, ctx.rstd);
+  else
+    ops::rmsnorm_bwd(dx, weight_->main_grad, dy2, ctx.x, weight_->data, ctx.rstd);
+  return dx.view(dy.shape());
+}
+
+}  // namespace mcpp

@@ -1,0 +1,33 @@
+// LayerNorm / RMSNorm over the hidden dim (Megatron's FusedLayerNorm / RMSNorm).
+// Params: <prefix>.weight [h] (ones) and, for LayerNorm, <prefix>.bias [h] (zeros); no weight decay.
+// Backward: dweight/dbias ACCUMULATE into main_grad; dx returned.
+#pragma once
+#include <string>
+
+#include "mcpp/core/tensor.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/transformer/transformer_config.h"
+
+namespace mcpp {
+
+struct NormCtx {
+  Tensor x;     // [n, h]
+  Tensor mean;  // [n] (LayerNorm only)
+  Tensor rstd;  // [n]
+};
+
+class Norm {
+ public:
+  Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps);
+  Tensor forward(NormCtx& ctx, const Tensor& x) const;  // x [..., h] -> [..., h]
+  Tensor backward(NormCtx& ctx, const Tensor& dy) const;
+
+ private:
+  Parameter* weight_ = nullptr;
+  Parameter* bias_ = nullptr;
+  int64_t hidden_;
+  Normalization kind_;
+  float eps_;
+};
+
+}  // namespace mcpp

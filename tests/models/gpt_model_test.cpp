@@ -1,0 +1,105 @@
+// Whole GPT vs the float64 PyTorch reference (tests/oracle/gpt_ref.py): logits, loss and every parameter
+// gradient, for the GPT-2 style and the Llama style tiny configs.
+#include "mcpp/models/gpt/gpt_model.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "mcpp/core/npy.h"
+#include "models/gpt_test_util.h"
+
+namespace mcpp {
+namespace {
+
+namespace fs = std::filesystem;
+
+void run_against_torch(const std::string& style, const std::string& attention_impl) {
+  TransformerConfig c = testing::tiny_config(style);
+  c.attention_impl = attention_impl;
+  GPTModel model(c, 1234);
+  // Non-trivial norm weights/biases (init is ones/zeros) so their gradients and effect are exercised.
+  for (const auto& p : model.params().params())
+    if (p->spec.init != InitKind::Normal) init_normal(p->data, 0.3f, 99, p->spec.key), p->data.data<float>()[0] += 1.0f;
+  const int64_t s = 12, b = 3;
+  testing::Batch batch = testing::fixed_batch(s, b, c.vocab_size);
+  GPTModelCtx ctx;
+  LossResult r = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = false});
+  Tensor logits = ctx.logits.clone();
+  model.backward(ctx, 1.0f);
+
+  fs::path dir = fs::temp_directory_path() / ("mcpp_gpt_ref_" + style + "_" + attention_impl + "_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  nlohmann::json cfg = {{"hidden_size", c.hidden_size},
+                        {"num_layers", c.num_layers},
+                        {"num_attention_heads", c.num_attention_heads},
+                        {"num_query_groups", c.num_query_groups},
+                        {"kv_channels", c.kv_channels},
+                        {"norm_epsilon", c.norm_epsilon},
+                        {"normalization", c.normalization == Normalization::LayerNorm ? "LayerNorm" : "RMSNorm"},
+                        {"position_embedding_type",
+                         c.position_embedding_type == PositionEmbedding::Rope ? "rope" : "learned_absolute"},
+                        {"rotary_percent", c.rotary_percent},
+                        {"rotary_base", c.rotary_base},
+                        {"swiglu", c.swiglu}};
+  std::vector<std::string> keys;
+  for (const auto& p : model.params().params()) {
+    keys.push_back(p->spec.key);
+    save_npy((dir / (p->spec.key + ".npy")).string(), p->data);
+    save_npy((dir / ("grad." + p->spec.key + ".npy")).string(), p->main_grad);
+  }
+  cfg["param_keys"] = keys;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  save_npy((dir / "tokens.npy").string(), batch.tokens);
+  save_npy((dir / "labels.npy").string(), batch.labels);
+  save_npy((dir / "loss_mask.npy").string(), batch.loss_mask);
+  save_npy((dir / "logits.npy").string(), logits);
+  std::ofstream(dir / "loss.txt") << fmt::format("{:.17g}", r.loss);
+
+  std::string cmd = fmt::format("/usr/bin/python3 {}/tests/oracle/gpt_ref.py {} 2>&1", MCPP_SOURCE_DIR, dir.string());
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, pipe)) out += buf;
+  int rc = pclose(pipe);
+  EXPECT_EQ(rc, 0) << out;
+  std::cout << out;
+  if (rc == 0) fs::remove_all(dir);
+}
+
+TEST(GPTModelVsTorch, Gpt2StyleFlash) { run_against_torch("gpt2", "flash"); }
+TEST(GPTModelVsTorch, LlamaStyleFlash) { run_against_torch("llama", "flash"); }
+TEST(GPTModelVsTorch, Gpt2StyleUnfused) { run_against_torch("gpt2", "unfused"); }
+TEST(GPTModelVsTorch, LlamaStyleUnfused) { run_against_torch("llama", "unfused"); }
+
+TEST(GPTModel, MegatronInitAndBufferLayout) {
+  TransformerConfig c = testing::tiny_config("gpt2");
+  GPTModel model(c, 7);
+  auto& params = model.params();
+  // Backward order: the last registered parameter (final layernorm bias) sits at offset 0.
+  EXPECT_EQ(params.params().back()->data.raw(), params.param_buffer().raw());
+  // N(0, 0.02) for weights; output projections scaled by 1/sqrt(2L).
+  auto stddev = [](const Tensor& t) {
+    double s2 = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) s2 += double(t.data<float>()[i]) * t.data<float>()[i];
+    return std::sqrt(s2 / t.numel());
+  };
+  EXPECT_NEAR(stddev(params.find("embedding.word_embeddings.weight")->data), 0.02, 0.002);
+  EXPECT_NEAR(stddev(params.find("decoder.layers.0.self_attention.linear_proj.weight")->data), 0.02 / 2.0, 0.0015);
+  EXPECT_NEAR(stddev(params.find("decoder.layers.1.mlp.linear_fc2.weight")->data), 0.02 / 2.0, 0.0015);
+  EXPECT_EQ(params.find("decoder.layers.0.input_layernorm.weight")->data.data<float>()[3], 1.0f);
+  EXPECT_EQ(params.find("decoder.layers.0.mlp.linear_fc1.bias")->data.data<float>()[3], 0.0f);
+  // Same seed -> same init; init depends on the key, not on the model (a Llama model shares the key).
+  GPTModel again(c, 7);
+  EXPECT_EQ(0, std::memcmp(again.params().param_buffer().raw(), params.param_buffer().raw(),
+                           params.param_buffer().nbytes()));
+}
+
+}  // namespace
+}  // namespace mcpp

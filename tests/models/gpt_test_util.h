@@ -1,0 +1,54 @@
+// Tiny GPT configs (GPT-2 style and Llama style) and a fixed batch, shared by model tests.
+#pragma once
+#include <string>
+
+#include "mcpp/core/tensor.h"
+#include "mcpp/transformer/transformer_config.h"
+
+namespace mcpp::testing {
+
+inline TransformerConfig tiny_config(const std::string& style) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.kv_channels = 8;
+  c.seq_length = 12;
+  c.max_position_embeddings = 16;
+  c.vocab_size = 100;
+  c.padded_vocab_size = 128;
+  c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
+  if (style == "gpt2") {
+    c.num_query_groups = 4;
+    c.ffn_hidden_size = 128;
+    c.normalization = Normalization::LayerNorm;
+    c.position_embedding_type = PositionEmbedding::LearnedAbsolute;
+  } else {  // llama: RoPE, RMSNorm, SwiGLU, GQA, no biases, untied
+    c.num_query_groups = 2;
+    c.ffn_hidden_size = 48;
+    c.normalization = Normalization::RMSNorm;
+    c.norm_epsilon = 1e-6f;
+    c.swiglu = true;
+    c.position_embedding_type = PositionEmbedding::Rope;
+    c.untie_embeddings_and_output_weights = true;
+    c.add_bias_linear = false;
+  }
+  return c;
+}
+
+struct Batch {
+  Tensor tokens, labels, loss_mask;  // [s, b]
+};
+
+inline Batch fixed_batch(int64_t s, int64_t b, int64_t vocab, uint64_t salt = 0) {
+  Batch bt{Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b})};
+  for (int64_t i = 0; i < s * b; ++i) {
+    bt.tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11 + salt * 7) % vocab);
+    bt.labels.data<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5 + salt * 3) % vocab);
+    bt.loss_mask.data<float>()[i] = (i % 7 == 3) ? 0.0f : 1.0f;  // some masked positions
+  }
+  return bt;
+}
+
+}  // namespace mcpp::testing

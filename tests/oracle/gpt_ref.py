@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Float64 PyTorch reference for the whole GPT (both styles), written from the Megatron-Core / HF
+definitions with torch autograd — the oracle for tests/models/gpt_model_test.cpp.
+
+usage: gpt_ref.py DIR
+DIR holds config.json (model fields), tokens.npy / labels.npy [s, b] int32, loss_mask.npy [s, b] f32,
+<key>.npy for every parameter, and our outputs: logits.npy [s*b, Vp], loss.txt, grad.<key>.npy.
+Exit 0 when logits (rel 1e-5), loss and every gradient (rel 1e-4) agree; prints the worst errors.
+"""
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+torch.set_default_dtype(torch.float64)
+
+
+def main(d):
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    keys = cfg["param_keys"]
+    P = {k: torch.tensor(np.load(os.path.join(d, k + ".npy")).astype(np.float64), requires_grad=True) for k in keys}
+    tokens = torch.tensor(np.load(os.path.join(d, "tokens.npy")).astype(np.int64))  # [s, b]
+    labels = torch.tensor(np.load(os.path.join(d, "labels.npy")).astype(np.int64))
+    mask = torch.tensor(np.load(os.path.join(d, "loss_mask.npy")).astype(np.float64))
+    s, b = tokens.shape
+    h, L = cfg["hidden_size"], cfg["num_layers"]
+    nq, ng, hd = cfg["num_attention_heads"], cfg["num_query_groups"], cfg["kv_channels"]
+    r = nq // ng
+    eps = cfg["norm_epsilon"]
+
+    def norm(x, prefix):
+        w = P[prefix + ".weight"]
+        if cfg["normalization"] == "LayerNorm":
+            return F.layer_norm(x, (h,), w, P[prefix + ".bias"], eps)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    def linear(x, prefix):
+        y = x @ P[prefix + ".weight"].T
+        if prefix + ".bias" in P:
+            y = y + P[prefix + ".bias"]
+        return y
+
+    # Rotary tables (Megatron RotaryEmbedding; rotate_half form, as HF Llama).
+    rot = int(round(hd * cfg["rotary_percent"]))
+    inv_freq = 1.0 / (cfg["rotary_base"] ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    ang = torch.outer(torch.arange(s, dtype=torch.float64), inv_freq)  # [s, rot/2]
+    emb = torch.cat([ang, ang], -1)
+    cos, sin = emb.cos()[:, None, None, :], emb.sin()[:, None, None, :]  # [s, 1, 1, rot]
+
+    def rope(x):  # [s, b, n, hd]
+        xr, xp = x[..., :rot], x[..., rot:]
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+        rotated = torch.cat([-x2, x1], -1)
+        return torch.cat([xr * cos + rotated * sin, xp], -1)
+
+    x = P["embedding.word_embeddings.weight"][tokens]  # [s, b, h]
+    if cfg["position_embedding_type"] == "learned_absolute":
+        x = x + P["embedding.position_embeddings.weight"][torch.arange(s)][:, None, :]
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
+    for i in range(L):
+        pre = f"decoder.layers.{i}"
+        a = norm(x, pre + ".input_layernorm")
+        qkv = linear(a, pre + ".self_attention.linear_qkv").view(s, b, ng, r + 2, hd)
+        q = qkv[:, :, :, :r, :].reshape(s, b, nq, hd)
+        k = qkv[:, :, :, r, :]
+        v = qkv[:, :, :, r + 1, :]
+        if cfg["position_embedding_type"] == "rope":
+            q, k = rope(q), rope(k)
+        qh = q.permute(1, 2, 0, 3)  # [b, nq, s, hd]
+        kh = k.permute(1, 2, 0, 3).repeat_interleave(r, dim=1)
+        vh = v.permute(1, 2, 0, 3).repeat_interleave(r, dim=1)
+        scores = (qh @ kh.transpose(-1, -2)) / math.sqrt(hd)
+        scores = scores.masked_fill(causal, float("-inf"))
+        ctx = torch.softmax(scores, -1) @ vh  # [b, nq, s, hd]
+        ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, nq * hd)
+        x = x + linear(ctx, pre + ".self_attention.linear_proj")
+        m = norm(x, pre + ".pre_mlp_layernorm")
+        f1 = linear(m, pre + ".mlp.linear_fc1")
+        if cfg["swiglu"]:
+            gate, up = f1.chunk(2, -1)
+            act = F.silu(gate) * up
+        else:
+            act = F.gelu(f1, approximate="tanh")
+        x = x + linear(act, pre + ".mlp.linear_fc2")
+    x = norm(x, "decoder.final_layernorm")
+    w_out = P["output_layer.weight"] if "output_layer.weight" in P else P["embedding.word_embeddings.weight"]
+    logits = (x @ w_out.T).reshape(s * b, -1)
+    losses = F.cross_entropy(logits, labels.reshape(-1), reduction="none")
+    loss = (losses * mask.reshape(-1)).sum() / mask.sum()
+    loss.backward()
+
+    ok = True
+
+    def compare(name, ours, ref, tol):
+        nonlocal ok
+        ref = ref.detach().numpy()
+        err = float(np.max(np.abs(ours.astype(np.float64) - ref))) / max(float(np.max(np.abs(ref))), 1e-30)
+        bad = not (err < tol)
+        ok &= not bad
+        if bad or "-v" in sys.argv:
+            print(f"{'FAIL' if bad else 'ok  '} {name}: max rel err {err:.3e} (tol {tol:g})")
+        return err
+
+    # Tolerances: our run is fp32 against this float64 reference; 1e-5 for logits, 1e-4 for gradients.
+    worst = compare("logits", np.load(os.path.join(d, "logits.npy")), logits, 1e-5)
+    our_loss = float(open(os.path.join(d, "loss.txt")).read())
+    if abs(our_loss - loss.item()) > 1e-5 * abs(loss.item()):
+        print(f"FAIL loss: ours {our_loss} ref {loss.item()}")
+        ok = False
+    gworst = 0.0
+    for k in keys:
+        gworst = max(gworst, compare("grad " + k, np.load(os.path.join(d, "grad." + k + ".npy")), P[k].grad, 1e-4))
+    print(f"gpt_ref: logits rel err {worst:.2e}, loss ours {our_loss:.8f} ref {loss.item():.8f}, "
+          f"worst grad rel err {gworst:.2e}: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,54 @@
+// ModuleSpec: the two registered core-attention implementations give equal outputs and gradients
+// inside the same model, and unknown implementations are refused with the registered names.
+#include "mcpp/transformer/spec.h"
+
+#include <gtest/gtest.h>
+
+#include "mcpp/core/error.h"
+#include "mcpp/models/gpt/gpt_model.h"
+#include "models/gpt_test_util.h"
+
+namespace mcpp {
+namespace {
+
+TEST(ModuleSpec, FlashAndUnfusedAttentionAgree) {
+  for (const std::string style : {"gpt2", "llama"}) {
+    TransformerConfig a = testing::tiny_config(style), b = a;
+    a.attention_impl = "flash";
+    b.attention_impl = "unfused";
+    GPTModel ma(a, 3), mb(b, 3);
+    testing::Batch batch = testing::fixed_batch(12, 2, a.vocab_size);
+    GPTModelCtx ca, cb;
+    LossResult ra = ma.forward_loss(ca, batch.tokens, batch.labels, batch.loss_mask, {.training = false});
+    LossResult rb = mb.forward_loss(cb, batch.tokens, batch.labels, batch.loss_mask, {.training = false});
+    for (int64_t i = 0; i < ca.logits.numel(); ++i)
+      ASSERT_NEAR(ca.logits.data<float>()[i], cb.logits.data<float>()[i], 1e-5) << style << " logit " << i;
+    EXPECT_NEAR(ra.loss, rb.loss, 1e-6);
+    ma.backward(ca, 1.0f);
+    mb.backward(cb, 1.0f);
+    const Tensor& ga = ma.params().grad_buffer();
+    const Tensor& gb = mb.params().grad_buffer();
+    double max_diff = 0, max_abs = 0;
+    for (int64_t i = 0; i < ga.numel(); ++i) {
+      max_diff = std::max(max_diff, double(std::abs(ga.data<float>()[i] - gb.data<float>()[i])));
+      max_abs = std::max(max_abs, double(std::abs(gb.data<float>()[i])));
+    }
+    // fp32, different summation orders (blockwise online softmax vs full softmax): ~1e-6 relative.
+    EXPECT_LT(max_diff / max_abs, 1e-5) << style;
+  }
+}
+
+TEST(ModuleSpec, UnknownImplementationNamesRegistered) {
+  TransformerConfig c = testing::tiny_config("gpt2");
+  c.attention_impl = "cudnn_magic";
+  try {
+    get_gpt_layer_local_spec(c);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("flash"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("unfused"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace mcpp
