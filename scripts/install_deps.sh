@@ -11,7 +11,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev
-  python3 python3-numpy python3-torch
+  python3 python3-numpy python3-torch python3-xxhash libicu-dev
   nodejs npm
   fortunes
 )

@@ -1,0 +1,89 @@
+// Single-process checkpoint: save a set of named tensors + JSON meta atomically, read them back by key.
+//
+// Contract (docs/CHECKPOINT_FORMAT.md is the full description):
+//   <save_dir>/iter_0000100/manifest.json          what and where (manifest.h), written last
+//   <save_dir>/iter_0000100/model.safetensors      keys not starting with "optimizer."
+//   <save_dir>/iter_0000100/optimizer.safetensors  keys "optimizer.*" (only when there are some)
+//   <save_dir>/latest_checkpointed_iteration.txt   Megatron's tracker file: the iteration number
+// save_checkpoint stages everything in iter_N.tmp-<random>/, fsyncs files and directory, writes the
+// manifest last (tmp + fsync + rename), renames the directory to iter_N, fsyncs save_dir and then
+// replaces the tracker file (tmp + fsync + rename). It refuses to overwrite a committed iter_N. A crash
+// leaves at most a *.tmp-* directory, which readers never look at.
+// CheckpointReader reads tensors into caller-provided tensors (any device) after checking key, dtype
+// and shape, and verifies the XXH3-64 of the bytes; every failure is an mcpp::Error naming the file
+// and tensor key. Tensors in CheckpointContents are CPU tensors (others are copied to host to write).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mcpp/core/tensor.h"
+#include "mcpp/dist_checkpointing/manifest.h"
+#include "mcpp/dist_checkpointing/safetensors.h"
+
+namespace mcpp::dist_checkpointing {
+
+inline constexpr const char* kTrackerFile = "latest_checkpointed_iteration.txt";
+inline constexpr const char* kManifestFile = "manifest.json";
+
+struct NamedTensor {
+  std::string key;  // "decoder.layers.0.self_attention.linear_qkv.weight", "optimizer.exp_avg.<key>"
+  Tensor tensor;
+};
+
+struct CheckpointContents {
+  int64_t iteration = 0;
+  nlohmann::json meta = nlohmann::json::object();  // config, fingerprint, scheduler, rng, cursor, ...
+  std::vector<NamedTensor> tensors;
+};
+
+std::string iteration_dir_name(int64_t iteration);  // "iter_0000100" (7 digits, as Megatron)
+
+// Writes <save_dir>/iter_NNNNNNN atomically and updates the tracker; returns the committed directory.
+std::string save_checkpoint(const std::string& save_dir, const CheckpointContents& contents);
+
+// The iteration in <load_dir>/latest_checkpointed_iteration.txt, or -1 when the file does not exist.
+// A malformed tracker is an mcpp::Error naming it.
+int64_t latest_iteration(const std::string& load_dir);
+
+// Committed iterations in save_dir (iter_NNNNNNN directories holding a manifest), ascending;
+// staging directories (*.tmp-*) are skipped.
+std::vector<int64_t> list_iterations(const std::string& save_dir);
+
+// `path` is a checkpoint directory (iter_N/) or a save directory; in the latter case `iteration`
+// picks iter_N, or the tracker does when iteration < 0. Returns the checkpoint directory.
+std::string resolve_checkpoint_dir(const std::string& path, int64_t iteration = -1);
+
+class CheckpointReader {
+ public:
+  // See resolve_checkpoint_dir for `path` and `iteration`. Parses and validates the manifest.
+  explicit CheckpointReader(const std::string& path, int64_t iteration = -1);
+
+  const std::string& dir() const { return dir_; }
+  int64_t iteration() const { return manifest_.iteration; }
+  const nlohmann::json& meta() const { return manifest_.meta; }
+  const Manifest& manifest() const { return manifest_; }
+  bool has(const std::string& key) const { return manifest_.find(key) != nullptr; }
+  const ManifestEntry& entry(const std::string& key) const;  // throws naming the key
+
+  // Reads the tensor `key` into dst (defined; same dtype and shape; any device), checking the bytes'
+  // XXH3-64 against the manifest before dst is considered valid.
+  void read_into(const std::string& key, Tensor& dst) const;
+  Tensor read(const std::string& key) const;  // into a fresh CPU tensor
+  // Re-reads `key` and checks its checksum and its entry in the data file's safetensors header.
+  void verify(const std::string& key) const;
+
+ private:
+  const SafetensorsHeader& header_for(const ManifestEntry& e) const;  // parsed once, then cached
+  void read_bytes(const ManifestEntry& e, void* dst) const;
+
+  std::string dir_;
+  Manifest manifest_;
+  mutable std::map<std::string, std::shared_ptr<SafetensorsHeader>> headers_;
+};
+
+}  // namespace mcpp::dist_checkpointing

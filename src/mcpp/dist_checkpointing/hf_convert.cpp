@@ -1,0 +1,297 @@
+// Model dims from the checkpoint config, our key set, and export to HF GPT-2 / Llama; see hf_convert.h.
+#include "mcpp/dist_checkpointing/hf_convert.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "mcpp/core/error.h"
+#include "mcpp/dist_checkpointing/hf_tensor_ops.h"
+
+namespace fs = std::filesystem;
+
+namespace mcpp::dist_checkpointing {
+using namespace hf_detail;
+
+namespace {
+
+int64_t get_int(const nlohmann::json& m, const char* name, const std::string& where, int64_t dflt,
+                bool required) {
+  auto it = m.find(name);
+  if (it == m.end()) {
+    if (required) fail("{}: missing field model.{}", where, name);
+    return dflt;
+  }
+  if (!it->is_number_integer() || it->get<int64_t>() < 0)
+    fail("{}: field model.{} must be a non-negative integer, got {}", where, name, it->dump());
+  return it->get<int64_t>();
+}
+
+template <typename T>
+T get_val(const nlohmann::json& m, const char* name, const std::string& where, T dflt) {
+  auto it = m.find(name);
+  if (it == m.end()) return dflt;
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail("{}: field model.{} has the wrong type: {}", where, name, it->dump());
+  }
+}
+
+void require(bool ok, const std::string& format, const char* field, const std::string& got,
+             const char* want) {
+  if (!ok) fail("{} export: model.{} is {} but {} needs {}", format, field, got, format, want);
+}
+
+// Reads `key`, checks its shape against the model's and returns it as CPU F32.
+Tensor get_f32(const CheckpointReader& r, const std::string& key, const Shape& shape) {
+  Tensor t = r.read(key);
+  if (t.shape() != shape) {
+    fail("{}: tensor '{}' has shape {} but the config implies {}", r.dir(), key, shape_str(t.shape()),
+         shape_str(shape));
+  }
+  return t.dtype() == DType::F32 ? t : t.to(DType::F32);
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) fail("cannot create {}", path);
+  out << text;
+  out.flush();
+  if (!out) fail("cannot write {}", path);
+}
+
+void export_gpt2(const CheckpointReader& r, const ModelDims& d, std::vector<SafetensorsItem>& items,
+                 nlohmann::json& cfg) {
+  const std::string F = "hf-gpt2";
+  require(d.normalization == "LayerNorm", F, "normalization", d.normalization, "LayerNorm");
+  require(d.position_embedding == "learned_absolute", F, "position_embedding_type", d.position_embedding,
+          "learned_absolute");
+  require(!d.swiglu, F, "swiglu", "true", "false (GELU)");
+  require(d.bias_linear, F, "add_bias_linear", "false", "true");
+  require(!d.untied, F, "untie_embeddings_and_output_weights", "true", "false (tied)");
+  require(d.groups == d.heads, F, "num_query_groups", std::to_string(d.groups), "num_attention_heads (MHA)");
+  require(d.head_dim * d.heads == d.hidden, F, "kv_channels", std::to_string(d.head_dim),
+          "hidden_size / num_attention_heads");
+  const int64_t h = d.hidden;
+  std::map<std::string, Shape> shapes;
+  for (auto& [k, s] : model_param_shapes(d)) shapes[k] = s;
+  auto get = [&](const std::string& key) { return get_f32(r, key, shapes.at(key)); };
+  auto put = [&](const std::string& name, Tensor t) { items.push_back({name, std::move(t)}); };
+
+  put("transformer.wte.weight", slice_rows(get("embedding.word_embeddings.weight"), 0, d.vocab));  // [V, h]
+  put("transformer.wpe.weight", get("embedding.position_embeddings.weight"));  // [max_pos, h]
+  for (int64_t i = 0; i < d.num_layers; ++i) {
+    const std::string L = fmt::format("decoder.layers.{}.", i);
+    const std::string H = fmt::format("transformer.h.{}.", i);
+    put(H + "ln_1.weight", get(L + "input_layernorm.weight"));
+    put(H + "ln_1.bias", get(L + "input_layernorm.bias"));
+    auto [qw, kw, vw] = split_qkv(get(L + "self_attention.linear_qkv.weight"), d.heads, d.groups, d.head_dim);
+    put(H + "attn.c_attn.weight", transpose2d(cat_rows({qw, kw, vw})));  // Conv1D [h, 3h]
+    auto [qb, kb, vb] = split_qkv(get(L + "self_attention.linear_qkv.bias"), d.heads, d.groups, d.head_dim);
+    put(H + "attn.c_attn.bias", cat_rows({qb, kb, vb}));  // [3h]
+    put(H + "attn.c_proj.weight", transpose2d(get(L + "self_attention.linear_proj.weight")));  // [h, h]
+    put(H + "attn.c_proj.bias", get(L + "self_attention.linear_proj.bias"));
+    put(H + "ln_2.weight", get(L + "pre_mlp_layernorm.weight"));
+    put(H + "ln_2.bias", get(L + "pre_mlp_layernorm.bias"));
+    put(H + "mlp.c_fc.weight", transpose2d(get(L + "mlp.linear_fc1.weight")));  // [h, f]
+    put(H + "mlp.c_fc.bias", get(L + "mlp.linear_fc1.bias"));
+    put(H + "mlp.c_proj.weight", transpose2d(get(L + "mlp.linear_fc2.weight")));  // [f, h]
+    put(H + "mlp.c_proj.bias", get(L + "mlp.linear_fc2.bias"));
+  }
+  put("transformer.ln_f.weight", get("decoder.final_layernorm.weight"));
+  put("transformer.ln_f.bias", get("decoder.final_layernorm.bias"));
+  cfg = {{"architectures", {"GPT2LMHeadModel"}},
+         {"model_type", "gpt2"},
+         {"n_embd", h},
+         {"n_layer", d.num_layers},
+         {"n_head", d.heads},
+         {"n_inner", d.ffn},
+         {"n_positions", d.max_pos},
+         {"n_ctx", d.max_pos},
+         {"vocab_size", d.vocab},
+         {"layer_norm_epsilon", d.norm_eps},
+         {"activation_function", "gelu_new"},  // tanh GELU, as our gelu kernel
+         {"resid_pdrop", 0.0},
+         {"embd_pdrop", 0.0},
+         {"attn_pdrop", 0.0},
+         {"scale_attn_weights", true},
+         {"tie_word_embeddings", true},
+         {"initializer_range", 0.02},
+         {"torch_dtype", "float32"}};
+}
+
+void export_llama(const CheckpointReader& r, const ModelDims& d, std::vector<SafetensorsItem>& items,
+                  nlohmann::json& cfg) {
+  const std::string F = "hf-llama";
+  require(d.normalization == "RMSNorm", F, "normalization", d.normalization, "RMSNorm");
+  require(d.position_embedding == "rope", F, "position_embedding_type", d.position_embedding, "rope");
+  require(d.rotary_percent == 1.0, F, "rotary_percent", std::to_string(d.rotary_percent), "1.0");
+  require(d.swiglu, F, "swiglu", "false", "true");
+  require(!d.bias_linear, F, "add_bias_linear", "true", "false");
+  require(!d.qkv_bias, F, "add_qkv_bias", "true", "false");
+  std::map<std::string, Shape> shapes;
+  for (auto& [k, s] : model_param_shapes(d)) shapes[k] = s;
+  auto get = [&](const std::string& key) { return get_f32(r, key, shapes.at(key)); };
+  auto put = [&](const std::string& name, Tensor t) { items.push_back({name, std::move(t)}); };
+
+  put("model.embed_tokens.weight", slice_rows(get("embedding.word_embeddings.weight"), 0, d.vocab));
+  for (int64_t i = 0; i < d.num_layers; ++i) {
+    const std::string L = fmt::format("decoder.layers.{}.", i);
+    const std::string H = fmt::format("model.layers.{}.", i);
+    put(H + "input_layernorm.weight", get(L + "input_layernorm.weight"));
+    auto [q, k, v] = split_qkv(get(L + "self_attention.linear_qkv.weight"), d.heads, d.groups, d.head_dim);
+    put(H + "self_attn.q_proj.weight", q);  // [nq d, h]
+    put(H + "self_attn.k_proj.weight", k);  // [ng d, h]
+    put(H + "self_attn.v_proj.weight", v);  // [ng d, h]
+    put(H + "self_attn.o_proj.weight", get(L + "self_attention.linear_proj.weight"));  // [h, nq d]
+    put(H + "post_attention_layernorm.weight", get(L + "pre_mlp_layernorm.weight"));
+    Tensor fc1 = get(L + "mlp.linear_fc1.weight");  // [2f, h] = [gate; up]
+    put(H + "mlp.gate_proj.weight", slice_rows(fc1, 0, d.ffn));
+    put(H + "mlp.up_proj.weight", slice_rows(fc1, d.ffn, d.ffn));
+    put(H + "mlp.down_proj.weight", get(L + "mlp.linear_fc2.weight"));  // [h, f]
+  }
+  put("model.norm.weight", get("decoder.final_layernorm.weight"));
+  if (d.untied) put("lm_head.weight", slice_rows(get("output_layer.weight"), 0, d.vocab));
+  cfg = {{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"hidden_size", d.hidden},
+         {"intermediate_size", d.ffn},
+         {"num_attention_heads", d.heads},
+         {"num_key_value_heads", d.groups},
+         {"num_hidden_layers", d.num_layers},
+         {"head_dim", d.head_dim},
+         {"rms_norm_eps", d.norm_eps},
+         {"rope_theta", d.rotary_base},
+         {"rope_scaling", nullptr},
+         {"max_position_embeddings", d.max_pos},
+         {"vocab_size", d.vocab},
+         {"tie_word_embeddings", !d.untied},
+         {"attention_bias", false},
+         {"mlp_bias", false},
+         {"attention_dropout", 0.0},
+         {"hidden_act", "silu"},
+         {"pretraining_tp", 1},
+         {"initializer_range", 0.02},
+         {"torch_dtype", "float32"}};
+}
+
+}  // namespace
+
+HfFormat parse_hf_format(const std::string& s) {
+  if (s == "hf-gpt2") return HfFormat::Gpt2;
+  if (s == "hf-llama") return HfFormat::Llama;
+  fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama)", s);
+}
+
+ModelDims model_dims_from_config(const nlohmann::json& config, const std::string& where) {
+  if (!config.is_object() || !config.contains("model") || !config["model"].is_object())
+    fail("{}: meta.config.model is missing (not a model checkpoint?)", where);
+  const nlohmann::json& m = config["model"];
+  ModelDims d;
+  d.num_layers = get_int(m, "num_layers", where, 0, true);
+  d.hidden = get_int(m, "hidden_size", where, 0, true);
+  d.heads = get_int(m, "num_attention_heads", where, 0, true);
+  if (d.heads == 0 || d.hidden == 0) fail("{}: model.hidden_size and model.num_attention_heads must be > 0", where);
+  d.groups = get_int(m, "num_query_groups", where, 0, false);
+  if (d.groups == 0) d.groups = d.heads;
+  d.head_dim = get_int(m, "kv_channels", where, 0, false);
+  if (d.head_dim == 0) d.head_dim = d.hidden / d.heads;
+  d.swiglu = get_val<bool>(m, "swiglu", where, false);
+  d.ffn = get_int(m, "ffn_hidden_size", where, 0, false);
+  if (d.ffn == 0 && d.swiglu) fail("{}: model.ffn_hidden_size is 0 with swiglu (config not finalized)", where);
+  if (d.ffn == 0) d.ffn = 4 * d.hidden;
+  d.padded_vocab = get_int(m, "padded_vocab_size", where, 0, true);
+  d.vocab = get_int(m, "vocab_size", where, 0, false);
+  if (d.vocab == 0) d.vocab = d.padded_vocab;
+  if (d.vocab > d.padded_vocab)
+    fail("{}: model.vocab_size {} exceeds model.padded_vocab_size {}", where, d.vocab, d.padded_vocab);
+  d.max_pos = get_int(m, "max_position_embeddings", where, 0, false);
+  if (d.max_pos == 0) d.max_pos = get_int(m, "seq_length", where, 0, false);
+  d.norm_eps = get_val<double>(m, "norm_epsilon", where, 1e-5);
+  d.rotary_base = get_val<double>(m, "rotary_base", where, 10000.0);
+  d.rotary_percent = get_val<double>(m, "rotary_percent", where, 1.0);
+  d.normalization = get_val<std::string>(m, "normalization", where, "LayerNorm");
+  if (d.normalization != "LayerNorm" && d.normalization != "RMSNorm")
+    fail("{}: model.normalization '{}' (expected LayerNorm|RMSNorm)", where, d.normalization);
+  d.position_embedding = get_val<std::string>(m, "position_embedding_type", where, "learned_absolute");
+  d.untied = get_val<bool>(m, "untie_embeddings_and_output_weights", where, false);
+  d.bias_linear = get_val<bool>(m, "add_bias_linear", where, true);
+  d.qkv_bias = d.bias_linear || get_val<bool>(m, "add_qkv_bias", where, false);
+  if (d.heads % d.groups != 0)
+    fail("{}: model.num_attention_heads {} is not a multiple of model.num_query_groups {}", where, d.heads,
+         d.groups);
+  return d;
+}
+
+nlohmann::json config_from_model_dims(const ModelDims& d) {
+  nlohmann::json m = {{"num_layers", d.num_layers},
+                      {"hidden_size", d.hidden},
+                      {"num_attention_heads", d.heads},
+                      {"group_query_attention", d.groups != d.heads},
+                      {"num_query_groups", d.groups},
+                      {"ffn_hidden_size", d.ffn},
+                      {"kv_channels", d.head_dim},
+                      {"seq_length", d.max_pos},
+                      {"max_position_embeddings", d.max_pos},
+                      {"normalization", d.normalization},
+                      {"norm_epsilon", d.norm_eps},
+                      {"swiglu", d.swiglu},
+                      {"position_embedding_type", d.position_embedding},
+                      {"rotary_base", d.rotary_base},
+                      {"rotary_percent", d.rotary_percent},
+                      {"untie_embeddings_and_output_weights", d.untied},
+                      {"add_bias_linear", d.bias_linear},
+                      {"add_qkv_bias", d.qkv_bias && !d.bias_linear},
+                      {"padded_vocab_size", d.padded_vocab},
+                      {"vocab_size", d.vocab},
+                      {"make_vocab_size_divisible_by", 128}};
+  return {{"model", m}};
+}
+
+std::vector<std::pair<std::string, Shape>> model_param_shapes(const ModelDims& d) {
+  const int64_t h = d.hidden, qkv_rows = (d.heads + 2 * d.groups) * d.head_dim;
+  const bool ln_bias = d.normalization == "LayerNorm";
+  const int64_t fc1_rows = d.swiglu ? 2 * d.ffn : d.ffn;
+  std::vector<std::pair<std::string, Shape>> out;
+  out.push_back({"embedding.word_embeddings.weight", {d.padded_vocab, h}});
+  if (d.position_embedding == "learned_absolute")
+    out.push_back({"embedding.position_embeddings.weight", {d.max_pos, h}});
+  auto norm = [&](const std::string& name) {
+    out.push_back({name + ".weight", {h}});
+    if (ln_bias) out.push_back({name + ".bias", {h}});
+  };
+  for (int64_t i = 0; i < d.num_layers; ++i) {
+    const std::string L = fmt::format("decoder.layers.{}.", i);
+    norm(L + "input_layernorm");
+    out.push_back({L + "self_attention.linear_qkv.weight", {qkv_rows, h}});
+    if (d.qkv_bias) out.push_back({L + "self_attention.linear_qkv.bias", {qkv_rows}});
+    out.push_back({L + "self_attention.linear_proj.weight", {h, d.heads * d.head_dim}});
+    if (d.bias_linear) out.push_back({L + "self_attention.linear_proj.bias", {h}});
+    norm(L + "pre_mlp_layernorm");
+    out.push_back({L + "mlp.linear_fc1.weight", {fc1_rows, h}});
+    if (d.bias_linear) out.push_back({L + "mlp.linear_fc1.bias", {fc1_rows}});
+    out.push_back({L + "mlp.linear_fc2.weight", {h, d.ffn}});
+    if (d.bias_linear) out.push_back({L + "mlp.linear_fc2.bias", {h}});
+  }
+  norm("decoder.final_layernorm");
+  if (d.untied) out.push_back({"output_layer.weight", {d.padded_vocab, h}});
+  return out;
+}
+
+void export_hf(const CheckpointReader& reader, HfFormat format, const std::string& out_dir) {
+  if (!reader.meta().contains("config"))
+    fail("{}: checkpoint meta has no 'config' (needed to export)", reader.dir());
+  ModelDims d = model_dims_from_config(reader.meta()["config"], reader.dir() + "/manifest.json meta.config");
+  std::vector<SafetensorsItem> items;
+  nlohmann::json cfg;
+  if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);
+  else export_llama(reader, d, items, cfg);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) fail("cannot create output directory {}: {}", out_dir, ec.message());
+  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), items, {{"format", "pt"}},
+                    /*fsync_file=*/true);
+  write_text((fs::path(out_dir) / "config.json").string(), cfg.dump(2) + "\n");
+}
+
+}  // namespace mcpp::dist_checkpointing

@@ -1,0 +1,58 @@
+// Conversion between our GPT checkpoints and HuggingFace transformers' GPT-2 / Llama layouts.
+//
+// Contract. Our parameter keys and layouts (Megatron-Core local spec, linear weights [out, in]):
+//   embedding.word_embeddings.weight        [Vp, h]        (Vp = padded vocab)
+//   embedding.position_embeddings.weight    [max_pos, h]   (learned_absolute only)
+//   decoder.layers.{i}.input_layernorm.{weight,bias}                 [h] (bias with LayerNorm)
+//   decoder.layers.{i}.self_attention.linear_qkv.weight  [(nq + 2 ng) d, h]  (+ .bias with biases)
+//       rows per query group g: [q heads of g: nq/ng * d rows][k of g: d rows][v of g: d rows]
+//   decoder.layers.{i}.self_attention.linear_proj.{weight [h, nq d], bias [h]}
+//   decoder.layers.{i}.pre_mlp_layernorm.{weight,bias}               [h]
+//   decoder.layers.{i}.mlp.linear_fc1.{weight [f or 2f, h], bias}    swiglu rows: [gate f; up f]
+//   decoder.layers.{i}.mlp.linear_fc2.{weight [h, f], bias [h]}
+//   decoder.final_layernorm.{weight,bias}                            [h]
+//   output_layer.weight                     [Vp, h]        (untied only)
+// HF GPT-2 (GPT2LMHeadModel) uses Conv1D weights stored [in, out] (c_attn columns q|k|v), an unpadded
+// vocab and a tied lm_head (not stored). HF Llama (LlamaForCausalLM) uses [out, in] q/k/v/o and
+// gate/up/down projections; its rotate_half RoPE equals Megatron's non-interleaved RoPE, so no row
+// permutation. Export writes <out>/config.json and <out>/model.safetensors (F32, "__metadata__":
+// {"format": "pt"}); import reads model.safetensors or model.safetensors.index.json shards (F32, F16
+// or BF16) and returns a model-only checkpoint (iteration 0, meta["config"] = {"model": {...}} with
+// Config::to_json's field names, vocab padded with zero rows to a multiple of 128). A config that the
+// target format cannot express is an mcpp::Error naming the field.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mcpp/dist_checkpointing/checkpoint.h"
+
+namespace mcpp::dist_checkpointing {
+
+enum class HfFormat { Gpt2, Llama };
+HfFormat parse_hf_format(const std::string& s);  // "hf-gpt2" | "hf-llama"
+
+// The model numbers the conversion needs, read from meta["config"] ("model" section); zero defaults
+// resolved as TransformerConfig::finalize does (groups = heads, d = h / heads, f = 4h without swiglu,
+// max_pos = seq_length, vocab_size = padded_vocab_size).
+struct ModelDims {
+  int64_t num_layers = 0, hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0;
+  int64_t padded_vocab = 0, vocab = 0, max_pos = 0;
+  double norm_eps = 1e-5, rotary_base = 10000.0, rotary_percent = 1.0;
+  std::string normalization = "LayerNorm";            // "LayerNorm" | "RMSNorm"
+  std::string position_embedding = "learned_absolute";  // "learned_absolute" | "rope" | "none"
+  bool swiglu = false, untied = false, bias_linear = true, qkv_bias = false;
+};
+ModelDims model_dims_from_config(const nlohmann::json& config, const std::string& where);
+nlohmann::json config_from_model_dims(const ModelDims& d);  // {"model": {...}}
+
+// Our parameter keys for a model, in model order, with their shapes.
+std::vector<std::pair<std::string, Shape>> model_param_shapes(const ModelDims& d);
+
+void export_hf(const CheckpointReader& reader, HfFormat format, const std::string& out_dir);
+CheckpointContents import_hf(const std::string& hf_dir, HfFormat format);
+
+}  // namespace mcpp::dist_checkpointing

@@ -1,0 +1,264 @@
+// Import of HF GPT-2 / Llama directories into a model-only checkpoint; see hf_convert.h.
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "mcpp/core/error.h"
+#include "mcpp/dist_checkpointing/hf_convert.h"
+#include "mcpp/dist_checkpointing/hf_tensor_ops.h"
+
+namespace fs = std::filesystem;
+
+namespace mcpp::dist_checkpointing {
+using namespace hf_detail;
+
+namespace {
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) fail("{}: not a JSON object", path);
+  return j;
+}
+
+// The tensors of an HF directory: model.safetensors, or the shards named by the index file.
+class HfTensors {
+ public:
+  explicit HfTensors(const std::string& dir) {
+    fs::path single = fs::path(dir) / "model.safetensors";
+    fs::path index = fs::path(dir) / "model.safetensors.index.json";
+    std::vector<std::string> files;
+    if (fs::exists(single)) {
+      files.push_back(single.string());
+    } else if (fs::exists(index)) {
+      nlohmann::json j = read_json(index.string());
+      if (!j.contains("weight_map") || !j["weight_map"].is_object())
+        fail("{}: missing object 'weight_map'", index.string());
+      std::set<std::string> names;
+      for (const auto& [_, f] : j["weight_map"].items()) {
+        if (!f.is_string() || f.get<std::string>().find('/') != std::string::npos)
+          fail("{}: weight_map values must be file names", index.string());
+        names.insert(f.get<std::string>());
+      }
+      for (const auto& n : names) files.push_back((fs::path(dir) / n).string());
+    } else {
+      fail("{}: neither model.safetensors nor model.safetensors.index.json found", dir);
+    }
+    for (const auto& f : files) {
+      headers_.push_back(read_safetensors_header(f));
+    }
+    for (size_t i = 0; i < headers_.size(); ++i)
+      for (const auto& e : headers_[i].entries) where_[e.name] = {i, &e};
+  }
+
+  bool has(const std::string& name) const { return where_.count(name) > 0; }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [n, _] : where_) out.push_back(n);
+    return out;
+  }
+  // Reads `name` as CPU F32 and checks its shape.
+  Tensor get(const std::string& name, const Shape& shape) {
+    auto it = where_.find(name);
+    if (it == where_.end()) fail("HF checkpoint has no tensor '{}'", name);
+    used_.insert(name);
+    const SafetensorsHeader& h = headers_[it->second.first];
+    const SafetensorsEntry& e = *it->second.second;
+    if (e.shape != shape)
+      fail("{}: tensor '{}' has shape {} but config.json implies {}", h.path, name, shape_str(e.shape),
+           shape_str(shape));
+    if (!e.dtype_known || (e.dtype != DType::F32 && e.dtype != DType::F16 && e.dtype != DType::BF16))
+      fail("{}: tensor '{}' has dtype {} (expected F32, F16 or BF16)", h.path, name, e.dtype_str);
+    Tensor t = read_safetensors_tensor(h, e);
+    return e.dtype == DType::F32 ? t : t.to(DType::F32);
+  }
+  // Every tensor not read and not in `ignorable` is an error: the import would silently drop it.
+  void check_all_used(const std::function<bool(const std::string&)>& ignorable) const {
+    for (const auto& [n, w] : where_) {
+      if (!used_.count(n) && !ignorable(n))
+        fail("{}: unexpected tensor '{}' (not part of the model mcpp builds)", headers_[w.first].path, n);
+    }
+  }
+
+ private:
+  std::vector<SafetensorsHeader> headers_;
+  std::map<std::string, std::pair<size_t, const SafetensorsEntry*>> where_;
+  std::set<std::string> used_;
+};
+
+int64_t cfg_int(const nlohmann::json& c, const char* name, const std::string& path) {
+  auto it = c.find(name);
+  if (it == c.end() || !it->is_number_integer() || it->get<int64_t>() <= 0)
+    fail("{}: field '{}' must be a positive integer", path, name);
+  return it->get<int64_t>();
+}
+
+double cfg_num(const nlohmann::json& c, const char* name, const std::string& path, double dflt) {
+  auto it = c.find(name);
+  if (it == c.end() || it->is_null()) return dflt;
+  if (!it->is_number()) fail("{}: field '{}' must be a number", path, name);
+  return it->get<double>();
+}
+
+bool cfg_bool(const nlohmann::json& c, const char* name, const std::string& path, bool dflt) {
+  auto it = c.find(name);
+  if (it == c.end() || it->is_null()) return dflt;
+  if (!it->is_boolean()) fail("{}: field '{}' must be true or false", path, name);
+  return it->get<bool>();
+}
+
+int64_t padded(int64_t v) { return (v + 127) / 128 * 128; }
+
+void check_model_type(const nlohmann::json& c, const std::string& path, const char* want) {
+  if (!c.contains("model_type") || c["model_type"] != want)
+    fail("{}: field 'model_type' is {} but the format needs \"{}\"", path,
+         c.contains("model_type") ? c["model_type"].dump() : "missing", want);
+}
+
+ModelDims gpt2_dims(const nlohmann::json& c, const std::string& path) {
+  check_model_type(c, path, "gpt2");
+  std::string act = c.value("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast")
+    fail("{}: field 'activation_function' is '{}'; mcpp computes the tanh GELU (gelu_new)", path, act);
+  if (cfg_bool(c, "scale_attn_by_inverse_layer_idx", path, false))
+    fail("{}: field 'scale_attn_by_inverse_layer_idx' must be false", path);
+  if (!cfg_bool(c, "scale_attn_weights", path, true)) fail("{}: field 'scale_attn_weights' must be true", path);
+  if (!cfg_bool(c, "tie_word_embeddings", path, true)) fail("{}: field 'tie_word_embeddings' must be true", path);
+  ModelDims d;
+  d.hidden = cfg_int(c, "n_embd", path);
+  d.num_layers = cfg_int(c, "n_layer", path);
+  d.heads = d.groups = cfg_int(c, "n_head", path);
+  if (d.hidden % d.heads) fail("{}: n_embd {} is not a multiple of n_head {}", path, d.hidden, d.heads);
+  d.head_dim = d.hidden / d.heads;
+  d.ffn = c.contains("n_inner") && !c["n_inner"].is_null() ? cfg_int(c, "n_inner", path) : 4 * d.hidden;
+  d.max_pos = cfg_int(c, "n_positions", path);
+  d.vocab = cfg_int(c, "vocab_size", path);
+  d.padded_vocab = padded(d.vocab);
+  d.norm_eps = cfg_num(c, "layer_norm_epsilon", path, 1e-5);
+  d.normalization = "LayerNorm";
+  d.position_embedding = "learned_absolute";
+  d.swiglu = false;
+  d.untied = false;
+  d.bias_linear = true;
+  d.qkv_bias = true;
+  return d;
+}
+
+ModelDims llama_dims(const nlohmann::json& c, const std::string& path) {
+  check_model_type(c, path, "llama");
+  if (c.value("hidden_act", "silu") != "silu") fail("{}: field 'hidden_act' must be \"silu\"", path);
+  if (cfg_bool(c, "attention_bias", path, false)) fail("{}: field 'attention_bias' must be false", path);
+  if (cfg_bool(c, "mlp_bias", path, false)) fail("{}: field 'mlp_bias' must be false", path);
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
+    fail("{}: field 'rope_scaling' is set; mcpp implements plain RoPE only", path);
+  ModelDims d;
+  d.hidden = cfg_int(c, "hidden_size", path);
+  d.num_layers = cfg_int(c, "num_hidden_layers", path);
+  d.heads = cfg_int(c, "num_attention_heads", path);
+  d.groups = c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()
+                 ? cfg_int(c, "num_key_value_heads", path)
+                 : d.heads;
+  if (d.heads % d.groups)
+    fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", path, d.heads, d.groups);
+  d.head_dim = c.contains("head_dim") && !c["head_dim"].is_null() ? cfg_int(c, "head_dim", path)
+                                                                  : d.hidden / d.heads;
+  d.ffn = cfg_int(c, "intermediate_size", path);
+  d.max_pos = cfg_int(c, "max_position_embeddings", path);
+  d.vocab = cfg_int(c, "vocab_size", path);
+  d.padded_vocab = padded(d.vocab);
+  d.norm_eps = cfg_num(c, "rms_norm_eps", path, 1e-6);
+  d.rotary_base = cfg_num(c, "rope_theta", path, 10000.0);
+  d.normalization = "RMSNorm";
+  d.position_embedding = "rope";
+  d.swiglu = true;
+  d.untied = !cfg_bool(c, "tie_word_embeddings", path, false);
+  d.bias_linear = false;
+  d.qkv_bias = false;
+  return d;
+}
+
+void import_gpt2(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& out) {
+  const int64_t h = d.hidden, f = d.ffn;
+  std::string P = hf.has("transformer.wte.weight") ? "transformer." : "";  // original gpt2 files lack it
+  auto put = [&](const std::string& key, Tensor t) { out.push_back({key, std::move(t)}); };
+  put("embedding.word_embeddings.weight", pad_rows(hf.get(P + "wte.weight", {d.vocab, h}), d.padded_vocab));
+  put("embedding.position_embeddings.weight", hf.get(P + "wpe.weight", {d.max_pos, h}));
+  for (int64_t i = 0; i < d.num_layers; ++i) {
+    const std::string L = fmt::format("decoder.layers.{}.", i);
+    const std::string H = fmt::format("{}h.{}.", P, i);
+    put(L + "input_layernorm.weight", hf.get(H + "ln_1.weight", {h}));
+    put(L + "input_layernorm.bias", hf.get(H + "ln_1.bias", {h}));
+    Tensor w = transpose2d(hf.get(H + "attn.c_attn.weight", {h, 3 * h}));  // [3h, h] = [q; k; v]
+    put(L + "self_attention.linear_qkv.weight",
+        merge_qkv(slice_rows(w, 0, h), slice_rows(w, h, h), slice_rows(w, 2 * h, h), d.heads, d.groups, d.head_dim));
+    Tensor b = hf.get(H + "attn.c_attn.bias", {3 * h});
+    put(L + "self_attention.linear_qkv.bias",
+        merge_qkv(slice_rows(b, 0, h), slice_rows(b, h, h), slice_rows(b, 2 * h, h), d.heads, d.groups, d.head_dim));
+    put(L + "self_attention.linear_proj.weight", transpose2d(hf.get(H + "attn.c_proj.weight", {h, h})));
+    put(L + "self_attention.linear_proj.bias", hf.get(H + "attn.c_proj.bias", {h}));
+    put(L + "pre_mlp_layernorm.weight", hf.get(H + "ln_2.weight", {h}));
+    put(L + "pre_mlp_layernorm.bias", hf.get(H + "ln_2.bias", {h}));
+    put(L + "mlp.linear_fc1.weight", transpose2d(hf.get(H + "mlp.c_fc.weight", {h, f})));
+    put(L + "mlp.linear_fc1.bias", hf.get(H + "mlp.c_fc.bias", {f}));
+    put(L + "mlp.linear_fc2.weight", transpose2d(hf.get(H + "mlp.c_proj.weight", {f, h})));
+    put(L + "mlp.linear_fc2.bias", hf.get(H + "mlp.c_proj.bias", {h}));
+  }
+  put("decoder.final_layernorm.weight", hf.get(P + "ln_f.weight", {h}));
+  put("decoder.final_layernorm.bias", hf.get(P + "ln_f.bias", {h}));
+  hf.check_all_used([](const std::string& n) {
+    // lm_head is tied to wte; attn.bias / attn.masked_bias are causal-mask buffers, not parameters.
+    auto ends = [&](const char* s) { return n.size() >= strlen(s) && n.compare(n.size() - strlen(s), strlen(s), s) == 0; };
+    return n == "lm_head.weight" || ends(".attn.bias") || ends(".attn.masked_bias");
+  });
+}
+
+void import_llama(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& out) {
+  const int64_t h = d.hidden, f = d.ffn, qd = d.heads * d.head_dim, kd = d.groups * d.head_dim;
+  auto put = [&](const std::string& key, Tensor t) { out.push_back({key, std::move(t)}); };
+  put("embedding.word_embeddings.weight", pad_rows(hf.get("model.embed_tokens.weight", {d.vocab, h}), d.padded_vocab));
+  for (int64_t i = 0; i < d.num_layers; ++i) {
+    const std::string L = fmt::format("decoder.layers.{}.", i);
+    const std::string H = fmt::format("model.layers.{}.", i);
+    put(L + "input_layernorm.weight", hf.get(H + "input_layernorm.weight", {h}));
+    put(L + "self_attention.linear_qkv.weight",
+        merge_qkv(hf.get(H + "self_attn.q_proj.weight", {qd, h}), hf.get(H + "self_attn.k_proj.weight", {kd, h}),
+                  hf.get(H + "self_attn.v_proj.weight", {kd, h}), d.heads, d.groups, d.head_dim));
+    put(L + "self_attention.linear_proj.weight", hf.get(H + "self_attn.o_proj.weight", {h, qd}));
+    put(L + "pre_mlp_layernorm.weight", hf.get(H + "post_attention_layernorm.weight", {h}));
+    put(L + "mlp.linear_fc1.weight",
+        cat_rows({hf.get(H + "mlp.gate_proj.weight", {f, h}), hf.get(H + "mlp.up_proj.weight", {f, h})}));
+    put(L + "mlp.linear_fc2.weight", hf.get(H + "mlp.down_proj.weight", {h, f}));
+  }
+  put("decoder.final_layernorm.weight", hf.get("model.norm.weight", {h}));
+  if (d.untied) put("output_layer.weight", pad_rows(hf.get("lm_head.weight", {d.vocab, h}), d.padded_vocab));
+  const bool tied = !d.untied;
+  hf.check_all_used([tied](const std::string& n) {
+    return n.find("rotary_emb.inv_freq") != std::string::npos || (tied && n == "lm_head.weight");
+  });
+}
+
+}  // namespace
+
+CheckpointContents import_hf(const std::string& hf_dir, HfFormat format) {
+  std::string cfg_path = (fs::path(hf_dir) / "config.json").string();
+  nlohmann::json c = read_json(cfg_path);
+  ModelDims d = format == HfFormat::Gpt2 ? gpt2_dims(c, cfg_path) : llama_dims(c, cfg_path);
+  HfTensors hf(hf_dir);
+  CheckpointContents out;
+  out.iteration = 0;
+  if (format == HfFormat::Gpt2) import_gpt2(hf, d, out.tensors);
+  else import_llama(hf, d, out.tensors);
+  out.meta = {{"config", config_from_model_dims(d)},
+              {"imported_from", {{"format", format == HfFormat::Gpt2 ? "hf-gpt2" : "hf-llama"},
+                                 {"path", fs::absolute(hf_dir).string()}}}};
+  return out;
+}
+
+}  // namespace mcpp::dist_checkpointing

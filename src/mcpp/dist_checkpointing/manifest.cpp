@@ -1,0 +1,164 @@
+// manifest.json (de)serialization and validation; see manifest.h.
+#include "mcpp/dist_checkpointing/manifest.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "mcpp/core/error.h"
+
+namespace mcpp::dist_checkpointing {
+namespace {
+
+const nlohmann::json& field(const nlohmann::json& obj, const char* name, const std::string& where) {
+  auto it = obj.find(name);
+  if (it == obj.end()) fail("{}: missing field '{}'", where, name);
+  return *it;
+}
+
+uint64_t get_u64(const nlohmann::json& obj, const char* name, const std::string& where) {
+  const auto& v = field(obj, name, where);
+  if (!v.is_number_unsigned()) fail("{}: field '{}' must be a non-negative integer", where, name);
+  return v.get<uint64_t>();
+}
+
+Shape get_shape(const nlohmann::json& obj, const char* name, const std::string& where) {
+  const auto& v = field(obj, name, where);
+  if (!v.is_array()) fail("{}: field '{}' must be an array of integers", where, name);
+  Shape s;
+  for (const auto& d : v) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > (1ull << 48))
+      fail("{}: field '{}' must be an array of non-negative integers", where, name);
+    s.push_back(d.get<int64_t>());
+  }
+  return s;
+}
+
+std::string get_str(const nlohmann::json& obj, const char* name, const std::string& where) {
+  const auto& v = field(obj, name, where);
+  if (!v.is_string()) fail("{}: field '{}' must be a string", where, name);
+  return v.get<std::string>();
+}
+
+uint64_t parse_hex64(const std::string& s, const std::string& where) {
+  if (s.size() != 16) fail("{}: field 'xxh3' must be 16 hex digits, got '{}'", where, s);
+  uint64_t v = 0;
+  for (char c : s) {
+    int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+    if (d < 0) fail("{}: field 'xxh3' must be lowercase hex, got '{}'", where, s);
+    v = (v << 4) | static_cast<uint64_t>(d);
+  }
+  return v;
+}
+
+ManifestEntry entry_from_json(const nlohmann::json& t, const std::string& path, size_t index) {
+  std::string where = fmt::format("{}: tensors[{}]", path, index);
+  if (!t.is_object()) fail("{} is not an object", where);
+  ManifestEntry e;
+  e.key = get_str(t, "key", where);
+  if (e.key.empty()) fail("{}: empty key", where);
+  where = fmt::format("{}: tensor '{}'", path, e.key);
+  std::string dt = get_str(t, "dtype", where);
+  try {
+    e.dtype = dtype_from_name(dt);
+  } catch (const Error&) {
+    fail("{}: unknown dtype '{}'", where, dt);
+  }
+  e.global_shape = get_shape(t, "global_shape", where);
+  e.global_offset = get_shape(t, "global_offset", where);
+  e.local_shape = get_shape(t, "local_shape", where);
+  if (e.global_offset.size() != e.global_shape.size() || e.local_shape.size() != e.global_shape.size())
+    fail("{}: global_shape, global_offset and local_shape must have the same rank", where);
+  for (size_t d = 0; d < e.global_shape.size(); ++d) {
+    if (e.global_offset[d] + e.local_shape[d] > e.global_shape[d])
+      fail("{}: global_offset + local_shape exceeds global_shape in dim {}", where, d);
+  }
+  e.file = get_str(t, "file", where);
+  if (e.file.empty() || e.file.find('/') != std::string::npos || e.file == "." || e.file == "..")
+    fail("{}: file '{}' must be a plain file name inside the checkpoint directory", where, e.file);
+  e.byte_offset = get_u64(t, "byte_offset", where);
+  e.byte_length = get_u64(t, "byte_length", where);
+  if (e.byte_offset > (1ull << 62) || e.byte_length > (1ull << 62))
+    fail("{}: byte_offset/byte_length out of range", where);
+  uint64_t want = static_cast<uint64_t>(shape_numel(e.local_shape)) * dtype_size(e.dtype);
+  if (e.byte_length != want) {
+    fail("{}: byte_length {} does not match local_shape {} of {} ({} bytes)", where, e.byte_length,
+         shape_str(e.local_shape), dtype_name(e.dtype), want);
+  }
+  e.xxh3 = parse_hex64(get_str(t, "xxh3", where), where);
+  return e;
+}
+
+}  // namespace
+
+bool ManifestEntry::is_whole() const {
+  for (int64_t o : global_offset)
+    if (o != 0) return false;
+  return local_shape == global_shape;
+}
+
+const ManifestEntry* Manifest::find(const std::string& key) const {
+  for (const auto& e : tensors)
+    if (e.key == key) return &e;
+  return nullptr;
+}
+
+nlohmann::json manifest_to_json(const Manifest& m) {
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& e : m.tensors) {
+    tensors.push_back({{"key", e.key},
+                       {"dtype", std::string(dtype_safetensors_name(e.dtype))},
+                       {"global_shape", e.global_shape},
+                       {"global_offset", e.global_offset},
+                       {"local_shape", e.local_shape},
+                       {"file", e.file},
+                       {"byte_offset", e.byte_offset},
+                       {"byte_length", e.byte_length},
+                       {"xxh3", fmt::format("{:016x}", e.xxh3)}});
+  }
+  return {{"format", kManifestFormatName},
+          {"format_version", kManifestFormatVersion},
+          {"iteration", m.iteration},
+          {"meta", m.meta},
+          {"tensors", tensors}};
+}
+
+Manifest manifest_from_json(const nlohmann::json& j, const std::string& path) {
+  if (!j.is_object()) fail("{}: manifest is not a JSON object", path);
+  if (get_str(j, "format", path) != kManifestFormatName)
+    fail("{}: field 'format' is not '{}'", path, kManifestFormatName);
+  const auto& ver = field(j, "format_version", path);
+  if (!ver.is_number_integer() || ver.get<int64_t>() != kManifestFormatVersion) {
+    fail("{}: format_version {} is not supported (this build reads version {})", path, ver.dump(),
+         kManifestFormatVersion);
+  }
+  Manifest m;
+  const auto& it = field(j, "iteration", path);
+  if (!it.is_number_integer() || it.get<int64_t>() < 0)
+    fail("{}: field 'iteration' must be a non-negative integer", path);
+  m.iteration = it.get<int64_t>();
+  m.meta = field(j, "meta", path);
+  if (!m.meta.is_object()) fail("{}: field 'meta' must be an object", path);
+  const auto& ts = field(j, "tensors", path);
+  if (!ts.is_array()) fail("{}: field 'tensors' must be an array", path);
+  std::set<std::pair<std::string, Shape>> seen;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    ManifestEntry e = entry_from_json(ts[i], path, i);
+    if (!seen.insert({e.key, e.global_offset}).second)
+      fail("{}: tensor '{}' appears twice with global_offset {}", path, e.key, shape_str(e.global_offset));
+    m.tensors.push_back(std::move(e));
+  }
+  return m;
+}
+
+Manifest read_manifest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("missing manifest {} (not a committed checkpoint?)", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) fail("{}: manifest is not valid JSON", path);
+  return manifest_from_json(j, path);
+}
+
+}  // namespace mcpp::dist_checkpointing

@@ -1,0 +1,53 @@
+// manifest.json of a checkpoint directory: what each saved tensor is and where its bytes are.
+//
+// Contract (docs/CHECKPOINT_FORMAT.md is the full description):
+//   {"format": "mcpp-checkpoint", "format_version": 1, "iteration": N, "meta": {...},
+//    "tensors": [{"key", "dtype", "global_shape", "global_offset", "local_shape", "file",
+//                 "byte_offset", "byte_length", "xxh3"}, ...]}
+// byte_offset is absolute in `file` (a plain file name inside the checkpoint directory); xxh3 is the
+// XXH3-64 of the tensor's byte_length bytes as 16 lowercase hex digits. parse_manifest validates every
+// field's type and the internal consistency (byte_length = numel(local_shape) * dtype size, offsets +
+// local shape within the global shape, no duplicate (key, offset)) and names the manifest file and
+// tensor key in its errors. Format version 1 written by the single-process saver has one entry per key
+// with global_offset all zeros and local_shape == global_shape.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mcpp/core/tensor.h"
+
+namespace mcpp::dist_checkpointing {
+
+inline constexpr int kManifestFormatVersion = 1;
+inline constexpr const char* kManifestFormatName = "mcpp-checkpoint";
+
+struct ManifestEntry {
+  std::string key;
+  DType dtype = DType::F32;
+  Shape global_shape;
+  Shape global_offset;  // same rank as global_shape
+  Shape local_shape;
+  std::string file;     // relative to the checkpoint directory
+  uint64_t byte_offset = 0;
+  uint64_t byte_length = 0;
+  uint64_t xxh3 = 0;
+  bool is_whole() const;  // offset all zero and local == global
+};
+
+struct Manifest {
+  int64_t iteration = 0;
+  nlohmann::json meta = nlohmann::json::object();
+  std::vector<ManifestEntry> tensors;
+  const ManifestEntry* find(const std::string& key) const;  // first entry with key, or nullptr
+};
+
+nlohmann::json manifest_to_json(const Manifest& m);
+// `path` only names the source in errors.
+Manifest manifest_from_json(const nlohmann::json& j, const std::string& path);
+// Reads and parses `path`; a missing file or bad JSON is an mcpp::Error naming it.
+Manifest read_manifest(const std::string& path);
+
+}  // namespace mcpp::dist_checkpointing
