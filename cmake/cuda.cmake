@@ -11,23 +11,45 @@ if(NOT MCPP_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     set(MCPP_HAVE_CUDA ON)
+    # enable_language must run at directory scope (inside a function its variables are lost).
+    if(NOT CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90 80)
+    endif()
+    if(CCACHE_PROGRAM)
+      set(CMAKE_CUDA_COMPILER_LAUNCHER ${CCACHE_PROGRAM})
+    endif()
+    enable_language(CUDA)
+    # CMake 3.25 does not know nvcc's C++20 flag (the global CXX_STANDARD 20 also applies to CUDA): teach it.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    find_package(CUDAToolkit REQUIRED)
   elseif(MCPP_CUDA STREQUAL "ON")
     message(FATAL_ERROR "MCPP_CUDA=ON but no CUDA compiler was found")
   endif()
 endif()
 message(STATUS "megatron-cpp CUDA backend: ${MCPP_HAVE_CUDA}")
 
+# The CUDA sources build as their own OBJECT library (mcpp_cuda) so that the C++ library's host flags
+# (-Wall for g++, -march, C++20 compile features that CMake 3.25 cannot map to nvcc) stay off nvcc's
+# command line; their objects are then added to `target`, which links cudart / cuBLASLt.
 function(mcpp_add_cuda_backend target)
   file(GLOB_RECURSE cuda_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/mcpp/kernels/cuda/*.cu
                                                    ${CMAKE_SOURCE_DIR}/src/mcpp/kernels/cuda/*.cpp)
   if(MCPP_HAVE_CUDA AND cuda_sources)
-    enable_language(CUDA)
-    set(CMAKE_CUDA_ARCHITECTURES 90 80 PARENT_SCOPE)
-    find_package(CUDAToolkit REQUIRED)
-    target_sources(${target} PRIVATE ${cuda_sources})
-    set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "90;80" CUDA_SEPARABLE_COMPILATION OFF)
+    add_library(mcpp_cuda OBJECT ${cuda_sources})
+    set_target_properties(mcpp_cuda PROPERTIES CUDA_ARCHITECTURES "90;80" CUDA_SEPARABLE_COMPILATION OFF
+                                               CXX_STANDARD 20 POSITION_INDEPENDENT_CODE ON)
+    target_include_directories(mcpp_cuda PRIVATE ${CMAKE_SOURCE_DIR}/src)
+    # -lineinfo: source lines in compute-sanitizer / ncu reports at no runtime cost.
+    target_compile_options(mcpp_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr
+                                                                       -Xcompiler=-Wall>
+                                             $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+    target_link_libraries(mcpp_cuda PRIVATE fmt::fmt CUDA::cudart CUDA::cublasLt)
+    target_sources(${target} PRIVATE $<TARGET_OBJECTS:mcpp_cuda>)
     target_compile_definitions(${target} PUBLIC MCPP_WITH_CUDA=1)
-    target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublasLt CUDA::cublas)
+    target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublasLt)
   else()
     file(GLOB stub_sources ${CMAKE_SOURCE_DIR}/src/mcpp/kernels/cuda_stub/*.cpp)
     target_sources(${target} PRIVATE ${stub_sources})

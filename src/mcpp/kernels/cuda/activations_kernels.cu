@@ -1,0 +1,109 @@
+// Device code for activations.cpp and dropout.cpp (math as the CPU reference, in float32):
+//   gelu:   y = 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi);
+//           dx = dy (0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 * 0.044715 x^2))
+//   swiglu: x[rows, 2f] = [gate | up]; y = silu(gate) * up;
+//           dgate = dy up s (1 + gate (1 - s)), dup = dy silu(gate), s = sigmoid(gate)
+//   dropout: Philox-4x32-10 exactly as core/rng.h — element i uses counter (offset + i/4, 0), word i%4,
+//            uniform = (word >> 8) * 2^-24; keep iff uniform >= p. One thread per 4-element group, so
+//            one Philox call per 4 elements, and the mask equals the CPU's bit for bit.
+#include "mcpp/kernels/cuda/device_utils.cuh"
+
+namespace mcpp::cuda_detail {
+namespace {
+constexpr int kThreads = 256;
+constexpr float kGeluK = 0.7978845608028654f;
+constexpr float kGeluC = 0.044715f;
+
+__global__ void gelu_fwd_kernel(FOut y, FIn x, int64_t n) {
+  MCPP_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    y.set(i, 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v))));
+  }
+}
+__global__ void gelu_bwd_kernel(FOut dx, FIn dy, FIn x, int64_t n) {
+  MCPP_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
+    const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
+    dx.set(i, dy[i] * d);
+  }
+}
+__global__ void swiglu_fwd_kernel(FOut y, FIn x, int64_t rows, int64_t f) {
+  MCPP_GRID_STRIDE(i, rows * f) {
+    const int64_t r = i / f, c = i - r * f;
+    const float g = x[r * 2 * f + c], u = x[r * 2 * f + f + c];
+    y.set(i, g / (1.0f + expf(-g)) * u);
+  }
+}
+__global__ void swiglu_bwd_kernel(FOut dx, FIn dy, FIn x, int64_t rows, int64_t f) {
+  MCPP_GRID_STRIDE(i, rows * f) {
+    const int64_t r = i / f, c = i - r * f;
+    const float g = x[r * 2 * f + c], u = x[r * 2 * f + f + c], d = dy[i];
+    const float sg = 1.0f / (1.0f + expf(-g));
+    dx.set(r * 2 * f + c, d * u * sg * (1.0f + g * (1.0f - sg)));
+    dx.set(r * 2 * f + f + c, d * g * sg);
+  }
+}
+
+__device__ __forceinline__ uint4 philox4x32_10(uint64_t seed, uint64_t counter) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c1 = lo1;
+    c3 = lo0;
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+
+__global__ void dropout_kernel(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, int64_t n) {
+  const int64_t groups = (n + 3) / 4;
+  MCPP_GRID_STRIDE(g, groups) {
+    const uint4 r = philox4x32_10(seed, offset + static_cast<uint64_t>(g));
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int lane = 0; lane < 4; ++lane) {
+      const int64_t i = 4 * g + lane;
+      if (i < n) {
+        const float u = static_cast<float>(w[lane] >> 8) * (1.0f / 16777216.0f);
+        y.set(i, u >= p ? x[i] * scale : 0.0f);
+      }
+    }
+  }
+}
+}  // namespace
+
+void launch_gelu_fwd(FOut y, FIn x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  gelu_fwd_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(y, x, n);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+void launch_gelu_bwd(FOut dx, FIn dy, FIn x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  gelu_bwd_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(dx, dy, x, n);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+void launch_swiglu_fwd(FOut y, FIn x, int64_t rows, int64_t f, cudaStream_t s) {
+  if (rows * f <= 0) return;
+  swiglu_fwd_kernel<<<grid_for(rows * f, kThreads), kThreads, 0, s>>>(y, x, rows, f);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+void launch_swiglu_bwd(FOut dx, FIn dy, FIn x, int64_t rows, int64_t f, cudaStream_t s) {
+  if (rows * f <= 0) return;
+  swiglu_bwd_kernel<<<grid_for(rows * f, kThreads), kThreads, 0, s>>>(dx, dy, x, rows, f);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+void launch_dropout(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  dropout_kernel<<<grid_for((n + 3) / 4, kThreads), kThreads, 0, s>>>(y, x, p, scale, seed, offset, n);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mcpp::cuda_detail

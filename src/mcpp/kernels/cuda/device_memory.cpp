@@ -1,0 +1,141 @@
+// CUDA side of the device-memory seam (core/device_memory.h) and the backend's shared host helpers.
+//
+// Allocator: a caching, stream-ordered allocator built on the device's default CUDA memory pool
+// (cudaMallocAsync / cudaFreeAsync on compute_stream()). The pool's release threshold is raised to
+// "never", so freed blocks stay cached in the pool and are reused by later allocations without a
+// cudaMalloc or a device synchronization; blocks freed on the compute stream are reusable by work
+// ordered after the free on that stream. Work on other streams that touches a tensor must be ordered
+// against compute_stream() (events) before the tensor is freed — the usual stream-ordered contract.
+// Copies: host<->device copies are synchronous for the caller (async on compute_stream, then a stream
+// sync), so Tensor::to / copy_from can read the result at once; device->device copies are async on
+// compute_stream(). memset_zero is async on compute_stream().
+// available(): compiled with CUDA and at least one device visible (probed once, errors mean "no").
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "mcpp/core/device_memory.h"
+#include "mcpp/kernels/cuda/cuda_check.h"
+
+namespace mcpp {
+namespace cuda_detail {
+
+void throw_cuda_error(const char* what, const char* name, const char* text, const char* file, int line) {
+  int dev = -1;
+  cudaGetDevice(&dev);
+  throw Error(fmt::format("CUDA error in `{}`: {}: {} ({}:{}, device {})", what, name, text, file, line, dev));
+}
+
+void check_launch(const char* file, int line) { check_cuda(cudaGetLastError(), "kernel launch", file, line); }
+
+void check_cublas(cublasStatus_t s, const char* expr, const char* file, int line) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  int dev = -1;
+  cudaGetDevice(&dev);
+  throw Error(fmt::format("cuBLAS error in `{}`: status {} ({}:{}, device {})", expr, static_cast<int>(s), file, line,
+                          dev));
+}
+
+cudaStream_t compute_stream() {
+  static cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    MCPP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaMemPool_t pool = nullptr;
+    int dev = 0;
+    MCPP_CUDA_CHECK(cudaGetDevice(&dev));
+    MCPP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t keep = UINT64_MAX;  // cache freed blocks; never trim at synchronization points
+    MCPP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    return s;
+  }();
+  return stream;
+}
+
+Kind require_float(const char* op, const char* arg, const Tensor& t, bool bf16_ok) {
+  MCPP_CHECK(t.defined(), "{}: {} is an undefined tensor", op, arg);
+  MCPP_CHECK(t.device() == Device::CUDA, "{}: {} must be a CUDA tensor; got {}", op, arg, t.str());
+  if (t.dtype() == DType::F32) return kF32;
+  MCPP_CHECK(bf16_ok && (t.dtype() == DType::BF16 || t.dtype() == DType::F16), "{}: {} must be {}; got {}", op, arg,
+             bf16_ok ? "float32, bfloat16 or float16" : "float32", t.str());
+  return t.dtype() == DType::BF16 ? kBF16 : kF16;
+}
+
+void require_i32(const char* op, const char* arg, const Tensor& t) {
+  MCPP_CHECK(t.defined() && t.device() == Device::CUDA && t.dtype() == DType::I32,
+             "{}: {} must be a CUDA int32 tensor; got {}", op, arg, t.defined() ? t.str() : "undefined");
+}
+
+void require_numel(const char* op, const char* arg, const Tensor& t, int64_t numel, const char* why) {
+  MCPP_CHECK(t.numel() == numel, "{}: {} must have {} elements ({}); got {}", op, arg, numel, why, t.str());
+}
+
+void require_same_shape(const char* op, const char* arg, const Tensor& t, const char* ref_name, const Tensor& ref) {
+  MCPP_CHECK(t.shape() == ref.shape(), "{}: {} must have the shape of {} {}; got {}", op, arg, ref_name,
+             shape_str(ref.shape()), t.str());
+}
+
+int64_t last_dim(const char* op, const char* arg, const Tensor& t) {
+  MCPP_CHECK(t.ndim() >= 1, "{}: {} must have at least one dimension; got {}", op, arg, t.str());
+  return t.size(-1);
+}
+
+}  // namespace cuda_detail
+
+namespace cuda_backend {
+using cuda_detail::compute_stream;
+
+void* alloc(size_t nbytes) {
+  void* p = nullptr;
+  if (nbytes == 0) nbytes = 1;
+  cudaError_t e = cudaMallocAsync(&p, nbytes, compute_stream());
+  if (e != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    cudaGetLastError();
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("CUDA allocation of {} bytes failed: {} (device memory free {} of {} bytes)", nbytes, cudaGetErrorString(e),
+         free_b, total_b);
+  }
+  return p;
+}
+
+void free(void* ptr) {
+  if (!ptr) return;
+  // Called from destructors: never throw. A failure here means the context is already broken and the
+  // next checked call reports it.
+  if (cudaFreeAsync(ptr, compute_stream()) != cudaSuccess) cudaGetLastError();
+}
+
+void memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  if (nbytes == 0) return;
+  cudaStream_t s = compute_stream();
+  if (dst_device == Device::CUDA && src_device == Device::CUDA) {
+    MCPP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  // A host side is involved: make the copy visible to the caller before returning. Device work on other
+  // streams is not ordered here; a device->host read first waits for all device work.
+  if (src_device == Device::CUDA) MCPP_CUDA_CHECK(cudaDeviceSynchronize());
+  const cudaMemcpyKind kind = dst_device == Device::CUDA ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  MCPP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, s));
+  MCPP_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void memset_zero(void* dst, size_t nbytes) {
+  if (nbytes) MCPP_CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, compute_stream()));
+}
+
+bool available() {
+  static const bool ok = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return n > 0;
+  }();
+  return ok;
+}
+
+}  // namespace cuda_backend
+}  // namespace mcpp

@@ -1,0 +1,116 @@
+// The boundary between the CUDA backend's host code (*.cpp: argument checks, Tensor, mcpp::Error, fmt)
+// and its device code (*.cu: kernels and their launchers). This header is plain C++ and CUDA runtime
+// only, so nvcc never parses fmt or the Tensor headers (keeps CI compile time low and nvcc's C++20
+// front end away from fmt 9). Each launcher runs one op's kernels on `stream` and checks the launch.
+//
+// FIn / FOut read and write element i of a float32, bfloat16 or float16 buffer as float. The kind is a
+// kernel argument, uniform across the launch, so one kernel serves every dtype (no dtype template
+// matrix). bf16/f16 stores round to nearest even, as core/dtype.h does. Math is float32 throughout.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define MCPP_DEV __device__ __forceinline__
+#endif
+
+namespace mcpp::cuda_detail {
+
+enum Kind : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+struct FIn {
+  const void* p;
+  int kind;
+#ifdef __CUDACC__
+  MCPP_DEV float operator[](int64_t i) const {
+    if (kind == kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    if (kind == kF16) return __half2float(static_cast<const __half*>(p)[i]);
+    return static_cast<const float*>(p)[i];
+  }
+#endif
+};
+
+struct FOut {
+  void* p;
+  int kind;
+#ifdef __CUDACC__
+  MCPP_DEV float get(int64_t i) const { return FIn{p, kind}[i]; }
+  MCPP_DEV void set(int64_t i, float v) const {
+    if (kind == kBF16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+    else if (kind == kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
+    else static_cast<float*>(p)[i] = v;
+  }
+#endif
+};
+
+// Throws mcpp::Error naming file:line when the last launch failed (implemented in device_memory.cpp).
+void check_launch(const char* file, int line);
+
+// ---- elementwise_kernels.cu
+void launch_add(FOut out, FIn a, FIn b, int64_t n, cudaStream_t s);
+void launch_axpby_inplace(FOut y, FIn x, float alpha, float beta, int64_t n, cudaStream_t s);  // y = a y + b x
+void launch_cast(FOut out, FIn in, int64_t n, cudaStream_t s);
+// db[out] += sum over n rows of dy[n, out]
+void launch_column_sum_acc(float* db, FIn dy, int64_t n, int64_t out, cudaStream_t s);
+
+// ---- activations_kernels.cu
+void launch_gelu_fwd(FOut y, FIn x, int64_t n, cudaStream_t s);
+void launch_gelu_bwd(FOut dx, FIn dy, FIn x, int64_t n, cudaStream_t s);
+void launch_swiglu_fwd(FOut y, FIn x, int64_t rows, int64_t f, cudaStream_t s);
+void launch_swiglu_bwd(FOut dx, FIn dy, FIn x, int64_t rows, int64_t f, cudaStream_t s);
+// keep element i iff philox_uniform_at({seed, offset}, i) >= p; kept values scaled by `scale`
+void launch_dropout(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, int64_t n, cudaStream_t s);
+
+// ---- embedding_kernels.cu
+void launch_embedding_fwd(FOut out, const int32_t* ids, FIn table, int64_t n, int64_t v, int64_t h,
+                          int64_t vocab_start, cudaStream_t s);
+void launch_embedding_bwd(float* dtable, const int32_t* ids, FIn dout, int64_t n, int64_t v, int64_t h,
+                          int64_t vocab_start, cudaStream_t s);
+
+// ---- norms_kernels.cu (mean == nullptr / beta.p == nullptr: RMSNorm / no bias)
+void launch_norm_fwd(FOut y, float* mean, float* rstd, FIn x, FIn gamma, FIn beta, int64_t n, int64_t h, float eps,
+                     cudaStream_t s);
+void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn gamma, const float* mean,
+                     const float* rstd, int64_t n, int64_t h, cudaStream_t s);
+
+// ---- rope_kernels.cu (sign = +1 forward rotation, -1 its transpose)
+void launch_rope(FOut y, FIn x, const float* cos, const float* sin, int64_t s_len, int64_t b, int64_t heads,
+                 int64_t d, int64_t half, float sign, cudaStream_t s);
+
+// ---- softmax_kernels.cu
+void launch_softmax_fwd(FOut probs, FIn scores, int64_t rows, int64_t sq, int64_t sk, float scale, bool causal,
+                        cudaStream_t s);
+void launch_softmax_bwd(FOut dscores, FIn dprobs, FIn probs, int64_t rows, int64_t sk, float scale, cudaStream_t s);
+void launch_cross_entropy_fwd(float* loss, float* lse, FIn logits, const int32_t* targets, int64_t n, int64_t v,
+                              cudaStream_t s);
+void launch_cross_entropy_bwd(FOut dlogits, const float* dloss, FIn logits, const int32_t* targets, const float* lse,
+                              int64_t n, int64_t v, cudaStream_t s);
+
+// ---- attention_kernels.cu: q[s,b,nq,d], k/v[s,b,ng,d], o[s,b,nq,d], lse[b,nq,s]; d in {64, 128}
+struct AttnShape {
+  int64_t s, b, nq, ng, d;
+  float scale;
+  bool causal;
+};
+void launch_attention_fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnShape& a, cudaStream_t s);
+// delta: float32 scratch [b, nq, s] (rowsum(dout * o)).
+void launch_attention_bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, FIn o, const float* lse,
+                          float* delta, const AttnShape& a, cudaStream_t s);
+
+// ---- optimizer_kernels.cu
+struct AdamWCoeffs {
+  float decay, beta1, beta2, one_minus_b1, one_minus_b2, eps, bc2_sqrt, step_size;
+};
+void launch_adamw(float* param, float* m, float* v, const float* grad, FOut model, const AdamWCoeffs& c, int64_t n,
+                  cudaStream_t s);
+// partial: scratch of kReduceBlocks doubles; result: one double (device). Deterministic order.
+constexpr int kReduceBlocks = 1024;
+void launch_sum_of_squares(double* result, double* partial, FIn x, int64_t n, cudaStream_t s);
+void launch_has_non_finite(int* flag, FIn x, int64_t n, cudaStream_t s);  // *flag must be 0 before
+
+}  // namespace mcpp::cuda_detail
+
+#define MCPP_CUDA_LAUNCH_CHECK() ::mcpp::cuda_detail::check_launch(__FILE__, __LINE__)
