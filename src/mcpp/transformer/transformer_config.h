@@ -1,10 +1,21 @@
 // Typed configuration (DESIGN.md decision 6): small structs per concern, each with validate() that names
-// the offending field (throws mcpp::Error). Field names follow Megatron-LM's flags with '-' -> '_'.
-// Parsing (TOML --config file, then Megatron-named CLI flags that override it) lives in
-// training/arguments.h; the math fingerprint in fingerprint().
+// the offending field (throws mcpp::Error, one line). Field names follow Megatron-LM's flags with
+// '-' -> '_'. Parsing (TOML --config file, then Megatron-named CLI flags that override it) lives in
+// training/arguments.h; the math fingerprint in Config::fingerprint().
+//
+// Life cycle: defaults -> TOML / flags (or from_json) -> finalize() fills the 0-defaults -> validate().
+// finalize() is idempotent, so a finalized config survives to_json -> from_json -> finalize unchanged.
+// Facts that need the world (data-parallel size, global batch default) come later through
+// Config::apply_world_size(); the padded vocabulary through TransformerConfig::set_vocab_size().
+//
+// JSON layout (also the TOML layout, see arguments.h): {"model": {...}, "parallel": {...},
+// "training": {...}, "optimizer": {...}, "data": {...}} with the field names below; enums are written
+// as Megatron's strings ("LayerNorm", "rope", "cosine", "WSD", ...).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -15,12 +26,23 @@ enum class Normalization { LayerNorm, RMSNorm };
 enum class PositionEmbedding { LearnedAbsolute, Rope, None };
 enum class LrDecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };
 
+// Megatron's strings: "LayerNorm"|"RMSNorm"; "learned_absolute"|"rope"|"none";
+// "constant"|"linear"|"cosine"|"inverse-square-root"|"WSD". Parsing throws mcpp::Error naming `field`.
+std::string to_string(Normalization v);
+std::string to_string(PositionEmbedding v);
+std::string to_string(LrDecayStyle v);
+Normalization parse_normalization(const std::string& s, std::string_view field);
+PositionEmbedding parse_position_embedding(const std::string& s, std::string_view field);
+LrDecayStyle parse_lr_decay_style(const std::string& s, std::string_view field);
+
 struct TransformerConfig {
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
   int64_t num_attention_heads = 4;
-  int64_t num_query_groups = 0;   // 0 -> = num_attention_heads (MHA)
-  int64_t ffn_hidden_size = 0;    // 0 -> 4*h (GELU) or Megatron's swiglu default
+  bool group_query_attention = false;  // --group-query-attention; alone it means num_query_groups = 1
+  int64_t num_query_groups = 0;   // 0 -> = num_attention_heads (MHA). Unlike Megatron, a value given
+                                  // without --group-query-attention is honored, not silently ignored.
+  int64_t ffn_hidden_size = 0;    // 0 -> 4*h (GELU) or, with swiglu, Megatron's int(8h/3 / 64) * 64
   int64_t kv_channels = 0;        // head dim; 0 -> h / heads
   int64_t seq_length = 64;
   int64_t max_position_embeddings = 0;  // 0 -> seq_length
@@ -37,20 +59,36 @@ struct TransformerConfig {
   float attention_dropout = 0.1f;
   float init_method_std = 0.02f;
   int64_t padded_vocab_size = 0;  // set from the tokenizer and make_vocab_size_divisible_by
-  int64_t vocab_size = 0;         // unpadded, from the tokenizer
+  int64_t vocab_size = 0;         // unpadded, from the tokenizer (or --vocab-size for NullTokenizer)
   int64_t make_vocab_size_divisible_by = 128;
   std::string attention_impl = "flash";  // ModuleSpec choice: "flash" | "unfused" (DotProductAttention)
   bool apply_query_key_layer_scaling = false;
 
-  // Derived (filled by finalize()).
+  // Derived (valid after finalize()).
   int64_t head_dim() const { return kv_channels; }
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }  // Megatron: add_qkv_bias | add_bias_linear
+  int64_t rotary_dim() const;  // int(kv_channels * rotary_percent), Megatron's rotary_dim
+  // vocab_size = n; padded_vocab_size = n rounded up to make_vocab_size_divisible_by * tp (Megatron's
+  // _vocab_size_with_padding).
+  void set_vocab_size(int64_t n, int64_t tensor_model_parallel_size);
   void finalize();   // fills 0-defaults; call after parsing, before validate()
+  void validate() const;
+};
+
+struct ParallelConfig {
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t context_parallel_size = 1;
+  int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 -> no interleaving
+  bool sequence_parallel = false;         // finalize() turns it off at tp == 1, as Megatron does
+  bool use_distributed_optimizer = false;
+  int64_t data_parallel_size = 0;         // derived by Config::apply_world_size; 0 until then
   void validate() const;
 };
 
 struct TrainingConfig {
   int64_t micro_batch_size = 4;
-  int64_t global_batch_size = 0;  // 0 -> micro_batch_size * dp
+  int64_t global_batch_size = 0;  // 0 -> micro_batch_size * dp (Config::apply_world_size)
   int64_t train_iters = 100;
   int64_t seed = 1234;
   int64_t log_interval = 10;
@@ -64,6 +102,8 @@ struct TrainingConfig {
   bool finetune = false;
   std::string metrics_path;  // JSONL; default <save>/metrics.jsonl when save is set
   int64_t exit_interval = 0;
+  bool bf16 = false;  // --bf16: bf16 params/activations with fp32 main grads (the trainer checks the device)
+  bool fp16 = false;  // --fp16: accepted for Megatron parity; exclusive with bf16
   void validate() const;
 };
 
@@ -71,44 +111,63 @@ struct OptimizerConfig {
   std::string optimizer = "adam";
   float lr = 1e-4f;
   float min_lr = 0.0f;
+  float lr_warmup_init = 0.0f;      // Megatron's init_lr: warmup ramps from here to lr
   int64_t lr_warmup_iters = 0;
-  float lr_warmup_fraction = 0.0f;  // used when lr_warmup_iters == 0
-  int64_t lr_decay_iters = 0;       // 0 -> train_iters
+  float lr_warmup_fraction = 0.0f;  // when > 0: warmup = fraction * lr_decay_iters (lr_warmup_iters must be 0)
+  int64_t lr_decay_iters = 0;       // 0 -> train_iters (Config::finalize)
   LrDecayStyle lr_decay_style = LrDecayStyle::Linear;
+  int64_t lr_wsd_decay_iters = 0;   // WSD: length of the final anneal (required with WSD)
+  std::string lr_wsd_decay_style = "exponential";  // exponential | linear | cosine | minus_sqrt
   float weight_decay = 0.01f;
   float adam_beta1 = 0.9f;
   float adam_beta2 = 0.999f;
   float adam_eps = 1e-8f;
   float clip_grad = 1.0f;  // 0 disables
+  // Warmup length in iterations, possibly fractional (Megatron: fraction * decay steps).
+  double warmup_iters() const;
   void validate() const;
 };
 
 struct DataConfig {
   std::vector<std::string> data_path;  // prefixes (weights not yet supported: a single prefix)
   std::string split = "969,30,1";
-  std::string tokenizer_type = "GPT2BPETokenizer";
+  std::string tokenizer_type = "GPT2BPETokenizer";  // GPT2BPETokenizer | NullTokenizer
   std::string vocab_file;
   std::string merge_file;
+  // Megatron's parse of --split: ',' or '/' separated weights, padded to 3 with 0, normalized to sum 1.
+  std::array<double, 3> split_fractions() const;
   void validate() const;
 };
 
 struct Config {
   TransformerConfig model;
+  ParallelConfig parallel;
   TrainingConfig training;
   OptimizerConfig optimizer;
   DataConfig data;
+  void finalize();        // model.finalize + lr_decay_iters default + sequence_parallel at tp == 1
   void validate() const;  // each struct's validate + cross-struct rules
+  // What only training needs (a data path); separate so forward/generate can use a model-only config.
+  void validate_for_training() const;
+  // Sets parallel.data_parallel_size = world / (tp * pp * cp), fills the global batch default and
+  // checks global_batch_size % (micro_batch_size * dp) == 0. Throws naming the field.
+  void apply_world_size(int64_t world_size);
+  int64_t num_microbatches() const;  // global / (micro * dp); needs apply_world_size
 
-  // JSON of everything (stored in checkpoints, printed by --print-config)
+  // JSON of everything (stored in checkpoints, printed by --print-config). from_json starts from the
+  // defaults, takes every key present, and rejects unknown keys and wrong types naming "section.key".
   nlohmann::json to_json() const;
   static Config from_json(const nlohmann::json& j);
-  // The fields that change the model's math (architecture, vocab, norms, init is excluded: it does
-  // not change the function a checkpoint computes). Used to refuse loading into a different model.
+  // The fields that change the model's math (architecture, vocab, norms; init, dropout, attention
+  // implementation, seq_length and everything outside the model are excluded: they do not change the
+  // function a checkpoint computes). Rotary fields only with rope, max_position_embeddings only with
+  // learned positions. Used to refuse loading into a different model.
   nlohmann::json math_fields() const;
-  std::string fingerprint() const;  // xxh3-64 hex of math_fields().dump()
+  std::string fingerprint() const;  // xxh3-64 hex (16 digits) of math_fields().dump()
 };
 
-// Fields whose values differ between two math_fields() objects, e.g. {"hidden_size: 64 vs 128"}.
+// Fields whose values differ between two math_fields() objects, e.g. {"hidden_size: 64 vs 128"};
+// a field present on one side only reads "name: <absent> vs 4".
 std::vector<std::string> diff_math_fields(const nlohmann::json& a, const nlohmann::json& b);
 
 }  // namespace mcpp

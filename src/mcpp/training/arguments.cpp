@@ -1,0 +1,205 @@
+// Training arguments: TOML recipe -> Config, then Megatron-named CLI11 flags written straight into the
+// same Config (CLI11 writes a bound variable only when its flag is given, so flags override the file).
+#include "mcpp/training/arguments.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <toml++/toml.h>
+#include <utility>
+
+#include "mcpp/core/error.h"
+
+namespace mcpp {
+
+namespace {
+// TOML value -> JSON value (tables, arrays, strings, integers, floats, booleans); dates are refused.
+nlohmann::json toml_to_json(const toml::node& node, const std::string& path, const std::string& key) {
+  if (const auto* t = node.as_table()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [k, v] : *t) j[std::string(k.str())] = toml_to_json(v, path, std::string(k.str()));
+    return j;
+  }
+  if (const auto* a = node.as_array()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& v : *a) j.push_back(toml_to_json(v, path, key));
+    return j;
+  }
+  if (const auto* s = node.as_string()) return s->get();
+  if (const auto* i = node.as_integer()) return i->get();
+  if (const auto* f = node.as_floating_point()) return f->get();
+  if (const auto* b = node.as_boolean()) return b->get();
+  fail("{}: {}: unsupported TOML value type (dates/times)", path, key);
+}
+}  // namespace
+
+void load_toml_config(const std::string& path, Config& cfg) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    fail("{}:{}:{}: {}", path, src.begin.line, src.begin.column, e.description());
+  }
+  nlohmann::json j = toml_to_json(tbl, path, "");
+  // from_json starts from defaults; merge: overlay the file's keys onto the current cfg's JSON.
+  nlohmann::json base = cfg.to_json();
+  for (const auto& [section, fields] : j.items()) {
+    if (!fields.is_object() || !base.contains(section)) {
+      base[section] = fields;  // from_json reports the unknown section / non-table
+      continue;
+    }
+    for (const auto& [key, value] : fields.items()) base[section][key] = value;
+  }
+  try {
+    cfg = Config::from_json(base);
+  } catch (const Error& e) {
+    fail("{}: {}", path, e.what());
+  }
+}
+
+std::string find_config_flag(const std::vector<std::string>& args) {
+  std::string found;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--config" && i + 1 < args.size()) found = args[i + 1];
+    else if (args[i].rfind("--config=", 0) == 0) found = args[i].substr(9);
+  }
+  return found;
+}
+
+void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
+  TransformerConfig& m = cfg.model;
+  ParallelConfig& p = cfg.parallel;
+  TrainingConfig& t = cfg.training;
+  OptimizerConfig& o = cfg.optimizer;
+  DataConfig& d = cfg.data;
+  app.add_option("--config", config_file, "TOML recipe; flags given on the command line override it");
+  // ---- model
+  app.add_option("--num-layers", m.num_layers);
+  app.add_option("--hidden-size", m.hidden_size);
+  app.add_option("--num-attention-heads", m.num_attention_heads);
+  app.add_flag("--group-query-attention", m.group_query_attention, "grouped-query attention (default 1 group)");
+  app.add_option("--num-query-groups", m.num_query_groups);
+  app.add_option("--ffn-hidden-size", m.ffn_hidden_size);
+  app.add_option("--kv-channels", m.kv_channels);
+  app.add_option("--seq-length", m.seq_length);
+  app.add_option("--max-position-embeddings", m.max_position_embeddings);
+  app.add_option_function<std::string>(
+      "--normalization", [&m](const std::string& s) { m.normalization = parse_normalization(s, "normalization"); },
+      "LayerNorm|RMSNorm");
+  app.add_option("--norm-epsilon", m.norm_epsilon);
+  app.add_flag("--swiglu", m.swiglu);
+  app.add_option_function<std::string>(
+      "--position-embedding-type",
+      [&m](const std::string& s) { m.position_embedding_type = parse_position_embedding(s, "position_embedding_type"); },
+      "learned_absolute|rope|none");
+  app.add_option("--rotary-base", m.rotary_base);
+  app.add_option("--rotary-percent", m.rotary_percent);
+  app.add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights);
+  app.add_flag_callback("--disable-bias-linear", [&m] { m.add_bias_linear = false; });
+  app.add_flag("--add-qkv-bias", m.add_qkv_bias);
+  app.add_option("--hidden-dropout", m.hidden_dropout);
+  app.add_option("--attention-dropout", m.attention_dropout);
+  app.add_option("--init-method-std", m.init_method_std);
+  app.add_option("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by);
+  app.add_option("--vocab-size", m.vocab_size, "vocabulary size (NullTokenizer)");
+  app.add_option("--attention-impl", m.attention_impl, "flash|unfused");
+  app.add_flag("--apply-query-key-layer-scaling", m.apply_query_key_layer_scaling);
+  // ---- parallel
+  app.add_option("--tensor-model-parallel-size", p.tensor_model_parallel_size);
+  app.add_option("--pipeline-model-parallel-size", p.pipeline_model_parallel_size);
+  app.add_option("--context-parallel-size", p.context_parallel_size);
+  app.add_option("--num-layers-per-virtual-pipeline-stage", p.num_layers_per_virtual_pipeline_stage);
+  app.add_flag("--sequence-parallel", p.sequence_parallel);
+  app.add_flag("--use-distributed-optimizer", p.use_distributed_optimizer);
+  // ---- training
+  app.add_option("--micro-batch-size", t.micro_batch_size);
+  app.add_option("--global-batch-size", t.global_batch_size);
+  app.add_option("--train-iters", t.train_iters);
+  app.add_option("--seed", t.seed);
+  app.add_option("--log-interval", t.log_interval);
+  app.add_option("--eval-interval", t.eval_interval);
+  app.add_option("--eval-iters", t.eval_iters);
+  app.add_option("--save-interval", t.save_interval);
+  app.add_option("--save", t.save);
+  app.add_option("--load", t.load);
+  app.add_flag("--no-load-optim", t.no_load_optim);
+  app.add_flag("--no-load-rng", t.no_load_rng);
+  app.add_flag("--finetune", t.finetune);
+  app.add_option("--metrics-path", t.metrics_path, "JSONL metrics file");
+  app.add_option("--exit-interval", t.exit_interval);
+  app.add_flag("--bf16", t.bf16);
+  app.add_flag("--fp16", t.fp16);
+  // ---- optimizer
+  app.add_option("--optimizer", o.optimizer, "adam");
+  app.add_option("--lr", o.lr);
+  app.add_option("--min-lr", o.min_lr);
+  app.add_option("--lr-warmup-init", o.lr_warmup_init);
+  app.add_option("--lr-warmup-iters", o.lr_warmup_iters);
+  app.add_option("--lr-warmup-fraction", o.lr_warmup_fraction);
+  app.add_option("--lr-decay-iters", o.lr_decay_iters);
+  app.add_option_function<std::string>(
+      "--lr-decay-style", [&o](const std::string& s) { o.lr_decay_style = parse_lr_decay_style(s, "lr_decay_style"); },
+      "constant|linear|cosine|inverse-square-root|WSD");
+  app.add_option("--lr-wsd-decay-iters", o.lr_wsd_decay_iters);
+  app.add_option("--lr-wsd-decay-style", o.lr_wsd_decay_style, "exponential|linear|cosine|minus_sqrt");
+  app.add_option("--weight-decay", o.weight_decay);
+  app.add_option("--adam-beta1", o.adam_beta1);
+  app.add_option("--adam-beta2", o.adam_beta2);
+  app.add_option("--adam-eps", o.adam_eps);
+  app.add_option("--clip-grad", o.clip_grad);
+  // ---- data
+  app.add_option("--data-path", d.data_path, "one or more dataset prefixes");
+  app.add_option("--split", d.split);
+  app.add_option("--tokenizer-type", d.tokenizer_type, "GPT2BPETokenizer|NullTokenizer");
+  app.add_option("--vocab-file", d.vocab_file);
+  app.add_option("--merge-file", d.merge_file);
+}
+
+Config parse_train_args(const std::vector<std::string>& args) {
+  Config cfg;
+  std::string config_file = find_config_flag(args);
+  if (!config_file.empty()) load_toml_config(config_file, cfg);
+  CLI::App app{"mcpp train"};
+  app.allow_extras(false);
+  add_train_flags(app, cfg, config_file);
+  std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
+  app.parse(rev);
+  // A file value of lr_warmup_iters must not block a --lr-warmup-fraction on the command line (and
+  // vice versa): the flag that is given wins (Megatron accepts only one of the two).
+  if (app.count("--lr-warmup-fraction") && !app.count("--lr-warmup-iters")) cfg.optimizer.lr_warmup_iters = 0;
+  if (app.count("--lr-warmup-iters") && !app.count("--lr-warmup-fraction")) cfg.optimizer.lr_warmup_fraction = 0;
+  cfg.finalize();
+  cfg.validate();
+  return cfg;
+}
+
+std::string format_args(const Config& cfg) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  nlohmann::json j = cfg.to_json();
+  for (const auto& [section, fields] : j.items()) {
+    for (const auto& [key, value] : fields.items()) {
+      std::string text;
+      if (value.is_string()) text = value.get<std::string>();
+      else if (value.is_boolean()) text = value.get<bool>() ? "True" : "False";
+      else text = value.dump();
+      rows.emplace_back(key, text);
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    std::string la = a.first, lb = b.first;
+    std::transform(la.begin(), la.end(), la.begin(), ::tolower);
+    std::transform(lb.begin(), lb.end(), lb.begin(), ::tolower);
+    return la < lb;
+  });
+  std::string out = "------------------------ arguments ------------------------\n";
+  for (const auto& [name, text] : rows) {
+    size_t ndots = name.size() < 48 ? 48 - name.size() : 1;
+    out += fmt::format("  {} {} {}\n", name, std::string(ndots, '.'), text);
+  }
+  out += "-------------------- end of arguments ---------------------\n";
+  return out;
+}
+
+}  // namespace mcpp

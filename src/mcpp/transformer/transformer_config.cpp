@@ -1,0 +1,514 @@
+// Config: defaults, finalize (0 -> derived values), validate (one-line mcpp::Error naming the field),
+// JSON round trip through one field list per struct (visit_* below: to_json, from_json and the
+// Megatron-style print all walk the same list), the math fingerprint (xxh3-64 of math_fields()).
+#include "mcpp/transformer/transformer_config.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <type_traits>
+
+#include "mcpp/core/error.h"
+
+namespace mcpp {
+
+// ---------------------------------------------------------------- enum strings
+std::string to_string(Normalization v) { return v == Normalization::LayerNorm ? "LayerNorm" : "RMSNorm"; }
+std::string to_string(PositionEmbedding v) {
+  switch (v) {
+    case PositionEmbedding::LearnedAbsolute: return "learned_absolute";
+    case PositionEmbedding::Rope: return "rope";
+    case PositionEmbedding::None: return "none";
+  }
+  return "?";
+}
+std::string to_string(LrDecayStyle v) {
+  switch (v) {
+    case LrDecayStyle::Constant: return "constant";
+    case LrDecayStyle::Linear: return "linear";
+    case LrDecayStyle::Cosine: return "cosine";
+    case LrDecayStyle::InverseSquareRoot: return "inverse-square-root";
+    case LrDecayStyle::WSD: return "WSD";
+  }
+  return "?";
+}
+Normalization parse_normalization(const std::string& s, std::string_view field) {
+  if (s == "LayerNorm") return Normalization::LayerNorm;
+  if (s == "RMSNorm") return Normalization::RMSNorm;
+  fail("{}: unknown value '{}' (expected LayerNorm|RMSNorm)", field, s);
+}
+PositionEmbedding parse_position_embedding(const std::string& s, std::string_view field) {
+  if (s == "learned_absolute") return PositionEmbedding::LearnedAbsolute;
+  if (s == "rope") return PositionEmbedding::Rope;
+  if (s == "none") return PositionEmbedding::None;
+  fail("{}: unknown value '{}' (expected learned_absolute|rope|none)", field, s);
+}
+LrDecayStyle parse_lr_decay_style(const std::string& s, std::string_view field) {
+  if (s == "constant") return LrDecayStyle::Constant;
+  if (s == "linear") return LrDecayStyle::Linear;
+  if (s == "cosine") return LrDecayStyle::Cosine;
+  if (s == "inverse-square-root") return LrDecayStyle::InverseSquareRoot;
+  if (s == "WSD") return LrDecayStyle::WSD;
+  fail("{}: unknown value '{}' (expected constant|linear|cosine|inverse-square-root|WSD)", field, s);
+}
+
+// ---------------------------------------------------------------- TransformerConfig
+int64_t TransformerConfig::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(kv_channels) * static_cast<double>(rotary_percent));
+}
+
+void TransformerConfig::set_vocab_size(int64_t n, int64_t tensor_model_parallel_size) {
+  if (n <= 0) fail("vocab_size must be positive, got {}", n);
+  if (make_vocab_size_divisible_by <= 0)
+    fail("make_vocab_size_divisible_by must be positive, got {}", make_vocab_size_divisible_by);
+  if (tensor_model_parallel_size <= 0)
+    fail("tensor_model_parallel_size must be positive, got {}", tensor_model_parallel_size);
+  int64_t multiple = make_vocab_size_divisible_by * tensor_model_parallel_size;
+  vocab_size = n;
+  padded_vocab_size = (n + multiple - 1) / multiple * multiple;
+}
+
+void TransformerConfig::finalize() {
+  if (num_query_groups == 0) num_query_groups = group_query_attention ? 1 : num_attention_heads;
+  if (ffn_hidden_size == 0) {
+    // Megatron (training/arguments.py): int((4 * h * 2 / 3) / 64) * 64 with swiglu, else 4 * h.
+    ffn_hidden_size = swiglu ? static_cast<int64_t>((4.0 * static_cast<double>(hidden_size) * 2.0 / 3.0) / 64.0) * 64
+                             : 4 * hidden_size;
+  }
+  if (kv_channels == 0 && num_attention_heads > 0 && hidden_size % num_attention_heads == 0)
+    kv_channels = hidden_size / num_attention_heads;
+  if (max_position_embeddings == 0) max_position_embeddings = seq_length;
+}
+
+namespace {
+void require_positive(int64_t v, const char* field) {
+  if (v <= 0) fail("{} must be positive, got {}", field, v);
+}
+void require_non_negative(int64_t v, const char* field) {
+  if (v < 0) fail("{} must be >= 0, got {}", field, v);
+}
+void require_dropout(float p, const char* field) {
+  if (!(p >= 0.0f && p < 1.0f)) fail("{} must be in [0, 1), got {}", field, p);
+}
+}  // namespace
+
+void TransformerConfig::validate() const {
+  require_positive(num_layers, "num_layers");
+  require_positive(hidden_size, "hidden_size");
+  require_positive(num_attention_heads, "num_attention_heads");
+  require_positive(num_query_groups, "num_query_groups");
+  require_positive(seq_length, "seq_length");
+  require_positive(make_vocab_size_divisible_by, "make_vocab_size_divisible_by");
+  require_non_negative(vocab_size, "vocab_size");
+  require_non_negative(padded_vocab_size, "padded_vocab_size");
+  if (kv_channels == 0 && hidden_size % num_attention_heads != 0)
+    fail("hidden_size ({}) must be divisible by num_attention_heads ({}) unless kv_channels is given", hidden_size,
+         num_attention_heads);
+  require_positive(kv_channels, "kv_channels");
+  if (num_attention_heads % num_query_groups != 0)
+    fail("num_attention_heads ({}) must be divisible by num_query_groups ({})", num_attention_heads,
+         num_query_groups);
+  if (ffn_hidden_size <= 0)
+    fail("ffn_hidden_size must be positive, got {}{}", ffn_hidden_size,
+         swiglu ? " (the swiglu default int(8h/3 / 64) * 64 is 0 for hidden_size < 48: set ffn_hidden_size)" : "");
+  require_positive(max_position_embeddings, "max_position_embeddings");
+  if (position_embedding_type == PositionEmbedding::LearnedAbsolute && seq_length > max_position_embeddings)
+    fail("seq_length ({}) exceeds max_position_embeddings ({}) with learned_absolute positions", seq_length,
+         max_position_embeddings);
+  if (!(norm_epsilon > 0.0f)) fail("norm_epsilon must be positive, got {}", norm_epsilon);
+  if (!(rotary_percent > 0.0f && rotary_percent <= 1.0f))
+    fail("rotary_percent must be in (0, 1], got {}", rotary_percent);
+  if (!(rotary_base > 0.0f)) fail("rotary_base must be positive, got {}", rotary_base);
+  if (position_embedding_type == PositionEmbedding::Rope && (rotary_dim() <= 0 || rotary_dim() % 2 != 0))
+    fail("rotary_percent: rope needs an even rotary dim > 0, got int(kv_channels {} * rotary_percent {}) = {}",
+         kv_channels, rotary_percent, rotary_dim());
+  require_dropout(hidden_dropout, "hidden_dropout");
+  require_dropout(attention_dropout, "attention_dropout");
+  if (!(init_method_std > 0.0f)) fail("init_method_std must be positive, got {}", init_method_std);
+  if (attention_impl != "flash" && attention_impl != "unfused")
+    fail("attention_impl: unknown value '{}' (expected flash|unfused)", attention_impl);
+  if (padded_vocab_size != 0 && padded_vocab_size < vocab_size)
+    fail("padded_vocab_size ({}) is smaller than vocab_size ({})", padded_vocab_size, vocab_size);
+}
+
+// ---------------------------------------------------------------- other structs
+void ParallelConfig::validate() const {
+  require_positive(tensor_model_parallel_size, "tensor_model_parallel_size");
+  require_positive(pipeline_model_parallel_size, "pipeline_model_parallel_size");
+  require_positive(context_parallel_size, "context_parallel_size");
+  require_non_negative(num_layers_per_virtual_pipeline_stage, "num_layers_per_virtual_pipeline_stage");
+  require_non_negative(data_parallel_size, "data_parallel_size");
+  if (num_layers_per_virtual_pipeline_stage > 0 && pipeline_model_parallel_size <= 2)
+    fail("num_layers_per_virtual_pipeline_stage needs pipeline_model_parallel_size > 2 (Megatron), got {}",
+         pipeline_model_parallel_size);
+}
+
+void TrainingConfig::validate() const {
+  require_positive(micro_batch_size, "micro_batch_size");
+  require_non_negative(global_batch_size, "global_batch_size");
+  if (global_batch_size % micro_batch_size != 0)
+    fail("global_batch_size ({}) must be divisible by micro_batch_size ({})", global_batch_size, micro_batch_size);
+  require_positive(train_iters, "train_iters");
+  require_non_negative(seed, "seed");
+  require_positive(log_interval, "log_interval");
+  require_positive(eval_interval, "eval_interval");
+  require_non_negative(eval_iters, "eval_iters");
+  require_non_negative(save_interval, "save_interval");
+  require_non_negative(exit_interval, "exit_interval");
+  if (bf16 && fp16) fail("bf16 and fp16 are both set; choose one");
+}
+
+double OptimizerConfig::warmup_iters() const {
+  return lr_warmup_fraction > 0.0f ? static_cast<double>(lr_warmup_fraction) * static_cast<double>(lr_decay_iters)
+                                   : static_cast<double>(lr_warmup_iters);
+}
+
+void OptimizerConfig::validate() const {
+  if (optimizer != "adam") fail("optimizer: unknown value '{}' (only adam is implemented)", optimizer);
+  if (!(lr >= 0.0f)) fail("lr must be >= 0, got {}", lr);
+  if (!(min_lr >= 0.0f)) fail("min_lr must be >= 0, got {}", min_lr);
+  if (lr < min_lr) fail("lr ({}) must be >= min_lr ({})", lr, min_lr);
+  if (!(lr_warmup_init >= 0.0f && lr_warmup_init <= lr))
+    fail("lr_warmup_init ({}) must be in [0, lr = {}]", lr_warmup_init, lr);
+  require_non_negative(lr_warmup_iters, "lr_warmup_iters");
+  if (!(lr_warmup_fraction >= 0.0f && lr_warmup_fraction <= 1.0f))
+    fail("lr_warmup_fraction must be in [0, 1], got {}", lr_warmup_fraction);
+  if (lr_warmup_fraction > 0.0f && lr_warmup_iters > 0)
+    fail("lr_warmup_fraction ({}) and lr_warmup_iters ({}) are both set; give one", lr_warmup_fraction,
+         lr_warmup_iters);
+  require_positive(lr_decay_iters, "lr_decay_iters");
+  if (warmup_iters() >= static_cast<double>(lr_decay_iters))
+    fail("lr_warmup_iters ({}) must be smaller than lr_decay_iters ({})", warmup_iters(), lr_decay_iters);
+  if (lr_decay_style == LrDecayStyle::WSD) {
+    if (lr_wsd_decay_iters <= 0 || lr_wsd_decay_iters > lr_decay_iters)
+      fail("lr_wsd_decay_iters ({}) must be in [1, lr_decay_iters = {}] with lr_decay_style WSD", lr_wsd_decay_iters,
+           lr_decay_iters);
+  }
+  if (lr_wsd_decay_style != "exponential" && lr_wsd_decay_style != "linear" && lr_wsd_decay_style != "cosine" &&
+      lr_wsd_decay_style != "minus_sqrt")
+    fail("lr_wsd_decay_style: unknown value '{}' (expected exponential|linear|cosine|minus_sqrt)",
+         lr_wsd_decay_style);
+  if (!(weight_decay >= 0.0f)) fail("weight_decay must be >= 0, got {}", weight_decay);
+  if (!(adam_beta1 >= 0.0f && adam_beta1 < 1.0f)) fail("adam_beta1 must be in [0, 1), got {}", adam_beta1);
+  if (!(adam_beta2 >= 0.0f && adam_beta2 < 1.0f)) fail("adam_beta2 must be in [0, 1), got {}", adam_beta2);
+  if (!(adam_eps > 0.0f)) fail("adam_eps must be positive, got {}", adam_eps);
+  if (!(clip_grad >= 0.0f)) fail("clip_grad must be >= 0 (0 disables), got {}", clip_grad);
+}
+
+std::array<double, 3> DataConfig::split_fractions() const {
+  char sep = split.find(',') != std::string::npos ? ',' : '/';
+  std::vector<double> parts;
+  size_t start = 0;
+  while (true) {
+    size_t end = split.find(sep, start);
+    std::string tok = split.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    char* stop = nullptr;
+    double v = std::strtod(tok.c_str(), &stop);
+    if (tok.empty() || stop != tok.c_str() + tok.size() || !std::isfinite(v) || v < 0.0)
+      fail("split: malformed '{}' (expected up to 3 non-negative weights like 969,30,1)", split);
+    parts.push_back(v);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  if (parts.size() > 3) fail("split: malformed '{}' (more than 3 weights)", split);
+  double sum = 0.0;
+  for (double v : parts) sum += v;
+  if (!(sum > 0.0)) fail("split: weights in '{}' sum to 0", split);
+  std::array<double, 3> out{0.0, 0.0, 0.0};
+  for (size_t i = 0; i < parts.size(); ++i) out[i] = parts[i] / sum;
+  return out;
+}
+
+void DataConfig::validate() const {
+  (void)split_fractions();
+  for (const auto& p : data_path)
+    if (p.empty()) fail("data_path: empty path");
+  if (tokenizer_type != "GPT2BPETokenizer" && tokenizer_type != "NullTokenizer")
+    fail("tokenizer_type: unknown value '{}' (expected GPT2BPETokenizer|NullTokenizer)", tokenizer_type);
+}
+
+// ---------------------------------------------------------------- Config
+void Config::finalize() {
+  model.finalize();
+  if (optimizer.lr_decay_iters == 0) optimizer.lr_decay_iters = training.train_iters;
+  if (parallel.tensor_model_parallel_size == 1) parallel.sequence_parallel = false;
+}
+
+void Config::validate() const {
+  model.validate();
+  parallel.validate();
+  training.validate();
+  optimizer.validate();
+  data.validate();
+  const int64_t tp = parallel.tensor_model_parallel_size, pp = parallel.pipeline_model_parallel_size;
+  const int64_t cp = parallel.context_parallel_size;
+  if (model.num_attention_heads % tp != 0)
+    fail("num_attention_heads ({}) must be divisible by tensor_model_parallel_size ({})", model.num_attention_heads, tp);
+  if (model.num_query_groups % tp != 0)
+    fail("num_query_groups ({}) must be divisible by tensor_model_parallel_size ({})", model.num_query_groups, tp);
+  if (model.ffn_hidden_size % tp != 0)
+    fail("ffn_hidden_size ({}) must be divisible by tensor_model_parallel_size ({})", model.ffn_hidden_size, tp);
+  if (model.num_layers % pp != 0)
+    fail("num_layers ({}) must be divisible by pipeline_model_parallel_size ({})", model.num_layers, pp);
+  if (parallel.num_layers_per_virtual_pipeline_stage > 0 &&
+      (model.num_layers / pp) % parallel.num_layers_per_virtual_pipeline_stage != 0)
+    fail("num_layers_per_virtual_pipeline_stage ({}) must divide num_layers / pipeline_model_parallel_size ({})",
+         parallel.num_layers_per_virtual_pipeline_stage, model.num_layers / pp);
+  if (cp > 1 && model.seq_length % (2 * cp) != 0)
+    fail("seq_length ({}) must be divisible by 2 * context_parallel_size ({})", model.seq_length, 2 * cp);
+  if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)
+    fail("seq_length ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
+         "sequence_parallel", model.seq_length, tp * cp);
+  if (data.tokenizer_type == "NullTokenizer" && model.vocab_size <= 0)
+    fail("vocab_size must be given (--vocab-size) with tokenizer_type NullTokenizer");
+}
+
+void Config::validate_for_training() const {
+  validate();
+  if (data.data_path.empty()) fail("data_path: training needs --data-path");
+}
+
+void Config::apply_world_size(int64_t world_size) {
+  const int64_t mp = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size *
+                     parallel.context_parallel_size;
+  if (world_size <= 0 || world_size % mp != 0)
+    fail("world size ({}) must be divisible by tensor_model_parallel_size * pipeline_model_parallel_size * "
+         "context_parallel_size ({})", world_size, mp);
+  parallel.data_parallel_size = world_size / mp;
+  if (training.global_batch_size == 0)
+    training.global_batch_size = training.micro_batch_size * parallel.data_parallel_size;
+  if (training.global_batch_size % (training.micro_batch_size * parallel.data_parallel_size) != 0)
+    fail("global_batch_size ({}) must be divisible by micro_batch_size * data_parallel_size ({} * {})",
+         training.global_batch_size, training.micro_batch_size, parallel.data_parallel_size);
+}
+
+int64_t Config::num_microbatches() const {
+  if (parallel.data_parallel_size <= 0 || training.global_batch_size <= 0)
+    fail("num_microbatches: data_parallel_size is not known yet (call apply_world_size)");
+  return training.global_batch_size / (training.micro_batch_size * parallel.data_parallel_size);
+}
+
+// ---------------------------------------------------------------- field lists
+// visit(v, cfg) calls v("name", field) for every field of the struct, in declaration order.
+namespace {
+template <class M, class V> void visit_model(M& m, V&& v) {
+  v("num_layers", m.num_layers);
+  v("hidden_size", m.hidden_size);
+  v("num_attention_heads", m.num_attention_heads);
+  v("group_query_attention", m.group_query_attention);
+  v("num_query_groups", m.num_query_groups);
+  v("ffn_hidden_size", m.ffn_hidden_size);
+  v("kv_channels", m.kv_channels);
+  v("seq_length", m.seq_length);
+  v("max_position_embeddings", m.max_position_embeddings);
+  v("normalization", m.normalization);
+  v("norm_epsilon", m.norm_epsilon);
+  v("swiglu", m.swiglu);
+  v("position_embedding_type", m.position_embedding_type);
+  v("rotary_base", m.rotary_base);
+  v("rotary_percent", m.rotary_percent);
+  v("untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
+  v("add_bias_linear", m.add_bias_linear);
+  v("add_qkv_bias", m.add_qkv_bias);
+  v("hidden_dropout", m.hidden_dropout);
+  v("attention_dropout", m.attention_dropout);
+  v("init_method_std", m.init_method_std);
+  v("padded_vocab_size", m.padded_vocab_size);
+  v("vocab_size", m.vocab_size);
+  v("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+  v("attention_impl", m.attention_impl);
+  v("apply_query_key_layer_scaling", m.apply_query_key_layer_scaling);
+}
+template <class P, class V> void visit_parallel(P& p, V&& v) {
+  v("tensor_model_parallel_size", p.tensor_model_parallel_size);
+  v("pipeline_model_parallel_size", p.pipeline_model_parallel_size);
+  v("context_parallel_size", p.context_parallel_size);
+  v("num_layers_per_virtual_pipeline_stage", p.num_layers_per_virtual_pipeline_stage);
+  v("sequence_parallel", p.sequence_parallel);
+  v("use_distributed_optimizer", p.use_distributed_optimizer);
+  v("data_parallel_size", p.data_parallel_size);
+}
+template <class T, class V> void visit_training(T& t, V&& v) {
+  v("micro_batch_size", t.micro_batch_size);
+  v("global_batch_size", t.global_batch_size);
+  v("train_iters", t.train_iters);
+  v("seed", t.seed);
+  v("log_interval", t.log_interval);
+  v("eval_interval", t.eval_interval);
+  v("eval_iters", t.eval_iters);
+  v("save_interval", t.save_interval);
+  v("save", t.save);
+  v("load", t.load);
+  v("no_load_optim", t.no_load_optim);
+  v("no_load_rng", t.no_load_rng);
+  v("finetune", t.finetune);
+  v("metrics_path", t.metrics_path);
+  v("exit_interval", t.exit_interval);
+  v("bf16", t.bf16);
+  v("fp16", t.fp16);
+}
+template <class O, class V> void visit_optimizer(O& o, V&& v) {
+  v("optimizer", o.optimizer);
+  v("lr", o.lr);
+  v("min_lr", o.min_lr);
+  v("lr_warmup_init", o.lr_warmup_init);
+  v("lr_warmup_iters", o.lr_warmup_iters);
+  v("lr_warmup_fraction", o.lr_warmup_fraction);
+  v("lr_decay_iters", o.lr_decay_iters);
+  v("lr_decay_style", o.lr_decay_style);
+  v("lr_wsd_decay_iters", o.lr_wsd_decay_iters);
+  v("lr_wsd_decay_style", o.lr_wsd_decay_style);
+  v("weight_decay", o.weight_decay);
+  v("adam_beta1", o.adam_beta1);
+  v("adam_beta2", o.adam_beta2);
+  v("adam_eps", o.adam_eps);
+  v("clip_grad", o.clip_grad);
+}
+template <class D, class V> void visit_data(D& d, V&& v) {
+  v("data_path", d.data_path);
+  v("split", d.split);
+  v("tokenizer_type", d.tokenizer_type);
+  v("vocab_file", d.vocab_file);
+  v("merge_file", d.merge_file);
+}
+template <class C, class V> void visit_sections(C& c, V&& v) {
+  v("model", [&](auto&& f) { visit_model(c.model, f); });
+  v("parallel", [&](auto&& f) { visit_parallel(c.parallel, f); });
+  v("training", [&](auto&& f) { visit_training(c.training, f); });
+  v("optimizer", [&](auto&& f) { visit_optimizer(c.optimizer, f); });
+  v("data", [&](auto&& f) { visit_data(c.data, f); });
+}
+
+nlohmann::json json_value(Normalization x) { return to_string(x); }
+nlohmann::json json_value(PositionEmbedding x) { return to_string(x); }
+nlohmann::json json_value(LrDecayStyle x) { return to_string(x); }
+// Floats go out as the double nearest their shortest decimal form (1e-05, not 9.99999974e-06): the JSON
+// reads as written and still converts back to the identical float.
+nlohmann::json json_value(float x) { return std::stod(fmt::format("{}", x)); }
+template <class T> nlohmann::json json_value(const T& x) { return x; }
+
+struct JsonReader {
+  std::string section;
+  const nlohmann::json& obj;
+  std::string where(const char* name) const { return section + "." + name; }
+  [[noreturn]] void bad_type(const char* name, const char* want, const nlohmann::json& got) const {
+    fail("{}: expected {}, got {}", where(name), want, got.dump());
+  }
+  template <class T> void operator()(const char* name, T& field) const {
+    auto it = obj.find(name);
+    if (it == obj.end()) return;
+    const nlohmann::json& x = *it;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!x.is_boolean()) bad_type(name, "true/false", x);
+      field = x.get<bool>();
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+      if (!x.is_number_integer()) bad_type(name, "an integer", x);
+      field = x.get<int64_t>();
+    } else if constexpr (std::is_same_v<T, float>) {
+      if (!x.is_number()) bad_type(name, "a number", x);
+      field = x.get<float>();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!x.is_string()) bad_type(name, "a string", x);
+      field = x.get<std::string>();
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      if (x.is_string()) {
+        field = {x.get<std::string>()};
+        return;
+      }
+      if (!x.is_array()) bad_type(name, "a list of strings", x);
+      field.clear();
+      for (const auto& e : x) {
+        if (!e.is_string()) bad_type(name, "a list of strings", x);
+        field.push_back(e.get<std::string>());
+      }
+    } else {
+      if (!x.is_string()) bad_type(name, "a string", x);
+      if constexpr (std::is_same_v<T, Normalization>) field = parse_normalization(x.get<std::string>(), where(name));
+      else if constexpr (std::is_same_v<T, PositionEmbedding>)
+        field = parse_position_embedding(x.get<std::string>(), where(name));
+      else field = parse_lr_decay_style(x.get<std::string>(), where(name));
+    }
+  }
+};
+}  // namespace
+
+nlohmann::json Config::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  visit_sections(*this, [&](const char* section, auto&& walk) {
+    nlohmann::json s = nlohmann::json::object();
+    walk([&](const char* name, const auto& field) { s[name] = json_value(field); });
+    j[section] = std::move(s);
+  });
+  return j;
+}
+
+Config Config::from_json(const nlohmann::json& j) {
+  Config c;
+  if (!j.is_object()) fail("config: expected a JSON object, got {}", j.type_name());
+  std::set<std::string> sections;
+  visit_sections(c, [&](const char* section, auto&& walk) {
+    sections.insert(section);
+    auto it = j.find(section);
+    if (it == j.end()) return;
+    if (!it->is_object()) fail("{}: expected a table of fields, got {}", section, it->dump());
+    std::set<std::string> known;
+    walk([&](const char* name, auto&) { known.insert(name); });
+    for (const auto& [key, _] : it->items())
+      if (!known.count(key)) fail("{}.{}: unknown field", section, key);
+    walk(JsonReader{section, *it});
+  });
+  for (const auto& [key, _] : j.items())
+    if (!sections.count(key)) fail("{}: unknown section (expected model|parallel|training|optimizer|data)", key);
+  return c;
+}
+
+nlohmann::json Config::math_fields() const {
+  const TransformerConfig& m = model;
+  nlohmann::json j = {
+      {"num_layers", m.num_layers},
+      {"hidden_size", m.hidden_size},
+      {"num_attention_heads", m.num_attention_heads},
+      {"num_query_groups", m.num_query_groups},
+      {"ffn_hidden_size", m.ffn_hidden_size},
+      {"kv_channels", m.kv_channels},
+      {"normalization", to_string(m.normalization)},
+      {"norm_epsilon", json_value(m.norm_epsilon)},
+      {"swiglu", m.swiglu},
+      {"position_embedding_type", to_string(m.position_embedding_type)},
+      {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
+      {"add_bias_linear", m.add_bias_linear},
+      {"qkv_bias", m.qkv_bias()},
+      {"vocab_size", m.vocab_size},
+      {"padded_vocab_size", m.padded_vocab_size},
+  };
+  if (m.position_embedding_type == PositionEmbedding::LearnedAbsolute)
+    j["max_position_embeddings"] = m.max_position_embeddings;
+  if (m.position_embedding_type == PositionEmbedding::Rope) {
+    j["rotary_base"] = json_value(m.rotary_base);
+    j["rotary_percent"] = json_value(m.rotary_percent);
+  }
+  return j;
+}
+
+std::string Config::fingerprint() const {
+  std::string s = math_fields().dump();
+  return fmt::format("{:016x}", static_cast<uint64_t>(XXH3_64bits(s.data(), s.size())));
+}
+
+std::vector<std::string> diff_math_fields(const nlohmann::json& a, const nlohmann::json& b) {
+  std::set<std::string> keys;
+  for (const auto& [k, _] : a.items()) keys.insert(k);
+  for (const auto& [k, _] : b.items()) keys.insert(k);
+  std::vector<std::string> out;
+  for (const auto& k : keys) {
+    bool in_a = a.contains(k), in_b = b.contains(k);
+    if (in_a && in_b && a[k] == b[k]) continue;
+    out.push_back(fmt::format("{}: {} vs {}", k, in_a ? a[k].dump() : "<absent>", in_b ? b[k].dump() : "<absent>"));
+  }
+  return out;
+}
+
+}  // namespace mcpp

@@ -1,0 +1,256 @@
+// parse_train_args: TOML recipe < flags precedence, Megatron flag names, errors (CLI11 ParseError for
+// unknown flags, mcpp::Error naming the field/file otherwise), the shipped configs/*.toml parse, and
+// the Megatron-style argument listing.
+#include <CLI/CLI.hpp>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "mcpp/core/error.h"
+#include "mcpp/training/arguments.h"
+
+namespace mcpp {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string write_toml(const std::string& name, const std::string& text) {
+  fs::path dir = fs::temp_directory_path() / ("mcpp_arguments_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::path p = dir / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+// The mcpp::Error message of parse_train_args(args), or "" when it succeeds.
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    parse_train_args(args);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_error_names(const std::vector<std::string>& args, const std::string& field) {
+  std::string msg = error_of(args);
+  ASSERT_FALSE(msg.empty()) << "no error; expected one naming " << field;
+  EXPECT_NE(msg.find(field), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+}
+
+TEST(Arguments, DefaultsWithoutFlags) {
+  Config c = parse_train_args({});
+  EXPECT_EQ(c.model.num_layers, Config{}.model.num_layers);
+  EXPECT_EQ(c.model.ffn_hidden_size, 4 * c.model.hidden_size);  // finalized
+  EXPECT_EQ(c.optimizer.lr_decay_iters, c.training.train_iters);
+}
+
+TEST(Arguments, MegatronFlags) {
+  Config c = parse_train_args({"--num-layers", "6", "--hidden-size", "96", "--num-attention-heads", "6",
+                               "--group-query-attention", "--num-query-groups", "3", "--seq-length", "32",
+                               "--max-position-embeddings", "64", "--normalization", "RMSNorm", "--norm-epsilon",
+                               "1e-6", "--swiglu", "--position-embedding-type", "rope", "--rotary-base", "500000",
+                               "--rotary-percent", "0.5", "--untie-embeddings-and-output-weights",
+                               "--disable-bias-linear", "--add-qkv-bias", "--hidden-dropout", "0",
+                               "--attention-dropout", "0.05", "--init-method-std", "0.01",
+                               "--make-vocab-size-divisible-by", "64", "--attention-impl", "unfused",
+                               "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-4", "--min-lr",
+                               "3e-5", "--lr-warmup-iters", "10", "--lr-decay-iters", "90", "--lr-decay-style",
+                               "cosine", "--train-iters", "100", "--weight-decay", "0.1", "--adam-beta1", "0.8",
+                               "--adam-beta2", "0.95", "--adam-eps", "1e-5", "--clip-grad", "0.5", "--seed", "7",
+                               "--data-path", "a_text_document", "b_text_document", "--split", "98,2,0", "--save",
+                               "ck", "--load", "ck0", "--save-interval", "50", "--eval-interval", "25",
+                               "--eval-iters", "3", "--log-interval", "5", "--exit-interval", "60",
+                               "--no-load-optim", "--no-load-rng", "--finetune", "--tokenizer-type",
+                               "GPT2BPETokenizer", "--vocab-file", "v.json", "--merge-file", "m.txt",
+                               "--metrics-path", "m.jsonl", "--bf16"});
+  EXPECT_EQ(c.model.num_layers, 6);
+  EXPECT_EQ(c.model.hidden_size, 96);
+  EXPECT_TRUE(c.model.group_query_attention);
+  EXPECT_EQ(c.model.num_query_groups, 3);
+  EXPECT_EQ(c.model.max_position_embeddings, 64);
+  EXPECT_EQ(c.model.normalization, Normalization::RMSNorm);
+  EXPECT_EQ(c.model.norm_epsilon, 1e-6f);
+  EXPECT_TRUE(c.model.swiglu);
+  EXPECT_EQ(c.model.ffn_hidden_size, 256);  // int(256 / 64) * 64
+  EXPECT_EQ(c.model.position_embedding_type, PositionEmbedding::Rope);
+  EXPECT_EQ(c.model.rotary_base, 500000.0f);
+  EXPECT_EQ(c.model.rotary_percent, 0.5f);
+  EXPECT_TRUE(c.model.untie_embeddings_and_output_weights);
+  EXPECT_FALSE(c.model.add_bias_linear);
+  EXPECT_TRUE(c.model.add_qkv_bias);
+  EXPECT_EQ(c.model.hidden_dropout, 0.0f);
+  EXPECT_EQ(c.model.attention_dropout, 0.05f);
+  EXPECT_EQ(c.model.init_method_std, 0.01f);
+  EXPECT_EQ(c.model.make_vocab_size_divisible_by, 64);
+  EXPECT_EQ(c.model.attention_impl, "unfused");
+  EXPECT_EQ(c.training.micro_batch_size, 2);
+  EXPECT_EQ(c.training.global_batch_size, 8);
+  EXPECT_EQ(c.optimizer.lr, 3e-4f);
+  EXPECT_EQ(c.optimizer.min_lr, 3e-5f);
+  EXPECT_EQ(c.optimizer.lr_warmup_iters, 10);
+  EXPECT_EQ(c.optimizer.lr_decay_iters, 90);
+  EXPECT_EQ(c.optimizer.lr_decay_style, LrDecayStyle::Cosine);
+  EXPECT_EQ(c.training.train_iters, 100);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1f);
+  EXPECT_EQ(c.optimizer.adam_beta1, 0.8f);
+  EXPECT_EQ(c.optimizer.adam_beta2, 0.95f);
+  EXPECT_EQ(c.optimizer.adam_eps, 1e-5f);
+  EXPECT_EQ(c.optimizer.clip_grad, 0.5f);
+  EXPECT_EQ(c.training.seed, 7);
+  EXPECT_EQ(c.data.data_path, (std::vector<std::string>{"a_text_document", "b_text_document"}));
+  EXPECT_EQ(c.data.split, "98,2,0");
+  EXPECT_EQ(c.training.save, "ck");
+  EXPECT_EQ(c.training.load, "ck0");
+  EXPECT_EQ(c.training.save_interval, 50);
+  EXPECT_EQ(c.training.eval_interval, 25);
+  EXPECT_EQ(c.training.eval_iters, 3);
+  EXPECT_EQ(c.training.log_interval, 5);
+  EXPECT_EQ(c.training.exit_interval, 60);
+  EXPECT_TRUE(c.training.no_load_optim);
+  EXPECT_TRUE(c.training.no_load_rng);
+  EXPECT_TRUE(c.training.finetune);
+  EXPECT_EQ(c.data.vocab_file, "v.json");
+  EXPECT_EQ(c.data.merge_file, "m.txt");
+  EXPECT_EQ(c.training.metrics_path, "m.jsonl");
+  EXPECT_TRUE(c.training.bf16);
+}
+
+TEST(Arguments, FlagsOverrideToml) {
+  std::string path = write_toml("recipe.toml", R"(
+[model]
+num_layers = 4
+hidden_size = 128
+normalization = "RMSNorm"
+[training]
+micro_batch_size = 8
+train_iters = 300
+[optimizer]
+lr = 1e-3
+lr_decay_style = "cosine"
+lr_warmup_iters = 20
+[data]
+data_path = ["from_file"]
+)");
+  // file only
+  Config f = parse_train_args({"--config", path});
+  EXPECT_EQ(f.model.num_layers, 4);
+  EXPECT_EQ(f.model.hidden_size, 128);
+  EXPECT_EQ(f.model.normalization, Normalization::RMSNorm);
+  EXPECT_EQ(f.training.micro_batch_size, 8);
+  EXPECT_EQ(f.optimizer.lr, 1e-3f);
+  EXPECT_EQ(f.optimizer.lr_decay_style, LrDecayStyle::Cosine);
+  EXPECT_EQ(f.data.data_path, std::vector<std::string>{"from_file"});
+  EXPECT_EQ(f.model.num_attention_heads, Config{}.model.num_attention_heads);  // untouched default
+  // flags win over the file, wherever --config sits on the line; untouched file values stay
+  for (bool config_first : {true, false}) {
+    std::vector<std::string> args = {"--num-layers", "2", "--lr", "5e-4", "--normalization", "LayerNorm",
+                                     "--data-path", "from_flag", "--lr-warmup-fraction", "0.1"};
+    if (config_first) args.insert(args.begin(), {"--config", path});
+    else args.push_back("--config=" + path);
+    Config c = parse_train_args(args);
+    EXPECT_EQ(c.model.num_layers, 2);
+    EXPECT_EQ(c.model.hidden_size, 128);
+    EXPECT_EQ(c.optimizer.lr, 5e-4f);
+    EXPECT_EQ(c.model.normalization, Normalization::LayerNorm);
+    EXPECT_EQ(c.training.micro_batch_size, 8);
+    EXPECT_EQ(c.data.data_path, std::vector<std::string>{"from_flag"});
+    // --lr-warmup-fraction on the line replaces the file's lr_warmup_iters (Megatron takes one of them)
+    EXPECT_EQ(c.optimizer.lr_warmup_iters, 0);
+    EXPECT_DOUBLE_EQ(c.optimizer.warmup_iters(), 0.1f * 300.0);
+  }
+}
+
+TEST(Arguments, UnknownFlagIsCliParseError) {
+  EXPECT_THROW(parse_train_args({"--no-such-flag"}), CLI::ParseError);
+  EXPECT_THROW(parse_train_args({"--num-layers", "two"}), CLI::ParseError);
+  EXPECT_THROW(parse_train_args({"--num-layers"}), CLI::ParseError);
+  EXPECT_THROW(parse_train_args({"stray"}), CLI::ParseError);
+}
+
+TEST(Arguments, InvalidValuesNameTheField) {
+  expect_error_names({"--normalization", "BatchNorm"}, "normalization");
+  expect_error_names({"--position-embedding-type", "alibi"}, "position_embedding_type");
+  expect_error_names({"--lr-decay-style", "step"}, "lr_decay_style");
+  expect_error_names({"--hidden-size", "66", "--num-attention-heads", "4"}, "hidden_size");
+  expect_error_names({"--num-attention-heads", "4", "--num-query-groups", "3"}, "num_query_groups");
+  expect_error_names({"--seq-length", "128", "--max-position-embeddings", "64"}, "max_position_embeddings");
+  expect_error_names({"--micro-batch-size", "4", "--global-batch-size", "6"}, "global_batch_size");
+  expect_error_names({"--lr", "1e-4", "--min-lr", "1e-3"}, "min_lr");
+  expect_error_names({"--train-iters", "10", "--lr-warmup-iters", "10"}, "lr_warmup_iters");
+  expect_error_names({"--hidden-dropout", "1.5"}, "hidden_dropout");
+  expect_error_names({"--num-layers", "-2"}, "num_layers");
+  expect_error_names({"--split", "9,1,"}, "split");
+  expect_error_names({"--rotary-percent", "0"}, "rotary_percent");
+  expect_error_names({"--bf16", "--fp16"}, "fp16");
+  expect_error_names({"--lr-decay-style", "WSD"}, "lr_wsd_decay_iters");
+  // with rope, an odd rotary dim: h=72, heads=4 -> kv 18; 18 * 0.5 = 9
+  expect_error_names({"--position-embedding-type", "rope", "--hidden-size", "72", "--rotary-percent", "0.5"},
+                     "rotary_percent");
+  // with none/rope positions seq_length may exceed max_position_embeddings
+  EXPECT_EQ(error_of({"--position-embedding-type", "rope", "--seq-length", "128", "--max-position-embeddings", "64"}),
+            "");
+}
+
+TEST(Arguments, TomlErrorsNameFileAndKey) {
+  std::string typo = write_toml("typo.toml", "[model]\nhiden_size = 64\n");
+  std::string msg = error_of({"--config", typo});
+  EXPECT_NE(msg.find("typo.toml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.hiden_size"), std::string::npos) << msg;
+  std::string wrong = write_toml("wrong.toml", "[training]\nmicro_batch_size = \"8\"\n");
+  msg = error_of({"--config", wrong});
+  EXPECT_NE(msg.find("training.micro_batch_size"), std::string::npos) << msg;
+  std::string syntax = write_toml("syntax.toml", "[model]\nnum_layers = = 3\n");
+  msg = error_of({"--config", syntax});
+  EXPECT_NE(msg.find("syntax.toml:2"), std::string::npos) << msg;
+  msg = error_of({"--config", "/nonexistent/recipe.toml"});
+  EXPECT_NE(msg.find("/nonexistent/recipe.toml"), std::string::npos) << msg;
+  std::string section = write_toml("section.toml", "[optimiser]\nlr = 1.0\n");
+  msg = error_of({"--config", section});
+  EXPECT_NE(msg.find("optimiser"), std::string::npos) << msg;
+}
+
+TEST(Arguments, ShippedRecipesParse) {
+  const std::string root = MCPP_SOURCE_DIR;
+  Config demo = parse_train_args({"--config", root + "/configs/demo.toml"});
+  EXPECT_EQ(demo.model.num_layers, 4);
+  EXPECT_EQ(demo.model.hidden_size, 128);
+  EXPECT_EQ(demo.model.num_attention_heads, 4);
+  EXPECT_EQ(demo.model.seq_length, 128);
+  EXPECT_EQ(demo.training.micro_batch_size, 8);
+  EXPECT_EQ(demo.optimizer.lr_decay_style, LrDecayStyle::Cosine);
+  EXPECT_GT(demo.optimizer.lr_warmup_iters, 0);
+  EXPECT_NO_THROW(demo.validate_for_training());
+  Config gpt2 = parse_train_args({"--config", root + "/configs/gpt2-tiny.toml"});
+  EXPECT_EQ(gpt2.model.normalization, Normalization::LayerNorm);
+  EXPECT_FALSE(gpt2.model.untie_embeddings_and_output_weights);
+  Config llama = parse_train_args({"--config", root + "/configs/llama-tiny.toml"});
+  EXPECT_EQ(llama.model.normalization, Normalization::RMSNorm);
+  EXPECT_EQ(llama.model.position_embedding_type, PositionEmbedding::Rope);
+  EXPECT_TRUE(llama.model.swiglu);
+  EXPECT_EQ(llama.model.ffn_hidden_size, 128);
+  EXPECT_EQ(llama.model.num_query_groups, 2);
+  EXPECT_FALSE(llama.model.add_bias_linear);
+  EXPECT_NE(llama.fingerprint(), gpt2.fingerprint());
+}
+
+TEST(Arguments, MegatronStyleListing) {
+  Config c = parse_train_args({"--hidden-size", "128", "--swiglu", "--num-attention-heads", "4"});
+  std::string s = format_args(c);
+  EXPECT_EQ(s.rfind("------------------------ arguments ------------------------\n", 0), 0u) << s;
+  // Megatron pads each name with dots to 48 columns: '.' * (48 - len(name))
+  EXPECT_NE(s.find("  hidden_size " + std::string(48 - 11, '.') + " 128\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("  swiglu " + std::string(48 - 6, '.') + " True\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("  normalization " + std::string(48 - 13, '.') + " LayerNorm\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("-------------------- end of arguments ---------------------\n"), std::string::npos);
+  // sorted by name
+  EXPECT_LT(s.find("  adam_beta1 "), s.find("  hidden_size "));
+  EXPECT_LT(s.find("  hidden_size "), s.find("  weight_decay "));
+}
+
+}  // namespace
+}  // namespace mcpp
