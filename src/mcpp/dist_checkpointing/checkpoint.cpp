@@ -194,7 +194,12 @@ const SafetensorsHeader& CheckpointReader::header_for(const ManifestEntry& e) co
   if (it != headers_.end()) return *it->second;
   std::string path = (fs::path(dir_) / e.file).string();
   if (!fs::exists(path)) fail("missing data file {} (holds tensor '{}')", path, e.key);
-  auto h = std::make_shared<SafetensorsHeader>(read_safetensors_header(path));
+  std::shared_ptr<SafetensorsHeader> h;
+  try {
+    h = std::make_shared<SafetensorsHeader>(read_safetensors_header(path));
+  } catch (const Error& err) {
+    fail("{} (while reading tensor '{}')", err.what(), e.key);
+  }
   headers_[e.file] = h;
   return *h;
 }
@@ -204,6 +209,13 @@ void CheckpointReader::read_bytes(const ManifestEntry& e, void* dst) const {
   if (!e.is_whole())
     fail("{}: tensor '{}' is a shard (global_offset {}); this reader reads whole tensors", h.path,
          e.key, shape_str(e.global_offset));
+  const SafetensorsEntry* se = h.find(e.key);
+  const bool header_agrees = se && h.data_start + se->begin == e.byte_offset &&
+                             se->end - se->begin == e.byte_length;
+  if (header_agrees && e.byte_offset + e.byte_length > h.file_size) {
+    fail("{} is truncated: tensor '{}' needs bytes [{}, {}) but the file has {} bytes", h.path, e.key,
+         e.byte_offset, e.byte_offset + e.byte_length, h.file_size);
+  }
   if (e.byte_offset < h.data_start || e.byte_offset + e.byte_length > h.file_size) {
     fail("{}: tensor '{}' manifest bytes [{}, {}) out of range (data section [{}, {}))", h.path, e.key,
          e.byte_offset, e.byte_offset + e.byte_length, h.data_start, h.file_size);

@@ -88,9 +88,11 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name,
     if (!o.is_number_unsigned()) fail("{}: tensor '{}' data_offsets are not integers", path, name);
   e.begin = v["data_offsets"][0].get<uint64_t>();
   e.end = v["data_offsets"][1].get<uint64_t>();
-  if (e.begin > e.end || e.end > data_len) {
-    fail("{}: tensor '{}' data_offsets [{}, {}] out of range (data section holds {} bytes)", path,
-         name, e.begin, e.end, data_len);
+  if (e.begin > e.end) fail("{}: tensor '{}' data_offsets [{}, {}] are reversed", path, name, e.begin, e.end);
+  if (e.end > data_len) {
+    fail("{} is truncated or damaged: tensor '{}' data_offsets [{}, {}] run past the data section ({} "
+         "bytes)",
+         path, name, e.begin, e.end, data_len);
   }
   if (e.end - e.begin != numel * esize) {
     fail("{}: tensor '{}' data_offsets span {} bytes but shape {} of {} needs {}", path, name,
