@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include <omp.h>
+
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
@@ -115,6 +117,31 @@ TEST(CpuNorms, RMSNormMatchesFloat64AndFiniteDifferences) {
 TEST(CpuNorms, LargeShapesTakeTheParallelPathAndMatchClosedForm) {
   check_norm({.n = 300, .h = 200, .rms = false, .with_beta = true}, false);
   check_norm({.n = 300, .h = 200, .rms = true, .with_beta = false}, false);
+}
+
+TEST(CpuNorms, BackwardIsBitwiseIndependentOfThreadCount) {
+  // dgamma/dbeta sum over rows in a fixed order per column block; dx is per row: no thread-count effect.
+  const int64_t n = 512, h = 192;
+  Tensor x = random_tensor({n, h}, 1), g = random_tensor({h}, 2), b = random_tensor({h}, 3), dy = random_tensor({n, h}, 4);
+  Tensor y = Tensor::empty({n, h}), mean = Tensor::empty({n}), rstd = Tensor::empty({n});
+  cpu::layernorm_fwd(y, mean, rstd, x, g, &b, 1e-5f, {});
+  std::vector<std::vector<double>> runs;
+  const int prev = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    Tensor dx = Tensor::empty({n, h}), dg = Tensor::zeros({h}), db = Tensor::zeros({h}), dr = Tensor::zeros({h});
+    cpu::layernorm_bwd(dx, dg, &db, dy, x, g, mean, rstd, {});
+    cpu::rmsnorm_bwd(dx, dr, dy, x, g, rstd, {});
+    std::vector<double> all = to_doubles(dx);
+    for (const Tensor* t : {&dg, &db, &dr}) {
+      auto v = to_doubles(*t);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    runs.push_back(all);
+  }
+  omp_set_num_threads(prev);
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_EQ(runs[0], runs[2]);
 }
 
 TEST(CpuNorms, AcceptsLeadingDimsAndRejectsBadShapes) {
