@@ -264,7 +264,7 @@ std::vector<std::pair<std::string, Shape>> model_param_shapes(const ModelDims& d
     const std::string L = fmt::format("decoder.layers.{}.", i);
     norm(L + "input_layernorm");
     out.push_back({L + "self_attention.linear_qkv.weight", {qkv_rows, h}});
-    if (d.qkv_bias) out.push_back({L + "self_attention.linear_qkv.bias", {qkv_rows}});
+    if (d.qkv_bias || d.bias_linear) out.push_back({L + "self_attention.linear_qkv.bias", {qkv_rows}});
     out.push_back({L + "self_attention.linear_proj.weight", {h, d.heads * d.head_dim}});
     if (d.bias_linear) out.push_back({L + "self_attention.linear_proj.bias", {h}});
     norm(L + "pre_mlp_layernorm");

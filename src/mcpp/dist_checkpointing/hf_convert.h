@@ -44,7 +44,8 @@ struct ModelDims {
   double norm_eps = 1e-5, rotary_base = 10000.0, rotary_percent = 1.0;
   std::string normalization = "LayerNorm";            // "LayerNorm" | "RMSNorm"
   std::string position_embedding = "learned_absolute";  // "learned_absolute" | "rope" | "none"
-  bool swiglu = false, untied = false, bias_linear = true, qkv_bias = false;
+  bool swiglu = false, untied = false, bias_linear = true;
+  bool qkv_bias = false;  // QKV bias even without add_bias_linear (add_qkv_bias); implied by bias_linear
 };
 ModelDims model_dims_from_config(const nlohmann::json& config, const std::string& where);
 nlohmann::json config_from_model_dims(const ModelDims& d);  // {"model": {...}}
