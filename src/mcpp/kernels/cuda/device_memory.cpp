@@ -28,6 +28,7 @@ void throw_cuda_error(const char* what, const char* name, const char* text, cons
 }
 
 void check_launch(const char* file, int line) { check_cuda(cudaGetLastError(), "kernel launch", file, line); }
+void check_runtime(cudaError_t e, const char* expr, const char* file, int line) { check_cuda(e, expr, file, line); }
 
 void check_cublas(cublasStatus_t s, const char* expr, const char* file, int line) {
   if (s == CUBLAS_STATUS_SUCCESS) return;

@@ -46,8 +46,9 @@ struct FOut {
 #endif
 };
 
-// Throws mcpp::Error naming file:line when the last launch failed (implemented in device_memory.cpp).
+// Throw mcpp::Error naming file:line when the last launch / a runtime call failed (device_memory.cpp).
 void check_launch(const char* file, int line);
+void check_runtime(cudaError_t e, const char* expr, const char* file, int line);
 
 // ---- elementwise_kernels.cu
 void launch_add(FOut out, FIn a, FIn b, int64_t n, cudaStream_t s);
@@ -114,3 +115,4 @@ void launch_has_non_finite(int* flag, FIn x, int64_t n, cudaStream_t s);  // *fl
 }  // namespace mcpp::cuda_detail
 
 #define MCPP_CUDA_LAUNCH_CHECK() ::mcpp::cuda_detail::check_launch(__FILE__, __LINE__)
+#define MCPP_CUDA_CHECK_RT(expr) ::mcpp::cuda_detail::check_runtime((expr), #expr, __FILE__, __LINE__)

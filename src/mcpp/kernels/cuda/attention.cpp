@@ -1,0 +1,65 @@
+// CUDA flash attention, forward and backward (attention_kernels.cu), semantics of kernels/cpu/attention.cpp:
+//   flash_attention_fwd: q[s, b, nq, d], k/v[s, b, ng, d] -> o[s, b, nq, d], lse float32 [b, nq, s];
+//     o_i = sum_j softmax_j(scale q_i.k_j) v_j over keys j (j <= i when causal); query head h reads kv group
+//     h / (nq / ng). d must be 64 or 128.
+//   flash_attention_bwd: dq[s, b, nq, d], dk/dv[s, b, ng, d] (OVERWRITTEN; dk/dv sum over a group's heads),
+//     from dout and the saved o, lse; a float32 [b, nq, s] scratch holds delta = rowsum(dout * o).
+// q/k/v/o and grads: float32 or bf16 (each tensor may differ; rounded on store); math float32.
+// Never materializes [s, s]. Asynchronous on stream_of(stream) (the delta scratch is freed stream-ordered).
+#include "mcpp/kernels/cuda/cuda_check.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp::ops::cuda {
+using namespace cuda_detail;
+
+namespace {
+AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                    const AttentionOptions& opt) {
+  require_float(op, "q", q);
+  require_float(op, "k", k);
+  require_float(op, "v", v);
+  MCPP_CHECK(q.ndim() == 4, "{}: q must be [s, b, nq, d]; got {}", op, q.str());
+  MCPP_CHECK(k.ndim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+             "{}: k must be [s, b, ng, d] matching q {}; got {}", op, q.str(), k.str());
+  require_same_shape(op, "v", v, "k", k);
+  AttnShape a{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), opt.softmax_scale, opt.causal};
+  MCPP_CHECK(a.ng > 0 && a.nq % a.ng == 0, "{}: query heads nq={} must be a multiple of kv groups ng={}", op, a.nq,
+             a.ng);
+  MCPP_CHECK(a.d == 64 || a.d == 128, "{}: head dim d must be 64 or 128 on CUDA; got q {}", op, q.str());
+  MCPP_CHECK(a.b * a.nq <= 65535 && a.b * a.ng <= 65535, "{}: b * nq = {} exceeds the launch grid", op, a.b * a.nq);
+  require_float(op, "lse", lse, /*bf16_ok=*/false);
+  MCPP_CHECK(lse.shape() == Shape({a.b, a.nq, a.s}), "{}: lse must be float32 [b={}, nq={}, s={}]; got {}", op, a.b,
+             a.nq, a.s, lse.str());
+  return a;
+}
+}  // namespace
+
+void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttentionOptions& opt, Stream stream) {
+  const char* op = "flash_attention_fwd";
+  const AttnShape a = check_qkv(op, q, k, v, lse, opt);
+  require_same_shape(op, "o", o, "q", q);
+  launch_attention_fwd(fout_of(op, "o", o), lse.data<float>(), fin_of(op, "q", q), fin_of(op, "k", k),
+                       fin_of(op, "v", v), a, stream_of(stream));
+}
+
+void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const Tensor& o, const Tensor& lse, const AttentionOptions& opt,
+                         Stream stream) {
+  const char* op = "flash_attention_bwd";
+  const AttnShape a = check_qkv(op, q, k, v, lse, opt);
+  require_same_shape(op, "o", o, "q", q);
+  require_same_shape(op, "dout", dout, "q", q);
+  require_same_shape(op, "dq", dq, "q", q);
+  require_same_shape(op, "dk", dk, "k", k);
+  require_same_shape(op, "dv", dv, "v", v);
+  cudaStream_t s = stream_of(stream);
+  if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
+  Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
+  launch_attention_bwd(fout_of(op, "dq", dq), fout_of(op, "dk", dk), fout_of(op, "dv", dv), fin_of(op, "dout", dout),
+                       fin_of(op, "q", q), fin_of(op, "k", k), fin_of(op, "v", v), fin_of(op, "o", o),
+                       lse.data<float>(), delta.data<float>(), a, s);
+  if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(s));  // before delta is freed on compute_stream
+}
+
+}  // namespace mcpp::ops::cuda

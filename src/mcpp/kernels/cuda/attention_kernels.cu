@@ -1,0 +1,296 @@
+// Device code for attention.cpp: FlashAttention-2-style forward and backward (Dao 2023) with GQA and the
+// causal mask, head dim D in {64, 128}; memory O(tile) per block — no [s, s] buffer anywhere.
+// Layouts: q/o/dq [s, b, nq, D], k/v/dk/dv [s, b, ng, D], lse/delta float32 [b, nq, s]; query head h reads
+// kv group h / (nq / ng). Math float32 (CUDA cores; a first, correct version: no tensor-core MMA yet).
+//
+// Forward (grid: s/16 query tiles x b*nq): 4 warps x 4 query rows. Per 32-key tile in shared memory,
+// lane j scores key j against a row (Q broadcast, K rows padded to D+1 floats: conflict-free), the warp
+// updates the online softmax (running max m, sum l) and each lane accumulates D/32 output columns with
+// the probabilities broadcast by shuffles. lse = m + log(l) of the scaled scores.
+// Backward: delta = rowsum(dO * O) (one warp per row); then two passes that own their outputs (no
+// atomics, deterministic): dK/dV (grid: s/16 key tiles x b*ng; each warp owns 4 keys, loops over the
+// group's heads and 32-query tiles, lane = query) and dQ (like the forward, lane = key), both recomputing
+// P = exp(scale q.k - lse) and dS = P (dO.v - delta); dK, dQ carry the softmax scale.
+#include "mcpp/kernels/cuda/device_utils.cuh"
+
+namespace mcpp::cuda_detail {
+namespace {
+constexpr int kWarps = 4, kRowsPerWarp = 4, kTile = kWarps * kRowsPerWarp /*16*/, kKeys = 32;
+
+__device__ __forceinline__ int64_t q_index(const AttnShape& a, int64_t i, int64_t bb, int64_t h) {
+  return ((i * a.b + bb) * a.nq + h) * a.d;
+}
+__device__ __forceinline__ int64_t kv_index(const AttnShape& a, int64_t j, int64_t bb, int64_t g) {
+  return ((j * a.b + bb) * a.ng + g) * a.d;
+}
+
+// rows [r0, r0 + nrows) of one head into dst[nrows][D + pad] (zeros beyond s)
+template <int D>
+__device__ void load_rows(float* dst, int pad, FIn src, const AttnShape& a, int64_t r0, int nrows, int64_t bb,
+                          int64_t head, bool kv) {
+  for (int idx = threadIdx.x; idx < nrows * D; idx += blockDim.x) {
+    const int r = idx / D, t = idx - r * D;
+    const int64_t row = r0 + r;
+    float val = 0.0f;
+    if (row < a.s) val = src[(kv ? kv_index(a, row, bb, head) : q_index(a, row, bb, head)) + t];
+    dst[r * (D + pad) + t] = val;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) attn_fwd_kernel(FOut o, float* lse, FIn q, FIn k, FIn v, AttnShape a) {
+  constexpr int C = D / 32;
+  extern __shared__ float smem[];
+  float* Ks = smem;                  // [kKeys][D+1]
+  float* Vs = Ks + kKeys * (D + 1);  // [kKeys][D]
+  float* Qs = Vs + kKeys * D;        // [kTile][D]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t bb = blockIdx.y / a.nq, h = blockIdx.y % a.nq, g = h / (a.nq / a.ng);
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  load_rows<D>(Qs, 0, q, a, q0, kTile, bb, h, false);
+  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][C];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
+  }
+  const int64_t k_end = a.causal ? min(a.s, q0 + kTile) : a.s;
+  for (int64_t k0 = 0; k0 < k_end; k0 += kKeys) {
+    __syncthreads();
+    load_rows<D>(Ks, 1, k, a, k0, kKeys, bb, g, true);
+    load_rows<D>(Vs, 0, v, a, k0, kKeys, bb, g, true);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int row = warp * kRowsPerWarp + r;
+      const int64_t qi = q0 + row, kj = k0 + lane;
+      if (qi >= a.s) continue;  // warp-uniform
+      const bool valid = kj < a.s && (!a.causal || kj <= qi);
+      float sc = -INFINITY;
+      if (valid) {
+        float dot = 0.0f;
+#pragma unroll 16
+        for (int t = 0; t < D; ++t) dot += Qs[row * D + t] * Ks[lane * (D + 1) + t];
+        sc = dot * a.scale;
+      }
+      const float mn = fmaxf(m[r], warp_max(sc));
+      if (mn == -INFINITY) continue;  // warp-uniform: no valid key yet
+      const float p = valid ? __expf(sc - mn) : 0.0f;
+      const float corr = __expf(m[r] - mn);
+      l[r] = l[r] * corr + warp_sum(p);
+      m[r] = mn;
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[r][c] *= corr;
+      for (int jj = 0; jj < kKeys; ++jj) {
+        const float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[r][c] += pj * Vs[jj * D + lane + 32 * c];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t qi = q0 + warp * kRowsPerWarp + r;
+    if (qi >= a.s) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) o.set(q_index(a, qi, bb, h) + lane + 32 * c, acc[r][c] * inv);
+    if (lane == 0) lse[(bb * a.nq + h) * a.s + qi] = m[r] + logf(l[r]);
+  }
+}
+
+// delta[b, nq, s] = sum_t dout * o, one warp per (i, b, h) row of the [s, b, nq] order.
+__global__ void attn_delta_kernel(float* delta, FIn dout, FIn o, AttnShape a) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= a.s * a.b * a.nq) return;
+  float s = 0.0f;
+  for (int64_t t = lane; t < a.d; t += 32) s += dout[row * a.d + t] * o[row * a.d + t];
+  s = warp_sum(s);
+  const int64_t i = row / (a.b * a.nq), bb = (row / a.nq) % a.b, h = row % a.nq;
+  if (lane == 0) delta[(bb * a.nq + h) * a.s + i] = s;
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) attn_dq_kernel(FOut dq, FIn dout, FIn q, FIn k, FIn v, const float* lse,
+                                                      const float* delta, AttnShape a) {
+  constexpr int C = D / 32;
+  extern __shared__ float smem[];
+  float* Ks = smem;                   // [kKeys][D+1]
+  float* Vs = Ks + kKeys * (D + 1);   // [kKeys][D+1]
+  float* Qs = Vs + kKeys * (D + 1);   // [kTile][D]
+  float* dOs = Qs + kTile * D;        // [kTile][D]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t bb = blockIdx.y / a.nq, h = blockIdx.y % a.nq, g = h / (a.nq / a.ng);
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  load_rows<D>(Qs, 0, q, a, q0, kTile, bb, h, false);
+  load_rows<D>(dOs, 0, dout, a, q0, kTile, bb, h, false);
+  float acc[kRowsPerWarp][C], lse_r[kRowsPerWarp], del_r[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t qi = q0 + warp * kRowsPerWarp + r;
+    lse_r[r] = qi < a.s ? lse[(bb * a.nq + h) * a.s + qi] : 0.0f;
+    del_r[r] = qi < a.s ? delta[(bb * a.nq + h) * a.s + qi] : 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
+  }
+  const int64_t k_end = a.causal ? min(a.s, q0 + kTile) : a.s;
+  for (int64_t k0 = 0; k0 < k_end; k0 += kKeys) {
+    __syncthreads();
+    load_rows<D>(Ks, 1, k, a, k0, kKeys, bb, g, true);
+    load_rows<D>(Vs, 1, v, a, k0, kKeys, bb, g, true);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int row = warp * kRowsPerWarp + r;
+      const int64_t qi = q0 + row, kj = k0 + lane;
+      if (qi >= a.s) continue;
+      float ds = 0.0f;
+      if (kj < a.s && (!a.causal || kj <= qi)) {
+        float sqk = 0.0f, sdv = 0.0f;
+#pragma unroll 16
+        for (int t = 0; t < D; ++t) {
+          sqk += Qs[row * D + t] * Ks[lane * (D + 1) + t];
+          sdv += dOs[row * D + t] * Vs[lane * (D + 1) + t];
+        }
+        const float p = __expf(sqk * a.scale - lse_r[r]);
+        ds = p * (sdv - del_r[r]);
+      }
+      for (int jj = 0; jj < kKeys; ++jj) {
+        const float dsj = __shfl_sync(0xffffffffu, ds, jj);
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[r][c] += dsj * Ks[jj * (D + 1) + lane + 32 * c];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t qi = q0 + warp * kRowsPerWarp + r;
+    if (qi >= a.s) continue;
+#pragma unroll
+    for (int c = 0; c < C; ++c) dq.set(q_index(a, qi, bb, h) + lane + 32 * c, acc[r][c] * a.scale);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) attn_dkdv_kernel(FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v,
+                                                        const float* lse, const float* delta, AttnShape a) {
+  constexpr int C = D / 32;
+  extern __shared__ float smem[];
+  float* Kk = smem;                   // [kTile][D]  this block's keys
+  float* Vk = Kk + kTile * D;         // [kTile][D]
+  float* Qs = Vk + kTile * D;         // [kKeys][D+1] a 32-query tile (lane = query)
+  float* dOs = Qs + kKeys * (D + 1);  // [kKeys][D+1]
+  float* lse_s = dOs + kKeys * (D + 1);
+  float* del_s = lse_s + kKeys;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t bb = blockIdx.y / a.ng, g = blockIdx.y % a.ng, group = a.nq / a.ng;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  load_rows<D>(Kk, 0, k, a, k0, kTile, bb, g, true);
+  load_rows<D>(Vk, 0, v, a, k0, kTile, bb, g, true);
+  float ak[kRowsPerWarp][C], av[kRowsPerWarp][C];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+    for (int c = 0; c < C; ++c) ak[r][c] = av[r][c] = 0.0f;
+  const int64_t q_begin = a.causal ? (k0 / kKeys) * kKeys : 0;
+  for (int64_t hh = 0; hh < group; ++hh) {
+    const int64_t h = g * group + hh;
+    for (int64_t q0 = q_begin; q0 < a.s; q0 += kKeys) {
+      __syncthreads();
+      load_rows<D>(Qs, 1, q, a, q0, kKeys, bb, h, false);
+      load_rows<D>(dOs, 1, dout, a, q0, kKeys, bb, h, false);
+      if (threadIdx.x < kKeys) {
+        const int64_t qi = q0 + threadIdx.x;
+        lse_s[threadIdx.x] = qi < a.s ? lse[(bb * a.nq + h) * a.s + qi] : 0.0f;
+        del_s[threadIdx.x] = qi < a.s ? delta[(bb * a.nq + h) * a.s + qi] : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int kr = warp * kRowsPerWarp + r;
+        const int64_t kj = k0 + kr, qi = q0 + lane;
+        if (kj >= a.s) continue;  // warp-uniform
+        float p = 0.0f, ds = 0.0f;
+        if (qi < a.s && (!a.causal || kj <= qi)) {
+          float sqk = 0.0f, sdv = 0.0f;
+#pragma unroll 16
+          for (int t = 0; t < D; ++t) {
+            sqk += Qs[lane * (D + 1) + t] * Kk[kr * D + t];
+            sdv += dOs[lane * (D + 1) + t] * Vk[kr * D + t];
+          }
+          p = __expf(sqk * a.scale - lse_s[lane]);
+          ds = p * (sdv - del_s[lane]);
+        }
+        for (int ii = 0; ii < kKeys; ++ii) {
+          const float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+            av[r][c] += pi * dOs[ii * (D + 1) + lane + 32 * c];
+            ak[r][c] += dsi * Qs[ii * (D + 1) + lane + 32 * c];
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t kj = k0 + warp * kRowsPerWarp + r;
+    if (kj >= a.s) continue;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      dk.set(kv_index(a, kj, bb, g) + lane + 32 * c, ak[r][c] * a.scale);
+      dv.set(kv_index(a, kj, bb, g) + lane + 32 * c, av[r][c]);
+    }
+  }
+}
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  MCPP_CUDA_CHECK_RT(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <int D>
+void fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnShape& a, cudaStream_t s) {
+  const size_t smem = sizeof(float) * (kKeys * (D + 1) + kKeys * D + kTile * D);
+  allow_smem(attn_fwd_kernel<D>, smem);
+  const dim3 grid(static_cast<unsigned>((a.s + kTile - 1) / kTile), static_cast<unsigned>(a.b * a.nq));
+  attn_fwd_kernel<D><<<grid, 128, smem, s>>>(o, lse, q, k, v, a);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+template <int D>
+void bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, const float* lse, const float* delta,
+         const AttnShape& a, cudaStream_t s) {
+  const size_t smem_q = sizeof(float) * (2 * kKeys * (D + 1) + 2 * kTile * D);
+  allow_smem(attn_dq_kernel<D>, smem_q);
+  const dim3 grid_q(static_cast<unsigned>((a.s + kTile - 1) / kTile), static_cast<unsigned>(a.b * a.nq));
+  attn_dq_kernel<D><<<grid_q, 128, smem_q, s>>>(dq, dout, q, k, v, lse, delta, a);
+  MCPP_CUDA_LAUNCH_CHECK();
+  const size_t smem_kv = sizeof(float) * (2 * kTile * D + 2 * kKeys * (D + 1) + 2 * kKeys);
+  allow_smem(attn_dkdv_kernel<D>, smem_kv);
+  const dim3 grid_kv(static_cast<unsigned>((a.s + kTile - 1) / kTile), static_cast<unsigned>(a.b * a.ng));
+  attn_dkdv_kernel<D><<<grid_kv, 128, smem_kv, s>>>(dk, dv, dout, q, k, v, lse, delta, a);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+}  // namespace
+
+void launch_attention_fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnShape& a, cudaStream_t s) {
+  if (a.s <= 0 || a.b * a.nq <= 0) return;
+  if (a.d == 64) fwd<64>(o, lse, q, k, v, a, s);
+  else fwd<128>(o, lse, q, k, v, a, s);
+}
+
+void launch_attention_bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, FIn o, const float* lse,
+                          float* delta, const AttnShape& a, cudaStream_t s) {
+  if (a.s <= 0 || a.b * a.nq <= 0) return;
+  const int64_t rows = a.s * a.b * a.nq;
+  attn_delta_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(delta, dout, o, a);
+  MCPP_CUDA_LAUNCH_CHECK();
+  if (a.d == 64) bwd<64>(dq, dk, dv, dout, q, k, v, lse, delta, a, s);
+  else bwd<128>(dq, dk, dv, dout, q, k, v, lse, delta, a, s);
+}
+
+}  // namespace mcpp::cuda_detail

@@ -1,0 +1,116 @@
+// Device code for softmax.cpp and cross_entropy.cpp: one block per row, float32 math.
+//   softmax fwd: p = softmax(scale * x) over the valid keys (j <= i % sq when causal), exactly 0 beyond.
+//   softmax bwd: ds = scale * p * (dp - sum(dp * p)).
+//   cross entropy fwd: one pass over the row with a per-thread online (max, sum-of-exp) pair, merged
+//        across the block; lse = max + log(sum); loss = lse - x[target]. No fp32 copy of the logits.
+//        A target outside [0, V) gives loss = NaN (caught by the trainer's non-finite check; the CPU
+//        backend throws instead, which would need a device->host sync here).
+//   cross entropy bwd: dx = (exp(x - lse) - onehot(target)) * dloss; element by element, so dlogits may
+//        alias logits.
+#include "mcpp/kernels/cuda/device_utils.cuh"
+
+namespace mcpp::cuda_detail {
+namespace {
+constexpr int kThreads = 256;
+
+__global__ void softmax_fwd_kernel(FOut p, FIn x, int64_t sq, int64_t sk, float scale, bool causal) {
+  __shared__ float scratch[33];
+  const int64_t r = blockIdx.x, base = r * sk;
+  const int64_t valid = causal ? (r % sq) + 1 : sk;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, scale * x[base + j]);
+  mx = block_max(mx, scratch);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) sum += __expf(scale * x[base + j] - mx);
+  const float inv = 1.0f / block_sum(sum, scratch);
+  for (int64_t j = threadIdx.x; j < sk; j += blockDim.x)
+    p.set(base + j, j < valid ? __expf(scale * x[base + j] - mx) * inv : 0.0f);
+}
+
+__global__ void softmax_bwd_kernel(FOut ds, FIn dp, FIn p, int64_t sk, float scale) {
+  __shared__ float scratch[33];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * sk;
+  float dot = 0.0f;
+  for (int64_t j = threadIdx.x; j < sk; j += blockDim.x) dot += dp[base + j] * p[base + j];
+  dot = block_sum(dot, scratch);
+  for (int64_t j = threadIdx.x; j < sk; j += blockDim.x) {
+    const float pj = p[base + j];
+    ds.set(base + j, scale * pj * (dp[base + j] - dot));
+  }
+}
+
+__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
+  const float mn = fmaxf(m, m2);
+  if (mn == -INFINITY) return;
+  s = s * __expf(m - mn) + s2 * __expf(m2 - mn);
+  m = mn;
+}
+
+__global__ void cross_entropy_fwd_kernel(float* loss, float* lse, FIn x, const int32_t* targets, int64_t v) {
+  __shared__ float sm[32], ss[32];
+  const int64_t r = blockIdx.x, base = r * v;
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+    const float xv = x[base + j];
+    if (xv > m) {
+      s = s * __expf(m - xv) + 1.0f;
+      m = xv;
+    } else {
+      s += __expf(xv - m);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -INFINITY, S = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) online_merge(M, S, sm[w], ss[w]);
+    const float l = M + logf(S);
+    const int32_t t = targets[r];
+    lse[r] = l;
+    loss[r] = (t >= 0 && t < v) ? l - x[base + t] : NAN;
+  }
+}
+
+__global__ void cross_entropy_bwd_kernel(FOut dx, const float* dloss, FIn x, const int32_t* targets, const float* lse,
+                                         int64_t v) {
+  const int64_t r = blockIdx.x, base = r * v;
+  const float l = lse[r], g = dloss[r];
+  const int64_t t = targets[r];
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+    const float pj = __expf(x[base + j] - l);
+    dx.set(base + j, (pj - (j == t ? 1.0f : 0.0f)) * g);
+  }
+}
+}  // namespace
+
+void launch_softmax_fwd(FOut probs, FIn scores, int64_t rows, int64_t sq, int64_t sk, float scale, bool causal,
+                        cudaStream_t s) {
+  if (rows * sq <= 0 || sk <= 0) return;
+  softmax_fwd_kernel<<<static_cast<unsigned>(rows * sq), kThreads, 0, s>>>(probs, scores, sq, sk, scale, causal);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+void launch_softmax_bwd(FOut dscores, FIn dprobs, FIn probs, int64_t rows, int64_t sk, float scale, cudaStream_t s) {
+  if (rows <= 0 || sk <= 0) return;
+  softmax_bwd_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dscores, dprobs, probs, sk, scale);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+void launch_cross_entropy_fwd(float* loss, float* lse, FIn logits, const int32_t* targets, int64_t n, int64_t v,
+                              cudaStream_t s) {
+  if (n <= 0) return;
+  cross_entropy_fwd_kernel<<<static_cast<unsigned>(n), 512, 0, s>>>(loss, lse, logits, targets, v);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+void launch_cross_entropy_bwd(FOut dlogits, const float* dloss, FIn logits, const int32_t* targets, const float* lse,
+                              int64_t n, int64_t v, cudaStream_t s) {
+  if (n <= 0) return;
+  cross_entropy_bwd_kernel<<<static_cast<unsigned>(n), 512, 0, s>>>(dlogits, dloss, logits, targets, lse, v);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mcpp::cuda_detail
