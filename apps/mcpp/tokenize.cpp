@@ -1,0 +1,89 @@
+// mcpp tokenize — GPT-2 BPE on stdin.
+//   mcpp tokenize [--tokenizer-type GPT2BPETokenizer --vocab-file V --merge-file M] [--append-eod]
+//     reads all of stdin as UTF-8 bytes, prints the token ids space-separated on one line.
+//   mcpp tokenize --decode
+//     reads whitespace-separated token ids from stdin, writes the text's raw bytes (no newline added).
+// Errors (bad files, bad ids, unsupported tokenizer type) -> mcpp::Error -> "error: ..." and exit 2.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/mcpp/command.h"
+#include "apps/mcpp/tokenizer_flags.h"
+#include "mcpp/core/error.h"
+
+namespace {
+
+std::string read_stdin() {
+  std::string data;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), stdin)) > 0) data.append(buf, n);
+  if (std::ferror(stdin)) mcpp::fail("tokenize: cannot read stdin");
+  return data;
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t b = text.find_first_not_of(" \t\r\n", i);
+    if (b == std::string::npos) break;
+    size_t e = text.find_first_of(" \t\r\n", b);
+    if (e == std::string::npos) e = text.size();
+    std::string tok = text.substr(b, e - b);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != tok.size() || v < 0 || v > INT32_MAX)
+      mcpp::fail("tokenize --decode: '{}' is not a token id (expected non-negative integers)", tok);
+    ids.push_back(static_cast<int32_t>(v));
+    i = e;
+  }
+  return ids;
+}
+
+int run_tokenize(const std::vector<std::string>& args) {
+  CLI::App app{"mcpp tokenize: GPT-2 BPE ids of stdin (or text of ids with --decode)", "mcpp tokenize"};
+  mcpp::cli::TokenizerFlags flags;
+  mcpp::cli::add_tokenizer_flags(app, flags);
+  bool append_eod = false, decode = false;
+  app.add_flag("--append-eod", append_eod, "append the end-of-document id (<|endoftext|> = 50256)");
+  app.add_flag("--decode", decode, "read token ids from stdin and print their text");
+  std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
+  try {
+    app.parse(rev);
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app.help());
+    return 0;
+  }
+  if (decode && append_eod) mcpp::fail("tokenize: --append-eod and --decode exclude each other");
+  mcpp::GPT2Tokenizer tok = mcpp::cli::build_tokenizer(flags);
+  std::string in = read_stdin();
+  if (decode) {
+    std::string text = tok.decode(parse_ids(in));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  std::vector<int32_t> ids = tok.encode(in);
+  if (append_eod) ids.push_back(tok.eod());
+  fmt::memory_buffer out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out.push_back(' ');
+    fmt::format_to(std::back_inserter(out), "{}", ids[i]);
+  }
+  out.push_back('\n');
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+const mcpp::cli::Register reg{"tokenize", "GPT-2 BPE: token ids of stdin (--decode: text of ids)", &run_tokenize};
+
+}  // namespace
