@@ -228,7 +228,7 @@ void CheckpointReader::read_bytes(const ManifestEntry& e, void* dst) const {
   }
 }
 
-void CheckpointReader::read_into(const std::string& key, Tensor& dst) const {
+void CheckpointReader::read_into(const std::string& key, const Tensor& dst) const {
   const ManifestEntry& e = entry(key);
   if (!dst.defined()) fail("read_into '{}': destination tensor is undefined", key);
   if (dst.dtype() != e.dtype || dst.shape() != e.global_shape) {
@@ -241,7 +241,8 @@ void CheckpointReader::read_into(const std::string& key, Tensor& dst) const {
   } else {
     Tensor host = Tensor::empty(e.global_shape, e.dtype, Device::CPU);
     read_bytes(e, host.raw());
-    dst.copy_from(host);
+    Tensor target = dst;  // same storage
+    target.copy_from(host);
   }
 }
 

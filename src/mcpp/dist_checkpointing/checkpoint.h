@@ -70,9 +70,10 @@ class CheckpointReader {
   bool has(const std::string& key) const { return manifest_.find(key) != nullptr; }
   const ManifestEntry& entry(const std::string& key) const;  // throws naming the key
 
-  // Reads the tensor `key` into dst (defined; same dtype and shape; any device), checking the bytes'
-  // XXH3-64 against the manifest before dst is considered valid.
-  void read_into(const std::string& key, Tensor& dst) const;
+  // Reads the tensor `key` into dst's storage (defined; same dtype and shape; any device; a view is
+  // fine: Tensor is a handle, so const& still writes the caller's memory), checking the bytes'
+  // XXH3-64 against the manifest; on a mismatch dst holds the damaged bytes and an Error is thrown.
+  void read_into(const std::string& key, const Tensor& dst) const;
   Tensor read(const std::string& key) const;  // into a fresh CPU tensor
   // Re-reads `key` and checks its checksum and its entry in the data file's safetensors header.
   void verify(const std::string& key) const;
