@@ -1,0 +1,65 @@
+// CUDA flash attention fwd/bwd vs the CPU backend's flash attention (itself checked against float64
+// naive attention in tests/kernels): causal and full, GQA, head dims 64 and 128, s not a tile multiple.
+#include <cmath>
+
+#include "cuda/cuda_test_util.h"
+
+namespace mcpp {
+namespace {
+using namespace cuda_test;
+
+struct AttnCase {
+  int64_t s, b, nq, ng, d;
+  bool causal;
+};
+
+void check_case(const AttnCase& c, DType dt) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " s=" << c.s << " b=" << c.b << " nq=" << c.nq
+                                    << " ng=" << c.ng << " d=" << c.d << " causal=" << c.causal);
+  const Shape qs{c.s, c.b, c.nq, c.d}, ks{c.s, c.b, c.ng, c.d}, ls{c.b, c.nq, c.s};
+  const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)), .causal = c.causal};
+  Tensor q = rnd(qs, 1, dt, -2, 2), k = rnd(ks, 2, dt, -2, 2), v = rnd(ks, 3, dt), dout = rnd(qs, 4, dt);
+  Tensor o_ref = Tensor::empty(qs), lse_ref = Tensor::empty(ls);
+  ops::cpu::flash_attention_fwd(o_ref, lse_ref, q, k, v, opt, {});
+  Tensor qd = dev(q, dt), kd = dev(k, dt), vd = dev(v, dt);
+  Tensor o = poisoned(qs, dt), lse = poisoned(ls, DType::F32);
+  ops::flash_attention_fwd(o, lse, qd, kd, vd, opt);
+  // fp32: __expf and another summation order, ~1e-6; bf16: the output rounding
+  EXPECT_LT(rel_err(host(o), o_ref), tol(dt, 2e-5));
+  EXPECT_LT(rel_err(host(lse), lse_ref), 1e-5);
+
+  // backward from the CPU's o (rounded like the CUDA tensors) so both sides see the same inputs
+  Tensor o_in = dt == DType::F32 ? o_ref : o_ref.to(dt).to(DType::F32);
+  Tensor dq_ref = Tensor::empty(qs), dk_ref = Tensor::empty(ks), dv_ref = Tensor::empty(ks);
+  ops::cpu::flash_attention_bwd(dq_ref, dk_ref, dv_ref, dout, q, k, v, o_in, lse_ref, opt, {});
+  Tensor dq = poisoned(qs, dt), dk = poisoned(ks, dt), dv = poisoned(ks, dt);
+  ops::flash_attention_bwd(dq, dk, dv, dev(dout, dt), qd, kd, vd, dev(o_in, dt), dev(lse_ref), opt);
+  EXPECT_LT(rel_err(host(dq), dq_ref), tol(dt, 5e-5));
+  EXPECT_LT(rel_err(host(dk), dk_ref), tol(dt, 5e-5));
+  EXPECT_LT(rel_err(host(dv), dv_ref), tol(dt, 5e-5));
+}
+
+TEST(CudaFlashAttention, MatchesCpuCausalFullGqaBothHeadDims) {
+  MCPP_REQUIRE_CUDA();
+  for (DType dt : float_dtypes()) {
+    check_case({.s = 80, .b = 2, .nq = 4, .ng = 2, .d = 64, .causal = true}, dt);
+    check_case({.s = 80, .b = 2, .nq = 4, .ng = 2, .d = 64, .causal = false}, dt);
+    check_case({.s = 45, .b = 1, .nq = 6, .ng = 1, .d = 128, .causal = true}, dt);
+    check_case({.s = 45, .b = 1, .nq = 2, .ng = 2, .d = 128, .causal = false}, dt);
+  }
+}
+
+TEST(CudaFlashAttention, LongerSequenceCausal) {
+  MCPP_REQUIRE_CUDA();
+  check_case({.s = 1031, .b = 1, .nq = 4, .ng = 2, .d = 128, .causal = true}, DType::BF16);
+}
+
+TEST(CudaFlashAttention, RejectsUnsupportedHeadDim) {
+  MCPP_REQUIRE_CUDA();
+  Tensor q = Tensor::zeros({4, 1, 2, 32}, DType::F32, Device::CUDA), lse = Tensor::zeros({1, 2, 4}, DType::F32, Device::CUDA);
+  Tensor o = Tensor::zeros({4, 1, 2, 32}, DType::F32, Device::CUDA);
+  EXPECT_THROW(ops::flash_attention_fwd(o, lse, q, q, q, {}), Error);
+}
+
+}  // namespace
+}  // namespace mcpp

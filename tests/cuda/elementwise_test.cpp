@@ -1,0 +1,140 @@
+// CUDA elementwise ops, cast, activations, dropout, RoPE and embedding vs the CPU backend.
+#include "cuda/cuda_test_util.h"
+
+namespace mcpp {
+namespace {
+using namespace cuda_test;
+
+TEST(CudaElementwise, AddScaleAddInplace) {
+  MCPP_REQUIRE_CUDA();
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor a = rnd({1001}, 1, dt), b = rnd({1001}, 2, dt);
+    Tensor want = Tensor::empty({1001});
+    ops::cpu::add(want, a, b, {});
+    ops::cpu::scale_inplace(want, 0.75f, {});
+    ops::cpu::add_inplace(want, a, {});
+    Tensor out = poisoned({1001}, dt);
+    Tensor ad = dev(a, dt);
+    ops::add(out, ad, dev(b, dt));
+    ops::scale_inplace(out, 0.75f);
+    ops::add_inplace(out, ad);
+    // fp32: identical operations, bit-for-bit up to FMA contraction; bf16: three roundings of the output
+    EXPECT_LT(rel_err(host(out), want), tol(dt, 1e-7, 1e-2));
+  }
+}
+
+TEST(CudaElementwise, CastRoundsLikeTheCpu) {
+  MCPP_REQUIRE_CUDA();
+  Tensor x = rnd({4099}, 3, DType::F32, -300.0, 300.0);
+  for (DType to : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(to));
+    Tensor want = Tensor::empty({4099}, to);
+    ops::cpu::cast(want, x, {});
+    Tensor got = poisoned({4099}, to);
+    ops::cast(got, dev(x));
+    Tensor g = got.to(Device::CPU);
+    EXPECT_EQ(std::memcmp(g.raw(), want.raw(), want.nbytes()), 0);  // round-to-nearest-even both sides: exact
+    Tensor back = poisoned({4099}, DType::F32);
+    ops::cast(back, got);
+    Tensor want_back = Tensor::empty({4099});
+    ops::cpu::cast(want_back, want, {});
+    EXPECT_EQ(std::memcmp(back.to(Device::CPU).raw(), want_back.raw(), want_back.nbytes()), 0);  // widening: exact
+  }
+}
+
+TEST(CudaActivations, GeluSwigluForwardBackward) {
+  MCPP_REQUIRE_CUDA();
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor x = rnd({33, 70}, 4, dt, -4, 4), dy = rnd({33, 70}, 5, dt);
+    Tensor y_ref = Tensor::empty({33, 70}), dx_ref = Tensor::empty({33, 70});
+    ops::cpu::gelu_fwd(y_ref, x, {});
+    ops::cpu::gelu_bwd(dx_ref, dy, x, {});
+    Tensor y = poisoned({33, 70}, dt), dx = poisoned({33, 70}, dt);
+    Tensor xd = dev(x, dt);
+    ops::gelu_fwd(y, xd);
+    ops::gelu_bwd(dx, dev(dy, dt), xd);
+    // fp32: tanhf / expf vs the CPU's double math, ~1e-7 per element
+    EXPECT_LT(rel_err(host(y), y_ref), tol(dt, 1e-6));
+    EXPECT_LT(rel_err(host(dx), dx_ref), tol(dt, 1e-6));
+
+    Tensor sy_ref = Tensor::empty({33, 35}), sdx_ref = Tensor::empty({33, 70}), sdy = rnd({33, 35}, 6, dt);
+    ops::cpu::swiglu_fwd(sy_ref, x, {});
+    ops::cpu::swiglu_bwd(sdx_ref, sdy, x, {});
+    Tensor sy = poisoned({33, 35}, dt), sdx = poisoned({33, 70}, dt);
+    ops::swiglu_fwd(sy, xd);
+    ops::swiglu_bwd(sdx, dev(sdy, dt), xd);
+    EXPECT_LT(rel_err(host(sy), sy_ref), tol(dt, 1e-6));
+    EXPECT_LT(rel_err(host(sdx), sdx_ref), tol(dt, 1e-6));
+  }
+}
+
+TEST(CudaDropout, MaskEqualsCpuBitForBit) {
+  MCPP_REQUIRE_CUDA();
+  const PhiloxKey key{.seed = 0x1234567890abcdefull, .offset = 7};
+  Tensor x = rnd({1001}, 7);  // not a multiple of 4: the last Philox group is partial
+  for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
+    SCOPED_TRACE(p);
+    Tensor want = Tensor::empty({1001}), got = poisoned({1001}, DType::F32);
+    ops::cpu::dropout_fwd(want, x, p, key, {});
+    ops::dropout_fwd(got, dev(x), p, key);
+    EXPECT_EQ(std::memcmp(got.to(Device::CPU).raw(), want.raw(), want.nbytes()), 0);  // same mask, same x * scale
+    Tensor dwant = Tensor::empty({1001}), dgot = poisoned({1001}, DType::F32);
+    ops::cpu::dropout_bwd(dwant, x, p, key, {});
+    ops::dropout_bwd(dgot, dev(x), p, key);
+    EXPECT_EQ(std::memcmp(dgot.to(Device::CPU).raw(), dwant.raw(), dwant.nbytes()), 0);
+  }
+  // bf16: the same mask (zeros in the same places), values rounded once.
+  Tensor xb = rnd({1001}, 8, DType::BF16), want = Tensor::empty({1001}), got = poisoned({1001}, DType::BF16);
+  ops::cpu::dropout_fwd(want, xb, 0.3f, key, {});
+  ops::dropout_fwd(got, dev(xb, DType::BF16), 0.3f, key);
+  Tensor g = host(got);
+  for (int64_t i = 0; i < 1001; ++i) ASSERT_EQ(g.data<float>()[i] == 0.0f, want.data<float>()[i] == 0.0f) << i;
+  EXPECT_LT(rel_err(g, want), 4e-3);
+}
+
+TEST(CudaRope, ForwardBackwardPartialRotaryAndInPlace) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t s = 7, b = 3, heads = 4, d = 64, half = 24;  // rot = 48 < d: dims 48..63 pass through
+  Tensor cosv = rnd({s, half}, 9), sinv = rnd({s, half}, 10);
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor x = rnd({s, b, heads, d}, 11, dt);
+    Tensor y_ref = Tensor::empty(x.shape()), dx_ref = Tensor::empty(x.shape());
+    ops::cpu::rope_fwd(y_ref, x, cosv, sinv, {});
+    ops::cpu::rope_bwd(dx_ref, x, cosv, sinv, {});
+    Tensor y = poisoned(x.shape(), dt), c = dev(cosv), sn = dev(sinv);
+    ops::rope_fwd(y, dev(x, dt), c, sn);
+    EXPECT_LT(rel_err(host(y), y_ref), tol(dt, 1e-6));  // one fp32 FMA pair per element
+    Tensor inplace = dev(x, dt);
+    ops::rope_bwd(inplace, inplace, c, sn);  // y may alias x
+    EXPECT_LT(rel_err(host(inplace), dx_ref), tol(dt, 1e-6));
+  }
+}
+
+TEST(CudaEmbedding, VocabPartitionForwardAndAccumulatingBackward) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t v = 50, h = 72, vocab_start = 10;
+  Tensor ids = Tensor::empty({6, 5}, DType::I32);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % 70);  // some out
+  ids.data<int32_t>()[3] = ids.data<int32_t>()[4] = 25;  // repeated id: backward must add both rows
+  Tensor idsd = ids.to(Device::CUDA);
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor table = rnd({v, h}, 12, dt);
+    Tensor out_ref = Tensor::empty({6, 5, h});
+    ops::cpu::embedding_fwd(out_ref, ids, table, vocab_start, {});
+    Tensor out = poisoned({6, 5, h}, dt);
+    ops::embedding_fwd(out, idsd, dev(table, dt), vocab_start);
+    EXPECT_EQ(rel_err(host(out), out_ref), 0.0);  // a copy: exact
+    Tensor dout = rnd({6, 5, h}, 13, dt), dt_ref = rnd({v, h}, 14);
+    Tensor dtab = dev(dt_ref);
+    ops::cpu::embedding_bwd(dt_ref, ids, dout, vocab_start, {});
+    ops::embedding_bwd(dtab, idsd, dev(dout, dt), vocab_start);
+    EXPECT_LT(rel_err(host(dtab), dt_ref), 1e-6);  // fp32 adds in another order (atomics)
+  }
+}
+
+}  // namespace
+}  // namespace mcpp

@@ -1,0 +1,108 @@
+// CUDA LayerNorm / RMSNorm, scaled masked softmax and fused cross entropy vs the CPU backend.
+#include "cuda/cuda_test_util.h"
+
+namespace mcpp {
+namespace {
+using namespace cuda_test;
+
+TEST(CudaNorms, LayerNormForwardBackward) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 37, h = 1000;  // h not a multiple of the block size
+  for (DType dt : float_dtypes()) {
+    for (bool with_beta : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " beta=" << with_beta);
+      Tensor x = rnd({n, h}, 1, dt, -2, 3), gamma = rnd({h}, 2, dt), beta = rnd({h}, 3, dt), dy = rnd({n, h}, 4, dt);
+      Tensor y_ref = Tensor::empty({n, h}), mean_ref = Tensor::empty({n}), rstd_ref = Tensor::empty({n});
+      ops::cpu::layernorm_fwd(y_ref, mean_ref, rstd_ref, x, gamma, with_beta ? &beta : nullptr, 1e-5f, {});
+      Tensor y = poisoned({n, h}, dt), mean = poisoned({n}, DType::F32), rstd = poisoned({n}, DType::F32);
+      Tensor xd = dev(x, dt), gd = dev(gamma, dt), bd = dev(beta, dt);
+      ops::layernorm_fwd(y, mean, rstd, xd, gd, with_beta ? &bd : nullptr, 1e-5f);
+      // fp32 statistics in float (CPU: double) over h = 1000: ~1e-6
+      EXPECT_LT(rel_err(host(y), y_ref), tol(dt, 1e-5));
+      EXPECT_LT(rel_err(host(mean), mean_ref), 1e-5);
+      EXPECT_LT(rel_err(host(rstd), rstd_ref), 1e-5);
+
+      Tensor dx_ref = Tensor::empty({n, h}), dg_ref = rnd({h}, 5), db_ref = rnd({h}, 6);
+      Tensor dg = dev(dg_ref), db = dev(db_ref);  // prior contents: must accumulate
+      ops::cpu::layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, x, gamma, mean_ref, rstd_ref, {});
+      Tensor dx = poisoned({n, h}, dt);
+      ops::layernorm_bwd(dx, dg, with_beta ? &db : nullptr, dev(dy, dt), xd, gd, mean, rstd);
+      EXPECT_LT(rel_err(host(dx), dx_ref), tol(dt, 1e-5));
+      EXPECT_LT(rel_err(host(dg), dg_ref), 1e-5);  // fp32 sums of n = 37 terms, atomics order
+      EXPECT_LT(rel_err(host(db), db_ref), 1e-5);
+    }
+  }
+}
+
+TEST(CudaNorms, RmsNormForwardBackward) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 29, h = 768;
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor x = rnd({n, h}, 7, dt), gamma = rnd({h}, 8, dt), dy = rnd({n, h}, 9, dt);
+    Tensor y_ref = Tensor::empty({n, h}), rstd_ref = Tensor::empty({n});
+    ops::cpu::rmsnorm_fwd(y_ref, rstd_ref, x, gamma, 1e-6f, {});
+    Tensor y = poisoned({n, h}, dt), rstd = poisoned({n}, DType::F32), xd = dev(x, dt), gd = dev(gamma, dt);
+    ops::rmsnorm_fwd(y, rstd, xd, gd, 1e-6f);
+    EXPECT_LT(rel_err(host(y), y_ref), tol(dt, 1e-5));
+    EXPECT_LT(rel_err(host(rstd), rstd_ref), 1e-5);
+    Tensor dx_ref = Tensor::empty({n, h}), dg_ref = rnd({h}, 10), dg = dev(dg_ref);
+    ops::cpu::rmsnorm_bwd(dx_ref, dg_ref, dy, x, gamma, rstd_ref, {});
+    Tensor dx = poisoned({n, h}, dt);
+    ops::rmsnorm_bwd(dx, dg, dev(dy, dt), xd, gd, rstd);
+    EXPECT_LT(rel_err(host(dx), dx_ref), tol(dt, 1e-5));
+    EXPECT_LT(rel_err(host(dg), dg_ref), 1e-5);
+  }
+}
+
+TEST(CudaSoftmax, ScaledMaskedForwardBackward) {
+  MCPP_REQUIRE_CUDA();
+  struct Case {
+    int64_t rows, sq, sk;
+    bool causal;
+  };
+  for (const Case& c : {Case{3, 33, 33, true}, Case{2, 5, 300, false}}) {
+    for (DType dt : float_dtypes()) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " sk=" << c.sk << " causal=" << c.causal);
+      const Shape sh{c.rows, c.sq, c.sk};
+      Tensor x = rnd(sh, 11, dt, -3, 3), dp = rnd(sh, 12, dt);
+      Tensor p_ref = Tensor::empty(sh), ds_ref = Tensor::empty(sh);
+      ops::cpu::scaled_masked_softmax_fwd(p_ref, x, 0.7f, c.causal, {});
+      Tensor p = poisoned(sh, dt);
+      ops::scaled_masked_softmax_fwd(p, dev(x, dt), 0.7f, c.causal);
+      EXPECT_LT(rel_err(host(p), p_ref), tol(dt, 1e-5));  // __expf (2 ulp) and another sum order
+      // backward from the CPU probs rounded like the CUDA input, so only the kernel's error is measured
+      Tensor p_in = dt == DType::F32 ? p_ref : p_ref.to(dt).to(DType::F32);
+      ops::cpu::scaled_masked_softmax_bwd(ds_ref, dp, p_in, 0.7f, {});
+      Tensor ds = poisoned(sh, dt);
+      ops::scaled_masked_softmax_bwd(ds, dev(dp, dt), dev(p_in, dt), 0.7f);
+      EXPECT_LT(rel_err(host(ds), ds_ref), tol(dt, 1e-5));
+    }
+  }
+}
+
+TEST(CudaCrossEntropy, FusedForwardBackwardAndInPlaceGrad) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 29, v = 1003;
+  Tensor targets = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) targets.data<int32_t>()[i] = static_cast<int32_t>((i * 131 + 7) % v);
+  Tensor td = targets.to(Device::CUDA);
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor logits = rnd({n, v}, 13, dt, -6, 6), dloss = rnd({n}, 14);
+    Tensor loss_ref = Tensor::empty({n}), lse_ref = Tensor::empty({n}), dl_ref = Tensor::empty({n, v});
+    ops::cpu::cross_entropy_fwd(loss_ref, lse_ref, logits, targets, {});
+    ops::cpu::cross_entropy_bwd(dl_ref, dloss, logits, targets, lse_ref, {});
+    Tensor loss = poisoned({n}, DType::F32), lse = poisoned({n}, DType::F32), ld = dev(logits, dt);
+    ops::cross_entropy_fwd(loss, lse, ld, td);
+    // fp32 online logsumexp vs the CPU's double sum: ~1e-6; loss and lse are fp32 for bf16 logits too
+    EXPECT_LT(rel_err(host(loss), loss_ref), 1e-5);
+    EXPECT_LT(rel_err(host(lse), lse_ref), 1e-5);
+    Tensor dloss_d = dev(dloss);
+    ops::cross_entropy_bwd(ld, dloss_d, ld, td, lse);  // in place: dlogits aliases logits
+    EXPECT_LT(rel_err(host(ld), dl_ref), tol(dt, 1e-5));
+  }
+}
+
+}  // namespace
+}  // namespace mcpp
