@@ -29,7 +29,7 @@ struct AdamParam {
   Tensor param;              // fp32 master weights, updated in place
   Tensor main_grad;          // fp32, same numel as param
   bool no_weight_decay = false;
-  Tensor model_param;        // optional model copy (bf16/f16/fp32) written after each update
+  Tensor model_param{};      // optional model copy (bf16/f16/fp32) written after each update
 };
 
 struct AdamOptions {
