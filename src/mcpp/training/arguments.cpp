@@ -127,6 +127,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_flag("--no-load-optim", t.no_load_optim);
   app.add_flag("--no-load-rng", t.no_load_rng);
   app.add_flag("--finetune", t.finetune);
+  app.add_flag("--override-config-check", t.override_config_check);
   app.add_option("--metrics-path", t.metrics_path, "JSONL metrics file");
   app.add_option("--exit-interval", t.exit_interval);
   app.add_flag("--bf16", t.bf16);
@@ -152,6 +153,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   // ---- data
   app.add_option("--data-path", d.data_path, "one or more dataset prefixes");
   app.add_option("--split", d.split);
+  app.add_flag("--eod-mask-loss", d.eod_mask_loss);
   app.add_option("--tokenizer-type", d.tokenizer_type, "GPT2BPETokenizer|NullTokenizer");
   app.add_option("--vocab-file", d.vocab_file);
   app.add_option("--merge-file", d.merge_file);
@@ -165,7 +167,12 @@ Config parse_train_args(const std::vector<std::string>& args) {
   app.allow_extras(false);
   add_train_flags(app, cfg, config_file);
   std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
-  app.parse(rev);
+  try {
+    app.parse(rev);
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app.help());  // `mcpp train --help`: the caller's catch of CLI::Success exits 0
+    throw;
+  }
   // A file value of lr_warmup_iters must not block a --lr-warmup-fraction on the command line (and
   // vice versa): the flag that is given wins (Megatron accepts only one of the two).
   if (app.count("--lr-warmup-fraction") && !app.count("--lr-warmup-iters")) cfg.optimizer.lr_warmup_iters = 0;

@@ -345,6 +345,7 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("no_load_optim", t.no_load_optim);
   v("no_load_rng", t.no_load_rng);
   v("finetune", t.finetune);
+  v("override_config_check", t.override_config_check);
   v("metrics_path", t.metrics_path);
   v("exit_interval", t.exit_interval);
   v("bf16", t.bf16);
@@ -370,6 +371,7 @@ template <class O, class V> void visit_optimizer(O& o, V&& v) {
 template <class D, class V> void visit_data(D& d, V&& v) {
   v("data_path", d.data_path);
   v("split", d.split);
+  v("eod_mask_loss", d.eod_mask_loss);
   v("tokenizer_type", d.tokenizer_type);
   v("vocab_file", d.vocab_file);
   v("merge_file", d.merge_file);

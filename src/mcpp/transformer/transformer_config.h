@@ -100,6 +100,7 @@ struct TrainingConfig {
   bool no_load_optim = false;
   bool no_load_rng = false;
   bool finetune = false;
+  bool override_config_check = false;  // load a checkpoint of a different model (warns)
   std::string metrics_path;  // JSONL; default <save>/metrics.jsonl when save is set
   int64_t exit_interval = 0;
   bool bf16 = false;  // --bf16: bf16 params/activations with fp32 main grads (the trainer checks the device)
@@ -134,6 +135,7 @@ struct DataConfig {
   std::string tokenizer_type = "GPT2BPETokenizer";  // GPT2BPETokenizer | NullTokenizer
   std::string vocab_file;
   std::string merge_file;
+  bool eod_mask_loss = false;  // --eod-mask-loss: no loss where the input token is EOD
   // Megatron's parse of --split: ',' or '/' separated weights, padded to 3 with 0, normalized to sum 1.
   std::array<double, 3> split_fractions() const;
   void validate() const;

@@ -1,0 +1,82 @@
+// mcpp forward --load DIR --tokens FILE --output logits.npy
+// FILE: token ids, whitespace separated, one sequence per line (all lines the same length, <= the
+// model's sequence length). Writes float32 logits [n_seq, seq, vocab_unpadded] as a NumPy .npy file.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "apps/mcpp/command.h"
+#include "mcpp/core/error.h"
+#include "mcpp/core/npy.h"
+#include "mcpp/training/checkpointing.h"
+
+namespace {
+
+std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64_t vocab) {
+  std::ifstream in(path);
+  if (!in) mcpp::fail("--tokens: cannot open '{}'", path);
+  std::vector<std::vector<int32_t>> seqs;
+  std::string line;
+  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+    std::istringstream ls(line);
+    std::vector<int32_t> ids;
+    std::string word;
+    while (ls >> word) {
+      size_t used = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(word, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != word.size()) mcpp::fail("--tokens '{}' line {}: '{}' is not an integer token id", path, lineno, word);
+      if (v < 0 || v >= vocab)
+        mcpp::fail("--tokens '{}' line {}: token {} outside the vocabulary [0, {})", path, lineno, v, vocab);
+      ids.push_back(static_cast<int32_t>(v));
+    }
+    if (ids.empty()) continue;
+    if (!seqs.empty() && ids.size() != seqs.front().size())
+      mcpp::fail("--tokens '{}' line {}: {} tokens, but line 1 has {} (sequences must have equal length)", path,
+                 lineno, ids.size(), seqs.front().size());
+    seqs.push_back(std::move(ids));
+  }
+  if (seqs.empty()) mcpp::fail("--tokens '{}' holds no token ids", path);
+  return seqs;
+}
+
+int run_forward(const std::vector<std::string>& args) {
+  CLI::App app{"Run the model forward and write logits", "mcpp forward"};
+  std::string load, tokens_path, output;
+  app.add_option("--load", load, "checkpoint directory")->required();
+  app.add_option("--tokens", tokens_path, "token ids, one sequence per line")->required();
+  app.add_option("--output", output, "logits .npy [n_seq, seq, vocab]")->required();
+  std::vector<std::string> rev(args.rbegin(), args.rend());
+  app.parse(rev);
+
+  mcpp::LoadedModel lm = mcpp::load_model_for_inference(load);
+  const auto& mc = lm.config.model;
+  auto seqs = read_token_file(tokens_path, mc.vocab_size);
+  const int64_t n = static_cast<int64_t>(seqs.size()), s = static_cast<int64_t>(seqs[0].size());
+  const int64_t max_s = mc.position_embedding_type == mcpp::PositionEmbedding::LearnedAbsolute ? mc.max_position_embeddings
+                                                                                                 : std::max(mc.seq_length, mc.max_position_embeddings);
+  if (s > max_s) mcpp::fail("--tokens: sequences of {} tokens exceed the model's maximum of {}", s, max_s);
+  mcpp::Tensor tokens = mcpp::Tensor::empty({s, n}, mcpp::DType::I32);  // [s, b]
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < s; ++i) tokens.data<int32_t>()[i * n + b] = seqs[b][i];
+  mcpp::GPTModelCtx ctx;
+  mcpp::Tensor logits = lm.model->forward_logits(ctx, tokens, {.training = false}).to(mcpp::Device::CPU);  // [s*n, Vp]
+  mcpp::Tensor out = mcpp::Tensor::empty({n, s, mc.vocab_size});
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < s; ++i)
+      std::copy_n(logits.data<float>() + (i * n + b) * mc.padded_vocab_size, mc.vocab_size,
+                  out.data<float>() + (b * s + i) * mc.vocab_size);
+  mcpp::save_npy(output, out);
+  fmt::print("wrote {} logits [{}, {}, {}] from iteration {}\n", output, n, s, mc.vocab_size, lm.iteration);
+  return 0;
+}
+
+const mcpp::cli::Register reg{"forward", "run a checkpoint forward on token ids, write logits .npy", &run_forward};
+
+}  // namespace

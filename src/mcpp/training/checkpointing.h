@@ -1,0 +1,56 @@
+// Trainer <-> checkpoint glue (Megatron's training/checkpointing.py): what a training checkpoint holds
+// and how it is restored.
+//   tensors: every model parameter under its logical key; with the optimizer, fp32 Adam state
+//            "optimizer.exp_avg.<key>" / "optimizer.exp_avg_sq.<key>".
+//   meta:    config (Config::to_json), fingerprint + math_fields, iteration, consumed samples,
+//            optimizer step, LR scheduler state, RNG state (dropout stream), data cursor.
+// Loading checks the math fingerprint first: a checkpoint of a different model is refused with the
+// differing fields named (override_config_check turns that into a warning).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "mcpp/core/rng.h"
+#include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/transformer/transformer_config.h"
+
+namespace mcpp {
+
+class Adam;
+
+struct TrainerState {
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0;
+  int64_t consumed_valid_samples = 0;
+  RngState dropout_rng;
+  nlohmann::json scheduler = nlohmann::json::object();
+};
+
+struct LoadOptions {
+  bool load_optimizer = true;   // --no-load-optim turns off
+  bool load_rng = true;         // --no-load-rng turns off
+  bool finetune = false;        // --finetune: weights only, iteration and counters restart at 0
+  bool override_config_check = false;
+};
+
+// Saves iteration `state.iteration` under save_dir; returns the committed directory.
+std::string save_training_checkpoint(const std::string& save_dir, const Config& config, GPTModel& model,
+                                     const Adam* optimizer, const TrainerState& state);
+
+// Loads the latest (or given) checkpoint under load_dir into model (+ optimizer, state). Returns false when
+// load_dir has no checkpoint yet (Megatron starts from scratch then); throws mcpp::Error on a bad one.
+bool load_training_checkpoint(const std::string& load_dir, const Config& config, GPTModel& model, Adam* optimizer,
+                              TrainerState& state, const LoadOptions& opt);
+
+// Inference: the config stored in the checkpoint and a model holding its weights.
+struct LoadedModel {
+  Config config;
+  std::unique_ptr<GPTModel> model;
+  int64_t iteration = 0;
+};
+LoadedModel load_model_for_inference(const std::string& load_dir);
+
+}  // namespace mcpp

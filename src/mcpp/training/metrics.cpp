@@ -1,0 +1,46 @@
+#include "mcpp/training/metrics.h"
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "mcpp/core/error.h"
+
+namespace mcpp {
+
+std::string format_log_line(const IterationStats& s) {
+  auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  return fmt::format(
+      " [{:%Y-%m-%d %H:%M:%S}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): "
+      "{:.1f} | throughput (tok/s): {:.1f} | learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | "
+      "grad norm: {:.3f} | number of skipped iterations: {:>3} | number of nan iterations: {:>3} |",
+      fmt::localtime(now), s.iteration, s.train_iters, s.consumed_samples, s.elapsed_ms_per_iter, s.tokens_per_sec,
+      s.learning_rate, s.global_batch_size, s.lm_loss, s.grad_norm, s.skipped_iters, s.nan_iters);
+}
+
+nlohmann::json to_json(const IterationStats& s) {
+  return {{"event", "train"},          {"iteration", s.iteration},
+          {"consumed_samples", s.consumed_samples}, {"elapsed_ms_per_iter", s.elapsed_ms_per_iter},
+          {"tokens_per_sec", s.tokens_per_sec},     {"learning_rate", s.learning_rate},
+          {"global_batch_size", s.global_batch_size}, {"lm_loss", s.lm_loss},
+          {"grad_norm", s.grad_norm},               {"skipped_iters", s.skipped_iters},
+          {"nan_iters", s.nan_iters}};
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) {
+  if (path.empty()) return;
+  std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  out_.open(path, std::ios::app);
+  if (!out_) fail("metrics_path: cannot open '{}' for writing", path);
+}
+
+void MetricsWriter::write(const nlohmann::json& record) {
+  if (!out_.is_open()) return;
+  out_ << record.dump() << '\n';
+  out_.flush();
+}
+
+}  // namespace mcpp

@@ -1,0 +1,42 @@
+// Training progress output: the Megatron-LM log line on stdout and one JSON object per logged
+// iteration in a JSONL file (machine-readable twin of the log line; also eval and checkpoint events).
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace mcpp {
+
+struct IterationStats {
+  int64_t iteration = 0;
+  int64_t train_iters = 0;
+  int64_t consumed_samples = 0;
+  double elapsed_ms_per_iter = 0;
+  double tokens_per_sec = 0;
+  double learning_rate = 0;
+  int64_t global_batch_size = 0;
+  double lm_loss = 0;
+  double grad_norm = 0;
+  int64_t skipped_iters = 0;
+  int64_t nan_iters = 0;
+};
+
+// " [2026-11-30 08:00:00] iteration       10/     100 | consumed samples: ... | lm loss: 5.1E+00 | ..."
+std::string format_log_line(const IterationStats& s);
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  explicit MetricsWriter(const std::string& path);  // appends; empty path = disabled
+  void write(const nlohmann::json& record);
+  bool enabled() const { return out_.is_open(); }
+
+ private:
+  std::ofstream out_;
+};
+
+nlohmann::json to_json(const IterationStats& s);
+
+}  // namespace mcpp
