@@ -170,6 +170,11 @@ TEST(Arguments, UnknownFlagIsCliParseError) {
   EXPECT_THROW(parse_train_args({"--num-layers", "two"}), CLI::ParseError);
   EXPECT_THROW(parse_train_args({"--num-layers"}), CLI::ParseError);
   EXPECT_THROW(parse_train_args({"stray"}), CLI::ParseError);
+  // --help prints the flags and throws CLI::Success (main exits 0)
+  testing::internal::CaptureStdout();
+  EXPECT_THROW(parse_train_args({"--help"}), CLI::Success);
+  std::string help = testing::internal::GetCapturedStdout();
+  EXPECT_NE(help.find("--num-attention-heads"), std::string::npos) << help;
 }
 
 TEST(Arguments, InvalidValuesNameTheField) {
