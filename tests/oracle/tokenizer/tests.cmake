@@ -1,0 +1,32 @@
+# Tokenizer script tests: `mcpp tokenize` against the npm gpt-3-encoder (node from PATH), decode
+# round trips, and CLI errors. The oracle tests need node and scripts/install_deps.sh's npm package.
+set(MCPP_TOKENIZER_DIR ${CMAKE_CURRENT_LIST_DIR})
+set(MCPP_TOKENIZER_WORK ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_oracle)
+set(MCPP_GPT3_ENCODER ${CMAKE_SOURCE_DIR}/third_party/node/node_modules/gpt-3-encoder)
+find_program(MCPP_NODE node)
+
+add_test(NAME tokenizer.cli_errors
+         COMMAND ${MCPP_TOKENIZER_DIR}/cli_errors_test.sh ${MCPP_BIN} ${MCPP_TOKENIZER_WORK}/cli)
+add_test(NAME tokenizer.roundtrip_fortunes_full
+         COMMAND ${MCPP_TOKENIZER_DIR}/oracle_test.sh ${MCPP_BIN} ${MCPP_GPT3_ENCODER} ${MCPP_TOKENIZER_WORK}
+                 roundtrip-fortunes)
+# ~2.5 MB through the CLI twice: seconds with the word cache; the timeout catches a lost cache.
+set_tests_properties(tokenizer.roundtrip_fortunes_full PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60)
+
+if(MCPP_NODE)
+  add_test(NAME tokenizer.oracle_varied
+           COMMAND ${MCPP_TOKENIZER_DIR}/oracle_test.sh ${MCPP_BIN} ${MCPP_GPT3_ENCODER} ${MCPP_TOKENIZER_WORK}
+                   file ${MCPP_TOKENIZER_DIR}/texts/varied.txt)
+  foreach(seed 1 2 3)
+    add_test(NAME tokenizer.oracle_fuzz_${seed}
+             COMMAND ${MCPP_TOKENIZER_DIR}/oracle_test.sh ${MCPP_BIN} ${MCPP_GPT3_ENCODER} ${MCPP_TOKENIZER_WORK}
+                     fuzz ${seed} 20000)
+  endforeach()
+  # The JS encoder concatenates arrays per word (quadratic), so the oracle reads the first 200 KB only.
+  add_test(NAME tokenizer.oracle_fortunes_200k
+           COMMAND ${MCPP_TOKENIZER_DIR}/oracle_test.sh ${MCPP_BIN} ${MCPP_GPT3_ENCODER} ${MCPP_TOKENIZER_WORK}
+                   fortunes 200000)
+  set_tests_properties(tokenizer.oracle_fortunes_200k PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+else()
+  message(WARNING "node not found: the tokenizer oracle tests (npm gpt-3-encoder) are not registered")
+endif()
