@@ -114,6 +114,10 @@ TEST(HfConvert, Gpt2ExportLayoutElementwise) {
     for (int64_t o = 0; o < d.ffn; ++o) ASSERT_EQ(fc.data<float>()[i * d.ffn + o], fc1.data<float>()[o * H + i]);
   EXPECT_EQ(hf("transformer.wte.weight").shape(), (Shape{d.vocab, H}));
   EXPECT_EQ(h.find("lm_head.weight"), nullptr) << "tied: HF ties lm_head to wte";
+  auto cfg = nlohmann::json::parse(read_text(dir / "hf/config.json"));
+  EXPECT_EQ(cfg["n_inner"], d.ffn);
+  EXPECT_EQ(cfg["activation_function"], "gelu_new") << "mcpp's GELU is the tanh form";
+  EXPECT_TRUE(cfg["eos_token_id"].is_null()) << "vocab 100 has no GPT-2 end-of-document token";
 }
 
 TEST(HfConvert, ExportRejectsConfigsTheFormatCannotExpress) {

@@ -278,6 +278,18 @@ std::vector<std::pair<std::string, Shape>> model_param_shapes(const ModelDims& d
   return out;
 }
 
+namespace {
+
+// mcpp trains with the GPT-2 BPE tokenizer, whose end-of-document id 50256 is HF's bos/eos; a smaller
+// (test) vocab has no such token, so the ids are null rather than out of range.
+void set_special_tokens(nlohmann::json& cfg, int64_t vocab) {
+  constexpr int64_t kGpt2Eod = 50256;
+  cfg["bos_token_id"] = vocab > kGpt2Eod ? nlohmann::json(kGpt2Eod) : nlohmann::json(nullptr);
+  cfg["eos_token_id"] = cfg["bos_token_id"];
+}
+
+}  // namespace
+
 void export_hf(const CheckpointReader& reader, HfFormat format, const std::string& out_dir) {
   if (!reader.meta().contains("config"))
     fail("{}: checkpoint meta has no 'config' (needed to export)", reader.dir());
@@ -286,6 +298,7 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
   nlohmann::json cfg;
   if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);
   else export_llama(reader, d, items, cfg);
+  set_special_tokens(cfg, d.vocab);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) fail("cannot create output directory {}: {}", out_dir, ec.message());
