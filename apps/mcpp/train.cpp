@@ -13,6 +13,9 @@ namespace {
 int run_train(const std::vector<std::string>& args) {
   mcpp::Config cfg = mcpp::parse_train_args(args);
   cfg.validate_for_training();
+  if (cfg.training.bf16 || cfg.training.fp16)
+    mcpp::fail("{}: mixed-precision training needs the CUDA backend; the CPU trainer runs in fp32",
+               cfg.training.bf16 ? "bf16" : "fp16");
   cfg.apply_world_size(1);
   int64_t eod = -1;
   if (cfg.data.tokenizer_type == "GPT2BPETokenizer") {
