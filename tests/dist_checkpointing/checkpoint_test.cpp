@@ -103,6 +103,8 @@ TEST(Checkpoint, LeftoverStagingDirIsIgnored) {
 TEST(Checkpoint, TrackerAndDirectoryErrors) {
   TempDir dir;
   EXPECT_EQ(latest_iteration(dir.path()), -1);
+  EXPECT_TRUE(list_iterations(dir / "not_created_yet").empty());
+  EXPECT_EQ(latest_iteration(dir / "not_created_yet"), -1);
   expect_error([&] { CheckpointReader r(dir.path()); }, {dir.path(), "latest_checkpointed_iteration.txt"});
   write_text(dir / "latest_checkpointed_iteration.txt", "release\n");
   expect_error([&] { latest_iteration(dir.path()); }, {"latest_checkpointed_iteration.txt", "release"});

@@ -151,6 +151,7 @@ int64_t latest_iteration(const std::string& load_dir) {
 std::vector<int64_t> list_iterations(const std::string& save_dir) {
   std::vector<int64_t> out;
   std::error_code ec;
+  if (!fs::exists(save_dir, ec)) return out;  // a fresh --save/--load directory holds no checkpoints
   static const std::regex kIterDir("iter_([0-9]{7,})");
   for (const auto& de : fs::directory_iterator(save_dir, ec)) {
     std::smatch m;

@@ -51,7 +51,7 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointContent
 int64_t latest_iteration(const std::string& load_dir);
 
 // Committed iterations in save_dir (iter_NNNNNNN directories holding a manifest), ascending;
-// staging directories (*.tmp-*) are skipped.
+// staging directories (*.tmp-*) are skipped; a save_dir that does not exist yet gives {}.
 std::vector<int64_t> list_iterations(const std::string& save_dir);
 
 // `path` is a checkpoint directory (iter_N/) or a save directory; in the latter case `iteration`
