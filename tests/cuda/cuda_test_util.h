@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -54,6 +55,16 @@ inline double rel_err(const Tensor& got, const Tensor& want) {
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
+
+// EXPECT_REL(got, want, tol): rel_err(got, want) < tol, and prints the measured error
+// ("[ measured ] <expr>: <err> (tol <tol>)") so docs/CUDA.md can quote device numbers.
+#define EXPECT_REL(got, want, tolerance)                                                              \
+  do {                                                                                                \
+    const double mcpp_err_ = ::mcpp::cuda_test::rel_err((got), (want));                              \
+    const double mcpp_tol_ = (tolerance);                                                             \
+    std::printf("[ measured ] %s: %.3g (tol %.3g)\n", #got, mcpp_err_, mcpp_tol_);                    \
+    EXPECT_LT(mcpp_err_, mcpp_tol_) << #got;                                                          \
+  } while (0)
 
 // Relative error tolerance by dtype: fp32 outputs track the CPU to float rounding and summation order;
 // bf16 outputs carry one bf16 rounding (2^-9 relative per element, ~2e-3 in norm) plus the rounding of

@@ -20,7 +20,7 @@ TEST(CudaElementwise, AddScaleAddInplace) {
     ops::scale_inplace(out, 0.75f);
     ops::add_inplace(out, ad);
     // fp32: identical operations, bit-for-bit up to FMA contraction; bf16: three roundings of the output
-    EXPECT_LT(rel_err(host(out), want), tol(dt, 1e-7, 1e-2));
+    EXPECT_REL(host(out), want, tol(dt, 1e-7, 1e-2));
   }
 }
 
@@ -56,8 +56,8 @@ TEST(CudaActivations, GeluSwigluForwardBackward) {
     ops::gelu_fwd(y, xd);
     ops::gelu_bwd(dx, dev(dy, dt), xd);
     // fp32: tanhf / expf vs the CPU's double math, ~1e-7 per element
-    EXPECT_LT(rel_err(host(y), y_ref), tol(dt, 1e-6));
-    EXPECT_LT(rel_err(host(dx), dx_ref), tol(dt, 1e-6));
+    EXPECT_REL(host(y), y_ref, tol(dt, 1e-6));
+    EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-6));
 
     Tensor sy_ref = Tensor::empty({33, 35}), sdx_ref = Tensor::empty({33, 70}), sdy = rnd({33, 35}, 6, dt);
     ops::cpu::swiglu_fwd(sy_ref, x, {});
@@ -65,8 +65,8 @@ TEST(CudaActivations, GeluSwigluForwardBackward) {
     Tensor sy = poisoned({33, 35}, dt), sdx = poisoned({33, 70}, dt);
     ops::swiglu_fwd(sy, xd);
     ops::swiglu_bwd(sdx, dev(sdy, dt), xd);
-    EXPECT_LT(rel_err(host(sy), sy_ref), tol(dt, 1e-6));
-    EXPECT_LT(rel_err(host(sdx), sdx_ref), tol(dt, 1e-6));
+    EXPECT_REL(host(sy), sy_ref, tol(dt, 1e-6));
+    EXPECT_REL(host(sdx), sdx_ref, tol(dt, 1e-6));
   }
 }
 
@@ -91,7 +91,7 @@ TEST(CudaDropout, MaskEqualsCpuBitForBit) {
   ops::dropout_fwd(got, dev(xb, DType::BF16), 0.3f, key);
   Tensor g = host(got);
   for (int64_t i = 0; i < 1001; ++i) ASSERT_EQ(g.data<float>()[i] == 0.0f, want.data<float>()[i] == 0.0f) << i;
-  EXPECT_LT(rel_err(g, want), 4e-3);
+  EXPECT_REL(g, want, 4e-3);
 }
 
 TEST(CudaRope, ForwardBackwardPartialRotaryAndInPlace) {
@@ -106,10 +106,10 @@ TEST(CudaRope, ForwardBackwardPartialRotaryAndInPlace) {
     ops::cpu::rope_bwd(dx_ref, x, cosv, sinv, {});
     Tensor y = poisoned(x.shape(), dt), c = dev(cosv), sn = dev(sinv);
     ops::rope_fwd(y, dev(x, dt), c, sn);
-    EXPECT_LT(rel_err(host(y), y_ref), tol(dt, 1e-6));  // one fp32 FMA pair per element
+    EXPECT_REL(host(y), y_ref, tol(dt, 1e-6));  // one fp32 FMA pair per element
     Tensor inplace = dev(x, dt);
     ops::rope_bwd(inplace, inplace, c, sn);  // y may alias x
-    EXPECT_LT(rel_err(host(inplace), dx_ref), tol(dt, 1e-6));
+    EXPECT_REL(host(inplace), dx_ref, tol(dt, 1e-6));
   }
 }
 
@@ -132,7 +132,7 @@ TEST(CudaEmbedding, VocabPartitionForwardAndAccumulatingBackward) {
     Tensor dtab = dev(dt_ref);
     ops::cpu::embedding_bwd(dt_ref, ids, dout, vocab_start, {});
     ops::embedding_bwd(dtab, idsd, dev(dout, dt), vocab_start);
-    EXPECT_LT(rel_err(host(dtab), dt_ref), 1e-6);  // fp32 adds in another order (atomics)
+    EXPECT_REL(host(dtab), dt_ref, 1e-6);  // fp32 adds in another order (atomics)
   }
 }
 

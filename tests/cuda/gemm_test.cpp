@@ -20,7 +20,7 @@ TEST(CudaGemm, AllTransposesAlphaBetaMatchCpu) {
         Tensor cd = dev(c);  // fp32 C: bf16 inputs accumulate in fp32 into it
         ops::gemm(cd, dev(a, dt), dev(b, dt), opt);
         // fp32 accumulate in both; only the summation order differs (k = 129): 1e-5 relative.
-        EXPECT_LT(rel_err(host(cd), want), 1e-5);
+        EXPECT_REL(host(cd), want, 1e-5);
       }
     }
   }
@@ -33,7 +33,7 @@ TEST(CudaGemm, Bf16OutputRoundsOnce) {
   ops::cpu::gemm(want, a, b, {}, {});
   Tensor c = poisoned({64, 80}, DType::BF16);
   ops::gemm(c, dev(a, DType::BF16), dev(b, DType::BF16), {});
-  EXPECT_LT(rel_err(host(c), want), 4e-3);  // one bf16 rounding of the fp32 result: <= 2^-9 per element
+  EXPECT_REL(host(c), want, 4e-3);  // one bf16 rounding of the fp32 result: <= 2^-9 per element
 }
 
 TEST(CudaLinear, ForwardWithBiasEpilogueAndBackwardAccumulates) {
@@ -47,7 +47,7 @@ TEST(CudaLinear, ForwardWithBiasEpilogueAndBackwardAccumulates) {
     Tensor y = poisoned({s, b, out}, dt);
     Tensor biasd = dev(bias, dt);
     ops::linear_fwd(y, dev(x, dt), dev(w, dt), &biasd);
-    EXPECT_LT(rel_err(host(y), y_ref), tol(dt, 1e-5, 4e-3));
+    EXPECT_REL(host(y), y_ref, tol(dt, 1e-5, 4e-3));
 
     Tensor dy = rnd({s, b, out}, 13, dt);
     Tensor dx_ref = Tensor::empty({s, b, in}), dw_ref = rnd({out, in}, 14), db_ref = rnd({out}, 15);
@@ -55,9 +55,9 @@ TEST(CudaLinear, ForwardWithBiasEpilogueAndBackwardAccumulates) {
     ops::cpu::linear_bwd(&dx_ref, dw_ref, &db_ref, dy, x, w, {});
     Tensor dx = poisoned({s, b, in}, dt);
     ops::linear_bwd(&dx, dw, &db, dev(dy, dt), dev(x, dt), dev(w, dt));
-    EXPECT_LT(rel_err(host(dx), dx_ref), tol(dt, 1e-5, 4e-3));
-    EXPECT_LT(rel_err(host(dw), dw_ref), 1e-5);  // fp32 accumulate into fp32 for both dtypes
-    EXPECT_LT(rel_err(host(db), db_ref), 1e-5);
+    EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5, 4e-3));
+    EXPECT_REL(host(dw), dw_ref, 1e-5);  // fp32 accumulate into fp32 for both dtypes
+    EXPECT_REL(host(db), db_ref, 1e-5);
   }
 }
 

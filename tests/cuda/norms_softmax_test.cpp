@@ -18,18 +18,18 @@ TEST(CudaNorms, LayerNormForwardBackward) {
       Tensor xd = dev(x, dt), gd = dev(gamma, dt), bd = dev(beta, dt);
       ops::layernorm_fwd(y, mean, rstd, xd, gd, with_beta ? &bd : nullptr, 1e-5f);
       // fp32 statistics in float (CPU: double) over h = 1000: ~1e-6
-      EXPECT_LT(rel_err(host(y), y_ref), tol(dt, 1e-5));
-      EXPECT_LT(rel_err(host(mean), mean_ref), 1e-5);
-      EXPECT_LT(rel_err(host(rstd), rstd_ref), 1e-5);
+      EXPECT_REL(host(y), y_ref, tol(dt, 1e-5));
+      EXPECT_REL(host(mean), mean_ref, 1e-5);
+      EXPECT_REL(host(rstd), rstd_ref, 1e-5);
 
       Tensor dx_ref = Tensor::empty({n, h}), dg_ref = rnd({h}, 5), db_ref = rnd({h}, 6);
       Tensor dg = dev(dg_ref), db = dev(db_ref);  // prior contents: must accumulate
       ops::cpu::layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, x, gamma, mean_ref, rstd_ref, {});
       Tensor dx = poisoned({n, h}, dt);
       ops::layernorm_bwd(dx, dg, with_beta ? &db : nullptr, dev(dy, dt), xd, gd, mean, rstd);
-      EXPECT_LT(rel_err(host(dx), dx_ref), tol(dt, 1e-5));
-      EXPECT_LT(rel_err(host(dg), dg_ref), 1e-5);  // fp32 sums of n = 37 terms, atomics order
-      EXPECT_LT(rel_err(host(db), db_ref), 1e-5);
+      EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));
+      EXPECT_REL(host(dg), dg_ref, 1e-5);  // fp32 sums of n = 37 terms, atomics order
+      EXPECT_REL(host(db), db_ref, 1e-5);
     }
   }
 }
@@ -44,14 +44,14 @@ TEST(CudaNorms, RmsNormForwardBackward) {
     ops::cpu::rmsnorm_fwd(y_ref, rstd_ref, x, gamma, 1e-6f, {});
     Tensor y = poisoned({n, h}, dt), rstd = poisoned({n}, DType::F32), xd = dev(x, dt), gd = dev(gamma, dt);
     ops::rmsnorm_fwd(y, rstd, xd, gd, 1e-6f);
-    EXPECT_LT(rel_err(host(y), y_ref), tol(dt, 1e-5));
-    EXPECT_LT(rel_err(host(rstd), rstd_ref), 1e-5);
+    EXPECT_REL(host(y), y_ref, tol(dt, 1e-5));
+    EXPECT_REL(host(rstd), rstd_ref, 1e-5);
     Tensor dx_ref = Tensor::empty({n, h}), dg_ref = rnd({h}, 10), dg = dev(dg_ref);
     ops::cpu::rmsnorm_bwd(dx_ref, dg_ref, dy, x, gamma, rstd_ref, {});
     Tensor dx = poisoned({n, h}, dt);
     ops::rmsnorm_bwd(dx, dg, dev(dy, dt), xd, gd, rstd);
-    EXPECT_LT(rel_err(host(dx), dx_ref), tol(dt, 1e-5));
-    EXPECT_LT(rel_err(host(dg), dg_ref), 1e-5);
+    EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));
+    EXPECT_REL(host(dg), dg_ref, 1e-5);
   }
 }
 
@@ -70,13 +70,13 @@ TEST(CudaSoftmax, ScaledMaskedForwardBackward) {
       ops::cpu::scaled_masked_softmax_fwd(p_ref, x, 0.7f, c.causal, {});
       Tensor p = poisoned(sh, dt);
       ops::scaled_masked_softmax_fwd(p, dev(x, dt), 0.7f, c.causal);
-      EXPECT_LT(rel_err(host(p), p_ref), tol(dt, 1e-5));  // __expf (2 ulp) and another sum order
+      EXPECT_REL(host(p), p_ref, tol(dt, 1e-5));  // __expf (2 ulp) and another sum order
       // backward from the CPU probs rounded like the CUDA input, so only the kernel's error is measured
       Tensor p_in = dt == DType::F32 ? p_ref : p_ref.to(dt).to(DType::F32);
       ops::cpu::scaled_masked_softmax_bwd(ds_ref, dp, p_in, 0.7f, {});
       Tensor ds = poisoned(sh, dt);
       ops::scaled_masked_softmax_bwd(ds, dev(dp, dt), dev(p_in, dt), 0.7f);
-      EXPECT_LT(rel_err(host(ds), ds_ref), tol(dt, 1e-5));
+      EXPECT_REL(host(ds), ds_ref, tol(dt, 1e-5));
     }
   }
 }
@@ -96,11 +96,11 @@ TEST(CudaCrossEntropy, FusedForwardBackwardAndInPlaceGrad) {
     Tensor loss = poisoned({n}, DType::F32), lse = poisoned({n}, DType::F32), ld = dev(logits, dt);
     ops::cross_entropy_fwd(loss, lse, ld, td);
     // fp32 online logsumexp vs the CPU's double sum: ~1e-6; loss and lse are fp32 for bf16 logits too
-    EXPECT_LT(rel_err(host(loss), loss_ref), 1e-5);
-    EXPECT_LT(rel_err(host(lse), lse_ref), 1e-5);
+    EXPECT_REL(host(loss), loss_ref, 1e-5);
+    EXPECT_REL(host(lse), lse_ref, 1e-5);
     Tensor dloss_d = dev(dloss);
     ops::cross_entropy_bwd(ld, dloss_d, ld, td, lse);  // in place: dlogits aliases logits
-    EXPECT_LT(rel_err(host(ld), dl_ref), tol(dt, 1e-5));
+    EXPECT_REL(host(ld), dl_ref, tol(dt, 1e-5));
   }
 }
 

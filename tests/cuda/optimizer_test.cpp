@@ -21,10 +21,10 @@ TEST(CudaAdamW, ThreeStepsMatchCpuAndWriteBf16Model) {
     ops::adamw_step(p, m, v, dev(g), &model, opt);
   }
   // same float32 operation order; only FMA contraction on the GPU differs: ~1 ulp
-  EXPECT_LT(rel_err(host(p), p_ref), 1e-6);
-  EXPECT_LT(rel_err(host(m), m_ref), 1e-6);
-  EXPECT_LT(rel_err(host(v), v_ref), 1e-6);
-  EXPECT_LT(rel_err(host(model), model_ref.to(DType::F32)), 4e-3);  // bf16 copy: one rounding (ties may differ)
+  EXPECT_REL(host(p), p_ref, 1e-6);
+  EXPECT_REL(host(m), m_ref, 1e-6);
+  EXPECT_REL(host(v), v_ref, 1e-6);
+  EXPECT_REL(host(model), model_ref.to(DType::F32), 4e-3);  // bf16 copy: one rounding (ties may differ)
 }
 
 TEST(CudaReductions, SumOfSquaresAndNonFinite) {
