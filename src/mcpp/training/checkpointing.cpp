@@ -19,10 +19,19 @@ constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
 
 // Refuses a checkpoint whose model math differs from `config`, naming the fields.
 void check_fingerprint(const nlohmann::json& meta, const Config& config, const std::string& dir, bool override_check) {
-  if (!meta.contains("math_fields")) fail("checkpoint '{}': manifest meta lacks math_fields", dir);
-  const nlohmann::json ours = config.math_fields();
+  // Checkpoints written by `mcpp ckpt import` carry only the config: derive its math fields.
+  nlohmann::json saved;
+  if (meta.contains("math_fields")) {
+    saved = meta["math_fields"];
+  } else if (meta.contains("config")) {
+    Config c = Config::from_json(meta["config"]);
+    c.finalize();
+    saved = c.math_fields();
+  } else {
+    fail("checkpoint '{}': manifest meta holds neither math_fields nor config", dir);
+  }
   if (meta.value("fingerprint", "") == config.fingerprint()) return;
-  std::vector<std::string> diff = diff_math_fields(meta["math_fields"], ours);
+  std::vector<std::string> diff = diff_math_fields(saved, config.math_fields());
   if (diff.empty()) return;  // same fields, fingerprint of an older encoding: accept
   std::string what = fmt::format("{}", fmt::join(diff, "; "));
   if (!override_check)
