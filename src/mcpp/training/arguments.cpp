@@ -151,7 +151,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--adam-eps", o.adam_eps);
   app.add_option("--clip-grad", o.clip_grad);
   // ---- data
-  app.add_option("--data-path", d.data_path, "one or more dataset prefixes");
+  app.add_option("--data-path", d.data_path, "one or more dataset prefixes")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--split", d.split);
   app.add_flag("--eod-mask-loss", d.eod_mask_loss);
   app.add_option("--tokenizer-type", d.tokenizer_type, "GPT2BPETokenizer|NullTokenizer");
@@ -165,6 +166,8 @@ Config parse_train_args(const std::vector<std::string>& args) {
   if (!config_file.empty()) load_toml_config(config_file, cfg);
   CLI::App app{"mcpp train"};
   app.allow_extras(false);
+  // A flag given twice takes its last value, as Megatron-LM's argparse does (scripts append overrides).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   add_train_flags(app, cfg, config_file);
   std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
   try {

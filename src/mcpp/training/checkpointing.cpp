@@ -116,6 +116,8 @@ LoadedModel load_model_for_inference(const std::string& load_dir) {
   if (!reader.meta().contains("config")) fail("checkpoint '{}': manifest meta lacks the model config", reader.dir());
   lm.config = Config::from_json(reader.meta().at("config"));
   lm.config.finalize();
+  lm.config.model.hidden_dropout = 0.0f;  // inference never drops; a flash model then accepts any recipe
+  lm.config.model.attention_dropout = 0.0f;
   lm.config.model.validate();
   lm.iteration = reader.iteration();
   lm.model = std::make_unique<GPTModel>(lm.config.model, static_cast<uint64_t>(lm.config.training.seed));

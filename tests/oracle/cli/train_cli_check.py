@@ -122,6 +122,20 @@ try:
 except ImportError:
     failures.append("torch not importable by this python (use /usr/bin/python3)")
 
+# HF round trip: export -> import -> forward gives the same logits; --finetune from the import trains.
+hf = os.path.join(WORK, "hf")
+run("ckpt", "export", "--load", straight, "--format", "hf-gpt2", "--output", hf)
+imported = os.path.join(WORK, "imported")
+run("ckpt", "import", "--input", hf, "--format", "hf-gpt2", "--save", imported)
+out2 = os.path.join(WORK, "logits_imported.npy")
+run("forward", "--load", imported, "--tokens", tokens, "--output", out2)
+if os.path.exists(out2) and not np.array_equal(np.load(out), np.load(out2)):
+    failures.append("HF export/import round trip changed the logits")
+ft = os.path.join(WORK, "finetune")
+p = run("train", *model, "--load", imported, "--finetune", "--save", ft, "--train-iters", "2", "--eval-interval", "2")
+if "loaded checkpoint" not in p.stdout + p.stderr:
+    failures.append(f"finetune from the imported checkpoint did not load it: {p.stdout[-500:]} {p.stderr[-500:]}")
+
 g1 = run("generate", "--load", straight, "--prompt", "The quick brown", "--max-new-tokens", "5")
 g2 = run("generate", "--load", straight, "--prompt", "The quick brown", "--max-new-tokens", "5")
 if not g1.stdout.startswith("The quick brown") or g1.stdout != g2.stdout:
