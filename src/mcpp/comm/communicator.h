@@ -1,0 +1,115 @@
+// Communicator (DESIGN.md decision 3): one interface for collectives and point-to-point, two backends
+// (comm/mpi for CPU ranks, comm/nccl for GPUs). A Communicator is bound to one process group; groups are
+// values (shared_ptr<Communicator>) passed explicitly to whoever communicates — no globals.
+//
+// Every call returns an owned Work handle (wait / test); a blocking call is `comm.x(...).wait()`.
+// Every call passes through the FlightRecorder (group name + member ranks, per-group sequence number,
+// op, dtype, element count, start / end time, state queued -> started -> done) before the backend sees
+// it, so a stuck or mismatched collective can be named (comm/watchdog.h). With check_collectives on,
+// the ranks of the group first agree on a fingerprint (op, dtype, count, seq); a mismatch is an
+// mcpp::Error naming both sides instead of a silent mis-sum.
+//
+// Semantics (all tensors contiguous, same dtype on every rank, on the backend's device):
+//   all_reduce(t, op)               in place over the group
+//   all_gather(out, in)             out = concat over ranks of in (rank order); out.numel = size * in.numel
+//   reduce_scatter(out, in, op)     in.numel = size * out.numel; rank r gets chunk r of the reduction
+//   broadcast(t, root)              root is a group rank
+//   all_to_all(out, in, send_counts, recv_counts)   element counts per peer (variable splits)
+//   batch_p2p(ops)                  a batch of sends / recvs to group ranks, completed together
+//   barrier()
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mcpp/core/tensor.h"
+
+namespace mcpp::comm {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);
+
+enum class OpType { AllReduce, AllGather, ReduceScatter, Broadcast, AllToAll, BatchP2P, Barrier };
+const char* op_type_name(OpType op);
+
+class FlightRecorder;
+
+// Completion handle of one communication call. Move-only; waiting twice is fine.
+class Work {
+ public:
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual bool test() = 0;  // non-blocking: true when complete
+    virtual void wait() = 0;  // blocks until complete (the watchdog bounds how long)
+  };
+  Work() = default;
+  explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  bool test() { return !impl_ || impl_->test(); }
+  void wait() {
+    if (impl_) impl_->wait();
+  }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+struct P2POp {
+  enum class Kind { Send, Recv } kind;
+  Tensor tensor;  // send: source; recv: destination (shape known by the receiver)
+  int peer;       // group rank
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  const std::string& name() const { return name_; }             // "tp", "dp", "pp", "world", ...
+  int rank() const { return rank_; }                            // rank within the group
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& global_ranks() const { return ranks_; }  // member global ranks, group order
+  int global_rank() const { return ranks_[static_cast<size_t>(rank_)]; }
+
+  [[nodiscard]] Work all_reduce(Tensor& t, ReduceOp op);
+  [[nodiscard]] Work all_gather(Tensor& out, const Tensor& in);
+  [[nodiscard]] Work reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op);
+  [[nodiscard]] Work broadcast(Tensor& t, int root);
+  [[nodiscard]] Work all_to_all(Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
+                                const std::vector<int64_t>& recv_counts);
+  [[nodiscard]] Work batch_p2p(const std::vector<P2POp>& ops);
+  [[nodiscard]] Work barrier();
+
+  // A new communicator over `global_ranks` (a subset of this one's, every member calls with the same
+  // list, in a canonical order across calls). Collective over *this* communicator.
+  virtual std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<int>& global_ranks) = 0;
+
+  void set_check_collectives(bool on) { check_collectives_ = on; }
+  FlightRecorder* recorder() const { return recorder_.get(); }
+
+ protected:
+  Communicator(std::string name, std::vector<int> global_ranks, int rank, std::shared_ptr<FlightRecorder> recorder);
+
+  // Backend hooks; called after recording (and the optional fingerprint check).
+  virtual Work do_all_reduce(Tensor& t, ReduceOp op) = 0;
+  virtual Work do_all_gather(Tensor& out, const Tensor& in) = 0;
+  virtual Work do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) = 0;
+  virtual Work do_broadcast(Tensor& t, int root) = 0;
+  virtual Work do_all_to_all(Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
+                             const std::vector<int64_t>& recv_counts) = 0;
+  virtual Work do_batch_p2p(const std::vector<P2POp>& ops) = 0;
+  virtual Work do_barrier() = 0;
+  // Fingerprint exchange for check_collectives: all-gather of a small fixed-size record, blocking.
+  virtual void exchange_fingerprints(const int64_t* mine, int64_t* all, int n) = 0;
+
+ private:
+  std::string name_;
+  std::vector<int> ranks_;
+  int rank_ = 0;
+  std::shared_ptr<FlightRecorder> recorder_;
+  uint64_t seq_ = 0;
+  bool check_collectives_ = false;
+};
+
+using CommPtr = std::shared_ptr<Communicator>;
+
+}  // namespace mcpp::comm
