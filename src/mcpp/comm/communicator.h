@@ -3,6 +3,8 @@
 // values (shared_ptr<Communicator>) passed explicitly to whoever communicates — no globals.
 //
 // Every call returns an owned Work handle (wait / test); a blocking call is `comm.x(...).wait()`.
+// Destroying a Work that has not completed waits for it (MPI must not lose a request whose buffers are
+// still in use); the watchdog bounds that wait. Tensors passed in are kept alive by the Work.
 // Every call passes through the FlightRecorder (group name + member ranks, per-group sequence number,
 // op, dtype, element count, start / end time, state queued -> started -> done) before the backend sees
 // it, so a stuck or mismatched collective can be named (comm/watchdog.h). With check_collectives on,
@@ -17,8 +19,18 @@
 //   all_to_all(out, in, send_counts, recv_counts)   element counts per peer (variable splits)
 //   batch_p2p(ops)                  a batch of sends / recvs to group ranks, completed together
 //   barrier()
+// ReduceOp::Avg is sum then divide by size, for float dtypes only (int dtypes: mcpp::Error).
+// bf16 / fp16 reduce in the backend through an op that converts each pair to fp32 and rounds back (so a
+// reduction rounds once per combining step, like NCCL's bf16 sums); other ops move them as raw 16-bit.
+// Argument mistakes (dtype mismatch, wrong numel, root / peer out of range, counts not summing to numel)
+// throw mcpp::Error naming the group, op and rank before anything is posted.
+//
+// Sequence numbers: seq counts this group's collectives (1, 2, ...); batch_p2p calls count separately
+// (p2p_seq), since pipeline stages issue different numbers of them. Threading: one thread issues the
+// calls of a communicator; the watchdog thread only reads the recorder.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,12 +91,20 @@ class Communicator {
   [[nodiscard]] Work batch_p2p(const std::vector<P2POp>& ops);
   [[nodiscard]] Work barrier();
 
-  // A new communicator over `global_ranks` (a subset of this one's, every member calls with the same
-  // list, in a canonical order across calls). Collective over *this* communicator.
+  // A new communicator over `global_ranks` (a subset of this one's, in group order: the new group's rank
+  // i is global_ranks[i]). Collective over the *listed members only*: every member calls with the same
+  // name and list, and members create their groups in one canonical order (e.g. all ranks loop over all
+  // groups in the same order, as Megatron does). A rank not in the list gets nullptr and communicates
+  // nothing. Shares this communicator's flight recorder.
   virtual std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<int>& global_ranks) = 0;
 
+  // --check-collectives: before each collective the group compares (op, dtype, count, seq, reduce op,
+  // root) with a blocking all-gather on a private communicator; a mismatch throws mcpp::Error naming both
+  // sides on every member. Must be set identically on every member. Not applied to batch_p2p.
   void set_check_collectives(bool on) { check_collectives_ = on; }
+  bool check_collectives() const { return check_collectives_; }
   FlightRecorder* recorder() const { return recorder_.get(); }
+  const std::shared_ptr<FlightRecorder>& recorder_ptr() const { return recorder_; }
 
  protected:
   Communicator(std::string name, std::vector<int> global_ranks, int rank, std::shared_ptr<FlightRecorder> recorder);
@@ -102,11 +122,16 @@ class Communicator {
   virtual void exchange_fingerprints(const int64_t* mine, int64_t* all, int n) = 0;
 
  private:
+  struct CallInfo;
+  Work run(const CallInfo& info, const std::function<Work()>& post);
+  void check_fingerprint(const CallInfo& info);
+
   std::string name_;
   std::vector<int> ranks_;
   int rank_ = 0;
   std::shared_ptr<FlightRecorder> recorder_;
   uint64_t seq_ = 0;
+  uint64_t p2p_seq_ = 0;
   bool check_collectives_ = false;
 };
 

@@ -1,0 +1,152 @@
+// FlightRecorder implementation: ring buffer indexed by id % capacity, JSON dump (schema in the header).
+#include "mcpp/comm/flight_recorder.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "mcpp/core/error.h"
+
+namespace mcpp::comm {
+
+const char* entry_state_name(EntryState s) {
+  switch (s) {
+    case EntryState::Queued: return "queued";
+    case EntryState::Started: return "started";
+    case EntryState::Done: return "done";
+    case EntryState::Failed: return "failed";
+  }
+  return "?";
+}
+
+int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+int64_t wall_now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+FlightRecorder::FlightRecorder(int rank, int world_size, size_t capacity)
+    : rank_(rank), world_size_(world_size), capacity_(capacity) {
+  if (capacity == 0) fail("FlightRecorder: capacity must be >= 1 (got 0)");
+  ring_.reserve(capacity);
+}
+
+uint64_t FlightRecorder::record(RecordEntry e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  e.id = next_id_++;
+  e.state = EntryState::Queued;
+  e.start_steady_ns = steady_now_ns();
+  e.start_wall_us = wall_now_us();
+  e.end_steady_ns = e.end_wall_us = 0;
+  if (ring_.size() < capacity_) {
+    ring_.push_back(std::move(e));
+  } else {
+    ring_[e.id % capacity_] = std::move(e);
+  }
+  return next_id_ - 1;
+}
+
+RecordEntry* FlightRecorder::find_locked(uint64_t id) {
+  if (id >= next_id_ || next_id_ - id > ring_.size()) return nullptr;  // overwritten or never recorded
+  RecordEntry& e = ring_[id % capacity_];
+  return e.id == id ? &e : nullptr;
+}
+
+void FlightRecorder::mark_started(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (RecordEntry* e = find_locked(id); e && e->state == EntryState::Queued) e->state = EntryState::Started;
+}
+
+void FlightRecorder::finish_locked(uint64_t id, EntryState s) {
+  RecordEntry* e = find_locked(id);
+  if (!e || e->state == EntryState::Done || e->state == EntryState::Failed) return;
+  e->state = s;
+  e->end_steady_ns = steady_now_ns();
+  e->end_wall_us = wall_now_us();
+}
+
+void FlightRecorder::mark_done(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  finish_locked(id, EntryState::Done);
+}
+
+void FlightRecorder::mark_failed(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  finish_locked(id, EntryState::Failed);
+}
+
+std::vector<RecordEntry> FlightRecorder::entries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<RecordEntry> out;
+  out.reserve(ring_.size());
+  uint64_t first = next_id_ - ring_.size();
+  for (uint64_t id = first; id < next_id_; ++id) out.push_back(ring_[id % capacity_]);
+  return out;
+}
+
+std::vector<RecordEntry> FlightRecorder::pending() const {
+  std::vector<RecordEntry> out;
+  for (auto& e : entries()) {
+    if (e.state == EntryState::Queued || e.state == EntryState::Started) out.push_back(std::move(e));
+  }
+  return out;
+}
+
+uint64_t FlightRecorder::total_recorded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_id_;
+}
+
+nlohmann::json entry_to_json(const RecordEntry& e) {
+  return nlohmann::json{{"id", e.id},
+                        {"group", e.group},
+                        {"group_ranks", e.group_ranks},
+                        {"seq", e.seq},
+                        {"p2p_seq", e.p2p_seq},
+                        {"op", e.op},
+                        {"reduce_op", e.reduce_op},
+                        {"dtype", e.dtype},
+                        {"count", e.count},
+                        {"peers", e.peers},
+                        {"state", entry_state_name(e.state)},
+                        {"start_steady_ns", e.start_steady_ns},
+                        {"end_steady_ns", e.end_steady_ns},
+                        {"start_wall_us", e.start_wall_us},
+                        {"end_wall_us", e.end_wall_us}};
+}
+
+nlohmann::json FlightRecorder::dump_json(const std::string& reason) const {
+  auto list = entries();
+  nlohmann::json j{{"version", 1},
+                   {"rank", rank_},
+                   {"world_size", world_size_},
+                   {"capacity", capacity_},
+                   {"total_recorded", total_recorded()},
+                   {"reason", reason},
+                   {"dump_wall_time_us", wall_now_us()}};
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& e : list) arr.push_back(entry_to_json(e));
+  j["entries"] = std::move(arr);
+  return j;
+}
+
+void FlightRecorder::dump_to_file(const std::string& path, const std::string& reason) const {
+  std::string text = dump_json(reason).dump(1);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail("flight recorder: cannot write dump file '{}' (rank {})", tmp, rank_);
+    f << text << '\n';
+    f.flush();
+    if (!f) fail("flight recorder: write failed for '{}' (rank {})", tmp, rank_);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) fail("flight recorder: cannot rename '{}' to '{}' (rank {}): {}", tmp, path, rank_, ec.message());
+}
+
+}  // namespace mcpp::comm

@@ -1,0 +1,110 @@
+// FlightRecorder: an always-on, fixed-size ring of the communication calls this rank issued, shared by
+// every Communicator of the rank (the world communicator and all groups made from it).
+//
+// Contract:
+//   - Communicator records an entry *before* the backend call (state "queued"), marks it "started" once
+//     the backend accepted it (the non-blocking MPI call was posted), and "done" when its Work completes
+//     (Work::wait, or Work::test returning true). A call that throws before it is posted (bad arguments,
+//     a --check-collectives mismatch) is marked "failed", so the watchdog never waits on it.
+//   - The ring keeps the newest `capacity` entries (default 2048); older ones are overwritten.
+//   - Thread safety: every method takes the recorder's mutex; the watchdog thread reads (pending(),
+//     dump_json()) while the training thread records.
+//   - Sequence numbers are per group and counted by the Communicator: `seq` numbers the group's
+//     collectives 1, 2, 3, ... (identical on every member when the program is correct); batch_p2p calls
+//     number separately in `p2p_seq`, since pipeline stages legitimately issue different p2p counts.
+//
+// Dump JSON schema (rank_<r>.json, written by dump_json / the watchdog):
+// {
+//   "version": 1,
+//   "rank": <int, global rank of the writer>,
+//   "world_size": <int>,
+//   "capacity": <int, ring size>,
+//   "total_recorded": <int, entries ever recorded; > capacity means the oldest were overwritten>,
+//   "reason": <string, why the dump was written, e.g. "timeout" or "abort requested by rank 2">,
+//   "dump_wall_time_us": <int, microseconds since the Unix epoch>,
+//   "entries": [                         // oldest first
+//     { "id": <int, global recording index on this rank, starts at 0>,
+//       "group": <string, group name: "world", "tp", ...>,
+//       "group_ranks": [<int>...],       // member global ranks in group order
+//       "seq": <int, per-group collective number, 1-based; 0 for batch_p2p>,
+//       "p2p_seq": <int, per-group batch_p2p number, 1-based; 0 for collectives>,
+//       "op": <string: all_reduce | all_gather | reduce_scatter | broadcast | all_to_all | batch_p2p | barrier>,
+//       "reduce_op": <string: sum | avg | max | min, or "" when the op does not reduce>,
+//       "dtype": <string: float32 | bfloat16 | float16 | int32 | int64 ("" for barrier)>,
+//       "count": <int, elements this rank contributes (input numel; sum of sends for p2p)>,
+//       "peers": [<int>...],             // batch_p2p only: peer global ranks; [] otherwise
+//       "state": <string: queued | started | done | failed>,
+//       "start_steady_ns": <int, steady clock at recording>, "end_steady_ns": <int, 0 until done/failed>,
+//       "start_wall_us": <int, wall clock at recording>,     "end_wall_us": <int, 0 until done/failed> }
+//   ]
+// }
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mcpp::comm {
+
+enum class EntryState { Queued, Started, Done, Failed };
+const char* entry_state_name(EntryState s);
+
+struct RecordEntry {
+  uint64_t id = 0;
+  std::string group;
+  std::vector<int> group_ranks;
+  uint64_t seq = 0;
+  uint64_t p2p_seq = 0;
+  std::string op;
+  std::string reduce_op;
+  std::string dtype;
+  int64_t count = 0;
+  std::vector<int> peers;
+  EntryState state = EntryState::Queued;
+  int64_t start_steady_ns = 0, end_steady_ns = 0;
+  int64_t start_wall_us = 0, end_wall_us = 0;
+};
+
+class FlightRecorder {
+ public:
+  static constexpr size_t kDefaultCapacity = 2048;
+  // rank / world_size: the owner's global coordinates, written into dumps. capacity >= 1.
+  FlightRecorder(int rank, int world_size, size_t capacity = kDefaultCapacity);
+
+  // Stores `e` (its id, state and timestamps are assigned here) and returns its id.
+  uint64_t record(RecordEntry e);
+  void mark_started(uint64_t id);
+  void mark_done(uint64_t id);
+  void mark_failed(uint64_t id);
+
+  // Entries still queued or started, oldest first (the watchdog's view).
+  std::vector<RecordEntry> pending() const;
+  // All retained entries, oldest first.
+  std::vector<RecordEntry> entries() const;
+  uint64_t total_recorded() const;
+  size_t capacity() const { return capacity_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  nlohmann::json dump_json(const std::string& reason) const;
+  // Writes dump_json to `path` atomically (temporary file + rename); throws mcpp::Error naming the path.
+  void dump_to_file(const std::string& path, const std::string& reason) const;
+
+ private:
+  RecordEntry* find_locked(uint64_t id);
+  void finish_locked(uint64_t id, EntryState s);
+
+  int rank_, world_size_;
+  size_t capacity_;
+  mutable std::mutex mu_;
+  std::vector<RecordEntry> ring_;
+  uint64_t next_id_ = 0;
+};
+
+nlohmann::json entry_to_json(const RecordEntry& e);
+int64_t steady_now_ns();
+int64_t wall_now_us();
+
+}  // namespace mcpp::comm
