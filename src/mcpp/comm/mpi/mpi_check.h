@@ -2,6 +2,9 @@
 // the call site, the global rank and MPI's error string. Communicators use MPI_ERRORS_RETURN so failures
 // reach this check instead of aborting inside MPI.
 #pragma once
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // C API only (the deprecated C++ bindings warn under -Wextra)
+#endif
 #include <mpi.h>
 
 #include <string>

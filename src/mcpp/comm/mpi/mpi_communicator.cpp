@@ -139,7 +139,7 @@ CommPtr MpiCommunicator::new_group(const std::string& name, const std::vector<in
 Work MpiCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
   require_cpu(t, "all_reduce", name());
   auto w = std::make_unique<MpiWork>();
-  w->reqs.resize(1);
+  w->reqs.resize(1, MPI_REQUEST_NULL);  // null until posted: safe to wait if a check throws first
   w->keep = {t};
   int n = fit_int(t.numel(), "all_reduce", name(), "numel");
   MCPP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), n, mpi::mpi_datatype(t.dtype()), mpi::mpi_reduce_op(t.dtype(), op),
@@ -152,7 +152,7 @@ Work MpiCommunicator::do_all_gather(Tensor& out, const Tensor& in) {
   require_cpu(in, "all_gather", name());
   require_cpu(out, "all_gather", name());
   auto w = std::make_unique<MpiWork>();
-  w->reqs.resize(1);
+  w->reqs.resize(1, MPI_REQUEST_NULL);  // null until posted: safe to wait if a check throws first
   w->keep = {out, in};
   int n = fit_int(in.numel(), "all_gather", name(), "in.numel");
   fit_int(out.numel(), "all_gather", name(), "out.numel");
@@ -165,7 +165,7 @@ Work MpiCommunicator::do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp 
   require_cpu(in, "reduce_scatter", name());
   require_cpu(out, "reduce_scatter", name());
   auto w = std::make_unique<MpiWork>();
-  w->reqs.resize(1);
+  w->reqs.resize(1, MPI_REQUEST_NULL);  // null until posted: safe to wait if a check throws first
   w->keep = {out, in};
   int n = fit_int(out.numel(), "reduce_scatter", name(), "out.numel");
   fit_int(in.numel(), "reduce_scatter", name(), "in.numel");
@@ -178,7 +178,7 @@ Work MpiCommunicator::do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp 
 Work MpiCommunicator::do_broadcast(Tensor& t, int root) {
   require_cpu(t, "broadcast", name());
   auto w = std::make_unique<MpiWork>();
-  w->reqs.resize(1);
+  w->reqs.resize(1, MPI_REQUEST_NULL);  // null until posted: safe to wait if a check throws first
   w->keep = {t};
   int n = fit_int(t.numel(), "broadcast", name(), "numel");
   MCPP_MPI_CHECK(MPI_Ibcast(t.raw(), n, mpi::mpi_datatype(t.dtype()), root, comm_, w->reqs.data()));
@@ -190,7 +190,7 @@ Work MpiCommunicator::do_all_to_all(Tensor& out, const Tensor& in, const std::ve
   require_cpu(in, "all_to_all", name());
   require_cpu(out, "all_to_all", name());
   auto w = std::make_unique<MpiWork>();
-  w->reqs.resize(1);
+  w->reqs.resize(1, MPI_REQUEST_NULL);  // null until posted: safe to wait if a check throws first
   w->keep = {out, in};
   size_t p = static_cast<size_t>(size());
   w->counts.resize(4 * p);  // send counts, send displs, recv counts, recv displs
@@ -233,7 +233,7 @@ Work MpiCommunicator::do_batch_p2p(const std::vector<P2POp>& ops) {
 
 Work MpiCommunicator::do_barrier() {
   auto w = std::make_unique<MpiWork>();
-  w->reqs.resize(1);
+  w->reqs.resize(1, MPI_REQUEST_NULL);  // null until posted: safe to wait if a check throws first
   MCPP_MPI_CHECK(MPI_Ibarrier(comm_, w->reqs.data()));
   return Work(std::move(w));
 }

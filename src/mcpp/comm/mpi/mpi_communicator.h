@@ -19,6 +19,9 @@
 //   - Every communicator owns a private MPI_Comm_dup for the --check-collectives fingerprint all-gather.
 //   - Every MPI call goes through MCPP_MPI_CHECK (call site + rank in the error).
 #pragma once
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // C API only (the deprecated C++ bindings warn under -Wextra)
+#endif
 #include <mpi.h>
 
 #include <functional>

@@ -1,5 +1,5 @@
 // Process-level MPI: init_mpi / world / finalize_mpi, the MCPP_MPI_CHECK error path, MPI_Abort action.
-#include <mpi.h>
+#include "mcpp/comm/mpi/mpi_check.h"
 
 #include <numeric>
 

@@ -6,6 +6,9 @@
 // Avg is reduced as sum; the caller divides afterwards. create_reduce_ops() runs once in init_mpi,
 // free_reduce_ops() before MPI_Finalize.
 #pragma once
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // C API only (the deprecated C++ bindings warn under -Wextra)
+#endif
 #include <mpi.h>
 
 #include "mcpp/comm/communicator.h"
