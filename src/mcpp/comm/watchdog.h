@@ -40,12 +40,12 @@ namespace mcpp::comm {
 
 struct WatchdogOptions {
   double timeout_seconds = 600.0;
-  std::string dump_dir;  // dumps go to <dump_dir>/flight_recorder/ (created)
+  std::string dump_dir = {};  // dumps go to <dump_dir>/flight_recorder/ (created)
   double poll_seconds = 0.1;
   double grace_seconds = 5.0;           // leader: how long to wait for the other ranks' dumps
   double follower_extra_seconds = 5.0;  // follower: extra wait for the leader before aborting itself
   int exit_code = 3;
-  std::function<void(int exit_code, const std::string& message)> on_abort;  // required
+  std::function<void(int exit_code, const std::string& message)> on_abort = {};  // required
 };
 
 // --distributed-timeout-minutes in seconds; MCPP_DISTRIBUTED_TIMEOUT_SECONDS (a positive number) overrides.
