@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 void run_against_torch(const std::string& style, const std::string& attention_impl) {
   TransformerConfig c = testing::tiny_config(style);
   c.attention_impl = attention_impl;
-  GPTModel model(c, 1234);
+  GPTModel model(c, 1234, testing::single_tp());
   // Non-trivial norm weights/biases (init is ones/zeros) so their gradients and effect are exercised.
   for (const auto& p : model.params().params())
     if (p->spec.init != InitKind::Normal) init_normal(p->data, 0.3f, 99, p->spec.key), p->data.data<float>()[0] += 1.0f;
@@ -80,7 +80,7 @@ TEST(GPTModelVsTorch, LlamaStyleUnfused) { run_against_torch("llama", "unfused")
 
 TEST(GPTModel, MegatronInitAndBufferLayout) {
   TransformerConfig c = testing::tiny_config("gpt2");
-  GPTModel model(c, 7);
+  GPTModel model(c, 7, testing::single_tp());
   auto& params = model.params();
   // Backward order: the last registered parameter (final layernorm bias) sits at offset 0.
   EXPECT_EQ(params.params().back()->data.raw(), params.param_buffer().raw());
@@ -96,7 +96,7 @@ TEST(GPTModel, MegatronInitAndBufferLayout) {
   EXPECT_EQ(params.find("decoder.layers.0.input_layernorm.weight")->data.data<float>()[3], 1.0f);
   EXPECT_EQ(params.find("decoder.layers.0.mlp.linear_fc1.bias")->data.data<float>()[3], 0.0f);
   // Same seed -> same init; init depends on the key, not on the model (a Llama model shares the key).
-  GPTModel again(c, 7);
+  GPTModel again(c, 7, testing::single_tp());
   EXPECT_EQ(0, std::memcmp(again.params().param_buffer().raw(), params.param_buffer().raw(),
                            params.param_buffer().nbytes()));
 }

@@ -2,7 +2,9 @@
 #pragma once
 #include <string>
 
+#include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/tensor.h"
+#include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::testing {
@@ -36,6 +38,9 @@ inline TransformerConfig tiny_config(const std::string& style) {
   }
   return c;
 }
+
+// A single-rank tensor-parallel context (size-1 local communicator).
+inline tensor_parallel::TPContext single_tp() { return {comm::make_local_world(), false}; }
 
 struct Batch {
   Tensor tokens, labels, loss_mask;  // [s, b]

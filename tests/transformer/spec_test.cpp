@@ -16,7 +16,7 @@ TEST(ModuleSpec, FlashAndUnfusedAttentionAgree) {
     TransformerConfig a = testing::tiny_config(style), b = a;
     a.attention_impl = "flash";
     b.attention_impl = "unfused";
-    GPTModel ma(a, 3), mb(b, 3);
+    GPTModel ma(a, 3, testing::single_tp()), mb(b, 3, testing::single_tp());
     testing::Batch batch = testing::fixed_batch(12, 2, a.vocab_size);
     GPTModelCtx ca, cb;
     LossResult ra = ma.forward_loss(ca, batch.tokens, batch.labels, batch.loss_mask, {.training = false});

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_set>
 
@@ -40,6 +41,47 @@ void init_normal(Tensor& t, float std, uint64_t seed, const std::string& key) {
   }
 }
 
+namespace {
+// Rows x cols view of a tensor split at partition_dim: outer = prod(dims before), inner = prod(after).
+struct SplitDims {
+  int64_t outer = 1, dim = 1, inner = 1;
+};
+SplitDims split_dims(const Shape& shape, int d) {
+  SplitDims s;
+  for (int i = 0; i < static_cast<int>(shape.size()); ++i) {
+    if (i < d) s.outer *= shape[i];
+    else if (i == d) s.dim = shape[i];
+    else s.inner *= shape[i];
+  }
+  return s;
+}
+template <bool kToGlobal>
+void copy_shard(float* global, const Shape& gshape, float* local, const Shape& lshape, const TensorShard& shard) {
+  const SplitDims g = split_dims(gshape, shard.partition_dim), l = split_dims(lshape, shard.partition_dim);
+  MCPP_CHECK(g.outer == l.outer && g.inner == l.inner, "shard {} does not fit global {}", shape_str(lshape),
+             shape_str(gshape));
+  for (const ShardSegment& seg : shard.segments) {
+    MCPP_CHECK(seg.global_offset + seg.length <= g.dim && seg.local_offset + seg.length <= l.dim,
+               "shard segment out of range: global {} local {}", shape_str(gshape), shape_str(lshape));
+    for (int64_t o = 0; o < g.outer; ++o) {
+      float* gp = global + (o * g.dim + seg.global_offset) * g.inner;
+      float* lp = local + (o * l.dim + seg.local_offset) * l.inner;
+      const size_t n = static_cast<size_t>(seg.length * g.inner);
+      if constexpr (kToGlobal) std::copy_n(lp, n, gp);
+      else std::copy_n(gp, n, lp);
+    }
+  }
+}
+}  // namespace
+
+void copy_shard_from_global(Tensor& local, const Tensor& global, const TensorShard& shard) {
+  copy_shard<false>(global.data<float>(), global.shape(), local.data<float>(), local.shape(), shard);
+}
+
+void copy_shard_to_global(Tensor& global, const Tensor& local, const TensorShard& shard) {
+  copy_shard<true>(global.data<float>(), global.shape(), local.data<float>(), local.shape(), shard);
+}
+
 void ParamAndGradBuffer::finalize(uint64_t seed, Device device) {
   MCPP_CHECK(!finalized_, "ParamAndGradBuffer finalized twice");
   int64_t total = 0;
@@ -53,7 +95,15 @@ void ParamAndGradBuffer::finalize(uint64_t seed, Device device) {
     const int64_t n = shape_numel(p.spec.shape);
     p.data = param_buffer_.flat_slice(offset, p.spec.shape);
     switch (p.spec.init) {
-      case InitKind::Normal: init_normal(p.data, p.spec.std, seed, p.spec.key); break;
+      case InitKind::Normal:
+        if (p.spec.shard.partitioned()) {
+          Tensor global = Tensor::empty(p.spec.shard.global_shape);
+          init_normal(global, p.spec.std, seed, p.spec.key);
+          copy_shard_from_global(p.data, global, p.spec.shard);
+        } else {
+          init_normal(p.data, p.spec.std, seed, p.spec.key);
+        }
+        break;
       case InitKind::Zeros: break;
       case InitKind::Ones: p.data.fill_(1.0f); break;
     }

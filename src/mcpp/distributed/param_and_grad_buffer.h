@@ -7,8 +7,9 @@
 // these buffers. Gradients ACCUMULATE into main_grad (+=); zero_grad() clears the whole buffer.
 //
 // Initialization is Megatron's (init_method_normal / scaled_init_method_normal, zeros for biases, ones
-// for norm weights) drawn from a Philox stream keyed by (seed, xxh3(key)), so a parameter's initial value
-// depends only on its key and the seed — not on registration order or, later, on the parallel layout.
+// for norm weights) drawn from a Philox stream keyed by (seed, xxh3(key)) over the LOGICAL tensor, then
+// sliced to this rank's shard: a parameter's initial value depends only on its key and the seed — not
+// on registration order or the parallel layout (Megatron's --use-cpu-initialization semantics).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,12 +22,36 @@ namespace mcpp {
 
 enum class InitKind { Normal, Zeros, Ones };
 
+// Where a parameter's local tensor sits in its logical (layout-independent) tensor. Along
+// partition_dim, local slices [local_offset, +length) are global slices [global_offset, +length).
+// One segment for column/row/vocab-parallel weights; two for the SwiGLU fc1 (gate and up halves
+// interleaved per TP rank). partition_dim < 0: the parameter is whole on this rank (replicated over TP).
+struct ShardSegment {
+  int64_t global_offset = 0;
+  int64_t local_offset = 0;
+  int64_t length = 0;
+};
+struct TensorShard {
+  int partition_dim = -1;
+  Shape global_shape;  // empty when not partitioned (= the local shape)
+  std::vector<ShardSegment> segments;
+  bool partitioned() const { return partition_dim >= 0; }
+};
+// Copy between a local shard and its logical tensor (CPU, float32).
+void copy_shard_from_global(Tensor& local, const Tensor& global, const TensorShard& shard);
+void copy_shard_to_global(Tensor& global, const Tensor& local, const TensorShard& shard);
+
 struct ParamSpec {
   std::string key;  // e.g. "decoder.layers.0.mlp.linear_fc1.weight"
   Shape shape;
   InitKind init = InitKind::Normal;
   float std = 0.02f;            // for InitKind::Normal
   bool no_weight_decay = false;  // biases and norm weights (Megatron's no_wd params)
+  TensorShard shard;             // tensor-parallel partition (Megatron's tensor_model_parallel attrs)
+  // Replicated over TP but applied to sequence-parallel shards: its gradient is a partial sum that
+  // finalize_model_grads all-reduces over TP (Megatron's param.sequence_parallel).
+  bool sequence_parallel = false;
+  Shape global_shape() const { return shard.partitioned() ? shard.global_shape : shape; }
 };
 
 struct Parameter {

@@ -36,6 +36,9 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
 void add(Tensor& out, const Tensor& a, const Tensor& b, Stream s) { MCPP_DISPATCH(add, ({&out, &a, &b}), out, a, b, s); }
 void add_inplace(Tensor& y, const Tensor& x, Stream s) { MCPP_DISPATCH(add_inplace, ({&y, &x}), y, x, s); }
 void scale_inplace(Tensor& y, float alpha, Stream s) { MCPP_DISPATCH(scale_inplace, ({&y}), y, alpha, s); }
+void bias_add_inplace(Tensor& y, const Tensor& bias, Stream s) {
+  MCPP_DISPATCH(bias_add_inplace, ({&y, &bias}), y, bias, s);
+}
 void cast(Tensor& out, const Tensor& in, Stream s) { MCPP_DISPATCH(cast, ({&out, &in}), out, in, s); }
 void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& table, int64_t vocab_start, Stream s) {
   MCPP_DISPATCH(embedding_fwd, ({&out, &ids, &table}), out, ids, table, vocab_start, s);
@@ -109,6 +112,17 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
 }
 double sum_of_squares(const Tensor& x, Stream s) { MCPP_DISPATCH(sum_of_squares, ({&x}), x, s); }
 bool has_non_finite(const Tensor& x, Stream s) { MCPP_DISPATCH(has_non_finite, ({&x}), x, s); }
+
+void vocab_parallel_ce_partials(Tensor& row_max, Tensor& sum_exp, Tensor& target_logit, const Tensor& logits,
+                                const Tensor& targets, int64_t vocab_start, Stream s) {
+  MCPP_DISPATCH(vocab_parallel_ce_partials, ({&row_max, &sum_exp, &target_logit, &logits, &targets}), row_max, sum_exp,
+                target_logit, logits, targets, vocab_start, s);
+}
+void vocab_parallel_ce_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logits, const Tensor& targets,
+                           const Tensor& lse, int64_t vocab_start, Stream s) {
+  MCPP_DISPATCH(vocab_parallel_ce_bwd, ({&dlogits, &dloss, &logits, &targets, &lse}), dlogits, dloss, logits, targets,
+                lse, vocab_start, s);
+}
 
 #undef MCPP_DISPATCH
 }  // namespace mcpp::ops

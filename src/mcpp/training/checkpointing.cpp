@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
 #include "mcpp/optimizer/adam.h"
@@ -72,7 +73,7 @@ std::string save_training_checkpoint(const std::string& save_dir, const Config& 
             {"consumed_valid_samples", state.consumed_valid_samples},
             {"optimizer", opt_meta},
             {"opt_param_scheduler", state.scheduler},
-            {"rng", {{"dropout", {{"seed", state.dropout_rng.seed}, {"offset", state.dropout_rng.offset}}}}}};
+            {"rng", state.rng.state()}};
   return dc::save_checkpoint(save_dir, c);
 }
 
@@ -84,7 +85,7 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
   check_fingerprint(meta, config, reader.dir(), opt.override_config_check);
   read_model(reader, model);
   if (opt.finetune) {
-    state = TrainerState{.dropout_rng = state.dropout_rng};
+    state = TrainerState{.rng = state.rng};
     return true;
   }
   state.iteration = meta.at("iteration").get<int64_t>();
@@ -92,8 +93,7 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
   state.consumed_valid_samples = meta.value("consumed_valid_samples", int64_t{0});
   state.scheduler = meta.value("opt_param_scheduler", nlohmann::json::object());
   if (opt.load_rng) {
-    const auto& r = meta.at("rng").at("dropout");
-    state.dropout_rng = {r.at("seed").get<uint64_t>(), r.at("offset").get<uint64_t>()};
+    state.rng.load_state(meta.at("rng"));
   }
   if (optimizer && opt.load_optimizer) {
     if (meta.at("optimizer").is_null())
@@ -120,7 +120,8 @@ LoadedModel load_model_for_inference(const std::string& load_dir) {
   lm.config.model.attention_dropout = 0.0f;
   lm.config.model.validate();
   lm.iteration = reader.iteration();
-  lm.model = std::make_unique<GPTModel>(lm.config.model, static_cast<uint64_t>(lm.config.training.seed));
+  lm.model = std::make_unique<GPTModel>(lm.config.model, static_cast<uint64_t>(lm.config.training.seed),
+                                        tensor_parallel::TPContext{comm::make_local_world(), false});
   read_model(reader, *lm.model);
   return lm;
 }

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mcpp/core/rng.h"
+#include "mcpp/tensor_parallel/random.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -25,7 +25,7 @@ struct TrainerState {
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
-  RngState dropout_rng;
+  tensor_parallel::RngTracker rng;  // dropout streams (default + model-parallel)
   nlohmann::json scheduler = nlohmann::json::object();
 };
 

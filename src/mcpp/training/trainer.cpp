@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/clip_grads.h"
@@ -39,7 +40,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token) : config_(config) {
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;
     valid_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 1, eval_samples, eod_token));
   }
-  model_ = std::make_unique<GPTModel>(config_.model, static_cast<uint64_t>(t.seed));
+  model_ = std::make_unique<GPTModel>(config_.model, static_cast<uint64_t>(t.seed),
+                                      tensor_parallel::TPContext{comm::make_local_world(), false});
   std::vector<AdamParam> adam_params;
   for (const auto& p : model_->params().params())
     adam_params.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
@@ -47,7 +49,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token) : config_(config) {
   optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
   // Dropout stream: seeded by --seed; its offset is part of the checkpoint so a resume replays it.
-  state_.dropout_rng = {static_cast<uint64_t>(t.seed) * 0x9E3779B97F4A7C15ULL + 1, 0};
+  state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), model_->tp().rank(), /*pp_rank=*/0);
 
   if (!t.load.empty()) {
     LoadOptions lo{.load_optimizer = !t.no_load_optim && !t.finetune,
@@ -93,7 +95,7 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
     Batch batch = next_batch(*train_cursor_);
     GPTModelCtx ctx;
     LossResult r = model_->forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask,
-                                        {.training = true, .rng = &state_.dropout_rng});
+                                        {.training = true, .rng = &state_.rng});
     model_->backward(ctx, 1.0f / static_cast<float>(num_micro));  // Megatron: loss / num_microbatches
     loss += r.loss / static_cast<double>(num_micro);
   }

@@ -45,21 +45,27 @@ void merge_qkv(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& d
 }  // namespace
 
 SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
-                             const TransformerLayerSpec& spec)
-    : np_(c.num_attention_heads),
-      ng_(c.num_query_groups),
+                             const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
+    : np_(c.num_attention_heads / tp.size()),
+      ng_(c.num_query_groups / tp.size()),
       hn_(c.kv_channels),
       h_(c.hidden_size),
       linear_qkv_(params, prefix + ".linear_qkv",
-                  {.in_features = c.hidden_size,
-                   .out_features = (c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels,
+                  {.input_size = c.hidden_size,
+                   .output_size = (c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels,
                    .bias = c.add_bias_linear || c.add_qkv_bias,
-                   .init_std = c.init_method_std}),
+                   .init_std = c.init_method_std,
+                   .sequence_parallel = tp.sequence_parallel},
+                  tp.group),
       linear_proj_(params, prefix + ".linear_proj",
-                   {.in_features = c.num_attention_heads * c.kv_channels,
-                    .out_features = c.hidden_size,
+                   {.input_size = c.num_attention_heads * c.kv_channels,
+                    .output_size = c.hidden_size,
                     .bias = c.add_bias_linear,
-                    .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers))}) {
+                    .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
+                    .sequence_parallel = tp.sequence_parallel},
+                   tp.group) {
+  MCPP_CHECK(c.num_query_groups % tp.size() == 0, "num_query_groups {} not divisible by tp={}", c.num_query_groups,
+             tp.size());
   core_ = spec.make_core_attention({.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hn_)),
                                     .attention_dropout = c.attention_dropout,
                                     .causal = true});
@@ -67,8 +73,8 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
 
 Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,
                               const ForwardOptions& opt) const {
-  const int64_t s = x.size(0), b = x.size(1);
-  Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s, b, ng*(np/ng+2)*hn]
+  Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s, b, ng/tp*(np/ng+2)*hn]
+  const int64_t s = qkv.size(0), b = qkv.size(1);
   Tensor q = Tensor::empty({s, b, np_, hn_}), k = Tensor::empty({s, b, ng_, hn_}), v = Tensor::empty({s, b, ng_, hn_});
   split_qkv(q, k, v, qkv, np_, ng_, hn_);
   if (rope) {
@@ -80,8 +86,9 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
 }
 
 Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope) const {
-  const int64_t s = dy.size(0), b = dy.size(1);
-  Tensor dcontext = linear_proj_.backward(ctx.proj, dy).view({s, b, np_, hn_});
+  Tensor dcontext = linear_proj_.backward(ctx.proj, dy);  // [s, b, np/tp*hn]
+  const int64_t s = dcontext.size(0), b = dcontext.size(1);
+  dcontext = dcontext.view({s, b, np_, hn_});
   CoreAttentionGrads g = core_->backward(ctx.core, dcontext);
   if (rope) {
     ops::rope_bwd(g.dq, g.dq, rope->cos, rope->sin);

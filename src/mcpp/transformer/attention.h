@@ -1,8 +1,10 @@
-// SelfAttention (Megatron-Core transformer/attention.py, local spec):
-//   x [s, b, h] -> linear_qkv -> [s, b, ng, (np/ng + 2) * hn]   (fused QKV, rows grouped per query group:
-//   for each group g: its np/ng query heads, then its key head, then its value head — Megatron's layout)
-//   -> split q [s, b, np, hn], k/v [s, b, ng, hn] -> RoPE on q, k (rope configs) -> core attention
-//   -> context [s, b, np*hn] -> linear_proj (output projection, init scaled by 1/sqrt(2L)) -> [s, b, h].
+// SelfAttention (Megatron-Core transformer/attention.py, local spec), tensor parallel over heads:
+//   x [s(/tp with SP), b, h] -> linear_qkv (ColumnParallel) -> [s, b, ng/tp, (np/ng + 2) * hn]
+//   (fused QKV, rows grouped per query group: for each group g its np/ng query heads, then its key head,
+//   then its value head — Megatron's layout, so a TP rank's rows are whole groups)
+//   -> split q [s, b, np/tp, hn], k/v [s, b, ng/tp, hn] -> RoPE on q, k (rope configs) -> core attention
+//   (dropout from the model-parallel RNG stream) -> context [s, b, np/tp*hn]
+//   -> linear_proj (RowParallel, init scaled by 1/sqrt(2L); all-reduce or SP reduce-scatter) -> [s(/tp), b, h].
 // Backward mirrors it; parameter grads accumulate into main_grad.
 #pragma once
 #include <memory>
@@ -10,7 +12,8 @@
 #include <string>
 
 #include "mcpp/transformer/dot_product_attention.h"
-#include "mcpp/transformer/linear.h"
+#include "mcpp/tensor_parallel/layers.h"
+#include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/rope.h"
 #include "mcpp/transformer/spec.h"
 #include "mcpp/transformer/transformer_config.h"
@@ -18,23 +21,23 @@
 namespace mcpp {
 
 struct SelfAttentionCtx {
-  LinearCtx qkv;
+  tensor_parallel::ParallelLinearCtx qkv;
   CoreAttentionCtx core;
-  LinearCtx proj;
+  tensor_parallel::ParallelLinearCtx proj;
 };
 
 class SelfAttention {
  public:
   SelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
-                const TransformerLayerSpec& spec);
+                const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
   // rope: tables for the current sequence length (nullptr for learned/none positions).
   Tensor forward(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
   Tensor backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope) const;
 
  private:
-  int64_t np_, ng_, hn_, h_;
-  Linear linear_qkv_;
-  Linear linear_proj_;
+  int64_t np_, ng_, hn_, h_;  // np_ / ng_: heads and groups of this TP rank
+  tensor_parallel::ColumnParallelLinear linear_qkv_;
+  tensor_parallel::RowParallelLinear linear_proj_;
   std::unique_ptr<CoreAttention> core_;
 };
 

@@ -91,7 +91,7 @@ class UnfusedAttention final : public CoreAttention {
     ctx.dropout = dropout_active(fopt, opt_.attention_dropout);
     if (ctx.dropout) {
       MCPP_CHECK(fopt.rng, "attention dropout needs an RNG stream");
-      ctx.dropout_key = fopt.rng->draw(static_cast<uint64_t>(ctx.probs.numel()));
+      ctx.dropout_key = fopt.rng->draw_model_parallel(static_cast<uint64_t>(ctx.probs.numel()));  // local heads
       probs = Tensor::empty(ctx.probs.shape());
       ops::dropout_fwd(probs, ctx.probs, opt_.attention_dropout, ctx.dropout_key);
     }

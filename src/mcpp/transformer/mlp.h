@@ -1,31 +1,35 @@
-// MLP (Megatron-Core transformer/mlp.py): x [s, b, h] -> linear_fc1 -> [s, b, f] (GELU) or [s, b, 2f]
-// (SwiGLU: rows [gate; up]) -> activation -> [s, b, f] -> linear_fc2 (init scaled by 1/sqrt(2L))
-// -> [s, b, h]. Backward mirrors it; parameter grads accumulate into main_grad.
+// MLP (Megatron-Core transformer/mlp.py), tensor parallel over the FFN dim:
+//   x [s(/tp), b, h] -> linear_fc1 (ColumnParallel) -> [s, b, f/tp] (GELU) or [s, b, 2f/tp] (SwiGLU: the
+//   logical rows [gate; up] interleaved per TP rank so each rank holds [gate_r; up_r]) -> activation
+//   -> [s, b, f/tp] -> linear_fc2 (RowParallel, init scaled by 1/sqrt(2L)) -> [s(/tp), b, h].
+// Backward mirrors it; parameter grads accumulate into main_grad.
 #pragma once
 #include <string>
 
-#include "mcpp/transformer/linear.h"
+#include "mcpp/tensor_parallel/layers.h"
+#include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp {
 
 struct MLPCtx {
-  LinearCtx fc1;
-  Tensor pre_act;  // [n, f] or [n, 2f]
-  LinearCtx fc2;
+  tensor_parallel::ParallelLinearCtx fc1;
+  Tensor pre_act;  // [n, f/tp] or [n, 2f/tp]
+  tensor_parallel::ParallelLinearCtx fc2;
 };
 
 class MLP {
  public:
-  MLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config);
+  MLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
+      const tensor_parallel::TPContext& tp);
   Tensor forward(MLPCtx& ctx, const Tensor& x) const;
   Tensor backward(MLPCtx& ctx, const Tensor& dy) const;
 
  private:
   bool swiglu_;
-  int64_t ffn_;
-  Linear linear_fc1_;
-  Linear linear_fc2_;
+  int64_t ffn_;  // per TP rank
+  tensor_parallel::ColumnParallelLinear linear_fc1_;
+  tensor_parallel::RowParallelLinear linear_fc2_;
 };
 
 }  // namespace mcpp

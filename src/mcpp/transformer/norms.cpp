@@ -4,11 +4,14 @@
 
 namespace mcpp {
 
-Norm::Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps)
+Norm::Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps,
+           bool sequence_parallel)
     : hidden_(hidden), kind_(kind), eps_(eps) {
-  weight_ = params.add({.key = prefix + ".weight", .shape = {hidden}, .init = InitKind::Ones, .no_weight_decay = true});
+  weight_ = params.add({.key = prefix + ".weight", .shape = {hidden}, .init = InitKind::Ones, .no_weight_decay = true,
+                        .sequence_parallel = sequence_parallel});
   if (kind == Normalization::LayerNorm)
-    bias_ = params.add({.key = prefix + ".bias", .shape = {hidden}, .init = InitKind::Zeros, .no_weight_decay = true});
+    bias_ = params.add({.key = prefix + ".bias", .shape = {hidden}, .init = InitKind::Zeros, .no_weight_decay = true,
+                        .sequence_parallel = sequence_parallel});
 }
 
 Tensor Norm::forward(NormCtx& ctx, const Tensor& x) const {

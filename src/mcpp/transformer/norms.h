@@ -1,5 +1,7 @@
 // LayerNorm / RMSNorm over the hidden dim (Megatron's FusedLayerNorm / RMSNorm).
 // Params: <prefix>.weight [h] (ones) and, for LayerNorm, <prefix>.bias [h] (zeros); no weight decay.
+// With sequence parallelism the norm runs on [s/tp, b, h] shards: its params are marked
+// sequence_parallel and finalize_model_grads all-reduces their (partial) grads over TP.
 // Backward: dweight/dbias ACCUMULATE into main_grad; dx returned.
 #pragma once
 #include <string>
@@ -18,7 +20,8 @@ struct NormCtx {
 
 class Norm {
  public:
-  Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps);
+  Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps,
+       bool sequence_parallel);
   Tensor forward(NormCtx& ctx, const Tensor& x) const;  // x [..., h] -> [..., h]
   Tensor backward(NormCtx& ctx, const Tensor& dy) const;
 

@@ -8,12 +8,15 @@
 namespace mcpp {
 
 TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
-                                   const TransformerLayerSpec& spec)
+                                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
     : hidden_dropout_(c.hidden_dropout),
-      input_layernorm_(params, prefix + ".input_layernorm", c.hidden_size, c.normalization, c.norm_epsilon),
-      self_attention_(params, prefix + ".self_attention", c, spec),
-      pre_mlp_layernorm_(params, prefix + ".pre_mlp_layernorm", c.hidden_size, c.normalization, c.norm_epsilon),
-      mlp_(params, prefix + ".mlp", c) {}
+      sequence_parallel_(tp.sequence_parallel),
+      input_layernorm_(params, prefix + ".input_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
+                       tp.sequence_parallel),
+      self_attention_(params, prefix + ".self_attention", c, spec, tp),
+      pre_mlp_layernorm_(params, prefix + ".pre_mlp_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
+                         tp.sequence_parallel),
+      mlp_(params, prefix + ".mlp", c, tp) {}
 
 Tensor TransformerLayer::forward(TransformerLayerCtx& ctx, const Tensor& x, const RopeTables* rope,
                                  const ForwardOptions& opt) const {
@@ -22,7 +25,7 @@ Tensor TransformerLayer::forward(TransformerLayerCtx& ctx, const Tensor& x, cons
   Tensor ln1 = input_layernorm_.forward(ctx.input_layernorm, x);
   Tensor attn = self_attention_.forward(ctx.self_attention, ln1, rope, opt);  // [s, b, h]
   if (ctx.dropout) {
-    ctx.attn_dropout_key = opt.rng->draw(static_cast<uint64_t>(attn.numel()));
+    ctx.attn_dropout_key = opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_);
     ops::dropout_fwd(attn, attn, hidden_dropout_, ctx.attn_dropout_key);
   }
   Tensor x1 = Tensor::empty(x.shape(), DType::F32, x.device());
@@ -30,7 +33,7 @@ Tensor TransformerLayer::forward(TransformerLayerCtx& ctx, const Tensor& x, cons
   Tensor ln2 = pre_mlp_layernorm_.forward(ctx.pre_mlp_layernorm, x1);
   Tensor mlp = mlp_.forward(ctx.mlp, ln2);
   if (ctx.dropout) {
-    ctx.mlp_dropout_key = opt.rng->draw(static_cast<uint64_t>(mlp.numel()));
+    ctx.mlp_dropout_key = opt.rng->draw(static_cast<uint64_t>(mlp.numel()), sequence_parallel_);
     ops::dropout_fwd(mlp, mlp, hidden_dropout_, ctx.mlp_dropout_key);
   }
   ops::add_inplace(mlp, x1);  // residual: y = x1 + mlp
@@ -58,13 +61,14 @@ Tensor TransformerLayer::backward(TransformerLayerCtx& ctx, const Tensor& dy, co
 }
 
 TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, const TransformerConfig& c,
-                                   const TransformerLayerSpec& spec, int64_t first_layer, int64_t num_layers,
-                                   bool post_process) {
+                                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp,
+                                   int64_t first_layer, int64_t num_layers, bool post_process) {
   for (int64_t i = 0; i < num_layers; ++i)
-    layers_.push_back(std::make_unique<TransformerLayer>(params, fmt::format("decoder.layers.{}", first_layer + i), c, spec));
+    layers_.push_back(
+        std::make_unique<TransformerLayer>(params, fmt::format("decoder.layers.{}", first_layer + i), c, spec, tp));
   if (post_process)
     final_layernorm_ = std::make_unique<Norm>(params, "decoder.final_layernorm", c.hidden_size, c.normalization,
-                                              c.norm_epsilon);
+                                              c.norm_epsilon, tp.sequence_parallel);
 }
 
 Tensor TransformerBlock::forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope,

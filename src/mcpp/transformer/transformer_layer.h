@@ -1,7 +1,9 @@
 // TransformerLayer (pre-norm, Megatron-Core transformer_layer.py):
 //   x1 = x  + dropout(self_attention(input_layernorm(x)))      (bias-dropout-add, hidden_dropout)
 //   y  = x1 + dropout(mlp(pre_mlp_layernorm(x1)))
-// In/out [s, b, h]. Backward returns dx; parameter grads accumulate into main_grad.
+// In/out [s, b, h], or [s/tp, b, h] shards with sequence parallelism (norms, dropout and residuals run on
+// the shard; hidden dropout then draws from the model-parallel RNG stream, else from the default one).
+// Backward returns dx; parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 #pragma once
 #include <memory>
@@ -27,12 +29,13 @@ struct TransformerLayerCtx {
 class TransformerLayer {
  public:
   TransformerLayer(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
-                   const TransformerLayerSpec& spec);
+                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
   Tensor forward(TransformerLayerCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
   Tensor backward(TransformerLayerCtx& ctx, const Tensor& dy, const RopeTables* rope) const;
 
  private:
   float hidden_dropout_;
+  bool sequence_parallel_;
   Norm input_layernorm_;
   SelfAttention self_attention_;
   Norm pre_mlp_layernorm_;
@@ -49,7 +52,7 @@ class TransformerBlock {
   // Builds layers [first_layer, first_layer + num_layers) named decoder.layers.<global index>; the final
   // norm only when post_process (the last pipeline stage holds it).
   TransformerBlock(ParamAndGradBuffer& params, const TransformerConfig& config, const TransformerLayerSpec& spec,
-                   int64_t first_layer, int64_t num_layers, bool post_process);
+                   const tensor_parallel::TPContext& tp, int64_t first_layer, int64_t num_layers, bool post_process);
   Tensor forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
   Tensor backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope) const;
 

@@ -3,6 +3,7 @@
 //   add:           out = a + b           (fp32; out may alias a or b)
 //   add_inplace:   y += x                (fp32; y and x same numel)
 //   scale_inplace: y *= alpha            (fp32)
+//   bias_add_inplace: y[n, m] += bias[m] (fp32; every row)
 //   cast:          out = in converted    (any of f32 / bf16 / f16 to any; bf16 and f16 rounding is
 //                                         round-to-nearest-even via core/dtype.h; same dtype copies)
 // No output accumulates beyond what the name says. Parallel over elements (OpenMP) above 64K elements;
@@ -50,6 +51,20 @@ void scale_inplace(Tensor& y, float alpha, Stream) {
   const int64_t n = y.numel();
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) py[i] *= alpha;
+}
+
+void bias_add_inplace(Tensor& y, const Tensor& bias, Stream) {
+  require_cpu_f32("bias_add_inplace", "y", y);
+  require_cpu_f32("bias_add_inplace", "bias", bias);
+  const int64_t m = bias.numel();
+  MCPP_CHECK(m > 0 && y.size(-1) == m, "bias_add_inplace: bias {} does not match the last dim of y {}", bias.str(),
+             y.str());
+  const int64_t n = y.numel() / m;
+  float* py = y.data<float>();
+  const float* pb = bias.data<float>();
+#pragma omp parallel for schedule(static) if (n * m > kParallelMin)
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < m; ++j) py[r * m + j] += pb[j];
 }
 
 void cast(Tensor& out, const Tensor& in, Stream) {

@@ -3,6 +3,7 @@
 //   add:           out = a + b      (out may alias a or b)
 //   add_inplace:   y += x
 //   scale_inplace: y *= alpha
+//   bias_add_inplace: y[n, m] += bias[m]
 //   cast:          out = in converted between f32 / bf16 / f16 (round to nearest even, as core/dtype.h);
 //                  the same dtype is a device copy.
 // Outputs overwritten as named; asynchronous on stream_of(stream).
@@ -30,6 +31,14 @@ void add_inplace(Tensor& y, const Tensor& x, Stream stream) {
 void scale_inplace(Tensor& y, float alpha, Stream stream) {
   const FOut fy = fout_of("scale_inplace", "y", y);
   launch_axpby_inplace(fy, FIn{fy.p, fy.kind}, alpha, 0.0f, y.numel(), stream_of(stream));
+}
+
+void bias_add_inplace(Tensor& y, const Tensor& bias, Stream stream) {
+  const FOut fy = fout_of("bias_add_inplace", "y", y);
+  const int64_t m = bias.numel();
+  MCPP_CHECK(m > 0 && y.numel() % m == 0 && y.size(-1) == m, "bias_add_inplace: bias {} does not match y {}",
+             bias.str(), y.str());
+  launch_bias_add_inplace(fy, fin_of("bias_add_inplace", "bias", bias), y.numel() / m, m, stream_of(stream));
 }
 
 void cast(Tensor& out, const Tensor& in, Stream stream) {

@@ -42,6 +42,14 @@ __global__ void column_sum_acc_kernel(float* db, FIn dy, int64_t n, int64_t out)
 }
 }  // namespace
 
+__global__ void bias_add_kernel(FOut y, FIn bias, int64_t n, int64_t m) {
+  MCPP_GRID_STRIDE(i, n * m) { y.set(i, y.get(i) + bias[i % m]); }
+}
+void launch_bias_add_inplace(FOut y, FIn bias, int64_t n, int64_t m, cudaStream_t s) {
+  if (n * m <= 0) return;
+  bias_add_kernel<<<grid_for(n * m, kThreads), kThreads, 0, s>>>(y, bias, n, m);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
 void launch_add(FOut out, FIn a, FIn b, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   add_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, a, b, n);

@@ -52,6 +52,7 @@ void check_runtime(cudaError_t e, const char* expr, const char* file, int line);
 
 // ---- elementwise_kernels.cu
 void launch_add(FOut out, FIn a, FIn b, int64_t n, cudaStream_t s);
+void launch_bias_add_inplace(FOut y, FIn bias, int64_t n, int64_t m, cudaStream_t s);  // y[n, m] += bias[m]
 void launch_axpby_inplace(FOut y, FIn x, float alpha, float beta, int64_t n, cudaStream_t s);  // y = a y + b x
 void launch_cast(FOut out, FIn in, int64_t n, cudaStream_t s);
 // db[out] += sum over n rows of dy[n, out]
@@ -89,6 +90,12 @@ void launch_cross_entropy_fwd(float* loss, float* lse, FIn logits, const int32_t
                               cudaStream_t s);
 void launch_cross_entropy_bwd(FOut dlogits, const float* dloss, FIn logits, const int32_t* targets, const float* lse,
                               int64_t n, int64_t v, cudaStream_t s);
+// ---- vocab_parallel_ce_kernels.cu
+void launch_vocab_parallel_ce_partials(float* row_max, float* sum_exp, float* target_logit, FIn logits,
+                                       const int32_t* targets, int64_t n, int64_t v, int64_t vocab_start,
+                                       cudaStream_t s);
+void launch_vocab_parallel_ce_bwd(FOut dlogits, const float* dloss, FIn logits, const int32_t* targets,
+                                  const float* lse, int64_t n, int64_t v, int64_t vocab_start, cudaStream_t s);
 
 // ---- attention_kernels.cu: q[s,b,nq,d], k/v[s,b,ng,d], o[s,b,nq,d], lse[b,nq,s]; d in {64, 128}
 struct AttnShape {

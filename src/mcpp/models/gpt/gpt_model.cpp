@@ -4,26 +4,36 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/tensor_parallel/mappings.h"
+#include "mcpp/tensor_parallel/vocab_parallel.h"
 #include "mcpp/transformer/spec.h"
 
 namespace mcpp {
 
-GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, Device device) : config_(c), device_(device) {
+namespace tp = tensor_parallel;
+
+GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContext& tpc, Device device)
+    : config_(c), tp_(tpc), device_(device) {
   MCPP_CHECK(c.padded_vocab_size > 0, "GPTModel: padded_vocab_size is not set (tokenizer not applied to config)");
   const TransformerLayerSpec spec = get_gpt_layer_local_spec(c);
-  word_embeddings_ = params_.add({.key = "embedding.word_embeddings.weight",
-                                  .shape = {c.padded_vocab_size, c.hidden_size},
-                                  .std = c.init_method_std});
+  tp::VocabParallelEmbedding word(params_, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size,
+                                  c.init_method_std, tp_.group);
+  word_embeddings_ = word.weight();
+  vocab_local_ = word_embeddings_->spec.shape[0];
+  vocab_start_ = word.vocab_start();
   if (c.position_embedding_type == PositionEmbedding::LearnedAbsolute)
     position_embeddings_ = params_.add({.key = "embedding.position_embeddings.weight",
                                         .shape = {c.max_position_embeddings, c.hidden_size},
                                         .std = c.init_method_std});
-  decoder_ = std::make_unique<TransformerBlock>(params_, c, spec, 0, c.num_layers, /*post_process=*/true);
+  decoder_ = std::make_unique<TransformerBlock>(params_, c, spec, tp_, 0, c.num_layers, /*post_process=*/true);
+  const tp::ParallelLinearOptions out_opt{.input_size = c.hidden_size,
+                                          .output_size = c.padded_vocab_size,
+                                          .bias = false,
+                                          .init_std = c.init_method_std,
+                                          .sequence_parallel = tp_.sequence_parallel};
   output_layer_ = c.untie_embeddings_and_output_weights
-                      ? params_.add({.key = "output_layer.weight",
-                                     .shape = {c.padded_vocab_size, c.hidden_size},
-                                     .std = c.init_method_std})
-                      : word_embeddings_;
+                      ? std::make_unique<tp::ColumnParallelLinear>(params_, "output_layer", out_opt, tp_.group)
+                      : std::make_unique<tp::ColumnParallelLinear>(word_embeddings_, out_opt, tp_.group);
   params_.finalize(seed, device);
   if (c.position_embedding_type == PositionEmbedding::Rope) {
     const auto rot = static_cast<int64_t>(std::lround(static_cast<double>(c.kv_channels) * c.rotary_percent));
@@ -43,7 +53,8 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
   ctx.tokens = tokens;
   Tensor ids = tokens.view({s * b});
   Tensor x = Tensor::empty({s * b, h}, DType::F32, device_);  // [s*b, h]
-  ops::embedding_fwd(x, ids, word_embeddings_->data, 0);
+  ops::embedding_fwd(x, ids, word_embeddings_->data, vocab_start_);
+  tp::all_reduce_tp(*tp_.group, x);  // VocabParallelEmbedding: reduce_from_tp
   if (position_embeddings_) {
     MCPP_CHECK(s <= config_.max_position_embeddings, "sequence length {} exceeds max_position_embeddings {}", s,
                config_.max_position_embeddings);
@@ -54,33 +65,54 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
     ops::embedding_fwd(pe, ctx.position_ids, position_embeddings_->data, 0);
     ops::add_inplace(x, pe);
   }
+  Tensor out = x.view({s, b, h});
+  if (tp_.sequence_parallel) out = tp::split_sp(*tp_.group, out).clone();  // scatter_to_sp: [s/tp, b, h]
   ctx.embedding_dropout = dropout_active(opt, config_.hidden_dropout);
   if (ctx.embedding_dropout) {
     MCPP_CHECK(opt.rng, "embedding dropout needs an RNG stream");
-    ctx.embedding_dropout_key = opt.rng->draw(static_cast<uint64_t>(x.numel()));
-    ops::dropout_fwd(x, x, config_.hidden_dropout, ctx.embedding_dropout_key);
+    ctx.embedding_dropout_key = opt.rng->draw(static_cast<uint64_t>(out.numel()), tp_.sequence_parallel);
+    ops::dropout_fwd(out, out, config_.hidden_dropout, ctx.embedding_dropout_key);
   }
-  return x.view({s, b, h});
+  return out;
 }
 
 void GPTModel::embed_backward(GPTModelCtx& ctx, const Tensor& dx_in) {
+  Tensor dx = dx_in;
+  if (ctx.embedding_dropout) {
+    dx = dx_in.clone();
+    ops::dropout_bwd(dx, dx, config_.hidden_dropout, ctx.embedding_dropout_key);
+  }
+  if (tp_.sequence_parallel) dx = tp::all_gather_sp(*tp_.group, dx);  // scatter_to_sp backward: [s, b, h]
   const int64_t n = ctx.tokens.numel();
-  Tensor dx = dx_in.view({n, config_.hidden_size});
-  if (ctx.embedding_dropout) ops::dropout_bwd(dx, dx, config_.hidden_dropout, ctx.embedding_dropout_key);
-  ops::embedding_bwd(word_embeddings_->main_grad, ctx.tokens.view({n}), dx, 0);
-  if (position_embeddings_) ops::embedding_bwd(position_embeddings_->main_grad, ctx.position_ids, dx, 0);
+  Tensor d2 = dx.view({n, config_.hidden_size});
+  // reduce_from_tp backward is the identity: every TP rank holds the full gradient.
+  ops::embedding_bwd(word_embeddings_->main_grad, ctx.tokens.view({n}), d2, vocab_start_);
+  if (position_embeddings_) ops::embedding_bwd(position_embeddings_->main_grad, ctx.position_ids, d2, 0);
 }
 
 Tensor GPTModel::forward_logits(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt) {
   MCPP_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "tokens must be int32 [s, b], got {}", tokens.str());
-  const int64_t s = tokens.size(0), b = tokens.size(1);
+  const int64_t s = tokens.size(0);
   Tensor x = embed(ctx, tokens, opt);
   ctx.rope = rope_for(s);
-  Tensor h = decoder_->forward(ctx.decoder, x, has_rope_ ? &ctx.rope : nullptr, opt);  // [s, b, h]
-  ctx.final_hidden = h.view({s * b, config_.hidden_size});
-  ctx.logits = Tensor::empty({s * b, config_.padded_vocab_size}, DType::F32, device_);
-  ops::linear_fwd(ctx.logits, ctx.final_hidden, output_layer_->data, nullptr);
+  Tensor h = decoder_->forward(ctx.decoder, x, has_rope_ ? &ctx.rope : nullptr, opt);  // [s(/tp), b, h]
+  Tensor logits = output_layer_->forward(ctx.output, h);                              // [s, b, Vp/tp]
+  ctx.logits = logits.view({-1, vocab_local_});                                       // [s*b, Vp/tp]
   return ctx.logits;
+}
+
+Tensor GPTModel::gather_logits(const Tensor& local) const {
+  if (tp_.size() == 1) return local;
+  // all-gather gives [tp, n, Vp/tp]; interleave into [n, Vp].
+  const int64_t n = local.size(0), t = tp_.size();
+  Tensor all = Tensor::empty({t * n, vocab_local_}, DType::F32, local.device());
+  tp_.group->all_gather(all, local).wait();
+  Tensor host = all.to(Device::CPU), out = Tensor::empty({n, t * vocab_local_});
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(host.data<float>() + (r * n + i) * vocab_local_, vocab_local_,
+                  out.data<float>() + i * t * vocab_local_ + r * vocab_local_);
+  return out.to(local.device());
 }
 
 LossResult GPTModel::forward_loss(GPTModelCtx& ctx, const Tensor& tokens, const Tensor& labels,
@@ -91,7 +123,7 @@ LossResult GPTModel::forward_loss(GPTModelCtx& ctx, const Tensor& tokens, const 
   ctx.loss_mask = loss_mask.view({n});
   Tensor loss = Tensor::empty({n}, DType::F32, device_);
   ctx.lse = Tensor::empty({n}, DType::F32, device_);
-  ops::cross_entropy_fwd(loss, ctx.lse, ctx.logits, ctx.labels);
+  tp::vocab_parallel_cross_entropy_fwd(loss, ctx.lse, ctx.logits, ctx.labels, vocab_start_, *tp_.group);
   Tensor loss_h = loss.to(Device::CPU), mask_h = ctx.loss_mask.to(Device::CPU);
   LossResult r;
   for (int64_t i = 0; i < n; ++i) {
@@ -112,11 +144,9 @@ void GPTModel::backward(GPTModelCtx& ctx, float grad_scale) {
   for (int64_t i = 0; i < n; ++i) dloss.data<float>()[i] *= coef;
   dloss = dloss.to(device_);
   Tensor dlogits = ctx.logits;  // in place: the logits are not needed afterwards
-  ops::cross_entropy_bwd(dlogits, dloss, ctx.logits, ctx.labels, ctx.lse);
-  Tensor dh = Tensor::empty({n, config_.hidden_size}, DType::F32, device_);
-  ops::linear_bwd(&dh, output_layer_->main_grad, nullptr, dlogits, ctx.final_hidden, output_layer_->data);
-  Tensor dx = decoder_->backward(ctx.decoder, dh.view({s, b, config_.hidden_size}),
-                                 has_rope_ ? &ctx.rope : nullptr);
+  tp::vocab_parallel_cross_entropy_bwd(dlogits, dloss, ctx.logits, ctx.labels, ctx.lse, vocab_start_, *tp_.group);
+  Tensor dh = output_layer_->backward(ctx.output, dlogits.view({s, b, vocab_local_}));  // [s(/tp), b, h]
+  Tensor dx = decoder_->backward(ctx.decoder, dh, has_rope_ ? &ctx.rope : nullptr);
   embed_backward(ctx, dx);
   ctx.logits = Tensor();  // consumed
 }

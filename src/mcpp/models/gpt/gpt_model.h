@@ -1,15 +1,20 @@
 // GPTModel (Megatron-Core models/gpt/gpt_model.py): embedding (pre_process) -> TransformerBlock ->
-// output layer + loss (post_process).
-//   tokens [s, b] int32 -> word (+ learned position) embeddings -> dropout -> [s, b, h]
-//   -> decoder -> final norm -> logits [s*b, Vp] = x @ W_out^T  (W_out = word embeddings when tied)
-//   -> cross entropy per token (fp32) -> loss = sum(loss * mask) / sum(mask).
+// output layer + loss (post_process), tensor parallel (TPContext; tp == 1 is the single-rank model).
+//   tokens [s, b] int32 -> VocabParallelEmbedding (rows [V/tp], out-of-slice ids give 0, all-reduce over
+//   TP) (+ learned positions, replicated) -> (SP: keep this rank's [s/tp] rows) -> dropout -> decoder
+//   -> final norm -> output layer (ColumnParallel, weight = word embeddings when tied)
+//   -> logits [s*b, Vp/tp] -> cross entropy per token in fp32 (vocab-parallel over TP: max / sum-exp /
+//   target-logit combined by all-reduces) -> loss = sum(loss * mask) / sum(mask).
 // backward(ctx, grad_scale) back-propagates grad_scale * loss; every parameter gradient ACCUMULATES into
-// the contiguous main-grad buffer (tied embedding: both uses add into the one parameter).
+// the contiguous main-grad buffer (tied embedding: both uses add into the one parameter). Grads of
+// sequence-parallel params are partial until finalize_model_grads all-reduces them over TP.
 // Context per microbatch: GPTModelCtx (caller owns; a schedule may hold several).
 #pragma once
 #include <memory>
 
 #include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/tensor_parallel/layers.h"
+#include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/transformer_config.h"
 #include "mcpp/transformer/transformer_layer.h"
 
@@ -22,11 +27,11 @@ struct GPTModelCtx {
   bool embedding_dropout = false;
   RopeTables rope;        // cos/sin rows for this sequence length (rope configs)
   TransformerBlockCtx decoder;
-  Tensor final_hidden;    // [s*b, h] input of the output layer
-  Tensor logits;          // [s*b, Vp]
+  tensor_parallel::ParallelLinearCtx output;
+  Tensor logits;          // [s*b, Vp/tp]
   Tensor labels;          // [s*b] int32
   Tensor loss_mask;       // [s*b] float32
-  Tensor lse;             // [s*b]
+  Tensor lse;             // [s*b] (global over the vocabulary)
   double num_tokens = 0;  // sum(loss_mask)
 };
 
@@ -38,18 +43,23 @@ struct LossResult {
 
 class GPTModel {
  public:
-  GPTModel(const TransformerConfig& config, uint64_t seed, Device device = Device::CPU);
+  GPTModel(const TransformerConfig& config, uint64_t seed, const tensor_parallel::TPContext& tp,
+           Device device = Device::CPU);
 
-  // Logits [s*b, Vp] (row = is*b + ib) for tokens [s, b].
+  // Logits [s*b, Vp/tp] (row = is*b + ib) for tokens [s, b]: this rank's vocabulary slice.
   Tensor forward_logits(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt);
   // Forward + loss; labels int32 [s, b], loss_mask float32 [s, b].
   LossResult forward_loss(GPTModelCtx& ctx, const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
                           const ForwardOptions& opt);
   // d(grad_scale * loss)/d(params), accumulated into main grads. Needs a forward_loss ctx.
   void backward(GPTModelCtx& ctx, float grad_scale);
+  // The whole vocabulary's logits [s*b, Vp] (all-gathered over TP when tp > 1), for inference tools.
+  Tensor gather_logits(const Tensor& local_logits) const;
 
   ParamAndGradBuffer& params() { return params_; }
   const TransformerConfig& config() const { return config_; }
+  const tensor_parallel::TPContext& tp() const { return tp_; }
+  int64_t vocab_start() const { return vocab_start_; }
 
  private:
   RopeTables rope_for(int64_t s) const;
@@ -57,12 +67,14 @@ class GPTModel {
   void embed_backward(GPTModelCtx& ctx, const Tensor& dx);
 
   TransformerConfig config_;
+  tensor_parallel::TPContext tp_;
   Device device_;
+  int64_t vocab_local_ = 0, vocab_start_ = 0;
   ParamAndGradBuffer params_;
-  Parameter* word_embeddings_ = nullptr;
-  Parameter* position_embeddings_ = nullptr;
-  Parameter* output_layer_ = nullptr;  // == word_embeddings_ when tied
+  Parameter* word_embeddings_ = nullptr;      // [Vp/tp, h]
+  Parameter* position_embeddings_ = nullptr;  // [max_pos, h] replicated
   std::unique_ptr<TransformerBlock> decoder_;
+  std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
   RopeTables rope_;
   bool has_rope_ = false;
 };

@@ -1,0 +1,109 @@
+#include "mcpp/tensor_parallel/layers.h"
+
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+#include "mcpp/tensor_parallel/mappings.h"
+
+namespace mcpp::tensor_parallel {
+
+TensorShard tp_shard(const Shape& global, int dim, int tp_size, int tp_rank, int64_t stride_chunks) {
+  TensorShard sh;
+  if (tp_size == 1) return sh;
+  const int64_t total = global[static_cast<size_t>(dim)];
+  MCPP_CHECK(total % (stride_chunks * tp_size) == 0, "dimension {} of {} is not divisible by {} x tp={}", dim,
+             shape_str(global), stride_chunks, tp_size);
+  const int64_t chunk = total / stride_chunks, part = chunk / tp_size;
+  sh.partition_dim = dim;
+  sh.global_shape = global;
+  for (int64_t c = 0; c < stride_chunks; ++c)
+    sh.segments.push_back({.global_offset = c * chunk + tp_rank * part, .local_offset = c * part, .length = part});
+  return sh;
+}
+
+namespace {
+Tensor rows(const Tensor& t, int64_t last) { return t.view({-1, last}); }
+Shape with_last(Shape s, int64_t last) {
+  s.back() = last;
+  return s;
+}
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,
+                                           const ParallelLinearOptions& opt, comm::CommPtr tp)
+    : tp_(std::move(tp)), opt_(opt) {
+  const int t = tp_->size();
+  MCPP_CHECK(opt.output_size % t == 0, "{}: output size {} not divisible by tp={}", prefix, opt.output_size, t);
+  out_local_ = opt.output_size / t;
+  weight_ = params.add({.key = prefix + ".weight",
+                        .shape = {out_local_, opt.input_size},
+                        .init = InitKind::Normal,
+                        .std = opt.init_std,
+                        .shard = tp_shard({opt.output_size, opt.input_size}, 0, t, tp_->rank(), opt.stride_chunks)});
+  if (opt.bias)
+    bias_ = params.add({.key = prefix + ".bias",
+                        .shape = {out_local_},
+                        .init = InitKind::Zeros,
+                        .no_weight_decay = true,
+                        .shard = tp_shard({opt.output_size}, 0, t, tp_->rank(), opt.stride_chunks)});
+}
+
+ColumnParallelLinear::ColumnParallelLinear(Parameter* shared_weight, const ParallelLinearOptions& opt,
+                                           comm::CommPtr tp)
+    : tp_(std::move(tp)), opt_(opt), out_local_(shared_weight->spec.shape[0]), weight_(shared_weight) {}
+
+Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
+  Tensor full = opt_.sequence_parallel ? all_gather_sp(*tp_, x) : x;  // [s, b, in]  (gather_from_sp | copy_to_tp)
+  ctx.x = rows(full, opt_.input_size);                                 // [s*b, in]
+  Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, DType::F32, x.device());  // [s*b, out/tp]
+  ops::linear_fwd(y, ctx.x, weight_->data, bias_ ? &bias_->data : nullptr);
+  return y.view(with_last(full.shape(), out_local_));
+}
+
+Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
+  Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
+  Tensor dx = Tensor::empty({ctx.x.size(0), opt_.input_size}, DType::F32, dy.device());  // [s*b, in] partial
+  ops::linear_bwd(&dx, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  Tensor dx_full = dx.view(with_last(dy.shape(), opt_.input_size));  // [s, b, in]
+  if (opt_.sequence_parallel) return reduce_scatter_sp(*tp_, dx_full);  // gather_from_sp backward
+  all_reduce_tp(*tp_, dx_full);                                         // copy_to_tp backward
+  return dx_full;
+}
+
+RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,
+                                     const ParallelLinearOptions& opt, comm::CommPtr tp)
+    : tp_(std::move(tp)), opt_(opt) {
+  const int t = tp_->size();
+  MCPP_CHECK(opt.input_size % t == 0, "{}: input size {} not divisible by tp={}", prefix, opt.input_size, t);
+  in_local_ = opt.input_size / t;
+  weight_ = params.add({.key = prefix + ".weight",
+                        .shape = {opt.output_size, in_local_},
+                        .init = InitKind::Normal,
+                        .std = opt.init_std,
+                        .shard = tp_shard({opt.output_size, opt.input_size}, 1, t, tp_->rank())});
+  if (opt.bias)
+    bias_ = params.add({.key = prefix + ".bias", .shape = {opt.output_size}, .init = InitKind::Zeros, .no_weight_decay = true});
+}
+
+Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
+  ctx.x = rows(x, in_local_);                                                        // [s*b, in/tp]
+  Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, DType::F32, x.device());  // [s*b, out] partial
+  ops::linear_fwd(y, ctx.x, weight_->data, nullptr);
+  Tensor out = y.view(with_last(x.shape(), opt_.output_size));  // [s, b, out]
+  if (opt_.sequence_parallel) out = reduce_scatter_sp(*tp_, out);  // [s/tp, b, out]
+  else all_reduce_tp(*tp_, out);                                   // reduce_from_tp
+  if (bias_) {
+    Tensor o2 = rows(out, opt_.output_size);
+    ops::bias_add_inplace(o2, bias_->data);  // bias added after the reduction
+  }
+  return out;
+}
+
+Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
+  Tensor dy_full = opt_.sequence_parallel ? all_gather_sp(*tp_, dy) : dy;  // [s, b, out]
+  Tensor dy2 = rows(dy_full, opt_.output_size);
+  Tensor dx = Tensor::empty({ctx.x.size(0), in_local_}, DType::F32, dy.device());  // [s*b, in/tp]
+  ops::linear_bwd(&dx, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  return dx.view(with_last(dy_full.shape(), in_local_));
+}
+
+}  // namespace mcpp::tensor_parallel

@@ -1,0 +1,76 @@
+// Tensor-parallel layers (Megatron-Core tensor_parallel/layers.py). Weights use Megatron's layout
+// W[out, in]; each registers its parameter with a TensorShard describing its place in the logical
+// tensor, so initialization and checkpoints are layout-independent.
+//
+// ColumnParallelLinear: W split on the output dim, W_r [out/tp, in].
+//   fwd: x [s(/tp), b, in] -> (SP: all-gather on s | else copy_to_tp: identity) -> y [s, b, out/tp] (+ b_r)
+//   bwd: dx = dy W_r (partial) -> (SP: reduce-scatter to [s/tp] | else all-reduce); dW_r, db_r accumulate.
+//   stride_chunks > 1 splits the output dim into that many logical chunks, each partitioned over TP and
+//   kept together locally (SwiGLU fc1: [gate | up], each rank holds [gate_r | up_r]).
+// RowParallelLinear: W split on the input dim, W_r [out, in/tp]; the input is already TP-parallel.
+//   fwd: y_partial = x_r W_r^T -> (SP: reduce-scatter to [s/tp] | else all-reduce) -> + b (replicated,
+//        added after the reduction) -> [s(/tp), b, out]
+//   bwd: dy -> (SP: all-gather to [s]) -> dx_r = dy W_r; dW_r += dy^T x_r; db += sum(dy over all s)
+//        (complete on every rank, so the bias needs no TP grad all-reduce).
+// Parameter grads accumulate into main_grad; activation grads are returned.
+#pragma once
+#include <string>
+
+#include "mcpp/comm/communicator.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
+
+
+namespace mcpp::tensor_parallel {
+
+struct ParallelLinearOptions {
+  int64_t input_size = 0;   // logical (unpartitioned) sizes
+  int64_t output_size = 0;
+  bool bias = true;
+  float init_std = 0.02f;
+  bool sequence_parallel = false;
+  int64_t stride_chunks = 1;  // ColumnParallelLinear only
+};
+
+struct ParallelLinearCtx {
+  Tensor x;  // [n, in_local] input to the GEMM (after the SP all-gather for column parallel)
+};
+
+class ColumnParallelLinear {
+ public:
+  ColumnParallelLinear(ParamAndGradBuffer& params, const std::string& prefix, const ParallelLinearOptions& opt,
+                       comm::CommPtr tp);
+  // Shares an existing weight (tied output layer = word embeddings); no parameters registered.
+  ColumnParallelLinear(Parameter* shared_weight, const ParallelLinearOptions& opt, comm::CommPtr tp);
+  Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;
+  Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy) const;
+  int64_t output_size_per_partition() const { return out_local_; }
+  Parameter* weight() const { return weight_; }
+
+ private:
+  comm::CommPtr tp_;
+  ParallelLinearOptions opt_;
+  int64_t out_local_ = 0;
+  Parameter* weight_ = nullptr;
+  Parameter* bias_ = nullptr;
+};
+
+class RowParallelLinear {
+ public:
+  RowParallelLinear(ParamAndGradBuffer& params, const std::string& prefix, const ParallelLinearOptions& opt,
+                    comm::CommPtr tp);
+  Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;   // x [s, b, in/tp]
+  Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy) const;  // -> dx [s, b, in/tp]
+
+ private:
+  comm::CommPtr tp_;
+  ParallelLinearOptions opt_;
+  int64_t in_local_ = 0;
+  Parameter* weight_ = nullptr;
+  Parameter* bias_ = nullptr;
+};
+
+// The TensorShard of a dim-`dim` split of `global` into tp parts (stride_chunks logical chunks each
+// split separately), for TP rank `rank`.
+TensorShard tp_shard(const Shape& global, int dim, int tp_size, int tp_rank, int64_t stride_chunks = 1);
+
+}  // namespace mcpp::tensor_parallel

@@ -1,0 +1,26 @@
+// Tensor-parallel communication mappings (Megatron-Core tensor_parallel/mappings.py), as named pairs.
+// Activations are [s, b, h] with the sequence on dim 0, so a sequence-parallel shard is a contiguous
+// block of rows and all-gather / reduce-scatter along dim 0 are the flat collectives.
+//   copy_to_tp            fwd identity                       bwd all-reduce over TP    (reduce_from_tp_bwd)
+//   reduce_from_tp        fwd all-reduce over TP             bwd identity
+//   gather_from_sp        fwd all-gather [s/tp] -> [s]       bwd reduce-scatter [s] -> [s/tp]
+//   reduce_scatter_to_sp  fwd reduce-scatter [s] -> [s/tp]   bwd all-gather
+//   scatter_to_sp         fwd keep own chunk [s] -> [s/tp]   bwd all-gather
+// Each function below is one direction of one pair; the caller pairs them in forward and backward.
+// All are blocking (Work waited) on the TP communicator; with tp == 1 they are identities.
+#pragma once
+#include "mcpp/comm/communicator.h"
+#include "mcpp/core/tensor.h"
+
+namespace mcpp::tensor_parallel {
+
+// All-reduce (sum) in place over TP: reduce_from_tp forward, copy_to_tp backward.
+void all_reduce_tp(comm::Communicator& tp, Tensor& x);
+// [s/tp, ...] -> [s, ...]: gather_from_sp forward, reduce_scatter_to_sp / scatter_to_sp backward.
+Tensor all_gather_sp(comm::Communicator& tp, const Tensor& x);
+// [s, ...] -> [s/tp, ...] summed over TP: reduce_scatter_to_sp forward, gather_from_sp backward.
+Tensor reduce_scatter_sp(comm::Communicator& tp, const Tensor& x);
+// [s, ...] -> this rank's [s/tp, ...] rows (a view, no communication): scatter_to_sp forward.
+Tensor split_sp(comm::Communicator& tp, const Tensor& x);
+
+}  // namespace mcpp::tensor_parallel

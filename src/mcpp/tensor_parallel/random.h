@@ -1,0 +1,46 @@
+// Model-parallel RNG tracker (Megatron-Core tensor_parallel/random.py: CudaRNGStatesTracker +
+// model_parallel_cuda_manual_seed), over our counter-based Philox streams (core/rng.h).
+//   default stream:        seed' = seed + 100 * pp_rank          — identical on the ranks of a TP group, so
+//                          dropout on replicated activations is identical where the data is replicated.
+//   model-parallel stream: seed' + 2718 + tp_rank                — differs per TP rank, for dropout on
+//                          TP-sharded data (attention probabilities of local heads; sequence-parallel
+//                          activation shards).
+// A draw of n elements returns a PhiloxKey and advances that stream; the key is saved in the module context
+// so backward and recompute replay the same mask. The state (seed, offset per stream) is checkpointed.
+#pragma once
+#include <cstdint>
+
+#include <nlohmann/json.hpp>
+
+#include "mcpp/core/rng.h"
+
+namespace mcpp::tensor_parallel {
+
+class RngTracker {
+ public:
+  RngTracker() = default;
+  RngTracker(uint64_t seed, int tp_rank, int pp_rank)
+      : default_{seed + 100 * static_cast<uint64_t>(pp_rank), 0},
+        model_parallel_{seed + 100 * static_cast<uint64_t>(pp_rank) + 2718 + static_cast<uint64_t>(tp_rank), 0} {}
+
+  PhiloxKey draw_default(uint64_t n) { return default_.draw(n); }
+  PhiloxKey draw_model_parallel(uint64_t n) { return model_parallel_.draw(n); }
+  // Sharded data (sequence parallel) draws from the model-parallel stream, replicated data from default.
+  PhiloxKey draw(uint64_t n, bool sharded) { return sharded ? draw_model_parallel(n) : draw_default(n); }
+
+  nlohmann::json state() const {
+    return {{"default", {{"seed", default_.seed}, {"offset", default_.offset}}},
+            {"model_parallel", {{"seed", model_parallel_.seed}, {"offset", model_parallel_.offset}}}};
+  }
+  void load_state(const nlohmann::json& j) {
+    default_ = {j.at("default").at("seed").get<uint64_t>(), j.at("default").at("offset").get<uint64_t>()};
+    model_parallel_ = {j.at("model_parallel").at("seed").get<uint64_t>(),
+                       j.at("model_parallel").at("offset").get<uint64_t>()};
+  }
+
+ private:
+  RngState default_;
+  RngState model_parallel_;
+};
+
+}  // namespace mcpp::tensor_parallel
