@@ -1,0 +1,84 @@
+// mcpp plan — launch planning without launching.
+//   mcpp plan ranks --world N [--tp T] [--pp P] [--cp C] [--ep E] [--expert-tp X] [--order tp-cp-ep-dp-pp]
+//     prints the layout line, one table row per rank (coordinates in the dense and expert grids, then the
+//     index of the group it belongs to for every group kind, '-' for none), and every group per kind:
+//       <kind> (<count> x <size>): [r0,r1] [r2,r3] ...
+//     Pure rank arithmetic (parallel_state::ParallelLayout); no MPI. An invalid layout is an
+//     mcpp::Error -> one "error: ..." line, exit 2.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <string>
+#include <vector>
+
+#include "apps/mcpp/command.h"
+#include "mcpp/core/error.h"
+#include "mcpp/parallel_state/parallel_context.h"
+
+namespace {
+
+using mcpp::parallel_state::GroupKind;
+using mcpp::parallel_state::ParallelLayout;
+
+void print_ranks(const ParallelLayout& L) {
+  fmt::print("layout: world {} = tp {} x cp {} x dp {} x pp {} (order {}); expert grid: expert_tp {} x ep {} x "
+             "expert_dp {} x pp {}\n",
+             L.world_size(), L.tp(), L.cp(), L.dp(), L.pp(), L.order(), L.expert_tp(), L.ep(), L.expert_dp(), L.pp());
+  const auto kinds = mcpp::parallel_state::all_group_kinds();
+  std::vector<std::vector<std::vector<int>>> groups;
+  for (GroupKind k : kinds) groups.push_back(L.groups(k));
+  std::string head = fmt::format("{:>5} {:>3} {:>3} {:>3} {:>3} | {:>3} {:>3} {:>3} |", "rank", "tp", "cp", "dp", "pp",
+                                 "etp", "ep", "edp");
+  for (GroupKind k : kinds) head += fmt::format(" {:>9}", mcpp::parallel_state::group_kind_name(k));
+  fmt::print("{}\n", head);
+  for (int r = 0; r < L.world_size(); ++r) {
+    const auto c = L.coordinates(r);
+    std::string row = fmt::format("{:>5} {:>3} {:>3} {:>3} {:>3} | {:>3} {:>3} {:>3} |", r, c.tp, c.cp, c.dp, c.pp,
+                                  c.expert_tp, c.ep, c.expert_dp);
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      int idx = -1;
+      for (size_t g = 0; g < groups[i].size() && idx < 0; ++g)
+        for (int m : groups[i][g])
+          if (m == r) idx = static_cast<int>(g);
+      row += idx < 0 ? fmt::format(" {:>9}", "-") : fmt::format(" {:>9}", idx);
+    }
+    fmt::print("{}\n", row);
+  }
+  fmt::print("groups:\n");
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    std::string line = fmt::format("{} ({} x {}):", mcpp::parallel_state::group_kind_name(kinds[i]), groups[i].size(),
+                                   groups[i].front().size());
+    for (const auto& g : groups[i]) line += fmt::format(" [{}]", fmt::join(g, ","));
+    fmt::print("{}\n", line);
+  }
+}
+
+int run_plan(const std::vector<std::string>& args) {
+  CLI::App app{"mcpp plan: launch planning (rank layouts)", "mcpp plan"};
+  app.require_subcommand(1);
+  CLI::App* ranks = app.add_subcommand("ranks", "each rank's coordinates and groups (Megatron-Core's layout)");
+  int64_t world = 0;
+  mcpp::parallel_state::ParallelOptions opt;
+  ranks->add_option("--world", world, "number of ranks")->required();
+  ranks->add_option("--tp,--tensor-model-parallel-size", opt.tensor_model_parallel_size, "tensor parallel size");
+  ranks->add_option("--pp,--pipeline-model-parallel-size", opt.pipeline_model_parallel_size, "pipeline parallel size");
+  ranks->add_option("--cp,--context-parallel-size", opt.context_parallel_size, "context parallel size");
+  ranks->add_option("--ep,--expert-model-parallel-size", opt.expert_model_parallel_size, "expert parallel size");
+  ranks->add_option("--expert-tp,--expert-tensor-parallel-size", opt.expert_tensor_parallel_size,
+                    "expert tensor parallel size (default: tp)");
+  ranks->add_option("--order", opt.order, "rank order, fastest dimension first")->default_val(opt.order);
+  std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
+  try {
+    app.parse(rev);
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app.help());
+    return 0;
+  }
+  if (*ranks) print_ranks(ParallelLayout::make(world, opt));
+  return 0;
+}
+
+const mcpp::cli::Register reg{"plan", "launch planning: `plan ranks` prints the parallel rank layout", &run_plan};
+
+}  // namespace
