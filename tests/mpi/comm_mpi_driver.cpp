@@ -140,6 +140,26 @@ TEST(CommMpi, ReduceScatterEveryOpAndDtype) {
   }
 }
 
+TEST(CommMpi, InPlaceAllGatherAndReduceScatterOnOneBuffer) {
+  auto w = world();
+  const int n = w->size(), r = w->rank();
+  const int c = 4;
+  // Megatron's distributed optimizer: grads reduce-scattered into this rank's shard of the bucket, then
+  // params all-gathered from the shard back into the bucket - both on the same buffer.
+  std::vector<double> mine(static_cast<size_t>(n * c));
+  for (int k = 0; k < n * c; ++k) mine[static_cast<size_t>(k)] = k + r;
+  Tensor bucket = make(DType::F32, mine);
+  Tensor shard = bucket.flat_slice(static_cast<int64_t>(r) * c, {c});
+  w->reduce_scatter(shard, bucket, ReduceOp::Avg).wait();
+  std::vector<double> want_shard(c);
+  for (int j = 0; j < c; ++j) want_shard[static_cast<size_t>(j)] = (r * c + j) + (n - 1) / 2.0;
+  expect_values(shard, want_shard, "in-place reduce_scatter avg");
+  w->all_gather(bucket, shard).wait();
+  std::vector<double> want(static_cast<size_t>(n * c));
+  for (int k = 0; k < n * c; ++k) want[static_cast<size_t>(k)] = k + (n - 1) / 2.0;
+  expect_values(bucket, want, "in-place all_gather");
+}
+
 TEST(CommMpi, BroadcastFromEveryRoot) {
   auto w = world();
   for (int root = 0; root < w->size(); ++root) {

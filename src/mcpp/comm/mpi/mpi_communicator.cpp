@@ -89,6 +89,11 @@ void divide_by(const Tensor& t, int n) {
   }
 }
 
+bool overlaps(const Tensor& a, const Tensor& b) {
+  auto a0 = reinterpret_cast<uintptr_t>(a.raw()), b0 = reinterpret_cast<uintptr_t>(b.raw());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(std::string name, std::vector<int> global_ranks, int rank,
@@ -157,7 +162,15 @@ Work MpiCommunicator::do_all_gather(Tensor& out, const Tensor& in) {
   int n = fit_int(in.numel(), "all_gather", name(), "in.numel");
   fit_int(out.numel(), "all_gather", name(), "out.numel");
   MPI_Datatype dt = mpi::mpi_datatype(in.dtype());
-  MCPP_MPI_CHECK(MPI_Iallgather(in.raw(), n, dt, out.raw(), n, dt, comm_, w->reqs.data()));
+  // In place (Megatron's param all-gather: `in` is this rank's chunk of `out`): MPI_IN_PLACE.
+  const void* send = in.raw();
+  if (overlaps(in, out)) {
+    if (static_cast<char*>(in.raw()) != static_cast<char*>(out.raw()) + static_cast<size_t>(rank()) * in.nbytes()) {
+      fail("all_gather on group '{}' (rank {}): in overlaps out but is not out's chunk {}", name(), rank(), rank());
+    }
+    send = MPI_IN_PLACE;
+  }
+  MCPP_MPI_CHECK(MPI_Iallgather(send, n, dt, out.raw(), n, dt, comm_, w->reqs.data()));
   return Work(std::move(w));
 }
 
@@ -169,9 +182,19 @@ Work MpiCommunicator::do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp 
   w->keep = {out, in};
   int n = fit_int(out.numel(), "reduce_scatter", name(), "out.numel");
   fit_int(in.numel(), "reduce_scatter", name(), "in.numel");
-  MCPP_MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), n, mpi::mpi_datatype(in.dtype()),
+  // `out` inside `in` (Megatron's grad reduce-scatter into the bucket's own shard) is not allowed by MPI:
+  // reduce into a temporary and copy it over `out` on completion.
+  Tensor dst = overlaps(in, out) ? Tensor::empty(out.shape(), out.dtype()) : out;
+  w->keep.push_back(dst);
+  MCPP_MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), dst.raw(), n, mpi::mpi_datatype(in.dtype()),
                                            mpi::mpi_reduce_op(in.dtype(), op), comm_, w->reqs.data()));
-  if (op == ReduceOp::Avg) w->on_complete = [out, s = size()] { divide_by(out, s); };
+  bool avg = op == ReduceOp::Avg;
+  if (avg || !dst.same_storage(out)) {
+    w->on_complete = [out, dst, avg, s = size()]() mutable {
+      if (!dst.same_storage(out)) out.copy_from(dst);
+      if (avg) divide_by(out, s);
+    };
+  }
   return Work(std::move(w));
 }
 

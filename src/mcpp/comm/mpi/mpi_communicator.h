@@ -13,6 +13,8 @@
 //     MPI_Ialltoallv, MPI_Isend/MPI_Irecv (one batch = one Work over all its requests), MPI_Ibarrier.
 //     The Work keeps the tensors (and the all_to_all count arrays) alive until completion; Avg divides
 //     by size when the Work completes (in the thread that waits / tests).
+//   - In place: all_gather with `in` = this rank's chunk of `out` uses MPI_IN_PLACE; reduce_scatter with
+//     `out` inside `in` (Megatron's bucket shard) reduces into a temporary copied over `out` on completion.
 //   - Element counts and all_to_all displacements must fit MPI's int: larger is an mcpp::Error naming the
 //     op and value. CPU tensors only (mcpp::Error otherwise).
 //   - new_group uses MPI_Comm_create_group over the listed members (group order = list order).
