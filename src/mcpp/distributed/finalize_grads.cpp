@@ -1,0 +1,37 @@
+#include "mcpp/distributed/finalize_grads.h"
+
+#include <cmath>
+
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp {
+
+void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc) {
+  if (pc.tp_size() == 1) return;
+  for (const auto& p : params.params())
+    if (p->spec.sequence_parallel) pc.tp()->all_reduce(p->main_grad, comm::ReduceOp::Sum).wait();
+}
+
+double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc) {
+  double local = 0;
+  for (const auto& p : params.params())
+    if (p->spec.shard.partitioned() || pc.tp_rank() == 0) local += ops::sum_of_squares(p->main_grad);
+  if (pc.mp()->size() > 1) {
+    Tensor t = Tensor::empty({1}, DType::F32);
+    // float64 would be better; the MPI backend reduces float32 tensors (one value, rounding ~1e-7 rel).
+    t.data<float>()[0] = static_cast<float>(local);
+    pc.mp()->all_reduce(t, comm::ReduceOp::Sum).wait();
+    local = t.data<float>()[0];
+  }
+  return std::sqrt(local);
+}
+
+double clip_grads_by_total_norm(ParamAndGradBuffer& params, double total_norm, double max_norm) {
+  if (max_norm <= 0 || !std::isfinite(total_norm)) return 1.0;
+  const double coef = max_norm / (total_norm + 1e-6);
+  if (coef >= 1.0) return 1.0;
+  ops::scale_inplace(params.grad_buffer(), static_cast<float>(coef));
+  return coef;
+}
+
+}  // namespace mcpp

@@ -1,0 +1,24 @@
+// finalize_model_grads (Megatron-Core distributed/finalize_model_grads.py), run after the backward passes
+// of all microbatches and before the optimizer:
+//   1. sequence-parallel params (norm weights/biases applied to [s/tp] shards): all-reduce their partial
+//      grads over TP, so every TP rank holds the full gradient.
+//   (DP gradient reduction is DistributedDataParallel's — distributed/data_parallel.h; the tied-embedding
+//    all-reduce over the embedding group belongs to pipeline parallelism.)
+// model_grad_norm: the global L2 norm of all main grads, each parameter counted once: TP-partitioned params
+// on every TP rank, replicated ones on TP rank 0 only (Megatron's param_is_not_tensor_parallel_duplicate),
+// summed over the model-parallel group (TP x PP).
+#pragma once
+#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/parallel_state/parallel_context.h"
+
+namespace mcpp {
+
+void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc);
+
+double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc);
+
+// Megatron's clip_grad_by_total_norm_fp32 on the whole grad buffer: scale by max_norm / (norm + 1e-6)
+// when that is < 1. Returns the coefficient applied (1 when none).
+double clip_grads_by_total_norm(ParamAndGradBuffer& params, double total_norm, double max_norm);
+
+}  // namespace mcpp
