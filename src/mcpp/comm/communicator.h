@@ -6,7 +6,7 @@
 // Destroying a Work that has not completed waits for it (MPI must not lose a request whose buffers are
 // still in use); the watchdog bounds that wait. Tensors passed in are kept alive by the Work.
 // Every call passes through the FlightRecorder (group name + member ranks, per-group sequence number,
-// op, dtype, element count, start / end time, state queued -> started -> done) before the backend sees
+// op, dtype, element count, start / end time, state queued -> started -> done, or failed when the call throws before it is posted) before the backend sees
 // it, so a stuck or mismatched collective can be named (comm/watchdog.h). With check_collectives on,
 // the ranks of the group first agree on a fingerprint (op, dtype, count, seq); a mismatch is an
 // mcpp::Error naming both sides instead of a silent mis-sum.
@@ -19,6 +19,8 @@
 //   all_to_all(out, in, send_counts, recv_counts)   element counts per peer (variable splits)
 //   batch_p2p(ops)                  a batch of sends / recvs to group ranks, completed together
 //   barrier()
+// In place is allowed where Megatron uses it: all_gather's `in` may be out's chunk `rank`, and
+// reduce_scatter's `out` may be a view inside `in` (the bucket's own shard).
 // ReduceOp::Avg is sum then divide by size, for float dtypes only (int dtypes: mcpp::Error).
 // bf16 / fp16 reduce in the backend through an op that converts each pair to fp32 and rounds back (so a
 // reduction rounds once per combining step, like NCCL's bf16 sums); other ops move them as raw 16-bit.
