@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "mcpp/core/npy.h"
@@ -101,5 +102,37 @@ TEST(GPTModel, MegatronInitAndBufferLayout) {
                            params.param_buffer().nbytes()));
 }
 
+}  // namespace
+}  // namespace mcpp
+
+namespace mcpp {
+namespace {
+// Every parameter reports grad_ready exactly once per backward, in an order where each report comes after
+// its gradient is final (the tied embedding last) — what DDP's overlapped bucket reduction relies on.
+TEST(GPTModel, GradReadyOncePerParameterPerBackward) {
+  for (const std::string style : {"gpt2", "llama"}) {
+    TransformerConfig c = testing::tiny_config(style);
+    GPTModel model(c, 5, testing::single_tp());
+    std::map<const Parameter*, int> count;
+    std::vector<std::string> order;
+    std::map<const Parameter*, Tensor> grad_at_ready;
+    model.params().set_grad_ready_hook([&](Parameter& p) {
+      ++count[&p];
+      order.push_back(p.spec.key);
+      grad_at_ready[&p] = p.main_grad.clone();
+    });
+    testing::Batch batch = testing::fixed_batch(12, 2, c.vocab_size);
+    GPTModelCtx ctx;
+    model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = false});
+    model.backward(ctx, 1.0f);
+    ASSERT_EQ(count.size(), model.params().params().size()) << style;
+    for (const auto& p : model.params().params()) {
+      EXPECT_EQ(count[p.get()], 1) << style << " " << p->spec.key;
+      EXPECT_EQ(0, std::memcmp(grad_at_ready[p.get()].raw(), p->main_grad.raw(), p->main_grad.nbytes()))
+          << style << " " << p->spec.key << " changed after it reported ready";
+    }
+    EXPECT_EQ(order.front(), c.untie_embeddings_and_output_weights ? "output_layer.weight" : "decoder.final_layernorm.weight");
+  }
+}
 }  // namespace
 }  // namespace mcpp

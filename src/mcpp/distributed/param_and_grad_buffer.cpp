@@ -16,6 +16,7 @@ Parameter* ParamAndGradBuffer::add(ParamSpec spec) {
   MCPP_CHECK(find(spec.key) == nullptr, "parameter key '{}' registered twice", spec.key);
   auto p = std::make_unique<Parameter>();
   p->spec = std::move(spec);
+  p->buffer = this;
   params_.push_back(std::move(p));
   return params_.back().get();
 }
@@ -115,11 +116,16 @@ void ParamAndGradBuffer::finalize(uint64_t seed, Device device) {
     Parameter& p = **it;
     p.data = param_buffer_.flat_slice(offset, p.spec.shape);
     p.main_grad = grad_buffer_.flat_slice(offset, p.spec.shape);
+    p.offset = offset;
     offset += shape_numel(p.spec.shape);
   }
   finalized_ = true;
 }
 
 void ParamAndGradBuffer::zero_grad() { grad_buffer_.zero_(); }
+
+void Parameter::grad_ready() {
+  if (buffer && buffer->grad_ready_hook()) buffer->grad_ready_hook()(*this);
+}
 
 }  // namespace mcpp

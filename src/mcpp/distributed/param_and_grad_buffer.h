@@ -12,6 +12,7 @@
 // on registration order or the parallel layout (Megatron's --use-cpu-initialization semantics).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,10 +55,18 @@ struct ParamSpec {
   Shape global_shape() const { return shard.partitioned() ? shard.global_shape : shape; }
 };
 
+class ParamAndGradBuffer;
+
 struct Parameter {
   ParamSpec spec;
   Tensor data;       // fp32 view into the param buffer
   Tensor main_grad;  // fp32 view into the grad buffer; accumulates
+  ParamAndGradBuffer* buffer = nullptr;
+  int64_t offset = 0;  // of data / main_grad in the buffers (elements)
+  // Called by the module right after its backward finished accumulating this parameter's gradient for
+  // the current microbatch (once per microbatch, after the last use of a shared weight). Forwards to the
+  // buffer's grad-ready hook: DistributedDataParallel starts a bucket's reduction when all are ready.
+  void grad_ready();
 };
 
 class ParamAndGradBuffer {
@@ -67,6 +76,9 @@ class ParamAndGradBuffer {
   bool finalized() const { return finalized_; }
 
   void zero_grad();
+  // Hook for Parameter::grad_ready (DDP's overlap of gradient reduction with backward); empty = none.
+  void set_grad_ready_hook(std::function<void(Parameter&)> hook) { grad_ready_hook_ = std::move(hook); }
+  const std::function<void(Parameter&)>& grad_ready_hook() const { return grad_ready_hook_; }
   const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }  // registration order
   Parameter* find(const std::string& key) const;  // nullptr when absent
   Tensor& param_buffer() { return param_buffer_; }
@@ -78,6 +90,7 @@ class ParamAndGradBuffer {
   Tensor param_buffer_;
   Tensor grad_buffer_;
   bool finalized_ = false;
+  std::function<void(Parameter&)> grad_ready_hook_;
 };
 
 // Fill a float32 CPU tensor with N(0, std) from the Philox stream of (seed, key).

@@ -49,7 +49,8 @@ ColumnParallelLinear::ColumnParallelLinear(ParamAndGradBuffer& params, const std
 
 ColumnParallelLinear::ColumnParallelLinear(Parameter* shared_weight, const ParallelLinearOptions& opt,
                                            comm::CommPtr tp)
-    : tp_(std::move(tp)), opt_(opt), out_local_(shared_weight->spec.shape[0]), weight_(shared_weight) {}
+    : tp_(std::move(tp)), opt_(opt), out_local_(shared_weight->spec.shape[0]), weight_(shared_weight),
+      owns_weight_(false) {}
 
 Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
   Tensor full = opt_.sequence_parallel ? all_gather_sp(*tp_, x) : x;  // [s, b, in]  (gather_from_sp | copy_to_tp)
@@ -63,6 +64,8 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
   Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
   Tensor dx = Tensor::empty({ctx.x.size(0), opt_.input_size}, DType::F32, dy.device());  // [s*b, in] partial
   ops::linear_bwd(&dx, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  if (owns_weight_) weight_->grad_ready();
+  if (bias_) bias_->grad_ready();
   Tensor dx_full = dx.view(with_last(dy.shape(), opt_.input_size));  // [s, b, in]
   if (opt_.sequence_parallel) return reduce_scatter_sp(*tp_, dx_full);  // gather_from_sp backward
   all_reduce_tp(*tp_, dx_full);                                         // copy_to_tp backward
@@ -103,6 +106,8 @@ Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) con
   Tensor dy2 = rows(dy_full, opt_.output_size);
   Tensor dx = Tensor::empty({ctx.x.size(0), in_local_}, DType::F32, dy.device());  // [s*b, in/tp]
   ops::linear_bwd(&dx, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  weight_->grad_ready();
+  if (bias_) bias_->grad_ready();
   return dx.view(with_last(dy_full.shape(), in_local_));
 }
 

@@ -52,6 +52,7 @@ class ColumnParallelLinear {
   int64_t out_local_ = 0;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
+  bool owns_weight_ = true;  // a shared (tied) weight reports grad_ready at its other, last use
 };
 
 class RowParallelLinear {

@@ -35,6 +35,8 @@ Tensor Norm::backward(NormCtx& ctx, const Tensor& dy) const {
     ops::layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, ctx.x, weight_->data, ctx.mean, ctx.rstd);
   else
     ops::rmsnorm_bwd(dx, weight_->main_grad, dy2, ctx.x, weight_->data, ctx.rstd);
+  weight_->grad_ready();
+  if (bias_) bias_->grad_ready();
   return dx.view(dy.shape());
 }
 

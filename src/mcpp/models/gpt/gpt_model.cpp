@@ -87,7 +87,11 @@ void GPTModel::embed_backward(GPTModelCtx& ctx, const Tensor& dx_in) {
   Tensor d2 = dx.view({n, config_.hidden_size});
   // reduce_from_tp backward is the identity: every TP rank holds the full gradient.
   ops::embedding_bwd(word_embeddings_->main_grad, ctx.tokens.view({n}), d2, vocab_start_);
-  if (position_embeddings_) ops::embedding_bwd(position_embeddings_->main_grad, ctx.position_ids, d2, 0);
+  word_embeddings_->grad_ready();  // its last use (the tied output layer's backward ran first)
+  if (position_embeddings_) {
+    ops::embedding_bwd(position_embeddings_->main_grad, ctx.position_ids, d2, 0);
+    position_embeddings_->grad_ready();
+  }
 }
 
 Tensor GPTModel::forward_logits(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt) {
