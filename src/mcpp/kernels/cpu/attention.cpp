@@ -29,10 +29,13 @@
 #include <cblas.h>
 
 #include "mcpp/core/error.h"
+#include "mcpp/kernels/cpu/vec_math.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp::ops::cpu {
 namespace {
+
+using detail::exp_approx;
 
 constexpr int64_t kBlock = 64;  // query and key tile size (same size: the causal block skip relies on it)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -67,30 +70,6 @@ AttnDims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tenso
   check_shape(op, "v", v, k.shape());
   check_shape(op, "lse", lse, {a.b, a.nq, a.s});
   return a;
-}
-
-// exp(x) for float32 written so loops over it vectorize (std::exp does not without -ffast-math): Cephes'
-// expf — x = n ln2 + r with |r| <= ln2/2, degree-7 polynomial for e^r, 2^n through the exponent bits.
-// Within 1 ulp (8e-8 relative) of exp on [-87, 0]; x < -87 (including the mask's -inf) gives exactly 0.
-// Domain: x <= 88 (every caller passes scores minus their row max or lse, i.e. x <= ~0). No float
-// compare or min/max: under GCC's default -ftrapping-math those stop the loop from vectorizing.
-inline float exp_approx(float x) {
-  // round(x / ln2) by the 1.5 * 2^23 shifter (round-to-nearest, no libm call, no branch)
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = p * r * r + r + 1.0f;
-  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  // x < -87 tested on the bits (negative floats order as unsigned ints, reversed); it also zeroes the
-  // NaN that x = -inf produces above.
-  constexpr uint32_t kMinusBits = std::bit_cast<uint32_t>(-87.0f);
-  const uint32_t keep = 0u - static_cast<uint32_t>(std::bit_cast<uint32_t>(x) <= kMinusBits);  // all 1s or 0
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(er * two_n) & keep);
 }
 
 // dst[n][d] (contiguous) = rows r0..r0+n of one head; src points at row 0 of that head, rows `stride` apart.
