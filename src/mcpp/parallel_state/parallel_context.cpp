@@ -150,6 +150,10 @@ ParallelOptions parallel_options(const Config& cfg) {
   opt.tensor_model_parallel_size = cfg.parallel.tensor_model_parallel_size;
   opt.pipeline_model_parallel_size = cfg.parallel.pipeline_model_parallel_size;
   opt.context_parallel_size = cfg.parallel.context_parallel_size;
+  opt.expert_model_parallel_size = cfg.parallel.expert_model_parallel_size;
+  opt.expert_tensor_parallel_size = cfg.parallel.expert_tensor_parallel_size;
+  opt.order = cfg.parallel.rank_order;
+  opt.pipeline_model_parallel_layout = cfg.parallel.pipeline_model_parallel_layout;
   return opt;
 }
 

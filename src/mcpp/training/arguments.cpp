@@ -113,6 +113,15 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--num-layers-per-virtual-pipeline-stage", p.num_layers_per_virtual_pipeline_stage);
   app.add_flag("--sequence-parallel", p.sequence_parallel);
   app.add_flag("--use-distributed-optimizer", p.use_distributed_optimizer);
+  app.add_option("--expert-model-parallel-size", p.expert_model_parallel_size);
+  app.add_option("--expert-tensor-parallel-size", p.expert_tensor_parallel_size);
+  app.add_option("--rank-order", p.rank_order, "RankGenerator order string (default tp-cp-ep-dp-pp)");
+  app.add_option("--pipeline-model-parallel-layout", p.pipeline_model_parallel_layout);
+  app.add_option("--ddp-bucket-size", p.ddp_bucket_size, "elements per gradient bucket");
+  app.add_flag("--overlap-grad-reduce", p.overlap_grad_reduce);
+  app.add_flag("--overlap-param-gather", p.overlap_param_gather);
+  app.add_option("--distributed-timeout-minutes", p.distributed_timeout_minutes);
+  app.add_flag("--check-collectives", p.check_collectives, "compare a fingerprint of every collective across ranks");
   // ---- training
   app.add_option("--micro-batch-size", t.micro_batch_size);
   app.add_option("--global-batch-size", t.global_batch_size);

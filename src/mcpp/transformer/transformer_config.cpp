@@ -141,6 +141,13 @@ void ParallelConfig::validate() const {
   require_positive(context_parallel_size, "context_parallel_size");
   require_non_negative(num_layers_per_virtual_pipeline_stage, "num_layers_per_virtual_pipeline_stage");
   require_non_negative(data_parallel_size, "data_parallel_size");
+  require_positive(expert_model_parallel_size, "expert_model_parallel_size");
+  require_non_negative(expert_tensor_parallel_size, "expert_tensor_parallel_size");
+  require_non_negative(ddp_bucket_size, "ddp_bucket_size");
+  if (!(distributed_timeout_minutes > 0))
+    fail("distributed_timeout_minutes must be positive, got {}", distributed_timeout_minutes);
+  if (overlap_param_gather && !use_distributed_optimizer)
+    fail("overlap_param_gather needs use_distributed_optimizer (Megatron)");
   if (num_layers_per_virtual_pipeline_stage > 0 && pipeline_model_parallel_size <= 2)
     fail("num_layers_per_virtual_pipeline_stage needs pipeline_model_parallel_size > 2 (Megatron), got {}",
          pipeline_model_parallel_size);
@@ -329,6 +336,15 @@ template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("num_layers_per_virtual_pipeline_stage", p.num_layers_per_virtual_pipeline_stage);
   v("sequence_parallel", p.sequence_parallel);
   v("use_distributed_optimizer", p.use_distributed_optimizer);
+  v("expert_model_parallel_size", p.expert_model_parallel_size);
+  v("expert_tensor_parallel_size", p.expert_tensor_parallel_size);
+  v("rank_order", p.rank_order);
+  v("pipeline_model_parallel_layout", p.pipeline_model_parallel_layout);
+  v("ddp_bucket_size", p.ddp_bucket_size);
+  v("overlap_grad_reduce", p.overlap_grad_reduce);
+  v("overlap_param_gather", p.overlap_param_gather);
+  v("distributed_timeout_minutes", p.distributed_timeout_minutes);
+  v("check_collectives", p.check_collectives);
   v("data_parallel_size", p.data_parallel_size);
 }
 template <class T, class V> void visit_training(T& t, V&& v) {

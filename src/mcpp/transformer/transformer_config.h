@@ -82,6 +82,19 @@ struct ParallelConfig {
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 -> no interleaving
   bool sequence_parallel = false;         // finalize() turns it off at tp == 1, as Megatron does
   bool use_distributed_optimizer = false;
+  int64_t expert_model_parallel_size = 1;
+  int64_t expert_tensor_parallel_size = 0;  // 0 -> tensor_model_parallel_size (Megatron's default)
+  std::string rank_order = "tp-cp-ep-dp-pp";  // Megatron's order string (RankGenerator)
+  std::string pipeline_model_parallel_layout;  // --pipeline-model-parallel-layout, e.g. "E|t*3|t*3|t*2,L"
+  // Data parallel (distributed/data_parallel.h): bucket size in elements (Megatron's --ddp-bucket-size;
+  // 0 -> max(40M, 1M * dp)), overlap of the grad reduction with backward, of the param all-gather with
+  // the next forward (distributed optimizer).
+  int64_t ddp_bucket_size = 0;
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  // Communicator debugging (comm/): the watchdog timeout and the per-collective fingerprint check.
+  float distributed_timeout_minutes = 10.0f;
+  bool check_collectives = false;
   int64_t data_parallel_size = 0;         // derived by Config::apply_world_size; 0 until then
   void validate() const;
 };
