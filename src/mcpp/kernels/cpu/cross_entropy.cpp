@@ -9,11 +9,13 @@
 //   Numerically stable: logsumexp subtracts the row max. OpenMP over rows; each row is computed by one
 //   thread in a fixed order, so results do not depend on the thread count (deterministic).
 // Speed (the [b*s, V=50304] logits of the LM head dominate a small GPT step): exp is detail::exp_approx
-// (vec_math.h, within 1 ulp, vectorizes); the row max is an `omp simd` max reduction (exact in any
-// order); the row sum runs in kLanes float partial sums over kChunk-element chunks (each lane adds
-// kChunk/kLanes = 16 terms <= 1, so <= ~16 ulp relative) and adds the chunk partials in float64.
+// (vec_math.h: within 1 ulp, vectorizes); the row loops are MCPP_VEC_CLONES (AVX-512 where present); the row
+// max is a 16-lane vector max (exact in any order); the row sum runs in kLanes float partial sums over
+// kChunk-element chunks (each lane adds kChunk/kLanes = 16 terms <= 1: <= ~16 ulp relative) and adds the
+// chunk partials in float64. A masked token (dloss = 0) gets dlogits = 0 without the exps.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "mcpp/core/error.h"
@@ -24,15 +26,28 @@ namespace mcpp::ops::cpu {
 namespace {
 using detail::exp_approx;
 
-float row_max(const float* row, int64_t V) {
-  float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+// Max over row[0, V). Explicit 16-lane vector (GCC vector extension; the compare-select stays a vector op,
+// which a plain or `omp simd` loop does not under -ftrapping-math). Exact in any order.
+MCPP_VEC_CLONES float row_max(const float* row, int64_t V) {
+  using v16f = float __attribute__((vector_size(64)));
+  constexpr int64_t kLanes = 16;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  v16f m{kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf,
+         kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf};
+  int64_t j = 0;
+  for (; j + kLanes <= V; j += kLanes) {
+    v16f x;
+    std::memcpy(&x, row + j, sizeof(x));
+    m = x > m ? x : m;
+  }
+  float mx = kNegInf;
+  for (int64_t l = 0; l < kLanes; ++l) mx = std::max(mx, m[l]);
+  for (; j < V; ++j) mx = std::max(mx, row[j]);
   return mx;
 }
 
 // sum_j exp(row[j] - shift) for shift >= max(row): float lanes within a chunk, float64 across chunks.
-double row_sum_exp(const float* row, int64_t V, float shift) {
+MCPP_VEC_CLONES double row_sum_exp(const float* row, int64_t V, float shift) {
   constexpr int64_t kLanes = 16, kChunk = 256;
   double sum = 0.0;
   for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
@@ -69,6 +84,11 @@ void check_logits_targets(const char* op, const Tensor& logits, const Tensor& ta
 void check_vec(const char* op, const char* field, const Tensor& t, int64_t n) {
   check_f32(t, op, field);
   if (t.ndim() != 1 || t.size(0) != n) fail("{}: {} must be [n={}], got {}", op, field, n, t.str());
+}
+
+// drow[j] = exp(row[j] - lse) * g (softmax times the loss gradient); drow may alias row.
+MCPP_VEC_CLONES void row_softmax_scaled(float* drow, const float* row, int64_t V, float lse, float g) {
+  for (int64_t j = 0; j < V; ++j) drow[j] = exp_approx(row[j] - lse) * g;  // vectorized; row[j] - lse <= ~0
 }
 
 }  // namespace
@@ -116,7 +136,7 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
       std::fill_n(drow, V, 0.0f);
       continue;
     }
-    for (int64_t j = 0; j < V; ++j) drow[j] = exp_approx(row[j] - l) * g;  // vectorized; row[j] - l <= ~0
+    row_softmax_scaled(drow, row, V, l, g);
     drow[t[r]] -= g;
   }
 }

@@ -6,6 +6,16 @@
 #include <bit>
 #include <cstdint>
 
+// MCPP_VEC_CLONES on a hot loop function: GCC compiles it for AVX-512, AVX2 and the baseline
+// (-march=x86-64-v2 = SSE4.2) and picks one at load time by the CPU (ifunc), so the portable binary still
+// runs 16-wide where the hardware allows. The lanes and summation order are fixed by the source, so a
+// given machine always gets the same bits; across CPUs results may differ in the last bit (FMA contraction).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define MCPP_VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MCPP_VEC_CLONES
+#endif
+
 namespace mcpp::ops::cpu::detail {
 
 // exp(x) for float32 written so loops over it vectorize (std::exp does not without -ffast-math): Cephes'
