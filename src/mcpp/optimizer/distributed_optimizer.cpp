@@ -1,0 +1,138 @@
+// DistributedOptimizer: AdamW on this rank's shard pieces, shard grad norm / clip, logical state, memory
+// report. See distributed_optimizer.h for the contract.
+#include "mcpp/optimizer/distributed_optimizer.h"
+
+#include <cmath>
+
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp {
+
+MemoryReport memory_report(int dp, bool distributed_optimizer, DType model_param_dtype) {
+  if (dp < 1) fail("memory_report: data-parallel size must be >= 1, got {}", dp);
+  if (model_param_dtype != DType::F32 && model_param_dtype != DType::BF16 && model_param_dtype != DType::F16)
+    fail("memory_report: model params must be float32, bfloat16 or float16, got {}", dtype_name(model_param_dtype));
+  MemoryReport r{.dp = dp, .distributed_optimizer = distributed_optimizer, .model_param_dtype = model_param_dtype};
+  const double shard = distributed_optimizer ? 1.0 / dp : 1.0;
+  r.param_bytes = static_cast<double>(dtype_size(model_param_dtype));
+  r.grad_bytes = 4;
+  r.main_param_bytes = model_param_dtype == DType::F32 ? 0.0 : 4.0 * shard;
+  r.optimizer_state_bytes = 8.0 * shard;
+  return r;
+}
+
+std::string format_memory_report(const MemoryReport& r) {
+  return fmt::format(
+      "memory per parameter per rank (dp={}, {}, {} params): params {:g} + grads {:g} + main params {:g} + "
+      "optimizer state {:g} = {:g} bytes",
+      r.dp, r.distributed_optimizer ? "distributed optimizer" : "replicated optimizer",
+      dtype_name(r.model_param_dtype), r.param_bytes, r.grad_bytes, r.main_param_bytes, r.optimizer_state_bytes,
+      r.total());
+}
+
+DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const DistributedOptimizerOptions& opt)
+    : ddp_(ddp), opt_(opt) {
+  if (!ddp.options().use_distributed_optimizer)
+    fail("DistributedOptimizer: the DistributedDataParallel wrapper must be built with use_distributed_optimizer");
+  const AdamOptions& a = opt.adam;
+  if (!(a.beta1 >= 0.0f && a.beta1 < 1.0f)) fail("DistributedOptimizer: adam_beta1 must be in [0, 1), got {}", a.beta1);
+  if (!(a.beta2 >= 0.0f && a.beta2 < 1.0f)) fail("DistributedOptimizer: adam_beta2 must be in [0, 1), got {}", a.beta2);
+  if (!(a.eps > 0.0f)) fail("DistributedOptimizer: adam_eps must be positive, got {}", a.eps);
+  if (!(a.weight_decay >= 0.0f)) fail("DistributedOptimizer: weight_decay must be >= 0, got {}", a.weight_decay);
+  const int dp = ddp.dp_size(), r = ddp.dp_rank();
+  ParamAndGradBuffer& buf = ddp.buffer();
+  const Device dev = buf.param_buffer().device();
+  for (const Bucket& bk : ddp.buckets()) {
+    const int64_t shard = bk.shard_size(dp);
+    exp_avg_.push_back(Tensor::zeros({shard}, DType::F32, dev));     // [padded/dp]
+    exp_avg_sq_.push_back(Tensor::zeros({shard}, DType::F32, dev));  // [padded/dp]
+    const BufferRange own = bk.owned_range(r, dp);
+    const int64_t shard_begin = bk.start + r * shard;  // buffer offset of state element 0
+    for (Parameter* p : bk.params) {
+      const int64_t b = std::max(own.begin, p->offset), e = std::min(own.end, p->offset + p->data.numel());
+      if (b >= e) continue;
+      ShardPiece piece{.owner = p, .buffer_offset = b, .param_offset = b - p->offset, .numel = e - b};
+      piece.param = buf.param_buffer().flat_slice(b, {e - b});
+      piece.main_grad = buf.grad_buffer().flat_slice(b, {e - b});
+      piece.exp_avg = exp_avg_.back().flat_slice(b - shard_begin, {e - b});
+      piece.exp_avg_sq = exp_avg_sq_.back().flat_slice(b - shard_begin, {e - b});
+      pieces_.push_back(std::move(piece));
+    }
+  }
+}
+
+void DistributedOptimizer::step(float lr) {
+  ddp_.wait_param_gather();  // a previous overlapped gather must land before the shard is rewritten
+  ++step_;
+  for (ShardPiece& pc : pieces_) {
+    ops::AdamWOptions o{.lr = lr, .beta1 = opt_.adam.beta1, .beta2 = opt_.adam.beta2, .eps = opt_.adam.eps,
+                        .weight_decay = pc.owner->spec.no_weight_decay ? 0.0f : opt_.adam.weight_decay,
+                        .step = step_};
+    ops::adamw_step(pc.param, pc.exp_avg, pc.exp_avg_sq, pc.main_grad, nullptr, o);
+  }
+  ddp_.start_param_gather();
+  if (!opt_.overlap_param_gather) ddp_.wait_param_gather();
+}
+
+void DistributedOptimizer::wait_param_gather() { ddp_.wait_param_gather(); }
+
+double DistributedOptimizer::grad_norm() const {
+  const parallel_state::ParallelContext& pc = ddp_.parallel_context();
+  double local = 0;
+  for (const ShardPiece& p : pieces_)
+    if (p.owner->spec.shard.partitioned() || pc.tp_rank() == 0) local += ops::sum_of_squares(p.main_grad);
+  // One float32 value (the communicator has no float64); rounding ~1e-7 relative, as model_grad_norm.
+  Tensor t = Tensor::empty({1}, DType::F32);
+  t.data<float>()[0] = static_cast<float>(local);
+  if (ddp_.dp_group()->size() > 1) ddp_.dp_group()->all_reduce(t, comm::ReduceOp::Sum).wait();
+  if (pc.mp()->size() > 1) pc.mp()->all_reduce(t, comm::ReduceOp::Sum).wait();
+  return std::sqrt(static_cast<double>(t.data<float>()[0]));
+}
+
+double DistributedOptimizer::clip_grads(double total_norm, double max_norm) {
+  if (max_norm <= 0 || !std::isfinite(total_norm)) return 1.0;
+  const double coef = max_norm / (total_norm + 1e-6);  // Megatron's clip_grad_by_total_norm_fp32
+  if (coef >= 1.0) return 1.0;
+  for (ShardPiece& p : pieces_) ops::scale_inplace(p.main_grad, static_cast<float>(coef));
+  return coef;
+}
+
+int64_t DistributedOptimizer::shard_numel() const {
+  int64_t n = 0;
+  for (const ShardPiece& p : pieces_) n += p.numel;
+  return n;
+}
+
+std::vector<DistOptStatePiece> DistributedOptimizer::state() const {
+  std::vector<DistOptStatePiece> out;
+  out.reserve(pieces_.size());
+  for (const ShardPiece& p : pieces_)
+    out.push_back({.key = p.owner->spec.key, .offset = p.param_offset, .numel = p.numel,
+                   .param_numel = p.owner->data.numel(), .exp_avg = p.exp_avg, .exp_avg_sq = p.exp_avg_sq});
+  return out;
+}
+
+void DistributedOptimizer::load_state(int64_t step_count, const StateLookup& lookup) {
+  if (step_count < 0) fail("DistributedOptimizer: step count in the checkpoint must be >= 0, got {}", step_count);
+  for (ShardPiece& p : pieces_)
+    if (!lookup(p.owner->spec.key, p.param_offset, p.exp_avg, p.exp_avg_sq))
+      fail("DistributedOptimizer: the checkpoint has no optimizer state for '{}' elements [{}, {})",
+           p.owner->spec.key, p.param_offset, p.param_offset + p.numel);
+  step_ = step_count;
+}
+
+MemoryReport DistributedOptimizer::measured_memory() const {
+  ParamAndGradBuffer& buf = ddp_.buffer();
+  const double n = static_cast<double>(buf.numel());
+  MemoryReport r{.dp = ddp_.dp_size(), .distributed_optimizer = true,
+                 .model_param_dtype = buf.param_buffer().dtype()};
+  r.param_bytes = static_cast<double>(buf.param_buffer().nbytes()) / n;
+  r.grad_bytes = static_cast<double>(buf.grad_buffer().nbytes()) / n;
+  double state = 0;
+  for (size_t b = 0; b < exp_avg_.size(); ++b) state += static_cast<double>(exp_avg_[b].nbytes() + exp_avg_sq_[b].nbytes());
+  r.optimizer_state_bytes = state / n;
+  return r;
+}
+
+}  // namespace mcpp

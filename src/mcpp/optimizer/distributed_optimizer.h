@@ -1,0 +1,103 @@
+// DistributedOptimizer (Megatron-Core optimizer/distrib_optimizer.py): Adam(W) whose state is sharded over
+// the data-parallel group, on top of DistributedDataParallel built with use_distributed_optimizer.
+//
+// Each DP rank owns the contiguous shard Bucket::owned_range(dp_rank, dp) of every bucket. After
+// DistributedDataParallel::finish_grad_sync (a reduce-scatter, Avg over dp_cp) the owned ranges of the
+// grad buffer hold the reduced grads. step(lr) then runs ops::adamw_step on each PIECE: the
+// intersection of an owned range with one parameter, with that parameter's weight-decay flag (AdamW is
+// elementwise, so a parameter split across ranks is updated exactly as the whole one would be). The
+// fp32 main params are the owned ranges of the fp32 param buffer itself (model params are fp32 here;
+// a bf16 model copy would add a 4-byte fp32 main-param shard, see memory report). Afterwards the updated
+// shards are all-gathered back into the param buffer: blocking, or with overlap_param_gather posted
+// async — then the trainer must call wait_param_gather() before the next forward (and before eval or
+// saving a checkpoint). exp_avg / exp_avg_sq are one fp32 tensor of shard_size per bucket; pieces view them.
+//
+// grad_norm(): Megatron's get_grad_norm_fp32 over the shard: sum of squares of this rank's owned grads,
+// counting a TP-replicated parameter only on tp rank 0 (param_is_not_tensor_parallel_duplicate),
+// all-reduced over dp_cp and then mp (= every rank once). clip_grads(norm, max) scales the owned ranges.
+//
+// Checkpoint state: state() lists every piece as (key, offset of the piece in the parameter's flat
+// local tensor, numel, param_numel, exp_avg piece, exp_avg_sq piece), so the state can be saved
+// logically and reloaded under another DP size; load_state fills pieces from a lookup.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mcpp/distributed/data_parallel.h"
+#include "mcpp/optimizer/adam.h"
+
+namespace mcpp {
+
+struct DistributedOptimizerOptions {
+  AdamOptions adam;
+  bool overlap_param_gather = false;
+};
+
+// One parameter's part of this rank's shard.
+struct ShardPiece {
+  Parameter* owner = nullptr;
+  int64_t buffer_offset = 0;  // in the param / grad buffers
+  int64_t param_offset = 0;   // within the parameter's flat (TP-local) tensor
+  int64_t numel = 0;
+  Tensor param{};             // [numel] view into the param buffer (fp32 main param)
+  Tensor main_grad{};         // [numel] view into the grad buffer
+  Tensor exp_avg{}, exp_avg_sq{};  // [numel] views into the bucket's state tensors
+};
+
+struct DistOptStatePiece {
+  std::string key;
+  int64_t offset = 0;       // of the piece in the parameter's flat (TP-local) tensor
+  int64_t numel = 0;
+  int64_t param_numel = 0;  // numel of the parameter's flat (TP-local) tensor
+  Tensor exp_avg, exp_avg_sq;  // [numel] fp32 (views of the live state)
+};
+
+// Bytes per model parameter on one rank (Megatron's distributed-optimizer table).
+struct MemoryReport {
+  int dp = 1;
+  bool distributed_optimizer = false;
+  DType model_param_dtype = DType::F32;
+  double param_bytes = 0;            // model params (4 fp32, 2 bf16)
+  double grad_bytes = 0;             // fp32 main grads: 4
+  double main_param_bytes = 0;       // fp32 master copy, only for bf16/fp16 models: 4 (/dp when distributed)
+  double optimizer_state_bytes = 0;  // exp_avg + exp_avg_sq: 8 (/dp when distributed)
+  double total() const { return param_bytes + grad_bytes + main_param_bytes + optimizer_state_bytes; }
+};
+MemoryReport memory_report(int dp, bool distributed_optimizer, DType model_param_dtype);
+// One line, e.g. "memory per parameter per rank (dp=4, distributed optimizer, float32 params): params 4 +
+// grads 4 + main params 0 + optimizer state 2 = 10 bytes".
+std::string format_memory_report(const MemoryReport& r);
+
+class DistributedOptimizer {
+ public:
+  // ddp must use the distributed optimizer (DdpOptions::use_distributed_optimizer); mcpp::Error otherwise.
+  DistributedOptimizer(DistributedDataParallel& ddp, const DistributedOptimizerOptions& opt);
+
+  void step(float lr);       // AdamW on the shard pieces, then the param all-gather (async with overlap)
+  void wait_param_gather();  // the trainer calls it before the next forward when overlap_param_gather
+  double grad_norm() const;  // global L2 norm over all grads, each element once
+  double clip_grads(double total_norm, double max_norm);  // coefficient applied (1 when none)
+
+  int64_t step_count() const { return step_; }
+  const std::vector<ShardPiece>& pieces() const { return pieces_; }
+  int64_t shard_numel() const;  // elements this rank owns (sum of pieces)
+  std::vector<DistOptStatePiece> state() const;
+  // For each piece, lookup(key, offset, exp_avg, exp_avg_sq) fills the [numel] tensors from a
+  // checkpoint; false -> mcpp::Error naming the parameter. Sets step_count().
+  using StateLookup = std::function<bool(const std::string& key, int64_t offset, Tensor& exp_avg, Tensor& exp_avg_sq)>;
+  void load_state(int64_t step_count, const StateLookup& lookup);
+  // This rank's measured bytes per parameter (state tensors actually allocated / model numel), in the
+  // layout of memory_report(); differs from the formula only by bucket padding.
+  MemoryReport measured_memory() const;
+
+ private:
+  DistributedDataParallel& ddp_;
+  DistributedOptimizerOptions opt_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;  // per bucket [shard_size]
+  std::vector<ShardPiece> pieces_;
+  int64_t step_ = 0;
+};
+
+}  // namespace mcpp
