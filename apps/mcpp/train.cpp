@@ -1,23 +1,32 @@
-// mcpp train [--config RECIPE.toml] [Megatron-LM flags]: single-process pretraining on CPU.
-// The tokenizer fixes the vocabulary (padded to --make-vocab-size-divisible-by), then the Trainer runs.
+// mcpp train [--config RECIPE.toml] [Megatron-LM flags]: GPT pretraining on CPU ranks.
+// One process, or under `mpirun -np N` (detected from the launcher's environment): MPI world, watchdog
+// (--distributed-timeout-minutes; dumps to <save or .>/flight_recorder/), --check-collectives, the
+// ParallelContext (tp/pp/cp from flags, dp = world / (tp*pp*cp)). The tokenizer fixes the vocabulary
+// (padded to --make-vocab-size-divisible-by * tp), then the Trainer runs.
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <memory>
+
 #include "apps/mcpp/command.h"
+#include "mcpp/comm/local/local_communicator.h"
+#include "mcpp/comm/mpi/mpi_communicator.h"
+#include "mcpp/comm/watchdog.h"
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/gpt2_tokenizer.h"
+#include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/arguments.h"
 #include "mcpp/training/trainer.h"
 
 namespace {
 
-int run_train(const std::vector<std::string>& args) {
-  mcpp::Config cfg = mcpp::parse_train_args(args);
-  cfg.validate_for_training();
-  if (cfg.training.bf16 || cfg.training.fp16)
-    mcpp::fail("{}: mixed-precision training needs the CUDA backend; the CPU trainer runs in fp32",
-               cfg.training.bf16 ? "bf16" : "fp16");
-  cfg.apply_world_size(1);
-  int64_t eod = -1;
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+int64_t apply_tokenizer(mcpp::Config& cfg) {
   if (cfg.data.tokenizer_type == "GPT2BPETokenizer") {
     if (cfg.data.vocab_file.empty() != cfg.data.merge_file.empty())
       mcpp::fail("vocab_file and merge_file go together (got only {})",
@@ -27,19 +36,57 @@ int run_train(const std::vector<std::string>& args) {
         cfg.data.vocab_file.empty() ? dir + "/encoder.json" : cfg.data.vocab_file,
         cfg.data.merge_file.empty() ? dir + "/vocab.bpe" : cfg.data.merge_file);
     cfg.model.set_vocab_size(tok.vocab_size(), cfg.parallel.tensor_model_parallel_size);
-    eod = tok.eod();
-  } else {  // NullTokenizer (Megatron's _NullTokenizer): ids < vocab_size, EOD = vocab_size - 1
-    cfg.model.set_vocab_size(cfg.model.vocab_size, cfg.parallel.tensor_model_parallel_size);
-    eod = cfg.model.vocab_size - 1;
+    return tok.eod();
   }
+  // NullTokenizer (Megatron's _NullTokenizer): ids < vocab_size, EOD = vocab_size - 1
+  cfg.model.set_vocab_size(cfg.model.vocab_size, cfg.parallel.tensor_model_parallel_size);
+  return cfg.model.vocab_size - 1;
+}
+
+int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
+  cfg.apply_world_size(world->size());
+  const int64_t eod = apply_tokenizer(cfg);
   cfg.validate();
-  fmt::print("{}\n", mcpp::format_args(cfg));
-  mcpp::Trainer trainer(cfg, eod);
+  mcpp::parallel_state::validate_parallel_layout(world->size(), cfg);
+  world->set_check_collectives(cfg.parallel.check_collectives);
+  auto pc = mcpp::parallel_state::ParallelContext::create(world, mcpp::parallel_state::parallel_options(cfg));
+  if (pc.rank() == pc.world_size() - 1) fmt::print("{}\n", mcpp::format_args(cfg));
+  mcpp::Trainer trainer(cfg, eod, std::move(pc));
   mcpp::TrainSummary s = trainer.train();
-  fmt::print("training done: {} iterations run, at iteration {}\n", s.iterations_run, s.final_iteration);
+  if (world->rank() == world->size() - 1)
+    fmt::print("training done: {} iterations run, at iteration {}\n", s.iterations_run, s.final_iteration);
   return 0;
 }
 
-const mcpp::cli::Register reg{"train", "pretrain a GPT (Megatron-LM flags, --config recipe.toml)", &run_train};
+int run_train(const std::vector<std::string>& args) {
+  mcpp::Config cfg = mcpp::parse_train_args(args);
+  cfg.validate_for_training();
+  if (cfg.training.bf16 || cfg.training.fp16)
+    mcpp::fail("{}: mixed-precision training needs the CUDA backend; the CPU trainer runs in fp32",
+               cfg.training.bf16 ? "bf16" : "fp16");
+  if (!launched_by_mpi()) return train(cfg, mcpp::comm::make_local_world());
+
+  mcpp::comm::CommPtr world = mcpp::comm::init_mpi();
+  int rc = 0;
+  try {
+    const std::string dump_dir = cfg.training.save.empty() ? "." : cfg.training.save;
+    mcpp::comm::Watchdog watchdog(
+        world, {.timeout_seconds = mcpp::comm::distributed_timeout_seconds(cfg.parallel.distributed_timeout_minutes),
+                .dump_dir = dump_dir,
+                .on_abort = mcpp::comm::mpi_abort_action()});
+    rc = train(cfg, world);
+  } catch (const std::exception& e) {
+    // One rank's error must end the job, not leave the others waiting in a collective.
+    fmt::print(stderr, "error: [rank {}] {}\n", world->rank(), e.what());
+    std::fflush(stderr);
+    mcpp::comm::mpi_abort_action()(2, e.what());
+  }
+  world.reset();
+  mcpp::comm::finalize_mpi();
+  return rc;
+}
+
+const mcpp::cli::Register reg{"train", "pretrain a GPT (Megatron-LM flags, --config recipe.toml; under mpirun: TP/SP/DP)",
+                              &run_train};
 
 }  // namespace

@@ -3,3 +3,9 @@
 add_test(NAME training.cli_end_to_end
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/train_cli_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/train_cli_check)
+# training.parallel_cli: `mcpp train` under mpiexec (TP2 x DP2 + SP) equals 1 rank; 4-rank resume is
+# bit-exact; the TP2 x DP2 checkpoint continues at TP1; a bad layout fails cleanly on every rank.
+add_test(NAME training.parallel_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/parallel_train_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/parallel_train_check)
+set_tests_properties(training.parallel_cli PROPERTIES TIMEOUT 600)

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/indexed_dataset.h"
 #include "mcpp/models/gpt/text_generation.h"
@@ -69,6 +70,10 @@ Config tiny_train_config(const std::string& data_prefix, int64_t train_iters = 1
   return c;
 }
 
+parallel_state::ParallelContext single() {
+  return parallel_state::ParallelContext::single(comm::make_local_world());
+}
+
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -86,7 +91,7 @@ TEST_F(TrainerTest, LossFalls) {
   Config c = tiny_train_config(prefix_, 60);
   c.training.log_interval = 20;
   c.training.eval_interval = 60;
-  Trainer t(c, 99);
+  Trainer t(c, 99, single());
   TrainSummary s = t.train();
   ASSERT_EQ(s.losses.size(), 60u);
   EXPECT_GT(s.losses.front(), 4.0);                   // ~log(128) at init
@@ -97,18 +102,18 @@ TEST_F(TrainerTest, LossFalls) {
 TEST_F(TrainerTest, ResumeIsBitExact) {
   // Uninterrupted: iterations 1..10.
   Config full = tiny_train_config(prefix_);
-  Trainer a(full, 99);
+  Trainer a(full, 99, single());
   TrainSummary sa = a.train();
 
   // Interrupted at 5 (exit_interval), saved, then resumed to 10.
   Config first = full;
   first.training.exit_interval = 5;
   first.training.save = (dir_ / "ckpt").string();
-  TrainSummary s1 = Trainer(first, 99).train();
+  TrainSummary s1 = Trainer(first, 99, single()).train();
   ASSERT_EQ(s1.final_iteration, 5);
   Config second = full;
   second.training.load = (dir_ / "ckpt").string();
-  TrainSummary s2 = Trainer(second, 99).train();
+  TrainSummary s2 = Trainer(second, 99, single()).train();
   ASSERT_EQ(s2.iterations_run, 5);
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(sa.losses[i], s1.losses[i]) << "iteration " << i + 1;
@@ -119,41 +124,41 @@ TEST_F(TrainerTest, ResumeIsBitExact) {
 
 TEST_F(TrainerTest, NoLoadRngChangesDropoutStream) {
   Config full = tiny_train_config(prefix_);
-  TrainSummary sa = Trainer(full, 99).train();
+  TrainSummary sa = Trainer(full, 99, single()).train();
   Config first = full;
   first.training.exit_interval = 5;
   first.training.save = (dir_ / "ckpt").string();
-  Trainer(first, 99).train();
+  Trainer(first, 99, single()).train();
   Config second = full;
   second.training.load = (dir_ / "ckpt").string();
   second.training.no_load_rng = true;
-  TrainSummary s2 = Trainer(second, 99).train();
+  TrainSummary s2 = Trainer(second, 99, single()).train();
   EXPECT_NE(sa.losses[5], s2.losses[0]);  // a fresh dropout stream gives other masks
 }
 
 TEST_F(TrainerTest, CheckpointOfDifferentModelIsRefusedNamingTheField) {
   Config c = tiny_train_config(prefix_, 3);
   c.training.save = (dir_ / "ckpt").string();
-  Trainer(c, 99).train();
+  Trainer(c, 99, single()).train();
   Config other = tiny_train_config(prefix_, 3);
   other.model.hidden_size = 64;
   other.model.kv_channels = 16;
   other.training.load = (dir_ / "ckpt").string();
   try {
-    Trainer t(other, 99);
+    Trainer t(other, 99, single());
     FAIL() << "expected the fingerprint check to refuse the checkpoint";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("hidden_size"), std::string::npos) << e.what();
   }
   // --override-config-check lets it through to the tensor check, which names the tensor.
   other.training.override_config_check = true;
-  EXPECT_THROW(Trainer(other, 99), Error);
+  EXPECT_THROW(Trainer(other, 99, single()), Error);
 }
 
 TEST_F(TrainerTest, InferenceLoadAndGenerate) {
   Config c = tiny_train_config(prefix_, 40);
   c.training.save = (dir_ / "ckpt").string();
-  Trainer(c, 99).train();
+  Trainer(c, 99, single()).train();
   LoadedModel lm = load_model_for_inference((dir_ / "ckpt").string());
   EXPECT_EQ(lm.iteration, 40);
   EXPECT_EQ(lm.config.fingerprint(), c.fingerprint());

@@ -28,14 +28,14 @@ class RngTracker {
   // Sharded data (sequence parallel) draws from the model-parallel stream, replicated data from default.
   PhiloxKey draw(uint64_t n, bool sharded) { return sharded ? draw_model_parallel(n) : draw_default(n); }
 
+  // Offsets only: seeds follow from --seed and the rank, so a state saved at one parallel layout
+  // restores at another (every rank draws the same number of elements).
   nlohmann::json state() const {
-    return {{"default", {{"seed", default_.seed}, {"offset", default_.offset}}},
-            {"model_parallel", {{"seed", model_parallel_.seed}, {"offset", model_parallel_.offset}}}};
+    return {{"default_offset", default_.offset}, {"model_parallel_offset", model_parallel_.offset}};
   }
   void load_state(const nlohmann::json& j) {
-    default_ = {j.at("default").at("seed").get<uint64_t>(), j.at("default").at("offset").get<uint64_t>()};
-    model_parallel_ = {j.at("model_parallel").at("seed").get<uint64_t>(),
-                       j.at("model_parallel").at("offset").get<uint64_t>()};
+    default_.offset = j.at("default_offset").get<uint64_t>();
+    model_parallel_.offset = j.at("model_parallel_offset").get<uint64_t>();
   }
 
  private:

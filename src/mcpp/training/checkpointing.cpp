@@ -42,26 +42,58 @@ void check_fingerprint(const nlohmann::json& meta, const Config& config, const s
   spdlog::warn("loading checkpoint '{}' of a different model because of --override-config-check: {}", dir, what);
 }
 
-void read_model(const dc::CheckpointReader& reader, GPTModel& model) {
-  for (const auto& p : model.params().params()) {
-    if (!reader.has(p->spec.key))
-      fail("checkpoint '{}' has no tensor '{}' (the model needs it)", reader.dir(), p->spec.key);
-    reader.read_into(p->spec.key, p->data);
+// The logical tensor of a TP-sharded local tensor: each TP rank places its shard into zeros, then an
+// all-reduce (sum) over TP assembles it on every TP rank. Replicated tensors are returned as they are.
+Tensor logical_tensor(const Tensor& local, const ParamSpec& spec, comm::Communicator& tp) {
+  Tensor host = local.to(Device::CPU);
+  if (!spec.shard.partitioned()) return host;
+  Tensor full = Tensor::zeros(spec.shard.global_shape);
+  copy_shard_to_global(full, host, spec.shard);
+  tp.all_reduce(full, comm::ReduceOp::Sum).wait();
+  return full;
+}
+
+// Reads the logical tensor `key` and keeps this rank's shard of it in `dst`.
+void read_shard(const dc::CheckpointReader& reader, const std::string& key, const ParamSpec& spec, Tensor& dst) {
+  if (!reader.has(key)) fail("checkpoint '{}' has no tensor '{}' (the model needs it)", reader.dir(), key);
+  if (!spec.shard.partitioned()) {
+    reader.read_into(key, dst);
+    return;
   }
+  Tensor full = reader.read(key);
+  if (full.shape() != spec.shard.global_shape)
+    fail("checkpoint '{}': tensor '{}' has shape {}, the model needs {}", reader.dir(), key, shape_str(full.shape()),
+         shape_str(spec.shard.global_shape));
+  Tensor local = Tensor::empty(spec.shape);
+  copy_shard_from_global(local, full, spec.shard);
+  dst.copy_from(local);
+}
+
+void read_model(const dc::CheckpointReader& reader, GPTModel& model) {
+  for (const auto& p : model.params().params()) read_shard(reader, p->spec.key, p->spec, p->data);
 }
 
 }  // namespace
 
 std::string save_training_checkpoint(const std::string& save_dir, const Config& config, GPTModel& model,
-                                     const Adam* optimizer, const TrainerState& state) {
+                                     const Adam* optimizer, const TrainerState& state,
+                                     const parallel_state::ParallelContext& pc) {
+  const bool writer = pc.rank() == 0;  // DP replicas are identical; rank 0 holds TP rank 0's view
+  comm::Communicator& tp = *pc.tp();
   dc::CheckpointContents c;
   c.iteration = state.iteration;
-  for (const auto& p : model.params().params()) c.tensors.push_back({p->spec.key, p->data.to(Device::CPU)});
+  for (const auto& p : model.params().params()) {
+    Tensor full = logical_tensor(p->data, p->spec, tp);
+    if (writer) c.tensors.push_back({p->spec.key, full});
+  }
   nlohmann::json opt_meta = nullptr;
   if (optimizer) {
     for (const AdamState& s : optimizer->state()) {
-      c.tensors.push_back({kExpAvg + s.name, s.exp_avg.to(Device::CPU)});
-      c.tensors.push_back({kExpAvgSq + s.name, s.exp_avg_sq.to(Device::CPU)});
+      const ParamSpec& spec = model.params().find(s.name)->spec;
+      Tensor m = logical_tensor(s.exp_avg, spec, tp), v = logical_tensor(s.exp_avg_sq, spec, tp);
+      if (!writer) continue;
+      c.tensors.push_back({kExpAvg + s.name, m});
+      c.tensors.push_back({kExpAvgSq + s.name, v});
     }
     opt_meta = {{"step", optimizer->step_count()}};
   }
@@ -73,8 +105,25 @@ std::string save_training_checkpoint(const std::string& save_dir, const Config& 
             {"consumed_valid_samples", state.consumed_valid_samples},
             {"optimizer", opt_meta},
             {"opt_param_scheduler", state.scheduler},
-            {"rng", state.rng.state()}};
-  return dc::save_checkpoint(save_dir, c);
+            {"rng", state.rng.state()},
+            {"parallel", {{"world_size", pc.world_size()}, {"tp", pc.tp_size()}, {"pp", pc.pp_size()},
+                          {"dp", pc.dp_size()}, {"cp", pc.cp_size()}}}};
+  // Rank 0 writes; the others learn the outcome so that a failed save is an error on every rank.
+  std::string dir, error;
+  if (writer) {
+    try {
+      dir = dc::save_checkpoint(save_dir, c);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  Tensor ok = Tensor::empty({1}, DType::I32);
+  ok.data<int32_t>()[0] = error.empty() ? 1 : 0;
+  pc.world()->broadcast(ok, 0).wait();
+  if (ok.data<int32_t>()[0] == 0)
+    fail("saving checkpoint iteration {} to '{}' failed{}", state.iteration, save_dir,
+         error.empty() ? " on rank 0" : ": " + error);
+  return writer ? dir : save_dir + "/" + dc::iteration_dir_name(state.iteration);
 }
 
 bool load_training_checkpoint(const std::string& load_dir, const Config& config, GPTModel& model, Adam* optimizer,
@@ -102,8 +151,9 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
     optimizer->load_state(meta.at("optimizer").at("step").get<int64_t>(),
                           [&](const std::string& name, Tensor& exp_avg, Tensor& exp_avg_sq) {
                             if (!reader.has(kExpAvg + name) || !reader.has(kExpAvgSq + name)) return false;
-                            reader.read_into(kExpAvg + name, exp_avg);
-                            reader.read_into(kExpAvgSq + name, exp_avg_sq);
+                            const ParamSpec& spec = model.params().find(name)->spec;
+                            read_shard(reader, kExpAvg + name, spec, exp_avg);
+                            read_shard(reader, kExpAvgSq + name, spec, exp_avg_sq);
                             return true;
                           });
   }

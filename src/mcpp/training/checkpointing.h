@@ -1,7 +1,10 @@
 // Trainer <-> checkpoint glue (Megatron's training/checkpointing.py): what a training checkpoint holds
-// and how it is restored.
-//   tensors: every model parameter under its logical key; with the optimizer, fp32 Adam state
-//            "optimizer.exp_avg.<key>" / "optimizer.exp_avg_sq.<key>".
+// and how it is restored. Collective over the ParallelContext.
+//   tensors: every model parameter as its LOGICAL tensor (TP shards assembled by an all-reduce of the
+//            placed shards over TP; written once, by global rank 0); with the optimizer, fp32 Adam state
+//            "optimizer.exp_avg.<key>" / "optimizer.exp_avg_sq.<key>" assembled the same way. Loading
+//            reads the logical tensor and keeps this rank's shard, so the TP layout may change between
+//            save and load. (The sharded, reshardable format of the checkpointing issue replaces this.)
 //   meta:    config (Config::to_json), fingerprint + math_fields, iteration, consumed samples,
 //            optimizer step, LR scheduler state, RNG state (dropout stream), data cursor.
 // Loading checks the math fingerprint first: a checkpoint of a different model is refused with the
@@ -15,6 +18,7 @@
 
 #include "mcpp/tensor_parallel/random.h"
 #include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp {
@@ -25,7 +29,7 @@ struct TrainerState {
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
-  tensor_parallel::RngTracker rng;  // dropout streams (default + model-parallel)
+  tensor_parallel::RngTracker rng;  // dropout streams (default + model-parallel); offsets checkpointed
   nlohmann::json scheduler = nlohmann::json::object();
 };
 
@@ -38,7 +42,8 @@ struct LoadOptions {
 
 // Saves iteration `state.iteration` under save_dir; returns the committed directory.
 std::string save_training_checkpoint(const std::string& save_dir, const Config& config, GPTModel& model,
-                                     const Adam* optimizer, const TrainerState& state);
+                                     const Adam* optimizer, const TrainerState& state,
+                                     const parallel_state::ParallelContext& pc);
 
 // Loads the latest (or given) checkpoint under load_dir into model (+ optimizer, state). Returns false when
 // load_dir has no checkpoint yet (Megatron starts from scratch then); throws mcpp::Error on a bad one.

@@ -6,10 +6,9 @@
 #include <chrono>
 #include <cmath>
 
-#include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/optimizer/adam.h"
-#include "mcpp/optimizer/clip_grads.h"
+#include "mcpp/distributed/finalize_grads.h"
 #include "mcpp/optimizer/lr_scheduler.h"
 
 namespace mcpp {
@@ -32,7 +31,8 @@ GPTDatasetOptions dataset_options(const Config& c, int split, int64_t num_sample
 
 }  // namespace
 
-Trainer::Trainer(const Config& config, int64_t eod_token) : config_(config) {
+Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::ParallelContext pc)
+    : config_(config), pc_(std::move(pc)) {
   const auto& t = config_.training;
   const int64_t gbs = t.global_batch_size;
   train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, t.train_iters * gbs, eod_token));
@@ -41,15 +41,15 @@ Trainer::Trainer(const Config& config, int64_t eod_token) : config_(config) {
     valid_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 1, eval_samples, eod_token));
   }
   model_ = std::make_unique<GPTModel>(config_.model, static_cast<uint64_t>(t.seed),
-                                      tensor_parallel::TPContext{comm::make_local_world(), false});
+                                      tensor_parallel::TPContext{pc_.tp(), config_.parallel.sequence_parallel});
   std::vector<AdamParam> adam_params;
   for (const auto& p : model_->params().params())
     adam_params.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
                            .no_weight_decay = p->spec.no_weight_decay});
   optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
-  // Dropout stream: seeded by --seed; its offset is part of the checkpoint so a resume replays it.
-  state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), model_->tp().rank(), /*pp_rank=*/0);
+  // Dropout streams: seeded by --seed (Megatron's offsets per TP/PP rank); offsets are checkpointed.
+  state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), pc_.tp_rank(), pc_.pp_rank());
 
   if (!t.load.empty()) {
     LoadOptions lo{.load_optimizer = !t.no_load_optim && !t.finetune,
@@ -58,26 +58,28 @@ Trainer::Trainer(const Config& config, int64_t eod_token) : config_(config) {
                    .override_config_check = t.override_config_check};
     if (load_training_checkpoint(t.load, config_, *model_, optimizer_.get(), state_, lo)) {
       if (!t.finetune && !state_.scheduler.empty()) scheduler_->load_state_dict(state_.scheduler);
-      spdlog::info("loaded checkpoint from {} at iteration {}", t.load, state_.iteration);
-    } else {
+      if (is_logging_rank()) spdlog::info("loaded checkpoint from {} at iteration {}", t.load, state_.iteration);
+    } else if (is_logging_rank()) {
       spdlog::warn("no checkpoint found in '{}': training from scratch", t.load);
     }
   }
-  train_cursor_ = std::make_unique<GPTSampleCursor>(*train_ds_, state_.consumed_train_samples);
   std::string metrics_path = t.metrics_path;
   if (metrics_path.empty() && !t.save.empty()) metrics_path = t.save + "/metrics.jsonl";
-  metrics_ = MetricsWriter(metrics_path);
+  if (is_logging_rank()) metrics_ = MetricsWriter(metrics_path);
 }
 
 Trainer::~Trainer() = default;
 
-Trainer::Batch Trainer::next_batch(GPTSampleCursor& cursor) {
+Trainer::Batch Trainer::get_batch(const GPTDataset& ds, int64_t first, int64_t m) const {
+  // Megatron's pretraining sampler: the global batch is num_microbatches slices of mbs * dp samples;
+  // DP rank r takes rows [r * mbs, (r + 1) * mbs) of each slice. Past the end, the order repeats.
   const int64_t b = config_.training.micro_batch_size, s = config_.model.seq_length;
+  const int64_t base = first + m * b * pc_.dp_size() + pc_.dp_rank() * b;
   Batch batch{Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b})};
   std::vector<int32_t> tokens(static_cast<size_t>(s + 1));
   std::vector<float> mask(static_cast<size_t>(s));
   for (int64_t ib = 0; ib < b; ++ib) {
-    cursor.next(tokens, mask);
+    ds.sample((base + ib) % ds.size(), tokens, mask);
     for (int64_t i = 0; i < s; ++i) {  // sample ib is column ib of the [s, b] layout
       batch.tokens.data<int32_t>()[i * b + ib] = tokens[i];
       batch.labels.data<int32_t>()[i * b + ib] = tokens[i + 1];
@@ -87,40 +89,64 @@ Trainer::Batch Trainer::next_batch(GPTSampleCursor& cursor) {
   return batch;
 }
 
+double Trainer::dp_mean(double local) const {
+  if (pc_.dp_size() == 1) return local;
+  Tensor t = Tensor::empty({1});
+  t.data<float>()[0] = static_cast<float>(local);
+  pc_.dp()->all_reduce(t, comm::ReduceOp::Avg).wait();
+  return t.data<float>()[0];
+}
+
 double Trainer::train_step(double* grad_norm, bool* skipped) {
   const int64_t num_micro = config_.num_microbatches();
-  model_->params().zero_grad();
+  ParamAndGradBuffer& params = model_->params();
+  params.zero_grad();
   double loss = 0;
   for (int64_t m = 0; m < num_micro; ++m) {
-    Batch batch = next_batch(*train_cursor_);
+    Batch batch = get_batch(*train_ds_, state_.consumed_train_samples, m);
     GPTModelCtx ctx;
     LossResult r = model_->forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask,
                                         {.training = true, .rng = &state_.rng});
     model_->backward(ctx, 1.0f / static_cast<float>(num_micro));  // Megatron: loss / num_microbatches
     loss += r.loss / static_cast<double>(num_micro);
   }
-  *grad_norm = clip_grad_norm_fp32(optimizer_->main_grads(), config_.optimizer.clip_grad, identity_reduce);
+  if (pc_.dp_cp()->size() > 1) pc_.dp_cp()->all_reduce(params.grad_buffer(), comm::ReduceOp::Avg).wait();
+  finalize_model_grads(params, pc_);
+  *grad_norm = model_grad_norm(params, pc_);
   *skipped = !std::isfinite(*grad_norm);
-  if (!*skipped) optimizer_->step(static_cast<float>(scheduler_->get_lr()));
+  if (!*skipped) {
+    clip_grads_by_total_norm(params, *grad_norm, config_.optimizer.clip_grad);
+    optimizer_->step(static_cast<float>(scheduler_->get_lr()));
+  }
   scheduler_->step(config_.training.global_batch_size);
-  return loss;
+  state_.consumed_train_samples += config_.training.global_batch_size;
+  return dp_mean(loss);
 }
 
 double Trainer::evaluate(int64_t iteration) {
   if (!valid_ds_) return -1;
   const auto& t = config_.training;
-  GPTSampleCursor cursor(*valid_ds_, state_.consumed_valid_samples);
   double loss_sum = 0, tokens = 0;
-  for (int64_t it = 0; it < t.eval_iters; ++it)
+  for (int64_t it = 0; it < t.eval_iters; ++it) {
     for (int64_t m = 0; m < config_.num_microbatches(); ++m) {
-      Batch batch = next_batch(cursor);
+      Batch batch = get_batch(*valid_ds_, state_.consumed_valid_samples, m);
       GPTModelCtx ctx;
       LossResult r = model_->forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = false});
       loss_sum += r.loss_sum;
       tokens += r.num_tokens;
     }
-  state_.consumed_valid_samples = cursor.consumed_samples();
+    state_.consumed_valid_samples += t.global_batch_size;
+  }
+  if (pc_.dp_size() > 1) {  // token-weighted mean over the whole global batches
+    Tensor sums = Tensor::empty({2});
+    sums.data<float>()[0] = static_cast<float>(loss_sum);
+    sums.data<float>()[1] = static_cast<float>(tokens);
+    pc_.dp()->all_reduce(sums, comm::ReduceOp::Sum).wait();
+    loss_sum = sums.data<float>()[0];
+    tokens = sums.data<float>()[1];
+  }
   const double loss = tokens > 0 ? loss_sum / tokens : 0.0;
+  if (!is_logging_rank()) return loss;
   const std::string line = fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |",
                                        iteration, loss, std::exp(std::min(loss, 20.0)));
   const std::string bar(line.size(), '-');
@@ -131,11 +157,11 @@ double Trainer::evaluate(int64_t iteration) {
 
 void Trainer::save(int64_t iteration) {
   state_.iteration = iteration;
-  state_.consumed_train_samples = train_cursor_->consumed_samples();
   state_.scheduler = scheduler_->state_dict();
   auto t0 = Clock::now();
-  std::string dir = save_training_checkpoint(config_.training.save, config_, *model_, optimizer_.get(), state_);
+  std::string dir = save_training_checkpoint(config_.training.save, config_, *model_, optimizer_.get(), state_, pc_);
   double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (!is_logging_rank()) return;
   fmt::print(" saved checkpoint at iteration {:>7} to {} in {:.1f} ms\n", iteration, dir, ms);
   metrics_.write({{"event", "save"}, {"iteration", iteration}, {"dir", dir}, {"ms", ms}});
 }
@@ -163,7 +189,7 @@ TrainSummary Trainer::train() {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
       IterationStats st{.iteration = iteration,
                         .train_iters = t.train_iters,
-                        .consumed_samples = train_cursor_->consumed_samples(),
+                        .consumed_samples = state_.consumed_train_samples,
                         .elapsed_ms_per_iter = 1000.0 * secs / static_cast<double>(iters_in_window),
                         .tokens_per_sec = static_cast<double>(iters_in_window * t.global_batch_size *
                                                               config_.model.seq_length) / secs,
@@ -173,11 +199,13 @@ TrainSummary Trainer::train() {
                         .grad_norm = grad_norm_last,
                         .skipped_iters = skipped_total,
                         .nan_iters = nan_total};
-      fmt::print("{}\n", format_log_line(st));
-      std::fflush(stdout);
-      nlohmann::json rec = to_json(st);
-      rec["lm_loss_last"] = loss;
-      metrics_.write(rec);
+      if (is_logging_rank()) {
+        fmt::print("{}\n", format_log_line(st));
+        std::fflush(stdout);
+        nlohmann::json rec = to_json(st);
+        rec["lm_loss_last"] = loss;
+        metrics_.write(rec);
+      }
       loss_window = 0;
       iters_in_window = 0;
       window_start = Clock::now();

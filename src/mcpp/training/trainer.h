@@ -1,11 +1,14 @@
-// The single-process pretraining loop (Megatron-LM's training.py: pretrain / train / train_step /
-// evaluate), on the GPTModel with contiguous main grads, Adam, Megatron's LR schedule and global clip.
-//   iteration: zero main grads -> for each of num_microbatches: next micro batch from the train cursor,
-//   forward (dropout on) + backward with grad scale 1/num_microbatches -> grad norm + clip -> Adam step
-//   at the scheduled LR (skipped, and counted, when the grad norm is not finite) -> scheduler step.
-// Logs a Megatron log line every log_interval, evaluates on the valid split every eval_interval, saves
-// every save_interval and at the end. Deterministic given --seed: a run resumed from iteration k
-// reproduces the uninterrupted run's losses bit for bit on CPU.
+// The pretraining loop (Megatron-LM's training.py: pretrain / train / train_step / evaluate) on one
+// rank of a ParallelContext (tensor + data parallel; a single process is the size-1 context).
+//   iteration: zero main grads -> for each local microbatch m: rows [dp_rank*mbs, +mbs) of the m-th
+//   mbs*dp slice of the global batch, forward (dropout on) + backward with grad scale 1/num_microbatches
+//   -> DP gradient reduction (DistributedDataParallel; average over DP) -> finalize_model_grads (SP norm
+//   grads over TP) -> grad norm (each param once) + clip -> Adam step at the scheduled LR (skipped, and
+//   counted, when the norm is not finite) -> scheduler step.
+// The last rank prints Megatron's log line every log_interval and writes the JSONL metrics; evaluation
+// on the valid split every eval_interval; checkpoints every save_interval and at the end (collective:
+// logical tensors gathered over TP, written by rank 0). Deterministic given --seed: a run resumed from
+// iteration k reproduces the uninterrupted run's losses bit for bit on CPU.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -13,6 +16,7 @@
 
 #include "mcpp/datasets/gpt_dataset.h"
 #include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/checkpointing.h"
 #include "mcpp/training/metrics.h"
 #include "mcpp/transformer/transformer_config.h"
@@ -21,38 +25,43 @@ namespace mcpp {
 
 class Adam;
 class OptimizerParamScheduler;
+class DistributedDataParallel;
 
 struct TrainSummary {
   int64_t iterations_run = 0;
   int64_t final_iteration = 0;
-  std::vector<double> losses;     // lm loss of each iteration run (for tests / tools)
+  std::vector<double> losses;     // lm loss of each iteration run (mean over DP), for tests / tools
   double last_valid_loss = -1;    // -1 when no evaluation ran
 };
 
 class Trainer {
  public:
-  // config: finalized, validated for training, apply_world_size(1) done, vocab set from the tokenizer.
-  // eod_token: the tokenizer's EOD id (for --eod-mask-loss).
-  Trainer(const Config& config, int64_t eod_token);
+  // config: finalized, validated for training, apply_world_size(world) done, vocab set from the tokenizer.
+  // eod_token: the tokenizer's EOD id (for --eod-mask-loss). pc: this rank's parallel context.
+  Trainer(const Config& config, int64_t eod_token, parallel_state::ParallelContext pc);
   ~Trainer();
   TrainSummary train();
   double evaluate(int64_t iteration);  // mean lm loss over eval_iters global batches of the valid split
+  GPTModel& model() { return *model_; }
 
  private:
   struct Batch {
     Tensor tokens, labels, loss_mask;  // [s, b]
   };
-  Batch next_batch(GPTSampleCursor& cursor);
+  // Micro batch `m` of the global batch starting at sample `first` (this DP rank's rows).
+  Batch get_batch(const GPTDataset& ds, int64_t first, int64_t m) const;
   double train_step(double* grad_norm, bool* skipped);
   void save(int64_t iteration);
+  bool is_logging_rank() const { return pc_.rank() == pc_.world_size() - 1; }
+  double dp_mean(double local) const;
 
   Config config_;
+  parallel_state::ParallelContext pc_;
   std::unique_ptr<GPTDataset> train_ds_;
   std::unique_ptr<GPTDataset> valid_ds_;
   std::unique_ptr<GPTModel> model_;
   std::unique_ptr<Adam> optimizer_;
   std::unique_ptr<OptimizerParamScheduler> scheduler_;
-  std::unique_ptr<GPTSampleCursor> train_cursor_;
   TrainerState state_;
   MetricsWriter metrics_;
 };
