@@ -1,0 +1,282 @@
+// Data-parallel equivalence under mpiexec: DistributedDataParallel (plain Adam or the distributed
+// optimizer) at DP = world / tp against the single-rank model built on every rank with a size-1
+// communicator and fed the WHOLE global batch. DP rank r gets columns [(r*M + m)*b, +b) of the global
+// batch [s, dp*M*b] as its microbatch m (M microbatches, each loss scaled by 1/M, grads averaged over DP).
+// The loss mask depends only on the sequence position, so every microbatch has the same token count and
+// the mean over ranks of the microbatch means equals the single-rank mean over the global batch.
+// Checks per step: loss (mean over DP ranks), every gradient after finish_grad_sync (+ finalize_model_grads)
+// — the whole buffer with plain DDP, this rank's shard pieces with the distributed optimizer — the grad
+// norm, and after 3 AdamW steps with clipping every parameter. With gradient accumulation the flight
+// recorder shows that no dp_cp collective ran before the last microbatch. Both model styles; TP2 x DP2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <optional>
+
+#include "mcpp/comm/flight_recorder.h"
+#include "mcpp/comm/local/local_communicator.h"
+#include "mcpp/comm/mpi/mpi_communicator.h"
+#include "mcpp/distributed/data_parallel.h"
+#include "mcpp/distributed/finalize_grads.h"
+#include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/optimizer/adam.h"
+#include "mcpp/optimizer/distributed_optimizer.h"
+#include "mcpp/parallel_state/parallel_context.h"
+
+namespace mcpp {
+namespace {
+
+using parallel_state::ParallelContext;
+
+TransformerConfig config_for(const std::string& style) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 8;
+  c.kv_channels = 4;
+  c.seq_length = 8;
+  c.max_position_embeddings = 16;
+  c.vocab_size = 100;
+  c.padded_vocab_size = 128;
+  c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
+  if (style == "gpt2") {
+    c.num_query_groups = 8;
+    c.ffn_hidden_size = 64;
+  } else if (style == "gpt2odd") {  // sizes not divisible by dp: buckets need padding
+    c.hidden_size = 27;
+    c.num_attention_heads = 3;
+    c.num_query_groups = 3;
+    c.kv_channels = 9;
+    c.ffn_hidden_size = 45;
+    c.padded_vocab_size = 101;
+  } else {
+    c.num_query_groups = 4;
+    c.ffn_hidden_size = 48;
+    c.normalization = Normalization::RMSNorm;
+    c.swiglu = true;
+    c.position_embedding_type = PositionEmbedding::Rope;
+    c.untie_embeddings_and_output_weights = true;
+    c.add_bias_linear = false;
+  }
+  return c;
+}
+
+struct Batch {
+  Tensor tokens, labels, mask;  // [s, ncols]
+};
+// Columns [col0, col0 + ncols) of the global batch of `step`.
+Batch batch_cols(int step, int64_t s, int64_t col0, int64_t ncols) {
+  Batch bt{Tensor::empty({s, ncols}, DType::I32), Tensor::empty({s, ncols}, DType::I32), Tensor::empty({s, ncols})};
+  for (int64_t is = 0; is < s; ++is)
+    for (int64_t j = 0; j < ncols; ++j) {
+      const int64_t ib = col0 + j, i = is * ncols + j;
+      bt.tokens.data<int32_t>()[i] = static_cast<int32_t>((is * 37 + ib * 11 + 5 + step * 13) % 100);
+      bt.labels.data<int32_t>()[i] = static_cast<int32_t>((is * 53 + ib * 29 + 3 + step * 7) % 100);
+      bt.mask.data<float>()[i] = (is % 5 == 2) ? 0.0f : 1.0f;  // same count in every column
+    }
+  return bt;
+}
+
+// max |a - b| / max |scale|: relative to the whole reference tensor, so a slice of exact-zero gradients
+// (rounding noise on both sides) is judged against the parameter's scale.
+double rel_err(const Tensor& a, const Tensor& b, const Tensor& scale) {
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    diff = std::max(diff, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
+  for (int64_t i = 0; i < scale.numel(); ++i) ref = std::max(ref, double(std::abs(scale.data<float>()[i])));
+  return ref > 0 ? diff / ref : diff;
+}
+
+Tensor shard_of(const Parameter& local, const Tensor& global) {
+  if (!local.spec.shard.partitioned()) return global;
+  Tensor out = Tensor::empty(local.spec.shape);
+  copy_shard_from_global(out, global, local.spec.shard);
+  return out;
+}
+
+std::vector<AdamParam> adam_params(GPTModel& m) {
+  std::vector<AdamParam> out;
+  for (const auto& p : m.params().params())
+    out.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
+                   .no_weight_decay = p->spec.no_weight_decay});
+  return out;
+}
+
+struct Case {
+  std::string style = "gpt2";
+  int tp = 1;
+  bool sequence_parallel = false;
+  int64_t bucket_size = 0;
+  bool overlap_grad_reduce = false;
+  bool distributed_optimizer = false;
+  bool overlap_param_gather = false;
+  int microbatches = 1;
+  bool expect_padding = false;  // assert that some bucket is padded (the padded path is exercised)
+};
+
+size_t dp_collectives(const comm::CommPtr& world) {
+  size_t n = 0;
+  for (const auto& e : world->recorder()->entries()) n += e.group == "dp_cp";
+  return n;
+}
+
+void check_grads(const Case& k, GPTModel& par, GPTModel& ref, const std::optional<DistributedOptimizer>& dopt,
+                 const std::string& what) {
+  if (!k.distributed_optimizer) {
+    for (const auto& p : par.params().params()) {
+      const Tensor r = shard_of(*p, ref.params().find(p->spec.key)->main_grad);
+      // fp32, different reduction orders (DP average of partial means): 1e-5 relative.
+      EXPECT_LT(rel_err(p->main_grad, r, r), 1e-5) << what << " grad " << p->spec.key;
+    }
+    return;
+  }
+  for (const ShardPiece& pc : dopt->pieces()) {
+    const Tensor r = shard_of(*pc.owner, ref.params().find(pc.owner->spec.key)->main_grad);
+    EXPECT_LT(rel_err(pc.main_grad, r.flat_slice(pc.param_offset, {pc.numel}), r), 1e-5)
+        << what << " grad piece " << pc.owner->spec.key << " @" << pc.param_offset;
+  }
+}
+
+void check_dp_equivalence(const Case& k) {
+  comm::CommPtr world = comm::world();
+  ParallelContext pc = ParallelContext::create(world, {.tensor_model_parallel_size = k.tp});
+  ParallelContext single = ParallelContext::single(comm::make_local_world());
+  const int dp = pc.dp_size(), r = pc.dp_rank(), M = k.microbatches;
+  const int64_t b = 2;
+  const TransformerConfig c = config_for(k.style);
+  GPTModel ref(c, 42, {single.tp(), false});
+  GPTModel par(c, 42, {pc.tp(), k.sequence_parallel});
+  // eps 1e-4: see parallel_equivalence_driver.cpp (exact-zero grads are rounding noise of either sign).
+  const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
+  Adam ref_opt(adam_params(ref), adam);
+  DistributedDataParallel ddp(par.params(), pc,
+                              {.bucket_size = k.bucket_size, .overlap_grad_reduce = k.overlap_grad_reduce,
+                               .use_distributed_optimizer = k.distributed_optimizer});
+  std::optional<Adam> par_adam;
+  std::optional<DistributedOptimizer> dopt;
+  if (k.distributed_optimizer) dopt.emplace(ddp, DistributedOptimizerOptions{adam, k.overlap_param_gather});
+  else par_adam.emplace(adam_params(par), adam);
+  const std::string what = k.style + " tp=" + std::to_string(k.tp) + " dp=" + std::to_string(dp) +
+                           " buckets=" + std::to_string(ddp.buckets().size()) +
+                           (k.overlap_grad_reduce ? " overlap" : "") + (k.distributed_optimizer ? " distopt" : "") +
+                           (k.overlap_param_gather ? " overlap-param-gather" : "") + " M=" + std::to_string(M);
+  if (k.expect_padding) {
+    bool padded = false;
+    for (const Bucket& bk : ddp.buckets()) padded |= bk.padded_numel != bk.numel();
+    ASSERT_TRUE(padded) << what << ": no bucket needs padding, the padded path is not exercised";
+  }
+
+  for (int step = 0; step < 3; ++step) {
+    const int64_t B = dp * M * b;
+    Batch full = batch_cols(step, c.seq_length, 0, B);
+    ref.params().zero_grad();
+    GPTModelCtx rc;
+    const LossResult rl = ref.forward_loss(rc, full.tokens, full.labels, full.mask, {.training = false});
+    ref.backward(rc, 1.0f);
+    finalize_model_grads(ref.params(), single);
+
+    if (dopt) dopt->wait_param_gather();  // the trainer's first call of an iteration
+    ddp.zero_grad();
+    double loss = 0;
+    for (int m = 0; m < M; ++m) {
+      const size_t before = dp_collectives(world);
+      ddp.set_is_last_microbatch(m == M - 1);
+      Batch mb = batch_cols(step, c.seq_length, (int64_t{r} * M + m) * b, b);
+      GPTModelCtx ctx;
+      loss += par.forward_loss(ctx, mb.tokens, mb.labels, mb.mask, {.training = false}).loss / M;
+      par.backward(ctx, 1.0f / static_cast<float>(M));
+      if (m < M - 1) EXPECT_EQ(dp_collectives(world), before) << what << ": DP collective before the last microbatch";
+      else if (k.overlap_grad_reduce && ddp.buckets().size() > 1)
+        EXPECT_GT(dp_collectives(world), before) << what << ": overlap posted nothing during the last backward";
+    }
+    ddp.finish_grad_sync();
+    finalize_model_grads(par.params(), pc);
+    Tensor lt = Tensor::empty({1});
+    lt.data<float>()[0] = static_cast<float>(loss);
+    ddp.dp_group()->all_reduce(lt, comm::ReduceOp::Avg).wait();
+    EXPECT_NEAR(lt.data<float>()[0], rl.loss, 1e-5 * std::abs(rl.loss)) << what << " loss step " << step;
+    check_grads(k, par, ref, dopt, what + " step " + std::to_string(step));
+
+    const double rn = model_grad_norm(ref.params(), single);
+    const double pn = dopt ? dopt->grad_norm() : model_grad_norm(par.params(), pc);
+    EXPECT_NEAR(pn, rn, 1e-5 * rn) << what << " grad norm step " << step;
+    clip_grads_by_total_norm(ref.params(), rn, 0.5);  // small max_norm: clipping is exercised
+    if (dopt) dopt->clip_grads(pn, 0.5);
+    else clip_grads_by_total_norm(par.params(), pn, 0.5);
+    ref_opt.step(1e-2f);
+    if (dopt) dopt->step(1e-2f);
+    else par_adam->step(1e-2f);
+  }
+  if (dopt) dopt->wait_param_gather();
+  for (const auto& p : par.params().params()) {
+    const Tensor rp = shard_of(*p, ref.params().find(p->spec.key)->data);
+    EXPECT_LT(rel_err(p->data, rp, rp), 1e-5) << what << " param after 3 steps " << p->spec.key;
+  }
+}
+
+// DP = world: plain DDP with one bucket / many buckets, with and without overlap.
+TEST(DataParallel, Gpt2OneBucketNoOverlap) { check_dp_equivalence({.bucket_size = 0}); }
+TEST(DataParallel, Gpt2TinyBucketsOverlap) { check_dp_equivalence({.bucket_size = 1, .overlap_grad_reduce = true}); }
+TEST(DataParallel, Gpt2MidBucketsOverlap) { check_dp_equivalence({.bucket_size = 3000, .overlap_grad_reduce = true}); }
+TEST(DataParallel, LlamaTinyBucketsOverlap) {
+  check_dp_equivalence({.style = "llama", .bucket_size = 1, .overlap_grad_reduce = true});
+}
+TEST(DataParallel, LlamaHugeBucketNoOverlap) { check_dp_equivalence({.style = "llama", .bucket_size = 1'000'000'000}); }
+TEST(DataParallel, GradAccumulationReducesOnlyAfterLastMicrobatch) {
+  check_dp_equivalence({.bucket_size = 1, .overlap_grad_reduce = true, .microbatches = 2});
+}
+
+// Distributed optimizer vs plain Adam on one rank.
+TEST(DistributedOptimizer, Gpt2OneBucket) { check_dp_equivalence({.distributed_optimizer = true}); }
+TEST(DistributedOptimizer, Gpt2TinyBucketsOverlapBoth) {
+  check_dp_equivalence({.bucket_size = 1, .overlap_grad_reduce = true, .distributed_optimizer = true,
+                        .overlap_param_gather = true});
+}
+TEST(DistributedOptimizer, PaddedBuckets) {
+  check_dp_equivalence({.style = "gpt2odd", .bucket_size = 500, .overlap_grad_reduce = true,
+                        .distributed_optimizer = true, .expect_padding = comm::world()->size() > 1});
+}
+TEST(DistributedOptimizer, LlamaMidBucketsAccumulation) {
+  check_dp_equivalence({.style = "llama", .bucket_size = 3000, .overlap_grad_reduce = true,
+                        .distributed_optimizer = true, .overlap_param_gather = true, .microbatches = 2});
+}
+
+// TP2 x DP2 on 4 ranks vs 1 rank, both styles.
+TEST(TensorDataParallel, Gpt2SequenceParallelTp2Dp2) {
+  if (comm::world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_dp_equivalence({.tp = 2, .sequence_parallel = true, .bucket_size = 2000, .overlap_grad_reduce = true});
+}
+TEST(TensorDataParallel, LlamaTp2Dp2) {
+  if (comm::world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_dp_equivalence({.style = "llama", .tp = 2, .bucket_size = 1, .overlap_grad_reduce = true});
+}
+TEST(TensorDataParallel, Gpt2Tp2Dp2DistributedOptimizer) {
+  if (comm::world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_dp_equivalence({.tp = 2, .sequence_parallel = true, .bucket_size = 1, .overlap_grad_reduce = true,
+                        .distributed_optimizer = true, .overlap_param_gather = true, .microbatches = 2});
+}
+TEST(TensorDataParallel, LlamaTp2Dp2DistributedOptimizer) {
+  if (comm::world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_dp_equivalence({.style = "llama", .tp = 2, .bucket_size = 5000, .distributed_optimizer = true});
+}
+
+}  // namespace
+}  // namespace mcpp
+
+int main(int argc, char** argv) {
+  mcpp::comm::init_mpi(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (mcpp::comm::world()->rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int rc = RUN_ALL_TESTS();
+  // Every rank must agree on failure: take the max of the exit codes.
+  mcpp::Tensor t = mcpp::Tensor::empty({1}, mcpp::DType::I32);
+  t.data<int32_t>()[0] = rc;
+  mcpp::comm::world()->all_reduce(t, mcpp::comm::ReduceOp::Max).wait();
+  rc = t.data<int32_t>()[0];
+  mcpp::comm::finalize_mpi();
+  return rc;
+}
