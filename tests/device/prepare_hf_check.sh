@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Prepares device_carry/ for tests/device/hf_logits_check.py: trains a tiny GPT-2-style and a tiny
+# Llama-style model for 5 iterations on DATA (a Megatron prefix, GPT-2 vocabulary), writes their logits on
+# fixed tokens with `mcpp forward`, and exports both with `mcpp ckpt export`. Then on the device:
+#   run(command="python3 tests/device/hf_logits_check.py", carry=["device_carry"])
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DATA=${1:?usage: prepare_hf_check.sh DATA_PREFIX}
+MCPP=build/bin/mcpp
+rm -rf device_carry && mkdir -p device_carry
+B="--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 32
+   --micro-batch-size 2 --global-batch-size 4 --lr 1e-2 --lr-warmup-iters 1 --train-iters 5 --log-interval 5
+   --eval-interval 100 --eval-iters 0 --split 90,10,0 --hidden-dropout 0 --attention-dropout 0 --data-path $DATA"
+$MCPP train $B --save device_carry/gpt2 > /dev/null
+$MCPP train $B --normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights \
+  --disable-bias-linear --group-query-attention --num-query-groups 2 --save device_carry/llama > /dev/null
+printf "464 2068 7586 21831 18045 625 262 16931 3290 13 50256 318 257 1332 286 262\n13313 352 25 262 2068 7586 21831 18045 625 262 16931 3290 13 464 2068 7586\n" > device_carry/tokens.txt
+for m in gpt2 llama; do
+  $MCPP forward --load device_carry/$m --tokens device_carry/tokens.txt --output device_carry/$m.npy
+  $MCPP ckpt export --load device_carry/$m --format hf-$m --output device_carry/hf-$m
+  rm -rf device_carry/$m  # keep the carry under 64 MiB
+done
+du -sh device_carry
