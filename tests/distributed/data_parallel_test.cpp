@@ -187,6 +187,29 @@ TEST(Ddp, WithoutOverlapHookIsNotInstalledAndFinishReduces) {
   EXPECT_EQ(f.buf->grad_buffer().data<float>()[0], 2.0f);  // Avg over one rank
 }
 
+TEST(Ddp, ParamGatherNeedsDistributedOptimizerAndBlocksGradReduction) {
+  Fixture f;
+  {
+    DistributedDataParallel plain(*f.buf, f.pc, {});
+    EXPECT_THROW(plain.start_param_gather(), Error);
+  }
+  DistributedDataParallel ddp(*f.buf, f.pc, {.bucket_size = 6, .use_distributed_optimizer = true});
+  ddp.start_param_gather();
+  EXPECT_TRUE(ddp.param_gather_in_flight());
+  EXPECT_THROW(ddp.start_param_gather(), Error);  // two gathers in flight
+  EXPECT_THROW(ddp.finish_grad_sync(), Error);    // the trainer forgot wait_param_gather()
+  ddp.wait_param_gather();
+  EXPECT_FALSE(ddp.param_gather_in_flight());
+  ddp.finish_grad_sync();
+  size_t rs = 0, ag = 0;
+  for (const auto& e : f.world->recorder()->entries()) {
+    rs += e.op == "reduce_scatter";
+    ag += e.op == "all_gather";
+  }
+  EXPECT_EQ(rs, ddp.buckets().size());
+  EXPECT_EQ(ag, ddp.buckets().size());
+}
+
 TEST(Ddp, DestructorRemovesTheHook) {
   Fixture f;
   {

@@ -161,6 +161,19 @@ void check_dp_equivalence(const Case& k) {
                            " buckets=" + std::to_string(ddp.buckets().size()) +
                            (k.overlap_grad_reduce ? " overlap" : "") + (k.distributed_optimizer ? " distopt" : "") +
                            (k.overlap_param_gather ? " overlap-param-gather" : "") + " M=" + std::to_string(M);
+  if (dopt) {
+    // Shards partition the buffer: the owned elements of all DP ranks sum to the model's numel.
+    Tensor owned = Tensor::empty({1}, DType::I32);
+    owned.data<int32_t>()[0] = static_cast<int32_t>(dopt->shard_numel());
+    ddp.dp_group()->all_reduce(owned, comm::ReduceOp::Sum).wait();
+    EXPECT_EQ(owned.data<int32_t>()[0], par.params().numel()) << what;
+    // Measured optimizer-state bytes per parameter = the formula 8/dp up to bucket padding (< dp
+    // elements per bucket, each 8 bytes spread over numel parameters).
+    const MemoryReport want = memory_report(dp, true, DType::F32), got = dopt->measured_memory();
+    const double slack = 8.0 * static_cast<double>(ddp.buckets().size()) / static_cast<double>(par.params().numel());
+    EXPECT_NEAR(got.optimizer_state_bytes, want.optimizer_state_bytes, slack) << what;
+    EXPECT_DOUBLE_EQ(got.param_bytes + got.grad_bytes, want.param_bytes + want.grad_bytes) << what;
+  }
   if (k.expect_padding) {
     bool padded = false;
     for (const Bucket& bk : ddp.buckets()) padded |= bk.padded_numel != bk.numel();
