@@ -8,6 +8,9 @@
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
 #include "mcpp/optimizer/adam.h"
+#include "mcpp/optimizer/distributed_optimizer.h"
+
+#include <map>
 
 namespace mcpp {
 
@@ -69,6 +72,27 @@ void read_shard(const dc::CheckpointReader& reader, const std::string& key, cons
   dst.copy_from(local);
 }
 
+// The distributed optimizer's moments of each parameter as full TP-local tensors: every DP rank places the
+// pieces it owns into zeros; an all-reduce (sum) over dp_cp assembles them (the pieces are disjoint).
+std::map<std::string, std::pair<Tensor, Tensor>> gather_distributed_state(const DistributedOptimizer& opt,
+                                                                          GPTModel& model,
+                                                                          const parallel_state::ParallelContext& pc) {
+  std::map<std::string, std::pair<Tensor, Tensor>> out;
+  for (const auto& p : model.params().params())
+    out[p->spec.key] = {Tensor::zeros(p->spec.shape), Tensor::zeros(p->spec.shape)};
+  for (const DistOptStatePiece& piece : opt.state()) {
+    auto& [m, v] = out.at(piece.key);
+    m.view({-1}).flat_slice(piece.offset, {piece.numel}).copy_from(piece.exp_avg);
+    v.view({-1}).flat_slice(piece.offset, {piece.numel}).copy_from(piece.exp_avg_sq);
+  }
+  if (pc.dp_cp()->size() > 1)
+    for (auto& [key, mv] : out) {
+      pc.dp_cp()->all_reduce(mv.first, comm::ReduceOp::Sum).wait();
+      pc.dp_cp()->all_reduce(mv.second, comm::ReduceOp::Sum).wait();
+    }
+  return out;
+}
+
 void read_model(const dc::CheckpointReader& reader, GPTModel& model) {
   for (const auto& p : model.params().params()) read_shard(reader, p->spec.key, p->spec, p->data);
 }
@@ -76,7 +100,7 @@ void read_model(const dc::CheckpointReader& reader, GPTModel& model) {
 }  // namespace
 
 std::string save_training_checkpoint(const std::string& save_dir, const Config& config, GPTModel& model,
-                                     const Adam* optimizer, const TrainerState& state,
+                                     OptimizerRef optimizer, const TrainerState& state,
                                      const parallel_state::ParallelContext& pc) {
   const bool writer = pc.rank() == 0;  // DP replicas are identical; rank 0 holds TP rank 0's view
   comm::Communicator& tp = *pc.tp();
@@ -87,15 +111,23 @@ std::string save_training_checkpoint(const std::string& save_dir, const Config& 
     if (writer) c.tensors.push_back({p->spec.key, full});
   }
   nlohmann::json opt_meta = nullptr;
-  if (optimizer) {
-    for (const AdamState& s : optimizer->state()) {
-      const ParamSpec& spec = model.params().find(s.name)->spec;
-      Tensor m = logical_tensor(s.exp_avg, spec, tp), v = logical_tensor(s.exp_avg_sq, spec, tp);
-      if (!writer) continue;
-      c.tensors.push_back({kExpAvg + s.name, m});
-      c.tensors.push_back({kExpAvgSq + s.name, v});
+  auto add_moments = [&](const std::string& key, const Tensor& m_local, const Tensor& v_local) {
+    const ParamSpec& spec = model.params().find(key)->spec;
+    Tensor m = logical_tensor(m_local, spec, tp), v = logical_tensor(v_local, spec, tp);
+    if (!writer) return;
+    c.tensors.push_back({kExpAvg + key, m});
+    c.tensors.push_back({kExpAvgSq + key, v});
+  };
+  if (optimizer.adam) {
+    for (const AdamState& s : optimizer.adam->state()) add_moments(s.name, s.exp_avg, s.exp_avg_sq);
+    opt_meta = {{"step", optimizer.adam->step_count()}};
+  } else if (optimizer.distributed) {
+    auto moments = gather_distributed_state(*optimizer.distributed, model, pc);
+    for (const auto& p : model.params().params()) {  // parameter order on every rank (collectives line up)
+      const auto& [m, v] = moments.at(p->spec.key);
+      add_moments(p->spec.key, m, v);
     }
-    opt_meta = {{"step", optimizer->step_count()}};
+    opt_meta = {{"step", optimizer.distributed->step_count()}, {"distributed", true}};
   }
   c.meta = {{"config", config.to_json()},
             {"fingerprint", config.fingerprint()},
@@ -126,8 +158,8 @@ std::string save_training_checkpoint(const std::string& save_dir, const Config& 
   return writer ? dir : save_dir + "/" + dc::iteration_dir_name(state.iteration);
 }
 
-bool load_training_checkpoint(const std::string& load_dir, const Config& config, GPTModel& model, Adam* optimizer,
-                              TrainerState& state, const LoadOptions& opt) {
+bool load_training_checkpoint(const std::string& load_dir, const Config& config, GPTModel& model,
+                              OptimizerRef optimizer, TrainerState& state, const LoadOptions& opt) {
   if (dc::latest_iteration(load_dir) < 0 && dc::list_iterations(load_dir).empty()) return false;
   dc::CheckpointReader reader(load_dir);
   const nlohmann::json& meta = reader.meta();
@@ -144,11 +176,32 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
   if (opt.load_rng) {
     state.rng.load_state(meta.at("rng"));
   }
-  if (optimizer && opt.load_optimizer) {
+  if (!optimizer.empty() && opt.load_optimizer) {
     if (meta.at("optimizer").is_null())
       fail("checkpoint '{}' holds no optimizer state; use --no-load-optim (or --finetune) to load weights only",
            reader.dir());
-    optimizer->load_state(meta.at("optimizer").at("step").get<int64_t>(),
+    const int64_t step = meta.at("optimizer").at("step").get<int64_t>();
+    if (optimizer.distributed) {
+      // Each piece: the logical moment -> this rank's TP shard -> the piece's flat range.
+      std::map<std::string, std::pair<Tensor, Tensor>> cache;
+      optimizer.distributed->load_state(
+          step, [&](const std::string& key, int64_t offset, Tensor& exp_avg, Tensor& exp_avg_sq) {
+            if (!reader.has(kExpAvg + key) || !reader.has(kExpAvgSq + key)) return false;
+            auto it = cache.find(key);
+            if (it == cache.end()) {
+              const ParamSpec& spec = model.params().find(key)->spec;
+              Tensor m = Tensor::empty(spec.shape), v = Tensor::empty(spec.shape);
+              read_shard(reader, kExpAvg + key, spec, m);
+              read_shard(reader, kExpAvgSq + key, spec, v);
+              it = cache.emplace(key, std::make_pair(m.view({-1}), v.view({-1}))).first;
+            }
+            exp_avg.copy_from(it->second.first.flat_slice(offset, {exp_avg.numel()}));
+            exp_avg_sq.copy_from(it->second.second.flat_slice(offset, {exp_avg_sq.numel()}));
+            return true;
+          });
+      return true;
+    }
+    optimizer.adam->load_state(step,
                           [&](const std::string& name, Tensor& exp_avg, Tensor& exp_avg_sq) {
                             if (!reader.has(kExpAvg + name) || !reader.has(kExpAvgSq + name)) return false;
                             const ParamSpec& spec = model.params().find(name)->spec;

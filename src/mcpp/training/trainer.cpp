@@ -8,7 +8,9 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/optimizer/adam.h"
+#include "mcpp/distributed/data_parallel.h"
 #include "mcpp/distributed/finalize_grads.h"
+#include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/optimizer/lr_scheduler.h"
 
 namespace mcpp {
@@ -42,11 +44,24 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   }
   model_ = std::make_unique<GPTModel>(config_.model, static_cast<uint64_t>(t.seed),
                                       tensor_parallel::TPContext{pc_.tp(), config_.parallel.sequence_parallel});
-  std::vector<AdamParam> adam_params;
-  for (const auto& p : model_->params().params())
-    adam_params.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
-                           .no_weight_decay = p->spec.no_weight_decay});
-  optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
+  const auto& par = config_.parallel;
+  ddp_ = std::make_unique<DistributedDataParallel>(model_->params(), pc_,
+                                                   DdpOptions{.bucket_size = par.ddp_bucket_size,
+                                                              .overlap_grad_reduce = par.overlap_grad_reduce,
+                                                              .use_distributed_optimizer = par.use_distributed_optimizer});
+  if (par.use_distributed_optimizer) {
+    dist_optimizer_ = std::make_unique<DistributedOptimizer>(
+        *ddp_, DistributedOptimizerOptions{.adam = adam_options_from(config_.optimizer),
+                                           .overlap_param_gather = par.overlap_param_gather});
+  } else {
+    std::vector<AdamParam> adam_params;
+    for (const auto& p : model_->params().params())
+      adam_params.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
+                             .no_weight_decay = p->spec.no_weight_decay});
+    optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
+  }
+  if (is_logging_rank())
+    fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, DType::F32)));
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
   // Dropout streams: seeded by --seed (Megatron's offsets per TP/PP rank); offsets are checkpointed.
   state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), pc_.tp_rank(), pc_.pp_rank());
@@ -56,7 +71,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                    .load_rng = !t.no_load_rng && !t.finetune,
                    .finetune = t.finetune,
                    .override_config_check = t.override_config_check};
-    if (load_training_checkpoint(t.load, config_, *model_, optimizer_.get(), state_, lo)) {
+    if (load_training_checkpoint(t.load, config_, *model_, optimizer_ref(), state_, lo)) {
       if (!t.finetune && !state_.scheduler.empty()) scheduler_->load_state_dict(state_.scheduler);
       if (is_logging_rank()) spdlog::info("loaded checkpoint from {} at iteration {}", t.load, state_.iteration);
     } else if (is_logging_rank()) {
@@ -100,23 +115,32 @@ double Trainer::dp_mean(double local) const {
 double Trainer::train_step(double* grad_norm, bool* skipped) {
   const int64_t num_micro = config_.num_microbatches();
   ParamAndGradBuffer& params = model_->params();
-  params.zero_grad();
+  if (dist_optimizer_) dist_optimizer_->wait_param_gather();  // previous step's params complete
+  ddp_->zero_grad();
   double loss = 0;
   for (int64_t m = 0; m < num_micro; ++m) {
     Batch batch = get_batch(*train_ds_, state_.consumed_train_samples, m);
     GPTModelCtx ctx;
     LossResult r = model_->forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask,
                                         {.training = true, .rng = &state_.rng});
+    ddp_->set_is_last_microbatch(m == num_micro - 1);  // Megatron's no_sync for the earlier ones
     model_->backward(ctx, 1.0f / static_cast<float>(num_micro));  // Megatron: loss / num_microbatches
     loss += r.loss / static_cast<double>(num_micro);
   }
-  if (pc_.dp_cp()->size() > 1) pc_.dp_cp()->all_reduce(params.grad_buffer(), comm::ReduceOp::Avg).wait();
+  ddp_->finish_grad_sync();  // average over DP (owned shards only with the distributed optimizer)
   finalize_model_grads(params, pc_);
-  *grad_norm = model_grad_norm(params, pc_);
+  const float clip = config_.optimizer.clip_grad;
+  *grad_norm = dist_optimizer_ ? dist_optimizer_->grad_norm() : model_grad_norm(params, pc_);
   *skipped = !std::isfinite(*grad_norm);
   if (!*skipped) {
-    clip_grads_by_total_norm(params, *grad_norm, config_.optimizer.clip_grad);
-    optimizer_->step(static_cast<float>(scheduler_->get_lr()));
+    const auto lr = static_cast<float>(scheduler_->get_lr());
+    if (dist_optimizer_) {
+      dist_optimizer_->clip_grads(*grad_norm, clip);
+      dist_optimizer_->step(lr);
+    } else {
+      clip_grads_by_total_norm(params, *grad_norm, clip);
+      optimizer_->step(lr);
+    }
   }
   scheduler_->step(config_.training.global_batch_size);
   state_.consumed_train_samples += config_.training.global_batch_size;
@@ -125,6 +149,7 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
 
 double Trainer::evaluate(int64_t iteration) {
   if (!valid_ds_) return -1;
+  if (dist_optimizer_) dist_optimizer_->wait_param_gather();
   const auto& t = config_.training;
   double loss_sum = 0, tokens = 0;
   for (int64_t it = 0; it < t.eval_iters; ++it) {
@@ -158,8 +183,9 @@ double Trainer::evaluate(int64_t iteration) {
 void Trainer::save(int64_t iteration) {
   state_.iteration = iteration;
   state_.scheduler = scheduler_->state_dict();
+  if (dist_optimizer_) dist_optimizer_->wait_param_gather();
   auto t0 = Clock::now();
-  std::string dir = save_training_checkpoint(config_.training.save, config_, *model_, optimizer_.get(), state_, pc_);
+  std::string dir = save_training_checkpoint(config_.training.save, config_, *model_, optimizer_ref(), state_, pc_);
   double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (!is_logging_rank()) return;
   fmt::print(" saved checkpoint at iteration {:>7} to {} in {:.1f} ms\n", iteration, dir, ms);

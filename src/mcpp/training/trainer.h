@@ -2,9 +2,11 @@
 // rank of a ParallelContext (tensor + data parallel; a single process is the size-1 context).
 //   iteration: zero main grads -> for each local microbatch m: rows [dp_rank*mbs, +mbs) of the m-th
 //   mbs*dp slice of the global batch, forward (dropout on) + backward with grad scale 1/num_microbatches
-//   -> DP gradient reduction (DistributedDataParallel; average over DP) -> finalize_model_grads (SP norm
-//   grads over TP) -> grad norm (each param once) + clip -> Adam step at the scheduled LR (skipped, and
-//   counted, when the norm is not finite) -> scheduler step.
+//   -> DP gradient reduction (DistributedDataParallel: average over DP per bucket, overlapped with the last
+//   microbatch's backward with --overlap-grad-reduce; reduce-scatter with --use-distributed-optimizer)
+//   -> finalize_model_grads (SP norm grads over TP) -> grad norm (each param once) + clip -> Adam step at
+//   the scheduled LR (sharded + param all-gather with the distributed optimizer; skipped, and counted,
+//   when the norm is not finite) -> scheduler step.
 // The last rank prints Megatron's log line every log_interval and writes the JSONL metrics; evaluation
 // on the valid split every eval_interval; checkpoints every save_interval and at the end (collective:
 // logical tensors gathered over TP, written by rank 0). Deterministic given --seed: a run resumed from
@@ -26,6 +28,7 @@ namespace mcpp {
 class Adam;
 class OptimizerParamScheduler;
 class DistributedDataParallel;
+class DistributedOptimizer;
 
 struct TrainSummary {
   int64_t iterations_run = 0;
@@ -60,7 +63,10 @@ class Trainer {
   std::unique_ptr<GPTDataset> train_ds_;
   std::unique_ptr<GPTDataset> valid_ds_;
   std::unique_ptr<GPTModel> model_;
-  std::unique_ptr<Adam> optimizer_;
+  std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<Adam> optimizer_;                    // without --use-distributed-optimizer
+  std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // with it
+  OptimizerRef optimizer_ref() const { return {optimizer_.get(), dist_optimizer_.get()}; }
   std::unique_ptr<OptimizerParamScheduler> scheduler_;
   TrainerState state_;
   MetricsWriter metrics_;

@@ -7,7 +7,9 @@ usage: parallel_train_check.py MCPP WORKDIR
   2. resume under mpiexec: interrupted at 3 (--exit-interval), resumed to 6: bit-identical losses;
   3. the TP2 x DP2 checkpoint loads at TP1 x DP1 (logical tensors resharded) and continues with the
      same losses as the 4-rank run (1e-5);
-  4. a bad launch layout (world 3, tp 2) fails on every rank with one clear error, no hang.
+  4. a bad launch layout (world 3, tp 2) fails on every rank with one clear error, no hang;
+  5. --use-distributed-optimizer with --overlap-grad-reduce / --overlap-param-gather and small buckets
+     equals 1 rank; its checkpoint continues at 1 rank with plain Adam.
 """
 import json
 import os
@@ -83,6 +85,20 @@ run([MCPP, "train", *M, *TP1, "--load", reshard, "--save", reshard])
 d = metrics(reshard)
 if any(not close(d.get(i), b[i]) for i in (4, 5, 6)):
     failures.append(f"TP2xDP2 checkpoint continued at TP1: {d} vs {b}")
+
+# 5. distributed optimizer with overlapped grad reduce (many small buckets) and param gather (TP2 x DP2):
+#    equals 1 rank; its checkpoint (optimizer state gathered logically) continues at 1 rank without it.
+DIST = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "3000"]
+dist = os.path.join(WORK, "dist")
+run(MPI + ["-np", "4", MCPP, "train", *M, *TP2, *DIST, "--exit-interval", "3", "--save", dist])
+e = metrics(dist)
+if len(e) != 3 or any(not close(e.get(i), a[i]) for i in (1, 2, 3)):
+    failures.append(f"distributed optimizer + overlap losses differ from 1 rank: {e} vs {a}")
+os.remove(os.path.join(dist, "metrics.jsonl"))
+run([MCPP, "train", *M, *TP1, "--load", dist, "--save", dist])
+f = metrics(dist)
+if any(not close(f.get(i), a[i]) for i in (4, 5, 6)):
+    failures.append(f"distributed-optimizer checkpoint continued at 1 rank: {f} vs {a}")
 
 p = run(MPI + ["-np", "3", MCPP, "train", *M, *TP2], expect=1, timeout=120)
 errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
