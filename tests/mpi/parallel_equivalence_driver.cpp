@@ -136,6 +136,37 @@ void check_tp_equivalence(const std::string& style, bool sequence_parallel) {
   }
 }
 
+// Model-parallel RNG tracker: hidden dropout on replicated activations (no SP) draws from the default
+// stream, identical on every TP rank — so TP2 with dropout equals the single-rank run with the same seed;
+// the model-parallel stream (attention probabilities of local heads, SP shards) differs per TP rank.
+TEST(TensorParallel, DropoutIdenticalWhereReplicatedIndependentWhereSharded) {
+  comm::CommPtr world = comm::world();
+  ParallelContext pc = ParallelContext::create(world, {.tensor_model_parallel_size = world->size()});
+  ParallelContext single = ParallelContext::single(comm::make_local_world());
+  TransformerConfig c = config_for("gpt2");
+  c.hidden_dropout = 0.2f;
+  GPTModel ref(c, 42, {single.tp(), false});
+  GPTModel par(c, 42, {pc.tp(), false});
+  tensor_parallel::RngTracker ref_rng(7, 0, 0), par_rng(7, pc.tp_rank(), 0);
+  Batch bt = batch_for(0, c.seq_length, 2);
+  GPTModelCtx rc, pcx;
+  LossResult rl = ref.forward_loss(rc, bt.tokens, bt.labels, bt.mask, {.training = true, .rng = &ref_rng});
+  LossResult pl = par.forward_loss(pcx, bt.tokens, bt.labels, bt.mask, {.training = true, .rng = &par_rng});
+  LossResult no_drop = ref.forward_loss(rc, bt.tokens, bt.labels, bt.mask, {.training = false});
+  EXPECT_NE(rl.loss, no_drop.loss);  // dropout is active
+  EXPECT_NEAR(pl.loss, rl.loss, 1e-5 * std::abs(rl.loss));
+  // The streams themselves: default keys agree over TP, model-parallel keys differ.
+  tensor_parallel::RngTracker t(7, pc.tp_rank(), 0);
+  Tensor keys = Tensor::empty({2 * world->size()}, DType::I64), mine = Tensor::empty({2}, DType::I64);
+  mine.data<int64_t>()[0] = static_cast<int64_t>(t.draw_default(10).seed);
+  mine.data<int64_t>()[1] = static_cast<int64_t>(t.draw_model_parallel(10).seed);
+  pc.tp()->all_gather(keys, mine).wait();
+  for (int r = 1; r < world->size(); ++r) {
+    EXPECT_EQ(keys.data<int64_t>()[2 * r], keys.data<int64_t>()[0]);
+    EXPECT_NE(keys.data<int64_t>()[2 * r + 1], keys.data<int64_t>()[1]);
+  }
+}
+
 TEST(TensorParallel, Gpt2MatchesSingleRank) { check_tp_equivalence("gpt2", false); }
 TEST(TensorParallel, Gpt2SequenceParallelMatchesSingleRank) { check_tp_equivalence("gpt2", true); }
 TEST(TensorParallel, LlamaMatchesSingleRank) { check_tp_equivalence("llama", false); }
