@@ -1,4 +1,4 @@
-// CPU activations, fp32, elementwise (math in float64 per element for a clean reference).
+// CPU activations, fp32, elementwise (math in float64 per element; GELU takes its exp in float, see below).
 //
 //   gelu_fwd:   y = 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi)  (tanh approximation, as
 //               Megatron's openai_gelu / bias_gelu); x, y any shape, same numel.
@@ -7,10 +7,19 @@
 //   swiglu_bwd: dgate = dy * up * s (1 + gate (1 - s)), s = sigmoid(gate); dup = dy * silu(gate);
 //               dx[n, 2f] = [dgate | dup]
 // All outputs overwritten; dx may alias dy for GELU (each element reads its dy before writing dx).
+// GELU speed (it was ~8% of the demo step through libm tanh): with u = k (x + 0.044715 x^3) in float64 and
+// e = exp(-2|u|) from detail::exp_approx (vec_math.h, float, within 1 ulp; e in (0, 1], no overflow),
+//   sigmoid(2u) = 1/(1+e) (u >= 0) or e/(1+e) (u < 0),  1 + tanh(u) = 2 sigmoid(2u),  1 - tanh(u)^2 = 4e/(1+e)^2,
+// so y = x sigmoid(2u) without cancellation; the sign select is a blend, the loops vectorize (MCPP_VEC_CLONES).
+// Error: rounding -2|u| to float costs |2u| * 6e-8 relative in e. Measured on a dense grid of x in [-6, 6]
+// against float64 with a 1e-3 floor: y within 5.8e-7 relative, dx within 6.0e-6 (largest where gelu'(x)
+// crosses 0 near x = -0.75 and its two terms cancel); tests/kernels/activations_test.cpp bounds 1e-6 / 1e-5.
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "mcpp/kernels/cpu/checks.h"
+#include "mcpp/kernels/cpu/vec_math.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp::ops::cpu {
@@ -20,6 +29,36 @@ namespace {
 constexpr double kGeluK = 0.7978845608028654;  // sqrt(2/pi)
 constexpr double kGeluC = 0.044715;
 constexpr int64_t kParallelMin = 1 << 15;
+constexpr int64_t kGeluChunk = 4096;  // elements per OpenMP task (each chunk is one vectorized call)
+
+// e = exp(-2|u|) for the GELU argument u of x; sets sig = sigmoid(2u).
+inline double gelu_e(double v, double& sig) {
+  const double u = kGeluK * (v + kGeluC * v * v * v);
+  const double e = detail::exp_approx(static_cast<float>(-2.0 * std::fabs(u)));
+  const double inv = 1.0 / (1.0 + e);
+  sig = u >= 0.0 ? inv : e * inv;  // blend (both sides computed)
+  return e;
+}
+
+MCPP_VEC_CLONES void gelu_fwd_chunk(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    double sig;
+    gelu_e(v, sig);
+    y[i] = static_cast<float>(v * sig);  // 0.5 v (1 + tanh u)
+  }
+}
+
+MCPP_VEC_CLONES void gelu_bwd_chunk(float* dx, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    double sig;
+    const double e = gelu_e(v, sig);
+    const double one_minus_t2 = 4.0 * e / ((1.0 + e) * (1.0 + e));
+    const double d = sig + 0.5 * v * one_minus_t2 * kGeluK * (1.0 + 3.0 * kGeluC * v * v);
+    dx[i] = static_cast<float>(dy[i] * d);
+  }
+}
 
 // Checks x [.., 2f] and y [.., f] (same leading dims); returns {rows n, f}.
 std::pair<int64_t, int64_t> swiglu_dims(const char* op, const Tensor& x, const Tensor& y, const char* y_name) {
@@ -42,11 +81,10 @@ void gelu_fwd(Tensor& y, const Tensor& x, Stream) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const int64_t n = y.numel();
+  const int64_t chunks = (n + kGeluChunk - 1) / kGeluChunk;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = px[i];
-    py[i] = static_cast<float>(0.5 * v * (1.0 + std::tanh(kGeluK * (v + kGeluC * v * v * v))));
-  }
+  for (int64_t c = 0; c < chunks; ++c)
+    gelu_fwd_chunk(py + c * kGeluChunk, px + c * kGeluChunk, std::min(kGeluChunk, n - c * kGeluChunk));
 }
 
 void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, Stream) {
@@ -59,13 +97,11 @@ void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, Stream) {
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
   const int64_t n = dx.numel();
+  const int64_t chunks = (n + kGeluChunk - 1) / kGeluChunk;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = px[i];
-    const double t = std::tanh(kGeluK * (v + kGeluC * v * v * v));
-    const double d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * kGeluK * (1.0 + 3.0 * kGeluC * v * v);
-    pdx[i] = static_cast<float>(pdy[i] * d);
-  }
+  for (int64_t c = 0; c < chunks; ++c)
+    gelu_bwd_chunk(pdx + c * kGeluChunk, pdy + c * kGeluChunk, px + c * kGeluChunk,
+                   std::min(kGeluChunk, n - c * kGeluChunk));
 }
 
 void swiglu_fwd(Tensor& y, const Tensor& x, Stream) {
