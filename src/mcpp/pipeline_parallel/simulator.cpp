@@ -1,0 +1,207 @@
+// Discrete-event execution of per-rank pipeline schedules (see simulator.h for the semantics).
+#include "mcpp/pipeline_parallel/simulator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "mcpp/core/error.h"
+
+namespace mcpp::pipeline_parallel {
+
+namespace {
+
+using Key = std::pair<int64_t, int64_t>;  // (microbatch, chunk)
+Key key(const TensorId& t) { return {t.microbatch, t.chunk}; }
+
+struct OpRef {
+  int64_t rank;
+  size_t index;
+};
+
+// Channel = (src, dst, grads?). Each op lists its partner once pairing is done.
+struct Pairing {
+  std::map<std::tuple<int64_t, size_t, int>, OpRef> partner;  // (rank, action index, op slot) -> partner
+};
+
+enum Slot { kSendNext = 0, kSendPrev = 1, kRecvPrev = 2, kRecvNext = 3 };
+
+Pairing pair_ops(const std::vector<Schedule>& sch) {
+  const int64_t pp = static_cast<int64_t>(sch.size());
+  struct Ep {
+    OpRef ref;
+    TensorId id;
+  };
+  std::map<std::tuple<int64_t, int64_t, int>, std::vector<Ep>> sends, recvs;  // (src, dst, grad)
+  for (int64_t r = 0; r < pp; ++r) {
+    const int64_t next = (r + 1) % pp, prev = (r - 1 + pp) % pp;
+    for (size_t i = 0; i < sch[static_cast<size_t>(r)].size(); ++i) {
+      const Action& a = sch[static_cast<size_t>(r)][i];
+      if (a.kind != ActionKind::Comm) continue;
+      if (pp == 1) fail("pipeline simulator: rank 0 action {} ({}) communicates with pipeline size 1", i, to_string(a));
+      if (a.send_next) sends[{r, next, 0}].push_back({{r, i}, *a.send_next});
+      if (a.recv_prev) recvs[{prev, r, 0}].push_back({{r, i}, *a.recv_prev});
+      if (a.send_prev) sends[{r, prev, 1}].push_back({{r, i}, *a.send_prev});
+      if (a.recv_next) recvs[{next, r, 1}].push_back({{r, i}, *a.recv_next});
+    }
+  }
+  Pairing p;
+  std::set<std::tuple<int64_t, int64_t, int>> channels;
+  for (auto& [k, v] : sends) channels.insert(k);
+  for (auto& [k, v] : recvs) channels.insert(k);
+  for (const auto& ch : channels) {
+    const auto& [src, dst, grad] = ch;
+    const auto& s = sends[ch];
+    const auto& rv = recvs[ch];
+    const char* what = grad ? "grads" : "activations";
+    if (s.size() != rv.size()) {
+      fail("pipeline simulator: rank {} sends {} {} to rank {} but rank {} receives {}", src, s.size(), what, dst,
+           dst, rv.size());
+    }
+    for (size_t k = 0; k < s.size(); ++k) {
+      // The id the receiver should see: chunk shifts when the ring wraps.
+      TensorId expect = s[k].id;
+      if (!grad && src == pp - 1) expect.chunk += 1;
+      if (grad && src == 0) expect.chunk -= 1;
+      if (!(expect == rv[k].id)) {
+        fail("pipeline simulator: {} #{} from rank {} (action {}) carries {}.{} for rank {}, but rank {} action {} "
+             "expects {}.{}",
+             what, k, src, s[k].ref.index, expect.microbatch, expect.chunk, dst, dst, rv[k].ref.index,
+             rv[k].id.microbatch, rv[k].id.chunk);
+      }
+      p.partner[{src, s[k].ref.index, grad ? kSendPrev : kSendNext}] = rv[k].ref;
+      p.partner[{dst, rv[k].ref.index, grad ? kRecvNext : kRecvPrev}] = s[k].ref;
+    }
+  }
+  return p;
+}
+
+struct RankState {
+  size_t pc = 0;
+  double clock = 0.0;
+  std::vector<double> posted;  // per action: time it was posted (-1 = not yet)
+  std::set<Key> fwd_done, bwd_done, have_input, have_grad;
+  int64_t in_flight = 0;
+  bool has_backward = false;
+  StageStats stats;
+};
+
+}  // namespace
+
+SimResult simulate(const std::vector<Schedule>& sch, const SimCosts& costs) {
+  const int64_t pp = static_cast<int64_t>(sch.size());
+  if (pp < 1) fail("pipeline simulator: no ranks");
+  int64_t V = 1;
+  for (const auto& s : sch) {
+    for (const Action& a : s) {
+      if (a.kind != ActionKind::Comm) V = std::max(V, a.chunk + 1);
+    }
+  }
+  const Pairing pairing = pair_ops(sch);
+  std::vector<RankState> st(static_cast<size_t>(pp));
+  for (int64_t r = 0; r < pp; ++r) {
+    auto& rs = st[static_cast<size_t>(r)];
+    rs.posted.assign(sch[static_cast<size_t>(r)].size(), -1.0);
+    for (const Action& a : sch[static_cast<size_t>(r)]) rs.has_backward |= a.kind == ActionKind::Backward;
+  }
+  auto posted = [&](const OpRef& o) { return st[static_cast<size_t>(o.rank)].posted[o.index]; };
+
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int64_t r = 0; r < pp; ++r) {
+      auto& rs = st[static_cast<size_t>(r)];
+      const Schedule& s = sch[static_cast<size_t>(r)];
+      while (rs.pc < s.size()) {
+        const Action& a = s[rs.pc];
+        const Key k{a.microbatch, a.chunk};
+        if (rs.posted[rs.pc] < 0) rs.posted[rs.pc] = rs.clock;
+        if (a.kind == ActionKind::Forward) {
+          if (rs.fwd_done.count(k)) fail("pipeline simulator: rank {} action {} runs {} twice", r, rs.pc, to_string(a));
+          if (!(r == 0 && a.chunk == 0) && !rs.have_input.count(k)) {
+            fail("pipeline simulator: rank {} action {} runs {} before receiving its input", r, rs.pc, to_string(a));
+          }
+          rs.fwd_done.insert(k);
+          rs.clock += costs.forward;
+          rs.stats.busy += costs.forward;
+          if (rs.has_backward) rs.stats.max_in_flight = std::max(rs.stats.max_in_flight, ++rs.in_flight);
+        } else if (a.kind == ActionKind::Backward) {
+          if (!rs.fwd_done.count(k) || rs.bwd_done.count(k)) {
+            fail("pipeline simulator: rank {} action {} runs {} without its forward or twice", r, rs.pc, to_string(a));
+          }
+          if (!(r == pp - 1 && a.chunk == V - 1) && !rs.have_grad.count(k)) {
+            fail("pipeline simulator: rank {} action {} runs {} before receiving its output grad", r, rs.pc,
+                 to_string(a));
+          }
+          rs.bwd_done.insert(k);
+          rs.clock += costs.backward;
+          rs.stats.busy += costs.backward;
+          --rs.in_flight;
+        } else {
+          if (a.send_next && !rs.fwd_done.count(key(*a.send_next))) {
+            fail("pipeline simulator: rank {} action {} sends activation {}.{} before computing it", r, rs.pc,
+                 a.send_next->microbatch, a.send_next->chunk);
+          }
+          if (a.send_prev && !rs.bwd_done.count(key(*a.send_prev))) {
+            fail("pipeline simulator: rank {} action {} sends grad {}.{} before computing it", r, rs.pc,
+                 a.send_prev->microbatch, a.send_prev->chunk);
+          }
+          double done = rs.clock;
+          bool ready = true;
+          for (int slot : {kSendNext, kSendPrev, kRecvPrev, kRecvNext}) {
+            auto it = pairing.partner.find({r, rs.pc, slot});
+            if (it == pairing.partner.end()) continue;
+            const double t = posted(it->second);
+            if (t < 0) ready = false;
+            done = std::max(done, t);
+          }
+          if (!ready) break;  // blocked until the neighbour posts its side
+          if (a.recv_prev) rs.have_input.insert(key(*a.recv_prev));
+          if (a.recv_next) rs.have_grad.insert(key(*a.recv_next));
+          rs.clock = done;
+        }
+        ++rs.pc;
+        progress = true;
+      }
+    }
+  }
+  std::string stuck;
+  for (int64_t r = 0; r < pp; ++r) {
+    const auto& rs = st[static_cast<size_t>(r)];
+    if (rs.pc < sch[static_cast<size_t>(r)].size()) {
+      stuck += fmt::format(" rank {} at action {} {};", r, rs.pc, to_string(sch[static_cast<size_t>(r)][rs.pc]));
+    }
+  }
+  if (!stuck.empty()) fail("pipeline simulator: deadlock:{}", stuck);
+
+  // Completeness: every rank runs every (mb, chunk) forward, and backward unless forward-only.
+  int64_t M = 0;
+  for (const auto& rs : st) {
+    for (const Key& k : rs.fwd_done) M = std::max(M, k.first + 1);
+  }
+  SimResult res;
+  for (int64_t r = 0; r < pp; ++r) {
+    auto& rs = st[static_cast<size_t>(r)];
+    const size_t want = static_cast<size_t>(M * V);
+    if (rs.fwd_done.size() != want || (rs.has_backward && rs.bwd_done.size() != want)) {
+      fail("pipeline simulator: rank {} ran {} forwards and {} backwards, expected {} (M={} x V={})", r,
+           rs.fwd_done.size(), rs.bwd_done.size(), want, M, V);
+    }
+    rs.stats.finish = rs.clock;
+    res.makespan = std::max(res.makespan, rs.clock);
+  }
+  for (auto& rs : st) {
+    rs.stats.bubble_fraction = res.makespan > 0 ? 1.0 - rs.stats.busy / res.makespan : 0.0;
+    res.stages.push_back(rs.stats);
+  }
+  return res;
+}
+
+double theoretical_bubble_fraction(int64_t pp, int64_t num_microbatches, int64_t virtual_stages) {
+  return static_cast<double>(pp - 1) / static_cast<double>(virtual_stages * num_microbatches + pp - 1);
+}
+
+}  // namespace mcpp::pipeline_parallel
