@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mcpp/core/error.h"
+#include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::pipeline_parallel {
 namespace {
@@ -153,6 +154,22 @@ TEST(PipelineLayout, LayoutString) {
                                         .pipeline_model_parallel_size = 2,
                                         .num_virtual_stages_per_pipeline_rank = 2,
                                         .pipeline_model_parallel_layout = "Et|tt|tt|tL"}));
+}
+
+TEST(PipelineLayout, FromConfig) {
+  TransformerConfig model;
+  model.num_layers = 8;
+  ParallelConfig par;
+  par.pipeline_model_parallel_size = 2;
+  par.num_layers_per_virtual_pipeline_stage = 2;
+  const LayoutOptions o = layout_options(model, par);
+  EXPECT_EQ(o.num_layers, 8);
+  EXPECT_EQ(o.decoder_first_pipeline_num_layers, -1);
+  EXPECT_EQ(make_pipeline_layout(o).virtual_pipeline_model_parallel_size, 2);
+  par.num_layers_per_virtual_pipeline_stage = 0;
+  par.pipeline_model_parallel_layout = "E|t*3|t*3|t*2,L";
+  par.pipeline_model_parallel_size = 4;
+  EXPECT_EQ(make_pipeline_layout(layout_options(model, par)).at(3, 0).layers, (Layers{6, 7}));
 }
 
 std::string oracle_parse(const std::string& layout) {

@@ -62,6 +62,24 @@ TEST(PipelineSimulator, InterleavedBubbleAndInFlight) {
   }
 }
 
+TEST(PipelineSimulator, EventsPp2M1) {
+  // Rank 0: F0 [0,1), send_forward [1,1] (rank 1's recv is already posted), recv_backward blocked from 1
+  // until rank 1 posts its send_backward at 1 + 1 + 2 = 4, B0 [4,6).
+  const std::vector<Schedule> s = build_all_schedules(opts(2, 1));
+  ASSERT_EQ(to_string(s[0]), "F0.0 send_forward(sn=0.0) recv_backward(rn=0.0) B0.0");
+  const SimResult r = simulate(s, {});
+  const auto& ev = r.stages[0].events;
+  ASSERT_EQ(ev.size(), 4u);
+  const double want[4][2] = {{0, 1}, {1, 1}, {1, 4}, {4, 6}};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(ev[i].action, i);
+    EXPECT_EQ(ev[i].start, want[i][0]) << i;
+    EXPECT_EQ(ev[i].end, want[i][1]) << i;
+  }
+  EXPECT_EQ(r.stages[1].finish, 4.0);  // rank 1: recv [0,1], F [1,2), B [2,4), send_backward [4,4]
+  EXPECT_EQ(r.makespan, 6.0);
+}
+
 TEST(PipelineSimulator, InterleavingBeatsOneFOneB) {
   // Same model cost per microbatch: 1F1B with F=V, B=2V per stage vs interleaved with 1, 2 per chunk.
   const SimResult plain = simulate(build_all_schedules(opts(4, 8)), SimCosts{.forward = 4, .backward = 8});

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "mcpp/core/error.h"
+#include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::pipeline_parallel {
 
@@ -315,6 +316,15 @@ PipelineLayout make_pipeline_layout(const LayoutOptions& opt) {
   out.stages.front().front().pre_process = true;
   out.stages.back().back().post_process = true;
   return out;
+}
+
+LayoutOptions layout_options(const TransformerConfig& model, const ParallelConfig& parallel) {
+  LayoutOptions o;
+  o.num_layers = model.num_layers;
+  o.pipeline_model_parallel_size = parallel.pipeline_model_parallel_size;
+  o.num_layers_per_virtual_pipeline_stage = parallel.num_layers_per_virtual_pipeline_stage;
+  o.pipeline_model_parallel_layout = parallel.pipeline_model_parallel_layout;
+  return o;
 }
 
 std::string to_string(const PipelineLayout& layout) {

@@ -89,113 +89,139 @@ struct RankState {
   StageStats stats;
 };
 
-}  // namespace
+struct Sim {
+  const std::vector<Schedule>& sch;
+  const SimCosts& costs;
+  int64_t pp = 0, V = 1;
+  Pairing pairing{};
+  std::vector<RankState> st{};
 
-SimResult simulate(const std::vector<Schedule>& sch, const SimCosts& costs) {
-  const int64_t pp = static_cast<int64_t>(sch.size());
-  if (pp < 1) fail("pipeline simulator: no ranks");
-  int64_t V = 1;
-  for (const auto& s : sch) {
-    for (const Action& a : s) {
-      if (a.kind != ActionKind::Comm) V = std::max(V, a.chunk + 1);
+  void run_forward(int64_t r, RankState& rs, const Action& a) {
+    const Key k{a.microbatch, a.chunk};
+    if (rs.fwd_done.count(k)) fail("pipeline simulator: rank {} action {} runs {} twice", r, rs.pc, to_string(a));
+    if (!(r == 0 && a.chunk == 0) && !rs.have_input.count(k)) {
+      fail("pipeline simulator: rank {} action {} runs {} before receiving its input", r, rs.pc, to_string(a));
     }
+    rs.fwd_done.insert(k);
+    rs.clock += costs.forward;
+    rs.stats.busy += costs.forward;
+    if (rs.has_backward) rs.stats.max_in_flight = std::max(rs.stats.max_in_flight, ++rs.in_flight);
   }
-  const Pairing pairing = pair_ops(sch);
-  std::vector<RankState> st(static_cast<size_t>(pp));
-  for (int64_t r = 0; r < pp; ++r) {
-    auto& rs = st[static_cast<size_t>(r)];
-    rs.posted.assign(sch[static_cast<size_t>(r)].size(), -1.0);
-    for (const Action& a : sch[static_cast<size_t>(r)]) rs.has_backward |= a.kind == ActionKind::Backward;
-  }
-  auto posted = [&](const OpRef& o) { return st[static_cast<size_t>(o.rank)].posted[o.index]; };
 
-  bool progress = true;
-  while (progress) {
-    progress = false;
+  void run_backward(int64_t r, RankState& rs, const Action& a) {
+    const Key k{a.microbatch, a.chunk};
+    if (!rs.fwd_done.count(k) || rs.bwd_done.count(k)) {
+      fail("pipeline simulator: rank {} action {} runs {} without its forward or twice", r, rs.pc, to_string(a));
+    }
+    if (!(r == pp - 1 && a.chunk == V - 1) && !rs.have_grad.count(k)) {
+      fail("pipeline simulator: rank {} action {} runs {} before receiving its output grad", r, rs.pc, to_string(a));
+    }
+    rs.bwd_done.insert(k);
+    rs.clock += costs.backward;
+    rs.stats.busy += costs.backward;
+    --rs.in_flight;
+  }
+
+  // Returns false while a counterpart op is not posted yet (the rank blocks).
+  bool run_comm(int64_t r, RankState& rs, const Action& a) {
+    if (a.send_next && !rs.fwd_done.count(key(*a.send_next))) {
+      fail("pipeline simulator: rank {} action {} sends activation {}.{} before computing it", r, rs.pc,
+           a.send_next->microbatch, a.send_next->chunk);
+    }
+    if (a.send_prev && !rs.bwd_done.count(key(*a.send_prev))) {
+      fail("pipeline simulator: rank {} action {} sends grad {}.{} before computing it", r, rs.pc,
+           a.send_prev->microbatch, a.send_prev->chunk);
+    }
+    double done = rs.clock;
+    for (int slot : {kSendNext, kSendPrev, kRecvPrev, kRecvNext}) {
+      auto it = pairing.partner.find({r, rs.pc, slot});
+      if (it == pairing.partner.end()) continue;
+      const double t = st[static_cast<size_t>(it->second.rank)].posted[it->second.index];
+      if (t < 0) return false;
+      done = std::max(done, t);
+    }
+    if (a.recv_prev) rs.have_input.insert(key(*a.recv_prev));
+    if (a.recv_next) rs.have_grad.insert(key(*a.recv_next));
+    rs.clock = done;
+    return true;
+  }
+
+  // Advances rank r as far as it can go; returns whether it moved.
+  bool advance(int64_t r) {
+    auto& rs = st[static_cast<size_t>(r)];
+    const Schedule& s = sch[static_cast<size_t>(r)];
+    bool moved = false;
+    while (rs.pc < s.size()) {
+      const Action& a = s[rs.pc];
+      if (rs.posted[rs.pc] < 0) rs.posted[rs.pc] = rs.clock;
+      const double start = rs.posted[rs.pc];
+      if (a.kind == ActionKind::Forward) {
+        run_forward(r, rs, a);
+      } else if (a.kind == ActionKind::Backward) {
+        run_backward(r, rs, a);
+      } else if (!run_comm(r, rs, a)) {
+        break;
+      }
+      rs.stats.events.push_back({rs.pc, start, rs.clock});
+      ++rs.pc;
+      moved = true;
+    }
+    return moved;
+  }
+
+  void check_finished() const {
+    std::string stuck;
     for (int64_t r = 0; r < pp; ++r) {
-      auto& rs = st[static_cast<size_t>(r)];
-      const Schedule& s = sch[static_cast<size_t>(r)];
-      while (rs.pc < s.size()) {
-        const Action& a = s[rs.pc];
-        const Key k{a.microbatch, a.chunk};
-        if (rs.posted[rs.pc] < 0) rs.posted[rs.pc] = rs.clock;
-        if (a.kind == ActionKind::Forward) {
-          if (rs.fwd_done.count(k)) fail("pipeline simulator: rank {} action {} runs {} twice", r, rs.pc, to_string(a));
-          if (!(r == 0 && a.chunk == 0) && !rs.have_input.count(k)) {
-            fail("pipeline simulator: rank {} action {} runs {} before receiving its input", r, rs.pc, to_string(a));
-          }
-          rs.fwd_done.insert(k);
-          rs.clock += costs.forward;
-          rs.stats.busy += costs.forward;
-          if (rs.has_backward) rs.stats.max_in_flight = std::max(rs.stats.max_in_flight, ++rs.in_flight);
-        } else if (a.kind == ActionKind::Backward) {
-          if (!rs.fwd_done.count(k) || rs.bwd_done.count(k)) {
-            fail("pipeline simulator: rank {} action {} runs {} without its forward or twice", r, rs.pc, to_string(a));
-          }
-          if (!(r == pp - 1 && a.chunk == V - 1) && !rs.have_grad.count(k)) {
-            fail("pipeline simulator: rank {} action {} runs {} before receiving its output grad", r, rs.pc,
-                 to_string(a));
-          }
-          rs.bwd_done.insert(k);
-          rs.clock += costs.backward;
-          rs.stats.busy += costs.backward;
-          --rs.in_flight;
-        } else {
-          if (a.send_next && !rs.fwd_done.count(key(*a.send_next))) {
-            fail("pipeline simulator: rank {} action {} sends activation {}.{} before computing it", r, rs.pc,
-                 a.send_next->microbatch, a.send_next->chunk);
-          }
-          if (a.send_prev && !rs.bwd_done.count(key(*a.send_prev))) {
-            fail("pipeline simulator: rank {} action {} sends grad {}.{} before computing it", r, rs.pc,
-                 a.send_prev->microbatch, a.send_prev->chunk);
-          }
-          double done = rs.clock;
-          bool ready = true;
-          for (int slot : {kSendNext, kSendPrev, kRecvPrev, kRecvNext}) {
-            auto it = pairing.partner.find({r, rs.pc, slot});
-            if (it == pairing.partner.end()) continue;
-            const double t = posted(it->second);
-            if (t < 0) ready = false;
-            done = std::max(done, t);
-          }
-          if (!ready) break;  // blocked until the neighbour posts its side
-          if (a.recv_prev) rs.have_input.insert(key(*a.recv_prev));
-          if (a.recv_next) rs.have_grad.insert(key(*a.recv_next));
-          rs.clock = done;
-        }
-        ++rs.pc;
-        progress = true;
+      const auto& rs = st[static_cast<size_t>(r)];
+      if (rs.pc < sch[static_cast<size_t>(r)].size()) {
+        stuck += fmt::format(" rank {} at action {} {};", r, rs.pc, to_string(sch[static_cast<size_t>(r)][rs.pc]));
+      }
+    }
+    if (!stuck.empty()) fail("pipeline simulator: deadlock:{}", stuck);
+    // Completeness: every rank runs every (mb, chunk) forward, and backward unless forward-only.
+    int64_t M = 0;
+    for (const auto& rs : st) {
+      for (const Key& k : rs.fwd_done) M = std::max(M, k.first + 1);
+    }
+    const size_t want = static_cast<size_t>(M * V);
+    for (int64_t r = 0; r < pp; ++r) {
+      const auto& rs = st[static_cast<size_t>(r)];
+      if (rs.fwd_done.size() != want || (rs.has_backward && rs.bwd_done.size() != want)) {
+        fail("pipeline simulator: rank {} ran {} forwards and {} backwards, expected {} (M={} x V={})", r,
+             rs.fwd_done.size(), rs.bwd_done.size(), want, M, V);
       }
     }
   }
-  std::string stuck;
-  for (int64_t r = 0; r < pp; ++r) {
-    const auto& rs = st[static_cast<size_t>(r)];
-    if (rs.pc < sch[static_cast<size_t>(r)].size()) {
-      stuck += fmt::format(" rank {} at action {} {};", r, rs.pc, to_string(sch[static_cast<size_t>(r)][rs.pc]));
-    }
-  }
-  if (!stuck.empty()) fail("pipeline simulator: deadlock:{}", stuck);
+};
 
-  // Completeness: every rank runs every (mb, chunk) forward, and backward unless forward-only.
-  int64_t M = 0;
-  for (const auto& rs : st) {
-    for (const Key& k : rs.fwd_done) M = std::max(M, k.first + 1);
-  }
-  SimResult res;
-  for (int64_t r = 0; r < pp; ++r) {
-    auto& rs = st[static_cast<size_t>(r)];
-    const size_t want = static_cast<size_t>(M * V);
-    if (rs.fwd_done.size() != want || (rs.has_backward && rs.bwd_done.size() != want)) {
-      fail("pipeline simulator: rank {} ran {} forwards and {} backwards, expected {} (M={} x V={})", r,
-           rs.fwd_done.size(), rs.bwd_done.size(), want, M, V);
+}  // namespace
+
+SimResult simulate(const std::vector<Schedule>& sch, const SimCosts& costs) {
+  Sim sim{sch, costs};
+  sim.pp = static_cast<int64_t>(sch.size());
+  if (sim.pp < 1) fail("pipeline simulator: no ranks");
+  for (const auto& s : sch) {
+    for (const Action& a : s) {
+      if (a.kind != ActionKind::Comm) sim.V = std::max(sim.V, a.chunk + 1);
     }
-    rs.stats.finish = rs.clock;
-    res.makespan = std::max(res.makespan, rs.clock);
   }
-  for (auto& rs : st) {
+  sim.pairing = pair_ops(sch);
+  sim.st.resize(sch.size());
+  for (size_t r = 0; r < sch.size(); ++r) {
+    sim.st[r].posted.assign(sch[r].size(), -1.0);
+    for (const Action& a : sch[r]) sim.st[r].has_backward |= a.kind == ActionKind::Backward;
+  }
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t r = 0; r < sim.pp; ++r) progress |= sim.advance(r);
+  }
+  sim.check_finished();
+  SimResult res;
+  for (const auto& rs : sim.st) res.makespan = std::max(res.makespan, rs.clock);
+  for (auto& rs : sim.st) {
+    rs.stats.finish = rs.clock;
     rs.stats.bubble_fraction = res.makespan > 0 ? 1.0 - rs.stats.busy / res.makespan : 0.0;
-    res.stages.push_back(rs.stats);
+    res.stages.push_back(std::move(rs.stats));
   }
   return res;
 }

@@ -29,7 +29,16 @@ struct SimCosts {
   double backward = 2.0;  // one Backward action
 };
 
+// One executed action: compute runs [start, end); a Comm is posted at start and completes at end
+// (end - start = time blocked waiting for the neighbour).
+struct SimEvent {
+  size_t action = 0;  // index into the rank's schedule
+  double start = 0.0;
+  double end = 0.0;
+};
+
 struct StageStats {
+  std::vector<SimEvent> events;  // every action, in execution order
   double busy = 0.0;
   double finish = 0.0;
   double bubble_fraction = 0.0;
