@@ -62,6 +62,27 @@ TEST(PipelineSimulator, InterleavedBubbleAndInFlight) {
   }
 }
 
+TEST(PipelineSimulator, InFlightFormulaMatchesSimulation) {
+  struct C {
+    int64_t pp, M, V, group;
+  };
+  const C cases[] = {{1, 4, 1, 0}, {2, 1, 1, 0}, {4, 3, 1, 0}, {4, 8, 1, 0}, {2, 4, 2, 0}, {4, 8, 2, 0},
+                     {4, 4, 4, 0}, {2, 5, 2, 3}, {4, 10, 2, 6}, {4, 12, 3, 6}, {3, 9, 3, 0}};
+  for (const C& c : cases) {
+    for (bool fwd_only : {false, true}) {
+      ScheduleOptions o = opts(c.pp, c.M, c.V, fwd_only);
+      o.microbatch_group_size_per_vp_stage = c.group;
+      const SimResult r = simulate(build_all_schedules(o), {});
+      for (int64_t s = 0; s < c.pp; ++s) {
+        o.pipeline_model_parallel_rank = s;
+        EXPECT_EQ(r.stages[static_cast<size_t>(s)].max_in_flight, max_activations_in_flight(o))
+            << "pp=" << c.pp << " M=" << c.M << " V=" << c.V << " group=" << c.group << " rank " << s
+            << " fwd_only=" << fwd_only;
+      }
+    }
+  }
+}
+
 TEST(PipelineSimulator, EventsPp2M1) {
   // Rank 0: F0 [0,1), send_forward [1,1] (rank 1's recv is already posted), recv_backward blocked from 1
   // until rank 1 posts its send_backward at 1 + 1 + 2 = 4, B0 [4,6).

@@ -141,6 +141,15 @@ int64_t num_warmup_microbatches(const ScheduleOptions& opt) {
   return std::min((pp - r - 1) * 2 + (V - 1) * group_size(opt), M * V);
 }
 
+int64_t max_activations_in_flight(const ScheduleOptions& opt) {
+  if (opt.forward_only) {
+    validate_schedule_options(opt);
+    return 0;
+  }
+  const int64_t total = opt.num_microbatches * opt.virtual_pipeline_model_parallel_size;
+  return std::min(num_warmup_microbatches(opt) + 1, total);
+}
+
 std::vector<TensorId> interleaved_schedule_table(int64_t num_microbatches, int64_t num_model_chunks,
                                                  int64_t microbatch_group_size_per_vp_stage) {
   std::vector<TensorId> table;

@@ -83,6 +83,11 @@ void validate_schedule_options(const ScheduleOptions& opt);
 //   forward-only interleaved: M * V. (1F1B forward-only keeps the 1F1B warmup, as Megatron does.)
 int64_t num_warmup_microbatches(const ScheduleOptions& opt);
 
+// Activations held for backward at the peak on this rank, in (microbatch, chunk) units (a chunk holds
+// 1/V of the rank's layers): training: min(warmup + 1, M * V) — pp - rank (capped by M) for 1F1B, 1 for
+// no pipelining; forward-only: 0. simulator_test checks it against the simulated schedules.
+int64_t max_activations_in_flight(const ScheduleOptions& opt);
+
 Schedule forward_backward_no_pipelining(const ScheduleOptions& opt);
 Schedule forward_backward_pipelining_without_interleaving(const ScheduleOptions& opt);
 Schedule forward_backward_pipelining_with_interleaving(const ScheduleOptions& opt);
