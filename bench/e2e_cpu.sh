@@ -10,7 +10,7 @@
 #
 # Usage: bench/e2e_cpu.sh [MCPP_BIN] ; env: ROUNDS (2) STEPS (6) WARMUP (2) THREADS (2) PYTHON (/usr/bin/python3)
 #        DATA (data/fortunes_text_document, built by scripts/prepare_corpus.sh when missing)
-# Output: one JSON line per implementation and round on stderr-free stdout, then a summary table with the ratio
+# Output: one JSON line per implementation and round, then a summary table with the ratio
 # ours/torch (step time; < 1 means we are faster).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,11 +10,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build} THREADS=${THREADS:-2} MIN_TIME=${MIN_TIME:-0.1}
 export OMP_NUM_THREADS=$THREADS
+# Passive OpenMP waiting (workers sleep instead of spinning between parallel regions) for ours and torch alike:
+# on a shared machine a spinning worker whose partner was preempted burns the core it waits for, which made
+# active-wait figures swing 2-5x with the load average. Override with OMP_WAIT_POLICY=active.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 machine() {
   echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores | load average:$(uptime | sed 's/.*load average://')"
 }
-echo "== commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src bench 2>/dev/null || echo ' (+ local changes)') | $(date -u '+%Y-%m-%d %H:%M UTC') | threads $THREADS"
+echo "== commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src bench 2>/dev/null || echo ' (+ local changes)') | $(date -u '+%Y-%m-%d %H:%M UTC') | threads $THREADS | OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
 machine
 
 if [[ ${SKIP_MICRO:-0} != 1 ]]; then
