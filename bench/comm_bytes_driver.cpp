@@ -127,7 +127,7 @@ int run(int argc, char** argv) {
     const LossResult r = model.forward_loss(ctx, tokens, labels, mask, {.training = false});
     model.backward(ctx, 1.0f);
     ddp.finish_grad_sync();
-    finalize_model_grads(model.params(), pc);
+    finalize_model_grads(model.params(), pc, true);
     if (pc.dp_size() > 1) {  // Trainer::dp_mean of the loss
       Tensor t = Tensor::empty({1});
       t.data<float>()[0] = static_cast<float>(r.loss);

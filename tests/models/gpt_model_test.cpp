@@ -136,3 +136,54 @@ TEST(GPTModel, GradReadyOncePerParameterPerBackward) {
 }
 }  // namespace
 }  // namespace mcpp
+
+namespace mcpp {
+namespace {
+// Pipeline stages: a model split into 3 stages (embedding + layer 0 | layer 1 | layer 2 + head), run in
+// sequence with hidden states and gradients handed over, gives the full model's loss and gradients; the
+// tied word embeddings' two copies (first and last stage) sum to the full gradient.
+TEST(GPTModel, PipelineStagesComposeToTheFullModel) {
+  for (const std::string style : {"gpt2", "llama"}) {
+    TransformerConfig c = testing::tiny_config(style);
+    c.num_layers = 3;
+    GPTModel full(c, 11, testing::single_tp());
+    GPTModel s0(c, 11, testing::single_tp(), Device::CPU, {.pre_process = true, .post_process = false, .first_layer = 0, .num_layers = 1});
+    GPTModel s1(c, 11, testing::single_tp(), Device::CPU, {.pre_process = false, .post_process = false, .first_layer = 1, .num_layers = 1});
+    GPTModel s2(c, 11, testing::single_tp(), Device::CPU, {.pre_process = false, .post_process = true, .first_layer = 2, .num_layers = 1});
+    testing::Batch bt = testing::fixed_batch(12, 2, c.vocab_size);
+    GPTModelCtx cf, c0, c1, c2;
+    LossResult rf = full.forward_loss(cf, bt.tokens, bt.labels, bt.loss_mask, {.training = false});
+    full.backward(cf, 1.0f);
+    LossResult r2;
+    Tensor h0 = s0.forward_step(c0, bt.tokens, Tensor(), Tensor(), Tensor(), {.training = false}, nullptr);
+    Tensor h1 = s1.forward_step(c1, bt.tokens, h0, Tensor(), Tensor(), {.training = false}, nullptr);
+    EXPECT_FALSE(s2.forward_step(c2, bt.tokens, h1, bt.labels, bt.loss_mask, {.training = false}, &r2).defined());
+    EXPECT_EQ(r2.loss, rf.loss) << style;
+    Tensor g1 = s2.backward_step(c2, 1.0f, Tensor());
+    Tensor g0 = s1.backward_step(c1, 1.0f, g1);
+    EXPECT_FALSE(s0.backward_step(c0, 1.0f, g0).defined());
+    for (GPTModel* stage : {&s0, &s1, &s2})
+      for (const auto& p : stage->params().params()) {
+        const Parameter* f = full.params().find(p->spec.key);
+        ASSERT_NE(f, nullptr) << p->spec.key;
+        EXPECT_EQ(0, std::memcmp(p->data.raw(), f->data.raw(), p->data.nbytes())) << "init differs: " << p->spec.key;
+        if (p->spec.key == "embedding.word_embeddings.weight" && !c.untie_embeddings_and_output_weights) continue;
+        EXPECT_EQ(0, std::memcmp(p->main_grad.raw(), f->main_grad.raw(), p->main_grad.nbytes())) << style << " " << p->spec.key;
+      }
+    if (!c.untie_embeddings_and_output_weights) {
+      Parameter* e0 = s0.params().find("embedding.word_embeddings.weight");
+      Parameter* e2 = s2.params().find("embedding.word_embeddings.weight");
+      ASSERT_TRUE(e0 && e2);
+      EXPECT_FALSE(e0->spec.shared_copy);
+      EXPECT_TRUE(e2->spec.shared_copy);
+      const Tensor& gf = full.params().find("embedding.word_embeddings.weight")->main_grad;
+      for (int64_t i = 0; i < gf.numel(); ++i)  // two fp32 partial sums added in another order: 1e-6 relative
+        ASSERT_NEAR(e0->main_grad.data<float>()[i] + e2->main_grad.data<float>()[i], gf.data<float>()[i],
+                    1e-6 + 1e-5 * std::abs(gf.data<float>()[i])) << style << " tied grad " << i;
+    } else {
+      EXPECT_EQ(s2.params().find("embedding.word_embeddings.weight"), nullptr);
+    }
+  }
+}
+}  // namespace
+}  // namespace mcpp

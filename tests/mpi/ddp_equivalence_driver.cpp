@@ -187,7 +187,7 @@ void check_dp_equivalence(const Case& k) {
     GPTModelCtx rc;
     const LossResult rl = ref.forward_loss(rc, full.tokens, full.labels, full.mask, {.training = false});
     ref.backward(rc, 1.0f);
-    finalize_model_grads(ref.params(), single);
+    finalize_model_grads(ref.params(), single, !c.untie_embeddings_and_output_weights);
 
     if (dopt) dopt->wait_param_gather();  // the trainer's first call of an iteration
     ddp.zero_grad();
@@ -204,7 +204,7 @@ void check_dp_equivalence(const Case& k) {
         EXPECT_GT(dp_collectives(world), before) << what << ": overlap posted nothing during the last backward";
     }
     ddp.finish_grad_sync();
-    finalize_model_grads(par.params(), pc);
+    finalize_model_grads(par.params(), pc, !c.untie_embeddings_and_output_weights);
     Tensor lt = Tensor::empty({1});
     lt.data<float>()[0] = static_cast<float>(loss);
     ddp.dp_group()->all_reduce(lt, comm::ReduceOp::Avg).wait();

@@ -114,8 +114,8 @@ void check_tp_equivalence(const std::string& style, bool sequence_parallel) {
     }
     ref.backward(rc, 1.0f);
     par.backward(pcx, 1.0f);
-    finalize_model_grads(par.params(), pc);
-    finalize_model_grads(ref.params(), single);
+    finalize_model_grads(par.params(), pc, !c.untie_embeddings_and_output_weights);
+    finalize_model_grads(ref.params(), single, !c.untie_embeddings_and_output_weights);
     if (step == 0) {
       for (const auto& p : par.params().params()) {
         const Parameter* r = ref.params().find(p->spec.key);

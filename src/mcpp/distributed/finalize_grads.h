@@ -2,8 +2,9 @@
 // of all microbatches and before the optimizer:
 //   1. sequence-parallel params (norm weights/biases applied to [s/tp] shards): all-reduce their partial
 //      grads over TP, so every TP rank holds the full gradient.
-//   (DP gradient reduction is DistributedDataParallel's — distributed/data_parallel.h; the tied-embedding
-//    all-reduce over the embedding group belongs to pipeline parallelism.)
+//   2. pipeline parallel with tied embeddings: all-reduce the word-embedding grad over the embedding group
+//      (first stage's embedding + last stage's output-layer copy).
+//   (DP gradient reduction is DistributedDataParallel's — distributed/data_parallel.h.)
 // model_grad_norm: the global L2 norm of all main grads, each parameter counted once: TP-partitioned params
 // on every TP rank, replicated ones on TP rank 0 only (Megatron's param_is_not_tensor_parallel_duplicate),
 // summed over the model-parallel group (TP x PP).
@@ -13,7 +14,10 @@
 
 namespace mcpp {
 
-void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc);
+// tied_embeddings: the model shares word embeddings and output weights (not --untie-...); every rank of the
+// embedding group holds the parameter then.
+void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc,
+                          bool tied_embeddings);
 
 double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc);
 

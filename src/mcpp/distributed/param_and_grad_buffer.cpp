@@ -124,6 +124,10 @@ void ParamAndGradBuffer::finalize(uint64_t seed, Device device) {
 
 void ParamAndGradBuffer::zero_grad() { grad_buffer_.zero_(); }
 
+bool counts_in_grad_norm(const ParamSpec& spec, int tp_rank) {
+  return !spec.shared_copy && (spec.shard.partitioned() || tp_rank == 0);
+}
+
 void Parameter::grad_ready() {
   if (buffer && buffer->grad_ready_hook()) buffer->grad_ready_hook()(*this);
 }

@@ -38,6 +38,11 @@ struct TensorShard {
   std::vector<ShardSegment> segments;
   bool partitioned() const { return partition_dim >= 0; }
 };
+// Whether a parameter's gradient counts in the global norm on this TP rank: each element once over the
+// model-parallel group (Megatron's param_is_not_shared && param_is_not_tensor_parallel_duplicate).
+struct ParamSpec;
+bool counts_in_grad_norm(const ParamSpec& spec, int tp_rank);
+
 // Copy between a local shard and its logical tensor (CPU, float32).
 void copy_shard_from_global(Tensor& local, const Tensor& global, const TensorShard& shard);
 void copy_shard_to_global(Tensor& global, const Tensor& local, const TensorShard& shard);
@@ -52,6 +57,10 @@ struct ParamSpec {
   // Replicated over TP but applied to sequence-parallel shards: its gradient is a partial sum that
   // finalize_model_grads all-reduces over TP (Megatron's param.sequence_parallel).
   bool sequence_parallel = false;
+  // A copy of a parameter that another pipeline stage owns (the last stage's output weight tied to the
+  // first stage's word embeddings; Megatron's `shared` attribute): same key and values, gradients
+  // all-reduced over the embedding group; counted once in the grad norm and saved once (by the owner).
+  bool shared_copy = false;
   Shape global_shape() const { return shard.partitioned() ? shard.global_shape : shape; }
 };
 

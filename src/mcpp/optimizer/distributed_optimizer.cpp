@@ -81,7 +81,7 @@ double DistributedOptimizer::grad_norm() const {
   const parallel_state::ParallelContext& pc = ddp_.parallel_context();
   double local = 0;
   for (const ShardPiece& p : pieces_)
-    if (p.owner->spec.shard.partitioned() || pc.tp_rank() == 0) local += ops::sum_of_squares(p.main_grad);
+    if (counts_in_grad_norm(p.owner->spec, pc.tp_rank())) local += ops::sum_of_squares(p.main_grad);
   // One float32 value (the communicator has no float64); rounding ~1e-7 relative, as model_grad_norm.
   Tensor t = Tensor::empty({1}, DType::F32);
   t.data<float>()[0] = static_cast<float>(local);

@@ -44,6 +44,8 @@ class ColumnParallelLinear {
   Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;
   Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy) const;
   int64_t output_size_per_partition() const { return out_local_; }
+  // A shared weight reports grad_ready only where its last use is here (see GPTModel's tied embeddings).
+  void set_reports_weight_grad(bool on) { owns_weight_ = on; }
   Parameter* weight() const { return weight_; }
 
  private:

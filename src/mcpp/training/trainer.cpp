@@ -128,7 +128,7 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
     loss += r.loss / static_cast<double>(num_micro);
   }
   ddp_->finish_grad_sync();  // average over DP (owned shards only with the distributed optimizer)
-  finalize_model_grads(params, pc_);
+  finalize_model_grads(params, pc_, !config_.model.untie_embeddings_and_output_weights);
   const float clip = config_.optimizer.clip_grad;
   *grad_norm = dist_optimizer_ ? dist_optimizer_->grad_norm() : model_grad_norm(params, pc_);
   *skipped = !std::isfinite(*grad_norm);

@@ -12,28 +12,43 @@ namespace mcpp {
 
 namespace tp = tensor_parallel;
 
-GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContext& tpc, Device device)
-    : config_(c), tp_(tpc), device_(device) {
+GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContext& tpc, Device device,
+                   const GPTModelStage& stage)
+    : config_(c), tp_(tpc), stage_(stage), device_(device) {
   MCPP_CHECK(c.padded_vocab_size > 0, "GPTModel: padded_vocab_size is not set (tokenizer not applied to config)");
+  if (stage_.num_layers < 0) stage_.num_layers = c.num_layers - stage_.first_layer;
+  MCPP_CHECK(stage_.first_layer >= 0 && stage_.first_layer + stage_.num_layers <= c.num_layers,
+             "pipeline stage layers [{}, {}) outside the model's {} layers", stage_.first_layer,
+             stage_.first_layer + stage_.num_layers, c.num_layers);
   const TransformerLayerSpec spec = get_gpt_layer_local_spec(c);
-  tp::VocabParallelEmbedding word(params_, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size,
-                                  c.init_method_std, tp_.group);
-  word_embeddings_ = word.weight();
-  vocab_local_ = word_embeddings_->spec.shape[0];
-  vocab_start_ = word.vocab_start();
-  if (c.position_embedding_type == PositionEmbedding::LearnedAbsolute)
+  const bool tied = !c.untie_embeddings_and_output_weights;
+  // The word embeddings live on the first stage, and (tied) a shared copy on the last stage.
+  if (stage_.pre_process || (stage_.post_process && tied)) {
+    tp::VocabParallelEmbedding word(params_, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size,
+                                    c.init_method_std, tp_.group);
+    word_embeddings_ = word.weight();
+    word_embeddings_->spec.shared_copy = !stage_.pre_process;
+  }
+  vocab_local_ = c.padded_vocab_size / tp_.size();
+  vocab_start_ = static_cast<int64_t>(tp_.rank()) * vocab_local_;
+  if (stage_.pre_process && c.position_embedding_type == PositionEmbedding::LearnedAbsolute)
     position_embeddings_ = params_.add({.key = "embedding.position_embeddings.weight",
                                         .shape = {c.max_position_embeddings, c.hidden_size},
                                         .std = c.init_method_std});
-  decoder_ = std::make_unique<TransformerBlock>(params_, c, spec, tp_, 0, c.num_layers, /*post_process=*/true);
-  const tp::ParallelLinearOptions out_opt{.input_size = c.hidden_size,
-                                          .output_size = c.padded_vocab_size,
-                                          .bias = false,
-                                          .init_std = c.init_method_std,
-                                          .sequence_parallel = tp_.sequence_parallel};
-  output_layer_ = c.untie_embeddings_and_output_weights
-                      ? std::make_unique<tp::ColumnParallelLinear>(params_, "output_layer", out_opt, tp_.group)
-                      : std::make_unique<tp::ColumnParallelLinear>(word_embeddings_, out_opt, tp_.group);
+  decoder_ = std::make_unique<TransformerBlock>(params_, c, spec, tp_, stage_.first_layer, stage_.num_layers,
+                                                stage_.post_process);
+  if (stage_.post_process) {
+    const tp::ParallelLinearOptions out_opt{.input_size = c.hidden_size,
+                                            .output_size = c.padded_vocab_size,
+                                            .bias = false,
+                                            .init_std = c.init_method_std,
+                                            .sequence_parallel = tp_.sequence_parallel};
+    output_layer_ = tied ? std::make_unique<tp::ColumnParallelLinear>(word_embeddings_, out_opt, tp_.group)
+                         : std::make_unique<tp::ColumnParallelLinear>(params_, "output_layer", out_opt, tp_.group);
+    // The tied weight's other (last) use is the embedding backward on this stage — or nowhere when the
+    // embedding sits on another stage: then the output layer's backward is the last use.
+    if (tied) output_layer_->set_reports_weight_grad(!stage_.pre_process);
+  }
   params_.finalize(seed, device);
   if (c.position_embedding_type == PositionEmbedding::Rope) {
     const auto rot = static_cast<int64_t>(std::lround(static_cast<double>(c.kv_channels) * c.rotary_percent));
@@ -95,14 +110,42 @@ void GPTModel::embed_backward(GPTModelCtx& ctx, const Tensor& dx_in) {
 }
 
 Tensor GPTModel::forward_logits(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt) {
+  MCPP_CHECK(stage_.pre_process && stage_.post_process, "forward_logits needs the whole model (one pipeline stage)");
+  forward_step(ctx, tokens, Tensor(), Tensor(), Tensor(), opt, nullptr);
+  return ctx.logits;
+}
+
+Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens, const Tensor& input, const Tensor& labels,
+                              const Tensor& loss_mask, const ForwardOptions& opt, LossResult* loss) {
   MCPP_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "tokens must be int32 [s, b], got {}", tokens.str());
   const int64_t s = tokens.size(0);
-  Tensor x = embed(ctx, tokens, opt);
+  Tensor x;
+  if (stage_.pre_process) {
+    x = embed(ctx, tokens, opt);
+  } else {
+    MCPP_CHECK(input.defined(), "pipeline stage without the embedding needs the previous stage's hidden state");
+    ctx.tokens = tokens;
+    ctx.input = input;
+    x = input;  // [s(/tp), b, h]
+  }
   ctx.rope = rope_for(s);
   Tensor h = decoder_->forward(ctx.decoder, x, has_rope_ ? &ctx.rope : nullptr, opt);  // [s(/tp), b, h]
-  Tensor logits = output_layer_->forward(ctx.output, h);                              // [s, b, Vp/tp]
-  ctx.logits = logits.view({-1, vocab_local_});                                       // [s*b, Vp/tp]
-  return ctx.logits;
+  if (!stage_.post_process) return h;
+  Tensor logits = output_layer_->forward(ctx.output, h);  // [s, b, Vp/tp]
+  ctx.logits = logits.view({-1, vocab_local_});           // [s*b, Vp/tp]
+  if (loss) *loss = compute_loss(ctx, labels, loss_mask);
+  return Tensor();
+}
+
+Tensor GPTModel::backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor& output_grad) {
+  Tensor d = stage_.post_process ? head_backward(ctx, grad_scale) : output_grad;  // [s(/tp), b, h]
+  MCPP_CHECK(d.defined(), "backward_step on a middle pipeline stage needs the next stage's gradient");
+  Tensor dx = decoder_->backward(ctx.decoder, d, has_rope_ ? &ctx.rope : nullptr);
+  if (stage_.pre_process) {
+    embed_backward(ctx, dx);
+    return Tensor();
+  }
+  return dx;
 }
 
 Tensor GPTModel::gather_logits(const Tensor& local) const {
@@ -122,7 +165,11 @@ Tensor GPTModel::gather_logits(const Tensor& local) const {
 LossResult GPTModel::forward_loss(GPTModelCtx& ctx, const Tensor& tokens, const Tensor& labels,
                                   const Tensor& loss_mask, const ForwardOptions& opt) {
   forward_logits(ctx, tokens, opt);
-  const int64_t n = tokens.numel();
+  return compute_loss(ctx, labels, loss_mask);
+}
+
+LossResult GPTModel::compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask) {
+  const int64_t n = labels.numel();
   ctx.labels = labels.view({n});
   ctx.loss_mask = loss_mask.view({n});
   Tensor loss = Tensor::empty({n}, DType::F32, device_);
@@ -140,7 +187,12 @@ LossResult GPTModel::forward_loss(GPTModelCtx& ctx, const Tensor& tokens, const 
 }
 
 void GPTModel::backward(GPTModelCtx& ctx, float grad_scale) {
-  MCPP_CHECK(ctx.lse.defined(), "GPTModel::backward needs the context of a forward_loss");
+  MCPP_CHECK(stage_.pre_process && stage_.post_process, "GPTModel::backward needs the whole model; use backward_step");
+  backward_step(ctx, grad_scale, Tensor());
+}
+
+Tensor GPTModel::head_backward(GPTModelCtx& ctx, float grad_scale) {
+  MCPP_CHECK(ctx.lse.defined(), "the last pipeline stage's backward needs the context of a forward with loss");
   const int64_t n = ctx.labels.numel(), s = ctx.tokens.size(0), b = ctx.tokens.size(1);
   // d(grad_scale * sum(loss*mask)/sum(mask)) / d loss_i
   Tensor dloss = ctx.loss_mask.to(Device::CPU).clone();
@@ -150,9 +202,8 @@ void GPTModel::backward(GPTModelCtx& ctx, float grad_scale) {
   Tensor dlogits = ctx.logits;  // in place: the logits are not needed afterwards
   tp::vocab_parallel_cross_entropy_bwd(dlogits, dloss, ctx.logits, ctx.labels, ctx.lse, vocab_start_, *tp_.group);
   Tensor dh = output_layer_->backward(ctx.output, dlogits.view({s, b, vocab_local_}));  // [s(/tp), b, h]
-  Tensor dx = decoder_->backward(ctx.decoder, dh, has_rope_ ? &ctx.rope : nullptr);
-  embed_backward(ctx, dx);
   ctx.logits = Tensor();  // consumed
+  return dh;
 }
 
 }  // namespace mcpp

@@ -9,6 +9,13 @@
 // the contiguous main-grad buffer (tied embedding: both uses add into the one parameter). Grads of
 // sequence-parallel params are partial until finalize_model_grads all-reduces them over TP.
 // Context per microbatch: GPTModelCtx (caller owns; a schedule may hold several).
+//
+// Pipeline stages (GPTModelStage; Megatron's pre_process / post_process): a stage holds decoder layers
+// [first_layer, first_layer + num_layers) (keys keep their global index), the embedding when pre_process,
+// the final norm + output layer + loss when post_process. forward_step / backward_step move the hidden
+// state [s(/tp), b, h] between stages. With tied embeddings, a last stage without the embedding registers
+// its output weight under the same key "embedding.word_embeddings.weight" (identical initial values by the
+// key-based init; shared_copy) and finalize_model_grads sums the two stages' gradients.
 #pragma once
 #include <memory>
 
@@ -22,6 +29,7 @@ namespace mcpp {
 
 struct GPTModelCtx {
   Tensor tokens;          // [s, b] int32
+  Tensor input;           // [s(/tp), b, h] from the previous pipeline stage (not on the first)
   Tensor position_ids;    // [s*b] int32 (learned positions)
   PhiloxKey embedding_dropout_key;
   bool embedding_dropout = false;
@@ -35,6 +43,13 @@ struct GPTModelCtx {
   double num_tokens = 0;  // sum(loss_mask)
 };
 
+struct GPTModelStage {
+  bool pre_process = true;   // holds the embedding (first pipeline stage)
+  bool post_process = true;  // holds the final norm, output layer and loss (last stage)
+  int64_t first_layer = 0;
+  int64_t num_layers = -1;   // -1: all config.num_layers
+};
+
 struct LossResult {
   double loss = 0;        // sum(loss * mask) / sum(mask)
   double loss_sum = 0;    // sum(loss * mask)
@@ -44,7 +59,17 @@ struct LossResult {
 class GPTModel {
  public:
   GPTModel(const TransformerConfig& config, uint64_t seed, const tensor_parallel::TPContext& tp,
-           Device device = Device::CPU);
+           Device device = Device::CPU, const GPTModelStage& stage = {});
+
+  // One pipeline stage's forward: input = tokens [s, b] (pre_process) or the previous stage's hidden
+  // [s(/tp), b, h]. Returns the hidden state for the next stage, or (post_process) computes the loss into
+  // *loss and returns an undefined tensor. labels / loss_mask are used only by the last stage.
+  Tensor forward_step(GPTModelCtx& ctx, const Tensor& tokens, const Tensor& input, const Tensor& labels,
+                      const Tensor& loss_mask, const ForwardOptions& opt, LossResult* loss);
+  // Backward of forward_step: output_grad is the next stage's input gradient (ignored on the last stage,
+  // which starts from grad_scale * loss). Returns the gradient of this stage's input hidden (undefined on
+  // the first stage).
+  Tensor backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor& output_grad);
 
   // Logits [s*b, Vp/tp] (row = is*b + ib) for tokens [s, b]: this rank's vocabulary slice.
   Tensor forward_logits(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt);
@@ -59,19 +84,23 @@ class GPTModel {
   ParamAndGradBuffer& params() { return params_; }
   const TransformerConfig& config() const { return config_; }
   const tensor_parallel::TPContext& tp() const { return tp_; }
+  const GPTModelStage& stage() const { return stage_; }
   int64_t vocab_start() const { return vocab_start_; }
 
  private:
   RopeTables rope_for(int64_t s) const;
   Tensor embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt);
   void embed_backward(GPTModelCtx& ctx, const Tensor& dx);
+  Tensor head_backward(GPTModelCtx& ctx, float grad_scale);  // loss -> d(final hidden)
+  LossResult compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask);
 
   TransformerConfig config_;
   tensor_parallel::TPContext tp_;
+  GPTModelStage stage_;
   Device device_;
   int64_t vocab_local_ = 0, vocab_start_ = 0;
   ParamAndGradBuffer params_;
-  Parameter* word_embeddings_ = nullptr;      // [Vp/tp, h]
+  Parameter* word_embeddings_ = nullptr;      // [Vp/tp, h] (first stage; the last stage's tied copy too)
   Parameter* position_embeddings_ = nullptr;  // [max_pos, h] replicated
   std::unique_ptr<TransformerBlock> decoder_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
