@@ -122,7 +122,7 @@ TEST(LocalCommunicator, ArgumentErrorsNameTheOpAndGroup) {
   EXPECT_EQ(msg([&] { (void)w->all_to_all(out3, f, {4, 0}, {3}); }),
             "all_to_all on group 'world': send_counts (2) and recv_counts (1) need one entry per rank (1)");
   EXPECT_EQ(msg([&] { (void)w->batch_p2p({{P2POp::Kind::Send, f, 0}}); }),
-            "batch_p2p on local group 'world': 1 send(s) but 0 receive(s) to self; they must pair up");
+            "batch_p2p on local group 'world': 1 send(s) but 0 receive(s) to self with tag 0; they must pair up");
   EXPECT_EQ(msg([&] { (void)w->batch_p2p({{P2POp::Kind::Send, f, 2}}); }),
             "batch_p2p on group 'world': peer 2 outside group of size 1");
   // a refused call that got as far as the recorder is marked failed, never pending

@@ -230,6 +230,7 @@ Work Communicator::batch_p2p(const std::vector<P2POp>& ops) {
   for (const auto& o : ops) {
     if (!o.tensor.defined()) fail("batch_p2p on group '{}': undefined tensor", name_);
     if (o.peer < 0 || o.peer >= size()) fail("batch_p2p on group '{}': peer {} outside group of size {}", name_, o.peer, size());
+    if (o.tag < 0 || o.tag >= 16) fail("batch_p2p on group '{}': tag {} outside [0, 16)", name_, o.tag);
     if (info.dtype < 0) info.dtype = static_cast<int>(o.tensor.dtype());
     if (o.kind == P2POp::Kind::Send) info.count += o.tensor.numel();
     info.peers.push_back(ranks_[static_cast<size_t>(o.peer)]);

@@ -72,6 +72,9 @@ struct P2POp {
   enum class Kind { Send, Recv } kind;
   Tensor tensor;  // send: source; recv: destination (shape known by the receiver)
   int peer;       // group rank
+  // Message channel (0..15): a send matches the receive with the same tag from the same peer, so two
+  // streams between one pair of ranks (pipeline activations and gradients at pp = 2) cannot cross.
+  int tag = 0;
 };
 
 class Communicator {

@@ -48,19 +48,23 @@ Work LocalCommunicator::do_all_to_all(Tensor& out, const Tensor& in, const std::
 }
 
 Work LocalCommunicator::do_batch_p2p(const std::vector<P2POp>& ops) {
-  std::vector<const P2POp*> sends, recvs;
-  for (const auto& o : ops) (o.kind == P2POp::Kind::Send ? sends : recvs).push_back(&o);
-  if (sends.size() != recvs.size()) {
-    fail("batch_p2p on local group '{}': {} send(s) but {} receive(s) to self; they must pair up", name(),
-         sends.size(), recvs.size());
-  }
-  for (size_t i = 0; i < sends.size(); ++i) {
-    const Tensor& s = sends[i]->tensor;
-    Tensor r = recvs[i]->tensor;
-    if (s.numel() != r.numel() || s.dtype() != r.dtype()) {
-      fail("batch_p2p on local group '{}': send #{} is {} but receive #{} is {}", name(), i, s.str(), i, r.str());
+  // Sends to self pair with receives from self of the same tag, in order within each tag.
+  for (int tag = 0; tag < 16; ++tag) {
+    std::vector<const P2POp*> sends, recvs;
+    for (const auto& o : ops)
+      if (o.tag == tag) (o.kind == P2POp::Kind::Send ? sends : recvs).push_back(&o);
+    if (sends.size() != recvs.size()) {
+      fail("batch_p2p on local group '{}': {} send(s) but {} receive(s) to self with tag {}; they must pair up",
+           name(), sends.size(), recvs.size(), tag);
     }
-    copy_unless_same(r, s);
+    for (size_t i = 0; i < sends.size(); ++i) {
+      const Tensor& s = sends[i]->tensor;
+      Tensor r = recvs[i]->tensor;
+      if (s.numel() != r.numel() || s.dtype() != r.dtype()) {
+        fail("batch_p2p on local group '{}': send #{} is {} but receive #{} is {}", name(), i, s.str(), i, r.str());
+      }
+      copy_unless_same(r, s);
+    }
   }
   return Work();
 }

@@ -244,9 +244,9 @@ Work MpiCommunicator::do_batch_p2p(const std::vector<P2POp>& ops) {
     MPI_Datatype dt = mpi::mpi_datatype(o.tensor.dtype());
     MPI_Request r;
     if (o.kind == P2POp::Kind::Send) {
-      MCPP_MPI_CHECK(MPI_Isend(o.tensor.raw(), n, dt, o.peer, kP2PTag, comm_, &r));
+      MCPP_MPI_CHECK(MPI_Isend(o.tensor.raw(), n, dt, o.peer, kP2PTag + o.tag, comm_, &r));
     } else {
-      MCPP_MPI_CHECK(MPI_Irecv(o.tensor.raw(), n, dt, o.peer, kP2PTag, comm_, &r));
+      MCPP_MPI_CHECK(MPI_Irecv(o.tensor.raw(), n, dt, o.peer, kP2PTag + o.tag, comm_, &r));
     }
     w->reqs.push_back(r);
     w->keep.push_back(o.tensor);
