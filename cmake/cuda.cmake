@@ -34,7 +34,33 @@ message(STATUS "megatron-cpp CUDA backend: ${MCPP_HAVE_CUDA}")
 # The CUDA sources build as their own OBJECT library (mcpp_cuda) so that the C++ library's host flags
 # (-Wall for g++, -march, C++20 compile features that CMake 3.25 cannot map to nvcc) stay off nvcc's
 # command line; their objects are then added to `target`, which links cudart / cuBLASLt.
+#
+# NCCL backend (src/mcpp/comm/nccl): its sources are kept out of `target` (the top-level glob excludes
+# them; removed here too in case) and only added when CUDA is on and nccl.h + libnccl are found (NCCL_ROOT or the CUDA
+# toolkit's include/ and lib/). MCPP_HAVE_NCCL tells tests/nccl/tests.cmake. The library is linked by
+# its SONAME (libnccl.so.2); at run time it must be on the loader path — on the device machines it lives
+# in Python's site-packages (nvidia/nccl/lib), see docs/NCCL.md.
 function(mcpp_add_cuda_backend target)
+  get_target_property(all_sources ${target} SOURCES)
+  list(FILTER all_sources EXCLUDE REGEX "/comm/nccl/")
+  set_property(TARGET ${target} PROPERTY SOURCES ${all_sources})
+  file(GLOB nccl_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/mcpp/comm/nccl/*.cpp)
+  set(MCPP_HAVE_NCCL OFF)
+  if(MCPP_HAVE_CUDA AND nccl_sources)
+    get_filename_component(cuda_root "${CUDAToolkit_BIN_DIR}" DIRECTORY)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS $ENV{NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS} ${cuda_root}/include)
+    find_library(NCCL_LIBRARY nccl HINTS $ENV{NCCL_ROOT}/lib ${cuda_root}/lib ${cuda_root}/lib64 ${CUDAToolkit_LIBRARY_DIR})
+    if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+      set(MCPP_HAVE_NCCL ON)
+      target_sources(${target} PRIVATE ${nccl_sources})
+      target_include_directories(${target} PRIVATE ${NCCL_INCLUDE_DIR})
+      target_link_libraries(${target} PUBLIC ${NCCL_LIBRARY})
+      target_compile_definitions(${target} PUBLIC MCPP_WITH_NCCL=1)
+    endif()
+  endif()
+  message(STATUS "megatron-cpp NCCL backend: ${MCPP_HAVE_NCCL} ${NCCL_LIBRARY}")
+  set(MCPP_HAVE_NCCL ${MCPP_HAVE_NCCL} PARENT_SCOPE)
+
   file(GLOB_RECURSE cuda_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/mcpp/kernels/cuda/*.cu
                                                    ${CMAKE_SOURCE_DIR}/src/mcpp/kernels/cuda/*.cpp)
   if(MCPP_HAVE_CUDA AND cuda_sources)
