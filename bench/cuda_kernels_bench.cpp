@@ -1,0 +1,174 @@
+// cuda_kernels_bench: the kernel table of issue 6 — each CUDA op's achieved TFLOP/s (GEMM, flash
+// attention) or GB/s (layernorm, cross entropy) at GPT-2 124M (B32 x T1024, h 768, 12 heads) and
+// GPT 1.3B (B8 x T2048, h 2048, 16 heads) shapes, bf16, against the ceilings measured on the H200 here
+// (bf16 dense GEMM ~790 TFLOP/s, HBM copy ~4300 GB/s; DESIGN.md "Performance practice").
+//
+// Timing: `iters` back-to-back launches on the backend compute stream, then one host sync (a 1-element
+// device->host copy); host steady clock around the batch, best of `reps` batches, after `warmup`
+// launches. Batching makes the sync negligible; no CUDA header is needed, so this file also builds
+// (and reports SKIPPED) in a CPU-only build.
+// Counting: GEMM 2*m*n*k per product (bwd: dx and dw = 2 products, dw accumulates into fp32);
+// attention counts useful causal matmul work — fwd 4*b*nq*s^2*d/2, bwd 2.5x fwd (as bench/attention_bench);
+// layernorm bytes = x read + y written (+ dy read, dx written in bwd; mean/rstd/gamma included);
+// cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd).
+// Run: build/bin/cuda_kernels_bench [--quick]  (prints a markdown table)
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "mcpp/core/device_memory.h"
+#include "mcpp/core/error.h"
+#include "mcpp/core/tensor.h"
+#include "mcpp/kernels/ops.h"
+
+namespace {
+
+using mcpp::Device;
+using mcpp::DType;
+using mcpp::Tensor;
+
+constexpr double kGemmCeilingTflops = 790.0;  // measured 8192^3 bf16 product, KINDS.md
+constexpr double kHbmCeilingGbs = 4300.0;     // measured device-to-device copy, KINDS.md
+
+// Device tensor of `dt` with values sin(seed + 0.37 i) * scale.
+Tensor filled(const mcpp::Shape& shape, DType dt, float seed, float scale = 1.0f) {
+  Tensor t = Tensor::empty(shape);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = scale * std::sin(seed + 0.37f * static_cast<float>(i % 9973));
+  return (dt == DType::F32 ? t : t.to(dt)).to(Device::CUDA);
+}
+
+void sync_via(const Tensor& t) { (void)t.flat_slice(0, {1}).to(Device::CPU); }
+
+// Seconds per launch: best of `reps` batches of `iters` launches.
+double time_op(const std::function<void()>& op, const Tensor& sync_on, int iters, int reps) {
+  for (int i = 0; i < 3; ++i) op();
+  sync_via(sync_on);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) op();
+    sync_via(sync_on);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
+  }
+  return best;
+}
+
+int g_iters = 20, g_reps = 3;
+
+void row(const std::string& kernel, const std::string& shape, double sec, double flops, double bytes) {
+  if (flops > 0) {
+    double tf = flops / sec / 1e12;
+    std::printf("| %s | %s | %.3f | %.1f TFLOP/s | %.0f%% of %.0f |\n", kernel.c_str(), shape.c_str(), sec * 1e3, tf,
+                100 * tf / kGemmCeilingTflops, kGemmCeilingTflops);
+  } else {
+    double gbs = bytes / sec / 1e9;
+    std::printf("| %s | %s | %.3f | %.0f GB/s | %.0f%% of %.0f |\n", kernel.c_str(), shape.c_str(), sec * 1e3, gbs,
+                100 * gbs / kHbmCeilingGbs, kHbmCeilingGbs);
+  }
+  std::fflush(stdout);
+}
+
+void bench_linear(const char* name, int64_t n, int64_t in, int64_t out) {
+  Tensor x = filled({n, in}, DType::BF16, 1.0f), w = filled({out, in}, DType::BF16, 2.0f, 0.02f);
+  Tensor y = Tensor::empty({n, out}, DType::BF16, Device::CUDA), dy = filled({n, out}, DType::BF16, 3.0f);
+  Tensor dx = Tensor::empty({n, in}, DType::BF16, Device::CUDA);
+  Tensor dw = Tensor::zeros({out, in}, DType::F32, Device::CUDA);
+  std::string shape = fmt::format("{} [{}x{}] W[{}x{}]", name, n, in, out, in);
+  double flops = 2.0 * n * in * out;
+  row("linear fwd (bf16 GEMM)", shape, time_op([&] { mcpp::ops::linear_fwd(y, x, w, nullptr); }, y, g_iters, g_reps),
+      flops, 0);
+  row("linear bwd dx + dw_acc (fp32)", shape,
+      time_op([&] { mcpp::ops::linear_bwd(&dx, dw, nullptr, dy, x, w); }, dx, g_iters, g_reps), 2 * flops, 0);
+}
+
+void bench_gemm_square(int64_t m) {
+  Tensor a = filled({m, m}, DType::BF16, 1.0f), b = filled({m, m}, DType::BF16, 2.0f);
+  Tensor c = Tensor::empty({m, m}, DType::BF16, Device::CUDA);
+  row("gemm bf16 (ceiling shape)", fmt::format("{}^3", m),
+      time_op([&] { mcpp::ops::gemm(c, a, b, {}); }, c, g_iters, g_reps), 2.0 * m * m * m, 0);
+}
+
+void bench_layernorm(const char* name, int64_t n, int64_t h) {
+  Tensor x = filled({n, h}, DType::BF16, 1.0f), dy = filled({n, h}, DType::BF16, 2.0f);
+  Tensor gamma = filled({h}, DType::F32, 3.0f), beta = filled({h}, DType::F32, 4.0f);
+  Tensor y = Tensor::empty({n, h}, DType::BF16, Device::CUDA), dx = Tensor::empty({n, h}, DType::BF16, Device::CUDA);
+  Tensor mean = Tensor::empty({n}, DType::F32, Device::CUDA), rstd = Tensor::empty({n}, DType::F32, Device::CUDA);
+  Tensor dg = Tensor::zeros({h}, DType::F32, Device::CUDA), db = Tensor::zeros({h}, DType::F32, Device::CUDA);
+  std::string shape = fmt::format("{} [{}x{}]", name, n, h);
+  double io = 2.0 * n * h, stats = 8.0 * n;
+  row("layernorm fwd (bf16 I/O)", shape,
+      time_op([&] { mcpp::ops::layernorm_fwd(y, mean, rstd, x, gamma, &beta, 1e-5f); }, y, g_iters, g_reps), 0,
+      2 * io + stats);
+  row("layernorm bwd (bf16 I/O)", shape,
+      time_op([&] { mcpp::ops::layernorm_bwd(dx, dg, &db, dy, x, gamma, mean, rstd); }, dx, g_iters, g_reps), 0,
+      3 * io + stats);
+}
+
+void bench_cross_entropy(const char* name, int64_t n, int64_t v) {
+  Tensor logits = filled({n, v}, DType::BF16, 1.0f, 3.0f);
+  Tensor th = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) th.data<int32_t>()[i] = static_cast<int32_t>((i * 7919) % v);
+  Tensor targets = th.to(Device::CUDA);
+  Tensor loss = Tensor::empty({n}, DType::F32, Device::CUDA), lse = Tensor::empty({n}, DType::F32, Device::CUDA);
+  Tensor dloss = filled({n}, DType::F32, 2.0f);
+  Tensor dlogits = Tensor::empty({n, v}, DType::BF16, Device::CUDA);
+  std::string shape = fmt::format("{} [{}x{}]", name, n, v);
+  double bytes = 2.0 * n * v;
+  row("cross entropy fwd (bf16 logits)", shape,
+      time_op([&] { mcpp::ops::cross_entropy_fwd(loss, lse, logits, targets); }, loss, g_iters, g_reps), 0, bytes);
+  row("cross entropy bwd (bf16 logits)", shape,
+      time_op([&] { mcpp::ops::cross_entropy_bwd(dlogits, dloss, logits, targets, lse); }, dlogits, g_iters, g_reps), 0,
+      2 * bytes);
+}
+
+void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d) {
+  Tensor q = filled({s, b, nq, d}, DType::BF16, 1.0f), k = filled({s, b, nq, d}, DType::BF16, 2.0f);
+  Tensor v = filled({s, b, nq, d}, DType::BF16, 3.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
+  Tensor o = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA), lse = Tensor::empty({b, nq, s}, DType::F32, Device::CUDA);
+  Tensor dq = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA), dk = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA);
+  Tensor dv = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA);
+  mcpp::ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true};
+  std::string shape = fmt::format("{} s{} b{} h{} d{} causal", name, s, b, nq, d);
+  double fwd = 4.0 * b * nq * s * s * d / 2;
+  int it = std::max(2, g_iters / 5);
+  row("flash attention fwd", shape,
+      time_op([&] { mcpp::ops::flash_attention_fwd(o, lse, q, k, v, opt); }, o, it, g_reps), fwd, 0);
+  row("flash attention bwd", shape,
+      time_op([&] { mcpp::ops::flash_attention_bwd(dq, dk, dv, dout, q, k, v, o, lse, opt); }, dq, it, g_reps),
+      2.5 * fwd, 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  if (quick) g_iters = 3, g_reps = 1;
+  if (!mcpp::cuda_available()) {
+    std::printf("SKIPPED: no CUDA device (or built without CUDA)\n");
+    return 0;
+  }
+  try {
+    std::printf("| kernel | shape | ms | achieved | vs ceiling |\n| --- | --- | --- | --- | --- |\n");
+    bench_gemm_square(8192);
+    bench_linear("124M qkv", 32768, 768, 2304);
+    bench_linear("124M fc1", 32768, 768, 3072);
+    bench_linear("124M fc2", 32768, 3072, 768);
+    bench_linear("1.3B qkv", 16384, 2048, 6144);
+    bench_linear("1.3B fc1", 16384, 2048, 8192);
+    bench_linear("1.3B fc2", 16384, 8192, 2048);
+    bench_linear("124M lm head", 8192, 768, 50304);
+    bench_layernorm("124M", 32768, 768);
+    bench_layernorm("1.3B", 16384, 2048);
+    bench_cross_entropy("124M B8 T1024", 8192, 50304);
+    bench_attention("124M", 1024, 32, 12, 64);
+    bench_attention("1.3B", 2048, 8, 16, 128);
+  } catch (const mcpp::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
