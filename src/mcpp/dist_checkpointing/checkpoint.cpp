@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "mcpp/core/error.h"
+#include "mcpp/dist_checkpointing/sharded_tensor.h"
 
 namespace fs = std::filesystem;
 
@@ -73,6 +74,7 @@ void write_contents(const std::string& dir, const CheckpointContents& c) {
     by_file[f].push_back(i);
   }
   Manifest m;
+  m.format_version = 1;  // whole tensors, model.safetensors + optimizer.safetensors
   m.iteration = c.iteration;
   m.meta = c.meta;
   std::map<std::string, ManifestEntry> entries;
@@ -182,13 +184,29 @@ std::string resolve_checkpoint_dir(const std::string& path, int64_t iteration) {
 
 CheckpointReader::CheckpointReader(const std::string& path, int64_t iteration)
     : dir_(resolve_checkpoint_dir(path, iteration)),
-      manifest_(read_manifest((fs::path(dir_) / kManifestFile).string())) {}
+      manifest_(read_manifest((fs::path(dir_) / kManifestFile).string())) {
+  for (size_t i = 0; i < manifest_.tensors.size(); ++i) {
+    auto [it, fresh] = index_.try_emplace(manifest_.tensors[i].key);
+    if (fresh) key_order_.push_back(it->first);
+    it->second.push_back(i);
+  }
+}
 
 const ManifestEntry& CheckpointReader::entry(const std::string& key) const {
-  const ManifestEntry* e = manifest_.find(key);
-  if (!e) fail("checkpoint {} has no tensor '{}'", dir_, key);
-  return *e;
+  auto it = index_.find(key);
+  if (it == index_.end()) fail("checkpoint {} has no tensor '{}'", dir_, key);
+  return manifest_.tensors[it->second.front()];
 }
+
+std::vector<const ManifestEntry*> CheckpointReader::entries(const std::string& key) const {
+  auto it = index_.find(key);
+  if (it == index_.end()) fail("checkpoint {} has no tensor '{}'", dir_, key);
+  std::vector<const ManifestEntry*> out;
+  for (size_t i : it->second) out.push_back(&manifest_.tensors[i]);
+  return out;
+}
+
+std::vector<std::string> CheckpointReader::keys() const { return key_order_; }
 
 const SafetensorsHeader& CheckpointReader::header_for(const ManifestEntry& e) const {
   auto it = headers_.find(e.file);
@@ -205,12 +223,9 @@ const SafetensorsHeader& CheckpointReader::header_for(const ManifestEntry& e) co
   return *h;
 }
 
-void CheckpointReader::read_bytes(const ManifestEntry& e, void* dst) const {
+void CheckpointReader::check_entry_bytes(const ManifestEntry& e) const {
   const SafetensorsHeader& h = header_for(e);
-  if (!e.is_whole())
-    fail("{}: tensor '{}' is a shard (global_offset {}); this reader reads whole tensors", h.path,
-         e.key, shape_str(e.global_offset));
-  const SafetensorsEntry* se = h.find(e.key);
+  const SafetensorsEntry* se = h.find(shard_entry_name(e));
   const bool header_agrees = se && h.data_start + se->begin == e.byte_offset &&
                              se->end - se->begin == e.byte_length;
   if (header_agrees && e.byte_offset + e.byte_length > h.file_size) {
@@ -221,11 +236,76 @@ void CheckpointReader::read_bytes(const ManifestEntry& e, void* dst) const {
     fail("{}: tensor '{}' manifest bytes [{}, {}) out of range (data section [{}, {}))", h.path, e.key,
          e.byte_offset, e.byte_offset + e.byte_length, h.data_start, h.file_size);
   }
-  pread_exact(h.path, e.byte_offset, e.byte_length, dst, fmt::format("tensor '{}'", e.key));
+}
+
+void CheckpointReader::read_bytes(const ManifestEntry& e, void* dst, uint64_t begin, uint64_t end,
+                                  bool check_sum) const {
+  check_entry_bytes(e);
+  const std::string path = (fs::path(dir_) / e.file).string();
+  const std::string what = fmt::format("tensor '{}' (shard at {})", e.key, shape_str(e.global_offset));
+  if (!check_sum) {
+    pread_exact(path, e.byte_offset + begin, end - begin, static_cast<char*>(dst) + begin, what);
+    bytes_read_ += end - begin;
+    return;
+  }
+  pread_exact(path, e.byte_offset, e.byte_length, dst, what);
+  bytes_read_ += e.byte_length;
   uint64_t got = xxh3_bytes(dst, e.byte_length);
   if (got != e.xxh3) {
-    fail("{}: tensor '{}' checksum mismatch (xxh3 {} in the manifest, {} on disk)", h.path, e.key,
-         xxh3_hex(e.xxh3), xxh3_hex(got));
+    fail("{}: tensor '{}' checksum mismatch (xxh3 {} in the manifest, {} on disk; shard at offset {})", path,
+         e.key, xxh3_hex(e.xxh3), xxh3_hex(got), shape_str(e.global_offset));
+  }
+}
+
+void CheckpointReader::read_region(const std::string& key, const Shape& region_offset, const Tensor& dst) const {
+  if (!dst.defined()) fail("read '{}': destination tensor is undefined", key);
+  const std::vector<const ManifestEntry*> es = entries(key);
+  const ManifestEntry& first = *es.front();
+  const Rect region{region_offset, dst.shape()};
+  bool inside = region_offset.size() == first.global_shape.size();
+  for (size_t d = 0; inside && d < region_offset.size(); ++d)
+    inside = region_offset[d] >= 0 && region_offset[d] + region.shape[d] <= first.global_shape[d];
+  if (dst.dtype() != first.dtype || !inside) {
+    fail("{}: tensor '{}' is {} {} in the checkpoint but the destination is {} {} at offset {}",
+         (fs::path(dir_) / first.file).string(), key, dtype_name(first.dtype), shape_str(first.global_shape),
+         dtype_name(dst.dtype()), shape_str(dst.shape()), shape_str(region_offset));
+  }
+  // Plan: which shards intersect, and check they cover the region exactly once before reading any.
+  std::vector<std::pair<const ManifestEntry*, Rect>> plan;
+  int64_t covered = 0;
+  for (const ManifestEntry* e : es) {
+    if (auto x = intersect(Rect{e->global_offset, e->local_shape}, region)) {
+      covered += x->numel();
+      plan.emplace_back(e, *x);
+    }
+  }
+  if (covered != region.numel())
+    fail("{}: tensor '{}': the saved shards cover {} of the {} elements of region offset {} shape {}", dir_, key,
+         covered, region.numel(), shape_str(region_offset), shape_str(region.shape));
+  Tensor host = dst.is_cpu() ? dst : Tensor::empty(dst.shape(), dst.dtype(), Device::CPU);
+  const size_t es_bytes = dtype_size(first.dtype);
+  const size_t nd = region.shape.size();
+  for (const auto& [e, x] : plan) {
+    Shape src_at(nd), dst_at(nd), last(nd);
+    for (size_t d = 0; d < nd; ++d) {
+      src_at[d] = x.offset[d] - e->global_offset[d];
+      dst_at[d] = x.offset[d] - region.offset[d];
+      last[d] = src_at[d] + x.shape[d] - 1;
+    }
+    // Flat element span [lo, hi] of the intersection inside the saved shard.
+    int64_t lo = 0, hi = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      lo = lo * e->local_shape[d] + src_at[d];
+      hi = hi * e->local_shape[d] + last[d];
+    }
+    std::vector<char> buf(e->byte_length);
+    read_bytes(*e, buf.data(), static_cast<uint64_t>(lo) * es_bytes, static_cast<uint64_t>(hi + 1) * es_bytes,
+               /*check_sum=*/verify_checksums_);
+    copy_rect(host.raw(), region.shape, dst_at, buf.data(), e->local_shape, src_at, x.shape, es_bytes);
+  }
+  if (!dst.is_cpu()) {
+    Tensor target = dst;  // same storage
+    target.copy_from(host);
   }
 }
 
@@ -237,14 +317,7 @@ void CheckpointReader::read_into(const std::string& key, const Tensor& dst) cons
          (fs::path(dir_) / e.file).string(), key, dtype_name(e.dtype), shape_str(e.global_shape),
          dtype_name(dst.dtype()), shape_str(dst.shape()));
   }
-  if (dst.is_cpu()) {
-    read_bytes(e, dst.raw());
-  } else {
-    Tensor host = Tensor::empty(e.global_shape, e.dtype, Device::CPU);
-    read_bytes(e, host.raw());
-    Tensor target = dst;  // same storage
-    target.copy_from(host);
-  }
+  read_region(key, Shape(e.global_shape.size(), 0), dst);
 }
 
 Tensor CheckpointReader::read(const std::string& key) const {
@@ -255,18 +328,21 @@ Tensor CheckpointReader::read(const std::string& key) const {
 }
 
 void CheckpointReader::verify(const std::string& key) const {
-  const ManifestEntry& e = entry(key);
-  const SafetensorsHeader& h = header_for(e);
-  const SafetensorsEntry* se = h.find(key);
-  if (!se) fail("{}: tensor '{}' is in the manifest but not in the file's header", h.path, key);
-  if (!se->dtype_known || se->dtype != e.dtype || se->shape != e.local_shape ||
-      h.data_start + se->begin != e.byte_offset || se->end - se->begin != e.byte_length) {
-    fail("{}: tensor '{}' header entry ({} {} at {}) disagrees with the manifest ({} {} at {})", h.path,
-         key, se->dtype_str, shape_str(se->shape), h.data_start + se->begin,
-         dtype_safetensors_name(e.dtype), shape_str(e.local_shape), e.byte_offset);
+  for (const ManifestEntry* ep : entries(key)) {
+    const ManifestEntry& e = *ep;
+    const SafetensorsHeader& h = header_for(e);
+    const std::string name = shard_entry_name(e);
+    const SafetensorsEntry* se = h.find(name);
+    if (!se) fail("{}: tensor '{}' (entry '{}') is in the manifest but not in the file's header", h.path, key, name);
+    if (!se->dtype_known || se->dtype != e.dtype || se->shape != e.local_shape ||
+        h.data_start + se->begin != e.byte_offset || se->end - se->begin != e.byte_length) {
+      fail("{}: tensor '{}' header entry ({} {} at {}) disagrees with the manifest ({} {} at {})", h.path,
+           key, se->dtype_str, shape_str(se->shape), h.data_start + se->begin,
+           dtype_safetensors_name(e.dtype), shape_str(e.local_shape), e.byte_offset);
+    }
+    std::vector<char> buf(e.byte_length);
+    read_bytes(e, buf.data(), 0, e.byte_length, /*check_sum=*/true);  // verify always checks
   }
-  std::vector<char> buf(e.byte_length);
-  read_bytes(e, buf.data());
 }
 
 }  // namespace mcpp::dist_checkpointing

@@ -11,7 +11,11 @@
 // leaves at most a *.tmp-* directory, which readers never look at.
 // CheckpointReader reads tensors into caller-provided tensors (any device) after checking key, dtype
 // and shape, and verifies the XXH3-64 of the bytes; every failure is an mcpp::Error naming the file
-// and tensor key. Tensors in CheckpointContents are CPU tensors (others are copied to host to write).
+// and tensor key. It reads single-writer (version 1) and sharded (version 2, sharded_save.h)
+// checkpoints alike: read_region is the load planner — it intersects the requested rectangle of the
+// logical tensor with the saved shards of the key, checks before reading that they cover it exactly
+// once, and reads only the shards that intersect (with checksums on, each such shard whole, since
+// its XXH3 covers all of its bytes; with checksums off, only the byte span the intersection needs). Tensors in CheckpointContents are CPU tensors (others are copied to host to write).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -67,8 +71,18 @@ class CheckpointReader {
   int64_t iteration() const { return manifest_.iteration; }
   const nlohmann::json& meta() const { return manifest_.meta; }
   const Manifest& manifest() const { return manifest_; }
-  bool has(const std::string& key) const { return manifest_.find(key) != nullptr; }
-  const ManifestEntry& entry(const std::string& key) const;  // throws naming the key
+  bool has(const std::string& key) const { return index_.count(key) != 0; }
+  const ManifestEntry& entry(const std::string& key) const;  // the first shard; throws naming the key
+  std::vector<const ManifestEntry*> entries(const std::string& key) const;  // every shard of key
+  std::vector<std::string> keys() const;  // distinct keys, in manifest order
+  // On by default; off (--no-verify-checksums) reads only the bytes a region needs, unchecked.
+  void set_verify_checksums(bool on) { verify_checksums_ = on; }
+  // Bytes read from data files so far (read amplification = this / bytes delivered).
+  uint64_t bytes_read() const { return bytes_read_; }
+
+  // Reads the rectangle `region` of the logical tensor `key` into dst (dtype of the key, shape
+  // region.shape, any device). Coverage of the region by the saved shards is checked before reading.
+  void read_region(const std::string& key, const Shape& region_offset, const Tensor& dst) const;
 
   // Reads the tensor `key` into dst's storage (defined; same dtype and shape; any device; a view is
   // fine: Tensor is a handle, so const& still writes the caller's memory), checking the bytes'
@@ -80,10 +94,17 @@ class CheckpointReader {
 
  private:
   const SafetensorsHeader& header_for(const ManifestEntry& e) const;  // parsed once, then cached
-  void read_bytes(const ManifestEntry& e, void* dst) const;
+  void check_entry_bytes(const ManifestEntry& e) const;
+  // check_sum: reads the whole entry into dst and checks its XXH3; otherwise only the bytes
+  // [begin, end) of the entry, into dst + begin.
+  void read_bytes(const ManifestEntry& e, void* dst, uint64_t begin, uint64_t end, bool check_sum) const;
 
   std::string dir_;
   Manifest manifest_;
+  std::map<std::string, std::vector<size_t>> index_;  // key -> entries
+  std::vector<std::string> key_order_;
+  bool verify_checksums_ = true;
+  mutable uint64_t bytes_read_ = 0;
   mutable std::map<std::string, std::shared_ptr<SafetensorsHeader>> headers_;
 };
 

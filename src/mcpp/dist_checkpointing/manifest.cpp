@@ -1,9 +1,13 @@
 // manifest.json (de)serialization and validation; see manifest.h.
 #include "mcpp/dist_checkpointing/manifest.h"
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
+
+#include <fmt/ranges.h>
 
 #include "mcpp/core/error.h"
 
@@ -117,7 +121,7 @@ nlohmann::json manifest_to_json(const Manifest& m) {
                        {"xxh3", fmt::format("{:016x}", e.xxh3)}});
   }
   return {{"format", kManifestFormatName},
-          {"format_version", kManifestFormatVersion},
+          {"format_version", m.format_version},
           {"iteration", m.iteration},
           {"meta", m.meta},
           {"tensors", tensors}};
@@ -128,11 +132,13 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& path) {
   if (get_str(j, "format", path) != kManifestFormatName)
     fail("{}: field 'format' is not '{}'", path, kManifestFormatName);
   const auto& ver = field(j, "format_version", path);
-  if (!ver.is_number_integer() || ver.get<int64_t>() != kManifestFormatVersion) {
-    fail("{}: format_version {} is not supported (this build reads version {})", path, ver.dump(),
-         kManifestFormatVersion);
+  if (!ver.is_number_integer() || ver.get<int64_t>() < kManifestMinFormatVersion ||
+      ver.get<int64_t>() > kManifestFormatVersion) {
+    fail("{}: format_version {} is not supported (this build reads versions {} to {})", path, ver.dump(),
+         kManifestMinFormatVersion, kManifestFormatVersion);
   }
   Manifest m;
+  m.format_version = static_cast<int>(ver.get<int64_t>());
   const auto& it = field(j, "iteration", path);
   if (!it.is_number_integer() || it.get<int64_t>() < 0)
     fail("{}: field 'iteration' must be a non-negative integer", path);
@@ -148,7 +154,48 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& path) {
       fail("{}: tensor '{}' appears twice with global_offset {}", path, e.key, shape_str(e.global_offset));
     m.tensors.push_back(std::move(e));
   }
+  validate_shard_layout(m, path);
   return m;
+}
+
+std::string shard_entry_name(const std::string& key, const Shape& global_offset, bool whole) {
+  if (whole) return key;
+  return fmt::format("{}@{}", key, fmt::join(global_offset, ","));
+}
+
+void validate_shard_layout(const Manifest& m, const std::string& path) {
+  std::map<std::string, std::vector<const ManifestEntry*>> by_key;
+  for (const auto& e : m.tensors) by_key[e.key].push_back(&e);
+  for (auto& [key, es] : by_key) {
+    const ManifestEntry& a = *es[0];
+    int64_t total = 0;
+    for (const ManifestEntry* e : es) {
+      if (e->dtype != a.dtype || e->global_shape != a.global_shape)
+        fail("{}: tensor '{}': shard in {} is {} {} but shard in {} is {} {}", path, key, e->file,
+             dtype_name(e->dtype), shape_str(e->global_shape), a.file, dtype_name(a.dtype),
+             shape_str(a.global_shape));
+      total += shape_numel(e->local_shape);
+    }
+    // Pairwise overlap test, with the entries sorted by offset so the inner loop stops early in dim 0.
+    std::sort(es.begin(), es.end(), [](auto* x, auto* y) { return x->global_offset < y->global_offset; });
+    for (size_t i = 0; i < es.size(); ++i) {
+      for (size_t j = i + 1; j < es.size(); ++j) {
+        const ManifestEntry &x = *es[i], &y = *es[j];
+        if (!x.global_offset.empty() && y.global_offset[0] >= x.global_offset[0] + x.local_shape[0]) break;
+        bool overlap = true;
+        for (size_t d = 0; d < x.global_offset.size() && overlap; ++d)
+          overlap = std::max(x.global_offset[d], y.global_offset[d]) <
+                    std::min(x.global_offset[d] + x.local_shape[d], y.global_offset[d] + y.local_shape[d]);
+        if (overlap)
+          fail("{}: tensor '{}': shards overlap: offset {} shape {} in {} and offset {} shape {} in {}", path, key,
+               shape_str(x.global_offset), shape_str(x.local_shape), x.file, shape_str(y.global_offset),
+               shape_str(y.local_shape), y.file);
+      }
+    }
+    if (total != shape_numel(a.global_shape))
+      fail("{}: tensor '{}': its {} shards hold {} elements but the global shape {} has {} (missing shards)", path,
+           key, es.size(), total, shape_str(a.global_shape), shape_numel(a.global_shape));
+  }
 }
 
 Manifest read_manifest(const std::string& path) {

@@ -8,8 +8,11 @@
 // XXH3-64 of the tensor's byte_length bytes as 16 lowercase hex digits. parse_manifest validates every
 // field's type and the internal consistency (byte_length = numel(local_shape) * dtype size, offsets +
 // local shape within the global shape, no duplicate (key, offset)) and names the manifest file and
-// tensor key in its errors. Format version 1 written by the single-process saver has one entry per key
-// with global_offset all zeros and local_shape == global_shape.
+// tensor key in its errors. Format version 1 (single-process saver) has one entry per key with
+// global_offset all zeros and local_shape == global_shape; version 2 (sharded saver) has any number of
+// entries per key. Both are read. For every key the parser also checks the shard layout: all entries
+// agree on dtype and global_shape, no two entries overlap, and together they cover every element of
+// the global shape exactly once (sum of local numels == global numel with no overlap).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,7 +24,8 @@
 
 namespace mcpp::dist_checkpointing {
 
-inline constexpr int kManifestFormatVersion = 1;
+inline constexpr int kManifestFormatVersion = 2;
+inline constexpr int kManifestMinFormatVersion = 1;
 inline constexpr const char* kManifestFormatName = "mcpp-checkpoint";
 
 struct ManifestEntry {
@@ -37,12 +41,23 @@ struct ManifestEntry {
   bool is_whole() const;  // offset all zero and local == global
 };
 
+// The tensor's name inside its safetensors file: the key for a whole tensor, else
+// "<key>@<offset0>,<offset1>,..." (unique per file because shards of a key never overlap).
+std::string shard_entry_name(const std::string& key, const Shape& global_offset, bool whole);
+inline std::string shard_entry_name(const ManifestEntry& e) {
+  return shard_entry_name(e.key, e.global_offset, e.is_whole());
+}
+
 struct Manifest {
+  int format_version = kManifestFormatVersion;  // 1: single-writer layout (save_checkpoint); 2: sharded
   int64_t iteration = 0;
   nlohmann::json meta = nlohmann::json::object();
   std::vector<ManifestEntry> tensors;
   const ManifestEntry* find(const std::string& key) const;  // first entry with key, or nullptr
 };
+
+// Checks the shard layout of every key (see the contract); errors name `path`, the key and the files.
+void validate_shard_layout(const Manifest& m, const std::string& path);
 
 nlohmann::json manifest_to_json(const Manifest& m);
 // `path` only names the source in errors.

@@ -7,6 +7,8 @@
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
+#include "mcpp/dist_checkpointing/sharded_save.h"
+#include "mcpp/dist_checkpointing/sharded_tensor.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
 
@@ -45,52 +47,63 @@ void check_fingerprint(const nlohmann::json& meta, const Config& config, const s
   spdlog::warn("loading checkpoint '{}' of a different model because of --override-config-check: {}", dir, what);
 }
 
-// The logical tensor of a TP-sharded local tensor: each TP rank places its shard into zeros, then an
-// all-reduce (sum) over TP assembles it on every TP rank. Replicated tensors are returned as they are.
-Tensor logical_tensor(const Tensor& local, const ParamSpec& spec, comm::Communicator& tp) {
-  Tensor host = local.to(Device::CPU);
-  if (!spec.shard.partitioned()) return host;
-  Tensor full = Tensor::zeros(spec.shard.global_shape);
-  copy_shard_to_global(full, host, spec.shard);
-  tp.all_reduce(full, comm::ReduceOp::Sum).wait();
-  return full;
+// Ownership of replicated data (docs/CHECKPOINT_FORMAT.md, "Who writes what"): a tensor replicated
+// over DP (x CP) is written by dp_cp rank h % dp_cp; one also replicated over TP by TP rank (h >> 32) % tp;
+// h = xxh3(key). This spreads the save work over the replicas, deterministically for every rank.
+struct Owner {
+  int dp = 1, dp_rank = 0, tp = 1, tp_rank = 0;
+  bool writes_replica(const std::string& key) const { return hash(key) % dp == static_cast<uint64_t>(dp_rank); }
+  bool writes_tp_replica(const std::string& key, const ParamSpec& spec) const {
+    return spec.shard.partitioned() || (hash(key) >> 32) % tp == static_cast<uint64_t>(tp_rank);
+  }
+  static uint64_t hash(const std::string& key) { return dc::xxh3_bytes(key.data(), key.size()); }
+};
+
+Owner owner_of(const parallel_state::ParallelContext& pc) {
+  return {.dp = pc.dp_cp()->size(), .dp_rank = pc.dp_cp()->rank(), .tp = pc.tp_size(), .tp_rank = pc.tp_rank()};
 }
 
-// Reads the logical tensor `key` and keeps this rank's shard of it in `dst`.
-void read_shard(const dc::CheckpointReader& reader, const std::string& key, const ParamSpec& spec, Tensor& dst) {
+// This rank's TP shard of `key` as global-offset shards (one per segment).
+void add_tp_shards(std::vector<dc::ShardedTensor>& out, const std::string& key, const Tensor& local,
+                   const ParamSpec& spec) {
+  Tensor host = local.is_cpu() ? local : local.to(Device::CPU);
+  for (const auto& lg : dc::tp_shard_rects(spec.shape, spec.shard))
+    out.push_back({key, spec.global_shape(), lg.global, dc::extract_rect(host, lg.local)});
+}
+
+// A distributed-optimizer piece: [offset, offset + numel) of the parameter's flat TP-local tensor ->
+// rects of the TP-local tensor -> split at TP segment boundaries -> global-offset shards.
+void add_piece_shards(std::vector<dc::ShardedTensor>& out, const std::string& key, const Tensor& piece,
+                      int64_t offset, const ParamSpec& spec) {
+  Tensor local = Tensor::zeros(spec.shape);  // the piece placed in its TP-local tensor
+  local.view({-1}).flat_slice(offset, {piece.numel()}).copy_from(piece.is_cpu() ? piece : piece.to(Device::CPU));
+  for (const dc::Rect& r : dc::flat_range_rects(spec.shape, offset, offset + piece.numel()))
+    for (const auto& lg : dc::local_rect_to_global(r, spec.shape, spec.shard))
+      out.push_back({key, spec.global_shape(), lg.global, dc::extract_rect(local, lg.local)});
+}
+
+// Reads this rank's TP shard of `key` (any saved layout) into dst [spec.shape], any device.
+void read_shard(const dc::CheckpointReader& reader, const std::string& key, const ParamSpec& spec, const Tensor& dst) {
   if (!reader.has(key)) fail("checkpoint '{}' has no tensor '{}' (the model needs it)", reader.dir(), key);
-  if (!spec.shard.partitioned()) {
-    reader.read_into(key, dst);
-    return;
-  }
-  Tensor full = reader.read(key);
-  if (full.shape() != spec.shard.global_shape)
-    fail("checkpoint '{}': tensor '{}' has shape {}, the model needs {}", reader.dir(), key, shape_str(full.shape()),
-         shape_str(spec.shard.global_shape));
-  Tensor local = Tensor::empty(spec.shape);
-  copy_shard_from_global(local, full, spec.shard);
-  dst.copy_from(local);
-}
-
-// The distributed optimizer's moments of each parameter as full TP-local tensors: every DP rank places the
-// pieces it owns into zeros; an all-reduce (sum) over dp_cp assembles them (the pieces are disjoint).
-std::map<std::string, std::pair<Tensor, Tensor>> gather_distributed_state(const DistributedOptimizer& opt,
-                                                                          GPTModel& model,
-                                                                          const parallel_state::ParallelContext& pc) {
-  std::map<std::string, std::pair<Tensor, Tensor>> out;
-  for (const auto& p : model.params().params())
-    out[p->spec.key] = {Tensor::zeros(p->spec.shape), Tensor::zeros(p->spec.shape)};
-  for (const DistOptStatePiece& piece : opt.state()) {
-    auto& [m, v] = out.at(piece.key);
-    m.view({-1}).flat_slice(piece.offset, {piece.numel}).copy_from(piece.exp_avg);
-    v.view({-1}).flat_slice(piece.offset, {piece.numel}).copy_from(piece.exp_avg_sq);
-  }
-  if (pc.dp_cp()->size() > 1)
-    for (auto& [key, mv] : out) {
-      pc.dp_cp()->all_reduce(mv.first, comm::ReduceOp::Sum).wait();
-      pc.dp_cp()->all_reduce(mv.second, comm::ReduceOp::Sum).wait();
+  const dc::ManifestEntry& e = reader.entry(key);
+  if (e.global_shape != spec.global_shape())
+    fail("checkpoint '{}': tensor '{}' has shape {}, the model needs {}", reader.dir(), key,
+         shape_str(e.global_shape), shape_str(spec.global_shape()));
+  Tensor host = dst.is_cpu() ? dst : Tensor::empty(spec.shape, dst.dtype(), Device::CPU);
+  for (const auto& lg : dc::tp_shard_rects(spec.shape, spec.shard)) {
+    if (lg.local.shape == spec.shape) {
+      reader.read_region(key, lg.global.offset, host);
+      continue;
     }
-  return out;
+    Tensor part = Tensor::empty(lg.local.shape, dst.dtype(), Device::CPU);
+    reader.read_region(key, lg.global.offset, part);
+    dc::copy_rect(host.raw(), spec.shape, lg.local.offset, part.raw(), part.shape(), Shape(part.shape().size(), 0),
+                  part.shape(), dtype_size(part.dtype()));
+  }
+  if (!dst.is_cpu()) {
+    Tensor target = dst;
+    target.copy_from(host);
+  }
 }
 
 void read_model(const dc::CheckpointReader& reader, GPTModel& model) {
@@ -102,66 +115,50 @@ void read_model(const dc::CheckpointReader& reader, GPTModel& model) {
 std::string save_training_checkpoint(const std::string& save_dir, const Config& config, GPTModel& model,
                                      OptimizerRef optimizer, const TrainerState& state,
                                      const parallel_state::ParallelContext& pc) {
-  const bool writer = pc.rank() == 0;  // DP replicas are identical; rank 0 holds TP rank 0's view
-  comm::Communicator& tp = *pc.tp();
-  dc::CheckpointContents c;
-  c.iteration = state.iteration;
-  for (const auto& p : model.params().params()) {
-    Tensor full = logical_tensor(p->data, p->spec, tp);
-    if (writer) c.tensors.push_back({p->spec.key, full});
-  }
+  const Owner own = owner_of(pc);
+  std::vector<dc::ShardedTensor> shards;
+  for (const auto& p : model.params().params())
+    if (own.writes_replica(p->spec.key) && own.writes_tp_replica(p->spec.key, p->spec))
+      add_tp_shards(shards, p->spec.key, p->data, p->spec);
   nlohmann::json opt_meta = nullptr;
-  auto add_moments = [&](const std::string& key, const Tensor& m_local, const Tensor& v_local) {
-    const ParamSpec& spec = model.params().find(key)->spec;
-    Tensor m = logical_tensor(m_local, spec, tp), v = logical_tensor(v_local, spec, tp);
-    if (!writer) return;
-    c.tensors.push_back({kExpAvg + key, m});
-    c.tensors.push_back({kExpAvgSq + key, v});
-  };
   if (optimizer.adam) {
-    for (const AdamState& s : optimizer.adam->state()) add_moments(s.name, s.exp_avg, s.exp_avg_sq);
+    for (const AdamState& s : optimizer.adam->state()) {
+      const ParamSpec& spec = model.params().find(s.name)->spec;
+      if (!own.writes_replica(s.name) || !own.writes_tp_replica(s.name, spec)) continue;
+      add_tp_shards(shards, kExpAvg + s.name, s.exp_avg, spec);
+      add_tp_shards(shards, kExpAvgSq + s.name, s.exp_avg_sq, spec);
+    }
     opt_meta = {{"step", optimizer.adam->step_count()}};
   } else if (optimizer.distributed) {
-    auto moments = gather_distributed_state(*optimizer.distributed, model, pc);
-    for (const auto& p : model.params().params()) {  // parameter order on every rank (collectives line up)
-      const auto& [m, v] = moments.at(p->spec.key);
-      add_moments(p->spec.key, m, v);
+    // Each DP rank owns disjoint pieces: no DP de-duplication; TP replicas of a piece: one writer.
+    for (const DistOptStatePiece& piece : optimizer.distributed->state()) {
+      const ParamSpec& spec = model.params().find(piece.key)->spec;
+      if (!own.writes_tp_replica(piece.key, spec)) continue;
+      add_piece_shards(shards, kExpAvg + piece.key, piece.exp_avg, piece.offset, spec);
+      add_piece_shards(shards, kExpAvgSq + piece.key, piece.exp_avg_sq, piece.offset, spec);
     }
     opt_meta = {{"step", optimizer.distributed->step_count()}, {"distributed", true}};
   }
-  c.meta = {{"config", config.to_json()},
-            {"fingerprint", config.fingerprint()},
-            {"math_fields", config.math_fields()},
-            {"iteration", state.iteration},
-            {"consumed_train_samples", state.consumed_train_samples},
-            {"consumed_valid_samples", state.consumed_valid_samples},
-            {"optimizer", opt_meta},
-            {"opt_param_scheduler", state.scheduler},
-            {"rng", state.rng.state()},
-            {"parallel", {{"world_size", pc.world_size()}, {"tp", pc.tp_size()}, {"pp", pc.pp_size()},
-                          {"dp", pc.dp_size()}, {"cp", pc.cp_size()}}}};
-  // Rank 0 writes; the others learn the outcome so that a failed save is an error on every rank.
-  std::string dir, error;
-  if (writer) {
-    try {
-      dir = dc::save_checkpoint(save_dir, c);
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
-  Tensor ok = Tensor::empty({1}, DType::I32);
-  ok.data<int32_t>()[0] = error.empty() ? 1 : 0;
-  pc.world()->broadcast(ok, 0).wait();
-  if (ok.data<int32_t>()[0] == 0)
-    fail("saving checkpoint iteration {} to '{}' failed{}", state.iteration, save_dir,
-         error.empty() ? " on rank 0" : ": " + error);
-  return writer ? dir : save_dir + "/" + dc::iteration_dir_name(state.iteration);
+  nlohmann::json meta = {{"config", config.to_json()},
+                         {"fingerprint", config.fingerprint()},
+                         {"math_fields", config.math_fields()},
+                         {"iteration", state.iteration},
+                         {"consumed_train_samples", state.consumed_train_samples},
+                         {"consumed_valid_samples", state.consumed_valid_samples},
+                         {"optimizer", opt_meta},
+                         {"opt_param_scheduler", state.scheduler},
+                         {"rng", state.rng.state()},
+                         {"parallel", {{"world_size", pc.world_size()}, {"tp", pc.tp_size()}, {"pp", pc.pp_size()},
+                                       {"dp", pc.dp_size()}, {"cp", pc.cp_size()},
+                                       {"distributed_optimizer", optimizer.distributed != nullptr}}}};
+  return dc::save_sharded_checkpoint(save_dir, state.iteration, meta, shards, *pc.world());
 }
 
 bool load_training_checkpoint(const std::string& load_dir, const Config& config, GPTModel& model,
                               OptimizerRef optimizer, TrainerState& state, const LoadOptions& opt) {
   if (dc::latest_iteration(load_dir) < 0 && dc::list_iterations(load_dir).empty()) return false;
   dc::CheckpointReader reader(load_dir);
+  reader.set_verify_checksums(opt.verify_checksums);
   const nlohmann::json& meta = reader.meta();
   check_fingerprint(meta, config, reader.dir(), opt.override_config_check);
   read_model(reader, model);

@@ -1,11 +1,13 @@
 // Trainer <-> checkpoint glue (Megatron's training/checkpointing.py): what a training checkpoint holds
 // and how it is restored. Collective over the ParallelContext.
-//   tensors: every model parameter as its LOGICAL tensor (TP shards assembled by an all-reduce of the
-//            placed shards over TP; written once, by global rank 0); with the optimizer, fp32 Adam state
-//            "optimizer.exp_avg.<key>" / "optimizer.exp_avg_sq.<key>" assembled the same way (with the
-//            distributed optimizer, first over DP from the shard pieces each rank owns). Loading
-//            reads the logical tensor and keeps this rank's shard, so the TP layout may change between
-//            save and load. (The sharded, reshardable format of the checkpointing issue replaces this.)
+//   tensors: sharded (dist_checkpointing/sharded_save.h): every rank writes only what it owns, as
+//            global-offset shards of the LOGICAL tensors — its TP shard of each parameter (one shard
+//            per TP segment), with replicas (over DP, and over TP for replicated params) written once by
+//            the owner xxh3(key) % dp (and (xxh3 >> 32) % tp); fp32 Adam state "optimizer.exp_avg.<key>"
+//            / "optimizer.exp_avg_sq.<key>" the same way, or with the distributed optimizer each DP
+//            rank's pieces (flat ranges of the TP-local tensor) as rectangles of the logical tensor.
+//            Loading plans reads per target rect (CheckpointReader::read_region), so TP, DP and the
+//            distributed optimizer on/off may all change between save and load.
 //   meta:    config (Config::to_json), fingerprint + math_fields, iteration, consumed samples,
 //            optimizer step, LR scheduler state, RNG state (dropout stream), data cursor.
 // Loading checks the math fingerprint first: a checkpoint of a different model is refused with the
@@ -48,6 +50,7 @@ struct LoadOptions {
   bool load_rng = true;         // --no-load-rng turns off
   bool finetune = false;        // --finetune: weights only, iteration and counters restart at 0
   bool override_config_check = false;
+  bool verify_checksums = true;  // --no-verify-checksums turns off
 };
 
 // Saves iteration `state.iteration` under save_dir; returns the committed directory.
