@@ -3,3 +3,10 @@
 add_test(NAME ckpt_cli_oracle
          COMMAND bash ${CMAKE_SOURCE_DIR}/tests/oracle/ckpt/ckpt_cli_test.sh ${MCPP_BIN} ${MCPP_PY}
                  ${CMAKE_BINARY_DIR}/ckpt_cli_test_work)
+# Sharded checkpoints through `mcpp train` under mpiexec (issue 5): TP2 x DP2 + distributed optimizer
+# reloads bit-identically (model + optimizer, independent oracle dcp_oracle.py) at TP1, TP4, TP2 x DP2
+# without distopt, DP4, DP2 + distopt, and continues with the uninterrupted run's losses (1e-6).
+add_test(NAME dcp.reshard_matrix
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_matrix_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/dcp_matrix_check)
+set_tests_properties(dcp.reshard_matrix PROPERTIES TIMEOUT 600)
