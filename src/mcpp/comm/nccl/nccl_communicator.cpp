@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "mcpp/comm/nccl/nccl_check.h"
@@ -103,7 +104,10 @@ class NcclWork : public Work::Impl {
 
 std::string join(const std::vector<int>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
   return s;
 }
 
@@ -208,18 +212,26 @@ NcclCommunicator::Pending NcclCommunicator::begin(const char* op, const std::vec
   return p;
 }
 
-Work NcclCommunicator::finish(Pending& p, bool host_wait) {
-  MCPP_CUDA_CHECK(cudaEventRecord(p.done->ev, stream_));
-  watchdog_->track(p.done, p.what);
+Work NcclCommunicator::post(Pending& p, const std::function<void()>& enqueue, bool host_wait) {
+  watchdog_->track(p.done, p.what);  // the host call itself may block (lazy connection setup)
+  try {
+    enqueue();
+    MCPP_CUDA_CHECK(cudaEventRecord(p.done->ev, stream_));
+  } catch (...) {
+    watchdog_->untrack(p.done.get());
+    throw;
+  }
+  watchdog_->mark_posted(p.done.get());
   return Work(std::make_unique<NcclWork>(p.done, std::move(p.keep), watchdog_, host_wait));
 }
 
 Work NcclCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
   Pending p = begin("all_reduce", {&t});
   p.what = describe("all_reduce", &t, ++coll_seq_, false);
-  MCPP_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), nccl_op(op),
-                                comm_, stream_));
-  return finish(p, /*host_wait=*/false);
+  return post(p, [&] {
+    MCPP_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), nccl_op(op),
+                                  comm_, stream_));
+  }, /*host_wait=*/false);
 }
 
 Work NcclCommunicator::do_all_gather(Tensor& out, const Tensor& in) {
@@ -228,8 +240,10 @@ Work NcclCommunicator::do_all_gather(Tensor& out, const Tensor& in) {
   }
   Pending p = begin("all_gather", {&out, &in});
   p.what = describe("all_gather", &in, ++coll_seq_, false);
-  MCPP_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), nccl_dtype(in.dtype()), comm_, stream_));
-  return finish(p, false);
+  return post(p, [&] {
+    MCPP_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), nccl_dtype(in.dtype()), comm_,
+                                  stream_));
+  }, false);
 }
 
 Work NcclCommunicator::do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) {
@@ -239,17 +253,32 @@ Work NcclCommunicator::do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp
   Tensor dst = temp ? Tensor::empty(out.shape(), out.dtype(), Device::CUDA) : out;
   Pending p = begin("reduce_scatter", {&out, &in, &dst});
   p.what = describe("reduce_scatter", &in, ++coll_seq_, false);
-  MCPP_NCCL_CHECK(ncclReduceScatter(in.raw(), dst.raw(), static_cast<size_t>(out.numel()), nccl_dtype(in.dtype()),
-                                    nccl_op(op), comm_, stream_));
-  if (temp) MCPP_CUDA_CHECK(cudaMemcpyAsync(out.raw(), dst.raw(), out.nbytes(), cudaMemcpyDeviceToDevice, stream_));
-  return finish(p, false);
+  return post(p, [&] {
+    MCPP_NCCL_CHECK(ncclReduceScatter(in.raw(), dst.raw(), static_cast<size_t>(out.numel()), nccl_dtype(in.dtype()),
+                                      nccl_op(op), comm_, stream_));
+    if (temp) MCPP_CUDA_CHECK(cudaMemcpyAsync(out.raw(), dst.raw(), out.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  }, false);
 }
 
 Work NcclCommunicator::do_broadcast(Tensor& t, int root) {
   Pending p = begin("broadcast", {&t});
   p.what = describe("broadcast", &t, ++coll_seq_, false);
-  MCPP_NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), root, comm_, stream_));
-  return finish(p, false);
+  return post(p, [&] {
+    MCPP_NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), root, comm_,
+                                  stream_));
+  }, false);
+}
+
+// One ncclGroupStart/End around `body`; the group is closed even when a call inside throws.
+static void grouped(const std::function<void()>& body) {
+  MCPP_NCCL_CHECK(ncclGroupStart());
+  try {
+    body();
+  } catch (...) {
+    ncclGroupEnd();
+    throw;
+  }
+  MCPP_NCCL_CHECK(ncclGroupEnd());
 }
 
 Work NcclCommunicator::do_all_to_all(Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
@@ -261,17 +290,18 @@ Work NcclCommunicator::do_all_to_all(Tensor& out, const Tensor& in, const std::v
   size_t es = dtype_size(in.dtype());
   char* src = static_cast<char*>(in.raw());
   char* dst = static_cast<char*>(out.raw());
-  MCPP_NCCL_CHECK(ncclGroupStart());
-  int64_t soff = 0, roff = 0;
-  for (int peer = 0; peer < size(); ++peer) {
-    auto sc = send_counts[static_cast<size_t>(peer)], rc = recv_counts[static_cast<size_t>(peer)];
-    if (sc > 0) MCPP_NCCL_CHECK(ncclSend(src + soff * es, static_cast<size_t>(sc), dt, peer, comm_, stream_));
-    if (rc > 0) MCPP_NCCL_CHECK(ncclRecv(dst + roff * es, static_cast<size_t>(rc), dt, peer, comm_, stream_));
-    soff += sc;
-    roff += rc;
-  }
-  MCPP_NCCL_CHECK(ncclGroupEnd());
-  return finish(p, false);
+  return post(p, [&] {
+    grouped([&] {
+      int64_t soff = 0, roff = 0;
+      for (int peer = 0; peer < size(); ++peer) {
+        auto sc = send_counts[static_cast<size_t>(peer)], rc = recv_counts[static_cast<size_t>(peer)];
+        if (sc > 0) MCPP_NCCL_CHECK(ncclSend(src + soff * es, static_cast<size_t>(sc), dt, peer, comm_, stream_));
+        if (rc > 0) MCPP_NCCL_CHECK(ncclRecv(dst + roff * es, static_cast<size_t>(rc), dt, peer, comm_, stream_));
+        soff += sc;
+        roff += rc;
+      }
+    });
+  }, false);
 }
 
 Work NcclCommunicator::do_batch_p2p(const std::vector<P2POp>& ops) {
@@ -282,25 +312,27 @@ Work NcclCommunicator::do_batch_p2p(const std::vector<P2POp>& ops) {
   for (const auto& o : ops) sent += o.kind == P2POp::Kind::Send ? o.tensor.numel() : 0;
   p.what = fmt::format("batch_p2p (group '{}' ranks [{}], p2p_seq {}, {} ops, {} elements sent)", name(),
                        join(global_ranks()), ++p2p_seq_, ops.size(), sent);
-  MCPP_NCCL_CHECK(ncclGroupStart());
-  for (const auto& o : ops) {
-    auto n = static_cast<size_t>(o.tensor.numel());
-    ncclDataType_t dt = nccl_dtype(o.tensor.dtype());
-    if (o.kind == P2POp::Kind::Send) {
-      MCPP_NCCL_CHECK(ncclSend(o.tensor.raw(), n, dt, o.peer, comm_, stream_));
-    } else {
-      MCPP_NCCL_CHECK(ncclRecv(o.tensor.raw(), n, dt, o.peer, comm_, stream_));
-    }
-  }
-  MCPP_NCCL_CHECK(ncclGroupEnd());
-  return finish(p, false);
+  return post(p, [&] {
+    grouped([&] {
+      for (const auto& o : ops) {
+        auto n = static_cast<size_t>(o.tensor.numel());
+        ncclDataType_t dt = nccl_dtype(o.tensor.dtype());
+        if (o.kind == P2POp::Kind::Send) {
+          MCPP_NCCL_CHECK(ncclSend(o.tensor.raw(), n, dt, o.peer, comm_, stream_));
+        } else {
+          MCPP_NCCL_CHECK(ncclRecv(o.tensor.raw(), n, dt, o.peer, comm_, stream_));
+        }
+      }
+    });
+  }, false);
 }
 
 Work NcclCommunicator::do_barrier() {
   Pending p = begin("barrier", {&barrier_buf_});
   p.what = describe("barrier", nullptr, ++coll_seq_, false);
-  MCPP_NCCL_CHECK(ncclAllReduce(barrier_buf_.raw(), barrier_buf_.raw(), 1, ncclFloat32, ncclSum, comm_, stream_));
-  return finish(p, /*host_wait=*/true);  // a barrier orders hosts: wait() blocks until every rank arrived
+  return post(p, [&] {
+    MCPP_NCCL_CHECK(ncclAllReduce(barrier_buf_.raw(), barrier_buf_.raw(), 1, ncclFloat32, ncclSum, comm_, stream_));
+  }, /*host_wait=*/true);  // a barrier orders hosts: wait() blocks until every rank arrived
 }
 
 void NcclCommunicator::exchange_fingerprints(const int64_t* mine, int64_t* all, int n) {
@@ -309,8 +341,9 @@ void NcclCommunicator::exchange_fingerprints(const int64_t* mine, int64_t* all, 
   send.copy_from(Tensor::from_blob(const_cast<int64_t*>(mine), {n}, DType::I64));
   Pending p = begin("check_collectives", {&send, &recv});
   p.what = fmt::format("--check-collectives fingerprint all_gather (group '{}' ranks [{}])", name(), join(global_ranks()));
-  MCPP_NCCL_CHECK(ncclAllGather(send.raw(), recv.raw(), static_cast<size_t>(n), ncclInt64, comm_, stream_));
-  finish(p, /*host_wait=*/true).wait();
+  post(p, [&] {
+    MCPP_NCCL_CHECK(ncclAllGather(send.raw(), recv.raw(), static_cast<size_t>(n), ncclInt64, comm_, stream_));
+  }, /*host_wait=*/true).wait();
   Tensor::from_blob(all, {static_cast<int64_t>(n) * size()}, DType::I64).copy_from(recv);
 }
 

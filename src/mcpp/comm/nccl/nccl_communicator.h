@@ -35,6 +35,7 @@
 //     stream and ncclCommDestroy's (skipped for a communicator the watchdog aborted).
 // Threading: one thread issues the calls of a world's communicators; the watchdog thread only polls.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,8 +84,11 @@ class NcclCommunicator : public Communicator {
 
  private:
   struct Pending;
+  // Checks the tensors' device, orders the comm stream after the compute stream, makes the done event.
   Pending begin(const char* op, const std::vector<const Tensor*>& tensors);
-  Work finish(Pending& p, bool host_wait);
+  // Registers the op with the watchdog, runs `enqueue` (the NCCL calls on the comm stream), records the
+  // done event and returns the Work; on a throw the op is unregistered again.
+  Work post(Pending& p, const std::function<void()>& enqueue, bool host_wait);
   std::string describe(const char* op, const Tensor* t, uint64_t seq, bool p2p) const;
 
   ncclComm* comm_ = nullptr;

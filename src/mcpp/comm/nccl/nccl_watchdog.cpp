@@ -56,6 +56,18 @@ void NcclWatchdog::track(std::shared_ptr<CudaEvent> done, std::string what) {
   in_flight_.push_back(InFlight{std::move(done), std::move(what), std::chrono::steady_clock::now()});
 }
 
+void NcclWatchdog::mark_posted(const CudaEvent* done) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& f : in_flight_) {
+    if (f.done.get() == done) f.posted = true;
+  }
+}
+
+void NcclWatchdog::untrack(const CudaEvent* done) {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::erase_if(in_flight_, [&](const InFlight& f) { return f.done.get() == done; });
+}
+
 bool NcclWatchdog::fired() const {
   std::lock_guard<std::mutex> lk(mu_);
   return !fired_line_.empty();
@@ -69,7 +81,8 @@ void NcclWatchdog::throw_if_fired() const {
 std::string NcclWatchdog::poll_locked() {
   auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < in_flight_.size();) {
-    cudaError_t q = cudaEventQuery(in_flight_[i].done->ev);
+    // An op whose host call has not returned yet has no recorded event: only its age counts.
+    cudaError_t q = in_flight_[i].posted ? cudaEventQuery(in_flight_[i].done->ev) : cudaErrorNotReady;
     if (q == cudaSuccess) {
       in_flight_.erase(in_flight_.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
@@ -79,7 +92,8 @@ std::string NcclWatchdog::poll_locked() {
     }
     double age = std::chrono::duration<double>(now - in_flight_[i].since).count();
     if (age > opts_.timeout_seconds) {
-      return fmt::format("{} did not complete on the GPU within {} s", in_flight_[i].what, opts_.timeout_seconds);
+      return fmt::format("{} did not complete {}within {} s", in_flight_[i].what,
+                         in_flight_[i].posted ? "on the GPU " : "(still blocked in its host NCCL call) ", opts_.timeout_seconds);
     }
     ++i;
   }

@@ -3,8 +3,9 @@
 //
 // Contract:
 //   - A background thread (bound to the world's CUDA device) polls every poll_seconds:
-//       (a) each in-flight op's completion event (cudaEventQuery). An op is "in flight" from the moment
-//           it is enqueued on its group's comm stream until its event completes on the GPU — this is
+//       (a) each in-flight op's completion event (cudaEventQuery). An op is "in flight" from just before
+//           its host NCCL call (which can itself block: NCCL connects channels lazily, on the host, in the
+//           first collective / send-recv with a peer) until its event completes on the GPU — this is
 //           independent of Work::wait(), which only orders the compute stream and returns at once, so
 //           the flight recorder's "done" means "ordered", while this list means "finished on the GPU".
 //       (b) ncclCommGetAsyncError on every live communicator of the world.
@@ -59,8 +60,12 @@ class NcclWatchdog {
   void add_comm(ncclComm* comm, const std::string& group);
   // Forgets `comm`; returns true when the watchdog aborted it (then it must not be destroyed).
   bool remove_comm(ncclComm* comm);
-  // `done` was recorded on the comm stream right after the op described by `what`.
+  // Before the host NCCL call of the op described by `what`: starts its clock (`done` not recorded yet).
   void track(std::shared_ptr<CudaEvent> done, std::string what);
+  // After `done` was recorded on the comm stream: from now on its completion is polled.
+  void mark_posted(const CudaEvent* done);
+  // The host call failed (nothing was enqueued): forget the op.
+  void untrack(const CudaEvent* done);
   bool fired() const;
   void throw_if_fired() const;  // mcpp::Error with the watchdog's line
   int device() const { return device_; }
@@ -71,6 +76,7 @@ class NcclWatchdog {
     std::shared_ptr<CudaEvent> done;
     std::string what;
     std::chrono::steady_clock::time_point since;
+    bool posted = false;
   };
   struct Live {
     ncclComm* comm;
