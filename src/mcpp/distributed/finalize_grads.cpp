@@ -9,21 +9,34 @@ namespace mcpp {
 
 void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc,
                           bool tied_embeddings) {
+  finalize_model_grads(std::vector<ParamAndGradBuffer*>{&params}, pc, tied_embeddings);
+}
+
+void finalize_model_grads(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc,
+                          bool tied_embeddings) {
   if (pc.tp_size() > 1)
-    for (const auto& p : params.params())
-      if (p->spec.sequence_parallel) pc.tp()->all_reduce(p->main_grad, comm::ReduceOp::Sum).wait();
+    for (ParamAndGradBuffer* params : chunks)
+      for (const auto& p : params->params())
+        if (p->spec.sequence_parallel) pc.tp()->all_reduce(p->main_grad, comm::ReduceOp::Sum).wait();
   // Tied word embeddings split over the first and last pipeline stage: sum both uses' gradients.
   if (tied_embeddings && pc.pp_size() > 1 && pc.is_in_embedding_group() && pc.embedding()->size() > 1) {
-    Parameter* p = params.find("embedding.word_embeddings.weight");
+    Parameter* p = nullptr;
+    for (ParamAndGradBuffer* params : chunks)
+      if (Parameter* q = params->find("embedding.word_embeddings.weight")) p = q;
     MCPP_CHECK(p, "pipeline stage {} is in the embedding group but holds no word embeddings", pc.pp_rank());
     pc.embedding()->all_reduce(p->main_grad, comm::ReduceOp::Sum).wait();
   }
 }
 
 double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc) {
+  return model_grad_norm(std::vector<ParamAndGradBuffer*>{&params}, pc);
+}
+
+double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc) {
   double local = 0;
-  for (const auto& p : params.params())
-    if (counts_in_grad_norm(p->spec, pc.tp_rank())) local += ops::sum_of_squares(p->main_grad);
+  for (ParamAndGradBuffer* params : chunks)
+    for (const auto& p : params->params())
+      if (counts_in_grad_norm(p->spec, pc.tp_rank())) local += ops::sum_of_squares(p->main_grad);
   if (pc.mp()->size() > 1) {
     Tensor t = Tensor::empty({1}, DType::F32);
     // float64 would be better; the MPI backend reduces float32 tensors (one value, rounding ~1e-7 rel).

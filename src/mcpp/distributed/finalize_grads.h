@@ -9,6 +9,8 @@
 // on every TP rank, replicated ones on TP rank 0 only (Megatron's param_is_not_tensor_parallel_duplicate),
 // summed over the model-parallel group (TP x PP).
 #pragma once
+#include <vector>
+
 #include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/parallel_state/parallel_context.h"
 
@@ -18,8 +20,12 @@ namespace mcpp {
 // embedding group holds the parameter then.
 void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc,
                           bool tied_embeddings);
+// The same over this rank's model chunks (virtual pipeline stages): the word embeddings live in exactly one.
+void finalize_model_grads(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc,
+                          bool tied_embeddings);
 
 double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc);
+double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc);
 
 // Megatron's clip_grad_by_total_norm_fp32 on the whole grad buffer: scale by max_norm / (norm + 1e-6)
 // when that is < 1. Returns the coefficient applied (1 when none).

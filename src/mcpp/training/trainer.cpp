@@ -11,6 +11,8 @@
 #include "mcpp/distributed/data_parallel.h"
 #include "mcpp/distributed/finalize_grads.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
+#include "mcpp/pipeline_parallel/layout.h"
+#include "mcpp/pipeline_parallel/schedule_runner.h"
 #include "mcpp/optimizer/lr_scheduler.h"
 
 namespace mcpp {
@@ -42,24 +44,41 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;
     valid_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 1, eval_samples, eod_token));
   }
-  model_ = std::make_unique<GPTModel>(config_.model, static_cast<uint64_t>(t.seed),
-                                      tensor_parallel::TPContext{pc_.tp(), config_.parallel.sequence_parallel});
   const auto& par = config_.parallel;
-  ddp_ = std::make_unique<DistributedDataParallel>(model_->params(), pc_,
-                                                   DdpOptions{.bucket_size = par.ddp_bucket_size,
-                                                              .overlap_grad_reduce = par.overlap_grad_reduce,
-                                                              .use_distributed_optimizer = par.use_distributed_optimizer});
+  // Layer placement for this pipeline rank: one model chunk per virtual stage.
+  const pipeline_parallel::PipelineLayout layout =
+      pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(config_.model, par));
+  for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
+    const pipeline_parallel::StageLayers& st = layout.at(pc_.pp_rank(), v);
+    const int64_t first = st.layers.empty() ? 0 : st.layers.front();
+    chunks_.push_back(std::make_unique<GPTModel>(
+        config_.model, static_cast<uint64_t>(t.seed),
+        tensor_parallel::TPContext{pc_.tp(), config_.parallel.sequence_parallel}, Device::CPU,
+        GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
+                      .num_layers = static_cast<int64_t>(st.layers.size())}));
+    ddps_.push_back(std::make_unique<DistributedDataParallel>(
+        chunks_.back()->params(), pc_,
+        DdpOptions{.bucket_size = par.ddp_bucket_size,
+                   .overlap_grad_reduce = par.overlap_grad_reduce,
+                   .use_distributed_optimizer = par.use_distributed_optimizer}));
+  }
   if (par.use_distributed_optimizer) {
+    if (chunks_.size() != 1)
+      fail("use_distributed_optimizer with virtual pipeline stages is not supported yet (one chunk per rank)");
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(
-        *ddp_, DistributedOptimizerOptions{.adam = adam_options_from(config_.optimizer),
-                                           .overlap_param_gather = par.overlap_param_gather});
+        *ddps_.front(), DistributedOptimizerOptions{.adam = adam_options_from(config_.optimizer),
+                                                    .overlap_param_gather = par.overlap_param_gather});
   } else {
     std::vector<AdamParam> adam_params;
-    for (const auto& p : model_->params().params())
-      adam_params.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
-                             .no_weight_decay = p->spec.no_weight_decay});
+    for (const auto& chunk : chunks_)
+      for (const auto& p : chunk->params().params())
+        adam_params.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
+                               .no_weight_decay = p->spec.no_weight_decay});
     optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   }
+  if ((!t.save.empty() || !t.load.empty()) && pc_.pp_size() > 1)
+    fail("checkpoints with pipeline_model_parallel_size > 1 arrive with the sharded checkpoint format; "
+         "run without --save/--load or with pipeline_model_parallel_size 1");
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, DType::F32)));
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
@@ -71,7 +90,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                    .load_rng = !t.no_load_rng && !t.finetune,
                    .finetune = t.finetune,
                    .override_config_check = t.override_config_check};
-    if (load_training_checkpoint(t.load, config_, *model_, optimizer_ref(), state_, lo)) {
+    if (load_training_checkpoint(t.load, config_, model(), optimizer_ref(), state_, lo)) {
       if (!t.finetune && !state_.scheduler.empty()) scheduler_->load_state_dict(state_.scheduler);
       if (is_logging_rank()) spdlog::info("loaded checkpoint from {} at iteration {}", t.load, state_.iteration);
     } else if (is_logging_rank()) {
@@ -112,25 +131,48 @@ double Trainer::dp_mean(double local) const {
   return t.data<float>()[0];
 }
 
-double Trainer::train_step(double* grad_norm, bool* skipped) {
+std::vector<ParamAndGradBuffer*> Trainer::buffers() const {
+  std::vector<ParamAndGradBuffer*> out;
+  for (const auto& c : chunks_) out.push_back(&c->params());
+  return out;
+}
+
+Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only) {
   const int64_t num_micro = config_.num_microbatches();
-  ParamAndGradBuffer& params = model_->params();
+  pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = pc_.pp_size(),
+                                        .pipeline_model_parallel_rank = pc_.pp_rank(),
+                                        .num_microbatches = num_micro,
+                                        .virtual_pipeline_model_parallel_size = static_cast<int64_t>(chunks_.size()),
+                                        .forward_only = forward_only};
+  const pipeline_parallel::Schedule schedule = pipeline_parallel::build_schedule(so);
+  const int64_t s = config_.model.seq_length / (config_.parallel.sequence_parallel ? pc_.tp_size() : 1);
+  pipeline_parallel::ScheduleRunArgs args{
+      .schedule = &schedule,
+      .pc = &pc_,
+      .get_batch = [&](int64_t m) {
+        Batch b = get_batch(ds, first, m);
+        return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask};
+      },
+      .hidden_shape = {s, config_.training.micro_batch_size, config_.model.hidden_size},
+      .forward = {.training = !forward_only, .rng = forward_only ? nullptr : &state_.rng},
+      .grad_scale = 1.0f / static_cast<float>(num_micro),  // Megatron: loss / num_microbatches
+      .forward_only = forward_only,
+      .before_backward = [&](int64_t m, int64_t chunk) {
+        ddps_[static_cast<size_t>(chunk)]->set_is_last_microbatch(m == num_micro - 1);  // no_sync before
+      }};
+  for (const auto& c : chunks_) args.chunks.push_back(c.get());
+  const pipeline_parallel::ScheduleRunResult r = pipeline_parallel::run_schedule(args);
+  return {r.loss_sum / static_cast<double>(num_micro), r.masked_loss_sum, r.num_tokens};
+}
+
+double Trainer::train_step(double* grad_norm, bool* skipped) {
   if (dist_optimizer_) dist_optimizer_->wait_param_gather();  // previous step's params complete
-  ddp_->zero_grad();
-  double loss = 0;
-  for (int64_t m = 0; m < num_micro; ++m) {
-    Batch batch = get_batch(*train_ds_, state_.consumed_train_samples, m);
-    GPTModelCtx ctx;
-    LossResult r = model_->forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask,
-                                        {.training = true, .rng = &state_.rng});
-    ddp_->set_is_last_microbatch(m == num_micro - 1);  // Megatron's no_sync for the earlier ones
-    model_->backward(ctx, 1.0f / static_cast<float>(num_micro));  // Megatron: loss / num_microbatches
-    loss += r.loss / static_cast<double>(num_micro);
-  }
-  ddp_->finish_grad_sync();  // average over DP (owned shards only with the distributed optimizer)
-  finalize_model_grads(params, pc_, !config_.model.untie_embeddings_and_output_weights);
+  for (auto& ddp : ddps_) ddp->zero_grad();
+  const double loss = run_microbatches(*train_ds_, state_.consumed_train_samples, /*forward_only=*/false).mean_loss;
+  for (auto& ddp : ddps_) ddp->finish_grad_sync();  // average over DP (owned shards with the distributed optimizer)
+  finalize_model_grads(buffers(), pc_, !config_.model.untie_embeddings_and_output_weights);
   const float clip = config_.optimizer.clip_grad;
-  *grad_norm = dist_optimizer_ ? dist_optimizer_->grad_norm() : model_grad_norm(params, pc_);
+  *grad_norm = dist_optimizer_ ? dist_optimizer_->grad_norm() : model_grad_norm(buffers(), pc_);
   *skipped = !std::isfinite(*grad_norm);
   if (!*skipped) {
     const auto lr = static_cast<float>(scheduler_->get_lr());
@@ -138,7 +180,7 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
       dist_optimizer_->clip_grads(*grad_norm, clip);
       dist_optimizer_->step(lr);
     } else {
-      clip_grads_by_total_norm(params, *grad_norm, clip);
+      for (ParamAndGradBuffer* b : buffers()) clip_grads_by_total_norm(*b, *grad_norm, clip);
       optimizer_->step(lr);
     }
   }
@@ -153,13 +195,9 @@ double Trainer::evaluate(int64_t iteration) {
   const auto& t = config_.training;
   double loss_sum = 0, tokens = 0;
   for (int64_t it = 0; it < t.eval_iters; ++it) {
-    for (int64_t m = 0; m < config_.num_microbatches(); ++m) {
-      Batch batch = get_batch(*valid_ds_, state_.consumed_valid_samples, m);
-      GPTModelCtx ctx;
-      LossResult r = model_->forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = false});
-      loss_sum += r.loss_sum;
-      tokens += r.num_tokens;
-    }
+    StepLoss r = run_microbatches(*valid_ds_, state_.consumed_valid_samples, /*forward_only=*/true);
+    loss_sum += r.masked_loss_sum;
+    tokens += r.num_tokens;
     state_.consumed_valid_samples += t.global_batch_size;
   }
   if (pc_.dp_size() > 1) {  // token-weighted mean over the whole global batches
@@ -185,7 +223,7 @@ void Trainer::save(int64_t iteration) {
   state_.scheduler = scheduler_->state_dict();
   if (dist_optimizer_) dist_optimizer_->wait_param_gather();
   auto t0 = Clock::now();
-  std::string dir = save_training_checkpoint(config_.training.save, config_, *model_, optimizer_ref(), state_, pc_);
+  std::string dir = save_training_checkpoint(config_.training.save, config_, model(), optimizer_ref(), state_, pc_);
   double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (!is_logging_rank()) return;
   fmt::print(" saved checkpoint at iteration {:>7} to {} in {:.1f} ms\n", iteration, dir, ms);

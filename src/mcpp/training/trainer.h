@@ -1,5 +1,7 @@
 // The pretraining loop (Megatron-LM's training.py: pretrain / train / train_step / evaluate) on one
-// rank of a ParallelContext (tensor + data parallel; a single process is the size-1 context).
+// rank of a ParallelContext (tensor + sequence + pipeline + data parallel; one process is the size-1
+// context). With pipeline parallelism the rank holds one model chunk per virtual stage (layer placement:
+// pipeline_parallel/layout.h) and runs its schedule (1F1B or interleaved: schedules.h, schedule_runner.h).
 //   iteration: zero main grads -> for each local microbatch m: rows [dp_rank*mbs, +mbs) of the m-th
 //   mbs*dp slice of the global batch, forward (dropout on) + backward with grad scale 1/num_microbatches
 //   -> DP gradient reduction (DistributedDataParallel: average over DP per bucket, overlapped with the last
@@ -45,7 +47,7 @@ class Trainer {
   ~Trainer();
   TrainSummary train();
   double evaluate(int64_t iteration);  // mean lm loss over eval_iters global batches of the valid split
-  GPTModel& model() { return *model_; }
+  GPTModel& model() { return *chunks_.front(); }
 
  private:
   struct Batch {
@@ -53,6 +55,12 @@ class Trainer {
   };
   // Micro batch `m` of the global batch starting at sample `first` (this DP rank's rows).
   Batch get_batch(const GPTDataset& ds, int64_t first, int64_t m) const;
+  // One schedule over all microbatches of a global batch: training (forward + backward) or evaluation.
+  struct StepLoss {
+    double mean_loss = 0;  // mean over microbatches of each microbatch's mean loss (last stage)
+    double masked_loss_sum = 0, num_tokens = 0;
+  };
+  StepLoss run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only);
   double train_step(double* grad_norm, bool* skipped);
   void save(int64_t iteration);
   bool is_logging_rank() const { return pc_.rank() == pc_.world_size() - 1; }
@@ -62,8 +70,9 @@ class Trainer {
   parallel_state::ParallelContext pc_;
   std::unique_ptr<GPTDataset> train_ds_;
   std::unique_ptr<GPTDataset> valid_ds_;
-  std::unique_ptr<GPTModel> model_;
-  std::unique_ptr<DistributedDataParallel> ddp_;
+  std::vector<std::unique_ptr<GPTModel>> chunks_;  // by virtual pipeline stage
+  std::vector<std::unique_ptr<DistributedDataParallel>> ddps_;  // one per chunk (its own buffers)
+  std::vector<ParamAndGradBuffer*> buffers() const;
   std::unique_ptr<Adam> optimizer_;                    // without --use-distributed-optimizer
   std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // with it
   OptimizerRef optimizer_ref() const { return {optimizer_.get(), dist_optimizer_.get()}; }

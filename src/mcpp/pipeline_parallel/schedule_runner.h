@@ -1,0 +1,49 @@
+// Executes one rank's pipeline Schedule (schedules.h) on its model chunks: the forward_backward_func of
+// Megatron-Core, driven by data instead of control flow.
+//   Forward(mb, c)   chunk c's forward_step on microbatch mb: input = tokens (first stage) or the
+//                    activation received for (mb, c); the last stage computes the loss; other stages keep
+//                    their output for the send that follows. The context (saved activations) is held
+//                    until Backward(mb, c) — the schedule decides how many are in flight.
+//   Backward(mb, c)  chunk c's backward_step with the gradient received for (mb, c) (or the loss scaled by
+//                    grad_scale on the last stage); the input gradient is kept for its send.
+//   Comm             one batched P2P call on the PP group: activations travel on tag 0 to the next rank,
+//                    gradients on tag 1 to the previous one (separate channels, so pp = 2 cannot cross).
+// P2P shapes are known from the config: [s(/tp with SP), b, h] float32. Forward-only schedules
+// (evaluation) drop each context right after its forward.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/parallel_state/parallel_context.h"
+#include "mcpp/pipeline_parallel/schedules.h"
+
+namespace mcpp::pipeline_parallel {
+
+struct MicroBatch {
+  Tensor tokens, labels, loss_mask;  // [s, b]
+};
+
+struct ScheduleRunArgs {
+  const Schedule* schedule = nullptr;
+  std::vector<GPTModel*> chunks;  // this rank's model chunks, by virtual stage
+  const parallel_state::ParallelContext* pc = nullptr;
+  std::function<MicroBatch(int64_t microbatch)> get_batch;
+  Shape hidden_shape;              // [s(/tp), b, h] of the P2P tensors
+  ForwardOptions forward;          // training (dropout) and the RNG tracker
+  float grad_scale = 1.0f;         // 1 / num_microbatches (Megatron's loss scaling per microbatch)
+  bool forward_only = false;
+  // Called before Backward(mb, c): DDP's no_sync control (the last microbatch of each chunk reduces).
+  std::function<void(int64_t microbatch, int64_t chunk)> before_backward;
+};
+
+struct ScheduleRunResult {
+  double loss_sum = 0;         // sum over microbatches of each microbatch's mean loss (last stage only)
+  double masked_loss_sum = 0;  // sum over microbatches of sum(loss * mask) (last stage only)
+  double num_tokens = 0;       // sum over microbatches of sum(mask) (last stage only)
+  int64_t max_in_flight = 0;   // peak number of held forward contexts
+};
+
+ScheduleRunResult run_schedule(const ScheduleRunArgs& args);
+
+}  // namespace mcpp::pipeline_parallel
