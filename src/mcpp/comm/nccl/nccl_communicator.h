@@ -4,9 +4,10 @@
 //   - Bootstrap under mpirun: init_nccl(mpi_world, device, opts) is collective over the MPI world. It
 //     sets NCCL_NVLS_ENABLE=0 in the process environment when unset (NVLink multicast stays off; a value
 //     other than 0 is an mcpp::Error), binds the process to CUDA `device`, lets world rank 0 create the
-//     ncclUniqueId, broadcasts it over the MPI world and ncclCommInitRank's the NCCL world: group "world",
-//     the same global ranks in the same order, sharing the MPI world's FlightRecorder (so the host-side
-//     comm::Watchdog on the MPI world also sees NCCL calls). It starts the world's NcclWatchdog.
+//     ncclUniqueId, broadcasts it over the MPI world and ncclCommInitRank's the NCCL world: group
+//     "nccl_world" (not "world": it shares the MPI world's FlightRecorder — so the host-side comm::Watchdog
+//     on the MPI world also sees NCCL calls — and the recorder tells groups apart by name and seq), the
+//     same global ranks in the same order. It starts the world's NcclWatchdog.
 //   - new_group(name, global_ranks): collective over the listed members only (the interface's rule).
 //     The members make an MPI subgroup of the bootstrap communicator (MPI_Comm_create_group), its first
 //     member creates a ncclUniqueId, broadcasts it over that subgroup, and all ncclCommInitRank — one
