@@ -26,7 +26,7 @@ struct MicroBatch {
 
 struct ScheduleRunArgs {
   const Schedule* schedule = nullptr;
-  std::vector<GPTModel*> chunks;  // this rank's model chunks, by virtual stage
+  std::vector<GPTModel*> chunks = {};  // this rank's model chunks, by virtual stage
   const parallel_state::ParallelContext* pc = nullptr;
   std::function<MicroBatch(int64_t microbatch)> get_batch;
   Shape hidden_shape;              // [s(/tp), b, h] of the P2P tensors
