@@ -9,7 +9,9 @@ usage: parallel_train_check.py MCPP WORKDIR
      same losses as the 4-rank run (1e-5);
   4. a bad launch layout (world 3, tp 2) fails on every rank with one clear error, no hang;
   5. --use-distributed-optimizer with --overlap-grad-reduce / --overlap-param-gather and small buckets
-     equals 1 rank; its checkpoint continues at 1 rank with plain Adam.
+     equals 1 rank; its checkpoint continues at 1 rank with plain Adam;
+  6. TP2 x PP2 x DP2 (8 ranks) with SP and the distributed optimizer, and a Llama-style model with
+     interleaved PP4 (virtual stages), equal the 1-rank runs.
 """
 import json
 import os
@@ -99,6 +101,30 @@ run([MCPP, "train", *M, *TP1, "--load", dist, "--save", dist])
 f = metrics(dist)
 if any(not close(f.get(i), a[i]) for i in (4, 5, 6)):
     failures.append(f"distributed-optimizer checkpoint continued at 1 rank: {f} vs {a}")
+
+# 6. TP2 x PP2 x DP2 on 8 ranks with SP and the distributed optimizer (GPT-2 style), and a Llama-style
+#    model on 4 ranks with interleaved pipeline stages (PP4, 8 layers, 1 layer per virtual stage, V = 2):
+#    every iteration's loss equals the 1-rank run's.
+LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
+         "--num-query-groups", "2"]
+g3d = os.path.join(WORK, "g3d")
+run(MPI + ["-np", "8", MCPP, "train", *M, *TP2, "--pipeline-model-parallel-size", "2",
+           "--use-distributed-optimizer", "--metrics-path", os.path.join(g3d, "metrics.jsonl")], timeout=600)
+g = metrics(g3d)
+if len(g) != 6 or any(not close(g.get(i), a[i]) for i in a):
+    failures.append(f"TP2xPP2xDP2 (8 ranks) losses differ from 1 rank: {g} vs {a}")
+ML = [x for x in M]
+ML[ML.index("--num-layers") + 1] = "8"
+ML[ML.index("--global-batch-size") + 1] = "8"
+l1, l4 = os.path.join(WORK, "l1"), os.path.join(WORK, "l4")
+run([MCPP, "train", *ML, *LLAMA, *TP1, "--metrics-path", os.path.join(l1, "metrics.jsonl")])
+run(MPI + ["-np", "4", MCPP, "train", *ML, *LLAMA, *TP1, "--pipeline-model-parallel-size", "4",
+           "--num-layers-per-virtual-pipeline-stage", "1", "--metrics-path", os.path.join(l4, "metrics.jsonl")],
+    timeout=600)
+la, lb = metrics(l1), metrics(l4)
+if len(la) != 6 or any(not close(lb.get(i), la[i]) for i in la):
+    failures.append(f"Llama interleaved PP4 losses differ from 1 rank: {lb} vs {la}")
 
 p = run(MPI + ["-np", "3", MCPP, "train", *M, *TP2], expect=1, timeout=120)
 errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
