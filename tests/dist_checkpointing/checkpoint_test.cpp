@@ -94,7 +94,7 @@ TEST(Checkpoint, LeftoverStagingDirIsIgnored) {
   EXPECT_EQ(latest_iteration(dir.path()), 200);
   EXPECT_EQ(list_iterations(dir.path()), (std::vector<int64_t>{200}));
   expect_same_as_saved(CheckpointReader(dir.path()), c);
-  expect_error([&] { CheckpointReader r(dir / "iter_0000300.tmp-deadbeef"); }, {"missing manifest", "manifest.json"});
+  expect_error([&] { CheckpointReader r(dir / "iter_0000300.tmp-deadbeef"); }, {"iter_0000300.tmp-deadbeef", "uncommitted"});
   // The same iteration can still be saved after a crashed attempt.
   EXPECT_NO_THROW(save_checkpoint(dir.path(), sample(300)));
   EXPECT_EQ(latest_iteration(dir.path()), 300);

@@ -10,3 +10,9 @@ add_test(NAME dcp.reshard_matrix
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_matrix_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/dcp_matrix_check)
 set_tests_properties(dcp.reshard_matrix PROPERTIES TIMEOUT 600)
+# SIGKILL of one rank / all ranks at 22 named points of a sharded save (MCPP_FAULT_KILL_AT): latest
+# always names a complete checkpoint that verifies and resumes; staging directories are never loadable.
+add_test(NAME dcp.kill_points
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_kill_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/dcp_kill_check)
+set_tests_properties(dcp.kill_points PROPERTIES TIMEOUT 900)

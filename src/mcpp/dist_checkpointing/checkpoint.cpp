@@ -170,6 +170,11 @@ std::vector<int64_t> list_iterations(const std::string& save_dir) {
 std::string resolve_checkpoint_dir(const std::string& path, int64_t iteration) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) fail("checkpoint path {} is not a directory", path);
+  const std::string base = fs::path(path).lexically_normal().filename().string().empty()
+                               ? fs::path(path).lexically_normal().parent_path().filename().string()
+                               : fs::path(path).lexically_normal().filename().string();
+  if (base.find(".tmp-") != std::string::npos || base.find(".superseded-") != std::string::npos)
+    fail("{} is an uncommitted (staging) or superseded checkpoint directory; it is never loaded", path);
   if (fs::exists(fs::path(path) / kManifestFile)) return path;
   static const std::regex kIterDir("iter_[0-9]{7,}(\\.tmp-.*)?");
   if (std::regex_match(fs::path(path).filename().string(), kIterDir))

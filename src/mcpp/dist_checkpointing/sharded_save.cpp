@@ -187,9 +187,17 @@ std::string save_sharded_checkpoint(const std::string& save_dir, int64_t iterati
       std::error_code ec;
       fs::create_directories(save_dir, ec);
       if (ec) fail("cannot create save directory {}: {}", save_dir, ec.message());
-      if (fs::exists(final_dir, ec))
-        fail("refusing to overwrite existing checkpoint {} (remove it or save another iteration)", final_dir);
       const std::string uuid = new_uuid();
+      if (fs::exists(final_dir, ec)) {
+        // A complete iter_N that the tracker never reached (a crash between the directory rename and the
+        // tracker update) is moved aside, never overwritten in place; one the tracker points to is kept.
+        if (latest_iteration(save_dir) >= iteration)
+          fail("refusing to overwrite existing checkpoint {} (remove it or save another iteration)", final_dir);
+        const std::string aside = final_dir + ".superseded-" + uuid;
+        if (::rename(final_dir.c_str(), aside.c_str()) != 0)
+          fail("cannot move uncommitted {} aside to {}: {}", final_dir, aside, std::strerror(errno));
+        fsync_path(save_dir, /*directory=*/true);
+      }
       if (!fs::create_directory(final_dir + ".tmp-" + uuid, ec) || ec)
         fail("cannot create staging directory {}.tmp-{}: {}", final_dir, uuid, ec ? ec.message() : "exists");
       status = "ok:" + uuid;
