@@ -112,15 +112,21 @@ def gshape(j):
     e["global_shape"][0] += 1
 
 
+def multi_shard_entry(j, fname):  # an entry of a key saved as several shards (dropping it leaves a hole)
+    keys = [e["key"] for e in j["tensors"]]
+    return [i for i, e in enumerate(j["tensors"]) if e["file"] == fname and keys.count(e["key"]) > 1][0]
+
+
 def drop(j):
-    del j["tensors"][entry_index(j, "optimizer.rank_00001.safetensors", 0)]
+    del j["tensors"][multi_shard_entry(j, "optimizer.rank_00001.safetensors")]
 
 
 cases += [("manifest: shifted global_offset", edit_manifest(shift), ["manifest.json", e1["key"]]),
           ("manifest: changed local_shape", edit_manifest(reshape), ["manifest.json", e1["key"]]),
           ("manifest: changed global_shape", edit_manifest(gshape), ["manifest.json", e1["key"]]),
           ("manifest: dropped entry", edit_manifest(drop),
-           ["manifest.json", entry_in("optimizer.rank_00001.safetensors")["key"], "missing shards"]),
+           ["manifest.json", man["tensors"][multi_shard_entry(man, "optimizer.rank_00001.safetensors")]["key"],
+            "missing shards"]),
           ("manifest: broken JSON", lambda ck: truncate(os.path.join(ck, "manifest.json"), 20),
            ["manifest.json", "not valid JSON"]),
           ("manifest: deleted", lambda ck: os.remove(os.path.join(ck, "manifest.json")), ["manifest.json", "missing"])]

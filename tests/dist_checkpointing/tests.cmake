@@ -16,3 +16,9 @@ add_test(NAME dcp.kill_points
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_kill_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/dcp_kill_check)
 set_tests_properties(dcp.kill_points PROPERTIES TIMEOUT 900)
+# Damaged sharded checkpoints (flipped data / header bytes, truncated and deleted rank files, manifest
+# edits): `mcpp ckpt verify` and a loading `mcpp train` exit 2 naming the file and the tensor.
+add_test(NAME dcp.corruption
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_corrupt_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/dcp_corrupt_check)
+set_tests_properties(dcp.corruption PROPERTIES TIMEOUT 600)
