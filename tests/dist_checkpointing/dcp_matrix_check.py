@@ -3,7 +3,7 @@
 
 usage: dcp_matrix_check.py MCPP WORKDIR
   Save at TP2 x DP2 with the distributed optimizer (iteration 3 of 6). For each target layout
-  (TP1 x DP1 on 1 rank, TP4, TP2 x DP2 without distopt, DP4, DP2 with distopt):
+  (TP1 x DP1 on 1 rank, TP4, TP2 x DP2 without distopt, DP4, DP2 with distopt, and the source layout):
   1. load and re-save at once under the target layout (--train-iters 3): every logical tensor, model and
      optimizer (exp_avg, exp_avg_sq), assembled by the independent oracle dcp_oracle.py from the new
      checkpoint, is bit-identical to the one assembled from the TP2 x DP2 checkpoint;
@@ -53,7 +53,9 @@ def vocab(tp):
     return ["--make-vocab-size-divisible-by", str(128 // tp)]  # same padded vocab at every TP
 
 
-SRC = ["--tensor-model-parallel-size", "2", *vocab(2), "--use-distributed-optimizer"]
+# Small buckets: the DP shard boundaries cut parameters (fc1 included) into flat pieces, which are saved as
+# rectangles of the logical tensor (partial rows, split at the gate/up segment boundary).
+SRC = ["--tensor-model-parallel-size", "2", *vocab(2), "--use-distributed-optimizer", "--ddp-bucket-size", "3000"]
 
 
 def losses(d):
@@ -76,6 +78,9 @@ if files != sorted(want):
 n_keys = len([k for k in ref if not k.startswith("optimizer.")])
 if len(ref) != 3 * n_keys or n_keys < 10:
     failures.append(f"source checkpoint keys: {len(ref)} with {n_keys} model keys")
+fc1 = [e for e in ref_man["tensors"] if e["key"].startswith("optimizer.exp_avg.") and "linear_fc1.weight" in e["key"]]
+if not any(e["local_shape"][0] == 1 and e["local_shape"][1] < e["global_shape"][1] for e in fc1):
+    failures.append("no distributed-optimizer piece of fc1 was cut inside a row: the test lost its hard case")
 if run([MCPP, "ckpt", "verify", "--load", src]).returncode != 0 or run([MCPP, "ckpt", "info", "--load", src]).returncode:
     failures.append("ckpt verify/info failed on the sharded checkpoint")
 
@@ -84,7 +89,9 @@ TARGETS = {
     "tp4": (4, ["--tensor-model-parallel-size", "4", *vocab(4)]),
     "tp2dp2": (4, ["--tensor-model-parallel-size", "2", *vocab(2)]),
     "dp4": (4, ["--tensor-model-parallel-size", "1", *vocab(1)]),
-    "dp2_distopt": (2, ["--tensor-model-parallel-size", "1", *vocab(1), "--use-distributed-optimizer"]),
+    "dp2_distopt": (2, ["--tensor-model-parallel-size", "1", *vocab(1), "--use-distributed-optimizer",
+                        "--ddp-bucket-size", "5000"]),
+    "tp2dp2_distopt": (4, SRC),
 }
 ref_loss = losses(full)
 if len(ref_loss) != 6:

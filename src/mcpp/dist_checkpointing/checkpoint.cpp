@@ -303,10 +303,23 @@ void CheckpointReader::read_region(const std::string& key, const Shape& region_o
       lo = lo * e->local_shape[d] + src_at[d];
       hi = hi * e->local_shape[d] + last[d];
     }
-    std::vector<char> buf(e->byte_length);
-    read_bytes(*e, buf.data(), static_cast<uint64_t>(lo) * es_bytes, static_cast<uint64_t>(hi + 1) * es_bytes,
-               /*check_sum=*/verify_checksums_);
-    copy_rect(host.raw(), region.shape, dst_at, buf.data(), e->local_shape, src_at, x.shape, es_bytes);
+    const char* src = nullptr;
+    std::vector<char> buf;
+    if (verify_checksums_ && cached_entry_ == e) {
+      src = cached_bytes_.data();  // the last verified shard: consecutive regions of one shard read it once
+    } else {
+      buf.resize(e->byte_length);
+      read_bytes(*e, buf.data(), static_cast<uint64_t>(lo) * es_bytes, static_cast<uint64_t>(hi + 1) * es_bytes,
+                 /*check_sum=*/verify_checksums_);
+      if (verify_checksums_) {
+        cached_bytes_ = std::move(buf);
+        cached_entry_ = e;
+        src = cached_bytes_.data();
+      } else {
+        src = buf.data();
+      }
+    }
+    copy_rect(host.raw(), region.shape, dst_at, src, e->local_shape, src_at, x.shape, es_bytes);
   }
   if (!dst.is_cpu()) {
     Tensor target = dst;  // same storage
@@ -333,6 +346,7 @@ Tensor CheckpointReader::read(const std::string& key) const {
 }
 
 void CheckpointReader::verify(const std::string& key) const {
+  if (verified_.count(key)) return;  // every shard of key already passed (callers loop over entries)
   for (const ManifestEntry* ep : entries(key)) {
     const ManifestEntry& e = *ep;
     const SafetensorsHeader& h = header_for(e);
@@ -348,6 +362,7 @@ void CheckpointReader::verify(const std::string& key) const {
     std::vector<char> buf(e.byte_length);
     read_bytes(e, buf.data(), 0, e.byte_length, /*check_sum=*/true);  // verify always checks
   }
+  verified_.insert(key);
 }
 
 }  // namespace mcpp::dist_checkpointing

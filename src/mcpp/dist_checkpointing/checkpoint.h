@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -89,7 +90,8 @@ class CheckpointReader {
   // XXH3-64 against the manifest; on a mismatch dst holds the damaged bytes and an Error is thrown.
   void read_into(const std::string& key, const Tensor& dst) const;
   Tensor read(const std::string& key) const;  // into a fresh CPU tensor
-  // Re-reads `key` and checks its checksum and its entry in the data file's safetensors header.
+  // Reads every shard of `key` and checks its checksum and its entry in the data file's safetensors
+  // header (once per reader: a key that passed is not re-read).
   void verify(const std::string& key) const;
 
  private:
@@ -105,6 +107,9 @@ class CheckpointReader {
   std::vector<std::string> key_order_;
   bool verify_checksums_ = true;
   mutable uint64_t bytes_read_ = 0;
+  mutable const ManifestEntry* cached_entry_ = nullptr;  // last whole shard read and verified
+  mutable std::vector<char> cached_bytes_;
+  mutable std::set<std::string> verified_;  // keys whose shards all passed verify()
   mutable std::map<std::string, std::shared_ptr<SafetensorsHeader>> headers_;
 };
 

@@ -12,6 +12,7 @@
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
 
+#include <cstring>
 #include <map>
 
 namespace mcpp {
@@ -106,6 +107,38 @@ void read_shard(const dc::CheckpointReader& reader, const std::string& key, cons
   }
 }
 
+// Reads a distributed-optimizer piece [offset, offset + dst.numel()) of this rank's flat TP-local tensor of
+// `key`: its local rects (contiguous flat ranges, split at TP segments) are read region by region.
+void read_piece(const dc::CheckpointReader& reader, const std::string& key, const ParamSpec& spec, int64_t offset,
+                const Tensor& dst) {
+  const dc::ManifestEntry& e = reader.entry(key);
+  if (e.global_shape != spec.global_shape())
+    fail("checkpoint '{}': tensor '{}' has shape {}, the model needs {}", reader.dir(), key,
+         shape_str(e.global_shape), shape_str(spec.global_shape()));
+  Tensor host = dst.is_cpu() ? dst : Tensor::empty(dst.shape(), dst.dtype(), Device::CPU);
+  Tensor flat = host.view({-1});
+  for (const dc::Rect& r : dc::flat_range_rects(spec.shape, offset, offset + dst.numel())) {
+    for (const auto& lg : dc::local_rect_to_global(r, spec.shape, spec.shard)) {
+      int64_t first = 0, last = 0;
+      for (size_t d = 0; d < spec.shape.size(); ++d) {
+        first = first * spec.shape[d] + lg.local.offset[d];
+        last = last * spec.shape[d] + lg.local.offset[d] + lg.local.shape[d] - 1;
+      }
+      Tensor part = Tensor::empty(lg.local.shape, dst.dtype(), Device::CPU);
+      reader.read_region(key, lg.global.offset, part);
+      // Contiguous: a flat-range rect is [fixed leading indices][range in one dim][full trailing dims], and
+      // TP segments split it only along partition_dim, which is that range dim (fc1) or a fixed one.
+      MCPP_CHECK(last - first + 1 == lg.local.numel(), "'{}': piece rect {} at {} is not contiguous", key,
+                 shape_str(lg.local.shape), shape_str(lg.local.offset));
+      flat.flat_slice(first - offset, {part.numel()}).copy_from(part.view({-1}));
+    }
+  }
+  if (!dst.is_cpu()) {
+    Tensor target = dst;
+    target.copy_from(host);
+  }
+}
+
 void read_model(const dc::CheckpointReader& reader, GPTModel& model) {
   for (const auto& p : model.params().params()) read_shard(reader, p->spec.key, p->spec, p->data);
 }
@@ -179,21 +212,13 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
            reader.dir());
     const int64_t step = meta.at("optimizer").at("step").get<int64_t>();
     if (optimizer.distributed) {
-      // Each piece: the logical moment -> this rank's TP shard -> the piece's flat range.
-      std::map<std::string, std::pair<Tensor, Tensor>> cache;
+      // Each piece: flat range of the TP-local tensor -> local rects -> global rects, read directly.
       optimizer.distributed->load_state(
           step, [&](const std::string& key, int64_t offset, Tensor& exp_avg, Tensor& exp_avg_sq) {
             if (!reader.has(kExpAvg + key) || !reader.has(kExpAvgSq + key)) return false;
-            auto it = cache.find(key);
-            if (it == cache.end()) {
-              const ParamSpec& spec = model.params().find(key)->spec;
-              Tensor m = Tensor::empty(spec.shape), v = Tensor::empty(spec.shape);
-              read_shard(reader, kExpAvg + key, spec, m);
-              read_shard(reader, kExpAvgSq + key, spec, v);
-              it = cache.emplace(key, std::make_pair(m.view({-1}), v.view({-1}))).first;
-            }
-            exp_avg.copy_from(it->second.first.flat_slice(offset, {exp_avg.numel()}));
-            exp_avg_sq.copy_from(it->second.second.flat_slice(offset, {exp_avg_sq.numel()}));
+            const ParamSpec& spec = model.params().find(key)->spec;
+            read_piece(reader, kExpAvg + key, spec, offset, exp_avg);
+            read_piece(reader, kExpAvgSq + key, spec, offset, exp_avg_sq);
             return true;
           });
       return true;
