@@ -1,11 +1,12 @@
 // mcpp train [--config RECIPE.toml] [Megatron-LM flags]: GPT pretraining on CPU ranks.
 // One process, or under `mpirun -np N` (detected from the launcher's environment): MPI world, watchdog
-// (--distributed-timeout-minutes; dumps to <save or .>/flight_recorder/), --check-collectives, the
+// (--distributed-timeout-minutes; dumps to <save or metrics dir>/flight_recorder/), --check-collectives, the
 // ParallelContext (tp/pp/cp from flags, dp = world / (tp*pp*cp)). The tokenizer fixes the vocabulary
 // (padded to --make-vocab-size-divisible-by * tp), then the Trainer runs.
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 
 #include "apps/mcpp/command.h"
@@ -69,7 +70,12 @@ int run_train(const std::vector<std::string>& args) {
   mcpp::comm::CommPtr world = mcpp::comm::init_mpi();
   int rc = 0;
   try {
-    const std::string dump_dir = cfg.training.save.empty() ? "." : cfg.training.save;
+    // <save>/flight_recorder/, else <dir of --metrics-path>/flight_recorder/, else $TMPDIR/mcpp/flight_recorder/
+    // (a run id broadcast by the watchdog keeps concurrent jobs' markers apart).
+    std::string dump_dir = cfg.training.save;
+    if (dump_dir.empty() && !cfg.training.metrics_path.empty())
+      dump_dir = std::filesystem::path(cfg.training.metrics_path).parent_path().string();
+    if (dump_dir.empty()) dump_dir = (std::filesystem::temp_directory_path() / "mcpp").string();
     mcpp::comm::Watchdog watchdog(
         world, {.timeout_seconds = mcpp::comm::distributed_timeout_seconds(cfg.parallel.distributed_timeout_minutes),
                 .dump_dir = dump_dir,
