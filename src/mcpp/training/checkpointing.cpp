@@ -72,15 +72,44 @@ void add_tp_shards(std::vector<dc::ShardedTensor>& out, const std::string& key, 
     out.push_back({key, spec.global_shape(), lg.global, dc::extract_rect(host, lg.local)});
 }
 
-// A distributed-optimizer piece: [offset, offset + numel) of the parameter's flat TP-local tensor ->
-// rects of the TP-local tensor -> split at TP segment boundaries -> global-offset shards.
-void add_piece_shards(std::vector<dc::ShardedTensor>& out, const std::string& key, const Tensor& piece,
-                      int64_t offset, const ParamSpec& spec) {
-  Tensor local = Tensor::zeros(spec.shape);  // the piece placed in its TP-local tensor
-  local.view({-1}).flat_slice(offset, {piece.numel()}).copy_from(piece.is_cpu() ? piece : piece.to(Device::CPU));
-  for (const dc::Rect& r : dc::flat_range_rects(spec.shape, offset, offset + piece.numel()))
-    for (const auto& lg : dc::local_rect_to_global(r, spec.shape, spec.shard))
-      out.push_back({key, spec.global_shape(), lg.global, dc::extract_rect(local, lg.local)});
+// Flat index range [first, last] of rect r in a row-major tensor of `shape`.
+std::pair<int64_t, int64_t> flat_span(const Shape& shape, const dc::Rect& r) {
+  int64_t first = 0, last = 0;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    first = first * shape[d] + r.offset[d];
+    last = last * shape[d] + r.offset[d] + r.shape[d] - 1;
+  }
+  return {first, last};
+}
+
+// The local rects of a distributed-optimizer piece [offset, offset + numel) of the flat TP-local tensor,
+// split at TP segments, each with its range in the piece. Each is contiguous in the flat order: a
+// flat-range rect is [fixed leading indices][a range in one dim][full trailing dims], and segments
+// split it only along partition_dim, which is that range dim (fc1) or a fixed one.
+struct PieceRect {
+  dc::LocalGlobalRect lg;
+  int64_t piece_begin = 0;  // of the rect's elements in the piece
+};
+std::vector<PieceRect> piece_rects(const std::string& key, const ParamSpec& spec, int64_t offset, int64_t numel) {
+  std::vector<PieceRect> out;
+  for (const dc::Rect& r : dc::flat_range_rects(spec.shape, offset, offset + numel)) {
+    for (const auto& lg : dc::local_rect_to_global(r, spec.shape, spec.shard)) {
+      auto [first, last] = flat_span(spec.shape, lg.local);
+      MCPP_CHECK(last - first + 1 == lg.local.numel(), "'{}': piece rect {} at {} is not contiguous", key,
+                 shape_str(lg.local.shape), shape_str(lg.local.offset));
+      out.push_back({lg, first - offset});
+    }
+  }
+  return out;
+}
+
+// A distributed-optimizer piece as global-offset shards of the logical tensor.
+void add_piece_shards(std::vector<dc::ShardedTensor>& out, const std::string& key, const std::string& param_key,
+                      const Tensor& piece, int64_t offset, const ParamSpec& spec) {
+  Tensor host = piece.is_cpu() ? piece : piece.to(Device::CPU);
+  for (const PieceRect& pr : piece_rects(param_key, spec, offset, piece.numel()))
+    out.push_back({key, spec.global_shape(), pr.lg.global,
+                   host.flat_slice(pr.piece_begin, pr.lg.local.shape).clone()});
 }
 
 // Reads this rank's TP shard of `key` (any saved layout) into dst [spec.shape], any device.
@@ -108,31 +137,16 @@ void read_shard(const dc::CheckpointReader& reader, const std::string& key, cons
 }
 
 // Reads a distributed-optimizer piece [offset, offset + dst.numel()) of this rank's flat TP-local tensor of
-// `key`: its local rects (contiguous flat ranges, split at TP segments) are read region by region.
-void read_piece(const dc::CheckpointReader& reader, const std::string& key, const ParamSpec& spec, int64_t offset,
-                const Tensor& dst) {
+// `key` (dst [numel], any device), rect by rect.
+void read_piece(const dc::CheckpointReader& reader, const std::string& key, const std::string& param_key,
+                const ParamSpec& spec, int64_t offset, const Tensor& dst) {
   const dc::ManifestEntry& e = reader.entry(key);
   if (e.global_shape != spec.global_shape())
     fail("checkpoint '{}': tensor '{}' has shape {}, the model needs {}", reader.dir(), key,
          shape_str(e.global_shape), shape_str(spec.global_shape()));
   Tensor host = dst.is_cpu() ? dst : Tensor::empty(dst.shape(), dst.dtype(), Device::CPU);
-  Tensor flat = host.view({-1});
-  for (const dc::Rect& r : dc::flat_range_rects(spec.shape, offset, offset + dst.numel())) {
-    for (const auto& lg : dc::local_rect_to_global(r, spec.shape, spec.shard)) {
-      int64_t first = 0, last = 0;
-      for (size_t d = 0; d < spec.shape.size(); ++d) {
-        first = first * spec.shape[d] + lg.local.offset[d];
-        last = last * spec.shape[d] + lg.local.offset[d] + lg.local.shape[d] - 1;
-      }
-      Tensor part = Tensor::empty(lg.local.shape, dst.dtype(), Device::CPU);
-      reader.read_region(key, lg.global.offset, part);
-      // Contiguous: a flat-range rect is [fixed leading indices][range in one dim][full trailing dims], and
-      // TP segments split it only along partition_dim, which is that range dim (fc1) or a fixed one.
-      MCPP_CHECK(last - first + 1 == lg.local.numel(), "'{}': piece rect {} at {} is not contiguous", key,
-                 shape_str(lg.local.shape), shape_str(lg.local.offset));
-      flat.flat_slice(first - offset, {part.numel()}).copy_from(part.view({-1}));
-    }
-  }
+  for (const PieceRect& pr : piece_rects(param_key, spec, offset, dst.numel()))
+    reader.read_region(key, pr.lg.global.offset, host.flat_slice(pr.piece_begin, pr.lg.local.shape));
   if (!dst.is_cpu()) {
     Tensor target = dst;
     target.copy_from(host);
@@ -167,8 +181,8 @@ std::string save_training_checkpoint(const std::string& save_dir, const Config& 
     for (const DistOptStatePiece& piece : optimizer.distributed->state()) {
       const ParamSpec& spec = model.params().find(piece.key)->spec;
       if (!own.writes_tp_replica(piece.key, spec)) continue;
-      add_piece_shards(shards, kExpAvg + piece.key, piece.exp_avg, piece.offset, spec);
-      add_piece_shards(shards, kExpAvgSq + piece.key, piece.exp_avg_sq, piece.offset, spec);
+      add_piece_shards(shards, kExpAvg + piece.key, piece.key, piece.exp_avg, piece.offset, spec);
+      add_piece_shards(shards, kExpAvgSq + piece.key, piece.key, piece.exp_avg_sq, piece.offset, spec);
     }
     opt_meta = {{"step", optimizer.distributed->step_count()}, {"distributed", true}};
   }
@@ -217,8 +231,8 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
           step, [&](const std::string& key, int64_t offset, Tensor& exp_avg, Tensor& exp_avg_sq) {
             if (!reader.has(kExpAvg + key) || !reader.has(kExpAvgSq + key)) return false;
             const ParamSpec& spec = model.params().find(key)->spec;
-            read_piece(reader, kExpAvg + key, spec, offset, exp_avg);
-            read_piece(reader, kExpAvgSq + key, spec, offset, exp_avg_sq);
+            read_piece(reader, kExpAvg + key, key, spec, offset, exp_avg);
+            read_piece(reader, kExpAvgSq + key, key, spec, offset, exp_avg_sq);
             return true;
           });
       return true;
