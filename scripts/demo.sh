@@ -17,8 +17,11 @@ $MCPP train --config configs/demo.toml --data-path data/fortunes_text_document \
   --save "$RUN/checkpoints" --metrics-path "$RUN/metrics.jsonl"
 
 echo "== 3/3 generate from the saved checkpoint"
-$MCPP generate --load "$RUN/checkpoints" --prompt "The secret of life is" --max-new-tokens 48 \
-  --temperature 0.8 --top-k 40 --seed 7
+for seed in 7 8 9; do  # three samples (a fortune often ends early with <|endoftext|>)
+  echo "--- sample (seed $seed):"
+  $MCPP generate --load "$RUN/checkpoints" --prompt "The secret of life is" --max-new-tokens 48 \
+    --temperature 0.8 --top-k 40 --seed $seed
+done
 python3 - "$RUN/metrics.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
