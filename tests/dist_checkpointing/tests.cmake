@@ -22,3 +22,9 @@ add_test(NAME dcp.corruption
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_corrupt_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/dcp_corrupt_check)
 set_tests_properties(dcp.corruption PROPERTIES TIMEOUT 600)
+# libFuzzer (clang, ASan + UBSan) on the manifest and safetensors-header parsers for a bounded time,
+# from the seed corpus tests/dist_checkpointing/fuzz_corpus; skipped (77) without clang++.
+add_test(NAME dcp.fuzz_parsers
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/run_fuzz.sh
+                 ${CMAKE_CURRENT_BINARY_DIR}/dcp_fuzz 30)
+set_tests_properties(dcp.fuzz_parsers PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)

@@ -35,6 +35,13 @@ Shape get_shape(const nlohmann::json& obj, const char* name, const std::string& 
       fail("{}: field '{}' must be an array of non-negative integers", where, name);
     s.push_back(d.get<int64_t>());
   }
+  // numel (and numel * 8 bytes) must fit int64: a bigger shape is damage, not a tensor.
+  uint64_t numel = 1;
+  for (int64_t dim : s) {
+    if (dim != 0 && numel > (1ull << 59) / static_cast<uint64_t>(dim))
+      fail("{}: field '{}' {} has more elements than any checkpoint can hold", where, name, shape_str(s));
+    numel *= static_cast<uint64_t>(dim);
+  }
   return s;
 }
 
@@ -174,7 +181,9 @@ void validate_shard_layout(const Manifest& m, const std::string& path) {
         fail("{}: tensor '{}': shard in {} is {} {} but shard in {} is {} {}", path, key, e->file,
              dtype_name(e->dtype), shape_str(e->global_shape), a.file, dtype_name(a.dtype),
              shape_str(a.global_shape));
-      total += shape_numel(e->local_shape);
+      total += shape_numel(e->local_shape);  // each <= 2^59 (get_shape)
+      if (total > (int64_t{1} << 62))
+        fail("{}: tensor '{}': its shards hold more elements than any checkpoint can hold", path, key);
     }
     // Pairwise overlap test, with the entries sorted by offset so the inner loop stops early in dim 0.
     std::sort(es.begin(), es.end(), [](auto* x, auto* y) { return x->global_offset < y->global_offset; });
