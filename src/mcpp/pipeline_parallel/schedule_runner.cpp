@@ -38,6 +38,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
   };
 
   for (const Action& act : *a.schedule) {
+    const auto t0 = a.timings ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (act.kind == ActionKind::Forward) {
       GPTModel& model = *a.chunks.at(static_cast<size_t>(act.chunk));
       const Key k{act.microbatch, act.chunk};
@@ -87,6 +88,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       }
       pc.pp()->batch_p2p(ops).wait();
     }
+    if (a.timings) a.timings->push_back({act, t0, std::chrono::steady_clock::now()});
   }
   MCPP_CHECK(ctxs.empty() || a.forward_only, "pipeline schedule ended with {} forward contexts never back-propagated",
              ctxs.size());

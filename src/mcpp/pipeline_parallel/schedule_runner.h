@@ -10,7 +10,11 @@
 //                    gradients on tag 1 to the previous one (separate channels, so pp = 2 cannot cross).
 // P2P shapes are known from the config: [s(/tp with SP), b, h] float32. Forward-only schedules
 // (evaluation) drop each context right after its forward.
+// Optional timing (args.timings): every executed action is appended with its steady-clock start / end;
+// a Comm's interval is its whole batch_p2p call including the wait (transfer and waiting for the peer are
+// not separable on CPU ranks). training/timeline.h turns these into a trace.
 #pragma once
+#include <chrono>
 #include <functional>
 #include <vector>
 
@@ -24,6 +28,11 @@ struct MicroBatch {
   Tensor tokens, labels, loss_mask;  // [s, b]
 };
 
+struct ActionTiming {
+  Action action;
+  std::chrono::steady_clock::time_point start, end;
+};
+
 struct ScheduleRunArgs {
   const Schedule* schedule = nullptr;
   std::vector<GPTModel*> chunks = {};  // this rank's model chunks, by virtual stage
@@ -35,6 +44,7 @@ struct ScheduleRunArgs {
   bool forward_only = false;
   // Called before Backward(mb, c): DDP's no_sync control (the last microbatch of each chunk reduces).
   std::function<void(int64_t microbatch, int64_t chunk)> before_backward;
+  std::vector<ActionTiming>* timings = nullptr;  // when set: one entry appended per executed action
 };
 
 struct ScheduleRunResult {

@@ -138,6 +138,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_flag("--finetune", t.finetune);
   app.add_flag("--override-config-check", t.override_config_check);
   app.add_option("--metrics-path", t.metrics_path, "JSONL metrics file");
+  app.add_option("--timeline", t.timeline, "write a Chrome/Perfetto trace of the pipeline schedule (all ranks) to PATH");
   app.add_option("--exit-interval", t.exit_interval);
   app.add_flag("--bf16", t.bf16);
   app.add_flag("--fp16", t.fp16);

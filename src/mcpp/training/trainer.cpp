@@ -14,6 +14,7 @@
 #include "mcpp/pipeline_parallel/layout.h"
 #include "mcpp/pipeline_parallel/schedule_runner.h"
 #include "mcpp/optimizer/lr_scheduler.h"
+#include "mcpp/training/timeline.h"
 
 namespace mcpp {
 namespace {
@@ -161,6 +162,7 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
         ddps_[static_cast<size_t>(chunk)]->set_is_last_microbatch(m == num_micro - 1);  // no_sync before
       }};
   for (const auto& c : chunks_) args.chunks.push_back(c.get());
+  if (timeline_ && !forward_only) args.timings = timeline_->begin_step();
   const pipeline_parallel::ScheduleRunResult r = pipeline_parallel::run_schedule(args);
   return {r.loss_sum / static_cast<double>(num_micro), r.masked_loss_sum, r.num_tokens};
 }
@@ -236,6 +238,10 @@ TrainSummary Trainer::train() {
   int64_t iteration = state_.iteration;
   int64_t skipped_total = 0, nan_total = 0, iters_in_window = 0;
   double loss_window = 0, grad_norm_last = 0;
+  if (!t.timeline.empty()) {
+    timeline_ = std::make_unique<timeline::TimelineRecorder>(pc_.rank(), pc_.pp_rank());
+    timeline_->start(*pc_.world());
+  }
   auto window_start = Clock::now();
   while (iteration < t.train_iters) {
     const double lr = scheduler_->get_lr();
@@ -279,6 +285,17 @@ TrainSummary Trainer::train() {
     if (t.exit_interval > 0 && iteration % t.exit_interval == 0) break;
   }
   if (!t.save.empty() && (t.save_interval <= 0 || iteration % t.save_interval != 0)) save(iteration);
+  if (timeline_) {
+    const nlohmann::json trace = timeline::gather_and_write_trace(
+        *timeline_, *pc_.world(), pc_.pp_rank(),
+        {pc_.pp_size(), config_.num_microbatches(), static_cast<int64_t>(chunks_.size())}, t.timeline,
+        is_logging_rank());
+    if (is_logging_rank()) {
+      const nlohmann::json report = timeline::bubble_report(trace);
+      fmt::print("{}", timeline::format_bubble_report(report));
+      metrics_.write(report);
+    }
+  }
   summary.final_iteration = iteration;
   return summary;
 }

@@ -26,6 +26,7 @@
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp {
+namespace timeline { class TimelineRecorder; }
 
 class Adam;
 class OptimizerParamScheduler;
@@ -79,6 +80,7 @@ class Trainer {
   std::unique_ptr<OptimizerParamScheduler> scheduler_;
   TrainerState state_;
   MetricsWriter metrics_;
+  std::unique_ptr<timeline::TimelineRecorder> timeline_;  // --timeline: training-step action intervals
 };
 
 }  // namespace mcpp

@@ -363,6 +363,7 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("finetune", t.finetune);
   v("override_config_check", t.override_config_check);
   v("metrics_path", t.metrics_path);
+  v("timeline", t.timeline);
   v("exit_interval", t.exit_interval);
   v("bf16", t.bf16);
   v("fp16", t.fp16);

@@ -115,6 +115,7 @@ struct TrainingConfig {
   bool finetune = false;
   bool override_config_check = false;  // load a checkpoint of a different model (warns)
   std::string metrics_path;  // JSONL; default <save>/metrics.jsonl when save is set
+  std::string timeline;      // Chrome/Perfetto trace of the pipeline schedule (all ranks); empty = off
   int64_t exit_interval = 0;
   bool bf16 = false;  // --bf16: bf16 params/activations with fp32 main grads (the trainer checks the device)
   bool fp16 = false;  // --fp16: accepted for Megatron parity; exclusive with bf16

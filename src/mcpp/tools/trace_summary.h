@@ -1,0 +1,73 @@
+// Pipeline trace analysis — reads the Chrome/Perfetto trace `mcpp train --timeline` writes
+// (training/timeline.h) and measures, per rank (pid):
+//   forward / backward / p2p   length of the UNION of that category's intervals (overlaps count once)
+//   span                       sum over training steps of the step's window [min start, max end] taken
+//                              over ALL ranks (events without args.step form one window)
+//   busy                       |union(forward ∪ backward)|;  bubble = 1 - busy / span
+//   idle                       span - |union(all intervals of the rank)|
+//   overlap                    |union(compute) ∩ union(p2p)| — computed by sort + sweep, never by summing
+// and the slowest stage (the most busy time). Theoretical bubble (pp-1)/(V*M+pp-1) when the trace's
+// otherData carries pipeline_model_parallel_size / num_microbatches / virtual_pipeline_model_parallel_size.
+//
+// Trace format read: {"traceEvents": [{"ph": "X", "pid": int, "tid": int, "name": str,
+//   "cat": "forward"|"backward"|"p2p", "ts": us, "dur": us, "args": {"step", "stage", ...}}, ...],
+//   "otherData": {...}}. "M" (metadata) events are skipped. A missing file, bad JSON, or an X event
+// without pid / ts / dur / a known cat is an mcpp::Error naming the file and the event index.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mcpp::tools {
+
+struct Span {
+  double start = 0, end = 0;
+  bool operator==(const Span&) const = default;
+};
+
+// Sorted, disjoint, merged (touching spans merge); empty spans dropped.
+std::vector<Span> interval_union(std::vector<Span> spans);
+double total_length(const std::vector<Span>& merged);
+// |a ∩ b| for two merged lists (two-pointer sweep).
+double intersection_length(const std::vector<Span>& a, const std::vector<Span>& b);
+
+// Megatron's bubble: (pp - 1) / (V * M + pp - 1).
+double theoretical_bubble(int64_t pp, int64_t num_microbatches, int64_t vpp);
+
+enum class EventCat { Forward, Backward, P2P };
+
+struct TraceEvent {
+  int64_t pid = 0;
+  EventCat cat = EventCat::Forward;
+  std::string name;
+  double ts = 0, dur = 0;  // microseconds
+  int64_t step = -1;       // args.step (-1 if absent)
+  int64_t stage = -1;      // args.stage (-1 if absent -> the summary uses pid)
+};
+
+struct Trace {
+  std::vector<TraceEvent> events;
+  nlohmann::json other_data = nlohmann::json::object();
+};
+
+Trace parse_trace(const nlohmann::json& j, const std::string& source);  // source names the file in errors
+Trace read_trace(const std::string& path);
+
+struct RankStats {
+  int64_t pid = 0, stage = 0;
+  double forward_us = 0, backward_us = 0, p2p_us = 0, idle_us = 0, busy_us = 0, span_us = 0, overlap_us = 0;
+  double bubble = 0;
+};
+
+struct TraceSummary {
+  std::vector<RankStats> ranks;  // by pid
+  int64_t slowest_pid = -1;
+  double theoretical = -1;  // -1: unknown
+};
+
+TraceSummary summarize(const Trace& trace);
+std::string format_summary(const TraceSummary& s);
+
+}  // namespace mcpp::tools

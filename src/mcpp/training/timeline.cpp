@@ -1,0 +1,135 @@
+#include "mcpp/training/timeline.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <map>
+
+#include "mcpp/core/error.h"
+#include "mcpp/tools/trace_summary.h"
+
+namespace mcpp::timeline {
+namespace {
+
+using pipeline_parallel::ActionKind;
+
+double micros(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+// Bytes of s as int32 values [n] (all_gather moves tensors).
+Tensor to_tensor(const std::string& s, int64_t n) {
+  Tensor t = Tensor::empty({n}, DType::I32);
+  int32_t* p = t.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) p[i] = i < static_cast<int64_t>(s.size()) ? static_cast<unsigned char>(s[i]) : 0;
+  return t;
+}
+
+}  // namespace
+
+void TimelineRecorder::start(comm::Communicator& world) {
+  world.barrier().wait();
+  origin_ = std::chrono::steady_clock::now();
+}
+
+std::vector<pipeline_parallel::ActionTiming>* TimelineRecorder::begin_step() {
+  step_begin_.push_back(timings_.size());
+  return &timings_;
+}
+
+nlohmann::json TimelineRecorder::events() const {
+  nlohmann::json out = nlohmann::json::array();
+  size_t step = 0;
+  for (size_t i = 0; i < timings_.size(); ++i) {
+    while (step + 1 < step_begin_.size() && i >= step_begin_[step + 1]) ++step;
+    const auto& t = timings_[i];
+    const bool comm = t.action.kind == ActionKind::Comm;
+    nlohmann::json args{{"step", static_cast<int64_t>(step)}, {"stage", stage_}};
+    if (comm) {
+      args["ops"] = pipeline_parallel::to_string(t.action);
+    } else {
+      args["microbatch"] = t.action.microbatch;
+      args["chunk"] = t.action.chunk;
+    }
+    out.push_back({{"ph", "X"},
+                   {"pid", rank_},
+                   {"tid", comm ? 1 : 0},
+                   {"name", comm ? pipeline_parallel::comm_name(t.action) : pipeline_parallel::to_string(t.action)},
+                   {"cat", comm ? "p2p" : t.action.kind == ActionKind::Forward ? "forward" : "backward"},
+                   {"ts", micros(t.start - origin_)},
+                   {"dur", micros(t.end - t.start)},
+                   {"args", std::move(args)}});
+  }
+  return out;
+}
+
+nlohmann::json make_trace(const std::vector<nlohmann::json>& rank_events, const std::vector<int>& rank_stages,
+                          const TraceInfo& info) {
+  nlohmann::json evs = nlohmann::json::array();
+  for (size_t r = 0; r < rank_events.size(); ++r) {
+    evs.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r},
+                   {"args", {{"name", fmt::format("rank {} (pp stage {})", r, rank_stages.at(r))}}}});
+    evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 0}, {"args", {{"name", "compute"}}}});
+    evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 1}, {"args", {{"name", "p2p"}}}});
+    for (const auto& e : rank_events[r]) evs.push_back(e);
+  }
+  return {{"traceEvents", std::move(evs)},
+          {"displayTimeUnit", "ms"},
+          {"otherData",
+           {{"pipeline_model_parallel_size", info.pipeline_model_parallel_size},
+            {"num_microbatches", info.num_microbatches},
+            {"virtual_pipeline_model_parallel_size", info.virtual_pipeline_model_parallel_size}}}};
+}
+
+nlohmann::json gather_and_write_trace(const TimelineRecorder& rec, comm::Communicator& world, int stage,
+                                      const TraceInfo& info, const std::string& path, bool writer) {
+  const std::string mine = nlohmann::json{{"stage", stage}, {"events", rec.events()}}.dump();
+  const int n = world.size();
+  Tensor size = Tensor::empty({1}, DType::I32), sizes = Tensor::empty({n}, DType::I32);
+  size.data<int32_t>()[0] = static_cast<int32_t>(mine.size());
+  world.all_gather(sizes, size).wait();
+  int64_t max_len = 1;
+  for (int r = 0; r < n; ++r) max_len = std::max<int64_t>(max_len, sizes.data<int32_t>()[r]);
+  Tensor all = Tensor::empty({n * max_len}, DType::I32);
+  world.all_gather(all, to_tensor(mine, max_len)).wait();
+  std::vector<nlohmann::json> rank_events;
+  std::vector<int> stages;
+  for (int r = 0; r < n; ++r) {
+    std::string s(static_cast<size_t>(sizes.data<int32_t>()[r]), '\0');
+    for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(all.data<int32_t>()[r * max_len + static_cast<int64_t>(i)]);
+    nlohmann::json j = nlohmann::json::parse(s);
+    stages.push_back(j["stage"].get<int>());
+    rank_events.push_back(std::move(j["events"]));
+  }
+  nlohmann::json trace = make_trace(rank_events, stages, info);
+  if (writer) {
+    std::ofstream out(path);
+    if (!out) fail("timeline: cannot write trace file '{}'", path);
+    out << trace.dump() << "\n";
+    if (!out) fail("timeline: error writing trace file '{}'", path);
+  }
+  return trace;
+}
+
+nlohmann::json bubble_report(const nlohmann::json& trace) {
+  const tools::TraceSummary s = tools::summarize(tools::parse_trace(trace, "timeline"));
+  std::map<int64_t, std::pair<double, int>> by_stage;  // stage -> (sum of bubbles, ranks)
+  for (const auto& r : s.ranks) {
+    auto& [sum, count] = by_stage[r.stage];
+    sum += r.bubble;
+    ++count;
+  }
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& [stage, v] : by_stage)
+    stages.push_back({{"stage", stage}, {"measured", v.first / v.second}, {"ranks", v.second}});
+  return {{"event", "pipeline_bubble"}, {"theoretical", s.theoretical}, {"stages", std::move(stages)}};
+}
+
+std::string format_bubble_report(const nlohmann::json& report) {
+  std::string out = fmt::format(" pipeline bubble (theoretical (pp-1)/(V*M+pp-1) = {:.4f})\n{:>8} {:>10} {:>12}\n",
+                                report["theoretical"].get<double>(), "stage", "measured", "theoretical");
+  for (const auto& s : report["stages"])
+    out += fmt::format("{:>8} {:>10.4f} {:>12.4f}\n", s["stage"].get<int64_t>(), s["measured"].get<double>(),
+                       report["theoretical"].get<double>());
+  return out;
+}
+
+}  // namespace mcpp::timeline

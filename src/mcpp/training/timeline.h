@@ -1,0 +1,62 @@
+// Pipeline timeline (`mcpp train --timeline PATH`): every rank records its schedule actions' intervals
+// for the training steps (not evaluation) and, at the end of training, all ranks' intervals are gathered
+// over the world communicator and written as one Chrome/Perfetto trace:
+//   {"traceEvents": [
+//      {"ph":"M","name":"process_name","pid":r,"args":{"name":"rank r (pp stage s)"}},
+//      {"ph":"M","name":"thread_name","pid":r,"tid":0|1,"args":{"name":"compute"|"p2p"}},
+//      {"ph":"X","pid":rank,"tid":0 (compute) | 1 (p2p),"name":"F3.1" | "B3.1" | <Megatron P2P name>,
+//       "cat":"forward"|"backward"|"p2p","ts":us,"dur":us,
+//       "args":{"step":i,"stage":pp_rank,"microbatch":m,"chunk":c} (p2p: "ops": "send_forward(sn=3.0)")}, ...],
+//    "otherData": {"pipeline_model_parallel_size", "num_microbatches", "virtual_pipeline_model_parallel_size"}}
+// ts is microseconds since a common origin taken right after a world barrier (start()), so ranks align
+// to within the barrier's exit skew. A P2P interval is the whole batch_p2p call including waiting for the
+// peer (not separable on CPU ranks); tools/trace_summary.h calls it comm.
+// The bubble report: per pipeline stage the measured bubble (trace_summary's, averaged over the stage's
+// ranks) next to the theoretical (pp-1)/(V*M+pp-1).
+#pragma once
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mcpp/comm/communicator.h"
+#include "mcpp/pipeline_parallel/schedule_runner.h"
+
+namespace mcpp::timeline {
+
+class TimelineRecorder {
+ public:
+  TimelineRecorder(int rank, int stage) : rank_(rank), stage_(stage) {}
+  // Collective on world: barrier, then the origin is now.
+  void start(comm::Communicator& world);
+  // The buffer run_schedule appends one training step's actions to (a new step begins).
+  std::vector<pipeline_parallel::ActionTiming>* begin_step();
+  // This rank's X events (ts relative to the origin).
+  nlohmann::json events() const;
+
+ private:
+  int rank_, stage_;
+  std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
+  std::vector<pipeline_parallel::ActionTiming> timings_;
+  std::vector<size_t> step_begin_;  // index into timings_ where each step starts
+};
+
+struct TraceInfo {
+  int64_t pipeline_model_parallel_size = 1, num_microbatches = 1, virtual_pipeline_model_parallel_size = 1;
+};
+
+// All ranks' events + metadata as a trace (events: one array per rank, in rank order).
+nlohmann::json make_trace(const std::vector<nlohmann::json>& rank_events, const std::vector<int>& rank_stages,
+                          const TraceInfo& info);
+
+// Collective on world: gathers every rank's events; on `writer` writes the trace to path (mcpp::Error
+// naming the path if it cannot be written). Returns the merged trace on every rank.
+nlohmann::json gather_and_write_trace(const TimelineRecorder& rec, comm::Communicator& world, int stage,
+                                      const TraceInfo& info, const std::string& path, bool writer);
+
+// {"event":"pipeline_bubble","theoretical":x,"stages":[{"stage":s,"measured":m,"ranks":n},...]}
+nlohmann::json bubble_report(const nlohmann::json& trace);
+std::string format_bubble_report(const nlohmann::json& report);
+
+}  // namespace mcpp::timeline

@@ -1,0 +1,7 @@
+# tools.timeline_cli: `mcpp train` with PP2 under mpiexec writes a --timeline trace with both ranks and an
+# F and B event per microbatch per step, a pipeline_bubble metrics record; `mcpp trace summarize` prints
+# the per-rank table and exits 2 with one error line on a malformed or missing file.
+add_test(NAME tools.timeline_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/tools/timeline_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/timeline_check)
+set_tests_properties(tools.timeline_cli PROPERTIES TIMEOUT 600)

@@ -1,0 +1,69 @@
+// training/timeline: recorder events -> merged trace JSON -> file -> tools::read_trace round trip; the
+// bubble report of a hand-made trace.
+#include "mcpp/training/timeline.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "mcpp/tools/trace_summary.h"
+
+namespace mcpp::timeline {
+namespace {
+
+using pipeline_parallel::Action;
+
+TEST(Timeline, EventsTraceFileRoundTrip) {
+  TimelineRecorder rec(1, 1);
+  auto* t = rec.begin_step();
+  const auto o = std::chrono::steady_clock::now();  // after construction: ts >= 0
+  using us = std::chrono::microseconds;
+  Action comm{pipeline_parallel::ActionKind::Comm, -1, -1, std::nullopt, std::nullopt,
+              pipeline_parallel::TensorId{0, 0}, std::nullopt};
+  t->push_back({comm, o + us(0), o + us(5)});
+  t->push_back({Action::forward(0, 0), o + us(5), o + us(15)});
+  rec.begin_step();
+  t->push_back({Action::backward(0, 0), o + us(100), o + us(130)});
+  const nlohmann::json evs = rec.events();
+  ASSERT_EQ(evs.size(), 3u);
+  EXPECT_EQ(evs[0]["name"], "recv_forward");
+  EXPECT_EQ(evs[0]["cat"], "p2p");
+  EXPECT_EQ(evs[0]["tid"], 1);
+  EXPECT_EQ(evs[1]["name"], "F0.0");
+  EXPECT_EQ(evs[1]["args"]["microbatch"], 0);
+  EXPECT_EQ(evs[2]["name"], "B0.0");
+  EXPECT_EQ(evs[2]["args"]["step"], 1);
+  EXPECT_DOUBLE_EQ(evs[2]["dur"].get<double>(), 30.0);
+
+  const nlohmann::json trace = make_trace({nlohmann::json::array(), evs}, {0, 1}, {2, 4, 1});
+  const std::string path = testing::TempDir() + "/timeline_rt.json";
+  std::ofstream(path) << trace.dump();
+  const tools::Trace back = tools::read_trace(path);
+  ASSERT_EQ(back.events.size(), 3u);
+  EXPECT_EQ(back.events[1].name, "F0.0");
+  EXPECT_EQ(back.events[1].pid, 1);
+  EXPECT_EQ(back.events[2].step, 1);
+  EXPECT_EQ(back.events[2].cat, tools::EventCat::Backward);
+  EXPECT_DOUBLE_EQ(back.events[2].ts - back.events[1].ts, 95.0);
+  EXPECT_EQ(back.other_data["num_microbatches"], 4);
+}
+
+TEST(Timeline, BubbleReportAveragesRanksOfAStage) {
+  auto x = [](int pid, int stage, const char* cat, double ts, double dur) {
+    return nlohmann::json{{"ph", "X"}, {"pid", pid}, {"tid", 0}, {"name", "e"}, {"cat", cat}, {"ts", ts},
+                          {"dur", dur}, {"args", {{"step", 0}, {"stage", stage}}}};
+  };
+  // span [0, 100]; stage 0 ranks busy 50 and 70 -> bubbles 0.5, 0.3 -> 0.4; stage 1 busy 100 -> 0.
+  nlohmann::json evs0{x(0, 0, "forward", 0, 50)}, evs1{x(1, 0, "backward", 0, 70)}, evs2{x(2, 1, "forward", 0, 100)};
+  const nlohmann::json report = bubble_report(make_trace({evs0, evs1, evs2}, {0, 0, 1}, {2, 4, 1}));
+  EXPECT_EQ(report["event"], "pipeline_bubble");
+  EXPECT_DOUBLE_EQ(report["theoretical"].get<double>(), 0.2);
+  ASSERT_EQ(report["stages"].size(), 2u);
+  EXPECT_DOUBLE_EQ(report["stages"][0]["measured"].get<double>(), 0.4);
+  EXPECT_EQ(report["stages"][0]["ranks"], 2);
+  EXPECT_DOUBLE_EQ(report["stages"][1]["measured"].get<double>(), 0.0);
+  EXPECT_NE(format_bubble_report(report).find("0.4000"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mcpp::timeline
