@@ -38,7 +38,7 @@ trace_path, metrics_path = os.path.join(WORK, "trace.json"), os.path.join(WORK, 
 args = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
         "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", str(2 * M), "--lr", "1e-3",
         "--train-iters", str(ITERS), "--log-interval", "1", "--eval-interval", "2", "--eval-iters", "1",
-        "--split", "90,10,0", "--data-path", os.path.join(WORK, "c_text_document"), "--seed", "5",
+        "--split", "90,10,0", "--attention-dropout", "0", "--data-path", os.path.join(WORK, "c_text_document"), "--seed", "5",
         "--pipeline-model-parallel-size", "2", "--timeline", trace_path, "--metrics-path", metrics_path]
 p = run(MPI + ["-np", "2", MCPP, "train", *args])
 if p.returncode != 0:
