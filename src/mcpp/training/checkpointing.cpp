@@ -12,8 +12,8 @@
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
 
-#include <cstring>
-#include <map>
+#include <utility>
+#include <vector>
 
 namespace mcpp {
 
