@@ -176,7 +176,7 @@ void validate_parallel_layout(int64_t world_size, const Config& cfg, const Paral
     fail("num_query_groups ({}) must be divisible by tensor_model_parallel_size ({})", query_groups, tp);
   if (m.ffn_hidden_size > 0 && m.ffn_hidden_size % tp != 0)
     fail("ffn_hidden_size ({}) must be divisible by tensor_model_parallel_size ({})", m.ffn_hidden_size, tp);
-  if (opt.pipeline_model_parallel_layout.empty() && m.num_layers % pp != 0)
+  if (opt.pipeline_model_parallel_layout.empty() && !cfg.parallel.custom_pipeline_layout() && m.num_layers % pp != 0)
     fail("num_layers ({}) must be divisible by pipeline_model_parallel_size ({})", m.num_layers, pp);
   if (pc.sequence_parallel && tp == 1)
     fail("sequence_parallel needs tensor_model_parallel_size > 1 (Config::finalize turns it off at tp == 1)");

@@ -324,6 +324,8 @@ LayoutOptions layout_options(const TransformerConfig& model, const ParallelConfi
   o.pipeline_model_parallel_size = parallel.pipeline_model_parallel_size;
   o.num_layers_per_virtual_pipeline_stage = parallel.num_layers_per_virtual_pipeline_stage;
   o.pipeline_model_parallel_layout = parallel.pipeline_model_parallel_layout;
+  o.decoder_first_pipeline_num_layers = parallel.decoder_first_pipeline_num_layers;
+  o.decoder_last_pipeline_num_layers = parallel.decoder_last_pipeline_num_layers;
   return o;
 }
 

@@ -65,8 +65,8 @@ std::vector<std::vector<LayoutItem>> parse_pipeline_layout(const std::string& la
 PipelineLayout make_pipeline_layout(const LayoutOptions& opt);
 
 // The options the typed config holds: num_layers, pipeline_model_parallel_size,
-// num_layers_per_virtual_pipeline_stage, pipeline_model_parallel_layout. ParallelConfig has no
-// decoder_first/last_pipeline_num_layers yet: they stay unset (-1); the caller sets them.
+// num_layers_per_virtual_pipeline_stage, pipeline_model_parallel_layout,
+// decoder_first/last_pipeline_num_layers.
 LayoutOptions layout_options(const TransformerConfig& model, const ParallelConfig& parallel);
 
 // One line per (rank, vp): "rank 0 vp 0: E t0 t1" — for logs and error messages.

@@ -117,6 +117,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--expert-tensor-parallel-size", p.expert_tensor_parallel_size);
   app.add_option("--rank-order", p.rank_order, "RankGenerator order string (default tp-cp-ep-dp-pp)");
   app.add_option("--pipeline-model-parallel-layout", p.pipeline_model_parallel_layout);
+  app.add_option("--decoder-first-pipeline-num-layers", p.decoder_first_pipeline_num_layers);
+  app.add_option("--decoder-last-pipeline-num-layers", p.decoder_last_pipeline_num_layers);
   app.add_option("--ddp-bucket-size", p.ddp_bucket_size, "elements per gradient bucket");
   app.add_flag("--overlap-grad-reduce", p.overlap_grad_reduce);
   app.add_flag("--overlap-param-gather", p.overlap_param_gather);
@@ -137,6 +139,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_flag("--no-load-rng", t.no_load_rng);
   app.add_flag("--finetune", t.finetune);
   app.add_flag("--override-config-check", t.override_config_check);
+  app.add_flag("--no-verify-checksums", t.no_verify_checksums);
   app.add_option("--metrics-path", t.metrics_path, "JSONL metrics file");
   app.add_option("--timeline", t.timeline, "write a Chrome/Perfetto trace of the pipeline schedule (all ranks) to PATH");
   app.add_option("--exit-interval", t.exit_interval);

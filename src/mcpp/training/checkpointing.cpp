@@ -164,14 +164,16 @@ std::string save_training_checkpoint(const std::string& save_dir, const Config& 
                                      const parallel_state::ParallelContext& pc) {
   const Owner own = owner_of(pc);
   std::vector<dc::ShardedTensor> shards;
+  // A tied output weight on the last pipeline stage is a shared copy of the first stage's embedding: the
+  // owner writes it (and its optimizer state); the copy loads from the same key.
   for (const auto& p : model.params().params())
-    if (own.writes_replica(p->spec.key) && own.writes_tp_replica(p->spec.key, p->spec))
+    if (!p->spec.shared_copy && own.writes_replica(p->spec.key) && own.writes_tp_replica(p->spec.key, p->spec))
       add_tp_shards(shards, p->spec.key, p->data, p->spec);
   nlohmann::json opt_meta = nullptr;
   if (optimizer.adam) {
     for (const AdamState& s : optimizer.adam->state()) {
       const ParamSpec& spec = model.params().find(s.name)->spec;
-      if (!own.writes_replica(s.name) || !own.writes_tp_replica(s.name, spec)) continue;
+      if (spec.shared_copy || !own.writes_replica(s.name) || !own.writes_tp_replica(s.name, spec)) continue;
       add_tp_shards(shards, kExpAvg + s.name, s.exp_avg, spec);
       add_tp_shards(shards, kExpAvgSq + s.name, s.exp_avg_sq, spec);
     }
@@ -180,7 +182,7 @@ std::string save_training_checkpoint(const std::string& save_dir, const Config& 
     // Each DP rank owns disjoint pieces: no DP de-duplication; TP replicas of a piece: one writer.
     for (const DistOptStatePiece& piece : optimizer.distributed->state()) {
       const ParamSpec& spec = model.params().find(piece.key)->spec;
-      if (!own.writes_tp_replica(piece.key, spec)) continue;
+      if (spec.shared_copy || !own.writes_tp_replica(piece.key, spec)) continue;
       add_piece_shards(shards, kExpAvg + piece.key, piece.key, piece.exp_avg, piece.offset, spec);
       add_piece_shards(shards, kExpAvgSq + piece.key, piece.key, piece.exp_avg_sq, piece.offset, spec);
     }

@@ -77,9 +77,9 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                                .no_weight_decay = p->spec.no_weight_decay});
     optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   }
-  if ((!t.save.empty() || !t.load.empty()) && pc_.pp_size() > 1)
-    fail("checkpoints with pipeline_model_parallel_size > 1 arrive with the sharded checkpoint format; "
-         "run without --save/--load or with pipeline_model_parallel_size 1");
+  if ((!t.save.empty() || !t.load.empty()) && chunks_.size() > 1)
+    fail("checkpoints with virtual pipeline stages (several model chunks per rank) are not supported yet; "
+         "run without --save/--load or without num_layers_per_virtual_pipeline_stage");
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, DType::F32)));
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
@@ -90,7 +90,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     LoadOptions lo{.load_optimizer = !t.no_load_optim && !t.finetune,
                    .load_rng = !t.no_load_rng && !t.finetune,
                    .finetune = t.finetune,
-                   .override_config_check = t.override_config_check};
+                   .override_config_check = t.override_config_check,
+                   .verify_checksums = !t.no_verify_checksums};
     if (load_training_checkpoint(t.load, config_, model(), optimizer_ref(), state_, lo)) {
       if (!t.finetune && !state_.scheduler.empty()) scheduler_->load_state_dict(state_.scheduler);
       if (is_logging_rank()) spdlog::info("loaded checkpoint from {} at iteration {}", t.load, state_.iteration);

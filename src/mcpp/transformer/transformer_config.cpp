@@ -258,9 +258,9 @@ void Config::validate() const {
     fail("num_query_groups ({}) must be divisible by tensor_model_parallel_size ({})", model.num_query_groups, tp);
   if (model.ffn_hidden_size % tp != 0)
     fail("ffn_hidden_size ({}) must be divisible by tensor_model_parallel_size ({})", model.ffn_hidden_size, tp);
-  if (model.num_layers % pp != 0)
+  if (!parallel.custom_pipeline_layout() && model.num_layers % pp != 0)
     fail("num_layers ({}) must be divisible by pipeline_model_parallel_size ({})", model.num_layers, pp);
-  if (parallel.num_layers_per_virtual_pipeline_stage > 0 &&
+  if (!parallel.custom_pipeline_layout() && parallel.num_layers_per_virtual_pipeline_stage > 0 &&
       (model.num_layers / pp) % parallel.num_layers_per_virtual_pipeline_stage != 0)
     fail("num_layers_per_virtual_pipeline_stage ({}) must divide num_layers / pipeline_model_parallel_size ({})",
          parallel.num_layers_per_virtual_pipeline_stage, model.num_layers / pp);
@@ -340,6 +340,8 @@ template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("expert_tensor_parallel_size", p.expert_tensor_parallel_size);
   v("rank_order", p.rank_order);
   v("pipeline_model_parallel_layout", p.pipeline_model_parallel_layout);
+  v("decoder_first_pipeline_num_layers", p.decoder_first_pipeline_num_layers);
+  v("decoder_last_pipeline_num_layers", p.decoder_last_pipeline_num_layers);
   v("ddp_bucket_size", p.ddp_bucket_size);
   v("overlap_grad_reduce", p.overlap_grad_reduce);
   v("overlap_param_gather", p.overlap_param_gather);
@@ -362,6 +364,7 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("no_load_rng", t.no_load_rng);
   v("finetune", t.finetune);
   v("override_config_check", t.override_config_check);
+  v("no_verify_checksums", t.no_verify_checksums);
   v("metrics_path", t.metrics_path);
   v("timeline", t.timeline);
   v("exit_interval", t.exit_interval);

@@ -86,6 +86,13 @@ struct ParallelConfig {
   int64_t expert_tensor_parallel_size = 0;  // 0 -> tensor_model_parallel_size (Megatron's default)
   std::string rank_order = "tp-cp-ep-dp-pp";  // Megatron's order string (RankGenerator)
   std::string pipeline_model_parallel_layout;  // --pipeline-model-parallel-layout, e.g. "E|t*3|t*3|t*2,L"
+  int64_t decoder_first_pipeline_num_layers = -1;  // -1 = unset: uneven split (pipeline_parallel/layout.h)
+  int64_t decoder_last_pipeline_num_layers = -1;
+  // Whether a custom layer placement is given (then pipeline_parallel/layout.h checks the counts).
+  bool custom_pipeline_layout() const {
+    return !pipeline_model_parallel_layout.empty() || decoder_first_pipeline_num_layers >= 0 ||
+           decoder_last_pipeline_num_layers >= 0;
+  }
   // Data parallel (distributed/data_parallel.h): bucket size in elements (Megatron's --ddp-bucket-size;
   // 0 -> max(40M, 1M * dp)), overlap of the grad reduction with backward, of the param all-gather with
   // the next forward (distributed optimizer).
@@ -114,6 +121,7 @@ struct TrainingConfig {
   bool no_load_rng = false;
   bool finetune = false;
   bool override_config_check = false;  // load a checkpoint of a different model (warns)
+  bool no_verify_checksums = false;    // --no-verify-checksums: skip xxh3 checks while loading
   std::string metrics_path;  // JSONL; default <save>/metrics.jsonl when save is set
   std::string timeline;      // Chrome/Perfetto trace of the pipeline schedule (all ranks); empty = off
   int64_t exit_interval = 0;

@@ -11,7 +11,9 @@ usage: parallel_train_check.py MCPP WORKDIR
   5. --use-distributed-optimizer with --overlap-grad-reduce / --overlap-param-gather and small buckets
      equals 1 rank; its checkpoint continues at 1 rank with plain Adam;
   6. TP2 x PP2 x DP2 (8 ranks) with SP and the distributed optimizer, and a Llama-style model with
-     interleaved PP4 (virtual stages), equal the 1-rank runs.
+     interleaved PP4 (virtual stages), equal the 1-rank runs;
+  7. uneven placements (--decoder-first-pipeline-num-layers, --pipeline-model-parallel-layout) equal 1 rank;
+  8. PP2 checkpoints: resume at PP2 bit-exact, continue at PP1 within 1e-5.
 """
 import json
 import os
@@ -125,6 +127,39 @@ run(MPI + ["-np", "4", MCPP, "train", *ML, *LLAMA, *TP1, "--pipeline-model-paral
 la, lb = metrics(l1), metrics(l4)
 if len(la) != 6 or any(not close(lb.get(i), la[i]) for i in la):
     failures.append(f"Llama interleaved PP4 losses differ from 1 rank: {lb} vs {la}")
+
+# 7. Custom layer placement: 3 layers over PP2 with --decoder-first-pipeline-num-layers 1, and the layout
+#    string "Et|ttL" (embedding + layer 0 | layers 1-2 + loss), both equal the 1-rank run.
+M3 = list(M)
+M3[M3.index("--num-layers") + 1] = "3"
+u1 = os.path.join(WORK, "u1")
+run([MCPP, "train", *M3, *TP1, "--metrics-path", os.path.join(u1, "metrics.jsonl")])
+ua = metrics(u1)
+for name, flags in (("first1", ["--decoder-first-pipeline-num-layers", "1"]),
+                    ("layout", ["--pipeline-model-parallel-layout", "Et|ttL"])):
+    d2 = os.path.join(WORK, "u_" + name)
+    run(MPI + ["-np", "2", MCPP, "train", *M3, *TP1, "--pipeline-model-parallel-size", "2", *flags,
+               "--metrics-path", os.path.join(d2, "metrics.jsonl")], timeout=300)
+    ub = metrics(d2)
+    if len(ua) != 6 or any(not close(ub.get(i), ua[i]) for i in ua):
+        failures.append(f"PP2 with {flags}: losses differ from 1 rank: {ub} vs {ua}")
+
+# 8. Pipeline checkpoints: PP2 (tied embeddings split over the stages) interrupted at 3 and resumed at PP2
+#    is bit-exact with the straight PP2 run; the same checkpoint continues at PP1 (1 rank) within 1e-5.
+PP2 = ["--pipeline-model-parallel-size", "2"]
+pps, ppr = os.path.join(WORK, "pp_straight"), os.path.join(WORK, "pp_resume")
+run(MPI + ["-np", "2", MCPP, "train", *M, *TP1, *PP2, "--save", pps], timeout=300)
+run(MPI + ["-np", "2", MCPP, "train", *M, *TP1, *PP2, "--exit-interval", "3", "--save", ppr], timeout=300)
+shutil.copytree(ppr, ppr + "_at1")
+run(MPI + ["-np", "2", MCPP, "train", *M, *TP1, *PP2, "--load", ppr, "--save", ppr], timeout=300)
+ps, pr = metrics(pps), metrics(ppr)
+if len(ps) != 6 or any(pr.get(i) != ps[i] for i in ps):
+    failures.append(f"PP2 resume is not bit-exact: {ps} vs {pr}")
+os.remove(os.path.join(ppr + "_at1", "metrics.jsonl"))
+run([MCPP, "train", *M, *TP1, "--load", ppr + "_at1", "--save", ppr + "_at1"])
+p1 = metrics(ppr + "_at1")
+if any(not close(p1.get(i), ps[i]) for i in (4, 5, 6)):
+    failures.append(f"PP2 checkpoint continued at PP1: {p1} vs {ps}")
 
 p = run(MPI + ["-np", "3", MCPP, "train", *M, *TP2], expect=1, timeout=120)
 errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
