@@ -16,6 +16,7 @@
 #include "mcpp/comm/flight_recorder.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/comm/mpi/mpi_communicator.h"
+#include "tests/mpi/mpi_test_util.h"
 #include "mcpp/distributed/data_parallel.h"
 #include "mcpp/distributed/finalize_grads.h"
 #include "mcpp/models/gpt/gpt_model.h"
@@ -25,6 +26,9 @@
 
 namespace mcpp {
 namespace {
+
+using testing::rel_err;
+using testing::shard_of;
 
 using parallel_state::ParallelContext;
 
@@ -80,20 +84,7 @@ Batch batch_cols(int step, int64_t s, int64_t col0, int64_t ncols) {
 
 // max |a - b| / max |scale|: relative to the whole reference tensor, so a slice of exact-zero gradients
 // (rounding noise on both sides) is judged against the parameter's scale.
-double rel_err(const Tensor& a, const Tensor& b, const Tensor& scale) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < a.numel(); ++i)
-    diff = std::max(diff, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
-  for (int64_t i = 0; i < scale.numel(); ++i) ref = std::max(ref, double(std::abs(scale.data<float>()[i])));
-  return ref > 0 ? diff / ref : diff;
-}
 
-Tensor shard_of(const Parameter& local, const Tensor& global) {
-  if (!local.spec.shard.partitioned()) return global;
-  Tensor out = Tensor::empty(local.spec.shape);
-  copy_shard_from_global(out, global, local.spec.shard);
-  return out;
-}
 
 std::vector<AdamParam> adam_params(GPTModel& m) {
   std::vector<AdamParam> out;
@@ -277,19 +268,4 @@ TEST(TensorDataParallel, LlamaTp2Dp2DistributedOptimizer) {
 }  // namespace
 }  // namespace mcpp
 
-int main(int argc, char** argv) {
-  mcpp::comm::init_mpi(argc, argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (mcpp::comm::world()->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  // Every rank must agree on failure: take the max of the exit codes.
-  mcpp::Tensor t = mcpp::Tensor::empty({1}, mcpp::DType::I32);
-  t.data<int32_t>()[0] = rc;
-  mcpp::comm::world()->all_reduce(t, mcpp::comm::ReduceOp::Max).wait();
-  rc = t.data<int32_t>()[0];
-  mcpp::comm::finalize_mpi();
-  return rc;
-}
+int main(int argc, char** argv) { return mcpp::testing::run_mpi_gtest(argc, argv); }

@@ -9,6 +9,7 @@
 
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/comm/mpi/mpi_communicator.h"
+#include "tests/mpi/mpi_test_util.h"
 #include "mcpp/distributed/finalize_grads.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/optimizer/adam.h"
@@ -16,6 +17,9 @@
 
 namespace mcpp {
 namespace {
+
+using testing::rel_err;
+using testing::shard_of;
 
 using parallel_state::ParallelContext;
 
@@ -59,22 +63,7 @@ Batch batch_for(int step, int64_t s, int64_t b) {
   return bt;
 }
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    diff = std::max(diff, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
-    ref = std::max(ref, double(std::abs(b.data<float>()[i])));
-  }
-  return ref > 0 ? diff / ref : diff;
-}
 
-// The reference (logical) tensor's slice for this rank's parameter.
-Tensor shard_of(const Parameter& local, const Tensor& global) {
-  if (!local.spec.shard.partitioned()) return global;
-  Tensor out = Tensor::empty(local.spec.shape);
-  copy_shard_from_global(out, global, local.spec.shard);
-  return out;
-}
 
 std::vector<AdamParam> adam_params(GPTModel& m) {
   std::vector<AdamParam> out;
@@ -175,20 +164,4 @@ TEST(TensorParallel, LlamaSequenceParallelMatchesSingleRank) { check_tp_equivale
 }  // namespace
 }  // namespace mcpp
 
-int main(int argc, char** argv) {
-  mcpp::comm::init_mpi(argc, argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  // Only rank 0 prints gtest's listener output; every rank's failures still fail the exit code.
-  if (mcpp::comm::world()->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  // Every rank must agree on failure: take the max of the exit codes.
-  mcpp::Tensor t = mcpp::Tensor::empty({1}, mcpp::DType::I32);
-  t.data<int32_t>()[0] = rc;
-  mcpp::comm::world()->all_reduce(t, mcpp::comm::ReduceOp::Max).wait();
-  rc = t.data<int32_t>()[0];
-  mcpp::comm::finalize_mpi();
-  return rc;
-}
+int main(int argc, char** argv) { return mcpp::testing::run_mpi_gtest(argc, argv); }

@@ -11,6 +11,7 @@
 
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/comm/mpi/mpi_communicator.h"
+#include "tests/mpi/mpi_test_util.h"
 #include "mcpp/distributed/finalize_grads.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/optimizer/adam.h"
@@ -20,6 +21,9 @@
 
 namespace mcpp {
 namespace {
+
+using testing::rel_err;
+using testing::shard_of;
 
 using parallel_state::ParallelContext;
 namespace pp = pipeline_parallel;
@@ -61,21 +65,7 @@ pp::MicroBatch micro(int step, int64_t m, int64_t s, int64_t b) {
   return bt;
 }
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    diff = std::max(diff, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
-    ref = std::max(ref, double(std::abs(b.data<float>()[i])));
-  }
-  return ref > 0 ? diff / ref : diff;
-}
 
-Tensor shard_of(const Parameter& local, const Tensor& global) {
-  if (!local.spec.shard.partitioned()) return global;
-  Tensor out = Tensor::empty(local.spec.shape);
-  copy_shard_from_global(out, global, local.spec.shard);
-  return out;
-}
 
 struct Case {
   std::string style;
@@ -205,18 +195,4 @@ TEST(Pipeline, TensorTimesPipeline) {
 }  // namespace
 }  // namespace mcpp
 
-int main(int argc, char** argv) {
-  mcpp::comm::init_mpi(argc, argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (mcpp::comm::world()->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  mcpp::Tensor t = mcpp::Tensor::empty({1}, mcpp::DType::I32);
-  t.data<int32_t>()[0] = rc;
-  mcpp::comm::world()->all_reduce(t, mcpp::comm::ReduceOp::Max).wait();
-  rc = t.data<int32_t>()[0];
-  mcpp::comm::finalize_mpi();
-  return rc;
-}
+int main(int argc, char** argv) { return mcpp::testing::run_mpi_gtest(argc, argv); }

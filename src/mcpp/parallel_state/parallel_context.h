@@ -46,7 +46,7 @@ struct ParallelOptions {
   std::string order = "tp-cp-ep-dp-pp";
   // Megatron's --pipeline-model-parallel-layout: when given, the pipeline layout code owns the
   // layers-per-stage rule and validate_parallel_layout skips num_layers % pipeline_model_parallel_size.
-  std::string pipeline_model_parallel_layout;
+  std::string pipeline_model_parallel_layout{};
 };
 
 enum class GroupKind { DpCp, Dp, Cp, Mp, Tp, Pp, Embedding, PositionEmbedding, TpCp, Ep, ExpertTp, TpEp, ExpertDp };

@@ -1,0 +1,48 @@
+// Shared pieces of the multi-rank gtest drivers (tests/mpi/*_driver.cpp), each its own executable under
+// mpiexec: the MPI-aware gtest main, and the comparisons against the single-rank reference model.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "mcpp/comm/mpi/mpi_communicator.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
+
+namespace mcpp::testing {
+
+// max |a - b| / max |ref| (ref = b unless given): the normwise relative error used by the equivalence tests.
+inline double rel_err(const Tensor& a, const Tensor& b, const Tensor& ref) {
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) diff = std::max(diff, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
+  for (int64_t i = 0; i < ref.numel(); ++i) scale = std::max(scale, double(std::abs(ref.data<float>()[i])));
+  return scale > 0 ? diff / scale : diff;
+}
+inline double rel_err(const Tensor& a, const Tensor& b) { return rel_err(a, b, b); }
+
+// This rank's shard (TensorShard) of a logical reference tensor; the tensor itself when replicated.
+inline Tensor shard_of(const Parameter& local, const Tensor& global) {
+  if (!local.spec.shard.partitioned()) return global;
+  Tensor out = Tensor::empty(local.spec.shape);
+  copy_shard_from_global(out, global, local.spec.shard);
+  return out;
+}
+
+// gtest main under MPI: only rank 0 prints; every rank exits with the maximum exit code of all ranks.
+inline int run_mpi_gtest(int argc, char** argv) {
+  comm::init_mpi(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (comm::world()->rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int rc = RUN_ALL_TESTS();
+  Tensor t = Tensor::empty({1}, DType::I32);
+  t.data<int32_t>()[0] = rc;
+  comm::world()->all_reduce(t, comm::ReduceOp::Max).wait();
+  rc = t.data<int32_t>()[0];
+  comm::finalize_mpi();
+  return rc;
+}
+
+}  // namespace mcpp::testing
