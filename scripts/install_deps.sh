@@ -14,6 +14,7 @@ PKGS=(
   python3 python3-numpy python3-torch python3-xxhash libicu-dev
   nodejs npm
   fortunes
+  clang libclang-rt-14-dev   # libFuzzer target of the checkpoint parsers (tests/dist_checkpointing)
 )
 missing=()
 for p in "${PKGS[@]}"; do
