@@ -190,9 +190,11 @@ void check_dp_equivalence(const Case& k) {
       GPTModelCtx ctx;
       loss += par.forward_loss(ctx, mb.tokens, mb.labels, mb.mask, {.training = false}).loss / M;
       par.backward(ctx, 1.0f / static_cast<float>(M));
-      if (m < M - 1) EXPECT_EQ(dp_collectives(world), before) << what << ": DP collective before the last microbatch";
-      else if (k.overlap_grad_reduce && ddp.buckets().size() > 1)
+      if (m < M - 1) {
+        EXPECT_EQ(dp_collectives(world), before) << what << ": DP collective before the last microbatch";
+      } else if (k.overlap_grad_reduce && ddp.buckets().size() > 1) {
         EXPECT_GT(dp_collectives(world), before) << what << ": overlap posted nothing during the last backward";
+      }
     }
     ddp.finish_grad_sync();
     finalize_model_grads(par.params(), pc, !c.untie_embeddings_and_output_weights);

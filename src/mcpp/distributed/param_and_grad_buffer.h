@@ -49,11 +49,11 @@ void copy_shard_to_global(Tensor& global, const Tensor& local, const TensorShard
 
 struct ParamSpec {
   std::string key;  // e.g. "decoder.layers.0.mlp.linear_fc1.weight"
-  Shape shape;
+  Shape shape{};
   InitKind init = InitKind::Normal;
   float std = 0.02f;            // for InitKind::Normal
   bool no_weight_decay = false;  // biases and norm weights (Megatron's no_wd params)
-  TensorShard shard;             // tensor-parallel partition (Megatron's tensor_model_parallel attrs)
+  TensorShard shard{};           // tensor-parallel partition (Megatron's tensor_model_parallel attrs)
   // Replicated over TP but applied to sequence-parallel shards: its gradient is a partial sum that
   // finalize_model_grads all-reduces over TP (Megatron's param.sequence_parallel).
   bool sequence_parallel = false;

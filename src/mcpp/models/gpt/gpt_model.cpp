@@ -5,7 +5,6 @@
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
-#include "mcpp/tensor_parallel/vocab_parallel.h"
 #include "mcpp/transformer/spec.h"
 
 namespace mcpp {
@@ -24,9 +23,9 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
   const bool tied = !c.untie_embeddings_and_output_weights;
   // The word embeddings live on the first stage, and (tied) a shared copy on the last stage.
   if (stage_.pre_process || (stage_.post_process && tied)) {
-    tp::VocabParallelEmbedding word(params_, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size,
-                                    c.init_method_std, tp_.group);
-    word_embeddings_ = word.weight();
+    word_embedding_ = std::make_unique<tp::VocabParallelEmbedding>(
+        params_, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size, c.init_method_std, tp_.group);
+    word_embeddings_ = word_embedding_->weight();
     word_embeddings_->spec.shared_copy = !stage_.pre_process;
   }
   vocab_local_ = c.padded_vocab_size / tp_.size();
@@ -66,10 +65,7 @@ RopeTables GPTModel::rope_for(int64_t s) const {
 Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt) {
   const int64_t s = tokens.size(0), b = tokens.size(1), h = config_.hidden_size;
   ctx.tokens = tokens;
-  Tensor ids = tokens.view({s * b});
-  Tensor x = Tensor::empty({s * b, h}, DType::F32, device_);  // [s*b, h]
-  ops::embedding_fwd(x, ids, word_embeddings_->data, vocab_start_);
-  tp::all_reduce_tp(*tp_.group, x);  // VocabParallelEmbedding: reduce_from_tp
+  Tensor x = word_embedding_->forward(tokens.view({s * b}));  // [s*b, h], all-reduced over TP
   if (position_embeddings_) {
     MCPP_CHECK(s <= config_.max_position_embeddings, "sequence length {} exceeds max_position_embeddings {}", s,
                config_.max_position_embeddings);
@@ -101,7 +97,7 @@ void GPTModel::embed_backward(GPTModelCtx& ctx, const Tensor& dx_in) {
   const int64_t n = ctx.tokens.numel();
   Tensor d2 = dx.view({n, config_.hidden_size});
   // reduce_from_tp backward is the identity: every TP rank holds the full gradient.
-  ops::embedding_bwd(word_embeddings_->main_grad, ctx.tokens.view({n}), d2, vocab_start_);
+  word_embedding_->backward(ctx.tokens.view({n}), d2);
   word_embeddings_->grad_ready();  // its last use (the tied output layer's backward ran first)
   if (position_embeddings_) {
     ops::embedding_bwd(position_embeddings_->main_grad, ctx.position_ids, d2, 0);

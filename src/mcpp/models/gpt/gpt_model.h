@@ -22,6 +22,7 @@
 #include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/tensor_parallel/layers.h"
 #include "mcpp/tensor_parallel/tp_context.h"
+#include "mcpp/tensor_parallel/vocab_parallel.h"
 #include "mcpp/transformer/transformer_config.h"
 #include "mcpp/transformer/transformer_layer.h"
 
@@ -100,6 +101,7 @@ class GPTModel {
   Device device_;
   int64_t vocab_local_ = 0, vocab_start_ = 0;
   ParamAndGradBuffer params_;
+  std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embedding_;  // first stage (+ last, tied)
   Parameter* word_embeddings_ = nullptr;      // [Vp/tp, h] (first stage; the last stage's tied copy too)
   Parameter* position_embeddings_ = nullptr;  // [max_pos, h] replicated
   std::unique_ptr<TransformerBlock> decoder_;
