@@ -1,15 +1,10 @@
 # Multi-rank Communicator tests under mpiexec (world sizes 2, 4, 8 on a 2-core machine: --oversubscribe),
 # and the watchdog scenario driven by tests/comm/watchdog_check.py (child mpiexec, exit code, timing, dumps).
-add_executable(comm_mpi_driver ${CMAKE_SOURCE_DIR}/tests/mpi/comm_mpi_driver.cpp)
-target_compile_options(comm_mpi_driver PRIVATE ${MCPP_WARNINGS})
-target_include_directories(comm_mpi_driver PRIVATE ${CMAKE_SOURCE_DIR})
-target_link_libraries(comm_mpi_driver PRIVATE mcpp_lib GTest::gtest)
-
-set(MCPP_MPIEXEC mpiexec --allow-run-as-root --oversubscribe)
-set(MCPP_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMP_NUM_THREADS=1")
+# (mcpp_add_mpi_driver / MCPP_MPI_ENV: tests/CMakeLists.txt; these runs pass a per-np dump dir.)
+mcpp_add_mpi_driver(comm_mpi_driver ${CMAKE_SOURCE_DIR}/tests/mpi/comm_mpi_driver.cpp)
 foreach(np 2 4 8)
   add_test(NAME comm.mpi_np${np}
-           COMMAND ${MCPP_MPIEXEC} -np ${np} $<TARGET_FILE:comm_mpi_driver>
+           COMMAND mpiexec --allow-run-as-root --oversubscribe -np ${np} $<TARGET_FILE:comm_mpi_driver>
                    --dump-dir=${CMAKE_CURRENT_BINARY_DIR}/comm_np${np})
   set_tests_properties(comm.mpi_np${np} PROPERTIES ENVIRONMENT "${MCPP_MPI_ENV}" TIMEOUT 120)
 endforeach()

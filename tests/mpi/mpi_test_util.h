@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "mcpp/comm/mpi/mpi_communicator.h"
 #include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::testing {
 
@@ -26,6 +28,35 @@ inline Tensor shard_of(const Parameter& local, const Tensor& global) {
   Tensor out = Tensor::empty(local.spec.shape);
   copy_shard_from_global(out, global, local.spec.shard);
   return out;
+}
+
+// The tiny GPT of the equivalence drivers: "gpt2" (LayerNorm, learned positions, GELU, biases, tied, MHA)
+// or "llama" (RMSNorm, RoPE, SwiGLU, GQA 8:4, no biases, untied); 8 heads and 4 groups divide tp <= 4.
+inline TransformerConfig equivalence_config(const std::string& style, int64_t num_layers = 2) {
+  TransformerConfig c;
+  c.num_layers = num_layers;
+  c.hidden_size = 32;
+  c.num_attention_heads = 8;
+  c.kv_channels = 4;
+  c.seq_length = 8;
+  c.max_position_embeddings = 16;
+  c.vocab_size = 100;
+  c.padded_vocab_size = 128;
+  c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
+  if (style == "gpt2") {
+    c.num_query_groups = 8;
+    c.ffn_hidden_size = 64;
+  } else {
+    c.num_query_groups = 4;
+    c.ffn_hidden_size = 48;
+    c.normalization = Normalization::RMSNorm;
+    c.swiglu = true;
+    c.position_embedding_type = PositionEmbedding::Rope;
+    c.untie_embeddings_and_output_weights = true;
+    c.add_bias_linear = false;
+  }
+  return c;
 }
 
 // gtest main under MPI: only rank 0 prints; every rank exits with the maximum exit code of all ranks.
