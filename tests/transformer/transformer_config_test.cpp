@@ -117,6 +117,26 @@ TEST(TransformerConfig, EachInvalidValueNamesItsField) {
   expect_invalid([](Config& c) { c.data.tokenizer_type = "NullTokenizer"; }, "vocab_size");
 }
 
+TEST(TransformerConfig, RecomputeRulesNameTheirFields) {
+  expect_invalid([](Config& c) { c.model.recompute_granularity = "partial"; }, "recompute_granularity");
+  expect_invalid([](Config& c) { c.model.recompute_granularity = "full"; }, "recompute_method");
+  expect_invalid([](Config& c) { c.model.recompute_granularity = "full"; c.model.recompute_method = "uniform"; },
+                 "recompute_num_layers");
+  expect_invalid([](Config& c) { c.model.recompute_granularity = "full"; c.model.recompute_method = "stripe";
+                   c.model.recompute_num_layers = 1; }, "recompute_method");
+  expect_invalid([](Config& c) { c.model.recompute_granularity = "full"; c.model.recompute_method = "block";
+                   c.model.recompute_num_layers = 99; }, "recompute_num_layers");
+  expect_invalid([](Config& c) { c.model.recompute_granularity = "selective"; c.model.recompute_method = "block"; },
+                 "recompute_method");
+  expect_invalid([](Config& c) { c.model.recompute_num_layers = 1; }, "recompute_granularity");
+  expect_invalid([](Config& c) { c.training.keep_last_n_checkpoints = -1; }, "keep_last_n_checkpoints");
+  Config ok = finalized([](Config& c) { c.model.recompute_granularity = "full"; c.model.recompute_method = "block";
+                          c.model.recompute_num_layers = 1; });
+  EXPECT_NO_THROW(ok.validate());
+  // Recompute changes memory, not math: the fingerprint stays.
+  EXPECT_EQ(ok.fingerprint(), finalized().fingerprint());
+}
+
 TEST(TransformerConfig, KvChannelsLiftsDivisibility) {
   Config c = finalized([](Config& c) {
     c.model.hidden_size = 65;

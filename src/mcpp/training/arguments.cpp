@@ -106,6 +106,10 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--vocab-size", m.vocab_size, "vocabulary size (NullTokenizer)");
   app.add_option("--attention-impl", m.attention_impl, "flash|unfused");
   app.add_flag("--apply-query-key-layer-scaling", m.apply_query_key_layer_scaling);
+  app.add_option("--recompute-granularity", m.recompute_granularity, "full|selective");
+  app.add_option("--recompute-method", m.recompute_method, "uniform|block");
+  app.add_option("--recompute-num-layers", m.recompute_num_layers);
+  app.add_flag("--calculate-per-token-loss", m.calculate_per_token_loss);
   // ---- parallel
   app.add_option("--tensor-model-parallel-size", p.tensor_model_parallel_size);
   app.add_option("--pipeline-model-parallel-size", p.pipeline_model_parallel_size);
@@ -119,6 +123,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--pipeline-model-parallel-layout", p.pipeline_model_parallel_layout);
   app.add_option("--decoder-first-pipeline-num-layers", p.decoder_first_pipeline_num_layers);
   app.add_option("--decoder-last-pipeline-num-layers", p.decoder_last_pipeline_num_layers);
+  app.add_flag("--variable-seq-lengths", p.variable_seq_lengths, "exchange activation shapes between stages");
   app.add_option("--ddp-bucket-size", p.ddp_bucket_size, "elements per gradient bucket");
   app.add_flag("--overlap-grad-reduce", p.overlap_grad_reduce);
   app.add_flag("--overlap-param-gather", p.overlap_param_gather);
@@ -143,6 +148,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--metrics-path", t.metrics_path, "JSONL metrics file");
   app.add_option("--timeline", t.timeline, "write a Chrome/Perfetto trace of the pipeline schedule (all ranks) to PATH");
   app.add_option("--exit-interval", t.exit_interval);
+  app.add_flag("--async-save", t.async_save, "write checkpoints from a background thread");
+  app.add_option("--keep-last-n-checkpoints", t.keep_last_n_checkpoints, "0 keeps all");
   app.add_flag("--bf16", t.bf16);
   app.add_flag("--fp16", t.fp16);
   // ---- optimizer

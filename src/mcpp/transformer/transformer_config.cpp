@@ -132,6 +132,24 @@ void TransformerConfig::validate() const {
     fail("attention_impl: unknown value '{}' (expected flash|unfused)", attention_impl);
   if (padded_vocab_size != 0 && padded_vocab_size < vocab_size)
     fail("padded_vocab_size ({}) is smaller than vocab_size ({})", padded_vocab_size, vocab_size);
+  // Recompute (Megatron's TransformerConfig.__post_init__ rules).
+  if (!recompute_granularity.empty() && recompute_granularity != "full" && recompute_granularity != "selective")
+    fail("recompute_granularity: unknown value '{}' (expected full|selective)", recompute_granularity);
+  if (!recompute_method.empty() && recompute_method != "uniform" && recompute_method != "block")
+    fail("recompute_method: unknown value '{}' (expected uniform|block)", recompute_method);
+  require_non_negative(recompute_num_layers, "recompute_num_layers");
+  if (recompute_granularity == "full") {
+    if (recompute_method.empty())
+      fail("recompute_method must be uniform or block with recompute_granularity full");
+    if (recompute_num_layers <= 0) fail("recompute_num_layers must be positive with recompute_granularity full");
+    if (recompute_num_layers > num_layers)
+      fail("recompute_num_layers ({}) exceeds num_layers ({})", recompute_num_layers, num_layers);
+  } else if (recompute_granularity == "selective") {
+    if (!recompute_method.empty() || recompute_num_layers != 0)
+      fail("recompute_method and recompute_num_layers must not be set with recompute_granularity selective");
+  } else if (!recompute_method.empty() || recompute_num_layers != 0) {
+    fail("recompute_method / recompute_num_layers need recompute_granularity full");
+  }
 }
 
 // ---------------------------------------------------------------- other structs
@@ -165,6 +183,7 @@ void TrainingConfig::validate() const {
   require_non_negative(eval_iters, "eval_iters");
   require_non_negative(save_interval, "save_interval");
   require_non_negative(exit_interval, "exit_interval");
+  require_non_negative(keep_last_n_checkpoints, "keep_last_n_checkpoints");
   if (bf16 && fp16) fail("bf16 and fp16 are both set; choose one");
 }
 
@@ -328,6 +347,10 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
   v("attention_impl", m.attention_impl);
   v("apply_query_key_layer_scaling", m.apply_query_key_layer_scaling);
+  v("recompute_granularity", m.recompute_granularity);
+  v("recompute_method", m.recompute_method);
+  v("recompute_num_layers", m.recompute_num_layers);
+  v("calculate_per_token_loss", m.calculate_per_token_loss);
 }
 template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("tensor_model_parallel_size", p.tensor_model_parallel_size);
@@ -342,6 +365,7 @@ template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("pipeline_model_parallel_layout", p.pipeline_model_parallel_layout);
   v("decoder_first_pipeline_num_layers", p.decoder_first_pipeline_num_layers);
   v("decoder_last_pipeline_num_layers", p.decoder_last_pipeline_num_layers);
+  v("variable_seq_lengths", p.variable_seq_lengths);
   v("ddp_bucket_size", p.ddp_bucket_size);
   v("overlap_grad_reduce", p.overlap_grad_reduce);
   v("overlap_param_gather", p.overlap_param_gather);
@@ -367,6 +391,8 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("no_verify_checksums", t.no_verify_checksums);
   v("metrics_path", t.metrics_path);
   v("timeline", t.timeline);
+  v("async_save", t.async_save);
+  v("keep_last_n_checkpoints", t.keep_last_n_checkpoints);
   v("exit_interval", t.exit_interval);
   v("bf16", t.bf16);
   v("fp16", t.fp16);

@@ -63,6 +63,16 @@ struct TransformerConfig {
   int64_t make_vocab_size_divisible_by = 128;
   std::string attention_impl = "flash";  // ModuleSpec choice: "flash" | "unfused" (DotProductAttention)
   bool apply_query_key_layer_scaling = false;
+  // Activation recompute (Megatron's names; none of them changes the math):
+  //   recompute_granularity "" (off) | "full" (whole layers, input kept) | "selective" (core attention)
+  //   recompute_method "" | "uniform" (groups of recompute_num_layers) | "block" (first
+  //   recompute_num_layers layers of each pipeline stage / virtual chunk); full needs a method.
+  std::string recompute_granularity;
+  std::string recompute_method;
+  int64_t recompute_num_layers = 0;  // full: layers per group (uniform) or per stage (block)
+  // --calculate-per-token-loss: the loss is summed over tokens and divided once by the global number of
+  // non-masked tokens (instead of a mean per microbatch averaged over microbatches).
+  bool calculate_per_token_loss = false;
 
   // Derived (valid after finalize()).
   int64_t head_dim() const { return kv_channels; }
@@ -88,6 +98,9 @@ struct ParallelConfig {
   std::string pipeline_model_parallel_layout;  // --pipeline-model-parallel-layout, e.g. "E|t*3|t*3|t*2,L"
   int64_t decoder_first_pipeline_num_layers = -1;  // -1 = unset: uneven split (pipeline_parallel/layout.h)
   int64_t decoder_last_pipeline_num_layers = -1;
+  // --variable-seq-lengths: microbatches may differ in sequence length; pipeline stages exchange the
+  // activation shape before each P2P transfer (Megatron's ModelParallelConfig.variable_seq_lengths).
+  bool variable_seq_lengths = false;
   // Whether a custom layer placement is given (then pipeline_parallel/layout.h checks the counts).
   bool custom_pipeline_layout() const {
     return !pipeline_model_parallel_layout.empty() || decoder_first_pipeline_num_layers >= 0 ||
@@ -124,6 +137,8 @@ struct TrainingConfig {
   bool no_verify_checksums = false;    // --no-verify-checksums: skip xxh3 checks while loading
   std::string metrics_path;  // JSONL; default <save>/metrics.jsonl when save is set
   std::string timeline;      // Chrome/Perfetto trace of the pipeline schedule (all ranks); empty = off
+  bool async_save = false;   // --async-save: snapshot at the step boundary, written by a background thread
+  int64_t keep_last_n_checkpoints = 0;  // --keep-last-n-checkpoints: delete older committed ones; 0 = keep all
   int64_t exit_interval = 0;
   bool bf16 = false;  // --bf16: bf16 params/activations with fp32 main grads (the trainer checks the device)
   bool fp16 = false;  // --fp16: accepted for Megatron parity; exclusive with bf16
