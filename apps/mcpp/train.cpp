@@ -62,9 +62,6 @@ int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
 int run_train(const std::vector<std::string>& args) {
   mcpp::Config cfg = mcpp::parse_train_args(args);
   cfg.validate_for_training();
-  if (cfg.training.bf16 || cfg.training.fp16)
-    mcpp::fail("{}: mixed-precision training needs the CUDA backend; the CPU trainer runs in fp32",
-               cfg.training.bf16 ? "bf16" : "fp16");
   if (!launched_by_mpi()) return train(cfg, mcpp::comm::make_local_world());
 
   mcpp::comm::CommPtr world = mcpp::comm::init_mpi();

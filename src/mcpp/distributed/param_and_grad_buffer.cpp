@@ -83,7 +83,7 @@ void copy_shard_to_global(Tensor& global, const Tensor& local, const TensorShard
   copy_shard<true>(global.data<float>(), global.shape(), local.data<float>(), local.shape(), shard);
 }
 
-void ParamAndGradBuffer::finalize(uint64_t seed, Device device) {
+void ParamAndGradBuffer::finalize(uint64_t seed, Device device, DType param_dtype) {
   MCPP_CHECK(!finalized_, "ParamAndGradBuffer finalized twice");
   int64_t total = 0;
   for (const auto& p : params_) total += shape_numel(p->spec.shape);
@@ -110,11 +110,19 @@ void ParamAndGradBuffer::finalize(uint64_t seed, Device device) {
     }
     offset += n;
   }
-  if (device != Device::CPU) param_buffer_ = param_buffer_.to(device);
+  if (param_dtype != DType::F32) {
+    // Megatron's mixed precision: the model copy is the master rounded to bf16/f16 (cast on the host,
+    // round to nearest even), the master keeps the fp32 initial value.
+    main_param_buffer_ = param_buffer_.to(device);
+    param_buffer_ = param_buffer_.to(param_dtype).to(device);
+  } else if (device != Device::CPU) {
+    param_buffer_ = param_buffer_.to(device);
+  }
   offset = 0;
   for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
     Parameter& p = **it;
     p.data = param_buffer_.flat_slice(offset, p.spec.shape);
+    p.main_param = main_param_buffer().flat_slice(offset, p.spec.shape);
     p.main_grad = grad_buffer_.flat_slice(offset, p.spec.shape);
     p.offset = offset;
     offset += shape_numel(p.spec.shape);

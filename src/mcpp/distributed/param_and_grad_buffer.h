@@ -1,10 +1,15 @@
 // Parameters in contiguous buffers (DESIGN.md decision 5; Megatron-Core's _ParamAndGradBuffer).
 //
 // Modules register each parameter (logical key, shape, init, weight-decay flag) while they are built;
-// finalize() then allocates ONE fp32 param buffer and ONE fp32 main-grad buffer, laid out in backward
+// finalize() then allocates ONE param buffer (the model's dtype: fp32, or bf16 for mixed precision) and
+// ONE fp32 main-grad buffer, laid out in backward
 // order (the reverse of registration, i.e. the order gradients become ready), binds every Parameter's
 // `data` and `main_grad` to views into them, and initializes values. Later the DP buckets are ranges of
 // these buffers. Gradients ACCUMULATE into main_grad (+=); zero_grad() clears the whole buffer.
+// Mixed precision (param dtype bf16/f16, Megatron's --bf16 with fp32 main params): a third buffer holds
+// the fp32 main (master) params in the same layout; every Parameter's `main_param` views it, `data` is
+// the low-precision model copy the forward reads, and the optimizer steps `main_param` and writes
+// `data`. With fp32 params, main_param and data are the same tensor.
 //
 // Initialization is Megatron's (init_method_normal / scaled_init_method_normal, zeros for biases, ones
 // for norm weights) drawn from a Philox stream keyed by (seed, xxh3(key)) over the LOGICAL tensor, then
@@ -68,8 +73,9 @@ class ParamAndGradBuffer;
 
 struct Parameter {
   ParamSpec spec;
-  Tensor data;       // fp32 view into the param buffer
-  Tensor main_grad;  // fp32 view into the grad buffer; accumulates
+  Tensor data;        // model param (the buffer's param dtype): view into the param buffer
+  Tensor main_param;  // fp32 master value: = data with fp32 params, else a view into the main-param buffer
+  Tensor main_grad;   // fp32 view into the grad buffer; accumulates
   ParamAndGradBuffer* buffer = nullptr;
   int64_t offset = 0;  // of data / main_grad in the buffers (elements)
   // Called by the module right after its backward finished accumulating this parameter's gradient for
@@ -81,7 +87,8 @@ struct Parameter {
 class ParamAndGradBuffer {
  public:
   Parameter* add(ParamSpec spec);  // before finalize(); keys must be unique
-  void finalize(uint64_t seed, Device device = Device::CPU);
+  // Allocates and initializes (in fp32 on the host, then cast: the model copy is the rounded master).
+  void finalize(uint64_t seed, Device device = Device::CPU, DType param_dtype = DType::F32);
   bool finalized() const { return finalized_; }
 
   void zero_grad();
@@ -91,12 +98,15 @@ class ParamAndGradBuffer {
   const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }  // registration order
   Parameter* find(const std::string& key) const;  // nullptr when absent
   Tensor& param_buffer() { return param_buffer_; }
+  Tensor& main_param_buffer() { return mixed_precision() ? main_param_buffer_ : param_buffer_; }  // fp32
+  bool mixed_precision() const { return param_buffer_.dtype() != DType::F32; }
   Tensor& grad_buffer() { return grad_buffer_; }
   int64_t numel() const { return param_buffer_.numel(); }
 
  private:
   std::vector<std::unique_ptr<Parameter>> params_;
   Tensor param_buffer_;
+  Tensor main_param_buffer_;  // fp32 masters, only with a low-precision param dtype
   Tensor grad_buffer_;
   bool finalized_ = false;
   std::function<void(Parameter&)> grad_ready_hook_;

@@ -39,6 +39,12 @@ void scale_inplace(Tensor& y, float alpha, Stream s) { MCPP_DISPATCH(scale_inpla
 void bias_add_inplace(Tensor& y, const Tensor& bias, Stream s) {
   MCPP_DISPATCH(bias_add_inplace, ({&y, &bias}), y, bias, s);
 }
+void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, Stream s) {
+  MCPP_DISPATCH(qkv_split, ({&q, &k, &v, &qkv}), q, k, v, qkv, s);
+}
+void qkv_merge(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, Stream s) {
+  MCPP_DISPATCH(qkv_merge, ({&qkv, &q, &k, &v}), qkv, q, k, v, s);
+}
 void cast(Tensor& out, const Tensor& in, Stream s) { MCPP_DISPATCH(cast, ({&out, &in}), out, in, s); }
 void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& table, int64_t vocab_start, Stream s) {
   MCPP_DISPATCH(embedding_fwd, ({&out, &ids, &table}), out, ids, table, vocab_start, s);

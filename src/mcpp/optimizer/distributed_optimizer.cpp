@@ -53,7 +53,8 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const D
       const int64_t b = std::max(own.begin, p->offset), e = std::min(own.end, p->offset + p->data.numel());
       if (b >= e) continue;
       ShardPiece piece{.owner = p, .buffer_offset = b, .param_offset = b - p->offset, .numel = e - b};
-      piece.param = buf.param_buffer().flat_slice(b, {e - b});
+      piece.param = buf.main_param_buffer().flat_slice(b, {e - b});
+      if (buf.mixed_precision()) piece.model_param = buf.param_buffer().flat_slice(b, {e - b});
       piece.main_grad = buf.grad_buffer().flat_slice(b, {e - b});
       piece.exp_avg = exp_avg_.back().flat_slice(b - shard_begin, {e - b});
       piece.exp_avg_sq = exp_avg_sq_.back().flat_slice(b - shard_begin, {e - b});
@@ -69,7 +70,8 @@ void DistributedOptimizer::step(float lr) {
     ops::AdamWOptions o{.lr = lr, .beta1 = opt_.adam.beta1, .beta2 = opt_.adam.beta2, .eps = opt_.adam.eps,
                         .weight_decay = pc.owner->spec.no_weight_decay ? 0.0f : opt_.adam.weight_decay,
                         .step = step_};
-    ops::adamw_step(pc.param, pc.exp_avg, pc.exp_avg_sq, pc.main_grad, nullptr, o);
+    ops::adamw_step(pc.param, pc.exp_avg, pc.exp_avg_sq, pc.main_grad,
+                    pc.model_param.defined() ? &pc.model_param : nullptr, o);
   }
   ddp_.start_param_gather();
   if (!opt_.overlap_param_gather) ddp_.wait_param_gather();

@@ -41,7 +41,8 @@ struct ShardPiece {
   int64_t buffer_offset = 0;  // in the param / grad buffers
   int64_t param_offset = 0;   // within the parameter's flat (TP-local) tensor
   int64_t numel = 0;
-  Tensor param{};             // [numel] view into the param buffer (fp32 main param)
+  Tensor param{};             // [numel] view into the fp32 main params (the param buffer when it is fp32)
+  Tensor model_param{};       // [numel] bf16/f16 model copy written after the step (mixed precision only)
   Tensor main_grad{};         // [numel] view into the grad buffer
   Tensor exp_avg{}, exp_avg_sq{};  // [numel] views into the bucket's state tensors
 };

@@ -74,7 +74,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
         ops.push_back({comm::P2POp::Kind::Send, take(input_grads, key_of(*act.send_prev), "input gradient to send"),
                        prev, kGradientTag});
       if (act.recv_prev) {
-        Tensor t = Tensor::empty(a.hidden_shape);
+        Tensor t = Tensor::empty(a.hidden_shape, a.hidden_dtype, a.hidden_device);
         received_act[key_of(*act.recv_prev)] = t;
         ops.push_back({comm::P2POp::Kind::Recv, t, prev, kActivationTag});
       }
@@ -82,7 +82,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
         ops.push_back({comm::P2POp::Kind::Send, take(outputs, key_of(*act.send_next), "activation to send"), next,
                        kActivationTag});
       if (act.recv_next) {
-        Tensor t = Tensor::empty(a.hidden_shape);
+        Tensor t = Tensor::empty(a.hidden_shape, a.hidden_dtype, a.hidden_device);
         received_grad[key_of(*act.recv_next)] = t;
         ops.push_back({comm::P2POp::Kind::Recv, t, next, kGradientTag});
       }

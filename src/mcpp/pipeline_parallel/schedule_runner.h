@@ -39,6 +39,8 @@ struct ScheduleRunArgs {
   const parallel_state::ParallelContext* pc = nullptr;
   std::function<MicroBatch(int64_t microbatch)> get_batch;
   Shape hidden_shape;              // [s(/tp), b, h] of the P2P tensors
+  DType hidden_dtype = DType::F32;  // the activations' dtype (bf16 with mixed precision)
+  Device hidden_device = Device::CPU;
   ForwardOptions forward;          // training (dropout) and the RNG tracker
   float grad_scale = 1.0f;         // 1 / num_microbatches (Megatron's loss scaling per microbatch)
   bool forward_only = false;

@@ -55,14 +55,14 @@ ColumnParallelLinear::ColumnParallelLinear(Parameter* shared_weight, const Paral
 Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
   Tensor full = opt_.sequence_parallel ? all_gather_sp(*tp_, x) : x;  // [s, b, in]  (gather_from_sp | copy_to_tp)
   ctx.x = rows(full, opt_.input_size);                                 // [s*b, in]
-  Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, DType::F32, x.device());  // [s*b, out/tp]
+  Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
   ops::linear_fwd(y, ctx.x, weight_->data, bias_ ? &bias_->data : nullptr);
   return y.view(with_last(full.shape(), out_local_));
 }
 
 Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
   Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
-  Tensor dx = Tensor::empty({ctx.x.size(0), opt_.input_size}, DType::F32, dy.device());  // [s*b, in] partial
+  Tensor dx = Tensor::empty({ctx.x.size(0), opt_.input_size}, dy.dtype(), dy.device());  // [s*b, in] partial
   ops::linear_bwd(&dx, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
   if (owns_weight_) weight_->grad_ready();
   if (bias_) bias_->grad_ready();
@@ -89,7 +89,7 @@ RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::stri
 
 Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
   ctx.x = rows(x, in_local_);                                                        // [s*b, in/tp]
-  Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, DType::F32, x.device());  // [s*b, out] partial
+  Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
   ops::linear_fwd(y, ctx.x, weight_->data, nullptr);
   Tensor out = y.view(with_last(x.shape(), opt_.output_size));  // [s, b, out]
   if (opt_.sequence_parallel) out = reduce_scatter_sp(*tp_, out);  // [s/tp, b, out]
@@ -104,7 +104,7 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
 Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
   Tensor dy_full = opt_.sequence_parallel ? all_gather_sp(*tp_, dy) : dy;  // [s, b, out]
   Tensor dy2 = rows(dy_full, opt_.output_size);
-  Tensor dx = Tensor::empty({ctx.x.size(0), in_local_}, DType::F32, dy.device());  // [s*b, in/tp]
+  Tensor dx = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
   ops::linear_bwd(&dx, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
   weight_->grad_ready();
   if (bias_) bias_->grad_ready();

@@ -25,7 +25,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamAndGradBuffer& params, const
 }
 
 Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
-  Tensor out = Tensor::empty({ids.numel(), hidden_}, DType::F32, weight_->data.device());  // [n, h]
+  Tensor out = Tensor::empty({ids.numel(), hidden_}, weight_->data.dtype(), weight_->data.device());  // [n, h]
   ops::embedding_fwd(out, ids, weight_->data, vocab_start_);
   all_reduce_tp(*tp_, out);  // reduce_from_tp
   return out;

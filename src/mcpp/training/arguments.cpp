@@ -151,6 +151,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_flag("--async-save", t.async_save, "write checkpoints from a background thread");
   app.add_option("--keep-last-n-checkpoints", t.keep_last_n_checkpoints, "0 keeps all");
   app.add_flag("--bf16", t.bf16);
+  app.add_option("--device", t.device, "auto|cpu|cuda (auto: cuda when a GPU is visible)");
   app.add_flag("--fp16", t.fp16);
   // ---- optimizer
   app.add_option("--optimizer", o.optimizer, "adam");

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/distributed/data_parallel.h"
@@ -34,12 +35,29 @@ GPTDatasetOptions dataset_options(const Config& c, int split, int64_t num_sample
           .eod_mask_loss = c.data.eod_mask_loss};
 }
 
+Device resolve_device(const TrainingConfig& t) {
+  if (t.device == "cpu") return Device::CPU;
+  if (t.device == "cuda") {
+    if (!cuda_available()) fail("device: cuda requested but no CUDA device is visible (or this build has no CUDA)");
+    return Device::CUDA;
+  }
+  return cuda_available() ? Device::CUDA : Device::CPU;  // auto
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::ParallelContext pc)
     : config_(config), pc_(std::move(pc)) {
   const auto& t = config_.training;
   const int64_t gbs = t.global_batch_size;
+  device_ = resolve_device(t);
+  if (t.fp16) fail("fp16: training in float16 needs a dynamic loss scaler, which is not implemented; use --bf16");
+  if (t.bf16 && device_ != Device::CUDA)
+    fail("bf16: mixed-precision training needs the CUDA backend (device resolved to cpu; the CPU trainer runs fp32)");
+  param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
+  if (device_ == Device::CUDA && (!t.save.empty() || !t.load.empty()))
+    fail("--save/--load: checkpoints of a CUDA-resident model are not wired yet (train with --device cpu to "
+         "checkpoint)");
   train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, t.train_iters * gbs, eod_token));
   if (t.eval_iters > 0 && t.eval_interval > 0) {
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;
@@ -54,9 +72,10 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     const int64_t first = st.layers.empty() ? 0 : st.layers.front();
     chunks_.push_back(std::make_unique<GPTModel>(
         config_.model, static_cast<uint64_t>(t.seed),
-        tensor_parallel::TPContext{pc_.tp(), config_.parallel.sequence_parallel}, Device::CPU,
+        tensor_parallel::TPContext{pc_.tp(), config_.parallel.sequence_parallel}, device_,
         GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
-                      .num_layers = static_cast<int64_t>(st.layers.size())}));
+                      .num_layers = static_cast<int64_t>(st.layers.size())},
+        param_dtype_));
     ddps_.push_back(std::make_unique<DistributedDataParallel>(
         chunks_.back()->params(), pc_,
         DdpOptions{.bucket_size = par.ddp_bucket_size,
@@ -73,15 +92,16 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     std::vector<AdamParam> adam_params;
     for (const auto& chunk : chunks_)
       for (const auto& p : chunk->params().params())
-        adam_params.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
-                               .no_weight_decay = p->spec.no_weight_decay});
+        adam_params.push_back({.name = p->spec.key, .param = p->main_param, .main_grad = p->main_grad,
+                               .no_weight_decay = p->spec.no_weight_decay,
+                               .model_param = chunk->params().mixed_precision() ? p->data : Tensor()});
     optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   }
   if ((!t.save.empty() || !t.load.empty()) && chunks_.size() > 1)
     fail("checkpoints with virtual pipeline stages (several model chunks per rank) are not supported yet; "
          "run without --save/--load or without num_layers_per_virtual_pipeline_stage");
   if (is_logging_rank())
-    fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, DType::F32)));
+    fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_)));
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
   // Dropout streams: seeded by --seed (Megatron's offsets per TP/PP rank); offsets are checkpointed.
   state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), pc_.tp_rank(), pc_.pp_rank());
@@ -156,6 +176,8 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
         return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask};
       },
       .hidden_shape = {s, config_.training.micro_batch_size, config_.model.hidden_size},
+      .hidden_dtype = param_dtype_,
+      .hidden_device = device_,
       .forward = {.training = !forward_only, .rng = forward_only ? nullptr : &state_.rng},
       .grad_scale = 1.0f / static_cast<float>(num_micro),  // Megatron: loss / num_microbatches
       .forward_only = forward_only,

@@ -13,6 +13,9 @@
 // on the valid split every eval_interval; checkpoints every save_interval and at the end (collective:
 // logical tensors gathered over TP, written by rank 0). Deterministic given --seed: a run resumed from
 // iteration k reproduces the uninterrupted run's losses bit for bit on CPU.
+// Device (--device auto|cpu|cuda): the model, its buffers and the optimizer state live on one device;
+// batches are built on the host and moved by the model. --bf16 (CUDA only): bf16 params and
+// activations, fp32 main params (the optimizer's) and main grads.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -69,6 +72,8 @@ class Trainer {
 
   Config config_;
   parallel_state::ParallelContext pc_;
+  Device device_ = Device::CPU;         // --device (resolved): where params, grads and activations live
+  DType param_dtype_ = DType::F32;      // bf16 with --bf16 (fp32 main params and grads)
   std::unique_ptr<GPTDataset> train_ds_;
   std::unique_ptr<GPTDataset> valid_ds_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // by virtual pipeline stage

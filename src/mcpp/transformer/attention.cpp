@@ -1,48 +1,11 @@
 #include "mcpp/transformer/attention.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
-namespace {
-
-// Fused QKV rows per query group g: [q_0 .. q_{r-1}, k, v] each hn wide (r = np/ng).
-// qkv [s, b, ng, (r+2)*hn] <-> q [s, b, np, hn], k/v [s, b, ng, hn]. Host copies (CPU backend).
-void split_qkv(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, int64_t np, int64_t ng, int64_t hn) {
-  MCPP_CHECK(qkv.is_cpu(), "split_qkv runs on CPU tensors");
-  const int64_t sb = qkv.size(0) * qkv.size(1), r = np / ng;
-  const float* src = qkv.data<float>();
-  float* qd = q.data<float>();
-  float* kd = k.data<float>();
-  float* vd = v.data<float>();
-  const size_t row = sizeof(float) * static_cast<size_t>(hn);
-  for (int64_t t = 0; t < sb; ++t)
-    for (int64_t g = 0; g < ng; ++g) {
-      const float* grp = src + (t * ng + g) * (r + 2) * hn;
-      std::memcpy(qd + (t * np + g * r) * hn, grp, row * r);
-      std::memcpy(kd + (t * ng + g) * hn, grp + r * hn, row);
-      std::memcpy(vd + (t * ng + g) * hn, grp + (r + 1) * hn, row);
-    }
-}
-
-void merge_qkv(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t np, int64_t ng,
-               int64_t hn) {
-  const int64_t sb = dqkv.size(0) * dqkv.size(1), r = np / ng;
-  float* dst = dqkv.data<float>();
-  const size_t row = sizeof(float) * static_cast<size_t>(hn);
-  for (int64_t t = 0; t < sb; ++t)
-    for (int64_t g = 0; g < ng; ++g) {
-      float* grp = dst + (t * ng + g) * (r + 2) * hn;
-      std::memcpy(grp, dq.data<float>() + (t * np + g * r) * hn, row * r);
-      std::memcpy(grp + r * hn, dk.data<float>() + (t * ng + g) * hn, row);
-      std::memcpy(grp + (r + 1) * hn, dv.data<float>() + (t * ng + g) * hn, row);
-    }
-}
-
-}  // namespace
 
 SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
                              const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
@@ -75,8 +38,12 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
                               const ForwardOptions& opt) const {
   Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s, b, ng/tp*(np/ng+2)*hn]
   const int64_t s = qkv.size(0), b = qkv.size(1);
-  Tensor q = Tensor::empty({s, b, np_, hn_}), k = Tensor::empty({s, b, ng_, hn_}), v = Tensor::empty({s, b, ng_, hn_});
-  split_qkv(q, k, v, qkv, np_, ng_, hn_);
+  const DType dt = qkv.dtype();
+  const Device dev = qkv.device();
+  Tensor q = Tensor::empty({s, b, np_, hn_}, dt, dev);  // [s, b, np/tp, hn]
+  Tensor k = Tensor::empty({s, b, ng_, hn_}, dt, dev);  // [s, b, ng/tp, hn]
+  Tensor v = Tensor::empty({s, b, ng_, hn_}, dt, dev);
+  ops::qkv_split(q, k, v, qkv);
   if (rope) {
     ops::rope_fwd(q, q, rope->cos, rope->sin);
     ops::rope_fwd(k, k, rope->cos, rope->sin);
@@ -94,8 +61,8 @@ Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const Ro
     ops::rope_bwd(g.dq, g.dq, rope->cos, rope->sin);
     ops::rope_bwd(g.dk, g.dk, rope->cos, rope->sin);
   }
-  Tensor dqkv = Tensor::empty({s, b, (np_ + 2 * ng_) * hn_});
-  merge_qkv(dqkv, g.dq, g.dk, g.dv, np_, ng_, hn_);
+  Tensor dqkv = Tensor::empty({s, b, (np_ + 2 * ng_) * hn_}, dy.dtype(), dy.device());  // [s, b, (np+2ng)/tp*hn]
+  ops::qkv_merge(dqkv, g.dq, g.dk, g.dv);
   return linear_qkv_.backward(ctx.qkv, dqkv);  // [s, b, h]
 }
 

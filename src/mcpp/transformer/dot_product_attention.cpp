@@ -23,16 +23,16 @@ class FlashAttention final : public CoreAttention {
     ctx.q = q;
     ctx.k = k;
     ctx.v = v;
-    ctx.out = Tensor::empty(q.shape(), DType::F32, q.device());        // [s, b, np, hn]
+    ctx.out = Tensor::empty(q.shape(), q.dtype(), q.device());        // [s, b, np, hn]
     ctx.lse = Tensor::empty({b, np, s}, DType::F32, q.device());       // [b, np, s]
     ops::flash_attention_fwd(ctx.out, ctx.lse, q, k, v, {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
     return ctx.out;
   }
 
   CoreAttentionGrads backward(CoreAttentionCtx& ctx, const Tensor& dout) const override {
-    CoreAttentionGrads g{Tensor::empty(ctx.q.shape(), DType::F32, dout.device()),
-                         Tensor::empty(ctx.k.shape(), DType::F32, dout.device()),
-                         Tensor::empty(ctx.v.shape(), DType::F32, dout.device())};
+    CoreAttentionGrads g{Tensor::empty(ctx.q.shape(), dout.dtype(), dout.device()),
+                         Tensor::empty(ctx.k.shape(), dout.dtype(), dout.device()),
+                         Tensor::empty(ctx.v.shape(), dout.dtype(), dout.device())};
     ops::flash_attention_bwd(g.dq, g.dk, g.dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse,
                              {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
     return g;

@@ -29,7 +29,7 @@ MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const Transforme
 Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
   Tensor h1 = linear_fc1_.forward(ctx.fc1, x);                        // [s, b, f/tp | 2f/tp]
   ctx.pre_act = h1.view({-1, swiglu_ ? 2 * ffn_ : ffn_});             // [n, f/tp | 2f/tp]
-  Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, DType::F32, x.device());  // [n, f/tp]
+  Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, h1.dtype(), x.device());  // [n, f/tp]
   if (swiglu_) ops::swiglu_fwd(act, ctx.pre_act);
   else ops::gelu_fwd(act, ctx.pre_act);
   return linear_fc2_.forward(ctx.fc2, act.view({h1.size(0), h1.size(1), ffn_}));  // [s(/tp), b, h]
@@ -38,7 +38,7 @@ Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
 Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy) const {
   Tensor dact3 = linear_fc2_.backward(ctx.fc2, dy);  // [s, b, f/tp]
   Tensor dact = dact3.view({-1, ffn_});
-  Tensor dpre = Tensor::empty(ctx.pre_act.shape(), DType::F32, dy.device());
+  Tensor dpre = Tensor::empty(ctx.pre_act.shape(), dact.dtype(), dy.device());
   if (swiglu_) ops::swiglu_bwd(dpre, dact, ctx.pre_act);
   else ops::gelu_bwd(dpre, dact, ctx.pre_act);
   return linear_fc1_.backward(ctx.fc1, dpre.view({dact3.size(0), dact3.size(1), -1}));  // [s(/tp), b, h]

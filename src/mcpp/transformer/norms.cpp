@@ -17,7 +17,7 @@ Norm::Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden
 Tensor Norm::forward(NormCtx& ctx, const Tensor& x) const {
   ctx.x = x.view({-1, hidden_});  // [n, h]
   const int64_t n = ctx.x.size(0);
-  Tensor y = Tensor::empty({n, hidden_}, DType::F32, x.device());
+  Tensor y = Tensor::empty({n, hidden_}, x.dtype(), x.device());
   ctx.rstd = Tensor::empty({n}, DType::F32, x.device());
   if (kind_ == Normalization::LayerNorm) {
     ctx.mean = Tensor::empty({n}, DType::F32, x.device());
@@ -29,7 +29,7 @@ Tensor Norm::forward(NormCtx& ctx, const Tensor& x) const {
 }
 
 Tensor Norm::backward(NormCtx& ctx, const Tensor& dy) const {
-  Tensor dx = Tensor::empty(ctx.x.shape(), DType::F32, dy.device());  // [n, h]
+  Tensor dx = Tensor::empty(ctx.x.shape(), dy.dtype(), dy.device());  // [n, h]
   Tensor dy2 = dy.view({-1, hidden_});
   if (kind_ == Normalization::LayerNorm)
     ops::layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, ctx.x, weight_->data, ctx.mean, ctx.rstd);

@@ -185,6 +185,8 @@ void TrainingConfig::validate() const {
   require_non_negative(exit_interval, "exit_interval");
   require_non_negative(keep_last_n_checkpoints, "keep_last_n_checkpoints");
   if (bf16 && fp16) fail("bf16 and fp16 are both set; choose one");
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    fail("device: unknown value '{}' (expected auto|cpu|cuda)", device);
 }
 
 double OptimizerConfig::warmup_iters() const {
@@ -395,6 +397,7 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("keep_last_n_checkpoints", t.keep_last_n_checkpoints);
   v("exit_interval", t.exit_interval);
   v("bf16", t.bf16);
+  v("device", t.device);
   v("fp16", t.fp16);
 }
 template <class O, class V> void visit_optimizer(O& o, V&& v) {

@@ -140,7 +140,10 @@ struct TrainingConfig {
   bool async_save = false;   // --async-save: snapshot at the step boundary, written by a background thread
   int64_t keep_last_n_checkpoints = 0;  // --keep-last-n-checkpoints: delete older committed ones; 0 = keep all
   int64_t exit_interval = 0;
-  bool bf16 = false;  // --bf16: bf16 params/activations with fp32 main grads (the trainer checks the device)
+  bool bf16 = false;  // --bf16: bf16 params/activations with fp32 main params and grads (CUDA only)
+  // --device: where the model trains. "auto" = cuda when this build has CUDA and a GPU is visible, else
+  // cpu; "cuda" without a GPU is an error.
+  std::string device = "auto";
   bool fp16 = false;  // --fp16: accepted for Megatron parity; exclusive with bf16
   void validate() const;
 };

@@ -28,7 +28,7 @@ Tensor TransformerLayer::forward(TransformerLayerCtx& ctx, const Tensor& x, cons
     ctx.attn_dropout_key = opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_);
     ops::dropout_fwd(attn, attn, hidden_dropout_, ctx.attn_dropout_key);
   }
-  Tensor x1 = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor x1 = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::add(x1, x, attn);  // residual
   Tensor ln2 = pre_mlp_layernorm_.forward(ctx.pre_mlp_layernorm, x1);
   Tensor mlp = mlp_.forward(ctx.mlp, ln2);
@@ -44,7 +44,7 @@ Tensor TransformerLayer::backward(TransformerLayerCtx& ctx, const Tensor& dy, co
   // MLP branch: dx1 = dy + d(pre_mlp_layernorm)(mlp^T(dropout^T(dy)))
   Tensor dmlp = dy;
   if (ctx.dropout) {
-    dmlp = Tensor::empty(dy.shape(), DType::F32, dy.device());
+    dmlp = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     ops::dropout_bwd(dmlp, dy, hidden_dropout_, ctx.mlp_dropout_key);
   }
   Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, mlp_.backward(ctx.mlp, dmlp));
@@ -52,7 +52,7 @@ Tensor TransformerLayer::backward(TransformerLayerCtx& ctx, const Tensor& dy, co
   // Attention branch: dx = dx1 + d(input_layernorm)(attn^T(dropout^T(dx1)))
   Tensor dattn = dx1;
   if (ctx.dropout) {
-    dattn = Tensor::empty(dx1.shape(), DType::F32, dx1.device());
+    dattn = Tensor::empty(dx1.shape(), dx1.dtype(), dx1.device());
     ops::dropout_bwd(dattn, dx1, hidden_dropout_, ctx.attn_dropout_key);
   }
   Tensor dx = input_layernorm_.backward(ctx.input_layernorm, self_attention_.backward(ctx.self_attention, dattn, rope));

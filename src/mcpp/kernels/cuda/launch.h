@@ -50,6 +50,14 @@ struct FOut {
 void check_launch(const char* file, int line);
 void check_runtime(cudaError_t e, const char* expr, const char* file, int line);
 
+// ---- qkv_kernels.cu: Megatron's fused QKV rows <-> q/k/v heads (see ops.inc qkv_split / qkv_merge).
+// sb = s * b tokens; r = nq / ng; to_heads: qkv -> q, k, v, else q, k, v -> qkv.
+struct QkvShape {
+  int64_t sb, nq, ng, d;
+};
+void launch_qkv_split(FOut q, FOut k, FOut v, FIn qkv, const QkvShape& a, cudaStream_t s);
+void launch_qkv_merge(FOut qkv, FIn q, FIn k, FIn v, const QkvShape& a, cudaStream_t s);
+
 // ---- elementwise_kernels.cu
 void launch_add(FOut out, FIn a, FIn b, int64_t n, cudaStream_t s);
 void launch_bias_add_inplace(FOut y, FIn bias, int64_t n, int64_t m, cudaStream_t s);  // y[n, m] += bias[m]

@@ -12,7 +12,7 @@ namespace mcpp {
 namespace tp = tensor_parallel;
 
 GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContext& tpc, Device device,
-                   const GPTModelStage& stage)
+                   const GPTModelStage& stage, DType param_dtype)
     : config_(c), tp_(tpc), stage_(stage), device_(device) {
   MCPP_CHECK(c.padded_vocab_size > 0, "GPTModel: padded_vocab_size is not set (tokenizer not applied to config)");
   if (stage_.num_layers < 0) stage_.num_layers = c.num_layers - stage_.first_layer;
@@ -48,7 +48,7 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
     // embedding sits on another stage: then the output layer's backward is the last use.
     if (tied) output_layer_->set_reports_weight_grad(!stage_.pre_process);
   }
-  params_.finalize(seed, device);
+  params_.finalize(seed, device, param_dtype);
   if (c.position_embedding_type == PositionEmbedding::Rope) {
     const auto rot = static_cast<int64_t>(std::lround(static_cast<double>(c.kv_channels) * c.rotary_percent));
     rope_ = make_rope_tables(std::max(c.seq_length, c.max_position_embeddings), rot, c.rotary_base, device);
@@ -64,7 +64,7 @@ RopeTables GPTModel::rope_for(int64_t s) const {
 
 Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt) {
   const int64_t s = tokens.size(0), b = tokens.size(1), h = config_.hidden_size;
-  ctx.tokens = tokens;
+  ctx.tokens = tokens;  // on the model's device (forward_step)
   Tensor x = word_embedding_->forward(tokens.view({s * b}));  // [s*b, h], all-reduced over TP
   if (position_embeddings_) {
     MCPP_CHECK(s <= config_.max_position_embeddings, "sequence length {} exceeds max_position_embeddings {}", s,
@@ -72,7 +72,7 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
     Tensor pos = Tensor::empty({s * b}, DType::I32);
     for (int64_t i = 0; i < s * b; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i / b);
     ctx.position_ids = pos.to(device_);
-    Tensor pe = Tensor::empty({s * b, h}, DType::F32, device_);
+    Tensor pe = Tensor::empty({s * b, h}, x.dtype(), device_);
     ops::embedding_fwd(pe, ctx.position_ids, position_embeddings_->data, 0);
     ops::add_inplace(x, pe);
   }
@@ -111,9 +111,11 @@ Tensor GPTModel::forward_logits(GPTModelCtx& ctx, const Tensor& tokens, const Fo
   return ctx.logits;
 }
 
-Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens, const Tensor& input, const Tensor& labels,
+Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const Tensor& input, const Tensor& labels,
                               const Tensor& loss_mask, const ForwardOptions& opt, LossResult* loss) {
-  MCPP_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "tokens must be int32 [s, b], got {}", tokens.str());
+  MCPP_CHECK(tokens_in.ndim() == 2 && tokens_in.dtype() == DType::I32, "tokens must be int32 [s, b], got {}",
+             tokens_in.str());
+  const Tensor tokens = tokens_in.device() == device_ ? tokens_in : tokens_in.to(device_);
   const int64_t s = tokens.size(0);
   Tensor x;
   if (stage_.pre_process) {
@@ -148,9 +150,10 @@ Tensor GPTModel::gather_logits(const Tensor& local) const {
   if (tp_.size() == 1) return local;
   // all-gather gives [tp, n, Vp/tp]; interleave into [n, Vp].
   const int64_t n = local.size(0), t = tp_.size();
-  Tensor all = Tensor::empty({t * n, vocab_local_}, DType::F32, local.device());
+  Tensor all = Tensor::empty({t * n, vocab_local_}, local.dtype(), local.device());
   tp_.group->all_gather(all, local).wait();
   Tensor host = all.to(Device::CPU), out = Tensor::empty({n, t * vocab_local_});
+  if (host.dtype() != DType::F32) host = host.to(DType::F32);
   for (int64_t r = 0; r < t; ++r)
     for (int64_t i = 0; i < n; ++i)
       std::copy_n(host.data<float>() + (r * n + i) * vocab_local_, vocab_local_,
@@ -166,8 +169,8 @@ LossResult GPTModel::forward_loss(GPTModelCtx& ctx, const Tensor& tokens, const 
 
 LossResult GPTModel::compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask) {
   const int64_t n = labels.numel();
-  ctx.labels = labels.view({n});
-  ctx.loss_mask = loss_mask.view({n});
+  ctx.labels = (labels.device() == device_ ? labels : labels.to(device_)).view({n});
+  ctx.loss_mask = loss_mask.view({n});  // read on the host
   Tensor loss = Tensor::empty({n}, DType::F32, device_);
   ctx.lse = Tensor::empty({n}, DType::F32, device_);
   tp::vocab_parallel_cross_entropy_fwd(loss, ctx.lse, ctx.logits, ctx.labels, vocab_start_, *tp_.group);

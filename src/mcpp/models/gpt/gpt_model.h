@@ -9,6 +9,8 @@
 // the contiguous main-grad buffer (tied embedding: both uses add into the one parameter). Grads of
 // sequence-parallel params are partial until finalize_model_grads all-reduces them over TP.
 // Context per microbatch: GPTModelCtx (caller owns; a schedule may hold several).
+// Device and dtype: parameters live on the model's device; activations follow the parameters' dtype
+// (the embedding output's), token/label/mask tensors may be given on the host or the device.
 //
 // Pipeline stages (GPTModelStage; Megatron's pre_process / post_process): a stage holds decoder layers
 // [first_layer, first_layer + num_layers) (keys keep their global index), the embedding when pre_process,
@@ -59,8 +61,10 @@ struct LossResult {
 
 class GPTModel {
  public:
+  // param_dtype: F32, or BF16/F16 for mixed precision (bf16 params and activations, fp32 main params
+  // and grads, fp32 softmax/CE statistics; ParamAndGradBuffer) — the CUDA backend's training mode.
   GPTModel(const TransformerConfig& config, uint64_t seed, const tensor_parallel::TPContext& tp,
-           Device device = Device::CPU, const GPTModelStage& stage = {});
+           Device device = Device::CPU, const GPTModelStage& stage = {}, DType param_dtype = DType::F32);
 
   // One pipeline stage's forward: input = tokens [s, b] (pre_process) or the previous stage's hidden
   // [s(/tp), b, h]. Returns the hidden state for the next stage, or (post_process) computes the loss into

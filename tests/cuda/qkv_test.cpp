@@ -1,0 +1,27 @@
+// CUDA qkv_split / qkv_merge against the CPU backend (data movement: bit-exact), MHA and GQA, fp32/bf16.
+#include "cuda/cuda_test_util.h"
+
+namespace mcpp::cuda_test {
+namespace {
+
+TEST(CudaQkv, SplitMergeMatchCpuExactly) {
+  MCPP_REQUIRE_CUDA();
+  for (DType dt : float_dtypes())
+    for (auto [nq, ng] : {std::pair<int64_t, int64_t>{4, 4}, {8, 2}, {6, 1}}) {
+      const int64_t s = 7, b = 3, d = 64;
+      Tensor qkv = rnd({s, b, (nq + 2 * ng) * d}, 11, dt);
+      Tensor q = Tensor::empty({s, b, nq, d}), k = Tensor::empty({s, b, ng, d}), v = Tensor::empty({s, b, ng, d});
+      ops::cpu::qkv_split(q, k, v, qkv, {});
+      Tensor gq = poisoned(q.shape(), dt), gk = poisoned(k.shape(), dt), gv = poisoned(v.shape(), dt);
+      ops::qkv_split(gq, gk, gv, dev(qkv, dt));
+      EXPECT_EQ(rel_err(host(gq), q), 0.0);
+      EXPECT_EQ(rel_err(host(gk), k), 0.0);
+      EXPECT_EQ(rel_err(host(gv), v), 0.0);
+      Tensor back = poisoned(qkv.shape(), dt);
+      ops::qkv_merge(back, gq, gk, gv);
+      EXPECT_EQ(rel_err(host(back), qkv), 0.0) << "nq=" << nq << " ng=" << ng;
+    }
+}
+
+}  // namespace
+}  // namespace mcpp::cuda_test
