@@ -30,5 +30,6 @@ void device_memset_zero(void* dst, Device device, size_t nbytes) {
 }
 
 bool cuda_available() { return cuda_backend::available(); }
+size_t cuda_peak_memory_bytes() { return cuda_available() ? cuda_backend::peak_bytes() : 0; }
 
 }  // namespace mcpp

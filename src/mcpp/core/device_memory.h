@@ -13,6 +13,9 @@ void device_free(void* ptr, Device device);
 void device_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 void device_memset_zero(void* dst, Device device, size_t nbytes);
 bool cuda_available();  // compiled with CUDA and a device is visible
+// High-water mark of device memory in use through the CUDA allocator since the process started
+// (the memory pool's used-memory high mark; torch.cuda.max_memory_allocated's analogue). 0 without CUDA.
+size_t cuda_peak_memory_bytes();
 
 namespace cuda_backend {  // implemented in kernels/cuda or kernels/cuda_stub
 void* alloc(size_t nbytes);
@@ -20,6 +23,7 @@ void free(void* ptr);
 void memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 void memset_zero(void* dst, size_t nbytes);
 bool available();
+size_t peak_bytes();
 }  // namespace cuda_backend
 
 }  // namespace mcpp

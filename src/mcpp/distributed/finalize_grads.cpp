@@ -1,6 +1,9 @@
 #include "mcpp/distributed/finalize_grads.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
@@ -34,9 +37,20 @@ double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::Paralle
 
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc) {
   double local = 0;
-  for (ParamAndGradBuffer* params : chunks)
+  for (ParamAndGradBuffer* params : chunks) {
+    // Runs of buffer-adjacent counted parameters reduce in one call (one device->host sync per run, not
+    // per parameter; at tp == 1 without shared copies the whole buffer is one run).
+    std::vector<std::pair<int64_t, int64_t>> runs;  // [offset, end) in the grad buffer
     for (const auto& p : params->params())
-      if (counts_in_grad_norm(p->spec, pc.tp_rank())) local += ops::sum_of_squares(p->main_grad);
+      if (counts_in_grad_norm(p->spec, pc.tp_rank())) runs.emplace_back(p->offset, p->offset + p->main_grad.numel());
+    std::sort(runs.begin(), runs.end());
+    for (size_t i = 0; i < runs.size();) {
+      size_t j = i;
+      while (j + 1 < runs.size() && runs[j + 1].first == runs[j].second) ++j;
+      local += ops::sum_of_squares(params->grad_buffer().flat_slice(runs[i].first, {runs[j].second - runs[i].first}));
+      i = j + 1;
+    }
+  }
   if (pc.mp()->size() > 1) {
     Tensor t = Tensor::empty({1}, DType::F32);
     // float64 would be better; the MPI backend reduces float32 tensors (one value, rounding ~1e-7 rel).

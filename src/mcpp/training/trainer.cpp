@@ -319,6 +319,11 @@ TrainSummary Trainer::train() {
       metrics_.write(report);
     }
   }
+  if (device_ == Device::CUDA && is_logging_rank()) {
+    const double gib = static_cast<double>(cuda_peak_memory_bytes()) / (1024.0 * 1024.0 * 1024.0);
+    fmt::print(" peak device memory (rank {}): {:.2f} GiB\n", pc_.rank(), gib);
+    metrics_.write({{"event", "memory"}, {"peak_device_gib", gib}});
+  }
   summary.final_iteration = iteration;
   return summary;
 }

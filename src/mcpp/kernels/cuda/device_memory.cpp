@@ -138,5 +138,15 @@ bool available() {
   return ok;
 }
 
+size_t peak_bytes() {
+  cudaMemPool_t pool = nullptr;
+  int dev = 0;
+  MCPP_CUDA_CHECK(cudaGetDevice(&dev));
+  MCPP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t high = 0;
+  MCPP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+  return static_cast<size_t>(high);
+}
+
 }  // namespace cuda_backend
 }  // namespace mcpp

@@ -11,6 +11,7 @@ void free(void*) {}
 void memcpy(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void memset_zero(void*, size_t) { no_cuda(); }
 bool available() { return false; }
+size_t peak_bytes() { return 0; }
 }  // namespace cuda_backend
 
 namespace ops::cuda {

@@ -1,0 +1,50 @@
+#!/bin/bash
+# Side-by-side GPU training throughput, ours vs the PyTorch anchor (../shared/anchors/torch_gpt.py:
+# nanoGPT-style GPT, bf16 autocast, SDPA flash attention, fused AdamW, torch.compile), in ONE device call
+# so the ratio is measured on the same machine at the same time. Both train on random tokens with the
+# same shapes: GPT-2 124M (V 50304, T 1024, d 768, L 12, h 12, B 32) and GPT 1.3B (T 2048, d 2048,
+# L 24, h 16, B 8); no dropout, tied embeddings, biases, LayerNorm, GELU(tanh).
+# Ours: `mcpp train --bf16 --device cuda`, 30 iterations logged every 10; tokens/s is the last window
+# (iterations 21-30, after 20 warm-up steps), peak memory from the CUDA pool's high-water mark.
+# usage (device machine, repo root): bench/gpu/e2e_vs_torch.sh <carry dir> <out dir> [124m] [1.3b] [torch]
+set -u
+C=$(cd "$1" && pwd)
+OUT=$2
+shift 2
+what=${*:-124m 1.3b torch}
+mkdir -p "$OUT" /tmp/mcpp_lib
+tar xzf "$C/lib.tgz" -C /tmp/mcpp_lib --strip-components=1
+export LD_LIBRARY_PATH=/tmp/mcpp_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 --doc-len 8192
+
+ours() {  # name L d h T B
+  local name=$1 L=$2 d=$3 h=$4 T=$5 B=$6
+  echo "== mcpp $name"
+  "$C/bin/mcpp" train --num-layers "$L" --hidden-size "$d" --num-attention-heads "$h" --seq-length "$T" \
+    --max-position-embeddings "$T" --micro-batch-size "$B" --global-batch-size "$B" \
+    --tokenizer-type NullTokenizer --vocab-size 50304 --make-vocab-size-divisible-by 128 \
+    --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda --lr 1e-4 --lr-decay-style constant \
+    --train-iters 30 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd --split 100,0,0 \
+    --metrics-path "$OUT/mcpp_$name.jsonl" 2>&1 | tee "$OUT/mcpp_$name.log" | grep -v '^  [a-z_]* \.\.\.'
+  python3 - "$OUT/mcpp_$name.jsonl" "$name" "$L" "$d" "$T" "$B" <<'PY'
+import json, sys
+path, name, L, d, T, B = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+recs = [json.loads(l) for l in open(path)]
+it = [r for r in recs if "tokens_per_sec" in r][-1]
+mem = [r for r in recs if r.get("event") == "memory"]
+V = 50304
+flops = 72 * B * T * L * d * d * (1 + T / (6 * d) + V / (16 * L * d))
+step = it["elapsed_ms_per_iter"] / 1e3
+print(json.dumps(dict(system="mcpp", name=name, B=B, T=T, d=d, L=L, V=V, step_ms=round(step * 1e3, 2),
+                      tok_s=round(it["tokens_per_sec"]), mfu_989=round(flops / step / 989e12, 4),
+                      peak_gib=mem[-1]["peak_device_gib"] if mem else None, loss=it["lm_loss"])))
+PY
+}
+for w in $what; do
+  case $w in
+    124m) ours gpt2-124m 12 768 12 1024 32 ;;
+    1.3b) ours gpt-1.3b 24 2048 16 2048 8 ;;
+    torch) echo "== pytorch anchor"; python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
+  esac
+done

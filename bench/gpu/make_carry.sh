@@ -1,0 +1,21 @@
+#!/bin/bash
+# Packs a CUDA build's binaries for a device run into device_carry/ (git-ignored; pass it as `carry`):
+#   device_carry/bin/      the binaries named (default: mcpp mcpp_tests cuda_kernels_bench)
+#   device_carry/lib.tgz   their non-system shared libraries (not libcudart / libcublas* / libnccl /
+#                          libcuda: the device machine has those in /usr/local/cuda and Python's site-packages)
+#   device_carry/anchors/  a copy of ../shared/anchors (the PyTorch peer benchmark, run in the same call)
+# usage: bench/gpu/make_carry.sh <cuda build dir> [binary ...]
+set -euo pipefail
+build=${1:?usage: make_carry.sh <cuda build dir> [binary ...]}
+shift
+bins=${*:-mcpp mcpp_tests cuda_kernels_bench}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=$root/device_carry
+rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
+for b in $bins; do cp "$build/bin/$b" "$out/bin/"; done
+skip='linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|libcudart|libcublas|libnccl|libcuda\.so|libcudnn'
+for f in "$out"/bin/*; do ldd "$f" | awk '$3 ~ /^\// {print $3}'; done | sort -u | grep -v -E "$skip" |
+  while read -r lib; do cp -L "$lib" "$out/lib/"; done
+tar czf "$out/lib.tgz" -C "$out" lib && rm -rf "$out/lib"
+cp -r "$root/../shared/anchors" "$out/anchors"
+du -sh "$out"
