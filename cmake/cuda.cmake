@@ -58,6 +58,10 @@ function(mcpp_add_cuda_backend target)
       target_compile_definitions(${target} PUBLIC MCPP_WITH_NCCL=1)
     endif()
   endif()
+  if(NOT MCPP_HAVE_NCCL)  # init_nccl reports "built without NCCL"
+    file(GLOB nccl_stub_sources ${CMAKE_SOURCE_DIR}/src/mcpp/comm/nccl_stub/*.cpp)
+    target_sources(${target} PRIVATE ${nccl_stub_sources})
+  endif()
   message(STATUS "megatron-cpp NCCL backend: ${MCPP_HAVE_NCCL} ${NCCL_LIBRARY}")
   set(MCPP_HAVE_NCCL ${MCPP_HAVE_NCCL} PARENT_SCOPE)
 

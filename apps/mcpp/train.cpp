@@ -12,6 +12,7 @@
 #include "apps/mcpp/command.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/comm/mpi/mpi_communicator.h"
+#include "mcpp/comm/nccl/nccl_communicator.h"
 #include "mcpp/comm/watchdog.h"
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/gpt2_tokenizer.h"
@@ -44,11 +45,22 @@ int64_t apply_tokenizer(mcpp::Config& cfg) {
   return cfg.model.vocab_size - 1;
 }
 
+// The node-local rank from the launcher (Open MPI, PMIx, Slurm), 0 when unknown: picks this rank's GPU.
+int local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
 int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
   cfg.apply_world_size(world->size());
   const int64_t eod = apply_tokenizer(cfg);
   cfg.validate();
   mcpp::parallel_state::validate_parallel_layout(world->size(), cfg);
+  // GPUs under mpirun: the parallel groups are NCCL communicators (one GPU per rank, by local rank),
+  // bootstrapped over the MPI world, which keeps serving host values (Communicator::host()).
+  if (mcpp::resolve_training_device(cfg.training) == mcpp::Device::CUDA && world->size() > 1)
+    world = mcpp::comm::init_nccl(world, local_rank(), {});
   world->set_check_collectives(cfg.parallel.check_collectives);
   auto pc = mcpp::parallel_state::ParallelContext::create(world, mcpp::parallel_state::parallel_options(cfg));
   if (pc.rank() == pc.world_size() - 1) fmt::print("{}\n", mcpp::format_args(cfg));

@@ -6,22 +6,20 @@
 # L 24, h 16, B 8); no dropout, tied embeddings, biases, LayerNorm, GELU(tanh).
 # Ours: `mcpp train --bf16 --device cuda`, 30 iterations logged every 10; tokens/s is the last window
 # (iterations 21-30, after 20 warm-up steps), peak memory from the CUDA pool's high-water mark.
-# usage (device machine, repo root): bench/gpu/e2e_vs_torch.sh <carry dir> <out dir> [124m] [1.3b] [torch]
+# usage (device machine, repo root, device_carry/ carried): bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [torch]
 set -u
-C=$(cd "$1" && pwd)
-OUT=$2
-shift 2
+OUT=$1
+shift
 what=${*:-124m 1.3b torch}
-mkdir -p "$OUT" /tmp/mcpp_lib
-tar xzf "$C/lib.tgz" -C /tmp/mcpp_lib --strip-components=1
-export LD_LIBRARY_PATH=/tmp/mcpp_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+mkdir -p "$OUT"
+. bench/gpu/env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 --doc-len 8192
 
 ours() {  # name L d h T B
   local name=$1 L=$2 d=$3 h=$4 T=$5 B=$6
   echo "== mcpp $name"
-  "$C/bin/mcpp" train --num-layers "$L" --hidden-size "$d" --num-attention-heads "$h" --seq-length "$T" \
+  CUDA_VISIBLE_DEVICES=${GPU:-0} "$MCPP" train --num-layers "$L" --hidden-size "$d" --num-attention-heads "$h" --seq-length "$T" \
     --max-position-embeddings "$T" --micro-batch-size "$B" --global-batch-size "$B" \
     --tokenizer-type NullTokenizer --vocab-size 50304 --make-vocab-size-divisible-by 128 \
     --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda --lr 1e-4 --lr-decay-style constant \
@@ -45,6 +43,6 @@ for w in $what; do
   case $w in
     124m) ours gpt2-124m 12 768 12 1024 32 ;;
     1.3b) ours gpt-1.3b 24 2048 16 2048 8 ;;
-    torch) echo "== pytorch anchor"; python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
+    torch) echo "== pytorch anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
   esac
 done

@@ -4,6 +4,8 @@
 #   device_carry/lib.tgz   their non-system shared libraries (not libcudart / libcublas* / libnccl /
 #                          libcuda: the device machine has those in /usr/local/cuda and Python's site-packages)
 #   device_carry/anchors/  a copy of ../shared/anchors (the PyTorch peer benchmark, run in the same call)
+#   device_carry/ompi_root.tgz  Debian's Open MPI 4.1.4 runtime (the binaries link its libmpi; relocated
+#                          under /tmp/dompi by bench/gpu/env.sh on the device)
 # usage: bench/gpu/make_carry.sh <cuda build dir> [binary ...]
 set -euo pipefail
 build=${1:?usage: make_carry.sh <cuda build dir> [binary ...]}
@@ -16,6 +18,12 @@ for b in $bins; do cp "$build/bin/$b" "$out/bin/"; done
 skip='linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|libcudart|libcublas|libnccl|libcuda\.so|libcudnn'
 for f in "$out"/bin/*; do ldd "$f" | awk '$3 ~ /^\// {print $3}'; done | sort -u | grep -v -E "$skip" |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
+pkgs="openmpi-bin libopenmpi3 libpmix2 openmpi-common"
+files=$(dpkg -L $pkgs | grep -v -E '^/usr/share/(doc|man|lintian)' | while read -r f; do [ -f "$f" ] || [ -L "$f" ] && echo "$f"; done)
+tar czf "$out/ompi_root.tgz" -P $files /etc/alternatives/mpirun /etc/alternatives/mpiexec /usr/bin/mpirun /usr/bin/mpiexec 2>/dev/null
+for f in /usr/bin/orterun /usr/bin/orted $(echo "$files" | grep -E '\.so(\.[0-9]+)*$' | grep -v '/openmpi3/\|/pmix/'); do
+  ldd "$f" 2>/dev/null | awk '$3 ~ /^\// {print $3}'
+done | sort -u | grep -v -E "$skip" | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 tar czf "$out/lib.tgz" -C "$out" lib && rm -rf "$out/lib"
 cp -r "$root/../shared/anchors" "$out/anchors"
 du -sh "$out"

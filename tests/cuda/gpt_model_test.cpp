@@ -41,7 +41,8 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
   GPTModelCtx ctx;
   Run r;
   r.loss = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = false}).loss;
-  r.logits = host(ctx.logits);
+  r.logits = host(ctx.logits).clone();  // backward overwrites the logits in place (dlogits); on the CPU
+                                        // host() is the same storage
   model.backward(ctx, 1.0f);
   for (const auto& p : model.params().params()) {
     r.grads.push_back(host(p->main_grad));

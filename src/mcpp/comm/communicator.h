@@ -103,6 +103,11 @@ class Communicator {
   // nothing. Shares this communicator's flight recorder.
   virtual std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<int>& global_ranks) = 0;
 
+  // The communicator for HOST tensors over the same members in the same order: this one for the CPU
+  // backends (MPI, local); the NCCL backend's MPI bootstrap group (NCCL takes device tensors only). Used
+  // for the few host values (loss sums, grad-norm partials, checkpoint votes) that travel between ranks.
+  virtual Communicator& host() { return *this; }
+
   // --check-collectives: before each collective the group compares (op, dtype, count, seq, reduce op,
   // root) with a blocking all-gather on a private communicator; a mismatch throws mcpp::Error naming both
   // sides on every member. Must be set identically on every member. Not applied to batch_p2p.

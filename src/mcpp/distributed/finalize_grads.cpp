@@ -55,7 +55,7 @@ double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const par
     Tensor t = Tensor::empty({1}, DType::F32);
     // float64 would be better; the MPI backend reduces float32 tensors (one value, rounding ~1e-7 rel).
     t.data<float>()[0] = static_cast<float>(local);
-    pc.mp()->all_reduce(t, comm::ReduceOp::Sum).wait();
+    pc.mp()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
     local = t.data<float>()[0];
   }
   return std::sqrt(local);

@@ -87,8 +87,8 @@ double DistributedOptimizer::grad_norm() const {
   // One float32 value (the communicator has no float64); rounding ~1e-7 relative, as model_grad_norm.
   Tensor t = Tensor::empty({1}, DType::F32);
   t.data<float>()[0] = static_cast<float>(local);
-  if (ddp_.dp_group()->size() > 1) ddp_.dp_group()->all_reduce(t, comm::ReduceOp::Sum).wait();
-  if (pc.mp()->size() > 1) pc.mp()->all_reduce(t, comm::ReduceOp::Sum).wait();
+  if (ddp_.dp_group()->size() > 1) ddp_.dp_group()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
+  if (pc.mp()->size() > 1) pc.mp()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
   return std::sqrt(static_cast<double>(t.data<float>()[0]));
 }
 

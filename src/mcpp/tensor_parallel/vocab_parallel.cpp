@@ -51,11 +51,11 @@ void vocab_parallel_cross_entropy_fwd(Tensor& loss, Tensor& lse, const Tensor& l
   float* pl = part_lse.data<float>();
   for (int64_t r = 0; r < n; ++r) pl[r] += std::log(sum_exp.data<float>()[r]);  // this slice's logsumexp
   Tensor gmax = part_lse.clone();
-  tp.all_reduce(gmax, comm::ReduceOp::Max).wait();
+  tp.host().all_reduce(gmax, comm::ReduceOp::Max).wait();  // host [n] values
   Tensor scaled = Tensor::empty({n});
   for (int64_t r = 0; r < n; ++r) scaled.data<float>()[r] = std::exp(pl[r] - gmax.data<float>()[r]);
-  tp.all_reduce(scaled, comm::ReduceOp::Sum).wait();
-  tp.all_reduce(target, comm::ReduceOp::Sum).wait();
+  tp.host().all_reduce(scaled, comm::ReduceOp::Sum).wait();
+  tp.host().all_reduce(target, comm::ReduceOp::Sum).wait();
   Tensor lse_h = Tensor::empty({n}), loss_h = Tensor::empty({n});
   for (int64_t r = 0; r < n; ++r) {
     lse_h.data<float>()[r] = gmax.data<float>()[r] + std::log(scaled.data<float>()[r]);

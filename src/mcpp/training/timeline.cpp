@@ -85,11 +85,11 @@ nlohmann::json gather_and_write_trace(const TimelineRecorder& rec, comm::Communi
   const int n = world.size();
   Tensor size = Tensor::empty({1}, DType::I32), sizes = Tensor::empty({n}, DType::I32);
   size.data<int32_t>()[0] = static_cast<int32_t>(mine.size());
-  world.all_gather(sizes, size).wait();
+  world.host().all_gather(sizes, size).wait();
   int64_t max_len = 1;
   for (int r = 0; r < n; ++r) max_len = std::max<int64_t>(max_len, sizes.data<int32_t>()[r]);
   Tensor all = Tensor::empty({n * max_len}, DType::I32);
-  world.all_gather(all, to_tensor(mine, max_len)).wait();
+  world.host().all_gather(all, to_tensor(mine, max_len)).wait();
   std::vector<nlohmann::json> rank_events;
   std::vector<int> stages;
   for (int r = 0; r < n; ++r) {

@@ -35,7 +35,9 @@ GPTDatasetOptions dataset_options(const Config& c, int split, int64_t num_sample
           .eod_mask_loss = c.data.eod_mask_loss};
 }
 
-Device resolve_device(const TrainingConfig& t) {
+}  // namespace
+
+Device resolve_training_device(const TrainingConfig& t) {
   if (t.device == "cpu") return Device::CPU;
   if (t.device == "cuda") {
     if (!cuda_available()) fail("device: cuda requested but no CUDA device is visible (or this build has no CUDA)");
@@ -44,13 +46,11 @@ Device resolve_device(const TrainingConfig& t) {
   return cuda_available() ? Device::CUDA : Device::CPU;  // auto
 }
 
-}  // namespace
-
 Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::ParallelContext pc)
     : config_(config), pc_(std::move(pc)) {
   const auto& t = config_.training;
   const int64_t gbs = t.global_batch_size;
-  device_ = resolve_device(t);
+  device_ = resolve_training_device(t);
   if (t.fp16) fail("fp16: training in float16 needs a dynamic loss scaler, which is not implemented; use --bf16");
   if (t.bf16 && device_ != Device::CUDA)
     fail("bf16: mixed-precision training needs the CUDA backend (device resolved to cpu; the CPU trainer runs fp32)");
@@ -149,7 +149,7 @@ double Trainer::dp_mean(double local) const {
   if (pc_.dp_size() == 1) return local;
   Tensor t = Tensor::empty({1});
   t.data<float>()[0] = static_cast<float>(local);
-  pc_.dp()->all_reduce(t, comm::ReduceOp::Avg).wait();
+  pc_.dp()->host().all_reduce(t, comm::ReduceOp::Avg).wait();
   return t.data<float>()[0];
 }
 
@@ -229,7 +229,7 @@ double Trainer::evaluate(int64_t iteration) {
     Tensor sums = Tensor::empty({2});
     sums.data<float>()[0] = static_cast<float>(loss_sum);
     sums.data<float>()[1] = static_cast<float>(tokens);
-    pc_.dp()->all_reduce(sums, comm::ReduceOp::Sum).wait();
+    pc_.dp()->host().all_reduce(sums, comm::ReduceOp::Sum).wait();
     loss_sum = sums.data<float>()[0];
     tokens = sums.data<float>()[1];
   }

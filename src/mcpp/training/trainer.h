@@ -43,6 +43,9 @@ struct TrainSummary {
   double last_valid_loss = -1;    // -1 when no evaluation ran
 };
 
+// --device resolved: "cpu" / "cuda" (an error without a visible GPU) / "auto" (cuda when available).
+Device resolve_training_device(const TrainingConfig& t);
+
 class Trainer {
  public:
   // config: finalized, validated for training, apply_world_size(world) done, vocab set from the tokenizer.

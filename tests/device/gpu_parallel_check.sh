@@ -1,0 +1,53 @@
+#!/bin/bash
+# Multi-GPU equivalence (issue 6) on a 2-GPU device machine (kind nvidia-h200-x2), through the CLI:
+# `mcpp train --device cuda` under mpirun with NCCL groups (DP2, TP2 + sequence parallel, PP2 with 8
+# microbatches, DP2 + distributed optimizer) against the same run on ONE GPU: per-iteration lm loss from
+# the JSONL metrics. fp32 on the GPU (no --bf16) so the comparison is tight: only reduction order
+# differs (NCCL sums, split GEMMs) -> relative 1e-5 on the loss over 6 steps. Then bf16 DP2 vs one GPU
+# (bf16 activations: relative 5e-3). Exit 1 on any mismatch.
+# usage (repo root, device_carry/ from bench/gpu/make_carry.sh carried): tests/device/gpu_parallel_check.sh OUT
+set -u
+OUT=${1:?usage: gpu_parallel_check.sh OUT}
+mkdir -p "$OUT"
+. bench/gpu/env.sh
+python3 bench/gpu/random_tokens.py /tmp/rnd_small --tokens 400000 --vocab 512 --doc-len 1024 >/dev/null
+MODEL="--num-layers 4 --hidden-size 256 --num-attention-heads 4 --kv-channels 64 --seq-length 256
+  --max-position-embeddings 256 --tokenizer-type NullTokenizer --vocab-size 512 --hidden-dropout 0
+  --attention-dropout 0 --lr 1e-3 --train-iters 6 --log-interval 1 --eval-iters 0 --data-path /tmp/rnd_small
+  --split 100,0,0 --device cuda --micro-batch-size 2 --global-batch-size 16"
+run() {  # name np extra...
+  local name=$1 np=$2
+  shift 2
+  if [ "$np" = 1 ]; then CUDA_VISIBLE_DEVICES=0 "$MCPP" train $MODEL --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
+  else $MPIRUN -np "$np" "$MCPP" train $MODEL --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1; fi
+  local rc=$?
+  echo "$name: exit $rc $(grep -c '"event":"train"' "$OUT/$name.jsonl" 2>/dev/null) iterations"
+  [ $rc -eq 0 ] || tail -5 "$OUT/$name.log"
+}
+run gpu1 1
+run dp2 2
+run tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel
+run pp2 2 --pipeline-model-parallel-size 2
+run dp2_distopt 2 --use-distributed-optimizer --overlap-grad-reduce
+run gpu1_bf16 1 --bf16
+run dp2_bf16 2 --bf16
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+def losses(n):
+    try:
+        return [r["lm_loss"] for r in map(json.loads, open(f"{out}/{n}.jsonl")) if r.get("event") == "train"]
+    except OSError:
+        return []
+ok = True
+for ref, runs, tol in [("gpu1", ["dp2", "tp2sp", "pp2", "dp2_distopt"], 1e-5), ("gpu1_bf16", ["dp2_bf16"], 5e-3)]:
+    a = losses(ref)
+    for n in runs:
+        b = losses(n)
+        err = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=float("inf"))
+        good = len(a) == len(b) == 6 and err < tol
+        ok &= good
+        print(f"{n:12s} vs {ref}: max rel loss diff {err:.2e} (tol {tol:g}) {'OK' if good else 'MISMATCH'}  {b[:2]}")
+print("GPU PARALLEL EQUIVALENCE", "OK" if ok else "FAILED")
+sys.exit(0 if ok else 1)
+PY
