@@ -9,3 +9,8 @@ add_test(NAME training.parallel_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/parallel_train_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/parallel_train_check)
 set_tests_properties(training.parallel_cli PROPERTIES TIMEOUT 600)
+# training.op_profile: MCPP_PROFILE_OPS=1 prints the per-op time table at exit (kernels/op_profile.h),
+# with the ops a training step runs and their call counts.
+add_test(NAME training.op_profile
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/op_profile_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/op_profile_check)

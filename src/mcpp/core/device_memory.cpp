@@ -30,6 +30,9 @@ void device_memset_zero(void* dst, Device device, size_t nbytes) {
 }
 
 bool cuda_available() { return cuda_backend::available(); }
+void cuda_synchronize() {
+  if (cuda_available()) cuda_backend::synchronize();
+}
 size_t cuda_peak_memory_bytes() { return cuda_available() ? cuda_backend::peak_bytes() : 0; }
 
 }  // namespace mcpp

@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "mcpp/core/error.h"
+#include "mcpp/kernels/op_profile.h"
 
 namespace mcpp::ops {
 namespace {
@@ -20,8 +21,11 @@ bool on_cuda(std::initializer_list<const Tensor*> ts) {
 }
 }  // namespace
 
-#define MCPP_DISPATCH(name, tensors, ...) \
-  return on_cuda tensors ? cuda::name(__VA_ARGS__) : cpu::name(__VA_ARGS__)
+// MCPP_PROFILE_OPS=1 times each call (op_profile.h); otherwise OpTimer is one branch.
+#define MCPP_DISPATCH(name, tensors, ...)   \
+  const bool mcpp_cuda_ = on_cuda tensors;  \
+  const OpTimer mcpp_timer_(#name, mcpp_cuda_); \
+  return mcpp_cuda_ ? cuda::name(__VA_ARGS__) : cpu::name(__VA_ARGS__)
 
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, Stream s) {
   MCPP_DISPATCH(gemm, ({&c, &a, &b}), c, a, b, opt, s);

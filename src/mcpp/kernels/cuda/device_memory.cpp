@@ -138,6 +138,8 @@ bool available() {
   return ok;
 }
 
+void synchronize() { MCPP_CUDA_CHECK(cudaDeviceSynchronize()); }
+
 size_t peak_bytes() {
   cudaMemPool_t pool = nullptr;
   int dev = 0;

@@ -1,0 +1,35 @@
+// Per-op time profile of the kernel interface (MCPP_PROFILE_OPS=1 in the environment).
+//
+// When enabled, every op called through mcpp::ops (kernels/ops.cpp) is timed on the host between two
+// device synchronizations (CUDA ops) — so each op's time is its own kernels' time, at the price of
+// serializing the stream (the profile run is slower than a normal one; use it for the breakdown, not
+// for throughput). At process exit the table of ops (backend, calls, total ms, share, mean us) goes to
+// stderr, sorted by total time. Disabled (the default), an op pays one predictable branch.
+#pragma once
+#include <chrono>
+
+namespace mcpp::ops {
+
+bool op_profile_enabled();  // MCPP_PROFILE_OPS set and not "0", read once
+
+class OpTimer {
+ public:
+  OpTimer(const char* name, bool cuda) : name_(name), cuda_(cuda), on_(op_profile_enabled()) {
+    if (on_) start();
+  }
+  ~OpTimer() {
+    if (on_) stop();
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  void start();
+  void stop();
+  const char* name_;
+  bool cuda_;
+  bool on_;
+  std::chrono::steady_clock::time_point t0_{};
+};
+
+}  // namespace mcpp::ops

@@ -1,0 +1,35 @@
+#!/usr/bin/env python3
+"""MCPP_PROFILE_OPS=1 mcpp train: the op table on stderr names the ops of a step with plausible counts.
+
+Two layers, 2 iterations, 1 microbatch: linear_fwd runs 4 times per layer (qkv, proj, fc1, fc2) + the
+LM head = 9 per step -> 18 calls; layernorm_fwd 2 per layer + final = 5 per step -> 10; adamw_step once
+per parameter per step. Without the variable no table is printed.
+usage: op_profile_check.py MCPP_BIN WORKDIR
+"""
+import os
+import re
+import subprocess
+import sys
+
+mcpp, work = sys.argv[1], sys.argv[2]
+os.makedirs(work, exist_ok=True)
+data = os.path.join(work, "rnd")
+here = os.path.dirname(os.path.abspath(__file__))
+subprocess.run([sys.executable, os.path.join(here, "..", "..", "..", "bench", "gpu", "random_tokens.py"), data,
+                "--tokens", "20000", "--vocab", "256", "--doc-len", "1000"], check=True, capture_output=True)
+args = [mcpp, "train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+        "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2",
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", "256", "--train-iters", "2", "--log-interval", "1",
+        "--eval-iters", "0", "--attention-dropout", "0", "--data-path", data, "--split", "100,0,0", "--device", "cpu"]
+env = dict(os.environ, MCPP_PROFILE_OPS="1", OMP_NUM_THREADS="1")
+p = subprocess.run(args, env=env, capture_output=True, text=True)
+assert p.returncode == 0, p.stderr
+rows = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+) \(cpu\)\s+(\d+)\s", p.stderr, re.M)}
+assert "op profile (MCPP_PROFILE_OPS)" in p.stderr, p.stderr
+assert rows.get("linear_fwd") == 18, rows
+assert rows.get("layernorm_fwd") == 10, rows
+n_params = rows.get("adamw_step", 0) // 2
+assert n_params > 10 and rows["adamw_step"] == 2 * n_params, rows
+q = subprocess.run(args, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
+assert q.returncode == 0 and "op profile" not in q.stderr, q.stderr
+print("op profile OK:", {k: rows[k] for k in sorted(rows)[:6]})
