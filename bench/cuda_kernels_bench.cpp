@@ -11,7 +11,8 @@
 // attention counts useful causal matmul work — fwd 4*b*nq*s^2*d/2, bwd 2.5x fwd (as bench/attention_bench);
 // layernorm bytes = x read + y written (+ dy read, dx written in bwd; mean/rstd/gamma included);
 // cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd).
-// Run: build/bin/cuda_kernels_bench [--quick]  (prints a markdown table)
+// Run: build/bin/cuda_kernels_bench [--quick | --attention]  (prints a markdown table; --attention: only the
+// attention rows)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -146,6 +147,7 @@ void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t
 
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool attention_only = argc > 1 && std::strcmp(argv[1], "--attention") == 0;
   if (quick) g_iters = 3, g_reps = 1;
   if (!mcpp::cuda_available()) {
     std::printf("SKIPPED: no CUDA device (or built without CUDA)\n");
@@ -153,19 +155,22 @@ int main(int argc, char** argv) {
   }
   try {
     std::printf("| kernel | shape | ms | achieved | vs ceiling |\n| --- | --- | --- | --- | --- |\n");
-    bench_gemm_square(8192);
-    bench_linear("124M qkv", 32768, 768, 2304);
-    bench_linear("124M fc1", 32768, 768, 3072);
-    bench_linear("124M fc2", 32768, 3072, 768);
-    bench_linear("1.3B qkv", 16384, 2048, 6144);
-    bench_linear("1.3B fc1", 16384, 2048, 8192);
-    bench_linear("1.3B fc2", 16384, 8192, 2048);
-    bench_linear("124M lm head", 8192, 768, 50304);
-    bench_layernorm("124M", 32768, 768);
-    bench_layernorm("1.3B", 16384, 2048);
-    bench_cross_entropy("124M B8 T1024", 8192, 50304);
+    if (!attention_only) {
+      bench_gemm_square(8192);
+      bench_linear("124M qkv", 32768, 768, 2304);
+      bench_linear("124M fc1", 32768, 768, 3072);
+      bench_linear("124M fc2", 32768, 3072, 768);
+      bench_linear("1.3B qkv", 16384, 2048, 6144);
+      bench_linear("1.3B fc1", 16384, 2048, 8192);
+      bench_linear("1.3B fc2", 16384, 8192, 2048);
+      bench_linear("124M lm head", 8192, 768, 50304);
+      bench_layernorm("124M", 32768, 768);
+      bench_layernorm("1.3B", 16384, 2048);
+      bench_cross_entropy("124M B8 T1024", 8192, 50304);
+    }
     bench_attention("124M", 1024, 32, 12, 64);
     bench_attention("1.3B", 2048, 8, 16, 128);
+    bench_attention("8K", 8192, 2, 16, 128);
   } catch (const mcpp::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

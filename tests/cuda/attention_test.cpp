@@ -1,5 +1,8 @@
 // CUDA flash attention fwd/bwd vs the CPU backend's flash attention (itself checked against float64
 // naive attention in tests/kernels): causal and full, GQA, head dims 64 and 128, s not a tile multiple.
+// fp32 tensors run the CUDA-core kernels, bf16 tensors the tensor-core kernels (attention_mma_*.cu: P and dS
+// rounded to bf16 before their products, as FlashAttention-2; within the bf16 tolerance, see tol()).
+#include <cstring>
 #include <cmath>
 
 #include "cuda/cuda_test_util.h"
@@ -57,6 +60,43 @@ TEST(CudaFlashAttention, LongerSequenceCausal) {
 TEST(CudaFlashAttention, ScalesTo8K) {  // O(s) memory: an [s, s] fp32 buffer would be 256 MiB per head
   MCPP_REQUIRE_CUDA();
   check_case({.s = 8192, .b = 1, .nq = 2, .ng = 1, .d = 128, .causal = true}, DType::BF16);
+}
+
+// The tensor-core kernels tile 128 queries / 64 (fwd) or 32-64 (bwd) keys: s around and between tile sizes,
+// a single row, and causal tiles where whole warps are masked.
+TEST(CudaFlashAttention, Bf16SequenceNotATileMultiple) {
+  MCPP_REQUIRE_CUDA();
+  check_case({.s = 1, .b = 2, .nq = 2, .ng = 1, .d = 64, .causal = true}, DType::BF16);
+  check_case({.s = 129, .b = 1, .nq = 4, .ng = 4, .d = 64, .causal = true}, DType::BF16);
+  check_case({.s = 200, .b = 2, .nq = 6, .ng = 2, .d = 128, .causal = true}, DType::BF16);
+  check_case({.s = 63, .b = 3, .nq = 8, .ng = 2, .d = 128, .causal = false}, DType::BF16);
+  check_case({.s = 257, .b = 1, .nq = 3, .ng = 1, .d = 64, .causal = false}, DType::BF16);
+}
+
+// b * nq beyond the 65535 limit of a grid's y dimension (the heads are the x dimension on the bf16 path).
+TEST(CudaFlashAttention, Bf16ManyHeads) {
+  MCPP_REQUIRE_CUDA();
+  check_case({.s = 5, .b = 2, .nq = 33000, .ng = 11000, .d = 64, .causal = true}, DType::BF16);
+}
+
+// Every block owns its outputs (no atomics): two backward runs are bit-identical.
+TEST(CudaFlashAttention, Bf16BackwardIsDeterministic) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t s = 300, b = 2, nq = 4, ng = 2, d = 64;
+  const ops::AttentionOptions opt{.softmax_scale = 0.125f, .causal = true};
+  Tensor q = dev(rnd({s, b, nq, d}, 11, DType::BF16), DType::BF16), k = dev(rnd({s, b, ng, d}, 12, DType::BF16), DType::BF16);
+  Tensor v = dev(rnd({s, b, ng, d}, 13, DType::BF16), DType::BF16), dout = dev(rnd({s, b, nq, d}, 14, DType::BF16), DType::BF16);
+  Tensor o = poisoned({s, b, nq, d}, DType::BF16), lse = poisoned({b, nq, s}, DType::F32);
+  ops::flash_attention_fwd(o, lse, q, k, v, opt);
+  Tensor first[3], second[3];
+  for (Tensor* out : {first, second}) {
+    for (int i = 0; i < 3; ++i) out[i] = poisoned(i == 0 ? q.shape() : k.shape(), DType::BF16);
+    ops::flash_attention_bwd(out[0], out[1], out[2], dout, q, k, v, o, lse, opt);
+  }
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = first[i].to(Device::CPU), y = second[i].to(Device::CPU);
+    EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << "grad " << i;
+  }
 }
 
 TEST(CudaFlashAttention, RejectsUnsupportedHeadDim) {

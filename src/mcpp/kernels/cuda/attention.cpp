@@ -4,8 +4,15 @@
 //     h / (nq / ng). d must be 64 or 128.
 //   flash_attention_bwd: dq[s, b, nq, d], dk/dv[s, b, ng, d] (OVERWRITTEN; dk/dv sum over a group's heads),
 //     from dout and the saved o, lse; a float32 [b, nq, s] scratch holds delta = rowsum(dout * o).
-// q/k/v/o and grads: float32 or bf16 (each tensor may differ; rounded on store); math float32.
+// Dispatch: when every tensor of the call (q, k, v, o; bwd also dout, dq, dk, dv) is bf16, contiguous and
+// 16-byte aligned, the tensor-core kernels run (attention_mma_{fwd,bwd}_kernels.cu: mma.sync bf16, fp32
+// accumulate, P and dS rounded to bf16 before their products as in FlashAttention-2; deterministic).
+// Otherwise the fp32 CUDA-core kernels (attention_kernels.cu): q/k/v/o and grads float32 or bf16, each
+// tensor may differ (rounded on store), math float32; their grid limits b * nq <= 65535.
 // Never materializes [s, s]. Asynchronous on stream_of(stream) (the delta scratch is freed stream-ordered).
+#include <cstdint>
+#include <initializer_list>
+
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/ops.h"
 
@@ -26,11 +33,25 @@ AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tens
   MCPP_CHECK(a.ng > 0 && a.nq % a.ng == 0, "{}: query heads nq={} must be a multiple of kv groups ng={}", op, a.nq,
              a.ng);
   MCPP_CHECK(a.d == 64 || a.d == 128, "{}: head dim d must be 64 or 128 on CUDA; got q {}", op, q.str());
-  MCPP_CHECK(a.b * a.nq <= 65535 && a.b * a.ng <= 65535, "{}: b * nq = {} exceeds the launch grid", op, a.b * a.nq);
+  MCPP_CHECK((a.s + 127) / 128 <= 65535, "{}: sequence length s={} exceeds the launch grid", op, a.s);
   require_float(op, "lse", lse, /*bf16_ok=*/false);
   MCPP_CHECK(lse.shape() == Shape({a.b, a.nq, a.s}), "{}: lse must be float32 [b={}, nq={}, s={}]; got {}", op, a.b,
              a.nq, a.s, lse.str());
   return a;
+}
+
+// The tensor-core path takes the call when every tensor is bf16 and 16-byte aligned (tensors are contiguous).
+bool mma_path(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->dtype() != DType::BF16 || reinterpret_cast<uintptr_t>(t->raw()) % 16 != 0)
+      return false;
+  return true;
+}
+
+void check_fallback_grid(const char* op, const AttnShape& a) {
+  MCPP_CHECK(a.b * a.nq <= 65535 && a.b * a.ng <= 65535,
+             "{}: b * nq = {} exceeds the fp32 kernel's launch grid (bf16 tensors take the tensor-core kernels)", op,
+             a.b * a.nq);
 }
 }  // namespace
 
@@ -39,6 +60,11 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
   const char* op = "flash_attention_fwd";
   const AttnShape a = check_qkv(op, q, k, v, lse, opt);
   require_same_shape(op, "o", o, "q", q);
+  if (mma_path({&o, &q, &k, &v})) {
+    launch_attention_fwd_mma(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream));
+    return;
+  }
+  check_fallback_grid(op, a);
   launch_attention_fwd(fout_of(op, "o", o), lse.data<float>(), fin_of(op, "q", q), fin_of(op, "k", k),
                        fin_of(op, "v", v), a, stream_of(stream));
 }
@@ -56,9 +82,15 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   cudaStream_t s = stream_of(stream);
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
   Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
-  launch_attention_bwd(fout_of(op, "dq", dq), fout_of(op, "dk", dk), fout_of(op, "dv", dv), fin_of(op, "dout", dout),
-                       fin_of(op, "q", q), fin_of(op, "k", k), fin_of(op, "v", v), fin_of(op, "o", o),
-                       lse.data<float>(), delta.data<float>(), a, s);
+  if (mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o})) {
+    launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
+                             lse.data<float>(), delta.data<float>(), a, s);
+  } else {
+    check_fallback_grid(op, a);
+    launch_attention_bwd(fout_of(op, "dq", dq), fout_of(op, "dk", dk), fout_of(op, "dv", dv), fin_of(op, "dout", dout),
+                         fin_of(op, "q", q), fin_of(op, "k", k), fin_of(op, "v", v), fin_of(op, "o", o),
+                         lse.data<float>(), delta.data<float>(), a, s);
+  }
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(s));  // before delta is freed on compute_stream
 }
 

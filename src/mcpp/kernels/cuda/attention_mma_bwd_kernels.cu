@@ -1,0 +1,272 @@
+// bf16 tensor-core flash attention backward (FlashAttention-2 recomputation, Dao 2023) for attention.cpp:
+// q/o/dout/dq [s, b, nq, D], k/v/dk/dv [s, b, ng, D] all bf16 (contiguous, 16-byte aligned), lse float32
+// [b, nq, s] from the forward, delta float32 scratch [b, nq, s]; D in {64, 128}; causal or full; GQA.
+//
+// Three launches, each block owning its outputs (no atomics: deterministic, bit-identical run to run):
+//   1. delta = rowsum(dout * o) in fp32 (16-byte loads, one row per D/8 lanes).
+//   2. dK/dV: grid x = b * ng, y = 128-key tiles (the causal-heaviest first). 8 warps x 16 keys; K and V
+//      stay in shared memory, the block loops over the group's heads x query tiles (Q, dO, lse, delta
+//      double-buffered by cp.async): S^T = K Q^T and dP^T = V dO^T by mma.m16n8k16, P^T = exp2(S^T scale
+//      log2e - lse log2e) (masked: query >= s, key > query), dS^T = P^T (dP^T - delta); dV += P^T dO and
+//      dK += dS^T Q with P^T, dS^T rounded to bf16 (as FA2); dK carries the scale. Summing over the group's
+//      heads inside the block makes GQA free of reductions.
+//   3. dQ: grid x = b * nq, y = 128-query tiles, like the forward: S = Q K^T, dP = dO V^T, dS as above,
+//      dQ += dS K, times scale.
+// This recomputes S and dP once more than FA2's single pass with fp32 atomics into a dQ accumulator
+// (7 matmuls of the forward's size instead of 5) in exchange for determinism and no fp32 dQ scratch.
+// Warps whose tile is entirely masked by causality skip it; the mask is evaluated only on boundary tiles.
+#include "mcpp/kernels/cuda/attention_mma.cuh"
+#include "mcpp/kernels/cuda/launch.h"
+
+namespace mcpp::cuda_detail {
+namespace {
+using namespace mma;
+
+constexpr int kWarps = 8, kThreads = kWarps * 32, kRows = kWarps * 16;  // 128 rows (keys or queries) a block
+
+template <int D>
+struct BwdTiles {
+  static constexpr int kQ = D == 128 ? 32 : 64;   // query tile of the dK/dV pass
+  static constexpr int kK = D == 128 ? 32 : 64;   // key tile of the dQ pass
+  static constexpr size_t dkdv_smem = sizeof(bf16) * (D + 8) * (2 * kRows + 4 * kQ) + sizeof(float) * 4 * kQ;
+  static constexpr size_t dq_smem = sizeof(bf16) * (D + 8) * (2 * kRows + 4 * kK);
+};
+
+// delta[b, nq, s] = sum_t dout * o over rows of [s, b, nq, D]; D / 8 lanes per row.
+template <int D>
+__global__ void attn_delta_bf16_kernel(float* delta, const bf16* dout, const bf16* o, AttnShape a) {
+  constexpr int L = D / 8;
+  const int64_t rows = a.s * a.b * a.nq;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / L;
+  const int part = threadIdx.x % L;
+  float sum = 0.0f;
+  if (row < rows) {
+    const uint4 x = *reinterpret_cast<const uint4*>(dout + row * D + part * 8);
+    const uint4 y = *reinterpret_cast<const uint4*>(o + row * D + part * 8);
+    const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
+    const __nv_bfloat162* yp = reinterpret_cast<const __nv_bfloat162*>(&y);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 xf = __bfloat1622float2(xp[i]), yf = __bfloat1622float2(yp[i]);
+      sum += xf.x * yf.x + xf.y * yf.y;
+    }
+  }
+#pragma unroll
+  for (int off = L / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (row < rows && part == 0) {
+    const int64_t i = row / (a.b * a.nq), bb = (row / a.nq) % a.b, h = row % a.nq;
+    delta[(bb * a.nq + h) * a.s + i] = sum;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attn_dkdv_mma_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                                                                 const bf16* k, const bf16* v, const float* lse,
+                                                                 const float* delta, AttnShape a) {
+  constexpr int S = D + 8, kQ = BwdTiles<D>::kQ;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // [kRows][S]
+  bf16* sV = sK + kRows * S;                      // [kRows][S]
+  bf16* sQ = sV + kRows * S;                      // [2][kQ][S]
+  bf16* sdO = sQ + 2 * kQ * S;                    // [2][kQ][S]
+  float* sL = reinterpret_cast<float*>(sdO + 2 * kQ * S);  // [2][kQ] lse * log2e (+inf past s)
+  float* sD = sL + 2 * kQ;                                  // [2][kQ] delta (0 past s)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t grp = blockIdx.x, bb = grp / a.ng, g = grp % a.ng, group = a.nq / a.ng;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kRows;
+  const int64_t q_stride = a.b * a.nq * D, kv_stride = a.b * a.ng * D;
+  const int kvalid = static_cast<int>(std::min<int64_t>(kRows, a.s - k0));
+  load_tile<D, kRows, kThreads>(sK, k + k0 * kv_stride + (bb * a.ng + g) * D, kv_stride, kvalid);
+  load_tile<D, kRows, kThreads>(sV, v + k0 * kv_stride + (bb * a.ng + g) * D, kv_stride, kvalid);
+
+  const int64_t q_begin = a.causal ? k0 : 0;  // kQ divides kRows
+  const int n_q = static_cast<int>((a.s - q_begin + kQ - 1) / kQ);
+  const int total = static_cast<int>(group) * n_q;
+  // issue tile `it` (head g * group + it / n_q, queries q_begin + (it % n_q) * kQ) into buffer `buf`
+  auto issue = [&](int it, int buf) {
+    const int64_t h = g * group + it / n_q, q0 = q_begin + static_cast<int64_t>(it % n_q) * kQ;
+    const int valid = static_cast<int>(std::min<int64_t>(kQ, a.s - q0));
+    const int64_t off = q0 * q_stride + (bb * a.nq + h) * D;
+    load_tile<D, kQ, kThreads>(sQ + buf * kQ * S, q + off, q_stride, valid);
+    load_tile<D, kQ, kThreads>(sdO + buf * kQ * S, dout + off, q_stride, valid);
+    if (threadIdx.x < kQ) {
+      const int64_t qi = q0 + threadIdx.x, li = (bb * a.nq + h) * a.s + qi;
+      sL[buf * kQ + threadIdx.x] = qi < a.s ? lse[li] * kLog2e : INFINITY;
+      sD[buf * kQ + threadIdx.x] = qi < a.s ? delta[li] : 0.0f;
+    }
+    cp_async_commit();
+  };
+  issue(0, 0);
+
+  const float sl2 = a.scale * kLog2e;
+  const int64_t key_first = k0 + warp * 16;
+  const int64_t key_lo = key_first + (lane >> 2);  // this thread's keys: key_lo, key_lo + 8
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.0f;
+
+  for (int it = 0; it < total; ++it) {
+    cp_async_wait_all();
+    __syncthreads();  // tile `it` visible; every warp is done with buffer (it + 1) & 1
+    if (it + 1 < total) issue(it + 1, (it + 1) & 1);
+    const int buf = it & 1;
+    const int64_t q0 = q_begin + static_cast<int64_t>(it % n_q) * kQ;
+    if (key_first >= a.s || (a.causal && key_first > q0 + kQ - 1)) continue;  // warp-uniform skip
+    const bf16* cQ = sQ + buf * kQ * S;
+    const bf16* cdO = sdO + buf * kQ * S;
+    const float* cL = sL + buf * kQ;
+    const float* cD = sD + buf * kQ;
+
+    float st[kQ / 8][4], dpt[kQ / 8][4];
+#pragma unroll
+    for (int i = 0; i < kQ / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[i][e] = dpt[i][e] = 0.0f;
+    warp_gemm_nk<D, kQ, S>(st, sK, warp * 16, cQ);
+    warp_gemm_nk<D, kQ, S>(dpt, sV, warp * 16, cdO);
+
+    const bool need_mask = a.causal && key_first + 15 > q0;  // queries past s have lse = +inf: p = 0
+#pragma unroll
+    for (int nb = 0; nb < kQ / 8; ++nb) {
+      const int qc = nb * 8 + 2 * (lane & 3);
+      const float2 lq = *reinterpret_cast<const float2*>(cL + qc);
+      const float2 dq = *reinterpret_cast<const float2*>(cD + qc);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = fast_exp2(st[nb][e] * sl2 - ((e & 1) ? lq.y : lq.x));
+        if (need_mask && key_lo + (e >> 1) * 8 > q0 + qc + (e & 1)) p = 0.0f;
+        st[nb][e] = p;
+        dpt[nb][e] = p * (dpt[nb][e] - ((e & 1) ? dq.y : dq.x));
+      }
+    }
+    warp_gemm_reg_kn<kQ, D, S>(dv_acc, st, cdO);
+    warp_gemm_reg_kn<kQ, D, S>(dk_acc, dpt, cQ);
+  }
+
+  const int valid = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(16, a.s - key_first)));
+  const int64_t off = key_first * kv_stride + (bb * a.ng + g) * D;
+  store_rows<D>(dk + off, kv_stride, valid, sK, warp * 16, dk_acc, a.scale, a.scale);
+  store_rows<D>(dv + off, kv_stride, valid, sV, warp * 16, dv_acc, 1.0f, 1.0f);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attn_dq_mma_kernel(bf16* dq, const bf16* dout, const bf16* q,
+                                                               const bf16* k, const bf16* v, const float* lse,
+                                                               const float* delta, AttnShape a) {
+  constexpr int S = D + 8, kK = BwdTiles<D>::kK;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [kRows][S]
+  bf16* sdO = sQ + kRows * S;                     // [kRows][S]
+  bf16* sK = sdO + kRows * S;                     // [2][kK][S]
+  bf16* sV = sK + 2 * kK * S;                     // [2][kK][S]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t head = blockIdx.x, bb = head / a.nq, h = head % a.nq, g = h / (a.nq / a.ng);
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kRows;
+  const int64_t q_stride = a.b * a.nq * D, kv_stride = a.b * a.ng * D;
+  const int64_t qoff = q0 * q_stride + (bb * a.nq + h) * D;
+  const bf16* kp = k + (bb * a.ng + g) * D;
+  const bf16* vp = v + (bb * a.ng + g) * D;
+  const int64_t k_end = a.causal ? min(a.s, q0 + kRows) : a.s;
+  const int n_tiles = static_cast<int>((k_end + kK - 1) / kK);
+  const int qvalid = static_cast<int>(std::min<int64_t>(kRows, a.s - q0));
+  load_tile<D, kRows, kThreads>(sQ, q + qoff, q_stride, qvalid);
+  load_tile<D, kRows, kThreads>(sdO, dout + qoff, q_stride, qvalid);
+  load_tile<D, kK, kThreads>(sK, kp, kv_stride, static_cast<int>(std::min<int64_t>(kK, a.s)));
+  load_tile<D, kK, kThreads>(sV, vp, kv_stride, static_cast<int>(std::min<int64_t>(kK, a.s)));
+  cp_async_commit();
+
+  const float sl2 = a.scale * kLog2e;
+  const int r_lo = warp * 16 + (lane >> 2);
+  const int64_t row_first = q0 + warp * 16;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = q0 + r_lo + 8 * r, li = (bb * a.nq + h) * a.s + row;
+    lse2[r] = row < a.s ? lse[li] * kLog2e : INFINITY;
+    dl[r] = row < a.s ? delta[li] : 0.0f;
+  }
+  float acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_async_wait_all();
+    __syncthreads();
+    if (t + 1 < n_tiles) {
+      const int64_t kn = static_cast<int64_t>(t + 1) * kK;
+      const int valid = static_cast<int>(std::min<int64_t>(kK, a.s - kn));
+      load_tile<D, kK, kThreads>(sK + ((t + 1) & 1) * kK * S, kp + kn * kv_stride, kv_stride, valid);
+      load_tile<D, kK, kThreads>(sV + ((t + 1) & 1) * kK * S, vp + kn * kv_stride, kv_stride, valid);
+      cp_async_commit();
+    }
+    const int64_t k0 = static_cast<int64_t>(t) * kK;
+    if (a.causal && k0 > row_first + 15) continue;
+    const bf16* cK = sK + (t & 1) * kK * S;
+    const bf16* cV = sV + (t & 1) * kK * S;
+
+    float sc[kK / 8][4], dp[kK / 8][4];
+#pragma unroll
+    for (int i = 0; i < kK / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[i][e] = dp[i][e] = 0.0f;
+    warp_gemm_nk<D, kK, S>(sc, sQ, warp * 16, cK);
+    warp_gemm_nk<D, kK, S>(dp, sdO, warp * 16, cV);
+
+    const bool need_mask = k0 + kK > a.s || (a.causal && k0 + kK - 1 > row_first);
+#pragma unroll
+    for (int nb = 0; nb < kK / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = fast_exp2(sc[nb][e] * sl2 - lse2[e >> 1]);
+        if (need_mask) {
+          const int64_t key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
+          const int64_t row = q0 + r_lo + (e >> 1) * 8;
+          if (key >= a.s || (a.causal && key > row)) p = 0.0f;
+        }
+        dp[nb][e] = p * (dp[nb][e] - dl[e >> 1]);
+      }
+    warp_gemm_reg_kn<kK, D, S>(acc, dp, cK);
+  }
+
+  const int valid = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(16, a.s - row_first)));
+  store_rows<D>(dq + row_first * q_stride + (bb * a.nq + h) * D, q_stride, valid, sQ, warp * 16, acc, a.scale,
+                a.scale);
+}
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  MCPP_CUDA_CHECK_RT(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <int D>
+void bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const bf16* o,
+         const float* lse, float* delta, const AttnShape& a, cudaStream_t s) {
+  const int64_t lanes = a.s * a.b * a.nq * (D / 8);
+  attn_delta_bf16_kernel<D><<<static_cast<unsigned>((lanes + 255) / 256), 256, 0, s>>>(delta, dout, o, a);
+  MCPP_CUDA_LAUNCH_CHECK();
+  using T = BwdTiles<D>;
+  const unsigned tiles = static_cast<unsigned>((a.s + kRows - 1) / kRows);
+  allow_smem(attn_dkdv_mma_kernel<D>, T::dkdv_smem);
+  attn_dkdv_mma_kernel<D><<<dim3(static_cast<unsigned>(a.b * a.ng), tiles), kThreads, T::dkdv_smem, s>>>(
+      dk, dv, dout, q, k, v, lse, delta, a);
+  MCPP_CUDA_LAUNCH_CHECK();
+  allow_smem(attn_dq_mma_kernel<D>, T::dq_smem);
+  attn_dq_mma_kernel<D><<<dim3(static_cast<unsigned>(a.b * a.nq), tiles), kThreads, T::dq_smem, s>>>(
+      dq, dout, q, k, v, lse, delta, a);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+}  // namespace
+
+void launch_attention_bwd_mma(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                              const void* v, const void* o, const float* lse, float* delta, const AttnShape& a,
+                              cudaStream_t s) {
+  if (a.s <= 0 || a.b * a.nq <= 0) return;
+  auto c = [](const void* p) { return static_cast<const bf16*>(p); };
+  auto m = [](void* p) { return static_cast<bf16*>(p); };
+  if (a.d == 64) bwd<64>(m(dq), m(dk), m(dv), c(dout), c(q), c(k), c(v), c(o), lse, delta, a, s);
+  else bwd<128>(m(dq), m(dk), m(dv), c(dout), c(q), c(k), c(v), c(o), lse, delta, a, s);
+}
+
+}  // namespace mcpp::cuda_detail

@@ -1,0 +1,157 @@
+// bf16 tensor-core flash attention forward (FlashAttention-2, Dao 2023) for attention.cpp: q[s, b, nq, D],
+// k/v[s, b, ng, D], o[s, b, nq, D] all bf16 (contiguous, 16-byte aligned), lse float32 [b, nq, s];
+// D in {64, 128}; causal or full; GQA (query head h reads kv group h / (nq / ng)); any s >= 1.
+//
+// Grid: x = b * nq heads, y = query tiles of kBM = 128 rows, heaviest causal tile first (y reversed, and x
+// fastest so all heads of one tile start together). 8 warps, each owns 16 query rows. Per 64-key tile
+// (K and V double-buffered through cp.async): S = Q K^T by mma.m16n8k16 (Q re-read from shared memory by
+// ldmatrix, fp32 accumulate), scale folded into log2 units, masks (key >= s; key > query when causal),
+// online softmax (running max m and sum l per row, in registers; quad shuffles), then O += P V with P
+// rounded to bf16 (as FA2). A warp whose 16 rows all precede a causal tile skips it. Epilogue: O / l to
+// bf16 staged through the warp's own Q rows for 16-byte stores; lse = (m + log2 l) ln 2.
+#include "mcpp/kernels/cuda/attention_mma.cuh"
+#include "mcpp/kernels/cuda/launch.h"
+
+namespace mcpp::cuda_detail {
+namespace {
+using namespace mma;
+
+constexpr int kWarps = 8, kThreads = kWarps * 32, kBM = kWarps * 16, kBN = 64;
+
+template <int D>
+constexpr size_t fwd_smem() {
+  return sizeof(bf16) * (D + 8) * (kBM + 4 * kBN);  // Q, K[2], V[2]
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attn_fwd_mma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
+                                                                const bf16* v, AttnShape a) {
+  constexpr int S = D + 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [kBM][S]
+  bf16* sK = sQ + kBM * S;                        // [2][kBN][S]
+  bf16* sV = sK + 2 * kBN * S;                    // [2][kBN][S]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t head = blockIdx.x, bb = head / a.nq, h = head % a.nq, g = h / (a.nq / a.ng);
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kBM;
+  const int64_t q_stride = a.b * a.nq * D, kv_stride = a.b * a.ng * D;
+  const bf16* qp = q + q0 * q_stride + (bb * a.nq + h) * D;
+  const bf16* kp = k + (bb * a.ng + g) * D;
+  const bf16* vp = v + (bb * a.ng + g) * D;
+  const int64_t k_end = a.causal ? min(a.s, q0 + kBM) : a.s;
+  const int n_tiles = static_cast<int>((k_end + kBN - 1) / kBN);
+
+  load_tile<D, kBM, kThreads>(sQ, qp, q_stride, static_cast<int>(std::min<int64_t>(kBM, a.s - q0)));
+  load_tile<D, kBN, kThreads>(sK, kp, kv_stride, static_cast<int>(std::min<int64_t>(kBN, a.s)));
+  load_tile<D, kBN, kThreads>(sV, vp, kv_stride, static_cast<int>(std::min<int64_t>(kBN, a.s)));
+  cp_async_commit();
+
+  const float sl2 = a.scale * kLog2e;
+  const int r_lo = warp * 16 + (lane >> 2);  // this thread's rows in the tile: r_lo, r_lo + 8
+  const int64_t row_first = q0 + warp * 16;   // the warp's first query
+  float acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_async_wait_all();
+    __syncthreads();  // tile t visible to all; every warp is done with buffer (t + 1) & 1
+    if (t + 1 < n_tiles) {
+      const int64_t kn = static_cast<int64_t>(t + 1) * kBN;
+      const int valid = static_cast<int>(std::min<int64_t>(kBN, a.s - kn));
+      load_tile<D, kBN, kThreads>(sK + ((t + 1) & 1) * kBN * S, kp + kn * kv_stride, kv_stride, valid);
+      load_tile<D, kBN, kThreads>(sV + ((t + 1) & 1) * kBN * S, vp + kn * kv_stride, kv_stride, valid);
+      cp_async_commit();
+    }
+    const int64_t k0 = static_cast<int64_t>(t) * kBN;
+    if (a.causal && k0 > row_first + 15) continue;  // warp-uniform: every key of the tile is masked
+    const bf16* cK = sK + (t & 1) * kBN * S;
+    const bf16* cV = sV + (t & 1) * kBN * S;
+
+    float sc[kBN / 8][4];
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+    warp_gemm_nk<D, kBN, S>(sc, sQ, warp * 16, cK);
+
+    const bool need_mask = k0 + kBN > a.s || (a.causal && k0 + kBN - 1 > row_first);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nb = 0; nb < kBN / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[nb][e] * sl2;
+        if (need_mask) {
+          const int64_t key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
+          const int64_t row = q0 + r_lo + (e >> 1) * 8;
+          if (key >= a.s || (a.causal && key > row)) x = -INFINITY;
+        }
+        sc[nb][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    float base[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // a row with no key yet: p = 0, no NaN
+      corr[r] = fast_exp2(m[r] - base[r]);
+      m[r] = mx[r];
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int nb = 0; nb < kBN / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = fast_exp2(sc[nb][e] - base[e >> 1]);
+        sc[nb][e] = p;
+        l[e >> 1] += p;
+      }
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      acc[i][0] *= corr[0];
+      acc[i][1] *= corr[0];
+      acc[i][2] *= corr[1];
+      acc[i][3] *= corr[1];
+    }
+    warp_gemm_reg_kn<kBN, D, S>(acc, sc, cV);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const float inv_lo = l[0] > 0.0f ? 1.0f / l[0] : 0.0f, inv_hi = l[1] > 0.0f ? 1.0f / l[1] : 0.0f;
+  const int valid = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(16, a.s - row_first)));
+  store_rows<D>(o + row_first * q_stride + (bb * a.nq + h) * D, q_stride, valid, sQ, warp * 16, acc, inv_lo,
+                inv_hi);
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = q0 + r_lo + 8 * r;
+      if (row < a.s) lse[(bb * a.nq + h) * a.s + row] = (m[r] + log2f(l[r])) * kLn2;
+    }
+  }
+}
+
+}  // namespace
+
+void launch_attention_fwd_mma(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,
+                              cudaStream_t s) {
+  if (a.s <= 0 || a.b * a.nq <= 0) return;
+  const dim3 grid(static_cast<unsigned>(a.b * a.nq), static_cast<unsigned>((a.s + kBM - 1) / kBM));
+  auto run = [&](auto kernel, size_t smem) {
+    MCPP_CUDA_CHECK_RT(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<grid, kThreads, smem, s>>>(static_cast<bf16*>(o), lse, static_cast<const bf16*>(q),
+                                        static_cast<const bf16*>(k), static_cast<const bf16*>(v), a);
+  };
+  if (a.d == 64) run(attn_fwd_mma_kernel<64>, fwd_smem<64>());
+  else run(attn_fwd_mma_kernel<128>, fwd_smem<128>());
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mcpp::cuda_detail
