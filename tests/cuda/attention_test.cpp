@@ -62,11 +62,12 @@ TEST(CudaFlashAttention, ScalesTo8K) {  // O(s) memory: an [s, s] fp32 buffer wo
   check_case({.s = 8192, .b = 1, .nq = 2, .ng = 1, .d = 128, .causal = true}, DType::BF16);
 }
 
-// The tensor-core kernels tile 128 queries / 64 (fwd) or 32-64 (bwd) keys: s around and between tile sizes,
-// a single row, and causal tiles where whole warps are masked.
+// The tensor-core kernels tile 128 queries / 32-64 keys: s around and between tile sizes, and causal tiles
+// where whole warps are masked. (Not s = 1: one key gives p = 1 and dq = dk = 0 exactly, and a relative
+// error against a reference of pure rounding noise measures nothing.)
 TEST(CudaFlashAttention, Bf16SequenceNotATileMultiple) {
   MCPP_REQUIRE_CUDA();
-  check_case({.s = 1, .b = 2, .nq = 2, .ng = 1, .d = 64, .causal = true}, DType::BF16);
+  check_case({.s = 2, .b = 2, .nq = 2, .ng = 1, .d = 64, .causal = true}, DType::BF16);
   check_case({.s = 129, .b = 1, .nq = 4, .ng = 4, .d = 64, .causal = true}, DType::BF16);
   check_case({.s = 200, .b = 2, .nq = 6, .ng = 2, .d = 128, .causal = true}, DType::BF16);
   check_case({.s = 63, .b = 3, .nq = 8, .ng = 2, .d = 128, .causal = false}, DType::BF16);
