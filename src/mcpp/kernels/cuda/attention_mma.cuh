@@ -16,6 +16,7 @@
 //                          b[0], b[1] -> cols n0..n0+8, b[2], b[3] -> cols n0+8..n0+16, k = k0..k0+16
 //   load_b_kn(sm, k0, n0): the same from storage [k][n] (ldmatrix.trans)
 //   a_from_c(c0, c1):     the A fragment (k = 16 columns) made of two C tiles (cols 0..8 and 8..16), as bf16
+//   warp_gemm_*:          a warp's product over MT stacked 16-row tiles (MT B-fragment reuse)
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -103,59 +104,82 @@ __device__ __forceinline__ void a_from_c(uint32_t (&a)[4], const float (&c0)[4],
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
-// acc[16 rows of the warp][N] += A[16 x K] (rows r0.. of sA, [row][k]) * B, B[k][n] = sB[n][k] (K = KD).
-template <int KD, int N, int STRIDE>
-__device__ __forceinline__ void warp_gemm_nk(float (&acc)[N / 8][4], const bf16* sA, int r0, const bf16* sB) {
+// A warp owns MT row tiles of 16 rows (rows r0 + 16 mt ..): each B fragment it loads feeds MT products.
+// acc[mt][16 rows][N] += A[16 x KD] (rows r0 + 16 mt.. of sA, [row][k]) * B, B[k][n] = sB[n][k].
+template <int KD, int N, int STRIDE, int MT>
+__device__ __forceinline__ void warp_gemm_nk(float (&acc)[MT][N / 8][4], const bf16* sA, int r0, const bf16* sB) {
 #pragma unroll
   for (int kk = 0; kk < KD / 16; ++kk) {
-    uint32_t a[4];
-    load_a<STRIDE>(a, sA, r0, kk * 16);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_a<STRIDE>(a[mt], sA, r0 + 16 * mt, kk * 16);
 #pragma unroll
     for (int nb = 0; nb < N / 16; ++nb) {
       uint32_t b[4];
       load_b_nk<STRIDE>(b, sB, nb * 16, kk * 16);
-      mma16816(acc[2 * nb], a, b[0], b[1]);
-      mma16816(acc[2 * nb + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma16816(acc[mt][2 * nb], a[mt], b[0], b[1]);
+        mma16816(acc[mt][2 * nb + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 }
 
-// acc[16][N] += P[16 x K] (registers, C layout: p[K/8][4], rounded to bf16) * sB[k][n] (K rows of sB).
-template <int K, int N, int STRIDE>
-__device__ __forceinline__ void warp_gemm_reg_kn(float (&acc)[N / 8][4], const float (&p)[K / 8][4], const bf16* sB) {
+// acc[mt][16][N] += P_mt[16 x K] (registers, C layout: p[mt][K/8][4], rounded to bf16) * sB[k][n].
+template <int K, int N, int STRIDE, int MT>
+__device__ __forceinline__ void warp_gemm_reg_kn(float (&acc)[MT][N / 8][4], const float (&p)[MT][K / 8][4],
+                                                 const bf16* sB) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
-    uint32_t a[4];
-    a_from_c(a, p[2 * kk], p[2 * kk + 1]);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) a_from_c(a[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
 #pragma unroll
     for (int nb = 0; nb < N / 16; ++nb) {
       uint32_t b[4];
       load_b_kn<STRIDE>(b, sB, kk * 16, nb * 16);
-      mma16816(acc[2 * nb], a, b[0], b[1]);
-      mma16816(acc[2 * nb + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma16816(acc[mt][2 * nb], a[mt], b[0], b[1]);
+        mma16816(acc[mt][2 * nb + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 }
 
-// Stores a warp's 16 x D fp32 tile (C layout, times `mul`) as bf16 rows [r0, r0+16) of the padded smem
-// tile sm, then copies those rows to global rows grow0 + r (r < valid) with 16-byte stores. The caller
-// owns those smem rows (no other warp reads them); __syncwarp orders the lanes.
-template <int D>
+template <int MT, int N>
+__device__ __forceinline__ void zero(float (&acc)[MT][N][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.0f;
+}
+
+// Stores a warp's 16 MT x D fp32 tile (C layout; row tile mt's rows g / g + 8 times mul[mt][0] / [1]) as
+// bf16 rows [r0, r0 + 16 MT) of the padded smem tile sm, then copies those rows to global rows r
+// (r < valid) at g + r * row_stride with 16-byte stores. The caller owns those smem rows (no other warp
+// reads them); __syncwarp orders the lanes.
+template <int D, int MT>
 __device__ __forceinline__ void store_rows(bf16* g, int64_t row_stride, int valid, bf16* sm, int r0,
-                                           const float (&acc)[D / 8][4], float mul_lo, float mul_hi) {
+                                           const float (&acc)[MT][D / 8][4], const float (&mul)[MT][2]) {
   constexpr int S = D + 8;
   const int lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
   __syncwarp();
 #pragma unroll
-  for (int db = 0; db < D / 8; ++db) {
-    const int col = db * 8 + 2 * t;
-    *reinterpret_cast<uint32_t*>(sm + (r0 + gr) * S + col) = pack_bf16(acc[db][0] * mul_lo, acc[db][1] * mul_lo);
-    *reinterpret_cast<uint32_t*>(sm + (r0 + gr + 8) * S + col) = pack_bf16(acc[db][2] * mul_hi, acc[db][3] * mul_hi);
-  }
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db) {
+      const int col = db * 8 + 2 * t, row = r0 + 16 * mt + gr;
+      *reinterpret_cast<uint32_t*>(sm + row * S + col) =
+          pack_bf16(acc[mt][db][0] * mul[mt][0], acc[mt][db][1] * mul[mt][0]);
+      *reinterpret_cast<uint32_t*>(sm + (row + 8) * S + col) =
+          pack_bf16(acc[mt][db][2] * mul[mt][1], acc[mt][db][3] * mul[mt][1]);
+    }
   __syncwarp();
   constexpr int kChunks = D / 8;
 #pragma unroll
-  for (int c = lane; c < 16 * kChunks; c += 32) {
+  for (int c = lane; c < 16 * MT * kChunks; c += 32) {
     const int r = c / kChunks, col = (c % kChunks) * 8;
     if (r < valid)
       *reinterpret_cast<uint4*>(g + r * row_stride + col) = *reinterpret_cast<const uint4*>(sm + (r0 + r) * S + col);

@@ -10,8 +10,8 @@
 //      log2e - lse log2e) (masked: query >= s, key > query), dS^T = P^T (dP^T - delta); dV += P^T dO and
 //      dK += dS^T Q with P^T, dS^T rounded to bf16 (as FA2); dK carries the scale. Summing over the group's
 //      heads inside the block makes GQA free of reductions.
-//   3. dQ: grid x = b * nq, y = 128-query tiles, like the forward: S = Q K^T, dP = dO V^T, dS as above,
-//      dQ += dS K, times scale.
+//   3. dQ: grid x = b * nq, y = 128-query tiles, like the forward (4 warps x 32 queries): S = Q K^T,
+//      dP = dO V^T, dS as above, dQ += dS K, times scale.
 // This recomputes S and dP once more than FA2's single pass with fp32 atomics into a dQ accumulator
 // (7 matmuls of the forward's size instead of 5) in exchange for determinism and no fp32 dQ scratch.
 // Warps whose tile is entirely masked by causality skip it; the mask is evaluated only on boundary tiles.
@@ -22,12 +22,15 @@ namespace mcpp::cuda_detail {
 namespace {
 using namespace mma;
 
+// dK/dV: 8 warps x 16 keys; dQ: 4 warps x 2 row tiles of 16 queries (each K/V fragment feeds two products).
 constexpr int kWarps = 8, kThreads = kWarps * 32, kRows = kWarps * 16;  // 128 rows (keys or queries) a block
+constexpr int kQWarps = 4, kQThreads = kQWarps * 32, kQMT = 2, kQWarpRows = 16 * kQMT;
+static_assert(kQWarps * kQWarpRows == kRows, "both passes tile 128 rows");
 
 template <int D>
 struct BwdTiles {
   static constexpr int kQ = D == 128 ? 32 : 64;   // query tile of the dK/dV pass
-  static constexpr int kK = D == 128 ? 32 : 64;   // key tile of the dQ pass
+  static constexpr int kK = 32;                   // key tile of the dQ pass (64 spills at 2 x 16 rows a warp)
   static constexpr size_t dkdv_smem = sizeof(bf16) * (D + 8) * (2 * kRows + 4 * kQ) + sizeof(float) * 4 * kQ;
   static constexpr size_t dq_smem = sizeof(bf16) * (D + 8) * (2 * kRows + 4 * kK);
 };
@@ -101,11 +104,9 @@ __global__ void __launch_bounds__(kThreads) attn_dkdv_mma_kernel(bf16* dk, bf16*
   const float sl2 = a.scale * kLog2e;
   const int64_t key_first = k0 + warp * 16;
   const int64_t key_lo = key_first + (lane >> 2);  // this thread's keys: key_lo, key_lo + 8
-  float dk_acc[D / 8][4], dv_acc[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.0f;
+  float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];
+  zero(dk_acc);
+  zero(dv_acc);
 
   for (int it = 0; it < total; ++it) {
     cp_async_wait_all();
@@ -119,13 +120,11 @@ __global__ void __launch_bounds__(kThreads) attn_dkdv_mma_kernel(bf16* dk, bf16*
     const float* cL = sL + buf * kQ;
     const float* cD = sD + buf * kQ;
 
-    float st[kQ / 8][4], dpt[kQ / 8][4];
-#pragma unroll
-    for (int i = 0; i < kQ / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[i][e] = dpt[i][e] = 0.0f;
-    warp_gemm_nk<D, kQ, S>(st, sK, warp * 16, cQ);
-    warp_gemm_nk<D, kQ, S>(dpt, sV, warp * 16, cdO);
+    float st[1][kQ / 8][4], dpt[1][kQ / 8][4];
+    zero(st);
+    zero(dpt);
+    warp_gemm_nk<D, kQ, S, 1>(st, sK, warp * 16, cQ);
+    warp_gemm_nk<D, kQ, S, 1>(dpt, sV, warp * 16, cdO);
 
     const bool need_mask = a.causal && key_first + 15 > q0;  // queries past s have lse = +inf: p = 0
 #pragma unroll
@@ -135,24 +134,25 @@ __global__ void __launch_bounds__(kThreads) attn_dkdv_mma_kernel(bf16* dk, bf16*
       const float2 dq = *reinterpret_cast<const float2*>(cD + qc);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float p = fast_exp2(st[nb][e] * sl2 - ((e & 1) ? lq.y : lq.x));
+        float p = fast_exp2(st[0][nb][e] * sl2 - ((e & 1) ? lq.y : lq.x));
         if (need_mask && key_lo + (e >> 1) * 8 > q0 + qc + (e & 1)) p = 0.0f;
-        st[nb][e] = p;
-        dpt[nb][e] = p * (dpt[nb][e] - ((e & 1) ? dq.y : dq.x));
+        st[0][nb][e] = p;
+        dpt[0][nb][e] = p * (dpt[0][nb][e] - ((e & 1) ? dq.y : dq.x));
       }
     }
-    warp_gemm_reg_kn<kQ, D, S>(dv_acc, st, cdO);
-    warp_gemm_reg_kn<kQ, D, S>(dk_acc, dpt, cQ);
+    warp_gemm_reg_kn<kQ, D, S, 1>(dv_acc, st, cdO);
+    warp_gemm_reg_kn<kQ, D, S, 1>(dk_acc, dpt, cQ);
   }
 
   const int valid = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(16, a.s - key_first)));
   const int64_t off = key_first * kv_stride + (bb * a.ng + g) * D;
-  store_rows<D>(dk + off, kv_stride, valid, sK, warp * 16, dk_acc, a.scale, a.scale);
-  store_rows<D>(dv + off, kv_stride, valid, sV, warp * 16, dv_acc, 1.0f, 1.0f);
+  const float mul_k[1][2] = {{a.scale, a.scale}}, mul_v[1][2] = {{1.0f, 1.0f}};
+  store_rows<D, 1>(dk + off, kv_stride, valid, sK, warp * 16, dk_acc, mul_k);
+  store_rows<D, 1>(dv + off, kv_stride, valid, sV, warp * 16, dv_acc, mul_v);
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) attn_dq_mma_kernel(bf16* dq, const bf16* dout, const bf16* q,
+__global__ void __launch_bounds__(kQThreads) attn_dq_mma_kernel(bf16* dq, const bf16* dout, const bf16* q,
                                                                const bf16* k, const bf16* v, const float* lse,
                                                                const float* delta, AttnShape a) {
   constexpr int S = D + 8, kK = BwdTiles<D>::kK;
@@ -171,25 +171,26 @@ __global__ void __launch_bounds__(kThreads) attn_dq_mma_kernel(bf16* dq, const b
   const int64_t k_end = a.causal ? min(a.s, q0 + kRows) : a.s;
   const int n_tiles = static_cast<int>((k_end + kK - 1) / kK);
   const int qvalid = static_cast<int>(std::min<int64_t>(kRows, a.s - q0));
-  load_tile<D, kRows, kThreads>(sQ, q + qoff, q_stride, qvalid);
-  load_tile<D, kRows, kThreads>(sdO, dout + qoff, q_stride, qvalid);
-  load_tile<D, kK, kThreads>(sK, kp, kv_stride, static_cast<int>(std::min<int64_t>(kK, a.s)));
-  load_tile<D, kK, kThreads>(sV, vp, kv_stride, static_cast<int>(std::min<int64_t>(kK, a.s)));
+  load_tile<D, kRows, kQThreads>(sQ, q + qoff, q_stride, qvalid);
+  load_tile<D, kRows, kQThreads>(sdO, dout + qoff, q_stride, qvalid);
+  load_tile<D, kK, kQThreads>(sK, kp, kv_stride, static_cast<int>(std::min<int64_t>(kK, a.s)));
+  load_tile<D, kK, kQThreads>(sV, vp, kv_stride, static_cast<int>(std::min<int64_t>(kK, a.s)));
   cp_async_commit();
 
   const float sl2 = a.scale * kLog2e;
-  const int r_lo = warp * 16 + (lane >> 2);
-  const int64_t row_first = q0 + warp * 16;
-  float lse2[2], dl[2];
+  const int r0 = warp * kQWarpRows;
+  const int64_t row_first = q0 + r0, row_thr = row_first + (lane >> 2);  // rows row_thr + 16 mt + 8 hh
+  float lse2[kQMT][2], dl[kQMT][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = q0 + r_lo + 8 * r, li = (bb * a.nq + h) * a.s + row;
-    lse2[r] = row < a.s ? lse[li] * kLog2e : INFINITY;
-    dl[r] = row < a.s ? delta[li] : 0.0f;
-  }
-  float acc[D / 8][4];
+  for (int mt = 0; mt < kQMT; ++mt)
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t row = row_thr + 16 * mt + 8 * hh, li = (bb * a.nq + h) * a.s + row;
+      lse2[mt][hh] = row < a.s ? lse[li] * kLog2e : INFINITY;
+      dl[mt][hh] = row < a.s ? delta[li] : 0.0f;
+    }
+  float acc[kQMT][D / 8][4];
+  zero(acc);
 
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait_all();
@@ -197,42 +198,41 @@ __global__ void __launch_bounds__(kThreads) attn_dq_mma_kernel(bf16* dq, const b
     if (t + 1 < n_tiles) {
       const int64_t kn = static_cast<int64_t>(t + 1) * kK;
       const int valid = static_cast<int>(std::min<int64_t>(kK, a.s - kn));
-      load_tile<D, kK, kThreads>(sK + ((t + 1) & 1) * kK * S, kp + kn * kv_stride, kv_stride, valid);
-      load_tile<D, kK, kThreads>(sV + ((t + 1) & 1) * kK * S, vp + kn * kv_stride, kv_stride, valid);
+      load_tile<D, kK, kQThreads>(sK + ((t + 1) & 1) * kK * S, kp + kn * kv_stride, kv_stride, valid);
+      load_tile<D, kK, kQThreads>(sV + ((t + 1) & 1) * kK * S, vp + kn * kv_stride, kv_stride, valid);
       cp_async_commit();
     }
     const int64_t k0 = static_cast<int64_t>(t) * kK;
-    if (a.causal && k0 > row_first + 15) continue;
+    if (a.causal && k0 > row_first + kQWarpRows - 1) continue;
     const bf16* cK = sK + (t & 1) * kK * S;
     const bf16* cV = sV + (t & 1) * kK * S;
 
-    float sc[kK / 8][4], dp[kK / 8][4];
-#pragma unroll
-    for (int i = 0; i < kK / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[i][e] = dp[i][e] = 0.0f;
-    warp_gemm_nk<D, kK, S>(sc, sQ, warp * 16, cK);
-    warp_gemm_nk<D, kK, S>(dp, sdO, warp * 16, cV);
+    float sc[kQMT][kK / 8][4], dp[kQMT][kK / 8][4];
+    zero(sc);
+    zero(dp);
+    warp_gemm_nk<D, kK, S, kQMT>(sc, sQ, r0, cK);
+    warp_gemm_nk<D, kK, S, kQMT>(dp, sdO, r0, cV);
 
     const bool need_mask = k0 + kK > a.s || (a.causal && k0 + kK - 1 > row_first);
 #pragma unroll
-    for (int nb = 0; nb < kK / 8; ++nb)
+    for (int mt = 0; mt < kQMT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float p = fast_exp2(sc[nb][e] * sl2 - lse2[e >> 1]);
-        if (need_mask) {
-          const int64_t key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
-          const int64_t row = q0 + r_lo + (e >> 1) * 8;
-          if (key >= a.s || (a.causal && key > row)) p = 0.0f;
+      for (int nb = 0; nb < kK / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float p = fast_exp2(sc[mt][nb][e] * sl2 - lse2[mt][e >> 1]);
+          if (need_mask) {
+            const int64_t key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
+            if (key >= a.s || (a.causal && key > row_thr + 16 * mt + 8 * (e >> 1))) p = 0.0f;
+          }
+          dp[mt][nb][e] = p * (dp[mt][nb][e] - dl[mt][e >> 1]);
         }
-        dp[nb][e] = p * (dp[nb][e] - dl[e >> 1]);
-      }
-    warp_gemm_reg_kn<kK, D, S>(acc, dp, cK);
+    warp_gemm_reg_kn<kK, D, S, kQMT>(acc, dp, cK);
   }
 
-  const int valid = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(16, a.s - row_first)));
-  store_rows<D>(dq + row_first * q_stride + (bb * a.nq + h) * D, q_stride, valid, sQ, warp * 16, acc, a.scale,
-                a.scale);
+  const int valid = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kQWarpRows, a.s - row_first)));
+  const float mul[kQMT][2] = {{a.scale, a.scale}, {a.scale, a.scale}};
+  store_rows<D, kQMT>(dq + row_first * q_stride + (bb * a.nq + h) * D, q_stride, valid, sQ, r0, acc, mul);
 }
 
 template <typename Kernel>
@@ -253,7 +253,7 @@ void bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf
       dk, dv, dout, q, k, v, lse, delta, a);
   MCPP_CUDA_LAUNCH_CHECK();
   allow_smem(attn_dq_mma_kernel<D>, T::dq_smem);
-  attn_dq_mma_kernel<D><<<dim3(static_cast<unsigned>(a.b * a.nq), tiles), kThreads, T::dq_smem, s>>>(
+  attn_dq_mma_kernel<D><<<dim3(static_cast<unsigned>(a.b * a.nq), tiles), kQThreads, T::dq_smem, s>>>(
       dq, dout, q, k, v, lse, delta, a);
   MCPP_CUDA_LAUNCH_CHECK();
 }
