@@ -33,7 +33,7 @@ AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tens
   MCPP_CHECK(a.ng > 0 && a.nq % a.ng == 0, "{}: query heads nq={} must be a multiple of kv groups ng={}", op, a.nq,
              a.ng);
   MCPP_CHECK(a.d == 64 || a.d == 128, "{}: head dim d must be 64 or 128 on CUDA; got q {}", op, q.str());
-  MCPP_CHECK((a.s + 127) / 128 <= 65535, "{}: sequence length s={} exceeds the launch grid", op, a.s);
+  MCPP_CHECK((a.s + 63) / 64 <= 65535, "{}: sequence length s={} exceeds the launch grid", op, a.s);
   require_float(op, "lse", lse, /*bf16_ok=*/false);
   MCPP_CHECK(lse.shape() == Shape({a.b, a.nq, a.s}), "{}: lse must be float32 [b={}, nq={}, s={}]; got {}", op, a.b,
              a.nq, a.s, lse.str());

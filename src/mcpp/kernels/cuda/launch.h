@@ -116,7 +116,7 @@ void launch_attention_fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnSha
 void launch_attention_bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, FIn o, const float* lse,
                           float* delta, const AttnShape& a, cudaStream_t s);
 // ---- attention_mma_{fwd,bwd}_kernels.cu: the same ops on tensor cores, every tensor bf16 (void* = bf16*),
-// contiguous and 16-byte aligned; (s + 127) / 128 <= 65535. bwd: delta scratch as above; dk/dv overwritten.
+// contiguous and 16-byte aligned; (s + 63) / 64 <= 65535. bwd: delta scratch as above; dk/dv overwritten.
 void launch_attention_fwd_mma(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,
                               cudaStream_t s);
 void launch_attention_bwd_mma(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
