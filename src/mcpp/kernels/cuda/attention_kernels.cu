@@ -1,7 +1,8 @@
 // Device code for attention.cpp: FlashAttention-2-style forward and backward (Dao 2023) with GQA and the
 // causal mask, head dim D in {64, 128}; memory O(tile) per block — no [s, s] buffer anywhere.
 // Layouts: q/o/dq [s, b, nq, D], k/v/dk/dv [s, b, ng, D], lse/delta float32 [b, nq, s]; query head h reads
-// kv group h / (nq / ng). Math float32 (CUDA cores; a first, correct version: no tensor-core MMA yet).
+// kv group h / (nq / ng). Math float32 on CUDA cores: the path for float32 and mixed-dtype calls (all-bf16
+// calls take the tensor-core kernels, attention_mma_{fwd,bwd}_kernels.cu).
 //
 // Forward (grid: s/16 query tiles x b*nq): 4 warps x 4 query rows. Per 32-key tile in shared memory,
 // lane j scores key j against a row (Q broadcast, K rows padded to D+1 floats: conflict-free), the warp
