@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 CUDA_VISIBLE_DEVICES=${GPU:-0} MCPP_PROFILE_OPS=1 "$MCPP" train --num-layers "$L" --hidden-size "$d" \
   --num-attention-heads "$h" --seq-length "$T" --max-position-embeddings "$T" --micro-batch-size "$B" \
   --global-batch-size "$B" --tokenizer-type NullTokenizer --vocab-size 50304 --hidden-dropout 0 \
-  --attention-dropout 0 --bf16 --device cuda --train-iters 3 --log-interval 1 --eval-iters 0 \
+  --attention-dropout 0 --bf16 --device cuda --train-iters 4 --log-interval 1 --eval-iters 0 \
   --data-path /tmp/rnd --split 100,0,0 > "$OUT/profile_L${L}_d${d}.log" 2>&1
-echo "== op profile L$L d$d h$h T$T B$B (3 steps, incl. the first)"
+echo "== op profile L$L d$d h$h T$T B$B (steps 2-4; the first, warm-up step is not counted)"
 sed -n '/op profile/,$p' "$OUT/profile_L${L}_d${d}.log"

@@ -23,5 +23,22 @@ TEST(CudaQkv, SplitMergeMatchCpuExactly) {
     }
 }
 
+// Mixed dtypes take the converting (element-wise) path: bf16 qkv -> fp32 heads and back.
+TEST(CudaQkv, ConvertingPathMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t s = 5, b = 2, nq = 8, ng = 2, d = 64;
+  Tensor qkv = rnd({s, b, (nq + 2 * ng) * d}, 12, DType::BF16);  // bf16-representable fp32 values
+  Tensor q = Tensor::empty({s, b, nq, d}), k = Tensor::empty({s, b, ng, d}), v = Tensor::empty({s, b, ng, d});
+  ops::cpu::qkv_split(q, k, v, qkv, {});
+  Tensor gq = poisoned(q.shape(), DType::F32), gk = poisoned(k.shape(), DType::F32), gv = poisoned(v.shape(), DType::F32);
+  ops::qkv_split(gq, gk, gv, dev(qkv, DType::BF16));
+  EXPECT_EQ(rel_err(host(gq), q), 0.0);
+  EXPECT_EQ(rel_err(host(gk), k), 0.0);
+  EXPECT_EQ(rel_err(host(gv), v), 0.0);
+  Tensor back = poisoned(qkv.shape(), DType::BF16);
+  ops::qkv_merge(back, gq, gk, gv);
+  EXPECT_EQ(rel_err(host(back), qkv), 0.0);
+}
+
 }  // namespace
 }  // namespace mcpp::cuda_test

@@ -30,6 +30,10 @@ class Registry {
     ++e.calls;
     e.ms += ms;
   }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries_.clear();
+  }
   ~Registry() {
     if (entries_.empty()) return;
     std::vector<std::pair<std::string, Entry>> rows(entries_.begin(), entries_.end());
@@ -62,6 +66,10 @@ bool op_profile_enabled() {
     return v && *v && std::strcmp(v, "0") != 0;
   }();
   return on;
+}
+
+void op_profile_reset() {
+  if (op_profile_enabled()) registry().clear();
 }
 
 void OpTimer::start() {

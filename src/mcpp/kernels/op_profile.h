@@ -11,6 +11,9 @@
 namespace mcpp::ops {
 
 bool op_profile_enabled();  // MCPP_PROFILE_OPS set and not "0", read once
+// Forget what was recorded so far (the trainer calls it after the first, warm-up iteration: cuBLASLt
+// plans, allocator growth and first-touch costs stay out of the table).
+void op_profile_reset();
 
 class OpTimer {
  public:

@@ -8,6 +8,7 @@
 
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
+#include "mcpp/kernels/op_profile.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/distributed/data_parallel.h"
 #include "mcpp/distributed/finalize_grads.h"
@@ -271,6 +272,7 @@ TrainSummary Trainer::train() {
     double grad_norm = 0;
     bool skipped = false;
     const double loss = train_step(&grad_norm, &skipped);
+    if (summary.iterations_run == 0) ops::op_profile_reset();  // MCPP_PROFILE_OPS: steady state only
     ++iteration;
     ++summary.iterations_run;
     summary.losses.push_back(loss);

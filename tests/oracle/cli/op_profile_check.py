@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """MCPP_PROFILE_OPS=1 mcpp train: the op table on stderr names the ops of a step with plausible counts.
 
-Two layers, 2 iterations, 1 microbatch: linear_fwd runs 4 times per layer (qkv, proj, fc1, fc2) + the
-LM head = 9 per step -> 18 calls; layernorm_fwd 2 per layer + final = 5 per step -> 10; adamw_step once
-per parameter per step. Without the variable no table is printed.
+Two layers, 3 iterations, 1 microbatch; the trainer resets the table after the first (warm-up)
+iteration, so 2 steps are counted: linear_fwd runs 4 times per layer (qkv, proj, fc1, fc2) + the LM head
+= 9 per step -> 18 calls; layernorm_fwd 2 per layer + final = 5 per step -> 10; adamw_step once per
+parameter per step. Without the variable no table is printed.
 usage: op_profile_check.py MCPP_BIN WORKDIR
 """
 import os
@@ -19,7 +20,7 @@ subprocess.run([sys.executable, os.path.join(here, "..", "..", "..", "bench", "g
                 "--tokens", "20000", "--vocab", "256", "--doc-len", "1000"], check=True, capture_output=True)
 args = [mcpp, "train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
         "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2",
-        "--tokenizer-type", "NullTokenizer", "--vocab-size", "256", "--train-iters", "2", "--log-interval", "1",
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", "256", "--train-iters", "3", "--log-interval", "1",
         "--eval-iters", "0", "--attention-dropout", "0", "--data-path", data, "--split", "100,0,0", "--device", "cpu"]
 env = dict(os.environ, MCPP_PROFILE_OPS="1", OMP_NUM_THREADS="1")
 p = subprocess.run(args, env=env, capture_output=True, text=True)

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "mcpp/kernels/cuda/launch.h"
 
@@ -64,6 +65,56 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   float r = scratch[32];
   __syncthreads();
   return r;
+}
+
+// ---- 8-wide vector access: elements [8j, 8j + 8) of a float32 / bf16 / f16 buffer with 16-byte loads
+// and stores (one for 2-byte types, two for float32). Bandwidth-bound elementwise kernels use it when
+// vec8_ok() holds; otherwise they take their scalar (FIn / FOut per element) path.
+inline bool vec8_ok(int64_t n, std::initializer_list<const void*> ptrs) {
+  if (n % 8 != 0) return false;
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+__device__ __forceinline__ void load8(const FIn& x, int64_t j, float (&v)[8]) {
+  if (x.kind == kF32) {
+    const float4 a = static_cast<const float4*>(x.p)[2 * j], b = static_cast<const float4*>(x.p)[2 * j + 1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+  const uint4 w = static_cast<const uint4*>(x.p)[j];
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (x.kind == kBF16) {
+      const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&u[k]);
+      v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
+    } else {
+      const __half2 h = *reinterpret_cast<const __half2*>(&u[k]);
+      v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
+    }
+  }
+}
+
+__device__ __forceinline__ void store8(const FOut& y, int64_t j, const float (&v)[8]) {
+  if (y.kind == kF32) {
+    static_cast<float4*>(y.p)[2 * j] = make_float4(v[0], v[1], v[2], v[3]);
+    static_cast<float4*>(y.p)[2 * j + 1] = make_float4(v[4], v[5], v[6], v[7]);
+    return;
+  }
+  uint32_t u[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (y.kind == kBF16) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+      u[k] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+      u[k] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
+  static_cast<uint4*>(y.p)[j] = make_uint4(u[0], u[1], u[2], u[3]);
 }
 
 }  // namespace mcpp::cuda_detail

@@ -1,0 +1,47 @@
+#!/bin/bash
+# 2-GPU training throughput (kind nvidia-h200-x2), GPT-2 124M shapes (T 1024, bf16, random tokens), each
+# layout against ONE GPU in the same call: DP2 (global batch 64 = 2 x 32, so tokens/s should double),
+# TP2 + sequence parallel (global batch 32), PP2 with 8 microbatches of 4 (bubble (pp-1)/(M+pp-1) = 1/9).
+# 20 iterations logged every 10: tokens/s of the second window. Also prints the pipeline bubble report.
+# usage (device machine, repo root, device_carry/ carried): bench/gpu/multi_gpu.sh OUT
+set -u
+OUT=$1
+mkdir -p "$OUT"
+. bench/gpu/env.sh
+[ -f /tmp/rnd.bin ] || python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 >/dev/null
+M124="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
+  --tokenizer-type NullTokenizer --vocab-size 50304 --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda
+  --lr 1e-4 --lr-decay-style constant --train-iters 20 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd
+  --split 100,0,0"
+run() {  # name np extra...
+  local name=$1 np=$2
+  shift 2
+  if [ "$np" = 1 ]; then CUDA_VISIBLE_DEVICES=0 "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
+  else $MPIRUN -np "$np" "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1; fi
+  echo "$name: exit $?"
+}
+run gpu1_b32 1 --micro-batch-size 32 --global-batch-size 32
+run dp2_b64 2 --micro-batch-size 32 --global-batch-size 64 --overlap-grad-reduce
+run tp2sp_b32 2 --micro-batch-size 32 --global-batch-size 32 --tensor-model-parallel-size 2 --sequence-parallel
+run gpu1_m8 1 --micro-batch-size 4 --global-batch-size 32
+run pp2_m8 2 --micro-batch-size 4 --global-batch-size 32 --pipeline-model-parallel-size 2 --timeline "$OUT/pp2.json"
+grep -A8 'bubble' "$OUT/pp2_m8.log" | head -12
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+def last(n):
+    try:
+        recs = [json.loads(l) for l in open(f"{out}/{n}.jsonl")]
+    except OSError:
+        return None
+    it = [r for r in recs if "tokens_per_sec" in r]
+    mem = [r["peak_device_gib"] for r in recs if r.get("event") == "memory"]
+    return (it[-1]["tokens_per_sec"], it[-1]["elapsed_ms_per_iter"], mem[-1] if mem else None) if it else None
+base = {"dp2_b64": "gpu1_b32", "tp2sp_b32": "gpu1_b32", "pp2_m8": "gpu1_m8"}
+for n in ["gpu1_b32", "dp2_b64", "tp2sp_b32", "gpu1_m8", "pp2_m8"]:
+    r = last(n)
+    if not r:
+        print(f"{n:10s} no result"); continue
+    ratio = f" = {r[0] / last(base[n])[0]:.2f}x one GPU" if n in base and last(base[n]) else ""
+    print(f"{n:10s} {r[0]:>10.0f} tok/s  {r[1]:8.1f} ms/iter  peak {r[2]} GiB (last rank){ratio}")
+PY
