@@ -1,6 +1,9 @@
-// mcpp ckpt info|verify|export|import — inspect, check and convert checkpoints (docs/CHECKPOINT_FORMAT.md).
-//   mcpp ckpt info   --load DIR [--iteration N] [--tensors]
-//   mcpp ckpt verify --load DIR [--iteration N]          re-reads every tensor, checks xxh3 + headers
+// mcpp ckpt info|verify|convert|export|import — inspect, check and convert checkpoints
+// (docs/CHECKPOINT_FORMAT.md). DIR may be given positionally or as --load DIR.
+//   mcpp ckpt info   DIR [--iteration N] [--tensors]     layout, iteration, totals, one line per logical key
+//                                                        (dtype, global shape, shards, bytes); --tensors: per shard
+//   mcpp ckpt verify DIR [--iteration N]                 re-reads every tensor, checks xxh3 + headers
+//   mcpp ckpt convert DIR --tp T --pp P [--vp V] --output DIR2   offline reshard (training/checkpoint_convert.h)
 //   mcpp ckpt export --load DIR [--iteration N] --format hf-gpt2|hf-llama --output HFDIR
 //   mcpp ckpt import --input HFDIR --format hf-gpt2|hf-llama --save DIR
 // --load takes a save directory (the tracker picks the iteration unless --iteration) or an iter_N dir.
@@ -12,17 +15,45 @@
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
 #include "mcpp/dist_checkpointing/hf_convert.h"
+#include "mcpp/training/checkpoint_convert.h"
+
+#include <map>
 
 namespace {
 namespace dc = mcpp::dist_checkpointing;
 
 int info(const std::string& load, int64_t iteration, bool tensors) {
   dc::CheckpointReader r(load, iteration);
-  uint64_t bytes = 0;
-  for (const auto& e : r.manifest().tensors) bytes += e.byte_length;
-  fmt::print("checkpoint  {}\niteration   {}\ntensors     {} ({:.3f} MB)\n", r.dir(), r.iteration(),
-             r.manifest().tensors.size(), static_cast<double>(bytes) / 1e6);
+  struct KeyInfo {
+    const dc::ManifestEntry* first = nullptr;
+    int64_t shards = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, KeyInfo> by_key;
+  uint64_t bytes = 0, model_bytes = 0, optim_bytes = 0;
+  for (const auto& e : r.manifest().tensors) {
+    KeyInfo& k = by_key[e.key];
+    if (!k.first) k.first = &e;
+    ++k.shards;
+    k.bytes += e.byte_length;
+    bytes += e.byte_length;
+    (e.key.rfind("optimizer.", 0) == 0 ? optim_bytes : model_bytes) += e.byte_length;
+  }
+  fmt::print("checkpoint  {}\niteration   {}\nformat      version {}\n", r.dir(), r.iteration(),
+             r.manifest().format_version);
+  if (r.meta().contains("parallel")) {
+    const auto& p = r.meta()["parallel"];
+    fmt::print("layout      tp={} pp={} vp={} dp={} cp={} world={} distributed_optimizer={}\n", p.value("tp", 1),
+               p.value("pp", 1), p.value("vp", 1), p.value("dp", 1), p.value("cp", 1), p.value("world_size", 1),
+               p.value("distributed_optimizer", false));
+  } else {
+    fmt::print("layout      (not recorded: single-writer checkpoint)\n");
+  }
+  fmt::print("totals      {} logical tensors, {} shards, {} bytes ({:.3f} MB; model {}, optimizer {})\n",
+             by_key.size(), r.manifest().tensors.size(), bytes, static_cast<double>(bytes) / 1e6, model_bytes,
+             optim_bytes);
   for (const auto& [k, v] : r.meta().items()) {
+    if (k == "parallel" || k == "rng_per_rank" || k == "math_fields") continue;
     if (k == "config" && v.is_object() && v.contains("model")) {
       const auto& m = v["model"];
       fmt::print("config      layers={} hidden={} heads={} groups={} ffn={} vocab={} (padded {}) {} {}{}\n",
@@ -35,10 +66,18 @@ int info(const std::string& load, int64_t iteration, bool tensors) {
       fmt::print("meta.{:<7} {}\n", k, s.size() > 100 ? s.substr(0, 97) + "..." : s);
     }
   }
+  fmt::print("{:<64} {:<5} {:<16} {:>6} {:>12}\n", "key", "dtype", "global_shape", "shards", "bytes");
+  for (const std::string& key : r.keys()) {  // manifest order (sorted by key)
+    const KeyInfo& k = by_key.at(key);
+    fmt::print("{:<64} {:<5} {:<16} {:>6} {:>12}\n", key, mcpp::dtype_safetensors_name(k.first->dtype),
+               mcpp::shape_str(k.first->global_shape), k.shards, k.bytes);
+  }
   if (tensors) {
+    fmt::print("shards:\n");
     for (const auto& e : r.manifest().tensors) {
-      fmt::print("  {:<60} {:<5} {:<16} {} @{} {}\n", e.key, mcpp::dtype_safetensors_name(e.dtype),
-                 mcpp::shape_str(e.global_shape), e.file, e.byte_offset, dc::xxh3_hex(e.xxh3));
+      fmt::print("  {:<60} {:<5} {:<16} at {:<12} {} @{} {}\n", e.key, mcpp::dtype_safetensors_name(e.dtype),
+                 mcpp::shape_str(e.local_shape), mcpp::shape_str(e.global_offset), e.file, e.byte_offset,
+                 dc::xxh3_hex(e.xxh3));
     }
   }
   return 0;
@@ -71,9 +110,10 @@ int run_ckpt(const std::vector<std::string>& args) {
   std::string load, output, input, save, format;
   int64_t iteration = -1;
   bool tensors = false;
+  std::string dir_pos;
   auto add_load = [&](CLI::App* s) {
-    s->add_option("--load", load, "save directory (uses latest_checkpointed_iteration.txt) or iter_N dir")
-        ->required();
+    s->add_option("dir", dir_pos, "save directory (uses latest_checkpointed_iteration.txt) or iter_N dir");
+    s->add_option("--load", load, "the same as the positional DIR");
     s->add_option("--iteration", iteration, "iteration to read from a save directory");
   };
   CLI::App* s_info = app.add_subcommand("info", "print iteration, config and tensors of a checkpoint");
@@ -81,6 +121,13 @@ int run_ckpt(const std::vector<std::string>& args) {
   s_info->add_flag("--tensors", tensors, "list every tensor (key, dtype, shape, file, offset, xxh3)");
   CLI::App* s_verify = app.add_subcommand("verify", "re-read every tensor and check its xxh3 and header");
   add_load(s_verify);
+  CLI::App* s_convert = app.add_subcommand("convert", "offline reshard to another TP / PP / virtual-stage layout");
+  add_load(s_convert);
+  int64_t tp = 1, pp = 1, vp = 1;
+  s_convert->add_option("--tp", tp, "target tensor-model-parallel size")->required();
+  s_convert->add_option("--pp", pp, "target pipeline-model-parallel size")->required();
+  s_convert->add_option("--vp", vp, "target virtual pipeline stages per rank (default 1)");
+  s_convert->add_option("--output", output, "save directory to write the converted checkpoint into")->required();
   CLI::App* s_export = app.add_subcommand("export", "write a HuggingFace model dir (config.json + F32 safetensors)");
   add_load(s_export);
   s_export->add_option("--format", format, "hf-gpt2 | hf-llama")->required();
@@ -97,7 +144,19 @@ int run_ckpt(const std::vector<std::string>& args) {
     fmt::print("{}", app.help());
     return 0;
   }
+  if (!dir_pos.empty() && !load.empty() && dir_pos != load)
+    mcpp::fail("ckpt: give the checkpoint directory once (positional '{}' and --load '{}')", dir_pos, load);
+  if (load.empty()) load = dir_pos;
+  const bool needs_load = s_info->parsed() || s_verify->parsed() || s_convert->parsed() || s_export->parsed();
+  if (needs_load && load.empty()) mcpp::fail("ckpt: the checkpoint directory (DIR or --load DIR) is required");
   if (s_info->parsed()) return info(load, iteration, tensors);
+  if (s_convert->parsed()) {
+    const mcpp::ConvertResult r = mcpp::convert_checkpoint(
+        {.input = load, .iteration = iteration, .tp = tp, .pp = pp, .vp = vp, .output = output});
+    fmt::print("converted {} to tp={} pp={} vp={}: {} ({} ranks, {} bytes read, {} bytes written)\n", load, tp, pp,
+               vp, r.dir, r.ranks, r.bytes_read, r.bytes_written);
+    return 0;
+  }
   if (s_verify->parsed()) return verify(load, iteration);
   if (s_export->parsed()) {
     dc::HfFormat f = dc::parse_hf_format(format);
@@ -113,6 +172,6 @@ int run_ckpt(const std::vector<std::string>& args) {
   return 0;
 }
 
-const mcpp::cli::Register reg{"ckpt", "checkpoints: info | verify | export (HF) | import (HF)", &run_ckpt};
+const mcpp::cli::Register reg{"ckpt", "checkpoints: info | verify | convert | export (HF) | import (HF)", &run_ckpt};
 
 }  // namespace

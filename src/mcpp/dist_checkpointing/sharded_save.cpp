@@ -60,7 +60,8 @@ void write_file_atomic(const std::string& path, const std::string& text, const c
 
 std::string kind_of(const std::string& key) { return key.rfind("optimizer.", 0) == 0 ? "optimizer" : "model"; }
 
-// Writes this rank's shards into `dir`; returns their manifest entries (as JSON).
+}  // namespace
+
 nlohmann::json write_rank_files(const std::string& dir, int64_t iteration, int rank, int world_size,
                                 const std::vector<ShardedTensor>& shards) {
   std::map<std::string, std::vector<const ShardedTensor*>> by_kind;
@@ -109,8 +110,7 @@ nlohmann::json write_rank_files(const std::string& dir, int64_t iteration, int r
   return entries;
 }
 
-// Rank 0: merges the entries, writes the manifest, renames the directory, updates the tracker.
-void commit(const std::string& save_dir, const std::string& tmp_dir, const std::string& final_dir,
+void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir, const std::string& final_dir,
             int64_t iteration, const nlohmann::json& meta, const std::vector<std::string>& rank_entries) {
   nlohmann::json tensors = nlohmann::json::array();
   for (const std::string& s : rank_entries) {
@@ -144,8 +144,6 @@ void commit(const std::string& save_dir, const std::string& tmp_dir, const std::
   fault_point("after_latest_update");
 }
 
-}  // namespace
-
 std::vector<std::string> all_gather_strings(comm::Communicator& comm, const std::string& mine) {
   Tensor len = Tensor::empty({1}, DType::I64), lens = Tensor::empty({comm.size()}, DType::I64);
   len.data<int64_t>()[0] = static_cast<int64_t>(mine.size());
@@ -173,8 +171,7 @@ std::string broadcast_string(comm::Communicator& comm, const std::string& s, int
   return std::string(static_cast<const char*>(buf.raw()), n);
 }
 
-std::string save_sharded_checkpoint(const std::string& save_dir, int64_t iteration, const nlohmann::json& meta,
-                                    const std::vector<ShardedTensor>& shards, comm::Communicator& world) {
+std::string begin_sharded_save(const std::string& save_dir, int64_t iteration, comm::Communicator& world) {
   const int rank = world.rank();
   set_fault_context(iteration, rank);
   fault_point("save_start");
@@ -209,18 +206,17 @@ std::string save_sharded_checkpoint(const std::string& save_dir, int64_t iterati
   fault_point("after_uuid");
   if (status.rfind("ok:", 0) != 0)
     fail("saving checkpoint iteration {} to '{}' failed on rank 0: {}", iteration, save_dir, status.substr(6));
-  const std::string tmp_dir = final_dir + ".tmp-" + status.substr(3);
-  // 2. Every rank writes its files.
-  std::string error;
-  nlohmann::json entries;
-  try {
-    entries = write_rank_files(tmp_dir, iteration, rank, world.size(), shards);
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  return final_dir + ".tmp-" + status.substr(3);
+}
+
+std::string finish_sharded_save(const std::string& save_dir, const std::string& tmp_dir, int64_t iteration,
+                                const nlohmann::json& meta, const RankWriteResult& mine, comm::Communicator& world) {
+  const int rank = world.rank();
+  set_fault_context(iteration, rank);
+  const std::string final_dir = (fs::path(save_dir) / iteration_dir_name(iteration)).string();
   // 3. Vote.
   fault_point("before_vote");
-  const std::vector<std::string> votes = all_gather_strings(world, error);
+  const std::vector<std::string> votes = all_gather_strings(world, mine.error);
   fault_point("after_vote");
   std::string failed;
   for (int r = 0; r < world.size(); ++r)
@@ -233,12 +229,12 @@ std::string save_sharded_checkpoint(const std::string& save_dir, int64_t iterati
   }
   // 4. Gather the entries, rank 0 commits, everyone learns the outcome.
   fault_point("before_gather_manifest");
-  const std::vector<std::string> rank_entries = all_gather_strings(world, entries.dump());
+  const std::vector<std::string> rank_entries = all_gather_strings(world, mine.entries.dump());
   fault_point("after_gather_manifest");
   std::string commit_error;
   if (rank == 0) {
     try {
-      commit(save_dir, tmp_dir, final_dir, iteration, meta, rank_entries);
+      commit_checkpoint(save_dir, tmp_dir, final_dir, iteration, meta, rank_entries);
     } catch (const Error& e) {
       commit_error = e.what();
       std::error_code ec;
@@ -251,6 +247,26 @@ std::string save_sharded_checkpoint(const std::string& save_dir, int64_t iterati
     fail("committing checkpoint iteration {} to '{}' failed on rank 0: {}", iteration, save_dir, commit_error);
   fault_point("save_end");
   return final_dir;
+}
+
+RankWriteResult write_rank_files_noexcept(const std::string& tmp_dir, int64_t iteration, int rank, int world_size,
+                                          const std::vector<ShardedTensor>& shards) noexcept {
+  RankWriteResult r;
+  try {
+    r.entries = write_rank_files(tmp_dir, iteration, rank, world_size, shards);
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    if (r.error.empty()) r.error = "unknown error";
+  }
+  return r;
+}
+
+std::string save_sharded_checkpoint(const std::string& save_dir, int64_t iteration, const nlohmann::json& meta,
+                                    const std::vector<ShardedTensor>& shards, comm::Communicator& world) {
+  const std::string tmp_dir = begin_sharded_save(save_dir, iteration, world);
+  // 2. Every rank writes its files.
+  const RankWriteResult mine = write_rank_files_noexcept(tmp_dir, iteration, world.rank(), world.size(), shards);
+  return finish_sharded_save(save_dir, tmp_dir, iteration, meta, mine, world);
 }
 
 }  // namespace mcpp::dist_checkpointing

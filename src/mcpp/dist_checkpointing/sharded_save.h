@@ -14,6 +14,13 @@
 //      + fsync); its outcome is broadcast, so a failed commit throws on every rank.
 //   `meta` is taken from rank 0. Fault points (fault_injection.h) sit between all the steps.
 // Returns the committed directory on every rank.
+//
+// The same protocol in phases, for the async save (async_save.h) and the offline converter:
+//   begin_sharded_save   step 1 (collective: broadcast); returns the staging directory;
+//   write_rank_files     step 2 for one rank (local: files + fsyncs, no communication; any thread);
+//   finish_sharded_save  steps 3-4 (collective: vote, gather, rank 0 commits, broadcast);
+//   commit_checkpoint    rank 0's part of step 4 alone (local), given every rank's entries.
+// save_sharded_checkpoint = begin + write + finish, so a sync and an async save write the same bytes.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,6 +32,29 @@
 #include "mcpp/dist_checkpointing/sharded_tensor.h"
 
 namespace mcpp::dist_checkpointing {
+
+struct RankWriteResult {
+  nlohmann::json entries = nlohmann::json::array();  // this rank's manifest entries
+  std::string error;                                  // empty: written and fsynced
+};
+
+std::string begin_sharded_save(const std::string& save_dir, int64_t iteration, comm::Communicator& world);
+
+// Writes `shards` into tmp_dir as rank `rank` of `world_size` (file names: sharded_save.h step 2);
+// returns their manifest entries. Throws mcpp::Error.
+nlohmann::json write_rank_files(const std::string& tmp_dir, int64_t iteration, int rank, int world_size,
+                                const std::vector<ShardedTensor>& shards);
+// The same, with the error (any exception) returned instead of thrown.
+RankWriteResult write_rank_files_noexcept(const std::string& tmp_dir, int64_t iteration, int rank, int world_size,
+                                          const std::vector<ShardedTensor>& shards) noexcept;
+
+std::string finish_sharded_save(const std::string& save_dir, const std::string& tmp_dir, int64_t iteration,
+                                const nlohmann::json& meta, const RankWriteResult& mine, comm::Communicator& world);
+
+// Merges rank_entries (each a JSON array of entries), checks the layout, writes the manifest, renames
+// tmp_dir to final_dir and updates the tracker. Throws mcpp::Error (tmp_dir is left for the caller).
+void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir, const std::string& final_dir,
+                       int64_t iteration, const nlohmann::json& meta, const std::vector<std::string>& rank_entries);
 
 std::string save_sharded_checkpoint(const std::string& save_dir, int64_t iteration, const nlohmann::json& meta,
                                     const std::vector<ShardedTensor>& shards, comm::Communicator& world);

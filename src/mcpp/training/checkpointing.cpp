@@ -11,6 +11,7 @@
 #include "mcpp/dist_checkpointing/sharded_tensor.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
+#include "mcpp/pipeline_parallel/layout.h"
 
 #include <utility>
 #include <vector>
@@ -51,8 +52,7 @@ void check_fingerprint(const nlohmann::json& meta, const Config& config, const s
 // Ownership of replicated data (docs/CHECKPOINT_FORMAT.md, "Who writes what"): a tensor replicated
 // over DP (x CP) is written by dp_cp rank h % dp_cp; one also replicated over TP by TP rank (h >> 32) % tp;
 // h = xxh3(key). This spreads the save work over the replicas, deterministically for every rank.
-struct Owner {
-  int dp = 1, dp_rank = 0, tp = 1, tp_rank = 0;
+struct Owner : SaveOwnership {
   bool writes_replica(const std::string& key) const { return hash(key) % dp == static_cast<uint64_t>(dp_rank); }
   bool writes_tp_replica(const std::string& key, const ParamSpec& spec) const {
     return spec.shard.partitioned() || (hash(key) >> 32) % tp == static_cast<uint64_t>(tp_rank);
@@ -60,8 +60,24 @@ struct Owner {
   static uint64_t hash(const std::string& key) { return dc::xxh3_bytes(key.data(), key.size()); }
 };
 
-Owner owner_of(const parallel_state::ParallelContext& pc) {
-  return {.dp = pc.dp_cp()->size(), .dp_rank = pc.dp_cp()->rank(), .tp = pc.tp_size(), .tp_rank = pc.tp_rank()};
+// Parameter specs of every chunk by key (a tied output weight's shared copy is found after the owner).
+const ParamSpec& spec_of(const std::vector<GPTModel*>& chunks, const std::string& key) {
+  for (GPTModel* c : chunks)
+    if (const Parameter* p = c->params().find(key)) return p->spec;
+  fail("no model chunk of this rank holds parameter '{}'", key);
+}
+
+// The coordinates that key a rank's RNG state in meta.rng_per_rank.
+std::string rng_rank_key(const parallel_state::ParallelContext& pc) {
+  return fmt::format("tp{}.pp{}.dp{}.cp{}", pc.tp_rank(), pc.pp_rank(), pc.dp_rank(), pc.cp_rank());
+}
+
+nlohmann::json parallel_meta(const Config& config, const parallel_state::ParallelContext& pc, bool distributed) {
+  const int64_t vp =
+      pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(config.model, config.parallel))
+          .virtual_pipeline_model_parallel_size;
+  return {{"world_size", pc.world_size()}, {"tp", pc.tp_size()}, {"pp", pc.pp_size()}, {"vp", vp},
+          {"dp", pc.dp_size()}, {"cp", pc.cp_size()}, {"distributed_optimizer", distributed}};
 }
 
 // This rank's TP shard of `key` as global-offset shards (one per segment).
@@ -153,64 +169,145 @@ void read_piece(const dc::CheckpointReader& reader, const std::string& key, cons
   }
 }
 
-void read_model(const dc::CheckpointReader& reader, GPTModel& model) {
-  for (const auto& p : model.params().params()) read_shard(reader, p->spec.key, p->spec, p->data);
-}
-
 }  // namespace
 
-std::string save_training_checkpoint(const std::string& save_dir, const Config& config, GPTModel& model,
-                                     OptimizerRef optimizer, const TrainerState& state,
-                                     const parallel_state::ParallelContext& pc) {
-  const Owner own = owner_of(pc);
+SaveOwnership save_ownership(const parallel_state::ParallelContext& pc) {
+  return {.dp = pc.dp_cp()->size(), .dp_rank = pc.dp_cp()->rank(), .tp = pc.tp_size(), .tp_rank = pc.tp_rank()};
+}
+
+void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks) {
+  for (GPTModel* c : chunks)
+    for (const auto& p : c->params().params()) read_shard(reader, p->spec.key, p->spec, p->data);
+}
+
+void read_adam_state(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks, Adam& adam) {
+  const nlohmann::json& meta = reader.meta();
+  if (!meta.contains("optimizer") || meta.at("optimizer").is_null())
+    fail("checkpoint '{}' holds no optimizer state; use --no-load-optim (or --finetune) to load weights only",
+         reader.dir());
+  adam.load_state(meta.at("optimizer").at("step").get<int64_t>(),
+                  [&](const std::string& name, Tensor& exp_avg, Tensor& exp_avg_sq) {
+                    if (!reader.has(kExpAvg + name) || !reader.has(kExpAvgSq + name)) return false;
+                    const ParamSpec& spec = spec_of(chunks, name);
+                    read_shard(reader, kExpAvg + name, spec, exp_avg);
+                    read_shard(reader, kExpAvgSq + name, spec, exp_avg_sq);
+                    return true;
+                  });
+}
+
+std::vector<dc::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTModel*>& chunks, OptimizerRef optimizer,
+                                                         const SaveOwnership& ownership) {
+  const Owner own{ownership};
   std::vector<dc::ShardedTensor> shards;
   // A tied output weight on the last pipeline stage is a shared copy of the first stage's embedding: the
   // owner writes it (and its optimizer state); the copy loads from the same key.
-  for (const auto& p : model.params().params())
-    if (!p->spec.shared_copy && own.writes_replica(p->spec.key) && own.writes_tp_replica(p->spec.key, p->spec))
-      add_tp_shards(shards, p->spec.key, p->data, p->spec);
-  nlohmann::json opt_meta = nullptr;
+  for (GPTModel* c : chunks)
+    for (const auto& p : c->params().params())
+      if (!p->spec.shared_copy && own.writes_replica(p->spec.key) && own.writes_tp_replica(p->spec.key, p->spec))
+        add_tp_shards(shards, p->spec.key, p->data, p->spec);
   if (optimizer.adam) {
     for (const AdamState& s : optimizer.adam->state()) {
-      const ParamSpec& spec = model.params().find(s.name)->spec;
+      const ParamSpec& spec = spec_of(chunks, s.name);
       if (spec.shared_copy || !own.writes_replica(s.name) || !own.writes_tp_replica(s.name, spec)) continue;
       add_tp_shards(shards, kExpAvg + s.name, s.exp_avg, spec);
       add_tp_shards(shards, kExpAvgSq + s.name, s.exp_avg_sq, spec);
     }
-    opt_meta = {{"step", optimizer.adam->step_count()}};
   } else if (optimizer.distributed) {
     // Each DP rank owns disjoint pieces: no DP de-duplication; TP replicas of a piece: one writer.
     for (const DistOptStatePiece& piece : optimizer.distributed->state()) {
-      const ParamSpec& spec = model.params().find(piece.key)->spec;
+      const ParamSpec& spec = spec_of(chunks, piece.key);
       if (spec.shared_copy || !own.writes_tp_replica(piece.key, spec)) continue;
       add_piece_shards(shards, kExpAvg + piece.key, piece.key, piece.exp_avg, piece.offset, spec);
       add_piece_shards(shards, kExpAvgSq + piece.key, piece.key, piece.exp_avg_sq, piece.offset, spec);
     }
-    opt_meta = {{"step", optimizer.distributed->step_count()}, {"distributed", true}};
   }
-  nlohmann::json meta = {{"config", config.to_json()},
-                         {"fingerprint", config.fingerprint()},
-                         {"math_fields", config.math_fields()},
-                         {"iteration", state.iteration},
-                         {"consumed_train_samples", state.consumed_train_samples},
-                         {"consumed_valid_samples", state.consumed_valid_samples},
-                         {"optimizer", opt_meta},
-                         {"opt_param_scheduler", state.scheduler},
-                         {"rng", state.rng.state()},
-                         {"parallel", {{"world_size", pc.world_size()}, {"tp", pc.tp_size()}, {"pp", pc.pp_size()},
-                                       {"dp", pc.dp_size()}, {"cp", pc.cp_size()},
-                                       {"distributed_optimizer", optimizer.distributed != nullptr}}}};
-  return dc::save_sharded_checkpoint(save_dir, state.iteration, meta, shards, *pc.world());
+  return shards;
 }
 
-bool load_training_checkpoint(const std::string& load_dir, const Config& config, GPTModel& model,
-                              OptimizerRef optimizer, TrainerState& state, const LoadOptions& opt) {
+nlohmann::json optimizer_meta(OptimizerRef optimizer) {
+  if (optimizer.adam) return {{"step", optimizer.adam->step_count()}};
+  if (optimizer.distributed) return {{"step", optimizer.distributed->step_count()}, {"distributed", true}};
+  return nullptr;
+}
+
+CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std::vector<GPTModel*>& chunks,
+                                                OptimizerRef optimizer, const TrainerState& state,
+                                                const parallel_state::ParallelContext& pc) {
+  CheckpointSnapshot snap;
+  snap.iteration = state.iteration;
+  snap.shards = collect_checkpoint_shards(chunks, optimizer, save_ownership(pc));
+  // Every rank's RNG state, keyed by its coordinates (collective over the world).
+  const std::vector<std::string> rngs =
+      dc::all_gather_strings(*pc.world(), nlohmann::json{{"rank", rng_rank_key(pc)}, {"state", state.rng.state()}}.dump());
+  nlohmann::json per_rank = nlohmann::json::object();
+  for (const std::string& r : rngs) {
+    const nlohmann::json j = nlohmann::json::parse(r);
+    per_rank[j.at("rank").get<std::string>()] = j.at("state");
+  }
+  snap.meta = {{"config", config.to_json()},
+               {"fingerprint", config.fingerprint()},
+               {"math_fields", config.math_fields()},
+               {"iteration", state.iteration},
+               {"consumed_train_samples", state.consumed_train_samples},
+               {"consumed_valid_samples", state.consumed_valid_samples},
+               {"optimizer", optimizer_meta(optimizer)},
+               {"opt_param_scheduler", state.scheduler},
+               {"rng", state.rng.state()},
+               {"rng_per_rank", per_rank},
+               {"parallel", parallel_meta(config, pc, optimizer.distributed != nullptr)}};
+  return snap;
+}
+
+std::string save_training_checkpoint(const std::string& save_dir, const Config& config,
+                                     const std::vector<GPTModel*>& chunks, OptimizerRef optimizer,
+                                     const TrainerState& state, const parallel_state::ParallelContext& pc) {
+  const CheckpointSnapshot snap = snapshot_training_checkpoint(config, chunks, optimizer, state, pc);
+  return dc::save_sharded_checkpoint(save_dir, snap.iteration, snap.meta, snap.shards, *pc.world());
+}
+
+namespace {
+
+// RNG restore: this rank's own entry when the layout is the one saved, else rank 0's (meta.rng).
+void load_rng(const nlohmann::json& meta, const Config& config, const parallel_state::ParallelContext* pc,
+              tensor_parallel::RngTracker& rng, const std::string& dir) {
+  if (!pc) {
+    rng.load_state(meta.at("rng"));
+    return;
+  }
+  const nlohmann::json now = parallel_meta(config, *pc, false);
+  const nlohmann::json saved = meta.value("parallel", nlohmann::json::object());
+  bool same = meta.contains("rng_per_rank");
+  for (const char* f : {"tp", "pp", "vp", "dp", "cp"}) same = same && saved.value(f, int64_t{1}) == now.at(f).get<int64_t>();
+  const std::string key = rng_rank_key(*pc);
+  if (same && meta.at("rng_per_rank").contains(key)) {
+    rng.load_state(meta.at("rng_per_rank").at(key));
+    return;
+  }
+  rng.load_state(meta.at("rng"));
+  if (pc->rank() == 0)
+    spdlog::info("checkpoint '{}' was saved with layout {} (now {}): per-rank RNG states not restored; every "
+                 "rank takes rank 0's dropout-stream offsets",
+                 dir, saved.dump(), now.dump());
+}
+
+}  // namespace
+
+bool load_training_checkpoint(const std::string& load_dir, const Config& config, const std::vector<GPTModel*>& chunks,
+                              OptimizerRef optimizer, TrainerState& state, const LoadOptions& opt,
+                              const parallel_state::ParallelContext* pc) {
   if (dc::latest_iteration(load_dir) < 0 && dc::list_iterations(load_dir).empty()) return false;
   dc::CheckpointReader reader(load_dir);
   reader.set_verify_checksums(opt.verify_checksums);
+  struct CountBytes {  // reports the bytes read however this function returns
+    const dc::CheckpointReader& r;
+    uint64_t* out;
+    ~CountBytes() {
+      if (out) *out = r.bytes_read();
+    }
+  } count{reader, opt.bytes_read};
   const nlohmann::json& meta = reader.meta();
   check_fingerprint(meta, config, reader.dir(), opt.override_config_check);
-  read_model(reader, model);
+  read_model_chunks(reader, chunks);
   if (opt.finetune) {
     state = TrainerState{.rng = state.rng};
     return true;
@@ -219,34 +316,25 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
   state.consumed_train_samples = meta.at("consumed_train_samples").get<int64_t>();
   state.consumed_valid_samples = meta.value("consumed_valid_samples", int64_t{0});
   state.scheduler = meta.value("opt_param_scheduler", nlohmann::json::object());
-  if (opt.load_rng) {
-    state.rng.load_state(meta.at("rng"));
-  }
+  if (opt.load_rng) load_rng(meta, config, pc, state.rng, reader.dir());
   if (!optimizer.empty() && opt.load_optimizer) {
     if (meta.at("optimizer").is_null())
       fail("checkpoint '{}' holds no optimizer state; use --no-load-optim (or --finetune) to load weights only",
            reader.dir());
-    const int64_t step = meta.at("optimizer").at("step").get<int64_t>();
     if (optimizer.distributed) {
+      const int64_t step = meta.at("optimizer").at("step").get<int64_t>();
       // Each piece: flat range of the TP-local tensor -> local rects -> global rects, read directly.
       optimizer.distributed->load_state(
           step, [&](const std::string& key, int64_t offset, Tensor& exp_avg, Tensor& exp_avg_sq) {
             if (!reader.has(kExpAvg + key) || !reader.has(kExpAvgSq + key)) return false;
-            const ParamSpec& spec = model.params().find(key)->spec;
+            const ParamSpec& spec = spec_of(chunks, key);
             read_piece(reader, kExpAvg + key, key, spec, offset, exp_avg);
             read_piece(reader, kExpAvgSq + key, key, spec, offset, exp_avg_sq);
             return true;
           });
       return true;
     }
-    optimizer.adam->load_state(step,
-                          [&](const std::string& name, Tensor& exp_avg, Tensor& exp_avg_sq) {
-                            if (!reader.has(kExpAvg + name) || !reader.has(kExpAvgSq + name)) return false;
-                            const ParamSpec& spec = model.params().find(name)->spec;
-                            read_shard(reader, kExpAvg + name, spec, exp_avg);
-                            read_shard(reader, kExpAvgSq + name, spec, exp_avg_sq);
-                            return true;
-                          });
+    read_adam_state(reader, chunks, *optimizer.adam);
   }
   return true;
 }
@@ -263,7 +351,7 @@ LoadedModel load_model_for_inference(const std::string& load_dir) {
   lm.iteration = reader.iteration();
   lm.model = std::make_unique<GPTModel>(lm.config.model, static_cast<uint64_t>(lm.config.training.seed),
                                         tensor_parallel::TPContext{comm::make_local_world(), false});
-  read_model(reader, *lm.model);
+  read_model_chunks(reader, {lm.model.get()});
   return lm;
 }
 

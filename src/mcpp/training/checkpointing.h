@@ -9,16 +9,28 @@
 //            Loading plans reads per target rect (CheckpointReader::read_region), so TP, DP and the
 //            distributed optimizer on/off may all change between save and load.
 //   meta:    config (Config::to_json), fingerprint + math_fields, iteration, consumed samples,
-//            optimizer step, LR scheduler state, RNG state (dropout stream), data cursor.
+//            optimizer step, LR scheduler state, data cursor, the layout (meta.parallel), RNG state:
+//            meta.rng = rank 0's dropout-stream offsets (the fallback) and meta.rng_per_rank = every
+//            rank's tracker state keyed by its coordinates "tp<t>.pp<p>.dp<d>.cp<c>" (all-gathered over
+//            the world at save). On load with the same layout (tp, pp, vp, dp, cp) each rank restores its
+//            own entry; with another layout every rank takes meta.rng and the log says so.
+//   chunks:  the model chunks of this rank (one per virtual pipeline stage; layer keys are global, so
+//            save and load work chunk by chunk and any change of PP / virtual stages reshards).
+// snapshot_training_checkpoint copies everything this rank writes into owned host tensors (the
+// training pause of --async-save; a collective all-gather of the RNG states); save_training_checkpoint
+// = snapshot + save_sharded_checkpoint.
 // Loading checks the math fingerprint first: a checkpoint of a different model is refused with the
 // differing fields named (override_config_check turns that into a warning).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "mcpp/dist_checkpointing/checkpoint.h"
+#include "mcpp/dist_checkpointing/sharded_tensor.h"
 #include "mcpp/tensor_parallel/random.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
@@ -51,17 +63,48 @@ struct LoadOptions {
   bool finetune = false;        // --finetune: weights only, iteration and counters restart at 0
   bool override_config_check = false;
   bool verify_checksums = true;  // --no-verify-checksums turns off
+  uint64_t* bytes_read = nullptr;  // when set: bytes this rank read from data files (read amplification)
 };
 
+struct CheckpointSnapshot {
+  int64_t iteration = 0;
+  nlohmann::json meta;
+  std::vector<dist_checkpointing::ShardedTensor> shards;  // owned copies
+};
+
+// Which ranks write replicated data (docs/CHECKPOINT_FORMAT.md, "Who writes what").
+struct SaveOwnership {
+  int dp = 1, dp_rank = 0, tp = 1, tp_rank = 0;
+};
+SaveOwnership save_ownership(const parallel_state::ParallelContext& pc);
+
+// This rank's shards of the model chunks and optimizer state (owned copies), by the ownership rule.
+std::vector<dist_checkpointing::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTModel*>& chunks,
+                                                                          OptimizerRef optimizer,
+                                                                          const SaveOwnership& own);
+// meta.optimizer for `optimizer` ({"step", "distributed"} or null).
+nlohmann::json optimizer_meta(OptimizerRef optimizer);
+
+CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std::vector<GPTModel*>& chunks,
+                                                OptimizerRef optimizer, const TrainerState& state,
+                                                const parallel_state::ParallelContext& pc);
+
 // Saves iteration `state.iteration` under save_dir; returns the committed directory.
-std::string save_training_checkpoint(const std::string& save_dir, const Config& config, GPTModel& model,
-                                     OptimizerRef optimizer, const TrainerState& state,
-                                     const parallel_state::ParallelContext& pc);
+std::string save_training_checkpoint(const std::string& save_dir, const Config& config,
+                                     const std::vector<GPTModel*>& chunks, OptimizerRef optimizer,
+                                     const TrainerState& state, const parallel_state::ParallelContext& pc);
 
 // Loads the latest (or given) checkpoint under load_dir into model (+ optimizer, state). Returns false when
 // load_dir has no checkpoint yet (Megatron starts from scratch then); throws mcpp::Error on a bad one.
-bool load_training_checkpoint(const std::string& load_dir, const Config& config, GPTModel& model,
-                              OptimizerRef optimizer, TrainerState& state, const LoadOptions& opt);
+// `pc` (may be null: offline tools) selects this rank's RNG entry; without it RNG is left alone.
+bool load_training_checkpoint(const std::string& load_dir, const Config& config, const std::vector<GPTModel*>& chunks,
+                              OptimizerRef optimizer, TrainerState& state, const LoadOptions& opt,
+                              const parallel_state::ParallelContext* pc);
+
+// Reads the model chunks and (plain Adam) optimizer moments from an open reader, any saved layout.
+void read_model_chunks(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks);
+void read_adam_state(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
+                     Adam& adam);
 
 // Inference: the config stored in the checkpoint and a model holding its weights.
 struct LoadedModel {

@@ -5,10 +5,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/op_profile.h"
+#include "mcpp/dist_checkpointing/async_save.h"
+#include "mcpp/dist_checkpointing/retention.h"
+#include "mcpp/dist_checkpointing/sharded_save.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/distributed/data_parallel.h"
 #include "mcpp/distributed/finalize_grads.h"
@@ -98,9 +102,6 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                                .model_param = chunk->params().mixed_precision() ? p->data : Tensor()});
     optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   }
-  if ((!t.save.empty() || !t.load.empty()) && chunks_.size() > 1)
-    fail("checkpoints with virtual pipeline stages (several model chunks per rank) are not supported yet; "
-         "run without --save/--load or without num_layers_per_virtual_pipeline_stage");
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_)));
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
@@ -113,19 +114,35 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                    .finetune = t.finetune,
                    .override_config_check = t.override_config_check,
                    .verify_checksums = !t.no_verify_checksums};
-    if (load_training_checkpoint(t.load, config_, model(), optimizer_ref(), state_, lo)) {
+    uint64_t bytes_read = 0;
+    lo.bytes_read = &bytes_read;
+    const auto t0 = Clock::now();
+    if (load_training_checkpoint(t.load, config_, chunk_ptrs(), optimizer_ref(), state_, lo, &pc_)) {
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (!t.finetune && !state_.scheduler.empty()) scheduler_->load_state_dict(state_.scheduler);
-      if (is_logging_rank()) spdlog::info("loaded checkpoint from {} at iteration {}", t.load, state_.iteration);
+      if (is_logging_rank())
+        spdlog::info("loaded checkpoint from {} at iteration {} in {:.1f} ms ({} bytes read by this rank)", t.load,
+                     state_.iteration, ms, bytes_read);
     } else if (is_logging_rank()) {
       spdlog::warn("no checkpoint found in '{}': training from scratch", t.load);
     }
   }
+  if (!t.save.empty() && pc_.rank() == 0)  // what crashed saves left behind (no save is in flight yet)
+    for (const std::string& p : dist_checkpointing::remove_stale_staging(t.save))
+      spdlog::warn("removed stale staging path {} (left by an interrupted save)", p);
+  if (t.async_save) async_saver_ = std::make_unique<dist_checkpointing::AsyncCheckpointSaver>(pc_.world());
   std::string metrics_path = t.metrics_path;
   if (metrics_path.empty() && !t.save.empty()) metrics_path = t.save + "/metrics.jsonl";
   if (is_logging_rank()) metrics_ = MetricsWriter(metrics_path);
 }
 
 Trainer::~Trainer() = default;
+
+std::vector<GPTModel*> Trainer::chunk_ptrs() const {
+  std::vector<GPTModel*> out;
+  for (const auto& c : chunks_) out.push_back(c.get());
+  return out;
+}
 
 Trainer::Batch Trainer::get_batch(const GPTDataset& ds, int64_t first, int64_t m) const {
   // Megatron's pretraining sampler: the global batch is num_microbatches slices of mbs * dp samples;
@@ -248,12 +265,53 @@ void Trainer::save(int64_t iteration) {
   state_.iteration = iteration;
   state_.scheduler = scheduler_->state_dict();
   if (dist_optimizer_) dist_optimizer_->wait_param_gather();
+  const auto& t = config_.training;
+  finalize_async_save(/*blocking=*/true);  // at most one save in flight
+  // The pause: training is stopped from here until the snapshot is taken (sync: until committed).
   auto t0 = Clock::now();
-  std::string dir = save_training_checkpoint(config_.training.save, config_, model(), optimizer_ref(), state_, pc_);
-  double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  if (!is_logging_rank()) return;
-  fmt::print(" saved checkpoint at iteration {:>7} to {} in {:.1f} ms\n", iteration, dir, ms);
-  metrics_.write({{"event", "save"}, {"iteration", iteration}, {"dir", dir}, {"ms", ms}});
+  CheckpointSnapshot snap = snapshot_training_checkpoint(config_, chunk_ptrs(), optimizer_ref(), state_, pc_);
+  std::string dir;
+  if (async_saver_) {
+    async_saver_->start(t.save, snap.iteration, std::move(snap.meta), std::move(snap.shards));
+  } else {
+    dir = dist_checkpointing::save_sharded_checkpoint(t.save, snap.iteration, snap.meta, snap.shards, *pc_.world());
+  }
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (is_logging_rank()) {
+    if (async_saver_) {
+      fmt::print(" started async save of checkpoint at iteration {:>7} | save-checkpoint pause (ms): {:.1f}\n",
+                 iteration, ms);
+      metrics_.write({{"event", "save_start"}, {"iteration", iteration}, {"async", true}, {"pause_ms", ms}});
+    } else {
+      fmt::print(" saved checkpoint at iteration {:>7} to {} in {:.1f} ms | save-checkpoint pause (ms): {:.1f}\n",
+                 iteration, dir, ms, ms);
+      metrics_.write({{"event", "save"}, {"iteration", iteration}, {"dir", dir}, {"ms", ms}, {"pause_ms", ms},
+                      {"async", false}});
+    }
+  }
+  if (!async_saver_) after_commit(dir, iteration);
+}
+
+void Trainer::finalize_async_save(bool blocking) {
+  if (!async_saver_ || !async_saver_->in_flight()) return;
+  const int64_t iteration = async_saver_->in_flight_iteration();
+  const std::optional<std::string> dir = async_saver_->maybe_finalize(blocking);
+  if (!dir) return;
+  const double ms = 1000.0 * async_saver_->last_save_seconds();
+  if (is_logging_rank()) {
+    fmt::print(" saved checkpoint at iteration {:>7} to {} (async: committed {:.1f} ms after the snapshot)\n",
+               iteration, *dir, ms);
+    metrics_.write({{"event", "save"}, {"iteration", iteration}, {"dir", *dir}, {"ms", ms}, {"async", true}});
+  }
+  after_commit(*dir, iteration);
+}
+
+void Trainer::after_commit(const std::string& dir, int64_t iteration) {
+  const int64_t keep = config_.training.keep_last_n_checkpoints;
+  if (keep <= 0 || pc_.rank() != 0) return;
+  for (const std::string& old : dist_checkpointing::remove_old_checkpoints(config_.training.save, keep))
+    spdlog::info("--keep-last-n-checkpoints {}: deleted {} (after committing {} at iteration {})", keep, old, dir,
+                 iteration);
 }
 
 TrainSummary Trainer::train() {
@@ -273,6 +331,7 @@ TrainSummary Trainer::train() {
     bool skipped = false;
     const double loss = train_step(&grad_norm, &skipped);
     if (summary.iterations_run == 0) ops::op_profile_reset();  // MCPP_PROFILE_OPS: steady state only
+    finalize_async_save(/*blocking=*/false);  // a finished background save: vote + commit now
     ++iteration;
     ++summary.iterations_run;
     summary.losses.push_back(loss);
@@ -310,6 +369,7 @@ TrainSummary Trainer::train() {
     if (t.exit_interval > 0 && iteration % t.exit_interval == 0) break;
   }
   if (!t.save.empty() && (t.save_interval <= 0 || iteration % t.save_interval != 0)) save(iteration);
+  finalize_async_save(/*blocking=*/true);  // the trainer finalizes at exit
   if (timeline_) {
     const nlohmann::json trace = timeline::gather_and_write_trace(
         *timeline_, *pc_.world(), pc_.pp_rank(),

@@ -30,6 +30,7 @@
 
 namespace mcpp {
 namespace timeline { class TimelineRecorder; }
+namespace dist_checkpointing { class AsyncCheckpointSaver; }
 
 class Adam;
 class OptimizerParamScheduler;
@@ -70,6 +71,10 @@ class Trainer {
   StepLoss run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only);
   double train_step(double* grad_norm, bool* skipped);
   void save(int64_t iteration);
+  // --async-save: vote + commit a finished background save (blocking: wait for it); logs, retention.
+  void finalize_async_save(bool blocking);
+  void after_commit(const std::string& dir, int64_t iteration);  // --keep-last-n-checkpoints (rank 0)
+  std::vector<GPTModel*> chunk_ptrs() const;
   bool is_logging_rank() const { return pc_.rank() == pc_.world_size() - 1; }
   double dp_mean(double local) const;
 
@@ -88,7 +93,8 @@ class Trainer {
   std::unique_ptr<OptimizerParamScheduler> scheduler_;
   TrainerState state_;
   MetricsWriter metrics_;
-  std::unique_ptr<timeline::TimelineRecorder> timeline_;  // --timeline: training-step action intervals
+  std::unique_ptr<timeline::TimelineRecorder> timeline_;
+  std::unique_ptr<dist_checkpointing::AsyncCheckpointSaver> async_saver_;  // --async-save  // --timeline: training-step action intervals
 };
 
 }  // namespace mcpp
