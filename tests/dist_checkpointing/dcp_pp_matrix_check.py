@@ -3,11 +3,12 @@
 
 usage: dcp_pp_matrix_check.py MCPP WORKDIR
   Sources (iteration 3 of 6, SwiGLU, dropout 0):
-    pp4v2          8 layers, PP4 with 2 virtual stages per rank (4 ranks)
-    tp2pp2         4 layers, TP2 x PP2 (4 ranks)
-    tp2pp2dp2_dopt 4 layers, TP2 x PP2 x DP2 + distributed optimizer (8 ranks)
-  Targets: pp4v2 -> PP2 V1, PP1, PP2 V2; tp2pp2 / tp2pp2dp2_dopt -> TP1 x PP4, TP4 x PP1, TP1 x PP1,
-  PP2 V2 (distributed optimizer off everywhere). For each:
+    pp4v2          PP4 with 2 virtual stages per rank (4 ranks)
+    tp2pp2         TP2 x PP2 (4 ranks)
+    tp2pp2dp2_dopt TP2 x PP2 x DP2 + distributed optimizer (8 ranks)
+  (8 layers each.) Targets: pp4v2 -> PP2 V1, PP1, PP4 V1; tp2pp2 / tp2pp2dp2_dopt -> TP1 x PP4,
+  TP4 x PP1, TP1 x PP1, PP4 V2 (distributed optimizer off everywhere; virtual stages need pp > 2, as in
+  Megatron, so PP4 V2 stands for "PP2 with virtual stages"). For each:
   1. load and re-save at once: every logical tensor (model, exp_avg, exp_avg_sq) assembled by the
      independent oracle dcp_oracle.py is bit-identical to the source's;
   2. load and train to 6: losses of iterations 4..6 equal the uninterrupted source run (1e-6 relative).
@@ -85,13 +86,13 @@ def compare(name, ref, path):
 
 SOURCES = {
     "pp4v2": (8, 4, layout(1, 4, 1)),
-    "tp2pp2": (4, 4, layout(2, 2)),
-    "tp2pp2dp2_dopt": (4, 8, layout(2, 2, 0, ["--use-distributed-optimizer", "--ddp-bucket-size", "3000"])),
+    "tp2pp2": (8, 4, layout(2, 2)),
+    "tp2pp2dp2_dopt": (8, 8, layout(2, 2, 0, ["--use-distributed-optimizer", "--ddp-bucket-size", "3000"])),
 }
 TARGETS = {
-    "pp4v2": {"pp2v1": (2, layout(1, 2)), "pp1": (1, layout(1, 1)), "pp2v2": (2, layout(1, 2, 2))},
+    "pp4v2": {"pp2v1": (2, layout(1, 2)), "pp1": (1, layout(1, 1)), "pp4v1": (4, layout(1, 4))},
     "tp2pp2": {"tp1pp4": (4, layout(1, 4)), "tp4pp1": (4, layout(4, 1)), "tp1pp1": (1, layout(1, 1)),
-               "pp2v2": (2, layout(1, 2, 1))},
+               "pp4v2": (4, layout(1, 4, 1))},
 }
 TARGETS["tp2pp2dp2_dopt"] = TARGETS["tp2pp2"]
 refs = {}
@@ -127,7 +128,7 @@ for src, (layers, np_, flags) in SOURCES.items():
 # convert (offline) from TP2 x PP2
 if "tp2pp2" in refs:
     ref, part = refs["tp2pp2"]
-    M = model(4)
+    M = model(8)
     for name, tp, tnp in (("tp1pp1", 1, 1), ("tp4pp1", 4, 4)):
         out = os.path.join(WORK, f"convert_{name}")
         run([MCPP, "ckpt", "convert", part, "--tp", str(tp), "--pp", "1", "--output", out])

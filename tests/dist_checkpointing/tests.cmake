@@ -36,7 +36,7 @@ add_test(NAME dcp.async_retention_rng
                  ${CMAKE_CURRENT_BINARY_DIR}/dcp_async_check)
 set_tests_properties(dcp.async_retention_rng PROPERTIES TIMEOUT 900)
 # Pipeline / virtual-stage reshard (E11): PP4 V2, TP2 x PP2, TP2 x PP2 x DP2 + distopt checkpoints load at
-# PP2 V1/V2, PP1, TP1 x PP4, TP4, TP1 bit-identically (oracle) with the uninterrupted losses;
+# PP2, PP1, PP4 V1/V2, TP1 x PP4, TP4, TP1 bit-identically (oracle) with the uninterrupted losses;
 # `mcpp ckpt convert` (TP2 x PP2 -> TP1, TP4) and `mcpp ckpt info` against the manifest.
 add_test(NAME dcp.pp_matrix_convert
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_pp_matrix_check.py ${MCPP_BIN}
