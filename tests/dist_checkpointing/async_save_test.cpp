@@ -22,6 +22,7 @@ namespace fs = std::filesystem;
 using testing::random_tensor;
 using testing::read_text;
 using testing::TempDir;
+const nlohmann::json kMeta = nlohmann::json::object();
 
 std::vector<ShardedTensor> some_shards(uint32_t seed) {
   Tensor w = random_tensor({6, 4}, DType::F32, seed), b = random_tensor({4}, DType::BF16, seed + 1);
@@ -61,8 +62,8 @@ TEST(AsyncSave, AtMostOneInFlightAndFinalizeAtExit) {
   TempDir tmp;
   auto world = comm::make_local_world();
   AsyncCheckpointSaver saver(world);
-  saver.start(tmp.path(), 1, {}, some_shards(2));
-  saver.start(tmp.path(), 2, {}, some_shards(3));  // finalizes iteration 1 first
+  saver.start(tmp.path(), 1, kMeta, some_shards(2));
+  saver.start(tmp.path(), 2, kMeta, some_shards(3));  // finalizes iteration 1 first
   EXPECT_EQ(latest_iteration(tmp.path()), 1);
   EXPECT_EQ(saver.in_flight_iteration(), 2);
   EXPECT_EQ(saver.maybe_finalize(/*blocking=*/true).value(), (fs::path(tmp.path()) / "iter_0000002").string());
@@ -75,10 +76,10 @@ TEST(AsyncSave, FailedBackgroundWriteSurfacesAtFinalize) {
   TempDir tmp;
   auto world = comm::make_local_world();
   AsyncCheckpointSaver saver(world);
-  saver.start(tmp.path(), 1, {}, some_shards(4));
+  saver.start(tmp.path(), 1, kMeta, some_shards(4));
   saver.maybe_finalize(/*blocking=*/true);
   ::setenv("MCPP_FAULT_FAIL_AT", "after_fsync_model", 1);
-  saver.start(tmp.path(), 2, {}, some_shards(5));
+  saver.start(tmp.path(), 2, kMeta, some_shards(5));
   testing::expect_error([&] { while (!saver.maybe_finalize(/*blocking=*/false)) {} },
                         {"iteration 2", tmp.path(), "injected failure at after_fsync_model",
                          "previous checkpoint stays latest"});
@@ -88,7 +89,7 @@ TEST(AsyncSave, FailedBackgroundWriteSurfacesAtFinalize) {
   EXPECT_EQ(list_iterations(tmp.path()), (std::vector<int64_t>{1}));
   for (const std::string& f : files_of(tmp.path())) EXPECT_EQ(f.find(".tmp-"), std::string::npos) << f;
   // The saver is usable again.
-  saver.start(tmp.path(), 3, {}, some_shards(6));
+  saver.start(tmp.path(), 3, kMeta, some_shards(6));
   saver.maybe_finalize(/*blocking=*/true);
   EXPECT_EQ(latest_iteration(tmp.path()), 3);
 }
@@ -96,7 +97,7 @@ TEST(AsyncSave, FailedBackgroundWriteSurfacesAtFinalize) {
 TEST(Retention, KeepsNewestNAndLatestNeverTouchesStaging) {
   TempDir tmp;
   auto world = comm::make_local_world();
-  for (int64_t it : {1, 2, 3, 4}) save_sharded_checkpoint(tmp.path(), it, {}, some_shards(7), *world);
+  for (int64_t it : {1, 2, 3, 4}) save_sharded_checkpoint(tmp.path(), it, kMeta, some_shards(7), *world);
   fs::create_directory(tmp / "iter_0000005.tmp-0123abcd");  // an in-flight save
   auto removed = remove_old_checkpoints(tmp.path(), 2);
   EXPECT_EQ(removed, (std::vector<std::string>{(fs::path(tmp.path()) / "iter_0000001").string(),
@@ -113,7 +114,7 @@ TEST(Retention, KeepsNewestNAndLatestNeverTouchesStaging) {
 TEST(Retention, StaleStagingRemovedCommittedKept) {
   TempDir tmp;
   auto world = comm::make_local_world();
-  save_sharded_checkpoint(tmp.path(), 1, {}, some_shards(8), *world);
+  save_sharded_checkpoint(tmp.path(), 1, kMeta, some_shards(8), *world);
   fs::create_directory(tmp / "iter_0000002.tmp-deadbeef00000001");
   testing::write_text(tmp / "iter_0000002.tmp-deadbeef00000001/model.safetensors", "partial");
   testing::write_text(tmp / "latest_checkpointed_iteration.txt.tmp-0badc0de", "2\n");

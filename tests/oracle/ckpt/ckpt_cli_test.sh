@@ -30,7 +30,8 @@ for fmt in gpt2 llama; do
   "$PY" "$ORACLE" check-ckpt "$W/ck_$fmt/iter_0000000"
   "$PY" "$ORACLE" check-import $fmt "$W/hf_$fmt" "$W/ck_$fmt/iter_0000000"
   "$MCPP" ckpt verify --load "$W/ck_$fmt"
-  "$MCPP" ckpt info --load "$W/ck_$fmt" --tensors | tee "$W/info.txt" | head -5
+  "$MCPP" ckpt info --load "$W/ck_$fmt" --tensors > "$W/info.txt"  # no pipe into head: SIGPIPE + pipefail
+  head -5 "$W/info.txt"
   grep -q "decoder.final_layernorm.weight" "$W/info.txt"
   "$MCPP" ckpt export --load "$W/ck_$fmt/iter_0000000" --format hf-$fmt --output "$W/out_$fmt"
   "$PY" "$ORACLE" check-export $fmt "$W/ck_$fmt/iter_0000000" "$W/out_$fmt" "$W/hf_$fmt"
