@@ -23,7 +23,7 @@ void AsyncCheckpointSaver::start(const std::string& save_dir, int64_t iteration,
   p.meta = std::move(meta);
   p.shards = std::move(shards);
   p.started = std::chrono::steady_clock::now();
-  p.tmp_dir = begin_sharded_save(save_dir, iteration, *world_);  // collective, this thread
+  p.tmp_dir = begin_sharded_save(save_dir, iteration, world_->host());  // collective, this thread
   pending_ = std::move(p);
   Pending& q = *pending_;
   // The writer reads q.shards, which stay put: pending_ is not touched until the writer has finished.
@@ -38,14 +38,14 @@ std::optional<std::string> AsyncCheckpointSaver::maybe_finalize(bool blocking) {
   if (!blocking) {
     Tensor done = Tensor::empty({1}, DType::I32);
     done.data<int32_t>()[0] = p.writer.wait_for(std::chrono::seconds(0)) == std::future_status::ready ? 1 : 0;
-    world_->all_reduce(done, comm::ReduceOp::Min).wait();
+    world_->host().all_reduce(done, comm::ReduceOp::Min).wait();
     if (done.data<int32_t>()[0] == 0) return std::nullopt;
   }
   const RankWriteResult mine = p.writer.get();
   Pending finished = std::move(p);
   pending_.reset();  // nothing in flight from here on, whatever the outcome
   std::string dir = finish_sharded_save(finished.save_dir, finished.tmp_dir, finished.iteration, finished.meta,
-                                        mine, *world_);
+                                        mine, world_->host());
   last_save_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - finished.started).count();
   return dir;
 }

@@ -7,6 +7,7 @@
 //     finalizes a save still in flight (blocking: at most one in flight), then runs step 1 of the
 //     commit protocol (sharded_save.h; a broadcast) on the calling thread and hands step 2 (write +
 //     fsync of this rank's files, no communication) to a background thread.
+//   (All collectives go through world->host(): host tensors, also under NCCL.)
 //   maybe_finalize(blocking): steps 3-4 (vote, gather, rank 0 commits, broadcast) on the CALLING
 //     thread, so no two threads ever use `world` at once. Non-blocking: first an all-reduce (min) of
 //     "my write finished" over `world` (one int per call while a save is in flight); only when every

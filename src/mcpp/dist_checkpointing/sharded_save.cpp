@@ -224,6 +224,8 @@ std::string finish_sharded_save(const std::string& save_dir, const std::string& 
   if (!failed.empty()) {
     std::error_code ec;
     if (rank == 0) fs::remove_all(tmp_dir, ec);
+    // No rank throws before rank 0 has removed the staging directory (a throwing rank may abort the job).
+    world.barrier().wait();
     fail("saving checkpoint iteration {} to '{}' failed ({}); the previous checkpoint stays latest", iteration,
          save_dir, failed);
   }

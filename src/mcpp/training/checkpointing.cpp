@@ -238,7 +238,7 @@ CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std:
   snap.shards = collect_checkpoint_shards(chunks, optimizer, save_ownership(pc));
   // Every rank's RNG state, keyed by its coordinates (collective over the world).
   const std::vector<std::string> rngs =
-      dc::all_gather_strings(*pc.world(), nlohmann::json{{"rank", rng_rank_key(pc)}, {"state", state.rng.state()}}.dump());
+      dc::all_gather_strings(pc.world()->host(), nlohmann::json{{"rank", rng_rank_key(pc)}, {"state", state.rng.state()}}.dump());
   nlohmann::json per_rank = nlohmann::json::object();
   for (const std::string& r : rngs) {
     const nlohmann::json j = nlohmann::json::parse(r);
@@ -262,7 +262,7 @@ std::string save_training_checkpoint(const std::string& save_dir, const Config& 
                                      const std::vector<GPTModel*>& chunks, OptimizerRef optimizer,
                                      const TrainerState& state, const parallel_state::ParallelContext& pc) {
   const CheckpointSnapshot snap = snapshot_training_checkpoint(config, chunks, optimizer, state, pc);
-  return dc::save_sharded_checkpoint(save_dir, snap.iteration, snap.meta, snap.shards, *pc.world());
+  return dc::save_sharded_checkpoint(save_dir, snap.iteration, snap.meta, snap.shards, pc.world()->host());
 }
 
 namespace {

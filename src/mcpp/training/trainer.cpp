@@ -274,7 +274,7 @@ void Trainer::save(int64_t iteration) {
   if (async_saver_) {
     async_saver_->start(t.save, snap.iteration, std::move(snap.meta), std::move(snap.shards));
   } else {
-    dir = dist_checkpointing::save_sharded_checkpoint(t.save, snap.iteration, snap.meta, snap.shards, *pc_.world());
+    dir = dist_checkpointing::save_sharded_checkpoint(t.save, snap.iteration, snap.meta, snap.shards, pc_.world()->host());
   }
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (is_logging_rank()) {
