@@ -31,7 +31,7 @@ with open(sys.argv[1], "w") as f:
 PY
 "$MCPP" data preprocess --input "$tmp/corpus.jsonl" --output-prefix "$tmp/c" --append-eod > /dev/null
 M=(--num-layers "$LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS" --seq-length "$SEQ"
-   --max-position-embeddings "$SEQ" --micro-batch-size 1 --global-batch-size 1 --lr 1e-4 --lr-warmup-iters 1
+   --max-position-embeddings "$SEQ" --micro-batch-size 1 --global-batch-size 1 --lr 1e-4 --lr-warmup-iters 1 --lr-decay-iters 10
    --log-interval 1 --eval-interval 1000000 --eval-iters 0 --split 100,0,0 --hidden-dropout 0
    --attention-dropout 0 --make-vocab-size-divisible-by 64 --data-path "$tmp/c_text_document" --seed 1)
 
@@ -85,7 +85,7 @@ model {params/1e6:.1f} M params, checkpoint {ck_bytes/1e6:.1f} MB (model + Adam 
 |---|---|
 | sync save (pause = whole save) | {s_save['ms']:.0f} ms, {out['sync_save_MBps']:.0f} MB/s |
 | async save pause (snapshot) | {a_start['pause_ms']:.0f} ms ({s_save['ms']/a_start['pause_ms']:.1f}x shorter) |
-| async write + commit (background) | {a_save['ms']:.0f} ms, {out['async_write_MBps']:.0f} MB/s |
+| async: snapshot to commit (write in background, commit at the next step boundary) | {a_save["ms"]:.0f} ms |
 | training step: plain / during async write / after sync save | {out['step_ms_plain']:.0f} / {out['step_ms_during_async_write']:.0f} / {out['step_ms_after_sync_save']:.0f} ms |
 | load (same layout, checksums on) | {out['load_ms']:.0f} ms, {out['load_MBps']:.0f} MB/s |
 | read amplification TP1 -> TP2 (convert) | {out['reshard_tp1_to_tp2_read_amplification']:.2f} |
