@@ -1,8 +1,11 @@
 #include "mcpp/pipeline_parallel/schedule_runner.h"
 
+#include <fmt/format.h>
+
 #include <map>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/trace_range.h"
 
 namespace mcpp::pipeline_parallel {
 namespace {
@@ -40,6 +43,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
   for (const Action& act : *a.schedule) {
     const auto t0 = a.timings ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (act.kind == ActionKind::Forward) {
+      const TraceRange range(fmt::format("fwd mb {} chunk {}", act.microbatch, act.chunk));
       GPTModel& model = *a.chunks.at(static_cast<size_t>(act.chunk));
       const Key k{act.microbatch, act.chunk};
       const MicroBatch& mb = batch(act.microbatch);
@@ -58,6 +62,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       res.max_in_flight = std::max<int64_t>(res.max_in_flight, static_cast<int64_t>(ctxs.size()));
       if (a.forward_only) ctxs.erase(k);
     } else if (act.kind == ActionKind::Backward) {
+      const TraceRange range(fmt::format("bwd mb {} chunk {}", act.microbatch, act.chunk));
       GPTModel& model = *a.chunks.at(static_cast<size_t>(act.chunk));
       const Key k{act.microbatch, act.chunk};
       auto it = ctxs.find(k);
@@ -69,6 +74,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       ctxs.erase(it);
       if (!model.stage().pre_process) input_grads[k] = dx;
     } else {  // Comm: one batched P2P call, in Megatron's op order
+      const TraceRange range("p2p");
       std::vector<comm::P2POp> ops;
       if (act.send_prev)
         ops.push_back({comm::P2POp::Kind::Send, take(input_grads, key_of(*act.send_prev), "input gradient to send"),

@@ -9,6 +9,7 @@
 #include "mcpp/dist_checkpointing/checkpoint.h"
 #include "mcpp/dist_checkpointing/sharded_save.h"
 #include "mcpp/dist_checkpointing/sharded_tensor.h"
+#include "mcpp/kernels/ops.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/pipeline_parallel/layout.h"
@@ -175,9 +176,13 @@ SaveOwnership save_ownership(const parallel_state::ParallelContext& pc) {
   return {.dp = pc.dp_cp()->size(), .dp_rank = pc.dp_cp()->rank(), .tp = pc.tp_size(), .tp_rank = pc.tp_rank()};
 }
 
+// Model tensors are the fp32 main params (= the params with fp32 training); with mixed precision the
+// bf16 model copy is then the rounded master, as after an optimizer step.
 void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks) {
-  for (GPTModel* c : chunks)
-    for (const auto& p : c->params().params()) read_shard(reader, p->spec.key, p->spec, p->data);
+  for (GPTModel* c : chunks) {
+    for (const auto& p : c->params().params()) read_shard(reader, p->spec.key, p->spec, p->main_param);
+    if (c->params().mixed_precision()) ops::cast(c->params().param_buffer(), c->params().main_param_buffer());
+  }
 }
 
 void read_adam_state(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks, Adam& adam) {
@@ -204,7 +209,7 @@ std::vector<dc::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTMo
   for (GPTModel* c : chunks)
     for (const auto& p : c->params().params())
       if (!p->spec.shared_copy && own.writes_replica(p->spec.key) && own.writes_tp_replica(p->spec.key, p->spec))
-        add_tp_shards(shards, p->spec.key, p->data, p->spec);
+        add_tp_shards(shards, p->spec.key, p->main_param, p->spec);  // fp32 master
   if (optimizer.adam) {
     for (const AdamState& s : optimizer.adam->state()) {
       const ParamSpec& spec = spec_of(chunks, s.name);

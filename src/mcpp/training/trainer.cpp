@@ -9,6 +9,7 @@
 
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
+#include "mcpp/core/trace_range.h"
 #include "mcpp/kernels/op_profile.h"
 #include "mcpp/dist_checkpointing/async_save.h"
 #include "mcpp/dist_checkpointing/retention.h"
@@ -60,9 +61,6 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   if (t.bf16 && device_ != Device::CUDA)
     fail("bf16: mixed-precision training needs the CUDA backend (device resolved to cpu; the CPU trainer runs fp32)");
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
-  if (device_ == Device::CUDA && (!t.save.empty() || !t.load.empty()))
-    fail("--save/--load: checkpoints of a CUDA-resident model are not wired yet (train with --device cpu to "
-         "checkpoint)");
   train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, t.train_iters * gbs, eod_token));
   if (t.eval_iters > 0 && t.eval_interval > 0) {
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;
@@ -209,9 +207,11 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
 }
 
 double Trainer::train_step(double* grad_norm, bool* skipped) {
+  const TraceRange step_range("train_step");
   if (dist_optimizer_) dist_optimizer_->wait_param_gather();  // previous step's params complete
   for (auto& ddp : ddps_) ddp->zero_grad();
   const double loss = run_microbatches(*train_ds_, state_.consumed_train_samples, /*forward_only=*/false).mean_loss;
+  TraceRange sync_range("grad sync + optimizer");
   for (auto& ddp : ddps_) ddp->finish_grad_sync();  // average over DP (owned shards with the distributed optimizer)
   finalize_model_grads(buffers(), pc_, !config_.model.untie_embeddings_and_output_weights);
   const float clip = config_.optimizer.clip_grad;

@@ -1,6 +1,7 @@
 // Linked in a build without CUDA: every CUDA op and the device-memory seam report it clearly.
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
+#include "mcpp/core/trace_range.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -14,6 +15,9 @@ bool available() { return false; }
 size_t peak_bytes() { return 0; }
 void synchronize() {}
 }  // namespace cuda_backend
+
+void trace_range_push(const char*) {}  // no profiler ranges without CUDA
+void trace_range_pop() {}
 
 namespace ops::cuda {
 #define MCPP_OP(ret, name, params) \
