@@ -9,6 +9,8 @@ usage: dcp_async_check.py MCPP WORKDIR
      snapshot pause as "save-checkpoint pause (ms)" and the JSONL has a save_start record with pause_ms.
   2. a failed background write (MCPP_FAULT_FAIL_AT=after_fsync_model on rank 1 at iteration 4) ends the
      run with exit 2 and an error naming iteration 4 and the save directory; latest stays 2, which verifies.
+  2b. SIGKILL in the writer thread (all ranks mid-file, rank 1 after fsync) and at the deferred vote:
+     latest stays 2 and verifies; a resume cleans the staging dir, trains to 6 and commits 4 and 6.
   3. retention: --keep-last-n-checkpoints 2 (async) keeps iterations 6 and 8 only; a stale
      iter_*.tmp-* directory from a "crashed" save is removed at startup and reported.
   4. per-rank RNG: at TP2 and at PP2 (dropout 0.1), 3 iterations + resume to 6 reproduce the
@@ -124,6 +126,24 @@ if tracker != "2" or iters(d) != ["iter_0000002"]:
     failures.append(f"failed async write: latest {tracker}, dirs {os.listdir(d) if os.path.isdir(d) else None}")
 run([MCPP, "ckpt", "verify", d])
 print(f"failed async write: exit {p.returncode}, latest {tracker}")
+
+# 2b. SIGKILL during an async save: in the writer thread (all ranks mid-file; rank 1 after its fsync) and
+# on the training thread at the vote of the next step boundary. latest stays 2 and verifies; a resume
+# removes the staging directory at startup, trains to 6 and commits.
+for point, rank in (("mid_file", ""), ("after_fsync_model", "1"), ("before_vote", "")):
+    d = os.path.join(WORK, f"kill_{point}_{rank or 'all'}")
+    p = run([MCPP, "train", *M, *TP2DP2, "--train-iters", "6", "--save-interval", "2", "--save", d, "--async-save"],
+            4, expect=None, env={"MCPP_FAULT_KILL_AT": point, "MCPP_FAULT_KILL_RANK": rank,
+                                 "MCPP_FAULT_KILL_ITERATION": "4"})
+    tracker = open(os.path.join(d, "latest_checkpointed_iteration.txt")).read().strip()
+    if p.returncode == 0 or tracker != "2" or "iter_0000004" in iters(d):
+        failures.append(f"kill at {point} (rank {rank or 'all'}): exit {p.returncode}, latest {tracker}, {iters(d)}")
+    run([MCPP, "ckpt", "verify", d])
+    p = run([MCPP, "train", *M, *TP2DP2, "--train-iters", "6", "--save-interval", "2", "--load", d, "--save", d,
+             "--async-save"], 4)
+    if iters(d) != ["iter_0000002", "iter_0000004", "iter_0000006"]:
+        failures.append(f"resume after kill at {point}: {iters(d)}")
+    print(f"kill at {point} (rank {rank or 'all'}): latest {tracker}; resumed to {iters(d)}")
 
 # 3. retention + stale staging clean-up
 d = os.path.join(WORK, "keep")

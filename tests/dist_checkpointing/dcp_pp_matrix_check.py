@@ -12,7 +12,7 @@ usage: dcp_pp_matrix_check.py MCPP WORKDIR
   1. load and re-save at once: every logical tensor (model, exp_avg, exp_avg_sq) assembled by the
      independent oracle dcp_oracle.py is bit-identical to the source's;
   2. load and train to 6: losses of iterations 4..6 equal the uninterrupted source run (1e-6 relative).
-  convert: tp2pp2 -> (TP1, PP1) and -> (TP4, PP1) offline: oracle-identical logical tensors, `ckpt verify`
+  convert: tp2pp2 -> (TP1, PP1), (TP4, PP1) and (PP4, V2) offline: oracle-identical logical tensors, `ckpt verify`
   passes, and resuming from the converted checkpoint gives exactly the losses of resuming from the
   original at the same layout; bad arguments (tp not dividing the heads, a missing dir) exit 2 with the
   reason. info: one line per distinct logical key with dtype, global shape, shard count and bytes that
@@ -129,17 +129,20 @@ for src, (layers, np_, flags) in SOURCES.items():
 if "tp2pp2" in refs:
     ref, part = refs["tp2pp2"]
     M = model(8)
-    for name, tp, tnp in (("tp1pp1", 1, 1), ("tp4pp1", 4, 4)):
+    for name, tp, pp, vp, tflags in (("tp1pp1", 1, 1, 1, layout(1, 1)), ("tp4pp1", 4, 1, 1, layout(4, 1)),
+                                     ("pp4v2", 1, 4, 2, layout(1, 4, 1))):
         out = os.path.join(WORK, f"convert_{name}")
-        run([MCPP, "ckpt", "convert", part, "--tp", str(tp), "--pp", "1", "--output", out])
+        run([MCPP, "ckpt", "convert", part, "--tp", str(tp), "--pp", str(pp), "--vp", str(vp), "--output", out])
         man = compare(f"convert -> {name}", ref, os.path.join(out, "iter_0000003"))
-        if man is not None and (man["meta"]["parallel"]["tp"] != tp or man["meta"]["config"]["parallel"][
-                "tensor_model_parallel_size"] != tp or man["meta"]["parallel"]["world_size"] != tp):
+        world = tp * pp
+        if man is not None and (man["meta"]["parallel"]["tp"] != tp or man["meta"]["parallel"]["pp"] != pp or
+                                man["meta"]["parallel"]["vp"] != vp or man["meta"]["parallel"]["world_size"] != world or
+                                man["meta"]["config"]["parallel"]["tensor_model_parallel_size"] != tp):
             failures.append(f"convert -> {name}: meta.parallel {man['meta']['parallel']}")
-        if man is not None and len({e["file"] for e in man["tensors"]}) != (2 if tp == 1 else 2 * tp):
+        if man is not None and len({e["file"] for e in man["tensors"]}) != (2 if world == 1 else 2 * world):
             failures.append(f"convert -> {name}: files {sorted({e['file'] for e in man['tensors']})}")
         run([MCPP, "ckpt", "verify", out])
-        run([MCPP, "train", *M, *layout(tp, 1), "--train-iters", "6", "--load", out, "--save", out], tnp)
+        run([MCPP, "train", *M, *tflags, "--train-iters", "6", "--load", out, "--save", out], world)
         want = losses(os.path.join(WORK, f"tp2pp2_cont_{name}"))
         got = losses(out)
         if not got or [got.get(i) for i in (4, 5, 6)] != [want.get(i) for i in (4, 5, 6)]:

@@ -10,9 +10,12 @@
 //   the scheduled LR (sharded + param all-gather with the distributed optimizer; skipped, and counted,
 //   when the norm is not finite) -> scheduler step.
 // The last rank prints Megatron's log line every log_interval and writes the JSONL metrics; evaluation
-// on the valid split every eval_interval; checkpoints every save_interval and at the end (collective:
-// logical tensors gathered over TP, written by rank 0). Deterministic given --seed: a run resumed from
-// iteration k reproduces the uninterrupted run's losses bit for bit on CPU.
+// on the valid split every eval_interval; checkpoints every save_interval and at the end (collective,
+// sharded: every rank writes its own shards of every model chunk, training/checkpointing.h; with
+// --async-save the step pauses only for the snapshot, the write runs in the background and the vote +
+// commit happen at a later step boundary or at the end; --keep-last-n-checkpoints prunes after each
+// commit). Deterministic given --seed: a run resumed from iteration k reproduces the uninterrupted
+// run's losses bit for bit on CPU (per-rank RNG states restore when the layout is unchanged).
 // Device (--device auto|cpu|cuda): the model, its buffers and the optimizer state live on one device;
 // batches are built on the host and moved by the model. --bf16 (CUDA only): bf16 params and
 // activations, fp32 main params (the optimizer's) and main grads.
