@@ -68,35 +68,31 @@ __global__ void qkv_merge_kernel(FOut qkv, FIn q, FIn k, FIn v, QkvShape a, int6
 }
 }  // namespace
 
+namespace {
+// The 16-byte copy when it applies (same dtype everywhere, aligned rows); false: use the converting kernel.
+template <bool kSplit>
+bool launch_copy16(const void* qkv, const void* q, const void* k, const void* v, int kind_qkv, int kind_q,
+                   int kind_k, int kind_v, const QkvShape& a, int64_t n, cudaStream_t s) {
+  const int64_t words = kind_q == kind_k && kind_q == kind_v ? copy16_words(qkv, q, k, v, kind_qkv, kind_q, a.d) : 0;
+  if (words == 0) return false;
+  const int64_t nw = n / a.d * words;
+  const auto p = [](const void* x) { return const_cast<uint4*>(static_cast<const uint4*>(x)); };
+  qkv_copy16_kernel<kSplit><<<grid_for(nw, kThreads), kThreads, 0, s>>>(p(qkv), p(q), p(k), p(v), a, words, nw);
+  MCPP_CUDA_LAUNCH_CHECK();
+  return true;
+}
+}  // namespace
+
 void launch_qkv_split(FOut q, FOut k, FOut v, FIn qkv, const QkvShape& a, cudaStream_t s) {
   const int64_t n = a.sb * (a.nq + 2 * a.ng) * a.d;
-  if (n <= 0) return;
-  const int64_t words = q.kind == k.kind && q.kind == v.kind ? copy16_words(qkv.p, q.p, k.p, v.p, qkv.kind, q.kind, a.d) : 0;
-  if (words > 0) {
-    const int64_t nw = n / a.d * words;
-    qkv_copy16_kernel<true><<<grid_for(nw, kThreads), kThreads, 0, s>>>(
-        const_cast<uint4*>(static_cast<const uint4*>(qkv.p)), static_cast<uint4*>(q.p), static_cast<uint4*>(k.p),
-        static_cast<uint4*>(v.p), a, words, nw);
-    MCPP_CUDA_LAUNCH_CHECK();
-    return;
-  }
+  if (n <= 0 || launch_copy16<true>(qkv.p, q.p, k.p, v.p, qkv.kind, q.kind, k.kind, v.kind, a, n, s)) return;
   qkv_split_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(q, k, v, qkv, a, n);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
 void launch_qkv_merge(FOut qkv, FIn q, FIn k, FIn v, const QkvShape& a, cudaStream_t s) {
   const int64_t n = a.sb * (a.nq + 2 * a.ng) * a.d;
-  if (n <= 0) return;
-  const int64_t words = q.kind == k.kind && q.kind == v.kind ? copy16_words(qkv.p, q.p, k.p, v.p, qkv.kind, q.kind, a.d) : 0;
-  if (words > 0) {
-    const int64_t nw = n / a.d * words;
-    qkv_copy16_kernel<false><<<grid_for(nw, kThreads), kThreads, 0, s>>>(
-        static_cast<uint4*>(qkv.p), const_cast<uint4*>(static_cast<const uint4*>(q.p)),
-        const_cast<uint4*>(static_cast<const uint4*>(k.p)), const_cast<uint4*>(static_cast<const uint4*>(v.p)), a,
-        words, nw);
-    MCPP_CUDA_LAUNCH_CHECK();
-    return;
-  }
+  if (n <= 0 || launch_copy16<false>(qkv.p, q.p, k.p, v.p, qkv.kind, q.kind, k.kind, v.kind, a, n, s)) return;
   qkv_merge_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(qkv, q, k, v, a, n);
   MCPP_CUDA_LAUNCH_CHECK();
 }
