@@ -12,7 +12,8 @@ usage: dcp_pp_matrix_check.py MCPP WORKDIR
   1. load and re-save at once: every logical tensor (model, exp_avg, exp_avg_sq) assembled by the
      independent oracle dcp_oracle.py is bit-identical to the source's;
   2. load and train to 6: losses of iterations 4..6 equal the uninterrupted source run (1e-6 relative).
-  convert: tp2pp2 -> (TP1, PP1), (TP4, PP1) and (PP4, V2) offline: oracle-identical logical tensors, `ckpt verify`
+  convert: tp2pp2 -> (TP1, PP1), (TP4, PP1) and (PP4, V2), and tp2pp2dp2_dopt -> TP1 (distributed-optimizer
+  pieces become plain Adam state) offline: oracle-identical logical tensors, `ckpt verify`
   passes, and resuming from the converted checkpoint gives exactly the losses of resuming from the
   original at the same layout; bad arguments (tp not dividing the heads, a missing dir) exit 2 with the
   reason. info: one line per distinct logical key with dtype, global shape, shard count and bytes that
@@ -148,6 +149,13 @@ if "tp2pp2" in refs:
         if not got or [got.get(i) for i in (4, 5, 6)] != [want.get(i) for i in (4, 5, 6)]:
             failures.append(f"convert -> {name}: resumed losses {got} vs resumed from the original {want}")
         print(f"convert -> {name}: resumed losses {[got.get(i) for i in (4, 5, 6)]}")
+    if "tp2pp2dp2_dopt" in refs:  # distributed-optimizer pieces -> plain Adam state, logically identical
+        dref, dpart = refs["tp2pp2dp2_dopt"]
+        out = os.path.join(WORK, "convert_dopt_tp1pp1")
+        run([MCPP, "ckpt", "convert", dpart, "--tp", "1", "--pp", "1", "--output", out])
+        man = compare("convert distopt -> tp1pp1", dref, os.path.join(out, "iter_0000003"))
+        if man is not None and (man["meta"]["optimizer"] != {"step": 3} or man["meta"]["parallel"]["distributed_optimizer"]):
+            failures.append(f"convert distopt: meta.optimizer {man['meta']['optimizer']}, parallel {man['meta']['parallel']}")
     for args, want in ((["--tp", "3", "--pp", "1"], "num_attention_heads"),
                        (["--tp", "1", "--pp", "3"], "num_layers"),
                        (["--tp", "1", "--pp", "2", "--vp", "3"], "num_layers")):
