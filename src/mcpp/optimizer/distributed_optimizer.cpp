@@ -32,14 +32,27 @@ std::string format_memory_report(const MemoryReport& r) {
 }
 
 DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const DistributedOptimizerOptions& opt)
-    : ddp_(ddp), opt_(opt) {
-  if (!ddp.options().use_distributed_optimizer)
-    fail("DistributedOptimizer: the DistributedDataParallel wrapper must be built with use_distributed_optimizer");
+    : DistributedOptimizer(std::vector<DistributedDataParallel*>{&ddp}, opt) {}
+
+DistributedOptimizer::DistributedOptimizer(const std::vector<DistributedDataParallel*>& ddps,
+                                           const DistributedOptimizerOptions& opt)
+    : ddps_(ddps), opt_(opt) {
+  if (ddps_.empty()) fail("DistributedOptimizer: no DistributedDataParallel wrapper given");
+  for (const DistributedDataParallel* d : ddps_) {
+    if (!d->options().use_distributed_optimizer)
+      fail("DistributedOptimizer: the DistributedDataParallel wrapper must be built with use_distributed_optimizer");
+    if (d->dp_group() != ddps_.front()->dp_group())
+      fail("DistributedOptimizer: the model chunks' DistributedDataParallel wrappers use different DP groups");
+  }
   const AdamOptions& a = opt.adam;
   if (!(a.beta1 >= 0.0f && a.beta1 < 1.0f)) fail("DistributedOptimizer: adam_beta1 must be in [0, 1), got {}", a.beta1);
   if (!(a.beta2 >= 0.0f && a.beta2 < 1.0f)) fail("DistributedOptimizer: adam_beta2 must be in [0, 1), got {}", a.beta2);
   if (!(a.eps > 0.0f)) fail("DistributedOptimizer: adam_eps must be positive, got {}", a.eps);
   if (!(a.weight_decay >= 0.0f)) fail("DistributedOptimizer: weight_decay must be >= 0, got {}", a.weight_decay);
+  for (DistributedDataParallel* d : ddps_) add_pieces(*d);
+}
+
+void DistributedOptimizer::add_pieces(DistributedDataParallel& ddp) {
   const int dp = ddp.dp_size(), r = ddp.dp_rank();
   ParamAndGradBuffer& buf = ddp.buffer();
   const Device dev = buf.param_buffer().device();
@@ -64,7 +77,7 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const D
 }
 
 void DistributedOptimizer::step(float lr) {
-  ddp_.wait_param_gather();  // a previous overlapped gather must land before the shard is rewritten
+  wait_param_gather();  // a previous overlapped gather must land before the shard is rewritten
   ++step_;
   for (ShardPiece& pc : pieces_) {
     ops::AdamWOptions o{.lr = lr, .beta1 = opt_.adam.beta1, .beta2 = opt_.adam.beta2, .eps = opt_.adam.eps,
@@ -73,21 +86,24 @@ void DistributedOptimizer::step(float lr) {
     ops::adamw_step(pc.param, pc.exp_avg, pc.exp_avg_sq, pc.main_grad,
                     pc.model_param.defined() ? &pc.model_param : nullptr, o);
   }
-  ddp_.start_param_gather();
-  if (!opt_.overlap_param_gather) ddp_.wait_param_gather();
+  for (DistributedDataParallel* d : ddps_) d->start_param_gather();
+  if (!opt_.overlap_param_gather) wait_param_gather();
 }
 
-void DistributedOptimizer::wait_param_gather() { ddp_.wait_param_gather(); }
+void DistributedOptimizer::wait_param_gather() {
+  for (DistributedDataParallel* d : ddps_) d->wait_param_gather();
+}
 
 double DistributedOptimizer::grad_norm() const {
-  const parallel_state::ParallelContext& pc = ddp_.parallel_context();
+  const DistributedDataParallel& ddp = *ddps_.front();
+  const parallel_state::ParallelContext& pc = ddp.parallel_context();
   double local = 0;
   for (const ShardPiece& p : pieces_)
     if (counts_in_grad_norm(p.owner->spec, pc.tp_rank())) local += ops::sum_of_squares(p.main_grad);
   // One float32 value (the communicator has no float64); rounding ~1e-7 relative, as model_grad_norm.
   Tensor t = Tensor::empty({1}, DType::F32);
   t.data<float>()[0] = static_cast<float>(local);
-  if (ddp_.dp_group()->size() > 1) ddp_.dp_group()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
+  if (ddp.dp_group()->size() > 1) ddp.dp_group()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
   if (pc.mp()->size() > 1) pc.mp()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
   return std::sqrt(static_cast<double>(t.data<float>()[0]));
 }
@@ -125,12 +141,16 @@ void DistributedOptimizer::load_state(int64_t step_count, const StateLookup& loo
 }
 
 MemoryReport DistributedOptimizer::measured_memory() const {
-  ParamAndGradBuffer& buf = ddp_.buffer();
-  const double n = static_cast<double>(buf.numel());
-  MemoryReport r{.dp = ddp_.dp_size(), .distributed_optimizer = true,
-                 .model_param_dtype = buf.param_buffer().dtype()};
-  r.param_bytes = static_cast<double>(buf.param_buffer().nbytes()) / n;
-  r.grad_bytes = static_cast<double>(buf.grad_buffer().nbytes()) / n;
+  double n = 0, param_bytes = 0, grad_bytes = 0;
+  for (DistributedDataParallel* d : ddps_) {
+    n += static_cast<double>(d->buffer().numel());
+    param_bytes += static_cast<double>(d->buffer().param_buffer().nbytes());
+    grad_bytes += static_cast<double>(d->buffer().grad_buffer().nbytes());
+  }
+  MemoryReport r{.dp = ddps_.front()->dp_size(), .distributed_optimizer = true,
+                 .model_param_dtype = ddps_.front()->buffer().param_buffer().dtype()};
+  r.param_bytes = param_bytes / n;
+  r.grad_bytes = grad_bytes / n;
   double state = 0;
   for (size_t b = 0; b < exp_avg_.size(); ++b) state += static_cast<double>(exp_avg_[b].nbytes() + exp_avg_sq_[b].nbytes());
   r.optimizer_state_bytes = state / n;

@@ -16,6 +16,10 @@
 // counting a TP-replicated parameter only on tp rank 0 (param_is_not_tensor_parallel_duplicate),
 // all-reduced over dp_cp and then mp (= every rank once). clip_grads(norm, max) scales the owned ranges.
 //
+// Virtual pipeline stages (several model chunks per rank): one DistributedDataParallel per chunk (its
+// own buffers and buckets) and ONE optimizer over all of them, as Megatron does: the pieces of every
+// chunk's buckets, one step counter, one grad norm (all chunks' owned grads in one sum).
+//
 // Checkpoint state: state() lists every piece as (key, offset of the piece in the parameter's flat
 // local tensor, numel, param_numel, exp_avg piece, exp_avg_sq piece), so the state can be saved
 // logically and reloaded under another DP size; load_state fills pieces from a lookup.
@@ -75,6 +79,9 @@ class DistributedOptimizer {
  public:
   // ddp must use the distributed optimizer (DdpOptions::use_distributed_optimizer); mcpp::Error otherwise.
   DistributedOptimizer(DistributedDataParallel& ddp, const DistributedOptimizerOptions& opt);
+  // Several model chunks (virtual pipeline stages): every ddp must use the distributed optimizer and the
+  // same data-parallel group; pieces follow the ddps' order.
+  DistributedOptimizer(const std::vector<DistributedDataParallel*>& ddps, const DistributedOptimizerOptions& opt);
 
   void step(float lr);       // AdamW on the shard pieces, then the param all-gather (async with overlap)
   void wait_param_gather();  // the trainer calls it before the next forward when overlap_param_gather
@@ -94,9 +101,10 @@ class DistributedOptimizer {
   MemoryReport measured_memory() const;
 
  private:
-  DistributedDataParallel& ddp_;
+  void add_pieces(DistributedDataParallel& ddp);  // one ddp's buckets: state tensors + pieces
+  std::vector<DistributedDataParallel*> ddps_;
   DistributedOptimizerOptions opt_;
-  std::vector<Tensor> exp_avg_, exp_avg_sq_;  // per bucket [shard_size]
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;  // per bucket (of every ddp) [shard_size]
   std::vector<ShardPiece> pieces_;
   int64_t step_ = 0;
 };

@@ -6,6 +6,7 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/core/trace_range.h"
+#include "mcpp/pipeline_parallel/activation_memory.h"
 
 namespace mcpp::pipeline_parallel {
 namespace {
@@ -15,6 +16,23 @@ Key key_of(const TensorId& t) { return {t.microbatch, t.chunk}; }
 
 constexpr int kActivationTag = 0;
 constexpr int kGradientTag = 1;
+constexpr int kActivationShapeTag = 2;  // variable_seq_lengths: the shape message before each transfer
+constexpr int kGradientShapeTag = 3;
+
+Tensor shape_message(const Shape& shape) {  // [3] int64
+  MCPP_CHECK(shape.size() == 3, "pipeline P2P tensors are [s, b, h], got {}", shape_str(shape));
+  Tensor t = Tensor::empty({3}, DType::I64);
+  for (size_t i = 0; i < 3; ++i) t.data<int64_t>()[i] = shape[i];
+  return t;
+}
+
+Shape shape_of_message(const Tensor& t, int peer) {
+  Shape s(t.data<int64_t>(), t.data<int64_t>() + 3);
+  for (int64_t d : s)
+    MCPP_CHECK(d > 0 && d < (int64_t{1} << 40), "pipeline shape message from pp rank {}: bad shape {}", peer,
+               shape_str(s));
+  return s;
+}
 
 Tensor take(std::map<Key, Tensor>& m, const Key& k, const char* what) {
   auto it = m.find(k);
@@ -60,6 +78,10 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
         outputs[k] = out;
       }
       res.max_in_flight = std::max<int64_t>(res.max_in_flight, static_cast<int64_t>(ctxs.size()));
+      std::vector<const GPTModelCtx*> live;
+      for (const auto& [key, c] : ctxs) live.push_back(&c);
+      res.peak_activation_bytes = std::max(res.peak_activation_bytes, context_bytes(live));
+      res.max_context_bytes = std::max(res.max_context_bytes, context_bytes(ctx));
       if (a.forward_only) ctxs.erase(k);
     } else if (act.kind == ActionKind::Backward) {
       const TraceRange range(fmt::format("bwd mb {} chunk {}", act.microbatch, act.chunk));
@@ -75,20 +97,34 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       if (!model.stage().pre_process) input_grads[k] = dx;
     } else {  // Comm: one batched P2P call, in Megatron's op order
       const TraceRange range("p2p");
+      Tensor grad_out = act.send_prev ? take(input_grads, key_of(*act.send_prev), "input gradient to send") : Tensor();
+      Tensor act_out = act.send_next ? take(outputs, key_of(*act.send_next), "activation to send") : Tensor();
+      Shape recv_act_shape = a.hidden_shape, recv_grad_shape = a.hidden_shape;
+      if (a.variable_seq_lengths) {  // the shapes first, mirroring the data ops one to one
+        std::vector<comm::P2POp> shape_ops;
+        // On the activations' device (the communicator moves device buffers), read back on the host.
+        const Device dev = a.hidden_device;
+        Tensor act_shape = Tensor::zeros({3}, DType::I64, dev), grad_shape = Tensor::zeros({3}, DType::I64, dev);
+        if (act.send_prev)
+          shape_ops.push_back({comm::P2POp::Kind::Send, shape_message(grad_out.shape()).to(dev), prev, kGradientShapeTag});
+        if (act.recv_prev) shape_ops.push_back({comm::P2POp::Kind::Recv, act_shape, prev, kActivationShapeTag});
+        if (act.send_next)
+          shape_ops.push_back({comm::P2POp::Kind::Send, shape_message(act_out.shape()).to(dev), next, kActivationShapeTag});
+        if (act.recv_next) shape_ops.push_back({comm::P2POp::Kind::Recv, grad_shape, next, kGradientShapeTag});
+        pc.pp()->batch_p2p(shape_ops).wait();
+        if (act.recv_prev) recv_act_shape = shape_of_message(act_shape.to(Device::CPU), prev);
+        if (act.recv_next) recv_grad_shape = shape_of_message(grad_shape.to(Device::CPU), next);
+      }
       std::vector<comm::P2POp> ops;
-      if (act.send_prev)
-        ops.push_back({comm::P2POp::Kind::Send, take(input_grads, key_of(*act.send_prev), "input gradient to send"),
-                       prev, kGradientTag});
+      if (act.send_prev) ops.push_back({comm::P2POp::Kind::Send, grad_out, prev, kGradientTag});
       if (act.recv_prev) {
-        Tensor t = Tensor::empty(a.hidden_shape, a.hidden_dtype, a.hidden_device);
+        Tensor t = Tensor::empty(recv_act_shape, a.hidden_dtype, a.hidden_device);
         received_act[key_of(*act.recv_prev)] = t;
         ops.push_back({comm::P2POp::Kind::Recv, t, prev, kActivationTag});
       }
-      if (act.send_next)
-        ops.push_back({comm::P2POp::Kind::Send, take(outputs, key_of(*act.send_next), "activation to send"), next,
-                       kActivationTag});
+      if (act.send_next) ops.push_back({comm::P2POp::Kind::Send, act_out, next, kActivationTag});
       if (act.recv_next) {
-        Tensor t = Tensor::empty(a.hidden_shape, a.hidden_dtype, a.hidden_device);
+        Tensor t = Tensor::empty(recv_grad_shape, a.hidden_dtype, a.hidden_device);
         received_grad[key_of(*act.recv_next)] = t;
         ops.push_back({comm::P2POp::Kind::Recv, t, next, kGradientTag});
       }

@@ -8,8 +8,14 @@
 //                    grad_scale on the last stage); the input gradient is kept for its send.
 //   Comm             one batched P2P call on the PP group: activations travel on tag 0 to the next rank,
 //                    gradients on tag 1 to the previous one (separate channels, so pp = 2 cannot cross).
-// P2P shapes are known from the config: [s(/tp with SP), b, h] float32. Forward-only schedules
-// (evaluation) drop each context right after its forward.
+// P2P shapes are known from the config: [s(/tp with SP), b, h] float32 — or, with variable_seq_lengths
+// (Megatron's _communicate_shapes), every Comm first exchanges the shapes: each data send is preceded by a
+// [3] int64 message with its shape on its own tag (2: activation shapes, 3: gradient shapes), in one
+// batched call, and the receiver allocates from it. Forward-only schedules (evaluation) drop each context
+// right after its forward.
+// Activation memory: after every Forward the bytes reachable from all live contexts (each storage once,
+// activation_memory.h) are measured; the run reports the peak, the largest single context and the peak
+// number of live contexts (1F1B: pp - rank; interleaved: simulator.h's max_activations_in_flight).
 // Optional timing (args.timings): every executed action is appended with its steady-clock start / end;
 // a Comm's interval is its whole batch_p2p call including the wait (transfer and waiting for the peer are
 // not separable on CPU ranks). training/timeline.h turns these into a trace.
@@ -38,7 +44,8 @@ struct ScheduleRunArgs {
   std::vector<GPTModel*> chunks = {};  // this rank's model chunks, by virtual stage
   const parallel_state::ParallelContext* pc = nullptr;
   std::function<MicroBatch(int64_t microbatch)> get_batch;
-  Shape hidden_shape;              // [s(/tp), b, h] of the P2P tensors
+  Shape hidden_shape;              // [s(/tp), b, h] of the P2P tensors (unused with variable_seq_lengths)
+  bool variable_seq_lengths = false;  // exchange each P2P tensor's shape first
   DType hidden_dtype = DType::F32;  // the activations' dtype (bf16 with mixed precision)
   Device hidden_device = Device::CPU;
   ForwardOptions forward;          // training (dropout) and the RNG tracker
@@ -54,6 +61,8 @@ struct ScheduleRunResult {
   double masked_loss_sum = 0;  // sum over microbatches of sum(loss * mask) (last stage only)
   double num_tokens = 0;       // sum over microbatches of sum(mask) (last stage only)
   int64_t max_in_flight = 0;   // peak number of held forward contexts
+  size_t peak_activation_bytes = 0;  // peak bytes held by all live contexts (measured after each forward)
+  size_t max_context_bytes = 0;      // the largest single context right after its forward
 };
 
 ScheduleRunResult run_schedule(const ScheduleRunArgs& args);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -20,7 +21,9 @@
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/pipeline_parallel/layout.h"
 #include "mcpp/pipeline_parallel/schedule_runner.h"
+#include "mcpp/kernels/ops.h"
 #include "mcpp/optimizer/lr_scheduler.h"
+#include "mcpp/training/activation_report.h"
 #include "mcpp/training/timeline.h"
 
 namespace mcpp {
@@ -86,10 +89,11 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                    .use_distributed_optimizer = par.use_distributed_optimizer}));
   }
   if (par.use_distributed_optimizer) {
-    if (chunks_.size() != 1)
-      fail("use_distributed_optimizer with virtual pipeline stages is not supported yet (one chunk per rank)");
+    // One DDP per chunk, one optimizer over all chunks' buffers (Megatron's virtual-stage setup).
+    std::vector<DistributedDataParallel*> ddps;
+    for (auto& d : ddps_) ddps.push_back(d.get());
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(
-        *ddps_.front(), DistributedOptimizerOptions{.adam = adam_options_from(config_.optimizer),
+        ddps, DistributedOptimizerOptions{.adam = adam_options_from(config_.optimizer),
                                                     .overlap_param_gather = par.overlap_param_gather});
   } else {
     std::vector<AdamParam> adam_params;
@@ -192,10 +196,13 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
         return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask};
       },
       .hidden_shape = {s, config_.training.micro_batch_size, config_.model.hidden_size},
+      .variable_seq_lengths = config_.parallel.variable_seq_lengths,
       .hidden_dtype = param_dtype_,
       .hidden_device = device_,
       .forward = {.training = !forward_only, .rng = forward_only ? nullptr : &state_.rng},
-      .grad_scale = 1.0f / static_cast<float>(num_micro),  // Megatron: loss / num_microbatches
+      // Megatron: loss / num_microbatches, or the token sum with --calculate-per-token-loss (the gradients
+      // are divided by the global token count after the DP reduction: scale_grads_per_token).
+      .grad_scale = config_.model.calculate_per_token_loss ? 1.0f : 1.0f / static_cast<float>(num_micro),
       .forward_only = forward_only,
       .before_backward = [&](int64_t m, int64_t chunk) {
         ddps_[static_cast<size_t>(chunk)]->set_is_last_microbatch(m == num_micro - 1);  // no_sync before
@@ -203,16 +210,38 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
   for (const auto& c : chunks_) args.chunks.push_back(c.get());
   if (timeline_ && !forward_only) args.timings = timeline_->begin_step();
   const pipeline_parallel::ScheduleRunResult r = pipeline_parallel::run_schedule(args);
+  if (!forward_only) {
+    stage_memory_.max_in_flight = std::max(stage_memory_.max_in_flight, r.max_in_flight);
+    stage_memory_.peak_activation_bytes =
+        std::max(stage_memory_.peak_activation_bytes, static_cast<int64_t>(r.peak_activation_bytes));
+    stage_memory_.context_bytes = std::max(stage_memory_.context_bytes, static_cast<int64_t>(r.max_context_bytes));
+  }
   return {r.loss_sum / static_cast<double>(num_micro), r.masked_loss_sum, r.num_tokens};
+}
+
+double Trainer::scale_grads_per_token(const StepLoss& local) {
+  // Sums over the last stage (other stages contribute 0) and over DP: sum(loss * mask), sum(mask).
+  Tensor sums = Tensor::empty({2});
+  sums.data<float>()[0] = static_cast<float>(local.masked_loss_sum);
+  sums.data<float>()[1] = static_cast<float>(local.num_tokens);
+  if (pc_.pp_size() > 1) pc_.pp()->all_reduce(sums, comm::ReduceOp::Sum).wait();
+  if (pc_.dp_size() > 1) pc_.dp()->all_reduce(sums, comm::ReduceOp::Sum).wait();
+  const double tokens = sums.data<float>()[1];
+  // The DP reduction averaged the token-sum gradients: * dp / tokens gives d(sum loss*mask / tokens).
+  const auto factor = static_cast<float>(tokens > 0 ? pc_.dp_size() / tokens : 0.0);
+  for (ParamAndGradBuffer* b : buffers()) ops::scale_inplace(b->grad_buffer(), factor);
+  return tokens > 0 ? sums.data<float>()[0] / tokens : 0.0;
 }
 
 double Trainer::train_step(double* grad_norm, bool* skipped) {
   const TraceRange step_range("train_step");
   if (dist_optimizer_) dist_optimizer_->wait_param_gather();  // previous step's params complete
   for (auto& ddp : ddps_) ddp->zero_grad();
-  const double loss = run_microbatches(*train_ds_, state_.consumed_train_samples, /*forward_only=*/false).mean_loss;
+  const StepLoss step = run_microbatches(*train_ds_, state_.consumed_train_samples, /*forward_only=*/false);
   TraceRange sync_range("grad sync + optimizer");
   for (auto& ddp : ddps_) ddp->finish_grad_sync();  // average over DP (owned shards with the distributed optimizer)
+  const bool per_token = config_.model.calculate_per_token_loss;
+  const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;
   finalize_model_grads(buffers(), pc_, !config_.model.untie_embeddings_and_output_weights);
   const float clip = config_.optimizer.clip_grad;
   *grad_norm = dist_optimizer_ ? dist_optimizer_->grad_norm() : model_grad_norm(buffers(), pc_);
@@ -229,7 +258,7 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   }
   scheduler_->step(config_.training.global_batch_size);
   state_.consumed_train_samples += config_.training.global_batch_size;
-  return dp_mean(loss);
+  return per_token ? loss : dp_mean(loss);
 }
 
 double Trainer::evaluate(int64_t iteration) {
@@ -370,6 +399,13 @@ TrainSummary Trainer::train() {
   }
   if (!t.save.empty() && (t.save_interval <= 0 || iteration % t.save_interval != 0)) save(iteration);
   finalize_async_save(/*blocking=*/true);  // the trainer finalizes at exit
+  if (pc_.pp_size() > 1) {  // per-stage activation memory (collective on world)
+    const nlohmann::json report = timeline::gather_activation_report(*pc_.world(), pc_.pp_rank(), stage_memory_);
+    if (is_logging_rank()) {
+      fmt::print("{}", timeline::format_activation_report(report));
+      metrics_.write(report);
+    }
+  }
   if (timeline_) {
     const nlohmann::json trace = timeline::gather_and_write_trace(
         *timeline_, *pc_.world(), pc_.pp_rank(),

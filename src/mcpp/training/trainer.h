@@ -9,6 +9,10 @@
 //   -> finalize_model_grads (SP norm grads over TP) -> grad norm (each param once) + clip -> Adam step at
 //   the scheduled LR (sharded + param all-gather with the distributed optimizer; skipped, and counted,
 //   when the norm is not finite) -> scheduler step.
+// --calculate-per-token-loss: each microbatch back-propagates its token sum (grad scale 1); after the DP
+// reduction the gradients are divided by the non-masked tokens of the whole global batch (all microbatches,
+// all DP ranks) and the logged loss is sum(loss * mask) / that count (Megatron). At pp > 1 the end of
+// training prints (and writes to the JSONL) the per-stage activation memory (activation_report.h).
 // The last rank prints Megatron's log line every log_interval and writes the JSONL metrics; evaluation
 // on the valid split every eval_interval; checkpoints every save_interval and at the end (collective,
 // sharded: every rank writes its own shards of every model chunk, training/checkpointing.h; with
@@ -28,6 +32,7 @@
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/checkpointing.h"
+#include "mcpp/training/activation_report.h"
 #include "mcpp/training/metrics.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -73,6 +78,9 @@ class Trainer {
   };
   StepLoss run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only);
   double train_step(double* grad_norm, bool* skipped);
+  // --calculate-per-token-loss: divides the (DP-averaged) token-sum gradients by the global number of
+  // non-masked tokens (all microbatches, all DP ranks); returns the global per-token loss.
+  double scale_grads_per_token(const StepLoss& local);
   void save(int64_t iteration);
   // --async-save: vote + commit a finished background save (blocking: wait for it); logs, retention.
   void finalize_async_save(bool blocking);
@@ -98,6 +106,7 @@ class Trainer {
   MetricsWriter metrics_;
   std::unique_ptr<timeline::TimelineRecorder> timeline_;
   std::unique_ptr<dist_checkpointing::AsyncCheckpointSaver> async_saver_;  // --async-save  // --timeline: training-step action intervals
+  timeline::StageMemory stage_memory_;  // activation memory maxima over the training steps (pp > 1 report)
 };
 
 }  // namespace mcpp

@@ -26,7 +26,8 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
                     .bias = c.add_bias_linear,
                     .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
                     .sequence_parallel = tp.sequence_parallel},
-                   tp.group) {
+                   tp.group),
+      recompute_core_(c.recompute_granularity == "selective") {
   MCPP_CHECK(c.num_query_groups % tp.size() == 0, "num_query_groups {} not divisible by tp={}", c.num_query_groups,
              tp.size());
   core_ = spec.make_core_attention({.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hn_)),
@@ -48,7 +49,12 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
     ops::rope_fwd(q, q, rope->cos, rope->sin);
     ops::rope_fwd(k, k, rope->cos, rope->sin);
   }
+  if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
   Tensor context = core_->forward(ctx.core, q, k, v, opt);  // [s, b, np, hn]
+  if (recompute_core_) {  // selective recompute: keep the inputs, drop the core's saved state
+    ctx.q = q, ctx.k = k, ctx.v = v;
+    ctx.core = {};
+  }
   return linear_proj_.forward(ctx.proj, context.view({s, b, np_ * hn_}));  // [s, b, h]
 }
 
@@ -56,6 +62,10 @@ Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const Ro
   Tensor dcontext = linear_proj_.backward(ctx.proj, dy);  // [s, b, np/tp*hn]
   const int64_t s = dcontext.size(0), b = dcontext.size(1);
   dcontext = dcontext.view({s, b, np_, hn_});
+  if (recompute_core_) {  // rebuild the core attention's context with the original dropout keys
+    core_->forward(ctx.core, ctx.q, ctx.k, ctx.v, ctx.core_replay.options());
+    ctx.q = ctx.k = ctx.v = Tensor();
+  }
   CoreAttentionGrads g = core_->backward(ctx.core, dcontext);
   if (rope) {
     ops::rope_bwd(g.dq, g.dq, rope->cos, rope->sin);

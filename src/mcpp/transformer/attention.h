@@ -24,6 +24,11 @@ struct SelfAttentionCtx {
   tensor_parallel::ParallelLinearCtx qkv;
   CoreAttentionCtx core;
   tensor_parallel::ParallelLinearCtx proj;
+  // Selective recompute (recompute_granularity "selective"): the core attention's inputs q, k, v
+  // [s, b, np|ng, hn] and the RNG streams before it are kept; `core` is emptied after the forward and
+  // rebuilt (same dropout keys) at the start of backward.
+  Tensor q, k, v;
+  ForwardReplay core_replay;
 };
 
 class SelfAttention {
@@ -39,6 +44,7 @@ class SelfAttention {
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;
   std::unique_ptr<CoreAttention> core_;
+  bool recompute_core_ = false;  // selective recompute
 };
 
 }  // namespace mcpp

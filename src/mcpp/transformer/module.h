@@ -11,6 +11,21 @@ struct ForwardOptions {
   tensor_parallel::RngTracker* rng = nullptr;  // dropout streams; required when training with dropout
 };
 
+// ForwardOptions snapshot for activation recompute: the RNG streams as a forward found them. A re-run
+// with options() draws the same dropout keys as the original forward (so the same masks) and advances
+// only this snapshot's copy, never the live streams. Take a fresh copy of the snapshot per re-run.
+struct ForwardReplay {
+  bool training = false;
+  bool has_rng = false;
+  tensor_parallel::RngTracker rng;
+  static ForwardReplay of(const ForwardOptions& o) {
+    ForwardReplay r{.training = o.training, .has_rng = o.rng != nullptr, .rng = {}};
+    if (o.rng) r.rng = *o.rng;
+    return r;
+  }
+  ForwardOptions options() { return {.training = training, .rng = has_rng ? &rng : nullptr}; }
+};
+
 inline bool dropout_active(const ForwardOptions& opt, float p) { return opt.training && p > 0.0f; }
 
 }  // namespace mcpp

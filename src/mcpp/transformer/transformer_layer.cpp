@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
@@ -60,9 +62,29 @@ Tensor TransformerLayer::backward(TransformerLayerCtx& ctx, const Tensor& dy, co
   return dx;
 }
 
+namespace {
+
+// Megatron's recompute plan for a block of n layers (TransformerConfig fields; validated there).
+std::vector<RecomputeGroup> recompute_plan(const TransformerConfig& c, int64_t n) {
+  std::vector<RecomputeGroup> groups;
+  if (c.recompute_granularity != "full") return groups;
+  const int64_t k = c.recompute_num_layers;
+  if (c.recompute_method == "uniform") {
+    for (int64_t i = 0; i < n; i += k) groups.push_back({i, std::min(k, n - i)});
+  } else if (c.recompute_method == "block") {
+    for (int64_t i = 0; i < std::min(k, n); ++i) groups.push_back({i, 1});
+  } else {
+    fail("recompute_method: '{}' is not uniform or block (recompute_granularity full)", c.recompute_method);
+  }
+  return groups;
+}
+
+}  // namespace
+
 TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, const TransformerConfig& c,
                                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp,
-                                   int64_t first_layer, int64_t num_layers, bool post_process) {
+                                   int64_t first_layer, int64_t num_layers, bool post_process)
+    : groups_(recompute_plan(c, num_layers)) {
   for (int64_t i = 0; i < num_layers; ++i)
     layers_.push_back(
         std::make_unique<TransformerLayer>(params, fmt::format("decoder.layers.{}", first_layer + i), c, spec, tp));
@@ -71,19 +93,55 @@ TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, const Transformer
                                               c.norm_epsilon, tp.sequence_parallel);
 }
 
+Tensor TransformerBlock::forward_layers(TransformerBlockCtx& ctx, int64_t first, int64_t count, const Tensor& x,
+                                        const RopeTables* rope, const ForwardOptions& opt) const {
+  Tensor h = x;
+  for (int64_t i = first; i < first + count; ++i) {
+    ctx.layers[static_cast<size_t>(i)] = {};
+    h = layers_[static_cast<size_t>(i)]->forward(ctx.layers[static_cast<size_t>(i)], h, rope, opt);
+  }
+  return h;
+}
+
 Tensor TransformerBlock::forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope,
                                  const ForwardOptions& opt) const {
-  ctx.layers.resize(layers_.size());
+  const auto n = static_cast<int64_t>(layers_.size());
+  ctx.layers.assign(layers_.size(), {});
+  ctx.recompute.assign(groups_.size(), {});
   Tensor h = x;
-  for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward(ctx.layers[i], h, rope, opt);
+  int64_t i = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    h = forward_layers(ctx, i, groups_[g].first - i, h, rope, opt);  // layers before the group: kept
+    RecomputeState& st = ctx.recompute[g];
+    st.input = h;
+    st.replay = ForwardReplay::of(opt);  // the streams as the group's forward finds them
+    h = forward_layers(ctx, groups_[g].first, groups_[g].count, h, rope, opt);
+    for (int64_t j = groups_[g].first; j < groups_[g].first + groups_[g].count; ++j)
+      ctx.layers[static_cast<size_t>(j)] = {};  // dropped: rebuilt in backward
+    i = groups_[g].first + groups_[g].count;
+  }
+  h = forward_layers(ctx, i, n - i, h, rope, opt);
   if (final_layernorm_) h = final_layernorm_->forward(ctx.final_layernorm, h);
   return h;
 }
 
 Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope) const {
+  MCPP_CHECK(ctx.layers.size() == layers_.size() && ctx.recompute.size() == groups_.size(),
+             "TransformerBlock::backward needs the context of this block's forward");
   Tensor d = dy;
   if (final_layernorm_) d = final_layernorm_->backward(ctx.final_layernorm, d);
-  for (size_t i = layers_.size(); i-- > 0;) d = layers_[i]->backward(ctx.layers[i], d, rope);
+  size_t g = groups_.size();
+  for (auto i = static_cast<int64_t>(layers_.size()); i-- > 0;) {
+    if (g > 0 && i == groups_[g - 1].first + groups_[g - 1].count - 1) {  // last layer of a recomputed group
+      --g;
+      RecomputeState& st = ctx.recompute[g];
+      forward_layers(ctx, groups_[g].first, groups_[g].count, st.input, rope,
+                     st.replay.options());  // the same draws as the original forward
+      st = {};
+    }
+    d = layers_[static_cast<size_t>(i)]->backward(ctx.layers[static_cast<size_t>(i)], d, rope);
+    ctx.layers[static_cast<size_t>(i)] = {};  // consumed
+  }
   return d;
 }
 

@@ -5,6 +5,14 @@
 // the shard; hidden dropout then draws from the model-parallel RNG stream, else from the default one).
 // Backward returns dx; parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
+// Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):
+//   uniform: this block's layers in groups of recompute_num_layers (the last group may be shorter);
+//   block:   each of the first recompute_num_layers layers of this block (pipeline stage / virtual chunk)
+//            on its own, the rest not recomputed.
+// A recomputed group keeps only its input tensor and a copy of the RNG streams taken before it; its layer
+// contexts are dropped right after the forward. Backward re-runs the group's forward from the kept input
+// with the copied RNG (same dropout keys, hence the same masks and bitwise the same activations) just
+// before back-propagating through the group, then drops each layer context after its backward.
 #pragma once
 #include <memory>
 #include <string>
@@ -42,8 +50,19 @@ class TransformerLayer {
   MLP mlp_;
 };
 
+// One group of layers [first, first + count) whose contexts are rebuilt in backward.
+struct RecomputeGroup {
+  int64_t first = 0, count = 0;
+};
+
+struct RecomputeState {
+  Tensor input;          // [s(/tp), b, h] the group's input, kept
+  ForwardReplay replay;  // training flag + the RNG streams before the group's forward
+};
+
 struct TransformerBlockCtx {
-  std::vector<TransformerLayerCtx> layers;
+  std::vector<TransformerLayerCtx> layers;  // recomputed groups' entries are empty between forward and backward
+  std::vector<RecomputeState> recompute;    // one per RecomputeGroup of the block
   NormCtx final_layernorm;
 };
 
@@ -55,9 +74,14 @@ class TransformerBlock {
                    const tensor_parallel::TPContext& tp, int64_t first_layer, int64_t num_layers, bool post_process);
   Tensor forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
   Tensor backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope) const;
+  const std::vector<RecomputeGroup>& recompute_groups() const { return groups_; }
 
  private:
+  // Runs layers [first, first + count) from x into ctx.layers; returns the last output.
+  Tensor forward_layers(TransformerBlockCtx& ctx, int64_t first, int64_t count, const Tensor& x,
+                        const RopeTables* rope, const ForwardOptions& opt) const;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  std::vector<RecomputeGroup> groups_;
   std::unique_ptr<Norm> final_layernorm_;
 };
 

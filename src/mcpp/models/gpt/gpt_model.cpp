@@ -193,9 +193,12 @@ void GPTModel::backward(GPTModelCtx& ctx, float grad_scale) {
 Tensor GPTModel::head_backward(GPTModelCtx& ctx, float grad_scale) {
   MCPP_CHECK(ctx.lse.defined(), "the last pipeline stage's backward needs the context of a forward with loss");
   const int64_t n = ctx.labels.numel(), s = ctx.tokens.size(0), b = ctx.tokens.size(1);
-  // d(grad_scale * sum(loss*mask)/sum(mask)) / d loss_i
+  // d(grad_scale * sum(loss*mask)/sum(mask)) / d loss_i, or with calculate_per_token_loss
+  // d(grad_scale * sum(loss*mask)) / d loss_i (the caller divides the gradients by the global token count)
   Tensor dloss = ctx.loss_mask.to(Device::CPU).clone();
-  const float coef = ctx.num_tokens > 0 ? static_cast<float>(grad_scale / ctx.num_tokens) : 0.0f;
+  const float coef = config_.calculate_per_token_loss ? grad_scale
+                     : ctx.num_tokens > 0          ? static_cast<float>(grad_scale / ctx.num_tokens)
+                                                   : 0.0f;
   for (int64_t i = 0; i < n; ++i) dloss.data<float>()[i] *= coef;
   dloss = dloss.to(device_);
   Tensor dlogits = ctx.logits;  // in place: the logits are not needed afterwards

@@ -5,7 +5,9 @@
 //   -> final norm -> output layer (ColumnParallel, weight = word embeddings when tied)
 //   -> logits [s*b, Vp/tp] -> cross entropy per token in fp32 (vocab-parallel over TP: max / sum-exp /
 //   target-logit combined by all-reduces) -> loss = sum(loss * mask) / sum(mask).
-// backward(ctx, grad_scale) back-propagates grad_scale * loss; every parameter gradient ACCUMULATES into
+// backward(ctx, grad_scale) back-propagates grad_scale * loss — with config.calculate_per_token_loss
+// grad_scale * sum(loss * mask) instead (Megatron: the trainer divides the summed gradients by the number
+// of non-masked tokens over all microbatches and DP ranks); every parameter gradient ACCUMULATES into
 // the contiguous main-grad buffer (tied embedding: both uses add into the one parameter). Grads of
 // sequence-parallel params are partial until finalize_model_grads all-reduces them over TP.
 // Context per microbatch: GPTModelCtx (caller owns; a schedule may hold several).

@@ -1,0 +1,57 @@
+#include "mcpp/pipeline_parallel/activation_memory.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace mcpp::pipeline_parallel {
+namespace {
+
+// Storages seen so far, each with the largest nbytes of the tensors that view it. Tensor exposes storage
+// identity only as same_storage(), so this is a linear scan (a few hundred tensors per schedule at most).
+struct Counter {
+  std::vector<std::pair<Tensor, size_t>> seen;
+  void operator()(const Tensor& t) {
+    if (!t.defined()) return;
+    for (auto& [u, n] : seen)
+      if (u.same_storage(t)) {
+        n = std::max(n, t.nbytes());
+        return;
+      }
+    seen.emplace_back(t, t.nbytes());
+  }
+  size_t bytes() const {
+    size_t b = 0;
+    for (const auto& [u, n] : seen) b += n;
+    return b;
+  }
+  void operator()(const NormCtx& n) { (*this)(n.x), (*this)(n.mean), (*this)(n.rstd); }
+  void operator()(const tensor_parallel::ParallelLinearCtx& l) { (*this)(l.x); }
+  void operator()(const CoreAttentionCtx& c) {
+    for (const Tensor* t : {&c.q, &c.k, &c.v, &c.out, &c.lse, &c.probs}) (*this)(*t);
+  }
+  void operator()(const TransformerLayerCtx& l) {
+    (*this)(l.input_layernorm);
+    (*this)(l.self_attention.qkv), (*this)(l.self_attention.core), (*this)(l.self_attention.proj);
+    (*this)(l.self_attention.q), (*this)(l.self_attention.k), (*this)(l.self_attention.v);
+    (*this)(l.pre_mlp_layernorm);
+    (*this)(l.mlp.fc1), (*this)(l.mlp.pre_act), (*this)(l.mlp.fc2);
+  }
+  void operator()(const GPTModelCtx& g) {
+    for (const Tensor* t : {&g.tokens, &g.input, &g.position_ids, &g.logits, &g.labels, &g.loss_mask, &g.lse})
+      (*this)(*t);
+    for (const TransformerLayerCtx& l : g.decoder.layers) (*this)(l);
+    for (const RecomputeState& r : g.decoder.recompute) (*this)(r.input);
+    (*this)(g.decoder.final_layernorm);
+    (*this)(g.output);
+  }
+};
+
+}  // namespace
+
+size_t context_bytes(const std::vector<const GPTModelCtx*>& ctxs) {
+  Counter c;
+  for (const GPTModelCtx* g : ctxs) c(*g);
+  return c.bytes();
+}
+
+}  // namespace mcpp::pipeline_parallel

@@ -1,0 +1,30 @@
+// Per-stage activation memory report of the pipeline schedule (`mcpp train` at pp > 1), next to the
+// bubble report: for each pipeline stage, the peak number of live per-microbatch contexts, the peak
+// bytes they held together and the bytes of one context (schedule_runner.h measures them after every
+// forward; activation_memory.h counts each storage once). Maxima over the training steps and over the
+// stage's ranks (TP/DP ranks of one stage hold the same shapes).
+//   {"event":"pipeline_activation_memory","stages":[{"stage":s,"in_flight":n,"peak_bytes":p,
+//     "context_bytes":c,"ranks":k},...]}
+// peak_bytes = in_flight * context_bytes when every microbatch has the same shape (the last stage's
+// contexts also hold the logits).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "mcpp/comm/communicator.h"
+
+namespace mcpp::timeline {
+
+struct StageMemory {
+  int64_t max_in_flight = 0;
+  int64_t peak_activation_bytes = 0;
+  int64_t context_bytes = 0;
+};
+
+// Collective on world: every rank passes its stage and measurements; returns the report on every rank.
+nlohmann::json gather_activation_report(comm::Communicator& world, int stage, const StageMemory& mine);
+std::string format_activation_report(const nlohmann::json& report);
+
+}  // namespace mcpp::timeline
