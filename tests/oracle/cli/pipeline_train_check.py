@@ -42,7 +42,7 @@ run([MCPP, "data", "preprocess", "--input", corpus, "--output-prefix", os.path.j
 M = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
      "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "16", "--lr", "1e-3",
      "--lr-warmup-iters", "1", "--lr-decay-style", "cosine", "--train-iters", "4", "--log-interval", "1",
-     "--split", "100,0,0", "--hidden-dropout", "0", "--attention-dropout", "0",
+     "--split", "100,0,0", "--eval-iters", "0", "--hidden-dropout", "0", "--attention-dropout", "0",
      "--data-path", os.path.join(WORK, "c_text_document"), "--seed", "5", "--make-vocab-size-divisible-by", "128"]
 
 
