@@ -23,7 +23,7 @@ LAYOUTS=${LAYOUTS:-"pp2m1 pp2m4 pp2m16 pp4m1 pp4m4 pp4m16 pp2m4v2 pp2m16v2 pp4m4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-VOCAB=256
+VOCAB=256 HIDDEN=${HIDDEN:-256} SEQ=${SEQ:-128}
 "$PYTHON" - "$tmp/data" "$VOCAB" <<'PY'
 import struct, sys
 import numpy as np
@@ -49,8 +49,8 @@ for layout in $LAYOUTS; do
   ((v > 1)) && flags+=(--num-layers-per-virtual-pipeline-stage $((8 / (pp * v))))
   echo "running $layout (np $pp, M $m, V $v)" >&2
   mpiexec --allow-run-as-root --oversubscribe -np "$pp" -x OMP_NUM_THREADS \
-    "$MCPP" train --num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 64 \
-    --max-position-embeddings 64 --tokenizer-type NullTokenizer --vocab-size "$VOCAB" \
+    "$MCPP" train --num-layers 8 --hidden-size "$HIDDEN" --num-attention-heads 8 --seq-length "$SEQ" \
+    --max-position-embeddings "$SEQ" --tokenizer-type NullTokenizer --vocab-size "$VOCAB" \
     --make-vocab-size-divisible-by 128 --micro-batch-size 1 --global-batch-size "$m" --lr 1e-3 \
     --lr-warmup-iters 1 --train-iters "$ITERS" --log-interval 1 --eval-iters 0 --eval-interval 1000000 \
     --split 100,0,0 --data-path "$tmp/data" --hidden-dropout 0 --attention-dropout 0 "${flags[@]}" \
