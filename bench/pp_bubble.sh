@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline bubble and activation memory of `mcpp train` on CPU ranks: PP2 / PP4 x M = 1 / 4 / 16
-# microbatches (1F1B), and PP2 / PP4 with V = 2 virtual stages (interleaved), with --timeline.
+# microbatches (1F1B), PP4 with V = 2 virtual stages (interleaved; Megatron requires pp > 2 for it), and
+# PP4 M16 with full recompute (uniform, 1 layer per group: "rc" suffix), with --timeline.
 #
 # Model: GPT-2 style, hidden 64, 4 heads, seq 64, micro-batch 1, a SMALL vocabulary (NullTokenizer,
 # --vocab-size 256, padded to 256) so the last stage's LM head + loss does not dominate; 8 layers (PP2:
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 MCPP=${1:-build/bin/mcpp}
 ITERS=${ITERS:-3}
 PYTHON=${PYTHON:-/usr/bin/python3}
-LAYOUTS=${LAYOUTS:-"pp2m1 pp2m4 pp2m16 pp4m1 pp4m4 pp4m16 pp2m4v2 pp2m16v2 pp4m4v2 pp4m16v2"}
+LAYOUTS=${LAYOUTS:-"pp2m1 pp2m4 pp2m16 pp4m1 pp4m4 pp4m16 pp4m4v2 pp4m8v2 pp4m16v2 pp4m16rc"}
 [[ -x $MCPP ]] || { echo "error: $MCPP is not an executable (build first)" >&2; exit 2; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d)
@@ -43,9 +44,10 @@ PY
 echo "| layout | ranks | M | V | theoretical bubble | measured bubble per stage | step ms (last) | in flight per stage | peak activation KiB per stage | per-mb KiB per stage |"
 echo "|---|---:|---:|---:|---:|---|---:|---|---|---|"
 for layout in $LAYOUTS; do
-  [[ $layout =~ ^pp([0-9]+)m([0-9]+)(v([0-9]+))?$ ]] || { echo "error: bad layout $layout" >&2; exit 2; }
-  pp=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]} v=${BASH_REMATCH[4]:-1}
+  [[ $layout =~ ^pp([0-9]+)m([0-9]+)(v([0-9]+))?(rc)?$ ]] || { echo "error: bad layout $layout" >&2; exit 2; }
+  pp=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]} v=${BASH_REMATCH[4]:-1} rc=${BASH_REMATCH[5]}
   flags=(--pipeline-model-parallel-size "$pp")
+  [[ -n $rc ]] && flags+=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
   ((v > 1)) && flags+=(--num-layers-per-virtual-pipeline-stage $((8 / (pp * v))))
   echo "running $layout (np $pp, M $m, V $v)" >&2
   mpiexec --allow-run-as-root --oversubscribe -np "$pp" -x OMP_NUM_THREADS \
@@ -56,9 +58,9 @@ for layout in $LAYOUTS; do
     --split 100,0,0 --data-path "$tmp/data" --hidden-dropout 0 --attention-dropout 0 "${flags[@]}" \
     --timeline "$tmp/$layout.trace.json" --metrics-path "$tmp/$layout.jsonl" > "$tmp/$layout.log" 2>&1 \
     || { cat "$tmp/$layout.log" >&2; exit 1; }
-  "$PYTHON" - "$tmp/$layout.jsonl" "$layout" "$pp" "$m" "$v" <<'PY'
+  "$PYTHON" - "$tmp/$layout.jsonl" "$layout" "$pp" "$m" "$v" "${rc:-none}" <<'PY'
 import json, sys
-path, layout, pp, m, v = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+path, layout, pp, m, v, rc = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), sys.argv[6]
 recs = [json.loads(l) for l in open(path)]
 bubble = [r for r in recs if r.get("event") == "pipeline_bubble"][-1]
 mem = [r for r in recs if r.get("event") == "pipeline_activation_memory"][-1]
@@ -67,7 +69,7 @@ measured = " / ".join(f"{s['measured']:.2f}" for s in bubble["stages"])
 flight = " / ".join(str(s["in_flight"]) for s in mem["stages"])
 peak = " / ".join(f"{s['peak_bytes'] / 1024:.0f}" for s in mem["stages"])
 per = " / ".join(f"{s['context_bytes'] / 1024:.0f}" for s in mem["stages"])
-print(f"| PP{pp} M{m}{' V' + str(v) if v > 1 else ''} | {pp} | {m} | {v} | {bubble['theoretical']:.3f} | {measured} | "
+print(f"| PP{pp} M{m}{' V' + str(v) if v > 1 else ''}{' + full recompute' if rc == 'rc' else ''} | {pp} | {m} | {v} | {bubble['theoretical']:.3f} | {measured} | "
       f"{train[-1]['elapsed_ms_per_iter']:.0f} | {flight} | {peak} | {per} |")
 PY
 done
