@@ -3,7 +3,8 @@
 // the step are bitwise identical — the recomputed forward replays the original dropout keys. Two
 // microbatches run forward, forward, backward, backward so a recompute happens while another microbatch's
 // draws already advanced the live streams. The contexts hold fewer bytes with recompute, and the
-// recomputed layers' contexts are really empty between forward and backward.
+// recomputed layers' contexts are really empty between forward and backward; two microbatches' contexts
+// share no storage (the schedule runner sums per-context bytes).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -52,6 +53,9 @@ RunResult run(const TransformerConfig& c, bool training = true) {
       for (const auto& l : ctx[0].decoder.layers) r.layer_ctx_empty.push_back(!l.input_layernorm.x.defined());
     }
   }
+  // The schedule runner sums per-context bytes: two microbatches' contexts must share no storage.
+  EXPECT_EQ(pipeline_parallel::context_bytes({&ctx[0], &ctx[1]}),
+            pipeline_parallel::context_bytes(ctx[0]) + pipeline_parallel::context_bytes(ctx[1]));
   for (size_t m = 0; m < 2; ++m) model.backward(ctx[m], 0.5f);
   for (const auto& p : model.params().params()) r.grads.push_back(p->main_grad.clone());
   r.rng_state = rng.state();

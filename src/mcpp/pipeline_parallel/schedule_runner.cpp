@@ -51,6 +51,8 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
   std::map<Key, GPTModelCtx> ctxs;
   std::map<Key, Tensor> received_act, received_grad, outputs, input_grads;
   std::map<int64_t, MicroBatch> batches;
+  std::map<Key, size_t> held_bytes;  // context bytes right after each forward
+  size_t live_bytes = 0;             // sum over the live contexts
   ScheduleRunResult res;
   auto batch = [&](int64_t mb) -> const MicroBatch& {
     auto it = batches.find(mb);
@@ -78,11 +80,17 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
         outputs[k] = out;
       }
       res.max_in_flight = std::max<int64_t>(res.max_in_flight, static_cast<int64_t>(ctxs.size()));
-      std::vector<const GPTModelCtx*> live;
-      for (const auto& [key, c] : ctxs) live.push_back(&c);
-      res.peak_activation_bytes = std::max(res.peak_activation_bytes, context_bytes(live));
-      res.max_context_bytes = std::max(res.max_context_bytes, context_bytes(ctx));
-      if (a.forward_only) ctxs.erase(k);
+      // A context is fixed from its forward to its backward; contexts of different microbatches share no
+      // storage (each forward allocates its own, batches are per microbatch): the live bytes are the sum.
+      const size_t bytes = context_bytes(ctx);
+      held_bytes[k] = bytes;
+      live_bytes += bytes;
+      res.peak_activation_bytes = std::max(res.peak_activation_bytes, live_bytes);
+      res.max_context_bytes = std::max(res.max_context_bytes, bytes);
+      if (a.forward_only) {
+        ctxs.erase(k);
+        live_bytes -= bytes;
+      }
     } else if (act.kind == ActionKind::Backward) {
       const TraceRange range(fmt::format("bwd mb {} chunk {}", act.microbatch, act.chunk));
       GPTModel& model = *a.chunks.at(static_cast<size_t>(act.chunk));
@@ -94,6 +102,8 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       if (a.before_backward) a.before_backward(act.microbatch, act.chunk);
       Tensor dx = model.backward_step(it->second, a.grad_scale, grad);
       ctxs.erase(it);
+      live_bytes -= held_bytes.at(k);
+      held_bytes.erase(k);
       if (!model.stage().pre_process) input_grads[k] = dx;
     } else {  // Comm: one batched P2P call, in Megatron's op order
       const TraceRange range("p2p");

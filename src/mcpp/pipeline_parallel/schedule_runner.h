@@ -13,9 +13,10 @@
 // [3] int64 message with its shape on its own tag (2: activation shapes, 3: gradient shapes), in one
 // batched call, and the receiver allocates from it. Forward-only schedules (evaluation) drop each context
 // right after its forward.
-// Activation memory: after every Forward the bytes reachable from all live contexts (each storage once,
-// activation_memory.h) are measured; the run reports the peak, the largest single context and the peak
-// number of live contexts (1F1B: pp - rank; interleaved: simulator.h's max_activations_in_flight).
+// Activation memory: after every Forward the new context's bytes are measured (activation_memory.h, each
+// storage once) and the live total (sum over live contexts: different microbatches share no storage) is
+// tracked; the run reports its peak, the largest single context and the peak number of live contexts
+// (1F1B: pp - rank; interleaved: schedules.h's max_activations_in_flight).
 // Optional timing (args.timings): every executed action is appended with its steady-clock start / end;
 // a Comm's interval is its whole batch_p2p call including the wait (transfer and waiting for the peer are
 // not separable on CPU ranks). training/timeline.h turns these into a trace.
