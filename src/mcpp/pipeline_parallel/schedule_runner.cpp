@@ -112,18 +112,15 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       Shape recv_act_shape = a.hidden_shape, recv_grad_shape = a.hidden_shape;
       if (a.variable_seq_lengths) {  // the shapes first, mirroring the data ops one to one
         std::vector<comm::P2POp> shape_ops;
-        // On the activations' device (the communicator moves device buffers), read back on the host.
-        const Device dev = a.hidden_device;
-        Tensor act_shape = Tensor::zeros({3}, DType::I64, dev), grad_shape = Tensor::zeros({3}, DType::I64, dev);
-        if (act.send_prev)
-          shape_ops.push_back({comm::P2POp::Kind::Send, shape_message(grad_out.shape()).to(dev), prev, kGradientShapeTag});
+        // Host tensors over the PP group's host communicator (NCCL moves device buffers only).
+        Tensor act_shape = Tensor::zeros({3}, DType::I64), grad_shape = Tensor::zeros({3}, DType::I64);
+        if (act.send_prev) shape_ops.push_back({comm::P2POp::Kind::Send, shape_message(grad_out.shape()), prev, kGradientShapeTag});
         if (act.recv_prev) shape_ops.push_back({comm::P2POp::Kind::Recv, act_shape, prev, kActivationShapeTag});
-        if (act.send_next)
-          shape_ops.push_back({comm::P2POp::Kind::Send, shape_message(act_out.shape()).to(dev), next, kActivationShapeTag});
+        if (act.send_next) shape_ops.push_back({comm::P2POp::Kind::Send, shape_message(act_out.shape()), next, kActivationShapeTag});
         if (act.recv_next) shape_ops.push_back({comm::P2POp::Kind::Recv, grad_shape, next, kGradientShapeTag});
-        pc.pp()->batch_p2p(shape_ops).wait();
-        if (act.recv_prev) recv_act_shape = shape_of_message(act_shape.to(Device::CPU), prev);
-        if (act.recv_next) recv_grad_shape = shape_of_message(grad_shape.to(Device::CPU), next);
+        pc.pp()->host().batch_p2p(shape_ops).wait();
+        if (act.recv_prev) recv_act_shape = shape_of_message(act_shape, prev);
+        if (act.recv_next) recv_grad_shape = shape_of_message(grad_shape, next);
       }
       std::vector<comm::P2POp> ops;
       if (act.send_prev) ops.push_back({comm::P2POp::Kind::Send, grad_out, prev, kGradientTag});

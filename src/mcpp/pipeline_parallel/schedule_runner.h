@@ -8,11 +8,11 @@
 //                    grad_scale on the last stage); the input gradient is kept for its send.
 //   Comm             one batched P2P call on the PP group: activations travel on tag 0 to the next rank,
 //                    gradients on tag 1 to the previous one (separate channels, so pp = 2 cannot cross).
-// P2P shapes are known from the config: [s(/tp with SP), b, h] float32 — or, with variable_seq_lengths
-// (Megatron's _communicate_shapes), every Comm first exchanges the shapes: each data send is preceded by a
-// [3] int64 message with its shape on its own tag (2: activation shapes, 3: gradient shapes), in one
-// batched call, and the receiver allocates from it. Forward-only schedules (evaluation) drop each context
-// right after its forward.
+// P2P shapes are known from the config: [s(/tp with SP), b, h] — or, with variable_seq_lengths (Megatron's
+// _communicate_shapes), every Comm first exchanges the shapes in one batched call: each data send is
+// preceded by a [3] int64 host message with its shape on its own tag (2: activation shapes, 3: gradient
+// shapes; over the PP group's host communicator), and the receiver allocates from it. Forward-only
+// schedules (evaluation) drop each context right after its forward.
 // Activation memory: after every Forward the new context's bytes are measured (activation_memory.h, each
 // storage once) and the live total (sum over live contexts: different microbatches share no storage) is
 // tracked; the run reports its peak, the largest single context and the peak number of live contexts

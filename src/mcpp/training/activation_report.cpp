@@ -13,7 +13,7 @@ nlohmann::json gather_activation_report(comm::Communicator& world, int stage, co
   const int64_t vals[kFields] = {stage, mine.max_in_flight, mine.peak_activation_bytes, mine.context_bytes};
   std::copy_n(vals, kFields, in.data<int64_t>());
   Tensor all = Tensor::empty({world.size() * kFields}, DType::I64);
-  world.all_gather(all, in).wait();
+  world.host().all_gather(all, in).wait();
   std::map<int64_t, nlohmann::json> stages;
   for (int r = 0; r < world.size(); ++r) {
     const int64_t* v = all.data<int64_t>() + r * kFields;

@@ -224,8 +224,8 @@ double Trainer::scale_grads_per_token(const StepLoss& local) {
   Tensor sums = Tensor::empty({2});
   sums.data<float>()[0] = static_cast<float>(local.masked_loss_sum);
   sums.data<float>()[1] = static_cast<float>(local.num_tokens);
-  if (pc_.pp_size() > 1) pc_.pp()->all_reduce(sums, comm::ReduceOp::Sum).wait();
-  if (pc_.dp_size() > 1) pc_.dp()->all_reduce(sums, comm::ReduceOp::Sum).wait();
+  if (pc_.pp_size() > 1) pc_.pp()->host().all_reduce(sums, comm::ReduceOp::Sum).wait();
+  if (pc_.dp_size() > 1) pc_.dp()->host().all_reduce(sums, comm::ReduceOp::Sum).wait();
   const double tokens = sums.data<float>()[1];
   // The DP reduction averaged the token-sum gradients: * dp / tokens gives d(sum loss*mask / tokens).
   const auto factor = static_cast<float>(tokens > 0 ? pc_.dp_size() / tokens : 0.0);
