@@ -1,5 +1,6 @@
-// mcpp train [--config RECIPE.toml] [Megatron-LM flags]: GPT pretraining on CPU ranks.
-// One process, or under `mpirun -np N` (detected from the launcher's environment): MPI world, watchdog
+// mcpp train [--config RECIPE.toml] [Megatron-LM flags]: GPT pretraining on CPU ranks or GPUs.
+// One process, under `mcpp launch --nproc-per-node N` (TCP world, comm/tcp/) or under `mpirun -np N`
+// (detected from the launcher's environment): MPI world, watchdog
 // (--distributed-timeout-minutes; dumps to <save or metrics dir>/flight_recorder/), --check-collectives, the
 // ParallelContext (tp/pp/cp from flags, dp = world / (tp*pp*cp)). The tokenizer fixes the vocabulary
 // (padded to --make-vocab-size-divisible-by * tp), then the Trainer runs.
@@ -7,12 +8,14 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "apps/mcpp/command.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/comm/mpi/mpi_communicator.h"
 #include "mcpp/comm/nccl/nccl_communicator.h"
+#include "mcpp/comm/tcp/tcp_communicator.h"
 #include "mcpp/comm/watchdog.h"
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/gpt2_tokenizer.h"
@@ -47,7 +50,7 @@ int64_t apply_tokenizer(mcpp::Config& cfg) {
 
 // The node-local rank from the launcher (Open MPI, PMIx, Slurm), 0 when unknown: picks this rank's GPU.
 int local_rank() {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "MCPP_LOCAL_RANK", "LOCAL_RANK"})
     if (const char* s = std::getenv(v)) return std::atoi(s);
   return 0;
 }
@@ -71,12 +74,10 @@ int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
   return 0;
 }
 
-int run_train(const std::vector<std::string>& args) {
-  mcpp::Config cfg = mcpp::parse_train_args(args);
-  cfg.validate_for_training();
-  if (!launched_by_mpi()) return train(cfg, mcpp::comm::make_local_world());
-
-  mcpp::comm::CommPtr world = mcpp::comm::init_mpi();
+// Multi-process run (mpirun, or `mcpp launch`): the watchdog over the world, and one rank's error ends the
+// job (`abort` kills every rank under MPI; under mcpp launch this rank exits and the launcher stops the others).
+int run_distributed(const mcpp::Config& cfg, mcpp::comm::CommPtr world,
+                    const std::function<void(int, const std::string&)>& abort) {
   int rc = 0;
   try {
     // <save>/flight_recorder/, else <dir of --metrics-path>/flight_recorder/, else $TMPDIR/mcpp/flight_recorder/
@@ -88,20 +89,36 @@ int run_train(const std::vector<std::string>& args) {
     mcpp::comm::Watchdog watchdog(
         world, {.timeout_seconds = mcpp::comm::distributed_timeout_seconds(cfg.parallel.distributed_timeout_minutes),
                 .dump_dir = dump_dir,
-                .on_abort = mcpp::comm::mpi_abort_action()});
+                .on_abort = abort});
     rc = train(cfg, world);
   } catch (const std::exception& e) {
-    // One rank's error must end the job, not leave the others waiting in a collective.
     fmt::print(stderr, "error: [rank {}] {}\n", world->rank(), e.what());
     std::fflush(stderr);
-    mcpp::comm::mpi_abort_action()(2, e.what());
+    abort(2, e.what());
   }
+  return rc;
+}
+
+int run_train(const std::vector<std::string>& args) {
+  mcpp::Config cfg = mcpp::parse_train_args(args);
+  cfg.validate_for_training();
+  if (mcpp::comm::launched_by_mcpp_launch()) {
+    mcpp::comm::CommPtr world = mcpp::comm::init_tcp_world(mcpp::comm::tcp_options_from_env());
+    return run_distributed(cfg, world, [](int code, const std::string&) {
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(code);
+    });
+  }
+  if (!launched_by_mpi()) return train(cfg, mcpp::comm::make_local_world());
+  mcpp::comm::CommPtr world = mcpp::comm::init_mpi();
+  const int rc = run_distributed(cfg, world, mcpp::comm::mpi_abort_action());
   world.reset();
   mcpp::comm::finalize_mpi();
   return rc;
 }
 
-const mcpp::cli::Register reg{"train", "pretrain a GPT (Megatron-LM flags, --config recipe.toml; under mpirun: TP/SP/DP)",
+const mcpp::cli::Register reg{"train", "pretrain a GPT (Megatron-LM flags, --config recipe.toml; under mpirun or mcpp launch: TP/SP/PP/DP)",
                               &run_train};
 
 }  // namespace

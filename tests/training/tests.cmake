@@ -21,3 +21,9 @@ add_test(NAME training.pipeline_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/pipeline_train_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/pipeline_train_check)
 set_tests_properties(training.pipeline_cli PROPERTIES TIMEOUT 600)
+# training.launch_cli: `mcpp launch --nproc-per-node 4 -- train` (TCP world, no MPI) equals one process at
+# TP2 x PP2 and TP2+SP x DP2 + distributed optimizer; a killed rank ends the job; usage errors exit 2.
+add_test(NAME training.launch_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/launch_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/launch_check)
+set_tests_properties(training.launch_cli PROPERTIES TIMEOUT 600)

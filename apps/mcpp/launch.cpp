@@ -1,0 +1,142 @@
+// mcpp launch --nproc-per-node N [--rdzv-dir DIR] [--rdzv-timeout S] -- <subcommand> [args...]
+// The single-node launcher (Megatron users' torchrun): starts N copies of this mcpp running
+// `<subcommand> [args...]`, each with MCPP_RANK / MCPP_WORLD_SIZE / MCPP_LOCAL_RANK (and LOCAL_RANK) and
+// MCPP_LAUNCH_RDZV = the rendezvous directory, where the ranks find each other (comm/tcp: a loopback TCP
+// mesh; with --device cuda, NCCL groups bootstrap over it, GPU = local rank). No MPI needed.
+// Exit: 0 when every rank exits 0. The first rank that fails (non-zero exit or a signal) ends the job:
+// the others get SIGTERM (SIGKILL 5 s later), and launch returns that rank's code (128 + signal for a
+// signal), naming the rank on stderr. SIGINT / SIGTERM to the launcher are forwarded to the ranks.
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/mcpp/command.h"
+#include "mcpp/core/error.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+volatile sig_atomic_t g_forward_signal = 0;
+void on_signal(int sig) { g_forward_signal = sig; }
+
+pid_t spawn_rank(int rank, int n, const std::string& rdzv, const std::vector<std::string>& args) {
+  const pid_t pid = ::fork();
+  if (pid < 0) mcpp::fail("mcpp launch: fork failed for rank {}", rank);
+  if (pid > 0) return pid;
+  const std::string r = std::to_string(rank), size = std::to_string(n);
+  ::setenv("MCPP_LAUNCH_RDZV", rdzv.c_str(), 1);
+  ::setenv("MCPP_RANK", r.c_str(), 1);
+  ::setenv("MCPP_WORLD_SIZE", size.c_str(), 1);
+  ::setenv("MCPP_LOCAL_RANK", r.c_str(), 1);
+  ::setenv("LOCAL_RANK", r.c_str(), 1);
+  std::vector<char*> argv;
+  static char prog[] = "mcpp";
+  argv.push_back(prog);
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv("/proc/self/exe", argv.data());
+  std::fprintf(stderr, "error: mcpp launch: exec of rank %d failed\n", rank);
+  std::_Exit(127);
+}
+
+int run_launch(const std::vector<std::string>& all_args) {
+  // Everything after "--" is the command the ranks run.
+  auto sep = std::find(all_args.begin(), all_args.end(), "--");
+  if (sep == all_args.end() || sep + 1 == all_args.end())
+    mcpp::fail("mcpp launch: give the command after '--', e.g. mcpp launch --nproc-per-node 2 -- train ...");
+  const std::vector<std::string> own(all_args.begin(), sep), cmd(sep + 1, all_args.end());
+  int n = 0;
+  std::string rdzv;
+  double timeout = 120.0;
+  CLI::App app{"mcpp launch"};
+  app.add_option("--nproc-per-node", n, "processes (ranks) on this node")->required();
+  app.add_option("--rdzv-dir", rdzv, "rendezvous directory (default: a fresh temporary one)");
+  app.add_option("--rdzv-timeout", timeout, "seconds the ranks wait for each other");
+  std::vector<std::string> rev(own.rbegin(), own.rend());
+  app.parse(rev);
+  if (n < 1) mcpp::fail("nproc_per_node must be >= 1, got {}", n);
+  if (mcpp::cli::commands().count(cmd.front()) == 0 || cmd.front() == "launch")
+    mcpp::fail("mcpp launch: '{}' is not a subcommand that can be launched", cmd.front());
+  bool made_dir = false;
+  if (rdzv.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "mcpp_launch_XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) mcpp::fail("mcpp launch: cannot create a rendezvous directory in {}", fs::temp_directory_path().string());
+    rdzv = tmpl;
+    made_dir = true;
+  } else {
+    fs::create_directories(rdzv);
+    for (const auto& e : fs::directory_iterator(rdzv))  // stale files of an earlier launch
+      if (e.path().filename().string().rfind("rank_", 0) == 0 || e.path().filename().string().rfind(".rank_", 0) == 0)
+        fs::remove(e.path());
+  }
+  const std::vector<std::string>& child_args = cmd;
+  ::setenv("MCPP_LAUNCH_RDZV_TIMEOUT", fmt::format("{}", timeout).c_str(), 1);  // read by the ranks' rendezvous
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) pids.push_back(spawn_rank(r, n, rdzv, child_args));
+  int rc = 0, failed_rank = -1, running = n;
+  std::vector<bool> alive(static_cast<size_t>(n), true);
+  auto kill_all = [&](int sig) {
+    for (int r = 0; r < n; ++r)
+      if (alive[static_cast<size_t>(r)]) ::kill(pids[static_cast<size_t>(r)], sig);
+  };
+  auto term_deadline = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    if (g_forward_signal) {
+      kill_all(g_forward_signal);
+      if (rc == 0) rc = 128 + g_forward_signal;
+      g_forward_signal = 0;
+      term_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) {
+      if (std::chrono::steady_clock::now() > term_deadline) {
+        kill_all(SIGKILL);
+        term_deadline = std::chrono::steady_clock::time_point::max();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    const auto it = std::find(pids.begin(), pids.end(), pid);
+    if (it == pids.end()) continue;
+    const int r = static_cast<int>(it - pids.begin());
+    alive[static_cast<size_t>(r)] = false;
+    --running;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code == 0) continue;
+    // Every abnormal end is named (a rank that crashed and the peer that noticed it may end together).
+    const bool stopped = failed_rank >= 0 && !WIFEXITED(status) && WTERMSIG(status) == SIGTERM;
+    fmt::print(stderr, "mcpp launch: rank {} {} {}{}\n", r, WIFEXITED(status) ? "exited with code" : "was killed by signal",
+               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), stopped ? " (stopped by the launcher)" : "");
+    if (failed_rank < 0) {
+      failed_rank = r;
+      if (rc == 0) rc = code;
+      fmt::print(stderr, "mcpp launch: stopping the other ranks\n");
+      kill_all(SIGTERM);
+      term_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    }
+  }
+  if (made_dir) fs::remove_all(rdzv);
+  return rc;
+}
+
+const mcpp::cli::Register reg{"launch", "start N ranks on this node without MPI: launch --nproc-per-node N -- train ...",
+                              &run_launch};
+
+}  // namespace

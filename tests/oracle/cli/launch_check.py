@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""`mcpp launch --nproc-per-node N -- train ...` (no MPI; comm/tcp) against one process.
+
+1. TP2 x PP2 on 4 ranks and TP2 + SP x DP2 + distributed optimizer on 4 ranks: per-iteration lm loss equal
+   to the single-process run within 1e-5 relative (fp32; TP splits change summation order only).
+2. One rank SIGKILLed during a checkpoint save (MCPP_FAULT_KILL_AT, rank 1 only): the launcher names the
+   rank and signal, stops the others, and exits non-zero within the timeout (no hang).
+3. Usage errors (no '--', unknown subcommand, --nproc-per-node 0) exit 2 with one error line.
+usage: launch_check.py MCPP_BIN WORKDIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+mcpp, work = sys.argv[1], sys.argv[2]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+here = os.path.dirname(os.path.abspath(__file__))
+data = os.path.join(work, "rnd")
+subprocess.run([sys.executable, os.path.join(here, "..", "..", "..", "bench", "gpu", "random_tokens.py"), data,
+                "--tokens", "200000", "--vocab", "512", "--doc-len", "1000"], check=True, capture_output=True)
+env = dict(os.environ, OMP_NUM_THREADS="1")
+model = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+         "--tokenizer-type", "NullTokenizer", "--vocab-size", "512", "--hidden-dropout", "0", "--attention-dropout", "0",
+         "--train-iters", "4", "--log-interval", "1", "--eval-iters", "0", "--data-path", data, "--split", "100,0,0",
+         "--device", "cpu"]
+
+
+def losses(name, prefix, extra):
+    path = os.path.join(work, name + ".jsonl")
+    p = subprocess.run(prefix + ["train", *model, "--metrics-path", path, *extra], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, f"{name}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    return [json.loads(l)["lm_loss"] for l in open(path) if '"event":"train"' in l]
+
+
+ref = losses("single", [mcpp], [])
+launch4 = [mcpp, "launch", "--nproc-per-node", "4", "--"]
+for name, extra in [("tp2pp2", ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
+                    ("tp2sp_dp2_distopt", ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                           "--use-distributed-optimizer", "--overlap-grad-reduce"])]:
+    got = losses(name, launch4, extra)
+    err = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+    assert len(got) == len(ref) == 4 and err < 1e-5, (name, ref, got, err)
+    print(f"{name}: max rel loss diff vs 1 process {err:.2e}")
+
+# A rank killed mid-save: the job ends (no hang), the launcher names it.
+t0 = time.time()
+kenv = dict(env, MCPP_FAULT_KILL_AT="after_fsync_model", MCPP_FAULT_KILL_RANK="1")
+p = subprocess.run([mcpp, "launch", "--nproc-per-node", "2", "--", "train", *model, "--save",
+                    os.path.join(work, "ckpt"), "--distributed-timeout-minutes", "1"], env=kenv, capture_output=True,
+                   text=True, timeout=200)
+assert p.returncode != 0, p.stderr[-2000:]
+assert "rank 1 was killed by signal 9" in p.stderr, p.stderr[-2000:]
+print(f"killed rank: launch exit {p.returncode} after {time.time() - t0:.1f} s")
+
+for args, needle in [([mcpp, "launch", "--nproc-per-node", "2", "train"], "after '--'"),
+                     ([mcpp, "launch", "--nproc-per-node", "2", "--", "nosuch"], "nosuch"),
+                     ([mcpp, "launch", "--nproc-per-node", "0", "--", "train"], "nproc_per_node")]:
+    q = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert q.returncode == 2 and needle in q.stderr and q.stderr.count("\n") == 1, (args, q.returncode, q.stderr)
+print("launch OK")
