@@ -29,6 +29,10 @@ run dp2 2
 run tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel
 run pp2 2 --pipeline-model-parallel-size 2
 run dp2_distopt 2 --use-distributed-optimizer --overlap-grad-reduce
+# The same without MPI: `mcpp launch` (TCP rendezvous; NCCL groups bootstrap over it).
+"$MCPP" launch --nproc-per-node 2 -- train $MODEL --metrics-path "$OUT/launch_tp2.jsonl" \
+  --tensor-model-parallel-size 2 --sequence-parallel > "$OUT/launch_tp2.log" 2>&1
+echo "launch_tp2: exit $? $(grep -c '"event":"train"' "$OUT/launch_tp2.jsonl" 2>/dev/null) iterations"
 run gpu1_bf16 1 --bf16
 run dp2_bf16 2 --bf16
 # Checkpoints of the CUDA model: the fp32 masters and Adam state are saved; a resume from iteration 3
@@ -46,7 +50,8 @@ def losses(n):
     except OSError:
         return []
 ok = True
-for ref, runs, tol in [("gpu1", ["dp2", "tp2sp", "pp2", "dp2_distopt"], 1e-5), ("gpu1_bf16", ["dp2_bf16"], 5e-3)]:
+for ref, runs, tol in [("gpu1", ["dp2", "tp2sp", "pp2", "dp2_distopt", "launch_tp2"], 1e-5),
+                       ("gpu1_bf16", ["dp2_bf16"], 5e-3)]:
     a = losses(ref)
     for n in runs:
         b = losses(n)
