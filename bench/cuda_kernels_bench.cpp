@@ -10,15 +10,17 @@
 // Counting: GEMM 2*m*n*k per product (bwd: dx and dw = 2 products, dw accumulates into fp32);
 // attention counts useful causal matmul work — fwd 4*b*nq*s^2*d/2, bwd 2.5x fwd (as bench/attention_bench);
 // layernorm bytes = x read + y written (+ dy read, dx written in bwd; mean/rstd/gamma included);
-// cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd).
-// Run: build/bin/cuda_kernels_bench [--quick | --attention]  (prints a markdown table; --attention: only the
-// attention rows)
+// cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd); AdamW bytes = 30 per
+// parameter (fp32 param, m, v, grad read; param, m, v written; bf16 model copy written).
+// Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound]  (prints a markdown table;
+// --attention: only the attention rows; --memory-bound: only layernorm, cross entropy and AdamW)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
@@ -126,6 +128,35 @@ void bench_cross_entropy(const char* name, int64_t n, int64_t v) {
       2 * bytes);
 }
 
+// AdamW over GPT-2 124M's 148 parameter tensors (fp32 master, m, v, grad; bf16 model copy): the
+// per-parameter adamw_step loop vs one adamw_multi_step. Bytes = 4 fp32 reads + 3 fp32 writes + 1 bf16 write.
+void bench_adamw() {
+  std::vector<int64_t> sizes{50304 * 768, 1024 * 768, 768, 768};
+  for (int l = 0; l < 12; ++l)
+    for (int64_t n : {768LL, 768LL, 2304LL * 768, 2304LL, 768LL * 768, 768LL, 768LL, 768LL, 3072LL * 768, 3072LL,
+                      768LL * 3072, 768LL})
+      sizes.push_back(n);
+  std::vector<mcpp::ops::AdamWTensors> list;
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    list.push_back(mcpp::ops::AdamWTensors{.param = filled({n}, DType::F32, 1.0f),
+                                           .exp_avg = Tensor::zeros({n}, DType::F32, Device::CUDA),
+                                           .exp_avg_sq = Tensor::zeros({n}, DType::F32, Device::CUDA),
+                                           .grad = filled({n}, DType::F32, 2.0f, 1e-3f),
+                                           .param_model = Tensor::empty({n}, DType::BF16, Device::CUDA),
+                                           .weight_decay = 0.1f});
+    total += n;
+  }
+  const mcpp::ops::AdamWOptions opt{.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .step = 10};
+  const std::string shape = fmt::format("124M: {} tensors, {} params", list.size(), total);
+  const double bytes = 30.0 * total;
+  row("adamw_step x148 (per parameter)", shape, time_op([&] {
+        for (auto& e : list) mcpp::ops::adamw_step(e.param, e.exp_avg, e.exp_avg_sq, e.grad, &e.param_model, opt);
+      }, list[0].param, g_iters, g_reps), 0, bytes);
+  row("adamw_multi_step (multi-tensor)", shape,
+      time_op([&] { mcpp::ops::adamw_multi_step(list, opt); }, list[0].param, g_iters, g_reps), 0, bytes);
+}
+
 void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d) {
   Tensor q = filled({s, b, nq, d}, DType::BF16, 1.0f), k = filled({s, b, nq, d}, DType::BF16, 2.0f);
   Tensor v = filled({s, b, nq, d}, DType::BF16, 3.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
@@ -148,6 +179,7 @@ void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   bool attention_only = argc > 1 && std::strcmp(argv[1], "--attention") == 0;
+  bool memory_only = argc > 1 && std::strcmp(argv[1], "--memory-bound") == 0;
   if (quick) g_iters = 3, g_reps = 1;
   if (!mcpp::cuda_available()) {
     std::printf("SKIPPED: no CUDA device (or built without CUDA)\n");
@@ -155,6 +187,13 @@ int main(int argc, char** argv) {
   }
   try {
     std::printf("| kernel | shape | ms | achieved | vs ceiling |\n| --- | --- | --- | --- | --- |\n");
+    if (memory_only) {
+      bench_layernorm("124M", 32768, 768);
+      bench_layernorm("1.3B", 16384, 2048);
+      bench_cross_entropy("124M B8 T1024", 8192, 50304);
+      bench_adamw();
+      return 0;
+    }
     if (!attention_only) {
       bench_gemm_square(8192);
       bench_linear("124M qkv", 32768, 768, 2304);
@@ -167,6 +206,7 @@ int main(int argc, char** argv) {
       bench_layernorm("124M", 32768, 768);
       bench_layernorm("1.3B", 16384, 2048);
       bench_cross_entropy("124M B8 T1024", 8192, 50304);
+      bench_adamw();
     }
     bench_attention("124M", 1024, 32, 12, 64);
     bench_attention("1.3B", 2048, 8, 16, 128);

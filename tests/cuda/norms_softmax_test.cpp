@@ -1,58 +1,103 @@
 // CUDA LayerNorm / RMSNorm, scaled masked softmax and fused cross entropy vs the CPU backend.
+#include <cstring>
+
 #include "cuda/cuda_test_util.h"
 
 namespace mcpp {
 namespace {
 using namespace cuda_test;
 
+// Shapes for both paths: h % 8 != 0 (scalar path), h % 8 == 0 with 1..8 warps per row and 1..4 chunks per
+// thread (vector path: h = 64, 200, 768, 2048, 4104, 8192), h > 8192 (scalar), rows not a multiple of the
+// rows per block, and n = 20000 x 64 (several rows per thread in the persistent backward grid).
+struct NormCase {
+  int64_t n, h;
+};
+const NormCase kNormCases[] = {{37, 1000}, {37, 200}, {29, 768}, {13, 2048}, {5, 4104}, {3, 8192},
+                               {4, 8200}, {20000, 64}};
+
 TEST(CudaNorms, LayerNormForwardBackward) {
   MCPP_REQUIRE_CUDA();
-  const int64_t n = 37, h = 1000;  // h not a multiple of the block size
-  for (DType dt : float_dtypes()) {
-    for (bool with_beta : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " beta=" << with_beta);
-      Tensor x = rnd({n, h}, 1, dt, -2, 3), gamma = rnd({h}, 2, dt), beta = rnd({h}, 3, dt), dy = rnd({n, h}, 4, dt);
-      Tensor y_ref = Tensor::empty({n, h}), mean_ref = Tensor::empty({n}), rstd_ref = Tensor::empty({n});
-      ops::cpu::layernorm_fwd(y_ref, mean_ref, rstd_ref, x, gamma, with_beta ? &beta : nullptr, 1e-5f, {});
-      Tensor y = poisoned({n, h}, dt), mean = poisoned({n}, DType::F32), rstd = poisoned({n}, DType::F32);
-      Tensor xd = dev(x, dt), gd = dev(gamma, dt), bd = dev(beta, dt);
-      ops::layernorm_fwd(y, mean, rstd, xd, gd, with_beta ? &bd : nullptr, 1e-5f);
-      // fp32 statistics in float (CPU: double) over h = 1000: ~1e-6
-      EXPECT_REL(host(y), y_ref, tol(dt, 1e-5));
-      EXPECT_REL(host(mean), mean_ref, 1e-5);
-      EXPECT_REL(host(rstd), rstd_ref, 1e-5);
+  for (const NormCase& c : kNormCases) {
+    const int64_t n = c.n, h = c.h;
+    for (DType dt : float_dtypes()) {
+      for (bool with_beta : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << n << " h=" << h << " beta=" << with_beta);
+        Tensor x = rnd({n, h}, 1, dt, -2, 3), gamma = rnd({h}, 2, dt), beta = rnd({h}, 3, dt), dy = rnd({n, h}, 4, dt);
+        Tensor y_ref = Tensor::empty({n, h}), mean_ref = Tensor::empty({n}), rstd_ref = Tensor::empty({n});
+        ops::cpu::layernorm_fwd(y_ref, mean_ref, rstd_ref, x, gamma, with_beta ? &beta : nullptr, 1e-5f, {});
+        Tensor y = poisoned({n, h}, dt), mean = poisoned({n}, DType::F32), rstd = poisoned({n}, DType::F32);
+        Tensor xd = dev(x, dt), gd = dev(gamma, dt), bd = dev(beta, dt);
+        ops::layernorm_fwd(y, mean, rstd, xd, gd, with_beta ? &bd : nullptr, 1e-5f);
+        // fp32 statistics in float (CPU: double) over h <= 8200: ~1e-6
+        EXPECT_REL(host(y), y_ref, tol(dt, 1e-5));
+        EXPECT_REL(host(mean), mean_ref, 1e-5);
+        EXPECT_REL(host(rstd), rstd_ref, 1e-5);
 
-      Tensor dx_ref = Tensor::empty({n, h}), dg_ref = rnd({h}, 5), db_ref = rnd({h}, 6);
-      Tensor dg = dev(dg_ref), db = dev(db_ref);  // prior contents: must accumulate
-      ops::cpu::layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, x, gamma, mean_ref, rstd_ref, {});
-      Tensor dx = poisoned({n, h}, dt);
-      ops::layernorm_bwd(dx, dg, with_beta ? &db : nullptr, dev(dy, dt), xd, gd, mean, rstd);
-      EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));
-      EXPECT_REL(host(dg), dg_ref, 1e-5);  // fp32 sums of n = 37 terms, atomics order
-      EXPECT_REL(host(db), db_ref, 1e-5);
+        Tensor dx_ref = Tensor::empty({n, h}), dg_ref = rnd({h}, 5), db_ref = rnd({h}, 6);
+        Tensor dg = dev(dg_ref), db = dev(db_ref);  // prior contents: must accumulate
+        ops::cpu::layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, x, gamma, mean_ref, rstd_ref, {});
+        Tensor dx = poisoned({n, h}, dt), dyd = dev(dy, dt);
+        ops::layernorm_bwd(dx, dg, with_beta ? &db : nullptr, dyd, xd, gd, mean, rstd);
+        EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));
+        EXPECT_REL(host(dg), dg_ref, 1e-5);  // fp32 sums of n terms in another order
+        EXPECT_REL(host(db), db_ref, 1e-5);
+        if (h % 8 == 0 && h <= 8192) {  // vector path: fixed-order dgamma/dbeta sums, bit-identical reruns
+          Tensor dg2 = dev(rnd({h}, 5)), db2 = dev(rnd({h}, 6)), dx2 = poisoned({n, h}, dt);
+          ops::layernorm_bwd(dx2, dg2, with_beta ? &db2 : nullptr, dyd, xd, gd, mean, rstd);
+          Tensor a = dg.to(Device::CPU), b = dg2.to(Device::CPU);
+          EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "dgamma differs between identical runs";
+        }
+      }
     }
   }
 }
 
 TEST(CudaNorms, RmsNormForwardBackward) {
   MCPP_REQUIRE_CUDA();
-  const int64_t n = 29, h = 768;
-  for (DType dt : float_dtypes()) {
-    SCOPED_TRACE(dtype_name(dt));
-    Tensor x = rnd({n, h}, 7, dt), gamma = rnd({h}, 8, dt), dy = rnd({n, h}, 9, dt);
-    Tensor y_ref = Tensor::empty({n, h}), rstd_ref = Tensor::empty({n});
-    ops::cpu::rmsnorm_fwd(y_ref, rstd_ref, x, gamma, 1e-6f, {});
-    Tensor y = poisoned({n, h}, dt), rstd = poisoned({n}, DType::F32), xd = dev(x, dt), gd = dev(gamma, dt);
-    ops::rmsnorm_fwd(y, rstd, xd, gd, 1e-6f);
-    EXPECT_REL(host(y), y_ref, tol(dt, 1e-5));
-    EXPECT_REL(host(rstd), rstd_ref, 1e-5);
-    Tensor dx_ref = Tensor::empty({n, h}), dg_ref = rnd({h}, 10), dg = dev(dg_ref);
-    ops::cpu::rmsnorm_bwd(dx_ref, dg_ref, dy, x, gamma, rstd_ref, {});
-    Tensor dx = poisoned({n, h}, dt);
-    ops::rmsnorm_bwd(dx, dg, dev(dy, dt), xd, gd, rstd);
-    EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));
-    EXPECT_REL(host(dg), dg_ref, 1e-5);
+  for (const NormCase& c : kNormCases) {
+    const int64_t n = c.n, h = c.h;
+    for (DType dt : float_dtypes()) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << n << " h=" << h);
+      Tensor x = rnd({n, h}, 7, dt), gamma = rnd({h}, 8, dt), dy = rnd({n, h}, 9, dt);
+      Tensor y_ref = Tensor::empty({n, h}), rstd_ref = Tensor::empty({n});
+      ops::cpu::rmsnorm_fwd(y_ref, rstd_ref, x, gamma, 1e-6f, {});
+      Tensor y = poisoned({n, h}, dt), rstd = poisoned({n}, DType::F32), xd = dev(x, dt), gd = dev(gamma, dt);
+      ops::rmsnorm_fwd(y, rstd, xd, gd, 1e-6f);
+      EXPECT_REL(host(y), y_ref, tol(dt, 1e-5));
+      EXPECT_REL(host(rstd), rstd_ref, 1e-5);
+      Tensor dx_ref = Tensor::empty({n, h}), dg_ref = rnd({h}, 10), dg = dev(dg_ref);
+      ops::cpu::rmsnorm_bwd(dx_ref, dg_ref, dy, x, gamma, rstd_ref, {});
+      Tensor dx = poisoned({n, h}, dt);
+      ops::rmsnorm_bwd(dx, dg, dev(dy, dt), xd, gd, rstd);
+      EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));
+      EXPECT_REL(host(dg), dg_ref, 1e-5);
+    }
   }
+}
+
+TEST(CudaNorms, UnalignedViewTakesTheScalarPath) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 9, h = 256;  // h % 8 == 0, but x / dy / dx start 2 bytes past a 16-byte boundary
+  Tensor x = rnd({n, h}, 21, DType::BF16), gamma = rnd({h}, 22), dy = rnd({n, h}, 23, DType::BF16);
+  Tensor y_ref = Tensor::empty({n, h}), mean_ref = Tensor::empty({n}), rstd_ref = Tensor::empty({n});
+  ops::cpu::layernorm_fwd(y_ref, mean_ref, rstd_ref, x, gamma, nullptr, 1e-5f, {});
+  Tensor dx_ref = Tensor::empty({n, h}), dg_ref = Tensor::zeros({h});
+  ops::cpu::layernorm_bwd(dx_ref, dg_ref, nullptr, dy, x, gamma, mean_ref, rstd_ref, {});
+  auto shifted = [&](const Tensor& t) {  // a [n, h] view at element offset 1 of a bigger bf16 buffer
+    Tensor big = Tensor::zeros({n * h + 1}, DType::BF16, Device::CUDA);
+    Tensor v = big.flat_slice(1, {n, h});
+    if (t.defined()) ops::cast(v, dev(t));
+    return v;
+  };
+  Tensor xd = shifted(x), dyd = shifted(dy), y = shifted(Tensor()), dx = shifted(Tensor());
+  Tensor mean = Tensor::empty({n}, DType::F32, Device::CUDA), rstd = Tensor::empty({n}, DType::F32, Device::CUDA);
+  Tensor gd = dev(gamma), dg = Tensor::zeros({h}, DType::F32, Device::CUDA);
+  ops::layernorm_fwd(y, mean, rstd, xd, gd, nullptr, 1e-5f);
+  ops::layernorm_bwd(dx, dg, nullptr, dyd, xd, gd, mean, rstd);
+  EXPECT_REL(host(y), y_ref, 1e-2);
+  EXPECT_REL(host(dx), dx_ref, 1e-2);
+  EXPECT_REL(host(dg), dg_ref, 1e-5);
 }
 
 TEST(CudaSoftmax, ScaledMaskedForwardBackward) {
@@ -83,24 +128,35 @@ TEST(CudaSoftmax, ScaledMaskedForwardBackward) {
 
 TEST(CudaCrossEntropy, FusedForwardBackwardAndInPlaceGrad) {
   MCPP_REQUIRE_CUDA();
-  const int64_t n = 29, v = 1003;
-  Tensor targets = Tensor::empty({n}, DType::I32);
-  for (int64_t i = 0; i < n; ++i) targets.data<int32_t>()[i] = static_cast<int32_t>((i * 131 + 7) % v);
-  Tensor td = targets.to(Device::CUDA);
-  for (DType dt : float_dtypes()) {
-    SCOPED_TRACE(dtype_name(dt));
-    Tensor logits = rnd({n, v}, 13, dt, -6, 6), dloss = rnd({n}, 14);
-    Tensor loss_ref = Tensor::empty({n}), lse_ref = Tensor::empty({n}), dl_ref = Tensor::empty({n, v});
-    ops::cpu::cross_entropy_fwd(loss_ref, lse_ref, logits, targets, {});
-    ops::cpu::cross_entropy_bwd(dl_ref, dloss, logits, targets, lse_ref, {});
-    Tensor loss = poisoned({n}, DType::F32), lse = poisoned({n}, DType::F32), ld = dev(logits, dt);
-    ops::cross_entropy_fwd(loss, lse, ld, td);
-    // fp32 online logsumexp vs the CPU's double sum: ~1e-6; loss and lse are fp32 for bf16 logits too
-    EXPECT_REL(host(loss), loss_ref, 1e-5);
-    EXPECT_REL(host(lse), lse_ref, 1e-5);
-    Tensor dloss_d = dev(dloss);
-    ops::cross_entropy_bwd(ld, dloss_d, ld, td, lse);  // in place: dlogits aliases logits
-    EXPECT_REL(host(ld), dl_ref, tol(dt, 1e-5));
+  struct Case {
+    int64_t n, v;
+  };
+  // v = 1003: scalar path; 1024 and 50304 (GPT-2's padded vocab): 16-byte vector path, the latter through
+  // the 4-deep unrolled loop plus its remainder loop.
+  for (const Case& c : {Case{29, 1003}, Case{29, 1024}, Case{6, 50304}}) {
+    const int64_t n = c.n, v = c.v;
+    Tensor targets = Tensor::empty({n}, DType::I32);
+    for (int64_t i = 0; i < n; ++i) targets.data<int32_t>()[i] = static_cast<int32_t>((i * 131 + 7) % v);
+    targets.data<int32_t>()[n - 1] = static_cast<int32_t>(v - 1);  // the last column
+    Tensor td = targets.to(Device::CUDA);
+    for (DType dt : float_dtypes()) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " v=" << v);
+      Tensor logits = rnd({n, v}, 13, dt, -6, 6), dloss = rnd({n}, 14);
+      Tensor loss_ref = Tensor::empty({n}), lse_ref = Tensor::empty({n}), dl_ref = Tensor::empty({n, v});
+      ops::cpu::cross_entropy_fwd(loss_ref, lse_ref, logits, targets, {});
+      ops::cpu::cross_entropy_bwd(dl_ref, dloss, logits, targets, lse_ref, {});
+      Tensor loss = poisoned({n}, DType::F32), lse = poisoned({n}, DType::F32), ld = dev(logits, dt);
+      ops::cross_entropy_fwd(loss, lse, ld, td);
+      // fp32 online logsumexp vs the CPU's double sum: ~1e-6; loss and lse are fp32 for bf16 logits too
+      EXPECT_REL(host(loss), loss_ref, 1e-5);
+      EXPECT_REL(host(lse), lse_ref, 1e-5);
+      Tensor dloss_d = dev(dloss);
+      Tensor dl = poisoned({n, v}, dt);
+      ops::cross_entropy_bwd(dl, dloss_d, ld, td, lse);  // separate output
+      EXPECT_REL(host(dl), dl_ref, tol(dt, 1e-5));
+      ops::cross_entropy_bwd(ld, dloss_d, ld, td, lse);  // in place: dlogits aliases logits
+      EXPECT_REL(host(ld), dl_ref, tol(dt, 1e-5));
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -107,6 +108,51 @@ TEST(CpuAdamW, Fp32ModelCopyAndArgumentChecks) {
   EXPECT_THROW(cpu::adamw_step(p, m, v, g, nullptr, ops::AdamWOptions{.beta2 = 1.0f}, {}), Error);
   Tensor int_model = Tensor::zeros({8}, DType::I32);
   EXPECT_THROW(cpu::adamw_step(p, m, v, g, &int_model, ops::AdamWOptions{}, {}), Error);
+}
+
+TEST(CpuAdamW, MultiStepIsBitIdenticalToPerTensorSteps) {
+  // Entries of different sizes, weight decays and model copies (bf16 / f32 / none); two steps.
+  const std::vector<int64_t> sizes{1, 7, 8, 1000, 4099};
+  std::vector<ops::AdamWTensors> list;
+  std::vector<Tensor> p_ref, m_ref, v_ref, model_ref;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    Tensor p = random_tensor({n}, 100 + k);
+    const DType md = k % 3 == 0 ? DType::BF16 : DType::F32;
+    Tensor model = k % 3 == 2 ? Tensor() : Tensor::zeros({n}, md);
+    p_ref.push_back(p.clone());
+    m_ref.push_back(Tensor::zeros({n}));
+    v_ref.push_back(Tensor::zeros({n}));
+    model_ref.push_back(model.defined() ? Tensor::zeros({n}, md) : Tensor());
+    list.push_back(ops::AdamWTensors{.param = p, .exp_avg = Tensor::zeros({n}), .exp_avg_sq = Tensor::zeros({n}),
+                                     .grad = Tensor::zeros({n}), .param_model = model,
+                                     .weight_decay = k % 2 ? 0.0f : 0.1f});
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    const ops::AdamWOptions opt{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.5f,
+                                .step = step};
+    for (size_t k = 0; k < list.size(); ++k) {
+      Tensor g = random_tensor({sizes[k]}, 200 + 10 * static_cast<uint64_t>(step) + k);
+      std::memcpy(list[k].grad.raw(), g.raw(), g.nbytes());
+      ops::AdamWOptions o = opt;
+      o.weight_decay = list[k].weight_decay;  // the entry's decay replaces opt.weight_decay (0.5 unused)
+      cpu::adamw_step(p_ref[k], m_ref[k], v_ref[k], g, model_ref[k].defined() ? &model_ref[k] : nullptr, o, {});
+    }
+    ops::adamw_multi_step(list, opt);  // dispatching API: CPU tensors -> cpu backend
+  }
+  for (size_t k = 0; k < list.size(); ++k) {
+    SCOPED_TRACE(k);
+    EXPECT_EQ(std::memcmp(list[k].param.raw(), p_ref[k].raw(), p_ref[k].nbytes()), 0);
+    EXPECT_EQ(std::memcmp(list[k].exp_avg.raw(), m_ref[k].raw(), m_ref[k].nbytes()), 0);
+    EXPECT_EQ(std::memcmp(list[k].exp_avg_sq.raw(), v_ref[k].raw(), v_ref[k].nbytes()), 0);
+    if (model_ref[k].defined()) {
+      EXPECT_EQ(std::memcmp(list[k].param_model.raw(), model_ref[k].raw(), model_ref[k].nbytes()), 0);
+    }
+  }
+  // argument checks name the op's field, as adamw_step's
+  list[1].grad = Tensor::zeros({3});
+  EXPECT_THROW(ops::adamw_multi_step(list, ops::AdamWOptions{}), Error);
+  ops::adamw_multi_step({}, ops::AdamWOptions{});  // empty list: no-op
 }
 
 }  // namespace

@@ -3,13 +3,15 @@
 #include "mcpp/kernels/ops.h"
 
 #include <initializer_list>
+#include <vector>
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/op_profile.h"
 
 namespace mcpp::ops {
 namespace {
-bool on_cuda(std::initializer_list<const Tensor*> ts) {
+template <typename List>  // of const Tensor*
+bool on_cuda_list(const List& ts) {
   const Tensor* first = nullptr;
   for (const Tensor* t : ts) {
     if (!t || !t->defined()) continue;
@@ -19,6 +21,7 @@ bool on_cuda(std::initializer_list<const Tensor*> ts) {
   }
   return first && first->device() == Device::CUDA;
 }
+bool on_cuda(std::initializer_list<const Tensor*> ts) { return on_cuda_list(ts); }
 }  // namespace
 
 // MCPP_PROFILE_OPS=1 times each call (op_profile.h); otherwise OpTimer is one branch.
@@ -119,6 +122,15 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
                 const AdamWOptions& opt, Stream s) {
   MCPP_DISPATCH(adamw_step, ({&param, &exp_avg, &exp_avg_sq, &grad, param_model}), param, exp_avg, exp_avg_sq, grad,
                 param_model, opt, s);
+}
+void adamw_multi_step(const std::vector<AdamWTensors>& list, const AdamWOptions& opt, Stream s) {
+  std::vector<const Tensor*> ts;
+  ts.reserve(list.size() * 5);
+  for (const AdamWTensors& e : list)
+    for (const Tensor* t : {&e.param, &e.exp_avg, &e.exp_avg_sq, &e.grad, &e.param_model}) ts.push_back(t);
+  const bool mcpp_cuda_ = on_cuda_list(ts);
+  const OpTimer mcpp_timer_("adamw_multi_step", mcpp_cuda_);
+  return mcpp_cuda_ ? cuda::adamw_multi_step(list, opt, s) : cpu::adamw_multi_step(list, opt, s);
 }
 double sum_of_squares(const Tensor& x, Stream s) { MCPP_DISPATCH(sum_of_squares, ({&x}), x, s); }
 bool has_non_finite(const Tensor& x, Stream s) { MCPP_DISPATCH(has_non_finite, ({&x}), x, s); }

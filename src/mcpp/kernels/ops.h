@@ -4,6 +4,7 @@
 // stub in a build without CUDA).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "mcpp/core/rng.h"
 #include "mcpp/core/stream.h"
@@ -30,6 +31,13 @@ struct AdamWOptions {
   float eps = 1e-8f;
   float weight_decay = 0.0f;
   int64_t step = 1;  // 1-based, for bias correction
+};
+
+// One parameter (or shard piece) of adamw_multi_step: handles sharing storage with the caller's tensors.
+// param_model undefined = no model copy; weight_decay replaces opt.weight_decay for this entry.
+struct AdamWTensors {
+  Tensor param, exp_avg, exp_avg_sq, grad, param_model;
+  float weight_decay = 0.0f;
 };
 
 #define MCPP_OP_UNPAREN(...) __VA_ARGS__

@@ -1,4 +1,5 @@
-// Adam(W): per-parameter ops::adamw_step with the group's weight decay; see adam.h for the contract.
+// Adam(W): ops::adamw_multi_step over every parameter (per-parameter weight decay) — identical to
+// per-parameter ops::adamw_step; see adam.h for the contract.
 #include "mcpp/optimizer/adam.h"
 
 #include <set>
@@ -38,13 +39,17 @@ Adam::Adam(std::vector<AdamParam> params, const AdamOptions& opt) : params_(std:
 
 void Adam::step(float lr) {
   ++step_;
+  std::vector<ops::AdamWTensors> list;
+  list.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    AdamParam& p = params_[i];
-    ops::AdamWOptions o{.lr = lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
-                        .weight_decay = p.no_weight_decay ? 0.0f : opt_.weight_decay, .step = step_};
-    ops::adamw_step(p.param, state_[i].exp_avg, state_[i].exp_avg_sq, p.main_grad,
-                    p.model_param.defined() ? &p.model_param : nullptr, o);
+    const AdamParam& p = params_[i];
+    list.push_back(ops::AdamWTensors{.param = p.param, .exp_avg = state_[i].exp_avg,
+                                     .exp_avg_sq = state_[i].exp_avg_sq, .grad = p.main_grad,
+                                     .param_model = p.model_param,
+                                     .weight_decay = p.no_weight_decay ? 0.0f : opt_.weight_decay});
   }
+  const ops::AdamWOptions o{.lr = lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps, .step = step_};
+  ops::adamw_multi_step(list, o);  // = adamw_step per parameter, one launch per ~300 chunks on CUDA
 }
 
 std::vector<Tensor> Adam::main_grads() const {

@@ -79,13 +79,14 @@ void DistributedOptimizer::add_pieces(DistributedDataParallel& ddp) {
 void DistributedOptimizer::step(float lr) {
   wait_param_gather();  // a previous overlapped gather must land before the shard is rewritten
   ++step_;
-  for (ShardPiece& pc : pieces_) {
-    ops::AdamWOptions o{.lr = lr, .beta1 = opt_.adam.beta1, .beta2 = opt_.adam.beta2, .eps = opt_.adam.eps,
-                        .weight_decay = pc.owner->spec.no_weight_decay ? 0.0f : opt_.adam.weight_decay,
-                        .step = step_};
-    ops::adamw_step(pc.param, pc.exp_avg, pc.exp_avg_sq, pc.main_grad,
-                    pc.model_param.defined() ? &pc.model_param : nullptr, o);
-  }
+  std::vector<ops::AdamWTensors> list;  // one multi-tensor step over the pieces (= adamw_step per piece)
+  list.reserve(pieces_.size());
+  for (const ShardPiece& pc : pieces_)
+    list.push_back(ops::AdamWTensors{.param = pc.param, .exp_avg = pc.exp_avg, .exp_avg_sq = pc.exp_avg_sq,
+                                     .grad = pc.main_grad, .param_model = pc.model_param,
+                                     .weight_decay = pc.owner->spec.no_weight_decay ? 0.0f : opt_.adam.weight_decay});
+  ops::adamw_multi_step(list, ops::AdamWOptions{.lr = lr, .beta1 = opt_.adam.beta1, .beta2 = opt_.adam.beta2,
+                                                .eps = opt_.adam.eps, .step = step_});
   for (DistributedDataParallel* d : ddps_) d->start_param_gather();
   if (!opt_.overlap_param_gather) wait_param_gather();
 }

@@ -8,6 +8,7 @@
 // elementwise math is float32. param/exp_avg/exp_avg_sq/grad: float32 with one numel (any shape).
 // param_model (optional): the model copy, written with the updated param (fp32 copy or bf16/f16 cast).
 // Updates in place; elementwise, so results do not depend on the thread count.
+// adamw_multi_step: adamw_step on each entry in order, with the entry's weight_decay.
 #include <cmath>
 
 #include "mcpp/kernels/cpu/checks.h"
@@ -73,6 +74,20 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
       else if (model_dtype == DType::BF16) static_cast<uint16_t*>(out)[i] = f32_to_bf16(pi);
       else static_cast<uint16_t*>(out)[i] = f32_to_f16(pi);
     }
+  }
+}
+
+}  // namespace mcpp::ops::cpu
+
+namespace mcpp::ops::cpu {
+
+// The per-entry loop over adamw_step (entry weight_decay): the reference the CUDA version must match.
+void adamw_multi_step(const std::vector<AdamWTensors>& list, const AdamWOptions& opt, Stream stream) {
+  for (const AdamWTensors& e : list) {
+    AdamWOptions o = opt;
+    o.weight_decay = e.weight_decay;
+    Tensor p = e.param, m = e.exp_avg, v = e.exp_avg_sq, model = e.param_model;  // handles, same storage
+    ops::cpu::adamw_step(p, m, v, e.grad, model.defined() ? &model : nullptr, o, stream);
   }
 }
 

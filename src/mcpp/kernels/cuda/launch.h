@@ -83,8 +83,11 @@ void launch_embedding_bwd(float* dtable, const int32_t* ids, FIn dout, int64_t n
 // ---- norms_kernels.cu (mean == nullptr / beta.p == nullptr: RMSNorm / no bias)
 void launch_norm_fwd(FOut y, float* mean, float* rstd, FIn x, FIn gamma, FIn beta, int64_t n, int64_t h, float eps,
                      cudaStream_t s);
+// bwd: `partial` = fp32 scratch of 2 * parts * h floats (parts = norm_bwd_partial_blocks(n, h); 0 means the
+// scalar path, which needs no scratch) for the deterministic dgamma/dbeta reduction of the vector path.
+int64_t norm_bwd_partial_blocks(int64_t n, int64_t h);
 void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn gamma, const float* mean,
-                     const float* rstd, int64_t n, int64_t h, cudaStream_t s);
+                     const float* rstd, int64_t n, int64_t h, float* partial, int64_t parts, cudaStream_t s);
 
 // ---- rope_kernels.cu (sign = +1 forward rotation, -1 its transpose)
 void launch_rope(FOut y, FIn x, const float* cos, const float* sin, int64_t s_len, int64_t b, int64_t heads,
@@ -129,6 +132,29 @@ struct AdamWCoeffs {
 };
 void launch_adamw(float* param, float* m, float* v, const float* grad, FOut model, const AdamWCoeffs& c, int64_t n,
                   cudaStream_t s);
+// Multi-tensor AdamW: one launch per table of up to kAdamMaxTensors tensors / kAdamMaxChunks chunks of
+// kAdamChunk elements (passed by value as the kernel argument, < 4 KB); block b updates chunk
+// chunk_index[b] of tensor chunk_tensor[b]. vec4: every pointer 16-byte aligned (8 for a 2-byte model).
+constexpr int kAdamMaxTensors = 32, kAdamMaxChunks = 320;
+constexpr int64_t kAdamChunk = 65536;
+struct AdamWTensorArgs {
+  float* p;
+  float* m;
+  float* v;
+  const float* g;
+  void* model;  // nullptr: no model copy
+  int64_t n;
+  float decay;  // 1 - lr * weight_decay (this tensor's)
+  int model_kind;
+  int vec4;
+};
+struct AdamWMultiArgs {
+  AdamWTensorArgs t[kAdamMaxTensors];
+  int32_t chunk_index[kAdamMaxChunks];
+  uint8_t chunk_tensor[kAdamMaxChunks];
+  int blocks;
+};
+void launch_adamw_multi(const AdamWMultiArgs& a, const AdamWCoeffs& c, cudaStream_t s);
 // partial: scratch of kReduceBlocks doubles; result: one double (device). Deterministic order.
 constexpr int kReduceBlocks = 1024;
 void launch_sum_of_squares(double* result, double* partial, FIn x, int64_t n, cudaStream_t s);
