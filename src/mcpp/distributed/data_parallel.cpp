@@ -32,12 +32,16 @@ std::vector<Bucket> make_buckets(const ParamAndGradBuffer& buffer, int64_t bucke
   };
   for (Parameter* p : order) {
     const int64_t n = p->data.numel();
+    // Megatron's _does_param_require_new_bucket: a pipeline-shared embedding is alone in its bucket with
+    // the distributed optimizer (same DP shard boundaries on both stages; param_and_grad_buffer.h).
+    const bool alone = pad_to_dp && p->spec.shared_embedding;
+    if (alone && !cur.params.empty()) close();
     if (cur.params.empty()) cur.start = cur.end = p->offset;
     MCPP_CHECK(p->offset == cur.end, "parameter '{}' at offset {} does not follow the previous one (end {})",
                p->spec.key, p->offset, cur.end);
     cur.params.push_back(p);
     cur.end = p->offset + n;
-    if (cur.numel() >= bucket_size) close();
+    if (alone || cur.numel() >= bucket_size) close();
   }
   if (!cur.params.empty()) close();
   return out;

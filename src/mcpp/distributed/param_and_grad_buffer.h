@@ -66,6 +66,11 @@ struct ParamSpec {
   // first stage's word embeddings; Megatron's `shared` attribute): same key and values, gradients
   // all-reduced over the embedding group; counted once in the grad norm and saved once (by the owner).
   bool shared_copy = false;
+  // The tied word embedding when its two uses sit on different pipeline stages (set on the owner and on
+  // the copy; Megatron's shared_embedding): with the distributed optimizer it gets a bucket of its own,
+  // so both stages shard it identically over DP and the embedding-group all-reduce sums matching
+  // (reduce-scattered) shards.
+  bool shared_embedding = false;
   Shape global_shape() const { return shard.partitioned() ? shard.global_shape : shape; }
 };
 

@@ -10,7 +10,10 @@ usage: pipeline_train_check.py MCPP WORKDIR
      block and selective give bit-identical losses to no recompute;
   4. the pipeline_activation_memory record at PP2: in flight = pp - stage (1F1B, M >= pp), peak bytes =
      in flight x one context's bytes, recompute shrinks the per-microbatch bytes;
-  5. --variable-seq-lengths at PP2 (shape exchange before every transfer): bit-identical losses.
+  5. --variable-seq-lengths at PP2 (shape exchange before every transfer): bit-identical losses;
+  6. distributed optimizer + PP2 x DP2 + tied embeddings: a resume from iteration 2 reproduces the
+     straight run's losses and grad norms bit for bit (the shared embedding has its own DDP bucket, so both
+     stages shard it identically over DP; before that fix the last stage's copy drifted from the owner).
 """
 import json
 import os
@@ -129,6 +132,17 @@ fixed = losses(train("fixed", PP2, np=2))
 var = losses(train("var", [*PP2, "--variable-seq-lengths"], np=2))
 if not same(fixed, var):
     failures.append(f"--variable-seq-lengths changed the losses: {var} vs {fixed}")
+
+# 6. resume bit-exact with distributed optimizer + PP2 x DP2 + tied embeddings (GPT-2 vocab: the embedding
+# spans DP shard boundaries)
+DO = [*PP2, "--use-distributed-optimizer"]
+straight = train("do_straight", DO, np=4)
+train("do_first", [*DO, "--save", os.path.join(WORK, "do_ckpt"), "--save-interval", "2", "--exit-interval", "2"], np=4)
+resumed = train("do_resumed", [*DO, "--load", os.path.join(WORK, "do_ckpt")], np=4)
+norms = lambda d: {r["iteration"]: (r["lm_loss"], r["grad_norm"]) for r in records(d) if r.get("event") == "train"}
+a, b = norms(straight), norms(resumed)
+if sorted(b) != [3, 4] or any(a.get(i) != b[i] for i in b):
+    failures.append(f"distopt + PP2 x DP2 tied resume not bit-exact: straight {a} vs resumed {b}")
 
 if failures:
     print("\n".join(failures))

@@ -27,6 +27,7 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
         params_, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size, c.init_method_std, tp_.group);
     word_embeddings_ = word_embedding_->weight();
     word_embeddings_->spec.shared_copy = !stage_.pre_process;
+    word_embeddings_->spec.shared_embedding = tied && !(stage_.pre_process && stage_.post_process);
   }
   vocab_local_ = c.padded_vocab_size / tp_.size();
   vocab_start_ = static_cast<int64_t>(tp_.rank()) * vocab_local_;
