@@ -17,23 +17,9 @@ usage: pipeline_train_check.py MCPP WORKDIR
 """
 import json
 import os
-import shutil
-import subprocess
 import sys
 
-MCPP, WORK = sys.argv[1], sys.argv[2]
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-MPI = ["mpiexec", "--allow-run-as-root", "--oversubscribe"]
-failures = []
-
-
-def run(cmd, expect=0, timeout=300):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
-    if (expect == 0) != (p.returncode == 0):
-        failures.append(f"{' '.join(cmd[:8])}...: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    return p
+from cli_harness import MCPP, MPI, WORK, failures, run  # argv, fresh work dir, mpiexec env, run()
 
 
 corpus = os.path.join(WORK, "corpus.jsonl")
