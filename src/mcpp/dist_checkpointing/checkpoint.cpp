@@ -9,51 +9,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
 
 #include "mcpp/core/error.h"
+#include "mcpp/dist_checkpointing/durable_file.h"
 #include "mcpp/dist_checkpointing/sharded_tensor.h"
 
 namespace fs = std::filesystem;
 
 namespace mcpp::dist_checkpointing {
 namespace {
-
-std::string random_suffix() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:04x}", rd(), static_cast<unsigned>(::getpid()) & 0xffffu);
-}
-
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) fail("cannot open {} to fsync: {}", path, std::strerror(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) fail("cannot fsync {}: {}", path, std::strerror(err));
-}
-
-// Writes `text` to `path` through `path`.tmp-<random>: write, fsync, rename, fsync the directory.
-void write_file_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp-" + random_suffix();
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot create {}", tmp);
-    out << text;
-    out.flush();
-    if (!out) fail("cannot write {}", tmp);
-  }
-  fsync_path(tmp, /*directory=*/false);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    fail("cannot rename {} to {}: {}", tmp, path, std::strerror(err));
-  }
-  fsync_path(fs::path(path).parent_path().string(), /*directory=*/true);
-}
 
 std::string file_for_key(const std::string& key) {
   return key.rfind("optimizer.", 0) == 0 ? "optimizer.safetensors" : "model.safetensors";
@@ -116,7 +83,7 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointContent
   std::string final_dir = (fs::path(save_dir) / iteration_dir_name(c.iteration)).string();
   if (fs::exists(final_dir, ec))
     fail("refusing to overwrite existing checkpoint {} (remove it or save another iteration)", final_dir);
-  std::string tmp_dir = final_dir + ".tmp-" + random_suffix();
+  std::string tmp_dir = final_dir + ".tmp-" + random_token();
   if (!fs::create_directory(tmp_dir, ec) || ec)
     fail("cannot create staging directory {}: {}", tmp_dir, ec ? ec.message() : "exists");
   try {

@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <random>
 
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
+#include "mcpp/dist_checkpointing/durable_file.h"
 #include "mcpp/dist_checkpointing/fault_injection.h"
 #include "mcpp/dist_checkpointing/manifest.h"
 #include "mcpp/dist_checkpointing/safetensors.h"
@@ -22,41 +22,6 @@ namespace fs = std::filesystem;
 
 namespace mcpp::dist_checkpointing {
 namespace {
-
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) fail("cannot open {} to fsync: {}", path, std::strerror(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) fail("cannot fsync {}: {}", path, std::strerror(err));
-}
-
-std::string new_uuid() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:08x}", rd(), rd());
-}
-
-// tmp + fsync + (fault point) + rename + fsync of the directory. `during` names the fault point
-// between the fsynced temp file and the rename.
-void write_file_atomic(const std::string& path, const std::string& text, const char* during) {
-  std::string tmp = path + ".tmp-" + new_uuid();
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot create {}", tmp);
-    out << text;
-    out.flush();
-    if (!out) fail("cannot write {}", tmp);
-  }
-  fsync_path(tmp, /*directory=*/false);
-  fault_point(during);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    fail("cannot rename {} to {}: {}", tmp, path, std::strerror(err));
-  }
-  fsync_path(fs::path(path).parent_path().string(), /*directory=*/true);
-}
 
 std::string kind_of(const std::string& key) { return key.rfind("optimizer.", 0) == 0 ? "optimizer" : "model"; }
 
@@ -184,7 +149,7 @@ std::string begin_sharded_save(const std::string& save_dir, int64_t iteration, c
       std::error_code ec;
       fs::create_directories(save_dir, ec);
       if (ec) fail("cannot create save directory {}: {}", save_dir, ec.message());
-      const std::string uuid = new_uuid();
+      const std::string uuid = random_token();
       if (fs::exists(final_dir, ec)) {
         // A complete iter_N that the tracker never reached (a crash between the directory rename and the
         // tracker update) is moved aside, never overwritten in place; one the tracker points to is kept.

@@ -8,6 +8,7 @@
 #include "mcpp/comm/flight_recorder.h"
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
+#include "mcpp/dist_checkpointing/durable_file.h"
 #include "mcpp/dist_checkpointing/sharded_save.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/pipeline_parallel/layout.h"
@@ -80,11 +81,6 @@ Config target_config(const nlohmann::json& meta, const ConvertOptions& opt, cons
   return c;
 }
 
-std::string random_hex() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:08x}", rd(), rd());
-}
-
 }  // namespace
 
 ConvertResult convert_checkpoint(const ConvertOptions& opt) {
@@ -102,7 +98,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   if (ec) fail("ckpt convert: cannot create output directory {}: {}", opt.output, ec.message());
   const std::string final_dir = (fs::path(opt.output) / dc::iteration_dir_name(iteration)).string();
   if (fs::exists(final_dir, ec)) fail("ckpt convert: refusing to overwrite existing checkpoint {}", final_dir);
-  const std::string tmp_dir = final_dir + ".tmp-" + random_hex();
+  const std::string tmp_dir = final_dir + ".tmp-" + dc::random_token();
   if (!fs::create_directory(tmp_dir, ec) || ec) fail("ckpt convert: cannot create staging directory {}", tmp_dir);
 
   ConvertResult res;
