@@ -146,6 +146,10 @@ with open(os.path.join(WORK, "bad_tokens.txt"), "w") as f:
     f.write("1 2 banana\n")
 check_error(["forward", "--load", straight, "--tokens", os.path.join(WORK, "bad_tokens.txt"), "--output", out], "banana")
 check_error(["train", *model, "--bf16"], "bf16")
+check_error(["train", *model, "--device", "tpu"], "device")
+if not os.path.exists("/dev/nvidia0"):  # a GPU-less box: --device cuda must be refused, naming the field
+    check_error(["train", *model, "--device", "cuda"], "device: cuda requested")
+check_error(["train", *model, "--fp16", "--device", "cpu"], "fp16")
 # Flip one byte of a tensor in a copy of the checkpoint: loading names the tensor.
 broken = os.path.join(WORK, "broken")
 shutil.copytree(straight, broken)
