@@ -32,6 +32,7 @@ AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tens
   AttnShape a{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), opt.softmax_scale, opt.causal};
   MCPP_CHECK(a.ng > 0 && a.nq % a.ng == 0, "{}: query heads nq={} must be a multiple of kv groups ng={}", op, a.nq,
              a.ng);
+  a.split_layout();
   MCPP_CHECK(a.d == 64 || a.d == 128, "{}: head dim d must be 64 or 128 on CUDA; got q {}", op, q.str());
   MCPP_CHECK((a.s + 63) / 64 <= 65535, "{}: sequence length s={} exceeds the launch grid", op, a.s);
   require_float(op, "lse", lse, /*bf16_ok=*/false);

@@ -1,5 +1,6 @@
 // bf16 tensor-core flash attention backward (FlashAttention-2 recomputation, Dao 2023) for attention.cpp:
-// q/o/dout/dq [s, b, nq, D], k/v/dk/dv [s, b, ng, D] all bf16 (contiguous, 16-byte aligned), lse float32
+// q/dq [s, b, nq, D], k/v/dk/dv [s, b, ng, D] (or views of the packed qkv / dqkv: AttnShape's layout
+// fields), o/dout [s, b, nq, D], all bf16 and 16-byte aligned, lse float32
 // [b, nq, s] from the forward, delta float32 scratch [b, nq, s]; D in {64, 128}; causal or full; GQA.
 //
 // Three launches, each block owning its outputs (no atomics: deterministic, bit-identical run to run):
@@ -77,10 +78,11 @@ __global__ void __launch_bounds__(kKVThreads) attn_dkdv_mma_kernel(bf16* dk, bf1
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t grp = blockIdx.x, bb = grp / a.ng, g = grp % a.ng, group = a.nq / a.ng;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kKVRows;
-  const int64_t q_stride = a.b * a.nq * D, kv_stride = a.b * a.ng * D;
+  const int64_t q_stride = a.q_row, kv_stride = a.kv_row, o_stride = a.b * a.nq * D;
+  const int64_t kv_base = bb * a.kv_batch + g * a.kv_group;
   const int kvalid = static_cast<int>(std::min<int64_t>(kKVRows, a.s - k0));
-  load_tile<D, kKVRows, kKVThreads>(sK, k + k0 * kv_stride + (bb * a.ng + g) * D, kv_stride, kvalid);
-  load_tile<D, kKVRows, kKVThreads>(sV, v + k0 * kv_stride + (bb * a.ng + g) * D, kv_stride, kvalid);
+  load_tile<D, kKVRows, kKVThreads>(sK, k + k0 * kv_stride + kv_base, kv_stride, kvalid);
+  load_tile<D, kKVRows, kKVThreads>(sV, v + k0 * kv_stride + kv_base, kv_stride, kvalid);
 
   const int64_t q_begin = a.causal ? k0 : 0;  // kQ divides kKVRows
   const int n_q = static_cast<int>((a.s - q_begin + kQ - 1) / kQ);
@@ -89,9 +91,9 @@ __global__ void __launch_bounds__(kKVThreads) attn_dkdv_mma_kernel(bf16* dk, bf1
   auto issue = [&](int it, int buf) {
     const int64_t h = g * group + it / n_q, q0 = q_begin + static_cast<int64_t>(it % n_q) * kQ;
     const int valid = static_cast<int>(std::min<int64_t>(kQ, a.s - q0));
-    const int64_t off = q0 * q_stride + (bb * a.nq + h) * D;
-    load_tile<D, kQ, kKVThreads>(sQ + buf * kQ * S, q + off, q_stride, valid);
-    load_tile<D, kQ, kKVThreads>(sdO + buf * kQ * S, dout + off, q_stride, valid);
+    const int64_t qoff = q0 * q_stride + bb * a.q_batch + g * a.q_group + (h - g * group) * D;
+    load_tile<D, kQ, kKVThreads>(sQ + buf * kQ * S, q + qoff, q_stride, valid);
+    load_tile<D, kQ, kKVThreads>(sdO + buf * kQ * S, dout + q0 * o_stride + (bb * a.nq + h) * D, o_stride, valid);
     if (threadIdx.x < kQ) {
       const int64_t qi = q0 + threadIdx.x, li = (bb * a.nq + h) * a.s + qi;
       sL[buf * kQ + threadIdx.x] = qi < a.s ? lse[li] * kLog2e : INFINITY;
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(kKVThreads) attn_dkdv_mma_kernel(bf16* dk, bf1
   }
 
   const int valid = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(16, a.s - key_first)));
-  const int64_t off = key_first * kv_stride + (bb * a.ng + g) * D;
+  const int64_t off = key_first * kv_stride + kv_base;
   const float mul_k[1][2] = {{a.scale, a.scale}}, mul_v[1][2] = {{1.0f, 1.0f}};
   store_rows<D, 1>(dk + off, kv_stride, valid, sK, warp * 16, dk_acc, mul_k);
   store_rows<D, 1>(dv + off, kv_stride, valid, sV, warp * 16, dv_acc, mul_v);
@@ -162,17 +164,18 @@ __global__ void __launch_bounds__(kQThreads) attn_dq_mma_kernel(bf16* dq, const 
   bf16* sK = sdO + kQRows * S;                     // [2][kK][S]
   bf16* sV = sK + 2 * kK * S;                     // [2][kK][S]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t head = blockIdx.x, bb = head / a.nq, h = head % a.nq, g = h / (a.nq / a.ng);
+  const int64_t head = blockIdx.x, bb = head / a.nq, h = head % a.nq, hpg = a.nq / a.ng, g = h / hpg;
   const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kQRows;
-  const int64_t q_stride = a.b * a.nq * D, kv_stride = a.b * a.ng * D;
-  const int64_t qoff = q0 * q_stride + (bb * a.nq + h) * D;
-  const bf16* kp = k + (bb * a.ng + g) * D;
-  const bf16* vp = v + (bb * a.ng + g) * D;
+  const int64_t q_stride = a.q_row, kv_stride = a.kv_row, o_stride = a.b * a.nq * D;
+  const int64_t qhead = bb * a.q_batch + g * a.q_group + (h - g * hpg) * D;  // dq: the same layout
+  const int64_t qoff = q0 * q_stride + qhead;
+  const bf16* kp = k + bb * a.kv_batch + g * a.kv_group;
+  const bf16* vp = v + bb * a.kv_batch + g * a.kv_group;
   const int64_t k_end = a.causal ? min(a.s, q0 + kQRows) : a.s;
   const int n_tiles = static_cast<int>((k_end + kK - 1) / kK);
   const int qvalid = static_cast<int>(std::min<int64_t>(kQRows, a.s - q0));
   load_tile<D, kQRows, kQThreads>(sQ, q + qoff, q_stride, qvalid);
-  load_tile<D, kQRows, kQThreads>(sdO, dout + qoff, q_stride, qvalid);
+  load_tile<D, kQRows, kQThreads>(sdO, dout + q0 * o_stride + (bb * a.nq + h) * D, o_stride, qvalid);
   load_tile<D, kK, kQThreads>(sK, kp, kv_stride, static_cast<int>(std::min<int64_t>(kK, a.s)));
   load_tile<D, kK, kQThreads>(sV, vp, kv_stride, static_cast<int>(std::min<int64_t>(kK, a.s)));
   cp_async_commit();
@@ -232,7 +235,7 @@ __global__ void __launch_bounds__(kQThreads) attn_dq_mma_kernel(bf16* dq, const 
 
   const int valid = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kQWarpRows, a.s - row_first)));
   const float mul[kQMT][2] = {{a.scale, a.scale}, {a.scale, a.scale}};
-  store_rows<D, kQMT>(dq + row_first * q_stride + (bb * a.nq + h) * D, q_stride, valid, sQ, r0, acc, mul);
+  store_rows<D, kQMT>(dq + row_first * q_stride + qhead, q_stride, valid, sQ, r0, acc, mul);
 }
 
 template <typename Kernel>

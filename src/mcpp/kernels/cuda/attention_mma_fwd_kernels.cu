@@ -1,5 +1,6 @@
 // bf16 tensor-core flash attention forward (FlashAttention-2, Dao 2023) for attention.cpp: q[s, b, nq, D],
-// k/v[s, b, ng, D], o[s, b, nq, D] all bf16 (contiguous, 16-byte aligned), lse float32 [b, nq, s];
+// k/v[s, b, ng, D] (or views of the packed qkv: AttnShape's layout fields), o[s, b, nq, D], all bf16 and
+// 16-byte aligned, lse float32 [b, nq, s];
 // D in {64, 128}; causal or full; GQA (query head h reads kv group h / (nq / ng)); any s >= 1.
 //
 // Grid: x = b * nq heads, y = query tiles of kBM = 128 rows, heaviest causal tile first (y reversed, and x
@@ -36,12 +37,12 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_mma_kernel(bf16* o, float* 
   bf16* sK = sQ + kBM * S;                        // [2][kBN][S]
   bf16* sV = sK + 2 * kBN * S;                    // [2][kBN][S]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t head = blockIdx.x, bb = head / a.nq, h = head % a.nq, g = h / (a.nq / a.ng);
+  const int64_t head = blockIdx.x, bb = head / a.nq, h = head % a.nq, hpg = a.nq / a.ng, g = h / hpg;
   const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kBM;
-  const int64_t q_stride = a.b * a.nq * D, kv_stride = a.b * a.ng * D;
-  const bf16* qp = q + q0 * q_stride + (bb * a.nq + h) * D;
-  const bf16* kp = k + (bb * a.ng + g) * D;
-  const bf16* vp = v + (bb * a.ng + g) * D;
+  const int64_t q_stride = a.q_row, kv_stride = a.kv_row, o_stride = a.b * a.nq * D;
+  const bf16* qp = q + q0 * q_stride + bb * a.q_batch + g * a.q_group + (h - g * hpg) * D;
+  const bf16* kp = k + bb * a.kv_batch + g * a.kv_group;
+  const bf16* vp = v + bb * a.kv_batch + g * a.kv_group;
   const int64_t k_end = a.causal ? min(a.s, q0 + kBM) : a.s;
   const int n_tiles = static_cast<int>((k_end + kBN - 1) / kBN);
 
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_mma_kernel(bf16* o, float* 
       inv[mt][hh] = l[mt][hh] > 0.0f ? 1.0f / l[mt][hh] : 0.0f;
     }
   const int valid = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kWarpRows, a.s - row_first)));
-  store_rows<D, kMT>(o + row_first * q_stride + (bb * a.nq + h) * D, q_stride, valid, sQ, r0, acc, inv);
+  store_rows<D, kMT>(o + row_first * o_stride + (bb * a.nq + h) * D, o_stride, valid, sQ, r0, acc, inv);
   if ((lane & 3) == 0) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)

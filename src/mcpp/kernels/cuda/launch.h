@@ -113,13 +113,30 @@ struct AttnShape {
   int64_t s, b, nq, ng, d;
   float scale;
   bool causal;
+  // Tensor-core kernels only: where q/dq and k/v/dk/dv live. Query head h = g * (nq / ng) + j of token i,
+  // batch bb is at i * q_row + bb * q_batch + g * q_group + j * d from the q (dq) pointer; kv group g at
+  // i * kv_row + bb * kv_batch + g * kv_group from the k, v (dk, dv) pointers. o / dout are always
+  // [s, b, nq, d]. split_layout(): q[s, b, nq, d], k/v[s, b, ng, d] (separate tensors); packed_layout():
+  // Megatron's fused qkv [s, b, ng, (nq / ng + 2) d] with k = qkv + (nq / ng) d and v = k + d.
+  int64_t q_row = 0, q_batch = 0, q_group = 0, kv_row = 0, kv_batch = 0, kv_group = 0;
+  AttnShape& split_layout() {
+    q_row = b * nq * d, q_batch = nq * d, q_group = (nq / ng) * d;
+    kv_row = b * ng * d, kv_batch = ng * d, kv_group = d;
+    return *this;
+  }
+  AttnShape& packed_layout() {
+    kv_group = q_group = (nq / ng + 2) * d;
+    kv_batch = q_batch = ng * q_group;
+    kv_row = q_row = b * q_batch;
+    return *this;
+  }
 };
 void launch_attention_fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnShape& a, cudaStream_t s);
 // delta: float32 scratch [b, nq, s] (rowsum(dout * o)).
 void launch_attention_bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, FIn o, const float* lse,
                           float* delta, const AttnShape& a, cudaStream_t s);
 // ---- attention_mma_{fwd,bwd}_kernels.cu: the same ops on tensor cores, every tensor bf16 (void* = bf16*),
-// contiguous and 16-byte aligned; (s + 63) / 64 <= 65535. bwd: delta scratch as above; dk/dv overwritten.
+// 16-byte aligned, q/k/v/dq/dk/dv addressed by the AttnShape layout fields; (s + 63) / 64 <= 65535. bwd: delta scratch as above; dk/dv overwritten.
 void launch_attention_fwd_mma(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,
                               cudaStream_t s);
 void launch_attention_bwd_mma(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
