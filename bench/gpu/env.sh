@@ -1,14 +1,15 @@
 # Sourced on a device machine from the repo root: unpacks device_carry/ (bench/gpu/make_carry.sh) and
-# sets the loader path (our non-system libs, CUDA's, NCCL's from Python's site-packages) and $MPIRUN
+# sets the loader path (our non-system libs, CUDA's, NCCL's and cuDNN's from Python's site-packages) and $MPIRUN
 # (Debian's Open MPI 4.1.4 from the bundle, relocated with OPAL_PREFIX, so the launcher matches the
 # libmpi our binaries link). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 C=$PWD/device_carry
 D=/tmp/dompi
 mkdir -p $D/lib && tar xzf "$C/lib.tgz" -C $D && tar xzf "$C/ompi_root.tgz" -C $D --transform 's,^/,,'
 NCCL_LIB=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+CUDNN_LIB=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)
 export OPAL_PREFIX=$D/usr PMIX_INSTALL_PREFIX=$D/usr/lib/x86_64-linux-gnu/pmix2
 ML=$D/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH=$D/lib:$NCCL_LIB:/usr/local/cuda/lib64:$ML/openmpi/lib:$ML/pmix2/lib:$ML
+export LD_LIBRARY_PATH=$D/lib:$NCCL_LIB:$CUDNN_LIB:/usr/local/cuda/lib64:$ML/openmpi/lib:$ML/pmix2/lib:$ML
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=4
 export OMPI_MCA_mca_base_component_show_load_errors=0 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader

@@ -13,7 +13,8 @@ shift
 bins=${*:-mcpp mcpp_tests cuda_kernels_bench}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$root/device_carry
-rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
+rm -rf "$out/bin" "$out/lib" "$out/lib.tgz" "$out/ompi_root.tgz" "$out/anchors"  # not the helpers' subfolders
+mkdir -p "$out/bin" "$out/lib"
 for b in $bins; do cp "$build/bin/$b" "$out/bin/"; done
 skip='linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|libcudart|libcublas|libnccl|libcuda\.so|libcudnn'
 for f in "$out"/bin/*; do ldd "$f" | awk '$3 ~ /^\// {print $3}'; done | sort -u | grep -v -E "$skip" |

@@ -16,11 +16,16 @@ struct AttnCase {
   bool causal;
 };
 
-void check_case(const AttnCase& c, DType dt) {
+// deterministic = false lets bf16 calls take cuDNN's fused attention (where it has an engine), true keeps
+// the mcpp tensor-core kernels; both must match the CPU within the bf16 tolerance.
+void check_case(const AttnCase& c, DType dt, bool deterministic = false) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " s=" << c.s << " b=" << c.b << " nq=" << c.nq
-                                    << " ng=" << c.ng << " d=" << c.d << " causal=" << c.causal);
+                                    << " ng=" << c.ng << " d=" << c.d << " causal=" << c.causal
+                                    << " deterministic=" << deterministic);
   const Shape qs{c.s, c.b, c.nq, c.d}, ks{c.s, c.b, c.ng, c.d}, ls{c.b, c.nq, c.s};
-  const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)), .causal = c.causal};
+  const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
+                                  .causal = c.causal,
+                                  .deterministic = deterministic};
   Tensor q = rnd(qs, 1, dt, -2, 2), k = rnd(ks, 2, dt, -2, 2), v = rnd(ks, 3, dt), dout = rnd(qs, 4, dt);
   Tensor o_ref = Tensor::empty(qs), lse_ref = Tensor::empty(ls);
   ops::cpu::flash_attention_fwd(o_ref, lse_ref, q, k, v, opt, {});
@@ -81,10 +86,20 @@ TEST(CudaFlashAttention, Bf16ManyHeads) {
 }
 
 // Every block owns its outputs (no atomics): two backward runs are bit-identical.
-TEST(CudaFlashAttention, Bf16BackwardIsDeterministic) {
+// The same cases on both bf16 paths: the deterministic mcpp kernels and (default) cuDNN's fused attention.
+TEST(CudaFlashAttention, Bf16DeterministicKernelsAndCudnnMatchCpu) {
+  MCPP_REQUIRE_CUDA();
+  for (bool deterministic : {true, false}) {
+    check_case({.s = 1024, .b = 2, .nq = 4, .ng = 4, .d = 64, .causal = true}, DType::BF16, deterministic);
+    check_case({.s = 333, .b = 2, .nq = 4, .ng = 2, .d = 128, .causal = true}, DType::BF16, deterministic);
+    check_case({.s = 200, .b = 1, .nq = 2, .ng = 2, .d = 64, .causal = false}, DType::BF16, deterministic);
+  }
+}
+
+TEST(CudaFlashAttention, Bf16BackwardIsDeterministic) {  // AttentionOptions::deterministic (--deterministic-mode)
   MCPP_REQUIRE_CUDA();
   const int64_t s = 300, b = 2, nq = 4, ng = 2, d = 64;
-  const ops::AttentionOptions opt{.softmax_scale = 0.125f, .causal = true};
+  const ops::AttentionOptions opt{.softmax_scale = 0.125f, .causal = true, .deterministic = true};
   Tensor q = dev(rnd({s, b, nq, d}, 11, DType::BF16), DType::BF16), k = dev(rnd({s, b, ng, d}, 12, DType::BF16), DType::BF16);
   Tensor v = dev(rnd({s, b, ng, d}, 13, DType::BF16), DType::BF16), dout = dev(rnd({s, b, nq, d}, 14, DType::BF16), DType::BF16);
   Tensor o = poisoned({s, b, nq, d}, DType::BF16), lse = poisoned({b, nq, s}, DType::F32);

@@ -32,7 +32,8 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
              tp.size());
   core_ = spec.make_core_attention({.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hn_)),
                                     .attention_dropout = c.attention_dropout,
-                                    .causal = true});
+                                    .causal = true,
+                                    .deterministic = c.deterministic_mode});
 }
 
 Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,

@@ -25,7 +25,7 @@ class FlashAttention final : public CoreAttention {
     ctx.v = v;
     ctx.out = Tensor::empty(q.shape(), q.dtype(), q.device());        // [s, b, np, hn]
     ctx.lse = Tensor::empty({b, np, s}, DType::F32, q.device());       // [b, np, s]
-    ops::flash_attention_fwd(ctx.out, ctx.lse, q, k, v, {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
+    ops::flash_attention_fwd(ctx.out, ctx.lse, q, k, v, attention_options());
     return ctx.out;
   }
 
@@ -33,12 +33,14 @@ class FlashAttention final : public CoreAttention {
     CoreAttentionGrads g{Tensor::empty(ctx.q.shape(), dout.dtype(), dout.device()),
                          Tensor::empty(ctx.k.shape(), dout.dtype(), dout.device()),
                          Tensor::empty(ctx.v.shape(), dout.dtype(), dout.device())};
-    ops::flash_attention_bwd(g.dq, g.dk, g.dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse,
-                             {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
+    ops::flash_attention_bwd(g.dq, g.dk, g.dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, attention_options());
     return g;
   }
 
  private:
+  ops::AttentionOptions attention_options() const {
+    return {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal, .deterministic = opt_.deterministic};
+  }
   CoreAttentionOptions opt_;
 };
 

@@ -39,6 +39,7 @@ struct CoreAttentionOptions {
   float softmax_scale = 1.0f;
   float attention_dropout = 0.0f;
   bool causal = true;
+  bool deterministic = false;  // TransformerConfig::deterministic_mode (AttentionOptions::deterministic)
 };
 
 std::unique_ptr<CoreAttention> make_flash_attention(const CoreAttentionOptions& opt);

@@ -348,6 +348,7 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("vocab_size", m.vocab_size);
   v("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
   v("attention_impl", m.attention_impl);
+  v("deterministic_mode", m.deterministic_mode);
   v("apply_query_key_layer_scaling", m.apply_query_key_layer_scaling);
   v("recompute_granularity", m.recompute_granularity);
   v("recompute_method", m.recompute_method);

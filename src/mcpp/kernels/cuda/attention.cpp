@@ -5,7 +5,9 @@
 //   flash_attention_bwd: dq[s, b, nq, d], dk/dv[s, b, ng, d] (OVERWRITTEN; dk/dv sum over a group's heads),
 //     from dout and the saved o, lse; a float32 [b, nq, s] scratch holds delta = rowsum(dout * o).
 // Dispatch: when every tensor of the call (q, k, v, o; bwd also dout, dq, dk, dv) is bf16, contiguous and
-// 16-byte aligned, the tensor-core kernels run (attention_mma_{fwd,bwd}_kernels.cu: mma.sync bf16, fp32
+// 16-byte aligned: cuDNN's fused flash attention (cudnn_attention.h) unless opt.deterministic or cuDNN has no
+// engine for the shape (same lse semantics, so a forward and a backward may take different paths), else
+// the tensor-core kernels run (attention_mma_{fwd,bwd}_kernels.cu: mma.sync bf16, fp32
 // accumulate, P and dS rounded to bf16 before their products as in FlashAttention-2; deterministic).
 // Otherwise the fp32 CUDA-core kernels (attention_kernels.cu): q/k/v/o and grads float32 or bf16, each
 // tensor may differ (rounded on store), math float32; their grid limits b * nq <= 65535.
@@ -14,6 +16,7 @@
 #include <initializer_list>
 
 #include "mcpp/kernels/cuda/cuda_check.h"
+#include "mcpp/kernels/cuda/cudnn_attention.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -62,6 +65,9 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
   const AttnShape a = check_qkv(op, q, k, v, lse, opt);
   require_same_shape(op, "o", o, "q", q);
   if (mma_path({&o, &q, &k, &v})) {
+    if (!opt.deterministic &&
+        cudnn_attention_fwd(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream)))
+      return;
     launch_attention_fwd_mma(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream));
     return;
   }
@@ -84,8 +90,10 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
   Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
   if (mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o})) {
-    launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
-                             lse.data<float>(), delta.data<float>(), a, s);
+    if (opt.deterministic || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(),
+                                                  o.raw(), lse.data<float>(), delta.data<float>(), a, s))
+      launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
+                               lse.data<float>(), delta.data<float>(), a, s);
   } else {
     check_fallback_grid(op, a);
     launch_attention_bwd(fout_of(op, "dq", dq), fout_of(op, "dk", dk), fout_of(op, "dv", dv), fin_of(op, "dout", dout),

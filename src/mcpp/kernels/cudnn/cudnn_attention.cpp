@@ -1,0 +1,436 @@
+// cuDNN fused flash attention through the cuDNN backend API (no frontend library): the graphs that
+// cudnn-frontend's CompositeSDPANode / CompositeSDPABackwardNode lower to for a causal (or full) bf16
+// SDPA with softmax stats, which the runtime-fusion engines of cuDNN >= 9 recognize as one flash
+// attention kernel (on Hopper: wgmma + TMA, what PyTorch's default SDPA runs on an H200). Node list,
+// tensor types and UIDs are the ones cuDNN 9.19's API log records for that frontend graph.
+//
+// Contract (cudnn_attention.h): cudnn_attention_fwd / _bwd return false when cuDNN has no engine for the
+// case (the caller then runs the mcpp kernels) and true when the work was enqueued on `s`.
+//   fwd graph: S = Q K^T (fp32) -> * scale -> causal mask (GEN_INDEX rows/cols, CMP_GE, BINARY_SELECT
+//     -inf) -> M = rowmax, E = exp(S - M), Z = rowsum E -> Stats = M + log Z (our lse, natural log of the
+//     scaled scores) -> P = E / Z (bf16) -> O = P V.
+//   bwd graph: softmax_sum = rowsum(dO * O) (a real fp32 [b, nq, s] tensor: our delta scratch),
+//     S = Q K^T * scale, P = exp(mask(S - Stats)), dV = P^T dO, dP = dO V^T, dS = P (dP - softmax_sum)
+//     * scale, dK = dS^T Q, dQ_acc = dS K (fp32 scratch, zeroed here), dQ = dQ_acc (identity, bf16).
+// Layout: q/k/v/dq/dk/dv through the AttnShape layout fields (split or packed qkv), o/dout [s, b, nq, d],
+// lse/delta [b, nq, s]. A packed layout with GQA (nq != ng) has no uniform head stride: not supported; the
+// backward with GQA neither (see cudnn_attention_bwd). Non-causal graphs have no -inf tensor, and the
+// variant pack must name exactly the graph's tensors.
+// The backward engines accumulate dQ with atomics: results are not bit-identical run to run (callers
+// that need determinism do not come here: AttentionOptions::deterministic).
+// Plans are built once per (direction, shape, layout) and cached; a failed build is cached too and
+// reported once on stderr. Not thread-safe (the op layer runs one stream per process).
+#include "mcpp/kernels/cuda/cudnn_attention.h"
+
+#include <cudnn.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/cuda/cuda_check.h"
+
+namespace mcpp::cuda_detail {
+namespace {
+
+struct Refused {  // a backend call that did not succeed while building: no engine for this case
+  const char* what;
+  cudnnStatus_t status;
+};
+
+void ck(cudnnStatus_t st, const char* what) {
+  if (st != CUDNN_STATUS_SUCCESS) throw Refused{what, st};
+}
+
+using Dims = std::array<int64_t, 4>;
+Dims packed(const Dims& d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
+
+// Owns every descriptor of one graph + plan (they stay alive with the plan).
+class Graph {
+ public:
+  ~Graph() {
+    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
+  }
+  cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t t) {
+    cudnnBackendDescriptor_t d = nullptr;
+    ck(cudnnBackendCreateDescriptor(t, &d), "create descriptor");
+    owned_.push_back(d);
+    return d;
+  }
+  template <typename T>
+  void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+           const T* v, int64_t n = 1) {
+    ck(cudnnBackendSetAttribute(d, name, type, n, v), "set attribute");
+  }
+  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t dt, const Dims& dim, const Dims& str,
+                                  bool is_virtual = false, bool by_value = false) {
+    cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t align = 16;
+    set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, &dt);
+    set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, dim.data(), 4);
+    set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, str.data(), 4);
+    set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, &uid);
+    set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, &align);
+    set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &is_virtual);
+    if (by_value) set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &by_value);
+    ck(cudnnBackendFinalize(t), "finalize tensor");
+    return t;
+  }
+  cudnnBackendDescriptor_t virt(int64_t uid, cudnnDataType_t dt, const Dims& dim) {
+    return tensor(uid, dt, dim, packed(dim), true);
+  }
+  cudnnBackendDescriptor_t scalar(int64_t uid) {  // fp32 [1,1,1,1] passed by value
+    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                 cudnnBackendDescriptor_t y, cudnnBackendDescriptor_t t = nullptr,
+                 cudnnDataType_t prec = CUDNN_DATA_FLOAT, int64_t axis = -1) {
+    cudnnBackendDescriptor_t pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, &mode);
+    set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, &prec);
+    if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, &axis);
+    ck(cudnnBackendFinalize(pw), "finalize pointwise");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, &pw);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x);
+    if (b) set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &b);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y);
+    if (t) set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &t);
+    ck(cudnnBackendFinalize(op), "finalize pointwise operation");
+    ops_.push_back(op);
+  }
+  void reduction(cudnnReduceTensorOp_t red, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t rd = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+    set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &red);
+    set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &prec);
+    ck(cudnnBackendFinalize(rd), "finalize reduction");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &rd);
+    ck(cudnnBackendFinalize(op), "finalize reduction operation");
+    ops_.push_back(op);
+  }
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    cudnnBackendDescriptor_t md = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+    set(md, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &prec);
+    ck(cudnnBackendFinalize(md), "finalize matmul");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &a);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &b);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &c);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &md);
+    ck(cudnnBackendFinalize(op), "finalize matmul operation");
+    ops_.push_back(op);
+  }
+  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y);
+    ck(cudnnBackendFinalize(op), "finalize reshape operation");
+    ops_.push_back(op);
+  }
+  // Operation graph -> heuristics (mode A) -> the first engine config that finalizes into a plan.
+  void build(cudnnHandle_t h) {
+    cudnnBackendDescriptor_t g = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    set(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &h);
+    set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops_.data(),
+        static_cast<int64_t>(ops_.size()));
+    ck(cudnnBackendFinalize(g), "finalize operation graph");
+    cudnnBackendDescriptor_t heur = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, &g);
+    set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
+    ck(cudnnBackendFinalize(heur), "finalize heuristics");
+    std::vector<cudnnBackendDescriptor_t> cfgs(8);
+    for (auto& c : cfgs) c = make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    int64_t n = 0;
+    ck(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                static_cast<int64_t>(cfgs.size()), &n, cfgs.data()),
+       "heuristics results");
+    Refused last{"no engine config from the heuristics", CUDNN_STATUS_NOT_SUPPORTED};
+    for (int64_t i = 0; i < n; ++i) {
+      cudnnBackendDescriptor_t p = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      try {
+        set(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &h);
+        set(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &cfgs[i]);
+        ck(cudnnBackendFinalize(p), "finalize execution plan");
+        int64_t ws = 0, got = 0;
+        ck(cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got, &ws),
+           "workspace size");
+        plan = p;
+        workspace = ws;
+        return;
+      } catch (const Refused& r) {
+        last = r;
+      }
+    }
+    throw last;
+  }
+
+  cudnnBackendDescriptor_t plan = nullptr;
+  int64_t workspace = 0;
+
+ private:
+  std::vector<cudnnBackendDescriptor_t> owned_, ops_;
+};
+
+// UIDs (as cudnn-frontend numbers them in cuDNN 9.19's API log)
+enum : int64_t {
+  kQ = 0, kK = 1, kV = 2, kO = 3, kScale = 5, kOne = 7, kStats = 8, kDO = 9, kDQ = 10, kDK = 11, kDV = 12,
+  kSoftmaxSum = 13, kNegInfFwd = 11, kNegInfBwd = 20, kDQAcc = 30
+};
+
+struct Layout {  // cuDNN [b, h, s, d] strides of our tensors
+  Dims q, kt, v, vt, o, kv, stats;
+};
+
+Layout layout_of(const AttnShape& a) {
+  const int64_t hpg = a.nq / a.ng, d = a.d;
+  const int64_t q_head = hpg == 1 ? a.q_group : d;  // uniform head stride (checked by the caller)
+  Layout l;
+  l.q = {a.q_batch, q_head, a.q_row, 1};
+  l.kt = {a.kv_batch, a.kv_group, 1, a.kv_row};  // K^T, V^T: [b, ng, d, s]
+  l.v = {a.kv_batch, a.kv_group, a.kv_row, 1};
+  l.vt = l.kt;
+  l.kv = l.v;
+  l.o = {a.nq * d, d, a.b * a.nq * d, 1};
+  l.stats = {a.nq * a.s, a.s, 1, 1};
+  return l;
+}
+
+std::unique_ptr<Graph> build_fwd(cudnnHandle_t h, const AttnShape& a) {
+  auto g = std::make_unique<Graph>();
+  const Layout l = layout_of(a);
+  const int64_t B = a.b, H = a.nq, G = a.ng, S = a.s, D = a.d;
+  const Dims ss{B, H, S, S}, s1{B, H, S, 1};
+  auto q = g->tensor(kQ, CUDNN_DATA_BFLOAT16, {B, H, S, D}, l.q);
+  auto kt = g->tensor(kK, CUDNN_DATA_BFLOAT16, {B, G, D, S}, l.kt);
+  auto v = g->tensor(kV, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.v);
+  auto o = g->tensor(kO, CUDNN_DATA_BFLOAT16, {B, H, S, D}, l.o);
+  auto stats = g->tensor(kStats, CUDNN_DATA_FLOAT, s1, l.stats);
+  auto scale = g->scalar(kScale);
+  auto s0 = g->virt(4, CUDNN_DATA_FLOAT, ss);
+  g->matmul(q, kt, s0);
+  auto s_scaled = g->virt(6, CUDNN_DATA_FLOAT, ss);
+  g->pointwise(CUDNN_POINTWISE_MUL, s0, scale, s_scaled);
+  auto s_masked = s_scaled;
+  if (a.causal) {
+    auto row = g->virt(7, CUDNN_DATA_INT32, ss), col = g->virt(9, CUDNN_DATA_INT32, ss);
+    g->pointwise(CUDNN_POINTWISE_GEN_INDEX, s_scaled, nullptr, row, nullptr, CUDNN_DATA_FLOAT, 2);
+    g->pointwise(CUDNN_POINTWISE_GEN_INDEX, s_scaled, nullptr, col, nullptr, CUDNN_DATA_FLOAT, 3);
+    auto keep = g->virt(10, CUDNN_DATA_BOOLEAN, ss);
+    g->pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, nullptr, CUDNN_DATA_BOOLEAN);
+    auto ninf = g->scalar(kNegInfFwd);
+    s_masked = g->virt(12, CUDNN_DATA_FLOAT, ss);
+    g->pointwise(CUDNN_POINTWISE_BINARY_SELECT, s_scaled, ninf, s_masked, keep);
+  }
+  auto m = g->virt(14, CUDNN_DATA_FLOAT, s1);
+  g->reduction(CUDNN_REDUCE_TENSOR_MAX, s_masked, m);
+  auto sub = g->virt(15, CUDNN_DATA_FLOAT, ss);
+  g->pointwise(CUDNN_POINTWISE_SUB, s_masked, m, sub);
+  auto e = g->virt(16, CUDNN_DATA_FLOAT, ss);
+  g->pointwise(CUDNN_POINTWISE_EXP, sub, nullptr, e);
+  auto z = g->virt(17, CUDNN_DATA_FLOAT, s1);
+  g->reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  auto logz = g->virt(18, CUDNN_DATA_FLOAT, s1);
+  g->pointwise(CUDNN_POINTWISE_LOG, z, nullptr, logz);
+  g->pointwise(CUDNN_POINTWISE_ADD, m, logz, stats);
+  auto p = g->virt(13, CUDNN_DATA_BFLOAT16, ss);
+  g->pointwise(CUDNN_POINTWISE_DIV, e, z, p);
+  g->matmul(p, v, o);
+  g->build(h);
+  return g;
+}
+
+std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a) {
+  auto g = std::make_unique<Graph>();
+  const Layout l = layout_of(a);
+  const int64_t B = a.b, H = a.nq, G = a.ng, S = a.s, D = a.d;
+  const Dims ss{B, H, S, S}, s1{B, H, S, 1}, sst_str{H * S * S, S * S, 1, S};
+  auto q = g->tensor(kQ, CUDNN_DATA_BFLOAT16, {B, H, S, D}, l.q);
+  auto kt = g->tensor(kK, CUDNN_DATA_BFLOAT16, {B, G, D, S}, l.kt);
+  auto vt = g->tensor(kV, CUDNN_DATA_BFLOAT16, {B, G, D, S}, l.vt);
+  auto o = g->tensor(kO, CUDNN_DATA_BFLOAT16, {B, H, S, D}, l.o);
+  auto dout = g->tensor(kDO, CUDNN_DATA_BFLOAT16, {B, H, S, D}, l.o);
+  auto stats = g->tensor(kStats, CUDNN_DATA_FLOAT, s1, l.stats);
+  auto dq = g->tensor(kDQ, CUDNN_DATA_BFLOAT16, {B, H, S, D}, l.q);
+  auto dk = g->tensor(kDK, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
+  auto dv = g->tensor(kDV, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
+  auto softmax_sum = g->tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, s1, l.stats);
+  auto dq_acc = g->tensor(kDQAcc, CUDNN_DATA_FLOAT, {B, H, S, D}, packed({B, H, S, D}));
+  auto scale = g->scalar(kScale), one = g->scalar(kOne);
+  // softmax_sum = rowsum(dO * O) * 1
+  auto doo = g->tensor(4, CUDNN_DATA_FLOAT, {B, H, S, D}, {H * S * D, S * D, H * D, 1}, true);
+  g->pointwise(CUDNN_POINTWISE_MUL, dout, o, doo);
+  auto rs = g->virt(6, CUDNN_DATA_FLOAT, s1);
+  g->reduction(CUDNN_REDUCE_TENSOR_ADD, doo, rs);
+  g->pointwise(CUDNN_POINTWISE_MUL, rs, one, softmax_sum);
+  // P = exp(mask(Q K^T scale - Stats))
+  auto s0 = g->virt(14, CUDNN_DATA_FLOAT, ss);
+  g->matmul(q, kt, s0);
+  auto s_scaled = g->virt(15, CUDNN_DATA_FLOAT, ss);
+  g->pointwise(CUDNN_POINTWISE_MUL, s0, scale, s_scaled);
+  auto s_sub = g->virt(16, CUDNN_DATA_FLOAT, ss);
+  g->pointwise(CUDNN_POINTWISE_SUB, s_scaled, stats, s_sub);
+  auto s_masked = s_sub;
+  if (a.causal) {
+    auto row = g->virt(17, CUDNN_DATA_INT32, ss), col = g->virt(18, CUDNN_DATA_INT32, ss);
+    g->pointwise(CUDNN_POINTWISE_GEN_INDEX, s_sub, nullptr, row, nullptr, CUDNN_DATA_FLOAT, 2);
+    g->pointwise(CUDNN_POINTWISE_GEN_INDEX, s_sub, nullptr, col, nullptr, CUDNN_DATA_FLOAT, 3);
+    auto keep = g->virt(19, CUDNN_DATA_BOOLEAN, ss);
+    g->pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, nullptr, CUDNN_DATA_BOOLEAN);
+    auto ninf = g->scalar(kNegInfBwd);
+    s_masked = g->virt(21, CUDNN_DATA_FLOAT, ss);
+    g->pointwise(CUDNN_POINTWISE_BINARY_SELECT, s_sub, ninf, s_masked, keep);
+  }
+  auto p = g->virt(22, CUDNN_DATA_FLOAT, ss);
+  g->pointwise(CUDNN_POINTWISE_EXP, s_masked, nullptr, p);
+  // dV = P^T dO
+  auto pt = g->tensor(23, CUDNN_DATA_BFLOAT16, ss, sst_str, true);
+  g->reshape(p, pt);
+  g->matmul(pt, dout, dv);
+  // dS = P (dO V^T - softmax_sum) scale
+  auto dp = g->virt(24, CUDNN_DATA_FLOAT, ss);
+  g->matmul(dout, vt, dp);
+  auto dp_sub = g->virt(25, CUDNN_DATA_FLOAT, ss);
+  g->pointwise(CUDNN_POINTWISE_SUB, dp, softmax_sum, dp_sub);
+  auto ds0 = g->virt(26, CUDNN_DATA_FLOAT, ss);
+  g->pointwise(CUDNN_POINTWISE_MUL, dp_sub, p, ds0);
+  auto ds = g->virt(27, CUDNN_DATA_FLOAT, ss);
+  g->pointwise(CUDNN_POINTWISE_MUL, ds0, scale, ds);
+  // dK = dS^T Q
+  auto dst = g->tensor(28, CUDNN_DATA_BFLOAT16, ss, sst_str, true);
+  g->reshape(ds, dst);
+  g->matmul(dst, q, dk);
+  // dQ = dS K (fp32 accumulator, then bf16)
+  auto k_rows = g->virt(29, CUDNN_DATA_FLOAT, {B, G, S, D});
+  g->reshape(kt, k_rows);
+  g->matmul(ds, k_rows, dq_acc);
+  g->pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, nullptr, dq);
+  g->build(h);
+  return g;
+}
+
+using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t>;
+
+struct State {
+  cudnnHandle_t handle = nullptr;
+  bool handle_failed = false;
+  std::map<Key, std::unique_ptr<Graph>> plans;  // nullptr: no engine for this key
+};
+
+State& state() {
+  static State st;
+  return st;
+}
+
+// The cached plan for (direction, shape, layout), built on first use; nullptr when cuDNN refuses it.
+Graph* plan_for(bool bwd, const AttnShape& a) {
+  State& st = state();
+  if (st.handle_failed) return nullptr;
+  if (!st.handle && cudnnCreate(&st.handle) != CUDNN_STATUS_SUCCESS) {
+    st.handle_failed = true;
+    std::fprintf(stderr, "[mcpp] cuDNN unavailable (cudnnCreate failed): attention runs on the mcpp kernels\n");
+    return nullptr;
+  }
+  const Key key{bwd, a.s, a.b, a.nq, a.ng, a.d, a.causal, a.q_row, a.q_batch, a.q_group, a.kv_row, a.kv_batch,
+                a.kv_group};
+  auto it = st.plans.find(key);
+  if (it == st.plans.end()) {
+    std::unique_ptr<Graph> g;
+    try {
+      g = bwd ? build_bwd(st.handle, a) : build_fwd(st.handle, a);
+    } catch (const Refused& r) {
+      char msg[512] = {0};
+      cudnnGetLastErrorString(msg, sizeof msg);
+      std::fprintf(stderr,
+                   "[mcpp] cuDNN fused attention %s has no engine for s=%lld b=%lld nq=%lld ng=%lld d=%lld "
+                   "causal=%d (%s: %s%s%s): using the mcpp flash kernels\n",
+                   bwd ? "backward" : "forward", static_cast<long long>(a.s), static_cast<long long>(a.b),
+                   static_cast<long long>(a.nq), static_cast<long long>(a.ng), static_cast<long long>(a.d),
+                   a.causal ? 1 : 0, r.what, cudnnGetErrorString(r.status), msg[0] ? "; " : "", msg);
+      g.reset();
+    }
+    it = st.plans.emplace(key, std::move(g)).first;
+  }
+  return it->second.get();
+}
+
+void execute(Graph& g, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, cudaStream_t s) {
+  State& st = state();
+  MCPP_CUDA_CHECK(cudaGetLastError());
+  void* ws = nullptr;
+  if (g.workspace > 0) MCPP_CUDA_CHECK(cudaMallocAsync(&ws, static_cast<size_t>(g.workspace), s));
+  cudnnBackendDescriptor_t vp = nullptr;
+  auto raise = [&](const char* what, cudnnStatus_t e) {
+    if (vp) cudnnBackendDestroyDescriptor(vp);
+    if (ws) cudaFreeAsync(ws, s);
+    char msg[512] = {0};
+    cudnnGetLastErrorString(msg, sizeof msg);
+    mcpp::fail("cuDNN fused attention: {} failed: {}{}{}", what, cudnnGetErrorString(e), msg[0] ? "; " : "", msg);
+  };
+  cudnnStatus_t e = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
+  if (e != CUDNN_STATUS_SUCCESS) raise("variant pack", e);
+  const int64_t n = static_cast<int64_t>(uids.size());
+  if ((e = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data())) ||
+      (e = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data())) ||
+      (e = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws)) ||
+      (e = cudnnBackendFinalize(vp)))
+    raise("variant pack", e);
+  if ((e = cudnnSetStream(st.handle, s)) || (e = cudnnBackendExecute(st.handle, g.plan, vp))) raise("execute", e);
+  cudnnBackendDestroyDescriptor(vp);
+  if (ws) MCPP_CUDA_CHECK(cudaFreeAsync(ws, s));
+}
+
+bool layout_ok(const AttnShape& a) {
+  // cuDNN addresses heads with one stride: split layouts always, the packed qkv only without GQA.
+  return a.nq == a.ng || a.q_group == (a.nq / a.ng) * a.d;
+}
+
+}  // namespace
+
+bool cudnn_attention_fwd(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,
+                         cudaStream_t s) {
+  if (!layout_ok(a)) return false;
+  Graph* g = plan_for(false, a);
+  if (!g) return false;
+  float scale = a.scale, ninf = -INFINITY;
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse, &scale};
+  if (a.causal) uids.push_back(kNegInfFwd), ptrs.push_back(&ninf);  // the pack must name exactly the graph's tensors
+  execute(*g, uids, ptrs, s);
+  return true;
+}
+
+bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                         const void* v, const void* o, const float* lse, float* delta, const AttnShape& a,
+                         cudaStream_t s) {
+  // GQA: this graph's dK = dS^T Q / dV = P^T dO would need a reduction over the group's heads (cuDNN refuses
+  // a matmul whose output has fewer heads than its inputs); those run on the mcpp kernels.
+  if (!layout_ok(a) || a.nq != a.ng) return false;
+  Graph* g = plan_for(true, a);
+  if (!g) return false;
+  float scale = a.scale, one = 1.0f, ninf = -INFINITY;
+  const size_t acc_bytes = sizeof(float) * static_cast<size_t>(a.b * a.nq * a.s * a.d);
+  void* dq_acc = nullptr;
+  MCPP_CUDA_CHECK(cudaMallocAsync(&dq_acc, acc_bytes, s));
+  MCPP_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kScale, kOne, kSoftmaxSum, kDQ, kDK, kDV, kDQAcc};
+  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
+                          const_cast<void*>(dout), const_cast<float*>(lse), &scale, &one, delta, dq, dk, dv, dq_acc};
+  if (a.causal) uids.push_back(kNegInfBwd), ptrs.push_back(&ninf);
+  execute(*g, uids, ptrs, s);
+  MCPP_CUDA_CHECK(cudaFreeAsync(dq_acc, s));
+  return true;
+}
+
+}  // namespace mcpp::cuda_detail

@@ -1,0 +1,13 @@
+// Builds without cuDNN: the fused attention has no engine, so the CUDA attention ops always run the mcpp
+// flash kernels (kernels/cuda/cudnn_attention.h).
+#include "mcpp/kernels/cuda/cudnn_attention.h"
+
+namespace mcpp::cuda_detail {
+bool cudnn_attention_fwd(void*, float*, const void*, const void*, const void*, const AttnShape&, cudaStream_t) {
+  return false;
+}
+bool cudnn_attention_bwd(void*, void*, void*, const void*, const void*, const void*, const void*, const void*,
+                         const float*, float*, const AttnShape&, cudaStream_t) {
+  return false;
+}
+}  // namespace mcpp::cuda_detail
