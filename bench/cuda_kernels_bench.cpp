@@ -9,7 +9,8 @@
 // (and reports SKIPPED) in a CPU-only build.
 // Counting: GEMM 2*m*n*k per product (bwd: dx and dw = 2 products, dw accumulates into fp32);
 // attention counts useful causal matmul work — fwd 4*b*nq*s^2*d/2, bwd 2.5x fwd (as bench/attention_bench);
-// layernorm bytes = x read + y written (+ dy read, dx written in bwd; mean/rstd/gamma included);
+// layernorm bytes = x read + y written (+ dy read, dx written in bwd; mean/rstd/gamma included; the fused
+// residual rows add their residual read / sum written; the fp32 dgamma/dbeta partials are not counted);
 // cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd); AdamW bytes = 30 per
 // parameter (fp32 param, m, v, grad read; param, m, v written; bf16 model copy written).
 // Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound]  (prints a markdown table;
@@ -109,6 +110,27 @@ void bench_layernorm(const char* name, int64_t n, int64_t h) {
   row("layernorm bwd (bf16 I/O)", shape,
       time_op([&] { mcpp::ops::layernorm_bwd(dx, dg, &db, dy, x, gamma, mean, rstd); }, dx, g_iters, g_reps), 0,
       3 * io + stats);
+  // The transformer layer's residual pattern: fused (one kernel) vs unfused (add, then the norm; the norm's
+  // bwd, then add_inplace). Bytes: what each variant moves (fused fwd: a, b read, sum, y written; fused bwd:
+  // x, dy, dres read, dx written; unfused: plus the intermediate's write and re-read).
+  Tensor b = filled({n, h}, DType::BF16, 5.0f), sum = Tensor::empty({n, h}, DType::BF16, Device::CUDA);
+  row("add + layernorm fwd, fused (bf16 I/O)", shape,
+      time_op([&] { mcpp::ops::add_layernorm_fwd(sum, y, mean, rstd, x, b, gamma, &beta, 1e-5f); }, y, g_iters,
+              g_reps),
+      0, 4 * io + stats);
+  row("add, then layernorm fwd (unfused)", shape, time_op([&] {
+        mcpp::ops::add(sum, x, b);
+        mcpp::ops::layernorm_fwd(y, mean, rstd, sum, gamma, &beta, 1e-5f);
+      }, y, g_iters, g_reps),
+      0, 5 * io + stats);
+  row("layernorm bwd + dres, fused (bf16 I/O)", shape,
+      time_op([&] { mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd); }, dx, g_iters, g_reps),
+      0, 4 * io + stats);
+  row("layernorm bwd, then add_inplace (unfused)", shape, time_op([&] {
+        mcpp::ops::layernorm_bwd(dx, dg, &db, dy, x, gamma, mean, rstd);
+        mcpp::ops::add_inplace(dx, b);
+      }, dx, g_iters, g_reps),
+      0, 6 * io + stats);
 }
 
 void bench_cross_entropy(const char* name, int64_t n, int64_t v) {

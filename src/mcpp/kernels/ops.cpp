@@ -75,6 +75,25 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor&
                  const Tensor& rstd, Stream s) {
   MCPP_DISPATCH(rmsnorm_bwd, ({&dx, &dgamma_acc, &dy, &x, &gamma, &rstd}), dx, dgamma_acc, dy, x, gamma, rstd, s);
 }
+void add_layernorm_fwd(Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                       const Tensor& gamma, const Tensor* beta, float eps, Stream s) {
+  MCPP_DISPATCH(add_layernorm_fwd, ({&sum, &y, &mean, &rstd, &a, &b, &gamma, beta}), sum, y, mean, rstd, a, b, gamma,
+                beta, eps, s);
+}
+void add_rmsnorm_fwd(Tensor& sum, Tensor& y, Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& gamma,
+                     float eps, Stream s) {
+  MCPP_DISPATCH(add_rmsnorm_fwd, ({&sum, &y, &rstd, &a, &b, &gamma}), sum, y, rstd, a, b, gamma, eps, s);
+}
+void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& dres,
+                       const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Stream s) {
+  MCPP_DISPATCH(add_layernorm_bwd, ({&dx, &dgamma_acc, dbeta_acc, &dy, &dres, &x, &gamma, &mean, &rstd}), dx,
+                dgamma_acc, dbeta_acc, dy, dres, x, gamma, mean, rstd, s);
+}
+void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& dres, const Tensor& x,
+                     const Tensor& gamma, const Tensor& rstd, Stream s) {
+  MCPP_DISPATCH(add_rmsnorm_bwd, ({&dx, &dgamma_acc, &dy, &dres, &x, &gamma, &rstd}), dx, dgamma_acc, dy, dres, x,
+                gamma, rstd, s);
+}
 void gelu_fwd(Tensor& y, const Tensor& x, Stream s) { MCPP_DISPATCH(gelu_fwd, ({&y, &x}), y, x, s); }
 void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, Stream s) {
   MCPP_DISPATCH(gelu_bwd, ({&dx, &dy, &x}), dx, dy, x, s);

@@ -28,13 +28,40 @@ Tensor Norm::forward(NormCtx& ctx, const Tensor& x) const {
   return y.view(x.shape());
 }
 
-Tensor Norm::backward(NormCtx& ctx, const Tensor& dy) const {
+Tensor Norm::forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b) const {
+  Tensor s = Tensor::empty(a.shape(), a.dtype(), a.device());
+  ctx.x = s.view({-1, hidden_});  // [n, h]
+  const int64_t n = ctx.x.size(0);
+  const Tensor a2 = a.view({-1, hidden_}), b2 = b.view({-1, hidden_});
+  Tensor y = Tensor::empty({n, hidden_}, a.dtype(), a.device());
+  ctx.rstd = Tensor::empty({n}, DType::F32, a.device());
+  if (kind_ == Normalization::LayerNorm) {
+    ctx.mean = Tensor::empty({n}, DType::F32, a.device());
+    ops::add_layernorm_fwd(ctx.x, y, ctx.mean, ctx.rstd, a2, b2, weight_->data, &bias_->data, eps_);
+  } else {
+    ops::add_rmsnorm_fwd(ctx.x, y, ctx.rstd, a2, b2, weight_->data, eps_);
+  }
+  y = y.view(a.shape());
+  sum = s;  // last: sum may be the caller's a or b
+  return y;
+}
+
+Tensor Norm::backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres) const {
   Tensor dx = Tensor::empty(ctx.x.shape(), dy.dtype(), dy.device());  // [n, h]
   Tensor dy2 = dy.view({-1, hidden_});
-  if (kind_ == Normalization::LayerNorm)
-    ops::layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, ctx.x, weight_->data, ctx.mean, ctx.rstd);
-  else
-    ops::rmsnorm_bwd(dx, weight_->main_grad, dy2, ctx.x, weight_->data, ctx.rstd);
+  Tensor dres2 = dres ? dres->view({-1, hidden_}) : Tensor();
+  if (kind_ == Normalization::LayerNorm) {
+    if (dres)
+      ops::add_layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, dres2, ctx.x, weight_->data, ctx.mean,
+                             ctx.rstd);
+    else
+      ops::layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, ctx.x, weight_->data, ctx.mean, ctx.rstd);
+  } else {
+    if (dres)
+      ops::add_rmsnorm_bwd(dx, weight_->main_grad, dy2, dres2, ctx.x, weight_->data, ctx.rstd);
+    else
+      ops::rmsnorm_bwd(dx, weight_->main_grad, dy2, ctx.x, weight_->data, ctx.rstd);
+  }
   weight_->grad_ready();
   if (bias_) bias_->grad_ready();
   return dx.view(dy.shape());

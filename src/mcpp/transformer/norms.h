@@ -3,6 +3,9 @@
 // With sequence parallelism the norm runs on [s/tp, b, h] shards: its params are marked
 // sequence_parallel and finalize_model_grads all-reduces their (partial) grads over TP.
 // Backward: dweight/dbias ACCUMULATE into main_grad; dx returned.
+// Fused residual (ops add_layernorm_fwd / add_layernorm_bwd and the RMSNorm pair): forward_add returns
+// norm(a + b) and the residual sum a + b (the norm's saved input); backward's dres adds the gradient the
+// sum receives from its other consumer into dx, in the same kernel.
 #pragma once
 #include <string>
 
@@ -23,7 +26,10 @@ class Norm {
   Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps,
        bool sequence_parallel);
   Tensor forward(NormCtx& ctx, const Tensor& x) const;  // x [..., h] -> [..., h]
-  Tensor backward(NormCtx& ctx, const Tensor& dy) const;
+  // sum = a + b (a, b [..., h] of one shape; sum gets a's shape, dtype and device), returns norm(sum).
+  Tensor forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b) const;
+  // dx = d(norm)/dx (dy) (+ dres [..., h] when non-null).
+  Tensor backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres = nullptr) const;
 
  private:
   Parameter* weight_ = nullptr;

@@ -30,9 +30,8 @@ Tensor TransformerLayer::forward(TransformerLayerCtx& ctx, const Tensor& x, cons
     ctx.attn_dropout_key = opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_);
     ops::dropout_fwd(attn, attn, hidden_dropout_, ctx.attn_dropout_key);
   }
-  Tensor x1 = Tensor::empty(x.shape(), x.dtype(), x.device());
-  ops::add(x1, x, attn);  // residual
-  Tensor ln2 = pre_mlp_layernorm_.forward(ctx.pre_mlp_layernorm, x1);
+  Tensor x1;  // residual x1 = x + attn, fused with the norm (ln2 = norm(x1), computed from the rounded x1)
+  Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn);
   Tensor mlp = mlp_.forward(ctx.mlp, ln2);
   if (ctx.dropout) {
     ctx.mlp_dropout_key = opt.rng->draw(static_cast<uint64_t>(mlp.numel()), sequence_parallel_);
@@ -49,16 +48,15 @@ Tensor TransformerLayer::backward(TransformerLayerCtx& ctx, const Tensor& dy, co
     dmlp = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     ops::dropout_bwd(dmlp, dy, hidden_dropout_, ctx.mlp_dropout_key);
   }
-  Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, mlp_.backward(ctx.mlp, dmlp));
-  ops::add_inplace(dx1, dy);
+  Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, mlp_.backward(ctx.mlp, dmlp), &dy);  // + dy fused
   // Attention branch: dx = dx1 + d(input_layernorm)(attn^T(dropout^T(dx1)))
   Tensor dattn = dx1;
   if (ctx.dropout) {
     dattn = Tensor::empty(dx1.shape(), dx1.dtype(), dx1.device());
     ops::dropout_bwd(dattn, dx1, hidden_dropout_, ctx.attn_dropout_key);
   }
-  Tensor dx = input_layernorm_.backward(ctx.input_layernorm, self_attention_.backward(ctx.self_attention, dattn, rope));
-  ops::add_inplace(dx, dx1);
+  Tensor dx =  // + dx1 fused into the norm's backward
+      input_layernorm_.backward(ctx.input_layernorm, self_attention_.backward(ctx.self_attention, dattn, rope), &dx1);
   return dx;
 }
 

@@ -3,6 +3,8 @@
 //   y  = x1 + dropout(mlp(pre_mlp_layernorm(x1)))
 // In/out [s, b, h], or [s/tp, b, h] shards with sequence parallelism (norms, dropout and residuals run on
 // the shard; hidden dropout then draws from the model-parallel RNG stream, else from the default one).
+// The first residual add runs fused with pre_mlp_layernorm (Norm::forward_add); in backward both residual
+// gradient adds run inside the norms' backward (Norm::backward with dres), as Apex's fused add + norm.
 // Backward returns dx; parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 // Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):

@@ -9,6 +9,8 @@
 //   rmsnorm_fwd:   rstd[n] = 1/sqrt(mean(x^2) + eps); y = x * rstd * gamma
 //   rmsnorm_bwd:   xhat = x * rstd, g = dy * gamma; dx = rstd * (g - xhat * mean_h(g * xhat));
 //                  dgamma_acc[h] += sum_n dy * xhat                                (ACCUMULATE)
+//   add_layernorm_fwd / add_rmsnorm_fwd: add(sum, a, b), then the norm of sum (exactly that composition)
+//   add_layernorm_bwd / add_rmsnorm_bwd: the norm's bwd into dx, then add_inplace(dx, dres)
 // x/y/dy/dx: [.., h] (n = product of leading dims); gamma/beta: h elements; mean/rstd: float32, n elements.
 // Parallel over rows for y/dx; parameter grads are parallel over hidden-dim blocks, each column summed
 // over rows in order in double, so results do not depend on the thread count.
@@ -184,6 +186,52 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor&
   param_grads(dgamma_acc.data<float>(), nullptr, dy.data<float>(), x.data<float>(), nullptr, rstd.data<float>(), d);
   input_grad(dx.data<float>(), dy.data<float>(), x.data<float>(), gamma.data<float>(), nullptr, rstd.data<float>(),
              d);
+}
+
+// ---- fused residual add + norm: the unfused ops composed, so results equal them bit for bit
+namespace {
+void require_sum_operands(const char* op, const Tensor& sum, const Tensor& a, const Tensor& b) {
+  require_cpu_f32(op, "sum", sum);
+  require_cpu_f32(op, "a", a);
+  require_cpu_f32(op, "b", b);
+  detail::require_same_shape(op, "a", a, "sum", sum);
+  detail::require_same_shape(op, "b", b, "sum", sum);
+}
+}  // namespace
+
+void add_layernorm_fwd(Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                       const Tensor& gamma, const Tensor* beta, float eps, Stream stream) {
+  require_sum_operands("add_layernorm_fwd", sum, a, b);
+  add(sum, a, b, stream);
+  layernorm_fwd(y, mean, rstd, sum, gamma, beta, eps, stream);
+}
+
+void add_rmsnorm_fwd(Tensor& sum, Tensor& y, Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& gamma,
+                     float eps, Stream stream) {
+  require_sum_operands("add_rmsnorm_fwd", sum, a, b);
+  add(sum, a, b, stream);
+  rmsnorm_fwd(y, rstd, sum, gamma, eps, stream);
+}
+
+namespace {
+void require_dres(const char* op, const Tensor& dres, const Tensor& dx, const Tensor& x) {
+  require_like_x(op, "dres", dres, x);
+  MCPP_CHECK(dres.raw() != dx.raw(), "{}: dres must not alias dx (dx is written before dres is added)", op);
+}
+}  // namespace
+
+void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& dres,
+                       const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Stream stream) {
+  require_dres("add_layernorm_bwd", dres, dx, x);
+  layernorm_bwd(dx, dgamma_acc, dbeta_acc, dy, x, gamma, mean, rstd, stream);
+  add_inplace(dx, dres, stream);
+}
+
+void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& dres, const Tensor& x,
+                     const Tensor& gamma, const Tensor& rstd, Stream stream) {
+  require_dres("add_rmsnorm_bwd", dres, dx, x);
+  rmsnorm_bwd(dx, dgamma_acc, dy, x, gamma, rstd, stream);
+  add_inplace(dx, dres, stream);
 }
 
 }  // namespace mcpp::ops::cpu

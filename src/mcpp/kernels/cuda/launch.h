@@ -81,12 +81,15 @@ void launch_embedding_bwd(float* dtable, const int32_t* ids, FIn dout, int64_t n
                           int64_t vocab_start, cudaStream_t s);
 
 // ---- norms_kernels.cu (mean == nullptr / beta.p == nullptr: RMSNorm / no bias)
-void launch_norm_fwd(FOut y, float* mean, float* rstd, FIn x, FIn gamma, FIn beta, int64_t n, int64_t h, float eps,
-                     cudaStream_t s);
-// bwd: `partial` = fp32 scratch of 2 * parts * h floats (parts = norm_bwd_partial_blocks(n, h); 0 means the
-// scalar path, which needs no scratch) for the deterministic dgamma/dbeta reduction of the vector path.
-int64_t norm_bwd_partial_blocks(int64_t n, int64_t h);
-void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn gamma, const float* mean,
+// fwd: res.p != nullptr fuses the residual add: sum = x + res (rounded to sum's kind, as launch_add), and y is
+// the norm of that rounded sum; res.p == nullptr: plain norm of x (sum unused).
+void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res, FIn gamma, FIn beta, int64_t n,
+                     int64_t h, float eps, cudaStream_t s);
+// bwd: dx = norm_bwd(dy) (+ dres when dres.p != nullptr). `partial` = fp32 scratch of 2 * parts * h floats
+// (parts = norm_bwd_partial_blocks(..); 0 means the scalar path, which needs no scratch) for the
+// deterministic dgamma/dbeta reduction of the vector path.
+int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FIn dy, FIn x, FIn dres);
+void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
                      const float* rstd, int64_t n, int64_t h, float* partial, int64_t parts, cudaStream_t s);
 
 // ---- rope_kernels.cu (sign = +1 forward rotation, -1 its transpose)

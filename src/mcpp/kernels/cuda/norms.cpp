@@ -4,6 +4,10 @@
 //                  dgamma_acc += sum_n dy xhat; dbeta_acc += sum_n dy                   (ACCUMULATE, fp32)
 //   rmsnorm_fwd:   rstd = 1/sqrt(mean(x^2) + eps); y = x rstd gamma
 //   rmsnorm_bwd:   dx = rstd (g - xhat mean_h(g xhat)); dgamma_acc += sum_n dy xhat     (ACCUMULATE, fp32)
+//   add_layernorm_fwd / add_rmsnorm_fwd: sum = a + b rounded to sum's dtype (as `add`), y = norm(sum) — one
+//                  pass, bitwise equal to add + the norm when both take the vector path (16-byte aligned)
+//   add_layernorm_bwd / add_rmsnorm_bwd: dx = the norm's dx + dres, added in fp32 before dx's one rounding
+//                  (fp32: bitwise equal to the norm's bwd + add_inplace); dres must not alias dx
 // x/y/dy/dx: float32 or bf16 [.., h]; gamma/beta float32 or bf16 (h elements); statistics float32 math.
 // Asynchronous on stream_of(stream). The backward's vector path (h % 8 == 0, 16-byte aligned) sums
 // dgamma/dbeta deterministically through an fp32 scratch [2, parts, h] allocated here per call (stream
@@ -18,12 +22,13 @@ namespace {
 struct RowDims {
   int64_t n, h;
 };
-RowDims row_dims(const char* op, const Tensor& x, const Tensor& gamma) {
-  require_float(op, "x", x);
+// x_name: the normalized input's argument name (x, or sum for the fused forward).
+RowDims row_dims(const char* op, const Tensor& x, const Tensor& gamma, const char* x_name = "x") {
+  require_float(op, x_name, x);
   require_float(op, "gamma", gamma);
-  const int64_t h = last_dim(op, "x", x);
-  require_numel(op, "gamma", gamma, h, "hidden = x.size(-1)");
-  MCPP_CHECK(h > 0, "{}: hidden size must be positive; got x {}", op, x.str());
+  const int64_t h = last_dim(op, x_name, x);
+  require_numel(op, "gamma", gamma, h, "hidden = the last dim of x / sum");
+  MCPP_CHECK(h > 0, "{}: hidden size must be positive; got {} {}", op, x_name, x.str());
   return {x.numel() / h, h};
 }
 float* stat(const char* op, const char* arg, const Tensor& t, int64_t n) {
@@ -36,11 +41,11 @@ void check_like_x(const char* op, const char* arg, const Tensor& t, const Tensor
   require_same_shape(op, arg, t, "x", x);
 }
 // launch_norm_bwd with its dgamma/dbeta partials scratch.
-void norm_bwd(FOut dx, float* dg, float* db, FIn dy, FIn x, FIn gamma, const float* mean, const float* rstd,
-              int64_t n, int64_t h, cudaStream_t s) {
-  const int64_t parts = norm_bwd_partial_blocks(n, h);
+void norm_bwd(FOut dx, float* dg, float* db, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
+              const float* rstd, int64_t n, int64_t h, cudaStream_t s) {
+  const int64_t parts = norm_bwd_partial_blocks(n, h, dy, x, dres);
   if (parts == 0) {
-    launch_norm_bwd(dx, dg, db, dy, x, gamma, mean, rstd, n, h, nullptr, 0, s);
+    launch_norm_bwd(dx, dg, db, dy, x, dres, gamma, mean, rstd, n, h, nullptr, 0, s);
     return;
   }
   Tensor scratch = Tensor::empty({2 * parts * h}, DType::F32, Device::CUDA);  // ordered on compute_stream()
@@ -51,12 +56,28 @@ void norm_bwd(FOut dx, float* dg, float* db, FIn dy, FIn x, FIn gamma, const flo
     MCPP_CUDA_CHECK(cudaEventRecord(ev, cs));
     MCPP_CUDA_CHECK(cudaStreamWaitEvent(s, ev, 0));
   }
-  launch_norm_bwd(dx, dg, db, dy, x, gamma, mean, rstd, n, h, scratch.data<float>(), parts, s);
+  launch_norm_bwd(dx, dg, db, dy, x, dres, gamma, mean, rstd, n, h, scratch.data<float>(), parts, s);
   if (s != cs) {  // the scratch is freed on compute_stream(): after this op's kernels
     MCPP_CUDA_CHECK(cudaEventRecord(ev, s));
     MCPP_CUDA_CHECK(cudaStreamWaitEvent(cs, ev, 0));
     MCPP_CUDA_CHECK(cudaEventDestroy(ev));
   }
+}
+FIn beta_of(const char* op, const Tensor* beta, int64_t h) {
+  if (!beta) return FIn{nullptr, kF32};
+  require_numel(op, "beta", *beta, h, "hidden = x.size(-1)");
+  return fin_of(op, "beta", *beta);
+}
+// The residual operands of the fused forward: a and b shaped like sum.
+void check_sum_operands(const char* op, const Tensor& sum, const Tensor& a, const Tensor& b) {
+  require_float(op, "sum", sum);
+  require_same_shape(op, "a", a, "sum", sum);
+  require_same_shape(op, "b", b, "sum", sum);
+}
+FIn dres_of(const char* op, const Tensor& dres, const Tensor& dx, const Tensor& x) {
+  check_like_x(op, "dres", dres, x);
+  MCPP_CHECK(dres.raw() != dx.raw(), "{}: dres must not alias dx", op);
+  return fin_of(op, "dres", dres);
 }
 }  // namespace
 
@@ -65,13 +86,20 @@ void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const
   const char* op = "layernorm_fwd";
   const RowDims d = row_dims(op, x, gamma);
   check_like_x(op, "y", y, x);
-  FIn fb{nullptr, kF32};
-  if (beta) {
-    fb = fin_of(op, "beta", *beta);
-    require_numel(op, "beta", *beta, d.h, "hidden = x.size(-1)");
-  }
-  launch_norm_fwd(fout_of(op, "y", y), stat(op, "mean", mean, d.n), stat(op, "rstd", rstd, d.n), fin_of(op, "x", x),
-                  fin_of(op, "gamma", gamma), fb, d.n, d.h, eps, stream_of(stream));
+  launch_norm_fwd(fout_of(op, "y", y), FOut{nullptr, kF32}, stat(op, "mean", mean, d.n), stat(op, "rstd", rstd, d.n),
+                  fin_of(op, "x", x), FIn{nullptr, kF32}, fin_of(op, "gamma", gamma), beta_of(op, beta, d.h), d.n,
+                  d.h, eps, stream_of(stream));
+}
+
+void add_layernorm_fwd(Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                       const Tensor& gamma, const Tensor* beta, float eps, Stream stream) {
+  const char* op = "add_layernorm_fwd";
+  check_sum_operands(op, sum, a, b);
+  const RowDims d = row_dims(op, sum, gamma, "sum");
+  check_like_x(op, "y", y, sum);
+  launch_norm_fwd(fout_of(op, "y", y), fout_of(op, "sum", sum), stat(op, "mean", mean, d.n),
+                  stat(op, "rstd", rstd, d.n), fin_of(op, "a", a), fin_of(op, "b", b), fin_of(op, "gamma", gamma),
+                  beta_of(op, beta, d.h), d.n, d.h, eps, stream_of(stream));
 }
 
 void layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& x,
@@ -82,7 +110,21 @@ void layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tens
   check_like_x(op, "dy", dy, x);
   float* dg = stat(op, "dgamma_acc", dgamma_acc, d.h);
   float* db = dbeta_acc ? stat(op, "dbeta_acc", *dbeta_acc, d.h) : nullptr;
-  norm_bwd(fout_of(op, "dx", dx), dg, db, fin_of(op, "dy", dy), fin_of(op, "x", x), fin_of(op, "gamma", gamma),
+  norm_bwd(fout_of(op, "dx", dx), dg, db, fin_of(op, "dy", dy), fin_of(op, "x", x), FIn{nullptr, kF32},
+           fin_of(op, "gamma", gamma), stat(op, "mean", mean, d.n), stat(op, "rstd", rstd, d.n), d.n, d.h,
+           stream_of(stream));
+}
+
+void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& dres,
+                       const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Stream stream) {
+  const char* op = "add_layernorm_bwd";
+  const RowDims d = row_dims(op, x, gamma);
+  check_like_x(op, "dx", dx, x);
+  check_like_x(op, "dy", dy, x);
+  const FIn fr = dres_of(op, dres, dx, x);
+  float* dg = stat(op, "dgamma_acc", dgamma_acc, d.h);
+  float* db = dbeta_acc ? stat(op, "dbeta_acc", *dbeta_acc, d.h) : nullptr;
+  norm_bwd(fout_of(op, "dx", dx), dg, db, fin_of(op, "dy", dy), fin_of(op, "x", x), fr, fin_of(op, "gamma", gamma),
            stat(op, "mean", mean, d.n), stat(op, "rstd", rstd, d.n), d.n, d.h, stream_of(stream));
 }
 
@@ -90,8 +132,20 @@ void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma, 
   const char* op = "rmsnorm_fwd";
   const RowDims d = row_dims(op, x, gamma);
   check_like_x(op, "y", y, x);
-  launch_norm_fwd(fout_of(op, "y", y), nullptr, stat(op, "rstd", rstd, d.n), fin_of(op, "x", x),
-                  fin_of(op, "gamma", gamma), FIn{nullptr, kF32}, d.n, d.h, eps, stream_of(stream));
+  launch_norm_fwd(fout_of(op, "y", y), FOut{nullptr, kF32}, nullptr, stat(op, "rstd", rstd, d.n), fin_of(op, "x", x),
+                  FIn{nullptr, kF32}, fin_of(op, "gamma", gamma), FIn{nullptr, kF32}, d.n, d.h, eps,
+                  stream_of(stream));
+}
+
+void add_rmsnorm_fwd(Tensor& sum, Tensor& y, Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& gamma,
+                     float eps, Stream stream) {
+  const char* op = "add_rmsnorm_fwd";
+  check_sum_operands(op, sum, a, b);
+  const RowDims d = row_dims(op, sum, gamma, "sum");
+  check_like_x(op, "y", y, sum);
+  launch_norm_fwd(fout_of(op, "y", y), fout_of(op, "sum", sum), nullptr, stat(op, "rstd", rstd, d.n),
+                  fin_of(op, "a", a), fin_of(op, "b", b), fin_of(op, "gamma", gamma), FIn{nullptr, kF32}, d.n, d.h,
+                  eps, stream_of(stream));
 }
 
 void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -101,7 +155,19 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor&
   check_like_x(op, "dx", dx, x);
   check_like_x(op, "dy", dy, x);
   norm_bwd(fout_of(op, "dx", dx), stat(op, "dgamma_acc", dgamma_acc, d.h), nullptr, fin_of(op, "dy", dy),
-           fin_of(op, "x", x), fin_of(op, "gamma", gamma), nullptr, stat(op, "rstd", rstd, d.n), d.n, d.h,
+           fin_of(op, "x", x), FIn{nullptr, kF32}, fin_of(op, "gamma", gamma), nullptr, stat(op, "rstd", rstd, d.n),
+           d.n, d.h, stream_of(stream));
+}
+
+void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& dres, const Tensor& x,
+                     const Tensor& gamma, const Tensor& rstd, Stream stream) {
+  const char* op = "add_rmsnorm_bwd";
+  const RowDims d = row_dims(op, x, gamma);
+  check_like_x(op, "dx", dx, x);
+  check_like_x(op, "dy", dy, x);
+  const FIn fr = dres_of(op, dres, dx, x);
+  norm_bwd(fout_of(op, "dx", dx), stat(op, "dgamma_acc", dgamma_acc, d.h), nullptr, fin_of(op, "dy", dy),
+           fin_of(op, "x", x), fr, fin_of(op, "gamma", gamma), nullptr, stat(op, "rstd", rstd, d.n), d.n, d.h,
            stream_of(stream));
 }
 

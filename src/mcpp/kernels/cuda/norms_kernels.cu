@@ -1,15 +1,23 @@
-// Device code for norms.cpp (LayerNorm when mean != nullptr, RMSNorm otherwise), float32 math.
+// Device code for norms.cpp (LayerNorm when mean != nullptr, RMSNorm otherwise), float32 math, with the
+// fused residual add (fwd: sum = x + res, then the norm of the rounded sum; bwd: dx += dres).
 // Two paths, chosen per call by the launchers:
-//   vector path (h % 8 == 0 and every pointer 16-byte aligned — the model's case): a row is held by a
-//     group of W warps (W = ceil(h / 1024), so each thread owns V <= 4 chunks of 8 elements, j = tid +
-//     k * 32W), R = 8 / W rows per 256-thread block, 16-byte loads/stores (load8 / store8).
-//     fwd: x kept in registers; two-pass statistics (mean, then sum (x - mean)^2, no E[x^2] - mean^2
-//          cancellation); rstd = rsqrt(var + eps) (biased var) or rsqrt(mean(x^2) + eps).
-//     bwd: a persistent grid of G blocks strides over rows: dx = rstd (g - mean_h(g) [LN only] - xhat
-//          mean_h(g xhat)), g = dy gamma, and each thread accumulates dy xhat (and dy) for its own
-//          columns in registers; the block's R row groups are summed through shared memory in a fixed
-//          order into partial[G, h] (fp32 scratch); norm_param_reduce adds the G partials per column in a
-//          fixed order into dgamma (dbeta). Deterministic run to run (for a given G = SMs x occupancy).
+//   vector path (h % 8 == 0, h <= 8192 and every pointer 16-byte aligned — the model's case), 16-byte
+//     loads/stores (load8 / store8):
+//     fwd: a row is held by a group of W warps (W = ceil(h / 1024), each thread owns V <= 4 chunks of 8
+//          elements, j = tid + k * 32W), R = 8 / W rows per 256-thread block; x (or the rounded x + res,
+//          written to sum) kept in registers; two-pass statistics (mean, then sum (x - mean)^2, no
+//          E[x^2] - mean^2 cancellation); rstd = rsqrt(var + eps) (biased var) or rsqrt(mean(x^2) + eps).
+//     bwd: W = ceil(h / 256) warps per row (V = 1 chunk per thread up to h = 2048; V <= 4), R = 8 / W rows
+//          per block; a persistent grid of G blocks (G = SMs x occupancy) strides over rows. Each row's
+//          x, dy (and dres) are read from HBM once into registers (raw 16/32-byte chunks), and the next
+//          row's loads are issued before this row's reduction (software prefetch, for V x elem bytes <= 4),
+//          so loads stay in flight through the block-wide sums (one __syncthreads per row: the two row
+//          sums travel together, double-buffered shared memory). dx = rstd (g - mean_h(g) [LN only] -
+//          xhat mean_h(g xhat)) (+ dres, added in fp32 before the one rounding), g = dy gamma; each thread
+//          accumulates dy xhat (and dy) for its own columns in registers; the block's R row groups are
+//          summed in a fixed order into partial[G, h] (fp32 scratch); norm_param_reduce adds the G
+//          partials per column in a fixed order into dgamma (dbeta). Deterministic run to run (for a
+//          given G). Needs x, dy (and dres) of one element size (2 or 4 bytes).
 //   scalar path (any h, any alignment): one block per row with FIn / FOut element access for fwd and the
 //     dx part of bwd; the dgamma/dbeta partial sums of 256-row chunks are atomicAdd'ed (last-bit
 //     run-to-run differences).
@@ -18,15 +26,26 @@
 namespace mcpp::cuda_detail {
 namespace {
 constexpr int kRows = 256;
-constexpr int kVecThreads = 256;  // per block on the vector path: 32W threads x R rows
+constexpr int kVecThreads = 256;  // most threads per block on the vector paths: 32W threads x R rows
 
 int threads_for(int64_t h) { return h >= 1024 ? 512 : h >= 256 ? 256 : 128; }
 
+// v rounded to the precision of `kind` (what a store + reload of that dtype gives).
+__device__ __forceinline__ float round_as(int kind, float v) {
+  if (kind == kBF16) return __bfloat162float(__float2bfloat16_rn(v));
+  if (kind == kF16) return __half2float(__float2half_rn(v));
+  return v;
+}
+
 // ---- scalar path ----------------------------------------------------------------------------------
-__global__ void norm_fwd_kernel(FOut y, float* mean_out, float* rstd_out, FIn x, FIn gamma, FIn beta, int64_t h,
-                                float eps) {
+__global__ void norm_fwd_kernel(FOut y, FOut sum, float* mean_out, float* rstd_out, FIn x, FIn res, FIn gamma,
+                                FIn beta, int64_t h, float eps) {
   __shared__ float scratch[33];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * h;
+  if (res.p) {  // sum = x + res as launch_add; each thread later re-reads only the elements it wrote
+    for (int64_t c = threadIdx.x; c < h; c += blockDim.x) sum.set(base + c, x[base + c] + res[base + c]);
+    x = FIn{sum.p, sum.kind};
+  }
   float mu = 0.0f;
   if (mean_out) {
     float s = 0.0f;
@@ -50,8 +69,8 @@ __global__ void norm_fwd_kernel(FOut y, float* mean_out, float* rstd_out, FIn x,
   }
 }
 
-__global__ void norm_bwd_input_kernel(FOut dx, FIn dy, FIn x, FIn gamma, const float* mean, const float* rstd,
-                                      int64_t h) {
+__global__ void norm_bwd_input_kernel(FOut dx, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
+                                      const float* rstd, int64_t h) {
   __shared__ float scratch[33];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * h;
   const float mu = mean ? mean[blockIdx.x] : 0.0f, rs = rstd[blockIdx.x];
@@ -67,7 +86,9 @@ __global__ void norm_bwd_input_kernel(FOut dx, FIn dy, FIn x, FIn gamma, const f
   for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
     const float g = dy[base + c] * gamma[c];
     const float xhat = (x[base + c] - mu) * rs;
-    dx.set(base + c, rs * (g - mean_g - xhat * mean_gx));
+    float o = rs * (g - mean_g - xhat * mean_gx);
+    if (dres.p) o = __fadd_rn(o, dres[base + c]);
+    dx.set(base + c, o);
   }
 }
 
@@ -99,7 +120,7 @@ __global__ void norm_bwd_param_kernel(float* dgamma, float* dbeta, FIn dy, FIn x
   }
 }
 
-// ---- vector path ----------------------------------------------------------------------------------
+// ---- vector path: forward ------------------------------------------------------------------------
 // Sum over the 32W threads of one row group (threadIdx.x); W uniform in the block. s: [R][8] shared.
 __device__ __forceinline__ float row_sum(float v, int w, float (*s)[8]) {
   v = warp_sum(v);
@@ -113,9 +134,9 @@ __device__ __forceinline__ float row_sum(float v, int w, float (*s)[8]) {
 }
 
 template <int V>
-__global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, float* mean_out, float* rstd_out, FIn x,
-                                                                   FIn gamma, FIn beta, int64_t n, int64_t h,
-                                                                   float eps) {
+__global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, FOut sum, float* mean_out,
+                                                                   float* rstd_out, FIn x, FIn res, FIn gamma,
+                                                                   FIn beta, int64_t n, int64_t h, float eps) {
   __shared__ float red[8][8];
   const int w = blockDim.x >> 5;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -128,6 +149,13 @@ __global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, float
     const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     if (valid && j < vecs) {
       load8(x, base + j, v[k]);
+      if (res.p) {  // fused residual: the rounded sum is stored and normalized (== add, then the norm)
+        float r[8];
+        load8(res, base + j, r);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[k][e] = round_as(sum.kind, __fadd_rn(v[k][e], r[e]));
+        store8(sum, base + j, v[k]);
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) s += v[k][e];
     }
@@ -166,111 +194,209 @@ __global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, float
   }
 }
 
-// partial_g/b: [gridDim.x, h] — this block's sums over the rows it visited.
-template <int V>
-__global__ void __launch_bounds__(kVecThreads) norm_bwd_vec_kernel(FOut dx, float* partial_g, float* partial_b,
-                                                                   FIn dy, FIn x, FIn gamma, const float* mean,
-                                                                   const float* rstd, int64_t n, int64_t h) {
-  __shared__ float red[8][8];
-  __shared__ float colsum[kVecThreads * 8];  // [R][32W][8]: the row groups' column partials
-  const int w = blockDim.x >> 5;
-  const int64_t vecs = h / 8;
-  const float inv_h = 1.0f / static_cast<float>(h);
-  float ag[V][8], ab[V][8];
+// ---- vector path: backward -----------------------------------------------------------------------
+// 8 elements of E bytes each as loaded: one uint4 (2-byte kinds) or two (float32).
+template <int E>
+struct Raw8 {
+  uint4 u[E / 2];
+};
+template <int E>
+__device__ __forceinline__ void load_raw(const void* p, int64_t j, Raw8<E>& r) {
 #pragma unroll
-  for (int k = 0; k < V; ++k)
+  for (int i = 0; i < E / 2; ++i) r.u[i] = static_cast<const uint4*>(p)[(E / 2) * j + i];
+}
+template <int E>
+__device__ __forceinline__ void zero_raw(Raw8<E>& r) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) ag[k][e] = ab[k][e] = 0.0f;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  const int64_t rows_here = (n + stride - 1) / stride;  // uniform trip count: row_sum synchronizes
-  for (int64_t it = 0; it < rows_here; ++it) {
-    const int64_t row = it * stride + static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-    const bool valid = row < n;
-    const float mu = (valid && mean) ? mean[row] : 0.0f, rs = valid ? rstd[row] : 0.0f;
-    const int64_t base = row * vecs;
-    float sg = 0.0f, sgx = 0.0f;
+  for (int i = 0; i < E / 2; ++i) r.u[i] = make_uint4(0u, 0u, 0u, 0u);
+}
+template <int E>
+__device__ __forceinline__ void unpack8(const Raw8<E>& r, int kind, float (&v)[8]) {
+  if constexpr (E == 4) {
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (valid && j < vecs) {
-        float xv[8], dv[8], g[8];
-        load8(x, base + j, xv);
-        load8(dy, base + j, dv);
-        load8(gamma, j, g);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float gg = dv[e] * g[e];
-          sg += gg;
-          sgx += gg * ((xv[e] - mu) * rs);
-        }
-      }
+    for (int i = 0; i < 2; ++i) {
+      v[4 * i] = __uint_as_float(r.u[i].x), v[4 * i + 1] = __uint_as_float(r.u[i].y);
+      v[4 * i + 2] = __uint_as_float(r.u[i].z), v[4 * i + 3] = __uint_as_float(r.u[i].w);
     }
-    const float mean_g = mean ? row_sum(sg, w, red) * inv_h : 0.0f;
-    const float mean_gx = row_sum(sgx, w, red) * inv_h;
-    if (!valid) continue;
+  } else {
+    const uint32_t u[4] = {r.u[0].x, r.u[0].y, r.u[0].z, r.u[0].w};
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (j < vecs) {
-        float xv[8], dv[8], g[8], o[8];
-        load8(x, base + j, xv);  // second read: L1/L2 hit
-        load8(dy, base + j, dv);
-        load8(gamma, j, g);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float xhat = (xv[e] - mu) * rs;
-          o[e] = rs * (dv[e] * g[e] - mean_g - xhat * mean_gx);
-          ag[k][e] += dv[e] * xhat;
-          ab[k][e] += dv[e];
-        }
-        store8(dx, base + j, o);
-      }
-    }
-  }
-  // fold the R row groups (fixed order) and write this block's partial row
-  const int tpr = blockDim.x;  // threads per row group
-  for (int which = 0; which < (partial_b ? 2 : 1); ++which) {
-    float* out = (which == 0 ? partial_g : partial_b) + static_cast<int64_t>(blockIdx.x) * h;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      __syncthreads();
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        colsum[(threadIdx.y * tpr + threadIdx.x) * 8 + e] = which == 0 ? ag[k][e] : ab[k][e];
-      __syncthreads();
-      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * tpr;
-      if (threadIdx.y == 0 && j < vecs) {
-        float o[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          float t = 0.0f;
-          for (int r = 0; r < static_cast<int>(blockDim.y); ++r) t += colsum[(r * tpr + threadIdx.x) * 8 + e];
-          o[e] = t;
-        }
-        store8(FOut{out, kF32}, j, o);
+    for (int k = 0; k < 4; ++k) {
+      if (kind == kBF16) {
+        const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&u[k]);
+        v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
+      } else {
+        const __half2 h = *reinterpret_cast<const __half2*>(&u[k]);
+        v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
       }
     }
   }
 }
 
-// acc[c] += sum over p of partial[p, c]: thread (x, y) sums p = y, y + 16, ... in order, then the 16
+// One row's backward inputs for this thread's V chunks (zeros past the row end / for rows >= n).
+template <int V, int E, bool kRes>
+struct BwdRow {
+  Raw8<E> x[V], dy[V], dres[kRes ? V : 1];
+  float mu, rs;
+};
+template <int V, int E, bool kRes>
+__device__ __forceinline__ void bwd_fetch(BwdRow<V, E, kRes>& r, int64_t row, int64_t n, int64_t vecs,
+                                          const FIn& dy, const FIn& x, const FIn& dres, const float* mean,
+                                          const float* rstd) {
+  const bool valid = row < n;
+  r.mu = (valid && mean) ? mean[row] : 0.0f;
+  r.rs = valid ? rstd[row] : 0.0f;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    zero_raw(r.x[k]), zero_raw(r.dy[k]);
+    if constexpr (kRes) zero_raw(r.dres[k]);
+    if (valid && j < vecs) {
+      load_raw(x.p, row * vecs + j, r.x[k]);
+      load_raw(dy.p, row * vecs + j, r.dy[k]);
+      if constexpr (kRes) load_raw(dres.p, row * vecs + j, r.dres[k]);
+    }
+  }
+}
+
+// (sum of v.x, sum of v.y) over the 32W threads of a row group; s = this iteration's [R][8] buffer of a
+// double-buffered pair (a buffer is rewritten two rows later, after the next row's barrier: no second sync).
+__device__ __forceinline__ float2 row_sum2(float2 v, int w, float2 (*s)[8]) {
+  v.x = warp_sum(v.x);
+  v.y = warp_sum(v.y);
+  if (w == 1) return v;
+  if ((threadIdx.x & 31) == 0) s[threadIdx.y][threadIdx.x >> 5] = v;
+  __syncthreads();
+  float2 r = make_float2(0.0f, 0.0f);
+  for (int i = 0; i < w; ++i) r.x += s[threadIdx.y][i].x, r.y += s[threadIdx.y][i].y;
+  return r;
+}
+
+// xhat = (x - mu) rs and dy of chunk k of a fetched row, as float (recomputed rather than kept: registers).
+template <int V, int E, bool kRes>
+__device__ __forceinline__ void bwd_unpack(const BwdRow<V, E, kRes>& r, int k, int xkind, int dykind,
+                                           float (&xh)[8], float (&dv)[8]) {
+  unpack8(r.x[k], xkind, xh);
+  unpack8(r.dy[k], dykind, dv);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) xh[e] = (xh[e] - r.mu) * r.rs;
+}
+
+// out[0, h) = this block's column sums of acc: straight from registers (R = 1), else the R row groups folded
+// through colsum ([R][32W][8] floats) in a fixed order.
+template <int V>
+__device__ __forceinline__ void write_partial(const float (&acc)[V][8], float* out, int64_t vecs, float* colsum) {
+  const int tpr = blockDim.x;  // threads per row group
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * tpr;
+    if (blockDim.y == 1) {
+      if (j < vecs) store8(FOut{out, kF32}, j, acc[k]);
+      continue;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < 8; ++e) colsum[(threadIdx.y * tpr + threadIdx.x) * 8 + e] = acc[k][e];
+    __syncthreads();
+    if (threadIdx.y == 0 && j < vecs) {
+      float o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float t = 0.0f;
+        for (int r = 0; r < static_cast<int>(blockDim.y); ++r) t += colsum[(r * tpr + threadIdx.x) * 8 + e];
+        o[e] = t;
+      }
+      store8(FOut{out, kF32}, j, o);
+    }
+  }
+}
+
+// partial_g/b: [gridDim.x, h] — this block's sums over the rows it visited. kRes: dres.p != nullptr.
+template <int V, int E, bool kRes>
+__global__ void __launch_bounds__(kVecThreads, V == 1 ? 3 : 1)
+    norm_bwd_vec_kernel(FOut dx, float* partial_g, float* partial_b, FIn dy, FIn x, FIn dres, FIn gamma,
+                        const float* mean, const float* rstd, int64_t n, int64_t h) {
+  constexpr bool kPrefetch = V * E <= 4;  // registers for a second row's raw inputs
+  __shared__ float2 red[2][8][8];            // [row parity][row group][warp]
+  __shared__ float colsum[kVecThreads * 8];  // [R][32W][8]: the row groups' column partials
+  const int w = blockDim.x >> 5;
+  const int64_t vecs = h / 8;
+  const float inv_h = 1.0f / static_cast<float>(h);
+  float gm[V][8], ag[V][8], ab[V][8];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) gm[k][e] = ag[k][e] = ab[k][e] = 0.0f;
+    if (j < vecs) load8(gamma, j, gm[k]);
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  const int64_t rows_here = (n + stride - 1) / stride;  // uniform trip count: row_sum2 synchronizes
+  int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  BwdRow<V, E, kRes> cur, nxt;
+  bwd_fetch(cur, row, n, vecs, dy, x, dres, mean, rstd);
+  for (int64_t it = 0; it < rows_here; ++it, row += stride) {
+    if constexpr (kPrefetch) bwd_fetch(nxt, row + stride, n, vecs, dy, x, dres, mean, rstd);
+    float2 s = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float xh[8], dv[8];
+      bwd_unpack(cur, k, x.kind, dy.kind, xh, dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float gg = dv[e] * gm[k][e];
+        s.x += gg;
+        s.y += gg * xh[e];
+      }
+    }
+    s = row_sum2(s, w, red[it & 1]);
+    const float mean_g = mean ? s.x * inv_h : 0.0f, mean_gx = s.y * inv_h;
+    if (row < n) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        if (j < vecs) {
+          float xh[8], dv[8], o[8], rr[8];
+          bwd_unpack(cur, k, x.kind, dy.kind, xh, dv);
+          if constexpr (kRes) unpack8(cur.dres[k], dres.kind, rr);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            o[e] = cur.rs * (dv[e] * gm[k][e] - mean_g - xh[e] * mean_gx);
+            if constexpr (kRes) o[e] = __fadd_rn(o[e], rr[e]);  // no FMA contraction: fp32 == bwd, then add
+            ag[k][e] += dv[e] * xh[e];
+            ab[k][e] += dv[e];
+          }
+          store8(dx, row * vecs + j, o);
+        }
+      }
+    }
+    if constexpr (kPrefetch) cur = nxt;
+    else bwd_fetch(cur, row + stride, n, vecs, dy, x, dres, mean, rstd);
+  }
+  // this block's partial rows (acc arrays passed by name, never selected at run time: they stay in registers)
+  write_partial<V>(ag, partial_g + static_cast<int64_t>(blockIdx.x) * h, vecs, colsum);
+  if (partial_b) write_partial<V>(ab, partial_b + static_cast<int64_t>(blockIdx.x) * h, vecs, colsum);
+}
+
+// acc[c] += sum over p of partial[p, c]: thread (x, y) sums p = y, y + 32, ... in order, then the 32
 // per-y sums are added in y order. blockIdx.y selects dgamma (0) or dbeta (1, partial + parts * h).
+constexpr int kReduceRows = 32;
 __global__ void norm_param_reduce_kernel(float* acc_g, float* acc_b, const float* partial, int64_t parts, int64_t h) {
-  __shared__ float s[16][33];
+  __shared__ float s[kReduceRows][33];
   float* acc = blockIdx.y == 0 ? acc_g : acc_b;
   const float* part = partial + static_cast<int64_t>(blockIdx.y) * parts * h;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float a = 0.0f;
   if (col < h) {
 #pragma unroll 4
-    for (int64_t p = threadIdx.y; p < parts; p += 16) a += part[p * h + col];
+    for (int64_t p = threadIdx.y; p < parts; p += kReduceRows) a += part[p * h + col];
   }
   s[threadIdx.y][threadIdx.x] = a;
   __syncthreads();
   if (threadIdx.y == 0 && col < h) {
     float t = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) t += s[i][threadIdx.x];
+    for (int i = 0; i < kReduceRows; ++i) t += s[i][threadIdx.x];
     acc[col] += t;
   }
 }
@@ -278,7 +404,7 @@ __global__ void norm_param_reduce_kernel(float* acc_g, float* acc_b, const float
 struct VecShape {
   int w, v, r;  // warps per row, chunks per thread, rows per block
 };
-VecShape vec_shape(int64_t h) {
+VecShape fwd_shape(int64_t h) {
   const int64_t vecs = h / 8;
   int w = static_cast<int>((vecs + 127) / 128);
   if (w > 8) return {0, 0, 0};  // h > 8192: scalar path
@@ -286,12 +412,28 @@ VecShape vec_shape(int64_t h) {
   const int v = static_cast<int>((vecs + 32 * w - 1) / (32 * w));
   return {w, v, 8 / w};
 }
+// Backward: as many warps as keep V = 1 (up to 8), so few registers per thread and many rows in flight.
+VecShape bwd_shape(int64_t h) {
+  const int64_t vecs = h / 8;
+  if (vecs > 4 * kVecThreads) return {0, 0, 0};  // h > 8192: scalar path
+  const int w = vecs <= kVecThreads ? static_cast<int>((vecs + 31) / 32) : 8;
+  const int v = static_cast<int>((vecs + 32 * w - 1) / (32 * w));
+  return {w, v, 8 / w};
+}
 
-template <int V>
-int bwd_blocks_per_sm() {
-  int b = 0;
-  MCPP_CUDA_CHECK_RT(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, norm_bwd_vec_kernel<V>, kVecThreads, 0));
-  return b < 1 ? 1 : b;
+using BwdKernel = void (*)(FOut, float*, float*, FIn, FIn, FIn, FIn, const float*, const float*, int64_t, int64_t);
+template <int E, bool kRes>
+BwdKernel bwd_kernel_er(int v) {
+  switch (v) {
+    case 1: return norm_bwd_vec_kernel<1, E, kRes>;
+    case 2: return norm_bwd_vec_kernel<2, E, kRes>;
+    case 3: return norm_bwd_vec_kernel<3, E, kRes>;
+    default: return norm_bwd_vec_kernel<4, E, kRes>;
+  }
+}
+BwdKernel bwd_kernel(int v, int elem_bytes, bool res) {
+  if (elem_bytes == 2) return res ? bwd_kernel_er<2, true>(v) : bwd_kernel_er<2, false>(v);
+  return res ? bwd_kernel_er<4, true>(v) : bwd_kernel_er<4, false>(v);
 }
 
 int sm_count() {
@@ -303,57 +445,77 @@ int sm_count() {
   }();
   return sms;
 }
+
+// Resident blocks per SM of each backward instance: [v - 1][elem_bytes == 4][res][w - 1], computed once.
+int bwd_blocks_per_sm(int v, int elem_bytes, bool res, int w) {
+  struct Table {
+    int occ[4][2][2][8];
+  };
+  static const Table table = [] {
+    Table t{};
+    for (int vi = 1; vi <= 4; ++vi)
+      for (int e : {2, 4})
+        for (int r = 0; r < 2; ++r)
+          for (int wi = 1; wi <= 8; ++wi) {
+            int b = 0;
+            MCPP_CUDA_CHECK_RT(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, bwd_kernel(vi, e, r == 1),
+                                                                             32 * wi * (8 / wi), 0));
+            t.occ[vi - 1][e == 4][r][wi - 1] = b < 1 ? 1 : b;
+          }
+    return t;
+  }();
+  return table.occ[v - 1][elem_bytes == 4][res ? 1 : 0][w - 1];
+}
+
+int elem_bytes(int kind) { return kind == kF32 ? 4 : 2; }
 }  // namespace
 
-int64_t norm_bwd_partial_blocks(int64_t n, int64_t h) {
-  const VecShape vs = vec_shape(h);
-  if (h % 8 != 0 || vs.w == 0 || n <= 0) return 0;
-  static const int occ[5] = {0, bwd_blocks_per_sm<1>(), bwd_blocks_per_sm<2>(), bwd_blocks_per_sm<3>(),
-                             bwd_blocks_per_sm<4>()};
-  const int64_t want = (n + vs.r - 1) / vs.r, cap = static_cast<int64_t>(sm_count()) * occ[vs.v];
+int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FIn dy, FIn x, FIn dres) {
+  const VecShape vs = bwd_shape(h);
+  const int e = elem_bytes(x.kind);
+  if (h % 8 != 0 || vs.w == 0 || n <= 0 || elem_bytes(dy.kind) != e || (dres.p && elem_bytes(dres.kind) != e))
+    return 0;
+  const int64_t want = (n + vs.r - 1) / vs.r, cap = static_cast<int64_t>(sm_count()) * bwd_blocks_per_sm(vs.v, e, dres.p != nullptr, vs.w);
   return want < cap ? want : cap;
 }
 
-void launch_norm_fwd(FOut y, float* mean, float* rstd, FIn x, FIn gamma, FIn beta, int64_t n, int64_t h, float eps,
-                     cudaStream_t s) {
+void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res, FIn gamma, FIn beta, int64_t n,
+                     int64_t h, float eps, cudaStream_t s) {
   if (n <= 0) return;
-  const VecShape vs = vec_shape(h);
-  if (vs.w > 0 && vec8_ok(h, {y.p, x.p, gamma.p, beta.p})) {
+  const VecShape vs = fwd_shape(h);
+  if (vs.w > 0 && vec8_ok(h, {y.p, x.p, gamma.p, beta.p, res.p, res.p ? sum.p : nullptr})) {
     const dim3 block(32 * vs.w, vs.r);
     const unsigned grid = static_cast<unsigned>((n + vs.r - 1) / vs.r);
     switch (vs.v) {
-      case 1: norm_fwd_vec_kernel<1><<<grid, block, 0, s>>>(y, mean, rstd, x, gamma, beta, n, h, eps); break;
-      case 2: norm_fwd_vec_kernel<2><<<grid, block, 0, s>>>(y, mean, rstd, x, gamma, beta, n, h, eps); break;
-      case 3: norm_fwd_vec_kernel<3><<<grid, block, 0, s>>>(y, mean, rstd, x, gamma, beta, n, h, eps); break;
-      default: norm_fwd_vec_kernel<4><<<grid, block, 0, s>>>(y, mean, rstd, x, gamma, beta, n, h, eps); break;
+      case 1: norm_fwd_vec_kernel<1><<<grid, block, 0, s>>>(y, sum, mean, rstd, x, res, gamma, beta, n, h, eps); break;
+      case 2: norm_fwd_vec_kernel<2><<<grid, block, 0, s>>>(y, sum, mean, rstd, x, res, gamma, beta, n, h, eps); break;
+      case 3: norm_fwd_vec_kernel<3><<<grid, block, 0, s>>>(y, sum, mean, rstd, x, res, gamma, beta, n, h, eps); break;
+      default: norm_fwd_vec_kernel<4><<<grid, block, 0, s>>>(y, sum, mean, rstd, x, res, gamma, beta, n, h, eps); break;
     }
   } else {
-    norm_fwd_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(y, mean, rstd, x, gamma, beta, h, eps);
+    norm_fwd_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(y, sum, mean, rstd, x, res, gamma, beta, h,
+                                                                        eps);
   }
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
-void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn gamma, const float* mean,
+void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
                      const float* rstd, int64_t n, int64_t h, float* partial, int64_t parts, cudaStream_t s) {
   if (n <= 0) return;
-  const VecShape vs = vec_shape(h);
-  if (parts > 0 && parts == norm_bwd_partial_blocks(n, h) && vec8_ok(h, {dx.p, dy.p, x.p, gamma.p, partial})) {
+  const VecShape vs = bwd_shape(h);
+  if (parts > 0 && parts == norm_bwd_partial_blocks(n, h, dy, x, dres) &&
+      vec8_ok(h, {dx.p, dy.p, x.p, dres.p, gamma.p, partial})) {
     const dim3 block(32 * vs.w, vs.r);
-    const unsigned grid = static_cast<unsigned>(parts);
     float* pb = dbeta ? partial + parts * h : nullptr;
-    switch (vs.v) {
-      case 1: norm_bwd_vec_kernel<1><<<grid, block, 0, s>>>(dx, partial, pb, dy, x, gamma, mean, rstd, n, h); break;
-      case 2: norm_bwd_vec_kernel<2><<<grid, block, 0, s>>>(dx, partial, pb, dy, x, gamma, mean, rstd, n, h); break;
-      case 3: norm_bwd_vec_kernel<3><<<grid, block, 0, s>>>(dx, partial, pb, dy, x, gamma, mean, rstd, n, h); break;
-      default: norm_bwd_vec_kernel<4><<<grid, block, 0, s>>>(dx, partial, pb, dy, x, gamma, mean, rstd, n, h); break;
-    }
+    bwd_kernel(vs.v, elem_bytes(x.kind), dres.p != nullptr)<<<static_cast<unsigned>(parts), block, 0, s>>>(
+        dx, partial, pb, dy, x, dres, gamma, mean, rstd, n, h);
     MCPP_CUDA_LAUNCH_CHECK();
     const dim3 rgrid(static_cast<unsigned>((h + 31) / 32), dbeta ? 2u : 1u);
-    norm_param_reduce_kernel<<<rgrid, dim3(32, 16), 0, s>>>(dgamma, dbeta, partial, parts, h);
+    norm_param_reduce_kernel<<<rgrid, dim3(32, kReduceRows), 0, s>>>(dgamma, dbeta, partial, parts, h);
     MCPP_CUDA_LAUNCH_CHECK();
     return;
   }
-  norm_bwd_input_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(dx, dy, x, gamma, mean, rstd, h);
+  norm_bwd_input_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(dx, dy, x, dres, gamma, mean, rstd, h);
   MCPP_CUDA_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned>((h + 31) / 32), static_cast<unsigned>((n + kRows - 1) / kRows));
   norm_bwd_param_kernel<<<grid, dim3(32, 8), 0, s>>>(dgamma, dbeta, dy, x, mean, rstd, n, h);

@@ -1,0 +1,156 @@
+// CUDA fused residual add + norm (add_layernorm_fwd / add_rmsnorm_fwd, add_layernorm_bwd / add_rmsnorm_bwd):
+//   forward vs the CUDA unfused ops (add, then layernorm_fwd / rmsnorm_fwd): bitwise (sum, y, mean, rstd);
+//   forward vs the CPU backend: sum bitwise (a + b in fp32, one rounding to the dtype), y to tolerance;
+//   backward vs the CPU fused op to tolerance; float32 dx bitwise equal to the CUDA norm bwd + add_inplace
+//   (bf16 dx: one rounding instead of two, compared to tolerance); dgamma/dbeta bit-identical reruns.
+// Shapes cover the vector paths (1..8 warps per row, several rows per block, rows not a multiple of the
+// block's rows, many rows per persistent block) and the scalar path (h % 8 != 0, h > 8192).
+#include <cstring>
+
+#include "cuda/cuda_test_util.h"
+
+namespace mcpp {
+namespace {
+using namespace cuda_test;
+
+struct Case {
+  int64_t n, h;
+};
+const Case kCases[] = {{37, 1000}, {29, 768}, {13, 2048}, {5, 4104}, {3, 8192}, {4, 8200}, {3000, 64}, {1001, 768}};
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to(Device::CPU), y = b.to(Device::CPU);
+  return x.nbytes() == y.nbytes() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+}
+
+enum Kind { kLayerNormBeta = 0, kLayerNorm = 1, kRmsNorm = 2 };
+
+TEST(CudaAddNorm, ForwardEqualsUnfusedBitwiseAndMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  for (const Case& c : kCases) {
+    for (DType dt : float_dtypes()) {
+      for (int kind : {kLayerNormBeta, kLayerNorm, kRmsNorm}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << c.n << " h=" << c.h << " kind=" << kind);
+        const int64_t n = c.n, h = c.h;
+        const float eps = kind == kRmsNorm ? 1e-6f : 1e-5f;
+        const Tensor a = rnd({n, h}, 1, dt, -2, 3), b = rnd({n, h}, 2, dt), g = rnd({h}, 3), beta = rnd({h}, 4);
+        const Tensor ad = dev(a, dt), bd = dev(b, dt), gd = dev(g), betad = dev(beta);
+        const Tensor* pb = kind == kLayerNormBeta ? &betad : nullptr;
+        // unfused on CUDA
+        Tensor sum_u = poisoned({n, h}, dt), y_u = poisoned({n, h}, dt);
+        Tensor mean_u = poisoned({n}, DType::F32), rstd_u = poisoned({n}, DType::F32);
+        ops::add(sum_u, ad, bd);
+        if (kind == kRmsNorm) ops::rmsnorm_fwd(y_u, rstd_u, sum_u, gd, eps);
+        else ops::layernorm_fwd(y_u, mean_u, rstd_u, sum_u, gd, pb, eps);
+        // fused on CUDA
+        Tensor sum = poisoned({n, h}, dt), y = poisoned({n, h}, dt);
+        Tensor mean = poisoned({n}, DType::F32), rstd = poisoned({n}, DType::F32);
+        if (kind == kRmsNorm) ops::add_rmsnorm_fwd(sum, y, rstd, ad, bd, gd, eps);
+        else ops::add_layernorm_fwd(sum, y, mean, rstd, ad, bd, gd, pb, eps);
+        EXPECT_TRUE(same_bits(sum, sum_u)) << "sum";
+        EXPECT_TRUE(same_bits(y, y_u)) << "y";
+        EXPECT_TRUE(same_bits(rstd, rstd_u)) << "rstd";
+        if (kind != kRmsNorm) {
+          EXPECT_TRUE(same_bits(mean, mean_u)) << "mean";
+        }
+        // vs the CPU: sum = a + b in fp32 rounded once to dt; the norm of that rounded sum
+        Tensor sum_ref = Tensor::empty({n, h});
+        ops::cpu::add(sum_ref, a, b, {});
+        sum_ref = sum_ref.to(dt).to(DType::F32);
+        EXPECT_TRUE(same_bits(host(sum), sum_ref)) << "sum vs CPU";
+        Tensor y_ref = Tensor::empty({n, h}), mean_ref = Tensor::empty({n}), rstd_ref = Tensor::empty({n});
+        if (kind == kRmsNorm) ops::cpu::rmsnorm_fwd(y_ref, rstd_ref, sum_ref, g, eps, {});
+        else ops::cpu::layernorm_fwd(y_ref, mean_ref, rstd_ref, sum_ref, g, kind == kLayerNormBeta ? &beta : nullptr,
+                                     eps, {});
+        EXPECT_REL(host(y), y_ref, tol(dt, 1e-5));
+        EXPECT_REL(host(rstd), rstd_ref, 1e-5);
+        if (kind != kRmsNorm) EXPECT_REL(host(mean), mean_ref, 1e-5);
+      }
+    }
+  }
+}
+
+TEST(CudaAddNorm, BackwardMatchesCpuAndUnfused) {
+  MCPP_REQUIRE_CUDA();
+  for (const Case& c : kCases) {
+    for (DType dt : float_dtypes()) {
+      for (int kind : {kLayerNormBeta, kLayerNorm, kRmsNorm}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << c.n << " h=" << c.h << " kind=" << kind);
+        const int64_t n = c.n, h = c.h;
+        const bool rms = kind == kRmsNorm, with_beta = kind == kLayerNormBeta;
+        const Tensor x = rnd({n, h}, 5, dt, -2, 3), g = rnd({h}, 6), dy = rnd({n, h}, 7, dt), dres = rnd({n, h}, 8, dt);
+        Tensor y = Tensor::empty({n, h}), mean = Tensor::empty({n}), rstd = Tensor::empty({n});
+        if (rms) ops::cpu::rmsnorm_fwd(y, rstd, x, g, 1e-6f, {});
+        else ops::cpu::layernorm_fwd(y, mean, rstd, x, g, nullptr, 1e-5f, {});
+        const Tensor xd = dev(x, dt), gd = dev(g), dyd = dev(dy, dt), dresd = dev(dres, dt);
+        const Tensor meand = dev(mean), rstdd = dev(rstd);
+        // CPU reference (the fused CPU op = the unfused composition; tests/kernels/add_norm_test.cpp)
+        Tensor dx_ref = Tensor::empty({n, h}), dg_ref = rnd({h}, 9), db_ref = rnd({h}, 10);
+        Tensor dg = dev(dg_ref), db = dev(db_ref);  // prior contents: must accumulate
+        auto run = [&](Tensor& dx, Tensor& dgt, Tensor& dbt, const Tensor* res) {
+          if (rms) {
+            if (res) ops::add_rmsnorm_bwd(dx, dgt, dyd, *res, xd, gd, rstdd);
+            else ops::rmsnorm_bwd(dx, dgt, dyd, xd, gd, rstdd);
+          } else {
+            if (res) ops::add_layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, *res, xd, gd, meand, rstdd);
+            else ops::layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, xd, gd, meand, rstdd);
+          }
+        };
+        if (rms) ops::cpu::add_rmsnorm_bwd(dx_ref, dg_ref, dy, dres, x, g, rstd, {});
+        else ops::cpu::add_layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, dres, x, g, mean, rstd, {});
+        Tensor dx = poisoned({n, h}, dt);
+        run(dx, dg, db, &dresd);
+        EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));
+        EXPECT_REL(host(dg), dg_ref, 1e-5);
+        if (with_beta) EXPECT_REL(host(db), db_ref, 1e-5);
+        // unfused on CUDA: the norm's bwd, then add_inplace
+        Tensor dx_u = poisoned({n, h}, dt), dg_u = Tensor::zeros({h}, DType::F32, Device::CUDA);
+        Tensor db_u = Tensor::zeros({h}, DType::F32, Device::CUDA);
+        run(dx_u, dg_u, db_u, nullptr);
+        ops::add_inplace(dx_u, dresd);
+        if (dt == DType::F32) {
+          EXPECT_TRUE(same_bits(dx, dx_u)) << "fp32 dx vs bwd + add_inplace";
+        } else {
+          EXPECT_REL(host(dx), host(dx_u), 1e-2);
+        }
+        // reruns: bit-identical dx and (vector path) dgamma / dbeta
+        Tensor dx2 = poisoned({n, h}, dt), dg2 = dev(rnd({h}, 9)), db2 = dev(rnd({h}, 10));
+        run(dx2, dg2, db2, &dresd);
+        EXPECT_TRUE(same_bits(dx, dx2)) << "dx differs between identical runs";
+        if (h % 8 == 0 && h <= 8192) {
+          EXPECT_TRUE(same_bits(dg, dg2)) << "dgamma differs between identical runs";
+          if (with_beta) {
+            EXPECT_TRUE(same_bits(db, db2)) << "dbeta differs between identical runs";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaAddNorm, BadOperandsNameTheField) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 4, h = 16;
+  Tensor a = dev(rnd({n, h}, 1)), b = dev(rnd({n, h}, 2)), bad = dev(rnd({n, h + 8}, 3)), g = dev(rnd({h}, 4));
+  Tensor sum = Tensor::empty({n, h}, DType::F32, Device::CUDA), y = Tensor::empty({n, h}, DType::F32, Device::CUDA);
+  Tensor mean = Tensor::empty({n}, DType::F32, Device::CUDA), rstd = Tensor::empty({n}, DType::F32, Device::CUDA);
+  try {
+    ops::add_layernorm_fwd(sum, y, mean, rstd, a, bad, g, nullptr, 1e-5f);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add_layernorm_fwd: b must have the shape of sum"), std::string::npos)
+        << e.what();
+  }
+  ops::add_layernorm_fwd(sum, y, mean, rstd, a, b, g, nullptr, 1e-5f);
+  Tensor dx = Tensor::empty({n, h}, DType::F32, Device::CUDA), dg = Tensor::zeros({h}, DType::F32, Device::CUDA);
+  EXPECT_THROW(ops::add_layernorm_bwd(dx, dg, nullptr, a, bad, sum, g, mean, rstd), Error);
+  try {
+    ops::add_rmsnorm_bwd(dx, dg, a, dx, sum, g, rstd);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dres must not alias dx"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mcpp

@@ -1,0 +1,130 @@
+// The fused residual add + norm ops on the CPU backend (add_layernorm_fwd / add_rmsnorm_fwd,
+// add_layernorm_bwd / add_rmsnorm_bwd) against the unfused composition they replace in the transformer
+// layer: add then the norm (forward), the norm's backward then add_inplace (backward) — bit for bit,
+// including the saved statistics and the accumulated dgamma / dbeta. The CPU backend is float32 only (as
+// every CPU op); bf16 is covered by tests/cuda/add_norm_test.cpp. Also: bad operands raise errors naming them.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "kernels/grad_check.h"
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp {
+namespace {
+using namespace mcpp::testing;
+namespace cpu = mcpp::ops::cpu;
+
+::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return ::testing::AssertionFailure() << "shape/dtype differ";
+  if (std::memcmp(a.raw(), b.raw(), a.nbytes()) != 0) {
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
+    for (int64_t i = 0; i < a.numel(); ++i)
+      if (std::memcmp(pa + i, pb + i, sizeof(float)) != 0)
+        return ::testing::AssertionFailure() << "element " << i << ": " << pa[i] << " vs " << pb[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct Case {
+  int64_t n, h;
+};
+
+// Both norms, with and without beta; large enough for the OpenMP branches (n * h > 2^15, > 2^16).
+TEST(AddNormCpu, ForwardEqualsAddThenNormBitwise) {
+  for (const Case c : {Case{3, 5}, Case{37, 64}, Case{130, 768}}) {
+    for (int kind = 0; kind < 3; ++kind) {  // 0: LayerNorm + beta, 1: LayerNorm, 2: RMSNorm
+      SCOPED_TRACE(::testing::Message() << "n=" << c.n << " h=" << c.h << " kind=" << kind);
+      const Tensor a = random_tensor({c.n, c.h}, 11, nullptr, -2.0, 3.0), b = random_tensor({c.n, c.h}, 12);
+      const Tensor g = random_tensor({c.h}, 13, nullptr, 0.5, 1.5), beta = random_tensor({c.h}, 14);
+      Tensor sum_ref = Tensor::empty({c.n, c.h}), y_ref = Tensor::empty({c.n, c.h});
+      Tensor mean_ref = Tensor::zeros({c.n}), rstd_ref = Tensor::empty({c.n});
+      Tensor sum = Tensor::empty({c.n, c.h}), y = Tensor::empty({c.n, c.h});
+      Tensor mean = Tensor::zeros({c.n}), rstd = Tensor::empty({c.n});
+      cpu::add(sum_ref, a, b, {});
+      if (kind == 2) {
+        cpu::rmsnorm_fwd(y_ref, rstd_ref, sum_ref, g, 1e-6f, {});
+        cpu::add_rmsnorm_fwd(sum, y, rstd, a, b, g, 1e-6f, {});
+      } else {
+        const Tensor* pb = kind == 0 ? &beta : nullptr;
+        cpu::layernorm_fwd(y_ref, mean_ref, rstd_ref, sum_ref, g, pb, 1e-5f, {});
+        cpu::add_layernorm_fwd(sum, y, mean, rstd, a, b, g, pb, 1e-5f, {});
+      }
+      EXPECT_TRUE(bitwise_equal(sum, sum_ref));
+      EXPECT_TRUE(bitwise_equal(y, y_ref));
+      EXPECT_TRUE(bitwise_equal(mean, mean_ref));
+      EXPECT_TRUE(bitwise_equal(rstd, rstd_ref));
+    }
+  }
+}
+
+TEST(AddNormCpu, BackwardEqualsNormBackwardThenAddBitwise) {
+  for (const Case c : {Case{3, 5}, Case{37, 64}, Case{130, 768}}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      SCOPED_TRACE(::testing::Message() << "n=" << c.n << " h=" << c.h << " kind=" << kind);
+      const Tensor x = random_tensor({c.n, c.h}, 21, nullptr, -2.0, 3.0), g = random_tensor({c.h}, 22, nullptr, 0.5, 1.5);
+      const Tensor dy = random_tensor({c.n, c.h}, 23), dres = random_tensor({c.n, c.h}, 24);
+      Tensor y = Tensor::empty({c.n, c.h}), mean = Tensor::empty({c.n}), rstd = Tensor::empty({c.n});
+      if (kind == 2) cpu::rmsnorm_fwd(y, rstd, x, g, 1e-6f, {});
+      else cpu::layernorm_fwd(y, mean, rstd, x, g, nullptr, 1e-5f, {});
+      // prior contents of the parameter grads: both must accumulate onto them
+      Tensor dg_ref = random_tensor({c.h}, 25), db_ref = random_tensor({c.h}, 26);
+      Tensor dg = dg_ref.clone(), db = db_ref.clone();
+      Tensor dx_ref = Tensor::empty({c.n, c.h}), dx = Tensor::empty({c.n, c.h});
+      if (kind == 2) {
+        cpu::rmsnorm_bwd(dx_ref, dg_ref, dy, x, g, rstd, {});
+        cpu::add_rmsnorm_bwd(dx, dg, dy, dres, x, g, rstd, {});
+      } else {
+        cpu::layernorm_bwd(dx_ref, dg_ref, kind == 0 ? &db_ref : nullptr, dy, x, g, mean, rstd, {});
+        cpu::add_layernorm_bwd(dx, dg, kind == 0 ? &db : nullptr, dy, dres, x, g, mean, rstd, {});
+      }
+      cpu::add_inplace(dx_ref, dres, {});
+      EXPECT_TRUE(bitwise_equal(dx, dx_ref));
+      EXPECT_TRUE(bitwise_equal(dg, dg_ref));
+      EXPECT_TRUE(bitwise_equal(db, db_ref));
+      // and the residual really is added: dx - dres equals the plain backward's dx (to fp32 rounding)
+      const float* p = dx.data<float>();
+      const float* r = dres.data<float>();
+      Tensor plain = Tensor::empty({c.n, c.h}), dg2 = Tensor::zeros({c.h});
+      if (kind == 2) cpu::rmsnorm_bwd(plain, dg2, dy, x, g, rstd, {});
+      else cpu::layernorm_bwd(plain, dg2, nullptr, dy, x, g, mean, rstd, {});
+      for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_NEAR(p[i] - r[i], plain.data<float>()[i], 1e-5) << i;
+    }
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(AddNormCpu, BadOperandsNameTheField) {
+  const int64_t n = 4, h = 8;
+  Tensor a = random_tensor({n, h}, 1), b = random_tensor({n, h}, 2), b_bad = random_tensor({n, h + 1}, 3);
+  Tensor g = random_tensor({h}, 4), sum = Tensor::empty({n, h}), y = Tensor::empty({n, h});
+  Tensor mean = Tensor::empty({n}), rstd = Tensor::empty({n});
+  EXPECT_NE(error_of([&] { cpu::add_layernorm_fwd(sum, y, mean, rstd, a, b_bad, g, nullptr, 1e-5f, {}); })
+                .find("add_layernorm_fwd: b must have the shape of sum"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { cpu::add_rmsnorm_fwd(sum, y, rstd, b_bad, b, g, 1e-5f, {}); })
+                .find("add_rmsnorm_fwd: a must have the shape of sum"),
+            std::string::npos);
+  cpu::layernorm_fwd(y, mean, rstd, a, g, nullptr, 1e-5f, {});
+  Tensor dx = Tensor::empty({n, h}), dg = Tensor::zeros({h});
+  EXPECT_NE(error_of([&] { cpu::add_layernorm_bwd(dx, dg, nullptr, b, b_bad, a, g, mean, rstd, {}); })
+                .find("add_layernorm_bwd: dres must have the shape of x"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { cpu::add_rmsnorm_bwd(dx, dg, b, dx, a, g, rstd, {}); }).find("dres must not alias dx"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mcpp
