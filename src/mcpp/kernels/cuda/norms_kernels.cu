@@ -272,7 +272,7 @@ __device__ __forceinline__ float2 row_sum2(float2 v, int w, float2 (*s)[8]) {
   return r;
 }
 
-// xhat = (x - mu) rs and dy of chunk k of a fetched row, as float (recomputed rather than kept: registers).
+// xhat = (x - mu) rs and dy of chunk k of a fetched row, as float (both phases unpack the same raw registers).
 template <int V, int E, bool kRes>
 __device__ __forceinline__ void bwd_unpack(const BwdRow<V, E, kRes>& r, int k, int xkind, int dykind,
                                            float (&xh)[8], float (&dv)[8]) {
@@ -475,7 +475,8 @@ int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FIn dy, FIn x, FIn dres) {
   const int e = elem_bytes(x.kind);
   if (h % 8 != 0 || vs.w == 0 || n <= 0 || elem_bytes(dy.kind) != e || (dres.p && elem_bytes(dres.kind) != e))
     return 0;
-  const int64_t want = (n + vs.r - 1) / vs.r, cap = static_cast<int64_t>(sm_count()) * bwd_blocks_per_sm(vs.v, e, dres.p != nullptr, vs.w);
+  const int64_t want = (n + vs.r - 1) / vs.r;
+  const int64_t cap = static_cast<int64_t>(sm_count()) * bwd_blocks_per_sm(vs.v, e, dres.p != nullptr, vs.w);
   return want < cap ? want : cap;
 }
 
