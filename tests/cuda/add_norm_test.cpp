@@ -3,8 +3,9 @@
 //   forward vs the CPU backend: sum bitwise (a + b in fp32, one rounding to the dtype), y to tolerance;
 //   backward vs the CPU fused op to tolerance; float32 dx bitwise equal to the CUDA norm bwd + add_inplace
 //   (bf16 dx: one rounding instead of two, compared to tolerance); dgamma/dbeta bit-identical reruns.
-// Shapes cover the vector paths (1..8 warps per row, several rows per block, rows not a multiple of the
-// block's rows, many rows per persistent block) and the scalar path (h % 8 != 0, h > 8192).
+// Shapes cover the vector paths (1..8 warps per row, 1..4 chunks per thread in the backward — h = 2048,
+// 4096, 4104, 8192 —, several rows per block, rows not a multiple of the block's rows, many rows per
+// persistent block) and the scalar path (h % 8 != 0, h > 8192).
 #include <cstring>
 
 #include "cuda/cuda_test_util.h"
@@ -16,7 +17,8 @@ using namespace cuda_test;
 struct Case {
   int64_t n, h;
 };
-const Case kCases[] = {{37, 1000}, {29, 768}, {13, 2048}, {5, 4104}, {3, 8192}, {4, 8200}, {3000, 64}, {1001, 768}};
+const Case kCases[] = {{37, 1000}, {29, 768},  {13, 2048}, {7, 4096},  {5, 4104},
+                       {3, 8192},  {4, 8200}, {3000, 64}, {1001, 768}};
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   const Tensor x = a.to(Device::CPU), y = b.to(Device::CPU);
