@@ -3,7 +3,9 @@
 
 Two layers, 3 iterations, 1 microbatch; the trainer resets the table after the first (warm-up)
 iteration, so 2 steps are counted: linear_fwd runs 4 times per layer (qkv, proj, fc1, fc2) + the LM head
-= 9 per step -> 18 calls; layernorm_fwd 2 per layer + final = 5 per step -> 10; one multi-tensor
+= 9 per step -> 18 calls; norm forwards 2 per layer + final = 5 per step -> 10, of which the
+pre_mlp_layernorm's (1 per layer -> 4) run fused with the residual add (add_layernorm_fwd), and the
+layers' norm backwards (2 per layer -> 8) fused with the residual gradient (add_layernorm_bwd); one multi-tensor
 adamw_multi_step per step over every parameter (no per-parameter adamw_step). Without the variable no
 table is printed.
 usage: op_profile_check.py MCPP_BIN WORKDIR
@@ -29,7 +31,8 @@ assert p.returncode == 0, p.stderr
 rows = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+) \(cpu\)\s+(\d+)\s", p.stderr, re.M)}
 assert "op profile (MCPP_PROFILE_OPS)" in p.stderr, p.stderr
 assert rows.get("linear_fwd") == 18, rows
-assert rows.get("layernorm_fwd") == 10, rows
+assert rows.get("layernorm_fwd") == 6 and rows.get("add_layernorm_fwd") == 4, rows
+assert rows.get("layernorm_bwd") == 2 and rows.get("add_layernorm_bwd") == 8, rows
 assert rows.get("adamw_multi_step") == 2 and "adamw_step" not in rows, rows
 q = subprocess.run(args, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
 assert q.returncode == 0 and "op profile" not in q.stderr, q.stderr
