@@ -13,8 +13,9 @@
 // residual rows add their residual read / sum written; the fp32 dgamma/dbeta partials are not counted);
 // cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd); AdamW bytes = 30 per
 // parameter (fp32 param, m, v, grad read; param, m, v written; bf16 model copy written).
-// Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound]  (prints a markdown table;
-// --attention: only the attention rows; --memory-bound: only layernorm, cross entropy and AdamW)
+// Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound | --mlp]  (prints a markdown
+// table; --attention: only the attention rows; --memory-bound: only layernorm, cross entropy and AdamW;
+// --mlp: only the GELU MLP fusion rows, fused vs unfused)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -87,6 +88,49 @@ void bench_linear(const char* name, int64_t n, int64_t in, int64_t out) {
       flops, 0);
   row("linear bwd dx + dw_acc (fp32)", shape,
       time_op([&] { mcpp::ops::linear_bwd(&dx, dw, nullptr, dy, x, w); }, dx, g_iters, g_reps), 2 * flops, 0);
+}
+
+std::string fusion_path(const mcpp::ops::EpilogueFusionCounts& a, const mcpp::ops::EpilogueFusionCounts& b) {
+  if (b.fwd_fused > a.fwd_fused) return "GELU_AUX epilogue";
+  if (b.fwd_fallback > a.fwd_fallback) return "FALLBACK linear_fwd + gelu_fwd";
+  if (b.bwd_dgelu_bgrad > a.bwd_dgelu_bgrad) return "DGELU_BGRAD epilogue";
+  if (b.bwd_dgelu > a.bwd_dgelu) return "DGELU epilogue";
+  if (b.bwd_fallback > a.bwd_fallback) return "FALLBACK gemm + gelu_bwd";
+  return "?";
+}
+
+// The GELU MLP's fc1 fusion (ops linear_gelu_fwd / linear_dgelu_bwd) against the unfused ops it replaces:
+// fwd: x[n,h] W1[f,h]^T + b1 -> gelu, fused vs linear_fwd (bias epilogue) + gelu_fwd;
+// bwd: dy[n,h] @ W2[h,f] * gelu'(pre), fused (with fc1's fp32 bias grad, and without) vs gemm + gelu_bwd
+// (the unfused path's bias-grad column sum, inside fc1's linear_bwd, is not in the baseline row).
+// FLOPs: the GEMM's 2*n*h*f in every row.
+void bench_mlp_gelu(const char* name, int64_t n, int64_t h, int64_t f) {
+  Tensor x = filled({n, h}, DType::BF16, 1.0f), w1 = filled({f, h}, DType::BF16, 2.0f, 0.02f);
+  Tensor b1 = filled({f}, DType::BF16, 5.0f, 0.1f), w2 = filled({h, f}, DType::BF16, 6.0f, 0.02f);
+  Tensor pre = Tensor::empty({n, f}, DType::BF16, Device::CUDA), act = Tensor::empty({n, f}, DType::BF16, Device::CUDA);
+  Tensor dy = filled({n, h}, DType::BF16, 3.0f), dact = Tensor::empty({n, f}, DType::BF16, Device::CUDA);
+  Tensor dpre = Tensor::empty({n, f}, DType::BF16, Device::CUDA), db1 = Tensor::zeros({f}, DType::F32, Device::CUDA);
+  const double flops = 2.0 * n * h * f;
+  const std::string fshape = fmt::format("{} fc1 x[{}x{}] W[{}x{}]", name, n, h, f, h);
+  const std::string bshape = fmt::format("{} dy[{}x{}] W2[{}x{}]", name, n, h, h, f);
+  namespace ops = mcpp::ops;
+  row("fc1 linear_fwd + gelu_fwd (unfused)", fshape, time_op([&] {
+        ops::linear_fwd(pre, x, w1, &b1);
+        ops::gelu_fwd(act, pre);
+      }, act, g_iters, g_reps), flops, 0);
+  auto c0 = ops::cuda_epilogue_fusion_counts();
+  const double tf = time_op([&] { ops::linear_gelu_fwd(act, pre, x, w1, &b1); }, act, g_iters, g_reps);
+  row("fc1 linear_gelu_fwd: " + fusion_path(c0, ops::cuda_epilogue_fusion_counts()), fshape, tf, flops, 0);
+  row("fc2 dgrad gemm + gelu_bwd (unfused)", bshape, time_op([&] {
+        ops::gemm(dact, dy, w2, {});
+        ops::gelu_bwd(dpre, dact, pre);
+      }, dpre, g_iters, g_reps), flops, 0);
+  c0 = ops::cuda_epilogue_fusion_counts();
+  const double tb = time_op([&] { ops::linear_dgelu_bwd(dpre, &db1, dy, w2, pre); }, dpre, g_iters, g_reps);
+  row("fc2 linear_dgelu_bwd + fc1 db: " + fusion_path(c0, ops::cuda_epilogue_fusion_counts()), bshape, tb, flops, 0);
+  c0 = ops::cuda_epilogue_fusion_counts();
+  const double tn = time_op([&] { ops::linear_dgelu_bwd(dpre, nullptr, dy, w2, pre); }, dpre, g_iters, g_reps);
+  row("fc2 linear_dgelu_bwd, no db: " + fusion_path(c0, ops::cuda_epilogue_fusion_counts()), bshape, tn, flops, 0);
 }
 
 void bench_gemm_square(int64_t m) {
@@ -202,6 +246,7 @@ int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   bool attention_only = argc > 1 && std::strcmp(argv[1], "--attention") == 0;
   bool memory_only = argc > 1 && std::strcmp(argv[1], "--memory-bound") == 0;
+  bool mlp_only = argc > 1 && std::strcmp(argv[1], "--mlp") == 0;
   if (quick) g_iters = 3, g_reps = 1;
   if (!mcpp::cuda_available()) {
     std::printf("SKIPPED: no CUDA device (or built without CUDA)\n");
@@ -216,6 +261,11 @@ int main(int argc, char** argv) {
       bench_adamw();
       return 0;
     }
+    if (mlp_only) {
+      bench_mlp_gelu("124M", 32768, 768, 3072);
+      bench_mlp_gelu("1.3B", 16384, 2048, 8192);
+      return 0;
+    }
     if (!attention_only) {
       bench_gemm_square(8192);
       bench_linear("124M qkv", 32768, 768, 2304);
@@ -225,6 +275,8 @@ int main(int argc, char** argv) {
       bench_linear("1.3B fc1", 16384, 2048, 8192);
       bench_linear("1.3B fc2", 16384, 8192, 2048);
       bench_linear("124M lm head", 8192, 768, 50304);
+      bench_mlp_gelu("124M", 32768, 768, 3072);
+      bench_mlp_gelu("1.3B", 16384, 2048, 8192);
       bench_layernorm("124M", 32768, 768);
       bench_layernorm("1.3B", 16384, 2048);
       bench_cross_entropy("124M B8 T1024", 8192, 50304);

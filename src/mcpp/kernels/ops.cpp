@@ -40,6 +40,13 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
                 Stream s) {
   MCPP_DISPATCH(linear_bwd, ({dx, &dw_acc, db_acc, &dy, &x, &w}), dx, dw_acc, db_acc, dy, x, w, s);
 }
+void linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const Tensor& w, const Tensor* bias, Stream s) {
+  MCPP_DISPATCH(linear_gelu_fwd, ({&act, &pre_act, &x, &w, bias}), act, pre_act, x, w, bias, s);
+}
+void linear_dgelu_bwd(Tensor& dpre, Tensor* db_acc, const Tensor& dy, const Tensor& w, const Tensor& pre_act,
+                      Stream s) {
+  MCPP_DISPATCH(linear_dgelu_bwd, ({&dpre, db_acc, &dy, &w, &pre_act}), dpre, db_acc, dy, w, pre_act, s);
+}
 void add(Tensor& out, const Tensor& a, const Tensor& b, Stream s) { MCPP_DISPATCH(add, ({&out, &a, &b}), out, a, b, s); }
 void add_inplace(Tensor& y, const Tensor& x, Stream s) { MCPP_DISPATCH(add_inplace, ({&y, &x}), y, x, s); }
 void scale_inplace(Tensor& y, float alpha, Stream s) { MCPP_DISPATCH(scale_inplace, ({&y}), y, alpha, s); }

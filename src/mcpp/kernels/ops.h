@@ -43,6 +43,15 @@ struct AdamWTensors {
   float weight_decay = 0.0f;
 };
 
+// Which path the CUDA linear_gelu_fwd / linear_dgelu_bwd calls took in this process (tests and the kernel
+// bench read it; all zero in a build without CUDA). fwd: GELU_AUX(_BIAS) epilogue vs linear_fwd + gelu_fwd;
+// bwd: DGELU_BGRAD (fp32 bias grad in the epilogue), DGELU + column sum, or GEMM + gelu_bwd + column sum.
+struct EpilogueFusionCounts {
+  int64_t fwd_fused = 0, fwd_fallback = 0;
+  int64_t bwd_dgelu_bgrad = 0, bwd_dgelu = 0, bwd_fallback = 0;
+};
+EpilogueFusionCounts cuda_epilogue_fusion_counts();
+
 #define MCPP_OP_UNPAREN(...) __VA_ARGS__
 #define MCPP_OP(ret, name, params) ret name(MCPP_OP_UNPAREN params, Stream stream = {});
 #include "mcpp/kernels/ops.inc"

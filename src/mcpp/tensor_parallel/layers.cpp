@@ -60,10 +60,20 @@ Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) co
   return y.view(with_last(full.shape(), out_local_));
 }
 
-Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
+Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act) const {
+  Tensor full = opt_.sequence_parallel ? all_gather_sp(*tp_, x) : x;  // [s, b, in]  (gather_from_sp | copy_to_tp)
+  ctx.x = rows(full, opt_.input_size);                                 // [s*b, in]
+  pre_act = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());    // [s*b, out/tp]
+  Tensor act = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
+  ops::linear_gelu_fwd(act, pre_act, ctx.x, weight_->data, bias_ ? &bias_->data : nullptr);
+  return act.view(with_last(full.shape(), out_local_));  // [s, b, out/tp]
+}
+
+Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, const ColumnBackwardOptions& opt) const {
   Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
   Tensor dx = Tensor::empty({ctx.x.size(0), opt_.input_size}, dy.dtype(), dy.device());  // [s*b, in] partial
-  ops::linear_bwd(&dx, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  Tensor* db_acc = bias_ && !opt.bias_grad_done ? &bias_->main_grad : nullptr;
+  ops::linear_bwd(&dx, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data);
   if (owns_weight_) weight_->grad_ready();
   if (bias_) bias_->grad_ready();
   Tensor dx_full = dx.view(with_last(dy.shape(), opt_.input_size));  // [s, b, in]
@@ -111,6 +121,18 @@ Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) con
   weight_->grad_ready();
   if (bias_) bias_->grad_ready();
   return dx.view(with_last(dy_full.shape(), in_local_));
+}
+
+Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act,
+                                         Tensor* fc1_db_acc) const {
+  Tensor dy_full = opt_.sequence_parallel ? all_gather_sp(*tp_, dy) : dy;  // [s, b, out]
+  Tensor dy2 = rows(dy_full, opt_.output_size);
+  Tensor dpre = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
+  ops::linear_dgelu_bwd(dpre, fc1_db_acc, dy2, weight_->data, pre_act);
+  ops::linear_bwd(nullptr, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  weight_->grad_ready();
+  if (bias_) bias_->grad_ready();
+  return dpre.view(with_last(dy_full.shape(), in_local_));  // [s, b, in/tp]
 }
 
 }  // namespace mcpp::tensor_parallel

@@ -27,6 +27,10 @@ MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const Transforme
                   tp.group) {}
 
 Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
+  if (!swiglu_) {  // GELU: bias + GELU ride in fc1's GEMM (linear_gelu_fwd); pre_act kept for backward
+    Tensor act = linear_fc1_.forward_gelu(ctx.fc1, x, ctx.pre_act);  // [s, b, f/tp]; pre_act [n, f/tp]
+    return linear_fc2_.forward(ctx.fc2, act);                         // [s(/tp), b, h]
+  }
   Tensor h1 = linear_fc1_.forward(ctx.fc1, x);                        // [s, b, f/tp | 2f/tp]
   ctx.pre_act = h1.view({-1, swiglu_ ? 2 * ffn_ : ffn_});             // [n, f/tp | 2f/tp]
   Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, h1.dtype(), x.device());  // [n, f/tp]
@@ -36,6 +40,10 @@ Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
 }
 
 Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy) const {
+  if (!swiglu_) {  // GELU: gelu' and fc1's bias grad ride in fc2's dgrad GEMM (linear_dgelu_bwd)
+    Tensor dpre = linear_fc2_.backward_dgelu(ctx.fc2, dy, ctx.pre_act, linear_fc1_.bias_main_grad());  // [s, b, f/tp]
+    return linear_fc1_.backward(ctx.fc1, dpre, {.bias_grad_done = true});  // [s(/tp), b, h]
+  }
   Tensor dact3 = linear_fc2_.backward(ctx.fc2, dy);  // [s, b, f/tp]
   Tensor dact = dact3.view({-1, ffn_});
   Tensor dpre = Tensor::empty(ctx.pre_act.shape(), dact.dtype(), dy.device());

@@ -2,8 +2,9 @@
 """MCPP_PROFILE_OPS=1 mcpp train: the op table on stderr names the ops of a step with plausible counts.
 
 Two layers, 3 iterations, 1 microbatch; the trainer resets the table after the first (warm-up)
-iteration, so 2 steps are counted: linear_fwd runs 4 times per layer (qkv, proj, fc1, fc2) + the LM head
-= 9 per step -> 18 calls; norm forwards 2 per layer + final = 5 per step -> 10, of which the
+iteration, so 2 steps are counted: linear_fwd runs 3 times per layer (qkv, proj, fc2) + the LM head
+= 7 per step -> 14 calls; the GELU MLP's fc1 is one linear_gelu_fwd per layer -> 4, and fc2's dgrad one
+linear_dgelu_bwd per layer -> 4; norm forwards 2 per layer + final = 5 per step -> 10, of which the
 pre_mlp_layernorm's (1 per layer -> 4) run fused with the residual add (add_layernorm_fwd), and the
 layers' norm backwards (2 per layer -> 8) fused with the residual gradient (add_layernorm_bwd); one multi-tensor
 adamw_multi_step per step over every parameter (no per-parameter adamw_step). Without the variable no
@@ -30,7 +31,9 @@ p = subprocess.run(args, env=env, capture_output=True, text=True)
 assert p.returncode == 0, p.stderr
 rows = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+) \(cpu\)\s+(\d+)\s", p.stderr, re.M)}
 assert "op profile (MCPP_PROFILE_OPS)" in p.stderr, p.stderr
-assert rows.get("linear_fwd") == 18, rows
+assert rows.get("linear_fwd") == 14, rows
+assert rows.get("linear_gelu_fwd") == 4 and rows.get("linear_dgelu_bwd") == 4, rows
+assert "gelu_fwd" not in rows and "gelu_bwd" not in rows, rows  # GELU rides in the fused ops
 assert rows.get("layernorm_fwd") == 6 and rows.get("add_layernorm_fwd") == 4, rows
 assert rows.get("layernorm_bwd") == 2 and rows.get("add_layernorm_bwd") == 8, rows
 assert rows.get("adamw_multi_step") == 2 and "adamw_step" not in rows, rows

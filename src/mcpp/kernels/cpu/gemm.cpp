@@ -5,6 +5,8 @@
 //   linear_bwd: dx[n,in] = dy[n,out] @ W (overwritten; skipped when dx == nullptr)
 //               dw_acc[out,in] += dy^T @ x      (ACCUMULATES: sgemm with beta = 1)
 //               db_acc[out]    += sum_n dy      (ACCUMULATES; column sums in double, fixed order)
+//   linear_gelu_fwd / linear_dgelu_bwd: the GELU MLP's fused ops as compositions of linear_fwd, gemm,
+//               gelu_fwd / gelu_bwd and the same column sums (bitwise the unfused path).
 // Deterministic for a fixed OpenBLAS thread count (OpenBLAS splits M/N, never the K reduction).
 // Stream is ignored (CPU ops run synchronously).
 #include <cblas.h>
@@ -45,24 +47,45 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, S
 }
 
 namespace {
+// db[out] += sum over rows of dy[n, out]: column sums in double, each column over all rows in order (the
+// result does not depend on the thread count).
+void column_sum_acc(Tensor& db, const Tensor& dy2) {
+  const int64_t n = dy2.size(0), out = dy2.size(1);
+  const float* pdy = dy2.data<float>();
+  float* pdb = db.data<float>();
+  constexpr int64_t kBlock = 256;  // columns per task; each task sums its columns over all rows in order
+  const int64_t blocks = (out + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n * out > (1 << 16))
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(out, c0 + kBlock);
+    std::vector<double> acc(static_cast<size_t>(c1 - c0), 0.0);
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = pdy + r * out;
+      for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(c - c0)] += row[c];
+    }
+    for (int64_t c = c0; c < c1; ++c) pdb[c] += static_cast<float>(acc[static_cast<size_t>(c - c0)]);
+  }
+}
+
 struct LinearDims {
   int64_t n, in, out;
 };
 
 // x[.., in], w[out, in], y[.., out] with matching leading dims (n = product of leading dims).
-LinearDims linear_dims(const char* op, const Tensor& x, const Tensor& w, const Tensor& y, const char* y_name) {
-  require_cpu_f32(op, "x", x);
+LinearDims linear_dims(const char* op, const Tensor& x, const Tensor& w, const Tensor& y, const char* y_name,
+                       const char* x_name = "x") {
+  require_cpu_f32(op, x_name, x);
   require_cpu_f32(op, "w", w);
   require_cpu_f32(op, y_name, y);
   MCPP_CHECK(w.ndim() == 2, "{}: w must be 2-D [out, in]; got {}", op, w.str());
   const int64_t out = w.size(0), in = w.size(1);
-  MCPP_CHECK(x.ndim() >= 1 && x.size(-1) == in, "{}: x must be [.., in={}] for w {}; got {}", op, in, w.str(),
-             x.str());
+  MCPP_CHECK(x.ndim() >= 1 && x.size(-1) == in, "{}: {} must be [.., in={}] for w {}; got {}", op, x_name, in,
+             w.str(), x.str());
   const int64_t n = in ? x.numel() / in : 0;
   Shape want = x.shape();
   want.back() = out;
-  MCPP_CHECK(y.shape() == want, "{}: {} must be {} for x {} and w {}; got {}", op, y_name, shape_str(want),
-             x.str(), w.str(), y.str());
+  MCPP_CHECK(y.shape() == want, "{}: {} must be {} for {} {} and w {}; got {}", op, y_name, shape_str(want),
+             x_name, x.str(), w.str(), y.str());
   return {n, in, out};
 }
 }  // namespace
@@ -101,20 +124,38 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
   if (db_acc) {
     require_cpu_f32("linear_bwd", "db_acc", *db_acc);
     detail::require_numel("linear_bwd", "db_acc", *db_acc, d.out, "out = w.size(0)");
-    const float* pdy = dy2.data<float>();
-    float* pdb = db_acc->data<float>();
-    constexpr int64_t kBlock = 256;  // columns per task; each task sums its columns over all rows in order
-    const int64_t blocks = (d.out + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (d.n * d.out > (1 << 16))
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t c0 = blk * kBlock, c1 = std::min(d.out, c0 + kBlock);
-      std::vector<double> acc(static_cast<size_t>(c1 - c0), 0.0);
-      for (int64_t r = 0; r < d.n; ++r) {
-        const float* row = pdy + r * d.out;
-        for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(c - c0)] += row[c];
-      }
-      for (int64_t c = c0; c < c1; ++c) pdb[c] += static_cast<float>(acc[static_cast<size_t>(c - c0)]);
-    }
+    column_sum_acc(*db_acc, dy2);
+  }
+}
+
+// The fused ops of the GELU MLP, as the composition of the unfused ones (so the CPU path is bitwise the
+// unfused path; the CUDA backend fuses them into cuBLASLt epilogues).
+void linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const Tensor& w, const Tensor* bias,
+                     Stream stream) {
+  const LinearDims d = linear_dims("linear_gelu_fwd", x, w, act, "act");
+  if (bias) {
+    require_cpu_f32("linear_gelu_fwd", "bias", *bias);
+    detail::require_numel("linear_gelu_fwd", "bias", *bias, d.out, "out = w.size(0)");
+  }
+  require_cpu_f32("linear_gelu_fwd", "pre_act", pre_act);
+  detail::require_same_shape("linear_gelu_fwd", "pre_act", pre_act, "act", act);
+  cpu::linear_fwd(pre_act, x, w, bias, stream);  // [n, out] = x W^T + b
+  cpu::gelu_fwd(act, pre_act, stream);           // [n, out]
+}
+
+void linear_dgelu_bwd(Tensor& dpre, Tensor* db_acc, const Tensor& dy, const Tensor& w, const Tensor& pre_act,
+                      Stream stream) {
+  // w [out, in] is the next linear's weight: dy [.., out] -> dpre [.., in]; pre_act [.., in]
+  const LinearDims d = linear_dims("linear_dgelu_bwd", pre_act, w, dy, "dy", "pre_act");
+  require_cpu_f32("linear_dgelu_bwd", "dpre", dpre);
+  detail::require_same_shape("linear_dgelu_bwd", "dpre", dpre, "pre_act", pre_act);
+  Tensor dpre2 = dpre.view({d.n, d.in});  // [n, in] = dy[n, out] @ w[out, in]
+  cpu::gemm(dpre2, dy.view({d.n, d.out}), w, GemmOptions{}, stream);
+  cpu::gelu_bwd(dpre2, dpre2, pre_act, stream);  // in place: each element reads its dy before writing
+  if (db_acc) {
+    require_cpu_f32("linear_dgelu_bwd", "db_acc", *db_acc);
+    detail::require_numel("linear_dgelu_bwd", "db_acc", *db_acc, d.in, "in = w.size(1)");
+    column_sum_acc(*db_acc, dpre2);
   }
 }
 

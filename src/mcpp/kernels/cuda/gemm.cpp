@@ -8,12 +8,23 @@
 //   linear_bwd: dx[n,in] = dy @ W (overwritten; skipped when dx == nullptr);
 //               dw_acc[out,in] += dy^T @ x  (ACCUMULATES: beta = 1 into the fp32 main grad);
 //               db_acc[out] += sum_n dy     (ACCUMULATES; column-sum kernel in bias_grad.cu).
+//   linear_gelu_fwd: pre_act = x W^T (+ bias), act = gelu_tanh(pre_act) in ONE GEMM: the GELU_AUX(_BIAS)
+//               epilogue writes act as D and pre_act as the aux matrix (Transformer Engine's fc1 fusion).
+//   linear_dgelu_bwd: dpre = (dy @ W) * gelu'(pre_act) in ONE GEMM with the DGELU epilogue (aux = pre_act
+//               as input); db_acc += sum_n dpre through DGELU_BGRAD's fp32 bias-grad output (it overwrites,
+//               so into a scratch vector, then added), or DGELU + the column-sum kernel where cuBLASLt has
+//               no fp32 bias grad for the dtype. Deterministic run to run (no atomics in either).
+//   Fused only when cuBLASLt takes it: x/w/D/aux one dtype (float32 or bfloat16), aux ld = D's column-major
+//   rows (`out` here) divisible by 8 and the aux pointer 16-byte aligned (cuBLASLt's AUX_LD rule), and the
+//   heuristic returning an algorithm; otherwise the explicit fallback runs the unfused ops (GEMM, gelu_fwd /
+//   gelu_bwd, column sum) — cuda_epilogue_fusion_counts() (ops.h) counts which path ran.
 // Row-major C = op(A) op(B) is computed as the column-major product C^T = op(B)^T op(A)^T, so no copies.
 // Matmul descriptors, layouts and the heuristic's algorithm are cached per (shape, dtypes, transposes,
 // epilogue, pointer alignment); one 32 MiB workspace per process. Runs on stream_of(stream).
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -38,20 +49,42 @@ int alignment_of(const void* p) {
   return al;
 }
 
+// What one cuBLASLt call does after the product (all pointers device; null = unused).
+//   BIAS, GELU_AUX_BIAS: bias = input vector [n] (our columns), dtype kbias.
+//   DGELU_BGRAD:         bias = OUTPUT vector [n] = column sums of the result, dtype kbias (overwritten).
+//   GELU_AUX*:           aux = pre-activation OUTPUT [m, n] (ld n, the dtype of C);  DGELU*: aux = its input.
+struct Epilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  Kind kbias = kF32;
+  const void* aux = nullptr;
+};
+
 struct PlanKey {
   int ta, tb;
   int64_t m, n, k, lda, ldb, ldc;
-  int ka, kc, kbias, epi;
-  int al_a, al_b, al_c, al_bias;
-  auto tie() const { return std::tie(ta, tb, m, n, k, lda, ldb, ldc, ka, kc, kbias, epi, al_a, al_b, al_c, al_bias); }
+  int ka, kc, kbias, epi;  // epi: the cublasLtEpilogue_t
+  int al_a, al_b, al_c, al_bias, al_aux;
+  auto tie() const {
+    return std::tie(ta, tb, m, n, k, lda, ldb, ldc, ka, kc, kbias, epi, al_a, al_b, al_c, al_bias, al_aux);
+  }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
 
 struct Plan {
+  bool ok = true;  // false: cuBLASLt has no algorithm for this fused epilogue (cached; callers fall back)
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
 };
+
+struct FusionCounters {
+  std::atomic<int64_t> fwd_fused{0}, fwd_fallback{0}, bwd_dgelu_bgrad{0}, bwd_dgelu{0}, bwd_fallback{0};
+};
+FusionCounters& fusion_counters() {
+  static FusionCounters c;
+  return c;
+}
 
 struct LtState {
   cublasLtHandle_t handle = nullptr;
@@ -70,21 +103,40 @@ LtState& lt_state() {
   return *st;
 }
 
+// Sets the epilogue attributes of a matmul descriptor; the first failing status, else success.
+cublasStatus_t set_epilogue(cublasLtMatmulDesc_t op, const PlanKey& key, const Epilogue& e) {
+  if (e.kind == CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_SUCCESS;
+  cublasStatus_t st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e.kind, sizeof(e.kind));
+  if (st == CUBLAS_STATUS_SUCCESS && e.bias) {
+    const cudaDataType_t bt = cuda_type(e.kbias);
+    st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias));
+  }
+  if (st == CUBLAS_STATUS_SUCCESS && e.aux) {
+    const int64_t ld = key.ldc;  // aux [m, n] row-major = column-major n rows, like C
+    st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld));
+  }
+  return st;
+}
+
 // Column-major operands of the cuBLASLt call: "A" is our B, "B" is our A (see the header comment).
-Plan make_plan(LtState& st, const PlanKey& key, const void* bias) {
+// may_fail: a fused epilogue cuBLASLt cannot run gives a plan with ok = false instead of an error.
+Plan make_plan(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail) {
   Plan p;
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t opa = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // on our B
   const cublasOperation_t opb = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // on our A
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-  if (key.epi) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bt = cuda_type(static_cast<Kind>(key.kbias));
-    MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
-    MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  const cublasStatus_t epi_status = set_epilogue(p.op, key, e);
+  if (epi_status != CUBLAS_STATUS_SUCCESS && may_fail) {
+    p.ok = false;
+    return p;
   }
+  MCPP_CUBLAS_CHECK(epi_status);
   const cudaDataType_t tin = cuda_type(static_cast<Kind>(key.ka)), tc = cuda_type(static_cast<Kind>(key.kc));
   // our B as stored, column-major: rows = its row length (ldb), cols = its row count
   const int64_t b_rows = key.ldb, b_cols = key.tb ? key.n : key.k;
@@ -109,17 +161,24 @@ Plan make_plan(LtState& st, const PlanKey& key, const void* bias) {
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  MCPP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found));
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (may_fail && (hs != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    p.ok = false;
+    return p;
+  }
+  MCPP_CUBLAS_CHECK(hs);
   MCPP_CHECK(found > 0, "gemm: cuBLASLt found no algorithm for m={} n={} k={} (trans_a={}, trans_b={})", key.m, key.n,
              key.k, key.ta, key.tb);
   p.algo = result.algo;
   return p;
 }
 
-// C[m,n] = alpha op(A) op(B) + beta C (+ bias[n] broadcast over rows when bias != nullptr).
-void lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, const Tensor* bias,
-               cudaStream_t stream) {
+// C[m,n] = alpha op(A) op(B) + beta C, then the epilogue e. may_fail (fused epilogues only): returns false,
+// having written nothing, when cuBLASLt cannot run this epilogue here; otherwise errors throw.
+bool lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, const Epilogue& e,
+               cudaStream_t stream, bool may_fail = false) {
   const Kind ka = require_float("gemm", "a", a), kb = require_float("gemm", "b", b);
   const Kind kc = require_float("gemm", "c", c);
   MCPP_CHECK(ka == kb && ka != kF16, "gemm: a and b must both be float32 or both bfloat16; got a {}, b {}", a.str(),
@@ -133,52 +192,75 @@ void lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& o
              opt.trans_a, kb2, n, opt.trans_b);
   MCPP_CHECK(c.size(0) == m && c.size(1) == n, "gemm: c must be ({}, {}) for op(a) {}x{} @ op(b) {}x{}; got {}", m, n,
              m, k, kb2, n, c.str());
-  if (m == 0 || n == 0) return;
+  if (may_fail && (m == 0 || n == 0 || k == 0)) return false;  // the unfused path handles empty shapes
+  if (m == 0 || n == 0) return true;
   if (k == 0) {  // no product: C = beta C (+ bias handled by the caller never reaching here with k == 0)
     if (opt.beta == 0.0f) MCPP_CUDA_CHECK(cudaMemsetAsync(c.raw(), 0, c.nbytes(), stream));
     else scale_inplace(c, opt.beta, Stream{stream});
-    return;
+    return true;
   }
-  Kind kbias = kF32;
-  if (bias) kbias = require_float("linear_fwd", "bias", *bias);
-  PlanKey key{opt.trans_a, opt.trans_b, m, n, k, a.size(1), b.size(1), n, ka, kc, kbias, bias != nullptr,
-              alignment_of(a.raw()), alignment_of(b.raw()), alignment_of(c.raw()),
-              bias ? alignment_of(bias->raw()) : 0};
+  PlanKey key{opt.trans_a, opt.trans_b, m, n, k, a.size(1), b.size(1), n, ka, kc, e.bias ? e.kbias : kF32,
+              static_cast<int>(e.kind), alignment_of(a.raw()), alignment_of(b.raw()), alignment_of(c.raw()),
+              e.bias ? alignment_of(e.bias) : 0, e.aux ? alignment_of(e.aux) : 0};
   LtState& st = lt_state();
   std::lock_guard<std::mutex> lock(st.mu);
   auto it = st.plans.find(key);
-  if (it == st.plans.end()) it = st.plans.emplace(key, make_plan(st, key, bias ? bias->raw() : nullptr)).first;
+  if (it == st.plans.end()) it = st.plans.emplace(key, make_plan(st, key, e, may_fail)).first;
   Plan& p = it->second;
-  if (bias) {
-    const void* bp = bias->raw();
-    MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
-  }
+  if (!p.ok) return false;
+  if (e.bias)
+    MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
+  if (e.aux)
+    MCPP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux)));
   const float alpha = opt.alpha, beta = opt.beta;
-  MCPP_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.op, &alpha, b.raw(), p.la, a.raw(), p.lb, &beta, c.raw(), p.lc, c.raw(),
-                                   p.lc, &p.algo, st.workspace, kWorkspaceBytes, stream));
+  const cublasStatus_t ms = cublasLtMatmul(st.handle, p.op, &alpha, b.raw(), p.la, a.raw(), p.lb, &beta, c.raw(), p.lc,
+                                           c.raw(), p.lc, &p.algo, st.workspace, kWorkspaceBytes, stream);
+  if (may_fail && (ms == CUBLAS_STATUS_NOT_SUPPORTED || ms == CUBLAS_STATUS_INVALID_VALUE)) {
+    p.ok = false;  // rejected before launching: nothing written; later calls go straight to the fallback
+    return false;
+  }
+  MCPP_CUBLAS_CHECK(ms);
+  return true;
 }
 
 struct LinearDims {
   int64_t n, in, out;
 };
-LinearDims linear_dims(const char* op, const Tensor& x, const Tensor& w, const Tensor& y, const char* y_name) {
-  require_float(op, "x", x);
+LinearDims linear_dims(const char* op, const Tensor& x, const Tensor& w, const Tensor& y, const char* y_name,
+                       const char* x_name = "x") {
+  require_float(op, x_name, x);
   require_float(op, "w", w);
   require_float(op, y_name, y);
   MCPP_CHECK(w.ndim() == 2, "{}: w must be 2-D [out, in]; got {}", op, w.str());
   const int64_t out = w.size(0), in = w.size(1);
-  MCPP_CHECK(x.ndim() >= 1 && x.size(-1) == in, "{}: x must be [.., in={}] for w {}; got {}", op, in, w.str(), x.str());
+  MCPP_CHECK(x.ndim() >= 1 && x.size(-1) == in, "{}: {} must be [.., in={}] for w {}; got {}", op, x_name, in,
+             w.str(), x.str());
   Shape want = x.shape();
   want.back() = out;
-  MCPP_CHECK(y.shape() == want, "{}: {} must be {} for x {} and w {}; got {}", op, y_name, shape_str(want), x.str(),
-             w.str(), y.str());
+  MCPP_CHECK(y.shape() == want, "{}: {} must be {} for {} {} and w {}; got {}", op, y_name, shape_str(want), x_name,
+             x.str(), w.str(), y.str());
   return {in ? x.numel() / in : 0, in, out};
+}
+
+// The GELU epilogues' preconditions (see the header): one dtype for the GEMM inputs, D and the aux matrix,
+// float32 or bfloat16; aux ld (= cols, D's column-major rows) divisible by 8; aux 16-byte aligned.
+bool gelu_epilogue_eligible(const Tensor& a, const Tensor& w, const Tensor& d, const Tensor& aux, int64_t cols) {
+  const DType dt = d.dtype();
+  if (dt != DType::F32 && dt != DType::BF16) return false;
+  if (a.dtype() != dt || w.dtype() != dt || aux.dtype() != dt) return false;
+  return cols % 8 == 0 && alignment_of(aux.raw()) >= 16;
+}
+
+void column_sum_into(Tensor& db_acc, const Tensor& m2, cudaStream_t s) {  // db_acc[cols] += sum_rows m2
+  launch_column_sum_acc(db_acc.data<float>(), fin(m2, require_float("linear_dgelu_bwd", "dpre", m2)), m2.size(0),
+                        m2.size(1), s);
 }
 
 }  // namespace
 
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, Stream stream) {
-  lt_matmul(c, a, b, opt, nullptr, stream_of(stream));
+  lt_matmul(c, a, b, opt, Epilogue{}, stream_of(stream));
 }
 
 void linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, Stream stream) {
@@ -188,7 +270,9 @@ void linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
   Tensor y2 = y.view({d.n, d.out});  // [n, out]
   const GemmOptions opt{.trans_a = false, .trans_b = true, .alpha = 1.0f, .beta = 0.0f};
   if (d.in == 0 && bias) fail("linear_fwd: in = 0 with a bias is not supported on CUDA (x {})", x.str());
-  lt_matmul(y2, x2, w, opt, bias, stream_of(stream));
+  Epilogue e;
+  if (bias) e = {.kind = CUBLASLT_EPILOGUE_BIAS, .bias = bias->raw(), .kbias = require_float("linear_fwd", "bias", *bias)};
+  lt_matmul(y2, x2, w, opt, e, stream_of(stream));
 }
 
 void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
@@ -202,10 +286,11 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
   if (dx) {
     require_same_shape("linear_bwd", "dx", *dx, "x", x);
     Tensor dx2 = dx->view({d.n, d.in});  // [n, in] = dy[n, out] @ w[out, in]
-    lt_matmul(dx2, dy2, w, GemmOptions{}, nullptr, s);
+    lt_matmul(dx2, dy2, w, GemmOptions{}, Epilogue{}, s);
   }
   // dw[out, in] += dy[n, out]^T @ x[n, in]
-  lt_matmul(dw_acc, dy2, x2, GemmOptions{.trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = 1.0f}, nullptr, s);
+  lt_matmul(dw_acc, dy2, x2, GemmOptions{.trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = 1.0f}, Epilogue{},
+            s);
   if (db_acc) {
     require_float("linear_bwd", "db_acc", *db_acc, /*bf16_ok=*/false);
     require_numel("linear_bwd", "db_acc", *db_acc, d.out, "out = w.size(0)");
@@ -214,5 +299,75 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
   }
 }
 
+void linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const Tensor& w, const Tensor* bias,
+                     Stream stream) {
+  const LinearDims d = linear_dims("linear_gelu_fwd", x, w, act, "act");
+  require_float("linear_gelu_fwd", "pre_act", pre_act);
+  require_same_shape("linear_gelu_fwd", "pre_act", pre_act, "act", act);
+  Kind kbias = kF32;
+  if (bias) {
+    kbias = require_float("linear_gelu_fwd", "bias", *bias);
+    require_numel("linear_gelu_fwd", "bias", *bias, d.out, "out = w.size(0)");
+  }
+  if (gelu_epilogue_eligible(x, w, act, pre_act, d.out)) {
+    Tensor x2 = x.view({d.n, d.in});       // [n, in]
+    Tensor act2 = act.view({d.n, d.out});  // [n, out] = gelu(pre_act), pre_act [n, out] the aux output
+    const Epilogue e{.kind = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
+                     .bias = bias ? bias->raw() : nullptr,
+                     .kbias = kbias,
+                     .aux = pre_act.raw()};
+    const GemmOptions opt{.trans_a = false, .trans_b = true, .alpha = 1.0f, .beta = 0.0f};
+    if (lt_matmul(act2, x2, w, opt, e, stream_of(stream), /*may_fail=*/true)) {
+      ++fusion_counters().fwd_fused;
+      return;
+    }
+  }
+  ++fusion_counters().fwd_fallback;  // the unfused ops: GEMM with the bias epilogue, then gelu_fwd
+  linear_fwd(pre_act, x, w, bias, stream);
+  gelu_fwd(act, pre_act, stream);
+}
+
+void linear_dgelu_bwd(Tensor& dpre, Tensor* db_acc, const Tensor& dy, const Tensor& w, const Tensor& pre_act,
+                      Stream stream) {
+  // w [out, in] (the next linear's weight): dy [.., out] -> dpre [.., in]; pre_act [.., in]
+  const LinearDims d = linear_dims("linear_dgelu_bwd", pre_act, w, dy, "dy", "pre_act");
+  require_float("linear_dgelu_bwd", "dpre", dpre);
+  require_same_shape("linear_dgelu_bwd", "dpre", dpre, "pre_act", pre_act);
+  if (db_acc) {
+    require_float("linear_dgelu_bwd", "db_acc", *db_acc, /*bf16_ok=*/false);
+    require_numel("linear_dgelu_bwd", "db_acc", *db_acc, d.in, "in = w.size(1)");
+  }
+  cudaStream_t s = stream_of(stream);
+  Tensor dy2 = dy.view({d.n, d.out});     // [n, out]
+  Tensor dpre2 = dpre.view({d.n, d.in});  // [n, in] = dy @ w, times gelu'(pre_act)
+  if (gelu_epilogue_eligible(dy, w, dpre, pre_act, d.in)) {
+    if (db_acc) {  // DGELU_BGRAD: the bias grad (fp32) overwrites its vector, so a scratch then db_acc += it
+      Tensor db = Tensor::empty({d.in}, DType::F32, Device::CUDA);  // [in]
+      const Epilogue e{.kind = CUBLASLT_EPILOGUE_DGELU_BGRAD, .bias = db.raw(), .kbias = kF32, .aux = pre_act.raw()};
+      if (lt_matmul(dpre2, dy2, w, GemmOptions{}, e, s, /*may_fail=*/true)) {
+        launch_axpby_inplace(FOut{db_acc->raw(), kF32}, FIn{db.raw(), kF32}, 1.0f, 1.0f, d.in, s);
+        ++fusion_counters().bwd_dgelu_bgrad;
+        return;
+      }
+    }
+    const Epilogue e{.kind = CUBLASLT_EPILOGUE_DGELU, .aux = pre_act.raw()};
+    if (lt_matmul(dpre2, dy2, w, GemmOptions{}, e, s, /*may_fail=*/true)) {
+      if (db_acc) column_sum_into(*db_acc, dpre2, s);
+      ++fusion_counters().bwd_dgelu;
+      return;
+    }
+  }
+  ++fusion_counters().bwd_fallback;  // the unfused ops: dgrad GEMM, gelu_bwd in place, column sum
+  lt_matmul(dpre2, dy2, w, GemmOptions{}, Epilogue{}, s);
+  gelu_bwd(dpre2, dpre2, pre_act, stream);
+  if (db_acc) column_sum_into(*db_acc, dpre2, s);
+}
+
 }  // namespace ops::cuda
+
+ops::EpilogueFusionCounts ops::cuda_epilogue_fusion_counts() {
+  const auto& c = ops::cuda::fusion_counters();
+  return {.fwd_fused = c.fwd_fused, .fwd_fallback = c.fwd_fallback, .bwd_dgelu_bgrad = c.bwd_dgelu_bgrad,
+          .bwd_dgelu = c.bwd_dgelu, .bwd_fallback = c.bwd_fallback};
+}
 }  // namespace mcpp

@@ -19,6 +19,10 @@ void synchronize() {}
 void trace_range_push(const char*) {}  // no profiler ranges without CUDA
 void trace_range_pop() {}
 
+namespace ops {
+EpilogueFusionCounts cuda_epilogue_fusion_counts() { return {}; }  // no CUDA ops ever run
+}  // namespace ops
+
 namespace ops::cuda {
 #define MCPP_OP(ret, name, params) \
   ret name(MCPP_OP_UNPAREN params, Stream) { cuda_backend::alloc(0); fail("unreachable"); }
