@@ -58,11 +58,17 @@ void check_backward(const Shape3& sh, DType dt, bool with_db) {
   // fp32: sums of dpre (its error above, random signs, averages down); bf16: the DGELU + column-sum and
   // fallback paths sum the bf16-rounded dpre (each term off by <= 2^-9: ~1e-3 of a column sum).
   EXPECT_REL(host(db), db_ref, tol(dt, fused ? 5e-3 : 1e-5, 1e-2));
-  // Deterministic run to run: the same call from the same prior gives the same bits (dpre and db).
+  // Run to run: dpre is bitwise the same (one GEMM). db is bitwise the same where cuBLASLt's DGELU_BGRAD
+  // summed it (fp32; measured on the H200). The DGELU + column-sum path (bf16: cuBLASLt has no fp32 bias
+  // grad for a bf16 output) and the fallback use launch_column_sum_acc, which adds row-chunk partials with
+  // atomicAdd (elementwise_kernels.cu, as linear_bwd's bias grads do), so with n > 512 rows its last bits
+  // may differ between runs (measured at n = 1024): there, within 1e-6 relative (summation order only).
+  const bool bgrad_epilogue = c1.bwd_dgelu_bgrad > c0.bwd_dgelu_bgrad;
   Tensor dpre2 = poisoned({sh.n, sh.f}, dt), db2 = dev(db0);
   ops::linear_dgelu_bwd(dpre2, &db2, dyd, wd, pred);
   EXPECT_TRUE(bitwise_equal(dpre2, dpre));
-  EXPECT_TRUE(bitwise_equal(db2, db));
+  if (bgrad_epilogue) EXPECT_TRUE(bitwise_equal(db2, db));
+  else EXPECT_REL(host(db2), host(db), 1e-6);
 }
 
 void print_counts(const char* when) {

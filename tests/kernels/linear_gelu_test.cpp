@@ -85,9 +85,11 @@ TEST(CpuLinearGelu, BackwardIsDgradGeluBwdBiasSumBitwiseAndAccumulates) {
       want[r * f + c] = acc * gelu_grad_ref(pre[r * f + c]);
       want_db[c] += want[r * f + c];
     }
-  // The CPU gelu_bwd is documented within 6e-6 of float64; the dots add ~1e-7. Floor 1e-2 (O(1) data).
-  EXPECT_LT(max_rel_error(dpre, want, 1e-2), 1e-5);
-  EXPECT_LT(max_rel_error(db, want_db, 1e-2), 1e-5);  // sums of 37 such values onto O(1) priors
+  // The CPU gelu_bwd is documented within 6e-6 of float64 (relative, 1e-3 floor); the length-24 fp32 dots
+  // round to ~24 * 2^-24 absolute, and cancellation can leave a small dot (measured 1.6e-5 with a 1e-2 floor
+  // on the device machine's CPU), so the floor is the data scale, 1.0.
+  EXPECT_LT(max_rel_error(dpre, want, 1.0), 1e-5);
+  EXPECT_LT(max_rel_error(db, want_db, 1.0), 1e-5);  // sums of 37 such values onto O(1) priors
 
   Tensor dpre2 = Tensor::empty({n, f});
   cpu::linear_dgelu_bwd(dpre2, nullptr, tdy, tw, tpre, {});  // no bias grad: dpre alone, unchanged

@@ -12,8 +12,10 @@
 //               epilogue writes act as D and pre_act as the aux matrix (Transformer Engine's fc1 fusion).
 //   linear_dgelu_bwd: dpre = (dy @ W) * gelu'(pre_act) in ONE GEMM with the DGELU epilogue (aux = pre_act
 //               as input); db_acc += sum_n dpre through DGELU_BGRAD's fp32 bias-grad output (it overwrites,
-//               so into a scratch vector, then added), or DGELU + the column-sum kernel where cuBLASLt has
-//               no fp32 bias grad for the dtype. Deterministic run to run (no atomics in either).
+//               so into a scratch vector, then added; bitwise deterministic), or DGELU + the column-sum
+//               kernel where cuBLASLt has no fp32 bias grad for the dtype (bf16 on the H200: the column sum
+//               adds row-chunk partials with atomicAdd, so db's last bits may vary run to run for n > 512,
+//               exactly as linear_bwd's bias grads; dpre is deterministic on every path).
 //   Fused only when cuBLASLt takes it: x/w/D/aux one dtype (float32 or bfloat16), aux ld = D's column-major
 //   rows (`out` here) divisible by 8 and the aux pointer 16-byte aligned (cuBLASLt's AUX_LD rule), and the
 //   heuristic returning an algorithm; otherwise the explicit fallback runs the unfused ops (GEMM, gelu_fwd /
