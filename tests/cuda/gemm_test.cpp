@@ -1,4 +1,6 @@
 // CUDA GEMM / linear (cuBLASLt) vs the CPU backend (OpenBLAS sgemm) on the same inputs.
+#include <cstring>
+
 #include "cuda/cuda_test_util.h"
 
 namespace mcpp {
@@ -58,6 +60,32 @@ TEST(CudaLinear, ForwardWithBiasEpilogueAndBackwardAccumulates) {
     EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5, 4e-3));
     EXPECT_REL(host(dw), dw_ref, 1e-5);  // fp32 accumulate into fp32 for both dtypes
     EXPECT_REL(host(db), db_ref, 1e-5);
+  }
+}
+
+// The bias grad of linear_bwd rides in the weight-grad GEMM (BGRADB epilogue): at a training-sized n it
+// must match the CPU, accumulate into the fp32 main grad, and be bit-identical run to run (the atomic
+// column-sum fallback would not be at this n).
+TEST(CudaLinear, BiasGradInWgradGemmIsDeterministicAtTrainingShapes) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 8192, in = 256, out = 768;
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor x = rnd({n, in}, 20, dt), w = rnd({out, in}, 21, dt), dy = rnd({n, out}, 22, dt);
+    Tensor dw_ref = rnd({out, in}, 23), db_ref = rnd({out}, 24);
+    Tensor dw0 = dw_ref.clone(), db0 = db_ref.clone();
+    ops::cpu::linear_bwd(nullptr, dw_ref, &db_ref, dy, x, w, {});
+    Tensor xd = dev(x, dt), wd = dev(w, dt), dyd = dev(dy, dt);
+    Tensor first;
+    for (int run = 0; run < 2; ++run) {
+      Tensor dw = dev(dw0), db = dev(db0);
+      ops::linear_bwd(nullptr, dw, &db, dyd, xd, wd);
+      Tensor dbh = host(db);
+      EXPECT_REL(host(dw), dw_ref, 1e-5);
+      EXPECT_REL(dbh, db_ref, 1e-5);
+      if (run == 0) first = dbh;
+      else EXPECT_EQ(std::memcmp(first.raw(), dbh.raw(), dbh.nbytes()), 0) << "db differs between runs";
+    }
   }
 }
 

@@ -7,7 +7,8 @@
 //               (CUBLASLT_EPILOGUE_BIAS), no extra pass. x may be [.., in].
 //   linear_bwd: dx[n,in] = dy @ W (overwritten; skipped when dx == nullptr);
 //               dw_acc[out,in] += dy^T @ x  (ACCUMULATES: beta = 1 into the fp32 main grad);
-//               db_acc[out] += sum_n dy     (ACCUMULATES; column-sum kernel in bias_grad.cu).
+//               db_acc[out] += sum_n dy     (ACCUMULATES; the BGRADB epilogue of the dw GEMM, fp32, no extra
+//               pass and deterministic; the column-sum kernel where cuBLASLt refuses it).
 //   linear_gelu_fwd: pre_act = x W^T (+ bias), act = gelu_tanh(pre_act) in ONE GEMM: the GELU_AUX(_BIAS)
 //               epilogue writes act as D and pre_act as the aux matrix (Transformer Engine's fc1 fusion).
 //   linear_dgelu_bwd: dpre = (dy @ W) * gelu'(pre_act) in ONE GEMM with the DGELU epilogue (aux = pre_act
@@ -54,6 +55,7 @@ int alignment_of(const void* p) {
 // What one cuBLASLt call does after the product (all pointers device; null = unused).
 //   BIAS, GELU_AUX_BIAS: bias = input vector [n] (our columns), dtype kbias.
 //   DGELU_BGRAD:         bias = OUTPUT vector [n] = column sums of the result, dtype kbias (overwritten).
+//   BGRADB:              bias = OUTPUT vector [m] = sums of our A (cuBLASLt's B) over k (overwritten).
 //   GELU_AUX*:           aux = pre-activation OUTPUT [m, n] (ld n, the dtype of C);  DGELU*: aux = its input.
 struct Epilogue {
   cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
@@ -291,14 +293,25 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
     lt_matmul(dx2, dy2, w, GemmOptions{}, Epilogue{}, s);
   }
   // dw[out, in] += dy[n, out]^T @ x[n, in]
-  lt_matmul(dw_acc, dy2, x2, GemmOptions{.trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = 1.0f}, Epilogue{},
-            s);
+  const GemmOptions wgrad{.trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = 1.0f};
   if (db_acc) {
     require_float("linear_bwd", "db_acc", *db_acc, /*bf16_ok=*/false);
     require_numel("linear_bwd", "db_acc", *db_acc, d.out, "out = w.size(0)");
     const Kind kdy = require_float("linear_bwd", "dy", dy);
+    // The bias grad rides in the weight-grad GEMM: BGRADB reduces cuBLASLt's B operand (our dy) over the
+    // GEMM's k (= n) into an fp32 vector [out] — no extra pass over dy, deterministic. It overwrites, so a
+    // scratch, then db_acc += it. Where cuBLASLt refuses it: the plain GEMM + the column-sum kernel.
+    Tensor db = Tensor::empty({d.out}, DType::F32, Device::CUDA);  // [out]
+    const Epilogue e{.kind = CUBLASLT_EPILOGUE_BGRADB, .bias = db.raw(), .kbias = kF32};
+    if (lt_matmul(dw_acc, dy2, x2, wgrad, e, s, /*may_fail=*/true)) {
+      launch_axpby_inplace(FOut{db_acc->raw(), kF32}, FIn{db.raw(), kF32}, 1.0f, 1.0f, d.out, s);
+      return;
+    }
+    lt_matmul(dw_acc, dy2, x2, wgrad, Epilogue{}, s);
     launch_column_sum_acc(db_acc->data<float>(), fin(dy, kdy), d.n, d.out, s);
+    return;
   }
+  lt_matmul(dw_acc, dy2, x2, wgrad, Epilogue{}, s);
 }
 
 void linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const Tensor& w, const Tensor* bias,
