@@ -88,7 +88,9 @@ TEST(CudaLinearGelu, ForwardMatchesCpuAtSmallAndTpShardShapes) {
         check_forward(sh, dt, bias);
         const auto after = ops::cuda_epilogue_fusion_counts();
         EXPECT_EQ(after.fwd_fused + after.fwd_fallback, before.fwd_fused + before.fwd_fallback + 1);
-        if (dt == DType::BF16) EXPECT_EQ(after.fwd_fused, before.fwd_fused + 1) << "bf16 GELU_AUX not taken";
+        if (dt == DType::BF16) {
+          EXPECT_EQ(after.fwd_fused, before.fwd_fused + 1) << "bf16 GELU_AUX not taken";
+        }
       }
   print_counts("forward, aligned shapes (fp32 may fall back where cuBLASLt has no fp32 GELU epilogue)");
 }
@@ -101,9 +103,10 @@ TEST(CudaLinearGelu, BackwardMatchesCpuAccumulatesAndIsDeterministic) {
         const auto before = ops::cuda_epilogue_fusion_counts();
         check_backward(sh, dt, with_db);
         const auto after = ops::cuda_epilogue_fusion_counts();
-        if (dt == DType::BF16)
+        if (dt == DType::BF16) {
           EXPECT_GT(after.bwd_dgelu_bgrad + after.bwd_dgelu, before.bwd_dgelu_bgrad + before.bwd_dgelu)
               << "bf16 DGELU epilogue not taken";
+        }
       }
   print_counts("backward, aligned shapes");
 }
