@@ -124,6 +124,15 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   MCPP_DISPATCH(flash_attention_bwd, ({&dq, &dk, &dv, &dout, &q, &k, &v, &o, &lse}), dq, dk, dv, dout, q, k, v, o,
                 lse, opt, s);
 }
+void flash_attention_fwd_qkv(Tensor& o, Tensor& lse, const Tensor& qkv, int64_t num_query_groups,
+                             const AttentionOptions& opt, Stream s) {
+  MCPP_DISPATCH(flash_attention_fwd_qkv, ({&o, &lse, &qkv}), o, lse, qkv, num_query_groups, opt, s);
+}
+void flash_attention_bwd_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& o, const Tensor& lse,
+                             int64_t num_query_groups, const AttentionOptions& opt, Stream s) {
+  MCPP_DISPATCH(flash_attention_bwd_qkv, ({&dqkv, &dout, &qkv, &o, &lse}), dqkv, dout, qkv, o, lse, num_query_groups,
+                opt, s);
+}
 void scaled_masked_softmax_fwd(Tensor& probs, const Tensor& scores, float scale, bool causal, Stream s) {
   MCPP_DISPATCH(scaled_masked_softmax_fwd, ({&probs, &scores}), probs, scores, scale, causal, s);
 }

@@ -27,12 +27,13 @@ struct Counter {
   void operator()(const NormCtx& n) { (*this)(n.x), (*this)(n.mean), (*this)(n.rstd); }
   void operator()(const tensor_parallel::ParallelLinearCtx& l) { (*this)(l.x); }
   void operator()(const CoreAttentionCtx& c) {
-    for (const Tensor* t : {&c.q, &c.k, &c.v, &c.out, &c.lse, &c.probs}) (*this)(*t);
+    for (const Tensor* t : {&c.q, &c.k, &c.v, &c.qkv, &c.out, &c.lse, &c.probs}) (*this)(*t);
   }
   void operator()(const TransformerLayerCtx& l) {
     (*this)(l.input_layernorm);
     (*this)(l.self_attention.qkv), (*this)(l.self_attention.core), (*this)(l.self_attention.proj);
     (*this)(l.self_attention.q), (*this)(l.self_attention.k), (*this)(l.self_attention.v);
+    (*this)(l.self_attention.fused_qkv);
     (*this)(l.pre_mlp_layernorm);
     (*this)(l.mlp.fc1), (*this)(l.mlp.pre_act), (*this)(l.mlp.fc2);
   }

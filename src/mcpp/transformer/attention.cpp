@@ -40,6 +40,15 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
                               const ForwardOptions& opt) const {
   Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s, b, ng/tp*(np/ng+2)*hn]
   const int64_t s = qkv.size(0), b = qkv.size(1);
+  if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
+  if (packed(rope)) {
+    Tensor context = core_->forward_qkv(ctx.core, qkv, np_, ng_, opt);  // [s, b, np, hn]
+    if (recompute_core_) {  // selective recompute: keep the fused input, drop the core's saved state
+      ctx.fused_qkv = qkv;
+      ctx.core = {};
+    }
+    return linear_proj_.forward(ctx.proj, context.view({s, b, np_ * hn_}));  // [s, b, h]
+  }
   const DType dt = qkv.dtype();
   const Device dev = qkv.device();
   Tensor q = Tensor::empty({s, b, np_, hn_}, dt, dev);  // [s, b, np/tp, hn]
@@ -50,7 +59,6 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
     ops::rope_fwd(q, q, rope->cos, rope->sin);
     ops::rope_fwd(k, k, rope->cos, rope->sin);
   }
-  if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
   Tensor context = core_->forward(ctx.core, q, k, v, opt);  // [s, b, np, hn]
   if (recompute_core_) {  // selective recompute: keep the inputs, drop the core's saved state
     ctx.q = q, ctx.k = k, ctx.v = v;
@@ -63,6 +71,14 @@ Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const Ro
   Tensor dcontext = linear_proj_.backward(ctx.proj, dy);  // [s, b, np/tp*hn]
   const int64_t s = dcontext.size(0), b = dcontext.size(1);
   dcontext = dcontext.view({s, b, np_, hn_});
+  if (packed(rope)) {
+    if (recompute_core_) {  // rebuild the core attention's context from the kept fused input
+      core_->forward_qkv(ctx.core, ctx.fused_qkv, np_, ng_, ctx.core_replay.options());
+      ctx.fused_qkv = Tensor();
+    }
+    Tensor dqkv = core_->backward_qkv(ctx.core, dcontext);  // [s, b, ng/tp*(np/ng+2)*hn]
+    return linear_qkv_.backward(ctx.qkv, dqkv);             // [s, b, h]
+  }
   if (recompute_core_) {  // rebuild the core attention's context with the original dropout keys
     core_->forward(ctx.core, ctx.q, ctx.k, ctx.v, ctx.core_replay.options());
     ctx.q = ctx.k = ctx.v = Tensor();

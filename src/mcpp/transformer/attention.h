@@ -4,6 +4,8 @@
 //   then its value head — Megatron's layout, so a TP rank's rows are whole groups)
 //   -> split q [s, b, np/tp, hn], k/v [s, b, ng/tp, hn] -> RoPE on q, k (rope configs) -> core attention
 //   (dropout from the model-parallel RNG stream) -> context [s, b, np/tp*hn]
+//   Without RoPE and with a core attention that takes the fused rows (flash: supports_packed_qkv()), the
+//   split and its backward merge are skipped: the core reads qkv and returns dqkv directly (same values).
 //   -> linear_proj (RowParallel, init scaled by 1/sqrt(2L); all-reduce or SP reduce-scatter) -> [s(/tp), b, h].
 // Backward mirrors it; parameter grads accumulate into main_grad.
 #pragma once
@@ -24,10 +26,11 @@ struct SelfAttentionCtx {
   tensor_parallel::ParallelLinearCtx qkv;
   CoreAttentionCtx core;
   tensor_parallel::ParallelLinearCtx proj;
-  // Selective recompute (recompute_granularity "selective"): the core attention's inputs q, k, v
-  // [s, b, np|ng, hn] and the RNG streams before it are kept; `core` is emptied after the forward and
-  // rebuilt (same dropout keys) at the start of backward.
-  Tensor q, k, v;
+  // Selective recompute (recompute_granularity "selective"): the core attention's inputs — q, k, v
+  // [s, b, np|ng, hn], or on the packed path fused_qkv [s, b, ng*(np/ng+2)*hn] — and the RNG streams
+  // before it are kept; `core` is emptied after the forward and rebuilt (same dropout keys) at the start
+  // of backward.
+  Tensor q, k, v, fused_qkv;
   ForwardReplay core_replay;
 };
 
@@ -40,6 +43,9 @@ class SelfAttention {
   Tensor backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope) const;
 
  private:
+  // The core attention reads the fused linear_qkv output (no split / merge): no RoPE and a packed core.
+  bool packed(const RopeTables* rope) const { return rope == nullptr && core_->supports_packed_qkv(); }
+
   int64_t np_, ng_, hn_, h_;  // np_ / ng_: heads and groups of this TP rank
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;

@@ -37,6 +37,28 @@ class FlashAttention final : public CoreAttention {
     return g;
   }
 
+  bool supports_packed_qkv() const override { return true; }
+
+  Tensor forward_qkv(CoreAttentionCtx& ctx, const Tensor& qkv, int64_t np, int64_t ng,
+                     const ForwardOptions&) const override {
+    MCPP_CHECK(qkv.ndim() == 3 && np > 0 && ng > 0 && qkv.size(2) % (np + 2 * ng) == 0,
+               "flash attention: packed qkv must be [s, b, (np + 2 ng) hn] with np={} ng={}; got {}", np, ng, qkv.str());
+    const int64_t s = qkv.size(0), b = qkv.size(1), hn = qkv.size(2) / (np + 2 * ng);
+    ctx.qkv = qkv;
+    ctx.num_query_groups = ng;
+    ctx.out = Tensor::empty({s, b, np, hn}, qkv.dtype(), qkv.device());  // [s, b, np, hn]
+    ctx.lse = Tensor::empty({b, np, s}, DType::F32, qkv.device());       // [b, np, s]
+    ops::flash_attention_fwd_qkv(ctx.out, ctx.lse, qkv, ng, {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
+    return ctx.out;
+  }
+
+  Tensor backward_qkv(CoreAttentionCtx& ctx, const Tensor& dout) const override {
+    Tensor dqkv = Tensor::empty(ctx.qkv.shape(), dout.dtype(), dout.device());  // [s, b, ng*(np/ng+2)*hn]
+    ops::flash_attention_bwd_qkv(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.num_query_groups,
+                                 {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
+    return dqkv;
+  }
+
  private:
   ops::AttentionOptions attention_options() const {
     return {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal, .deterministic = opt_.deterministic};
@@ -151,6 +173,13 @@ class UnfusedAttention final : public CoreAttention {
 };
 
 }  // namespace
+
+Tensor CoreAttention::forward_qkv(CoreAttentionCtx&, const Tensor&, int64_t, int64_t, const ForwardOptions&) const {
+  fail("this core attention does not take the packed qkv (supports_packed_qkv() is false); split q, k, v first");
+}
+Tensor CoreAttention::backward_qkv(CoreAttentionCtx&, const Tensor&) const {
+  fail("this core attention does not take the packed qkv (supports_packed_qkv() is false); split q, k, v first");
+}
 
 std::unique_ptr<CoreAttention> make_flash_attention(const CoreAttentionOptions& opt) {
   return std::make_unique<FlashAttention>(opt);

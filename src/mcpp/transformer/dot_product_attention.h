@@ -6,6 +6,10 @@
 //             fused_scale_mask_softmax, dropout on the probabilities, probs @ V.
 // In: q [s, b, np, hn], k/v [s, b, ng, hn]. Out: context [s, b, np, hn]. Backward returns dq, dk, dv
 // (overwritten). Saved state lives in CoreAttentionCtx.
+// Packed form (supports_packed_qkv(); flash only): forward_qkv takes linear_qkv's fused output
+// qkv [s, b, ng * (np/ng + 2) * hn] (Megatron's layout, see attention.h) and backward_qkv returns dqkv of
+// that shape — equal to qkv_split + forward and backward + qkv_merge (ops::flash_attention_{fwd,bwd}_qkv),
+// without the split / merge copies on CUDA. The other implementations fail naming themselves.
 #pragma once
 #include <memory>
 #include <string>
@@ -17,6 +21,8 @@ namespace mcpp {
 
 struct CoreAttentionCtx {
   Tensor q, k, v;     // inputs as given (flash) or head-major copies [b, n, s, hn] (unfused)
+  Tensor qkv;         // packed flash: the fused input [s, b, ng * (np/ng + 2) * hn] (q, k, v undefined)
+  int64_t num_query_groups = 0;  // packed flash: ng
   Tensor out, lse;    // flash: context [s, b, np, hn] and log-sum-exp [b, np, s]
   Tensor probs;       // unfused: softmax probabilities before dropout [b*np, s, s]
   PhiloxKey dropout_key;
@@ -33,6 +39,13 @@ class CoreAttention {
   virtual Tensor forward(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                          const ForwardOptions& opt) const = 0;
   virtual CoreAttentionGrads backward(CoreAttentionCtx& ctx, const Tensor& dout) const = 0;
+  // Packed form (see the header); the defaults fail: only implementations that override them support it.
+  virtual bool supports_packed_qkv() const { return false; }
+  // qkv [s, b, ng * (np/ng + 2) * hn] -> context [s, b, np, hn]
+  virtual Tensor forward_qkv(CoreAttentionCtx& ctx, const Tensor& qkv, int64_t np, int64_t ng,
+                             const ForwardOptions& opt) const;
+  // dout [s, b, np, hn] -> dqkv [s, b, ng * (np/ng + 2) * hn] (overwritten)
+  virtual Tensor backward_qkv(CoreAttentionCtx& ctx, const Tensor& dout) const;
 };
 
 struct CoreAttentionOptions {
