@@ -13,9 +13,10 @@
 // residual rows add their residual read / sum written; the fp32 dgamma/dbeta partials are not counted);
 // cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd); AdamW bytes = 30 per
 // parameter (fp32 param, m, v, grad read; param, m, v written; bf16 model copy written).
-// Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound | --mlp]  (prints a markdown
-// table; --attention: only the attention rows; --memory-bound: only layernorm, cross entropy and AdamW;
-// --mlp: only the GELU MLP fusion rows, fused vs unfused)
+// Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound | --mlp | --attention-qkv]
+// (prints a markdown table; --attention: only the attention rows; --memory-bound: only layernorm, cross
+// entropy and AdamW; --mlp: only the GELU MLP fusion rows, fused vs unfused; --attention-qkv: only the
+// split-vs-packed qkv attention rows)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -240,6 +241,36 @@ void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t
       2.5 * fwd, 0);
 }
 
+// Megatron's fused qkv [s, b, ng (r + 2) d] (MHA here: r = 1) into attention: the split path (qkv_split
+// copy + attention; attention bwd + qkv_merge copy) against the packed ops reading / writing the fused rows
+// in place. Same attention FLOPs; the difference is the two copies.
+void bench_attention_qkv(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d) {
+  const int64_t ng = nq;
+  auto dev = [](const mcpp::Shape& sh, DType dt) { return Tensor::empty(sh, dt, Device::CUDA); };
+  Tensor qkv = filled({s, b, (nq + 2 * ng) * d}, DType::BF16, 1.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
+  Tensor q = dev({s, b, nq, d}, DType::BF16), k = dev({s, b, ng, d}, DType::BF16), v = dev({s, b, ng, d}, DType::BF16);
+  Tensor dq = dev({s, b, nq, d}, DType::BF16), dk = dev({s, b, ng, d}, DType::BF16), dv = dev({s, b, ng, d}, DType::BF16);
+  Tensor o = dev({s, b, nq, d}, DType::BF16), lse = dev({b, nq, s}, DType::F32), dqkv = dev(qkv.shape(), DType::BF16);
+  mcpp::ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true};
+  std::string shape = fmt::format("{} s{} b{} h{} d{} causal", name, s, b, nq, d);
+  double fwd = 4.0 * b * nq * s * s * d / 2;
+  int it = std::max(2, g_iters / 5);
+  row("qkv_split + flash attention fwd", shape, time_op([&] {
+        mcpp::ops::qkv_split(q, k, v, qkv);
+        mcpp::ops::flash_attention_fwd(o, lse, q, k, v, opt);
+      }, o, it, g_reps), fwd, 0);
+  row("flash attention fwd, packed qkv", shape,
+      time_op([&] { mcpp::ops::flash_attention_fwd_qkv(o, lse, qkv, ng, opt); }, o, it, g_reps), fwd, 0);
+  mcpp::ops::qkv_split(q, k, v, qkv);
+  row("flash attention bwd + qkv_merge", shape, time_op([&] {
+        mcpp::ops::flash_attention_bwd(dq, dk, dv, dout, q, k, v, o, lse, opt);
+        mcpp::ops::qkv_merge(dqkv, dq, dk, dv);
+      }, dqkv, it, g_reps), 2.5 * fwd, 0);
+  row("flash attention bwd, packed qkv", shape,
+      time_op([&] { mcpp::ops::flash_attention_bwd_qkv(dqkv, dout, qkv, o, lse, ng, opt); }, dqkv, it, g_reps),
+      2.5 * fwd, 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -247,6 +278,7 @@ int main(int argc, char** argv) {
   bool attention_only = argc > 1 && std::strcmp(argv[1], "--attention") == 0;
   bool memory_only = argc > 1 && std::strcmp(argv[1], "--memory-bound") == 0;
   bool mlp_only = argc > 1 && std::strcmp(argv[1], "--mlp") == 0;
+  bool qkv_only = argc > 1 && std::strcmp(argv[1], "--attention-qkv") == 0;
   if (quick) g_iters = 3, g_reps = 1;
   if (!mcpp::cuda_available()) {
     std::printf("SKIPPED: no CUDA device (or built without CUDA)\n");
@@ -264,6 +296,11 @@ int main(int argc, char** argv) {
     if (mlp_only) {
       bench_mlp_gelu("124M", 32768, 768, 3072);
       bench_mlp_gelu("1.3B", 16384, 2048, 8192);
+      return 0;
+    }
+    if (qkv_only) {
+      bench_attention_qkv("124M", 1024, 32, 12, 64);
+      bench_attention_qkv("1.3B", 2048, 8, 16, 128);
       return 0;
     }
     if (!attention_only) {
@@ -285,6 +322,8 @@ int main(int argc, char** argv) {
     bench_attention("124M", 1024, 32, 12, 64);
     bench_attention("1.3B", 2048, 8, 16, 128);
     bench_attention("8K", 8192, 2, 16, 128);
+    bench_attention_qkv("124M", 1024, 32, 12, 64);
+    bench_attention_qkv("1.3B", 2048, 8, 16, 128);
   } catch (const mcpp::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -1,0 +1,120 @@
+// CUDA flash_attention_{fwd,bwd}_qkv (the tensor-core kernels reading Megatron's fused qkv in place through
+// AttnShape::packed_layout) against the CUDA split path it replaces — qkv_split + flash_attention_fwd and
+// flash_attention_bwd + qkv_merge — BITWISE: the same kernel arithmetic, only the addressing differs.
+// d 64 and 128, MHA and GQA (nq/ng = 2, 4), causal and full, s not a multiple of the 64/128-row tiles.
+// The fallback (fp32, or bf16 qkv with fp32 o) runs split + attention + merge: checked against the CPU op.
+#include <cmath>
+#include <cstring>
+
+#include "cuda/cuda_test_util.h"
+
+namespace mcpp {
+namespace {
+using namespace cuda_test;
+
+struct Case {
+  int64_t s, b, nq, ng, d;
+  bool causal;
+};
+
+bool same_bits(const Tensor& dev_a, const Tensor& dev_b) {
+  Tensor a = dev_a.to(Device::CPU), b = dev_b.to(Device::CPU);
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+void check_packed_equals_split(const Case& c) {
+  SCOPED_TRACE(::testing::Message() << "s=" << c.s << " b=" << c.b << " nq=" << c.nq << " ng=" << c.ng
+                                    << " d=" << c.d << " causal=" << c.causal);
+  const DType bf = DType::BF16;
+  const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)), .causal = c.causal};
+  const Shape qs{c.s, c.b, c.nq, c.d}, ks{c.s, c.b, c.ng, c.d}, ls{c.b, c.nq, c.s};
+  Tensor qkv = dev(rnd({c.s, c.b, (c.nq + 2 * c.ng) * c.d}, 31, bf, -2, 2), bf);
+  Tensor dout = dev(rnd(qs, 32, bf), bf);
+  // split path
+  Tensor q = poisoned(qs, bf), k = poisoned(ks, bf), v = poisoned(ks, bf);
+  ops::qkv_split(q, k, v, qkv);
+  Tensor o_ref = poisoned(qs, bf), lse_ref = poisoned(ls, DType::F32);
+  ops::flash_attention_fwd(o_ref, lse_ref, q, k, v, opt);
+  Tensor dq = poisoned(qs, bf), dk = poisoned(ks, bf), dv = poisoned(ks, bf);
+  ops::flash_attention_bwd(dq, dk, dv, dout, q, k, v, o_ref, lse_ref, opt);
+  Tensor dqkv_ref = poisoned(qkv.shape(), bf);
+  ops::qkv_merge(dqkv_ref, dq, dk, dv);
+  // packed path, into poisoned outputs (an unwritten element cannot compare equal)
+  Tensor o = poisoned(qs, bf), lse = poisoned(ls, DType::F32);
+  ops::flash_attention_fwd_qkv(o, lse, qkv, c.ng, opt);
+  EXPECT_TRUE(same_bits(o, o_ref)) << "o";
+  EXPECT_TRUE(same_bits(lse, lse_ref)) << "lse";
+  Tensor dqkv = poisoned(qkv.shape(), bf);
+  ops::flash_attention_bwd_qkv(dqkv, dout, qkv, o_ref, lse_ref, c.ng, opt);
+  EXPECT_TRUE(same_bits(dqkv, dqkv_ref)) << "dqkv";
+  // The split reference itself is right (so equal-to-it means right): against the CPU packed op.
+  Tensor o_cpu = Tensor::empty(qs), lse_cpu = Tensor::empty(ls);
+  ops::cpu::flash_attention_fwd_qkv(o_cpu, lse_cpu, host(qkv), c.ng, opt, {});
+  EXPECT_REL(host(o), o_cpu, tol(bf, 0));
+}
+
+TEST(CudaFlashAttentionQkv, PackedEqualsSplitBitwise) {
+  MCPP_REQUIRE_CUDA();
+  for (bool causal : {true, false}) {
+    check_packed_equals_split({.s = 80, .b = 2, .nq = 4, .ng = 4, .d = 64, .causal = causal});    // MHA
+    check_packed_equals_split({.s = 200, .b = 2, .nq = 8, .ng = 4, .d = 64, .causal = causal});   // GQA r = 2
+    check_packed_equals_split({.s = 131, .b = 1, .nq = 8, .ng = 2, .d = 128, .causal = causal});  // GQA r = 4
+    check_packed_equals_split({.s = 257, .b = 3, .nq = 2, .ng = 2, .d = 128, .causal = causal});  // MHA
+    check_packed_equals_split({.s = 45, .b = 2, .nq = 4, .ng = 1, .d = 64, .causal = causal});    // MQA r = 4
+  }
+  check_packed_equals_split({.s = 1031, .b = 1, .nq = 12, .ng = 12, .d = 64, .causal = true});  // 124M heads
+}
+
+// fp32 (and a bf16 qkv with a float32 o) take the explicit fallback: split + the CUDA-core attention + merge.
+TEST(CudaFlashAttentionQkv, FallbackMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  for (DType o_dt : {DType::F32, DType::BF16})
+    for (DType qkv_dt : {DType::F32, DType::BF16}) {
+      if (o_dt == DType::BF16 && qkv_dt == DType::BF16) continue;  // the in-place path (above)
+      SCOPED_TRACE(::testing::Message() << "qkv " << dtype_name(qkv_dt) << ", o/dout/dqkv " << dtype_name(o_dt));
+      const int64_t s = 70, b = 2, nq = 4, ng = 2, d = 64;
+      const ops::AttentionOptions opt{.softmax_scale = 0.125f, .causal = true};
+      Tensor qkv = rnd({s, b, (nq + 2 * ng) * d}, 41, qkv_dt, -2, 2), dout = rnd({s, b, nq, d}, 42, o_dt);
+      Tensor o_ref = Tensor::empty({s, b, nq, d}), lse_ref = Tensor::empty({b, nq, s});
+      ops::cpu::flash_attention_fwd_qkv(o_ref, lse_ref, qkv, ng, opt, {});
+      Tensor o = poisoned({s, b, nq, d}, o_dt), lse = poisoned({b, nq, s}, DType::F32);
+      ops::flash_attention_fwd_qkv(o, lse, dev(qkv, qkv_dt), ng, opt);
+      // fp32: __expf and another summation order (~1e-6); bf16 o: its output rounding
+      EXPECT_REL(host(o), o_ref, tol(o_dt, 2e-5));
+      EXPECT_REL(host(lse), lse_ref, 1e-5);
+      Tensor o_in = o_dt == DType::F32 ? o_ref : o_ref.to(o_dt).to(DType::F32);  // both sides see the same o
+      Tensor dqkv_ref = Tensor::empty(qkv.shape());
+      ops::cpu::flash_attention_bwd_qkv(dqkv_ref, dout, qkv, o_in, lse_ref, ng, opt, {});
+      Tensor dqkv = poisoned(qkv.shape(), o_dt);
+      ops::flash_attention_bwd_qkv(dqkv, dev(dout, o_dt), dev(qkv, qkv_dt), dev(o_in, o_dt), dev(lse_ref), ng, opt);
+      EXPECT_REL(host(dqkv), dqkv_ref, tol(o_dt, 5e-5));
+    }
+}
+
+TEST(CudaFlashAttentionQkv, RejectsBadShapesNamingTheField) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t s = 8, b = 1, nq = 2, ng = 1;
+  auto has = [](auto&& f, const char* what) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  Tensor lse = Tensor::zeros({b, nq, s}, DType::F32, Device::CUDA);
+  Tensor qkv32 = Tensor::zeros({s, b, (nq + 2 * ng) * 32}, DType::BF16, Device::CUDA);
+  Tensor o32 = Tensor::zeros({s, b, nq, 32}, DType::BF16, Device::CUDA);
+  has([&] { ops::flash_attention_fwd_qkv(o32, lse, qkv32, ng, {}); }, "head dim d must be 64 or 128");
+  Tensor qkv = Tensor::zeros({s, b, (nq + 2 * ng) * 64}, DType::BF16, Device::CUDA);
+  Tensor o = Tensor::zeros({s, b, nq, 64}, DType::BF16, Device::CUDA);
+  has([&] { ops::flash_attention_fwd_qkv(o, lse, qkv, 3, {}); }, "num_query_groups=3");
+  has([&] { ops::flash_attention_fwd_qkv(o, lse, qkv32, ng, {}); }, "qkv must be [s, b, (nq + 2 ng) d]");
+  Tensor lse_bad = Tensor::zeros({b, nq, s + 1}, DType::F32, Device::CUDA);
+  has([&] { ops::flash_attention_fwd_qkv(o, lse_bad, qkv, ng, {}); }, "lse must be float32");
+  Tensor dqkv_bad = Tensor::zeros({s, b, nq * 64}, DType::BF16, Device::CUDA);
+  has([&] { ops::flash_attention_bwd_qkv(dqkv_bad, o, qkv, o, lse, ng, {}); }, "dqkv must have the shape of qkv");
+}
+
+}  // namespace
+}  // namespace mcpp
