@@ -243,32 +243,42 @@ void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t
 
 // Megatron's fused qkv [s, b, ng (r + 2) d] (MHA here: r = 1) into attention: the split path (qkv_split
 // copy + attention; attention bwd + qkv_merge copy) against the packed ops reading / writing the fused rows
-// in place. Same attention FLOPs; the difference is the two copies.
-void bench_attention_qkv(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d) {
+// in place. Same attention FLOPs; the difference is the two copies. Both attention dispatches: the mcpp
+// kernels (deterministic) and the default (cuDNN's fused attention where it has an engine).
+void bench_attention_qkv(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d, bool deterministic) {
   const int64_t ng = nq;
   auto dev = [](const mcpp::Shape& sh, DType dt) { return Tensor::empty(sh, dt, Device::CUDA); };
   Tensor qkv = filled({s, b, (nq + 2 * ng) * d}, DType::BF16, 1.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
   Tensor q = dev({s, b, nq, d}, DType::BF16), k = dev({s, b, ng, d}, DType::BF16), v = dev({s, b, ng, d}, DType::BF16);
   Tensor dq = dev({s, b, nq, d}, DType::BF16), dk = dev({s, b, ng, d}, DType::BF16), dv = dev({s, b, ng, d}, DType::BF16);
   Tensor o = dev({s, b, nq, d}, DType::BF16), lse = dev({b, nq, s}, DType::F32), dqkv = dev(qkv.shape(), DType::BF16);
-  mcpp::ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true};
+  mcpp::ops::AttentionOptions opt{
+      .softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true, .deterministic = deterministic};
   std::string shape = fmt::format("{} s{} b{} h{} d{} causal", name, s, b, nq, d);
+  const std::string how = deterministic ? " (mcpp kernels)" : " (default: cuDNN)";
   double fwd = 4.0 * b * nq * s * s * d / 2;
   int it = std::max(2, g_iters / 5);
-  row("qkv_split + flash attention fwd", shape, time_op([&] {
+  row("qkv_split + flash attention fwd" + how, shape, time_op([&] {
         mcpp::ops::qkv_split(q, k, v, qkv);
         mcpp::ops::flash_attention_fwd(o, lse, q, k, v, opt);
       }, o, it, g_reps), fwd, 0);
-  row("flash attention fwd, packed qkv", shape,
+  row("flash attention fwd, packed qkv" + how, shape,
       time_op([&] { mcpp::ops::flash_attention_fwd_qkv(o, lse, qkv, ng, opt); }, o, it, g_reps), fwd, 0);
   mcpp::ops::qkv_split(q, k, v, qkv);
-  row("flash attention bwd + qkv_merge", shape, time_op([&] {
+  row("flash attention bwd + qkv_merge" + how, shape, time_op([&] {
         mcpp::ops::flash_attention_bwd(dq, dk, dv, dout, q, k, v, o, lse, opt);
         mcpp::ops::qkv_merge(dqkv, dq, dk, dv);
       }, dqkv, it, g_reps), 2.5 * fwd, 0);
-  row("flash attention bwd, packed qkv", shape,
+  row("flash attention bwd, packed qkv" + how, shape,
       time_op([&] { mcpp::ops::flash_attention_bwd_qkv(dqkv, dout, qkv, o, lse, ng, opt); }, dqkv, it, g_reps),
       2.5 * fwd, 0);
+}
+
+void bench_attention_qkv_all() {
+  for (bool deterministic : {true, false}) {
+    bench_attention_qkv("124M", 1024, 32, 12, 64, deterministic);
+    bench_attention_qkv("1.3B", 2048, 8, 16, 128, deterministic);
+  }
 }
 
 }  // namespace
@@ -299,8 +309,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (qkv_only) {
-      bench_attention_qkv("124M", 1024, 32, 12, 64);
-      bench_attention_qkv("1.3B", 2048, 8, 16, 128);
+      bench_attention_qkv_all();
       return 0;
     }
     if (!attention_only) {
@@ -322,8 +331,7 @@ int main(int argc, char** argv) {
     bench_attention("124M", 1024, 32, 12, 64);
     bench_attention("1.3B", 2048, 8, 16, 128);
     bench_attention("8K", 8192, 2, 16, 128);
-    bench_attention_qkv("124M", 1024, 32, 12, 64);
-    bench_attention_qkv("1.3B", 2048, 8, 16, 128);
+    bench_attention_qkv_all();
   } catch (const mcpp::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -1,8 +1,11 @@
-// CUDA flash_attention_{fwd,bwd}_qkv (the tensor-core kernels reading Megatron's fused qkv in place through
-// AttnShape::packed_layout) against the CUDA split path it replaces — qkv_split + flash_attention_fwd and
-// flash_attention_bwd + qkv_merge — BITWISE: the same kernel arithmetic, only the addressing differs.
-// d 64 and 128, MHA and GQA (nq/ng = 2, 4), causal and full, s not a multiple of the 64/128-row tiles.
-// The fallback (fp32, or bf16 qkv with fp32 o) runs split + attention + merge: checked against the CPU op.
+// CUDA flash_attention_{fwd,bwd}_qkv, reading Megatron's fused qkv in place through AttnShape::packed_layout:
+//   - deterministic mode (the mcpp tensor-core kernels) against the CUDA split path it replaces —
+//     qkv_split + flash_attention_fwd and flash_attention_bwd + qkv_merge — BITWISE: the same kernel
+//     arithmetic, only the addressing differs. d 64 and 128, MHA, GQA (nq/ng = 2, 4) and MQA, causal and
+//     full, s not a multiple of the 64/128-row tiles.
+//   - the default mode (cuDNN's fused attention with the packed strides where it has an engine: MHA; GQA
+//     takes the split composition forward and the mcpp kernels backward) against the CPU op, bf16 tolerance.
+//   - the fallback (fp32, or bf16 qkv with fp32 o: split + attention + merge) against the CPU op.
 #include <cmath>
 #include <cstring>
 
@@ -26,7 +29,8 @@ void check_packed_equals_split(const Case& c) {
   SCOPED_TRACE(::testing::Message() << "s=" << c.s << " b=" << c.b << " nq=" << c.nq << " ng=" << c.ng
                                     << " d=" << c.d << " causal=" << c.causal);
   const DType bf = DType::BF16;
-  const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)), .causal = c.causal};
+  const ops::AttentionOptions opt{
+      .softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)), .causal = c.causal, .deterministic = true};
   const Shape qs{c.s, c.b, c.nq, c.d}, ks{c.s, c.b, c.ng, c.d}, ls{c.b, c.nq, c.s};
   Tensor qkv = dev(rnd({c.s, c.b, (c.nq + 2 * c.ng) * c.d}, 31, bf, -2, 2), bf);
   Tensor dout = dev(rnd(qs, 32, bf), bf);
@@ -53,7 +57,7 @@ void check_packed_equals_split(const Case& c) {
   EXPECT_REL(host(o), o_cpu, tol(bf, 0));
 }
 
-TEST(CudaFlashAttentionQkv, PackedEqualsSplitBitwise) {
+TEST(CudaFlashAttentionQkv, DeterministicPackedEqualsSplitBitwise) {
   MCPP_REQUIRE_CUDA();
   for (bool causal : {true, false}) {
     check_packed_equals_split({.s = 80, .b = 2, .nq = 4, .ng = 4, .d = 64, .causal = causal});    // MHA
@@ -63,6 +67,38 @@ TEST(CudaFlashAttentionQkv, PackedEqualsSplitBitwise) {
     check_packed_equals_split({.s = 45, .b = 2, .nq = 4, .ng = 1, .d = 64, .causal = causal});    // MQA r = 4
   }
   check_packed_equals_split({.s = 1031, .b = 1, .nq = 12, .ng = 12, .d = 64, .causal = true});  // 124M heads
+}
+
+// The default (non-deterministic) bf16 dispatch against the CPU op: cuDNN with packed strides for MHA, the
+// split composition (fwd) / in-place mcpp kernels (bwd) for GQA.
+void check_default_vs_cpu(const Case& c) {
+  SCOPED_TRACE(::testing::Message() << "s=" << c.s << " b=" << c.b << " nq=" << c.nq << " ng=" << c.ng
+                                    << " d=" << c.d << " causal=" << c.causal);
+  const DType bf = DType::BF16;
+  const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)), .causal = c.causal};
+  const Shape qs{c.s, c.b, c.nq, c.d}, ls{c.b, c.nq, c.s};
+  Tensor qkv = rnd({c.s, c.b, (c.nq + 2 * c.ng) * c.d}, 51, bf, -2, 2), dout = rnd(qs, 52, bf);
+  Tensor o_ref = Tensor::empty(qs), lse_ref = Tensor::empty(ls);
+  ops::cpu::flash_attention_fwd_qkv(o_ref, lse_ref, qkv, c.ng, opt, {});
+  Tensor o = poisoned(qs, bf), lse = poisoned(ls, DType::F32);
+  ops::flash_attention_fwd_qkv(o, lse, dev(qkv, bf), c.ng, opt);
+  EXPECT_REL(host(o), o_ref, tol(bf, 0));  // the bf16 output rounding (and cuDNN's bf16 P)
+  EXPECT_REL(host(lse), lse_ref, 1e-5);
+  Tensor o_in = o_ref.to(bf).to(DType::F32);  // both backward sides see the same (bf16) o
+  Tensor dqkv_ref = Tensor::empty(qkv.shape());
+  ops::cpu::flash_attention_bwd_qkv(dqkv_ref, dout, qkv, o_in, lse_ref, c.ng, opt, {});
+  Tensor dqkv = poisoned(qkv.shape(), bf);
+  ops::flash_attention_bwd_qkv(dqkv, dev(dout, bf), dev(qkv, bf), dev(o_in, bf), dev(lse_ref), c.ng, opt);
+  EXPECT_REL(host(dqkv), dqkv_ref, tol(bf, 0));
+}
+
+TEST(CudaFlashAttentionQkv, DefaultDispatchMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  for (bool causal : {true, false}) {
+    check_default_vs_cpu({.s = 1024, .b = 2, .nq = 4, .ng = 4, .d = 64, .causal = causal});   // MHA: cuDNN
+    check_default_vs_cpu({.s = 333, .b = 2, .nq = 2, .ng = 2, .d = 128, .causal = causal});   // MHA: cuDNN
+    check_default_vs_cpu({.s = 200, .b = 2, .nq = 8, .ng = 2, .d = 64, .causal = causal});    // GQA r = 4
+  }
 }
 
 // fp32 (and a bf16 qkv with a float32 o) take the explicit fallback: split + the CUDA-core attention + merge.

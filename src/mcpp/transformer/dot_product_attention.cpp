@@ -48,14 +48,13 @@ class FlashAttention final : public CoreAttention {
     ctx.num_query_groups = ng;
     ctx.out = Tensor::empty({s, b, np, hn}, qkv.dtype(), qkv.device());  // [s, b, np, hn]
     ctx.lse = Tensor::empty({b, np, s}, DType::F32, qkv.device());       // [b, np, s]
-    ops::flash_attention_fwd_qkv(ctx.out, ctx.lse, qkv, ng, {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
+    ops::flash_attention_fwd_qkv(ctx.out, ctx.lse, qkv, ng, attention_options());
     return ctx.out;
   }
 
   Tensor backward_qkv(CoreAttentionCtx& ctx, const Tensor& dout) const override {
     Tensor dqkv = Tensor::empty(ctx.qkv.shape(), dout.dtype(), dout.device());  // [s, b, ng*(np/ng+2)*hn]
-    ops::flash_attention_bwd_qkv(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.num_query_groups,
-                                 {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal});
+    ops::flash_attention_bwd_qkv(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.num_query_groups, attention_options());
     return dqkv;
   }
 

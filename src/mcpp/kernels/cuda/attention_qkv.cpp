@@ -3,17 +3,25 @@
 //   qkv[s, b, ng * (r + 2) * d], per query group [q_0 .. q_{r-1}, k, v], r = nq / ng (kernels/packed_qkv.h)
 //   fwd: -> o[s, b, nq, d], lse float32 [b, nq, s];  bwd: dout, the saved qkv / o / lse -> dqkv (qkv's shape,
 //   OVERWRITTEN: every element is dq, dk or dv). d must be 64 or 128.
-// Dispatch: when qkv, o (bwd also dqkv, dout) are bf16 and 16-byte aligned, the tensor-core kernels
-// (attention_mma_{fwd,bwd}_kernels.cu) address the fused rows in place through AttnShape::packed_layout():
-// q pointer = qkv, k = qkv + r d, v = k + d (dq/dk/dv the same inside dqkv) — the same arithmetic as the
-// split path, so results are bitwise those of qkv_split + flash_attention_fwd (bwd: + qkv_merge), without
-// the two copies. Otherwise the explicit fallback runs exactly that composition with temporaries.
+// Dispatch, for bf16 qkv, o (bwd also dqkv, dout), 16-byte aligned — in place, no split / merge copies, the
+// fused rows addressed through AttnShape::packed_layout() (q pointer = qkv, k = qkv + r d, v = k + d; dq/dk/dv
+// the same inside dqkv):
+//   opt.deterministic: the mcpp tensor-core kernels (attention_mma_{fwd,bwd}_kernels.cu) — the same
+//     arithmetic as the split path, so results are bitwise those of qkv_split + flash_attention_fwd (bwd:
+//     + qkv_merge);
+//   otherwise (the split op's default: cuDNN's fused attention, cudnn_attention.h): cuDNN with the packed
+//     strides; where it has no engine for them (packed GQA, or a refused plan) the op never runs slower
+//     than the split path it replaces: the GQA backward (no cuDNN engine for it in either layout) takes the
+//     mcpp kernels in place, everything else the composition below.
+// Everything else (fp32, mixed dtypes, unaligned) and those cases: the explicit composition qkv_split +
+// flash_attention_fwd (bwd: + qkv_merge) with temporaries.
 // Asynchronous on stream_of(stream); temporaries are freed stream-ordered on compute_stream() (when the op
 // runs on another stream, it synchronizes around them, like flash_attention_bwd's delta scratch).
 #include <cstdint>
 #include <initializer_list>
 
 #include "mcpp/kernels/cuda/cuda_check.h"
+#include "mcpp/kernels/cuda/cudnn_attention.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/kernels/packed_qkv.h"
 
@@ -75,10 +83,14 @@ void flash_attention_fwd_qkv(Tensor& o, Tensor& lse, const Tensor& qkv, int64_t 
   const cudaStream_t s = stream_of(stream);
   if (mma_in_place({&o, &qkv})) {
     const PackedPtrs in = packed_ptrs(qkv, p);
-    launch_attention_fwd_mma(o.raw(), lse.data<float>(), in.q, in.k, in.v, a, s);
-    return;
+    if (opt.deterministic) {
+      launch_attention_fwd_mma(o.raw(), lse.data<float>(), in.q, in.k, in.v, a, s);
+      return;
+    }
+    if (cudnn_attention_fwd(o.raw(), lse.data<float>(), in.q, in.k, in.v, a, s)) return;
   }
-  // Fallback (fp32 / mixed dtypes / unaligned): the composition the op is defined as.
+  // The composition the op is defined as (fp32 / mixed dtypes / unaligned, or cuDNN refused the packed
+  // strides: its split form may still run on cuDNN).
   const StreamFence fence(s);
   {
     Tensor q = Tensor::empty(p.q_shape(), qkv.dtype(), Device::CUDA);  // [s, b, nq, d]
@@ -106,12 +118,19 @@ void flash_attention_bwd_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv
   if (mma_in_place({&dqkv, &dout, &qkv, &o})) {
     Tensor delta = Tensor::empty(p.lse_shape(), DType::F32, Device::CUDA);  // rowsum(dout * o) scratch
     const PackedPtrs in = packed_ptrs(qkv, p), out = packed_ptrs(dqkv, p);
-    launch_attention_bwd_mma(out.q, out.k, out.v, dout.raw(), in.q, in.k, in.v, o.raw(), lse.data<float>(),
-                             delta.data<float>(), a, s);
-    fence.done();
-    return;
+    const bool on_cudnn = !opt.deterministic && cudnn_attention_bwd(out.q, out.k, out.v, dout.raw(), in.q, in.k, in.v,
+                                                                     o.raw(), lse.data<float>(), delta.data<float>(), a, s);
+    // The mcpp kernels: deterministic mode, or GQA (which the split path also runs on them).
+    const bool on_mma = !on_cudnn && (opt.deterministic || p.nq != p.ng);
+    if (on_mma)
+      launch_attention_bwd_mma(out.q, out.k, out.v, dout.raw(), in.q, in.k, in.v, o.raw(), lse.data<float>(),
+                               delta.data<float>(), a, s);
+    if (on_cudnn || on_mma) {
+      fence.done();
+      return;
+    }
   }
-  // Fallback: split the saved qkv, the split-layout backward, merge into dqkv.
+  // The composition: split the saved qkv, the split-layout backward, merge into dqkv.
   Tensor q = Tensor::empty(p.q_shape(), qkv.dtype(), Device::CUDA);  // [s, b, nq, d]
   Tensor k = Tensor::empty(p.kv_shape(), qkv.dtype(), Device::CUDA);  // [s, b, ng, d]
   Tensor v = Tensor::empty(p.kv_shape(), qkv.dtype(), Device::CUDA);
