@@ -250,7 +250,8 @@ void bench_attention_qkv(const char* name, int64_t s, int64_t b, int64_t nq, int
   auto dev = [](const mcpp::Shape& sh, DType dt) { return Tensor::empty(sh, dt, Device::CUDA); };
   Tensor qkv = filled({s, b, (nq + 2 * ng) * d}, DType::BF16, 1.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
   Tensor q = dev({s, b, nq, d}, DType::BF16), k = dev({s, b, ng, d}, DType::BF16), v = dev({s, b, ng, d}, DType::BF16);
-  Tensor dq = dev({s, b, nq, d}, DType::BF16), dk = dev({s, b, ng, d}, DType::BF16), dv = dev({s, b, ng, d}, DType::BF16);
+  Tensor dq = dev({s, b, nq, d}, DType::BF16), dk = dev({s, b, ng, d}, DType::BF16);
+  Tensor dv = dev({s, b, ng, d}, DType::BF16);
   Tensor o = dev({s, b, nq, d}, DType::BF16), lse = dev({b, nq, s}, DType::F32), dqkv = dev(qkv.shape(), DType::BF16);
   mcpp::ops::AttentionOptions opt{
       .softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true, .deterministic = deterministic};

@@ -4,7 +4,7 @@
 //     arithmetic, only the addressing differs. d 64 and 128, MHA, GQA (nq/ng = 2, 4) and MQA, causal and
 //     full, s not a multiple of the 64/128-row tiles.
 //   - the default mode (cuDNN's fused attention with the packed strides where it has an engine: MHA; GQA
-//     takes the split composition forward and the mcpp kernels backward) against the CPU op, bf16 tolerance.
+//     takes the split composition, i.e. cuDNN on the split layout) against the CPU op, bf16 tolerance.
 //   - the fallback (fp32, or bf16 qkv with fp32 o: split + attention + merge) against the CPU op.
 #include <cmath>
 #include <cstring>
@@ -70,7 +70,7 @@ TEST(CudaFlashAttentionQkv, DeterministicPackedEqualsSplitBitwise) {
 }
 
 // The default (non-deterministic) bf16 dispatch against the CPU op: cuDNN with packed strides for MHA, the
-// split composition (fwd) / in-place mcpp kernels (bwd) for GQA.
+// split composition for GQA.
 void check_default_vs_cpu(const Case& c) {
   SCOPED_TRACE(::testing::Message() << "s=" << c.s << " b=" << c.b << " nq=" << c.nq << " ng=" << c.ng
                                     << " d=" << c.d << " causal=" << c.causal);

@@ -88,7 +88,8 @@ TEST(FlashAttentionQkv, BadArgumentsNameTheField) {
   Tensor qkv = Tensor::zeros({s, b, (nq + 2 * ng) * d}), o = Tensor::empty({s, b, nq, d});
   Tensor lse = Tensor::empty({b, nq, s}), dqkv = Tensor::empty(qkv.shape());
   auto has = [](const std::string& msg, const std::string& what) {
-    EXPECT_NE(msg.find(what), std::string::npos) << "expected '" << what << "' in: " << (msg.empty() ? "<no error>" : msg);
+    EXPECT_NE(msg.find(what), std::string::npos)
+        << "expected '" << what << "' in: " << (msg.empty() ? "<no error>" : msg);
   };
   // ng does not divide nq / is not positive
   has(error_of([&] { ops::flash_attention_fwd_qkv(o, lse, qkv, 3, opt); }), "num_query_groups=3");
@@ -110,9 +111,11 @@ TEST(FlashAttentionQkv, BadArgumentsNameTheField) {
   // backward: dqkv's shape, o vs dout, lse (checked by the attention op it runs)
   Tensor dout = Tensor::zeros({s, b, nq, d});
   Tensor dqkv_bad = Tensor::empty({s, b, nq * d});
-  has(error_of([&] { ops::flash_attention_bwd_qkv(dqkv_bad, dout, qkv, o, lse, ng, opt); }), "dqkv must have the shape of qkv");
+  has(error_of([&] { ops::flash_attention_bwd_qkv(dqkv_bad, dout, qkv, o, lse, ng, opt); }),
+      "dqkv must have the shape of qkv");
   Tensor o_bad = Tensor::empty({s, b, nq, 2 * d});
-  has(error_of([&] { ops::flash_attention_bwd_qkv(dqkv, dout, qkv, o_bad, lse, ng, opt); }), "o must have the shape of dout");
+  has(error_of([&] { ops::flash_attention_bwd_qkv(dqkv, dout, qkv, o_bad, lse, ng, opt); }),
+      "o must have the shape of dout");
   has(error_of([&] { ops::flash_attention_bwd_qkv(dqkv, dout, qkv, o, lse, 3, opt); }), "num_query_groups=3");
   Tensor lse_bad = Tensor::empty({b, nq, s + 1});
   has(error_of([&] { ops::flash_attention_fwd_qkv(o, lse_bad, qkv, ng, opt); }), "lse");

@@ -42,7 +42,8 @@ class FlashAttention final : public CoreAttention {
   Tensor forward_qkv(CoreAttentionCtx& ctx, const Tensor& qkv, int64_t np, int64_t ng,
                      const ForwardOptions&) const override {
     MCPP_CHECK(qkv.ndim() == 3 && np > 0 && ng > 0 && qkv.size(2) % (np + 2 * ng) == 0,
-               "flash attention: packed qkv must be [s, b, (np + 2 ng) hn] with np={} ng={}; got {}", np, ng, qkv.str());
+               "flash attention: packed qkv must be [s, b, (np + 2 ng) hn] with np={} ng={}; got {}", np, ng,
+               qkv.str());
     const int64_t s = qkv.size(0), b = qkv.size(1), hn = qkv.size(2) / (np + 2 * ng);
     ctx.qkv = qkv;
     ctx.num_query_groups = ng;

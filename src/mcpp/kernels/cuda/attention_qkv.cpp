@@ -10,9 +10,8 @@
 //     arithmetic as the split path, so results are bitwise those of qkv_split + flash_attention_fwd (bwd:
 //     + qkv_merge);
 //   otherwise (the split op's default: cuDNN's fused attention, cudnn_attention.h): cuDNN with the packed
-//     strides; where it has no engine for them (packed GQA, or a refused plan) the op never runs slower
-//     than the split path it replaces: the GQA backward (no cuDNN engine for it in either layout) takes the
-//     mcpp kernels in place, everything else the composition below.
+//     strides. Where it has no engine for them (packed GQA has no uniform head stride; or a refused plan)
+//     the composition below runs, whose split layout cuDNN does take — never slower than the split path.
 // Everything else (fp32, mixed dtypes, unaligned) and those cases: the explicit composition qkv_split +
 // flash_attention_fwd (bwd: + qkv_merge) with temporaries.
 // Asynchronous on stream_of(stream); temporaries are freed stream-ordered on compute_stream() (when the op
@@ -42,9 +41,9 @@ AttnShape packed_shape(const char* op, const PackedQkvDims& p, const Tensor& lse
   return a;
 }
 
-// Tensor-core kernels in place: every tensor bf16 and 16-byte aligned (tensors are contiguous; the k / v
-// offsets r d and (r + 1) d are multiples of 8 elements because d is 64 or 128).
-bool mma_in_place(std::initializer_list<const Tensor*> ts) {
+// The in-place (packed) dispatch applies: every tensor bf16 and 16-byte aligned (tensors are contiguous;
+// the k / v offsets r d and (r + 1) d are multiples of 8 elements because d is 64 or 128).
+bool in_place_ok(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
     if (t->dtype() != DType::BF16 || reinterpret_cast<uintptr_t>(t->raw()) % 16 != 0) return false;
   return true;
@@ -81,7 +80,7 @@ void flash_attention_fwd_qkv(Tensor& o, Tensor& lse, const Tensor& qkv, int64_t 
   const PackedQkvDims p = ops::detail::check_packed_qkv(op, "qkv", qkv, "o", o, num_query_groups);
   const AttnShape a = packed_shape(op, p, lse, opt);
   const cudaStream_t s = stream_of(stream);
-  if (mma_in_place({&o, &qkv})) {
+  if (in_place_ok({&o, &qkv})) {
     const PackedPtrs in = packed_ptrs(qkv, p);
     if (opt.deterministic) {
       launch_attention_fwd_mma(o.raw(), lse.data<float>(), in.q, in.k, in.v, a, s);
@@ -115,17 +114,19 @@ void flash_attention_bwd_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv
   const AttnShape a = packed_shape(op, p, lse, opt);
   const cudaStream_t s = stream_of(stream);
   const StreamFence fence(s);
-  if (mma_in_place({&dqkv, &dout, &qkv, &o})) {
+  if (in_place_ok({&dqkv, &dout, &qkv, &o})) {
     Tensor delta = Tensor::empty(p.lse_shape(), DType::F32, Device::CUDA);  // rowsum(dout * o) scratch
     const PackedPtrs in = packed_ptrs(qkv, p), out = packed_ptrs(dqkv, p);
-    const bool on_cudnn = !opt.deterministic && cudnn_attention_bwd(out.q, out.k, out.v, dout.raw(), in.q, in.k, in.v,
-                                                                     o.raw(), lse.data<float>(), delta.data<float>(), a, s);
-    // The mcpp kernels: deterministic mode, or GQA (which the split path also runs on them).
-    const bool on_mma = !on_cudnn && (opt.deterministic || p.nq != p.ng);
-    if (on_mma)
+    bool done = false;
+    if (opt.deterministic) {
       launch_attention_bwd_mma(out.q, out.k, out.v, dout.raw(), in.q, in.k, in.v, o.raw(), lse.data<float>(),
                                delta.data<float>(), a, s);
-    if (on_cudnn || on_mma) {
+      done = true;
+    } else {
+      done = cudnn_attention_bwd(out.q, out.k, out.v, dout.raw(), in.q, in.k, in.v, o.raw(), lse.data<float>(),
+                                 delta.data<float>(), a, s);
+    }
+    if (done) {
       fence.done();
       return;
     }
