@@ -274,38 +274,3 @@ void launch_attention_bwd_mma(void* dq, void* dk, void* dv, const void* dout, co
 }
 
 }  // namespace mcpp::cuda_detail
-
-namespace mcpp::cuda_detail {
-namespace {
-// dst (kv layout, bf16) [token i, batch bb, group g] = sum over the group's query heads j of
-// src[bb, g * hpg + j, i, :] (fp32 [b, nq, s, d] packed); one thread per 8 elements, heads summed in order.
-__global__ void attn_group_sum_kernel(mma::bf16* dst, const float* src, AttnShape a) {
-  const int64_t c8 = a.d / 8, n = a.b * a.ng * a.s * c8;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= n) return;
-  const int64_t c = idx % c8, i = (idx / c8) % a.s, bg = idx / (c8 * a.s), bb = bg / a.ng, g = bg % a.ng;
-  const int64_t hpg = a.nq / a.ng;
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t j = 0; j < hpg; ++j) {
-    const float4* p = reinterpret_cast<const float4*>(src + ((bb * a.nq + g * hpg + j) * a.s + i) * a.d + c * 8);
-    const float4 x = p[0], y = p[1];
-    acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w, acc[4] += y.x, acc[5] += y.y, acc[6] += y.z,
-        acc[7] += y.w;
-  }
-  uint4 out;
-  out.x = mma::pack_bf16(acc[0], acc[1]);
-  out.y = mma::pack_bf16(acc[2], acc[3]);
-  out.z = mma::pack_bf16(acc[4], acc[5]);
-  out.w = mma::pack_bf16(acc[6], acc[7]);
-  *reinterpret_cast<uint4*>(dst + i * a.kv_row + bb * a.kv_batch + g * a.kv_group + c * 8) = out;
-}
-}  // namespace
-
-void launch_attention_group_sum(void* dst, const float* src, const AttnShape& a, cudaStream_t s) {
-  const int64_t n = a.b * a.ng * a.s * (a.d / 8);
-  if (n <= 0) return;
-  attn_group_sum_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(static_cast<mma::bf16*>(dst), src, a);
-  MCPP_CUDA_LAUNCH_CHECK();
-}
-
-}  // namespace mcpp::cuda_detail

@@ -145,9 +145,6 @@ void launch_attention_fwd_mma(void* o, float* lse, const void* q, const void* k,
 void launch_attention_bwd_mma(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                               const void* v, const void* o, const float* lse, float* delta, const AttnShape& a,
                               cudaStream_t s);
-// GQA gradients from per-query-head ones: dst (k/v layout of a, bf16) = sum over each group's nq / ng heads of
-// src (fp32 [b, nq, s, d] contiguous), in head order (cuDNN's GQA backward, cudnn_attention.cpp).
-void launch_attention_group_sum(void* dst, const float* src, const AttnShape& a, cudaStream_t s);
 
 // ---- optimizer_kernels.cu
 struct AdamWCoeffs {

@@ -13,10 +13,9 @@
 //     S = Q K^T * scale, P = exp(mask(S - Stats)), dV = P^T dO, dP = dO V^T, dS = P (dP - softmax_sum)
 //     * scale, dK = dS^T Q, dQ_acc = dS K (fp32 scratch, zeroed here), dQ = dQ_acc (identity, bf16).
 // Layout: q/k/v/dq/dk/dv through the AttnShape layout fields (split or packed qkv), o/dout [s, b, nq, d],
-// lse/delta [b, nq, s]. A packed layout with GQA (nq != ng) has no uniform head stride: not supported. The
-// GQA backward writes dK / dV per query head (fp32 scratch) and sums each group afterwards (cuDNN refuses
-// a matmul with fewer output heads than inputs). Non-causal graphs have no -inf tensor, and the variant pack
-// must name exactly the graph's tensors.
+// lse/delta [b, nq, s]. A packed layout with GQA (nq != ng) has no uniform head stride: not supported; the
+// backward with GQA neither (see cudnn_attention_bwd). Non-causal graphs have no -inf tensor, and the
+// variant pack must name exactly the graph's tensors.
 // The backward engines accumulate dQ with atomics: results are not bit-identical run to run (callers
 // that need determinism do not come here: AttentionOptions::deterministic).
 // Plans are built once per (direction, shape, layout) and cached; a failed build is cached too and
@@ -263,12 +262,8 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a) {
   auto dout = g->tensor(kDO, CUDNN_DATA_BFLOAT16, {B, H, S, D}, l.o);
   auto stats = g->tensor(kStats, CUDNN_DATA_FLOAT, s1, l.stats);
   auto dq = g->tensor(kDQ, CUDNN_DATA_BFLOAT16, {B, H, S, D}, l.q);
-  // GQA: dK / dV per query head (fp32 [b, nq, s, d] scratch), summed over each group afterwards
-  const bool gqa = H != G;
-  auto dk = gqa ? g->tensor(kDK, CUDNN_DATA_FLOAT, {B, H, S, D}, packed({B, H, S, D}))
-                : g->tensor(kDK, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
-  auto dv = gqa ? g->tensor(kDV, CUDNN_DATA_FLOAT, {B, H, S, D}, packed({B, H, S, D}))
-                : g->tensor(kDV, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
+  auto dk = g->tensor(kDK, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
+  auto dv = g->tensor(kDV, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
   auto softmax_sum = g->tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, s1, l.stats);
   auto dq_acc = g->tensor(kDQAcc, CUDNN_DATA_FLOAT, {B, H, S, D}, packed({B, H, S, D}));
   auto scale = g->scalar(kScale), one = g->scalar(kOne);
@@ -419,30 +414,22 @@ bool cudnn_attention_fwd(void* o, float* lse, const void* q, const void* k, cons
 bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                          const void* v, const void* o, const float* lse, float* delta, const AttnShape& a,
                          cudaStream_t s) {
-  if (!layout_ok(a)) return false;
+  // GQA: this graph's dK = dS^T Q / dV = P^T dO would need a reduction over the group's heads (cuDNN refuses
+  // a matmul whose output has fewer heads than its inputs); those run on the mcpp kernels.
+  if (!layout_ok(a) || a.nq != a.ng) return false;
   Graph* g = plan_for(true, a);
   if (!g) return false;
   float scale = a.scale, one = 1.0f, ninf = -INFINITY;
-  // GQA: cuDNN refuses a matmul whose output has fewer heads than its inputs, so dK / dV come out per query
-  // head in fp32 scratch and launch_attention_group_sum adds each group's heads (in order) into dk / dv.
-  const bool gqa = a.nq != a.ng;
   const size_t acc_bytes = sizeof(float) * static_cast<size_t>(a.b * a.nq * a.s * a.d);
-  char* scratch = nullptr;  // [dq_acc | dk per head | dv per head (GQA)]
-  MCPP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch), acc_bytes * (gqa ? 3 : 1), s));
-  MCPP_CUDA_CHECK(cudaMemsetAsync(scratch, 0, acc_bytes, s));
-  void* dk_out = gqa ? scratch + acc_bytes : dk;
-  void* dv_out = gqa ? scratch + 2 * acc_bytes : dv;
+  void* dq_acc = nullptr;
+  MCPP_CUDA_CHECK(cudaMallocAsync(&dq_acc, acc_bytes, s));
+  MCPP_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
   std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kScale, kOne, kSoftmaxSum, kDQ, kDK, kDV, kDQAcc};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
-                          const_cast<void*>(dout), const_cast<float*>(lse), &scale, &one, delta, dq, dk_out, dv_out,
-                          scratch};
+                          const_cast<void*>(dout), const_cast<float*>(lse), &scale, &one, delta, dq, dk, dv, dq_acc};
   if (a.causal) uids.push_back(kNegInfBwd), ptrs.push_back(&ninf);
   execute(*g, uids, ptrs, s);
-  if (gqa) {
-    launch_attention_group_sum(dk, reinterpret_cast<const float*>(scratch + acc_bytes), a, s);
-    launch_attention_group_sum(dv, reinterpret_cast<const float*>(scratch + 2 * acc_bytes), a, s);
-  }
-  MCPP_CUDA_CHECK(cudaFreeAsync(scratch, s));
+  MCPP_CUDA_CHECK(cudaFreeAsync(dq_acc, s));
   return true;
 }
 
