@@ -1,5 +1,5 @@
 // MLP with GELU on CPU (one rank): the fused path (fc1 forward_gelu, fc2 backward_dgelu, fc1 backward
-// without a second bias grad) is bitwise the unfused composition it replaced — linear_fwd, gelu_fwd,
+// with its bias grad) is bitwise the unfused composition it replaced — linear_fwd, gelu_fwd,
 // linear_fwd; linear_bwd (fc2), gelu_bwd, linear_bwd (fc1, with its bias column sum) — for the output, the
 // input grad and every parameter's main grad, over two microbatches that accumulate. SwiGLU keeps its path
 // (checked the same way).
@@ -61,7 +61,7 @@ TEST(MlpGelu, FusedPathIsBitwiseTheUnfusedOps) {
     EXPECT_TRUE(bitwise_equal(ctx[m].pre_act, pre));
   }
   EXPECT_TRUE(bitwise_equal(p.w1->main_grad, dw1));
-  EXPECT_TRUE(bitwise_equal(p.b1->main_grad, db1));  // added once (in fc2's backward), not twice
+  EXPECT_TRUE(bitwise_equal(p.b1->main_grad, db1));  // added once (in fc1's backward)
   EXPECT_TRUE(bitwise_equal(p.w2->main_grad, dw2));
   EXPECT_TRUE(bitwise_equal(p.b2->main_grad, db2));
 }

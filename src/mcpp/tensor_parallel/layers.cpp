@@ -69,10 +69,10 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
   return act.view(with_last(full.shape(), out_local_));  // [s, b, out/tp]
 }
 
-Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, const ColumnBackwardOptions& opt) const {
+Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
   Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
   Tensor dx = Tensor::empty({ctx.x.size(0), opt_.input_size}, dy.dtype(), dy.device());  // [s*b, in] partial
-  Tensor* db_acc = bias_ && !opt.bias_grad_done ? &bias_->main_grad : nullptr;
+  Tensor* db_acc = bias_ ? &bias_->main_grad : nullptr;
   ops::linear_bwd(&dx, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data);
   if (owns_weight_) weight_->grad_ready();
   if (bias_) bias_->grad_ready();
@@ -123,12 +123,11 @@ Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) con
   return dx.view(with_last(dy_full.shape(), in_local_));
 }
 
-Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act,
-                                         Tensor* fc1_db_acc) const {
+Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act) const {
   Tensor dy_full = opt_.sequence_parallel ? all_gather_sp(*tp_, dy) : dy;  // [s, b, out]
   Tensor dy2 = rows(dy_full, opt_.output_size);
   Tensor dpre = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
-  ops::linear_dgelu_bwd(dpre, fc1_db_acc, dy2, weight_->data, pre_act);
+  ops::linear_dgelu_bwd(dpre, nullptr, dy2, weight_->data, pre_act);
   ops::linear_bwd(nullptr, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
   weight_->grad_ready();
   if (bias_) bias_->grad_ready();

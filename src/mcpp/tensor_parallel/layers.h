@@ -18,10 +18,9 @@
 // with the same collectives in the same places as forward/backward:
 //   ColumnParallelLinear::forward_gelu: act = gelu(x W_r^T + b_r) [s, b, out/tp] in one GEMM; also writes
 //     pre_act [s*b, out/tp] (the caller keeps it for backward).
-//   RowParallelLinear::backward_dgelu: backward() whose dgrad GEMM also applies gelu'(pre_act) and adds
-//     sum_n dpre into fc1_db_acc (the column-parallel fc1's bias main grad; it is local to the TP rank's
-//     output slice, so it needs no collective); returns dpre [s, b, in/tp].
-//   ColumnParallelLinear::backward with {.bias_grad_done = true} then skips the bias grad already added.
+//   RowParallelLinear::backward_dgelu: backward() whose dgrad GEMM also applies gelu'(pre_act); returns
+//     dpre [s, b, in/tp]. fc1's bias grad then comes from fc1's own backward (on CUDA in the BGRADB epilogue
+//     of its weight-grad GEMM, so no extra pass over dpre).
 #pragma once
 #include <string>
 
@@ -44,10 +43,6 @@ struct ParallelLinearCtx {
   Tensor x;  // [n, in_local] input to the GEMM (after the SP all-gather for column parallel)
 };
 
-struct ColumnBackwardOptions {
-  bool bias_grad_done = false;  // the bias grad was already accumulated (RowParallelLinear::backward_dgelu)
-};
-
 class ColumnParallelLinear {
  public:
   ColumnParallelLinear(ParamAndGradBuffer& params, const std::string& prefix, const ParallelLinearOptions& opt,
@@ -57,9 +52,8 @@ class ColumnParallelLinear {
   Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;
   // act [s, b, out/tp] = gelu(forward(x)); pre_act is set to the pre-activation [s*b, out/tp].
   Tensor forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act) const;
-  Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy, const ColumnBackwardOptions& opt = {}) const;
+  Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy) const;
   int64_t output_size_per_partition() const { return out_local_; }
-  Tensor* bias_main_grad() const { return bias_ ? &bias_->main_grad : nullptr; }  // [out/tp] fp32, or none
   // A shared weight reports grad_ready only where its last use is here (see GPTModel's tied embeddings).
   void set_reports_weight_grad(bool on) { owns_weight_ = on; }
   Parameter* weight() const { return weight_; }
@@ -79,9 +73,8 @@ class RowParallelLinear {
                     comm::CommPtr tp);
   Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;   // x [s, b, in/tp]
   Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy) const;  // -> dx [s, b, in/tp]
-  // backward() with the input's GELU folded in: -> dpre [s, b, in/tp] = dx * gelu'(pre_act [s*b, in/tp]);
-  // fc1_db_acc [in/tp] (fp32, may be nullptr) += sum over s*b of dpre.
-  Tensor backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act, Tensor* fc1_db_acc) const;
+  // backward() with the input's GELU folded in: -> dpre [s, b, in/tp] = dx * gelu'(pre_act [s*b, in/tp]).
+  Tensor backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act) const;
 
  private:
   comm::CommPtr tp_;

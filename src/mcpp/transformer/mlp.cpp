@@ -40,9 +40,9 @@ Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
 }
 
 Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy) const {
-  if (!swiglu_) {  // GELU: gelu' and fc1's bias grad ride in fc2's dgrad GEMM (linear_dgelu_bwd)
-    Tensor dpre = linear_fc2_.backward_dgelu(ctx.fc2, dy, ctx.pre_act, linear_fc1_.bias_main_grad());  // [s, b, f/tp]
-    return linear_fc1_.backward(ctx.fc1, dpre, {.bias_grad_done = true});  // [s(/tp), b, h]
+  if (!swiglu_) {  // GELU: gelu' rides in fc2's dgrad GEMM (linear_dgelu_bwd); fc1's bias grad in fc1's wgrad
+    Tensor dpre = linear_fc2_.backward_dgelu(ctx.fc2, dy, ctx.pre_act);  // [s, b, f/tp]
+    return linear_fc1_.backward(ctx.fc1, dpre);                           // [s(/tp), b, h]
   }
   Tensor dact3 = linear_fc2_.backward(ctx.fc2, dy);  // [s, b, f/tp]
   Tensor dact = dact3.view({-1, ffn_});

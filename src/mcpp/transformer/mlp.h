@@ -4,8 +4,9 @@
 //   -> [s, b, f/tp] -> linear_fc2 (RowParallel, init scaled by 1/sqrt(2L)) -> [s(/tp), b, h].
 // Backward mirrors it; parameter grads accumulate into main_grad.
 // GELU path (Transformer Engine's LayerNormMLP fusion): fc1's bias + GELU run in fc1's GEMM epilogue
-// (ColumnParallelLinear::forward_gelu, which keeps pre_act), and GELU' + fc1's bias grad in fc2's dgrad
-// GEMM epilogue (RowParallelLinear::backward_dgelu); fc1's backward then skips its bias grad. On CPU the
+// (ColumnParallelLinear::forward_gelu, which keeps pre_act), GELU' in fc2's dgrad GEMM epilogue
+// (RowParallelLinear::backward_dgelu), fc1's bias grad in fc1's weight-grad GEMM (linear_bwd; on CUDA the
+// BGRADB epilogue, deterministic, no pass over dpre). On CPU the
 // fused ops are the unfused ones composed, so results are bitwise those of the unfused path.
 #pragma once
 #include <string>
