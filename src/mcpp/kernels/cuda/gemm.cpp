@@ -275,7 +275,8 @@ void linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
   const GemmOptions opt{.trans_a = false, .trans_b = true, .alpha = 1.0f, .beta = 0.0f};
   if (d.in == 0 && bias) fail("linear_fwd: in = 0 with a bias is not supported on CUDA (x {})", x.str());
   Epilogue e;
-  if (bias) e = {.kind = CUBLASLT_EPILOGUE_BIAS, .bias = bias->raw(), .kbias = require_float("linear_fwd", "bias", *bias)};
+  if (bias)
+    e = {.kind = CUBLASLT_EPILOGUE_BIAS, .bias = bias->raw(), .kbias = require_float("linear_fwd", "bias", *bias)};
   lt_matmul(y2, x2, w, opt, e, stream_of(stream));
 }
 

@@ -104,6 +104,19 @@ class Graph {
     ck(cudnnBackendFinalize(op), "finalize pointwise operation");
     ops_.push_back(op);
   }
+  // The causal mask as cudnn-frontend lowers it: keep = (row index >= column index) from GEN_INDEX on axes 2
+  // and 3 and CMP_GE, then BINARY_SELECT(x, -inf passed by value, keep). uid: {row, col, keep, -inf, out}.
+  cudnnBackendDescriptor_t causal_mask(cudnnBackendDescriptor_t x, const Dims& dims,
+                                       const std::array<int64_t, 5>& uid) {
+    auto row = virt(uid[0], CUDNN_DATA_INT32, dims), col = virt(uid[1], CUDNN_DATA_INT32, dims);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, row, nullptr, CUDNN_DATA_FLOAT, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, col, nullptr, CUDNN_DATA_FLOAT, 3);
+    auto keep = virt(uid[2], CUDNN_DATA_BOOLEAN, dims);
+    pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, nullptr, CUDNN_DATA_BOOLEAN);
+    auto out = virt(uid[4], CUDNN_DATA_FLOAT, dims);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, scalar(uid[3]), out, keep);
+    return out;
+  }
   void reduction(cudnnReduceTensorOp_t red, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
     cudnnBackendDescriptor_t rd = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
     const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
@@ -221,17 +234,7 @@ std::unique_ptr<Graph> build_fwd(cudnnHandle_t h, const AttnShape& a) {
   g->matmul(q, kt, s0);
   auto s_scaled = g->virt(6, CUDNN_DATA_FLOAT, ss);
   g->pointwise(CUDNN_POINTWISE_MUL, s0, scale, s_scaled);
-  auto s_masked = s_scaled;
-  if (a.causal) {
-    auto row = g->virt(7, CUDNN_DATA_INT32, ss), col = g->virt(9, CUDNN_DATA_INT32, ss);
-    g->pointwise(CUDNN_POINTWISE_GEN_INDEX, s_scaled, nullptr, row, nullptr, CUDNN_DATA_FLOAT, 2);
-    g->pointwise(CUDNN_POINTWISE_GEN_INDEX, s_scaled, nullptr, col, nullptr, CUDNN_DATA_FLOAT, 3);
-    auto keep = g->virt(10, CUDNN_DATA_BOOLEAN, ss);
-    g->pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, nullptr, CUDNN_DATA_BOOLEAN);
-    auto ninf = g->scalar(kNegInfFwd);
-    s_masked = g->virt(12, CUDNN_DATA_FLOAT, ss);
-    g->pointwise(CUDNN_POINTWISE_BINARY_SELECT, s_scaled, ninf, s_masked, keep);
-  }
+  auto s_masked = a.causal ? g->causal_mask(s_scaled, ss, {7, 9, 10, kNegInfFwd, 12}) : s_scaled;
   auto m = g->virt(14, CUDNN_DATA_FLOAT, s1);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, s_masked, m);
   auto sub = g->virt(15, CUDNN_DATA_FLOAT, ss);
@@ -280,17 +283,7 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a) {
   g->pointwise(CUDNN_POINTWISE_MUL, s0, scale, s_scaled);
   auto s_sub = g->virt(16, CUDNN_DATA_FLOAT, ss);
   g->pointwise(CUDNN_POINTWISE_SUB, s_scaled, stats, s_sub);
-  auto s_masked = s_sub;
-  if (a.causal) {
-    auto row = g->virt(17, CUDNN_DATA_INT32, ss), col = g->virt(18, CUDNN_DATA_INT32, ss);
-    g->pointwise(CUDNN_POINTWISE_GEN_INDEX, s_sub, nullptr, row, nullptr, CUDNN_DATA_FLOAT, 2);
-    g->pointwise(CUDNN_POINTWISE_GEN_INDEX, s_sub, nullptr, col, nullptr, CUDNN_DATA_FLOAT, 3);
-    auto keep = g->virt(19, CUDNN_DATA_BOOLEAN, ss);
-    g->pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, nullptr, CUDNN_DATA_BOOLEAN);
-    auto ninf = g->scalar(kNegInfBwd);
-    s_masked = g->virt(21, CUDNN_DATA_FLOAT, ss);
-    g->pointwise(CUDNN_POINTWISE_BINARY_SELECT, s_sub, ninf, s_masked, keep);
-  }
+  auto s_masked = a.causal ? g->causal_mask(s_sub, ss, {17, 18, 19, kNegInfBwd, 21}) : s_sub;
   auto p = g->virt(22, CUDNN_DATA_FLOAT, ss);
   g->pointwise(CUDNN_POINTWISE_EXP, s_masked, nullptr, p);
   // dV = P^T dO
