@@ -58,7 +58,7 @@ TEST(Arguments, MegatronFlags) {
                                "--disable-bias-linear", "--add-qkv-bias", "--hidden-dropout", "0",
                                "--attention-dropout", "0.05", "--init-method-std", "0.01",
                                "--make-vocab-size-divisible-by", "64", "--attention-impl", "unfused",
-                               "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-4", "--min-lr",
+                               "--deterministic-mode", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-4", "--min-lr",
                                "3e-5", "--lr-warmup-iters", "10", "--lr-decay-iters", "90", "--lr-decay-style",
                                "cosine", "--train-iters", "100", "--weight-decay", "0.1", "--adam-beta1", "0.8",
                                "--adam-beta2", "0.95", "--adam-eps", "1e-5", "--clip-grad", "0.5", "--seed", "7",
@@ -88,6 +88,7 @@ TEST(Arguments, MegatronFlags) {
   EXPECT_EQ(c.model.init_method_std, 0.01f);
   EXPECT_EQ(c.model.make_vocab_size_divisible_by, 64);
   EXPECT_EQ(c.model.attention_impl, "unfused");
+  EXPECT_TRUE(c.model.deterministic_mode);
   EXPECT_EQ(c.training.micro_batch_size, 2);
   EXPECT_EQ(c.training.global_batch_size, 8);
   EXPECT_EQ(c.optimizer.lr, 3e-4f);

@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "mcpp/core/error.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/transformer/attention.h"
 #include "models/gpt_test_util.h"
 
 namespace mcpp {
@@ -35,6 +39,26 @@ TEST(ModuleSpec, FlashAndUnfusedAttentionAgree) {
     }
     // fp32, different summation orders (blockwise online softmax vs full softmax): ~1e-6 relative.
     EXPECT_LT(max_diff / max_abs, 1e-5) << style;
+  }
+}
+
+// --deterministic-mode reaches the core attention's options (CUDA: the mcpp kernels instead of cuDNN's
+// fused attention), along with the scale and causality SelfAttention sets.
+TEST(ModuleSpec, DeterministicModeReachesTheCoreAttention) {
+  for (bool deterministic : {false, true}) {
+    TransformerConfig c = testing::tiny_config("gpt2");
+    c.deterministic_mode = deterministic;
+    CoreAttentionOptions seen;
+    const TransformerLayerSpec spec{.core_attention = "flash (recording)",
+                                    .make_core_attention = [&seen](const CoreAttentionOptions& o) {
+                                      seen = o;
+                                      return make_flash_attention(o);
+                                    }};
+    ParamAndGradBuffer params;
+    SelfAttention attn(params, "decoder.layers.0.self_attention", c, spec, testing::single_tp());
+    EXPECT_EQ(seen.deterministic, deterministic);
+    EXPECT_TRUE(seen.causal);
+    EXPECT_FLOAT_EQ(seen.softmax_scale, 1.0f / std::sqrt(static_cast<float>(c.kv_channels)));
   }
 }
 
