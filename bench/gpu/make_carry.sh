@@ -1,6 +1,7 @@
 #!/bin/bash
 # Packs a CUDA build's binaries for a device run into device_carry/ (git-ignored; pass it as `carry`):
-#   device_carry/bin/      the binaries named (default: mcpp mcpp_tests cuda_kernels_bench)
+#   device_carry/bin.tar.xz  the binaries named (default: mcpp mcpp_tests cuda_kernels_bench), xz-compressed
+#                          (their sm_90 + sm_80 fatbins compress ~6x; bench/gpu/env.sh unpacks them to bin/)
 #   device_carry/lib.tgz   their non-system shared libraries (not libcudart / libcublas* / libnccl /
 #                          libcuda: the device machine has those in /usr/local/cuda and Python's site-packages)
 #   device_carry/anchors/  a copy of ../shared/anchors (the PyTorch peer benchmark, run in the same call)
@@ -13,7 +14,7 @@ shift
 bins=${*:-mcpp mcpp_tests cuda_kernels_bench}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$root/device_carry
-rm -rf "$out/bin" "$out/lib" "$out/lib.tgz" "$out/ompi_root.tgz" "$out/anchors"  # not the helpers' subfolders
+rm -rf "$out/bin" "$out/bin.tar.xz" "$out/lib" "$out/lib.tgz" "$out/ompi_root.tgz" "$out/anchors"  # not helpers' subfolders
 mkdir -p "$out/bin" "$out/lib"
 for b in $bins; do cp "$build/bin/$b" "$out/bin/"; done
 skip='linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|libcudart|libcublas|libnccl|libcuda\.so|libcudnn'
@@ -27,4 +28,5 @@ for f in /usr/bin/orterun /usr/bin/orted $(echo "$files" | grep -E '\.so(\.[0-9]
 done | sort -u | grep -v -E "$skip" | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 tar czf "$out/lib.tgz" -C "$out" lib && rm -rf "$out/lib"
 cp -r "$root/../shared/anchors" "$out/anchors"
+tar cJf "$out/bin.tar.xz" -C "$out/bin" . && rm -rf "$out/bin"
 du -sh "$out"
