@@ -360,7 +360,6 @@ Graph* plan_for(bool bwd, const AttnShape& a) {
 
 void execute(Graph& g, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, cudaStream_t s) {
   State& st = state();
-  MCPP_CUDA_CHECK(cudaGetLastError());
   void* ws = nullptr;
   if (g.workspace > 0) MCPP_CUDA_CHECK(cudaMallocAsync(&ws, static_cast<size_t>(g.workspace), s));
   cudnnBackendDescriptor_t vp = nullptr;
