@@ -160,5 +160,36 @@ TEST(CudaCrossEntropy, FusedForwardBackwardAndInPlaceGrad) {
   }
 }
 
+// Vocab-parallel cross entropy on one TP slice [vocab_start, vocab_start + v) vs the CPU ops: the partials
+// (row max, sum of exp, target logit; targets inside and outside the slice) and the backward with a given
+// global lse, separate output and in place.
+TEST(CudaVocabParallelCrossEntropy, PartialsAndBackwardMatchCpu) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 37, v = 1000, vocab_start = 2000;
+  Tensor targets = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i)  // every third row's target outside the slice (below or above it)
+    targets.data<int32_t>()[i] = static_cast<int32_t>(i % 3 == 0 ? (i % 2 ? 5 : 3500) : vocab_start + (i * 97) % v);
+  Tensor td = targets.to(Device::CUDA);
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor logits = rnd({n, v}, 31, dt, -6, 6), dloss = rnd({n}, 32), lse = rnd({n}, 33, DType::F32, 7, 9);
+    Tensor mx_ref = Tensor::empty({n}), se_ref = Tensor::empty({n}), tl_ref = Tensor::empty({n});
+    ops::cpu::vocab_parallel_ce_partials(mx_ref, se_ref, tl_ref, logits, targets, vocab_start, {});
+    Tensor ld = dev(logits, dt);
+    Tensor mx = poisoned({n}, DType::F32), se = poisoned({n}, DType::F32), tl = poisoned({n}, DType::F32);
+    ops::vocab_parallel_ce_partials(mx, se, tl, ld, td, vocab_start);
+    EXPECT_REL(host(mx), mx_ref, 1e-6);
+    EXPECT_REL(host(se), se_ref, 1e-5);
+    EXPECT_REL(host(tl), tl_ref, 1e-6);
+    Tensor dl_ref = Tensor::empty({n, v});
+    ops::cpu::vocab_parallel_ce_bwd(dl_ref, dloss, logits, targets, lse, vocab_start, {});
+    Tensor dloss_d = dev(dloss), lse_d = dev(lse), dl = poisoned({n, v}, dt);
+    ops::vocab_parallel_ce_bwd(dl, dloss_d, ld, td, lse_d, vocab_start);
+    EXPECT_REL(host(dl), dl_ref, tol(dt, 1e-5));
+    ops::vocab_parallel_ce_bwd(ld, dloss_d, ld, td, lse_d, vocab_start);  // in place
+    EXPECT_REL(host(ld), dl_ref, tol(dt, 1e-5));
+  }
+}
+
 }  // namespace
 }  // namespace mcpp

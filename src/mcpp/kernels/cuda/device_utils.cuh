@@ -51,6 +51,33 @@ __device__ T block_sum(T v, T* scratch) {
   return r;
 }
 
+// Online softmax state (m, s): s = sum exp(x - m) over the values seen. Merges (m2, s2) into (m, s).
+__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
+  const float mn = fmaxf(m, m2);
+  if (mn == -INFINITY) return;
+  s = s * __expf(m - mn) + s2 * __expf(m2 - mn);
+  m = mn;
+}
+
+// Merges every thread's (m, s) over the block (blockDim.x a multiple of 32, <= 1024): warp shuffles, then the
+// warps' states in order. Only thread 0's (m, s) hold the block's state on return. `sm`, `ss`: 32 floats each
+// in shared memory. Synchronizes the block once.
+__device__ __forceinline__ void block_online_merge(float& m, float& s, float* sm, float* ss) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    m = -INFINITY, s = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) online_merge(m, s, sm[w], ss[w]);
+  }
+}
+
 __device__ __forceinline__ float block_max(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   v = warp_max(v);

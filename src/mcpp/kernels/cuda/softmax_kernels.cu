@@ -43,13 +43,6 @@ __global__ void softmax_bwd_kernel(FOut ds, FIn dp, FIn p, int64_t sk, float sca
   }
 }
 
-__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
-  const float mn = fmaxf(m, m2);
-  if (mn == -INFINITY) return;
-  s = s * __expf(m - mn) + s2 * __expf(m2 - mn);
-  m = mn;
-}
-
 __global__ void cross_entropy_fwd_kernel(float* loss, float* lse, FIn x, const int32_t* targets, int64_t v) {
   __shared__ float sm[32], ss[32];
   const int64_t r = blockIdx.x, base = r * v;
@@ -63,18 +56,9 @@ __global__ void cross_entropy_fwd_kernel(float* loss, float* lse, FIn x, const i
       s += __expf(xv - m);
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sm[warp] = m;
-    ss[warp] = s;
-  }
-  __syncthreads();
+  block_online_merge(m, s, sm, ss);
   if (threadIdx.x == 0) {
-    float M = -INFINITY, S = 0.0f;
-    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) online_merge(M, S, sm[w], ss[w]);
-    const float l = M + logf(S);
+    const float l = m + logf(s);
     const int32_t t = targets[r];
     lse[r] = l;
     loss[r] = (t >= 0 && t < v) ? l - x[base + t] : NAN;
@@ -118,18 +102,9 @@ __global__ void __launch_bounds__(kCeThreads) cross_entropy_fwd_vec_kernel(float
     load8(x, vbase + j, c);
     online_add8(m, s, c);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sm[warp] = m;
-    ss[warp] = s;
-  }
-  __syncthreads();
+  block_online_merge(m, s, sm, ss);
   if (threadIdx.x == 0) {
-    float M = -INFINITY, S = 0.0f;
-    for (int w = 0; w < kCeThreads / 32; ++w) online_merge(M, S, sm[w], ss[w]);
-    const float l = M + logf(S);
+    const float l = m + logf(s);
     const int32_t t = targets[r];
     lse[r] = l;
     loss[r] = (t >= 0 && t < v) ? l - x[r * v + t] : NAN;

@@ -4,32 +4,17 @@
 
 namespace mcpp::cuda_detail {
 namespace {
-__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
-  const float mn = fmaxf(m, m2);
-  if (mn == -INFINITY) return;
-  s = s * __expf(m - mn) + s2 * __expf(m2 - mn);
-  m = mn;
-}
 
 __global__ void partials_kernel(float* row_max, float* sum_exp, float* target_logit, FIn x, const int32_t* targets,
                                 int64_t v, int64_t vocab_start) {
   __shared__ float sm[32], ss[32];
   const int64_t r = blockIdx.x, base = r * v;
   float m = -INFINITY, s = 0.0f;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) merge(m, s, x[base + j], 1.0f);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sm[warp] = m;
-    ss[warp] = s;
-  }
-  __syncthreads();
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) online_merge(m, s, x[base + j], 1.0f);
+  block_online_merge(m, s, sm, ss);
   if (threadIdx.x == 0) {
-    float M = -INFINITY, S = 0.0f;
-    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) merge(M, S, sm[w], ss[w]);
-    row_max[r] = M;
-    sum_exp[r] = S;
+    row_max[r] = m;
+    sum_exp[r] = s;
     const int64_t local = static_cast<int64_t>(targets[r]) - vocab_start;
     target_logit[r] = (local >= 0 && local < v) ? x[base + local] : 0.0f;
   }
