@@ -17,34 +17,12 @@ usage: dcp_async_check.py MCPP WORKDIR
      uninterrupted run's losses bit for bit; meta.rng_per_rank has one entry per rank; loading the PP2
      checkpoint at PP1 says in the log that the per-rank RNG states were not restored.
 """
-import copy
 import json
 import os
-import shutil
-import subprocess
 import sys
 
-MCPP, WORK = sys.argv[1], sys.argv[2]
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-failures = []
-
-
-def run(cmd, np_=None, expect=0, env=None):
-    if np_ is not None:
-        cmd = ["mpiexec", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, **(env or {})}, timeout=300)
-    if expect is not None and (expect == 0) != (p.returncode == 0):
-        failures.append(f"{' '.join(cmd[:10])}...: exit {p.returncode}\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
-    return p
-
-
-def losses(d):
-    p = os.path.join(d, "metrics.jsonl")
-    if not os.path.exists(p):
-        return {}
-    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(p)) if r.get("event") == "train"}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle", "cli"))
+from cli_harness import MCPP, WORK, failures, losses, run  # noqa: E402  argv, fresh work dir, run()
 
 
 def records(d, event):

@@ -14,26 +14,12 @@ usage: dcp_matrix_check.py MCPP WORKDIR
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle", "cli"))
+from cli_harness import MCPP, WORK, failures, losses, run  # noqa: E402  argv, fresh work dir, run()
 from dcp_oracle import assemble  # noqa: E402
-
-MCPP, WORK = sys.argv[1], sys.argv[2]
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-failures = []
-
-
-def run(cmd, np_=None, expect=0):
-    if np_ is not None:
-        cmd = ["mpiexec", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    if (expect == 0) != (p.returncode == 0):
-        failures.append(f"{' '.join(cmd[:8])}...: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    return p
 
 
 corpus = os.path.join(WORK, "corpus.jsonl")
@@ -56,13 +42,6 @@ def vocab(tp):
 # Small buckets: the DP shard boundaries cut parameters (fc1 included) into flat pieces, which are saved as
 # rectangles of the logical tensor (partial rows, split at the gate/up segment boundary).
 SRC = ["--tensor-model-parallel-size", "2", *vocab(2), "--use-distributed-optimizer", "--ddp-bucket-size", "3000"]
-
-
-def losses(d):
-    p = os.path.join(d, "metrics.jsonl")
-    if not os.path.exists(p):
-        return {}
-    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(p)) if r.get("event") == "train"}
 
 
 full = os.path.join(WORK, "full")
