@@ -59,6 +59,24 @@ ParallelContext make_pc(int tp) {
                                                                  .pipeline_model_parallel_layout = {}});
 }
 
+// Finalizes this rank's chunks' grads (DP / embedding-group all-reduces) and checks every parameter's main
+// grad against its shard of the single-rank reference (1e-5 relative) when `check`.
+void finalize_and_expect_grads(std::vector<std::unique_ptr<GPTModel>>& chunks, GPTModel& ref,
+                               const ParallelContext& pc, const TransformerConfig& c, const std::string& what,
+                               bool check = true) {
+  std::vector<ParamAndGradBuffer*> bufs;
+  for (auto& ch : chunks) bufs.push_back(&ch->params());
+  finalize_model_grads(bufs, pc, !c.untie_embeddings_and_output_weights);
+  for (auto& ch : chunks)
+    for (const auto& p : ch->params().params()) {
+      const Parameter* r = ref.params().find(p->spec.key);
+      EXPECT_NE(r, nullptr) << what << ": no reference for " << p->spec.key;
+      if (check && r) {
+        EXPECT_LT(rel_err(p->main_grad, shard_of(*p, r->main_grad)), 1e-5) << what << " grad " << p->spec.key;
+      }
+    }
+}
+
 // This rank's model chunks (one per virtual stage) for an even layout with V virtual stages.
 std::vector<std::unique_ptr<GPTModel>> make_chunks(const TransformerConfig& c, const ParallelContext& pc, int64_t V,
                                                    bool sequence_parallel = false) {
@@ -170,15 +188,7 @@ void check(const Case& k) {
       }
       EXPECT_GT(res.max_context_bytes, 0u) << what;
     }
-    finalize_model_grads(bufs, pc, !c.untie_embeddings_and_output_weights);
-    for (auto& ch : chunks)
-      for (const auto& p : ch->params().params()) {
-        const Parameter* r = ref.params().find(p->spec.key);
-        ASSERT_NE(r, nullptr) << p->spec.key;
-        if (step == 0) {
-          EXPECT_LT(rel_err(p->main_grad, shard_of(*p, r->main_grad)), 1e-5) << what << " grad " << p->spec.key;
-        }
-      }
+    finalize_and_expect_grads(chunks, ref, pc, c, what, /*check=*/step == 0);
     const double rn = model_grad_norm(ref.params(), single), pn = model_grad_norm(bufs, pc);
     EXPECT_NEAR(pn, rn, 1e-5 * rn) << what << " grad norm";
     clip_grads_by_total_norm(ref.params(), rn, 0.5);
@@ -322,16 +332,8 @@ void check_per_token(const std::string& style, int64_t M, int64_t V) {
   // The untrained model's per-token losses are all near ln(V), so the two means differ little; the gap must
   // still exceed the 1e-5 tolerance above, or that check could not tell per-token from per-microbatch.
   EXPECT_GT(std::abs(ref_loss - mean_of_means), 2e-5 * ref_loss) << what << ": masks must make the means differ";
-  std::vector<ParamAndGradBuffer*> bufs;
-  for (auto& ch : chunks) {
-    ops::scale_inplace(ch->params().grad_buffer(), static_cast<float>(1.0 / tokens));
-    bufs.push_back(&ch->params());
-  }
-  finalize_model_grads(bufs, pc, !c.untie_embeddings_and_output_weights);
-  for (auto& ch : chunks)
-    for (const auto& p : ch->params().params())
-      EXPECT_LT(rel_err(p->main_grad, shard_of(*p, ref.params().find(p->spec.key)->main_grad)), 1e-5)
-          << what << " grad " << p->spec.key;
+  for (auto& ch : chunks) ops::scale_inplace(ch->params().grad_buffer(), static_cast<float>(1.0 / tokens));
+  finalize_and_expect_grads(chunks, ref, pc, c, what);
 }
 
 TEST(Pipeline, PerTokenLossEqualsWholeGlobalBatch) {
@@ -378,13 +380,7 @@ void check_variable_seq(const std::string& style, int64_t V) {
   if (pc.is_pipeline_last_stage()) {
     EXPECT_NEAR(res.loss_sum / M, ref_loss, 1e-5 * ref_loss) << what;
   }
-  std::vector<ParamAndGradBuffer*> bufs;
-  for (auto& ch : chunks) bufs.push_back(&ch->params());
-  finalize_model_grads(bufs, pc, !c.untie_embeddings_and_output_weights);
-  for (auto& ch : chunks)
-    for (const auto& p : ch->params().params())
-      EXPECT_LT(rel_err(p->main_grad, shard_of(*p, ref.params().find(p->spec.key)->main_grad)), 1e-5)
-          << what << " grad " << p->spec.key;
+  finalize_and_expect_grads(chunks, ref, pc, c, what);
 }
 
 TEST(Pipeline, VariableSeqLengthsMatchSingleRank) {
