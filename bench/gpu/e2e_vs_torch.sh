@@ -6,7 +6,9 @@
 # L 24, h 16, B 8); no dropout, tied embeddings, biases, LayerNorm, GELU(tanh).
 # Ours: `mcpp train --bf16 --device cuda`, 30 iterations logged every 10; tokens/s is the last window
 # (iterations 21-30, after 20 warm-up steps), peak memory from the CUDA pool's high-water mark.
-# usage (device machine, repo root, device_carry/ carried): bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [torch]
+# 124m-graph / 1.3b-graph: the same runs with --enable-cuda-graph (captured after 3 eager warm-up steps).
+# usage (device machine, repo root, device_carry/ carried):
+#   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [torch]
 set -u
 OUT=$1
 shift
@@ -16,15 +18,16 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 --doc-len 8192
 
-ours() {  # name L d h T B
+ours() {  # name L d h T B [extra flags]
   local name=$1 L=$2 d=$3 h=$4 T=$5 B=$6
+  shift 6
   echo "== mcpp $name"
   CUDA_VISIBLE_DEVICES=${GPU:-0} "$MCPP" train --num-layers "$L" --hidden-size "$d" --num-attention-heads "$h" --seq-length "$T" \
     --max-position-embeddings "$T" --micro-batch-size "$B" --global-batch-size "$B" \
     --tokenizer-type NullTokenizer --vocab-size 50304 --make-vocab-size-divisible-by 128 \
     --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda --lr 1e-4 --lr-decay-style constant \
     --train-iters 30 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd --split 100,0,0 \
-    --metrics-path "$OUT/mcpp_$name.jsonl" 2>&1 | tee "$OUT/mcpp_$name.log" | grep -v '^  [a-z_]* \.\.\.'
+    --metrics-path "$OUT/mcpp_$name.jsonl" "$@" 2>&1 | tee "$OUT/mcpp_$name.log" | grep -v '^  [a-z_]* \.\.\.'
   python3 - "$OUT/mcpp_$name.jsonl" "$name" "$L" "$d" "$T" "$B" <<'PY'
 import json, sys
 path, name, L, d, T, B = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
@@ -43,6 +46,8 @@ for w in $what; do
   case $w in
     124m) ours gpt2-124m 12 768 12 1024 32 ;;
     1.3b) ours gpt-1.3b 24 2048 16 2048 8 ;;
+    124m-graph) ours gpt2-124m-graph 12 768 12 1024 32 --enable-cuda-graph ;;
+    1.3b-graph) ours gpt-1.3b-graph 24 2048 16 2048 8 --enable-cuda-graph ;;
     torch) echo "== pytorch anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
   esac
 done

@@ -171,7 +171,7 @@ void check(const Case& k) {
     for (auto& ch : chunks) args.chunks.push_back(ch.get());
     pp::ScheduleRunResult res = pp::run_schedule(args);
     if (pc.is_pipeline_last_stage()) {
-      EXPECT_NEAR(res.loss_sum / M, ref_loss, 1e-5 * ref_loss) << what << " step " << step;
+      EXPECT_NEAR(pp::loss_totals(res.loss_stats).loss_sum / M, ref_loss, 1e-5 * ref_loss) << what << " step " << step;
     }
     if (step == 0) {
       EXPECT_EQ(res.max_in_flight, pp::max_activations_in_flight(so)) << what << " activations in flight";
@@ -228,7 +228,7 @@ StepOut dropout_step(const TransformerConfig& c, const ParallelContext& pc, int6
                            .before_backward = {}};
   for (auto& ch : chunks) args.chunks.push_back(ch.get());
   const pp::ScheduleRunResult res = pp::run_schedule(args);
-  StepOut out{res.loss_sum, {}, res.max_context_bytes};
+  StepOut out{pp::loss_totals(res.loss_stats).loss_sum, {}, res.max_context_bytes};
   for (auto& ch : chunks) out.grads.push_back(ch->params().grad_buffer().clone());
   return out;
 }
@@ -323,8 +323,9 @@ void check_per_token(const std::string& style, int64_t M, int64_t V) {
   for (auto& ch : chunks) args.chunks.push_back(ch.get());
   const pp::ScheduleRunResult res = pp::run_schedule(args);
   Tensor sums = Tensor::empty({2});
-  sums.data<float>()[0] = static_cast<float>(res.masked_loss_sum);
-  sums.data<float>()[1] = static_cast<float>(res.num_tokens);
+  const pp::LossTotals totals = pp::loss_totals(res.loss_stats);
+  sums.data<float>()[0] = static_cast<float>(totals.masked_loss_sum);
+  sums.data<float>()[1] = static_cast<float>(totals.num_tokens);
   pc.pp()->all_reduce(sums, comm::ReduceOp::Sum).wait();
   const double tokens = sums.data<float>()[1];
   const std::string what = fmt::format("{} per-token pp{} M{} V{}", style, pc.pp_size(), M, V);
@@ -378,7 +379,7 @@ void check_variable_seq(const std::string& style, int64_t V) {
   const pp::ScheduleRunResult res = pp::run_schedule(args);
   const std::string what = fmt::format("{} variable seq pp{} V{}", style, pc.pp_size(), V);
   if (pc.is_pipeline_last_stage()) {
-    EXPECT_NEAR(res.loss_sum / M, ref_loss, 1e-5 * ref_loss) << what;
+    EXPECT_NEAR(pp::loss_totals(res.loss_stats).loss_sum / M, ref_loss, 1e-5 * ref_loss) << what;
   }
   finalize_and_expect_grads(chunks, ref, pc, c, what);
 }

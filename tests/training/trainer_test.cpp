@@ -12,67 +12,15 @@
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/indexed_dataset.h"
 #include "mcpp/models/gpt/text_generation.h"
+#include "training/trainer_test_util.h"
 
 namespace mcpp {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A corpus with structure: each document is an arithmetic walk t -> (3t + 1) mod 97, so the next token
-// is predictable and the loss can fall far below log(V).
-std::string make_corpus(const fs::path& dir) {
-  fs::create_directories(dir);
-  const std::string prefix = (dir / "walk").string();
-  IndexedDatasetBuilder b(prefix + ".bin", IndexedDType::U16);
-  uint32_t state = 12345;
-  for (int d = 0; d < 300; ++d) {
-    state = state * 1664525u + 1013904223u;
-    std::vector<int32_t> doc;
-    int32_t t = static_cast<int32_t>(state % 97);
-    for (int i = 0; i < 10 + static_cast<int>((state >> 8) % 30); ++i, t = (3 * t + 1) % 97) doc.push_back(t);
-    doc.push_back(99);  // EOD
-    b.add_item(std::span<const int32_t>(doc));
-    b.end_document();
-  }
-  b.finalize(prefix + ".idx");
-  return prefix;
-}
-
-Config tiny_train_config(const std::string& data_prefix, int64_t train_iters = 10) {
-  Config c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 32;
-  c.model.num_attention_heads = 4;
-  c.model.seq_length = 16;
-  c.model.max_position_embeddings = 16;
-  c.model.hidden_dropout = 0.1f;
-  c.model.attention_dropout = 0.1f;
-  c.model.attention_impl = "unfused";  // supports attention dropout
-  c.model.make_vocab_size_divisible_by = 64;
-  c.training.micro_batch_size = 4;
-  c.training.global_batch_size = 8;  // 2 microbatches: gradient accumulation is exercised
-  c.training.train_iters = train_iters;  // before finalize(): lr_decay_iters defaults to it
-  c.training.log_interval = 5;
-  c.training.eval_interval = 5;
-  c.training.eval_iters = 1;
-  c.optimizer.lr = 3e-3f;
-  c.optimizer.min_lr = 3e-4f;
-  c.optimizer.lr_warmup_iters = 2;
-  c.optimizer.lr_decay_style = LrDecayStyle::Cosine;
-  c.data.data_path = {data_prefix};
-  c.data.split = "90,10,0";
-  c.data.tokenizer_type = "NullTokenizer";
-  c.model.vocab_size = 100;
-  c.finalize();
-  c.apply_world_size(1);
-  c.model.set_vocab_size(100, 1);
-  c.validate();
-  return c;
-}
-
-parallel_state::ParallelContext single() {
-  return parallel_state::ParallelContext::single(comm::make_local_world());
-}
+using training_test::make_corpus;
+using training_test::single;
+using training_test::tiny_train_config;
 
 class TrainerTest : public ::testing::Test {
  protected:

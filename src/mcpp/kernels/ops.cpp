@@ -147,6 +147,13 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
   MCPP_DISPATCH(cross_entropy_bwd, ({&dlogits, &dloss, &logits, &targets, &lse}), dlogits, dloss, logits, targets,
                 lse, s);
 }
+void masked_loss_stats(Tensor& stats, const Tensor& loss, const Tensor& mask, Stream s) {
+  MCPP_DISPATCH(masked_loss_stats, ({&stats, &loss, &mask}), stats, loss, mask, s);
+}
+void masked_loss_grad(Tensor& dloss, const Tensor& mask, const Tensor& stats, float grad_scale, bool per_token,
+                      Stream s) {
+  MCPP_DISPATCH(masked_loss_grad, ({&dloss, &mask, &stats}), dloss, mask, stats, grad_scale, per_token, s);
+}
 void dropout_fwd(Tensor& y, const Tensor& x, float p, const PhiloxKey& key, Stream s) {
   MCPP_DISPATCH(dropout_fwd, ({&y, &x}), y, x, p, key, s);
 }

@@ -38,7 +38,8 @@ struct Counter {
     (*this)(l.mlp.fc1), (*this)(l.mlp.pre_act), (*this)(l.mlp.fc2);
   }
   void operator()(const GPTModelCtx& g) {
-    for (const Tensor* t : {&g.tokens, &g.input, &g.position_ids, &g.logits, &g.labels, &g.loss_mask, &g.lse})
+    // Not position_ids: a view of the model's cached ids (model state, like the rotary tables).
+    for (const Tensor* t : {&g.tokens, &g.input, &g.logits, &g.labels, &g.loss_mask, &g.lse, &g.loss_stats})
       (*this)(*t);
     for (const TransformerLayerCtx& l : g.decoder.layers) (*this)(l);
     for (const RecomputeState& r : g.decoder.recompute) (*this)(r.input);

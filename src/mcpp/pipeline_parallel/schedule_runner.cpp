@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "mcpp/core/error.h"
@@ -44,6 +45,19 @@ Tensor take(std::map<Key, Tensor>& m, const Key& k, const char* what) {
 
 }  // namespace
 
+LossTotals loss_totals(const Tensor& loss_stats) {
+  LossTotals t;
+  if (!loss_stats.defined()) return t;
+  const Tensor h = loss_stats.device() == Device::CPU ? loss_stats : loss_stats.to(Device::CPU);
+  for (int64_t m = 0; m < h.size(0); ++m) {
+    const double sum = h.data<float>()[2 * m], count = h.data<float>()[2 * m + 1];
+    t.loss_sum += count > 0 ? sum / count : 0.0;
+    t.masked_loss_sum += sum;
+    t.num_tokens += count;
+  }
+  return t;
+}
+
 ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
   const auto& pc = *a.pc;
   const int pp = pc.pp_size(), r = pc.pp_rank();
@@ -54,6 +68,16 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
   std::map<Key, size_t> held_bytes;  // context bytes right after each forward
   size_t live_bytes = 0;             // sum over the live contexts
   ScheduleRunResult res;
+  const bool last_stage = a.chunks.back()->stage().post_process;
+  if (last_stage) {
+    int64_t num_micro = 0;
+    for (const Action& act : *a.schedule) num_micro = std::max(num_micro, act.microbatch + 1);
+    res.loss_stats = a.loss_stats.defined() ? a.loss_stats : Tensor::zeros({num_micro, 2}, DType::F32, a.hidden_device);
+    MCPP_CHECK(res.loss_stats.ndim() == 2 && res.loss_stats.size(0) >= num_micro && res.loss_stats.size(1) == 2 &&
+                   res.loss_stats.dtype() == DType::F32,
+               "run_schedule: loss_stats must be float32 [num_microbatches={}, 2]; got {}", num_micro,
+               res.loss_stats.str());
+  }
   auto batch = [&](int64_t mb) -> const MicroBatch& {
     auto it = batches.find(mb);
     if (it == batches.end()) it = batches.emplace(mb, a.get_batch(mb)).first;
@@ -69,13 +93,10 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       const MicroBatch& mb = batch(act.microbatch);
       Tensor input = model.stage().pre_process ? Tensor() : take(received_act, k, "received activation");
       GPTModelCtx& ctx = ctxs[k];
-      LossResult loss;
-      Tensor out = model.forward_step(ctx, mb.tokens, input, mb.labels, mb.loss_mask, a.forward,
-                                      model.stage().post_process ? &loss : nullptr);
+      Tensor out = model.forward_step(ctx, mb.tokens, input, mb.labels, mb.loss_mask, a.forward, nullptr);
       if (model.stage().post_process) {
-        res.loss_sum += loss.loss;
-        res.masked_loss_sum += loss.loss_sum;
-        res.num_tokens += loss.num_tokens;
+        Tensor row = res.loss_stats.flat_slice(2 * act.microbatch, {2});
+        row.copy_from(ctx.loss_stats);  // device to device, stream-ordered
       } else {
         outputs[k] = out;
       }

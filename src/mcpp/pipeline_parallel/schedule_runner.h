@@ -1,7 +1,8 @@
 // Executes one rank's pipeline Schedule (schedules.h) on its model chunks: the forward_backward_func of
 // Megatron-Core, driven by data instead of control flow.
 //   Forward(mb, c)   chunk c's forward_step on microbatch mb: input = tokens (first stage) or the
-//                    activation received for (mb, c); the last stage computes the loss; other stages keep
+//                    activation received for (mb, c); the last stage computes the loss statistics into
+//                    row mb of ScheduleRunResult::loss_stats (on the device: no host sync); other stages keep
 //                    their output for the send that follows. The context (saved activations) is held
 //                    until Backward(mb, c) — the schedule decides how many are in flight.
 //   Backward(mb, c)  chunk c's backward_step with the gradient received for (mb, c) (or the loss scaled by
@@ -55,12 +56,21 @@ struct ScheduleRunArgs {
   // Called before Backward(mb, c): DDP's no_sync control (the last microbatch of each chunk reduces).
   std::function<void(int64_t microbatch, int64_t chunk)> before_backward;
   std::vector<ActionTiming>* timings = nullptr;  // when set: one entry appended per executed action
+  // [num_microbatches, 2] float32 on hidden_device, written by the last stage (row mb = masked_loss_stats
+  // of microbatch mb); undefined: run_schedule allocates it. A CUDA-graph step passes a static buffer.
+  Tensor loss_stats = {};
 };
 
+struct LossTotals {
+  double loss_sum = 0;         // sum over microbatches of each microbatch's mean loss
+  double masked_loss_sum = 0;  // sum over microbatches of sum(loss * mask)
+  double num_tokens = 0;       // sum over microbatches of sum(mask)
+};
+// Reads a [M, 2] loss-statistics tensor (one device->host copy); zeros when undefined (not the last stage).
+LossTotals loss_totals(const Tensor& loss_stats);
+
 struct ScheduleRunResult {
-  double loss_sum = 0;         // sum over microbatches of each microbatch's mean loss (last stage only)
-  double masked_loss_sum = 0;  // sum over microbatches of sum(loss * mask) (last stage only)
-  double num_tokens = 0;       // sum over microbatches of sum(mask) (last stage only)
+  Tensor loss_stats;           // [M, 2] (last stage only; else undefined): loss_totals() reads it
   int64_t max_in_flight = 0;   // peak number of held forward contexts
   size_t peak_activation_bytes = 0;  // peak bytes held by all live contexts (measured after each forward)
   size_t max_context_bytes = 0;      // the largest single context right after its forward

@@ -155,6 +155,10 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_flag("--bf16", t.bf16);
   app.add_option("--device", t.device, "auto|cpu|cuda (auto: cuda when a GPU is visible)");
   app.add_flag("--fp16", t.fp16);
+  app.add_flag("--enable-cuda-graph", t.enable_cuda_graph,
+               "capture the training step's forward/backward in a CUDA graph after the warm-up steps");
+  app.add_option("--cuda-graph-scope", t.cuda_graph_scope, "full_iteration (the implemented scope)");
+  app.add_option("--cuda-graph-warmup-steps", t.cuda_graph_warmup_steps, "eager steps before the capture");
   // ---- optimizer
   app.add_option("--optimizer", o.optimizer, "adam");
   app.add_option("--lr", o.lr);

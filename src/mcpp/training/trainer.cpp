@@ -63,6 +63,15 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   if (t.fp16) fail("fp16: training in float16 needs a dynamic loss scaler, which is not implemented; use --bf16");
   if (t.bf16 && device_ != Device::CUDA)
     fail("bf16: mixed-precision training needs the CUDA backend (device resolved to cpu; the CPU trainer runs fp32)");
+  if (t.enable_cuda_graph) {
+    if (device_ != Device::CUDA)
+      fail("enable_cuda_graph: CUDA graphs need the CUDA backend (device resolved to cpu)");
+    if (ops::op_profile_enabled())
+      fail("enable_cuda_graph: MCPP_PROFILE_OPS times every op between synchronizations, which a captured "
+           "step cannot do; unset it or drop --enable-cuda-graph");
+    step_graph_ = std::make_unique<CudaGraph>();
+    graph_warmup_left_ = t.cuda_graph_warmup_steps;
+  }
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
   train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, t.train_iters * gbs, eod_token));
   if (t.eval_iters > 0 && t.eval_interval > 0) {
@@ -187,12 +196,13 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
                                         .virtual_pipeline_model_parallel_size = static_cast<int64_t>(chunks_.size()),
                                         .forward_only = forward_only};
   const pipeline_parallel::Schedule schedule = pipeline_parallel::build_schedule(so);
+  const bool static_inputs = !forward_only && !graph_inputs_.empty();
   const int64_t s = config_.model.seq_length / (config_.parallel.sequence_parallel ? pc_.tp_size() : 1);
   pipeline_parallel::ScheduleRunArgs args{
       .schedule = &schedule,
       .pc = &pc_,
       .get_batch = [&](int64_t m) {
-        Batch b = get_batch(ds, first, m);
+        const Batch b = static_inputs ? graph_inputs_.at(static_cast<size_t>(m)) : get_batch(ds, first, m);
         return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask};
       },
       .hidden_shape = {s, config_.training.micro_batch_size, config_.model.hidden_size},
@@ -206,7 +216,8 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
       .forward_only = forward_only,
       .before_backward = [&](int64_t m, int64_t chunk) {
         ddps_[static_cast<size_t>(chunk)]->set_is_last_microbatch(m == num_micro - 1);  // no_sync before
-      }};
+      },
+      .loss_stats = static_inputs ? graph_loss_stats_ : Tensor()};
   for (const auto& c : chunks_) args.chunks.push_back(c.get());
   if (timeline_ && !forward_only) args.timings = timeline_->begin_step();
   const pipeline_parallel::ScheduleRunResult r = pipeline_parallel::run_schedule(args);
@@ -216,7 +227,55 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
         std::max(stage_memory_.peak_activation_bytes, static_cast<int64_t>(r.peak_activation_bytes));
     stage_memory_.context_bytes = std::max(stage_memory_.context_bytes, static_cast<int64_t>(r.max_context_bytes));
   }
-  return {r.loss_sum / static_cast<double>(num_micro), r.masked_loss_sum, r.num_tokens};
+  if (static_inputs) return {};  // read from graph_loss_stats_ after the step (the region may be captured)
+  const pipeline_parallel::LossTotals totals = pipeline_parallel::loss_totals(r.loss_stats);
+  return {totals.loss_sum / static_cast<double>(num_micro), totals.masked_loss_sum, totals.num_tokens};
+}
+
+Trainer::StepLoss Trainer::forward_backward(const GPTDataset& ds, int64_t first) {
+  for (auto& ddp : ddps_) ddp->zero_grad();
+  const StepLoss step = run_microbatches(ds, first, /*forward_only=*/false);
+  const TraceRange sync_range("grad sync");
+  for (auto& ddp : ddps_) ddp->finish_grad_sync();  // average over DP (owned shards with the distributed optimizer)
+  return step;
+}
+
+Trainer::StepLoss Trainer::forward_backward_graphed(const GPTDataset& ds, int64_t first) {
+  const int64_t num_micro = config_.num_microbatches();
+  const bool last_stage = chunks_.back()->stage().post_process;
+  for (int64_t m = 0; m < num_micro; ++m) {  // this step's batches into the static buffers
+    const Batch b = get_batch(ds, first, m);
+    if (graph_inputs_.size() <= static_cast<size_t>(m))  // first step: the buffers (live as long as the graph)
+      graph_inputs_.push_back({Tensor::empty(b.tokens.shape(), DType::I32, device_),
+                               Tensor::empty(b.labels.shape(), DType::I32, device_),
+                               Tensor::empty(b.loss_mask.shape(), DType::F32, device_)});
+    Batch& dst = graph_inputs_[static_cast<size_t>(m)];
+    dst.tokens.copy_from(b.tokens);
+    dst.labels.copy_from(b.labels);
+    dst.loss_mask.copy_from(b.loss_mask);
+  }
+  if (last_stage && !graph_loss_stats_.defined()) graph_loss_stats_ = Tensor::zeros({num_micro, 2}, DType::F32, device_);
+  if (graph_warmup_left_ > 0) {
+    --graph_warmup_left_;
+    forward_backward(ds, first);
+  } else {
+    if (!step_graph_->captured()) {
+      const int64_t iteration = first / config_.training.global_batch_size + 1;  // this step's number
+      const auto t0 = Clock::now();
+      step_graph_->capture([&] { forward_backward(ds, first); });
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (is_logging_rank()) {
+        fmt::print(" captured the training step in a CUDA graph (full_iteration) at iteration {}: {} nodes, "
+                   "{:.1f} ms; replaying it from now on\n", iteration, step_graph_->num_nodes(), ms);
+        metrics_.write({{"event", "cuda_graph"}, {"iteration", iteration},
+                        {"nodes", step_graph_->num_nodes()}, {"capture_ms", ms}});
+      }
+    }
+    step_graph_->replay();
+  }
+  if (!last_stage) return {};
+  const pipeline_parallel::LossTotals totals = pipeline_parallel::loss_totals(graph_loss_stats_);
+  return {totals.loss_sum / static_cast<double>(num_micro), totals.masked_loss_sum, totals.num_tokens};
 }
 
 double Trainer::scale_grads_per_token(const StepLoss& local) {
@@ -236,10 +295,9 @@ double Trainer::scale_grads_per_token(const StepLoss& local) {
 double Trainer::train_step(double* grad_norm, bool* skipped) {
   const TraceRange step_range("train_step");
   if (dist_optimizer_) dist_optimizer_->wait_param_gather();  // previous step's params complete
-  for (auto& ddp : ddps_) ddp->zero_grad();
-  const StepLoss step = run_microbatches(*train_ds_, state_.consumed_train_samples, /*forward_only=*/false);
-  TraceRange sync_range("grad sync + optimizer");
-  for (auto& ddp : ddps_) ddp->finish_grad_sync();  // average over DP (owned shards with the distributed optimizer)
+  const StepLoss step = step_graph_ ? forward_backward_graphed(*train_ds_, state_.consumed_train_samples)
+                                    : forward_backward(*train_ds_, state_.consumed_train_samples);
+  const TraceRange optimizer_range("optimizer");
   const bool per_token = config_.model.calculate_per_token_loss;
   const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;
   finalize_model_grads(buffers(), pc_, !config_.model.untie_embeddings_and_output_weights);
@@ -423,6 +481,10 @@ TrainSummary Trainer::train() {
     metrics_.write({{"event", "memory"}, {"peak_device_gib", gib}});
   }
   summary.final_iteration = iteration;
+  if (step_graph_) {
+    summary.cuda_graph_replays = step_graph_->replays();
+    summary.cuda_graph_nodes = step_graph_->num_nodes();
+  }
   return summary;
 }
 

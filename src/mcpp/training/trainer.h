@@ -22,12 +22,20 @@
 // run's losses bit for bit on CPU (per-rank RNG states restore when the layout is unchanged).
 // Device (--device auto|cpu|cuda): the model, its buffers and the optimizer state live on one device;
 // batches are built on the host and moved by the model. --bf16 (CUDA only): bf16 params and
-// activations, fp32 main params (the optimizer's) and main grads.
+// activations, fp32 main params (the optimizer's) and main grads. The loss statistics of each microbatch
+// stay on the device (one read per step, after the backward).
+// --enable-cuda-graph (CUDA; Megatron's full_iteration scope): every microbatch's batch is copied into
+// static device buffers; the first cuda_graph_warmup_steps steps run eagerly (they build the cuBLASLt /
+// cuDNN plans and workspaces), the next one captures zero_grad + the schedule's forward/backward + the DP
+// grad sync into a CudaGraph (core/cuda_graph.h) and every step from then on replays it. The loss
+// statistics land in a static [M, 2] buffer; the grad norm, clipping, optimizer and scheduler run
+// eagerly after the replay. Evaluation runs eagerly.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "mcpp/core/cuda_graph.h"
 #include "mcpp/datasets/gpt_dataset.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
@@ -50,6 +58,8 @@ struct TrainSummary {
   int64_t final_iteration = 0;
   std::vector<double> losses;     // lm loss of each iteration run (mean over DP), for tests / tools
   double last_valid_loss = -1;    // -1 when no evaluation ran
+  int64_t cuda_graph_replays = 0;  // training steps run by replaying the captured CUDA graph
+  int64_t cuda_graph_nodes = 0;    // nodes of that graph (0: none captured)
 };
 
 // --device resolved: "cpu" / "cuda" (an error without a visible GPU) / "auto" (cuda when available).
@@ -77,6 +87,10 @@ class Trainer {
     double masked_loss_sum = 0, num_tokens = 0;
   };
   StepLoss run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only);
+  // zero_grad + run_microbatches (training) + the DP grad sync: the region a CUDA graph captures.
+  StepLoss forward_backward(const GPTDataset& ds, int64_t first);
+  // --enable-cuda-graph: forward_backward on static inputs; eager warm-up, capture, then replays.
+  StepLoss forward_backward_graphed(const GPTDataset& ds, int64_t first);
   double train_step(double* grad_norm, bool* skipped);
   // --calculate-per-token-loss: divides the (DP-averaged) token-sum gradients by the global number of
   // non-masked tokens (all microbatches, all DP ranks); returns the global per-token loss.
@@ -107,6 +121,12 @@ class Trainer {
   std::unique_ptr<timeline::TimelineRecorder> timeline_;
   std::unique_ptr<dist_checkpointing::AsyncCheckpointSaver> async_saver_;  // --async-save  // --timeline: training-step action intervals
   timeline::StageMemory stage_memory_;  // activation memory maxima over the training steps (pp > 1 report)
+  // --enable-cuda-graph: the captured step, its static inputs (one Batch per microbatch, on the device)
+  // and loss statistics [M, 2], and the eager steps still to run before capturing.
+  std::unique_ptr<CudaGraph> step_graph_;
+  std::vector<Batch> graph_inputs_;
+  Tensor graph_loss_stats_;
+  int64_t graph_warmup_left_ = 0;
 };
 
 }  // namespace mcpp

@@ -187,6 +187,14 @@ void TrainingConfig::validate() const {
   if (bf16 && fp16) fail("bf16 and fp16 are both set; choose one");
   if (device != "auto" && device != "cpu" && device != "cuda")
     fail("device: unknown value '{}' (expected auto|cpu|cuda)", device);
+  if (cuda_graph_scope != "full_iteration")
+    fail("cuda_graph_scope: '{}' is not implemented (per-layer graphs, Megatron's full/attn scopes); use "
+         "full_iteration", cuda_graph_scope);
+  require_positive(cuda_graph_warmup_steps, "cuda_graph_warmup_steps");
+  if (enable_cuda_graph && device == "cpu") fail("enable_cuda_graph: CUDA graphs need --device cuda (device is cpu)");
+  if (enable_cuda_graph && !timeline.empty())
+    fail("enable_cuda_graph: --timeline times each schedule action on the host, which a replayed graph does "
+         "not run; use one or the other");
 }
 
 double OptimizerConfig::warmup_iters() const {
@@ -292,6 +300,16 @@ void Config::validate() const {
          "sequence_parallel", model.seq_length, tp * cp);
   if (data.tokenizer_type == "NullTokenizer" && model.vocab_size <= 0)
     fail("vocab_size must be given (--vocab-size) with tokenizer_type NullTokenizer");
+  if (training.enable_cuda_graph) {  // what the captured step cannot contain (yet)
+    if (tp > 1 || pp > 1 || cp > 1 || parallel.expert_model_parallel_size > 1)
+      fail("enable_cuda_graph: implemented for data parallelism only (tensor/pipeline/context/expert model "
+           "parallel sizes {}/{}/{}/{}): the vocab-parallel loss and the pipeline's P2P shapes use the host",
+           tp, pp, cp, parallel.expert_model_parallel_size);
+    if (model.hidden_dropout > 0.0f || model.attention_dropout > 0.0f)
+      fail("enable_cuda_graph: dropout ({} hidden, {} attention) draws from Philox offsets that are kernel "
+           "arguments, which a replayed graph would repeat; use --hidden-dropout 0 --attention-dropout 0",
+           model.hidden_dropout, model.attention_dropout);
+  }
 }
 
 void Config::validate_for_training() const {
@@ -400,6 +418,9 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("bf16", t.bf16);
   v("device", t.device);
   v("fp16", t.fp16);
+  v("enable_cuda_graph", t.enable_cuda_graph);
+  v("cuda_graph_scope", t.cuda_graph_scope);
+  v("cuda_graph_warmup_steps", t.cuda_graph_warmup_steps);
 }
 template <class O, class V> void visit_optimizer(O& o, V&& v) {
   v("optimizer", o.optimizer);

@@ -149,6 +149,12 @@ struct TrainingConfig {
   // cpu; "cuda" without a GPU is an error.
   std::string device = "auto";
   bool fp16 = false;  // --fp16: accepted for Megatron parity; exclusive with bf16
+  // --enable-cuda-graph: capture the training step's forward/backward (all microbatches, zero_grad and the
+  // grad sync) in a CUDA graph after cuda_graph_warmup_steps eager steps, then replay it; the optimizer
+  // step stays eager. Scope "full_iteration" (Megatron's name) is the one implemented.
+  bool enable_cuda_graph = false;
+  std::string cuda_graph_scope = "full_iteration";
+  int64_t cuda_graph_warmup_steps = 3;
   void validate() const;
 };
 

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "mcpp/comm/nccl/nccl_check.h"
+#include "mcpp/core/cuda_graph.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/cuda/cuda_check.h"
 
@@ -213,15 +214,18 @@ NcclCommunicator::Pending NcclCommunicator::begin(const char* op, const std::vec
 }
 
 Work NcclCommunicator::post(Pending& p, const std::function<void()>& enqueue, bool host_wait) {
-  watchdog_->track(p.done, p.what);  // the host call itself may block (lazy connection setup)
+  // Under CUDA-graph capture (core/cuda_graph.h) the op is recorded, not run: its events belong to the
+  // capture and cannot be polled, so the watchdog does not track it (nor its replays).
+  const bool tracked = !stream_capturing();
+  if (tracked) watchdog_->track(p.done, p.what);  // the host call itself may block (lazy connection setup)
   try {
     enqueue();
     MCPP_CUDA_CHECK(cudaEventRecord(p.done->ev, stream_));
   } catch (...) {
-    watchdog_->untrack(p.done.get());
+    if (tracked) watchdog_->untrack(p.done.get());
     throw;
   }
-  watchdog_->mark_posted(p.done.get());
+  if (tracked) watchdog_->mark_posted(p.done.get());
   return Work(std::make_unique<NcclWork>(p.done, std::move(p.keep), watchdog_, host_wait));
 }
 

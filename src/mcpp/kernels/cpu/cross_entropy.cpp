@@ -5,6 +5,8 @@
 //   cross_entropy_bwd: dlogits[n, V] = (softmax(logits[r, :]) - onehot(target[r])) * dloss[r], recomputing
 //                      softmax from the saved lse. dlogits is OVERWRITTEN and may alias logits (in place:
 //                      each element is read before it is written).
+//   masked_loss_stats: stats[2] = {sum loss*mask, sum mask} in float64, index order, stored float32.
+//   masked_loss_grad:  dloss = mask * coef, coef = grad_scale (per token) or float(grad_scale / stats[1]).
 //   All float32 on CPU; targets int32 with 0 <= target < V (else mcpp::Error naming the index).
 //   Numerically stable: logsumexp subtracts the row max. OpenMP over rows; each row is computed by one
 //   thread in a fixed order, so results do not depend on the thread count (deterministic).
@@ -139,6 +141,37 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
     row_softmax_scaled(drow, row, V, l, g);
     drow[t[r]] -= g;
   }
+}
+
+void masked_loss_stats(Tensor& stats, const Tensor& loss, const Tensor& mask, Stream) {
+  check_f32(loss, "masked_loss_stats", "loss");
+  if (loss.ndim() != 1) fail("masked_loss_stats: loss must be [n], got {}", loss.str());
+  const int64_t n = loss.size(0);
+  check_vec("masked_loss_stats", "mask", mask, n);
+  check_vec("masked_loss_stats", "stats", stats, 2);
+  const float* lo = loss.data<float>();
+  const float* m = mask.data<float>();
+  double sum = 0, count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    sum += static_cast<double>(lo[i]) * m[i];
+    count += m[i];
+  }
+  stats.data<float>()[0] = static_cast<float>(sum);
+  stats.data<float>()[1] = static_cast<float>(count);
+}
+
+void masked_loss_grad(Tensor& dloss, const Tensor& mask, const Tensor& stats, float grad_scale, bool per_token,
+                      Stream) {
+  check_f32(mask, "masked_loss_grad", "mask");
+  if (mask.ndim() != 1) fail("masked_loss_grad: mask must be [n], got {}", mask.str());
+  const int64_t n = mask.size(0);
+  check_vec("masked_loss_grad", "dloss", dloss, n);
+  check_vec("masked_loss_grad", "stats", stats, 2);
+  const double count = stats.data<float>()[1];
+  const float coef = per_token ? grad_scale : count > 0 ? static_cast<float>(grad_scale / count) : 0.0f;
+  const float* m = mask.data<float>();
+  float* d = dloss.data<float>();
+  for (int64_t i = 0; i < n; ++i) d[i] = m[i] * coef;
 }
 
 }  // namespace mcpp::ops::cpu

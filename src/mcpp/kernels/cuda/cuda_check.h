@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "mcpp/core/error.h"
 #include "mcpp/core/stream.h"
@@ -31,6 +32,14 @@ inline void check_cuda(cudaError_t e, const char* expr, const char* file, int li
 void check_cublas(cublasStatus_t s, const char* expr, const char* file, int line);
 
 cudaStream_t compute_stream();
+// CUDA-graph capture bookkeeping of the allocator (device_memory.cpp; used by cuda_graph.cpp).
+struct CaptureEnd {
+  int64_t live_allocations = 0;  // allocated inside the capture and still alive at its end
+  size_t live_bytes = 0;
+  std::vector<void*> held;       // allocated before, freed during: the graph keeps them
+};
+void capture_tracking_begin();  // synchronizes, trims the pool, starts recording allocations
+CaptureEnd capture_tracking_end();
 inline cudaStream_t stream_of(Stream s) {
   return s.handle ? static_cast<cudaStream_t>(s.handle) : compute_stream();
 }

@@ -10,10 +10,19 @@
 // sync), so Tensor::to / copy_from can read the result at once; device->device copies are async on
 // compute_stream(). memset_zero is async on compute_stream().
 // available(): compiled with CUDA and at least one device visible (probed once, errors mean "no").
+// CUDA-graph capture (core/cuda_graph.h): while the compute stream is captured, alloc() records each
+// allocation (a graph allocation node) and free() frees only those inside the graph; a pointer allocated
+// before the capture and freed during it is held (returned to the CudaGraph, freed when it is destroyed).
+// Host-side copies refuse to run during a capture. peak_bytes() adds the graph memory pool's high mark.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "mcpp/core/cuda_graph.h"
 
 #include "mcpp/core/device_memory.h"
 #include "mcpp/kernels/cuda/cuda_check.h"
@@ -81,6 +90,61 @@ int64_t last_dim(const char* op, const char* arg, const Tensor& t) {
   return t.size(-1);
 }
 
+namespace {
+struct CaptureTracking {
+  std::mutex mu;
+  bool active = false;
+  std::unordered_map<void*, size_t> graph_allocs;  // allocated during the capture, not yet freed
+  std::vector<void*> held;                         // allocated before, freed during the capture
+  size_t peak_before = 0;                          // the pool's high mark before the first capture
+};
+CaptureTracking& tracking() {
+  static CaptureTracking t;
+  return t;
+}
+cudaMemPool_t default_pool() {
+  cudaMemPool_t pool = nullptr;
+  int dev = 0;
+  MCPP_CUDA_CHECK(cudaGetDevice(&dev));
+  MCPP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  return pool;
+}
+}  // namespace
+
+void capture_tracking_begin() {
+  compute_stream();  // the pool's settings first
+  MCPP_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaMemPool_t pool = default_pool();
+  uint64_t high = 0;
+  MCPP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+  CaptureTracking& t = tracking();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.peak_before = std::max(t.peak_before, static_cast<size_t>(high));
+  // Cached free blocks go back to the device so the graph's own pool can map that memory; the pool's
+  // high mark restarts at what is in use now (peak_bytes() keeps the earlier peak).
+  MCPP_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+  uint64_t zero = 0;
+  MCPP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  t.active = true;
+  t.graph_allocs.clear();
+  t.held.clear();
+}
+
+CaptureEnd capture_tracking_end() {
+  CaptureTracking& t = tracking();
+  std::lock_guard<std::mutex> lock(t.mu);
+  CaptureEnd e;
+  for (const auto& [p, bytes] : t.graph_allocs) {
+    ++e.live_allocations;
+    e.live_bytes += bytes;
+  }
+  e.held = std::move(t.held);
+  t.active = false;
+  t.graph_allocs.clear();
+  t.held.clear();
+  return e;
+}
+
 }  // namespace cuda_detail
 
 namespace cuda_backend {
@@ -89,7 +153,10 @@ using cuda_detail::compute_stream;
 void* alloc(size_t nbytes) {
   void* p = nullptr;
   if (nbytes == 0) nbytes = 1;
+  cuda_detail::CaptureTracking& t = cuda_detail::tracking();
+  std::lock_guard<std::mutex> lock(t.mu);
   cudaError_t e = cudaMallocAsync(&p, nbytes, compute_stream());
+  if (e == cudaSuccess && t.active) t.graph_allocs.emplace(p, nbytes);
   if (e != cudaSuccess) {
     size_t free_b = 0, total_b = 0;
     cudaGetLastError();
@@ -102,6 +169,12 @@ void* alloc(size_t nbytes) {
 
 void free(void* ptr) {
   if (!ptr) return;
+  cuda_detail::CaptureTracking& t = cuda_detail::tracking();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (t.active && t.graph_allocs.erase(ptr) == 0) {  // not the graph's: the graph may still use it
+    t.held.push_back(ptr);
+    return;
+  }
   // Called from destructors: never throw. A failure here means the context is already broken and the
   // next checked call reports it.
   if (cudaFreeAsync(ptr, compute_stream()) != cudaSuccess) cudaGetLastError();
@@ -116,6 +189,10 @@ void memcpy(void* dst, Device dst_device, const void* src, Device src_device, si
   }
   // A host side is involved: make the copy visible to the caller before returning. Device work on other
   // streams is not ordered here; a device->host read first waits for all device work.
+  if (stream_capturing())
+    fail("a {} copy of {} bytes during CUDA-graph capture: the captured step must not need the host (a "
+         "device->host read or a host->device upload synchronizes); keep the value on the device",
+         src_device == Device::CUDA ? "device->host" : "host->device", nbytes);
   if (src_device == Device::CUDA) MCPP_CUDA_CHECK(cudaDeviceSynchronize());
   const cudaMemcpyKind kind = dst_device == Device::CUDA ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
   MCPP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, s));
@@ -141,13 +218,19 @@ bool available() {
 void synchronize() { MCPP_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 size_t peak_bytes() {
-  cudaMemPool_t pool = nullptr;
+  // Before any capture: the pool's high mark. After one: max(the pool's high mark before it, the pool's
+  // high mark since + the graph pool's) — an upper bound, the two need not peak at the same time.
   int dev = 0;
   MCPP_CUDA_CHECK(cudaGetDevice(&dev));
-  MCPP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
-  uint64_t high = 0;
-  MCPP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
-  return static_cast<size_t>(high);
+  uint64_t high = 0, graph_high = 0;
+  uint64_t used = 0;  // the high mark reads 0 right after a reset until the next allocation
+  MCPP_CUDA_CHECK(cudaMemPoolGetAttribute(cuda_detail::default_pool(), cudaMemPoolAttrUsedMemHigh, &high));
+  MCPP_CUDA_CHECK(cudaMemPoolGetAttribute(cuda_detail::default_pool(), cudaMemPoolAttrUsedMemCurrent, &used));
+  high = std::max(high, used);
+  MCPP_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(dev, cudaGraphMemAttrUsedMemHigh, &graph_high));
+  cuda_detail::CaptureTracking& t = cuda_detail::tracking();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return std::max(t.peak_before, static_cast<size_t>(high + graph_high));
 }
 
 }  // namespace cuda_backend

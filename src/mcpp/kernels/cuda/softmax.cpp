@@ -6,6 +6,7 @@
 //   cross_entropy_fwd: loss[n] = lse - logits[target], lse[n] float32 saved; logits float32 or bf16 [n, V],
 //                      read once, never copied to fp32. A target outside [0, V) gives NaN loss (no host sync).
 //   cross_entropy_bwd: dlogits = (softmax - onehot) * dloss; may alias logits.
+//   masked_loss_stats / masked_loss_grad: float32 [n] loss/mask/dloss, stats [2]; no host read-back.
 // Outputs overwritten; float32 / bf16 I/O with float32 math. Asynchronous on stream_of(stream).
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/ops.h"
@@ -71,6 +72,23 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
   require_same_shape(op, "dlogits", dlogits, "logits", logits);
   launch_cross_entropy_bwd(fout_of(op, "dlogits", dlogits), vec(op, "dloss", dloss, n), fin_of(op, "logits", logits),
                            targets.data<int32_t>(), vec(op, "lse", lse, n), n, logits.size(1), stream_of(stream));
+}
+
+void masked_loss_stats(Tensor& stats, const Tensor& loss, const Tensor& mask, Stream stream) {
+  const char* op = "masked_loss_stats";
+  const int64_t n = last_dim(op, "loss", loss);
+  MCPP_CHECK(loss.ndim() == 1, "{}: loss must be [n]; got {}", op, loss.str());
+  launch_masked_loss_stats(vec(op, "stats", stats, 2), vec(op, "loss", loss, n), vec(op, "mask", mask, n), n,
+                           stream_of(stream));
+}
+
+void masked_loss_grad(Tensor& dloss, const Tensor& mask, const Tensor& stats, float grad_scale, bool per_token,
+                      Stream stream) {
+  const char* op = "masked_loss_grad";
+  const int64_t n = last_dim(op, "mask", mask);
+  MCPP_CHECK(mask.ndim() == 1, "{}: mask must be [n]; got {}", op, mask.str());
+  launch_masked_loss_grad(vec(op, "dloss", dloss, n), vec(op, "mask", mask, n), vec(op, "stats", stats, 2),
+                          grad_scale, per_token, n, stream_of(stream));
 }
 
 }  // namespace mcpp::ops::cuda

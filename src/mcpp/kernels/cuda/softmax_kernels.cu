@@ -7,10 +7,15 @@
 //        backend throws instead, which would need a device->host sync here).
 //   cross entropy bwd: dx = (exp(x - lse) - onehot(target)) * dloss; element by element, so dlogits may
 //        alias logits.
+//   masked loss stats: ONE block of kStatsThreads; thread t sums elements t, t + kStatsThreads, ... in
+//        float64, then a fixed shared-memory tree (deterministic, no atomics). masked loss grad: coef from
+//        stats[1] in float64 exactly as the CPU computes it, then dloss = mask * coef elementwise.
 //   Cross entropy vector path (V % 8 == 0 and 16-byte aligned pointers — GPT vocabularies padded to a
 //   multiple of 128): 16-byte loads (and stores in bwd) of 8 elements, kUnroll of them in flight per
 //   thread; fwd folds each 8-chunk's max into the running (max, sum) with one rescale. Otherwise the
 //   scalar FIn / FOut loops below.
+#include <algorithm>
+
 #include "mcpp/kernels/cuda/device_utils.cuh"
 
 namespace mcpp::cuda_detail {
@@ -149,6 +154,39 @@ __global__ void cross_entropy_bwd_kernel(FOut dx, const float* dloss, FIn x, con
     dx.set(base + j, (pj - (j == t ? 1.0f : 0.0f)) * g);
   }
 }
+constexpr int kStatsThreads = 1024;
+
+__global__ void masked_loss_stats_kernel(float* stats, const float* loss, const float* mask, int64_t n) {
+  __shared__ double sum_s[kStatsThreads], cnt_s[kStatsThreads];
+  double sum = 0, cnt = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kStatsThreads) {
+    sum += static_cast<double>(loss[i]) * mask[i];
+    cnt += mask[i];
+  }
+  sum_s[threadIdx.x] = sum;
+  cnt_s[threadIdx.x] = cnt;
+  __syncthreads();
+  for (int w = kStatsThreads / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) {
+      sum_s[threadIdx.x] += sum_s[threadIdx.x + w];
+      cnt_s[threadIdx.x] += cnt_s[threadIdx.x + w];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    stats[0] = static_cast<float>(sum_s[0]);
+    stats[1] = static_cast<float>(cnt_s[0]);
+  }
+}
+
+__global__ void masked_loss_grad_kernel(float* dloss, const float* mask, const float* stats, float grad_scale,
+                                        bool per_token, int64_t n) {
+  const double count = stats[1];
+  const float coef = per_token ? grad_scale : count > 0 ? static_cast<float>(grad_scale / count) : 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dloss[i] = mask[i] * coef;
+}
 }  // namespace
 
 void launch_softmax_fwd(FOut probs, FIn scores, int64_t rows, int64_t sq, int64_t sk, float scale, bool causal,
@@ -179,6 +217,19 @@ void launch_cross_entropy_bwd(FOut dlogits, const float* dloss, FIn logits, cons
                                                                                  lse, v);
   else
     cross_entropy_bwd_kernel<<<static_cast<unsigned>(n), 512, 0, s>>>(dlogits, dloss, logits, targets, lse, v);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_masked_loss_stats(float* stats, const float* loss, const float* mask, int64_t n, cudaStream_t s) {
+  masked_loss_stats_kernel<<<1, kStatsThreads, 0, s>>>(stats, loss, mask, n);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_masked_loss_grad(float* dloss, const float* mask, const float* stats, float grad_scale, bool per_token,
+                             int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024));
+  masked_loss_grad_kernel<<<blocks, 256, 0, s>>>(dloss, mask, stats, grad_scale, per_token, n);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

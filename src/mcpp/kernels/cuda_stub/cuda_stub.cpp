@@ -1,4 +1,5 @@
 // Linked in a build without CUDA: every CUDA op and the device-memory seam report it clearly.
+#include "mcpp/core/cuda_graph.h"
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/trace_range.h"
@@ -15,6 +16,18 @@ bool available() { return false; }
 size_t peak_bytes() { return 0; }
 void synchronize() {}
 }  // namespace cuda_backend
+
+struct CudaGraph::Impl {};
+CudaGraph::CudaGraph() = default;
+CudaGraph::~CudaGraph() = default;
+void CudaGraph::capture(const std::function<void()>&) {
+  fail("CUDA graphs (--enable-cuda-graph) need the CUDA backend: this mcpp was built without CUDA");
+}
+void CudaGraph::replay() { fail("CudaGraph::replay: this mcpp was built without CUDA"); }
+bool CudaGraph::captured() const { return false; }
+int64_t CudaGraph::num_nodes() const { return 0; }
+int64_t CudaGraph::replays() const { return 0; }
+bool stream_capturing() { return false; }
 
 void trace_range_push(const char*) {}  // no profiler ranges without CUDA
 void trace_range_pop() {}

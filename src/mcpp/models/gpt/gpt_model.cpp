@@ -70,9 +70,13 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
   if (position_embeddings_) {
     MCPP_CHECK(s <= config_.max_position_embeddings, "sequence length {} exceeds max_position_embeddings {}", s,
                config_.max_position_embeddings);
-    Tensor pos = Tensor::empty({s * b}, DType::I32);
-    for (int64_t i = 0; i < s * b; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i / b);
-    ctx.position_ids = pos.to(device_);
+    if (position_ids_.numel() != s * b || position_ids_b_ != b) {  // built once per shape, kept on the device
+      Tensor pos = Tensor::empty({s * b}, DType::I32);
+      for (int64_t i = 0; i < s * b; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i / b);
+      position_ids_ = pos.to(device_);
+      position_ids_b_ = b;
+    }
+    ctx.position_ids = position_ids_;
     Tensor pe = Tensor::empty({s * b, h}, x.dtype(), device_);
     ops::embedding_fwd(pe, ctx.position_ids, position_embeddings_->data, 0);
     ops::add_inplace(x, pe);
@@ -132,7 +136,12 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
   if (!stage_.post_process) return h;
   Tensor logits = output_layer_->forward(ctx.output, h);  // [s, b, Vp/tp]
   ctx.logits = logits.view({-1, vocab_local_});           // [s*b, Vp/tp]
-  if (loss) *loss = compute_loss(ctx, labels, loss_mask);
+  if (labels.defined()) {
+    compute_loss(ctx, labels, loss_mask);
+    if (loss) *loss = LossResult::from_stats(ctx.loss_stats);
+  } else {
+    MCPP_CHECK(!loss, "forward_step: the loss needs labels and a loss mask");
+  }
   return Tensor();
 }
 
@@ -164,26 +173,33 @@ Tensor GPTModel::gather_logits(const Tensor& local) const {
 
 LossResult GPTModel::forward_loss(GPTModelCtx& ctx, const Tensor& tokens, const Tensor& labels,
                                   const Tensor& loss_mask, const ForwardOptions& opt) {
-  forward_logits(ctx, tokens, opt);
-  return compute_loss(ctx, labels, loss_mask);
+  MCPP_CHECK(stage_.pre_process && stage_.post_process, "forward_loss needs the whole model (one pipeline stage)");
+  MCPP_CHECK(labels.defined() && loss_mask.defined(), "forward_loss needs labels and a loss mask");
+  LossResult r;
+  forward_step(ctx, tokens, Tensor(), labels, loss_mask, opt, &r);
+  return r;
 }
 
-LossResult GPTModel::compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask) {
+LossResult LossResult::from_stats(const Tensor& stats) {
+  const Tensor h = stats.device() == Device::CPU ? stats : stats.to(Device::CPU);
+  LossResult r;
+  r.loss_sum = h.data<float>()[0];
+  r.num_tokens = h.data<float>()[1];
+  r.loss = r.num_tokens > 0 ? r.loss_sum / r.num_tokens : 0.0;
+  return r;
+}
+
+void GPTModel::compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask) {
   const int64_t n = labels.numel();
+  MCPP_CHECK(loss_mask.defined() && loss_mask.numel() == n, "the loss mask must have one value per label ({}); got {}",
+             n, loss_mask.defined() ? loss_mask.str() : "undefined");
   ctx.labels = (labels.device() == device_ ? labels : labels.to(device_)).view({n});
-  ctx.loss_mask = loss_mask.view({n});  // read on the host
+  ctx.loss_mask = (loss_mask.device() == device_ ? loss_mask : loss_mask.to(device_)).view({n});
   Tensor loss = Tensor::empty({n}, DType::F32, device_);
   ctx.lse = Tensor::empty({n}, DType::F32, device_);
   tp::vocab_parallel_cross_entropy_fwd(loss, ctx.lse, ctx.logits, ctx.labels, vocab_start_, *tp_.group);
-  Tensor loss_h = loss.to(Device::CPU), mask_h = ctx.loss_mask.to(Device::CPU);
-  LossResult r;
-  for (int64_t i = 0; i < n; ++i) {
-    r.loss_sum += static_cast<double>(loss_h.data<float>()[i]) * mask_h.data<float>()[i];
-    r.num_tokens += mask_h.data<float>()[i];
-  }
-  r.loss = r.num_tokens > 0 ? r.loss_sum / r.num_tokens : 0.0;
-  ctx.num_tokens = r.num_tokens;
-  return r;
+  ctx.loss_stats = Tensor::empty({2}, DType::F32, device_);
+  ops::masked_loss_stats(ctx.loss_stats, loss, ctx.loss_mask);  // stays on the device (no sync)
 }
 
 void GPTModel::backward(GPTModelCtx& ctx, float grad_scale) {
@@ -196,12 +212,8 @@ Tensor GPTModel::head_backward(GPTModelCtx& ctx, float grad_scale) {
   const int64_t n = ctx.labels.numel(), s = ctx.tokens.size(0), b = ctx.tokens.size(1);
   // d(grad_scale * sum(loss*mask)/sum(mask)) / d loss_i, or with calculate_per_token_loss
   // d(grad_scale * sum(loss*mask)) / d loss_i (the caller divides the gradients by the global token count)
-  Tensor dloss = ctx.loss_mask.to(Device::CPU).clone();
-  const float coef = config_.calculate_per_token_loss ? grad_scale
-                     : ctx.num_tokens > 0          ? static_cast<float>(grad_scale / ctx.num_tokens)
-                                                   : 0.0f;
-  for (int64_t i = 0; i < n; ++i) dloss.data<float>()[i] *= coef;
-  dloss = dloss.to(device_);
+  Tensor dloss = Tensor::empty({n}, DType::F32, device_);
+  ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, grad_scale, config_.calculate_per_token_loss);
   Tensor dlogits = ctx.logits;  // in place: the logits are not needed afterwards
   tp::vocab_parallel_cross_entropy_bwd(dlogits, dloss, ctx.logits, ctx.labels, ctx.lse, vocab_start_, *tp_.group);
   Tensor dh = output_layer_->backward(ctx.output, dlogits.view({s, b, vocab_local_}));  // [s(/tp), b, h]

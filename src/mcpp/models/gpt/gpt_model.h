@@ -35,7 +35,7 @@ namespace mcpp {
 struct GPTModelCtx {
   Tensor tokens;          // [s, b] int32
   Tensor input;           // [s(/tp), b, h] from the previous pipeline stage (not on the first)
-  Tensor position_ids;    // [s*b] int32 (learned positions)
+  Tensor position_ids;    // [s*b] int32 (learned positions; the model's cached ids, not an activation)
   PhiloxKey embedding_dropout_key;
   bool embedding_dropout = false;
   RopeTables rope;        // cos/sin rows for this sequence length (rope configs)
@@ -43,9 +43,9 @@ struct GPTModelCtx {
   tensor_parallel::ParallelLinearCtx output;
   Tensor logits;          // [s*b, Vp/tp]
   Tensor labels;          // [s*b] int32
-  Tensor loss_mask;       // [s*b] float32
+  Tensor loss_mask;       // [s*b] float32, on the model's device
   Tensor lse;             // [s*b] (global over the vocabulary)
-  double num_tokens = 0;  // sum(loss_mask)
+  Tensor loss_stats;      // [2] float32 on the model's device: {sum(loss * mask), sum(mask)} (masked_loss_stats)
 };
 
 struct GPTModelStage {
@@ -59,6 +59,8 @@ struct LossResult {
   double loss = 0;        // sum(loss * mask) / sum(mask)
   double loss_sum = 0;    // sum(loss * mask)
   double num_tokens = 0;  // sum(mask)
+  // Reads a loss_stats tensor [2] (a device->host copy when it lives on the GPU).
+  static LossResult from_stats(const Tensor& stats);
 };
 
 class GPTModel {
@@ -69,8 +71,10 @@ class GPTModel {
            Device device = Device::CPU, const GPTModelStage& stage = {}, DType param_dtype = DType::F32);
 
   // One pipeline stage's forward: input = tokens [s, b] (pre_process) or the previous stage's hidden
-  // [s(/tp), b, h]. Returns the hidden state for the next stage, or (post_process) computes the loss into
-  // *loss and returns an undefined tensor. labels / loss_mask are used only by the last stage.
+  // [s(/tp), b, h]. Returns the hidden state for the next stage, or (post_process) computes the loss
+  // statistics into ctx.loss_stats on the device and returns an undefined tensor; *loss, when non-null, is
+  // filled from them (a device->host read: pass nullptr to keep the step free of host syncs, e.g. under
+  // CUDA-graph capture). labels / loss_mask are used only by the last stage.
   Tensor forward_step(GPTModelCtx& ctx, const Tensor& tokens, const Tensor& input, const Tensor& labels,
                       const Tensor& loss_mask, const ForwardOptions& opt, LossResult* loss);
   // Backward of forward_step: output_grad is the next stage's input gradient (ignored on the last stage,
@@ -99,13 +103,17 @@ class GPTModel {
   Tensor embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt);
   void embed_backward(GPTModelCtx& ctx, const Tensor& dx);
   Tensor head_backward(GPTModelCtx& ctx, float grad_scale);  // loss -> d(final hidden)
-  LossResult compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask);
+  void compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask);  // -> ctx.loss_stats
 
   TransformerConfig config_;
   tensor_parallel::TPContext tp_;
   GPTModelStage stage_;
   Device device_;
   int64_t vocab_local_ = 0, vocab_start_ = 0;
+  // Learned positions: the [s*b] ids (row i -> i / b) of the last shape, on the device (no upload per
+  // forward: a CUDA-graph step must not copy from the host).
+  Tensor position_ids_;
+  int64_t position_ids_b_ = 0;
   ParamAndGradBuffer params_;
   std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embedding_;  // first stage (+ last, tied)
   Parameter* word_embeddings_ = nullptr;      // [Vp/tp, h] (first stage; the last stage's tied copy too)

@@ -1,0 +1,165 @@
+// CUDA graphs (core/cuda_graph.h) and the trainer's --enable-cuda-graph on the device:
+//   - a captured region of ops (allocations inside) replays with new static inputs and gives the eager
+//     result each time; the capture itself runs nothing;
+//   - what a captured step must not do fails with a named mcpp::Error and leaves the stream usable: a
+//     device->host read, a tensor created inside that outlives the region;
+//   - a tensor allocated before the capture and dropped inside it stays valid for the replays;
+//   - masked_loss_stats / masked_loss_grad on CUDA equal the CPU backend;
+//   - training a bf16 GPT with --enable-cuda-graph (eager warm-up, capture, replays, an eager evaluation in
+//     between) gives the eager run's losses (same kernels; only atomics-ordered sums may differ).
+#include <filesystem>
+#include <string>
+
+#include "cuda/cuda_test_util.h"
+#include "mcpp/core/cuda_graph.h"
+#include "mcpp/training/trainer.h"
+#include "training/trainer_test_util.h"
+
+namespace mcpp::cuda_test {
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CudaGraph, ReplaysTheCapturedOpsOnNewInputs) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 96, in = 64, out = 80;
+  Tensor w = dev(rnd({out, in}, 2));
+  Tensor x = Tensor::empty({n, in}, DType::F32, Device::CUDA);  // static input
+  Tensor y = Tensor::empty({n, out}, DType::F32, Device::CUDA);  // static output
+  auto body = [&] {
+    Tensor t = Tensor::empty({n, out}, DType::F32, Device::CUDA);  // allocated and freed inside
+    ops::linear_fwd(t, x, w, nullptr);
+    ops::scale_inplace(t, 2.0f);
+    y.copy_from(t);
+  };
+  x.copy_from(rnd({n, in}, 3));
+  body();  // eager warm-up (plans)
+  CudaGraph g;
+  ops::scale_inplace(y, 0.0f);
+  g.capture(body);
+  EXPECT_EQ(rel_err(host(y), Tensor::zeros({n, out})), 0.0) << "capturing must not run the work";
+  EXPECT_TRUE(g.captured());
+  EXPECT_GE(g.num_nodes(), 3);
+  for (uint64_t seed : {11u, 12u}) {
+    Tensor xh = rnd({n, in}, seed);
+    x.copy_from(xh);
+    g.replay();
+    Tensor want = Tensor::empty({n, out});
+    ops::cpu::linear_fwd(want, xh, host(w), nullptr, {});
+    ops::cpu::scale_inplace(want, 2.0f, {});
+    EXPECT_REL(host(y), want, 1e-5);
+  }
+  EXPECT_EQ(g.replays(), 2);
+}
+
+TEST(CudaGraph, HostReadAndEscapingTensorAreNamedErrors) {
+  MCPP_REQUIRE_CUDA();
+  Tensor y = dev(rnd({16, 16}, 5));
+  CudaGraph read;
+  const std::string e1 = error_of([&] { read.capture([&] { Tensor h = y.to(Device::CPU); }); });
+  EXPECT_NE(e1.find("CUDA-graph capture failed"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("device->host"), std::string::npos) << e1;
+  EXPECT_FALSE(read.captured());
+  ops::scale_inplace(y, 2.0f);  // the stream works eagerly afterwards
+  EXPECT_TRUE(std::isfinite(host(y).data<float>()[0]));
+
+  Tensor escaped;
+  CudaGraph leak;
+  const std::string e2 = error_of([&] {
+    leak.capture([&] {
+      escaped = Tensor::empty({1024}, DType::F32, Device::CUDA);
+      ops::scale_inplace(escaped, 1.0f);
+    });
+  });
+  EXPECT_NE(e2.find("still alive"), std::string::npos) << e2;
+  escaped = Tensor();
+  Tensor z = dev(rnd({16, 16}, 6));
+  ops::add_inplace(z, y);
+  EXPECT_TRUE(std::isfinite(host(z).data<float>()[0]));
+}
+
+TEST(CudaGraph, TensorDroppedInsideTheCaptureStaysValidForReplays) {
+  MCPP_REQUIRE_CUDA();
+  Tensor src = dev(rnd({256}, 8));
+  Tensor out = Tensor::empty({256}, DType::F32, Device::CUDA);
+  Tensor scratch = Tensor::empty({256}, DType::F32, Device::CUDA);  // allocated before the capture
+  CudaGraph g;
+  g.capture([&] {
+    scratch.copy_from(src);
+    ops::scale_inplace(scratch, 3.0f);
+    out.copy_from(scratch);
+    scratch = Tensor();  // dropped inside: the graph keeps its memory
+  });
+  Tensor other = Tensor::zeros({256}, DType::F32, Device::CUDA);  // must not get the held memory
+  g.replay();
+  g.replay();
+  Tensor want = host(src);
+  ops::cpu::scale_inplace(want, 3.0f, {});
+  EXPECT_EQ(rel_err(host(out), want), 0.0);
+  EXPECT_EQ(rel_err(host(other), Tensor::zeros({256})), 0.0);
+}
+
+TEST(CudaMaskedLoss, StatsAndGradMatchCpu) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 33000;
+  Tensor loss = rnd({n}, 21, DType::F32, 0.0, 11.0);
+  Tensor mask = Tensor::empty({n});
+  for (int64_t i = 0; i < n; ++i) mask.data<float>()[i] = (i % 7 == 0) ? 0.0f : 1.0f;
+  Tensor stats_c = Tensor::empty({2}), stats_g = Tensor::empty({2}, DType::F32, Device::CUDA);
+  ops::cpu::masked_loss_stats(stats_c, loss, mask, {});
+  ops::masked_loss_stats(stats_g, dev(loss), dev(mask));
+  Tensor sg = host(stats_g);
+  EXPECT_NEAR(sg.data<float>()[0], stats_c.data<float>()[0], 1e-6 * stats_c.data<float>()[0]);
+  EXPECT_EQ(sg.data<float>()[1], stats_c.data<float>()[1]);
+  for (bool per_token : {false, true}) {
+    Tensor dc = Tensor::empty({n}), dg = Tensor::empty({n}, DType::F32, Device::CUDA);
+    ops::cpu::masked_loss_grad(dc, mask, stats_c, 0.5f, per_token, {});
+    ops::masked_loss_grad(dg, dev(mask), dev(stats_c), 0.5f, per_token);
+    EXPECT_EQ(rel_err(host(dg), dc), 0.0) << "per_token " << per_token;
+  }
+}
+
+TEST(CudaGraphTraining, Bf16GptWithGraphsMatchesEagerTraining) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_" + std::to_string(::getpid()));
+  Config c = training_test::tiny_train_config("unused", 8);
+  c.data.data_path = {training_test::make_corpus(dir)};
+  c.model.hidden_size = 128;
+  c.model.num_attention_heads = 2;
+  c.model.num_query_groups = 2;
+  c.model.kv_channels = 64;  // the flash attention's head dim (cuDNN)
+  c.model.ffn_hidden_size = 512;
+  c.model.seq_length = 64;
+  c.model.max_position_embeddings = 64;
+  c.model.attention_impl = "flash";
+  c.model.hidden_dropout = 0.0f;
+  c.model.attention_dropout = 0.0f;
+  c.training.bf16 = true;
+  c.training.device = "cuda";
+  c.training.log_interval = 4;
+  c.training.eval_interval = 5;  // an eager evaluation between replays
+  c.validate();
+  const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
+  c.training.enable_cuda_graph = true;
+  c.training.cuda_graph_warmup_steps = 2;
+  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(graphed.losses.size(), 8u);
+  EXPECT_EQ(graphed.cuda_graph_replays, 6);  // steps 3..8: captured at step 3, replayed from it on
+  EXPECT_GT(graphed.cuda_graph_nodes, 50);
+  for (size_t i = 0; i < 8; ++i)
+    EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-3 * eager.losses[i]) << "iteration " << i + 1;
+  EXPECT_LT(graphed.losses.back(), graphed.losses[2]);  // the replays train
+  EXPECT_NEAR(graphed.last_valid_loss, eager.last_valid_loss, 1e-3 * eager.last_valid_loss);
+  EXPECT_GT(cuda_peak_memory_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace mcpp::cuda_test

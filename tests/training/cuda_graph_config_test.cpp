@@ -1,0 +1,82 @@
+// --enable-cuda-graph: the flags parse under Megatron's names; what the captured step cannot contain is
+// refused at validation naming the reason (tensor/pipeline parallel, dropout, --timeline, --device cpu,
+// an unimplemented scope, no warm-up step); without a GPU the trainer refuses it instead of running eagerly.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "mcpp/core/device_memory.h"
+#include "mcpp/core/error.h"
+#include "mcpp/training/arguments.h"
+#include "mcpp/training/trainer.h"
+#include "training/trainer_test_util.h"
+
+namespace mcpp {
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Config graph_config() {  // the tiny trainer config without dropout, graphs on
+  Config c = training_test::tiny_train_config("unused_prefix");
+  c.model.hidden_dropout = 0.0f;
+  c.model.attention_dropout = 0.0f;
+  c.training.enable_cuda_graph = true;
+  c.validate();
+  return c;
+}
+
+TEST(CudaGraphConfig, MegatronFlagsParse) {
+  Config c = parse_train_args({"--enable-cuda-graph", "--cuda-graph-scope", "full_iteration",
+                               "--cuda-graph-warmup-steps", "5", "--hidden-dropout", "0", "--attention-dropout", "0"});
+  EXPECT_TRUE(c.training.enable_cuda_graph);
+  EXPECT_EQ(c.training.cuda_graph_scope, "full_iteration");
+  EXPECT_EQ(c.training.cuda_graph_warmup_steps, 5);
+  Config d = parse_train_args({});
+  EXPECT_FALSE(d.training.enable_cuda_graph);
+  EXPECT_EQ(d.training.cuda_graph_warmup_steps, 3);  // Megatron's default
+}
+
+TEST(CudaGraphConfig, WhatTheCapturedStepCannotContainIsRefused) {
+  Config ok = graph_config();
+  EXPECT_EQ(error_of([&] { ok.validate(); }), "");
+  auto refused = [&](auto&& edit, const std::string& needle) {
+    Config c = ok;
+    edit(c);
+    const std::string e = error_of([&] { c.validate(); });
+    EXPECT_NE(e.find(needle), std::string::npos) << "expected '" << needle << "' in: " << e;
+  };
+  refused([](Config& c) { c.parallel.tensor_model_parallel_size = 2; }, "tensor/pipeline/context/expert");
+  refused([](Config& c) { c.parallel.pipeline_model_parallel_size = 2; }, "tensor/pipeline/context/expert");
+  refused([](Config& c) { c.model.hidden_dropout = 0.1f; }, "dropout");
+  refused([](Config& c) { c.model.attention_dropout = 0.1f; }, "dropout");
+  refused([](Config& c) { c.training.timeline = "trace.json"; }, "--timeline");
+  refused([](Config& c) { c.training.device = "cpu"; }, "--device cuda");
+  refused([](Config& c) { c.training.cuda_graph_scope = "attn"; }, "cuda_graph_scope");
+  refused([](Config& c) { c.training.cuda_graph_warmup_steps = 0; }, "cuda_graph_warmup_steps");
+  // Graphs off: the same settings are fine.
+  Config off = ok;
+  off.training.enable_cuda_graph = false;
+  off.model.hidden_dropout = 0.1f;
+  EXPECT_EQ(error_of([&] { off.validate(); }), "");
+}
+
+TEST(CudaGraphConfig, TrainerWithoutAGpuRefusesInsteadOfRunningEagerly) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is visible: tests/cuda/cuda_graph_test.cpp trains with graphs";
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_graph_cfg_" + std::to_string(::getpid()));
+  Config c = graph_config();
+  c.data.data_path = {training_test::make_corpus(dir)};
+  const std::string e = error_of([&] { Trainer t(c, 99, training_test::single()); });
+  std::filesystem::remove_all(dir);
+  EXPECT_NE(e.find("enable_cuda_graph"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace mcpp

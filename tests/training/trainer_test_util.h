@@ -1,0 +1,72 @@
+// Shared by the trainer tests (CPU and CUDA): a small learnable corpus, a tiny training config on it,
+// and the size-1 parallel context.
+#pragma once
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mcpp/comm/local/local_communicator.h"
+#include "mcpp/datasets/indexed_dataset.h"
+#include "mcpp/parallel_state/parallel_context.h"
+#include "mcpp/transformer/transformer_config.h"
+
+namespace mcpp::training_test {
+
+// A corpus with structure: each document is an arithmetic walk t -> (3t + 1) mod 97, so the next token
+// is predictable and the loss can fall far below log(V).
+inline std::string make_corpus(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  const std::string prefix = (dir / "walk").string();
+  IndexedDatasetBuilder b(prefix + ".bin", IndexedDType::U16);
+  uint32_t state = 12345;
+  for (int d = 0; d < 300; ++d) {
+    state = state * 1664525u + 1013904223u;
+    std::vector<int32_t> doc;
+    int32_t t = static_cast<int32_t>(state % 97);
+    for (int i = 0; i < 10 + static_cast<int>((state >> 8) % 30); ++i, t = (3 * t + 1) % 97) doc.push_back(t);
+    doc.push_back(99);  // EOD
+    b.add_item(std::span<const int32_t>(doc));
+    b.end_document();
+  }
+  b.finalize(prefix + ".idx");
+  return prefix;
+}
+
+inline Config tiny_train_config(const std::string& data_prefix, int64_t train_iters = 10) {
+  Config c;
+  c.model.num_layers = 2;
+  c.model.hidden_size = 32;
+  c.model.num_attention_heads = 4;
+  c.model.seq_length = 16;
+  c.model.max_position_embeddings = 16;
+  c.model.hidden_dropout = 0.1f;
+  c.model.attention_dropout = 0.1f;
+  c.model.attention_impl = "unfused";  // supports attention dropout
+  c.model.make_vocab_size_divisible_by = 64;
+  c.training.micro_batch_size = 4;
+  c.training.global_batch_size = 8;  // 2 microbatches: gradient accumulation is exercised
+  c.training.train_iters = train_iters;  // before finalize(): lr_decay_iters defaults to it
+  c.training.log_interval = 5;
+  c.training.eval_interval = 5;
+  c.training.eval_iters = 1;
+  c.optimizer.lr = 3e-3f;
+  c.optimizer.min_lr = 3e-4f;
+  c.optimizer.lr_warmup_iters = 2;
+  c.optimizer.lr_decay_style = LrDecayStyle::Cosine;
+  c.data.data_path = {data_prefix};
+  c.data.split = "90,10,0";
+  c.data.tokenizer_type = "NullTokenizer";
+  c.model.vocab_size = 100;
+  c.finalize();
+  c.apply_world_size(1);
+  c.model.set_vocab_size(100, 1);
+  c.validate();
+  return c;
+}
+
+inline parallel_state::ParallelContext single() {
+  return parallel_state::ParallelContext::single(comm::make_local_world());
+}
+
+}  // namespace mcpp::training_test
