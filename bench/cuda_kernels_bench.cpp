@@ -193,6 +193,10 @@ void bench_cross_entropy(const char* name, int64_t n, int64_t v) {
   row("cross entropy bwd (bf16 logits)", shape,
       time_op([&] { mcpp::ops::cross_entropy_bwd(dlogits, dloss, logits, targets, lse); }, dlogits, g_iters, g_reps), 0,
       2 * bytes);
+  row("cross entropy fwd+bwd fused (bf16 logits)", shape,
+      time_op([&] { mcpp::ops::cross_entropy_fwd_bwd(loss, lse, dlogits, logits, targets, dloss); }, dlogits, g_iters,
+              g_reps),
+      0, 2 * bytes);
 }
 
 // AdamW over GPT-2 124M's 148 parameter tensors (fp32 master, m, v, grad; bf16 model copy): the
@@ -301,6 +305,7 @@ int main(int argc, char** argv) {
       bench_layernorm("124M", 32768, 768);
       bench_layernorm("1.3B", 16384, 2048);
       bench_cross_entropy("124M B8 T1024", 8192, 50304);
+      bench_cross_entropy("124M B32 T1024", 32768, 50304);
       bench_adamw();
       return 0;
     }

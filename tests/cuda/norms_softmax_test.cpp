@@ -132,8 +132,8 @@ TEST(CudaCrossEntropy, FusedForwardBackwardAndInPlaceGrad) {
     int64_t n, v;
   };
   // v = 1003: scalar path; 1024 and 50304 (GPT-2's padded vocab): 16-byte vector path, the latter through
-  // the 4-deep unrolled loop plus its remainder loop.
-  for (const Case& c : {Case{29, 1003}, Case{29, 1024}, Case{6, 50304}}) {
+  // the 4-deep unrolled loop plus its remainder loop; 65536: beyond the fused fwd+bwd kernel's row size.
+  for (const Case& c : {Case{29, 1003}, Case{29, 1024}, Case{6, 50304}, Case{3, 65536}}) {
     const int64_t n = c.n, v = c.v;
     Tensor targets = Tensor::empty({n}, DType::I32);
     for (int64_t i = 0; i < n; ++i) targets.data<int32_t>()[i] = static_cast<int32_t>((i * 131 + 7) % v);
@@ -156,6 +156,17 @@ TEST(CudaCrossEntropy, FusedForwardBackwardAndInPlaceGrad) {
       EXPECT_REL(host(dl), dl_ref, tol(dt, 1e-5));
       ops::cross_entropy_bwd(ld, dloss_d, ld, td, lse);  // in place: dlogits aliases logits
       EXPECT_REL(host(ld), dl_ref, tol(dt, 1e-5));
+      // Forward + backward in one op (the fused kernel for 2-byte logits, V % 8 == 0, V <= 56K; the two
+      // kernels otherwise), in place as the GPT's loss uses it and into a separate output.
+      Tensor loss2 = poisoned({n}, DType::F32), lse2 = poisoned({n}, DType::F32), ld2 = dev(logits, dt);
+      ops::cross_entropy_fwd_bwd(loss2, lse2, ld2, ld2, td, dloss_d);
+      EXPECT_REL(host(loss2), loss_ref, 1e-5);
+      EXPECT_REL(host(lse2), lse_ref, 1e-5);
+      EXPECT_REL(host(ld2), dl_ref, tol(dt, 1e-5));
+      Tensor ld3 = dev(logits, dt), dl3 = poisoned({n, v}, dt);
+      ops::cross_entropy_fwd_bwd(loss2, lse2, dl3, ld3, td, dloss_d);
+      EXPECT_REL(host(dl3), dl_ref, tol(dt, 1e-5));
+      EXPECT_EQ(rel_err(host(ld3), logits), 0.0) << "the input must stay untouched";
     }
   }
 }

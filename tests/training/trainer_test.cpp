@@ -84,6 +84,21 @@ TEST_F(TrainerTest, NoLoadRngChangesDropoutStream) {
   EXPECT_NE(sa.losses[5], s2.losses[0]);  // a fresh dropout stream gives other masks
 }
 
+TEST_F(TrainerTest, TokenOutsideTheVocabularyIsANamedError) {
+  Config c = tiny_train_config(prefix_, 3);  // the corpus holds ids up to 99
+  c.model.make_vocab_size_divisible_by = 1;
+  c.model.set_vocab_size(64, 1);
+  Trainer t(c, 99, single());
+  try {
+    t.train();
+    ADD_FAILURE() << "training on ids >= the vocabulary did not fail";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("outside the model's vocabulary [0, 64)"), std::string::npos) << m;
+    EXPECT_NE(m.find(prefix_), std::string::npos) << m;
+  }
+}
+
 TEST_F(TrainerTest, CheckpointOfDifferentModelIsRefusedNamingTheField) {
   Config c = tiny_train_config(prefix_, 3);
   c.training.save = (dir_ / "ckpt").string();

@@ -147,6 +147,11 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
   MCPP_DISPATCH(cross_entropy_bwd, ({&dlogits, &dloss, &logits, &targets, &lse}), dlogits, dloss, logits, targets,
                 lse, s);
 }
+void cross_entropy_fwd_bwd(Tensor& loss, Tensor& lse, Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                           const Tensor& dloss, Stream s) {
+  MCPP_DISPATCH(cross_entropy_fwd_bwd, ({&loss, &lse, &dlogits, &logits, &targets, &dloss}), loss, lse, dlogits,
+                logits, targets, dloss, s);
+}
 void masked_loss_stats(Tensor& stats, const Tensor& loss, const Tensor& mask, Stream s) {
   MCPP_DISPATCH(masked_loss_stats, ({&stats, &loss, &mask}), stats, loss, mask, s);
 }

@@ -93,7 +93,9 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       const MicroBatch& mb = batch(act.microbatch);
       Tensor input = model.stage().pre_process ? Tensor() : take(received_act, k, "received activation");
       GPTModelCtx& ctx = ctxs[k];
-      Tensor out = model.forward_step(ctx, mb.tokens, input, mb.labels, mb.loss_mask, a.forward, nullptr);
+      ForwardOptions fo = a.forward;
+      if (!a.forward_only) fo.loss_grad_scale = a.grad_scale;  // the backward follows: fused loss gradient
+      Tensor out = model.forward_step(ctx, mb.tokens, input, mb.labels, mb.loss_mask, fo, nullptr);
       if (model.stage().post_process) {
         Tensor row = res.loss_stats.flat_slice(2 * act.microbatch, {2});
         row.copy_from(ctx.loss_stats);  // device to device, stream-ordered

@@ -163,8 +163,15 @@ Trainer::Batch Trainer::get_batch(const GPTDataset& ds, int64_t first, int64_t m
   Batch batch{Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b})};
   std::vector<int32_t> tokens(static_cast<size_t>(s + 1));
   std::vector<float> mask(static_cast<size_t>(s));
+  const int64_t vocab = config_.model.padded_vocab_size;
   for (int64_t ib = 0; ib < b; ++ib) {
-    ds.sample((base + ib) % ds.size(), tokens, mask);
+    const int64_t index = (base + ib) % ds.size();
+    ds.sample(index, tokens, mask);
+    for (int32_t t : tokens)  // checked here for every backend: the CUDA loss reports a bad id only as NaN
+      if (t < 0 || t >= vocab)
+        fail("data: sample {} of the dataset '{}' holds token id {}, outside the model's vocabulary [0, {}) "
+             "(a data file made with another tokenizer, or --vocab-size too small)",
+             index, config_.data.data_path.front(), t, vocab);
     for (int64_t i = 0; i < s; ++i) {  // sample ib is column ib of the [s, b] layout
       batch.tokens.data<int32_t>()[i * b + ib] = tokens[i];
       batch.labels.data<int32_t>()[i * b + ib] = tokens[i + 1];

@@ -9,6 +9,9 @@ namespace mcpp {
 struct ForwardOptions {
   bool training = true;                       // dropout active when true and p > 0
   tensor_parallel::RngTracker* rng = nullptr;  // dropout streams; required when training with dropout
+  // > 0: the backward will follow with this grad_scale, so the last stage computes the logits' gradient in
+  // the loss forward (fused cross entropy, one pass over the logits; tp = 1). 0: the loss only.
+  float loss_grad_scale = 0.0f;
 };
 
 // ForwardOptions snapshot for activation recompute: the RNG streams as a forward found them. A re-run

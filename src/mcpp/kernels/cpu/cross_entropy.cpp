@@ -143,6 +143,12 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
   }
 }
 
+void cross_entropy_fwd_bwd(Tensor& loss, Tensor& lse, Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                           const Tensor& dloss, Stream s) {
+  cross_entropy_fwd(loss, lse, logits, targets, s);
+  cross_entropy_bwd(dlogits, dloss, logits, targets, lse, s);
+}
+
 void masked_loss_stats(Tensor& stats, const Tensor& loss, const Tensor& mask, Stream) {
   check_f32(loss, "masked_loss_stats", "loss");
   if (loss.ndim() != 1) fail("masked_loss_stats: loss must be [n], got {}", loss.str());

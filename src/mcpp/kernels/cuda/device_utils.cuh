@@ -104,17 +104,12 @@ inline bool vec8_ok(int64_t n, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-__device__ __forceinline__ void load8(const FIn& x, int64_t j, float (&v)[8]) {
-  if (x.kind == kF32) {
-    const float4 a = static_cast<const float4*>(x.p)[2 * j], b = static_cast<const float4*>(x.p)[2 * j + 1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    return;
-  }
-  const uint4 w = static_cast<const uint4*>(x.p)[j];
+// 8 packed 2-byte values (kind kBF16 or kF16) -> float.
+__device__ __forceinline__ void unpack8(const uint4& w, int kind, float (&v)[8]) {
   const uint32_t u[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    if (x.kind == kBF16) {
+    if (kind == kBF16) {
       const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&u[k]);
       v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
     } else {
@@ -122,6 +117,15 @@ __device__ __forceinline__ void load8(const FIn& x, int64_t j, float (&v)[8]) {
       v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
     }
   }
+}
+
+__device__ __forceinline__ void load8(const FIn& x, int64_t j, float (&v)[8]) {
+  if (x.kind == kF32) {
+    const float4 a = static_cast<const float4*>(x.p)[2 * j], b = static_cast<const float4*>(x.p)[2 * j + 1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+  unpack8(static_cast<const uint4*>(x.p)[j], x.kind, v);
 }
 
 __device__ __forceinline__ void store8(const FOut& y, int64_t j, const float (&v)[8]) {

@@ -104,6 +104,9 @@ void launch_cross_entropy_fwd(float* loss, float* lse, FIn logits, const int32_t
                               cudaStream_t s);
 void launch_cross_entropy_bwd(FOut dlogits, const float* dloss, FIn logits, const int32_t* targets, const float* lse,
                               int64_t n, int64_t v, cudaStream_t s);
+// false: no fused kernel for this shape / dtype / alignment (the caller runs fwd then bwd).
+bool launch_cross_entropy_fwd_bwd(float* loss, float* lse, FOut dlogits, const float* dloss, FIn logits,
+                                  const int32_t* targets, int64_t n, int64_t v, cudaStream_t s);
 void launch_masked_loss_stats(float* stats, const float* loss, const float* mask, int64_t n, cudaStream_t s);
 void launch_masked_loss_grad(float* dloss, const float* mask, const float* stats, float grad_scale, bool per_token,
                              int64_t n, cudaStream_t s);

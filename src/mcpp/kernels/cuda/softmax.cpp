@@ -6,6 +6,8 @@
 //   cross_entropy_fwd: loss[n] = lse - logits[target], lse[n] float32 saved; logits float32 or bf16 [n, V],
 //                      read once, never copied to fp32. A target outside [0, V) gives NaN loss (no host sync).
 //   cross_entropy_bwd: dlogits = (softmax - onehot) * dloss; may alias logits.
+//   cross_entropy_fwd_bwd: both in one kernel (row staged in shared memory) for bf16/f16 logits with the
+//                      vector path and V <= kCeFusedMaxV; otherwise the two kernels above.
 //   masked_loss_stats / masked_loss_grad: float32 [n] loss/mask/dloss, stats [2]; no host read-back.
 // Outputs overwritten; float32 / bf16 I/O with float32 math. Asynchronous on stream_of(stream).
 #include "mcpp/kernels/cuda/cuda_check.h"
@@ -72,6 +74,20 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
   require_same_shape(op, "dlogits", dlogits, "logits", logits);
   launch_cross_entropy_bwd(fout_of(op, "dlogits", dlogits), vec(op, "dloss", dloss, n), fin_of(op, "logits", logits),
                            targets.data<int32_t>(), vec(op, "lse", lse, n), n, logits.size(1), stream_of(stream));
+}
+
+void cross_entropy_fwd_bwd(Tensor& loss, Tensor& lse, Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                           const Tensor& dloss, Stream stream) {
+  const char* op = "cross_entropy_fwd_bwd";
+  check_ce(op, logits, targets);
+  const int64_t n = logits.size(0);
+  require_same_shape(op, "dlogits", dlogits, "logits", logits);
+  if (launch_cross_entropy_fwd_bwd(vec(op, "loss", loss, n), vec(op, "lse", lse, n), fout_of(op, "dlogits", dlogits),
+                                   vec(op, "dloss", dloss, n), fin_of(op, "logits", logits), targets.data<int32_t>(),
+                                   n, logits.size(1), stream_of(stream)))
+    return;
+  cross_entropy_fwd(loss, lse, logits, targets, stream);
+  cross_entropy_bwd(dlogits, dloss, logits, targets, lse, stream);
 }
 
 void masked_loss_stats(Tensor& stats, const Tensor& loss, const Tensor& mask, Stream stream) {

@@ -137,7 +137,7 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
   Tensor logits = output_layer_->forward(ctx.output, h);  // [s, b, Vp/tp]
   ctx.logits = logits.view({-1, vocab_local_});           // [s*b, Vp/tp]
   if (labels.defined()) {
-    compute_loss(ctx, labels, loss_mask);
+    compute_loss(ctx, labels, loss_mask, opt.loss_grad_scale);
     if (loss) *loss = LossResult::from_stats(ctx.loss_stats);
   } else {
     MCPP_CHECK(!loss, "forward_step: the loss needs labels and a loss mask");
@@ -189,7 +189,7 @@ LossResult LossResult::from_stats(const Tensor& stats) {
   return r;
 }
 
-void GPTModel::compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask) {
+void GPTModel::compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask, float grad_scale) {
   const int64_t n = labels.numel();
   MCPP_CHECK(loss_mask.defined() && loss_mask.numel() == n, "the loss mask must have one value per label ({}); got {}",
              n, loss_mask.defined() ? loss_mask.str() : "undefined");
@@ -197,8 +197,20 @@ void GPTModel::compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor
   ctx.loss_mask = (loss_mask.device() == device_ ? loss_mask : loss_mask.to(device_)).view({n});
   Tensor loss = Tensor::empty({n}, DType::F32, device_);
   ctx.lse = Tensor::empty({n}, DType::F32, device_);
-  tp::vocab_parallel_cross_entropy_fwd(loss, ctx.lse, ctx.logits, ctx.labels, vocab_start_, *tp_.group);
   ctx.loss_stats = Tensor::empty({2}, DType::F32, device_);
+  ctx.logits_hold_grad_for = 0.0f;
+  if (grad_scale > 0.0f && tp_.size() == 1) {
+    // The loss gradient depends on the mask only: d(grad_scale * masked mean)/d loss_i = mask_i * coef.
+    // Its token count first (stats[1] = sum(mask); stats[0] is overwritten below), then cross entropy
+    // forward + backward in one pass, the gradient written over the logits.
+    ops::masked_loss_stats(ctx.loss_stats, ctx.loss_mask, ctx.loss_mask);
+    Tensor dloss = Tensor::empty({n}, DType::F32, device_);
+    ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, grad_scale, config_.calculate_per_token_loss);
+    ops::cross_entropy_fwd_bwd(loss, ctx.lse, ctx.logits, ctx.logits, ctx.labels, dloss);
+    ctx.logits_hold_grad_for = grad_scale;
+  } else {
+    tp::vocab_parallel_cross_entropy_fwd(loss, ctx.lse, ctx.logits, ctx.labels, vocab_start_, *tp_.group);
+  }
   ops::masked_loss_stats(ctx.loss_stats, loss, ctx.loss_mask);  // stays on the device (no sync)
 }
 
@@ -212,10 +224,16 @@ Tensor GPTModel::head_backward(GPTModelCtx& ctx, float grad_scale) {
   const int64_t n = ctx.labels.numel(), s = ctx.tokens.size(0), b = ctx.tokens.size(1);
   // d(grad_scale * sum(loss*mask)/sum(mask)) / d loss_i, or with calculate_per_token_loss
   // d(grad_scale * sum(loss*mask)) / d loss_i (the caller divides the gradients by the global token count)
-  Tensor dloss = Tensor::empty({n}, DType::F32, device_);
-  ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, grad_scale, config_.calculate_per_token_loss);
   Tensor dlogits = ctx.logits;  // in place: the logits are not needed afterwards
-  tp::vocab_parallel_cross_entropy_bwd(dlogits, dloss, ctx.logits, ctx.labels, ctx.lse, vocab_start_, *tp_.group);
+  if (ctx.logits_hold_grad_for > 0.0f) {  // the fused loss forward computed it already
+    MCPP_CHECK(ctx.logits_hold_grad_for == grad_scale,
+               "backward_step: grad_scale {} differs from the forward's ForwardOptions::loss_grad_scale {}", grad_scale,
+               ctx.logits_hold_grad_for);
+  } else {
+    Tensor dloss = Tensor::empty({n}, DType::F32, device_);
+    ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, grad_scale, config_.calculate_per_token_loss);
+    tp::vocab_parallel_cross_entropy_bwd(dlogits, dloss, ctx.logits, ctx.labels, ctx.lse, vocab_start_, *tp_.group);
+  }
   Tensor dh = output_layer_->backward(ctx.output, dlogits.view({s, b, vocab_local_}));  // [s(/tp), b, h]
   ctx.logits = Tensor();  // consumed
   return dh;

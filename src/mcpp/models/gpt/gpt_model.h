@@ -46,6 +46,8 @@ struct GPTModelCtx {
   Tensor loss_mask;       // [s*b] float32, on the model's device
   Tensor lse;             // [s*b] (global over the vocabulary)
   Tensor loss_stats;      // [2] float32 on the model's device: {sum(loss * mask), sum(mask)} (masked_loss_stats)
+  float logits_hold_grad_for = 0.0f;  // > 0: the loss forward already turned logits into d(loss)/d(logits)
+                                      // for this grad_scale (ForwardOptions::loss_grad_scale)
 };
 
 struct GPTModelStage {
@@ -103,7 +105,8 @@ class GPTModel {
   Tensor embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt);
   void embed_backward(GPTModelCtx& ctx, const Tensor& dx);
   Tensor head_backward(GPTModelCtx& ctx, float grad_scale);  // loss -> d(final hidden)
-  void compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask);  // -> ctx.loss_stats
+  // -> ctx.loss_stats; grad_scale > 0 (tp = 1): also the logits' gradient, in place (fused cross entropy)
+  void compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask, float grad_scale = 0.0f);
 
   TransformerConfig config_;
   tensor_parallel::TPContext tp_;
