@@ -13,10 +13,13 @@
 // residual rows add their residual read / sum written; the fp32 dgamma/dbeta partials are not counted);
 // cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd); AdamW bytes = 30 per
 // parameter (fp32 param, m, v, grad read; param, m, v written; bf16 model copy written).
-// Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound | --mlp | --attention-qkv]
+// Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound | --mlp | --attention-qkv |
+// --gemm-survey]
 // (prints a markdown table; --attention: only the attention rows; --memory-bound: only layernorm, cross
 // entropy and AdamW; --mlp: only the GELU MLP fusion rows, fused vs unfused; --attention-qkv: only the
-// split-vs-packed qkv attention rows)
+// split-vs-packed qkv attention rows; --gemm-survey: only the cuBLASLt autotuning survey, its own table:
+// every training GEMM of the 124M and 1.3B steps with the heuristic's candidates timed by the tuner of
+// kernels/cuda/gemm.cpp — median of 5 single-launch cudaEvent timings each — and the one it keeps)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +31,7 @@
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/tensor.h"
+#include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/kernels/ops.h"
 
 namespace {
@@ -286,6 +290,86 @@ void bench_attention_qkv_all() {
   }
 }
 
+// ---- cuBLASLt algorithm survey (kernels/gemm_autotune.h). Each op runs once with every plan untuned, so
+// the tuner times each GEMM's heuristic candidates on the op's own operands; one row per GEMM of the op.
+struct SurveyTotals {
+  double ms0 = 0.0, ms_kept = 0.0;  // per step: sum of times_per_step x (#0 | kept) ms
+};
+
+void survey_op(const std::string& label, int64_t per_step, const std::function<void()>& op, SurveyTotals& tot) {
+  namespace tune = mcpp::ops::cuda;
+  tune::reset_gemm_tuning();
+  op();
+  for (const tune::GemmTuneRecord& r : tune::gemm_tune_records()) {
+    if (r.candidate_ms.empty()) {
+      std::printf("| %s | %s | (not timed: %s) | | | | #0 | |\n", label.c_str(), r.gemm.c_str(), r.note.c_str());
+      continue;
+    }
+    std::string cands;
+    int best = 0;
+    for (size_t i = 0; i < r.candidate_ms.size(); ++i) {
+      cands += fmt::format("{}{:.3f}", i ? " " : "", r.candidate_ms[i]);
+      if (r.candidate_ms[i] < r.candidate_ms[best]) best = static_cast<int>(i);
+    }
+    const double t0 = r.candidate_ms[0], tb = r.candidate_ms[best], tk = r.candidate_ms[r.chosen];
+    std::printf("| %s | %s | %s | %.3f | %.3f (#%d) | %.3fx | #%d | %.0f TFLOP/s |\n", label.c_str(), r.gemm.c_str(),
+                cands.c_str(), t0, tb, best, t0 / tb, r.chosen, 2.0 * r.m * r.n * r.k / (tk * 1e-3) / 1e12);
+    tot.ms0 += per_step * t0;
+    tot.ms_kept += per_step * tk;
+  }
+  std::fflush(stdout);
+}
+
+// The training GEMMs of one GPT step (n tokens, hidden d, ffn 4d, L layers, tied LM head over V), bf16
+// activations and weights, fp32 main grads (wgrad: beta = 1), biases on, as TransformerLayer / MLP /
+// GPTModel call them: qkv, proj, fc2 fwd with the BIAS epilogue; fc1 fwd GELU_AUX_BIAS; fc2 dgrad DGELU
+// (no bias grad: fc1's rides in its wgrad); dgrad + BGRADB wgrad for qkv, proj, fc1; fc2 wgrad only; LM
+// head fwd, dgrad and plain wgrad.
+void survey_model(const char* name, int64_t n, int64_t d, int64_t layers, int64_t vocab) {
+  namespace ops = mcpp::ops;
+  const int64_t f = 4 * d;
+  auto w = [](const mcpp::Shape& sh, float seed) { return filled(sh, DType::BF16, seed, 0.02f); };
+  auto out = [](const mcpp::Shape& sh) { return Tensor::empty(sh, DType::BF16, Device::CUDA); };
+  auto grad = [](const mcpp::Shape& sh) { return Tensor::zeros(sh, DType::F32, Device::CUDA); };
+  Tensor x = filled({n, d}, DType::BF16, 1.0f), dyd = filled({n, d}, DType::BF16, 2.0f);  // [n, d]
+  Tensor dyqkv = filled({n, 3 * d}, DType::BF16, 3.0f), dpre = filled({n, f}, DType::BF16, 4.0f);
+  Tensor wqkv = w({3 * d, d}, 5.0f), wproj = w({d, d}, 6.0f), w1 = w({f, d}, 7.0f), w2 = w({d, f}, 8.0f);
+  Tensor emb = w({vocab, d}, 9.0f);
+  Tensor bqkv = w({3 * d}, 10.0f), bproj = w({d}, 11.0f), b1 = w({f}, 12.0f), b2 = w({d}, 13.0f);
+  Tensor dwqkv = grad({3 * d, d}), dwproj = grad({d, d}), dw1 = grad({f, d}), dw2 = grad({d, f});
+  Tensor demb = grad({vocab, d}), dbqkv = grad({3 * d}), dbproj = grad({d}), db1 = grad({f}), db2 = grad({d});
+  Tensor yqkv = out({n, 3 * d}), yd = out({n, d}), dx = out({n, d}), act = out({n, f}), pre = out({n, f});
+  Tensor dpre_out = out({n, f});
+  ops::linear_gelu_fwd(act, pre, x, w1, &b1);  // act / pre with GELU-shaped values for the fc2 rows
+  SurveyTotals tot;
+  const std::string m = name;
+  survey_op(m + " qkv fwd", layers, [&] { ops::linear_fwd(yqkv, x, wqkv, &bqkv); }, tot);
+  survey_op(m + " qkv bwd", layers, [&] { ops::linear_bwd(&dx, dwqkv, &dbqkv, dyqkv, x, wqkv); }, tot);
+  survey_op(m + " proj fwd", layers, [&] { ops::linear_fwd(yd, x, wproj, &bproj); }, tot);
+  survey_op(m + " proj bwd", layers, [&] { ops::linear_bwd(&dx, dwproj, &dbproj, dyd, x, wproj); }, tot);
+  survey_op(m + " fc1 fwd", layers, [&] { ops::linear_gelu_fwd(act, pre, x, w1, &b1); }, tot);
+  survey_op(m + " fc1 bwd", layers, [&] { ops::linear_bwd(&dx, dw1, &db1, dpre, x, w1); }, tot);
+  survey_op(m + " fc2 fwd", layers, [&] { ops::linear_fwd(yd, act, w2, &b2); }, tot);
+  survey_op(m + " fc2 dgrad", layers, [&] { ops::linear_dgelu_bwd(dpre_out, nullptr, dyd, w2, pre); }, tot);
+  survey_op(m + " fc2 wgrad", layers, [&] { ops::linear_bwd(nullptr, dw2, &db2, dyd, act, w2); }, tot);
+  {
+    Tensor logits = out({n, vocab});  // [n, V]; its values serve as dlogits (in place, as GPTModel)
+    survey_op(m + " lm head fwd", 1, [&] { ops::linear_fwd(logits, x, emb, nullptr); }, tot);
+    survey_op(m + " lm head bwd", 1, [&] { ops::linear_bwd(&dx, demb, nullptr, logits, x, emb); }, tot);
+  }
+  std::printf("| %s step: %lld layers x (the layer rows) + LM head | | | %.2f | %.2f (kept) | %.3fx | | |\n", name,
+              static_cast<long long>(layers), tot.ms0, tot.ms_kept, tot.ms0 / tot.ms_kept);
+  std::fflush(stdout);
+}
+
+void bench_gemm_survey() {
+  mcpp::ops::cuda::set_gemm_autotune(true);
+  std::printf("\n| op (GEMMs) | GEMM: C[m,n] = op(a) op(b), dtypes, beta, epilogue | candidates ms (heuristic order) |"
+              " #0 ms | best ms | best vs #0 | kept | kept rate |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  survey_model("124M", 32768, 768, 12, 50304);
+  survey_model("1.3B", 16384, 2048, 24, 50304);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -294,12 +378,17 @@ int main(int argc, char** argv) {
   bool memory_only = argc > 1 && std::strcmp(argv[1], "--memory-bound") == 0;
   bool mlp_only = argc > 1 && std::strcmp(argv[1], "--mlp") == 0;
   bool qkv_only = argc > 1 && std::strcmp(argv[1], "--attention-qkv") == 0;
+  bool survey_only = argc > 1 && std::strcmp(argv[1], "--gemm-survey") == 0;
   if (quick) g_iters = 3, g_reps = 1;
   if (!mcpp::cuda_available()) {
     std::printf("SKIPPED: no CUDA device (or built without CUDA)\n");
     return 0;
   }
   try {
+    if (survey_only) {
+      bench_gemm_survey();
+      return 0;
+    }
     std::printf("| kernel | shape | ms | achieved | vs ceiling |\n| --- | --- | --- | --- | --- |\n");
     if (memory_only) {
       bench_layernorm("124M", 32768, 768);

@@ -22,17 +22,35 @@
 //   heuristic returning an algorithm; otherwise the explicit fallback runs the unfused ops (GEMM, gelu_fwd /
 //   gelu_bwd, column sum) — cuda_epilogue_fusion_counts() (ops.h) counts which path ran.
 // Row-major C = op(A) op(B) is computed as the column-major product C^T = op(B)^T op(A)^T, so no copies.
-// Matmul descriptors, layouts and the heuristic's algorithm are cached per (shape, dtypes, transposes,
-// epilogue, pointer alignment); one 32 MiB workspace per process. Runs on stream_of(stream).
+// Matmul descriptors, layouts and the heuristic's candidate algorithms (up to 8, its order) are cached per
+// (shape, dtypes, transposes, epilogue, pointer alignment); one 32 MiB workspace per process. Runs on
+// stream_of(stream).
+// Algorithm autotuning (gemm_autotune.h; switch set_gemm_autotune / env MCPP_GEMM_AUTOTUNE=0|1, default on;
+// --deterministic-mode turns it off): the first call of a plan with the switch on times each candidate
+// (one warm-up launch each, then 5 interleaved rounds of one launch per candidate, cudaEvents, median) on
+// the call's own operands, and keeps cuBLASLt's #0 unless another is >= 3% faster (a stable choice; noise
+// cannot flip between near-equal kernels). Timing never writes the caller's outputs: D, a bias-grad output
+// (BGRADB, DGELU_BGRAD) and a GELU aux output go to a scratch cudaMalloc'd for the tuning (outside the
+// caching pool, so the pool's high-water mark and reuse are untouched; freed before returning, which
+// synchronizes the device once per plan; no memory for it = no tuning), and with beta != 0 the caller's C
+// is only read (C != D), so an accumulating dw_acc (beta = 1) is accumulated exactly once, by the real
+// call after the timing. Inputs (A, B, a bias, DGELU's aux) are read as they are. Never while the stream is
+// capturing a CUDA graph (cudaStreamIsCapturing: the plan runs #0 and tunes at a later uncaptured call).
+// With the switch off every call runs #0 (a tuned choice is kept but unused), the pre-autotune behaviour
+// and bitwise reproducible across processes; with it on the choice may differ between processes (timing
+// noise), so results may differ in the last bits between runs, never within one run.
 #include <cublasLt.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "mcpp/kernels/cuda/cuda_check.h"
+#include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -42,6 +60,9 @@ using namespace cuda_detail;
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kMaxCandidates = 8;    // heuristic candidates per plan
+constexpr int kTimedRounds = 5;      // timed launches per candidate (median)
+constexpr double kMinSpeedup = 1.03;  // a candidate replaces #0 only when #0's time / its time >= this
 
 cudaDataType_t cuda_type(Kind k) { return k == kBF16 ? CUDA_R_16BF : k == kF16 ? CUDA_R_16F : CUDA_R_32F; }
 
@@ -79,7 +100,8 @@ struct Plan {
   bool ok = true;  // false: cuBLASLt has no algorithm for this fused epilogue (cached; callers fall back)
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's candidates, its order (#0 = its pick)
+  int tuned = -1;                           // the autotuned index; -1 = not tuned yet
 };
 
 struct FusionCounters {
@@ -94,6 +116,8 @@ struct LtState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::map<PlanKey, Plan> plans;
+  std::vector<GemmTuneRecord> records;  // one per tuning (gemm_tune_records)
+  std::atomic<int> last_algo{-1};       // heuristic index of the last launch (last_gemm_algo_index)
   std::mutex mu;
 };
 
@@ -163,20 +187,144 @@ Plan make_plan(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   MCPP_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
   int found = 0;
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.lc, p.lc, pref,
+                                                           kMaxCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (may_fail && (hs != CUBLAS_STATUS_SUCCESS || found == 0)) {
+  for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p.algos.push_back(results[i].algo);
+  if (may_fail && (hs != CUBLAS_STATUS_SUCCESS || p.algos.empty())) {
     p.ok = false;
     return p;
   }
   MCPP_CUBLAS_CHECK(hs);
-  MCPP_CHECK(found > 0, "gemm: cuBLASLt found no algorithm for m={} n={} k={} (trans_a={}, trans_b={})", key.m, key.n,
-             key.k, key.ta, key.tb);
-  p.algo = result.algo;
+  MCPP_CHECK(!p.algos.empty(), "gemm: cuBLASLt found no algorithm for m={} n={} k={} (trans_a={}, trans_b={})", key.m,
+             key.n, key.k, key.ta, key.tb);
   return p;
+}
+
+// What one cuBLASLt launch reads: our A and B, C (read when beta != 0), the scalars.
+struct Operands {
+  const void* a;
+  const void* b;
+  const void* c;
+  float alpha, beta;
+};
+
+cublasStatus_t launch(LtState& st, const Plan& p, const cublasLtMatmulAlgo_t& algo, const Operands& x, void* d,
+                      cudaStream_t s) {
+  return cublasLtMatmul(st.handle, p.op, &x.alpha, x.b, p.la, x.a, p.lb, &x.beta, x.c, p.lc, d, p.lc, &algo,
+                        st.workspace, kWorkspaceBytes, s);
+}
+
+const char* epilogue_name(cublasLtEpilogue_t k) {
+  switch (k) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "plain";
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "DGELU_BGRAD";
+    case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+    default: return "other";
+  }
+}
+const char* kind_name(int k) { return k == kBF16 ? "bf16" : k == kF16 ? "f16" : "f32"; }
+size_t elt_bytes(int k) { return k == kF32 ? 4 : 2; }
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+
+// The timing scratch (D, aux / bias-grad outputs) and events of one tuning, released on every exit;
+// cudaFree synchronizes the device, so no launch still writes the scratch when it is freed.
+struct TuneScratch {
+  void* mem = nullptr;
+  std::vector<cudaEvent_t> events;
+  TuneScratch() = default;
+  TuneScratch(const TuneScratch&) = delete;
+  TuneScratch& operator=(const TuneScratch&) = delete;
+  ~TuneScratch() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (mem) cudaFree(mem);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times the plan's candidates on this call's operands (see the header: outputs into scratch, C only read)
+// and returns the index to use: the fastest when it beats #0 by kMinSpeedup, else 0. Appends a record.
+int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Operands& x, cudaStream_t s) {
+  GemmTuneRecord rec;
+  rec.gemm = fmt::format("m{} n{} k{} {} {} {}->{} beta{:g} {}", key.m, key.n, key.k, key.ta ? "a^T" : "a",
+                         key.tb ? "b^T" : "b", kind_name(key.ka), kind_name(key.kc), x.beta, epilogue_name(e.kind));
+  rec.m = key.m, rec.n = key.n, rec.k = key.k;
+  auto done = [&](int chosen, const char* note) {
+    rec.chosen = chosen;
+    rec.note = note;
+    st.records.push_back(rec);
+    return chosen;
+  };
+  const int count = static_cast<int>(p.algos.size());
+  if (count < 2) return done(0, "one candidate");
+  const bool aux_out = e.aux && (e.kind == CUBLASLT_EPILOGUE_GELU_AUX || e.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+  const bool bias_out = e.bias && (e.kind == CUBLASLT_EPILOGUE_BGRADB || e.kind == CUBLASLT_EPILOGUE_DGELU_BGRAD);
+  const size_t d_bytes = round256(static_cast<size_t>(key.m * key.ldc) * elt_bytes(key.kc));
+  const size_t bias_bytes = round256(static_cast<size_t>(std::max(key.m, key.n)) * elt_bytes(key.kbias));
+  TuneScratch sc;
+  if (cudaMalloc(&sc.mem, d_bytes * (aux_out ? 2 : 1) + (bias_out ? bias_bytes : 0)) != cudaSuccess) {
+    cudaGetLastError();  // clear the (non-sticky) allocation error
+    sc.mem = nullptr;
+    return done(0, "no device memory for the timing scratch");
+  }
+  char* d = static_cast<char*>(sc.mem);
+  if (aux_out) {  // lt_matmul sets the caller's pointers back before the real launch
+    const void* aux = d + d_bytes;
+    MCPP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  }
+  if (bias_out) {
+    const void* bias = d + d_bytes * (aux_out ? 2 : 1);
+    MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  Operands xs = x;
+  if (x.beta == 0.0f) xs.c = d;  // not read; beta != 0 reads the caller's C and writes only the scratch D
+  std::vector<char> ok(count);
+  for (int i = 0; i < count; ++i)  // warm-up; a refused candidate launches nothing
+    ok[i] = launch(st, p, p.algos[i], xs, d, s) == CUBLAS_STATUS_SUCCESS;
+  if (!ok[0]) return done(0, "cuBLASLt refused candidate 0");
+  sc.events.resize(2 * kTimedRounds * count);
+  for (cudaEvent_t& ev : sc.events) MCPP_CUDA_CHECK(cudaEventCreate(&ev));
+  for (int r = 0; r < kTimedRounds; ++r)  // rounds interleave the candidates: clock drift hits all alike
+    for (int i = 0; i < count; ++i) {
+      if (!ok[i]) continue;
+      cudaEvent_t* ev = &sc.events[2 * (r * count + i)];
+      MCPP_CUDA_CHECK(cudaEventRecord(ev[0], s));
+      MCPP_CUBLAS_CHECK(launch(st, p, p.algos[i], xs, d, s));
+      MCPP_CUDA_CHECK(cudaEventRecord(ev[1], s));
+    }
+  MCPP_CUDA_CHECK(cudaStreamSynchronize(s));
+  rec.candidate_ms.assign(count, NAN);
+  int best = 0;
+  for (int i = 0; i < count; ++i) {
+    if (!ok[i]) continue;
+    std::vector<double> ms(kTimedRounds);
+    for (int r = 0; r < kTimedRounds; ++r) {
+      float t = 0.0f;
+      MCPP_CUDA_CHECK(cudaEventElapsedTime(&t, sc.events[2 * (r * count + i)], sc.events[2 * (r * count + i) + 1]));
+      ms[r] = t;
+    }
+    rec.candidate_ms[i] = median(ms);
+    if (rec.candidate_ms[i] < rec.candidate_ms[best]) best = i;
+  }
+  return done(rec.candidate_ms[0] >= kMinSpeedup * rec.candidate_ms[best] ? best : 0, "");
+}
+
+bool stream_capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MCPP_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 // C[m,n] = alpha op(A) op(B) + beta C, then the epilogue e. may_fail (fused epilogues only): returns false,
@@ -212,14 +360,19 @@ bool lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& o
   if (it == st.plans.end()) it = st.plans.emplace(key, make_plan(st, key, e, may_fail)).first;
   Plan& p = it->second;
   if (!p.ok) return false;
-  if (e.bias)
+  const Operands x{.a = a.raw(), .b = b.raw(), .c = c.raw(), .alpha = opt.alpha, .beta = opt.beta};
+  int idx = 0;
+  if (gemm_autotune()) {
+    if (p.tuned < 0 && !stream_capturing(stream)) p.tuned = tune(st, p, key, e, x, stream);
+    idx = std::max(p.tuned, 0);
+  }
+  if (e.bias)  // the caller's pointers (tuning pointed the outputs at its scratch)
     MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
   if (e.aux)
     MCPP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux)));
-  const float alpha = opt.alpha, beta = opt.beta;
-  const cublasStatus_t ms = cublasLtMatmul(st.handle, p.op, &alpha, b.raw(), p.la, a.raw(), p.lb, &beta, c.raw(), p.lc,
-                                           c.raw(), p.lc, &p.algo, st.workspace, kWorkspaceBytes, stream);
+  const cublasStatus_t ms = launch(st, p, p.algos[idx], x, c.raw(), stream);
+  if (ms == CUBLAS_STATUS_SUCCESS) st.last_algo = idx;
   if (may_fail && (ms == CUBLAS_STATUS_NOT_SUPPORTED || ms == CUBLAS_STATUS_INVALID_VALUE)) {
     p.ok = false;  // rejected before launching: nothing written; later calls go straight to the fallback
     return false;
@@ -378,6 +531,21 @@ void linear_dgelu_bwd(Tensor& dpre, Tensor* db_acc, const Tensor& dy, const Tens
   gelu_bwd(dpre2, dpre2, pre_act, stream);
   if (db_acc) column_sum_into(*db_acc, dpre2, s);
 }
+
+std::vector<GemmTuneRecord> gemm_tune_records() {
+  LtState& st = lt_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.records;
+}
+
+void reset_gemm_tuning() {
+  LtState& st = lt_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  for (auto& [key, plan] : st.plans) plan.tuned = -1;
+  st.records.clear();
+}
+
+int last_gemm_algo_index() { return lt_state().last_algo.load(); }
 
 }  // namespace ops::cuda
 

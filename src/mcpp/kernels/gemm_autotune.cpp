@@ -1,0 +1,30 @@
+// The GEMM autotune switch (gemm_autotune.h), shared by the CUDA and the CPU-only build: an atomic flag
+// whose first value is read from MCPP_GEMM_AUTOTUNE on first use.
+#include "mcpp/kernels/gemm_autotune.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "mcpp/core/error.h"
+
+namespace mcpp::ops::cuda {
+namespace {
+
+std::atomic<bool>& autotune_flag() {
+  static std::atomic<bool> flag{parse_gemm_autotune_env(std::getenv("MCPP_GEMM_AUTOTUNE"))};
+  return flag;
+}
+
+}  // namespace
+
+bool parse_gemm_autotune_env(const char* value) {
+  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  fail("MCPP_GEMM_AUTOTUNE must be 0 or 1; got '{}'", value);
+}
+
+void set_gemm_autotune(bool on) { autotune_flag().store(on); }
+bool gemm_autotune() { return autotune_flag().load(); }
+
+}  // namespace mcpp::ops::cuda
