@@ -1,7 +1,6 @@
 // Trainer: loss falls on a learnable corpus; a run resumed from a checkpoint reproduces the
 // uninterrupted run bit for bit (dropout on, so the RNG state must be restored too); a checkpoint of a
-// different model is refused naming the field; generation and inference loading work from a save;
-// --deterministic-mode turns the process-wide GEMM autotuning off (and without it the switch is left alone).
+// different model is refused naming the field; generation and inference loading work from a save.
 #include "mcpp/training/trainer.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +11,6 @@
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/indexed_dataset.h"
-#include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/models/gpt/text_generation.h"
 #include "training/trainer_test_util.h"
 
@@ -47,17 +45,6 @@ TEST_F(TrainerTest, LossFalls) {
   EXPECT_GT(s.losses.front(), 4.0);                   // ~log(128) at init
   EXPECT_LT(s.losses.back(), s.losses.front() - 1.5);  // the walk is learnable
   EXPECT_GT(s.last_valid_loss, 0.0);
-}
-
-TEST_F(TrainerTest, DeterministicModeTurnsGemmAutotuneOff) {
-  ops::cuda::set_gemm_autotune(true);
-  Config c = tiny_train_config(prefix_);
-  { Trainer t(c, 99, single()); }
-  EXPECT_TRUE(ops::cuda::gemm_autotune()) << "autotune must stay on without --deterministic-mode";
-  c.model.deterministic_mode = true;
-  { Trainer t(c, 99, single()); }
-  EXPECT_FALSE(ops::cuda::gemm_autotune()) << "--deterministic-mode must turn GEMM autotuning off";
-  ops::cuda::set_gemm_autotune(true);  // the process default for the tests that follow
 }
 
 TEST_F(TrainerTest, ResumeIsBitExact) {

@@ -4,8 +4,9 @@
 //
 //   set_gemm_autotune(on)   process-wide switch. Its first value comes from the environment:
 //                           MCPP_GEMM_AUTOTUNE=0|1 (unset: 1; any other value is an mcpp::Error naming the
-//                           variable). Megatron's --deterministic-mode turns it off (Trainer), so every
-//                           process runs cuBLASLt's heuristic #0 and results are bitwise reproducible.
+//                           variable). Megatron's --deterministic-mode turns it off (the train command,
+//                           training/process_settings.h), so every process runs cuBLASLt's heuristic #0
+//                           and separate runs are bitwise reproducible.
 //                           Takes effect at the next GEMM call (a tuned choice is used only while on).
 //   gemm_autotune()         the current value.
 //   parse_gemm_autotune_env(value)  the rule above for one value (nullptr = unset).

@@ -11,7 +11,6 @@
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/trace_range.h"
-#include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/kernels/op_profile.h"
 #include "mcpp/dist_checkpointing/async_save.h"
 #include "mcpp/dist_checkpointing/retention.h"
@@ -61,9 +60,6 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   const auto& t = config_.training;
   const int64_t gbs = t.global_batch_size;
   device_ = resolve_training_device(t);
-  // --deterministic-mode: cuBLASLt's heuristic #0 for every GEMM (no timing-based algorithm choice), so the
-  // algorithms and hence the bits are the same in every run (kernels/gemm_autotune.h).
-  if (config_.model.deterministic_mode) ops::cuda::set_gemm_autotune(false);
   if (t.fp16) fail("fp16: training in float16 needs a dynamic loss scaler, which is not implemented; use --bf16");
   if (t.bf16 && device_ != Device::CUDA)
     fail("bf16: mixed-precision training needs the CUDA backend (device resolved to cpu; the CPU trainer runs fp32)");

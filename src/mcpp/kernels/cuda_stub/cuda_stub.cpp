@@ -3,7 +3,6 @@
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/trace_range.h"
-#include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -38,10 +37,6 @@ EpilogueFusionCounts cuda_epilogue_fusion_counts() { return {}; }  // no CUDA op
 }  // namespace ops
 
 namespace ops::cuda {
-std::vector<GemmTuneRecord> gemm_tune_records() { return {}; }  // no GEMM ever runs: nothing tuned
-void reset_gemm_tuning() {}
-int last_gemm_algo_index() { return -1; }
-
 #define MCPP_OP(ret, name, params) \
   ret name(MCPP_OP_UNPAREN params, Stream) { cuda_backend::alloc(0); fail("unreachable"); }
 #include "mcpp/kernels/ops.inc"
