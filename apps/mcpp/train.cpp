@@ -21,7 +21,6 @@
 #include "mcpp/datasets/gpt2_tokenizer.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/arguments.h"
-#include "mcpp/training/process_settings.h"
 #include "mcpp/training/trainer.h"
 
 namespace {
@@ -57,7 +56,6 @@ int local_rank() {
 }
 
 int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
-  mcpp::apply_process_settings(cfg);  // --deterministic-mode: GEMM autotuning off in this process
   cfg.apply_world_size(world->size());
   const int64_t eod = apply_tokenizer(cfg);
   cfg.validate();

@@ -173,7 +173,7 @@ TEST(CudaCrossEntropy, FusedForwardBackwardAndInPlaceGrad) {
 
 // Vocab-parallel cross entropy on one TP slice [vocab_start, vocab_start + v) vs the CPU ops: the partials
 // (row max, sum of exp, target logit; targets inside and outside the slice) and the backward with a given
-// global lse, separate output and in place.
+// global lse, separate output and in place; the combine steps between the TP all-reduces.
 TEST(CudaVocabParallelCrossEntropy, PartialsAndBackwardMatchCpu) {
   MCPP_REQUIRE_CUDA();
   const int64_t n = 37, v = 1000, vocab_start = 2000;
@@ -200,6 +200,23 @@ TEST(CudaVocabParallelCrossEntropy, PartialsAndBackwardMatchCpu) {
     ops::vocab_parallel_ce_bwd(ld, dloss_d, ld, td, lse_d, vocab_start);  // in place
     EXPECT_REL(host(ld), dl_ref, tol(dt, 1e-5));
   }
+  // The combine steps (between the TP all-reduces) vs the CPU ops.
+  Tensor mx = rnd({n}, 34, DType::F32, -3, 3), se = rnd({n}, 35, DType::F32, 1, 900);
+  Tensor gmax = rnd({n}, 36, DType::F32, 3, 4), ss = rnd({n}, 37, DType::F32, 1, 3), tl = rnd({n}, 38);
+  Tensor ll_ref = Tensor::empty({n}), sc_ref = Tensor::empty({n}), loss_ref = Tensor::empty({n}),
+         lse_ref = Tensor::empty({n});
+  ops::cpu::vocab_parallel_ce_local_lse(ll_ref, mx, se, {});
+  ops::cpu::vocab_parallel_ce_rescale(sc_ref, ll_ref, gmax, {});
+  ops::cpu::vocab_parallel_ce_finish(loss_ref, lse_ref, gmax, ss, tl, {});
+  Tensor ll = poisoned({n}, DType::F32), sc = poisoned({n}, DType::F32), loss = poisoned({n}, DType::F32),
+         lse = poisoned({n}, DType::F32);
+  ops::vocab_parallel_ce_local_lse(ll, dev(mx), dev(se));
+  ops::vocab_parallel_ce_rescale(sc, dev(ll_ref), dev(gmax));
+  ops::vocab_parallel_ce_finish(loss, lse, dev(gmax), dev(ss), dev(tl));
+  EXPECT_REL(host(ll), ll_ref, 1e-6);
+  EXPECT_REL(host(sc), sc_ref, 1e-6);
+  EXPECT_REL(host(loss), loss_ref, 1e-6);
+  EXPECT_REL(host(lse), lse_ref, 1e-6);
 }
 
 }  // namespace

@@ -152,6 +152,17 @@ void cross_entropy_fwd_bwd(Tensor& loss, Tensor& lse, Tensor& dlogits, const Ten
   MCPP_DISPATCH(cross_entropy_fwd_bwd, ({&loss, &lse, &dlogits, &logits, &targets, &dloss}), loss, lse, dlogits,
                 logits, targets, dloss, s);
 }
+void vocab_parallel_ce_local_lse(Tensor& local_lse, const Tensor& row_max, const Tensor& sum_exp, Stream s) {
+  MCPP_DISPATCH(vocab_parallel_ce_local_lse, ({&local_lse, &row_max, &sum_exp}), local_lse, row_max, sum_exp, s);
+}
+void vocab_parallel_ce_rescale(Tensor& scaled, const Tensor& local_lse, const Tensor& gmax, Stream s) {
+  MCPP_DISPATCH(vocab_parallel_ce_rescale, ({&scaled, &local_lse, &gmax}), scaled, local_lse, gmax, s);
+}
+void vocab_parallel_ce_finish(Tensor& loss, Tensor& lse, const Tensor& gmax, const Tensor& sum_scaled,
+                              const Tensor& target_logit, Stream s) {
+  MCPP_DISPATCH(vocab_parallel_ce_finish, ({&loss, &lse, &gmax, &sum_scaled, &target_logit}), loss, lse, gmax,
+                sum_scaled, target_logit, s);
+}
 void masked_loss_stats(Tensor& stats, const Tensor& loss, const Tensor& mask, Stream s) {
   MCPP_DISPATCH(masked_loss_stats, ({&stats, &loss, &mask}), stats, loss, mask, s);
 }

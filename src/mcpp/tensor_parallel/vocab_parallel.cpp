@@ -46,23 +46,16 @@ void vocab_parallel_cross_entropy_fwd(Tensor& loss, Tensor& lse, const Tensor& l
   Tensor mx = Tensor::empty({n}, DType::F32, dev), se = Tensor::empty({n}, DType::F32, dev),
          tl = Tensor::empty({n}, DType::F32, dev);
   ops::vocab_parallel_ce_partials(mx, se, tl, logits, targets, vocab_start);
-  // Combine on the host: [n] values per rank (the logits never leave the device).
-  Tensor part_lse = mx.to(Device::CPU).clone(), sum_exp = se.to(Device::CPU), target = tl.to(Device::CPU).clone();
-  float* pl = part_lse.data<float>();
-  for (int64_t r = 0; r < n; ++r) pl[r] += std::log(sum_exp.data<float>()[r]);  // this slice's logsumexp
-  Tensor gmax = part_lse.clone();
-  tp.host().all_reduce(gmax, comm::ReduceOp::Max).wait();  // host [n] values
-  Tensor scaled = Tensor::empty({n});
-  for (int64_t r = 0; r < n; ++r) scaled.data<float>()[r] = std::exp(pl[r] - gmax.data<float>()[r]);
-  tp.host().all_reduce(scaled, comm::ReduceOp::Sum).wait();
-  tp.host().all_reduce(target, comm::ReduceOp::Sum).wait();
-  Tensor lse_h = Tensor::empty({n}), loss_h = Tensor::empty({n});
-  for (int64_t r = 0; r < n; ++r) {
-    lse_h.data<float>()[r] = gmax.data<float>()[r] + std::log(scaled.data<float>()[r]);
-    loss_h.data<float>()[r] = lse_h.data<float>()[r] - target.data<float>()[r];
-  }
-  lse.copy_from(lse_h);
-  loss.copy_from(loss_h);
+  // Megatron's combine, on the logits' device (NCCL on GPUs: no host round trip, capturable in a CUDA graph).
+  Tensor local_lse = Tensor::empty({n}, DType::F32, dev);
+  ops::vocab_parallel_ce_local_lse(local_lse, mx, se);  // this slice's logsumexp
+  Tensor gmax = local_lse.clone();
+  tp.all_reduce(gmax, comm::ReduceOp::Max).wait();
+  Tensor scaled = Tensor::empty({n}, DType::F32, dev);
+  ops::vocab_parallel_ce_rescale(scaled, local_lse, gmax);
+  tp.all_reduce(scaled, comm::ReduceOp::Sum).wait();
+  tp.all_reduce(tl, comm::ReduceOp::Sum).wait();
+  ops::vocab_parallel_ce_finish(loss, lse, gmax, scaled, tl);
 }
 
 void vocab_parallel_cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,

@@ -1,6 +1,5 @@
-// Process-wide settings that a training config implies, applied once at process start by the train
-// command before the Trainer is built (as Megatron's initialize_megatron applies --deterministic-mode to
-// torch's global state). Today one:
+// Process-wide settings that a training config implies, applied by the Trainer's constructor (as
+// Megatron's initialize_megatron applies --deterministic-mode to torch's global state). Today one:
 //   model.deterministic_mode (--deterministic-mode) -> GEMM algorithm autotuning off
 //     (ops::cuda::set_gemm_autotune(false), kernels/gemm_autotune.h): every process runs cuBLASLt's
 //     heuristic #0, so separate runs pick the same algorithms and give the same bits. Without the flag

@@ -24,6 +24,7 @@
 #include "mcpp/kernels/ops.h"
 #include "mcpp/optimizer/lr_scheduler.h"
 #include "mcpp/training/activation_report.h"
+#include "mcpp/training/process_settings.h"
 #include "mcpp/training/timeline.h"
 
 namespace mcpp {
@@ -60,6 +61,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   const auto& t = config_.training;
   const int64_t gbs = t.global_batch_size;
   device_ = resolve_training_device(t);
+  apply_process_settings(config_);  // --deterministic-mode: GEMM autotuning off in this process
   if (t.fp16) fail("fp16: training in float16 needs a dynamic loss scaler, which is not implemented; use --bf16");
   if (t.bf16 && device_ != Device::CUDA)
     fail("bf16: mixed-precision training needs the CUDA backend (device resolved to cpu; the CPU trainer runs fp32)");

@@ -301,10 +301,10 @@ void Config::validate() const {
   if (data.tokenizer_type == "NullTokenizer" && model.vocab_size <= 0)
     fail("vocab_size must be given (--vocab-size) with tokenizer_type NullTokenizer");
   if (training.enable_cuda_graph) {  // what the captured step cannot contain (yet)
-    if (tp > 1 || pp > 1 || cp > 1 || parallel.expert_model_parallel_size > 1)
-      fail("enable_cuda_graph: implemented for data parallelism only (tensor/pipeline/context/expert model "
-           "parallel sizes {}/{}/{}/{}): the vocab-parallel loss and the pipeline's P2P shapes use the host",
-           tp, pp, cp, parallel.expert_model_parallel_size);
+    if (pp > 1 || cp > 1 || parallel.expert_model_parallel_size > 1)
+      fail("enable_cuda_graph: implemented for data and tensor (+ sequence) parallelism only (pipeline/context/"
+           "expert model parallel sizes {}/{}/{}): the pipeline schedule's P2P is not captured",
+           pp, cp, parallel.expert_model_parallel_size);
     if (model.hidden_dropout > 0.0f || model.attention_dropout > 0.0f)
       fail("enable_cuda_graph: dropout ({} hidden, {} attention) draws from Philox offsets that are kernel "
            "arguments, which a replayed graph would repeat; use --hidden-dropout 0 --attention-dropout 0",

@@ -3,6 +3,7 @@
 // ids (any value in [0, V)); rows whose target is outside the slice contribute target_logit 0 and no
 // onehot. Partials: row max, sum of exp(logit - row max) accumulated in float64, target logit.
 // Backward: dlogits = (exp(logit - lse) - onehot) * dloss, overwritten, may alias logits. OpenMP over rows.
+// Combine steps (local_lse / rescale / finish): float32 elementwise with std::log / std::exp on floats.
 #include <algorithm>
 #include <cmath>
 
@@ -61,6 +62,41 @@ void vocab_parallel_ce_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& l
     for (int64_t v = 0; v < V; ++v) dx[r * V + v] = std::exp(x[r * V + v] - l[r]) * dl[r];
     const int64_t local = static_cast<int64_t>(t[r]) - vocab_start;
     if (local >= 0 && local < V) dx[r * V + local] -= dl[r];
+  }
+}
+
+namespace {
+void check_rows(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> ts) {
+  const int64_t n = ts.begin()->second->numel();
+  for (const auto& [name, t] : ts)
+    MCPP_CHECK(t->defined() && t->is_cpu() && t->dtype() == DType::F32 && t->numel() == n,
+               "{}: {} must be float32 [n={}] on CPU, got {}", op, name, n, t->defined() ? t->str() : "undefined");
+}
+}  // namespace
+
+void vocab_parallel_ce_local_lse(Tensor& local_lse, const Tensor& row_max, const Tensor& sum_exp, Stream) {
+  check_rows("vocab_parallel_ce_local_lse", {{"local_lse", &local_lse}, {"row_max", &row_max}, {"sum_exp", &sum_exp}});
+  const float *mx = row_max.data<float>(), *se = sum_exp.data<float>();
+  float* out = local_lse.data<float>();
+  for (int64_t r = 0; r < local_lse.numel(); ++r) out[r] = mx[r] + std::log(se[r]);
+}
+
+void vocab_parallel_ce_rescale(Tensor& scaled, const Tensor& local_lse, const Tensor& gmax, Stream) {
+  check_rows("vocab_parallel_ce_rescale", {{"scaled", &scaled}, {"local_lse", &local_lse}, {"gmax", &gmax}});
+  const float *l = local_lse.data<float>(), *g = gmax.data<float>();
+  float* out = scaled.data<float>();
+  for (int64_t r = 0; r < scaled.numel(); ++r) out[r] = std::exp(l[r] - g[r]);
+}
+
+void vocab_parallel_ce_finish(Tensor& loss, Tensor& lse, const Tensor& gmax, const Tensor& sum_scaled,
+                              const Tensor& target_logit, Stream) {
+  check_rows("vocab_parallel_ce_finish", {{"loss", &loss}, {"lse", &lse}, {"gmax", &gmax}, {"sum_scaled", &sum_scaled},
+                                          {"target_logit", &target_logit}});
+  const float *g = gmax.data<float>(), *ss = sum_scaled.data<float>(), *tl = target_logit.data<float>();
+  float *lo = loss.data<float>(), *ls = lse.data<float>();
+  for (int64_t r = 0; r < loss.numel(); ++r) {
+    ls[r] = g[r] + std::log(ss[r]);
+    lo[r] = ls[r] - tl[r];
   }
 }
 

@@ -116,6 +116,9 @@ void launch_vocab_parallel_ce_partials(float* row_max, float* sum_exp, float* ta
                                        cudaStream_t s);
 void launch_vocab_parallel_ce_bwd(FOut dlogits, const float* dloss, FIn logits, const int32_t* targets,
                                   const float* lse, int64_t n, int64_t v, int64_t vocab_start, cudaStream_t s);
+// step 0: out = a + log(b); 1: out = exp(a - b); 2: out2 = a + log(b), out = out2 - c (loss, lse)
+void launch_vocab_parallel_ce_combine(int step, float* out, const float* a, const float* b, const float* c, float* out2,
+                                      int64_t n, cudaStream_t s);
 
 // ---- attention_kernels.cu: q[s,b,nq,d], k/v[s,b,ng,d], o[s,b,nq,d], lse[b,nq,s]; d in {64, 128}
 struct AttnShape {

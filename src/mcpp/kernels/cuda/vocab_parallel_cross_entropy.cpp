@@ -1,5 +1,6 @@
 // CUDA vocab-parallel cross entropy pieces (ops.inc; semantics as kernels/cpu/vocab_parallel_cross_entropy.cpp),
 // vocab_parallel_ce_kernels.cu. Logits float32 or bf16 [n, V/tp], read once; per-row tensors float32 [n].
+// The combine steps (local_lse / rescale / finish) are one elementwise kernel each (logf / expf).
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/ops.h"
 
@@ -40,6 +41,29 @@ void vocab_parallel_ce_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& l
   launch_vocab_parallel_ce_bwd(fout_of(op, "dlogits", dlogits), row_vec(op, "dloss", dloss, n),
                                fin_of(op, "logits", logits), targets.data<int32_t>(), row_vec(op, "lse", lse, n), n,
                                logits.size(1), vocab_start, stream_of(stream));
+}
+
+void vocab_parallel_ce_local_lse(Tensor& local_lse, const Tensor& row_max, const Tensor& sum_exp, Stream stream) {
+  const char* op = "vocab_parallel_ce_local_lse";
+  const int64_t n = local_lse.numel();
+  launch_vocab_parallel_ce_combine(0, row_vec(op, "local_lse", local_lse, n), row_vec(op, "row_max", row_max, n),
+                                   row_vec(op, "sum_exp", sum_exp, n), nullptr, nullptr, n, stream_of(stream));
+}
+
+void vocab_parallel_ce_rescale(Tensor& scaled, const Tensor& local_lse, const Tensor& gmax, Stream stream) {
+  const char* op = "vocab_parallel_ce_rescale";
+  const int64_t n = scaled.numel();
+  launch_vocab_parallel_ce_combine(1, row_vec(op, "scaled", scaled, n), row_vec(op, "local_lse", local_lse, n),
+                                   row_vec(op, "gmax", gmax, n), nullptr, nullptr, n, stream_of(stream));
+}
+
+void vocab_parallel_ce_finish(Tensor& loss, Tensor& lse, const Tensor& gmax, const Tensor& sum_scaled,
+                              const Tensor& target_logit, Stream stream) {
+  const char* op = "vocab_parallel_ce_finish";
+  const int64_t n = loss.numel();
+  launch_vocab_parallel_ce_combine(2, row_vec(op, "loss", loss, n), row_vec(op, "gmax", gmax, n),
+                                   row_vec(op, "sum_scaled", sum_scaled, n), row_vec(op, "target_logit", target_logit, n),
+                                   row_vec(op, "lse", lse, n), n, stream_of(stream));
 }
 
 }  // namespace mcpp::ops::cuda
