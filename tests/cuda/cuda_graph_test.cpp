@@ -6,7 +6,8 @@
 //   - a tensor allocated before the capture and dropped inside it stays valid for the replays;
 //   - masked_loss_stats / masked_loss_grad on CUDA equal the CPU backend;
 //   - training a bf16 GPT with --enable-cuda-graph (eager warm-up, capture, replays, an eager evaluation in
-//     between) gives the eager run's losses (same kernels; only atomics-ordered sums may differ).
+//     between) gives the eager run's losses (same kernels; only atomics-ordered sums may differ); with
+//     hidden dropout (fp32) too: every replay draws that step's masks.
 #include <filesystem>
 #include <string>
 
@@ -126,11 +127,9 @@ TEST(CudaMaskedLoss, StatsAndGradMatchCpu) {
   }
 }
 
-TEST(CudaGraphTraining, Bf16GptWithGraphsMatchesEagerTraining) {
-  MCPP_REQUIRE_CUDA();
-  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_" + std::to_string(::getpid()));
+Config gpu_train_config(const std::string& data_prefix) {
   Config c = training_test::tiny_train_config("unused", 8);
-  c.data.data_path = {training_test::make_corpus(dir)};
+  c.data.data_path = {data_prefix};
   c.model.hidden_size = 128;
   c.model.num_attention_heads = 2;
   c.model.num_query_groups = 2;
@@ -141,10 +140,41 @@ TEST(CudaGraphTraining, Bf16GptWithGraphsMatchesEagerTraining) {
   c.model.attention_impl = "flash";
   c.model.hidden_dropout = 0.0f;
   c.model.attention_dropout = 0.0f;
-  c.training.bf16 = true;
   c.training.device = "cuda";
   c.training.log_interval = 4;
   c.training.eval_interval = 5;  // an eager evaluation between replays
+  return c;
+}
+
+// Hidden dropout under graphs (fp32: eager and graphed runs then differ only by atomics-ordered sums, so a
+// repeated or shifted mask would show): the replays draw each step's own masks, and the RNG state the
+// trainer would checkpoint equals the eager run's.
+TEST(CudaGraphTraining, DropoutDrawsFreshMasksEveryReplay) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_do_" + std::to_string(::getpid()));
+  Config c = gpu_train_config(training_test::make_corpus(dir));
+  c.model.hidden_dropout = 0.2f;
+  c.validate();
+  const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
+  c.training.enable_cuda_graph = true;
+  c.training.cuda_graph_warmup_steps = 2;
+  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+  c.training.enable_cuda_graph = false;
+  c.model.hidden_dropout = 0.0f;
+  const TrainSummary no_dropout = Trainer(c, 99, training_test::single()).train();
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(graphed.cuda_graph_replays, 6);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-5 * eager.losses[i]) << "iteration " << i + 1;
+    EXPECT_GT(std::abs(eager.losses[i] - no_dropout.losses[i]), 1e-4) << "dropout has no effect: iteration " << i + 1;
+  }
+}
+
+TEST(CudaGraphTraining, Bf16GptWithGraphsMatchesEagerTraining) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_" + std::to_string(::getpid()));
+  Config c = gpu_train_config(training_test::make_corpus(dir));
+  c.training.bf16 = true;
   c.validate();
   const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
   c.training.enable_cuda_graph = true;

@@ -94,6 +94,25 @@ TEST(CudaDropout, MaskEqualsCpuBitForBit) {
   EXPECT_REL(g, want, 4e-3);
 }
 
+// A CUDA-graph key (offset relative to a device base, core/rng.h) draws the mask of the absolute offset
+// base + offset, read when the kernel runs: changing the base between launches changes the mask.
+TEST(CudaDropout, DeviceBaseKeyEqualsTheAbsoluteOffset) {
+  MCPP_REQUIRE_CUDA();
+  Tensor x = rnd({1001}, 9);
+  Tensor base = Tensor::empty({1}, DType::I64);
+  for (int64_t b : {int64_t{0}, int64_t{5}, int64_t{1} << 40}) {
+    SCOPED_TRACE(b);
+    base.data<int64_t>()[0] = b;
+    Tensor base_d = base.to(Device::CUDA);
+    const PhiloxKey rel{.seed = 99, .offset = 3, .device_base = static_cast<const uint64_t*>(base_d.raw())};
+    const PhiloxKey abs{.seed = 99, .offset = 3 + static_cast<uint64_t>(b)};
+    Tensor want = Tensor::empty({1001}), got = poisoned({1001}, DType::F32);
+    ops::cpu::dropout_fwd(want, x, 0.4f, abs, {});
+    ops::dropout_fwd(got, dev(x), 0.4f, rel);
+    EXPECT_EQ(std::memcmp(got.to(Device::CPU).raw(), want.raw(), want.nbytes()), 0);
+  }
+}
+
 TEST(CudaRope, ForwardBackwardPartialRotaryAndInPlace) {
   MCPP_REQUIRE_CUDA();
   const int64_t s = 7, b = 3, heads = 4, d = 64, half = 24;  // rot = 48 < d: dims 48..63 pass through

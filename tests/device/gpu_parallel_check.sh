@@ -4,8 +4,9 @@
 # microbatches, DP2 + distributed optimizer) against the same run on ONE GPU: per-iteration lm loss from
 # the JSONL metrics. fp32 on the GPU (no --bf16) so the comparison is tight: only reduction order
 # differs (NCCL sums, split GEMMs) -> relative 1e-5 on the loss over 6 steps. Then bf16 DP2 vs one GPU
-# (bf16 activations: relative 5e-3); one GPU and DP2 (+ distributed optimizer) with --enable-cuda-graph
-# and TP2 + SP with --enable-cuda-graph against the same eager reference. Exit 1 on any mismatch.
+# (bf16 activations: relative 5e-3); one GPU, DP2 (+ distributed optimizer), TP2 + SP and PP2 (1F1B)
+# with --enable-cuda-graph against the same eager reference; TP2 + SP with hidden dropout
+# graphed vs eager. Exit 1 on any mismatch.
 # usage (repo root, device_carry/ from bench/gpu/make_carry.sh carried): tests/device/gpu_parallel_check.sh OUT
 set -u
 OUT=${1:?usage: gpu_parallel_check.sh OUT}
@@ -36,7 +37,11 @@ run gpu1_graph 1 $GRAPH
 run dp2_graph 2 $GRAPH
 run dp2_distopt_graph 2 --use-distributed-optimizer --overlap-grad-reduce $GRAPH
 run tp2sp_graph 2 --tensor-model-parallel-size 2 --sequence-parallel $GRAPH
-for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph; do grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"; done
+run pp2_graph 2 --pipeline-model-parallel-size 2 $GRAPH
+# Hidden dropout under graphs (graph-safe keys): TP2 + SP with dropout, graphed vs eager (same masks).
+run tp2sp_do 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1
+run tp2sp_do_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1 $GRAPH
+for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph pp2_graph tp2sp_do_graph; do grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"; done
 # The same without MPI: `mcpp launch` (TCP rendezvous; NCCL groups bootstrap over it).
 "$MCPP" launch --nproc-per-node 2 -- train $MODEL --metrics-path "$OUT/launch_tp2.jsonl" \
   --tensor-model-parallel-size 2 --sequence-parallel > "$OUT/launch_tp2.log" 2>&1
@@ -59,8 +64,8 @@ def losses(n):
         return []
 ok = True
 for ref, runs, tol in [("gpu1", ["dp2", "tp2sp", "pp2", "dp2_distopt", "launch_tp2", "gpu1_graph", "dp2_graph",
-                                 "dp2_distopt_graph", "tp2sp_graph"], 1e-5),
-                       ("gpu1_bf16", ["dp2_bf16"], 5e-3)]:
+                                 "dp2_distopt_graph", "tp2sp_graph", "pp2_graph"], 1e-5),
+                       ("gpu1_bf16", ["dp2_bf16"], 5e-3), ("tp2sp_do", ["tp2sp_do_graph"], 1e-5)]:
     a = losses(ref)
     for n in runs:
         b = losses(n)
@@ -68,7 +73,7 @@ for ref, runs, tol in [("gpu1", ["dp2", "tp2sp", "pp2", "dp2_distopt", "launch_t
         good = len(a) == len(b) == 6 and err < tol
         ok &= good
         print(f"{n:17s} vs {ref}: max rel loss diff {err:.2e} (tol {tol:g}) {'OK' if good else 'MISMATCH'}  {b[:2]}")
-for n in ["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph"]:  # the replays really ran (a capture event)
+for n in ["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "pp2_graph", "tp2sp_do_graph"]:  # the replays really ran (a capture event)
     try:
         ev = [r for r in map(json.loads, open(f"{out}/{n}.jsonl")) if r.get("event") == "cuda_graph"]
     except OSError:

@@ -1,6 +1,7 @@
 // ops::cpu::dropout_fwd / dropout_bwd: the mask is philox_uniform_at(key, i) >= p (checked element by
 // element against core/rng.h), the kept fraction is ~1-p, backward replays the same mask, and the
-// same key gives the same mask while another key gives a different one.
+// same key gives the same mask while another key gives a different one; CUDA-graph keys (device offset
+// base) are refused on the CPU; the RngTracker's graph mode.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/tensor_parallel/random.h"
 
 namespace mcpp {
 namespace {
@@ -81,6 +83,30 @@ TEST(CpuDropout, PZeroCopiesPOneZeroesBadPThrows) {
   EXPECT_THROW(cpu::dropout_fwd(y, x, -0.1f, PhiloxKey{}, {}), Error);
   Tensor short_y = Tensor::empty({9});
   EXPECT_THROW(cpu::dropout_bwd(short_y, x, 0.1f, PhiloxKey{}, {}), Error);
+  const uint64_t base = 4;  // a CUDA-graph key (device offset base) is refused on the CPU
+  EXPECT_THROW(cpu::dropout_fwd(y, x, 0.1f, PhiloxKey{.seed = 1, .offset = 2, .device_base = &base}, {}), Error);
+}
+
+// RngTracker under CUDA graphs: after begin_graph_capture, keys are relative to the offsets at that point
+// and carry the device slots (default stream -> slot 0, model-parallel -> slot 1); offsets() / advance()
+// keep the absolute positions a checkpoint saves.
+TEST(RngTrackerGraph, KeysRelativeToTheCaptureStartWithDeviceSlots) {
+  tensor_parallel::RngTracker t(1234, 1, 0);
+  t.draw_default(40);         // offset 10
+  t.draw_model_parallel(8);   // offset 2
+  const uint64_t slots[2] = {0, 0};
+  t.begin_graph_capture(slots);
+  const PhiloxKey d = t.draw_default(4), m = t.draw_model_parallel(4);
+  EXPECT_EQ(d.offset, 0u);
+  EXPECT_EQ(d.device_base, &slots[0]);
+  EXPECT_EQ(m.offset, 0u);
+  EXPECT_EQ(m.device_base, &slots[1]);
+  EXPECT_EQ(t.draw_default(4).offset, 1u);
+  EXPECT_EQ(t.offsets()[0], 12u);
+  EXPECT_EQ(t.offsets()[1], 3u);
+  t.advance({5, 7});
+  EXPECT_EQ(t.offsets()[0], 17u);
+  EXPECT_EQ(t.state().at("model_parallel_offset").get<uint64_t>(), 10u);
 }
 
 }  // namespace

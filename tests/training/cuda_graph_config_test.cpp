@@ -1,5 +1,5 @@
 // --enable-cuda-graph: the flags parse under Megatron's names; what the captured step cannot contain is
-// refused at validation naming the reason (pipeline/context parallel, dropout, --timeline, --device cpu,
+// refused at validation naming the reason (context/expert parallel, variable P2P shapes, --timeline, --device cpu,
 // an unimplemented scope, no warm-up step); without a GPU the trainer refuses it instead of running eagerly.
 #include <gtest/gtest.h>
 
@@ -53,14 +53,24 @@ TEST(CudaGraphConfig, WhatTheCapturedStepCannotContainIsRefused) {
     const std::string e = error_of([&] { c.validate(); });
     EXPECT_NE(e.find(needle), std::string::npos) << "expected '" << needle << "' in: " << e;
   };
-  refused([](Config& c) { c.parallel.pipeline_model_parallel_size = 2; }, "pipeline/context/expert");
-  refused([](Config& c) { c.parallel.context_parallel_size = 2; }, "pipeline/context/expert");
-  Config tp2 = ok;  // tensor parallel (+ SP) is capturable: its collectives and the vocab-parallel loss are NCCL ops
+  refused([](Config& c) { c.parallel.context_parallel_size = 2; }, "context/expert");
+  refused([](Config& c) { c.parallel.expert_model_parallel_size = 2; }, "context/expert");
+  refused([](Config& c) { c.parallel.variable_seq_lengths = true; }, "--variable-seq-lengths");
+  refused([](Config& c) {
+    c.model.num_layers = 6;
+    c.parallel.pipeline_model_parallel_size = 3;
+    c.parallel.num_layers_per_virtual_pipeline_stage = 1;
+  }, "interleaved");
+  Config tp2 = ok;  // tensor parallel (+ SP) and pipeline parallel are capturable: all device collectives / P2P
   tp2.parallel.tensor_model_parallel_size = 2;
   tp2.parallel.sequence_parallel = true;
   EXPECT_EQ(error_of([&] { tp2.validate(); }), "");
-  refused([](Config& c) { c.model.hidden_dropout = 0.1f; }, "dropout");
-  refused([](Config& c) { c.model.attention_dropout = 0.1f; }, "dropout");
+  Config pp2 = ok;
+  pp2.parallel.pipeline_model_parallel_size = 2;
+  EXPECT_EQ(error_of([&] { pp2.validate(); }), "");
+  Config dropout = ok;  // graph-safe dropout keys (RngTracker::begin_graph_capture)
+  dropout.model.hidden_dropout = 0.1f;
+  EXPECT_EQ(error_of([&] { dropout.validate(); }), "");
   refused([](Config& c) { c.training.timeline = "trace.json"; }, "--timeline");
   refused([](Config& c) { c.training.device = "cpu"; }, "--device cuda");
   refused([](Config& c) { c.training.cuda_graph_scope = "attn"; }, "cuda_graph_scope");
@@ -68,7 +78,7 @@ TEST(CudaGraphConfig, WhatTheCapturedStepCannotContainIsRefused) {
   // Graphs off: the same settings are fine.
   Config off = ok;
   off.training.enable_cuda_graph = false;
-  off.model.hidden_dropout = 0.1f;
+  off.training.timeline = "trace.json";
   EXPECT_EQ(error_of([&] { off.validate(); }), "");
 }
 

@@ -12,6 +12,10 @@ namespace mcpp {
 struct PhiloxKey {
   uint64_t seed = 0;
   uint64_t offset = 0;  // in units of 4 x uint32 draws
+  // CUDA-graph-safe keys (RngTracker::begin_graph_capture): a device uint64 the CUDA kernels add to
+  // offset when they run, so a replayed graph draws the current step's numbers. nullptr: offset is
+  // absolute (always on the CPU backend, which refuses a key with a device base).
+  const uint64_t* device_base = nullptr;
 };
 
 inline std::array<uint32_t, 4> philox4x32_10(uint64_t seed, uint64_t counter_lo, uint64_t counter_hi) {
@@ -42,12 +46,15 @@ inline float philox_uniform_at(const PhiloxKey& key, uint64_t i) {
   return philox_uniform(r[i % 4]);
 }
 
-// A named stream position: draw(n) returns the key for the next n elements and advances.
+// A named stream position: draw(n) returns the key for the next n elements and advances. With a device
+// base (CUDA graphs) the key's offset is relative to graph_origin, the offset the base held at capture.
 struct RngState {
   uint64_t seed = 0;
   uint64_t offset = 0;
+  uint64_t graph_origin = 0;
+  const uint64_t* device_base = nullptr;
   PhiloxKey draw(uint64_t n) {
-    PhiloxKey k{seed, offset};
+    PhiloxKey k{seed, offset - graph_origin, device_base};
     offset += (n + 3) / 4;
     return k;
   }

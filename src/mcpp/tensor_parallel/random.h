@@ -8,6 +8,7 @@
 // A draw of n elements returns a PhiloxKey and advances that stream; the key is saved in the module context
 // so backward and recompute replay the same mask. The state (seed, offset per stream) is checkpointed.
 #pragma once
+#include <array>
 #include <cstdint>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +37,22 @@ class RngTracker {
   void load_state(const nlohmann::json& j) {
     default_.offset = j.at("default_offset").get<uint64_t>();
     model_parallel_.offset = j.at("model_parallel_offset").get<uint64_t>();
+  }
+
+  // CUDA graphs (Megatron's graph-safe RNG tracker): from the captured step on, keys are relative to the
+  // offsets at its start and carry device_slots[0] (default) / [1] (model-parallel), device uint64s that
+  // must hold each stream's offset at the start of the step being run (the trainer writes offsets() there
+  // before every replay, then advance()s by what one step draws, as the host code no longer runs).
+  void begin_graph_capture(const uint64_t* device_slots) {
+    default_.graph_origin = default_.offset;
+    default_.device_base = device_slots;
+    model_parallel_.graph_origin = model_parallel_.offset;
+    model_parallel_.device_base = device_slots + 1;
+  }
+  std::array<uint64_t, 2> offsets() const { return {default_.offset, model_parallel_.offset}; }
+  void advance(const std::array<uint64_t, 2>& by) {
+    default_.offset += by[0];
+    model_parallel_.offset += by[1];
   }
 
  private:

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -84,6 +85,10 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   // Layer placement for this pipeline rank: one model chunk per virtual stage.
   const pipeline_parallel::PipelineLayout layout =
       pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(config_.model, par));
+  if (t.enable_cuda_graph && layout.virtual_pipeline_model_parallel_size > 1)
+    fail("enable_cuda_graph: the layout gives {} model chunks per pipeline stage (interleaved schedule), which is "
+         "not verified under CUDA graphs yet; use one chunk per stage or drop the graphs",
+         layout.virtual_pipeline_model_parallel_size);
   for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
     const pipeline_parallel::StageLayers& st = layout.at(pc_.pp_rank(), v);
     const int64_t first = st.layers.empty() ? 0 : st.layers.front();
@@ -249,6 +254,13 @@ Trainer::StepLoss Trainer::forward_backward(const GPTDataset& ds, int64_t first)
   return step;
 }
 
+void Trainer::write_graph_rng_base() {
+  const std::array<uint64_t, 2> offsets = state_.rng.offsets();
+  Tensor h = Tensor::empty({2}, DType::I64);
+  for (size_t i = 0; i < 2; ++i) h.data<int64_t>()[i] = static_cast<int64_t>(offsets[i]);
+  graph_rng_base_.copy_from(h);  // host->device, ordered before the replay on the compute stream
+}
+
 Trainer::StepLoss Trainer::forward_backward_graphed(const GPTDataset& ds, int64_t first) {
   const int64_t num_micro = config_.num_microbatches();
   const bool last_stage = chunks_.back()->stage().post_process;
@@ -271,7 +283,13 @@ Trainer::StepLoss Trainer::forward_backward_graphed(const GPTDataset& ds, int64_
     if (!step_graph_->captured()) {
       const int64_t iteration = first / config_.training.global_batch_size + 1;  // this step's number
       const auto t0 = Clock::now();
+      graph_rng_base_ = Tensor::empty({2}, DType::I64, device_);
+      write_graph_rng_base();  // this step's start: what the captured keys are relative to
+      state_.rng.begin_graph_capture(static_cast<const uint64_t*>(graph_rng_base_.raw()));
+      const std::array<uint64_t, 2> before = state_.rng.offsets();
       step_graph_->capture([&] { forward_backward(ds, first); });
+      const std::array<uint64_t, 2> after = state_.rng.offsets();  // the capture drew this step's keys
+      graph_rng_step_ = {after[0] - before[0], after[1] - before[1]};
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (is_logging_rank()) {
         fmt::print(" captured the training step in a CUDA graph (full_iteration) at iteration {}: {} nodes, "
@@ -279,8 +297,12 @@ Trainer::StepLoss Trainer::forward_backward_graphed(const GPTDataset& ds, int64_
         metrics_.write({{"event", "cuda_graph"}, {"iteration", iteration},
                         {"nodes", step_graph_->num_nodes()}, {"capture_ms", ms}});
       }
+      step_graph_->replay();  // the capture step: base = its start, the tracker already past it
+    } else {
+      write_graph_rng_base();
+      step_graph_->replay();
+      state_.rng.advance(graph_rng_step_);  // as the eager step's draws would have
     }
-    step_graph_->replay();
   }
   if (!last_stage) return {};
   const pipeline_parallel::LossTotals totals = pipeline_parallel::loss_totals(graph_loss_stats_);

@@ -29,8 +29,12 @@
 // cuDNN plans and workspaces), the next one captures zero_grad + the schedule's forward/backward + the DP
 // grad sync into a CudaGraph (core/cuda_graph.h) and every step from then on replays it. The loss
 // statistics land in a static [M, 2] buffer; the grad norm, clipping, optimizer and scheduler run
-// eagerly after the replay. Evaluation runs eagerly.
+// eagerly after the replay. Evaluation runs eagerly. Dropout keys are graph-safe from the capture on
+// (RngTracker::begin_graph_capture): their offsets are relative to a device base the trainer sets to the
+// streams' offsets before each replay, and the host tracker advances by one step's draws after it, so the
+// masks (and a checkpoint's RNG state) are those of the eager run.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -127,6 +131,11 @@ class Trainer {
   std::vector<Batch> graph_inputs_;
   Tensor graph_loss_stats_;
   int64_t graph_warmup_left_ = 0;
+  // Dropout under graphs: the device slots the captured keys add to their offsets ([2] uint64: the default
+  // and model-parallel streams' offsets at the start of the step being replayed), and what one step draws.
+  Tensor graph_rng_base_;
+  std::array<uint64_t, 2> graph_rng_step_{};
+  void write_graph_rng_base();  // state_.rng's current offsets -> graph_rng_base_
 };
 
 }  // namespace mcpp

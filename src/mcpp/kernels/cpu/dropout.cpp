@@ -21,6 +21,7 @@ void dropout_apply(const char* op, Tensor& out, const char* out_name, const Tens
   require_cpu_f32(op, in_name, in);
   detail::require_numel(op, in_name, in, out.numel(), "numel of the output");
   MCPP_CHECK(p >= 0.0f && p <= 1.0f, "{}: dropout probability p must be in [0, 1]; got {}", op, p);
+  MCPP_CHECK(!key.device_base, "{}: a CUDA-graph key (device offset base) on the CPU backend", op);
   const int64_t n = out.numel();
   const float* px = in.data<float>();
   float* py = out.data<float>();

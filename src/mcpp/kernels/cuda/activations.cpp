@@ -34,7 +34,7 @@ void dropout_apply(const char* op, Tensor& out, const char* out_name, const Tens
     return;
   }
   const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  launch_dropout(o, i, p, scale, key.seed, key.offset, out.numel(), stream_of(stream));
+  launch_dropout(o, i, p, scale, key.seed, key.offset, key.device_base, out.numel(), stream_of(stream));
 }
 }  // namespace
 

@@ -88,7 +88,9 @@ __device__ __forceinline__ uint4 philox4x32_10(uint64_t seed, uint64_t counter) 
   return make_uint4(c0, c1, c2, c3);
 }
 
-__global__ void dropout_kernel(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, int64_t n) {
+__global__ void dropout_kernel(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t key_offset,
+                               const uint64_t* base, int64_t n) {
+  const uint64_t offset = key_offset + (base ? *base : 0);  // base: CUDA-graph-safe keys (core/rng.h)
   const int64_t groups = (n + 3) / 4;
   MCPP_GRID_STRIDE(g, groups) {
     const uint4 r = philox4x32_10(seed, offset + static_cast<uint64_t>(g));
@@ -135,9 +137,10 @@ void launch_swiglu_bwd(FOut dx, FIn dy, FIn x, int64_t rows, int64_t f, cudaStre
   swiglu_bwd_kernel<<<grid_for(rows * f, kThreads), kThreads, 0, s>>>(dx, dy, x, rows, f);
   MCPP_CUDA_LAUNCH_CHECK();
 }
-void launch_dropout(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, int64_t n, cudaStream_t s) {
+void launch_dropout(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, const uint64_t* base,
+                    int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  dropout_kernel<<<grid_for((n + 3) / 4, kThreads), kThreads, 0, s>>>(y, x, p, scale, seed, offset, n);
+  dropout_kernel<<<grid_for((n + 3) / 4, kThreads), kThreads, 0, s>>>(y, x, p, scale, seed, offset, base, n);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

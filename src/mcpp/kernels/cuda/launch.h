@@ -71,8 +71,10 @@ void launch_gelu_fwd(FOut y, FIn x, int64_t n, cudaStream_t s);
 void launch_gelu_bwd(FOut dx, FIn dy, FIn x, int64_t n, cudaStream_t s);
 void launch_swiglu_fwd(FOut y, FIn x, int64_t rows, int64_t f, cudaStream_t s);
 void launch_swiglu_bwd(FOut dx, FIn dy, FIn x, int64_t rows, int64_t f, cudaStream_t s);
-// keep element i iff philox_uniform_at({seed, offset}, i) >= p; kept values scaled by `scale`
-void launch_dropout(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, int64_t n, cudaStream_t s);
+// keep element i iff philox_uniform_at({seed, offset + *base}, i) >= p (base: device uint64 or nullptr);
+// kept values scaled by `scale`
+void launch_dropout(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, const uint64_t* base,
+                    int64_t n, cudaStream_t s);
 
 // ---- embedding_kernels.cu
 void launch_embedding_fwd(FOut out, const int32_t* ids, FIn table, int64_t n, int64_t v, int64_t h,
