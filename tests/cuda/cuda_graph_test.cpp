@@ -19,14 +19,7 @@
 namespace mcpp::cuda_test {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using training_test::error_of;
 
 TEST(CudaGraph, ReplaysTheCapturedOpsOnNewInputs) {
   MCPP_REQUIRE_CUDA();

@@ -15,14 +15,7 @@
 namespace mcpp {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using training_test::error_of;
 
 Config graph_config() {  // the tiny trainer config without dropout, graphs on
   Config c = training_test::tiny_train_config("unused_prefix");

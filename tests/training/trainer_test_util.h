@@ -1,12 +1,14 @@
 // Shared by the trainer tests (CPU and CUDA): a small learnable corpus, a tiny training config on it,
-// and the size-1 parallel context.
+// the size-1 parallel context, and the mcpp::Error message of a call.
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "mcpp/comm/local/local_communicator.h"
+#include "mcpp/core/error.h"
 #include "mcpp/datasets/indexed_dataset.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/transformer/transformer_config.h"
@@ -67,6 +69,16 @@ inline Config tiny_train_config(const std::string& data_prefix, int64_t train_it
 
 inline parallel_state::ParallelContext single() {
   return parallel_state::ParallelContext::single(comm::make_local_world());
+}
+
+// The mcpp::Error message fn throws, or "" when it returns.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace mcpp::training_test
