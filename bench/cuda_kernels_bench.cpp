@@ -31,6 +31,7 @@
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/tensor.h"
+#include "mcpp/kernels/deterministic_kernels.h"
 #include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/kernels/ops.h"
 
@@ -201,6 +202,23 @@ void bench_cross_entropy(const char* name, int64_t n, int64_t v) {
       time_op([&] { mcpp::ops::cross_entropy_fwd_bwd(loss, lse, dlogits, logits, targets, dloss); }, dlogits, g_iters,
               g_reps),
       0, 2 * bytes);
+}
+
+// Embedding backward (fp32 main grad += bf16 dout rows), the default atomicAdd kernel vs the ordered one
+// of --deterministic-mode. Bytes = dout read + the touched grad rows read and written (upper bound n rows).
+void bench_embedding_bwd(const char* name, int64_t n, int64_t v, int64_t h) {
+  Tensor ih = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) ih.data<int32_t>()[i] = static_cast<int32_t>((i * 7919) % v);
+  Tensor ids = ih.to(Device::CUDA), dout = filled({n, h}, DType::BF16, 0.5f);
+  Tensor grad = Tensor::zeros({v, h}, DType::F32, Device::CUDA);
+  const std::string shape = fmt::format("{} ids [{}] -> [{}x{}]", name, n, v, h);
+  const double bytes = 2.0 * n * h + 8.0 * std::min(n, v) * h;
+  for (bool ordered : {false, true}) {
+    mcpp::ops::cuda::set_deterministic_kernels(ordered);
+    row(ordered ? "embedding bwd, ordered (deterministic)" : "embedding bwd, atomicAdd", shape,
+        time_op([&] { mcpp::ops::embedding_bwd(grad, ids, dout, 0); }, grad, g_iters, g_reps), 0, bytes);
+  }
+  mcpp::ops::cuda::set_deterministic_kernels(false);
 }
 
 // AdamW over GPT-2 124M's 148 parameter tensors (fp32 master, m, v, grad; bf16 model copy): the
@@ -395,6 +413,8 @@ int main(int argc, char** argv) {
       bench_layernorm("1.3B", 16384, 2048);
       bench_cross_entropy("124M B8 T1024", 8192, 50304);
       bench_cross_entropy("124M B32 T1024", 32768, 50304);
+      bench_embedding_bwd("124M word", 32768, 50304, 768);
+      bench_embedding_bwd("124M position", 32768, 1024, 768);
       bench_adamw();
       return 0;
     }

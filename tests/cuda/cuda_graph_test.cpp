@@ -120,32 +120,13 @@ TEST(CudaMaskedLoss, StatsAndGradMatchCpu) {
   }
 }
 
-Config gpu_train_config(const std::string& data_prefix) {
-  Config c = training_test::tiny_train_config("unused", 8);
-  c.data.data_path = {data_prefix};
-  c.model.hidden_size = 128;
-  c.model.num_attention_heads = 2;
-  c.model.num_query_groups = 2;
-  c.model.kv_channels = 64;  // the flash attention's head dim (cuDNN)
-  c.model.ffn_hidden_size = 512;
-  c.model.seq_length = 64;
-  c.model.max_position_embeddings = 64;
-  c.model.attention_impl = "flash";
-  c.model.hidden_dropout = 0.0f;
-  c.model.attention_dropout = 0.0f;
-  c.training.device = "cuda";
-  c.training.log_interval = 4;
-  c.training.eval_interval = 5;  // an eager evaluation between replays
-  return c;
-}
-
 // Hidden dropout under graphs (fp32: eager and graphed runs then differ only by atomics-ordered sums, so a
 // repeated or shifted mask would show): the replays draw each step's own masks, and the RNG state the
 // trainer would checkpoint equals the eager run's.
 TEST(CudaGraphTraining, DropoutDrawsFreshMasksEveryReplay) {
   MCPP_REQUIRE_CUDA();
   const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_do_" + std::to_string(::getpid()));
-  Config c = gpu_train_config(training_test::make_corpus(dir));
+  Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
   c.model.hidden_dropout = 0.2f;
   c.validate();
   const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
@@ -166,7 +147,7 @@ TEST(CudaGraphTraining, DropoutDrawsFreshMasksEveryReplay) {
 TEST(CudaGraphTraining, Bf16GptWithGraphsMatchesEagerTraining) {
   MCPP_REQUIRE_CUDA();
   const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_" + std::to_string(::getpid()));
-  Config c = gpu_train_config(training_test::make_corpus(dir));
+  Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
   c.training.bf16 = true;
   c.validate();
   const TrainSummary eager = Trainer(c, 99, training_test::single()).train();

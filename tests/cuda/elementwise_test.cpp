@@ -1,5 +1,6 @@
 // CUDA elementwise ops, cast, activations, dropout, RoPE and embedding vs the CPU backend.
 #include "cuda/cuda_test_util.h"
+#include "mcpp/kernels/deterministic_kernels.h"
 
 namespace mcpp {
 namespace {
@@ -153,6 +154,32 @@ TEST(CudaEmbedding, VocabPartitionForwardAndAccumulatingBackward) {
     ops::embedding_bwd(dtab, idsd, dev(dout, dt), vocab_start);
     EXPECT_REL(host(dtab), dt_ref, 1e-6);  // fp32 adds in another order (atomics)
   }
+}
+
+// The ordered backward (ops::cuda::set_deterministic_kernels, --deterministic-mode) adds each row's tokens in
+// position order, as the CPU backend does: the result equals the CPU's bit for bit. Shapes: more rows than
+// the 1024 owner blocks (owners wrap), ids outside the partition, hot ids repeated hundreds of times, n not
+// a multiple of the 1024-token chunk; accumulating onto a non-zero table.
+TEST(CudaEmbedding, OrderedBackwardEqualsCpuBitForBit) {
+  MCPP_REQUIRE_CUDA();
+  const bool prev = ops::cuda::deterministic_kernels();
+  ops::cuda::set_deterministic_kernels(true);
+  for (const int64_t v : {int64_t{37}, int64_t{2500}}) {
+    const int64_t n = 3001, h = 72, vocab_start = 5;
+    Tensor ids = Tensor::empty({n}, DType::I32);
+    for (int64_t i = 0; i < n; ++i)
+      ids.data<int32_t>()[i] = static_cast<int32_t>(i % 3 == 0 ? 9 : (i * 7919) % (v + 20));  // id 9: hot
+    Tensor idsd = ids.to(Device::CUDA);
+    for (DType dt : float_dtypes()) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " v=" << v);
+      Tensor dout = rnd({n, h}, 15, dt), dt_ref = rnd({v, h}, 16);
+      Tensor dtab = dev(dt_ref);
+      ops::cpu::embedding_bwd(dt_ref, ids, dout, vocab_start, {});
+      ops::embedding_bwd(dtab, idsd, dev(dout, dt), vocab_start);
+      EXPECT_EQ(std::memcmp(dtab.to(Device::CPU).raw(), dt_ref.raw(), dt_ref.nbytes()), 0);
+    }
+  }
+  ops::cuda::set_deterministic_kernels(prev);
 }
 
 }  // namespace

@@ -71,6 +71,27 @@ inline parallel_state::ParallelContext single() {
   return parallel_state::ParallelContext::single(comm::make_local_world());
 }
 
+// The tiny config at a GPU-friendly size: d128, 2 heads of 64 (cuDNN flash attention), s64, no dropout,
+// --device cuda, 8 iterations with an evaluation at 5.
+inline Config gpu_train_config(const std::string& data_prefix) {
+  Config c = tiny_train_config("unused", 8);
+  c.data.data_path = {data_prefix};
+  c.model.hidden_size = 128;
+  c.model.num_attention_heads = 2;
+  c.model.num_query_groups = 2;
+  c.model.kv_channels = 64;  // the flash attention's head dim (cuDNN)
+  c.model.ffn_hidden_size = 512;
+  c.model.seq_length = 64;
+  c.model.max_position_embeddings = 64;
+  c.model.attention_impl = "flash";
+  c.model.hidden_dropout = 0.0f;
+  c.model.attention_dropout = 0.0f;
+  c.training.device = "cuda";
+  c.training.log_interval = 4;
+  c.training.eval_interval = 5;  // an eager evaluation between replays
+  return c;
+}
+
 // The mcpp::Error message fn throws, or "" when it returns.
 inline std::string error_of(const std::function<void()>& fn) {
   try {

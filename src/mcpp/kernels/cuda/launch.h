@@ -79,8 +79,9 @@ void launch_dropout(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t
 // ---- embedding_kernels.cu
 void launch_embedding_fwd(FOut out, const int32_t* ids, FIn table, int64_t n, int64_t v, int64_t h,
                           int64_t vocab_start, cudaStream_t s);
+// ordered: every table row owned by one block adding its tokens in position order (deterministic)
 void launch_embedding_bwd(float* dtable, const int32_t* ids, FIn dout, int64_t n, int64_t v, int64_t h,
-                          int64_t vocab_start, cudaStream_t s);
+                          int64_t vocab_start, bool ordered, cudaStream_t s);
 
 // ---- norms_kernels.cu (mean == nullptr / beta.p == nullptr: RMSNorm / no bias)
 // fwd: res.p != nullptr fuses the residual add: sum = x + res (rounded to sum's kind, as launch_add), and y is

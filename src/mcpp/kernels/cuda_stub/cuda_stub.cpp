@@ -3,6 +3,7 @@
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/trace_range.h"
+#include "mcpp/kernels/deterministic_kernels.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -28,6 +29,14 @@ bool CudaGraph::captured() const { return false; }
 int64_t CudaGraph::num_nodes() const { return 0; }
 int64_t CudaGraph::replays() const { return 0; }
 bool stream_capturing() { return false; }
+
+namespace ops::cuda {
+namespace {
+bool g_deterministic = false;  // kept for the query; no CUDA op reads it in this build
+}  // namespace
+void set_deterministic_kernels(bool on) { g_deterministic = on; }
+bool deterministic_kernels() { return g_deterministic; }
+}  // namespace ops::cuda
 
 void trace_range_push(const char*) {}  // no profiler ranges without CUDA
 void trace_range_pop() {}
