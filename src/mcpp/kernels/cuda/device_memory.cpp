@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "mcpp/core/cuda_graph.h"
-
 #include "mcpp/core/device_memory.h"
 #include "mcpp/kernels/cuda/cuda_check.h"
 
