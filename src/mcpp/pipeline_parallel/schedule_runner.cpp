@@ -49,11 +49,11 @@ LossTotals loss_totals(const Tensor& loss_stats) {
   LossTotals t;
   if (!loss_stats.defined()) return t;
   const Tensor h = loss_stats.device() == Device::CPU ? loss_stats : loss_stats.to(Device::CPU);
-  for (int64_t m = 0; m < h.size(0); ++m) {
-    const double sum = h.data<float>()[2 * m], count = h.data<float>()[2 * m + 1];
-    t.loss_sum += count > 0 ? sum / count : 0.0;
-    t.masked_loss_sum += sum;
-    t.num_tokens += count;
+  for (int64_t m = 0; m < h.size(0); ++m) {  // each row a microbatch's masked_loss_stats
+    const LossResult r = LossResult::from_stats(h.flat_slice(2 * m, {2}));
+    t.loss_sum += r.loss;
+    t.masked_loss_sum += r.loss_sum;
+    t.num_tokens += r.num_tokens;
   }
   return t;
 }

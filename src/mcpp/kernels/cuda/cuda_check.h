@@ -39,6 +39,7 @@ struct CaptureEnd {
   std::vector<void*> held;       // allocated before, freed during: the graph keeps them
 };
 void capture_tracking_begin();  // synchronizes, trims the pool, starts recording allocations
+bool is_capturing(cudaStream_t s);  // s is being captured into a CUDA graph (cuda_graph.cpp)
 CaptureEnd capture_tracking_end();
 inline cudaStream_t stream_of(Stream s) {
   return s.handle ? static_cast<cudaStream_t>(s.handle) : compute_stream();

@@ -81,13 +81,12 @@ bool CudaGraph::captured() const { return impl_->exec != nullptr; }
 int64_t CudaGraph::num_nodes() const { return impl_->nodes; }
 int64_t CudaGraph::replays() const { return impl_->replays; }
 
-bool stream_capturing() {
+bool cuda_detail::is_capturing(cudaStream_t s) {  // an invalidated capture counts: still capturing
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(compute_stream(), &st) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
+  MCPP_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
   return st != cudaStreamCaptureStatusNone;
 }
+
+bool stream_capturing() { return cuda_detail::is_capturing(compute_stream()); }
 
 }  // namespace mcpp

@@ -321,12 +321,6 @@ int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Oper
   return done(rec.candidate_ms[0] >= kMinSpeedup * rec.candidate_ms[best] ? best : 0, "");
 }
 
-bool stream_capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  MCPP_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // C[m,n] = alpha op(A) op(B) + beta C, then the epilogue e. may_fail (fused epilogues only): returns false,
 // having written nothing, when cuBLASLt cannot run this epilogue here; otherwise errors throw.
 bool lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, const Epilogue& e,
@@ -363,7 +357,7 @@ bool lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& o
   const Operands x{.a = a.raw(), .b = b.raw(), .c = c.raw(), .alpha = opt.alpha, .beta = opt.beta};
   int idx = 0;
   if (gemm_autotune()) {
-    if (p.tuned < 0 && !stream_capturing(stream)) p.tuned = tune(st, p, key, e, x, stream);
+    if (p.tuned < 0 && !is_capturing(stream)) p.tuned = tune(st, p, key, e, x, stream);
     idx = std::max(p.tuned, 0);
   }
   if (e.bias)  // the caller's pointers (tuning pointed the outputs at its scratch)

@@ -219,17 +219,7 @@ __device__ __forceinline__ void unpack8(const Raw8<E>& r, int kind, float (&v)[8
       v[4 * i + 2] = __uint_as_float(r.u[i].z), v[4 * i + 3] = __uint_as_float(r.u[i].w);
     }
   } else {
-    const uint32_t u[4] = {r.u[0].x, r.u[0].y, r.u[0].z, r.u[0].w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (kind == kBF16) {
-        const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&u[k]);
-        v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
-      } else {
-        const __half2 h = *reinterpret_cast<const __half2*>(&u[k]);
-        v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
-      }
-    }
+    cuda_detail::unpack8(r.u[0], kind, v);  // 8 packed 2-byte values (device_utils.cuh)
   }
 }
 
