@@ -314,13 +314,14 @@ struct SurveyTotals {
   double ms0 = 0.0, ms_kept = 0.0;  // per step: sum of times_per_step x (#0 | kept) ms
 };
 
-void survey_op(const std::string& label, int64_t per_step, const std::function<void()>& op, SurveyTotals& tot) {
+// tot == nullptr: an alternative formulation shown for comparison, not summed into the step.
+void survey_op(const std::string& label, int64_t per_step, const std::function<void()>& op, SurveyTotals* tot) {
   namespace tune = mcpp::ops::cuda;
   tune::reset_gemm_tuning();
   op();
   for (const tune::GemmTuneRecord& r : tune::gemm_tune_records()) {
     if (r.candidate_ms.empty()) {
-      std::printf("| %s | %s | (not timed: %s) | | | | #0 | |\n", label.c_str(), r.gemm.c_str(), r.note.c_str());
+      std::printf("| %s | %s | (not timed: %s) | | | | #0 | | |\n", label.c_str(), r.gemm.c_str(), r.note.c_str());
       continue;
     }
     std::string cands;
@@ -330,10 +331,14 @@ void survey_op(const std::string& label, int64_t per_step, const std::function<v
       if (r.candidate_ms[i] < r.candidate_ms[best]) best = static_cast<int>(i);
     }
     const double t0 = r.candidate_ms[0], tb = r.candidate_ms[best], tk = r.candidate_ms[r.chosen];
-    std::printf("| %s | %s | %s | %.3f | %.3f (#%d) | %.3fx | #%d | %.0f TFLOP/s |\n", label.c_str(), r.gemm.c_str(),
-                cands.c_str(), t0, tb, best, t0 / tb, r.chosen, 2.0 * r.m * r.n * r.k / (tk * 1e-3) / 1e12);
-    tot.ms0 += per_step * t0;
-    tot.ms_kept += per_step * tk;
+    std::printf("| %s | %s | %s | %.3f | %.3f (#%d) | %.3fx | #%d | %.0f TFLOP/s | %s / %s |\n", label.c_str(),
+                r.gemm.c_str(), cands.c_str(), t0, tb, best, t0 / tb, r.chosen,
+                2.0 * r.m * r.n * r.k / (tk * 1e-3) / 1e12, r.candidate_config[0].c_str(),
+                r.candidate_config[best].c_str());
+    if (tot) {
+      tot->ms0 += per_step * t0;
+      tot->ms_kept += per_step * tk;
+    }
   }
   std::fflush(stdout);
 }
@@ -361,19 +366,19 @@ void survey_model(const char* name, int64_t n, int64_t d, int64_t layers, int64_
   ops::linear_gelu_fwd(act, pre, x, w1, &b1);  // act / pre with GELU-shaped values for the fc2 rows
   SurveyTotals tot;
   const std::string m = name;
-  survey_op(m + " qkv fwd", layers, [&] { ops::linear_fwd(yqkv, x, wqkv, &bqkv); }, tot);
-  survey_op(m + " qkv bwd", layers, [&] { ops::linear_bwd(&dx, dwqkv, &dbqkv, dyqkv, x, wqkv); }, tot);
-  survey_op(m + " proj fwd", layers, [&] { ops::linear_fwd(yd, x, wproj, &bproj); }, tot);
-  survey_op(m + " proj bwd", layers, [&] { ops::linear_bwd(&dx, dwproj, &dbproj, dyd, x, wproj); }, tot);
-  survey_op(m + " fc1 fwd", layers, [&] { ops::linear_gelu_fwd(act, pre, x, w1, &b1); }, tot);
-  survey_op(m + " fc1 bwd", layers, [&] { ops::linear_bwd(&dx, dw1, &db1, dpre, x, w1); }, tot);
-  survey_op(m + " fc2 fwd", layers, [&] { ops::linear_fwd(yd, act, w2, &b2); }, tot);
-  survey_op(m + " fc2 dgrad", layers, [&] { ops::linear_dgelu_bwd(dpre_out, nullptr, dyd, w2, pre); }, tot);
-  survey_op(m + " fc2 wgrad", layers, [&] { ops::linear_bwd(nullptr, dw2, &db2, dyd, act, w2); }, tot);
+  survey_op(m + " qkv fwd", layers, [&] { ops::linear_fwd(yqkv, x, wqkv, &bqkv); }, &tot);
+  survey_op(m + " qkv bwd", layers, [&] { ops::linear_bwd(&dx, dwqkv, &dbqkv, dyqkv, x, wqkv); }, &tot);
+  survey_op(m + " proj fwd", layers, [&] { ops::linear_fwd(yd, x, wproj, &bproj); }, &tot);
+  survey_op(m + " proj bwd", layers, [&] { ops::linear_bwd(&dx, dwproj, &dbproj, dyd, x, wproj); }, &tot);
+  survey_op(m + " fc1 fwd", layers, [&] { ops::linear_gelu_fwd(act, pre, x, w1, &b1); }, &tot);
+  survey_op(m + " fc1 bwd", layers, [&] { ops::linear_bwd(&dx, dw1, &db1, dpre, x, w1); }, &tot);
+  survey_op(m + " fc2 fwd", layers, [&] { ops::linear_fwd(yd, act, w2, &b2); }, &tot);
+  survey_op(m + " fc2 dgrad", layers, [&] { ops::linear_dgelu_bwd(dpre_out, nullptr, dyd, w2, pre); }, &tot);
+  survey_op(m + " fc2 wgrad", layers, [&] { ops::linear_bwd(nullptr, dw2, &db2, dyd, act, w2); }, &tot);
   {
     Tensor logits = out({n, vocab});  // [n, V]; its values serve as dlogits (in place, as GPTModel)
-    survey_op(m + " lm head fwd", 1, [&] { ops::linear_fwd(logits, x, emb, nullptr); }, tot);
-    survey_op(m + " lm head bwd", 1, [&] { ops::linear_bwd(&dx, demb, nullptr, logits, x, emb); }, tot);
+    survey_op(m + " lm head fwd", 1, [&] { ops::linear_fwd(logits, x, emb, nullptr); }, &tot);
+    survey_op(m + " lm head bwd", 1, [&] { ops::linear_bwd(&dx, demb, nullptr, logits, x, emb); }, &tot);
   }
   std::printf("| %s step: %lld layers x (the layer rows) + LM head | | | %.2f | %.2f (kept) | %.3fx | | |\n", name,
               static_cast<long long>(layers), tot.ms0, tot.ms_kept, tot.ms0 / tot.ms_kept);
@@ -383,7 +388,8 @@ void survey_model(const char* name, int64_t n, int64_t d, int64_t layers, int64_
 void bench_gemm_survey() {
   mcpp::ops::cuda::set_gemm_autotune(true);
   std::printf("\n| op (GEMMs) | GEMM: C[m,n] = op(a) op(b), dtypes, beta, epilogue | candidates ms (heuristic order) |"
-              " #0 ms | best ms | best vs #0 | kept | kept rate |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+              " #0 ms | best ms | best vs #0 | kept | kept rate | config #0 / best |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   survey_model("124M", 32768, 768, 12, 50304);
   survey_model("1.3B", 16384, 2048, 24, 50304);
 }

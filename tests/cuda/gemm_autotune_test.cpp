@@ -8,6 +8,8 @@
 // rounding) or 1e-2, fp32 grads from bf16 inputs 1e-5; the GELU epilogue's tanh approximation 1e-3 / 5e-3.
 // The environment rule of the switch is a CPU test.
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include "cuda/cuda_test_util.h"
 #include "mcpp/kernels/gemm_autotune.h"
@@ -164,6 +166,58 @@ TEST(CudaGemmAutotune, SwitchOffRunsTheHeuristicFirstAlgorithm) {
   EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "#0 twice must be bitwise the same";
   EXPECT_REL(a, ref, 4e-3);  // one bf16 rounding
   EXPECT_REL(host(y_on), ref, 4e-3);
+}
+
+// linear_bwd's bias grad both ways (set_bias_grad_path): the BGRADB epilogue and the plain wgrad + the
+// column-sum kernel (vector path at out % 8 == 0, scalar path at out = 100) match the CPU on two
+// accumulating calls and repeat bit for bit; kAuto with the switch on times both once per shape and
+// records the choice, which later calls reuse.
+TEST(CudaGemmAutotune, BiasGradFusedAndSplitMatchCpuAndAutoRecordsTheChoice) {
+  MCPP_REQUIRE_CUDA();
+  struct PathGuard {
+    ~PathGuard() { tune::set_bias_grad_path(tune::BiasGradPath::kAuto); }
+  } guard;
+  struct Case {
+    int64_t n, in, out;
+  };
+  for (const Case& c : {Case{4096, 256, 768}, Case{1000, 64, 100}}) {
+    for (DType dt : float_dtypes()) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << c.n << " out=" << c.out);
+      Tensor x = rnd({c.n, c.in}, 21, dt), w = rnd({c.out, c.in}, 22, dt, -0.1, 0.1), dy = rnd({c.n, c.out}, 23, dt);
+      Tensor xd = dev(x, dt), wd = dev(w, dt), dyd = dev(dy, dt);
+      Tensor dw0 = rnd({c.out, c.in}, 24), db0 = rnd({c.out}, 25);
+      Tensor dw_ref = dw0.clone(), db_ref = db0.clone();
+      for (int call = 0; call < 2; ++call) ops::cpu::linear_bwd(nullptr, dw_ref, &db_ref, dy, x, w, {});
+      auto run = [&](tune::BiasGradPath path) {
+        tune::set_bias_grad_path(path);
+        Tensor dw = dev(dw0), db = dev(db0);
+        for (int call = 0; call < 2; ++call) ops::linear_bwd(nullptr, dw, &db, dyd, xd, wd);
+        EXPECT_REL(host(dw), dw_ref, 1e-5);
+        EXPECT_REL(host(db), db_ref, 1e-5);
+        return std::pair<Tensor, Tensor>{host(dw), host(db)};
+      };
+      TuningOn on;
+      for (tune::BiasGradPath path : {tune::BiasGradPath::kFused, tune::BiasGradPath::kSplit}) {
+        SCOPED_TRACE(path == tune::BiasGradPath::kFused ? "fused" : "split");
+        const auto a = run(path), b = run(path);
+        EXPECT_EQ(std::memcmp(a.second.raw(), b.second.raw(), a.second.nbytes()), 0) << "db must repeat bitwise";
+      }
+      tune::reset_gemm_tuning();
+      run(tune::BiasGradPath::kAuto);
+      int decisions = 0;
+      for (const auto& r : tune::gemm_tune_records())
+        if (r.gemm.find("bias grad beside") != std::string::npos) {
+          ++decisions;
+          ASSERT_EQ(r.candidate_ms.size(), 2u);
+          ASSERT_EQ(r.candidate_config.size(), 2u);
+          EXPECT_TRUE(r.chosen == 0 || r.chosen == 1);
+          std::printf("[ decided  ] %s: %.4f / %.4f ms -> #%d (%s)\n", r.gemm.c_str(), r.candidate_ms[0],
+                      r.candidate_ms[1], r.chosen, r.candidate_config[r.chosen].c_str());
+        }
+      if (c.out % 8 == 0) EXPECT_EQ(decisions, 1) << "one decision per shape, reused by the second call";
+      else EXPECT_LE(decisions, 1) << "none where cuBLASLt refuses BGRADB";
+    }
+  }
 }
 
 TEST(GemmAutotuneSwitch, EnvironmentValueIsZeroOneOrUnset) {

@@ -77,8 +77,9 @@ TEST(CudaAdamW, MultiTensorStepIsBitIdenticalToCpuAndPerTensorCuda) {
   std::vector<ops::AdamWTensors> list;
   for (const Entry& e : es) list.push_back(e.multi);
   for (int64_t step = 1; step <= 2; ++step) {
+    // step 2 with a clip coefficient folded in (grad_scale): still bit-identical to the CPU
     const ops::AdamWOptions opt{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.5f,
-                                .step = step};
+                                .step = step, .grad_scale = step == 2 ? 0.37f : 1.0f};
     for (size_t k = 0; k < es.size(); ++k) {
       Entry& e = es[k];
       Tensor g = rnd({sizes[k]}, 400 + 50 * static_cast<uint64_t>(step) + k, DType::F32, -0.1, 0.1);

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
 #include "mcpp/optimizer/adam.h"
 #include "optimizer/oracle_io.h"
 
@@ -79,6 +81,31 @@ TEST(Adam, NoWeightDecayParamsAreNotDecayed) {
   adam.step(0.1f);
   EXPECT_FLOAT_EQ(w.data<float>()[0], 2.0f * (1.0f - 0.1f * 0.5f));
   EXPECT_FLOAT_EQ(b.data<float>()[0], 2.0f);
+}
+
+// The clip coefficient folded into the step (grad_scale) equals Megatron's order — scale the fp32 grads
+// in place, then step — bit for bit, and leaves the grads unscaled; 1 is the plain step.
+TEST(Adam, GradScaleEqualsScalingTheGradsFirst) {
+  const int64_t n = 1001;
+  auto filled = [&](float seed, float scale) {
+    Tensor t = Tensor::empty({n});
+    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = scale * std::sin(seed + 0.37f * static_cast<float>(i));
+    return t;
+  };
+  Tensor w1 = filled(1.0f, 1.0f), w2 = w1.clone(), g1 = filled(2.0f, 0.3f), g2 = g1.clone();
+  Adam folded({AdamParam{"w", w1, g1, false, {}}}, AdamOptions{});
+  Adam scaled({AdamParam{"w", w2, g2, false, {}}}, AdamOptions{});
+  for (float coef : {0.37f, 1.0f, 0.0123f}) {
+    const Tensor g_before = g1.clone();
+    folded.step(1e-2f, coef);
+    ops::scale_inplace(g2, coef);
+    scaled.step(1e-2f);
+    EXPECT_EQ(std::memcmp(w1.raw(), w2.raw(), w1.nbytes()), 0) << "coef " << coef;
+    EXPECT_EQ(std::memcmp(g1.raw(), g_before.raw(), g1.nbytes()), 0) << "the grads must stay unscaled";
+    std::copy(g1.data<float>(), g1.data<float>() + n, g2.data<float>());
+  }
+  EXPECT_THROW(folded.step(1e-2f, -1.0f), Error);
+  EXPECT_THROW(folded.step(1e-2f, NAN), Error);
 }
 
 TEST(Adam, ModelParamCopyIsWritten) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "mcpp/distributed/finalize_grads.h"
 #include "mcpp/optimizer/clip_grads.h"
 #include "optimizer/oracle_io.h"
 
@@ -48,6 +49,14 @@ void check_against_torch(float scale, double max_norm) {
 
 TEST(ClipGrads, ClipsLikeTorch) { check_against_torch(1.0f, 1.0); }      // norm ~ 84 > 1: clipped
 TEST(ClipGrads, NoClipBelowMax) { check_against_torch(1e-3f, 1.0); }     // norm ~ 0.08 < 1: untouched
+
+TEST(ClipGrads, ClipCoefficientIsMegatrons) {  // what the trainer folds into the AdamW step
+  EXPECT_DOUBLE_EQ(clip_coefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6));
+  EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.0);        // below max_norm: none
+  EXPECT_EQ(clip_coefficient(4.0, 0.0), 1.0);        // clipping off
+  EXPECT_EQ(clip_coefficient(NAN, 1.0), 1.0);        // a non-finite norm skips the step elsewhere
+  EXPECT_EQ(clip_coefficient(INFINITY, 1.0), 1.0);
+}
 
 TEST(ClipGrads, ReductionHookSeesLocalSumOfSquares) {
   std::vector<Tensor> grads = make_grads({10, 20}, 1.0f, nullptr);

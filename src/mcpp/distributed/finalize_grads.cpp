@@ -61,9 +61,14 @@ double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const par
   return std::sqrt(local);
 }
 
-double clip_grads_by_total_norm(ParamAndGradBuffer& params, double total_norm, double max_norm) {
+double clip_coefficient(double total_norm, double max_norm) {
   if (max_norm <= 0 || !std::isfinite(total_norm)) return 1.0;
-  const double coef = max_norm / (total_norm + 1e-6);
+  const double coef = max_norm / (total_norm + 1e-6);  // Megatron's clip_grad_by_total_norm_fp32
+  return coef < 1.0 ? coef : 1.0;
+}
+
+double clip_grads_by_total_norm(ParamAndGradBuffer& params, double total_norm, double max_norm) {
+  const double coef = clip_coefficient(total_norm, max_norm);
   if (coef >= 1.0) return 1.0;
   ops::scale_inplace(params.grad_buffer(), static_cast<float>(coef));
   return coef;

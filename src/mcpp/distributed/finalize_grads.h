@@ -27,8 +27,11 @@ void finalize_model_grads(const std::vector<ParamAndGradBuffer*>& chunks, const 
 double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc);
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc);
 
-// Megatron's clip_grad_by_total_norm_fp32 on the whole grad buffer: scale by max_norm / (norm + 1e-6)
-// when that is < 1. Returns the coefficient applied (1 when none).
+// Megatron's clip coefficient: max_norm / (total_norm + 1e-6) when that is < 1, else 1 (also for
+// max_norm <= 0 or a non-finite norm). The trainer passes it to the optimizer step (folded into AdamW).
+double clip_coefficient(double total_norm, double max_norm);
+// Megatron's clip_grad_by_total_norm_fp32 on the whole grad buffer: scale by clip_coefficient when it is
+// < 1. Returns the coefficient applied (1 when none).
 double clip_grads_by_total_norm(ParamAndGradBuffer& params, double total_norm, double max_norm);
 
 }  // namespace mcpp

@@ -1,4 +1,4 @@
-// The GEMM autotune switch (gemm_autotune.h), shared by the CUDA and the CPU-only build: an atomic flag
+// The GEMM autotune switch and the bias-grad path (gemm_autotune.h), shared by the CUDA and the CPU-only build: an atomic flag
 // whose first value is read from MCPP_GEMM_AUTOTUNE on first use.
 #include "mcpp/kernels/gemm_autotune.h"
 
@@ -16,6 +16,11 @@ std::atomic<bool>& autotune_flag() {
   return flag;
 }
 
+std::atomic<BiasGradPath>& bias_path() {
+  static std::atomic<BiasGradPath> p{BiasGradPath::kAuto};
+  return p;
+}
+
 }  // namespace
 
 bool parse_gemm_autotune_env(const char* value) {
@@ -26,5 +31,7 @@ bool parse_gemm_autotune_env(const char* value) {
 
 void set_gemm_autotune(bool on) { autotune_flag().store(on); }
 bool gemm_autotune() { return autotune_flag().load(); }
+void set_bias_grad_path(BiasGradPath p) { bias_path().store(p); }
+BiasGradPath bias_grad_path() { return bias_path().load(); }
 
 }  // namespace mcpp::ops::cuda

@@ -34,6 +34,10 @@ struct AdamWOptions {
   float eps = 1e-8f;
   float weight_decay = 0.0f;
   int64_t step = 1;  // 1-based, for bias correction
+  // Every grad is multiplied by this (one fp32 rounding) before the update: the grad-clip coefficient,
+  // folded into the optimizer's pass instead of a separate scale of the fp32 grads (same values as
+  // scale_inplace(grad, grad_scale) then the step; grad itself is left unscaled). Finite, >= 0.
+  float grad_scale = 1.0f;
 };
 
 // One parameter (or shard piece) of adamw_multi_step: handles sharing storage with the caller's tensors.

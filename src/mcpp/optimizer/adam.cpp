@@ -37,7 +37,7 @@ Adam::Adam(std::vector<AdamParam> params, const AdamOptions& opt) : params_(std:
   }
 }
 
-void Adam::step(float lr) {
+void Adam::step(float lr, float grad_scale) {
   ++step_;
   std::vector<ops::AdamWTensors> list;
   list.reserve(params_.size());
@@ -48,7 +48,8 @@ void Adam::step(float lr) {
                                      .param_model = p.model_param,
                                      .weight_decay = p.no_weight_decay ? 0.0f : opt_.weight_decay});
   }
-  const ops::AdamWOptions o{.lr = lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps, .step = step_};
+  const ops::AdamWOptions o{
+      .lr = lr, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps, .step = step_, .grad_scale = grad_scale};
   ops::adamw_multi_step(list, o);  // = adamw_step per parameter, one launch per ~300 chunks on CUDA
 }
 

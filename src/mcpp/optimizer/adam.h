@@ -52,7 +52,9 @@ class Adam {
   // when two parameters share a name.
   Adam(std::vector<AdamParam> params, const AdamOptions& opt);
 
-  void step(float lr);  // one AdamW update of every parameter with learning rate lr
+  // One AdamW update of every parameter with learning rate lr; grads are multiplied by grad_scale inside
+  // the update (the grad-clip coefficient, ops::AdamWOptions::grad_scale; main_grad is not modified).
+  void step(float lr, float grad_scale = 1.0f);
   int64_t step_count() const { return step_; }
   const AdamOptions& options() const { return opt_; }
   const std::vector<AdamParam>& params() const { return params_; }

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "mcpp/core/error.h"
+#include "mcpp/distributed/finalize_grads.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -76,7 +77,7 @@ void DistributedOptimizer::add_pieces(DistributedDataParallel& ddp) {
   }
 }
 
-void DistributedOptimizer::step(float lr) {
+void DistributedOptimizer::step(float lr, float grad_scale) {
   wait_param_gather();  // a previous overlapped gather must land before the shard is rewritten
   ++step_;
   std::vector<ops::AdamWTensors> list;  // one multi-tensor step over the pieces (= adamw_step per piece)
@@ -86,7 +87,7 @@ void DistributedOptimizer::step(float lr) {
                                      .grad = pc.main_grad, .param_model = pc.model_param,
                                      .weight_decay = pc.owner->spec.no_weight_decay ? 0.0f : opt_.adam.weight_decay});
   ops::adamw_multi_step(list, ops::AdamWOptions{.lr = lr, .beta1 = opt_.adam.beta1, .beta2 = opt_.adam.beta2,
-                                                .eps = opt_.adam.eps, .step = step_});
+                                                .eps = opt_.adam.eps, .step = step_, .grad_scale = grad_scale});
   for (DistributedDataParallel* d : ddps_) d->start_param_gather();
   if (!opt_.overlap_param_gather) wait_param_gather();
 }
@@ -110,8 +111,7 @@ double DistributedOptimizer::grad_norm() const {
 }
 
 double DistributedOptimizer::clip_grads(double total_norm, double max_norm) {
-  if (max_norm <= 0 || !std::isfinite(total_norm)) return 1.0;
-  const double coef = max_norm / (total_norm + 1e-6);  // Megatron's clip_grad_by_total_norm_fp32
+  const double coef = clip_coefficient(total_norm, max_norm);
   if (coef >= 1.0) return 1.0;
   for (ShardPiece& p : pieces_) ops::scale_inplace(p.main_grad, static_cast<float>(coef));
   return coef;

@@ -83,7 +83,9 @@ class DistributedOptimizer {
   // same data-parallel group; pieces follow the ddps' order.
   DistributedOptimizer(const std::vector<DistributedDataParallel*>& ddps, const DistributedOptimizerOptions& opt);
 
-  void step(float lr);       // AdamW on the shard pieces, then the param all-gather (async with overlap)
+  // AdamW on the shard pieces (grads times grad_scale inside the update: the clip coefficient), then the
+  // param all-gather (async with overlap)
+  void step(float lr, float grad_scale = 1.0f);
   void wait_param_gather();  // the trainer calls it before the next forward when overlap_param_gather
   double grad_norm() const;  // global L2 norm over all grads, each element once
   double clip_grads(double total_norm, double max_norm);  // coefficient applied (1 when none)

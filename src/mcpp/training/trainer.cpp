@@ -337,13 +337,12 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   *skipped = !std::isfinite(*grad_norm);
   if (!*skipped) {
     const auto lr = static_cast<float>(scheduler_->get_lr());
-    if (dist_optimizer_) {
-      dist_optimizer_->clip_grads(*grad_norm, clip);
-      dist_optimizer_->step(lr);
-    } else {
-      for (ParamAndGradBuffer* b : buffers()) clip_grads_by_total_norm(*b, *grad_norm, clip);
-      optimizer_->step(lr);
-    }
+    // Megatron scales the fp32 grads by the clip coefficient, then steps; the same fp32 product is taken
+    // inside the AdamW kernel instead (bitwise the same update, one pass over the grads fewer; the grads
+    // themselves stay unscaled and are zeroed before the next step).
+    const auto coef = static_cast<float>(clip_coefficient(*grad_norm, clip));
+    if (dist_optimizer_) dist_optimizer_->step(lr, coef);
+    else optimizer_->step(lr, coef);
   }
   scheduler_->step(config_.training.global_batch_size);
   state_.consumed_train_samples += config_.training.global_batch_size;

@@ -31,6 +31,8 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   MCPP_CHECK(opt.step >= 1, "{}: step must be >= 1 (1-based, for bias correction); got {}", op, opt.step);
   MCPP_CHECK(opt.beta1 >= 0.0f && opt.beta1 < 1.0f && opt.beta2 >= 0.0f && opt.beta2 < 1.0f,
              "{}: beta1/beta2 must be in [0, 1); got beta1 = {}, beta2 = {}", op, opt.beta1, opt.beta2);
+  MCPP_CHECK(std::isfinite(opt.grad_scale) && opt.grad_scale >= 0.0f,
+             "{}: grad_scale must be finite and non-negative; got {}", op, opt.grad_scale);
   MCPP_CHECK(opt.lr >= 0.0f && opt.eps >= 0.0f && opt.weight_decay >= 0.0f,
              "{}: lr, eps and weight_decay must be non-negative; got lr = {}, eps = {}, weight_decay = {}", op,
              opt.lr, opt.eps, opt.weight_decay);
@@ -52,6 +54,7 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   const float fb1 = opt.beta1, fb2 = opt.beta2, eps = opt.eps;
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float step_size = static_cast<float>(lr / bc1);
+  const float grad_scale = opt.grad_scale;
 
   float* p = param.data<float>();
   float* m = exp_avg.data<float>();
@@ -60,7 +63,7 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   void* out = param_model ? param_model->raw() : nullptr;
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
+    const float gi = g[i] * grad_scale;  // exact for 1
     float pi = p[i] * decay;
     const float mi = m[i] * fb1 + gi * one_minus_b1;
     const float vi = v[i] * fb2 + gi * gi * one_minus_b2;

@@ -2,16 +2,19 @@
 //   add:             out[i] = a[i] + b[i]
 //   axpby_inplace:   y[i] = alpha * y[i] + beta * x[i]   (beta == 0 never reads x)
 //   cast:            out[i] = in[i] (rounded to out's dtype)
-//   column_sum_acc:  db[c] += sum_r dy[r, c]. Grid (out/32 column strips) x (row chunks of kRows): a 32x8
-//                    block sums its strip over its chunk with coalesced row reads, reduces the 8 row lanes
-//                    in shared memory and adds one partial per column with atomicAdd (n / kRows atomics per
-//                    column; chunk order is not fixed, so the last bits may differ between runs).
+//   column_sum_acc:  db[c] += sum_r dy[r, c], deterministic (fixed order, no atomics), two kernels:
+//                    (1) partial[p, c] = the sum of row chunk p (kColChunk rows) of column c. Vector path
+//                    (out % 8 == 0, 16-byte aligned): a 32x8 block covers 256 columns (a warp reads 512
+//                    contiguous bytes of a row, 8 columns per thread in fp32 registers) and its 8 row
+//                    lanes stride the chunk, 4 rows in flight each; scalar path: 32 columns per block. The
+//                    8 row lanes are added in order through shared memory. (2) db[c] += the P partials of
+//                    column c in a fixed order (32 lanes, then the lanes in order). partial: fp32 scratch
+//                    [column_sum_parts(n), out].
 #include "mcpp/kernels/cuda/device_utils.cuh"
 
 namespace mcpp::cuda_detail {
 namespace {
 constexpr int kThreads = 256;
-constexpr int kRows = 512;
 
 __global__ void add_kernel(FOut out, FIn a, FIn b, int64_t n) {
   MCPP_GRID_STRIDE(i, n) out.set(i, a[i] + b[i]);
@@ -63,21 +66,77 @@ __global__ void bias_add_vec_kernel(FOut y, FIn bias, int64_t n8, int64_t m8) {
   }
 }
 
-__global__ void column_sum_acc_kernel(float* db, FIn dy, int64_t n, int64_t out) {
+constexpr int64_t kColChunk = 128;  // rows per partial of column_sum_acc
+
+__global__ void column_partial_kernel(float* partial, FIn dy, int64_t n, int64_t out) {
   __shared__ float part[8][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
-  const int64_t r1 = min(n, r0 + kRows);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kColChunk, r1 = min(n, r0 + kColChunk);
   float acc = 0.0f;
   if (col < out)
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += dy[r * out + col];
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && col < out) {
-    float s = 0.0f;
+    float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s += part[i][threadIdx.x];
-    atomicAdd(db + col, s);
+    for (int i = 0; i < 8; ++i) sum += part[i][threadIdx.x];
+    partial[blockIdx.y * out + col] = sum;
+  }
+}
+
+__global__ void column_partial_vec_kernel(float* partial, FIn dy, int64_t n, int64_t out) {
+  __shared__ float part[8][32][9];  // [row lane][thread][8 columns] (+1 against bank conflicts)
+  const int64_t vecs = out / 8, v = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;  // 8-column group
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kColChunk, r1 = min(n, r0 + kColChunk);
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (v < vecs) {
+    int64_t r = r0 + threadIdx.y;
+    for (; r + 24 < r1; r += 32) {  // 4 rows in flight
+      float c[4][8];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) load8(dy, (r + 8 * u) * vecs + v, c[u]);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += c[u][e];
+    }
+    for (; r < r1; r += 8) {
+      float c[8];
+      load8(dy, r * vecs + v, c);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] += c[e];
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) part[threadIdx.y][threadIdx.x][e] = acc[e];
+  __syncthreads();
+  // 256 threads write the block's 256 columns: thread t sums column group t / 8, element t % 8
+  const int t = threadIdx.y * 32 + threadIdx.x, g = t / 8, e = t % 8;
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * 32 + g) * 8 + e;
+  if (col < out) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += part[i][g][e];
+    partial[blockIdx.y * out + col] = sum;
+  }
+}
+
+// Block (32, 32): 32 columns; lane y adds partials y, y + 32, ... in order, then lane 0 adds the 32 lanes
+// in order (a fixed order for a given parts count).
+__global__ void column_reduce_acc_kernel(float* db, const float* partial, int64_t parts, int64_t out) {
+  __shared__ float lane[32][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float sum = 0.0f;
+  if (c < out)
+    for (int64_t p = threadIdx.y; p < parts; p += 32) sum += partial[p * out + c];
+  lane[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < out) {
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) total += lane[i][threadIdx.x];
+    db[c] += total;
   }
 }
 }  // namespace
@@ -125,10 +184,20 @@ void launch_cast(FOut out, FIn in, int64_t n, cudaStream_t s) {
   cast_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, in, n);
   MCPP_CUDA_LAUNCH_CHECK();
 }
-void launch_column_sum_acc(float* db, FIn dy, int64_t n, int64_t out, cudaStream_t s) {
+int64_t column_sum_parts(int64_t n) { return (n + kColChunk - 1) / kColChunk; }
+
+void launch_column_sum_acc(float* db, FIn dy, int64_t n, int64_t out, float* partial, cudaStream_t s) {
   if (n <= 0 || out <= 0) return;
-  const dim3 grid(static_cast<unsigned>((out + 31) / 32), static_cast<unsigned>((n + kRows - 1) / kRows));
-  column_sum_acc_kernel<<<grid, dim3(32, 8), 0, s>>>(db, dy, n, out);
+  const int64_t parts = column_sum_parts(n);
+  if (out % 8 == 0 && vec8_ok(n * out, {dy.p})) {
+    const dim3 grid(static_cast<unsigned>((out / 8 + 31) / 32), static_cast<unsigned>(parts));
+    column_partial_vec_kernel<<<grid, dim3(32, 8), 0, s>>>(partial, dy, n, out);
+  } else {
+    const dim3 grid(static_cast<unsigned>((out + 31) / 32), static_cast<unsigned>(parts));
+    column_partial_kernel<<<grid, dim3(32, 8), 0, s>>>(partial, dy, n, out);
+  }
+  MCPP_CUDA_LAUNCH_CHECK();
+  column_reduce_acc_kernel<<<static_cast<unsigned>((out + 31) / 32), dim3(32, 32), 0, s>>>(db, partial, parts, out);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

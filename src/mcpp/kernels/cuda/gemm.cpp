@@ -8,15 +8,15 @@
 //   linear_bwd: dx[n,in] = dy @ W (overwritten; skipped when dx == nullptr);
 //               dw_acc[out,in] += dy^T @ x  (ACCUMULATES: beta = 1 into the fp32 main grad);
 //               db_acc[out] += sum_n dy     (ACCUMULATES; the BGRADB epilogue of the dw GEMM, fp32, no extra
-//               pass and deterministic; the column-sum kernel where cuBLASLt refuses it).
+//               pass and deterministic; or the plain dw GEMM + the (deterministic) column-sum kernel where
+//               cuBLASLt refuses BGRADB or that pair was timed faster: set_bias_grad_path, gemm_autotune.h).
 //   linear_gelu_fwd: pre_act = x W^T (+ bias), act = gelu_tanh(pre_act) in ONE GEMM: the GELU_AUX(_BIAS)
 //               epilogue writes act as D and pre_act as the aux matrix (Transformer Engine's fc1 fusion).
 //   linear_dgelu_bwd: dpre = (dy @ W) * gelu'(pre_act) in ONE GEMM with the DGELU epilogue (aux = pre_act
 //               as input); db_acc += sum_n dpre through DGELU_BGRAD's fp32 bias-grad output (it overwrites,
 //               so into a scratch vector, then added; bitwise deterministic), or DGELU + the column-sum
-//               kernel where cuBLASLt has no fp32 bias grad for the dtype (bf16 on the H200: the column sum
-//               adds row-chunk partials with atomicAdd, so db's last bits may vary run to run for n > 512,
-//               exactly as linear_bwd's bias grads; dpre is deterministic on every path).
+//               kernel where cuBLASLt has no fp32 bias grad for the dtype (bf16 on the H200; the column sum
+//               adds fixed row-chunk partials in a fixed order: deterministic too).
 //   Fused only when cuBLASLt takes it: x/w/D/aux one dtype (float32 or bfloat16), aux ld = D's column-major
 //   rows (`out` here) divisible by 8 and the aux pointer 16-byte aligned (cuBLASLt's AUX_LD rule), and the
 //   heuristic returning an algorithm; otherwise the explicit fallback runs the unfused ops (GEMM, gelu_fwd /
@@ -60,7 +60,7 @@ using namespace cuda_detail;
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
-constexpr int kMaxCandidates = 8;    // heuristic candidates per plan
+constexpr int kMaxCandidates = 8;    // heuristic candidates per plan (asking for 32 returned <= 8 on the H200)
 constexpr int kTimedRounds = 5;      // timed launches per candidate (median)
 constexpr double kMinSpeedup = 1.03;  // a candidate replaces #0 only when #0's time / its time >= this
 
@@ -102,6 +102,8 @@ struct Plan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's candidates, its order (#0 = its pick)
   int tuned = -1;                           // the autotuned index; -1 = not tuned yet
+  double tuned_ms = NAN;                    // its measured time (NaN: not timed)
+  int bias_split = -1;  // BGRADB wgrad plans: 1 = plain GEMM + column sum is faster, 0 = fused; -1 undecided
 };
 
 struct FusionCounters {
@@ -230,6 +232,22 @@ const char* epilogue_name(cublasLtEpilogue_t k) {
     default: return "other";
   }
 }
+// cuBLASLt's configuration of one algorithm, short: "a<id> t<tile> s<stages> k<split-k> r<reduction>
+// w<swizzle> c<cluster shape>" (the cublasLtMatmulTile_t / StagesId / ClusterShape enum values).
+std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> int64_t {
+    uint32_t v = 0;  // every attribute read here is 32-bit (int32 / uint32)
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
+      return -1;
+    return v;
+  };
+  return fmt::format("a{} t{} s{} k{} r{} w{} c{}", get(CUBLASLT_ALGO_CONFIG_ID), get(CUBLASLT_ALGO_CONFIG_TILE_ID),
+                     get(CUBLASLT_ALGO_CONFIG_STAGES_ID), get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                     get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                     get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+}
+
 const char* kind_name(int k) { return k == kBF16 ? "bf16" : k == kF16 ? "f16" : "f32"; }
 size_t elt_bytes(int k) { return k == kF32 ? 4 : 2; }
 size_t round256(size_t b) { return (b + 255) / 256 * 256; }
@@ -254,20 +272,23 @@ double median(std::vector<double> v) {
 }
 
 // Times the plan's candidates on this call's operands (see the header: outputs into scratch, C only read)
-// and returns the index to use: the fastest when it beats #0 by kMinSpeedup, else 0. Appends a record.
-int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Operands& x, cudaStream_t s) {
+// and returns the index to use: the fastest when it beats #0 by kMinSpeedup, else 0; p.tuned_ms = its
+// time. Appends a record unless record == false.
+int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Operands& x, cudaStream_t s,
+         bool record = true) {
   GemmTuneRecord rec;
   rec.gemm = fmt::format("m{} n{} k{} {} {} {}->{} beta{:g} {}", key.m, key.n, key.k, key.ta ? "a^T" : "a",
                          key.tb ? "b^T" : "b", kind_name(key.ka), kind_name(key.kc), x.beta, epilogue_name(e.kind));
   rec.m = key.m, rec.n = key.n, rec.k = key.k;
+  for (const cublasLtMatmulAlgo_t& a : p.algos) rec.candidate_config.push_back(algo_config(a));
   auto done = [&](int chosen, const char* note) {
     rec.chosen = chosen;
     rec.note = note;
-    st.records.push_back(rec);
+    if (!rec.candidate_ms.empty()) p.tuned_ms = rec.candidate_ms[chosen];
+    if (record) st.records.push_back(rec);
     return chosen;
   };
-  const int count = static_cast<int>(p.algos.size());
-  if (count < 2) return done(0, "one candidate");
+  const int count = static_cast<int>(p.algos.size());  // one candidate is timed too (bias_grad_split)
   const bool aux_out = e.aux && (e.kind == CUBLASLT_EPILOGUE_GELU_AUX || e.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
   const bool bias_out = e.bias && (e.kind == CUBLASLT_EPILOGUE_BGRADB || e.kind == CUBLASLT_EPILOGUE_DGELU_BGRAD);
   const size_t d_bytes = round256(static_cast<size_t>(key.m * key.ldc) * elt_bytes(key.kc));
@@ -321,6 +342,23 @@ int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Oper
   return done(rec.candidate_ms[0] >= kMinSpeedup * rec.candidate_ms[best] ? best : 0, "");
 }
 
+// The plan cache's key of C = op(A) op(B) with epilogue e (shapes checked by lt_matmul).
+PlanKey plan_key(const Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, const Epilogue& e) {
+  const int64_t m = opt.trans_a ? a.size(1) : a.size(0), k = opt.trans_a ? a.size(0) : a.size(1);
+  const int64_t n = opt.trans_b ? b.size(0) : b.size(1);
+  return PlanKey{opt.trans_a, opt.trans_b, m, n, k, a.size(1), b.size(1), n, require_float("gemm", "a", a),
+                 require_float("gemm", "c", c),
+                 e.bias ? e.kbias : kF32, static_cast<int>(e.kind), alignment_of(a.raw()), alignment_of(b.raw()),
+                 alignment_of(c.raw()), e.bias ? alignment_of(e.bias) : 0, e.aux ? alignment_of(e.aux) : 0};
+}
+
+// The cached plan of key, created on first use (st.mu held).
+Plan& plan_for(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail) {
+  auto it = st.plans.find(key);
+  if (it == st.plans.end()) it = st.plans.emplace(key, make_plan(st, key, e, may_fail)).first;
+  return it->second;
+}
+
 // C[m,n] = alpha op(A) op(B) + beta C, then the epilogue e. may_fail (fused epilogues only): returns false,
 // having written nothing, when cuBLASLt cannot run this epilogue here; otherwise errors throw.
 bool lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, const Epilogue& e,
@@ -345,14 +383,10 @@ bool lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& o
     else scale_inplace(c, opt.beta, Stream{stream});
     return true;
   }
-  PlanKey key{opt.trans_a, opt.trans_b, m, n, k, a.size(1), b.size(1), n, ka, kc, e.bias ? e.kbias : kF32,
-              static_cast<int>(e.kind), alignment_of(a.raw()), alignment_of(b.raw()), alignment_of(c.raw()),
-              e.bias ? alignment_of(e.bias) : 0, e.aux ? alignment_of(e.aux) : 0};
+  const PlanKey key = plan_key(c, a, b, opt, e);
   LtState& st = lt_state();
   std::lock_guard<std::mutex> lock(st.mu);
-  auto it = st.plans.find(key);
-  if (it == st.plans.end()) it = st.plans.emplace(key, make_plan(st, key, e, may_fail)).first;
-  Plan& p = it->second;
+  Plan& p = plan_for(st, key, e, may_fail);
   if (!p.ok) return false;
   const Operands x{.a = a.raw(), .b = b.raw(), .c = c.raw(), .alpha = opt.alpha, .beta = opt.beta};
   int idx = 0;
@@ -404,8 +438,73 @@ bool gelu_epilogue_eligible(const Tensor& a, const Tensor& w, const Tensor& d, c
 }
 
 void column_sum_into(Tensor& db_acc, const Tensor& m2, cudaStream_t s) {  // db_acc[cols] += sum_rows m2
-  launch_column_sum_acc(db_acc.data<float>(), fin(m2, require_float("linear_dgelu_bwd", "dpre", m2)), m2.size(0),
-                        m2.size(1), s);
+  Tensor partial = Tensor::empty({column_sum_parts(m2.size(0)), m2.size(1)}, DType::F32, Device::CUDA);
+  launch_column_sum_acc(db_acc.data<float>(), fin(m2, require_float("column_sum", "m", m2)), m2.size(0), m2.size(1),
+                        partial.data<float>(), s);
+}
+
+// Times launch_column_sum_acc over dy [n, out] (db and the partials in a scratch outside the pool; db's
+// contents do not matter): the median of kTimedRounds launches after one warm-up; NaN without memory.
+double time_column_sum(FIn dy, int64_t n, int64_t out, cudaStream_t s) {
+  TuneScratch sc;
+  const size_t db_bytes = round256(static_cast<size_t>(out) * 4);
+  if (cudaMalloc(&sc.mem, db_bytes + static_cast<size_t>(column_sum_parts(n) * out) * 4) != cudaSuccess) {
+    cudaGetLastError();
+    sc.mem = nullptr;
+    return NAN;
+  }
+  float* db = static_cast<float*>(sc.mem);
+  float* partial = reinterpret_cast<float*>(static_cast<char*>(sc.mem) + db_bytes);
+  launch_column_sum_acc(db, dy, n, out, partial, s);
+  sc.events.resize(2 * kTimedRounds);
+  for (cudaEvent_t& ev : sc.events) MCPP_CUDA_CHECK(cudaEventCreate(&ev));
+  for (int r = 0; r < kTimedRounds; ++r) {
+    MCPP_CUDA_CHECK(cudaEventRecord(sc.events[2 * r], s));
+    launch_column_sum_acc(db, dy, n, out, partial, s);
+    MCPP_CUDA_CHECK(cudaEventRecord(sc.events[2 * r + 1], s));
+  }
+  MCPP_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> ms(kTimedRounds);
+  for (int r = 0; r < kTimedRounds; ++r) {
+    float t = 0.0f;
+    MCPP_CUDA_CHECK(cudaEventElapsedTime(&t, sc.events[2 * r], sc.events[2 * r + 1]));
+    ms[r] = t;
+  }
+  return median(ms);
+}
+
+// linear_bwd's bias grad next to the wgrad dw_acc += dy2^T x2 (set_bias_grad_path): true = the plain GEMM
+// then the column sum, false = the BGRADB epilogue. Decided once per BGRADB plan (kept in the plan).
+bool bias_grad_split(Tensor& dw_acc, const Tensor& dy2, const Tensor& x2, const GemmOptions& wgrad,
+                     const Epilogue& fused, FIn dy, cudaStream_t s) {
+  const BiasGradPath forced = bias_grad_path();
+  if (forced != BiasGradPath::kAuto) return forced == BiasGradPath::kSplit;
+  LtState& st = lt_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  const PlanKey kf = plan_key(dw_acc, dy2, x2, wgrad, fused);
+  Plan& pf = plan_for(st, kf, fused, /*may_fail=*/true);
+  if (!pf.ok) return true;  // cuBLASLt has no BGRADB here
+  if (pf.bias_split >= 0) return pf.bias_split == 1;
+  if (!gemm_autotune() || is_capturing(s)) return false;  // undecided: the fused default, decided later
+  const Operands x{.a = dy2.raw(), .b = x2.raw(), .c = dw_acc.raw(), .alpha = wgrad.alpha, .beta = wgrad.beta};
+  if (pf.tuned < 0) pf.tuned = tune(st, pf, kf, fused, x, s, /*record=*/false);
+  const PlanKey kp = plan_key(dw_acc, dy2, x2, wgrad, Epilogue{});
+  Plan& pp = plan_for(st, kp, Epilogue{}, /*may_fail=*/false);
+  if (pp.tuned < 0) pp.tuned = tune(st, pp, kp, Epilogue{}, x, s, /*record=*/false);
+  const double tc = time_column_sum(dy, kf.k, kf.m, s);
+  const double tf = pf.tuned_ms, ts = pp.tuned_ms + tc;
+  pf.bias_split = tf >= kMinSpeedup * ts ? 1 : 0;  // any NaN (not timed): fused
+  GemmTuneRecord rec;
+  rec.gemm = fmt::format("bias grad beside m{} n{} k{} a^T b {}->f32 beta{:g}: BGRADB vs plain + column sum", kf.m,
+                         kf.n, kf.k, kind_name(kf.ka), wgrad.beta);
+  rec.m = kf.m, rec.n = kf.n, rec.k = kf.k;
+  rec.candidate_ms = {tf, ts};
+  rec.candidate_config = {fmt::format("BGRADB {}", algo_config(pf.algos[std::max(pf.tuned, 0)])),
+                          fmt::format("plain {:.3f} ms {} + column sum {:.3f} ms", pp.tuned_ms,
+                                      algo_config(pp.algos[std::max(pp.tuned, 0)]), tc)};
+  rec.chosen = pf.bias_split;
+  st.records.push_back(rec);
+  return pf.bias_split == 1;
 }
 
 }  // namespace
@@ -448,15 +547,17 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
     const Kind kdy = require_float("linear_bwd", "dy", dy);
     // The bias grad rides in the weight-grad GEMM: BGRADB reduces cuBLASLt's B operand (our dy) over the
     // GEMM's k (= n) into an fp32 vector [out] — no extra pass over dy, deterministic. It overwrites, so a
-    // scratch, then db_acc += it. Where cuBLASLt refuses it: the plain GEMM + the column-sum kernel.
+    // scratch, then db_acc += it. Where cuBLASLt refuses it, or the plain GEMM + the column-sum kernel was
+    // timed faster (bias_grad_split): those two.
     Tensor db = Tensor::empty({d.out}, DType::F32, Device::CUDA);  // [out]
     const Epilogue e{.kind = CUBLASLT_EPILOGUE_BGRADB, .bias = db.raw(), .kbias = kF32};
-    if (lt_matmul(dw_acc, dy2, x2, wgrad, e, s, /*may_fail=*/true)) {
+    if (d.n > 0 && d.in > 0 && d.out > 0 && !bias_grad_split(dw_acc, dy2, x2, wgrad, e, fin(dy, kdy), s) &&
+        lt_matmul(dw_acc, dy2, x2, wgrad, e, s, /*may_fail=*/true)) {
       launch_axpby_inplace(FOut{db_acc->raw(), kF32}, FIn{db.raw(), kF32}, 1.0f, 1.0f, d.out, s);
       return;
     }
     lt_matmul(dw_acc, dy2, x2, wgrad, Epilogue{}, s);
-    launch_column_sum_acc(db_acc->data<float>(), fin(dy, kdy), d.n, d.out, s);
+    column_sum_into(*db_acc, dy2, s);
     return;
   }
   lt_matmul(dw_acc, dy2, x2, wgrad, Epilogue{}, s);
@@ -535,7 +636,11 @@ std::vector<GemmTuneRecord> gemm_tune_records() {
 void reset_gemm_tuning() {
   LtState& st = lt_state();
   std::lock_guard<std::mutex> lock(st.mu);
-  for (auto& [key, plan] : st.plans) plan.tuned = -1;
+  for (auto& [key, plan] : st.plans) {
+    plan.tuned = -1;
+    plan.tuned_ms = NAN;
+    plan.bias_split = -1;
+  }
   st.records.clear();
 }
 

@@ -63,8 +63,9 @@ void launch_add(FOut out, FIn a, FIn b, int64_t n, cudaStream_t s);
 void launch_bias_add_inplace(FOut y, FIn bias, int64_t n, int64_t m, cudaStream_t s);  // y[n, m] += bias[m]
 void launch_axpby_inplace(FOut y, FIn x, float alpha, float beta, int64_t n, cudaStream_t s);  // y = a y + b x
 void launch_cast(FOut out, FIn in, int64_t n, cudaStream_t s);
-// db[out] += sum over n rows of dy[n, out]
-void launch_column_sum_acc(float* db, FIn dy, int64_t n, int64_t out, cudaStream_t s);
+// db[out] += sum over n rows of dy[n, out], deterministic; partial: fp32 scratch [column_sum_parts(n), out]
+int64_t column_sum_parts(int64_t n);
+void launch_column_sum_acc(float* db, FIn dy, int64_t n, int64_t out, float* partial, cudaStream_t s);
 
 // ---- activations_kernels.cu
 void launch_gelu_fwd(FOut y, FIn x, int64_t n, cudaStream_t s);
@@ -160,7 +161,7 @@ void launch_attention_bwd_mma(void* dq, void* dk, void* dv, const void* dout, co
 
 // ---- optimizer_kernels.cu
 struct AdamWCoeffs {
-  float decay, beta1, beta2, one_minus_b1, one_minus_b2, eps, bc2_sqrt, step_size;
+  float decay, beta1, beta2, one_minus_b1, one_minus_b2, eps, bc2_sqrt, step_size, grad_scale;
 };
 void launch_adamw(float* param, float* m, float* v, const float* grad, FOut model, const AdamWCoeffs& c, int64_t n,
                   cudaStream_t s);

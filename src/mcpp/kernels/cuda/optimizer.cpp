@@ -30,6 +30,8 @@ FOut check_adamw(const char* op, const Tensor& param, const Tensor& exp_avg, con
   MCPP_CHECK(opt.step >= 1, "{}: step must be >= 1 (1-based, for bias correction); got {}", op, opt.step);
   MCPP_CHECK(opt.beta1 >= 0.0f && opt.beta1 < 1.0f && opt.beta2 >= 0.0f && opt.beta2 < 1.0f,
              "{}: beta1/beta2 must be in [0, 1); got beta1 = {}, beta2 = {}", op, opt.beta1, opt.beta2);
+  MCPP_CHECK(std::isfinite(opt.grad_scale) && opt.grad_scale >= 0.0f,
+             "{}: grad_scale must be finite and non-negative; got {}", op, opt.grad_scale);
   MCPP_CHECK(opt.lr >= 0.0f && opt.eps >= 0.0f && opt.weight_decay >= 0.0f,
              "{}: lr, eps and weight_decay must be non-negative; got lr = {}, eps = {}, weight_decay = {}", op, opt.lr,
              opt.eps, opt.weight_decay);
@@ -52,7 +54,8 @@ AdamWCoeffs coeffs(const AdamWOptions& opt) {
                      .one_minus_b2 = static_cast<float>(1.0 - b2),
                      .eps = opt.eps,
                      .bc2_sqrt = static_cast<float>(std::sqrt(bc2)),
-                     .step_size = static_cast<float>(lr / bc1)};
+                     .step_size = static_cast<float>(lr / bc1),
+                     .grad_scale = opt.grad_scale};
 }
 
 bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
