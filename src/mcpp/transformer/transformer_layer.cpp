@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
@@ -20,11 +21,25 @@ TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, const std::string
                          tp.sequence_parallel),
       mlp_(params, prefix + ".mlp", c, tp) {}
 
-Tensor TransformerLayer::forward(TransformerLayerCtx& ctx, const Tensor& x, const RopeTables* rope,
-                                 const ForwardOptions& opt) const {
+Tensor Residual::sum() {
+  if (!b.defined()) return a;
+  ops::add_inplace(b, a);  // b = b + a (the layer's mlp output, owned by the stream)
+  a = b;
+  b = Tensor();
+  return a;
+}
+
+Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in, const RopeTables* rope,
+                                   const ForwardOptions& opt) const {
   ctx.dropout = dropout_active(opt, hidden_dropout_);
   if (ctx.dropout) MCPP_CHECK(opt.rng, "hidden dropout needs an RNG stream");
-  Tensor ln1 = input_layernorm_.forward(ctx.input_layernorm, x);
+  Tensor x, ln1;  // x = the input's value (written by the fused add when unsummed)
+  if (in.b.defined()) {
+    ln1 = input_layernorm_.forward_add(ctx.input_layernorm, x, in.a, in.b);
+  } else {
+    x = in.a;
+    ln1 = input_layernorm_.forward(ctx.input_layernorm, x);
+  }
   Tensor attn = self_attention_.forward(ctx.self_attention, ln1, rope, opt);  // [s, b, h]
   if (ctx.dropout) {
     ctx.attn_dropout_key = opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_);
@@ -37,8 +52,7 @@ Tensor TransformerLayer::forward(TransformerLayerCtx& ctx, const Tensor& x, cons
     ctx.mlp_dropout_key = opt.rng->draw(static_cast<uint64_t>(mlp.numel()), sequence_parallel_);
     ops::dropout_fwd(mlp, mlp, hidden_dropout_, ctx.mlp_dropout_key);
   }
-  ops::add_inplace(mlp, x1);  // residual: y = x1 + mlp
-  return mlp;
+  return Residual{x1, mlp};  // y = x1 + mlp, added by the next norm (or Residual::sum)
 }
 
 Tensor TransformerLayer::backward(TransformerLayerCtx& ctx, const Tensor& dy, const RopeTables* rope) const {
@@ -91,9 +105,9 @@ TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, const Transformer
                                               c.norm_epsilon, tp.sequence_parallel);
 }
 
-Tensor TransformerBlock::forward_layers(TransformerBlockCtx& ctx, int64_t first, int64_t count, const Tensor& x,
-                                        const RopeTables* rope, const ForwardOptions& opt) const {
-  Tensor h = x;
+Residual TransformerBlock::forward_layers(TransformerBlockCtx& ctx, int64_t first, int64_t count, Residual x,
+                                          const RopeTables* rope, const ForwardOptions& opt) const {
+  Residual h = std::move(x);
   for (int64_t i = first; i < first + count; ++i) {
     ctx.layers[static_cast<size_t>(i)] = {};
     h = layers_[static_cast<size_t>(i)]->forward(ctx.layers[static_cast<size_t>(i)], h, rope, opt);
@@ -106,21 +120,23 @@ Tensor TransformerBlock::forward(TransformerBlockCtx& ctx, const Tensor& x, cons
   const auto n = static_cast<int64_t>(layers_.size());
   ctx.layers.assign(layers_.size(), {});
   ctx.recompute.assign(groups_.size(), {});
-  Tensor h = x;
+  Residual h{x, Tensor()};
   int64_t i = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    h = forward_layers(ctx, i, groups_[g].first - i, h, rope, opt);  // layers before the group: kept
+    h = forward_layers(ctx, i, groups_[g].first - i, std::move(h), rope, opt);  // layers before the group: kept
     RecomputeState& st = ctx.recompute[g];
-    st.input = h;
+    st.input = h.sum();  // kept as one tensor
     st.replay = ForwardReplay::of(opt);  // the streams as the group's forward finds them
-    h = forward_layers(ctx, groups_[g].first, groups_[g].count, h, rope, opt);
+    h = forward_layers(ctx, groups_[g].first, groups_[g].count, std::move(h), rope, opt);
     for (int64_t j = groups_[g].first; j < groups_[g].first + groups_[g].count; ++j)
       ctx.layers[static_cast<size_t>(j)] = {};  // dropped: rebuilt in backward
     i = groups_[g].first + groups_[g].count;
   }
-  h = forward_layers(ctx, i, n - i, h, rope, opt);
-  if (final_layernorm_) h = final_layernorm_->forward(ctx.final_layernorm, h);
-  return h;
+  h = forward_layers(ctx, i, n - i, std::move(h), rope, opt);
+  if (!final_layernorm_) return h.sum();
+  if (!h.b.defined()) return final_layernorm_->forward(ctx.final_layernorm, h.a);
+  Tensor sum;  // the last residual add inside the final norm; the norm's context keeps the sum
+  return final_layernorm_->forward_add(ctx.final_layernorm, sum, h.a, h.b);
 }
 
 Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope) const {
@@ -133,8 +149,8 @@ Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, co
     if (g > 0 && i == groups_[g - 1].first + groups_[g - 1].count - 1) {  // last layer of a recomputed group
       --g;
       RecomputeState& st = ctx.recompute[g];
-      forward_layers(ctx, groups_[g].first, groups_[g].count, st.input, rope,
-                     st.replay.options());  // the same draws as the original forward
+      forward_layers(ctx, groups_[g].first, groups_[g].count, Residual{st.input, Tensor()}, rope,
+                     st.replay.options());  // the same draws as the original forward (output unused)
       st = {};
     }
     d = layers_[static_cast<size_t>(i)]->backward(ctx.layers[static_cast<size_t>(i)], d, rope);

@@ -3,8 +3,12 @@
 //   y  = x1 + dropout(mlp(pre_mlp_layernorm(x1)))
 // In/out [s, b, h], or [s/tp, b, h] shards with sequence parallelism (norms, dropout and residuals run on
 // the shard; hidden dropout then draws from the model-parallel RNG stream, else from the default one).
-// The first residual add runs fused with pre_mlp_layernorm (Norm::forward_add); in backward both residual
-// gradient adds run inside the norms' backward (Norm::backward with dres), as Apex's fused add + norm.
+// Both residual adds run fused with the norm that reads their sum (Norm::forward_add): x1 = x + attn with
+// pre_mlp_layernorm, and y = x1 + mlp is returned unsummed (Residual) so that the next layer's
+// input_layernorm — or the block's final_layernorm — adds it in its kernel (the block materializes the
+// sum only where a plain tensor leaves it: its output without a final norm, a recomputed group's kept
+// input). The sums are bitwise those of a separate add. In backward both residual gradient adds run
+// inside the norms' backward (Norm::backward with dres), as Apex's fused add + norm.
 // Backward returns dx; parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 // Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):
@@ -36,11 +40,20 @@ struct TransformerLayerCtx {
   bool dropout = false;
 };
 
+// The residual stream between layers: the value a, or a + b left unsummed for the next norm to add (b
+// defined). sum() materializes it (a separate add, into b's storage).
+struct Residual {
+  Tensor a, b;
+  Tensor sum();
+};
+
 class TransformerLayer {
  public:
   TransformerLayer(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
-  Tensor forward(TransformerLayerCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
+  // x: the layer input (an unsummed one is added inside input_layernorm). Returns y unsummed: {x1, mlp}.
+  Residual forward(TransformerLayerCtx& ctx, const Residual& x, const RopeTables* rope,
+                   const ForwardOptions& opt) const;
   Tensor backward(TransformerLayerCtx& ctx, const Tensor& dy, const RopeTables* rope) const;
 
  private:
@@ -79,9 +92,9 @@ class TransformerBlock {
   const std::vector<RecomputeGroup>& recompute_groups() const { return groups_; }
 
  private:
-  // Runs layers [first, first + count) from x into ctx.layers; returns the last output.
-  Tensor forward_layers(TransformerBlockCtx& ctx, int64_t first, int64_t count, const Tensor& x,
-                        const RopeTables* rope, const ForwardOptions& opt) const;
+  // Runs layers [first, first + count) from x into ctx.layers; returns the last output (unsummed).
+  Residual forward_layers(TransformerBlockCtx& ctx, int64_t first, int64_t count, Residual x,
+                          const RopeTables* rope, const ForwardOptions& opt) const;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   std::vector<RecomputeGroup> groups_;
   std::unique_ptr<Norm> final_layernorm_;
