@@ -4,8 +4,11 @@
 # so the ratio is measured on the same machine at the same time. Both train on random tokens with the
 # same shapes: GPT-2 124M (V 50304, T 1024, d 768, L 12, h 12, B 32) and GPT 1.3B (T 2048, d 2048,
 # L 24, h 16, B 8); no dropout, tied embeddings, biases, LayerNorm, GELU(tanh).
-# Ours: `mcpp train --bf16 --device cuda`, 30 iterations logged every 10; tokens/s is the last window
-# (iterations 21-30, after 20 warm-up steps), peak memory from the CUDA pool's high-water mark.
+# Ours: `mcpp train --bf16 --device cuda`, 40 iterations each logged (a step ends with the host reading
+# its loss, so each logged time is one whole step); step time = the median of iterations 11-40, the
+# anchor's own method (median of 30 steps after 10 warm-up steps), tokens/s = B*T / that; the mean, min
+# and max of those 30 are printed too. Peak memory from the CUDA pool's high-water mark. (Until
+# 2026-11-30 evening: 30 iterations logged every 10, the mean of the last window 21-30.)
 # 124m-graph / 1.3b-graph: the same runs with --enable-cuda-graph (captured after 3 eager warm-up steps).
 # usage (device machine, repo root, device_carry/ carried):
 #   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [torch]
@@ -26,20 +29,23 @@ ours() {  # name L d h T B [extra flags]
     --max-position-embeddings "$T" --micro-batch-size "$B" --global-batch-size "$B" \
     --tokenizer-type NullTokenizer --vocab-size 50304 --make-vocab-size-divisible-by 128 \
     --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda --lr 1e-4 --lr-decay-style constant \
-    --train-iters 30 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd --split 100,0,0 \
+    --train-iters 40 --log-interval 1 --eval-iters 0 --data-path /tmp/rnd --split 100,0,0 \
     --metrics-path "$OUT/mcpp_$name.jsonl" "$@" 2>&1 | tee "$OUT/mcpp_$name.log" | grep -v '^  [a-z_]* \.\.\.'
   python3 - "$OUT/mcpp_$name.jsonl" "$name" "$L" "$d" "$T" "$B" <<'PY'
 import json, sys
 path, name, L, d, T, B = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 recs = [json.loads(l) for l in open(path)]
-it = [r for r in recs if "tokens_per_sec" in r][-1]
+its = [r for r in recs if "tokens_per_sec" in r]
+ms = sorted(r["elapsed_ms_per_iter"] for r in its if r["iteration"] > 10)  # 30 steps after 10 warm-up
 mem = [r for r in recs if r.get("event") == "memory"]
 V = 50304
 flops = 72 * B * T * L * d * d * (1 + T / (6 * d) + V / (16 * L * d))
-step = it["elapsed_ms_per_iter"] / 1e3
+step = ms[len(ms) // 2] / 1e3  # the median, as the anchor
 print(json.dumps(dict(system="mcpp", name=name, B=B, T=T, d=d, L=L, V=V, step_ms=round(step * 1e3, 2),
-                      tok_s=round(it["tokens_per_sec"]), mfu_989=round(flops / step / 989e12, 4),
-                      peak_gib=mem[-1]["peak_device_gib"] if mem else None, loss=it["lm_loss"])))
+                      tok_s=round(B * T / step), mfu_989=round(flops / step / 989e12, 4),
+                      peak_gib=mem[-1]["peak_device_gib"] if mem else None, loss=its[-1]["lm_loss"],
+                      steps=len(ms), mean_ms=round(sum(ms) / len(ms), 2), min_ms=round(ms[0], 2),
+                      max_ms=round(ms[-1], 2))))
 PY
 }
 for w in $what; do
