@@ -250,19 +250,25 @@ void bench_adamw() {
       time_op([&] { mcpp::ops::adamw_multi_step(list, opt); }, list[0].param, g_iters, g_reps), 0, bytes);
 }
 
-void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d) {
-  Tensor q = filled({s, b, nq, d}, DType::BF16, 1.0f), k = filled({s, b, nq, d}, DType::BF16, 2.0f);
-  Tensor v = filled({s, b, nq, d}, DType::BF16, 3.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
+// ng < nq: GQA (ng kv groups); deterministic: the mcpp kernels instead of the default (cuDNN).
+void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d, int64_t ng = 0,
+                     bool deterministic = false) {
+  if (ng == 0) ng = nq;
+  Tensor q = filled({s, b, nq, d}, DType::BF16, 1.0f), k = filled({s, b, ng, d}, DType::BF16, 2.0f);
+  Tensor v = filled({s, b, ng, d}, DType::BF16, 3.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
   Tensor o = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA), lse = Tensor::empty({b, nq, s}, DType::F32, Device::CUDA);
-  Tensor dq = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA), dk = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA);
-  Tensor dv = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA);
-  mcpp::ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true};
-  std::string shape = fmt::format("{} s{} b{} h{} d{} causal", name, s, b, nq, d);
+  Tensor dq = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA), dk = Tensor::empty({s, b, ng, d}, DType::BF16, Device::CUDA);
+  Tensor dv = Tensor::empty({s, b, ng, d}, DType::BF16, Device::CUDA);
+  mcpp::ops::AttentionOptions opt{
+      .softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true, .deterministic = deterministic};
+  std::string shape = ng == nq ? fmt::format("{} s{} b{} h{} d{} causal", name, s, b, nq, d)
+                               : fmt::format("{} s{} b{} h{} g{} d{} causal", name, s, b, nq, ng, d);
+  const std::string how = ng == nq && !deterministic ? "" : deterministic ? " (mcpp kernels)" : " (default: cuDNN)";
   double fwd = 4.0 * b * nq * s * s * d / 2;
   int it = std::max(2, g_iters / 5);
-  row("flash attention fwd", shape,
+  row("flash attention fwd" + how, shape,
       time_op([&] { mcpp::ops::flash_attention_fwd(o, lse, q, k, v, opt); }, o, it, g_reps), fwd, 0);
-  row("flash attention bwd", shape,
+  row("flash attention bwd" + how, shape,
       time_op([&] { mcpp::ops::flash_attention_bwd(dq, dk, dv, dout, q, k, v, o, lse, opt); }, dq, it, g_reps),
       2.5 * fwd, 0);
 }
@@ -452,6 +458,7 @@ int main(int argc, char** argv) {
     bench_attention("124M", 1024, 32, 12, 64);
     bench_attention("1.3B", 2048, 8, 16, 128);
     bench_attention("8K", 8192, 2, 16, 128);
+    for (bool det : {false, true}) bench_attention("1.3B GQA", 2048, 8, 16, 128, 4, det);
     bench_attention_qkv_all();
   } catch (const mcpp::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

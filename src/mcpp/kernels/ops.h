@@ -56,6 +56,13 @@ struct EpilogueFusionCounts {
 };
 EpilogueFusionCounts cuda_epilogue_fusion_counts();
 
+// How many CUDA attention calls ran on cuDNN's fused flash attention in this process (tests; all zero
+// without CUDA or cuDNN). bwd_gqa: backward calls with nq != ng (the repeat / reduce path) among bwd.
+struct CudnnAttentionCounts {
+  int64_t fwd = 0, bwd = 0, bwd_gqa = 0;
+};
+CudnnAttentionCounts cuda_cudnn_attention_counts();
+
 #define MCPP_OP_UNPAREN(...) __VA_ARGS__
 #define MCPP_OP(ret, name, params) ret name(MCPP_OP_UNPAREN params, Stream stream = {});
 #include "mcpp/kernels/ops.inc"

@@ -294,4 +294,61 @@ void launch_attention_bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn
   else bwd<128>(dq, dk, dv, dout, q, k, v, lse, delta, a, s);
 }
 
+// ---- GQA around an MHA backward (cudnn_attention.cpp): k/v of ng groups repeated to nq heads, and the
+// nq heads' dk/dv summed back per group. bf16, 16-byte vectors (d % 8 == 0, every address 16-byte aligned:
+// the tensor-core path's precondition). Expanded tensors are contiguous [s, b, nq, d]; the grouped ones
+// sit at the AttnShape kv layout fields.
+namespace {
+__global__ void gqa_expand_kernel(uint4* ke, uint4* ve, const uint4* k, const uint4* v, AttnShape a,
+                                  int64_t total) {
+  const int64_t dv = a.d / 8, r = a.nq / a.ng;
+  MCPP_GRID_STRIDE(e, total) {  // e over [s, b, nq, d / 8]
+    const int64_t c = e % dv, h = (e / dv) % a.nq, bb = (e / (dv * a.nq)) % a.b, i = e / (dv * a.nq * a.b);
+    const int64_t src = (i * a.kv_row + bb * a.kv_batch + (h / r) * a.kv_group) / 8 + c;
+    ke[e] = k[src];
+    ve[e] = v[src];
+  }
+}
+
+__global__ void gqa_reduce_kernel(uint4* dk, uint4* dv, const uint4* dke, const uint4* dve, AttnShape a,
+                                  int64_t total) {
+  const int64_t dvec = a.d / 8, r = a.nq / a.ng;
+  MCPP_GRID_STRIDE(e, total) {  // e over [s, b, ng, d / 8]
+    const int64_t c = e % dvec, g = (e / dvec) % a.ng, bb = (e / (dvec * a.ng)) % a.b, i = e / (dvec * a.ng * a.b);
+    float sk[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < r; ++j) {  // the group's heads in order (deterministic)
+      const int64_t src = ((i * a.b + bb) * a.nq + g * r + j) * dvec + c;
+      float x[8], y[8];
+      unpack8(dke[src], kBF16, x);
+      unpack8(dve[src], kBF16, y);
+#pragma unroll
+      for (int t = 0; t < 8; ++t) sk[t] += x[t], sv[t] += y[t];
+    }
+    const int64_t dst = (i * a.kv_row + bb * a.kv_batch + g * a.kv_group) / 8 + c;
+    store8(FOut{dk, kBF16}, dst, sk);
+    store8(FOut{dv, kBF16}, dst, sv);
+  }
+}
+}  // namespace
+
+void launch_gqa_expand_kv(void* k_exp, void* v_exp, const void* k, const void* v, const AttnShape& a,
+                          cudaStream_t s) {
+  const int64_t total = a.s * a.b * a.nq * (a.d / 8);
+  if (total <= 0) return;
+  gqa_expand_kernel<<<grid_for(total, 256), 256, 0, s>>>(static_cast<uint4*>(k_exp), static_cast<uint4*>(v_exp),
+                                                        static_cast<const uint4*>(k), static_cast<const uint4*>(v), a,
+                                                        total);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_gqa_reduce_dkv(void* dk, void* dv, const void* dk_exp, const void* dv_exp, const AttnShape& a,
+                           cudaStream_t s) {
+  const int64_t total = a.s * a.b * a.ng * (a.d / 8);
+  if (total <= 0) return;
+  gqa_reduce_kernel<<<grid_for(total, 256), 256, 0, s>>>(static_cast<uint4*>(dk), static_cast<uint4*>(dv),
+                                                        static_cast<const uint4*>(dk_exp),
+                                                        static_cast<const uint4*>(dv_exp), a, total);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace mcpp::cuda_detail

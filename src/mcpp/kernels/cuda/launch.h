@@ -151,6 +151,13 @@ void launch_attention_fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnSha
 // delta: float32 scratch [b, nq, s] (rowsum(dout * o)).
 void launch_attention_bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, FIn o, const float* lse,
                           float* delta, const AttnShape& a, cudaStream_t s);
+// GQA around an MHA backward (bf16, d % 8 == 0, 16-byte aligned): k/v [kv layout of a, ng groups] ->
+// k_exp/v_exp contiguous [s, b, nq, d] (group g repeated for its nq / ng heads); dk/dv [kv layout] = the
+// per-group sums of dk_exp/dv_exp [s, b, nq, d] (fp32, heads in order, one bf16 rounding).
+void launch_gqa_expand_kv(void* k_exp, void* v_exp, const void* k, const void* v, const AttnShape& a,
+                          cudaStream_t s);
+void launch_gqa_reduce_dkv(void* dk, void* dv, const void* dk_exp, const void* dv_exp, const AttnShape& a,
+                           cudaStream_t s);
 // ---- attention_mma_{fwd,bwd}_kernels.cu: the same ops on tensor cores, every tensor bf16 (void* = bf16*),
 // 16-byte aligned, q/k/v/dq/dk/dv addressed by the AttnShape layout fields; (s + 63) / 64 <= 65535. bwd: delta scratch as above; dk/dv overwritten.
 void launch_attention_fwd_mma(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,

@@ -43,6 +43,7 @@ void trace_range_pop() {}
 
 namespace ops {
 EpilogueFusionCounts cuda_epilogue_fusion_counts() { return {}; }  // no CUDA ops ever run
+CudnnAttentionCounts cuda_cudnn_attention_counts() { return {}; }
 }  // namespace ops
 
 namespace ops::cuda {

@@ -13,18 +13,21 @@
 //     S = Q K^T * scale, P = exp(mask(S - Stats)), dV = P^T dO, dP = dO V^T, dS = P (dP - softmax_sum)
 //     * scale, dK = dS^T Q, dQ_acc = dS K (fp32 scratch, zeroed here), dQ = dQ_acc (identity, bf16).
 // Layout: q/k/v/dq/dk/dv through the AttnShape layout fields (split or packed qkv), o/dout [s, b, nq, d],
-// lse/delta [b, nq, s]. A packed layout with GQA (nq != ng) has no uniform head stride: not supported; the
-// backward with GQA neither (see cudnn_attention_bwd). Non-causal graphs have no -inf tensor, and the
+// lse/delta [b, nq, s]. A packed layout with GQA (nq != ng) has no uniform head stride: not supported (the
+// packed op then splits and calls the split layout). The backward with GQA runs the MHA graph on k/v
+// repeated to nq heads and sums dk/dv per group (gqa_bwd). Non-causal graphs have no -inf tensor, and the
 // variant pack must name exactly the graph's tensors.
 // The backward engines accumulate dQ with atomics: results are not bit-identical run to run (callers
 // that need determinism do not come here: AttentionOptions::deterministic).
 // Plans are built once per (direction, shape, layout) and cached; a failed build is cached too and
 // reported once on stderr. Not thread-safe (the op layer runs one stream per process).
 #include "mcpp/kernels/cuda/cudnn_attention.h"
+#include "mcpp/kernels/ops.h"
 
 #include <cudnn.h>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -319,6 +322,7 @@ struct State {
   cudnnHandle_t handle = nullptr;
   bool handle_failed = false;
   std::map<Key, std::unique_ptr<Graph>> plans;  // nullptr: no engine for this key
+  std::atomic<int64_t> fwd_calls{0}, bwd_calls{0}, bwd_gqa_calls{0};  // ops::cuda_cudnn_attention_counts
 };
 
 State& state() {
@@ -390,6 +394,32 @@ bool layout_ok(const AttnShape& a) {
 
 }  // namespace
 
+namespace {
+// GQA backward: this graph's dK = dS^T Q / dV = P^T dO would need a reduction over the group's heads
+// (cuDNN refuses a matmul whose output has fewer heads than its inputs), so the MHA backward runs on k/v
+// repeated to nq heads (contiguous scratch) into per-head dk/dv scratch, which launch_gqa_reduce_dkv sums
+// per group (fp32, one bf16 rounding of the r = nq / ng per-head bf16 grads) into dk/dv. Extra traffic:
+// 4 [s, b, nq, d] bf16 scratch tensors, small next to the attention itself.
+bool gqa_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
+             const void* o, const float* lse, float* delta, const AttnShape& a, cudaStream_t s) {
+  AttnShape m = a;  // the MHA problem over the expanded k/v: head h = group h, q / dq where they were
+  m.ng = a.nq;
+  m.q_group = a.d;  // head h at h * d: (h / r) * (r d) + (h % r) d in a's split layout
+  m.kv_row = a.b * a.nq * a.d, m.kv_batch = a.nq * a.d, m.kv_group = a.d;
+  if (!plan_for(true, m)) return false;
+  const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(a.s * a.b * a.nq * a.d);
+  void* scratch = nullptr;  // k_exp, v_exp, dk_exp, dv_exp
+  MCPP_CUDA_CHECK(cudaMallocAsync(&scratch, 4 * bytes, s));
+  char* p = static_cast<char*>(scratch);
+  void *ke = p, *ve = p + bytes, *dke = p + 2 * bytes, *dve = p + 3 * bytes;
+  launch_gqa_expand_kv(ke, ve, k, v, a, s);
+  const bool ran = cudnn_attention_bwd(dq, dke, dve, dout, q, ke, ve, o, lse, delta, m, s);
+  if (ran) launch_gqa_reduce_dkv(dk, dv, dke, dve, a, s);
+  MCPP_CUDA_CHECK(cudaFreeAsync(scratch, s));
+  return ran;
+}
+}  // namespace
+
 bool cudnn_attention_fwd(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,
                          cudaStream_t s) {
   if (!layout_ok(a)) return false;
@@ -400,15 +430,19 @@ bool cudnn_attention_fwd(void* o, float* lse, const void* q, const void* k, cons
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse, &scale};
   if (a.causal) uids.push_back(kNegInfFwd), ptrs.push_back(&ninf);  // the pack must name exactly the graph's tensors
   execute(*g, uids, ptrs, s);
+  ++state().fwd_calls;
   return true;
 }
 
 bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                          const void* v, const void* o, const float* lse, float* delta, const AttnShape& a,
                          cudaStream_t s) {
-  // GQA: this graph's dK = dS^T Q / dV = P^T dO would need a reduction over the group's heads (cuDNN refuses
-  // a matmul whose output has fewer heads than its inputs); those run on the mcpp kernels.
-  if (!layout_ok(a) || a.nq != a.ng) return false;
+  if (!layout_ok(a)) return false;
+  if (a.nq != a.ng) {
+    if (!gqa_bwd(dq, dk, dv, dout, q, k, v, o, lse, delta, a, s)) return false;
+    ++state().bwd_gqa_calls;  // its MHA call counted bwd
+    return true;
+  }
   Graph* g = plan_for(true, a);
   if (!g) return false;
   float scale = a.scale, one = 1.0f, ninf = -INFINITY;
@@ -422,7 +456,15 @@ bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const v
   if (a.causal) uids.push_back(kNegInfBwd), ptrs.push_back(&ninf);
   execute(*g, uids, ptrs, s);
   MCPP_CUDA_CHECK(cudaFreeAsync(dq_acc, s));
+  ++state().bwd_calls;
   return true;
 }
 
 }  // namespace mcpp::cuda_detail
+
+namespace mcpp::ops {
+CudnnAttentionCounts cuda_cudnn_attention_counts() {
+  const auto& st = cuda_detail::state();
+  return {.fwd = st.fwd_calls.load(), .bwd = st.bwd_calls.load(), .bwd_gqa = st.bwd_gqa_calls.load()};
+}
+}  // namespace mcpp::ops

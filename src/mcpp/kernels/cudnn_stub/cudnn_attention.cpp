@@ -1,6 +1,7 @@
 // Builds without cuDNN: the fused attention has no engine, so the CUDA attention ops always run the mcpp
 // flash kernels (kernels/cuda/cudnn_attention.h).
 #include "mcpp/kernels/cuda/cudnn_attention.h"
+#include "mcpp/kernels/ops.h"
 
 namespace mcpp::cuda_detail {
 bool cudnn_attention_fwd(void*, float*, const void*, const void*, const void*, const AttnShape&, cudaStream_t) {
@@ -11,3 +12,7 @@ bool cudnn_attention_bwd(void*, void*, void*, const void*, const void*, const vo
   return false;
 }
 }  // namespace mcpp::cuda_detail
+
+namespace mcpp::ops {
+CudnnAttentionCounts cuda_cudnn_attention_counts() { return {}; }  // never runs without cuDNN
+}  // namespace mcpp::ops
