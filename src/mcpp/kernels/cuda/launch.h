@@ -90,9 +90,9 @@ void launch_embedding_bwd(float* dtable, const int32_t* ids, FIn dout, int64_t n
 void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res, FIn gamma, FIn beta, int64_t n,
                      int64_t h, float eps, cudaStream_t s);
 // bwd: dx = norm_bwd(dy) (+ dres when dres.p != nullptr). `partial` = fp32 scratch of 2 * parts * h floats
-// (parts = norm_bwd_partial_blocks(..); 0 means the scalar path, which needs no scratch) for the
-// deterministic dgamma/dbeta reduction of the vector path.
-int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FIn dy, FIn x, FIn dres);
+// (16-byte aligned; parts = norm_bwd_partial_blocks(..) with the same arguments) for the deterministic
+// dgamma/dbeta reduction: the vector path's per-block rows, or the scalar path's per-256-row-chunk rows.
+int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma);
 void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
                      const float* rstd, int64_t n, int64_t h, float* partial, int64_t parts, cudaStream_t s);
 

@@ -9,8 +9,8 @@
 //   add_layernorm_bwd / add_rmsnorm_bwd: dx = the norm's dx + dres, added in fp32 before dx's one rounding
 //                  (fp32: bitwise equal to the norm's bwd + add_inplace); dres must not alias dx
 // x/y/dy/dx: float32 or bf16 [.., h]; gamma/beta float32 or bf16 (h elements); statistics float32 math.
-// Asynchronous on stream_of(stream). The backward's vector path (h % 8 == 0, 16-byte aligned) sums
-// dgamma/dbeta deterministically through an fp32 scratch [2, parts, h] allocated here per call (stream
+// Asynchronous on stream_of(stream). The backward sums dgamma/dbeta deterministically (both paths) through
+// an fp32 scratch [2, parts, h] allocated here per call (stream
 // ordered on compute_stream(); a foreign stream is joined with events both ways).
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/ops.h"
@@ -43,11 +43,8 @@ void check_like_x(const char* op, const char* arg, const Tensor& t, const Tensor
 // launch_norm_bwd with its dgamma/dbeta partials scratch.
 void norm_bwd(FOut dx, float* dg, float* db, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
               const float* rstd, int64_t n, int64_t h, cudaStream_t s) {
-  const int64_t parts = norm_bwd_partial_blocks(n, h, dy, x, dres);
-  if (parts == 0) {
-    launch_norm_bwd(dx, dg, db, dy, x, dres, gamma, mean, rstd, n, h, nullptr, 0, s);
-    return;
-  }
+  const int64_t parts = norm_bwd_partial_blocks(n, h, dx, dy, x, dres, gamma);
+  if (parts == 0) return;  // no rows
   Tensor scratch = Tensor::empty({2 * parts * h}, DType::F32, Device::CUDA);  // ordered on compute_stream()
   const cudaStream_t cs = compute_stream();
   cudaEvent_t ev = nullptr;

@@ -19,8 +19,8 @@
 //          partials per column in a fixed order into dgamma (dbeta). Deterministic run to run (for a
 //          given G). Needs x, dy (and dres) of one element size (2 or 4 bytes).
 //   scalar path (any h, any alignment): one block per row with FIn / FOut element access for fwd and the
-//     dx part of bwd; the dgamma/dbeta partial sums of 256-row chunks are atomicAdd'ed (last-bit
-//     run-to-run differences).
+//     dx part of bwd; the dgamma/dbeta sums of 256-row chunks go to partial rows (no atomics) that
+//     norm_param_reduce adds in a fixed order: deterministic as the vector path.
 #include "mcpp/kernels/cuda/device_utils.cuh"
 
 namespace mcpp::cuda_detail {
@@ -92,7 +92,8 @@ __global__ void norm_bwd_input_kernel(FOut dx, FIn dy, FIn x, FIn dres, FIn gamm
   }
 }
 
-__global__ void norm_bwd_param_kernel(float* dgamma, float* dbeta, FIn dy, FIn x, const float* mean,
+// partial_g/b[blockIdx.y, h]: the sums of this 256-row chunk (no atomics; norm_param_reduce adds the chunks).
+__global__ void norm_bwd_param_kernel(float* partial_g, float* partial_b, FIn dy, FIn x, const float* mean,
                                       const float* rstd, int64_t n, int64_t h) {
   __shared__ float pg[8][33], pb[8][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -115,8 +116,8 @@ __global__ void norm_bwd_param_kernel(float* dgamma, float* dbeta, FIn dy, FIn x
       sg += pg[i][threadIdx.x];
       sb += pb[i][threadIdx.x];
     }
-    atomicAdd(dgamma + col, sg);
-    if (dbeta) atomicAdd(dbeta + col, sb);
+    partial_g[blockIdx.y * h + col] = sg;
+    if (partial_b) partial_b[blockIdx.y * h + col] = sb;
   }
 }
 
@@ -458,13 +459,20 @@ int bwd_blocks_per_sm(int v, int elem_bytes, bool res, int w) {
 }
 
 int elem_bytes(int kind) { return kind == kF32 ? 4 : 2; }
+
+// The vector backward applies (h % 8 == 0, h <= 8192, one element size, 16-byte aligned pointers).
+bool bwd_vector_ok(int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma) {
+  const int e = elem_bytes(x.kind);
+  return h % 8 == 0 && bwd_shape(h).w > 0 && elem_bytes(dy.kind) == e && (!dres.p || elem_bytes(dres.kind) == e) &&
+         vec8_ok(h, {dx.p, dy.p, x.p, dres.p, gamma.p});
+}
 }  // namespace
 
-int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FIn dy, FIn x, FIn dres) {
+int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma) {
+  if (n <= 0) return 0;
+  if (!bwd_vector_ok(h, dx, dy, x, dres, gamma)) return (n + kRows - 1) / kRows;  // scalar: 256-row chunks
   const VecShape vs = bwd_shape(h);
   const int e = elem_bytes(x.kind);
-  if (h % 8 != 0 || vs.w == 0 || n <= 0 || elem_bytes(dy.kind) != e || (dres.p && elem_bytes(dres.kind) != e))
-    return 0;
   const int64_t want = (n + vs.r - 1) / vs.r;
   const int64_t cap = static_cast<int64_t>(sm_count()) * bwd_blocks_per_sm(vs.v, e, dres.p != nullptr, vs.w);
   return want < cap ? want : cap;
@@ -494,14 +502,13 @@ void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dr
                      const float* rstd, int64_t n, int64_t h, float* partial, int64_t parts, cudaStream_t s) {
   if (n <= 0) return;
   const VecShape vs = bwd_shape(h);
-  if (parts > 0 && parts == norm_bwd_partial_blocks(n, h, dy, x, dres) &&
-      vec8_ok(h, {dx.p, dy.p, x.p, dres.p, gamma.p, partial})) {
+  float* pb = dbeta ? partial + parts * h : nullptr;
+  const dim3 rgrid(static_cast<unsigned>((h + 31) / 32), dbeta ? 2u : 1u);
+  if (bwd_vector_ok(h, dx, dy, x, dres, gamma)) {
     const dim3 block(32 * vs.w, vs.r);
-    float* pb = dbeta ? partial + parts * h : nullptr;
     bwd_kernel(vs.v, elem_bytes(x.kind), dres.p != nullptr)<<<static_cast<unsigned>(parts), block, 0, s>>>(
         dx, partial, pb, dy, x, dres, gamma, mean, rstd, n, h);
     MCPP_CUDA_LAUNCH_CHECK();
-    const dim3 rgrid(static_cast<unsigned>((h + 31) / 32), dbeta ? 2u : 1u);
     norm_param_reduce_kernel<<<rgrid, dim3(32, kReduceRows), 0, s>>>(dgamma, dbeta, partial, parts, h);
     MCPP_CUDA_LAUNCH_CHECK();
     return;
@@ -509,7 +516,9 @@ void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dr
   norm_bwd_input_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(dx, dy, x, dres, gamma, mean, rstd, h);
   MCPP_CUDA_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned>((h + 31) / 32), static_cast<unsigned>((n + kRows - 1) / kRows));
-  norm_bwd_param_kernel<<<grid, dim3(32, 8), 0, s>>>(dgamma, dbeta, dy, x, mean, rstd, n, h);
+  norm_bwd_param_kernel<<<grid, dim3(32, 8), 0, s>>>(partial, pb, dy, x, mean, rstd, n, h);
+  MCPP_CUDA_LAUNCH_CHECK();
+  norm_param_reduce_kernel<<<rgrid, dim3(32, kReduceRows), 0, s>>>(dgamma, dbeta, partial, parts, h);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
