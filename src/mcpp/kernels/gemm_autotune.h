@@ -38,7 +38,7 @@ struct GemmTuneRecord {
   int chosen = 0;                    // the index the plan uses while the switch is on
   std::vector<std::string> candidate_config;  // per candidate: cuBLASLt's algo config (id, tile, stages,
                                              // split-k, reduction, swizzle, cluster), e.g. "a66 t18 s23 k1"
-  std::string note;                  // why nothing was timed (one candidate, no scratch memory, ...); else empty
+  std::string note;                  // why nothing was timed (no scratch memory, ...); else empty
 };
 
 enum class BiasGradPath { kAuto, kFused, kSplit };
