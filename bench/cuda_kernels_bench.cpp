@@ -154,6 +154,9 @@ void bench_layernorm(const char* name, int64_t n, int64_t h) {
   Tensor dg = Tensor::zeros({h}, DType::F32, Device::CUDA), db = Tensor::zeros({h}, DType::F32, Device::CUDA);
   std::string shape = fmt::format("{} [{}x{}]", name, n, h);
   double io = 2.0 * n * h, stats = 8.0 * n;
+  // The ceiling at this size: a device-to-device copy of x (read + write, as many bytes as the fwd).
+  row("copy of x (cudaMemcpy D2D, reference)", shape, time_op([&] { y.copy_from(x); }, y, g_iters, g_reps), 0,
+      2 * io);
   row("layernorm fwd (bf16 I/O)", shape,
       time_op([&] { mcpp::ops::layernorm_fwd(y, mean, rstd, x, gamma, &beta, 1e-5f); }, y, g_iters, g_reps), 0,
       2 * io + stats);
@@ -174,7 +177,14 @@ void bench_layernorm(const char* name, int64_t n, int64_t h) {
       }, y, g_iters, g_reps),
       0, 5 * io + stats);
   row("layernorm bwd + dres, fused (bf16 I/O)", shape,
-      time_op([&] { mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd); }, dx, g_iters, g_reps),
+      time_op([&] { mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, nullptr, nullptr); }, dx, g_iters, g_reps),
+      0, 4 * io + stats);
+  // + the residual bias sums (fc2's and linear_proj's bias grads: column sums of dres and of dx), read as
+  // 2 h floats more written; the alternative is two column-sum passes over dres and dx (2 x io read).
+  Tensor sr = Tensor::zeros({h}, DType::F32, Device::CUDA), sd = Tensor::zeros({h}, DType::F32, Device::CUDA);
+  row("layernorm bwd + dres + residual bias sums, fused", shape,
+      time_op([&] { mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, &sr, &sd); }, dx, g_iters,
+              g_reps),
       0, 4 * io + stats);
   row("layernorm bwd, then add_inplace (unfused)", shape, time_op([&] {
         mcpp::ops::layernorm_bwd(dx, dg, &db, dy, x, gamma, mean, rstd);

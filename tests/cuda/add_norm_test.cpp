@@ -2,10 +2,13 @@
 //   forward vs the CUDA unfused ops (add, then layernorm_fwd / rmsnorm_fwd): bitwise (sum, y, mean, rstd);
 //   forward vs the CPU backend: sum bitwise (a + b in fp32, one rounding to the dtype), y to tolerance;
 //   backward vs the CPU fused op to tolerance; float32 dx bitwise equal to the CUDA norm bwd + add_inplace
-//   (bf16 dx: one rounding instead of two, compared to tolerance); dgamma/dbeta bit-identical reruns.
+//   (bf16 dx: one rounding instead of two, compared to tolerance); dgamma/dbeta bit-identical reruns;
+//   the residual bias sums (column sums of dres and of dx as stored) against float64 sums.
 // Shapes cover the vector paths (1..8 warps per row, 1..4 chunks per thread in the backward — h = 2048,
 // 4096, 4104, 8192 —, several rows per block, rows not a multiple of the block's rows, many rows per
 // persistent block) and the scalar path (h % 8 != 0, h > 8192).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "cuda/cuda_test_util.h"
@@ -91,15 +94,16 @@ TEST(CudaAddNorm, BackwardMatchesCpuAndUnfused) {
         Tensor dg = dev(dg_ref), db = dev(db_ref);  // prior contents: must accumulate
         auto run = [&](Tensor& dx, Tensor& dgt, Tensor& dbt, const Tensor* res) {
           if (rms) {
-            if (res) ops::add_rmsnorm_bwd(dx, dgt, dyd, *res, xd, gd, rstdd);
+            if (res) ops::add_rmsnorm_bwd(dx, dgt, dyd, *res, xd, gd, rstdd, nullptr, nullptr);
             else ops::rmsnorm_bwd(dx, dgt, dyd, xd, gd, rstdd);
           } else {
-            if (res) ops::add_layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, *res, xd, gd, meand, rstdd);
+            if (res) ops::add_layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, *res, xd, gd, meand, rstdd, nullptr, nullptr);
             else ops::layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, xd, gd, meand, rstdd);
           }
         };
-        if (rms) ops::cpu::add_rmsnorm_bwd(dx_ref, dg_ref, dy, dres, x, g, rstd, {});
-        else ops::cpu::add_layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, dres, x, g, mean, rstd, {});
+        if (rms) ops::cpu::add_rmsnorm_bwd(dx_ref, dg_ref, dy, dres, x, g, rstd, nullptr, nullptr, {});
+        else ops::cpu::add_layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, dres, x, g, mean, rstd, nullptr,
+                                        nullptr, {});
         Tensor dx = poisoned({n, h}, dt);
         run(dx, dg, db, &dresd);
         EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));
@@ -130,6 +134,57 @@ TEST(CudaAddNorm, BackwardMatchesCpuAndUnfused) {
   }
 }
 
+// The residual bias sums (dres_sum_acc / dx_sum_acc): the column sums of dres and of dx as stored (bf16:
+// after its rounding), accumulated onto prior contents — against float64 sums of those very tensors read
+// back; the same dx, dgamma, dbeta as the call without sums; bit-identical reruns. Vector path (in the
+// norm kernel) and scalar path (the column-sum kernel after it) alike.
+TEST(CudaAddNorm, ResidualBiasSumsAreColumnSumsOfDresAndDx) {
+  MCPP_REQUIRE_CUDA();
+  for (const Case& c : kCases) {
+    for (DType dt : float_dtypes()) {
+      for (int kind : {kLayerNormBeta, kRmsNorm}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << c.n << " h=" << c.h << " kind=" << kind);
+        const int64_t n = c.n, h = c.h;
+        const bool rms = kind == kRmsNorm;
+        const Tensor x = rnd({n, h}, 15, dt, -2, 3), g = rnd({h}, 16), dy = rnd({n, h}, 17, dt), dres = rnd({n, h}, 18, dt);
+        Tensor y = Tensor::empty({n, h}), mean = Tensor::empty({n}), rstd = Tensor::empty({n});
+        if (rms) ops::cpu::rmsnorm_fwd(y, rstd, x, g, 1e-6f, {});
+        else ops::cpu::layernorm_fwd(y, mean, rstd, x, g, nullptr, 1e-5f, {});
+        const Tensor xd = dev(x, dt), gd = dev(g), dyd = dev(dy, dt), dresd = dev(dres, dt);
+        const Tensor meand = dev(mean), rstdd = dev(rstd);
+        const Tensor prior_r = rnd({h}, 19), prior_d = rnd({h}, 20);
+        struct Out {
+          Tensor dx, dg, db, sr, sd;
+        };
+        auto run = [&](bool sums) {
+          Out o{poisoned({n, h}, dt), Tensor::zeros({h}, DType::F32, Device::CUDA),
+                Tensor::zeros({h}, DType::F32, Device::CUDA), dev(prior_r), dev(prior_d)};
+          Tensor* sr = sums ? &o.sr : nullptr;
+          Tensor* sd = sums ? &o.sd : nullptr;
+          if (rms) ops::add_rmsnorm_bwd(o.dx, o.dg, dyd, dresd, xd, gd, rstdd, sr, sd);
+          else ops::add_layernorm_bwd(o.dx, o.dg, &o.db, dyd, dresd, xd, gd, meand, rstdd, sr, sd);
+          return o;
+        };
+        const Out a = run(true), b = run(true), plain = run(false);
+        EXPECT_TRUE(same_bits(a.dx, plain.dx)) << "dx with sums vs without";
+        EXPECT_REL(host(a.dg), host(plain.dg), 1e-5);
+        if (!rms) EXPECT_REL(host(a.db), host(plain.db), 1e-5);
+        EXPECT_TRUE(same_bits(a.sr, b.sr)) << "dres sum differs between identical runs";
+        EXPECT_TRUE(same_bits(a.sd, b.sd)) << "dx sum differs between identical runs";
+        const Tensor dxh = host(a.dx), dresh = host(dresd), srh = host(a.sr), sdh = host(a.sd);
+        double worst = 0;
+        for (int64_t j = 0; j < h; ++j) {  // float64 sums of the tensors as stored
+          double r = prior_r.data<float>()[j], d = prior_d.data<float>()[j];
+          for (int64_t i = 0; i < n; ++i) r += dresh.data<float>()[i * h + j], d += dxh.data<float>()[i * h + j];
+          worst = std::max({worst, std::abs(srh.data<float>()[j] - r) / (1 + std::abs(r)),
+                            std::abs(sdh.data<float>()[j] - d) / (1 + std::abs(d))});
+        }
+        EXPECT_LT(worst, 1e-5);
+      }
+    }
+  }
+}
+
 TEST(CudaAddNorm, BadOperandsNameTheField) {
   MCPP_REQUIRE_CUDA();
   const int64_t n = 4, h = 16;
@@ -145,9 +200,9 @@ TEST(CudaAddNorm, BadOperandsNameTheField) {
   }
   ops::add_layernorm_fwd(sum, y, mean, rstd, a, b, g, nullptr, 1e-5f);
   Tensor dx = Tensor::empty({n, h}, DType::F32, Device::CUDA), dg = Tensor::zeros({h}, DType::F32, Device::CUDA);
-  EXPECT_THROW(ops::add_layernorm_bwd(dx, dg, nullptr, a, bad, sum, g, mean, rstd), Error);
+  EXPECT_THROW(ops::add_layernorm_bwd(dx, dg, nullptr, a, bad, sum, g, mean, rstd, nullptr, nullptr), Error);
   try {
-    ops::add_rmsnorm_bwd(dx, dg, a, dx, sum, g, rstd);
+    ops::add_rmsnorm_bwd(dx, dg, a, dx, sum, g, rstd, nullptr, nullptr);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dres must not alias dx"), std::string::npos) << e.what();

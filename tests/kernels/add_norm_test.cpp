@@ -5,6 +5,7 @@
 // every CPU op); bf16 is covered by tests/cuda/add_norm_test.cpp. Also: bad operands raise errors naming them.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -77,10 +78,10 @@ TEST(AddNormCpu, BackwardEqualsNormBackwardThenAddBitwise) {
       Tensor dx_ref = Tensor::empty({c.n, c.h}), dx = Tensor::empty({c.n, c.h});
       if (kind == 2) {
         cpu::rmsnorm_bwd(dx_ref, dg_ref, dy, x, g, rstd, {});
-        cpu::add_rmsnorm_bwd(dx, dg, dy, dres, x, g, rstd, {});
+        cpu::add_rmsnorm_bwd(dx, dg, dy, dres, x, g, rstd, nullptr, nullptr, {});
       } else {
         cpu::layernorm_bwd(dx_ref, dg_ref, kind == 0 ? &db_ref : nullptr, dy, x, g, mean, rstd, {});
-        cpu::add_layernorm_bwd(dx, dg, kind == 0 ? &db : nullptr, dy, dres, x, g, mean, rstd, {});
+        cpu::add_layernorm_bwd(dx, dg, kind == 0 ? &db : nullptr, dy, dres, x, g, mean, rstd, nullptr, nullptr, {});
       }
       cpu::add_inplace(dx_ref, dres, {});
       EXPECT_TRUE(bitwise_equal(dx, dx_ref));
@@ -94,6 +95,49 @@ TEST(AddNormCpu, BackwardEqualsNormBackwardThenAddBitwise) {
       else cpu::layernorm_bwd(plain, dg2, nullptr, dy, x, g, mean, rstd, {});
       for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_NEAR(p[i] - r[i], plain.data<float>()[i], 1e-5) << i;
     }
+  }
+}
+
+// The residual bias sums (dres_sum_acc / dx_sum_acc): accumulate the column sums of dres and of the fused
+// dx — bitwise linear_bwd's bias grad over those tensors, and within fp32 rounding of a float64 sum.
+TEST(AddNormCpu, ResidualBiasSumsAreLinearBwdsColumnSums) {
+  for (const Case c : {Case{3, 5}, Case{130, 768}}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      SCOPED_TRACE(::testing::Message() << "n=" << c.n << " h=" << c.h << " kind=" << kind);
+      const Tensor x = random_tensor({c.n, c.h}, 31, nullptr, -2.0, 3.0), g = random_tensor({c.h}, 32, nullptr, 0.5, 1.5);
+      const Tensor dy = random_tensor({c.n, c.h}, 33), dres = random_tensor({c.n, c.h}, 34);
+      Tensor y = Tensor::empty({c.n, c.h}), mean = Tensor::empty({c.n}), rstd = Tensor::empty({c.n});
+      if (kind == 2) cpu::rmsnorm_fwd(y, rstd, x, g, 1e-6f, {});
+      else cpu::layernorm_fwd(y, mean, rstd, x, g, nullptr, 1e-5f, {});
+      Tensor dg = Tensor::zeros({c.h}), db = Tensor::zeros({c.h}), dx = Tensor::empty({c.n, c.h});
+      const Tensor prior_r = random_tensor({c.h}, 35), prior_d = random_tensor({c.h}, 36);
+      Tensor sum_r = prior_r.clone(), sum_d = prior_d.clone();  // must accumulate onto these
+      if (kind == 2) cpu::add_rmsnorm_bwd(dx, dg, dy, dres, x, g, rstd, &sum_r, &sum_d, {});
+      else cpu::add_layernorm_bwd(dx, dg, kind == 0 ? &db : nullptr, dy, dres, x, g, mean, rstd, &sum_r, &sum_d, {});
+      // linear_bwd's bias grad over the same tensors (a linear with in = 1: only db is looked at)
+      Tensor ones = Tensor::zeros({c.n, 1}), w = Tensor::zeros({c.h, 1}), dw = Tensor::zeros({c.h, 1});
+      Tensor lin_r = prior_r.clone(), lin_d = prior_d.clone();
+      cpu::linear_bwd(nullptr, dw, &lin_r, dres, ones, w, {});
+      cpu::linear_bwd(nullptr, dw, &lin_d, dx, ones, w, {});
+      EXPECT_TRUE(bitwise_equal(sum_r, lin_r));
+      EXPECT_TRUE(bitwise_equal(sum_d, lin_d));
+      for (int64_t j = 0; j < c.h; ++j) {  // float64 oracle
+        double r = prior_r.data<float>()[j], d = prior_d.data<float>()[j];
+        for (int64_t i = 0; i < c.n; ++i) r += dres.data<float>()[i * c.h + j], d += dx.data<float>()[i * c.h + j];
+        ASSERT_NEAR(sum_r.data<float>()[j], r, 1e-5 * (1 + std::abs(r))) << j;
+        ASSERT_NEAR(sum_d.data<float>()[j], d, 1e-5 * (1 + std::abs(d))) << j;
+      }
+    }
+  }
+  // a sum accumulator of the wrong size is named
+  Tensor x = random_tensor({2, 8}, 1), g = random_tensor({8}, 2), m = Tensor::empty({2}), r = Tensor::empty({2});
+  Tensor y = Tensor::empty({2, 8}), dx = Tensor::empty({2, 8}), dg = Tensor::zeros({8}), bad = Tensor::zeros({7});
+  cpu::layernorm_fwd(y, m, r, x, g, nullptr, 1e-5f, {});
+  try {
+    cpu::add_layernorm_bwd(dx, dg, nullptr, x, y, x, g, m, r, nullptr, &bad, {});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dx_sum_acc"), std::string::npos) << e.what();
   }
 }
 
@@ -119,10 +163,10 @@ TEST(AddNormCpu, BadOperandsNameTheField) {
             std::string::npos);
   cpu::layernorm_fwd(y, mean, rstd, a, g, nullptr, 1e-5f, {});
   Tensor dx = Tensor::empty({n, h}), dg = Tensor::zeros({h});
-  EXPECT_NE(error_of([&] { cpu::add_layernorm_bwd(dx, dg, nullptr, b, b_bad, a, g, mean, rstd, {}); })
+  EXPECT_NE(error_of([&] { cpu::add_layernorm_bwd(dx, dg, nullptr, b, b_bad, a, g, mean, rstd, nullptr, nullptr, {}); })
                 .find("add_layernorm_bwd: dres must have the shape of x"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { cpu::add_rmsnorm_bwd(dx, dg, b, dx, a, g, rstd, {}); }).find("dres must not alias dx"),
+  EXPECT_NE(error_of([&] { cpu::add_rmsnorm_bwd(dx, dg, b, dx, a, g, rstd, nullptr, nullptr, {}); }).find("dres must not alias dx"),
             std::string::npos);
 }
 

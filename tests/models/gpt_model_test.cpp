@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mcpp/core/npy.h"
+#include "mcpp/tensor_parallel/random.h"
 #include "models/gpt_test_util.h"
 
 namespace mcpp {
@@ -132,6 +135,52 @@ TEST(GPTModel, GradReadyOncePerParameterPerBackward) {
           << style << " " << p->spec.key << " changed after it reported ready";
     }
     EXPECT_EQ(order.front(), c.untie_embeddings_and_output_weights ? "output_layer.weight" : "decoder.final_layernorm.weight");
+  }
+}
+
+// Without hidden dropout, linear_fc2's and linear_proj's bias grads are summed inside pre_mlp_layernorm's
+// fused backward (ResidualBiasGrads), so they report ready right after that norm's own parameters; with
+// dropout (the gradient reaching the linear is then masked) they stay in the linears' backward. Both give
+// the same gradients when the dropout draws nothing (p = 0 is "no dropout", so p tiny: masks almost
+// surely all-ones at this size, and the comparison is to tolerance).
+TEST(GPTModel, ResidualBiasGradsRideInPreMlpLayernormWithoutDropout) {
+  std::map<std::string, Tensor> grads[2];
+  for (int with_dropout = 0; with_dropout < 2; ++with_dropout) {
+    TransformerConfig c = testing::tiny_config("gpt2");
+    c.hidden_dropout = with_dropout ? 1e-9f : 0.0f;
+    GPTModel model(c, 5, testing::single_tp());
+    std::vector<std::string> order;
+    model.params().set_grad_ready_hook([&](Parameter& p) { order.push_back(p.spec.key); });
+    testing::Batch batch = testing::fixed_batch(12, 2, c.vocab_size);
+    GPTModelCtx ctx;
+    tensor_parallel::RngTracker rng(1234, 0, 0);
+    model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = true, .rng = &rng});
+    model.backward(ctx, 1.0f);
+    auto at = [&](const std::string& key) {
+      auto it = std::find(order.begin(), order.end(), key);
+      EXPECT_NE(it, order.end()) << key;
+      return it - order.begin();
+    };
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = fmt::format("decoder.layers.{}.", l);
+      const auto norm_bias = at(p + "pre_mlp_layernorm.bias");
+      if (!with_dropout) {
+        EXPECT_EQ(at(p + "mlp.linear_fc2.bias"), norm_bias + 1) << l;
+        EXPECT_EQ(at(p + "self_attention.linear_proj.bias"), norm_bias + 2) << l;
+      } else {
+        EXPECT_EQ(at(p + "mlp.linear_fc2.bias"), at(p + "mlp.linear_fc2.weight") + 1) << l;
+        EXPECT_EQ(at(p + "self_attention.linear_proj.bias"), at(p + "self_attention.linear_proj.weight") + 1) << l;
+      }
+    }
+    for (const auto& p : model.params().params()) grads[with_dropout][p->spec.key] = p->main_grad.clone();
+  }
+  for (const auto& [key, g] : grads[0]) {
+    const Tensor& h = grads[1][key];
+    double worst = 0;
+    for (int64_t i = 0; i < g.numel(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(g.data<float>()[i]) - h.data<float>()[i]) /
+                                  (1e-3 + std::abs(static_cast<double>(h.data<float>()[i]))));
+    EXPECT_LT(worst, 1e-4) << key;
   }
 }
 }  // namespace

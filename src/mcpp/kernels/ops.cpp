@@ -92,14 +92,16 @@ void add_rmsnorm_fwd(Tensor& sum, Tensor& y, Tensor& rstd, const Tensor& a, cons
   MCPP_DISPATCH(add_rmsnorm_fwd, ({&sum, &y, &rstd, &a, &b, &gamma}), sum, y, rstd, a, b, gamma, eps, s);
 }
 void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& dres,
-                       const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Stream s) {
-  MCPP_DISPATCH(add_layernorm_bwd, ({&dx, &dgamma_acc, dbeta_acc, &dy, &dres, &x, &gamma, &mean, &rstd}), dx,
-                dgamma_acc, dbeta_acc, dy, dres, x, gamma, mean, rstd, s);
+                       const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                       Tensor* dres_sum_acc, Tensor* dx_sum_acc, Stream s) {
+  MCPP_DISPATCH(add_layernorm_bwd,
+                ({&dx, &dgamma_acc, dbeta_acc, &dy, &dres, &x, &gamma, &mean, &rstd, dres_sum_acc, dx_sum_acc}), dx,
+                dgamma_acc, dbeta_acc, dy, dres, x, gamma, mean, rstd, dres_sum_acc, dx_sum_acc, s);
 }
 void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& dres, const Tensor& x,
-                     const Tensor& gamma, const Tensor& rstd, Stream s) {
-  MCPP_DISPATCH(add_rmsnorm_bwd, ({&dx, &dgamma_acc, &dy, &dres, &x, &gamma, &rstd}), dx, dgamma_acc, dy, dres, x,
-                gamma, rstd, s);
+                     const Tensor& gamma, const Tensor& rstd, Tensor* dres_sum_acc, Tensor* dx_sum_acc, Stream s) {
+  MCPP_DISPATCH(add_rmsnorm_bwd, ({&dx, &dgamma_acc, &dy, &dres, &x, &gamma, &rstd, dres_sum_acc, dx_sum_acc}), dx,
+                dgamma_acc, dy, dres, x, gamma, rstd, dres_sum_acc, dx_sum_acc, s);
 }
 void gelu_fwd(Tensor& y, const Tensor& x, Stream s) { MCPP_DISPATCH(gelu_fwd, ({&y, &x}), y, x, s); }
 void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, Stream s) {

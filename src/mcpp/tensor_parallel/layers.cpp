@@ -113,24 +113,29 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
   return out;
 }
 
-Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
+Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, bool bias_grad_elsewhere) const {
+  MCPP_CHECK(!bias_grad_elsewhere || residual_bias(), "RowParallelLinear: no bias grad to take elsewhere");
   Tensor dy_full = opt_.sequence_parallel ? all_gather_sp(*tp_, dy) : dy;  // [s, b, out]
   Tensor dy2 = rows(dy_full, opt_.output_size);
   Tensor dx = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
-  ops::linear_bwd(&dx, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  Parameter* bias = bias_grad_elsewhere ? nullptr : bias_;
+  ops::linear_bwd(&dx, weight_->main_grad, bias ? &bias->main_grad : nullptr, dy2, ctx.x, weight_->data);
   weight_->grad_ready();
-  if (bias_) bias_->grad_ready();
+  if (bias) bias->grad_ready();
   return dx.view(with_last(dy_full.shape(), in_local_));
 }
 
-Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act) const {
+Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act,
+                                         bool bias_grad_elsewhere) const {
+  MCPP_CHECK(!bias_grad_elsewhere || residual_bias(), "RowParallelLinear: no bias grad to take elsewhere");
   Tensor dy_full = opt_.sequence_parallel ? all_gather_sp(*tp_, dy) : dy;  // [s, b, out]
   Tensor dy2 = rows(dy_full, opt_.output_size);
   Tensor dpre = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
   ops::linear_dgelu_bwd(dpre, nullptr, dy2, weight_->data, pre_act);
-  ops::linear_bwd(nullptr, weight_->main_grad, bias_ ? &bias_->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  Parameter* bias = bias_grad_elsewhere ? nullptr : bias_;
+  ops::linear_bwd(nullptr, weight_->main_grad, bias ? &bias->main_grad : nullptr, dy2, ctx.x, weight_->data);
   weight_->grad_ready();
-  if (bias_) bias_->grad_ready();
+  if (bias) bias->grad_ready();
   return dpre.view(with_last(dy_full.shape(), in_local_));  // [s, b, in/tp]
 }
 

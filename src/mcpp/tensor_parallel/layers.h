@@ -72,9 +72,16 @@ class RowParallelLinear {
   RowParallelLinear(ParamAndGradBuffer& params, const std::string& prefix, const ParallelLinearOptions& opt,
                     comm::CommPtr tp);
   Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;   // x [s, b, in/tp]
-  Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy) const;  // -> dx [s, b, in/tp]
+  // -> dx [s, b, in/tp]. bias_grad_elsewhere: the caller has taken (or takes) the bias grad and its
+  // grad_ready from the residual stream (residual_bias()); only dx and the weight grad here.
+  Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy, bool bias_grad_elsewhere = false) const;
   // backward() with the input's GELU folded in: -> dpre [s, b, in/tp] = dx * gelu'(pre_act [s*b, in/tp]).
-  Tensor backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act) const;
+  Tensor backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act,
+                        bool bias_grad_elsewhere = false) const;
+  // The bias whose grad (the column sums of dy) a caller may take where dy is already read or written (a
+  // fused add + norm backward): set when there is a bias and dy is this rank's whole [s, b, out] gradient
+  // (no sequence parallelism: with it the grad sums the all-gathered dy).
+  Parameter* residual_bias() const { return opt_.sequence_parallel ? nullptr : bias_; }
 
  private:
   comm::CommPtr tp_;

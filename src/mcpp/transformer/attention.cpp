@@ -67,8 +67,9 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
   return linear_proj_.forward(ctx.proj, context.view({s, b, np_ * hn_}));  // [s, b, h]
 }
 
-Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope) const {
-  Tensor dcontext = linear_proj_.backward(ctx.proj, dy);  // [s, b, np/tp*hn]
+Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,
+                               bool output_bias_grad_elsewhere) const {
+  Tensor dcontext = linear_proj_.backward(ctx.proj, dy, output_bias_grad_elsewhere);  // [s, b, np/tp*hn]
   const int64_t s = dcontext.size(0), b = dcontext.size(1);
   dcontext = dcontext.view({s, b, np_, hn_});
   if (packed(rope)) {

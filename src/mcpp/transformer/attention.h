@@ -40,7 +40,10 @@ class SelfAttention {
                 const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
   // rope: tables for the current sequence length (nullptr for learned/none positions).
   Tensor forward(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
-  Tensor backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope) const;
+  // output_bias_grad_elsewhere: linear_proj's bias grad is taken from the residual stream (output_bias()).
+  Tensor backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,
+                  bool output_bias_grad_elsewhere = false) const;
+  Parameter* output_bias() const { return linear_proj_.residual_bias(); }  // RowParallelLinear::residual_bias
 
  private:
   // The core attention reads the fused linear_qkv output (no split / merge): no RoPE and a packed core.

@@ -39,12 +39,12 @@ Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
   return linear_fc2_.forward(ctx.fc2, act.view({h1.size(0), h1.size(1), ffn_}));  // [s(/tp), b, h]
 }
 
-Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy) const {
+Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewhere) const {
   if (!swiglu_) {  // GELU: gelu' rides in fc2's dgrad GEMM (linear_dgelu_bwd); fc1's bias grad in fc1's wgrad
-    Tensor dpre = linear_fc2_.backward_dgelu(ctx.fc2, dy, ctx.pre_act);  // [s, b, f/tp]
+    Tensor dpre = linear_fc2_.backward_dgelu(ctx.fc2, dy, ctx.pre_act, output_bias_grad_elsewhere);  // [s, b, f/tp]
     return linear_fc1_.backward(ctx.fc1, dpre);                           // [s(/tp), b, h]
   }
-  Tensor dact3 = linear_fc2_.backward(ctx.fc2, dy);  // [s, b, f/tp]
+  Tensor dact3 = linear_fc2_.backward(ctx.fc2, dy, output_bias_grad_elsewhere);  // [s, b, f/tp]
   Tensor dact = dact3.view({-1, ffn_});
   Tensor dpre = Tensor::empty(ctx.pre_act.shape(), dact.dtype(), dy.device());
   if (swiglu_) ops::swiglu_bwd(dpre, dact, ctx.pre_act);

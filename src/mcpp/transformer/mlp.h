@@ -28,7 +28,9 @@ class MLP {
   MLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
       const tensor_parallel::TPContext& tp);
   Tensor forward(MLPCtx& ctx, const Tensor& x) const;
-  Tensor backward(MLPCtx& ctx, const Tensor& dy) const;
+  // output_bias_grad_elsewhere: fc2's bias grad is taken from the residual stream (output_bias()).
+  Tensor backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewhere = false) const;
+  Parameter* output_bias() const { return linear_fc2_.residual_bias(); }  // RowParallelLinear::residual_bias
 
  private:
   bool swiglu_;

@@ -1,5 +1,6 @@
 #include "mcpp/transformer/norms.h"
 
+#include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -46,24 +47,29 @@ Tensor Norm::forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tenso
   return y;
 }
 
-Tensor Norm::backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres) const {
+Tensor Norm::backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres, const ResidualBiasGrads& rb) const {
+  MCPP_CHECK(dres || (!rb.dres_bias && !rb.dx_bias), "Norm::backward: residual bias grads need dres");
   Tensor dx = Tensor::empty(ctx.x.shape(), dy.dtype(), dy.device());  // [n, h]
   Tensor dy2 = dy.view({-1, hidden_});
   Tensor dres2 = dres ? dres->view({-1, hidden_}) : Tensor();
+  Tensor* dres_sum = rb.dres_bias ? &rb.dres_bias->main_grad : nullptr;
+  Tensor* dx_sum = rb.dx_bias ? &rb.dx_bias->main_grad : nullptr;
   if (kind_ == Normalization::LayerNorm) {
     if (dres)
       ops::add_layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, dres2, ctx.x, weight_->data, ctx.mean,
-                             ctx.rstd);
+                             ctx.rstd, dres_sum, dx_sum);
     else
       ops::layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, ctx.x, weight_->data, ctx.mean, ctx.rstd);
   } else {
     if (dres)
-      ops::add_rmsnorm_bwd(dx, weight_->main_grad, dy2, dres2, ctx.x, weight_->data, ctx.rstd);
+      ops::add_rmsnorm_bwd(dx, weight_->main_grad, dy2, dres2, ctx.x, weight_->data, ctx.rstd, dres_sum, dx_sum);
     else
       ops::rmsnorm_bwd(dx, weight_->main_grad, dy2, ctx.x, weight_->data, ctx.rstd);
   }
   weight_->grad_ready();
   if (bias_) bias_->grad_ready();
+  if (rb.dres_bias) rb.dres_bias->grad_ready();
+  if (rb.dx_bias) rb.dx_bias->grad_ready();
   return dx.view(dy.shape());
 }
 

@@ -21,6 +21,14 @@ struct NormCtx {
   Tensor rstd;  // [n]
 };
 
+// Bias parameters whose grads a fused backward (with dres) takes from the residual stream: dres_bias +=
+// the column sums of dres, dx_bias += the column sums of dx (ops::add_layernorm_bwd's residual sums); each
+// then reports grad_ready from Norm::backward. For the linears whose outputs meet at this residual add.
+struct ResidualBiasGrads {
+  Parameter* dres_bias = nullptr;
+  Parameter* dx_bias = nullptr;
+};
+
 class Norm {
  public:
   Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps,
@@ -28,8 +36,8 @@ class Norm {
   Tensor forward(NormCtx& ctx, const Tensor& x) const;  // x [..., h] -> [..., h]
   // sum = a + b (a, b [..., h] of one shape; sum gets a's shape, dtype and device), returns norm(sum).
   Tensor forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b) const;
-  // dx = d(norm)/dx (dy) (+ dres [..., h] when non-null).
-  Tensor backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres = nullptr) const;
+  // dx = d(norm)/dx (dy) (+ dres [..., h] when non-null; then also the residual bias grads rb).
+  Tensor backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres = nullptr, const ResidualBiasGrads& rb = {}) const;
 
  private:
   Parameter* weight_ = nullptr;

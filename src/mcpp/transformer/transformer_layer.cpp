@@ -62,7 +62,13 @@ Tensor TransformerLayer::backward(TransformerLayerCtx& ctx, const Tensor& dy, co
     dmlp = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     ops::dropout_bwd(dmlp, dy, hidden_dropout_, ctx.mlp_dropout_key);
   }
-  Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, mlp_.backward(ctx.mlp, dmlp), &dy);  // + dy fused
+  // Without dropout the gradients reaching fc2's and linear_proj's outputs are dy and dx1 themselves, which
+  // pre_mlp_layernorm's fused backward reads (dres) and writes: their bias grads (the column sums) ride in
+  // it (ResidualBiasGrads), not in the linears' backward.
+  const ResidualBiasGrads rb =
+      ctx.dropout ? ResidualBiasGrads{} : ResidualBiasGrads{mlp_.output_bias(), self_attention_.output_bias()};
+  Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, mlp_.backward(ctx.mlp, dmlp, rb.dres_bias != nullptr),
+                                           &dy, rb);  // + dy fused
   // Attention branch: dx = dx1 + d(input_layernorm)(attn^T(dropout^T(dx1)))
   Tensor dattn = dx1;
   if (ctx.dropout) {
@@ -70,7 +76,8 @@ Tensor TransformerLayer::backward(TransformerLayerCtx& ctx, const Tensor& dy, co
     ops::dropout_bwd(dattn, dx1, hidden_dropout_, ctx.attn_dropout_key);
   }
   Tensor dx =  // + dx1 fused into the norm's backward
-      input_layernorm_.backward(ctx.input_layernorm, self_attention_.backward(ctx.self_attention, dattn, rope), &dx1);
+      input_layernorm_.backward(ctx.input_layernorm,
+                                self_attention_.backward(ctx.self_attention, dattn, rope, rb.dx_bias != nullptr), &dx1);
   return dx;
 }
 

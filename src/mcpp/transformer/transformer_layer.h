@@ -8,7 +8,10 @@
 // input_layernorm — or the block's final_layernorm — adds it in its kernel (the block materializes the
 // sum only where a plain tensor leaves it: its output without a final norm, a recomputed group's kept
 // input). The sums are bitwise those of a separate add. In backward both residual gradient adds run
-// inside the norms' backward (Norm::backward with dres), as Apex's fused add + norm.
+// inside the norms' backward (Norm::backward with dres), as Apex's fused add + norm. Without hidden
+// dropout, pre_mlp_layernorm's backward also sums the bias grads of linear_fc2 (over dres = dy) and
+// linear_proj (over its dx = dx1), the column sums linear_bwd would otherwise take in a separate pass
+// (not with sequence parallelism: RowParallelLinear::residual_bias).
 // Backward returns dx; parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 // Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):

@@ -31,4 +31,8 @@ inline int64_t last_dim(const char* op, const char* arg, const Tensor& t) {
   return t.size(-1);
 }
 
+// db[out] += the column sums of dy2 [n, out] (fp32), summed in double per column over all rows in order
+// (gemm.cpp: linear_bwd's bias grad; also the norms' residual bias sums).
+void column_sum_acc(Tensor& db, const Tensor& dy2);
+
 }  // namespace mcpp::ops::cpu::detail

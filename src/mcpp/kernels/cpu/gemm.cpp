@@ -46,10 +46,9 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, S
               c.data<float>(), static_cast<blasint>(n));
 }
 
-namespace {
 // db[out] += sum over rows of dy[n, out]: column sums in double, each column over all rows in order (the
-// result does not depend on the thread count).
-void column_sum_acc(Tensor& db, const Tensor& dy2) {
+// result does not depend on the thread count). Declared in checks.h (the norms' residual bias sums use it).
+void detail::column_sum_acc(Tensor& db, const Tensor& dy2) {
   const int64_t n = dy2.size(0), out = dy2.size(1);
   const float* pdy = dy2.data<float>();
   float* pdb = db.data<float>();
@@ -66,6 +65,8 @@ void column_sum_acc(Tensor& db, const Tensor& dy2) {
     for (int64_t c = c0; c < c1; ++c) pdb[c] += static_cast<float>(acc[static_cast<size_t>(c - c0)]);
   }
 }
+
+namespace {
 
 struct LinearDims {
   int64_t n, in, out;
@@ -124,7 +125,7 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
   if (db_acc) {
     require_cpu_f32("linear_bwd", "db_acc", *db_acc);
     detail::require_numel("linear_bwd", "db_acc", *db_acc, d.out, "out = w.size(0)");
-    column_sum_acc(*db_acc, dy2);
+    detail::column_sum_acc(*db_acc, dy2);
   }
 }
 
@@ -155,7 +156,7 @@ void linear_dgelu_bwd(Tensor& dpre, Tensor* db_acc, const Tensor& dy, const Tens
   if (db_acc) {
     require_cpu_f32("linear_dgelu_bwd", "db_acc", *db_acc);
     detail::require_numel("linear_dgelu_bwd", "db_acc", *db_acc, d.in, "in = w.size(1)");
-    column_sum_acc(*db_acc, dpre2);
+    detail::column_sum_acc(*db_acc, dpre2);
   }
 }
 

@@ -10,7 +10,8 @@
 //   rmsnorm_bwd:   xhat = x * rstd, g = dy * gamma; dx = rstd * (g - xhat * mean_h(g * xhat));
 //                  dgamma_acc[h] += sum_n dy * xhat                                (ACCUMULATE)
 //   add_layernorm_fwd / add_rmsnorm_fwd: add(sum, a, b), then the norm of sum (exactly that composition)
-//   add_layernorm_bwd / add_rmsnorm_bwd: the norm's bwd into dx, then add_inplace(dx, dres)
+//   add_layernorm_bwd / add_rmsnorm_bwd: the norm's bwd into dx, then add_inplace(dx, dres); the optional
+//                  residual bias sums are linear_bwd's column sums of dres and of that dx
 // x/y/dy/dx: [.., h] (n = product of leading dims); gamma/beta: h elements; mean/rstd: float32, n elements.
 // Parallel over rows for y/dx; parameter grads are parallel over hidden-dim blocks, each column summed
 // over rows in order in double, so results do not depend on the thread count.
@@ -218,20 +219,41 @@ void require_dres(const char* op, const Tensor& dres, const Tensor& dx, const Te
   require_like_x(op, "dres", dres, x);
   MCPP_CHECK(dres.raw() != dx.raw(), "{}: dres must not alias dx (dx is written before dres is added)", op);
 }
+void require_sum_acc(const char* op, const char* arg, const Tensor* acc, int64_t h) {
+  if (!acc) return;
+  require_cpu_f32(op, arg, *acc);
+  detail::require_numel(op, arg, *acc, h, "hidden = x.size(-1)");
+}
+// The residual bias sums (linear_bwd's column sums of dres and of the final dx).
+void residual_sums(const Tensor& dx, const Tensor& dres, Tensor* dres_sum_acc, Tensor* dx_sum_acc) {
+  const int64_t h = dx.size(-1);
+  if (dres_sum_acc) detail::column_sum_acc(*dres_sum_acc, dres.view({-1, h}));
+  if (dx_sum_acc) detail::column_sum_acc(*dx_sum_acc, dx.view({-1, h}));
+}
 }  // namespace
 
 void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& dres,
-                       const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Stream stream) {
-  require_dres("add_layernorm_bwd", dres, dx, x);
+                       const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                       Tensor* dres_sum_acc, Tensor* dx_sum_acc, Stream stream) {
+  const char* op = "add_layernorm_bwd";
+  require_dres(op, dres, dx, x);
+  require_sum_acc(op, "dres_sum_acc", dres_sum_acc, gamma.numel());
+  require_sum_acc(op, "dx_sum_acc", dx_sum_acc, gamma.numel());
   layernorm_bwd(dx, dgamma_acc, dbeta_acc, dy, x, gamma, mean, rstd, stream);
   add_inplace(dx, dres, stream);
+  residual_sums(dx, dres, dres_sum_acc, dx_sum_acc);
 }
 
 void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& dres, const Tensor& x,
-                     const Tensor& gamma, const Tensor& rstd, Stream stream) {
-  require_dres("add_rmsnorm_bwd", dres, dx, x);
+                     const Tensor& gamma, const Tensor& rstd, Tensor* dres_sum_acc, Tensor* dx_sum_acc,
+                     Stream stream) {
+  const char* op = "add_rmsnorm_bwd";
+  require_dres(op, dres, dx, x);
+  require_sum_acc(op, "dres_sum_acc", dres_sum_acc, gamma.numel());
+  require_sum_acc(op, "dx_sum_acc", dx_sum_acc, gamma.numel());
   rmsnorm_bwd(dx, dgamma_acc, dy, x, gamma, rstd, stream);
   add_inplace(dx, dres, stream);
+  residual_sums(dx, dres, dres_sum_acc, dx_sum_acc);
 }
 
 }  // namespace mcpp::ops::cpu

@@ -44,6 +44,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -271,6 +272,37 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The median over kTimedRounds cudaEvent-timed launches of each launcher i with ok[i] (NaN for the others);
+// the rounds interleave the launchers, so clock drift hits all alike. The events live in sc.
+std::vector<double> timed_medians(TuneScratch& sc, const std::vector<char>& ok, const std::function<void(int)>& launch_i,
+                                  cudaStream_t s) {
+  const int count = static_cast<int>(ok.size());
+  sc.events.resize(static_cast<size_t>(2 * kTimedRounds * count));
+  for (cudaEvent_t& ev : sc.events) MCPP_CUDA_CHECK(cudaEventCreate(&ev));
+  for (int r = 0; r < kTimedRounds; ++r)
+    for (int i = 0; i < count; ++i) {
+      if (!ok[i]) continue;
+      cudaEvent_t* ev = &sc.events[static_cast<size_t>(2 * (r * count + i))];
+      MCPP_CUDA_CHECK(cudaEventRecord(ev[0], s));
+      launch_i(i);
+      MCPP_CUDA_CHECK(cudaEventRecord(ev[1], s));
+    }
+  MCPP_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> out(static_cast<size_t>(count), NAN);
+  for (int i = 0; i < count; ++i) {
+    if (!ok[i]) continue;
+    std::vector<double> ms(kTimedRounds);
+    for (int r = 0; r < kTimedRounds; ++r) {
+      float t = 0.0f;
+      const cudaEvent_t* ev = &sc.events[static_cast<size_t>(2 * (r * count + i))];
+      MCPP_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
+      ms[static_cast<size_t>(r)] = t;
+    }
+    out[static_cast<size_t>(i)] = median(ms);
+  }
+  return out;
+}
+
 // Times the plan's candidates on this call's operands (see the header: outputs into scratch, C only read)
 // and returns the index to use: the fastest when it beats #0 by kMinSpeedup, else 0; p.tuned_ms = its
 // time. Appends a record unless record == false.
@@ -315,30 +347,10 @@ int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Oper
   for (int i = 0; i < count; ++i)  // warm-up; a refused candidate launches nothing
     ok[i] = launch(st, p, p.algos[i], xs, d, s) == CUBLAS_STATUS_SUCCESS;
   if (!ok[0]) return done(0, "cuBLASLt refused candidate 0");
-  sc.events.resize(2 * kTimedRounds * count);
-  for (cudaEvent_t& ev : sc.events) MCPP_CUDA_CHECK(cudaEventCreate(&ev));
-  for (int r = 0; r < kTimedRounds; ++r)  // rounds interleave the candidates: clock drift hits all alike
-    for (int i = 0; i < count; ++i) {
-      if (!ok[i]) continue;
-      cudaEvent_t* ev = &sc.events[2 * (r * count + i)];
-      MCPP_CUDA_CHECK(cudaEventRecord(ev[0], s));
-      MCPP_CUBLAS_CHECK(launch(st, p, p.algos[i], xs, d, s));
-      MCPP_CUDA_CHECK(cudaEventRecord(ev[1], s));
-    }
-  MCPP_CUDA_CHECK(cudaStreamSynchronize(s));
-  rec.candidate_ms.assign(count, NAN);
+  rec.candidate_ms = timed_medians(sc, ok, [&](int i) { MCPP_CUBLAS_CHECK(launch(st, p, p.algos[i], xs, d, s)); }, s);
   int best = 0;
-  for (int i = 0; i < count; ++i) {
-    if (!ok[i]) continue;
-    std::vector<double> ms(kTimedRounds);
-    for (int r = 0; r < kTimedRounds; ++r) {
-      float t = 0.0f;
-      MCPP_CUDA_CHECK(cudaEventElapsedTime(&t, sc.events[2 * (r * count + i)], sc.events[2 * (r * count + i) + 1]));
-      ms[r] = t;
-    }
-    rec.candidate_ms[i] = median(ms);
-    if (rec.candidate_ms[i] < rec.candidate_ms[best]) best = i;
-  }
+  for (int i = 0; i < count; ++i)
+    if (ok[i] && rec.candidate_ms[i] < rec.candidate_ms[best]) best = i;
   return done(rec.candidate_ms[0] >= kMinSpeedup * rec.candidate_ms[best] ? best : 0, "");
 }
 
@@ -456,21 +468,7 @@ double time_column_sum(FIn dy, int64_t n, int64_t out, cudaStream_t s) {
   float* db = static_cast<float*>(sc.mem);
   float* partial = reinterpret_cast<float*>(static_cast<char*>(sc.mem) + db_bytes);
   launch_column_sum_acc(db, dy, n, out, partial, s);
-  sc.events.resize(2 * kTimedRounds);
-  for (cudaEvent_t& ev : sc.events) MCPP_CUDA_CHECK(cudaEventCreate(&ev));
-  for (int r = 0; r < kTimedRounds; ++r) {
-    MCPP_CUDA_CHECK(cudaEventRecord(sc.events[2 * r], s));
-    launch_column_sum_acc(db, dy, n, out, partial, s);
-    MCPP_CUDA_CHECK(cudaEventRecord(sc.events[2 * r + 1], s));
-  }
-  MCPP_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> ms(kTimedRounds);
-  for (int r = 0; r < kTimedRounds; ++r) {
-    float t = 0.0f;
-    MCPP_CUDA_CHECK(cudaEventElapsedTime(&t, sc.events[2 * r], sc.events[2 * r + 1]));
-    ms[r] = t;
-  }
-  return median(ms);
+  return timed_medians(sc, {1}, [&](int) { launch_column_sum_acc(db, dy, n, out, partial, s); }, s)[0];
 }
 
 // linear_bwd's bias grad next to the wgrad dw_acc += dy2^T x2 (set_bias_grad_path): true = the plain GEMM

@@ -89,12 +89,16 @@ void launch_embedding_bwd(float* dtable, const int32_t* ids, FIn dout, int64_t n
 // the norm of that rounded sum; res.p == nullptr: plain norm of x (sum unused).
 void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res, FIn gamma, FIn beta, int64_t n,
                      int64_t h, float eps, cudaStream_t s);
-// bwd: dx = norm_bwd(dy) (+ dres when dres.p != nullptr). `partial` = fp32 scratch of 2 * parts * h floats
-// (16-byte aligned; parts = norm_bwd_partial_blocks(..) with the same arguments) for the deterministic
-// dgamma/dbeta reduction: the vector path's per-block rows, or the scalar path's per-256-row-chunk rows.
-int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma);
+// bwd: dx = norm_bwd(dy) (+ dres when dres.p != nullptr); with dres, dres_sum / dx_sum (nullable) += the
+// column sums of dres and of dx as stored (`sums` = either requested). `partial` = fp32 scratch of
+// norm_bwd_scratch_floats(n, h, parts, sums) floats (16-byte aligned; parts = norm_bwd_partial_blocks(..)
+// with the same arguments) for the deterministic reductions: the vector path's per-block rows, or the
+// scalar path's per-256-row-chunk rows.
+int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma, bool sums);
+int64_t norm_bwd_scratch_floats(int64_t n, int64_t h, int64_t parts, bool sums);
 void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
-                     const float* rstd, int64_t n, int64_t h, float* partial, int64_t parts, cudaStream_t s);
+                     const float* rstd, int64_t n, int64_t h, float* dres_sum, float* dx_sum, float* partial,
+                     int64_t parts, cudaStream_t s);
 
 // ---- rope_kernels.cu (sign = +1 forward rotation, -1 its transpose)
 void launch_rope(FOut y, FIn x, const float* cos, const float* sin, int64_t s_len, int64_t b, int64_t heads,

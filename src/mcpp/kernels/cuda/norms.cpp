@@ -7,7 +7,9 @@
 //   add_layernorm_fwd / add_rmsnorm_fwd: sum = a + b rounded to sum's dtype (as `add`), y = norm(sum) — one
 //                  pass, bitwise equal to add + the norm when both take the vector path (16-byte aligned)
 //   add_layernorm_bwd / add_rmsnorm_bwd: dx = the norm's dx + dres, added in fp32 before dx's one rounding
-//                  (fp32: bitwise equal to the norm's bwd + add_inplace); dres must not alias dx
+//                  (fp32: bitwise equal to the norm's bwd + add_inplace); dres must not alias dx; the
+//                  optional residual bias sums (column sums of dres and of dx as stored) ride in the same
+//                  kernel (vector path) or run the column-sum kernel after it (scalar path)
 // x/y/dy/dx: float32 or bf16 [.., h]; gamma/beta float32 or bf16 (h elements); statistics float32 math.
 // Asynchronous on stream_of(stream). The backward sums dgamma/dbeta deterministically (both paths) through
 // an fp32 scratch [2, parts, h] allocated here per call (stream
@@ -40,12 +42,14 @@ void check_like_x(const char* op, const char* arg, const Tensor& t, const Tensor
   require_float(op, arg, t);
   require_same_shape(op, arg, t, "x", x);
 }
-// launch_norm_bwd with its dgamma/dbeta partials scratch.
+// launch_norm_bwd with its partials scratch (dgamma/dbeta, and the residual sums when asked).
 void norm_bwd(FOut dx, float* dg, float* db, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
-              const float* rstd, int64_t n, int64_t h, cudaStream_t s) {
-  const int64_t parts = norm_bwd_partial_blocks(n, h, dx, dy, x, dres, gamma);
+              const float* rstd, int64_t n, int64_t h, cudaStream_t s, float* dres_sum = nullptr,
+              float* dx_sum = nullptr) {
+  const bool sums = dres.p && (dres_sum || dx_sum);
+  const int64_t parts = norm_bwd_partial_blocks(n, h, dx, dy, x, dres, gamma, sums);
   if (parts == 0) return;  // no rows
-  Tensor scratch = Tensor::empty({2 * parts * h}, DType::F32, Device::CUDA);  // ordered on compute_stream()
+  Tensor scratch = Tensor::empty({norm_bwd_scratch_floats(n, h, parts, sums)}, DType::F32, Device::CUDA);  // on compute_stream()
   const cudaStream_t cs = compute_stream();
   cudaEvent_t ev = nullptr;
   if (s != cs) {
@@ -53,7 +57,8 @@ void norm_bwd(FOut dx, float* dg, float* db, FIn dy, FIn x, FIn dres, FIn gamma,
     MCPP_CUDA_CHECK(cudaEventRecord(ev, cs));
     MCPP_CUDA_CHECK(cudaStreamWaitEvent(s, ev, 0));
   }
-  launch_norm_bwd(dx, dg, db, dy, x, dres, gamma, mean, rstd, n, h, scratch.data<float>(), parts, s);
+  launch_norm_bwd(dx, dg, db, dy, x, dres, gamma, mean, rstd, n, h, dres_sum, dx_sum, scratch.data<float>(), parts,
+                  s);
   if (s != cs) {  // the scratch is freed on compute_stream(): after this op's kernels
     MCPP_CUDA_CHECK(cudaEventRecord(ev, s));
     MCPP_CUDA_CHECK(cudaStreamWaitEvent(cs, ev, 0));
@@ -70,6 +75,13 @@ void check_sum_operands(const char* op, const Tensor& sum, const Tensor& a, cons
   require_float(op, "sum", sum);
   require_same_shape(op, "a", a, "sum", sum);
   require_same_shape(op, "b", b, "sum", sum);
+}
+// An optional fp32 [h] accumulator (the residual bias sums).
+float* sum_acc(const char* op, const char* arg, Tensor* acc, int64_t h) {
+  if (!acc) return nullptr;
+  require_float(op, arg, *acc, /*bf16_ok=*/false);
+  require_numel(op, arg, *acc, h, "hidden = x.size(-1)");
+  return acc->data<float>();
 }
 FIn dres_of(const char* op, const Tensor& dres, const Tensor& dx, const Tensor& x) {
   check_like_x(op, "dres", dres, x);
@@ -113,7 +125,8 @@ void layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tens
 }
 
 void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& dres,
-                       const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Stream stream) {
+                       const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                       Tensor* dres_sum_acc, Tensor* dx_sum_acc, Stream stream) {
   const char* op = "add_layernorm_bwd";
   const RowDims d = row_dims(op, x, gamma);
   check_like_x(op, "dx", dx, x);
@@ -122,7 +135,8 @@ void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const 
   float* dg = stat(op, "dgamma_acc", dgamma_acc, d.h);
   float* db = dbeta_acc ? stat(op, "dbeta_acc", *dbeta_acc, d.h) : nullptr;
   norm_bwd(fout_of(op, "dx", dx), dg, db, fin_of(op, "dy", dy), fin_of(op, "x", x), fr, fin_of(op, "gamma", gamma),
-           stat(op, "mean", mean, d.n), stat(op, "rstd", rstd, d.n), d.n, d.h, stream_of(stream));
+           stat(op, "mean", mean, d.n), stat(op, "rstd", rstd, d.n), d.n, d.h, stream_of(stream),
+           sum_acc(op, "dres_sum_acc", dres_sum_acc, d.h), sum_acc(op, "dx_sum_acc", dx_sum_acc, d.h));
 }
 
 void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma, float eps, Stream stream) {
@@ -157,7 +171,8 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor&
 }
 
 void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& dres, const Tensor& x,
-                     const Tensor& gamma, const Tensor& rstd, Stream stream) {
+                     const Tensor& gamma, const Tensor& rstd, Tensor* dres_sum_acc, Tensor* dx_sum_acc,
+                     Stream stream) {
   const char* op = "add_rmsnorm_bwd";
   const RowDims d = row_dims(op, x, gamma);
   check_like_x(op, "dx", dx, x);
@@ -165,7 +180,8 @@ void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Ten
   const FIn fr = dres_of(op, dres, dx, x);
   norm_bwd(fout_of(op, "dx", dx), stat(op, "dgamma_acc", dgamma_acc, d.h), nullptr, fin_of(op, "dy", dy),
            fin_of(op, "x", x), fr, fin_of(op, "gamma", gamma), nullptr, stat(op, "rstd", rstd, d.n), d.n, d.h,
-           stream_of(stream));
+           stream_of(stream), sum_acc(op, "dres_sum_acc", dres_sum_acc, d.h),
+           sum_acc(op, "dx_sum_acc", dx_sum_acc, d.h));
 }
 
 }  // namespace mcpp::ops::cuda
