@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <vector>
 
@@ -68,6 +70,58 @@ TEST_F(TrainerTest, ResumeIsBitExact) {
     EXPECT_EQ(sa.losses[5 + i], s2.losses[i]) << "iteration " << 6 + i;  // bit for bit
   }
   EXPECT_EQ(sa.last_valid_loss, s2.last_valid_loss);
+}
+
+// --clip-grad reaches the update: with a huge Adam eps the AdamW step is linear in the gradient
+// (lr m / (sqrt(v) + eps) ~ lr m / eps, first step: m = (1 - beta1) g, bias-corrected to g), so a run clipped to half its grad norm moves every parameter by
+// Megatron's coefficient max_norm / (norm + 1e-6) times the unclipped run's move (the coefficient is taken
+// inside the AdamW kernel, never as a separate scaling of the grads).
+TEST_F(TrainerTest, ClipGradScalesTheUpdateByMegatronsCoefficient) {
+  auto config = [&](float clip) {
+    Config c = tiny_train_config(prefix_, 4);  // validated with 4 (warm-up 2 < decay 4), then one step run
+    c.training.train_iters = 1;
+    c.model.hidden_dropout = c.model.attention_dropout = 0.0f;
+    c.optimizer.lr_warmup_iters = 0;
+    c.optimizer.lr_decay_style = LrDecayStyle::Constant;
+    c.optimizer.weight_decay = 0.0f;
+    c.optimizer.adam_eps = 1e6f;  // >> |g|: the step is lr g / eps to ~1e-6
+    c.optimizer.lr = 1e3f;        // moves of ~1e-3 g: well above the fp32 params' resolution
+    c.optimizer.clip_grad = clip;
+    c.training.eval_interval = 100;
+    return c;
+  };
+  auto moves = [&](float clip, double* norm) {
+    Trainer t(config(clip), 99, single());
+    std::vector<Tensor> before;
+    for (const auto& p : t.model().params().params()) before.push_back(p->data.clone());
+    const TrainSummary s = t.train();
+    EXPECT_EQ(s.grad_norms.size(), 1u);
+    *norm = s.grad_norms.at(0);
+    std::vector<double> d;
+    size_t i = 0;
+    for (const auto& p : t.model().params().params()) {
+      const Tensor& b = before[i++];
+      for (int64_t k = 0; k < b.numel(); ++k) d.push_back(static_cast<double>(p->data.data<float>()[k]) - b.data<float>()[k]);
+    }
+    return d;
+  };
+  double norm = 0, norm_clipped = 0;
+  const std::vector<double> free = moves(0.0f, &norm);  // 0: no clipping
+  ASSERT_GT(norm, 0.0);
+  const auto max_norm = static_cast<float>(norm / 2);
+  const std::vector<double> clipped = moves(max_norm, &norm_clipped);
+  EXPECT_EQ(norm_clipped, norm);  // the same step, the norm before clipping
+  const double coef = max_norm / (norm + 1e-6);
+  ASSERT_EQ(free.size(), clipped.size());
+  double scale = 0, worst = 0;
+  for (double f : free) scale = std::max(scale, std::abs(f));
+  ASSERT_GT(scale, 0.0);
+  for (size_t k = 0; k < free.size(); ++k) worst = std::max(worst, std::abs(clipped[k] - coef * free[k]) / scale);
+  EXPECT_LT(worst, 1e-3) << "coef " << coef;
+  // and the unclipped move is not already that small (the check would pass trivially)
+  double diff = 0;
+  for (size_t k = 0; k < free.size(); ++k) diff = std::max(diff, std::abs(clipped[k] - free[k]) / scale);
+  EXPECT_GT(diff, 0.3);
 }
 
 TEST_F(TrainerTest, NoLoadRngChangesDropoutStream) {

@@ -452,6 +452,7 @@ TrainSummary Trainer::train() {
     ++iteration;
     ++summary.iterations_run;
     summary.losses.push_back(loss);
+    summary.grad_norms.push_back(grad_norm);
     if (skipped) ++skipped_total, ++nan_total;
     loss_window += loss;
     grad_norm_last = grad_norm;

@@ -61,6 +61,7 @@ struct TrainSummary {
   int64_t iterations_run = 0;
   int64_t final_iteration = 0;
   std::vector<double> losses;     // lm loss of each iteration run (mean over DP), for tests / tools
+  std::vector<double> grad_norms;  // the global grad norm of each iteration run (before clipping)
   double last_valid_loss = -1;    // -1 when no evaluation ran
   int64_t cuda_graph_replays = 0;  // training steps run by replaying the captured CUDA graph
   int64_t cuda_graph_nodes = 0;    // nodes of that graph (0: none captured)
