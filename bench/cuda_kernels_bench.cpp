@@ -177,7 +177,8 @@ void bench_layernorm(const char* name, int64_t n, int64_t h) {
       }, y, g_iters, g_reps),
       0, 5 * io + stats);
   row("layernorm bwd + dres, fused (bf16 I/O)", shape,
-      time_op([&] { mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, nullptr, nullptr); }, dx, g_iters, g_reps),
+      time_op([&] { mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, nullptr, nullptr); }, dx,
+              g_iters, g_reps),
       0, 4 * io + stats);
   // + the residual bias sums (fc2's and linear_proj's bias grads: column sums of dres and of dx), read as
   // 2 h floats more written; the alternative is two column-sum passes over dres and dx (2 x io read).

@@ -97,7 +97,9 @@ TEST(CudaAddNorm, BackwardMatchesCpuAndUnfused) {
             if (res) ops::add_rmsnorm_bwd(dx, dgt, dyd, *res, xd, gd, rstdd, nullptr, nullptr);
             else ops::rmsnorm_bwd(dx, dgt, dyd, xd, gd, rstdd);
           } else {
-            if (res) ops::add_layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, *res, xd, gd, meand, rstdd, nullptr, nullptr);
+            if (res)
+              ops::add_layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, *res, xd, gd, meand, rstdd, nullptr,
+                                     nullptr);
             else ops::layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, xd, gd, meand, rstdd);
           }
         };
@@ -146,7 +148,8 @@ TEST(CudaAddNorm, ResidualBiasSumsAreColumnSumsOfDresAndDx) {
         SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << c.n << " h=" << c.h << " kind=" << kind);
         const int64_t n = c.n, h = c.h;
         const bool rms = kind == kRmsNorm;
-        const Tensor x = rnd({n, h}, 15, dt, -2, 3), g = rnd({h}, 16), dy = rnd({n, h}, 17, dt), dres = rnd({n, h}, 18, dt);
+        const Tensor x = rnd({n, h}, 15, dt, -2, 3), g = rnd({h}, 16);
+        const Tensor dy = rnd({n, h}, 17, dt), dres = rnd({n, h}, 18, dt);
         Tensor y = Tensor::empty({n, h}), mean = Tensor::empty({n}), rstd = Tensor::empty({n});
         if (rms) ops::cpu::rmsnorm_fwd(y, rstd, x, g, 1e-6f, {});
         else ops::cpu::layernorm_fwd(y, mean, rstd, x, g, nullptr, 1e-5f, {});

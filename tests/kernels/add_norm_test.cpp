@@ -104,7 +104,8 @@ TEST(AddNormCpu, ResidualBiasSumsAreLinearBwdsColumnSums) {
   for (const Case c : {Case{3, 5}, Case{130, 768}}) {
     for (int kind = 0; kind < 3; ++kind) {
       SCOPED_TRACE(::testing::Message() << "n=" << c.n << " h=" << c.h << " kind=" << kind);
-      const Tensor x = random_tensor({c.n, c.h}, 31, nullptr, -2.0, 3.0), g = random_tensor({c.h}, 32, nullptr, 0.5, 1.5);
+      const Tensor x = random_tensor({c.n, c.h}, 31, nullptr, -2.0, 3.0);
+      const Tensor g = random_tensor({c.h}, 32, nullptr, 0.5, 1.5);
       const Tensor dy = random_tensor({c.n, c.h}, 33), dres = random_tensor({c.n, c.h}, 34);
       Tensor y = Tensor::empty({c.n, c.h}), mean = Tensor::empty({c.n}), rstd = Tensor::empty({c.n});
       if (kind == 2) cpu::rmsnorm_fwd(y, rstd, x, g, 1e-6f, {});

@@ -73,9 +73,10 @@ TEST_F(TrainerTest, ResumeIsBitExact) {
 }
 
 // --clip-grad reaches the update: with a huge Adam eps the AdamW step is linear in the gradient
-// (lr m / (sqrt(v) + eps) ~ lr m / eps, first step: m = (1 - beta1) g, bias-corrected to g), so a run clipped to half its grad norm moves every parameter by
-// Megatron's coefficient max_norm / (norm + 1e-6) times the unclipped run's move (the coefficient is taken
-// inside the AdamW kernel, never as a separate scaling of the grads).
+// (lr m / (sqrt(v) + eps) ~ lr m / eps; first step: m = (1 - beta1) g, bias-corrected to g), so a run
+// clipped to half its grad norm moves every parameter by Megatron's coefficient max_norm / (norm + 1e-6)
+// times the unclipped run's move (the coefficient is taken inside the AdamW kernel, never as a separate
+// scaling of the grads).
 TEST_F(TrainerTest, ClipGradScalesTheUpdateByMegatronsCoefficient) {
   auto config = [&](float clip) {
     Config c = tiny_train_config(prefix_, 4);  // validated with 4 (warm-up 2 < decay 4), then one step run
@@ -101,7 +102,8 @@ TEST_F(TrainerTest, ClipGradScalesTheUpdateByMegatronsCoefficient) {
     size_t i = 0;
     for (const auto& p : t.model().params().params()) {
       const Tensor& b = before[i++];
-      for (int64_t k = 0; k < b.numel(); ++k) d.push_back(static_cast<double>(p->data.data<float>()[k]) - b.data<float>()[k]);
+      for (int64_t k = 0; k < b.numel(); ++k)
+        d.push_back(static_cast<double>(p->data.data<float>()[k]) - b.data<float>()[k]);
     }
     return d;
   };

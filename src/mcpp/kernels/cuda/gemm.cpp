@@ -274,8 +274,8 @@ double median(std::vector<double> v) {
 
 // The median over kTimedRounds cudaEvent-timed launches of each launcher i with ok[i] (NaN for the others);
 // the rounds interleave the launchers, so clock drift hits all alike. The events live in sc.
-std::vector<double> timed_medians(TuneScratch& sc, const std::vector<char>& ok, const std::function<void(int)>& launch_i,
-                                  cudaStream_t s) {
+std::vector<double> timed_medians(TuneScratch& sc, const std::vector<char>& ok,
+                                  const std::function<void(int)>& launch_i, cudaStream_t s) {
   const int count = static_cast<int>(ok.size());
   sc.events.resize(static_cast<size_t>(2 * kTimedRounds * count));
   for (cudaEvent_t& ev : sc.events) MCPP_CUDA_CHECK(cudaEventCreate(&ev));

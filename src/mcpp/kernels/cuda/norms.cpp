@@ -49,7 +49,8 @@ void norm_bwd(FOut dx, float* dg, float* db, FIn dy, FIn x, FIn dres, FIn gamma,
   const bool sums = dres.p && (dres_sum || dx_sum);
   const int64_t parts = norm_bwd_partial_blocks(n, h, dx, dy, x, dres, gamma, sums);
   if (parts == 0) return;  // no rows
-  Tensor scratch = Tensor::empty({norm_bwd_scratch_floats(n, h, parts, sums)}, DType::F32, Device::CUDA);  // on compute_stream()
+  // ordered on compute_stream()
+  Tensor scratch = Tensor::empty({norm_bwd_scratch_floats(n, h, parts, sums)}, DType::F32, Device::CUDA);
   const cudaStream_t cs = compute_stream();
   cudaEvent_t ev = nullptr;
   if (s != cs) {

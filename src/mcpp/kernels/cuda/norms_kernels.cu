@@ -14,13 +14,14 @@
 //          per block; a persistent grid of G blocks (G = SMs x occupancy) strides over rows. Each row's
 //          x, dy (and dres) are read from HBM once into registers (raw 16/32-byte chunks), and the next
 //          row's loads are issued before this row's reduction (software prefetch, for V x elem bytes <= 4;
-//          two rows ahead with dres at V = 1), so loads stay in flight through the block-wide sums (one __syncthreads per row: the two row
-//          sums travel together, double-buffered shared memory). dx = rstd (g - mean_h(g) [LN only] -
-//          xhat mean_h(g xhat)) (+ dres, added in fp32 before the one rounding), g = dy gamma; each thread
-//          accumulates dy xhat (and dy) for its own columns in registers; the block's R row groups are
-//          summed in a fixed order into partial[G, h] (fp32 scratch); norm_param_reduce adds the G
-//          partials per column in a fixed order into dgamma (dbeta). Deterministic run to run (for a
-//          given G). Needs x, dy (and dres) of one element size (2 or 4 bytes).
+//          two rows ahead with dres at V = 1), so loads stay in flight through the block-wide sums (one
+//          __syncthreads per row: the two row sums travel together, double-buffered shared memory).
+//          dx = rstd (g - mean_h(g) [LN only] - xhat mean_h(g xhat)) (+ dres, added in fp32 before the one
+//          rounding), g = dy gamma; each thread accumulates dy xhat (and dy; with the residual sums also
+//          dres and the stored dx) for its own columns in registers; the block's R row groups are summed in
+//          a fixed order into partial[G, h] rows (fp32 scratch); norm_param_reduce adds the G partials per
+//          column in a fixed order into dgamma (dbeta, the sums). Deterministic run to run (for a given
+//          G). Needs x, dy (and dres) of one element size (2 or 4 bytes).
 //   scalar path (any h, any alignment): one block per row with FIn / FOut element access for fwd and the
 //     dx part of bwd; the dgamma/dbeta sums of 256-row chunks go to partial rows (no atomics) that
 //     norm_param_reduce adds in a fixed order: deterministic as the vector path.
@@ -249,7 +250,7 @@ __device__ __forceinline__ void write_partial(const float (&acc)[V][8], float* o
 }
 
 // partial[4][gridDim.x, h]: this block's column sums over the rows it visited of dy xhat (dgamma), dy
-// (dbeta: when kBeta), and with kSums of dres and of dx as stored (the residual bias sums). kRes: dres.p !=
+// (dbeta: when beta), and with kSums of dres and of dx as stored (the residual bias sums). kRes: dres.p !=
 // nullptr. With dres at V = 1, rows are prefetched two ahead (three rows' raw inputs in registers, 2
 // blocks/SM): measured faster than one ahead at 3 blocks/SM for the fused (3-input) backward, slower for the
 // plain one; with kSums one ahead (the 16 more accumulators).
@@ -310,7 +311,8 @@ __global__ void __launch_bounds__(kVecThreads, V == 1 ? (kRes ? 2 : 3) : 1)
           for (int e = 0; e < 8; ++e) {
             // explicit roundings (no FMA contraction): the instances with and without dres (different code
             // around it) give the same bits, so fp32 dx + dres == bwd, then add_inplace
-            o[e] = __fmul_rn(cur.rs, __fsub_rn(__fsub_rn(__fmul_rn(dv[e], gm[k][e]), mean_g), __fmul_rn(xh[e], mean_gx)));
+            const float t = __fsub_rn(__fsub_rn(__fmul_rn(dv[e], gm[k][e]), mean_g), __fmul_rn(xh[e], mean_gx));
+            o[e] = __fmul_rn(cur.rs, t);
             if constexpr (kRes) o[e] = __fadd_rn(o[e], rr[e]);  // no FMA contraction: fp32 == bwd, then add
             ag[k][e] += dv[e] * xh[e];
             ab[k][e] += dv[e];
@@ -334,7 +336,6 @@ __global__ void __launch_bounds__(kVecThreads, V == 1 ? (kRes ? 2 : 3) : 1)
     write_partial<V>(ad, partial + 3 * slot + mine, vecs, colsum);
   }
 }
-
 
 // ---- vector path: forward ------------------------------------------------------------------------
 // A persistent grid: each row group strides over the rows and issues the next row's raw loads before this
@@ -401,7 +402,7 @@ __global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, FOut 
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const float d = __fsub_rn(v[k][e], mu);
-          ss = __fmaf_rn(d, d, ss);  // explicit roundings: every instance (with or without res) gives the same bits
+          ss = __fmaf_rn(d, d, ss);  // explicit roundings: the same bits with and without res
         }
     }
     const float rs = rsqrtf(row_sum(ss, w, red) * inv_h + eps);
@@ -563,7 +564,8 @@ void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res,
       (!res.p || elem_bytes(res.kind) == elem_bytes(x.kind))) {
     const FwdKernel k = fwd_kernel(vs.v, elem_bytes(x.kind), res.p != nullptr);
     const int64_t want = (n + vs.r - 1) / vs.r;
-    const int64_t cap = static_cast<int64_t>(sm_count()) * blocks_per_sm(reinterpret_cast<const void*>(k), 32 * vs.w * vs.r);
+    const int64_t cap =
+        static_cast<int64_t>(sm_count()) * blocks_per_sm(reinterpret_cast<const void*>(k), 32 * vs.w * vs.r);
     k<<<static_cast<unsigned>(want < cap ? want : cap), dim3(32 * vs.w, vs.r), 0, s>>>(y, sum, mean, rstd, x, res,
                                                                                        gamma, beta, n, h, eps);
   } else {
