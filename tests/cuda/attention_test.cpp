@@ -71,6 +71,43 @@ TEST(CudaFlashAttention, GqaBackwardRunsOnCudnn) {
   EXPECT_EQ(ops::cuda_cudnn_attention_counts().bwd_gqa - c0.bwd_gqa, 2);
 }
 
+// The cuDNN plan cache is a bounded LRU (--variable-seq-lengths builds one plan per length): with capacity
+// 3, six new sequence lengths leave 3 plans cached; the most recently used survives, an evicted length
+// is rebuilt on its next use and gives bit-identical outputs (the forward is deterministic); a bad
+// capacity is a named error.
+TEST(CudaFlashAttention, CudnnPlanCacheIsABoundedLru) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t old = ops::set_cudnn_plan_cache_capacity(3);
+  const ops::AttentionOptions opt{.softmax_scale = 0.125f, .causal = true};
+  auto fwd = [&](int64_t s) {
+    const Shape qs{s, 1, 2, 64}, ls{1, 2, s};
+    Tensor q = dev(rnd(qs, 1), DType::BF16), k = dev(rnd(qs, 2), DType::BF16), v = dev(rnd(qs, 3), DType::BF16);
+    Tensor o = Tensor::empty(qs, DType::BF16, Device::CUDA), lse = Tensor::empty(ls, DType::F32, Device::CUDA);
+    ops::flash_attention_fwd(o, lse, q, k, v, opt);
+    return host(o);
+  };
+  const auto c0 = ops::cuda_cudnn_attention_counts();
+  const Tensor first = fwd(97);
+  if (ops::cuda_cudnn_attention_counts().fwd == c0.fwd) {
+    ops::set_cudnn_plan_cache_capacity(old);
+    GTEST_SKIP() << "cuDNN's fused attention is not available here (the mcpp kernels ran)";
+  }
+  for (int64_t s : {98, 99, 100, 101, 102}) {
+    fwd(s);
+    EXPECT_LE(ops::cuda_cudnn_attention_counts().plans_cached, 3);
+  }
+  const auto c1 = ops::cuda_cudnn_attention_counts();
+  EXPECT_EQ(c1.plans_built - c0.plans_built, 6);
+  EXPECT_EQ(c1.plans_evicted - c0.plans_evicted, c0.plans_cached + 6 - 3);  // c0 already within the 3
+  fwd(102);  // the most recently used: still cached
+  EXPECT_EQ(ops::cuda_cudnn_attention_counts().plans_built, c1.plans_built);
+  const Tensor again = fwd(97);  // evicted: rebuilt
+  EXPECT_EQ(ops::cuda_cudnn_attention_counts().plans_built, c1.plans_built + 1);
+  EXPECT_EQ(0, std::memcmp(first.raw(), again.raw(), first.nbytes())) << "rebuilt plan, different output";
+  EXPECT_THROW(ops::set_cudnn_plan_cache_capacity(0), Error);
+  EXPECT_EQ(ops::set_cudnn_plan_cache_capacity(old), 3);
+}
+
 TEST(CudaFlashAttention, LongerSequenceCausal) {
   MCPP_REQUIRE_CUDA();
   check_case({.s = 1031, .b = 1, .nq = 4, .ng = 2, .d = 128, .causal = true}, DType::BF16);

@@ -58,10 +58,17 @@ EpilogueFusionCounts cuda_epilogue_fusion_counts();
 
 // How many CUDA attention calls ran on cuDNN's fused flash attention in this process (tests; all zero
 // without CUDA or cuDNN). bwd_gqa: backward calls with nq != ng (the repeat / reduce path) among bwd.
+// The plan cache (one cuDNN plan per direction, shape and layout; --variable-seq-lengths makes one per
+// length): plans cached now, built so far, evicted so far (least recently used first beyond the capacity).
 struct CudnnAttentionCounts {
   int64_t fwd = 0, bwd = 0, bwd_gqa = 0;
+  int64_t plans_cached = 0, plans_built = 0, plans_evicted = 0;
 };
 CudnnAttentionCounts cuda_cudnn_attention_counts();
+// Sets the plan cache's capacity (>= 1; default kDefaultCudnnPlanCacheCapacity), evicting the least recently
+// used plans beyond it; returns the previous capacity. No-op returning 0 without cuDNN.
+constexpr int64_t kDefaultCudnnPlanCacheCapacity = 64;
+int64_t set_cudnn_plan_cache_capacity(int64_t capacity);
 
 #define MCPP_OP_UNPAREN(...) __VA_ARGS__
 #define MCPP_OP(ret, name, params) ret name(MCPP_OP_UNPAREN params, Stream stream = {});

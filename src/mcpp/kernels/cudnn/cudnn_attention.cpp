@@ -20,7 +20,11 @@
 // The backward engines accumulate dQ with atomics: results are not bit-identical run to run (callers
 // that need determinism do not come here: AttentionOptions::deterministic).
 // Plans are built once per (direction, shape, layout) and cached; a failed build is cached too and
-// reported once on stderr. Not thread-safe (the op layer runs one stream per process).
+// reported once on stderr. The cache is an LRU of ops::set_cudnn_plan_cache_capacity() entries (default 64;
+// --variable-seq-lengths builds one plan pair per length): evicting a plan first waits for the device
+// (its kernels may still be queued), and never happens while the calling stream is being captured into
+// a CUDA graph (the cache then overshoots until the next uncaptured insertion). Not thread-safe (the op
+// layer runs one stream per process).
 #include "mcpp/kernels/cuda/cudnn_attention.h"
 #include "mcpp/kernels/ops.h"
 
@@ -30,6 +34,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <list>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -318,11 +323,19 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a) {
 using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t>;
 
+struct CachedPlan {
+  std::unique_ptr<Graph> graph;  // nullptr: no engine for this key
+  std::list<Key>::iterator lru;  // its place in State::lru
+};
+
 struct State {
   cudnnHandle_t handle = nullptr;
   bool handle_failed = false;
-  std::map<Key, std::unique_ptr<Graph>> plans;  // nullptr: no engine for this key
+  std::map<Key, CachedPlan> plans;
+  std::list<Key> lru;  // most recently used first
+  int64_t capacity = ops::kDefaultCudnnPlanCacheCapacity;
   std::atomic<int64_t> fwd_calls{0}, bwd_calls{0}, bwd_gqa_calls{0};  // ops::cuda_cudnn_attention_counts
+  std::atomic<int64_t> plans_built{0}, plans_evicted{0};
 };
 
 State& state() {
@@ -330,8 +343,25 @@ State& state() {
   return st;
 }
 
+// Evicts the least recently used plans beyond the capacity, after the device has drained (a queued kernel
+// may belong to an evicted plan). Not while `s` is capturing: a synchronization would break the capture.
+void evict_beyond_capacity(State& st, cudaStream_t s) {
+  if (static_cast<int64_t>(st.plans.size()) <= st.capacity) return;
+  if (s) {
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    MCPP_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+    if (cap != cudaStreamCaptureStatusNone) return;
+  }
+  MCPP_CUDA_CHECK(cudaDeviceSynchronize());
+  while (static_cast<int64_t>(st.plans.size()) > st.capacity) {
+    st.plans.erase(st.lru.back());
+    st.lru.pop_back();
+    ++st.plans_evicted;
+  }
+}
+
 // The cached plan for (direction, shape, layout), built on first use; nullptr when cuDNN refuses it.
-Graph* plan_for(bool bwd, const AttnShape& a) {
+Graph* plan_for(bool bwd, const AttnShape& a, cudaStream_t s) {
   State& st = state();
   if (st.handle_failed) return nullptr;
   if (!st.handle && cudnnCreate(&st.handle) != CUDNN_STATUS_SUCCESS) {
@@ -342,7 +372,11 @@ Graph* plan_for(bool bwd, const AttnShape& a) {
   const Key key{bwd, a.s, a.b, a.nq, a.ng, a.d, a.causal, a.q_row, a.q_batch, a.q_group, a.kv_row, a.kv_batch,
                 a.kv_group};
   auto it = st.plans.find(key);
-  if (it == st.plans.end()) {
+  if (it != st.plans.end()) {
+    st.lru.splice(st.lru.begin(), st.lru, it->second.lru);  // now the most recently used
+    return it->second.graph.get();
+  }
+  {
     std::unique_ptr<Graph> g;
     try {
       g = bwd ? build_bwd(st.handle, a) : build_fwd(st.handle, a);
@@ -357,9 +391,13 @@ Graph* plan_for(bool bwd, const AttnShape& a) {
                    a.causal ? 1 : 0, r.what, cudnnGetErrorString(r.status), msg[0] ? "; " : "", msg);
       g.reset();
     }
-    it = st.plans.emplace(key, std::move(g)).first;
+    ++st.plans_built;
+    st.lru.push_front(key);
+    it = st.plans.emplace(key, CachedPlan{std::move(g), st.lru.begin()}).first;
   }
-  return it->second.get();
+  Graph* g = it->second.graph.get();
+  evict_beyond_capacity(st, s);  // never the new plan: it is the most recently used, and capacity >= 1
+  return g;
 }
 
 void execute(Graph& g, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, cudaStream_t s) {
@@ -406,7 +444,7 @@ bool gqa_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, cons
   m.ng = a.nq;
   m.q_group = a.d;  // head h at h * d: (h / r) * (r d) + (h % r) d in a's split layout
   m.kv_row = a.b * a.nq * a.d, m.kv_batch = a.nq * a.d, m.kv_group = a.d;
-  if (!plan_for(true, m)) return false;
+  if (!plan_for(true, m, s)) return false;
   const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(a.s * a.b * a.nq * a.d);
   void* scratch = nullptr;  // k_exp, v_exp, dk_exp, dv_exp
   MCPP_CUDA_CHECK(cudaMallocAsync(&scratch, 4 * bytes, s));
@@ -423,7 +461,7 @@ bool gqa_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, cons
 bool cudnn_attention_fwd(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,
                          cudaStream_t s) {
   if (!layout_ok(a)) return false;
-  Graph* g = plan_for(false, a);
+  Graph* g = plan_for(false, a, s);
   if (!g) return false;
   float scale = a.scale, ninf = -INFINITY;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
@@ -443,7 +481,7 @@ bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const v
     ++state().bwd_gqa_calls;  // its MHA call counted bwd
     return true;
   }
-  Graph* g = plan_for(true, a);
+  Graph* g = plan_for(true, a, s);
   if (!g) return false;
   float scale = a.scale, one = 1.0f, ninf = -INFINITY;
   const size_t acc_bytes = sizeof(float) * static_cast<size_t>(a.b * a.nq * a.s * a.d);
@@ -465,6 +503,20 @@ bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const v
 namespace mcpp::ops {
 CudnnAttentionCounts cuda_cudnn_attention_counts() {
   const auto& st = cuda_detail::state();
-  return {.fwd = st.fwd_calls.load(), .bwd = st.bwd_calls.load(), .bwd_gqa = st.bwd_gqa_calls.load()};
+  return {.fwd = st.fwd_calls.load(),
+          .bwd = st.bwd_calls.load(),
+          .bwd_gqa = st.bwd_gqa_calls.load(),
+          .plans_cached = static_cast<int64_t>(st.plans.size()),
+          .plans_built = st.plans_built.load(),
+          .plans_evicted = st.plans_evicted.load()};
+}
+
+int64_t set_cudnn_plan_cache_capacity(int64_t capacity) {
+  MCPP_CHECK(capacity >= 1, "set_cudnn_plan_cache_capacity: capacity must be >= 1, got {}", capacity);
+  auto& st = cuda_detail::state();
+  const int64_t old = st.capacity;
+  st.capacity = capacity;
+  cuda_detail::evict_beyond_capacity(st, nullptr);
+  return old;
 }
 }  // namespace mcpp::ops
