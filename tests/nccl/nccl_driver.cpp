@@ -5,6 +5,9 @@
 //   nccl_driver --scenario=watchdog              the last rank skips one all_reduce; rank 0's NCCL watchdog
 //                                                must abort the stuck collective (timeout 3 s) and every later
 //                                                call must throw; prints "WATCHDOG OK" on rank 0
+//   nccl_driver --scenario=bandwidth             rank 0 prints a markdown table of all_reduce / all_gather /
+//                                                reduce_scatter times, algorithm and bus bandwidth (nccl-tests'
+//                                                definitions) for bf16 messages of 1 MiB .. 1 GiB
 // Without a CUDA device (or fewer devices than ranks) it prints "SKIPPED: ..." and exits 0 (ctest marks
 // the test skipped through SKIP_REGULAR_EXPRESSION).
 // Named *_driver.cpp (not *_test.cpp) so the single-process mcpp_tests glob does not pick it up.
@@ -371,6 +374,56 @@ int run_watchdog(const CommPtr& mpi, int device) {
   return rc;
 }
 
+// Bus bandwidth of the Communicator's collectives on NCCL, as nccl-tests defines it: size = the all-reduce
+// buffer / the all-gather output / the reduce-scatter input, algbw = size / time, busbw = algbw x 2 (n-1)/n
+// (all_reduce) or x (n-1)/n (all_gather, reduce_scatter). Time: the slowest rank's wall time of `iters`
+// back-to-back calls after 3 warm-up calls, ended by a device synchronization.
+int run_bandwidth(const CommPtr& mpi, int device) {
+  auto sync_device = [] {
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) mcpp::fail("cudaDeviceSynchronize: {}", cudaGetErrorString(e));
+  };
+  CommPtr nccl = init_nccl(mpi, device, {.watchdog = {.timeout_seconds = 120.0}});
+  const int n = nccl->size();
+  const bool r0 = nccl->rank() == 0;
+  if (r0) {
+    fmt::print("NCCL {} on {} ranks (one GPU each), NCCL_NVLS_ENABLE={}\n", nccl_version(), n,
+               std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "(unset)");
+    fmt::print("| op | size | time (us) | algbw (GB/s) | busbw (GB/s) |\n| --- | --- | --- | --- | --- |\n");
+  }
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"}) {
+    for (int64_t bytes = int64_t{1} << 20; bytes <= int64_t{1} << 30; bytes <<= 2) {
+      const int64_t elems = bytes / 2 / n * n;  // bf16, divisible by the ranks
+      Tensor full = Tensor::zeros({elems}, mcpp::DType::BF16, mcpp::Device::CUDA);
+      Tensor part = Tensor::zeros({elems / n}, mcpp::DType::BF16, mcpp::Device::CUDA);
+      const std::string name = op;
+      auto call = [&] {
+        Work w = name == "all_reduce"   ? nccl->all_reduce(full, ReduceOp::Sum)
+                 : name == "all_gather" ? nccl->all_gather(full, part)
+                                        : nccl->reduce_scatter(part, full, ReduceOp::Sum);
+        w.wait();
+      };
+      const int iters = bytes >= (int64_t{256} << 20) ? 10 : 30;
+      for (int i = 0; i < 3; ++i) call();
+      sync_device();
+      Tensor sync = Tensor::zeros({1}, mcpp::DType::F32);
+      mpi->all_reduce(sync, ReduceOp::Sum).wait();  // start together
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) call();
+      sync_device();
+      Tensor secs = Tensor::zeros({1}, mcpp::DType::F32);
+      secs.data<float>()[0] = std::chrono::duration<float>(std::chrono::steady_clock::now() - t0).count() / iters;
+      mpi->all_reduce(secs, ReduceOp::Max).wait();
+      const double t = secs.data<float>()[0], size = static_cast<double>(elems) * 2;
+      const double factor = name == "all_reduce" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+      if (r0)
+        fmt::print("| {} | {} MiB | {:.1f} | {:.1f} | {:.1f} |\n", name, size / (1 << 20), t * 1e6, size / t / 1e9,
+                   size / t / 1e9 * factor);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace mcpp::comm
 
@@ -398,6 +451,12 @@ int main(int argc, char** argv) {
       mpi.reset();
       finalize_mpi();
       std::_Exit(rc);
+    }
+    if (scenario == "bandwidth") {
+      int rc = run_bandwidth(mpi, device);
+      mpi.reset();
+      finalize_mpi();
+      return rc;
     }
     if (!scenario.empty()) {
       fmt::print(stderr, "error: unknown --scenario={}\n", scenario);
