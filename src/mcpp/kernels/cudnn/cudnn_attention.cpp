@@ -19,8 +19,8 @@
 // variant pack must name exactly the graph's tensors.
 // The backward engines accumulate dQ with atomics: results are not bit-identical run to run (callers
 // that need determinism do not come here: AttentionOptions::deterministic).
-// Plans are built once per (direction, shape, layout) and cached; a failed build is cached too and
-// reported once on stderr. The cache is an LRU of ops::set_cudnn_plan_cache_capacity() entries (default 64;
+// Plans are built once per (direction, shape, layout) and cached; a failed build is cached too (and
+// reported on stderr when it is built). The cache is an LRU of ops::set_cudnn_plan_cache_capacity() entries (default 64;
 // --variable-seq-lengths builds one plan pair per length): evicting a plan first waits for the device
 // (its kernels may still be queued), and never happens while the calling stream is being captured into
 // a CUDA graph (the cache then overshoots until the next uncaptured insertion). Not thread-safe (the op
@@ -376,28 +376,26 @@ Graph* plan_for(bool bwd, const AttnShape& a, cudaStream_t s) {
     st.lru.splice(st.lru.begin(), st.lru, it->second.lru);  // now the most recently used
     return it->second.graph.get();
   }
-  {
-    std::unique_ptr<Graph> g;
-    try {
-      g = bwd ? build_bwd(st.handle, a) : build_fwd(st.handle, a);
-    } catch (const Refused& r) {
-      char msg[512] = {0};
-      cudnnGetLastErrorString(msg, sizeof msg);
-      std::fprintf(stderr,
-                   "[mcpp] cuDNN fused attention %s has no engine for s=%lld b=%lld nq=%lld ng=%lld d=%lld "
-                   "causal=%d (%s: %s%s%s): using the mcpp flash kernels\n",
-                   bwd ? "backward" : "forward", static_cast<long long>(a.s), static_cast<long long>(a.b),
-                   static_cast<long long>(a.nq), static_cast<long long>(a.ng), static_cast<long long>(a.d),
-                   a.causal ? 1 : 0, r.what, cudnnGetErrorString(r.status), msg[0] ? "; " : "", msg);
-      g.reset();
-    }
-    ++st.plans_built;
-    st.lru.push_front(key);
-    it = st.plans.emplace(key, CachedPlan{std::move(g), st.lru.begin()}).first;
+  std::unique_ptr<Graph> g;
+  try {
+    g = bwd ? build_bwd(st.handle, a) : build_fwd(st.handle, a);
+  } catch (const Refused& r) {
+    char msg[512] = {0};
+    cudnnGetLastErrorString(msg, sizeof msg);
+    std::fprintf(stderr,
+                 "[mcpp] cuDNN fused attention %s has no engine for s=%lld b=%lld nq=%lld ng=%lld d=%lld "
+                 "causal=%d (%s: %s%s%s): using the mcpp flash kernels\n",
+                 bwd ? "backward" : "forward", static_cast<long long>(a.s), static_cast<long long>(a.b),
+                 static_cast<long long>(a.nq), static_cast<long long>(a.ng), static_cast<long long>(a.d),
+                 a.causal ? 1 : 0, r.what, cudnnGetErrorString(r.status), msg[0] ? "; " : "", msg);
+    g.reset();
   }
-  Graph* g = it->second.graph.get();
+  ++st.plans_built;
+  st.lru.push_front(key);
+  it = st.plans.emplace(key, CachedPlan{std::move(g), st.lru.begin()}).first;
+  Graph* plan = it->second.graph.get();
   evict_beyond_capacity(st, s);  // never the new plan: it is the most recently used, and capacity >= 1
-  return g;
+  return plan;
 }
 
 void execute(Graph& g, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, cudaStream_t s) {
