@@ -268,7 +268,8 @@ void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t
   Tensor q = filled({s, b, nq, d}, DType::BF16, 1.0f), k = filled({s, b, ng, d}, DType::BF16, 2.0f);
   Tensor v = filled({s, b, ng, d}, DType::BF16, 3.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
   Tensor o = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA), lse = Tensor::empty({b, nq, s}, DType::F32, Device::CUDA);
-  Tensor dq = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA), dk = Tensor::empty({s, b, ng, d}, DType::BF16, Device::CUDA);
+  Tensor dq = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA);
+  Tensor dk = Tensor::empty({s, b, ng, d}, DType::BF16, Device::CUDA);
   Tensor dv = Tensor::empty({s, b, ng, d}, DType::BF16, Device::CUDA);
   mcpp::ops::AttentionOptions opt{
       .softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true, .deterministic = deterministic};

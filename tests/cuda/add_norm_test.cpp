@@ -104,8 +104,9 @@ TEST(CudaAddNorm, BackwardMatchesCpuAndUnfused) {
           }
         };
         if (rms) ops::cpu::add_rmsnorm_bwd(dx_ref, dg_ref, dy, dres, x, g, rstd, nullptr, nullptr, {});
-        else ops::cpu::add_layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, dres, x, g, mean, rstd, nullptr,
-                                        nullptr, {});
+        else
+          ops::cpu::add_layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, dres, x, g, mean, rstd,
+                                      nullptr, nullptr, {});
         Tensor dx = poisoned({n, h}, dt);
         run(dx, dg, db, &dresd);
         EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));

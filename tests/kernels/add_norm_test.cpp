@@ -167,7 +167,8 @@ TEST(AddNormCpu, BadOperandsNameTheField) {
   EXPECT_NE(error_of([&] { cpu::add_layernorm_bwd(dx, dg, nullptr, b, b_bad, a, g, mean, rstd, nullptr, nullptr, {}); })
                 .find("add_layernorm_bwd: dres must have the shape of x"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { cpu::add_rmsnorm_bwd(dx, dg, b, dx, a, g, rstd, nullptr, nullptr, {}); }).find("dres must not alias dx"),
+  EXPECT_NE(error_of([&] { cpu::add_rmsnorm_bwd(dx, dg, b, dx, a, g, rstd, nullptr, nullptr, {}); })
+                .find("dres must not alias dx"),
             std::string::npos);
 }
 

@@ -1,5 +1,6 @@
-// The GEMM autotune switch and the bias-grad path (gemm_autotune.h), shared by the CUDA and the CPU-only build: an atomic flag
-// whose first value is read from MCPP_GEMM_AUTOTUNE on first use.
+// The GEMM autotune switch and the bias-grad path (gemm_autotune.h), shared by the CUDA and the CPU-only
+// build: two atomics; the switch's first value is read from MCPP_GEMM_AUTOTUNE on first use, the path
+// starts at kAuto.
 #include "mcpp/kernels/gemm_autotune.h"
 
 #include <atomic>

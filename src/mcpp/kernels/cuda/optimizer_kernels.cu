@@ -7,7 +7,8 @@
 //   adamw_multi: Apex-style multi-tensor apply: one block per (tensor, 64K-element chunk) from a table in
 //          the kernel argument; float4 loads/stores (and 4-wide bf16/f16 model stores) when aligned.
 //   sum_of_squares: deterministic two-stage reduction in float64: kReduceBlocks blocks each sum a fixed
-//          grid-stride subset (float4 loads for aligned float32, e.g. the fp32 grad buffer), then one block adds the partials in a fixed tree order.
+//          grid-stride subset (float4 loads for aligned float32, e.g. the fp32 grad buffer), then one block
+//          adds the partials in a fixed tree order.
 //   has_non_finite: any element with all exponent bits set (NaN / inf) sets *flag = 1.
 #include "mcpp/kernels/cuda/device_utils.cuh"
 

@@ -20,11 +20,11 @@
 // The backward engines accumulate dQ with atomics: results are not bit-identical run to run (callers
 // that need determinism do not come here: AttentionOptions::deterministic).
 // Plans are built once per (direction, shape, layout) and cached; a failed build is cached too (and
-// reported on stderr when it is built). The cache is an LRU of ops::set_cudnn_plan_cache_capacity() entries (default 64;
-// --variable-seq-lengths builds one plan pair per length): evicting a plan first waits for the device
-// (its kernels may still be queued), and never happens while the calling stream is being captured into
-// a CUDA graph (the cache then overshoots until the next uncaptured insertion). Not thread-safe (the op
-// layer runs one stream per process).
+// reported on stderr when it is built). The cache is an LRU of ops::set_cudnn_plan_cache_capacity()
+// entries (default 64; --variable-seq-lengths builds one plan pair per length): evicting a plan first
+// waits for the device (its kernels may still be queued), and never happens while the calling stream is
+// being captured into a CUDA graph (the cache then overshoots until the next uncaptured insertion). Not
+// thread-safe (the op layer runs one stream per process).
 #include "mcpp/kernels/cuda/cudnn_attention.h"
 #include "mcpp/kernels/ops.h"
 
