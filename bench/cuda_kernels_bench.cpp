@@ -14,10 +14,10 @@
 // cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd); AdamW bytes = 30 per
 // parameter (fp32 param, m, v, grad read; param, m, v written; bf16 model copy written).
 // Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound | --mlp | --attention-qkv |
-// --gemm-survey]
+// --attention-qkv-cudnn | --gemm-survey]
 // (prints a markdown table; --attention: only the attention rows; --memory-bound: only layernorm, cross
 // entropy and AdamW; --mlp: only the GELU MLP fusion rows, fused vs unfused; --attention-qkv: only the
-// split-vs-packed qkv attention rows; --gemm-survey: only the cuBLASLt autotuning survey, its own table:
+// split-vs-packed qkv attention rows (--attention-qkv-cudnn: only their default, cuDNN, rows); --gemm-survey: only the cuBLASLt autotuning survey, its own table:
 // every training GEMM of the 124M and 1.3B steps with the heuristic's candidates timed by the tuner of
 // kernels/cuda/gemm.cpp — median of 5 single-launch cudaEvent timings each — and the one it keeps)
 #include <chrono>
@@ -421,6 +421,7 @@ int main(int argc, char** argv) {
   bool mlp_only = argc > 1 && std::strcmp(argv[1], "--mlp") == 0;
   bool qkv_only = argc > 1 && std::strcmp(argv[1], "--attention-qkv") == 0;
   bool survey_only = argc > 1 && std::strcmp(argv[1], "--gemm-survey") == 0;
+  bool qkv_cudnn_only = argc > 1 && std::strcmp(argv[1], "--attention-qkv-cudnn") == 0;
   if (quick) g_iters = 3, g_reps = 1;
   if (!mcpp::cuda_available()) {
     std::printf("SKIPPED: no CUDA device (or built without CUDA)\n");
@@ -445,6 +446,11 @@ int main(int argc, char** argv) {
     if (mlp_only) {
       bench_mlp_gelu("124M", 32768, 768, 3072);
       bench_mlp_gelu("1.3B", 16384, 2048, 8192);
+      return 0;
+    }
+    if (qkv_cudnn_only) {
+      bench_attention_qkv("124M", 1024, 32, 12, 64, false);
+      bench_attention_qkv("1.3B", 2048, 8, 16, 128, false);
       return 0;
     }
     if (qkv_only) {

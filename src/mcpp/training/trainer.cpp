@@ -85,10 +85,6 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   // Layer placement for this pipeline rank: one model chunk per virtual stage.
   const pipeline_parallel::PipelineLayout layout =
       pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(config_.model, par));
-  if (t.enable_cuda_graph && layout.virtual_pipeline_model_parallel_size > 1)
-    fail("enable_cuda_graph: the layout gives {} model chunks per pipeline stage (interleaved schedule), which is "
-         "not verified under CUDA graphs yet; use one chunk per stage or drop the graphs",
-         layout.virtual_pipeline_model_parallel_size);
   for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
     const pipeline_parallel::StageLayers& st = layout.at(pc_.pp_rank(), v);
     const int64_t first = st.layers.empty() ? 0 : st.layers.front();

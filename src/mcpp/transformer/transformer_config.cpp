@@ -302,12 +302,9 @@ void Config::validate() const {
     fail("vocab_size must be given (--vocab-size) with tokenizer_type NullTokenizer");
   if (training.enable_cuda_graph) {  // what the captured step cannot contain (yet)
     if (cp > 1 || parallel.expert_model_parallel_size > 1)
-      fail("enable_cuda_graph: implemented for data, tensor (+ sequence) and pipeline (1F1B) parallelism "
-           "(context/expert model parallel sizes {}/{}): their collectives are not captured", cp,
+      fail("enable_cuda_graph: implemented for data, tensor (+ sequence) and pipeline (1F1B, interleaved) "
+           "parallelism (context/expert model parallel sizes {}/{}): their collectives are not captured", cp,
            parallel.expert_model_parallel_size);
-    if (parallel.num_layers_per_virtual_pipeline_stage > 0)  // (a custom layout's chunks: checked by the Trainer)
-      fail("enable_cuda_graph: the interleaved (virtual pipeline) schedule under graphs is not verified yet (it "
-           "needs pp > 2: more GPUs than the 2-GPU check has); use the 1F1B schedule or drop the graphs");
     if (parallel.variable_seq_lengths)
       fail("enable_cuda_graph: --variable-seq-lengths exchanges every P2P tensor's shape through the host (and a "
            "graph replays fixed shapes); drop one of them");

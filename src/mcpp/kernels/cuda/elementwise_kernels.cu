@@ -122,21 +122,26 @@ __global__ void column_partial_vec_kernel(float* partial, FIn dy, int64_t n, int
   }
 }
 
-// Block (32, 32): 32 columns; lane y adds partials y, y + 32, ... in order, then lane 0 adds the 32 lanes
-// in order (a fixed order for a given parts count).
-__global__ void column_reduce_acc_kernel(float* db, const float* partial, int64_t parts, int64_t out) {
+// Block (32, 32): 32 columns of target blockIdx.y; lane y adds partials y, y + 32, ... in order, then lane 0
+// adds the 32 lanes in order (a fixed order for a given parts count).
+__global__ void column_reduce_acc_kernel(ColumnReduceTargets t, const float* partial, int64_t parts, int64_t cols) {
   __shared__ float lane[32][33];
+  float* acc = t.acc[blockIdx.y];
+  if (!acc) return;  // the whole block
+  const float* part = partial + static_cast<int64_t>(blockIdx.y) * parts * cols;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float sum = 0.0f;
-  if (c < out)
-    for (int64_t p = threadIdx.y; p < parts; p += 32) sum += partial[p * out + c];
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t p = threadIdx.y; p < parts; p += 32) sum += part[p * cols + c];
+  }
   lane[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
-  if (threadIdx.y == 0 && c < out) {
+  if (threadIdx.y == 0 && c < cols) {
     float total = 0.0f;
 #pragma unroll
     for (int i = 0; i < 32; ++i) total += lane[i][threadIdx.x];
-    db[c] += total;
+    acc[c] += total;
   }
 }
 }  // namespace
@@ -197,7 +202,14 @@ void launch_column_sum_acc(float* db, FIn dy, int64_t n, int64_t out, float* par
     column_partial_kernel<<<grid, dim3(32, 8), 0, s>>>(partial, dy, n, out);
   }
   MCPP_CUDA_LAUNCH_CHECK();
-  column_reduce_acc_kernel<<<static_cast<unsigned>((out + 31) / 32), dim3(32, 32), 0, s>>>(db, partial, parts, out);
+  launch_column_reduce_acc(ColumnReduceTargets{{db, nullptr, nullptr, nullptr}}, 1, partial, parts, out, s);
+}
+
+void launch_column_reduce_acc(const ColumnReduceTargets& t, int targets, const float* partial, int64_t parts,
+                              int64_t cols, cudaStream_t s) {
+  if (parts <= 0 || cols <= 0 || targets <= 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(targets));
+  column_reduce_acc_kernel<<<grid, dim3(32, 32), 0, s>>>(t, partial, parts, cols);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

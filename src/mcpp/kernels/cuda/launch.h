@@ -66,6 +66,14 @@ void launch_cast(FOut out, FIn in, int64_t n, cudaStream_t s);
 // db[out] += sum over n rows of dy[n, out], deterministic; partial: fp32 scratch [column_sum_parts(n), out]
 int64_t column_sum_parts(int64_t n);
 void launch_column_sum_acc(float* db, FIn dy, int64_t n, int64_t out, float* partial, cudaStream_t s);
+// The ordered fold behind every column sum (bias grads, norm dgamma / dbeta / residual sums): for each
+// target t < targets with acc[t] non-null, acc[t][c] += sum over p < parts of partial[(t parts + p) cols + c],
+// the parts added p = y, y + 32, ... per lane y, then the 32 lanes in order (fixed for a given parts count).
+struct ColumnReduceTargets {
+  float* acc[4];
+};
+void launch_column_reduce_acc(const ColumnReduceTargets& t, int targets, const float* partial, int64_t parts,
+                              int64_t cols, cudaStream_t s);
 
 // ---- activations_kernels.cu
 void launch_gelu_fwd(FOut y, FIn x, int64_t n, cudaStream_t s);

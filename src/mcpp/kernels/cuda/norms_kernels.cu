@@ -428,34 +428,6 @@ __global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, FOut 
   }
 }
 
-// acc[c] += sum over p of partial[p, c]: thread (x, y) sums p = y, y + 32, ... in order, then the 32
-// per-y sums are added in y order. blockIdx.y selects the target: dgamma, dbeta, the dres sum, the dx sum
-// (partial + y * parts * h); a null target is skipped.
-constexpr int kReduceRows = 32;
-struct ReduceTargets {
-  float* acc[4];
-};
-__global__ void norm_param_reduce_kernel(ReduceTargets t, const float* partial, int64_t parts, int64_t h) {
-  __shared__ float s[kReduceRows][33];
-  float* acc = t.acc[blockIdx.y];
-  if (!acc) return;  // the whole block
-  const float* part = partial + static_cast<int64_t>(blockIdx.y) * parts * h;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float a = 0.0f;
-  if (col < h) {
-#pragma unroll 4
-    for (int64_t p = threadIdx.y; p < parts; p += kReduceRows) a += part[p * h + col];
-  }
-  s[threadIdx.y][threadIdx.x] = a;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < h) {
-    float t = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kReduceRows; ++i) t += s[i][threadIdx.x];
-    acc[col] += t;
-  }
-}
-
 struct VecShape {
   int w, v, r;  // warps per row, chunks per thread, rows per block
 };
@@ -586,10 +558,9 @@ void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dr
     bwd_kernel(vs.v, elem_bytes(x.kind), dres.p != nullptr, sums)<<<static_cast<unsigned>(parts), block, 0, s>>>(
         dx, partial, dbeta != nullptr, dy, x, dres, gamma, mean, rstd, n, h);
     MCPP_CUDA_LAUNCH_CHECK();
-    const dim3 rgrid(static_cast<unsigned>((h + 31) / 32), sums ? 4u : dbeta ? 2u : 1u);
-    norm_param_reduce_kernel<<<rgrid, dim3(32, kReduceRows), 0, s>>>(
-        ReduceTargets{{dgamma, dbeta, dres_sum, dx_sum}}, partial, parts, h);
-    MCPP_CUDA_LAUNCH_CHECK();
+    // partial rows: dgamma, dbeta, the dres sum, the dx sum (each [parts, h])
+    launch_column_reduce_acc(ColumnReduceTargets{{dgamma, dbeta, dres_sum, dx_sum}}, sums ? 4 : dbeta ? 2 : 1,
+                             partial, parts, h, s);
     return;
   }
   norm_bwd_input_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(dx, dy, x, dres, gamma, mean, rstd, h);
@@ -598,9 +569,8 @@ void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dr
   norm_bwd_param_kernel<<<grid, dim3(32, 8), 0, s>>>(partial, dbeta ? partial + parts * h : nullptr, dy, x, mean,
                                                      rstd, n, h);
   MCPP_CUDA_LAUNCH_CHECK();
-  norm_param_reduce_kernel<<<dim3(static_cast<unsigned>((h + 31) / 32), dbeta ? 2u : 1u), dim3(32, kReduceRows), 0,
-                             s>>>(ReduceTargets{{dgamma, dbeta, nullptr, nullptr}}, partial, parts, h);
-  MCPP_CUDA_LAUNCH_CHECK();
+  launch_column_reduce_acc(ColumnReduceTargets{{dgamma, dbeta, nullptr, nullptr}}, dbeta ? 2 : 1, partial, parts, h,
+                           s);
   if (sums) {  // the column-sum kernel over the inputs as stored; the scratch is reused in stream order
     if (dres_sum) launch_column_sum_acc(dres_sum, dres, n, h, partial, s);
     if (dx_sum) launch_column_sum_acc(dx_sum, FIn{dx.p, dx.kind}, n, h, partial, s);
