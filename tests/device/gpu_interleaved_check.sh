@@ -6,7 +6,8 @@
 # split work differ -> relative 1e-5 over 6 steps): pp4 1F1B and pp4 interleaved, each eager and with
 # --enable-cuda-graph (captured at step 3, replayed for steps 3-6); TP2 x PP2 (1F1B, + SP) graphed; then
 # hidden dropout under the interleaved graph against the eager interleaved run with the same masks, and
-# bf16 interleaved graphed vs eager. Exit 1 on any mismatch or a run without its capture event.
+# bf16 interleaved graphed vs eager; a device-time --timeline of the interleaved run (clock "device", all F / B
+# per rank, actions in order). Exit 1 on any mismatch or a run without its capture event.
 # usage (repo root, device_carry/ from bench/gpu/make_carry.sh carried): tests/device/gpu_interleaved_check.sh OUT
 set -u
 OUT=${1:?usage: gpu_interleaved_check.sh OUT}
@@ -38,6 +39,7 @@ run pp4_vp2_do 4 $VP --hidden-dropout 0.1
 run pp4_vp2_do_graph 4 $VP --hidden-dropout 0.1 $GRAPH
 run pp4_vp2_bf16 4 $VP --bf16
 run pp4_vp2_bf16_graph 4 $VP --bf16 $GRAPH
+run pp4_vp2_tl 4 $VP --bf16 --timeline "$OUT/pp4_vp2_tl.json"  # device-time timeline of the interleaved ranks
 for n in pp4_graph pp4_vp2_graph tp2pp2_graph pp4_vp2_do_graph pp4_vp2_bf16_graph; do
   grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"
 done
@@ -72,6 +74,24 @@ for n in ["pp4_graph", "pp4_vp2_graph", "tp2pp2_graph", "pp4_vp2_do_graph", "pp4
     good = len(ev) == 1 and ev[0]["iteration"] == 3
     ok &= good
     print(f"{n:19s} cuda graph: {ev[0] if ev else 'NOT CAPTURED'}")
+# The device-time timeline: clock "device", every rank's 6 steps x 8 microbatches x 2 chunks of F and B, each
+# rank's compute-stream actions back to back (an action starts at or after the previous one's end).
+try:
+    tr = json.load(open(f"{out}/pp4_vp2_tl.json"))
+except (OSError, ValueError) as e:
+    tr = {"traceEvents": [], "otherData": {}}
+    print(f"pp4_vp2_tl trace: {e}")
+xs = [e for e in tr["traceEvents"] if e.get("ph") == "X"]
+good = tr["otherData"].get("clock") == "device" and len({e["pid"] for e in xs}) == 4
+for pid in range(4):
+    mine = [e for e in xs if e["pid"] == pid]
+    for kind in ("forward", "backward"):
+        good &= sum(e["cat"] == kind for e in mine) == 6 * 8 * 2
+    good &= all(b["ts"] >= a["ts"] + a["dur"] - 1.0 for a, b in zip(mine, mine[1:]) if a["args"]["step"] == b["args"]["step"])
+bubble = records("pp4_vp2_tl", "pipeline_bubble")
+good &= len(bubble) == 1 and bubble[0].get("clock") == "device"
+ok &= good
+print(f"pp4_vp2_tl device timeline: {'OK' if good else 'BAD'} {bubble[0] if bubble else 'no bubble report'}")
 print("GPU INTERLEAVED GRAPH EQUIVALENCE", "OK" if ok else "FAILED")
 sys.exit(0 if ok else 1)
 PY

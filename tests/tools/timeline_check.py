@@ -64,12 +64,21 @@ if not failures:
     bubbles = [json.loads(l) for l in open(metrics_path) if '"pipeline_bubble"' in l]
     if len(bubbles) != 1 or abs(bubbles[0]["theoretical"] - 1 / 5) > 1e-12 or \
             sorted(s["stage"] for s in bubbles[0]["stages"]) != [0, 1] or \
-            any(not 0 <= s["measured"] < 1 for s in bubbles[0]["stages"]):
+            any(not 0 <= s["measured"] < 1 for s in bubbles[0]["stages"]) or \
+            (bubbles[0]["steps"], bubbles[0]["skipped_steps"], bubbles[0]["clock"]) != (ITERS - 1, 1, "host"):
         failures.append(f"pipeline_bubble record: {bubbles}")
     p = run([MCPP, "trace", "summarize", trace_path])
     if p.returncode != 0 or "slowest stage:" not in p.stdout or "theoretical bubble: 0.2000" not in p.stdout or \
+            "intervals: host time" not in p.stdout or \
             len([l for l in p.stdout.splitlines() if l.split()[:1] in (["0"], ["1"])]) != 2:
         failures.append(f"summarize: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+
+    p = run([MCPP, "trace", "summarize", trace_path, "--skip-steps", "1"])
+    if p.returncode != 0 or f"{ITERS - 1} step(s) summarized (the first 1 skipped as warm-up)" not in p.stdout:
+        failures.append(f"summarize --skip-steps 1: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+    p = run([MCPP, "trace", "summarize", trace_path, "--skip-steps", str(ITERS)])
+    if p.returncode != 2 or "leaves nothing" not in p.stderr:
+        failures.append(f"summarize --skip-steps {ITERS}: exit {p.returncode}, stderr {p.stderr!r}")
 
 bad = os.path.join(WORK, "bad.json")
 open(bad, "w").write('{"traceEvents": [{"ph": "X", "pid": 0}')

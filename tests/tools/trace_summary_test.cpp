@@ -69,6 +69,23 @@ TEST(TraceSummary, HandMadeTwoStageTrace) {
   const std::string table = format_summary(s);
   EXPECT_NE(table.find("slowest stage: 1"), std::string::npos) << table;
   EXPECT_NE(table.find("theoretical bubble: 0.2000"), std::string::npos) << table;
+  EXPECT_NE(table.find("intervals: host time; 2 step(s) summarized\n"), std::string::npos) << table;
+
+  // Leaving step 0 out as warm-up: only step 1's [200, 250] remains.
+  const TraceSummary w = summarize(parse_trace(j, "t.json"), 1);
+  EXPECT_EQ(w.steps, 1);
+  EXPECT_EQ(w.skipped_steps, 1);
+  EXPECT_EQ(w.ranks[0].span_us, 50.0);
+  EXPECT_EQ(w.ranks[0].busy_us, 15.0);  // [200,210] ∪ [205,215]
+  EXPECT_EQ(w.ranks[1].busy_us, 30.0);
+  EXPECT_NE(format_summary(w).find("1 step(s) summarized (the first 1 skipped as warm-up)"), std::string::npos);
+  try {
+    summarize(parse_trace(j, "t.json"), 2);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("skipping 2 warm-up step(s) leaves nothing of the trace's 2"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(TraceSummary, MalformedTracesNameFileAndEvent) {

@@ -1,11 +1,14 @@
 // training/timeline: recorder events -> merged trace JSON -> file -> tools::read_trace round trip; the
-// bubble report of a hand-made trace.
+// bubble report of a hand-made trace; the clock (host / device) named in both.
 #include "mcpp/training/timeline.h"
 
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <string>
 
+#include "mcpp/core/device_memory.h"
+#include "mcpp/core/error.h"
 #include "mcpp/tools/trace_summary.h"
 
 namespace mcpp::timeline {
@@ -63,6 +66,31 @@ TEST(Timeline, BubbleReportAveragesRanksOfAStage) {
   EXPECT_EQ(report["stages"][0]["ranks"], 2);
   EXPECT_DOUBLE_EQ(report["stages"][1]["measured"].get<double>(), 0.0);
   EXPECT_NE(format_bubble_report(report).find("0.4000"), std::string::npos);
+}
+
+TEST(Timeline, TheClockIsNamedInTheTraceAndTheReport) {
+  const nlohmann::json evs{{{"ph", "X"}, {"pid", 0}, {"tid", 0}, {"name", "F0.0"}, {"cat", "forward"}, {"ts", 0.0},
+                            {"dur", 10.0}, {"args", {{"step", 0}, {"stage", 0}}}}};
+  const nlohmann::json host = make_trace({evs}, {0}, {1, 1, 1});
+  EXPECT_EQ(host["otherData"]["clock"], "host");
+  EXPECT_EQ(bubble_report(host)["clock"], "host");
+  const nlohmann::json device = make_trace({evs}, {0}, {1, 1, 1, "device"});
+  const nlohmann::json report = bubble_report(device);
+  EXPECT_EQ(report["clock"], "device");
+  EXPECT_NE(format_bubble_report(report).find("(device time, 1 step(s);"), std::string::npos) << format_bubble_report(report);
+  TimelineRecorder cpu(0, 0);
+  EXPECT_EQ(cpu.device_clock(), nullptr);
+  EXPECT_STREQ(cpu.clock_name(), "host");
+}
+
+TEST(Timeline, DeviceTimeWithoutAGpuIsANamedError) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present (tests/cuda/device_clock_test.cpp covers it)";
+  try {
+    TimelineRecorder rec(0, 0, /*device_time=*/true);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -86,6 +86,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
 
   for (const Action& act : *a.schedule) {
     const auto t0 = a.timings ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const int64_t mark0 = a.timings && a.device_clock ? a.device_clock->mark() : -1;
     if (act.kind == ActionKind::Forward) {
       const TraceRange range(fmt::format("fwd mb {} chunk {}", act.microbatch, act.chunk));
       GPTModel& model = *a.chunks.at(static_cast<size_t>(act.chunk));
@@ -160,7 +161,10 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       }
       pc.pp()->batch_p2p(ops).wait();
     }
-    if (a.timings) a.timings->push_back({act, t0, std::chrono::steady_clock::now()});
+    if (a.timings) {
+      const int64_t mark1 = a.device_clock ? a.device_clock->mark() : -1;
+      a.timings->push_back({act, t0, std::chrono::steady_clock::now(), mark0, mark1});
+    }
   }
   MCPP_CHECK(ctxs.empty() || a.forward_only, "pipeline schedule ended with {} forward contexts never back-propagated",
              ctxs.size());

@@ -20,12 +20,16 @@
 // (1F1B: pp - rank; interleaved: schedules.h's max_activations_in_flight).
 // Optional timing (args.timings): every executed action is appended with its steady-clock start / end;
 // a Comm's interval is its whole batch_p2p call including the wait (transfer and waiting for the peer are
-// not separable on CPU ranks). training/timeline.h turns these into a trace.
+// not separable on CPU ranks). With args.device_clock (CUDA) each action also gets two compute-stream marks
+// (core/device_clock.h), before its work and after it — for a Comm after the compute stream's wait on the
+// P2P, so the interval is the time the device waited for the transfer and the peer. training/timeline.h
+// turns these into a trace.
 #pragma once
 #include <chrono>
 #include <functional>
 #include <vector>
 
+#include "mcpp/core/device_clock.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/pipeline_parallel/schedules.h"
@@ -39,6 +43,7 @@ struct MicroBatch {
 struct ActionTiming {
   Action action;
   std::chrono::steady_clock::time_point start, end;
+  int64_t device_start = -1, device_end = -1;  // DeviceClock marks (-1: host timing only)
 };
 
 struct ScheduleRunArgs {
@@ -56,6 +61,7 @@ struct ScheduleRunArgs {
   // Called before Backward(mb, c): DDP's no_sync control (the last microbatch of each chunk reduces).
   std::function<void(int64_t microbatch, int64_t chunk)> before_backward;
   std::vector<ActionTiming>* timings = nullptr;  // when set: one entry appended per executed action
+  DeviceClock* device_clock = nullptr;           // with timings: compute-stream marks around each action
   // [num_microbatches, 2] float32 on hidden_device, written by the last stage (row mb = masked_loss_stats
   // of microbatch mb); undefined: run_schedule allocates it. A CUDA-graph step passes a static buffer.
   Tensor loss_stats = {};

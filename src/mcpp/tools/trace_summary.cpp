@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "mcpp/core/error.h"
 
@@ -98,17 +99,31 @@ Trace read_trace(const std::string& path) {
   return parse_trace(j, path);
 }
 
-TraceSummary summarize(const Trace& trace) {
+TraceSummary summarize(const Trace& trace, int64_t skip_steps) {
   TraceSummary s;
+  MCPP_CHECK(skip_steps >= 0, "trace summary: skip_steps must be >= 0, got {}", skip_steps);
+  std::set<int64_t> all_steps;
+  for (const auto& e : trace.events) all_steps.insert(e.step);
+  if (skip_steps > 0 && skip_steps >= static_cast<int64_t>(all_steps.size()))
+    fail("trace summary: skipping {} warm-up step(s) leaves nothing of the trace's {} step(s)", skip_steps,
+         all_steps.size());
+  std::set<int64_t> skipped;
+  for (int64_t step : all_steps)
+    if (static_cast<int64_t>(skipped.size()) < skip_steps) skipped.insert(step);
+  s.steps = static_cast<int64_t>(all_steps.size() - skipped.size());
+  s.skipped_steps = static_cast<int64_t>(skipped.size());
+  std::vector<const TraceEvent*> kept;
+  for (const auto& e : trace.events)
+    if (!skipped.count(e.step)) kept.push_back(&e);
   std::map<int64_t, Span> windows;  // step -> [min start, max end] over all ranks
-  for (const auto& e : trace.events) {
-    auto [it, fresh] = windows.try_emplace(e.step, Span{e.ts, e.ts + e.dur});
-    if (!fresh) it->second = {std::min(it->second.start, e.ts), std::max(it->second.end, e.ts + e.dur)};
+  for (const TraceEvent* e : kept) {
+    auto [it, fresh] = windows.try_emplace(e->step, Span{e->ts, e->ts + e->dur});
+    if (!fresh) it->second = {std::min(it->second.start, e->ts), std::max(it->second.end, e->ts + e->dur)};
   }
   double span = 0;
   for (const auto& [step, w] : windows) span += w.end - w.start;
   std::map<int64_t, std::vector<const TraceEvent*>> by_pid;
-  for (const auto& e : trace.events) by_pid[e.pid].push_back(&e);
+  for (const TraceEvent* e : kept) by_pid[e->pid].push_back(e);
   for (const auto& [pid, evs] : by_pid) {
     std::vector<Span> f, b, p, all;
     RankStats r{.pid = pid, .stage = pid};
@@ -138,6 +153,7 @@ TraceSummary summarize(const Trace& trace) {
   const char* keys[] = {"pipeline_model_parallel_size", "num_microbatches", "virtual_pipeline_model_parallel_size"};
   if (std::all_of(std::begin(keys), std::end(keys), [&](const char* k) { return o.contains(k) && o[k].is_number_integer(); }))
     s.theoretical = theoretical_bubble(o[keys[0]].get<int64_t>(), o[keys[1]].get<int64_t>(), o[keys[2]].get<int64_t>());
+  if (o.contains("clock") && o["clock"].is_string()) s.clock = o["clock"].get<std::string>();
   return s;
 }
 
@@ -153,6 +169,8 @@ std::string format_summary(const TraceSummary& s) {
     out += fmt::format("slowest stage: {} (rank {}, busy {:.3f} ms)\n", r.stage, r.pid, r.busy_us / 1e3);
   }
   if (s.theoretical >= 0) out += fmt::format("theoretical bubble: {:.4f}\n", s.theoretical);
+  out += fmt::format("intervals: {} time; {} step(s) summarized", s.clock, s.steps);
+  out += s.skipped_steps > 0 ? fmt::format(" (the first {} skipped as warm-up)\n", s.skipped_steps) : "\n";
   return out;
 }
 

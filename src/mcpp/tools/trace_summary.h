@@ -65,9 +65,14 @@ struct TraceSummary {
   std::vector<RankStats> ranks;  // by pid
   int64_t slowest_pid = -1;
   double theoretical = -1;  // -1: unknown
+  std::string clock = "host";  // otherData's "clock": "device" when the intervals are GPU time (timeline.h)
+  int64_t steps = 0, skipped_steps = 0;  // steps summarized / left out (warm-up)
 };
 
-TraceSummary summarize(const Trace& trace);
+// skip_steps: the events of the first skip_steps steps (in step order) are left out — the warm-up steps,
+// where plans are built, GEMMs autotuned and P2P connections set up. Skipping every step of the trace is
+// an mcpp::Error naming both counts.
+TraceSummary summarize(const Trace& trace, int64_t skip_steps = 0);
 std::string format_summary(const TraceSummary& s);
 
 }  // namespace mcpp::tools

@@ -4,7 +4,9 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 
+#include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/tools/trace_summary.h"
 
@@ -25,9 +27,17 @@ Tensor to_tensor(const std::string& s, int64_t n) {
 
 }  // namespace
 
+TimelineRecorder::TimelineRecorder(int rank, int stage, bool device_time) : rank_(rank), stage_(stage) {
+  if (device_time) clock_ = std::make_unique<DeviceClock>();
+}
+
+TimelineRecorder::~TimelineRecorder() = default;
+
 void TimelineRecorder::start(comm::Communicator& world) {
+  if (clock_) cuda_synchronize();  // the origin mark then runs as soon as it is enqueued
   world.barrier().wait();
   origin_ = std::chrono::steady_clock::now();
+  if (clock_) origin_mark_ = clock_->mark();
 }
 
 std::vector<pipeline_parallel::ActionTiming>* TimelineRecorder::begin_step() {
@@ -42,6 +52,13 @@ nlohmann::json TimelineRecorder::events() const {
     while (step + 1 < step_begin_.size() && i >= step_begin_[step + 1]) ++step;
     const auto& t = timings_[i];
     const bool comm = t.action.kind == ActionKind::Comm;
+    double ts = micros(t.start - origin_), dur = micros(t.end - t.start);
+    if (clock_) {
+      MCPP_CHECK(t.device_start >= 0 && t.device_end >= 0, "timeline: action {} has no device marks",
+                 pipeline_parallel::to_string(t.action));
+      ts = clock_->micros_between(origin_mark_, t.device_start);
+      dur = clock_->micros_between(t.device_start, t.device_end);
+    }
     nlohmann::json args{{"step", static_cast<int64_t>(step)}, {"stage", stage_}};
     if (comm) {
       args["ops"] = pipeline_parallel::to_string(t.action);
@@ -54,8 +71,8 @@ nlohmann::json TimelineRecorder::events() const {
                    {"tid", comm ? 1 : 0},
                    {"name", comm ? pipeline_parallel::comm_name(t.action) : pipeline_parallel::to_string(t.action)},
                    {"cat", comm ? "p2p" : t.action.kind == ActionKind::Forward ? "forward" : "backward"},
-                   {"ts", micros(t.start - origin_)},
-                   {"dur", micros(t.end - t.start)},
+                   {"ts", ts},
+                   {"dur", dur},
                    {"args", std::move(args)}});
   }
   return out;
@@ -76,7 +93,8 @@ nlohmann::json make_trace(const std::vector<nlohmann::json>& rank_events, const 
           {"otherData",
            {{"pipeline_model_parallel_size", info.pipeline_model_parallel_size},
             {"num_microbatches", info.num_microbatches},
-            {"virtual_pipeline_model_parallel_size", info.virtual_pipeline_model_parallel_size}}}};
+            {"virtual_pipeline_model_parallel_size", info.virtual_pipeline_model_parallel_size},
+            {"clock", info.clock}}}};
 }
 
 nlohmann::json gather_and_write_trace(const TimelineRecorder& rec, comm::Communicator& world, int stage,
@@ -110,7 +128,10 @@ nlohmann::json gather_and_write_trace(const TimelineRecorder& rec, comm::Communi
 }
 
 nlohmann::json bubble_report(const nlohmann::json& trace) {
-  const tools::TraceSummary s = tools::summarize(tools::parse_trace(trace, "timeline"));
+  const tools::Trace parsed = tools::parse_trace(trace, "timeline");
+  std::set<int64_t> steps;
+  for (const auto& e : parsed.events) steps.insert(e.step);
+  const tools::TraceSummary s = tools::summarize(parsed, steps.size() > 1 ? 1 : 0);  // step 0: warm-up
   std::map<int64_t, std::pair<double, int>> by_stage;  // stage -> (sum of bubbles, ranks)
   for (const auto& r : s.ranks) {
     auto& [sum, count] = by_stage[r.stage];
@@ -120,12 +141,17 @@ nlohmann::json bubble_report(const nlohmann::json& trace) {
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& [stage, v] : by_stage)
     stages.push_back({{"stage", stage}, {"measured", v.first / v.second}, {"ranks", v.second}});
-  return {{"event", "pipeline_bubble"}, {"theoretical", s.theoretical}, {"stages", std::move(stages)}};
+  const std::string clock = trace.contains("otherData") ? trace["otherData"].value("clock", "host") : "host";
+  return {{"event", "pipeline_bubble"}, {"clock", clock},          {"steps", s.steps},
+          {"skipped_steps", s.skipped_steps}, {"theoretical", s.theoretical}, {"stages", std::move(stages)}};
 }
 
 std::string format_bubble_report(const nlohmann::json& report) {
-  std::string out = fmt::format(" pipeline bubble (theoretical (pp-1)/(V*M+pp-1) = {:.4f})\n{:>8} {:>10} {:>12}\n",
-                                report["theoretical"].get<double>(), "stage", "measured", "theoretical");
+  std::string out = fmt::format(
+      " pipeline bubble ({} time, {} step(s){}; theoretical (pp-1)/(V*M+pp-1) = {:.4f})\n{:>8} {:>10} {:>12}\n",
+      report.value("clock", "host"), report.value("steps", int64_t{0}),
+      report.value("skipped_steps", int64_t{0}) > 0 ? " after the warm-up step" : "",
+      report["theoretical"].get<double>(), "stage", "measured", "theoretical");
   for (const auto& s : report["stages"])
     out += fmt::format("{:>8} {:>10.4f} {:>12.4f}\n", s["stage"].get<int64_t>(), s["measured"].get<double>(),
                        report["theoretical"].get<double>());

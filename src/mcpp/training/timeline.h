@@ -7,36 +7,50 @@
 //      {"ph":"X","pid":rank,"tid":0 (compute) | 1 (p2p),"name":"F3.1" | "B3.1" | <Megatron P2P name>,
 //       "cat":"forward"|"backward"|"p2p","ts":us,"dur":us,
 //       "args":{"step":i,"stage":pp_rank,"microbatch":m,"chunk":c} (p2p: "ops": "send_forward(sn=3.0)")}, ...],
-//    "otherData": {"pipeline_model_parallel_size", "num_microbatches", "virtual_pipeline_model_parallel_size"}}
+//    "otherData": {"pipeline_model_parallel_size", "num_microbatches", "virtual_pipeline_model_parallel_size",
+//                  "clock": "host" | "device"}}
 // ts is microseconds since a common origin taken right after a world barrier (start()), so ranks align
 // to within the barrier's exit skew. A P2P interval is the whole batch_p2p call including waiting for the
 // peer (not separable on CPU ranks); tools/trace_summary.h calls it comm.
+// Clock: on CPU ranks the host's steady clock (the work runs in the calls). On the CUDA backend the host
+// only enqueues, so the recorder keeps a DeviceClock (core/device_clock.h): the origin is a compute-stream
+// mark made right after the barrier on a drained device, and every interval is the device time between the
+// runner's marks around the action (schedule_runner.h) — what the GPU did, and how long it waited in P2P.
 // The bubble report: per pipeline stage the measured bubble (trace_summary's, averaged over the stage's
-// ranks) next to the theoretical (pp-1)/(V*M+pp-1).
+// ranks; the first step left out as warm-up when there are more) next to the theoretical (pp-1)/(V*M+pp-1).
 #pragma once
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "mcpp/comm/communicator.h"
+#include "mcpp/core/device_clock.h"
 #include "mcpp/pipeline_parallel/schedule_runner.h"
 
 namespace mcpp::timeline {
 
 class TimelineRecorder {
  public:
-  TimelineRecorder(int rank, int stage) : rank_(rank), stage_(stage) {}
-  // Collective on world: barrier, then the origin is now.
+  // device_time: intervals from a DeviceClock (needs CUDA) instead of the host clock.
+  TimelineRecorder(int rank, int stage, bool device_time = false);
+  ~TimelineRecorder();
+  // Collective on world: (device time: drain the device,) barrier, then the origin is now.
   void start(comm::Communicator& world);
   // The buffer run_schedule appends one training step's actions to (a new step begins).
   std::vector<pipeline_parallel::ActionTiming>* begin_step();
-  // This rank's X events (ts relative to the origin).
+  // The clock run_schedule marks the compute stream with (nullptr: host timing).
+  DeviceClock* device_clock() const { return clock_.get(); }
+  const char* clock_name() const { return clock_ ? "device" : "host"; }
+  // This rank's X events (ts relative to the origin; device time waits for the marks to complete).
   nlohmann::json events() const;
 
  private:
   int rank_, stage_;
+  std::unique_ptr<DeviceClock> clock_;
+  int64_t origin_mark_ = -1;
   std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
   std::vector<pipeline_parallel::ActionTiming> timings_;
   std::vector<size_t> step_begin_;  // index into timings_ where each step starts
@@ -44,6 +58,7 @@ class TimelineRecorder {
 
 struct TraceInfo {
   int64_t pipeline_model_parallel_size = 1, num_microbatches = 1, virtual_pipeline_model_parallel_size = 1;
+  std::string clock = "host";  // "host" | "device": where the intervals were measured
 };
 
 // All ranks' events + metadata as a trace (events: one array per rank, in rank order).
@@ -55,7 +70,8 @@ nlohmann::json make_trace(const std::vector<nlohmann::json>& rank_events, const 
 nlohmann::json gather_and_write_trace(const TimelineRecorder& rec, comm::Communicator& world, int stage,
                                       const TraceInfo& info, const std::string& path, bool writer);
 
-// {"event":"pipeline_bubble","theoretical":x,"stages":[{"stage":s,"measured":m,"ranks":n},...]}
+// {"event":"pipeline_bubble","clock":"host"|"device","steps":n,"skipped_steps":0|1,"theoretical":x,
+//  "stages":[{"stage":s,"measured":m,"ranks":n},...]}
 nlohmann::json bubble_report(const nlohmann::json& trace);
 std::string format_bubble_report(const nlohmann::json& report);
 

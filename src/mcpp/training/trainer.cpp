@@ -229,7 +229,10 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
       },
       .loss_stats = static_inputs ? graph_loss_stats_ : Tensor()};
   for (const auto& c : chunks_) args.chunks.push_back(c.get());
-  if (timeline_ && !forward_only) args.timings = timeline_->begin_step();
+  if (timeline_ && !forward_only) {
+    args.timings = timeline_->begin_step();
+    args.device_clock = timeline_->device_clock();
+  }
   const pipeline_parallel::ScheduleRunResult r = pipeline_parallel::run_schedule(args);
   if (!forward_only) {
     stage_memory_.max_in_flight = std::max(stage_memory_.max_in_flight, r.max_in_flight);
@@ -434,7 +437,7 @@ TrainSummary Trainer::train() {
   int64_t skipped_total = 0, nan_total = 0, iters_in_window = 0;
   double loss_window = 0, grad_norm_last = 0;
   if (!t.timeline.empty()) {
-    timeline_ = std::make_unique<timeline::TimelineRecorder>(pc_.rank(), pc_.pp_rank());
+    timeline_ = std::make_unique<timeline::TimelineRecorder>(pc_.rank(), pc_.pp_rank(), device_ == Device::CUDA);
     timeline_->start(*pc_.world());
   }
   auto window_start = Clock::now();
@@ -494,7 +497,8 @@ TrainSummary Trainer::train() {
   if (timeline_) {
     const nlohmann::json trace = timeline::gather_and_write_trace(
         *timeline_, *pc_.world(), pc_.pp_rank(),
-        {pc_.pp_size(), config_.num_microbatches(), static_cast<int64_t>(chunks_.size())}, t.timeline,
+        {pc_.pp_size(), config_.num_microbatches(), static_cast<int64_t>(chunks_.size()), timeline_->clock_name()},
+        t.timeline,
         is_logging_rank());
     if (is_logging_rank()) {
       const nlohmann::json report = timeline::bubble_report(trace);

@@ -123,8 +123,8 @@ class Trainer {
   std::unique_ptr<OptimizerParamScheduler> scheduler_;
   TrainerState state_;
   MetricsWriter metrics_;
-  std::unique_ptr<timeline::TimelineRecorder> timeline_;
-  std::unique_ptr<dist_checkpointing::AsyncCheckpointSaver> async_saver_;  // --async-save  // --timeline: training-step action intervals
+  std::unique_ptr<timeline::TimelineRecorder> timeline_;  // --timeline: training-step action intervals
+  std::unique_ptr<dist_checkpointing::AsyncCheckpointSaver> async_saver_;  // --async-save
   timeline::StageMemory stage_memory_;  // activation memory maxima over the training steps (pp > 1 report)
   // --enable-cuda-graph: the captured step, its static inputs (one Batch per microbatch, on the device)
   // and loss statistics [M, 2], and the eager steps still to run before capturing.

@@ -1,5 +1,6 @@
 // Linked in a build without CUDA: every CUDA op and the device-memory seam report it clearly.
 #include "mcpp/core/cuda_graph.h"
+#include "mcpp/core/device_clock.h"
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/trace_range.h"
@@ -29,6 +30,13 @@ bool CudaGraph::captured() const { return false; }
 int64_t CudaGraph::num_nodes() const { return 0; }
 int64_t CudaGraph::replays() const { return 0; }
 bool stream_capturing() { return false; }
+
+struct DeviceClock::Impl {};
+DeviceClock::DeviceClock() { fail("DeviceClock: device timing needs the CUDA backend: this mcpp was built without CUDA"); }
+DeviceClock::~DeviceClock() = default;
+int64_t DeviceClock::mark() { fail("DeviceClock::mark: this mcpp was built without CUDA"); }
+double DeviceClock::micros_between(int64_t, int64_t) const { fail("DeviceClock: this mcpp was built without CUDA"); }
+int64_t DeviceClock::size() const { return 0; }
 
 namespace ops::cuda {
 namespace {

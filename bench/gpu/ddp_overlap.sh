@@ -1,0 +1,51 @@
+#!/bin/bash
+# How much DDP's bucketed gradient all-reduce costs DP2 and how much of it --overlap-grad-reduce hides
+# (kind nvidia-h200-x2 or larger; 2 GPUs used): GPT-2 124M shapes (T 1024, bf16, random tokens), micro
+# batch 32 per rank (global 64), fp32 main grads all-reduced (0.5 GB per step). Rows, each against ONE GPU
+# with micro batch 32 in the same call: DP2 without overlap (all buckets after the backward), DP2 with
+# overlap at the default bucket size (40M elements: the buckets of the last layers post mid-backward, the
+# first layers' and the embedding's at its end) and at 10M / 4M elements (more buckets, posted earlier).
+# The exposed communication per step = DP2 ms/iter - one GPU's (the same work per rank otherwise).
+# 20 iterations logged every 10: the second window.
+# usage (device machine, repo root, device_carry/ carried): bench/gpu/ddp_overlap.sh OUT
+set -u
+OUT=$1
+mkdir -p "$OUT"
+. bench/gpu/env.sh
+[ -f /tmp/rnd.bin ] || python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 >/dev/null
+M124="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
+  --tokenizer-type NullTokenizer --vocab-size 50304 --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda
+  --lr 1e-4 --lr-decay-style constant --train-iters 20 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd
+  --split 100,0,0 --micro-batch-size 32"
+run() {  # name np extra...
+  local name=$1 np=$2
+  shift 2
+  if [ "$np" = 1 ]; then CUDA_VISIBLE_DEVICES=0 "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
+  else CUDA_VISIBLE_DEVICES=0,1 $MPIRUN -np "$np" "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1; fi
+  echo "$name: exit $?"
+}
+run gpu1 1 --global-batch-size 32
+run dp2_sync 2 --global-batch-size 64
+run dp2_overlap 2 --global-batch-size 64 --overlap-grad-reduce
+run dp2_overlap_b10m 2 --global-batch-size 64 --overlap-grad-reduce --ddp-bucket-size 10000000
+run dp2_overlap_b4m 2 --global-batch-size 64 --overlap-grad-reduce --ddp-bucket-size 4000000
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+def last(n):
+    try:
+        it = [r for r in map(json.loads, open(f"{out}/{n}.jsonl")) if "tokens_per_sec" in r]
+    except OSError:
+        return None
+    return it[-1] if it else None
+base = last("gpu1")
+print("| layout | tok/s | ms/iter | vs one GPU | exposed comm (ms/iter over one GPU) |")
+print("| --- | --- | --- | --- | --- |")
+for n in ["gpu1", "dp2_sync", "dp2_overlap", "dp2_overlap_b10m", "dp2_overlap_b4m"]:
+    r = last(n)
+    if not r:
+        print(f"| {n} | no result | | | |"); continue
+    ms = r["elapsed_ms_per_iter"]
+    extra = f"{r['tokens_per_sec'] / base['tokens_per_sec']:.3f}x | {ms - base['elapsed_ms_per_iter']:.2f}" if base and n != "gpu1" else " | "
+    print(f"| {n} | {r['tokens_per_sec']:,.0f} | {ms:.2f} | {extra} |")
+PY
