@@ -17,7 +17,7 @@
 // --attention-qkv-cudnn | --gemm-survey]
 // (prints a markdown table; --attention: only the attention rows; --memory-bound: only layernorm, cross
 // entropy and AdamW; --mlp: only the GELU MLP fusion rows, fused vs unfused; --attention-qkv: only the
-// split-vs-packed qkv attention rows (--attention-qkv-cudnn: only their default, cuDNN, rows); --gemm-survey: only the cuBLASLt autotuning survey, its own table:
+// split-vs-packed qkv attention rows (--attention-qkv-cudnn: only their cuDNN rows); --gemm-survey: only the cuBLASLt autotuning survey, its own table:
 // every training GEMM of the 124M and 1.3B steps with the heuristic's candidates timed by the tuner of
 // kernels/cuda/gemm.cpp — median of 5 single-launch cudaEvent timings each — and the one it keeps)
 #include <chrono>
@@ -261,21 +261,38 @@ void bench_adamw() {
       time_op([&] { mcpp::ops::adamw_multi_step(list, opt); }, list[0].param, g_iters, g_reps), 0, bytes);
 }
 
-// ng < nq: GQA (ng kv groups); deterministic: the mcpp kernels instead of the default (cuDNN).
+// Which attention the rows run: cuDNN's fused attention (default), its deterministic backward
+// (--deterministic-mode), or the mcpp tensor-core kernels (ops::cuda::set_cudnn_attention(false)).
+enum class AttnPath { Cudnn, CudnnDeterministic, Mcpp };
+const char* path_label(AttnPath p) {
+  return p == AttnPath::Cudnn ? " (default: cuDNN)" : p == AttnPath::CudnnDeterministic ? " (deterministic: cuDNN)"
+                                                                                         : " (mcpp kernels)";
+}
+struct AttnPathScope {  // sets the process-wide cuDNN switch for one bench row group
+  explicit AttnPathScope(AttnPath p) : prev(mcpp::ops::cuda::cudnn_attention()) {
+    mcpp::ops::cuda::set_cudnn_attention(p != AttnPath::Mcpp);
+  }
+  ~AttnPathScope() { mcpp::ops::cuda::set_cudnn_attention(prev); }
+  bool prev;
+};
+
+// ng < nq: GQA (ng kv groups).
 void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d, int64_t ng = 0,
-                     bool deterministic = false) {
+                     AttnPath path = AttnPath::Cudnn) {
   if (ng == 0) ng = nq;
+  const AttnPathScope scope(path);
   Tensor q = filled({s, b, nq, d}, DType::BF16, 1.0f), k = filled({s, b, ng, d}, DType::BF16, 2.0f);
   Tensor v = filled({s, b, ng, d}, DType::BF16, 3.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
   Tensor o = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA), lse = Tensor::empty({b, nq, s}, DType::F32, Device::CUDA);
   Tensor dq = Tensor::empty({s, b, nq, d}, DType::BF16, Device::CUDA);
   Tensor dk = Tensor::empty({s, b, ng, d}, DType::BF16, Device::CUDA);
   Tensor dv = Tensor::empty({s, b, ng, d}, DType::BF16, Device::CUDA);
-  mcpp::ops::AttentionOptions opt{
-      .softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true, .deterministic = deterministic};
+  mcpp::ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)),
+                                  .causal = true,
+                                  .deterministic = path == AttnPath::CudnnDeterministic};
   std::string shape = ng == nq ? fmt::format("{} s{} b{} h{} d{} causal", name, s, b, nq, d)
                                : fmt::format("{} s{} b{} h{} g{} d{} causal", name, s, b, nq, ng, d);
-  const std::string how = ng == nq && !deterministic ? "" : deterministic ? " (mcpp kernels)" : " (default: cuDNN)";
+  const std::string how = path_label(path);
   double fwd = 4.0 * b * nq * s * s * d / 2;
   int it = std::max(2, g_iters / 5);
   row("flash attention fwd" + how, shape,
@@ -287,20 +304,21 @@ void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t
 
 // Megatron's fused qkv [s, b, ng (r + 2) d] (MHA here: r = 1) into attention: the split path (qkv_split
 // copy + attention; attention bwd + qkv_merge copy) against the packed ops reading / writing the fused rows
-// in place. Same attention FLOPs; the difference is the two copies. Both attention dispatches: the mcpp
-// kernels (deterministic) and the default (cuDNN's fused attention where it has an engine).
-void bench_attention_qkv(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d, bool deterministic) {
+// in place. Same attention FLOPs; the difference is the two copies. Each attention path (AttnPath).
+void bench_attention_qkv(const char* name, int64_t s, int64_t b, int64_t nq, int64_t d, AttnPath path) {
   const int64_t ng = nq;
+  const AttnPathScope scope(path);
   auto dev = [](const mcpp::Shape& sh, DType dt) { return Tensor::empty(sh, dt, Device::CUDA); };
   Tensor qkv = filled({s, b, (nq + 2 * ng) * d}, DType::BF16, 1.0f), dout = filled({s, b, nq, d}, DType::BF16, 4.0f);
   Tensor q = dev({s, b, nq, d}, DType::BF16), k = dev({s, b, ng, d}, DType::BF16), v = dev({s, b, ng, d}, DType::BF16);
   Tensor dq = dev({s, b, nq, d}, DType::BF16), dk = dev({s, b, ng, d}, DType::BF16);
   Tensor dv = dev({s, b, ng, d}, DType::BF16);
   Tensor o = dev({s, b, nq, d}, DType::BF16), lse = dev({b, nq, s}, DType::F32), dqkv = dev(qkv.shape(), DType::BF16);
-  mcpp::ops::AttentionOptions opt{
-      .softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)), .causal = true, .deterministic = deterministic};
+  mcpp::ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)),
+                                  .causal = true,
+                                  .deterministic = path == AttnPath::CudnnDeterministic};
   std::string shape = fmt::format("{} s{} b{} h{} d{} causal", name, s, b, nq, d);
-  const std::string how = deterministic ? " (mcpp kernels)" : " (default: cuDNN)";
+  const std::string how = path_label(path);
   double fwd = 4.0 * b * nq * s * s * d / 2;
   int it = std::max(2, g_iters / 5);
   row("qkv_split + flash attention fwd" + how, shape, time_op([&] {
@@ -320,9 +338,9 @@ void bench_attention_qkv(const char* name, int64_t s, int64_t b, int64_t nq, int
 }
 
 void bench_attention_qkv_all() {
-  for (bool deterministic : {true, false}) {
-    bench_attention_qkv("124M", 1024, 32, 12, 64, deterministic);
-    bench_attention_qkv("1.3B", 2048, 8, 16, 128, deterministic);
+  for (AttnPath path : {AttnPath::Mcpp, AttnPath::CudnnDeterministic, AttnPath::Cudnn}) {
+    bench_attention_qkv("124M", 1024, 32, 12, 64, path);
+    bench_attention_qkv("1.3B", 2048, 8, 16, 128, path);
   }
 }
 
@@ -449,8 +467,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (qkv_cudnn_only) {
-      bench_attention_qkv("124M", 1024, 32, 12, 64, false);
-      bench_attention_qkv("1.3B", 2048, 8, 16, 128, false);
+      for (AttnPath path : {AttnPath::Cudnn, AttnPath::CudnnDeterministic}) {
+        bench_attention_qkv("124M", 1024, 32, 12, 64, path);
+        bench_attention_qkv("1.3B", 2048, 8, 16, 128, path);
+      }
       return 0;
     }
     if (qkv_only) {
@@ -473,10 +493,12 @@ int main(int argc, char** argv) {
       bench_cross_entropy("124M B8 T1024", 8192, 50304);
       bench_adamw();
     }
-    bench_attention("124M", 1024, 32, 12, 64);
-    bench_attention("1.3B", 2048, 8, 16, 128);
-    bench_attention("8K", 8192, 2, 16, 128);
-    for (bool det : {false, true}) bench_attention("1.3B GQA", 2048, 8, 16, 128, 4, det);
+    for (AttnPath path : {AttnPath::Cudnn, AttnPath::CudnnDeterministic, AttnPath::Mcpp}) {
+      bench_attention("124M", 1024, 32, 12, 64, 0, path);
+      bench_attention("1.3B", 2048, 8, 16, 128, 0, path);
+      bench_attention("8K", 8192, 2, 16, 128, 0, path);
+      bench_attention("1.3B GQA", 2048, 8, 16, 128, 4, path);
+    }
     bench_attention_qkv_all();
   } catch (const mcpp::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

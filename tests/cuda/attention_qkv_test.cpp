@@ -1,8 +1,9 @@
 // CUDA flash_attention_{fwd,bwd}_qkv, reading Megatron's fused qkv in place through AttnShape::packed_layout:
-//   - deterministic mode (the mcpp tensor-core kernels) against the CUDA split path it replaces —
+//   - the mcpp tensor-core kernels (cuDNN switched off) against the CUDA split path they replace —
 //     qkv_split + flash_attention_fwd and flash_attention_bwd + qkv_merge — BITWISE: the same kernel
 //     arithmetic, only the addressing differs. d 64 and 128, MHA, GQA (nq/ng = 2, 4) and MQA, causal and
 //     full, s not a multiple of the 64/128-row tiles.
+//   - deterministic mode on cuDNN (its deterministic backward graph, packed strides): repeats bit for bit.
 //   - the default mode (cuDNN's fused attention with the packed strides where it has an engine: MHA; GQA
 //     takes the split composition, i.e. cuDNN on the split layout) against the CPU op, bf16 tolerance.
 //   - the fallback (fp32, or bf16 qkv with fp32 o: split + attention + merge) against the CPU op.
@@ -57,8 +58,9 @@ void check_packed_equals_split(const Case& c) {
   EXPECT_REL(host(o), o_cpu, tol(bf, 0));
 }
 
-TEST(CudaFlashAttentionQkv, DeterministicPackedEqualsSplitBitwise) {
+TEST(CudaFlashAttentionQkv, McppKernelsPackedEqualsSplitBitwise) {
   MCPP_REQUIRE_CUDA();
+  const CudnnAttentionScope mcpp_kernels(false);
   for (bool causal : {true, false}) {
     check_packed_equals_split({.s = 80, .b = 2, .nq = 4, .ng = 4, .d = 64, .causal = causal});    // MHA
     check_packed_equals_split({.s = 200, .b = 2, .nq = 8, .ng = 4, .d = 64, .causal = causal});   // GQA r = 2
@@ -67,6 +69,32 @@ TEST(CudaFlashAttentionQkv, DeterministicPackedEqualsSplitBitwise) {
     check_packed_equals_split({.s = 45, .b = 2, .nq = 4, .ng = 1, .d = 64, .causal = causal});    // MQA r = 4
   }
   check_packed_equals_split({.s = 1031, .b = 1, .nq = 12, .ng = 12, .d = 64, .causal = true});  // 124M heads
+}
+
+TEST(CudaFlashAttentionQkv, DeterministicCudnnBackwardRepeatsBitForBit) {
+  MCPP_REQUIRE_CUDA();
+  const DType bf = DType::BF16;
+  for (const Case& c : {Case{1024, 4, 12, 12, 64, true}, Case{512, 2, 8, 4, 128, true}}) {
+    SCOPED_TRACE(::testing::Message() << "s=" << c.s << " nq=" << c.nq << " ng=" << c.ng << " d=" << c.d);
+    const ops::AttentionOptions opt{
+        .softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)), .causal = c.causal, .deterministic = true};
+    Tensor qkv = dev(rnd({c.s, c.b, (c.nq + 2 * c.ng) * c.d}, 41, bf, -2, 2), bf);
+    Tensor dout = dev(rnd({c.s, c.b, c.nq, c.d}, 42, bf), bf);
+    Tensor o = poisoned({c.s, c.b, c.nq, c.d}, bf), lse = poisoned({c.b, c.nq, c.s}, DType::F32);
+    ops::flash_attention_fwd_qkv(o, lse, qkv, c.ng, opt);
+    Tensor first = poisoned(qkv.shape(), bf);
+    ops::flash_attention_bwd_qkv(first, dout, qkv, o, lse, c.ng, opt);
+    for (int rep = 1; rep < 4; ++rep) {
+      Tensor again = poisoned(qkv.shape(), bf);
+      ops::flash_attention_bwd_qkv(again, dout, qkv, o, lse, c.ng, opt);
+      EXPECT_TRUE(same_bits(again, first)) << "repetition " << rep;
+    }
+    if (c.s > 512) continue;  // the CPU reference of the larger case costs seconds; the smaller one shows
+    // it is the backward (against the CPU op)
+    Tensor dqkv_cpu = Tensor::empty(qkv.shape());
+    ops::cpu::flash_attention_bwd_qkv(dqkv_cpu, host(dout), host(qkv), host(o), host(lse), c.ng, opt, {});
+    EXPECT_REL(host(first), dqkv_cpu, tol(bf, 0));
+  }
 }
 
 // The default (non-deterministic) bf16 dispatch against the CPU op: cuDNN with packed strides for MHA, the

@@ -16,12 +16,13 @@ struct AttnCase {
   bool causal;
 };
 
-// deterministic = false lets bf16 calls take cuDNN's fused attention (where it has an engine), true keeps
-// the mcpp tensor-core kernels; both must match the CPU within the bf16 tolerance.
+// bf16 calls take cuDNN's fused attention where it has an engine (deterministic: its deterministic backward
+// graph) unless the caller turned cuDNN off (CudnnAttentionScope: the mcpp tensor-core kernels); every path
+// must match the CPU within the bf16 tolerance.
 void check_case(const AttnCase& c, DType dt, bool deterministic = false) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " s=" << c.s << " b=" << c.b << " nq=" << c.nq
                                     << " ng=" << c.ng << " d=" << c.d << " causal=" << c.causal
-                                    << " deterministic=" << deterministic);
+                                    << " deterministic=" << deterministic << " cudnn=" << ops::cuda::cudnn_attention());
   const Shape qs{c.s, c.b, c.nq, c.d}, ks{c.s, c.b, c.ng, c.d}, ls{c.b, c.nq, c.s};
   const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
                                   .causal = c.causal,
@@ -137,32 +138,55 @@ TEST(CudaFlashAttention, Bf16ManyHeads) {
 }
 
 // Every block owns its outputs (no atomics): two backward runs are bit-identical.
-// The same cases on both bf16 paths: the deterministic mcpp kernels and (default) cuDNN's fused attention.
-TEST(CudaFlashAttention, Bf16DeterministicKernelsAndCudnnMatchCpu) {
+// The same cases on every bf16 path: cuDNN (default and deterministic backward) and the mcpp kernels.
+TEST(CudaFlashAttention, Bf16CudnnDeterministicAndMcppKernelsMatchCpu) {
   MCPP_REQUIRE_CUDA();
-  for (bool deterministic : {true, false}) {
-    check_case({.s = 1024, .b = 2, .nq = 4, .ng = 4, .d = 64, .causal = true}, DType::BF16, deterministic);
-    check_case({.s = 333, .b = 2, .nq = 4, .ng = 2, .d = 128, .causal = true}, DType::BF16, deterministic);
-    check_case({.s = 200, .b = 1, .nq = 2, .ng = 2, .d = 64, .causal = false}, DType::BF16, deterministic);
+  for (bool cudnn : {true, false}) {
+    const CudnnAttentionScope scope(cudnn);
+    for (bool deterministic : {true, false}) {
+      if (!cudnn && !deterministic) continue;  // the mcpp kernels do not depend on the flag
+      check_case({.s = 1024, .b = 2, .nq = 4, .ng = 4, .d = 64, .causal = true}, DType::BF16, deterministic);
+      check_case({.s = 333, .b = 2, .nq = 4, .ng = 2, .d = 128, .causal = true}, DType::BF16, deterministic);
+      check_case({.s = 200, .b = 1, .nq = 2, .ng = 2, .d = 64, .causal = false}, DType::BF16, deterministic);
+    }
   }
 }
 
-TEST(CudaFlashAttention, Bf16BackwardIsDeterministic) {  // AttentionOptions::deterministic (--deterministic-mode)
+// AttentionOptions::deterministic (--deterministic-mode): the backward repeats bit for bit, on cuDNN's
+// deterministic graph (which must be the one that ran where cuDNN has an engine) and on the mcpp kernels.
+// Shapes large enough for many CTAs per (batch, head) — where the default graph's dQ atomics reorder.
+TEST(CudaFlashAttention, Bf16BackwardIsDeterministic) {
   MCPP_REQUIRE_CUDA();
-  const int64_t s = 300, b = 2, nq = 4, ng = 2, d = 64;
-  const ops::AttentionOptions opt{.softmax_scale = 0.125f, .causal = true, .deterministic = true};
-  Tensor q = dev(rnd({s, b, nq, d}, 11, DType::BF16), DType::BF16), k = dev(rnd({s, b, ng, d}, 12, DType::BF16), DType::BF16);
-  Tensor v = dev(rnd({s, b, ng, d}, 13, DType::BF16), DType::BF16), dout = dev(rnd({s, b, nq, d}, 14, DType::BF16), DType::BF16);
-  Tensor o = poisoned({s, b, nq, d}, DType::BF16), lse = poisoned({b, nq, s}, DType::F32);
-  ops::flash_attention_fwd(o, lse, q, k, v, opt);
-  Tensor first[3], second[3];
-  for (Tensor* out : {first, second}) {
-    for (int i = 0; i < 3; ++i) out[i] = poisoned(i == 0 ? q.shape() : k.shape(), DType::BF16);
-    ops::flash_attention_bwd(out[0], out[1], out[2], dout, q, k, v, o, lse, opt);
-  }
-  for (int i = 0; i < 3; ++i) {
-    Tensor x = first[i].to(Device::CPU), y = second[i].to(Device::CPU);
-    EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << "grad " << i;
+  struct Shape5 {
+    int64_t s, b, nq, ng, d;
+  };
+  for (bool cudnn : {true, false}) {
+    const CudnnAttentionScope scope(cudnn);
+    for (const Shape5& c : {Shape5{300, 2, 4, 2, 64}, Shape5{1024, 4, 8, 8, 64}, Shape5{2048, 2, 4, 4, 128}}) {
+      SCOPED_TRACE(::testing::Message() << "cudnn=" << cudnn << " s=" << c.s << " b=" << c.b << " nq=" << c.nq
+                                        << " ng=" << c.ng << " d=" << c.d);
+      const ops::AttentionOptions opt{.softmax_scale = 0.125f, .causal = true, .deterministic = true};
+      const DType bf = DType::BF16;
+      Tensor q = dev(rnd({c.s, c.b, c.nq, c.d}, 11, bf), bf), k = dev(rnd({c.s, c.b, c.ng, c.d}, 12, bf), bf);
+      Tensor v = dev(rnd({c.s, c.b, c.ng, c.d}, 13, bf), bf), dout = dev(rnd({c.s, c.b, c.nq, c.d}, 14, bf), bf);
+      Tensor o = poisoned({c.s, c.b, c.nq, c.d}, bf), lse = poisoned({c.b, c.nq, c.s}, DType::F32);
+      ops::flash_attention_fwd(o, lse, q, k, v, opt);
+      const auto before = ops::cuda_cudnn_attention_counts();
+      Tensor first[3], again[3];
+      for (int rep = 0; rep < 4; ++rep) {
+        Tensor* out = rep == 0 ? first : again;
+        for (int i = 0; i < 3; ++i) out[i] = poisoned(i == 0 ? q.shape() : k.shape(), bf);
+        ops::flash_attention_bwd(out[0], out[1], out[2], dout, q, k, v, o, lse, opt);
+        if (rep == 0) continue;
+        for (int i = 0; i < 3; ++i) {
+          Tensor x = first[i].to(Device::CPU), y = again[i].to(Device::CPU);
+          EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << "grad " << i << ", repetition " << rep;
+        }
+      }
+      const auto after = ops::cuda_cudnn_attention_counts();
+      if (!cudnn) EXPECT_EQ(after.bwd, before.bwd) << "cuDNN switched off, yet a cuDNN backward ran";
+      else if (after.fwd > 0) EXPECT_EQ(after.bwd - before.bwd, 4) << "cuDNN runs the forward but not this backward";
+    }
   }
 }
 

@@ -16,12 +16,22 @@
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/tensor.h"
+#include "mcpp/kernels/deterministic_kernels.h"
 #include "mcpp/kernels/ops.h"
 
 #define MCPP_REQUIRE_CUDA() \
   if (!::mcpp::cuda_available()) GTEST_SKIP() << "no CUDA device"
 
 namespace mcpp::cuda_test {
+
+// Sets ops::cuda::set_cudnn_attention for a scope (off: the bf16 attention ops run the mcpp kernels).
+struct CudnnAttentionScope {
+  explicit CudnnAttentionScope(bool on) : prev(ops::cuda::cudnn_attention()) { ops::cuda::set_cudnn_attention(on); }
+  ~CudnnAttentionScope() { ops::cuda::set_cudnn_attention(prev); }
+  CudnnAttentionScope(const CudnnAttentionScope&) = delete;
+  CudnnAttentionScope& operator=(const CudnnAttentionScope&) = delete;
+  bool prev;
+};
 
 // CPU float32 tensor, uniform in [lo, hi), rounded to `dt` precision (bf16 / f16) when dt != F32.
 inline Tensor rnd(const Shape& shape, uint64_t seed, DType dt = DType::F32, double lo = -1.0, double hi = 1.0) {

@@ -22,8 +22,9 @@ struct GemmOptions {
 struct AttentionOptions {
   float softmax_scale = 1.0f;  // usually 1/sqrt(d)
   bool causal = true;
-  // CUDA: false lets bf16 calls run cuDNN's fused attention where it has an engine (faster; its backward
-  // is not bit-identical run to run); true keeps the deterministic mcpp kernels. CPU: always deterministic.
+  // CUDA bf16 calls run cuDNN's fused attention where it has an engine: false = its fastest backward (dQ
+  // added with atomics: not bit-identical run to run); true = its deterministic backward graph (bitwise
+  // repeatable, slower), or the mcpp kernels where cuDNN has none. CPU: always deterministic.
   bool deterministic = false;
 };
 

@@ -106,7 +106,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--vocab-size", m.vocab_size, "vocabulary size (NullTokenizer)");
   app.add_option("--attention-impl", m.attention_impl, "flash|unfused");
   app.add_flag("--deterministic-mode", m.deterministic_mode,
-               "bit-identical GPU runs (CUDA attention: mcpp kernels instead of cuDNN's fused attention)");
+               "bit-identical GPU runs (cuDNN's deterministic attention backward, GEMM autotuning off, ordered "
+               "embedding backward)");
   app.add_flag("--apply-query-key-layer-scaling", m.apply_query_key_layer_scaling);
   app.add_option("--recompute-granularity", m.recompute_granularity, "full|selective");
   app.add_option("--recompute-method", m.recompute_method, "uniform|block");

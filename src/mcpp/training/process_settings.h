@@ -5,7 +5,8 @@
 //     heuristic #0, so separate runs pick the same algorithms and give the same bits; and the ordered
 //     (atomics-free) form of the CUDA ops that have one (ops::cuda::set_deterministic_kernels(true),
 //     kernels/deterministic_kernels.h: the embedding backward). Without the flag both switches are left
-//     as they are (MCPP_GEMM_AUTOTUNE, default on; atomics).
+//     as they are (MCPP_GEMM_AUTOTUNE, default on; atomics). (The attention reads the flag per call:
+//     AttentionOptions::deterministic, cuDNN's deterministic backward.)
 // Within one process a tuned choice never changes, so this only matters across runs: hence a process
 // setting, not a Trainer one.
 #pragma once

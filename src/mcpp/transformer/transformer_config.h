@@ -62,9 +62,9 @@ struct TransformerConfig {
   int64_t vocab_size = 0;         // unpadded, from the tokenizer (or --vocab-size for NullTokenizer)
   int64_t make_vocab_size_divisible_by = 128;
   std::string attention_impl = "flash";  // ModuleSpec choice: "flash" | "unfused" (DotProductAttention)
-  // Megatron's --deterministic-mode: bit-identical runs on the GPU too. Today it only matters to the CUDA
-  // flash attention: off = cuDNN's fused attention where it has an engine (its backward accumulates dQ
-  // with atomics), on = the mcpp kernels (deterministic two-pass backward).
+  // Megatron's --deterministic-mode: bit-identical runs on the GPU too (training/process_settings.h). For
+  // the CUDA flash attention: off = cuDNN's fastest backward (dQ accumulated with atomics), on = its
+  // deterministic backward graph (or the mcpp kernels where cuDNN has no engine).
   bool deterministic_mode = false;
   bool apply_query_key_layer_scaling = false;
   // Activation recompute (Megatron's names; none of them changes the math):

@@ -5,22 +5,31 @@
 //   flash_attention_bwd: dq[s, b, nq, d], dk/dv[s, b, ng, d] (OVERWRITTEN; dk/dv sum over a group's heads),
 //     from dout and the saved o, lse; a float32 [b, nq, s] scratch holds delta = rowsum(dout * o).
 // Dispatch: when every tensor of the call (q, k, v, o; bwd also dout, dq, dk, dv) is bf16, contiguous and
-// 16-byte aligned: cuDNN's fused flash attention (cudnn_attention.h) unless opt.deterministic or cuDNN has no
-// engine for the shape (same lse semantics, so a forward and a backward may take different paths), else
-// the tensor-core kernels run (attention_mma_{fwd,bwd}_kernels.cu: mma.sync bf16, fp32
-// accumulate, P and dS rounded to bf16 before their products as in FlashAttention-2; deterministic).
+// 16-byte aligned: cuDNN's fused flash attention (cudnn_attention.h; opt.deterministic: its deterministic
+// backward graph) unless ops::cuda::set_cudnn_attention(false) or cuDNN has no engine for the shape (same
+// lse semantics, so a forward and a backward may take different paths), else the tensor-core kernels run
+// (attention_mma_{fwd,bwd}_kernels.cu: mma.sync bf16, fp32 accumulate, P and dS rounded to bf16 before
+// their products as in FlashAttention-2; deterministic).
 // Otherwise the fp32 CUDA-core kernels (attention_kernels.cu): q/k/v/o and grads float32 or bf16, each
 // tensor may differ (rounded on store), math float32; their grid limits b * nq <= 65535.
 // Never materializes [s, s]. Asynchronous on stream_of(stream) (the delta scratch is freed stream-ordered).
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/cuda/cudnn_attention.h"
+#include "mcpp/kernels/deterministic_kernels.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp::ops::cuda {
 using namespace cuda_detail;
+
+namespace {
+std::atomic<bool> g_cudnn_attention{true};
+}  // namespace
+void set_cudnn_attention(bool on) { g_cudnn_attention = on; }
+bool cudnn_attention() { return g_cudnn_attention; }
 
 namespace {
 AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
@@ -65,7 +74,7 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
   const AttnShape a = check_qkv(op, q, k, v, lse, opt);
   require_same_shape(op, "o", o, "q", q);
   if (mma_path({&o, &q, &k, &v})) {
-    if (!opt.deterministic &&
+    if (cudnn_attention() &&
         cudnn_attention_fwd(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream)))
       return;
     launch_attention_fwd_mma(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream));
@@ -90,8 +99,9 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
   Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
   if (mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o})) {
-    if (opt.deterministic || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(),
-                                                  o.raw(), lse.data<float>(), delta.data<float>(), a, s))
+    if (!cudnn_attention() || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(),
+                                                   v.raw(), o.raw(), lse.data<float>(), delta.data<float>(), a,
+                                                   opt.deterministic, s))
       launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
                                lse.data<float>(), delta.data<float>(), a, s);
   } else {

@@ -44,6 +44,11 @@ bool g_deterministic = false;  // kept for the query; no CUDA op reads it in thi
 }  // namespace
 void set_deterministic_kernels(bool on) { g_deterministic = on; }
 bool deterministic_kernels() { return g_deterministic; }
+namespace {
+bool g_cudnn_attention = true;  // kept for the query; no CUDA op reads it in this build
+}  // namespace
+void set_cudnn_attention(bool on) { g_cudnn_attention = on; }
+bool cudnn_attention() { return g_cudnn_attention; }
 }  // namespace ops::cuda
 
 void trace_range_push(const char*) {}  // no profiler ranges without CUDA

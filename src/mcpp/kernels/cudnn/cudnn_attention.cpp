@@ -12,13 +12,17 @@
 //   bwd graph: softmax_sum = rowsum(dO * O) (a real fp32 [b, nq, s] tensor: our delta scratch),
 //     S = Q K^T * scale, P = exp(mask(S - Stats)), dV = P^T dO, dP = dO V^T, dS = P (dP - softmax_sum)
 //     * scale, dK = dS^T Q, dQ_acc = dS K (fp32 scratch, zeroed here), dQ = dQ_acc (identity, bf16).
+//   deterministic bwd graph (cudnn-frontend's is_deterministic_algorithm on Hopper): the same, but
+//     dQ = dS K straight into bf16 dQ — no fp32 accumulator, which the engine then serves with its dP
+//     workspace (dS kept as bf16 [b, nq, s, s] in the plan's workspace, dQ a separate ordered product):
+//     bitwise repeatable, more workspace (~b nq s^2 2 bytes), slower than the atomics.
 // Layout: q/k/v/dq/dk/dv through the AttnShape layout fields (split or packed qkv), o/dout [s, b, nq, d],
 // lse/delta [b, nq, s]. A packed layout with GQA (nq != ng) has no uniform head stride: not supported (the
 // packed op then splits and calls the split layout). The backward with GQA runs the MHA graph on k/v
 // repeated to nq heads and sums dk/dv per group (gqa_bwd). Non-causal graphs have no -inf tensor, and the
 // variant pack must name exactly the graph's tensors.
-// The backward engines accumulate dQ with atomics: results are not bit-identical run to run (callers
-// that need determinism do not come here: AttentionOptions::deterministic).
+// The default backward engines accumulate dQ with atomics: results are not bit-identical run to run;
+// AttentionOptions::deterministic asks for the deterministic graph above.
 // Plans are built once per (direction, shape, layout) and cached; a failed build is cached too (and
 // reported on stderr when it is built). The cache is an LRU of ops::set_cudnn_plan_cache_capacity()
 // entries (default 64; --variable-seq-lengths builds one plan pair per length): evicting a plan first
@@ -261,7 +265,7 @@ std::unique_ptr<Graph> build_fwd(cudnnHandle_t h, const AttnShape& a) {
   return g;
 }
 
-std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a) {
+std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a, bool deterministic) {
   auto g = std::make_unique<Graph>();
   const Layout l = layout_of(a);
   const int64_t B = a.b, H = a.nq, G = a.ng, S = a.s, D = a.d;
@@ -276,7 +280,6 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a) {
   auto dk = g->tensor(kDK, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
   auto dv = g->tensor(kDV, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
   auto softmax_sum = g->tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, s1, l.stats);
-  auto dq_acc = g->tensor(kDQAcc, CUDNN_DATA_FLOAT, {B, H, S, D}, packed({B, H, S, D}));
   auto scale = g->scalar(kScale), one = g->scalar(kOne);
   // softmax_sum = rowsum(dO * O) * 1
   auto doo = g->tensor(4, CUDNN_DATA_FLOAT, {B, H, S, D}, {H * S * D, S * D, H * D, 1}, true);
@@ -311,17 +314,26 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a) {
   auto dst = g->tensor(28, CUDNN_DATA_BFLOAT16, ss, sst_str, true);
   g->reshape(ds, dst);
   g->matmul(dst, q, dk);
-  // dQ = dS K (fp32 accumulator, then bf16)
-  auto k_rows = g->virt(29, CUDNN_DATA_FLOAT, {B, G, S, D});
-  g->reshape(kt, k_rows);
-  g->matmul(ds, k_rows, dq_acc);
-  g->pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, nullptr, dq);
+  // dQ = dS K (default: an fp32 accumulator, then bf16; deterministic: straight into bf16 dQ)
+  if (deterministic) {
+    // K's own strides on the reshaped view (as cudnn-frontend sets them): this engine reads K through
+    // them (packed strides there gave a wrong dQ on the H200), bf16 like K.
+    auto k_rows = g->tensor(29, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv, true);
+    g->reshape(kt, k_rows);
+    g->matmul(ds, k_rows, dq);
+  } else {
+    auto k_rows = g->virt(29, CUDNN_DATA_FLOAT, {B, G, S, D});
+    g->reshape(kt, k_rows);
+    auto dq_acc = g->tensor(kDQAcc, CUDNN_DATA_FLOAT, {B, H, S, D}, packed({B, H, S, D}));
+    g->matmul(ds, k_rows, dq_acc);
+    g->pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, nullptr, dq);
+  }
   g->build(h);
   return g;
 }
 
-using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int64_t>;
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t>;  // (bwd, deterministic bwd, shape..., layout...)
 
 struct CachedPlan {
   std::unique_ptr<Graph> graph;  // nullptr: no engine for this key
@@ -361,7 +373,8 @@ void evict_beyond_capacity(State& st, cudaStream_t s) {
 }
 
 // The cached plan for (direction, shape, layout), built on first use; nullptr when cuDNN refuses it.
-Graph* plan_for(bool bwd, const AttnShape& a, cudaStream_t s) {
+// deterministic: the backward's deterministic graph (ignored for the forward, which has no atomics).
+Graph* plan_for(bool bwd, bool deterministic, const AttnShape& a, cudaStream_t s) {
   State& st = state();
   if (st.handle_failed) return nullptr;
   if (!st.handle && cudnnCreate(&st.handle) != CUDNN_STATUS_SUCCESS) {
@@ -369,8 +382,9 @@ Graph* plan_for(bool bwd, const AttnShape& a, cudaStream_t s) {
     std::fprintf(stderr, "[mcpp] cuDNN unavailable (cudnnCreate failed): attention runs on the mcpp kernels\n");
     return nullptr;
   }
-  const Key key{bwd, a.s, a.b, a.nq, a.ng, a.d, a.causal, a.q_row, a.q_batch, a.q_group, a.kv_row, a.kv_batch,
-                a.kv_group};
+  deterministic = bwd && deterministic;
+  const Key key{bwd, deterministic, a.s, a.b, a.nq, a.ng, a.d, a.causal, a.q_row, a.q_batch, a.q_group, a.kv_row,
+                a.kv_batch, a.kv_group};
   auto it = st.plans.find(key);
   if (it != st.plans.end()) {
     st.lru.splice(st.lru.begin(), st.lru, it->second.lru);  // now the most recently used
@@ -378,14 +392,14 @@ Graph* plan_for(bool bwd, const AttnShape& a, cudaStream_t s) {
   }
   std::unique_ptr<Graph> g;
   try {
-    g = bwd ? build_bwd(st.handle, a) : build_fwd(st.handle, a);
+    g = bwd ? build_bwd(st.handle, a, deterministic) : build_fwd(st.handle, a);
   } catch (const Refused& r) {
     char msg[512] = {0};
     cudnnGetLastErrorString(msg, sizeof msg);
     std::fprintf(stderr,
                  "[mcpp] cuDNN fused attention %s has no engine for s=%lld b=%lld nq=%lld ng=%lld d=%lld "
                  "causal=%d (%s: %s%s%s): using the mcpp flash kernels\n",
-                 bwd ? "backward" : "forward", static_cast<long long>(a.s), static_cast<long long>(a.b),
+                 bwd ? (deterministic ? "deterministic backward" : "backward") : "forward", static_cast<long long>(a.s), static_cast<long long>(a.b),
                  static_cast<long long>(a.nq), static_cast<long long>(a.ng), static_cast<long long>(a.d),
                  a.causal ? 1 : 0, r.what, cudnnGetErrorString(r.status), msg[0] ? "; " : "", msg);
     g.reset();
@@ -437,19 +451,19 @@ namespace {
 // per group (fp32, one bf16 rounding of the r = nq / ng per-head bf16 grads) into dk/dv. Extra traffic:
 // 4 [s, b, nq, d] bf16 scratch tensors, small next to the attention itself.
 bool gqa_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
-             const void* o, const float* lse, float* delta, const AttnShape& a, cudaStream_t s) {
+             const void* o, const float* lse, float* delta, const AttnShape& a, bool deterministic, cudaStream_t s) {
   AttnShape m = a;  // the MHA problem over the expanded k/v: head h = group h, q / dq where they were
   m.ng = a.nq;
   m.q_group = a.d;  // head h at h * d: (h / r) * (r d) + (h % r) d in a's split layout
   m.kv_row = a.b * a.nq * a.d, m.kv_batch = a.nq * a.d, m.kv_group = a.d;
-  if (!plan_for(true, m, s)) return false;
+  if (!plan_for(true, deterministic, m, s)) return false;
   const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(a.s * a.b * a.nq * a.d);
   void* scratch = nullptr;  // k_exp, v_exp, dk_exp, dv_exp
   MCPP_CUDA_CHECK(cudaMallocAsync(&scratch, 4 * bytes, s));
   char* p = static_cast<char*>(scratch);
   void *ke = p, *ve = p + bytes, *dke = p + 2 * bytes, *dve = p + 3 * bytes;
   launch_gqa_expand_kv(ke, ve, k, v, a, s);
-  const bool ran = cudnn_attention_bwd(dq, dke, dve, dout, q, ke, ve, o, lse, delta, m, s);
+  const bool ran = cudnn_attention_bwd(dq, dke, dve, dout, q, ke, ve, o, lse, delta, m, deterministic, s);
   if (ran) launch_gqa_reduce_dkv(dk, dv, dke, dve, a, s);
   MCPP_CUDA_CHECK(cudaFreeAsync(scratch, s));
   return ran;
@@ -459,7 +473,7 @@ bool gqa_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, cons
 bool cudnn_attention_fwd(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,
                          cudaStream_t s) {
   if (!layout_ok(a)) return false;
-  Graph* g = plan_for(false, a, s);
+  Graph* g = plan_for(false, false, a, s);
   if (!g) return false;
   float scale = a.scale, ninf = -INFINITY;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
@@ -472,26 +486,29 @@ bool cudnn_attention_fwd(void* o, float* lse, const void* q, const void* k, cons
 
 bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                          const void* v, const void* o, const float* lse, float* delta, const AttnShape& a,
-                         cudaStream_t s) {
+                         bool deterministic, cudaStream_t s) {
   if (!layout_ok(a)) return false;
   if (a.nq != a.ng) {
-    if (!gqa_bwd(dq, dk, dv, dout, q, k, v, o, lse, delta, a, s)) return false;
+    if (!gqa_bwd(dq, dk, dv, dout, q, k, v, o, lse, delta, a, deterministic, s)) return false;
     ++state().bwd_gqa_calls;  // its MHA call counted bwd
     return true;
   }
-  Graph* g = plan_for(true, a, s);
+  Graph* g = plan_for(true, deterministic, a, s);
   if (!g) return false;
   float scale = a.scale, one = 1.0f, ninf = -INFINITY;
-  const size_t acc_bytes = sizeof(float) * static_cast<size_t>(a.b * a.nq * a.s * a.d);
-  void* dq_acc = nullptr;
-  MCPP_CUDA_CHECK(cudaMallocAsync(&dq_acc, acc_bytes, s));
-  MCPP_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
-  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kScale, kOne, kSoftmaxSum, kDQ, kDK, kDV, kDQAcc};
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kScale, kOne, kSoftmaxSum, kDQ, kDK, kDV};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
-                          const_cast<void*>(dout), const_cast<float*>(lse), &scale, &one, delta, dq, dk, dv, dq_acc};
+                          const_cast<void*>(dout), const_cast<float*>(lse), &scale, &one, delta, dq, dk, dv};
+  void* dq_acc = nullptr;  // the default graph's fp32 dQ accumulator (zeroed: the engine adds into it)
+  if (!deterministic) {
+    const size_t acc_bytes = sizeof(float) * static_cast<size_t>(a.b * a.nq * a.s * a.d);
+    MCPP_CUDA_CHECK(cudaMallocAsync(&dq_acc, acc_bytes, s));
+    MCPP_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
+    uids.push_back(kDQAcc), ptrs.push_back(dq_acc);
+  }
   if (a.causal) uids.push_back(kNegInfBwd), ptrs.push_back(&ninf);
   execute(*g, uids, ptrs, s);
-  MCPP_CUDA_CHECK(cudaFreeAsync(dq_acc, s));
+  if (dq_acc) MCPP_CUDA_CHECK(cudaFreeAsync(dq_acc, s));
   ++state().bwd_calls;
   return true;
 }

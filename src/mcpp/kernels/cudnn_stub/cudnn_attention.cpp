@@ -9,7 +9,7 @@ bool cudnn_attention_fwd(void*, float*, const void*, const void*, const void*, c
   return false;
 }
 bool cudnn_attention_bwd(void*, void*, void*, const void*, const void*, const void*, const void*, const void*,
-                         const float*, float*, const AttnShape&, cudaStream_t) {
+                         const float*, float*, const AttnShape&, bool, cudaStream_t) {
   return false;
 }
 }  // namespace mcpp::cuda_detail
