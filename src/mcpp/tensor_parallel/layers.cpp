@@ -73,13 +73,26 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
   Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
   Tensor dx = Tensor::empty({ctx.x.size(0), opt_.input_size}, dy.dtype(), dy.device());  // [s*b, in] partial
   Tensor* db_acc = bias_ ? &bias_->main_grad : nullptr;
-  ops::linear_bwd(&dx, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data);
-  if (owns_weight_) weight_->grad_ready();
-  if (bias_) bias_->grad_ready();
   Tensor dx_full = dx.view(with_last(dy.shape(), opt_.input_size));  // [s, b, in]
-  if (opt_.sequence_parallel) return reduce_scatter_sp(*tp_, dx_full);  // gather_from_sp backward
-  all_reduce_tp(*tp_, dx_full);                                         // copy_to_tp backward
-  return dx_full;
+  auto grads_ready = [&] {
+    if (owns_weight_) weight_->grad_ready();
+    if (bias_) bias_->grad_ready();
+  };
+  if (tp_->size() == 1) {  // nothing to reduce: dgrad and wgrad in one call
+    ops::linear_bwd(&dx, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data);
+    grads_ready();
+    return dx_full;
+  }
+  // Megatron's async grad communication: dgrad first, then dx's reduction (gather_from_sp backward:
+  // reduce-scatter; copy_to_tp backward: all-reduce) posted on the communicator while the wgrad GEMM runs
+  // (on GPUs: the comm stream beside the compute stream), waited before dx is returned.
+  ops::gemm(dx, dy2, weight_->data, {});  // dx = dy @ W
+  AsyncResult red =
+      opt_.sequence_parallel ? reduce_scatter_sp_async(*tp_, dx_full) : all_reduce_tp_async(*tp_, dx_full);
+  ops::linear_bwd(nullptr, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data);
+  grads_ready();
+  red.work.wait();
+  return red.out;
 }
 
 RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,

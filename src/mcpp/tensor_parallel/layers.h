@@ -5,6 +5,8 @@
 // ColumnParallelLinear: W split on the output dim, W_r [out/tp, in].
 //   fwd: x [s(/tp), b, in] -> (SP: all-gather on s | else copy_to_tp: identity) -> y [s, b, out/tp] (+ b_r)
 //   bwd: dx = dy W_r (partial) -> (SP: reduce-scatter to [s/tp] | else all-reduce); dW_r, db_r accumulate.
+//        With tp > 1 the reduction is posted asynchronously right after the dgrad GEMM and overlaps the
+//        wgrad GEMM (Megatron's async grad communication); it is waited before dx is returned.
 //   stride_chunks > 1 splits the output dim into that many logical chunks, each partitioned over TP and
 //   kept together locally (SwiGLU fc1: [gate | up], each rank holds [gate_r | up_r]).
 // RowParallelLinear: W split on the input dim, W_r [out, in/tp]; the input is already TP-parallel.

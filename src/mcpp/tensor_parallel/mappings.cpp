@@ -19,14 +19,25 @@ Tensor all_gather_sp(comm::Communicator& tp, const Tensor& x) {
 }
 
 Tensor reduce_scatter_sp(comm::Communicator& tp, const Tensor& x) {
-  if (tp.size() == 1) return x;
+  AsyncResult r = reduce_scatter_sp_async(tp, x);
+  r.work.wait();
+  return r.out;
+}
+
+AsyncResult all_reduce_tp_async(comm::Communicator& tp, Tensor& x) {
+  if (tp.size() == 1) return {x, comm::Work()};
+  return {x, tp.all_reduce(x, comm::ReduceOp::Sum)};
+}
+
+AsyncResult reduce_scatter_sp_async(comm::Communicator& tp, const Tensor& x) {
+  if (tp.size() == 1) return {x, comm::Work()};
   Shape part = x.shape();
   MCPP_CHECK(part[0] % tp.size() == 0, "sequence-parallel reduce-scatter: dim 0 of {} not divisible by tp={}",
              x.str(), tp.size());
   part[0] /= tp.size();
   Tensor out = Tensor::empty(part, x.dtype(), x.device());  // [s/tp, ...]
-  tp.reduce_scatter(out, x, comm::ReduceOp::Sum).wait();
-  return out;
+  comm::Work work = tp.reduce_scatter(out, x, comm::ReduceOp::Sum);
+  return {out, std::move(work)};
 }
 
 Tensor split_sp(comm::Communicator& tp, const Tensor& x) {

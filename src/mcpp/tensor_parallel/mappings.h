@@ -7,7 +7,8 @@
 //   reduce_scatter_to_sp  fwd reduce-scatter [s] -> [s/tp]   bwd all-gather
 //   scatter_to_sp         fwd keep own chunk [s] -> [s/tp]   bwd all-gather
 // Each function below is one direction of one pair; the caller pairs them in forward and backward.
-// All are blocking (Work waited) on the TP communicator; with tp == 1 they are identities.
+// All are blocking (Work waited) on the TP communicator unless named _async; with tp == 1 they are
+// identities.
 #pragma once
 #include "mcpp/comm/communicator.h"
 #include "mcpp/core/tensor.h"
@@ -22,5 +23,15 @@ Tensor all_gather_sp(comm::Communicator& tp, const Tensor& x);
 Tensor reduce_scatter_sp(comm::Communicator& tp, const Tensor& x);
 // [s, ...] -> this rank's [s/tp, ...] rows (a view, no communication): scatter_to_sp forward.
 Tensor split_sp(comm::Communicator& tp, const Tensor& x);
+
+// The asynchronous forms (tp > 1): the collective is posted and the caller waits `work` later — Megatron's
+// LinearWithGradAccumulationAndAsyncCommunication overlaps the input-grad reduction with the wgrad GEMM
+// this way. `out` is valid after work.wait() (all-reduce: x itself, in place).
+struct AsyncResult {
+  Tensor out;
+  comm::Work work;
+};
+AsyncResult all_reduce_tp_async(comm::Communicator& tp, Tensor& x);
+AsyncResult reduce_scatter_sp_async(comm::Communicator& tp, const Tensor& x);
 
 }  // namespace mcpp::tensor_parallel
