@@ -12,23 +12,13 @@ set -u
 OUT=$1
 mkdir -p "$OUT"
 . bench/gpu/env.sh
-[ -f /tmp/rnd.bin ] || python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 >/dev/null
-M124="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
-  --tokenizer-type NullTokenizer --vocab-size 50304 --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda
-  --lr 1e-4 --lr-decay-style constant --train-iters 20 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd
-  --split 100,0,0 --micro-batch-size 32"
-run() {  # name np extra...
-  local name=$1 np=$2
-  shift 2
-  if [ "$np" = 1 ]; then CUDA_VISIBLE_DEVICES=0 "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
-  else CUDA_VISIBLE_DEVICES=0,1 $MPIRUN -np "$np" "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1; fi
-  echo "$name: exit $?"
-}
-run gpu1 1 --global-batch-size 32
-run dp2_sync 2 --global-batch-size 64
-run dp2_overlap 2 --global-batch-size 64 --overlap-grad-reduce
-run dp2_overlap_b10m 2 --global-batch-size 64 --overlap-grad-reduce --ddp-bucket-size 10000000
-run dp2_overlap_b4m 2 --global-batch-size 64 --overlap-grad-reduce --ddp-bucket-size 4000000
+make_rnd_124m
+RUN_FLAGS="$M124 --micro-batch-size 32"
+run_train gpu1 1 --global-batch-size 32
+run_train dp2_sync 2 --global-batch-size 64
+run_train dp2_overlap 2 --global-batch-size 64 --overlap-grad-reduce
+run_train dp2_overlap_b10m 2 --global-batch-size 64 --overlap-grad-reduce --ddp-bucket-size 10000000
+run_train dp2_overlap_b4m 2 --global-batch-size 64 --overlap-grad-reduce --ddp-bucket-size 4000000
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -46,6 +36,8 @@ for n in ["gpu1", "dp2_sync", "dp2_overlap", "dp2_overlap_b10m", "dp2_overlap_b4
     if not r:
         print(f"| {n} | no result | | | |"); continue
     ms = r["elapsed_ms_per_iter"]
-    extra = f"{r['tokens_per_sec'] / base['tokens_per_sec']:.3f}x | {ms - base['elapsed_ms_per_iter']:.2f}" if base and n != "gpu1" else " | "
+    extra = " | "
+    if base and n != "gpu1":
+        extra = f"{r['tokens_per_sec'] / base['tokens_per_sec']:.3f}x | {ms - base['elapsed_ms_per_iter']:.2f}"
     print(f"| {n} | {r['tokens_per_sec']:,.0f} | {ms:.2f} | {extra} |")
 PY

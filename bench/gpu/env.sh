@@ -1,7 +1,8 @@
 # Sourced on a device machine from the repo root: unpacks device_carry/ (bench/gpu/make_carry.sh) and
 # sets the loader path (our non-system libs, CUDA's, NCCL's and cuDNN's from Python's site-packages) and $MPIRUN
 # (Debian's Open MPI 4.1.4 from the bundle, relocated with OPAL_PREFIX, so the launcher matches the
-# libmpi our binaries link). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# libmpi our binaries link). NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Also the helpers the device
+# scripts share: run_train (one `mcpp train` run, one GPU or under mpirun) and the 124M model flags.
 C=$PWD/device_carry
 D=/tmp/dompi
 mkdir -p $D/lib && tar xzf "$C/lib.tgz" -C $D && tar xzf "$C/ompi_root.tgz" -C $D --transform 's,^/,,'
@@ -17,3 +18,28 @@ export OMPI_MCA_mca_base_component_show_load_errors=0 OMPI_MCA_pml=ob1 OMPI_MCA_
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 MPIRUN="$D/usr/bin/orterun --allow-run-as-root --oversubscribe"
 MCPP=$C/bin/mcpp
+
+# GPT-2 124M shapes (T 1024, bf16, random tokens from /tmp/rnd: make_rnd_124m), 20 iterations logged every 10;
+# the callers add the batch and the layout.
+M124="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
+  --tokenizer-type NullTokenizer --vocab-size 50304 --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda
+  --lr 1e-4 --lr-decay-style constant --train-iters 20 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd
+  --split 100,0,0"
+make_rnd_124m() {
+  [ -f /tmp/rnd.bin ] || python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 >/dev/null
+}
+# run_train NAME NP [flags...]: `mcpp train $RUN_FLAGS --metrics-path $OUT/NAME.jsonl flags...` on GPU 0 (NP 1)
+# or under mpirun -np NP, output in $OUT/NAME.log; prints "NAME: exit RC, N iterations" (and the log's tail
+# on a failure).
+run_train() {
+  local name=$1 np=$2
+  shift 2
+  if [ "$np" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=0 "$MCPP" train $RUN_FLAGS --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
+  else
+    $MPIRUN -np "$np" "$MCPP" train $RUN_FLAGS --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
+  fi
+  local rc=$?
+  echo "$name: exit $rc, $(grep -c '"event":"train"' "$OUT/$name.jsonl" 2>/dev/null) iterations"
+  [ $rc -eq 0 ] || tail -5 "$OUT/$name.log"
+}

@@ -8,23 +8,14 @@ set -u
 OUT=$1
 mkdir -p "$OUT"
 . bench/gpu/env.sh
-[ -f /tmp/rnd.bin ] || python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 >/dev/null
-M124="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
-  --tokenizer-type NullTokenizer --vocab-size 50304 --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda
-  --lr 1e-4 --lr-decay-style constant --train-iters 20 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd
-  --split 100,0,0"
-run() {  # name np extra...
-  local name=$1 np=$2
-  shift 2
-  if [ "$np" = 1 ]; then CUDA_VISIBLE_DEVICES=0 "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
-  else $MPIRUN -np "$np" "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1; fi
-  echo "$name: exit $?"
-}
-run gpu1_b32 1 --micro-batch-size 32 --global-batch-size 32
-run dp2_b64 2 --micro-batch-size 32 --global-batch-size 64 --overlap-grad-reduce
-run tp2sp_b32 2 --micro-batch-size 32 --global-batch-size 32 --tensor-model-parallel-size 2 --sequence-parallel
-run gpu1_m8 1 --micro-batch-size 4 --global-batch-size 32
-run pp2_m8 2 --micro-batch-size 4 --global-batch-size 32 --pipeline-model-parallel-size 2 --timeline "$OUT/pp2.json"
+make_rnd_124m
+RUN_FLAGS="$M124"
+run_train gpu1_b32 1 --micro-batch-size 32 --global-batch-size 32
+run_train dp2_b64 2 --micro-batch-size 32 --global-batch-size 64 --overlap-grad-reduce
+run_train tp2sp_b32 2 --micro-batch-size 32 --global-batch-size 32 --tensor-model-parallel-size 2 --sequence-parallel
+run_train gpu1_m8 1 --micro-batch-size 4 --global-batch-size 32
+run_train pp2_m8 2 --micro-batch-size 4 --global-batch-size 32 --pipeline-model-parallel-size 2 \
+  --timeline "$OUT/pp2.json"
 grep -A8 'bubble' "$OUT/pp2_m8.log" | head -12
 python3 - "$OUT" <<'PY'
 import json, sys

@@ -15,26 +15,16 @@ set -u
 OUT=$1
 mkdir -p "$OUT"
 . bench/gpu/env.sh
-[ -f /tmp/rnd.bin ] || python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 >/dev/null
-M124="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
-  --tokenizer-type NullTokenizer --vocab-size 50304 --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda
-  --lr 1e-4 --lr-decay-style constant --train-iters 20 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd
-  --split 100,0,0 --micro-batch-size 4 --global-batch-size 32"
-run() {  # name np extra...
-  local name=$1 np=$2
-  shift 2
-  if [ "$np" = 1 ]; then CUDA_VISIBLE_DEVICES=0 "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
-  else $MPIRUN -np "$np" "$MCPP" train $M124 --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1; fi
-  echo "$name: exit $?"
-}
-run gpu1_m8 1
-run pp2_m8 2 --pipeline-model-parallel-size 2 --timeline "$OUT/pp2_m8.json"
-run pp4_m8 4 --pipeline-model-parallel-size 4 --timeline "$OUT/pp4_m8.json"
-run pp4_m8_v3 4 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1 --timeline "$OUT/pp4_m8_v3.json"
-run pp2_m8_bal 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et*8|t*4L" --timeline "$OUT/pp2_m8_bal.json"
-run pp4_m8_bal 4 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout "Et*4|t*4|t*4|L" --timeline "$OUT/pp4_m8_bal.json"
-run pp4_m8_v2_bal 4 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout "Et*2|t*2|t*2||t*2|t*2|t*2|L" \
-  --timeline "$OUT/pp4_m8_v2_bal.json"
+make_rnd_124m
+RUN_FLAGS="$M124 --micro-batch-size 4 --global-batch-size 32"
+PP2="--pipeline-model-parallel-size 2" PP4="--pipeline-model-parallel-size 4" LAYOUT="--pipeline-model-parallel-layout"
+run_train gpu1_m8 1
+run_train pp2_m8 2 $PP2 --timeline "$OUT/pp2_m8.json"
+run_train pp4_m8 4 $PP4 --timeline "$OUT/pp4_m8.json"
+run_train pp4_m8_v3 4 $PP4 --num-layers-per-virtual-pipeline-stage 1 --timeline "$OUT/pp4_m8_v3.json"
+run_train pp2_m8_bal 2 $PP2 $LAYOUT "Et*8|t*4L" --timeline "$OUT/pp2_m8_bal.json"
+run_train pp4_m8_bal 4 $PP4 $LAYOUT "Et*4|t*4|t*4|L" --timeline "$OUT/pp4_m8_bal.json"
+run_train pp4_m8_v2_bal 4 $PP4 $LAYOUT "Et*2|t*2|t*2||t*2|t*2|t*2|L" --timeline "$OUT/pp4_m8_v2_bal.json"
 for n in pp2_m8 pp4_m8 pp4_m8_v3 pp2_m8_bal pp4_m8_bal pp4_m8_v2_bal; do
   echo "== $n"; "$MCPP" trace summarize "$OUT/$n.json" --skip-steps 1
 done
@@ -58,5 +48,6 @@ for n in ["gpu1_m8", "pp2_m8", "pp4_m8", "pp4_m8_v3", "pp2_m8_bal", "pp4_m8_bal"
     stages = " / ".join(f"{s['measured']:.3f}" for s in b[-1]["stages"]) if b else ""
     theory = f"{b[-1]['theoretical']:.3f} ({b[-1]['clock']})" if b else ""
     ratio = f"{it[-1]['tokens_per_sec'] / base[-1]['tokens_per_sec']:.2f}x" if base else ""
-    print(f"| {n} | {it[-1]['tokens_per_sec']:,.0f} | {it[-1]['elapsed_ms_per_iter']:.1f} | {ratio} | {stages} | {theory} |")
+    tok, ms = it[-1]["tokens_per_sec"], it[-1]["elapsed_ms_per_iter"]
+    print(f"| {n} | {tok:,.0f} | {ms:.1f} | {ratio} | {stages} | {theory} |")
 PY

@@ -14,32 +14,23 @@ OUT=${1:?usage: gpu_interleaved_check.sh OUT}
 mkdir -p "$OUT"
 . bench/gpu/env.sh
 python3 bench/gpu/random_tokens.py /tmp/rnd_small --tokens 400000 --vocab 512 --doc-len 1024 >/dev/null
-MODEL="--num-layers 8 --hidden-size 256 --num-attention-heads 4 --kv-channels 64 --seq-length 256
+RUN_FLAGS="--num-layers 8 --hidden-size 256 --num-attention-heads 4 --kv-channels 64 --seq-length 256
   --max-position-embeddings 256 --tokenizer-type NullTokenizer --vocab-size 512 --hidden-dropout 0
   --attention-dropout 0 --lr 1e-3 --train-iters 6 --log-interval 1 --eval-iters 0 --data-path /tmp/rnd_small
   --split 100,0,0 --device cuda --micro-batch-size 2 --global-batch-size 16"
-run() {  # name np extra...
-  local name=$1 np=$2
-  shift 2
-  if [ "$np" = 1 ]; then CUDA_VISIBLE_DEVICES=0 "$MCPP" train $MODEL --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
-  else $MPIRUN -np "$np" "$MCPP" train $MODEL --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1; fi
-  local rc=$?
-  echo "$name: exit $rc $(grep -c '"event":"train"' "$OUT/$name.jsonl" 2>/dev/null) iterations"
-  [ $rc -eq 0 ] || tail -5 "$OUT/$name.log"
-}
 GRAPH="--enable-cuda-graph --cuda-graph-warmup-steps 2"
 VP="--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1"
-run gpu1 1
-run pp4 4 --pipeline-model-parallel-size 4
-run pp4_graph 4 --pipeline-model-parallel-size 4 $GRAPH
-run pp4_vp2 4 $VP
-run pp4_vp2_graph 4 $VP $GRAPH
-run tp2pp2_graph 4 --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 $GRAPH
-run pp4_vp2_do 4 $VP --hidden-dropout 0.1
-run pp4_vp2_do_graph 4 $VP --hidden-dropout 0.1 $GRAPH
-run pp4_vp2_bf16 4 $VP --bf16
-run pp4_vp2_bf16_graph 4 $VP --bf16 $GRAPH
-run pp4_vp2_tl 4 $VP --bf16 --timeline "$OUT/pp4_vp2_tl.json"  # device-time timeline of the interleaved ranks
+run_train gpu1 1
+run_train pp4 4 --pipeline-model-parallel-size 4
+run_train pp4_graph 4 --pipeline-model-parallel-size 4 $GRAPH
+run_train pp4_vp2 4 $VP
+run_train pp4_vp2_graph 4 $VP $GRAPH
+run_train tp2pp2_graph 4 --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 $GRAPH
+run_train pp4_vp2_do 4 $VP --hidden-dropout 0.1
+run_train pp4_vp2_do_graph 4 $VP --hidden-dropout 0.1 $GRAPH
+run_train pp4_vp2_bf16 4 $VP --bf16
+run_train pp4_vp2_bf16_graph 4 $VP --bf16 $GRAPH
+run_train pp4_vp2_tl 4 $VP --bf16 --timeline "$OUT/pp4_vp2_tl.json"  # device-time timeline of the interleaved ranks
 for n in pp4_graph pp4_vp2_graph tp2pp2_graph pp4_vp2_do_graph pp4_vp2_bf16_graph; do
   grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"
 done
@@ -87,7 +78,8 @@ for pid in range(4):
     mine = [e for e in xs if e["pid"] == pid]
     for kind in ("forward", "backward"):
         good &= sum(e["cat"] == kind for e in mine) == 6 * 8 * 2
-    good &= all(b["ts"] >= a["ts"] + a["dur"] - 1.0 for a, b in zip(mine, mine[1:]) if a["args"]["step"] == b["args"]["step"])
+    good &= all(b["ts"] >= a["ts"] + a["dur"] - 1.0
+                for a, b in zip(mine, mine[1:]) if a["args"]["step"] == b["args"]["step"])
 bubble = records("pp4_vp2_tl", "pipeline_bubble")
 good &= len(bubble) == 1 and bubble[0].get("clock") == "device"
 ok &= good

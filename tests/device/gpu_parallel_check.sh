@@ -13,47 +13,38 @@ OUT=${1:?usage: gpu_parallel_check.sh OUT}
 mkdir -p "$OUT"
 . bench/gpu/env.sh
 python3 bench/gpu/random_tokens.py /tmp/rnd_small --tokens 400000 --vocab 512 --doc-len 1024 >/dev/null
-MODEL="--num-layers 4 --hidden-size 256 --num-attention-heads 4 --kv-channels 64 --seq-length 256
+RUN_FLAGS="--num-layers 4 --hidden-size 256 --num-attention-heads 4 --kv-channels 64 --seq-length 256
   --max-position-embeddings 256 --tokenizer-type NullTokenizer --vocab-size 512 --hidden-dropout 0
   --attention-dropout 0 --lr 1e-3 --train-iters 6 --log-interval 1 --eval-iters 0 --data-path /tmp/rnd_small
   --split 100,0,0 --device cuda --micro-batch-size 2 --global-batch-size 16"
-run() {  # name np extra...
-  local name=$1 np=$2
-  shift 2
-  if [ "$np" = 1 ]; then CUDA_VISIBLE_DEVICES=0 "$MCPP" train $MODEL --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
-  else $MPIRUN -np "$np" "$MCPP" train $MODEL --metrics-path "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1; fi
-  local rc=$?
-  echo "$name: exit $rc $(grep -c '"event":"train"' "$OUT/$name.jsonl" 2>/dev/null) iterations"
-  [ $rc -eq 0 ] || tail -5 "$OUT/$name.log"
-}
-run gpu1 1
-run dp2 2
-run tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel
-run pp2 2 --pipeline-model-parallel-size 2
-run dp2_distopt 2 --use-distributed-optimizer --overlap-grad-reduce
+run_train gpu1 1
+run_train dp2 2
+run_train tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel
+run_train pp2 2 --pipeline-model-parallel-size 2
+run_train dp2_distopt 2 --use-distributed-optimizer --overlap-grad-reduce
 # --enable-cuda-graph: captured at step 3 and replayed for steps 3-6 (NCCL collectives inside the graph).
 GRAPH="--enable-cuda-graph --cuda-graph-warmup-steps 2"
-run gpu1_graph 1 $GRAPH
-run dp2_graph 2 $GRAPH
-run dp2_distopt_graph 2 --use-distributed-optimizer --overlap-grad-reduce $GRAPH
-run tp2sp_graph 2 --tensor-model-parallel-size 2 --sequence-parallel $GRAPH
-run pp2_graph 2 --pipeline-model-parallel-size 2 $GRAPH
+run_train gpu1_graph 1 $GRAPH
+run_train dp2_graph 2 $GRAPH
+run_train dp2_distopt_graph 2 --use-distributed-optimizer --overlap-grad-reduce $GRAPH
+run_train tp2sp_graph 2 --tensor-model-parallel-size 2 --sequence-parallel $GRAPH
+run_train pp2_graph 2 --pipeline-model-parallel-size 2 $GRAPH
 # Hidden dropout under graphs (graph-safe keys): TP2 + SP with dropout, graphed vs eager (same masks).
-run tp2sp_do 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1
-run tp2sp_do_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1 $GRAPH
+run_train tp2sp_do 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1
+run_train tp2sp_do_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1 $GRAPH
 for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph pp2_graph tp2sp_do_graph; do grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"; done
 # The same without MPI: `mcpp launch` (TCP rendezvous; NCCL groups bootstrap over it).
-"$MCPP" launch --nproc-per-node 2 -- train $MODEL --metrics-path "$OUT/launch_tp2.jsonl" \
+"$MCPP" launch --nproc-per-node 2 -- train $RUN_FLAGS --metrics-path "$OUT/launch_tp2.jsonl" \
   --tensor-model-parallel-size 2 --sequence-parallel > "$OUT/launch_tp2.log" 2>&1
 echo "launch_tp2: exit $? $(grep -c '"event":"train"' "$OUT/launch_tp2.jsonl" 2>/dev/null) iterations"
-run gpu1_bf16 1 --bf16
-run dp2_bf16 2 --bf16
+run_train gpu1_bf16 1 --bf16
+run_train dp2_bf16 2 --bf16
 # Checkpoints of the CUDA model: the fp32 masters and Adam state are saved; a resume from iteration 3
 # continues the uninterrupted bf16 run (bf16 model copy = rounded master, as after a step).
 rm -rf "$OUT/ckpt_bf16"
-run gpu1_bf16_save 1 --bf16 --save "$OUT/ckpt_bf16" --save-interval 3 --exit-interval 3
-run gpu1_bf16_resume 1 --bf16 --load "$OUT/ckpt_bf16"
-run dp2_bf16_resume 2 --bf16 --load "$OUT/ckpt_bf16"
+run_train gpu1_bf16_save 1 --bf16 --save "$OUT/ckpt_bf16" --save-interval 3 --exit-interval 3
+run_train gpu1_bf16_resume 1 --bf16 --load "$OUT/ckpt_bf16"
+run_train dp2_bf16_resume 2 --bf16 --load "$OUT/ckpt_bf16"
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
