@@ -17,8 +17,9 @@
 // --attention-qkv-cudnn | --gemm-survey]
 // (prints a markdown table; --attention: only the attention rows; --memory-bound: only layernorm, cross
 // entropy and AdamW; --mlp: only the GELU MLP fusion rows, fused vs unfused; --attention-qkv: only the
-// split-vs-packed qkv attention rows (--attention-qkv-cudnn: only their cuDNN rows); --gemm-survey: only the cuBLASLt autotuning survey, its own table:
-// every training GEMM of the 124M and 1.3B steps with the heuristic's candidates timed by the tuner of
+// split-vs-packed qkv attention rows, three paths each: the mcpp kernels, cuDNN deterministic, cuDNN
+// (--attention-qkv-cudnn: only the two cuDNN ones); --gemm-survey: only the cuBLASLt autotuning survey, its
+// own table: every training GEMM of the 124M and 1.3B steps with the heuristic's candidates timed by the tuner of
 // kernels/cuda/gemm.cpp — median of 5 single-launch cudaEvent timings each — and the one it keeps)
 #include <chrono>
 #include <cmath>

@@ -77,7 +77,8 @@ TEST(Timeline, TheClockIsNamedInTheTraceAndTheReport) {
   const nlohmann::json device = make_trace({evs}, {0}, {1, 1, 1, "device"});
   const nlohmann::json report = bubble_report(device);
   EXPECT_EQ(report["clock"], "device");
-  EXPECT_NE(format_bubble_report(report).find("(device time, 1 step(s);"), std::string::npos) << format_bubble_report(report);
+  const std::string text = format_bubble_report(report);
+  EXPECT_NE(text.find("(device time, 1 step(s);"), std::string::npos) << text;
   TimelineRecorder cpu(0, 0);
   EXPECT_EQ(cpu.device_clock(), nullptr);
   EXPECT_STREQ(cpu.clock_name(), "host");

@@ -27,11 +27,7 @@ using namespace cuda_detail;
 
 namespace {
 std::atomic<bool> g_cudnn_attention{true};
-}  // namespace
-void set_cudnn_attention(bool on) { g_cudnn_attention = on; }
-bool cudnn_attention() { return g_cudnn_attention; }
 
-namespace {
 AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                     const AttentionOptions& opt) {
   require_float(op, "q", q);
@@ -67,6 +63,9 @@ void check_fallback_grid(const char* op, const AttnShape& a) {
              a.b * a.nq);
 }
 }  // namespace
+
+void set_cudnn_attention(bool on) { g_cudnn_attention = on; }
+bool cudnn_attention() { return g_cudnn_attention; }
 
 void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionOptions& opt, Stream stream) {

@@ -32,7 +32,9 @@ int64_t CudaGraph::replays() const { return 0; }
 bool stream_capturing() { return false; }
 
 struct DeviceClock::Impl {};
-DeviceClock::DeviceClock() { fail("DeviceClock: device timing needs the CUDA backend: this mcpp was built without CUDA"); }
+DeviceClock::DeviceClock() {
+  fail("DeviceClock: device timing needs the CUDA backend: this mcpp was built without CUDA");
+}
 DeviceClock::~DeviceClock() = default;
 int64_t DeviceClock::mark() { fail("DeviceClock::mark: this mcpp was built without CUDA"); }
 double DeviceClock::micros_between(int64_t, int64_t) const { fail("DeviceClock: this mcpp was built without CUDA"); }

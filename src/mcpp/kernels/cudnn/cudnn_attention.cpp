@@ -399,7 +399,8 @@ Graph* plan_for(bool bwd, bool deterministic, const AttnShape& a, cudaStream_t s
     std::fprintf(stderr,
                  "[mcpp] cuDNN fused attention %s has no engine for s=%lld b=%lld nq=%lld ng=%lld d=%lld "
                  "causal=%d (%s: %s%s%s): using the mcpp flash kernels\n",
-                 bwd ? (deterministic ? "deterministic backward" : "backward") : "forward", static_cast<long long>(a.s), static_cast<long long>(a.b),
+                 bwd ? (deterministic ? "deterministic backward" : "backward") : "forward",
+                 static_cast<long long>(a.s), static_cast<long long>(a.b),
                  static_cast<long long>(a.nq), static_cast<long long>(a.ng), static_cast<long long>(a.d),
                  a.causal ? 1 : 0, r.what, cudnnGetErrorString(r.status), msg[0] ? "; " : "", msg);
     g.reset();
