@@ -25,6 +25,15 @@ M124="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 10
   --tokenizer-type NullTokenizer --vocab-size 50304 --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda
   --lr 1e-4 --lr-decay-style constant --train-iters 20 --log-interval 10 --eval-iters 0 --data-path /tmp/rnd
   --split 100,0,0"
+# The equivalence checks' small model (d256, 4 heads, T 256, vocab 512, fp32 unless --bf16, 6 steps logged
+# each, 8 microbatches of 2) on /tmp/rnd_small (make_rnd_small); the callers add --num-layers and the layout.
+SMALL_MODEL="--hidden-size 256 --num-attention-heads 4 --kv-channels 64 --seq-length 256
+  --max-position-embeddings 256 --tokenizer-type NullTokenizer --vocab-size 512 --hidden-dropout 0
+  --attention-dropout 0 --lr 1e-3 --train-iters 6 --log-interval 1 --eval-iters 0 --data-path /tmp/rnd_small
+  --split 100,0,0 --device cuda --micro-batch-size 2 --global-batch-size 16"
+make_rnd_small() {
+  python3 bench/gpu/random_tokens.py /tmp/rnd_small --tokens 400000 --vocab 512 --doc-len 1024 >/dev/null
+}
 make_rnd_124m() {
   [ -f /tmp/rnd.bin ] || python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 >/dev/null
 }

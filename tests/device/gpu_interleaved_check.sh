@@ -13,11 +13,8 @@ set -u
 OUT=${1:?usage: gpu_interleaved_check.sh OUT}
 mkdir -p "$OUT"
 . bench/gpu/env.sh
-python3 bench/gpu/random_tokens.py /tmp/rnd_small --tokens 400000 --vocab 512 --doc-len 1024 >/dev/null
-RUN_FLAGS="--num-layers 8 --hidden-size 256 --num-attention-heads 4 --kv-channels 64 --seq-length 256
-  --max-position-embeddings 256 --tokenizer-type NullTokenizer --vocab-size 512 --hidden-dropout 0
-  --attention-dropout 0 --lr 1e-3 --train-iters 6 --log-interval 1 --eval-iters 0 --data-path /tmp/rnd_small
-  --split 100,0,0 --device cuda --micro-batch-size 2 --global-batch-size 16"
+make_rnd_small
+RUN_FLAGS="--num-layers 8 $SMALL_MODEL"
 GRAPH="--enable-cuda-graph --cuda-graph-warmup-steps 2"
 VP="--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1"
 run_train gpu1 1
