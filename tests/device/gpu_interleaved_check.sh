@@ -33,35 +33,20 @@ for n in pp4_graph pp4_vp2_graph tp2pp2_graph pp4_vp2_do_graph pp4_vp2_bf16_grap
 done
 python3 - "$OUT" <<'PY'
 import json, sys
+sys.path.insert(0, "tests/device")
+from loss_check import Checks
 out = sys.argv[1]
-def records(n, event):
-    try:
-        return [r for r in map(json.loads, open(f"{out}/{n}.jsonl")) if r.get("event") == event]
-    except OSError:
-        return []
-def losses(n):
-    return [r["lm_loss"] for r in records(n, "train")]
-ok = True
+c = Checks(out)
+c.same_losses("gpu1", ["pp4", "pp4_graph", "pp4_vp2", "pp4_vp2_graph", "tp2pp2_graph"], 1e-5)
+c.same_losses("pp4_vp2_do", ["pp4_vp2_do_graph"], 1e-5)
 # bf16: graphed vs eager replays the same kernels; cuDNN's attention backward adds dQ with atomics, so allow
 # last-bit drift over 6 steps.
-for ref, runs, tol in [("gpu1", ["pp4", "pp4_graph", "pp4_vp2", "pp4_vp2_graph", "tp2pp2_graph"], 1e-5),
-                       ("pp4_vp2_do", ["pp4_vp2_do_graph"], 1e-5), ("pp4_vp2_bf16", ["pp4_vp2_bf16_graph"], 1e-3)]:
-    a = losses(ref)
-    for n in runs:
-        b = losses(n)
-        err = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=float("inf"))
-        good = len(a) == len(b) == 6 and err < tol
-        ok &= good
-        print(f"{n:19s} vs {ref}: max rel loss diff {err:.2e} (tol {tol:g}) {'OK' if good else 'MISMATCH'}  {b[:2]}")
-d0, d1 = losses("pp4_vp2_do"), losses("gpu1")
+c.same_losses("pp4_vp2_bf16", ["pp4_vp2_bf16_graph"], 1e-3)
+d0, d1 = c.losses("pp4_vp2_do"), c.losses("gpu1")
 differs = len(d0) == 6 and len(d1) == 6 and d0 != d1  # the dropout runs really drop (not the dropout-free losses)
-ok &= differs
+c.ok &= differs
 print(f"pp4_vp2_do differs from the dropout-free run: {differs}")
-for n in ["pp4_graph", "pp4_vp2_graph", "tp2pp2_graph", "pp4_vp2_do_graph", "pp4_vp2_bf16_graph"]:
-    ev = records(n, "cuda_graph")
-    good = len(ev) == 1 and ev[0]["iteration"] == 3
-    ok &= good
-    print(f"{n:19s} cuda graph: {ev[0] if ev else 'NOT CAPTURED'}")
+c.captured_at(["pp4_graph", "pp4_vp2_graph", "tp2pp2_graph", "pp4_vp2_do_graph", "pp4_vp2_bf16_graph"])
 # The device-time timeline: clock "device", every rank's 6 steps x 8 microbatches x 2 chunks of F and B, each
 # rank's compute-stream actions back to back (an action starts at or after the previous one's end).
 try:
@@ -77,10 +62,10 @@ for pid in range(4):
         good &= sum(e["cat"] == kind for e in mine) == 6 * 8 * 2
     good &= all(b["ts"] >= a["ts"] + a["dur"] - 1.0
                 for a, b in zip(mine, mine[1:]) if a["args"]["step"] == b["args"]["step"])
-bubble = records("pp4_vp2_tl", "pipeline_bubble")
+bubble = c.records("pp4_vp2_tl", "pipeline_bubble")
 good &= len(bubble) == 1 and bubble[0].get("clock") == "device"
-ok &= good
+c.ok &= good
 print(f"pp4_vp2_tl device timeline: {'OK' if good else 'BAD'} {bubble[0] if bubble else 'no bubble report'}")
-print("GPU INTERLEAVED GRAPH EQUIVALENCE", "OK" if ok else "FAILED")
-sys.exit(0 if ok else 1)
+print("GPU INTERLEAVED GRAPH EQUIVALENCE", "OK" if c.ok else "FAILED")
+sys.exit(0 if c.ok else 1)
 PY

@@ -43,40 +43,20 @@ run_train gpu1_bf16_save 1 --bf16 --save "$OUT/ckpt_bf16" --save-interval 3 --ex
 run_train gpu1_bf16_resume 1 --bf16 --load "$OUT/ckpt_bf16"
 run_train dp2_bf16_resume 2 --bf16 --load "$OUT/ckpt_bf16"
 python3 - "$OUT" <<'PY'
-import json, sys
-out = sys.argv[1]
-def losses(n):
-    try:
-        return [r["lm_loss"] for r in map(json.loads, open(f"{out}/{n}.jsonl")) if r.get("event") == "train"]
-    except OSError:
-        return []
-ok = True
-for ref, runs, tol in [("gpu1", ["dp2", "tp2sp", "pp2", "dp2_distopt", "launch_tp2", "gpu1_graph", "dp2_graph",
-                                 "dp2_distopt_graph", "tp2sp_graph", "pp2_graph"], 1e-5),
-                       ("gpu1_bf16", ["dp2_bf16"], 5e-3), ("tp2sp_do", ["tp2sp_do_graph"], 1e-5)]:
-    a = losses(ref)
-    for n in runs:
-        b = losses(n)
-        err = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=float("inf"))
-        good = len(a) == len(b) == 6 and err < tol
-        ok &= good
-        print(f"{n:17s} vs {ref}: max rel loss diff {err:.2e} (tol {tol:g}) {'OK' if good else 'MISMATCH'}  {b[:2]}")
-for n in ["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "pp2_graph", "tp2sp_do_graph"]:  # the replays really ran (a capture event)
-    try:
-        ev = [r for r in map(json.loads, open(f"{out}/{n}.jsonl")) if r.get("event") == "cuda_graph"]
-    except OSError:
-        ev = []
-    ok &= len(ev) == 1 and ev[0]["iteration"] == 3
-    print(f"{n:17s} cuda graph: {ev[0] if ev else 'NOT CAPTURED'}")
+import sys
+sys.path.insert(0, "tests/device")
+from loss_check import Checks
+c = Checks(sys.argv[1])
+c.same_losses("gpu1", ["dp2", "tp2sp", "pp2", "dp2_distopt", "launch_tp2", "gpu1_graph", "dp2_graph",
+                       "dp2_distopt_graph", "tp2sp_graph", "pp2_graph"], 1e-5)
+c.same_losses("gpu1_bf16", ["dp2_bf16"], 5e-3)
+c.same_losses("tp2sp_do", ["tp2sp_do_graph"], 1e-5)
+c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "pp2_graph", "tp2sp_do_graph"])
 # Resumed runs log iterations 4..6: compare with the uninterrupted run's last three. Nondeterministic
 # atomics (bias / norm / embedding grads) allow last-bit differences -> 1e-4 (bf16 one GPU), 5e-3 (DP2).
-ref = losses("gpu1_bf16")[3:]
-for n, tol in [("gpu1_bf16_resume", 1e-4), ("dp2_bf16_resume", 5e-3)]:
-    b = losses(n)
-    err = max((abs(x - y) / abs(x) for x, y in zip(ref, b)), default=float("inf"))
-    good = len(ref) == len(b) == 3 and err < tol
-    ok &= good
-    print(f"{n:16s} vs gpu1_bf16[3:]: max rel loss diff {err:.2e} (tol {tol:g}) {'OK' if good else 'MISMATCH'}  {b}")
-print("GPU PARALLEL EQUIVALENCE", "OK" if ok else "FAILED")
-sys.exit(0 if ok else 1)
+ref = c.losses("gpu1_bf16")[3:]
+c.same_losses("gpu1_bf16[3:]", ["gpu1_bf16_resume"], 1e-4, iterations=3, ref_losses=ref)
+c.same_losses("gpu1_bf16[3:]", ["dp2_bf16_resume"], 5e-3, iterations=3, ref_losses=ref)
+print("GPU PARALLEL EQUIVALENCE", "OK" if c.ok else "FAILED")
+sys.exit(0 if c.ok else 1)
 PY
