@@ -29,7 +29,9 @@ run_train pp2_graph 2 --pipeline-model-parallel-size 2 $GRAPH
 # Hidden dropout under graphs (graph-safe keys): TP2 + SP with dropout, graphed vs eager (same masks).
 run_train tp2sp_do 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1
 run_train tp2sp_do_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1 $GRAPH
-for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph pp2_graph tp2sp_do_graph; do grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"; done
+for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph pp2_graph tp2sp_do_graph; do
+  grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"
+done
 # The same without MPI: `mcpp launch` (TCP rendezvous; NCCL groups bootstrap over it).
 "$MCPP" launch --nproc-per-node 2 -- train $RUN_FLAGS --metrics-path "$OUT/launch_tp2.jsonl" \
   --tensor-model-parallel-size 2 --sequence-parallel > "$OUT/launch_tp2.log" 2>&1
