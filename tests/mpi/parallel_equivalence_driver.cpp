@@ -1,7 +1,8 @@
 // Parallel equivalence under mpiexec: the same weights and global batch at TP = world size (SP on and
-// off) against the single-rank model built on every rank with a size-1 communicator. Checks the loss,
-// the whole-vocabulary logits, every parameter gradient (this rank's shard of the reference gradient)
-// and the parameters after 3 AdamW steps with gradient clipping, for the GPT-2 and Llama styles.
+// off, SP with --tp-comm-overlap's ring all-gathers) against the single-rank model built on every rank
+// with a size-1 communicator. Checks the loss, the whole-vocabulary logits, every parameter gradient (this
+// rank's shard of the reference gradient) and the parameters after 3 AdamW steps with gradient clipping,
+// for the GPT-2 and Llama styles; and which TP collectives carried the SP all-gathers (flight recorder).
 // Expected values come from the reference run, never from constants tied to one world size.
 #include <gtest/gtest.h>
 
@@ -48,20 +49,21 @@ std::vector<AdamParam> adam_params(GPTModel& m) {
   return out;
 }
 
-void check_tp_equivalence(const std::string& style, bool sequence_parallel) {
+void check_tp_equivalence(const std::string& style, bool sequence_parallel, bool comm_overlap = false) {
   comm::CommPtr world = comm::world();
   ParallelContext pc = ParallelContext::create(world, {.tensor_model_parallel_size = world->size()});
   ParallelContext single = ParallelContext::single(comm::make_local_world());
   const TransformerConfig c = config_for(style);
   GPTModel ref(c, 42, {single.tp(), false});
-  GPTModel par(c, 42, {pc.tp(), sequence_parallel});
+  GPTModel par(c, 42, {pc.tp(), sequence_parallel, comm_overlap});
   // eps 1e-4 rather than 1e-8: some gradients are exactly zero in exact arithmetic (the key bias — softmax
   // is invariant to it) and are rounding noise (~1e-9) whose sign depends on the reduction order; with a
   // tiny eps Adam would turn that noise into full learning-rate steps of either sign on both sides.
   const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
   Adam ref_opt(adam_params(ref), adam);
   Adam par_opt(adam_params(par), adam);
-  const std::string what = style + (sequence_parallel ? " SP" : "") + " tp=" + std::to_string(world->size());
+  const std::string what = style + (sequence_parallel ? " SP" : "") + (comm_overlap ? " tp-comm-overlap" : "") +
+                           " tp=" + std::to_string(world->size());
 
   for (int step = 0; step < 3; ++step) {
     Batch bt = batch_for(step, c.seq_length, 2);
@@ -97,6 +99,19 @@ void check_tp_equivalence(const std::string& style, bool sequence_parallel) {
   for (const auto& p : par.params().params()) {
     const Parameter* r = ref.params().find(p->spec.key);
     EXPECT_LT(rel_err(p->data, shard_of(*p, r->data)), 1e-5) << what << " param after 3 steps " << p->spec.key;
+  }
+  // Which collectives carried the SP all-gathers: the TP group's flight recorder (the ring is P2P).
+  int64_t p2p = 0, gathers = 0;
+  for (const auto& e : pc.tp()->recorder()->entries()) {
+    if (e.group != pc.tp()->name()) continue;
+    p2p += e.op == "batch_p2p";
+    gathers += e.op == "all_gather";
+  }
+  if (comm_overlap) {
+    EXPECT_GT(p2p, 0) << what << ": no ring steps recorded";
+  } else {
+    EXPECT_EQ(p2p, 0) << what;
+    if (sequence_parallel) EXPECT_GT(gathers, 0) << what;
   }
 }
 
@@ -135,6 +150,10 @@ TEST(TensorParallel, Gpt2MatchesSingleRank) { check_tp_equivalence("gpt2", false
 TEST(TensorParallel, Gpt2SequenceParallelMatchesSingleRank) { check_tp_equivalence("gpt2", true); }
 TEST(TensorParallel, LlamaMatchesSingleRank) { check_tp_equivalence("llama", false); }
 TEST(TensorParallel, LlamaSequenceParallelMatchesSingleRank) { check_tp_equivalence("llama", true); }
+// --tp-comm-overlap: the SP all-gathers as rings with the GEMM per chunk (fc1 GELU fused and SwiGLU paths,
+// the output layer, the dgrad of the row-parallel layers).
+TEST(TensorParallel, Gpt2SequenceParallelCommOverlapMatchesSingleRank) { check_tp_equivalence("gpt2", true, true); }
+TEST(TensorParallel, LlamaSequenceParallelCommOverlapMatchesSingleRank) { check_tp_equivalence("llama", true, true); }
 
 }  // namespace
 }  // namespace mcpp

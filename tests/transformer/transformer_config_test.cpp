@@ -115,6 +115,27 @@ TEST(TransformerConfig, EachInvalidValueNamesItsField) {
   expect_invalid([](Config& c) { c.parallel.pipeline_model_parallel_size = 3; }, "pipeline_model_parallel_size");
   expect_invalid([](Config& c) { c.data.tokenizer_type = "Foo"; }, "tokenizer_type");
   expect_invalid([](Config& c) { c.data.tokenizer_type = "NullTokenizer"; }, "vocab_size");
+  expect_invalid([](Config& c) {  // Megatron: the TP communication overlap needs sequence parallelism
+    c.parallel.tensor_model_parallel_size = 2;
+    c.parallel.tp_comm_overlap = true;
+  }, "tp_comm_overlap");
+}
+
+TEST(TransformerConfig, TpCommOverlapGoesOffWithSequenceParallelAtTp1) {
+  Config one = finalized([](Config& c) {
+    c.parallel.sequence_parallel = true;
+    c.parallel.tp_comm_overlap = true;
+  });
+  EXPECT_FALSE(one.parallel.sequence_parallel);
+  EXPECT_FALSE(one.parallel.tp_comm_overlap);
+  EXPECT_NO_THROW(one.validate());
+  Config two = finalized([](Config& c) {
+    c.parallel.tensor_model_parallel_size = 2;
+    c.parallel.sequence_parallel = true;
+    c.parallel.tp_comm_overlap = true;
+  });
+  EXPECT_TRUE(two.parallel.tp_comm_overlap);
+  EXPECT_NO_THROW(two.validate());
 }
 
 TEST(TransformerConfig, RecomputeRulesNameTheirFields) {
@@ -209,6 +230,7 @@ TEST(TransformerConfig, JsonRoundTripAllFields) {
     c.model.attention_impl = "unfused";
     c.parallel.tensor_model_parallel_size = 2;
     c.parallel.sequence_parallel = true;
+    c.parallel.tp_comm_overlap = true;
     c.training.save = "ckpt/x";
     c.training.bf16 = true;
     c.optimizer.lr_decay_style = LrDecayStyle::InverseSquareRoot;

@@ -1,5 +1,7 @@
 #include "mcpp/tensor_parallel/layers.h"
 
+#include <functional>
+
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
@@ -52,20 +54,64 @@ ColumnParallelLinear::ColumnParallelLinear(Parameter* shared_weight, const Paral
     : tp_(std::move(tp)), opt_(opt), out_local_(shared_weight->spec.shape[0]), weight_(shared_weight),
       owns_weight_(false) {}
 
+namespace {
+// Rows [c n, (c + 1) n) of a [rows, cols] tensor: chunk c of an SP all-gather's rows, n rows per chunk.
+Tensor row_chunk(const Tensor& t, int c, int64_t n) {
+  const int64_t cols = t.size(1);
+  return t.flat_slice(static_cast<int64_t>(c) * n * cols, {n, cols});
+}
+
+// The SP all-gather of x [s/tp, b, cols] -> [s, b, cols] with `gemm(chunk, in_rows, n)` run on each
+// chunk's rows [n, cols] (n = s/tp * b): one all-gather then one call over all rows, or with
+// --tp-comm-overlap the ring, each chunk's call overlapping the next chunk's transfer.
+Tensor gather_then(comm::Communicator& tp, const Tensor& x, int64_t cols, bool ring,
+                   const std::function<void(int chunk, const Tensor& rows, int64_t n)>& gemm) {
+  const int64_t n = x.numel() / cols;
+  if (!ring) {
+    Tensor full = all_gather_sp(tp, x);
+    gemm(-1, rows(full, cols), n * tp.size());
+    return full;
+  }
+  return all_gather_sp_ring(tp, x, [&](int c, const Tensor& chunk) { gemm(c, rows(chunk, cols), n); });
+}
+}  // namespace
+
 Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
-  Tensor full = opt_.sequence_parallel ? all_gather_sp(*tp_, x) : x;  // [s, b, in]  (gather_from_sp | copy_to_tp)
-  ctx.x = rows(full, opt_.input_size);                                 // [s*b, in]
-  Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
-  ops::linear_fwd(y, ctx.x, weight_->data, bias_ ? &bias_->data : nullptr);
+  const Tensor* bias = bias_ ? &bias_->data : nullptr;
+  if (!opt_.sequence_parallel) {  // copy_to_tp: identity
+    ctx.x = rows(x, opt_.input_size);                                                 // [s*b, in]
+    Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
+    ops::linear_fwd(y, ctx.x, weight_->data, bias);
+    return y.view(with_last(x.shape(), out_local_));
+  }
+  const int64_t n_full = x.numel() / opt_.input_size * tp_->size();
+  Tensor y = Tensor::empty({n_full, out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
+  Tensor full = gather_then(*tp_, x, opt_.input_size, opt_.tp_comm_overlap,  // gather_from_sp
+                            [&](int c, const Tensor& in, int64_t n) {
+                              Tensor out = c < 0 ? y : row_chunk(y, c, n);
+                              ops::linear_fwd(out, in, weight_->data, bias);
+                            });
+  ctx.x = rows(full, opt_.input_size);  // [s*b, in]
   return y.view(with_last(full.shape(), out_local_));
 }
 
 Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act) const {
-  Tensor full = opt_.sequence_parallel ? all_gather_sp(*tp_, x) : x;  // [s, b, in]  (gather_from_sp | copy_to_tp)
-  ctx.x = rows(full, opt_.input_size);                                 // [s*b, in]
-  pre_act = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());    // [s*b, out/tp]
-  Tensor act = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
-  ops::linear_gelu_fwd(act, pre_act, ctx.x, weight_->data, bias_ ? &bias_->data : nullptr);
+  const Tensor* bias = bias_ ? &bias_->data : nullptr;
+  const int64_t n_full = x.numel() / opt_.input_size * (opt_.sequence_parallel ? tp_->size() : 1);
+  pre_act = Tensor::empty({n_full, out_local_}, x.dtype(), x.device());    // [s*b, out/tp]
+  Tensor act = Tensor::empty({n_full, out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
+  if (!opt_.sequence_parallel) {  // copy_to_tp: identity
+    ctx.x = rows(x, opt_.input_size);
+    ops::linear_gelu_fwd(act, pre_act, ctx.x, weight_->data, bias);
+    return act.view(with_last(x.shape(), out_local_));
+  }
+  Tensor full = gather_then(*tp_, x, opt_.input_size, opt_.tp_comm_overlap,  // gather_from_sp
+                            [&](int c, const Tensor& in, int64_t n) {
+                              Tensor a = c < 0 ? act : row_chunk(act, c, n);
+                              Tensor p = c < 0 ? pre_act : row_chunk(pre_act, c, n);
+                              ops::linear_gelu_fwd(a, p, in, weight_->data, bias);
+                            });
+  ctx.x = rows(full, opt_.input_size);                   // [s*b, in]
   return act.view(with_last(full.shape(), out_local_));  // [s, b, out/tp]
 }
 
@@ -128,11 +174,22 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
 
 Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, bool bias_grad_elsewhere) const {
   MCPP_CHECK(!bias_grad_elsewhere || residual_bias(), "RowParallelLinear: no bias grad to take elsewhere");
-  Tensor dy_full = opt_.sequence_parallel ? all_gather_sp(*tp_, dy) : dy;  // [s, b, out]
-  Tensor dy2 = rows(dy_full, opt_.output_size);
   Tensor dx = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
   Parameter* bias = bias_grad_elsewhere ? nullptr : bias_;
-  ops::linear_bwd(&dx, weight_->main_grad, bias ? &bias->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  Tensor* db = bias ? &bias->main_grad : nullptr;
+  Tensor dy_full = dy;
+  if (!opt_.sequence_parallel) {
+    ops::linear_bwd(&dx, weight_->main_grad, db, rows(dy, opt_.output_size), ctx.x, weight_->data);
+  } else if (!opt_.tp_comm_overlap) {  // reduce_scatter_to_sp backward: all-gather dy, then both GEMMs
+    dy_full = all_gather_sp(*tp_, dy);  // [s, b, out]
+    ops::linear_bwd(&dx, weight_->main_grad, db, rows(dy_full, opt_.output_size), ctx.x, weight_->data);
+  } else {  // the ring: each chunk's dgrad GEMM beside the next chunk's transfer, then the wgrad on all of dy
+    dy_full = gather_then(*tp_, dy, opt_.output_size, true, [&](int c, const Tensor& in, int64_t n) {
+      Tensor out = row_chunk(dx, c, n);
+      ops::gemm(out, in, weight_->data, {});  // dx rows = dy rows @ W
+    });
+    ops::linear_bwd(nullptr, weight_->main_grad, db, rows(dy_full, opt_.output_size), ctx.x, weight_->data);
+  }
   weight_->grad_ready();
   if (bias) bias->grad_ready();
   return dx.view(with_last(dy_full.shape(), in_local_));
@@ -141,10 +198,19 @@ Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, boo
 Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act,
                                          bool bias_grad_elsewhere) const {
   MCPP_CHECK(!bias_grad_elsewhere || residual_bias(), "RowParallelLinear: no bias grad to take elsewhere");
-  Tensor dy_full = opt_.sequence_parallel ? all_gather_sp(*tp_, dy) : dy;  // [s, b, out]
-  Tensor dy2 = rows(dy_full, opt_.output_size);
   Tensor dpre = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
-  ops::linear_dgelu_bwd(dpre, nullptr, dy2, weight_->data, pre_act);
+  Tensor dy_full = dy;
+  if (!opt_.sequence_parallel) {
+    ops::linear_dgelu_bwd(dpre, nullptr, rows(dy, opt_.output_size), weight_->data, pre_act);
+  } else {  // reduce_scatter_to_sp backward: all-gather dy (--tp-comm-overlap: the ring, dgrad per chunk)
+    auto dgrad = [&](int c, const Tensor& in, int64_t n) {
+      Tensor out = c < 0 ? dpre : row_chunk(dpre, c, n);
+      Tensor pre = c < 0 ? pre_act : row_chunk(pre_act, c, n);
+      ops::linear_dgelu_bwd(out, nullptr, in, weight_->data, pre);
+    };
+    dy_full = gather_then(*tp_, dy, opt_.output_size, opt_.tp_comm_overlap, dgrad);
+  }
+  Tensor dy2 = rows(dy_full, opt_.output_size);
   Parameter* bias = bias_grad_elsewhere ? nullptr : bias_;
   ops::linear_bwd(nullptr, weight_->main_grad, bias ? &bias->main_grad : nullptr, dy2, ctx.x, weight_->data);
   weight_->grad_ready();

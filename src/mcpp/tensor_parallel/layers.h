@@ -15,6 +15,11 @@
 //   bwd: dy -> (SP: all-gather to [s]) -> dx_r = dy W_r; dW_r += dy^T x_r; db += sum(dy over all s)
 //        (complete on every rank, so the bias needs no TP grad all-reduce).
 // Parameter grads accumulate into main_grad; activation grads are returned.
+// tp_comm_overlap (Megatron's --tp-comm-overlap; sequence parallel only): the SP all-gathers that feed a
+// GEMM — ColumnParallel's input in forward / forward_gelu, RowParallel's dy in backward / backward_dgelu —
+// run as a ring over the TP group (mappings.h all_gather_sp_ring): each chunk's GEMM rows (the dgrad for
+// RowParallel; its wgrad then runs on the whole gathered dy) overlap the next chunk's P2P transfer. Same
+// results up to the GEMMs' row blocking.
 //
 // The GELU MLP's fused pair (Transformer Engine's LayerNormMLP, ops linear_gelu_fwd / linear_dgelu_bwd),
 // with the same collectives in the same places as forward/backward:
@@ -38,6 +43,7 @@ struct ParallelLinearOptions {
   bool bias = true;
   float init_std = 0.02f;
   bool sequence_parallel = false;
+  bool tp_comm_overlap = false;  // with sequence_parallel: the all-gather + GEMM as a ring (see the header)
   int64_t stride_chunks = 1;  // ColumnParallelLinear only
 };
 

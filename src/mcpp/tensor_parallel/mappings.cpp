@@ -3,6 +3,9 @@
 #include "mcpp/core/error.h"
 
 namespace mcpp::tensor_parallel {
+namespace {
+constexpr int kRingTag = 4;  // P2P channel of the ring all-gather (pipeline P2P uses 0-3 on its own group)
+}  // namespace
 
 void all_reduce_tp(comm::Communicator& tp, Tensor& x) {
   if (tp.size() == 1) return;
@@ -22,6 +25,33 @@ Tensor reduce_scatter_sp(comm::Communicator& tp, const Tensor& x) {
   AsyncResult r = reduce_scatter_sp_async(tp, x);
   r.work.wait();
   return r.out;
+}
+
+Tensor all_gather_sp_ring(comm::Communicator& tp, const Tensor& x,
+                          const std::function<void(int chunk, const Tensor& rows)>& on_chunk) {
+  const int n = tp.size(), rank = tp.rank();
+  if (n == 1) {
+    on_chunk(0, x);
+    return x;
+  }
+  Shape full = x.shape();
+  full[0] *= n;
+  Tensor out = Tensor::empty(full, x.dtype(), x.device());  // [s, ...]
+  auto chunk = [&](int c) { return out.flat_slice(static_cast<int64_t>(c) * x.numel(), x.shape()); };
+  chunk(rank).copy_from(x);
+  const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  int cur = rank;
+  for (int k = 0; k < n; ++k) {
+    const int incoming = (cur + n - 1) % n;  // what the previous rank holds at this step
+    comm::Work work;
+    if (k + 1 < n)
+      work = tp.batch_p2p({{comm::P2POp::Kind::Send, chunk(cur), next, kRingTag},
+                           {comm::P2POp::Kind::Recv, chunk(incoming), prev, kRingTag}});
+    on_chunk(cur, chunk(cur));  // overlaps the transfer (on GPUs: compute stream beside the comm stream)
+    work.wait();
+    cur = incoming;
+  }
+  return out;
 }
 
 AsyncResult all_reduce_tp_async(comm::Communicator& tp, Tensor& x) {

@@ -10,6 +10,8 @@
 // All are blocking (Work waited) on the TP communicator unless named _async; with tp == 1 they are
 // identities.
 #pragma once
+#include <functional>
+
 #include "mcpp/comm/communicator.h"
 #include "mcpp/core/tensor.h"
 
@@ -33,5 +35,13 @@ struct AsyncResult {
 };
 AsyncResult all_reduce_tp_async(comm::Communicator& tp, Tensor& x);
 AsyncResult reduce_scatter_sp_async(comm::Communicator& tp, const Tensor& x);
+
+// gather_from_sp forward as a ring (--tp-comm-overlap, Transformer Engine's ring-exchange all-gather):
+// [s/tp, ...] -> [s, ...] in tp steps; at step k this rank holds chunk c = (rank - k) mod tp, hands it to
+// on_chunk(c, chunk) — the caller's GEMM on those rows — while it sends c to the next rank and receives
+// c - 1 from the previous one (one batched P2P per step on the TP group). Every chunk reaches on_chunk
+// exactly once, in that order; the returned tensor is the all-gather's result. tp == 1: on_chunk(0, x).
+Tensor all_gather_sp_ring(comm::Communicator& tp, const Tensor& x,
+                          const std::function<void(int chunk, const Tensor& rows)>& on_chunk);
 
 }  // namespace mcpp::tensor_parallel

@@ -9,6 +9,7 @@ namespace mcpp::tensor_parallel {
 struct TPContext {
   comm::CommPtr group;
   bool sequence_parallel = false;
+  bool comm_overlap = false;  // --tp-comm-overlap (sequence parallel only): ring all-gather + GEMM
   int size() const { return group->size(); }
   int rank() const { return group->rank(); }
 };

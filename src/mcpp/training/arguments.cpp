@@ -119,6 +119,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--context-parallel-size", p.context_parallel_size);
   app.add_option("--num-layers-per-virtual-pipeline-stage", p.num_layers_per_virtual_pipeline_stage);
   app.add_flag("--sequence-parallel", p.sequence_parallel);
+  app.add_flag("--tp-comm-overlap", p.tp_comm_overlap,
+               "SP all-gathers as a ring over TP, each chunk's GEMM overlapping the next transfer");
   app.add_flag("--use-distributed-optimizer", p.use_distributed_optimizer);
   app.add_option("--expert-model-parallel-size", p.expert_model_parallel_size);
   app.add_option("--expert-tensor-parallel-size", p.expert_tensor_parallel_size);

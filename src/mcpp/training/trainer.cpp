@@ -90,7 +90,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     const int64_t first = st.layers.empty() ? 0 : st.layers.front();
     chunks_.push_back(std::make_unique<GPTModel>(
         config_.model, static_cast<uint64_t>(t.seed),
-        tensor_parallel::TPContext{pc_.tp(), config_.parallel.sequence_parallel}, device_,
+        tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap}, device_,
         GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
                       .num_layers = static_cast<int64_t>(st.layers.size())},
         param_dtype_));

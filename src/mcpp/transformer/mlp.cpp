@@ -16,6 +16,7 @@ MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const Transforme
                    .bias = c.add_bias_linear,
                    .init_std = c.init_method_std,
                    .sequence_parallel = tp.sequence_parallel,
+                   .tp_comm_overlap = tp.comm_overlap,
                    .stride_chunks = c.swiglu ? 2 : 1},
                   tp.group),
       linear_fc2_(params, prefix + ".linear_fc2",
@@ -23,7 +24,8 @@ MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const Transforme
                    .output_size = c.hidden_size,
                    .bias = c.add_bias_linear,
                    .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
-                   .sequence_parallel = tp.sequence_parallel},
+                   .sequence_parallel = tp.sequence_parallel,
+                   .tp_comm_overlap = tp.comm_overlap},
                   tp.group) {}
 
 Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {

@@ -270,7 +270,7 @@ void DataConfig::validate() const {
 void Config::finalize() {
   model.finalize();
   if (optimizer.lr_decay_iters == 0) optimizer.lr_decay_iters = training.train_iters;
-  if (parallel.tensor_model_parallel_size == 1) parallel.sequence_parallel = false;
+  if (parallel.tensor_model_parallel_size == 1) parallel.sequence_parallel = parallel.tp_comm_overlap = false;
 }
 
 void Config::validate() const {
@@ -295,6 +295,8 @@ void Config::validate() const {
          parallel.num_layers_per_virtual_pipeline_stage, model.num_layers / pp);
   if (cp > 1 && model.seq_length % (2 * cp) != 0)
     fail("seq_length ({}) must be divisible by 2 * context_parallel_size ({})", model.seq_length, 2 * cp);
+  if (parallel.tp_comm_overlap && !parallel.sequence_parallel)
+    fail("tp_comm_overlap: the tensor-parallel communication overlap needs --sequence-parallel (Megatron)");
   if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)
     fail("seq_length ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
          "sequence_parallel", model.seq_length, tp * cp);
@@ -378,6 +380,7 @@ template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("context_parallel_size", p.context_parallel_size);
   v("num_layers_per_virtual_pipeline_stage", p.num_layers_per_virtual_pipeline_stage);
   v("sequence_parallel", p.sequence_parallel);
+  v("tp_comm_overlap", p.tp_comm_overlap);
   v("use_distributed_optimizer", p.use_distributed_optimizer);
   v("expert_model_parallel_size", p.expert_model_parallel_size);
   v("expert_tensor_parallel_size", p.expert_tensor_parallel_size);

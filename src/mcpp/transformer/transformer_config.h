@@ -95,6 +95,10 @@ struct ParallelConfig {
   int64_t context_parallel_size = 1;
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 -> no interleaving
   bool sequence_parallel = false;         // finalize() turns it off at tp == 1, as Megatron does
+  // Megatron's --tp-comm-overlap (sequence parallel only): each SP all-gather feeding a GEMM runs as a ring
+  // over the TP group, the GEMM of each arrived chunk overlapping the next chunk's transfer
+  // (tensor_parallel/layers.h). finalize() turns it off with sequence_parallel at tp == 1.
+  bool tp_comm_overlap = false;
   bool use_distributed_optimizer = false;
   int64_t expert_model_parallel_size = 1;
   int64_t expert_tensor_parallel_size = 0;  // 0 -> tensor_model_parallel_size (Megatron's default)

@@ -8,8 +8,8 @@ usage: parallel_train_check.py MCPP WORKDIR
   3. the TP2 x DP2 checkpoint loads at TP1 x DP1 (logical tensors resharded) and continues with the
      same losses as the 4-rank run (1e-5);
   4. a bad launch layout (world 3, tp 2) fails on every rank with one clear error, no hang;
-  5. --use-distributed-optimizer with --overlap-grad-reduce / --overlap-param-gather and small buckets
-     equals 1 rank; its checkpoint continues at 1 rank with plain Adam;
+  5. --use-distributed-optimizer with --overlap-grad-reduce / --overlap-param-gather and small buckets,
+     and --tp-comm-overlap, equals 1 rank; its checkpoint continues at 1 rank with plain Adam;
   6. TP2 x PP2 x DP2 (8 ranks) with SP and the distributed optimizer, and a Llama-style model with
      interleaved PP4 (virtual stages), equal the 1-rank runs;
   7. uneven placements (--decoder-first-pipeline-num-layers, --pipeline-model-parallel-layout) equal 1 rank;
@@ -77,9 +77,11 @@ d = metrics(reshard)
 if any(not close(d.get(i), b[i]) for i in (4, 5, 6)):
     failures.append(f"TP2xDP2 checkpoint continued at TP1: {d} vs {b}")
 
-# 5. distributed optimizer with overlapped grad reduce (many small buckets) and param gather (TP2 x DP2):
-#    equals 1 rank; its checkpoint (optimizer state gathered logically) continues at 1 rank without it.
-DIST = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "3000"]
+# 5. distributed optimizer with overlapped grad reduce (many small buckets) and param gather (TP2 x DP2),
+#    and --tp-comm-overlap (the SP all-gathers as P2P rings): equals 1 rank; its checkpoint (optimizer state
+#    gathered logically) continues at 1 rank without them.
+DIST = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "3000",
+        "--tp-comm-overlap"]
 dist = os.path.join(WORK, "dist")
 run(MPI + ["-np", "4", MCPP, "train", *M, *TP2, *DIST, "--exit-interval", "3", "--save", dist])
 e = metrics(dist)

@@ -42,7 +42,8 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
                                             .output_size = c.padded_vocab_size,
                                             .bias = false,
                                             .init_std = c.init_method_std,
-                                            .sequence_parallel = tp_.sequence_parallel};
+                                            .sequence_parallel = tp_.sequence_parallel,
+                                            .tp_comm_overlap = tp_.comm_overlap};
     output_layer_ = tied ? std::make_unique<tp::ColumnParallelLinear>(word_embeddings_, out_opt, tp_.group)
                          : std::make_unique<tp::ColumnParallelLinear>(params_, "output_layer", out_opt, tp_.group);
     // The tied weight's other (last) use is the embedding backward on this stage — or nowhere when the
