@@ -1,7 +1,8 @@
 #!/bin/bash
 # 2-GPU training throughput (kind nvidia-h200-x2), GPT-2 124M shapes (T 1024, bf16, random tokens), each
 # layout against ONE GPU in the same call: DP2 (global batch 64 = 2 x 32, so tokens/s should double),
-# TP2 + sequence parallel (global batch 32), PP2 with 8 microbatches of 4 (bubble (pp-1)/(M+pp-1) = 1/9).
+# TP2 + sequence parallel (global batch 32; also with --tp-comm-overlap's ring all-gathers), PP2 with 8
+# microbatches of 4 (bubble (pp-1)/(M+pp-1) = 1/9).
 # 20 iterations logged every 10: tokens/s of the second window. Also prints the pipeline bubble report.
 # usage (device machine, repo root, device_carry/ carried): bench/gpu/multi_gpu.sh OUT
 set -u
@@ -12,7 +13,9 @@ make_rnd_124m
 RUN_FLAGS="$M124"
 run_train gpu1_b32 1 --micro-batch-size 32 --global-batch-size 32
 run_train dp2_b64 2 --micro-batch-size 32 --global-batch-size 64 --overlap-grad-reduce
-run_train tp2sp_b32 2 --micro-batch-size 32 --global-batch-size 32 --tensor-model-parallel-size 2 --sequence-parallel
+TP2SP="--micro-batch-size 32 --global-batch-size 32 --tensor-model-parallel-size 2 --sequence-parallel"
+run_train tp2sp_b32 2 $TP2SP
+run_train tp2sp_ovl_b32 2 $TP2SP --tp-comm-overlap
 run_train gpu1_m8 1 --micro-batch-size 4 --global-batch-size 32
 run_train pp2_m8 2 --micro-batch-size 4 --global-batch-size 32 --pipeline-model-parallel-size 2 \
   --timeline "$OUT/pp2.json"
@@ -28,8 +31,8 @@ def last(n):
     it = [r for r in recs if "tokens_per_sec" in r]
     mem = [r["peak_device_gib"] for r in recs if r.get("event") == "memory"]
     return (it[-1]["tokens_per_sec"], it[-1]["elapsed_ms_per_iter"], mem[-1] if mem else None) if it else None
-base = {"dp2_b64": "gpu1_b32", "tp2sp_b32": "gpu1_b32", "pp2_m8": "gpu1_m8"}
-for n in ["gpu1_b32", "dp2_b64", "tp2sp_b32", "gpu1_m8", "pp2_m8"]:
+base = {"dp2_b64": "gpu1_b32", "tp2sp_b32": "gpu1_b32", "tp2sp_ovl_b32": "gpu1_b32", "pp2_m8": "gpu1_m8"}
+for n in ["gpu1_b32", "dp2_b64", "tp2sp_b32", "tp2sp_ovl_b32", "gpu1_m8", "pp2_m8"]:
     r = last(n)
     if not r:
         print(f"{n:10s} no result"); continue

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Multi-GPU equivalence (issue 6) on a 2-GPU device machine (kind nvidia-h200-x2), through the CLI:
-# `mcpp train --device cuda` under mpirun with NCCL groups (DP2, TP2 + sequence parallel, PP2 with 8
-# microbatches, DP2 + distributed optimizer) against the same run on ONE GPU: per-iteration lm loss from
-# the JSONL metrics. fp32 on the GPU (no --bf16) so the comparison is tight: only reduction order
-# differs (NCCL sums, split GEMMs) -> relative 1e-5 on the loss over 6 steps. Then bf16 DP2 vs one GPU
+# `mcpp train --device cuda` under mpirun with NCCL groups (DP2, TP2 + sequence parallel — also with
+# --tp-comm-overlap, eager and graphed —, PP2 with 8 microbatches, DP2 + distributed optimizer) against the
+# same run on ONE GPU: per-iteration lm loss from the JSONL metrics. fp32 on the GPU (no --bf16) so the
+# comparison is tight: only reduction order differs (NCCL sums, split GEMMs) -> relative 1e-5 on the loss
+# over 6 steps. Then bf16 DP2 vs one GPU
 # (bf16 activations: relative 5e-3); one GPU, DP2 (+ distributed optimizer), TP2 + SP and PP2 (1F1B)
 # with --enable-cuda-graph against the same eager reference; TP2 + SP with hidden dropout
 # graphed vs eager. Exit 1 on any mismatch.
@@ -17,6 +18,7 @@ RUN_FLAGS="--num-layers 4 $SMALL_MODEL"
 run_train gpu1 1
 run_train dp2 2
 run_train tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel
+run_train tp2sp_ovl 2 --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap
 run_train pp2 2 --pipeline-model-parallel-size 2
 run_train dp2_distopt 2 --use-distributed-optimizer --overlap-grad-reduce
 # --enable-cuda-graph: captured at step 3 and replayed for steps 3-6 (NCCL collectives inside the graph).
@@ -25,11 +27,12 @@ run_train gpu1_graph 1 $GRAPH
 run_train dp2_graph 2 $GRAPH
 run_train dp2_distopt_graph 2 --use-distributed-optimizer --overlap-grad-reduce $GRAPH
 run_train tp2sp_graph 2 --tensor-model-parallel-size 2 --sequence-parallel $GRAPH
+run_train tp2sp_ovl_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap $GRAPH
 run_train pp2_graph 2 --pipeline-model-parallel-size 2 $GRAPH
 # Hidden dropout under graphs (graph-safe keys): TP2 + SP with dropout, graphed vs eager (same masks).
 run_train tp2sp_do 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1
 run_train tp2sp_do_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1 $GRAPH
-for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph pp2_graph tp2sp_do_graph; do
+for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph tp2sp_ovl_graph pp2_graph tp2sp_do_graph; do
   grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"
 done
 # The same without MPI: `mcpp launch` (TCP rendezvous; NCCL groups bootstrap over it).
@@ -49,11 +52,12 @@ import sys
 sys.path.insert(0, "tests/device")
 from loss_check import Checks
 c = Checks(sys.argv[1])
-c.same_losses("gpu1", ["dp2", "tp2sp", "pp2", "dp2_distopt", "launch_tp2", "gpu1_graph", "dp2_graph",
-                       "dp2_distopt_graph", "tp2sp_graph", "pp2_graph"], 1e-5)
+c.same_losses("gpu1", ["dp2", "tp2sp", "tp2sp_ovl", "pp2", "dp2_distopt", "launch_tp2", "gpu1_graph", "dp2_graph",
+                       "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph"], 1e-5)
 c.same_losses("gpu1_bf16", ["dp2_bf16"], 5e-3)
 c.same_losses("tp2sp_do", ["tp2sp_do_graph"], 1e-5)
-c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "pp2_graph", "tp2sp_do_graph"])
+c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph",
+               "tp2sp_do_graph"])
 # Resumed runs log iterations 4..6: compare with the uninterrupted run's last three. Nondeterministic
 # atomics (bias / norm / embedding grads) allow last-bit differences -> 1e-4 (bf16 one GPU), 5e-3 (DP2).
 ref = c.losses("gpu1_bf16")[3:]
