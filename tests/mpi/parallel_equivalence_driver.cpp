@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/comm/mpi/mpi_communicator.h"
@@ -15,6 +16,7 @@
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/parallel_state/parallel_context.h"
+#include "mcpp/tensor_parallel/mappings.h"
 
 namespace mcpp {
 namespace {
@@ -111,7 +113,9 @@ void check_tp_equivalence(const std::string& style, bool sequence_parallel, bool
     EXPECT_GT(p2p, 0) << what << ": no ring steps recorded";
   } else {
     EXPECT_EQ(p2p, 0) << what;
-    if (sequence_parallel) EXPECT_GT(gathers, 0) << what;
+    if (sequence_parallel) {
+      EXPECT_GT(gathers, 0) << what;
+    }
   }
 }
 
@@ -144,6 +148,45 @@ TEST(TensorParallel, DropoutIdenticalWhereReplicatedIndependentWhereSharded) {
     EXPECT_EQ(keys.data<int64_t>()[2 * r], keys.data<int64_t>()[0]);
     EXPECT_NE(keys.data<int64_t>()[2 * r + 1], keys.data<int64_t>()[1]);
   }
+}
+
+// The ring forms of the SP collectives (--tp-comm-overlap) against the collectives they replace, on this
+// world as the TP group: the ring all-gather hands every chunk to the callback once, own chunk first then
+// the previous ranks' (rank, rank-1, ...), and returns the all-gather; the ring reduce-scatter asks for
+// chunks rank-1, rank-2, ..., rank and returns this rank's chunk of the sum of every rank's partial.
+TEST(TensorParallel, RingAllGatherAndReduceScatterEqualTheCollectives) {
+  comm::CommPtr world = comm::world();
+  const int n = world->size(), r = world->rank();
+  const Shape chunk{3, 2, 5};  // [s/tp, b, h]
+  Tensor x = Tensor::empty(chunk);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(100 * r + i);
+  std::vector<int> order;
+  Tensor ring = tensor_parallel::all_gather_sp_ring(*world, x, [&](int c, const Tensor& rows) {
+    order.push_back(c);
+    EXPECT_EQ(rows.data<float>()[0], static_cast<float>(100 * c)) << "chunk " << c << " is not rank " << c << "'s";
+  });
+  std::vector<int> want_order;
+  for (int k = 0; k < n; ++k) want_order.push_back((r - k + n) % n);
+  EXPECT_EQ(order, want_order);
+  Tensor gathered = tensor_parallel::all_gather_sp(*world, x);
+  EXPECT_EQ(rel_err(ring, gathered), 0.0);
+
+  // Every rank's partial of chunk c: a function of (rank, c, i), so the expected sum is the collective's.
+  auto value = [](int rank, int c, int64_t i) { return 0.5f * static_cast<float>(rank + 1) + 0.01f * (c * 7 + i); };
+  Tensor full = Tensor::empty({chunk[0] * n, chunk[1], chunk[2]});
+  for (int c = 0; c < n; ++c)
+    for (int64_t i = 0; i < x.numel(); ++i) full.data<float>()[c * x.numel() + i] = value(r, c, i);
+  Tensor want = tensor_parallel::reduce_scatter_sp(*world, full);
+  order.clear();
+  Tensor got = tensor_parallel::reduce_scatter_sp_ring(*world, chunk, DType::F32, Device::CPU, [&](int c, Tensor& out) {
+    order.push_back(c);
+    for (int64_t i = 0; i < out.numel(); ++i) out.data<float>()[i] = value(r, c, i);
+  });
+  want_order.clear();
+  for (int k = 0; k < n; ++k) want_order.push_back((r - k - 1 + 2 * n) % n);
+  EXPECT_EQ(order, want_order);
+  EXPECT_EQ(got.shape(), chunk);
+  EXPECT_LT(rel_err(got, want), 1e-6);  // the same sum in another order
 }
 
 TEST(TensorParallel, Gpt2MatchesSingleRank) { check_tp_equivalence("gpt2", false); }

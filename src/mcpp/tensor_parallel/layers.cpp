@@ -157,14 +157,25 @@ RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::stri
 }
 
 Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
-  ctx.x = rows(x, in_local_);                                                        // [s*b, in/tp]
-  Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
+  ctx.x = rows(x, in_local_);  // [s*b, in/tp]
   // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA).
   const bool bias_in_gemm = bias_ && tp_->size() == 1;
-  ops::linear_fwd(y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr);
-  Tensor out = y.view(with_last(x.shape(), opt_.output_size));  // [s, b, out]
-  if (opt_.sequence_parallel) out = reduce_scatter_sp(*tp_, out);  // [s/tp, b, out]
-  else all_reduce_tp(*tp_, out);                                   // reduce_from_tp
+  Tensor out;
+  if (opt_.sequence_parallel && opt_.tp_comm_overlap) {  // reduce_scatter_to_sp as a ring, GEMM per chunk
+    Shape chunk = with_last(x.shape(), opt_.output_size);
+    chunk[0] /= tp_->size();
+    const int64_t n = ctx.x.size(0) / tp_->size();
+    out = reduce_scatter_sp_ring(*tp_, chunk, x.dtype(), x.device(), [&](int c, Tensor& part) {
+      Tensor part_rows = rows(part, opt_.output_size);
+      ops::linear_fwd(part_rows, row_chunk(ctx.x, c, n), weight_->data, bias_in_gemm ? &bias_->data : nullptr);
+    });
+  } else {
+    Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
+    ops::linear_fwd(y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr);
+    out = y.view(with_last(x.shape(), opt_.output_size));            // [s, b, out]
+    if (opt_.sequence_parallel) out = reduce_scatter_sp(*tp_, out);  // [s/tp, b, out]
+    else all_reduce_tp(*tp_, out);                                   // reduce_from_tp
+  }
   if (bias_ && !bias_in_gemm) {
     Tensor o2 = rows(out, opt_.output_size);
     ops::bias_add_inplace(o2, bias_->data);  // bias added after the reduction

@@ -18,8 +18,10 @@
 // tp_comm_overlap (Megatron's --tp-comm-overlap; sequence parallel only): the SP all-gathers that feed a
 // GEMM — ColumnParallel's input in forward / forward_gelu, RowParallel's dy in backward / backward_dgelu —
 // run as a ring over the TP group (mappings.h all_gather_sp_ring): each chunk's GEMM rows (the dgrad for
-// RowParallel; its wgrad then runs on the whole gathered dy) overlap the next chunk's P2P transfer. Same
-// results up to the GEMMs' row blocking.
+// RowParallel; its wgrad then runs on the whole gathered dy) overlap the next chunk's P2P transfer; and
+// RowParallel's forward GEMM + reduce-scatter as a ring (reduce_scatter_sp_ring): each destination chunk's
+// partial GEMM overlaps the transfer of the previous running sum. Same results up to the GEMMs' row
+// blocking and the order of the TP sum.
 //
 // The GELU MLP's fused pair (Transformer Engine's LayerNormMLP, ops linear_gelu_fwd / linear_dgelu_bwd),
 // with the same collectives in the same places as forward/backward:

@@ -1,6 +1,7 @@
 #include "mcpp/tensor_parallel/mappings.h"
 
 #include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
 
 namespace mcpp::tensor_parallel {
 namespace {
@@ -52,6 +53,32 @@ Tensor all_gather_sp_ring(comm::Communicator& tp, const Tensor& x,
     cur = incoming;
   }
   return out;
+}
+
+Tensor reduce_scatter_sp_ring(comm::Communicator& tp, const Shape& chunk_shape, DType dtype, Device device,
+                              const std::function<void(int chunk, Tensor& out)>& partial) {
+  const int n = tp.size(), rank = tp.rank();
+  if (n == 1) {
+    Tensor out = Tensor::empty(chunk_shape, dtype, device);
+    partial(0, out);
+    return out;
+  }
+  const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  // Two running sums (one travels while the next is computed) and the receive buffer.
+  Tensor sums[2] = {Tensor::empty(chunk_shape, dtype, device), Tensor::empty(chunk_shape, dtype, device)};
+  Tensor received = Tensor::empty(chunk_shape, dtype, device);
+  comm::Work in_flight;
+  for (int k = 0;; ++k) {
+    Tensor& mine = sums[k % 2];
+    partial((rank - k - 1 + 2 * n) % n, mine);  // overlaps the previous step's transfer
+    if (k > 0) {
+      in_flight.wait();
+      ops::add_inplace(mine, received);  // the previous ranks' sum of this chunk
+    }
+    if (k == n - 1) return mine;  // chunk `rank`, summed over every rank
+    in_flight = tp.batch_p2p({{comm::P2POp::Kind::Send, mine, next, kRingTag},
+                              {comm::P2POp::Kind::Recv, received, prev, kRingTag}});
+  }
 }
 
 AsyncResult all_reduce_tp_async(comm::Communicator& tp, Tensor& x) {

@@ -43,5 +43,12 @@ AsyncResult reduce_scatter_sp_async(comm::Communicator& tp, const Tensor& x);
 // exactly once, in that order; the returned tensor is the all-gather's result. tp == 1: on_chunk(0, x).
 Tensor all_gather_sp_ring(comm::Communicator& tp, const Tensor& x,
                           const std::function<void(int chunk, const Tensor& rows)>& on_chunk);
+// reduce_scatter_to_sp forward as a ring (--tp-comm-overlap): this rank's rows chunk of the sum over TP of
+// every rank's [s, ...] partial, without forming the partial whole. partial(c, out) writes this rank's
+// partial of chunk c into out (chunk_shape); at step k it is called for chunk c = (rank - k - 1) mod tp
+// while the running sum of the previous step travels to the next rank, then the sum received from the
+// previous rank is added; after tp steps the sum of chunk `rank` is complete. tp == 1: partial(0, out).
+Tensor reduce_scatter_sp_ring(comm::Communicator& tp, const Shape& chunk_shape, DType dtype, Device device,
+                              const std::function<void(int chunk, Tensor& out)>& partial);
 
 }  // namespace mcpp::tensor_parallel
