@@ -184,8 +184,11 @@ TEST(CudaFlashAttention, Bf16BackwardIsDeterministic) {
         }
       }
       const auto after = ops::cuda_cudnn_attention_counts();
-      if (!cudnn) EXPECT_EQ(after.bwd, before.bwd) << "cuDNN switched off, yet a cuDNN backward ran";
-      else if (after.fwd > 0) EXPECT_EQ(after.bwd - before.bwd, 4) << "cuDNN runs the forward but not this backward";
+      if (!cudnn) {
+        EXPECT_EQ(after.bwd, before.bwd) << "cuDNN switched off, yet a cuDNN backward ran";
+      } else if (after.fwd > 0) {
+        EXPECT_EQ(after.bwd - before.bwd, 4) << "cuDNN runs the forward but not this backward";
+      }
     }
   }
 }
