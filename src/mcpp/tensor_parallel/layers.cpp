@@ -55,24 +55,18 @@ ColumnParallelLinear::ColumnParallelLinear(Parameter* shared_weight, const Paral
       owns_weight_(false) {}
 
 namespace {
-// Rows [c n, (c + 1) n) of a [rows, cols] tensor: chunk c of an SP all-gather's rows, n rows per chunk.
-Tensor row_chunk(const Tensor& t, int c, int64_t n) {
-  const int64_t cols = t.size(1);
-  return t.flat_slice(static_cast<int64_t>(c) * n * cols, {n, cols});
-}
-
-// The SP all-gather of x [s/tp, b, cols] -> [s, b, cols] with `gemm(chunk, in_rows, n)` run on each
-// chunk's rows [n, cols] (n = s/tp * b): one all-gather then one call over all rows, or with
-// --tp-comm-overlap the ring, each chunk's call overlapping the next chunk's transfer.
+// The SP all-gather of x [s/tp, b, cols] -> [s, b, cols] with `gemm(first, in_rows)` run on gathered rows
+// [first, first + in_rows.size(0)) of the [s*b, cols] result: one all-gather then one call over all rows
+// (first = 0), or with --tp-comm-overlap the ring, each chunk's call overlapping the next chunk's transfer.
 Tensor gather_then(comm::Communicator& tp, const Tensor& x, int64_t cols, bool ring,
-                   const std::function<void(int chunk, const Tensor& rows, int64_t n)>& gemm) {
-  const int64_t n = x.numel() / cols;
+                   const std::function<void(int64_t first, const Tensor& in_rows)>& gemm) {
   if (!ring) {
     Tensor full = all_gather_sp(tp, x);
-    gemm(-1, rows(full, cols), n * tp.size());
+    gemm(0, rows(full, cols));
     return full;
   }
-  return all_gather_sp_ring(tp, x, [&](int c, const Tensor& chunk) { gemm(c, rows(chunk, cols), n); });
+  const int64_t n = x.numel() / cols;  // rows per chunk
+  return all_gather_sp_ring(tp, x, [&](int c, const Tensor& chunk) { gemm(c * n, rows(chunk, cols)); });
 }
 }  // namespace
 
@@ -87,8 +81,8 @@ Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) co
   const int64_t n_full = x.numel() / opt_.input_size * tp_->size();
   Tensor y = Tensor::empty({n_full, out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
   Tensor full = gather_then(*tp_, x, opt_.input_size, opt_.tp_comm_overlap,  // gather_from_sp
-                            [&](int c, const Tensor& in, int64_t n) {
-                              Tensor out = c < 0 ? y : row_chunk(y, c, n);
+                            [&](int64_t first, const Tensor& in) {
+                              Tensor out = y.narrow0(first, in.size(0));
                               ops::linear_fwd(out, in, weight_->data, bias);
                             });
   ctx.x = rows(full, opt_.input_size);  // [s*b, in]
@@ -106,9 +100,8 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
     return act.view(with_last(x.shape(), out_local_));
   }
   Tensor full = gather_then(*tp_, x, opt_.input_size, opt_.tp_comm_overlap,  // gather_from_sp
-                            [&](int c, const Tensor& in, int64_t n) {
-                              Tensor a = c < 0 ? act : row_chunk(act, c, n);
-                              Tensor p = c < 0 ? pre_act : row_chunk(pre_act, c, n);
+                            [&](int64_t first, const Tensor& in) {
+                              Tensor a = act.narrow0(first, in.size(0)), p = pre_act.narrow0(first, in.size(0));
                               ops::linear_gelu_fwd(a, p, in, weight_->data, bias);
                             });
   ctx.x = rows(full, opt_.input_size);                   // [s*b, in]
@@ -167,7 +160,7 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
     const int64_t n = ctx.x.size(0) / tp_->size();
     out = reduce_scatter_sp_ring(*tp_, chunk, x.dtype(), x.device(), [&](int c, Tensor& part) {
       Tensor part_rows = rows(part, opt_.output_size);
-      ops::linear_fwd(part_rows, row_chunk(ctx.x, c, n), weight_->data, bias_in_gemm ? &bias_->data : nullptr);
+      ops::linear_fwd(part_rows, ctx.x.narrow0(c * n, n), weight_->data, bias_in_gemm ? &bias_->data : nullptr);
     });
   } else {
     Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
@@ -195,8 +188,8 @@ Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, boo
     dy_full = all_gather_sp(*tp_, dy);  // [s, b, out]
     ops::linear_bwd(&dx, weight_->main_grad, db, rows(dy_full, opt_.output_size), ctx.x, weight_->data);
   } else {  // the ring: each chunk's dgrad GEMM beside the next chunk's transfer, then the wgrad on all of dy
-    dy_full = gather_then(*tp_, dy, opt_.output_size, true, [&](int c, const Tensor& in, int64_t n) {
-      Tensor out = row_chunk(dx, c, n);
+    dy_full = gather_then(*tp_, dy, opt_.output_size, true, [&](int64_t first, const Tensor& in) {
+      Tensor out = dx.narrow0(first, in.size(0));
       ops::gemm(out, in, weight_->data, {});  // dx rows = dy rows @ W
     });
     ops::linear_bwd(nullptr, weight_->main_grad, db, rows(dy_full, opt_.output_size), ctx.x, weight_->data);
@@ -214,10 +207,9 @@ Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& d
   if (!opt_.sequence_parallel) {
     ops::linear_dgelu_bwd(dpre, nullptr, rows(dy, opt_.output_size), weight_->data, pre_act);
   } else {  // reduce_scatter_to_sp backward: all-gather dy (--tp-comm-overlap: the ring, dgrad per chunk)
-    auto dgrad = [&](int c, const Tensor& in, int64_t n) {
-      Tensor out = c < 0 ? dpre : row_chunk(dpre, c, n);
-      Tensor pre = c < 0 ? pre_act : row_chunk(pre_act, c, n);
-      ops::linear_dgelu_bwd(out, nullptr, in, weight_->data, pre);
+    auto dgrad = [&](int64_t first, const Tensor& in) {
+      Tensor out = dpre.narrow0(first, in.size(0));
+      ops::linear_dgelu_bwd(out, nullptr, in, weight_->data, pre_act.narrow0(first, in.size(0)));
     };
     dy_full = gather_then(*tp_, dy, opt_.output_size, opt_.tp_comm_overlap, dgrad);
   }

@@ -38,7 +38,7 @@ Tensor all_gather_sp_ring(comm::Communicator& tp, const Tensor& x,
   Shape full = x.shape();
   full[0] *= n;
   Tensor out = Tensor::empty(full, x.dtype(), x.device());  // [s, ...]
-  auto chunk = [&](int c) { return out.flat_slice(static_cast<int64_t>(c) * x.numel(), x.shape()); };
+  auto chunk = [&](int c) { return out.narrow0(c * x.size(0), x.size(0)); };
   chunk(rank).copy_from(x);
   const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
   int cur = rank;
