@@ -45,7 +45,7 @@ void BM_LinearBwd(benchmark::State& st) {  // dx, dW (+=), db (+=): two GEMMs
   Tensor x = rand_tensor({n, in}, 1), w = rand_tensor({out, in}, 2), dy = rand_tensor({n, out}, 3);
   Tensor dx = Tensor::empty({n, in}), dw = Tensor::zeros({out, in}), db = Tensor::zeros({out});
   for (auto _ : st) {
-    cpu::linear_bwd(&dx, dw, &db, dy, x, w, {});
+    cpu::linear_bwd(&dx, dw, &db, dy, x, w, mcpp::ops::GradWrite::Accumulate, {});
     benchmark::DoNotOptimize(dx.raw());
   }
   set_flops(st, 4.0 * n * in * out);

@@ -94,7 +94,8 @@ void bench_linear(const char* name, int64_t n, int64_t in, int64_t out) {
   row("linear fwd (bf16 GEMM)", shape, time_op([&] { mcpp::ops::linear_fwd(y, x, w, nullptr); }, y, g_iters, g_reps),
       flops, 0);
   row("linear bwd dx + dw_acc (fp32)", shape,
-      time_op([&] { mcpp::ops::linear_bwd(&dx, dw, nullptr, dy, x, w); }, dx, g_iters, g_reps), 2 * flops, 0);
+      time_op([&] { mcpp::ops::linear_bwd(&dx, dw, nullptr, dy, x, w,
+                                          mcpp::ops::GradWrite::Accumulate); }, dx, g_iters, g_reps), 2 * flops, 0);
 }
 
 std::string fusion_path(const mcpp::ops::EpilogueFusionCounts& a, const mcpp::ops::EpilogueFusionCounts& b) {
@@ -381,10 +382,10 @@ void survey_op(const std::string& label, int64_t per_step, const std::function<v
 }
 
 // The training GEMMs of one GPT step (n tokens, hidden d, ffn 4d, L layers, tied LM head over V), bf16
-// activations and weights, fp32 main grads (wgrad: beta = 1), biases on, as TransformerLayer / MLP /
-// GPTModel call them: qkv, proj, fc2 fwd with the BIAS epilogue; fc1 fwd GELU_AUX_BIAS; fc2 dgrad DGELU
-// (no bias grad: fc1's rides in its wgrad); dgrad + BGRADB wgrad for qkv, proj, fc1; fc2 wgrad only; LM
-// head fwd, dgrad and plain wgrad.
+// activations and weights, fp32 main grads (wgrad: beta = 0; the beta = 1 rows after), biases on, as
+// TransformerLayer / MLP / GPTModel call them: qkv, proj, fc2 fwd with the BIAS epilogue; fc1 fwd
+// GELU_AUX_BIAS; fc2 dgrad DGELU (no bias grad: fc1's rides in its wgrad); dgrad + BGRADB wgrad for qkv,
+// proj, fc1; fc2 wgrad only; LM head fwd, dgrad and plain wgrad.
 void survey_model(const char* name, int64_t n, int64_t d, int64_t layers, int64_t vocab) {
   namespace ops = mcpp::ops;
   const int64_t f = 4 * d;
@@ -403,20 +404,27 @@ void survey_model(const char* name, int64_t n, int64_t d, int64_t layers, int64_
   ops::linear_gelu_fwd(act, pre, x, w1, &b1);  // act / pre with GELU-shaped values for the fc2 rows
   SurveyTotals tot;
   const std::string m = name;
+  // The wgrads as one microbatch's step runs them (GradWrite::Overwrite: beta = 0 into the stale main grads,
+  // counted in the step totals); then the same with += (beta = 1: later microbatches), not counted.
+  const ops::GradWrite ow = ops::GradWrite::Overwrite, acc = ops::GradWrite::Accumulate;
+  auto bwd_rows = [&](const std::string& suffix, ops::GradWrite gw, SurveyTotals* t) {
+    survey_op(m + " qkv bwd" + suffix, layers, [&] { ops::linear_bwd(&dx, dwqkv, &dbqkv, dyqkv, x, wqkv, gw); }, t);
+    survey_op(m + " proj bwd" + suffix, layers, [&] { ops::linear_bwd(&dx, dwproj, &dbproj, dyd, x, wproj, gw); }, t);
+    survey_op(m + " fc1 bwd" + suffix, layers, [&] { ops::linear_bwd(&dx, dw1, &db1, dpre, x, w1, gw); }, t);
+    survey_op(m + " fc2 wgrad" + suffix, layers, [&] { ops::linear_bwd(nullptr, dw2, &db2, dyd, act, w2, gw); }, t);
+  };
   survey_op(m + " qkv fwd", layers, [&] { ops::linear_fwd(yqkv, x, wqkv, &bqkv); }, &tot);
-  survey_op(m + " qkv bwd", layers, [&] { ops::linear_bwd(&dx, dwqkv, &dbqkv, dyqkv, x, wqkv); }, &tot);
   survey_op(m + " proj fwd", layers, [&] { ops::linear_fwd(yd, x, wproj, &bproj); }, &tot);
-  survey_op(m + " proj bwd", layers, [&] { ops::linear_bwd(&dx, dwproj, &dbproj, dyd, x, wproj); }, &tot);
   survey_op(m + " fc1 fwd", layers, [&] { ops::linear_gelu_fwd(act, pre, x, w1, &b1); }, &tot);
-  survey_op(m + " fc1 bwd", layers, [&] { ops::linear_bwd(&dx, dw1, &db1, dpre, x, w1); }, &tot);
   survey_op(m + " fc2 fwd", layers, [&] { ops::linear_fwd(yd, act, w2, &b2); }, &tot);
   survey_op(m + " fc2 dgrad", layers, [&] { ops::linear_dgelu_bwd(dpre_out, nullptr, dyd, w2, pre); }, &tot);
-  survey_op(m + " fc2 wgrad", layers, [&] { ops::linear_bwd(nullptr, dw2, &db2, dyd, act, w2); }, &tot);
+  bwd_rows("", ow, &tot);
   {
     Tensor logits = out({n, vocab});  // [n, V]; its values serve as dlogits (in place, as GPTModel)
     survey_op(m + " lm head fwd", 1, [&] { ops::linear_fwd(logits, x, emb, nullptr); }, &tot);
-    survey_op(m + " lm head bwd", 1, [&] { ops::linear_bwd(&dx, demb, nullptr, logits, x, emb); }, &tot);
+    survey_op(m + " lm head bwd", 1, [&] { ops::linear_bwd(&dx, demb, nullptr, logits, x, emb, ow); }, &tot);
   }
+  bwd_rows(" (+=)", acc, nullptr);
   std::printf("| %s step: %lld layers x (the layer rows) + LM head | | | %.2f | %.2f (kept) | %.3fx | | |\n", name,
               static_cast<long long>(layers), tot.ms0, tot.ms_kept, tot.ms0 / tot.ms_kept);
   std::fflush(stdout);

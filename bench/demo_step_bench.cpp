@@ -49,7 +49,7 @@ void BM_DemoLinearBwd(benchmark::State& st) {  // dx and dW (+=), db (+=) except
   Tensor x = rand_tensor({kTokens, in}, 1), w = rand_tensor({out, in}, 2), dy = rand_tensor({kTokens, out}, 3);
   Tensor dx = Tensor::empty({kTokens, in}), dw = Tensor::zeros({out, in}), db = Tensor::zeros({out});
   for (auto _ : st) {
-    cpu::linear_bwd(&dx, dw, bias ? &db : nullptr, dy, x, w, {});
+    cpu::linear_bwd(&dx, dw, bias ? &db : nullptr, dy, x, w, mcpp::ops::GradWrite::Accumulate, {});
     benchmark::DoNotOptimize(dx.raw());
   }
   set_flops(st, 4.0 * kTokens * in * out);

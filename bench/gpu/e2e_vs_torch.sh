@@ -9,9 +9,11 @@
 # anchor's own method (median of 30 steps after 10 warm-up steps), tokens/s = B*T / that; the mean, min
 # and max of those 30 are printed too. Peak memory from the CUDA pool's high-water mark. (Until
 # 2026-11-30 evening: 30 iterations logged every 10, the mean of the last window 21-30.)
-# 124m-graph / 1.3b-graph: the same runs with --enable-cuda-graph (captured after 3 eager warm-up steps).
+# 124m-graph / 1.3b-graph: the same runs with --enable-cuda-graph (captured after 3 eager warm-up steps);
+# 124m-zeroed / 1.3b-zeroed: with --no-overwrite-main-grad (the grad buffer zeroed each step: the A/B of the
+# first wgrad GEMMs overwriting the main grads).
 # usage (device machine, repo root, device_carry/ carried):
-#   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [torch]
+#   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed] [torch]
 set -u
 OUT=$1
 shift
@@ -54,6 +56,8 @@ for w in $what; do
     1.3b) ours gpt-1.3b 24 2048 16 2048 8 ;;
     124m-graph) ours gpt2-124m-graph 12 768 12 1024 32 --enable-cuda-graph ;;
     1.3b-graph) ours gpt-1.3b-graph 24 2048 16 2048 8 --enable-cuda-graph ;;
+    124m-zeroed) ours gpt2-124m-zeroed 12 768 12 1024 32 --no-overwrite-main-grad ;;
+    1.3b-zeroed) ours gpt-1.3b-zeroed 24 2048 16 2048 8 --no-overwrite-main-grad ;;
     torch) echo "== pytorch anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
   esac
 done

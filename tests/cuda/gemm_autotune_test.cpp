@@ -126,9 +126,9 @@ TEST(CudaGemmAutotune, TunedGemmsMatchCpuOnTheTuningCallAndTheNext) {
       Tensor dw = dev(dw_ref), db = dev(db_ref), dx;
       timed += tuning_call_then_cached_call(with_db ? "linear_bwd BGRADB" : "linear_bwd plain wgrad", [&] {
         dx = poisoned({n, in}, dt);
-        ops::linear_bwd(&dx, dw, with_db ? &db : nullptr, dyd, xd, wd);
+        ops::linear_bwd(&dx, dw, with_db ? &db : nullptr, dyd, xd, wd, ops::GradWrite::Accumulate);
       }, [&](int) {
-        ops::cpu::linear_bwd(&dx_ref, dw_ref, with_db ? &db_ref : nullptr, dy, x, w, {});
+        ops::cpu::linear_bwd(&dx_ref, dw_ref, with_db ? &db_ref : nullptr, dy, x, w, ops::GradWrite::Accumulate, {});
         EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5, 4e-3));
         EXPECT_REL(host(dw), dw_ref, 1e-5);  // accumulated exactly once per call
         if (with_db) EXPECT_REL(host(db), db_ref, 1e-5);
@@ -187,11 +187,12 @@ TEST(CudaGemmAutotune, BiasGradFusedAndSplitMatchCpuAndAutoRecordsTheChoice) {
       Tensor xd = dev(x, dt), wd = dev(w, dt), dyd = dev(dy, dt);
       Tensor dw0 = rnd({c.out, c.in}, 24), db0 = rnd({c.out}, 25);
       Tensor dw_ref = dw0.clone(), db_ref = db0.clone();
-      for (int call = 0; call < 2; ++call) ops::cpu::linear_bwd(nullptr, dw_ref, &db_ref, dy, x, w, {});
+      for (int call = 0; call < 2; ++call) ops::cpu::linear_bwd(nullptr, dw_ref, &db_ref, dy, x, w,
+                                                                ops::GradWrite::Accumulate, {});
       auto run = [&](tune::BiasGradPath path) {
         tune::set_bias_grad_path(path);
         Tensor dw = dev(dw0), db = dev(db0);
-        for (int call = 0; call < 2; ++call) ops::linear_bwd(nullptr, dw, &db, dyd, xd, wd);
+        for (int call = 0; call < 2; ++call) ops::linear_bwd(nullptr, dw, &db, dyd, xd, wd, ops::GradWrite::Accumulate);
         EXPECT_REL(host(dw), dw_ref, 1e-5);
         EXPECT_REL(host(db), db_ref, 1e-5);
         return std::pair<Tensor, Tensor>{host(dw), host(db)};

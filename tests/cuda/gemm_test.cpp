@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "cuda/cuda_test_util.h"
+#include "mcpp/kernels/gemm_autotune.h"
 
 namespace mcpp {
 namespace {
@@ -54,9 +55,9 @@ TEST(CudaLinear, ForwardWithBiasEpilogueAndBackwardAccumulates) {
     Tensor dy = rnd({s, b, out}, 13, dt);
     Tensor dx_ref = Tensor::empty({s, b, in}), dw_ref = rnd({out, in}, 14), db_ref = rnd({out}, 15);
     Tensor dw = dev(dw_ref), db = dev(db_ref);  // fp32 main grads with prior contents: must accumulate
-    ops::cpu::linear_bwd(&dx_ref, dw_ref, &db_ref, dy, x, w, {});
+    ops::cpu::linear_bwd(&dx_ref, dw_ref, &db_ref, dy, x, w, ops::GradWrite::Accumulate, {});
     Tensor dx = poisoned({s, b, in}, dt);
-    ops::linear_bwd(&dx, dw, &db, dev(dy, dt), dev(x, dt), dev(w, dt));
+    ops::linear_bwd(&dx, dw, &db, dev(dy, dt), dev(x, dt), dev(w, dt), ops::GradWrite::Accumulate);
     EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5, 4e-3));
     EXPECT_REL(host(dw), dw_ref, 1e-5);  // fp32 accumulate into fp32 for both dtypes
     EXPECT_REL(host(db), db_ref, 1e-5);
@@ -74,12 +75,12 @@ TEST(CudaLinear, BiasGradInWgradGemmIsDeterministicAtTrainingShapes) {
     Tensor x = rnd({n, in}, 20, dt), w = rnd({out, in}, 21, dt), dy = rnd({n, out}, 22, dt);
     Tensor dw_ref = rnd({out, in}, 23), db_ref = rnd({out}, 24);
     Tensor dw0 = dw_ref.clone(), db0 = db_ref.clone();
-    ops::cpu::linear_bwd(nullptr, dw_ref, &db_ref, dy, x, w, {});
+    ops::cpu::linear_bwd(nullptr, dw_ref, &db_ref, dy, x, w, ops::GradWrite::Accumulate, {});
     Tensor xd = dev(x, dt), wd = dev(w, dt), dyd = dev(dy, dt);
     Tensor first;
     for (int run = 0; run < 2; ++run) {
       Tensor dw = dev(dw0), db = dev(db0);
-      ops::linear_bwd(nullptr, dw, &db, dyd, xd, wd);
+      ops::linear_bwd(nullptr, dw, &db, dyd, xd, wd, ops::GradWrite::Accumulate);
       Tensor dbh = host(db);
       EXPECT_REL(host(dw), dw_ref, 1e-5);
       EXPECT_REL(dbh, db_ref, 1e-5);
@@ -87,6 +88,37 @@ TEST(CudaLinear, BiasGradInWgradGemmIsDeterministicAtTrainingShapes) {
       else EXPECT_EQ(std::memcmp(first.raw(), dbh.raw(), dbh.nbytes()), 0) << "db differs between runs";
     }
   }
+}
+
+// GradWrite::Overwrite (the step's first write into a stale main grad): dw through a beta = 0 wgrad GEMM,
+// db through BGRADB straight into it (16-byte aligned) or a scratch + copy (not aligned: db at an odd
+// offset of its buffer), or the split GEMM + column sum; all over NaN-filled outputs, against the CPU's
+// accumulation into zeros.
+TEST(CudaLinear, OverwriteWritesTheGradsWithoutReadingThem) {
+  MCPP_REQUIRE_CUDA();
+  const ops::cuda::BiasGradPath saved = ops::cuda::bias_grad_path();
+  for (int64_t n : {int64_t{96}, int64_t{8192}}) {
+    for (auto path : {ops::cuda::BiasGradPath::kAuto, ops::cuda::BiasGradPath::kSplit}) {
+      for (int64_t db_offset : {0, 1}) {
+        for (DType dt : float_dtypes()) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n " << n << " split "
+                                            << (path == ops::cuda::BiasGradPath::kSplit) << " db offset " << db_offset);
+          ops::cuda::set_bias_grad_path(path);
+          const int64_t in = 256, out = 768;
+          Tensor x = rnd({n, in}, 30, dt), w = rnd({out, in}, 31, dt), dy = rnd({n, out}, 32, dt);
+          Tensor dw_ref = Tensor::zeros({out, in}), db_ref = Tensor::zeros({out});
+          ops::cpu::linear_bwd(nullptr, dw_ref, &db_ref, dy, x, w, ops::GradWrite::Accumulate, {});
+          Tensor dw = poisoned({out, in}, DType::F32);
+          Tensor db_buf = poisoned({out + 1}, DType::F32);
+          Tensor db = db_buf.flat_slice(db_offset, {out});
+          ops::linear_bwd(nullptr, dw, &db, dev(dy, dt), dev(x, dt), dev(w, dt), ops::GradWrite::Overwrite);
+          EXPECT_REL(host(dw), dw_ref, 1e-5);
+          EXPECT_REL(host(db), db_ref, 1e-5);
+        }
+      }
+    }
+  }
+  ops::cuda::set_bias_grad_path(saved);
 }
 
 TEST(CudaLinear, RejectsMismatchedShapesWithNamedError) {

@@ -187,6 +187,54 @@ TEST(Ddp, WithoutOverlapHookIsNotInstalledAndFinishReduces) {
   EXPECT_EQ(f.buf->grad_buffer().data<float>()[0], 2.0f);  // Avg over one rank
 }
 
+// set_overwrite_main_grad: zero_grad clears nothing and marks every main grad stale; a whole-gradient writer
+// takes the overwrite only when all its parameters are stale (else the stale ones are zeroed and it
+// accumulates); materialize_grads / zero_stale_grads zero exactly the stale ones (the DDP grad sync runs
+// the latter before reducing); grad_ready on a never-written parameter is a named error.
+TEST(ParamAndGradBuffer, OverwriteMainGradMarksStaleAndZeroesOnlyWhatNoWriterOverwrote) {
+  Fixture f;
+  ParamAndGradBuffer& buf = *f.buf;
+  auto p = [&](const char* k) { return buf.find(k); };
+  auto all_equal = [](const Parameter* q, float v) {
+    for (int64_t i = 0; i < q->main_grad.numel(); ++i)
+      if (q->main_grad.data<float>()[i] != v) return false;
+    return true;
+  };
+  buf.grad_buffer().fill_(7.0f);
+  buf.zero_grad();  // default: zeroes the buffer
+  EXPECT_TRUE(all_equal(p("a"), 0.0f));
+  EXPECT_FALSE(p("a")->grad_stale);
+  buf.set_overwrite_main_grad(true);
+  buf.grad_buffer().fill_(7.0f);
+  buf.zero_grad();
+  for (const auto& q : buf.params()) {
+    EXPECT_TRUE(q->grad_stale) << q->spec.key;
+    EXPECT_TRUE(all_equal(q.get(), 7.0f)) << q->spec.key;  // nothing was written
+  }
+  EXPECT_TRUE(take_grad_overwrite({p("a"), p("b")}));  // both stale: the caller overwrites, nothing zeroed
+  EXPECT_FALSE(p("a")->grad_stale || p("b")->grad_stale);
+  EXPECT_TRUE(all_equal(p("a"), 7.0f) && all_equal(p("b"), 7.0f));
+  EXPECT_FALSE(take_grad_overwrite({p("c"), p("a")}));  // a was written already: c zeroed, both accumulate
+  EXPECT_FALSE(p("c")->grad_stale);
+  EXPECT_TRUE(all_equal(p("c"), 0.0f) && all_equal(p("a"), 7.0f));
+  EXPECT_FALSE(take_grad_overwrite({nullptr}));
+  materialize_grads({p("d"), nullptr});
+  EXPECT_TRUE(all_equal(p("d"), 0.0f));
+  EXPECT_TRUE(p("e")->grad_stale);
+  try {
+    p("e")->grad_ready();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'e'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("never written"), std::string::npos) << e.what();
+  }
+  DistributedDataParallel ddp(buf, f.pc, {.bucket_size = 11});
+  ddp.finish_grad_sync();  // zero_stale_grads first: e was never written this step
+  EXPECT_FALSE(p("e")->grad_stale);
+  EXPECT_TRUE(all_equal(p("e"), 0.0f));
+  EXPECT_TRUE(all_equal(p("a"), 7.0f) && all_equal(p("b"), 7.0f));  // Avg over one rank
+}
+
 TEST(Ddp, ParamGatherNeedsDistributedOptimizerAndBlocksGradReduction) {
   Fixture f;
   {

@@ -118,8 +118,8 @@ TEST(AddNormCpu, ResidualBiasSumsAreLinearBwdsColumnSums) {
       // linear_bwd's bias grad over the same tensors (a linear with in = 1: only db is looked at)
       Tensor ones = Tensor::zeros({c.n, 1}), w = Tensor::zeros({c.h, 1}), dw = Tensor::zeros({c.h, 1});
       Tensor lin_r = prior_r.clone(), lin_d = prior_d.clone();
-      cpu::linear_bwd(nullptr, dw, &lin_r, dres, ones, w, {});
-      cpu::linear_bwd(nullptr, dw, &lin_d, dx, ones, w, {});
+      cpu::linear_bwd(nullptr, dw, &lin_r, dres, ones, w, ops::GradWrite::Accumulate, {});
+      cpu::linear_bwd(nullptr, dw, &lin_d, dx, ones, w, ops::GradWrite::Accumulate, {});
       EXPECT_TRUE(bitwise_equal(sum_r, lin_r));
       EXPECT_TRUE(bitwise_equal(sum_d, lin_d));
       for (int64_t j = 0; j < c.h; ++j) {  // float64 oracle

@@ -1,6 +1,8 @@
 // ops::cpu::gemm / linear_fwd / linear_bwd against float64 references and central finite differences.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
@@ -105,7 +107,7 @@ TEST(CpuLinear, BackwardMatchesFiniteDifferencesAndAccumulates) {
   dx.fill_(123.0f);  // overwritten, not accumulated
   Tensor dw = random_tensor({out, in}, 24, &dw0);  // pre-filled: the kernel must add to it
   Tensor db = random_tensor({out}, 25, &db0);
-  cpu::linear_bwd(&dx, dw, &db, tdy, tx, tw, {});
+  cpu::linear_bwd(&dx, dw, &db, tdy, tx, tw, ops::GradWrite::Accumulate, {});
 
   auto loss_x = [&](const std::vector<double>& xv) { return dot(dy, ref_linear(xv, w, &bias, n, in, out)); };
   auto loss_w = [&](const std::vector<double>& wv) { return dot(dy, ref_linear(x, wv, &bias, n, in, out)); };
@@ -120,10 +122,29 @@ TEST(CpuLinear, BackwardMatchesFiniteDifferencesAndAccumulates) {
 
   // dx == nullptr skips the input grad; db == nullptr skips the bias grad; dw accumulates again.
   Tensor dw_before = dw.clone();
-  cpu::linear_bwd(nullptr, dw, nullptr, tdy, tx, tw, {});
+  cpu::linear_bwd(nullptr, dw, nullptr, tdy, tx, tw, ops::GradWrite::Accumulate, {});
   std::vector<double> twice = to_doubles(dw_before);
   for (size_t i = 0; i < twice.size(); ++i) twice[i] += want_dw[i] - dw0[i];
   EXPECT_LT(max_rel_error(dw, twice, 1e-2), 1e-5);  // same fp32 rounding bound as above
+}
+
+// GradWrite::Overwrite writes dw and db without reading them (the stale main grad of the step's first
+// write may hold anything, NaN included): it equals Accumulate into zeros, also for an empty batch (n = 0).
+TEST(CpuLinear, OverwriteEqualsAccumulatingIntoZerosAndNeverReadsTheOutputs) {
+  for (int64_t n : {0, 6, 512}) {
+    const int64_t in = 9, out = 300;
+    Tensor tx = random_tensor({n, in}, 40), tw = random_tensor({out, in}, 41), tdy = random_tensor({n, out}, 42);
+    Tensor dw_ref = Tensor::zeros({out, in}), db_ref = Tensor::zeros({out});
+    cpu::linear_bwd(nullptr, dw_ref, &db_ref, tdy, tx, tw, ops::GradWrite::Accumulate, {});
+    Tensor dw = Tensor::empty({out, in}), db = Tensor::empty({out});
+    for (Tensor* t : {&dw, &db})
+      for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = std::nanf("");
+    cpu::linear_bwd(nullptr, dw, &db, tdy, tx, tw, ops::GradWrite::Overwrite, {});
+    for (int64_t i = 0; i < dw.numel(); ++i)
+      ASSERT_EQ(dw.data<float>()[i], dw_ref.data<float>()[i]) << "n " << n << " dw " << i;
+    for (int64_t i = 0; i < db.numel(); ++i)
+      ASSERT_EQ(db.data<float>()[i], db_ref.data<float>()[i]) << "n " << n << " db " << i;
+  }
 }
 
 TEST(CpuLinear, LargeBiasGradEqualsInOrderDoubleColumnSum) {
@@ -132,7 +153,7 @@ TEST(CpuLinear, LargeBiasGradEqualsInOrderDoubleColumnSum) {
   std::vector<double> dy;
   Tensor tx = random_tensor({n, in}, 30), tw = random_tensor({out, in}, 31), tdy = random_tensor({n, out}, 32, &dy);
   Tensor dw = Tensor::zeros({out, in}), db = Tensor::zeros({out});
-  cpu::linear_bwd(nullptr, dw, &db, tdy, tx, tw, {});
+  cpu::linear_bwd(nullptr, dw, &db, tdy, tx, tw, ops::GradWrite::Accumulate, {});
   for (int64_t o = 0; o < out; ++o) {
     double s = 0.0;
     for (int64_t r = 0; r < n; ++r) s += dy[r * out + o];

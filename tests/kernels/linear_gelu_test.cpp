@@ -69,11 +69,11 @@ TEST(CpuLinearGelu, BackwardIsDgradGeluBwdBiasSumBitwiseAndAccumulates) {
 
   // Today's unfused path: fc2's linear_bwd dgrad, gelu_bwd, fc1's linear_bwd bias column sum.
   Tensor dact = Tensor::empty({n, f}), dw2 = Tensor::zeros({h, f}), fc1_x = random_tensor({n, 8}, 14);
-  cpu::linear_bwd(&dact, dw2, nullptr, tdy, random_tensor({n, f}, 16), tw, {});
+  cpu::linear_bwd(&dact, dw2, nullptr, tdy, random_tensor({n, f}, 16), tw, ops::GradWrite::Accumulate, {});
   Tensor dpre_ref = Tensor::empty({n, f});
   cpu::gelu_bwd(dpre_ref, dact, tpre, {});
   Tensor dw1 = Tensor::zeros({f, 8}), w1 = random_tensor({f, 8}, 15);
-  cpu::linear_bwd(nullptr, dw1, &db_ref, dpre_ref, fc1_x, w1, {});
+  cpu::linear_bwd(nullptr, dw1, &db_ref, dpre_ref, fc1_x, w1, ops::GradWrite::Accumulate, {});
   EXPECT_TRUE(bitwise_equal(dpre, dpre_ref));
   EXPECT_TRUE(bitwise_equal(db, db_ref));
 

@@ -54,9 +54,9 @@ TEST(MlpGelu, FusedPathIsBitwiseTheUnfusedOps) {
     ops::linear_fwd(y, act, p.w2->data, &p.b2->data);  // tp == 1: RowParallelLinear's bias rides in the GEMM
     EXPECT_TRUE(bitwise_equal(ys[m], y));
     Tensor dact = Tensor::empty({n, f}), dpre = Tensor::empty({n, f}), dx = Tensor::empty({n, h});
-    ops::linear_bwd(&dact, dw2, &db2, dy2, act, p.w2->data);
+    ops::linear_bwd(&dact, dw2, &db2, dy2, act, p.w2->data, ops::GradWrite::Accumulate);
     ops::gelu_bwd(dpre, dact, pre);
-    ops::linear_bwd(&dx, dw1, &db1, dpre, x2, p.w1->data);
+    ops::linear_bwd(&dx, dw1, &db1, dpre, x2, p.w1->data, ops::GradWrite::Accumulate);
     EXPECT_TRUE(bitwise_equal(dxs[m], dx));
     EXPECT_TRUE(bitwise_equal(ctx[m].pre_act, pre));
   }
@@ -86,9 +86,9 @@ TEST(MlpSwiglu, KeepsTheUnfusedPath) {
   EXPECT_TRUE(bitwise_equal(y, y_ref));
   Tensor dw1 = Tensor::zeros({2 * f, h}), dw2 = Tensor::zeros({h, f});
   Tensor dact = Tensor::empty({n, f}), dh1 = Tensor::empty({n, 2 * f}), dx_ref = Tensor::empty({n, h});
-  ops::linear_bwd(&dact, dw2, nullptr, dy.view({n, h}), act, w2->data);
+  ops::linear_bwd(&dact, dw2, nullptr, dy.view({n, h}), act, w2->data, ops::GradWrite::Accumulate);
   ops::swiglu_bwd(dh1, dact, h1);
-  ops::linear_bwd(&dx_ref, dw1, nullptr, dh1, x.view({n, h}), w1->data);
+  ops::linear_bwd(&dx_ref, dw1, nullptr, dh1, x.view({n, h}), w1->data, ops::GradWrite::Accumulate);
   EXPECT_TRUE(bitwise_equal(dx, dx_ref));
   EXPECT_TRUE(bitwise_equal(w1->main_grad, dw1));
   EXPECT_TRUE(bitwise_equal(w2->main_grad, dw2));

@@ -133,10 +133,12 @@ void DistributedDataParallel::post_grad_reduction(size_t b) {
 }
 
 void DistributedDataParallel::start_grad_sync() {
+  buffer_.zero_stale_grads();  // parameters no backward wrote this step (set_overwrite_main_grad)
   for (; next_to_post_ < state_.size(); ++next_to_post_) post_grad_reduction(next_to_post_);
 }
 
 void DistributedDataParallel::finish_grad_sync() {
+  buffer_.zero_stale_grads();
   if (!opt_.overlap_grad_reduce) {
     start_grad_sync();
   } else if (next_to_post_ < state_.size()) {

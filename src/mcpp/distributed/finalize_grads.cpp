@@ -17,6 +17,7 @@ void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::Para
 
 void finalize_model_grads(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc,
                           bool tied_embeddings) {
+  for (ParamAndGradBuffer* params : chunks) params->zero_stale_grads();  // (DDP's grad sync did, normally)
   if (pc.tp_size() > 1)
     for (ParamAndGradBuffer* params : chunks)
       for (const auto& p : params->params())

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <unordered_set>
+#include <vector>
 
 #include "mcpp/core/error.h"
 #include "mcpp/core/rng.h"
@@ -130,13 +132,71 @@ void ParamAndGradBuffer::finalize(uint64_t seed, Device device, DType param_dtyp
   finalized_ = true;
 }
 
-void ParamAndGradBuffer::zero_grad() { grad_buffer_.zero_(); }
+void ParamAndGradBuffer::zero_grad() {
+  if (!overwrite_main_grad_) {
+    grad_buffer_.zero_();
+    return;
+  }
+  for (auto& p : params_) p->grad_stale = true;
+}
+
+namespace {
+// Zeroes the main grads of the stale parameters among `ps` and clears their marks: sorted by offset, each
+// run of adjacent ones in the same buffer is one fill.
+void zero_stale(std::vector<Parameter*> ps) {
+  std::erase_if(ps, [](const Parameter* p) { return !p || !p->grad_stale; });
+  if (ps.empty()) return;
+  std::sort(ps.begin(), ps.end(), [](const Parameter* a, const Parameter* b) {
+    return std::tie(a->buffer, a->offset) < std::tie(b->buffer, b->offset);
+  });
+  size_t i = 0;
+  while (i < ps.size()) {
+    ParamAndGradBuffer* buf = ps[i]->buffer;
+    const int64_t begin = ps[i]->offset;
+    int64_t end = begin + ps[i]->main_grad.numel();
+    size_t j = i + 1;
+    for (; j < ps.size() && ps[j]->buffer == buf && ps[j]->offset == end; ++j) end += ps[j]->main_grad.numel();
+    if (buf) {
+      buf->grad_buffer().flat_slice(begin, {end - begin}).zero_();
+    } else {
+      for (size_t q = i; q < j; ++q) ps[q]->main_grad.zero_();
+    }
+    for (size_t q = i; q < j; ++q) ps[q]->grad_stale = false;
+    i = j;
+  }
+}
+}  // namespace
+
+void ParamAndGradBuffer::zero_stale_grads() {
+  std::vector<Parameter*> ps;
+  for (auto& p : params_) ps.push_back(p.get());
+  zero_stale(std::move(ps));
+}
+
+bool take_grad_overwrite(std::initializer_list<Parameter*> params) {
+  bool all_stale = false;
+  for (Parameter* p : params) {
+    if (!p) continue;
+    if (!p->grad_stale) {
+      materialize_grads(params);
+      return false;
+    }
+    all_stale = true;
+  }
+  for (Parameter* p : params)
+    if (p) p->grad_stale = false;
+  return all_stale;
+}
+
+void materialize_grads(std::initializer_list<Parameter*> params) { zero_stale(std::vector<Parameter*>(params)); }
 
 bool counts_in_grad_norm(const ParamSpec& spec, int tp_rank) {
   return !spec.shared_copy && (spec.shard.partitioned() || tp_rank == 0);
 }
 
 void Parameter::grad_ready() {
+  MCPP_CHECK(!grad_stale, "parameter '{}' reported grad ready but its main_grad was never written this step (a "
+             "backward wrote it without take_grad_overwrite / materialize_grads)", spec.key);
   if (buffer && buffer->grad_ready_hook()) buffer->grad_ready_hook()(*this);
 }
 

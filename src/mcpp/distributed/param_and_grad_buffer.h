@@ -5,7 +5,13 @@
 // ONE fp32 main-grad buffer, laid out in backward
 // order (the reverse of registration, i.e. the order gradients become ready), binds every Parameter's
 // `data` and `main_grad` to views into them, and initializes values. Later the DP buckets are ranges of
-// these buffers. Gradients ACCUMULATE into main_grad (+=); zero_grad() clears the whole buffer.
+// these buffers. Gradients ACCUMULATE into main_grad (+=); zero_grad() clears the whole buffer — or, with
+// set_overwrite_main_grad(true) (the trainer's default), clears nothing and marks every parameter's
+// main_grad stale: the step's first writer of a parameter either overwrites it (take_grad_overwrite: the
+// wgrad GEMM with beta = 0, Transformer Engine's overwrite_main_grad) or, when it can only accumulate,
+// zeroes it first (materialize_grads); zero_stale_grads() zeroes what no backward wrote, before the grads
+// are read. This saves the buffer's zeroing pass and the first wgrad GEMM's read of main_grad. Every
+// writer of main_grad must take one of the two paths (Parameter::grad_ready checks it).
 // Mixed precision (param dtype bf16/f16, Megatron's --bf16 with fp32 main params): a third buffer holds
 // the fp32 main (master) params in the same layout; every Parameter's `main_param` views it, `data` is
 // the low-precision model copy the forward reads, and the optimizer steps `main_param` and writes
@@ -18,6 +24,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,11 +90,21 @@ struct Parameter {
   Tensor main_grad;   // fp32 view into the grad buffer; accumulates
   ParamAndGradBuffer* buffer = nullptr;
   int64_t offset = 0;  // of data / main_grad in the buffers (elements)
+  // main_grad holds a previous step's values (zero_grad under set_overwrite_main_grad); see above.
+  bool grad_stale = false;
   // Called by the module right after its backward finished accumulating this parameter's gradient for
   // the current microbatch (once per microbatch, after the last use of a shared weight). Forwards to the
   // buffer's grad-ready hook: DistributedDataParallel starts a bucket's reduction when all are ready.
   void grad_ready();
 };
+
+// For a writer that computes the parameters' whole gradients in one go (a linear backward: weight, bias):
+// true when all are stale — the caller must then OVERWRITE every one of them (the marks are cleared);
+// otherwise the stale ones are zeroed (materialize_grads) and the caller accumulates. nullptrs are skipped.
+bool take_grad_overwrite(std::initializer_list<Parameter*> params);
+// For a writer that accumulates: zeroes the stale main grads among `params` (adjacent ones in one fill) and
+// clears their marks. nullptrs are skipped; a no-op (no launch) when none is stale.
+void materialize_grads(std::initializer_list<Parameter*> params);
 
 class ParamAndGradBuffer {
  public:
@@ -97,6 +114,12 @@ class ParamAndGradBuffer {
   bool finalized() const { return finalized_; }
 
   void zero_grad();
+  // zero_grad() marks main grads stale instead of zeroing the buffer (see the top of this file). Default off.
+  void set_overwrite_main_grad(bool on) { overwrite_main_grad_ = on; }
+  bool overwrite_main_grad() const { return overwrite_main_grad_; }
+  // Zeroes every main grad still stale (no backward wrote it this step; one fill per adjacent run). Call
+  // before the gradients are reduced or read (DistributedDataParallel's grad sync does).
+  void zero_stale_grads();
   // Hook for Parameter::grad_ready (DDP's overlap of gradient reduction with backward); empty = none.
   void set_grad_ready_hook(std::function<void(Parameter&)> hook) { grad_ready_hook_ = std::move(hook); }
   const std::function<void(Parameter&)>& grad_ready_hook() const { return grad_ready_hook_; }
@@ -114,6 +137,7 @@ class ParamAndGradBuffer {
   Tensor main_param_buffer_;  // fp32 masters, only with a low-precision param dtype
   Tensor grad_buffer_;
   bool finalized_ = false;
+  bool overwrite_main_grad_ = false;
   std::function<void(Parameter&)> grad_ready_hook_;
 };
 

@@ -37,8 +37,8 @@ void linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
   MCPP_DISPATCH(linear_fwd, ({&y, &x, &w, bias}), y, x, w, bias, s);
 }
 void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
-                Stream s) {
-  MCPP_DISPATCH(linear_bwd, ({dx, &dw_acc, db_acc, &dy, &x, &w}), dx, dw_acc, db_acc, dy, x, w, s);
+                GradWrite grad_write, Stream s) {
+  MCPP_DISPATCH(linear_bwd, ({dx, &dw_acc, db_acc, &dy, &x, &w}), dx, dw_acc, db_acc, dy, x, w, grad_write, s);
 }
 void linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const Tensor& w, const Tensor* bias, Stream s) {
   MCPP_DISPATCH(linear_gelu_fwd, ({&act, &pre_act, &x, &w, bias}), act, pre_act, x, w, bias, s);

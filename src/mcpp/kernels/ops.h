@@ -19,6 +19,11 @@ struct GemmOptions {
   float beta = 0.0f;
 };
 
+// How a backward op writes its parameter-gradient outputs: Accumulate (+=, across microbatches into the fp32
+// main grads) or Overwrite (=, the step's first write into a main grad whose old contents are stale:
+// ParamAndGradBuffer::set_overwrite_main_grad). Overwrite equals Accumulate into a zeroed output.
+enum class GradWrite { Accumulate, Overwrite };
+
 struct AttentionOptions {
   float softmax_scale = 1.0f;  // usually 1/sqrt(d)
   bool causal = true;

@@ -28,6 +28,11 @@ Shape with_last(Shape s, int64_t last) {
   s.back() = last;
   return s;
 }
+// How a linear backward writes the weight's (and bias's) main grad: overwritten by the step's first write
+// (ParamAndGradBuffer::set_overwrite_main_grad), accumulated otherwise.
+ops::GradWrite grad_write(Parameter* weight, Parameter* bias) {
+  return take_grad_overwrite({weight, bias}) ? ops::GradWrite::Overwrite : ops::GradWrite::Accumulate;
+}
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,
@@ -117,8 +122,9 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
     if (owns_weight_) weight_->grad_ready();
     if (bias_) bias_->grad_ready();
   };
+  const ops::GradWrite gw = grad_write(weight_, bias_);
   if (tp_->size() == 1) {  // nothing to reduce: dgrad and wgrad in one call
-    ops::linear_bwd(&dx, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data);
+    ops::linear_bwd(&dx, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data, gw);
     grads_ready();
     return dx_full;
   }
@@ -128,7 +134,7 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
   ops::gemm(dx, dy2, weight_->data, {});  // dx = dy @ W
   AsyncResult red =
       opt_.sequence_parallel ? reduce_scatter_sp_async(*tp_, dx_full) : all_reduce_tp_async(*tp_, dx_full);
-  ops::linear_bwd(nullptr, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data);
+  ops::linear_bwd(nullptr, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data, gw);
   grads_ready();
   red.work.wait();
   return red.out;
@@ -182,17 +188,18 @@ Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, boo
   Parameter* bias = bias_grad_elsewhere ? nullptr : bias_;
   Tensor* db = bias ? &bias->main_grad : nullptr;
   Tensor dy_full = dy;
+  const ops::GradWrite gw = grad_write(weight_, bias);
   if (!opt_.sequence_parallel) {
-    ops::linear_bwd(&dx, weight_->main_grad, db, rows(dy, opt_.output_size), ctx.x, weight_->data);
+    ops::linear_bwd(&dx, weight_->main_grad, db, rows(dy, opt_.output_size), ctx.x, weight_->data, gw);
   } else if (!opt_.tp_comm_overlap) {  // reduce_scatter_to_sp backward: all-gather dy, then both GEMMs
     dy_full = all_gather_sp(*tp_, dy);  // [s, b, out]
-    ops::linear_bwd(&dx, weight_->main_grad, db, rows(dy_full, opt_.output_size), ctx.x, weight_->data);
+    ops::linear_bwd(&dx, weight_->main_grad, db, rows(dy_full, opt_.output_size), ctx.x, weight_->data, gw);
   } else {  // the ring: each chunk's dgrad GEMM beside the next chunk's transfer, then the wgrad on all of dy
     dy_full = gather_then(*tp_, dy, opt_.output_size, true, [&](int64_t first, const Tensor& in) {
       Tensor out = dx.narrow0(first, in.size(0));
       ops::gemm(out, in, weight_->data, {});  // dx rows = dy rows @ W
     });
-    ops::linear_bwd(nullptr, weight_->main_grad, db, rows(dy_full, opt_.output_size), ctx.x, weight_->data);
+    ops::linear_bwd(nullptr, weight_->main_grad, db, rows(dy_full, opt_.output_size), ctx.x, weight_->data, gw);
   }
   weight_->grad_ready();
   if (bias) bias->grad_ready();
@@ -215,7 +222,8 @@ Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& d
   }
   Tensor dy2 = rows(dy_full, opt_.output_size);
   Parameter* bias = bias_grad_elsewhere ? nullptr : bias_;
-  ops::linear_bwd(nullptr, weight_->main_grad, bias ? &bias->main_grad : nullptr, dy2, ctx.x, weight_->data);
+  ops::linear_bwd(nullptr, weight_->main_grad, bias ? &bias->main_grad : nullptr, dy2, ctx.x, weight_->data,
+                  grad_write(weight_, bias));
   weight_->grad_ready();
   if (bias) bias->grad_ready();
   return dpre.view(with_last(dy_full.shape(), in_local_));  // [s, b, in/tp]

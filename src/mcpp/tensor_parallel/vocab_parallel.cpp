@@ -32,6 +32,7 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
 }
 
 void VocabParallelEmbedding::backward(const Tensor& ids, const Tensor& dout) const {
+  materialize_grads({weight_});  // a scatter-add (a tied output layer's backward may have written it already)
   ops::embedding_bwd(weight_->main_grad, ids, dout, vocab_start_);
 }
 

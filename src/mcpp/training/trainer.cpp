@@ -94,6 +94,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
         GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
                       .num_layers = static_cast<int64_t>(st.layers.size())},
         param_dtype_));
+    chunks_.back()->params().set_overwrite_main_grad(par.overwrite_main_grad);
     ddps_.push_back(std::make_unique<DistributedDataParallel>(
         chunks_.back()->params(), pc_,
         DdpOptions{.bucket_size = par.ddp_bucket_size,

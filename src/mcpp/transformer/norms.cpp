@@ -54,6 +54,7 @@ Tensor Norm::backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres, const 
   Tensor dres2 = dres ? dres->view({-1, hidden_}) : Tensor();
   Tensor* dres_sum = rb.dres_bias ? &rb.dres_bias->main_grad : nullptr;
   Tensor* dx_sum = rb.dx_bias ? &rb.dx_bias->main_grad : nullptr;
+  materialize_grads({weight_, bias_, rb.dres_bias, rb.dx_bias});  // the norm ops accumulate
   if (kind_ == Normalization::LayerNorm) {
     if (dres)
       ops::add_layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, dres2, ctx.x, weight_->data, ctx.mean,

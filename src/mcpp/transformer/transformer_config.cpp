@@ -392,6 +392,7 @@ template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("ddp_bucket_size", p.ddp_bucket_size);
   v("overlap_grad_reduce", p.overlap_grad_reduce);
   v("overlap_param_gather", p.overlap_param_gather);
+  v("overwrite_main_grad", p.overwrite_main_grad);
   v("distributed_timeout_minutes", p.distributed_timeout_minutes);
   v("check_collectives", p.check_collectives);
   v("data_parallel_size", p.data_parallel_size);

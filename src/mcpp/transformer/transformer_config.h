@@ -120,6 +120,10 @@ struct ParallelConfig {
   int64_t ddp_bucket_size = 0;
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
+  // Each parameter's first gradient write of a step overwrites its main grad (a beta = 0 wgrad GEMM; TE's
+  // overwrite_main_grad) instead of the step zeroing the whole grad buffer first; same values.
+  // --no-overwrite-main-grad: zero the buffer (Megatron's zero_grad_buffer), for A/B runs and debugging.
+  bool overwrite_main_grad = true;
   // Communicator debugging (comm/): the watchdog timeout and the per-collective fingerprint check.
   float distributed_timeout_minutes = 10.0f;
   bool check_collectives = false;

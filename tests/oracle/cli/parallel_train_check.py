@@ -13,7 +13,8 @@ usage: parallel_train_check.py MCPP WORKDIR
   6. TP2 x PP2 x DP2 (8 ranks) with SP and the distributed optimizer, and a Llama-style model with
      interleaved PP4 (virtual stages), equal the 1-rank runs;
   7. uneven placements (--decoder-first-pipeline-num-layers, --pipeline-model-parallel-layout) equal 1 rank;
-  8. PP2 checkpoints: resume at PP2 bit-exact, continue at PP1 within 1e-5.
+  8. PP2 checkpoints: resume at PP2 bit-exact, continue at PP1 within 1e-5;
+  9. PP2 with --no-overwrite-main-grad equals the default bit for bit.
 """
 import json
 import os
@@ -149,6 +150,14 @@ run([MCPP, "train", *M, *TP1, "--load", ppr + "_at1", "--save", ppr + "_at1"])
 p1 = metrics(ppr + "_at1")
 if any(not close(p1.get(i), ps[i]) for i in (4, 5, 6)):
     failures.append(f"PP2 checkpoint continued at PP1: {p1} vs {ps}")
+
+# 9. --no-overwrite-main-grad (the grad buffer zeroed at each step's start) trains the PP2 run (tied embedding
+#    copies on both stages, 4 microbatches) bit for bit like the default (first gradient writes overwrite).
+ppz = os.path.join(WORK, "pp_zeroed")
+run(MPI + ["-np", "2", MCPP, "train", *M, *TP1, *PP2, "--no-overwrite-main-grad", "--save", ppz], timeout=300)
+pz = metrics(ppz)
+if pz != ps:
+    failures.append(f"PP2 with --no-overwrite-main-grad differs from the default: {pz} vs {ps}")
 
 p = run(MPI + ["-np", "3", MCPP, "train", *M, *TP2], expect=1, timeout=120)
 errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]

@@ -5,6 +5,7 @@
 //   linear_bwd: dx[n,in] = dy[n,out] @ W (overwritten; skipped when dx == nullptr)
 //               dw_acc[out,in] += dy^T @ x      (ACCUMULATES: sgemm with beta = 1)
 //               db_acc[out]    += sum_n dy      (ACCUMULATES; column sums in double, fixed order)
+//               GradWrite::Overwrite: = instead of += (beta = 0; db zeroed first): bitwise += into zeros.
 //   linear_gelu_fwd / linear_dgelu_bwd: the GELU MLP's fused ops as compositions of linear_fwd, gemm,
 //               gelu_fwd / gelu_bwd and the same column sums (bitwise the unfused path).
 // Deterministic for a fixed OpenBLAS thread count (OpenBLAS splits M/N, never the K reduction).
@@ -108,7 +109,7 @@ void linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
 }
 
 void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
-                Stream stream) {
+                GradWrite grad_write, Stream stream) {
   const LinearDims d = linear_dims("linear_bwd", x, w, dy, "dy");
   require_cpu_f32("linear_bwd", "dw_acc", dw_acc);
   detail::require_same_shape("linear_bwd", "dw_acc", dw_acc, "w", w);
@@ -120,11 +121,14 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
     Tensor dx2 = dx->view({d.n, d.in});  // [n, in] = dy[n, out] @ w[out, in]
     cpu::gemm(dx2, dy2, w, GemmOptions{}, stream);
   }
-  // dw[out, in] += dy[n, out]^T @ x[n, in]
-  cpu::gemm(dw_acc, dy2, x2, GemmOptions{.trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = 1.0f}, stream);
+  // dw[out, in] += dy[n, out]^T @ x[n, in]  (Overwrite: beta = 0, the GEMM never reads dw)
+  const bool overwrite = grad_write == GradWrite::Overwrite;
+  const GemmOptions wgrad{.trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = overwrite ? 0.0f : 1.0f};
+  cpu::gemm(dw_acc, dy2, x2, wgrad, stream);
   if (db_acc) {
     require_cpu_f32("linear_bwd", "db_acc", *db_acc);
     detail::require_numel("linear_bwd", "db_acc", *db_acc, d.out, "out = w.size(0)");
+    if (overwrite) db_acc->zero_();
     detail::column_sum_acc(*db_acc, dy2);
   }
 }

@@ -10,6 +10,7 @@
 //               db_acc[out] += sum_n dy     (ACCUMULATES; the BGRADB epilogue of the dw GEMM, fp32, no extra
 //               pass and deterministic; or the plain dw GEMM + the (deterministic) column-sum kernel where
 //               cuBLASLt refuses BGRADB or that pair was timed faster: set_bias_grad_path, gemm_autotune.h).
+//               GradWrite::Overwrite: dw_acc = (beta = 0, dw_acc never read), db_acc = (BGRADB into it).
 //   linear_gelu_fwd: pre_act = x W^T (+ bias), act = gelu_tanh(pre_act) in ONE GEMM: the GELU_AUX(_BIAS)
 //               epilogue writes act as D and pre_act as the aux matrix (Transformer Engine's fc1 fusion).
 //   linear_dgelu_bwd: dpre = (dy @ W) * gelu'(pre_act) in ONE GEMM with the DGELU epilogue (aux = pre_act
@@ -44,6 +45,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -525,7 +527,7 @@ void linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
 }
 
 void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
-                Stream stream) {
+                GradWrite grad_write, Stream stream) {
   const LinearDims d = linear_dims("linear_bwd", x, w, dy, "dy");
   require_float("linear_bwd", "dw_acc", dw_acc);
   require_same_shape("linear_bwd", "dw_acc", dw_acc, "w", w);
@@ -537,24 +539,31 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
     Tensor dx2 = dx->view({d.n, d.in});  // [n, in] = dy[n, out] @ w[out, in]
     lt_matmul(dx2, dy2, w, GemmOptions{}, Epilogue{}, s);
   }
-  // dw[out, in] += dy[n, out]^T @ x[n, in]
-  const GemmOptions wgrad{.trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = 1.0f};
+  // dw[out, in] += dy[n, out]^T @ x[n, in]; Overwrite: beta = 0 (no read of dw_acc, no zeroing pass before)
+  const bool overwrite = grad_write == GradWrite::Overwrite;
+  const GemmOptions wgrad{.trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = overwrite ? 0.0f : 1.0f};
   if (db_acc) {
     require_float("linear_bwd", "db_acc", *db_acc, /*bf16_ok=*/false);
     require_numel("linear_bwd", "db_acc", *db_acc, d.out, "out = w.size(0)");
     const Kind kdy = require_float("linear_bwd", "dy", dy);
     // The bias grad rides in the weight-grad GEMM: BGRADB reduces cuBLASLt's B operand (our dy) over the
-    // GEMM's k (= n) into an fp32 vector [out] — no extra pass over dy, deterministic. It overwrites, so a
-    // scratch, then db_acc += it. Where cuBLASLt refuses it, or the plain GEMM + the column-sum kernel was
-    // timed faster (bias_grad_split): those two.
-    Tensor db = Tensor::empty({d.out}, DType::F32, Device::CUDA);  // [out]
+    // GEMM's k (= n) into an fp32 vector [out] — no extra pass over dy, deterministic. It overwrites: into
+    // db_acc itself under Overwrite (when 16-byte aligned, as cuBLASLt's vector pointers want), else a
+    // scratch, then db_acc += it (or = it). Where cuBLASLt refuses it, or the plain GEMM + the column-sum
+    // kernel was timed faster (bias_grad_split): those two.
+    const bool direct = overwrite && reinterpret_cast<uintptr_t>(db_acc->raw()) % 16 == 0;
+    Tensor db = direct ? *db_acc : Tensor::empty({d.out}, DType::F32, Device::CUDA);  // [out]
     const Epilogue e{.kind = CUBLASLT_EPILOGUE_BGRADB, .bias = db.raw(), .kbias = kF32};
     if (d.n > 0 && d.in > 0 && d.out > 0 && !bias_grad_split(dw_acc, dy2, x2, wgrad, e, fin(dy, kdy), s) &&
         lt_matmul(dw_acc, dy2, x2, wgrad, e, s, /*may_fail=*/true)) {
-      launch_axpby_inplace(FOut{db_acc->raw(), kF32}, FIn{db.raw(), kF32}, 1.0f, 1.0f, d.out, s);
+      if (overwrite && !direct)  // a copy: the stale contents may hold anything (NaN * 0 is NaN)
+        MCPP_CUDA_CHECK(cudaMemcpyAsync(db_acc->raw(), db.raw(), db.nbytes(), cudaMemcpyDeviceToDevice, s));
+      else if (!overwrite)
+        launch_axpby_inplace(FOut{db_acc->raw(), kF32}, FIn{db.raw(), kF32}, 1.0f, 1.0f, d.out, s);
       return;
     }
     lt_matmul(dw_acc, dy2, x2, wgrad, Epilogue{}, s);
+    if (overwrite) MCPP_CUDA_CHECK(cudaMemsetAsync(db_acc->raw(), 0, db_acc->nbytes(), s));
     column_sum_into(*db_acc, dy2, s);
     return;
   }

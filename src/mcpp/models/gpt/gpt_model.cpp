@@ -106,6 +106,7 @@ void GPTModel::embed_backward(GPTModelCtx& ctx, const Tensor& dx_in) {
   word_embedding_->backward(ctx.tokens.view({n}), d2);
   word_embeddings_->grad_ready();  // its last use (the tied output layer's backward ran first)
   if (position_embeddings_) {
+    materialize_grads({position_embeddings_});  // a scatter-add
     ops::embedding_bwd(position_embeddings_->main_grad, ctx.position_ids, d2, 0);
     position_embeddings_->grad_ready();
   }
