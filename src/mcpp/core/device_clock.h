@@ -10,6 +10,12 @@
 //                          distant marks lose precision (~1e-7 relative); negative if b came first). An
 //                          unknown id is an mcpp::Error.
 //   size()                 marks made so far.
+//   retire_before(id)      marks with ids < id will not be asked about again: their events go back to a pool
+//                          the next marks reuse, so a long run keeps only the recent marks' events alive
+//                          (the pipeline timeline retires each step once it has read its times). Asking
+//                          about a retired id is an mcpp::Error; retiring is monotonic (a smaller id is a
+//                          no-op), an id beyond size() is an error.
+//   live()                 marks not retired (= the CUDA events held for them).
 // Not allowed while the compute stream is being captured into a CUDA graph (a captured event has no
 // time): mark() then fails naming it. Without CUDA (CPU build or no GPU) the constructor throws.
 #pragma once
@@ -28,6 +34,8 @@ class DeviceClock {
   int64_t mark();
   double micros_between(int64_t from, int64_t to) const;
   int64_t size() const;
+  void retire_before(int64_t id);
+  int64_t live() const;
 
   struct Impl;
 

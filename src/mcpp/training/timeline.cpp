@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
@@ -41,25 +43,47 @@ void TimelineRecorder::start(comm::Communicator& world) {
 }
 
 std::vector<pipeline_parallel::ActionTiming>* TimelineRecorder::begin_step() {
+  // The step before the previous one has long finished on the device: read its times, retire its marks.
+  if (clock_ && step_begin_.size() >= 2) {
+    const size_t to = step_begin_[step_begin_.size() - 1];
+    device_times(resolved_.size(), to, &anchor_mark_, &anchor_us_, &resolved_);
+    if (anchor_mark_ >= 0) clock_->retire_before(anchor_mark_);  // the anchor stays for the next step's
+  }
   step_begin_.push_back(timings_.size());
   return &timings_;
 }
 
+void TimelineRecorder::device_times(size_t from, size_t to, int64_t* anchor_mark, double* anchor_us,
+                                    std::vector<std::pair<double, double>>* out) const {
+  for (size_t i = from; i < to; ++i) {
+    const auto& t = timings_[i];
+    MCPP_CHECK(t.device_start >= 0 && t.device_end >= 0, "timeline: action {} has no device marks",
+               pipeline_parallel::to_string(t.action));
+    if (std::binary_search(step_begin_.begin(), step_begin_.end(), i)) {  // a step's first action
+      *anchor_us = *anchor_mark < 0 ? clock_->micros_between(origin_mark_, t.device_start)
+                                    : *anchor_us + clock_->micros_between(*anchor_mark, t.device_start);
+      *anchor_mark = t.device_start;
+    }
+    out->emplace_back(*anchor_us + clock_->micros_between(*anchor_mark, t.device_start),
+                      clock_->micros_between(t.device_start, t.device_end));
+  }
+}
+
 nlohmann::json TimelineRecorder::events() const {
   nlohmann::json out = nlohmann::json::array();
+  std::vector<std::pair<double, double>> device = resolved_;  // + the steps not read yet
+  if (clock_) {
+    int64_t anchor_mark = anchor_mark_;
+    double anchor_us = anchor_us_;
+    device_times(resolved_.size(), timings_.size(), &anchor_mark, &anchor_us, &device);
+  }
   size_t step = 0;
   for (size_t i = 0; i < timings_.size(); ++i) {
     while (step + 1 < step_begin_.size() && i >= step_begin_[step + 1]) ++step;
     const auto& t = timings_[i];
     const bool comm = t.action.kind == ActionKind::Comm;
     double ts = micros(t.start - origin_), dur = micros(t.end - t.start);
-    if (clock_) {
-      MCPP_CHECK(t.device_start >= 0 && t.device_end >= 0, "timeline: action {} has no device marks",
-                 pipeline_parallel::to_string(t.action));
-      // ts from the origin (float milliseconds: ~0.25 ms steps after an hour of run); dur mark to mark.
-      ts = clock_->micros_between(origin_mark_, t.device_start);
-      dur = clock_->micros_between(t.device_start, t.device_end);
-    }
+    if (clock_) std::tie(ts, dur) = device[i];
     nlohmann::json args{{"step", static_cast<int64_t>(step)}, {"stage", stage_}};
     if (comm) {
       args["ops"] = pipeline_parallel::to_string(t.action);

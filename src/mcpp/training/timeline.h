@@ -16,12 +16,18 @@
 // only enqueues, so the recorder keeps a DeviceClock (core/device_clock.h): the origin is a compute-stream
 // mark made right after the barrier on a drained device, and every interval is the device time between the
 // runner's marks around the action (schedule_runner.h) — what the GPU did, and how long it waited in P2P.
+// A long run stays exact and small: each step's times are read at the step after next's begin_step (its
+// marks long completed, so no wait) and its marks retired (DeviceClock::retire_before: a few steps' events
+// alive, not two per action of the whole run); ts is the step's anchor (its first mark) plus the offset
+// from it, the anchors chained step to step, so no interval is read over more than a step or so (float
+// milliseconds from the origin would be ~0.25 ms coarse after an hour).
 // The bubble report: per pipeline stage the measured bubble (trace_summary's, averaged over the stage's
 // ranks; the first step left out as warm-up when there are more) next to the theoretical (pp-1)/(V*M+pp-1).
 #pragma once
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,9 +54,18 @@ class TimelineRecorder {
   nlohmann::json events() const;
 
  private:
+  // Device time: (ts, dur) of timings_[from, to) (whole steps), chaining the step anchors from *anchor_mark /
+  // *anchor_us (updated).
+  void device_times(size_t from, size_t to, int64_t* anchor_mark, double* anchor_us,
+                    std::vector<std::pair<double, double>>* out) const;
+
   int rank_, stage_;
   std::unique_ptr<DeviceClock> clock_;
   int64_t origin_mark_ = -1;
+  // Device time read so far: (ts, dur) of timings_[0, resolved_.size()); the last read step's anchor.
+  std::vector<std::pair<double, double>> resolved_;
+  int64_t anchor_mark_ = -1;
+  double anchor_us_ = 0.0;
   std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
   std::vector<pipeline_parallel::ActionTiming> timings_;
   std::vector<size_t> step_begin_;  // index into timings_ where each step starts

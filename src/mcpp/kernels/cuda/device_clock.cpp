@@ -1,9 +1,11 @@
 // DeviceClock on CUDA events (contract: core/device_clock.h). Events are created with timing enabled
-// (the default flags) and destroyed with the clock.
+// (the default flags), reused after retire_before (a pool) and destroyed with the clock. The live marks
+// are a deque whose front has id `first`.
 #include "mcpp/core/device_clock.h"
 
 #include <cuda_runtime.h>
 
+#include <deque>
 #include <vector>
 
 #include "mcpp/core/cuda_graph.h"
@@ -14,7 +16,14 @@
 namespace mcpp {
 
 struct DeviceClock::Impl {
-  std::vector<cudaEvent_t> events;
+  std::deque<cudaEvent_t> live;  // marks [first, first + live.size())
+  int64_t first = 0;
+  std::vector<cudaEvent_t> pool;  // retired, recorded again by later marks
+  cudaEvent_t at(int64_t id, int64_t made) const {
+    MCPP_CHECK(id >= first && id < made, "DeviceClock: mark {} is {} ({} marks made, {} retired)", id,
+               id < first && id >= 0 ? "retired" : "unknown", made, first);
+    return live[static_cast<size_t>(id - first)];
+  }
 };
 
 DeviceClock::DeviceClock() : impl_(std::make_unique<Impl>()) {
@@ -22,7 +31,9 @@ DeviceClock::DeviceClock() : impl_(std::make_unique<Impl>()) {
 }
 
 DeviceClock::~DeviceClock() {
-  for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);  // never throws; a pending event is fine to destroy
+  // Never throws; a pending event is fine to destroy.
+  for (cudaEvent_t e : impl_->live) cudaEventDestroy(e);
+  for (cudaEvent_t e : impl_->pool) cudaEventDestroy(e);
 }
 
 int64_t DeviceClock::mark() {
@@ -30,17 +41,20 @@ int64_t DeviceClock::mark() {
     fail("DeviceClock::mark: the compute stream is being captured into a CUDA graph (a captured event has no "
          "time); --timeline and --enable-cuda-graph do not combine");
   cudaEvent_t e = nullptr;
-  MCPP_CUDA_CHECK(cudaEventCreate(&e));
-  impl_->events.push_back(e);
+  if (impl_->pool.empty()) {
+    MCPP_CUDA_CHECK(cudaEventCreate(&e));
+  } else {
+    e = impl_->pool.back();
+    impl_->pool.pop_back();
+  }
+  impl_->live.push_back(e);
   MCPP_CUDA_CHECK(cudaEventRecord(e, cuda_detail::compute_stream()));
-  return static_cast<int64_t>(impl_->events.size()) - 1;
+  return size() - 1;
 }
 
 double DeviceClock::micros_between(int64_t from, int64_t to) const {
   const int64_t n = size();
-  MCPP_CHECK(from >= 0 && from < n && to >= 0 && to < n, "DeviceClock::micros_between({}, {}): {} marks made",
-             from, to, n);
-  cudaEvent_t a = impl_->events[static_cast<size_t>(from)], b = impl_->events[static_cast<size_t>(to)];
+  cudaEvent_t a = impl_->at(from, n), b = impl_->at(to, n);
   MCPP_CUDA_CHECK(cudaEventSynchronize(b));
   MCPP_CUDA_CHECK(cudaEventSynchronize(a));
   float ms = 0.0f;
@@ -48,6 +62,16 @@ double DeviceClock::micros_between(int64_t from, int64_t to) const {
   return 1000.0 * static_cast<double>(ms);
 }
 
-int64_t DeviceClock::size() const { return static_cast<int64_t>(impl_->events.size()); }
+int64_t DeviceClock::size() const { return impl_->first + live(); }
+
+int64_t DeviceClock::live() const { return static_cast<int64_t>(impl_->live.size()); }
+
+void DeviceClock::retire_before(int64_t id) {
+  MCPP_CHECK(id <= size(), "DeviceClock::retire_before({}): only {} marks made", id, size());
+  for (; impl_->first < id; ++impl_->first) {
+    impl_->pool.push_back(impl_->live.front());
+    impl_->live.pop_front();
+  }
+}
 
 }  // namespace mcpp
