@@ -263,6 +263,19 @@ void bench_adamw() {
       time_op([&] { mcpp::ops::adamw_multi_step(list, opt); }, list[0].param, g_iters, g_reps), 0, bytes);
 }
 
+// The grad norm's reduction (sum_of_squares, float64 accumulation) over a whole fp32 grad buffer, as
+// model_grad_norm runs it at tp 1: 124M and 1.3B parameters. Bytes = 4 per element read.
+void bench_grad_norm() {
+  for (const auto& [name, n] : {std::pair<const char*, int64_t>{"124M", 124'475'904},
+                                std::pair<const char*, int64_t>{"1.3B", 1'313'722'368}}) {
+    Tensor g = filled({n}, DType::F32, 3.0f, 1e-3f);
+    double sink = 0.0;
+    row("sum_of_squares (grad norm)", fmt::format("{} fp32 grads [{}]", name, n),
+        time_op([&] { sink += mcpp::ops::sum_of_squares(g); }, g, g_iters, g_reps), 0, 4.0 * n);
+    if (sink < 0) std::printf("impossible\n");
+  }
+}
+
 // Which attention the rows run: cuDNN's fused attention (default), its deterministic backward
 // (--deterministic-mode), or the mcpp tensor-core kernels (ops::cuda::set_cudnn_attention(false)).
 enum class AttnPath { Cudnn, CudnnDeterministic, Mcpp };
@@ -468,6 +481,7 @@ int main(int argc, char** argv) {
       bench_embedding_bwd("124M word", 32768, 50304, 768);
       bench_embedding_bwd("124M position", 32768, 1024, 768);
       bench_adamw();
+      bench_grad_norm();
       return 0;
     }
     if (mlp_only) {

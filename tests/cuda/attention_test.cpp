@@ -58,18 +58,23 @@ TEST(CudaFlashAttention, MatchesCpuCausalFullGqaBothHeadDims) {
   }
 }
 
-// GQA's backward on cuDNN (the MHA graph on k/v repeated to nq heads, dk/dv summed per group): where cuDNN
-// runs the forward it must run this backward too, matching the CPU (d 128 causal, d 64 full).
-TEST(CudaFlashAttention, GqaBackwardRunsOnCudnn) {
+// GQA's backward on cuDNN — natively (dK / dV per query head summed per group by a reduction node in the
+// graph), not the MHA graph on k/v repeated to nq heads: where cuDNN runs the forward it must run this
+// backward too, matching the CPU (d 128 causal, d 64 full; deterministic graph too).
+TEST(CudaFlashAttention, GqaBackwardRunsOnCudnnNatively) {
   MCPP_REQUIRE_CUDA();
   const auto c0 = ops::cuda_cudnn_attention_counts();
   check_case({.s = 200, .b = 2, .nq = 8, .ng = 2, .d = 128, .causal = true}, DType::BF16);
   const auto c1 = ops::cuda_cudnn_attention_counts();
   if (c1.fwd == c0.fwd) GTEST_SKIP() << "cuDNN's fused attention is not available here (the mcpp kernels ran)";
   EXPECT_EQ(c1.bwd_gqa - c0.bwd_gqa, 1);
-  EXPECT_EQ(c1.bwd - c0.bwd, 1) << "the GQA backward is one MHA backward on the repeated k/v";
+  EXPECT_EQ(c1.bwd - c0.bwd, 1);
+  EXPECT_EQ(c1.bwd_gqa_repeat - c0.bwd_gqa_repeat, 0) << "no engine for the native GQA backward graph";
   check_case({.s = 80, .b = 2, .nq = 4, .ng = 2, .d = 64, .causal = false}, DType::BF16);
-  EXPECT_EQ(ops::cuda_cudnn_attention_counts().bwd_gqa - c0.bwd_gqa, 2);
+  check_case({.s = 200, .b = 2, .nq = 8, .ng = 2, .d = 128, .causal = true}, DType::BF16, /*deterministic=*/true);
+  const auto c2 = ops::cuda_cudnn_attention_counts();
+  EXPECT_EQ(c2.bwd_gqa - c0.bwd_gqa, 3);
+  EXPECT_EQ(c2.bwd_gqa_repeat - c0.bwd_gqa_repeat, 0);
 }
 
 // The cuDNN plan cache is a bounded LRU (--variable-seq-lengths builds one plan per length): with capacity

@@ -63,11 +63,12 @@ struct EpilogueFusionCounts {
 EpilogueFusionCounts cuda_epilogue_fusion_counts();
 
 // How many CUDA attention calls ran on cuDNN's fused flash attention in this process (tests; all zero
-// without CUDA or cuDNN). bwd_gqa: backward calls with nq != ng (the repeat / reduce path) among bwd.
+// without CUDA or cuDNN). bwd_gqa: backward calls with nq != ng among bwd; bwd_gqa_repeat: those of them
+// without an engine for the native GQA graph, run as the MHA graph on k/v repeated to nq heads.
 // The plan cache (one cuDNN plan per direction, shape and layout; --variable-seq-lengths makes one per
 // length): plans cached now, built so far, evicted so far (least recently used first beyond the capacity).
 struct CudnnAttentionCounts {
-  int64_t fwd = 0, bwd = 0, bwd_gqa = 0;
+  int64_t fwd = 0, bwd = 0, bwd_gqa = 0, bwd_gqa_repeat = 0;
   int64_t plans_cached = 0, plans_built = 0, plans_evicted = 0;
 };
 CudnnAttentionCounts cuda_cudnn_attention_counts();

@@ -18,9 +18,11 @@
 //     bitwise repeatable, more workspace (~b nq s^2 2 bytes), slower than the atomics.
 // Layout: q/k/v/dq/dk/dv through the AttnShape layout fields (split or packed qkv), o/dout [s, b, nq, d],
 // lse/delta [b, nq, s]. A packed layout with GQA (nq != ng) has no uniform head stride: not supported (the
-// packed op then splits and calls the split layout). The backward with GQA runs the MHA graph on k/v
-// repeated to nq heads and sums dk/dv per group (gqa_bwd). Non-causal graphs have no -inf tensor, and the
-// variant pack must name exactly the graph's tensors.
+// packed op then splits and calls the split layout). The backward with GQA computes dK / dV per query head
+// (bf16 virtual tensors) and sums each group's heads with a reduction node (native; cudnn-frontend's
+// lowering); where cuDNN has no engine for that graph it runs the MHA graph on k/v repeated to nq heads and
+// sums dk/dv per group (gqa_bwd). Non-causal graphs have no -inf tensor, and the variant pack must name
+// exactly the graph's tensors.
 // The default backward engines accumulate dQ with atomics: results are not bit-identical run to run;
 // AttentionOptions::deterministic asks for the deterministic graph above.
 // Plans are built once per (direction, shape, layout) and cached; a failed build is cached too (and
@@ -210,7 +212,7 @@ class Graph {
 // UIDs (as cudnn-frontend numbers them in cuDNN 9.19's API log)
 enum : int64_t {
   kQ = 0, kK = 1, kV = 2, kO = 3, kScale = 5, kOne = 7, kStats = 8, kDO = 9, kDQ = 10, kDK = 11, kDV = 12,
-  kSoftmaxSum = 13, kNegInfFwd = 11, kNegInfBwd = 20, kDQAcc = 30
+  kSoftmaxSum = 13, kNegInfFwd = 11, kNegInfBwd = 20, kDQAcc = 30, kDKFull = 31, kDVFull = 32  // the last two: ours
 };
 
 struct Layout {  // cuDNN [b, h, s, d] strides of our tensors
@@ -300,7 +302,17 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a, bool deter
   // dV = P^T dO
   auto pt = g->tensor(23, CUDNN_DATA_BFLOAT16, ss, sst_str, true);
   g->reshape(p, pt);
-  g->matmul(pt, dout, dv);
+  // GQA (G < H): dK / dV per query head into bf16 virtual [B, H, S, D] tensors (packed), then summed over
+  // each group's heads by a reduction node into the [B, G, S, D] outputs — cudnn-frontend's dK_fullhead /
+  // dV_fullhead lowering (Q's data type there: fp32 full-head tensors gave unwritten / wrong dK, dV).
+  auto group_sum = [&](int64_t uid, cudnnBackendDescriptor_t a_op, cudnnBackendDescriptor_t b_op,
+                       cudnnBackendDescriptor_t out) {
+    if (G == H) return g->matmul(a_op, b_op, out);
+    auto full = g->virt(uid, CUDNN_DATA_BFLOAT16, {B, H, S, D});
+    g->matmul(a_op, b_op, full);
+    g->reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+  };
+  group_sum(kDVFull, pt, dout, dv);
   // dS = P (dO V^T - softmax_sum) scale
   auto dp = g->virt(24, CUDNN_DATA_FLOAT, ss);
   g->matmul(dout, vt, dp);
@@ -313,7 +325,7 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a, bool deter
   // dK = dS^T Q
   auto dst = g->tensor(28, CUDNN_DATA_BFLOAT16, ss, sst_str, true);
   g->reshape(ds, dst);
-  g->matmul(dst, q, dk);
+  group_sum(kDKFull, dst, q, dk);
   // dQ = dS K (default: an fp32 accumulator, then bf16; deterministic: straight into bf16 dQ)
   if (deterministic) {
     // K's own strides on the reshaped view (as cudnn-frontend sets them): this engine reads K through
@@ -346,7 +358,7 @@ struct State {
   std::map<Key, CachedPlan> plans;
   std::list<Key> lru;  // most recently used first
   int64_t capacity = ops::kDefaultCudnnPlanCacheCapacity;
-  std::atomic<int64_t> fwd_calls{0}, bwd_calls{0}, bwd_gqa_calls{0};  // ops::cuda_cudnn_attention_counts
+  std::atomic<int64_t> fwd_calls{0}, bwd_calls{0}, bwd_gqa_calls{0}, bwd_gqa_repeat_calls{0};  // cudnn counts
   std::atomic<int64_t> plans_built{0}, plans_evicted{0};
 };
 
@@ -398,11 +410,12 @@ Graph* plan_for(bool bwd, bool deterministic, const AttnShape& a, cudaStream_t s
     cudnnGetLastErrorString(msg, sizeof msg);
     std::fprintf(stderr,
                  "[mcpp] cuDNN fused attention %s has no engine for s=%lld b=%lld nq=%lld ng=%lld d=%lld "
-                 "causal=%d (%s: %s%s%s): using the mcpp flash kernels\n",
+                 "causal=%d (%s: %s%s%s): %s\n",
                  bwd ? (deterministic ? "deterministic backward" : "backward") : "forward",
                  static_cast<long long>(a.s), static_cast<long long>(a.b),
                  static_cast<long long>(a.nq), static_cast<long long>(a.ng), static_cast<long long>(a.d),
-                 a.causal ? 1 : 0, r.what, cudnnGetErrorString(r.status), msg[0] ? "; " : "", msg);
+                 a.causal ? 1 : 0, r.what, cudnnGetErrorString(r.status), msg[0] ? "; " : "", msg,
+                 bwd && a.nq != a.ng ? "the MHA graph on repeated k/v instead" : "using the mcpp flash kernels");
     g.reset();
   }
   ++st.plans_built;
@@ -489,12 +502,16 @@ bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const v
                          const void* v, const void* o, const float* lse, float* delta, const AttnShape& a,
                          bool deterministic, cudaStream_t s) {
   if (!layout_ok(a)) return false;
-  if (a.nq != a.ng) {
-    if (!gqa_bwd(dq, dk, dv, dout, q, k, v, o, lse, delta, a, deterministic, s)) return false;
-    ++state().bwd_gqa_calls;  // its MHA call counted bwd
-    return true;
-  }
   Graph* g = plan_for(true, deterministic, a, s);
+  if (a.nq != a.ng) {
+    ++state().bwd_gqa_calls;
+    if (!g) {  // no engine for the native GQA graph: the MHA graph on repeated k/v (which counts bwd)
+      const bool ran = gqa_bwd(dq, dk, dv, dout, q, k, v, o, lse, delta, a, deterministic, s);
+      if (ran) ++state().bwd_gqa_repeat_calls;
+      else --state().bwd_gqa_calls;
+      return ran;
+    }
+  }
   if (!g) return false;
   float scale = a.scale, one = 1.0f, ninf = -INFINITY;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kScale, kOne, kSoftmaxSum, kDQ, kDK, kDV};
@@ -522,6 +539,7 @@ CudnnAttentionCounts cuda_cudnn_attention_counts() {
   return {.fwd = st.fwd_calls.load(),
           .bwd = st.bwd_calls.load(),
           .bwd_gqa = st.bwd_gqa_calls.load(),
+          .bwd_gqa_repeat = st.bwd_gqa_repeat_calls.load(),
           .plans_cached = static_cast<int64_t>(st.plans.size()),
           .plans_built = st.plans_built.load(),
           .plans_evicted = st.plans_evicted.load()};
