@@ -132,9 +132,9 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--ddp-bucket-size", p.ddp_bucket_size, "elements per gradient bucket");
   app.add_flag("--overlap-grad-reduce", p.overlap_grad_reduce);
   app.add_flag("--overlap-param-gather", p.overlap_param_gather);
-  app.add_flag("--no-overwrite-main-grad{false}", p.overwrite_main_grad,
-               "zero the grad buffer at each step's start instead of each parameter's first gradient write "
-               "overwriting its main grad (same values; for A/B runs)");
+  app.add_flag_callback("--no-overwrite-main-grad", [&p] { p.overwrite_main_grad = false; },
+                        "zero the grad buffer at each step's start instead of each parameter's first gradient "
+                        "write overwriting its main grad (same values; for A/B runs)");
   app.add_option("--distributed-timeout-minutes", p.distributed_timeout_minutes);
   app.add_flag("--check-collectives", p.check_collectives, "compare a fingerprint of every collective across ranks");
   // ---- training
