@@ -20,14 +20,12 @@ run_train dp2_overlap 2 --global-batch-size 64 --overlap-grad-reduce
 run_train dp2_overlap_b10m 2 --global-batch-size 64 --overlap-grad-reduce --ddp-bucket-size 10000000
 run_train dp2_overlap_b4m 2 --global-batch-size 64 --overlap-grad-reduce --ddp-bucket-size 4000000
 python3 - "$OUT" <<'PY'
-import json, sys
+import sys
+sys.path.insert(0, "bench/gpu")
+from run_metrics import last_iteration
 out = sys.argv[1]
 def last(n):
-    try:
-        it = [r for r in map(json.loads, open(f"{out}/{n}.jsonl")) if "tokens_per_sec" in r]
-    except OSError:
-        return None
-    return it[-1] if it else None
+    return last_iteration(out, n)
 base = last("gpu1")
 print("| layout | tok/s | ms/iter | vs one GPU | exposed comm (ms/iter over one GPU) |")
 print("| --- | --- | --- | --- | --- |")

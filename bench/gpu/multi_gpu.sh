@@ -21,16 +21,14 @@ run_train pp2_m8 2 --micro-batch-size 4 --global-batch-size 32 --pipeline-model-
   --timeline "$OUT/pp2.json"
 grep -A8 'bubble' "$OUT/pp2_m8.log" | head -12
 python3 - "$OUT" <<'PY'
-import json, sys
+import sys
+sys.path.insert(0, "bench/gpu")
+from run_metrics import last_iteration, records
 out = sys.argv[1]
 def last(n):
-    try:
-        recs = [json.loads(l) for l in open(f"{out}/{n}.jsonl")]
-    except OSError:
-        return None
-    it = [r for r in recs if "tokens_per_sec" in r]
-    mem = [r["peak_device_gib"] for r in recs if r.get("event") == "memory"]
-    return (it[-1]["tokens_per_sec"], it[-1]["elapsed_ms_per_iter"], mem[-1] if mem else None) if it else None
+    it = last_iteration(out, n)
+    mem = [r["peak_device_gib"] for r in records(out, n, "memory")]
+    return (it["tokens_per_sec"], it["elapsed_ms_per_iter"], mem[-1] if mem else None) if it else None
 base = {"dp2_b64": "gpu1_b32", "tp2sp_b32": "gpu1_b32", "tp2sp_ovl_b32": "gpu1_b32", "pp2_m8": "gpu1_m8"}
 for n in ["gpu1_b32", "dp2_b64", "tp2sp_b32", "tp2sp_ovl_b32", "gpu1_m8", "pp2_m8"]:
     r = last(n)

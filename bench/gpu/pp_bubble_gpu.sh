@@ -29,13 +29,12 @@ for n in pp2_m8 pp4_m8 pp4_m8_v3 pp2_m8_bal pp4_m8_bal pp4_m8_v2_bal; do
   echo "== $n"; "$MCPP" trace summarize "$OUT/$n.json" --skip-steps 1
 done
 python3 - "$OUT" <<'PY'
-import json, sys
+import sys
+sys.path.insert(0, "bench/gpu")
+from run_metrics import records
 out = sys.argv[1]
 def recs(n):
-    try:
-        return [json.loads(l) for l in open(f"{out}/{n}.jsonl")]
-    except OSError:
-        return []
+    return records(out, n)
 base = [r for r in recs("gpu1_m8") if "tokens_per_sec" in r]
 print("| layout | tok/s | ms/iter | vs one GPU | bubble per stage (device time) | theory |")
 print("| --- | --- | --- | --- | --- | --- |")

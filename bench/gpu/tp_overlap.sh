@@ -23,14 +23,13 @@ run_train m13_on_a 2 --tp-comm-overlap
 run_train m13_on_b 2 --tp-comm-overlap
 run_train m13_off_b 2
 python3 - "$OUT" <<'PY'
-import json, sys
+import sys
+sys.path.insert(0, "bench/gpu")
+from run_metrics import last_iteration
 out = sys.argv[1]
 def ms(n):
-    try:
-        it = [r for r in map(json.loads, open(f"{out}/{n}.jsonl")) if "tokens_per_sec" in r]
-    except OSError:
-        return None
-    return it[-1]["elapsed_ms_per_iter"] if it else None
+    r = last_iteration(out, n)
+    return r["elapsed_ms_per_iter"] if r else None
 print("| model | plain SP collectives (ms/iter, 2 runs) | --tp-comm-overlap (2 runs) | change |")
 print("| --- | --- | --- | --- |")
 for m in ("m124", "m13"):

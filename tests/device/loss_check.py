@@ -1,6 +1,10 @@
 """Shared checks of the device equivalence scripts (tests/device/gpu_*_check.sh): read the JSONL metrics
 `mcpp train --metrics-path OUT/NAME.jsonl` wrote and compare runs' per-iteration lm loss."""
-import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "gpu"))
+from run_metrics import records  # noqa: E402  (the one JSONL reader of the device scripts)
 
 
 class Checks:
@@ -10,11 +14,7 @@ class Checks:
 
     def records(self, name, event):
         """NAME's metric records of one event kind ([] when the file is missing)."""
-        try:
-            with open(f"{self.out}/{name}.jsonl") as f:
-                return [r for r in map(json.loads, f) if r.get("event") == event]
-        except OSError:
-            return []
+        return records(self.out, name, event)
 
     def losses(self, name):
         return [r["lm_loss"] for r in self.records(name, "train")]

@@ -142,7 +142,9 @@ TEST(GPTModel, GradReadyOncePerParameterPerBackward) {
 // only marks), two microbatches of backward and zero_stale_grads give the gradients of the zeroed buffer
 // (equal values; -0 == +0) — every writer of a main grad either overwrites it or zeroes it first: linears
 // (weights, biases), norms (also the residual bias grads they sum), embeddings (the tied word embedding
-// written first by the output layer), GPT-2 and Llama styles, with and without hidden dropout.
+// written first by the output layer), GPT-2 and Llama styles, with and without hidden dropout. And the
+// saving is real: no linear weight (nor the tied embedding, which the output layer writes first) is zeroed —
+// only norm params, biases summed elsewhere and scatter-added embeddings are.
 TEST(GPTModel, OverwriteMainGradEqualsAccumulatingIntoAZeroedBuffer) {
   for (const std::string style : {"gpt2", "gpt2_dropout", "llama"}) {
     TransformerConfig c = testing::tiny_config(style == "llama" ? "llama" : "gpt2");
@@ -163,6 +165,19 @@ TEST(GPTModel, OverwriteMainGradEqualsAccumulatingIntoAZeroedBuffer) {
         model.backward(ctx, 0.5f);
       }
       buf.zero_stale_grads();
+      if (overwrite == 1) {
+        int64_t overwritten = 0;  // the linear weights, and the tied word embedding
+        for (const auto& p : buf.params()) {
+          const std::string& k = p->spec.key;
+          const bool linear_weight = k.find(".linear_") != std::string::npos && k.ends_with(".weight");
+          const bool tied = !c.untie_embeddings_and_output_weights && k == "embedding.word_embeddings.weight";
+          if (linear_weight || k == "output_layer.weight" || tied) overwritten += p->main_grad.numel();
+        }
+        EXPECT_GT(buf.stale_grads_zeroed(), 0) << style;  // the norms accumulate: zeroed first
+        EXPECT_LE(buf.stale_grads_zeroed(), buf.numel() - overwritten) << style << " of " << buf.numel();
+      } else {
+        EXPECT_EQ(buf.stale_grads_zeroed(), 0) << style;  // zero_grad cleared the buffer at once
+      }
       for (const auto& p : buf.params()) {
         EXPECT_FALSE(p->grad_stale) << style << " " << p->spec.key;
         grads[overwrite][p->spec.key] = p->main_grad.clone();

@@ -138,7 +138,6 @@ void DistributedDataParallel::start_grad_sync() {
 }
 
 void DistributedDataParallel::finish_grad_sync() {
-  buffer_.zero_stale_grads();
   if (!opt_.overlap_grad_reduce) {
     start_grad_sync();
   } else if (next_to_post_ < state_.size()) {

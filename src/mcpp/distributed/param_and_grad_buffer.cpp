@@ -140,10 +140,8 @@ void ParamAndGradBuffer::zero_grad() {
   for (auto& p : params_) p->grad_stale = true;
 }
 
-namespace {
-// Zeroes the main grads of the stale parameters among `ps` and clears their marks: sorted by offset, each
-// run of adjacent ones in the same buffer is one fill.
-void zero_stale(std::vector<Parameter*> ps) {
+// Sorted by (buffer, offset): each run of adjacent stale parameters in one buffer is one fill.
+void ParamAndGradBuffer::zero_stale(std::vector<Parameter*> ps) {
   std::erase_if(ps, [](const Parameter* p) { return !p || !p->grad_stale; });
   if (ps.empty()) return;
   std::sort(ps.begin(), ps.end(), [](const Parameter* a, const Parameter* b) {
@@ -158,6 +156,7 @@ void zero_stale(std::vector<Parameter*> ps) {
     for (; j < ps.size() && ps[j]->buffer == buf && ps[j]->offset == end; ++j) end += ps[j]->main_grad.numel();
     if (buf) {
       buf->grad_buffer().flat_slice(begin, {end - begin}).zero_();
+      buf->stale_grads_zeroed_ += end - begin;
     } else {
       for (size_t q = i; q < j; ++q) ps[q]->main_grad.zero_();
     }
@@ -165,7 +164,6 @@ void zero_stale(std::vector<Parameter*> ps) {
     i = j;
   }
 }
-}  // namespace
 
 void ParamAndGradBuffer::zero_stale_grads() {
   std::vector<Parameter*> ps;
@@ -188,7 +186,9 @@ bool take_grad_overwrite(std::initializer_list<Parameter*> params) {
   return all_stale;
 }
 
-void materialize_grads(std::initializer_list<Parameter*> params) { zero_stale(std::vector<Parameter*>(params)); }
+void materialize_grads(std::initializer_list<Parameter*> params) {
+  ParamAndGradBuffer::zero_stale(std::vector<Parameter*>(params));
+}
 
 bool counts_in_grad_norm(const ParamSpec& spec, int tp_rank) {
   return !spec.shared_copy && (spec.shard.partitioned() || tp_rank == 0);

@@ -120,6 +120,9 @@ class ParamAndGradBuffer {
   // Zeroes every main grad still stale (no backward wrote it this step; one fill per adjacent run). Call
   // before the gradients are reduced or read (DistributedDataParallel's grad sync does).
   void zero_stale_grads();
+  // Elements of stale main grads zeroed so far (materialize_grads, zero_stale_grads): the part of the
+  // buffer the overwrite mode still zeroes (norms, embeddings, unwritten params); tests read it.
+  int64_t stale_grads_zeroed() const { return stale_grads_zeroed_; }
   // Hook for Parameter::grad_ready (DDP's overlap of gradient reduction with backward); empty = none.
   void set_grad_ready_hook(std::function<void(Parameter&)> hook) { grad_ready_hook_ = std::move(hook); }
   const std::function<void(Parameter&)>& grad_ready_hook() const { return grad_ready_hook_; }
@@ -138,6 +141,10 @@ class ParamAndGradBuffer {
   Tensor grad_buffer_;
   bool finalized_ = false;
   bool overwrite_main_grad_ = false;
+  int64_t stale_grads_zeroed_ = 0;
+  // Zeroes the stale main grads among ps (one fill per adjacent run of a buffer) and clears their marks.
+  static void zero_stale(std::vector<Parameter*> ps);
+  friend void materialize_grads(std::initializer_list<Parameter*> params);
   std::function<void(Parameter&)> grad_ready_hook_;
 };
 

@@ -503,16 +503,13 @@ bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const v
                          bool deterministic, cudaStream_t s) {
   if (!layout_ok(a)) return false;
   Graph* g = plan_for(true, deterministic, a, s);
-  if (a.nq != a.ng) {
-    ++state().bwd_gqa_calls;
-    if (!g) {  // no engine for the native GQA graph: the MHA graph on repeated k/v (which counts bwd)
-      const bool ran = gqa_bwd(dq, dk, dv, dout, q, k, v, o, lse, delta, a, deterministic, s);
-      if (ran) ++state().bwd_gqa_repeat_calls;
-      else --state().bwd_gqa_calls;
-      return ran;
-    }
+  if (!g && a.nq != a.ng) {  // no engine for the native GQA graph: the MHA graph on repeated k/v (counts bwd)
+    if (!gqa_bwd(dq, dk, dv, dout, q, k, v, o, lse, delta, a, deterministic, s)) return false;
+    ++state().bwd_gqa_calls, ++state().bwd_gqa_repeat_calls;
+    return true;
   }
   if (!g) return false;
+  if (a.nq != a.ng) ++state().bwd_gqa_calls;
   float scale = a.scale, one = 1.0f, ninf = -INFINITY;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kScale, kOne, kSoftmaxSum, kDQ, kDK, kDV};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
