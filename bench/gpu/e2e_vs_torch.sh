@@ -12,11 +12,8 @@
 # 124m-graph / 1.3b-graph: the same runs with --enable-cuda-graph (captured after 3 eager warm-up steps);
 # 124m-zeroed / 1.3b-zeroed: with --no-overwrite-main-grad (the grad buffer zeroed each step: the A/B of the
 # first wgrad GEMMs overwriting the main grads).
-# 124m-loop / 1.3b-loop: MCPP_GEMM_TUNE_IN_LOOP=1 (GEMM candidates re-timed on the training calls);
-# 124m-notune / 1.3b-notune: MCPP_GEMM_AUTOTUNE=0 (cuBLASLt's heuristic #0 everywhere).
 # usage (device machine, repo root, device_carry/ carried):
-#   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed]
-#                             [124m-loop] [1.3b-loop] [124m-notune] [1.3b-notune] [torch]
+#   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed] [torch]
 set -u
 OUT=$1
 shift
@@ -61,10 +58,6 @@ for w in $what; do
     1.3b-graph) ours gpt-1.3b-graph 24 2048 16 2048 8 --enable-cuda-graph ;;
     124m-zeroed) ours gpt2-124m-zeroed 12 768 12 1024 32 --no-overwrite-main-grad ;;
     1.3b-zeroed) ours gpt-1.3b-zeroed 24 2048 16 2048 8 --no-overwrite-main-grad ;;
-    124m-loop) (export MCPP_GEMM_TUNE_IN_LOOP=1; ours gpt2-124m-loop 12 768 12 1024 32) ;;
-    1.3b-loop) (export MCPP_GEMM_TUNE_IN_LOOP=1; ours gpt-1.3b-loop 24 2048 16 2048 8) ;;
-    124m-notune) (export MCPP_GEMM_AUTOTUNE=0; ours gpt2-124m-notune 12 768 12 1024 32) ;;
-    1.3b-notune) (export MCPP_GEMM_AUTOTUNE=0; ours gpt-1.3b-notune 24 2048 16 2048 8) ;;
     torch) echo "== pytorch anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
   esac
 done

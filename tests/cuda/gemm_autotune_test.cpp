@@ -9,7 +9,6 @@
 // The environment rule of the switch is a CPU test.
 #include <cmath>
 #include <cstring>
-#include <set>
 #include <utility>
 
 #include "cuda/cuda_test_util.h"
@@ -34,13 +33,6 @@ class TuningOn {
 };
 
 size_t n_records() { return tune::gemm_tune_records().size(); }
-
-struct GemmTuneRecordCopy {  // what the in-loop test keeps of an isolated tuning
-  std::string gemm;
-  std::vector<double> ms;
-  int chosen;
-  explicit GemmTuneRecordCopy(const tune::GemmTuneRecord& r) : gemm(r.gemm), ms(r.candidate_ms), chosen(r.chosen) {}
-};
 
 void print_records(size_t from) {
   const auto recs = tune::gemm_tune_records();
@@ -229,74 +221,6 @@ TEST(CudaGemmAutotune, BiasGradFusedAndSplitMatchCpuAndAutoRecordsTheChoice) {
   }
 }
 
-// The in-loop refinement (gemm_tune_in_loop): after a plan's isolated tuning, the candidates within 10% of
-// its pick run the plan's real calls in turn (every shortlisted one runs; every output matches the CPU),
-// then one "in loop" record names the kept candidate among them, which every later call runs with no
-// further record. Plans without a shortlist of two are never refined; at least one shape must have one.
-TEST(CudaGemmAutotune, InLoopRefinementRunsTheShortlistOnRealCallsThenKeepsOne) {
-  MCPP_REQUIRE_CUDA();
-  struct InLoop {
-    bool prev = tune::gemm_tune_in_loop();
-    InLoop() { tune::set_gemm_tune_in_loop(true); }
-    ~InLoop() { tune::set_gemm_tune_in_loop(prev); }
-  } in_loop;
-  struct Case {
-    int64_t n, in, out;
-  };
-  int refined = 0;
-  for (const Case& c : {Case{4096, 768, 768}, Case{4096, 768, 2304}, Case{8192, 768, 3072}, Case{4096, 2048, 2048}}) {
-    SCOPED_TRACE(::testing::Message() << "n=" << c.n << " in=" << c.in << " out=" << c.out);
-    const DType dt = DType::BF16;
-    Tensor x = rnd({c.n, c.in}, 31, dt), w = rnd({c.out, c.in}, 32, dt, -0.1, 0.1), bias = rnd({c.out}, 33, dt);
-    Tensor xd = dev(x, dt), wd = dev(w, dt), biasd = dev(bias, dt);
-    Tensor ref = Tensor::empty({c.n, c.out});
-    ops::cpu::linear_fwd(ref, x, w, &bias, {});
-    TuningOn on;
-    auto call = [&] {
-      Tensor y = poisoned({c.n, c.out}, dt);
-      ops::linear_fwd(y, xd, wd, &biasd);
-      const int algo = tune::last_gemm_algo_index();
-      cuda_synchronize();  // the timing events complete: read back at the next call
-      EXPECT_REL(host(y), ref, 4e-3);
-      return algo;
-    };
-    std::set<int> ran;
-    ran.insert(call());  // tunes in isolation, then starts the refinement
-    auto recs = tune::gemm_tune_records();
-    ASSERT_EQ(recs.size(), 1u);
-    const GemmTuneRecordCopy iso{recs[0]};
-    std::set<int> shortlist;
-    for (size_t i = 0; i < iso.ms.size(); ++i)
-      if (iso.ms[i] <= 1.10 * iso.ms[static_cast<size_t>(iso.chosen)]) shortlist.insert(static_cast<int>(i));
-    int calls = 1;
-    while (tune::gemm_tune_records().size() == 1 && calls < 200) {
-      ran.insert(call());
-      ++calls;
-    }
-    recs = tune::gemm_tune_records();
-    print_records(0);
-    if (shortlist.size() < 2) {
-      EXPECT_EQ(recs.size(), 1u) << "refined a plan with no shortlist";
-      EXPECT_EQ(ran, std::set<int>{iso.chosen});
-      continue;
-    }
-    ++refined;
-    ASSERT_EQ(recs.size(), 2u) << "no in-loop decision after " << calls << " calls";
-    EXPECT_NE(recs[1].note.find("in loop"), std::string::npos) << recs[1].note;
-    EXPECT_EQ(recs[1].gemm, iso.gemm);
-    EXPECT_EQ(recs[1].refined_from, iso.chosen);
-    EXPECT_EQ(recs[0].refined_from, -1);
-    EXPECT_EQ(ran, shortlist) << "every shortlisted candidate runs real calls, and only those";
-    EXPECT_TRUE(shortlist.count(recs[1].chosen));
-    EXPECT_LE(calls, static_cast<int>(shortlist.size()) * 6 + 2) << "each candidate needs 6 timed calls";
-    for (size_t i = 0; i < recs[1].candidate_ms.size(); ++i)
-      EXPECT_EQ(std::isnan(recs[1].candidate_ms[i]), !shortlist.count(static_cast<int>(i))) << "candidate " << i;
-    for (int k = 0; k < 3; ++k) EXPECT_EQ(call(), recs[1].chosen) << "later calls run the kept candidate";
-    EXPECT_EQ(tune::gemm_tune_records().size(), 2u) << "decided once";
-  }
-  EXPECT_GT(refined, 0) << "no shape had two candidates within 10%: the refinement never ran";
-}
-
 TEST(GemmAutotuneSwitch, EnvironmentValueIsZeroOneOrUnset) {
   EXPECT_TRUE(ops::cuda::parse_gemm_autotune_env(nullptr));  // default on
   EXPECT_TRUE(ops::cuda::parse_gemm_autotune_env("1"));
@@ -306,15 +230,6 @@ TEST(GemmAutotuneSwitch, EnvironmentValueIsZeroOneOrUnset) {
     FAIL() << "expected mcpp::Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("MCPP_GEMM_AUTOTUNE must be 0 or 1"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(ops::cuda::parse_gemm_tune_in_loop_env(nullptr));  // default off
-  EXPECT_TRUE(ops::cuda::parse_gemm_tune_in_loop_env("1"));
-  EXPECT_FALSE(ops::cuda::parse_gemm_tune_in_loop_env("0"));
-  try {
-    ops::cuda::parse_gemm_tune_in_loop_env("on");
-    FAIL() << "expected mcpp::Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("MCPP_GEMM_TUNE_IN_LOOP must be 0 or 1"), std::string::npos) << e.what();
   }
   const bool prev = ops::cuda::gemm_autotune();
   ops::cuda::set_gemm_autotune(!prev);

@@ -10,19 +10,6 @@
 //                           Takes effect at the next GEMM call (a tuned choice is used only while on).
 //   gemm_autotune()         the current value.
 //   parse_gemm_autotune_env(value)  the rule above for one value (nullptr = unset).
-//   set_gemm_tune_in_loop(on) / gemm_tune_in_loop()  the in-loop refinement of a tuned plan (switch on
-//                           only); first value from MCPP_GEMM_TUNE_IN_LOOP=0|1 (unset: 0; else an Error).
-//                           The isolated timing above runs each candidate alone at the GPU's boost clock;
-//                           inside a training loop the GPU sits at its power cap with other kernels around.
-//                           With this on, a plan's candidates within kLoopShortlist (10%) of its isolated
-//                           pick run the plan's REAL calls in shuffled rounds, each call timed by a cudaEvent
-//                           pair (read back without blocking at a later call), until each has
-//                           kLoopSamples timings; the pick then becomes the fastest median when that beats
-//                           the isolated pick by >= 2%. Outputs are the real ones (every candidate computes
-//                           the same product; last bits may differ between candidates, as with tuning).
-//                           Not while capturing a CUDA graph (a capture runs the current pick, untimed).
-//                           One record per refinement ("in loop" in its note).
-//   parse_gemm_tune_in_loop_env(value)  that rule for one value (nullptr = unset).
 //   set_bias_grad_path(p)   how linear_bwd computes a bias grad next to its fp32-accumulating weight grad:
 //                           kFused = the BGRADB epilogue of the wgrad GEMM; kSplit = the plain wgrad GEMM,
 //                           then a column sum of dy (deterministic kernel); kAuto (default) = kFused while
@@ -52,7 +39,6 @@ struct GemmTuneRecord {
   std::vector<std::string> candidate_config;  // per candidate: cuBLASLt's algo config (id, tile, stages,
                                              // split-k, reduction, swizzle, cluster), e.g. "a66 t18 s23 k1"
   std::string note;                  // why nothing was timed (no scratch memory, ...); else empty
-  int refined_from = -1;             // an in-loop refinement: the isolated pick it started from; else -1
 };
 
 enum class BiasGradPath { kAuto, kFused, kSplit };
@@ -62,9 +48,6 @@ void set_bias_grad_path(BiasGradPath p);
 BiasGradPath bias_grad_path();
 bool gemm_autotune();
 bool parse_gemm_autotune_env(const char* value);
-void set_gemm_tune_in_loop(bool on);
-bool gemm_tune_in_loop();
-bool parse_gemm_tune_in_loop_env(const char* value);
 std::vector<GemmTuneRecord> gemm_tune_records();
 void reset_gemm_tuning();
 int last_gemm_algo_index();

@@ -12,7 +12,6 @@
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/trace_range.h"
-#include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/kernels/op_profile.h"
 #include "mcpp/dist_checkpointing/async_save.h"
 #include "mcpp/dist_checkpointing/retention.h"
@@ -512,26 +511,6 @@ TrainSummary Trainer::train() {
     const double gib = static_cast<double>(cuda_peak_memory_bytes()) / (1024.0 * 1024.0 * 1024.0);
     fmt::print(" peak device memory (rank {}): {:.2f} GiB\n", pc_.rank(), gib);
     metrics_.write({{"event", "memory"}, {"peak_device_gib", gib}});
-    int64_t tuned = 0, refined = 0, changed = 0;
-    nlohmann::json refinements = nlohmann::json::array();  // per refined plan: the in-loop medians
-    for (const ops::cuda::GemmTuneRecord& r : ops::cuda::gemm_tune_records()) {
-      if (r.refined_from < 0) {
-        ++tuned;
-        continue;
-      }
-      ++refined, changed += r.chosen != r.refined_from ? 1 : 0;
-      nlohmann::json ms = nlohmann::json::object();
-      for (size_t i = 0; i < r.candidate_ms.size(); ++i)
-        if (!std::isnan(r.candidate_ms[i])) ms[std::to_string(i)] = r.candidate_ms[i];
-      refinements.push_back({{"gemm", r.gemm}, {"from", r.refined_from}, {"to", r.chosen}, {"loop_ms", ms}});
-    }
-    if (tuned > 0) {
-      fmt::print(" GEMM autotuning (rank {}): {} timings, {} refined in the loop ({} changed the pick)\n", pc_.rank(),
-                 tuned, refined, changed);
-      metrics_.write({{"event", "gemm_tuning"}, {"timings", tuned}, {"refined_in_loop", refined},
-                      {"changed_in_loop", changed},
-                      {"refinements", refinements}});
-    }
   }
   summary.final_iteration = iteration;
   if (step_graph_) {

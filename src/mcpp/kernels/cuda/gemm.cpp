@@ -48,7 +48,6 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -67,9 +66,6 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kMaxCandidates = 8;    // heuristic candidates per plan (asking for 32 returned <= 8 on the H200)
 constexpr int kTimedRounds = 5;      // timed launches per candidate (median)
 constexpr double kMinSpeedup = 1.03;  // a candidate replaces #0 only when #0's time / its time >= this
-constexpr double kLoopShortlist = 1.10;  // in-loop refinement: candidates within this of the isolated pick
-constexpr int kLoopSamples = 6;          // in-loop timings per shortlisted candidate
-constexpr double kLoopMinSpeedup = 1.02;  // the in-loop fastest replaces the isolated pick when this faster
 
 cudaDataType_t cuda_type(Kind k) { return k == kBF16 ? CUDA_R_16BF : k == kF16 ? CUDA_R_16F : CUDA_R_32F; }
 
@@ -103,28 +99,6 @@ struct PlanKey {
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
 
-// The in-loop refinement of a tuned plan (gemm_autotune.h, gemm_tune_in_loop): which candidates, their
-// timings so far, the event pairs of timed calls not yet read back, spare events, the shuffled round.
-struct LoopTrial {
-  struct Pending {
-    size_t slot;
-    cudaEvent_t start, stop;
-  };
-  std::vector<int> cands;               // heuristic indices; cands[0] = the isolated pick
-  std::vector<std::vector<double>> ms;  // per slot of cands
-  std::vector<Pending> pending;
-  std::vector<cudaEvent_t> spare;
-  std::vector<size_t> round;            // the slots still to run in this round (a shuffled permutation)
-  uint64_t rng = 0x9e3779b97f4a7c15ull;
-  LoopTrial() = default;
-  LoopTrial(const LoopTrial&) = delete;
-  LoopTrial& operator=(const LoopTrial&) = delete;
-  ~LoopTrial() {  // only once every pending pair has been read or synchronized
-    for (const Pending& q : pending) cudaEventDestroy(q.start), cudaEventDestroy(q.stop);
-    for (cudaEvent_t e : spare) cudaEventDestroy(e);
-  }
-};
-
 struct Plan {
   bool ok = true;  // false: cuBLASLt has no algorithm for this fused epilogue (cached; callers fall back)
   cublasLtMatmulDesc_t op = nullptr;
@@ -132,9 +106,6 @@ struct Plan {
   std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's candidates, its order (#0 = its pick)
   int tuned = -1;                           // the autotuned index; -1 = not tuned yet
   double tuned_ms = NAN;                    // its measured time (NaN: not timed)
-  std::vector<double> tuned_all_ms;         // every candidate's isolated time (NaN: refused / not timed)
-  int loop_state = 0;                       // in-loop refinement: 0 not started, 1 running, 2 done
-  std::unique_ptr<LoopTrial> trial;         // while running
   int bias_split = -1;  // BGRADB wgrad plans: 1 = plain GEMM + column sum is faster, 0 = fused; -1 undecided
 };
 
@@ -284,12 +255,6 @@ const char* kind_name(int k) { return k == kBF16 ? "bf16" : k == kF16 ? "f16" : 
 size_t elt_bytes(int k) { return k == kF32 ? 4 : 2; }
 size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
-// "m.. n.. k.. a^T b bf16->f32 beta1 BGRADB": a plan in the tuner's records.
-std::string gemm_name(const PlanKey& key, float beta, const Epilogue& e) {
-  return fmt::format("m{} n{} k{} {} {} {}->{} beta{:g} {}", key.m, key.n, key.k, key.ta ? "a^T" : "a",
-                     key.tb ? "b^T" : "b", kind_name(key.ka), kind_name(key.kc), beta, epilogue_name(e.kind));
-}
-
 // The timing scratch (D, aux / bias-grad outputs) and events of one tuning, released on every exit;
 // cudaFree synchronizes the device, so no launch still writes the scratch when it is freed.
 struct TuneScratch {
@@ -346,14 +311,14 @@ std::vector<double> timed_medians(TuneScratch& sc, const std::vector<char>& ok,
 int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Operands& x, cudaStream_t s,
          bool record = true) {
   GemmTuneRecord rec;
-  rec.gemm = gemm_name(key, x.beta, e);
+  rec.gemm = fmt::format("m{} n{} k{} {} {} {}->{} beta{:g} {}", key.m, key.n, key.k, key.ta ? "a^T" : "a",
+                         key.tb ? "b^T" : "b", kind_name(key.ka), kind_name(key.kc), x.beta, epilogue_name(e.kind));
   rec.m = key.m, rec.n = key.n, rec.k = key.k;
   for (const cublasLtMatmulAlgo_t& a : p.algos) rec.candidate_config.push_back(algo_config(a));
   auto done = [&](int chosen, const char* note) {
     rec.chosen = chosen;
     rec.note = note;
     if (!rec.candidate_ms.empty()) p.tuned_ms = rec.candidate_ms[chosen];
-    p.tuned_all_ms = rec.candidate_ms;
     if (record) st.records.push_back(rec);
     return chosen;
   };
@@ -389,99 +354,6 @@ int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Oper
   for (int i = 0; i < count; ++i)
     if (ok[i] && rec.candidate_ms[i] < rec.candidate_ms[best]) best = i;
   return done(rec.candidate_ms[0] >= kMinSpeedup * rec.candidate_ms[best] ? best : 0, "");
-}
-
-// Two timing events for a timed in-loop call: spares first.
-void take_events(LoopTrial& t, cudaEvent_t* ev) {
-  for (int i = 0; i < 2; ++i) {
-    if (t.spare.empty()) {
-      MCPP_CUDA_CHECK(cudaEventCreate(&ev[i]));
-    } else {
-      ev[i] = t.spare.back();
-      t.spare.pop_back();
-    }
-  }
-}
-
-// The in-loop refinement of the tuned plan p (gemm_autotune.h): the candidate this call runs, and in *slot
-// the shortlist slot its timing counts for (-1: untimed). Reads back the finished timings without blocking;
-// once every slot has kLoopSamples, keeps the fastest median if it beats the isolated pick by
-// kLoopMinSpeedup and records the refinement. st.mu held.
-int loop_pick(LtState& st, Plan& p, const PlanKey& key, float beta, const Epilogue& e, int* slot) {
-  *slot = -1;
-  if (p.loop_state == 2) return p.tuned;
-  if (p.loop_state == 0) {
-    p.loop_state = 2;  // unless a shortlist of >= 2 exists below
-    const int n = static_cast<int>(p.tuned_all_ms.size());
-    if (p.tuned >= n || !(p.tuned_all_ms[static_cast<size_t>(p.tuned)] > 0.0)) return p.tuned;
-    auto t = std::make_unique<LoopTrial>();
-    t->cands.push_back(p.tuned);
-    for (int i = 0; i < n; ++i)  // a refused (NaN) candidate fails the comparison
-      if (i != p.tuned && p.tuned_all_ms[static_cast<size_t>(i)] <=
-                              kLoopShortlist * p.tuned_all_ms[static_cast<size_t>(p.tuned)])
-        t->cands.push_back(i);
-    if (t->cands.size() < 2) return p.tuned;
-    t->ms.resize(t->cands.size());
-    p.trial = std::move(t);
-    p.loop_state = 1;
-  }
-  LoopTrial& t = *p.trial;
-  for (size_t i = 0; i < t.pending.size();) {
-    const LoopTrial::Pending q = t.pending[i];
-    const cudaError_t r = cudaEventQuery(q.stop);
-    if (r == cudaErrorNotReady) {
-      ++i;
-      continue;
-    }
-    MCPP_CUDA_CHECK(r);
-    float ms = 0.0f;
-    MCPP_CUDA_CHECK(cudaEventElapsedTime(&ms, q.start, q.stop));
-    t.ms[q.slot].push_back(ms);
-    t.spare.push_back(q.start);
-    t.spare.push_back(q.stop);
-    t.pending[i] = t.pending.back();
-    t.pending.pop_back();
-  }
-  const size_t count = t.cands.size();
-  bool complete = true;
-  for (const auto& v : t.ms) complete = complete && v.size() >= static_cast<size_t>(kLoopSamples);
-  if (complete) {
-    std::vector<double> med(count);
-    size_t best = 0;
-    for (size_t i = 0; i < count; ++i) {
-      med[i] = median(t.ms[i]);
-      if (med[i] < med[best]) best = i;
-    }
-    const int chosen = med[0] >= kLoopMinSpeedup * med[best] ? t.cands[best] : t.cands[0];
-    GemmTuneRecord rec;
-    rec.gemm = gemm_name(key, beta, e);
-    rec.m = key.m, rec.n = key.n, rec.k = key.k;
-    rec.candidate_ms.assign(p.algos.size(), NAN);
-    for (size_t i = 0; i < count; ++i) rec.candidate_ms[static_cast<size_t>(t.cands[i])] = med[i];
-    for (const cublasLtMatmulAlgo_t& a : p.algos) rec.candidate_config.push_back(algo_config(a));
-    rec.chosen = chosen;
-    rec.refined_from = t.cands[0];
-    rec.note = fmt::format("in loop: the median of {}+ timed training calls per candidate within {:.0f}% of the "
-                           "isolated pick #{} ({:.3f} ms alone)",
-                           kLoopSamples, (kLoopShortlist - 1.0) * 100.0, t.cands[0],
-                           p.tuned_all_ms[static_cast<size_t>(t.cands[0])]);
-    st.records.push_back(std::move(rec));
-    p.tuned = chosen;
-    p.tuned_ms = med[chosen == t.cands[0] ? 0 : best];
-    p.trial.reset();  // events still pending are released by the driver once they complete
-    p.loop_state = 2;
-    return chosen;
-  }
-  if (t.round.empty()) {  // a new round: every slot once, in a shuffled order (xorshift, fixed seed)
-    for (size_t i = 0; i < count; ++i) t.round.push_back(i);
-    for (size_t i = count - 1; i > 0; --i) {
-      t.rng ^= t.rng << 13, t.rng ^= t.rng >> 7, t.rng ^= t.rng << 17;
-      std::swap(t.round[i], t.round[static_cast<size_t>(t.rng % (i + 1))]);
-    }
-  }
-  *slot = static_cast<int>(t.round.back());
-  t.round.pop_back();
-  return t.cands[static_cast<size_t>(*slot)];
 }
 
 // The plan cache's key of C = op(A) op(B) with epilogue e (shapes checked by lt_matmul).
@@ -531,34 +403,18 @@ bool lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& o
   Plan& p = plan_for(st, key, e, may_fail);
   if (!p.ok) return false;
   const Operands x{.a = a.raw(), .b = b.raw(), .c = c.raw(), .alpha = opt.alpha, .beta = opt.beta};
-  int idx = 0, slot = -1;
+  int idx = 0;
   if (gemm_autotune()) {
-    const bool capturing = is_capturing(stream);
-    if (p.tuned < 0 && !capturing) p.tuned = tune(st, p, key, e, x, stream);
+    if (p.tuned < 0 && !is_capturing(stream)) p.tuned = tune(st, p, key, e, x, stream);
     idx = std::max(p.tuned, 0);
-    if (gemm_tune_in_loop() && p.tuned >= 0 && !capturing) idx = loop_pick(st, p, key, opt.beta, e, &slot);
   }
   if (e.bias)  // the caller's pointers (tuning pointed the outputs at its scratch)
     MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
   if (e.aux)
     MCPP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux)));
-  cudaEvent_t ev[2] = {nullptr, nullptr};  // an in-loop timed call (loop_pick)
-  if (slot >= 0) {
-    take_events(*p.trial, ev);
-    MCPP_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-  }
   const cublasStatus_t ms = launch(st, p, p.algos[idx], x, c.raw(), stream);
   if (ms == CUBLAS_STATUS_SUCCESS) st.last_algo = idx;
-  if (slot >= 0) {
-    if (ms == CUBLAS_STATUS_SUCCESS) {
-      MCPP_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-      p.trial->pending.push_back({static_cast<size_t>(slot), ev[0], ev[1]});
-    } else {
-      p.trial->spare.push_back(ev[0]);
-      p.trial->spare.push_back(ev[1]);
-    }
-  }
   if (may_fail && (ms == CUBLAS_STATUS_NOT_SUPPORTED || ms == CUBLAS_STATUS_INVALID_VALUE)) {
     p.ok = false;  // rejected before launching: nothing written; later calls go straight to the fallback
     return false;
@@ -790,9 +646,6 @@ void reset_gemm_tuning() {
   for (auto& [key, plan] : st.plans) {
     plan.tuned = -1;
     plan.tuned_ms = NAN;
-    plan.tuned_all_ms.clear();
-    plan.loop_state = 0;
-    plan.trial.reset();
     plan.bias_split = -1;
   }
   st.records.clear();
