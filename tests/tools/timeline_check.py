@@ -61,6 +61,21 @@ if not failures:
         comm = [e for e in xs if e["pid"] == pid and e["cat"] == "p2p"]
         if not comm or any(e["tid"] != 1 for e in comm):
             failures.append(f"rank {pid}: p2p events missing or not on the p2p track")
+        # The collectives row (tid 2): each step's batch_p2p calls (one per p2p action) and its all-reduces
+        # (tied-embedding grads, grad norm, loss), the same per step, host-timed, inside the training.
+        coll = [e for e in xs if e["pid"] == pid and e["tid"] == 2]
+        if any(e["cat"] != "collective" or e["dur"] < 0 or e["ts"] < 0 for e in coll):
+            failures.append(f"rank {pid}: malformed collective events {coll[:3]}")
+        per_step = [sorted(e["name"] for e in coll if e["args"]["step"] == s) for s in range(ITERS)]
+        p2p_rows = [sum(1 for e in comm if e["args"]["step"] == s) for s in range(ITERS)]
+        if any(ps != per_step[0] for ps in per_step) or \
+                [ps.count("batch_p2p pp") for ps in per_step] != p2p_rows or \
+                not any(n.startswith("all_reduce ") for n in per_step[0]) or \
+                len({(e["name"], e["args"].get("seq", e["args"].get("p2p_seq"))) for e in coll}) != len(coll):
+            failures.append(f"rank {pid}: collectives per step {per_step} (p2p rows per step {p2p_rows})")
+    if not any(e["ph"] == "M" and e.get("tid") == 2 and e["args"]["name"] == "collectives"
+               for e in trace["traceEvents"]):
+        failures.append("no thread_name metadata for the collectives row")
     bubbles = [json.loads(l) for l in open(metrics_path) if '"pipeline_bubble"' in l]
     if len(bubbles) != 1 or abs(bubbles[0]["theoretical"] - 1 / 5) > 1e-12 or \
             sorted(s["stage"] for s in bubbles[0]["stages"]) != [0, 1] or \
@@ -69,7 +84,7 @@ if not failures:
         failures.append(f"pipeline_bubble record: {bubbles}")
     p = run([MCPP, "trace", "summarize", trace_path])
     if p.returncode != 0 or "slowest stage:" not in p.stdout or "theoretical bubble: 0.2000" not in p.stdout or \
-            "intervals: host time" not in p.stdout or \
+            "intervals: host time" not in p.stdout or "coll_overlap" not in p.stdout or \
             len([l for l in p.stdout.splitlines() if l.split()[:1] in (["0"], ["1"])]) != 2:
         failures.append(f"summarize: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
 

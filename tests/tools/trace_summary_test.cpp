@@ -88,6 +88,33 @@ TEST(TraceSummary, HandMadeTwoStageTrace) {
   }
 }
 
+// The collectives row (cat "collective", the timeline's tid 2): its own union and its overlap with compute;
+// it never widens a step's window nor counts as idle / busy / p2p, so the bubble stays the schedule's.
+TEST(TraceSummary, CollectivesAreMeasuredApartFromTheBubble) {
+  nlohmann::json j{{"traceEvents",
+                    {ev(0, "forward", 0, 40, 0), ev(0, "backward", 50, 50, 0),
+                     ev(0, "collective", 70, 20, 0), ev(0, "collective", 80, 40, 0),  // [70,120]: past the step
+                     ev(0, "collective", 300, 10, 1), ev(0, "forward", 200, 20, 1)}}};
+  const TraceSummary with = summarize(parse_trace(j, "t.json"));
+  j["traceEvents"].erase(4);
+  j["traceEvents"].erase(3);
+  j["traceEvents"].erase(2);
+  const TraceSummary without = summarize(parse_trace(j, "t.json"));
+  ASSERT_EQ(with.ranks.size(), 1u);
+  const RankStats &a = with.ranks[0], &b = without.ranks[0];
+  EXPECT_EQ(a.collective_us, 50.0 + 10.0);             // [70,120] ∪ [300,310]
+  EXPECT_EQ(a.collective_overlap_us, 30.0);            // [70,100] of the backward
+  EXPECT_EQ(a.span_us, 100.0 + 20.0);                  // windows [0,100] and [200,220], as without them
+  EXPECT_EQ(a.span_us, b.span_us);
+  EXPECT_EQ(a.idle_us, b.idle_us);
+  EXPECT_EQ(a.bubble, b.bubble);
+  EXPECT_EQ(a.p2p_us, 0.0);
+  EXPECT_EQ(b.collective_us, 0.0);
+  const std::string table = format_summary(with);
+  EXPECT_NE(table.find("coll_overlap"), std::string::npos) << table;
+  EXPECT_NE(table.find("0.060        0.030\n"), std::string::npos) << table;  // coll_ms, coll_overlap (ms)
+}
+
 TEST(TraceSummary, MalformedTracesNameFileAndEvent) {
   EXPECT_THROW(parse_trace(nlohmann::json::array(), "x.json"), Error);
   try {

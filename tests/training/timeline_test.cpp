@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
+#include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/tools/trace_summary.h"
@@ -82,6 +84,68 @@ TEST(Timeline, TheClockIsNamedInTheTraceAndTheReport) {
   TimelineRecorder cpu(0, 0);
   EXPECT_EQ(cpu.device_clock(), nullptr);
   EXPECT_STREQ(cpu.clock_name(), "host");
+}
+
+// The collectives row: calls recorded between begin_step and end_step (here on a local world's flight
+// recorder) become tid-2 "collective" events of that step, named "<op> <group>" with the group's seq;
+// calls outside a step (between end_step and the next begin_step) are not in it; host time on CPU.
+TEST(Timeline, CollectivesOfAStepAreItsOwn) {
+  comm::CommPtr world = comm::make_local_world();
+  TimelineRecorder rec(0, 0);
+  rec.start(*world);
+  Tensor t = Tensor::zeros({4});
+  auto* timings = rec.begin_step();
+  const auto o = std::chrono::steady_clock::now();
+  timings->push_back({Action::forward(0, 0), o, o + std::chrono::microseconds(10)});
+  world->all_reduce(t, comm::ReduceOp::Sum).wait();
+  world->broadcast(t, 0).wait();
+  rec.end_step();
+  world->all_reduce(t, comm::ReduceOp::Sum).wait();  // e.g. evaluation: outside any training step
+  rec.begin_step();
+  world->all_reduce(t, comm::ReduceOp::Sum).wait();
+  rec.end_step();
+  std::vector<nlohmann::json> coll;
+  for (const auto& e : rec.events())
+    if (e["tid"] == 2) coll.push_back(e);
+  ASSERT_EQ(coll.size(), 3u);
+  EXPECT_EQ(coll[0]["name"], "all_reduce world");
+  EXPECT_EQ(coll[0]["cat"], "collective");
+  EXPECT_EQ(coll[0]["args"]["step"], 0);
+  EXPECT_EQ(coll[0]["args"]["seq"], 2);  // start()'s barrier was the group's first
+  EXPECT_EQ(coll[0]["args"]["count"], 4);
+  EXPECT_EQ(coll[0]["args"]["reduce_op"], "sum");
+  EXPECT_EQ(coll[1]["name"], "broadcast world");
+  EXPECT_EQ(coll[2]["args"]["step"], 1);
+  EXPECT_EQ(coll[2]["args"]["seq"], 5) << "the call between the steps (seq 4) is not in the trace";
+  for (const auto& e : coll) EXPECT_GE(e["dur"].get<double>(), 0.0);
+  EXPECT_GE(coll[0]["ts"].get<double>(), 0.0);
+  EXPECT_LE(coll[0]["ts"].get<double>(), coll[1]["ts"].get<double>());
+  EXPECT_EQ(rec.comm_dropped(), 0);
+  const nlohmann::json trace = make_trace({rec.events()}, {0}, {1, 1, 1});
+  bool named = false;
+  for (const auto& e : trace["traceEvents"])
+    named = named || (e["ph"] == "M" && e.value("tid", -1) == 2 && e["args"]["name"] == "collectives");
+  EXPECT_TRUE(named);
+  double longest = 0.0, sum = 0.0;
+  for (const auto& e : coll) longest = std::max(longest, e["dur"].get<double>()), sum += e["dur"].get<double>();
+  const double union_us = tools::summarize(tools::parse_trace(trace, "t")).ranks.at(0).collective_us;
+  EXPECT_GE(union_us, longest);
+  EXPECT_LE(union_us, sum + 1e-9);
+}
+
+// A step whose calls outnumber the flight recorder's ring: the overwritten ones are counted, not invented.
+TEST(Timeline, CollectivesOverwrittenInTheRingAreCounted) {
+  comm::CommPtr world = comm::make_local_world(/*recorder_capacity=*/4);
+  TimelineRecorder rec(0, 0);
+  rec.start(*world);
+  Tensor t = Tensor::zeros({2});
+  rec.begin_step();
+  for (int i = 0; i < 10; ++i) world->all_reduce(t, comm::ReduceOp::Sum).wait();
+  rec.end_step();
+  int64_t coll = 0;
+  for (const auto& e : rec.events()) coll += e["tid"] == 2 ? 1 : 0;
+  EXPECT_EQ(coll, 4);
+  EXPECT_EQ(rec.comm_dropped(), 6);
 }
 
 TEST(Timeline, DeviceTimeWithoutAGpuIsANamedError) {

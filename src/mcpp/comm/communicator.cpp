@@ -137,6 +137,7 @@ Work Communicator::run(const CallInfo& info, const std::function<Work()>& post) 
     e.seq = ++seq_;
   }
   uint64_t id = recorder_->record(std::move(e));
+  current_entry_ = id;
   try {
     if (check_collectives_ && !p2p) check_fingerprint(info);
     Work w = post();

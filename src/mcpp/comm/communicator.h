@@ -130,6 +130,8 @@ class Communicator {
   virtual Work do_barrier() = 0;
   // Fingerprint exchange for check_collectives: all-gather of a small fixed-size record, blocking.
   virtual void exchange_fingerprints(const int64_t* mine, int64_t* all, int n) = 0;
+  // The flight-recorder id of the call being posted (valid inside the do_* hooks; device timing marks).
+  uint64_t current_entry() const { return current_entry_; }
 
  private:
   struct CallInfo;
@@ -142,6 +144,7 @@ class Communicator {
   std::shared_ptr<FlightRecorder> recorder_;
   uint64_t seq_ = 0;
   uint64_t p2p_seq_ = 0;
+  uint64_t current_entry_ = 0;
   bool check_collectives_ = false;
 };
 

@@ -50,6 +50,21 @@ uint64_t FlightRecorder::record(RecordEntry e) {
   return next_id_ - 1;
 }
 
+void FlightRecorder::set_device_clock(DeviceClock* clock) {
+  std::lock_guard<std::mutex> lock(mu_);
+  device_clock_ = clock;
+}
+
+DeviceClock* FlightRecorder::device_clock() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device_clock_;
+}
+
+void FlightRecorder::set_device_marks(uint64_t id, int64_t start, int64_t end) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (RecordEntry* e = find_locked(id)) e->device_start = start, e->device_end = end;
+}
+
 RecordEntry* FlightRecorder::find_locked(uint64_t id) {
   if (id >= next_id_ || next_id_ - id > ring_.size()) return nullptr;  // overwritten or never recorded
   RecordEntry& e = ring_[id % capacity_];

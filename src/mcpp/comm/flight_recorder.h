@@ -9,6 +9,10 @@
 //   - The ring keeps the newest `capacity` entries (default 2048); older ones are overwritten.
 //   - Thread safety: every method takes the recorder's mutex; the watchdog thread reads (pending(),
 //     dump_json()) while the training thread records.
+//   - Device timing (the pipeline timeline on CUDA, training/timeline.h): while a DeviceClock is attached
+//     (set_device_clock), a backend that runs its ops on a stream of its own (NCCL's comm stream) marks each
+//     op's start and end there and stores the two mark ids in the entry (set_device_marks; -1 otherwise).
+//     The clock must outlive its attachment (detach with nullptr); the marks are not in the dump.
 //   - Sequence numbers are per group and counted by the Communicator: `seq` numbers the group's
 //     collectives 1, 2, 3, ... (identical on every member when the program is correct); batch_p2p calls
 //     number separately in `p2p_seq`, since pipeline stages legitimately issue different p2p counts.
@@ -46,6 +50,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace mcpp {
+class DeviceClock;
+}
+
 namespace mcpp::comm {
 
 enum class EntryState { Queued, Started, Done, Failed };
@@ -65,6 +73,7 @@ struct RecordEntry {
   EntryState state = EntryState::Queued;
   int64_t start_steady_ns = 0, end_steady_ns = 0;
   int64_t start_wall_us = 0, end_wall_us = 0;
+  int64_t device_start = -1, device_end = -1;  // DeviceClock marks on the backend's stream (-1: none)
 };
 
 class FlightRecorder {
@@ -78,6 +87,10 @@ class FlightRecorder {
   void mark_started(uint64_t id);
   void mark_done(uint64_t id);
   void mark_failed(uint64_t id);
+  // Device timing (see the contract): the attached clock (nullptr: none) and an entry's two marks.
+  void set_device_clock(DeviceClock* clock);
+  DeviceClock* device_clock() const;
+  void set_device_marks(uint64_t id, int64_t start, int64_t end);
 
   // Entries still queued or started, oldest first (the watchdog's view).
   std::vector<RecordEntry> pending() const;
@@ -101,6 +114,7 @@ class FlightRecorder {
   mutable std::mutex mu_;
   std::vector<RecordEntry> ring_;
   uint64_t next_id_ = 0;
+  DeviceClock* device_clock_ = nullptr;
 };
 
 nlohmann::json entry_to_json(const RecordEntry& e);

@@ -3,8 +3,10 @@
 // measure the launches, not the work.
 //
 // Contract:
-//   mark()                 enqueues a timing event on the compute stream and returns its id (0, 1, ...).
-//                          The point is when the device reaches it: after all work queued before it.
+//   mark(stream = {})      enqueues a timing event on `stream` (default: the compute stream; another stream
+//                          of the same device, e.g. NCCL's comm stream, measures what runs there) and returns
+//                          its id (0, 1, ...). The point is when the device reaches it: after all work queued
+//                          before it on that stream.
 //   micros_between(a, b)   device time in microseconds from mark a to mark b (waits until b has
 //                          completed; cudaEventElapsedTime: ~0.5 us resolution, in float milliseconds, so
 //                          distant marks lose precision (~1e-7 relative); negative if b came first). An
@@ -16,11 +18,13 @@
 //                          about a retired id is an mcpp::Error; retiring is monotonic (a smaller id is a
 //                          no-op), an id beyond size() is an error.
 //   live()                 marks not retired (= the CUDA events held for them).
-// Not allowed while the compute stream is being captured into a CUDA graph (a captured event has no
+// Not allowed while the marked stream is being captured into a CUDA graph (a captured event has no
 // time): mark() then fails naming it. Without CUDA (CPU build or no GPU) the constructor throws.
 #pragma once
 #include <cstdint>
 #include <memory>
+
+#include "mcpp/core/stream.h"
 
 namespace mcpp {
 
@@ -31,7 +35,7 @@ class DeviceClock {
   DeviceClock(const DeviceClock&) = delete;
   DeviceClock& operator=(const DeviceClock&) = delete;
 
-  int64_t mark();
+  int64_t mark(Stream stream = {});
   double micros_between(int64_t from, int64_t to) const;
   int64_t size() const;
   void retire_before(int64_t id);

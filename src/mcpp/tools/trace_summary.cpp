@@ -71,7 +71,8 @@ Trace parse_trace(const nlohmann::json& j, const std::string& source) {
     if (cat == "forward") ev.cat = EventCat::Forward;
     else if (cat == "backward") ev.cat = EventCat::Backward;
     else if (cat == "p2p") ev.cat = EventCat::P2P;
-    else fail("{}: traceEvents[{}]: unknown cat '{}' (forward, backward or p2p)", source, i, cat);
+    else if (cat == "collective") ev.cat = EventCat::Collective;
+    else fail("{}: traceEvents[{}]: unknown cat '{}' (forward, backward, p2p or collective)", source, i, cat);
     ev.pid = e["pid"].get<int64_t>();
     ev.ts = e["ts"].get<double>();
     ev.dur = e["dur"].get<double>();
@@ -112,9 +113,9 @@ TraceSummary summarize(const Trace& trace, int64_t skip_steps) {
     if (static_cast<int64_t>(skipped.size()) < skip_steps) skipped.insert(step);
   s.steps = static_cast<int64_t>(all_steps.size() - skipped.size());
   s.skipped_steps = static_cast<int64_t>(skipped.size());
-  std::vector<const TraceEvent*> kept;
+  std::vector<const TraceEvent*> kept, collectives;  // the schedule's events / the collectives row
   for (const auto& e : trace.events)
-    if (!skipped.count(e.step)) kept.push_back(&e);
+    if (!skipped.count(e.step)) (e.cat == EventCat::Collective ? collectives : kept).push_back(&e);
   std::map<int64_t, Span> windows;  // step -> [min start, max end] over all ranks
   for (const TraceEvent* e : kept) {
     auto [it, fresh] = windows.try_emplace(e->step, Span{e->ts, e->ts + e->dur});
@@ -144,6 +145,12 @@ TraceSummary summarize(const Trace& trace, int64_t skip_steps) {
     r.span_us = span;
     r.idle_us = span - total_length(interval_union(all));
     r.bubble = span > 0 ? 1.0 - r.busy_us / span : 0.0;
+    std::vector<Span> coll;
+    for (const TraceEvent* e : collectives)
+      if (e->pid == pid) coll.push_back({e->ts, e->ts + e->dur});
+    const auto co = interval_union(coll);
+    r.collective_us = total_length(co);
+    r.collective_overlap_us = intersection_length(cu, co);
     s.ranks.push_back(r);
   }
   double most = -1;
@@ -158,12 +165,14 @@ TraceSummary summarize(const Trace& trace, int64_t skip_steps) {
 }
 
 std::string format_summary(const TraceSummary& s) {
-  std::string out = fmt::format("{:>5} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8}\n", "rank", "stage",
-                                "forward_ms", "backward_ms", "p2p_ms", "idle_ms", "overlap_ms", "span_ms", "bubble");
+  std::string out = fmt::format("{:>5} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8} {:>12} {:>12}\n", "rank",
+                                "stage", "forward_ms", "backward_ms", "p2p_ms", "idle_ms", "overlap_ms", "span_ms",
+                                "bubble", "coll_ms", "coll_overlap");
   for (const auto& r : s.ranks)
-    out += fmt::format("{:>5} {:>5} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>8.4f}\n", r.pid,
-                       r.stage, r.forward_us / 1e3, r.backward_us / 1e3, r.p2p_us / 1e3, r.idle_us / 1e3,
-                       r.overlap_us / 1e3, r.span_us / 1e3, r.bubble);
+    out += fmt::format("{:>5} {:>5} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>8.4f} {:>12.3f} "
+                       "{:>12.3f}\n", r.pid, r.stage, r.forward_us / 1e3, r.backward_us / 1e3, r.p2p_us / 1e3,
+                       r.idle_us / 1e3, r.overlap_us / 1e3, r.span_us / 1e3, r.bubble, r.collective_us / 1e3,
+                       r.collective_overlap_us / 1e3);
   if (s.slowest_pid >= 0) {
     const auto& r = *std::find_if(s.ranks.begin(), s.ranks.end(), [&](const RankStats& x) { return x.pid == s.slowest_pid; });
     out += fmt::format("slowest stage: {} (rank {}, busy {:.3f} ms)\n", r.stage, r.pid, r.busy_us / 1e3);

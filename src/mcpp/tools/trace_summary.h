@@ -6,11 +6,14 @@
 //   busy                       |union(forward ∪ backward)|;  bubble = 1 - busy / span
 //   idle                       span - |union(all intervals of the rank)|
 //   overlap                    |union(compute) ∩ union(p2p)| — computed by sort + sweep, never by summing
+//   collective / coll_overlap  |union(collective)| and |union(compute) ∩ union(collective)| (the
+//                              timeline's tid-2 row: TP / DDP / optimizer collectives on the comm stream);
+//                              collectives are not part of span, idle or bubble (those stay the schedule's)
 // and the slowest stage (the most busy time). Theoretical bubble (pp-1)/(V*M+pp-1) when the trace's
 // otherData carries pipeline_model_parallel_size / num_microbatches / virtual_pipeline_model_parallel_size.
 //
 // Trace format read: {"traceEvents": [{"ph": "X", "pid": int, "tid": int, "name": str,
-//   "cat": "forward"|"backward"|"p2p", "ts": us, "dur": us, "args": {"step", "stage", ...}}, ...],
+//   "cat": "forward"|"backward"|"p2p"|"collective", "ts": us, "dur": us, "args": {"step", "stage", ...}}, ...],
 //   "otherData": {...}}. "M" (metadata) events are skipped. A missing file, bad JSON, or an X event
 // without pid / ts / dur / a known cat is an mcpp::Error naming the file and the event index.
 #pragma once
@@ -36,7 +39,7 @@ double intersection_length(const std::vector<Span>& a, const std::vector<Span>& 
 // Megatron's bubble: (pp - 1) / (V * M + pp - 1).
 double theoretical_bubble(int64_t pp, int64_t num_microbatches, int64_t vpp);
 
-enum class EventCat { Forward, Backward, P2P };
+enum class EventCat { Forward, Backward, P2P, Collective };
 
 struct TraceEvent {
   int64_t pid = 0;
@@ -58,6 +61,7 @@ Trace read_trace(const std::string& path);
 struct RankStats {
   int64_t pid = 0, stage = 0;
   double forward_us = 0, backward_us = 0, p2p_us = 0, idle_us = 0, busy_us = 0, span_us = 0, overlap_us = 0;
+  double collective_us = 0, collective_overlap_us = 0;
   double bubble = 0;
 };
 

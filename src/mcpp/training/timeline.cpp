@@ -33,36 +33,67 @@ TimelineRecorder::TimelineRecorder(int rank, int stage, bool device_time) : rank
   if (device_time) clock_ = std::make_unique<DeviceClock>();
 }
 
-TimelineRecorder::~TimelineRecorder() = default;
+TimelineRecorder::~TimelineRecorder() {
+  if (recorder_ && clock_) recorder_->set_device_clock(nullptr);
+}
 
 void TimelineRecorder::start(comm::Communicator& world) {
   if (clock_) cuda_synchronize();  // the origin mark then runs as soon as it is enqueued
   world.barrier().wait();
   origin_ = std::chrono::steady_clock::now();
   if (clock_) origin_mark_ = clock_->mark();
+  recorder_ = world.recorder_ptr();
+  if (clock_ && recorder_) recorder_->set_device_clock(clock_.get());
 }
 
 std::vector<pipeline_parallel::ActionTiming>* TimelineRecorder::begin_step() {
   // The step before the previous one has long finished on the device: read its times, retire its marks.
   if (clock_ && step_begin_.size() >= 2) {
     const size_t to = step_begin_[step_begin_.size() - 1];
-    device_times(resolved_.size(), to, &anchor_mark_, &anchor_us_, &resolved_);
+    device_times(resolved_.size(), to, &anchor_mark_, &anchor_us_, &resolved_, &comm_resolved_);
     if (anchor_mark_ >= 0) clock_->retire_before(anchor_mark_);  // the anchor stays for the next step's
   }
   step_begin_.push_back(timings_.size());
+  if (recorder_) comm_first_ = recorder_->total_recorded();
+  step_open_ = true;
   return &timings_;
 }
 
+void TimelineRecorder::end_step() {
+  if (!step_open_ || !recorder_) return;
+  step_open_ = false;
+  const uint64_t end = recorder_->total_recorded();
+  const auto step = static_cast<int64_t>(step_begin_.size()) - 1;
+  uint64_t kept_from = end;  // the oldest id of the step still in the ring
+  for (comm::RecordEntry& e : recorder_->entries()) {
+    if (e.id < comm_first_ || e.id >= end) continue;
+    kept_from = std::min(kept_from, e.id);
+    const bool timed = clock_ ? e.device_start >= 0 && e.device_end >= 0 : e.end_steady_ns > 0;
+    if (!timed) continue;
+    e.group_ranks = {}, e.peers = {};  // not in the trace: ~250 bytes per call kept, about its JSON's size
+    comms_.emplace_back(step, std::move(e));
+  }
+  comm_dropped_ += static_cast<int64_t>(kept_from - comm_first_);
+}
+
 void TimelineRecorder::device_times(size_t from, size_t to, int64_t* anchor_mark, double* anchor_us,
-                                    std::vector<std::pair<double, double>>* out) const {
+                                    std::vector<std::pair<double, double>>* out,
+                                    std::vector<std::pair<double, double>>* comm_out) const {
   for (size_t i = from; i < to; ++i) {
     const auto& t = timings_[i];
     MCPP_CHECK(t.device_start >= 0 && t.device_end >= 0, "timeline: action {} has no device marks",
                pipeline_parallel::to_string(t.action));
-    if (std::binary_search(step_begin_.begin(), step_begin_.end(), i)) {  // a step's first action
+    const auto first = std::lower_bound(step_begin_.begin(), step_begin_.end(), i);
+    if (first != step_begin_.end() && *first == i) {  // a step's first action: the anchor, then its collectives
       *anchor_us = *anchor_mark < 0 ? clock_->micros_between(origin_mark_, t.device_start)
                                     : *anchor_us + clock_->micros_between(*anchor_mark, t.device_start);
       *anchor_mark = t.device_start;
+      const auto step = static_cast<int64_t>(first - step_begin_.begin());
+      for (size_t c = comm_out->size(); c < comms_.size() && comms_[c].first <= step; ++c) {
+        const comm::RecordEntry& e = comms_[c].second;
+        comm_out->emplace_back(*anchor_us + clock_->micros_between(*anchor_mark, e.device_start),
+                               clock_->micros_between(e.device_start, e.device_end));
+      }
     }
     out->emplace_back(*anchor_us + clock_->micros_between(*anchor_mark, t.device_start),
                       clock_->micros_between(t.device_start, t.device_end));
@@ -71,12 +102,14 @@ void TimelineRecorder::device_times(size_t from, size_t to, int64_t* anchor_mark
 
 nlohmann::json TimelineRecorder::events() const {
   nlohmann::json out = nlohmann::json::array();
-  std::vector<std::pair<double, double>> device = resolved_;  // + the steps not read yet
+  std::vector<std::pair<double, double>> device = resolved_, comm_device = comm_resolved_;  // + those not read
   if (clock_) {
     int64_t anchor_mark = anchor_mark_;
     double anchor_us = anchor_us_;
-    device_times(resolved_.size(), timings_.size(), &anchor_mark, &anchor_us, &device);
+    device_times(resolved_.size(), timings_.size(), &anchor_mark, &anchor_us, &device, &comm_device);
   }
+  const int64_t origin_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(origin_.time_since_epoch()).count();  // steady
   size_t step = 0;
   for (size_t i = 0; i < timings_.size(); ++i) {
     while (step + 1 < step_begin_.size() && i >= step_begin_[step + 1]) ++step;
@@ -100,6 +133,18 @@ nlohmann::json TimelineRecorder::events() const {
                    {"dur", dur},
                    {"args", std::move(args)}});
   }
+  for (size_t c = 0; c < comms_.size(); ++c) {
+    const auto& [step, e] = comms_[c];
+    if (clock_ && c >= comm_device.size()) break;  // a step with no actions has no anchor (not in training)
+    const bool p2p = e.op == "batch_p2p";
+    const double ts = clock_ ? comm_device[c].first : static_cast<double>(e.start_steady_ns - origin_ns) / 1e3;
+    const double dur = clock_ ? comm_device[c].second : static_cast<double>(e.end_steady_ns - e.start_steady_ns) / 1e3;
+    nlohmann::json args{{"step", step}, {"stage", stage_}, {"group", e.group}, {p2p ? "p2p_seq" : "seq",
+                        p2p ? e.p2p_seq : e.seq}, {"dtype", e.dtype}, {"count", e.count}};
+    if (!e.reduce_op.empty()) args["reduce_op"] = e.reduce_op;
+    out.push_back({{"ph", "X"}, {"pid", rank_}, {"tid", 2}, {"name", fmt::format("{} {}", e.op, e.group)},
+                   {"cat", "collective"}, {"ts", ts}, {"dur", dur}, {"args", std::move(args)}});
+  }
   return out;
 }
 
@@ -111,6 +156,8 @@ nlohmann::json make_trace(const std::vector<nlohmann::json>& rank_events, const 
                    {"args", {{"name", fmt::format("rank {} (pp stage {})", r, rank_stages.at(r))}}}});
     evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 0}, {"args", {{"name", "compute"}}}});
     evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 1}, {"args", {{"name", "p2p"}}}});
+    evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 2},
+                   {"args", {{"name", info.clock == "device" ? "collectives (comm stream)" : "collectives"}}}});
     for (const auto& e : rank_events[r]) evs.push_back(e);
   }
   return {{"traceEvents", std::move(evs)},

@@ -21,6 +21,18 @@
 // alive, not two per action of the whole run); ts is the step's anchor (its first mark) plus the offset
 // from it, the anchors chained step to step, so no interval is read over more than a step or so (float
 // milliseconds from the origin would be ~0.25 ms coarse after an hour).
+// Collectives (tid 2): every communication call the rank's communicators make inside a training step
+// (begin_step .. end_step; the flight recorder's entries, comm/flight_recorder.h) — TP / SP collectives, DDP
+// bucket reductions, the distributed optimizer's gathers, grad-norm and loss reductions, batch_p2p:
+//   {"ph":"X","pid":rank,"tid":2,"name":"all_reduce dp","cat":"collective","ts":us,"dur":us,
+//    "args":{"step":i,"stage":s,"group":"dp","seq":n (batch_p2p: "p2p_seq"),"dtype":"float32","count":n}}
+// On the CUDA backend the interval is the op's span on NCCL's comm stream (two DeviceClock marks the NCCL
+// communicator makes around the call while the recorder is attached: what ran there, overlapping the
+// compute row); ops without device marks (the host-tensor MPI calls) are left out. On CPU ranks it is host
+// time from the call to the wait that completed it (calls not completed by end_step are left out). Calls
+// outside a step (evaluation, checkpointing) are
+// not recorded; entries the flight recorder's ring overwrote within one step are counted in
+// comm_dropped(). The trace summary keeps collectives out of the bubble (tools/trace_summary.h).
 // The bubble report: per pipeline stage the measured bubble (trace_summary's, averaged over the stage's
 // ranks; the first step left out as warm-up when there are more) next to the theoretical (pp-1)/(V*M+pp-1).
 #pragma once
@@ -33,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mcpp/comm/communicator.h"
+#include "mcpp/comm/flight_recorder.h"
 #include "mcpp/core/device_clock.h"
 #include "mcpp/pipeline_parallel/schedule_runner.h"
 
@@ -43,10 +56,14 @@ class TimelineRecorder {
   // device_time: intervals from a DeviceClock (needs CUDA) instead of the host clock.
   TimelineRecorder(int rank, int stage, bool device_time = false);
   ~TimelineRecorder();
-  // Collective on world: (device time: drain the device,) barrier, then the origin is now.
+  // Collective on world: (device time: drain the device,) barrier, then the origin is now; attaches the
+  // device clock to world's flight recorder (device time; detached by the destructor).
   void start(comm::Communicator& world);
   // The buffer run_schedule appends one training step's actions to (a new step begins).
   std::vector<pipeline_parallel::ActionTiming>* begin_step();
+  // The step's communication ends (after its optimizer step): its collectives are taken from the recorder.
+  void end_step();
+  int64_t comm_dropped() const { return comm_dropped_; }
   // The clock run_schedule marks the compute stream with (nullptr: host timing).
   DeviceClock* device_clock() const { return clock_.get(); }
   const char* clock_name() const { return clock_ ? "device" : "host"; }
@@ -54,10 +71,11 @@ class TimelineRecorder {
   nlohmann::json events() const;
 
  private:
-  // Device time: (ts, dur) of timings_[from, to) (whole steps), chaining the step anchors from *anchor_mark /
-  // *anchor_us (updated).
+  // Device time: (ts, dur) of timings_[from, to) (whole steps) appended to *out, chaining the step anchors
+  // from *anchor_mark / *anchor_us (updated); the collectives of those steps appended to *comm_out.
   void device_times(size_t from, size_t to, int64_t* anchor_mark, double* anchor_us,
-                    std::vector<std::pair<double, double>>* out) const;
+                    std::vector<std::pair<double, double>>* out,
+                    std::vector<std::pair<double, double>>* comm_out) const;
 
   int rank_, stage_;
   std::unique_ptr<DeviceClock> clock_;
@@ -69,6 +87,13 @@ class TimelineRecorder {
   std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
   std::vector<pipeline_parallel::ActionTiming> timings_;
   std::vector<size_t> step_begin_;  // index into timings_ where each step starts
+  // Collectives: the recorder (start()), the first entry id of the open step, the entries taken per step.
+  std::shared_ptr<comm::FlightRecorder> recorder_;
+  uint64_t comm_first_ = 0;
+  bool step_open_ = false;
+  std::vector<std::pair<int64_t, comm::RecordEntry>> comms_;  // (step, entry)
+  std::vector<std::pair<double, double>> comm_resolved_;      // device time of comms_[0, size())
+  int64_t comm_dropped_ = 0;
 };
 
 struct TraceInfo {

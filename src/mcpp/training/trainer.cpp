@@ -346,7 +346,9 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   }
   scheduler_->step(config_.training.global_batch_size);
   state_.consumed_train_samples += config_.training.global_batch_size;
-  return per_token ? loss : dp_mean(loss);
+  const double mean = per_token ? loss : dp_mean(loss);
+  if (timeline_) timeline_->end_step();  // the step's collectives, the loss reduction included
+  return mean;
 }
 
 double Trainer::evaluate(int64_t iteration) {
@@ -496,6 +498,10 @@ TrainSummary Trainer::train() {
     }
   }
   if (timeline_) {
+    if (timeline_->comm_dropped() > 0)
+      spdlog::warn("timeline: rank {}: {} communication calls of training steps were overwritten in the flight "
+                   "recorder's ring before the step ended; the trace's collectives row misses them",
+                   pc_.rank(), timeline_->comm_dropped());
     const nlohmann::json trace = timeline::gather_and_write_trace(
         *timeline_, *pc_.world(), pc_.pp_rank(),
         {pc_.pp_size(), config_.num_microbatches(), static_cast<int64_t>(chunks_.size()), timeline_->clock_name()},

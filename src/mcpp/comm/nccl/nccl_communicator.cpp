@@ -12,8 +12,10 @@
 #include <functional>
 #include <thread>
 
+#include "mcpp/comm/flight_recorder.h"
 #include "mcpp/comm/nccl/nccl_check.h"
 #include "mcpp/core/cuda_graph.h"
+#include "mcpp/core/device_clock.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/cuda/cuda_check.h"
 
@@ -218,8 +220,12 @@ Work NcclCommunicator::post(Pending& p, const std::function<void()>& enqueue, bo
   // capture and cannot be polled, so the watchdog does not track it (nor its replays).
   const bool tracked = !stream_capturing();
   if (tracked) watchdog_->track(p.done, p.what);  // the host call itself may block (lazy connection setup)
+  // Device timing (FlightRecorder::set_device_clock, the pipeline timeline): the op's span on the comm stream.
+  DeviceClock* clock = tracked ? recorder()->device_clock() : nullptr;
   try {
+    const int64_t start = clock ? clock->mark(Stream{stream_}) : -1;
     enqueue();
+    if (clock) recorder()->set_device_marks(current_entry(), start, clock->mark(Stream{stream_}));
     MCPP_CUDA_CHECK(cudaEventRecord(p.done->ev, stream_));
   } catch (...) {
     if (tracked) watchdog_->untrack(p.done.get());

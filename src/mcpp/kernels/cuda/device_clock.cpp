@@ -36,10 +36,11 @@ DeviceClock::~DeviceClock() {
   for (cudaEvent_t e : impl_->pool) cudaEventDestroy(e);
 }
 
-int64_t DeviceClock::mark() {
-  if (stream_capturing())
-    fail("DeviceClock::mark: the compute stream is being captured into a CUDA graph (a captured event has no "
-         "time); --timeline and --enable-cuda-graph do not combine");
+int64_t DeviceClock::mark(Stream stream) {
+  const cudaStream_t s = stream.handle ? static_cast<cudaStream_t>(stream.handle) : cuda_detail::compute_stream();
+  if (cuda_detail::is_capturing(s))
+    fail("DeviceClock::mark: the {} stream is being captured into a CUDA graph (a captured event has no time); "
+         "--timeline and --enable-cuda-graph do not combine", stream.handle ? "marked" : "compute");
   cudaEvent_t e = nullptr;
   if (impl_->pool.empty()) {
     MCPP_CUDA_CHECK(cudaEventCreate(&e));
@@ -48,7 +49,7 @@ int64_t DeviceClock::mark() {
     impl_->pool.pop_back();
   }
   impl_->live.push_back(e);
-  MCPP_CUDA_CHECK(cudaEventRecord(e, cuda_detail::compute_stream()));
+  MCPP_CUDA_CHECK(cudaEventRecord(e, s));
   return size() - 1;
 }
 

@@ -36,7 +36,7 @@ DeviceClock::DeviceClock() {
   fail("DeviceClock: device timing needs the CUDA backend: this mcpp was built without CUDA");
 }
 DeviceClock::~DeviceClock() = default;
-int64_t DeviceClock::mark() { fail("DeviceClock::mark: this mcpp was built without CUDA"); }
+int64_t DeviceClock::mark(Stream) { fail("DeviceClock::mark: this mcpp was built without CUDA"); }
 double DeviceClock::micros_between(int64_t, int64_t) const { fail("DeviceClock: this mcpp was built without CUDA"); }
 int64_t DeviceClock::size() const { return 0; }
 void DeviceClock::retire_before(int64_t) { fail("DeviceClock: this mcpp was built without CUDA"); }
