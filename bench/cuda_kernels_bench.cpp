@@ -215,6 +215,21 @@ void bench_cross_entropy(const char* name, int64_t n, int64_t v) {
       time_op([&] { mcpp::ops::cross_entropy_fwd_bwd(loss, lse, dlogits, logits, targets, dloss); }, dlogits, g_iters,
               g_reps),
       0, 2 * bytes);
+  // The vocab-parallel pieces on one tp = 2 shard [n, v / 2]: the 16-byte vector path, and the scalar path
+  // it replaced (the shard one column wider, v / 2 + 1: not a multiple of 8).
+  for (int64_t vs : {v / 2, v / 2 + 1}) {
+    Tensor shard = filled({n, vs}, DType::BF16, 1.0f, 3.0f), dshard = Tensor::empty({n, vs}, DType::BF16, Device::CUDA);
+    Tensor mx = Tensor::empty({n}, DType::F32, Device::CUDA), se = Tensor::empty({n}, DType::F32, Device::CUDA);
+    const std::string sh = fmt::format("{} tp2 shard [{}x{}]{}", name, n, vs, vs % 8 ? " (scalar path)" : "");
+    const double b = 2.0 * n * vs;
+    row("vocab-parallel CE partials (bf16 logits)", sh,
+        time_op([&] { mcpp::ops::vocab_parallel_ce_partials(mx, se, loss, shard, targets, 0); }, mx, g_iters, g_reps),
+        0, b);
+    row("vocab-parallel CE bwd (bf16 logits)", sh,
+        time_op([&] { mcpp::ops::vocab_parallel_ce_bwd(dshard, dloss, shard, targets, lse, 0); }, dshard, g_iters,
+                g_reps),
+        0, 2 * b);
+  }
 }
 
 // Embedding backward (fp32 main grad += bf16 dout rows), the default atomicAdd kernel vs the ordered one

@@ -181,31 +181,40 @@ TEST(CudaCrossEntropy, FusedForwardBackwardAndInPlaceGrad) {
 // global lse, separate output and in place; the combine steps between the TP all-reduces.
 TEST(CudaVocabParallelCrossEntropy, PartialsAndBackwardMatchCpu) {
   MCPP_REQUIRE_CUDA();
-  const int64_t n = 37, v = 1000, vocab_start = 2000;
-  Tensor targets = Tensor::empty({n}, DType::I32);
-  for (int64_t i = 0; i < n; ++i)  // every third row's target outside the slice (below or above it)
-    targets.data<int32_t>()[i] = static_cast<int32_t>(i % 3 == 0 ? (i % 2 ? 5 : 3500) : vocab_start + (i * 97) % v);
-  Tensor td = targets.to(Device::CUDA);
-  for (DType dt : float_dtypes()) {
-    SCOPED_TRACE(dtype_name(dt));
-    Tensor logits = rnd({n, v}, 31, dt, -6, 6), dloss = rnd({n}, 32), lse = rnd({n}, 33, DType::F32, 7, 9);
-    Tensor mx_ref = Tensor::empty({n}), se_ref = Tensor::empty({n}), tl_ref = Tensor::empty({n});
-    ops::cpu::vocab_parallel_ce_partials(mx_ref, se_ref, tl_ref, logits, targets, vocab_start, {});
-    Tensor ld = dev(logits, dt);
-    Tensor mx = poisoned({n}, DType::F32), se = poisoned({n}, DType::F32), tl = poisoned({n}, DType::F32);
-    ops::vocab_parallel_ce_partials(mx, se, tl, ld, td, vocab_start);
-    EXPECT_REL(host(mx), mx_ref, 1e-6);
-    EXPECT_REL(host(se), se_ref, 1e-5);
-    EXPECT_REL(host(tl), tl_ref, 1e-6);
-    Tensor dl_ref = Tensor::empty({n, v});
-    ops::cpu::vocab_parallel_ce_bwd(dl_ref, dloss, logits, targets, lse, vocab_start, {});
-    Tensor dloss_d = dev(dloss), lse_d = dev(lse), dl = poisoned({n, v}, dt);
-    ops::vocab_parallel_ce_bwd(dl, dloss_d, ld, td, lse_d, vocab_start);
-    EXPECT_REL(host(dl), dl_ref, tol(dt, 1e-5));
-    ops::vocab_parallel_ce_bwd(ld, dloss_d, ld, td, lse_d, vocab_start);  // in place
-    EXPECT_REL(host(ld), dl_ref, tol(dt, 1e-5));
+  // v = 1000: the 16-byte vector path's tail loop only; 1001: the scalar path; 25152 (GPT-2's 50304 at
+  // tp 2): the vector path's unrolled loop too (> 4 x 256 chunks of 8), targets spread over the row.
+  struct Case {
+    int64_t n, v;
+  };
+  for (const Case& c : {Case{37, 1000}, Case{37, 1001}, Case{9, 25152}}) {
+    for (DType dt : float_dtypes()) {
+      const int64_t n = c.n, v = c.v, vocab_start = 2000;
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " v=" << v);
+      Tensor targets = Tensor::empty({n}, DType::I32);
+      for (int64_t i = 0; i < n; ++i)  // every third row's target outside the slice (below or above it)
+        targets.data<int32_t>()[i] =
+            static_cast<int32_t>(i % 3 == 0 ? (i % 2 ? 5 : vocab_start + v + 500) : vocab_start + (i * 7919) % v);
+      Tensor td = targets.to(Device::CUDA);
+      Tensor logits = rnd({n, v}, 31, dt, -6, 6), dloss = rnd({n}, 32), lse = rnd({n}, 33, DType::F32, 7, 9);
+      Tensor mx_ref = Tensor::empty({n}), se_ref = Tensor::empty({n}), tl_ref = Tensor::empty({n});
+      ops::cpu::vocab_parallel_ce_partials(mx_ref, se_ref, tl_ref, logits, targets, vocab_start, {});
+      Tensor ld = dev(logits, dt);
+      Tensor mx = poisoned({n}, DType::F32), se = poisoned({n}, DType::F32), tl = poisoned({n}, DType::F32);
+      ops::vocab_parallel_ce_partials(mx, se, tl, ld, td, vocab_start);
+      EXPECT_REL(host(mx), mx_ref, 1e-6);
+      EXPECT_REL(host(se), se_ref, 1e-5);
+      EXPECT_REL(host(tl), tl_ref, 1e-6);
+      Tensor dl_ref = Tensor::empty({n, v});
+      ops::cpu::vocab_parallel_ce_bwd(dl_ref, dloss, logits, targets, lse, vocab_start, {});
+      Tensor dloss_d = dev(dloss), lse_d = dev(lse), dl = poisoned({n, v}, dt);
+      ops::vocab_parallel_ce_bwd(dl, dloss_d, ld, td, lse_d, vocab_start);
+      EXPECT_REL(host(dl), dl_ref, tol(dt, 1e-5));
+      ops::vocab_parallel_ce_bwd(ld, dloss_d, ld, td, lse_d, vocab_start);  // in place
+      EXPECT_REL(host(ld), dl_ref, tol(dt, 1e-5));
+    }
   }
   // The combine steps (between the TP all-reduces) vs the CPU ops.
+  const int64_t n = 37;
   Tensor mx = rnd({n}, 34, DType::F32, -3, 3), se = rnd({n}, 35, DType::F32, 1, 900);
   Tensor gmax = rnd({n}, 36, DType::F32, 3, 4), ss = rnd({n}, 37, DType::F32, 1, 3), tl = rnd({n}, 38);
   Tensor ll_ref = Tensor::empty({n}), sc_ref = Tensor::empty({n}), loss_ref = Tensor::empty({n}),

@@ -18,6 +18,7 @@
 //   scalar FIn / FOut loops below.
 #include <algorithm>
 
+#include "mcpp/kernels/cuda/cross_entropy_rows.cuh"
 #include "mcpp/kernels/cuda/device_utils.cuh"
 
 namespace mcpp::cuda_detail {
@@ -50,66 +51,13 @@ __global__ void softmax_bwd_kernel(FOut ds, FIn dp, FIn p, int64_t sk, float sca
   }
 }
 
-__global__ void cross_entropy_fwd_kernel(float* loss, float* lse, FIn x, const int32_t* targets, int64_t v) {
+template <bool Vec>
+__global__ void __launch_bounds__(Vec ? kCeThreads : kCeScalarThreads)
+    cross_entropy_fwd_kernel(float* loss, float* lse, FIn x, const int32_t* targets, int64_t v) {
   __shared__ float sm[32], ss[32];
-  const int64_t r = blockIdx.x, base = r * v;
+  const int64_t r = blockIdx.x;
   float m = -INFINITY, s = 0.0f;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-    const float xv = x[base + j];
-    if (xv > m) {
-      s = s * __expf(m - xv) + 1.0f;
-      m = xv;
-    } else {
-      s += __expf(xv - m);
-    }
-  }
-  block_online_merge(m, s, sm, ss);
-  if (threadIdx.x == 0) {
-    const float l = m + logf(s);
-    const int32_t t = targets[r];
-    lse[r] = l;
-    loss[r] = (t >= 0 && t < v) ? l - x[base + t] : NAN;
-  }
-}
-
-constexpr int kCeThreads = 256, kUnroll = 4;
-
-// Folds 8 values into the thread's running (m, s).
-__device__ __forceinline__ void online_add8(float& m, float& s, const float (&v)[8]) {
-  float c = v[0];
-#pragma unroll
-  for (int e = 1; e < 8; ++e) c = fmaxf(c, v[e]);
-  const float mn = fmaxf(m, c);
-  if (mn == -INFINITY) {  // every value so far -inf; a NaN chunk still poisons the sum
-    if (c != c || v[0] != v[0]) s = NAN;
-    return;
-  }
-  float t = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) t += __expf(v[e] - mn);
-  s = s * __expf(m - mn) + t;
-  m = mn;
-}
-
-__global__ void __launch_bounds__(kCeThreads) cross_entropy_fwd_vec_kernel(float* loss, float* lse, FIn x,
-                                                                          const int32_t* targets, int64_t v) {
-  __shared__ float sm[32], ss[32];
-  const int64_t r = blockIdx.x, vecs = v / 8, vbase = r * vecs;
-  float m = -INFINITY, s = 0.0f;
-  int64_t j = threadIdx.x;
-  for (; j + (kUnroll - 1) * kCeThreads < vecs; j += kUnroll * kCeThreads) {
-    float c[kUnroll][8];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load8(x, vbase + j + u * kCeThreads, c[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) online_add8(m, s, c[u]);
-  }
-  for (; j < vecs; j += kCeThreads) {
-    float c[8];
-    load8(x, vbase + j, c);
-    online_add8(m, s, c);
-  }
-  block_online_merge(m, s, sm, ss);
+  ce_row_max_sum<Vec>(x, r, v, m, s, sm, ss);
   if (threadIdx.x == 0) {
     const float l = m + logf(s);
     const int32_t t = targets[r];
@@ -118,44 +66,14 @@ __global__ void __launch_bounds__(kCeThreads) cross_entropy_fwd_vec_kernel(float
   }
 }
 
-__global__ void __launch_bounds__(kCeThreads) cross_entropy_bwd_vec_kernel(FOut dx, const float* dloss, FIn x,
-                                                                          const int32_t* targets, const float* lse,
-                                                                          int64_t v) {
-  const int64_t r = blockIdx.x, vecs = v / 8, vbase = r * vecs;
-  const float l = lse[r], g = dloss[r];
-  const int64_t t = targets[r];
-  int64_t j = threadIdx.x;
-  for (; j + (kUnroll - 1) * kCeThreads < vecs; j += kUnroll * kCeThreads) {
-    float c[kUnroll][8];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load8(x, vbase + j + u * kCeThreads, c[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t col0 = (j + u * kCeThreads) * 8;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) c[u][e] = (__expf(c[u][e] - l) - (col0 + e == t ? 1.0f : 0.0f)) * g;
-      store8(dx, vbase + j + u * kCeThreads, c[u]);
-    }
-  }
-  for (; j < vecs; j += kCeThreads) {
-    float c[8];
-    load8(x, vbase + j, c);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) c[e] = (__expf(c[e] - l) - (j * 8 + e == t ? 1.0f : 0.0f)) * g;
-    store8(dx, vbase + j, c);
-  }
+template <bool Vec>
+__global__ void __launch_bounds__(Vec ? kCeThreads : kCeScalarThreads)
+    cross_entropy_bwd_kernel(FOut dx, const float* dloss, FIn x, const int32_t* targets, const float* lse,
+                             int64_t v) {
+  const int64_t r = blockIdx.x;
+  ce_row_grad<Vec>(dx, x, r, v, lse[r], dloss[r], targets[r]);
 }
 
-__global__ void cross_entropy_bwd_kernel(FOut dx, const float* dloss, FIn x, const int32_t* targets, const float* lse,
-                                         int64_t v) {
-  const int64_t r = blockIdx.x, base = r * v;
-  const float l = lse[r], g = dloss[r];
-  const int64_t t = targets[r];
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-    const float pj = __expf(x[base + j] - l);
-    dx.set(base + j, (pj - (j == t ? 1.0f : 0.0f)) * g);
-  }
-}
 // Forward + backward of one row per block (2-byte logits, V % 8 == 0, 16-byte aligned): pass 1 streams the
 // row from memory into shared memory while folding the online (max, sum); pass 2 turns the shared copy
 // into the gradient and writes it (dx may alias x: the row is read in full before any write). The
@@ -266,19 +184,21 @@ void launch_cross_entropy_fwd(float* loss, float* lse, FIn logits, const int32_t
                               cudaStream_t s) {
   if (n <= 0) return;
   if (vec8_ok(v, {logits.p}))
-    cross_entropy_fwd_vec_kernel<<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(loss, lse, logits, targets, v);
+    cross_entropy_fwd_kernel<true><<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(loss, lse, logits, targets, v);
   else
-    cross_entropy_fwd_kernel<<<static_cast<unsigned>(n), 512, 0, s>>>(loss, lse, logits, targets, v);
+    cross_entropy_fwd_kernel<false><<<static_cast<unsigned>(n), kCeScalarThreads, 0, s>>>(loss, lse, logits, targets,
+                                                                                          v);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 void launch_cross_entropy_bwd(FOut dlogits, const float* dloss, FIn logits, const int32_t* targets, const float* lse,
                               int64_t n, int64_t v, cudaStream_t s) {
   if (n <= 0) return;
   if (vec8_ok(v, {logits.p, dlogits.p}))
-    cross_entropy_bwd_vec_kernel<<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(dlogits, dloss, logits, targets,
-                                                                                 lse, v);
+    cross_entropy_bwd_kernel<true><<<static_cast<unsigned>(n), kCeThreads, 0, s>>>(dlogits, dloss, logits, targets,
+                                                                                   lse, v);
   else
-    cross_entropy_bwd_kernel<<<static_cast<unsigned>(n), 512, 0, s>>>(dlogits, dloss, logits, targets, lse, v);
+    cross_entropy_bwd_kernel<false><<<static_cast<unsigned>(n), kCeScalarThreads, 0, s>>>(dlogits, dloss, logits,
+                                                                                          targets, lse, v);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
