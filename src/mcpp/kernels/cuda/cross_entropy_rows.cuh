@@ -30,24 +30,31 @@ __device__ __forceinline__ void online_add8(float& m, float& s, const float (&v)
   m = mn;
 }
 
+// Vector path: calls f(c, j) for every 8-element chunk j of row r (c: its values as float[8], loaded with
+// 16-byte loads; columns 8j .. 8j + 7), kUnroll chunks loaded per thread before f runs on them.
+template <class F>
+__device__ __forceinline__ void for_each_chunk8(const FIn& x, int64_t r, int64_t v, F&& f) {
+  const int64_t vecs = v / 8, vbase = r * vecs;
+  int64_t j = threadIdx.x;
+  for (; j + (kUnroll - 1) * kCeThreads < vecs; j += kUnroll * kCeThreads) {
+    float c[kUnroll][8];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load8(x, vbase + j + u * kCeThreads, c[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) f(c[u], j + u * kCeThreads);
+  }
+  for (; j < vecs; j += kCeThreads) {
+    float c[8];
+    load8(x, vbase + j, c);
+    f(c, j);
+  }
+}
+
 template <bool Vec>
 __device__ __forceinline__ void ce_row_max_sum(const FIn& x, int64_t r, int64_t v, float& m, float& s, float* sm,
                                                float* ss) {
   if constexpr (Vec) {
-    const int64_t vecs = v / 8, vbase = r * vecs;
-    int64_t j = threadIdx.x;
-    for (; j + (kUnroll - 1) * kCeThreads < vecs; j += kUnroll * kCeThreads) {
-      float c[kUnroll][8];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) load8(x, vbase + j + u * kCeThreads, c[u]);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) online_add8(m, s, c[u]);
-    }
-    for (; j < vecs; j += kCeThreads) {
-      float c[8];
-      load8(x, vbase + j, c);
-      online_add8(m, s, c);
-    }
+    for_each_chunk8(x, r, v, [&](float (&c)[8], int64_t) { online_add8(m, s, c); });
   } else {
     const int64_t base = r * v;
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
@@ -67,27 +74,12 @@ template <bool Vec>
 __device__ __forceinline__ void ce_row_grad(const FOut& dx, const FIn& x, int64_t r, int64_t v, float l, float g,
                                             int64_t t) {
   if constexpr (Vec) {
-    const int64_t vecs = v / 8, vbase = r * vecs;
-    int64_t j = threadIdx.x;
-    for (; j + (kUnroll - 1) * kCeThreads < vecs; j += kUnroll * kCeThreads) {
-      float c[kUnroll][8];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) load8(x, vbase + j + u * kCeThreads, c[u]);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t col0 = (j + u * kCeThreads) * 8;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) c[u][e] = (__expf(c[u][e] - l) - (col0 + e == t ? 1.0f : 0.0f)) * g;
-        store8(dx, vbase + j + u * kCeThreads, c[u]);
-      }
-    }
-    for (; j < vecs; j += kCeThreads) {
-      float c[8];
-      load8(x, vbase + j, c);
+    const int64_t vbase = r * (v / 8);
+    for_each_chunk8(x, r, v, [&](float (&c)[8], int64_t j) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) c[e] = (__expf(c[e] - l) - (j * 8 + e == t ? 1.0f : 0.0f)) * g;
       store8(dx, vbase + j, c);
-    }
+    });
   } else {
     const int64_t base = r * v;
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
