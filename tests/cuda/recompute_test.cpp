@@ -1,0 +1,114 @@
+// Activation recompute on the GPU (Megatron's --recompute-granularity full uniform / block and selective)
+// vs no recompute: a bf16 GPT (packed qkv, cuDNN fused attention, cuBLASLt GEMMs) with hidden dropout
+// (Philox masks replayed from the saved keys), two microbatches forward, forward, backward, backward (a
+// recompute runs after the other microbatch's draws advanced the live streams). Under the deterministic
+// kernels (cuDNN's deterministic attention backward, GEMM autotuning off, ordered embedding backward) the
+// losses, every main grad and the RNG streams after the step are bitwise identical; recompute holds fewer
+// activation bytes and its recomputed layers keep nothing between forward and backward. The CPU version is
+// tests/transformer/recompute_test.cpp.
+#include <cstring>
+
+#include "cuda/cuda_test_util.h"
+#include "mcpp/kernels/gemm_autotune.h"
+#include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/pipeline_parallel/activation_memory.h"
+#include "models/gpt_test_util.h"
+
+namespace mcpp::cuda_test {
+namespace {
+
+struct RecomputeRun {
+  std::vector<double> losses;
+  std::vector<Tensor> grads;  // host fp32, registration order
+  nlohmann::json rng_state;
+  size_t context_bytes = 0;
+  std::vector<bool> layer_ctx_empty;
+};
+
+TransformerConfig recompute_gpu_config(const std::string& style, const std::string& granularity,
+                                       const std::string& method, int64_t n) {
+  TransformerConfig c = testing::tiny_config(style);
+  c.num_layers = 3;
+  c.hidden_size = 128;
+  c.kv_channels = 64;
+  c.num_attention_heads = 2;
+  c.num_query_groups = style == "gpt2" ? 2 : 1;
+  c.ffn_hidden_size = style == "gpt2" ? 512 : 256;
+  c.seq_length = 64;
+  c.max_position_embeddings = 64;
+  c.vocab_size = 500;
+  c.padded_vocab_size = 512;
+  c.hidden_dropout = 0.1f;
+  c.attention_dropout = 0.0f;  // the fused attention has no dropout
+  c.recompute_granularity = granularity;
+  c.recompute_method = method;
+  c.recompute_num_layers = n;
+  c.validate();
+  return c;
+}
+
+RecomputeRun run_gpu(const TransformerConfig& c, bool training = true) {
+  GPTModel model(c, 7, testing::single_tp(), Device::CUDA, {}, DType::BF16);
+  tensor_parallel::RngTracker rng(1234, 0, 0);
+  const ForwardOptions opt{.training = training, .rng = &rng};
+  RecomputeRun r;
+  std::vector<GPTModelCtx> ctx(2);
+  for (uint64_t m = 0; m < 2; ++m) {
+    const testing::Batch b = testing::fixed_batch(c.seq_length, 2, c.vocab_size, m);
+    r.losses.push_back(model.forward_loss(ctx[m], b.tokens, b.labels, b.loss_mask, opt).loss);
+    if (m == 0) {
+      r.context_bytes = pipeline_parallel::context_bytes(ctx[0]);
+      for (const auto& l : ctx[0].decoder.layers) r.layer_ctx_empty.push_back(!l.input_layernorm.x.defined());
+    }
+  }
+  for (size_t m = 0; m < 2; ++m) model.backward(ctx[m], 0.5f);
+  for (const auto& p : model.params().params()) r.grads.push_back(host(p->main_grad).clone());
+  r.rng_state = rng.state();
+  return r;
+}
+
+TEST(CudaRecompute, FullAndSelectiveEqualNoRecomputeBitwiseBf16) {
+  MCPP_REQUIRE_CUDA();
+  struct Deterministic {  // restores both switches
+    bool kernels = ops::cuda::deterministic_kernels(), tune = ops::cuda::gemm_autotune();
+    Deterministic() {
+      ops::cuda::set_deterministic_kernels(true);
+      ops::cuda::set_gemm_autotune(false);
+    }
+    ~Deterministic() {
+      ops::cuda::set_deterministic_kernels(kernels);
+      ops::cuda::set_gemm_autotune(tune);
+    }
+  } det;
+  for (const std::string style : {"gpt2", "llama"}) {
+    const RecomputeRun off = run_gpu(recompute_gpu_config(style, "", "", 0));
+    EXPECT_EQ(off.losses, run_gpu(recompute_gpu_config(style, "", "", 0)).losses) << style << ": repeatable";
+    EXPECT_NE(off.losses[0], run_gpu(recompute_gpu_config(style, "", "", 0), /*training=*/false).losses[0])
+        << style << ": dropout is on (else a wrong replayed mask could not show)";
+    struct Case {
+      std::string granularity, method;
+      int64_t n;
+      std::vector<bool> empty;  // which layer contexts are dropped after the forward
+    };
+    const std::vector<Case> cases = {{"full", "uniform", 1, {true, true, true}},
+                                     {"full", "uniform", 2, {true, true, true}},
+                                     {"full", "block", 1, {true, false, false}},
+                                     {"selective", "", 0, {false, false, false}}};
+    for (const Case& k : cases) {
+      const std::string what = style + " " + k.granularity + " " + k.method + " " + std::to_string(k.n);
+      SCOPED_TRACE(what);
+      const RecomputeRun on = run_gpu(recompute_gpu_config(style, k.granularity, k.method, k.n));
+      ASSERT_EQ(on.losses.size(), off.losses.size());
+      for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], off.losses[i]) << "loss " << i;
+      ASSERT_EQ(on.grads.size(), off.grads.size());
+      for (size_t i = 0; i < on.grads.size(); ++i)
+        EXPECT_EQ(0, std::memcmp(on.grads[i].raw(), off.grads[i].raw(), on.grads[i].nbytes())) << "grad " << i;
+      EXPECT_EQ(on.rng_state, off.rng_state) << "RNG streams after the step";
+      EXPECT_EQ(on.layer_ctx_empty, k.empty);
+      EXPECT_LT(on.context_bytes, off.context_bytes) << "recompute must hold fewer activation bytes";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mcpp::cuda_test
