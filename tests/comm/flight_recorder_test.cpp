@@ -40,6 +40,35 @@ TEST(FlightRecorder, RingKeepsTheNewestEntries) {
   EXPECT_THROW(FlightRecorder(0, 1, 0), Error);
 }
 
+// ensure_capacity grows the ring keeping every entry it holds (ids, states), never shrinks; later records
+// fill the larger ring before overwriting; marks on kept entries still land.
+TEST(FlightRecorder, GrowingTheRingKeepsItsEntries) {
+  FlightRecorder rec(0, 1, 3);
+  for (uint64_t s = 1; s <= 5; ++s) rec.record(entry(s));  // ids 0..4; the ring holds 2, 3, 4
+  rec.mark_done(3);
+  rec.ensure_capacity(2);  // smaller: no-op
+  EXPECT_EQ(rec.capacity(), 3u);
+  rec.ensure_capacity(8);
+  EXPECT_EQ(rec.capacity(), 8u);
+  auto e = rec.entries();
+  ASSERT_EQ(e.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(e[i].id, 2 + i);
+  EXPECT_EQ(e[1].state, EntryState::Done);
+  rec.mark_done(4);
+  for (uint64_t s = 6; s <= 10; ++s) rec.record(entry(s));  // ids 5..9: 8 kept (2..9), nothing lost yet
+  e = rec.entries();
+  ASSERT_EQ(e.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(e[i].id, 2 + i) << "oldest first";
+  EXPECT_EQ(e[2].state, EntryState::Done);
+  rec.record(entry(11));  // id 10 overwrites id 2
+  e = rec.entries();
+  ASSERT_EQ(e.size(), 8u);
+  EXPECT_EQ(e.front().id, 3u);
+  EXPECT_EQ(e.back().id, 10u);
+  rec.mark_done(2);  // overwritten: ignored
+  EXPECT_EQ(rec.entries().front().state, EntryState::Done);  // id 3, marked before the growth
+}
+
 TEST(FlightRecorder, StatesAndTimestamps) {
   FlightRecorder rec(0, 2);
   uint64_t a = rec.record(entry(1)), b = rec.record(entry(2)), c = rec.record(entry(3));

@@ -133,11 +133,12 @@ TEST(Timeline, CollectivesOfAStepAreItsOwn) {
   EXPECT_LE(union_us, sum + 1e-9);
 }
 
-// A step whose calls outnumber the flight recorder's ring: the overwritten ones are counted, not invented.
+// A step whose calls outnumber the (grown) flight-recorder ring: the overwritten ones are counted, not invented.
 TEST(Timeline, CollectivesOverwrittenInTheRingAreCounted) {
-  comm::CommPtr world = comm::make_local_world(/*recorder_capacity=*/4);
-  TimelineRecorder rec(0, 0);
+  comm::CommPtr world = comm::make_local_world(/*recorder_capacity=*/2);
+  TimelineRecorder rec(0, 0, /*device_time=*/false, /*comm_ring=*/4);
   rec.start(*world);
+  EXPECT_EQ(world->recorder()->capacity(), 4u) << "start() grows the ring";
   Tensor t = Tensor::zeros({2});
   rec.begin_step();
   for (int i = 0; i < 10; ++i) world->all_reduce(t, comm::ReduceOp::Sum).wait();

@@ -32,7 +32,16 @@ int64_t wall_now_us() {
 FlightRecorder::FlightRecorder(int rank, int world_size, size_t capacity)
     : rank_(rank), world_size_(world_size), capacity_(capacity) {
   if (capacity == 0) fail("FlightRecorder: capacity must be >= 1 (got 0)");
-  ring_.reserve(capacity);
+  ring_.resize(capacity);
+}
+
+void FlightRecorder::ensure_capacity(size_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capacity <= capacity_) return;
+  std::vector<RecordEntry> grown(capacity);
+  for (uint64_t id = first_kept_; id < next_id_; ++id) grown[id % capacity] = std::move(ring_[id % capacity_]);
+  ring_ = std::move(grown);
+  capacity_ = capacity;
 }
 
 uint64_t FlightRecorder::record(RecordEntry e) {
@@ -42,11 +51,8 @@ uint64_t FlightRecorder::record(RecordEntry e) {
   e.start_steady_ns = steady_now_ns();
   e.start_wall_us = wall_now_us();
   e.end_steady_ns = e.end_wall_us = 0;
-  if (ring_.size() < capacity_) {
-    ring_.push_back(std::move(e));
-  } else {
-    ring_[e.id % capacity_] = std::move(e);
-  }
+  ring_[e.id % capacity_] = std::move(e);
+  if (next_id_ - first_kept_ > capacity_) first_kept_ = next_id_ - capacity_;  // the oldest was overwritten
   return next_id_ - 1;
 }
 
@@ -66,9 +72,8 @@ void FlightRecorder::set_device_marks(uint64_t id, int64_t start, int64_t end) {
 }
 
 RecordEntry* FlightRecorder::find_locked(uint64_t id) {
-  if (id >= next_id_ || next_id_ - id > ring_.size()) return nullptr;  // overwritten or never recorded
-  RecordEntry& e = ring_[id % capacity_];
-  return e.id == id ? &e : nullptr;
+  if (id < first_kept_ || id >= next_id_) return nullptr;  // overwritten or never recorded
+  return &ring_[id % capacity_];
 }
 
 void FlightRecorder::mark_started(uint64_t id) {
@@ -97,9 +102,8 @@ void FlightRecorder::mark_failed(uint64_t id) {
 std::vector<RecordEntry> FlightRecorder::entries() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<RecordEntry> out;
-  out.reserve(ring_.size());
-  uint64_t first = next_id_ - ring_.size();
-  for (uint64_t id = first; id < next_id_; ++id) out.push_back(ring_[id % capacity_]);
+  out.reserve(static_cast<size_t>(next_id_ - first_kept_));
+  for (uint64_t id = first_kept_; id < next_id_; ++id) out.push_back(ring_[id % capacity_]);
   return out;
 }
 
@@ -109,6 +113,11 @@ std::vector<RecordEntry> FlightRecorder::pending() const {
     if (e.state == EntryState::Queued || e.state == EntryState::Started) out.push_back(std::move(e));
   }
   return out;
+}
+
+size_t FlightRecorder::capacity() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capacity_;
 }
 
 uint64_t FlightRecorder::total_recorded() const {
@@ -139,7 +148,7 @@ nlohmann::json FlightRecorder::dump_json(const std::string& reason) const {
   nlohmann::json j{{"version", 1},
                    {"rank", rank_},
                    {"world_size", world_size_},
-                   {"capacity", capacity_},
+                   {"capacity", capacity()},
                    {"total_recorded", total_recorded()},
                    {"reason", reason},
                    {"dump_wall_time_us", wall_now_us()}};

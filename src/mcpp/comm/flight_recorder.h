@@ -7,6 +7,8 @@
 //     (Work::wait, or Work::test returning true). A call that throws before it is posted (bad arguments,
 //     a --check-collectives mismatch) is marked "failed", so the watchdog never waits on it.
 //   - The ring keeps the newest `capacity` entries (default 2048); older ones are overwritten.
+//     ensure_capacity(n) grows it (never shrinks), keeping every entry it holds (the pipeline timeline
+//     grows it so that a training step's calls are all still there when the step ends).
 //   - Thread safety: every method takes the recorder's mutex; the watchdog thread reads (pending(),
 //     dump_json()) while the training thread records.
 //   - Device timing (the pipeline timeline on CUDA, training/timeline.h): while a DeviceClock is attached
@@ -82,6 +84,7 @@ class FlightRecorder {
   // rank / world_size: the owner's global coordinates, written into dumps. capacity >= 1.
   FlightRecorder(int rank, int world_size, size_t capacity = kDefaultCapacity);
 
+  void ensure_capacity(size_t capacity);
   // Stores `e` (its id, state and timestamps are assigned here) and returns its id.
   uint64_t record(RecordEntry e);
   void mark_started(uint64_t id);
@@ -97,7 +100,7 @@ class FlightRecorder {
   // All retained entries, oldest first.
   std::vector<RecordEntry> entries() const;
   uint64_t total_recorded() const;
-  size_t capacity() const { return capacity_; }
+  size_t capacity() const;
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
 
@@ -112,8 +115,9 @@ class FlightRecorder {
   int rank_, world_size_;
   size_t capacity_;
   mutable std::mutex mu_;
-  std::vector<RecordEntry> ring_;
+  std::vector<RecordEntry> ring_;  // capacity_ slots; entry id at ring_[id % capacity_]
   uint64_t next_id_ = 0;
+  uint64_t first_kept_ = 0;  // the oldest id still in the ring
   DeviceClock* device_clock_ = nullptr;
 };
 

@@ -29,7 +29,8 @@ Tensor to_tensor(const std::string& s, int64_t n) {
 
 }  // namespace
 
-TimelineRecorder::TimelineRecorder(int rank, int stage, bool device_time) : rank_(rank), stage_(stage) {
+TimelineRecorder::TimelineRecorder(int rank, int stage, bool device_time, size_t comm_ring)
+    : rank_(rank), stage_(stage), comm_ring_(comm_ring) {
   if (device_time) clock_ = std::make_unique<DeviceClock>();
 }
 
@@ -43,6 +44,7 @@ void TimelineRecorder::start(comm::Communicator& world) {
   origin_ = std::chrono::steady_clock::now();
   if (clock_) origin_mark_ = clock_->mark();
   recorder_ = world.recorder_ptr();
+  if (recorder_) recorder_->ensure_capacity(comm_ring_);
   if (clock_ && recorder_) recorder_->set_device_clock(clock_.get());
 }
 

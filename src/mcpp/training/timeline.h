@@ -30,9 +30,9 @@
 // communicator makes around the call while the recorder is attached: what ran there, overlapping the
 // compute row); ops without device marks (the host-tensor MPI calls) are left out. On CPU ranks it is host
 // time from the call to the wait that completed it (calls not completed by end_step are left out). Calls
-// outside a step (evaluation, checkpointing) are
-// not recorded; entries the flight recorder's ring overwrote within one step are counted in
-// comm_dropped(). The trace summary keeps collectives out of the bubble (tools/trace_summary.h).
+// outside a step (evaluation, checkpointing) are not recorded. start() grows the rank's flight-recorder ring
+// to kCommRing entries; a step with more calls than that loses its oldest, counted in comm_dropped(). The
+// trace summary keeps collectives out of the bubble (tools/trace_summary.h).
 // The bubble report: per pipeline stage the measured bubble (trace_summary's, averaged over the stage's
 // ranks; the first step left out as warm-up when there are more) next to the theoretical (pp-1)/(V*M+pp-1).
 #pragma once
@@ -53,8 +53,10 @@ namespace mcpp::timeline {
 
 class TimelineRecorder {
  public:
-  // device_time: intervals from a DeviceClock (needs CUDA) instead of the host clock.
-  TimelineRecorder(int rank, int stage, bool device_time = false);
+  // device_time: intervals from a DeviceClock (needs CUDA) instead of the host clock. comm_ring: the
+  // flight-recorder capacity start() ensures, so that a step's calls outlive the step (~250 bytes each).
+  static constexpr size_t kCommRing = size_t{1} << 16;
+  TimelineRecorder(int rank, int stage, bool device_time = false, size_t comm_ring = kCommRing);
   ~TimelineRecorder();
   // Collective on world: (device time: drain the device,) barrier, then the origin is now; attaches the
   // device clock to world's flight recorder (device time; detached by the destructor).
@@ -78,6 +80,7 @@ class TimelineRecorder {
                     std::vector<std::pair<double, double>>* comm_out) const;
 
   int rank_, stage_;
+  size_t comm_ring_;
   std::unique_ptr<DeviceClock> clock_;
   int64_t origin_mark_ = -1;
   // Device time read so far: (ts, dur) of timings_[0, resolved_.size()); the last read step's anchor.
