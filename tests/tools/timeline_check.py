@@ -85,7 +85,8 @@ if not failures:
     p = run([MCPP, "trace", "summarize", trace_path])
     if p.returncode != 0 or "slowest stage:" not in p.stdout or "theoretical bubble: 0.2000" not in p.stdout or \
             "intervals: host time" not in p.stdout or "coll_overlap" not in p.stdout or \
-            len([l for l in p.stdout.splitlines() if l.split()[:1] in (["0"], ["1"])]) != 2:
+            "batch_p2p pp" not in p.stdout.split("collectives per step:")[-1] or \
+            len([l for l in p.stdout.split("slowest stage:")[0].splitlines() if l.split()[:1] in (["0"], ["1"])]) != 2:
         failures.append(f"summarize: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
 
     p = run([MCPP, "trace", "summarize", trace_path, "--skip-steps", "1"])

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
 
 #include "mcpp/core/error.h"
 
@@ -110,8 +111,26 @@ TEST(TraceSummary, CollectivesAreMeasuredApartFromTheBubble) {
   EXPECT_EQ(a.bubble, b.bubble);
   EXPECT_EQ(a.p2p_us, 0.0);
   EXPECT_EQ(b.collective_us, 0.0);
+  ASSERT_EQ(a.calls.size(), 1u);  // ev() names an event after its cat
+  EXPECT_EQ(a.calls[0].count, 3);
+  EXPECT_EQ(a.calls[0].us, a.collective_us);
+  EXPECT_EQ(a.calls[0].overlap_us, 30.0);
+  EXPECT_TRUE(b.calls.empty());
   const std::string table = format_summary(with);
   EXPECT_NE(table.find("coll_overlap"), std::string::npos) << table;
+  // per step (2 steps): 1.5 calls, 0.030 ms, 0.015 ms overlapped
+  EXPECT_NE(table.find("collectives per step:"), std::string::npos) << table;
+  const size_t row = table.find("\n    0 collective ");
+  ASSERT_NE(row, std::string::npos) << table;
+  std::istringstream fields(table.substr(row + 1, table.find('\n', row + 1) - row - 1));
+  std::string rank, name;
+  double calls = 0, ms = 0, overlap_ms = 0;
+  fields >> rank >> name >> calls >> ms >> overlap_ms;
+  EXPECT_EQ(name, "collective");
+  EXPECT_DOUBLE_EQ(calls, 1.5);
+  EXPECT_DOUBLE_EQ(ms, 0.030);
+  EXPECT_DOUBLE_EQ(overlap_ms, 0.015);
+  EXPECT_EQ(format_summary(without).find("collectives per step"), std::string::npos);
   EXPECT_NE(table.find("0.060        0.030\n"), std::string::npos) << table;  // coll_ms, coll_overlap (ms)
 }
 

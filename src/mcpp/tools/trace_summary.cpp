@@ -146,11 +146,19 @@ TraceSummary summarize(const Trace& trace, int64_t skip_steps) {
     r.idle_us = span - total_length(interval_union(all));
     r.bubble = span > 0 ? 1.0 - r.busy_us / span : 0.0;
     std::vector<Span> coll;
-    for (const TraceEvent* e : collectives)
-      if (e->pid == pid) coll.push_back({e->ts, e->ts + e->dur});
+    std::map<std::string, std::vector<Span>> by_name;
+    for (const TraceEvent* e : collectives) {
+      if (e->pid != pid) continue;
+      coll.push_back({e->ts, e->ts + e->dur});
+      by_name[e->name].push_back(coll.back());
+    }
     const auto co = interval_union(coll);
     r.collective_us = total_length(co);
     r.collective_overlap_us = intersection_length(cu, co);
+    for (auto& [name, spans] : by_name) {
+      const auto u = interval_union(spans);
+      r.calls.push_back({name, static_cast<int64_t>(spans.size()), total_length(u), intersection_length(cu, u)});
+    }
     s.ranks.push_back(r);
   }
   double most = -1;
@@ -178,6 +186,17 @@ std::string format_summary(const TraceSummary& s) {
     out += fmt::format("slowest stage: {} (rank {}, busy {:.3f} ms)\n", r.stage, r.pid, r.busy_us / 1e3);
   }
   if (s.theoretical >= 0) out += fmt::format("theoretical bubble: {:.4f}\n", s.theoretical);
+  const double steps = static_cast<double>(std::max<int64_t>(s.steps, 1));
+  bool header = false;
+  for (const auto& r : s.ranks)
+    for (const CallStats& c : r.calls) {
+      if (!header)
+        out += fmt::format("collectives per step:\n{:>5} {:<24} {:>8} {:>10} {:>12}\n", "rank", "call", "calls", "ms",
+                           "overlap_ms");
+      header = true;
+      out += fmt::format("{:>5} {:<24} {:>8.1f} {:>10.3f} {:>12.3f}\n", r.pid, c.name, c.count / steps,
+                         c.us / steps / 1e3, c.overlap_us / steps / 1e3);
+    }
   out += fmt::format("intervals: {} time; {} step(s) summarized", s.clock, s.steps);
   out += s.skipped_steps > 0 ? fmt::format(" (the first {} skipped as warm-up)\n", s.skipped_steps) : "\n";
   return out;

@@ -8,7 +8,11 @@
 //   overlap                    |union(compute) ∩ union(p2p)| — computed by sort + sweep, never by summing
 //   collective / coll_overlap  |union(collective)| and |union(compute) ∩ union(collective)| (the
 //                              timeline's tid-2 row: TP / DDP / optimizer collectives on the comm stream);
-//                              collectives are not part of span, idle or bubble (those stay the schedule's)
+//                              collectives are not part of span, idle or bubble (those stay the schedule's);
+//                              per call name too (CallStats; the table prints them per step). A compute row
+//                              is a whole forward / backward action, so a collective the compute stream
+//                              waits for inside it (TP) counts as overlapped: coll_overlap is an upper bound
+//                              there, exact for calls between actions (DDP buckets, optimizer, P2P).
 // and the slowest stage (the most busy time). Theoretical bubble (pp-1)/(V*M+pp-1) when the trace's
 // otherData carries pipeline_model_parallel_size / num_microbatches / virtual_pipeline_model_parallel_size.
 //
@@ -58,11 +62,20 @@ struct Trace {
 Trace parse_trace(const nlohmann::json& j, const std::string& source);  // source names the file in errors
 Trace read_trace(const std::string& path);
 
+// One collective call name of a rank ("all_reduce dp_cp", "batch_p2p pp", ...): how many, the union of
+// their intervals and its overlap with the rank's compute rows (totals over the summarized steps).
+struct CallStats {
+  std::string name;
+  int64_t count = 0;
+  double us = 0, overlap_us = 0;
+};
+
 struct RankStats {
   int64_t pid = 0, stage = 0;
   double forward_us = 0, backward_us = 0, p2p_us = 0, idle_us = 0, busy_us = 0, span_us = 0, overlap_us = 0;
   double collective_us = 0, collective_overlap_us = 0;
   double bubble = 0;
+  std::vector<CallStats> calls;  // by name
 };
 
 struct TraceSummary {
