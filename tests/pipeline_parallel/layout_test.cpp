@@ -85,6 +85,75 @@ TEST(PipelineLayout, FirstLastUneven) {
                {"need pipeline_model_parallel_size > 1"});
 }
 
+// Megatron-Core's get_num_layers_to_build with account_for_embedding/loss_in_pipeline_split: L (+1) (+1)
+// slots split evenly over pp * V stages, the first (last) stage building one decoder layer fewer.
+TEST(PipelineLayout, EmbeddingAndLossCountAsLayers) {
+  LayoutOptions o{.num_layers = 8, .pipeline_model_parallel_size = 3, .account_for_embedding_in_pipeline_split = true};
+  PipelineLayout l = make_pipeline_layout(o);
+  expect_stage(l, 0, 0, range(0, 2), true, false);  // 9 slots / 3: E + 2 layers, 3, 3
+  expect_stage(l, 1, 0, range(2, 5), false, false);
+  expect_stage(l, 2, 0, range(5, 8), false, true);
+  o = {.num_layers = 8, .pipeline_model_parallel_size = 3, .account_for_loss_in_pipeline_split = true};
+  l = make_pipeline_layout(o);
+  expect_stage(l, 0, 0, range(0, 3), true, false);
+  expect_stage(l, 1, 0, range(3, 6), false, false);
+  expect_stage(l, 2, 0, range(6, 8), false, true);
+  o = {.num_layers = 6,
+       .pipeline_model_parallel_size = 4,
+       .account_for_embedding_in_pipeline_split = true,
+       .account_for_loss_in_pipeline_split = true};
+  l = make_pipeline_layout(o);  // 8 slots / 4: 1, 2, 2, 1
+  expect_stage(l, 0, 0, {0}, true, false);
+  expect_stage(l, 1, 0, range(1, 3), false, false);
+  expect_stage(l, 2, 0, range(3, 5), false, false);
+  expect_stage(l, 3, 0, {5}, false, true);
+  // virtual stages (model order vp-major): 16 slots / (2 x 2) = 4 per stage, less one on the first and last
+  for (const LayoutOptions& v : {LayoutOptions{.num_layers = 14,
+                                               .pipeline_model_parallel_size = 2,
+                                               .num_virtual_stages_per_pipeline_rank = 2,
+                                               .account_for_embedding_in_pipeline_split = true,
+                                               .account_for_loss_in_pipeline_split = true},
+                                 LayoutOptions{.num_layers = 14,
+                                               .pipeline_model_parallel_size = 2,
+                                               .num_layers_per_virtual_pipeline_stage = 4,
+                                               .account_for_embedding_in_pipeline_split = true,
+                                               .account_for_loss_in_pipeline_split = true}}) {
+    l = make_pipeline_layout(v);
+    ASSERT_EQ(l.virtual_pipeline_model_parallel_size, 2);
+    expect_stage(l, 0, 0, range(0, 3), true, false);
+    expect_stage(l, 1, 0, range(3, 7), false, false);
+    expect_stage(l, 0, 1, range(7, 11), false, false);
+    expect_stage(l, 1, 1, range(11, 14), false, true);
+  }
+  // 1 slot per stage: the first stage holds the embedding alone (Megatron allows zero layers there)
+  l = make_pipeline_layout({.num_layers = 3, .pipeline_model_parallel_size = 4,
+                            .account_for_embedding_in_pipeline_split = true});
+  expect_stage(l, 0, 0, {}, true, false);
+  expect_stage(l, 3, 0, {2}, false, true);
+
+  expect_error({.num_layers = 7,
+                .pipeline_model_parallel_size = 2,
+                .account_for_embedding_in_pipeline_split = true,
+                .account_for_loss_in_pipeline_split = true},
+               {"num_layers=7 + the embedding + the loss = 9 layer slots", "pipeline_model_parallel_size=2"});
+  expect_error({.num_layers = 8,
+                .pipeline_model_parallel_size = 3,
+                .decoder_first_pipeline_num_layers = 2,
+                .account_for_embedding_in_pipeline_split = true},
+               {"cannot be combined with decoder_first_pipeline_num_layers"});
+  expect_error({.num_layers = 8,
+                .pipeline_model_parallel_size = 2,
+                .account_for_loss_in_pipeline_split = true,
+                .pipeline_model_parallel_layout = "E,t*4|t*4,L"},
+               {"drop account_for_embedding_in_pipeline_split"});
+  expect_error({.num_layers = 10,
+                .pipeline_model_parallel_size = 2,
+                .num_layers_per_virtual_pipeline_stage = 4,
+                .account_for_embedding_in_pipeline_split = true,
+                .account_for_loss_in_pipeline_split = true},
+               {"6 layer slots per pipeline stage", "num_layers_per_virtual_pipeline_stage=4"});
+}
+
 TEST(PipelineLayout, VirtualStages) {
   // Megatron: offset = vp * (L / V) + rank * (L / pp) / V.
   PipelineLayout l =
@@ -170,6 +239,11 @@ TEST(PipelineLayout, FromConfig) {
   par.pipeline_model_parallel_layout = "E|t*3|t*3|t*2,L";
   par.pipeline_model_parallel_size = 4;
   EXPECT_EQ(make_pipeline_layout(layout_options(model, par)).at(3, 0).layers, (Layers{6, 7}));
+  par.pipeline_model_parallel_layout.clear();
+  par.pipeline_model_parallel_size = 3;
+  par.account_for_loss_in_pipeline_split = true;
+  EXPECT_TRUE(par.custom_pipeline_layout()) << "8 layers over 3 stages: the layout checks the counts";
+  EXPECT_EQ(make_pipeline_layout(layout_options(model, par)).at(2, 0).layers, (Layers{6, 7}));
 }
 
 std::string oracle_parse(const std::string& layout) {

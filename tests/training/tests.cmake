@@ -16,7 +16,7 @@ add_test(NAME training.op_profile
                  ${CMAKE_CURRENT_BINARY_DIR}/op_profile_check)
 # training.pipeline_cli: distributed optimizer with virtual stages (PP4 x V2 x DP2, 8 ranks) and
 # --calculate-per-token-loss (PP2 x DP2) equal 1 rank; recompute with dropout bit-identical at PP2; the
-# per-stage activation-memory record; --variable-seq-lengths.
+# per-stage activation-memory record; --variable-seq-lengths; --account-for-embedding/loss-in-pipeline-split.
 add_test(NAME training.pipeline_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/pipeline_train_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/pipeline_train_check)

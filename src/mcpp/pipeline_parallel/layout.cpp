@@ -169,6 +169,10 @@ PipelineLayout from_layout_string(const LayoutOptions& opt, int64_t requested_v)
     fail("pipeline_model_parallel_layout cannot be combined with decoder_first_pipeline_num_layers / "
          "decoder_last_pipeline_num_layers");
   }
+  if (opt.account_for_embedding_in_pipeline_split || opt.account_for_loss_in_pipeline_split) {
+    fail("pipeline_model_parallel_layout places the embedding and the loss itself ('E', 'L'): drop "
+         "account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split");
+  }
   // Model order: stage k = (vp k / pp, rank k % pp).
   std::vector<LayoutItem> flat;
   for (const auto& st : parsed) flat.insert(flat.end(), st.begin(), st.end());
@@ -254,6 +258,45 @@ std::vector<int64_t> layers_per_rank(const LayoutOptions& opt) {
   return counts;
 }
 
+// Layers per (rank, virtual stage) [pp][V] when the embedding and/or the loss count as layers (rule 3).
+std::vector<std::vector<int64_t>> accounted_counts(const LayoutOptions& opt, int64_t* v_out) {
+  const int64_t pp = opt.pipeline_model_parallel_size, L = opt.num_layers;
+  const int64_t e = opt.account_for_embedding_in_pipeline_split ? 1 : 0;
+  const int64_t l = opt.account_for_loss_in_pipeline_split ? 1 : 0;
+  const std::string what = fmt::format("num_layers={}{}{} = {} layer slots", L, e ? " + the embedding" : "",
+                                       l ? " + the loss" : "", L + e + l);
+  if (opt.decoder_first_pipeline_num_layers >= 0 || opt.decoder_last_pipeline_num_layers >= 0) {
+    fail("account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split cannot be combined with "
+         "decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers");
+  }
+  if ((L + e + l) % pp != 0)
+    fail("{} (account_for_*_in_pipeline_split) are not divisible by pipeline_model_parallel_size={}", what, pp);
+  int64_t V = opt.num_virtual_stages_per_pipeline_rank > 0 ? opt.num_virtual_stages_per_pipeline_rank : 1;
+  if (opt.num_layers_per_virtual_pipeline_stage > 0) {
+    const int64_t per_rank = (L + e + l) / pp;
+    if (per_rank % opt.num_layers_per_virtual_pipeline_stage != 0) {
+      fail("the {} layer slots per pipeline stage ({}) are not divisible by num_layers_per_virtual_pipeline_stage={}",
+           per_rank, what, opt.num_layers_per_virtual_pipeline_stage);
+    }
+    V = per_rank / opt.num_layers_per_virtual_pipeline_stage;
+  }
+  if (V > 1 && pp == 1) fail("virtual pipeline stages ({}) need pipeline_model_parallel_size > 1", V);
+  if ((L + e + l) % (pp * V) != 0) {
+    fail("{} (account_for_*_in_pipeline_split) are not divisible by pipeline_model_parallel_size={} x {} virtual "
+         "stages",
+         what, pp, V);
+  }
+  const int64_t per_stage = (L + e + l) / (pp * V);
+  if (per_stage - e < 0 || per_stage - l < 0 || (pp * V == 1 && per_stage - e - l < 0))
+    fail("{} leave a pipeline stage fewer than zero decoder layers (pipeline_model_parallel_size={})", what, pp);
+  std::vector<std::vector<int64_t>> counts(static_cast<size_t>(pp),
+                                           std::vector<int64_t>(static_cast<size_t>(V), per_stage));
+  counts.front().front() -= e;
+  counts.back().back() -= l;
+  *v_out = V;
+  return counts;
+}
+
 }  // namespace
 
 PipelineLayout make_pipeline_layout(const LayoutOptions& opt) {
@@ -275,6 +318,22 @@ PipelineLayout make_pipeline_layout(const LayoutOptions& opt) {
       fail("pipeline_model_parallel_layout sets the virtual stages itself; drop num_layers_per_virtual_pipeline_stage");
     }
     return from_layout_string(opt, v);
+  }
+  if (opt.account_for_embedding_in_pipeline_split || opt.account_for_loss_in_pipeline_split) {
+    int64_t V = 1;
+    const std::vector<std::vector<int64_t>> counts = accounted_counts(opt, &V);
+    PipelineLayout out;
+    out.pipeline_model_parallel_size = pp;
+    out.virtual_pipeline_model_parallel_size = V;
+    out.stages.assign(static_cast<size_t>(pp), std::vector<StageLayers>(static_cast<size_t>(V)));
+    int64_t layer = 0;
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t r = 0; r < pp; ++r)
+        for (int64_t i = 0; i < counts[static_cast<size_t>(r)][static_cast<size_t>(v)]; ++i)
+          out.stages[static_cast<size_t>(r)][static_cast<size_t>(v)].layers.push_back(layer++);
+    out.stages.front().front().pre_process = true;
+    out.stages.back().back().post_process = true;
+    return out;
   }
   const std::vector<int64_t> counts = layers_per_rank(opt);
   int64_t V = 1;
@@ -326,6 +385,8 @@ LayoutOptions layout_options(const TransformerConfig& model, const ParallelConfi
   o.pipeline_model_parallel_layout = parallel.pipeline_model_parallel_layout;
   o.decoder_first_pipeline_num_layers = parallel.decoder_first_pipeline_num_layers;
   o.decoder_last_pipeline_num_layers = parallel.decoder_last_pipeline_num_layers;
+  o.account_for_embedding_in_pipeline_split = parallel.account_for_embedding_in_pipeline_split;
+  o.account_for_loss_in_pipeline_split = parallel.account_for_loss_in_pipeline_split;
   return o;
 }
 

@@ -15,7 +15,12 @@
 //        Example "E|t*3|t*3|t*2,L" at pp=4: rank 0 {E}, rank 1 {0,1,2}, rank 2 {3,4,5}, rank 3 {6,7,L}.
 //   2. decoder_first/last_pipeline_num_layers (--decoder-first-pipeline-num-layers / -last-): the first
 //      (last) rank holds that many layers, the rest are split evenly over the other ranks.
-//   3. even split: num_layers / pp per rank.
+//   3. account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
+//      (--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split, Megatron-Core's
+//      get_num_layers_to_build): the embedding (the loss) counts as one more layer; the num_layers + 1 (+ 1)
+//      slots split evenly over pp * V stages, and the first stage (the last) builds one decoder layer
+//      fewer. Not with 2. Example: 8 layers, pp = 3, the embedding counted: ranks build 2, 3, 3.
+//   4. even split: num_layers / pp per rank.
 // With V > 1 (num_layers_per_virtual_pipeline_stage or num_virtual_stages_per_pipeline_rank) each rank's
 // count is split evenly over its V chunks. Every count that does not divide is an mcpp::Error naming the
 // flag; a malformed layout string names the position (0-based, in the string as given) and the problem.
@@ -39,6 +44,8 @@ struct LayoutOptions {
   int64_t num_virtual_stages_per_pipeline_rank = 0;   // 0 = unset (alternative to the above)
   int64_t decoder_first_pipeline_num_layers = -1;     // -1 = unset
   int64_t decoder_last_pipeline_num_layers = -1;      // -1 = unset
+  bool account_for_embedding_in_pipeline_split = false;
+  bool account_for_loss_in_pipeline_split = false;
   std::string pipeline_model_parallel_layout{};       // "" = unset
 };
 

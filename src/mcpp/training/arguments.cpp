@@ -128,6 +128,10 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--pipeline-model-parallel-layout", p.pipeline_model_parallel_layout);
   app.add_option("--decoder-first-pipeline-num-layers", p.decoder_first_pipeline_num_layers);
   app.add_option("--decoder-last-pipeline-num-layers", p.decoder_last_pipeline_num_layers);
+  app.add_flag("--account-for-embedding-in-pipeline-split", p.account_for_embedding_in_pipeline_split,
+               "count the embedding as a layer when splitting layers over pipeline stages");
+  app.add_flag("--account-for-loss-in-pipeline-split", p.account_for_loss_in_pipeline_split,
+               "count the loss (output layer) as a layer when splitting layers over pipeline stages");
   app.add_flag("--variable-seq-lengths", p.variable_seq_lengths, "exchange activation shapes between stages");
   app.add_option("--ddp-bucket-size", p.ddp_bucket_size, "elements per gradient bucket");
   app.add_flag("--overlap-grad-reduce", p.overlap_grad_reduce);

@@ -61,6 +61,7 @@ Config target_config(const nlohmann::json& meta, const ConvertOptions& opt, cons
   par.context_parallel_size = 1;
   par.pipeline_model_parallel_layout.clear();
   par.decoder_first_pipeline_num_layers = par.decoder_last_pipeline_num_layers = -1;
+  par.account_for_embedding_in_pipeline_split = par.account_for_loss_in_pipeline_split = false;
   par.use_distributed_optimizer = false;
   if (opt.tp == 1) par.sequence_parallel = false;
   if (opt.vp > 1) {

@@ -388,6 +388,8 @@ template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("pipeline_model_parallel_layout", p.pipeline_model_parallel_layout);
   v("decoder_first_pipeline_num_layers", p.decoder_first_pipeline_num_layers);
   v("decoder_last_pipeline_num_layers", p.decoder_last_pipeline_num_layers);
+  v("account_for_embedding_in_pipeline_split", p.account_for_embedding_in_pipeline_split);
+  v("account_for_loss_in_pipeline_split", p.account_for_loss_in_pipeline_split);
   v("variable_seq_lengths", p.variable_seq_lengths);
   v("ddp_bucket_size", p.ddp_bucket_size);
   v("overlap_grad_reduce", p.overlap_grad_reduce);

@@ -106,13 +106,18 @@ struct ParallelConfig {
   std::string pipeline_model_parallel_layout;  // --pipeline-model-parallel-layout, e.g. "E|t*3|t*3|t*2,L"
   int64_t decoder_first_pipeline_num_layers = -1;  // -1 = unset: uneven split (pipeline_parallel/layout.h)
   int64_t decoder_last_pipeline_num_layers = -1;
+  // Megatron-Core's account_for_embedding/loss_in_pipeline_split: the embedding / the loss counts as one
+  // layer when the layers are split over the pipeline stages (pipeline_parallel/layout.h).
+  bool account_for_embedding_in_pipeline_split = false;
+  bool account_for_loss_in_pipeline_split = false;
   // --variable-seq-lengths: microbatches may differ in sequence length; pipeline stages exchange the
   // activation shape before each P2P transfer (Megatron's ModelParallelConfig.variable_seq_lengths).
   bool variable_seq_lengths = false;
   // Whether a custom layer placement is given (then pipeline_parallel/layout.h checks the counts).
   bool custom_pipeline_layout() const {
     return !pipeline_model_parallel_layout.empty() || decoder_first_pipeline_num_layers >= 0 ||
-           decoder_last_pipeline_num_layers >= 0;
+           decoder_last_pipeline_num_layers >= 0 || account_for_embedding_in_pipeline_split ||
+           account_for_loss_in_pipeline_split;
   }
   // Data parallel (distributed/data_parallel.h): bucket size in elements (Megatron's --ddp-bucket-size;
   // 0 -> max(40M, 1M * dp)), overlap of the grad reduction with backward, of the param all-gather with

@@ -13,7 +13,9 @@ usage: pipeline_train_check.py MCPP WORKDIR
   5. --variable-seq-lengths at PP2 (shape exchange before every transfer): bit-identical losses;
   6. distributed optimizer + PP2 x DP2 + tied embeddings: a resume from iteration 2 reproduces the
      straight run's losses and grad norms bit for bit (the shared embedding has its own DDP bucket, so both
-     stages shard it identically over DP; before that fix the last stage's copy drifted from the owner).
+     stages shard it identically over DP; before that fix the last stage's copy drifted from the owner);
+  7. --account-for-embedding/loss-in-pipeline-split: 8 layers over PP3 (2|3|3, 3|3|2) equal 1 rank; 10 slots
+     over 3 stages is an error naming them.
 """
 import json
 import os
@@ -129,6 +131,23 @@ norms = lambda d: {r["iteration"]: (r["lm_loss"], r["grad_norm"]) for r in recor
 a, b = norms(straight), norms(resumed)
 if sorted(b) != [3, 4] or any(a.get(i) != b[i] for i in b):
     failures.append(f"distopt + PP2 x DP2 tied resume not bit-exact: straight {a} vs resumed {b}")
+
+# 7. Megatron-Core's account-for flags: 8 layers over PP3 (not divisible without them): counting the
+# embedding builds 2 | 3 | 3 layers, counting the loss 3 | 3 | 2; both equal 1 rank, and stage 0 holds fewer
+# activation bytes when it builds fewer layers.
+acc = {}
+for flag in ("embedding", "loss"):
+    d = train(f"pp3_{flag}", ["--pipeline-model-parallel-size", "3", f"--account-for-{flag}-in-pipeline-split"], np=3)
+    acc[flag] = memory(d)
+    if not same(one, losses(d), 1e-5):
+        failures.append(f"PP3 --account-for-{flag}-in-pipeline-split differs from 1 rank: {losses(d)} vs {one}")
+if sorted(acc["embedding"]) != [0, 1, 2] or sorted(acc["loss"]) != [0, 1, 2] or \
+        not acc["embedding"][0]["context_bytes"] < acc["loss"][0]["context_bytes"]:
+    failures.append(f"account-for stage 0 context bytes: embedding {acc['embedding'].get(0)} loss {acc['loss'].get(0)}")
+r = run([MCPP, "train", *M, "--pipeline-model-parallel-size", "3", "--account-for-embedding-in-pipeline-split",
+         "--account-for-loss-in-pipeline-split"], np_=3, expect=None)
+if r.returncode == 0 or "10 layer slots" not in r.stderr:
+    failures.append(f"8 layers + embedding + loss over PP3: exit {r.returncode}, stderr {r.stderr[-500:]!r}")
 
 if failures:
     print("\n".join(failures))
