@@ -21,8 +21,9 @@ part() {  # part NAME PASS_REGEX COMMAND...: runs COMMAND > OUT/NAME.log, then g
     echo "$name: FAILED"; grep -E "FAILED|Failure|BAD|error" "$OUT/$name.log" | head -5; rc=1
   fi
 }
-part cuda_tests '^\[  PASSED  \] [0-9]+ tests' env CUDA_VISIBLE_DEVICES=0 "$C/bin/mcpp_tests" --gtest_filter='Cuda*:Gemm*'
-part nccl_driver '^\[  PASSED  \] [0-9]+ tests' $MPIRUN -np 2 "$C/bin/nccl_driver"
+GTEST_OK='^\[  PASSED  \] [0-9]+ tests'
+part cuda_tests "$GTEST_OK" env CUDA_VISIBLE_DEVICES=0 "$C/bin/mcpp_tests" --gtest_filter='Cuda*:Gemm*'
+part nccl_driver "$GTEST_OK" $MPIRUN -np 2 "$C/bin/nccl_driver"
 part parallel 'GPU PARALLEL EQUIVALENCE OK' bash tests/device/gpu_parallel_check.sh "$OUT/par"
 part timeline 'GPU TIMELINE COLLECTIVES OK' bash tests/device/gpu_timeline_check.sh "$OUT/tl"
 part llama 'GPU LLAMA EQUIVALENCE OK' bash tests/device/gpu_llama_check.sh "$OUT/ll"

@@ -107,10 +107,12 @@ std::vector<RecordEntry> FlightRecorder::entries() const {
   return out;
 }
 
-std::vector<RecordEntry> FlightRecorder::pending() const {
+std::vector<RecordEntry> FlightRecorder::pending() const {  // copies only the pending few (the watchdog's poll)
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<RecordEntry> out;
-  for (auto& e : entries()) {
-    if (e.state == EntryState::Queued || e.state == EntryState::Started) out.push_back(std::move(e));
+  for (uint64_t id = first_kept_; id < next_id_; ++id) {
+    const RecordEntry& e = ring_[id % capacity_];
+    if (e.state == EntryState::Queued || e.state == EntryState::Started) out.push_back(e);
   }
   return out;
 }
