@@ -60,6 +60,11 @@ TEST(FlightRecorder, GrowingTheRingKeepsItsEntries) {
   ASSERT_EQ(e.size(), 8u);
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(e[i].id, 2 + i) << "oldest first";
   EXPECT_EQ(e[2].state, EntryState::Done);
+  e = rec.entries(7);  // from an id on: 7, 8, 9
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e.front().id, 7u);
+  EXPECT_EQ(rec.entries(0).size(), 8u) << "from before the oldest kept: all kept";
+  EXPECT_TRUE(rec.entries(10).empty());
   rec.record(entry(11));  // id 10 overwrites id 2
   e = rec.entries();
   ASSERT_EQ(e.size(), 8u);

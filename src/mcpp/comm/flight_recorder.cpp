@@ -1,6 +1,8 @@
 // FlightRecorder implementation: ring buffer indexed by id % capacity, JSON dump (schema in the header).
 #include "mcpp/comm/flight_recorder.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -99,11 +101,13 @@ void FlightRecorder::mark_failed(uint64_t id) {
   finish_locked(id, EntryState::Failed);
 }
 
-std::vector<RecordEntry> FlightRecorder::entries() const {
+std::vector<RecordEntry> FlightRecorder::entries(uint64_t from_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<RecordEntry> out;
-  out.reserve(static_cast<size_t>(next_id_ - first_kept_));
-  for (uint64_t id = first_kept_; id < next_id_; ++id) out.push_back(ring_[id % capacity_]);
+  const uint64_t first = std::max(first_kept_, from_id);
+  if (first >= next_id_) return out;
+  out.reserve(static_cast<size_t>(next_id_ - first));
+  for (uint64_t id = first; id < next_id_; ++id) out.push_back(ring_[id % capacity_]);
   return out;
 }
 

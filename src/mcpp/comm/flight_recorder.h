@@ -97,8 +97,8 @@ class FlightRecorder {
 
   // Entries still queued or started, oldest first (the watchdog's view).
   std::vector<RecordEntry> pending() const;
-  // All retained entries, oldest first.
-  std::vector<RecordEntry> entries() const;
+  // The retained entries with id >= from_id (default: all), oldest first.
+  std::vector<RecordEntry> entries(uint64_t from_id = 0) const;
   uint64_t total_recorded() const;
   size_t capacity() const;
   int rank() const { return rank_; }

@@ -67,8 +67,8 @@ void TimelineRecorder::end_step() {
   const uint64_t end = recorder_->total_recorded();
   const auto step = static_cast<int64_t>(step_begin_.size()) - 1;
   uint64_t kept_from = end;  // the oldest id of the step still in the ring
-  for (comm::RecordEntry& e : recorder_->entries()) {
-    if (e.id < comm_first_ || e.id >= end) continue;
+  for (comm::RecordEntry& e : recorder_->entries(comm_first_)) {  // the step's calls only
+    if (e.id >= end) continue;
     kept_from = std::min(kept_from, e.id);
     const bool timed = clock_ ? e.device_start >= 0 && e.device_end >= 0 : e.end_steady_ns > 0;
     if (!timed) continue;
