@@ -12,20 +12,6 @@
 namespace mcpp::cuda_test {
 namespace {
 
-TransformerConfig gpu_config(const std::string& style) {
-  TransformerConfig c = testing::tiny_config(style);
-  c.hidden_size = 128;
-  c.kv_channels = 64;
-  c.num_attention_heads = style == "gpt2" ? 2 : 4;
-  c.num_query_groups = style == "gpt2" ? 2 : 2;
-  c.ffn_hidden_size = style == "gpt2" ? 512 : 256;
-  c.seq_length = 48;
-  c.max_position_embeddings = 64;
-  c.vocab_size = 500;
-  c.padded_vocab_size = 512;
-  return c;
-}
-
 struct Run {
   double loss = 0;
   Tensor logits;                    // [s*b, V] fp32 host
@@ -52,7 +38,7 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
 }
 
 void compare(const std::string& style, DType dt) {
-  const TransformerConfig c = gpu_config(style);
+  const TransformerConfig c = testing::tiny_gpu_config(style);
   const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32);
   const Run got = run_model(c, Device::CUDA, dt, false);
   // fp32: float rounding and summation order through 2 layers (observed ~1e-6); bf16: every activation

@@ -27,17 +27,8 @@ struct RecomputeRun {
 
 TransformerConfig recompute_gpu_config(const std::string& style, const std::string& granularity,
                                        const std::string& method, int64_t n) {
-  TransformerConfig c = testing::tiny_config(style);
+  TransformerConfig c = testing::tiny_gpu_config(style);
   c.num_layers = 3;
-  c.hidden_size = 128;
-  c.kv_channels = 64;
-  c.num_attention_heads = 2;
-  c.num_query_groups = style == "gpt2" ? 2 : 1;
-  c.ffn_hidden_size = style == "gpt2" ? 512 : 256;
-  c.seq_length = 64;
-  c.max_position_embeddings = 64;
-  c.vocab_size = 500;
-  c.padded_vocab_size = 512;
   c.hidden_dropout = 0.1f;
   c.attention_dropout = 0.0f;  // the fused attention has no dropout
   c.recompute_granularity = granularity;

@@ -39,6 +39,21 @@ inline TransformerConfig tiny_config(const std::string& style) {
   return c;
 }
 
+// tiny_config widened to head dim 64 (the CUDA attention kernels' and cuDNN's), for the CUDA model tests.
+inline TransformerConfig tiny_gpu_config(const std::string& style) {
+  TransformerConfig c = tiny_config(style);
+  c.hidden_size = 128;
+  c.kv_channels = 64;
+  c.num_attention_heads = style == "gpt2" ? 2 : 4;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = style == "gpt2" ? 512 : 256;
+  c.seq_length = 48;
+  c.max_position_embeddings = 64;
+  c.vocab_size = 500;
+  c.padded_vocab_size = 512;
+  return c;
+}
+
 // A single-rank tensor-parallel context (size-1 local communicator).
 inline tensor_parallel::TPContext single_tp() { return {comm::make_local_world(), false}; }
 
