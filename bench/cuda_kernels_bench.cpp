@@ -14,11 +14,12 @@
 // cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd); AdamW bytes = 30 per
 // parameter (fp32 param, m, v, grad read; param, m, v written; bf16 model copy written).
 // Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound | --mlp | --attention-qkv |
-// --attention-qkv-cudnn | --gemm-survey]
+// --attention-qkv-cudnn | --attention-dropout | --gemm-survey]
 // (prints a markdown table; --attention: only the attention rows; --memory-bound: only layernorm, cross
 // entropy and AdamW; --mlp: only the GELU MLP fusion rows, fused vs unfused; --attention-qkv: only the
 // split-vs-packed qkv attention rows, three paths each: the mcpp kernels, cuDNN deterministic, cuDNN
-// (--attention-qkv-cudnn: only the two cuDNN ones); --gemm-survey: only the cuBLASLt autotuning survey, its
+// (--attention-qkv-cudnn: only the two cuDNN ones); --attention-dropout: cuDNN, the mcpp kernels and the mcpp
+// kernels with attention dropout 0.1 at 124M and 1.3B; --gemm-survey: only the cuBLASLt autotuning survey, its
 // own table: every training GEMM of the 124M and 1.3B steps with the heuristic's candidates timed by the tuner of
 // kernels/cuda/gemm.cpp — median of 5 single-launch cudaEvent timings each — and the one it keeps)
 #include <chrono>
@@ -292,15 +293,21 @@ void bench_grad_norm() {
 }
 
 // Which attention the rows run: cuDNN's fused attention (default), its deterministic backward
-// (--deterministic-mode), or the mcpp tensor-core kernels (ops::cuda::set_cudnn_attention(false)).
-enum class AttnPath { Cudnn, CudnnDeterministic, Mcpp };
+// (--deterministic-mode), the mcpp tensor-core kernels (ops::cuda::set_cudnn_attention(false)), or those
+// with attention dropout 0.1 (the in-tile Philox mask; what any call with dropout runs).
+enum class AttnPath { Cudnn, CudnnDeterministic, Mcpp, McppDropout };
 const char* path_label(AttnPath p) {
-  return p == AttnPath::Cudnn ? " (default: cuDNN)" : p == AttnPath::CudnnDeterministic ? " (deterministic: cuDNN)"
-                                                                                         : " (mcpp kernels)";
+  switch (p) {
+    case AttnPath::Cudnn: return " (default: cuDNN)";
+    case AttnPath::CudnnDeterministic: return " (deterministic: cuDNN)";
+    case AttnPath::Mcpp: return " (mcpp kernels)";
+    case AttnPath::McppDropout: return " (mcpp kernels, dropout 0.1)";
+  }
+  return "";
 }
 struct AttnPathScope {  // sets the process-wide cuDNN switch for one bench row group
   explicit AttnPathScope(AttnPath p) : prev(mcpp::ops::cuda::cudnn_attention()) {
-    mcpp::ops::cuda::set_cudnn_attention(p != AttnPath::Mcpp);
+    mcpp::ops::cuda::set_cudnn_attention(p == AttnPath::Cudnn || p == AttnPath::CudnnDeterministic);
   }
   ~AttnPathScope() { mcpp::ops::cuda::set_cudnn_attention(prev); }
   bool prev;
@@ -319,7 +326,9 @@ void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t
   Tensor dv = Tensor::empty({s, b, ng, d}, DType::BF16, Device::CUDA);
   mcpp::ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)),
                                   .causal = true,
-                                  .deterministic = path == AttnPath::CudnnDeterministic};
+                                  .deterministic = path == AttnPath::CudnnDeterministic,
+                                  .dropout_p = path == AttnPath::McppDropout ? 0.1f : 0.0f,
+                                  .dropout_key = {.seed = 1, .offset = 0}};
   std::string shape = ng == nq ? fmt::format("{} s{} b{} h{} d{} causal", name, s, b, nq, d)
                                : fmt::format("{} s{} b{} h{} g{} d{} causal", name, s, b, nq, ng, d);
   const std::string how = path_label(path);
@@ -477,6 +486,7 @@ int main(int argc, char** argv) {
   bool qkv_only = argc > 1 && std::strcmp(argv[1], "--attention-qkv") == 0;
   bool survey_only = argc > 1 && std::strcmp(argv[1], "--gemm-survey") == 0;
   bool qkv_cudnn_only = argc > 1 && std::strcmp(argv[1], "--attention-qkv-cudnn") == 0;
+  bool dropout_only = argc > 1 && std::strcmp(argv[1], "--attention-dropout") == 0;
   if (quick) g_iters = 3, g_reps = 1;
   if (!mcpp::cuda_available()) {
     std::printf("SKIPPED: no CUDA device (or built without CUDA)\n");
@@ -515,6 +525,13 @@ int main(int argc, char** argv) {
       bench_attention_qkv_all();
       return 0;
     }
+    if (dropout_only) {
+      for (AttnPath path : {AttnPath::Cudnn, AttnPath::Mcpp, AttnPath::McppDropout}) {
+        bench_attention("124M", 1024, 32, 12, 64, 0, path);
+        bench_attention("1.3B", 2048, 8, 16, 128, 0, path);
+      }
+      return 0;
+    }
     if (!attention_only) {
       bench_gemm_square(8192);
       bench_linear("124M qkv", 32768, 768, 2304);
@@ -531,7 +548,7 @@ int main(int argc, char** argv) {
       bench_cross_entropy("124M B8 T1024", 8192, 50304);
       bench_adamw();
     }
-    for (AttnPath path : {AttnPath::Cudnn, AttnPath::CudnnDeterministic, AttnPath::Mcpp}) {
+    for (AttnPath path : {AttnPath::Cudnn, AttnPath::CudnnDeterministic, AttnPath::Mcpp, AttnPath::McppDropout}) {
       bench_attention("124M", 1024, 32, 12, 64, 0, path);
       bench_attention("1.3B", 2048, 8, 16, 128, 0, path);
       bench_attention("8K", 8192, 2, 16, 128, 0, path);

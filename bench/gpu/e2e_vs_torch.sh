@@ -11,9 +11,11 @@
 # 2026-11-30 evening: 30 iterations logged every 10, the mean of the last window 21-30.)
 # 124m-graph / 1.3b-graph: the same runs with --enable-cuda-graph (captured after 3 eager warm-up steps);
 # 124m-zeroed / 1.3b-zeroed: with --no-overwrite-main-grad (the grad buffer zeroed each step: the A/B of the
-# first wgrad GEMMs overwriting the main grads).
+# first wgrad GEMMs overwriting the main grads); 124m-dropout / 1.3b-dropout: with Megatron's default dropout
+# (--attention-dropout 0.1 --hidden-dropout 0.1; attention on the mcpp kernels' in-tile mask; the anchor has none).
 # usage (device machine, repo root, device_carry/ carried):
-#   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed] [torch]
+#   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed]
+#     [124m-dropout] [1.3b-dropout] [torch]
 set -u
 OUT=$1
 shift
@@ -26,11 +28,13 @@ python3 bench/gpu/random_tokens.py /tmp/rnd --tokens 4000000 --vocab 50304 --doc
 ours() {  # name L d h T B [extra flags]
   local name=$1 L=$2 d=$3 h=$4 T=$5 B=$6
   shift 6
+  local drop="--hidden-dropout 0 --attention-dropout 0"
+  case " $* " in *-dropout*) drop="" ;; esac  # the caller's dropout flags instead
   echo "== mcpp $name"
   CUDA_VISIBLE_DEVICES=${GPU:-0} "$MCPP" train --num-layers "$L" --hidden-size "$d" --num-attention-heads "$h" --seq-length "$T" \
     --max-position-embeddings "$T" --micro-batch-size "$B" --global-batch-size "$B" \
     --tokenizer-type NullTokenizer --vocab-size 50304 --make-vocab-size-divisible-by 128 \
-    --hidden-dropout 0 --attention-dropout 0 --bf16 --device cuda --lr 1e-4 --lr-decay-style constant \
+    $drop --bf16 --device cuda --lr 1e-4 --lr-decay-style constant \
     --train-iters 40 --log-interval 1 --eval-iters 0 --data-path /tmp/rnd --split 100,0,0 \
     --metrics-path "$OUT/mcpp_$name.jsonl" "$@" 2>&1 | tee "$OUT/mcpp_$name.log" | grep -v '^  [a-z_]* \.\.\.'
   python3 - "$OUT/mcpp_$name.jsonl" "$name" "$L" "$d" "$T" "$B" <<'PY'
@@ -58,6 +62,8 @@ for w in $what; do
     1.3b-graph) ours gpt-1.3b-graph 24 2048 16 2048 8 --enable-cuda-graph ;;
     124m-zeroed) ours gpt2-124m-zeroed 12 768 12 1024 32 --no-overwrite-main-grad ;;
     1.3b-zeroed) ours gpt-1.3b-zeroed 24 2048 16 2048 8 --no-overwrite-main-grad ;;
+    124m-dropout) ours gpt2-124m-dropout 12 768 12 1024 32 --attention-dropout 0.1 --hidden-dropout 0.1 ;;
+    1.3b-dropout) ours gpt-1.3b-dropout 24 2048 16 2048 8 --attention-dropout 0.1 --hidden-dropout 0.1 ;;
     torch) echo "== pytorch anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
   esac
 done

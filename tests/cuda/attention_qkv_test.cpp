@@ -26,12 +26,15 @@ bool same_bits(const Tensor& dev_a, const Tensor& dev_b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
-void check_packed_equals_split(const Case& c) {
+void check_packed_equals_split(const Case& c, float drop_p = 0.0f) {
   SCOPED_TRACE(::testing::Message() << "s=" << c.s << " b=" << c.b << " nq=" << c.nq << " ng=" << c.ng
-                                    << " d=" << c.d << " causal=" << c.causal);
+                                    << " d=" << c.d << " causal=" << c.causal << " dropout=" << drop_p);
   const DType bf = DType::BF16;
-  const ops::AttentionOptions opt{
-      .softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)), .causal = c.causal, .deterministic = true};
+  const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
+                                  .causal = c.causal,
+                                  .deterministic = true,
+                                  .dropout_p = drop_p,
+                                  .dropout_key = {.seed = 7, .offset = 1234}};
   const Shape qs{c.s, c.b, c.nq, c.d}, ks{c.s, c.b, c.ng, c.d}, ls{c.b, c.nq, c.s};
   Tensor qkv = dev(rnd({c.s, c.b, (c.nq + 2 * c.ng) * c.d}, 31, bf, -2, 2), bf);
   Tensor dout = dev(rnd(qs, 32, bf), bf);
@@ -69,6 +72,21 @@ TEST(CudaFlashAttentionQkv, McppKernelsPackedEqualsSplitBitwise) {
     check_packed_equals_split({.s = 45, .b = 2, .nq = 4, .ng = 1, .d = 64, .causal = causal});    // MQA r = 4
   }
   check_packed_equals_split({.s = 1031, .b = 1, .nq = 12, .ng = 12, .d = 64, .causal = true});  // 124M heads
+}
+
+// Attention dropout takes the mcpp kernels on both paths even with cuDNN on (attention_dropout.h): the packed
+// call is bitwise the split composition, and both match the CPU op (the same in-tile mask).
+TEST(CudaFlashAttentionQkv, DropoutPackedEqualsSplitBitwiseWithCudnnOn) {
+  MCPP_REQUIRE_CUDA();
+  const CudnnAttentionScope cudnn(true);
+  const auto c0 = ops::cuda_cudnn_attention_counts();
+  for (bool causal : {true, false}) {
+    check_packed_equals_split({.s = 80, .b = 2, .nq = 4, .ng = 4, .d = 64, .causal = causal}, 0.1f);    // MHA
+    check_packed_equals_split({.s = 131, .b = 1, .nq = 8, .ng = 2, .d = 128, .causal = causal}, 0.3f);  // GQA
+  }
+  const auto c1 = ops::cuda_cudnn_attention_counts();
+  EXPECT_EQ(c1.fwd, c0.fwd);
+  EXPECT_EQ(c1.bwd, c0.bwd);
 }
 
 TEST(CudaFlashAttentionQkv, DeterministicCudnnBackwardRepeatsBitForBit) {

@@ -19,17 +19,24 @@ struct AttnCase {
 // bf16 calls take cuDNN's fused attention where it has an engine (deterministic: its deterministic backward
 // graph) unless the caller turned cuDNN off (CudnnAttentionScope: the mcpp tensor-core kernels); every path
 // must match the CPU within the bf16 tolerance.
-void check_case(const AttnCase& c, DType dt, bool deterministic = false) {
+// drop_p > 0: attention dropout with a fixed key (key: its offset may be relative to a device base).
+void check_case(const AttnCase& c, DType dt, bool deterministic = false, float drop_p = 0.0f,
+                PhiloxKey key = {.seed = 99, .offset = 5}, const PhiloxKey* cpu_key = nullptr) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " s=" << c.s << " b=" << c.b << " nq=" << c.nq
                                     << " ng=" << c.ng << " d=" << c.d << " causal=" << c.causal
-                                    << " deterministic=" << deterministic << " cudnn=" << ops::cuda::cudnn_attention());
+                                    << " deterministic=" << deterministic << " cudnn=" << ops::cuda::cudnn_attention()
+                                    << " dropout=" << drop_p);
   const Shape qs{c.s, c.b, c.nq, c.d}, ks{c.s, c.b, c.ng, c.d}, ls{c.b, c.nq, c.s};
   const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
                                   .causal = c.causal,
-                                  .deterministic = deterministic};
+                                  .deterministic = deterministic,
+                                  .dropout_p = drop_p,
+                                  .dropout_key = key};
+  ops::AttentionOptions cpu_opt = opt;
+  if (cpu_key) cpu_opt.dropout_key = *cpu_key;
   Tensor q = rnd(qs, 1, dt, -2, 2), k = rnd(ks, 2, dt, -2, 2), v = rnd(ks, 3, dt), dout = rnd(qs, 4, dt);
   Tensor o_ref = Tensor::empty(qs), lse_ref = Tensor::empty(ls);
-  ops::cpu::flash_attention_fwd(o_ref, lse_ref, q, k, v, opt, {});
+  ops::cpu::flash_attention_fwd(o_ref, lse_ref, q, k, v, cpu_opt, {});
   Tensor qd = dev(q, dt), kd = dev(k, dt), vd = dev(v, dt);
   Tensor o = poisoned(qs, dt), lse = poisoned(ls, DType::F32);
   ops::flash_attention_fwd(o, lse, qd, kd, vd, opt);
@@ -40,7 +47,7 @@ void check_case(const AttnCase& c, DType dt, bool deterministic = false) {
   // backward from the CPU's o (rounded like the CUDA tensors) so both sides see the same inputs
   Tensor o_in = dt == DType::F32 ? o_ref : o_ref.to(dt).to(DType::F32);
   Tensor dq_ref = Tensor::empty(qs), dk_ref = Tensor::empty(ks), dv_ref = Tensor::empty(ks);
-  ops::cpu::flash_attention_bwd(dq_ref, dk_ref, dv_ref, dout, q, k, v, o_in, lse_ref, opt, {});
+  ops::cpu::flash_attention_bwd(dq_ref, dk_ref, dv_ref, dout, q, k, v, o_in, lse_ref, cpu_opt, {});
   Tensor dq = poisoned(qs, dt), dk = poisoned(ks, dt), dv = poisoned(ks, dt);
   ops::flash_attention_bwd(dq, dk, dv, dev(dout, dt), qd, kd, vd, dev(o_in, dt), dev(lse_ref), opt);
   EXPECT_REL(host(dq), dq_ref, tol(dt, 5e-5));
@@ -196,6 +203,50 @@ TEST(CudaFlashAttention, Bf16BackwardIsDeterministic) {
       }
     }
   }
+}
+
+// Attention dropout: the mcpp kernels draw the CPU's mask in-tile (philox.cuh), so CUDA matches the CPU
+// op within the usual tolerance — fp32 on the CUDA-core kernels, bf16 on the tensor-core kernels, which
+// take the call even with cuDNN on (cuDNN's fused attention draws other numbers and must not run).
+// p = 0.5 on s around the tiles; a mask at other indices or ignored in one pass is off by O(1).
+TEST(CudaFlashAttention, DropoutMatchesCpuOnTheMcppKernels) {
+  MCPP_REQUIRE_CUDA();
+  const auto c0 = ops::cuda_cudnn_attention_counts();
+  for (DType dt : float_dtypes())
+    for (float p : {0.1f, 0.5f}) {
+      check_case({.s = 80, .b = 2, .nq = 4, .ng = 2, .d = 64, .causal = true}, dt, false, p);
+      check_case({.s = 45, .b = 1, .nq = 2, .ng = 2, .d = 128, .causal = false}, dt, false, p);
+    }
+  for (bool deterministic : {false, true}) {
+    check_case({.s = 333, .b = 2, .nq = 8, .ng = 2, .d = 128, .causal = true}, DType::BF16, deterministic, 0.1f);
+    check_case({.s = 257, .b = 1, .nq = 3, .ng = 1, .d = 64, .causal = false}, DType::BF16, deterministic, 0.3f);
+  }
+  const auto c1 = ops::cuda_cudnn_attention_counts();
+  EXPECT_EQ(c1.fwd, c0.fwd) << "cuDNN ran a forward with attention dropout";
+  EXPECT_EQ(c1.bwd, c0.bwd) << "cuDNN ran a backward with attention dropout";
+}
+
+// A CUDA-graph key (offset relative to a device base, core/rng.h) draws the mask of the absolute offset.
+TEST(CudaFlashAttention, DropoutDeviceBaseKeyEqualsTheAbsoluteOffset) {
+  MCPP_REQUIRE_CUDA();
+  Tensor base = Tensor::empty({1}, DType::I64);
+  for (int64_t b : {int64_t{0}, int64_t{7}, int64_t{1} << 40}) {
+    SCOPED_TRACE(b);
+    base.data<int64_t>()[0] = b;
+    Tensor base_d = base.to(Device::CUDA);
+    const PhiloxKey rel{.seed = 99, .offset = 3, .device_base = static_cast<const uint64_t*>(base_d.raw())};
+    const PhiloxKey abs{.seed = 99, .offset = 3 + static_cast<uint64_t>(b)};
+    for (DType dt : float_dtypes())
+      check_case({.s = 70, .b = 1, .nq = 2, .ng = 1, .d = 64, .causal = true}, dt, false, 0.4f, rel, &abs);
+  }
+}
+
+TEST(CudaFlashAttention, DropoutRejectsBadProbability) {
+  MCPP_REQUIRE_CUDA();
+  Tensor q = Tensor::zeros({4, 1, 2, 64}, DType::BF16, Device::CUDA);
+  Tensor lse = Tensor::zeros({1, 2, 4}, DType::F32, Device::CUDA), o = Tensor::zeros(q.shape(), DType::BF16, Device::CUDA);
+  EXPECT_THROW(ops::flash_attention_fwd(o, lse, q, q, q, {.dropout_p = 1.0f}), Error);
+  EXPECT_THROW(ops::flash_attention_fwd(o, lse, q, q, q, {.dropout_p = -0.5f}), Error);
 }
 
 TEST(CudaFlashAttention, RejectsUnsupportedHeadDim) {

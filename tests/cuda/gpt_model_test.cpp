@@ -5,8 +5,11 @@
 // attention's). fp32: the CUDA model computes in fp32 (cuBLASLt without TF32) -> close to rounding.
 // bf16 (mixed precision): bf16 params and activations, fp32 main grads; compared with the CPU model run
 // from the bf16-rounded weights, so the error is the bf16 activations' only.
+// With dropout (training, hidden 0.1 + attention 0.1, Megatron's defaults): the CUDA kernels draw the CPU's
+// Philox masks (the attention's in-tile on the mcpp kernels), so the same comparison holds.
 #include "cuda/cuda_test_util.h"
 #include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/tensor_parallel/random.h"
 #include "models/gpt_test_util.h"
 
 namespace mcpp::cuda_test {
@@ -19,14 +22,17 @@ struct Run {
   std::vector<std::string> keys;
 };
 
-Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool round_weights_to_bf16) {
+Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool round_weights_to_bf16,
+              bool training) {
   GPTModel model(c, 1234, testing::single_tp(), dev, {}, param_dtype);
   if (round_weights_to_bf16)  // the CPU reference of the bf16 run starts from the bf16-rounded weights
     for (const auto& p : model.params().params()) p->data.copy_from(p->data.to(DType::BF16).to(DType::F32));
   testing::Batch batch = testing::fixed_batch(48, 3, c.vocab_size);
   GPTModelCtx ctx;
   Run r;
-  r.loss = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = false}).loss;
+  tensor_parallel::RngTracker rng(77, 0, 0);
+  r.loss = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = training, .rng = &rng})
+               .loss;
   r.logits = host(ctx.logits).clone();  // backward overwrites the logits in place (dlogits); on the CPU
                                         // host() is the same storage
   model.backward(ctx, 1.0f);
@@ -37,14 +43,20 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
   return r;
 }
 
-void compare(const std::string& style, DType dt) {
-  const TransformerConfig c = testing::tiny_gpu_config(style);
-  const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32);
-  const Run got = run_model(c, Device::CUDA, dt, false);
+void compare(const std::string& style, DType dt, bool dropout = false) {
+  TransformerConfig c = testing::tiny_gpu_config(style);
+  if (dropout) c.hidden_dropout = c.attention_dropout = 0.1f;
+  const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32, dropout);
+  const Run got = run_model(c, Device::CUDA, dt, false, dropout);
+  if (dropout) {  // the masks are on: the eval forward differs
+    const Run eval = run_model(c, Device::CPU, DType::F32, dt != DType::F32, false);
+    EXPECT_GT(std::abs(eval.loss - want.loss), 1e-4) << "dropout changed nothing";
+  }
   // fp32: float rounding and summation order through 2 layers (observed ~1e-6); bf16: every activation
   // rounded to bf16 (2^-9 relative) through 2 layers, the loss is a mean over 144 tokens.
   const double loss_tol = dt == DType::F32 ? 1e-5 : 1e-2;
-  std::printf("[ measured ] %s %s loss: cuda %.7f cpu %.7f\n", style.c_str(), std::string(dtype_name(dt)).c_str(), got.loss, want.loss);
+  std::printf("[ measured ] %s %s%s loss: cuda %.7f cpu %.7f\n", style.c_str(), std::string(dtype_name(dt)).c_str(),
+              dropout ? " dropout" : "", got.loss, want.loss);
   EXPECT_NEAR(got.loss, want.loss, loss_tol * std::abs(want.loss));
   EXPECT_REL(got.logits, want.logits, tol(dt, 1e-5, 3e-2));
   ASSERT_EQ(got.grads.size(), want.grads.size());
@@ -59,6 +71,9 @@ TEST(CudaGPTModel, Gpt2StyleFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2
 TEST(CudaGPTModel, LlamaStyleFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32); }
 TEST(CudaGPTModel, Gpt2StyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::BF16); }
 TEST(CudaGPTModel, LlamaStyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::BF16); }
+TEST(CudaGPTModel, Gpt2StyleFp32WithDropoutMatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::F32, true); }
+TEST(CudaGPTModel, LlamaStyleFp32WithDropoutMatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32, true); }
+TEST(CudaGPTModel, Gpt2StyleBf16WithDropoutMatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::BF16, true); }
 
 }  // namespace
 }  // namespace mcpp::cuda_test

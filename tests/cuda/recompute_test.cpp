@@ -1,6 +1,7 @@
 // Activation recompute on the GPU (Megatron's --recompute-granularity full uniform / block and selective)
-// vs no recompute: a bf16 GPT (packed qkv, cuDNN fused attention, cuBLASLt GEMMs) with hidden dropout
-// (Philox masks replayed from the saved keys), two microbatches forward, forward, backward, backward (a
+// vs no recompute: a bf16 GPT (packed qkv, cuBLASLt GEMMs) with hidden dropout and without / with attention
+// dropout (cuDNN's fused attention / the mcpp kernels' in-tile mask; Philox masks replayed from the saved
+// keys), two microbatches forward, forward, backward, backward (a
 // recompute runs after the other microbatch's draws advanced the live streams). Under the deterministic
 // kernels (cuDNN's deterministic attention backward, GEMM autotuning off, ordered embedding backward) the
 // losses, every main grad and the RNG streams after the step are bitwise identical; recompute holds fewer
@@ -25,12 +26,12 @@ struct RecomputeRun {
   std::vector<bool> layer_ctx_empty;
 };
 
-TransformerConfig recompute_gpu_config(const std::string& style, const std::string& granularity,
-                                       const std::string& method, int64_t n) {
+TransformerConfig recompute_gpu_config(const std::string& style, float attention_dropout,
+                                       const std::string& granularity, const std::string& method, int64_t n) {
   TransformerConfig c = testing::tiny_gpu_config(style);
   c.num_layers = 3;
   c.hidden_dropout = 0.1f;
-  c.attention_dropout = 0.0f;  // the fused attention has no dropout
+  c.attention_dropout = attention_dropout;
   c.recompute_granularity = granularity;
   c.recompute_method = method;
   c.recompute_num_layers = n;
@@ -71,34 +72,36 @@ TEST(CudaRecompute, FullAndSelectiveEqualNoRecomputeBitwiseBf16) {
       ops::cuda::set_gemm_autotune(tune);
     }
   } det;
-  for (const std::string style : {"gpt2", "llama"}) {
-    const RecomputeRun off = run_gpu(recompute_gpu_config(style, "", "", 0));
-    EXPECT_EQ(off.losses, run_gpu(recompute_gpu_config(style, "", "", 0)).losses) << style << ": repeatable";
-    EXPECT_NE(off.losses[0], run_gpu(recompute_gpu_config(style, "", "", 0), /*training=*/false).losses[0])
-        << style << ": dropout is on (else a wrong replayed mask could not show)";
-    struct Case {
-      std::string granularity, method;
-      int64_t n;
-      std::vector<bool> empty;  // which layer contexts are dropped after the forward
-    };
-    const std::vector<Case> cases = {{"full", "uniform", 1, {true, true, true}},
-                                     {"full", "uniform", 2, {true, true, true}},
-                                     {"full", "block", 1, {true, false, false}},
-                                     {"selective", "", 0, {false, false, false}}};
-    for (const Case& k : cases) {
-      const std::string what = style + " " + k.granularity + " " + k.method + " " + std::to_string(k.n);
-      SCOPED_TRACE(what);
-      const RecomputeRun on = run_gpu(recompute_gpu_config(style, k.granularity, k.method, k.n));
-      ASSERT_EQ(on.losses.size(), off.losses.size());
-      for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], off.losses[i]) << "loss " << i;
-      ASSERT_EQ(on.grads.size(), off.grads.size());
-      for (size_t i = 0; i < on.grads.size(); ++i)
-        EXPECT_EQ(0, std::memcmp(on.grads[i].raw(), off.grads[i].raw(), on.grads[i].nbytes())) << "grad " << i;
-      EXPECT_EQ(on.rng_state, off.rng_state) << "RNG streams after the step";
-      EXPECT_EQ(on.layer_ctx_empty, k.empty);
-      EXPECT_LT(on.context_bytes, off.context_bytes) << "recompute must hold fewer activation bytes";
+  for (const std::string style : {"gpt2", "llama"})
+    for (float attn_p : {0.0f, 0.1f}) {
+      const std::string run = style + " attention_dropout=" + std::to_string(attn_p);
+      const RecomputeRun off = run_gpu(recompute_gpu_config(style, attn_p, "", "", 0));
+      EXPECT_EQ(off.losses, run_gpu(recompute_gpu_config(style, attn_p, "", "", 0)).losses) << run << ": repeatable";
+      EXPECT_NE(off.losses[0], run_gpu(recompute_gpu_config(style, attn_p, "", "", 0), /*training=*/false).losses[0])
+          << run << ": dropout is on (else a wrong replayed mask could not show)";
+      struct Case {
+        std::string granularity, method;
+        int64_t n;
+        std::vector<bool> empty;  // which layer contexts are dropped after the forward
+      };
+      const std::vector<Case> cases = {{"full", "uniform", 1, {true, true, true}},
+                                       {"full", "uniform", 2, {true, true, true}},
+                                       {"full", "block", 1, {true, false, false}},
+                                       {"selective", "", 0, {false, false, false}}};
+      for (const Case& k : cases) {
+        const std::string what = run + " " + k.granularity + " " + k.method + " " + std::to_string(k.n);
+        SCOPED_TRACE(what);
+        const RecomputeRun on = run_gpu(recompute_gpu_config(style, attn_p, k.granularity, k.method, k.n));
+        ASSERT_EQ(on.losses.size(), off.losses.size());
+        for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], off.losses[i]) << "loss " << i;
+        ASSERT_EQ(on.grads.size(), off.grads.size());
+        for (size_t i = 0; i < on.grads.size(); ++i)
+          EXPECT_EQ(0, std::memcmp(on.grads[i].raw(), off.grads[i].raw(), on.grads[i].nbytes())) << "grad " << i;
+        EXPECT_EQ(on.rng_state, off.rng_state) << "RNG streams after the step";
+        EXPECT_EQ(on.layer_ctx_empty, k.empty);
+        EXPECT_LT(on.context_bytes, off.context_bytes) << "recompute must hold fewer activation bytes";
+      }
     }
-  }
 }
 
 }  // namespace

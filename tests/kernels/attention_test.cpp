@@ -1,5 +1,6 @@
 // Tests for ops::cpu::flash_attention_fwd / _bwd against a float64 reference that materializes the full
-// [s, s] score matrix (MHA and GQA, causal and not, s on and off the 64-row tile), against central finite
+// [s, s] score matrix (MHA and GQA, causal and not, s on and off the 64-row tile; with attention dropout:
+// the reference applies the mask of AttentionOptions element by element), against central finite
 // differences of that reference, for run-to-run determinism across thread counts, and at s = 4096 for
 // the no-[s, s]-buffer property (peak RSS), and against PyTorch (tests/oracle/attention_ref.py, run through
 // /usr/bin/python3 on inputs and outputs this test writes to a temp dir).
@@ -34,12 +35,20 @@ struct RowRef {
 
 // Naive attention in float64 with the full score row for every query (s x s work, no tiling):
 // o_i = sum_j softmax_j(scale q_i.k_j) v_j, and the analytic backward of L = sum(dout * o).
+// With drop_p > 0: P z in place of P, z_ij = [philox_uniform_at(key, ((bb nq + h) s + i) s + j) >= p] / (1 - p).
 struct AttnRef {
   AttnCase c;
   std::vector<double> q, k, v, dout;  // inputs as stored in fp32, [s, b, nq|ng, d]
   std::vector<double> o, lse, dq, dk, dv;
+  float drop_p = 0.0f;
+  PhiloxKey key{.seed = 1234, .offset = 77};
 
-  explicit AttnRef(const AttnCase& cs) : c(cs) {}
+  explicit AttnRef(const AttnCase& cs, float p = 0.0f) : c(cs), drop_p(p) {}
+  double mask(int64_t bb, int64_t h, int64_t i, int64_t j) const {
+    if (drop_p == 0.0f) return 1.0;
+    const uint64_t idx = static_cast<uint64_t>(((bb * c.nq + h) * c.s + i) * c.s + j);
+    return philox_uniform_at(key, idx) >= drop_p ? 1.0 / (1.0 - static_cast<double>(drop_p)) : 0.0;
+  }
   size_t qi(int64_t i, int64_t bb, int64_t h) const { return static_cast<size_t>(((i * c.b + bb) * c.nq + h) * c.d); }
   size_t ki(int64_t j, int64_t bb, int64_t g) const { return static_cast<size_t>(((j * c.b + bb) * c.ng + g) * c.d); }
 
@@ -59,10 +68,13 @@ struct AttnRef {
     for (double& e : p) sum += (e = std::exp(e - mx));
     RowRef r{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0), mx + std::log(sum)};
     for (double& e : p) e /= sum;
-    double D = 0.0;  // sum_j p_j dp_j
+    double D = 0.0;  // sum_j p_j dp_j (dp_j: the grad of p_j through the mask, z_j dO.v_j)
+    std::vector<double> z(static_cast<size_t>(nk));
     for (int64_t j = 0; j < nk; ++j) {
-      for (int64_t x = 0; x < d; ++x) r.o[x] += p[j] * v[ki(j, bb, g) + x];
+      z[j] = mask(bb, h, i, j);
+      for (int64_t x = 0; x < d; ++x) r.o[x] += p[j] * z[j] * v[ki(j, bb, g) + x];
       for (int64_t x = 0; x < d; ++x) dp[j] += dout[qi(i, bb, h) + x] * v[ki(j, bb, g) + x];
+      dp[j] *= z[j];
       D += p[j] * dp[j];
     }
     for (int64_t j = 0; j < nk; ++j) {
@@ -70,7 +82,7 @@ struct AttnRef {
       for (int64_t x = 0; x < d; ++x) {
         r.dq[x] += scale * ds * k[ki(j, bb, g) + x];
         if (dk_acc) dk_acc[ki(j, bb, g) + x] += scale * ds * q[qi(i, bb, h) + x];
-        if (dv_acc) dv_acc[ki(j, bb, g) + x] += p[j] * dout[qi(i, bb, h) + x];
+        if (dv_acc) dv_acc[ki(j, bb, g) + x] += p[j] * z[j] * dout[qi(i, bb, h) + x];
       }
     }
     return r;
@@ -108,7 +120,8 @@ AttnRun run_kernel(const AttnCase& c, AttnRef& ref, bool backward) {
   r.dout = testing::random_tensor({c.s, c.b, c.nq, c.d}, 14, &ref.dout);
   r.o = Tensor::empty(r.q.shape());
   r.lse = Tensor::empty({c.b, c.nq, c.s});
-  ops::AttentionOptions opt{.softmax_scale = c.scale(), .causal = c.causal};
+  ops::AttentionOptions opt{
+      .softmax_scale = c.scale(), .causal = c.causal, .dropout_p = ref.drop_p, .dropout_key = ref.key};
   ops::cpu::flash_attention_fwd(r.o, r.lse, r.q, r.k, r.v, opt, {});
   if (backward) {
     r.dq = Tensor::empty(r.q.shape());
@@ -158,13 +171,60 @@ TEST(FlashAttentionCpu, ForwardAndBackwardMatchFloat64Reference) {
         }
 }
 
+// Attention dropout: the same tolerances as without (the mask only zeroes and scales terms); p = 0.5 drops
+// half the probabilities, so a kernel that ignored the mask or drew it at other indices is off by O(1).
+TEST(FlashAttentionCpu, DropoutMatchesFloat64Reference) {
+  for (float p : {0.1f, 0.5f})
+    for (int64_t s : {7, 65, 130})
+      for (auto [nq, ng] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}})
+        for (bool causal : {true, false}) {
+          AttnCase c{.s = s, .b = 2, .nq = nq, .ng = ng, .d = 32, .causal = causal};
+          AttnRef ref(c, p);
+          AttnRun r = run_kernel(c, ref, /*backward=*/true);
+          ref.backward();
+          SCOPED_TRACE(name(c) + " p=" + std::to_string(p));
+          EXPECT_LT(norm_err(r.o, ref.o), 1e-5);
+          EXPECT_LT(testing::max_rel_error(r.lse, ref.lse), 1e-5);  // the undropped softmax's
+          EXPECT_LT(norm_err(r.dq, ref.dq), 3e-5);
+          EXPECT_LT(norm_err(r.dk, ref.dk), 3e-5);
+          EXPECT_LT(norm_err(r.dv, ref.dv), 3e-5);
+        }
+  // The key names the mask: another offset gives other outputs.
+  AttnCase c{.s = 65, .b = 1, .nq = 2, .ng = 2, .d = 16, .causal = true};
+  AttnRef ref(c, 0.5f);
+  AttnRun a = run_kernel(c, ref, false);
+  ref.key.offset += 1;
+  AttnRun b = run_kernel(c, ref, false);
+  EXPECT_GT(testing::max_abs_error(testing::to_doubles(a.o), testing::to_doubles(b.o)), 1e-2);
+}
+
+TEST(FlashAttentionCpu, DropoutRejectsBadProbabilityAndDeviceKeys) {
+  Tensor q = Tensor::zeros({8, 1, 2, 16}), o = Tensor::empty(q.shape()), lse = Tensor::empty({1, 2, 8});
+  for (float p : {-0.1f, 1.0f, NAN}) {
+    try {
+      ops::cpu::flash_attention_fwd(o, lse, q, q, q, {.dropout_p = p}, {});
+      FAIL() << "dropout_p=" << p << " must be rejected";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("attention dropout probability must be in [0, 1)"), std::string::npos)
+          << e.what();
+    }
+  }
+  const uint64_t base = 0;
+  const ops::AttentionOptions graph_key{.dropout_p = 0.1f, .dropout_key = {.device_base = &base}};
+  EXPECT_THROW(ops::cpu::flash_attention_fwd(o, lse, q, q, q, graph_key, {}), Error);
+}
+
 TEST(FlashAttentionCpu, BackwardMatchesFiniteDifferences) {
   // s = 67 crosses the 64-row tile; GQA (2 heads per group) and MHA; causal and not.
-  for (AttnCase c : {AttnCase{.s = 5, .b = 1, .nq = 2, .ng = 1, .d = 4, .causal = true},
-                     AttnCase{.s = 67, .b = 1, .nq = 2, .ng = 1, .d = 4, .causal = true},
-                     AttnCase{.s = 67, .b = 2, .nq = 2, .ng = 2, .d = 3, .causal = false}}) {
-    SCOPED_TRACE(name(c));
-    AttnRef ref(c);
+  // The last two with attention dropout (p = 0.3): a fixed key makes the mask a constant of the function.
+  const std::pair<AttnCase, float> cases[] = {{{.s = 5, .b = 1, .nq = 2, .ng = 1, .d = 4, .causal = true}, 0.0f},
+                                              {{.s = 67, .b = 1, .nq = 2, .ng = 1, .d = 4, .causal = true}, 0.0f},
+                                              {{.s = 67, .b = 2, .nq = 2, .ng = 2, .d = 3, .causal = false}, 0.0f},
+                                              {{.s = 67, .b = 1, .nq = 2, .ng = 1, .d = 4, .causal = true}, 0.3f},
+                                              {{.s = 9, .b = 2, .nq = 2, .ng = 2, .d = 3, .causal = false}, 0.3f}};
+  for (auto [c, p] : cases) {
+    SCOPED_TRACE(name(c) + " p=" + std::to_string(p));
+    AttnRef ref(c, p);
     AttnRun r = run_kernel(c, ref, /*backward=*/true);
     // L(x) = sum(dout * attention(x)) in double, x = one of q / k / v.
     auto grad_of = [&](std::vector<double> AttnRef::*field) {

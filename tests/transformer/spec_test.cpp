@@ -9,6 +9,7 @@
 #include "mcpp/core/error.h"
 #include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/tensor_parallel/random.h"
 #include "mcpp/transformer/attention.h"
 #include "models/gpt_test_util.h"
 
@@ -40,6 +41,60 @@ TEST(ModuleSpec, FlashAndUnfusedAttentionAgree) {
     // fp32, different summation orders (blockwise online softmax vs full softmax): ~1e-6 relative.
     EXPECT_LT(max_diff / max_abs, 1e-5) << style;
   }
+}
+
+// Training with hidden and attention dropout (Megatron's defaults, 0.1; and 0.3): the flash core draws its
+// mask in-tile from the key the unfused core uses for ops::dropout_fwd over its materialized [b*np, s, s]
+// probabilities — the same mask, so the same loss, logits and gradients up to summation order, and the
+// RNG streams end at the same offsets. Without the in-tile mask (or at other indices) they differ at O(p).
+TEST(ModuleSpec, FlashAndUnfusedAttentionAgreeWithAttentionDropout) {
+  for (const std::string style : {"gpt2", "llama"})
+    for (float p : {0.1f, 0.3f}) {
+      TransformerConfig a = testing::tiny_config(style), b = a;
+      a.attention_dropout = b.attention_dropout = p;
+      a.hidden_dropout = b.hidden_dropout = 0.1f;
+      a.attention_impl = "flash";
+      b.attention_impl = "unfused";
+      GPTModel ma(a, 3, testing::single_tp()), mb(b, 3, testing::single_tp());
+      testing::Batch batch = testing::fixed_batch(12, 2, a.vocab_size);
+      tensor_parallel::RngTracker rng_a(1234, 0, 0), rng_b(1234, 0, 0);
+      GPTModelCtx ca, cb;
+      const ForwardOptions opt_a{.training = true, .rng = &rng_a}, opt_b{.training = true, .rng = &rng_b};
+      LossResult ra = ma.forward_loss(ca, batch.tokens, batch.labels, batch.loss_mask, opt_a);
+      LossResult rb = mb.forward_loss(cb, batch.tokens, batch.labels, batch.loss_mask, opt_b);
+      const std::string what = style + " p=" + std::to_string(p);
+      for (int64_t i = 0; i < ca.logits.numel(); ++i)
+        ASSERT_NEAR(ca.logits.data<float>()[i], cb.logits.data<float>()[i], 1e-5) << what << " logit " << i;
+      EXPECT_NEAR(ra.loss, rb.loss, 1e-6) << what;
+      EXPECT_EQ(rng_a.state(), rng_b.state()) << what << ": the RNG streams after the forward";
+      ma.backward(ca, 1.0f);
+      mb.backward(cb, 1.0f);
+      const Tensor& ga = ma.params().grad_buffer();
+      const Tensor& gb = mb.params().grad_buffer();
+      double max_diff = 0, max_abs = 0;
+      for (int64_t i = 0; i < ga.numel(); ++i) {
+        max_diff = std::max(max_diff, double(std::abs(ga.data<float>()[i] - gb.data<float>()[i])));
+        max_abs = std::max(max_abs, double(std::abs(gb.data<float>()[i])));
+      }
+      EXPECT_LT(max_diff / max_abs, 1e-5) << what;
+    }
+  // Dropout is on in this comparison: the eval forward (no dropout) differs from the training one.
+  TransformerConfig c = testing::tiny_config("gpt2");
+  c.attention_dropout = 0.3f;
+  c.hidden_dropout = 0.0f;
+  GPTModel m(c, 3, testing::single_tp());
+  testing::Batch batch = testing::fixed_batch(12, 2, c.vocab_size);
+  tensor_parallel::RngTracker rng(1234, 0, 0);
+  GPTModelCtx train_ctx, eval_ctx;
+  m.forward_loss(train_ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = true, .rng = &rng});
+  m.forward_loss(eval_ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = false});
+  double max_diff = 0, max_abs = 0;
+  for (int64_t i = 0; i < eval_ctx.logits.numel(); ++i) {
+    const float a = train_ctx.logits.data<float>()[i], b = eval_ctx.logits.data<float>()[i];
+    max_diff = std::max(max_diff, double(std::abs(a - b)));
+    max_abs = std::max(max_abs, double(std::abs(eval_ctx.logits.data<float>()[i])));
+  }
+  EXPECT_GT(max_diff / max_abs, 1e-3) << "attention dropout changed nothing";
 }
 
 // --deterministic-mode reaches the core attention's options (CUDA: the mcpp kernels instead of cuDNN's

@@ -31,6 +31,15 @@ struct AttentionOptions {
   // added with atomics: not bit-identical run to run); true = its deterministic backward graph (bitwise
   // repeatable, slower), or the mcpp kernels where cuDNN has none. CPU: always deterministic.
   bool deterministic = false;
+  // Attention dropout on the softmax probabilities (Megatron's --attention-dropout): element (bb, h, i, j) of
+  // the [b, nq, s, s] probabilities is kept iff philox_uniform_at(dropout_key, ((bb nq + h) s + i) s + j) >=
+  // dropout_p, and kept ones are scaled by 1 / (1 - dropout_p) — the mask ops::dropout_fwd draws with the
+  // same key over the unfused path's [b * nq, s, s] probs, drawn here per tile and never stored. lse stays
+  // the undropped softmax's; the backward regenerates the mask from the same key. 0 <= dropout_p < 1; 0 =
+  // off (the key is ignored). CUDA: the mcpp kernels take a call with dropout (cuDNN's fused attention
+  // draws its own numbers); a key with a device base (CUDA graphs) is read when the kernel runs.
+  float dropout_p = 0.0f;
+  PhiloxKey dropout_key{};
 };
 
 struct AdamWOptions {

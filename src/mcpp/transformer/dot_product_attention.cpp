@@ -10,22 +10,18 @@ namespace {
 
 class FlashAttention final : public CoreAttention {
  public:
-  explicit FlashAttention(const CoreAttentionOptions& opt) : opt_(opt) {
-    if (opt.attention_dropout > 0.0f)
-      fail("attention_dropout={} is not supported by attention_impl=flash; use --attention-impl unfused "
-           "or --attention-dropout 0",
-           opt.attention_dropout);
-  }
+  explicit FlashAttention(const CoreAttentionOptions& opt) : opt_(opt) {}
 
   Tensor forward(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                 const ForwardOptions&) const override {
+                 const ForwardOptions& fopt) const override {
     const int64_t s = q.size(0), b = q.size(1), np = q.size(2);
     ctx.q = q;
     ctx.k = k;
     ctx.v = v;
+    draw_dropout_key(ctx, fopt, b, np, s);
     ctx.out = Tensor::empty(q.shape(), q.dtype(), q.device());        // [s, b, np, hn]
     ctx.lse = Tensor::empty({b, np, s}, DType::F32, q.device());       // [b, np, s]
-    ops::flash_attention_fwd(ctx.out, ctx.lse, q, k, v, attention_options());
+    ops::flash_attention_fwd(ctx.out, ctx.lse, q, k, v, attention_options(ctx));
     return ctx.out;
   }
 
@@ -33,35 +29,49 @@ class FlashAttention final : public CoreAttention {
     CoreAttentionGrads g{Tensor::empty(ctx.q.shape(), dout.dtype(), dout.device()),
                          Tensor::empty(ctx.k.shape(), dout.dtype(), dout.device()),
                          Tensor::empty(ctx.v.shape(), dout.dtype(), dout.device())};
-    ops::flash_attention_bwd(g.dq, g.dk, g.dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, attention_options());
+    ops::flash_attention_bwd(g.dq, g.dk, g.dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, attention_options(ctx));
     return g;
   }
 
   bool supports_packed_qkv() const override { return true; }
 
   Tensor forward_qkv(CoreAttentionCtx& ctx, const Tensor& qkv, int64_t np, int64_t ng,
-                     const ForwardOptions&) const override {
+                     const ForwardOptions& fopt) const override {
     MCPP_CHECK(qkv.ndim() == 3 && np > 0 && ng > 0 && qkv.size(2) % (np + 2 * ng) == 0,
                "flash attention: packed qkv must be [s, b, (np + 2 ng) hn] with np={} ng={}; got {}", np, ng,
                qkv.str());
     const int64_t s = qkv.size(0), b = qkv.size(1), hn = qkv.size(2) / (np + 2 * ng);
     ctx.qkv = qkv;
     ctx.num_query_groups = ng;
+    draw_dropout_key(ctx, fopt, b, np, s);
     ctx.out = Tensor::empty({s, b, np, hn}, qkv.dtype(), qkv.device());  // [s, b, np, hn]
     ctx.lse = Tensor::empty({b, np, s}, DType::F32, qkv.device());       // [b, np, s]
-    ops::flash_attention_fwd_qkv(ctx.out, ctx.lse, qkv, ng, attention_options());
+    ops::flash_attention_fwd_qkv(ctx.out, ctx.lse, qkv, ng, attention_options(ctx));
     return ctx.out;
   }
 
   Tensor backward_qkv(CoreAttentionCtx& ctx, const Tensor& dout) const override {
     Tensor dqkv = Tensor::empty(ctx.qkv.shape(), dout.dtype(), dout.device());  // [s, b, ng*(np/ng+2)*hn]
-    ops::flash_attention_bwd_qkv(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.num_query_groups, attention_options());
+    ops::flash_attention_bwd_qkv(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.num_query_groups,
+                                 attention_options(ctx));
     return dqkv;
   }
 
  private:
-  ops::AttentionOptions attention_options() const {
-    return {.softmax_scale = opt_.softmax_scale, .causal = opt_.causal, .deterministic = opt_.deterministic};
+  // The same draw as the unfused path's dropout on its [b * np, s, s] probs (the model-parallel stream:
+  // local heads differ across TP ranks), so both paths use one mask and leave the stream at one offset.
+  void draw_dropout_key(CoreAttentionCtx& ctx, const ForwardOptions& fopt, int64_t b, int64_t np, int64_t s) const {
+    ctx.dropout = dropout_active(fopt, opt_.attention_dropout);
+    if (!ctx.dropout) return;
+    MCPP_CHECK(fopt.rng, "attention dropout needs an RNG stream");
+    ctx.dropout_key = fopt.rng->draw_model_parallel(static_cast<uint64_t>(b * np * s * s));
+  }
+  ops::AttentionOptions attention_options(const CoreAttentionCtx& ctx) const {
+    return {.softmax_scale = opt_.softmax_scale,
+            .causal = opt_.causal,
+            .deterministic = opt_.deterministic,
+            .dropout_p = ctx.dropout ? opt_.attention_dropout : 0.0f,
+            .dropout_key = ctx.dropout_key};
   }
   CoreAttentionOptions opt_;
 };

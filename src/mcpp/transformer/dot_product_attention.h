@@ -1,7 +1,7 @@
 // Core attention: softmax(scale * Q K^T + causal mask) V, with GQA. Two implementations selected by the
 // ModuleSpec (transformer/spec.h), equal in value (tests/transformer/spec_test.cpp):
 //   "flash"   FlashAttention — blockwise online softmax (ops::flash_attention_*), never an [s, s] buffer.
-//             Attention dropout is not supported in this form (config validation says so).
+//             Attention dropout is drawn per tile from the key the unfused path would use (the same mask).
 //   "unfused" DotProductAttention — Megatron's unfused path: scores [b*np, s, s] via GEMM,
 //             fused_scale_mask_softmax, dropout on the probabilities, probs @ V.
 // In: q [s, b, np, hn], k/v [s, b, ng, hn]. Out: context [s, b, np, hn]. Backward returns dq, dk, dv
@@ -25,7 +25,7 @@ struct CoreAttentionCtx {
   int64_t num_query_groups = 0;  // packed flash: ng
   Tensor out, lse;    // flash: context [s, b, np, hn] and log-sum-exp [b, np, s]
   Tensor probs;       // unfused: softmax probabilities before dropout [b*np, s, s]
-  PhiloxKey dropout_key;
+  PhiloxKey dropout_key;  // both: the attention dropout mask's key (drawn once per forward)
   bool dropout = false;
 };
 

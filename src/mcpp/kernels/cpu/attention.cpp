@@ -18,8 +18,12 @@
 // so results do not depend on the thread count). Measured in bench/attention_bench.cpp: 2.5-3x faster than
 // auto-vectorized loops under our -march=x86-64-v2 (OpenBLAS picks AVX2/AVX-512 kernels at run time).
 // K and V are staged transposed ([d, kBlock], zero-padded) for the S = Q K^T and dP = dO V^T products.
+// Attention dropout (opt.dropout_p > 0; the mask of AttentionOptions): per tile row z_j = keep ? 1/(1-p) : 0
+// from Philox; forward O += (P z) V with l summed over the undropped P (lse unchanged); backward
+// dV += (P z)^T dO and dS = P (z dP - D) with D = rowsum(dO * O) as before (O is the dropped output).
 // OpenMP: one parallel region per pass, dynamic schedule (causal blocks have unequal work).
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <cmath>
@@ -109,14 +113,39 @@ void mask_tile(float* S, int64_t m, int64_t i0, int64_t j0, int64_t n, bool caus
   }
 }
 
+// z[j] for keys j0 .. j0 + n - 1 of query row i of head (bb, h): 1 / (1 - p) where the dropout mask keeps
+// the probability, 0 where it drops it; z[n .. kBlock) = 0. Philox counters are shared by 4 consecutive
+// elements of the flat [b, nq, s, s] index, so one call serves up to 4 keys.
+void dropout_row(float* z, const AttnDims& a, const AttentionOptions& opt, int64_t bb, int64_t h, int64_t i,
+                 int64_t j0, int64_t n) {
+  const uint64_t base = static_cast<uint64_t>(((bb * a.nq + h) * a.s + i) * a.s + j0);
+  const float keep_scale = 1.0f / (1.0f - opt.dropout_p);
+  std::array<uint32_t, 4> r{};
+  uint64_t group = ~uint64_t{0};
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t idx = base + static_cast<uint64_t>(j);
+    if (idx / 4 != group) r = philox4x32_10(opt.dropout_key.seed, opt.dropout_key.offset + (group = idx / 4), 0);
+    z[j] = philox_uniform(r[idx % 4]) >= opt.dropout_p ? keep_scale : 0.0f;
+  }
+  std::fill(z + n, z + kBlock, 0.0f);
+}
+
+void check_dropout(const char* op, const AttentionOptions& opt) {
+  if (!(opt.dropout_p >= 0.0f && opt.dropout_p < 1.0f))
+    fail("{}: attention dropout probability must be in [0, 1); got {}", op, opt.dropout_p);
+  if (opt.dropout_p > 0.0f && opt.dropout_key.device_base)
+    fail("{}: a CUDA-graph dropout key (device offset base) on the CPU backend", op);
+}
+
 // Number of key blocks query block qb attends to.
 int64_t key_blocks(const AttnDims& a, int64_t qb, bool causal) { return causal ? qb + 1 : a.nblk(); }
 
 // Forward for one (batch bb, head h, query block qb).
 struct FwdScratch {
-  std::vector<float> q, kt, v, s, acc, m, l;
+  std::vector<float> q, kt, v, s, acc, m, l, z;
   explicit FwdScratch(int64_t d)
-      : q(kBlock * d), kt(d * kBlock), v(kBlock * d), s(kBlock * kBlock), acc(kBlock * d), m(kBlock), l(kBlock) {}
+      : q(kBlock * d), kt(d * kBlock), v(kBlock * d), s(kBlock * kBlock), acc(kBlock * d), m(kBlock), l(kBlock),
+        z(kBlock) {}
 };
 
 void fwd_block(const AttnDims& a, FwdScratch& w, float* o, float* lse, const float* q, const float* k,
@@ -147,6 +176,10 @@ void fwd_block(const AttnDims& a, FwdScratch& w, float* o, float* lse, const flo
       for (int64_t j = 0; j < kBlock; ++j) sum += srow[j];
       w.l[i] = w.l[i] * alpha + sum;
       w.m[i] = mx;
+      if (opt.dropout_p > 0.0f) {  // O accumulates the dropped probabilities; l keeps the undropped sum
+        dropout_row(w.z.data(), a, opt, bb, h, i0 + i, j0, n);
+        for (int64_t j = 0; j < kBlock; ++j) srow[j] *= w.z[j];
+      }
       float* acc = w.acc.data() + i * d;
       for (int64_t x = 0; x < d; ++x) acc[x] *= alpha;
     }
@@ -162,10 +195,10 @@ void fwd_block(const AttnDims& a, FwdScratch& w, float* o, float* lse, const flo
 
 // Backward scratch: staged tiles for one work item.
 struct BwdScratch {
-  std::vector<float> q, dout, kt, vt, k, p, dp, acc0, acc1;
+  std::vector<float> q, dout, kt, vt, k, p, dp, acc0, acc1, z;
   explicit BwdScratch(int64_t d)
       : q(kBlock * d), dout(kBlock * d), kt(d * kBlock), vt(d * kBlock), k(kBlock * d), p(kBlock * kBlock),
-        dp(kBlock * kBlock), acc0(kBlock * d), acc1(kBlock * d) {}
+        dp(kBlock * kBlock), acc0(kBlock * d), acc1(kBlock * d), z(kBlock) {}
 };
 
 struct BwdArgs {
@@ -175,7 +208,8 @@ struct BwdArgs {
 };
 
 // With w.q / w.dout holding query rows i0..i0+m of head h and w.kt / w.vt key block j0..j0+n:
-// w.p = P = exp(scale Q K^T - lse) (masked -> 0) and w.dp = dS = P * (dO V^T - D).
+// w.p = P = exp(scale Q K^T - lse) (masked -> 0) and w.dp = dS = P * (dO V^T - D); with dropout,
+// w.p = P z (the probabilities O was made of) and w.dp = P * (z dO V^T - D).
 void recompute_ds(const BwdArgs& g, BwdScratch& w, int64_t bb, int64_t h, int64_t i0, int64_t m, int64_t j0,
                   int64_t n) {
   const int64_t d = g.a.d;
@@ -189,6 +223,15 @@ void recompute_ds(const BwdArgs& g, BwdScratch& w, int64_t bb, int64_t h, int64_
     float* dsrow = w.dp.data() + i * kBlock;
     const float lse_i = lse[i], D_i = D[i];
     for (int64_t j = 0; j < kBlock; ++j) prow[j] = exp_approx(prow[j] - lse_i);  // vectorized
+    if (g.opt.dropout_p > 0.0f) {
+      float* z = w.z.data();
+      dropout_row(z, g.a, g.opt, bb, h, i0 + i, j0, n);
+      for (int64_t j = 0; j < kBlock; ++j) {
+        dsrow[j] = prow[j] * (z[j] * dsrow[j] - D_i);
+        prow[j] *= z[j];
+      }
+      continue;
+    }
     for (int64_t j = 0; j < kBlock; ++j) dsrow[j] = prow[j] * (dsrow[j] - D_i);
   }
 }
@@ -251,6 +294,7 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
   const char* op = "flash_attention_fwd";
   const AttnDims a = check_qkv(op, q, k, v, lse);
   check_shape(op, "o", o, q.shape());
+  check_dropout(op, opt);
   const int64_t nblk = a.nblk(), items = a.b * a.nq * nblk;
   float* po = o.data<float>();
   float* pl = lse.data<float>();
@@ -276,6 +320,7 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   check_shape(op, "dq", dq, q.shape());
   check_shape(op, "dk", dk, k.shape());
   check_shape(op, "dv", dv, k.shape());
+  check_dropout(op, opt);
   // D[b, nq, s] = rowsum(dout * o): O(s) extra memory, never [s, s].
   std::vector<float> D(static_cast<size_t>(a.b * a.nq * a.s));
   const float *po = o.data<float>(), *pdo = dout.data<float>();

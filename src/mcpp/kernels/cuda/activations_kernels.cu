@@ -7,6 +7,7 @@
 //            uniform = (word >> 8) * 2^-24; keep iff uniform >= p. One thread per 4-element group, so
 //            one Philox call per 4 elements, and the mask equals the CPU's bit for bit.
 #include "mcpp/kernels/cuda/device_utils.cuh"
+#include "mcpp/kernels/cuda/philox.cuh"
 
 namespace mcpp::cuda_detail {
 namespace {
@@ -70,24 +71,6 @@ __global__ void swiglu_bwd_kernel(FOut dx, FIn dy, FIn x, int64_t rows, int64_t 
   }
 }
 
-__device__ __forceinline__ uint4 philox4x32_10(uint64_t seed, uint64_t counter) {
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-#pragma unroll
-  for (int r = 0; r < 10; ++r) {
-    const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c1 = lo1;
-    c3 = lo0;
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return make_uint4(c0, c1, c2, c3);
-}
-
 __global__ void dropout_kernel(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t key_offset,
                                const uint64_t* base, int64_t n) {
   const uint64_t offset = key_offset + (base ? *base : 0);  // base: CUDA-graph-safe keys (core/rng.h)
@@ -99,8 +82,7 @@ __global__ void dropout_kernel(FOut y, FIn x, float p, float scale, uint64_t see
     for (int lane = 0; lane < 4; ++lane) {
       const int64_t i = 4 * g + lane;
       if (i < n) {
-        const float u = static_cast<float>(w[lane] >> 8) * (1.0f / 16777216.0f);
-        y.set(i, u >= p ? x[i] * scale : 0.0f);
+        y.set(i, philox_uniform(w[lane]) >= p ? x[i] * scale : 0.0f);
       }
     }
   }

@@ -12,12 +12,15 @@
 // their products as in FlashAttention-2; deterministic).
 // Otherwise the fp32 CUDA-core kernels (attention_kernels.cu): q/k/v/o and grads float32 or bf16, each
 // tensor may differ (rounded on store), math float32; their grid limits b * nq <= 65535.
+// Attention dropout (opt.dropout_p > 0): the mcpp kernels (tensor-core or fp32) draw the mask in-tile from
+// opt.dropout_key, bit for bit the CPU's; cuDNN never takes such a call (attention_dropout.h).
 // Never materializes [s, s]. Asynchronous on stream_of(stream) (the delta scratch is freed stream-ordered).
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
 
 #include "mcpp/kernels/cuda/cuda_check.h"
+#include "mcpp/kernels/cuda/attention_dropout.h"
 #include "mcpp/kernels/cuda/cudnn_attention.h"
 #include "mcpp/kernels/deterministic_kernels.h"
 #include "mcpp/kernels/ops.h"
@@ -41,6 +44,7 @@ AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tens
   MCPP_CHECK(a.ng > 0 && a.nq % a.ng == 0, "{}: query heads nq={} must be a multiple of kv groups ng={}", op, a.nq,
              a.ng);
   a.split_layout();
+  set_attention_dropout(op, a, opt);
   MCPP_CHECK(a.d == 64 || a.d == 128, "{}: head dim d must be 64 or 128 on CUDA; got q {}", op, q.str());
   MCPP_CHECK((a.s + 63) / 64 <= 65535, "{}: sequence length s={} exceeds the launch grid", op, a.s);
   require_float(op, "lse", lse, /*bf16_ok=*/false);
@@ -67,13 +71,24 @@ void check_fallback_grid(const char* op, const AttnShape& a) {
 void set_cudnn_attention(bool on) { g_cudnn_attention = on; }
 bool cudnn_attention() { return g_cudnn_attention; }
 
+void set_attention_dropout(const char* op, AttnShape& a, const AttentionOptions& opt) {
+  MCPP_CHECK(opt.dropout_p >= 0.0f && opt.dropout_p < 1.0f,
+             "{}: attention dropout probability must be in [0, 1); got {}", op, opt.dropout_p);
+  a.drop_p = opt.dropout_p;
+  a.drop_seed = opt.dropout_key.seed;
+  a.drop_offset = opt.dropout_key.offset;
+  a.drop_base = opt.dropout_key.device_base;
+}
+
+bool cudnn_may_take(const AttentionOptions& opt) { return cudnn_attention() && opt.dropout_p == 0.0f; }
+
 void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionOptions& opt, Stream stream) {
   const char* op = "flash_attention_fwd";
   const AttnShape a = check_qkv(op, q, k, v, lse, opt);
   require_same_shape(op, "o", o, "q", q);
   if (mma_path({&o, &q, &k, &v})) {
-    if (cudnn_attention() &&
+    if (cudnn_may_take(opt) &&
         cudnn_attention_fwd(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream)))
       return;
     launch_attention_fwd_mma(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream));
@@ -98,7 +113,7 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
   Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
   if (mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o})) {
-    if (!cudnn_attention() || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(),
+    if (!cudnn_may_take(opt) || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(),
                                                    v.raw(), o.raw(), lse.data<float>(), delta.data<float>(), a,
                                                    opt.deterministic, s))
       launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),

@@ -12,7 +12,10 @@
 // atomics, deterministic): dK/dV (grid: s/16 key tiles x b*ng; each warp owns 4 keys, loops over the
 // group's heads and 32-query tiles, lane = query) and dQ (like the forward, lane = key), both recomputing
 // P = exp(scale q.k - lse) and dS = P (dO.v - delta); dK, dQ carry the softmax scale.
+// Attention dropout (a.drop_p > 0, philox.cuh AttnDropout): with z the mask value of (query, key), the
+// forward accumulates P z V (l sums the undropped P); the backward uses P z for dV and dS = P (z dO.v - delta).
 #include "mcpp/kernels/cuda/device_utils.cuh"
+#include "mcpp/kernels/cuda/philox.cuh"
 
 namespace mcpp::cuda_detail {
 namespace {
@@ -57,6 +60,7 @@ __global__ void __launch_bounds__(128) attn_fwd_kernel(FOut o, float* lse, FIn q
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
   }
+  const AttnDropout drop = a.drop_p > 0.0f ? AttnDropout::from(a) : AttnDropout{};
   const int64_t k_end = a.causal ? min(a.s, q0 + kTile) : a.s;
   for (int64_t k0 = 0; k0 < k_end; k0 += kKeys) {
     __syncthreads();
@@ -82,10 +86,11 @@ __global__ void __launch_bounds__(128) attn_fwd_kernel(FOut o, float* lse, FIn q
       const float corr = __expf(m[r] - mn);
       l[r] = l[r] * corr + warp_sum(p);
       m[r] = mn;
+      const float pz = a.drop_p > 0.0f && valid ? p * drop.keep(AttnDropout::index(a, bb, h, qi, kj)) : p;
 #pragma unroll
       for (int c = 0; c < C; ++c) acc[r][c] *= corr;
       for (int jj = 0; jj < kKeys; ++jj) {
-        const float pj = __shfl_sync(0xffffffffu, p, jj);
+        const float pj = __shfl_sync(0xffffffffu, pz, jj);
 #pragma unroll
         for (int c = 0; c < C; ++c) acc[r][c] += pj * Vs[jj * D + lane + 32 * c];
       }
@@ -137,6 +142,7 @@ __global__ void __launch_bounds__(128) attn_dq_kernel(FOut dq, FIn dout, FIn q, 
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
   }
+  const AttnDropout drop = a.drop_p > 0.0f ? AttnDropout::from(a) : AttnDropout{};
   const int64_t k_end = a.causal ? min(a.s, q0 + kTile) : a.s;
   for (int64_t k0 = 0; k0 < k_end; k0 += kKeys) {
     __syncthreads();
@@ -157,7 +163,8 @@ __global__ void __launch_bounds__(128) attn_dq_kernel(FOut dq, FIn dout, FIn q, 
           sdv += dOs[row * D + t] * Vs[lane * (D + 1) + t];
         }
         const float p = __expf(sqk * a.scale - lse_r[r]);
-        ds = p * (sdv - del_r[r]);
+        const float z = a.drop_p > 0.0f ? drop.keep(AttnDropout::index(a, bb, h, qi, kj)) : 1.0f;
+        ds = p * (z * sdv - del_r[r]);
       }
       for (int jj = 0; jj < kKeys; ++jj) {
         const float dsj = __shfl_sync(0xffffffffu, ds, jj);
@@ -196,6 +203,7 @@ __global__ void __launch_bounds__(128) attn_dkdv_kernel(FOut dk, FOut dv, FIn do
   for (int r = 0; r < kRowsPerWarp; ++r)
 #pragma unroll
     for (int c = 0; c < C; ++c) ak[r][c] = av[r][c] = 0.0f;
+  const AttnDropout drop = a.drop_p > 0.0f ? AttnDropout::from(a) : AttnDropout{};
   const int64_t q_begin = a.causal ? (k0 / kKeys) * kKeys : 0;
   for (int64_t hh = 0; hh < group; ++hh) {
     const int64_t h = g * group + hh;
@@ -223,7 +231,9 @@ __global__ void __launch_bounds__(128) attn_dkdv_kernel(FOut dk, FOut dv, FIn do
             sdv += dOs[lane * (D + 1) + t] * Vk[kr * D + t];
           }
           p = __expf(sqk * a.scale - lse_s[lane]);
-          ds = p * (sdv - del_s[lane]);
+          const float z = a.drop_p > 0.0f ? drop.keep(AttnDropout::index(a, bb, h, qi, kj)) : 1.0f;
+          ds = p * (z * sdv - del_s[lane]);
+          p *= z;
         }
         for (int ii = 0; ii < kKeys; ++ii) {
           const float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);

@@ -16,8 +16,11 @@
 // This recomputes S and dP once more than FA2's single pass with fp32 atomics into a dQ accumulator
 // (7 matmuls of the forward's size instead of 5) in exchange for determinism and no fp32 dQ scratch.
 // Warps whose tile is entirely masked by causality skip it; the mask is evaluated only on boundary tiles.
+// DROP (attention dropout, philox.cuh AttnDropout; separate instantiations): with z the mask value of each
+// (query, key), dV uses P z and dS = P (z dP - delta) — delta = rowsum(dO O) of the dropped output.
 #include "mcpp/kernels/cuda/attention_mma.cuh"
 #include "mcpp/kernels/cuda/launch.h"
+#include "mcpp/kernels/cuda/philox.cuh"
 
 namespace mcpp::cuda_detail {
 namespace {
@@ -63,7 +66,7 @@ __global__ void attn_delta_bf16_kernel(float* delta, const bf16* dout, const bf1
   }
 }
 
-template <int D>
+template <int D, bool DROP>
 __global__ void __launch_bounds__(kKVThreads) attn_dkdv_mma_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
                                                                  const bf16* k, const bf16* v, const float* lse,
                                                                  const float* delta, AttnShape a) {
@@ -109,6 +112,8 @@ __global__ void __launch_bounds__(kKVThreads) attn_dkdv_mma_kernel(bf16* dk, bf1
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];
   zero(dk_acc);
   zero(dv_acc);
+  AttnDropout drop{};
+  if constexpr (DROP) drop = AttnDropout::from(a);
 
   for (int it = 0; it < total; ++it) {
     cp_async_wait_all();
@@ -134,12 +139,22 @@ __global__ void __launch_bounds__(kKVThreads) attn_dkdv_mma_kernel(bf16* dk, bf1
       const int qc = nb * 8 + 2 * (lane & 3);
       const float2 lq = *reinterpret_cast<const float2*>(cL + qc);
       const float2 dq = *reinterpret_cast<const float2*>(cD + qc);
+      float z[4];  // mask values of (query q0 + qc + (e & 1), key key_lo + 8 (e >> 1))
+      if constexpr (DROP) {
+        const int64_t h = g * group + it / n_q;
+        drop.fragment_columns(z, AttnDropout::index(a, bb, h, q0 + qc, key_first + ((lane >> 2) & 4)), a.s);
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float p = fast_exp2(st[0][nb][e] * sl2 - ((e & 1) ? lq.y : lq.x));
         if (need_mask && key_lo + (e >> 1) * 8 > q0 + qc + (e & 1)) p = 0.0f;
-        st[0][nb][e] = p;
-        dpt[0][nb][e] = p * (dpt[0][nb][e] - ((e & 1) ? dq.y : dq.x));
+        if constexpr (DROP) {
+          st[0][nb][e] = p * z[e];
+          dpt[0][nb][e] = p * (z[e] * dpt[0][nb][e] - ((e & 1) ? dq.y : dq.x));
+        } else {
+          st[0][nb][e] = p;
+          dpt[0][nb][e] = p * (dpt[0][nb][e] - ((e & 1) ? dq.y : dq.x));
+        }
       }
     }
     warp_gemm_reg_kn<kQ, D, S, 1>(dv_acc, st, cdO);
@@ -153,7 +168,7 @@ __global__ void __launch_bounds__(kKVThreads) attn_dkdv_mma_kernel(bf16* dk, bf1
   store_rows<D, 1>(dv + off, kv_stride, valid, sV, warp * 16, dv_acc, mul_v);
 }
 
-template <int D>
+template <int D, bool DROP>
 __global__ void __launch_bounds__(kQThreads) attn_dq_mma_kernel(bf16* dq, const bf16* dout, const bf16* q,
                                                                const bf16* k, const bf16* v, const float* lse,
                                                                const float* delta, AttnShape a) {
@@ -194,6 +209,8 @@ __global__ void __launch_bounds__(kQThreads) attn_dq_mma_kernel(bf16* dq, const 
     }
   float acc[kQMT][D / 8][4];
   zero(acc);
+  AttnDropout drop{};
+  if constexpr (DROP) drop = AttnDropout::from(a);
 
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait_all();
@@ -220,7 +237,12 @@ __global__ void __launch_bounds__(kQThreads) attn_dq_mma_kernel(bf16* dq, const 
 #pragma unroll
     for (int mt = 0; mt < kQMT; ++mt)
 #pragma unroll
-      for (int nb = 0; nb < kK / 8; ++nb)
+      for (int nb = 0; nb < kK / 8; ++nb) {
+        float z[4];  // mask values of (row row_thr + 16 mt + 8 (e >> 1), key k0 + nb 8 + 2 (lane & 3) + (e & 1))
+        if constexpr (DROP) {
+          const uint64_t i0 = AttnDropout::index(a, bb, h, row_thr + 16 * mt, k0 + nb * 8 + 2 * (lane & 3));
+          drop.fragment_rows(z, i0, i0 + 8 * a.s, a.s);
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float p = fast_exp2(sc[mt][nb][e] * sl2 - lse2[mt][e >> 1]);
@@ -228,8 +250,10 @@ __global__ void __launch_bounds__(kQThreads) attn_dq_mma_kernel(bf16* dq, const 
             const int64_t key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
             if (key >= a.s || (a.causal && key > row_thr + 16 * mt + 8 * (e >> 1))) p = 0.0f;
           }
-          dp[mt][nb][e] = p * (dp[mt][nb][e] - dl[mt][e >> 1]);
+          if constexpr (DROP) dp[mt][nb][e] = p * (z[e] * dp[mt][nb][e] - dl[mt][e >> 1]);
+          else dp[mt][nb][e] = p * (dp[mt][nb][e] - dl[mt][e >> 1]);
         }
+      }
     warp_gemm_reg_kn<kK, D, S, kQMT>(acc, dp, cK);
   }
 
@@ -252,13 +276,16 @@ void bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf
   using T = BwdTiles<D>;
   const unsigned kv_tiles = static_cast<unsigned>((a.s + kKVRows - 1) / kKVRows);
   const unsigned q_tiles = static_cast<unsigned>((a.s + kQRows - 1) / kQRows);
-  allow_smem(attn_dkdv_mma_kernel<D>, T::dkdv_smem);
-  attn_dkdv_mma_kernel<D><<<dim3(static_cast<unsigned>(a.b * a.ng), kv_tiles), kKVThreads, T::dkdv_smem, s>>>(
-      dk, dv, dout, q, k, v, lse, delta, a);
+  const bool drop = a.drop_p > 0.0f;
+  auto dkdv = drop ? attn_dkdv_mma_kernel<D, true> : attn_dkdv_mma_kernel<D, false>;
+  allow_smem(dkdv, T::dkdv_smem);
+  dkdv<<<dim3(static_cast<unsigned>(a.b * a.ng), kv_tiles), kKVThreads, T::dkdv_smem, s>>>(dk, dv, dout, q, k, v,
+                                                                                         lse, delta, a);
   MCPP_CUDA_LAUNCH_CHECK();
-  allow_smem(attn_dq_mma_kernel<D>, T::dq_smem);
-  attn_dq_mma_kernel<D><<<dim3(static_cast<unsigned>(a.b * a.nq), q_tiles), kQThreads, T::dq_smem, s>>>(
-      dq, dout, q, k, v, lse, delta, a);
+  auto dqk = drop ? attn_dq_mma_kernel<D, true> : attn_dq_mma_kernel<D, false>;
+  allow_smem(dqk, T::dq_smem);
+  dqk<<<dim3(static_cast<unsigned>(a.b * a.nq), q_tiles), kQThreads, T::dq_smem, s>>>(dq, dout, q, k, v, lse, delta,
+                                                                                   a);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 }  // namespace

@@ -11,8 +11,11 @@
 // online softmax (running max m and sum l per row, in registers; quad shuffles), then O += P V with P
 // rounded to bf16 (as FA2). A warp whose 32 rows all precede a causal tile skips it. Epilogue: O / l to
 // bf16 staged through the warp's own Q rows for 16-byte stores; lse = (m + log2 l) ln 2.
+// DROP (attention dropout, philox.cuh AttnDropout): after l has summed the tile's P, each P is multiplied by
+// its mask value (1 / (1 - p) or 0) before P V; a separate instantiation, so the dropout-free kernel is unchanged.
 #include "mcpp/kernels/cuda/attention_mma.cuh"
 #include "mcpp/kernels/cuda/launch.h"
+#include "mcpp/kernels/cuda/philox.cuh"
 
 namespace mcpp::cuda_detail {
 namespace {
@@ -28,7 +31,7 @@ constexpr size_t fwd_smem() {
   return sizeof(bf16) * (D + 8) * (kBM + 4 * kBN);  // Q, K[2], V[2]
 }
 
-template <int D>
+template <int D, bool DROP>
 __global__ void __launch_bounds__(kThreads) attn_fwd_mma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
                                                                 const bf16* v, AttnShape a) {
   constexpr int S = D + 8;
@@ -60,6 +63,8 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_mma_kernel(bf16* o, float* 
   float m[kMT][2], l[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+  AttnDropout drop{};
+  if constexpr (DROP) drop = AttnDropout::from(a);
 
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait_all();
@@ -114,6 +119,17 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_mma_kernel(bf16* o, float* 
           sc[mt][nb][e] = p;
           l[mt][e >> 1] += p;
         }
+      if constexpr (DROP) {
+#pragma unroll
+        for (int nb = 0; nb < kBN / 8; ++nb) {
+          const int64_t key = k0 + nb * 8 + 2 * (lane & 3);
+          const uint64_t i0 = AttnDropout::index(a, bb, h, row_thr + 16 * mt, key), i1 = i0 + 8 * a.s;
+          float z[4];
+          drop.fragment_rows(z, i0, i1, a.s);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[mt][nb][e] *= z[e];
+        }
+      }
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
         acc[mt][i][0] *= corr[0];
@@ -158,8 +174,9 @@ void launch_attention_fwd_mma(void* o, float* lse, const void* q, const void* k,
     kernel<<<grid, kThreads, smem, s>>>(static_cast<bf16*>(o), lse, static_cast<const bf16*>(q),
                                         static_cast<const bf16*>(k), static_cast<const bf16*>(v), a);
   };
-  if (a.d == 64) run(attn_fwd_mma_kernel<64>, fwd_smem<64>());
-  else run(attn_fwd_mma_kernel<128>, fwd_smem<128>());
+  const bool drop = a.drop_p > 0.0f;
+  if (a.d == 64) run(drop ? attn_fwd_mma_kernel<64, true> : attn_fwd_mma_kernel<64, false>, fwd_smem<64>());
+  else run(drop ? attn_fwd_mma_kernel<128, true> : attn_fwd_mma_kernel<128, false>, fwd_smem<128>());
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

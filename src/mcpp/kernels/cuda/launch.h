@@ -147,6 +147,10 @@ struct AttnShape {
   // [s, b, nq, d]. split_layout(): q[s, b, nq, d], k/v[s, b, ng, d] (separate tensors); packed_layout():
   // Megatron's fused qkv [s, b, ng, (nq / ng + 2) d] with k = qkv + (nq / ng) d and v = k + d.
   int64_t q_row = 0, q_batch = 0, q_group = 0, kv_row = 0, kv_batch = 0, kv_group = 0;
+  // Attention dropout (ops::AttentionOptions; device side: philox.cuh AttnDropout). drop_p = 0: off.
+  float drop_p = 0.0f;
+  uint64_t drop_seed = 0, drop_offset = 0;
+  const uint64_t* drop_base = nullptr;  // CUDA-graph key: device offset base added when the kernel runs
   AttnShape& split_layout() {
     q_row = b * nq * d, q_batch = nq * d, q_group = (nq / ng) * d;
     kv_row = b * ng * d, kv_batch = ng * d, kv_group = d;
