@@ -18,8 +18,8 @@
 // (prints a markdown table; --attention: only the attention rows; --memory-bound: only layernorm, cross
 // entropy and AdamW; --mlp: only the GELU MLP fusion rows, fused vs unfused; --attention-qkv: only the
 // split-vs-packed qkv attention rows, three paths each: the mcpp kernels, cuDNN deterministic, cuDNN
-// (--attention-qkv-cudnn: only the two cuDNN ones); --attention-dropout: cuDNN, the mcpp kernels and the mcpp
-// kernels with attention dropout 0.1 at 124M and 1.3B; --gemm-survey: only the cuBLASLt autotuning survey, its
+// (--attention-qkv-cudnn: only the two cuDNN ones); --attention-dropout: cuDNN and the mcpp kernels, each
+// without and with attention dropout 0.1, at 124M and 1.3B; --gemm-survey: only the cuBLASLt autotuning survey, its
 // own table: every training GEMM of the 124M and 1.3B steps with the heuristic's candidates timed by the tuner of
 // kernels/cuda/gemm.cpp — median of 5 single-launch cudaEvent timings each — and the one it keeps)
 #include <chrono>
@@ -293,21 +293,22 @@ void bench_grad_norm() {
 }
 
 // Which attention the rows run: cuDNN's fused attention (default), its deterministic backward
-// (--deterministic-mode), the mcpp tensor-core kernels (ops::cuda::set_cudnn_attention(false)), or those
-// with attention dropout 0.1 (the in-tile Philox mask; what any call with dropout runs).
-enum class AttnPath { Cudnn, CudnnDeterministic, Mcpp, McppDropout };
+// (--deterministic-mode), the mcpp tensor-core kernels (ops::cuda::set_cudnn_attention(false)), or either with
+// attention dropout 0.1 (cuDNN's RNG node; the mcpp kernels' in-tile Philox mask, the CPU's).
+enum class AttnPath { Cudnn, CudnnDeterministic, Mcpp, CudnnDropout, McppDropout };
 const char* path_label(AttnPath p) {
   switch (p) {
     case AttnPath::Cudnn: return " (default: cuDNN)";
     case AttnPath::CudnnDeterministic: return " (deterministic: cuDNN)";
     case AttnPath::Mcpp: return " (mcpp kernels)";
+    case AttnPath::CudnnDropout: return " (default: cuDNN, dropout 0.1)";
     case AttnPath::McppDropout: return " (mcpp kernels, dropout 0.1)";
   }
   return "";
 }
 struct AttnPathScope {  // sets the process-wide cuDNN switch for one bench row group
   explicit AttnPathScope(AttnPath p) : prev(mcpp::ops::cuda::cudnn_attention()) {
-    mcpp::ops::cuda::set_cudnn_attention(p == AttnPath::Cudnn || p == AttnPath::CudnnDeterministic);
+    mcpp::ops::cuda::set_cudnn_attention(p != AttnPath::Mcpp && p != AttnPath::McppDropout);
   }
   ~AttnPathScope() { mcpp::ops::cuda::set_cudnn_attention(prev); }
   bool prev;
@@ -327,7 +328,8 @@ void bench_attention(const char* name, int64_t s, int64_t b, int64_t nq, int64_t
   mcpp::ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d)),
                                   .causal = true,
                                   .deterministic = path == AttnPath::CudnnDeterministic,
-                                  .dropout_p = path == AttnPath::McppDropout ? 0.1f : 0.0f,
+                                  .dropout_p = path == AttnPath::McppDropout || path == AttnPath::CudnnDropout ? 0.1f
+                                                                                                            : 0.0f,
                                   .dropout_key = {.seed = 1, .offset = 0}};
   std::string shape = ng == nq ? fmt::format("{} s{} b{} h{} d{} causal", name, s, b, nq, d)
                                : fmt::format("{} s{} b{} h{} g{} d{} causal", name, s, b, nq, ng, d);
@@ -526,7 +528,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (dropout_only) {
-      for (AttnPath path : {AttnPath::Cudnn, AttnPath::Mcpp, AttnPath::McppDropout}) {
+      for (AttnPath path : {AttnPath::Cudnn, AttnPath::CudnnDropout, AttnPath::Mcpp, AttnPath::McppDropout}) {
         bench_attention("124M", 1024, 32, 12, 64, 0, path);
         bench_attention("1.3B", 2048, 8, 16, 128, 0, path);
       }
@@ -548,7 +550,8 @@ int main(int argc, char** argv) {
       bench_cross_entropy("124M B8 T1024", 8192, 50304);
       bench_adamw();
     }
-    for (AttnPath path : {AttnPath::Cudnn, AttnPath::CudnnDeterministic, AttnPath::Mcpp, AttnPath::McppDropout}) {
+    for (AttnPath path : {AttnPath::Cudnn, AttnPath::CudnnDeterministic, AttnPath::Mcpp, AttnPath::CudnnDropout,
+                          AttnPath::McppDropout}) {
       bench_attention("124M", 1024, 32, 12, 64, 0, path);
       bench_attention("1.3B", 2048, 8, 16, 128, 0, path);
       bench_attention("8K", 8192, 2, 16, 128, 0, path);

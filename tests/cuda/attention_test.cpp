@@ -205,12 +205,13 @@ TEST(CudaFlashAttention, Bf16BackwardIsDeterministic) {
   }
 }
 
-// Attention dropout: the mcpp kernels draw the CPU's mask in-tile (philox.cuh), so CUDA matches the CPU
-// op within the usual tolerance — fp32 on the CUDA-core kernels, bf16 on the tensor-core kernels, which
-// take the call even with cuDNN on (cuDNN's fused attention draws other numbers and must not run).
-// p = 0.5 on s around the tiles; a mask at other indices or ignored in one pass is off by O(1).
+// Attention dropout on the mcpp kernels (cuDNN off: its RNG draws another mask): they draw the CPU's mask
+// in-tile (philox.cuh), so CUDA matches the CPU op within the usual tolerance — fp32 on the CUDA-core
+// kernels, bf16 on the tensor-core kernels. p = 0.5 on s around the tiles (s % 4 != 0 too: the per-pair
+// draws); a mask at other indices or ignored in one pass is off by O(1).
 TEST(CudaFlashAttention, DropoutMatchesCpuOnTheMcppKernels) {
   MCPP_REQUIRE_CUDA();
+  const CudnnAttentionScope mcpp_kernels(false);
   const auto c0 = ops::cuda_cudnn_attention_counts();
   for (DType dt : float_dtypes())
     for (float p : {0.1f, 0.5f}) {
@@ -221,14 +222,142 @@ TEST(CudaFlashAttention, DropoutMatchesCpuOnTheMcppKernels) {
     check_case({.s = 333, .b = 2, .nq = 8, .ng = 2, .d = 128, .causal = true}, DType::BF16, deterministic, 0.1f);
     check_case({.s = 257, .b = 1, .nq = 3, .ng = 1, .d = 64, .causal = false}, DType::BF16, deterministic, 0.3f);
   }
+  check_case({.s = 130, .b = 1, .nq = 2, .ng = 1, .d = 64, .causal = true}, DType::BF16, false, 0.5f);
   const auto c1 = ops::cuda_cudnn_attention_counts();
-  EXPECT_EQ(c1.fwd, c0.fwd) << "cuDNN ran a forward with attention dropout";
-  EXPECT_EQ(c1.bwd, c0.bwd) << "cuDNN ran a backward with attention dropout";
+  EXPECT_EQ(c1.fwd, c0.fwd) << "cuDNN switched off, yet it ran a forward";
+  EXPECT_EQ(c1.bwd, c0.bwd) << "cuDNN switched off, yet it ran a backward";
+}
+
+// cuDNN's attention dropout (the bf16 default): its own Philox numbers, so the mask is recovered from the
+// kernel itself — Q = K = 0 makes the causal softmax uniform, P_ij = 1 / (i + 1), and V = the identity
+// (s = d = 128) makes O_ij = P_ij z_ij: z = 1 / (1 - p) or 0 read off O. Then, with that mask and the same
+// key, random inputs against a float64 reference (forward and both backward graphs); the kept fraction is
+// 1 - p within 7 standard deviations; the same key repeats the mask, another key changes it.
+struct CudnnMask {
+  std::vector<uint8_t> keep;  // [b, nq, s, s], causal part
+  double kept_fraction = 0;
+};
+
+CudnnMask recover_cudnn_mask(int64_t b, int64_t nq, int64_t s, float p, const PhiloxKey& key) {
+  const int64_t d = s;
+  const DType bf = DType::BF16;
+  Tensor zeros = Tensor::zeros({s, b, nq, d});
+  Tensor eye = Tensor::zeros({s, b, nq, d});
+  for (int64_t j = 0; j < s; ++j)
+    for (int64_t x = 0; x < b * nq; ++x) eye.data<float>()[(j * b * nq + x) * d + j] = 1.0f;
+  Tensor o = poisoned({s, b, nq, d}, bf), lse = poisoned({b, nq, s}, DType::F32);
+  const ops::AttentionOptions opt{.softmax_scale = 0.1f, .causal = true, .dropout_p = p, .dropout_key = key};
+  ops::flash_attention_fwd(o, lse, dev(zeros, bf), dev(zeros, bf), dev(eye, bf), opt);
+  Tensor oh = host(o);
+  CudnnMask m;
+  m.keep.assign(static_cast<size_t>(b * nq * s * s), 0);
+  int64_t kept = 0, total = 0;
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t x = 0; x < b * nq; ++x)
+      for (int64_t j = 0; j <= i; ++j) {
+        const float v = oh.data<float>()[(i * b * nq + x) * d + j];
+        const bool k = v > 0.0f;
+        // kept: 1 / ((1 - p)(i + 1)) up to bf16 rounding; dropped: exactly 0
+        if (k) {
+          EXPECT_NEAR(v * (1.0f - p) * static_cast<float>(i + 1), 1.0f, 1e-2) << i << " " << j;
+        }
+        m.keep[static_cast<size_t>((x * s + i) * s + j)] = k;
+        kept += k, ++total;
+      }
+  m.kept_fraction = static_cast<double>(kept) / static_cast<double>(total);
+  return m;
+}
+
+TEST(CudaFlashAttention, CudnnDropoutMaskIsBernoulliAndMatchesAFloat64Reference) {
+  MCPP_REQUIRE_CUDA();
+  const CudnnAttentionScope cudnn(true);
+  const int64_t b = 2, nq = 4, s = 128, d = 128;
+  const float p = 0.3f;
+  const PhiloxKey key{.seed = 1234, .offset = 7};
+  const auto c0 = ops::cuda_cudnn_attention_counts();
+  const CudnnMask m = recover_cudnn_mask(b, nq, s, p, key);
+  if (ops::cuda_cudnn_attention_counts().fwd == c0.fwd)
+    GTEST_SKIP() << "cuDNN's fused attention with dropout is not available here (the mcpp kernels ran)";
+  const double n = static_cast<double>(b * nq * s * (s + 1) / 2), sd = std::sqrt(p * (1.0 - p) / n);
+  std::printf("[ measured ] cuDNN dropout p=%.2f kept %.4f (expected %.4f, sd %.4f)\n", p, m.kept_fraction, 1.0 - p, sd);
+  EXPECT_NEAR(m.kept_fraction, 1.0 - p, 7 * sd);
+  EXPECT_EQ(recover_cudnn_mask(b, nq, s, p, key).keep, m.keep) << "the same key must repeat the mask";
+  const CudnnMask other = recover_cudnn_mask(b, nq, s, p, {.seed = 1234, .offset = 7 + 4096});
+  size_t differ = 0;
+  for (size_t i = 0; i < m.keep.size(); ++i) differ += m.keep[i] != other.keep[i];
+  EXPECT_GT(differ, m.keep.size() / 10) << "another offset must draw another mask";
+  Tensor base = Tensor::empty({1}, DType::I64);  // a CUDA-graph key: offset 7 relative to a device base 4096
+  base.data<int64_t>()[0] = 4096;
+  const Tensor base_d = base.to(Device::CUDA);
+  const PhiloxKey rel{.seed = 1234, .offset = 7, .device_base = static_cast<const uint64_t*>(base_d.raw())};
+  EXPECT_EQ(recover_cudnn_mask(b, nq, s, p, rel).keep, other.keep) << "device-base key != its absolute offset";
+
+  // Random inputs, the same key: float64 reference with the recovered mask z (keep / (1 - p)).
+  const DType bf = DType::BF16;
+  const Shape qs{s, b, nq, d};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  Tensor q = rnd(qs, 1, bf, -2, 2), k = rnd(qs, 2, bf, -2, 2), v = rnd(qs, 3, bf), dout = rnd(qs, 4, bf);
+  auto at = [&](const Tensor& t, int64_t i, int64_t x, int64_t c) {
+    return static_cast<double>(t.data<float>()[(i * b * nq + x) * d + c]);
+  };
+  Tensor o_ref = Tensor::zeros(qs), dq_ref = Tensor::zeros(qs), dk_ref = Tensor::zeros(qs), dv_ref = Tensor::zeros(qs);
+  auto add = [&](Tensor& t, int64_t i, int64_t x, int64_t c, double val) {
+    t.data<float>()[(i * b * nq + x) * d + c] += static_cast<float>(val);
+  };
+  for (int64_t x = 0; x < b * nq; ++x)
+    for (int64_t i = 0; i < s; ++i) {
+      std::vector<double> P(static_cast<size_t>(i + 1)), z(P.size()), dP(P.size());
+      double mx = -INFINITY, sum = 0, D = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += at(q, i, x, c) * at(k, j, x, c);
+        P[j] = dot * scale;
+        mx = std::max(mx, P[j]);
+        z[j] = m.keep[static_cast<size_t>((x * s + i) * s + j)] ? 1.0 / (1.0 - p) : 0.0;
+      }
+      for (double& e : P) sum += (e = std::exp(e - mx));
+      for (int64_t j = 0; j <= i; ++j) {
+        P[j] /= sum;
+        double dpr = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          add(o_ref, i, x, c, P[j] * z[j] * at(v, j, x, c));
+          dpr += at(dout, i, x, c) * at(v, j, x, c);
+          add(dv_ref, j, x, c, P[j] * z[j] * at(dout, i, x, c));
+        }
+        dP[j] = dpr * z[j];
+        D += P[j] * dP[j];
+      }
+      for (int64_t j = 0; j <= i; ++j) {
+        const double ds = P[j] * (dP[j] - D) * scale;
+        for (int64_t c = 0; c < d; ++c) {
+          add(dq_ref, i, x, c, ds * at(k, j, x, c));
+          add(dk_ref, j, x, c, ds * at(q, i, x, c));
+        }
+      }
+    }
+  const ops::AttentionOptions opt{.softmax_scale = scale, .causal = true, .dropout_p = p, .dropout_key = key};
+  Tensor qd = dev(q, bf), kd = dev(k, bf), vd = dev(v, bf), dod = dev(dout, bf);
+  Tensor o = poisoned(qs, bf), lse = poisoned({b, nq, s}, DType::F32);
+  ops::flash_attention_fwd(o, lse, qd, kd, vd, opt);
+  EXPECT_REL(host(o), o_ref, 1e-2);
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic backward graph" : "default backward graph");
+    ops::AttentionOptions bopt = opt;
+    bopt.deterministic = deterministic;
+    Tensor dq = poisoned(qs, bf), dk = poisoned(qs, bf), dv = poisoned(qs, bf);
+    const auto before = ops::cuda_cudnn_attention_counts();
+    ops::flash_attention_bwd(dq, dk, dv, dod, qd, kd, vd, o, lse, bopt);
+    EXPECT_EQ(ops::cuda_cudnn_attention_counts().bwd, before.bwd + 1) << "the backward must run on cuDNN too";
+    EXPECT_REL(host(dq), dq_ref, 2e-2);
+    EXPECT_REL(host(dk), dk_ref, 2e-2);
+    EXPECT_REL(host(dv), dv_ref, 2e-2);
+  }
 }
 
 // A CUDA-graph key (offset relative to a device base, core/rng.h) draws the mask of the absolute offset.
 TEST(CudaFlashAttention, DropoutDeviceBaseKeyEqualsTheAbsoluteOffset) {
   MCPP_REQUIRE_CUDA();
+  const CudnnAttentionScope mcpp_kernels(false);  // the CPU's mask (cuDNN's: the Bernoulli test below)
   Tensor base = Tensor::empty({1}, DType::I64);
   for (int64_t b : {int64_t{0}, int64_t{7}, int64_t{1} << 40}) {
     SCOPED_TRACE(b);

@@ -71,46 +71,51 @@ TEST(CudaActivations, GeluSwigluForwardBackward) {
   }
 }
 
+// n = 1001: the scalar kernel (the last Philox group partial); n = 4096: the 8-wide kernel (16-byte accesses).
 TEST(CudaDropout, MaskEqualsCpuBitForBit) {
   MCPP_REQUIRE_CUDA();
   const PhiloxKey key{.seed = 0x1234567890abcdefull, .offset = 7};
-  Tensor x = rnd({1001}, 7);  // not a multiple of 4: the last Philox group is partial
-  for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
-    SCOPED_TRACE(p);
-    Tensor want = Tensor::empty({1001}), got = poisoned({1001}, DType::F32);
-    ops::cpu::dropout_fwd(want, x, p, key, {});
-    ops::dropout_fwd(got, dev(x), p, key);
-    EXPECT_EQ(std::memcmp(got.to(Device::CPU).raw(), want.raw(), want.nbytes()), 0);  // same mask, same x * scale
-    Tensor dwant = Tensor::empty({1001}), dgot = poisoned({1001}, DType::F32);
-    ops::cpu::dropout_bwd(dwant, x, p, key, {});
-    ops::dropout_bwd(dgot, dev(x), p, key);
-    EXPECT_EQ(std::memcmp(dgot.to(Device::CPU).raw(), dwant.raw(), dwant.nbytes()), 0);
+  for (int64_t n : {1001, 4096}) {
+    Tensor x = rnd({n}, 7);
+    for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " p=" << p);
+      Tensor want = Tensor::empty({n}), got = poisoned({n}, DType::F32);
+      ops::cpu::dropout_fwd(want, x, p, key, {});
+      ops::dropout_fwd(got, dev(x), p, key);
+      EXPECT_EQ(std::memcmp(got.to(Device::CPU).raw(), want.raw(), want.nbytes()), 0);  // same mask, same x * scale
+      Tensor dwant = Tensor::empty({n}), dgot = poisoned({n}, DType::F32);
+      ops::cpu::dropout_bwd(dwant, x, p, key, {});
+      ops::dropout_bwd(dgot, dev(x), p, key);
+      EXPECT_EQ(std::memcmp(dgot.to(Device::CPU).raw(), dwant.raw(), dwant.nbytes()), 0);
+    }
+    // bf16: the same mask (zeros in the same places), values rounded once.
+    Tensor xb = rnd({n}, 8, DType::BF16), want = Tensor::empty({n}), got = poisoned({n}, DType::BF16);
+    ops::cpu::dropout_fwd(want, xb, 0.3f, key, {});
+    ops::dropout_fwd(got, dev(xb, DType::BF16), 0.3f, key);
+    Tensor g = host(got);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(g.data<float>()[i] == 0.0f, want.data<float>()[i] == 0.0f) << i;
+    EXPECT_REL(g, want, 4e-3);
   }
-  // bf16: the same mask (zeros in the same places), values rounded once.
-  Tensor xb = rnd({1001}, 8, DType::BF16), want = Tensor::empty({1001}), got = poisoned({1001}, DType::BF16);
-  ops::cpu::dropout_fwd(want, xb, 0.3f, key, {});
-  ops::dropout_fwd(got, dev(xb, DType::BF16), 0.3f, key);
-  Tensor g = host(got);
-  for (int64_t i = 0; i < 1001; ++i) ASSERT_EQ(g.data<float>()[i] == 0.0f, want.data<float>()[i] == 0.0f) << i;
-  EXPECT_REL(g, want, 4e-3);
 }
 
 // A CUDA-graph key (offset relative to a device base, core/rng.h) draws the mask of the absolute offset
 // base + offset, read when the kernel runs: changing the base between launches changes the mask.
 TEST(CudaDropout, DeviceBaseKeyEqualsTheAbsoluteOffset) {
   MCPP_REQUIRE_CUDA();
-  Tensor x = rnd({1001}, 9);
-  Tensor base = Tensor::empty({1}, DType::I64);
-  for (int64_t b : {int64_t{0}, int64_t{5}, int64_t{1} << 40}) {
-    SCOPED_TRACE(b);
-    base.data<int64_t>()[0] = b;
-    Tensor base_d = base.to(Device::CUDA);
-    const PhiloxKey rel{.seed = 99, .offset = 3, .device_base = static_cast<const uint64_t*>(base_d.raw())};
-    const PhiloxKey abs{.seed = 99, .offset = 3 + static_cast<uint64_t>(b)};
-    Tensor want = Tensor::empty({1001}), got = poisoned({1001}, DType::F32);
-    ops::cpu::dropout_fwd(want, x, 0.4f, abs, {});
-    ops::dropout_fwd(got, dev(x), 0.4f, rel);
-    EXPECT_EQ(std::memcmp(got.to(Device::CPU).raw(), want.raw(), want.nbytes()), 0);
+  for (int64_t n : {1001, 1024}) {  // the scalar and the 8-wide kernel
+    Tensor x = rnd({n}, 9);
+    Tensor base = Tensor::empty({1}, DType::I64);
+    for (int64_t b : {int64_t{0}, int64_t{5}, int64_t{1} << 40}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " base=" << b);
+      base.data<int64_t>()[0] = b;
+      Tensor base_d = base.to(Device::CUDA);
+      const PhiloxKey rel{.seed = 99, .offset = 3, .device_base = static_cast<const uint64_t*>(base_d.raw())};
+      const PhiloxKey abs{.seed = 99, .offset = 3 + static_cast<uint64_t>(b)};
+      Tensor want = Tensor::empty({n}), got = poisoned({n}, DType::F32);
+      ops::cpu::dropout_fwd(want, x, 0.4f, abs, {});
+      ops::dropout_fwd(got, dev(x), 0.4f, rel);
+      EXPECT_EQ(std::memcmp(got.to(Device::CPU).raw(), want.raw(), want.nbytes()), 0);
+    }
   }
 }
 

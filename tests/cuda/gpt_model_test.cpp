@@ -6,7 +6,7 @@
 // bf16 (mixed precision): bf16 params and activations, fp32 main grads; compared with the CPU model run
 // from the bf16-rounded weights, so the error is the bf16 activations' only.
 // With dropout (training, hidden 0.1 + attention 0.1, Megatron's defaults): the CUDA kernels draw the CPU's
-// Philox masks (the attention's in-tile on the mcpp kernels), so the same comparison holds.
+// Philox masks (the attention's in-tile on the mcpp kernels, cuDNN switched off), so the same comparison holds.
 #include "cuda/cuda_test_util.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/tensor_parallel/random.h"
@@ -44,6 +44,8 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
 }
 
 void compare(const std::string& style, DType dt, bool dropout = false) {
+  // cuDNN's attention dropout draws its own mask: the comparison with the CPU's runs the mcpp kernels
+  const CudnnAttentionScope attention(!dropout && ops::cuda::cudnn_attention());
   TransformerConfig c = testing::tiny_gpu_config(style);
   if (dropout) c.hidden_dropout = c.attention_dropout = 0.1f;
   const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32, dropout);

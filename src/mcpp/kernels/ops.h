@@ -36,8 +36,10 @@ struct AttentionOptions {
   // dropout_p, and kept ones are scaled by 1 / (1 - dropout_p) — the mask ops::dropout_fwd draws with the
   // same key over the unfused path's [b * nq, s, s] probs, drawn here per tile and never stored. lse stays
   // the undropped softmax's; the backward regenerates the mask from the same key. 0 <= dropout_p < 1; 0 =
-  // off (the key is ignored). CUDA: the mcpp kernels take a call with dropout (cuDNN's fused attention
-  // draws its own numbers); a key with a device base (CUDA graphs) is read when the kernel runs.
+  // off (the key is ignored). CUDA: the mcpp kernels draw exactly this mask; cuDNN's fused attention (the
+  // bf16 default where it has an engine) draws its own Philox numbers from the key's seed and offset — the
+  // same rate, another mask (kernels/cudnn/cudnn_attention.cpp). A key with a device base (CUDA graphs) is
+  // read when the kernels run.
   float dropout_p = 0.0f;
   PhiloxKey dropout_key{};
 };

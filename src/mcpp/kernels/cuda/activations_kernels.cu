@@ -5,7 +5,8 @@
 //           dgate = dy up s (1 + gate (1 - s)), dup = dy silu(gate), s = sigmoid(gate)
 //   dropout: Philox-4x32-10 exactly as core/rng.h — element i uses counter (offset + i/4, 0), word i%4,
 //            uniform = (word >> 8) * 2^-24; keep iff uniform >= p. One thread per 4-element group, so
-//            one Philox call per 4 elements, and the mask equals the CPU's bit for bit.
+//            one Philox call per 4 elements, and the mask equals the CPU's bit for bit (vec8_ok: 8 elements
+//            and two calls per thread, 16-byte loads and stores).
 #include "mcpp/kernels/cuda/device_utils.cuh"
 #include "mcpp/kernels/cuda/philox.cuh"
 
@@ -87,6 +88,21 @@ __global__ void dropout_kernel(FOut y, FIn x, float p, float scale, uint64_t see
     }
   }
 }
+// 8 elements per thread (counters 2j, 2j + 1) with 16-byte accesses (vec8_ok): the same mask and values.
+__global__ void dropout_vec_kernel(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t key_offset,
+                                   const uint64_t* base, int64_t n8) {
+  const uint64_t offset = key_offset + (base ? *base : 0);
+  MCPP_GRID_STRIDE(j, n8) {
+    float v[8];
+    load8(x, j, v);
+    const uint4 r0 = philox4x32_10(seed, offset + 2 * static_cast<uint64_t>(j));
+    const uint4 r1 = philox4x32_10(seed, offset + 2 * static_cast<uint64_t>(j) + 1);
+    const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = philox_uniform(w[k]) >= p ? v[k] * scale : 0.0f;
+    store8(y, j, v);
+  }
+}
 }  // namespace
 
 void launch_gelu_fwd(FOut y, FIn x, int64_t n, cudaStream_t s) {
@@ -122,6 +138,11 @@ void launch_swiglu_bwd(FOut dx, FIn dy, FIn x, int64_t rows, int64_t f, cudaStre
 void launch_dropout(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, const uint64_t* base,
                     int64_t n, cudaStream_t s) {
   if (n <= 0) return;
+  if (vec8_ok(n, {y.p, x.p})) {
+    dropout_vec_kernel<<<grid_for(n / 8, kThreads), kThreads, 0, s>>>(y, x, p, scale, seed, offset, base, n / 8);
+    MCPP_CUDA_LAUNCH_CHECK();
+    return;
+  }
   dropout_kernel<<<grid_for((n + 3) / 4, kThreads), kThreads, 0, s>>>(y, x, p, scale, seed, offset, base, n);
   MCPP_CUDA_LAUNCH_CHECK();
 }

@@ -12,8 +12,10 @@
 // their products as in FlashAttention-2; deterministic).
 // Otherwise the fp32 CUDA-core kernels (attention_kernels.cu): q/k/v/o and grads float32 or bf16, each
 // tensor may differ (rounded on store), math float32; their grid limits b * nq <= 65535.
-// Attention dropout (opt.dropout_p > 0): the mcpp kernels (tensor-core or fp32) draw the mask in-tile from
-// opt.dropout_key, bit for bit the CPU's; cuDNN never takes such a call (attention_dropout.h).
+// Attention dropout (opt.dropout_p > 0): cuDNN's graphs with its RNG node where it has an engine for the
+// forward and both backwards (its Philox numbers: another mask than the CPU's); otherwise (and with
+// set_cudnn_attention(false)) the mcpp kernels (tensor-core or fp32) draw the CPU's mask in-tile from
+// opt.dropout_key, bit for bit (attention_dropout.h).
 // Never materializes [s, s]. Asynchronous on stream_of(stream) (the delta scratch is freed stream-ordered).
 #include <atomic>
 #include <cstdint>
@@ -80,15 +82,13 @@ void set_attention_dropout(const char* op, AttnShape& a, const AttentionOptions&
   a.drop_base = opt.dropout_key.device_base;
 }
 
-bool cudnn_may_take(const AttentionOptions& opt) { return cudnn_attention() && opt.dropout_p == 0.0f; }
-
 void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionOptions& opt, Stream stream) {
   const char* op = "flash_attention_fwd";
   const AttnShape a = check_qkv(op, q, k, v, lse, opt);
   require_same_shape(op, "o", o, "q", q);
   if (mma_path({&o, &q, &k, &v})) {
-    if (cudnn_may_take(opt) &&
+    if (cudnn_attention() &&
         cudnn_attention_fwd(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream)))
       return;
     launch_attention_fwd_mma(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream));
@@ -113,7 +113,7 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
   Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
   if (mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o})) {
-    if (!cudnn_may_take(opt) || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(),
+    if (!cudnn_attention() || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(),
                                                    v.raw(), o.raw(), lse.data<float>(), delta.data<float>(), a,
                                                    opt.deterministic, s))
       launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),

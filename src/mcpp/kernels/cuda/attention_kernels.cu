@@ -288,6 +288,18 @@ void bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, const float* 
 }
 }  // namespace
 
+namespace {
+__global__ void philox_args_kernel(int64_t* out, uint64_t seed, uint64_t offset, const uint64_t* base) {
+  out[0] = static_cast<int64_t>(seed);
+  out[1] = static_cast<int64_t>(offset + (base ? *base : 0));
+}
+}  // namespace
+
+void launch_philox_args(int64_t* out, uint64_t seed, uint64_t offset, const uint64_t* base, cudaStream_t s) {
+  philox_args_kernel<<<1, 1, 0, s>>>(out, seed, offset, base);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
 void launch_attention_fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnShape& a, cudaStream_t s) {
   if (a.s <= 0 || a.b * a.nq <= 0) return;
   if (a.d == 64) fwd<64>(o, lse, q, k, v, a, s);

@@ -10,9 +10,9 @@
 //     backward graph), with the packed strides. Where it has no engine for them (packed GQA has no uniform
 //     head stride; or a refused plan) the composition below runs, whose split layout cuDNN does take —
 //     never slower than the split path;
-//   with ops::cuda::set_cudnn_attention(false) or attention dropout (attention_dropout.h): the mcpp
-//     tensor-core kernels (attention_mma_{fwd,bwd}_kernels.cu) — the same arithmetic as the split path, so
-//     results are bitwise those of qkv_split + flash_attention_fwd (bwd: + qkv_merge).
+//   with ops::cuda::set_cudnn_attention(false): the mcpp tensor-core kernels (attention_mma_{fwd,bwd}
+//     _kernels.cu) — the same arithmetic as the split path, so results are bitwise those of qkv_split +
+//     flash_attention_fwd (bwd: + qkv_merge).
 // Everything else (fp32, mixed dtypes, unaligned) and those cases: the explicit composition qkv_split +
 // flash_attention_fwd (bwd: + qkv_merge) with temporaries.
 // Asynchronous on stream_of(stream); temporaries are freed stream-ordered on compute_stream() (when the op
@@ -86,7 +86,7 @@ void flash_attention_fwd_qkv(Tensor& o, Tensor& lse, const Tensor& qkv, int64_t 
   const cudaStream_t s = stream_of(stream);
   if (in_place_ok({&o, &qkv})) {
     const PackedPtrs in = packed_ptrs(qkv, p);
-    if (!cudnn_may_take(opt)) {
+    if (!cudnn_attention()) {
       launch_attention_fwd_mma(o.raw(), lse.data<float>(), in.q, in.k, in.v, a, s);
       return;
     }
@@ -122,7 +122,7 @@ void flash_attention_bwd_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv
     Tensor delta = Tensor::empty(p.lse_shape(), DType::F32, Device::CUDA);  // rowsum(dout * o) scratch
     const PackedPtrs in = packed_ptrs(qkv, p), out = packed_ptrs(dqkv, p);
     bool done = false;
-    if (!cudnn_may_take(opt)) {
+    if (!cudnn_attention()) {
       launch_attention_bwd_mma(out.q, out.k, out.v, dout.raw(), in.q, in.k, in.v, o.raw(), lse.data<float>(),
                                delta.data<float>(), a, s);
       done = true;

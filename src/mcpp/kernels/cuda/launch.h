@@ -164,6 +164,9 @@ struct AttnShape {
   }
 };
 void launch_attention_fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnShape& a, cudaStream_t s);
+// out[0] = seed, out[1] = offset + *base (base may be null), written when the stream reaches it (cuDNN's
+// attention dropout reads its Philox seed / offset from device memory; CUDA-graph keys add the base then).
+void launch_philox_args(int64_t* out, uint64_t seed, uint64_t offset, const uint64_t* base, cudaStream_t s);
 // delta: float32 scratch [b, nq, s] (rowsum(dout * o)).
 void launch_attention_bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, FIn o, const float* lse,
                           float* delta, const AttnShape& a, cudaStream_t s);

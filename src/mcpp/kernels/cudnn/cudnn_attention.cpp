@@ -16,6 +16,15 @@
 //     dQ = dS K straight into bf16 dQ — no fp32 accumulator, which the engine then serves with its dP
 //     workspace (dS kept as bf16 [b, nq, s, s] in the plan's workspace, dQ a separate ordered product):
 //     bitwise repeatable, more workspace (~b nq s^2 2 bytes), slower than the atomics.
+// Attention dropout (AttnShape::drop_p > 0), as cudnn-frontend lowers set_dropout(p, seed, offset): the fwd
+//   graph's P (fp32) -> * mask (an RNG node: Bernoulli(1 - p) from Philox seed / offset, device int64 [1,1,1,1]
+//   tensors) -> * 1 / (1 - p) (by value) -> bf16 -> P V; Stats stay the undropped softmax's. The bwd graph
+//   regenerates the mask from the same seed / offset: softmax_sum = rowsum(dO * O) (1 - p), dV = (P mask /
+//   (1 - p))^T dO, dS = P (dP mask - softmax_sum) / (1 - p) * scale. cuDNN's numbers, not core/rng.h's: the
+//   mask differs from the CPU's / the mcpp kernels'. A call takes cuDNN only when the forward AND both
+//   backward graphs have an engine (dropout_ready), so a forward and its backward never mix the two masks.
+//   Seed = the key's seed, offset = its offset (+ the device base of a CUDA-graph key), written to a device
+//   scratch by a one-thread kernel at run time (launch_philox_args).
 // Layout: q/k/v/dq/dk/dv through the AttnShape layout fields (split or packed qkv), o/dout [s, b, nq, d],
 // lse/delta [b, nq, s]. A packed layout with GQA (nq != ng) has no uniform head stride: not supported (the
 // packed op then splits and calls the split layout). The backward with GQA computes dK / dV per query head
@@ -157,6 +166,23 @@ class Graph {
     ck(cudnnBackendFinalize(op), "finalize matmul operation");
     ops_.push_back(op);
   }
+  // y = Bernoulli(keep) mask from Philox (seed, offset device tensors): cudnn-frontend's rng node.
+  void rng(cudnnBackendDescriptor_t seed, cudnnBackendDescriptor_t offset, cudnnBackendDescriptor_t y, double keep) {
+    cudnnBackendDescriptor_t rd = make(CUDNN_BACKEND_RNG_DESCRIPTOR);
+    const cudnnRngDistribution_t dist = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
+    set(rd, CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, &dist);
+    set(rd, CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, &keep);
+    ck(cudnnBackendFinalize(rd), "finalize rng");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_RNG_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y);
+    set(op, CUDNN_ATTR_OPERATION_RNG_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &rd);
+    set(op, CUDNN_ATTR_OPERATION_RNG_SEED, CUDNN_TYPE_BACKEND_DESCRIPTOR, &seed);
+    set(op, CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &offset);
+    ck(cudnnBackendFinalize(op), "finalize rng operation");
+    ops_.push_back(op);
+  }
+  // The dropout mask [B, H, S, S] (fp32 virtual) of the seed / offset tensors kSeed / kOffset.
+  cudnnBackendDescriptor_t dropout_mask(int64_t uid, const Dims& ss, float p);
   void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
     cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
     set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x);
@@ -212,8 +238,17 @@ class Graph {
 // UIDs (as cudnn-frontend numbers them in cuDNN 9.19's API log)
 enum : int64_t {
   kQ = 0, kK = 1, kV = 2, kO = 3, kScale = 5, kOne = 7, kStats = 8, kDO = 9, kDQ = 10, kDK = 11, kDV = 12,
-  kSoftmaxSum = 13, kNegInfFwd = 11, kNegInfBwd = 20, kDQAcc = 30, kDKFull = 31, kDVFull = 32  // the last two: ours
+  kSoftmaxSum = 13, kNegInfFwd = 11, kNegInfBwd = 20, kDQAcc = 30, kDKFull = 31, kDVFull = 32,  // the last two: ours
+  kSeed = 40, kOffset = 41, kDropScale = 42, kDropScaleInv = 43  // dropout (ours); virtual tensors 50..59
 };
+
+cudnnBackendDescriptor_t Graph::dropout_mask(int64_t uid, const Dims& ss, float p) {
+  auto seed = tensor(kSeed, CUDNN_DATA_INT64, {1, 1, 1, 1}, {1, 1, 1, 1});
+  auto offset = tensor(kOffset, CUDNN_DATA_INT64, {1, 1, 1, 1}, {1, 1, 1, 1});
+  auto mask = virt(uid, CUDNN_DATA_FLOAT, ss);
+  rng(seed, offset, mask, 1.0 - static_cast<double>(p));  // the same double in the fwd and bwd graphs
+  return mask;
+}
 
 struct Layout {  // cuDNN [b, h, s, d] strides of our tensors
   Dims q, kt, v, vt, o, kv, stats;
@@ -260,8 +295,17 @@ std::unique_ptr<Graph> build_fwd(cudnnHandle_t h, const AttnShape& a) {
   auto logz = g->virt(18, CUDNN_DATA_FLOAT, s1);
   g->pointwise(CUDNN_POINTWISE_LOG, z, nullptr, logz);
   g->pointwise(CUDNN_POINTWISE_ADD, m, logz, stats);
-  auto p = g->virt(13, CUDNN_DATA_BFLOAT16, ss);
+  const bool drop = a.drop_p > 0.0f;
+  auto p = g->virt(13, drop ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16, ss);
   g->pointwise(CUDNN_POINTWISE_DIV, e, z, p);
+  if (drop) {  // P mask / (1 - p), rounded to bf16 for P V
+    auto mask = g->dropout_mask(50, ss, a.drop_p);
+    auto pm = g->virt(51, CUDNN_DATA_FLOAT, ss);
+    g->pointwise(CUDNN_POINTWISE_MUL, p, mask, pm);
+    auto pd = g->virt(52, CUDNN_DATA_BFLOAT16, ss);
+    g->pointwise(CUDNN_POINTWISE_MUL, pm, g->scalar(kDropScale), pd);
+    p = pd;
+  }
   g->matmul(p, v, o);
   g->build(h);
   return g;
@@ -282,8 +326,9 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a, bool deter
   auto dk = g->tensor(kDK, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
   auto dv = g->tensor(kDV, CUDNN_DATA_BFLOAT16, {B, G, S, D}, l.kv);
   auto softmax_sum = g->tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, s1, l.stats);
-  auto scale = g->scalar(kScale), one = g->scalar(kOne);
-  // softmax_sum = rowsum(dO * O) * 1
+  const bool drop = a.drop_p > 0.0f;
+  auto scale = g->scalar(kScale), one = g->scalar(drop ? kDropScaleInv : kOne);
+  // softmax_sum = rowsum(dO * O) * 1 (dropout: * (1 - p))
   auto doo = g->tensor(4, CUDNN_DATA_FLOAT, {B, H, S, D}, {H * S * D, S * D, H * D, 1}, true);
   g->pointwise(CUDNN_POINTWISE_MUL, dout, o, doo);
   auto rs = g->virt(6, CUDNN_DATA_FLOAT, s1);
@@ -299,9 +344,18 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a, bool deter
   auto s_masked = a.causal ? g->causal_mask(s_sub, ss, {17, 18, 19, kNegInfBwd, 21}) : s_sub;
   auto p = g->virt(22, CUDNN_DATA_FLOAT, ss);
   g->pointwise(CUDNN_POINTWISE_EXP, s_masked, nullptr, p);
-  // dV = P^T dO
+  // dV = P^T dO (dropout: (P mask / (1 - p))^T dO)
+  cudnnBackendDescriptor_t mask = nullptr, drop_scale = nullptr, p_used = p;
+  if (drop) {
+    mask = g->dropout_mask(50, ss, a.drop_p);
+    drop_scale = g->scalar(kDropScale);
+    auto pm = g->virt(51, CUDNN_DATA_FLOAT, ss);
+    g->pointwise(CUDNN_POINTWISE_MUL, p, mask, pm);
+    p_used = g->virt(52, CUDNN_DATA_FLOAT, ss);
+    g->pointwise(CUDNN_POINTWISE_MUL, pm, drop_scale, p_used);
+  }
   auto pt = g->tensor(23, CUDNN_DATA_BFLOAT16, ss, sst_str, true);
-  g->reshape(p, pt);
+  g->reshape(p_used, pt);
   // GQA (G < H): dK / dV per query head into bf16 virtual [B, H, S, D] tensors (packed), then summed over
   // each group's heads by a reduction node into the [B, G, S, D] outputs — cudnn-frontend's dK_fullhead /
   // dV_fullhead lowering (Q's data type there: fp32 full-head tensors gave unwritten / wrong dK, dV).
@@ -313,13 +367,23 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a, bool deter
     g->reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
   };
   group_sum(kDVFull, pt, dout, dv);
-  // dS = P (dO V^T - softmax_sum) scale
+  // dS = P (dO V^T - softmax_sum) scale (dropout: P (dO V^T mask - softmax_sum) / (1 - p) scale)
   auto dp = g->virt(24, CUDNN_DATA_FLOAT, ss);
   g->matmul(dout, vt, dp);
+  if (drop) {
+    auto dpm = g->virt(53, CUDNN_DATA_FLOAT, ss);
+    g->pointwise(CUDNN_POINTWISE_MUL, dp, mask, dpm);
+    dp = dpm;
+  }
   auto dp_sub = g->virt(25, CUDNN_DATA_FLOAT, ss);
   g->pointwise(CUDNN_POINTWISE_SUB, dp, softmax_sum, dp_sub);
   auto ds0 = g->virt(26, CUDNN_DATA_FLOAT, ss);
   g->pointwise(CUDNN_POINTWISE_MUL, dp_sub, p, ds0);
+  if (drop) {
+    auto ds1 = g->virt(54, CUDNN_DATA_FLOAT, ss);
+    g->pointwise(CUDNN_POINTWISE_MUL, ds0, drop_scale, ds1);
+    ds0 = ds1;
+  }
   auto ds = g->virt(27, CUDNN_DATA_FLOAT, ss);
   g->pointwise(CUDNN_POINTWISE_MUL, ds0, scale, ds);
   // dK = dS^T Q
@@ -345,7 +409,7 @@ std::unique_ptr<Graph> build_bwd(cudnnHandle_t h, const AttnShape& a, bool deter
 }
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t,
-                       int64_t, int64_t, int64_t>;  // (bwd, deterministic bwd, shape..., layout...)
+                       int64_t, int64_t, int64_t, float>;  // (bwd, deterministic bwd, shape..., layout..., dropout p)
 
 struct CachedPlan {
   std::unique_ptr<Graph> graph;  // nullptr: no engine for this key
@@ -395,8 +459,8 @@ Graph* plan_for(bool bwd, bool deterministic, const AttnShape& a, cudaStream_t s
     return nullptr;
   }
   deterministic = bwd && deterministic;
-  const Key key{bwd, deterministic, a.s, a.b, a.nq, a.ng, a.d, a.causal, a.q_row, a.q_batch, a.q_group, a.kv_row,
-                a.kv_batch, a.kv_group};
+  const Key key{bwd,      deterministic, a.s,       a.b,        a.nq,       a.ng,        a.d,     a.causal,
+                a.q_row,  a.q_batch,     a.q_group, a.kv_row,   a.kv_batch, a.kv_group, a.drop_p};
   auto it = st.plans.find(key);
   if (it != st.plans.end()) {
     st.lru.splice(st.lru.begin(), st.lru, it->second.lru);  // now the most recently used
@@ -410,11 +474,12 @@ Graph* plan_for(bool bwd, bool deterministic, const AttnShape& a, cudaStream_t s
     cudnnGetLastErrorString(msg, sizeof msg);
     std::fprintf(stderr,
                  "[mcpp] cuDNN fused attention %s has no engine for s=%lld b=%lld nq=%lld ng=%lld d=%lld "
-                 "causal=%d (%s: %s%s%s): %s\n",
+                 "causal=%d dropout=%g (%s: %s%s%s): %s\n",
                  bwd ? (deterministic ? "deterministic backward" : "backward") : "forward",
                  static_cast<long long>(a.s), static_cast<long long>(a.b),
                  static_cast<long long>(a.nq), static_cast<long long>(a.ng), static_cast<long long>(a.d),
-                 a.causal ? 1 : 0, r.what, cudnnGetErrorString(r.status), msg[0] ? "; " : "", msg,
+                 a.causal ? 1 : 0, static_cast<double>(a.drop_p), r.what, cudnnGetErrorString(r.status),
+                 msg[0] ? "; " : "", msg,
                  bwd && a.nq != a.ng ? "the MHA graph on repeated k/v instead" : "using the mcpp flash kernels");
     g.reset();
   }
@@ -456,6 +521,36 @@ bool layout_ok(const AttnShape& a) {
   return a.nq == a.ng || a.q_group == (a.nq / a.ng) * a.d;
 }
 
+// The MHA problem over k/v repeated to nq heads (gqa_bwd): head h = group h, q / dq where they were.
+AttnShape repeated_kv(const AttnShape& a) {
+  AttnShape m = a;
+  m.ng = a.nq;
+  m.q_group = a.d;  // head h at h * d: (h / r) * (r d) + (h % r) d in a's split layout
+  m.kv_row = a.b * a.nq * a.d, m.kv_batch = a.nq * a.d, m.kv_group = a.d;
+  return m;
+}
+
+// With dropout a call runs on cuDNN only if the forward and both backward graphs (default and deterministic;
+// for GQA the native or the repeated-k/v one) have an engine: the same answer for a forward and its
+// backward, so both use cuDNN's mask or both the mcpp kernels'. Without dropout: always true.
+bool dropout_ready(const AttnShape& a, cudaStream_t s) {
+  if (a.drop_p == 0.0f) return true;
+  if (!plan_for(false, false, a, s)) return false;
+  for (bool det : {false, true})
+    if (!plan_for(true, det, a, s) && (a.nq == a.ng || !plan_for(true, det, repeated_kv(a), s))) return false;
+  return true;
+}
+
+// Device [seed, offset] for the graph's RNG node (stream-ordered scratch, freed by the caller), or nullptr
+// without dropout.
+int64_t* philox_args(const AttnShape& a, cudaStream_t s) {
+  if (a.drop_p == 0.0f) return nullptr;
+  void* p = nullptr;
+  MCPP_CUDA_CHECK(cudaMallocAsync(&p, 2 * sizeof(int64_t), s));
+  launch_philox_args(static_cast<int64_t*>(p), a.drop_seed, a.drop_offset, a.drop_base, s);
+  return static_cast<int64_t*>(p);
+}
+
 }  // namespace
 
 namespace {
@@ -466,10 +561,7 @@ namespace {
 // 4 [s, b, nq, d] bf16 scratch tensors, small next to the attention itself.
 bool gqa_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
              const void* o, const float* lse, float* delta, const AttnShape& a, bool deterministic, cudaStream_t s) {
-  AttnShape m = a;  // the MHA problem over the expanded k/v: head h = group h, q / dq where they were
-  m.ng = a.nq;
-  m.q_group = a.d;  // head h at h * d: (h / r) * (r d) + (h % r) d in a's split layout
-  m.kv_row = a.b * a.nq * a.d, m.kv_batch = a.nq * a.d, m.kv_group = a.d;
+  const AttnShape m = repeated_kv(a);
   if (!plan_for(true, deterministic, m, s)) return false;
   const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(a.s * a.b * a.nq * a.d);
   void* scratch = nullptr;  // k_exp, v_exp, dk_exp, dv_exp
@@ -486,14 +578,20 @@ bool gqa_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, cons
 
 bool cudnn_attention_fwd(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,
                          cudaStream_t s) {
-  if (!layout_ok(a)) return false;
+  if (!layout_ok(a) || !dropout_ready(a, s)) return false;
   Graph* g = plan_for(false, false, a, s);
   if (!g) return false;
-  float scale = a.scale, ninf = -INFINITY;
+  float scale = a.scale, ninf = -INFINITY, drop_scale = 1.0f / (1.0f - a.drop_p);
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse, &scale};
   if (a.causal) uids.push_back(kNegInfFwd), ptrs.push_back(&ninf);  // the pack must name exactly the graph's tensors
+  int64_t* philox = philox_args(a, s);
+  if (philox) {
+    uids.insert(uids.end(), {kSeed, kOffset, kDropScale});
+    ptrs.insert(ptrs.end(), {philox, philox + 1, &drop_scale});
+  }
   execute(*g, uids, ptrs, s);
+  if (philox) MCPP_CUDA_CHECK(cudaFreeAsync(philox, s));
   ++state().fwd_calls;
   return true;
 }
@@ -501,7 +599,7 @@ bool cudnn_attention_fwd(void* o, float* lse, const void* q, const void* k, cons
 bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                          const void* v, const void* o, const float* lse, float* delta, const AttnShape& a,
                          bool deterministic, cudaStream_t s) {
-  if (!layout_ok(a)) return false;
+  if (!layout_ok(a) || !dropout_ready(a, s)) return false;
   Graph* g = plan_for(true, deterministic, a, s);
   if (!g && a.nq != a.ng) {  // no engine for the native GQA graph: the MHA graph on repeated k/v (counts bwd)
     if (!gqa_bwd(dq, dk, dv, dout, q, k, v, o, lse, delta, a, deterministic, s)) return false;
@@ -510,10 +608,17 @@ bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const v
   }
   if (!g) return false;
   if (a.nq != a.ng) ++state().bwd_gqa_calls;
-  float scale = a.scale, one = 1.0f, ninf = -INFINITY;
-  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kScale, kOne, kSoftmaxSum, kDQ, kDK, kDV};
+  const bool drop = a.drop_p > 0.0f;
+  float scale = a.scale, one = drop ? 1.0f - a.drop_p : 1.0f, ninf = -INFINITY, drop_scale = 1.0f / (1.0f - a.drop_p);
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kScale, drop ? kDropScaleInv : kOne, kSoftmaxSum, kDQ, kDK,
+                            kDV};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
                           const_cast<void*>(dout), const_cast<float*>(lse), &scale, &one, delta, dq, dk, dv};
+  int64_t* philox = philox_args(a, s);
+  if (philox) {
+    uids.insert(uids.end(), {kSeed, kOffset, kDropScale});
+    ptrs.insert(ptrs.end(), {philox, philox + 1, &drop_scale});
+  }
   void* dq_acc = nullptr;  // the default graph's fp32 dQ accumulator (zeroed: the engine adds into it)
   if (!deterministic) {
     const size_t acc_bytes = sizeof(float) * static_cast<size_t>(a.b * a.nq * a.s * a.d);
@@ -524,6 +629,7 @@ bool cudnn_attention_bwd(void* dq, void* dk, void* dv, const void* dout, const v
   if (a.causal) uids.push_back(kNegInfBwd), ptrs.push_back(&ninf);
   execute(*g, uids, ptrs, s);
   if (dq_acc) MCPP_CUDA_CHECK(cudaFreeAsync(dq_acc, s));
+  if (philox) MCPP_CUDA_CHECK(cudaFreeAsync(philox, s));
   ++state().bwd_calls;
   return true;
 }
