@@ -279,7 +279,8 @@ TEST(CudaFlashAttention, CudnnDropoutMaskIsBernoulliAndMatchesAFloat64Reference)
   if (ops::cuda_cudnn_attention_counts().fwd == c0.fwd)
     GTEST_SKIP() << "cuDNN's fused attention with dropout is not available here (the mcpp kernels ran)";
   const double n = static_cast<double>(b * nq * s * (s + 1) / 2), sd = std::sqrt(p * (1.0 - p) / n);
-  std::printf("[ measured ] cuDNN dropout p=%.2f kept %.4f (expected %.4f, sd %.4f)\n", p, m.kept_fraction, 1.0 - p, sd);
+  std::printf("[ measured ] cuDNN dropout p=%.2f kept %.4f (expected %.4f, sd %.4f)\n", p, m.kept_fraction,
+              1.0 - p, sd);
   EXPECT_NEAR(m.kept_fraction, 1.0 - p, 7 * sd);
   EXPECT_EQ(recover_cudnn_mask(b, nq, s, p, key).keep, m.keep) << "the same key must repeat the mask";
   const CudnnMask other = recover_cudnn_mask(b, nq, s, p, {.seed = 1234, .offset = 7 + 4096});
