@@ -144,6 +144,37 @@ TEST(CudaGraphTraining, DropoutDrawsFreshMasksEveryReplay) {
   }
 }
 
+// Attention dropout on cuDNN's fused attention (bf16) under graphs: its Philox offset is read from the key's
+// device base when the replay runs (a one-thread kernel inside the graph), so every replay draws that
+// step's mask. --deterministic-mode (cuDNN's deterministic backward, GEMM autotuning off): the graphed run
+// equals the eager one to float rounding of the loss read-back; a replay with a stale mask would be off by
+// the dropout's effect, checked against a run without it.
+TEST(CudaGraphTraining, AttentionDropoutOnCudnnDrawsFreshMasksEveryReplay) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_ado_" + std::to_string(::getpid()));
+  Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
+  c.training.bf16 = true;
+  c.model.deterministic_mode = true;
+  c.model.attention_dropout = 0.1f;
+  c.validate();
+  const auto c0 = ops::cuda_cudnn_attention_counts();
+  const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
+  const bool on_cudnn = ops::cuda_cudnn_attention_counts().fwd > c0.fwd;
+  c.training.enable_cuda_graph = true;
+  c.training.cuda_graph_warmup_steps = 2;
+  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+  c.training.enable_cuda_graph = false;
+  c.model.attention_dropout = 0.0f;
+  const TrainSummary no_dropout = Trainer(c, 99, training_test::single()).train();
+  std::filesystem::remove_all(dir);
+  if (!on_cudnn) std::printf("[ note ] cuDNN had no engine: the mcpp kernels' dropout ran\n");
+  EXPECT_EQ(graphed.cuda_graph_replays, 6);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-6 * eager.losses[i]) << "iteration " << i + 1;
+    EXPECT_GT(std::abs(eager.losses[i] - no_dropout.losses[i]), 1e-4) << "dropout has no effect: iteration " << i + 1;
+  }
+}
+
 TEST(CudaGraphTraining, Bf16GptWithGraphsMatchesEagerTraining) {
   MCPP_REQUIRE_CUDA();
   const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_" + std::to_string(::getpid()));
