@@ -44,7 +44,7 @@ M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "
      "--lr-warmup-iters", "1", "--lr-decay-iters", "8", "--log-interval", "1", "--eval-interval", "100",
      "--eval-iters", "1", "--split", "90,10,0", "--make-vocab-size-divisible-by", "32",
      "--attention-impl", "unfused", "--data-path", os.path.join(WORK, "c_text_document"),
-     "--seed", "5"]  # dropout: defaults (0.1; unfused attention for attention dropout)
+     "--seed", "5"]  # dropout: defaults (0.1), on the unfused attention's materialized probs
 TP2DP2 = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--ddp-bucket-size", "3000"]
 
 

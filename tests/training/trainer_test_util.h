@@ -44,7 +44,7 @@ inline Config tiny_train_config(const std::string& data_prefix, int64_t train_it
   c.model.max_position_embeddings = 16;
   c.model.hidden_dropout = 0.1f;
   c.model.attention_dropout = 0.1f;
-  c.model.attention_impl = "unfused";  // supports attention dropout
+  c.model.attention_impl = "unfused";  // the materialized-probs dropout path (flash: tests/transformer)
   c.model.make_vocab_size_divisible_by = 64;
   c.training.micro_batch_size = 4;
   c.training.global_batch_size = 8;  // 2 microbatches: gradient accumulation is exercised

@@ -1,5 +1,5 @@
 // Activation recompute (full uniform / full block / selective) vs no recompute on one rank, with hidden and
-// attention dropout on (unfused attention): the losses, every parameter gradient and the RNG streams after
+// attention dropout on (unfused attention, and the flash attention's in-tile mask): the losses, every parameter gradient and the RNG streams after
 // the step are bitwise identical — the recomputed forward replays the original dropout keys. Two
 // microbatches run forward, forward, backward, backward so a recompute happens while another microbatch's
 // draws already advanced the live streams. The contexts hold fewer bytes with recompute, and the
@@ -25,12 +25,12 @@ struct RunResult {
 };
 
 TransformerConfig recompute_config(const std::string& style, const std::string& granularity, const std::string& method,
-                                   int64_t n) {
+                                   int64_t n, const std::string& attention_impl = "unfused") {
   TransformerConfig c = testing::tiny_config(style);
   c.num_layers = 3;
   c.hidden_dropout = 0.1f;
   c.attention_dropout = 0.2f;
-  c.attention_impl = "unfused";  // attention dropout (flash has none)
+  c.attention_impl = attention_impl;
   c.recompute_granularity = granularity;
   c.recompute_method = method;
   c.recompute_num_layers = n;
@@ -72,29 +72,31 @@ void expect_bitwise_equal(const RunResult& a, const RunResult& b, const std::str
 }
 
 TEST(Recompute, FullAndSelectiveEqualNoRecomputeWithDropout) {
-  for (const std::string style : {"gpt2", "llama"}) {
-    const RunResult off = run(recompute_config(style, "", "", 0));
-    // Dropout really is on: without it the loss differs (else the test could not see a wrong mask).
-    EXPECT_NE(off.losses[0], run(recompute_config(style, "", "", 0), /*training=*/false).losses[0]) << style;
-    struct Case {
-      std::string granularity, method;
-      int64_t n;
-      std::vector<bool> empty;  // which layer contexts are dropped after the forward
-    };
-    const std::vector<Case> cases = {{"full", "uniform", 1, {true, true, true}},
-                                     {"full", "uniform", 2, {true, true, true}},  // groups {0,1}, {2}
-                                     {"full", "uniform", 3, {true, true, true}},
-                                     {"full", "block", 2, {true, true, false}},
-                                     {"full", "block", 1, {true, false, false}},
-                                     {"selective", "", 0, {false, false, false}}};
-    for (const Case& k : cases) {
-      const std::string what = style + " " + k.granularity + " " + k.method + " " + std::to_string(k.n);
-      const RunResult on = run(recompute_config(style, k.granularity, k.method, k.n));
-      expect_bitwise_equal(off, on, what);
-      EXPECT_EQ(on.layer_ctx_empty, k.empty) << what;
-      EXPECT_LT(on.context_bytes, off.context_bytes) << what << ": recompute must hold fewer activation bytes";
+  for (const std::string impl : {"unfused", "flash"})
+    for (const std::string style : {"gpt2", "llama"}) {
+      const std::string run_name = impl + " " + style;
+      const RunResult off = run(recompute_config(style, "", "", 0, impl));
+      // Dropout really is on: without it the loss differs (else the test could not see a wrong mask).
+      EXPECT_NE(off.losses[0], run(recompute_config(style, "", "", 0, impl), /*training=*/false).losses[0]) << run_name;
+      struct Case {
+        std::string granularity, method;
+        int64_t n;
+        std::vector<bool> empty;  // which layer contexts are dropped after the forward
+      };
+      const std::vector<Case> cases = {{"full", "uniform", 1, {true, true, true}},
+                                       {"full", "uniform", 2, {true, true, true}},  // groups {0,1}, {2}
+                                       {"full", "uniform", 3, {true, true, true}},
+                                       {"full", "block", 2, {true, true, false}},
+                                       {"full", "block", 1, {true, false, false}},
+                                       {"selective", "", 0, {false, false, false}}};
+      for (const Case& k : cases) {
+        const std::string what = run_name + " " + k.granularity + " " + k.method + " " + std::to_string(k.n);
+        const RunResult on = run(recompute_config(style, k.granularity, k.method, k.n, impl));
+        expect_bitwise_equal(off, on, what);
+        EXPECT_EQ(on.layer_ctx_empty, k.empty) << what;
+        EXPECT_LT(on.context_bytes, off.context_bytes) << what << ": recompute must hold fewer activation bytes";
+      }
     }
-  }
 }
 
 TEST(Recompute, FullUniformHoldsLessThanBlockOfOne) {
