@@ -171,7 +171,7 @@ void bench_layernorm(const char* name, int64_t n, int64_t h) {
   // x, dy, dres read, dx written; unfused: plus the intermediate's write and re-read).
   Tensor b = filled({n, h}, DType::BF16, 5.0f), sum = Tensor::empty({n, h}, DType::BF16, Device::CUDA);
   row("add + layernorm fwd, fused (bf16 I/O)", shape,
-      time_op([&] { mcpp::ops::add_layernorm_fwd(sum, y, mean, rstd, x, b, gamma, &beta, 1e-5f); }, y, g_iters,
+      time_op([&] { mcpp::ops::add_layernorm_fwd(sum, y, mean, rstd, x, b, gamma, &beta, 1e-5f, {}); }, y, g_iters,
               g_reps),
       0, 4 * io + stats);
   row("add, then layernorm fwd (unfused)", shape, time_op([&] {
@@ -179,20 +179,44 @@ void bench_layernorm(const char* name, int64_t n, int64_t h) {
         mcpp::ops::layernorm_fwd(y, mean, rstd, sum, gamma, &beta, 1e-5f);
       }, y, g_iters, g_reps),
       0, 5 * io + stats);
-  row("layernorm bwd + dres, fused (bf16 I/O)", shape,
-      time_op([&] { mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, nullptr, nullptr); }, dx,
-              g_iters, g_reps),
+  row("layernorm bwd + dres, fused (bf16 I/O)", shape, time_op([&] {
+        mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, nullptr, nullptr, {}, nullptr);
+      }, dx, g_iters, g_reps),
       0, 4 * io + stats);
   // + the residual bias sums (fc2's and linear_proj's bias grads: column sums of dres and of dx), read as
   // 2 h floats more written; the alternative is two column-sum passes over dres and dx (2 x io read).
   Tensor sr = Tensor::zeros({h}, DType::F32, Device::CUDA), sd = Tensor::zeros({h}, DType::F32, Device::CUDA);
-  row("layernorm bwd + dres + residual bias sums, fused", shape,
-      time_op([&] { mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, &sr, &sd); }, dx, g_iters,
-              g_reps),
+  row("layernorm bwd + dres + residual bias sums, fused", shape, time_op([&] {
+        mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, &sr, &sd, {}, nullptr);
+      }, dx, g_iters, g_reps),
       0, 4 * io + stats);
   row("layernorm bwd, then add_inplace (unfused)", shape, time_op([&] {
         mcpp::ops::layernorm_bwd(dx, dg, &db, dy, x, gamma, mean, rstd);
         mcpp::ops::add_inplace(dx, b);
+      }, dx, g_iters, g_reps),
+      0, 6 * io + stats);
+  // Hidden dropout on the branch (Megatron's bias-dropout-add, p 0.1): inside the norm kernels (fwd: b dropped
+  // in registers; bwd: dbranch written beside dx, the branch's bias sum over it) vs a dropout pass before the
+  // fused forward and a dropout_bwd pass after the fused backward (the path before session 11).
+  const mcpp::ops::ResidualDropout drop{0.1f, mcpp::PhiloxKey{.seed = 7, .offset = 0}};
+  Tensor dropped = Tensor::empty({n, h}, DType::BF16, Device::CUDA);
+  Tensor dbr = Tensor::empty({n, h}, DType::BF16, Device::CUDA);
+  row("add + layernorm fwd + residual dropout, fused", shape,
+      time_op([&] { mcpp::ops::add_layernorm_fwd(sum, y, mean, rstd, x, b, gamma, &beta, 1e-5f, drop); }, y, g_iters,
+              g_reps),
+      0, 4 * io + stats);
+  row("dropout, then add + layernorm fwd (2 kernels)", shape, time_op([&] {
+        mcpp::ops::dropout_fwd(dropped, b, drop.p, drop.key);
+        mcpp::ops::add_layernorm_fwd(sum, y, mean, rstd, x, dropped, gamma, &beta, 1e-5f, {});
+      }, y, g_iters, g_reps),
+      0, 6 * io + stats);
+  row("layernorm bwd + dres + dropout bwd + branch bias sum, fused", shape, time_op([&] {
+        mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, nullptr, &sd, drop, &dbr);
+      }, dx, g_iters, g_reps),
+      0, 5 * io + stats);
+  row("layernorm bwd + dres, then dropout bwd (2 kernels)", shape, time_op([&] {
+        mcpp::ops::add_layernorm_bwd(dx, dg, &db, dy, b, x, gamma, mean, rstd, nullptr, nullptr, {}, nullptr);
+        mcpp::ops::dropout_bwd(dbr, dx, drop.p, drop.key);
       }, dx, g_iters, g_reps),
       0, 6 * io + stats);
 }

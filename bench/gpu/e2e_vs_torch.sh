@@ -12,7 +12,8 @@
 # 124m-graph / 1.3b-graph: the same runs with --enable-cuda-graph (captured after 3 eager warm-up steps);
 # 124m-zeroed / 1.3b-zeroed: with --no-overwrite-main-grad (the grad buffer zeroed each step: the A/B of the
 # first wgrad GEMMs overwriting the main grads); 124m-dropout / 1.3b-dropout: with Megatron's default dropout
-# (--attention-dropout 0.1 --hidden-dropout 0.1; attention on the mcpp kernels' in-tile mask; the anchor has none).
+# (--attention-dropout 0.1 --hidden-dropout 0.1: cuDNN attention with its RNG node, hidden dropout inside the
+# norms; the anchor has none).
 # usage (device machine, repo root, device_carry/ carried):
 #   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed]
 #     [124m-dropout] [1.3b-dropout] [torch]

@@ -5,7 +5,8 @@
 # scripts share: run_train (one `mcpp train` run, one GPU or under mpirun) and the 124M model flags.
 C=$PWD/device_carry
 D=/tmp/dompi
-mkdir -p $D/lib && tar xzf "$C/lib.tgz" -C $D && tar xzf "$C/ompi_root.tgz" -C $D --transform 's,^/,,'
+mkdir -p $D/lib && if [ -f "$C/lib.tar.xz" ]; then tar xJf "$C/lib.tar.xz" -C $D; else tar xzf "$C/lib.tgz" -C $D; fi &&
+  tar xzf "$C/ompi_root.tgz" -C $D --transform 's,^/,,'
 if [ -f "$C/bin.tar.xz" ]; then mkdir -p "$C/bin" && tar xJf "$C/bin.tar.xz" -C "$C/bin"; fi
 NCCL_LIB=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 CUDNN_LIB=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)

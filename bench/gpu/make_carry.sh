@@ -2,7 +2,7 @@
 # Packs a CUDA build's binaries for a device run into device_carry/ (git-ignored; pass it as `carry`):
 #   device_carry/bin.tar.xz  the binaries named (default: mcpp mcpp_tests cuda_kernels_bench), xz-compressed
 #                          (their sm_90 + sm_80 fatbins compress ~6x; bench/gpu/env.sh unpacks them to bin/)
-#   device_carry/lib.tgz   their non-system shared libraries (not libcudart / libcublas* / libnccl /
+#   device_carry/lib.tar.xz  their non-system shared libraries (not libcudart / libcublas* / libnccl /
 #                          libcuda: the device machine has those in /usr/local/cuda and Python's site-packages)
 #   device_carry/anchors/  a copy of ../shared/anchors (the PyTorch peer benchmark, run in the same call)
 #   device_carry/ompi_root.tgz  Debian's Open MPI 4.1.4 runtime (the binaries link its libmpi; relocated
@@ -14,7 +14,7 @@ shift
 bins=${*:-mcpp mcpp_tests cuda_kernels_bench}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$root/device_carry
-rm -rf "$out/bin" "$out/bin.tar.xz" "$out/lib" "$out/lib.tgz" "$out/ompi_root.tgz" "$out/anchors"  # not helpers' subfolders
+rm -rf "$out/bin" "$out/bin.tar.xz" "$out/lib" "$out/lib.tgz" "$out/lib.tar.xz" "$out/ompi_root.tgz" "$out/anchors"  # not helpers' subfolders
 mkdir -p "$out/bin" "$out/lib"
 for b in $bins; do cp "$build/bin/$b" "$out/bin/"; done
 skip='linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|libcudart|libcublas|libnccl|libcuda\.so|libcudnn'
@@ -26,7 +26,7 @@ tar czf "$out/ompi_root.tgz" -P $files /etc/alternatives/mpirun /etc/alternative
 for f in /usr/bin/orterun /usr/bin/orted $(echo "$files" | grep -E '\.so(\.[0-9]+)*$' | grep -v '/openmpi3/\|/pmix/'); do
   ldd "$f" 2>/dev/null | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -v -E "$skip" | while read -r lib; do cp -L "$lib" "$out/lib/"; done
-tar czf "$out/lib.tgz" -C "$out" lib && rm -rf "$out/lib"
+tar cJf "$out/lib.tar.xz" -C "$out" lib && rm -rf "$out/lib"  # xz: openblas and ICU data ~3x smaller
 cp -r "$root/../shared/anchors" "$out/anchors"
 tar cJf "$out/bin.tar.xz" -C "$out/bin" . && rm -rf "$out/bin"
 du -sh "$out"

@@ -3,7 +3,8 @@
 //   forward vs the CPU backend: sum bitwise (a + b in fp32, one rounding to the dtype), y to tolerance;
 //   backward vs the CPU fused op to tolerance; float32 dx bitwise equal to the CUDA norm bwd + add_inplace
 //   (bf16 dx: one rounding instead of two, compared to tolerance); dgamma/dbeta bit-identical reruns;
-//   the residual bias sums (column sums of dres and of dx as stored) against float64 sums.
+//   the residual bias sums (column sums of dres and of dx as stored) against float64 sums; the residual
+//   dropout (bias-dropout-add) against dropout_fwd / dropout_bwd around the op without it, bitwise.
 // Shapes cover the vector paths (1..8 warps per row, 1..4 chunks per thread in the backward — h = 2048,
 // 4096, 4104, 8192 —, several rows per block, rows not a multiple of the block's rows, many rows per
 // persistent block) and the scalar path (h % 8 != 0, h > 8192).
@@ -50,8 +51,8 @@ TEST(CudaAddNorm, ForwardEqualsUnfusedBitwiseAndMatchesCpu) {
         // fused on CUDA
         Tensor sum = poisoned({n, h}, dt), y = poisoned({n, h}, dt);
         Tensor mean = poisoned({n}, DType::F32), rstd = poisoned({n}, DType::F32);
-        if (kind == kRmsNorm) ops::add_rmsnorm_fwd(sum, y, rstd, ad, bd, gd, eps);
-        else ops::add_layernorm_fwd(sum, y, mean, rstd, ad, bd, gd, pb, eps);
+        if (kind == kRmsNorm) ops::add_rmsnorm_fwd(sum, y, rstd, ad, bd, gd, eps, {});
+        else ops::add_layernorm_fwd(sum, y, mean, rstd, ad, bd, gd, pb, eps, {});
         EXPECT_TRUE(same_bits(sum, sum_u)) << "sum";
         EXPECT_TRUE(same_bits(y, y_u)) << "y";
         EXPECT_TRUE(same_bits(rstd, rstd_u)) << "rstd";
@@ -94,19 +95,19 @@ TEST(CudaAddNorm, BackwardMatchesCpuAndUnfused) {
         Tensor dg = dev(dg_ref), db = dev(db_ref);  // prior contents: must accumulate
         auto run = [&](Tensor& dx, Tensor& dgt, Tensor& dbt, const Tensor* res) {
           if (rms) {
-            if (res) ops::add_rmsnorm_bwd(dx, dgt, dyd, *res, xd, gd, rstdd, nullptr, nullptr);
+            if (res) ops::add_rmsnorm_bwd(dx, dgt, dyd, *res, xd, gd, rstdd, nullptr, nullptr, {}, nullptr);
             else ops::rmsnorm_bwd(dx, dgt, dyd, xd, gd, rstdd);
           } else {
             if (res)
               ops::add_layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, *res, xd, gd, meand, rstdd, nullptr,
-                                     nullptr);
+                                     nullptr, {}, nullptr);
             else ops::layernorm_bwd(dx, dgt, with_beta ? &dbt : nullptr, dyd, xd, gd, meand, rstdd);
           }
         };
-        if (rms) ops::cpu::add_rmsnorm_bwd(dx_ref, dg_ref, dy, dres, x, g, rstd, nullptr, nullptr, {});
+        if (rms) ops::cpu::add_rmsnorm_bwd(dx_ref, dg_ref, dy, dres, x, g, rstd, nullptr, nullptr, {}, nullptr, {});
         else
           ops::cpu::add_layernorm_bwd(dx_ref, dg_ref, with_beta ? &db_ref : nullptr, dy, dres, x, g, mean, rstd,
-                                      nullptr, nullptr, {});
+                                      nullptr, nullptr, {}, nullptr, {});
         Tensor dx = poisoned({n, h}, dt);
         run(dx, dg, db, &dresd);
         EXPECT_REL(host(dx), dx_ref, tol(dt, 1e-5));
@@ -165,8 +166,8 @@ TEST(CudaAddNorm, ResidualBiasSumsAreColumnSumsOfDresAndDx) {
                 Tensor::zeros({h}, DType::F32, Device::CUDA), dev(prior_r), dev(prior_d)};
           Tensor* sr = sums ? &o.sr : nullptr;
           Tensor* sd = sums ? &o.sd : nullptr;
-          if (rms) ops::add_rmsnorm_bwd(o.dx, o.dg, dyd, dresd, xd, gd, rstdd, sr, sd);
-          else ops::add_layernorm_bwd(o.dx, o.dg, &o.db, dyd, dresd, xd, gd, meand, rstdd, sr, sd);
+          if (rms) ops::add_rmsnorm_bwd(o.dx, o.dg, dyd, dresd, xd, gd, rstdd, sr, sd, {}, nullptr);
+          else ops::add_layernorm_bwd(o.dx, o.dg, &o.db, dyd, dresd, xd, gd, meand, rstdd, sr, sd, {}, nullptr);
           return o;
         };
         const Out a = run(true), b = run(true), plain = run(false);
@@ -189,6 +190,96 @@ TEST(CudaAddNorm, ResidualBiasSumsAreColumnSumsOfDresAndDx) {
   }
 }
 
+// Residual dropout (Megatron's bias-dropout-add inside the norm): the fused forward with a dropout on b
+// equals dropout_fwd(b), then the op without dropout — bitwise (sum, y, mean, rstd), b unwritten; the
+// backward's dx, dgamma, dbeta and dres sum equal the op's without dropout bitwise (the same reduction
+// partition: recompute and pipeline layouts, which run the dropout apart, stay bitwise equal to the plain
+// run) and dbranch equals dropout_bwd of that dx bitwise; the branch sum (dx_sum_acc) is the column sum of
+// dbranch as stored (float64 of the tensor read back). A CUDA-graph key (device base) draws the
+// absolute offset's mask. Vector paths (fp32, bf16; 1..8 warps a row, several chunks a thread) and the
+// scalar path (h % 8 != 0, h > 8192).
+TEST(CudaAddNorm, ResidualDropoutEqualsDropoutThenTheOpBitwise) {
+  MCPP_REQUIRE_CUDA();
+  const Case cases[] = {{37, 1000}, {29, 768}, {13, 2048}, {5, 4104}, {4, 8200}, {1001, 768}};
+  const float p = 0.3f;
+  Tensor base = Tensor::empty({1}, DType::I64);
+  base.data<int64_t>()[0] = int64_t{1} << 36;
+  const Tensor base_d = base.to(Device::CUDA);
+  const PhiloxKey abs{.seed = 77, .offset = 5 + (uint64_t{1} << 36)};
+  const PhiloxKey rel{.seed = 77, .offset = 5, .device_base = static_cast<const uint64_t*>(base_d.raw())};
+  for (const Case& c : cases) {
+    for (DType dt : float_dtypes()) {
+      for (int kind : {kLayerNormBeta, kRmsNorm}) {
+        for (const PhiloxKey& key : {abs, rel}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n=" << c.n << " h=" << c.h << " kind=" << kind
+                                            << " device base=" << (key.device_base != nullptr));
+          const int64_t n = c.n, h = c.h;
+          const bool rms = kind == kRmsNorm;
+          const float eps = rms ? 1e-6f : 1e-5f;
+          const Tensor a = rnd({n, h}, 31, dt, -2, 3), b = rnd({n, h}, 32, dt), g = rnd({h}, 33), beta = rnd({h}, 34);
+          const Tensor ad = dev(a, dt), bd = dev(b, dt), gd = dev(g), betad = dev(beta);
+          const Tensor b_before = bd.to(Device::CPU);
+          const ops::ResidualDropout drop{p, key};
+          // forward: dropout_fwd, then the op without dropout; and the fused op
+          Tensor dropped = poisoned({n, h}, dt);
+          ops::dropout_fwd(dropped, bd, p, key);
+          struct Fwd {
+            Tensor sum, y, mean, rstd;
+          };
+          auto fwd = [&](const Tensor& branch, const ops::ResidualDropout& d) {
+            Fwd f{poisoned({n, h}, dt), poisoned({n, h}, dt), poisoned({n}, DType::F32), poisoned({n}, DType::F32)};
+            if (rms) ops::add_rmsnorm_fwd(f.sum, f.y, f.rstd, ad, branch, gd, eps, d);
+            else ops::add_layernorm_fwd(f.sum, f.y, f.mean, f.rstd, ad, branch, gd, &betad, eps, d);
+            return f;
+          };
+          const Fwd u = fwd(dropped, {}), f = fwd(bd, drop);
+          EXPECT_TRUE(same_bits(f.sum, u.sum)) << "sum";
+          EXPECT_TRUE(same_bits(f.y, u.y)) << "y";
+          EXPECT_TRUE(same_bits(f.rstd, u.rstd)) << "rstd";
+          if (!rms) EXPECT_TRUE(same_bits(f.mean, u.mean)) << "mean";
+          EXPECT_TRUE(same_bits(bd, b_before)) << "b was written";
+          // backward: the op without dropout, then dropout_bwd of its dx; and the fused op
+          const Tensor dyd = dev(rnd({n, h}, 35, dt), dt), dresd = dev(rnd({n, h}, 36, dt), dt);
+          const Tensor prior = rnd({h}, 37);
+          struct Bwd {
+            Tensor dx, dbranch, dg, db, sr, sd;
+          };
+          auto bwd = [&](const ops::ResidualDropout& d) {
+            Bwd o{poisoned({n, h}, dt), poisoned({n, h}, dt), Tensor::zeros({h}, DType::F32, Device::CUDA),
+                  Tensor::zeros({h}, DType::F32, Device::CUDA), dev(prior), dev(prior)};
+            Tensor* dbr = d.active() ? &o.dbranch : nullptr;
+            if (rms) ops::add_rmsnorm_bwd(o.dx, o.dg, dyd, dresd, u.sum, gd, u.rstd, &o.sr, &o.sd, d, dbr);
+            else
+              ops::add_layernorm_bwd(o.dx, o.dg, &o.db, dyd, dresd, u.sum, gd, u.mean, u.rstd, &o.sr, &o.sd, d, dbr);
+            return o;
+          };
+          Bwd ub = bwd({}), fb = bwd(drop);
+          ops::dropout_bwd(ub.dbranch, ub.dx, p, key);
+          EXPECT_TRUE(same_bits(fb.dx, ub.dx)) << "dx";
+          EXPECT_TRUE(same_bits(fb.dbranch, ub.dbranch)) << "dbranch";
+          EXPECT_TRUE(same_bits(fb.dg, ub.dg)) << "dgamma";
+          if (!rms) EXPECT_TRUE(same_bits(fb.db, ub.db)) << "dbeta";
+          EXPECT_TRUE(same_bits(fb.sr, ub.sr)) << "dres sum";
+          const Tensor dbh = host(fb.dbranch), sdh = host(fb.sd);
+          double worst = 0;
+          int64_t kept = 0;
+          for (int64_t j = 0; j < h; ++j) {  // float64 column sums of dbranch as stored
+            double d = prior.data<float>()[j];
+            for (int64_t i = 0; i < n; ++i) {
+              const float v = dbh.data<float>()[i * h + j];
+              d += v, kept += v != 0.0f;
+            }
+            worst = std::max(worst, std::abs(sdh.data<float>()[j] - d) / (1 + std::abs(d)));
+          }
+          EXPECT_LT(worst, 1e-5);
+          const double frac = static_cast<double>(kept) / static_cast<double>(n * h);
+          EXPECT_NEAR(frac, 1.0 - p, 7 * std::sqrt(p * (1 - p) / static_cast<double>(n * h))) << "kept fraction";
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaAddNorm, BadOperandsNameTheField) {
   MCPP_REQUIRE_CUDA();
   const int64_t n = 4, h = 16;
@@ -196,17 +287,18 @@ TEST(CudaAddNorm, BadOperandsNameTheField) {
   Tensor sum = Tensor::empty({n, h}, DType::F32, Device::CUDA), y = Tensor::empty({n, h}, DType::F32, Device::CUDA);
   Tensor mean = Tensor::empty({n}, DType::F32, Device::CUDA), rstd = Tensor::empty({n}, DType::F32, Device::CUDA);
   try {
-    ops::add_layernorm_fwd(sum, y, mean, rstd, a, bad, g, nullptr, 1e-5f);
+    ops::add_layernorm_fwd(sum, y, mean, rstd, a, bad, g, nullptr, 1e-5f, {});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("add_layernorm_fwd: b must have the shape of sum"), std::string::npos)
         << e.what();
   }
-  ops::add_layernorm_fwd(sum, y, mean, rstd, a, b, g, nullptr, 1e-5f);
+  ops::add_layernorm_fwd(sum, y, mean, rstd, a, b, g, nullptr, 1e-5f, {});
   Tensor dx = Tensor::empty({n, h}, DType::F32, Device::CUDA), dg = Tensor::zeros({h}, DType::F32, Device::CUDA);
-  EXPECT_THROW(ops::add_layernorm_bwd(dx, dg, nullptr, a, bad, sum, g, mean, rstd, nullptr, nullptr), Error);
+  EXPECT_THROW(ops::add_layernorm_bwd(dx, dg, nullptr, a, bad, sum, g, mean, rstd, nullptr, nullptr, {}, nullptr),
+               Error);
   try {
-    ops::add_rmsnorm_bwd(dx, dg, a, dx, sum, g, rstd, nullptr, nullptr);
+    ops::add_rmsnorm_bwd(dx, dg, a, dx, sum, g, rstd, nullptr, nullptr, {}, nullptr);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dres must not alias dx"), std::string::npos) << e.what();

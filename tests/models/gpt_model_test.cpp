@@ -23,9 +23,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-void run_against_torch(const std::string& style, const std::string& attention_impl) {
+// With dropout the model runs in training mode; the reference rebuilds the masks from the keys our run drew
+// (replayed here from a second RngTracker: the default stream gives the embedding's, then per layer the
+// attention and mlp branches'; the model-parallel stream each layer's attention probabilities').
+void run_against_torch(const std::string& style, const std::string& attention_impl, float hidden_dropout = 0.0f,
+                       float attention_dropout = 0.0f) {
   TransformerConfig c = testing::tiny_config(style);
   c.attention_impl = attention_impl;
+  c.hidden_dropout = hidden_dropout;
+  c.attention_dropout = attention_dropout;
+  const bool dropout = hidden_dropout > 0 || attention_dropout > 0;
   GPTModel model(c, 1234, testing::single_tp());
   // Non-trivial norm weights/biases (init is ones/zeros) so their gradients and effect are exercised.
   for (const auto& p : model.params().params())
@@ -33,11 +40,14 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   const int64_t s = 12, b = 3;
   testing::Batch batch = testing::fixed_batch(s, b, c.vocab_size);
   GPTModelCtx ctx;
-  LossResult r = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = false});
+  tensor_parallel::RngTracker rng(4321, 0, 0);
+  LossResult r = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask,
+                                    {.training = dropout, .rng = dropout ? &rng : nullptr});
   Tensor logits = ctx.logits.clone();
   model.backward(ctx, 1.0f);
 
-  fs::path dir = fs::temp_directory_path() / ("mcpp_gpt_ref_" + style + "_" + attention_impl + "_" + std::to_string(::getpid()));
+  fs::path dir = fs::temp_directory_path() / fmt::format("mcpp_gpt_ref_{}_{}_{}_{}", style, attention_impl,
+                                                         dropout ? "dropout" : "eval", ::getpid());
   fs::create_directories(dir);
   nlohmann::json cfg = {{"hidden_size", c.hidden_size},
                         {"num_layers", c.num_layers},
@@ -51,6 +61,21 @@ void run_against_torch(const std::string& style, const std::string& attention_im
                         {"rotary_percent", c.rotary_percent},
                         {"rotary_base", c.rotary_base},
                         {"swiglu", c.swiglu}};
+  if (dropout) {
+    tensor_parallel::RngTracker replay(4321, 0, 0);
+    auto key = [](PhiloxKey k) { return nlohmann::json::array({k.seed, k.offset}); };
+    const auto hidden = static_cast<uint64_t>(s * b * c.hidden_size);
+    nlohmann::json d = {{"hidden", hidden_dropout}, {"attention", attention_dropout}};
+    d["embedding"] = key(replay.draw_default(hidden));
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      nlohmann::json layer;
+      layer["probs"] = key(replay.draw_model_parallel(static_cast<uint64_t>(b * c.num_attention_heads * s * s)));
+      layer["attn"] = key(replay.draw_default(hidden));
+      layer["mlp"] = key(replay.draw_default(hidden));
+      d["layers"].push_back(layer);
+    }
+    cfg["dropout"] = d;
+  }
   std::vector<std::string> keys;
   for (const auto& p : model.params().params()) {
     keys.push_back(p->spec.key);
@@ -81,6 +106,11 @@ TEST(GPTModelVsTorch, Gpt2StyleFlash) { run_against_torch("gpt2", "flash"); }
 TEST(GPTModelVsTorch, LlamaStyleFlash) { run_against_torch("llama", "flash"); }
 TEST(GPTModelVsTorch, Gpt2StyleUnfused) { run_against_torch("gpt2", "unfused"); }
 TEST(GPTModelVsTorch, LlamaStyleUnfused) { run_against_torch("llama", "unfused"); }
+// Embedding, hidden (bias-dropout-add inside the norms; the last layer's branch summed apart before the final
+// norm) and attention dropout, masks rebuilt by the reference from the drawn keys.
+TEST(GPTModelVsTorch, Gpt2StyleFlashWithDropout) { run_against_torch("gpt2", "flash", 0.2f, 0.15f); }
+TEST(GPTModelVsTorch, LlamaStyleUnfusedWithDropout) { run_against_torch("llama", "unfused", 0.3f, 0.1f); }
+TEST(GPTModelVsTorch, LlamaStyleFlashWithHiddenDropout) { run_against_torch("llama", "flash", 0.25f); }
 
 TEST(GPTModel, MegatronInitAndBufferLayout) {
   TransformerConfig c = testing::tiny_config("gpt2");
@@ -193,14 +223,16 @@ TEST(GPTModel, OverwriteMainGradEqualsAccumulatingIntoAZeroedBuffer) {
 }
 
 // Without hidden dropout, linear_fc2's and linear_proj's bias grads are summed inside pre_mlp_layernorm's
-// fused backward (ResidualBiasGrads), so they report ready right after that norm's own parameters; with
-// dropout (the gradient reaching the linear is then masked) they stay in the linears' backward. Both give
-// the same gradients when the dropout draws nothing (p = 0 is "no dropout", so p tiny: masks almost
-// surely all-ones at this size, and the comparison is to tolerance).
-TEST(GPTModel, ResidualBiasGradsRideInPreMlpLayernormWithoutDropout) {
+// fused backward (ResidualBiasGrads), so they report ready right after that norm's own parameters. With
+// dropout (bias-dropout-add inside the norms) linear_proj's still rides in pre_mlp_layernorm (over the dattn
+// it writes), and linear_fc2's stays in the linear's backward (wherever the mlp branch's dropout ran).
+// Both give the same gradients when the dropout draws nothing (p = 0 is "no dropout", so p tiny: masks
+// almost surely all-ones at this size, and the comparison is to tolerance).
+TEST(GPTModel, ResidualBiasGradsRideInTheFusedNorms) {
   std::map<std::string, Tensor> grads[2];
   for (int with_dropout = 0; with_dropout < 2; ++with_dropout) {
     TransformerConfig c = testing::tiny_config("gpt2");
+    c.num_layers = 3;
     c.hidden_dropout = with_dropout ? 1e-9f : 0.0f;
     GPTModel model(c, 5, testing::single_tp());
     std::vector<std::string> order;
@@ -222,8 +254,8 @@ TEST(GPTModel, ResidualBiasGradsRideInPreMlpLayernormWithoutDropout) {
         EXPECT_EQ(at(p + "mlp.linear_fc2.bias"), norm_bias + 1) << l;
         EXPECT_EQ(at(p + "self_attention.linear_proj.bias"), norm_bias + 2) << l;
       } else {
+        EXPECT_EQ(at(p + "self_attention.linear_proj.bias"), norm_bias + 1) << l;
         EXPECT_EQ(at(p + "mlp.linear_fc2.bias"), at(p + "mlp.linear_fc2.weight") + 1) << l;
-        EXPECT_EQ(at(p + "self_attention.linear_proj.bias"), at(p + "self_attention.linear_proj.weight") + 1) << l;
       }
     }
     for (const auto& p : model.params().params()) grads[with_dropout][p->spec.key] = p->main_grad.clone();

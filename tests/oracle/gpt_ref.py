@@ -6,6 +6,13 @@ usage: gpt_ref.py DIR
 DIR holds config.json (model fields), tokens.npy / labels.npy [s, b] int32, loss_mask.npy [s, b] f32,
 <key>.npy for every parameter, and our outputs: logits.npy [s*b, Vp], loss.txt, grad.<key>.npy.
 Exit 0 when logits (rel 1e-5), loss and every gradient (rel 1e-4) agree; prints the worst errors.
+
+Dropout (training mode, as Megatron-Core: embedding and hidden dropout at hidden_dropout, attention dropout
+on the softmax probabilities): config.json's "dropout" names the rates and each draw's Philox key — the
+embedding output's, per layer the attention probabilities' ([b, nq, s, s]), the attention and mlp branches'
+([s, b, h]) — and the masks are computed here from the keys with Philox-4x32-10 as the Random123 paper
+defines it (element i: counter key.offset + i // 4, word i % 4, uniform (word >> 8) 2^-24, kept iff >= p,
+kept values / (1 - p)); checked against Random123's known-answer vector first.
 """
 import json
 import math
@@ -17,6 +24,34 @@ import torch
 import torch.nn.functional as F
 
 torch.set_default_dtype(torch.float64)
+
+M32 = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(seed, counters):
+    """Philox-4x32-10 (Salmon et al., SC'11) of 64-bit counters (the high 64 counter bits 0): [n, 4] words."""
+    ctr = np.asarray(counters, dtype=np.uint64)
+    c = [ctr & M32, ctr >> np.uint64(32), np.zeros_like(ctr), np.zeros_like(ctr)]
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * c[0]  # < 2^64: no overflow
+        p1 = np.uint64(0xCD9E8D57) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & M32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & M32]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & M32, (k1 + np.uint64(0xBB67AE85)) & M32
+    return np.stack(c, -1)
+
+
+def dropout_scale(key, shape, p):
+    """The kept mask of a dropout draw times 1 / (1 - p), as a float64 tensor of `shape`."""
+    n = int(np.prod(shape))
+    words = philox4x32_10(key[0], key[1] + np.arange((n + 3) // 4, dtype=np.uint64)).reshape(-1)[:n]
+    u = (words >> np.uint64(8)).astype(np.float64) * 2.0 ** -24
+    keep = u >= float(np.float32(p))  # p as the fp32 the run compares with
+    return torch.tensor(keep.astype(np.float64) / (1.0 - p)).reshape(shape)
+
+
+# Random123 kat_vectors: philox4x32_10, counter 0, key 0.
+assert [int(w) for w in philox4x32_10(0, [0])[0]] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
 
 
 def main(d):
@@ -31,6 +66,10 @@ def main(d):
     nq, ng, hd = cfg["num_attention_heads"], cfg["num_query_groups"], cfg["kv_channels"]
     r = nq // ng
     eps = cfg["norm_epsilon"]
+    drop = cfg.get("dropout")
+
+    def dropped(t, key, p):
+        return t if drop is None or p == 0 else t * dropout_scale(key, tuple(t.shape), p)
 
     def norm(x, prefix):
         w = P[prefix + ".weight"]
@@ -60,6 +99,8 @@ def main(d):
     x = P["embedding.word_embeddings.weight"][tokens]  # [s, b, h]
     if cfg["position_embedding_type"] == "learned_absolute":
         x = x + P["embedding.position_embeddings.weight"][torch.arange(s)][:, None, :]
+    if drop:
+        x = dropped(x, drop["embedding"], drop["hidden"])
     causal = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
     for i in range(L):
         pre = f"decoder.layers.{i}"
@@ -75,9 +116,13 @@ def main(d):
         vh = v.permute(1, 2, 0, 3).repeat_interleave(r, dim=1)
         scores = (qh @ kh.transpose(-1, -2)) / math.sqrt(hd)
         scores = scores.masked_fill(causal, float("-inf"))
-        ctx = torch.softmax(scores, -1) @ vh  # [b, nq, s, hd]
+        probs = torch.softmax(scores, -1)
+        if drop:
+            probs = dropped(probs, drop["layers"][i]["probs"], drop["attention"])
+        ctx = probs @ vh  # [b, nq, s, hd]
         ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, nq * hd)
-        x = x + linear(ctx, pre + ".self_attention.linear_proj")
+        attn = linear(ctx, pre + ".self_attention.linear_proj")
+        x = x + (dropped(attn, drop["layers"][i]["attn"], drop["hidden"]) if drop else attn)
         m = norm(x, pre + ".pre_mlp_layernorm")
         f1 = linear(m, pre + ".mlp.linear_fc1")
         if cfg["swiglu"]:
@@ -85,7 +130,8 @@ def main(d):
             act = F.silu(gate) * up
         else:
             act = F.gelu(f1, approximate="tanh")
-        x = x + linear(act, pre + ".mlp.linear_fc2")
+        mlp = linear(act, pre + ".mlp.linear_fc2")
+        x = x + (dropped(mlp, drop["layers"][i]["mlp"], drop["hidden"]) if drop else mlp)
     x = norm(x, "decoder.final_layernorm")
     w_out = P["output_layer.weight"] if "output_layer.weight" in P else P["embedding.word_embeddings.weight"]
     logits = (x @ w_out.T).reshape(s * b, -1)

@@ -83,25 +83,30 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor&
   MCPP_DISPATCH(rmsnorm_bwd, ({&dx, &dgamma_acc, &dy, &x, &gamma, &rstd}), dx, dgamma_acc, dy, x, gamma, rstd, s);
 }
 void add_layernorm_fwd(Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
-                       const Tensor& gamma, const Tensor* beta, float eps, Stream s) {
+                       const Tensor& gamma, const Tensor* beta, float eps, const ResidualDropout& drop, Stream s) {
   MCPP_DISPATCH(add_layernorm_fwd, ({&sum, &y, &mean, &rstd, &a, &b, &gamma, beta}), sum, y, mean, rstd, a, b, gamma,
-                beta, eps, s);
+                beta, eps, drop, s);
 }
 void add_rmsnorm_fwd(Tensor& sum, Tensor& y, Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& gamma,
-                     float eps, Stream s) {
-  MCPP_DISPATCH(add_rmsnorm_fwd, ({&sum, &y, &rstd, &a, &b, &gamma}), sum, y, rstd, a, b, gamma, eps, s);
+                     float eps, const ResidualDropout& drop, Stream s) {
+  MCPP_DISPATCH(add_rmsnorm_fwd, ({&sum, &y, &rstd, &a, &b, &gamma}), sum, y, rstd, a, b, gamma, eps, drop, s);
 }
 void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& dres,
                        const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                       Tensor* dres_sum_acc, Tensor* dx_sum_acc, Stream s) {
+                       Tensor* dres_sum_acc, Tensor* dx_sum_acc, const ResidualDropout& drop, Tensor* dbranch,
+                       Stream s) {
   MCPP_DISPATCH(add_layernorm_bwd,
-                ({&dx, &dgamma_acc, dbeta_acc, &dy, &dres, &x, &gamma, &mean, &rstd, dres_sum_acc, dx_sum_acc}), dx,
-                dgamma_acc, dbeta_acc, dy, dres, x, gamma, mean, rstd, dres_sum_acc, dx_sum_acc, s);
+                ({&dx, &dgamma_acc, dbeta_acc, &dy, &dres, &x, &gamma, &mean, &rstd, dres_sum_acc, dx_sum_acc,
+                  dbranch}),
+                dx, dgamma_acc, dbeta_acc, dy, dres, x, gamma, mean, rstd, dres_sum_acc, dx_sum_acc, drop, dbranch,
+                s);
 }
 void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& dres, const Tensor& x,
-                     const Tensor& gamma, const Tensor& rstd, Tensor* dres_sum_acc, Tensor* dx_sum_acc, Stream s) {
-  MCPP_DISPATCH(add_rmsnorm_bwd, ({&dx, &dgamma_acc, &dy, &dres, &x, &gamma, &rstd, dres_sum_acc, dx_sum_acc}), dx,
-                dgamma_acc, dy, dres, x, gamma, rstd, dres_sum_acc, dx_sum_acc, s);
+                     const Tensor& gamma, const Tensor& rstd, Tensor* dres_sum_acc, Tensor* dx_sum_acc,
+                     const ResidualDropout& drop, Tensor* dbranch, Stream s) {
+  MCPP_DISPATCH(add_rmsnorm_bwd,
+                ({&dx, &dgamma_acc, &dy, &dres, &x, &gamma, &rstd, dres_sum_acc, dx_sum_acc, dbranch}), dx,
+                dgamma_acc, dy, dres, x, gamma, rstd, dres_sum_acc, dx_sum_acc, drop, dbranch, s);
 }
 void gelu_fwd(Tensor& y, const Tensor& x, Stream s) { MCPP_DISPATCH(gelu_fwd, ({&y, &x}), y, x, s); }
 void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, Stream s) {

@@ -44,6 +44,15 @@ struct AttentionOptions {
   PhiloxKey dropout_key{};
 };
 
+// Dropout on the residual branch b of a fused add + norm (Megatron's bias-dropout-add with hidden dropout):
+// the op adds dropout_fwd(b, p, key) instead of b — the same mask (over b's flat index) and the same values,
+// rounded to b's dtype, as that op's output. 0 <= p <= 1; p == 0 is off (the key is ignored).
+struct ResidualDropout {
+  float p = 0.0f;
+  PhiloxKey key{};
+  bool active() const { return p > 0.0f; }
+};
+
 struct AdamWOptions {
   float lr = 1e-3f;
   float beta1 = 0.9f;

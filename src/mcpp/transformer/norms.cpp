@@ -29,7 +29,9 @@ Tensor Norm::forward(NormCtx& ctx, const Tensor& x) const {
   return y.view(x.shape());
 }
 
-Tensor Norm::forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b) const {
+Tensor Norm::forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b,
+                         const ops::ResidualDropout& drop) const {
+  ctx.drop = drop;
   Tensor s = Tensor::empty(a.shape(), a.dtype(), a.device());
   ctx.x = s.view({-1, hidden_});  // [n, h]
   const int64_t n = ctx.x.size(0);
@@ -38,18 +40,22 @@ Tensor Norm::forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tenso
   ctx.rstd = Tensor::empty({n}, DType::F32, a.device());
   if (kind_ == Normalization::LayerNorm) {
     ctx.mean = Tensor::empty({n}, DType::F32, a.device());
-    ops::add_layernorm_fwd(ctx.x, y, ctx.mean, ctx.rstd, a2, b2, weight_->data, &bias_->data, eps_);
+    ops::add_layernorm_fwd(ctx.x, y, ctx.mean, ctx.rstd, a2, b2, weight_->data, &bias_->data, eps_, drop);
   } else {
-    ops::add_rmsnorm_fwd(ctx.x, y, ctx.rstd, a2, b2, weight_->data, eps_);
+    ops::add_rmsnorm_fwd(ctx.x, y, ctx.rstd, a2, b2, weight_->data, eps_, drop);
   }
   y = y.view(a.shape());
   sum = s;  // last: sum may be the caller's a or b
   return y;
 }
 
-Tensor Norm::backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres, const ResidualBiasGrads& rb) const {
+Tensor Norm::backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres, const ResidualBiasGrads& rb,
+                      Tensor* dbranch) const {
   MCPP_CHECK(dres || (!rb.dres_bias && !rb.dx_bias), "Norm::backward: residual bias grads need dres");
+  const bool dropped = ctx.drop.active();
+  MCPP_CHECK(!dropped || (dres && dbranch), "Norm::backward: a forward_add with dropout needs dres and dbranch");
   Tensor dx = Tensor::empty(ctx.x.shape(), dy.dtype(), dy.device());  // [n, h]
+  Tensor db = dropped ? Tensor::empty(ctx.x.shape(), dy.dtype(), dy.device()) : Tensor();
   Tensor dy2 = dy.view({-1, hidden_});
   Tensor dres2 = dres ? dres->view({-1, hidden_}) : Tensor();
   Tensor* dres_sum = rb.dres_bias ? &rb.dres_bias->main_grad : nullptr;
@@ -58,12 +64,13 @@ Tensor Norm::backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres, const 
   if (kind_ == Normalization::LayerNorm) {
     if (dres)
       ops::add_layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, dres2, ctx.x, weight_->data, ctx.mean,
-                             ctx.rstd, dres_sum, dx_sum);
+                             ctx.rstd, dres_sum, dx_sum, ctx.drop, dropped ? &db : nullptr);
     else
       ops::layernorm_bwd(dx, weight_->main_grad, &bias_->main_grad, dy2, ctx.x, weight_->data, ctx.mean, ctx.rstd);
   } else {
     if (dres)
-      ops::add_rmsnorm_bwd(dx, weight_->main_grad, dy2, dres2, ctx.x, weight_->data, ctx.rstd, dres_sum, dx_sum);
+      ops::add_rmsnorm_bwd(dx, weight_->main_grad, dy2, dres2, ctx.x, weight_->data, ctx.rstd, dres_sum, dx_sum,
+                           ctx.drop, dropped ? &db : nullptr);
     else
       ops::rmsnorm_bwd(dx, weight_->main_grad, dy2, ctx.x, weight_->data, ctx.rstd);
   }
@@ -71,6 +78,7 @@ Tensor Norm::backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres, const 
   if (bias_) bias_->grad_ready();
   if (rb.dres_bias) rb.dres_bias->grad_ready();
   if (rb.dx_bias) rb.dx_bias->grad_ready();
+  if (dropped) *dbranch = db.view(dy.shape());
   return dx.view(dy.shape());
 }
 

@@ -5,12 +5,15 @@
 // Backward: dweight/dbias ACCUMULATE into main_grad; dx returned.
 // Fused residual (ops add_layernorm_fwd / add_layernorm_bwd and the RMSNorm pair): forward_add returns
 // norm(a + b) and the residual sum a + b (the norm's saved input); backward's dres adds the gradient the
-// sum receives from its other consumer into dx, in the same kernel.
+// sum receives from its other consumer into dx, in the same kernel. With a residual dropout on b (Megatron's
+// bias-dropout-add under hidden dropout) the forward adds dropout(b) and the backward also returns b's
+// gradient (dbranch), both inside the norm kernels.
 #pragma once
 #include <string>
 
 #include "mcpp/core/tensor.h"
 #include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/kernels/ops.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp {
@@ -19,11 +22,13 @@ struct NormCtx {
   Tensor x;     // [n, h]
   Tensor mean;  // [n] (LayerNorm only)
   Tensor rstd;  // [n]
+  ops::ResidualDropout drop;  // forward_add's dropout on b (inactive: none)
 };
 
 // Bias parameters whose grads a fused backward (with dres) takes from the residual stream: dres_bias +=
-// the column sums of dres, dx_bias += the column sums of dx (ops::add_layernorm_bwd's residual sums); each
-// then reports grad_ready from Norm::backward. For the linears whose outputs meet at this residual add.
+// the column sums of dres, dx_bias += the column sums of the branch b's gradient (dbranch under a residual
+// dropout, else dx) (ops::add_layernorm_bwd's residual sums); each then reports grad_ready from
+// Norm::backward. For the linears whose outputs meet at this residual add.
 struct ResidualBiasGrads {
   Parameter* dres_bias = nullptr;
   Parameter* dx_bias = nullptr;
@@ -35,9 +40,14 @@ class Norm {
        bool sequence_parallel);
   Tensor forward(NormCtx& ctx, const Tensor& x) const;  // x [..., h] -> [..., h]
   // sum = a + b (a, b [..., h] of one shape; sum gets a's shape, dtype and device), returns norm(sum).
-  Tensor forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b) const;
-  // dx = d(norm)/dx (dy) (+ dres [..., h] when non-null; then also the residual bias grads rb).
-  Tensor backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres = nullptr, const ResidualBiasGrads& rb = {}) const;
+  // drop active: sum = a + dropout(b) (ops::dropout_fwd's mask and values; b is not written); the backward
+  // must then take dres and dbranch.
+  Tensor forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b,
+                     const ops::ResidualDropout& drop = {}) const;
+  // dx = d(norm)/dx (dy) (+ dres [..., h] when non-null; then also the residual bias grads rb). After a
+  // forward_add with dropout, *dbranch = b's gradient (dropout_bwd of dx, written in the same kernel).
+  Tensor backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres = nullptr, const ResidualBiasGrads& rb = {},
+                  Tensor* dbranch = nullptr) const;
 
  private:
   Parameter* weight_ = nullptr;

@@ -23,9 +23,9 @@ TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, const std::string
 
 Tensor Residual::sum() {
   if (!b.defined()) return a;
-  ops::add_inplace(b, a);  // b = b + a (the layer's mlp output, owned by the stream)
-  a = b;
-  b = Tensor();
+  if (drop.active()) ops::dropout_fwd(b, b, drop.p, drop.key);  // b: the layer's mlp output, owned by the stream
+  ops::add_inplace(b, a);                                        // b = b + a
+  *this = Residual{b, Tensor()};
   return a;
 }
 
@@ -35,49 +35,50 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
   if (ctx.dropout) MCPP_CHECK(opt.rng, "hidden dropout needs an RNG stream");
   Tensor x, ln1;  // x = the input's value (written by the fused add when unsummed)
   if (in.b.defined()) {
-    ln1 = input_layernorm_.forward_add(ctx.input_layernorm, x, in.a, in.b);
+    ln1 = input_layernorm_.forward_add(ctx.input_layernorm, x, in.a, in.b, in.drop);
   } else {
     x = in.a;
     ln1 = input_layernorm_.forward(ctx.input_layernorm, x);
   }
   Tensor attn = self_attention_.forward(ctx.self_attention, ln1, rope, opt);  // [s, b, h]
-  if (ctx.dropout) {
-    ctx.attn_dropout_key = opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_);
-    ops::dropout_fwd(attn, attn, hidden_dropout_, ctx.attn_dropout_key);
-  }
-  Tensor x1;  // residual x1 = x + attn, fused with the norm (ln2 = norm(x1), computed from the rounded x1)
-  Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn);
+  ops::ResidualDropout attn_drop;
+  if (ctx.dropout)
+    attn_drop = {hidden_dropout_, opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_)};
+  Tensor x1;  // x1 = x + dropout(attn), fused with the norm (ln2 = norm(x1), computed from the rounded x1)
+  Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn, attn_drop);
   Tensor mlp = mlp_.forward(ctx.mlp, ln2);
+  Residual y{x1, mlp};  // y = x1 + dropout(mlp), added by the next norm (or Residual::sum)
   if (ctx.dropout) {
     ctx.mlp_dropout_key = opt.rng->draw(static_cast<uint64_t>(mlp.numel()), sequence_parallel_);
-    ops::dropout_fwd(mlp, mlp, hidden_dropout_, ctx.mlp_dropout_key);
+    y.drop = {hidden_dropout_, ctx.mlp_dropout_key};
   }
-  return Residual{x1, mlp};  // y = x1 + mlp, added by the next norm (or Residual::sum)
+  return y;
 }
 
-Tensor TransformerLayer::backward(TransformerLayerCtx& ctx, const Tensor& dy, const RopeTables* rope) const {
-  // MLP branch: dx1 = dy + d(pre_mlp_layernorm)(mlp^T(dropout^T(dy)))
-  Tensor dmlp = dy;
-  if (ctx.dropout) {
-    dmlp = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    ops::dropout_bwd(dmlp, dy, hidden_dropout_, ctx.mlp_dropout_key);
+ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const ResidualGrad& dy,
+                                       const RopeTables* rope) const {
+  // MLP branch: dx1 = dy + d(pre_mlp_layernorm)(mlp^T(dropout^T(dy))). Under dropout the norm that added
+  // y = x1 + dropout(mlp) returned dmlp, unless y was summed apart.
+  Tensor dmlp = dy.sum;
+  if (ctx.dropout && dy.branch.defined()) {
+    dmlp = dy.branch;
+  } else if (ctx.dropout) {
+    dmlp = Tensor::empty(dy.sum.shape(), dy.sum.dtype(), dy.sum.device());
+    ops::dropout_bwd(dmlp, dy.sum, hidden_dropout_, ctx.mlp_dropout_key);
   }
-  // Without dropout the gradients reaching fc2's and linear_proj's outputs are dy and dx1 themselves, which
-  // pre_mlp_layernorm's fused backward reads (dres) and writes: their bias grads (the column sums) ride in
-  // it (ResidualBiasGrads), not in the linears' backward.
-  const ResidualBiasGrads rb =
-      ctx.dropout ? ResidualBiasGrads{} : ResidualBiasGrads{mlp_.output_bias(), self_attention_.output_bias()};
+  // The gradients reaching fc2's output (dy, without dropout) and linear_proj's (dattn: dx1 without dropout)
+  // are read or written by pre_mlp_layernorm's fused backward: their bias grads (the column sums) ride in it
+  // (ResidualBiasGrads), not in the linears' backward; under dropout fc2's stays in the linear (header).
+  const ResidualBiasGrads rb = ctx.dropout ? ResidualBiasGrads{nullptr, self_attention_.output_bias()}
+                                           : ResidualBiasGrads{mlp_.output_bias(), self_attention_.output_bias()};
+  Tensor dattn;  // attention branch: dx = dx1 + d(input_layernorm)(attn^T(dropout^T(dx1)))
   Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, mlp_.backward(ctx.mlp, dmlp, rb.dres_bias != nullptr),
-                                           &dy, rb);  // + dy fused
-  // Attention branch: dx = dx1 + d(input_layernorm)(attn^T(dropout^T(dx1)))
-  Tensor dattn = dx1;
-  if (ctx.dropout) {
-    dattn = Tensor::empty(dx1.shape(), dx1.dtype(), dx1.device());
-    ops::dropout_bwd(dattn, dx1, hidden_dropout_, ctx.attn_dropout_key);
-  }
-  Tensor dx =  // + dx1 fused into the norm's backward
-      input_layernorm_.backward(ctx.input_layernorm,
-                                self_attention_.backward(ctx.self_attention, dattn, rope, rb.dx_bias != nullptr), &dx1);
+                                           &dy.sum, rb, &dattn);  // + dy and the dropout backward fused
+  if (!ctx.dropout) dattn = dx1;
+  ResidualGrad dx;  // + dx1 fused into the norm's backward; with the input's dropout also its branch gradient
+  dx.sum = input_layernorm_.backward(ctx.input_layernorm,
+                                     self_attention_.backward(ctx.self_attention, dattn, rope, rb.dx_bias != nullptr),
+                                     &dx1, {}, &dx.branch);
   return dx;
 }
 
@@ -141,16 +142,19 @@ Tensor TransformerBlock::forward(TransformerBlockCtx& ctx, const Tensor& x, cons
   }
   h = forward_layers(ctx, i, n - i, std::move(h), rope, opt);
   if (!final_layernorm_) return h.sum();
+  // The last residual add inside the final norm (the norm's context keeps the sum); its backward has no dres,
+  // so a dropped branch is summed apart (Residual::sum) and the last layer applies its dropout backward.
+  if (h.drop.active()) h.sum();
   if (!h.b.defined()) return final_layernorm_->forward(ctx.final_layernorm, h.a);
-  Tensor sum;  // the last residual add inside the final norm; the norm's context keeps the sum
+  Tensor sum;
   return final_layernorm_->forward_add(ctx.final_layernorm, sum, h.a, h.b);
 }
 
 Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope) const {
   MCPP_CHECK(ctx.layers.size() == layers_.size() && ctx.recompute.size() == groups_.size(),
              "TransformerBlock::backward needs the context of this block's forward");
-  Tensor d = dy;
-  if (final_layernorm_) d = final_layernorm_->backward(ctx.final_layernorm, d);
+  ResidualGrad d{dy, Tensor()};
+  if (final_layernorm_) d.sum = final_layernorm_->backward(ctx.final_layernorm, d.sum);
   size_t g = groups_.size();
   for (auto i = static_cast<int64_t>(layers_.size()); i-- > 0;) {
     if (g > 0 && i == groups_[g - 1].first + groups_[g - 1].count - 1) {  // last layer of a recomputed group
@@ -163,7 +167,8 @@ Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, co
     d = layers_[static_cast<size_t>(i)]->backward(ctx.layers[static_cast<size_t>(i)], d, rope);
     ctx.layers[static_cast<size_t>(i)] = {};  // consumed
   }
-  return d;
+  MCPP_CHECK(!d.branch.defined(), "TransformerBlock::backward: the block's input has no residual branch");
+  return d.sum;
 }
 
 }  // namespace mcpp

@@ -12,7 +12,16 @@
 // dropout, pre_mlp_layernorm's backward also sums the bias grads of linear_fc2 (over dres = dy) and
 // linear_proj (over its dx = dx1), the column sums linear_bwd would otherwise take in a separate pass
 // (not with sequence parallelism: RowParallelLinear::residual_bias).
-// Backward returns dx; parameter grads accumulate into main_grad.
+// Hidden dropout is Megatron's bias-dropout-add inside the same norms: the attention branch's dropout runs
+// in pre_mlp_layernorm's forward and backward (which writes dattn beside dx1 and sums linear_proj's bias
+// grad over it); the mlp branch's rides in the Residual to the norm that adds it — the next layer's
+// input_layernorm, whose backward returns dmlp beside dx (ResidualGrad::branch). Where the sum is
+// materialized instead (Residual::sum: the final norm's input, a pipeline stage's output, a recomputed
+// group's input) the dropout is a separate pass and the layer's backward applies its own dropout_bwd. Both
+// give the same bits (same masks from the same keys, same roundings, same reduction partitions), so
+// recompute and pipeline layouts stay bitwise equal to the plain run; for that linear_fc2's bias grad under
+// dropout stays in its wgrad (cuBLASLt's BGRADB epilogue: free at 1.3B) rather than in whichever norm.
+// Backward returns dx (and b's gradient, above); parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 // Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):
 //   uniform: this block's layers in groups of recompute_num_layers (the last group may be shorter);
@@ -36,18 +45,25 @@ namespace mcpp {
 struct TransformerLayerCtx {
   NormCtx input_layernorm;
   SelfAttentionCtx self_attention;
-  PhiloxKey attn_dropout_key;
   NormCtx pre_mlp_layernorm;
   MLPCtx mlp;
   PhiloxKey mlp_dropout_key;
   bool dropout = false;
 };
 
-// The residual stream between layers: the value a, or a + b left unsummed for the next norm to add (b
-// defined). sum() materializes it (a separate add, into b's storage).
+// The residual stream between layers: the value a, or a + dropout(b) left unsummed for the next norm to add
+// (b defined; drop inactive = no dropout). sum() materializes it (dropout, then a separate add, into b's
+// storage).
 struct Residual {
   Tensor a, b;
+  ops::ResidualDropout drop;
   Tensor sum();
+};
+
+// The gradient of a Residual: sum = that of a and of the sum; branch = that of b where the consuming norm
+// dropped b in its kernels, else undefined (b's producer applies its dropout backward to sum itself).
+struct ResidualGrad {
+  Tensor sum, branch;
 };
 
 class TransformerLayer {
@@ -57,7 +73,7 @@ class TransformerLayer {
   // x: the layer input (an unsummed one is added inside input_layernorm). Returns y unsummed: {x1, mlp}.
   Residual forward(TransformerLayerCtx& ctx, const Residual& x, const RopeTables* rope,
                    const ForwardOptions& opt) const;
-  Tensor backward(TransformerLayerCtx& ctx, const Tensor& dy, const RopeTables* rope) const;
+  ResidualGrad backward(TransformerLayerCtx& ctx, const ResidualGrad& dy, const RopeTables* rope) const;
 
  private:
   float hidden_dropout_;

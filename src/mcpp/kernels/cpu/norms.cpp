@@ -9,9 +9,11 @@
 //   rmsnorm_fwd:   rstd[n] = 1/sqrt(mean(x^2) + eps); y = x * rstd * gamma
 //   rmsnorm_bwd:   xhat = x * rstd, g = dy * gamma; dx = rstd * (g - xhat * mean_h(g * xhat));
 //                  dgamma_acc[h] += sum_n dy * xhat                                (ACCUMULATE)
-//   add_layernorm_fwd / add_rmsnorm_fwd: add(sum, a, b), then the norm of sum (exactly that composition)
-//   add_layernorm_bwd / add_rmsnorm_bwd: the norm's bwd into dx, then add_inplace(dx, dres); the optional
-//                  residual bias sums are linear_bwd's column sums of dres and of that dx
+//   add_layernorm_fwd / add_rmsnorm_fwd: add(sum, a, b), then the norm of sum (exactly that composition);
+//                  with a residual dropout, b = dropout_fwd(b) first (into a temporary)
+//   add_layernorm_bwd / add_rmsnorm_bwd: the norm's bwd into dx, then add_inplace(dx, dres); with a residual
+//                  dropout then dropout_bwd(dbranch, dx); the optional residual bias sums are linear_bwd's
+//                  column sums of dres and of the branch's gradient (dbranch, else that dx)
 // x/y/dy/dx: [.., h] (n = product of leading dims); gamma/beta: h elements; mean/rstd: float32, n elements.
 // Parallel over rows for y/dx; parameter grads are parallel over hidden-dim blocks, each column summed
 // over rows in order in double, so results do not depend on the thread count.
@@ -191,26 +193,40 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor&
 
 // ---- fused residual add + norm: the unfused ops composed, so results equal them bit for bit
 namespace {
-void require_sum_operands(const char* op, const Tensor& sum, const Tensor& a, const Tensor& b) {
+void require_drop(const char* op, const ResidualDropout& drop) {
+  MCPP_CHECK(drop.p >= 0.0f && drop.p <= 1.0f, "{}: residual dropout probability p must be in [0, 1]; got {}", op,
+             drop.p);
+}
+void require_sum_operands(const char* op, const Tensor& sum, const Tensor& a, const Tensor& b,
+                          const ResidualDropout& drop) {
   require_cpu_f32(op, "sum", sum);
   require_cpu_f32(op, "a", a);
   require_cpu_f32(op, "b", b);
   detail::require_same_shape(op, "a", a, "sum", sum);
   detail::require_same_shape(op, "b", b, "sum", sum);
+  require_drop(op, drop);
+}
+// sum = a + b, or a + dropout_fwd(b) (the dropped b in a temporary: b is the caller's).
+void residual_add(Tensor& sum, const Tensor& a, const Tensor& b, const ResidualDropout& drop, Stream stream) {
+  if (!drop.active()) return add(sum, a, b, stream);
+  Tensor dropped = Tensor::empty(b.shape(), b.dtype(), b.device());
+  dropout_fwd(dropped, b, drop.p, drop.key, stream);
+  add(sum, a, dropped, stream);
 }
 }  // namespace
 
 void add_layernorm_fwd(Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
-                       const Tensor& gamma, const Tensor* beta, float eps, Stream stream) {
-  require_sum_operands("add_layernorm_fwd", sum, a, b);
-  add(sum, a, b, stream);
+                       const Tensor& gamma, const Tensor* beta, float eps, const ResidualDropout& drop,
+                       Stream stream) {
+  require_sum_operands("add_layernorm_fwd", sum, a, b, drop);
+  residual_add(sum, a, b, drop, stream);
   layernorm_fwd(y, mean, rstd, sum, gamma, beta, eps, stream);
 }
 
 void add_rmsnorm_fwd(Tensor& sum, Tensor& y, Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& gamma,
-                     float eps, Stream stream) {
-  require_sum_operands("add_rmsnorm_fwd", sum, a, b);
-  add(sum, a, b, stream);
+                     float eps, const ResidualDropout& drop, Stream stream) {
+  require_sum_operands("add_rmsnorm_fwd", sum, a, b, drop);
+  residual_add(sum, a, b, drop, stream);
   rmsnorm_fwd(y, rstd, sum, gamma, eps, stream);
 }
 
@@ -224,36 +240,52 @@ void require_sum_acc(const char* op, const char* arg, const Tensor* acc, int64_t
   require_cpu_f32(op, arg, *acc);
   detail::require_numel(op, arg, *acc, h, "hidden = x.size(-1)");
 }
-// The residual bias sums (linear_bwd's column sums of dres and of the final dx).
-void residual_sums(const Tensor& dx, const Tensor& dres, Tensor* dres_sum_acc, Tensor* dx_sum_acc) {
+void require_dbranch(const char* op, const ResidualDropout& drop, const Tensor* dbranch, const Tensor& dx,
+                     const Tensor& dy, const Tensor& dres, const Tensor& x) {
+  require_drop(op, drop);
+  if (!drop.active()) return;
+  MCPP_CHECK(dbranch, "{}: a residual dropout needs dbranch (the gradient of the dropped branch)", op);
+  require_like_x(op, "dbranch", *dbranch, x);
+  for (const Tensor* t : {&dx, &dy, &dres, &x})
+    MCPP_CHECK(dbranch->raw() != t->raw(), "{}: dbranch must not alias dx, dy, dres or x", op);
+}
+// With a residual dropout dbranch = dropout_bwd(dx); then the residual bias sums (linear_bwd's column sums of
+// dres and of the branch's gradient: dbranch, else dx).
+void branch_grad_and_sums(const Tensor& dx, const Tensor& dres, Tensor* dres_sum_acc, Tensor* dx_sum_acc,
+                          const ResidualDropout& drop, Tensor* dbranch, Stream stream) {
   const int64_t h = dx.size(-1);
+  if (drop.active()) dropout_bwd(*dbranch, dx, drop.p, drop.key, stream);
+  const Tensor& branch = drop.active() ? *dbranch : dx;
   if (dres_sum_acc) detail::column_sum_acc(*dres_sum_acc, dres.view({-1, h}));
-  if (dx_sum_acc) detail::column_sum_acc(*dx_sum_acc, dx.view({-1, h}));
+  if (dx_sum_acc) detail::column_sum_acc(*dx_sum_acc, branch.view({-1, h}));
 }
 }  // namespace
 
 void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tensor& dy, const Tensor& dres,
                        const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                       Tensor* dres_sum_acc, Tensor* dx_sum_acc, Stream stream) {
+                       Tensor* dres_sum_acc, Tensor* dx_sum_acc, const ResidualDropout& drop, Tensor* dbranch,
+                       Stream stream) {
   const char* op = "add_layernorm_bwd";
   require_dres(op, dres, dx, x);
   require_sum_acc(op, "dres_sum_acc", dres_sum_acc, gamma.numel());
   require_sum_acc(op, "dx_sum_acc", dx_sum_acc, gamma.numel());
+  require_dbranch(op, drop, dbranch, dx, dy, dres, x);
   layernorm_bwd(dx, dgamma_acc, dbeta_acc, dy, x, gamma, mean, rstd, stream);
   add_inplace(dx, dres, stream);
-  residual_sums(dx, dres, dres_sum_acc, dx_sum_acc);
+  branch_grad_and_sums(dx, dres, dres_sum_acc, dx_sum_acc, drop, dbranch, stream);
 }
 
 void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor& dres, const Tensor& x,
                      const Tensor& gamma, const Tensor& rstd, Tensor* dres_sum_acc, Tensor* dx_sum_acc,
-                     Stream stream) {
+                     const ResidualDropout& drop, Tensor* dbranch, Stream stream) {
   const char* op = "add_rmsnorm_bwd";
   require_dres(op, dres, dx, x);
   require_sum_acc(op, "dres_sum_acc", dres_sum_acc, gamma.numel());
   require_sum_acc(op, "dx_sum_acc", dx_sum_acc, gamma.numel());
+  require_dbranch(op, drop, dbranch, dx, dy, dres, x);
   rmsnorm_bwd(dx, dgamma_acc, dy, x, gamma, rstd, stream);
   add_inplace(dx, dres, stream);
-  residual_sums(dx, dres, dres_sum_acc, dx_sum_acc);
+  branch_grad_and_sums(dx, dres, dres_sum_acc, dx_sum_acc, drop, dbranch, stream);
 }
 
 }  // namespace mcpp::ops::cpu

@@ -93,20 +93,32 @@ void launch_embedding_bwd(float* dtable, const int32_t* ids, FIn dout, int64_t n
                           int64_t vocab_start, bool ordered, cudaStream_t s);
 
 // ---- norms_kernels.cu (mean == nullptr / beta.p == nullptr: RMSNorm / no bias)
+// A residual branch's dropout (ops::ResidualDropout): element i of the branch is kept iff the uniform of word
+// i % 4 of Philox counter offset (+ *base when base != nullptr, read when the kernel runs) + i / 4 is >= p,
+// and kept ones are scaled by scale = 1 / (1 - p) (as launch_dropout). p == 0: off.
+struct NormDrop {
+  float p = 0.0f, scale = 0.0f;
+  uint64_t seed = 0, offset = 0;
+  const uint64_t* base = nullptr;
+  bool on() const { return p > 0.0f; }
+};
 // fwd: res.p != nullptr fuses the residual add: sum = x + res (rounded to sum's kind, as launch_add), and y is
-// the norm of that rounded sum; res.p == nullptr: plain norm of x (sum unused).
+// the norm of that rounded sum; res.p == nullptr: plain norm of x (sum unused). drop.on() (needs res): res is
+// first replaced by launch_dropout's output of it (rounded to res's kind), never stored.
 void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res, FIn gamma, FIn beta, int64_t n,
-                     int64_t h, float eps, cudaStream_t s);
-// bwd: dx = norm_bwd(dy) (+ dres when dres.p != nullptr); with dres, dres_sum / dx_sum (nullable) += the
-// column sums of dres and of dx as stored (`sums` = either requested). `partial` = fp32 scratch of
-// norm_bwd_scratch_floats(n, h, parts, sums) floats (16-byte aligned; parts = norm_bwd_partial_blocks(..)
-// with the same arguments) for the deterministic reductions: the vector path's per-block rows, or the
-// scalar path's per-256-row-chunk rows.
-int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma, bool sums);
+                     int64_t h, float eps, cudaStream_t s, const NormDrop& drop = {});
+// bwd: dx = norm_bwd(dy) (+ dres when dres.p != nullptr); with dres and drop.on(), also dbranch = the dropout
+// backward of dx as stored (launch_dropout on it); with dres, dres_sum / dx_sum (nullable) += the column
+// sums of dres and of the branch's gradient as stored (dbranch with drop, else dx) (`sums` = either
+// requested). `partial` = fp32 scratch of norm_bwd_scratch_floats(n, h, parts, sums) floats (16-byte
+// aligned; parts = norm_bwd_partial_blocks(..) with the same arguments) for the deterministic reductions:
+// the vector path's per-block rows, or the scalar path's per-256-row-chunk rows.
+int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma, bool sums,
+                                FOut dbranch = {nullptr, 0});
 int64_t norm_bwd_scratch_floats(int64_t n, int64_t h, int64_t parts, bool sums);
 void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
                      const float* rstd, int64_t n, int64_t h, float* dres_sum, float* dx_sum, float* partial,
-                     int64_t parts, cudaStream_t s);
+                     int64_t parts, cudaStream_t s, FOut dbranch = {nullptr, 0}, const NormDrop& drop = {});
 
 // ---- rope_kernels.cu (sign = +1 forward rotation, -1 its transpose)
 void launch_rope(FOut y, FIn x, const float* cos, const float* sin, int64_t s_len, int64_t b, int64_t heads,

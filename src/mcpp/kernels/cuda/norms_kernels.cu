@@ -25,11 +25,16 @@
 //   scalar path (any h, any alignment): one block per row with FIn / FOut element access for fwd and the
 //     dx part of bwd; the dgamma/dbeta sums of 256-row chunks go to partial rows (no atomics) that
 //     norm_param_reduce adds in a fixed order: deterministic as the vector path.
+// Residual dropout (NormDrop, launch.h; Megatron's bias-dropout-add): the fused forward drops the branch res
+// in registers as launch_dropout would (kDrop instances: two Philox calls per thread and 8-element chunk,
+// counters 2j and 2j + 1 of chunk j, as the vector dropout kernel), and the fused backward writes the
+// branch's gradient dbranch = dropout_bwd(dx as stored) beside dx — no separate dropout pass either way.
 #include <map>
 #include <mutex>
 #include <utility>
 
 #include "mcpp/kernels/cuda/device_utils.cuh"
+#include "mcpp/kernels/cuda/philox.cuh"
 
 namespace mcpp::cuda_detail {
 namespace {
@@ -45,13 +50,35 @@ __device__ __forceinline__ float round_as(int kind, float v) {
   return v;
 }
 
+// ---- residual dropout ------------------------------------------------------------------------------
+// The key's offset with its device base (CUDA graphs) added: read once per thread.
+__device__ __forceinline__ uint64_t drop_offset(const NormDrop& d) { return d.offset + (d.base ? *d.base : 0); }
+// Branch value v of flat element idx after launch_dropout: v scale rounded to `kind`, or 0.
+__device__ __forceinline__ float drop_one(const NormDrop& d, uint64_t off, uint64_t idx, int kind, float v) {
+  const uint4 r = philox4x32_10(d.seed, off + idx / 4);
+  return philox_uniform(philox_word(r, static_cast<uint32_t>(idx % 4))) >= d.p ? round_as(kind, __fmul_rn(v, d.scale))
+                                                                               : 0.0f;
+}
+// The same for the 8 elements of chunk j8 (flat elements 8 j8 .. 8 j8 + 7: counters 2 j8, 2 j8 + 1).
+__device__ __forceinline__ void drop8(const NormDrop& d, uint64_t off, uint64_t j8, int kind, float (&v)[8]) {
+  const uint4 r0 = philox4x32_10(d.seed, off + 2 * j8), r1 = philox4x32_10(d.seed, off + 2 * j8 + 1);
+  const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = philox_uniform(w[e]) >= d.p ? round_as(kind, __fmul_rn(v[e], d.scale)) : 0.0f;
+}
+
 // ---- scalar path ----------------------------------------------------------------------------------
 __global__ void norm_fwd_kernel(FOut y, FOut sum, float* mean_out, float* rstd_out, FIn x, FIn res, FIn gamma,
-                                FIn beta, int64_t h, float eps) {
+                                FIn beta, int64_t h, float eps, NormDrop drop) {
   __shared__ float scratch[33];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * h;
   if (res.p) {  // sum = x + res as launch_add; each thread later re-reads only the elements it wrote
-    for (int64_t c = threadIdx.x; c < h; c += blockDim.x) sum.set(base + c, x[base + c] + res[base + c]);
+    const uint64_t off = drop.p > 0.0f ? drop_offset(drop) : 0;
+    for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+      float r = res[base + c];
+      if (drop.p > 0.0f) r = drop_one(drop, off, static_cast<uint64_t>(base + c), res.kind, r);
+      sum.set(base + c, x[base + c] + r);
+    }
     x = FIn{sum.p, sum.kind};
   }
   float mu = 0.0f;
@@ -78,7 +105,7 @@ __global__ void norm_fwd_kernel(FOut y, FOut sum, float* mean_out, float* rstd_o
 }
 
 __global__ void norm_bwd_input_kernel(FOut dx, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
-                                      const float* rstd, int64_t h) {
+                                      const float* rstd, int64_t h, FOut dbranch, NormDrop drop) {
   __shared__ float scratch[33];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * h;
   const float mu = mean ? mean[blockIdx.x] : 0.0f, rs = rstd[blockIdx.x];
@@ -97,6 +124,9 @@ __global__ void norm_bwd_input_kernel(FOut dx, FIn dy, FIn x, FIn dres, FIn gamm
     float o = rs * (g - mean_g - xhat * mean_gx);
     if (dres.p) o = __fadd_rn(o, dres[base + c]);
     dx.set(base + c, o);
+    if (drop.p > 0.0f)  // dbranch = launch_dropout of dx as stored
+      dbranch.set(base + c, drop_one(drop, drop_offset(drop), static_cast<uint64_t>(base + c), dbranch.kind,
+                                     round_as(dx.kind, o)));
   }
 }
 
@@ -254,11 +284,15 @@ __device__ __forceinline__ void write_partial(const float (&acc)[V][8], float* o
 // nullptr. With dres at V = 1, rows are prefetched two ahead (three rows' raw inputs in registers, 2
 // blocks/SM): measured faster than one ahead at 3 blocks/SM for the fused (3-input) backward, slower for the
 // plain one; with kSums one ahead (the 16 more accumulators).
-template <int V, int E, bool kRes, bool kSums = false, int kDepth = (kRes && V == 1 && !kSums) ? 2 : 1>
+// kDrop: also dbranch = the dropout backward of dx as stored (the sums of dx are then dbranch's).
+template <int V, int E, bool kRes, bool kSums = false, bool kDrop = false,
+          int kDepth = (kRes && V == 1 && !kSums) ? 2 : 1>
 __global__ void __launch_bounds__(kVecThreads, V == 1 ? (kRes ? 2 : 3) : 1)
     norm_bwd_vec_kernel(FOut dx, float* partial, bool beta, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
-                        const float* rstd, int64_t n, int64_t h) {
+                        const float* rstd, int64_t n, int64_t h, FOut dbranch, NormDrop drop) {
   static_assert(kRes || !kSums, "the residual sums need dres");
+  static_assert(kRes || !kDrop, "the residual dropout needs dres");
+  const uint64_t drop_off = kDrop ? drop_offset(drop) : 0;
   constexpr bool kPrefetch = V * E <= 4;  // registers for a second row's raw inputs
   __shared__ float2 red[2][8][8];            // [row parity][row group][warp]
   __shared__ float colsum[kVecThreads * 8];  // [R][32W][8]: the row groups' column partials
@@ -316,9 +350,19 @@ __global__ void __launch_bounds__(kVecThreads, V == 1 ? (kRes ? 2 : 3) : 1)
             if constexpr (kRes) o[e] = __fadd_rn(o[e], rr[e]);  // no FMA contraction: fp32 == bwd, then add
             ag[k][e] += dv[e] * xh[e];
             ab[k][e] += dv[e];
-            if constexpr (kSums) ar[k][e] += rr[e], ad[k][e] += round_as(dx.kind, o[e]);  // dx as stored
+            if constexpr (kSums && !kDrop) ar[k][e] += rr[e], ad[k][e] += round_as(dx.kind, o[e]);  // dx as stored
           }
           store8(dx, row * vecs + j, o);
+          if constexpr (kDrop) {  // dbranch = launch_dropout of dx as stored
+            float db[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) db[e] = round_as(dx.kind, o[e]);
+            drop8(drop, drop_off, static_cast<uint64_t>(row * vecs + j), dbranch.kind, db);
+            store8(dbranch, row * vecs + j, db);
+            if constexpr (kSums)
+#pragma unroll
+              for (int e = 0; e < 8; ++e) ar[k][e] += rr[e], ad[k][e] += db[e];  // db: rounded as stored
+          }
         }
       }
     }
@@ -360,11 +404,15 @@ __device__ __forceinline__ void fwd_fetch(FwdRow<V, E, kRes>& f, int64_t row, in
   }
 }
 
-template <int V, int E, bool kRes>
+// kDrop: the branch res dropped in registers first (drop8), as launch_dropout would store it.
+template <int V, int E, bool kRes, bool kDrop = false>
 __global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, FOut sum, float* mean_out,
                                                                     float* rstd_out, FIn x, FIn res, FIn gamma,
-                                                                    FIn beta, int64_t n, int64_t h, float eps) {
+                                                                    FIn beta, int64_t n, int64_t h, float eps,
+                                                                    NormDrop drop) {
+  static_assert(kRes || !kDrop, "the residual dropout needs res");
   __shared__ float red[8][8];
+  const uint64_t drop_off = kDrop ? drop_offset(drop) : 0;
   const int w = blockDim.x >> 5;
   const int64_t vecs = h / 8;
   const float inv_h = 1.0f / static_cast<float>(h);
@@ -385,6 +433,8 @@ __global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, FOut 
       if constexpr (kRes) {
         float r[8];
         unpack8(cur.r[k], res.kind, r);
+        if constexpr (kDrop)
+          if (valid && j < vecs) drop8(drop, drop_off, static_cast<uint64_t>(row * vecs + j), res.kind, r);
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[k][e] = round_as(sum.kind, __fadd_rn(v[k][e], r[e]));
         if (valid && j < vecs) store8(sum, row * vecs + j, v[k]);
@@ -443,38 +493,44 @@ VecShape vec_shape(int64_t h) {
   return {w, v, 8 / w};
 }
 
-using FwdKernel = void (*)(FOut, FOut, float*, float*, FIn, FIn, FIn, FIn, int64_t, int64_t, float);
-template <int E, bool kRes>
+using FwdKernel = void (*)(FOut, FOut, float*, float*, FIn, FIn, FIn, FIn, int64_t, int64_t, float, NormDrop);
+template <int E, bool kRes, bool kDrop = false>
 FwdKernel fwd_kernel_er(int v) {
   switch (v) {
-    case 1: return norm_fwd_vec_kernel<1, E, kRes>;
-    case 2: return norm_fwd_vec_kernel<2, E, kRes>;
-    case 3: return norm_fwd_vec_kernel<3, E, kRes>;
-    default: return norm_fwd_vec_kernel<4, E, kRes>;
-  }
-}
-FwdKernel fwd_kernel(int v, int elem_bytes, bool res) {
-  if (elem_bytes == 2) return res ? fwd_kernel_er<2, true>(v) : fwd_kernel_er<2, false>(v);
-  return res ? fwd_kernel_er<4, true>(v) : fwd_kernel_er<4, false>(v);
-}
-
-using BwdKernel = void (*)(FOut, float*, bool, FIn, FIn, FIn, FIn, const float*, const float*, int64_t, int64_t);
-template <int E, bool kRes, bool kSums>
-BwdKernel bwd_kernel_ers(int v) {
-  switch (v) {
-    case 1: return norm_bwd_vec_kernel<1, E, kRes, kSums>;
-    case 2: return norm_bwd_vec_kernel<2, E, kRes, kSums>;
-    case 3: return norm_bwd_vec_kernel<3, E, kRes, kSums>;
-    default: return norm_bwd_vec_kernel<4, E, kRes, kSums>;
+    case 1: return norm_fwd_vec_kernel<1, E, kRes, kDrop>;
+    case 2: return norm_fwd_vec_kernel<2, E, kRes, kDrop>;
+    case 3: return norm_fwd_vec_kernel<3, E, kRes, kDrop>;
+    default: return norm_fwd_vec_kernel<4, E, kRes, kDrop>;
   }
 }
 template <int E>
-BwdKernel bwd_kernel_e(int v, bool res, bool sums) {
+FwdKernel fwd_kernel_e(int v, bool res, bool drop) {
+  if (drop) return fwd_kernel_er<E, true, true>(v);
+  return res ? fwd_kernel_er<E, true>(v) : fwd_kernel_er<E, false>(v);
+}
+FwdKernel fwd_kernel(int v, int elem_bytes, bool res, bool drop) {
+  return elem_bytes == 2 ? fwd_kernel_e<2>(v, res, drop) : fwd_kernel_e<4>(v, res, drop);
+}
+
+using BwdKernel = void (*)(FOut, float*, bool, FIn, FIn, FIn, FIn, const float*, const float*, int64_t, int64_t,
+                           FOut, NormDrop);
+template <int E, bool kRes, bool kSums, bool kDrop = false>
+BwdKernel bwd_kernel_ers(int v) {
+  switch (v) {
+    case 1: return norm_bwd_vec_kernel<1, E, kRes, kSums, kDrop>;
+    case 2: return norm_bwd_vec_kernel<2, E, kRes, kSums, kDrop>;
+    case 3: return norm_bwd_vec_kernel<3, E, kRes, kSums, kDrop>;
+    default: return norm_bwd_vec_kernel<4, E, kRes, kSums, kDrop>;
+  }
+}
+template <int E>
+BwdKernel bwd_kernel_e(int v, bool res, bool sums, bool drop) {
+  if (drop) return sums ? bwd_kernel_ers<E, true, true, true>(v) : bwd_kernel_ers<E, true, false, true>(v);
   if (sums) return bwd_kernel_ers<E, true, true>(v);
   return res ? bwd_kernel_ers<E, true, false>(v) : bwd_kernel_ers<E, false, false>(v);
 }
-BwdKernel bwd_kernel(int v, int elem_bytes, bool res, bool sums) {
-  return elem_bytes == 2 ? bwd_kernel_e<2>(v, res, sums) : bwd_kernel_e<4>(v, res, sums);
+BwdKernel bwd_kernel(int v, int elem_bytes, bool res, bool sums, bool drop) {
+  return elem_bytes == 2 ? bwd_kernel_e<2>(v, res, sums, drop) : bwd_kernel_e<4>(v, res, sums, drop);
 }
 
 int sm_count() {
@@ -499,22 +555,25 @@ int blocks_per_sm(const void* kernel, int threads) {
   return cache[{kernel, threads}] = b < 1 ? 1 : b;
 }
 int bwd_blocks_per_sm(int v, int elem_bytes, bool res, bool sums, int w) {
-  return blocks_per_sm(reinterpret_cast<const void*>(bwd_kernel(v, elem_bytes, res, sums)), 32 * w * (8 / w));
+  return blocks_per_sm(reinterpret_cast<const void*>(bwd_kernel(v, elem_bytes, res, sums, false)), 32 * w * (8 / w));
 }
 
 int elem_bytes(int kind) { return kind == kF32 ? 4 : 2; }
 
 // The vector backward applies (h % 8 == 0, h <= 8192, one element size, 16-byte aligned pointers).
-bool bwd_vector_ok(int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma) {
+bool bwd_vector_ok(int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma, FOut dbranch) {
   const int e = elem_bytes(x.kind);
   return h % 8 == 0 && vec_shape(h).w > 0 && elem_bytes(dy.kind) == e && (!dres.p || elem_bytes(dres.kind) == e) &&
-         vec8_ok(h, {dx.p, dy.p, x.p, dres.p, gamma.p});
+         vec8_ok(h, {dx.p, dy.p, x.p, dres.p, gamma.p, dbranch.p});
 }
 }  // namespace
 
-int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma, bool sums) {
+// The grid (the partials' row partition) is that of the instance without the residual dropout, so dgamma /
+// dbeta and the sums are the same bits with the dropout fused as with dropout_bwd run after the op.
+int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FOut dx, FIn dy, FIn x, FIn dres, FIn gamma, bool sums,
+                                FOut dbranch) {
   if (n <= 0) return 0;
-  if (!bwd_vector_ok(h, dx, dy, x, dres, gamma)) return (n + kRows - 1) / kRows;  // scalar: 256-row chunks
+  if (!bwd_vector_ok(h, dx, dy, x, dres, gamma, dbranch)) return (n + kRows - 1) / kRows;  // scalar: 256-row chunks
   const VecShape vs = vec_shape(h);
   const int e = elem_bytes(x.kind);
   const int64_t want = (n + vs.r - 1) / vs.r;
@@ -529,41 +588,46 @@ int64_t norm_bwd_scratch_floats(int64_t n, int64_t h, int64_t parts, bool sums) 
 }
 
 void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res, FIn gamma, FIn beta, int64_t n,
-                     int64_t h, float eps, cudaStream_t s) {
+                     int64_t h, float eps, cudaStream_t s, const NormDrop& drop) {
   if (n <= 0) return;
+  const bool dropped = res.p && drop.on();
   const VecShape vs = vec_shape(h);
   if (vs.w > 0 && vec8_ok(h, {y.p, x.p, gamma.p, beta.p, res.p, res.p ? sum.p : nullptr}) &&
       (!res.p || elem_bytes(res.kind) == elem_bytes(x.kind))) {
-    const FwdKernel k = fwd_kernel(vs.v, elem_bytes(x.kind), res.p != nullptr);
+    const FwdKernel k = fwd_kernel(vs.v, elem_bytes(x.kind), res.p != nullptr, dropped);
     const int64_t want = (n + vs.r - 1) / vs.r;
     const int64_t cap =
         static_cast<int64_t>(sm_count()) * blocks_per_sm(reinterpret_cast<const void*>(k), 32 * vs.w * vs.r);
     k<<<static_cast<unsigned>(want < cap ? want : cap), dim3(32 * vs.w, vs.r), 0, s>>>(y, sum, mean, rstd, x, res,
-                                                                                       gamma, beta, n, h, eps);
+                                                                                       gamma, beta, n, h, eps, drop);
   } else {
     norm_fwd_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(y, sum, mean, rstd, x, res, gamma, beta, h,
-                                                                        eps);
+                                                                        eps, dropped ? drop : NormDrop{});
   }
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
 void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dres, FIn gamma, const float* mean,
                      const float* rstd, int64_t n, int64_t h, float* dres_sum, float* dx_sum, float* partial,
-                     int64_t parts, cudaStream_t s) {
+                     int64_t parts, cudaStream_t s, FOut dbranch, const NormDrop& drop) {
   if (n <= 0) return;
   const bool sums = dres.p && (dres_sum || dx_sum);
+  const bool dropped = dres.p && drop.on();
+  const NormDrop d = dropped ? drop : NormDrop{};
   const VecShape vs = vec_shape(h);
-  if (bwd_vector_ok(h, dx, dy, x, dres, gamma)) {
+  if (bwd_vector_ok(h, dx, dy, x, dres, gamma, dbranch)) {
     const dim3 block(32 * vs.w, vs.r);
-    bwd_kernel(vs.v, elem_bytes(x.kind), dres.p != nullptr, sums)<<<static_cast<unsigned>(parts), block, 0, s>>>(
-        dx, partial, dbeta != nullptr, dy, x, dres, gamma, mean, rstd, n, h);
+    const BwdKernel k = bwd_kernel(vs.v, elem_bytes(x.kind), dres.p != nullptr, sums, dropped);
+    k<<<static_cast<unsigned>(parts), block, 0, s>>>(dx, partial, dbeta != nullptr, dy, x, dres, gamma, mean, rstd, n,
+                                                     h, dbranch, d);
     MCPP_CUDA_LAUNCH_CHECK();
     // partial rows: dgamma, dbeta, the dres sum, the dx sum (each [parts, h])
     launch_column_reduce_acc(ColumnReduceTargets{{dgamma, dbeta, dres_sum, dx_sum}}, sums ? 4 : dbeta ? 2 : 1,
                              partial, parts, h, s);
     return;
   }
-  norm_bwd_input_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(dx, dy, x, dres, gamma, mean, rstd, h);
+  norm_bwd_input_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(dx, dy, x, dres, gamma, mean, rstd, h,
+                                                                              dbranch, d);
   MCPP_CUDA_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned>((h + 31) / 32), static_cast<unsigned>((n + kRows - 1) / kRows));
   norm_bwd_param_kernel<<<grid, dim3(32, 8), 0, s>>>(partial, dbeta ? partial + parts * h : nullptr, dy, x, mean,
@@ -573,7 +637,8 @@ void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dr
                            s);
   if (sums) {  // the column-sum kernel over the inputs as stored; the scratch is reused in stream order
     if (dres_sum) launch_column_sum_acc(dres_sum, dres, n, h, partial, s);
-    if (dx_sum) launch_column_sum_acc(dx_sum, FIn{dx.p, dx.kind}, n, h, partial, s);
+    const FOut branch = dropped ? dbranch : dx;  // the branch's gradient as stored
+    if (dx_sum) launch_column_sum_acc(dx_sum, FIn{branch.p, branch.kind}, n, h, partial, s);
   }
 }
 
