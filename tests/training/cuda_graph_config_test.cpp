@@ -22,6 +22,7 @@ Config graph_config() {  // the tiny trainer config without dropout, graphs on
   c.model.hidden_dropout = 0.0f;
   c.model.attention_dropout = 0.0f;
   c.training.enable_cuda_graph = true;
+  c.training.device = "auto";  // graphs refuse --device cpu
   c.validate();
   return c;
 }

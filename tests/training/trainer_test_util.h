@@ -60,6 +60,7 @@ inline Config tiny_train_config(const std::string& data_prefix, int64_t train_it
   c.data.split = "90,10,0";
   c.data.tokenizer_type = "NullTokenizer";
   c.model.vocab_size = 100;
+  c.training.device = "cpu";  // the unfused attention path is CPU-only: these tests also run on GPU machines
   c.finalize();
   c.apply_world_size(1);
   c.model.set_vocab_size(100, 1);
