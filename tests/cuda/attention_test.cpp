@@ -268,6 +268,30 @@ CudnnMask recover_cudnn_mask(int64_t b, int64_t nq, int64_t s, float p, const Ph
   return m;
 }
 
+// cuDNN's dropout rate over a large sample (2.1M causal elements, three rates, three keys each): the kept
+// fraction within 6 standard deviations (~3e-4 each) of 1 - p — the one-shape test below saw 3.2 sd once.
+TEST(CudaFlashAttention, CudnnDropoutKeepsOneMinusPOverManyElements) {
+  MCPP_REQUIRE_CUDA();
+  const CudnnAttentionScope cudnn(true);
+  const int64_t b = 16, nq = 16, s = 128;
+  const double n = static_cast<double>(b * nq * s * (s + 1) / 2);
+  for (float p : {0.1f, 0.3f, 0.5f}) {
+    double kept = 0;
+    const uint64_t offsets[] = {11, 1u << 20, 12345679};
+    for (uint64_t off : offsets) {
+      const auto c0 = ops::cuda_cudnn_attention_counts();
+      const CudnnMask m = recover_cudnn_mask(b, nq, s, p, {.seed = 99 + off, .offset = off});
+      if (ops::cuda_cudnn_attention_counts().fwd == c0.fwd)
+        GTEST_SKIP() << "cuDNN's fused attention with dropout is not available here (the mcpp kernels ran)";
+      kept += m.kept_fraction / 3.0;
+    }
+    const double sd = std::sqrt(p * (1.0 - p) / (3.0 * n));
+    std::printf("[ measured ] cuDNN dropout p=%.2f kept %.5f over %.0f elements (expected %.5f, sd %.5f: %+.1f sd)\n",
+                p, kept, 3.0 * n, 1.0 - p, sd, (kept - (1.0 - p)) / sd);
+    EXPECT_NEAR(kept, 1.0 - p, 6 * sd) << "p = " << p;
+  }
+}
+
 TEST(CudaFlashAttention, CudnnDropoutMaskIsBernoulliAndMatchesAFloat64Reference) {
   MCPP_REQUIRE_CUDA();
   const CudnnAttentionScope cudnn(true);
