@@ -14,7 +14,8 @@ shift
 bins=${*:-mcpp mcpp_tests cuda_kernels_bench}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$root/device_carry
-rm -rf "$out/bin" "$out/bin.tar.xz" "$out/lib" "$out/lib.tgz" "$out/lib.tar.xz" "$out/ompi_root.tgz" "$out/anchors"  # not helpers' subfolders
+# not helpers' subfolders
+rm -rf "$out/bin" "$out/bin.tar.xz" "$out/lib" "$out/lib.tgz" "$out/lib.tar.xz" "$out/ompi_root.tgz" "$out/anchors"
 mkdir -p "$out/bin" "$out/lib"
 for b in $bins; do cp "$build/bin/$b" "$out/bin/"; done
 skip='linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|libcudart|libcublas|libnccl|libcuda\.so|libcudnn'
