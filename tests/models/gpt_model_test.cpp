@@ -276,24 +276,34 @@ namespace mcpp {
 namespace {
 // Pipeline stages: a model split into 3 stages (embedding + layer 0 | layer 1 | layer 2 + head), run in
 // sequence with hidden states and gradients handed over, gives the full model's loss and gradients; the
-// tied word embeddings' two copies (first and last stage) sum to the full gradient.
+// tied word embeddings' two copies (first and last stage) sum to the full gradient. Also in training mode
+// with embedding, hidden and attention dropout (the stages draw from one RNG stream in the full model's
+// order): the full model adds each layer's dropped mlp branch inside the next norm, the stages sum it apart
+// at their ends and back-propagate its dropout there — bitwise the same.
 TEST(GPTModel, PipelineStagesComposeToTheFullModel) {
-  for (const std::string style : {"gpt2", "llama"}) {
-    TransformerConfig c = testing::tiny_config(style);
+  for (const std::string style : {"gpt2", "llama", "gpt2 dropout", "llama dropout"}) {
+    const bool dropout = style.ends_with("dropout");
+    TransformerConfig c = testing::tiny_config(style.starts_with("gpt2") ? "gpt2" : "llama");
     c.num_layers = 3;
+    if (dropout) c.hidden_dropout = 0.2f, c.attention_dropout = 0.1f;
+    tensor_parallel::RngTracker rng_full(77, 0, 0), rng_stages(77, 0, 0);
+    const ForwardOptions of{.training = dropout, .rng = dropout ? &rng_full : nullptr};
+    const ForwardOptions os{.training = dropout, .rng = dropout ? &rng_stages : nullptr};
     GPTModel full(c, 11, testing::single_tp());
     GPTModel s0(c, 11, testing::single_tp(), Device::CPU, {.pre_process = true, .post_process = false, .first_layer = 0, .num_layers = 1});
     GPTModel s1(c, 11, testing::single_tp(), Device::CPU, {.pre_process = false, .post_process = false, .first_layer = 1, .num_layers = 1});
     GPTModel s2(c, 11, testing::single_tp(), Device::CPU, {.pre_process = false, .post_process = true, .first_layer = 2, .num_layers = 1});
     testing::Batch bt = testing::fixed_batch(12, 2, c.vocab_size);
     GPTModelCtx cf, c0, c1, c2;
-    LossResult rf = full.forward_loss(cf, bt.tokens, bt.labels, bt.loss_mask, {.training = false});
+    LossResult rf = full.forward_loss(cf, bt.tokens, bt.labels, bt.loss_mask, of);
     full.backward(cf, 1.0f);
     LossResult r2;
-    Tensor h0 = s0.forward_step(c0, bt.tokens, Tensor(), Tensor(), Tensor(), {.training = false}, nullptr);
-    Tensor h1 = s1.forward_step(c1, bt.tokens, h0, Tensor(), Tensor(), {.training = false}, nullptr);
-    EXPECT_FALSE(s2.forward_step(c2, bt.tokens, h1, bt.labels, bt.loss_mask, {.training = false}, &r2).defined());
+    Tensor h0 = s0.forward_step(c0, bt.tokens, Tensor(), Tensor(), Tensor(), os, nullptr);
+    Tensor h1 = s1.forward_step(c1, bt.tokens, h0, Tensor(), Tensor(), os, nullptr);
+    EXPECT_FALSE(s2.forward_step(c2, bt.tokens, h1, bt.labels, bt.loss_mask, os, &r2).defined());
     EXPECT_EQ(r2.loss, rf.loss) << style;
+    EXPECT_EQ(rng_stages.state(), rng_full.state()) << style;
+    if (dropout) EXPECT_NE(rng_full.state(), tensor_parallel::RngTracker(77, 0, 0).state()) << "nothing drawn";
     Tensor g1 = s2.backward_step(c2, 1.0f, Tensor());
     Tensor g0 = s1.backward_step(c1, 1.0f, g1);
     EXPECT_FALSE(s0.backward_step(c0, 1.0f, g0).defined());
