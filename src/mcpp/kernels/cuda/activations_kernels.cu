@@ -95,9 +95,8 @@ __global__ void dropout_vec_kernel(FOut y, FIn x, float p, float scale, uint64_t
   MCPP_GRID_STRIDE(j, n8) {
     float v[8];
     load8(x, j, v);
-    const uint4 r0 = philox4x32_10(seed, offset + 2 * static_cast<uint64_t>(j));
-    const uint4 r1 = philox4x32_10(seed, offset + 2 * static_cast<uint64_t>(j) + 1);
-    const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+    uint32_t w[8];
+    philox_words8(seed, offset, static_cast<uint64_t>(j), w);
 #pragma unroll
     for (int k = 0; k < 8; ++k) v[k] = philox_uniform(w[k]) >= p ? v[k] * scale : 0.0f;
     store8(y, j, v);

@@ -55,14 +55,12 @@ __device__ __forceinline__ float round_as(int kind, float v) {
 __device__ __forceinline__ uint64_t drop_offset(const NormDrop& d) { return d.offset + (d.base ? *d.base : 0); }
 // Branch value v of flat element idx after launch_dropout: v scale rounded to `kind`, or 0.
 __device__ __forceinline__ float drop_one(const NormDrop& d, uint64_t off, uint64_t idx, int kind, float v) {
-  const uint4 r = philox4x32_10(d.seed, off + idx / 4);
-  return philox_uniform(philox_word(r, static_cast<uint32_t>(idx % 4))) >= d.p ? round_as(kind, __fmul_rn(v, d.scale))
-                                                                               : 0.0f;
+  return philox_uniform(philox_word_at(d.seed, off, idx)) >= d.p ? round_as(kind, __fmul_rn(v, d.scale)) : 0.0f;
 }
-// The same for the 8 elements of chunk j8 (flat elements 8 j8 .. 8 j8 + 7: counters 2 j8, 2 j8 + 1).
+// The same for the 8 elements of chunk j8 (flat elements 8 j8 .. 8 j8 + 7).
 __device__ __forceinline__ void drop8(const NormDrop& d, uint64_t off, uint64_t j8, int kind, float (&v)[8]) {
-  const uint4 r0 = philox4x32_10(d.seed, off + 2 * j8), r1 = philox4x32_10(d.seed, off + 2 * j8 + 1);
-  const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+  uint32_t w[8];
+  philox_words8(d.seed, off, j8, w);
 #pragma unroll
   for (int e = 0; e < 8; ++e) v[e] = philox_uniform(w[e]) >= d.p ? round_as(kind, __fmul_rn(v[e], d.scale)) : 0.0f;
 }
@@ -109,6 +107,7 @@ __global__ void norm_bwd_input_kernel(FOut dx, FIn dy, FIn x, FIn dres, FIn gamm
   __shared__ float scratch[33];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * h;
   const float mu = mean ? mean[blockIdx.x] : 0.0f, rs = rstd[blockIdx.x];
+  const uint64_t drop_off = drop.p > 0.0f ? drop_offset(drop) : 0;
   float sg = 0.0f, sgx = 0.0f;
   for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
     const float g = dy[base + c] * gamma[c];
@@ -125,8 +124,8 @@ __global__ void norm_bwd_input_kernel(FOut dx, FIn dy, FIn x, FIn dres, FIn gamm
     if (dres.p) o = __fadd_rn(o, dres[base + c]);
     dx.set(base + c, o);
     if (drop.p > 0.0f)  // dbranch = launch_dropout of dx as stored
-      dbranch.set(base + c, drop_one(drop, drop_offset(drop), static_cast<uint64_t>(base + c), dbranch.kind,
-                                     round_as(dx.kind, o)));
+      dbranch.set(base + c,
+                  drop_one(drop, drop_off, static_cast<uint64_t>(base + c), dbranch.kind, round_as(dx.kind, o)));
   }
 }
 

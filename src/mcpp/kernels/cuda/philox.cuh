@@ -46,6 +46,18 @@ __device__ __forceinline__ uint32_t philox_word(const uint4& r, uint32_t lane) {
   return lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
 }
 
+// The word of flat element idx of the stream at (seed, offset): word idx % 4 of counter offset + idx / 4
+// (core/rng.h's philox_uniform_at before the conversion to a uniform).
+__device__ __forceinline__ uint32_t philox_word_at(uint64_t seed, uint64_t offset, uint64_t idx) {
+  return philox_word(philox4x32_10(seed, offset + idx / 4), static_cast<uint32_t>(idx % 4));
+}
+
+// The words of the 8 flat elements 8 j8 .. 8 j8 + 7 (counters offset + 2 j8 and + 1): the 16-byte dropout paths.
+__device__ __forceinline__ void philox_words8(uint64_t seed, uint64_t offset, uint64_t j8, uint32_t (&w)[8]) {
+  const uint4 r0 = philox4x32_10(seed, offset + 2 * j8), r1 = philox4x32_10(seed, offset + 2 * j8 + 1);
+  w[0] = r0.x, w[1] = r0.y, w[2] = r0.z, w[3] = r0.w, w[4] = r1.x, w[5] = r1.y, w[6] = r1.z, w[7] = r1.w;
+}
+
 struct AttnDropout {
   float p, keep_scale;
   uint64_t seed, offset;
@@ -57,10 +69,7 @@ struct AttnDropout {
   __device__ static uint64_t index(const AttnShape& a, int64_t bb, int64_t h, int64_t i, int64_t j) {
     return static_cast<uint64_t>(((bb * a.nq + h) * a.s + i) * a.s + j);
   }
-  __device__ float keep(uint64_t idx) const {
-    const uint4 r = philox4x32_10(seed, offset + idx / 4);
-    return philox_uniform(philox_word(r, static_cast<uint32_t>(idx % 4))) >= p ? keep_scale : 0.0f;
-  }
+  __device__ float keep(uint64_t idx) const { return gate(philox_word_at(seed, offset, idx)); }
   __device__ float gate(uint32_t w) const { return philox_uniform(w) >= p ? keep_scale : 0.0f; }
   // Elements idx and idx + 1 (one Philox call unless they straddle a counter).
   __device__ float2 pair(uint64_t idx) const {
