@@ -13,6 +13,7 @@
 #include <set>
 
 #include "mcpp/core/error.h"
+#include "tests/oracle/oracle_python.h"
 
 namespace mcpp {
 namespace {
@@ -56,7 +57,7 @@ GPTDatasetOptions opts(const Corpus& c, int split_index, int64_t seq, int64_t nu
 }
 
 nlohmann::json run_oracle(const GPTDatasetOptions& o) {
-  std::string cmd = std::string("/usr/bin/python3 ") + MCPP_SOURCE_DIR + "/tests/oracle/data/megatron_gpt_indices.py " +
+  std::string cmd = mcpp::test::oracle_python() + MCPP_SOURCE_DIR + "/tests/oracle/data/megatron_gpt_indices.py " +
                     o.prefix + " " + o.split + " " + std::to_string(o.split_index) + " " +
                     std::to_string(o.seq_length) + " " + std::to_string(o.num_samples) + " " + std::to_string(o.seed);
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -111,7 +112,7 @@ TEST(GPTDataset, SplitIndicesMatchMegatronFormula) {
                    "/tests/oracle/data'); from megatron_gpt_indices import split_indices; print(json.dumps([";
   for (const auto& [sp, n] : cases) py += "split_indices('" + sp + "'," + std::to_string(n) + "),";
   py += "]))";
-  FILE* p = ::popen(("/usr/bin/python3 -c \"" + py + "\"").c_str(), "r");
+  FILE* p = ::popen((mcpp::test::oracle_python() + "-c \"" + py + "\"").c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
   char buf[4096];

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "mcpp/core/error.h"
+#include "tests/oracle/oracle_python.h"
 
 namespace mcpp {
 namespace {
@@ -146,7 +147,7 @@ TEST(IndexedDataset, TokenOutsideDtypeIsAnError) {
 
 // The oracle: Megatron's layout written by tests/oracle/megatron_indexed_writer.py (numpy, struct).
 int run_python(const std::string& args) {
-  std::string cmd = std::string("/usr/bin/python3 ") + MCPP_SOURCE_DIR + "/tests/oracle/megatron_indexed_writer.py " +
+  std::string cmd = mcpp::test::oracle_python() + MCPP_SOURCE_DIR + "/tests/oracle/megatron_indexed_writer.py " +
                     args + " > /dev/null";
   return std::system(cmd.c_str());
 }

@@ -13,6 +13,7 @@
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
+#include "tests/oracle/oracle_python.h"
 
 namespace mcpp {
 namespace {
@@ -44,9 +45,10 @@ TEST(CpuAdamW, ThreeStepsMatchTorchAdamW) {
     put(p0);
     for (auto& g : grads) put(g);
   }
-  const std::string cmd = fmt::format("/usr/bin/python3 {}/tests/oracle/adamw_ref.py {} {} {} {} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} 2>&1",
-                                      MCPP_SOURCE_DIR, in_path.string(), out_path.string(), n, steps, base.lr,
-                                      base.beta1, base.beta2, base.eps, base.weight_decay);
+  const std::string cmd =
+      fmt::format("{}{}/tests/oracle/adamw_ref.py {} {} {} {} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} 2>&1",
+                  mcpp::test::oracle_python(), MCPP_SOURCE_DIR, in_path.string(), out_path.string(), n, steps, base.lr,
+                  base.beta1, base.beta2, base.eps, base.weight_decay);
   FILE* pipe = ::popen(cmd.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string log;

@@ -18,6 +18,7 @@
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
+#include "tests/oracle/oracle_python.h"
 
 namespace mcpp {
 namespace {
@@ -351,7 +352,7 @@ TEST(FlashAttentionCpu, MatchesTorchOracle) {
     for (auto [nm, t] : {std::pair<const char*, Tensor*>{"q", &r.q}, {"k", &r.k}, {"v", &r.v}, {"dout", &r.dout},
                          {"o", &r.o}, {"lse", &r.lse}, {"dq", &r.dq}, {"dk", &r.dk}, {"dv", &r.dv}})
       write_raw(dir + "/" + nm + ".bin", *t);
-    const std::string cmd = std::string("/usr/bin/python3 ") + MCPP_SOURCE_DIR + "/tests/oracle/attention_ref.py " +
+    const std::string cmd = mcpp::test::oracle_python() + MCPP_SOURCE_DIR + "/tests/oracle/attention_ref.py " +
                             dir + " 2>&1";
     FILE* p = popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr) << cmd;

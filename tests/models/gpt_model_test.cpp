@@ -17,6 +17,7 @@
 #include "mcpp/core/npy.h"
 #include "mcpp/tensor_parallel/random.h"
 #include "models/gpt_test_util.h"
+#include "tests/oracle/oracle_python.h"
 
 namespace mcpp {
 namespace {
@@ -90,7 +91,8 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   save_npy((dir / "logits.npy").string(), logits);
   std::ofstream(dir / "loss.txt") << fmt::format("{:.17g}", r.loss);
 
-  std::string cmd = fmt::format("/usr/bin/python3 {}/tests/oracle/gpt_ref.py {} 2>&1", MCPP_SOURCE_DIR, dir.string());
+  std::string cmd =
+      fmt::format("{}{}/tests/oracle/gpt_ref.py {} 2>&1", mcpp::test::oracle_python(), MCPP_SOURCE_DIR, dir.string());
   FILE* pipe = popen(cmd.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string out;
@@ -303,7 +305,9 @@ TEST(GPTModel, PipelineStagesComposeToTheFullModel) {
     EXPECT_FALSE(s2.forward_step(c2, bt.tokens, h1, bt.labels, bt.loss_mask, os, &r2).defined());
     EXPECT_EQ(r2.loss, rf.loss) << style;
     EXPECT_EQ(rng_stages.state(), rng_full.state()) << style;
-    if (dropout) EXPECT_NE(rng_full.state(), tensor_parallel::RngTracker(77, 0, 0).state()) << "nothing drawn";
+    if (dropout) {
+      EXPECT_NE(rng_full.state(), tensor_parallel::RngTracker(77, 0, 0).state()) << "nothing drawn";
+    }
     Tensor g1 = s2.backward_step(c2, 1.0f, Tensor());
     Tensor g0 = s1.backward_step(c1, 1.0f, g1);
     EXPECT_FALSE(s0.backward_step(c0, 1.0f, g0).defined());

@@ -49,7 +49,8 @@ TEST(Adam, ThreeStepsMatchTorchAdamW) {
     adam.step(lrs[step]);
   }
   EXPECT_EQ(adam.step_count(), 3);
-  ASSERT_EQ(test::run_oracle("adamw_oracle.py", dir.string()), 0) << "oracle failed (needs /usr/bin/python3 + torch)";
+  ASSERT_EQ(test::run_oracle("adamw_oracle.py", dir.string()), 0)
+      << "oracle failed (needs torch under " << test::oracle_python() << ")";
   for (size_t i = 0; i < specs.size(); ++i) {
     auto want_p = test::read_f32(dir / ("out_p_" + std::to_string(i) + ".bin"));
     auto want_m = test::read_f32(dir / ("out_m_" + std::to_string(i) + ".bin"));

@@ -32,7 +32,8 @@ void check_against_torch(float scale, double max_norm) {
   test::write_json(dir / "meta.json", {{"numels", numels}, {"max_norm", max_norm}});
   for (size_t i = 0; i < raw.size(); ++i) test::write_f32(dir / ("g_" + std::to_string(i) + ".bin"), raw[i]);
   double norm = clip_grad_norm_fp32(grads, max_norm, identity_reduce);
-  ASSERT_EQ(test::run_oracle("clip_oracle.py", dir.string()), 0) << "oracle failed (needs /usr/bin/python3 + torch)";
+  ASSERT_EQ(test::run_oracle("clip_oracle.py", dir.string()), 0)
+      << "oracle failed (needs torch under " << test::oracle_python() << ")";
   nlohmann::json out = test::read_json(dir / "out.json");
   // float64 accumulation on both sides: agreement to rounding of the sum order
   EXPECT_NEAR(norm, out["norm64"].get<double>(), 1e-12 * out["norm64"].get<double>());

@@ -1,5 +1,6 @@
 // Helpers for the optimizer tests that run a PyTorch / Python oracle (tests/oracle/optimizer/*.py)
-// through /usr/bin/python3 and exchange float32 arrays and JSON through a fresh temp directory.
+// through oracle_python() (/usr/bin/python3 by default) and exchange float32 arrays and JSON through a fresh
+// temp directory.
 #pragma once
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "tests/oracle/oracle_python.h"
 
 namespace mcpp::test {
 
@@ -46,9 +49,9 @@ inline nlohmann::json read_json(const std::filesystem::path& p) {
   return nlohmann::json::parse(f);
 }
 
-// Runs /usr/bin/python3 <MCPP_SOURCE_DIR>/tests/oracle/optimizer/<script> <args>; returns the exit code.
+// Runs oracle_python() <MCPP_SOURCE_DIR>/tests/oracle/optimizer/<script> <args>; returns the exit code.
 inline int run_oracle(const std::string& script, const std::string& args) {
-  std::string cmd = "/usr/bin/python3 " + std::string(MCPP_SOURCE_DIR) + "/tests/oracle/optimizer/" + script + " " + args;
+  std::string cmd = oracle_python() + std::string(MCPP_SOURCE_DIR) + "/tests/oracle/optimizer/" + script + " " + args;
   int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }

@@ -14,6 +14,7 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/parallel_state/parallel_context.h"
+#include "tests/oracle/oracle_python.h"
 
 namespace mcpp::parallel_state {
 namespace {
@@ -116,7 +117,7 @@ TEST(RankGenerator, DefaultLayoutEqualsClosedForm) {
 }
 
 nlohmann::json run_oracle(const std::string& args) {
-  const std::string cmd = std::string("/usr/bin/python3 ") + MCPP_SOURCE_DIR +
+  const std::string cmd = mcpp::test::oracle_python() + MCPP_SOURCE_DIR +
                           "/tests/oracle/parallel_state/megatron_ranks.py " + args;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) throw Error("cannot run " + cmd);

@@ -12,6 +12,7 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/transformer/transformer_config.h"
+#include "tests/oracle/oracle_python.h"
 
 namespace mcpp::pipeline_parallel {
 namespace {
@@ -247,7 +248,7 @@ TEST(PipelineLayout, FromConfig) {
 }
 
 std::string oracle_parse(const std::string& layout) {
-  const std::string cmd = std::string("/usr/bin/python3 ") + MCPP_SOURCE_DIR +
+  const std::string cmd = mcpp::test::oracle_python() + MCPP_SOURCE_DIR +
                           "/tests/oracle/pipeline/megatron_schedule.py --parse '" + layout + "'";
   FILE* f = popen(cmd.c_str(), "r");
   std::string out;

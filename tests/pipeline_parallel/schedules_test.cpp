@@ -15,6 +15,7 @@
 #include <string>
 
 #include "mcpp/core/error.h"
+#include "tests/oracle/oracle_python.h"
 
 namespace mcpp::pipeline_parallel {
 namespace {
@@ -142,7 +143,8 @@ struct OracleCase {
 };
 
 std::vector<std::string> run_oracle(const OracleCase& c, int* exit_code) {
-  const std::string cmd = std::string("/usr/bin/python3 ") + MCPP_SOURCE_DIR + "/tests/oracle/pipeline/megatron_schedule.py " +
+  const std::string cmd = mcpp::test::oracle_python() + MCPP_SOURCE_DIR +
+                          "/tests/oracle/pipeline/megatron_schedule.py " +
                           std::to_string(c.pp) + " " + std::to_string(c.M) + " " + std::to_string(c.V) + " " +
                           std::to_string(c.group) + " " + (c.forward_only ? "1" : "0");
   FILE* f = popen(cmd.c_str(), "r");
