@@ -5,7 +5,14 @@
 //       <kind> (<count> x <size>): [r0,r1] [r2,r3] ...
 //     Pure rank arithmetic (parallel_state::ParallelLayout); no MPI. An invalid layout is an
 //     mcpp::Error -> one "error: ..." line, exit 2.
+//   mcpp plan memory --world N [--json] [every `mcpp train` flag / --config RECIPE.toml]
+//     the memory plan of that training run (tools/memory_planner.h): per pipeline rank the parameters,
+//     grads, main params and optimizer state (sharded with --use-distributed-optimizer), one microbatch's
+//     activations per model chunk, the contexts in flight and the peak over the schedule; --json prints the
+//     memory_plan record the trainer writes to its metrics. The config is checked as `mcpp train` checks it
+//     (no data path needed); what the run would refuse is an "error: ..." line, exit 2.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -13,8 +20,11 @@
 #include <vector>
 
 #include "apps/mcpp/command.h"
+#include "apps/mcpp/tokenizer_flags.h"
 #include "mcpp/core/error.h"
 #include "mcpp/parallel_state/parallel_context.h"
+#include "mcpp/tools/memory_planner.h"
+#include "mcpp/training/arguments.h"
 
 namespace {
 
@@ -54,8 +64,47 @@ void print_ranks(const ParallelLayout& L) {
   }
 }
 
+int run_plan_memory(const std::vector<std::string>& args) {
+  int64_t world = 0;
+  bool json = false;
+  std::vector<std::string> train_args;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--world" || a.starts_with("--world=")) {
+      std::string v = a == "--world" ? (i + 1 < args.size() ? args[++i] : "") : a.substr(8);
+      try {
+        size_t used = 0;
+        world = std::stoll(v, &used);
+        if (used != v.size()) world = 0;
+      } catch (const std::exception&) {
+        world = 0;
+      }
+      if (world <= 0) mcpp::fail("plan memory: --world wants a positive number of ranks, got '{}'", v);
+    } else if (a == "--help" || a == "-h") {
+      fmt::print("mcpp plan memory --world N [--json] [mcpp train flags]: the memory plan per pipeline rank\n");
+      return 0;
+    } else {
+      train_args.push_back(a);
+    }
+  }
+  if (world <= 0) mcpp::fail("plan memory: --world N (the number of ranks of the run) is required");
+  mcpp::Config cfg = mcpp::parse_train_args(train_args);
+  cfg.apply_world_size(world);
+  mcpp::cli::apply_tokenizer(cfg);
+  cfg.validate();
+  mcpp::parallel_state::validate_parallel_layout(world, cfg);
+  const mcpp::tools::MemoryPlan plan = mcpp::tools::plan_memory(cfg);
+  if (json) fmt::print("{}\n", mcpp::tools::to_json(plan).dump());
+  else fmt::print("{}", mcpp::tools::format_memory_plan(plan));
+  return 0;
+}
+
 int run_plan(const std::vector<std::string>& args) {
-  CLI::App app{"mcpp plan: launch planning (rank layouts)", "mcpp plan"};
+  if (!args.empty() && args.front() == "memory")
+    return run_plan_memory(std::vector<std::string>(args.begin() + 1, args.end()));
+  CLI::App app{"mcpp plan: launch planning (rank layouts; `mcpp plan memory --help`: the memory plan)", "mcpp plan"};
   app.require_subcommand(1);
   CLI::App* ranks = app.add_subcommand("ranks", "each rank's coordinates and groups (Megatron-Core's layout)");
   int64_t world = 0;
@@ -79,6 +128,9 @@ int run_plan(const std::vector<std::string>& args) {
   return 0;
 }
 
-const mcpp::cli::Register reg{"plan", "launch planning: `plan ranks` prints the parallel rank layout", &run_plan};
+const mcpp::cli::Register reg{"plan",
+                              "launch planning: `plan ranks` prints the parallel rank layout, `plan memory` the memory "
+                              "plan of a training run",
+                              &run_plan};
 
 }  // namespace

@@ -23,4 +23,21 @@ GPT2Tokenizer build_tokenizer(const TokenizerFlags& flags) {
   return GPT2Tokenizer::from_files(dir + "/encoder.json", dir + "/vocab.bpe");
 }
 
+int64_t apply_tokenizer(Config& cfg) {
+  if (cfg.data.tokenizer_type == "GPT2BPETokenizer") {
+    if (cfg.data.vocab_file.empty() != cfg.data.merge_file.empty())
+      fail("vocab_file and merge_file go together (got only {})",
+           cfg.data.vocab_file.empty() ? "merge_file" : "vocab_file");
+    const std::string dir = default_vocab_dir();
+    GPT2Tokenizer tok = GPT2Tokenizer::from_files(
+        cfg.data.vocab_file.empty() ? dir + "/encoder.json" : cfg.data.vocab_file,
+        cfg.data.merge_file.empty() ? dir + "/vocab.bpe" : cfg.data.merge_file);
+    cfg.model.set_vocab_size(tok.vocab_size(), cfg.parallel.tensor_model_parallel_size);
+    return tok.eod();
+  }
+  // NullTokenizer (Megatron's _NullTokenizer): ids < vocab_size, EOD = vocab_size - 1
+  cfg.model.set_vocab_size(cfg.model.vocab_size, cfg.parallel.tensor_model_parallel_size);
+  return cfg.model.vocab_size - 1;
+}
+
 }  // namespace mcpp::cli

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "mcpp/datasets/gpt2_tokenizer.h"
+#include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::cli {
 
@@ -22,5 +23,10 @@ void add_tokenizer_flags(CLI::App& app, TokenizerFlags& flags);
 
 // Throws mcpp::Error for an unsupported --tokenizer-type, a lone --vocab-file/--merge-file, or bad files.
 GPT2Tokenizer build_tokenizer(const TokenizerFlags& flags);
+
+// The training config's tokenizer (data.tokenizer_type, vocab_file / merge_file, or NullTokenizer with
+// model.vocab_size) fixes the vocabulary: model.set_vocab_size (padded to make_vocab_size_divisible_by * tp).
+// Returns the EOD id. Used by `mcpp train` and `mcpp plan memory`.
+int64_t apply_tokenizer(Config& cfg);
 
 }  // namespace mcpp::cli

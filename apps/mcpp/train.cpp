@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "apps/mcpp/command.h"
+#include "apps/mcpp/tokenizer_flags.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/comm/mpi/mpi_communicator.h"
 #include "mcpp/comm/nccl/nccl_communicator.h"
@@ -31,23 +32,6 @@ bool launched_by_mpi() {
   return false;
 }
 
-int64_t apply_tokenizer(mcpp::Config& cfg) {
-  if (cfg.data.tokenizer_type == "GPT2BPETokenizer") {
-    if (cfg.data.vocab_file.empty() != cfg.data.merge_file.empty())
-      mcpp::fail("vocab_file and merge_file go together (got only {})",
-                 cfg.data.vocab_file.empty() ? "merge_file" : "vocab_file");
-    const std::string dir = mcpp::default_vocab_dir();
-    mcpp::GPT2Tokenizer tok = mcpp::GPT2Tokenizer::from_files(
-        cfg.data.vocab_file.empty() ? dir + "/encoder.json" : cfg.data.vocab_file,
-        cfg.data.merge_file.empty() ? dir + "/vocab.bpe" : cfg.data.merge_file);
-    cfg.model.set_vocab_size(tok.vocab_size(), cfg.parallel.tensor_model_parallel_size);
-    return tok.eod();
-  }
-  // NullTokenizer (Megatron's _NullTokenizer): ids < vocab_size, EOD = vocab_size - 1
-  cfg.model.set_vocab_size(cfg.model.vocab_size, cfg.parallel.tensor_model_parallel_size);
-  return cfg.model.vocab_size - 1;
-}
-
 // The node-local rank from the launcher (Open MPI, PMIx, Slurm), 0 when unknown: picks this rank's GPU.
 int local_rank() {
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "MCPP_LOCAL_RANK", "LOCAL_RANK"})
@@ -57,7 +41,7 @@ int local_rank() {
 
 int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
   cfg.apply_world_size(world->size());
-  const int64_t eod = apply_tokenizer(cfg);
+  const int64_t eod = mcpp::cli::apply_tokenizer(cfg);
   cfg.validate();
   mcpp::parallel_state::validate_parallel_layout(world->size(), cfg);
   // GPUs under mpirun: the parallel groups are NCCL communicators (one GPU per rank, by local rank),

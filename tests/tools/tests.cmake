@@ -5,3 +5,10 @@ add_test(NAME tools.timeline_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/tools/timeline_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/timeline_check)
 set_tests_properties(tools.timeline_cli PROPERTIES TIMEOUT 600)
+
+# tools.plan_memory_cli: `mcpp plan memory` — GPT-2 124M's planned parameters equal the textbook count, the
+# model state Megatron's mixed-precision bytes per parameter; TP2 x PP4 (V2) x DP2 with SP and the distributed
+# optimizer: interleaved in-flight counts, sharded optimizer, stage shards summing to the model; bad input exits
+# 2 with one named error. (The plan against measured activations: tests/oracle/cli/*_train_check.py.)
+add_test(NAME tools.plan_memory_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/tools/plan_memory_check.py ${MCPP_BIN})

@@ -30,13 +30,26 @@ nlohmann::json gather_activation_report(comm::Communicator& world, int stage, co
   return report;
 }
 
+void add_planned_activations(nlohmann::json& report, const tools::MemoryPlan& plan) {
+  for (auto& s : report["stages"]) {
+    const tools::StageMemory& st = plan.stages.at(s["stage"].get<size_t>());
+    int64_t largest = 0;
+    for (const tools::ChunkMemory& c : st.chunks) largest = std::max(largest, c.context_bytes);
+    s["planned_in_flight"] = st.in_flight;
+    s["planned_peak_bytes"] = st.peak_activation_bytes;
+    s["planned_context_bytes"] = largest;
+  }
+}
+
 std::string format_activation_report(const nlohmann::json& report) {
-  std::string out = fmt::format(" pipeline activation memory (live per-microbatch contexts)\n{:>8} {:>10} {:>14} {:>14}\n",
-                                "stage", "in flight", "peak MiB", "per mb MiB");
+  std::string out = fmt::format(" activation memory (live per-microbatch contexts; measured / planned)\n"
+                                "{:>8} {:>10} {:>14} {:>14} {:>14}\n",
+                                "stage", "in flight", "peak MiB", "per mb MiB", "planned MiB");
+  const auto mib = [](const nlohmann::json& v) { return static_cast<double>(v.get<int64_t>()) / (1 << 20); };
   for (const auto& s : report["stages"])
-    out += fmt::format("{:>8} {:>10} {:>14.3f} {:>14.3f}\n", s["stage"].get<int64_t>(), s["in_flight"].get<int64_t>(),
-                       static_cast<double>(s["peak_bytes"].get<int64_t>()) / (1 << 20),
-                       static_cast<double>(s["context_bytes"].get<int64_t>()) / (1 << 20));
+    out += fmt::format("{:>8} {:>10} {:>14.3f} {:>14.3f} {:>14}\n", s["stage"].get<int64_t>(),
+                       s["in_flight"].get<int64_t>(), mib(s["peak_bytes"]), mib(s["context_bytes"]),
+                       s.contains("planned_peak_bytes") ? fmt::format("{:.3f}", mib(s["planned_peak_bytes"])) : "-");
   return out;
 }
 

@@ -32,6 +32,7 @@ namespace mcpp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 GPTDatasetOptions dataset_options(const Config& c, int split, int64_t num_samples, int64_t eod) {
   if (c.data.data_path.size() != 1)
@@ -119,6 +120,16 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   }
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_)));
+  if (par.context_parallel_size == 1 && par.expert_model_parallel_size == 1) {
+    memory_plan_ = tools::plan_memory(config_);
+    if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
+      for (const tools::StageMemory& st : memory_plan_->stages)
+        fmt::print("memory plan (pp rank {}): model state {:.3f} GiB + peak activations {:.3f} GiB ({} microbatch "
+                   "contexts in flight) = {:.3f} GiB, before transient buffers\n",
+                   st.pp_rank, st.model_state_bytes() / kGiB, static_cast<double>(st.peak_activation_bytes) / kGiB,
+                   st.in_flight, st.total_bytes() / kGiB);
+    }
+  }
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
   // Dropout streams: seeded by --seed (Megatron's offsets per TP/PP rank); offsets are checkpointed.
   state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), pc_.tp_rank(), pc_.pp_rank());
@@ -149,6 +160,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   std::string metrics_path = t.metrics_path;
   if (metrics_path.empty() && !t.save.empty()) metrics_path = t.save + "/metrics.jsonl";
   if (is_logging_rank()) metrics_ = MetricsWriter(metrics_path);
+  if (memory_plan_ && is_logging_rank()) metrics_.write(tools::to_json(*memory_plan_));
 }
 
 Trainer::~Trainer() = default;
@@ -490,8 +502,9 @@ TrainSummary Trainer::train() {
   }
   if (!t.save.empty() && (t.save_interval <= 0 || iteration % t.save_interval != 0)) save(iteration);
   finalize_async_save(/*blocking=*/true);  // the trainer finalizes at exit
-  if (pc_.pp_size() > 1) {  // per-stage activation memory (collective on world)
-    const nlohmann::json report = timeline::gather_activation_report(*pc_.world(), pc_.pp_rank(), stage_memory_);
+  {  // per-stage activation memory (collective on world), measured and planned
+    nlohmann::json report = timeline::gather_activation_report(*pc_.world(), pc_.pp_rank(), stage_memory_);
+    if (memory_plan_) timeline::add_planned_activations(report, *memory_plan_);
     if (is_logging_rank()) {
       fmt::print("{}", timeline::format_activation_report(report));
       metrics_.write(report);
@@ -514,9 +527,16 @@ TrainSummary Trainer::train() {
     }
   }
   if (device_ == Device::CUDA && is_logging_rank()) {
-    const double gib = static_cast<double>(cuda_peak_memory_bytes()) / (1024.0 * 1024.0 * 1024.0);
-    fmt::print(" peak device memory (rank {}): {:.2f} GiB\n", pc_.rank(), gib);
-    metrics_.write({{"event", "memory"}, {"peak_device_gib", gib}});
+    const double gib = static_cast<double>(cuda_peak_memory_bytes()) / kGiB;
+    nlohmann::json rec{{"event", "memory"}, {"peak_device_gib", gib}};
+    if (memory_plan_) {  // the plan of this rank's stage: the measured peak adds transient buffers and workspaces
+      const double planned = memory_plan_->stages[static_cast<size_t>(pc_.pp_rank())].total_bytes() / kGiB;
+      fmt::print(" peak device memory (rank {}): {:.2f} GiB (memory plan: {:.2f} GiB)\n", pc_.rank(), gib, planned);
+      rec["planned_gib"] = planned;
+    } else {
+      fmt::print(" peak device memory (rank {}): {:.2f} GiB\n", pc_.rank(), gib);
+    }
+    metrics_.write(rec);
   }
   summary.final_iteration = iteration;
   if (step_graph_) {

@@ -37,6 +37,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "mcpp/core/cuda_graph.h"
@@ -46,6 +47,7 @@
 #include "mcpp/training/checkpointing.h"
 #include "mcpp/training/activation_report.h"
 #include "mcpp/training/metrics.h"
+#include "mcpp/tools/memory_planner.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp {
@@ -125,7 +127,10 @@ class Trainer {
   MetricsWriter metrics_;
   std::unique_ptr<timeline::TimelineRecorder> timeline_;  // --timeline: training-step action intervals
   std::unique_ptr<dist_checkpointing::AsyncCheckpointSaver> async_saver_;  // --async-save
-  timeline::StageMemory stage_memory_;  // activation memory maxima over the training steps (pp > 1 report)
+  timeline::StageMemory stage_memory_;  // activation memory maxima over the training steps (the end's report)
+  // tools/memory_planner's plan of this run (tp / sp / pp / vp / dp layouts; unset with cp or ep > 1): printed
+  // at the start, its planned activation figures beside the measured ones in the end's report.
+  std::optional<tools::MemoryPlan> memory_plan_;
   // --enable-cuda-graph: the captured step, its static inputs (one Batch per microbatch, on the device)
   // and loss statistics [M, 2], and the eager steps still to run before capturing.
   std::unique_ptr<CudaGraph> step_graph_;

@@ -14,7 +14,11 @@ usage: parallel_train_check.py MCPP WORKDIR
      interleaved PP4 (virtual stages), equal the 1-rank runs;
   7. uneven placements (--decoder-first-pipeline-num-layers, --pipeline-model-parallel-layout) equal 1 rank;
   8. PP2 checkpoints: resume at PP2 bit-exact, continue at PP1 within 1e-5;
-  9. PP2 with --no-overwrite-main-grad equals the default bit for bit.
+  9. PP2 with --no-overwrite-main-grad equals the default bit for bit;
+ 10. the memory plan (tools/memory_planner.h) of the runs above — TP2 + SP x DP2, TP2 x PP2 x DP2 with the
+     distributed optimizer, Llama interleaved PP4, an uneven placement, 1 rank — equals what each stage's ranks
+     measured (contexts in flight, peak and per-microbatch activation bytes), and `mcpp plan memory --json` with the
+     run's flags prints the trainer's memory_plan record.
 """
 import json
 import os
@@ -158,6 +162,39 @@ run(MPI + ["-np", "2", MCPP, "train", *M, *TP1, *PP2, "--no-overwrite-main-grad"
 pz = metrics(ppz)
 if pz != ps:
     failures.append(f"PP2 with --no-overwrite-main-grad differs from the default: {pz} vs {ps}")
+
+# 10. memory plan vs measurement, and the CLI's plan vs the trainer's
+def records(d, event):
+    path = os.path.join(d, "metrics.jsonl")
+    return [r for r in map(json.loads, open(path)) if r.get("event") == event] if os.path.exists(path) else []
+
+
+PLANNED = (("in_flight", "planned_in_flight"), ("peak_bytes", "planned_peak_bytes"),
+           ("context_bytes", "planned_context_bytes"))
+for name, d, world, flags in (
+        ("TP2+SP x DP2", four, 4, [*M, *TP2]),
+        ("TP2 x PP2 x DP2", g3d, 8, [*M, *TP2, "--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"]),
+        ("Llama PP4 V2", l4, 4, [*ML, *LLAMA, *TP1, "--pipeline-model-parallel-size", "4",
+                                 "--num-layers-per-virtual-pipeline-stage", "1"]),
+        ("PP2 layout Et|ttL", os.path.join(WORK, "u_layout"), 2,
+         [*M3, *TP1, "--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et|ttL"]),
+        ("1 rank", one, 1, [*M, *TP1])):
+    mem = records(d, "pipeline_activation_memory")
+    PPF = "--pipeline-model-parallel-size"
+    pp = int(flags[flags.index(PPF) + 1]) if PPF in flags else 1
+    stages = mem[-1]["stages"] if mem else []
+    if len(stages) != pp:
+        failures.append(f"memory plan, {name}: expected {pp} stages in the activation report, got {mem}")
+    for s in stages:
+        for measured, planned in PLANNED:
+            if s.get(planned) != s[measured] or s[measured] <= 0:
+                failures.append(f"memory plan, {name}, stage {s['stage']}: {planned} {s.get(planned)} vs measured "
+                                f"{measured} {s[measured]}")
+    plan = records(d, "memory_plan")
+    cli = run([MCPP, "plan", "memory", "--world", str(world), "--json", *flags])
+    if len(plan) != 1 or json.loads(cli.stdout) != plan[0]:
+        failures.append(f"memory plan, {name}: `mcpp plan memory --json` {cli.stdout[:300]!r} differs from the "
+                        f"trainer's record {plan[:1]}")
 
 p = run(MPI + ["-np", "3", MCPP, "train", *M, *TP2], expect=1, timeout=120)
 errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]

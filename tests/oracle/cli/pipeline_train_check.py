@@ -9,7 +9,9 @@ usage: pipeline_train_check.py MCPP WORKDIR
   3. activation recompute with hidden + attention dropout (unfused attention) at PP2: full uniform, full
      block and selective give bit-identical losses to no recompute;
   4. the pipeline_activation_memory record at PP2: in flight = pp - stage (1F1B, M >= pp), peak bytes =
-     in flight x one context's bytes, recompute shrinks the per-microbatch bytes;
+     in flight x one context's bytes, recompute shrinks the per-microbatch bytes; and the memory plan's
+     figures in it (tools/memory_planner.h) equal the measured ones with and without recompute (full uniform,
+     full block, selective; unfused attention, dropout) and for PP4 x V2;
   5. --variable-seq-lengths at PP2 (shape exchange before every transfer): bit-identical losses;
   6. distributed optimizer + PP2 x DP2 + tied embeddings: a resume from iteration 2 reproduces the
      straight run's losses and grad norms bit for bit (the shared embedding has its own DDP bucket, so both
@@ -113,6 +115,14 @@ for st, s in mem_off.items():
         failures.append(f"stage {st}: peak bytes {s['peak_bytes']} != in flight x context bytes {s}")
     if st in mem_rc and not mem_rc[st]["context_bytes"] < s["context_bytes"]:
         failures.append(f"stage {st}: recompute did not shrink the context bytes: {mem_rc[st]} vs {s}")
+for name in ("rc_off", "rc_uniform", "rc_block", "rc_selective", "pp4v2_dist"):
+    mem = memory(os.path.join(WORK, name))
+    if len(mem) != (4 if name == "pp4v2_dist" else 2):
+        failures.append(f"{name}: no activation report for every stage: {mem}")
+    for st, s in mem.items():
+        for key in ("in_flight", "peak_bytes", "context_bytes"):
+            if s.get("planned_" + key) != s[key]:
+                failures.append(f"{name} stage {st}: planned_{key} {s.get('planned_' + key)} != measured {s[key]}")
 
 # 5. variable sequence lengths (the dataset's shapes are fixed: the exchange must not change anything)
 PP2 = ["--pipeline-model-parallel-size", "2"]

@@ -1,0 +1,283 @@
+#include "mcpp/tools/memory_planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "mcpp/core/error.h"
+#include "mcpp/optimizer/distributed_optimizer.h"
+#include "mcpp/pipeline_parallel/layout.h"
+#include "mcpp/pipeline_parallel/schedules.h"
+
+namespace mcpp::tools {
+namespace {
+
+// Per-TP-rank sizes of one layer.
+struct LayerDims {
+  int64_t s, b, n, n_local, h, hn, np, ng, f, e;
+};
+
+LayerDims layer_dims(const Config& cfg) {
+  const TransformerConfig& m = cfg.model;
+  const int64_t tp = cfg.parallel.tensor_model_parallel_size;
+  LayerDims d{};
+  d.s = m.seq_length;
+  d.b = cfg.training.micro_batch_size;
+  d.n = d.s * d.b;
+  d.n_local = cfg.parallel.sequence_parallel ? d.n / tp : d.n;
+  d.h = m.hidden_size;
+  d.hn = m.head_dim();
+  d.np = m.num_attention_heads / tp;
+  d.ng = m.num_query_groups / tp;
+  d.f = m.ffn_hidden_size / tp;
+  d.e = static_cast<int64_t>(dtype_size(cfg.training.bf16 ? DType::BF16 : DType::F32));
+  return d;
+}
+
+int64_t norm_stats_bytes(const Config& cfg, const LayerDims& d) {
+  return d.n_local * 4 * (cfg.model.normalization == Normalization::LayerNorm ? 2 : 1);
+}
+
+// One layer's context after its forward, without the layer input (counted by the caller: the stage input or
+// the previous layer's fused sum).
+int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
+  const TransformerConfig& m = cfg.model;
+  const bool flash = m.attention_impl == "flash";
+  const bool selective = m.recompute_granularity == "selective";
+  // The fused linear_qkv output (flash without RoPE reads it packed), or the split q + k + v: the same size.
+  const int64_t qkv = d.n * (d.np + 2 * d.ng) * d.hn * d.e;
+  const int64_t context = d.n * d.np * d.hn * d.e;           // core attention's output = linear_proj's input
+  int64_t attention = qkv + context;
+  if (!selective) {
+    if (flash) attention += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
+    else attention += d.b * d.np * d.s * d.s * 4;  // softmax probabilities (the unfused path is fp32)
+  }
+  const int64_t mlp = m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e;
+  return 2 * norm_stats_bytes(cfg, d)  // input_layernorm's and pre_mlp_layernorm's statistics
+         + d.n * d.h * d.e             // linear_qkv's input (the norm output; gathered under SP)
+         + attention                   //
+         + d.n_local * d.h * d.e       // x1 = x + attention (pre_mlp_layernorm's input)
+         + d.n * d.h * d.e             // linear_fc1's input
+         + mlp;
+}
+
+// Megatron's full-recompute groups of a block of `count` layers (transformer_layer.cpp recompute_plan): the
+// first layer of each group, as block-local indices.
+std::vector<int64_t> recompute_group_starts(const TransformerConfig& m, int64_t count, std::vector<bool>* dropped) {
+  std::vector<int64_t> starts;
+  dropped->assign(static_cast<size_t>(count), false);
+  if (m.recompute_granularity != "full") return starts;
+  const int64_t k = m.recompute_num_layers;
+  if (m.recompute_method == "uniform") {
+    for (int64_t i = 0; i < count; i += k) starts.push_back(i);
+    dropped->assign(static_cast<size_t>(count), true);
+  } else {  // block: the first k layers, each its own group
+    for (int64_t i = 0; i < std::min(k, count); ++i) {
+      starts.push_back(i);
+      (*dropped)[static_cast<size_t>(i)] = true;
+    }
+  }
+  return starts;
+}
+
+}  // namespace
+
+int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
+                            bool post_process) {
+  const LayerDims d = layer_dims(cfg);
+  const int64_t count = static_cast<int64_t>(layers.size());
+  const int64_t hidden_local = d.n_local * d.h * d.e;  // one [s(/tp), b, h] residual-stream tensor
+  int64_t bytes = d.n * 4;                             // the token ids [s, b] int32
+  // The stage input: received (every non-first stage keeps it), or the embedding's output, kept where a layer
+  // (or, with no layers, the final norm) reads it.
+  if (!pre_process || count > 0 || post_process) bytes += hidden_local;
+  std::vector<bool> dropped;
+  const std::vector<int64_t> starts = recompute_group_starts(cfg.model, count, &dropped);
+  for (int64_t i = 0; i < count; ++i) {
+    const bool group_start = std::find(starts.begin(), starts.end(), i) != starts.end();
+    if (dropped[static_cast<size_t>(i)]) {
+      if (group_start && i > 0) bytes += hidden_local;  // the group's input (at i == 0: the stage input)
+      continue;
+    }
+    if (i > 0) bytes += hidden_local;  // this layer's input: the previous layer's fused residual sum
+    bytes += layer_bytes(cfg, d);
+  }
+  if (post_process) {
+    if (count > 0) bytes += hidden_local;  // the final norm's input: the last layer's summed residual
+    bytes += norm_stats_bytes(cfg, d);
+    bytes += d.n * d.h * d.e;                                                  // the output layer's input
+    bytes += d.n * (cfg.model.padded_vocab_size / cfg.parallel.tensor_model_parallel_size) * d.e;  // logits
+    bytes += 3 * d.n * 4 + 8;  // labels, loss mask, lse; the loss statistics [2] fp32
+  }
+  return bytes;
+}
+
+int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bool post_process) {
+  const TransformerConfig& m = cfg.model;
+  const int64_t tp = cfg.parallel.tensor_model_parallel_size;
+  const int64_t h = m.hidden_size, hn = m.head_dim();
+  const int64_t np = m.num_attention_heads / tp, ng = m.num_query_groups / tp, f = m.ffn_hidden_size / tp;
+  const int64_t norm = m.normalization == Normalization::LayerNorm ? 2 * h : h;
+  const int64_t fc1_out = (m.swiglu ? 2 : 1) * f;
+  const int64_t qkv_out = (np + 2 * ng) * hn;
+  const int64_t bias = m.add_bias_linear ? 1 : 0;
+  const int64_t layer = norm + qkv_out * h + (m.qkv_bias() ? qkv_out : 0)  // input_layernorm, linear_qkv
+                        + h * np * hn + bias * h                           // linear_proj (bias replicated)
+                        + norm + fc1_out * h + bias * fc1_out              // pre_mlp_layernorm, linear_fc1
+                        + h * f + bias * h;                                // linear_fc2 (bias replicated)
+  const int64_t vocab_local = m.padded_vocab_size / tp;
+  const bool tied = !m.untie_embeddings_and_output_weights;
+  int64_t p = num_layers * layer;
+  if (pre_process) {
+    p += vocab_local * h;  // word embeddings (vocab-parallel)
+    if (m.position_embedding_type == PositionEmbedding::LearnedAbsolute) p += m.max_position_embeddings * h;
+  }
+  if (post_process) {
+    p += norm;                                     // final_layernorm
+    if (!tied || !pre_process) p += vocab_local * h;  // output_layer, or the tied embeddings' copy on the last stage
+  }
+  return p;
+}
+
+MemoryPlan plan_memory(const Config& cfg) {
+  const ParallelConfig& par = cfg.parallel;
+  if (cfg.model.padded_vocab_size <= 0) fail("plan_memory: the vocabulary is not set (padded_vocab_size)");
+  if (par.data_parallel_size <= 0) fail("plan_memory: the world size is not applied (data_parallel_size)");
+  if (par.context_parallel_size > 1 || par.expert_model_parallel_size > 1)
+    fail("plan memory: context / expert parallel sizes {} / {}: the planner covers tensor (+ sequence), pipeline "
+         "(+ virtual stages) and data parallelism",
+         par.context_parallel_size, par.expert_model_parallel_size);
+  const pipeline_parallel::PipelineLayout layout =
+      pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(cfg.model, par));
+  MemoryPlan plan;
+  plan.tp = par.tensor_model_parallel_size;
+  plan.pp = par.pipeline_model_parallel_size;
+  plan.dp = par.data_parallel_size;
+  plan.world_size = plan.tp * plan.pp * plan.dp * par.context_parallel_size;
+  plan.vp = layout.virtual_pipeline_model_parallel_size;
+  plan.num_microbatches = cfg.num_microbatches();
+  plan.micro_batch_size = cfg.training.micro_batch_size;
+  plan.seq_length = cfg.model.seq_length;
+  plan.distributed_optimizer = par.use_distributed_optimizer;
+  plan.sequence_parallel = par.sequence_parallel;
+  plan.param_dtype = cfg.training.bf16 ? DType::BF16 : DType::F32;
+  const MemoryReport per_param = memory_report(static_cast<int>(plan.dp), plan.distributed_optimizer, plan.param_dtype);
+  const pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = plan.pp,
+                                              .num_microbatches = plan.num_microbatches,
+                                              .virtual_pipeline_model_parallel_size = plan.vp};
+  pipeline_parallel::validate_schedule_options(so);
+  const std::vector<pipeline_parallel::Schedule> schedules = pipeline_parallel::build_all_schedules(so);
+  const bool tied = !cfg.model.untie_embeddings_and_output_weights;
+  for (int64_t r = 0; r < plan.pp; ++r) {
+    StageMemory st;
+    st.pp_rank = r;
+    for (int64_t v = 0; v < plan.vp; ++v) {
+      const pipeline_parallel::StageLayers& sl = layout.at(r, v);
+      ChunkMemory c{.vp_stage = v, .pre_process = sl.pre_process, .post_process = sl.post_process, .layers = sl.layers};
+      c.params = chunk_params(cfg, static_cast<int64_t>(sl.layers.size()), sl.pre_process, sl.post_process);
+      c.context_bytes = chunk_context_bytes(cfg, sl.layers, sl.pre_process, sl.post_process);
+      st.params += c.params;
+      // The model's total counts the tied embeddings' last-stage copy once (it is the same logical tensor).
+      const int64_t copy = (tied && sl.post_process && !sl.pre_process) ? cfg.model.padded_vocab_size / plan.tp *
+                                                                              cfg.model.hidden_size
+                                                                        : 0;
+      plan.total_params += (c.params - copy) * plan.tp;
+      st.chunks.push_back(std::move(c));
+    }
+    const auto p = static_cast<double>(st.params);
+    st.param_bytes = p * per_param.param_bytes;
+    st.grad_bytes = p * per_param.grad_bytes;
+    st.main_param_bytes = p * per_param.main_param_bytes;
+    st.optimizer_state_bytes = p * per_param.optimizer_state_bytes;
+    int64_t live = 0, live_bytes = 0;
+    for (const pipeline_parallel::Action& a : schedules[static_cast<size_t>(r)]) {
+      if (a.kind != pipeline_parallel::ActionKind::Forward && a.kind != pipeline_parallel::ActionKind::Backward)
+        continue;
+      const int64_t bytes = st.chunks[static_cast<size_t>(a.chunk)].context_bytes;
+      const int64_t sign = a.kind == pipeline_parallel::ActionKind::Forward ? 1 : -1;
+      live += sign;
+      live_bytes += sign * bytes;
+      st.in_flight = std::max(st.in_flight, live);
+      st.peak_activation_bytes = std::max(st.peak_activation_bytes, live_bytes);
+    }
+    plan.stages.push_back(std::move(st));
+  }
+  return plan;
+}
+
+std::string format_memory_plan(const MemoryPlan& plan) {
+  constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+  std::string out = fmt::format(
+      "memory plan: world {} = tp {} x pp {} x dp {}{}, {} virtual stage(s), {} microbatch(es) of {} x {} tokens, "
+      "{} params, {} optimizer, {:.3f} B parameters\n",
+      plan.world_size, plan.tp, plan.pp, plan.dp, plan.sequence_parallel ? " (sequence parallel)" : "", plan.vp,
+      plan.num_microbatches, plan.micro_batch_size, plan.seq_length, dtype_name(plan.param_dtype),
+      plan.distributed_optimizer ? "distributed" : "replicated", static_cast<double>(plan.total_params) / 1e9);
+  out += "| pp rank | layers | params (this TP rank) | params GiB | grads GiB | main params GiB | optimizer GiB | "
+         "activations / microbatch GiB | in flight | peak activations GiB | total GiB |\n";
+  out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  const StageMemory* largest = nullptr;
+  for (const StageMemory& st : plan.stages) {
+    std::string layers, per_mb;
+    for (const ChunkMemory& c : st.chunks) {
+      if (!layers.empty()) layers += " / ";
+      if (!per_mb.empty()) per_mb += " / ";
+      layers += c.pre_process ? "E " : "";
+      layers += c.layers.empty() ? "-" : fmt::format("{}-{}", c.layers.front(), c.layers.back());
+      layers += c.post_process ? " L" : "";
+      per_mb += fmt::format("{:.3f}", static_cast<double>(c.context_bytes) / GiB);
+    }
+    out += fmt::format("| {} | {} | {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {} | {} | {:.3f} | {:.3f} |\n",
+                       st.pp_rank, layers, st.params, st.param_bytes / GiB, st.grad_bytes / GiB,
+                       st.main_param_bytes / GiB, st.optimizer_state_bytes / GiB, per_mb, st.in_flight,
+                       static_cast<double>(st.peak_activation_bytes) / GiB, st.total_bytes() / GiB);
+    if (!largest || st.total_bytes() > largest->total_bytes()) largest = &st;
+  }
+  if (largest)
+    out += fmt::format("largest: pp rank {} at {:.3f} GiB (model state {:.3f} + peak activations {:.3f}), before "
+                       "transient backward buffers, workspaces and the CUDA context\n",
+                       largest->pp_rank, largest->total_bytes() / GiB, largest->model_state_bytes() / GiB,
+                       static_cast<double>(largest->peak_activation_bytes) / GiB);
+  return out;
+}
+
+nlohmann::json to_json(const MemoryPlan& plan) {
+  nlohmann::json j{{"event", "memory_plan"},
+                   {"world_size", plan.world_size},
+                   {"tp", plan.tp},
+                   {"pp", plan.pp},
+                   {"dp", plan.dp},
+                   {"vp", plan.vp},
+                   {"num_microbatches", plan.num_microbatches},
+                   {"micro_batch_size", plan.micro_batch_size},
+                   {"seq_length", plan.seq_length},
+                   {"sequence_parallel", plan.sequence_parallel},
+                   {"distributed_optimizer", plan.distributed_optimizer},
+                   {"param_dtype", std::string(dtype_name(plan.param_dtype))},
+                   {"total_params", plan.total_params},
+                   {"stages", nlohmann::json::array()}};
+  for (const StageMemory& st : plan.stages) {
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const ChunkMemory& c : st.chunks)
+      chunks.push_back({{"vp_stage", c.vp_stage},
+                        {"pre_process", c.pre_process},
+                        {"post_process", c.post_process},
+                        {"layers", c.layers},
+                        {"params", c.params},
+                        {"context_bytes", c.context_bytes}});
+    j["stages"].push_back({{"pp_rank", st.pp_rank},
+                           {"chunks", chunks},
+                           {"params", st.params},
+                           {"param_bytes", st.param_bytes},
+                           {"grad_bytes", st.grad_bytes},
+                           {"main_param_bytes", st.main_param_bytes},
+                           {"optimizer_state_bytes", st.optimizer_state_bytes},
+                           {"in_flight", st.in_flight},
+                           {"peak_activation_bytes", st.peak_activation_bytes},
+                           {"total_bytes", st.total_bytes()}});
+  }
+  return j;
+}
+
+}  // namespace mcpp::tools

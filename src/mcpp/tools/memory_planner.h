@@ -1,0 +1,89 @@
+// The memory planner (DESIGN decision 5: "peak memory is predictable — the planner computes it and tests
+// compare"): per pipeline rank, the bytes a training run will hold, computed from the config alone (no model
+// is built, nothing is allocated), so a layout can be checked before a job is launched (`mcpp plan memory`).
+//
+// Per pipeline rank (every TP / DP rank of it holds the same amounts; DP shards only the optimizer):
+//   model state — the numel of this TP rank's parameters over its model chunks (the layout of
+//     pipeline_parallel/layout.h: embedding on the first stage, final norm + output layer on the last, a
+//     shared copy of the tied word embeddings there when pp > 1), times optimizer/memory_report()'s bytes
+//     per parameter: params (the model dtype) + fp32 main grads + fp32 main params (mixed precision) + Adam's
+//     two fp32 moments (the last two / dp with the distributed optimizer; its bucket padding, < dp elements
+//     per bucket, is left out).
+//   activations — each model chunk's per-microbatch context bytes, exactly what
+//     pipeline_parallel::context_bytes() counts after that chunk's forward (each storage once), and the peak
+//     over this rank's schedule (pipeline_parallel::build_schedule) of the live contexts: a forward adds its
+//     chunk's bytes, a backward frees them. 1F1B holds min(pp - rank, M) microbatches; interleaving more.
+// Per transformer layer (training, no recompute), with n = s*b rows, n_l = n / tp under sequence parallelism
+// (else n), e = bytes of the activation dtype (the param dtype), np / ng / f per TP rank:
+//   the layer input / the fused residual sum  n_l*h*e     (the stage input for a stage's first layer)
+//   two norms' rstd (+ mean for LayerNorm)     2 * n_l*4 (*2)
+//   linear_qkv's input (SP: the gathered one)  n*h*e
+//   core attention, flash on the packed qkv    qkv n*(np+2ng)*hn*e + out n*np*hn*e + lse b*np*s*4
+//     flash with RoPE (split q, k, v)          q/k/v n*(np+2ng)*hn*e + out + lse
+//     unfused                                  head-major q/k/v n*(np+2ng)*hn*e + probs b*np*s*s*4 + context
+//     selective recompute                      only the core's inputs (qkv or q/k/v) + context (proj's input)
+//   x1 = x + attention (pre_mlp_layernorm's)   n_l*h*e
+//   linear_fc1's input                         n*h*e
+//   MLP                                        GELU: pre_act + act 2*n*f*e; SwiGLU: fc1's out 2*n*f*e + act n*f*e
+// Full recompute keeps a group's input only (n_l*h*e; for a group starting at the stage's first layer that is
+// the stage input). A chunk adds: the token ids n*4; the stage input n_l*h*e (received, or the embedding's
+// output); on the last stage the final norm (n_l*h*e + stats), the output layer's input n*h*e, logits
+// n*Vp/tp*e, labels + loss mask + lse 3*n*4 and the loss statistics (8 bytes).
+// Not planned: transient buffers of a backward step (activation grads, GEMM / attention workspaces), the
+// CUDA caching allocator's rounding, communication buffers and the CUDA context — the measured device peak is
+// above the plan by those (docs/PERF.md "Memory planner" has the H200 figures).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "mcpp/core/dtype.h"
+#include "mcpp/transformer/transformer_config.h"
+
+namespace mcpp::tools {
+
+struct ChunkMemory {
+  int64_t vp_stage = 0;
+  bool pre_process = false, post_process = false;
+  std::vector<int64_t> layers;  // global decoder-layer indices
+  int64_t params = 0;           // numel of this TP rank's parameters in this chunk
+  int64_t context_bytes = 0;    // one microbatch's saved activations (pipeline_parallel::context_bytes)
+};
+
+struct StageMemory {
+  int64_t pp_rank = 0;
+  std::vector<ChunkMemory> chunks;
+  int64_t params = 0;  // over the chunks
+  double param_bytes = 0, grad_bytes = 0, main_param_bytes = 0, optimizer_state_bytes = 0;
+  int64_t in_flight = 0;              // peak live (microbatch, chunk) contexts over the schedule
+  int64_t peak_activation_bytes = 0;  // peak live context bytes over the schedule
+  double model_state_bytes() const { return param_bytes + grad_bytes + main_param_bytes + optimizer_state_bytes; }
+  double total_bytes() const { return model_state_bytes() + static_cast<double>(peak_activation_bytes); }
+};
+
+struct MemoryPlan {
+  int64_t world_size = 1, tp = 1, pp = 1, dp = 1, vp = 1, num_microbatches = 1;
+  int64_t micro_batch_size = 1, seq_length = 1;
+  bool distributed_optimizer = false, sequence_parallel = false;
+  DType param_dtype = DType::F32;
+  int64_t total_params = 0;  // the whole model (every TP rank, every stage; shared embedding copies once)
+  std::vector<StageMemory> stages;  // [pp]
+};
+
+// cfg: parsed and finalized, with apply_world_size() and the vocabulary applied (padded_vocab_size > 0).
+// Throws mcpp::Error naming the field for what a training run would refuse (layout, divisibility).
+MemoryPlan plan_memory(const Config& cfg);
+
+// One microbatch's context bytes of a chunk (the formula above); exposed for the tests.
+int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
+                            bool post_process);
+// This TP rank's parameter numel of a chunk (rank-independent: every TP rank holds the same count).
+int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bool post_process);
+
+// A table per pipeline rank, in GiB, and the largest rank's total.
+std::string format_memory_plan(const MemoryPlan& plan);
+nlohmann::json to_json(const MemoryPlan& plan);
+
+}  // namespace mcpp::tools

@@ -1,0 +1,45 @@
+// tools/memory_planner on the CUDA path: the activations a training forward of the GPT on the GPU keeps
+// (pipeline_parallel::context_bytes of its context: cuBLASLt GELU epilogue outputs, cuDNN / mcpp flash
+// attention's out + lse on the packed or split qkv, device copies of labels and loss mask) equal the plan's
+// bytes for the same config, bf16 (mixed precision) and fp32, with and without recompute — the figures
+// `mcpp plan memory` reports for a GPU run (docs/PERF.md "Memory planner" compares the device peak).
+#include "cuda/cuda_test_util.h"
+#include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/pipeline_parallel/activation_memory.h"
+#include "mcpp/tensor_parallel/random.h"
+#include "mcpp/tools/memory_planner.h"
+#include "models/gpt_test_util.h"
+
+namespace mcpp::cuda_test {
+namespace {
+
+TEST(CudaMemoryPlan, ContextBytesOfAGpuForwardEqualThePlan) {
+  MCPP_REQUIRE_CUDA();
+  for (const std::string style : {"gpt2", "llama", "llama packed"})
+    for (const DType dt : float_dtypes())
+      for (const std::string recompute : {"", "selective", "full"}) {
+        SCOPED_TRACE(style + " " + std::string(dtype_name(dt)) + " recompute '" + recompute + "'");
+        Config cfg;
+        cfg.model = testing::tiny_gpu_config(style.starts_with("gpt2") ? "gpt2" : "llama");
+        if (style.ends_with("packed")) cfg.model.position_embedding_type = PositionEmbedding::None;
+        cfg.model.num_layers = 3;
+        cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.1f;
+        cfg.model.recompute_granularity = recompute;
+        if (recompute == "full") cfg.model.recompute_method = "uniform", cfg.model.recompute_num_layers = 2;
+        cfg.training.micro_batch_size = 3;
+        cfg.training.bf16 = dt == DType::BF16;
+        cfg.finalize();
+        GPTModel model(cfg.model, 1234, testing::single_tp(), Device::CUDA, {}, dt);
+        EXPECT_EQ(model.params().numel(), tools::chunk_params(cfg, 3, true, true));
+        testing::Batch batch = testing::fixed_batch(cfg.model.seq_length, 3, cfg.model.vocab_size);
+        tensor_parallel::RngTracker rng(77, 0, 0);
+        GPTModelCtx ctx;
+        model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = true, .rng = &rng});
+        EXPECT_EQ(static_cast<int64_t>(pipeline_parallel::context_bytes(ctx)),
+                  tools::chunk_context_bytes(cfg, {0, 1, 2}, true, true));
+        model.backward(ctx, 1.0f);
+      }
+}
+
+}  // namespace
+}  // namespace mcpp::cuda_test

@@ -1,0 +1,214 @@
+// tools/memory_planner against what the code actually holds: for every model shape the planner claims to
+// cover (GPT-2 / Llama style, packed / split / unfused attention, selective and full recompute, dropout,
+// first / middle / last / whole pipeline stages, untied, GQA, a stage without layers), a real training
+// forward's context bytes (pipeline_parallel::context_bytes, each storage once) and the stage's parameter
+// count equal the plan exactly. The schedule peak (in flight x chunk bytes over build_schedule) is compared
+// with the formulas of schedules.h; the whole-run comparison (TP / SP / PP / VP under mpiexec, the trainer's
+// measured pipeline_activation_memory record) is in tests/oracle/cli/{pipeline,parallel}_train_check.py.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <array>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mcpp/core/error.h"
+#include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/pipeline_parallel/activation_memory.h"
+#include "mcpp/pipeline_parallel/schedules.h"
+#include "mcpp/tensor_parallel/random.h"
+#include "mcpp/tools/memory_planner.h"
+#include "tests/models/gpt_test_util.h"
+
+namespace mcpp {
+namespace {
+
+struct Case {
+  std::string name;
+  std::string style;  // gpt2 | llama
+  std::string attention = "flash";
+  std::string recompute{}, method{};
+  int64_t recompute_layers = 0;
+  bool dropout = false;
+  bool untied = false;
+  bool no_rope = false;  // llama without RoPE: the packed flash path with SwiGLU / RMSNorm / GQA
+};
+
+Config config_for(const Case& k) {
+  Config cfg;
+  cfg.model = testing::tiny_config(k.style);
+  cfg.model.num_layers = 4;
+  cfg.model.attention_impl = k.attention;
+  cfg.model.recompute_granularity = k.recompute;
+  cfg.model.recompute_method = k.method;
+  cfg.model.recompute_num_layers = k.recompute_layers;
+  if (k.dropout) cfg.model.hidden_dropout = 0.1f, cfg.model.attention_dropout = 0.1f;
+  if (k.untied) cfg.model.untie_embeddings_and_output_weights = true;
+  if (k.no_rope) cfg.model.position_embedding_type = PositionEmbedding::None;
+  cfg.training.micro_batch_size = 3;
+  cfg.finalize();
+  return cfg;
+}
+
+TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
+  const std::vector<Case> cases = {
+      {.name = "gpt2 packed flash", .style = "gpt2"},
+      {.name = "gpt2 unfused + dropout", .style = "gpt2", .attention = "unfused", .dropout = true},
+      {.name = "gpt2 untied", .style = "gpt2", .untied = true},
+      {.name = "llama rope flash (split q/k/v)", .style = "llama"},
+      {.name = "llama no rope (packed, swiglu, gqa)", .style = "llama", .no_rope = true},
+      {.name = "llama unfused + dropout", .style = "llama", .attention = "unfused", .dropout = true},
+      {.name = "gpt2 selective", .style = "gpt2", .recompute = "selective", .dropout = true},
+      {.name = "llama selective", .style = "llama", .recompute = "selective"},
+      {.name = "gpt2 unfused selective", .style = "gpt2", .attention = "unfused", .recompute = "selective"},
+      {.name = "gpt2 full uniform 1", .style = "gpt2", .recompute = "full", .method = "uniform", .recompute_layers = 1},
+      {.name = "llama full uniform 3", .style = "llama", .recompute = "full", .method = "uniform",
+       .recompute_layers = 3, .dropout = true},
+      {.name = "gpt2 full block 2", .style = "gpt2", .recompute = "full", .method = "block", .recompute_layers = 2},
+  };
+  struct StageCase {
+    bool pre, post;
+    int64_t first, count;
+  };
+  const std::vector<StageCase> stages = {{true, true, 0, 4},  {true, false, 0, 2}, {false, false, 1, 2},
+                                         {false, true, 2, 2}, {true, false, 0, 0}, {false, true, 4, 0}};
+  for (const Case& k : cases) {
+    const Config cfg = config_for(k);
+    for (const StageCase& sc : stages) {
+      const std::string where = fmt::format("{}: stage pre={} post={} layers [{}, {})", k.name, sc.pre, sc.post,
+                                            sc.first, sc.first + sc.count);
+      GPTModel model(cfg.model, 3, testing::single_tp(), Device::CPU,
+                     {.pre_process = sc.pre, .post_process = sc.post, .first_layer = sc.first, .num_layers = sc.count});
+      EXPECT_EQ(tools::chunk_params(cfg, sc.count, sc.pre, sc.post), model.params().numel()) << where;
+      tensor_parallel::RngTracker rng(9, 0, 0);
+      const ForwardOptions opt{.training = true, .rng = &rng};
+      const int64_t s = cfg.model.seq_length, b = cfg.training.micro_batch_size, h = cfg.model.hidden_size;
+      testing::Batch bt = testing::fixed_batch(s, b, cfg.model.vocab_size);
+      Tensor input;
+      if (!sc.pre) {
+        input = Tensor::empty({s, b, h});
+        for (int64_t i = 0; i < input.numel(); ++i) input.data<float>()[i] = 0.01f * static_cast<float>(i % 17);
+      }
+      GPTModelCtx ctx;
+      LossResult loss;
+      model.forward_step(ctx, bt.tokens, input, sc.post ? bt.labels : Tensor(), sc.post ? bt.loss_mask : Tensor(),
+                         opt, sc.post ? &loss : nullptr);
+      std::vector<int64_t> layers;
+      for (int64_t i = 0; i < sc.count; ++i) layers.push_back(sc.first + i);
+      EXPECT_EQ(tools::chunk_context_bytes(cfg, layers, sc.pre, sc.post),
+                static_cast<int64_t>(pipeline_parallel::context_bytes(ctx)))
+          << where;
+    }
+  }
+}
+
+Config plan_config(int64_t pp, int64_t vp_layers, int64_t global_batch, int64_t world) {
+  Config cfg;
+  cfg.model = testing::tiny_config("gpt2");
+  cfg.model.num_layers = 8;
+  cfg.parallel.pipeline_model_parallel_size = pp;
+  cfg.parallel.num_layers_per_virtual_pipeline_stage = vp_layers;
+  cfg.training.micro_batch_size = 2;
+  cfg.training.global_batch_size = global_batch;
+  cfg.finalize();
+  cfg.apply_world_size(world);
+  return cfg;
+}
+
+// The schedule peak: 1F1B holds min(pp - rank, M) identical contexts (the last stage's larger); interleaving
+// holds schedules.h's max_activations_in_flight; the model state is memory_report()'s bytes per parameter.
+TEST(MemoryPlanner, SchedulePeakFollowsTheScheduleAndModelStateTheBytesPerParameter) {
+  for (const auto& [pp, vp_layers, gbs, world] : std::vector<std::array<int64_t, 4>>{
+           {1, 0, 8, 1}, {2, 0, 16, 2}, {4, 0, 4, 4}, {4, 0, 32, 8}, {4, 1, 16, 4}, {4, 1, 8, 4}}) {
+    const Config cfg = plan_config(pp, vp_layers, gbs, world);
+    const tools::MemoryPlan plan = tools::plan_memory(cfg);
+    ASSERT_EQ(static_cast<int64_t>(plan.stages.size()), pp);
+    const int64_t vp = vp_layers > 0 ? 8 / pp / vp_layers : 1;
+    EXPECT_EQ(plan.vp, vp);
+    int64_t total = 0;
+    for (const tools::StageMemory& st : plan.stages) {
+      const std::string where = fmt::format("pp {} vp {} M {} rank {}", pp, vp, plan.num_microbatches, st.pp_rank);
+      const pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = pp,
+                                                  .pipeline_model_parallel_rank = st.pp_rank,
+                                                  .num_microbatches = plan.num_microbatches,
+                                                  .virtual_pipeline_model_parallel_size = vp};
+      EXPECT_EQ(st.in_flight, pipeline_parallel::max_activations_in_flight(so)) << where;
+      ASSERT_EQ(static_cast<int64_t>(st.chunks.size()), vp) << where;
+      if (vp == 1) {
+        EXPECT_EQ(st.peak_activation_bytes, st.in_flight * st.chunks[0].context_bytes) << where;
+      }
+      int64_t largest = 0;
+      for (const tools::ChunkMemory& c : st.chunks) largest = std::max(largest, c.context_bytes);
+      EXPECT_LE(st.peak_activation_bytes, st.in_flight * largest) << where;
+      EXPECT_GT(st.peak_activation_bytes, 0) << where;
+      EXPECT_EQ(st.param_bytes, 4.0 * static_cast<double>(st.params)) << where;  // fp32 params
+      EXPECT_EQ(st.optimizer_state_bytes, 8.0 * static_cast<double>(st.params)) << where;
+      total += st.params;
+    }
+    // The whole model once: a pp > 1 run's last stage holds a copy of the tied word embeddings.
+    const int64_t copy = pp > 1 ? cfg.model.padded_vocab_size * cfg.model.hidden_size : 0;
+    EXPECT_EQ(plan.total_params, total - copy);
+    GPTModel whole(cfg.model, 3, testing::single_tp());
+    EXPECT_EQ(plan.total_params, whole.params().numel());
+  }
+}
+
+TEST(MemoryPlanner, DistributedOptimizerShardsTheOptimizerOverDataParallelRanks) {
+  Config cfg = plan_config(1, 0, 8, 4);
+  cfg.parallel.use_distributed_optimizer = true;
+  cfg.training.bf16 = true;
+  const tools::MemoryPlan plan = tools::plan_memory(cfg);
+  const auto p = static_cast<double>(plan.stages[0].params);
+  EXPECT_EQ(plan.dp, 4);
+  EXPECT_EQ(plan.stages[0].param_bytes, 2.0 * p);
+  EXPECT_EQ(plan.stages[0].grad_bytes, 4.0 * p);
+  EXPECT_EQ(plan.stages[0].main_param_bytes, 1.0 * p);       // 4 bytes / dp
+  EXPECT_EQ(plan.stages[0].optimizer_state_bytes, 2.0 * p);  // 8 bytes / dp
+  // bf16 activations: every activation term halves except the fp32 ones (norm statistics, lse, token ids,
+  // labels, loss mask): strictly between half and all of the fp32 plan.
+  Config f32 = cfg;
+  f32.training.bf16 = false;
+  const int64_t a16 = tools::plan_memory(cfg).stages[0].chunks[0].context_bytes;
+  const int64_t a32 = tools::plan_memory(f32).stages[0].chunks[0].context_bytes;
+  EXPECT_GT(a16, a32 / 2);
+  EXPECT_LT(a16, a32);
+  const nlohmann::json j = tools::to_json(plan);
+  EXPECT_EQ(j["event"], "memory_plan");
+  EXPECT_EQ(j["stages"][0]["params"].get<int64_t>(), plan.stages[0].params);
+  EXPECT_NE(tools::format_memory_plan(plan).find("largest: pp rank 0"), std::string::npos);
+}
+
+TEST(MemoryPlanner, RefusesWhatItDoesNotPlanNamingIt) {
+  Config cfg = plan_config(1, 0, 8, 1);
+  cfg.model.padded_vocab_size = 0;
+  EXPECT_THROW(
+      {
+        try {
+          tools::plan_memory(cfg);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("padded_vocab_size"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  Config cp = plan_config(1, 0, 8, 2);
+  cp.parallel.context_parallel_size = 2;
+  cp.apply_world_size(2);
+  EXPECT_THROW(
+      {
+        try {
+          tools::plan_memory(cp);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("context / expert parallel sizes 2 / 1"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+}
+
+}  // namespace
+}  // namespace mcpp

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""`mcpp plan memory`: the CLI of tools/memory_planner.h.
+
+usage: plan_memory_check.py MCPP
+  1. GPT-2 124M (GPT-2 BPE vocabulary padded to 50304, B32 x T1024, bf16): the planned parameter count equals
+     the textbook GPT-2 count 12 L h^2 + 13 L h + (V + T) h + 2 h, and the model state the bytes per parameter
+     of Megatron's mixed precision (2 + 4 + 4 + 8); the table names the largest rank.
+  2. TP2 x PP4 x DP2 with virtual stages, SP and the distributed optimizer: 4 stage rows, 2 chunks each; the
+     in-flight counts are Megatron's interleaved warmup + 1; the shard counts per TP rank sum (with the
+     embedding copy) to the model; the optimizer state is 8 / dp bytes per parameter.
+  3. Bad input exits 2 with one "error: ..." line naming the problem (no --world, --world 0, a world the
+     layout does not divide, context parallelism, an unknown flag, layers that do not split over the stages).
+"""
+import json
+import subprocess
+import sys
+
+MCPP = sys.argv[1]
+failures = []
+
+
+def run(args):
+    return subprocess.run([MCPP, "plan", "memory", *args], capture_output=True, text=True, timeout=120)
+
+
+GPT2 = ["--bf16", "--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12", "--seq-length", "1024",
+        "--max-position-embeddings", "1024", "--micro-batch-size", "32"]
+r = run(["--world", "1", "--json", *GPT2])
+plan = json.loads(r.stdout) if r.returncode == 0 else {}
+L, h, V, T = 12, 768, 50304, 1024
+textbook = 12 * L * h * h + 13 * L * h + (V + T) * h + 2 * h
+if plan.get("total_params") != textbook or plan["stages"][0]["params"] != textbook:
+    failures.append(f"GPT-2 124M: planned params {plan.get('total_params')} vs textbook {textbook}: {r.stderr}")
+else:
+    st = plan["stages"][0]
+    for key, per in (("param_bytes", 2), ("grad_bytes", 4), ("main_param_bytes", 4), ("optimizer_state_bytes", 8)):
+        if st[key] != per * textbook:
+            failures.append(f"GPT-2 124M: {key} {st[key]} != {per} x {textbook}")
+    if st["in_flight"] != 1 or st["peak_activation_bytes"] != st["chunks"][0]["context_bytes"]:
+        failures.append(f"GPT-2 124M, one microbatch: peak != one context: {st}")
+table = run(["--world", "1", *GPT2])
+if table.returncode != 0 or "largest: pp rank 0" not in table.stdout or "0.124 B parameters" not in table.stdout:
+    failures.append(f"table output: {table.stdout!r} {table.stderr!r}")
+
+# 2. TP2 x PP4 x DP2, V2, SP, distributed optimizer (16 ranks), NullTokenizer vocabulary
+pp, vp, dp, M = 4, 2, 2, 8
+BIG = ["--world", "16", "--json", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+       "--pipeline-model-parallel-size", str(pp), "--num-layers", "16", "--num-layers-per-virtual-pipeline-stage", "2",
+       "--hidden-size", "64",
+       "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size",
+       str(2 * dp * M), "--use-distributed-optimizer", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
+r = run(BIG)
+plan = json.loads(r.stdout) if r.returncode == 0 else {"stages": []}
+if len(plan["stages"]) != pp or any(len(s["chunks"]) != vp for s in plan["stages"]):
+    failures.append(f"PP4 V2: expected 4 stages x 2 chunks: {r.stdout[:400]} {r.stderr}")
+for s in plan["stages"]:
+    want = min((pp - s["pp_rank"] - 1) * 2 + (vp - 1) * pp + 1, M * vp)  # Megatron's interleaved warmup + 1
+    if s["in_flight"] != want:
+        failures.append(f"PP4 V2 rank {s['pp_rank']}: in flight {s['in_flight']}, Megatron's schedule holds {want}")
+    if s["optimizer_state_bytes"] != 8 * s["params"] / dp:
+        failures.append(f"PP4 V2 rank {s['pp_rank']}: optimizer bytes {s['optimizer_state_bytes']} != 8 / dp a param")
+if plan["stages"]:
+    Vp = 1024  # 1000 padded to 128 * tp
+    shards = sum(s["params"] for s in plan["stages"])
+    if plan.get("total_params") != 2 * (shards - Vp // 2 * 64):  # the last stage's copy of the tied embedding
+        failures.append(f"PP4 V2: total {plan.get('total_params')} vs 2 x (shards {shards} - the embedding copy)")
+
+# 3. errors
+for args, needle in ((GPT2, "--world N"), (["--world", "0", *GPT2], "--world wants a positive number"),
+                     (["--world", "3", "--tensor-model-parallel-size", "2", *GPT2], "world size (3)"),
+                     (["--world", "2", "--context-parallel-size", "2", *GPT2], "context / expert parallel sizes 2 / 1"),
+                     (["--world", "1", "--no-such-flag", *GPT2], "--no-such-flag"),
+                     (["--world", "4", "--pipeline-model-parallel-size", "4", "--num-layers", "6"], "num_layers (6)")):
+    r = run(args)
+    lines = r.stderr.strip().splitlines()
+    if r.returncode != 2 or len(lines) != 1 or not lines[0].startswith("error: ") or needle not in lines[0]:
+        failures.append(f"{args[:4]}: expected exit 2 and one error line with {needle!r}, got {r.returncode} "
+                        f"{r.stdout[-300:]!r} {r.stderr[-300:]!r}")
+
+if failures:
+    print("FAILED:\n" + "\n".join(failures))
+    sys.exit(1)
+print("plan memory checks: PASS")
