@@ -207,15 +207,21 @@ MemoryPlan plan_memory(const Config& cfg) {
 }
 
 std::string format_memory_plan(const MemoryPlan& plan) {
-  constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+  double largest_total = 0;
+  for (const StageMemory& st : plan.stages) largest_total = std::max(largest_total, st.total_bytes());
+  // GiB, or MiB for plans under 1 GiB (small test models would print rows of 0.000)
+  const bool gib = largest_total >= 1024.0 * 1024.0 * 1024.0;
+  const double scale = gib ? 1024.0 * 1024.0 * 1024.0 : 1024.0 * 1024.0;
+  const char* unit = gib ? "GiB" : "MiB";
   std::string out = fmt::format(
       "memory plan: world {} = tp {} x pp {} x dp {}{}, {} virtual stage(s), {} microbatch(es) of {} x {} tokens, "
       "{} params, {} optimizer, {:.3f} B parameters\n",
       plan.world_size, plan.tp, plan.pp, plan.dp, plan.sequence_parallel ? " (sequence parallel)" : "", plan.vp,
       plan.num_microbatches, plan.micro_batch_size, plan.seq_length, dtype_name(plan.param_dtype),
       plan.distributed_optimizer ? "distributed" : "replicated", static_cast<double>(plan.total_params) / 1e9);
-  out += "| pp rank | layers | params (this TP rank) | params GiB | grads GiB | main params GiB | optimizer GiB | "
-         "activations / microbatch GiB | in flight | peak activations GiB | total GiB |\n";
+  out += fmt::format("| pp rank | layers | params (this TP rank) | params {0} | grads {0} | main params {0} | "
+                     "optimizer {0} | activations / microbatch {0} | in flight | peak activations {0} | total {0} |\n",
+                     unit);
   out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   const StageMemory* largest = nullptr;
   for (const StageMemory& st : plan.stages) {
@@ -226,19 +232,19 @@ std::string format_memory_plan(const MemoryPlan& plan) {
       layers += c.pre_process ? "E " : "";
       layers += c.layers.empty() ? "-" : fmt::format("{}-{}", c.layers.front(), c.layers.back());
       layers += c.post_process ? " L" : "";
-      per_mb += fmt::format("{:.3f}", static_cast<double>(c.context_bytes) / GiB);
+      per_mb += fmt::format("{:.3f}", static_cast<double>(c.context_bytes) / scale);
     }
     out += fmt::format("| {} | {} | {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {} | {} | {:.3f} | {:.3f} |\n",
-                       st.pp_rank, layers, st.params, st.param_bytes / GiB, st.grad_bytes / GiB,
-                       st.main_param_bytes / GiB, st.optimizer_state_bytes / GiB, per_mb, st.in_flight,
-                       static_cast<double>(st.peak_activation_bytes) / GiB, st.total_bytes() / GiB);
+                       st.pp_rank, layers, st.params, st.param_bytes / scale, st.grad_bytes / scale,
+                       st.main_param_bytes / scale, st.optimizer_state_bytes / scale, per_mb, st.in_flight,
+                       static_cast<double>(st.peak_activation_bytes) / scale, st.total_bytes() / scale);
     if (!largest || st.total_bytes() > largest->total_bytes()) largest = &st;
   }
   if (largest)
-    out += fmt::format("largest: pp rank {} at {:.3f} GiB (model state {:.3f} + peak activations {:.3f}), before "
+    out += fmt::format("largest: pp rank {} at {:.3f} {} (model state {:.3f} + peak activations {:.3f}), before "
                        "transient backward buffers, workspaces and the CUDA context\n",
-                       largest->pp_rank, largest->total_bytes() / GiB, largest->model_state_bytes() / GiB,
-                       static_cast<double>(largest->peak_activation_bytes) / GiB);
+                       largest->pp_rank, largest->total_bytes() / scale, unit, largest->model_state_bytes() / scale,
+                       static_cast<double>(largest->peak_activation_bytes) / scale);
   return out;
 }
 
