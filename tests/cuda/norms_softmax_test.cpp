@@ -137,8 +137,10 @@ TEST(CudaCrossEntropy, FusedForwardBackwardAndInPlaceGrad) {
   };
   // v = 1003: scalar path; 1024 and 50304 (GPT-2's padded vocab): 16-byte vector path, the latter through
   // the 4-deep unrolled loop plus its remainder loop; 57344 is the fused fwd+bwd kernel's largest row (112
-  // KiB of shared memory), 65536 beyond it (the two kernels).
-  for (const Case& c : {Case{29, 1003}, Case{29, 1024}, Case{6, 50304}, Case{2, 57344}, Case{3, 65536}}) {
+  // KiB of shared memory), 65536 beyond it (the two kernels); 400 and 300 rows: more rows than the GPU holds
+  // blocks at once (the fused kernel runs two 512-thread rows per SM).
+  for (const Case& c : {Case{29, 1003}, Case{29, 1024}, Case{6, 50304}, Case{2, 57344}, Case{3, 65536},
+                        Case{400, 50304}, Case{300, 8192}}) {
     const int64_t n = c.n, v = c.v;
     Tensor targets = Tensor::empty({n}, DType::I32);
     for (int64_t i = 0; i < n; ++i) targets.data<int32_t>()[i] = static_cast<int32_t>((i * 131 + 7) % v);
