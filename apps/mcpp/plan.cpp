@@ -5,18 +5,22 @@
 //       <kind> (<count> x <size>): [r0,r1] [r2,r3] ...
 //     Pure rank arithmetic (parallel_state::ParallelLayout); no MPI. An invalid layout is an
 //     mcpp::Error -> one "error: ..." line, exit 2.
-//   mcpp plan memory --world N [--json] [every `mcpp train` flag / --config RECIPE.toml]
+//   mcpp plan memory --world N [--json] [--memory-budget-gib G] [every `mcpp train` flag / --config RECIPE.toml]
 //     the memory plan of that training run (tools/memory_planner.h): per pipeline rank the parameters,
 //     grads, main params and optimizer state (sharded with --use-distributed-optimizer), one microbatch's
 //     activations per model chunk, the contexts in flight and the peak over the schedule; --json prints the
 //     memory_plan record the trainer writes to its metrics. The config is checked as `mcpp train` checks it
-//     (no data path needed); what the run would refuse is an "error: ..." line, exit 2.
+//     (no data path needed); what the run would refuse is an "error: ..." line, exit 2. --memory-budget-gib G
+//     (per GPU) adds whether the plan fits and the largest --micro-batch-size that fits, keeping the layout and
+//     the number of microbatches (tools::fit_memory); with --json a "budget" object.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "apps/mcpp/command.h"
@@ -64,8 +68,26 @@ void print_ranks(const ParallelLayout& L) {
   }
 }
 
+// A flag's value as a positive number (integer: whole digits only); anything else names the flag.
+template <class T>
+T parse_positive(const std::string& flag, const std::string& v) {
+  T x = 0;
+  try {
+    size_t used = 0;
+    if constexpr (std::is_integral_v<T>) x = std::stoll(v, &used);
+    else x = std::stod(v, &used);
+    if (used != v.size()) x = 0;
+  } catch (const std::exception&) {
+    x = 0;
+  }
+  if (!(x > 0) || !std::isfinite(static_cast<double>(x)))
+    mcpp::fail("plan memory: {} wants a positive number, got '{}'", flag, v);
+  return x;
+}
+
 int run_plan_memory(const std::vector<std::string>& args) {
   int64_t world = 0;
+  double budget_gib = 0;
   bool json = false;
   std::vector<std::string> train_args;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -73,17 +95,14 @@ int run_plan_memory(const std::vector<std::string>& args) {
     if (a == "--json") {
       json = true;
     } else if (a == "--world" || a.starts_with("--world=")) {
-      std::string v = a == "--world" ? (i + 1 < args.size() ? args[++i] : "") : a.substr(8);
-      try {
-        size_t used = 0;
-        world = std::stoll(v, &used);
-        if (used != v.size()) world = 0;
-      } catch (const std::exception&) {
-        world = 0;
-      }
-      if (world <= 0) mcpp::fail("plan memory: --world wants a positive number of ranks, got '{}'", v);
+      world = parse_positive<int64_t>("--world", a == "--world" ? (i + 1 < args.size() ? args[++i] : "") : a.substr(8));
+    } else if (a == "--memory-budget-gib" || a.starts_with("--memory-budget-gib=")) {
+      const std::string v = a == "--memory-budget-gib" ? (i + 1 < args.size() ? args[++i] : "") : a.substr(20);
+      budget_gib = parse_positive<double>("--memory-budget-gib", v);
     } else if (a == "--help" || a == "-h") {
-      fmt::print("mcpp plan memory --world N [--json] [mcpp train flags]: the memory plan per pipeline rank\n");
+      fmt::print("mcpp plan memory --world N [--json] [--memory-budget-gib G] [mcpp train flags]: the memory plan "
+                 "per pipeline rank; with a budget (GiB per GPU), whether it fits and the largest micro-batch size "
+                 "that does\n");
       return 0;
     } else {
       train_args.push_back(a);
@@ -96,8 +115,26 @@ int run_plan_memory(const std::vector<std::string>& args) {
   cfg.validate();
   mcpp::parallel_state::validate_parallel_layout(world, cfg);
   const mcpp::tools::MemoryPlan plan = mcpp::tools::plan_memory(cfg);
-  if (json) fmt::print("{}\n", mcpp::tools::to_json(plan).dump());
-  else fmt::print("{}", mcpp::tools::format_memory_plan(plan));
+  nlohmann::json j = mcpp::tools::to_json(plan);
+  std::string text = mcpp::tools::format_memory_plan(plan);
+  if (budget_gib > 0) {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    const mcpp::tools::MemoryFit fit = mcpp::tools::fit_memory(cfg, budget_gib * kGiB);
+    j["budget"] = {{"gib", budget_gib},
+                   {"fits", fit.fits},
+                   {"largest_rank_bytes", fit.largest_rank_bytes},
+                   {"max_micro_batch_size", fit.max_micro_batch_size}};
+    text += fmt::format("memory budget {:g} GiB per GPU: the plan {} (largest rank {:.3f} GiB, before transient "
+                        "buffers); ",
+                        budget_gib, fit.fits ? "fits" : "does NOT fit", fit.largest_rank_bytes / kGiB);
+    text += fit.max_micro_batch_size > 0
+                ? fmt::format("the largest --micro-batch-size that fits, keeping {} microbatch(es) a step: {}\n",
+                              plan.num_microbatches, fit.max_micro_batch_size)
+                : std::string("not even --micro-batch-size 1 fits (model state or one sample's activations too "
+                              "large: more tensor / pipeline parallelism, the distributed optimizer or recompute)\n");
+  }
+  if (json) fmt::print("{}\n", j.dump());
+  else fmt::print("{}", text);
   return 0;
 }
 

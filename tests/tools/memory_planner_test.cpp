@@ -181,6 +181,28 @@ TEST(MemoryPlanner, DistributedOptimizerShardsTheOptimizerOverDataParallelRanks)
   EXPECT_NE(tools::format_memory_plan(plan).find("largest: pp rank 0"), std::string::npos);
 }
 
+// The capacity question: the largest micro-batch size whose plan fits a budget is found exactly at the
+// boundary (a budget of exactly the plan at mbs k gives k, one byte less gives k - 1), keeping M.
+TEST(MemoryPlanner, FitFindsTheLargestMicroBatchSizeWithinABudget) {
+  const Config cfg = plan_config(4, 0, 32, 8);  // pp 4, dp 2, mbs 2 -> M = 8
+  ASSERT_EQ(cfg.num_microbatches(), 8);
+  const double now = tools::largest_rank_bytes(tools::plan_memory(cfg));
+  for (const int64_t k : {1, 3, 7, 64}) {
+    Config at = cfg;
+    at.training.micro_batch_size = k;
+    at.training.global_batch_size = k * 2 * 8;
+    const double b = tools::largest_rank_bytes(tools::plan_memory(at));
+    EXPECT_EQ(tools::fit_memory(cfg, b).max_micro_batch_size, k);
+    EXPECT_EQ(tools::fit_memory(cfg, b - 1).max_micro_batch_size, k - 1);
+    EXPECT_EQ(tools::fit_memory(cfg, b).fits, now <= b) << k;
+  }
+  const tools::MemoryFit none = tools::fit_memory(cfg, 1024.0);
+  EXPECT_FALSE(none.fits);
+  EXPECT_EQ(none.max_micro_batch_size, 0);
+  EXPECT_EQ(none.largest_rank_bytes, now);
+  EXPECT_THROW(tools::fit_memory(cfg, 0.0), Error);
+}
+
 TEST(MemoryPlanner, RefusesWhatItDoesNotPlanNamingIt) {
   Config cfg = plan_config(1, 0, 8, 1);
   cfg.model.padded_vocab_size = 0;

@@ -8,7 +8,9 @@ usage: plan_memory_check.py MCPP
   2. TP2 x PP4 x DP2 with virtual stages, SP and the distributed optimizer: 4 stage rows, 2 chunks each; the
      in-flight counts are Megatron's interleaved warmup + 1; the shard counts per TP rank sum (with the
      embedding copy) to the model; the optimizer state is 8 / dp bytes per parameter.
-  3. Bad input exits 2 with one "error: ..." line naming the problem (no --world, --world 0, a world the
+  3. --memory-budget-gib: 1.3B (B8 x T2048) at 40 GiB does not fit and the largest micro-batch size that does
+     is the largest k whose own plan (--micro-batch-size k) is <= 40 GiB; k + 1's is above it.
+  4. Bad input exits 2 with one "error: ..." line naming the problem (no --world, --world 0, a world the
      layout does not divide, context parallelism, an unknown flag, layers that do not split over the stages).
 """
 import json
@@ -65,11 +67,32 @@ if plan["stages"]:
     if plan.get("total_params") != 2 * (shards - Vp // 2 * 64):  # the last stage's copy of the tied embedding
         failures.append(f"PP4 V2: total {plan.get('total_params')} vs 2 x (shards {shards} - the embedding copy)")
 
-# 3. errors
-for args, needle in ((GPT2, "--world N"), (["--world", "0", *GPT2], "--world wants a positive number"),
+# 3. the budget
+B13 = ["--world", "1", "--json", "--bf16", "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",
+       "--seq-length", "2048", "--micro-batch-size", "8"]
+GiB = 1024.0 ** 3
+r = run([*B13, "--memory-budget-gib", "40"])
+got = json.loads(r.stdout).get("budget", {}) if r.returncode == 0 else {}
+k = got.get("max_micro_batch_size", 0)
+if got.get("fits") is not False or k < 1:
+    failures.append(f"1.3B at 40 GiB: expected no fit at mbs 8 and some mbs >= 1 that fits: {got} {r.stderr}")
+else:
+    def total(mbs):
+        stages = json.loads(run(B13 + ["--micro-batch-size", str(mbs)]).stdout)["stages"]
+        return max(s["total_bytes"] for s in stages)
+
+    if not (total(k) <= 40 * GiB < total(k + 1)):
+        failures.append(f"1.3B at 40 GiB: mbs {k} plans {total(k) / GiB} GiB, mbs {k + 1} {total(k + 1) / GiB}")
+text = run([a for a in B13 if a != "--json"] + ["--memory-budget-gib", "200"])
+if "the plan fits" not in text.stdout or "largest --micro-batch-size that fits" not in text.stdout:
+    failures.append(f"budget line: {text.stdout[-400:]!r}")
+
+# 4. errors
+for args, needle in ((GPT2, "--world N"), (["--world", "0", *GPT2], "--world wants a positive number, got '0'"),
                      (["--world", "3", "--tensor-model-parallel-size", "2", *GPT2], "world size (3)"),
                      (["--world", "2", "--context-parallel-size", "2", *GPT2], "context / expert parallel sizes 2 / 1"),
                      (["--world", "1", "--no-such-flag", *GPT2], "--no-such-flag"),
+                     (["--world", "1", "--memory-budget-gib", "0", *GPT2], "--memory-budget-gib wants a positive"),
                      (["--world", "4", "--pipeline-model-parallel-size", "4", "--num-layers", "6"], "num_layers (6)")):
     r = run(args)
     lines = r.stderr.strip().splitlines()

@@ -206,6 +206,37 @@ MemoryPlan plan_memory(const Config& cfg) {
   return plan;
 }
 
+double largest_rank_bytes(const MemoryPlan& plan) {
+  double b = 0;
+  for (const StageMemory& st : plan.stages) b = std::max(b, st.total_bytes());
+  return b;
+}
+
+MemoryFit fit_memory(const Config& cfg, double budget_bytes) {
+  if (!(budget_bytes > 0)) fail("plan memory: the memory budget must be positive, got {} bytes", budget_bytes);
+  MemoryFit fit{.budget_bytes = budget_bytes};
+  fit.largest_rank_bytes = largest_rank_bytes(plan_memory(cfg));
+  fit.fits = fit.largest_rank_bytes <= budget_bytes;
+  const int64_t microbatches = cfg.num_microbatches();
+  const auto bytes_at = [&](int64_t mbs) {
+    Config c = cfg;
+    c.training.micro_batch_size = mbs;
+    c.training.global_batch_size = mbs * cfg.parallel.data_parallel_size * microbatches;
+    return largest_rank_bytes(plan_memory(c));
+  };
+  // The plan grows with the micro-batch size (activations are linear in it): double, then bisect.
+  constexpr int64_t kMax = int64_t{1} << 20;
+  int64_t lo = 0, hi = 1;  // bytes_at(lo) fits (lo = 0: nothing yet), bytes_at(hi) is to be tried
+  while (hi <= kMax && bytes_at(hi) <= budget_bytes) lo = hi, hi *= 2;
+  hi = std::min(hi, kMax + 1);
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (bytes_at(mid) <= budget_bytes ? lo : hi) = mid;
+  }
+  fit.max_micro_batch_size = lo;
+  return fit;
+}
+
 std::string format_memory_plan(const MemoryPlan& plan) {
   double largest_total = 0;
   for (const StageMemory& st : plan.stages) largest_total = std::max(largest_total, st.total_bytes());

@@ -76,6 +76,19 @@ struct MemoryPlan {
 // Throws mcpp::Error naming the field for what a training run would refuse (layout, divisibility).
 MemoryPlan plan_memory(const Config& cfg);
 
+// Capacity: does the plan fit a per-GPU budget, and the largest micro-batch size that would, keeping the
+// layout and the number of microbatches (so the global batch grows with it: mbs * dp * M). A plan's largest
+// rank decides. max_micro_batch_size 0: not even one sample fits (the model state alone, or one sample's
+// activations, exceed the budget). Searched up to 1 << 20.
+struct MemoryFit {
+  double budget_bytes = 0;
+  double largest_rank_bytes = 0;  // of the given config
+  bool fits = false;
+  int64_t max_micro_batch_size = 0;
+};
+MemoryFit fit_memory(const Config& cfg, double budget_bytes);
+double largest_rank_bytes(const MemoryPlan& plan);
+
 // One microbatch's context bytes of a chunk (the formula above); exposed for the tests.
 int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
                             bool post_process);
