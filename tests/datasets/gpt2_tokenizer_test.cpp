@@ -3,9 +3,13 @@
 // The full-text oracle comparisons live in tests/oracle/tokenizer/ (ctest -R tokenizer).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,9 +38,23 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+// In the system temp directory (not the build tree: the test binary also runs on machines without it),
+// removed when the test binary exits.
+struct TmpFiles {
+  std::vector<std::string> paths;
+  ~TmpFiles() {
+    for (const std::string& p : paths) std::filesystem::remove(p);
+  }
+};
+TmpFiles tmp_files;
+
 std::string write_tmp(const std::string& name, const std::string& content) {
-  std::string path = std::string(MCPP_BINARY_DIR) + "/tests/gpt2_tokenizer_test_" + name;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("gpt2_tokenizer_test_" + std::to_string(::getpid()) + "_" + name))
+          .string();
   std::ofstream(path, std::ios::binary) << content;
+  if (!std::filesystem::exists(path)) throw std::runtime_error("cannot write " + path);
+  tmp_files.paths.push_back(path);
   return path;
 }
 
