@@ -236,7 +236,9 @@ TEST(CudaAddNorm, ResidualDropoutEqualsDropoutThenTheOpBitwise) {
           EXPECT_TRUE(same_bits(f.sum, u.sum)) << "sum";
           EXPECT_TRUE(same_bits(f.y, u.y)) << "y";
           EXPECT_TRUE(same_bits(f.rstd, u.rstd)) << "rstd";
-          if (!rms) EXPECT_TRUE(same_bits(f.mean, u.mean)) << "mean";
+          if (!rms) {
+            EXPECT_TRUE(same_bits(f.mean, u.mean)) << "mean";
+          }
           EXPECT_TRUE(same_bits(bd, b_before)) << "b was written";
           // backward: the op without dropout, then dropout_bwd of its dx; and the fused op
           const Tensor dyd = dev(rnd({n, h}, 35, dt), dt), dresd = dev(rnd({n, h}, 36, dt), dt);
@@ -258,7 +260,9 @@ TEST(CudaAddNorm, ResidualDropoutEqualsDropoutThenTheOpBitwise) {
           EXPECT_TRUE(same_bits(fb.dx, ub.dx)) << "dx";
           EXPECT_TRUE(same_bits(fb.dbranch, ub.dbranch)) << "dbranch";
           EXPECT_TRUE(same_bits(fb.dg, ub.dg)) << "dgamma";
-          if (!rms) EXPECT_TRUE(same_bits(fb.db, ub.db)) << "dbeta";
+          if (!rms) {
+            EXPECT_TRUE(same_bits(fb.db, ub.db)) << "dbeta";
+          }
           EXPECT_TRUE(same_bits(fb.sr, ub.sr)) << "dres sum";
           const Tensor dbh = host(fb.dbranch), sdh = host(fb.sd);
           double worst = 0;

@@ -8,7 +8,9 @@
 #include "mcpp/pipeline_parallel/activation_memory.h"
 #include "mcpp/tensor_parallel/random.h"
 #include "mcpp/tools/memory_planner.h"
+#include "mcpp/training/trainer.h"
 #include "models/gpt_test_util.h"
+#include "training/trainer_test_util.h"
 
 namespace mcpp::cuda_test {
 namespace {
@@ -39,6 +41,37 @@ TEST(CudaMemoryPlan, ContextBytesOfAGpuForwardEqualThePlan) {
                   tools::chunk_context_bytes(cfg, {0, 1, 2}, true, true));
         model.backward(ctx, 1.0f);
       }
+}
+
+// A run whose plan exceeds the GPU stops in the Trainer's constructor, before the model is built, with the
+// planner's error (GPT-2 124M shapes at micro-batch 512: ~190 GiB of activations).
+TEST(CudaMemoryPlan, TrainerRefusesARunLargerThanTheGpu) {
+  MCPP_REQUIRE_CUDA();
+  Config c = training_test::tiny_train_config("unused");
+  c.model.num_layers = 12;
+  c.model.hidden_size = 768;
+  c.model.num_attention_heads = c.model.num_query_groups = 12;
+  c.model.kv_channels = 64;
+  c.model.ffn_hidden_size = 3072;
+  c.model.seq_length = c.model.max_position_embeddings = 1024;
+  c.model.attention_impl = "flash";
+  c.training.device = "cuda";
+  c.training.bf16 = true;
+  c.training.micro_batch_size = 512;
+  c.training.global_batch_size = 512;
+  c.finalize();
+  c.apply_world_size(1);
+  c.model.set_vocab_size(50257, 1);
+  c.validate();
+  try {
+    Trainer trainer(c, 50256, training_test::single());
+    ADD_FAILURE() << "a ~200 GiB plan was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("memory plan: pipeline rank 0 needs"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("but the GPU has"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("would fit (now 512)"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace

@@ -80,7 +80,9 @@ void expect_contents(const IndexedDataset& ds, const Docs& docs, IndexedDType dt
       EXPECT_EQ(got64, s) << "sequence " << seq;
       std::vector<int32_t> got32 = ds.get(seq);
       for (size_t k = 0; k < s.size(); ++k)  // int32 reads of wider tokens: only where they fit
-        if (s[k] == static_cast<int32_t>(s[k])) EXPECT_EQ(got32[k], s[k]);
+        if (s[k] == static_cast<int32_t>(s[k])) {
+          EXPECT_EQ(got32[k], s[k]);
+        }
       EXPECT_EQ(ds.sequence_bytes(seq).size(), s.size() * indexed_dtype_size(dtype));
       tokens += static_cast<int64_t>(s.size());
       ++seq;

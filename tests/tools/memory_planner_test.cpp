@@ -203,6 +203,38 @@ TEST(MemoryPlanner, FitFindsTheLargestMicroBatchSizeWithinABudget) {
   EXPECT_THROW(tools::fit_memory(cfg, 0.0), Error);
 }
 
+// The trainer's check on a GPU: a rank whose plan exceeds the device is an error naming the rank, the sizes
+// and the micro-batch size that would fit; a plan that fits passes.
+TEST(MemoryPlanner, RequireFitsNamesTheRankAndTheMicroBatchThatFits) {
+  Config cfg = plan_config(4, 0, 32, 8);
+  cfg.training.micro_batch_size = 4;
+  cfg.training.global_batch_size = 4 * 2 * 8;
+  const tools::MemoryPlan plan = tools::plan_memory(cfg);
+  Config half = cfg;
+  half.training.micro_batch_size = 2;
+  half.training.global_batch_size = 2 * 2 * 8;
+  const double device = tools::largest_rank_bytes(tools::plan_memory(half));  // fits mbs 2, not 3
+  int64_t refused = -1;
+  for (const tools::StageMemory& st : plan.stages) {
+    if (st.total_bytes() <= device) {
+      EXPECT_NO_THROW(tools::require_fits(cfg, plan, st.pp_rank, device)) << st.pp_rank;
+      continue;
+    }
+    refused = st.pp_rank;
+    try {
+      tools::require_fits(cfg, plan, st.pp_rank, device);
+      ADD_FAILURE() << "rank " << st.pp_rank << " does not fit but passed";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(fmt::format("pipeline rank {} needs", st.pp_rank)), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--micro-batch-size 2 would fit (now 4)"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_GE(refused, 0) << "some rank must exceed a budget sized for half the micro-batch";
+  for (const tools::StageMemory& st : plan.stages)
+    EXPECT_NO_THROW(tools::require_fits(cfg, plan, st.pp_rank, tools::largest_rank_bytes(plan)));
+}
+
 TEST(MemoryPlanner, RefusesWhatItDoesNotPlanNamingIt) {
   Config cfg = plan_config(1, 0, 8, 1);
   cfg.model.padded_vocab_size = 0;

@@ -34,5 +34,6 @@ void cuda_synchronize() {
   if (cuda_available()) cuda_backend::synchronize();
 }
 size_t cuda_peak_memory_bytes() { return cuda_available() ? cuda_backend::peak_bytes() : 0; }
+size_t cuda_total_memory_bytes() { return cuda_available() ? cuda_backend::total_bytes() : 0; }
 
 }  // namespace mcpp

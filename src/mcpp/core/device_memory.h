@@ -16,6 +16,7 @@ bool cuda_available();  // compiled with CUDA and a device is visible
 // High-water mark of device memory in use through the CUDA allocator since the process started
 // (the memory pool's used-memory high mark; torch.cuda.max_memory_allocated's analogue). 0 without CUDA.
 size_t cuda_peak_memory_bytes();
+size_t cuda_total_memory_bytes();  // the current device's memory (cudaMemGetInfo's total); 0 without CUDA
 void cuda_synchronize();  // waits for all work on the device (no-op without CUDA)
 
 namespace cuda_backend {  // implemented in kernels/cuda or kernels/cuda_stub
@@ -25,6 +26,7 @@ void memcpy(void* dst, Device dst_device, const void* src, Device src_device, si
 void memset_zero(void* dst, size_t nbytes);
 bool available();
 size_t peak_bytes();
+size_t total_bytes();
 void synchronize();
 }  // namespace cuda_backend
 

@@ -87,6 +87,11 @@ struct MemoryFit {
   int64_t max_micro_batch_size = 0;
 };
 MemoryFit fit_memory(const Config& cfg, double budget_bytes);
+// The trainer's check before it allocates anything on a GPU: the plan is a lower bound of the device peak
+// (exact activations and model state; transient buffers come on top), so a pipeline rank whose plan exceeds
+// the device's memory would run out of it. Throws mcpp::Error naming the rank, the plan, the device's size
+// and the largest --micro-batch-size that fits (fit_memory), with the other ways out.
+void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes);
 double largest_rank_bytes(const MemoryPlan& plan);
 
 // One microbatch's context bytes of a chunk (the formula above); exposed for the tests.

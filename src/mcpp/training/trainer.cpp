@@ -77,12 +77,25 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     graph_warmup_left_ = t.cuda_graph_warmup_steps;
   }
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
+  const auto& par = config_.parallel;
+  if (par.context_parallel_size == 1 && par.expert_model_parallel_size == 1) {
+    memory_plan_ = tools::plan_memory(config_);
+    if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
+      for (const tools::StageMemory& st : memory_plan_->stages)
+        fmt::print("memory plan (pp rank {}): model state {:.3f} GiB + peak activations {:.3f} GiB ({} microbatch "
+                   "contexts in flight) = {:.3f} GiB, before transient buffers\n",
+                   st.pp_rank, st.model_state_bytes() / kGiB, static_cast<double>(st.peak_activation_bytes) / kGiB,
+                   st.in_flight, st.total_bytes() / kGiB);
+    }
+    // Before anything is allocated: a plan above the GPU's memory would run out of it minutes later.
+    if (device_ == Device::CUDA)
+      tools::require_fits(config_, *memory_plan_, pc_.pp_rank(), static_cast<double>(cuda_total_memory_bytes()));
+  }
   train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, t.train_iters * gbs, eod_token));
   if (t.eval_iters > 0 && t.eval_interval > 0) {
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;
     valid_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 1, eval_samples, eod_token));
   }
-  const auto& par = config_.parallel;
   // Layer placement for this pipeline rank: one model chunk per virtual stage.
   const pipeline_parallel::PipelineLayout layout =
       pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(config_.model, par));
@@ -120,16 +133,6 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   }
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_)));
-  if (par.context_parallel_size == 1 && par.expert_model_parallel_size == 1) {
-    memory_plan_ = tools::plan_memory(config_);
-    if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
-      for (const tools::StageMemory& st : memory_plan_->stages)
-        fmt::print("memory plan (pp rank {}): model state {:.3f} GiB + peak activations {:.3f} GiB ({} microbatch "
-                   "contexts in flight) = {:.3f} GiB, before transient buffers\n",
-                   st.pp_rank, st.model_state_bytes() / kGiB, static_cast<double>(st.peak_activation_bytes) / kGiB,
-                   st.in_flight, st.total_bytes() / kGiB);
-    }
-  }
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
   // Dropout streams: seeded by --seed (Megatron's offsets per TP/PP rank); offsets are checkpointed.
   state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), pc_.tp_rank(), pc_.pp_rank());

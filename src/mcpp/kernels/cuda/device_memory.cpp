@@ -216,6 +216,12 @@ bool available() {
 
 void synchronize() { MCPP_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+size_t total_bytes() {
+  size_t free = 0, total = 0;
+  MCPP_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return total;
+}
+
 size_t peak_bytes() {
   // Before any capture: the pool's high mark. After one: max(the pool's high mark before it, the pool's
   // high mark since + the graph pool's) — an upper bound, the two need not peak at the same time.

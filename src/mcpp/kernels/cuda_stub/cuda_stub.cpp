@@ -16,6 +16,7 @@ void memcpy(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void memset_zero(void*, size_t) { no_cuda(); }
 bool available() { return false; }
 size_t peak_bytes() { return 0; }
+size_t total_bytes() { return 0; }
 void synchronize() {}
 }  // namespace cuda_backend
 
