@@ -78,6 +78,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   }
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
   const auto& par = config_.parallel;
+  if (is_logging_rank())
+    fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_)));
   if (par.context_parallel_size == 1 && par.expert_model_parallel_size == 1) {
     memory_plan_ = tools::plan_memory(config_);
     if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
@@ -131,8 +133,6 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                                .model_param = chunk->params().mixed_precision() ? p->data : Tensor()});
     optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   }
-  if (is_logging_rank())
-    fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_)));
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
   // Dropout streams: seeded by --seed (Megatron's offsets per TP/PP rank); offsets are checkpointed.
   state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), pc_.tp_rank(), pc_.pp_rank());
