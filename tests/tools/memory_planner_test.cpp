@@ -179,6 +179,9 @@ TEST(MemoryPlanner, DistributedOptimizerShardsTheOptimizerOverDataParallelRanks)
   EXPECT_EQ(j["event"], "memory_plan");
   EXPECT_EQ(j["stages"][0]["params"].get<int64_t>(), plan.stages[0].params);
   EXPECT_NE(tools::format_memory_plan(plan).find("largest: pp rank 0"), std::string::npos);
+  EXPECT_NE(tools::format_memory_plan(plan).find("MiB |"), std::string::npos);  // a small plan in MiB
+  EXPECT_EQ(tools::format_bytes(1.5 * (1 << 30)), "1.500 GiB");
+  EXPECT_EQ(tools::format_bytes(3.25 * (1 << 20)), "3.250 MiB");
 }
 
 // The capacity question: the largest micro-batch size whose plan fits a budget is found exactly at the

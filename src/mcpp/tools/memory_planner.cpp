@@ -206,6 +206,11 @@ MemoryPlan plan_memory(const Config& cfg) {
   return plan;
 }
 
+std::string format_bytes(double bytes) {
+  constexpr double kMiB = 1024.0 * 1024.0, kGiB = 1024.0 * kMiB;
+  return bytes >= kGiB ? fmt::format("{:.3f} GiB", bytes / kGiB) : fmt::format("{:.3f} MiB", bytes / kMiB);
+}
+
 double largest_rank_bytes(const MemoryPlan& plan) {
   double b = 0;
   for (const StageMemory& st : plan.stages) b = std::max(b, st.total_bytes());

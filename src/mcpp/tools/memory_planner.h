@@ -100,7 +100,9 @@ int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layer
 // This TP rank's parameter numel of a chunk (rank-independent: every TP rank holds the same count).
 int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bool post_process);
 
-// A table per pipeline rank, in GiB, and the largest rank's total.
+// "1.234 GiB", or "12.345 MiB" below 1 GiB.
+std::string format_bytes(double bytes);
+// A table per pipeline rank, in GiB (MiB for plans under 1 GiB), and the largest rank's total.
 std::string format_memory_plan(const MemoryPlan& plan);
 nlohmann::json to_json(const MemoryPlan& plan);
 

@@ -84,10 +84,11 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     memory_plan_ = tools::plan_memory(config_);
     if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
       for (const tools::StageMemory& st : memory_plan_->stages)
-        fmt::print("memory plan (pp rank {}): model state {:.3f} GiB + peak activations {:.3f} GiB ({} microbatch "
-                   "contexts in flight) = {:.3f} GiB, before transient buffers\n",
-                   st.pp_rank, st.model_state_bytes() / kGiB, static_cast<double>(st.peak_activation_bytes) / kGiB,
-                   st.in_flight, st.total_bytes() / kGiB);
+        fmt::print("memory plan (pp rank {}): model state {} + peak activations {} ({} microbatch contexts in "
+                   "flight) = {}, before transient buffers\n",
+                   st.pp_rank, tools::format_bytes(st.model_state_bytes()),
+                   tools::format_bytes(static_cast<double>(st.peak_activation_bytes)), st.in_flight,
+                   tools::format_bytes(st.total_bytes()));
     }
     // Before anything is allocated: a plan above the GPU's memory would run out of it minutes later.
     if (device_ == Device::CUDA)
