@@ -6,8 +6,9 @@ usage: plan_memory_check.py MCPP
      the textbook GPT-2 count 12 L h^2 + 13 L h + (V + T) h + 2 h, and the model state the bytes per parameter
      of Megatron's mixed precision (2 + 4 + 4 + 8); the table names the largest rank.
   2. TP2 x PP4 x DP2 with virtual stages, SP and the distributed optimizer: 4 stage rows, 2 chunks each; the
-     in-flight counts are Megatron's interleaved warmup + 1; the shard counts per TP rank sum (with the
-     embedding copy) to the model; the optimizer state is 8 / dp bytes per parameter.
+     in-flight counts are Megatron's interleaved warmup + 1; the model's total is the textbook count (TP-replicated
+     norms and row-parallel biases once), the stages' per-TP-rank counts sum to the hand count of one TP rank's
+     shards (with the last stage's tied-embedding copy); the optimizer state is 8 / dp bytes per parameter.
   3. --memory-budget-gib: 1.3B (B8 x T2048) at 40 GiB does not fit and the largest micro-batch size that does
      is the largest k whose own plan (--micro-batch-size k) is <= 40 GiB; k + 1's is above it.
   4. Bad input exits 2 with one "error: ..." line naming the problem (no --world, --world 0, a world the
@@ -62,10 +63,17 @@ for s in plan["stages"]:
     if s["optimizer_state_bytes"] != 8 * s["params"] / dp:
         failures.append(f"PP4 V2 rank {s['pp_rank']}: optimizer bytes {s['optimizer_state_bytes']} != 8 / dp a param")
 if plan["stages"]:
-    Vp = 1024  # 1000 padded to 128 * tp
+    L, h, Vp, T = 16, 64, 1024, 32  # vocabulary 1000 padded to 128 * tp; max positions = seq length
+    textbook = 12 * L * h * h + 13 * L * h + (Vp + T) * h + 2 * h
+    if plan.get("total_params") != textbook:
+        failures.append(f"PP4 V2 TP2: total {plan.get('total_params')} vs the textbook count {textbook}")
+    # per TP rank: the vocab-parallel / column / row weights and column biases are halves; norms and the
+    # row-parallel biases (proj, fc2) whole
+    layer_rank = (3 * h * h + h * h + 8 * h * h) // 2 + (3 * h + 4 * h) // 2 + 2 * h + 4 * h
     shards = sum(s["params"] for s in plan["stages"])
-    if plan.get("total_params") != 2 * (shards - Vp // 2 * 64):  # the last stage's copy of the tied embedding
-        failures.append(f"PP4 V2: total {plan.get('total_params')} vs 2 x (shards {shards} - the embedding copy)")
+    want = L * layer_rank + (Vp // 2) * h * 2 + T * h + 2 * h  # both embedding copies, positions, final norm
+    if shards != want:
+        failures.append(f"PP4 V2 TP2: stage shards sum to {shards}, per-rank count {want}")
 
 # 3. the budget
 B13 = ["--world", "1", "--json", "--bf16", "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",

@@ -169,6 +169,8 @@ MemoryPlan plan_memory(const Config& cfg) {
   pipeline_parallel::validate_schedule_options(so);
   const std::vector<pipeline_parallel::Schedule> schedules = pipeline_parallel::build_all_schedules(so);
   const bool tied = !cfg.model.untie_embeddings_and_output_weights;
+  Config whole = cfg;  // the logical model: TP-replicated tensors (norms, row-parallel biases) once
+  whole.parallel.tensor_model_parallel_size = 1;
   for (int64_t r = 0; r < plan.pp; ++r) {
     StageMemory st;
     st.pp_rank = r;
@@ -179,10 +181,10 @@ MemoryPlan plan_memory(const Config& cfg) {
       c.context_bytes = chunk_context_bytes(cfg, sl.layers, sl.pre_process, sl.post_process);
       st.params += c.params;
       // The model's total counts the tied embeddings' last-stage copy once (it is the same logical tensor).
-      const int64_t copy = (tied && sl.post_process && !sl.pre_process) ? cfg.model.padded_vocab_size / plan.tp *
-                                                                              cfg.model.hidden_size
-                                                                        : 0;
-      plan.total_params += (c.params - copy) * plan.tp;
+      const int64_t copy =
+          (tied && sl.post_process && !sl.pre_process) ? cfg.model.padded_vocab_size * cfg.model.hidden_size : 0;
+      plan.total_params +=
+          chunk_params(whole, static_cast<int64_t>(sl.layers.size()), sl.pre_process, sl.post_process) - copy;
       st.chunks.push_back(std::move(c));
     }
     const auto p = static_cast<double>(st.params);
