@@ -262,10 +262,8 @@ void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, do
 }
 
 std::string format_memory_plan(const MemoryPlan& plan) {
-  double largest_total = 0;
-  for (const StageMemory& st : plan.stages) largest_total = std::max(largest_total, st.total_bytes());
   // GiB, or MiB for plans under 1 GiB (small test models would print rows of 0.000)
-  const bool gib = largest_total >= 1024.0 * 1024.0 * 1024.0;
+  const bool gib = largest_rank_bytes(plan) >= 1024.0 * 1024.0 * 1024.0;
   const double scale = gib ? 1024.0 * 1024.0 * 1024.0 : 1024.0 * 1024.0;
   const char* unit = gib ? "GiB" : "MiB";
   std::string out = fmt::format(
