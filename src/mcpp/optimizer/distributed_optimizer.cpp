@@ -141,6 +141,12 @@ void DistributedOptimizer::load_state(int64_t step_count, const StateLookup& loo
   step_ = step_count;
 }
 
+int64_t DistributedOptimizer::state_bytes() const {
+  int64_t b = 0;
+  for (size_t i = 0; i < exp_avg_.size(); ++i) b += static_cast<int64_t>(exp_avg_[i].nbytes() + exp_avg_sq_[i].nbytes());
+  return b;
+}
+
 MemoryReport DistributedOptimizer::measured_memory() const {
   double n = 0, param_bytes = 0, grad_bytes = 0;
   for (DistributedDataParallel* d : ddps_) {
@@ -152,9 +158,7 @@ MemoryReport DistributedOptimizer::measured_memory() const {
                  .model_param_dtype = ddps_.front()->buffer().param_buffer().dtype()};
   r.param_bytes = param_bytes / n;
   r.grad_bytes = grad_bytes / n;
-  double state = 0;
-  for (size_t b = 0; b < exp_avg_.size(); ++b) state += static_cast<double>(exp_avg_[b].nbytes() + exp_avg_sq_[b].nbytes());
-  r.optimizer_state_bytes = state / n;
+  r.optimizer_state_bytes = static_cast<double>(state_bytes()) / n;
   return r;
 }
 

@@ -101,6 +101,7 @@ class DistributedOptimizer {
   // This rank's measured bytes per parameter (state tensors actually allocated / model numel), in the
   // layout of memory_report(); differs from the formula only by bucket padding.
   MemoryReport measured_memory() const;
+  int64_t state_bytes() const;  // exp_avg + exp_avg_sq allocated on this rank (shards incl. padding)
 
  private:
   void add_pieces(DistributedDataParallel& ddp);  // one ddp's buckets: state tensors + pieces

@@ -4,9 +4,11 @@
 // forward; activation_memory.h counts each storage once). Maxima over the training steps and over the
 // stage's ranks (TP/DP ranks of one stage hold the same shapes).
 //   {"event":"pipeline_activation_memory","stages":[{"stage":s,"in_flight":n,"peak_bytes":p,
-//     "context_bytes":c,"ranks":k, "planned_in_flight":n', "planned_peak_bytes":p', "planned_context_bytes":c'},...]}
+//     "context_bytes":c,"model_state_bytes":m,"ranks":k, "planned_in_flight":n', "planned_peak_bytes":p',
+//     "planned_context_bytes":c', "planned_model_state_bytes":m'},...]}
 // The planned_* fields (tools/memory_planner.h; add_planned_activations) are the plan's for the same stage:
-// equal to the measured ones — the CLI tests assert it at TP / SP / PP / VP / recompute layouts.
+// equal to the measured ones — the CLI tests assert it at TP / SP / PP / VP / recompute layouts (the model
+// state up to the distributed optimizer's bucket padding).
 // peak_bytes = in_flight * context_bytes when every microbatch has the same shape (the last stage's
 // contexts also hold the logits).
 #pragma once
@@ -24,6 +26,7 @@ struct StageMemory {
   int64_t max_in_flight = 0;
   int64_t peak_activation_bytes = 0;
   int64_t context_bytes = 0;
+  int64_t model_state_bytes = 0;  // params + main grads + fp32 main params + optimizer state allocated
 };
 
 // Collective on world: every rank passes its stage and measurements; returns the report on every rank.

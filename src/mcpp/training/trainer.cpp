@@ -79,7 +79,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
   const auto& par = config_.parallel;
   if (is_logging_rank())
-    fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_)));
+    fmt::print("{}\n", format_memory_report(tools::model_state_per_param(pc_.dp_size(), par.use_distributed_optimizer,
+                                                                          param_dtype_)));
   if (par.context_parallel_size == 1 && par.expert_model_parallel_size == 1) {
     memory_plan_ = tools::plan_memory(config_);
     if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
@@ -168,6 +169,17 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
 }
 
 Trainer::~Trainer() = default;
+
+int64_t Trainer::model_state_bytes() {
+  int64_t b = 0;
+  for (ParamAndGradBuffer* buf : buffers())
+    b += static_cast<int64_t>(buf->param_buffer().nbytes() + buf->grad_buffer().nbytes() +
+                              (buf->mixed_precision() ? buf->main_param_buffer().nbytes() : 0));
+  if (optimizer_)
+    for (const AdamState& s : optimizer_->state()) b += static_cast<int64_t>(s.exp_avg.nbytes() + s.exp_avg_sq.nbytes());
+  if (dist_optimizer_) b += dist_optimizer_->state_bytes();
+  return b;
+}
 
 std::vector<GPTModel*> Trainer::chunk_ptrs() const {
   std::vector<GPTModel*> out;
@@ -506,7 +518,8 @@ TrainSummary Trainer::train() {
   }
   if (!t.save.empty() && (t.save_interval <= 0 || iteration % t.save_interval != 0)) save(iteration);
   finalize_async_save(/*blocking=*/true);  // the trainer finalizes at exit
-  {  // per-stage activation memory (collective on world), measured and planned
+  {  // per-stage activation memory and model state (collective on world), measured and planned
+    stage_memory_.model_state_bytes = model_state_bytes();
     nlohmann::json report = timeline::gather_activation_report(*pc_.world(), pc_.pp_rank(), stage_memory_);
     if (memory_plan_) timeline::add_planned_activations(report, *memory_plan_);
     if (is_logging_rank()) {

@@ -108,6 +108,9 @@ class Trainer {
   void after_commit(const std::string& dir, int64_t iteration);  // --keep-last-n-checkpoints (rank 0)
   std::vector<GPTModel*> chunk_ptrs() const;
   bool is_logging_rank() const { return pc_.rank() == pc_.world_size() - 1; }
+  // Bytes this rank allocated for params, main grads, fp32 main params and optimizer state (the report's
+  // measured model state, beside the memory plan's).
+  int64_t model_state_bytes();
   double dp_mean(double local) const;
 
   Config config_;

@@ -17,7 +17,8 @@ usage: parallel_train_check.py MCPP WORKDIR
   9. PP2 with --no-overwrite-main-grad equals the default bit for bit;
  10. the memory plan (tools/memory_planner.h) of the runs above — TP2 + SP x DP2, TP2 x PP2 x DP2 with the
      distributed optimizer, Llama interleaved PP4, an uneven placement, 1 rank — equals what each stage's ranks
-     measured (contexts in flight, peak and per-microbatch activation bytes), and `mcpp plan memory --json` with the
+     measured (contexts in flight, peak and per-microbatch activation bytes; the model state allocated, up to
+     the distributed optimizer's bucket padding), and `mcpp plan memory --json` with the
      run's flags prints the trainer's memory_plan record.
 """
 import json
@@ -190,6 +191,11 @@ for name, d, world, flags in (
             if s.get(planned) != s[measured] or s[measured] <= 0:
                 failures.append(f"memory plan, {name}, stage {s['stage']}: {planned} {s.get(planned)} vs measured "
                                 f"{measured} {s[measured]}")
+        # the model state: params, main grads, fp32 masters and Adam state as allocated; the distributed
+        # optimizer's shards may pad each bucket to a multiple of dp (allowed: 0.1%)
+        m, p = s["model_state_bytes"], s.get("planned_model_state_bytes", -1)
+        if not (0 < p <= m <= p + p // 1000):
+            failures.append(f"memory plan, {name}, stage {s['stage']}: model state measured {m} vs planned {p}")
     plan = records(d, "memory_plan")
     cli = run([MCPP, "plan", "memory", "--world", str(world), "--json", *flags])
     if len(plan) != 1 or json.loads(cli.stdout) != plan[0]:

@@ -11,7 +11,8 @@ usage: pipeline_train_check.py MCPP WORKDIR
   4. the pipeline_activation_memory record at PP2: in flight = pp - stage (1F1B, M >= pp), peak bytes =
      in flight x one context's bytes, recompute shrinks the per-microbatch bytes; and the memory plan's
      figures in it (tools/memory_planner.h) equal the measured ones with and without recompute (full uniform,
-     full block, selective; unfused attention, dropout) and for PP4 x V2;
+     full block, selective; unfused attention, dropout) and for PP4 x V2 — activations exactly, the allocated
+     model state up to the distributed optimizer's bucket padding;
   5. --variable-seq-lengths at PP2 (shape exchange before every transfer): bit-identical losses;
   6. distributed optimizer + PP2 x DP2 + tied embeddings: a resume from iteration 2 reproduces the
      straight run's losses and grad norms bit for bit (the shared embedding has its own DDP bucket, so both
@@ -123,6 +124,9 @@ for name in ("rc_off", "rc_uniform", "rc_block", "rc_selective", "pp4v2_dist"):
         for key in ("in_flight", "peak_bytes", "context_bytes"):
             if s.get("planned_" + key) != s[key]:
                 failures.append(f"{name} stage {st}: planned_{key} {s.get('planned_' + key)} != measured {s[key]}")
+        m, p = s["model_state_bytes"], s.get("planned_model_state_bytes", -1)  # bucket padding: 0.1% allowed
+        if not (0 < p <= m <= p + p // 1000):
+            failures.append(f"{name} stage {st}: model state measured {m} vs planned {p}")
 
 # 5. variable sequence lengths (the dataset's shapes are fixed: the exchange must not change anything)
 PP2 = ["--pipeline-model-parallel-size", "2"]
