@@ -9,6 +9,7 @@
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/pipeline_parallel/layout.h"
 #include "mcpp/pipeline_parallel/schedules.h"
+#include "mcpp/transformer/transformer_layer.h"
 
 namespace mcpp::tools {
 namespace {
@@ -62,25 +63,6 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
          + mlp;
 }
 
-// Megatron's full-recompute groups of a block of `count` layers (transformer_layer.cpp recompute_plan): the
-// first layer of each group, as block-local indices.
-std::vector<int64_t> recompute_group_starts(const TransformerConfig& m, int64_t count, std::vector<bool>* dropped) {
-  std::vector<int64_t> starts;
-  dropped->assign(static_cast<size_t>(count), false);
-  if (m.recompute_granularity != "full") return starts;
-  const int64_t k = m.recompute_num_layers;
-  if (m.recompute_method == "uniform") {
-    for (int64_t i = 0; i < count; i += k) starts.push_back(i);
-    dropped->assign(static_cast<size_t>(count), true);
-  } else {  // block: the first k layers, each its own group
-    for (int64_t i = 0; i < std::min(k, count); ++i) {
-      starts.push_back(i);
-      (*dropped)[static_cast<size_t>(i)] = true;
-    }
-  }
-  return starts;
-}
-
 }  // namespace
 
 int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
@@ -92,12 +74,16 @@ int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layer
   // The stage input: received (every non-first stage keeps it), or the embedding's output, kept where a layer
   // (or, with no layers, the final norm) reads it.
   if (!pre_process || count > 0 || post_process) bytes += hidden_local;
-  std::vector<bool> dropped;
-  const std::vector<int64_t> starts = recompute_group_starts(cfg.model, count, &dropped);
+  // Layers in a full-recompute group keep nothing but the group's input (transformer_layer.h recompute_plan).
+  std::vector<bool> dropped(static_cast<size_t>(count), false), group_start(static_cast<size_t>(count), false);
+  for (const RecomputeGroup& g : recompute_plan(cfg.model, count)) {
+    group_start[static_cast<size_t>(g.first)] = true;
+    for (int64_t i = g.first; i < g.first + g.count; ++i) dropped[static_cast<size_t>(i)] = true;
+  }
   for (int64_t i = 0; i < count; ++i) {
-    const bool group_start = std::find(starts.begin(), starts.end(), i) != starts.end();
     if (dropped[static_cast<size_t>(i)]) {
-      if (group_start && i > 0) bytes += hidden_local;  // the group's input (at i == 0: the stage input)
+      // the group's input; a group starting at layer 0 keeps the stage input, counted above
+      if (group_start[static_cast<size_t>(i)] && i > 0) bytes += hidden_local;
       continue;
     }
     if (i > 0) bytes += hidden_local;  // this layer's input: the previous layer's fused residual sum

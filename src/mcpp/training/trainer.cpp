@@ -170,7 +170,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
 
 Trainer::~Trainer() = default;
 
-int64_t Trainer::model_state_bytes() {
+int64_t Trainer::model_state_bytes() const {
   int64_t b = 0;
   for (ParamAndGradBuffer* buf : buffers())
     b += static_cast<int64_t>(buf->param_buffer().nbytes() + buf->grad_buffer().nbytes() +

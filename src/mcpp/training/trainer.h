@@ -110,7 +110,7 @@ class Trainer {
   bool is_logging_rank() const { return pc_.rank() == pc_.world_size() - 1; }
   // Bytes this rank allocated for params, main grads, fp32 main params and optimizer state (the report's
   // measured model state, beside the memory plan's).
-  int64_t model_state_bytes();
+  int64_t model_state_bytes() const;
   double dp_mean(double local) const;
 
   Config config_;

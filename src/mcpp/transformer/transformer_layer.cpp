@@ -82,9 +82,6 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   return dx;
 }
 
-namespace {
-
-// Megatron's recompute plan for a block of n layers (TransformerConfig fields; validated there).
 std::vector<RecomputeGroup> recompute_plan(const TransformerConfig& c, int64_t n) {
   std::vector<RecomputeGroup> groups;
   if (c.recompute_granularity != "full") return groups;
@@ -98,8 +95,6 @@ std::vector<RecomputeGroup> recompute_plan(const TransformerConfig& c, int64_t n
   }
   return groups;
 }
-
-}  // namespace
 
 TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, const TransformerConfig& c,
                                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp,

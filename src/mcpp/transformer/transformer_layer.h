@@ -56,7 +56,7 @@ struct TransformerLayerCtx {
 // storage).
 struct Residual {
   Tensor a, b;
-  ops::ResidualDropout drop;
+  ops::ResidualDropout drop{};
   Tensor sum();
 };
 
@@ -88,6 +88,11 @@ class TransformerLayer {
 struct RecomputeGroup {
   int64_t first = 0, count = 0;
 };
+
+// Megatron's full-recompute plan for a block of n layers (TransformerConfig fields; validated there): none
+// unless recompute_granularity is "full"; uniform: groups of recompute_num_layers (the last may be shorter);
+// block: each of the first recompute_num_layers layers alone. The memory planner reads the same plan.
+std::vector<RecomputeGroup> recompute_plan(const TransformerConfig& c, int64_t n);
 
 struct RecomputeState {
   Tensor input;          // [s(/tp), b, h] the group's input, kept
