@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "mcpp/comm/flight_recorder.h"
@@ -14,6 +15,7 @@
 #include "mcpp/distributed/data_parallel.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
+#include "mcpp/training/checkpointing.h"
 #include "models/gpt_test_util.h"
 #include "mcpp/models/gpt/gpt_model.h"
 
@@ -21,6 +23,16 @@ namespace mcpp {
 namespace {
 
 using parallel_state::ParallelContext;
+
+// The mcpp::Error message fn throws, or "" when it returns.
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // Params registered in order a(10), b(7), c(3), d(5), e(1): backward order e, d, c, b, a.
 std::unique_ptr<ParamAndGradBuffer> small_buffer() {
@@ -345,6 +357,42 @@ TEST(DistributedOptimizer, NeedsDistributedDdpAndLoadsState) {
     EXPECT_NE(std::string(e.what()).find("'b'"), std::string::npos) << e.what();
   }
   EXPECT_THROW(DistributedOptimizer(ddp, {.adam = {.eps = 0.0f}}), Error);
+}
+
+// Mixed precision: the optimizer copies its shard of the fp32 masters and the buffer frees its whole copy
+// (at dp 1 the shard is everything); what then needs the whole masters fails with a message that says why.
+// Multi-rank equivalence and checkpoints: tests/mpi/ddp_equivalence_driver.cpp.
+TEST(DistributedOptimizer, MixedPrecisionMastersMoveIntoTheShards) {
+  comm::CommPtr world = comm::make_local_world();
+  ParallelContext pc = ParallelContext::single(world);
+  GPTModel m(testing::tiny_config("gpt2"), 3, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
+  const Tensor masters = m.params().main_param_buffer().clone();
+  DistributedDataParallel ddp(m.params(), pc, {.bucket_size = 1000, .use_distributed_optimizer = true});
+  DistributedOptimizer opt(ddp, {});
+  EXPECT_TRUE(opt.main_params_sharded());
+  EXPECT_FALSE(m.params().has_main_params());
+  EXPECT_NE(error_of([&] { m.params().main_param_buffer(); }).find("sharded by the distributed optimizer"),
+            std::string::npos);
+  int64_t covered = 0;
+  for (const ShardPiece& p : opt.pieces()) {
+    EXPECT_EQ(0, std::memcmp(p.param.raw(), masters.flat_slice(p.buffer_offset, {p.numel}).raw(), p.param.nbytes()));
+    covered += p.numel;
+  }
+  EXPECT_EQ(covered, m.params().numel());
+  EXPECT_DOUBLE_EQ(opt.measured_memory().main_param_bytes, 4.0);  // dp 1: no padding
+  EXPECT_NE(error_of([&] { DistributedOptimizer again(ddp, {}); }).find("already released"), std::string::npos);
+  // The checkpoint writer takes the masters from the optimizer; without it, it says so.
+  EXPECT_NE(error_of([&] { collect_checkpoint_shards({&m}, {}, {}); }).find("distributed optimizer"),
+            std::string::npos);
+  EXPECT_FALSE(collect_checkpoint_shards({&m}, {.distributed = &opt}, {}).empty());
+  // fp32 params are their own masters: nothing to release or load.
+  Fixture f;
+  EXPECT_THROW(f.buf->release_main_params(), Error);
+  DistributedDataParallel ddp32(*f.buf, f.pc, {.bucket_size = 6, .use_distributed_optimizer = true});
+  DistributedOptimizer opt32(ddp32, {});
+  EXPECT_FALSE(opt32.main_params_sharded());
+  EXPECT_TRUE(f.buf->has_main_params());
+  EXPECT_THROW(opt32.load_main_params([](const std::string&, int64_t, Tensor&) { return true; }), Error);
 }
 
 TEST(DistributedOptimizer, GradNormAndClipAtDp1MatchTheWholeBuffer) {

@@ -11,11 +11,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <optional>
+#include <unistd.h>
 
 #include "mcpp/comm/flight_recorder.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/comm/mpi/mpi_communicator.h"
+#include "mcpp/core/error.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "mcpp/distributed/data_parallel.h"
 #include "mcpp/distributed/finalize_grads.h"
@@ -23,6 +27,7 @@
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/parallel_state/parallel_context.h"
+#include "mcpp/training/checkpointing.h"
 
 namespace mcpp {
 namespace {
@@ -243,6 +248,135 @@ TEST(TensorDataParallel, Gpt2Tp2Dp2DistributedOptimizer) {
 TEST(TensorDataParallel, LlamaTp2Dp2DistributedOptimizer) {
   if (comm::world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   check_dp_equivalence({.style = "llama", .tp = 2, .bucket_size = 5000, .distributed_optimizer = true});
+}
+
+// Mixed precision (bf16 model params, fp32 masters) with the distributed optimizer at DP = world:
+void fill_dyadic_grads(ParamAndGradBuffer& buf, int step) {
+  // Multiples of 1/128 in [-30/128, 30/128]: the DP average (sum of dp equal values, / dp) is exact.
+  for (const auto& p : buf.params()) {
+    float* g = p->main_grad.data<float>();
+    const uint64_t h = std::hash<std::string>{}(p->spec.key);
+    for (int64_t i = 0; i < p->main_grad.numel(); ++i)
+      g[i] = static_cast<float>(static_cast<int64_t>((h + static_cast<uint64_t>(i) * 7 + step * 3) % 61) - 30) / 128.0f;
+  }
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+std::vector<AdamParam> mixed_adam_params(GPTModel& m) {
+  std::vector<AdamParam> out;
+  for (const auto& p : m.params().params())
+    out.push_back({.name = p->spec.key, .param = p->main_param, .main_grad = p->main_grad,
+                   .no_weight_decay = p->spec.no_weight_decay, .model_param = p->data});
+  return out;
+}
+
+const AdamState& state_of(const Adam& a, const std::string& key) {
+  for (const AdamState& s : a.state())
+    if (s.name == key) return s;
+  fail("no Adam state for {}", key);
+}
+
+// The fp32 masters live only in this rank's shard (the buffer's whole copy is freed: 4 / dp bytes a
+// parameter), and after 3 steps the bf16 model copy, every master piece and the moments equal a single-rank
+// replicated Adam's bit for bit. A checkpoint written from the shards loads bit for bit into a single-rank
+// replicated Adam and into a fresh distributed optimizer, and (--finetune) the masters load without moments.
+TEST(DistributedOptimizer, MixedPrecisionShardsTheMainParams) {
+  comm::CommPtr world = comm::world();
+  ParallelContext pc = ParallelContext::create(world, {});
+  ParallelContext single = ParallelContext::single(comm::make_local_world());
+  const int dp = pc.dp_size();
+  const TransformerConfig c = config_for("gpt2odd");  // buckets need padding
+  const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
+  const DdpOptions ddp_opt{.bucket_size = 700, .use_distributed_optimizer = true};
+  GPTModel ref(c, 42, {single.tp(), false}, Device::CPU, {}, DType::BF16);
+  Adam ref_opt(mixed_adam_params(ref), adam);
+  GPTModel par(c, 42, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
+  DistributedDataParallel ddp(par.params(), pc, ddp_opt);
+  DistributedOptimizer opt(ddp, {.adam = adam});
+  ASSERT_GT(ddp.buckets().size(), 2u);
+  ASSERT_TRUE(opt.main_params_sharded());
+  EXPECT_FALSE(par.params().has_main_params());
+  EXPECT_THROW(par.params().main_param_buffer(), Error);
+  for (const auto& p : par.params().params()) EXPECT_FALSE(p->main_param.defined()) << p->spec.key;
+  // Megatron's table: main params 4 / dp and moments 8 / dp, up to the padding (< dp elements per bucket).
+  const MemoryReport want = memory_report(dp, true, DType::BF16), got = opt.measured_memory();
+  const double n = static_cast<double>(par.params().numel()), pad = 12.0 * static_cast<double>(ddp.buckets().size()) * dp / n;
+  EXPECT_NEAR(got.main_param_bytes, want.main_param_bytes, pad);
+  EXPECT_NEAR(got.optimizer_state_bytes, want.optimizer_state_bytes, pad);
+  EXPECT_DOUBLE_EQ(got.param_bytes, 2.0);
+  EXPECT_EQ(opt.state_bytes(), static_cast<int64_t>((got.main_param_bytes + got.optimizer_state_bytes) * n + 0.5));
+  // The shards start as the initial masters.
+  for (const ShardPiece& pc_ : opt.pieces())
+    ASSERT_TRUE(same_bytes(pc_.param, ref.params().find(pc_.owner->spec.key)->main_param.flat_slice(pc_.param_offset, {pc_.numel})))
+        << pc_.owner->spec.key;
+
+  auto check_equal_to_ref = [&](GPTModel& m, const DistributedOptimizer& o, bool moments, const std::string& what) {
+    EXPECT_TRUE(same_bytes(m.params().param_buffer(), ref.params().param_buffer())) << what << ": bf16 model copy";
+    for (const ShardPiece& pc_ : o.pieces()) {
+      const std::string& key = pc_.owner->spec.key;
+      const Parameter* r = ref.params().find(key);
+      EXPECT_TRUE(same_bytes(pc_.param, r->main_param.flat_slice(pc_.param_offset, {pc_.numel}))) << what << " master " << key;
+      const AdamState& rs = state_of(ref_opt, key);
+      const Tensor m0 = moments ? rs.exp_avg.flat_slice(pc_.param_offset, {pc_.numel}) : Tensor::zeros({pc_.numel});
+      const Tensor v0 = moments ? rs.exp_avg_sq.flat_slice(pc_.param_offset, {pc_.numel}) : Tensor::zeros({pc_.numel});
+      EXPECT_TRUE(same_bytes(pc_.exp_avg, m0)) << what << " exp_avg " << key;
+      EXPECT_TRUE(same_bytes(pc_.exp_avg_sq, v0)) << what << " exp_avg_sq " << key;
+    }
+  };
+  for (int step = 0; step < 3; ++step) {
+    fill_dyadic_grads(ref.params(), step);
+    ddp.zero_grad();
+    fill_dyadic_grads(par.params(), step);
+    ddp.finish_grad_sync();
+    ref_opt.step(1e-2f);
+    opt.step(1e-2f);
+  }
+  check_equal_to_ref(par, opt, true, "after 3 steps dp=" + std::to_string(dp));
+
+  // Checkpoint: every DP rank writes its master pieces; the directory is rank 0's.
+  Tensor id = Tensor::zeros({1}, DType::I32);
+  if (world->rank() == 0) id.data<int32_t>()[0] = static_cast<int32_t>(::getpid());
+  world->broadcast(id, 0).wait();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("mcpp_distopt_bf16_" + std::to_string(id.data<int32_t>()[0]))).string();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
+  world->barrier().wait();
+  Config cfg;
+  cfg.model = c;
+  cfg.training.bf16 = true;
+  cfg.parallel.use_distributed_optimizer = true;
+  TrainerState state;
+  state.iteration = 3;
+  save_training_checkpoint(dir, cfg, {&par}, OptimizerRef{.distributed = &opt}, state, pc);
+  world->barrier().wait();
+  {  // one rank, replicated Adam
+    GPTModel one(c, 7, {single.tp(), false}, Device::CPU, {}, DType::BF16);
+    Adam one_opt(mixed_adam_params(one), adam);
+    TrainerState st;
+    ASSERT_TRUE(load_training_checkpoint(dir, cfg, {&one}, OptimizerRef{.adam = &one_opt}, st, {}, nullptr));
+    EXPECT_EQ(one_opt.step_count(), 3);
+    EXPECT_TRUE(same_bytes(one.params().main_param_buffer(), ref.params().main_param_buffer())) << "masters at 1 rank";
+    EXPECT_TRUE(same_bytes(one.params().param_buffer(), ref.params().param_buffer())) << "bf16 copy at 1 rank";
+    for (const AdamState& s : one_opt.state()) {
+      EXPECT_TRUE(same_bytes(s.exp_avg, state_of(ref_opt, s.name).exp_avg)) << s.name;
+      EXPECT_TRUE(same_bytes(s.exp_avg_sq, state_of(ref_opt, s.name).exp_avg_sq)) << s.name;
+    }
+  }
+  for (const bool finetune : {false, true}) {  // a fresh distributed optimizer at this DP
+    GPTModel again(c, 7, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
+    DistributedDataParallel ddp2(again.params(), pc, ddp_opt);
+    DistributedOptimizer opt2(ddp2, {.adam = adam});
+    TrainerState st;
+    ASSERT_TRUE(load_training_checkpoint(dir, cfg, {&again}, OptimizerRef{.distributed = &opt2}, st,
+                                         {.finetune = finetune}, nullptr));
+    EXPECT_EQ(opt2.step_count(), finetune ? 0 : 3);
+    check_equal_to_ref(again, opt2, !finetune, finetune ? "finetune load" : "load");
+  }
+  world->barrier().wait();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -165,7 +165,7 @@ TEST(MemoryPlanner, DistributedOptimizerShardsTheOptimizerOverDataParallelRanks)
   EXPECT_EQ(plan.dp, 4);
   EXPECT_EQ(plan.stages[0].param_bytes, 2.0 * p);
   EXPECT_EQ(plan.stages[0].grad_bytes, 4.0 * p);
-  EXPECT_EQ(plan.stages[0].main_param_bytes, 4.0 * p);       // whole on every rank (Megatron: 4 / dp)
+  EXPECT_EQ(plan.stages[0].main_param_bytes, 1.0 * p);       // 4 bytes / dp
   EXPECT_EQ(plan.stages[0].optimizer_state_bytes, 2.0 * p);  // 8 bytes / dp
   // bf16 activations: every activation term halves except the fp32 ones (norm statistics, lse, token ids,
   // labels, loss mask): strictly between half and all of the fp32 plan.

@@ -60,8 +60,11 @@ DistributedDataParallel::DistributedDataParallel(ParamAndGradBuffer& buffer,
     const Bucket& bk = buckets_[b];
     state_[b].ready.assign(bk.params.size(), 0);
     for (size_t i = 0; i < bk.params.size(); ++i) where_[bk.params[i]] = {b, i};
-    if (bk.padded_numel != bk.numel())
+    if (bk.padded_numel != bk.numel()) {
       state_[b].scratch = Tensor::zeros({bk.padded_numel}, DType::F32, buffer.grad_buffer().device());
+      state_[b].param_scratch = Tensor::zeros({bk.padded_numel}, buffer.param_buffer().dtype(),
+                                              buffer.param_buffer().device());
+    }
   }
   if (opt.overlap_grad_reduce) {
     if (buffer.grad_ready_hook())
@@ -176,12 +179,12 @@ void DistributedDataParallel::start_param_gather() {
     Tensor params = buffer_.param_buffer().flat_slice(bk.start, {bk.numel()});  // [bucket numel]
     Tensor out = params;
     const int64_t shard = bk.shard_size(dp_size_);
-    if (s.scratch.defined()) {  // [padded_numel]; this rank's updated shard copied into its chunk
+    if (s.param_scratch.defined()) {  // [padded_numel]; this rank's updated shard copied into its chunk
       const BufferRange own = bk.owned_range(dp_rank_, dp_size_);
       if (own.numel() > 0)
-        s.scratch.flat_slice(own.begin - bk.start, {own.numel()})
+        s.param_scratch.flat_slice(own.begin - bk.start, {own.numel()})
             .copy_from(buffer_.param_buffer().flat_slice(own.begin, {own.numel()}));
-      out = s.scratch;
+      out = s.param_scratch;
     }
     Tensor in = out.flat_slice(dp_rank_ * shard, {shard});  // in place: chunk `rank` of out
     s.param_work = dp_->all_gather(out, in);
@@ -194,9 +197,9 @@ void DistributedDataParallel::wait_param_gather() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     BucketState& s = state_[b];
     s.param_work.wait();
-    if (s.scratch.defined()) {
+    if (s.param_scratch.defined()) {
       const Bucket& bk = buckets_[b];
-      buffer_.param_buffer().flat_slice(bk.start, {bk.numel()}).copy_from(s.scratch.flat_slice(0, {bk.numel()}));
+      buffer_.param_buffer().flat_slice(bk.start, {bk.numel()}).copy_from(s.param_scratch.flat_slice(0, {bk.numel()}));
     }
   }
   param_gather_in_flight_ = false;

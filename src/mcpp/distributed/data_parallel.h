@@ -11,7 +11,7 @@
 // rank owns an equal shard of shard_size = padded_numel / dp elements: rank r owns bucket elements
 // [r*shard_size, (r+1)*shard_size) intersected with the bucket's real elements (owned_range). The
 // buffer itself is not padded (param_and_grad_buffer.h is laid out densely); a bucket whose numel is not
-// a multiple of dp gets a private padded fp32 copy (`scratch`) that the collectives run on.
+// a multiple of dp gets private padded copies (fp32 grads, params in their dtype) that the collectives run on.
 //
 // Gradient reduction (ReduceOp::Avg over pc.dp_cp(), i.e. Megatron's 1/dp scaling; the trainer divides
 // each microbatch loss by the local number of microbatches, so the result is the mean over the global
@@ -105,7 +105,8 @@ class DistributedDataParallel {
 
  private:
   struct BucketState {
-    Tensor scratch;  // padded copy (dist. optimizer, numel % dp != 0); undefined otherwise
+    Tensor scratch;        // padded fp32 grads (dist. optimizer, numel % dp != 0); undefined otherwise
+    Tensor param_scratch;  // the same for the param all-gather, in the param dtype (bf16 with mixed precision)
     std::vector<char> ready;  // per param of the bucket, during the last microbatch
     size_t ready_count = 0;
     bool grad_posted = false;

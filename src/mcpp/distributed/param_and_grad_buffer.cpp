@@ -132,6 +132,24 @@ void ParamAndGradBuffer::finalize(uint64_t seed, Device device, DType param_dtyp
   finalized_ = true;
 }
 
+Tensor& ParamAndGradBuffer::main_param_buffer() {
+  if (!mixed_precision()) return param_buffer_;
+  if (main_params_released_)
+    fail("ParamAndGradBuffer: the fp32 main params are sharded by the distributed optimizer (each DP rank "
+         "holds only its shard); read them from the optimizer's pieces");
+  return main_param_buffer_;
+}
+
+void ParamAndGradBuffer::release_main_params() {
+  MCPP_CHECK(finalized_, "ParamAndGradBuffer::release_main_params before finalize");
+  if (!mixed_precision())
+    fail("ParamAndGradBuffer: release_main_params needs mixed precision (with {} params the model params are "
+         "the main params)", dtype_name(param_buffer_.dtype()));
+  main_param_buffer_ = Tensor();
+  for (auto& p : params_) p->main_param = Tensor();
+  main_params_released_ = true;
+}
+
 void ParamAndGradBuffer::zero_grad() {
   if (!overwrite_main_grad_) {
     grad_buffer_.zero_();

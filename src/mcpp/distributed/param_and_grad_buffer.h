@@ -15,7 +15,10 @@
 // Mixed precision (param dtype bf16/f16, Megatron's --bf16 with fp32 main params): a third buffer holds
 // the fp32 main (master) params in the same layout; every Parameter's `main_param` views it, `data` is
 // the low-precision model copy the forward reads, and the optimizer steps `main_param` and writes
-// `data`. With fp32 params, main_param and data are the same tensor.
+// `data`. With fp32 params, main_param and data are the same tensor. The distributed optimizer keeps only
+// its DP rank's shard of the masters (Megatron's sharded fp32 main params): once it has copied its shard
+// it calls release_main_params(), which frees the whole master buffer and leaves every `main_param`
+// undefined — the masters then live only in the optimizer's shards (and checkpoints write them from there).
 //
 // Initialization is Megatron's (init_method_normal / scaled_init_method_normal, zeros for biases, ones
 // for norm weights) drawn from a Philox stream keyed by (seed, xxh3(key)) over the LOGICAL tensor, then
@@ -129,8 +132,15 @@ class ParamAndGradBuffer {
   const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }  // registration order
   Parameter* find(const std::string& key) const;  // nullptr when absent
   Tensor& param_buffer() { return param_buffer_; }
-  Tensor& main_param_buffer() { return mixed_precision() ? main_param_buffer_ : param_buffer_; }  // fp32
+  // fp32 master values of every parameter (the param buffer itself with fp32 params); mcpp::Error after
+  // release_main_params().
+  Tensor& main_param_buffer();
   bool mixed_precision() const { return param_buffer_.dtype() != DType::F32; }
+  // Mixed precision only: frees the whole fp32 master buffer (the distributed optimizer holds this rank's
+  // shard of it); every Parameter's main_param becomes undefined. mcpp::Error with fp32 params.
+  void release_main_params();
+  // Whether every parameter's fp32 master is here (main_param defined): false only after release.
+  bool has_main_params() const { return !main_params_released_; }
   Tensor& grad_buffer() { return grad_buffer_; }
   int64_t numel() const { return param_buffer_.numel(); }
 
@@ -140,6 +150,7 @@ class ParamAndGradBuffer {
   Tensor main_param_buffer_;  // fp32 masters, only with a low-precision param dtype
   Tensor grad_buffer_;
   bool finalized_ = false;
+  bool main_params_released_ = false;
   bool overwrite_main_grad_ = false;
   int64_t stale_grads_zeroed_ = 0;
   // Zeroes the stale main grads among ps (one fill per adjacent run of a buffer) and clears their marks.

@@ -51,30 +51,43 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<DistributedDataPara
   if (!(a.eps > 0.0f)) fail("DistributedOptimizer: adam_eps must be positive, got {}", a.eps);
   if (!(a.weight_decay >= 0.0f)) fail("DistributedOptimizer: weight_decay must be >= 0, got {}", a.weight_decay);
   for (DistributedDataParallel* d : ddps_) add_pieces(*d);
+  // Mixed precision: all chunks use the model's dtype, so either every bucket has a master shard or none.
+  MCPP_CHECK(main_param_shard_.empty() || main_param_shard_.size() == exp_avg_.size(),
+             "DistributedOptimizer: model chunks mix fp32 and low-precision params");
 }
 
 void DistributedOptimizer::add_pieces(DistributedDataParallel& ddp) {
   const int dp = ddp.dp_size(), r = ddp.dp_rank();
   ParamAndGradBuffer& buf = ddp.buffer();
   const Device dev = buf.param_buffer().device();
+  const bool mixed = buf.mixed_precision();
+  if (mixed && !buf.has_main_params())
+    fail("DistributedOptimizer: the model chunk's fp32 main params were already released to another optimizer");
   for (const Bucket& bk : ddp.buckets()) {
     const int64_t shard = bk.shard_size(dp);
     exp_avg_.push_back(Tensor::zeros({shard}, DType::F32, dev));     // [padded/dp]
     exp_avg_sq_.push_back(Tensor::zeros({shard}, DType::F32, dev));  // [padded/dp]
+    if (mixed) main_param_shard_.push_back(Tensor::zeros({shard}, DType::F32, dev));  // [padded/dp]
     const BufferRange own = bk.owned_range(r, dp);
     const int64_t shard_begin = bk.start + r * shard;  // buffer offset of state element 0
     for (Parameter* p : bk.params) {
       const int64_t b = std::max(own.begin, p->offset), e = std::min(own.end, p->offset + p->data.numel());
       if (b >= e) continue;
       ShardPiece piece{.owner = p, .buffer_offset = b, .param_offset = b - p->offset, .numel = e - b};
-      piece.param = buf.main_param_buffer().flat_slice(b, {e - b});
-      if (buf.mixed_precision()) piece.model_param = buf.param_buffer().flat_slice(b, {e - b});
+      if (mixed) {  // this rank's masters, copied from the buffer's (about to be freed) whole copy
+        piece.param = main_param_shard_.back().flat_slice(b - shard_begin, {e - b});
+        piece.param.copy_from(buf.main_param_buffer().flat_slice(b, {e - b}));
+        piece.model_param = buf.param_buffer().flat_slice(b, {e - b});
+      } else {
+        piece.param = buf.main_param_buffer().flat_slice(b, {e - b});
+      }
       piece.main_grad = buf.grad_buffer().flat_slice(b, {e - b});
       piece.exp_avg = exp_avg_.back().flat_slice(b - shard_begin, {e - b});
       piece.exp_avg_sq = exp_avg_sq_.back().flat_slice(b - shard_begin, {e - b});
       pieces_.push_back(std::move(piece));
     }
   }
+  if (mixed) buf.release_main_params();  // 4 bytes a parameter -> 4 / dp
 }
 
 void DistributedOptimizer::step(float lr, float grad_scale) {
@@ -128,8 +141,19 @@ std::vector<DistOptStatePiece> DistributedOptimizer::state() const {
   out.reserve(pieces_.size());
   for (const ShardPiece& p : pieces_)
     out.push_back({.key = p.owner->spec.key, .offset = p.param_offset, .numel = p.numel,
-                   .param_numel = p.owner->data.numel(), .exp_avg = p.exp_avg, .exp_avg_sq = p.exp_avg_sq});
+                   .param_numel = p.owner->data.numel(), .exp_avg = p.exp_avg, .exp_avg_sq = p.exp_avg_sq,
+                   .main_param = main_params_sharded() ? p.param : Tensor()});
   return out;
+}
+
+void DistributedOptimizer::load_main_params(const MainParamLookup& lookup) {
+  if (!main_params_sharded())
+    fail("DistributedOptimizer: load_main_params needs sharded fp32 main params (mixed precision); with fp32 "
+         "params they are the model's own");
+  for (ShardPiece& p : pieces_)
+    if (!lookup(p.owner->spec.key, p.param_offset, p.param))
+      fail("DistributedOptimizer: no fp32 main params for '{}' elements [{}, {})", p.owner->spec.key,
+           p.param_offset, p.param_offset + p.numel);
 }
 
 void DistributedOptimizer::load_state(int64_t step_count, const StateLookup& lookup) {
@@ -144,6 +168,7 @@ void DistributedOptimizer::load_state(int64_t step_count, const StateLookup& loo
 int64_t DistributedOptimizer::state_bytes() const {
   int64_t b = 0;
   for (size_t i = 0; i < exp_avg_.size(); ++i) b += static_cast<int64_t>(exp_avg_[i].nbytes() + exp_avg_sq_[i].nbytes());
+  for (const Tensor& t : main_param_shard_) b += static_cast<int64_t>(t.nbytes());
   return b;
 }
 
@@ -158,7 +183,10 @@ MemoryReport DistributedOptimizer::measured_memory() const {
                  .model_param_dtype = ddps_.front()->buffer().param_buffer().dtype()};
   r.param_bytes = param_bytes / n;
   r.grad_bytes = grad_bytes / n;
-  r.optimizer_state_bytes = static_cast<double>(state_bytes()) / n;
+  double masters = 0;
+  for (const Tensor& t : main_param_shard_) masters += static_cast<double>(t.nbytes());
+  r.main_param_bytes = masters / n;
+  r.optimizer_state_bytes = (static_cast<double>(state_bytes()) - masters) / n;
   return r;
 }
 

@@ -6,8 +6,11 @@
 // grad buffer hold the reduced grads. step(lr) then runs ops::adamw_step on each PIECE: the
 // intersection of an owned range with one parameter, with that parameter's weight-decay flag (AdamW is
 // elementwise, so a parameter split across ranks is updated exactly as the whole one would be). The
-// fp32 main params are the owned ranges of the fp32 param buffer itself (model params are fp32 here;
-// a bf16 model copy would add a 4-byte fp32 main-param shard, see memory report). Afterwards the updated
+// fp32 main params: with fp32 model params, the owned ranges of the param buffer itself; with mixed
+// precision (bf16/f16 model params), an fp32 tensor of shard_size per bucket holding ONLY this rank's shard
+// of the masters (Megatron's sharded main params, 4/dp bytes a parameter): the constructor copies the shard
+// from the buffer's initial masters and then frees the buffer's whole master copy (release_main_params);
+// the step writes the rounded model copy of its pieces into the param buffer. Afterwards the updated
 // shards are all-gathered back into the param buffer: blocking, or with overlap_param_gather posted
 // async — then the trainer must call wait_param_gather() before the next forward (and before eval or
 // saving a checkpoint). exp_avg / exp_avg_sq are one fp32 tensor of shard_size per bucket; pieces view them.
@@ -21,8 +24,10 @@
 // chunk's buckets, one step counter, one grad norm (all chunks' owned grads in one sum).
 //
 // Checkpoint state: state() lists every piece as (key, offset of the piece in the parameter's flat
-// local tensor, numel, param_numel, exp_avg piece, exp_avg_sq piece), so the state can be saved
-// logically and reloaded under another DP size; load_state fills pieces from a lookup.
+// local tensor, numel, param_numel, exp_avg piece, exp_avg_sq piece, and with sharded masters the fp32
+// main-param piece), so the state can be saved logically and reloaded under another DP size; load_state
+// fills the moments from a lookup, load_main_params the sharded masters (the model weights: loaded even
+// when the optimizer state is not).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -45,7 +50,8 @@ struct ShardPiece {
   int64_t buffer_offset = 0;  // in the param / grad buffers
   int64_t param_offset = 0;   // within the parameter's flat (TP-local) tensor
   int64_t numel = 0;
-  Tensor param{};             // [numel] view into the fp32 main params (the param buffer when it is fp32)
+  Tensor param{};             // [numel] fp32 main params: a view into the param buffer when it is fp32,
+                              // else into this rank's master shard
   Tensor model_param{};       // [numel] bf16/f16 model copy written after the step (mixed precision only)
   Tensor main_grad{};         // [numel] view into the grad buffer
   Tensor exp_avg{}, exp_avg_sq{};  // [numel] views into the bucket's state tensors
@@ -57,6 +63,7 @@ struct DistOptStatePiece {
   int64_t numel = 0;
   int64_t param_numel = 0;  // numel of the parameter's flat (TP-local) tensor
   Tensor exp_avg, exp_avg_sq;  // [numel] fp32 (views of the live state)
+  Tensor main_param;           // [numel] fp32 master piece with sharded masters (mixed precision); else undefined
 };
 
 // Bytes per model parameter on one rank (Megatron's distributed-optimizer table).
@@ -98,16 +105,25 @@ class DistributedOptimizer {
   // checkpoint; false -> mcpp::Error naming the parameter. Sets step_count().
   using StateLookup = std::function<bool(const std::string& key, int64_t offset, Tensor& exp_avg, Tensor& exp_avg_sq)>;
   void load_state(int64_t step_count, const StateLookup& lookup);
+  // Whether the fp32 masters live only in this optimizer's shards (mixed precision).
+  bool main_params_sharded() const { return !main_param_shard_.empty(); }
+  // With sharded masters: lookup(key, offset, main_param) fills each piece's [numel] fp32 masters; false ->
+  // mcpp::Error naming the parameter. The model copy (param buffer) is the caller's to fill.
+  using MainParamLookup = std::function<bool(const std::string& key, int64_t offset, Tensor& main_param)>;
+  void load_main_params(const MainParamLookup& lookup);
   // This rank's measured bytes per parameter (state tensors actually allocated / model numel), in the
   // layout of memory_report(); differs from the formula only by bucket padding.
   MemoryReport measured_memory() const;
-  int64_t state_bytes() const;  // exp_avg + exp_avg_sq allocated on this rank (shards incl. padding)
+  // exp_avg + exp_avg_sq (+ the fp32 master shards with mixed precision) allocated on this rank (shards incl.
+  // padding)
+  int64_t state_bytes() const;
 
  private:
   void add_pieces(DistributedDataParallel& ddp);  // one ddp's buckets: state tensors + pieces
   std::vector<DistributedDataParallel*> ddps_;
   DistributedOptimizerOptions opt_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // per bucket (of every ddp) [shard_size]
+  std::vector<Tensor> main_param_shard_;       // per bucket [shard_size] fp32 masters (mixed precision only)
   std::vector<ShardPiece> pieces_;
   int64_t step_ = 0;
 };

@@ -126,12 +126,6 @@ int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bo
   return p;
 }
 
-MemoryReport model_state_per_param(int64_t dp, bool distributed_optimizer, DType param_dtype) {
-  MemoryReport r = memory_report(static_cast<int>(dp), distributed_optimizer, param_dtype);
-  r.main_param_bytes = param_dtype == DType::F32 ? 0.0 : 4.0;  // ParamAndGradBuffer's whole fp32 master buffer
-  return r;
-}
-
 MemoryPlan plan_memory(const Config& cfg) {
   const ParallelConfig& par = cfg.parallel;
   if (cfg.model.padded_vocab_size <= 0) fail("plan_memory: the vocabulary is not set (padded_vocab_size)");
@@ -154,7 +148,7 @@ MemoryPlan plan_memory(const Config& cfg) {
   plan.distributed_optimizer = par.use_distributed_optimizer;
   plan.sequence_parallel = par.sequence_parallel;
   plan.param_dtype = cfg.training.bf16 ? DType::BF16 : DType::F32;
-  const MemoryReport per_param = model_state_per_param(plan.dp, plan.distributed_optimizer, plan.param_dtype);
+  const MemoryReport per_param = memory_report(static_cast<int>(plan.dp), plan.distributed_optimizer, plan.param_dtype);
   const pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = plan.pp,
                                               .num_microbatches = plan.num_microbatches,
                                               .virtual_pipeline_model_parallel_size = plan.vp};

@@ -5,11 +5,10 @@
 // Per pipeline rank (every TP / DP rank of it holds the same amounts; DP shards only the optimizer):
 //   model state — the numel of this TP rank's parameters over its model chunks (the layout of
 //     pipeline_parallel/layout.h: embedding on the first stage, final norm + output layer on the last, a
-//     shared copy of the tied word embeddings there when pp > 1), times the bytes per parameter this code
-//     allocates (model_state_per_param): params (the model dtype) + fp32 main grads + fp32 main params (mixed
-//     precision) + Adam's two fp32 moments (/ dp with the distributed optimizer; its bucket padding, < dp
-//     elements per bucket, is left out). Unlike Megatron's table (optimizer/memory_report()), the distributed
-//     optimizer here shards only the moments: the fp32 main params stay whole on every DP rank.
+//     shared copy of the tied word embeddings there when pp > 1), times the bytes per parameter of Megatron's
+//     distributed-optimizer table (optimizer/memory_report(), what this code allocates): params (the model
+//     dtype) + fp32 main grads + fp32 main params (mixed precision) + Adam's two fp32 moments, the last two
+//     / dp with the distributed optimizer (its bucket padding, < dp elements per bucket, is left out).
 //   activations — each model chunk's per-microbatch context bytes, exactly what
 //     pipeline_parallel::context_bytes() counts after that chunk's forward (each storage once), and the peak
 //     over this rank's schedule (pipeline_parallel::build_schedule) of the live contexts: a forward adds its
@@ -77,10 +76,6 @@ struct MemoryPlan {
 // cfg: parsed and finalized, with apply_world_size() and the vocabulary applied (padded_vocab_size > 0).
 // Throws mcpp::Error naming the field for what a training run would refuse (layout, divisibility).
 MemoryPlan plan_memory(const Config& cfg);
-
-// Bytes per parameter on one rank as this implementation allocates them (see the top: the fp32 main params
-// are not sharded by the distributed optimizer), in memory_report()'s layout.
-MemoryReport model_state_per_param(int64_t dp, bool distributed_optimizer, DType param_dtype);
 
 // Capacity: does the plan fit a per-GPU budget, and the largest micro-batch size that would, keeping the
 // layout and the number of microbatches (so the global batch grows with it: mbs * dp * M). A plan's largest

@@ -177,12 +177,32 @@ SaveOwnership save_ownership(const parallel_state::ParallelContext& pc) {
 }
 
 // Model tensors are the fp32 main params (= the params with fp32 training); with mixed precision the
-// bf16 model copy is then the rounded master, as after an optimizer step.
+// bf16 model copy is then the rounded master, as after an optimizer step. When the distributed optimizer
+// holds the masters (sharded), each tensor is read into a scratch fp32 copy and rounded into the model
+// copy; the shards are read by read_main_param_pieces.
 void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks) {
   for (GPTModel* c : chunks) {
-    for (const auto& p : c->params().params()) read_shard(reader, p->spec.key, p->spec, p->main_param);
-    if (c->params().mixed_precision()) ops::cast(c->params().param_buffer(), c->params().main_param_buffer());
+    ParamAndGradBuffer& buf = c->params();
+    if (buf.has_main_params()) {
+      for (const auto& p : buf.params()) read_shard(reader, p->spec.key, p->spec, p->main_param);
+      if (buf.mixed_precision()) ops::cast(buf.param_buffer(), buf.main_param_buffer());
+      continue;
+    }
+    for (const auto& p : buf.params()) {
+      Tensor master = Tensor::empty(p->spec.shape, DType::F32, p->data.device());
+      read_shard(reader, p->spec.key, p->spec, master);
+      ops::cast(p->data, master);
+    }
   }
+}
+
+void read_main_param_pieces(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
+                            DistributedOptimizer& optimizer) {
+  optimizer.load_main_params([&](const std::string& key, int64_t offset, Tensor& main_param) {
+    if (!reader.has(key)) return false;
+    read_piece(reader, key, key, spec_of(chunks, key), offset, main_param);
+    return true;
+  });
 }
 
 void read_adam_state(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks, Adam& adam) {
@@ -206,10 +226,27 @@ std::vector<dc::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTMo
   std::vector<dc::ShardedTensor> shards;
   // A tied output weight on the last pipeline stage is a shared copy of the first stage's embedding: the
   // owner writes it (and its optimizer state); the copy loads from the same key.
-  for (GPTModel* c : chunks)
+  bool sharded_masters = false;
+  for (GPTModel* c : chunks) {
+    if (!c->params().has_main_params()) {
+      sharded_masters = true;
+      continue;
+    }
     for (const auto& p : c->params().params())
       if (!p->spec.shared_copy && own.writes_replica(p->spec.key) && own.writes_tp_replica(p->spec.key, p->spec))
         add_tp_shards(shards, p->spec.key, p->main_param, p->spec);  // fp32 master
+  }
+  if (sharded_masters) {
+    // The fp32 masters live in the distributed optimizer's shards: each DP rank writes its pieces of the
+    // model tensors (disjoint over DP), TP replicas of a piece once.
+    if (!optimizer.distributed || !optimizer.distributed->main_params_sharded())
+      fail("checkpoint: the model's fp32 main params are sharded by a distributed optimizer that was not given");
+    for (const DistOptStatePiece& piece : optimizer.distributed->state()) {
+      const ParamSpec& spec = spec_of(chunks, piece.key);
+      if (spec.shared_copy || !own.writes_tp_replica(piece.key, spec)) continue;
+      add_piece_shards(shards, piece.key, piece.key, piece.main_param, piece.offset, spec);
+    }
+  }
   if (optimizer.adam) {
     for (const AdamState& s : optimizer.adam->state()) {
       const ParamSpec& spec = spec_of(chunks, s.name);
@@ -313,6 +350,9 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
   const nlohmann::json& meta = reader.meta();
   check_fingerprint(meta, config, reader.dir(), opt.override_config_check);
   read_model_chunks(reader, chunks);
+  // Sharded fp32 masters are model weights: loaded with or without the optimizer state.
+  if (optimizer.distributed && optimizer.distributed->main_params_sharded())
+    read_main_param_pieces(reader, chunks, *optimizer.distributed);
   if (opt.finetune) {
     state = TrainerState{.rng = state.rng};
     return true;

@@ -103,6 +103,10 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
 
 // Reads the model chunks and (plain Adam) optimizer moments from an open reader, any saved layout.
 void read_model_chunks(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks);
+// With the distributed optimizer's sharded fp32 masters (mixed precision): reads this rank's pieces of the
+// model tensors into them (any saved layout).
+void read_main_param_pieces(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
+                            DistributedOptimizer& optimizer);
 void read_adam_state(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
                      Adam& adam);
 

@@ -79,8 +79,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
   const auto& par = config_.parallel;
   if (is_logging_rank())
-    fmt::print("{}\n", format_memory_report(tools::model_state_per_param(pc_.dp_size(), par.use_distributed_optimizer,
-                                                                          param_dtype_)));
+    fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_)));
   if (par.context_parallel_size == 1 && par.expert_model_parallel_size == 1) {
     memory_plan_ = tools::plan_memory(config_);
     if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
@@ -174,7 +173,7 @@ int64_t Trainer::model_state_bytes() const {
   int64_t b = 0;
   for (ParamAndGradBuffer* buf : buffers())
     b += static_cast<int64_t>(buf->param_buffer().nbytes() + buf->grad_buffer().nbytes() +
-                              (buf->mixed_precision() ? buf->main_param_buffer().nbytes() : 0));
+                              (buf->mixed_precision() && buf->has_main_params() ? buf->main_param_buffer().nbytes() : 0));
   if (optimizer_)
     for (const AdamState& s : optimizer_->state()) b += static_cast<int64_t>(s.exp_avg.nbytes() + s.exp_avg_sq.nbytes());
   if (dist_optimizer_) b += dist_optimizer_->state_bytes();
