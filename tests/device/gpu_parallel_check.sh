@@ -7,7 +7,8 @@
 # over 6 steps. Then bf16 DP2 vs one GPU
 # (bf16 activations: relative 5e-3); one GPU, DP2 (+ distributed optimizer), TP2 + SP and PP2 (1F1B)
 # with --enable-cuda-graph against the same eager reference; TP2 + SP with hidden dropout
-# graphed vs eager. Exit 1 on any mismatch.
+# graphed vs eager; bf16 DP2 with the distributed optimizer (sharded fp32 masters), saved and resumed on one
+# GPU and on DP2. Exit 1 on any mismatch.
 # usage (repo root, device_carry/ from bench/gpu/make_carry.sh carried): tests/device/gpu_parallel_check.sh OUT
 set -u
 OUT=${1:?usage: gpu_parallel_check.sh OUT}
@@ -47,6 +48,14 @@ rm -rf "$OUT/ckpt_bf16"
 run_train gpu1_bf16_save 1 --bf16 --save "$OUT/ckpt_bf16" --save-interval 3 --exit-interval 3
 run_train gpu1_bf16_resume 1 --bf16 --load "$OUT/ckpt_bf16"
 run_train dp2_bf16_resume 2 --bf16 --load "$OUT/ckpt_bf16"
+# bf16 + distributed optimizer: each GPU keeps only its shard of the fp32 masters; the DP2 save writes them
+# as pieces, and one GPU (replicated Adam) and DP2 (sharded again) resume from it.
+DISTOPT="--bf16 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
+rm -rf "$OUT/ckpt_bf16_distopt"
+run_train dp2_bf16_distopt 2 $DISTOPT
+run_train dp2_bf16_distopt_save 2 $DISTOPT --save "$OUT/ckpt_bf16_distopt" --save-interval 3 --exit-interval 3
+run_train gpu1_bf16_from_distopt 1 --bf16 --load "$OUT/ckpt_bf16_distopt"
+run_train dp2_bf16_distopt_resume 2 $DISTOPT --load "$OUT/ckpt_bf16_distopt"
 python3 - "$OUT" <<'PY'
 import sys
 sys.path.insert(0, "tests/device")
@@ -54,7 +63,7 @@ from loss_check import Checks
 c = Checks(sys.argv[1])
 c.same_losses("gpu1", ["dp2", "tp2sp", "tp2sp_ovl", "pp2", "dp2_distopt", "launch_tp2", "gpu1_graph", "dp2_graph",
                        "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph"], 1e-5)
-c.same_losses("gpu1_bf16", ["dp2_bf16"], 5e-3)
+c.same_losses("gpu1_bf16", ["dp2_bf16", "dp2_bf16_distopt"], 5e-3)
 c.same_losses("tp2sp_do", ["tp2sp_do_graph"], 1e-5)
 c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph",
                "tp2sp_do_graph"])
@@ -63,6 +72,8 @@ c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "t
 ref = c.losses("gpu1_bf16")[3:]
 c.same_losses("gpu1_bf16[3:]", ["gpu1_bf16_resume"], 1e-4, iterations=3, ref_losses=ref)
 c.same_losses("gpu1_bf16[3:]", ["dp2_bf16_resume"], 5e-3, iterations=3, ref_losses=ref)
+c.same_losses("gpu1_bf16[3:]", ["gpu1_bf16_from_distopt", "dp2_bf16_distopt_resume"], 5e-3, iterations=3,
+              ref_losses=ref)
 print("GPU PARALLEL EQUIVALENCE", "OK" if c.ok else "FAILED")
 sys.exit(0 if c.ok else 1)
 PY
