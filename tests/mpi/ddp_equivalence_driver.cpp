@@ -80,6 +80,7 @@ std::vector<AdamParam> adam_params(GPTModel& m) {
 struct Case {
   std::string style = "gpt2";
   int tp = 1;
+  int cp = 1;  // context parallel (all-to-all attention): each CP rank takes s/cp rows of its DP rank's batch
   bool sequence_parallel = false;
   int64_t bucket_size = 0;
   bool overlap_grad_reduce = false;
@@ -114,13 +115,14 @@ void check_grads(const Case& k, GPTModel& par, GPTModel& ref, const std::optiona
 
 void check_dp_equivalence(const Case& k) {
   comm::CommPtr world = comm::world();
-  ParallelContext pc = ParallelContext::create(world, {.tensor_model_parallel_size = k.tp});
+  ParallelContext pc =
+      ParallelContext::create(world, {.tensor_model_parallel_size = k.tp, .context_parallel_size = k.cp});
   ParallelContext single = ParallelContext::single(comm::make_local_world());
   const int dp = pc.dp_size(), r = pc.dp_rank(), M = k.microbatches;
   const int64_t b = 2;
   const TransformerConfig c = config_for(k.style);
   GPTModel ref(c, 42, {single.tp(), false});
-  GPTModel par(c, 42, {pc.tp(), k.sequence_parallel});
+  GPTModel par(c, 42, {pc.tp(), k.sequence_parallel, false, pc.cp()});
   // eps 1e-4: see parallel_equivalence_driver.cpp (exact-zero grads are rounding noise of either sign).
   const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
   Adam ref_opt(adam_params(ref), adam);
@@ -131,7 +133,8 @@ void check_dp_equivalence(const Case& k) {
   std::optional<DistributedOptimizer> dopt;
   if (k.distributed_optimizer) dopt.emplace(ddp, DistributedOptimizerOptions{adam, k.overlap_param_gather});
   else par_adam.emplace(adam_params(par), adam);
-  const std::string what = k.style + " tp=" + std::to_string(k.tp) + " dp=" + std::to_string(dp) +
+  const std::string what = k.style + " tp=" + std::to_string(k.tp) + " cp=" + std::to_string(k.cp) +
+                           " dp=" + std::to_string(dp) +
                            " buckets=" + std::to_string(ddp.buckets().size()) +
                            (k.overlap_grad_reduce ? " overlap" : "") + (k.distributed_optimizer ? " distopt" : "") +
                            (k.overlap_param_gather ? " overlap-param-gather" : "") + " M=" + std::to_string(M);
@@ -142,8 +145,8 @@ void check_dp_equivalence(const Case& k) {
     ddp.dp_group()->all_reduce(owned, comm::ReduceOp::Sum).wait();
     EXPECT_EQ(owned.data<int32_t>()[0], par.params().numel()) << what;
     // Measured optimizer-state bytes per parameter = the formula 8/dp up to bucket padding (< dp
-    // elements per bucket, each 8 bytes spread over numel parameters).
-    const MemoryReport want = memory_report(dp, true, DType::F32), got = dopt->measured_memory();
+    // elements per bucket, each 8 bytes spread over numel parameters); the shards span dp x cp ranks.
+    const MemoryReport want = memory_report(dp * k.cp, true, DType::F32), got = dopt->measured_memory();
     const double slack = 8.0 * static_cast<double>(ddp.buckets().size()) / static_cast<double>(par.params().numel());
     EXPECT_NEAR(got.optimizer_state_bytes, want.optimizer_state_bytes, slack) << what;
     EXPECT_DOUBLE_EQ(got.param_bytes + got.grad_bytes, want.param_bytes + want.grad_bytes) << what;
@@ -170,6 +173,11 @@ void check_dp_equivalence(const Case& k) {
       const size_t before = dp_collectives(world);
       ddp.set_is_last_microbatch(m == M - 1);
       Batch mb = batch_cols(step, c.seq_length, (int64_t{r} * M + m) * b, b);
+      if (k.cp > 1) {  // this CP rank's rows [cp_rank * s/cp, +s/cp)
+        const int64_t rows = c.seq_length / k.cp, first = pc.cp_rank() * rows;
+        mb = {mb.tokens.narrow0(first, rows).clone(), mb.labels.narrow0(first, rows).clone(),
+              mb.mask.narrow0(first, rows).clone()};
+      }
       GPTModelCtx ctx;
       loss += par.forward_loss(ctx, mb.tokens, mb.labels, mb.mask, {.training = false}).loss / M;
       par.backward(ctx, 1.0f / static_cast<float>(M));
@@ -232,6 +240,30 @@ TEST(DistributedOptimizer, LlamaMidBucketsAccumulation) {
 }
 
 // TP2 x DP2 on 4 ranks vs 1 rank, both styles.
+// Context parallelism (all-to-all attention) at CP = world (and CP2 x DP2, CP2 x TP2 + SP at 4 ranks): the
+// same losses, gradients, grad norm and parameters as the single-rank model on the whole sequences.
+TEST(ContextParallel, Gpt2CpWorld) {
+  if (comm::world()->size() > 4) GTEST_SKIP() << "seq_length 8 allows cp <= 4";
+  check_dp_equivalence({.cp = comm::world()->size(), .bucket_size = 3000, .overlap_grad_reduce = true});
+}
+TEST(ContextParallel, LlamaCpWorldRopeGqa) {
+  if (comm::world()->size() > 4) GTEST_SKIP() << "4 query groups allow cp <= 4";
+  check_dp_equivalence({.style = "llama", .cp = comm::world()->size(), .microbatches = 2});
+}
+TEST(ContextParallel, Gpt2Cp2Dp2DistributedOptimizer) {
+  if (comm::world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_dp_equivalence({.cp = 2, .bucket_size = 1, .overlap_grad_reduce = true, .distributed_optimizer = true,
+                        .overlap_param_gather = true, .microbatches = 2});
+}
+TEST(ContextParallel, LlamaTp2SpCp2) {
+  if (comm::world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_dp_equivalence({.style = "llama", .tp = 2, .cp = 2, .sequence_parallel = true});
+}
+TEST(ContextParallel, Gpt2Tp2Cp2) {
+  if (comm::world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_dp_equivalence({.tp = 2, .cp = 2});
+}
+
 TEST(TensorDataParallel, Gpt2SequenceParallelTp2Dp2) {
   if (comm::world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   check_dp_equivalence({.tp = 2, .sequence_parallel = true, .bucket_size = 2000, .overlap_grad_reduce = true});

@@ -60,6 +60,9 @@ void qkv_merge(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, S
   MCPP_DISPATCH(qkv_merge, ({&qkv, &q, &k, &v}), qkv, q, k, v, s);
 }
 void cast(Tensor& out, const Tensor& in, Stream s) { MCPP_DISPATCH(cast, ({&out, &in}), out, in, s); }
+void chunk_transpose(Tensor& out, const Tensor& in, int64_t a, int64_t c, Stream s) {
+  MCPP_DISPATCH(chunk_transpose, ({&out, &in}), out, in, a, c, s);
+}
 void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& table, int64_t vocab_start, Stream s) {
   MCPP_DISPATCH(embedding_fwd, ({&out, &ids, &table}), out, ids, table, vocab_start, s);
 }

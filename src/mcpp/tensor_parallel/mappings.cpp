@@ -1,5 +1,7 @@
 #include "mcpp/tensor_parallel/mappings.h"
 
+#include <vector>
+
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
@@ -19,6 +21,33 @@ Tensor all_gather_sp(comm::Communicator& tp, const Tensor& x) {
   full[0] *= tp.size();
   Tensor out = Tensor::empty(full, x.dtype(), x.device());  // [s, ...]
   tp.all_gather(out, x).wait();
+  return out;
+}
+
+Tensor all_to_all_cp2hp(comm::Communicator& cp, const Tensor& x) {
+  const int64_t c = cp.size();
+  if (c == 1) return x;
+  MCPP_CHECK(x.ndim() == 3 && x.size(2) % c == 0, "all_to_all_cp2hp: x {} must be [s/cp, b, cp*m] (cp={})", x.str(), c);
+  const int64_t rows = x.size(0) * x.size(1), m = x.size(2) / c;
+  Tensor send = Tensor::empty({c, rows, m}, x.dtype(), x.device());  // block j (for CP rank j) contiguous
+  ops::chunk_transpose(send, x, rows, c);
+  Tensor out = Tensor::empty({c * x.size(0), x.size(1), m}, x.dtype(), x.device());  // [s, b, m]: chunk j from j
+  const std::vector<int64_t> counts(static_cast<size_t>(c), rows * m);
+  cp.all_to_all(out, send, counts, counts).wait();
+  return out;
+}
+
+Tensor all_to_all_hp2cp(comm::Communicator& cp, const Tensor& x) {
+  const int64_t c = cp.size();
+  if (c == 1) return x;
+  MCPP_CHECK(x.ndim() == 3 && x.size(0) % c == 0, "all_to_all_hp2cp: x {} must be [s, b, m] with s divisible by cp={}",
+             x.str(), c);
+  const int64_t s_local = x.size(0) / c, rows = s_local * x.size(1), m = x.size(2);
+  Tensor recv = Tensor::empty({c, rows, m}, x.dtype(), x.device());  // block j: head block j of my rows
+  const std::vector<int64_t> counts(static_cast<size_t>(c), rows * m);
+  cp.all_to_all(recv, x, counts, counts).wait();
+  Tensor out = Tensor::empty({s_local, x.size(1), c * m}, x.dtype(), x.device());
+  ops::chunk_transpose(out, recv, c, rows);
   return out;
 }
 

@@ -51,4 +51,15 @@ Tensor all_gather_sp_ring(comm::Communicator& tp, const Tensor& x,
 Tensor reduce_scatter_sp_ring(comm::Communicator& tp, const Shape& chunk_shape, DType dtype, Device device,
                               const std::function<void(int chunk, Tensor& out)>& partial);
 
+// Context parallelism, all-to-all form (Megatron's --cp-comm-type a2a, DeepSpeed-Ulysses): each CP rank
+// holds a contiguous sequence chunk of s / cp rows; around the core attention two all-to-alls over the CP
+// group trade sequence for heads, so the attention runs on the WHOLE sequence for 1 / cp of the heads.
+//   all_to_all_cp2hp  [s/cp, b, cp*m] (this rank's rows, every head block) -> [s, b, m] (all rows, head block
+//                     `cp rank`); rows of CP rank j are rows [j*s/cp, (j+1)*s/cp) of the result
+//   all_to_all_hp2cp  its inverse (and each one's backward is the other)
+// The last dim splits into cp equal contiguous blocks: whole query groups of the fused qkv rows, whole heads of
+// the context. cp == 1: identities.
+Tensor all_to_all_cp2hp(comm::Communicator& cp, const Tensor& x);
+Tensor all_to_all_hp2cp(comm::Communicator& cp, const Tensor& x);
+
 }  // namespace mcpp::tensor_parallel

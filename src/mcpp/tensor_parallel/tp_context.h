@@ -1,6 +1,7 @@
 // What a module needs of tensor parallelism: the TP group (a value) and whether sequence parallelism is
-// on. Taken from the ParallelContext when the model is built; with tp == 1 the group is a size-1
-// communicator and every mapping is an identity.
+// on — and of context parallelism, its group (the attention's all-to-all, the loss, the positions). Taken
+// from the ParallelContext when the model is built; with tp == 1 the group is a size-1 communicator and
+// every mapping is an identity.
 #pragma once
 #include "mcpp/comm/communicator.h"
 
@@ -10,8 +11,13 @@ struct TPContext {
   comm::CommPtr group;
   bool sequence_parallel = false;
   bool comm_overlap = false;  // --tp-comm-overlap (sequence parallel only): ring all-gather + GEMM
+  // The context-parallel group (--context-parallel-size, all-to-all form: mappings.h all_to_all_cp2hp): each
+  // rank holds a contiguous s / cp chunk of the sequence; the attention trades it for heads. Null: no CP.
+  comm::CommPtr cp{};
   int size() const { return group->size(); }
   int rank() const { return group->rank(); }
+  int cp_size() const { return cp ? cp->size() : 1; }
+  int cp_rank() const { return cp ? cp->rank() : 0; }
 };
 
 }  // namespace mcpp::tensor_parallel

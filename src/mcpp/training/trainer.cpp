@@ -67,6 +67,10 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   if (t.fp16) fail("fp16: training in float16 needs a dynamic loss scaler, which is not implemented; use --bf16");
   if (t.bf16 && device_ != Device::CUDA)
     fail("bf16: mixed-precision training needs the CUDA backend (device resolved to cpu; the CPU trainer runs fp32)");
+  if (config_.parallel.expert_model_parallel_size > 1)
+    fail("expert_model_parallel_size ({}): the GPT model here has no mixture-of-experts layers to distribute, so "
+         "expert parallelism would only replicate work; drop --expert-model-parallel-size",
+         config_.parallel.expert_model_parallel_size);
   if (t.enable_cuda_graph) {
     if (device_ != Device::CUDA)
       fail("enable_cuda_graph: CUDA graphs need the CUDA backend (device resolved to cpu)");
@@ -79,7 +83,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
   const auto& par = config_.parallel;
   if (is_logging_rank())
-    fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_)));
+    fmt::print("{}\n",  // the distributed optimizer shards over the data-parallel x context-parallel ranks
+               format_memory_report(memory_report(pc_.dp_cp()->size(), par.use_distributed_optimizer, param_dtype_)));
   if (par.context_parallel_size == 1 && par.expert_model_parallel_size == 1) {
     memory_plan_ = tools::plan_memory(config_);
     if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
@@ -107,7 +112,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     const int64_t first = st.layers.empty() ? 0 : st.layers.front();
     chunks_.push_back(std::make_unique<GPTModel>(
         config_.model, static_cast<uint64_t>(t.seed),
-        tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap}, device_,
+        tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap, pc_.cp()}, device_,
         GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
                       .num_layers = static_cast<int64_t>(st.layers.size())},
         param_dtype_));
@@ -209,7 +214,11 @@ Trainer::Batch Trainer::get_batch(const GPTDataset& ds, int64_t first, int64_t m
       batch.loss_mask.data<float>()[i * b + ib] = mask[i];
     }
   }
-  return batch;
+  if (pc_.cp_size() == 1) return batch;
+  // Context parallelism: this CP rank's contiguous rows [r * s/cp, (r + 1) * s/cp) of every sample.
+  const int64_t rows = s / pc_.cp_size(), first_row = pc_.cp_rank() * rows;
+  return {batch.tokens.narrow0(first_row, rows).clone(), batch.labels.narrow0(first_row, rows).clone(),
+          batch.loss_mask.narrow0(first_row, rows).clone()};
 }
 
 double Trainer::dp_mean(double local) const {
@@ -235,7 +244,7 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
                                         .forward_only = forward_only};
   const pipeline_parallel::Schedule schedule = pipeline_parallel::build_schedule(so);
   const bool static_inputs = !forward_only && !graph_inputs_.empty();
-  const int64_t s = config_.model.seq_length / (config_.parallel.sequence_parallel ? pc_.tp_size() : 1);
+  const int64_t s = config_.model.seq_length / pc_.cp_size() / (config_.parallel.sequence_parallel ? pc_.tp_size() : 1);
   pipeline_parallel::ScheduleRunArgs args{
       .schedule = &schedule,
       .pc = &pc_,
@@ -343,9 +352,10 @@ double Trainer::scale_grads_per_token(const StepLoss& local) {
   sums.data<float>()[1] = static_cast<float>(local.num_tokens);
   if (pc_.pp_size() > 1) pc_.pp()->host().all_reduce(sums, comm::ReduceOp::Sum).wait();
   if (pc_.dp_size() > 1) pc_.dp()->host().all_reduce(sums, comm::ReduceOp::Sum).wait();
-  const double tokens = sums.data<float>()[1];
-  // The DP reduction averaged the token-sum gradients: * dp / tokens gives d(sum loss*mask / tokens).
-  const auto factor = static_cast<float>(tokens > 0 ? pc_.dp_size() / tokens : 0.0);
+  const double tokens = sums.data<float>()[1];  // (each CP rank's statistics are its whole sequences' already)
+  // The DP reduction averaged the token-sum gradients over dp * cp ranks: * dp * cp / tokens gives
+  // d(sum loss*mask / tokens).
+  const auto factor = static_cast<float>(tokens > 0 ? pc_.dp_cp()->size() / tokens : 0.0);
   for (ParamAndGradBuffer* b : buffers()) ops::scale_inplace(b->grad_buffer(), factor);
   return tokens > 0 ? sums.data<float>()[0] / tokens : 0.0;
 }

@@ -4,6 +4,7 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/tensor_parallel/mappings.h"
 
 namespace mcpp {
 
@@ -29,9 +30,17 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
                     .sequence_parallel = tp.sequence_parallel,
                     .tp_comm_overlap = tp.comm_overlap},
                    tp.group),
-      recompute_core_(c.recompute_granularity == "selective") {
+      recompute_core_(c.recompute_granularity == "selective"),
+      cp_(tp.cp && tp.cp->size() > 1 ? tp.cp : nullptr) {
   MCPP_CHECK(c.num_query_groups % tp.size() == 0, "num_query_groups {} not divisible by tp={}", c.num_query_groups,
              tp.size());
+  const int64_t cp = tp.cp_size();
+  if (ng_ % cp != 0)
+    fail("context parallelism (all-to-all): num_query_groups ({}) must be divisible by tensor_model_parallel_size * "
+         "context_parallel_size ({}): each CP rank attends over whole query groups",
+         c.num_query_groups, tp.size() * cp);
+  core_np_ = np_ / cp;
+  core_ng_ = ng_ / cp;
   core_ = spec.make_core_attention({.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hn_)),
                                     .attention_dropout = c.attention_dropout,
                                     .causal = true,
@@ -40,60 +49,67 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
 
 Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,
                               const ForwardOptions& opt) const {
-  Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s, b, ng/tp*(np/ng+2)*hn]
+  Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
+  if (cp_) qkv = tensor_parallel::all_to_all_cp2hp(*cp_, qkv);  // [s, b, ng/tp/cp*(np/ng+2)*hn]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
+  Tensor context;  // [s, b, np/tp/cp, hn]
   if (packed(rope)) {
-    Tensor context = core_->forward_qkv(ctx.core, qkv, np_, ng_, opt);  // [s, b, np, hn]
+    context = core_->forward_qkv(ctx.core, qkv, core_np_, core_ng_, opt);
     if (recompute_core_) {  // selective recompute: keep the fused input, drop the core's saved state
       ctx.fused_qkv = qkv;
       ctx.core = {};
     }
-    return linear_proj_.forward(ctx.proj, context.view({s, b, np_ * hn_}));  // [s, b, h]
+  } else {
+    const DType dt = qkv.dtype();
+    const Device dev = qkv.device();
+    Tensor q = Tensor::empty({s, b, core_np_, hn_}, dt, dev);  // [s, b, np/tp/cp, hn]
+    Tensor k = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);  // [s, b, ng/tp/cp, hn]
+    Tensor v = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);
+    ops::qkv_split(q, k, v, qkv);
+    if (rope) {
+      ops::rope_fwd(q, q, rope->cos, rope->sin);
+      ops::rope_fwd(k, k, rope->cos, rope->sin);
+    }
+    context = core_->forward(ctx.core, q, k, v, opt);
+    if (recompute_core_) {  // selective recompute: keep the inputs, drop the core's saved state
+      ctx.q = q, ctx.k = k, ctx.v = v;
+      ctx.core = {};
+    }
   }
-  const DType dt = qkv.dtype();
-  const Device dev = qkv.device();
-  Tensor q = Tensor::empty({s, b, np_, hn_}, dt, dev);  // [s, b, np/tp, hn]
-  Tensor k = Tensor::empty({s, b, ng_, hn_}, dt, dev);  // [s, b, ng/tp, hn]
-  Tensor v = Tensor::empty({s, b, ng_, hn_}, dt, dev);
-  ops::qkv_split(q, k, v, qkv);
-  if (rope) {
-    ops::rope_fwd(q, q, rope->cos, rope->sin);
-    ops::rope_fwd(k, k, rope->cos, rope->sin);
-  }
-  Tensor context = core_->forward(ctx.core, q, k, v, opt);  // [s, b, np, hn]
-  if (recompute_core_) {  // selective recompute: keep the inputs, drop the core's saved state
-    ctx.q = q, ctx.k = k, ctx.v = v;
-    ctx.core = {};
-  }
-  return linear_proj_.forward(ctx.proj, context.view({s, b, np_ * hn_}));  // [s, b, h]
+  context = context.view({s, b, core_np_ * hn_});
+  if (cp_) context = tensor_parallel::all_to_all_hp2cp(*cp_, context);  // [s/cp, b, np/tp*hn]
+  return linear_proj_.forward(ctx.proj, context);                       // [s/cp(/tp), b, h]
 }
 
 Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,
                                bool output_bias_grad_elsewhere) const {
-  Tensor dcontext = linear_proj_.backward(ctx.proj, dy, output_bias_grad_elsewhere);  // [s, b, np/tp*hn]
+  Tensor dcontext = linear_proj_.backward(ctx.proj, dy, output_bias_grad_elsewhere);  // [s/cp, b, np/tp*hn]
+  if (cp_) dcontext = tensor_parallel::all_to_all_cp2hp(*cp_, dcontext);               // [s, b, np/tp/cp*hn]
   const int64_t s = dcontext.size(0), b = dcontext.size(1);
-  dcontext = dcontext.view({s, b, np_, hn_});
+  dcontext = dcontext.view({s, b, core_np_, hn_});
+  Tensor dqkv;  // [s, b, ng/tp/cp*(np/ng+2)*hn]
   if (packed(rope)) {
     if (recompute_core_) {  // rebuild the core attention's context from the kept fused input
-      core_->forward_qkv(ctx.core, ctx.fused_qkv, np_, ng_, ctx.core_replay.options());
+      core_->forward_qkv(ctx.core, ctx.fused_qkv, core_np_, core_ng_, ctx.core_replay.options());
       ctx.fused_qkv = Tensor();
     }
-    Tensor dqkv = core_->backward_qkv(ctx.core, dcontext);  // [s, b, ng/tp*(np/ng+2)*hn]
-    return linear_qkv_.backward(ctx.qkv, dqkv);             // [s, b, h]
+    dqkv = core_->backward_qkv(ctx.core, dcontext);
+  } else {
+    if (recompute_core_) {  // rebuild the core attention's context with the original dropout keys
+      core_->forward(ctx.core, ctx.q, ctx.k, ctx.v, ctx.core_replay.options());
+      ctx.q = ctx.k = ctx.v = Tensor();
+    }
+    CoreAttentionGrads g = core_->backward(ctx.core, dcontext);
+    if (rope) {
+      ops::rope_bwd(g.dq, g.dq, rope->cos, rope->sin);
+      ops::rope_bwd(g.dk, g.dk, rope->cos, rope->sin);
+    }
+    dqkv = Tensor::empty({s, b, (core_np_ + 2 * core_ng_) * hn_}, dy.dtype(), dy.device());
+    ops::qkv_merge(dqkv, g.dq, g.dk, g.dv);
   }
-  if (recompute_core_) {  // rebuild the core attention's context with the original dropout keys
-    core_->forward(ctx.core, ctx.q, ctx.k, ctx.v, ctx.core_replay.options());
-    ctx.q = ctx.k = ctx.v = Tensor();
-  }
-  CoreAttentionGrads g = core_->backward(ctx.core, dcontext);
-  if (rope) {
-    ops::rope_bwd(g.dq, g.dq, rope->cos, rope->sin);
-    ops::rope_bwd(g.dk, g.dk, rope->cos, rope->sin);
-  }
-  Tensor dqkv = Tensor::empty({s, b, (np_ + 2 * ng_) * hn_}, dy.dtype(), dy.device());  // [s, b, (np+2ng)/tp*hn]
-  ops::qkv_merge(dqkv, g.dq, g.dk, g.dv);
-  return linear_qkv_.backward(ctx.qkv, dqkv);  // [s, b, h]
+  if (cp_) dqkv = tensor_parallel::all_to_all_hp2cp(*cp_, dqkv);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
+  return linear_qkv_.backward(ctx.qkv, dqkv);                      // [s/cp(/tp), b, h]
 }
 
 }  // namespace mcpp

@@ -7,6 +7,10 @@
 //   Without RoPE and with a core attention that takes the fused rows (flash: supports_packed_qkv()), the
 //   split and its backward merge are skipped: the core reads qkv and returns dqkv directly (same values).
 //   -> linear_proj (RowParallel, init scaled by 1/sqrt(2L); all-reduce or SP reduce-scatter) -> [s(/tp), b, h].
+//   Context parallelism (tp.cp, size cp > 1; Megatron's --cp-comm-type a2a): x holds this CP rank's s/cp rows;
+//   the fused qkv rows go through all_to_all_cp2hp (whole sequence, ng/tp/cp query groups: RoPE tables for the
+//   whole sequence), the core attention runs causally on the whole sequence, and the context comes back with
+//   all_to_all_hp2cp before linear_proj; the backward runs the two all-to-alls the other way.
 // Backward mirrors it; parameter grads accumulate into main_grad.
 #pragma once
 #include <memory>
@@ -50,10 +54,12 @@ class SelfAttention {
   bool packed(const RopeTables* rope) const { return rope == nullptr && core_->supports_packed_qkv(); }
 
   int64_t np_, ng_, hn_, h_;  // np_ / ng_: heads and groups of this TP rank
+  int64_t core_np_ = 0, core_ng_ = 0;  // of the core attention: np_ / cp, ng_ / cp (the CP rank's head block)
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;
   std::unique_ptr<CoreAttention> core_;
   bool recompute_core_ = false;  // selective recompute
+  comm::CommPtr cp_;              // context-parallel group when cp > 1 (all-to-all around the core), else null
 };
 
 }  // namespace mcpp

@@ -295,6 +295,10 @@ void Config::validate() const {
          parallel.num_layers_per_virtual_pipeline_stage, model.num_layers / pp);
   if (cp > 1 && model.seq_length % (2 * cp) != 0)
     fail("seq_length ({}) must be divisible by 2 * context_parallel_size ({})", model.seq_length, 2 * cp);
+  if (cp > 1 && model.num_query_groups % (tp * cp) != 0)  // the all-to-all attention splits whole query groups
+    fail("num_query_groups ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
+         "context parallelism (all-to-all: each rank attends over whole query groups)", model.num_query_groups,
+         tp * cp);
   if (parallel.tp_comm_overlap && !parallel.sequence_parallel)
     fail("tp_comm_overlap: the tensor-parallel communication overlap needs --sequence-parallel (Megatron)");
   if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)

@@ -1,7 +1,8 @@
 // CPU qkv_split / qkv_merge (kernels/ops.inc): moves the rows of Megatron's fused QKV layout
 //   qkv[s, b, ng * (r + 2) * d], per query group g: [q_0 .. q_{r-1}, k, v] (r = nq / ng)
 // to and from q[s, b, nq, d], k/v[s, b, ng, d]. Pure data movement (memcpy of d-element rows), so any
-// dtype works as long as all four tensors share it. Outputs overwritten.
+// dtype works as long as all four tensors share it. Outputs overwritten. Also chunk_transpose (context
+// parallelism's all-to-all layout), the same kind of row movement.
 #include <cstring>
 
 #include "mcpp/kernels/cpu/checks.h"
@@ -64,6 +65,20 @@ void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, Stream) {
 void qkv_merge(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, Stream) {
   const QkvDims dm = check_qkv("qkv_merge", qkv, q, k, v);
   move_rows(bytes(qkv), bytes(q), bytes(k), bytes(v), dm, dtype_size(qkv.dtype()), /*to_heads=*/false);
+}
+
+void chunk_transpose(Tensor& out, const Tensor& in, int64_t a, int64_t c, Stream) {
+  MCPP_CHECK(out.defined() && in.defined() && out.is_cpu() && in.is_cpu(), "chunk_transpose: CPU tensors expected");
+  MCPP_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel(),
+             "chunk_transpose: out {} must have in's dtype and numel ({})", out.str(), in.str());
+  MCPP_CHECK(a > 0 && c > 0 && in.numel() % (a * c) == 0, "chunk_transpose: {} is not [a={}, c={}, m]", in.str(), a,
+             c);
+  MCPP_CHECK(out.raw() != in.raw(), "chunk_transpose: out must not alias in");
+  const size_t m = static_cast<size_t>(in.numel() / (a * c)) * dtype_size(in.dtype());
+  const char* src = static_cast<const char*>(in.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t i = 0; i < a; ++i)
+    for (int64_t j = 0; j < c; ++j) std::memcpy(dst + (j * a + i) * m, src + (i * c + j) * m, m);
 }
 
 }  // namespace mcpp::ops::cpu

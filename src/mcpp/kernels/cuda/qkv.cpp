@@ -37,4 +37,23 @@ void qkv_merge(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, S
                    fin_of("qkv_merge", "v", v), a, stream_of(stream));
 }
 
+// One strided 2-D copy per output chunk j: a rows of m elements from in (pitch c * m) to out (pitch m).
+void chunk_transpose(Tensor& out, const Tensor& in, int64_t a, int64_t c, Stream stream) {
+  MCPP_CHECK(out.defined() && in.defined() && out.device() == Device::CUDA && in.device() == Device::CUDA,
+             "chunk_transpose: CUDA tensors expected; got {} and {}", out.defined() ? out.str() : "undefined",
+             in.defined() ? in.str() : "undefined");
+  MCPP_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel(),
+             "chunk_transpose: out {} must have in's dtype and numel ({})", out.str(), in.str());
+  MCPP_CHECK(a > 0 && c > 0 && in.numel() % (a * c) == 0, "chunk_transpose: {} is not [a={}, c={}, m]", in.str(), a,
+             c);
+  MCPP_CHECK(out.raw() != in.raw(), "chunk_transpose: out must not alias in");
+  const size_t m = static_cast<size_t>(in.numel() / (a * c)) * dtype_size(in.dtype());
+  if (m == 0) return;
+  const char* src = static_cast<const char*>(in.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t j = 0; j < c; ++j)
+    MCPP_CUDA_CHECK(cudaMemcpy2DAsync(dst + j * a * m, m, src + j * m, c * m, m, static_cast<size_t>(a),
+                                      cudaMemcpyDeviceToDevice, stream_of(stream)));
+}
+
 }  // namespace mcpp::ops::cuda

@@ -69,11 +69,13 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
   ctx.tokens = tokens;  // on the model's device (forward_step)
   Tensor x = word_embedding_->forward(tokens.view({s * b}));  // [s*b, h], all-reduced over TP
   if (position_embeddings_) {
-    MCPP_CHECK(s <= config_.max_position_embeddings, "sequence length {} exceeds max_position_embeddings {}", s,
-               config_.max_position_embeddings);
+    // With context parallelism the tokens are rows [cp_rank * s, (cp_rank + 1) * s) of the sequence.
+    const int64_t first = static_cast<int64_t>(tp_.cp_rank()) * s;
+    MCPP_CHECK(first + s <= config_.max_position_embeddings, "sequence length {} exceeds max_position_embeddings {}",
+               s * tp_.cp_size(), config_.max_position_embeddings);
     if (position_ids_.numel() != s * b || position_ids_b_ != b) {  // built once per shape, kept on the device
       Tensor pos = Tensor::empty({s * b}, DType::I32);
-      for (int64_t i = 0; i < s * b; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i / b);
+      for (int64_t i = 0; i < s * b; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(first + i / b);
       position_ids_ = pos.to(device_);
       position_ids_b_ = b;
     }
@@ -133,7 +135,7 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
     ctx.input = input;
     x = input;  // [s(/tp), b, h]
   }
-  ctx.rope = rope_for(s);
+  ctx.rope = rope_for(s * tp_.cp_size());  // the attention applies RoPE to the whole sequence (CP: after cp2hp)
   Tensor h = decoder_->forward(ctx.decoder, x, has_rope_ ? &ctx.rope : nullptr, opt);  // [s(/tp), b, h]
   if (!stage_.post_process) return h;
   Tensor logits = output_layer_->forward(ctx.output, h);  // [s, b, Vp/tp]
@@ -203,17 +205,31 @@ void GPTModel::compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor
   ctx.logits_hold_grad_for = 0.0f;
   if (grad_scale > 0.0f && tp_.size() == 1) {
     // The loss gradient depends on the mask only: d(grad_scale * masked mean)/d loss_i = mask_i * coef.
-    // Its token count first (stats[1] = sum(mask); stats[0] is overwritten below), then cross entropy
-    // forward + backward in one pass, the gradient written over the logits.
+    // Its token count first (stats[1] = sum(mask), over the CP ranks' chunks; stats[0] is overwritten below),
+    // then cross entropy forward + backward in one pass, the gradient written over the logits.
     ops::masked_loss_stats(ctx.loss_stats, ctx.loss_mask, ctx.loss_mask);
+    sum_over_cp(ctx.loss_stats);
     Tensor dloss = Tensor::empty({n}, DType::F32, device_);
-    ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, grad_scale, config_.calculate_per_token_loss);
+    ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, loss_grad_scale(grad_scale),
+                          config_.calculate_per_token_loss);
     ops::cross_entropy_fwd_bwd(loss, ctx.lse, ctx.logits, ctx.logits, ctx.labels, dloss);
     ctx.logits_hold_grad_for = grad_scale;
   } else {
     tp::vocab_parallel_cross_entropy_fwd(loss, ctx.lse, ctx.logits, ctx.labels, vocab_start_, *tp_.group);
   }
   ops::masked_loss_stats(ctx.loss_stats, loss, ctx.loss_mask);  // stays on the device (no sync)
+  sum_over_cp(ctx.loss_stats);  // the whole sequence's statistics on every CP rank
+}
+
+void GPTModel::sum_over_cp(Tensor& stats) const {
+  if (tp_.cp_size() > 1) tp_.cp->all_reduce(stats, comm::ReduceOp::Sum).wait();
+}
+
+float GPTModel::loss_grad_scale(float grad_scale) const {
+  // Context parallelism: each CP rank's tokens get d(mean over the whole sequence)/d loss_i, and the DP
+  // reduction averages over dp * cp ranks — times cp restores the sum over the CP ranks (Megatron's loss *
+  // cp_size). The per-token loss's gradients are scaled after the reduction (Trainer::scale_grads_per_token).
+  return config_.calculate_per_token_loss ? grad_scale : grad_scale * static_cast<float>(tp_.cp_size());
 }
 
 void GPTModel::backward(GPTModelCtx& ctx, float grad_scale) {
@@ -233,7 +249,8 @@ Tensor GPTModel::head_backward(GPTModelCtx& ctx, float grad_scale) {
                ctx.logits_hold_grad_for);
   } else {
     Tensor dloss = Tensor::empty({n}, DType::F32, device_);
-    ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, grad_scale, config_.calculate_per_token_loss);
+    ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, loss_grad_scale(grad_scale),
+                          config_.calculate_per_token_loss);
     tp::vocab_parallel_cross_entropy_bwd(dlogits, dloss, ctx.logits, ctx.labels, ctx.lse, vocab_start_, *tp_.group);
   }
   Tensor dh = output_layer_->backward(ctx.output, dlogits.view({s, b, vocab_local_}));  // [s(/tp), b, h]

@@ -76,7 +76,9 @@ class GPTModel {
   // [s(/tp), b, h]. Returns the hidden state for the next stage, or (post_process) computes the loss
   // statistics into ctx.loss_stats on the device and returns an undefined tensor; *loss, when non-null, is
   // filled from them (a device->host read: pass nullptr to keep the step free of host syncs, e.g. under
-  // CUDA-graph capture). labels / loss_mask are used only by the last stage.
+  // CUDA-graph capture). labels / loss_mask are used only by the last stage. Context parallelism (tp.cp):
+  // tokens / labels / loss_mask are this CP rank's contiguous s/cp rows, and the loss statistics are the
+  // whole sequence's (summed over the CP group).
   Tensor forward_step(GPTModelCtx& ctx, const Tensor& tokens, const Tensor& input, const Tensor& labels,
                       const Tensor& loss_mask, const ForwardOptions& opt, LossResult* loss);
   // Backward of forward_step: output_grad is the next stage's input gradient (ignored on the last stage,
@@ -107,6 +109,8 @@ class GPTModel {
   Tensor head_backward(GPTModelCtx& ctx, float grad_scale);  // loss -> d(final hidden)
   // -> ctx.loss_stats; grad_scale > 0 (tp = 1): also the logits' gradient, in place (fused cross entropy)
   void compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask, float grad_scale = 0.0f);
+  void sum_over_cp(Tensor& stats) const;            // loss statistics summed over the context-parallel group
+  float loss_grad_scale(float grad_scale) const;   // the loss gradient's coefficient (x cp, see the .cpp)
 
   TransformerConfig config_;
   tensor_parallel::TPContext tp_;
