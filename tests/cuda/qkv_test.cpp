@@ -1,4 +1,6 @@
 // CUDA qkv_split / qkv_merge against the CPU backend (data movement: bit-exact), MHA and GQA, fp32/bf16.
+#include <tuple>
+
 #include "cuda/cuda_test_util.h"
 
 namespace mcpp::cuda_test {
@@ -38,6 +40,21 @@ TEST(CudaQkv, ConvertingPathMatchesCpu) {
   Tensor back = poisoned(qkv.shape(), DType::BF16);
   ops::qkv_merge(back, gq, gk, gv);
   EXPECT_EQ(rel_err(host(back), qkv), 0.0);
+}
+
+// chunk_transpose on the GPU (strided 2-D copies) against the CPU backend: bitwise, fp32 and bf16, with
+// 2-byte rows (m = 1 bf16) and the all-to-all's shapes.
+TEST(CudaChunkTranspose, MatchesCpuExactly) {
+  MCPP_REQUIRE_CUDA();
+  for (DType dt : float_dtypes())
+    for (auto [a, c, m] : {std::tuple<int64_t, int64_t, int64_t>{5, 3, 4}, {64, 2, 96}, {7, 4, 1}, {2, 8, 33}}) {
+      Tensor in = rnd({a, c, m}, 13, dt);
+      Tensor want = Tensor::empty({c, a, m}, in.dtype());
+      ops::cpu::chunk_transpose(want, in, a, c, {});
+      Tensor got = poisoned({c, a, m}, dt);
+      ops::chunk_transpose(got, dev(in, dt), a, c);
+      EXPECT_EQ(rel_err(host(got), want), 0.0) << "a=" << a << " c=" << c << " m=" << m;
+    }
 }
 
 }  // namespace

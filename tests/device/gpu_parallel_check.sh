@@ -1,7 +1,7 @@
 #!/bin/bash
 # Multi-GPU equivalence (issue 6) on a 2-GPU device machine (kind nvidia-h200-x2), through the CLI:
 # `mcpp train --device cuda` under mpirun with NCCL groups (DP2, TP2 + sequence parallel — also with
-# --tp-comm-overlap, eager and graphed —, PP2 with 8 microbatches, DP2 + distributed optimizer) against the
+# --tp-comm-overlap, eager and graphed —, PP2 with 8 microbatches, DP2 + distributed optimizer, CP2) against the
 # same run on ONE GPU: per-iteration lm loss from the JSONL metrics. fp32 on the GPU (no --bf16) so the
 # comparison is tight: only reduction order differs (NCCL sums, split GEMMs) -> relative 1e-5 on the loss
 # over 6 steps. Then bf16 DP2 vs one GPU
@@ -22,6 +22,8 @@ run_train tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel
 run_train tp2sp_ovl 2 --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap
 run_train pp2 2 --pipeline-model-parallel-size 2
 run_train dp2_distopt 2 --use-distributed-optimizer --overlap-grad-reduce
+# Context parallelism (all-to-all attention over NCCL): each GPU 128 of the 256 rows, 2 of the 4 heads.
+run_train cp2 2 --context-parallel-size 2
 # --enable-cuda-graph: captured at step 3 and replayed for steps 3-6 (NCCL collectives inside the graph).
 GRAPH="--enable-cuda-graph --cuda-graph-warmup-steps 2"
 run_train gpu1_graph 1 $GRAPH
@@ -42,6 +44,7 @@ done
 echo "launch_tp2: exit $? $(grep -c '"event":"train"' "$OUT/launch_tp2.jsonl" 2>/dev/null) iterations"
 run_train gpu1_bf16 1 --bf16
 run_train dp2_bf16 2 --bf16
+run_train cp2_bf16 2 --bf16 --context-parallel-size 2
 # Checkpoints of the CUDA model: the fp32 masters and Adam state are saved; a resume from iteration 3
 # continues the uninterrupted bf16 run (bf16 model copy = rounded master, as after a step).
 rm -rf "$OUT/ckpt_bf16"
@@ -61,9 +64,9 @@ import sys
 sys.path.insert(0, "tests/device")
 from loss_check import Checks
 c = Checks(sys.argv[1])
-c.same_losses("gpu1", ["dp2", "tp2sp", "tp2sp_ovl", "pp2", "dp2_distopt", "launch_tp2", "gpu1_graph", "dp2_graph",
-                       "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph"], 1e-5)
-c.same_losses("gpu1_bf16", ["dp2_bf16", "dp2_bf16_distopt"], 5e-3)
+c.same_losses("gpu1", ["dp2", "tp2sp", "tp2sp_ovl", "pp2", "dp2_distopt", "cp2", "launch_tp2", "gpu1_graph",
+                       "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph"], 1e-5)
+c.same_losses("gpu1_bf16", ["dp2_bf16", "dp2_bf16_distopt", "cp2_bf16"], 5e-3)
 c.same_losses("tp2sp_do", ["tp2sp_do_graph"], 1e-5)
 c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph",
                "tp2sp_do_graph"])

@@ -60,5 +60,31 @@ TEST(QkvSplitMerge, BadShapesNameTheArgument) {
   }
 }
 
+// chunk_transpose (context parallelism's all-to-all layout): out[j, i, :] = in[i, j, :], any dtype, bitwise;
+// [a, c, m] -> [c, a, m] -> [a, c, m] is the identity; shape and aliasing errors name the op.
+TEST(ChunkTranspose, MovesBlocksAndInvertsItself) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const int64_t a = 5, c = 3, m = 4;
+    Tensor in = Tensor::empty({a, c, m}, DType::F32);
+    for (int64_t i = 0; i < in.numel(); ++i) in.data<float>()[i] = static_cast<float>(i);
+    in = in.to(dt);
+    Tensor out = Tensor::zeros({c, a, m}, dt), back = Tensor::zeros({a, c, m}, dt);
+    ops::chunk_transpose(out, in, a, c);
+    const Tensor f = out.to(DType::F32);
+    for (int64_t j = 0; j < c; ++j)
+      for (int64_t i = 0; i < a; ++i)
+        for (int64_t k = 0; k < m; ++k)
+          ASSERT_EQ(f.data<float>()[(j * a + i) * m + k], static_cast<float>((i * c + j) * m + k)) << i << " " << j;
+    ops::chunk_transpose(back, out, c, a);
+    EXPECT_EQ(std::memcmp(back.raw(), in.raw(), in.nbytes()), 0);
+  }
+  Tensor x = Tensor::zeros({6, 4});
+  Tensor y = Tensor::zeros({6, 4});
+  EXPECT_THROW(ops::chunk_transpose(y, x, 5, 2), Error);  // 24 elements are not [5, 2, m]
+  EXPECT_THROW(ops::chunk_transpose(x, x, 2, 3), Error);  // aliasing
+  Tensor z = Tensor::zeros({6, 4}, DType::BF16);
+  EXPECT_THROW(ops::chunk_transpose(z, x, 2, 3), Error);  // dtype
+}
+
 }  // namespace
 }  // namespace mcpp

@@ -251,20 +251,39 @@ TEST(MemoryPlanner, RefusesWhatItDoesNotPlanNamingIt) {
         }
       },
       Error);
-  Config cp = plan_config(1, 0, 8, 2);
-  cp.parallel.context_parallel_size = 2;
-  cp.apply_world_size(2);
+  Config ep = plan_config(1, 0, 8, 2);
+  ep.parallel.expert_model_parallel_size = 2;
   EXPECT_THROW(
       {
         try {
-          tools::plan_memory(cp);
+          tools::plan_memory(ep);
         } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("context / expert parallel sizes 2 / 1"), std::string::npos)
-              << e.what();
+          EXPECT_NE(std::string(e.what()).find("expert_model_parallel_size 2"), std::string::npos) << e.what();
           throw;
         }
       },
       Error);
+}
+
+// Context parallelism (all-to-all attention): the plan is that of s / cp rows on every rank, plus the flash
+// core's kept output (a second [s/cp, b, np*hn] tensor: its hp2cp copy is linear_proj's input), and the
+// optimizer shards over dp x cp. Measured against real CP ranks in training.context_parallel_cli.
+TEST(MemoryPlanner, ContextParallelPlansTheRanksRows) {
+  Config cp2 = plan_config(1, 0, 8, 2);
+  cp2.parallel.context_parallel_size = 2;
+  cp2.parallel.use_distributed_optimizer = true;
+  cp2.apply_world_size(2);
+  Config half = plan_config(1, 0, 8, 1);
+  half.model.seq_length /= 2;
+  const tools::MemoryPlan a = tools::plan_memory(cp2), b = tools::plan_memory(half);
+  EXPECT_EQ(a.cp, 2);
+  EXPECT_EQ(a.dp, 1);
+  const auto& m = cp2.model;
+  const int64_t context = (m.seq_length / 2) * cp2.training.micro_batch_size * m.num_attention_heads * m.head_dim() *
+                          static_cast<int64_t>(dtype_size(cp2.training.bf16 ? DType::BF16 : DType::F32));
+  ASSERT_EQ(m.attention_impl, "flash");
+  EXPECT_EQ(a.stages[0].chunks[0].context_bytes, b.stages[0].chunks[0].context_bytes + m.num_layers * context);
+  EXPECT_EQ(a.stages[0].optimizer_state_bytes, 4.0 * static_cast<double>(a.stages[0].params));  // 8 bytes / (dp*cp)
 }
 
 }  // namespace

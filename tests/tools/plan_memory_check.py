@@ -98,7 +98,7 @@ if "the plan fits" not in text.stdout or "largest --micro-batch-size that fits" 
 # 4. errors
 for args, needle in ((GPT2, "--world N"), (["--world", "0", *GPT2], "--world wants a positive number, got '0'"),
                      (["--world", "3", "--tensor-model-parallel-size", "2", *GPT2], "world size (3)"),
-                     (["--world", "2", "--context-parallel-size", "2", *GPT2], "context / expert parallel sizes 2 / 1"),
+                     (["--world", "2", "--expert-model-parallel-size", "2", *GPT2], "expert_model_parallel_size 2"),
                      (["--world", "1", "--no-such-flag", *GPT2], "--no-such-flag"),
                      (["--world", "1", "--memory-budget-gib", "0", *GPT2], "--memory-budget-gib wants a positive"),
                      (["--world", "4", "--pipeline-model-parallel-size", "4", "--num-layers", "6"], "num_layers (6)")):

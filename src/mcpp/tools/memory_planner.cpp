@@ -16,14 +16,15 @@ namespace {
 
 // Per-TP-rank sizes of one layer.
 struct LayerDims {
-  int64_t s, b, n, n_local, h, hn, np, ng, f, e;
+  int64_t s, b, n, n_local, h, hn, np, ng, f, e, cp;  // s: this CP rank's rows (seq_length / cp)
 };
 
 LayerDims layer_dims(const Config& cfg) {
   const TransformerConfig& m = cfg.model;
   const int64_t tp = cfg.parallel.tensor_model_parallel_size;
   LayerDims d{};
-  d.s = m.seq_length;
+  d.cp = cfg.parallel.context_parallel_size;
+  d.s = m.seq_length / d.cp;
   d.b = cfg.training.micro_batch_size;
   d.n = d.s * d.b;
   d.n_local = cfg.parallel.sequence_parallel ? d.n / tp : d.n;
@@ -47,12 +48,15 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
   const bool flash = m.attention_impl == "flash";
   const bool selective = m.recompute_granularity == "selective";
   // The fused linear_qkv output (flash without RoPE reads it packed), or the split q + k + v: the same size.
+  // Context parallelism (all-to-all): the core attention holds the whole sequence for np / cp heads — the same
+  // numbers of qkv / context / lse elements as s / cp rows of all heads; the probabilities grow with cp.
   const int64_t qkv = d.n * (d.np + 2 * d.ng) * d.hn * d.e;
   const int64_t context = d.n * d.np * d.hn * d.e;           // core attention's output = linear_proj's input
   int64_t attention = qkv + context;
   if (!selective) {
+    if (d.cp > 1 && flash) attention += context;  // flash keeps its output; linear_proj's input is its hp2cp copy
     if (flash) attention += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
-    else attention += d.b * d.np * d.s * d.s * 4;  // softmax probabilities (the unfused path is fp32)
+    else attention += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (the unfused path is fp32)
   }
   const int64_t mlp = m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e;
   return 2 * norm_stats_bytes(cfg, d)  // input_layernorm's and pre_mlp_layernorm's statistics
@@ -130,17 +134,17 @@ MemoryPlan plan_memory(const Config& cfg) {
   const ParallelConfig& par = cfg.parallel;
   if (cfg.model.padded_vocab_size <= 0) fail("plan_memory: the vocabulary is not set (padded_vocab_size)");
   if (par.data_parallel_size <= 0) fail("plan_memory: the world size is not applied (data_parallel_size)");
-  if (par.context_parallel_size > 1 || par.expert_model_parallel_size > 1)
-    fail("plan memory: context / expert parallel sizes {} / {}: the planner covers tensor (+ sequence), pipeline "
-         "(+ virtual stages) and data parallelism",
-         par.context_parallel_size, par.expert_model_parallel_size);
+  if (par.expert_model_parallel_size > 1)
+    fail("plan memory: expert_model_parallel_size {}: the model has no mixture-of-experts layers (the trainer "
+         "refuses it too)", par.expert_model_parallel_size);
   const pipeline_parallel::PipelineLayout layout =
       pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(cfg.model, par));
   MemoryPlan plan;
   plan.tp = par.tensor_model_parallel_size;
   plan.pp = par.pipeline_model_parallel_size;
   plan.dp = par.data_parallel_size;
-  plan.world_size = plan.tp * plan.pp * plan.dp * par.context_parallel_size;
+  plan.cp = par.context_parallel_size;
+  plan.world_size = plan.tp * plan.pp * plan.dp * plan.cp;
   plan.vp = layout.virtual_pipeline_model_parallel_size;
   plan.num_microbatches = cfg.num_microbatches();
   plan.micro_batch_size = cfg.training.micro_batch_size;
@@ -148,7 +152,9 @@ MemoryPlan plan_memory(const Config& cfg) {
   plan.distributed_optimizer = par.use_distributed_optimizer;
   plan.sequence_parallel = par.sequence_parallel;
   plan.param_dtype = cfg.training.bf16 ? DType::BF16 : DType::F32;
-  const MemoryReport per_param = memory_report(static_cast<int>(plan.dp), plan.distributed_optimizer, plan.param_dtype);
+  // The distributed optimizer shards over the data-parallel x context-parallel ranks (Megatron's dp_cp group).
+  const MemoryReport per_param =
+      memory_report(static_cast<int>(plan.dp * plan.cp), plan.distributed_optimizer, plan.param_dtype);
   const pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = plan.pp,
                                               .num_microbatches = plan.num_microbatches,
                                               .virtual_pipeline_model_parallel_size = plan.vp};
@@ -253,9 +259,10 @@ std::string format_memory_plan(const MemoryPlan& plan) {
   const double scale = gib ? 1024.0 * 1024.0 * 1024.0 : 1024.0 * 1024.0;
   const char* unit = gib ? "GiB" : "MiB";
   std::string out = fmt::format(
-      "memory plan: world {} = tp {} x pp {} x dp {}{}, {} virtual stage(s), {} microbatch(es) of {} x {} tokens, "
+      "memory plan: world {} = tp {} x pp {} x dp {}{}{}, {} virtual stage(s), {} microbatch(es) of {} x {} tokens, "
       "{} params, {} optimizer, {:.3f} B parameters\n",
-      plan.world_size, plan.tp, plan.pp, plan.dp, plan.sequence_parallel ? " (sequence parallel)" : "", plan.vp,
+      plan.world_size, plan.tp, plan.pp, plan.dp, plan.cp > 1 ? fmt::format(" x cp {}", plan.cp) : "",
+      plan.sequence_parallel ? " (sequence parallel)" : "", plan.vp,
       plan.num_microbatches, plan.micro_batch_size, plan.seq_length, dtype_name(plan.param_dtype),
       plan.distributed_optimizer ? "distributed" : "replicated", static_cast<double>(plan.total_params) / 1e9);
   out += fmt::format("| pp rank | layers | params (this TP rank) | params {0} | grads {0} | main params {0} | "
@@ -293,6 +300,7 @@ nlohmann::json to_json(const MemoryPlan& plan) {
                    {"tp", plan.tp},
                    {"pp", plan.pp},
                    {"dp", plan.dp},
+                   {"cp", plan.cp},
                    {"vp", plan.vp},
                    {"num_microbatches", plan.num_microbatches},
                    {"micro_batch_size", plan.micro_batch_size},

@@ -25,6 +25,10 @@
 //   x1 = x + attention (pre_mlp_layernorm's)   n_l*h*e
 //   linear_fc1's input                         n*h*e
 //   MLP                                        GELU: pre_act + act 2*n*f*e; SwiGLU: fc1's out 2*n*f*e + act n*f*e
+// Context parallelism (all-to-all attention): s is this CP rank's seq_length / cp rows; the core attention
+// holds the whole sequence for np / cp heads (the same qkv / out / lse element counts), the flash core's kept
+// output and linear_proj's input become two tensors (+ n*np*hn*e, unless selective recompute), and the
+// unfused probabilities are b*np*s*s*cp*4.
 // Full recompute keeps a group's input only (n_l*h*e; for a group starting at the stage's first layer that is
 // the stage input). A chunk adds: the token ids n*4; the stage input n_l*h*e (received, or the embedding's
 // output); on the last stage the final norm (n_l*h*e + stats), the output layer's input n*h*e, logits
@@ -65,7 +69,7 @@ struct StageMemory {
 };
 
 struct MemoryPlan {
-  int64_t world_size = 1, tp = 1, pp = 1, dp = 1, vp = 1, num_microbatches = 1;
+  int64_t world_size = 1, tp = 1, pp = 1, dp = 1, cp = 1, vp = 1, num_microbatches = 1;
   int64_t micro_batch_size = 1, seq_length = 1;
   bool distributed_optimizer = false, sequence_parallel = false;
   DType param_dtype = DType::F32;

@@ -117,6 +117,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--tensor-model-parallel-size", p.tensor_model_parallel_size);
   app.add_option("--pipeline-model-parallel-size", p.pipeline_model_parallel_size);
   app.add_option("--context-parallel-size", p.context_parallel_size);
+  app.add_option("--cp-comm-type", p.cp_comm_type);
   app.add_option("--num-layers-per-virtual-pipeline-stage", p.num_layers_per_virtual_pipeline_stage);
   app.add_flag("--sequence-parallel", p.sequence_parallel);
   app.add_flag("--tp-comm-overlap", p.tp_comm_overlap,

@@ -85,20 +85,18 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   if (is_logging_rank())
     fmt::print("{}\n",  // the distributed optimizer shards over the data-parallel x context-parallel ranks
                format_memory_report(memory_report(pc_.dp_cp()->size(), par.use_distributed_optimizer, param_dtype_)));
-  if (par.context_parallel_size == 1 && par.expert_model_parallel_size == 1) {
-    memory_plan_ = tools::plan_memory(config_);
-    if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
-      for (const tools::StageMemory& st : memory_plan_->stages)
-        fmt::print("memory plan (pp rank {}): model state {} + peak activations {} ({} microbatch contexts in "
-                   "flight) = {}, before transient buffers\n",
-                   st.pp_rank, tools::format_bytes(st.model_state_bytes()),
-                   tools::format_bytes(static_cast<double>(st.peak_activation_bytes)), st.in_flight,
-                   tools::format_bytes(st.total_bytes()));
-    }
-    // Before anything is allocated: a plan above the GPU's memory would run out of it minutes later.
-    if (device_ == Device::CUDA)
-      tools::require_fits(config_, *memory_plan_, pc_.pp_rank(), static_cast<double>(cuda_total_memory_bytes()));
+  memory_plan_ = tools::plan_memory(config_);
+  if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
+    for (const tools::StageMemory& st : memory_plan_->stages)
+      fmt::print("memory plan (pp rank {}): model state {} + peak activations {} ({} microbatch contexts in "
+                 "flight) = {}, before transient buffers\n",
+                 st.pp_rank, tools::format_bytes(st.model_state_bytes()),
+                 tools::format_bytes(static_cast<double>(st.peak_activation_bytes)), st.in_flight,
+                 tools::format_bytes(st.total_bytes()));
   }
+  // Before anything is allocated: a plan above the GPU's memory would run out of it minutes later.
+  if (device_ == Device::CUDA)
+    tools::require_fits(config_, *memory_plan_, pc_.pp_rank(), static_cast<double>(cuda_total_memory_bytes()));
   train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, t.train_iters * gbs, eod_token));
   if (t.eval_iters > 0 && t.eval_interval > 0) {
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;

@@ -157,6 +157,9 @@ void ParallelConfig::validate() const {
   require_positive(tensor_model_parallel_size, "tensor_model_parallel_size");
   require_positive(pipeline_model_parallel_size, "pipeline_model_parallel_size");
   require_positive(context_parallel_size, "context_parallel_size");
+  if (cp_comm_type != "a2a")
+    fail("cp_comm_type '{}': only 'a2a' (all-to-all, DeepSpeed-Ulysses) context parallelism is implemented; "
+         "Megatron's 'p2p' / 'all_gather' / 'a2a+p2p' ring and gather forms are not", cp_comm_type);
   require_non_negative(num_layers_per_virtual_pipeline_stage, "num_layers_per_virtual_pipeline_stage");
   require_non_negative(data_parallel_size, "data_parallel_size");
   require_positive(expert_model_parallel_size, "expert_model_parallel_size");
@@ -382,6 +385,7 @@ template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("tensor_model_parallel_size", p.tensor_model_parallel_size);
   v("pipeline_model_parallel_size", p.pipeline_model_parallel_size);
   v("context_parallel_size", p.context_parallel_size);
+  v("cp_comm_type", p.cp_comm_type);
   v("num_layers_per_virtual_pipeline_stage", p.num_layers_per_virtual_pipeline_stage);
   v("sequence_parallel", p.sequence_parallel);
   v("tp_comm_overlap", p.tp_comm_overlap);

@@ -93,6 +93,10 @@ struct ParallelConfig {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
   int64_t context_parallel_size = 1;
+  // Megatron's --cp-comm-type: how the attention sees the whole sequence under context parallelism. "a2a"
+  // (DeepSpeed-Ulysses all-to-all: sequence traded for query groups around the core attention,
+  // tensor_parallel/mappings.h) is the one implemented; Megatron's "p2p" / "all_gather" / "a2a+p2p" are refused.
+  std::string cp_comm_type = "a2a";
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 -> no interleaving
   bool sequence_parallel = false;         // finalize() turns it off at tp == 1, as Megatron does
   // Megatron's --tp-comm-overlap (sequence parallel only): each SP all-gather feeding a GEMM runs as a ring

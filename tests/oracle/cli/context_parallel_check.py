@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Context parallelism (`--context-parallel-size`, all-to-all attention) through `mcpp train` under mpiexec,
+against the single-process run on the whole sequences (the parallel-equivalence oracle, end to end).
+
+usage: context_parallel_check.py MCPP WORKDIR
+  1. CP2, CP4, CP2 x TP2 + SP, CP2 x PP2, CP2 x DP2 with the distributed optimizer (overlapped grad reduce
+     and param gather), a Llama-style model (RoPE, GQA) at CP2, the unfused attention and selective recompute
+     at CP2: every iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
+  2. --calculate-per-token-loss at CP2 x DP2 equals its 1-rank run;
+  3. a CP2 run interrupted at 3 and resumed at CP2 is bit-exact; its checkpoint continues at 1 rank, and a
+     1-rank checkpoint at CP2 x DP2 (1e-5);
+  4. the memory plan of CP runs equals what the ranks measured (activations byte for byte, model state up to
+     the distributed optimizer's padding), and `mcpp plan memory --json` prints the trainer's record;
+  5. bad input fails on every rank with one error naming the problem: --cp-comm-type p2p, query groups not
+     divisible by tp * cp, --expert-model-parallel-size 2 (no MoE layers).
+"""
+import json
+import os
+import shutil
+import sys
+
+from cli_harness import MCPP, WORK, failures, losses, run
+
+corpus = os.path.join(WORK, "corpus.jsonl")
+with open(corpus, "w") as f:
+    for i in range(300):
+        f.write(json.dumps({"text": f"Record {i}: alpha beta gamma {i % 11} delta epsilon {i % 5} zeta."}) + "\n")
+run([MCPP, "data", "preprocess", "--input", corpus, "--output-prefix", os.path.join(WORK, "c"), "--append-eod"])
+M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+     "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
+     "--lr-warmup-iters", "1", "--lr-decay-style", "cosine", "--train-iters", "6", "--log-interval", "1",
+     "--eval-interval", "3", "--eval-iters", "1", "--split", "90,10,0", "--hidden-dropout", "0",
+     "--attention-dropout", "0", "--data-path", os.path.join(WORK, "c_text_document"), "--seed", "5",
+     "--make-vocab-size-divisible-by", "128"]
+LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
+         "--num-query-groups", "2"]
+CP2 = ["--context-parallel-size", "2"]
+# TP2 pads the vocabulary to a multiple of 64 * 2 = 128 (Megatron), the same padded size as M's 128 at TP1
+TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--make-vocab-size-divisible-by", "64"]
+
+
+def metrics(d, event="train"):
+    path = os.path.join(d, "metrics.jsonl")
+    if not os.path.exists(path):
+        return {}
+    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(path)) if r.get("event") == event}
+
+
+def records(d, event):
+    path = os.path.join(d, "metrics.jsonl")
+    return [r for r in map(json.loads, open(path)) if r.get("event") == event] if os.path.exists(path) else []
+
+
+def close(a, b, tol=1e-5):
+    return a is not None and b is not None and abs(a - b) <= tol * abs(b)
+
+
+def train(name, np_, flags, timeout=400):
+    d = os.path.join(WORK, name)
+    run([MCPP, "train", *flags, "--save", d], np_=np_, timeout=timeout)
+    return d
+
+
+def same(name, got_dir, ref_dir, tol=1e-5):
+    a, b = metrics(ref_dir), metrics(got_dir)
+    if len(a) != 6 or any(not close(b.get(i), a[i], tol) for i in a):
+        failures.append(f"{name}: losses differ from 1 rank: {b} vs {a}")
+    va, vb = metrics(ref_dir, "valid"), metrics(got_dir, "valid")
+    if not va or any(not close(vb.get(i), va[i], tol) for i in va):
+        failures.append(f"{name}: validation losses differ from 1 rank: {vb} vs {va}")
+
+
+# 1. equivalence with one rank
+one = train("one", None, M)
+planned = []  # (name, dir, world, flags) for the memory plan check
+for name, np_, flags in (
+        ("cp2", 2, [*M, *CP2]),
+        ("cp4", 4, [*M, "--context-parallel-size", "4"]),
+        ("cp2_tp2_sp", 4, [*M, *CP2, *TP2]),
+        ("cp2_pp2", 4, [*M, *CP2, "--pipeline-model-parallel-size", "2"]),
+        ("cp2_dp2_distopt", 4, [*M, *CP2, "--use-distributed-optimizer", "--overlap-grad-reduce",
+                                "--overlap-param-gather", "--ddp-bucket-size", "3000"]),
+        ("cp2_unfused", 2, [*M, *CP2, "--attention-impl", "unfused"]),
+        ("cp2_selective", 2, [*M, *CP2, "--recompute-granularity", "selective"])):
+    d = train(name, np_, flags)
+    same(name, d, one)
+    planned.append((name, d, np_, flags))
+llama1 = train("llama1", None, [*M, *LLAMA])
+llama2 = train("llama_cp2", 2, [*M, *LLAMA, *CP2])
+same("Llama CP2", llama2, llama1)
+planned.append(("Llama CP2", llama2, 2, [*M, *LLAMA, *CP2]))
+
+# 2. the per-token loss (gradients divided by the global token count after the DP x CP reduction)
+tok1 = train("tok1", None, [*M, "--calculate-per-token-loss"])
+tok4 = train("tok_cp2_dp2", 4, [*M, *CP2, "--calculate-per-token-loss"])
+same("CP2 x DP2 --calculate-per-token-loss", tok4, tok1)
+
+# 3. checkpoints: resume at CP2 bit-exact; the CP2 checkpoint continues at one rank
+straight = os.path.join(WORK, "cp2")
+part = os.path.join(WORK, "cp2_part")
+run([MCPP, "train", *M, *CP2, "--exit-interval", "3", "--save", part], np_=2)
+shutil.copytree(part, part + "_at1")
+run([MCPP, "train", *M, *CP2, "--load", part, "--save", part], np_=2)
+a, b = metrics(straight), metrics(part)
+if len(a) != 6 or any(b.get(i) != a[i] for i in a):
+    failures.append(f"CP2 resume is not bit-exact: {b} vs {a}")
+os.remove(os.path.join(part + "_at1", "metrics.jsonl"))
+run([MCPP, "train", *M, "--load", part + "_at1", "--save", part + "_at1"])
+c, o = metrics(part + "_at1"), metrics(one)
+if sorted(c) != [4, 5, 6] or any(not close(c.get(i), o[i]) for i in (4, 5, 6)):
+    failures.append(f"CP2 checkpoint continued at 1 rank: {c} vs {o}")
+
+one_part = os.path.join(WORK, "one_part")  # and a 1-rank checkpoint continues at CP2 x DP2
+run([MCPP, "train", *M, "--exit-interval", "3", "--save", one_part])
+os.remove(os.path.join(one_part, "metrics.jsonl"))
+run([MCPP, "train", *M, *CP2, "--load", one_part, "--save", one_part], np_=4)
+c = metrics(one_part)
+if sorted(c) != [4, 5, 6] or any(not close(c.get(i), o[i]) for i in (4, 5, 6)):
+    failures.append(f"1-rank checkpoint continued at CP2 x DP2: {c} vs {o}")
+
+# 4. the memory plan against the measurement, and the CLI's plan against the trainer's record
+PLANNED = (("in_flight", "planned_in_flight"), ("peak_bytes", "planned_peak_bytes"),
+           ("context_bytes", "planned_context_bytes"))
+for name, d, world, flags in planned:
+    mem = records(d, "pipeline_activation_memory")
+    stages = mem[-1]["stages"] if mem else []
+    if not stages:
+        failures.append(f"memory plan, {name}: no activation report: {mem}")
+    for s in stages:
+        for measured, plan_key in PLANNED:
+            if s.get(plan_key) != s[measured] or s[measured] <= 0:
+                failures.append(f"memory plan, {name}, stage {s['stage']}: {plan_key} {s.get(plan_key)} vs measured "
+                                f"{measured} {s[measured]}")
+        m, p = s["model_state_bytes"], s.get("planned_model_state_bytes", -1)
+        if not (0 < p <= m <= p + p // 1000):
+            failures.append(f"memory plan, {name}, stage {s['stage']}: model state measured {m} vs planned {p}")
+    plan = records(d, "memory_plan")
+    cli = run([MCPP, "plan", "memory", "--world", str(world), "--json", *flags])
+    if len(plan) != 1 or json.loads(cli.stdout or "null") != plan[0] or plan[0].get("cp") not in (2, 4):
+        failures.append(f"memory plan, {name}: `mcpp plan memory --json` {cli.stdout[:300]!r} differs from the "
+                        f"trainer's record {plan[:1]}")
+
+# 5. bad input: one clear error, non-zero exit, no hang
+for name, np_, flags, words in (
+        ("cp_comm_type p2p", 2, [*M, *CP2, "--cp-comm-type", "p2p"], ["cp_comm_type", "a2a"]),
+        ("groups % (tp * cp)", 4, [*M, *LLAMA, *CP2, *TP2],
+         ["num_query_groups", "context_parallel_size"]),
+        ("expert parallel", 2, [*M, "--expert-model-parallel-size", "2"], ["expert_model_parallel_size"])):
+    p = run([MCPP, "train", *flags, "--save", os.path.join(WORK, "bad")], np_=np_, expect=1, timeout=120)
+    errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    if not errs or not all(w in errs[0] for w in words):
+        failures.append(f"bad input ({name}): expected an error naming {words}, got {p.stderr[-1500:]!r}")
+
+if failures:
+    print("FAILED:\n" + "\n".join(failures))
+    sys.exit(1)
+print(f"context parallel checks: PASS (losses {[round(v, 6) for _, v in sorted(metrics(one).items())]})")
