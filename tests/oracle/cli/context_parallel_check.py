@@ -3,9 +3,10 @@
 against the single-process run on the whole sequences (the parallel-equivalence oracle, end to end).
 
 usage: context_parallel_check.py MCPP WORKDIR
-  1. CP2, CP4, CP2 x TP2 + SP, CP2 x PP2, CP2 x DP2 with the distributed optimizer (overlapped grad reduce
-     and param gather), a Llama-style model (RoPE, GQA) at CP2, the unfused attention and selective recompute
-     at CP2: every iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
+  1. CP2, CP4, CP2 x TP2 + SP (also with --tp-comm-overlap), CP2 x PP2, CP2 x DP2 with the distributed
+     optimizer (overlapped grad reduce and param gather), a Llama-style model (RoPE, GQA) at CP2, full (the
+     all-to-alls re-run inside the backward) and selective recompute and the unfused attention at CP2: every
+     iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
   2. --calculate-per-token-loss at CP2 x DP2 equals its 1-rank run;
   3. a CP2 run interrupted at 3 and resumed at CP2 is bit-exact; its checkpoint continues at 1 rank, and a
      1-rank checkpoint at CP2 x DP2 (1e-5);
@@ -81,6 +82,9 @@ for name, np_, flags in (
         ("cp2_pp2", 4, [*M, *CP2, "--pipeline-model-parallel-size", "2"]),
         ("cp2_dp2_distopt", 4, [*M, *CP2, "--use-distributed-optimizer", "--overlap-grad-reduce",
                                 "--overlap-param-gather", "--ddp-bucket-size", "3000"]),
+        ("cp2_tp2_sp_overlap", 4, [*M, *CP2, *TP2, "--tp-comm-overlap"]),
+        ("cp2_full_recompute", 2, [*M, *CP2, "--recompute-granularity", "full", "--recompute-method", "uniform",
+                                   "--recompute-num-layers", "1"]),
         ("cp2_unfused", 2, [*M, *CP2, "--attention-impl", "unfused"]),
         ("cp2_selective", 2, [*M, *CP2, "--recompute-granularity", "selective"])):
     d = train(name, np_, flags)
