@@ -8,7 +8,9 @@ rank. run(cmd, np_=None, expect=0, env=None, timeout=400) runs cmd (under `mpiex
 given; env entries added to ENV) and records a failure (command, exit code, output tails) when the exit
 status disagrees with `expect` (0: success, nonzero: failure, None: not checked) instead of raising, so a
 check reports every problem at once; each script prints `failures` and exits 1 when any.
-losses(d): {iteration: lm_loss} of the train records in d/metrics.jsonl ({} when there is none).
+losses(d, event="train"): {iteration: lm_loss} of the event's records in d/metrics.jsonl ({} when none);
+records(d, event): those records. check_memory_plan / check_stage_plan: a run's memory plan against what its
+ranks measured (tools/memory_planner.h), failures recorded.
 """
 import json
 import os
@@ -33,8 +35,43 @@ def run(cmd, np_=None, expect=0, env=None, timeout=400):
     return p
 
 
-def losses(d):
+def losses(d, event="train"):
     p = os.path.join(d, "metrics.jsonl")
     if not os.path.exists(p):
         return {}
-    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(p)) if r.get("event") == "train"}
+    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(p)) if r.get("event") == event}
+
+
+def records(d, event):
+    p = os.path.join(d, "metrics.jsonl")
+    return [r for r in map(json.loads, open(p)) if r.get("event") == event] if os.path.exists(p) else []
+
+
+def check_stage_plan(what, s):
+    """One stage of the trainer's activation report against its memory plan: contexts in flight, peak and
+    per-microbatch activation bytes equal; the model state as allocated within the distributed optimizer's
+    bucket padding (0.1%)."""
+    for key in ("in_flight", "peak_bytes", "context_bytes"):
+        if s.get("planned_" + key) != s[key] or s[key] <= 0:
+            failures.append(f"{what}, stage {s['stage']}: planned_{key} {s.get('planned_' + key)} vs measured {s[key]}")
+    m, p = s["model_state_bytes"], s.get("planned_model_state_bytes", -1)
+    if not (0 < p <= m <= p + p // 1000):
+        failures.append(f"{what}, stage {s['stage']}: model state measured {m} vs planned {p}")
+
+
+def check_memory_plan(what, d, world, flags, stages):
+    """The run in d (`mcpp train <flags>` on `world` ranks): every one of its `stages` pipeline stages planned
+    as measured (check_stage_plan), and `mcpp plan memory --json` with the same flags prints the trainer's
+    memory_plan record."""
+    mem = records(d, "pipeline_activation_memory")
+    got = mem[-1]["stages"] if mem else []
+    if len(got) != stages:
+        failures.append(f"memory plan, {what}: expected {stages} stages in the activation report, got {mem}")
+    for s in got:
+        check_stage_plan(f"memory plan, {what}", s)
+    plan = records(d, "memory_plan")
+    cli = run([MCPP, "plan", "memory", "--world", str(world), "--json", *flags])
+    if len(plan) != 1 or json.loads(cli.stdout or "null") != plan[0]:
+        failures.append(f"memory plan, {what}: `mcpp plan memory --json` {cli.stdout[:300]!r} differs from the "
+                        f"trainer's record {plan[:1]}")
+    return plan[0] if plan else {}

@@ -26,7 +26,7 @@ import os
 import shutil
 import sys
 
-from cli_harness import MCPP, MPI, WORK, failures, run  # argv, fresh work dir, mpiexec env, run()
+from cli_harness import MCPP, MPI, WORK, check_memory_plan, failures, run  # argv, work dir, mpiexec env
 
 
 corpus = os.path.join(WORK, "corpus.jsonl")
@@ -165,13 +165,6 @@ if pz != ps:
     failures.append(f"PP2 with --no-overwrite-main-grad differs from the default: {pz} vs {ps}")
 
 # 10. memory plan vs measurement, and the CLI's plan vs the trainer's
-def records(d, event):
-    path = os.path.join(d, "metrics.jsonl")
-    return [r for r in map(json.loads, open(path)) if r.get("event") == event] if os.path.exists(path) else []
-
-
-PLANNED = (("in_flight", "planned_in_flight"), ("peak_bytes", "planned_peak_bytes"),
-           ("context_bytes", "planned_context_bytes"))
 for name, d, world, flags in (
         ("TP2+SP x DP2", four, 4, [*M, *TP2]),
         ("TP2 x PP2 x DP2", g3d, 8, [*M, *TP2, "--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"]),
@@ -180,27 +173,8 @@ for name, d, world, flags in (
         ("PP2 layout Et|ttL", os.path.join(WORK, "u_layout"), 2,
          [*M3, *TP1, "--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et|ttL"]),
         ("1 rank", one, 1, [*M, *TP1])):
-    mem = records(d, "pipeline_activation_memory")
     PPF = "--pipeline-model-parallel-size"
-    pp = int(flags[flags.index(PPF) + 1]) if PPF in flags else 1
-    stages = mem[-1]["stages"] if mem else []
-    if len(stages) != pp:
-        failures.append(f"memory plan, {name}: expected {pp} stages in the activation report, got {mem}")
-    for s in stages:
-        for measured, planned in PLANNED:
-            if s.get(planned) != s[measured] or s[measured] <= 0:
-                failures.append(f"memory plan, {name}, stage {s['stage']}: {planned} {s.get(planned)} vs measured "
-                                f"{measured} {s[measured]}")
-        # the model state: params, main grads, fp32 masters and Adam state as allocated; the distributed
-        # optimizer's shards may pad each bucket to a multiple of dp (allowed: 0.1%)
-        m, p = s["model_state_bytes"], s.get("planned_model_state_bytes", -1)
-        if not (0 < p <= m <= p + p // 1000):
-            failures.append(f"memory plan, {name}, stage {s['stage']}: model state measured {m} vs planned {p}")
-    plan = records(d, "memory_plan")
-    cli = run([MCPP, "plan", "memory", "--world", str(world), "--json", *flags])
-    if len(plan) != 1 or json.loads(cli.stdout) != plan[0]:
-        failures.append(f"memory plan, {name}: `mcpp plan memory --json` {cli.stdout[:300]!r} differs from the "
-                        f"trainer's record {plan[:1]}")
+    check_memory_plan(name, d, world, flags, int(flags[flags.index(PPF) + 1]) if PPF in flags else 1)
 
 p = run(MPI + ["-np", "3", MCPP, "train", *M, *TP2], expect=1, timeout=120)
 errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
