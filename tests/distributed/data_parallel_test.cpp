@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <numeric>
 
 #include "mcpp/comm/flight_recorder.h"
@@ -16,6 +15,7 @@
 #include "mcpp/kernels/ops.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/training/checkpointing.h"
+#include "training/trainer_test_util.h"
 #include "models/gpt_test_util.h"
 #include "mcpp/models/gpt/gpt_model.h"
 
@@ -23,16 +23,6 @@ namespace mcpp {
 namespace {
 
 using parallel_state::ParallelContext;
-
-// The mcpp::Error message fn throws, or "" when it returns.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Params registered in order a(10), b(7), c(3), d(5), e(1): backward order e, d, c, b, a.
 std::unique_ptr<ParamAndGradBuffer> small_buffer() {
@@ -371,6 +361,7 @@ TEST(DistributedOptimizer, MixedPrecisionMastersMoveIntoTheShards) {
   DistributedOptimizer opt(ddp, {});
   EXPECT_TRUE(opt.main_params_sharded());
   EXPECT_FALSE(m.params().has_main_params());
+  using training_test::error_of;
   EXPECT_NE(error_of([&] { m.params().main_param_buffer(); }).find("sharded by the distributed optimizer"),
             std::string::npos);
   int64_t covered = 0;
