@@ -226,9 +226,11 @@ void GPTModel::sum_over_cp(Tensor& stats) const {
 }
 
 float GPTModel::loss_grad_scale(float grad_scale) const {
-  // Context parallelism: each CP rank's tokens get d(mean over the whole sequence)/d loss_i, and the DP
-  // reduction averages over dp * cp ranks — times cp restores the sum over the CP ranks (Megatron's loss *
-  // cp_size). The per-token loss's gradients are scaled after the reduction (Trainer::scale_grads_per_token).
+  // Context parallelism: each CP rank's tokens get d(mean over the whole sequence)/d loss_i (the token count
+  // summed over CP), and the DP reduction averages over dp * cp ranks — times cp restores the sum over the CP
+  // ranks (as Megatron's loss * cp_size; Megatron divides by the rank's own token count, which equals this
+  // when every chunk has as many unmasked tokens — ours equals the single-rank loss whatever the mask). The
+  // per-token loss's gradients are scaled after the reduction (Trainer::scale_grads_per_token).
   return config_.calculate_per_token_loss ? grad_scale : grad_scale * static_cast<float>(tp_.cp_size());
 }
 
