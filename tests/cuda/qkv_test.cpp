@@ -43,11 +43,11 @@ TEST(CudaQkv, ConvertingPathMatchesCpu) {
 }
 
 // chunk_transpose on the GPU (strided 2-D copies) against the CPU backend: bitwise, fp32 and bf16, with
-// 2-byte rows (m = 1 bf16) and the all-to-all's shapes.
+// 2-byte rows (m = 1 bf16) and the all-to-all's shapes: a >> c (cp2hp) and a << c (hp2cp).
 TEST(CudaChunkTranspose, MatchesCpuExactly) {
   MCPP_REQUIRE_CUDA();
   for (DType dt : float_dtypes())
-    for (auto [a, c, m] : {std::tuple<int64_t, int64_t, int64_t>{5, 3, 4}, {64, 2, 96}, {7, 4, 1}, {2, 8, 33}}) {
+    for (auto [a, c, m] : {std::tuple<int64_t, int64_t, int64_t>{5, 3, 4}, {64, 2, 96}, {7, 4, 1}, {2, 8, 33}, {2, 4096, 24}}) {
       Tensor in = rnd({a, c, m}, 13, dt);
       Tensor want = Tensor::empty({c, a, m}, in.dtype());
       ops::cpu::chunk_transpose(want, in, a, c, {});
