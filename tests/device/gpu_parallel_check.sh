@@ -6,7 +6,7 @@
 # comparison is tight: only reduction order differs (NCCL sums, split GEMMs) -> relative 1e-5 on the loss
 # over 6 steps. Then bf16 DP2 vs one GPU
 # (bf16 activations: relative 5e-3); one GPU, DP2 (+ distributed optimizer), TP2 + SP and PP2 (1F1B)
-# with --enable-cuda-graph against the same eager reference; TP2 + SP with hidden dropout
+# (and CP2) with --enable-cuda-graph against the same eager reference; TP2 + SP with hidden dropout
 # graphed vs eager; bf16 DP2 with the distributed optimizer (sharded fp32 masters), saved and resumed on one
 # GPU and on DP2. Exit 1 on any mismatch.
 # usage (repo root, device_carry/ from bench/gpu/make_carry.sh carried): tests/device/gpu_parallel_check.sh OUT
@@ -32,10 +32,11 @@ run_train dp2_distopt_graph 2 --use-distributed-optimizer --overlap-grad-reduce 
 run_train tp2sp_graph 2 --tensor-model-parallel-size 2 --sequence-parallel $GRAPH
 run_train tp2sp_ovl_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap $GRAPH
 run_train pp2_graph 2 --pipeline-model-parallel-size 2 $GRAPH
+run_train cp2_graph 2 --context-parallel-size 2 $GRAPH
 # Hidden dropout under graphs (graph-safe keys): TP2 + SP with dropout, graphed vs eager (same masks).
 run_train tp2sp_do 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1
 run_train tp2sp_do_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1 $GRAPH
-for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph tp2sp_ovl_graph pp2_graph tp2sp_do_graph; do
+for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph tp2sp_ovl_graph pp2_graph cp2_graph tp2sp_do_graph; do
   grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"
 done
 # The same without MPI: `mcpp launch` (TCP rendezvous; NCCL groups bootstrap over it).
@@ -65,11 +66,12 @@ sys.path.insert(0, "tests/device")
 from loss_check import Checks
 c = Checks(sys.argv[1])
 c.same_losses("gpu1", ["dp2", "tp2sp", "tp2sp_ovl", "pp2", "dp2_distopt", "cp2", "launch_tp2", "gpu1_graph",
-                       "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph"], 1e-5)
+                       "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph", "cp2_graph"],
+              1e-5)
 c.same_losses("gpu1_bf16", ["dp2_bf16", "dp2_bf16_distopt", "cp2_bf16"], 5e-3)
 c.same_losses("tp2sp_do", ["tp2sp_do_graph"], 1e-5)
 c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph",
-               "tp2sp_do_graph"])
+               "cp2_graph", "tp2sp_do_graph"])
 # Resumed runs log iterations 4..6: compare with the uninterrupted run's last three. Nondeterministic
 # atomics (bias / norm / embedding grads) allow last-bit differences -> 1e-4 (bf16 one GPU), 5e-3 (DP2).
 ref = c.losses("gpu1_bf16")[3:]

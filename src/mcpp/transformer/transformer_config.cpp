@@ -310,10 +310,9 @@ void Config::validate() const {
   if (data.tokenizer_type == "NullTokenizer" && model.vocab_size <= 0)
     fail("vocab_size must be given (--vocab-size) with tokenizer_type NullTokenizer");
   if (training.enable_cuda_graph) {  // what the captured step cannot contain (yet)
-    if (cp > 1 || parallel.expert_model_parallel_size > 1)
-      fail("enable_cuda_graph: implemented for data, tensor (+ sequence) and pipeline (1F1B, interleaved) "
-           "parallelism (context/expert model parallel sizes {}/{}): their collectives are not captured", cp,
-           parallel.expert_model_parallel_size);
+    if (parallel.expert_model_parallel_size > 1)
+      fail("enable_cuda_graph: implemented for data, tensor (+ sequence), pipeline (1F1B, interleaved) and context "
+           "parallelism, not expert_model_parallel_size {}", parallel.expert_model_parallel_size);
     if (parallel.variable_seq_lengths)
       fail("enable_cuda_graph: --variable-seq-lengths exchanges every P2P tensor's shape through the host (and a "
            "graph replays fixed shapes); drop one of them");
