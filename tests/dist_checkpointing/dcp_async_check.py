@@ -22,7 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle", "cli"))
-from cli_harness import MCPP, WORK, failures, losses, run  # noqa: E402  argv, fresh work dir, run()
+from cli_harness import MCPP, WORK, failures, losses, record_corpus, run  # noqa: E402  argv, fresh work dir, run()
 
 
 def records(d, event):
@@ -34,11 +34,7 @@ def iters(d):
     return sorted(n for n in os.listdir(d) if n.startswith("iter_")) if os.path.isdir(d) else []
 
 
-corpus = os.path.join(WORK, "corpus.jsonl")
-with open(corpus, "w") as f:
-    for i in range(300):
-        f.write(json.dumps({"text": f"Record {i}: alpha beta gamma {i % 11} delta epsilon {i % 5} zeta."}) + "\n")
-run([MCPP, "data", "preprocess", "--input", corpus, "--output-prefix", os.path.join(WORK, "c"), "--append-eod"])
+record_corpus()
 M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
      "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
      "--lr-warmup-iters", "1", "--lr-decay-iters", "8", "--log-interval", "1", "--eval-interval", "100",

@@ -11,22 +11,17 @@ usage: dcp_matrix_check.py MCPP WORKDIR
   plus: every rank wrote its own files, each element is stored exactly once, `mcpp ckpt verify` and
   `info` pass, and `mcpp ckpt export --format hf-gpt2` gives byte-identical files from either layout.
 """
-import json
 import os
 import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle", "cli"))
-from cli_harness import MCPP, WORK, failures, losses, run  # noqa: E402  argv, fresh work dir, run()
+from cli_harness import MCPP, WORK, failures, losses, record_corpus, run  # noqa: E402  argv, fresh work dir, run()
 from dcp_oracle import assemble  # noqa: E402
 
 
-corpus = os.path.join(WORK, "corpus.jsonl")
-with open(corpus, "w") as f:
-    for i in range(300):
-        f.write(json.dumps({"text": f"Record {i}: alpha beta gamma {i % 11} delta epsilon {i % 5} zeta."}) + "\n")
-run([MCPP, "data", "preprocess", "--input", corpus, "--output-prefix", os.path.join(WORK, "c"), "--append-eod"])
+record_corpus()
 # swiglu: fc1 has two TP segments per rank (gate and up halves), the hard case for global offsets.
 M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
      "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",

@@ -26,15 +26,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle", "cli"))
-from cli_harness import MCPP, WORK, failures, losses, run  # noqa: E402  argv, fresh work dir, run()
+from cli_harness import MCPP, WORK, failures, losses, record_corpus, run  # noqa: E402  argv, fresh work dir, run()
 from dcp_oracle import assemble  # noqa: E402
 
 
-corpus = os.path.join(WORK, "corpus.jsonl")
-with open(corpus, "w") as f:
-    for i in range(300):
-        f.write(json.dumps({"text": f"Record {i}: alpha beta gamma {i % 11} delta epsilon {i % 5} zeta."}) + "\n")
-run([MCPP, "data", "preprocess", "--input", corpus, "--output-prefix", os.path.join(WORK, "c"), "--append-eod"])
+record_corpus()
 
 
 def model(layers):

@@ -1,5 +1,5 @@
-"""Shared preamble of the multi-rank mcpp CLI checks (tests/oracle/cli/parallel_train_check.py,
-pipeline_train_check.py; tests/dist_checkpointing/dcp_{matrix,pp_matrix,async}_check.py).
+"""Shared preamble of the multi-rank mcpp CLI checks (tests/oracle/cli/{parallel_train,pipeline_train,
+context_parallel}_check.py; tests/dist_checkpointing/dcp_{matrix,pp_matrix,async}_check.py).
 
     from cli_harness import MCPP, WORK, ENV, MPI, failures, run, losses
 
@@ -9,8 +9,9 @@ given; env entries added to ENV) and records a failure (command, exit code, outp
 status disagrees with `expect` (0: success, nonzero: failure, None: not checked) instead of raising, so a
 check reports every problem at once; each script prints `failures` and exits 1 when any.
 losses(d, event="train"): {iteration: lm_loss} of the event's records in d/metrics.jsonl ({} when none);
-records(d, event): those records. check_memory_plan / check_stage_plan: a run's memory plan against what its
-ranks measured (tools/memory_planner.h), failures recorded.
+records(d, event): those records. record_corpus(): the small text corpus most checks train on.
+check_memory_plan / check_stage_plan: a run's memory plan against what its ranks measured
+(tools/memory_planner.h), failures recorded.
 """
 import json
 import os
@@ -33,6 +34,17 @@ def run(cmd, np_=None, expect=0, env=None, timeout=400):
     if expect is not None and (expect == 0) != (p.returncode == 0):
         failures.append(f"{' '.join(cmd[:12])}...: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
+
+
+def record_corpus():
+    """300 short text records preprocessed (GPT-2 BPE, EOD appended) into WORK/c_text_document; returns that
+    data prefix."""
+    corpus = os.path.join(WORK, "corpus.jsonl")
+    with open(corpus, "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"text": f"Record {i}: alpha beta gamma {i % 11} delta epsilon {i % 5} zeta."}) + "\n")
+    run([MCPP, "data", "preprocess", "--input", corpus, "--output-prefix", os.path.join(WORK, "c"), "--append-eod"])
+    return os.path.join(WORK, "c_text_document")
 
 
 def losses(d, event="train"):

@@ -15,18 +15,13 @@ usage: context_parallel_check.py MCPP WORKDIR
   5. bad input fails on every rank with one error naming the problem: --cp-comm-type p2p, query groups not
      divisible by tp * cp, --expert-model-parallel-size 2 (no MoE layers).
 """
-import json
 import os
 import shutil
 import sys
 
-from cli_harness import MCPP, WORK, check_memory_plan, failures, losses, run
+from cli_harness import MCPP, WORK, check_memory_plan, failures, losses, record_corpus, run
 
-corpus = os.path.join(WORK, "corpus.jsonl")
-with open(corpus, "w") as f:
-    for i in range(300):
-        f.write(json.dumps({"text": f"Record {i}: alpha beta gamma {i % 11} delta epsilon {i % 5} zeta."}) + "\n")
-run([MCPP, "data", "preprocess", "--input", corpus, "--output-prefix", os.path.join(WORK, "c"), "--append-eod"])
+record_corpus()
 M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
      "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
      "--lr-warmup-iters", "1", "--lr-decay-style", "cosine", "--train-iters", "6", "--log-interval", "1",
