@@ -2,14 +2,27 @@
 // and CUDA backends: Megatron's fused linear_qkv output
 //   qkv[s, b, ng * (r + 2) * d], per query group g the rows [q_0 .. q_{r-1}, k, v], each d wide, r = nq / ng
 // (the qkv_split layout), with nq and d taken from o (fwd) / dout (bwd) [s, b, nq, d] and ng given.
-// Every mismatch is an mcpp::Error naming the op and the argument.
+// Every mismatch is an mcpp::Error naming the op and the argument. Also chunk_transpose's argument check.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "mcpp/core/error.h"
 #include "mcpp/core/tensor.h"
 
 namespace mcpp::ops::detail {
+
+// chunk_transpose's arguments (both backends; the device is the caller's check): the bytes of one m-element
+// block of in viewed as [a, c, m].
+inline size_t chunk_transpose_block_bytes(const Tensor& out, const Tensor& in, int64_t a, int64_t c) {
+  MCPP_CHECK(out.defined() && in.defined(), "chunk_transpose: out and in must be defined");
+  MCPP_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel(),
+             "chunk_transpose: out {} must have in's dtype and numel ({})", out.str(), in.str());
+  MCPP_CHECK(a > 0 && c > 0 && in.numel() % (a * c) == 0, "chunk_transpose: {} is not [a={}, c={}, m]", in.str(), a,
+             c);
+  MCPP_CHECK(out.raw() != in.raw(), "chunk_transpose: out must not alias in");
+  return static_cast<size_t>(in.numel() / (a * c)) * dtype_size(in.dtype());
+}
 
 struct PackedQkvDims {
   int64_t s, b, nq, ng, d;

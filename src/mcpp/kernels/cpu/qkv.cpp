@@ -7,6 +7,7 @@
 
 #include "mcpp/kernels/cpu/checks.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/kernels/packed_qkv.h"
 
 namespace mcpp::ops::cpu {
 namespace {
@@ -68,13 +69,8 @@ void qkv_merge(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, S
 }
 
 void chunk_transpose(Tensor& out, const Tensor& in, int64_t a, int64_t c, Stream) {
-  MCPP_CHECK(out.defined() && in.defined() && out.is_cpu() && in.is_cpu(), "chunk_transpose: CPU tensors expected");
-  MCPP_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel(),
-             "chunk_transpose: out {} must have in's dtype and numel ({})", out.str(), in.str());
-  MCPP_CHECK(a > 0 && c > 0 && in.numel() % (a * c) == 0, "chunk_transpose: {} is not [a={}, c={}, m]", in.str(), a,
-             c);
-  MCPP_CHECK(out.raw() != in.raw(), "chunk_transpose: out must not alias in");
-  const size_t m = static_cast<size_t>(in.numel() / (a * c)) * dtype_size(in.dtype());
+  const size_t m = ops::detail::chunk_transpose_block_bytes(out, in, a, c);
+  MCPP_CHECK(out.is_cpu() && in.is_cpu(), "chunk_transpose: CPU tensors expected");
   const char* src = static_cast<const char*>(in.raw());
   char* dst = static_cast<char*>(out.raw());
   for (int64_t i = 0; i < a; ++i)

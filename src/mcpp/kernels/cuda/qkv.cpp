@@ -4,6 +4,7 @@
 // stream_of(stream).
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/kernels/packed_qkv.h"
 
 namespace mcpp::ops::cuda {
 using namespace cuda_detail;
@@ -41,15 +42,9 @@ void qkv_merge(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, S
 // elements from in (pitch c * m) to out (pitch m); or per input row i, c rows from in (pitch m) to out (pitch
 // a * m). (Looping over the larger dimension issued one copy per token row: 16K calls a layer at 124M, CP2.)
 void chunk_transpose(Tensor& out, const Tensor& in, int64_t a, int64_t c, Stream stream) {
-  MCPP_CHECK(out.defined() && in.defined() && out.device() == Device::CUDA && in.device() == Device::CUDA,
-             "chunk_transpose: CUDA tensors expected; got {} and {}", out.defined() ? out.str() : "undefined",
-             in.defined() ? in.str() : "undefined");
-  MCPP_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel(),
-             "chunk_transpose: out {} must have in's dtype and numel ({})", out.str(), in.str());
-  MCPP_CHECK(a > 0 && c > 0 && in.numel() % (a * c) == 0, "chunk_transpose: {} is not [a={}, c={}, m]", in.str(), a,
-             c);
-  MCPP_CHECK(out.raw() != in.raw(), "chunk_transpose: out must not alias in");
-  const size_t m = static_cast<size_t>(in.numel() / (a * c)) * dtype_size(in.dtype());
+  const size_t m = ops::detail::chunk_transpose_block_bytes(out, in, a, c);
+  MCPP_CHECK(out.device() == Device::CUDA && in.device() == Device::CUDA,
+             "chunk_transpose: CUDA tensors expected; got {} and {}", out.str(), in.str());
   if (m == 0) return;
   const char* src = static_cast<const char*>(in.raw());
   char* dst = static_cast<char*>(out.raw());
