@@ -419,6 +419,13 @@ TEST(MemoryReport, MatchesMegatronTable) {
   EXPECT_EQ(format_memory_report(memory_report(4, true, DType::F32)),
             "memory per parameter per rank (dp=4, distributed optimizer, float32 params): params 4 + grads 4 + "
             "main params 0 + optimizer state 2 = 10 bytes");
+  // Context parallelism: the distributed optimizer shards over dp * cp ranks; the replicated one does not.
+  EXPECT_DOUBLE_EQ(memory_report(2, true, DType::BF16, 2).total(), memory_report(4, true, DType::BF16).total());
+  EXPECT_DOUBLE_EQ(memory_report(2, false, DType::BF16, 2).total(), 18.0);
+  EXPECT_EQ(format_memory_report(memory_report(2, true, DType::BF16, 2)),
+            "memory per parameter per rank (dp=2 x cp=2, distributed optimizer, bfloat16 params): params 2 + grads 4 "
+            "+ main params 1 + optimizer state 2 = 9 bytes");
+  EXPECT_THROW(memory_report(2, true, DType::F32, 0), Error);
   EXPECT_THROW(memory_report(0, true, DType::F32), Error);
   EXPECT_THROW(memory_report(2, true, DType::I32), Error);
   // Measured at dp 1: params 4 + grads 4 + state 8 exactly (no padding at dp 1).

@@ -146,7 +146,9 @@ void check_dp_equivalence(const Case& k) {
     EXPECT_EQ(owned.data<int32_t>()[0], par.params().numel()) << what;
     // Measured optimizer-state bytes per parameter = the formula 8/dp up to bucket padding (< dp
     // elements per bucket, each 8 bytes spread over numel parameters); the shards span dp x cp ranks.
-    const MemoryReport want = memory_report(dp * k.cp, true, DType::F32), got = dopt->measured_memory();
+    const MemoryReport want = memory_report(dp, true, DType::F32, k.cp), got = dopt->measured_memory();
+    EXPECT_EQ(got.dp, dp) << what;
+    EXPECT_EQ(got.cp, k.cp) << what;
     const double slack = 8.0 * static_cast<double>(ddp.buckets().size()) / static_cast<double>(par.params().numel());
     EXPECT_NEAR(got.optimizer_state_bytes, want.optimizer_state_bytes, slack) << what;
     EXPECT_DOUBLE_EQ(got.param_bytes + got.grad_bytes, want.param_bytes + want.grad_bytes) << what;

@@ -10,12 +10,14 @@
 
 namespace mcpp {
 
-MemoryReport memory_report(int dp, bool distributed_optimizer, DType model_param_dtype) {
+MemoryReport memory_report(int dp, bool distributed_optimizer, DType model_param_dtype, int cp) {
   if (dp < 1) fail("memory_report: data-parallel size must be >= 1, got {}", dp);
+  if (cp < 1) fail("memory_report: context-parallel size must be >= 1, got {}", cp);
   if (model_param_dtype != DType::F32 && model_param_dtype != DType::BF16 && model_param_dtype != DType::F16)
     fail("memory_report: model params must be float32, bfloat16 or float16, got {}", dtype_name(model_param_dtype));
-  MemoryReport r{.dp = dp, .distributed_optimizer = distributed_optimizer, .model_param_dtype = model_param_dtype};
-  const double shard = distributed_optimizer ? 1.0 / dp : 1.0;
+  MemoryReport r{.dp = dp, .cp = cp, .distributed_optimizer = distributed_optimizer,
+                 .model_param_dtype = model_param_dtype};
+  const double shard = distributed_optimizer ? 1.0 / (dp * cp) : 1.0;
   r.param_bytes = static_cast<double>(dtype_size(model_param_dtype));
   r.grad_bytes = 4;
   r.main_param_bytes = model_param_dtype == DType::F32 ? 0.0 : 4.0 * shard;
@@ -25,9 +27,9 @@ MemoryReport memory_report(int dp, bool distributed_optimizer, DType model_param
 
 std::string format_memory_report(const MemoryReport& r) {
   return fmt::format(
-      "memory per parameter per rank (dp={}, {}, {} params): params {:g} + grads {:g} + main params {:g} + "
+      "memory per parameter per rank (dp={}{}, {}, {} params): params {:g} + grads {:g} + main params {:g} + "
       "optimizer state {:g} = {:g} bytes",
-      r.dp, r.distributed_optimizer ? "distributed optimizer" : "replicated optimizer",
+      r.dp, r.cp > 1 ? fmt::format(" x cp={}", r.cp) : "", r.distributed_optimizer ? "distributed optimizer" : "replicated optimizer",
       dtype_name(r.model_param_dtype), r.param_bytes, r.grad_bytes, r.main_param_bytes, r.optimizer_state_bytes,
       r.total());
 }
@@ -179,7 +181,8 @@ MemoryReport DistributedOptimizer::measured_memory() const {
     param_bytes += static_cast<double>(d->buffer().param_buffer().nbytes());
     grad_bytes += static_cast<double>(d->buffer().grad_buffer().nbytes());
   }
-  MemoryReport r{.dp = ddps_.front()->dp_size(), .distributed_optimizer = true,
+  const parallel_state::ParallelContext& pc = ddps_.front()->parallel_context();  // shards over dp x cp ranks
+  MemoryReport r{.dp = pc.dp_size(), .cp = pc.cp_size(), .distributed_optimizer = true,
                  .model_param_dtype = ddps_.front()->buffer().param_buffer().dtype()};
   r.param_bytes = param_bytes / n;
   r.grad_bytes = grad_bytes / n;

@@ -66,20 +66,22 @@ struct DistOptStatePiece {
   Tensor main_param;           // [numel] fp32 master piece with sharded masters (mixed precision); else undefined
 };
 
-// Bytes per model parameter on one rank (Megatron's distributed-optimizer table).
+// Bytes per model parameter on one rank (Megatron's distributed-optimizer table). The distributed optimizer
+// shards over the data-parallel x context-parallel ranks (dp * cp).
 struct MemoryReport {
   int dp = 1;
+  int cp = 1;
   bool distributed_optimizer = false;
   DType model_param_dtype = DType::F32;
   double param_bytes = 0;            // model params (4 fp32, 2 bf16)
   double grad_bytes = 0;             // fp32 main grads: 4
-  double main_param_bytes = 0;       // fp32 master copy, only for bf16/fp16 models: 4 (/dp when distributed)
-  double optimizer_state_bytes = 0;  // exp_avg + exp_avg_sq: 8 (/dp when distributed)
+  double main_param_bytes = 0;       // fp32 master copy, only for bf16/fp16 models: 4 (/(dp*cp) when distributed)
+  double optimizer_state_bytes = 0;  // exp_avg + exp_avg_sq: 8 (/(dp*cp) when distributed)
   double total() const { return param_bytes + grad_bytes + main_param_bytes + optimizer_state_bytes; }
 };
-MemoryReport memory_report(int dp, bool distributed_optimizer, DType model_param_dtype);
+MemoryReport memory_report(int dp, bool distributed_optimizer, DType model_param_dtype, int cp = 1);
 // One line, e.g. "memory per parameter per rank (dp=4, distributed optimizer, float32 params): params 4 +
-// grads 4 + main params 0 + optimizer state 2 = 10 bytes".
+// grads 4 + main params 0 + optimizer state 2 = 10 bytes" ("dp=2 x cp=2" with context parallelism).
 std::string format_memory_report(const MemoryReport& r);
 
 class DistributedOptimizer {

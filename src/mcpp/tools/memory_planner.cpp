@@ -153,8 +153,8 @@ MemoryPlan plan_memory(const Config& cfg) {
   plan.sequence_parallel = par.sequence_parallel;
   plan.param_dtype = cfg.training.bf16 ? DType::BF16 : DType::F32;
   // The distributed optimizer shards over the data-parallel x context-parallel ranks (Megatron's dp_cp group).
-  const MemoryReport per_param =
-      memory_report(static_cast<int>(plan.dp * plan.cp), plan.distributed_optimizer, plan.param_dtype);
+  const MemoryReport per_param = memory_report(static_cast<int>(plan.dp), plan.distributed_optimizer,
+                                               plan.param_dtype, static_cast<int>(plan.cp));
   const pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = plan.pp,
                                               .num_microbatches = plan.num_microbatches,
                                               .virtual_pipeline_model_parallel_size = plan.vp};

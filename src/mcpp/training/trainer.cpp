@@ -83,8 +83,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
   const auto& par = config_.parallel;
   if (is_logging_rank())
-    fmt::print("{}\n",  // the distributed optimizer shards over the data-parallel x context-parallel ranks
-               format_memory_report(memory_report(pc_.dp_cp()->size(), par.use_distributed_optimizer, param_dtype_)));
+    fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_,
+                                                          pc_.cp_size())));
   memory_plan_ = tools::plan_memory(config_);
   if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
     for (const tools::StageMemory& st : memory_plan_->stages)

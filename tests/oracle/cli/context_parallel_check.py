@@ -40,9 +40,12 @@ def close(a, b, tol=1e-5):
     return a is not None and b is not None and abs(a - b) <= tol * abs(b)
 
 
+STDOUT = {}  # run name -> the trainer's stdout
+
+
 def train(name, np_, flags, timeout=400):
     d = os.path.join(WORK, name)
-    run([MCPP, "train", *flags, "--save", d], np_=np_, timeout=timeout)
+    STDOUT[name] = run([MCPP, "train", *flags, "--save", d], np_=np_, timeout=timeout).stdout
     return d
 
 
@@ -112,6 +115,13 @@ for name, d, world, flags in planned:
     plan = check_memory_plan(name, d, world, flags, int(flags[flags.index(PPF) + 1]) if PPF in flags else 1)
     if plan.get("cp") not in (2, 4):
         failures.append(f"memory plan, {name}: the record does not name the CP size: {plan}")
+
+# the per-parameter line and the plan's header name the CP size (the optimizer shards over dp x cp)
+if "memory per parameter per rank (dp=2 x cp=2, distributed optimizer" not in STDOUT.get("cp2_dp2_distopt", ""):
+    failures.append(f"CP2 x DP2: the trainer's memory-per-parameter line: {STDOUT.get('cp2_dp2_distopt', '')[:600]!r}")
+text = run([MCPP, "plan", "memory", "--world", "4", *M, *CP2]).stdout
+if "tp 1 x pp 1 x dp 2 x cp 2" not in text:
+    failures.append(f"`mcpp plan memory` at CP2 x DP2 does not name the layout: {text[:300]!r}")
 
 # 5. bad input: one clear error, non-zero exit, no hang
 for name, np_, flags, words in (
