@@ -29,8 +29,8 @@ std::string format_memory_report(const MemoryReport& r) {
   return fmt::format(
       "memory per parameter per rank (dp={}{}, {}, {} params): params {:g} + grads {:g} + main params {:g} + "
       "optimizer state {:g} = {:g} bytes",
-      r.dp, r.cp > 1 ? fmt::format(" x cp={}", r.cp) : "", r.distributed_optimizer ? "distributed optimizer" : "replicated optimizer",
-      dtype_name(r.model_param_dtype), r.param_bytes, r.grad_bytes, r.main_param_bytes, r.optimizer_state_bytes,
+      r.dp, r.cp > 1 ? fmt::format(" x cp={}", r.cp) : "",
+      r.distributed_optimizer ? "distributed optimizer" : "replicated optimizer", dtype_name(r.model_param_dtype), r.param_bytes, r.grad_bytes, r.main_param_bytes, r.optimizer_state_bytes,
       r.total());
 }
 
