@@ -7,7 +7,9 @@
 // Checks per step: loss (mean over DP ranks), every gradient after finish_grad_sync (+ finalize_model_grads)
 // — the whole buffer with plain DDP, this rank's shard pieces with the distributed optimizer — the grad
 // norm, and after 3 AdamW steps with clipping every parameter. With gradient accumulation the flight
-// recorder shows that no dp_cp collective ran before the last microbatch. Both model styles; TP2 x DP2.
+// recorder shows that no dp_cp collective ran before the last microbatch. Both model styles; TP2 x DP2;
+// context parallelism (CP ranks take s/cp rows of their DP rank's columns; all-to-all attention). And the
+// distributed optimizer with bf16 buffers: fp32 masters only in the shards, bitwise Adam, checkpoints.
 #include <gtest/gtest.h>
 
 #include <cmath>
