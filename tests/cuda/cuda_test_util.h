@@ -17,6 +17,7 @@
 #include "mcpp/core/error.h"
 #include "mcpp/core/tensor.h"
 #include "mcpp/kernels/deterministic_kernels.h"
+#include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/kernels/ops.h"
 
 #define MCPP_REQUIRE_CUDA() \
@@ -31,6 +32,19 @@ struct CudnnAttentionScope {
   CudnnAttentionScope(const CudnnAttentionScope&) = delete;
   CudnnAttentionScope& operator=(const CudnnAttentionScope&) = delete;
   bool prev;
+};
+
+// Restores the process-wide GEMM autotuning and deterministic-kernel settings at the end of a scope (a
+// Trainer with --deterministic-mode changes both), also when an ASSERT leaves the test early.
+struct KernelSettingsScope {
+  KernelSettingsScope() : tune(ops::cuda::gemm_autotune()), det(ops::cuda::deterministic_kernels()) {}
+  ~KernelSettingsScope() {
+    ops::cuda::set_gemm_autotune(tune);
+    ops::cuda::set_deterministic_kernels(det);
+  }
+  KernelSettingsScope(const KernelSettingsScope&) = delete;
+  KernelSettingsScope& operator=(const KernelSettingsScope&) = delete;
+  bool tune, det;
 };
 
 // CPU float32 tensor, uniform in [lo, hi), rounded to `dt` precision (bf16 / f16) when dt != F32.

@@ -15,7 +15,7 @@ namespace {
 
 TEST(CudaDeterministicMode, Bf16TrainingRepeatsBitForBit) {
   MCPP_REQUIRE_CUDA();
-  const bool prev_tune = ops::cuda::gemm_autotune(), prev_det = ops::cuda::deterministic_kernels();
+  const KernelSettingsScope restore;  // --deterministic-mode below changes them process-wide
   const auto dir = std::filesystem::temp_directory_path() / ("mcpp_det_" + std::to_string(::getpid()));
   Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
   c.training.bf16 = true;
@@ -29,8 +29,6 @@ TEST(CudaDeterministicMode, Bf16TrainingRepeatsBitForBit) {
   ASSERT_EQ(a.losses.size(), 8u);
   for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << "iteration " << i + 1;
   EXPECT_EQ(a.last_valid_loss, b.last_valid_loss);
-  ops::cuda::set_gemm_autotune(prev_tune);
-  ops::cuda::set_deterministic_kernels(prev_det);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ namespace {
 
 TEST(CudaDistributedOptimizer, Bf16ShardedMastersResumeBitForBit) {
   MCPP_REQUIRE_CUDA();
-  const bool prev_tune = ops::cuda::gemm_autotune(), prev_det = ops::cuda::deterministic_kernels();
+  const KernelSettingsScope restore;  // --deterministic-mode below changes them process-wide
   const auto dir = std::filesystem::temp_directory_path() / ("mcpp_distopt_" + std::to_string(::getpid()));
   Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
   c.training.bf16 = true;
@@ -46,8 +46,6 @@ TEST(CudaDistributedOptimizer, Bf16ShardedMastersResumeBitForBit) {
   for (size_t i = 0; i < 4; ++i)  // the grad norm sums in another order: not bit for bit
     EXPECT_NEAR(adam.losses[i], full.losses[4 + i], 1e-4 * full.losses[4 + i]) << "iteration " << 5 + i;
   std::filesystem::remove_all(dir);
-  ops::cuda::set_gemm_autotune(prev_tune);
-  ops::cuda::set_deterministic_kernels(prev_det);
 }
 
 }  // namespace

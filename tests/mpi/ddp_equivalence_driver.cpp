@@ -405,6 +405,8 @@ TEST(DistributedOptimizer, MixedPrecisionShardsTheMainParams) {
     GPTModel again(c, 7, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
     DistributedDataParallel ddp2(again.params(), pc, ddp_opt);
     DistributedOptimizer opt2(ddp2, {.adam = adam});
+    // The masters live in opt2's shard: reading the model without it would drop them, so it is an error.
+    EXPECT_THROW(read_model_chunks(dist_checkpointing::CheckpointReader(dir), {&again}), Error);
     TrainerState st;
     ASSERT_TRUE(load_training_checkpoint(dir, cfg, {&again}, OptimizerRef{.distributed = &opt2}, st,
                                          {.finetune = finetune}, nullptr));

@@ -148,16 +148,6 @@ std::vector<DistOptStatePiece> DistributedOptimizer::state() const {
   return out;
 }
 
-void DistributedOptimizer::load_main_params(const MainParamLookup& lookup) {
-  if (!main_params_sharded())
-    fail("DistributedOptimizer: load_main_params needs sharded fp32 main params (mixed precision); with fp32 "
-         "params they are the model's own");
-  for (ShardPiece& p : pieces_)
-    if (!lookup(p.owner->spec.key, p.param_offset, p.param))
-      fail("DistributedOptimizer: no fp32 main params for '{}' elements [{}, {})", p.owner->spec.key,
-           p.param_offset, p.param_offset + p.numel);
-}
-
 void DistributedOptimizer::load_state(int64_t step_count, const StateLookup& lookup) {
   if (step_count < 0) fail("DistributedOptimizer: step count in the checkpoint must be >= 0, got {}", step_count);
   for (ShardPiece& p : pieces_)

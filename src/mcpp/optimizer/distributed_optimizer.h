@@ -26,8 +26,7 @@
 // Checkpoint state: state() lists every piece as (key, offset of the piece in the parameter's flat
 // local tensor, numel, param_numel, exp_avg piece, exp_avg_sq piece, and with sharded masters the fp32
 // main-param piece), so the state can be saved logically and reloaded under another DP size; load_state
-// fills the moments from a lookup, load_main_params the sharded masters (the model weights: loaded even
-// when the optimizer state is not).
+// fills the moments from a lookup (the sharded masters are model weights: read with the model).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -107,12 +106,9 @@ class DistributedOptimizer {
   // checkpoint; false -> mcpp::Error naming the parameter. Sets step_count().
   using StateLookup = std::function<bool(const std::string& key, int64_t offset, Tensor& exp_avg, Tensor& exp_avg_sq)>;
   void load_state(int64_t step_count, const StateLookup& lookup);
-  // Whether the fp32 masters live only in this optimizer's shards (mixed precision).
+  // Whether the fp32 masters live only in this optimizer's shards (mixed precision; each piece's `param`
+  // views them: a checkpoint load writes them there, training/checkpointing.h read_model_chunks).
   bool main_params_sharded() const { return !main_param_shard_.empty(); }
-  // With sharded masters: lookup(key, offset, main_param) fills each piece's [numel] fp32 masters; false ->
-  // mcpp::Error naming the parameter. The model copy (param buffer) is the caller's to fill.
-  using MainParamLookup = std::function<bool(const std::string& key, int64_t offset, Tensor& main_param)>;
-  void load_main_params(const MainParamLookup& lookup);
   // This rank's measured bytes per parameter (state tensors actually allocated / model numel), in the
   // layout of memory_report(); differs from the formula only by bucket padding.
   MemoryReport measured_memory() const;

@@ -1,5 +1,7 @@
 #include "mcpp/training/checkpointing.h"
 
+#include <unordered_map>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -178,9 +180,13 @@ SaveOwnership save_ownership(const parallel_state::ParallelContext& pc) {
 
 // Model tensors are the fp32 main params (= the params with fp32 training); with mixed precision the
 // bf16 model copy is then the rounded master, as after an optimizer step. When the distributed optimizer
-// holds the masters (sharded), each tensor is read into a scratch fp32 copy and rounded into the model
-// copy; the shards are read by read_main_param_pieces.
-void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks) {
+// holds the masters (sharded), each tensor is read once into a scratch fp32 copy, rounded into the model copy,
+// and this rank's pieces of it copied into the optimizer's master shard.
+void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
+                       const DistributedOptimizer* optimizer) {
+  std::unordered_map<const Parameter*, std::vector<const ShardPiece*>> pieces;
+  if (optimizer)
+    for (const ShardPiece& pc : optimizer->pieces()) pieces[pc.owner].push_back(&pc);
   for (GPTModel* c : chunks) {
     ParamAndGradBuffer& buf = c->params();
     if (buf.has_main_params()) {
@@ -188,21 +194,19 @@ void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPT
       if (buf.mixed_precision()) ops::cast(buf.param_buffer(), buf.main_param_buffer());
       continue;
     }
+    if (!optimizer || !optimizer->main_params_sharded())
+      fail("checkpoint '{}': the model's fp32 main params are sharded by a distributed optimizer that was not given",
+           reader.dir());
     for (const auto& p : buf.params()) {
       Tensor master = Tensor::empty(p->spec.shape, DType::F32, p->data.device());
       read_shard(reader, p->spec.key, p->spec, master);
       ops::cast(p->data, master);
+      for (const ShardPiece* pc : pieces[p.get()]) {
+        Tensor dst = pc->param;  // a view of the optimizer's master shard
+        dst.copy_from(master.flat_slice(pc->param_offset, {pc->numel}));
+      }
     }
   }
-}
-
-void read_main_param_pieces(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
-                            DistributedOptimizer& optimizer) {
-  optimizer.load_main_params([&](const std::string& key, int64_t offset, Tensor& main_param) {
-    if (!reader.has(key)) return false;
-    read_piece(reader, key, key, spec_of(chunks, key), offset, main_param);
-    return true;
-  });
 }
 
 void read_adam_state(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks, Adam& adam) {
@@ -349,10 +353,7 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
   } count{reader, opt.bytes_read};
   const nlohmann::json& meta = reader.meta();
   check_fingerprint(meta, config, reader.dir(), opt.override_config_check);
-  read_model_chunks(reader, chunks);
-  // Sharded fp32 masters are model weights: loaded with or without the optimizer state.
-  if (optimizer.distributed && optimizer.distributed->main_params_sharded())
-    read_main_param_pieces(reader, chunks, *optimizer.distributed);
+  read_model_chunks(reader, chunks, optimizer.distributed);  // sharded masters too (weights, also with --finetune)
   if (opt.finetune) {
     state = TrainerState{.rng = state.rng};
     return true;

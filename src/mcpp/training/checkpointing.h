@@ -101,12 +101,11 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
                               OptimizerRef optimizer, TrainerState& state, const LoadOptions& opt,
                               const parallel_state::ParallelContext* pc);
 
-// Reads the model chunks and (plain Adam) optimizer moments from an open reader, any saved layout.
-void read_model_chunks(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks);
-// With the distributed optimizer's sharded fp32 masters (mixed precision): reads this rank's pieces of the
-// model tensors into them (any saved layout).
-void read_main_param_pieces(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
-                            DistributedOptimizer& optimizer);
+// Reads the model chunks and (plain Adam) optimizer moments from an open reader, any saved layout. A model whose
+// fp32 masters the distributed optimizer holds (mixed precision) needs that optimizer: its master shard is
+// filled from the same reads.
+void read_model_chunks(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
+                       const DistributedOptimizer* optimizer = nullptr);
 void read_adam_state(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
                      Adam& adam);
 
