@@ -60,6 +60,16 @@ void qkv_merge(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, S
   MCPP_DISPATCH(qkv_merge, ({&qkv, &q, &k, &v}), qkv, q, k, v, s);
 }
 void cast(Tensor& out, const Tensor& in, Stream s) { MCPP_DISPATCH(cast, ({&out, &in}), out, in, s); }
+void moe_permute(Tensor& out, const Tensor& x, const Tensor& idx, Stream s) {
+  MCPP_DISPATCH(moe_permute, ({&out, &x, &idx}), out, x, idx, s);
+}
+void moe_unpermute(Tensor& y, const Tensor& in, const Tensor& idx, const Tensor* w, Stream s) {
+  MCPP_DISPATCH(moe_unpermute, ({&y, &in, &idx, w}), y, in, idx, w, s);
+}
+void moe_unpermute_bwd(Tensor& din, Tensor& dw, const Tensor& dy, const Tensor& in, const Tensor& idx, const Tensor& w,
+                       Stream s) {
+  MCPP_DISPATCH(moe_unpermute_bwd, ({&din, &dw, &dy, &in, &idx, &w}), din, dw, dy, in, idx, w, s);
+}
 void chunk_transpose(Tensor& out, const Tensor& in, int64_t a, int64_t c, Stream s) {
   MCPP_DISPATCH(chunk_transpose, ({&out, &in}), out, in, a, c, s);
 }

@@ -1,5 +1,6 @@
 // What a module needs of tensor parallelism: the TP group (a value) and whether sequence parallelism is
-// on — and of context parallelism, its group (the attention's all-to-all, the loss, the positions). Taken
+// on — and of context parallelism, its group (the attention's all-to-all, the loss, the positions), and of
+// expert parallelism, its group (the MoE layers' token dispatcher). Taken
 // from the ParallelContext when the model is built; with tp == 1 the group is a size-1 communicator and
 // every mapping is an identity.
 #pragma once
@@ -14,10 +15,15 @@ struct TPContext {
   // The context-parallel group (--context-parallel-size, all-to-all form: mappings.h all_to_all_cp2hp): each
   // rank holds a contiguous s / cp chunk of the sequence; the attention trades it for heads. Null: no CP.
   comm::CommPtr cp{};
+  // The expert-model-parallel group (--expert-model-parallel-size; moe/token_dispatcher.h): each rank holds
+  // num_moe_experts / ep of the experts, and the all-to-all dispatcher trades tokens over it. Null: EP 1.
+  comm::CommPtr ep{};
   int size() const { return group->size(); }
   int rank() const { return group->rank(); }
   int cp_size() const { return cp ? cp->size() : 1; }
   int cp_rank() const { return cp ? cp->rank() : 0; }
+  int ep_size() const { return ep ? ep->size() : 1; }
+  int ep_rank() const { return ep ? ep->rank() : 0; }
 };
 
 }  // namespace mcpp::tensor_parallel

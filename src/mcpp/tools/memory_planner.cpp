@@ -134,6 +134,9 @@ MemoryPlan plan_memory(const Config& cfg) {
   const ParallelConfig& par = cfg.parallel;
   if (cfg.model.padded_vocab_size <= 0) fail("plan_memory: the vocabulary is not set (padded_vocab_size)");
   if (par.data_parallel_size <= 0) fail("plan_memory: the world size is not applied (data_parallel_size)");
+  if (cfg.model.num_moe_experts > 0)
+    fail("plan memory: mixture-of-experts layers (num_moe_experts {}) are not planned yet; the trainer runs them "
+         "without a plan", cfg.model.num_moe_experts);
   if (par.expert_model_parallel_size > 1)
     fail("plan memory: expert_model_parallel_size {}: the model has no mixture-of-experts layers (the trainer "
          "refuses it too)", par.expert_model_parallel_size);

@@ -113,6 +113,14 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--recompute-method", m.recompute_method, "uniform|block");
   app.add_option("--recompute-num-layers", m.recompute_num_layers);
   app.add_flag("--calculate-per-token-loss", m.calculate_per_token_loss);
+  app.add_option("--num-experts", m.num_moe_experts, "mixture of experts: experts per MoE layer (0 = dense)");
+  app.add_option("--moe-router-topk", m.moe_router_topk);
+  app.add_option("--moe-ffn-hidden-size", m.moe_ffn_hidden_size);
+  app.add_flag("--moe-router-pre-softmax", m.moe_router_pre_softmax);
+  app.add_option("--moe-router-load-balancing-type", m.moe_router_load_balancing_type, "aux_loss|none");
+  app.add_option("--moe-aux-loss-coeff", m.moe_aux_loss_coeff);
+  app.add_option("--moe-z-loss-coeff", m.moe_z_loss_coeff);
+  app.add_option("--moe-token-dispatcher-type", m.moe_token_dispatcher_type, "alltoall");
   // ---- parallel
   app.add_option("--tensor-model-parallel-size", p.tensor_model_parallel_size);
   app.add_option("--pipeline-model-parallel-size", p.pipeline_model_parallel_size);

@@ -81,6 +81,7 @@ void TransformerConfig::finalize() {
   if (kv_channels == 0 && num_attention_heads > 0 && hidden_size % num_attention_heads == 0)
     kv_channels = hidden_size / num_attention_heads;
   if (max_position_embeddings == 0) max_position_embeddings = seq_length;
+  if (num_moe_experts > 0 && moe_ffn_hidden_size == 0) moe_ffn_hidden_size = ffn_hidden_size;
 }
 
 namespace {
@@ -149,6 +150,21 @@ void TransformerConfig::validate() const {
       fail("recompute_method and recompute_num_layers must not be set with recompute_granularity selective");
   } else if (!recompute_method.empty() || recompute_num_layers != 0) {
     fail("recompute_method / recompute_num_layers need recompute_granularity full");
+  }
+  // Mixture of experts (Megatron's MoE arguments).
+  require_non_negative(num_moe_experts, "num_moe_experts");
+  if (num_moe_experts > 0) {
+    if (moe_router_topk < 1 || moe_router_topk > num_moe_experts)
+      fail("moe_router_topk ({}) must be in [1, num_moe_experts = {}]", moe_router_topk, num_moe_experts);
+    require_positive(moe_ffn_hidden_size, "moe_ffn_hidden_size");
+    if (moe_router_load_balancing_type != "aux_loss" && moe_router_load_balancing_type != "none")
+      fail("moe_router_load_balancing_type: '{}' is not implemented (expected aux_loss|none; Megatron's "
+           "seq_aux_loss / sinkhorn are not)", moe_router_load_balancing_type);
+    if (!(moe_aux_loss_coeff >= 0.0f)) fail("moe_aux_loss_coeff must be >= 0, got {}", moe_aux_loss_coeff);
+    if (!(moe_z_loss_coeff >= 0.0f)) fail("moe_z_loss_coeff must be >= 0, got {}", moe_z_loss_coeff);
+    if (moe_token_dispatcher_type != "alltoall")
+      fail("moe_token_dispatcher_type: '{}' is not implemented (expected alltoall: the same math as Megatron's "
+           "allgather default)", moe_token_dispatcher_type);
   }
 }
 
@@ -307,6 +323,20 @@ void Config::validate() const {
   if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)
     fail("seq_length ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
          "sequence_parallel", model.seq_length, tp * cp);
+  if (model.num_moe_experts > 0) {  // what the MoE layers run with so far (moe/moe_layer.h)
+    if (tp > 1)
+      fail("num_moe_experts: MoE layers need tensor_model_parallel_size 1 (expert tensor parallelism is not "
+           "implemented); got {}", tp);
+    if (cp > 1)
+      fail("num_moe_experts: MoE layers with context_parallel_size {} > 1 are not implemented (the router's "
+           "load-balancing statistics would cover only each rank's s/cp tokens)", cp);
+    if (parallel.expert_model_parallel_size > 1)
+      fail("expert_model_parallel_size ({}): the trainer runs MoE layers at EP 1 so far (every rank holds every "
+           "expert); drop --expert-model-parallel-size", parallel.expert_model_parallel_size);
+    if (training.enable_cuda_graph)
+      fail("enable_cuda_graph: the MoE router reads its routing on the host every layer (data-dependent token "
+           "counts), which a captured step cannot do; drop one of them");
+  }
   if (data.tokenizer_type == "NullTokenizer" && model.vocab_size <= 0)
     fail("vocab_size must be given (--vocab-size) with tokenizer_type NullTokenizer");
   if (training.enable_cuda_graph) {  // what the captured step cannot contain (yet)
@@ -379,6 +409,14 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("recompute_method", m.recompute_method);
   v("recompute_num_layers", m.recompute_num_layers);
   v("calculate_per_token_loss", m.calculate_per_token_loss);
+  v("num_moe_experts", m.num_moe_experts);
+  v("moe_router_topk", m.moe_router_topk);
+  v("moe_ffn_hidden_size", m.moe_ffn_hidden_size);
+  v("moe_router_pre_softmax", m.moe_router_pre_softmax);
+  v("moe_router_load_balancing_type", m.moe_router_load_balancing_type);
+  v("moe_aux_loss_coeff", m.moe_aux_loss_coeff);
+  v("moe_z_loss_coeff", m.moe_z_loss_coeff);
+  v("moe_token_dispatcher_type", m.moe_token_dispatcher_type);
 }
 template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("tensor_model_parallel_size", p.tensor_model_parallel_size);
@@ -569,6 +607,12 @@ nlohmann::json Config::math_fields() const {
       {"vocab_size", m.vocab_size},
       {"padded_vocab_size", m.padded_vocab_size},
   };
+  if (m.num_moe_experts > 0) {  // the routing and the experts' width change the function
+    j["num_moe_experts"] = m.num_moe_experts;
+    j["moe_router_topk"] = m.moe_router_topk;
+    j["moe_ffn_hidden_size"] = m.moe_ffn_hidden_size;
+    j["moe_router_pre_softmax"] = m.moe_router_pre_softmax;
+  }
   if (m.position_embedding_type == PositionEmbedding::LearnedAbsolute)
     j["max_position_embeddings"] = m.max_position_embeddings;
   if (m.position_embedding_type == PositionEmbedding::Rope) {

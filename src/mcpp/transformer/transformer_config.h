@@ -77,6 +77,22 @@ struct TransformerConfig {
   // --calculate-per-token-loss: the loss is summed over tokens and divided once by the global number of
   // non-masked tokens (instead of a mean per microbatch averaged over microbatches).
   bool calculate_per_token_loss = false;
+  // Mixture of experts (Megatron's --num-experts, --moe-*; moe/moe_layer.h): with num_moe_experts > 0 every
+  // layer's MLP is a MoE layer of that many experts (0 = dense). TopKRouter: router logits [n, E] = x W_r^T;
+  // each token goes to moe_router_topk experts — the top k logits, probabilities = softmax over those k (with
+  // moe_router_pre_softmax: softmax over all E, then the top k of it) — and its output is the probability-
+  // weighted sum of their MLPs (moe_ffn_hidden_size wide, 0 -> ffn_hidden_size). Dropless: no capacity, no
+  // token dropped. Load balancing "aux_loss" (Switch Transformer's, scaled by moe_aux_loss_coeff) or "none";
+  // moe_z_loss_coeff > 0 adds ST-MoE's router z-loss. Dispatcher "alltoall" (Megatron's default is
+  // "allgather": same math, the one implemented here is the all-to-all).
+  int64_t num_moe_experts = 0;
+  int64_t moe_router_topk = 2;
+  int64_t moe_ffn_hidden_size = 0;
+  bool moe_router_pre_softmax = false;
+  std::string moe_router_load_balancing_type = "aux_loss";
+  float moe_aux_loss_coeff = 0.0f;
+  float moe_z_loss_coeff = 0.0f;
+  std::string moe_token_dispatcher_type = "alltoall";
 
   // Derived (valid after finalize()).
   int64_t head_dim() const { return kv_channels; }

@@ -10,7 +10,8 @@
 
 namespace mcpp {
 
-TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
+TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params,
+                                   const std::string& prefix, const TransformerConfig& c,
                                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
     : hidden_dropout_(c.hidden_dropout),
       sequence_parallel_(tp.sequence_parallel),
@@ -18,8 +19,10 @@ TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, const std::string
                        tp.sequence_parallel),
       self_attention_(params, prefix + ".self_attention", c, spec, tp),
       pre_mlp_layernorm_(params, prefix + ".pre_mlp_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
-                         tp.sequence_parallel),
-      mlp_(params, prefix + ".mlp", c, tp) {}
+                         tp.sequence_parallel) {
+  if (c.num_moe_experts > 0) moe_ = std::make_unique<moe::MoELayer>(params, expert_params, prefix + ".mlp", c, tp);
+  else mlp_ = std::make_unique<MLP>(params, prefix + ".mlp", c, tp);
+}
 
 Tensor Residual::sum() {
   if (!b.defined()) return a;
@@ -46,7 +49,7 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
     attn_drop = {hidden_dropout_, opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_)};
   Tensor x1;  // x1 = x + dropout(attn), fused with the norm (ln2 = norm(x1), computed from the rounded x1)
   Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn, attn_drop);
-  Tensor mlp = mlp_.forward(ctx.mlp, ln2);
+  Tensor mlp = moe_ ? moe_->forward(ctx.moe, ln2) : mlp_->forward(ctx.mlp, ln2);
   Residual y{x1, mlp};  // y = x1 + dropout(mlp), added by the next norm (or Residual::sum)
   if (ctx.dropout) {
     ctx.mlp_dropout_key = opt.rng->draw(static_cast<uint64_t>(mlp.numel()), sequence_parallel_);
@@ -55,8 +58,8 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
   return y;
 }
 
-ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const ResidualGrad& dy,
-                                       const RopeTables* rope) const {
+ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const ResidualGrad& dy, const RopeTables* rope,
+                                       float loss_grad_scale) const {
   // MLP branch: dx1 = dy + d(pre_mlp_layernorm)(mlp^T(dropout^T(dy))). Under dropout the norm that added
   // y = x1 + dropout(mlp) returned dmlp, unless y was summed apart.
   Tensor dmlp = dy.sum;
@@ -69,11 +72,15 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   // The gradients reaching fc2's output (dy, without dropout) and linear_proj's (dattn: dx1 without dropout)
   // are read or written by pre_mlp_layernorm's fused backward: their bias grads (the column sums) ride in it
   // (ResidualBiasGrads), not in the linears' backward; under dropout fc2's stays in the linear (header).
+  // A MoE layer's output has no bias of its own (each expert's fc2 bias is inside the weighted sum).
+  Parameter* mlp_bias = moe_ ? nullptr : mlp_->output_bias();
   const ResidualBiasGrads rb = ctx.dropout ? ResidualBiasGrads{nullptr, self_attention_.output_bias()}
-                                           : ResidualBiasGrads{mlp_.output_bias(), self_attention_.output_bias()};
+                                           : ResidualBiasGrads{mlp_bias, self_attention_.output_bias()};
+  Tensor dmlp_in = moe_ ? moe_->backward(ctx.moe, dmlp, loss_grad_scale)
+                        : mlp_->backward(ctx.mlp, dmlp, rb.dres_bias != nullptr);
   Tensor dattn;  // attention branch: dx = dx1 + d(input_layernorm)(attn^T(dropout^T(dx1)))
-  Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, mlp_.backward(ctx.mlp, dmlp, rb.dres_bias != nullptr),
-                                           &dy.sum, rb, &dattn);  // + dy and the dropout backward fused
+  Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, dmlp_in, &dy.sum, rb,
+                                           &dattn);  // + dy and the dropout backward fused
   if (!ctx.dropout) dattn = dx1;
   ResidualGrad dx;  // + dx1 fused into the norm's backward; with the input's dropout also its branch gradient
   dx.sum = input_layernorm_.backward(ctx.input_layernorm,
@@ -96,13 +103,15 @@ std::vector<RecomputeGroup> recompute_plan(const TransformerConfig& c, int64_t n
   return groups;
 }
 
-TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, const TransformerConfig& c,
-                                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp,
-                                   int64_t first_layer, int64_t num_layers, bool post_process)
+TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params,
+                                   const TransformerConfig& c, const TransformerLayerSpec& spec,
+                                   const tensor_parallel::TPContext& tp, int64_t first_layer, int64_t num_layers,
+                                   bool post_process)
     : groups_(recompute_plan(c, num_layers)) {
   for (int64_t i = 0; i < num_layers; ++i)
     layers_.push_back(
-        std::make_unique<TransformerLayer>(params, fmt::format("decoder.layers.{}", first_layer + i), c, spec, tp));
+        std::make_unique<TransformerLayer>(params, expert_params, fmt::format("decoder.layers.{}", first_layer + i), c,
+                                           spec, tp));
   if (post_process)
     final_layernorm_ = std::make_unique<Norm>(params, "decoder.final_layernorm", c.hidden_size, c.normalization,
                                               c.norm_epsilon, tp.sequence_parallel);
@@ -145,7 +154,8 @@ Tensor TransformerBlock::forward(TransformerBlockCtx& ctx, const Tensor& x, cons
   return final_layernorm_->forward_add(ctx.final_layernorm, sum, h.a, h.b);
 }
 
-Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope) const {
+Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope,
+                                  float loss_grad_scale) const {
   MCPP_CHECK(ctx.layers.size() == layers_.size() && ctx.recompute.size() == groups_.size(),
              "TransformerBlock::backward needs the context of this block's forward");
   ResidualGrad d{dy, Tensor()};
@@ -159,7 +169,7 @@ Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, co
                      st.replay.options());  // the same draws as the original forward (output unused)
       st = {};
     }
-    d = layers_[static_cast<size_t>(i)]->backward(ctx.layers[static_cast<size_t>(i)], d, rope);
+    d = layers_[static_cast<size_t>(i)]->backward(ctx.layers[static_cast<size_t>(i)], d, rope, loss_grad_scale);
     ctx.layers[static_cast<size_t>(i)] = {};  // consumed
   }
   MCPP_CHECK(!d.branch.defined(), "TransformerBlock::backward: the block's input has no residual branch");

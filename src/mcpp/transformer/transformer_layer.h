@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "mcpp/moe/moe_layer.h"
 #include "mcpp/transformer/attention.h"
 #include "mcpp/transformer/mlp.h"
 #include "mcpp/transformer/norms.h"
@@ -47,6 +48,7 @@ struct TransformerLayerCtx {
   SelfAttentionCtx self_attention;
   NormCtx pre_mlp_layernorm;
   MLPCtx mlp;
+  moe::MoELayerCtx moe;  // MoE layers (config.num_moe_experts > 0) instead of mlp
   PhiloxKey mlp_dropout_key;
   bool dropout = false;
 };
@@ -68,12 +70,17 @@ struct ResidualGrad {
 
 class TransformerLayer {
  public:
-  TransformerLayer(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
-                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
+  // expert_params: where a MoE layer registers its experts (the model's one buffer at EP 1; moe_layer.h).
+  TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
+                   const TransformerConfig& config, const TransformerLayerSpec& spec,
+                   const tensor_parallel::TPContext& tp);
   // x: the layer input (an unsummed one is added inside input_layernorm). Returns y unsummed: {x1, mlp}.
   Residual forward(TransformerLayerCtx& ctx, const Residual& x, const RopeTables* rope,
                    const ForwardOptions& opt) const;
-  ResidualGrad backward(TransformerLayerCtx& ctx, const ResidualGrad& dy, const RopeTables* rope) const;
+  // loss_grad_scale: the coefficient of this microbatch's loss in the backward (MoE: the router's load-balancing
+  // losses are back-propagated with it, as Megatron's MoEAuxLossAutoScaler).
+  ResidualGrad backward(TransformerLayerCtx& ctx, const ResidualGrad& dy, const RopeTables* rope,
+                        float loss_grad_scale) const;
 
  private:
   float hidden_dropout_;
@@ -81,7 +88,8 @@ class TransformerLayer {
   Norm input_layernorm_;
   SelfAttention self_attention_;
   Norm pre_mlp_layernorm_;
-  MLP mlp_;
+  std::unique_ptr<MLP> mlp_;            // dense layers
+  std::unique_ptr<moe::MoELayer> moe_;  // config.num_moe_experts > 0
 };
 
 // One group of layers [first, first + count) whose contexts are rebuilt in backward.
@@ -109,10 +117,11 @@ class TransformerBlock {
  public:
   // Builds layers [first_layer, first_layer + num_layers) named decoder.layers.<global index>; the final
   // norm only when post_process (the last pipeline stage holds it).
-  TransformerBlock(ParamAndGradBuffer& params, const TransformerConfig& config, const TransformerLayerSpec& spec,
-                   const tensor_parallel::TPContext& tp, int64_t first_layer, int64_t num_layers, bool post_process);
+  TransformerBlock(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const TransformerConfig& config,
+                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp, int64_t first_layer,
+                   int64_t num_layers, bool post_process);
   Tensor forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
-  Tensor backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope) const;
+  Tensor backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope, float loss_grad_scale) const;
   const std::vector<RecomputeGroup>& recompute_groups() const { return groups_; }
 
  private:

@@ -92,6 +92,13 @@ void launch_embedding_fwd(FOut out, const int32_t* ids, FIn table, int64_t n, in
 void launch_embedding_bwd(float* dtable, const int32_t* ids, FIn dout, int64_t n, int64_t v, int64_t h,
                           int64_t vocab_start, bool ordered, cudaStream_t s);
 
+// ---- moe_kernels.cu (ops.inc's moe_* contracts; idx [n, k] int32, w / dw float32 [n, k], w == nullptr: ones)
+void launch_moe_permute(FOut out, FIn x, const int32_t* idx, int64_t n, int64_t k, int64_t h, cudaStream_t s);
+void launch_moe_unpermute(FOut y, FIn in, const int32_t* idx, const float* w, int64_t n, int64_t k, int64_t h,
+                          cudaStream_t s);
+void launch_moe_unpermute_bwd(FOut din, float* dw, FIn dy, FIn in, const int32_t* idx, const float* w, int64_t n,
+                              int64_t k, int64_t h, cudaStream_t s);
+
 // ---- norms_kernels.cu (mean == nullptr / beta.p == nullptr: RMSNorm / no bias)
 // A residual branch's dropout (ops::ResidualDropout): element i of the branch is kept iff the uniform of word
 // i % 4 of Philox counter offset (+ *base when base != nullptr, read when the kernel runs) + i / 4 is >= p,

@@ -35,7 +35,12 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
     position_embeddings_ = params_.add({.key = "embedding.position_embeddings.weight",
                                         .shape = {c.max_position_embeddings, c.hidden_size},
                                         .std = c.init_method_std});
-  decoder_ = std::make_unique<TransformerBlock>(params_, c, spec, tp_, stage_.first_layer, stage_.num_layers,
+  // MoE experts share the model's one buffer: reduced over data parallelism like every other parameter, which
+  // is right at EP 1 (expert-DP = DP). EP > 1 needs their own buffers reduced over expert-DP (not here yet).
+  MCPP_CHECK(c.num_moe_experts == 0 || tp_.ep_size() == 1,
+             "GPTModel: expert_model_parallel_size {} > 1 is not implemented in the model yet (the MoE layers run at "
+             "EP 1; moe/moe_layer.h itself runs EP > 1)", tp_.ep_size());
+  decoder_ = std::make_unique<TransformerBlock>(params_, params_, c, spec, tp_, stage_.first_layer, stage_.num_layers,
                                                 stage_.post_process);
   if (stage_.post_process) {
     const tp::ParallelLinearOptions out_opt{.input_size = c.hidden_size,
@@ -152,7 +157,7 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
 Tensor GPTModel::backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor& output_grad) {
   Tensor d = stage_.post_process ? head_backward(ctx, grad_scale) : output_grad;  // [s(/tp), b, h]
   MCPP_CHECK(d.defined(), "backward_step on a middle pipeline stage needs the next stage's gradient");
-  Tensor dx = decoder_->backward(ctx.decoder, d, has_rope_ ? &ctx.rope : nullptr);
+  Tensor dx = decoder_->backward(ctx.decoder, d, has_rope_ ? &ctx.rope : nullptr, grad_scale);
   if (stage_.pre_process) {
     embed_backward(ctx, dx);
     return Tensor();

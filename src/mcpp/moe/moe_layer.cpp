@@ -1,0 +1,63 @@
+// MoELayer; contract in moe_layer.h.
+#include "mcpp/moe/moe_layer.h"
+
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp::moe {
+namespace {
+const tensor_parallel::TPContext& checked(const tensor_parallel::TPContext& tp) {
+  MCPP_CHECK(tp.size() == 1 && !tp.sequence_parallel,
+             "MoE layers need tensor_model_parallel_size 1 (expert tensor parallelism is not implemented); got {}",
+             tp.size());
+  return tp;
+}
+}  // namespace
+
+MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
+                   const TransformerConfig& c, const tensor_parallel::TPContext& tp)
+    : router_(params, prefix + ".router", c),
+      dispatcher_(c.num_moe_experts, tp.ep),
+      experts_(expert_params, prefix + ".experts", c, checked(tp), dispatcher_.first_local_expert(),
+               dispatcher_.num_local_experts()) {}
+
+Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x) const {
+  MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
+  const int64_t h = x.size(2), n = x.size(0) * x.size(1), k = router_.topk();
+  Tensor x2 = x.view({n, h});
+  router_.forward(ctx.router, x2);
+  ctx.plan = dispatcher_.plan(ctx.router.topk, n, k, x.device());
+  Tensor permuted = Tensor::empty({n * k, h}, x.dtype(), x.device());  // [n*k, h] expert-major
+  ops::moe_permute(permuted, x2, ctx.plan.idx);
+  Tensor grouped = dispatcher_.to_experts(ctx.plan, permuted);  // [rows, h] by local expert
+  Tensor out = experts_.forward(ctx.experts, grouped, ctx.plan.tokens_per_local_expert);
+  ctx.combined = dispatcher_.from_experts(ctx.plan, out);  // [n*k, h]
+  Tensor probs = Tensor::from_blob(ctx.router.probs.data(), {n, k}, DType::F32);
+  ctx.probs = x.is_cpu() ? probs.clone() : probs.to(x.device());
+  Tensor y = Tensor::empty({n, h}, x.dtype(), x.device());
+  ops::moe_unpermute(y, ctx.combined, ctx.plan.idx, &ctx.probs);
+  return y.view(x.shape());
+}
+
+Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const {
+  MCPP_CHECK(ctx.combined.defined(), "MoELayer::backward needs the context of its forward");
+  const int64_t h = dy.size(-1), n = ctx.plan.n, k = ctx.plan.k;
+  Tensor dy2 = dy.view({n, h});
+  Tensor dcombined = Tensor::empty(ctx.combined.shape(), dy.dtype(), dy.device());  // [n*k, h]
+  Tensor dprobs = Tensor::empty({n, k}, DType::F32, dy.device());
+  ops::moe_unpermute_bwd(dcombined, dprobs, dy2, ctx.combined, ctx.plan.idx, ctx.probs);
+  ctx.combined = Tensor();
+  Tensor dgrouped = dispatcher_.to_experts(ctx.plan, dcombined);
+  Tensor dexperts_in = experts_.backward(ctx.experts, dgrouped);
+  Tensor dpermuted = dispatcher_.from_experts(ctx.plan, dexperts_in);  // [n*k, h]
+  Tensor dx = Tensor::empty({n, h}, dy.dtype(), dy.device());
+  ops::moe_unpermute(dx, dpermuted, ctx.plan.idx, nullptr);  // the permute's backward: each token's k rows summed
+  Tensor dp_host = dprobs.is_cpu() ? dprobs : dprobs.to(Device::CPU);
+  const float* dpp = dp_host.data<float>();
+  Tensor dx_router = router_.backward(ctx.router, std::vector<float>(dpp, dpp + n * k), loss_grad_scale);
+  ops::add_inplace(dx, dx_router);
+  ctx = {};
+  return dx.view(dy.shape());
+}
+
+}  // namespace mcpp::moe

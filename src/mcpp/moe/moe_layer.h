@@ -1,0 +1,46 @@
+// MoELayer (Megatron-Core transformer/moe/moe_layer.py): the MLP of a transformer layer as a mixture of experts.
+//   x [s, b, h] -> n = s*b tokens -> TopKRouter (router.h): each token's k experts and weights probs [n, k]
+//   -> ops::moe_permute into the expert-major buffer [n*k, h] -> dispatcher to_experts (all-to-all over EP)
+//   -> SequentialMLP (this rank's experts) -> dispatcher from_experts -> ops::moe_unpermute with the weights:
+//   y[t] = sum_i probs[t, i] * expert_{topk[t, i]}(x[t])  -> [s, b, h].
+// backward(dy, loss_grad_scale): ops::moe_unpermute_bwd gives the expert outputs' gradient and dprobs; the
+// dispatcher carries the first to the experts and their input gradient back (same two all-to-alls); the
+// permute's backward sums each token's k rows (moe_unpermute, weights 1); the router adds its dx (from
+// dprobs and the load-balancing losses, scaled by loss_grad_scale). Parameter grads accumulate into main_grad.
+// Parameters: the router's in `params` ("<prefix>.router.weight"), the experts' in `expert_params`
+// ("<prefix>.experts.local_experts.<global index>..."); the model passes its one buffer for both at EP 1.
+// Requires tensor parallel size 1 and no sequence parallelism (expert TP 1); EP from tp.ep (null = 1).
+#pragma once
+#include <string>
+
+#include "mcpp/moe/experts.h"
+#include "mcpp/moe/router.h"
+#include "mcpp/moe/token_dispatcher.h"
+#include "mcpp/tensor_parallel/tp_context.h"
+
+namespace mcpp::moe {
+
+struct MoELayerCtx {
+  RouterCtx router;
+  DispatchPlan plan;
+  ExpertsCtx experts;
+  Tensor combined;  // [n*k, h] the experts' outputs back in this rank's expert-major order
+  Tensor probs;     // [n, k] float32 on the tokens' device
+};
+
+class MoELayer {
+ public:
+  MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
+           const TransformerConfig& config, const tensor_parallel::TPContext& tp);
+  Tensor forward(MoELayerCtx& ctx, const Tensor& x) const;  // [s, b, h] -> [s, b, h]
+  Tensor backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const;
+  const TopKRouter& router() const { return router_; }
+  const MoEAlltoAllTokenDispatcher& dispatcher() const { return dispatcher_; }
+
+ private:
+  TopKRouter router_;
+  MoEAlltoAllTokenDispatcher dispatcher_;
+  SequentialMLP experts_;
+};
+
+}  // namespace mcpp::moe

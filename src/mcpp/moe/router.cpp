@@ -1,0 +1,145 @@
+// TopKRouter; contract in router.h.
+#include "mcpp/moe/router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp::moe {
+namespace {
+
+// A [rows, cols] host fp32 copy of t (any device, fp32 / bf16 / fp16).
+std::vector<float> to_host_f32(const Tensor& t) {
+  Tensor h = t.is_cpu() ? t : t.to(Device::CPU);
+  if (h.dtype() != DType::F32) h = h.to(DType::F32);
+  const float* p = h.data<float>();
+  return std::vector<float>(p, p + h.numel());
+}
+
+// softmax of v[0..n) into out (double accumulation); returns logsumexp.
+double softmax_into(const float* v, int64_t n, float* out) {
+  const float mx = *std::max_element(v, v + n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(v[i]) - mx);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(std::exp(static_cast<double>(v[i]) - mx) / sum);
+  return mx + std::log(sum);
+}
+
+}  // namespace
+
+TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c)
+    : experts_(c.num_moe_experts),
+      k_(c.moe_router_topk),
+      pre_softmax_(c.moe_router_pre_softmax),
+      aux_loss_on_(c.moe_router_load_balancing_type == "aux_loss"),
+      aux_coeff_(c.moe_aux_loss_coeff),
+      z_coeff_(c.moe_z_loss_coeff) {
+  MCPP_CHECK(experts_ > 0 && k_ >= 1 && k_ <= experts_, "TopKRouter: moe_router_topk {} must be in [1, {}]", k_,
+             experts_);
+  weight_ = params.add(ParamSpec{.key = prefix + ".weight", .shape = {experts_, c.hidden_size},
+                                 .init = InitKind::Normal, .std = c.init_method_std});
+}
+
+void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
+  MCPP_CHECK(x.ndim() == 2 && x.size(1) == weight_->data.size(1), "TopKRouter: x must be [n, h={}]; got {}",
+             weight_->data.size(1), x.str());
+  const int64_t n = x.size(0), e = experts_, k = k_;
+  Tensor logits = Tensor::empty({n, e}, x.dtype(), x.device());  // [n, E]
+  ops::linear_fwd(logits, x, weight_->data, nullptr);
+  ctx.x = x;
+  ctx.n = n;
+  ctx.logits = to_host_f32(logits);
+  ctx.scores.assign(static_cast<size_t>(n * e), 0.0f);
+  ctx.topk.assign(static_cast<size_t>(n * k), 0);
+  ctx.probs.assign(static_cast<size_t>(n * k), 0.0f);
+  ctx.tokens_per_expert.assign(static_cast<size_t>(e), 0);
+  std::vector<int32_t> order(static_cast<size_t>(e));
+  double z_sum = 0.0;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* lg = ctx.logits.data() + t * e;
+    const double lse = softmax_into(lg, e, ctx.scores.data() + t * e);
+    z_sum += lse * lse;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [lg](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); });
+    int32_t* top = ctx.topk.data() + t * k;
+    float* pr = ctx.probs.data() + t * k;
+    std::vector<float> sel(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) {
+      top[i] = order[static_cast<size_t>(i)];
+      sel[static_cast<size_t>(i)] = lg[top[i]];
+      ++ctx.tokens_per_expert[static_cast<size_t>(top[i])];
+    }
+    if (pre_softmax_) {
+      for (int64_t i = 0; i < k; ++i) pr[i] = ctx.scores[static_cast<size_t>(t * e + top[i])];
+    } else {
+      softmax_into(sel.data(), k, pr);
+    }
+  }
+  ctx.aux_loss = 0.0;
+  if (aux_loss_on_ && aux_coeff_ > 0.0f && n > 0) {
+    double s = 0.0;
+    for (int64_t j = 0; j < e; ++j) {
+      double agg = 0.0;
+      for (int64_t t = 0; t < n; ++t) agg += ctx.scores[static_cast<size_t>(t * e + j)];
+      s += agg * static_cast<double>(ctx.tokens_per_expert[static_cast<size_t>(j)]);
+    }
+    ctx.aux_loss = s * aux_coeff_ * static_cast<double>(e) / (static_cast<double>(n) * n * k);
+  }
+  ctx.z_loss = z_coeff_ > 0.0f && n > 0 ? z_coeff_ * z_sum / static_cast<double>(n) : 0.0;
+}
+
+Tensor TopKRouter::backward(RouterCtx& ctx, const std::vector<float>& dprobs, float loss_grad_scale) const {
+  const int64_t n = ctx.n, e = experts_, k = k_;
+  MCPP_CHECK(static_cast<int64_t>(dprobs.size()) == n * k, "TopKRouter::backward: dprobs has {} values, expected {}",
+             dprobs.size(), n * k);
+  // g: the gradient reaching scores (the full softmax) per token; dlogits gets the top-k softmax's part directly.
+  std::vector<float> dlogits(static_cast<size_t>(n * e), 0.0f);
+  std::vector<double> g(static_cast<size_t>(e));
+  const double aux_c = aux_loss_on_ && aux_coeff_ > 0.0f && n > 0
+                           ? static_cast<double>(loss_grad_scale) * aux_coeff_ * e / (static_cast<double>(n) * n * k)
+                           : 0.0;
+  const double z_c = z_coeff_ > 0.0f && n > 0 ? static_cast<double>(loss_grad_scale) * z_coeff_ * 2.0 / n : 0.0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t* top = ctx.topk.data() + t * k;
+    const float* pr = ctx.probs.data() + t * k;
+    const float* dp = dprobs.data() + t * k;
+    const float* s = ctx.scores.data() + t * e;
+    const float* lg = ctx.logits.data() + t * e;
+    float* dl = dlogits.data() + t * e;
+    for (int64_t j = 0; j < e; ++j) g[static_cast<size_t>(j)] = aux_c * ctx.tokens_per_expert[static_cast<size_t>(j)];
+    if (pre_softmax_) {
+      for (int64_t i = 0; i < k; ++i) g[static_cast<size_t>(top[i])] += dp[i];
+    } else {  // probs = softmax(logits[top]): d logits[top_i] = p_i (dp_i - sum_j p_j dp_j)
+      double dot = 0.0;
+      for (int64_t i = 0; i < k; ++i) dot += static_cast<double>(pr[i]) * dp[i];
+      for (int64_t i = 0; i < k; ++i) dl[top[i]] += static_cast<float>(pr[i] * (dp[i] - dot));
+    }
+    double sg = 0.0;  // scores = softmax(logits): d logits = s (g - <s, g>)
+    for (int64_t j = 0; j < e; ++j) sg += s[j] * g[static_cast<size_t>(j)];
+    double lse = 0.0;
+    if (z_c != 0.0) {  // d(lse^2)/d logits = 2 lse softmax
+      const float mx = *std::max_element(lg, lg + e);
+      double sum = 0.0;
+      for (int64_t j = 0; j < e; ++j) sum += std::exp(static_cast<double>(lg[j]) - mx);
+      lse = mx + std::log(sum);
+    }
+    for (int64_t j = 0; j < e; ++j)
+      dl[j] += static_cast<float>(s[j] * (g[static_cast<size_t>(j)] - sg) + z_c * lse * s[j]);
+  }
+  Tensor host = Tensor::from_blob(dlogits.data(), {n, e}, DType::F32);
+  Tensor d = host;
+  if (ctx.x.dtype() != DType::F32) d = d.to(ctx.x.dtype());
+  if (!ctx.x.is_cpu()) d = d.to(ctx.x.device());
+  else if (d.same_storage(host)) d = host.clone();  // the host vector dies with this call
+  Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
+  const ops::GradWrite gw = take_grad_overwrite({weight_}) ? ops::GradWrite::Overwrite : ops::GradWrite::Accumulate;
+  ops::linear_bwd(&dx, weight_->main_grad, nullptr, d, ctx.x, weight_->data, gw);
+  weight_->grad_ready();
+  return dx;
+}
+
+}  // namespace mcpp::moe

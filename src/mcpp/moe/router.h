@@ -1,0 +1,55 @@
+// TopKRouter (Megatron-Core transformer/moe/router.py) with its load-balancing losses (moe_utils.py).
+//   x [n, h] -> logits [n, E] = x W_r^T (W_r [E, h] "router.weight", a GEMM in x's dtype) -> on the host, in fp32:
+//     scores = softmax(logits) over the E experts;
+//     topk[t, :] = the k largest logits of token t (ties: the lower expert first), in descending order;
+//     probs[t, :] = softmax over those k logits — or, with moe_router_pre_softmax, scores[t, topk[t, :]];
+//     tokens_per_expert[e] = how many of the n*k routes chose e.
+//   Losses of this microbatch's n tokens (added to the LM loss; their gradients ride the router's backward):
+//     aux_loss = moe_aux_loss_coeff * E / (n * n * k) * sum_e (sum_t scores[t, e]) * tokens_per_expert[e]
+//                (Megatron's switch_load_balancing_loss_func; "aux_loss" balancing only)
+//     z_loss   = moe_z_loss_coeff * mean_t logsumexp(logits[t])^2   (z_loss_func; when the coefficient > 0)
+// backward(dprobs [n, k], loss_grad_scale): d logits = the softmax Jacobians of probs (top-k or pre-softmax)
+// applied to dprobs, + loss_grad_scale * d(aux_loss + z_loss) / d logits (Megatron's MoEAuxLossAutoScaler:
+// the losses' gradient is scaled like the main loss's, 1 / num_microbatches); then dx = dlogits W_r and
+// W_r's grad ACCUMULATES (+= dlogits^T x) into main_grad. The routing decision is not differentiated.
+// The logits, the routing and the losses are computed on the host (a [n, E] read per layer; the token counts
+// are needed on the host by the dispatcher's all-to-all anyway).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/transformer/transformer_config.h"
+
+namespace mcpp::moe {
+
+struct RouterCtx {
+  Tensor x;                        // [n, h] the input (for the weight grad)
+  int64_t n = 0;
+  std::vector<float> logits;       // [n, E]
+  std::vector<float> scores;       // [n, E] softmax over all experts
+  std::vector<int32_t> topk;       // [n, k] chosen experts
+  std::vector<float> probs;        // [n, k] their weights
+  std::vector<int64_t> tokens_per_expert;  // [E]
+  double aux_loss = 0.0, z_loss = 0.0;     // this microbatch's (0 when off)
+};
+
+class TopKRouter {
+ public:
+  TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config);
+  void forward(RouterCtx& ctx, const Tensor& x) const;  // x [n, h]
+  // dprobs [n, k] (host): the gradient of the combine weights. Returns dx [n, h] on x's device, x's dtype.
+  Tensor backward(RouterCtx& ctx, const std::vector<float>& dprobs, float loss_grad_scale) const;
+  Parameter* weight() const { return weight_; }
+  int64_t num_experts() const { return experts_; }
+  int64_t topk() const { return k_; }
+
+ private:
+  int64_t experts_, k_;
+  bool pre_softmax_, aux_loss_on_;
+  float aux_coeff_, z_coeff_;
+  Parameter* weight_ = nullptr;  // [E, h]
+};
+
+}  // namespace mcpp::moe

@@ -1,0 +1,207 @@
+// Mixture of experts on CPU (one rank): the row-movement ops against a direct float64 reference, and the whole
+// MoELayer (router, dropless dispatch, experts, load-balancing losses) against the PyTorch oracle
+// tests/oracle/moe_ref.py (float64, autograd), forward and every gradient.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "kernels/grad_check.h"
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+#include "mcpp/moe/moe_layer.h"
+#include "models/gpt_test_util.h"
+#include "tests/oracle/oracle_python.h"
+
+namespace mcpp {
+namespace {
+using mcpp::testing::random_tensor;
+
+Tensor routes(const std::vector<int32_t>& v, int64_t n, int64_t k) {
+  Tensor t = Tensor::empty({n, k}, DType::I32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+TEST(MoeOps, PermuteUnpermuteAndBackwardMatchTheDefinitions) {
+  const int64_t n = 5, k = 2, h = 7, m = n * k;
+  const std::vector<int32_t> idx = {3, 0, 7, 1, 9, 2, 4, 8, 5, 6};  // a permutation of 0..9
+  Tensor ix = routes(idx, n, k);
+  Tensor x = random_tensor({n, h}, 1), in = random_tensor({m, h}, 2), dy = random_tensor({n, h}, 3);
+  Tensor w = random_tensor({n, k}, 4);
+  Tensor out = Tensor::zeros({m, h});
+  ops::moe_permute(out, x, ix);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t c = 0; c < h; ++c)
+        EXPECT_EQ(out.data<float>()[idx[static_cast<size_t>(t * k + i)] * h + c], x.data<float>()[t * h + c]);
+  Tensor y = Tensor::empty({n, h}), y1 = Tensor::empty({n, h});
+  ops::moe_unpermute(y, in, ix, &w);
+  ops::moe_unpermute(y1, in, ix, nullptr);
+  Tensor din = Tensor::zeros({m, h}), dw = Tensor::empty({n, k});
+  ops::moe_unpermute_bwd(din, dw, dy, in, ix, w);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < h; ++c) {
+      double want = 0, want1 = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const double v = in.data<float>()[idx[static_cast<size_t>(t * k + i)] * h + c];
+        want += w.data<float>()[t * k + i] * v;
+        want1 += v;
+      }
+      EXPECT_NEAR(y.data<float>()[t * h + c], want, 1e-6);
+      EXPECT_NEAR(y1.data<float>()[t * h + c], want1, 1e-6);
+    }
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t j = idx[static_cast<size_t>(t * k + i)];
+      double dot = 0;
+      for (int64_t c = 0; c < h; ++c) {
+        dot += static_cast<double>(dy.data<float>()[t * h + c]) * in.data<float>()[j * h + c];
+        EXPECT_FLOAT_EQ(din.data<float>()[j * h + c], w.data<float>()[t * k + i] * dy.data<float>()[t * h + c]);
+      }
+      EXPECT_NEAR(dw.data<float>()[t * k + i], dot, 1e-5);
+    }
+}
+
+TEST(MoeOps, BadRoutesAreNamedErrors) {
+  Tensor x = random_tensor({2, 4}, 1), out = Tensor::zeros({4, 4});
+  Tensor bad = routes({0, 1, 2, 4}, 2, 2);  // 4 is not a row of out
+  try {
+    ops::moe_permute(out, x, bad);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("idx entry 3 = 4 is not a row of out"), std::string::npos) << e.what();
+  }
+  Tensor wrong_h = Tensor::zeros({4, 5});
+  EXPECT_THROW(ops::moe_permute(wrong_h, x, routes({0, 1, 2, 3}, 2, 2)), Error);
+}
+
+struct MoeCase {
+  std::string style;  // "gpt2": GELU + biases; "llama": SwiGLU, no biases
+  bool pre_softmax = false;
+  float aux = 0.0f, z = 0.0f;
+  int64_t experts = 4, topk = 2, ffn = 24;
+};
+
+void write_raw(const std::string& path, const Tensor& t) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+  ASSERT_TRUE(f.good()) << "cannot write " << path;
+}
+
+TEST(MoELayer, MatchesTorchOracle) {
+  for (const MoeCase& mc : {MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.001f},
+                            MoeCase{.style = "llama", .pre_softmax = true, .aux = 0.1f},
+                            MoeCase{.style = "gpt2", .experts = 8, .topk = 3, .ffn = 16}}) {
+    SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts));
+    TransformerConfig c = testing::tiny_config(mc.style);
+    c.num_moe_experts = mc.experts;
+    c.moe_router_topk = mc.topk;
+    c.moe_ffn_hidden_size = mc.ffn;
+    c.moe_router_pre_softmax = mc.pre_softmax;
+    c.moe_aux_loss_coeff = mc.aux;
+    c.moe_z_loss_coeff = mc.z;
+    c.finalize();
+    c.validate();
+    ParamAndGradBuffer params;
+    moe::MoELayer layer(params, params, "mlp", c, testing::single_tp());
+    params.finalize(5);
+    const bool bias = c.add_bias_linear;
+    for (int64_t e = 0; e < mc.experts && bias; ++e)  // biases start at zero: make them count
+      for (const char* b : {"linear_fc1.bias", "linear_fc2.bias"}) {
+        Parameter* p = params.find("mlp.experts.local_experts." + std::to_string(e) + "." + b);
+        ASSERT_NE(p, nullptr);
+        p->data.copy_from(random_tensor(p->data.shape(), 100 + static_cast<uint64_t>(e)));
+      }
+    const int64_t s = 6, b = 2, h = c.hidden_size, n = s * b;
+    Tensor x = random_tensor({s, b, h}, 7, nullptr, -2.0, 2.0), dy = random_tensor({s, b, h}, 8);
+    moe::MoELayerCtx ctx;
+    Tensor y = layer.forward(ctx, x);
+    int64_t routed = 0;
+    for (int64_t t : ctx.router.tokens_per_expert) routed += t;
+    EXPECT_EQ(routed, n * mc.topk);  // dropless: every route is served
+    const double aux = ctx.router.aux_loss, z = ctx.router.z_loss;
+    const float scale = 0.5f;
+    Tensor dx = layer.backward(ctx, dy, scale);
+
+    char tmpl[] = "/tmp/mcpp_moe_oracle_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    const std::string dir = tmpl;
+    {
+      std::ofstream meta(dir + "/meta.txt");
+      meta << n << " " << h << " " << mc.experts << " " << mc.topk << " " << mc.ffn << " " << (c.swiglu ? 1 : 0)
+           << " " << (bias ? 1 : 0) << " " << (mc.pre_softmax ? 1 : 0) << " " << mc.aux << " " << mc.z << " "
+           << scale << "\n";
+    }
+    write_raw(dir + "/x.bin", x);
+    write_raw(dir + "/dy.bin", dy);
+    write_raw(dir + "/y.bin", y);
+    write_raw(dir + "/dx.bin", dx);
+    Parameter* router = params.find("mlp.router.weight");
+    ASSERT_NE(router, nullptr);
+    write_raw(dir + "/router.bin", router->data);
+    write_raw(dir + "/d_router.bin", router->main_grad);
+    for (int64_t e = 0; e < mc.experts; ++e) {
+      const std::string pre = "mlp.experts.local_experts." + std::to_string(e) + ".";
+      for (const auto& [file, key] : {std::pair<std::string, std::string>{"fc1_w", "linear_fc1.weight"},
+                                      {"fc2_w", "linear_fc2.weight"}, {"fc1_b", "linear_fc1.bias"},
+                                      {"fc2_b", "linear_fc2.bias"}}) {
+        Parameter* p = params.find(pre + key);
+        if (!p) continue;
+        write_raw(dir + "/" + file + std::to_string(e) + ".bin", p->data);
+        write_raw(dir + "/d_" + file + std::to_string(e) + ".bin", p->main_grad);
+      }
+    }
+    Tensor losses = Tensor::empty({2});
+    losses.data<float>()[0] = static_cast<float>(aux);
+    losses.data<float>()[1] = static_cast<float>(z);
+    write_raw(dir + "/losses.bin", losses);
+    const std::string cmd = mcpp::test::oracle_python() + MCPP_SOURCE_DIR + "/tests/oracle/moe_ref.py " + dir + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr) << cmd;
+    std::string out;
+    for (char buf[256]; fgets(buf, sizeof buf, p);) out += buf;
+    const int status = pclose(p);
+    EXPECT_EQ(status, 0) << cmd << "\n" << out;
+    std::system(("rm -rf " + dir).c_str());
+  }
+}
+
+// An expert that no token chose does no work, and its gradients are still written (zero) and reported ready —
+// with the trainer's overwrite mode (stale main grads) and when accumulating.
+TEST(MoELayer, UnchosenExpertsGetZeroGradients) {
+  TransformerConfig c = testing::tiny_config("llama");
+  c.num_moe_experts = 64;  // 12 tokens x top-1 cannot reach them all
+  c.moe_router_topk = 1;
+  c.finalize();
+  c.validate();
+  ParamAndGradBuffer params;
+  params.set_overwrite_main_grad(true);
+  moe::MoELayer layer(params, params, "mlp", c, testing::single_tp());
+  params.finalize(3);
+  params.grad_buffer().fill_(7.0f);  // a previous step's values
+  int64_t ready = 0;
+  params.set_grad_ready_hook([&](Parameter&) { ++ready; });
+  params.zero_grad();
+  moe::MoELayerCtx ctx;
+  Tensor x = random_tensor({6, 2, c.hidden_size}, 9);
+  layer.forward(ctx, x);
+  std::vector<int64_t> tokens = ctx.router.tokens_per_expert;
+  layer.backward(ctx, random_tensor({6, 2, c.hidden_size}, 10), 1.0f);
+  EXPECT_EQ(ready, static_cast<int64_t>(params.params().size()));  // every parameter reported once
+  int64_t idle = 0;
+  for (int64_t e = 0; e < 64; ++e) {
+    if (tokens[static_cast<size_t>(e)] > 0) continue;
+    ++idle;
+    Parameter* w = params.find("mlp.experts.local_experts." + std::to_string(e) + ".linear_fc1.weight");
+    ASSERT_NE(w, nullptr);
+    EXPECT_FALSE(w->grad_stale);
+    EXPECT_EQ(ops::sum_of_squares(w->main_grad), 0.0);
+  }
+  EXPECT_GT(idle, 0);
+}
+
+}  // namespace
+}  // namespace mcpp

@@ -1,0 +1,104 @@
+#!/usr/bin/python3
+"""PyTorch oracle for mcpp's MoE layer (src/mcpp/moe/moe_layer.h: TopKRouter + dropless token dispatch +
+SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py semantics.
+
+Usage: moe_ref.py DIR
+DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale") and raw little-endian
+float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
+expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias); mcpp's outputs
+y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z).
+
+The reference in float64: logits = x W_r^T; scores = softmax(logits); top-k of the logits with softmax over the k
+(or, pre_softmax, top-k of scores); y[t] = sum_i probs[t,i] * MLP_{e_i}(x[t]); aux = coeff * E / (n*n*k) *
+sum_e sum_t scores[t,e] * tokens_e; z = zcoeff * mean(logsumexp(logits)^2); grads by autograd of
+sum(dy * y) + loss_grad_scale * (aux + z). Prints the max relative errors; exit status 1 when any exceeds 2e-5.
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def load(d, name, shape):
+    a = np.fromfile(os.path.join(d, name + ".bin"), dtype="<f4")
+    if a.size != int(np.prod(shape)):
+        sys.exit(f"error: {name}.bin has {a.size} floats, expected {shape}")
+    return torch.from_numpy(a.reshape(shape).astype(np.float64))
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: moe_ref.py DIR")
+    d = sys.argv[1]
+    with open(os.path.join(d, "meta.txt")) as f:
+        fields = f.read().split()
+    n, h, E, k, Fw = (int(v) for v in fields[:5])
+    swiglu, bias, pre_softmax = (v == "1" for v in fields[5:8])
+    aux_coeff, z_coeff, scale = (float(v) for v in fields[8:11])
+
+    x = load(d, "x", (n, h)).requires_grad_()
+    dy = load(d, "dy", (n, h))
+    wr = load(d, "router", (E, h)).requires_grad_()
+    f1 = 2 * Fw if swiglu else Fw
+    w1 = [load(d, f"fc1_w{e}", (f1, h)).requires_grad_() for e in range(E)]
+    w2 = [load(d, f"fc2_w{e}", (h, Fw)).requires_grad_() for e in range(E)]
+    b1 = [load(d, f"fc1_b{e}", (f1,)).requires_grad_() for e in range(E)] if bias else None
+    b2 = [load(d, f"fc2_b{e}", (h,)).requires_grad_() for e in range(E)] if bias else None
+
+    def expert(e, xs):
+        a = xs @ w1[e].T + (b1[e] if bias else 0)
+        if swiglu:
+            act = F.silu(a[:, :Fw]) * a[:, Fw:]
+        else:
+            act = F.gelu(a, approximate="tanh")
+        return act @ w2[e].T + (b2[e] if bias else 0)
+
+    logits = x @ wr.T
+    scores = torch.softmax(logits, dim=-1)
+    if pre_softmax:
+        probs, top = torch.topk(scores, k, dim=-1)
+    else:
+        top_logits, top = torch.topk(logits, k, dim=-1)
+        probs = torch.softmax(top_logits, dim=-1)
+    tokens = torch.zeros(E, dtype=torch.float64)
+    for e in range(E):
+        tokens[e] = float((top == e).sum())
+    aux = (scores.sum(0) * tokens).sum() * (E * aux_coeff / (n * n * k))
+    z = torch.logsumexp(logits, dim=-1).square().mean() * z_coeff
+    y = torch.zeros(n, h, dtype=torch.float64)
+    for e in range(E):
+        rows, slot = (top == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        y = y.index_add(0, rows, probs[rows, slot].unsqueeze(1) * expert(e, x[rows]))
+    ((y * dy).sum() + scale * (aux + z)).backward()
+
+    def rel(got, want):  # normwise: max abs error over max |want|
+        m = float(want.abs().max())
+        return float((got - want).abs().max()) / (m if m > 0 else 1.0)
+
+    checks = [("y", rel(load(d, "y", (n, h)), y.detach())), ("dx", rel(load(d, "dx", (n, h)), x.grad)),
+              ("d_router", rel(load(d, "d_router", (E, h)), wr.grad))]
+    for e in range(E):
+        checks.append((f"d_fc1_w{e}", rel(load(d, f"d_fc1_w{e}", (f1, h)), w1[e].grad)))
+        checks.append((f"d_fc2_w{e}", rel(load(d, f"d_fc2_w{e}", (h, Fw)), w2[e].grad)))
+        if bias:
+            checks.append((f"d_fc1_b{e}", rel(load(d, f"d_fc1_b{e}", (f1,)), b1[e].grad)))
+            checks.append((f"d_fc2_b{e}", rel(load(d, f"d_fc2_b{e}", (h,)), b2[e].grad)))
+    losses = load(d, "losses", (2,))
+    checks.append(("aux_loss", abs(float(losses[0]) - float(aux)) / max(abs(float(aux)), 1e-30)))
+    checks.append(("z_loss", abs(float(losses[1]) - float(z)) / max(abs(float(z)), 1e-30)))
+    ok = True
+    for name, err in checks:
+        # fp32 rounding of mcpp's GEMMs and sums: ~1e-6 of the largest term; the losses are float64 on the host.
+        tol = 2e-5
+        print(f"{name}: max rel err {err:.3e} (tol {tol:g})")
+        ok = ok and err <= tol
+    print("tokens per expert:", [int(t) for t in tokens])
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
