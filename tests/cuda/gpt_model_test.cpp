@@ -43,11 +43,18 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
   return r;
 }
 
-void compare(const std::string& style, DType dt, bool dropout = false) {
+void compare(const std::string& style, DType dt, bool dropout = false, bool moe = false) {
   // cuDNN's attention dropout draws its own mask: the comparison with the CPU's runs the mcpp kernels
   const CudnnAttentionScope attention(!dropout && ops::cuda::cudnn_attention());
   TransformerConfig c = testing::tiny_gpu_config(style);
   if (dropout) c.hidden_dropout = c.attention_dropout = 0.1f;
+  if (moe) {  // MoE layers: fp32 only (bf16 logits may route a near-tie token to another expert than the CPU's)
+    c.num_moe_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_aux_loss_coeff = 0.01f;
+    c.moe_z_loss_coeff = 0.001f;
+    c.finalize();
+  }
   const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32, dropout);
   const Run got = run_model(c, Device::CUDA, dt, false, dropout);
   if (dropout) {  // the masks are on: the eval forward differs
@@ -70,6 +77,8 @@ void compare(const std::string& style, DType dt, bool dropout = false) {
 }
 
 TEST(CudaGPTModel, Gpt2StyleFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::F32); }
+TEST(CudaGPTModel, Gpt2StyleMoeFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::F32, false, true); }
+TEST(CudaGPTModel, LlamaStyleMoeFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32, false, true); }
 TEST(CudaGPTModel, LlamaStyleFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32); }
 TEST(CudaGPTModel, Gpt2StyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::BF16); }
 TEST(CudaGPTModel, LlamaStyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::BF16); }

@@ -212,7 +212,10 @@ void check_dp_equivalence(const Case& k) {
   if (dopt) dopt->wait_param_gather();
   for (const auto& p : par.params().params()) {
     const Tensor rp = shard_of(*p, ref.params().find(p->spec.key)->data);
-    EXPECT_LT(rel_err(p->data, rp, rp), 1e-5) << what << " param after 3 steps " << p->spec.key;
+    // Adam divides each gradient by its own running RMS, so a grad difference at the 1e-5 level checked above
+    // reaches the parameters undamped; a bias that started at 0 holds only ~3 lr of updates, so its normwise
+    // error is that of its grads (1.0-1.2e-5 on OpenBLAS's Haswell / Zen kernels, < 1e-5 on SkylakeX): 3e-5.
+    EXPECT_LT(rel_err(p->data, rp, rp), 3e-5) << what << " param after 3 steps " << p->spec.key;
   }
 }
 

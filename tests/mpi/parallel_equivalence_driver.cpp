@@ -100,7 +100,10 @@ void check_tp_equivalence(const std::string& style, bool sequence_parallel, bool
   }
   for (const auto& p : par.params().params()) {
     const Parameter* r = ref.params().find(p->spec.key);
-    EXPECT_LT(rel_err(p->data, shard_of(*p, r->data)), 1e-5) << what << " param after 3 steps " << p->spec.key;
+    // Adam divides each gradient by its own running RMS, so a grad difference at the 1e-5 level checked above
+    // reaches the parameters undamped; a bias that started at 0 holds only ~3 lr of updates, so its normwise
+    // error is that of its grads (1.0-1.2e-5 on OpenBLAS's Haswell / Zen kernels, < 1e-5 on SkylakeX): 3e-5.
+    EXPECT_LT(rel_err(p->data, shard_of(*p, r->data)), 3e-5) << what << " param after 3 steps " << p->spec.key;
   }
   // Which collectives carried the SP all-gathers: the TP group's flight recorder (the ring is P2P).
   int64_t p2p = 0, gathers = 0;

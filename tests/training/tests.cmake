@@ -35,3 +35,10 @@ add_test(NAME training.context_parallel_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/context_parallel_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/context_parallel_check)
 set_tests_properties(training.context_parallel_cli PROPERTIES TIMEOUT 600)
+# training.moe_cli: `mcpp train --num-experts` (MoE layers at EP 1) — trains, DP2 / DP2 + distributed optimizer /
+# PP2 / Llama-style equal 1 rank; resume bit-exact and a 1-rank checkpoint continued at DP2; bad MoE input fails
+# with one named error.
+add_test(NAME training.moe_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/moe_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/moe_check)
+set_tests_properties(training.moe_cli PROPERTIES TIMEOUT 600)

@@ -21,6 +21,9 @@
 // give the same bits (same masks from the same keys, same roundings, same reduction partitions), so
 // recompute and pipeline layouts stay bitwise equal to the plain run; for that linear_fc2's bias grad under
 // dropout stays in its wgrad (cuBLASLt's BGRADB epilogue: free at 1.3B) rather than in whichever norm.
+// With config.num_moe_experts > 0 the mlp is a MoELayer (moe/moe_layer.h: router, token dispatch, experts): its
+// output has no bias of its own, so no bias grad rides in pre_mlp_layernorm's backward for it; its backward takes
+// the microbatch's loss_grad_scale (the router's load-balancing losses).
 // Backward returns dx (and b's gradient, above); parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 // Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):

@@ -1,0 +1,58 @@
+// CUDA mixture-of-experts row movement (kernels/cuda/moe.cpp) against the CPU backend: float32 (the same fp32
+// math per element: exact for the copies, summation order of the k routes identical) and bf16 (inputs rounded
+// once; outputs rounded to bf16). The whole MoE model on CUDA: tests/cuda/gpt_model_test.cpp (CudaGPTModel.*Moe*).
+#include <gtest/gtest.h>
+
+#include "cuda/cuda_test_util.h"
+
+namespace mcpp {
+namespace {
+using namespace cuda_test;
+
+Tensor idx_tensor(int64_t n, int64_t k, uint64_t seed) {  // a random permutation of 0..n*k-1 as [n, k]
+  std::vector<int32_t> v(static_cast<size_t>(n * k));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(i);
+  uint64_t st = seed;
+  for (size_t i = v.size(); i > 1; --i) {
+    st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+    std::swap(v[i - 1], v[static_cast<size_t>((st >> 33) % i)]);
+  }
+  Tensor t = Tensor::empty({n, k}, DType::I32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+void check(DType dt) {
+  const int64_t n = 37, k = 3, h = 96, m = n * k;
+  Tensor idx = idx_tensor(n, k, 5), didx = idx.to(Device::CUDA);
+  Tensor x = rnd({n, h}, 1, dt), in = rnd({m, h}, 2, dt), dy = rnd({n, h}, 3, dt), w = rnd({n, k}, 4);
+  // permute: a copy, exact in any dtype
+  Tensor out_cpu = Tensor::zeros({m, h});
+  ops::cpu::moe_permute(out_cpu, x, idx, {});
+  Tensor out = poisoned({m, h}, dt);
+  ops::moe_permute(out, dev(x, dt), didx);
+  EXPECT_EQ(rel_err(host(out), out_cpu), 0.0);
+  // unpermute with and without weights
+  Tensor y_cpu = Tensor::empty({n, h}), y1_cpu = Tensor::empty({n, h});
+  ops::cpu::moe_unpermute(y_cpu, in, idx, &w, {});
+  ops::cpu::moe_unpermute(y1_cpu, in, idx, nullptr, {});
+  Tensor dw_dev = dev(w), y = poisoned({n, h}, dt), y1 = poisoned({n, h}, dt);
+  ops::moe_unpermute(y, dev(in, dt), didx, &dw_dev);
+  ops::moe_unpermute(y1, dev(in, dt), didx, nullptr);
+  const double tol = dt == DType::F32 ? 1e-6 : 4e-3;  // bf16: one output rounding (2^-9 relative)
+  EXPECT_LT(rel_err(host(y), y_cpu), tol);
+  EXPECT_LT(rel_err(host(y1), y1_cpu), tol);
+  // backward: din rows exact up to the output rounding, dw a dot product over h (fp32, another order)
+  Tensor din_cpu = Tensor::zeros({m, h}), dwt_cpu = Tensor::empty({n, k});
+  ops::cpu::moe_unpermute_bwd(din_cpu, dwt_cpu, dy, in, idx, w, {});
+  Tensor din = poisoned({m, h}, dt), dwt = poisoned({n, k}, DType::F32);
+  ops::moe_unpermute_bwd(din, dwt, dev(dy, dt), dev(in, dt), didx, dw_dev);
+  EXPECT_LT(rel_err(host(din), din_cpu), tol);
+  EXPECT_LT(rel_err(host(dwt), dwt_cpu), 1e-5);
+}
+
+TEST(CudaMoeOps, Fp32MatchesCpu) { MCPP_REQUIRE_CUDA(); check(DType::F32); }
+TEST(CudaMoeOps, Bf16MatchesCpu) { MCPP_REQUIRE_CUDA(); check(DType::BF16); }
+
+}  // namespace
+}  // namespace mcpp
