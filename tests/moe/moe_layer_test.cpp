@@ -158,13 +158,8 @@ TEST(MoELayer, MatchesTorchOracle) {
     losses.data<float>()[0] = static_cast<float>(aux);
     losses.data<float>()[1] = static_cast<float>(z);
     write_raw(dir + "/losses.bin", losses);
-    const std::string cmd = mcpp::test::oracle_python() + MCPP_SOURCE_DIR + "/tests/oracle/moe_ref.py " + dir + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr) << cmd;
-    std::string out;
-    for (char buf[256]; fgets(buf, sizeof buf, p);) out += buf;
-    const int status = pclose(p);
-    EXPECT_EQ(status, 0) << cmd << "\n" << out;
+    const auto [status, out] = mcpp::test::run_oracle_script(std::string(MCPP_SOURCE_DIR) + "/tests/oracle/moe_ref.py", dir);
+    EXPECT_EQ(status, 0) << out;
     std::system(("rm -rf " + dir).c_str());
   }
 }

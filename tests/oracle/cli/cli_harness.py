@@ -54,6 +54,22 @@ def losses(d, event="train"):
     return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(p)) if r.get("event") == event}
 
 
+def close(a, b, tol=1e-5):
+    """a within tol (relative) of b; False when either is missing."""
+    return a is not None and b is not None and abs(a - b) <= tol * abs(b)
+
+
+def same_losses(name, got_dir, ref_dir, iters, tol=1e-5):
+    """Every iteration's train loss (iters of them) and every validation loss of got_dir equal ref_dir's within tol;
+    differences are recorded in `failures`."""
+    a, b = losses(ref_dir), losses(got_dir)
+    if len(a) != iters or any(not close(b.get(i), a[i], tol) for i in a):
+        failures.append(f"{name}: losses differ from the reference: {b} vs {a}")
+    va, vb = losses(ref_dir, "valid"), losses(got_dir, "valid")
+    if not va or any(not close(vb.get(i), va[i], tol) for i in va):
+        failures.append(f"{name}: validation losses differ from the reference: {vb} vs {va}")
+
+
 def records(d, event):
     p = os.path.join(d, "metrics.jsonl")
     return [r for r in map(json.loads, open(p)) if r.get("event") == event] if os.path.exists(p) else []

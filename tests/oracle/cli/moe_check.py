@@ -16,7 +16,7 @@ usage: moe_check.py MCPP WORKDIR
 import os
 import sys
 
-from cli_harness import MCPP, WORK, failures, losses, record_corpus, run
+from cli_harness import MCPP, WORK, close, failures, losses, record_corpus, run, same_losses
 
 record_corpus()
 M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -31,23 +31,14 @@ LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", 
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--moe-router-pre-softmax"]
 
 
-def close(a, b, tol=1e-5):
-    return a is not None and b is not None and abs(a - b) <= tol * abs(b)
-
-
 def train(name, np_, flags, timeout=400):
     d = os.path.join(WORK, name)
     run([MCPP, "train", *flags, "--save", d], np_=np_, timeout=timeout)
     return d
 
 
-def same(name, got_dir, ref_dir, tol=1e-5):
-    a, b = losses(ref_dir), losses(got_dir)
-    if len(a) != 6 or any(not close(b.get(i), a[i], tol) for i in a):
-        failures.append(f"{name}: losses differ from 1 rank: {b} vs {a}")
-    va, vb = losses(ref_dir, "valid"), losses(got_dir, "valid")
-    if not va or any(not close(vb.get(i), va[i], tol) for i in va):
-        failures.append(f"{name}: validation losses differ from 1 rank: {vb} vs {va}")
+def same(name, got_dir, ref_dir):
+    same_losses(name, got_dir, ref_dir, 6)
 
 
 # 1. it trains, and the experts are in the function
