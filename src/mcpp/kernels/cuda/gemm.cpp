@@ -24,10 +24,12 @@
 //   gelu_bwd, column sum) — cuda_epilogue_fusion_counts() (ops.h) counts which path ran.
 // Row-major C = op(A) op(B) is computed as the column-major product C^T = op(B)^T op(A)^T, so no copies.
 // Matmul descriptors, layouts and the heuristic's candidate algorithms (up to 8, its order) are cached per
-// (shape, dtypes, transposes, epilogue, pointer alignment); one 32 MiB workspace per process. Runs on
-// stream_of(stream).
+// (shape, dtypes, transposes, epilogue, pointer alignment), at most kMaxPlans plans (least recently used evicted:
+// data-dependent shapes — MoE experts' row counts — would otherwise grow the cache every step); one 32 MiB
+// workspace per process. Runs on stream_of(stream).
 // Algorithm autotuning (gemm_autotune.h; switch set_gemm_autotune / env MCPP_GEMM_AUTOTUNE=0|1, default on;
-// --deterministic-mode turns it off): the first call of a plan with the switch on times each candidate
+// --deterministic-mode turns it off; only the first kMaxTunedPerFamily plans of a family of shapes that differ
+// only in m / k / alignment, later ones run #0): the first call of a plan with the switch on times each candidate
 // (one warm-up launch each, then 5 interleaved rounds of one launch per candidate, cudaEvents, median) on
 // the call's own operands, and keeps cuBLASLt's #0 unless another is >= 3% faster (a stable choice; noise
 // cannot flip between near-equal kernels). Timing never writes the caller's outputs: D, a bias-grad output
@@ -66,6 +68,11 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kMaxCandidates = 8;    // heuristic candidates per plan (asking for 32 returned <= 8 on the H200)
 constexpr int kTimedRounds = 5;      // timed launches per candidate (median)
 constexpr double kMinSpeedup = 1.03;  // a candidate replaces #0 only when #0's time / its time >= this
+// Data-dependent shapes (MoE experts' row counts, --variable-seq-lengths): the first kMaxTunedPerFamily plans of a
+// shape family are autotuned, later ones run cuBLASLt's #0 untimed (a tuning costs ~1-10 ms and a device sync: at
+// a new shape every step it would dominate the step); the cache keeps the kMaxPlans most recently used plans.
+constexpr int64_t kMaxTunedPerFamily = 16;
+constexpr size_t kMaxPlans = 4096;
 
 cudaDataType_t cuda_type(Kind k) { return k == kBF16 ? CUDA_R_16BF : k == kF16 ? CUDA_R_16F : CUDA_R_32F; }
 
@@ -107,6 +114,19 @@ struct Plan {
   int tuned = -1;                           // the autotuned index; -1 = not tuned yet
   double tuned_ms = NAN;                    // its measured time (NaN: not timed)
   int bias_split = -1;  // BGRADB wgrad plans: 1 = plain GEMM + column sum is faster, 0 = fused; -1 undecided
+  // A member of a shape family past kMaxTunedPerFamily (rows / reduction length vary call to call: MoE experts'
+  // token counts, variable sequence lengths): cuBLASLt's #0, never timed (tuned = 0, fused bias grad).
+  bool untuned = false;
+  uint64_t last_use = 0;  // the LRU clock (kMaxPlans)
+};
+
+// The GEMMs that differ only in m, k and the pointers' alignment (the shapes data-dependent row counts give).
+struct FamilyKey {
+  int ta, tb;
+  int64_t n;
+  int ka, kc, kbias, epi;
+  auto tie() const { return std::tie(ta, tb, n, ka, kc, kbias, epi); }
+  bool operator<(const FamilyKey& o) const { return tie() < o.tie(); }
 };
 
 struct FusionCounters {
@@ -120,7 +140,10 @@ FusionCounters& fusion_counters() {
 struct LtState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  std::map<PlanKey, Plan> plans;
+  std::map<PlanKey, Plan> plans;           // at most kMaxPlans, least recently used evicted
+  std::map<FamilyKey, int64_t> family_plans;  // plans created per family (ever)
+  std::map<PlanKey, cublasLtMatmulAlgo_t> family_algo;  // per PlanKey with m = k = 0: the last heuristic #0
+  uint64_t clock = 0;
   std::vector<GemmTuneRecord> records;  // one per tuning (gemm_tune_records)
   std::atomic<int> last_algo{-1};       // heuristic index of the last launch (last_gemm_algo_index)
   std::mutex mu;
@@ -157,7 +180,10 @@ cublasStatus_t set_epilogue(cublasLtMatmulDesc_t op, const PlanKey& key, const E
 
 // Column-major operands of the cuBLASLt call: "A" is our B, "B" is our A (see the header comment).
 // may_fail: a fused epilogue cuBLASLt cannot run gives a plan with ok = false instead of an error.
-Plan make_plan(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail) {
+// borrow (non-null): an algorithm of the same GEMM at another m / k (kMaxTunedPerFamily); used without the
+// heuristic's query (~0.3-1 ms a shape) when cublasLtMatmulAlgoCheck accepts it for this shape.
+Plan make_plan(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail,
+               const cublasLtMatmulAlgo_t* borrow = nullptr) {
   Plan p;
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t opa = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // on our B
@@ -177,6 +203,14 @@ Plan make_plan(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, tin, b_rows, b_cols, key.ldb));
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, tin, a_rows, a_cols, key.lda));
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, tc, key.n, key.m, key.ldc));
+  if (borrow) {
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(st.handle, p.op, p.la, p.lb, p.lc, p.lc, borrow, &check) == CUBLAS_STATUS_SUCCESS &&
+        check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes) {
+      p.algos.push_back(*borrow);
+      return p;
+    }
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   MCPP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -367,9 +401,39 @@ PlanKey plan_key(const Tensor& c, const Tensor& a, const Tensor& b, const GemmOp
 }
 
 // The cached plan of key, created on first use (st.mu held).
+void destroy_plan(Plan& p) {
+  if (p.la) cublasLtMatrixLayoutDestroy(p.la);
+  if (p.lb) cublasLtMatrixLayoutDestroy(p.lb);
+  if (p.lc) cublasLtMatrixLayoutDestroy(p.lc);
+  if (p.op) cublasLtMatmulDescDestroy(p.op);
+  p = Plan{};
+}
+
 Plan& plan_for(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail) {
   auto it = st.plans.find(key);
-  if (it == st.plans.end()) it = st.plans.emplace(key, make_plan(st, key, e, may_fail)).first;
+  if (it == st.plans.end()) {
+    if (st.plans.size() >= kMaxPlans) {  // evict the least recently used (host descriptors only: launches done)
+      auto lru = st.plans.begin();
+      for (auto j = st.plans.begin(); j != st.plans.end(); ++j)
+        if (j->second.last_use < lru->second.last_use) lru = j;
+      destroy_plan(lru->second);
+      st.plans.erase(lru);
+    }
+    const FamilyKey fam{key.ta, key.tb, key.n, key.ka, key.kc, key.kbias, key.epi};
+    const bool untuned = ++st.family_plans[fam] > kMaxTunedPerFamily;
+    PlanKey shape_free = key;
+    shape_free.m = shape_free.k = 0;
+    const auto fa = st.family_algo.find(shape_free);
+    Plan p = make_plan(st, key, e, may_fail, untuned && fa != st.family_algo.end() ? &fa->second : nullptr);
+    if (p.ok && !p.algos.empty()) st.family_algo[shape_free] = p.algos[0];
+    if (untuned) {
+      p.untuned = true;
+      p.tuned = 0;
+      p.bias_split = 0;
+    }
+    it = st.plans.emplace(key, std::move(p)).first;
+  }
+  it->second.last_use = ++st.clock;
   return it->second;
 }
 
@@ -644,6 +708,7 @@ void reset_gemm_tuning() {
   LtState& st = lt_state();
   std::lock_guard<std::mutex> lock(st.mu);
   for (auto& [key, plan] : st.plans) {
+    if (plan.untuned) continue;
     plan.tuned = -1;
     plan.tuned_ms = NAN;
     plan.bias_split = -1;
