@@ -168,6 +168,28 @@ TEST(CudaGemmAutotune, SwitchOffRunsTheHeuristicFirstAlgorithm) {
   EXPECT_REL(host(y_on), ref, 4e-3);
 }
 
+// Data-dependent row counts (MoE experts' tokens): a GEMM seen at many m tunes only its first 16 shapes; the later
+// ones run an algorithm borrowed from the family without timing, and every result matches the CPU.
+TEST(CudaGemmAutotune, VaryingRowCountsTuneOnlyTheFirstShapesOfAFamily) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t in = 256, out = 328;  // an out no other test uses: this family starts empty
+  Tensor w = rnd({out, in}, 21, DType::BF16, -0.1, 0.1);
+  Tensor wd = dev(w, DType::BF16);
+  TuningOn on;
+  const size_t before = n_records();
+  for (int64_t i = 0; i < 24; ++i) {
+    const int64_t n = 40 + 56 * i;  // 24 row counts
+    SCOPED_TRACE(n);
+    Tensor x = rnd({n, in}, 100 + static_cast<uint64_t>(i), DType::BF16);
+    Tensor ref = Tensor::empty({n, out});
+    ops::cpu::linear_fwd(ref, x, w, nullptr, {});
+    Tensor y = poisoned({n, out}, DType::BF16);
+    ops::linear_fwd(y, dev(x, DType::BF16), wd, nullptr);
+    EXPECT_REL(host(y), ref, 4e-3);  // one bf16 rounding
+  }
+  EXPECT_EQ(n_records() - before, 16u) << "tuned shapes of one family";
+}
+
 // linear_bwd's bias grad both ways (set_bias_grad_path): the BGRADB epilogue and the plain wgrad + the
 // column-sum kernel (vector path at out % 8 == 0, scalar path at out = 100) match the CPU on two
 // accumulating calls and repeat bit for bit; kAuto with the switch on times both once per shape and
