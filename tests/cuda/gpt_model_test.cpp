@@ -36,10 +36,11 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
   r.logits = host(ctx.logits).clone();  // backward overwrites the logits in place (dlogits); on the CPU
                                         // host() is the same storage
   model.backward(ctx, 1.0f);
-  for (const auto& p : model.params().params()) {
-    r.grads.push_back(host(p->main_grad));
-    r.keys.push_back(p->spec.key);
-  }
+  for (ParamAndGradBuffer* buf : model.buffers())  // the MoE experts' buffer too
+    for (const auto& p : buf->params()) {
+      r.grads.push_back(host(p->main_grad));
+      r.keys.push_back(p->spec.key);
+    }
   return r;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
 
 namespace mcpp {
 
@@ -49,8 +50,10 @@ std::vector<Bucket> make_buckets(const ParamAndGradBuffer& buffer, int64_t bucke
 
 DistributedDataParallel::DistributedDataParallel(ParamAndGradBuffer& buffer,
                                                  const parallel_state::ParallelContext& pc, const DdpOptions& opt)
-    : buffer_(buffer), pc_(pc), opt_(opt), dp_(pc.dp_cp()) {
-  if (!dp_) fail("DistributedDataParallel: this rank has no dp_cp group");
+    : buffer_(buffer), pc_(pc), opt_(opt), dp_(opt.expert_parallel ? pc.expert_dp() : pc.dp_cp()) {
+  if (!dp_) fail("DistributedDataParallel: this rank has no {} group", opt.expert_parallel ? "expert_dp" : "dp_cp");
+  if (opt.expert_parallel)
+    grad_prescale_ = static_cast<float>(dp_->size()) / static_cast<float>(pc.dp_cp()->size());
   if (opt.bucket_size < 0) fail("DistributedDataParallel: ddp_bucket_size must be >= 0, got {}", opt.bucket_size);
   dp_size_ = dp_->size();
   dp_rank_ = dp_->rank();
@@ -120,6 +123,7 @@ void DistributedDataParallel::post_grad_reduction(size_t b) {
     fail("DistributedDataParallel: gradient reduction posted while the parameter all-gather is in flight; "
          "call wait_param_gather() before the forward pass");
   Tensor grads = buffer_.grad_buffer().flat_slice(bk.start, {bk.numel()});  // [bucket numel]
+  if (grad_prescale_ != 1.0f) ops::scale_inplace(grads, grad_prescale_);  // expert buffer: see DdpOptions
   if (!opt_.use_distributed_optimizer) {
     s.grad_work = dp_->all_reduce(grads, comm::ReduceOp::Avg);
   } else {

@@ -48,6 +48,11 @@ struct DdpOptions {
   int64_t bucket_size = 0;  // elements; 0 -> max(40'000'000, 1'000'000 * dp)
   bool overlap_grad_reduce = false;
   bool use_distributed_optimizer = false;
+  // The model's expert buffer (moe/; ParamSpec::expert) under expert parallelism: reduced over pc.expert_dp()
+  // instead of dp_cp, each bucket scaled by expert_dp / (dp * cp) before the Avg — Megatron's expert gradient
+  // scaling: an expert's grad already sums over the tokens of its whole EP group, so the result is the mean over
+  // the dp * cp data-parallel ranks like every other gradient.
+  bool expert_parallel = false;
 };
 
 // A range [begin, end) of buffer elements.
@@ -123,6 +128,7 @@ class DistributedDataParallel {
   DdpOptions opt_;
   comm::CommPtr dp_;
   int dp_size_ = 1, dp_rank_ = 0;
+  float grad_prescale_ = 1.0f;  // expert_parallel: expert_dp / (dp * cp)
   std::vector<Bucket> buckets_;
   std::vector<BucketState> state_;
   std::unordered_map<const Parameter*, std::pair<size_t, size_t>> where_;  // param -> (bucket, index)

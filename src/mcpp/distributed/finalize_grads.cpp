@@ -36,14 +36,16 @@ double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::Paralle
   return model_grad_norm(std::vector<ParamAndGradBuffer*>{&params}, pc);
 }
 
-double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc) {
+namespace {
+// This rank's sum of squares of the counted main grads of `chunks`. Runs of buffer-adjacent counted parameters
+// reduce in one call (one device->host sync per run, not per parameter; at tp == 1 without shared copies the
+// whole buffer is one run).
+double local_sum_of_squares(const std::vector<ParamAndGradBuffer*>& chunks, int tp_rank) {
   double local = 0;
   for (ParamAndGradBuffer* params : chunks) {
-    // Runs of buffer-adjacent counted parameters reduce in one call (one device->host sync per run, not
-    // per parameter; at tp == 1 without shared copies the whole buffer is one run).
     std::vector<std::pair<int64_t, int64_t>> runs;  // [offset, end) in the grad buffer
     for (const auto& p : params->params())
-      if (counts_in_grad_norm(p->spec, pc.tp_rank())) runs.emplace_back(p->offset, p->offset + p->main_grad.numel());
+      if (counts_in_grad_norm(p->spec, tp_rank)) runs.emplace_back(p->offset, p->offset + p->main_grad.numel());
     std::sort(runs.begin(), runs.end());
     for (size_t i = 0; i < runs.size();) {
       size_t j = i;
@@ -52,14 +54,29 @@ double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const par
       i = j + 1;
     }
   }
-  if (pc.mp()->size() > 1) {
-    Tensor t = Tensor::empty({1}, DType::F32);
-    // float64 would be better; the MPI backend reduces float32 tensors (one value, rounding ~1e-7 rel).
-    t.data<float>()[0] = static_cast<float>(local);
-    pc.mp()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
-    local = t.data<float>()[0];
-  }
-  return std::sqrt(local);
+  return local;
+}
+
+double host_sum(const comm::CommPtr& group, double v) {
+  if (!group || group->size() == 1) return v;
+  Tensor t = Tensor::empty({1}, DType::F32);
+  // float64 would be better; the MPI backend reduces float32 tensors (one value, rounding ~1e-7 rel).
+  t.data<float>()[0] = static_cast<float>(v);
+  group->host().all_reduce(t, comm::ReduceOp::Sum).wait();
+  return t.data<float>()[0];
+}
+}  // namespace
+
+double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc) {
+  return model_grad_norm(chunks, {}, pc);
+}
+
+double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks,
+                       const std::vector<ParamAndGradBuffer*>& expert_chunks,
+                       const parallel_state::ParallelContext& pc) {
+  double local = local_sum_of_squares(chunks, pc.tp_rank());
+  if (!expert_chunks.empty()) local += host_sum(pc.ep(), local_sum_of_squares(expert_chunks, pc.tp_rank()));
+  return std::sqrt(host_sum(pc.mp(), local));
 }
 
 double clip_coefficient(double total_norm, double max_norm) {

@@ -26,6 +26,11 @@ void finalize_model_grads(const std::vector<ParamAndGradBuffer*>& chunks, const 
 
 double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc);
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc);
+// With expert parameters (moe/; their own buffers, expert_chunks): each EP rank holds different experts, so their
+// squares are summed over the EP group before the model-parallel sum (expert tensor parallelism is 1).
+double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks,
+                       const std::vector<ParamAndGradBuffer*>& expert_chunks,
+                       const parallel_state::ParallelContext& pc);
 
 // Megatron's clip coefficient: max_norm / (total_norm + 1e-6) when that is < 1, else 1 (also for
 // max_norm <= 0 or a non-finite norm). The trainer passes it to the optimizer step (folded into AdamW).

@@ -81,6 +81,10 @@ struct ParamSpec {
   // so both stages shard it identically over DP and the embedding-group all-reduce sums matching
   // (reduce-scattered) shards.
   bool shared_embedding = false;
+  // An expert's parameter (moe/experts.h; Megatron's allreduce = False): held by one EP rank, replicated over
+  // expert-DP only; it lives in the model's expert buffer (reduced over expert-DP), its squares are summed over
+  // EP in the grad norm, and a checkpoint takes it from one expert-DP replica.
+  bool expert = false;
   Shape global_shape() const { return shard.partitioned() ? shard.global_shape : shape; }
 };
 

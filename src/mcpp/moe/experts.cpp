@@ -24,7 +24,10 @@ SequentialMLP::SequentialMLP(ParamAndGradBuffer& params, const std::string& pref
     const size_t before = params.params().size();
     experts_.emplace_back(params, fmt::format("{}.local_experts.{}", prefix, first_expert + j), ec, expert_tp);
     std::vector<Parameter*> ps;
-    for (size_t q = before; q < params.params().size(); ++q) ps.push_back(params.params()[q].get());
+    for (size_t q = before; q < params.params().size(); ++q) {
+      ps.push_back(params.params()[q].get());
+      ps.back()->spec.expert = true;
+    }
     params_.push_back(std::move(ps));
   }
 }

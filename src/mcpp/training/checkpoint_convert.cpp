@@ -125,9 +125,10 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
         if (has_optim) {
           std::vector<AdamParam> params;
           for (GPTModel* ch : chunks)
-            for (const auto& prm : ch->params().params())
-              params.push_back({.name = prm->spec.key, .param = prm->main_param, .main_grad = prm->main_grad,
-                                .no_weight_decay = prm->spec.no_weight_decay});
+            for (ParamAndGradBuffer* buf : ch->buffers())
+              for (const auto& prm : buf->params())
+                params.push_back({.name = prm->spec.key, .param = prm->main_param, .main_grad = prm->main_grad,
+                                  .no_weight_decay = prm->spec.no_weight_decay});
           adam = std::make_unique<Adam>(std::move(params), adam_options_from(c.optimizer));
           read_adam_state(reader, chunks, *adam);
         }

@@ -53,10 +53,14 @@ void check_fingerprint(const nlohmann::json& meta, const Config& config, const s
 }
 
 // Ownership of replicated data (docs/CHECKPOINT_FORMAT.md, "Who writes what"): a tensor replicated
-// over DP (x CP) is written by dp_cp rank h % dp_cp; one also replicated over TP by TP rank (h >> 32) % tp;
-// h = xxh3(key). This spreads the save work over the replicas, deterministically for every rank.
+// over DP (x CP) is written by dp_cp rank h % dp_cp (an expert's parameter, replicated over expert-DP only, by
+// expert-DP rank h % edp); one also replicated over TP by TP rank (h >> 32) % tp; h = xxh3(key). This spreads
+// the save work over the replicas, deterministically for every rank.
 struct Owner : SaveOwnership {
-  bool writes_replica(const std::string& key) const { return hash(key) % dp == static_cast<uint64_t>(dp_rank); }
+  bool writes_replica(const std::string& key, const ParamSpec& spec) const {
+    return spec.expert ? hash(key) % edp == static_cast<uint64_t>(edp_rank)
+                       : hash(key) % dp == static_cast<uint64_t>(dp_rank);
+  }
   bool writes_tp_replica(const std::string& key, const ParamSpec& spec) const {
     return spec.shard.partitioned() || (hash(key) >> 32) % tp == static_cast<uint64_t>(tp_rank);
   }
@@ -66,7 +70,8 @@ struct Owner : SaveOwnership {
 // Parameter specs of every chunk by key (a tied output weight's shared copy is found after the owner).
 const ParamSpec& spec_of(const std::vector<GPTModel*>& chunks, const std::string& key) {
   for (GPTModel* c : chunks)
-    if (const Parameter* p = c->params().find(key)) return p->spec;
+    for (ParamAndGradBuffer* b : c->buffers())
+      if (const Parameter* p = b->find(key)) return p->spec;
   fail("no model chunk of this rank holds parameter '{}'", key);
 }
 
@@ -175,7 +180,8 @@ void read_piece(const dc::CheckpointReader& reader, const std::string& key, cons
 }  // namespace
 
 SaveOwnership save_ownership(const parallel_state::ParallelContext& pc) {
-  return {.dp = pc.dp_cp()->size(), .dp_rank = pc.dp_cp()->rank(), .tp = pc.tp_size(), .tp_rank = pc.tp_rank()};
+  return {.dp = pc.dp_cp()->size(), .dp_rank = pc.dp_cp()->rank(), .tp = pc.tp_size(), .tp_rank = pc.tp_rank(),
+          .edp = pc.expert_dp()->size(), .edp_rank = pc.expert_dp()->rank()};
 }
 
 // Model tensors are the fp32 main params (= the params with fp32 training); with mixed precision the
@@ -187,8 +193,11 @@ void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPT
   std::unordered_map<const Parameter*, std::vector<const ShardPiece*>> pieces;
   if (optimizer)
     for (const ShardPiece& pc : optimizer->pieces()) pieces[pc.owner].push_back(&pc);
-  for (GPTModel* c : chunks) {
-    ParamAndGradBuffer& buf = c->params();
+  std::vector<ParamAndGradBuffer*> buffers;  // every chunk's, dense and expert
+  for (GPTModel* c : chunks)
+    for (ParamAndGradBuffer* b : c->buffers()) buffers.push_back(b);
+  for (ParamAndGradBuffer* bp : buffers) {
+    ParamAndGradBuffer& buf = *bp;
     if (buf.has_main_params()) {
       for (const auto& p : buf.params()) read_shard(reader, p->spec.key, p->spec, p->main_param);
       if (buf.mixed_precision()) ops::cast(buf.param_buffer(), buf.main_param_buffer());
@@ -231,15 +240,17 @@ std::vector<dc::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTMo
   // A tied output weight on the last pipeline stage is a shared copy of the first stage's embedding: the
   // owner writes it (and its optimizer state); the copy loads from the same key.
   bool sharded_masters = false;
-  for (GPTModel* c : chunks) {
-    if (!c->params().has_main_params()) {
-      sharded_masters = true;
-      continue;
+  for (GPTModel* c : chunks)
+    for (ParamAndGradBuffer* buf : c->buffers()) {
+      if (!buf->has_main_params()) {
+        sharded_masters = true;
+        continue;
+      }
+      for (const auto& p : buf->params())
+        if (!p->spec.shared_copy && own.writes_replica(p->spec.key, p->spec) &&
+            own.writes_tp_replica(p->spec.key, p->spec))
+          add_tp_shards(shards, p->spec.key, p->main_param, p->spec);  // fp32 master
     }
-    for (const auto& p : c->params().params())
-      if (!p->spec.shared_copy && own.writes_replica(p->spec.key) && own.writes_tp_replica(p->spec.key, p->spec))
-        add_tp_shards(shards, p->spec.key, p->main_param, p->spec);  // fp32 master
-  }
   if (sharded_masters) {
     // The fp32 masters live in the distributed optimizer's shards: each DP rank writes its pieces of the
     // model tensors (disjoint over DP), TP replicas of a piece once.
@@ -254,7 +265,7 @@ std::vector<dc::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTMo
   if (optimizer.adam) {
     for (const AdamState& s : optimizer.adam->state()) {
       const ParamSpec& spec = spec_of(chunks, s.name);
-      if (spec.shared_copy || !own.writes_replica(s.name) || !own.writes_tp_replica(s.name, spec)) continue;
+      if (spec.shared_copy || !own.writes_replica(s.name, spec) || !own.writes_tp_replica(s.name, spec)) continue;
       add_tp_shards(shards, kExpAvg + s.name, s.exp_avg, spec);
       add_tp_shards(shards, kExpAvgSq + s.name, s.exp_avg_sq, spec);
     }

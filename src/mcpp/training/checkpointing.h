@@ -75,6 +75,7 @@ struct CheckpointSnapshot {
 // Which ranks write replicated data (docs/CHECKPOINT_FORMAT.md, "Who writes what").
 struct SaveOwnership {
   int dp = 1, dp_rank = 0, tp = 1, tp_rank = 0;
+  int edp = 1, edp_rank = 0;  // expert-DP: the replicas of an expert's parameters (ParamSpec::expert)
 };
 SaveOwnership save_ownership(const parallel_state::ParallelContext& pc);
 

@@ -67,7 +67,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   if (t.fp16) fail("fp16: training in float16 needs a dynamic loss scaler, which is not implemented; use --bf16");
   if (t.bf16 && device_ != Device::CUDA)
     fail("bf16: mixed-precision training needs the CUDA backend (device resolved to cpu; the CPU trainer runs fp32)");
-  if (config_.parallel.expert_model_parallel_size > 1)
+  if (config_.parallel.expert_model_parallel_size > 1 && config_.model.num_moe_experts == 0)
     fail("expert_model_parallel_size ({}): the model has no mixture-of-experts layers to distribute (set "
          "--num-experts), so expert parallelism would only replicate work; drop --expert-model-parallel-size",
          config_.parallel.expert_model_parallel_size);
@@ -111,31 +111,45 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     const int64_t first = st.layers.empty() ? 0 : st.layers.front();
     chunks_.push_back(std::make_unique<GPTModel>(
         config_.model, static_cast<uint64_t>(t.seed),
-        tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap, pc_.cp()}, device_,
+        tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap, pc_.cp(),
+                                   pc_.ep_size() > 1 ? pc_.ep() : nullptr},
+        device_,
         GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
                       .num_layers = static_cast<int64_t>(st.layers.size())},
         param_dtype_));
-    chunks_.back()->params().set_overwrite_main_grad(par.overwrite_main_grad);
-    ddps_.push_back(std::make_unique<DistributedDataParallel>(
-        chunks_.back()->params(), pc_,
-        DdpOptions{.bucket_size = par.ddp_bucket_size,
-                   .overlap_grad_reduce = par.overlap_grad_reduce,
-                   .use_distributed_optimizer = par.use_distributed_optimizer}));
+    const DdpOptions ddp_opt{.bucket_size = par.ddp_bucket_size,
+                             .overlap_grad_reduce = par.overlap_grad_reduce,
+                             .use_distributed_optimizer = par.use_distributed_optimizer};
+    GPTModel& chunk = *chunks_.back();
+    chunk.params().set_overwrite_main_grad(par.overwrite_main_grad);
+    ddps_.push_back(std::make_unique<DistributedDataParallel>(chunk.params(), pc_, ddp_opt));
+    // MoE experts: their own buffer, reduced over expert-DP under EP > 1 (= DP at EP 1: the same group as the
+    // dense buffer's, so the distributed optimizer can take both).
+    expert_ddps_.emplace_back();
+    if (chunk.has_expert_params()) {
+      chunk.expert_params().set_overwrite_main_grad(par.overwrite_main_grad);
+      DdpOptions eo = ddp_opt;
+      eo.expert_parallel = pc_.ep_size() > 1;
+      expert_ddps_.back() = std::make_unique<DistributedDataParallel>(chunk.expert_params(), pc_, eo);
+    }
   }
   if (par.use_distributed_optimizer) {
     // One DDP per chunk, one optimizer over all chunks' buffers (Megatron's virtual-stage setup).
     std::vector<DistributedDataParallel*> ddps;
     for (auto& d : ddps_) ddps.push_back(d.get());
+    for (auto& d : expert_ddps_)
+      if (d) ddps.push_back(d.get());
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(
         ddps, DistributedOptimizerOptions{.adam = adam_options_from(config_.optimizer),
                                                     .overlap_param_gather = par.overlap_param_gather});
   } else {
     std::vector<AdamParam> adam_params;
     for (const auto& chunk : chunks_)
-      for (const auto& p : chunk->params().params())
-        adam_params.push_back({.name = p->spec.key, .param = p->main_param, .main_grad = p->main_grad,
-                               .no_weight_decay = p->spec.no_weight_decay,
-                               .model_param = chunk->params().mixed_precision() ? p->data : Tensor()});
+      for (ParamAndGradBuffer* buf : chunk->buffers())
+        for (const auto& p : buf->params())
+          adam_params.push_back({.name = p->spec.key, .param = p->main_param, .main_grad = p->main_grad,
+                                 .no_weight_decay = p->spec.no_weight_decay,
+                                 .model_param = buf->mixed_precision() ? p->data : Tensor()});
     optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   }
   scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
@@ -230,7 +244,29 @@ double Trainer::dp_mean(double local) const {
 
 std::vector<ParamAndGradBuffer*> Trainer::buffers() const {
   std::vector<ParamAndGradBuffer*> out;
+  for (const auto& c : chunks_)
+    for (ParamAndGradBuffer* b : c->buffers()) out.push_back(b);
+  return out;
+}
+
+std::vector<ParamAndGradBuffer*> Trainer::dense_buffers() const {
+  std::vector<ParamAndGradBuffer*> out;
   for (const auto& c : chunks_) out.push_back(&c->params());
+  return out;
+}
+
+std::vector<ParamAndGradBuffer*> Trainer::expert_buffers() const {
+  std::vector<ParamAndGradBuffer*> out;
+  for (const auto& c : chunks_)
+    if (c->has_expert_params()) out.push_back(&c->expert_params());
+  return out;
+}
+
+std::vector<DistributedDataParallel*> Trainer::all_ddps() const {
+  std::vector<DistributedDataParallel*> out;
+  for (const auto& d : ddps_) out.push_back(d.get());
+  for (const auto& d : expert_ddps_)
+    if (d) out.push_back(d.get());
   return out;
 }
 
@@ -262,6 +298,7 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
       .forward_only = forward_only,
       .before_backward = [&](int64_t m, int64_t chunk) {
         ddps_[static_cast<size_t>(chunk)]->set_is_last_microbatch(m == num_micro - 1);  // no_sync before
+        if (const auto& e = expert_ddps_[static_cast<size_t>(chunk)]) e->set_is_last_microbatch(m == num_micro - 1);
       },
       .loss_stats = static_inputs ? graph_loss_stats_ : Tensor()};
   for (const auto& c : chunks_) args.chunks.push_back(c.get());
@@ -282,10 +319,11 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
 }
 
 Trainer::StepLoss Trainer::forward_backward(const GPTDataset& ds, int64_t first) {
-  for (auto& ddp : ddps_) ddp->zero_grad();
+  for (DistributedDataParallel* ddp : all_ddps()) ddp->zero_grad();
   const StepLoss step = run_microbatches(ds, first, /*forward_only=*/false);
   const TraceRange sync_range("grad sync");
-  for (auto& ddp : ddps_) ddp->finish_grad_sync();  // average over DP (owned shards with the distributed optimizer)
+  for (DistributedDataParallel* ddp : all_ddps())
+    ddp->finish_grad_sync();  // average over DP (owned shards with the distributed optimizer)
   return step;
 }
 
@@ -367,9 +405,9 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   const TraceRange optimizer_range("optimizer");
   const bool per_token = config_.model.calculate_per_token_loss;
   const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;
-  finalize_model_grads(buffers(), pc_, !config_.model.untie_embeddings_and_output_weights);
+  finalize_model_grads(dense_buffers(), pc_, !config_.model.untie_embeddings_and_output_weights);
   const float clip = config_.optimizer.clip_grad;
-  *grad_norm = dist_optimizer_ ? dist_optimizer_->grad_norm() : model_grad_norm(buffers(), pc_);
+  *grad_norm = dist_optimizer_ ? dist_optimizer_->grad_norm() : model_grad_norm(dense_buffers(), expert_buffers(), pc_);
   *skipped = !std::isfinite(*grad_norm);
   if (!*skipped) {
     const auto lr = static_cast<float>(scheduler_->get_lr());

@@ -121,7 +121,12 @@ class Trainer {
   std::unique_ptr<GPTDataset> valid_ds_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // by virtual pipeline stage
   std::vector<std::unique_ptr<DistributedDataParallel>> ddps_;  // one per chunk (its own buffers)
-  std::vector<ParamAndGradBuffer*> buffers() const;
+  // One per chunk: its MoE experts' buffer (over expert-DP at EP > 1); null where the chunk has no experts.
+  std::vector<std::unique_ptr<DistributedDataParallel>> expert_ddps_;
+  std::vector<ParamAndGradBuffer*> buffers() const;         // every chunk's, dense and expert
+  std::vector<ParamAndGradBuffer*> dense_buffers() const;   // the chunks' params()
+  std::vector<ParamAndGradBuffer*> expert_buffers() const;  // the chunks' expert_params() (MoE)
+  std::vector<DistributedDataParallel*> all_ddps() const;   // ddps_, then the expert ones
   std::unique_ptr<Adam> optimizer_;                    // without --use-distributed-optimizer
   std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // with it
   OptimizerRef optimizer_ref() const { return {optimizer_.get(), dist_optimizer_.get()}; }

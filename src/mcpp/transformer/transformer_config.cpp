@@ -330,9 +330,12 @@ void Config::validate() const {
     if (cp > 1)
       fail("num_moe_experts: MoE layers with context_parallel_size {} > 1 are not implemented (the router's "
            "load-balancing statistics would cover only each rank's s/cp tokens)", cp);
-    if (parallel.expert_model_parallel_size > 1)
-      fail("expert_model_parallel_size ({}): the trainer runs MoE layers at EP 1 so far (every rank holds every "
-           "expert); drop --expert-model-parallel-size", parallel.expert_model_parallel_size);
+    const int64_t ep = parallel.expert_model_parallel_size;
+    if (model.num_moe_experts % ep != 0)
+      fail("num_moe_experts ({}) must be divisible by expert_model_parallel_size ({})", model.num_moe_experts, ep);
+    if (ep > 1 && parallel.use_distributed_optimizer)
+      fail("use_distributed_optimizer: with expert_model_parallel_size {} > 1 not implemented yet (the experts' "
+           "buffers are reduced over expert-DP, the optimizer shards over DP); drop one of them", ep);
     if (training.enable_cuda_graph)
       fail("enable_cuda_graph: the MoE router reads its routing on the host every layer (data-dependent token "
            "counts), which a captured step cannot do; drop one of them");

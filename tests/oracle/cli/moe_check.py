@@ -8,12 +8,16 @@ usage: moe_check.py MCPP WORKDIR
   2. DP2, DP2 with the distributed optimizer (overlapped grad reduce and param gather), PP2, full recompute (the
      router and the dispatch re-run in backward) and a Llama-style MoE (SwiGLU experts, pre-softmax router, no
      biases) at DP2: every iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
-  3. a run interrupted at 3 and resumed is bit-exact; a 1-rank checkpoint continues at DP2 (1e-5);
+     Expert parallelism: DP2 x EP2, DP4 x EP4, PP2 x DP2 x EP2 and Llama-style EP2 (overlapped grad reduce)
+     equal the 1-rank run too;
+  3. a run interrupted at 3 and resumed is bit-exact; a 1-rank checkpoint continues at DP2 (1e-5); an EP2
+     checkpoint resumes at EP2 bit-exact and continues at 1 rank and at EP4 (1e-5);
   4. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2, the
-     allgather dispatcher, --expert-model-parallel-size 2 (EP runs only inside the layer so far), `mcpp plan
-     memory` of a MoE model.
+     allgather dispatcher, EP2 with the distributed optimizer, experts not divisible by EP, EP without experts,
+     `mcpp plan memory` of a MoE model.
 """
 import os
+import shutil
 import sys
 
 from cli_harness import MCPP, WORK, close, failures, losses, record_corpus, run, same_losses
@@ -60,6 +64,13 @@ same("full recompute", train("recompute", None, [*M, *MOE, "--recompute-granular
 llama_one = train("llama_one", None, [*M, *MOE, *LLAMA])
 same("llama dp2", train("llama_dp2", 2, [*M, *MOE, *LLAMA]), llama_one)
 
+# expert parallelism: each rank holds E / ep experts, tokens travel by all-to-all (DP2 x EP2, DP4 x EP4, PP2 x DP2 x EP2)
+EP2 = ["--expert-model-parallel-size", "2"]
+same("ep2", train("ep2", 2, [*M, *MOE, *EP2]), one)
+same("ep4", train("ep4", 4, [*M, *MOE, "--expert-model-parallel-size", "4"]), one)
+same("pp2 x ep2", train("pp2_ep2", 4, [*M, *MOE, *EP2, "--pipeline-model-parallel-size", "2"]), one)
+same("llama ep2", train("llama_ep2", 2, [*M, *MOE, *LLAMA, *EP2, "--overlap-grad-reduce"]), llama_one)
+
 # 3. resume bit-exact; a 1-rank checkpoint continues at DP2
 part = os.path.join(WORK, "part")
 run([MCPP, "train", *M, *MOE, "--exit-interval", "3", "--save", part])
@@ -73,6 +84,17 @@ run([MCPP, "train", *M, *MOE, "--load", part2, "--save", part2], np_=2)
 c = losses(part2)
 if any(not close(c.get(i), a[i]) for i in a if i > 3):
     failures.append(f"1-rank MoE checkpoint continued at DP2: {c} vs {a}")
+# an EP2 checkpoint (each rank wrote its experts) resumes at EP2 bit-exact, continues at 1 rank and at EP4
+part3 = os.path.join(WORK, "part3")
+run([MCPP, "train", *M, *MOE, *EP2, "--exit-interval", "3", "--save", part3], np_=2)
+for name, np_, flags in (("EP2", 2, EP2), ("1 rank", None, []), ("EP4", 4, ["--expert-model-parallel-size", "4"])):
+    d = os.path.join(WORK, "cont_" + name.replace(" ", "_"))
+    shutil.copytree(part3, d)
+    run([MCPP, "train", *M, *MOE, *flags, "--load", d, "--save", d], np_=np_)
+    c = losses(d)
+    ref, tol = (losses(os.path.join(WORK, "ep2")), 0) if name == "EP2" else (a, 1e-5)  # bit-exact vs its own run
+    if not ref or any(c.get(i) is None or abs(c[i] - ref[i]) > tol * abs(ref[i]) for i in ref if i > 3):
+        failures.append(f"EP2 checkpoint continued at {name}: {c} vs {ref}")
 
 # 4. bad input: one clear error, non-zero exit, no hang
 for name, np_, cmd, words in (
@@ -82,7 +104,11 @@ for name, np_, cmd, words in (
          ["tensor_model_parallel_size"]),
         ("allgather", None, ["train", *M, *MOE, "--moe-token-dispatcher-type", "allgather"],
          ["moe_token_dispatcher_type", "alltoall"]),
-        ("ep2", 2, ["train", *M, *MOE, "--expert-model-parallel-size", "2"], ["expert_model_parallel_size"]),
+        ("ep2 + distributed optimizer", 2, ["train", *M, *MOE, *EP2, "--use-distributed-optimizer"],
+         ["use_distributed_optimizer", "expert_model_parallel_size"]),
+        ("experts % ep", 2, ["train", *M, "--num-experts", "3", "--moe-router-topk", "1", *EP2],
+         ["num_moe_experts", "expert_model_parallel_size"]),
+        ("ep without experts", 2, ["train", *M, *EP2], ["expert_model_parallel_size", "--num-experts"]),
         ("plan", None, ["plan", "memory", "--world", "1", *M, *MOE], ["mixture-of-experts"])):
     p = run([MCPP, *cmd, *(["--save", os.path.join(WORK, "bad")] if cmd[0] == "train" else [])], np_=np_, expect=1,
             timeout=120)

@@ -35,13 +35,9 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
     position_embeddings_ = params_.add({.key = "embedding.position_embeddings.weight",
                                         .shape = {c.max_position_embeddings, c.hidden_size},
                                         .std = c.init_method_std});
-  // MoE experts share the model's one buffer: reduced over data parallelism like every other parameter, which
-  // is right at EP 1 (expert-DP = DP). EP > 1 needs their own buffers reduced over expert-DP (not here yet).
-  MCPP_CHECK(c.num_moe_experts == 0 || tp_.ep_size() == 1,
-             "GPTModel: expert_model_parallel_size {} > 1 is not implemented in the model yet (the MoE layers run at "
-             "EP 1; moe/moe_layer.h itself runs EP > 1)", tp_.ep_size());
-  decoder_ = std::make_unique<TransformerBlock>(params_, params_, c, spec, tp_, stage_.first_layer, stage_.num_layers,
-                                                stage_.post_process);
+  // MoE experts register in their own buffer (Megatron's expert-parallel buffers): reduced over expert-DP.
+  decoder_ = std::make_unique<TransformerBlock>(params_, expert_params_, c, spec, tp_, stage_.first_layer,
+                                                stage_.num_layers, stage_.post_process);
   if (stage_.post_process) {
     const tp::ParallelLinearOptions out_opt{.input_size = c.hidden_size,
                                             .output_size = c.padded_vocab_size,
@@ -56,6 +52,7 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
     if (tied) output_layer_->set_reports_weight_grad(!stage_.pre_process);
   }
   params_.finalize(seed, device, param_dtype);
+  if (has_expert_params()) expert_params_.finalize(seed, device, param_dtype);
   if (c.position_embedding_type == PositionEmbedding::Rope) {
     const auto rot = static_cast<int64_t>(std::lround(static_cast<double>(c.kv_channels) * c.rotary_percent));
     rope_ = make_rope_tables(std::max(c.seq_length, c.max_position_embeddings), rot, c.rotary_base, device);

@@ -22,6 +22,7 @@
 // key-based init; shared_copy) and finalize_model_grads sums the two stages' gradients.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/tensor_parallel/layers.h"
@@ -97,6 +98,16 @@ class GPTModel {
   Tensor gather_logits(const Tensor& local_logits) const;
 
   ParamAndGradBuffer& params() { return params_; }
+  // The experts' parameters of the MoE layers (moe/experts.h; ParamSpec::expert), in a buffer of their own that
+  // DDP reduces over expert-DP; empty (and unfinalized) without MoE layers on this stage.
+  ParamAndGradBuffer& expert_params() { return expert_params_; }
+  bool has_expert_params() const { return !expert_params_.params().empty(); }
+  // params(), then expert_params() when there are any: every parameter of this chunk.
+  std::vector<ParamAndGradBuffer*> buffers() {
+    std::vector<ParamAndGradBuffer*> out{&params_};
+    if (has_expert_params()) out.push_back(&expert_params_);
+    return out;
+  }
   const TransformerConfig& config() const { return config_; }
   const tensor_parallel::TPContext& tp() const { return tp_; }
   const GPTModelStage& stage() const { return stage_; }
@@ -122,6 +133,7 @@ class GPTModel {
   Tensor position_ids_;
   int64_t position_ids_b_ = 0;
   ParamAndGradBuffer params_;
+  ParamAndGradBuffer expert_params_;  // MoE experts (before decoder_, which registers into it)
   std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embedding_;  // first stage (+ last, tied)
   Parameter* word_embeddings_ = nullptr;      // [Vp/tp, h] (first stage; the last stage's tied copy too)
   Parameter* position_embeddings_ = nullptr;  // [max_pos, h] replicated
