@@ -118,7 +118,7 @@ TEST(MoELayer, MatchesTorchOracle) {
     const int64_t s = 6, b = 2, h = c.hidden_size, n = s * b;
     Tensor x = random_tensor({s, b, h}, 7, nullptr, -2.0, 2.0), dy = random_tensor({s, b, h}, 8);
     moe::MoELayerCtx ctx;
-    Tensor y = layer.forward(ctx, x);
+    Tensor y = layer.forward(ctx, x, nullptr);
     int64_t routed = 0;
     for (int64_t t : ctx.router.tokens_per_expert) routed += t;
     EXPECT_EQ(routed, n * mc.topk);  // dropless: every route is served
@@ -182,7 +182,7 @@ TEST(MoELayer, UnchosenExpertsGetZeroGradients) {
   params.zero_grad();
   moe::MoELayerCtx ctx;
   Tensor x = random_tensor({6, 2, c.hidden_size}, 9);
-  layer.forward(ctx, x);
+  layer.forward(ctx, x, nullptr);
   std::vector<int64_t> tokens = ctx.router.tokens_per_expert;
   layer.backward(ctx, random_tensor({6, 2, c.hidden_size}, 10), 1.0f);
   EXPECT_EQ(ready, static_cast<int64_t>(params.params().size()));  // every parameter reported once

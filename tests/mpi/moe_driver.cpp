@@ -42,7 +42,7 @@ void check_ep_equivalence(const std::string& style, int64_t experts_per_rank, in
   Tensor x = testing::random_tensor({s, b, h}, 100 + static_cast<uint64_t>(me), nullptr, -2.0, 2.0);
   Tensor dy = testing::random_tensor({s, b, h}, 200 + static_cast<uint64_t>(me));
   moe::MoELayerCtx pctx, rctx;
-  Tensor py = par.forward(pctx, x), ry = ref.forward(rctx, x);
+  Tensor py = par.forward(pctx, x, nullptr), ry = ref.forward(rctx, x, nullptr);
   EXPECT_LT(testing::rel_err(py, ry), 1e-5);
   Tensor pdx = par.backward(pctx, dy, 0.5f), rdx = ref.backward(rctx, dy, 0.5f);
   EXPECT_LT(testing::rel_err(pdx, rdx), 1e-5);

@@ -16,16 +16,23 @@ const tensor_parallel::TPContext& checked(const tensor_parallel::TPContext& tp) 
 
 MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
                    const TransformerConfig& c, const tensor_parallel::TPContext& tp)
-    : router_(params, prefix + ".router", c),
+    : config_(c),
+      router_(params, prefix + ".router", c),
       dispatcher_(c.num_moe_experts, tp.ep),
       experts_(expert_params, prefix + ".experts", c, checked(tp), dispatcher_.first_local_expert(),
                dispatcher_.num_local_experts()) {}
 
-Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x) const {
+Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses) const {
   MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
   const int64_t h = x.size(2), n = x.size(0) * x.size(1), k = router_.topk();
   Tensor x2 = x.view({n, h});
   router_.forward(ctx.router, x2);
+  if (losses) {
+    const TransformerConfig& c = config_;
+    if (c.moe_aux_loss_coeff > 0.0f) losses->load_balancing += ctx.router.aux_loss / c.moe_aux_loss_coeff;
+    if (c.moe_z_loss_coeff > 0.0f) losses->z += ctx.router.z_loss / c.moe_z_loss_coeff;
+    ++losses->calls;
+  }
   ctx.plan = dispatcher_.plan(ctx.router.topk, n, k, x.device());
   Tensor permuted = Tensor::empty({n * k, h}, x.dtype(), x.device());  // [n*k, h] expert-major
   ops::moe_permute(permuted, x2, ctx.plan.idx);

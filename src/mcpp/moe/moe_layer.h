@@ -32,12 +32,14 @@ class MoELayer {
  public:
   MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
            const TransformerConfig& config, const tensor_parallel::TPContext& tp);
-  Tensor forward(MoELayerCtx& ctx, const Tensor& x) const;  // [s, b, h] -> [s, b, h]
+  // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it.
+  Tensor forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses) const;
   Tensor backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const;
   const TopKRouter& router() const { return router_; }
   const MoEAlltoAllTokenDispatcher& dispatcher() const { return dispatcher_; }
 
  private:
+  TransformerConfig config_;
   TopKRouter router_;
   MoEAlltoAllTokenDispatcher dispatcher_;
   SequentialMLP experts_;

@@ -24,6 +24,14 @@
 
 namespace mcpp::moe {
 
+// This rank's router losses summed over MoE layer calls (layers x microbatches x steps of a log window), each
+// divided by its coefficient as Megatron's tracker logs them (load_balancing_loss = aux_loss / moe_aux_loss_coeff,
+// z_loss = z_loss / moe_z_loss_coeff); the trainer averages them over the calls of every rank.
+struct LossTracker {
+  double load_balancing = 0.0, z = 0.0;
+  int64_t calls = 0;
+};
+
 struct RouterCtx {
   Tensor x;                        // [n, h] the input (for the weight grad)
   int64_t n = 0;

@@ -12,21 +12,27 @@ namespace mcpp {
 
 std::string format_log_line(const IterationStats& s) {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::string moe;  // Megatron prints the MoE losses beside the lm loss
+  if (s.load_balancing_loss) moe += fmt::format(" load_balancing_loss: {:.6E} |", *s.load_balancing_loss);
+  if (s.z_loss) moe += fmt::format(" z_loss: {:.6E} |", *s.z_loss);
   return fmt::format(
       " [{:%Y-%m-%d %H:%M:%S}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): "
-      "{:.1f} | throughput (tok/s): {:.1f} | learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | "
+      "{:.1f} | throughput (tok/s): {:.1f} | learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} |{} "
       "grad norm: {:.3f} | number of skipped iterations: {:>3} | number of nan iterations: {:>3} |",
       fmt::localtime(now), s.iteration, s.train_iters, s.consumed_samples, s.elapsed_ms_per_iter, s.tokens_per_sec,
-      s.learning_rate, s.global_batch_size, s.lm_loss, s.grad_norm, s.skipped_iters, s.nan_iters);
+      s.learning_rate, s.global_batch_size, s.lm_loss, moe, s.grad_norm, s.skipped_iters, s.nan_iters);
 }
 
 nlohmann::json to_json(const IterationStats& s) {
-  return {{"event", "train"},          {"iteration", s.iteration},
-          {"consumed_samples", s.consumed_samples}, {"elapsed_ms_per_iter", s.elapsed_ms_per_iter},
-          {"tokens_per_sec", s.tokens_per_sec},     {"learning_rate", s.learning_rate},
-          {"global_batch_size", s.global_batch_size}, {"lm_loss", s.lm_loss},
-          {"grad_norm", s.grad_norm},               {"skipped_iters", s.skipped_iters},
-          {"nan_iters", s.nan_iters}};
+  nlohmann::json j = {{"event", "train"},          {"iteration", s.iteration},
+                      {"consumed_samples", s.consumed_samples}, {"elapsed_ms_per_iter", s.elapsed_ms_per_iter},
+                      {"tokens_per_sec", s.tokens_per_sec},     {"learning_rate", s.learning_rate},
+                      {"global_batch_size", s.global_batch_size}, {"lm_loss", s.lm_loss},
+                      {"grad_norm", s.grad_norm},               {"skipped_iters", s.skipped_iters},
+                      {"nan_iters", s.nan_iters}};
+  if (s.load_balancing_loss) j["load_balancing_loss"] = *s.load_balancing_loss;
+  if (s.z_loss) j["z_loss"] = *s.z_loss;
+  return j;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) {

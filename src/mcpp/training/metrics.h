@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,9 @@ struct IterationStats {
   double grad_norm = 0;
   int64_t skipped_iters = 0;
   int64_t nan_iters = 0;
+  // MoE models: Megatron's load_balancing_loss / z_loss (the router losses over their coefficients, averaged over
+  // layers, microbatches, iterations of the window and ranks); unset when the loss is off.
+  std::optional<double> load_balancing_loss, z_loss;
 };
 
 // " [2026-11-30 08:00:00] iteration       10/     100 | consumed samples: ... | lm loss: 5.1E+00 | ..."

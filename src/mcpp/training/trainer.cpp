@@ -291,7 +291,8 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
       .variable_seq_lengths = config_.parallel.variable_seq_lengths,
       .hidden_dtype = param_dtype_,
       .hidden_device = device_,
-      .forward = {.training = !forward_only, .rng = forward_only ? nullptr : &state_.rng},
+      .forward = {.training = !forward_only, .rng = forward_only ? nullptr : &state_.rng,
+                  .moe_losses = forward_only ? nullptr : &moe_losses_},
       // Megatron: loss / num_microbatches, or the token sum with --calculate-per-token-loss (the gradients
       // are divided by the global token count after the DP reduction: scale_grads_per_token).
       .grad_scale = config_.model.calculate_per_token_loss ? 1.0f : 1.0f / static_cast<float>(num_micro),
@@ -507,6 +508,20 @@ void Trainer::after_commit(const std::string& dir, int64_t iteration) {
                  iteration);
 }
 
+void Trainer::moe_log_losses(IterationStats& st) {
+  Tensor t = Tensor::empty({3});  // this window's sums over every rank's MoE layer calls
+  t.data<float>()[0] = static_cast<float>(moe_losses_.load_balancing);
+  t.data<float>()[1] = static_cast<float>(moe_losses_.z);
+  t.data<float>()[2] = static_cast<float>(moe_losses_.calls);
+  pc_.world()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
+  moe_losses_ = {};
+  const float calls = t.data<float>()[2];
+  if (calls <= 0) return;
+  if (config_.model.moe_aux_loss_coeff > 0.0f && config_.model.moe_router_load_balancing_type == "aux_loss")
+    st.load_balancing_loss = t.data<float>()[0] / calls;
+  if (config_.model.moe_z_loss_coeff > 0.0f) st.z_loss = t.data<float>()[1] / calls;
+}
+
 TrainSummary Trainer::train() {
   const auto& t = config_.training;
   TrainSummary summary;
@@ -547,6 +562,7 @@ TrainSummary Trainer::train() {
                         .grad_norm = grad_norm_last,
                         .skipped_iters = skipped_total,
                         .nan_iters = nan_total};
+      if (config_.model.num_moe_experts > 0) moe_log_losses(st);  // collective (every rank)
       if (is_logging_rank()) {
         fmt::print("{}\n", format_log_line(st));
         std::fflush(stdout);

@@ -112,6 +112,9 @@ class Trainer {
   // measured model state, beside the memory plan's).
   int64_t model_state_bytes() const;
   double dp_mean(double local) const;
+  // MoE: the window's router losses averaged over every rank's layer calls into st (collective over the world).
+  void moe_log_losses(IterationStats& st);
+  moe::LossTracker moe_losses_;  // this rank's MoE router losses since the last log line
 
   Config config_;
   parallel_state::ParallelContext pc_;

@@ -5,6 +5,9 @@
 #include "mcpp/tensor_parallel/random.h"
 
 namespace mcpp {
+namespace moe {
+struct LossTracker;
+}
 
 struct ForwardOptions {
   bool training = true;                       // dropout active when true and p > 0
@@ -12,6 +15,8 @@ struct ForwardOptions {
   // > 0: the backward will follow with this grad_scale, so the last stage computes the logits' gradient in
   // the loss forward (fused cross entropy, one pass over the logits; tp = 1). 0: the loss only.
   float loss_grad_scale = 0.0f;
+  // MoE layers add their router losses here (the trainer's log line); null = not recorded (evaluation, recompute).
+  moe::LossTracker* moe_losses = nullptr;
 };
 
 // ForwardOptions snapshot for activation recompute: the RNG streams as a forward found them. A re-run

@@ -4,7 +4,8 @@ mpiexec, against the single-process run (the parallel-equivalence oracle, end to
 
 usage: moe_check.py MCPP WORKDIR
   1. a GPT-2-style MoE model (4 experts, top-2, aux loss and z-loss) trains: finite losses that differ from the
-     dense model's with the same seed;
+     dense model's with the same seed; the log records carry load_balancing_loss (~1) and z_loss (> 0), equal at
+     DP2 and DP2 x EP2, absent for the dense model;
   2. DP2, DP2 with the distributed optimizer (overlapped grad reduce and param gather), PP2, full recompute (the
      router and the dispatch re-run in backward) and a Llama-style MoE (SwiGLU experts, pre-softmax router, no
      biases) at DP2: every iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
@@ -17,10 +18,11 @@ usage: moe_check.py MCPP WORKDIR
      `mcpp plan memory` of a MoE model.
 """
 import os
+import re
 import shutil
 import sys
 
-from cli_harness import MCPP, WORK, close, failures, losses, record_corpus, run, same_losses
+from cli_harness import MCPP, WORK, close, failures, losses, record_corpus, records, run, same_losses
 
 record_corpus()
 M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -35,9 +37,12 @@ LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", 
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--moe-router-pre-softmax"]
 
 
+STDOUT = {}  # run name -> the trainer's stdout
+
+
 def train(name, np_, flags, timeout=400):
     d = os.path.join(WORK, name)
-    run([MCPP, "train", *flags, "--save", d], np_=np_, timeout=timeout)
+    STDOUT[name] = run([MCPP, "train", *flags, "--save", d], np_=np_, timeout=timeout).stdout
     return d
 
 
@@ -70,6 +75,25 @@ same("ep2", train("ep2", 2, [*M, *MOE, *EP2]), one)
 same("ep4", train("ep4", 4, [*M, *MOE, "--expert-model-parallel-size", "4"]), one)
 same("pp2 x ep2", train("pp2_ep2", 4, [*M, *MOE, *EP2, "--pipeline-model-parallel-size", "2"]), one)
 same("llama ep2", train("llama_ep2", 2, [*M, *MOE, *LLAMA, *EP2, "--overlap-grad-reduce"]), llama_one)
+
+# the log line's router losses (Megatron's load_balancing_loss and z_loss: each loss over its coefficient, averaged
+# over layers, microbatches and ranks): ~1 for the Switch loss of a near-uniform router, positive z; per-rank
+# statistics, so DP2 and DP2 x EP2 (the same tokens per rank) log the same values
+def moe_losses(d):
+    return [(r.get("load_balancing_loss"), r.get("z_loss")) for r in records(d, "train")]
+
+
+lb = moe_losses(one)
+if len(lb) != 6 or any(a_ is None or z_ is None or not (0.9 < a_ < 1.5) or not z_ > 0 for a_, z_ in lb):
+    failures.append(f"log line MoE losses at 1 rank: {lb}")
+for x, y in zip(moe_losses(os.path.join(WORK, "dp2")), moe_losses(os.path.join(WORK, "ep2"))):
+    if not (close(y[0], x[0]) and close(y[1], x[1])):
+        failures.append(f"MoE losses DP2 {x} vs DP2 x EP2 {y}")
+line = [l for l in STDOUT["one"].splitlines() if " iteration " in l and "lm loss:" in l]
+if not line or not re.search(r"\| lm loss: \S+ \| load_balancing_loss: \S+ \| z_loss: \S+ \| grad norm:", line[0]):
+    failures.append(f"the MoE log line: {line[:1]}")
+if any(k in r for r in records(dense, "train") for k in ("load_balancing_loss", "z_loss")):
+    failures.append("a dense model logs MoE losses")
 
 # 3. resume bit-exact; a 1-rank checkpoint continues at DP2
 part = os.path.join(WORK, "part")
