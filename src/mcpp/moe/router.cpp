@@ -37,8 +37,9 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
       aux_loss_on_(c.moe_router_load_balancing_type == "aux_loss"),
       aux_coeff_(c.moe_aux_loss_coeff),
       z_coeff_(c.moe_z_loss_coeff) {
-  MCPP_CHECK(experts_ > 0 && k_ >= 1 && k_ <= experts_, "TopKRouter: moe_router_topk {} must be in [1, {}]", k_,
-             experts_);
+  MCPP_CHECK(experts_ > 0 && k_ >= 1 && k_ <= std::min(experts_, kMaxTopk),
+             "TopKRouter: moe_router_topk {} must be in [1, min(num_moe_experts, {})] = [1, {}]", k_, kMaxTopk,
+             std::min(experts_, kMaxTopk));
   weight_ = params.add(ParamSpec{.key = prefix + ".weight", .shape = {experts_, c.hidden_size},
                                  .init = InitKind::Normal, .std = c.init_method_std});
 }
@@ -55,30 +56,34 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   ctx.scores.assign(static_cast<size_t>(n * e), 0.0f);
   ctx.topk.assign(static_cast<size_t>(n * k), 0);
   ctx.probs.assign(static_cast<size_t>(n * k), 0.0f);
-  ctx.tokens_per_expert.assign(static_cast<size_t>(e), 0);
-  std::vector<int32_t> order(static_cast<size_t>(e));
-  double z_sum = 0.0;
+  ctx.lse.assign(static_cast<size_t>(n), 0.0);
+  // Per token, independent (threads split the tokens; every value is computed the same way on any thread count).
+#pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t) {
     const float* lg = ctx.logits.data() + t * e;
-    const double lse = softmax_into(lg, e, ctx.scores.data() + t * e);
-    z_sum += lse * lse;
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [lg](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); });
+    ctx.lse[static_cast<size_t>(t)] = softmax_into(lg, e, ctx.scores.data() + t * e);
     int32_t* top = ctx.topk.data() + t * k;
     float* pr = ctx.probs.data() + t * k;
-    std::vector<float> sel(static_cast<size_t>(k));
-    for (int64_t i = 0; i < k; ++i) {
-      top[i] = order[static_cast<size_t>(i)];
-      sel[static_cast<size_t>(i)] = lg[top[i]];
-      ++ctx.tokens_per_expert[static_cast<size_t>(top[i])];
+    for (int64_t i = 0; i < k; ++i) {  // k passes of max: the largest not yet taken, ties to the lower expert
+      int32_t best = -1;
+      for (int32_t j = 0; j < static_cast<int32_t>(e); ++j) {
+        bool taken = false;
+        for (int64_t q = 0; q < i && !taken; ++q) taken = top[q] == j;
+        if (!taken && (best < 0 || lg[j] > lg[best])) best = j;
+      }
+      top[i] = best;
+      pr[i] = pre_softmax_ ? ctx.scores[static_cast<size_t>(t * e + best)] : lg[best];  // softmax'd below
     }
-    if (pre_softmax_) {
-      for (int64_t i = 0; i < k; ++i) pr[i] = ctx.scores[static_cast<size_t>(t * e + top[i])];
-    } else {
-      softmax_into(sel.data(), k, pr);
+    if (!pre_softmax_) {
+      float sel[kMaxTopk];
+      for (int64_t i = 0; i < k; ++i) sel[i] = pr[i];
+      softmax_into(sel, k, pr);
     }
   }
+  ctx.tokens_per_expert.assign(static_cast<size_t>(e), 0);
+  for (const int32_t x : ctx.topk) ++ctx.tokens_per_expert[static_cast<size_t>(x)];
+  double z_sum = 0.0;  // in token order: the same value on any thread count
+  for (const double l : ctx.lse) z_sum += l * l;
   ctx.aux_loss = 0.0;
   if (aux_loss_on_ && aux_coeff_ > 0.0f && n > 0) {
     double s = 0.0;
@@ -98,17 +103,19 @@ Tensor TopKRouter::backward(RouterCtx& ctx, const std::vector<float>& dprobs, fl
              dprobs.size(), n * k);
   // g: the gradient reaching scores (the full softmax) per token; dlogits gets the top-k softmax's part directly.
   std::vector<float> dlogits(static_cast<size_t>(n * e), 0.0f);
-  std::vector<double> g(static_cast<size_t>(e));
   const double aux_c = aux_loss_on_ && aux_coeff_ > 0.0f && n > 0
                            ? static_cast<double>(loss_grad_scale) * aux_coeff_ * e / (static_cast<double>(n) * n * k)
                            : 0.0;
   const double z_c = z_coeff_ > 0.0f && n > 0 ? static_cast<double>(loss_grad_scale) * z_coeff_ * 2.0 / n : 0.0;
+#pragma omp parallel
+  {
+  std::vector<double> g(static_cast<size_t>(e));  // per thread
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < n; ++t) {
     const int32_t* top = ctx.topk.data() + t * k;
     const float* pr = ctx.probs.data() + t * k;
     const float* dp = dprobs.data() + t * k;
     const float* s = ctx.scores.data() + t * e;
-    const float* lg = ctx.logits.data() + t * e;
     float* dl = dlogits.data() + t * e;
     for (int64_t j = 0; j < e; ++j) g[static_cast<size_t>(j)] = aux_c * ctx.tokens_per_expert[static_cast<size_t>(j)];
     if (pre_softmax_) {
@@ -120,16 +127,11 @@ Tensor TopKRouter::backward(RouterCtx& ctx, const std::vector<float>& dprobs, fl
     }
     double sg = 0.0;  // scores = softmax(logits): d logits = s (g - <s, g>)
     for (int64_t j = 0; j < e; ++j) sg += s[j] * g[static_cast<size_t>(j)];
-    double lse = 0.0;
-    if (z_c != 0.0) {  // d(lse^2)/d logits = 2 lse softmax
-      const float mx = *std::max_element(lg, lg + e);
-      double sum = 0.0;
-      for (int64_t j = 0; j < e; ++j) sum += std::exp(static_cast<double>(lg[j]) - mx);
-      lse = mx + std::log(sum);
-    }
+    const double lse = ctx.lse[static_cast<size_t>(t)];  // d(lse^2)/d logits = 2 lse softmax
     for (int64_t j = 0; j < e; ++j)
       dl[j] += static_cast<float>(s[j] * (g[static_cast<size_t>(j)] - sg) + z_c * lse * s[j]);
   }
+  }  // omp parallel
   Tensor host = Tensor::from_blob(dlogits.data(), {n, e}, DType::F32);
   Tensor d = host;
   if (ctx.x.dtype() != DType::F32) d = d.to(ctx.x.dtype());

@@ -24,6 +24,8 @@
 
 namespace mcpp::moe {
 
+constexpr int64_t kMaxTopk = 64;  // moe_router_topk's upper bound (TransformerConfig::validate)
+
 // This rank's router losses summed over MoE layer calls (layers x microbatches x steps of a log window), each
 // divided by its coefficient as Megatron's tracker logs them (load_balancing_loss = aux_loss / moe_aux_loss_coeff,
 // z_loss = z_loss / moe_z_loss_coeff); the trainer averages them over the calls of every rank.
@@ -40,6 +42,7 @@ struct RouterCtx {
   std::vector<int32_t> topk;       // [n, k] chosen experts
   std::vector<float> probs;        // [n, k] their weights
   std::vector<int64_t> tokens_per_expert;  // [E]
+  std::vector<double> lse;                 // [n] logsumexp of each token's logits
   double aux_loss = 0.0, z_loss = 0.0;     // this microbatch's (0 when off)
 };
 

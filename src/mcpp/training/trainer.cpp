@@ -561,7 +561,9 @@ TrainSummary Trainer::train() {
                         .lm_loss = loss_window / static_cast<double>(iters_in_window),
                         .grad_norm = grad_norm_last,
                         .skipped_iters = skipped_total,
-                        .nan_iters = nan_total};
+                        .nan_iters = nan_total,
+                        .load_balancing_loss = std::nullopt,
+                        .z_loss = std::nullopt};
       if (config_.model.num_moe_experts > 0) moe_log_losses(st);  // collective (every rank)
       if (is_logging_rank()) {
         fmt::print("{}\n", format_log_line(st));

@@ -154,8 +154,9 @@ void TransformerConfig::validate() const {
   // Mixture of experts (Megatron's MoE arguments).
   require_non_negative(num_moe_experts, "num_moe_experts");
   if (num_moe_experts > 0) {
-    if (moe_router_topk < 1 || moe_router_topk > num_moe_experts)
-      fail("moe_router_topk ({}) must be in [1, num_moe_experts = {}]", moe_router_topk, num_moe_experts);
+    if (moe_router_topk < 1 || moe_router_topk > num_moe_experts || moe_router_topk > 64)
+      fail("moe_router_topk ({}) must be in [1, num_moe_experts = {}] and at most 64", moe_router_topk,
+           num_moe_experts);
     require_positive(moe_ffn_hidden_size, "moe_ffn_hidden_size");
     if (moe_router_load_balancing_type != "aux_loss" && moe_router_load_balancing_type != "none")
       fail("moe_router_load_balancing_type: '{}' is not implemented (expected aux_loss|none; Megatron's "
