@@ -41,12 +41,19 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<DistributedDataPara
                                            const DistributedOptimizerOptions& opt)
     : ddps_(ddps), opt_(opt) {
   if (ddps_.empty()) fail("DistributedOptimizer: no DistributedDataParallel wrapper given");
+  const DistributedDataParallel* expert = nullptr;
   for (const DistributedDataParallel* d : ddps_) {
     if (!d->options().use_distributed_optimizer)
       fail("DistributedOptimizer: the DistributedDataParallel wrapper must be built with use_distributed_optimizer");
-    if (d->dp_group() != ddps_.front()->dp_group())
-      fail("DistributedOptimizer: the model chunks' DistributedDataParallel wrappers use different DP groups");
+    const bool ex = d->options().expert_parallel;  // MoE experts under EP: sharded over expert-DP instead
+    const DistributedDataParallel*& ref = ex ? expert : dense_;
+    if (!ref) ref = d;
+    else if (d->dp_group() != ref->dp_group())
+      fail("DistributedOptimizer: the model chunks' DistributedDataParallel wrappers use different {} groups",
+           ex ? "expert-DP" : "DP");
   }
+  if (!dense_) fail("DistributedOptimizer: no DistributedDataParallel wrapper of dense (non-expert) parameters given");
+  has_expert_parallel_ = expert != nullptr;
   const AdamOptions& a = opt.adam;
   if (!(a.beta1 >= 0.0f && a.beta1 < 1.0f)) fail("DistributedOptimizer: adam_beta1 must be in [0, 1), got {}", a.beta1);
   if (!(a.beta2 >= 0.0f && a.beta2 < 1.0f)) fail("DistributedOptimizer: adam_beta2 must be in [0, 1), got {}", a.beta2);
@@ -75,7 +82,8 @@ void DistributedOptimizer::add_pieces(DistributedDataParallel& ddp) {
     for (Parameter* p : bk.params) {
       const int64_t b = std::max(own.begin, p->offset), e = std::min(own.end, p->offset + p->data.numel());
       if (b >= e) continue;
-      ShardPiece piece{.owner = p, .buffer_offset = b, .param_offset = b - p->offset, .numel = e - b};
+      ShardPiece piece{.owner = p, .buffer_offset = b, .param_offset = b - p->offset, .numel = e - b,
+                       .expert_parallel = ddp.options().expert_parallel};
       if (mixed) {  // this rank's masters, copied from the buffer's (about to be freed) whole copy
         piece.param = main_param_shard_.back().flat_slice(b - shard_begin, {e - b});
         piece.param.copy_from(buf.main_param_buffer().flat_slice(b, {e - b}));
@@ -112,17 +120,24 @@ void DistributedOptimizer::wait_param_gather() {
 }
 
 double DistributedOptimizer::grad_norm() const {
-  const DistributedDataParallel& ddp = *ddps_.front();
+  const DistributedDataParallel& ddp = *dense_;
   const parallel_state::ParallelContext& pc = ddp.parallel_context();
-  double local = 0;
+  double dense = 0, expert = 0;
   for (const ShardPiece& p : pieces_)
-    if (counts_in_grad_norm(p.owner->spec, pc.tp_rank())) local += ops::sum_of_squares(p.main_grad);
-  // One float32 value (the communicator has no float64); rounding ~1e-7 relative, as model_grad_norm.
-  Tensor t = Tensor::empty({1}, DType::F32);
-  t.data<float>()[0] = static_cast<float>(local);
-  if (ddp.dp_group()->size() > 1) ddp.dp_group()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
-  if (pc.mp()->size() > 1) pc.mp()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
-  return std::sqrt(static_cast<double>(t.data<float>()[0]));
+    if (counts_in_grad_norm(p.owner->spec, pc.tp_rank()))
+      (p.expert_parallel ? expert : dense) += ops::sum_of_squares(p.main_grad);
+  // float32 values (the communicator has no float64); rounding ~1e-7 relative, as model_grad_norm. Dense shards
+  // sum over dp_cp; expert shards (under EP, over expert-DP) over expert-DP, then over EP (different experts).
+  auto host_sum = [](const comm::CommPtr& g, double v) {
+    if (!g || g->size() == 1) return v;
+    Tensor t = Tensor::empty({1}, DType::F32);
+    t.data<float>()[0] = static_cast<float>(v);
+    g->host().all_reduce(t, comm::ReduceOp::Sum).wait();
+    return static_cast<double>(t.data<float>()[0]);
+  };
+  double local = host_sum(ddp.dp_group(), dense);
+  if (has_expert_parallel_) local += host_sum(pc.ep(), host_sum(pc.expert_dp(), expert));
+  return std::sqrt(host_sum(pc.mp(), local));
 }
 
 double DistributedOptimizer::clip_grads(double total_norm, double max_norm) {
@@ -171,7 +186,7 @@ MemoryReport DistributedOptimizer::measured_memory() const {
     param_bytes += static_cast<double>(d->buffer().param_buffer().nbytes());
     grad_bytes += static_cast<double>(d->buffer().grad_buffer().nbytes());
   }
-  const parallel_state::ParallelContext& pc = ddps_.front()->parallel_context();  // shards over dp x cp ranks
+  const parallel_state::ParallelContext& pc = dense_->parallel_context();  // shards over dp x cp ranks
   MemoryReport r{.dp = pc.dp_size(), .cp = pc.cp_size(), .distributed_optimizer = true,
                  .model_param_dtype = ddps_.front()->buffer().param_buffer().dtype()};
   r.param_bytes = param_bytes / n;

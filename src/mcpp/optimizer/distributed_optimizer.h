@@ -18,6 +18,8 @@
 // grad_norm(): Megatron's get_grad_norm_fp32 over the shard: sum of squares of this rank's owned grads,
 // counting a TP-replicated parameter only on tp rank 0 (param_is_not_tensor_parallel_duplicate),
 // all-reduced over dp_cp and then mp (= every rank once). clip_grads(norm, max) scales the owned ranges.
+// MoE experts under expert parallelism (wrappers built with DdpOptions::expert_parallel): their buckets are
+// sharded over expert-DP (each wrapper's own group), and their squares sum over expert-DP, then over EP.
 //
 // Virtual pipeline stages (several model chunks per rank): one DistributedDataParallel per chunk (its
 // own buffers and buckets) and ONE optimizer over all of them, as Megatron does: the pieces of every
@@ -54,6 +56,7 @@ struct ShardPiece {
   Tensor model_param{};       // [numel] bf16/f16 model copy written after the step (mixed precision only)
   Tensor main_grad{};         // [numel] view into the grad buffer
   Tensor exp_avg{}, exp_avg_sq{};  // [numel] views into the bucket's state tensors
+  bool expert_parallel = false;    // of an expert buffer sharded over expert-DP (DdpOptions::expert_parallel)
 };
 
 struct DistOptStatePiece {
@@ -119,6 +122,8 @@ class DistributedOptimizer {
  private:
   void add_pieces(DistributedDataParallel& ddp);  // one ddp's buckets: state tensors + pieces
   std::vector<DistributedDataParallel*> ddps_;
+  const DistributedDataParallel* dense_ = nullptr;  // the first dense wrapper (its groups: dp_cp, mp)
+  bool has_expert_parallel_ = false;                // some wrapper is an expert one (EP > 1)
   DistributedOptimizerOptions opt_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // per bucket (of every ddp) [shard_size]
   std::vector<Tensor> main_param_shard_;       // per bucket [shard_size] fp32 masters (mixed precision only)

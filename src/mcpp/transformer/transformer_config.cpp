@@ -334,9 +334,6 @@ void Config::validate() const {
     const int64_t ep = parallel.expert_model_parallel_size;
     if (model.num_moe_experts % ep != 0)
       fail("num_moe_experts ({}) must be divisible by expert_model_parallel_size ({})", model.num_moe_experts, ep);
-    if (ep > 1 && parallel.use_distributed_optimizer)
-      fail("use_distributed_optimizer: with expert_model_parallel_size {} > 1 not implemented yet (the experts' "
-           "buffers are reduced over expert-DP, the optimizer shards over DP); drop one of them", ep);
     if (training.enable_cuda_graph)
       fail("enable_cuda_graph: the MoE router reads its routing on the host every layer (data-dependent token "
            "counts), which a captured step cannot do; drop one of them");

@@ -9,12 +9,13 @@ usage: moe_check.py MCPP WORKDIR
   2. DP2, DP2 with the distributed optimizer (overlapped grad reduce and param gather), PP2, full recompute (the
      router and the dispatch re-run in backward) and a Llama-style MoE (SwiGLU experts, pre-softmax router, no
      biases) at DP2: every iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
-     Expert parallelism: DP2 x EP2, DP4 x EP4, PP2 x DP2 x EP2 and Llama-style EP2 (overlapped grad reduce)
-     equal the 1-rank run too;
+     Expert parallelism: DP2 x EP2, DP4 x EP4, PP2 x DP2 x EP2, Llama-style EP2 (overlapped grad reduce) and
+     EP2 / DP4 x EP2 with the distributed optimizer (expert state sharded over expert-DP) equal the 1-rank run too;
   3. a run interrupted at 3 and resumed is bit-exact; a 1-rank checkpoint continues at DP2 (1e-5); an EP2
-     checkpoint resumes at EP2 bit-exact and continues at 1 rank and at EP4 (1e-5);
+     checkpoint resumes at EP2 bit-exact and continues at 1 rank, at EP4 and at DP4 x EP2 with the distributed
+     optimizer (1e-5); an EP2 distributed-optimizer checkpoint continues at 1 rank;
   4. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2, the
-     allgather dispatcher, EP2 with the distributed optimizer, experts not divisible by EP, EP without experts,
+     allgather dispatcher, experts not divisible by EP, EP without experts,
      `mcpp plan memory` of a MoE model.
 """
 import os
@@ -48,6 +49,11 @@ def train(name, np_, flags, timeout=400):
 
 def same(name, got_dir, ref_dir):
     same_losses(name, got_dir, ref_dir, 6)
+    # the global grad norm too (each expert's grads counted once over EP / expert-DP; Adam hides its scale in the
+    # losses); float32 partial sums reduced in another order: 1e-5
+    g, r = ([x.get("grad_norm") for x in records(d, "train")] for d in (got_dir, ref_dir))
+    if len(g) != len(r) or any(not close(x, y) for x, y in zip(g, r)):
+        failures.append(f"{name}: grad norms differ from the reference: {g} vs {r}")
 
 
 # 1. it trains, and the experts are in the function
@@ -75,6 +81,9 @@ same("ep2", train("ep2", 2, [*M, *MOE, *EP2]), one)
 same("ep4", train("ep4", 4, [*M, *MOE, "--expert-model-parallel-size", "4"]), one)
 same("pp2 x ep2", train("pp2_ep2", 4, [*M, *MOE, *EP2, "--pipeline-model-parallel-size", "2"]), one)
 same("llama ep2", train("llama_ep2", 2, [*M, *MOE, *LLAMA, *EP2, "--overlap-grad-reduce"]), llama_one)
+DISTOPT = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+same("ep2 distributed optimizer", train("ep2_distopt", 2, [*M, *MOE, *EP2, *DISTOPT]), one)
+same("dp4 x ep2 distributed optimizer", train("ep2_dp4_distopt", 4, [*M, *MOE, *EP2, *DISTOPT]), one)
 
 # the log line's router losses (Megatron's load_balancing_loss and z_loss: each loss over its coefficient, averaged
 # over layers, microbatches and ranks): ~1 for the Switch loss of a near-uniform router, positive z; per-rank
@@ -111,7 +120,8 @@ if any(not close(c.get(i), a[i]) for i in a if i > 3):
 # an EP2 checkpoint (each rank wrote its experts) resumes at EP2 bit-exact, continues at 1 rank and at EP4
 part3 = os.path.join(WORK, "part3")
 run([MCPP, "train", *M, *MOE, *EP2, "--exit-interval", "3", "--save", part3], np_=2)
-for name, np_, flags in (("EP2", 2, EP2), ("1 rank", None, []), ("EP4", 4, ["--expert-model-parallel-size", "4"])):
+for name, np_, flags in (("EP2", 2, EP2), ("1 rank", None, []), ("EP4", 4, ["--expert-model-parallel-size", "4"]),
+                         ("DP4 x EP2 distributed optimizer", 4, [*EP2, *DISTOPT])):
     d = os.path.join(WORK, "cont_" + name.replace(" ", "_"))
     shutil.copytree(part3, d)
     run([MCPP, "train", *M, *MOE, *flags, "--load", d, "--save", d], np_=np_)
@@ -119,6 +129,14 @@ for name, np_, flags in (("EP2", 2, EP2), ("1 rank", None, []), ("EP4", 4, ["--e
     ref, tol = (losses(os.path.join(WORK, "ep2")), 0) if name == "EP2" else (a, 1e-5)  # bit-exact vs its own run
     if not ref or any(c.get(i) is None or abs(c[i] - ref[i]) > tol * abs(ref[i]) for i in ref if i > 3):
         failures.append(f"EP2 checkpoint continued at {name}: {c} vs {ref}")
+
+# an EP2 checkpoint of the distributed optimizer (expert moments sharded over expert-DP) continues at 1 rank
+part4 = os.path.join(WORK, "part4")
+run([MCPP, "train", *M, *MOE, *EP2, *DISTOPT, "--exit-interval", "3", "--save", part4], np_=2)
+run([MCPP, "train", *M, *MOE, "--load", part4, "--save", part4])
+c = losses(part4)
+if any(not close(c.get(i), a[i]) for i in a if i > 3):
+    failures.append(f"EP2 distributed-optimizer checkpoint continued at 1 rank: {c} vs {a}")
 
 # 4. bad input: one clear error, non-zero exit, no hang
 for name, np_, cmd, words in (
@@ -128,8 +146,6 @@ for name, np_, cmd, words in (
          ["tensor_model_parallel_size"]),
         ("allgather", None, ["train", *M, *MOE, "--moe-token-dispatcher-type", "allgather"],
          ["moe_token_dispatcher_type", "alltoall"]),
-        ("ep2 + distributed optimizer", 2, ["train", *M, *MOE, *EP2, "--use-distributed-optimizer"],
-         ["use_distributed_optimizer", "expert_model_parallel_size"]),
         ("experts % ep", 2, ["train", *M, "--num-experts", "3", "--moe-router-topk", "1", *EP2],
          ["num_moe_experts", "expert_model_parallel_size"]),
         ("ep without experts", 2, ["train", *M, *EP2], ["expert_model_parallel_size", "--num-experts"]),
