@@ -294,6 +294,11 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
   if (!reader.meta().contains("config"))
     fail("{}: checkpoint meta has no 'config' (needed to export)", reader.dir());
   ModelDims d = model_dims_from_config(reader.meta()["config"], reader.dir() + "/manifest.json meta.config");
+  const int64_t experts = get_int(reader.meta()["config"]["model"], "num_moe_experts", reader.dir(), 0, false);
+  if (experts > 0)  // GPT2LMHeadModel / LlamaForCausalLM have dense MLPs (Mixtral's layout is not written)
+    fail("{} export: the checkpoint is a mixture-of-experts model (model.num_moe_experts {}); {} has dense MLPs",
+         format == HfFormat::Gpt2 ? "hf-gpt2" : "hf-llama", experts,
+         format == HfFormat::Gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM");
   std::vector<SafetensorsItem> items;
   nlohmann::json cfg;
   if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);

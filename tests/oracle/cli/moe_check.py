@@ -13,10 +13,11 @@ usage: moe_check.py MCPP WORKDIR
      EP2 / DP4 x EP2 with the distributed optimizer (expert state sharded over expert-DP) equal the 1-rank run too;
   3. a run interrupted at 3 and resumed is bit-exact; a 1-rank checkpoint continues at DP2 (1e-5); an EP2
      checkpoint resumes at EP2 bit-exact and continues at 1 rank, at EP4 and at DP4 x EP2 with the distributed
-     optimizer (1e-5); an EP2 distributed-optimizer checkpoint continues at 1 rank;
+     optimizer (1e-5), and converted offline to PP2 (`mcpp ckpt convert`) at PP2; an EP2 distributed-optimizer
+     checkpoint continues at 1 rank;
   4. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2, the
      allgather dispatcher, experts not divisible by EP, EP without experts,
-     `mcpp plan memory` of a MoE model.
+     `mcpp plan memory` of a MoE model, `mcpp ckpt export --format hf-gpt2` of a MoE checkpoint.
 """
 import os
 import re
@@ -130,6 +131,14 @@ for name, np_, flags in (("EP2", 2, EP2), ("1 rank", None, []), ("EP4", 4, ["--e
     if not ref or any(c.get(i) is None or abs(c[i] - ref[i]) > tol * abs(ref[i]) for i in ref if i > 3):
         failures.append(f"EP2 checkpoint continued at {name}: {c} vs {ref}")
 
+# offline resharding: the EP2 checkpoint converted to PP2 (`mcpp ckpt convert`) continues at PP2
+conv = os.path.join(WORK, "conv_pp2")
+run([MCPP, "ckpt", "convert", "--load", part3, "--iteration", "3", "--tp", "1", "--pp", "2", "--output", conv])
+run([MCPP, "train", *M, *MOE, "--pipeline-model-parallel-size", "2", "--load", conv, "--save", conv], np_=2)
+c = losses(conv)
+if any(not close(c.get(i), a[i]) for i in a if i > 3):
+    failures.append(f"EP2 checkpoint converted to PP2 and continued: {c} vs {a}")
+
 # an EP2 checkpoint of the distributed optimizer (expert moments sharded over expert-DP) continues at 1 rank
 part4 = os.path.join(WORK, "part4")
 run([MCPP, "train", *M, *MOE, *EP2, *DISTOPT, "--exit-interval", "3", "--save", part4], np_=2)
@@ -149,7 +158,9 @@ for name, np_, cmd, words in (
         ("experts % ep", 2, ["train", *M, "--num-experts", "3", "--moe-router-topk", "1", *EP2],
          ["num_moe_experts", "expert_model_parallel_size"]),
         ("ep without experts", 2, ["train", *M, *EP2], ["expert_model_parallel_size", "--num-experts"]),
-        ("plan", None, ["plan", "memory", "--world", "1", *M, *MOE], ["mixture-of-experts"])):
+        ("plan", None, ["plan", "memory", "--world", "1", *M, *MOE], ["mixture-of-experts"]),
+        ("hf export", None, ["ckpt", "export", "--load", os.path.join(WORK, "one"), "--format", "hf-gpt2", "--output",
+                             os.path.join(WORK, "hf")], ["mixture-of-experts", "hf-gpt2"])):
     p = run([MCPP, *cmd, *(["--save", os.path.join(WORK, "bad")] if cmd[0] == "train" else [])], np_=np_, expect=1,
             timeout=120)
     errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
