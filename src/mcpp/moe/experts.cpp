@@ -38,6 +38,7 @@ Tensor SequentialMLP::forward(ExpertsCtx& ctx, const Tensor& x, const std::vecto
   const int64_t h = x.size(1);
   ctx.mlp.assign(experts_.size(), {});
   ctx.rows = rows;
+  ctx.x = x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   int64_t off = 0;
   for (size_t j = 0; j < experts_.size(); ++j) {
@@ -71,6 +72,7 @@ Tensor SequentialMLP::backward(ExpertsCtx& ctx, const Tensor& dy) const {
     }
     ctx.mlp[j] = {};
   }
+  ctx.x = Tensor();
   return dx;
 }
 

@@ -16,6 +16,7 @@
 namespace mcpp::moe {
 
 struct ExpertsCtx {
+  Tensor x;                      // [rows, h] the grouped input (the experts' fc1 inputs are views of it)
   std::vector<MLPCtx> mlp;       // per local expert
   std::vector<int64_t> rows;     // rows per local expert in this forward
 };

@@ -29,6 +29,10 @@ struct Counter {
   void operator()(const CoreAttentionCtx& c) {
     for (const Tensor* t : {&c.q, &c.k, &c.v, &c.qkv, &c.out, &c.lse, &c.probs}) (*this)(*t);
   }
+  void operator()(const moe::MoELayerCtx& m) {
+    for (const Tensor* t : {&m.router.x, &m.plan.idx, &m.probs, &m.combined, &m.experts.x}) (*this)(*t);
+    for (const MLPCtx& e : m.experts.mlp) (*this)(e.fc1), (*this)(e.pre_act), (*this)(e.fc2);
+  }
   void operator()(const TransformerLayerCtx& l) {
     (*this)(l.input_layernorm);
     (*this)(l.self_attention.qkv), (*this)(l.self_attention.core), (*this)(l.self_attention.proj);
@@ -36,6 +40,7 @@ struct Counter {
     (*this)(l.self_attention.fused_qkv);
     (*this)(l.pre_mlp_layernorm);
     (*this)(l.mlp.fc1), (*this)(l.mlp.pre_act), (*this)(l.mlp.fc2);
+    (*this)(l.moe);
   }
   void operator()(const GPTModelCtx& g) {
     // Not position_ids: a view of the model's cached ids (model state, like the rotary tables).

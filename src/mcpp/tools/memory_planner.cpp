@@ -58,12 +58,18 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
     if (flash) attention += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
     else attention += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (the unfused path is fp32)
   }
-  const int64_t mlp = m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e;
+  int64_t mlp = m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e;
+  if (m.num_moe_experts > 0) {  // MoE (tp 1): each token's k routes, balanced over the EP ranks' experts
+    const int64_t routes = d.n * m.moe_router_topk;
+    mlp = 2 * routes * 4                                                  // idx (int32) + probs (fp32) [n, k]
+          + 2 * routes * d.h * d.e                                        // the experts' rows in + out, kept
+          + (m.swiglu ? 3 : 2) * routes * m.moe_ffn_hidden_size * d.e;  // every expert's MLP context
+  }
   return 2 * norm_stats_bytes(cfg, d)  // input_layernorm's and pre_mlp_layernorm's statistics
          + d.n * d.h * d.e             // linear_qkv's input (the norm output; gathered under SP)
          + attention                   //
          + d.n_local * d.h * d.e       // x1 = x + attention (pre_mlp_layernorm's input)
-         + d.n * d.h * d.e             // linear_fc1's input
+         + d.n * d.h * d.e             // linear_fc1's input (MoE: the router's)
          + mlp;
 }
 
@@ -112,10 +118,11 @@ int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bo
   const int64_t fc1_out = (m.swiglu ? 2 : 1) * f;
   const int64_t qkv_out = (np + 2 * ng) * hn;
   const int64_t bias = m.add_bias_linear ? 1 : 0;
+  const int64_t mlp = m.num_moe_experts > 0 ? m.num_moe_experts * h  // MoE: the router (experts: below)
+                                             : fc1_out * h + bias * fc1_out + h * f + bias * h;  // fc1, fc2
   const int64_t layer = norm + qkv_out * h + (m.qkv_bias() ? qkv_out : 0)  // input_layernorm, linear_qkv
                         + h * np * hn + bias * h                           // linear_proj (bias replicated)
-                        + norm + fc1_out * h + bias * fc1_out              // pre_mlp_layernorm, linear_fc1
-                        + h * f + bias * h;                                // linear_fc2 (bias replicated)
+                        + norm + mlp;                                      // pre_mlp_layernorm, the MLP
   const int64_t vocab_local = m.padded_vocab_size / tp;
   const bool tied = !m.untie_embeddings_and_output_weights;
   int64_t p = num_layers * layer;
@@ -130,14 +137,20 @@ int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bo
   return p;
 }
 
+int64_t chunk_expert_params(const Config& cfg, int64_t num_layers) {
+  const TransformerConfig& m = cfg.model;
+  if (m.num_moe_experts == 0) return 0;
+  const int64_t h = m.hidden_size, f = m.moe_ffn_hidden_size, bias = m.add_bias_linear ? 1 : 0;
+  const int64_t fc1_out = (m.swiglu ? 2 : 1) * f;
+  const int64_t expert = fc1_out * h + bias * fc1_out + h * f + bias * h;
+  return num_layers * (m.num_moe_experts / cfg.parallel.expert_model_parallel_size) * expert;
+}
+
 MemoryPlan plan_memory(const Config& cfg) {
   const ParallelConfig& par = cfg.parallel;
   if (cfg.model.padded_vocab_size <= 0) fail("plan_memory: the vocabulary is not set (padded_vocab_size)");
   if (par.data_parallel_size <= 0) fail("plan_memory: the world size is not applied (data_parallel_size)");
-  if (cfg.model.num_moe_experts > 0)
-    fail("plan memory: mixture-of-experts layers (num_moe_experts {}) are not planned yet; the trainer runs them "
-         "without a plan", cfg.model.num_moe_experts);
-  if (par.expert_model_parallel_size > 1)
+  if (par.expert_model_parallel_size > 1 && cfg.model.num_moe_experts == 0)
     fail("plan memory: expert_model_parallel_size {}: the model has no mixture-of-experts layers (the trainer "
          "refuses it too)", par.expert_model_parallel_size);
   const pipeline_parallel::PipelineLayout layout =
@@ -147,6 +160,8 @@ MemoryPlan plan_memory(const Config& cfg) {
   plan.pp = par.pipeline_model_parallel_size;
   plan.dp = par.data_parallel_size;
   plan.cp = par.context_parallel_size;
+  plan.ep = par.expert_model_parallel_size;
+  plan.num_moe_experts = cfg.model.num_moe_experts;
   plan.world_size = plan.tp * plan.pp * plan.dp * plan.cp;
   plan.vp = layout.virtual_pipeline_model_parallel_size;
   plan.num_microbatches = cfg.num_microbatches();
@@ -158,6 +173,9 @@ MemoryPlan plan_memory(const Config& cfg) {
   // The distributed optimizer shards over the data-parallel x context-parallel ranks (Megatron's dp_cp group).
   const MemoryReport per_param = memory_report(static_cast<int>(plan.dp), plan.distributed_optimizer,
                                                plan.param_dtype, static_cast<int>(plan.cp));
+  // MoE experts: replicated (and sharded by the distributed optimizer) over expert-DP = dp * cp / ep.
+  const MemoryReport per_expert_param = memory_report(static_cast<int>(plan.dp * plan.cp / plan.ep),
+                                                      plan.distributed_optimizer, plan.param_dtype, 1);
   const pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = plan.pp,
                                               .num_microbatches = plan.num_microbatches,
                                               .virtual_pipeline_model_parallel_size = plan.vp};
@@ -173,20 +191,23 @@ MemoryPlan plan_memory(const Config& cfg) {
       const pipeline_parallel::StageLayers& sl = layout.at(r, v);
       ChunkMemory c{.vp_stage = v, .pre_process = sl.pre_process, .post_process = sl.post_process, .layers = sl.layers};
       c.params = chunk_params(cfg, static_cast<int64_t>(sl.layers.size()), sl.pre_process, sl.post_process);
+      c.expert_params = chunk_expert_params(cfg, static_cast<int64_t>(sl.layers.size()));
       c.context_bytes = chunk_context_bytes(cfg, sl.layers, sl.pre_process, sl.post_process);
       st.params += c.params;
+      st.expert_params += c.expert_params;
       // The model's total counts the tied embeddings' last-stage copy once (it is the same logical tensor).
       const int64_t copy =
           (tied && sl.post_process && !sl.pre_process) ? cfg.model.padded_vocab_size * cfg.model.hidden_size : 0;
       plan.total_params +=
-          chunk_params(whole, static_cast<int64_t>(sl.layers.size()), sl.pre_process, sl.post_process) - copy;
+          chunk_params(whole, static_cast<int64_t>(sl.layers.size()), sl.pre_process, sl.post_process) - copy +
+          c.expert_params * plan.ep;  // every EP rank's experts (each pp stage's chunks: one EP rank's share)
       st.chunks.push_back(std::move(c));
     }
-    const auto p = static_cast<double>(st.params);
-    st.param_bytes = p * per_param.param_bytes;
-    st.grad_bytes = p * per_param.grad_bytes;
-    st.main_param_bytes = p * per_param.main_param_bytes;
-    st.optimizer_state_bytes = p * per_param.optimizer_state_bytes;
+    const auto p = static_cast<double>(st.params), pe = static_cast<double>(st.expert_params);
+    st.param_bytes = p * per_param.param_bytes + pe * per_expert_param.param_bytes;
+    st.grad_bytes = p * per_param.grad_bytes + pe * per_expert_param.grad_bytes;
+    st.main_param_bytes = p * per_param.main_param_bytes + pe * per_expert_param.main_param_bytes;
+    st.optimizer_state_bytes = p * per_param.optimizer_state_bytes + pe * per_expert_param.optimizer_state_bytes;
     int64_t live = 0, live_bytes = 0;
     for (const pipeline_parallel::Action& a : schedules[static_cast<size_t>(r)]) {
       if (a.kind != pipeline_parallel::ActionKind::Forward && a.kind != pipeline_parallel::ActionKind::Backward)
@@ -262,9 +283,12 @@ std::string format_memory_plan(const MemoryPlan& plan) {
   const double scale = gib ? 1024.0 * 1024.0 * 1024.0 : 1024.0 * 1024.0;
   const char* unit = gib ? "GiB" : "MiB";
   std::string out = fmt::format(
-      "memory plan: world {} = tp {} x pp {} x dp {}{}{}, {} virtual stage(s), {} microbatch(es) of {} x {} tokens, "
+      "memory plan: world {} = tp {} x pp {} x dp {}{}{}{}, {} virtual stage(s), {} microbatch(es) of {} x {} tokens, "
       "{} params, {} optimizer, {:.3f} B parameters\n",
       plan.world_size, plan.tp, plan.pp, plan.dp, plan.cp > 1 ? fmt::format(" x cp {}", plan.cp) : "",
+      plan.num_moe_experts > 0
+          ? fmt::format(" ({} experts{})", plan.num_moe_experts, plan.ep > 1 ? fmt::format(", ep {}", plan.ep) : "")
+          : "",
       plan.sequence_parallel ? " (sequence parallel)" : "", plan.vp,
       plan.num_microbatches, plan.micro_batch_size, plan.seq_length, dtype_name(plan.param_dtype),
       plan.distributed_optimizer ? "distributed" : "replicated", static_cast<double>(plan.total_params) / 1e9);
@@ -304,6 +328,8 @@ nlohmann::json to_json(const MemoryPlan& plan) {
                    {"pp", plan.pp},
                    {"dp", plan.dp},
                    {"cp", plan.cp},
+                   {"ep", plan.ep},
+                   {"num_moe_experts", plan.num_moe_experts},
                    {"vp", plan.vp},
                    {"num_microbatches", plan.num_microbatches},
                    {"micro_batch_size", plan.micro_batch_size},
@@ -321,10 +347,12 @@ nlohmann::json to_json(const MemoryPlan& plan) {
                         {"post_process", c.post_process},
                         {"layers", c.layers},
                         {"params", c.params},
+                        {"expert_params", c.expert_params},
                         {"context_bytes", c.context_bytes}});
     j["stages"].push_back({{"pp_rank", st.pp_rank},
                            {"chunks", chunks},
                            {"params", st.params},
+                           {"expert_params", st.expert_params},
                            {"param_bytes", st.param_bytes},
                            {"grad_bytes", st.grad_bytes},
                            {"main_param_bytes", st.main_param_bytes},

@@ -25,6 +25,11 @@
 //   x1 = x + attention (pre_mlp_layernorm's)   n_l*h*e
 //   linear_fc1's input                         n*h*e
 //   MLP                                        GELU: pre_act + act 2*n*f*e; SwiGLU: fc1's out 2*n*f*e + act n*f*e
+//   MoE MLP (tp 1; k = moe_router_topk, fe = moe_ffn_hidden_size): the router's input n*h*e (fc1's above), the
+//     routes idx + probs 2*n*k*4, the experts' input rows and their outputs 2*n*k*h*e, the experts' MLP contexts
+//     (2 or 3)*n*k*fe*e. Exact at EP 1 (dropless: n*k rows); under EP the rows a rank's experts receive depend on
+//     the routing, and the plan assumes it balanced (n*k a rank). Expert parameters: E / ep per layer, their
+//     state sharded by the distributed optimizer over expert-DP (dp * cp / ep).
 // Context parallelism (all-to-all attention): s is this CP rank's seq_length / cp rows; the core attention
 // holds the whole sequence for np / cp heads (the same qkv / out / lse element counts), the flash core's kept
 // output and linear_proj's input become two tensors (+ n*np*hn*e, unless selective recompute), and the
@@ -53,7 +58,8 @@ struct ChunkMemory {
   int64_t vp_stage = 0;
   bool pre_process = false, post_process = false;
   std::vector<int64_t> layers;  // global decoder-layer indices
-  int64_t params = 0;           // numel of this TP rank's parameters in this chunk
+  int64_t params = 0;           // numel of this TP rank's parameters in this chunk (MoE experts excluded)
+  int64_t expert_params = 0;    // numel of this EP rank's MoE experts in this chunk
   int64_t context_bytes = 0;    // one microbatch's saved activations (pipeline_parallel::context_bytes)
 };
 
@@ -61,6 +67,7 @@ struct StageMemory {
   int64_t pp_rank = 0;
   std::vector<ChunkMemory> chunks;
   int64_t params = 0;  // over the chunks
+  int64_t expert_params = 0;  // over the chunks
   double param_bytes = 0, grad_bytes = 0, main_param_bytes = 0, optimizer_state_bytes = 0;
   int64_t in_flight = 0;              // peak live (microbatch, chunk) contexts over the schedule
   int64_t peak_activation_bytes = 0;  // peak live context bytes over the schedule
@@ -70,6 +77,7 @@ struct StageMemory {
 
 struct MemoryPlan {
   int64_t world_size = 1, tp = 1, pp = 1, dp = 1, cp = 1, vp = 1, num_microbatches = 1;
+  int64_t ep = 1, num_moe_experts = 0;
   int64_t micro_batch_size = 1, seq_length = 1;
   bool distributed_optimizer = false, sequence_parallel = false;
   DType param_dtype = DType::F32;
@@ -102,8 +110,10 @@ double largest_rank_bytes(const MemoryPlan& plan);
 // One microbatch's context bytes of a chunk (the formula above); exposed for the tests.
 int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
                             bool post_process);
-// This TP rank's parameter numel of a chunk (rank-independent: every TP rank holds the same count).
+// This TP rank's parameter numel of a chunk (rank-independent: every TP rank holds the same count), MoE experts
+// excluded; chunk_expert_params: this EP rank's experts (num_moe_experts / ep per MoE layer).
 int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bool post_process);
+int64_t chunk_expert_params(const Config& cfg, int64_t num_layers);
 
 // "1.234 GiB", or "12.345 MiB" below 1 GiB.
 std::string format_bytes(double bytes);

@@ -85,8 +85,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_,
                                                           pc_.cp_size())));
-  // MoE models are not planned yet (tools/memory_planner.h): no plan line, no planned column in the report.
-  if (config_.model.num_moe_experts == 0) memory_plan_ = tools::plan_memory(config_);
+  memory_plan_ = tools::plan_memory(config_);
   if (memory_plan_ && is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
     for (const tools::StageMemory& st : memory_plan_->stages)
       fmt::print("memory plan (pp rank {}): model state {} + peak activations {} ({} microbatch contexts in "

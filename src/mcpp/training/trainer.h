@@ -139,8 +139,8 @@ class Trainer {
   std::unique_ptr<timeline::TimelineRecorder> timeline_;  // --timeline: training-step action intervals
   std::unique_ptr<dist_checkpointing::AsyncCheckpointSaver> async_saver_;  // --async-save
   timeline::StageMemory stage_memory_;  // activation memory maxima over the training steps (the end's report)
-  // tools/memory_planner's plan of this run (tp / sp / pp / vp / dp layouts; unset with cp or ep > 1): printed
-  // at the start, its planned activation figures beside the measured ones in the end's report.
+  // tools/memory_planner's plan of this run (every layout; MoE under EP assumes balanced routing): printed at the
+  // start, its planned activation figures beside the measured ones in the end's report.
   std::optional<tools::MemoryPlan> memory_plan_;
   // --enable-cuda-graph: the captured step, its static inputs (one Batch per microbatch, on the device)
   // and loss statistics [M, 2], and the eager steps still to run before capturing.

@@ -15,16 +15,19 @@ usage: moe_check.py MCPP WORKDIR
      checkpoint resumes at EP2 bit-exact and continues at 1 rank, at EP4 and at DP4 x EP2 with the distributed
      optimizer (1e-5), and converted offline to PP2 (`mcpp ckpt convert`) at PP2; an EP2 distributed-optimizer
      checkpoint continues at 1 rank;
-  4. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2, the
+  4. the memory plan equals the measured activations and model state at EP 1 (1 rank, PP2, DP2 + distributed
+     optimizer, Llama-style) and the model state under EP (`mcpp plan memory` names the experts);
+  5. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2, the
      allgather dispatcher, experts not divisible by EP, EP without experts,
-     `mcpp plan memory` of a MoE model, `mcpp ckpt export --format hf-gpt2` of a MoE checkpoint.
+     `mcpp ckpt export --format hf-gpt2` of a MoE checkpoint.
 """
 import os
 import re
 import shutil
 import sys
 
-from cli_harness import MCPP, WORK, close, failures, losses, record_corpus, records, run, same_losses
+from cli_harness import (MCPP, WORK, check_memory_plan, close, failures, losses, record_corpus, records, run,
+                         same_losses)
 
 record_corpus()
 M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -147,7 +150,24 @@ c = losses(part4)
 if any(not close(c.get(i), a[i]) for i in a if i > 3):
     failures.append(f"EP2 distributed-optimizer checkpoint continued at 1 rank: {c} vs {a}")
 
-# 4. bad input: one clear error, non-zero exit, no hang
+# the memory plan of MoE runs equals what the ranks measured (EP 1: exactly n*k routed rows a layer); under EP the
+# plan assumes balanced routing, so only the model state is compared there (the experts' share: E / ep)
+check_memory_plan("MoE 1 rank", one, 1, [*M, *MOE], 1)
+check_memory_plan("MoE PP2", os.path.join(WORK, "pp2"), 2, [*M, *MOE, "--pipeline-model-parallel-size", "2"], 2)
+check_memory_plan("MoE DP2 distributed optimizer", os.path.join(WORK, "dp2_distopt"), 2,
+                  [*M, *MOE, "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"], 1)
+check_memory_plan("MoE Llama", llama_one, 1, [*M, *MOE, *LLAMA], 1)
+for name, world, flags in (("ep2", 2, [*M, *MOE, *EP2]), ("ep2_dp4_distopt", 4, [*M, *MOE, *EP2, *DISTOPT])):
+    mem = records(os.path.join(WORK, name), "pipeline_activation_memory")
+    for st in (mem[-1]["stages"] if mem else [None]):
+        m, p = (st or {}).get("model_state_bytes", 0), (st or {}).get("planned_model_state_bytes", -1)
+        if not (0 < p <= m <= p + p // 1000):
+            failures.append(f"memory plan, {name}: model state measured {m} vs planned {p}")
+    text = run([MCPP, "plan", "memory", "--world", str(world), *flags]).stdout
+    if "(4 experts, ep 2)" not in text:
+        failures.append(f"`mcpp plan memory` of {name} does not name the experts: {text[:300]!r}")
+
+# 5. bad input: one clear error, non-zero exit, no hang
 for name, np_, cmd, words in (
         ("topk > experts", None, ["train", *M, "--num-experts", "2", "--moe-router-topk", "3"],
          ["moe_router_topk", "num_moe_experts"]),
@@ -158,7 +178,6 @@ for name, np_, cmd, words in (
         ("experts % ep", 2, ["train", *M, "--num-experts", "3", "--moe-router-topk", "1", *EP2],
          ["num_moe_experts", "expert_model_parallel_size"]),
         ("ep without experts", 2, ["train", *M, *EP2], ["expert_model_parallel_size", "--num-experts"]),
-        ("plan", None, ["plan", "memory", "--world", "1", *M, *MOE], ["mixture-of-experts"]),
         ("hf export", None, ["ckpt", "export", "--load", os.path.join(WORK, "one"), "--format", "hf-gpt2", "--output",
                              os.path.join(WORK, "hf")], ["mixture-of-experts", "hf-gpt2"])):
     p = run([MCPP, *cmd, *(["--save", os.path.join(WORK, "bad")] if cmd[0] == "train" else [])], np_=np_, expect=1,
