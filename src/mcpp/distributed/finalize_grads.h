@@ -26,8 +26,8 @@ void finalize_model_grads(const std::vector<ParamAndGradBuffer*>& chunks, const 
 
 double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc);
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc);
-// With expert parameters (moe/; their own buffers, expert_chunks): each EP rank holds different experts, so their
-// squares are summed over the EP group before the model-parallel sum (expert tensor parallelism is 1).
+// With expert parameters (moe/; their own buffers, expert_chunks): each expert's squares once — summed over the EP
+// group (its expert-DP replicas hold the same reduced grads; expert tensor parallelism is 1), then over PP.
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks,
                        const std::vector<ParamAndGradBuffer*>& expert_chunks,
                        const parallel_state::ParallelContext& pc);

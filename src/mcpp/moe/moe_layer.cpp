@@ -1,25 +1,28 @@
 // MoELayer; contract in moe_layer.h.
 #include "mcpp/moe/moe_layer.h"
 
+#include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp::moe {
 namespace {
-const tensor_parallel::TPContext& checked(const tensor_parallel::TPContext& tp) {
-  MCPP_CHECK(tp.size() == 1 && !tp.sequence_parallel,
-             "MoE layers need tensor_model_parallel_size 1 (expert tensor parallelism is not implemented); got {}",
-             tp.size());
-  return tp;
+// The experts' TP context: expert tensor parallelism is 1, so their linears get a size-1 group (a constant: no
+// collective ever runs on it). Under TP the layer needs sequence parallelism (Megatron's rule): each TP rank then
+// routes its own s/tp tokens, and TP peers are, for the experts, like data-parallel ranks.
+tensor_parallel::TPContext expert_tp(const tensor_parallel::TPContext& tp) {
+  MCPP_CHECK(tp.size() == 1 || tp.sequence_parallel,
+             "MoE layers with tensor_model_parallel_size {} need sequence parallelism (Megatron's rule)", tp.size());
+  return {.group = comm::make_local_world()};
 }
 }  // namespace
 
 MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
                    const TransformerConfig& c, const tensor_parallel::TPContext& tp)
     : config_(c),
-      router_(params, prefix + ".router", c),
+      router_(params, prefix + ".router", c, tp),
       dispatcher_(c.num_moe_experts, tp.ep),
-      experts_(expert_params, prefix + ".experts", c, checked(tp), dispatcher_.first_local_expert(),
+      experts_(expert_params, prefix + ".experts", c, expert_tp(tp), dispatcher_.first_local_expert(),
                dispatcher_.num_local_experts()) {}
 
 Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses) const {

@@ -9,7 +9,8 @@
 // dprobs and the load-balancing losses, scaled by loss_grad_scale). Parameter grads accumulate into main_grad.
 // Parameters: the router's in `params` ("<prefix>.router.weight"), the experts' in `expert_params`
 // ("<prefix>.experts.local_experts.<global index>..."); the model passes its one buffer for both at EP 1.
-// Requires tensor parallel size 1 and no sequence parallelism (expert TP 1); EP from tp.ep (null = 1).
+// Expert tensor parallelism is 1: under TP the layer needs sequence parallelism (each TP rank routes its own s/tp
+// tokens; the router's load-balancing statistics are summed over TP and CP, router.h). EP from tp.ep (null = 1).
 #pragma once
 #include <string>
 

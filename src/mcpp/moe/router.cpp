@@ -30,18 +30,22 @@ double softmax_into(const float* v, int64_t n, float* out) {
 
 }  // namespace
 
-TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c)
+TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
+                       const tensor_parallel::TPContext& tp)
     : experts_(c.num_moe_experts),
       k_(c.moe_router_topk),
       pre_softmax_(c.moe_router_pre_softmax),
       aux_loss_on_(c.moe_router_load_balancing_type == "aux_loss"),
       aux_coeff_(c.moe_aux_loss_coeff),
-      z_coeff_(c.moe_z_loss_coeff) {
+      z_coeff_(c.moe_z_loss_coeff),
+      sp_group_(tp.sequence_parallel && tp.size() > 1 ? tp.group : nullptr),
+      cp_group_(tp.cp_size() > 1 ? tp.cp : nullptr) {
   MCPP_CHECK(experts_ > 0 && k_ >= 1 && k_ <= std::min(experts_, kMaxTopk),
              "TopKRouter: moe_router_topk {} must be in [1, min(num_moe_experts, {})] = [1, {}]", k_, kMaxTopk,
              std::min(experts_, kMaxTopk));
   weight_ = params.add(ParamSpec{.key = prefix + ".weight", .shape = {experts_, c.hidden_size},
-                                 .init = InitKind::Normal, .std = c.init_method_std});
+                                 .init = InitKind::Normal, .std = c.init_method_std,
+                                 .sequence_parallel = sp_group_ != nullptr});
 }
 
 void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
@@ -82,19 +86,28 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   }
   ctx.tokens_per_expert.assign(static_cast<size_t>(e), 0);
   for (const int32_t x : ctx.topk) ++ctx.tokens_per_expert[static_cast<size_t>(x)];
+  // The whole sequences' counts (the load-balancing statistics): summed over the ranks that split them.
+  Tensor counts = Tensor::empty({e + 1}, DType::I64);
+  std::copy(ctx.tokens_per_expert.begin(), ctx.tokens_per_expert.end(), counts.data<int64_t>());
+  counts.data<int64_t>()[e] = n;
+  for (const comm::CommPtr& g : {sp_group_, cp_group_})
+    if (g) g->host().all_reduce(counts, comm::ReduceOp::Sum).wait();
+  ctx.global_tokens_per_expert.assign(counts.data<int64_t>(), counts.data<int64_t>() + e);
+  ctx.global_tokens = counts.data<int64_t>()[e];
   double z_sum = 0.0;  // in token order: the same value on any thread count
   for (const double l : ctx.lse) z_sum += l * l;
   ctx.aux_loss = 0.0;
-  if (aux_loss_on_ && aux_coeff_ > 0.0f && n > 0) {
+  const auto big_n = static_cast<double>(ctx.global_tokens);
+  if (aux_loss_on_ && aux_coeff_ > 0.0f && big_n > 0) {
     double s = 0.0;
     for (int64_t j = 0; j < e; ++j) {
       double agg = 0.0;
       for (int64_t t = 0; t < n; ++t) agg += ctx.scores[static_cast<size_t>(t * e + j)];
-      s += agg * static_cast<double>(ctx.tokens_per_expert[static_cast<size_t>(j)]);
+      s += agg * static_cast<double>(ctx.global_tokens_per_expert[static_cast<size_t>(j)]);
     }
-    ctx.aux_loss = s * aux_coeff_ * static_cast<double>(e) / (static_cast<double>(n) * n * k);
+    ctx.aux_loss = s * aux_coeff_ * static_cast<double>(e) / (big_n * big_n * static_cast<double>(k));
   }
-  ctx.z_loss = z_coeff_ > 0.0f && n > 0 ? z_coeff_ * z_sum / static_cast<double>(n) : 0.0;
+  ctx.z_loss = z_coeff_ > 0.0f && big_n > 0 ? z_coeff_ * z_sum / big_n : 0.0;
 }
 
 Tensor TopKRouter::backward(RouterCtx& ctx, const std::vector<float>& dprobs, float loss_grad_scale) const {
@@ -103,10 +116,11 @@ Tensor TopKRouter::backward(RouterCtx& ctx, const std::vector<float>& dprobs, fl
              dprobs.size(), n * k);
   // g: the gradient reaching scores (the full softmax) per token; dlogits gets the top-k softmax's part directly.
   std::vector<float> dlogits(static_cast<size_t>(n * e), 0.0f);
-  const double aux_c = aux_loss_on_ && aux_coeff_ > 0.0f && n > 0
-                           ? static_cast<double>(loss_grad_scale) * aux_coeff_ * e / (static_cast<double>(n) * n * k)
+  const auto big_n = static_cast<double>(ctx.global_tokens);
+  const double aux_c = aux_loss_on_ && aux_coeff_ > 0.0f && big_n > 0
+                           ? static_cast<double>(loss_grad_scale) * aux_coeff_ * e / (big_n * big_n * k)
                            : 0.0;
-  const double z_c = z_coeff_ > 0.0f && n > 0 ? static_cast<double>(loss_grad_scale) * z_coeff_ * 2.0 / n : 0.0;
+  const double z_c = z_coeff_ > 0.0f && big_n > 0 ? static_cast<double>(loss_grad_scale) * z_coeff_ * 2.0 / big_n : 0.0;
 #pragma omp parallel
   {
   std::vector<double> g(static_cast<size_t>(e));  // per thread
@@ -117,7 +131,8 @@ Tensor TopKRouter::backward(RouterCtx& ctx, const std::vector<float>& dprobs, fl
     const float* dp = dprobs.data() + t * k;
     const float* s = ctx.scores.data() + t * e;
     float* dl = dlogits.data() + t * e;
-    for (int64_t j = 0; j < e; ++j) g[static_cast<size_t>(j)] = aux_c * ctx.tokens_per_expert[static_cast<size_t>(j)];
+    for (int64_t j = 0; j < e; ++j)
+      g[static_cast<size_t>(j)] = aux_c * static_cast<double>(ctx.global_tokens_per_expert[static_cast<size_t>(j)]);
     if (pre_softmax_) {
       for (int64_t i = 0; i < k; ++i) g[static_cast<size_t>(top[i])] += dp[i];
     } else {  // probs = softmax(logits[top]): d logits[top_i] = p_i (dp_i - sum_j p_j dp_j)

@@ -5,9 +5,13 @@
 //     probs[t, :] = softmax over those k logits — or, with moe_router_pre_softmax, scores[t, topk[t, :]];
 //     tokens_per_expert[e] = how many of the n*k routes chose e.
 //   Losses of this microbatch's n tokens (added to the LM loss; their gradients ride the router's backward):
-//     aux_loss = moe_aux_loss_coeff * E / (n * n * k) * sum_e (sum_t scores[t, e]) * tokens_per_expert[e]
+//     aux_loss = moe_aux_loss_coeff * E / (N * N * k) * sum_e (sum_t scores[t, e]) * T[e]
 //                (Megatron's switch_load_balancing_loss_func; "aux_loss" balancing only)
-//     z_loss   = moe_z_loss_coeff * mean_t logsumexp(logits[t])^2   (z_loss_func; when the coefficient > 0)
+//     z_loss   = moe_z_loss_coeff * sum_t logsumexp(logits[t])^2 / N   (z_loss_func; when the coefficient > 0)
+//   where the sums over t run over this rank's tokens, and N / T[e] are the token count / the routes per expert
+//   of the whole sequences: when the sequence is split over ranks (sequence parallelism over TP, context
+//   parallelism over CP) the counts are all-reduced over those groups (Megatron's tp_cp reduction), so each
+//   rank's losses are its share and their sum over the group — and every gradient — equal the unsplit run's.
 // backward(dprobs [n, k], loss_grad_scale): d logits = the softmax Jacobians of probs (top-k or pre-softmax)
 // applied to dprobs, + loss_grad_scale * d(aux_loss + z_loss) / d logits (Megatron's MoEAuxLossAutoScaler:
 // the losses' gradient is scaled like the main loss's, 1 / num_microbatches); then dx = dlogits W_r and
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::moe {
@@ -41,14 +46,19 @@ struct RouterCtx {
   std::vector<float> scores;       // [n, E] softmax over all experts
   std::vector<int32_t> topk;       // [n, k] chosen experts
   std::vector<float> probs;        // [n, k] their weights
-  std::vector<int64_t> tokens_per_expert;  // [E]
+  std::vector<int64_t> tokens_per_expert;  // [E] this rank's routes per expert (the dispatcher's counts)
+  std::vector<int64_t> global_tokens_per_expert;  // [E] T: over the sequence-split group
+  int64_t global_tokens = 0;                      // N
   std::vector<double> lse;                 // [n] logsumexp of each token's logits
   double aux_loss = 0.0, z_loss = 0.0;     // this microbatch's (0 when off)
 };
 
 class TopKRouter {
  public:
-  TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config);
+  // tp: the sequence's split (tp.group with sequence parallelism, tp.cp): the load-balancing statistics' groups;
+  // with SP the router weight is a sequence-parallel parameter (its grad all-reduced over TP).
+  TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
+             const tensor_parallel::TPContext& tp);
   void forward(RouterCtx& ctx, const Tensor& x) const;  // x [n, h]
   // dprobs [n, k] (host): the gradient of the combine weights. Returns dx [n, h] on x's device, x's dtype.
   Tensor backward(RouterCtx& ctx, const std::vector<float>& dprobs, float loss_grad_scale) const;
@@ -60,6 +70,7 @@ class TopKRouter {
   int64_t experts_, k_;
   bool pre_softmax_, aux_loss_on_;
   float aux_coeff_, z_coeff_;
+  comm::CommPtr sp_group_, cp_group_;  // the sequence's split: TP under sequence parallelism, CP (null: none)
   Parameter* weight_ = nullptr;  // [E, h]
 };
 

@@ -124,8 +124,8 @@ double DistributedOptimizer::grad_norm() const {
   const parallel_state::ParallelContext& pc = ddp.parallel_context();
   double dense = 0, expert = 0;
   for (const ShardPiece& p : pieces_)
-    if (counts_in_grad_norm(p.owner->spec, pc.tp_rank()))
-      (p.expert_parallel ? expert : dense) += ops::sum_of_squares(p.main_grad);
+    if (p.expert_parallel) expert += ops::sum_of_squares(p.main_grad);  // expert TP 1: every rank's shards count
+    else if (counts_in_grad_norm(p.owner->spec, pc.tp_rank())) dense += ops::sum_of_squares(p.main_grad);
   // float32 values (the communicator has no float64); rounding ~1e-7 relative, as model_grad_norm. Dense shards
   // sum over dp_cp; expert shards (under EP, over expert-DP) over expert-DP, then over EP (different experts).
   auto host_sum = [](const comm::CommPtr& g, double v) {
@@ -135,9 +135,9 @@ double DistributedOptimizer::grad_norm() const {
     g->host().all_reduce(t, comm::ReduceOp::Sum).wait();
     return static_cast<double>(t.data<float>()[0]);
   };
-  double local = host_sum(ddp.dp_group(), dense);
-  if (has_expert_parallel_) local += host_sum(pc.ep(), host_sum(pc.expert_dp(), expert));
-  return std::sqrt(host_sum(pc.mp(), local));
+  const double dense_sum = host_sum(pc.mp(), host_sum(ddp.dp_group(), dense));
+  if (!has_expert_parallel_) return std::sqrt(dense_sum);
+  return std::sqrt(dense_sum + host_sum(pc.pp(), host_sum(pc.ep(), host_sum(pc.expert_dp(), expert))));
 }
 
 double DistributedOptimizer::clip_grads(double total_norm, double max_norm) {

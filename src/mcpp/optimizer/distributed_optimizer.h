@@ -19,7 +19,7 @@
 // counting a TP-replicated parameter only on tp rank 0 (param_is_not_tensor_parallel_duplicate),
 // all-reduced over dp_cp and then mp (= every rank once). clip_grads(norm, max) scales the owned ranges.
 // MoE experts under expert parallelism (wrappers built with DdpOptions::expert_parallel): their buckets are
-// sharded over expert-DP (each wrapper's own group), and their squares sum over expert-DP, then over EP.
+// sharded over expert-DP (each wrapper's own group), and their squares sum over expert-DP, EP, then PP.
 //
 // Virtual pipeline stages (several model chunks per rank): one DistributedDataParallel per chunk (its
 // own buffers and buckets) and ONE optimizer over all of them, as Megatron does: the pieces of every

@@ -58,10 +58,12 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
     if (flash) attention += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
     else attention += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (the unfused path is fp32)
   }
-  int64_t mlp = m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e;
-  if (m.num_moe_experts > 0) {  // MoE (tp 1): each token's k routes, balanced over the EP ranks' experts
-    const int64_t routes = d.n * m.moe_router_topk;
-    mlp = 2 * routes * 4                                                  // idx (int32) + probs (fp32) [n, k]
+  int64_t mlp = d.n * d.h * d.e  // linear_fc1's input (the norm output; gathered under SP)
+                + (m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e);
+  if (m.num_moe_experts > 0) {  // MoE: this rank's n_l tokens, k routes each, balanced over the EP ranks' experts
+    const int64_t routes = d.n_local * m.moe_router_topk;
+    mlp = d.n_local * d.h * d.e                                           // the router's input (not gathered)
+          + 2 * routes * 4                                                // idx (int32) + probs (fp32) [n_l, k]
           + 2 * routes * d.h * d.e                                        // the experts' rows in + out, kept
           + (m.swiglu ? 3 : 2) * routes * m.moe_ffn_hidden_size * d.e;  // every expert's MLP context
   }
@@ -69,7 +71,6 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
          + d.n * d.h * d.e             // linear_qkv's input (the norm output; gathered under SP)
          + attention                   //
          + d.n_local * d.h * d.e       // x1 = x + attention (pre_mlp_layernorm's input)
-         + d.n * d.h * d.e             // linear_fc1's input (MoE: the router's)
          + mlp;
 }
 
@@ -173,8 +174,8 @@ MemoryPlan plan_memory(const Config& cfg) {
   // The distributed optimizer shards over the data-parallel x context-parallel ranks (Megatron's dp_cp group).
   const MemoryReport per_param = memory_report(static_cast<int>(plan.dp), plan.distributed_optimizer,
                                                plan.param_dtype, static_cast<int>(plan.cp));
-  // MoE experts: replicated (and sharded by the distributed optimizer) over expert-DP = dp * cp / ep.
-  const MemoryReport per_expert_param = memory_report(static_cast<int>(plan.dp * plan.cp / plan.ep),
+  // MoE experts: replicated (and sharded by the distributed optimizer) over expert-DP = tp * dp * cp / ep.
+  const MemoryReport per_expert_param = memory_report(static_cast<int>(plan.tp * plan.dp * plan.cp / plan.ep),
                                                       plan.distributed_optimizer, plan.param_dtype, 1);
   const pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = plan.pp,
                                               .num_microbatches = plan.num_microbatches,

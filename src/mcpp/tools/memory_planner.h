@@ -25,11 +25,12 @@
 //   x1 = x + attention (pre_mlp_layernorm's)   n_l*h*e
 //   linear_fc1's input                         n*h*e
 //   MLP                                        GELU: pre_act + act 2*n*f*e; SwiGLU: fc1's out 2*n*f*e + act n*f*e
-//   MoE MLP (tp 1; k = moe_router_topk, fe = moe_ffn_hidden_size): the router's input n*h*e (fc1's above), the
-//     routes idx + probs 2*n*k*4, the experts' input rows and their outputs 2*n*k*h*e, the experts' MLP contexts
-//     (2 or 3)*n*k*fe*e. Exact at EP 1 (dropless: n*k rows); under EP the rows a rank's experts receive depend on
-//     the routing, and the plan assumes it balanced (n*k a rank). Expert parameters: E / ep per layer, their
-//     state sharded by the distributed optimizer over expert-DP (dp * cp / ep).
+//   MoE MLP instead of linear_fc1's input + MLP (k = moe_router_topk, fe = moe_ffn_hidden_size; each rank routes
+//     its n_l tokens): the router's input n_l*h*e, the routes idx + probs 2*n_l*k*4, the experts' input rows and
+//     their outputs 2*n_l*k*h*e, the experts' MLP contexts (2 or 3)*n_l*k*fe*e. Exact at EP 1 (dropless: n_l*k
+//     rows); under EP the rows a rank's experts receive depend on the routing, and the plan assumes it balanced
+//     (n_l*k a rank). Expert parameters: E / ep per layer (expert TP 1), their state sharded by the distributed
+//     optimizer over expert-DP (tp * dp * cp / ep).
 // Context parallelism (all-to-all attention): s is this CP rank's seq_length / cp rows; the core attention
 // holds the whole sequence for np / cp heads (the same qkv / out / lse element counts), the flash core's kept
 // output and linear_proj's input become two tensors (+ n*np*hn*e, unless selective recompute), and the

@@ -61,8 +61,8 @@ struct Owner : SaveOwnership {
     return spec.expert ? hash(key) % edp == static_cast<uint64_t>(edp_rank)
                        : hash(key) % dp == static_cast<uint64_t>(dp_rank);
   }
-  bool writes_tp_replica(const std::string& key, const ParamSpec& spec) const {
-    return spec.shard.partitioned() || (hash(key) >> 32) % tp == static_cast<uint64_t>(tp_rank);
+  bool writes_tp_replica(const std::string& key, const ParamSpec& spec) const {  // experts: expert-DP decides
+    return spec.shard.partitioned() || spec.expert || (hash(key) >> 32) % tp == static_cast<uint64_t>(tp_rank);
   }
   static uint64_t hash(const std::string& key) { return dc::xxh3_bytes(key.data(), key.size()); }
 };

@@ -122,13 +122,12 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     GPTModel& chunk = *chunks_.back();
     chunk.params().set_overwrite_main_grad(par.overwrite_main_grad);
     ddps_.push_back(std::make_unique<DistributedDataParallel>(chunk.params(), pc_, ddp_opt));
-    // MoE experts: their own buffer, reduced over expert-DP under EP > 1 (= DP at EP 1: the same group as the
-    // dense buffer's, so the distributed optimizer can take both).
+    // MoE experts: their own buffer, reduced over expert-DP (the distributed optimizer shards it there).
     expert_ddps_.emplace_back();
     if (chunk.has_expert_params()) {
       chunk.expert_params().set_overwrite_main_grad(par.overwrite_main_grad);
       DdpOptions eo = ddp_opt;
-      eo.expert_parallel = pc_.ep_size() > 1;
+      eo.expert_parallel = true;  // over expert-DP (= DP at EP 1 without TP / CP), Megatron's expert scaling
       expert_ddps_.back() = std::make_unique<DistributedDataParallel>(chunk.expert_params(), pc_, eo);
     }
   }

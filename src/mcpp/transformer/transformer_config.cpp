@@ -325,12 +325,13 @@ void Config::validate() const {
     fail("seq_length ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
          "sequence_parallel", model.seq_length, tp * cp);
   if (model.num_moe_experts > 0) {  // what the MoE layers run with so far (moe/moe_layer.h)
-    if (tp > 1)
-      fail("num_moe_experts: MoE layers need tensor_model_parallel_size 1 (expert tensor parallelism is not "
-           "implemented); got {}", tp);
-    if (cp > 1)
-      fail("num_moe_experts: MoE layers with context_parallel_size {} > 1 are not implemented (the router's "
-           "load-balancing statistics would cover only each rank's s/cp tokens)", cp);
+    if (tp > 1 && !parallel.sequence_parallel)
+      fail("num_moe_experts: MoE layers with tensor_model_parallel_size {} need --sequence-parallel (Megatron's "
+           "rule: each TP rank routes its own tokens)", tp);
+    const int64_t etp = parallel.expert_tensor_parallel_size == 0 ? tp : parallel.expert_tensor_parallel_size;
+    if (etp != 1)
+      fail("expert_tensor_parallel_size: {} (the default is tensor_model_parallel_size) is not implemented; MoE "
+           "experts run whole on each rank: pass --expert-tensor-parallel-size 1", etp);
     const int64_t ep = parallel.expert_model_parallel_size;
     if (model.num_moe_experts % ep != 0)
       fail("num_moe_experts ({}) must be divisible by expert_model_parallel_size ({})", model.num_moe_experts, ep);

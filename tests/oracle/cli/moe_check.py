@@ -11,13 +11,16 @@ usage: moe_check.py MCPP WORKDIR
      biases) at DP2: every iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
      Expert parallelism: DP2 x EP2, DP4 x EP4, PP2 x DP2 x EP2, Llama-style EP2 (overlapped grad reduce) and
      EP2 / DP4 x EP2 with the distributed optimizer (expert state sharded over expert-DP) equal the 1-rank run too;
+     so do TP2 + SP (expert TP 1), TP2 + SP x DP2 x EP2, CP2 and CP2 x DP2 x EP2 + distributed optimizer (the
+     router's load-balancing statistics summed over TP / CP);
   3. a run interrupted at 3 and resumed is bit-exact; a 1-rank checkpoint continues at DP2 (1e-5); an EP2
      checkpoint resumes at EP2 bit-exact and continues at 1 rank, at EP4 and at DP4 x EP2 with the distributed
      optimizer (1e-5), and converted offline to PP2 (`mcpp ckpt convert`) at PP2; an EP2 distributed-optimizer
      checkpoint continues at 1 rank;
   4. the memory plan equals the measured activations and model state at EP 1 (1 rank, PP2, DP2 + distributed
-     optimizer, Llama-style) and the model state under EP (`mcpp plan memory` names the experts);
-  5. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2, the
+     optimizer, Llama-style, TP2 + SP, CP2) and the model state under EP (`mcpp plan memory` names the experts);
+  5. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2 without SP or
+     with expert TP 2 (the default), the
      allgather dispatcher, experts not divisible by EP, EP without experts,
      `mcpp ckpt export --format hf-gpt2` of a MoE checkpoint.
 """
@@ -86,6 +89,15 @@ same("ep4", train("ep4", 4, [*M, *MOE, "--expert-model-parallel-size", "4"]), on
 same("pp2 x ep2", train("pp2_ep2", 4, [*M, *MOE, *EP2, "--pipeline-model-parallel-size", "2"]), one)
 same("llama ep2", train("llama_ep2", 2, [*M, *MOE, *LLAMA, *EP2, "--overlap-grad-reduce"]), llama_one)
 DISTOPT = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+# tensor (+ sequence) and context parallelism: each rank routes its own tokens; the load-balancing statistics are
+# summed over TP / CP, so losses and grad norms equal the unsplit run's
+TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+       "--make-vocab-size-divisible-by", "64"]
+CP2 = ["--context-parallel-size", "2"]
+same("tp2 + sp", train("tp2", 2, [*M, *MOE, *TP2]), one)
+same("tp2 + sp x dp2 x ep2", train("tp2_ep2", 4, [*M, *MOE, *TP2, *EP2]), one)
+same("cp2", train("cp2", 2, [*M, *MOE, *CP2]), one)
+same("cp2 x dp2 x ep2 distributed optimizer", train("cp2_ep2", 4, [*M, *MOE, *CP2, *EP2, *DISTOPT]), one)
 same("ep2 distributed optimizer", train("ep2_distopt", 2, [*M, *MOE, *EP2, *DISTOPT]), one)
 same("dp4 x ep2 distributed optimizer", train("ep2_dp4_distopt", 4, [*M, *MOE, *EP2, *DISTOPT]), one)
 
@@ -157,6 +169,8 @@ check_memory_plan("MoE PP2", os.path.join(WORK, "pp2"), 2, [*M, *MOE, "--pipelin
 check_memory_plan("MoE DP2 distributed optimizer", os.path.join(WORK, "dp2_distopt"), 2,
                   [*M, *MOE, "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"], 1)
 check_memory_plan("MoE Llama", llama_one, 1, [*M, *MOE, *LLAMA], 1)
+check_memory_plan("MoE TP2 + SP", os.path.join(WORK, "tp2"), 2, [*M, *MOE, *TP2], 1)
+check_memory_plan("MoE CP2", os.path.join(WORK, "cp2"), 2, [*M, *MOE, *CP2], 1)
 for name, world, flags in (("ep2", 2, [*M, *MOE, *EP2]), ("ep2_dp4_distopt", 4, [*M, *MOE, *EP2, *DISTOPT])):
     mem = records(os.path.join(WORK, name), "pipeline_activation_memory")
     for st in (mem[-1]["stages"] if mem else [None]):
@@ -171,8 +185,10 @@ for name, world, flags in (("ep2", 2, [*M, *MOE, *EP2]), ("ep2_dp4_distopt", 4, 
 for name, np_, cmd, words in (
         ("topk > experts", None, ["train", *M, "--num-experts", "2", "--moe-router-topk", "3"],
          ["moe_router_topk", "num_moe_experts"]),
-        ("tp2", 2, ["train", *M, *MOE, "--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"],
-         ["tensor_model_parallel_size"]),
+        ("tp2 without sp", 2, ["train", *M, *MOE, "--tensor-model-parallel-size", "2",
+                               "--make-vocab-size-divisible-by", "64"], ["tensor_model_parallel_size", "sequence-parallel"]),
+        ("expert tp", 2, ["train", *M, *MOE, "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                          "--make-vocab-size-divisible-by", "64"], ["expert_tensor_parallel_size"]),
         ("allgather", None, ["train", *M, *MOE, "--moe-token-dispatcher-type", "allgather"],
          ["moe_token_dispatcher_type", "alltoall"]),
         ("experts % ep", 2, ["train", *M, "--num-experts", "3", "--moe-router-topk", "1", *EP2],

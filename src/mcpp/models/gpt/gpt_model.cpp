@@ -154,7 +154,8 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
 Tensor GPTModel::backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor& output_grad) {
   Tensor d = stage_.post_process ? head_backward(ctx, grad_scale) : output_grad;  // [s(/tp), b, h]
   MCPP_CHECK(d.defined(), "backward_step on a middle pipeline stage needs the next stage's gradient");
-  Tensor dx = decoder_->backward(ctx.decoder, d, has_rope_ ? &ctx.rope : nullptr, grad_scale);
+  // The MoE router losses back-propagate with the LM loss's coefficient (x cp, as the loss: see loss_grad_scale).
+  Tensor dx = decoder_->backward(ctx.decoder, d, has_rope_ ? &ctx.rope : nullptr, loss_grad_scale(grad_scale));
   if (stage_.pre_process) {
     embed_backward(ctx, dx);
     return Tensor();
