@@ -1,7 +1,10 @@
-// CUDA mixture-of-experts row movement (kernels/cuda/moe.cpp) against the CPU backend: float32 (the same fp32
+// CUDA mixture-of-experts ops (kernels/cuda/moe.cpp) against the CPU backend. Row movement: float32 (the same fp32
 // math per element: exact for the copies, summation order of the k routes identical) and bf16 (inputs rounded
-// once; outputs rounded to bf16). The whole MoE model on CUDA: tests/cuda/gpt_model_test.cpp (CudaGPTModel.*Moe*).
+// once; outputs rounded to bf16). The router: the same experts chosen and positions (exact), softmaxes and the
+// backward within fp32 rounding (the CPU sums in double). The whole MoE model on CUDA: tests/cuda/gpt_model_test.cpp (CudaGPTModel.*Moe*).
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include "cuda/cuda_test_util.h"
 
@@ -49,6 +52,57 @@ void check(DType dt) {
   ops::moe_unpermute_bwd(din, dwt, dev(dy, dt), dev(in, dt), didx, dw_dev);
   EXPECT_LT(rel_err(host(din), din_cpu), tol);
   EXPECT_LT(rel_err(host(dwt), dwt_cpu), 1e-5);
+}
+
+// The router ops: top-k + softmaxes (the same choices: the logits are spaced, no near-ties), the expert-major
+// route positions (exact), and the router backward, against the CPU backend; logits fp32 or bf16.
+void check_router(DType dt, bool pre_softmax) {
+  const int64_t n = 300, e = 16, k = 3;
+  Tensor logits = rnd({n, e}, 7, dt, -3.0, 3.0);
+  ops::MoeTopkOptions opt{.pre_softmax = pre_softmax, .z_coef = 0.01f};
+  Tensor topk = Tensor::empty({n, k}, DType::I32), probs = Tensor::empty({n, k}), scores = Tensor::empty({n, e});
+  Tensor lse = Tensor::empty({n});
+  ops::cpu::moe_topk_softmax(topk, probs, scores, lse, logits, opt, {});
+  Tensor dtopk = Tensor::empty({n, k}, DType::I32, Device::CUDA), dprobs_out = poisoned({n, k}, DType::F32);
+  Tensor dscores = poisoned({n, e}, DType::F32), dlse = poisoned({n}, DType::F32);
+  ops::moe_topk_softmax(dtopk, dprobs_out, dscores, dlse, dev(logits, dt), opt);
+  Tensor htopk = dtopk.to(Device::CPU);
+  EXPECT_EQ(std::memcmp(htopk.raw(), topk.raw(), topk.nbytes()), 0) << "different experts chosen";
+  EXPECT_LT(rel_err(host(dprobs_out), probs), 1e-6);
+  EXPECT_LT(rel_err(host(dscores), scores), 1e-6);
+  EXPECT_LT(rel_err(host(dlse), lse), 1e-6);
+  // positions
+  Tensor idx = Tensor::empty({n, k}, DType::I32), counts = Tensor::empty({e}, DType::I64);
+  ops::cpu::moe_route_positions(idx, counts, topk, {});
+  Tensor didx = Tensor::empty({n, k}, DType::I32, Device::CUDA), dcounts = Tensor::empty({e}, DType::I64, Device::CUDA);
+  ops::moe_route_positions(didx, dcounts, dtopk);
+  Tensor hidx = didx.to(Device::CPU), hcounts = dcounts.to(Device::CPU);
+  EXPECT_EQ(std::memcmp(hidx.raw(), idx.raw(), idx.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(hcounts.raw(), counts.raw(), counts.nbytes()), 0);
+  // backward
+  Tensor dp = rnd({n, k}, 8), aux = rnd({e}, 9);
+  Tensor dl = Tensor::empty({n, e});
+  ops::cpu::moe_topk_softmax_bwd(dl, dp, probs, topk, scores, lse, aux, opt, {});
+  Tensor ddl = poisoned({n, e}, dt);
+  ops::moe_topk_softmax_bwd(ddl, dev(dp), dprobs_out, dtopk, dscores, dlse, dev(aux), opt);
+  EXPECT_LT(rel_err(host(ddl), dl), dt == DType::F32 ? 1e-5 : 4e-3);  // bf16: one output rounding
+}
+
+TEST(CudaMoeOps, RouterFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); check_router(DType::F32, false); }
+TEST(CudaMoeOps, RouterBf16PreSoftmaxMatchesCpu) { MCPP_REQUIRE_CUDA(); check_router(DType::BF16, true); }
+TEST(CudaMoeOps, RoutePositionsAtScale) {  // more routes than one scan chunk per expert, uneven experts
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 20000, k = 2, e = 8;
+  Tensor topk = Tensor::empty({n, k}, DType::I32);
+  for (int64_t q = 0; q < n * k; ++q) topk.data<int32_t>()[q] = static_cast<int32_t>((q * q + 3 * q) % 7 == 0 ? 7 : q % 5);
+  Tensor idx = Tensor::empty({n, k}, DType::I32), counts = Tensor::empty({e}, DType::I64);
+  ops::cpu::moe_route_positions(idx, counts, topk, {});
+  Tensor didx = Tensor::empty({n, k}, DType::I32, Device::CUDA), dcounts = Tensor::empty({e}, DType::I64, Device::CUDA);
+  ops::moe_route_positions(didx, dcounts, topk.to(Device::CUDA));
+  Tensor hidx = didx.to(Device::CPU), hcounts = dcounts.to(Device::CPU);
+  EXPECT_EQ(std::memcmp(hidx.raw(), idx.raw(), idx.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(hcounts.raw(), counts.raw(), counts.nbytes()), 0);
+  EXPECT_EQ(counts.data<int64_t>()[5], 0);  // an expert no route chose
 }
 
 TEST(CudaMoeOps, Fp32MatchesCpu) { MCPP_REQUIRE_CUDA(); check(DType::F32); }

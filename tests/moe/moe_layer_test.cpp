@@ -78,6 +78,45 @@ TEST(MoeOps, BadRoutesAreNamedErrors) {
   EXPECT_THROW(ops::moe_permute(wrong_h, x, routes({0, 1, 2, 3}, 2, 2)), Error);
 }
 
+// The router ops on the CPU against their definitions: top-k (descending, ties to the lower expert), softmaxes,
+// logsumexp, the expert-major route positions.
+TEST(MoeOps, TopkSoftmaxAndRoutePositionsMatchTheDefinitions) {
+  const int64_t n = 4, e = 5, k = 2;
+  const std::vector<float> lg = {0.5f, 2.0f, -1.0f, 2.0f, 0.0f,    // a tie: experts 1 and 3 -> 1 first
+                                 3.0f, 1.0f, 0.0f, -2.0f, 2.5f,    //
+                                 0.0f, 0.0f, 0.0f, 0.0f, 0.0f,     // all equal: 0, 1
+                                 -1.0f, -2.0f, -3.0f, 4.0f, 1.0f};
+  Tensor logits = Tensor::empty({n, e});
+  std::copy(lg.begin(), lg.end(), logits.data<float>());
+  for (bool pre : {false, true}) {
+    SCOPED_TRACE(pre);
+    Tensor topk = Tensor::empty({n, k}, DType::I32), probs = Tensor::empty({n, k}), scores = Tensor::empty({n, e});
+    Tensor lse = Tensor::empty({n});
+    ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.pre_softmax = pre});
+    const std::vector<int32_t> want_top = {1, 3, 0, 4, 0, 1, 3, 4};
+    for (int64_t q = 0; q < n * k; ++q) EXPECT_EQ(topk.data<int32_t>()[q], want_top[static_cast<size_t>(q)]) << q;
+    for (int64_t t = 0; t < n; ++t) {
+      double sum = 0;
+      for (int64_t j = 0; j < e; ++j) sum += std::exp(static_cast<double>(lg[static_cast<size_t>(t * e + j)]));
+      EXPECT_NEAR(lse.data<float>()[t], std::log(sum), 1e-6);
+      for (int64_t j = 0; j < e; ++j)
+        EXPECT_NEAR(scores.data<float>()[t * e + j], std::exp(lg[static_cast<size_t>(t * e + j)]) / sum, 1e-7);
+      const int32_t a = want_top[static_cast<size_t>(t * k)], b = want_top[static_cast<size_t>(t * k + 1)];
+      const double la = lg[static_cast<size_t>(t * e + a)], lb = lg[static_cast<size_t>(t * e + b)];
+      const double pa = pre ? std::exp(la) / sum : 1.0 / (1.0 + std::exp(lb - la));
+      const double pb = pre ? std::exp(lb) / sum : 1.0 / (1.0 + std::exp(la - lb));
+      EXPECT_NEAR(probs.data<float>()[t * k], pa, 1e-7);
+      EXPECT_NEAR(probs.data<float>()[t * k + 1], pb, 1e-7);
+    }
+    Tensor idx = Tensor::empty({n, k}, DType::I32), counts = Tensor::empty({e}, DType::I64);
+    ops::moe_route_positions(idx, counts, topk);
+    const std::vector<int64_t> want_counts = {2, 2, 0, 2, 2};  // experts 0,1,3,4
+    const std::vector<int32_t> want_idx = {2, 4, 0, 6, 1, 3, 5, 7};  // expert-major, tokens in order
+    for (int64_t j = 0; j < e; ++j) EXPECT_EQ(counts.data<int64_t>()[j], want_counts[static_cast<size_t>(j)]);
+    for (int64_t q = 0; q < n * k; ++q) EXPECT_EQ(idx.data<int32_t>()[q], want_idx[static_cast<size_t>(q)]) << q;
+  }
+}
+
 struct MoeCase {
   std::string style;  // "gpt2": GELU + biases; "llama": SwiGLU, no biases
   bool pre_softmax = false;

@@ -70,6 +70,19 @@ void moe_unpermute_bwd(Tensor& din, Tensor& dw, const Tensor& dy, const Tensor& 
                        Stream s) {
   MCPP_DISPATCH(moe_unpermute_bwd, ({&din, &dw, &dy, &in, &idx, &w}), din, dw, dy, in, idx, w, s);
 }
+void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, const Tensor& logits,
+                      const MoeTopkOptions& opt, Stream s) {
+  MCPP_DISPATCH(moe_topk_softmax, ({&topk, &probs, &scores, &lse, &logits}), topk, probs, scores, lse, logits, opt, s);
+}
+void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& probs, const Tensor& topk,
+                          const Tensor& scores, const Tensor& lse, const Tensor& aux_grad, const MoeTopkOptions& opt,
+                          Stream s) {
+  MCPP_DISPATCH(moe_topk_softmax_bwd, ({&dlogits, &dprobs, &probs, &topk, &scores, &lse, &aux_grad}), dlogits, dprobs,
+                probs, topk, scores, lse, aux_grad, opt, s);
+}
+void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream s) {
+  MCPP_DISPATCH(moe_route_positions, ({&idx, &counts, &topk}), idx, counts, topk, s);
+}
 void chunk_transpose(Tensor& out, const Tensor& in, int64_t a, int64_t c, Stream s) {
   MCPP_DISPATCH(chunk_transpose, ({&out, &in}), out, in, a, c, s);
 }

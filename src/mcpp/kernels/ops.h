@@ -66,6 +66,13 @@ struct AdamWOptions {
   float grad_scale = 1.0f;
 };
 
+// The MoE router ops (moe_topk_softmax / _bwd): pre_softmax = Megatron's --moe-router-pre-softmax (top-k of the
+// softmax over all experts, not renormalized); z_coef (backward): the router z-loss's per-token coefficient.
+struct MoeTopkOptions {
+  bool pre_softmax = false;
+  float z_coef = 0.0f;
+};
+
 // One parameter (or shard piece) of adamw_multi_step: handles sharing storage with the caller's tensors.
 // param_model undefined = no model copy; weight_decay replaces opt.weight_decay for this entry.
 struct AdamWTensors {

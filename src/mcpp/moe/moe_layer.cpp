@@ -29,21 +29,20 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses)
   MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
   const int64_t h = x.size(2), n = x.size(0) * x.size(1), k = router_.topk();
   Tensor x2 = x.view({n, h});
-  router_.forward(ctx.router, x2);
+  router_.forward(ctx.router, x2);  // the routing on x's device; counts and losses read to the host
   if (losses) {
     const TransformerConfig& c = config_;
     if (c.moe_aux_loss_coeff > 0.0f) losses->load_balancing += ctx.router.aux_loss / c.moe_aux_loss_coeff;
     if (c.moe_z_loss_coeff > 0.0f) losses->z += ctx.router.z_loss / c.moe_z_loss_coeff;
     ++losses->calls;
   }
-  ctx.plan = dispatcher_.plan(ctx.router.topk, n, k, x.device());
+  ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.tokens_per_expert, n, k);
   Tensor permuted = Tensor::empty({n * k, h}, x.dtype(), x.device());  // [n*k, h] expert-major
   ops::moe_permute(permuted, x2, ctx.plan.idx);
   Tensor grouped = dispatcher_.to_experts(ctx.plan, permuted);  // [rows, h] by local expert
   Tensor out = experts_.forward(ctx.experts, grouped, ctx.plan.tokens_per_local_expert);
   ctx.combined = dispatcher_.from_experts(ctx.plan, out);  // [n*k, h]
-  Tensor probs = Tensor::from_blob(ctx.router.probs.data(), {n, k}, DType::F32);
-  ctx.probs = x.is_cpu() ? probs.clone() : probs.to(x.device());
+  ctx.probs = ctx.router.probs;  // [n, k] fp32
   Tensor y = Tensor::empty({n, h}, x.dtype(), x.device());
   ops::moe_unpermute(y, ctx.combined, ctx.plan.idx, &ctx.probs);
   return y.view(x.shape());
@@ -62,9 +61,7 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   Tensor dpermuted = dispatcher_.from_experts(ctx.plan, dexperts_in);  // [n*k, h]
   Tensor dx = Tensor::empty({n, h}, dy.dtype(), dy.device());
   ops::moe_unpermute(dx, dpermuted, ctx.plan.idx, nullptr);  // the permute's backward: each token's k rows summed
-  Tensor dp_host = dprobs.is_cpu() ? dprobs : dprobs.to(Device::CPU);
-  const float* dpp = dp_host.data<float>();
-  Tensor dx_router = router_.backward(ctx.router, std::vector<float>(dpp, dpp + n * k), loss_grad_scale);
+  Tensor dx_router = router_.backward(ctx.router, dprobs, loss_grad_scale);
   ops::add_inplace(dx, dx_router);
   ctx = {};
   return dx.view(dy.shape());

@@ -1,9 +1,11 @@
 // TopKRouter (Megatron-Core transformer/moe/router.py) with its load-balancing losses (moe_utils.py).
-//   x [n, h] -> logits [n, E] = x W_r^T (W_r [E, h] "router.weight", a GEMM in x's dtype) -> on the host, in fp32:
+//   x [n, h] -> logits [n, E] = x W_r^T (W_r [E, h] "router.weight", a GEMM in x's dtype) -> on x's device
+//   (ops::moe_topk_softmax, moe_route_positions):
 //     scores = softmax(logits) over the E experts;
 //     topk[t, :] = the k largest logits of token t (ties: the lower expert first), in descending order;
 //     probs[t, :] = softmax over those k logits — or, with moe_router_pre_softmax, scores[t, topk[t, :]];
-//     tokens_per_expert[e] = how many of the n*k routes chose e.
+//     idx = each route's expert-major row; tokens_per_expert[e] = how many of the n*k routes chose e (read to the
+//     host: the dispatcher's all-to-all sizes and the experts' row counts).
 //   Losses of this microbatch's n tokens (added to the LM loss; their gradients ride the router's backward):
 //     aux_loss = moe_aux_loss_coeff * E / (N * N * k) * sum_e (sum_t scores[t, e]) * T[e]
 //                (Megatron's switch_load_balancing_loss_func; "aux_loss" balancing only)
@@ -16,8 +18,8 @@
 // applied to dprobs, + loss_grad_scale * d(aux_loss + z_loss) / d logits (Megatron's MoEAuxLossAutoScaler:
 // the losses' gradient is scaled like the main loss's, 1 / num_microbatches); then dx = dlogits W_r and
 // W_r's grad ACCUMULATES (+= dlogits^T x) into main_grad. The routing decision is not differentiated.
-// The logits, the routing and the losses are computed on the host (a [n, E] read per layer; the token counts
-// are needed on the host by the dispatcher's all-to-all anyway).
+// Host reads per layer: the [E] counts, the losses' sums (lse^2, and with the aux loss the scores' [E] column
+// sums) — one synchronization; the routing itself stays on the device.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -40,17 +42,17 @@ struct LossTracker {
 };
 
 struct RouterCtx {
-  Tensor x;                        // [n, h] the input (for the weight grad)
+  Tensor x;        // [n, h] the input (for the weight grad)
   int64_t n = 0;
-  std::vector<float> logits;       // [n, E]
-  std::vector<float> scores;       // [n, E] softmax over all experts
-  std::vector<int32_t> topk;       // [n, k] chosen experts
-  std::vector<float> probs;        // [n, k] their weights
-  std::vector<int64_t> tokens_per_expert;  // [E] this rank's routes per expert (the dispatcher's counts)
+  Tensor topk;     // [n, k] int32: chosen experts            (all on x's device)
+  Tensor probs;    // [n, k] fp32: their weights
+  Tensor scores;   // [n, E] fp32: softmax over all experts
+  Tensor lse;      // [n] fp32: logsumexp of each token's logits
+  Tensor idx;      // [n, k] int32: each route's row in the expert-major order (ops::moe_route_positions)
+  std::vector<int64_t> tokens_per_expert;         // [E] this rank's routes per expert (host; the dispatcher's)
   std::vector<int64_t> global_tokens_per_expert;  // [E] T: over the sequence-split group
   int64_t global_tokens = 0;                      // N
-  std::vector<double> lse;                 // [n] logsumexp of each token's logits
-  double aux_loss = 0.0, z_loss = 0.0;     // this microbatch's (0 when off)
+  double aux_loss = 0.0, z_loss = 0.0;            // this rank's shares (0 when off)
 };
 
 class TopKRouter {
@@ -60,8 +62,8 @@ class TopKRouter {
   TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
              const tensor_parallel::TPContext& tp);
   void forward(RouterCtx& ctx, const Tensor& x) const;  // x [n, h]
-  // dprobs [n, k] (host): the gradient of the combine weights. Returns dx [n, h] on x's device, x's dtype.
-  Tensor backward(RouterCtx& ctx, const std::vector<float>& dprobs, float loss_grad_scale) const;
+  // dprobs [n, k] fp32 (x's device): the gradient of the combine weights. Returns dx [n, h] (x's device, dtype).
+  Tensor backward(RouterCtx& ctx, const Tensor& dprobs, float loss_grad_scale) const;
   Parameter* weight() const { return weight_; }
   int64_t num_experts() const { return experts_; }
   int64_t topk() const { return k_; }

@@ -39,24 +39,16 @@ MoEAlltoAllTokenDispatcher::MoEAlltoAllTokenDispatcher(int64_t num_experts, comm
              "num_moe_experts ({}) must be a multiple of expert_model_parallel_size ({})", experts_, ep_size());
 }
 
-DispatchPlan MoEAlltoAllTokenDispatcher::plan(const std::vector<int32_t>& topk, int64_t n, int64_t k,
-                                              Device device) const {
-  MCPP_CHECK(static_cast<int64_t>(topk.size()) == n * k, "dispatcher: {} routes for n={} k={}", topk.size(), n, k);
+DispatchPlan MoEAlltoAllTokenDispatcher::plan(const Tensor& idx, const std::vector<int64_t>& counts, int64_t n,
+                                              int64_t k) const {
   const int64_t e = experts_, ep = ep_size(), el = num_local_experts();
+  MCPP_CHECK(static_cast<int64_t>(counts.size()) == e && idx.numel() == n * k,
+             "dispatcher: {} counts for {} experts, idx {} for n={} k={}", counts.size(), e, idx.str(), n, k);
   DispatchPlan p;
   p.n = n;
   p.k = k;
-  std::vector<int64_t> count(static_cast<size_t>(e), 0);
-  for (const int32_t x : topk) {
-    MCPP_CHECK(x >= 0 && x < e, "dispatcher: expert id {} out of [0, {})", x, e);
-    ++count[static_cast<size_t>(x)];
-  }
-  std::vector<int64_t> cursor(static_cast<size_t>(e), 0);  // expert-major offsets
-  for (int64_t j = 1; j < e; ++j) cursor[static_cast<size_t>(j)] = cursor[static_cast<size_t>(j - 1)] + count[static_cast<size_t>(j - 1)];
-  Tensor idx = Tensor::empty({n, k}, DType::I32);
-  int32_t* ip = idx.data<int32_t>();
-  for (int64_t q = 0; q < n * k; ++q) ip[q] = static_cast<int32_t>(cursor[static_cast<size_t>(topk[static_cast<size_t>(q)])]++);
-  p.idx = device == Device::CPU ? idx : idx.to(device);
+  p.idx = idx;
+  std::vector<int64_t> count = counts;
 
   // Every EP rank's per-expert counts ([ep, E], host all-gather), then the all-to-all sizes.
   Tensor mine = Tensor::from_blob(count.data(), {e}, DType::I64);

@@ -1,10 +1,10 @@
 // MoEAlltoAllTokenDispatcher (Megatron-Core transformer/moe/token_dispatcher.py, the "alltoall" dispatcher):
 // moves each route (token t, choice i) of this rank's [n, h] tokens to the rank holding its expert and back.
 // Experts are split evenly over the EP group: EP rank r holds experts [r * El, (r + 1) * El), El = E / ep.
-//   plan():    idx[t, i] = the route's row in the local expert-major buffer [n*k, h] (experts in order, each
-//              expert's tokens in token order — Megatron's permute); the per-expert counts are all-gathered
-//              over EP (host) to size the all-to-all: send_rows[r] = rows for r's experts, recv_rows[r] = rows
-//              rank r sends here, recv_chunk[r * El + e] = of those, for local expert e.
+//   plan():    from the router's idx (each route's row in the local expert-major buffer [n*k, h]: experts in
+//              order, each expert's tokens in token order — Megatron's permute) and its per-expert counts, which
+//              are all-gathered over EP (host) to size the all-to-all: send_rows[r] = rows for r's experts,
+//              recv_rows[r] = rows rank r sends here, recv_chunk[r * El + e] = of those, for local expert e.
 //   to_experts():   [n*k, h] expert-major rows -> all-to-all over EP -> [rows, h] grouped by local expert
 //                   (Megatron's sort_chunks_by_idxs: received [src rank][local expert] -> [local expert][src]).
 //   from_experts(): the inverse (regroup, reverse all-to-all) -> [n*k, h] in this rank's expert-major order.
@@ -32,8 +32,8 @@ class MoEAlltoAllTokenDispatcher {
  public:
   // ep: the expert-parallel group (null = EP 1); num_experts % ep == 0.
   MoEAlltoAllTokenDispatcher(int64_t num_experts, comm::CommPtr ep);
-  // topk [n, k] chosen experts (host). Collective over EP (counts all-gather).
-  DispatchPlan plan(const std::vector<int32_t>& topk, int64_t n, int64_t k, Device device) const;
+  // idx [n, k] int32 (the tokens' device), counts [E] this rank's routes per expert. Collective over EP.
+  DispatchPlan plan(const Tensor& idx, const std::vector<int64_t>& counts, int64_t n, int64_t k) const;
   Tensor to_experts(const DispatchPlan& p, const Tensor& rows) const;      // [n*k, h] -> [sum El rows, h]
   Tensor from_experts(const DispatchPlan& p, const Tensor& grouped) const;  // inverse
   int ep_size() const { return ep_ ? ep_->size() : 1; }

@@ -1,7 +1,13 @@
-// CPU mixture-of-experts row movement (ops.inc: moe_permute / moe_unpermute / moe_unpermute_bwd), the
-// reference for the CUDA kernels. float32 activations; idx int32 [n, k] of distinct rows < m; w, dw float32
-// [n, k]. Sums over a token's k routes run in route order, in float32 (as the CUDA kernels accumulate).
+// CPU mixture-of-experts ops (ops.inc), the reference for the CUDA kernels:
+//   row movement (moe_permute / moe_unpermute / moe_unpermute_bwd): float32 activations; idx int32 [n, k] of
+//     distinct rows < m; w, dw float32 [n, k]. Sums over a token's k routes run in route order, in float32 (as
+//     the CUDA kernels accumulate).
+//   the router (moe_topk_softmax / _bwd, moe_route_positions): float32 logits, per token; softmax sums in double.
+//     Tokens are split over OpenMP threads; every value is computed the same way on any thread count.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "mcpp/kernels/cpu/checks.h"
 #include "mcpp/kernels/ops.h"
@@ -93,6 +99,133 @@ void moe_unpermute_bwd(Tensor& din, Tensor& dw, const Tensor& dy, const Tensor& 
       dwp[t * r.k + i] = dot;
     }
   }
+}
+
+namespace {
+// softmax of v[0..n) into out (double accumulation); returns logsumexp.
+double softmax_into(const float* v, int64_t n, float* out) {
+  const float mx = *std::max_element(v, v + n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(v[i]) - mx);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(std::exp(static_cast<double>(v[i]) - mx) / sum);
+  return mx + std::log(sum);
+}
+
+void check_i32(const char* op, const char* arg, const Tensor& t, int64_t n, int64_t k) {
+  MCPP_CHECK(t.defined() && t.is_cpu() && t.dtype() == DType::I32 && t.ndim() == 2 && t.size(0) == n &&
+                 t.size(1) == k,
+             "{}: {} must be a CPU int32 [{}, {}] tensor; got {}", op, arg, n, k, t.defined() ? t.str() : "undefined");
+}
+void check_f32(const char* op, const char* arg, const Tensor& t, const Shape& shape) {
+  detail::require_cpu_f32(op, arg, t);
+  MCPP_CHECK(t.shape() == shape, "{}: {} must be {}; got {}", op, arg, shape_str(shape), t.str());
+}
+}  // namespace
+
+void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, const Tensor& logits,
+                      const MoeTopkOptions& opt, Stream) {
+  const char* op = "moe_topk_softmax";
+  detail::require_cpu_f32(op, "logits", logits);
+  MCPP_CHECK(logits.ndim() == 2, "{}: logits must be [n, E]; got {}", op, logits.str());
+  const int64_t n = logits.size(0), e = logits.size(1), k = topk.ndim() == 2 ? topk.size(1) : 0;
+  MCPP_CHECK(k >= 1 && k <= e && k <= 64, "{}: topk must be [n, k] with 1 <= k <= min(E = {}, 64); got {}", op, e,
+             topk.str());
+  check_i32(op, "topk", topk, n, k);
+  check_f32(op, "probs", probs, {n, k});
+  check_f32(op, "scores", scores, {n, e});
+  check_f32(op, "lse", lse, {n});
+  const float* lgp = logits.data<float>();
+  float *sp = scores.data<float>(), *pp = probs.data<float>(), *lp = lse.data<float>();
+  int32_t* tp = topk.data<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t) {
+    const float* lg = lgp + t * e;
+    lp[t] = static_cast<float>(softmax_into(lg, e, sp + t * e));
+    int32_t* top = tp + t * k;
+    float* pr = pp + t * k;
+    for (int64_t i = 0; i < k; ++i) {  // k passes of max: the largest not yet taken, ties to the lower expert
+      int32_t best = -1;
+      for (int32_t j = 0; j < static_cast<int32_t>(e); ++j) {
+        bool taken = false;
+        for (int64_t q = 0; q < i && !taken; ++q) taken = top[q] == j;
+        if (!taken && (best < 0 || lg[j] > lg[best])) best = j;
+      }
+      top[i] = best;
+      pr[i] = opt.pre_softmax ? sp[t * e + best] : lg[best];
+    }
+    if (!opt.pre_softmax) {
+      float sel[64];
+      for (int64_t i = 0; i < k; ++i) sel[i] = pr[i];
+      softmax_into(sel, k, pr);
+    }
+  }
+}
+
+void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& probs, const Tensor& topk,
+                          const Tensor& scores, const Tensor& lse, const Tensor& aux_grad, const MoeTopkOptions& opt,
+                          Stream) {
+  const char* op = "moe_topk_softmax_bwd";
+  detail::require_cpu_f32(op, "scores", scores);
+  MCPP_CHECK(scores.ndim() == 2, "{}: scores must be [n, E]; got {}", op, scores.str());
+  const int64_t n = scores.size(0), e = scores.size(1), k = topk.ndim() == 2 ? topk.size(1) : 0;
+  check_i32(op, "topk", topk, n, k);
+  check_f32(op, "dlogits", dlogits, {n, e});
+  check_f32(op, "dprobs", dprobs, {n, k});
+  check_f32(op, "probs", probs, {n, k});
+  check_f32(op, "lse", lse, {n});
+  check_f32(op, "aux_grad", aux_grad, {e});
+  const int32_t* tp = topk.data<int32_t>();
+  const float *pp = probs.data<float>(), *dpp = dprobs.data<float>(), *sp = scores.data<float>();
+  const float *lp = lse.data<float>(), *ag = aux_grad.data<float>();
+  float* dl0 = dlogits.data<float>();
+#pragma omp parallel
+  {
+    std::vector<double> g(static_cast<size_t>(e));  // per thread
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t* top = tp + t * k;
+      const float *pr = pp + t * k, *dp = dpp + t * k, *s = sp + t * e;
+      float* dl = dl0 + t * e;
+      for (int64_t j = 0; j < e; ++j) {
+        g[static_cast<size_t>(j)] = ag[j];
+        dl[j] = 0.0f;
+      }
+      if (opt.pre_softmax) {
+        for (int64_t i = 0; i < k; ++i) g[static_cast<size_t>(top[i])] += dp[i];
+      } else {  // probs = softmax(logits[top]): d logits[top_i] = p_i (dp_i - sum_j p_j dp_j)
+        double dot = 0.0;
+        for (int64_t i = 0; i < k; ++i) dot += static_cast<double>(pr[i]) * dp[i];
+        for (int64_t i = 0; i < k; ++i) dl[top[i]] += static_cast<float>(pr[i] * (dp[i] - dot));
+      }
+      double sg = 0.0;  // scores = softmax(logits): d logits = s (g - <s, g>)
+      for (int64_t j = 0; j < e; ++j) sg += s[j] * g[static_cast<size_t>(j)];
+      for (int64_t j = 0; j < e; ++j)
+        dl[j] += static_cast<float>(s[j] * (g[static_cast<size_t>(j)] - sg) +
+                                    static_cast<double>(opt.z_coef) * lp[t] * s[j]);
+    }
+  }
+}
+
+void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream) {
+  const char* op = "moe_route_positions";
+  MCPP_CHECK(topk.defined() && topk.is_cpu() && topk.dtype() == DType::I32 && topk.ndim() == 2,
+             "{}: topk must be a CPU int32 [n, k] tensor; got {}", op, topk.defined() ? topk.str() : "undefined");
+  const int64_t n = topk.size(0), k = topk.size(1);
+  check_i32(op, "idx", idx, n, k);
+  MCPP_CHECK(counts.defined() && counts.is_cpu() && counts.dtype() == DType::I64 && counts.ndim() == 1,
+             "{}: counts must be a CPU int64 [E] tensor; got {}", op, counts.defined() ? counts.str() : "undefined");
+  const int64_t e = counts.numel();
+  const int32_t* tp = topk.data<int32_t>();
+  int64_t* cp = counts.data<int64_t>();
+  std::fill(cp, cp + e, 0);
+  for (int64_t q = 0; q < n * k; ++q) {
+    MCPP_CHECK(tp[q] >= 0 && tp[q] < e, "{}: topk entry {} = {} is not an expert of {}", op, q, tp[q], e);
+    ++cp[tp[q]];
+  }
+  std::vector<int64_t> cursor(static_cast<size_t>(e), 0);
+  for (int64_t j = 1; j < e; ++j) cursor[static_cast<size_t>(j)] = cursor[static_cast<size_t>(j - 1)] + cp[j - 1];
+  int32_t* ip = idx.data<int32_t>();
+  for (int64_t q = 0; q < n * k; ++q) ip[q] = static_cast<int32_t>(cursor[static_cast<size_t>(tp[q])]++);
 }
 
 }  // namespace mcpp::ops::cpu

@@ -59,4 +59,60 @@ void moe_unpermute_bwd(Tensor& din, Tensor& dw, const Tensor& dy, const Tensor& 
                            idx.data<int32_t>(), w.data<float>(), r.n, r.k, r.h, stream_of(stream));
 }
 
+namespace {
+void check_shape(const char* op, const char* arg, const Tensor& t, DType dt, const Shape& shape) {
+  MCPP_CHECK(t.defined() && t.device() == Device::CUDA && t.dtype() == dt && t.shape() == shape,
+             "{}: {} must be a CUDA {} {} tensor; got {}", op, arg, dtype_name(dt), shape_str(shape),
+             t.defined() ? t.str() : "undefined");
+}
+}  // namespace
+
+void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, const Tensor& logits,
+                      const MoeTopkOptions& opt, Stream stream) {
+  const char* op = "moe_topk_softmax";
+  const FIn lg = fin_of(op, "logits", logits);
+  MCPP_CHECK(logits.ndim() == 2, "{}: logits must be [n, E]; got {}", op, logits.str());
+  const int64_t n = logits.size(0), e = logits.size(1), k = topk.ndim() == 2 ? topk.size(1) : 0;
+  MCPP_CHECK(k >= 1 && k <= e && k <= 64, "{}: topk must be [n, k] with 1 <= k <= min(E = {}, 64); got {}", op, e,
+             topk.str());
+  check_shape(op, "topk", topk, DType::I32, {n, k});
+  check_shape(op, "probs", probs, DType::F32, {n, k});
+  check_shape(op, "scores", scores, DType::F32, {n, e});
+  check_shape(op, "lse", lse, DType::F32, {n});
+  launch_moe_topk_softmax(topk.data<int32_t>(), probs.data<float>(), scores.data<float>(), lse.data<float>(), lg, n, e,
+                          k, opt.pre_softmax, stream_of(stream));
+}
+
+void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& probs, const Tensor& topk,
+                          const Tensor& scores, const Tensor& lse, const Tensor& aux_grad, const MoeTopkOptions& opt,
+                          Stream stream) {
+  const char* op = "moe_topk_softmax_bwd";
+  MCPP_CHECK(scores.ndim() == 2 && topk.ndim() == 2, "{}: scores must be [n, E], topk [n, k]; got {} and {}", op,
+             scores.str(), topk.str());
+  const int64_t n = scores.size(0), e = scores.size(1), k = topk.size(1);
+  const FOut dl = fout_of(op, "dlogits", dlogits);
+  MCPP_CHECK(dlogits.shape() == scores.shape(), "{}: dlogits must be [n, E] = {}; got {}", op,
+             shape_str(scores.shape()), dlogits.str());
+  check_shape(op, "scores", scores, DType::F32, {n, e});
+  check_shape(op, "topk", topk, DType::I32, {n, k});
+  check_shape(op, "dprobs", dprobs, DType::F32, {n, k});
+  check_shape(op, "probs", probs, DType::F32, {n, k});
+  check_shape(op, "lse", lse, DType::F32, {n});
+  check_shape(op, "aux_grad", aux_grad, DType::F32, {e});
+  launch_moe_topk_softmax_bwd(dl, dprobs.data<float>(), probs.data<float>(), topk.data<int32_t>(), scores.data<float>(),
+                              lse.data<float>(), aux_grad.data<float>(), n, e, k, opt.pre_softmax, opt.z_coef,
+                              stream_of(stream));
+}
+
+void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream stream) {
+  const char* op = "moe_route_positions";
+  MCPP_CHECK(topk.ndim() == 2, "{}: topk must be [n, k]; got {}", op, topk.str());
+  check_shape(op, "topk", topk, DType::I32, topk.shape());
+  check_shape(op, "idx", idx, DType::I32, topk.shape());
+  MCPP_CHECK(counts.ndim() == 1, "{}: counts must be [E]; got {}", op, counts.str());
+  check_shape(op, "counts", counts, DType::I64, counts.shape());
+  launch_moe_route_positions(idx.data<int32_t>(), counts.data<int64_t>(), topk.data<int32_t>(), topk.numel(),
+                             counts.numel(), stream_of(stream));
+}
+
 }  // namespace mcpp::ops::cuda

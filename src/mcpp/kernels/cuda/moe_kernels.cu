@@ -3,6 +3,10 @@
 //   unpermute:     one block per token; each thread owns columns and sums its k routes in route order (fp32).
 //   unpermute_bwd: one block per route (t, i); threads write din[idx[t, i]] = w * dy[t] and a block sum gives
 //                  dw[t, i] = dy[t] . in[idx[t, i]] (fp32).
+//   topk_softmax / _bwd: one thread per token over its E logits (fp32 math; expf), the CPU's order of choices.
+//   route positions: counts — one block per expert, a block sum of its matches; positions — one block per
+//                  expert walking the routes in chunks, a block-wide exclusive scan of the matches giving each its
+//                  rank in token order (deterministic, as the CPU's serial walk).
 #include "mcpp/kernels/cuda/device_utils.cuh"
 
 namespace mcpp::cuda_detail {
@@ -44,7 +48,136 @@ __global__ void moe_unpermute_bwd_kernel(FOut din, float* dw, FIn dy, FIn in, co
   dot = block_sum(dot, scratch);
   if (threadIdx.x == 0) dw[route] = dot;
 }
+constexpr int kTokThreads = 128;
+
+__global__ void moe_topk_softmax_kernel(int32_t* topk, float* probs, float* scores, float* lse, FIn logits, int64_t n,
+                                        int64_t e, int64_t k, bool pre_softmax) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= n) return;
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < e; ++j) mx = fmaxf(mx, logits[t * e + j]);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < e; ++j) sum += expf(logits[t * e + j] - mx);
+  for (int64_t j = 0; j < e; ++j) scores[t * e + j] = expf(logits[t * e + j] - mx) / sum;
+  lse[t] = mx + logf(sum);
+  int32_t* top = topk + t * k;
+  float* pr = probs + t * k;
+  for (int64_t i = 0; i < k; ++i) {  // k passes of max: the largest not yet taken, ties to the lower expert
+    int32_t best = -1;
+    float bv = -INFINITY;
+    for (int32_t j = 0; j < static_cast<int32_t>(e); ++j) {
+      bool taken = false;
+      for (int64_t q = 0; q < i && !taken; ++q) taken = top[q] == j;
+      const float v = logits[t * e + j];
+      if (!taken && (best < 0 || v > bv)) best = j, bv = v;
+    }
+    top[i] = best;
+    pr[i] = pre_softmax ? scores[t * e + best] : bv;
+  }
+  if (!pre_softmax) {  // softmax over the k chosen logits (pr[0] is their max: descending order)
+    float s2 = 0.0f;
+    for (int64_t i = 0; i < k; ++i) s2 += expf(pr[i] - pr[0]);
+    const float m0 = pr[0];
+    for (int64_t i = 0; i < k; ++i) pr[i] = expf(pr[i] - m0) / s2;
+  }
+}
+
+__global__ void moe_topk_softmax_bwd_kernel(FOut dlogits, const float* dprobs, const float* probs, const int32_t* topk,
+                                            const float* scores, const float* lse, const float* aux_grad, int64_t n,
+                                            int64_t e, int64_t k, bool pre_softmax, float z_coef) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= n) return;
+  const int32_t* top = topk + t * k;
+  const float *pr = probs + t * k, *dp = dprobs + t * k, *s = scores + t * e;
+  float sg = 0.0f, dot = 0.0f;  // <s, g>; sum_i p_i dp_i (the top-k softmax's)
+  for (int64_t j = 0; j < e; ++j) sg += s[j] * aux_grad[j];
+  for (int64_t i = 0; i < k; ++i) {
+    if (pre_softmax) sg += s[top[i]] * dp[i];
+    else dot += pr[i] * dp[i];
+  }
+  const float zl = z_coef * lse[t];
+  for (int64_t j = 0; j < e; ++j) {
+    float g = aux_grad[j], d = 0.0f;
+    for (int64_t i = 0; i < k; ++i)
+      if (top[i] == j) {
+        if (pre_softmax) g += dp[i];
+        else d += pr[i] * (dp[i] - dot);
+      }
+    dlogits.set(t * e + j, d + s[j] * (g - sg) + zl * s[j]);
+  }
+}
+
+__global__ void moe_route_counts_kernel(int64_t* counts, const int32_t* topk, int64_t routes) {
+  __shared__ long long scratch[33];
+  const int32_t ex = static_cast<int32_t>(blockIdx.x);
+  long long c = 0;
+  for (int64_t q = threadIdx.x; q < routes; q += blockDim.x) c += topk[q] == ex ? 1 : 0;
+  c = block_sum(c, scratch);
+  if (threadIdx.x == 0) counts[ex] = c;
+}
+
+constexpr int kScanThreads = 256, kScanPer = 4, kScanChunk = kScanThreads * kScanPer;
+
+__global__ void __launch_bounds__(kScanThreads) moe_route_positions_kernel(int32_t* idx, const int64_t* counts,
+                                                                           const int32_t* topk, int64_t routes) {
+  __shared__ int32_t scan[kScanThreads];
+  const int32_t ex = static_cast<int32_t>(blockIdx.x);
+  int64_t base = 0;  // this expert's first row: the routes of the experts before it
+  for (int32_t j = 0; j < ex; ++j) base += counts[j];
+  for (int64_t start = 0; start < routes; start += kScanChunk) {
+    int mine = 0;
+#pragma unroll
+    for (int p = 0; p < kScanPer; ++p) {
+      const int64_t q = start + threadIdx.x * kScanPer + p;
+      mine += (q < routes && topk[q] == ex) ? 1 : 0;
+    }
+    scan[threadIdx.x] = mine;
+    __syncthreads();
+    for (int off = 1; off < kScanThreads; off <<= 1) {  // inclusive Hillis-Steele scan
+      const int add = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
+    }
+    int64_t slot = base + scan[threadIdx.x] - mine;
+#pragma unroll
+    for (int p = 0; p < kScanPer; ++p) {
+      const int64_t q = start + threadIdx.x * kScanPer + p;
+      if (q < routes && topk[q] == ex) idx[q] = static_cast<int32_t>(slot++);
+    }
+    base += scan[kScanThreads - 1];
+    __syncthreads();  // scan is reused by the next chunk
+  }
+}
 }  // namespace
+
+void launch_moe_topk_softmax(int32_t* topk, float* probs, float* scores, float* lse, FIn logits, int64_t n, int64_t e,
+                             int64_t k, bool pre_softmax, cudaStream_t s) {
+  if (n <= 0) return;
+  const auto blocks = static_cast<unsigned>((n + kTokThreads - 1) / kTokThreads);
+  moe_topk_softmax_kernel<<<blocks, kTokThreads, 0, s>>>(topk, probs, scores, lse, logits, n, e, k, pre_softmax);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_moe_topk_softmax_bwd(FOut dlogits, const float* dprobs, const float* probs, const int32_t* topk,
+                                 const float* scores, const float* lse, const float* aux_grad, int64_t n, int64_t e,
+                                 int64_t k, bool pre_softmax, float z_coef, cudaStream_t s) {
+  if (n <= 0) return;
+  const auto blocks = static_cast<unsigned>((n + kTokThreads - 1) / kTokThreads);
+  moe_topk_softmax_bwd_kernel<<<blocks, kTokThreads, 0, s>>>(dlogits, dprobs, probs, topk, scores, lse, aux_grad, n,
+                                                             e, k, pre_softmax, z_coef);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* topk, int64_t routes, int64_t e,
+                                cudaStream_t s) {
+  if (e <= 0) return;
+  moe_route_counts_kernel<<<static_cast<unsigned>(e), 256, 0, s>>>(counts, topk, routes);
+  MCPP_CUDA_LAUNCH_CHECK();
+  if (routes <= 0) return;
+  moe_route_positions_kernel<<<static_cast<unsigned>(e), kScanThreads, 0, s>>>(idx, counts, topk, routes);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
 
 void launch_moe_permute(FOut out, FIn x, const int32_t* idx, int64_t n, int64_t k, int64_t h, cudaStream_t s) {
   if (n <= 0 || k <= 0 || h <= 0) return;
