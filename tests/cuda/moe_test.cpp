@@ -1,7 +1,8 @@
 // CUDA mixture-of-experts ops (kernels/cuda/moe.cpp) against the CPU backend. Row movement: float32 (the same fp32
 // math per element: exact for the copies, summation order of the k routes identical) and bf16 (inputs rounded
 // once; outputs rounded to bf16). The router: the same experts chosen and positions (exact), softmaxes and the
-// backward within fp32 rounding (the CPU sums in double). The whole MoE model on CUDA: tests/cuda/gpt_model_test.cpp (CudaGPTModel.*Moe*).
+// backward within fp32 rounding (the CPU sums in double). The whole MoE model on CUDA: tests/cuda/gpt_model_test.cpp
+// (CudaGPTModel.*Moe*).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -94,7 +95,8 @@ TEST(CudaMoeOps, RoutePositionsAtScale) {  // more routes than one scan chunk pe
   MCPP_REQUIRE_CUDA();
   const int64_t n = 20000, k = 2, e = 8;
   Tensor topk = Tensor::empty({n, k}, DType::I32);
-  for (int64_t q = 0; q < n * k; ++q) topk.data<int32_t>()[q] = static_cast<int32_t>((q * q + 3 * q) % 7 == 0 ? 7 : q % 5);
+  for (int64_t q = 0; q < n * k; ++q)
+    topk.data<int32_t>()[q] = static_cast<int32_t>((q * q + 3 * q) % 7 == 0 ? 7 : q % 5);
   Tensor idx = Tensor::empty({n, k}, DType::I32), counts = Tensor::empty({e}, DType::I64);
   ops::cpu::moe_route_positions(idx, counts, topk, {});
   Tensor didx = Tensor::empty({n, k}, DType::I32, Device::CUDA), dcounts = Tensor::empty({e}, DType::I64, Device::CUDA);

@@ -197,7 +197,8 @@ TEST(MoELayer, MatchesTorchOracle) {
     losses.data<float>()[0] = static_cast<float>(aux);
     losses.data<float>()[1] = static_cast<float>(z);
     write_raw(dir + "/losses.bin", losses);
-    const auto [status, out] = mcpp::test::run_oracle_script(std::string(MCPP_SOURCE_DIR) + "/tests/oracle/moe_ref.py", dir);
+    const auto [status, out] =
+        mcpp::test::run_oracle_script(std::string(MCPP_SOURCE_DIR) + "/tests/oracle/moe_ref.py", dir);
     EXPECT_EQ(status, 0) << out;
     std::system(("rm -rf " + dir).c_str());
   }

@@ -13,15 +13,10 @@ sum(dout * o). Prints the max relative errors; exit status 1 when any exceeds it
 import os
 import sys
 
-import numpy as np
 import torch
 
-
-def load(d, name, shape):
-    a = np.fromfile(os.path.join(d, name + ".bin"), dtype="<f4")
-    if a.size != int(np.prod(shape)):
-        sys.exit(f"error: {name}.bin has {a.size} floats, expected {shape}")
-    return torch.from_numpy(a.reshape(shape).astype(np.float64))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from raw_f32 import load  # noqa: E402
 
 
 def main():

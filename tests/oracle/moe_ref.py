@@ -16,16 +16,11 @@ sum(dy * y) + loss_grad_scale * (aux + z). Prints the max relative errors; exit 
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-
-def load(d, name, shape):
-    a = np.fromfile(os.path.join(d, name + ".bin"), dtype="<f4")
-    if a.size != int(np.prod(shape)):
-        sys.exit(f"error: {name}.bin has {a.size} floats, expected {shape}")
-    return torch.from_numpy(a.reshape(shape).astype(np.float64))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from raw_f32 import load  # noqa: E402
 
 
 def main():

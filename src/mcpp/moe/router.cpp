@@ -68,8 +68,10 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
     ops::gemm(col, dev == Device::CPU ? ones : ones.to(dev), ctx.scores, {});
     const Tensor colh = host_copy(col);
     double s = 0.0;
-    for (int64_t j = 0; j < e; ++j)
-      s += static_cast<double>(colh.data<float>()[j]) * static_cast<double>(ctx.global_tokens_per_expert[static_cast<size_t>(j)]);
+    for (int64_t j = 0; j < e; ++j) {
+      const auto tokens = static_cast<double>(ctx.global_tokens_per_expert[static_cast<size_t>(j)]);
+      s += static_cast<double>(colh.data<float>()[j]) * tokens;
+    }
     ctx.aux_loss = s * aux_coeff_ * static_cast<double>(e) / (big_n * big_n * static_cast<double>(k));
   }
   ctx.z_loss = z_coeff_ > 0.0f && big_n > 0 && n > 0 ? z_coeff_ * ops::sum_of_squares(ctx.lse) / big_n : 0.0;

@@ -9,7 +9,7 @@ namespace {
 // Copies the chunks of src laid out [a][c] (chunk (i, j) has rows[i * c + j] rows) into dst laid out [c][a].
 void regroup(Tensor& dst, const Tensor& src, const std::vector<int64_t>& rows, int64_t a, int64_t c) {
   std::vector<int64_t> src_off(static_cast<size_t>(a * c) + 1, 0);
-  for (int64_t q = 0; q < a * c; ++q) src_off[static_cast<size_t>(q) + 1] = src_off[static_cast<size_t>(q)] + rows[static_cast<size_t>(q)];
+  for (size_t q = 0; q < static_cast<size_t>(a * c); ++q) src_off[q + 1] = src_off[q] + rows[q];
   int64_t out = 0;
   for (int64_t j = 0; j < c; ++j)
     for (int64_t i = 0; i < a; ++i) {

@@ -30,7 +30,9 @@ struct Counter {
     for (const Tensor* t : {&c.q, &c.k, &c.v, &c.qkv, &c.out, &c.lse, &c.probs}) (*this)(*t);
   }
   void operator()(const moe::MoELayerCtx& m) {
-    for (const Tensor* t : {&m.router.x, &m.plan.idx, &m.probs, &m.combined, &m.experts.x}) (*this)(*t);
+    for (const Tensor* t : {&m.router.x, &m.router.topk, &m.router.probs, &m.router.scores, &m.router.lse,
+                            &m.router.idx, &m.plan.idx, &m.probs, &m.combined, &m.experts.x})
+      (*this)(*t);
     for (const MLPCtx& e : m.experts.mlp) (*this)(e.fc1), (*this)(e.pre_act), (*this)(e.fc2);
   }
   void operator()(const TransformerLayerCtx& l) {

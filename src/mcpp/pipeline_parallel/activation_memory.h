@@ -5,8 +5,8 @@
 //   view's nbytes — the contexts hold whole-buffer views, so this is the buffer's size). Not counted: the
 //   rotary tables (views of the model's own tables, shared by every microbatch), constants, not activations.
 // Covers GPTModelCtx -> TransformerBlockCtx (layers, kept recompute inputs, final norm) -> layer contexts
-// (norms, self-attention incl. core attention and selective-recompute inputs, MLP or MoE: the router's input,
-// routes, probabilities, the experts' grouped input, MLP contexts and outputs) -> output layer, logits,
+// (norms, self-attention incl. core attention and selective-recompute inputs, MLP or MoE: the router's input and
+// softmax state, routes, probabilities, the experts' grouped input, MLP contexts and outputs) -> output layer, logits,
 // labels, loss mask, lse. A field added to one of those contexts must be added to the visitor here.
 #pragma once
 #include <cstddef>

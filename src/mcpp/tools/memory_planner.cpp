@@ -63,7 +63,8 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
   if (m.num_moe_experts > 0) {  // MoE: this rank's n_l tokens, k routes each, balanced over the EP ranks' experts
     const int64_t routes = d.n_local * m.moe_router_topk;
     mlp = d.n_local * d.h * d.e                                           // the router's input (not gathered)
-          + 2 * routes * 4                                                // idx (int32) + probs (fp32) [n_l, k]
+          + 3 * routes * 4                                                // topk, idx (int32), probs (fp32) [n_l, k]
+          + d.n_local * (m.num_moe_experts + 1) * 4                       // scores [n_l, E] + lse [n_l] (fp32)
           + 2 * routes * d.h * d.e                                        // the experts' rows in + out, kept
           + (m.swiglu ? 3 : 2) * routes * m.moe_ffn_hidden_size * d.e;  // every expert's MLP context
   }

@@ -26,7 +26,8 @@
 //   linear_fc1's input                         n*h*e
 //   MLP                                        GELU: pre_act + act 2*n*f*e; SwiGLU: fc1's out 2*n*f*e + act n*f*e
 //   MoE MLP instead of linear_fc1's input + MLP (k = moe_router_topk, fe = moe_ffn_hidden_size; each rank routes
-//     its n_l tokens): the router's input n_l*h*e, the routes idx + probs 2*n_l*k*4, the experts' input rows and
+//     its n_l tokens): the router's input n_l*h*e, its softmax scores + lse n_l*(E+1)*4, the routes topk + idx +
+//     probs 3*n_l*k*4, the experts' input rows and
 //     their outputs 2*n_l*k*h*e, the experts' MLP contexts (2 or 3)*n_l*k*fe*e. Exact at EP 1 (dropless: n_l*k
 //     rows); under EP the rows a rank's experts receive depend on the routing, and the plan assumes it balanced
 //     (n_l*k a rank). Expert parameters: E / ep per layer (expert TP 1), their state sharded by the distributed

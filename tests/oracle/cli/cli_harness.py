@@ -70,6 +70,15 @@ def same_losses(name, got_dir, ref_dir, iters, tol=1e-5):
         failures.append(f"{name}: validation losses differ from the reference: {vb} vs {va}")
 
 
+def check_error(name, cmd, words, np_=None):
+    """`mcpp <cmd>` (on np_ ranks) fails on every rank with one error whose first line names every one of `words`,
+    exits non-zero and does not hang (120 s); otherwise recorded in `failures`."""
+    p = run([MCPP, *cmd], np_=np_, expect=1, timeout=120)
+    errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    if not errs or not all(w in errs[0] for w in words):
+        failures.append(f"bad input ({name}): expected an error naming {words}, got {p.stderr[-1500:]!r}")
+
+
 def records(d, event):
     p = os.path.join(d, "metrics.jsonl")
     return [r for r in map(json.loads, open(p)) if r.get("event") == event] if os.path.exists(p) else []

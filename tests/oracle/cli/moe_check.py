@@ -29,8 +29,8 @@ import re
 import shutil
 import sys
 
-from cli_harness import (MCPP, WORK, check_memory_plan, close, failures, losses, record_corpus, records, run,
-                         same_losses)
+from cli_harness import (MCPP, WORK, check_error, check_memory_plan, close, failures, losses, record_corpus, records,
+                         run, same_losses)
 
 record_corpus()
 M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -196,11 +196,7 @@ for name, np_, cmd, words in (
         ("ep without experts", 2, ["train", *M, *EP2], ["expert_model_parallel_size", "--num-experts"]),
         ("hf export", None, ["ckpt", "export", "--load", os.path.join(WORK, "one"), "--format", "hf-gpt2", "--output",
                              os.path.join(WORK, "hf")], ["mixture-of-experts", "hf-gpt2"])):
-    p = run([MCPP, *cmd, *(["--save", os.path.join(WORK, "bad")] if cmd[0] == "train" else [])], np_=np_, expect=1,
-            timeout=120)
-    errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    if not errs or not all(w in errs[0] for w in words):
-        failures.append(f"bad input ({name}): expected an error naming {words}, got {p.stderr[-1500:]!r}")
+    check_error(name, [*cmd, *(["--save", os.path.join(WORK, "bad")] if cmd[0] == "train" else [])], words, np_)
 
 if failures:
     print("FAILED:\n" + "\n".join(failures))
