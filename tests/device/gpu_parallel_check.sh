@@ -8,7 +8,8 @@
 # (bf16 activations: relative 5e-3); one GPU, DP2 (+ distributed optimizer), TP2 + SP and PP2 (1F1B)
 # (and CP2) with --enable-cuda-graph against the same eager reference; TP2 + SP with hidden dropout
 # graphed vs eager; bf16 DP2 with the distributed optimizer (sharded fp32 masters), saved and resumed on one
-# GPU and on DP2. Exit 1 on any mismatch.
+# GPU and on DP2; MoE (4 experts, top-2) at DP2 x EP2 (+ distributed optimizer; fp32 1e-5, bf16 5e-3) against
+# one GPU. Exit 1 on any mismatch.
 # usage (repo root, device_carry/ from bench/gpu/make_carry.sh carried): tests/device/gpu_parallel_check.sh OUT
 set -u
 OUT=${1:?usage: gpu_parallel_check.sh OUT}
@@ -24,6 +25,13 @@ run_train pp2 2 --pipeline-model-parallel-size 2
 run_train dp2_distopt 2 --use-distributed-optimizer --overlap-grad-reduce
 # Context parallelism (all-to-all attention over NCCL): each GPU 128 of the 256 rows, 2 of the 4 heads.
 run_train cp2 2 --context-parallel-size 2
+# Mixture of experts: 4 experts top-2, one GPU vs DP2 x EP2 (each GPU 2 experts; NCCL all-to-all-v of the tokens).
+MOE="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01"
+run_train gpu1_moe 1 $MOE
+run_train ep2_moe 2 $MOE --expert-model-parallel-size 2
+run_train ep2_moe_distopt 2 $MOE --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce
+run_train gpu1_moe_bf16 1 $MOE --bf16
+run_train ep2_moe_bf16 2 $MOE --bf16 --expert-model-parallel-size 2
 # --enable-cuda-graph: captured at step 3 and replayed for steps 3-6 (NCCL collectives inside the graph).
 GRAPH="--enable-cuda-graph --cuda-graph-warmup-steps 2"
 run_train gpu1_graph 1 $GRAPH
@@ -70,6 +78,8 @@ c.same_losses("gpu1", ["dp2", "tp2sp", "tp2sp_ovl", "pp2", "dp2_distopt", "cp2",
               1e-5)
 c.same_losses("gpu1_bf16", ["dp2_bf16", "dp2_bf16_distopt", "cp2_bf16"], 5e-3)
 c.same_losses("tp2sp_do", ["tp2sp_do_graph"], 1e-5)
+c.same_losses("gpu1_moe", ["ep2_moe", "ep2_moe_distopt"], 1e-5)
+c.same_losses("gpu1_moe_bf16", ["ep2_moe_bf16"], 5e-3)
 c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph",
                "cp2_graph", "tp2sp_do_graph"])
 # Resumed runs log iterations 4..6: compare with the uninterrupted run's last three. Nondeterministic
