@@ -513,7 +513,10 @@ void Trainer::moe_log_losses(IterationStats& st) {
   t.data<float>()[2] = static_cast<float>(moe_losses_.calls);
   pc_.world()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
   moe_losses_ = {};
-  const float calls = t.data<float>()[2];
+  // Ranks that split one sequence (TP under sequence parallelism, CP) each hold a share of its losses (router.h):
+  // the mean is over (layer, microbatch, sequence), each sequence's shares summed.
+  const double split = static_cast<double>(config_.parallel.sequence_parallel ? pc_.tp_size() : 1) * pc_.cp_size();
+  const double calls = t.data<float>()[2] / split;
   if (calls <= 0) return;
   if (config_.model.moe_aux_loss_coeff > 0.0f && config_.model.moe_router_load_balancing_type == "aux_loss")
     st.load_balancing_loss = t.data<float>()[0] / calls;

@@ -114,6 +114,11 @@ if len(lb) != 6 or any(a_ is None or z_ is None or not (0.9 < a_ < 1.5) or not z
 for x, y in zip(moe_losses(os.path.join(WORK, "dp2")), moe_losses(os.path.join(WORK, "ep2"))):
     if not (close(y[0], x[0]) and close(y[1], x[1])):
         failures.append(f"MoE losses DP2 {x} vs DP2 x EP2 {y}")
+# a sequence split over TP (SP) or CP logs the unsplit sequence's losses (each rank's share summed)
+for name in ("tp2", "cp2"):
+    got = moe_losses(os.path.join(WORK, name))
+    if len(got) != len(lb) or any(not (close(y[0], x[0]) and close(y[1], x[1])) for x, y in zip(lb, got)):
+        failures.append(f"MoE losses at {name} {got} vs 1 rank {lb}")
 line = [l for l in STDOUT["one"].splitlines() if " iteration " in l and "lm loss:" in l]
 if not line or not re.search(r"\| lm loss: \S+ \| load_balancing_loss: \S+ \| z_loss: \S+ \| grad norm:", line[0]):
     failures.append(f"the MoE log line: {line[:1]}")
