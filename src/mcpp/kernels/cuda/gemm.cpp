@@ -29,7 +29,8 @@
 // workspace per process. Runs on stream_of(stream).
 // Algorithm autotuning (gemm_autotune.h; switch set_gemm_autotune / env MCPP_GEMM_AUTOTUNE=0|1, default on;
 // --deterministic-mode turns it off; only the first kMaxTunedPerFamily plans of a family of shapes that differ
-// only in m / k / alignment, later ones run #0): the first call of a plan with the switch on times each candidate
+// only in m / k / alignment, later ones run an algorithm borrowed from the family, untimed: plan_for): the first
+// call of a plan with the switch on times each candidate
 // (one warm-up launch each, then 5 interleaved rounds of one launch per candidate, cudaEvents, median) on
 // the call's own operands, and keeps cuBLASLt's #0 unless another is >= 3% faster (a stable choice; noise
 // cannot flip between near-equal kernels). Timing never writes the caller's outputs: D, a bias-grad output
@@ -69,8 +70,9 @@ constexpr int kMaxCandidates = 8;    // heuristic candidates per plan (asking fo
 constexpr int kTimedRounds = 5;      // timed launches per candidate (median)
 constexpr double kMinSpeedup = 1.03;  // a candidate replaces #0 only when #0's time / its time >= this
 // Data-dependent shapes (MoE experts' row counts, --variable-seq-lengths): the first kMaxTunedPerFamily plans of a
-// shape family are autotuned, later ones run cuBLASLt's #0 untimed (a tuning costs ~1-10 ms and a device sync: at
-// a new shape every step it would dominate the step); the cache keeps the kMaxPlans most recently used plans.
+// shape family are autotuned, later ones borrow the family's algorithm untimed (a tuning costs ~1-10 ms and a
+// device sync, a heuristic query ~0.3-1 ms: at new shapes every step they would dominate the step); the cache
+// keeps the kMaxPlans most recently used plans.
 constexpr int64_t kMaxTunedPerFamily = 16;
 constexpr size_t kMaxPlans = 4096;
 
@@ -115,7 +117,8 @@ struct Plan {
   double tuned_ms = NAN;                    // its measured time (NaN: not timed)
   int bias_split = -1;  // BGRADB wgrad plans: 1 = plain GEMM + column sum is faster, 0 = fused; -1 undecided
   // A member of a shape family past kMaxTunedPerFamily (rows / reduction length vary call to call: MoE experts'
-  // token counts, variable sequence lengths): cuBLASLt's #0, never timed (tuned = 0, fused bias grad).
+  // token counts, variable sequence lengths): its one algorithm (borrowed or the heuristic's #0), never timed
+  // (tuned = 0, fused bias grad).
   bool untuned = false;
   uint64_t last_use = 0;  // the LRU clock (kMaxPlans)
 };
@@ -400,7 +403,6 @@ PlanKey plan_key(const Tensor& c, const Tensor& a, const Tensor& b, const GemmOp
                  alignment_of(c.raw()), e.bias ? alignment_of(e.bias) : 0, e.aux ? alignment_of(e.aux) : 0};
 }
 
-// The cached plan of key, created on first use (st.mu held).
 void destroy_plan(Plan& p) {
   if (p.la) cublasLtMatrixLayoutDestroy(p.la);
   if (p.lb) cublasLtMatrixLayoutDestroy(p.lb);
@@ -409,6 +411,9 @@ void destroy_plan(Plan& p) {
   p = Plan{};
 }
 
+// The cached plan of key, created on first use (st.mu held): the first kMaxTunedPerFamily plans of a family from
+// the heuristic (and tuned at their first call), later ones with the family's last heuristic pick when cuBLASLt
+// accepts it for the shape (else the heuristic), untimed.
 Plan& plan_for(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail) {
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
