@@ -8,7 +8,7 @@
 // permute's backward sums each token's k rows (moe_unpermute, weights 1); the router adds its dx (from
 // dprobs and the load-balancing losses, scaled by loss_grad_scale). Parameter grads accumulate into main_grad.
 // Parameters: the router's in `params` ("<prefix>.router.weight"), the experts' in `expert_params`
-// ("<prefix>.experts.local_experts.<global index>..."); the model passes its one buffer for both at EP 1.
+// ("<prefix>.experts.local_experts.<global index>..."; the model's expert buffer, GPTModel::expert_params()).
 // Expert tensor parallelism is 1: under TP the layer needs sequence parallelism (each TP rank routes its own s/tp
 // tokens; the router's load-balancing statistics are summed over TP and CP, router.h). EP from tp.ep (null = 1).
 #pragma once
