@@ -2,8 +2,6 @@
 #include "mcpp/moe/router.h"
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
@@ -48,7 +46,15 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   ops::moe_topk_softmax(ctx.topk, ctx.probs, ctx.scores, ctx.lse, logits, {.pre_softmax = pre_softmax_});
   Tensor counts = Tensor::empty({e}, DType::I64, dev);
   ops::moe_route_positions(ctx.idx, counts, ctx.topk);
-  // Host reads: the counts (+ the token count), the losses' sums.
+  const bool aux = aux_loss_on_ && aux_coeff_ > 0.0f && n > 0;
+  Tensor col;  // [1, E] the scores' column sums (the load-balancing loss's value), queued before the first read
+  if (aux) {
+    Tensor ones = Tensor::empty({1, n});
+    ones.fill_(1.0f);
+    col = Tensor::empty({1, e}, DType::F32, dev);
+    ops::gemm(col, dev == Device::CPU ? ones : ones.to(dev), ctx.scores, {});
+  }
+  // Host reads: the counts (+ the token count; the one wait for the device), the losses' sums.
   Tensor stats = Tensor::empty({e + 1}, DType::I64);
   stats.flat_slice(0, {e}).copy_from(host_copy(counts));
   const int64_t* cp = stats.data<int64_t>();
@@ -61,11 +67,7 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   ctx.global_tokens = cp[e];
   const auto big_n = static_cast<double>(ctx.global_tokens);
   ctx.aux_loss = 0.0;
-  if (aux_loss_on_ && aux_coeff_ > 0.0f && big_n > 0 && n > 0) {  // sum_e (sum_t scores[t, e]) T[e]
-    Tensor ones = Tensor::empty({1, n});
-    ones.fill_(1.0f);
-    Tensor col = Tensor::empty({1, e}, DType::F32, dev);  // [1, E] the scores' column sums
-    ops::gemm(col, dev == Device::CPU ? ones : ones.to(dev), ctx.scores, {});
+  if (aux && big_n > 0) {  // sum_e (sum_t scores[t, e]) T[e]
     const Tensor colh = host_copy(col);
     double s = 0.0;
     for (int64_t j = 0; j < e; ++j) {

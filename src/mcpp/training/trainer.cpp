@@ -86,7 +86,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_,
                                                           pc_.cp_size())));
   memory_plan_ = tools::plan_memory(config_);
-  if (memory_plan_ && is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
+  if (is_logging_rank()) {  // Megatron's "theoretical memory footprints", per pipeline rank
     for (const tools::StageMemory& st : memory_plan_->stages)
       fmt::print("memory plan (pp rank {}): model state {} + peak activations {} ({} microbatch contexts in "
                  "flight) = {}, before transient buffers\n",
@@ -95,7 +95,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                  tools::format_bytes(st.total_bytes()));
   }
   // Before anything is allocated: a plan above the GPU's memory would run out of it minutes later.
-  if (device_ == Device::CUDA && memory_plan_)
+  if (device_ == Device::CUDA)
     tools::require_fits(config_, *memory_plan_, pc_.pp_rank(), static_cast<double>(cuda_total_memory_bytes()));
   train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, t.train_iters * gbs, eod_token));
   if (t.eval_iters > 0 && t.eval_interval > 0) {

@@ -54,6 +54,27 @@ def losses(d, event="train"):
     return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(p)) if r.get("event") == event}
 
 
+def tiny_train_flags(data_prefix):
+    """The CLI checks' tiny GPT (2 layers, h 32, 4 heads, T 16, global batch 8 of micro-batches 2) trained 6
+    iterations on data_prefix, every iteration logged, validation at 3 and 6, no dropout, seed 5."""
+    return ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+            "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
+            "--lr-warmup-iters", "1", "--lr-decay-style", "cosine", "--train-iters", "6", "--log-interval", "1",
+            "--eval-interval", "3", "--eval-iters", "1", "--split", "90,10,0", "--hidden-dropout", "0",
+            "--attention-dropout", "0", "--data-path", data_prefix, "--seed", "5", "--make-vocab-size-divisible-by",
+            "128"]
+
+
+STDOUT = {}  # run name -> the trainer's stdout (train())
+
+
+def train(name, np_, flags, timeout=400):
+    """`mcpp train <flags> --save WORK/name` on np_ ranks (None: one process); returns the save directory."""
+    d = os.path.join(WORK, name)
+    STDOUT[name] = run([MCPP, "train", *flags, "--save", d], np_=np_, timeout=timeout).stdout
+    return d
+
+
 def close(a, b, tol=1e-5):
     """a within tol (relative) of b; False when either is missing."""
     return a is not None and b is not None and abs(a - b) <= tol * abs(b)

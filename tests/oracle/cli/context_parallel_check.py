@@ -19,15 +19,11 @@ import os
 import shutil
 import sys
 
-from cli_harness import MCPP, WORK, check_error, check_memory_plan, failures, losses, record_corpus, run
+from cli_harness import (MCPP, STDOUT, WORK, check_error, check_memory_plan, close, failures, losses, record_corpus,
+                         run, same_losses, tiny_train_flags, train)
 
 record_corpus()
-M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-     "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
-     "--lr-warmup-iters", "1", "--lr-decay-style", "cosine", "--train-iters", "6", "--log-interval", "1",
-     "--eval-interval", "3", "--eval-iters", "1", "--split", "90,10,0", "--hidden-dropout", "0",
-     "--attention-dropout", "0", "--data-path", os.path.join(WORK, "c_text_document"), "--seed", "5",
-     "--make-vocab-size-divisible-by", "128"]
+M = tiny_train_flags(os.path.join(WORK, "c_text_document"))
 LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
          "--num-query-groups", "2"]
@@ -36,26 +32,8 @@ CP2 = ["--context-parallel-size", "2"]
 TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--make-vocab-size-divisible-by", "64"]
 
 
-def close(a, b, tol=1e-5):
-    return a is not None and b is not None and abs(a - b) <= tol * abs(b)
-
-
-STDOUT = {}  # run name -> the trainer's stdout
-
-
-def train(name, np_, flags, timeout=400):
-    d = os.path.join(WORK, name)
-    STDOUT[name] = run([MCPP, "train", *flags, "--save", d], np_=np_, timeout=timeout).stdout
-    return d
-
-
 def same(name, got_dir, ref_dir, tol=1e-5):
-    a, b = losses(ref_dir), losses(got_dir)
-    if len(a) != 6 or any(not close(b.get(i), a[i], tol) for i in a):
-        failures.append(f"{name}: losses differ from 1 rank: {b} vs {a}")
-    va, vb = losses(ref_dir, "valid"), losses(got_dir, "valid")
-    if not va or any(not close(vb.get(i), va[i], tol) for i in va):
-        failures.append(f"{name}: validation losses differ from 1 rank: {vb} vs {va}")
+    same_losses(name, got_dir, ref_dir, 6, tol)
 
 
 # 1. equivalence with one rank

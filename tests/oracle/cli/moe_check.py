@@ -12,7 +12,9 @@ usage: moe_check.py MCPP WORKDIR
      Expert parallelism: DP2 x EP2, DP4 x EP4, PP2 x DP2 x EP2, Llama-style EP2 (overlapped grad reduce) and
      EP2 / DP4 x EP2 with the distributed optimizer (expert state sharded over expert-DP) equal the 1-rank run too;
      so do TP2 + SP (expert TP 1), TP2 + SP x DP2 x EP2, CP2 and CP2 x DP2 x EP2 + distributed optimizer (the
-     router's load-balancing statistics summed over TP / CP);
+     router's load-balancing statistics summed over TP / CP), DP2 x EP2 with --calculate-per-token-loss and
+     PP4 x VP2 x DP2 x EP2 (an expert buffer per model chunk; 8 layers) against their 1-rank runs;
+     --moe-router-load-balancing-type none trains without (and logs no) load-balancing loss;
   3. a run interrupted at 3 and resumed is bit-exact; a 1-rank checkpoint continues at DP2 (1e-5); an EP2
      checkpoint resumes at EP2 bit-exact and continues at 1 rank, at EP4 and at DP4 x EP2 with the distributed
      optimizer (1e-5), and converted offline to PP2 (`mcpp ckpt convert`) at PP2; an EP2 distributed-optimizer
@@ -29,29 +31,15 @@ import re
 import shutil
 import sys
 
-from cli_harness import (MCPP, WORK, check_error, check_memory_plan, close, failures, losses, record_corpus, records,
-                         run, same_losses)
+from cli_harness import (MCPP, STDOUT, WORK, check_error, check_memory_plan, close, failures, losses, record_corpus,
+                         records, run, same_losses, tiny_train_flags, train)
 
 record_corpus()
-M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-     "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
-     "--lr-warmup-iters", "1", "--lr-decay-style", "cosine", "--train-iters", "6", "--log-interval", "1",
-     "--eval-interval", "3", "--eval-iters", "1", "--split", "90,10,0", "--hidden-dropout", "0",
-     "--attention-dropout", "0", "--data-path", os.path.join(WORK, "c_text_document"), "--seed", "5",
-     "--make-vocab-size-divisible-by", "128"]
+M = tiny_train_flags(os.path.join(WORK, "c_text_document"))
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--moe-aux-loss-coeff",
        "0.01", "--moe-z-loss-coeff", "0.001"]
 LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--moe-router-pre-softmax"]
-
-
-STDOUT = {}  # run name -> the trainer's stdout
-
-
-def train(name, np_, flags, timeout=400):
-    d = os.path.join(WORK, name)
-    STDOUT[name] = run([MCPP, "train", *flags, "--save", d], np_=np_, timeout=timeout).stdout
-    return d
 
 
 def same(name, got_dir, ref_dir):
@@ -79,6 +67,20 @@ same("dp2 distributed optimizer", train("dp2_distopt", 2, [*M, *MOE, "--use-dist
 same("pp2", train("pp2", 2, [*M, *MOE, "--pipeline-model-parallel-size", "2"]), one)
 same("full recompute", train("recompute", None, [*M, *MOE, "--recompute-granularity", "full", "--recompute-method",
                                                   "uniform", "--recompute-num-layers", "1"]), one)
+# --calculate-per-token-loss (the router losses scaled as Megatron's with it) and interleaved pipeline stages (an
+# expert buffer per model chunk): DP2 / PP2 x VP2 against their 1-rank runs
+PER_TOKEN = ["--calculate-per-token-loss"]
+same("per-token loss dp2 x ep2", train("pt_ep2", 2, [*M, *MOE, *PER_TOKEN, "--expert-model-parallel-size", "2"]),
+     train("pt_one", None, [*M, *MOE, *PER_TOKEN]))
+L8 = ["--num-layers", "8", "--global-batch-size", "16"]
+same("pp4 x vp2 x dp2 x ep2", train("vp_ep2", 8, [*M, *MOE, *L8, "--pipeline-model-parallel-size", "4",
+                                                 "--num-layers-per-virtual-pipeline-stage", "1",
+                                                 "--expert-model-parallel-size", "2"]),
+     train("vp_one", None, [*M, *MOE, *L8]))
+# --moe-router-load-balancing-type none: no load-balancing loss (trained and logged), unlike the aux_loss run
+none = train("lb_none", None, [*M, *MOE, "--moe-router-load-balancing-type", "none"])
+if any("load_balancing_loss" in r for r in records(none, "train")) or losses(none) == losses(one):
+    failures.append(f"load balancing none: {records(none, 'train')[:1]} / losses {losses(none)} vs {losses(one)}")
 llama_one = train("llama_one", None, [*M, *MOE, *LLAMA])
 same("llama dp2", train("llama_dp2", 2, [*M, *MOE, *LLAMA]), llama_one)
 
