@@ -32,7 +32,7 @@ TEST(CudaMemoryPlan, ContextBytesOfAGpuForwardEqualThePlan) {
         cfg.training.bf16 = dt == DType::BF16;
         cfg.finalize();
         GPTModel model(cfg.model, 1234, testing::single_tp(), Device::CUDA, {}, dt);
-        EXPECT_EQ(model.params().numel(), tools::chunk_params(cfg, 3, true, true));
+        EXPECT_EQ(model.params().numel(), tools::chunk_params(cfg, {0, 1, 2}, true, true));
         testing::Batch batch = testing::fixed_batch(cfg.model.seq_length, 3, cfg.model.vocab_size);
         tensor_parallel::RngTracker rng(77, 0, 0);
         GPTModelCtx ctx;

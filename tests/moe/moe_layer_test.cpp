@@ -122,6 +122,7 @@ struct MoeCase {
   bool pre_softmax = false;
   float aux = 0.0f, z = 0.0f;
   int64_t experts = 4, topk = 2, ffn = 24;
+  int64_t shared = 0;  // the shared expert's width (0: none)
 };
 
 void write_raw(const std::string& path, const Tensor& t) {
@@ -133,8 +134,11 @@ void write_raw(const std::string& path, const Tensor& t) {
 TEST(MoELayer, MatchesTorchOracle) {
   for (const MoeCase& mc : {MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.001f},
                             MoeCase{.style = "llama", .pre_softmax = true, .aux = 0.1f},
-                            MoeCase{.style = "gpt2", .experts = 8, .topk = 3, .ffn = 16}}) {
-    SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts));
+                            MoeCase{.style = "gpt2", .experts = 8, .topk = 3, .ffn = 16},
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .shared = 40},
+                            MoeCase{.style = "llama", .z = 0.01f, .experts = 6, .shared = 20}}) {
+    SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts) +
+                 " shared=" + std::to_string(mc.shared));
     TransformerConfig c = testing::tiny_config(mc.style);
     c.num_moe_experts = mc.experts;
     c.moe_router_topk = mc.topk;
@@ -142,15 +146,19 @@ TEST(MoELayer, MatchesTorchOracle) {
     c.moe_router_pre_softmax = mc.pre_softmax;
     c.moe_aux_loss_coeff = mc.aux;
     c.moe_z_loss_coeff = mc.z;
+    c.moe_shared_expert_intermediate_size = mc.shared;
     c.finalize();
     c.validate();
     ParamAndGradBuffer params;
     moe::MoELayer layer(params, params, "mlp", c, testing::single_tp());
     params.finalize(5);
     const bool bias = c.add_bias_linear;
-    for (int64_t e = 0; e < mc.experts && bias; ++e)  // biases start at zero: make them count
+    std::vector<std::string> experts;
+    for (int64_t e = 0; e < mc.experts; ++e) experts.push_back("mlp.experts.local_experts." + std::to_string(e) + ".");
+    if (mc.shared > 0) experts.push_back("mlp.shared_experts.");
+    for (size_t e = 0; e < experts.size() && bias; ++e)  // biases start at zero: make them count
       for (const char* b : {"linear_fc1.bias", "linear_fc2.bias"}) {
-        Parameter* p = params.find("mlp.experts.local_experts." + std::to_string(e) + "." + b);
+        Parameter* p = params.find(experts[e] + b);
         ASSERT_NE(p, nullptr);
         p->data.copy_from(random_tensor(p->data.shape(), 100 + static_cast<uint64_t>(e)));
       }
@@ -172,7 +180,7 @@ TEST(MoELayer, MatchesTorchOracle) {
       std::ofstream meta(dir + "/meta.txt");
       meta << n << " " << h << " " << mc.experts << " " << mc.topk << " " << mc.ffn << " " << (c.swiglu ? 1 : 0)
            << " " << (bias ? 1 : 0) << " " << (mc.pre_softmax ? 1 : 0) << " " << mc.aux << " " << mc.z << " "
-           << scale << "\n";
+           << scale << " " << mc.shared << "\n";
     }
     write_raw(dir + "/x.bin", x);
     write_raw(dir + "/dy.bin", dy);
@@ -182,15 +190,16 @@ TEST(MoELayer, MatchesTorchOracle) {
     ASSERT_NE(router, nullptr);
     write_raw(dir + "/router.bin", router->data);
     write_raw(dir + "/d_router.bin", router->main_grad);
-    for (int64_t e = 0; e < mc.experts; ++e) {
-      const std::string pre = "mlp.experts.local_experts." + std::to_string(e) + ".";
+    for (size_t e = 0; e < experts.size(); ++e) {
+      const bool sh = static_cast<int64_t>(e) == mc.experts;  // the shared expert: files sh_<name>.bin
       for (const auto& [file, key] : {std::pair<std::string, std::string>{"fc1_w", "linear_fc1.weight"},
                                       {"fc2_w", "linear_fc2.weight"}, {"fc1_b", "linear_fc1.bias"},
                                       {"fc2_b", "linear_fc2.bias"}}) {
-        Parameter* p = params.find(pre + key);
+        Parameter* p = params.find(experts[e] + key);
         if (!p) continue;
-        write_raw(dir + "/" + file + std::to_string(e) + ".bin", p->data);
-        write_raw(dir + "/d_" + file + std::to_string(e) + ".bin", p->main_grad);
+        const std::string name = sh ? "sh_" + file : file + std::to_string(e);
+        write_raw(dir + "/" + name + ".bin", p->data);
+        write_raw(dir + "/d_" + name + ".bin", p->main_grad);
       }
     }
     Tensor losses = Tensor::empty({2});

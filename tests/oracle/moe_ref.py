@@ -3,13 +3,15 @@
 SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py semantics.
 
 Usage: moe_ref.py DIR
-DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale") and raw little-endian
+DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S") and raw little-endian
 float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
 expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias); mcpp's outputs
-y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z).
+y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z). With a
+shared expert (S > 0, Megatron-Core's SharedExpertMLP, no gate): sh_fc1_w.bin [S or 2S, h], sh_fc2_w.bin [h, S]
+(+ sh_fc1_b.bin, sh_fc2_b.bin) and their grads d_sh_*.bin; its MLP output is added to every token's.
 
 The reference in float64: logits = x W_r^T; scores = softmax(logits); top-k of the logits with softmax over the k
-(or, pre_softmax, top-k of scores); y[t] = sum_i probs[t,i] * MLP_{e_i}(x[t]); aux = coeff * E / (n*n*k) *
+(or, pre_softmax, top-k of scores); y[t] = sum_i probs[t,i] * MLP_{e_i}(x[t]) (+ MLP_shared(x[t])); aux = coeff * E / (n*n*k) *
 sum_e sum_t scores[t,e] * tokens_e; z = zcoeff * mean(logsumexp(logits)^2); grads by autograd of
 sum(dy * y) + loss_grad_scale * (aux + z). Prints the max relative errors; exit status 1 when any exceeds 2e-5.
 """
@@ -32,6 +34,7 @@ def main():
     n, h, E, k, Fw = (int(v) for v in fields[:5])
     swiglu, bias, pre_softmax = (v == "1" for v in fields[5:8])
     aux_coeff, z_coeff, scale = (float(v) for v in fields[8:11])
+    S = int(fields[11])
 
     x = load(d, "x", (n, h)).requires_grad_()
     dy = load(d, "dy", (n, h))
@@ -42,13 +45,24 @@ def main():
     b1 = [load(d, f"fc1_b{e}", (f1,)).requires_grad_() for e in range(E)] if bias else None
     b2 = [load(d, f"fc2_b{e}", (h,)).requires_grad_() for e in range(E)] if bias else None
 
-    def expert(e, xs):
-        a = xs @ w1[e].T + (b1[e] if bias else 0)
+    def mlp(xs, w1_, b1_, w2_, b2_, width):
+        a = xs @ w1_.T + (b1_ if bias else 0)
         if swiglu:
-            act = F.silu(a[:, :Fw]) * a[:, Fw:]
+            act = F.silu(a[:, :width]) * a[:, width:]
         else:
             act = F.gelu(a, approximate="tanh")
-        return act @ w2[e].T + (b2[e] if bias else 0)
+        return act @ w2_.T + (b2_ if bias else 0)
+
+    def expert(e, xs):
+        return mlp(xs, w1[e], b1[e] if bias else None, w2[e], b2[e] if bias else None, Fw)
+
+    shared = {}
+    if S > 0:
+        s1 = 2 * S if swiglu else S
+        shapes = {"sh_fc1_w": (s1, h), "sh_fc2_w": (h, S)}
+        if bias:
+            shapes.update({"sh_fc1_b": (s1,), "sh_fc2_b": (h,)})
+        shared = {name: load(d, name, shape).requires_grad_() for name, shape in shapes.items()}
 
     logits = x @ wr.T
     scores = torch.softmax(logits, dim=-1)
@@ -68,6 +82,8 @@ def main():
         if rows.numel() == 0:
             continue
         y = y.index_add(0, rows, probs[rows, slot].unsqueeze(1) * expert(e, x[rows]))
+    if S > 0:
+        y = y + mlp(x, shared["sh_fc1_w"], shared.get("sh_fc1_b"), shared["sh_fc2_w"], shared.get("sh_fc2_b"), S)
     ((y * dy).sum() + scale * (aux + z)).backward()
 
     def rel(got, want):  # normwise: max abs error over max |want|
@@ -82,6 +98,8 @@ def main():
         if bias:
             checks.append((f"d_fc1_b{e}", rel(load(d, f"d_fc1_b{e}", (f1,)), b1[e].grad)))
             checks.append((f"d_fc2_b{e}", rel(load(d, f"d_fc2_b{e}", (h,)), b2[e].grad)))
+    for name, t in shared.items():
+        checks.append((f"d_{name}", rel(load(d, f"d_{name}", tuple(t.shape)), t.grad)))
     losses = load(d, "losses", (2,))
     checks.append(("aux_loss", abs(float(losses[0]) - float(aux)) / max(abs(float(aux)), 1e-30)))
     checks.append(("z_loss", abs(float(losses[1]) - float(z)) / max(abs(float(z)), 1e-30)))

@@ -36,6 +36,8 @@ struct Case {
   bool dropout = false;
   bool untied = false;
   bool no_rope = false;  // llama without RoPE: the packed flash path with SwiGLU / RMSNorm / GQA
+  std::string moe_freq{};  // MoE: 4 experts, top-2, in the layers of this --moe-layer-freq
+  int64_t shared = 0;      // MoE: the shared expert's width
 };
 
 Config config_for(const Case& k) {
@@ -49,6 +51,11 @@ Config config_for(const Case& k) {
   if (k.dropout) cfg.model.hidden_dropout = 0.1f, cfg.model.attention_dropout = 0.1f;
   if (k.untied) cfg.model.untie_embeddings_and_output_weights = true;
   if (k.no_rope) cfg.model.position_embedding_type = PositionEmbedding::None;
+  if (!k.moe_freq.empty()) {
+    cfg.model.num_moe_experts = 4;
+    cfg.model.moe_layer_freq = k.moe_freq;
+    cfg.model.moe_shared_expert_intermediate_size = k.shared;
+  }
   cfg.training.micro_batch_size = 3;
   cfg.finalize();
   return cfg;
@@ -65,6 +72,10 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       {.name = "gpt2 selective", .style = "gpt2", .recompute = "selective", .dropout = true},
       {.name = "llama selective", .style = "llama", .recompute = "selective"},
       {.name = "gpt2 unfused selective", .style = "gpt2", .attention = "unfused", .recompute = "selective"},
+      {.name = "gpt2 moe [1,0,0,1] + shared 40", .style = "gpt2", .moe_freq = "[1,0,0,1]", .shared = 40},
+      {.name = "llama moe every 2nd + shared 24", .style = "llama", .moe_freq = "2", .shared = 24},
+      {.name = "llama moe (1 layer in 4), full recompute", .style = "llama", .recompute = "full", .method = "uniform",
+       .recompute_layers = 2, .moe_freq = "[0]*3+[1]"},
       {.name = "gpt2 full uniform 1", .style = "gpt2", .recompute = "full", .method = "uniform", .recompute_layers = 1},
       {.name = "llama full uniform 3", .style = "llama", .recompute = "full", .method = "uniform",
        .recompute_layers = 3, .dropout = true},
@@ -83,7 +94,11 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
                                             sc.first, sc.first + sc.count);
       GPTModel model(cfg.model, 3, testing::single_tp(), Device::CPU,
                      {.pre_process = sc.pre, .post_process = sc.post, .first_layer = sc.first, .num_layers = sc.count});
-      EXPECT_EQ(tools::chunk_params(cfg, sc.count, sc.pre, sc.post), model.params().numel()) << where;
+      std::vector<int64_t> layers;
+      for (int64_t i = 0; i < sc.count; ++i) layers.push_back(sc.first + i);
+      EXPECT_EQ(tools::chunk_params(cfg, layers, sc.pre, sc.post), model.params().numel()) << where;
+      EXPECT_EQ(tools::chunk_expert_params(cfg, layers),
+                model.has_expert_params() ? model.expert_params().numel() : 0) << where;
       tensor_parallel::RngTracker rng(9, 0, 0);
       const ForwardOptions opt{.training = true, .rng = &rng};
       const int64_t s = cfg.model.seq_length, b = cfg.training.micro_batch_size, h = cfg.model.hidden_size;
@@ -97,8 +112,6 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       LossResult loss;
       model.forward_step(ctx, bt.tokens, input, sc.post ? bt.labels : Tensor(), sc.post ? bt.loss_mask : Tensor(),
                          opt, sc.post ? &loss : nullptr);
-      std::vector<int64_t> layers;
-      for (int64_t i = 0; i < sc.count; ++i) layers.push_back(sc.first + i);
       EXPECT_EQ(tools::chunk_context_bytes(cfg, layers, sc.pre, sc.post),
                 static_cast<int64_t>(pipeline_parallel::context_bytes(ctx)))
           << where;

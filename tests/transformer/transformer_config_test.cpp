@@ -219,6 +219,55 @@ TEST(TransformerConfig, VocabPadding) {
   EXPECT_THROW(m.set_vocab_size(0, 1), Error);
 }
 
+// --moe-layer-freq: Megatron's integer form (layer i when i % N == 0) and its Python list expressions.
+TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
+  auto pattern = [](int64_t layers, const std::string& freq) {
+    Config c = finalized([&](Config& c) {
+      c.model.num_layers = layers;
+      c.model.num_moe_experts = 4;
+      c.model.moe_layer_freq = freq;
+    });
+    c.validate();
+    std::string flags;
+    for (bool b : c.model.moe_layer_pattern()) flags += b ? '1' : '0';
+    return flags;
+  };
+  EXPECT_EQ(pattern(4, "1"), "1111");
+  EXPECT_EQ(pattern(5, "2"), "10101");
+  EXPECT_EQ(pattern(7, "3"), "1001001");
+  EXPECT_EQ(pattern(4, "[1,0,1,0]"), "1010");
+  EXPECT_EQ(pattern(8, "([1]*3+[0]*1)*2"), "11101110");
+  EXPECT_EQ(pattern(6, " [0] + 2*[1, 0] + [ 1 ] "), "010101");
+  EXPECT_EQ(pattern(4, "[0]*3+[1]"), "0001");
+  const std::vector<bool> dense = finalized().model.moe_layer_pattern();  // no experts: no MoE layer
+  EXPECT_EQ(std::count(dense.begin(), dense.end(), true), 0);
+  for (const auto& [freq, what] : std::vector<std::pair<std::string, std::string>>{
+           {"[1,0,1]", "has 3 entries"}, {"[1,0,2,0]", "entry 2"}, {"0", "positive integer"},
+           {"[1,0]*2+", "expected '[' or '('"}, {"[1,0,1,0", "expected ',' or ']'"}, {"x", "moe_layer_freq"},
+           {"([1]*2", "expected ')'"}, {"[0]*4", "selects no layer"}, {"4*", "expected '[' or '('"}}) {
+    SCOPED_TRACE(freq);
+    expect_invalid([&](Config& c) { c.model.num_layers = 4; c.model.num_moe_experts = 4; c.model.moe_layer_freq = freq; },
+                   what);
+  }
+  expect_invalid([](Config& c) { c.model.moe_layer_freq = "2"; }, "needs --num-experts");
+  expect_invalid([](Config& c) { c.model.moe_shared_expert_intermediate_size = 8; }, "needs --num-experts");
+  expect_invalid([](Config& c) { c.model.num_moe_experts = 4; c.model.moe_shared_expert_intermediate_size = -1; },
+                 "moe_shared_expert_intermediate_size");
+  // Which layers route and the shared expert change the function; "2" and its list form are the same model.
+  auto fp = [](const std::string& freq, int64_t shared) {
+    return finalized([&](Config& c) {
+             c.model.num_layers = 4;
+             c.model.num_moe_experts = 4;
+             c.model.moe_layer_freq = freq;
+             c.model.moe_shared_expert_intermediate_size = shared;
+           }).fingerprint();
+  };
+  EXPECT_EQ(fp("2", 0), fp("[1,0,1,0]", 0));
+  EXPECT_NE(fp("2", 0), fp("1", 0));
+  EXPECT_EQ(fp("1", 0), fp("[1]*4", 0));
+  EXPECT_NE(fp("1", 0), fp("1", 16));
+}
+
 TEST(TransformerConfig, JsonRoundTripAllFields) {
   Config c = finalized([](Config& c) {
     c.model.num_layers = 7;
@@ -238,8 +287,12 @@ TEST(TransformerConfig, JsonRoundTripAllFields) {
     c.optimizer.adam_eps = 1e-8f;
     c.data.data_path = {"a", "b"};
     c.data.split = "98,2,0";
+    c.model.num_moe_experts = 4;
+    c.model.moe_layer_freq = "[1,0]*3+[1]";
+    c.model.moe_shared_expert_intermediate_size = 32;
   });
   nlohmann::json j = c.to_json();
+  EXPECT_EQ(j["model"]["moe_layer_freq"], "[1,0]*3+[1]");
   EXPECT_EQ(j["model"]["normalization"], "RMSNorm");
   EXPECT_EQ(j["model"]["position_embedding_type"], "rope");
   EXPECT_EQ(j["optimizer"]["lr_decay_style"], "inverse-square-root");

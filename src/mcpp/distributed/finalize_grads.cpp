@@ -70,7 +70,7 @@ double host_sum(const comm::CommPtr& group, double v) {
 }  // namespace
 
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc) {
-  return model_grad_norm(chunks, {}, pc);
+  return std::sqrt(host_sum(pc.mp(), local_sum_of_squares(chunks, pc.tp_rank())));
 }
 
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks,
@@ -79,7 +79,6 @@ double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks,
   // dense: each TP shard once, over TP x PP; experts: each expert once — over EP (its replicas over expert-DP
   // hold the same reduced grads), then PP.
   const double dense = host_sum(pc.mp(), local_sum_of_squares(chunks, pc.tp_rank()));
-  if (expert_chunks.empty()) return std::sqrt(dense);
   return std::sqrt(dense + host_sum(pc.pp(), host_sum(pc.ep(), local_sum_of_squares(expert_chunks, pc.tp_rank()))));
 }
 

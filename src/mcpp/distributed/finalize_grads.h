@@ -28,6 +28,8 @@ double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::Paralle
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc);
 // With expert parameters (moe/; their own buffers, expert_chunks): each expert's squares once — summed over the EP
 // group (its expert-DP replicas hold the same reduced grads; expert tensor parallelism is 1), then over PP.
+// Collective over EP and PP: every rank of a MoE model calls it, also one whose stage has no MoE layer (no
+// expert_chunks, --moe-layer-freq).
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks,
                        const std::vector<ParamAndGradBuffer*>& expert_chunks,
                        const parallel_state::ParallelContext& pc);

@@ -15,15 +15,24 @@ tensor_parallel::TPContext expert_tp(const tensor_parallel::TPContext& tp) {
              "MoE layers with tensor_model_parallel_size {} need sequence parallelism (Megatron's rule)", tp.size());
   return {.group = comm::make_local_world()};
 }
+TransformerConfig shared_expert_config(const TransformerConfig& c) {
+  TransformerConfig s = c;
+  s.ffn_hidden_size = c.moe_shared_expert_intermediate_size;
+  return s;
+}
 }  // namespace
 
 MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
                    const TransformerConfig& c, const tensor_parallel::TPContext& tp)
-    : config_(c),
+    : aux_loss_coeff_(c.moe_aux_loss_coeff),
+      z_loss_coeff_(c.moe_z_loss_coeff),
       router_(params, prefix + ".router", c, tp),
       dispatcher_(c.num_moe_experts, tp.ep),
       experts_(expert_params, prefix + ".experts", c, expert_tp(tp), dispatcher_.first_local_expert(),
-               dispatcher_.num_local_experts()) {}
+               dispatcher_.num_local_experts()) {
+  if (c.moe_shared_expert_intermediate_size > 0)
+    shared_experts_ = std::make_unique<MLP>(params, prefix + ".shared_experts", shared_expert_config(c), tp);
+}
 
 Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses) const {
   MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
@@ -31,9 +40,8 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses)
   Tensor x2 = x.view({n, h});
   router_.forward(ctx.router, x2);  // the routing on x's device; counts and losses read to the host
   if (losses) {
-    const TransformerConfig& c = config_;
-    if (c.moe_aux_loss_coeff > 0.0f) losses->load_balancing += ctx.router.aux_loss / c.moe_aux_loss_coeff;
-    if (c.moe_z_loss_coeff > 0.0f) losses->z += ctx.router.z_loss / c.moe_z_loss_coeff;
+    if (aux_loss_coeff_ > 0.0f) losses->load_balancing += ctx.router.aux_loss / aux_loss_coeff_;
+    if (z_loss_coeff_ > 0.0f) losses->z += ctx.router.z_loss / z_loss_coeff_;
     ++losses->calls;
   }
   ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.tokens_per_expert, n, k);
@@ -45,6 +53,7 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses)
   ctx.probs = ctx.router.probs;  // [n, k] fp32
   Tensor y = Tensor::empty({n, h}, x.dtype(), x.device());
   ops::moe_unpermute(y, ctx.combined, ctx.plan.idx, &ctx.probs);
+  if (shared_experts_) ops::add_inplace(y, shared_experts_->forward(ctx.shared, x).view({n, h}));
   return y.view(x.shape());
 }
 
@@ -52,6 +61,8 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   MCPP_CHECK(ctx.combined.defined(), "MoELayer::backward needs the context of its forward");
   const int64_t h = dy.size(-1), n = ctx.plan.n, k = ctx.plan.k;
   Tensor dy2 = dy.view({n, h});
+  Tensor dx_shared;  // first: the reverse of the registration order (router, experts, shared experts)
+  if (shared_experts_) dx_shared = shared_experts_->backward(ctx.shared, dy);
   Tensor dcombined = Tensor::empty(ctx.combined.shape(), dy.dtype(), dy.device());  // [n*k, h]
   Tensor dprobs = Tensor::empty({n, k}, DType::F32, dy.device());
   ops::moe_unpermute_bwd(dcombined, dprobs, dy2, ctx.combined, ctx.plan.idx, ctx.probs);
@@ -63,6 +74,7 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   ops::moe_unpermute(dx, dpermuted, ctx.plan.idx, nullptr);  // the permute's backward: each token's k rows summed
   Tensor dx_router = router_.backward(ctx.router, dprobs, loss_grad_scale);
   ops::add_inplace(dx, dx_router);
+  if (dx_shared.defined()) ops::add_inplace(dx, dx_shared.view({n, h}));
   ctx = {};
   return dx.view(dy.shape());
 }

@@ -2,16 +2,21 @@
 //   x [s, b, h] -> n = s*b tokens -> TopKRouter (router.h): each token's k experts and weights probs [n, k]
 //   -> ops::moe_permute into the expert-major buffer [n*k, h] -> dispatcher to_experts (all-to-all over EP)
 //   -> SequentialMLP (this rank's experts) -> dispatcher from_experts -> ops::moe_unpermute with the weights:
-//   y[t] = sum_i probs[t, i] * expert_{topk[t, i]}(x[t])  -> [s, b, h].
+//   y[t] = sum_i probs[t, i] * expert_{topk[t, i]}(x[t])  -> [s, b, h]
+//   (+ shared_experts(x)[t] with config.moe_shared_expert_intermediate_size > 0: a dense MLP of that width on
+//   every token, tensor parallel like a dense layer's MLP; Megatron-Core's SharedExpertMLP without its gate).
 // backward(dy, loss_grad_scale): ops::moe_unpermute_bwd gives the expert outputs' gradient and dprobs; the
 // dispatcher carries the first to the experts and their input gradient back (same two all-to-alls); the
 // permute's backward sums each token's k rows (moe_unpermute, weights 1); the router adds its dx (from
-// dprobs and the load-balancing losses, scaled by loss_grad_scale). Parameter grads accumulate into main_grad.
-// Parameters: the router's in `params` ("<prefix>.router.weight"), the experts' in `expert_params`
+// dprobs and the load-balancing losses, scaled by loss_grad_scale); the shared expert adds its dx. Parameter grads
+// accumulate into main_grad.
+// Parameters: the router's and the shared expert's in `params` ("<prefix>.router.weight",
+// "<prefix>.shared_experts.linear_fc1/2..."), the routed experts' in `expert_params`
 // ("<prefix>.experts.local_experts.<global index>..."; the model's expert buffer, GPTModel::expert_params()).
 // Expert tensor parallelism is 1: under TP the layer needs sequence parallelism (each TP rank routes its own s/tp
 // tokens; the router's load-balancing statistics are summed over TP and CP, router.h). EP from tp.ep (null = 1).
 #pragma once
+#include <memory>
 #include <string>
 
 #include "mcpp/moe/experts.h"
@@ -27,6 +32,7 @@ struct MoELayerCtx {
   ExpertsCtx experts;
   Tensor combined;  // [n*k, h] the experts' outputs back in this rank's expert-major order
   Tensor probs;     // [n, k] float32 on the tokens' device
+  MLPCtx shared;    // the shared expert's
 };
 
 class MoELayer {
@@ -40,10 +46,11 @@ class MoELayer {
   const MoEAlltoAllTokenDispatcher& dispatcher() const { return dispatcher_; }
 
  private:
-  TransformerConfig config_;
+  float aux_loss_coeff_, z_loss_coeff_;  // the losses' coefficients: the log line reports the unscaled losses
   TopKRouter router_;
   MoEAlltoAllTokenDispatcher dispatcher_;
   SequentialMLP experts_;
+  std::unique_ptr<MLP> shared_experts_;  // moe_shared_expert_intermediate_size > 0
 };
 
 }  // namespace mcpp::moe

@@ -53,7 +53,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<DistributedDataPara
            ex ? "expert-DP" : "DP");
   }
   if (!dense_) fail("DistributedOptimizer: no DistributedDataParallel wrapper of dense (non-expert) parameters given");
-  has_expert_parallel_ = expert != nullptr;
+  has_expert_parallel_ = expert != nullptr || opt.moe_model;
   const AdamOptions& a = opt.adam;
   if (!(a.beta1 >= 0.0f && a.beta1 < 1.0f)) fail("DistributedOptimizer: adam_beta1 must be in [0, 1), got {}", a.beta1);
   if (!(a.beta2 >= 0.0f && a.beta2 < 1.0f)) fail("DistributedOptimizer: adam_beta2 must be in [0, 1), got {}", a.beta2);

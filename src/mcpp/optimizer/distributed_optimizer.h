@@ -43,6 +43,9 @@ namespace mcpp {
 struct DistributedOptimizerOptions {
   AdamOptions adam;
   bool overlap_param_gather = false;
+  // The model has MoE experts (on some pipeline stage): grad_norm() joins the expert groups' sums on every rank,
+  // also where this rank's stage has no MoE layer (--moe-layer-freq) and so no expert wrapper.
+  bool moe_model = false;
 };
 
 // One parameter's part of this rank's shard.
@@ -123,7 +126,7 @@ class DistributedOptimizer {
   void add_pieces(DistributedDataParallel& ddp);  // one ddp's buckets: state tensors + pieces
   std::vector<DistributedDataParallel*> ddps_;
   const DistributedDataParallel* dense_ = nullptr;  // the first dense wrapper (its groups: dp_cp, mp)
-  bool has_expert_parallel_ = false;                // some wrapper is an expert one (EP > 1)
+  bool has_expert_parallel_ = false;                // an expert wrapper here, or options.moe_model
   DistributedOptimizerOptions opt_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // per bucket (of every ddp) [shard_size]
   std::vector<Tensor> main_param_shard_;       // per bucket [shard_size] fp32 masters (mixed precision only)

@@ -34,6 +34,7 @@ struct Counter {
                             &m.router.idx, &m.plan.idx, &m.probs, &m.combined, &m.experts.x})
       (*this)(*t);
     for (const MLPCtx& e : m.experts.mlp) (*this)(e.fc1), (*this)(e.pre_act), (*this)(e.fc2);
+    (*this)(m.shared.fc1), (*this)(m.shared.pre_act), (*this)(m.shared.fc2);
   }
   void operator()(const TransformerLayerCtx& l) {
     (*this)(l.input_layernorm);

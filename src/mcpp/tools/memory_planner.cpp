@@ -43,7 +43,7 @@ int64_t norm_stats_bytes(const Config& cfg, const LayerDims& d) {
 
 // One layer's context after its forward, without the layer input (counted by the caller: the stage input or
 // the previous layer's fused sum).
-int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
+int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
   const TransformerConfig& m = cfg.model;
   const bool flash = m.attention_impl == "flash";
   const bool selective = m.recompute_granularity == "selective";
@@ -60,13 +60,18 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
   }
   int64_t mlp = d.n * d.h * d.e  // linear_fc1's input (the norm output; gathered under SP)
                 + (m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e);
-  if (m.num_moe_experts > 0) {  // MoE: this rank's n_l tokens, k routes each, balanced over the EP ranks' experts
+  if (moe) {  // MoE: this rank's n_l tokens, k routes each, balanced over the EP ranks' experts
     const int64_t routes = d.n_local * m.moe_router_topk;
     mlp = d.n_local * d.h * d.e                                           // the router's input (not gathered)
           + 3 * routes * 4                                                // topk, idx (int32), probs (fp32) [n_l, k]
           + d.n_local * (m.num_moe_experts + 1) * 4                       // scores [n_l, E] + lse [n_l] (fp32)
           + 2 * routes * d.h * d.e                                        // the experts' rows in + out, kept
           + (m.swiglu ? 3 : 2) * routes * m.moe_ffn_hidden_size * d.e;  // every expert's MLP context
+    if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
+      const int64_t fs = m.moe_shared_expert_intermediate_size / cfg.parallel.tensor_model_parallel_size;
+      mlp += (d.n != d.n_local ? d.n * d.h * d.e : 0)  // its fc1 input gathered under SP (else the router's)
+             + (m.swiglu ? 3 : 2) * d.n * fs * d.e;
+    }
   }
   return 2 * norm_stats_bytes(cfg, d)  // input_layernorm's and pre_mlp_layernorm's statistics
          + d.n * d.h * d.e             // linear_qkv's input (the norm output; gathered under SP)
@@ -80,6 +85,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d) {
 int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
                             bool post_process) {
   const LayerDims d = layer_dims(cfg);
+  const std::vector<bool> moe = cfg.model.moe_layer_pattern();
   const int64_t count = static_cast<int64_t>(layers.size());
   const int64_t hidden_local = d.n_local * d.h * d.e;  // one [s(/tp), b, h] residual-stream tensor
   int64_t bytes = d.n * 4;                             // the token ids [s, b] int32
@@ -99,7 +105,7 @@ int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layer
       continue;
     }
     if (i > 0) bytes += hidden_local;  // this layer's input: the previous layer's fused residual sum
-    bytes += layer_bytes(cfg, d);
+    bytes += layer_bytes(cfg, d, moe.at(static_cast<size_t>(layers[static_cast<size_t>(i)])));
   }
   if (post_process) {
     if (count > 0) bytes += hidden_local;  // the final norm's input: the last layer's summed residual
@@ -111,7 +117,7 @@ int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layer
   return bytes;
 }
 
-int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bool post_process) {
+int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process, bool post_process) {
   const TransformerConfig& m = cfg.model;
   const int64_t tp = cfg.parallel.tensor_model_parallel_size;
   const int64_t h = m.hidden_size, hn = m.head_dim();
@@ -120,14 +126,18 @@ int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bo
   const int64_t fc1_out = (m.swiglu ? 2 : 1) * f;
   const int64_t qkv_out = (np + 2 * ng) * hn;
   const int64_t bias = m.add_bias_linear ? 1 : 0;
-  const int64_t mlp = m.num_moe_experts > 0 ? m.num_moe_experts * h  // MoE: the router (experts: below)
-                                             : fc1_out * h + bias * fc1_out + h * f + bias * h;  // fc1, fc2
-  const int64_t layer = norm + qkv_out * h + (m.qkv_bias() ? qkv_out : 0)  // input_layernorm, linear_qkv
-                        + h * np * hn + bias * h                           // linear_proj (bias replicated)
-                        + norm + mlp;                                      // pre_mlp_layernorm, the MLP
+  const int64_t dense_mlp = fc1_out * h + bias * fc1_out + h * f + bias * h;  // fc1, fc2
+  const int64_t fs = m.moe_shared_expert_intermediate_size / tp, fs1 = (m.swiglu ? 2 : 1) * fs;
+  const int64_t moe_mlp = m.num_moe_experts * h  // the router (experts: chunk_expert_params) + the shared expert
+                          + (fs > 0 ? fs1 * h + bias * fs1 + h * fs + bias * h : 0);
+  const int64_t attention = norm + qkv_out * h + (m.qkv_bias() ? qkv_out : 0)  // input_layernorm, linear_qkv
+                            + h * np * hn + bias * h                           // linear_proj (bias replicated)
+                            + norm;                                            // pre_mlp_layernorm
+  const std::vector<bool> moe = m.moe_layer_pattern();
   const int64_t vocab_local = m.padded_vocab_size / tp;
   const bool tied = !m.untie_embeddings_and_output_weights;
-  int64_t p = num_layers * layer;
+  int64_t p = 0;
+  for (int64_t l : layers) p += attention + (moe.at(static_cast<size_t>(l)) ? moe_mlp : dense_mlp);
   if (pre_process) {
     p += vocab_local * h;  // word embeddings (vocab-parallel)
     if (m.position_embedding_type == PositionEmbedding::LearnedAbsolute) p += m.max_position_embeddings * h;
@@ -139,13 +149,16 @@ int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bo
   return p;
 }
 
-int64_t chunk_expert_params(const Config& cfg, int64_t num_layers) {
+int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layers) {
   const TransformerConfig& m = cfg.model;
   if (m.num_moe_experts == 0) return 0;
   const int64_t h = m.hidden_size, f = m.moe_ffn_hidden_size, bias = m.add_bias_linear ? 1 : 0;
   const int64_t fc1_out = (m.swiglu ? 2 : 1) * f;
   const int64_t expert = fc1_out * h + bias * fc1_out + h * f + bias * h;
-  return num_layers * (m.num_moe_experts / cfg.parallel.expert_model_parallel_size) * expert;
+  const std::vector<bool> moe = m.moe_layer_pattern();
+  const auto moe_layers = std::count_if(layers.begin(), layers.end(),
+                                        [&](int64_t l) { return moe.at(static_cast<size_t>(l)); });
+  return moe_layers * (m.num_moe_experts / cfg.parallel.expert_model_parallel_size) * expert;
 }
 
 MemoryPlan plan_memory(const Config& cfg) {
@@ -192,8 +205,8 @@ MemoryPlan plan_memory(const Config& cfg) {
     for (int64_t v = 0; v < plan.vp; ++v) {
       const pipeline_parallel::StageLayers& sl = layout.at(r, v);
       ChunkMemory c{.vp_stage = v, .pre_process = sl.pre_process, .post_process = sl.post_process, .layers = sl.layers};
-      c.params = chunk_params(cfg, static_cast<int64_t>(sl.layers.size()), sl.pre_process, sl.post_process);
-      c.expert_params = chunk_expert_params(cfg, static_cast<int64_t>(sl.layers.size()));
+      c.params = chunk_params(cfg, sl.layers, sl.pre_process, sl.post_process);
+      c.expert_params = chunk_expert_params(cfg, sl.layers);
       c.context_bytes = chunk_context_bytes(cfg, sl.layers, sl.pre_process, sl.post_process);
       st.params += c.params;
       st.expert_params += c.expert_params;
@@ -201,7 +214,7 @@ MemoryPlan plan_memory(const Config& cfg) {
       const int64_t copy =
           (tied && sl.post_process && !sl.pre_process) ? cfg.model.padded_vocab_size * cfg.model.hidden_size : 0;
       plan.total_params +=
-          chunk_params(whole, static_cast<int64_t>(sl.layers.size()), sl.pre_process, sl.post_process) - copy +
+          chunk_params(whole, sl.layers, sl.pre_process, sl.post_process) - copy +
           c.expert_params * plan.ep;  // every EP rank's experts (each pp stage's chunks: one EP rank's share)
       st.chunks.push_back(std::move(c));
     }

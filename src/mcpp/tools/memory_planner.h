@@ -31,7 +31,9 @@
 //     their outputs 2*n_l*k*h*e, the experts' MLP contexts (2 or 3)*n_l*k*fe*e. Exact at EP 1 (dropless: n_l*k
 //     rows); under EP the rows a rank's experts receive depend on the routing, and the plan assumes it balanced
 //     (n_l*k a rank). Expert parameters: E / ep per layer (expert TP 1), their state sharded by the distributed
-//     optimizer over expert-DP (tp * dp * cp / ep).
+//     optimizer over expert-DP (tp * dp * cp / ep). Only the layers moe_layer_freq selects; with a shared expert
+//     (fs = moe_shared_expert_intermediate_size / tp) its MLP context as a dense MLP's of width fs, and under SP
+//     its gathered input n*h*e (at n == n_l it is the router's input).
 // Context parallelism (all-to-all attention): s is this CP rank's seq_length / cp rows; the core attention
 // holds the whole sequence for np / cp heads (the same qkv / out / lse element counts), the flash core's kept
 // output and linear_proj's input become two tensors (+ n*np*hn*e, unless selective recompute), and the
@@ -112,10 +114,11 @@ double largest_rank_bytes(const MemoryPlan& plan);
 // One microbatch's context bytes of a chunk (the formula above); exposed for the tests.
 int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
                             bool post_process);
-// This TP rank's parameter numel of a chunk (rank-independent: every TP rank holds the same count), MoE experts
-// excluded; chunk_expert_params: this EP rank's experts (num_moe_experts / ep per MoE layer).
-int64_t chunk_params(const Config& cfg, int64_t num_layers, bool pre_process, bool post_process);
-int64_t chunk_expert_params(const Config& cfg, int64_t num_layers);
+// This TP rank's parameter numel of a chunk of the given global layers (rank-independent: every TP rank holds the
+// same count), MoE experts excluded; chunk_expert_params: this EP rank's experts (num_moe_experts / ep per MoE
+// layer).
+int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process, bool post_process);
+int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layers);
 
 // "1.234 GiB", or "12.345 MiB" below 1 GiB.
 std::string format_bytes(double bytes);

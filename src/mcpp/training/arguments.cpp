@@ -121,6 +121,10 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--moe-aux-loss-coeff", m.moe_aux_loss_coeff);
   app.add_option("--moe-z-loss-coeff", m.moe_z_loss_coeff);
   app.add_option("--moe-token-dispatcher-type", m.moe_token_dispatcher_type, "alltoall");
+  app.add_option("--moe-layer-freq", m.moe_layer_freq,
+                 "MoE layers: every N-th layer, or a per-layer 0/1 list expression such as \"([1]*3+[0])*2\"");
+  app.add_option("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
+                 "width of a shared expert (a dense MLP on every token) in each MoE layer (0 = none)");
   // ---- parallel
   app.add_option("--tensor-model-parallel-size", p.tensor_model_parallel_size);
   app.add_option("--pipeline-model-parallel-size", p.pipeline_model_parallel_size);

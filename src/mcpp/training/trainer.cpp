@@ -139,7 +139,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
       if (d) ddps.push_back(d.get());
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(
         ddps, DistributedOptimizerOptions{.adam = adam_options_from(config_.optimizer),
-                                                    .overlap_param_gather = par.overlap_param_gather});
+                                          .overlap_param_gather = par.overlap_param_gather,
+                                          .moe_model = config_.model.num_moe_experts > 0});
   } else {
     std::vector<AdamParam> adam_params;
     for (const auto& chunk : chunks_)
@@ -406,7 +407,9 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;
   finalize_model_grads(dense_buffers(), pc_, !config_.model.untie_embeddings_and_output_weights);
   const float clip = config_.optimizer.clip_grad;
-  *grad_norm = dist_optimizer_ ? dist_optimizer_->grad_norm() : model_grad_norm(dense_buffers(), expert_buffers(), pc_);
+  if (dist_optimizer_) *grad_norm = dist_optimizer_->grad_norm();
+  else if (config_.model.num_moe_experts > 0) *grad_norm = model_grad_norm(dense_buffers(), expert_buffers(), pc_);
+  else *grad_norm = model_grad_norm(dense_buffers(), pc_);
   *skipped = !std::isfinite(*grad_norm);
   if (!*skipped) {
     const auto lr = static_cast<float>(scheduler_->get_lr());

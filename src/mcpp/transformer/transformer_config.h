@@ -77,8 +77,8 @@ struct TransformerConfig {
   // --calculate-per-token-loss: the loss is summed over tokens and divided once by the global number of
   // non-masked tokens (instead of a mean per microbatch averaged over microbatches).
   bool calculate_per_token_loss = false;
-  // Mixture of experts (Megatron's --num-experts, --moe-*; moe/moe_layer.h): with num_moe_experts > 0 every
-  // layer's MLP is a MoE layer of that many experts (0 = dense). TopKRouter: router logits [n, E] = x W_r^T;
+  // Mixture of experts (Megatron's --num-experts, --moe-*; moe/moe_layer.h): with num_moe_experts > 0 the MLP of
+  // the layers moe_layer_freq selects is a MoE layer of that many experts (0 = dense). TopKRouter: router logits [n, E] = x W_r^T;
   // each token goes to moe_router_topk experts — the top k logits, probabilities = softmax over those k (with
   // moe_router_pre_softmax: softmax over all E, then the top k of it) — and its output is the probability-
   // weighted sum of their MLPs (moe_ffn_hidden_size wide, 0 -> ffn_hidden_size). Dropless: no capacity, no
@@ -93,11 +93,24 @@ struct TransformerConfig {
   float moe_aux_loss_coeff = 0.0f;
   float moe_z_loss_coeff = 0.0f;
   std::string moe_token_dispatcher_type = "alltoall";
+  // Megatron's --moe-layer-freq: which layers are MoE layers (the others keep a dense MLP). An integer N: layer i
+  // (0-based, global) when i % N == 0; or a Python list expression of one 0 / 1 per layer, e.g. "([1]*3+[0])*2"
+  // or "[1,0,1,0]" (lists, '+', '*' by an integer, parentheses). moe_layer_pattern() expands it.
+  std::string moe_layer_freq = "1";
+  // Megatron's --moe-shared-expert-intermediate-size: > 0 adds a shared expert to every MoE layer, a dense MLP of
+  // that width (tensor parallel like a dense MLP; "<layer>.mlp.shared_experts.linear_fc1/2") run on every token,
+  // its output added to the routed experts' weighted sum.
+  int64_t moe_shared_expert_intermediate_size = 0;
 
   // Derived (valid after finalize()).
   int64_t head_dim() const { return kv_channels; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }  // Megatron: add_qkv_bias | add_bias_linear
   int64_t rotary_dim() const;  // int(kv_channels * rotary_percent), Megatron's rotary_dim
+  // moe_layer_freq expanded to num_layers flags (all false without experts); throws mcpp::Error naming a malformed
+  // expression or a pattern whose length is not num_layers. is_moe_layer(i): global layer i's flag.
+  std::vector<bool> moe_layer_pattern() const;
+  bool is_moe_layer(int64_t layer) const;
+  int64_t num_moe_layers() const;
   // vocab_size = n; padded_vocab_size = n rounded up to make_vocab_size_divisible_by * tp (Megatron's
   // _vocab_size_with_padding).
   void set_vocab_size(int64_t n, int64_t tensor_model_parallel_size);

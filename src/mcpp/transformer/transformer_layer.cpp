@@ -12,7 +12,8 @@ namespace mcpp {
 
 TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params,
                                    const std::string& prefix, const TransformerConfig& c,
-                                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
+                                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp,
+                                   bool moe)
     : hidden_dropout_(c.hidden_dropout),
       sequence_parallel_(tp.sequence_parallel),
       input_layernorm_(params, prefix + ".input_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
@@ -20,7 +21,7 @@ TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffe
       self_attention_(params, prefix + ".self_attention", c, spec, tp),
       pre_mlp_layernorm_(params, prefix + ".pre_mlp_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
                          tp.sequence_parallel) {
-  if (c.num_moe_experts > 0) moe_ = std::make_unique<moe::MoELayer>(params, expert_params, prefix + ".mlp", c, tp);
+  if (moe) moe_ = std::make_unique<moe::MoELayer>(params, expert_params, prefix + ".mlp", c, tp);
   else mlp_ = std::make_unique<MLP>(params, prefix + ".mlp", c, tp);
 }
 
@@ -108,10 +109,11 @@ TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, ParamAndGradBuffe
                                    const tensor_parallel::TPContext& tp, int64_t first_layer, int64_t num_layers,
                                    bool post_process)
     : groups_(recompute_plan(c, num_layers)) {
+  const std::vector<bool> moe = c.moe_layer_pattern();
   for (int64_t i = 0; i < num_layers; ++i)
-    layers_.push_back(
-        std::make_unique<TransformerLayer>(params, expert_params, fmt::format("decoder.layers.{}", first_layer + i), c,
-                                           spec, tp));
+    layers_.push_back(std::make_unique<TransformerLayer>(params, expert_params,
+                                                         fmt::format("decoder.layers.{}", first_layer + i), c, spec,
+                                                         tp, moe.at(static_cast<size_t>(first_layer + i))));
   if (post_process)
     final_layernorm_ = std::make_unique<Norm>(params, "decoder.final_layernorm", c.hidden_size, c.normalization,
                                               c.norm_epsilon, tp.sequence_parallel);

@@ -21,7 +21,7 @@
 // give the same bits (same masks from the same keys, same roundings, same reduction partitions), so
 // recompute and pipeline layouts stay bitwise equal to the plain run; for that linear_fc2's bias grad under
 // dropout stays in its wgrad (cuBLASLt's BGRADB epilogue: free at 1.3B) rather than in whichever norm.
-// With config.num_moe_experts > 0 the mlp is a MoELayer (moe/moe_layer.h: router, token dispatch, experts): its
+// In the layers config.moe_layer_pattern() selects (num_moe_experts > 0) the mlp is a MoELayer (moe/moe_layer.h: router, token dispatch, experts): its
 // output has no bias of its own, so no bias grad rides in pre_mlp_layernorm's backward for it; its backward takes
 // the microbatch's loss_grad_scale (the router's load-balancing losses).
 // Backward returns dx (and b's gradient, above); parameter grads accumulate into main_grad.
@@ -51,7 +51,7 @@ struct TransformerLayerCtx {
   SelfAttentionCtx self_attention;
   NormCtx pre_mlp_layernorm;
   MLPCtx mlp;
-  moe::MoELayerCtx moe;  // MoE layers (config.num_moe_experts > 0) instead of mlp
+  moe::MoELayerCtx moe;  // MoE layers instead of mlp
   PhiloxKey mlp_dropout_key;
   bool dropout = false;
 };
@@ -74,9 +74,10 @@ struct ResidualGrad {
 class TransformerLayer {
  public:
   // expert_params: where a MoE layer registers its experts (the model's one buffer at EP 1; moe_layer.h).
+  // moe: this layer's MLP is a MoE layer (config.is_moe_layer of its global index).
   TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
                    const TransformerConfig& config, const TransformerLayerSpec& spec,
-                   const tensor_parallel::TPContext& tp);
+                   const tensor_parallel::TPContext& tp, bool moe);
   // x: the layer input (an unsummed one is added inside input_layernorm). Returns y unsummed: {x1, mlp}.
   Residual forward(TransformerLayerCtx& ctx, const Residual& x, const RopeTables* rope,
                    const ForwardOptions& opt) const;
@@ -92,7 +93,7 @@ class TransformerLayer {
   SelfAttention self_attention_;
   Norm pre_mlp_layernorm_;
   std::unique_ptr<MLP> mlp_;            // dense layers
-  std::unique_ptr<moe::MoELayer> moe_;  // config.num_moe_experts > 0
+  std::unique_ptr<moe::MoELayer> moe_;  // MoE layers
 };
 
 // One group of layers [first, first + count) whose contexts are rebuilt in backward.

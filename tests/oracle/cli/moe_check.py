@@ -24,7 +24,13 @@ usage: moe_check.py MCPP WORKDIR
   5. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2 without SP or
      with expert TP 2 (the default), the
      allgather dispatcher, experts not divisible by EP, EP without experts,
-     `mcpp ckpt export --format hf-gpt2` of a MoE checkpoint.
+     `mcpp ckpt export --format hf-gpt2` of a MoE checkpoint, a --moe-layer-freq pattern of the wrong length, a
+     shared expert without experts;
+  6. --moe-layer-freq "[1,1,0,0]" (4 layers: the last two dense) with a shared expert
+     (--moe-shared-expert-intermediate-size): PP2 (the second stage has no MoE layer), PP2 x DP2 x EP2 with and
+     without the distributed optimizer (its grad norm joins the expert sums on the stage without experts) and
+     TP2 + SP (the shared expert tensor parallel) equal the 1-rank run; a PP2 x DP2 x EP2 checkpoint continues at
+     1 rank; the memory plan equals the measured activations (1 rank, PP2, TP2 + SP).
 """
 import os
 import re
@@ -202,8 +208,33 @@ for name, np_, cmd, words in (
          ["num_moe_experts", "expert_model_parallel_size"]),
         ("ep without experts", 2, ["train", *M, *EP2], ["expert_model_parallel_size", "--num-experts"]),
         ("hf export", None, ["ckpt", "export", "--load", os.path.join(WORK, "one"), "--format", "hf-gpt2", "--output",
-                             os.path.join(WORK, "hf")], ["mixture-of-experts", "hf-gpt2"])):
+                             os.path.join(WORK, "hf")], ["mixture-of-experts", "hf-gpt2"]),
+        ("layer pattern length", None, ["train", *M, *MOE, "--moe-layer-freq", "[1,0,1]"],
+         ["moe_layer_freq", "3 entries", "num_layers 2"]),
+        ("shared expert without experts", None, ["train", *M, "--moe-shared-expert-intermediate-size", "16"],
+         ["moe_shared_expert_intermediate_size", "--num-experts"])):
     check_error(name, [*cmd, *(["--save", os.path.join(WORK, "bad")] if cmd[0] == "train" else [])], words, np_)
+
+# 6. MoE in some layers only (--moe-layer-freq), with a shared expert: the second pipeline stage has no MoE layer
+FS = ["--num-layers", "4", "--moe-layer-freq", "[1,1,0,0]", "--moe-shared-expert-intermediate-size", "24"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+fs_one = train("fs_one", None, [*M, *MOE, *FS])
+if losses(fs_one) == losses(train("fs_all", None, [*M, *MOE, "--num-layers", "4"])):
+    failures.append("--moe-layer-freq [1,1,0,0] with a shared expert: the losses of all-MoE layers without one")
+same("freq + shared pp2", train("fs_pp2", 2, [*M, *MOE, *FS, *PP2]), fs_one)
+same("freq + shared pp2 x dp2 x ep2", train("fs_pp2_ep2", 4, [*M, *MOE, *FS, *PP2, *EP2]), fs_one)
+same("freq + shared pp2 x dp2 x ep2 distributed optimizer",
+     train("fs_pp2_ep2_distopt", 4, [*M, *MOE, *FS, *PP2, *EP2, *DISTOPT]), fs_one)
+same("freq + shared tp2 + sp", train("fs_tp2", 2, [*M, *MOE, *FS, *TP2]), fs_one)
+fs_part = os.path.join(WORK, "fs_part")
+run([MCPP, "train", *M, *MOE, *FS, *PP2, *EP2, "--exit-interval", "3", "--save", fs_part], np_=4)
+run([MCPP, "train", *M, *MOE, *FS, "--load", fs_part, "--save", fs_part])
+c, a = losses(fs_part), losses(fs_one)
+if not a or any(not close(c.get(i), a[i]) for i in a if i > 3):
+    failures.append(f"freq + shared PP2 x DP2 x EP2 checkpoint continued at 1 rank: {c} vs {a}")
+check_memory_plan("freq + shared 1 rank", fs_one, 1, [*M, *MOE, *FS], 1)
+check_memory_plan("freq + shared PP2", os.path.join(WORK, "fs_pp2"), 2, [*M, *MOE, *FS, *PP2], 2)
+check_memory_plan("freq + shared TP2 + SP", os.path.join(WORK, "fs_tp2"), 2, [*M, *MOE, *FS, *TP2], 1)
 
 if failures:
     print("FAILED:\n" + "\n".join(failures))
