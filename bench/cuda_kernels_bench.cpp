@@ -14,14 +14,15 @@
 // cross entropy bytes = logits read (fwd), logits read + dlogits written (bwd); AdamW bytes = 30 per
 // parameter (fp32 param, m, v, grad read; param, m, v written; bf16 model copy written).
 // Run: build/bin/cuda_kernels_bench [--quick | --attention | --memory-bound | --mlp | --attention-qkv |
-// --attention-qkv-cudnn | --attention-dropout | --gemm-survey]
+// --attention-qkv-cudnn | --attention-dropout | --gemm-survey | --moe-gemm-host]
 // (prints a markdown table; --attention: only the attention rows; --memory-bound: only layernorm, cross
 // entropy and AdamW; --mlp: only the GELU MLP fusion rows, fused vs unfused; --attention-qkv: only the
 // split-vs-packed qkv attention rows, three paths each: the mcpp kernels, cuDNN deterministic, cuDNN
 // (--attention-qkv-cudnn: only the two cuDNN ones); --attention-dropout: cuDNN and the mcpp kernels, each
 // without and with attention dropout 0.1, at 124M and 1.3B; --gemm-survey: only the cuBLASLt autotuning survey, its
 // own table: every training GEMM of the 124M and 1.3B steps with the heuristic's candidates timed by the tuner of
-// kernels/cuda/gemm.cpp — median of 5 single-launch cudaEvent timings each — and the one it keeps)
+// kernels/cuda/gemm.cpp — median of 5 single-launch cudaEvent timings each — and the one it keeps; --moe-gemm-host:
+// the host time of the MoE experts' GEMM calls, cached vs new row counts, against their device time)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -502,6 +503,68 @@ void bench_gemm_survey() {
   survey_model("1.3B", 16384, 2048, 24, 50304);
 }
 
+// Host cost of the MoE experts' GEMM calls (GPT-2 124M shapes: h 768, ffn 3072, GELU MLP, ~2048 rows an expert):
+// microseconds of host time per op call (the enqueue: checks, the plan lookup or creation, the launch; no sync),
+// for a row count seen before (a cached plan) and for a new row count every call (past the family's tuned
+// shapes: a plan borrowed through cublasLtMatmulAlgoCheck), against the call's device time.
+void bench_moe_gemm_host() {
+  namespace ops = mcpp::ops;
+  const int64_t h = 768, f = 3072, rows_max = 4096;
+  auto w = [](const mcpp::Shape& sh, float seed) { return filled(sh, DType::BF16, seed, 0.02f); };
+  Tensor x = filled({rows_max, h}, DType::BF16, 1.0f), dy = filled({rows_max, h}, DType::BF16, 2.0f);
+  Tensor w1 = w({f, h}, 3.0f), w2 = w({h, f}, 4.0f), b1 = w({f}, 5.0f), b2 = w({h}, 6.0f);
+  Tensor act = Tensor::empty({rows_max, f}, DType::BF16, Device::CUDA), pre = act.clone();
+  Tensor dpre = act.clone(), y = Tensor::empty({rows_max, h}, DType::BF16, Device::CUDA), dx = y.clone();
+  Tensor dw1 = Tensor::zeros({f, h}, DType::F32, Device::CUDA), dw2 = Tensor::zeros({h, f}, DType::F32, Device::CUDA);
+  Tensor db1 = Tensor::zeros({f}, DType::F32, Device::CUDA), db2 = Tensor::zeros({h}, DType::F32, Device::CUDA);
+  struct Op {
+    const char* name;
+    std::function<void(int64_t)> run;  // at r rows
+  };
+  const std::vector<Op> list = {
+      {"fc1 fwd (GELU_AUX_BIAS)", [&](int64_t r) {
+         Tensor a = act.narrow0(0, r), p = pre.narrow0(0, r);
+         ops::linear_gelu_fwd(a, p, x.narrow0(0, r), w1, &b1);
+       }},
+      {"fc2 fwd (BIAS)", [&](int64_t r) { Tensor o = y.narrow0(0, r); ops::linear_fwd(o, act.narrow0(0, r), w2, &b2); }},
+      {"fc2 dgrad (DGELU)", [&](int64_t r) {
+         Tensor d = dpre.narrow0(0, r);
+         ops::linear_dgelu_bwd(d, nullptr, dy.narrow0(0, r), w2, pre.narrow0(0, r));
+       }},
+      {"fc2 wgrad (+= fp32)", [&](int64_t r) {
+         ops::linear_bwd(nullptr, dw2, &db2, dy.narrow0(0, r), act.narrow0(0, r), w2, ops::GradWrite::Accumulate);
+       }},
+      {"fc1 dgrad + wgrad (+= fp32, BGRADB)", [&](int64_t r) {
+         Tensor d = dx.narrow0(0, r);
+         ops::linear_bwd(&d, dw1, &db1, dpre.narrow0(0, r), x.narrow0(0, r), w1, ops::GradWrite::Accumulate);
+       }},
+  };
+  std::printf("\n| MoE expert GEMM (h 768, ffn 3072) | host us / call, cached shape | host us / call, new row count |"
+              " device us / call (2048 rows) |\n| --- | --- | --- | --- |\n");
+  int64_t fresh = 1000;  // row counts never used before: 1000, 1001, ...
+  for (const Op& op : list) {
+    for (int i = 0; i < 20; ++i) op.run(fresh++);  // past the family's autotuned shapes
+    op.run(2048);
+    sync_via(x);
+    auto host_us = [&](const std::function<int64_t(int)>& rows) {
+      double best = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 50; ++i) op.run(rows(i));
+        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        sync_via(x);
+        best = std::min(best, us / 50);
+      }
+      return best;
+    };
+    const double cached = host_us([](int) { return int64_t{2048}; });
+    const double fresh_us = host_us([&](int) { return fresh++; });
+    const double dev = time_op([&] { op.run(2048); }, x, 50, 3) * 1e6;
+    std::printf("| %s | %.1f | %.1f | %.1f |\n", op.name, cached, fresh_us, dev);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -511,6 +574,7 @@ int main(int argc, char** argv) {
   bool mlp_only = argc > 1 && std::strcmp(argv[1], "--mlp") == 0;
   bool qkv_only = argc > 1 && std::strcmp(argv[1], "--attention-qkv") == 0;
   bool survey_only = argc > 1 && std::strcmp(argv[1], "--gemm-survey") == 0;
+  bool moe_host_only = argc > 1 && std::strcmp(argv[1], "--moe-gemm-host") == 0;
   bool qkv_cudnn_only = argc > 1 && std::strcmp(argv[1], "--attention-qkv-cudnn") == 0;
   bool dropout_only = argc > 1 && std::strcmp(argv[1], "--attention-dropout") == 0;
   if (quick) g_iters = 3, g_reps = 1;
@@ -519,6 +583,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (moe_host_only) {
+      bench_moe_gemm_host();
+      return 0;
+    }
     if (survey_only) {
       bench_gemm_survey();
       return 0;

@@ -26,8 +26,10 @@ Tensor idx_tensor(int64_t n, int64_t k, uint64_t seed) {  // a random permutatio
   return t;
 }
 
-void check(DType dt) {
-  const int64_t n = 37, k = 3, h = 96, m = n * k;
+// h 96: the 8-wide kernels (16-byte rows); h 36: the scalar ones.
+void check(DType dt, int64_t h) {
+  SCOPED_TRACE(h);
+  const int64_t n = 37, k = 3, m = n * k;
   Tensor idx = idx_tensor(n, k, 5), didx = idx.to(Device::CUDA);
   Tensor x = rnd({n, h}, 1, dt), in = rnd({m, h}, 2, dt), dy = rnd({n, h}, 3, dt), w = rnd({n, k}, 4);
   // permute: a copy, exact in any dtype
@@ -107,8 +109,14 @@ TEST(CudaMoeOps, RoutePositionsAtScale) {  // more routes than one scan chunk pe
   EXPECT_EQ(counts.data<int64_t>()[5], 0);  // an expert no route chose
 }
 
-TEST(CudaMoeOps, Fp32MatchesCpu) { MCPP_REQUIRE_CUDA(); check(DType::F32); }
-TEST(CudaMoeOps, Bf16MatchesCpu) { MCPP_REQUIRE_CUDA(); check(DType::BF16); }
+TEST(CudaMoeOps, Fp32MatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  for (int64_t h : {96, 36}) check(DType::F32, h);
+}
+TEST(CudaMoeOps, Bf16MatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  for (int64_t h : {96, 36}) check(DType::BF16, h);
+}
 
 }  // namespace
 }  // namespace mcpp

@@ -144,6 +144,7 @@ struct LtState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::map<PlanKey, Plan> plans;           // at most kMaxPlans, least recently used evicted
+  std::map<uint64_t, PlanKey> lru;         // each plan's last use (Plan::last_use) -> its key, oldest first
   std::map<FamilyKey, int64_t> family_plans;  // plans created per family (ever)
   std::map<PlanKey, cublasLtMatmulAlgo_t> family_algo;  // per PlanKey with m = k = 0: the last heuristic #0
   uint64_t clock = 0;
@@ -418,11 +419,11 @@ Plan& plan_for(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
     if (st.plans.size() >= kMaxPlans) {  // evict the least recently used (host descriptors only: launches done)
-      auto lru = st.plans.begin();
-      for (auto j = st.plans.begin(); j != st.plans.end(); ++j)
-        if (j->second.last_use < lru->second.last_use) lru = j;
-      destroy_plan(lru->second);
-      st.plans.erase(lru);
+      const auto oldest = st.lru.begin();
+      const auto victim = st.plans.find(oldest->second);
+      destroy_plan(victim->second);
+      st.plans.erase(victim);
+      st.lru.erase(oldest);
     }
     const FamilyKey fam{key.ta, key.tb, key.n, key.ka, key.kc, key.kbias, key.epi};
     const bool untuned = ++st.family_plans[fam] > kMaxTunedPerFamily;
@@ -437,8 +438,11 @@ Plan& plan_for(LtState& st, const PlanKey& key, const Epilogue& e, bool may_fail
       p.bias_split = 0;
     }
     it = st.plans.emplace(key, std::move(p)).first;
+  } else {
+    st.lru.erase(it->second.last_use);
   }
   it->second.last_use = ++st.clock;
+  st.lru.emplace(it->second.last_use, key);
   return it->second;
 }
 

@@ -4,9 +4,12 @@
 //   unpermute_bwd: one block per route (t, i); threads write din[idx[t, i]] = w * dy[t] and a block sum gives
 //                  dw[t, i] = dy[t] . in[idx[t, i]] (fp32).
 //   topk_softmax / _bwd: one thread per token over its E logits (fp32 math; expf), the CPU's order of choices.
+//   (permute / unpermute / unpermute_bwd have 8-wide forms with 16-byte accesses when the rows allow: vec8_ok.)
 //   route positions: counts — one block per expert, a block sum of its matches; positions — one block per
 //                  expert walking the routes in chunks, a block-wide exclusive scan of the matches giving each its
 //                  rank in token order (deterministic, as the CPU's serial walk).
+#include <algorithm>
+
 #include "mcpp/kernels/cuda/device_utils.cuh"
 
 namespace mcpp::cuda_detail {
@@ -48,6 +51,64 @@ __global__ void moe_unpermute_bwd_kernel(FOut din, float* dw, FIn dy, FIn in, co
   dot = block_sum(dot, scratch);
   if (threadIdx.x == 0) dw[route] = dot;
 }
+// 8-wide forms (vec8_ok: h % 8 == 0, 16-byte aligned rows): one thread per 8 columns of a row, threads over
+// (row, column group) in a grid-stride loop, so a block is not tied to one h-wide row (h / 8 = 96 lanes at
+// h 768). Same math and order per element as the scalar kernels (unpermute: routes summed in route order).
+__global__ void moe_permute_vec8_kernel(FOut out, FIn x, const int32_t* idx, int64_t n, int64_t k, int64_t h8) {
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < n * h8;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = g / h8, c = g - t * h8;
+    float v[8];
+    load8(x, g, v);
+    for (int64_t i = 0; i < k; ++i) store8(out, static_cast<int64_t>(idx[t * k + i]) * h8 + c, v);
+  }
+}
+
+__global__ void moe_unpermute_vec8_kernel(FOut y, FIn in, const int32_t* idx, const float* w, int64_t n, int64_t k,
+                                          int64_t h8) {
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < n * h8;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = g / h8, c = g - t * h8;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = 0; i < k; ++i) {
+      const float wi = w ? w[t * k + i] : 1.0f;
+      float v[8];
+      load8(in, static_cast<int64_t>(idx[t * k + i]) * h8 + c, v);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[q] += wi * v[q];
+    }
+    store8(y, g, acc);
+  }
+}
+
+// One block per route; the dot product dw = dy[t] . in[j] as the scalar kernel's (per-thread partial sums, then a
+// block sum), over 8-column groups.
+__global__ void moe_unpermute_bwd_vec8_kernel(FOut din, float* dw, FIn dy, FIn in, const int32_t* idx, const float* w,
+                                              int64_t k, int64_t h8) {
+  __shared__ float scratch[33];
+  const int64_t route = blockIdx.x, t = route / k;
+  const int64_t j = idx[route];
+  const float wi = w[route];
+  float dot = 0.0f;
+  for (int64_t c = threadIdx.x; c < h8; c += blockDim.x) {
+    float g[8], v[8];
+    load8(dy, t * h8 + c, g);
+    load8(in, j * h8 + c, v);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      dot += g[q] * v[q];
+      g[q] *= wi;
+    }
+    store8(din, j * h8 + c, g);
+  }
+  dot = block_sum(dot, scratch);
+  if (threadIdx.x == 0) dw[route] = dot;
+}
+
+unsigned vec8_blocks(int64_t items) {  // grid-stride: at most ~8 waves of 256-thread blocks on 132 SMs
+  return static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, 132 * 16));
+}
+
 constexpr int kTokThreads = 128;
 
 __global__ void moe_topk_softmax_kernel(int32_t* topk, float* probs, float* scores, float* lse, FIn logits, int64_t n,
@@ -181,21 +242,34 @@ void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* to
 
 void launch_moe_permute(FOut out, FIn x, const int32_t* idx, int64_t n, int64_t k, int64_t h, cudaStream_t s) {
   if (n <= 0 || k <= 0 || h <= 0) return;
-  moe_permute_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(out, x, idx, k, h);
+  if (vec8_ok(h, {out.p, x.p})) {
+    moe_permute_vec8_kernel<<<vec8_blocks(n * h / 8), kThreads, 0, s>>>(out, x, idx, n, k, h / 8);
+  } else {
+    moe_permute_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(out, x, idx, k, h);
+  }
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
 void launch_moe_unpermute(FOut y, FIn in, const int32_t* idx, const float* w, int64_t n, int64_t k, int64_t h,
                           cudaStream_t s) {
   if (n <= 0 || h <= 0) return;
-  moe_unpermute_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(y, in, idx, w, k, h);
+  if (vec8_ok(h, {y.p, in.p})) {
+    moe_unpermute_vec8_kernel<<<vec8_blocks(n * h / 8), kThreads, 0, s>>>(y, in, idx, w, n, k, h / 8);
+  } else {
+    moe_unpermute_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(y, in, idx, w, k, h);
+  }
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
 void launch_moe_unpermute_bwd(FOut din, float* dw, FIn dy, FIn in, const int32_t* idx, const float* w, int64_t n,
                               int64_t k, int64_t h, cudaStream_t s) {
   if (n <= 0 || k <= 0) return;
-  moe_unpermute_bwd_kernel<<<static_cast<unsigned>(n * k), kThreads, 0, s>>>(din, dw, dy, in, idx, w, k, h);
+  if (vec8_ok(h, {din.p, dy.p, in.p})) {
+    const int threads = h / 8 >= 128 ? 128 : 64;  // one 8-column group per thread at h <= 1024
+    moe_unpermute_bwd_vec8_kernel<<<static_cast<unsigned>(n * k), threads, 0, s>>>(din, dw, dy, in, idx, w, k, h / 8);
+  } else {
+    moe_unpermute_bwd_kernel<<<static_cast<unsigned>(n * k), kThreads, 0, s>>>(din, dw, dy, in, idx, w, k, h);
+  }
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
