@@ -44,7 +44,9 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
   return r;
 }
 
-void compare(const std::string& style, DType dt, bool dropout = false, bool moe = false) {
+// capacity (MoE): the experts capped (drop policy "position": the same drops on both backends whatever the
+// probabilities' last bits), padded to capacity, with a shared expert, in the second layer only.
+void compare(const std::string& style, DType dt, bool dropout = false, bool moe = false, bool capacity = false) {
   // cuDNN's attention dropout draws its own mask: the comparison with the CPU's runs the mcpp kernels
   const CudnnAttentionScope attention(!dropout && ops::cuda::cudnn_attention());
   TransformerConfig c = testing::tiny_gpu_config(style);
@@ -54,7 +56,15 @@ void compare(const std::string& style, DType dt, bool dropout = false, bool moe 
     c.moe_router_topk = 2;
     c.moe_aux_loss_coeff = 0.01f;
     c.moe_z_loss_coeff = 0.001f;
+    if (capacity) {
+      c.moe_expert_capacity_factor = 0.75;
+      c.moe_token_drop_policy = "position";
+      c.moe_pad_expert_input_to_capacity = true;
+      c.moe_shared_expert_intermediate_size = 24;
+      c.moe_layer_freq = "[0]*" + std::to_string(c.num_layers - 1) + "+[1]";
+    }
     c.finalize();
+    c.validate();
   }
   const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32, dropout);
   const Run got = run_model(c, Device::CUDA, dt, false, dropout);
@@ -80,6 +90,10 @@ void compare(const std::string& style, DType dt, bool dropout = false, bool moe 
 TEST(CudaGPTModel, Gpt2StyleFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::F32); }
 TEST(CudaGPTModel, Gpt2StyleMoeFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::F32, false, true); }
 TEST(CudaGPTModel, LlamaStyleMoeFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32, false, true); }
+TEST(CudaGPTModel, MoeCapacityPaddedSharedFp32MatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("llama", DType::F32, false, true, true);
+}
 TEST(CudaGPTModel, LlamaStyleFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32); }
 TEST(CudaGPTModel, Gpt2StyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::BF16); }
 TEST(CudaGPTModel, LlamaStyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::BF16); }

@@ -3,6 +3,7 @@
 // once; outputs rounded to bf16). The router: the same experts chosen and positions (exact), softmaxes and the
 // backward within fp32 rounding (the CPU sums in double). The whole MoE model on CUDA: tests/cuda/gpt_model_test.cpp
 // (CudaGPTModel.*Moe*).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -26,16 +27,21 @@ Tensor idx_tensor(int64_t n, int64_t k, uint64_t seed) {  // a random permutatio
   return t;
 }
 
-// h 96: the 8-wide kernels (16-byte rows); h 36: the scalar ones.
-void check(DType dt, int64_t h) {
-  SCOPED_TRACE(h);
+// h 96: the 8-wide kernels (16-byte rows); h 36: the scalar ones. drop: every 5th route dropped (idx -1; the rows
+// no route names start zero on both sides).
+void check(DType dt, int64_t h, bool drop = false) {
+  SCOPED_TRACE(fmt::format("h {} drop {}", h, drop));
   const int64_t n = 37, k = 3, m = n * k;
-  Tensor idx = idx_tensor(n, k, 5), didx = idx.to(Device::CUDA);
+  Tensor idx = idx_tensor(n, k, 5);
+  if (drop)
+    for (int64_t q = 0; q < n * k; q += 5) idx.data<int32_t>()[q] = -1;
+  Tensor didx = idx.to(Device::CUDA);
+  auto start = [&](const Shape& shape) { return drop ? Tensor::zeros(shape, dt, Device::CUDA) : poisoned(shape, dt); };
   Tensor x = rnd({n, h}, 1, dt), in = rnd({m, h}, 2, dt), dy = rnd({n, h}, 3, dt), w = rnd({n, k}, 4);
   // permute: a copy, exact in any dtype
   Tensor out_cpu = Tensor::zeros({m, h});
   ops::cpu::moe_permute(out_cpu, x, idx, {});
-  Tensor out = poisoned({m, h}, dt);
+  Tensor out = start({m, h});
   ops::moe_permute(out, dev(x, dt), didx);
   EXPECT_EQ(rel_err(host(out), out_cpu), 0.0);
   // unpermute with and without weights
@@ -51,7 +57,7 @@ void check(DType dt, int64_t h) {
   // backward: din rows exact up to the output rounding, dw a dot product over h (fp32, another order)
   Tensor din_cpu = Tensor::zeros({m, h}), dwt_cpu = Tensor::empty({n, k});
   ops::cpu::moe_unpermute_bwd(din_cpu, dwt_cpu, dy, in, idx, w, {});
-  Tensor din = poisoned({m, h}, dt), dwt = poisoned({n, k}, DType::F32);
+  Tensor din = start({m, h}), dwt = poisoned({n, k}, DType::F32);
   ops::moe_unpermute_bwd(din, dwt, dev(dy, dt), dev(in, dt), didx, dw_dev);
   EXPECT_LT(rel_err(host(din), din_cpu), tol);
   EXPECT_LT(rel_err(host(dwt), dwt_cpu), 1e-5);
@@ -109,13 +115,46 @@ TEST(CudaMoeOps, RoutePositionsAtScale) {  // more routes than one scan chunk pe
   EXPECT_EQ(counts.data<int64_t>()[5], 0);  // an expert no route chose
 }
 
+// Capacity drops (moe_capacity_positions) against the CPU backend, exactly: uneven experts over several scan chunks,
+// probabilities from 37 values (many ties at the threshold) and distinct ones, both policies, padded or not,
+// capacities from 0 to above every expert's count.
+TEST(CudaMoeOps, CapacityPositionsMatchCpu) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 9000, k = 2, e = 8;
+  Tensor topk = Tensor::empty({n, k}, DType::I32), probs = Tensor::empty({n, k});
+  for (int64_t q = 0; q < n * k; ++q)
+    topk.data<int32_t>()[q] = static_cast<int32_t>((q * q + 3 * q) % 7 == 0 ? 7 : q % 5);
+  Tensor idx = Tensor::empty({n, k}, DType::I32), counts = Tensor::empty({e}, DType::I64);
+  ops::cpu::moe_route_positions(idx, counts, topk, {});
+  const Tensor dtopk = topk.to(Device::CUDA), dcounts = counts.to(Device::CUDA);
+  for (bool ties : {true, false}) {
+    for (int64_t q = 0; q < n * k; ++q)
+      probs.data<float>()[q] = ties ? 0.01f * static_cast<float>((q * 7919) % 37) : 1.0f / (1.0f + 1e-4f * q);
+    const Tensor dprobs = probs.to(Device::CUDA);
+    for (int64_t cap : {0, 1, 700, 1500, 3000, 20000})
+      for (bool by_probs : {true, false})
+        for (bool pad : {false, true}) {
+          SCOPED_TRACE(fmt::format("ties {} capacity {} by_probs {} pad {}", ties, cap, by_probs, pad));
+          const ops::MoeCapacityOptions opt{.capacity = cap, .by_probs = by_probs, .pad = pad};
+          Tensor want = Tensor::empty({n, k}, DType::I32), kept = Tensor::empty({e}, DType::I64);
+          ops::cpu::moe_capacity_positions(want, kept, topk, probs, counts, opt, {});
+          Tensor got = idx.to(Device::CUDA), dkept = Tensor::empty({e}, DType::I64, Device::CUDA);  // in: dropless
+          ops::moe_capacity_positions(got, dkept, dtopk, dprobs, dcounts, opt);
+          EXPECT_EQ(std::memcmp(got.to(Device::CPU).raw(), want.raw(), want.nbytes()), 0);
+          EXPECT_EQ(std::memcmp(dkept.to(Device::CPU).raw(), kept.raw(), kept.nbytes()), 0);
+        }
+  }
+}
+
 TEST(CudaMoeOps, Fp32MatchesCpu) {
   MCPP_REQUIRE_CUDA();
-  for (int64_t h : {96, 36}) check(DType::F32, h);
+  for (int64_t h : {96, 36})
+    for (bool drop : {false, true}) check(DType::F32, h, drop);
 }
 TEST(CudaMoeOps, Bf16MatchesCpu) {
   MCPP_REQUIRE_CUDA();
-  for (int64_t h : {96, 36}) check(DType::BF16, h);
+  for (int64_t h : {96, 36})
+    for (bool drop : {false, true}) check(DType::BF16, h, drop);
 }
 
 }  // namespace

@@ -117,12 +117,80 @@ TEST(MoeOps, TopkSoftmaxAndRoutePositionsMatchTheDefinitions) {
   }
 }
 
+// Capacity (Megatron's topk_softmax_with_capacity): 6 tokens x top-2 over 3 experts, capacity 3.
+TEST(MoeOps, CapacityPositionsDropByProbsOrPosition) {
+  const int64_t n = 6, k = 2, e = 3;
+  // routes q = t*k + i: expert 0 is chosen by 5 routes, expert 1 by 4, expert 2 by 3 (= capacity)
+  const std::vector<int32_t> top = {0, 1, 0, 2, 1, 0, 0, 2, 1, 0, 2, 1};
+  const std::vector<float> pr = {0.6f, 0.4f, 0.5f, 0.5f, 0.7f, 0.3f, 0.9f, 0.1f, 0.2f, 0.8f, 0.55f, 0.45f};
+  Tensor topk = routes(top, n, k), probs = Tensor::empty({n, k});
+  std::copy(pr.begin(), pr.end(), probs.data<float>());
+  Tensor idx = Tensor::empty({n, k}, DType::I32), counts = Tensor::empty({e}, DType::I64);
+  ops::moe_route_positions(idx, counts, topk);
+  ASSERT_EQ(counts.data<int64_t>()[0], 5);
+  struct Want {
+    bool by_probs, pad;
+    std::vector<int32_t> idx;
+    std::vector<int64_t> kept;
+  };
+  // expert 0's routes q = 0 (0.6), 2 (0.5), 5 (0.3), 6 (0.9), 9 (0.8): by probs keep 0, 6, 9; by position 0, 2, 5.
+  // expert 1's routes q = 1 (0.4), 4 (0.7), 8 (0.2), 11 (0.45): by probs keep 1, 4, 11; by position 1, 4, 8.
+  for (const Want& w : {Want{true, false, {0, 3, -1, 6, 4, -1, 1, 7, -1, 2, 8, 5}, {3, 3, 3}},
+                        Want{false, false, {0, 3, 1, 6, 4, 2, -1, 7, 5, -1, 8, -1}, {3, 3, 3}},
+                        Want{true, true, {0, 3, -1, 6, 4, -1, 1, 7, -1, 2, 8, 5}, {3, 3, 3}}}) {
+    SCOPED_TRACE(std::string(w.by_probs ? "probs" : "position") + (w.pad ? " pad" : ""));
+    Tensor out = Tensor::empty({n, k}, DType::I32), kept = Tensor::empty({e}, DType::I64);
+    ops::moe_capacity_positions(out, kept, topk, probs, counts, {.capacity = 3, .by_probs = w.by_probs, .pad = w.pad});
+    for (int64_t q = 0; q < n * k; ++q) EXPECT_EQ(out.data<int32_t>()[q], w.idx[static_cast<size_t>(q)]) << q;
+    for (int64_t j = 0; j < e; ++j) EXPECT_EQ(kept.data<int64_t>()[j], w.kept[static_cast<size_t>(j)]);
+  }
+  // capacity 4, padded: expert 1 keeps all 4, expert 2 its 3 in a block of 4 (rows 8..11, row 11 padding)
+  Tensor out = Tensor::empty({n, k}, DType::I32), kept = Tensor::empty({e}, DType::I64);
+  ops::moe_capacity_positions(out, kept, topk, probs, counts, {.capacity = 4, .by_probs = true, .pad = true});
+  const std::vector<int32_t> want = {0, 4, 1, 8, 5, -1, 2, 9, 6, 3, 10, 7};  // expert 0 drops q = 5 (0.3)
+  for (int64_t q = 0; q < n * k; ++q) EXPECT_EQ(out.data<int32_t>()[q], want[static_cast<size_t>(q)]) << q;
+  EXPECT_EQ(kept.data<int64_t>()[2], 3);
+  // ties: equal probabilities keep the earlier routes
+  Tensor flat = Tensor::empty({n, k});
+  flat.fill_(0.5f);
+  ops::moe_capacity_positions(out, kept, topk, flat, counts, {.capacity = 3, .by_probs = true});
+  EXPECT_EQ(out.data<int32_t>()[5], 2);   // expert 0's third route (q = 5) stays
+  EXPECT_EQ(out.data<int32_t>()[6], -1);  // its fourth (q = 6) drops
+}
+
+// Dropped routes (idx -1) move nothing and weigh nothing.
+TEST(MoeOps, DroppedRoutesMoveNothing) {
+  const int64_t n = 3, k = 2, h = 4, m = 4;
+  Tensor ix = routes({0, -1, 1, 2, -1, 3}, n, k);
+  Tensor x = random_tensor({n, h}, 1), in = random_tensor({m, h}, 2), dy = random_tensor({n, h}, 3);
+  Tensor w = random_tensor({n, k}, 4);
+  Tensor out = Tensor::zeros({m, h});
+  ops::moe_permute(out, x, ix);
+  EXPECT_EQ(out.data<float>()[0 * h], x.data<float>()[0]);
+  EXPECT_EQ(out.data<float>()[3 * h], x.data<float>()[2 * h]);
+  Tensor y = Tensor::empty({n, h});
+  ops::moe_unpermute(y, in, ix, &w);
+  for (int64_t c = 0; c < h; ++c) {
+    EXPECT_FLOAT_EQ(y.data<float>()[c], w.data<float>()[0] * in.data<float>()[c]);  // token 0: its route 0 only
+    EXPECT_FLOAT_EQ(y.data<float>()[2 * h + c], w.data<float>()[5] * in.data<float>()[3 * h + c]);
+  }
+  Tensor din = Tensor::zeros({m, h}), dw = Tensor::empty({n, k});
+  dw.fill_(7.0f);
+  ops::moe_unpermute_bwd(din, dw, dy, in, ix, w);
+  EXPECT_EQ(dw.data<float>()[1], 0.0f);
+  EXPECT_EQ(dw.data<float>()[4], 0.0f);
+  EXPECT_NE(dw.data<float>()[0], 0.0f);
+}
+
 struct MoeCase {
   std::string style;  // "gpt2": GELU + biases; "llama": SwiGLU, no biases
   bool pre_softmax = false;
   float aux = 0.0f, z = 0.0f;
   int64_t experts = 4, topk = 2, ffn = 24;
   int64_t shared = 0;  // the shared expert's width (0: none)
+  double capacity = 0.0;  // --moe-expert-capacity-factor (0: dropless)
+  std::string policy = "probs";
+  bool pad = false;
 };
 
 void write_raw(const std::string& path, const Tensor& t) {
@@ -136,9 +204,16 @@ TEST(MoELayer, MatchesTorchOracle) {
                             MoeCase{.style = "llama", .pre_softmax = true, .aux = 0.1f},
                             MoeCase{.style = "gpt2", .experts = 8, .topk = 3, .ffn = 16},
                             MoeCase{.style = "gpt2", .aux = 0.01f, .shared = 40},
-                            MoeCase{.style = "llama", .z = 0.01f, .experts = 6, .shared = 20}}) {
+                            MoeCase{.style = "llama", .z = 0.01f, .experts = 6, .shared = 20},
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .capacity = 0.75},
+                            MoeCase{.style = "llama", .pre_softmax = true, .capacity = 0.75, .policy = "position",
+                                    .pad = true},
+                            MoeCase{.style = "gpt2", .experts = 8, .topk = 3, .ffn = 16, .capacity = 1.0, .pad = true},
+                            MoeCase{.style = "llama", .aux = 0.1f, .shared = 20, .capacity = 0.5,
+                                    .policy = "position"}}) {
     SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts) +
-                 " shared=" + std::to_string(mc.shared));
+                 " shared=" + std::to_string(mc.shared) + " capacity=" + std::to_string(mc.capacity) + " " +
+                 mc.policy + (mc.pad ? " pad" : ""));
     TransformerConfig c = testing::tiny_config(mc.style);
     c.num_moe_experts = mc.experts;
     c.moe_router_topk = mc.topk;
@@ -147,6 +222,9 @@ TEST(MoELayer, MatchesTorchOracle) {
     c.moe_aux_loss_coeff = mc.aux;
     c.moe_z_loss_coeff = mc.z;
     c.moe_shared_expert_intermediate_size = mc.shared;
+    c.moe_expert_capacity_factor = mc.capacity;
+    c.moe_token_drop_policy = mc.policy;
+    c.moe_pad_expert_input_to_capacity = mc.pad;
     c.finalize();
     c.validate();
     ParamAndGradBuffer params;
@@ -168,7 +246,11 @@ TEST(MoELayer, MatchesTorchOracle) {
     Tensor y = layer.forward(ctx, x, nullptr);
     int64_t routed = 0;
     for (int64_t t : ctx.router.tokens_per_expert) routed += t;
-    EXPECT_EQ(routed, n * mc.topk);  // dropless: every route is served
+    EXPECT_EQ(routed, n * mc.topk);  // every route counted (before any capacity drop)
+    int64_t kept = 0;
+    for (int64_t j = 0; j < mc.experts; ++j) kept += std::min(ctx.router.tokens_per_expert[j], ctx.router.capacity);
+    if (mc.capacity > 0 && mc.capacity < 1.0) EXPECT_LT(kept, n * mc.topk);  // some routes dropped
+    if (mc.pad) EXPECT_EQ(ctx.plan.rows, mc.experts * ctx.router.capacity);
     const double aux = ctx.router.aux_loss, z = ctx.router.z_loss;
     const float scale = 0.5f;
     Tensor dx = layer.backward(ctx, dy, scale);
@@ -180,7 +262,7 @@ TEST(MoELayer, MatchesTorchOracle) {
       std::ofstream meta(dir + "/meta.txt");
       meta << n << " " << h << " " << mc.experts << " " << mc.topk << " " << mc.ffn << " " << (c.swiglu ? 1 : 0)
            << " " << (bias ? 1 : 0) << " " << (mc.pre_softmax ? 1 : 0) << " " << mc.aux << " " << mc.z << " "
-           << scale << " " << mc.shared << "\n";
+           << scale << " " << mc.shared << " " << mc.capacity << " " << mc.policy << "\n";
     }
     write_raw(dir + "/x.bin", x);
     write_raw(dir + "/dy.bin", dy);

@@ -3,18 +3,23 @@
 SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py semantics.
 
 Usage: moe_ref.py DIR
-DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S") and raw little-endian
+DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S capacity_factor
+drop_policy") and raw little-endian
 float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
 expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias); mcpp's outputs
 y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z). With a
 shared expert (S > 0, Megatron-Core's SharedExpertMLP, no gate): sh_fc1_w.bin [S or 2S, h], sh_fc2_w.bin [h, S]
-(+ sh_fc1_b.bin, sh_fc2_b.bin) and their grads d_sh_*.bin; its MLP output is added to every token's.
+(+ sh_fc1_b.bin, sh_fc2_b.bin) and their grads d_sh_*.bin; its MLP output is added to every token's. With a
+capacity factor c > 0 (Megatron's topk_softmax_with_capacity): capacity = ceil(n * k / E * c); per expert the
+routes of the `capacity` largest probabilities ("probs") or its first `capacity` tokens ("position") are kept,
+the others' probabilities masked to 0 (the load-balancing loss still counts every route, as Megatron's).
 
 The reference in float64: logits = x W_r^T; scores = softmax(logits); top-k of the logits with softmax over the k
-(or, pre_softmax, top-k of scores); y[t] = sum_i probs[t,i] * MLP_{e_i}(x[t]) (+ MLP_shared(x[t])); aux = coeff * E / (n*n*k) *
-sum_e sum_t scores[t,e] * tokens_e; z = zcoeff * mean(logsumexp(logits)^2); grads by autograd of
+(or, pre_softmax, top-k of scores); y[t] = sum_i probs[t,i] * MLP_{e_i}(x[t]) (+ MLP_shared(x[t]));
+aux = coeff * E / (n*n*k) * sum_e sum_t scores[t,e] * tokens_e; z = zcoeff * mean(logsumexp(logits)^2); grads by autograd of
 sum(dy * y) + loss_grad_scale * (aux + z). Prints the max relative errors; exit status 1 when any exceeds 2e-5.
 """
+import math
 import os
 import sys
 
@@ -35,6 +40,7 @@ def main():
     swiglu, bias, pre_softmax = (v == "1" for v in fields[5:8])
     aux_coeff, z_coeff, scale = (float(v) for v in fields[8:11])
     S = int(fields[11])
+    capacity_factor, policy = float(fields[12]), fields[13]
 
     x = load(d, "x", (n, h)).requires_grad_()
     dy = load(d, "dy", (n, h))
@@ -76,12 +82,24 @@ def main():
         tokens[e] = float((top == e).sum())
     aux = (scores.sum(0) * tokens).sum() * (E * aux_coeff / (n * n * k))
     z = torch.logsumexp(logits, dim=-1).square().mean() * z_coeff
+    gates = torch.zeros(n, E, dtype=torch.float64).scatter(1, top, probs)  # Megatron's topk_masked_gates
+    routed = torch.zeros(n, E, dtype=torch.bool).scatter(1, top, True)
+    keep = routed
+    if capacity_factor > 0:
+        capacity = math.ceil((n * k / E) * capacity_factor)
+        if policy == "probs":  # each expert's `capacity` largest gates (torch.topk over the tokens)
+            _, chosen = torch.topk(gates.detach(), k=min(capacity, n), dim=0)
+            mask = torch.zeros(n, E, dtype=torch.bool).scatter(0, chosen, True)
+        else:  # "position": each expert's first `capacity` tokens
+            mask = torch.cumsum(routed.int(), dim=0) <= capacity
+        keep = routed & mask
+    gates = gates * keep
     y = torch.zeros(n, h, dtype=torch.float64)
     for e in range(E):
-        rows, slot = (top == e).nonzero(as_tuple=True)
+        rows = keep[:, e].nonzero(as_tuple=True)[0]
         if rows.numel() == 0:
             continue
-        y = y.index_add(0, rows, probs[rows, slot].unsqueeze(1) * expert(e, x[rows]))
+        y = y.index_add(0, rows, gates[rows, e].unsqueeze(1) * expert(e, x[rows]))
     if S > 0:
         y = y + mlp(x, shared["sh_fc1_w"], shared.get("sh_fc1_b"), shared["sh_fc2_w"], shared.get("sh_fc2_b"), S)
     ((y * dy).sum() + scale * (aux + z)).backward()
@@ -109,7 +127,7 @@ def main():
         tol = 2e-5
         print(f"{name}: max rel err {err:.3e} (tol {tol:g})")
         ok = ok and err <= tol
-    print("tokens per expert:", [int(t) for t in tokens])
+    print("tokens per expert:", [int(t) for t in tokens], "kept:", [int(v) for v in keep.sum(0)])
     sys.exit(0 if ok else 1)
 
 

@@ -38,6 +38,7 @@ struct Case {
   bool no_rope = false;  // llama without RoPE: the packed flash path with SwiGLU / RMSNorm / GQA
   std::string moe_freq{};  // MoE: 4 experts, top-2, in the layers of this --moe-layer-freq
   int64_t shared = 0;      // MoE: the shared expert's width
+  double capacity = 0.0;   // MoE: --moe-expert-capacity-factor, padded to capacity (the plan is exact then)
 };
 
 Config config_for(const Case& k) {
@@ -55,6 +56,8 @@ Config config_for(const Case& k) {
     cfg.model.num_moe_experts = 4;
     cfg.model.moe_layer_freq = k.moe_freq;
     cfg.model.moe_shared_expert_intermediate_size = k.shared;
+    cfg.model.moe_expert_capacity_factor = k.capacity;
+    cfg.model.moe_pad_expert_input_to_capacity = k.capacity > 0;
   }
   cfg.training.micro_batch_size = 3;
   cfg.finalize();
@@ -76,6 +79,9 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       {.name = "llama moe every 2nd + shared 24", .style = "llama", .moe_freq = "2", .shared = 24},
       {.name = "llama moe (1 layer in 4), full recompute", .style = "llama", .recompute = "full", .method = "uniform",
        .recompute_layers = 2, .moe_freq = "[0]*3+[1]"},
+      {.name = "gpt2 moe capacity 0.6 padded", .style = "gpt2", .moe_freq = "1", .capacity = 0.6},
+      {.name = "llama moe capacity 1.5 padded + shared", .style = "llama", .moe_freq = "2", .shared = 24,
+       .capacity = 1.5},
       {.name = "gpt2 full uniform 1", .style = "gpt2", .recompute = "full", .method = "uniform", .recompute_layers = 1},
       {.name = "llama full uniform 3", .style = "llama", .recompute = "full", .method = "uniform",
        .recompute_layers = 3, .dropout = true},

@@ -83,6 +83,11 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
 void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream s) {
   MCPP_DISPATCH(moe_route_positions, ({&idx, &counts, &topk}), idx, counts, topk, s);
 }
+void moe_capacity_positions(Tensor& idx, Tensor& kept, const Tensor& topk, const Tensor& probs, const Tensor& counts,
+                            const MoeCapacityOptions& opt, Stream s) {
+  MCPP_DISPATCH(moe_capacity_positions, ({&idx, &kept, &topk, &probs, &counts}), idx, kept, topk, probs, counts, opt,
+                s);
+}
 void chunk_transpose(Tensor& out, const Tensor& in, int64_t a, int64_t c, Stream s) {
   MCPP_DISPATCH(chunk_transpose, ({&out, &in}), out, in, a, c, s);
 }

@@ -73,6 +73,15 @@ struct MoeTopkOptions {
   float z_coef = 0.0f;
 };
 
+// moe_capacity_positions (Megatron's --moe-expert-capacity-factor): each expert keeps at most `capacity` routes —
+// by_probs: those of the highest probabilities ("probs" drop policy), else the first in token order ("position");
+// pad (--moe-pad-expert-input-to-capacity): every expert's block of the buffer is `capacity` rows.
+struct MoeCapacityOptions {
+  int64_t capacity = 0;
+  bool by_probs = true;
+  bool pad = false;
+};
+
 // One parameter (or shard piece) of adamw_multi_step: handles sharing storage with the caller's tensors.
 // param_model undefined = no model copy; weight_decay replaces opt.weight_decay for this entry.
 struct AdamWTensors {

@@ -26,6 +26,7 @@ MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params
                    const TransformerConfig& c, const tensor_parallel::TPContext& tp)
     : aux_loss_coeff_(c.moe_aux_loss_coeff),
       z_loss_coeff_(c.moe_z_loss_coeff),
+      pad_(c.moe_expert_capacity_factor > 0.0 && c.moe_pad_expert_input_to_capacity),
       router_(params, prefix + ".router", c, tp),
       dispatcher_(c.num_moe_experts, tp.ep),
       experts_(expert_params, prefix + ".experts", c, expert_tp(tp), dispatcher_.first_local_expert(),
@@ -44,12 +45,15 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses)
     if (z_loss_coeff_ > 0.0f) losses->z += ctx.router.z_loss / z_loss_coeff_;
     ++losses->calls;
   }
-  ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.tokens_per_expert, n, k);
-  Tensor permuted = Tensor::empty({n * k, h}, x.dtype(), x.device());  // [n*k, h] expert-major
+  ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.rows_per_expert, n, k);
+  // [m, h] expert-major (m = n*k dropless; the kept routes, or E * capacity padded: the padding rows zero)
+  Tensor permuted = pad_
+                        ? Tensor::zeros({ctx.plan.rows, h}, x.dtype(), x.device())
+                        : Tensor::empty({ctx.plan.rows, h}, x.dtype(), x.device());
   ops::moe_permute(permuted, x2, ctx.plan.idx);
   Tensor grouped = dispatcher_.to_experts(ctx.plan, permuted);  // [rows, h] by local expert
   Tensor out = experts_.forward(ctx.experts, grouped, ctx.plan.tokens_per_local_expert);
-  ctx.combined = dispatcher_.from_experts(ctx.plan, out);  // [n*k, h]
+  ctx.combined = dispatcher_.from_experts(ctx.plan, out);  // [m, h]
   ctx.probs = ctx.router.probs;  // [n, k] fp32
   Tensor y = Tensor::empty({n, h}, x.dtype(), x.device());
   ops::moe_unpermute(y, ctx.combined, ctx.plan.idx, &ctx.probs);
@@ -63,13 +67,15 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   Tensor dy2 = dy.view({n, h});
   Tensor dx_shared;  // first: the reverse of the registration order (router, experts, shared experts)
   if (shared_experts_) dx_shared = shared_experts_->backward(ctx.shared, dy);
-  Tensor dcombined = Tensor::empty(ctx.combined.shape(), dy.dtype(), dy.device());  // [n*k, h]
+  // [m, h]; padding rows (named by no route) get a zero gradient
+  Tensor dcombined = pad_ ? Tensor::zeros(ctx.combined.shape(), dy.dtype(), dy.device())
+                          : Tensor::empty(ctx.combined.shape(), dy.dtype(), dy.device());
   Tensor dprobs = Tensor::empty({n, k}, DType::F32, dy.device());
   ops::moe_unpermute_bwd(dcombined, dprobs, dy2, ctx.combined, ctx.plan.idx, ctx.probs);
   ctx.combined = Tensor();
   Tensor dgrouped = dispatcher_.to_experts(ctx.plan, dcombined);
   Tensor dexperts_in = experts_.backward(ctx.experts, dgrouped);
-  Tensor dpermuted = dispatcher_.from_experts(ctx.plan, dexperts_in);  // [n*k, h]
+  Tensor dpermuted = dispatcher_.from_experts(ctx.plan, dexperts_in);  // [m, h]
   Tensor dx = Tensor::empty({n, h}, dy.dtype(), dy.device());
   ops::moe_unpermute(dx, dpermuted, ctx.plan.idx, nullptr);  // the permute's backward: each token's k rows summed
   Tensor dx_router = router_.backward(ctx.router, dprobs, loss_grad_scale);

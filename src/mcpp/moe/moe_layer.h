@@ -1,6 +1,7 @@
 // MoELayer (Megatron-Core transformer/moe/moe_layer.py): the MLP of a transformer layer as a mixture of experts.
 //   x [s, b, h] -> n = s*b tokens -> TopKRouter (router.h): each token's k experts and weights probs [n, k]
-//   -> ops::moe_permute into the expert-major buffer [n*k, h] -> dispatcher to_experts (all-to-all over EP)
+//   -> ops::moe_permute into the expert-major buffer [m, h] (m = n*k dropless; with a capacity the kept routes,
+//   or E * capacity rows padded with zeros) -> dispatcher to_experts (all-to-all over EP)
 //   -> SequentialMLP (this rank's experts) -> dispatcher from_experts -> ops::moe_unpermute with the weights:
 //   y[t] = sum_i probs[t, i] * expert_{topk[t, i]}(x[t])  -> [s, b, h]
 //   (+ shared_experts(x)[t] with config.moe_shared_expert_intermediate_size > 0: a dense MLP of that width on
@@ -30,7 +31,7 @@ struct MoELayerCtx {
   RouterCtx router;
   DispatchPlan plan;
   ExpertsCtx experts;
-  Tensor combined;  // [n*k, h] the experts' outputs back in this rank's expert-major order
+  Tensor combined;  // [m, h] the experts' outputs back in this rank's expert-major order
   Tensor probs;     // [n, k] float32 on the tokens' device
   MLPCtx shared;    // the shared expert's
 };
@@ -47,6 +48,7 @@ class MoELayer {
 
  private:
   float aux_loss_coeff_, z_loss_coeff_;  // the losses' coefficients: the log line reports the unscaled losses
+  bool pad_;                             // experts' inputs padded to capacity (zero rows)
   TopKRouter router_;
   MoEAlltoAllTokenDispatcher dispatcher_;
   SequentialMLP experts_;

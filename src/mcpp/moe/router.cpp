@@ -2,6 +2,7 @@
 #include "mcpp/moe/router.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
@@ -17,6 +18,9 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
       k_(c.moe_router_topk),
       pre_softmax_(c.moe_router_pre_softmax),
       aux_loss_on_(c.moe_router_load_balancing_type == "aux_loss"),
+      capacity_factor_(c.moe_expert_capacity_factor),
+      drop_by_probs_(c.moe_token_drop_policy == "probs"),
+      pad_to_capacity_(c.moe_pad_expert_input_to_capacity),
       aux_coeff_(c.moe_aux_loss_coeff),
       z_coeff_(c.moe_z_loss_coeff),
       sp_group_(tp.sequence_parallel && tp.size() > 1 ? tp.group : nullptr),
@@ -44,8 +48,16 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   ctx.lse = Tensor::empty({n}, DType::F32, dev);
   ctx.idx = Tensor::empty({n, k}, DType::I32, dev);
   ops::moe_topk_softmax(ctx.topk, ctx.probs, ctx.scores, ctx.lse, logits, {.pre_softmax = pre_softmax_});
-  Tensor counts = Tensor::empty({e}, DType::I64, dev);
+  Tensor both = Tensor::empty({2 * e}, DType::I64, dev);  // the routes per expert, then the kept ones
+  Tensor counts = both.flat_slice(0, {e}), kept = both.flat_slice(e, {e});
   ops::moe_route_positions(ctx.idx, counts, ctx.topk);
+  ctx.capacity = 0;
+  if (capacity_factor_ > 0.0) {  // Megatron's get_capacity(n * k, E, c): ceil((n * k / E) * c), in float64
+    ctx.capacity = static_cast<int64_t>(std::ceil(static_cast<double>(n * k) / static_cast<double>(e) *
+                                                  capacity_factor_));
+    ops::moe_capacity_positions(ctx.idx, kept, ctx.topk, ctx.probs, counts,
+                                {.capacity = ctx.capacity, .by_probs = drop_by_probs_, .pad = pad_to_capacity_});
+  }
   const bool aux = aux_loss_on_ && aux_coeff_ > 0.0f && n > 0;
   Tensor col;  // [1, E] the scores' column sums (the load-balancing loss's value), queued before the first read
   if (aux) {
@@ -56,9 +68,13 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   }
   // Host reads: the counts (+ the token count; the one wait for the device), the losses' sums.
   Tensor stats = Tensor::empty({e + 1}, DType::I64);
-  stats.flat_slice(0, {e}).copy_from(host_copy(counts));
+  const Tensor both_h = host_copy(capacity_factor_ > 0.0 ? both : counts);
+  stats.flat_slice(0, {e}).copy_from(both_h.flat_slice(0, {e}));
   const int64_t* cp = stats.data<int64_t>();
   ctx.tokens_per_expert.assign(cp, cp + e);
+  if (capacity_factor_ == 0.0) ctx.rows_per_expert = ctx.tokens_per_expert;
+  else if (pad_to_capacity_) ctx.rows_per_expert.assign(static_cast<size_t>(e), ctx.capacity);
+  else ctx.rows_per_expert.assign(both_h.data<int64_t>() + e, both_h.data<int64_t>() + 2 * e);
   stats.data<int64_t>()[e] = n;
   // The whole sequences' counts (the load-balancing statistics): summed over the ranks that split them.
   for (const comm::CommPtr& g : {sp_group_, cp_group_})

@@ -5,15 +5,21 @@
 //     topk[t, :] = the k largest logits of token t (ties: the lower expert first), in descending order;
 //     probs[t, :] = softmax over those k logits — or, with moe_router_pre_softmax, scores[t, topk[t, :]];
 //     idx = each route's expert-major row; tokens_per_expert[e] = how many of the n*k routes chose e (read to the
-//     host: the dispatcher's all-to-all sizes and the experts' row counts).
+//     host). With moe_expert_capacity_factor c > 0 (Megatron's topk_softmax_with_capacity): capacity =
+//     ceil(n * k / E * c) of this rank's n tokens; each expert keeps at most that many routes (drop policy
+//     "probs": the highest probabilities, "position": the first tokens; ops::moe_capacity_positions), a dropped
+//     route's idx is -1 and it weighs nothing in the combine (its probability's gradient is 0).
+//     rows_per_expert[e] = the expert's rows in the dispatch buffer: its routes, its kept routes, or (padding to
+//     capacity) the capacity — the dispatcher's all-to-all sizes and the experts' row counts.
 //   Losses of this microbatch's n tokens (added to the LM loss; their gradients ride the router's backward):
 //     aux_loss = moe_aux_loss_coeff * E / (N * N * k) * sum_e (sum_t scores[t, e]) * T[e]
 //                (Megatron's switch_load_balancing_loss_func; "aux_loss" balancing only)
 //     z_loss   = moe_z_loss_coeff * sum_t logsumexp(logits[t])^2 / N   (z_loss_func; when the coefficient > 0)
 //   where the sums over t run over this rank's tokens, and N / T[e] are the token count / the routes per expert
-//   of the whole sequences: when the sequence is split over ranks (sequence parallelism over TP, context
-//   parallelism over CP) the counts are all-reduced over those groups (Megatron's tp_cp reduction), so each
-//   rank's losses are its share and their sum over the group — and every gradient — equal the unsplit run's.
+//   (before any capacity drop, as Megatron's) of the whole sequences: when the sequence is split over ranks
+//   (sequence parallelism over TP, context parallelism over CP) the counts are all-reduced over those groups
+//   (Megatron's tp_cp reduction), so each rank's losses are its share and their sum over the group — and every
+//   gradient — equal the unsplit run's. (A capacity, though, applies to each rank's own tokens, as Megatron's.)
 // backward(dprobs [n, k], loss_grad_scale): d logits = the softmax Jacobians of probs (top-k or pre-softmax)
 // applied to dprobs, + loss_grad_scale * d(aux_loss + z_loss) / d logits (Megatron's MoEAuxLossAutoScaler:
 // the losses' gradient is scaled like the main loss's, 1 / num_microbatches); then dx = dlogits W_r and
@@ -49,7 +55,9 @@ struct RouterCtx {
   Tensor scores;   // [n, E] fp32: softmax over all experts
   Tensor lse;      // [n] fp32: logsumexp of each token's logits
   Tensor idx;      // [n, k] int32: each route's row in the expert-major order (ops::moe_route_positions)
-  std::vector<int64_t> tokens_per_expert;         // [E] this rank's routes per expert (host; the dispatcher's)
+  std::vector<int64_t> tokens_per_expert;         // [E] this rank's routes per expert (host; before any drop)
+  std::vector<int64_t> rows_per_expert;           // [E] the dispatch buffer's rows per expert (host)
+  int64_t capacity = 0;                           // routes an expert keeps (0: dropless)
   std::vector<int64_t> global_tokens_per_expert;  // [E] T: over the sequence-split group
   int64_t global_tokens = 0;                      // N
   double aux_loss = 0.0, z_loss = 0.0;            // this rank's shares (0 when off)
@@ -71,6 +79,8 @@ class TopKRouter {
  private:
   int64_t experts_, k_;
   bool pre_softmax_, aux_loss_on_;
+  double capacity_factor_;  // 0: dropless
+  bool drop_by_probs_, pad_to_capacity_;
   float aux_coeff_, z_coeff_;
   comm::CommPtr sp_group_, cp_group_;  // the sequence's split: TP under sequence parallelism, CP (null: none)
   Parameter* weight_ = nullptr;  // [E, h]

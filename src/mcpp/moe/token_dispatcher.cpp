@@ -49,6 +49,7 @@ DispatchPlan MoEAlltoAllTokenDispatcher::plan(const Tensor& idx, const std::vect
   p.k = k;
   p.idx = idx;
   std::vector<int64_t> count = counts;
+  for (const int64_t c : count) p.rows += c;
 
   // Every EP rank's per-expert counts ([ep, E], host all-gather), then the all-to-all sizes.
   Tensor mine = Tensor::from_blob(count.data(), {e}, DType::I64);
@@ -89,7 +90,7 @@ Tensor MoEAlltoAllTokenDispatcher::from_experts(const DispatchPlan& p, const Ten
   const int64_t h = grouped.size(1), ep = ep_size(), el = num_local_experts();
   Tensor back = Tensor::empty(grouped.shape(), grouped.dtype(), grouped.device());  // [src rank][local expert]
   regroup(back, grouped, transposed(p.recv_chunk, ep, el), el, ep);
-  Tensor rows = Tensor::empty({p.n * p.k, h}, grouped.dtype(), grouped.device());
+  Tensor rows = Tensor::empty({p.rows, h}, grouped.dtype(), grouped.device());
   ep_->all_to_all(rows, back, times(p.recv_rows, h), times(p.send_rows, h)).wait();
   return rows;
 }

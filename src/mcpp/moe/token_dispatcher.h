@@ -22,7 +22,8 @@ namespace mcpp::moe {
 
 struct DispatchPlan {
   int64_t n = 0, k = 0;
-  Tensor idx;                                   // [n, k] int32 on the tokens' device
+  int64_t rows = 0;                             // this rank's expert-major buffer rows (the counts' sum)
+  Tensor idx;                                   // [n, k] int32 on the tokens' device (-1: a dropped route)
   std::vector<int64_t> send_rows, recv_rows;    // [ep]
   std::vector<int64_t> recv_chunk;              // [ep * El]: rows from rank r for local expert e at r * El + e
   std::vector<int64_t> tokens_per_local_expert;  // [El] rows each local expert processes
@@ -32,9 +33,9 @@ class MoEAlltoAllTokenDispatcher {
  public:
   // ep: the expert-parallel group (null = EP 1); num_experts % ep == 0.
   MoEAlltoAllTokenDispatcher(int64_t num_experts, comm::CommPtr ep);
-  // idx [n, k] int32 (the tokens' device), counts [E] this rank's routes per expert. Collective over EP.
+  // idx [n, k] int32 (the tokens' device), counts [E] this rank's buffer rows per expert. Collective over EP.
   DispatchPlan plan(const Tensor& idx, const std::vector<int64_t>& counts, int64_t n, int64_t k) const;
-  Tensor to_experts(const DispatchPlan& p, const Tensor& rows) const;      // [n*k, h] -> [sum El rows, h]
+  Tensor to_experts(const DispatchPlan& p, const Tensor& rows) const;      // [rows, h] -> [sum El rows, h]
   Tensor from_experts(const DispatchPlan& p, const Tensor& grouped) const;  // inverse
   int ep_size() const { return ep_ ? ep_->size() : 1; }
   int ep_rank() const { return ep_ ? ep_->rank() : 0; }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "mcpp/core/error.h"
@@ -62,11 +63,18 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
                 + (m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e);
   if (moe) {  // MoE: this rank's n_l tokens, k routes each, balanced over the EP ranks' experts
     const int64_t routes = d.n_local * m.moe_router_topk;
-    mlp = d.n_local * d.h * d.e                                           // the router's input (not gathered)
-          + 3 * routes * 4                                                // topk, idx (int32), probs (fp32) [n_l, k]
-          + d.n_local * (m.num_moe_experts + 1) * 4                       // scores [n_l, E] + lse [n_l] (fp32)
-          + 2 * routes * d.h * d.e                                        // the experts' rows in + out, kept
-          + (m.swiglu ? 3 : 2) * routes * m.moe_ffn_hidden_size * d.e;  // every expert's MLP context
+    int64_t rows = routes;  // the experts' rows: every route (dropless), at most E * capacity, or exactly (padded)
+    if (m.moe_expert_capacity_factor > 0.0) {
+      const int64_t cap = static_cast<int64_t>(std::ceil(static_cast<double>(routes) /
+                                                         static_cast<double>(m.num_moe_experts) *
+                                                         m.moe_expert_capacity_factor));
+      rows = m.moe_pad_expert_input_to_capacity ? m.num_moe_experts * cap : std::min(routes, m.num_moe_experts * cap);
+    }
+    mlp = d.n_local * d.h * d.e                                         // the router's input (not gathered)
+          + 3 * routes * 4                                              // topk, idx (int32), probs (fp32) [n_l, k]
+          + d.n_local * (m.num_moe_experts + 1) * 4                     // scores [n_l, E] + lse [n_l] (fp32)
+          + 2 * rows * d.h * d.e                                        // the experts' rows in + out, kept
+          + (m.swiglu ? 3 : 2) * rows * m.moe_ffn_hidden_size * d.e;  // every expert's MLP context
     if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
       const int64_t fs = m.moe_shared_expert_intermediate_size / cfg.parallel.tensor_model_parallel_size;
       mlp += (d.n != d.n_local ? d.n * d.h * d.e : 0)  // its fc1 input gathered under SP (else the router's)

@@ -31,7 +31,9 @@
 //     their outputs 2*n_l*k*h*e, the experts' MLP contexts (2 or 3)*n_l*k*fe*e. Exact at EP 1 (dropless: n_l*k
 //     rows); under EP the rows a rank's experts receive depend on the routing, and the plan assumes it balanced
 //     (n_l*k a rank). Expert parameters: E / ep per layer (expert TP 1), their state sharded by the distributed
-//     optimizer over expert-DP (tp * dp * cp / ep). Only the layers moe_layer_freq selects; with a shared expert
+//     optimizer over expert-DP (tp * dp * cp / ep). With moe_expert_capacity_factor the experts' rows are E * capacity
+//     padded (exact), else min(n_l*k, E * capacity) (an upper bound: fewer when routes drop). Only the layers
+//     moe_layer_freq selects; with a shared expert
 //     (fs = moe_shared_expert_intermediate_size / tp) its MLP context as a dense MLP's of width fs, and under SP
 //     its gathered input n*h*e (at n == n_l it is the router's input).
 // Context parallelism (all-to-all attention): s is this CP rank's seq_length / cp rows; the core attention

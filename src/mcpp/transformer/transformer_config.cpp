@@ -292,6 +292,12 @@ void TransformerConfig::validate() const {
       fail("moe_token_dispatcher_type: '{}' is not implemented (expected alltoall: the same math as Megatron's "
            "allgather default)", moe_token_dispatcher_type);
     require_non_negative(moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size");
+    if (!(moe_expert_capacity_factor >= 0.0) || !std::isfinite(moe_expert_capacity_factor))
+      fail("moe_expert_capacity_factor must be >= 0 (0 = dropless), got {}", moe_expert_capacity_factor);
+    if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
+      fail("moe_token_drop_policy: '{}' is not probs|position", moe_token_drop_policy);
+    if (moe_pad_expert_input_to_capacity && moe_expert_capacity_factor == 0.0)
+      fail("moe_pad_expert_input_to_capacity needs --moe-expert-capacity-factor (a capacity to pad to)");
     if (num_moe_layers() == 0)
       fail("moe_layer_freq: '{}' selects no layer of {} as a MoE layer; with --num-experts {} at least one must be",
            moe_layer_freq, num_layers, num_moe_experts);
@@ -301,6 +307,9 @@ void TransformerConfig::validate() const {
     if (moe_shared_expert_intermediate_size != 0)
       fail("moe_shared_expert_intermediate_size ({}) needs --num-experts: shared experts live in MoE layers",
            moe_shared_expert_intermediate_size);
+    if (moe_expert_capacity_factor != 0.0 || moe_pad_expert_input_to_capacity)
+      fail("moe_expert_capacity_factor / moe_pad_expert_input_to_capacity need --num-experts: the model has no "
+           "experts to cap");
   }
 }
 
@@ -556,6 +565,9 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("moe_token_dispatcher_type", m.moe_token_dispatcher_type);
   v("moe_layer_freq", m.moe_layer_freq);
   v("moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size);
+  v("moe_expert_capacity_factor", m.moe_expert_capacity_factor);
+  v("moe_token_drop_policy", m.moe_token_drop_policy);
+  v("moe_pad_expert_input_to_capacity", m.moe_pad_expert_input_to_capacity);
 }
 template <class P, class V> void visit_parallel(P& p, V&& v) {
   v("tensor_model_parallel_size", p.tensor_model_parallel_size);
@@ -672,6 +684,9 @@ struct JsonReader {
     } else if constexpr (std::is_same_v<T, float>) {
       if (!x.is_number()) bad_type(name, "a number", x);
       field = x.get<float>();
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (!x.is_number()) bad_type(name, "a number", x);
+      field = x.get<double>();
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!x.is_string()) bad_type(name, "a string", x);
       field = x.get<std::string>();
@@ -759,6 +774,10 @@ nlohmann::json Config::math_fields() const {
     }
     if (m.moe_shared_expert_intermediate_size > 0)
       j["moe_shared_expert_intermediate_size"] = m.moe_shared_expert_intermediate_size;
+    if (m.moe_expert_capacity_factor > 0.0) {  // which routes are dropped (padding changes no value)
+      j["moe_expert_capacity_factor"] = m.moe_expert_capacity_factor;
+      j["moe_token_drop_policy"] = m.moe_token_drop_policy;
+    }
   }
   if (m.position_embedding_type == PositionEmbedding::LearnedAbsolute)
     j["max_position_embeddings"] = m.max_position_embeddings;

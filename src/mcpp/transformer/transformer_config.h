@@ -78,12 +78,12 @@ struct TransformerConfig {
   // non-masked tokens (instead of a mean per microbatch averaged over microbatches).
   bool calculate_per_token_loss = false;
   // Mixture of experts (Megatron's --num-experts, --moe-*; moe/moe_layer.h): with num_moe_experts > 0 the MLP of
-  // the layers moe_layer_freq selects is a MoE layer of that many experts (0 = dense). TopKRouter: router logits [n, E] = x W_r^T;
-  // each token goes to moe_router_topk experts — the top k logits, probabilities = softmax over those k (with
-  // moe_router_pre_softmax: softmax over all E, then the top k of it) — and its output is the probability-
-  // weighted sum of their MLPs (moe_ffn_hidden_size wide, 0 -> ffn_hidden_size). Dropless: no capacity, no
-  // token dropped. Load balancing "aux_loss" (Switch Transformer's, scaled by moe_aux_loss_coeff) or "none";
-  // moe_z_loss_coeff > 0 adds ST-MoE's router z-loss. Dispatcher "alltoall" (Megatron's default is
+  // the layers moe_layer_freq selects is a MoE layer of that many experts (0 = dense). TopKRouter: router logits
+  // [n, E] = x W_r^T; each token goes to moe_router_topk experts — the top k logits, probabilities = softmax over
+  // those k (with moe_router_pre_softmax: softmax over all E, then the top k of it) — and its output is the
+  // probability-weighted sum of their MLPs (moe_ffn_hidden_size wide, 0 -> ffn_hidden_size). Dropless unless
+  // moe_expert_capacity_factor is set (below). Load balancing "aux_loss" (Switch Transformer's, scaled by
+  // moe_aux_loss_coeff) or "none"; moe_z_loss_coeff > 0 adds ST-MoE's router z-loss. Dispatcher "alltoall" (Megatron's default is
   // "allgather": same math, the one implemented here is the all-to-all).
   int64_t num_moe_experts = 0;
   int64_t moe_router_topk = 2;
@@ -101,6 +101,14 @@ struct TransformerConfig {
   // that width (tensor parallel like a dense MLP; "<layer>.mlp.shared_experts.linear_fc1/2") run on every token,
   // its output added to the routed experts' weighted sum.
   int64_t moe_shared_expert_intermediate_size = 0;
+  // Megatron's token dropping: --moe-expert-capacity-factor c > 0 caps each expert at ceil(n * k / E * c) of a
+  // microbatch's n local tokens' routes (0 = dropless, Megatron's None); --moe-token-drop-policy "probs" keeps the
+  // routes of the highest probabilities, "position" the first in token order; a dropped route adds nothing to its
+  // token's output. --moe-pad-expert-input-to-capacity: every expert processes exactly its capacity of rows (the
+  // unused ones zero; the same math, static shapes).
+  double moe_expert_capacity_factor = 0.0;
+  std::string moe_token_drop_policy = "probs";
+  bool moe_pad_expert_input_to_capacity = false;
 
   // Derived (valid after finalize()).
   int64_t head_dim() const { return kv_channels; }

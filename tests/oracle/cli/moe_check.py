@@ -30,7 +30,11 @@ usage: moe_check.py MCPP WORKDIR
      (--moe-shared-expert-intermediate-size): PP2 (the second stage has no MoE layer), PP2 x DP2 x EP2 with and
      without the distributed optimizer (its grad norm joins the expert sums on the stage without experts) and
      TP2 + SP (the shared expert tensor parallel) equal the 1-rank run; a PP2 x DP2 x EP2 checkpoint continues at
-     1 rank; the memory plan equals the measured activations (1 rank, PP2, TP2 + SP).
+     1 rank; the memory plan equals the measured activations (1 rank, PP2, TP2 + SP);
+  7. token dropping (--moe-expert-capacity-factor 0.75): trains differently from dropless; padding to capacity
+     gives the same losses; DP2 x EP2 (padded, "position" policy too) and PP2 x DP2 x EP2 with the distributed
+     optimizer equal their 1-rank runs (capacity is per microbatch of local tokens, as Megatron's); the padded
+     run's memory plan equals the measured activations; bad capacity flags fail by name.
 """
 import os
 import re
@@ -212,7 +216,13 @@ for name, np_, cmd, words in (
         ("layer pattern length", None, ["train", *M, *MOE, "--moe-layer-freq", "[1,0,1]"],
          ["moe_layer_freq", "3 entries", "num_layers 2"]),
         ("shared expert without experts", None, ["train", *M, "--moe-shared-expert-intermediate-size", "16"],
-         ["moe_shared_expert_intermediate_size", "--num-experts"])):
+         ["moe_shared_expert_intermediate_size", "--num-experts"]),
+        ("pad without capacity", None, ["train", *M, *MOE, "--moe-pad-expert-input-to-capacity"],
+         ["moe_pad_expert_input_to_capacity", "--moe-expert-capacity-factor"]),
+        ("negative capacity", None, ["train", *M, *MOE, "--moe-expert-capacity-factor", "-1"],
+         ["moe_expert_capacity_factor", ">= 0"]),
+        ("drop policy", None, ["train", *M, *MOE, "--moe-expert-capacity-factor", "1", "--moe-token-drop-policy",
+                               "random"], ["moe_token_drop_policy", "probs|position"])):
     check_error(name, [*cmd, *(["--save", os.path.join(WORK, "bad")] if cmd[0] == "train" else [])], words, np_)
 
 # 6. MoE in some layers only (--moe-layer-freq), with a shared expert: the second pipeline stage has no MoE layer
@@ -235,6 +245,23 @@ if not a or any(not close(c.get(i), a[i]) for i in a if i > 3):
 check_memory_plan("freq + shared 1 rank", fs_one, 1, [*M, *MOE, *FS], 1)
 check_memory_plan("freq + shared PP2", os.path.join(WORK, "fs_pp2"), 2, [*M, *MOE, *FS, *PP2], 2)
 check_memory_plan("freq + shared TP2 + SP", os.path.join(WORK, "fs_tp2"), 2, [*M, *MOE, *FS, *TP2], 1)
+
+# 7. token dropping: each expert keeps ceil(32 tokens x 2 / 4 x 0.75) = 12 of a microbatch's routes
+CAP = ["--moe-expert-capacity-factor", "0.75"]
+PAD = ["--moe-pad-expert-input-to-capacity"]
+POS = ["--moe-token-drop-policy", "position"]
+cap_one = train("cap_one", None, [*M, *MOE, *CAP])
+if losses(cap_one) == losses(one):
+    failures.append("capacity factor 0.75: the dropless run's losses (nothing dropped?)")
+same("capacity padded (the same math)", train("cap_pad", None, [*M, *MOE, *CAP, *PAD]), cap_one)
+same("capacity padded dp2 x ep2", train("cap_pad_ep2", 2, [*M, *MOE, *CAP, *PAD, *EP2]), cap_one)
+same("capacity pp2 x dp2 x ep2 distributed optimizer",
+     train("cap_pp2_ep2", 4, [*M, *MOE, *CAP, *EP2, *PP2, *DISTOPT]), cap_one)
+pos_one = train("cap_pos_one", None, [*M, *MOE, *CAP, *POS])
+if losses(pos_one) == losses(cap_one):
+    failures.append("drop policy position: the probs policy's losses")
+same("capacity position padded dp2 x ep2", train("cap_pos_ep2", 2, [*M, *MOE, *CAP, *POS, *PAD, *EP2]), pos_one)
+check_memory_plan("capacity padded 1 rank", os.path.join(WORK, "cap_pad"), 1, [*M, *MOE, *CAP, *PAD], 1)
 
 if failures:
     print("FAILED:\n" + "\n".join(failures))

@@ -2,7 +2,8 @@
 //   row movement (moe_permute / moe_unpermute / moe_unpermute_bwd): float32 activations; idx int32 [n, k] of
 //     distinct rows < m; w, dw float32 [n, k]. Sums over a token's k routes run in route order, in float32 (as
 //     the CUDA kernels accumulate).
-//   the router (moe_topk_softmax / _bwd, moe_route_positions): float32 logits, per token; softmax sums in double.
+//   the router (moe_topk_softmax / _bwd, moe_route_positions, moe_capacity_positions): float32 logits, per token;
+//     softmax sums in double.
 //     Tokens are split over OpenMP threads; every value is computed the same way on any thread count.
 #include <algorithm>
 #include <cmath>
@@ -33,8 +34,8 @@ Routes check_routes(const char* op, const Tensor& tokens, const char* tokens_nam
   const Routes r{idx.size(0), idx.size(1), buffer.size(0), tokens.size(1)};
   const int32_t* p = idx.data<int32_t>();
   for (int64_t j = 0; j < r.n * r.k; ++j)
-    MCPP_CHECK(p[j] >= 0 && p[j] < r.m, "{}: idx entry {} = {} is not a row of {} (m = {})", op, j, p[j],
-               buffer_name, r.m);
+    MCPP_CHECK(p[j] >= -1 && p[j] < r.m, "{}: idx entry {} = {} is not a row of {} (m = {}) or -1 (dropped)", op,
+               j, p[j], buffer_name, r.m);
   return r;
 }
 
@@ -53,7 +54,8 @@ void moe_permute(Tensor& out, const Tensor& x, const Tensor& idx, Stream) {
   float* op = out.data<float>();
   for (int64_t t = 0; t < r.n; ++t)
     for (int64_t i = 0; i < r.k; ++i)
-      std::memcpy(op + ip[t * r.k + i] * r.h, xp + t * r.h, static_cast<size_t>(r.h) * sizeof(float));
+      if (ip[t * r.k + i] >= 0)
+        std::memcpy(op + ip[t * r.k + i] * r.h, xp + t * r.h, static_cast<size_t>(r.h) * sizeof(float));
 }
 
 void moe_unpermute(Tensor& y, const Tensor& in, const Tensor& idx, const Tensor* w, Stream) {
@@ -67,6 +69,7 @@ void moe_unpermute(Tensor& y, const Tensor& in, const Tensor& idx, const Tensor*
     float* row = yp + t * r.h;
     for (int64_t c = 0; c < r.h; ++c) row[c] = 0.0f;
     for (int64_t i = 0; i < r.k; ++i) {
+      if (ip[t * r.k + i] < 0) continue;  // dropped
       const float wi = wp ? wp[t * r.k + i] : 1.0f;
       const float* s = src + ip[t * r.k + i] * r.h;
       for (int64_t c = 0; c < r.h; ++c) row[c] += wi * s[c];
@@ -88,6 +91,10 @@ void moe_unpermute_bwd(Tensor& din, Tensor& dw, const Tensor& dy, const Tensor& 
     const float* g = dyp + t * r.h;
     for (int64_t i = 0; i < r.k; ++i) {
       const int64_t j = ip[t * r.k + i];
+      if (j < 0) {  // dropped: no row, no weight gradient
+        dwp[t * r.k + i] = 0.0f;
+        continue;
+      }
       const float wi = wp[t * r.k + i];
       const float* s = src + j * r.h;
       float* d = dinp + j * r.h;
@@ -226,6 +233,53 @@ void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream
   for (int64_t j = 1; j < e; ++j) cursor[static_cast<size_t>(j)] = cursor[static_cast<size_t>(j - 1)] + cp[j - 1];
   int32_t* ip = idx.data<int32_t>();
   for (int64_t q = 0; q < n * k; ++q) ip[q] = static_cast<int32_t>(cursor[static_cast<size_t>(tp[q])]++);
+}
+
+void moe_capacity_positions(Tensor& idx, Tensor& kept, const Tensor& topk, const Tensor& probs, const Tensor& counts,
+                            const MoeCapacityOptions& opt, Stream) {
+  const char* op = "moe_capacity_positions";
+  MCPP_CHECK(topk.defined() && topk.is_cpu() && topk.dtype() == DType::I32 && topk.ndim() == 2,
+             "{}: topk must be a CPU int32 [n, k] tensor; got {}", op, topk.defined() ? topk.str() : "undefined");
+  const int64_t n = topk.size(0), k = topk.size(1);
+  check_i32(op, "idx", idx, n, k);
+  detail::require_cpu_f32(op, "probs", probs);
+  MCPP_CHECK(probs.ndim() == 2 && probs.size(0) == n && probs.size(1) == k, "{}: probs must be [n={}, k={}]; got {}",
+             op, n, k, probs.str());
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"counts", &counts}, {"kept", &kept}})
+    MCPP_CHECK(t->defined() && t->is_cpu() && t->dtype() == DType::I64 && t->ndim() == 1,
+               "{}: {} must be a CPU int64 [E] tensor; got {}", op, name, t->defined() ? t->str() : "undefined");
+  MCPP_CHECK(kept.numel() == counts.numel(), "{}: kept {} and counts {} differ", op, kept.str(), counts.str());
+  MCPP_CHECK(opt.capacity >= 0, "{}: capacity must be >= 0; got {}", op, opt.capacity);
+  const int64_t e = counts.numel(), cap = opt.capacity;
+  const int32_t* tp = topk.data<int32_t>();
+  const float* pp = probs.data<float>();
+  std::vector<std::vector<int64_t>> routes(static_cast<size_t>(e));  // each expert's routes in token order
+  for (int64_t q = 0; q < n * k; ++q) {
+    MCPP_CHECK(tp[q] >= 0 && tp[q] < e, "{}: topk entry {} = {} is not an expert of {}", op, q, tp[q], e);
+    routes[static_cast<size_t>(tp[q])].push_back(q);
+  }
+  int32_t* ip = idx.data<int32_t>();
+  std::fill(ip, ip + n * k, -1);
+  int64_t* kp = kept.data<int64_t>();
+  int64_t base = 0;
+  for (int64_t j = 0; j < e; ++j) {
+    std::vector<int64_t>& r = routes[static_cast<size_t>(j)];
+    MCPP_CHECK(counts.data<int64_t>()[j] == static_cast<int64_t>(r.size()),
+               "{}: counts[{}] = {} but {} routes choose expert {}", op, j, counts.data<int64_t>()[j], r.size(), j);
+    if (static_cast<int64_t>(r.size()) > cap) {
+      if (opt.by_probs) {  // the cap largest probabilities (ties: the earlier route), then back in token order
+        auto key = [&](int64_t q) { return std::isnan(pp[q]) ? -INFINITY : pp[q]; };  // a strict weak order
+        std::stable_sort(r.begin(), r.end(), [&](int64_t a, int64_t b) { return key(a) > key(b); });
+        r.resize(static_cast<size_t>(cap));
+        std::sort(r.begin(), r.end());
+      } else {
+        r.resize(static_cast<size_t>(cap));
+      }
+    }
+    for (size_t q = 0; q < r.size(); ++q) ip[r[q]] = static_cast<int32_t>(base + static_cast<int64_t>(q));
+    kp[j] = static_cast<int64_t>(r.size());
+    base += opt.pad ? cap : kp[j];
+  }
 }
 
 }  // namespace mcpp::ops::cpu

@@ -106,6 +106,11 @@ void launch_moe_topk_softmax_bwd(FOut dlogits, const float* dprobs, const float*
 // counts [e] int64 (overwritten), idx [routes] int32: the expert-major rows (ops.inc moe_route_positions)
 void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* topk, int64_t routes, int64_t e,
                                 cudaStream_t s);
+// ops.inc moe_capacity_positions: idx [routes] int32 in: the dropless rows, out: the capacity rows; kept [e] int64;
+// keys / route [routes]: scratch
+void launch_moe_capacity_positions(int32_t* idx, int64_t* kept, const int64_t* counts, const float* probs,
+                                   uint32_t* keys, int32_t* route, int64_t routes, int64_t e, int64_t capacity,
+                                   bool by_probs, bool pad, cudaStream_t s);
 
 // ---- norms_kernels.cu (mean == nullptr / beta.p == nullptr: RMSNorm / no bias)
 // A residual branch's dropout (ops::ResidualDropout): element i of the branch is kept iff the uniform of word

@@ -1,7 +1,7 @@
 // CUDA mixture-of-experts row movement (ops.inc: moe_permute / moe_unpermute / moe_unpermute_bwd), kernels in
 // moe_kernels.cu. Activations float32 or bf16 (one dtype per call); idx int32 [n, k], w / dw float32 [n, k].
-// The shapes are checked here; idx's entries are not read on the host (the dispatcher builds them: distinct
-// rows < m). Async on stream_of(stream).
+// The shapes are checked here; idx's entries are not read on the host (the router builds them: distinct rows < m
+// or -1 for a dropped route). Async on stream_of(stream).
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/ops.h"
 
@@ -20,8 +20,8 @@ Routes check_routes(const char* op, const Tensor& tokens, const char* tokens_nam
   MCPP_CHECK(kt == kb, "{}: {} and {} must have one dtype; got {} and {}", op, tokens_name, buffer_name,
              tokens.str(), buffer.str());
   MCPP_CHECK(idx.ndim() == 2 && tokens.ndim() == 2 && buffer.ndim() == 2 && tokens.size(1) == buffer.size(1) &&
-                 tokens.size(0) == idx.size(0) && buffer.size(0) >= idx.numel(),
-             "{}: idx must be [n, k], {} [n, h] and {} [m >= n*k, h]; got {}, {} and {}", op, tokens_name,
+                 tokens.size(0) == idx.size(0),
+             "{}: idx must be [n, k], {} [n, h] and {} [m, h]; got {}, {} and {}", op, tokens_name,
              buffer_name, idx.str(), tokens.str(), buffer.str());
   return {idx.size(0), idx.size(1), tokens.size(1)};
 }
@@ -113,6 +113,27 @@ void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream
   check_shape(op, "counts", counts, DType::I64, counts.shape());
   launch_moe_route_positions(idx.data<int32_t>(), counts.data<int64_t>(), topk.data<int32_t>(), topk.numel(),
                              counts.numel(), stream_of(stream));
+}
+
+void moe_capacity_positions(Tensor& idx, Tensor& kept, const Tensor& topk, const Tensor& probs, const Tensor& counts,
+                            const MoeCapacityOptions& opt, Stream stream) {
+  const char* op = "moe_capacity_positions";
+  MCPP_CHECK(topk.ndim() == 2 && counts.ndim() == 1, "{}: topk must be [n, k], counts [E]; got {} and {}", op,
+             topk.str(), counts.str());
+  check_shape(op, "topk", topk, DType::I32, topk.shape());
+  check_shape(op, "idx", idx, DType::I32, topk.shape());
+  check_shape(op, "probs", probs, DType::F32, topk.shape());
+  check_shape(op, "counts", counts, DType::I64, counts.shape());
+  check_shape(op, "kept", kept, DType::I64, counts.shape());
+  MCPP_CHECK(opt.capacity >= 0 && opt.capacity <= INT32_MAX, "{}: capacity {} out of range", op, opt.capacity);
+  // scratch: each route's probability key and index, staged expert-major (ordered on the compute stream, as the
+  // other ops' scratch)
+  Tensor keys = Tensor::empty({topk.numel()}, DType::I32, Device::CUDA);
+  Tensor route = Tensor::empty({topk.numel()}, DType::I32, Device::CUDA);
+  launch_moe_capacity_positions(idx.data<int32_t>(), kept.data<int64_t>(), counts.data<int64_t>(),
+                                probs.data<float>(), reinterpret_cast<uint32_t*>(keys.data<int32_t>()),
+                                route.data<int32_t>(), topk.numel(), counts.numel(), opt.capacity, opt.by_probs,
+                                opt.pad, stream_of(stream));
 }
 
 }  // namespace mcpp::ops::cuda

@@ -4,7 +4,10 @@
 //   unpermute_bwd: one block per route (t, i); threads write din[idx[t, i]] = w * dy[t] and a block sum gives
 //                  dw[t, i] = dy[t] . in[idx[t, i]] (fp32).
 //   topk_softmax / _bwd: one thread per token over its E logits (fp32 math; expf), the CPU's order of choices.
-//   (permute / unpermute / unpermute_bwd have 8-wide forms with 16-byte accesses when the rows allow: vec8_ok.)
+//   (permute / unpermute / unpermute_bwd have 8-wide forms with 16-byte accesses when the rows allow: vec8_ok;
+//   an idx entry -1, a route dropped over capacity, moves nothing.)
+//   capacity positions: the routes staged expert-major (from the dropless rows), then one block per expert over its
+//                  own routes (moe_capacity_positions_kernel below).
 //   route positions: counts — one block per expert, a block sum of its matches; positions — one block per
 //                  expert walking the routes in chunks, a block-wide exclusive scan of the matches giving each its
 //                  rank in token order (deterministic, as the CPU's serial walk).
@@ -20,6 +23,7 @@ __global__ void moe_permute_kernel(FOut out, FIn x, const int32_t* idx, int64_t 
   const int64_t t = blockIdx.x;
   for (int64_t i = 0; i < k; ++i) {
     const int64_t j = idx[t * k + i];
+    if (j < 0) continue;  // dropped
     for (int64_t c = threadIdx.x; c < h; c += blockDim.x) out.set(j * h + c, x[t * h + c]);
   }
 }
@@ -29,8 +33,10 @@ __global__ void moe_unpermute_kernel(FOut y, FIn in, const int32_t* idx, const f
   for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
     float acc = 0.0f;
     for (int64_t i = 0; i < k; ++i) {
+      const int64_t j = idx[t * k + i];
+      if (j < 0) continue;
       const float wi = w ? w[t * k + i] : 1.0f;
-      acc += wi * in[static_cast<int64_t>(idx[t * k + i]) * h + c];
+      acc += wi * in[j * h + c];
     }
     y.set(t * h + c, acc);
   }
@@ -41,6 +47,10 @@ __global__ void moe_unpermute_bwd_kernel(FOut din, float* dw, FIn dy, FIn in, co
   __shared__ float scratch[33];
   const int64_t route = blockIdx.x, t = route / k;
   const int64_t j = idx[route];
+  if (j < 0) {  // dropped: no row, no weight gradient (the whole block returns)
+    if (threadIdx.x == 0) dw[route] = 0.0f;
+    return;
+  }
   const float wi = w[route];
   float dot = 0.0f;
   for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
@@ -60,7 +70,10 @@ __global__ void moe_permute_vec8_kernel(FOut out, FIn x, const int32_t* idx, int
     const int64_t t = g / h8, c = g - t * h8;
     float v[8];
     load8(x, g, v);
-    for (int64_t i = 0; i < k; ++i) store8(out, static_cast<int64_t>(idx[t * k + i]) * h8 + c, v);
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t j = idx[t * k + i];
+      if (j >= 0) store8(out, j * h8 + c, v);
+    }
   }
 }
 
@@ -71,9 +84,11 @@ __global__ void moe_unpermute_vec8_kernel(FOut y, FIn in, const int32_t* idx, co
     const int64_t t = g / h8, c = g - t * h8;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t i = 0; i < k; ++i) {
+      const int64_t j = idx[t * k + i];
+      if (j < 0) continue;
       const float wi = w ? w[t * k + i] : 1.0f;
       float v[8];
-      load8(in, static_cast<int64_t>(idx[t * k + i]) * h8 + c, v);
+      load8(in, j * h8 + c, v);
 #pragma unroll
       for (int q = 0; q < 8; ++q) acc[q] += wi * v[q];
     }
@@ -88,6 +103,10 @@ __global__ void moe_unpermute_bwd_vec8_kernel(FOut din, float* dw, FIn dy, FIn i
   __shared__ float scratch[33];
   const int64_t route = blockIdx.x, t = route / k;
   const int64_t j = idx[route];
+  if (j < 0) {
+    if (threadIdx.x == 0) dw[route] = 0.0f;
+    return;
+  }
   const float wi = w[route];
   float dot = 0.0f;
   for (int64_t c = threadIdx.x; c < h8; c += blockDim.x) {
@@ -105,7 +124,7 @@ __global__ void moe_unpermute_bwd_vec8_kernel(FOut din, float* dw, FIn dy, FIn i
   if (threadIdx.x == 0) dw[route] = dot;
 }
 
-unsigned vec8_blocks(int64_t items) {  // grid-stride: at most ~8 waves of 256-thread blocks on 132 SMs
+unsigned grid_blocks(int64_t items) {  // grid-stride loops: at most 16 blocks of 256 threads an SM (132 SMs)
   return static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, 132 * 16));
 }
 
@@ -210,7 +229,123 @@ __global__ void __launch_bounds__(kScanThreads) moe_route_positions_kernel(int32
     __syncthreads();  // scan is reused by the next chunk
   }
 }
+// Exclusive prefix of v over the block's threads (kScanThreads, inclusive Hillis-Steele in `scan`); *total = the
+// block's sum. scan is reusable when it returns.
+__device__ int block_exclusive_scan(int v, int32_t* scan, int* total) {
+  scan[threadIdx.x] = v;
+  __syncthreads();
+  for (int off = 1; off < kScanThreads; off <<= 1) {
+    const int add = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
+    __syncthreads();
+    scan[threadIdx.x] += add;
+    __syncthreads();
+  }
+  const int excl = scan[threadIdx.x] - v;
+  *total = scan[kScanThreads - 1];
+  __syncthreads();
+  return excl;
+}
+
+// A probability's order key: positive floats order as their bits; 0, negatives and NaN rank lowest.
+__device__ __forceinline__ uint32_t prob_key(float p) { return p > 0.0f ? __float_as_uint(p) : 0u; }
+
+// Expert-major staging of the routes (from moe_route_positions' dropless rows): keys[row] = the route's
+// probability key, route[row] = the route — each expert's routes contiguous, in token order.
+__global__ void moe_capacity_stage_kernel(uint32_t* keys, int32_t* route, const int32_t* idx, const float* probs,
+                                          int64_t routes) {
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < routes;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t row = idx[q];
+    keys[row] = prob_key(probs[q]);
+    route[row] = static_cast<int32_t>(q);
+  }
+}
+
+// One block per expert (ops.inc moe_capacity_positions) over its staged routes. Over capacity with the probs
+// policy, the capacity-th largest key is found bit by bit (32 block-wide counts over the expert's routes); routes
+// above it stay, and of those equal to it the first in token order until capacity is reached. The position policy
+// treats every route as "equal": the first capacity stay. Then the kept routes get their rows in token order (a
+// block scan per chunk, as route positions); idx[route] is overwritten (-1: dropped).
+__global__ void __launch_bounds__(kScanThreads) moe_capacity_positions_kernel(int32_t* idx, int64_t* kept,
+                                                                              const int64_t* counts,
+                                                                              const uint32_t* keys,
+                                                                              const int32_t* route, int64_t cap,
+                                                                              bool by_probs, bool pad) {
+  __shared__ int32_t scan[kScanThreads];
+  __shared__ long long red[33];
+  const int32_t ex = static_cast<int32_t>(blockIdx.x);
+  const int64_t cnt = counts[ex];
+  int64_t seg = 0, base = 0;  // the expert's staged routes [seg, seg + cnt); its first row in the output order
+  for (int32_t j = 0; j < ex; ++j) {
+    seg += counts[j];
+    base += min(counts[j], cap);
+  }
+  if (pad) base = static_cast<int64_t>(ex) * cap;
+  const uint32_t* key = keys + seg;
+  const bool all = cnt <= cap;
+  uint32_t thr = 0;
+  long long ties = cap;  // routes at the threshold that may stay
+  if (!all && by_probs) {
+    uint32_t prefix = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t cand = prefix | (1u << bit);
+      long long c = 0;
+      for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) c += key[j] >= cand;
+      if (block_sum(c, red) >= cap) prefix = cand;
+    }
+    thr = prefix;
+    long long above = 0;
+    for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) above += key[j] > thr;
+    ties = cap - block_sum(above, red);
+  }
+  long long tie_seen = 0, kept_seen = 0;  // over the chunks before this one
+  for (int64_t start = 0; start < cnt; start += kScanChunk) {
+    bool mine[kScanPer], gt[kScanPer], eq[kScanPer];
+    int n_eq = 0;
+#pragma unroll
+    for (int p = 0; p < kScanPer; ++p) {
+      const int64_t j = start + threadIdx.x * kScanPer + p;
+      mine[p] = j < cnt;
+      if (all) gt[p] = mine[p], eq[p] = false;
+      else if (by_probs) gt[p] = mine[p] && key[j] > thr, eq[p] = mine[p] && key[j] == thr;
+      else gt[p] = false, eq[p] = mine[p];
+      n_eq += eq[p];
+    }
+    int eq_total = 0;
+    long long eq_rank = tie_seen + block_exclusive_scan(n_eq, scan, &eq_total);
+    bool keep[kScanPer];
+    int n_keep = 0;
+#pragma unroll
+    for (int p = 0; p < kScanPer; ++p) {
+      keep[p] = gt[p] || (eq[p] && eq_rank++ < ties);
+      n_keep += keep[p];
+    }
+    int keep_total = 0;
+    long long slot = base + kept_seen + block_exclusive_scan(n_keep, scan, &keep_total);
+#pragma unroll
+    for (int p = 0; p < kScanPer; ++p) {
+      const int64_t j = start + threadIdx.x * kScanPer + p;
+      if (mine[p]) idx[route[seg + j]] = keep[p] ? static_cast<int32_t>(slot++) : -1;
+    }
+    tie_seen += eq_total;
+    kept_seen += keep_total;
+  }
+  if (threadIdx.x == 0) kept[ex] = min(cnt, cap);
+}
 }  // namespace
+
+void launch_moe_capacity_positions(int32_t* idx, int64_t* kept, const int64_t* counts, const float* probs,
+                                   uint32_t* keys, int32_t* route, int64_t routes, int64_t e, int64_t capacity,
+                                   bool by_probs, bool pad, cudaStream_t s) {
+  if (e <= 0) return;
+  if (routes > 0) {
+    moe_capacity_stage_kernel<<<grid_blocks(routes), kThreads, 0, s>>>(keys, route, idx, probs, routes);
+    MCPP_CUDA_LAUNCH_CHECK();
+  }
+  moe_capacity_positions_kernel<<<static_cast<unsigned>(e), kScanThreads, 0, s>>>(idx, kept, counts, keys, route,
+                                                                                   capacity, by_probs, pad);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
 
 void launch_moe_topk_softmax(int32_t* topk, float* probs, float* scores, float* lse, FIn logits, int64_t n, int64_t e,
                              int64_t k, bool pre_softmax, cudaStream_t s) {
@@ -243,7 +378,7 @@ void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* to
 void launch_moe_permute(FOut out, FIn x, const int32_t* idx, int64_t n, int64_t k, int64_t h, cudaStream_t s) {
   if (n <= 0 || k <= 0 || h <= 0) return;
   if (vec8_ok(h, {out.p, x.p})) {
-    moe_permute_vec8_kernel<<<vec8_blocks(n * h / 8), kThreads, 0, s>>>(out, x, idx, n, k, h / 8);
+    moe_permute_vec8_kernel<<<grid_blocks(n * h / 8), kThreads, 0, s>>>(out, x, idx, n, k, h / 8);
   } else {
     moe_permute_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(out, x, idx, k, h);
   }
@@ -254,7 +389,7 @@ void launch_moe_unpermute(FOut y, FIn in, const int32_t* idx, const float* w, in
                           cudaStream_t s) {
   if (n <= 0 || h <= 0) return;
   if (vec8_ok(h, {y.p, in.p})) {
-    moe_unpermute_vec8_kernel<<<vec8_blocks(n * h / 8), kThreads, 0, s>>>(y, in, idx, w, n, k, h / 8);
+    moe_unpermute_vec8_kernel<<<grid_blocks(n * h / 8), kThreads, 0, s>>>(y, in, idx, w, n, k, h / 8);
   } else {
     moe_unpermute_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(y, in, idx, w, k, h);
   }
