@@ -191,6 +191,7 @@ struct MoeCase {
   double capacity = 0.0;  // --moe-expert-capacity-factor (0: dropless)
   std::string policy = "probs";
   bool pad = false;
+  float scaling = 0.0f;  // --moe-router-topk-scaling-factor
 };
 
 void write_raw(const std::string& path, const Tensor& t) {
@@ -210,10 +211,13 @@ TEST(MoELayer, MatchesTorchOracle) {
                                     .pad = true},
                             MoeCase{.style = "gpt2", .experts = 8, .topk = 3, .ffn = 16, .capacity = 1.0, .pad = true},
                             MoeCase{.style = "llama", .aux = 0.1f, .shared = 20, .capacity = 0.5,
-                                    .policy = "position"}}) {
+                                    .policy = "position"},
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.001f, .topk = 3, .capacity = 1.0,
+                                    .scaling = 2.5f},
+                            MoeCase{.style = "llama", .pre_softmax = true, .experts = 6, .scaling = 16.0f}}) {
     SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts) +
                  " shared=" + std::to_string(mc.shared) + " capacity=" + std::to_string(mc.capacity) + " " +
-                 mc.policy + (mc.pad ? " pad" : ""));
+                 mc.policy + (mc.pad ? " pad" : "") + " scaling=" + std::to_string(mc.scaling));
     TransformerConfig c = testing::tiny_config(mc.style);
     c.num_moe_experts = mc.experts;
     c.moe_router_topk = mc.topk;
@@ -225,6 +229,7 @@ TEST(MoELayer, MatchesTorchOracle) {
     c.moe_expert_capacity_factor = mc.capacity;
     c.moe_token_drop_policy = mc.policy;
     c.moe_pad_expert_input_to_capacity = mc.pad;
+    c.moe_router_topk_scaling_factor = mc.scaling;
     c.finalize();
     c.validate();
     ParamAndGradBuffer params;
@@ -262,7 +267,7 @@ TEST(MoELayer, MatchesTorchOracle) {
       std::ofstream meta(dir + "/meta.txt");
       meta << n << " " << h << " " << mc.experts << " " << mc.topk << " " << mc.ffn << " " << (c.swiglu ? 1 : 0)
            << " " << (bias ? 1 : 0) << " " << (mc.pre_softmax ? 1 : 0) << " " << mc.aux << " " << mc.z << " "
-           << scale << " " << mc.shared << " " << mc.capacity << " " << mc.policy << "\n";
+           << scale << " " << mc.shared << " " << mc.capacity << " " << mc.policy << " " << mc.scaling << "\n";
     }
     write_raw(dir + "/x.bin", x);
     write_raw(dir + "/dy.bin", dy);

@@ -4,7 +4,7 @@ SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py se
 
 Usage: moe_ref.py DIR
 DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S capacity_factor
-drop_policy") and raw little-endian
+drop_policy scaling_factor") and raw little-endian
 float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
 expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias); mcpp's outputs
 y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z). With a
@@ -41,6 +41,7 @@ def main():
     aux_coeff, z_coeff, scale = (float(v) for v in fields[8:11])
     S = int(fields[11])
     capacity_factor, policy = float(fields[12]), fields[13]
+    scaling = float(fields[14])  # Megatron's moe_router_topk_scaling_factor (0: none)
 
     x = load(d, "x", (n, h)).requires_grad_()
     dy = load(d, "dy", (n, h))
@@ -82,6 +83,8 @@ def main():
         tokens[e] = float((top == e).sum())
     aux = (scores.sum(0) * tokens).sum() * (E * aux_coeff / (n * n * k))
     z = torch.logsumexp(logits, dim=-1).square().mean() * z_coeff
+    if scaling > 0:
+        probs = probs * scaling
     gates = torch.zeros(n, E, dtype=torch.float64).scatter(1, top, probs)  # Megatron's topk_masked_gates
     routed = torch.zeros(n, E, dtype=torch.bool).scatter(1, top, True)
     keep = routed

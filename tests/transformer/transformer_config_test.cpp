@@ -266,6 +266,29 @@ TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
   EXPECT_NE(fp("2", 0), fp("1", 0));
   EXPECT_EQ(fp("1", 0), fp("[1]*4", 0));
   EXPECT_NE(fp("1", 0), fp("1", 16));
+  // the routing's other math fields: the capacity and its drop policy, the scaling factor (padding is not math)
+  auto moe_fp = [](const std::function<void(TransformerConfig&)>& edit) {
+    return finalized([&](Config& c) {
+             c.model.num_moe_experts = 4;
+             edit(c.model);
+           }).fingerprint();
+  };
+  const std::string dropless = moe_fp([](TransformerConfig&) {});
+  const std::string capped = moe_fp([](TransformerConfig& m) { m.moe_expert_capacity_factor = 1.25; });
+  EXPECT_NE(capped, dropless);
+  EXPECT_NE(moe_fp([](TransformerConfig& m) {
+              m.moe_expert_capacity_factor = 1.25;
+              m.moe_token_drop_policy = "position";
+            }),
+            capped);
+  EXPECT_EQ(moe_fp([](TransformerConfig& m) {
+              m.moe_expert_capacity_factor = 1.25;
+              m.moe_pad_expert_input_to_capacity = true;
+            }),
+            capped);
+  EXPECT_NE(moe_fp([](TransformerConfig& m) { m.moe_router_topk_scaling_factor = 2.5f; }), dropless);
+  expect_invalid([](Config& c) { c.model.num_moe_experts = 4; c.model.moe_router_topk_scaling_factor = -1.0f; },
+                 "moe_router_topk_scaling_factor");
 }
 
 TEST(TransformerConfig, JsonRoundTripAllFields) {

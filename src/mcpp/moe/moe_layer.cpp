@@ -54,7 +54,7 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses)
   Tensor grouped = dispatcher_.to_experts(ctx.plan, permuted);  // [rows, h] by local expert
   Tensor out = experts_.forward(ctx.experts, grouped, ctx.plan.tokens_per_local_expert);
   ctx.combined = dispatcher_.from_experts(ctx.plan, out);  // [m, h]
-  ctx.probs = ctx.router.probs;  // [n, k] fp32
+  ctx.probs = ctx.router.weights;  // [n, k] fp32: the combine weights
   Tensor y = Tensor::empty({n, h}, x.dtype(), x.device());
   ops::moe_unpermute(y, ctx.combined, ctx.plan.idx, &ctx.probs);
   if (shared_experts_) ops::add_inplace(y, shared_experts_->forward(ctx.shared, x).view({n, h}));

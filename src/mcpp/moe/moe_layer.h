@@ -32,7 +32,7 @@ struct MoELayerCtx {
   DispatchPlan plan;
   ExpertsCtx experts;
   Tensor combined;  // [m, h] the experts' outputs back in this rank's expert-major order
-  Tensor probs;     // [n, k] float32 on the tokens' device
+  Tensor probs;     // [n, k] float32 on the tokens' device: the combine weights (TopKRouter's weights)
   MLPCtx shared;    // the shared expert's
 };
 

@@ -19,6 +19,7 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
       pre_softmax_(c.moe_router_pre_softmax),
       aux_loss_on_(c.moe_router_load_balancing_type == "aux_loss"),
       capacity_factor_(c.moe_expert_capacity_factor),
+      scaling_(c.moe_router_topk_scaling_factor),
       drop_by_probs_(c.moe_token_drop_policy == "probs"),
       pad_to_capacity_(c.moe_pad_expert_input_to_capacity),
       aux_coeff_(c.moe_aux_loss_coeff),
@@ -48,6 +49,11 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   ctx.lse = Tensor::empty({n}, DType::F32, dev);
   ctx.idx = Tensor::empty({n, k}, DType::I32, dev);
   ops::moe_topk_softmax(ctx.topk, ctx.probs, ctx.scores, ctx.lse, logits, {.pre_softmax = pre_softmax_});
+  ctx.weights = ctx.probs;
+  if (scaling_ > 0.0f) {  // Megatron's probs * scaling_factor (the capacity's probs policy ranks the same)
+    ctx.weights = ctx.probs.clone();
+    ops::scale_inplace(ctx.weights, scaling_);
+  }
   Tensor both = Tensor::empty({2 * e}, DType::I64, dev);  // the routes per expert, then the kept ones
   Tensor counts = both.flat_slice(0, {e}), kept = both.flat_slice(e, {e});
   ops::moe_route_positions(ctx.idx, counts, ctx.topk);
@@ -95,9 +101,10 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   ctx.z_loss = z_coeff_ > 0.0f && big_n > 0 && n > 0 ? z_coeff_ * ops::sum_of_squares(ctx.lse) / big_n : 0.0;
 }
 
-Tensor TopKRouter::backward(RouterCtx& ctx, const Tensor& dprobs, float loss_grad_scale) const {
+Tensor TopKRouter::backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scale) const {
   const int64_t n = ctx.n, e = experts_, k = k_;
   MCPP_CHECK(dprobs.numel() == n * k, "TopKRouter::backward: dprobs has {} values, expected {}", dprobs.numel(), n * k);
+  if (scaling_ > 0.0f) ops::scale_inplace(dprobs, scaling_);  // d weights -> d probs
   const auto big_n = static_cast<double>(ctx.global_tokens);
   // The load-balancing loss's d / d scores[t, e] = coeff * E / (N^2 k) * T[e] (x the loss's coefficient).
   const double aux_c = aux_loss_on_ && aux_coeff_ > 0.0f && big_n > 0

@@ -4,6 +4,7 @@
 //     scores = softmax(logits) over the E experts;
 //     topk[t, :] = the k largest logits of token t (ties: the lower expert first), in descending order;
 //     probs[t, :] = softmax over those k logits — or, with moe_router_pre_softmax, scores[t, topk[t, :]];
+//     weights = probs x moe_router_topk_scaling_factor (when set): the combine weights;
 //     idx = each route's expert-major row; tokens_per_expert[e] = how many of the n*k routes chose e (read to the
 //     host). With moe_expert_capacity_factor c > 0 (Megatron's topk_softmax_with_capacity): capacity =
 //     ceil(n * k / E * c) of this rank's n tokens; each expert keeps at most that many routes (drop policy
@@ -51,7 +52,8 @@ struct RouterCtx {
   Tensor x;        // [n, h] the input (for the weight grad)
   int64_t n = 0;
   Tensor topk;     // [n, k] int32: chosen experts            (all on x's device)
-  Tensor probs;    // [n, k] fp32: their weights
+  Tensor probs;    // [n, k] fp32: their probabilities
+  Tensor weights;  // [n, k] fp32: the combine weights = probs x moe_router_topk_scaling_factor (probs when unset)
   Tensor scores;   // [n, E] fp32: softmax over all experts
   Tensor lse;      // [n] fp32: logsumexp of each token's logits
   Tensor idx;      // [n, k] int32: each route's row in the expert-major order (ops::moe_route_positions)
@@ -70,8 +72,9 @@ class TopKRouter {
   TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
              const tensor_parallel::TPContext& tp);
   void forward(RouterCtx& ctx, const Tensor& x) const;  // x [n, h]
-  // dprobs [n, k] fp32 (x's device): the gradient of the combine weights. Returns dx [n, h] (x's device, dtype).
-  Tensor backward(RouterCtx& ctx, const Tensor& dprobs, float loss_grad_scale) const;
+  // dprobs [n, k] fp32 (x's device): the gradient of the combine weights (scaled in place by the scaling factor).
+  // Returns dx [n, h] (x's device, dtype).
+  Tensor backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scale) const;
   Parameter* weight() const { return weight_; }
   int64_t num_experts() const { return experts_; }
   int64_t topk() const { return k_; }
@@ -80,6 +83,7 @@ class TopKRouter {
   int64_t experts_, k_;
   bool pre_softmax_, aux_loss_on_;
   double capacity_factor_;  // 0: dropless
+  float scaling_;           // moe_router_topk_scaling_factor (0: none)
   bool drop_by_probs_, pad_to_capacity_;
   float aux_coeff_, z_coeff_;
   comm::CommPtr sp_group_, cp_group_;  // the sequence's split: TP under sequence parallelism, CP (null: none)

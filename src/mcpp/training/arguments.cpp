@@ -121,6 +121,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--moe-aux-loss-coeff", m.moe_aux_loss_coeff);
   app.add_option("--moe-z-loss-coeff", m.moe_z_loss_coeff);
   app.add_option("--moe-token-dispatcher-type", m.moe_token_dispatcher_type, "alltoall");
+  app.add_option("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
+                 "multiply the top-k combine weights by this factor (0 = none)");
   app.add_option("--moe-layer-freq", m.moe_layer_freq,
                  "MoE layers: every N-th layer, or a per-layer 0/1 list expression such as \"([1]*3+[0])*2\"");
   app.add_option("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,

@@ -292,6 +292,8 @@ void TransformerConfig::validate() const {
       fail("moe_token_dispatcher_type: '{}' is not implemented (expected alltoall: the same math as Megatron's "
            "allgather default)", moe_token_dispatcher_type);
     require_non_negative(moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size");
+    if (!(moe_router_topk_scaling_factor >= 0.0f) || !std::isfinite(moe_router_topk_scaling_factor))
+      fail("moe_router_topk_scaling_factor must be >= 0 (0 = none), got {}", moe_router_topk_scaling_factor);
     if (!(moe_expert_capacity_factor >= 0.0) || !std::isfinite(moe_expert_capacity_factor))
       fail("moe_expert_capacity_factor must be >= 0 (0 = dropless), got {}", moe_expert_capacity_factor);
     if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
@@ -563,6 +565,7 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("moe_aux_loss_coeff", m.moe_aux_loss_coeff);
   v("moe_z_loss_coeff", m.moe_z_loss_coeff);
   v("moe_token_dispatcher_type", m.moe_token_dispatcher_type);
+  v("moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor);
   v("moe_layer_freq", m.moe_layer_freq);
   v("moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size);
   v("moe_expert_capacity_factor", m.moe_expert_capacity_factor);
@@ -774,6 +777,8 @@ nlohmann::json Config::math_fields() const {
     }
     if (m.moe_shared_expert_intermediate_size > 0)
       j["moe_shared_expert_intermediate_size"] = m.moe_shared_expert_intermediate_size;
+    if (m.moe_router_topk_scaling_factor > 0.0f)
+      j["moe_router_topk_scaling_factor"] = json_value(m.moe_router_topk_scaling_factor);
     if (m.moe_expert_capacity_factor > 0.0) {  // which routes are dropped (padding changes no value)
       j["moe_expert_capacity_factor"] = m.moe_expert_capacity_factor;
       j["moe_token_drop_policy"] = m.moe_token_drop_policy;

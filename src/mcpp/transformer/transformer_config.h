@@ -93,6 +93,9 @@ struct TransformerConfig {
   float moe_aux_loss_coeff = 0.0f;
   float moe_z_loss_coeff = 0.0f;
   std::string moe_token_dispatcher_type = "alltoall";
+  // Megatron's --moe-router-topk-scaling-factor: > 0 multiplies the combine weights (the top-k probabilities) by it
+  // (DeepSeek-V2's routed scaling); 0 = none (Megatron's None).
+  float moe_router_topk_scaling_factor = 0.0f;
   // Megatron's --moe-layer-freq: which layers are MoE layers (the others keep a dense MLP). An integer N: layer i
   // (0-based, global) when i % N == 0; or a Python list expression of one 0 / 1 per layer, e.g. "([1]*3+[0])*2"
   // or "[1,0,1,0]" (lists, '+', '*' by an integer, parentheses). moe_layer_pattern() expands it.

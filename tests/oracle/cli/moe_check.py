@@ -34,7 +34,8 @@ usage: moe_check.py MCPP WORKDIR
   7. token dropping (--moe-expert-capacity-factor 0.75): trains differently from dropless; padding to capacity
      gives the same losses; DP2 x EP2 (padded, "position" policy too) and PP2 x DP2 x EP2 with the distributed
      optimizer equal their 1-rank runs (capacity is per microbatch of local tokens, as Megatron's); the padded
-     run's memory plan equals the measured activations; bad capacity flags fail by name.
+     run's memory plan equals the measured activations; bad capacity flags fail by name;
+     --moe-router-topk-scaling-factor 2.5 trains differently and DP2 x EP2 equals 1 rank.
 """
 import os
 import re
@@ -261,6 +262,12 @@ pos_one = train("cap_pos_one", None, [*M, *MOE, *CAP, *POS])
 if losses(pos_one) == losses(cap_one):
     failures.append("drop policy position: the probs policy's losses")
 same("capacity position padded dp2 x ep2", train("cap_pos_ep2", 2, [*M, *MOE, *CAP, *POS, *PAD, *EP2]), pos_one)
+# --moe-router-topk-scaling-factor: the combine weights scaled (another function), EP2 = 1 rank
+SCALE = ["--moe-router-topk-scaling-factor", "2.5"]
+scale_one = train("scale_one", None, [*M, *MOE, *SCALE])
+if losses(scale_one) == losses(one):
+    failures.append("topk scaling factor 2.5: the unscaled run's losses")
+same("scaling factor dp2 x ep2", train("scale_ep2", 2, [*M, *MOE, *SCALE, *EP2]), scale_one)
 check_memory_plan("capacity padded 1 rank", os.path.join(WORK, "cap_pad"), 1, [*M, *MOE, *CAP, *PAD], 1)
 
 if failures:
