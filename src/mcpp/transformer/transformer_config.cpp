@@ -481,6 +481,9 @@ void Config::validate() const {
     const int64_t ep = parallel.expert_model_parallel_size;
     if (model.num_moe_experts % ep != 0)
       fail("num_moe_experts ({}) must be divisible by expert_model_parallel_size ({})", model.num_moe_experts, ep);
+    if (model.moe_shared_expert_intermediate_size % tp != 0)
+      fail("moe_shared_expert_intermediate_size ({}) must be divisible by tensor_model_parallel_size ({}): the "
+           "shared expert is tensor parallel", model.moe_shared_expert_intermediate_size, tp);
     if (training.enable_cuda_graph)
       fail("enable_cuda_graph: the MoE router reads its routing on the host every layer (data-dependent token "
            "counts), which a captured step cannot do; drop one of them");

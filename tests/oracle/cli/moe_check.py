@@ -218,6 +218,8 @@ for name, np_, cmd, words in (
          ["moe_layer_freq", "3 entries", "num_layers 2"]),
         ("shared expert without experts", None, ["train", *M, "--moe-shared-expert-intermediate-size", "16"],
          ["moe_shared_expert_intermediate_size", "--num-experts"]),
+        ("shared expert % tp", 2, ["train", *M, *MOE, *TP2, "--moe-shared-expert-intermediate-size", "25"],
+         ["moe_shared_expert_intermediate_size", "tensor_model_parallel_size"]),
         ("pad without capacity", None, ["train", *M, *MOE, "--moe-pad-expert-input-to-capacity"],
          ["moe_pad_expert_input_to_capacity", "--moe-expert-capacity-factor"]),
         ("negative capacity", None, ["train", *M, *MOE, "--moe-expert-capacity-factor", "-1"],
