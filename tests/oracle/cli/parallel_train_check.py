@@ -21,50 +21,35 @@ usage: parallel_train_check.py MCPP WORKDIR
      the distributed optimizer's bucket padding), and `mcpp plan memory --json` with the
      run's flags prints the trainer's memory_plan record.
 """
-import json
 import os
 import shutil
 import sys
 
-from cli_harness import MCPP, MPI, WORK, check_memory_plan, failures, record_corpus, run  # argv, work dir, mpiexec env
+from cli_harness import (MCPP, MPI, WORK, check_memory_plan, close, failures, losses, record_corpus, run,
+                         tiny_train_flags)
 
 
 record_corpus()
-M = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-     "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
-     "--lr-warmup-iters", "1", "--lr-decay-style", "cosine", "--train-iters", "6", "--log-interval", "1",
-     "--eval-interval", "3", "--eval-iters", "1", "--split", "90,10,0", "--hidden-dropout", "0",
-     "--attention-dropout", "0", "--data-path", os.path.join(WORK, "c_text_document"), "--seed", "5"]
+M = tiny_train_flags(os.path.join(WORK, "c_text_document"))  # ends with --make-vocab-size-divisible-by 128
 TP1 = ["--make-vocab-size-divisible-by", "128"]
 TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--make-vocab-size-divisible-by", "64"]
-
-
-def metrics(d, event="train"):
-    path = os.path.join(d, "metrics.jsonl")
-    if not os.path.exists(path):
-        return {}
-    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(path)) if r.get("event") == event}
-
-
-def close(a, b, tol=1e-5):
-    return a is not None and b is not None and abs(a - b) <= tol * abs(b)
 
 
 one = os.path.join(WORK, "one")
 run([MCPP, "train", *M, *TP1, "--save", one])
 four = os.path.join(WORK, "four")
 run(MPI + ["-np", "4", MCPP, "train", *M, *TP2, "--save", four])
-a, b = metrics(one), metrics(four)
+a, b = losses(one), losses(four)
 if len(a) != 6 or any(not close(b.get(i), a[i]) for i in a):
     failures.append(f"TP2xDP2+SP losses differ from 1 rank: {a} vs {b}")
-va, vb = metrics(one, "valid"), metrics(four, "valid")
+va, vb = losses(one, "valid"), losses(four, "valid")
 if not va or any(not close(vb.get(i), va[i]) for i in va):
     failures.append(f"validation losses differ: {va} vs {vb}")
 
 part = os.path.join(WORK, "part")
 run(MPI + ["-np", "4", MCPP, "train", *M, *TP2, "--exit-interval", "3", "--save", part])
 run(MPI + ["-np", "4", MCPP, "train", *M, *TP2, "--load", part, "--save", part])
-c = metrics(part)
+c = losses(part)
 if any(c.get(i) != b.get(i) for i in range(1, 7)):
     failures.append(f"4-rank resume is not bit-exact: {b} vs {c}")
 
@@ -75,7 +60,7 @@ shutil.rmtree(os.path.join(reshard, "iter_0000006"))
 with open(os.path.join(reshard, "latest_checkpointed_iteration.txt"), "w") as f:
     f.write("3")
 run([MCPP, "train", *M, *TP1, "--load", reshard, "--save", reshard])
-d = metrics(reshard)
+d = losses(reshard)
 if any(not close(d.get(i), b[i]) for i in (4, 5, 6)):
     failures.append(f"TP2xDP2 checkpoint continued at TP1: {d} vs {b}")
 
@@ -86,12 +71,12 @@ DIST = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param
         "--tp-comm-overlap"]
 dist = os.path.join(WORK, "dist")
 run(MPI + ["-np", "4", MCPP, "train", *M, *TP2, *DIST, "--exit-interval", "3", "--save", dist])
-e = metrics(dist)
+e = losses(dist)
 if len(e) != 3 or any(not close(e.get(i), a[i]) for i in (1, 2, 3)):
     failures.append(f"distributed optimizer + overlap losses differ from 1 rank: {e} vs {a}")
 os.remove(os.path.join(dist, "metrics.jsonl"))
 run([MCPP, "train", *M, *TP1, "--load", dist, "--save", dist])
-f = metrics(dist)
+f = losses(dist)
 if any(not close(f.get(i), a[i]) for i in (4, 5, 6)):
     failures.append(f"distributed-optimizer checkpoint continued at 1 rank: {f} vs {a}")
 
@@ -104,7 +89,7 @@ LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", 
 g3d = os.path.join(WORK, "g3d")
 run(MPI + ["-np", "8", MCPP, "train", *M, *TP2, "--pipeline-model-parallel-size", "2",
            "--use-distributed-optimizer", "--metrics-path", os.path.join(g3d, "metrics.jsonl")], timeout=600)
-g = metrics(g3d)
+g = losses(g3d)
 if len(g) != 6 or any(not close(g.get(i), a[i]) for i in a):
     failures.append(f"TP2xPP2xDP2 (8 ranks) losses differ from 1 rank: {g} vs {a}")
 ML = [x for x in M]
@@ -115,7 +100,7 @@ run([MCPP, "train", *ML, *LLAMA, *TP1, "--metrics-path", os.path.join(l1, "metri
 run(MPI + ["-np", "4", MCPP, "train", *ML, *LLAMA, *TP1, "--pipeline-model-parallel-size", "4",
            "--num-layers-per-virtual-pipeline-stage", "1", "--metrics-path", os.path.join(l4, "metrics.jsonl")],
     timeout=600)
-la, lb = metrics(l1), metrics(l4)
+la, lb = losses(l1), losses(l4)
 if len(la) != 6 or any(not close(lb.get(i), la[i]) for i in la):
     failures.append(f"Llama interleaved PP4 losses differ from 1 rank: {lb} vs {la}")
 
@@ -125,13 +110,13 @@ M3 = list(M)
 M3[M3.index("--num-layers") + 1] = "3"
 u1 = os.path.join(WORK, "u1")
 run([MCPP, "train", *M3, *TP1, "--metrics-path", os.path.join(u1, "metrics.jsonl")])
-ua = metrics(u1)
+ua = losses(u1)
 for name, flags in (("first1", ["--decoder-first-pipeline-num-layers", "1"]),
                     ("layout", ["--pipeline-model-parallel-layout", "Et|ttL"])):
     d2 = os.path.join(WORK, "u_" + name)
     run(MPI + ["-np", "2", MCPP, "train", *M3, *TP1, "--pipeline-model-parallel-size", "2", *flags,
                "--metrics-path", os.path.join(d2, "metrics.jsonl")], timeout=300)
-    ub = metrics(d2)
+    ub = losses(d2)
     if len(ua) != 6 or any(not close(ub.get(i), ua[i]) for i in ua):
         failures.append(f"PP2 with {flags}: losses differ from 1 rank: {ub} vs {ua}")
 
@@ -143,12 +128,12 @@ run(MPI + ["-np", "2", MCPP, "train", *M, *TP1, *PP2, "--save", pps], timeout=30
 run(MPI + ["-np", "2", MCPP, "train", *M, *TP1, *PP2, "--exit-interval", "3", "--save", ppr], timeout=300)
 shutil.copytree(ppr, ppr + "_at1")
 run(MPI + ["-np", "2", MCPP, "train", *M, *TP1, *PP2, "--load", ppr, "--save", ppr], timeout=300)
-ps, pr = metrics(pps), metrics(ppr)
+ps, pr = losses(pps), losses(ppr)
 if len(ps) != 6 or any(pr.get(i) != ps[i] for i in ps):
     failures.append(f"PP2 resume is not bit-exact: {ps} vs {pr}")
 os.remove(os.path.join(ppr + "_at1", "metrics.jsonl"))
 run([MCPP, "train", *M, *TP1, "--load", ppr + "_at1", "--save", ppr + "_at1"])
-p1 = metrics(ppr + "_at1")
+p1 = losses(ppr + "_at1")
 if any(not close(p1.get(i), ps[i]) for i in (4, 5, 6)):
     failures.append(f"PP2 checkpoint continued at PP1: {p1} vs {ps}")
 
@@ -156,7 +141,7 @@ if any(not close(p1.get(i), ps[i]) for i in (4, 5, 6)):
 #    copies on both stages, 4 microbatches) bit for bit like the default (first gradient writes overwrite).
 ppz = os.path.join(WORK, "pp_zeroed")
 run(MPI + ["-np", "2", MCPP, "train", *M, *TP1, *PP2, "--no-overwrite-main-grad", "--save", ppz], timeout=300)
-pz = metrics(ppz)
+pz = losses(ppz)
 if pz != ps:
     failures.append(f"PP2 with --no-overwrite-main-grad differs from the default: {pz} vs {ps}")
 

@@ -24,7 +24,8 @@ import json
 import os
 import sys
 
-from cli_harness import MCPP, MPI, WORK, check_stage_plan, failures, run  # argv, work dir, mpiexec env
+from cli_harness import (MCPP, MPI, WORK, check_stage_plan, close, failures, losses, records,
+                         run)
 
 
 corpus = os.path.join(WORK, "corpus.jsonl")
@@ -40,25 +41,12 @@ M = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "4", "
      "--data-path", os.path.join(WORK, "c_text_document"), "--seed", "5", "--make-vocab-size-divisible-by", "128"]
 
 
-def records(d):
-    path = os.path.join(d, "metrics.jsonl")
-    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-
-
-def losses(d):
-    return {r["iteration"]: r["lm_loss"] for r in records(d) if r.get("event") == "train"}
-
-
 def train(name, flags, np=1, timeout=300):
     d = os.path.join(WORK, name)
     cmd = ([] if np == 1 else MPI + ["-np", str(np)]) + [MCPP, "train", *M, *flags,
                                                          "--metrics-path", os.path.join(d, "metrics.jsonl")]
     run(cmd, timeout=timeout)
     return d
-
-
-def close(a, b, tol=1e-5):
-    return a is not None and b is not None and abs(a - b) <= tol * abs(b)
 
 
 def same(a, b, tol=None):
@@ -102,7 +90,7 @@ for name, flags in (("rc_uniform", ["--recompute-granularity", "full", "--recomp
 
 
 def memory(d):
-    recs = [r for r in records(d) if r.get("event") == "pipeline_activation_memory"]
+    recs = records(d, "pipeline_activation_memory")
     return {s["stage"]: s for s in recs[-1]["stages"]} if recs else {}
 
 
@@ -136,7 +124,7 @@ DO = [*PP2, "--use-distributed-optimizer"]
 straight = train("do_straight", DO, np=4)
 train("do_first", [*DO, "--save", os.path.join(WORK, "do_ckpt"), "--save-interval", "2", "--exit-interval", "2"], np=4)
 resumed = train("do_resumed", [*DO, "--load", os.path.join(WORK, "do_ckpt")], np=4)
-norms = lambda d: {r["iteration"]: (r["lm_loss"], r["grad_norm"]) for r in records(d) if r.get("event") == "train"}
+norms = lambda d: {r["iteration"]: (r["lm_loss"], r["grad_norm"]) for r in records(d, "train")}
 a, b = norms(straight), norms(resumed)
 if sorted(b) != [3, 4] or any(a.get(i) != b[i] for i in b):
     failures.append(f"distopt + PP2 x DP2 tied resume not bit-exact: straight {a} vs resumed {b}")
