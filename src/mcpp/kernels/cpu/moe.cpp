@@ -1,6 +1,6 @@
 // CPU mixture-of-experts ops (ops.inc), the reference for the CUDA kernels:
 //   row movement (moe_permute / moe_unpermute / moe_unpermute_bwd): float32 activations; idx int32 [n, k] of
-//     distinct rows < m; w, dw float32 [n, k]. Sums over a token's k routes run in route order, in float32 (as
+//     distinct rows < m, or -1 (a dropped route); w, dw float32 [n, k]. Sums over a token's k routes run in route order, in float32 (as
 //     the CUDA kernels accumulate).
 //   the router (moe_topk_softmax / _bwd, moe_route_positions, moe_capacity_positions): float32 logits, per token;
 //     softmax sums in double.
