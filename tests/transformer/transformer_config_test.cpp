@@ -239,6 +239,16 @@ TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
   EXPECT_EQ(pattern(8, "([1]*3+[0]*1)*2"), "11101110");
   EXPECT_EQ(pattern(6, " [0] + 2*[1, 0] + [ 1 ] "), "010101");
   EXPECT_EQ(pattern(4, "[0]*3+[1]"), "0001");
+  Config five = finalized([](Config& c) {
+    c.model.num_layers = 5;
+    c.model.num_moe_experts = 4;
+    c.model.moe_layer_freq = "2";
+  });
+  EXPECT_TRUE(five.model.is_moe_layer(0));
+  EXPECT_FALSE(five.model.is_moe_layer(3));
+  EXPECT_TRUE(five.model.is_moe_layer(4));
+  EXPECT_EQ(five.model.num_moe_layers(), 3);
+  EXPECT_THROW(five.model.is_moe_layer(5), Error);
   const std::vector<bool> dense = finalized().model.moe_layer_pattern();  // no experts: no MoE layer
   EXPECT_EQ(std::count(dense.begin(), dense.end(), true), 0);
   for (const auto& [freq, what] : std::vector<std::pair<std::string, std::string>>{
