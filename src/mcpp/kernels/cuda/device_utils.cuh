@@ -51,6 +51,25 @@ __device__ T block_sum(T v, T* scratch) {
   return r;
 }
 
+// Exclusive prefix of v over the block's kThreads threads (blockDim.x == kThreads; an inclusive Hillis-Steele scan
+// in `scan`, kThreads ints of shared memory); *total = the block's sum. Every thread calls it; scan is reusable when
+// it returns. Deterministic: the ordered compactions (embedding backward, MoE route rows) build on it.
+template <int kThreads>
+__device__ int block_exclusive_scan(int v, int32_t* scan, int* total) {
+  scan[threadIdx.x] = v;
+  __syncthreads();
+  for (int off = 1; off < kThreads; off <<= 1) {
+    const int add = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
+    __syncthreads();
+    scan[threadIdx.x] += add;
+    __syncthreads();
+  }
+  const int excl = scan[threadIdx.x] - v;
+  *total = scan[kThreads - 1];
+  __syncthreads();
+  return excl;
+}
+
 // Online softmax state (m, s): s = sum exp(x - m) over the values seen. Merges (m2, s2) into (m, s).
 __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
   const float mn = fmaxf(m, m2);

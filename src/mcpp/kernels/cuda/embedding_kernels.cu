@@ -50,16 +50,8 @@ __global__ void __launch_bounds__(kOrderedThreads) embedding_bwd_ordered_kernel(
       own[k] = row >= 0 && row < v && row % owners == blockIdx.x;
       mine += own[k] ? 1 : 0;
     }
-    scan[threadIdx.x] = mine;
-    __syncthreads();
-    for (int off = 1; off < kOrderedThreads; off <<= 1) {  // inclusive Hillis-Steele scan
-      const int add = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
-      __syncthreads();
-      scan[threadIdx.x] += add;
-      __syncthreads();
-    }
-    const int count = scan[kOrderedThreads - 1];
-    int slot = scan[threadIdx.x] - mine;
+    int count = 0;
+    int slot = block_exclusive_scan<kOrderedThreads>(mine, scan, &count);
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k)
       if (own[k]) positions[slot++] = static_cast<int32_t>(base + threadIdx.x * kPerThread + k);
@@ -68,7 +60,7 @@ __global__ void __launch_bounds__(kOrderedThreads) embedding_bwd_ordered_kernel(
       const int64_t t = positions[j], row = static_cast<int64_t>(ids[t]) - vocab_start;
       for (int64_t c = threadIdx.x; c < h; c += kOrderedThreads) dtable[row * h + c] += dout[t * h + c];
     }
-    __syncthreads();  // positions / scan are reused by the next chunk
+    __syncthreads();  // positions are reused by the next chunk
   }
 }
 }  // namespace

@@ -211,41 +211,16 @@ __global__ void __launch_bounds__(kScanThreads) moe_route_positions_kernel(int32
       const int64_t q = start + threadIdx.x * kScanPer + p;
       mine += (q < routes && topk[q] == ex) ? 1 : 0;
     }
-    scan[threadIdx.x] = mine;
-    __syncthreads();
-    for (int off = 1; off < kScanThreads; off <<= 1) {  // inclusive Hillis-Steele scan
-      const int add = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
-      __syncthreads();
-      scan[threadIdx.x] += add;
-      __syncthreads();
-    }
-    int64_t slot = base + scan[threadIdx.x] - mine;
+    int total = 0;
+    int64_t slot = base + block_exclusive_scan<kScanThreads>(mine, scan, &total);
 #pragma unroll
     for (int p = 0; p < kScanPer; ++p) {
       const int64_t q = start + threadIdx.x * kScanPer + p;
       if (q < routes && topk[q] == ex) idx[q] = static_cast<int32_t>(slot++);
     }
-    base += scan[kScanThreads - 1];
-    __syncthreads();  // scan is reused by the next chunk
+    base += total;
   }
 }
-// Exclusive prefix of v over the block's threads (kScanThreads, inclusive Hillis-Steele in `scan`); *total = the
-// block's sum. scan is reusable when it returns.
-__device__ int block_exclusive_scan(int v, int32_t* scan, int* total) {
-  scan[threadIdx.x] = v;
-  __syncthreads();
-  for (int off = 1; off < kScanThreads; off <<= 1) {
-    const int add = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
-    __syncthreads();
-    scan[threadIdx.x] += add;
-    __syncthreads();
-  }
-  const int excl = scan[threadIdx.x] - v;
-  *total = scan[kScanThreads - 1];
-  __syncthreads();
-  return excl;
-}
-
 // A probability's order key: positive floats order as their bits; 0, negatives and NaN rank lowest.
 __device__ __forceinline__ uint32_t prob_key(float p) { return p > 0.0f ? __float_as_uint(p) : 0u; }
 
@@ -312,7 +287,7 @@ __global__ void __launch_bounds__(kScanThreads) moe_capacity_positions_kernel(in
       n_eq += eq[p];
     }
     int eq_total = 0;
-    long long eq_rank = tie_seen + block_exclusive_scan(n_eq, scan, &eq_total);
+    long long eq_rank = tie_seen + block_exclusive_scan<kScanThreads>(n_eq, scan, &eq_total);
     bool keep[kScanPer];
     int n_keep = 0;
 #pragma unroll
@@ -321,7 +296,7 @@ __global__ void __launch_bounds__(kScanThreads) moe_capacity_positions_kernel(in
       n_keep += keep[p];
     }
     int keep_total = 0;
-    long long slot = base + kept_seen + block_exclusive_scan(n_keep, scan, &keep_total);
+    long long slot = base + kept_seen + block_exclusive_scan<kScanThreads>(n_keep, scan, &keep_total);
 #pragma unroll
     for (int p = 0; p < kScanPer; ++p) {
       const int64_t j = start + threadIdx.x * kScanPer + p;
