@@ -1,7 +1,8 @@
 #!/bin/bash
 # Multi-GPU equivalence (issue 6) on a 2-GPU device machine (kind nvidia-h200-x2), through the CLI:
 # `mcpp train --device cuda` under mpirun with NCCL groups (DP2, TP2 + sequence parallel — also with
-# --tp-comm-overlap, eager and graphed —, PP2 with 8 microbatches, DP2 + distributed optimizer, CP2) against the
+# --tp-comm-overlap, eager and graphed —, PP2 with 8 microbatches, DP2 + distributed optimizer, CP2 all-to-all and
+# ring) against the
 # same run on ONE GPU: per-iteration lm loss from the JSONL metrics. fp32 on the GPU (no --bf16) so the
 # comparison is tight: only reduction order differs (NCCL sums, split GEMMs) -> relative 1e-5 on the loss
 # over 6 steps. Then bf16 DP2 vs one GPU
@@ -25,6 +26,9 @@ run_train pp2 2 --pipeline-model-parallel-size 2
 run_train dp2_distopt 2 --use-distributed-optimizer --overlap-grad-reduce
 # Context parallelism (all-to-all attention over NCCL): each GPU 128 of the 256 rows, 2 of the 4 heads.
 run_train cp2 2 --context-parallel-size 2
+# The ring form (--cp-comm-type p2p): each GPU the load-balanced chunks r and 3-r of 4, every head; key / value
+# blocks over NCCL send / recv.
+run_train cp2_p2p 2 --context-parallel-size 2 --cp-comm-type p2p
 # Mixture of experts: 4 experts top-2, one GPU vs DP2 x EP2 (each GPU 2 experts; NCCL all-to-all-v of the tokens).
 MOE="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01"
 run_train gpu1_moe 1 $MOE
@@ -41,10 +45,12 @@ run_train tp2sp_graph 2 --tensor-model-parallel-size 2 --sequence-parallel $GRAP
 run_train tp2sp_ovl_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap $GRAPH
 run_train pp2_graph 2 --pipeline-model-parallel-size 2 $GRAPH
 run_train cp2_graph 2 --context-parallel-size 2 $GRAPH
+run_train cp2_p2p_graph 2 --context-parallel-size 2 --cp-comm-type p2p $GRAPH
 # Hidden dropout under graphs (graph-safe keys): TP2 + SP with dropout, graphed vs eager (same masks).
 run_train tp2sp_do 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1
 run_train tp2sp_do_graph 2 --tensor-model-parallel-size 2 --sequence-parallel --hidden-dropout 0.1 $GRAPH
-for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph tp2sp_ovl_graph pp2_graph cp2_graph tp2sp_do_graph; do
+for n in gpu1_graph dp2_graph dp2_distopt_graph tp2sp_graph tp2sp_ovl_graph pp2_graph cp2_graph cp2_p2p_graph \
+    tp2sp_do_graph; do
   grep -h "captured the training step" "$OUT/$n.log" || echo "$n: NO GRAPH CAPTURED"
 done
 # The same without MPI: `mcpp launch` (TCP rendezvous; NCCL groups bootstrap over it).
@@ -54,6 +60,7 @@ echo "launch_tp2: exit $? $(grep -c '"event":"train"' "$OUT/launch_tp2.jsonl" 2>
 run_train gpu1_bf16 1 --bf16
 run_train dp2_bf16 2 --bf16
 run_train cp2_bf16 2 --bf16 --context-parallel-size 2
+run_train cp2_p2p_bf16 2 --bf16 --context-parallel-size 2 --cp-comm-type p2p
 # Checkpoints of the CUDA model: the fp32 masters and Adam state are saved; a resume from iteration 3
 # continues the uninterrupted bf16 run (bf16 model copy = rounded master, as after a step).
 rm -rf "$OUT/ckpt_bf16"
@@ -73,15 +80,15 @@ import sys
 sys.path.insert(0, "tests/device")
 from loss_check import Checks
 c = Checks(sys.argv[1])
-c.same_losses("gpu1", ["dp2", "tp2sp", "tp2sp_ovl", "pp2", "dp2_distopt", "cp2", "launch_tp2", "gpu1_graph",
-                       "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph", "cp2_graph"],
-              1e-5)
-c.same_losses("gpu1_bf16", ["dp2_bf16", "dp2_bf16_distopt", "cp2_bf16"], 5e-3)
+c.same_losses("gpu1", ["dp2", "tp2sp", "tp2sp_ovl", "pp2", "dp2_distopt", "cp2", "cp2_p2p", "launch_tp2",
+                       "gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph",
+                       "cp2_graph", "cp2_p2p_graph"], 1e-5)
+c.same_losses("gpu1_bf16", ["dp2_bf16", "dp2_bf16_distopt", "cp2_bf16", "cp2_p2p_bf16"], 5e-3)
 c.same_losses("tp2sp_do", ["tp2sp_do_graph"], 1e-5)
 c.same_losses("gpu1_moe", ["ep2_moe", "ep2_moe_distopt"], 1e-5)
 c.same_losses("gpu1_moe_bf16", ["ep2_moe_bf16"], 5e-3)
 c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph",
-               "cp2_graph", "tp2sp_do_graph"])
+               "cp2_graph", "cp2_p2p_graph", "tp2sp_do_graph"])
 # Resumed runs log iterations 4..6: compare with the uninterrupted run's last three. Nondeterministic
 # atomics (bias / norm / embedding grads) allow last-bit differences -> 1e-4 (bf16 one GPU), 5e-3 (DP2).
 ref = c.losses("gpu1_bf16")[3:]

@@ -35,6 +35,14 @@ add_test(NAME training.context_parallel_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/context_parallel_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/context_parallel_check)
 set_tests_properties(training.context_parallel_cli PROPERTIES TIMEOUT 600)
+# training.ring_attention_cli: `--cp-comm-type p2p` (ring attention) under mpiexec — CP2 / CP4 / CP2 x TP2+SP /
+# CP2 x PP2 / CP2 x DP2 + distributed optimizer / recompute / Llama (RoPE, GQA, TP2 x CP2 with 2 groups) equal
+# 1 rank; a p2p checkpoint continues at 1 rank and at a2a; the memory plan equals the measured activations; bad
+# ring input fails with one named error.
+add_test(NAME training.ring_attention_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/ring_attention_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/ring_attention_check)
+set_tests_properties(training.ring_attention_cli PROPERTIES TIMEOUT 600)
 # training.moe_cli: `mcpp train --num-experts` (MoE layers at EP 1) — trains, DP2 / DP2 + distributed optimizer /
 # PP2 / Llama-style equal 1 rank; resume bit-exact and a 1-rank checkpoint continued at DP2; bad MoE input fails
 # with one named error.

@@ -171,6 +171,9 @@ void flash_attention_bwd_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv
   MCPP_DISPATCH(flash_attention_bwd_qkv, ({&dqkv, &dout, &qkv, &o, &lse}), dqkv, dout, qkv, o, lse, num_query_groups,
                 opt, s);
 }
+void attention_merge(Tensor& o_acc, Tensor& lse_acc, const Tensor& o_blk, const Tensor& lse_blk, Stream s) {
+  MCPP_DISPATCH(attention_merge, ({&o_acc, &lse_acc, &o_blk, &lse_blk}), o_acc, lse_acc, o_blk, lse_blk, s);
+}
 void scaled_masked_softmax_fwd(Tensor& probs, const Tensor& scores, float scale, bool causal, Stream s) {
   MCPP_DISPATCH(scaled_masked_softmax_fwd, ({&probs, &scores}), probs, scores, scale, causal, s);
 }

@@ -12,9 +12,12 @@ struct TPContext {
   comm::CommPtr group;
   bool sequence_parallel = false;
   bool comm_overlap = false;  // --tp-comm-overlap (sequence parallel only): ring all-gather + GEMM
-  // The context-parallel group (--context-parallel-size, all-to-all form: mappings.h all_to_all_cp2hp): each
-  // rank holds a contiguous s / cp chunk of the sequence; the attention trades it for heads. Null: no CP.
+  // The context-parallel group (--context-parallel-size; all-to-all form, mappings.h all_to_all_cp2hp: each
+  // rank holds a contiguous s / cp chunk of the sequence and the attention trades it for heads). Null: no CP.
   comm::CommPtr cp{};
+  // --cp-comm-type p2p: the attention is the ring form (transformer/ring_attention.h) and each CP rank holds the
+  // load-balanced chunks r and 2cp-1-r of the sequence (transformer/context_parallel.h) instead of chunk r of cp.
+  bool cp_p2p = false;
   // The expert-model-parallel group (--expert-model-parallel-size; moe/token_dispatcher.h): each rank holds
   // num_moe_experts / ep of the experts, and the all-to-all dispatcher trades tokens over it. Null: EP 1.
   comm::CommPtr ep{};

@@ -50,12 +50,14 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
   const bool selective = m.recompute_granularity == "selective";
   // The fused linear_qkv output (flash without RoPE reads it packed), or the split q + k + v: the same size.
   // Context parallelism (all-to-all): the core attention holds the whole sequence for np / cp heads — the same
-  // numbers of qkv / context / lse elements as s / cp rows of all heads; the probabilities grow with cp.
+  // numbers of qkv / context / lse elements as s / cp rows of all heads; the probabilities grow with cp. The ring
+  // form (p2p) keeps s / cp rows of every head.
   const int64_t qkv = d.n * (d.np + 2 * d.ng) * d.hn * d.e;
   const int64_t context = d.n * d.np * d.hn * d.e;           // core attention's output = linear_proj's input
   int64_t attention = qkv + context;
   if (!selective) {
-    if (d.cp > 1 && flash) attention += context;  // flash keeps its output; linear_proj's input is its hp2cp copy
+    // all-to-all: flash keeps its output and linear_proj's input is its hp2cp copy (the ring's output is that input)
+    if (d.cp > 1 && flash && cfg.parallel.cp_comm_type != "p2p") attention += context;
     if (flash) attention += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
     else attention += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (the unfused path is fp32)
   }

@@ -5,6 +5,7 @@
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
+#include "mcpp/transformer/ring_attention.h"
 
 namespace mcpp {
 
@@ -31,9 +32,19 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
                     .tp_comm_overlap = tp.comm_overlap},
                    tp.group),
       recompute_core_(c.recompute_granularity == "selective"),
-      cp_(tp.cp && tp.cp->size() > 1 ? tp.cp : nullptr) {
+      cp_(tp.cp && tp.cp->size() > 1 && !tp.cp_p2p ? tp.cp : nullptr) {
   MCPP_CHECK(c.num_query_groups % tp.size() == 0, "num_query_groups {} not divisible by tp={}", c.num_query_groups,
              tp.size());
+  const CoreAttentionOptions core_opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hn_)),
+                                      .attention_dropout = c.attention_dropout,
+                                      .causal = true,
+                                      .deterministic = c.deterministic_mode};
+  if (tp.cp_size() > 1 && tp.cp_p2p) {  // ring attention: every head of this TP rank, this CP rank's rows
+    core_np_ = np_;
+    core_ng_ = ng_;
+    core_ = make_ring_attention(core_opt, tp.cp);
+    return;
+  }
   const int64_t cp = tp.cp_size();
   if (ng_ % cp != 0)
     fail("context parallelism (all-to-all): num_query_groups ({}) must be divisible by tensor_model_parallel_size * "
@@ -41,10 +52,7 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
          c.num_query_groups, tp.size() * cp);
   core_np_ = np_ / cp;
   core_ng_ = ng_ / cp;
-  core_ = spec.make_core_attention({.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hn_)),
-                                    .attention_dropout = c.attention_dropout,
-                                    .causal = true,
-                                    .deterministic = c.deterministic_mode});
+  core_ = spec.make_core_attention(core_opt);
 }
 
 Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,

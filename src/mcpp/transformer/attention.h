@@ -11,6 +11,8 @@
 //   the fused qkv rows go through all_to_all_cp2hp (whole sequence, ng/tp/cp query groups: RoPE tables for the
 //   whole sequence), the core attention runs causally on the whole sequence, and the context comes back with
 //   all_to_all_hp2cp before linear_proj; the backward runs the two all-to-alls the other way.
+//   With tp.cp_p2p (--cp-comm-type p2p) the core attention is the ring form instead (ring_attention.h): no
+//   all-to-all, every head of the TP rank over this CP rank's load-balanced rows (RoPE tables of those rows).
 // Backward mirrors it; parameter grads accumulate into main_grad.
 #pragma once
 #include <memory>
@@ -59,7 +61,7 @@ class SelfAttention {
   tensor_parallel::RowParallelLinear linear_proj_;
   std::unique_ptr<CoreAttention> core_;
   bool recompute_core_ = false;  // selective recompute
-  comm::CommPtr cp_;              // context-parallel group when cp > 1 (all-to-all around the core), else null
+  comm::CommPtr cp_;  // context-parallel group when cp > 1 in the all-to-all form (around the core), else null
 };
 
 }  // namespace mcpp

@@ -197,9 +197,9 @@ void ParallelConfig::validate() const {
   require_positive(tensor_model_parallel_size, "tensor_model_parallel_size");
   require_positive(pipeline_model_parallel_size, "pipeline_model_parallel_size");
   require_positive(context_parallel_size, "context_parallel_size");
-  if (cp_comm_type != "a2a")
-    fail("cp_comm_type '{}': only 'a2a' (all-to-all, DeepSpeed-Ulysses) context parallelism is implemented; "
-         "Megatron's 'p2p' / 'all_gather' / 'a2a+p2p' ring and gather forms are not", cp_comm_type);
+  if (cp_comm_type != "a2a" && cp_comm_type != "p2p")
+    fail("cp_comm_type '{}': 'a2a' (all-to-all, DeepSpeed-Ulysses) and 'p2p' (ring attention) are implemented; "
+         "Megatron's 'all_gather' / 'a2a+p2p' forms are not", cp_comm_type);
   require_non_negative(num_layers_per_virtual_pipeline_stage, "num_layers_per_virtual_pipeline_stage");
   require_non_negative(data_parallel_size, "data_parallel_size");
   require_positive(expert_model_parallel_size, "expert_model_parallel_size");
@@ -338,10 +338,18 @@ void Config::validate() const {
          parallel.num_layers_per_virtual_pipeline_stage, model.num_layers / pp);
   if (cp > 1 && model.seq_length % (2 * cp) != 0)
     fail("seq_length ({}) must be divisible by 2 * context_parallel_size ({})", model.seq_length, 2 * cp);
-  if (cp > 1 && model.num_query_groups % (tp * cp) != 0)  // the all-to-all attention splits whole query groups
+  const bool ring = cp > 1 && parallel.cp_comm_type == "p2p";
+  if (cp > 1 && !ring && model.num_query_groups % (tp * cp) != 0)  // all-to-all: each rank takes whole groups
     fail("num_query_groups ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
-         "context parallelism (all-to-all: each rank attends over whole query groups)", model.num_query_groups,
-         tp * cp);
+         "context parallelism (all-to-all: each rank attends over whole query groups; --cp-comm-type p2p has no "
+         "such rule)", model.num_query_groups, tp * cp);
+  if (ring && model.attention_impl != "flash")
+    fail("cp_comm_type p2p: the ring attention merges blockwise (flash) results; --attention-impl {} is not "
+         "supported with it (use flash, or --cp-comm-type a2a)", model.attention_impl);
+  if (ring && model.attention_dropout > 0.0f)
+    fail("cp_comm_type p2p: attention_dropout ({}) is not implemented in the ring attention (its mask would have "
+         "to follow each block's place in the sequence); use --attention-dropout 0 or --cp-comm-type a2a",
+         model.attention_dropout);
   if (parallel.tp_comm_overlap && !parallel.sequence_parallel)
     fail("tp_comm_overlap: the tensor-parallel communication overlap needs --sequence-parallel (Megatron)");
   if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)

@@ -135,7 +135,9 @@ struct ParallelConfig {
   int64_t context_parallel_size = 1;
   // Megatron's --cp-comm-type: how the attention sees the whole sequence under context parallelism. "a2a"
   // (DeepSpeed-Ulysses all-to-all: sequence traded for query groups around the core attention,
-  // tensor_parallel/mappings.h) is the one implemented; Megatron's "p2p" / "all_gather" / "a2a+p2p" are refused.
+  // tensor_parallel/mappings.h; each rank holds a contiguous s / cp chunk) or "p2p" (ring attention,
+  // transformer/ring_attention.h: key / value blocks passed around the CP ranks, each rank holding the causally
+  // load-balanced chunks r and 2cp-1-r of 2cp, transformer/context_parallel.h). "all_gather" / "a2a+p2p" are refused.
   std::string cp_comm_type = "a2a";
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 -> no interleaving
   bool sequence_parallel = false;         // finalize() turns it off at tp == 1, as Megatron does

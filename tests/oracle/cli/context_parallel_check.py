@@ -12,7 +12,7 @@ usage: context_parallel_check.py MCPP WORKDIR
      1-rank checkpoint at CP2 x DP2 (1e-5);
   4. the memory plan of CP runs equals what the ranks measured (activations byte for byte, model state up to
      the distributed optimizer's padding), and `mcpp plan memory --json` prints the trainer's record;
-  5. bad input fails on every rank with one error naming the problem: --cp-comm-type p2p, query groups not
+  5. bad input fails on every rank with one error naming the problem: --cp-comm-type all_gather, query groups not
      divisible by tp * cp, --expert-model-parallel-size 2 (no MoE layers).
 """
 import os
@@ -103,7 +103,7 @@ if "tp 1 x pp 1 x dp 2 x cp 2" not in text:
 
 # 5. bad input: one clear error, non-zero exit, no hang
 for name, np_, flags, words in (
-        ("cp_comm_type p2p", 2, [*M, *CP2, "--cp-comm-type", "p2p"], ["cp_comm_type", "a2a"]),
+        ("cp_comm_type all_gather", 2, [*M, *CP2, "--cp-comm-type", "all_gather"], ["cp_comm_type", "a2a"]),
         ("groups % (tp * cp)", 4, [*M, *LLAMA, *CP2, *TP2],
          ["num_query_groups", "context_parallel_size"]),
         ("expert parallel", 2, [*M, "--expert-model-parallel-size", "2"], ["expert_model_parallel_size"])):

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
 
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/cuda/attention_dropout.h"
@@ -125,6 +126,22 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                          lse.data<float>(), delta.data<float>(), a, s);
   }
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(s));  // before delta is freed on compute_stream
+}
+
+void attention_merge(Tensor& o_acc, Tensor& lse_acc, const Tensor& o_blk, const Tensor& lse_blk, Stream stream) {
+  const char* op = "attention_merge";
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"o_acc", &o_acc}, {"lse_acc", &lse_acc},
+                                {"lse_blk", &lse_blk}})
+    MCPP_CHECK(t->defined() && t->device() == Device::CUDA && t->dtype() == DType::F32,
+               "{}: {} must be a float32 CUDA tensor; got {}", op, name, t->defined() ? t->str() : "undefined");
+  MCPP_CHECK(o_acc.ndim() == 4, "{}: o_acc must be [s, b, nq, d]; got {}", op, o_acc.str());
+  require_same_shape(op, "o_blk", o_blk, "o_acc", o_acc);
+  const int64_t s = o_acc.size(0), b = o_acc.size(1), nq = o_acc.size(2), d = o_acc.size(3);
+  MCPP_CHECK(lse_acc.shape() == Shape({b, nq, s}), "{}: lse_acc must be [b, nq, s] = [{}, {}, {}]; got {}", op, b,
+             nq, s, lse_acc.str());
+  require_same_shape(op, "lse_blk", lse_blk, "lse_acc", lse_acc);
+  launch_attention_merge(o_acc.data<float>(), lse_acc.data<float>(), fin_of(op, "o_blk", o_blk),
+                         lse_blk.data<float>(), s, b * nq, d, stream_of(stream));
 }
 
 }  // namespace mcpp::ops::cuda

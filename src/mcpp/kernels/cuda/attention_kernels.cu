@@ -373,4 +373,53 @@ void launch_gqa_reduce_dkv(void* dk, void* dv, const void* dk_exp, const void* d
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+// One thread per output element; each recomputes its row's two weights from the two lse values (cheap next to
+// the d loads). A row with lse_acc -inf takes the block, one with lse_blk -inf keeps its own. lse_acc is written
+// by a second kernel, once every element has read the old value.
+__global__ void attention_merge_kernel(float* o_acc, float* lse_acc, FIn o_blk, const float* lse_blk, int64_t s,
+                                       int64_t bnq, int64_t d, int64_t total) {
+  MCPP_GRID_STRIDE(idx, total) {
+    const int64_t row = idx / d;
+    const int64_t li = (row % bnq) * s + row / bnq;
+    const float l = lse_acc[li], lb = lse_blk[li];
+    const float ob = o_blk[idx];
+    float a, c, merged;
+    if (lb == -INFINITY) {
+      a = 1.0f, c = 0.0f, merged = l;
+    } else if (l == -INFINITY) {
+      a = 0.0f, c = 1.0f, merged = lb;
+    } else {
+      const float m = fmaxf(l, lb);
+      merged = m + logf(expf(l - m) + expf(lb - m));
+      a = expf(l - merged), c = expf(lb - merged);
+    }
+    o_acc[idx] = (a == 0.0f ? 0.0f : o_acc[idx] * a) + ob * c;
+  }
+}
+
+__global__ void attention_merge_lse_kernel(float* lse_acc, const float* lse_blk, int64_t n) {
+  MCPP_GRID_STRIDE(i, n) {
+    const float l = lse_acc[i], lb = lse_blk[i];
+    if (lb == -INFINITY) continue;
+    if (l == -INFINITY) {
+      lse_acc[i] = lb;
+      continue;
+    }
+    const float m = fmaxf(l, lb);
+    lse_acc[i] = m + logf(expf(l - m) + expf(lb - m));
+  }
+}
+}  // namespace
+
+void launch_attention_merge(float* o_acc, float* lse_acc, FIn o_blk, const float* lse_blk, int64_t s, int64_t bnq,
+                            int64_t d, cudaStream_t st) {
+  const int64_t total = s * bnq * d;
+  if (total <= 0) return;
+  attention_merge_kernel<<<grid_for(total, 256), 256, 0, st>>>(o_acc, lse_acc, o_blk, lse_blk, s, bnq, d, total);
+  MCPP_CUDA_LAUNCH_CHECK();
+  attention_merge_lse_kernel<<<grid_for(s * bnq, 256), 256, 0, st>>>(lse_acc, lse_blk, s * bnq);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace mcpp::cuda_detail

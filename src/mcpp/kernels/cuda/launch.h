@@ -209,6 +209,11 @@ void launch_gqa_expand_kv(void* k_exp, void* v_exp, const void* k, const void* v
                           cudaStream_t s);
 void launch_gqa_reduce_dkv(void* dk, void* dv, const void* dk_exp, const void* dv_exp, const AttnShape& a,
                            cudaStream_t s);
+// attention_merge (ring context parallelism): o_acc float32 [rows, d], lse_acc / lse_blk float32 [b * nq, s]
+// where rows = s * b * nq (row = (i * b + bb) * nq + h reads lse index (bb * nq + h) * s + i).
+void launch_attention_merge(float* o_acc, float* lse_acc, FIn o_blk, const float* lse_blk, int64_t s, int64_t bnq,
+                            int64_t d, cudaStream_t st);
+
 // ---- attention_mma_{fwd,bwd}_kernels.cu: the same ops on tensor cores, every tensor bf16 (void* = bf16*),
 // 16-byte aligned, q/k/v/dq/dk/dv addressed by the AttnShape layout fields; (s + 63) / 64 <= 65535. bwd: delta scratch as above; dk/dv overwritten.
 void launch_attention_fwd_mma(void* o, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,

@@ -4,6 +4,7 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/transformer/context_parallel.h"
 #include "mcpp/tensor_parallel/mappings.h"
 #include "mcpp/transformer/spec.h"
 
@@ -71,13 +72,16 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
   ctx.tokens = tokens;  // on the model's device (forward_step)
   Tensor x = word_embedding_->forward(tokens.view({s * b}));  // [s*b, h], all-reduced over TP
   if (position_embeddings_) {
-    // With context parallelism the tokens are rows [cp_rank * s, (cp_rank + 1) * s) of the sequence.
-    const int64_t first = static_cast<int64_t>(tp_.cp_rank()) * s;
-    MCPP_CHECK(first + s <= config_.max_position_embeddings, "sequence length {} exceeds max_position_embeddings {}",
-               s * tp_.cp_size(), config_.max_position_embeddings);
+    // With context parallelism the tokens are this CP rank's rows of the sequence (context_parallel.h).
+    MCPP_CHECK(s * tp_.cp_size() <= config_.max_position_embeddings,
+               "sequence length {} exceeds max_position_embeddings {}", s * tp_.cp_size(),
+               config_.max_position_embeddings);
     if (position_ids_.numel() != s * b || position_ids_b_ != b) {  // built once per shape, kept on the device
+      std::vector<int64_t> rows;  // the sequence position of each local row
+      for (const CpRows& r : cp_rows(s * tp_.cp_size(), tp_.cp_size(), tp_.cp_rank(), tp_.cp_p2p))
+        for (int64_t i = 0; i < r.count; ++i) rows.push_back(r.first + i);
       Tensor pos = Tensor::empty({s * b}, DType::I32);
-      for (int64_t i = 0; i < s * b; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(first + i / b);
+      for (int64_t i = 0; i < s * b; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(rows[i / b]);
       position_ids_ = pos.to(device_);
       position_ids_b_ = b;
     }
@@ -137,7 +141,16 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
     ctx.input = input;
     x = input;  // [s(/tp), b, h]
   }
-  ctx.rope = rope_for(s * tp_.cp_size());  // the attention applies RoPE to the whole sequence (CP: after cp2hp)
+  if (!has_rope_ || tp_.cp_size() == 1 || !tp_.cp_p2p) {
+    ctx.rope = rope_for(s * tp_.cp_size());  // the attention applies RoPE to the whole sequence (CP: after cp2hp)
+  } else {  // the ring attention rotates this CP rank's rows where they are: their rows of the tables
+    if (rope_cp_s_ != s) {
+      rope_cp_ = cp_rope_rows(rope_for(s * tp_.cp_size()), cp_rows(s * tp_.cp_size(), tp_.cp_size(), tp_.cp_rank(),
+                                                                    true));
+      rope_cp_s_ = s;
+    }
+    ctx.rope = rope_cp_;
+  }
   Tensor h = decoder_->forward(ctx.decoder, x, has_rope_ ? &ctx.rope : nullptr, opt);  // [s(/tp), b, h]
   if (!stage_.post_process) return h;
   Tensor logits = output_layer_->forward(ctx.output, h);  // [s, b, Vp/tp]

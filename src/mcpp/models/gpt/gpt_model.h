@@ -141,6 +141,8 @@ class GPTModel {
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
   RopeTables rope_;
   bool has_rope_ = false;
+  RopeTables rope_cp_;  // --cp-comm-type p2p: the tables of this CP rank's rows (built once per length)
+  int64_t rope_cp_s_ = 0;
 };
 
 }  // namespace mcpp
