@@ -65,10 +65,13 @@ void check(DType dt, int64_t h, bool drop = false) {
 
 // The router ops: top-k + softmaxes (the same choices: the logits are spaced, no near-ties), the expert-major
 // route positions (exact), and the router backward, against the CPU backend; logits fp32 or bf16.
-void check_router(DType dt, bool pre_softmax) {
+// opt: the score function and group-limited routing (z_coef is set here: 0.01 for softmax, 0 for sigmoid).
+void check_router(DType dt, ops::MoeTopkOptions opt) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " pre " << opt.pre_softmax << " sigmoid " << opt.sigmoid
+                                    << " groups " << opt.num_groups << "/" << opt.group_topk);
   const int64_t n = 300, e = 16, k = 3;
   Tensor logits = rnd({n, e}, 7, dt, -3.0, 3.0);
-  ops::MoeTopkOptions opt{.pre_softmax = pre_softmax, .z_coef = 0.01f};
+  opt.z_coef = opt.sigmoid ? 0.0f : 0.01f;
   Tensor topk = Tensor::empty({n, k}, DType::I32), probs = Tensor::empty({n, k}), scores = Tensor::empty({n, e});
   Tensor lse = Tensor::empty({n});
   ops::cpu::moe_topk_softmax(topk, probs, scores, lse, logits, opt, {});
@@ -97,8 +100,21 @@ void check_router(DType dt, bool pre_softmax) {
   EXPECT_LT(rel_err(host(ddl), dl), dt == DType::F32 ? 1e-5 : 4e-3);  // bf16: one output rounding
 }
 
-TEST(CudaMoeOps, RouterFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); check_router(DType::F32, false); }
-TEST(CudaMoeOps, RouterBf16PreSoftmaxMatchesCpu) { MCPP_REQUIRE_CUDA(); check_router(DType::BF16, true); }
+TEST(CudaMoeOps, RouterFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); check_router(DType::F32, {}); }
+TEST(CudaMoeOps, RouterBf16PreSoftmaxMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  check_router(DType::BF16, {.pre_softmax = true});
+}
+// DeepSeek-V3's router (sigmoid scores, group-limited routing) and group-limited softmax routing.
+TEST(CudaMoeOps, RouterSigmoidAndGroupLimitedMatchCpu) {
+  MCPP_REQUIRE_CUDA();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    check_router(dt, {.sigmoid = true});
+    check_router(dt, {.sigmoid = true, .num_groups = 4, .group_topk = 2});
+    check_router(dt, {.num_groups = 8, .group_topk = 3});
+    check_router(dt, {.pre_softmax = true, .num_groups = 2, .group_topk = 1});
+  }
+}
 TEST(CudaMoeOps, RoutePositionsAtScale) {  // more routes than one scan chunk per expert, uneven experts
   MCPP_REQUIRE_CUDA();
   const int64_t n = 20000, k = 2, e = 8;

@@ -117,6 +117,40 @@ TEST(MoeOps, TopkSoftmaxAndRoutePositionsMatchTheDefinitions) {
   }
 }
 
+// Group-limited routing and the sigmoid score function, worked by hand: 6 experts in 3 groups of 2, top-2 from the
+// best group (group_topk 1, each group scored by its k / group_topk = 2 largest values summed).
+TEST(MoeOps, GroupLimitedTopkAndSigmoidMatchTheDefinitions) {
+  const int64_t n = 2, e = 6, k = 2;
+  const std::vector<float> lg = {5.0f, -4.0f, 1.0f, 1.5f, 0.0f, 0.5f,   // sums 1.0 / 2.5 / 0.5: group 1 = {2, 3},
+                                 0.0f, 0.0f, 2.0f, -9.0f, 1.0f, 1.0f};  // though expert 0 is the best; 0 / -7 / 2
+  Tensor logits = Tensor::empty({n, e});
+  std::copy(lg.begin(), lg.end(), logits.data<float>());
+  Tensor topk = Tensor::empty({n, k}, DType::I32), probs = Tensor::empty({n, k}), scores = Tensor::empty({n, e});
+  Tensor lse = Tensor::empty({n});
+  ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.num_groups = 3, .group_topk = 1});
+  const std::vector<int32_t> want = {3, 2, 4, 5};  // token 1: a tie inside group 2 -> the lower expert first
+  for (int64_t q = 0; q < n * k; ++q) EXPECT_EQ(topk.data<int32_t>()[q], want[static_cast<size_t>(q)]) << q;
+  EXPECT_NEAR(probs.data<float>()[0], 1.0 / (1.0 + std::exp(-0.5)), 1e-7);  // softmax over the two chosen
+  // sigmoid: group scores are sums of sigmoids (monotone: the same groups here); probs = s / (s_a + s_b)
+  ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.sigmoid = true, .num_groups = 3, .group_topk = 1});
+  for (int64_t q = 0; q < n * k; ++q) EXPECT_EQ(topk.data<int32_t>()[q], want[static_cast<size_t>(q)]) << q;
+  auto sig = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  EXPECT_NEAR(probs.data<float>()[0], sig(1.5) / (sig(1.5) + sig(1.0)), 1e-7);
+  EXPECT_NEAR(probs.data<float>()[3], 0.5, 1e-7);
+  double z = 1e-20;
+  for (int64_t j = 0; j < e; ++j) z += sig(lg[static_cast<size_t>(j)]);
+  EXPECT_NEAR(lse.data<float>()[0], z, 1e-6);  // the aux loss's normalizer
+  EXPECT_NEAR(scores.data<float>()[0], sig(5.0) / z, 1e-7);
+  // two groups of three, group_topk 2 = no limit: the plain top-2
+  ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.num_groups = 2, .group_topk = 2});
+  EXPECT_EQ(topk.data<int32_t>()[0], 0);
+  EXPECT_EQ(topk.data<int32_t>()[1], 3);
+  EXPECT_THROW(ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.num_groups = 4, .group_topk = 1}), Error);
+  EXPECT_THROW(ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.num_groups = 3, .group_topk = 3}), Error);
+  EXPECT_THROW(ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.pre_softmax = true, .sigmoid = true}),
+               Error);
+}
+
 // Capacity (Megatron's topk_softmax_with_capacity): 6 tokens x top-2 over 3 experts, capacity 3.
 TEST(MoeOps, CapacityPositionsDropByProbsOrPosition) {
   const int64_t n = 6, k = 2, e = 3;
@@ -192,6 +226,8 @@ struct MoeCase {
   std::string policy = "probs";
   bool pad = false;
   float scaling = 0.0f;  // --moe-router-topk-scaling-factor
+  std::string score = "softmax";  // --moe-router-score-function
+  int64_t groups = 0, group_topk = 0;  // --moe-router-num-groups / --moe-router-group-topk
 };
 
 void write_raw(const std::string& path, const Tensor& t) {
@@ -214,10 +250,22 @@ TEST(MoELayer, MatchesTorchOracle) {
                                     .policy = "position"},
                             MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.001f, .topk = 3, .capacity = 1.0,
                                     .scaling = 2.5f},
-                            MoeCase{.style = "llama", .pre_softmax = true, .experts = 6, .scaling = 16.0f}}) {
+                            MoeCase{.style = "llama", .pre_softmax = true, .experts = 6, .scaling = 16.0f},
+                            // DeepSeek-V3's router: sigmoid scores, group-limited, routed scaling, aux loss
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .score = "sigmoid"},
+                            MoeCase{.style = "llama", .aux = 0.1f, .topk = 1, .score = "sigmoid"},
+                            MoeCase{.style = "llama", .aux = 0.01f, .experts = 8, .topk = 4, .ffn = 16,
+                                    .scaling = 2.5f, .score = "sigmoid", .groups = 4, .group_topk = 2},
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.001f, .experts = 8, .topk = 2, .ffn = 16,
+                                    .groups = 4, .group_topk = 1},
+                            MoeCase{.style = "llama", .pre_softmax = true, .aux = 0.1f, .experts = 6, .topk = 3,
+                                    .groups = 3, .group_topk = 2},
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .experts = 8, .topk = 3, .ffn = 16, .capacity = 0.75,
+                                    .score = "sigmoid", .groups = 2, .group_topk = 1}}) {
     SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts) +
                  " shared=" + std::to_string(mc.shared) + " capacity=" + std::to_string(mc.capacity) + " " +
-                 mc.policy + (mc.pad ? " pad" : "") + " scaling=" + std::to_string(mc.scaling));
+                 mc.policy + (mc.pad ? " pad" : "") + " scaling=" + std::to_string(mc.scaling) + " " + mc.score +
+                 " groups=" + std::to_string(mc.groups) + "/" + std::to_string(mc.group_topk));
     TransformerConfig c = testing::tiny_config(mc.style);
     c.num_moe_experts = mc.experts;
     c.moe_router_topk = mc.topk;
@@ -230,6 +278,9 @@ TEST(MoELayer, MatchesTorchOracle) {
     c.moe_token_drop_policy = mc.policy;
     c.moe_pad_expert_input_to_capacity = mc.pad;
     c.moe_router_topk_scaling_factor = mc.scaling;
+    c.moe_router_score_function = mc.score;
+    c.moe_router_num_groups = mc.groups;
+    c.moe_router_group_topk = mc.group_topk;
     c.finalize();
     c.validate();
     ParamAndGradBuffer params;
@@ -267,7 +318,8 @@ TEST(MoELayer, MatchesTorchOracle) {
       std::ofstream meta(dir + "/meta.txt");
       meta << n << " " << h << " " << mc.experts << " " << mc.topk << " " << mc.ffn << " " << (c.swiglu ? 1 : 0)
            << " " << (bias ? 1 : 0) << " " << (mc.pre_softmax ? 1 : 0) << " " << mc.aux << " " << mc.z << " "
-           << scale << " " << mc.shared << " " << mc.capacity << " " << mc.policy << " " << mc.scaling << "\n";
+           << scale << " " << mc.shared << " " << mc.capacity << " " << mc.policy << " " << mc.scaling << " "
+           << mc.score << " " << mc.groups << " " << mc.group_topk << "\n";
     }
     write_raw(dir + "/x.bin", x);
     write_raw(dir + "/dy.bin", dy);

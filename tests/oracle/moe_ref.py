@@ -4,7 +4,7 @@ SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py se
 
 Usage: moe_ref.py DIR
 DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S capacity_factor
-drop_policy scaling_factor") and raw little-endian
+drop_policy scaling_factor score_function num_groups group_topk") and raw little-endian
 float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
 expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias); mcpp's outputs
 y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z). With a
@@ -15,7 +15,8 @@ routes of the `capacity` largest probabilities ("probs") or its first `capacity`
 the others' probabilities masked to 0 (the load-balancing loss still counts every route, as Megatron's).
 
 The reference in float64: logits = x W_r^T; scores = softmax(logits); top-k of the logits with softmax over the k
-(or, pre_softmax, top-k of scores); y[t] = sum_i probs[t,i] * MLP_{e_i}(x[t]) (+ MLP_shared(x[t]));
+(or, pre_softmax, top-k of scores; or sigmoid scores normalized over the k, the aux loss on the sigmoid normalized over
+all E; with groups, Megatron's group_limited_topk); y[t] = sum_i probs[t,i] * MLP_{e_i}(x[t]) (+ MLP_shared(x[t]));
 aux = coeff * E / (n*n*k) * sum_e sum_t scores[t,e] * tokens_e; z = zcoeff * mean(logsumexp(logits)^2); grads by autograd of
 sum(dy * y) + loss_grad_scale * (aux + z). Prints the max relative errors; exit status 1 when any exceeds 2e-5.
 """
@@ -42,6 +43,8 @@ def main():
     S = int(fields[11])
     capacity_factor, policy = float(fields[12]), fields[13]
     scaling = float(fields[14])  # Megatron's moe_router_topk_scaling_factor (0: none)
+    sigmoid = fields[15] == "sigmoid"  # moe_router_score_function
+    groups, group_topk = int(fields[16]), int(fields[17])  # group-limited routing (0: off)
 
     x = load(d, "x", (n, h)).requires_grad_()
     dy = load(d, "dy", (n, h))
@@ -73,11 +76,28 @@ def main():
 
     logits = x @ wr.T
     scores = torch.softmax(logits, dim=-1)
-    if pre_softmax:
-        probs, top = torch.topk(scores, k, dim=-1)
+    # Megatron's topk_routing_with_score_function / group_limited_topk (router.py, moe_utils.py)
+    sel = torch.sigmoid(logits) if sigmoid else scores if pre_softmax else logits
+
+    def compute_topk(v):
+        if not groups:
+            return torch.topk(v, k, dim=-1)[1]
+        group_scores = v.view(n, groups, -1).topk(k // group_topk, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=group_topk, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(n, groups, E // groups).reshape(n, -1)
+        return torch.topk(v.masked_fill(~score_mask.bool(), float("-inf")), k, dim=-1)[1]
+
+    top = compute_topk(sel.detach())
+    if sigmoid:
+        s_top = torch.sigmoid(logits).gather(1, top)
+        probs = s_top / (s_top.sum(dim=-1, keepdim=True) + 1e-20) if k > 1 else s_top
+        s_all = torch.sigmoid(logits)  # compute_routing_scores_for_aux_loss
+        scores = s_all / (s_all.sum(dim=-1, keepdim=True) + 1e-20) if k > 1 else s_all
+    elif pre_softmax:
+        probs = scores.gather(1, top)
     else:
-        top_logits, top = torch.topk(logits, k, dim=-1)
-        probs = torch.softmax(top_logits, dim=-1)
+        probs = torch.softmax(logits.gather(1, top), dim=-1)
     tokens = torch.zeros(E, dtype=torch.float64)
     for e in range(E):
         tokens[e] = float((top == e).sum())

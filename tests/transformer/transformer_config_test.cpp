@@ -299,6 +299,54 @@ TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
   EXPECT_NE(moe_fp([](TransformerConfig& m) { m.moe_router_topk_scaling_factor = 2.5f; }), dropless);
   expect_invalid([](Config& c) { c.model.num_moe_experts = 4; c.model.moe_router_topk_scaling_factor = -1.0f; },
                  "moe_router_topk_scaling_factor");
+  // DeepSeek-V3's router: the score function and the group limit are math; bad combinations are named
+  const std::string sigmoid = moe_fp([](TransformerConfig& m) { m.moe_router_score_function = "sigmoid"; });
+  EXPECT_NE(sigmoid, dropless);
+  EXPECT_NE(moe_fp([](TransformerConfig& m) {
+              m.moe_router_score_function = "sigmoid";
+              m.moe_router_num_groups = 2;
+              m.moe_router_group_topk = 1;
+            }),
+            sigmoid);
+  EXPECT_NE(moe_fp([](TransformerConfig& m) {
+              m.moe_router_num_groups = 2;
+              m.moe_router_group_topk = 1;
+            }),
+            moe_fp([](TransformerConfig& m) {
+              m.moe_router_num_groups = 2;
+              m.moe_router_group_topk = 2;
+            }));
+  auto moe = [](const std::function<void(TransformerConfig&)>& edit) {
+    return [edit](Config& c) {
+      c.model.num_moe_experts = 8;
+      c.model.moe_router_topk = 2;
+      edit(c.model);
+    };
+  };
+  expect_invalid(moe([](TransformerConfig& m) { m.moe_router_score_function = "relu"; }), "softmax|sigmoid");
+  expect_invalid(moe([](TransformerConfig& m) {
+                   m.moe_router_score_function = "sigmoid";
+                   m.moe_router_pre_softmax = true;
+                 }),
+                 "moe_router_pre_softmax");
+  expect_invalid(moe([](TransformerConfig& m) {
+                   m.moe_router_score_function = "sigmoid";
+                   m.moe_z_loss_coeff = 0.001f;
+                 }),
+                 "moe_z_loss_coeff");
+  expect_invalid(moe([](TransformerConfig& m) { m.moe_router_group_topk = 1; }), "go together");
+  expect_invalid(moe([](TransformerConfig& m) {
+                   m.moe_router_num_groups = 3;
+                   m.moe_router_group_topk = 1;
+                 }),
+                 "divide num_moe_experts");
+  expect_invalid(moe([](TransformerConfig& m) {
+                   m.moe_router_num_groups = 8;
+                   m.moe_router_group_topk = 1;
+                   m.moe_router_topk = 2;
+                 }),
+                 "hold fewer than moe_router_topk");
+  expect_invalid([](Config& c) { c.model.moe_router_score_function = "sigmoid"; }, "need --num-experts");
 }
 
 TEST(TransformerConfig, JsonRoundTripAllFields) {

@@ -30,6 +30,20 @@ bool on_cuda(std::initializer_list<const Tensor*> ts) { return on_cuda_list(ts);
   const OpTimer mcpp_timer_(#name, mcpp_cuda_); \
   return mcpp_cuda_ ? cuda::name(__VA_ARGS__) : cpu::name(__VA_ARGS__)
 
+void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t num_experts, int64_t topk) {
+  MCPP_CHECK(!(opt.sigmoid && opt.pre_softmax), "{}: pre_softmax applies to the softmax score function, not sigmoid",
+             op);
+  if (opt.num_groups == 0 && opt.group_topk == 0) return;
+  const int64_t g = opt.num_groups;
+  MCPP_CHECK(g >= 1 && g <= kMaxMoeRouterGroups && num_experts % g == 0,
+             "{}: num_groups {} must be in [1, {}] and divide the {} experts", op, g, kMaxMoeRouterGroups, num_experts);
+  MCPP_CHECK(opt.group_topk >= 1 && opt.group_topk <= g && opt.group_topk <= topk,
+             "{}: group_topk {} must be in [1, min(num_groups {}, topk {})]", op, opt.group_topk, g, topk);
+  MCPP_CHECK(opt.group_topk * (num_experts / g) >= topk,
+             "{}: the {} kept groups of {} experts hold fewer than topk = {} experts", op, opt.group_topk,
+             num_experts / g, topk);
+}
+
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, Stream s) {
   MCPP_DISPATCH(gemm, ({&c, &a, &b}), c, a, b, opt, s);
 }

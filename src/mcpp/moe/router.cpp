@@ -17,6 +17,9 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
     : experts_(c.num_moe_experts),
       k_(c.moe_router_topk),
       pre_softmax_(c.moe_router_pre_softmax),
+      sigmoid_(c.moe_router_score_function == "sigmoid"),
+      num_groups_(c.moe_router_num_groups),
+      group_topk_(c.moe_router_group_topk),
       aux_loss_on_(c.moe_router_load_balancing_type == "aux_loss"),
       capacity_factor_(c.moe_expert_capacity_factor),
       scaling_(c.moe_router_topk_scaling_factor),
@@ -48,7 +51,7 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   ctx.scores = Tensor::empty({n, e}, DType::F32, dev);
   ctx.lse = Tensor::empty({n}, DType::F32, dev);
   ctx.idx = Tensor::empty({n, k}, DType::I32, dev);
-  ops::moe_topk_softmax(ctx.topk, ctx.probs, ctx.scores, ctx.lse, logits, {.pre_softmax = pre_softmax_});
+  ops::moe_topk_softmax(ctx.topk, ctx.probs, ctx.scores, ctx.lse, logits, topk_options(0.0f));
   ctx.weights = ctx.probs;
   if (scaling_ > 0.0f) {  // Megatron's probs * scaling_factor (the capacity's probs policy ranks the same)
     ctx.weights = ctx.probs.clone();
@@ -101,6 +104,11 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   ctx.z_loss = z_coeff_ > 0.0f && big_n > 0 && n > 0 ? z_coeff_ * ops::sum_of_squares(ctx.lse) / big_n : 0.0;
 }
 
+ops::MoeTopkOptions TopKRouter::topk_options(float z_coef) const {
+  return {.pre_softmax = pre_softmax_, .z_coef = z_coef, .sigmoid = sigmoid_, .num_groups = num_groups_,
+          .group_topk = group_topk_};
+}
+
 Tensor TopKRouter::backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scale) const {
   const int64_t n = ctx.n, e = experts_, k = k_;
   MCPP_CHECK(dprobs.numel() == n * k, "TopKRouter::backward: dprobs has {} values, expected {}", dprobs.numel(), n * k);
@@ -119,7 +127,7 @@ Tensor TopKRouter::backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scal
   Tensor dlogits = Tensor::empty({n, e}, ctx.x.dtype(), dev);
   ops::moe_topk_softmax_bwd(dlogits, dprobs.view({n, k}), ctx.probs, ctx.topk, ctx.scores, ctx.lse,
                             dev == Device::CPU ? aux_grad : aux_grad.to(dev),
-                            {.pre_softmax = pre_softmax_, .z_coef = static_cast<float>(z_c)});
+                            topk_options(static_cast<float>(z_c)));
   Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), dev);
   const ops::GradWrite gw = take_grad_overwrite({weight_}) ? ops::GradWrite::Overwrite : ops::GradWrite::Accumulate;
   ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, ctx.x, weight_->data, gw);

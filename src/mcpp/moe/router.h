@@ -4,6 +4,9 @@
 //     scores = softmax(logits) over the E experts;
 //     topk[t, :] = the k largest logits of token t (ties: the lower expert first), in descending order;
 //     probs[t, :] = softmax over those k logits — or, with moe_router_pre_softmax, scores[t, topk[t, :]];
+//     (moe_router_score_function sigmoid: s = sigmoid(logits), probs = s[topk] / their sum when k > 1, and scores =
+//     s / its sum over the E experts for the load-balancing loss; moe_router_num_groups / group_topk: topk only
+//     among the experts of each token's best groups — ops.inc moe_topk_softmax);
 //     weights = probs x moe_router_topk_scaling_factor (when set): the combine weights;
 //     idx = each route's expert-major row; tokens_per_expert[e] = how many of the n*k routes chose e (read to the
 //     host). With moe_expert_capacity_factor c > 0 (Megatron's topk_softmax_with_capacity): capacity =
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -80,8 +84,12 @@ class TopKRouter {
   int64_t topk() const { return k_; }
 
  private:
+  ops::MoeTopkOptions topk_options(float z_coef) const;  // the routing ops' options (z_coef: the backward's)
+
   int64_t experts_, k_;
-  bool pre_softmax_, aux_loss_on_;
+  bool pre_softmax_, sigmoid_;
+  int64_t num_groups_, group_topk_;  // group-limited routing (0: off)
+  bool aux_loss_on_;
   double capacity_factor_;  // 0: dropless
   float scaling_;           // moe_router_topk_scaling_factor (0: none)
   bool drop_by_probs_, pad_to_capacity_;

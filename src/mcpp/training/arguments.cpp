@@ -131,6 +131,11 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
                  "cap each expert at ceil(tokens * topk / experts * factor) routes, dropping the rest (0 = dropless)");
   app.add_option("--moe-token-drop-policy", m.moe_token_drop_policy, "probs|position");
   app.add_flag("--moe-pad-expert-input-to-capacity", m.moe_pad_expert_input_to_capacity);
+  app.add_option("--moe-router-score-function", m.moe_router_score_function, "softmax|sigmoid");
+  app.add_option("--moe-router-num-groups", m.moe_router_num_groups,
+                 "group-limited routing: the experts in this many groups (0 = off)");
+  app.add_option("--moe-router-group-topk", m.moe_router_group_topk,
+                 "group-limited routing: each token's experts come from this many groups");
   // ---- parallel
   app.add_option("--tensor-model-parallel-size", p.tensor_model_parallel_size);
   app.add_option("--pipeline-model-parallel-size", p.pipeline_model_parallel_size);

@@ -177,6 +177,28 @@ void TransformerConfig::validate() const {
       fail("moe_token_drop_policy: '{}' is not probs|position", moe_token_drop_policy);
     if (moe_pad_expert_input_to_capacity && moe_expert_capacity_factor == 0.0)
       fail("moe_pad_expert_input_to_capacity needs --moe-expert-capacity-factor (a capacity to pad to)");
+    if (moe_router_score_function != "softmax" && moe_router_score_function != "sigmoid")
+      fail("moe_router_score_function: '{}' is not softmax|sigmoid", moe_router_score_function);
+    if (moe_router_score_function == "sigmoid" && moe_router_pre_softmax)
+      fail("moe_router_pre_softmax applies to the softmax score function, not moe_router_score_function sigmoid");
+    if (moe_router_score_function == "sigmoid" && moe_z_loss_coeff > 0.0f)
+      fail("moe_z_loss_coeff ({}) with moe_router_score_function sigmoid is not implemented (the z-loss is the "
+           "softmax router's)", moe_z_loss_coeff);
+    if ((moe_router_num_groups > 0) != (moe_router_group_topk > 0))
+      fail("moe_router_num_groups ({}) and moe_router_group_topk ({}) go together (group-limited routing)",
+           moe_router_num_groups, moe_router_group_topk);
+    if (moe_router_num_groups != 0) {
+      if (moe_router_num_groups < 0 || moe_router_num_groups > 64 || num_moe_experts % moe_router_num_groups != 0)
+        fail("moe_router_num_groups ({}) must be in [1, 64] and divide num_moe_experts ({})", moe_router_num_groups,
+             num_moe_experts);  // 64: ops::kMaxMoeRouterGroups
+      if (moe_router_group_topk < 1 || moe_router_group_topk > moe_router_num_groups ||
+          moe_router_group_topk > moe_router_topk)
+        fail("moe_router_group_topk ({}) must be in [1, min(moe_router_num_groups = {}, moe_router_topk = {})]",
+             moe_router_group_topk, moe_router_num_groups, moe_router_topk);
+      if (moe_router_group_topk * (num_moe_experts / moe_router_num_groups) < moe_router_topk)
+        fail("moe_router_group_topk ({}) groups of {} experts hold fewer than moe_router_topk = {} experts",
+             moe_router_group_topk, num_moe_experts / moe_router_num_groups, moe_router_topk);
+    }
     if (num_moe_layers() == 0)
       fail("moe_layer_freq: '{}' selects no layer of {} as a MoE layer; with --num-experts {} at least one must be",
            moe_layer_freq, num_layers, num_moe_experts);
@@ -189,6 +211,9 @@ void TransformerConfig::validate() const {
     if (moe_expert_capacity_factor != 0.0 || moe_pad_expert_input_to_capacity)
       fail("moe_expert_capacity_factor / moe_pad_expert_input_to_capacity need --num-experts: the model has no "
            "experts to cap");
+    if (moe_router_score_function != "softmax" || moe_router_num_groups != 0 || moe_router_group_topk != 0)
+      fail("moe_router_score_function / moe_router_num_groups / moe_router_group_topk need --num-experts: the model "
+           "has no router");
   }
 }
 
@@ -458,6 +483,9 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size);
   v("moe_expert_capacity_factor", m.moe_expert_capacity_factor);
   v("moe_token_drop_policy", m.moe_token_drop_policy);
+  v("moe_router_score_function", m.moe_router_score_function);
+  v("moe_router_num_groups", m.moe_router_num_groups);
+  v("moe_router_group_topk", m.moe_router_group_topk);
   v("moe_pad_expert_input_to_capacity", m.moe_pad_expert_input_to_capacity);
 }
 template <class P, class V> void visit_parallel(P& p, V&& v) {
@@ -667,6 +695,11 @@ nlohmann::json Config::math_fields() const {
       j["moe_shared_expert_intermediate_size"] = m.moe_shared_expert_intermediate_size;
     if (m.moe_router_topk_scaling_factor > 0.0f)
       j["moe_router_topk_scaling_factor"] = json_value(m.moe_router_topk_scaling_factor);
+    if (m.moe_router_score_function != "softmax") j["moe_router_score_function"] = m.moe_router_score_function;
+    if (m.moe_router_num_groups > 0) {
+      j["moe_router_num_groups"] = m.moe_router_num_groups;
+      j["moe_router_group_topk"] = m.moe_router_group_topk;
+    }
     if (m.moe_expert_capacity_factor > 0.0) {  // which routes are dropped (padding changes no value)
       j["moe_expert_capacity_factor"] = m.moe_expert_capacity_factor;
       j["moe_token_drop_policy"] = m.moe_token_drop_policy;

@@ -112,6 +112,15 @@ struct TransformerConfig {
   double moe_expert_capacity_factor = 0.0;
   std::string moe_token_drop_policy = "probs";
   bool moe_pad_expert_input_to_capacity = false;
+  // Megatron's --moe-router-score-function: "softmax" (above) or "sigmoid" (DeepSeek-V3): scores s = sigmoid(logits),
+  // the top k of s, probabilities = s over their sum when k > 1 (s itself when k = 1); the load-balancing loss
+  // uses s normalized over all experts. No z-loss and no pre-softmax with it.
+  std::string moe_router_score_function = "softmax";
+  // Megatron's --moe-router-num-groups / --moe-router-group-topk (group-limited routing, DeepSeek-V2/V3's
+  // device-limited routing): the experts in num_groups groups of consecutive ones; each token picks the group_topk
+  // groups whose k / group_topk largest scores sum highest, then its top k among their experts. 0 = off.
+  int64_t moe_router_num_groups = 0;
+  int64_t moe_router_group_topk = 0;
 
   // Derived (valid after finalize()).
   int64_t head_dim() const { return kv_channels; }

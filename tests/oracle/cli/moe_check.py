@@ -35,7 +35,10 @@ usage: moe_check.py MCPP WORKDIR
      gives the same losses; DP2 x EP2 (padded, "position" policy too) and PP2 x DP2 x EP2 with the distributed
      optimizer equal their 1-rank runs (capacity is per microbatch of local tokens, as Megatron's); the padded
      run's memory plan equals the measured activations; bad capacity flags fail by name;
-     --moe-router-topk-scaling-factor 2.5 trains differently and DP2 x EP2 equals 1 rank.
+     --moe-router-topk-scaling-factor 2.5 trains differently and DP2 x EP2 equals 1 rank;
+  8. DeepSeek-V3's router (--moe-router-score-function sigmoid, --moe-router-num-groups / --moe-router-group-topk,
+     routed scaling): another function than softmax and than ungrouped sigmoid routing; DP2 x EP2, TP2 + SP and
+     PP2 x DP2 x EP2 + distributed optimizer equal 1 rank; bad router flags fail by name.
 """
 import os
 import re
@@ -271,6 +274,34 @@ if losses(scale_one) == losses(one):
     failures.append("topk scaling factor 2.5: the unscaled run's losses")
 same("scaling factor dp2 x ep2", train("scale_ep2", 2, [*M, *MOE, *SCALE, *EP2]), scale_one)
 check_memory_plan("capacity padded 1 rank", os.path.join(WORK, "cap_pad"), 1, [*M, *MOE, *CAP, *PAD], 1)
+
+# 8. DeepSeek-V3's router: sigmoid scores, group-limited routing (4 experts in 2 groups, each token's 2 experts from
+# its best group), routed scaling; no z-loss with sigmoid. Another function than softmax routing; DP2 x EP2 (each
+# rank one group's experts), TP2 + SP and PP2 x DP2 x EP2 + distributed optimizer equal 1 rank
+DSV3 = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--moe-aux-loss-coeff",
+        "0.01", "--moe-router-score-function", "sigmoid", "--moe-router-num-groups", "2", "--moe-router-group-topk",
+        "1", "--moe-router-topk-scaling-factor", "2.5"]
+ds_one = train("ds_one", None, [*M, *DSV3])
+if losses(ds_one) == losses(scale_one) or not losses(ds_one):
+    failures.append(f"sigmoid + group-limited routing: {losses(ds_one)} (the softmax router's, or none)")
+sig_one = train("sig_one", None, [*M, *DSV3[:-6], *DSV3[-2:]])  # sigmoid, no groups
+if losses(sig_one) == losses(ds_one):
+    failures.append("group-limited routing: the ungrouped run's losses (no group limit applied?)")
+same("sigmoid + groups dp2 x ep2", train("ds_ep2", 2, [*M, *DSV3, *EP2]), ds_one)
+same("sigmoid + groups tp2 + sp", train("ds_tp2", 2, [*M, *DSV3, *TP2]), ds_one)
+same("sigmoid + groups pp2 x dp2 x ep2 distributed optimizer",
+     train("ds_pp2_ep2", 4, [*M, *DSV3, *EP2, *PP2, *DISTOPT]), ds_one)
+for name, cmd, words in (
+        ("sigmoid + z-loss", [*M, *MOE, "--moe-router-score-function", "sigmoid"],
+         ["moe_z_loss_coeff", "sigmoid"]),
+        ("score function", [*M, *MOE, "--moe-router-score-function", "tanh"], ["moe_router_score_function", "tanh"]),
+        ("groups without group topk", [*M, *MOE, "--moe-router-num-groups", "2"],
+         ["moe_router_num_groups", "moe_router_group_topk"]),
+        ("groups % experts", [*M, *MOE, "--moe-router-num-groups", "3", "--moe-router-group-topk", "1"],
+         ["moe_router_num_groups", "divide num_moe_experts"]),
+        ("group topk > topk", [*M, *MOE, "--moe-router-num-groups", "4", "--moe-router-group-topk", "3"],
+         ["moe_router_group_topk", "moe_router_topk = 2"])):
+    check_error(name, ["train", *cmd, "--save", os.path.join(WORK, "bad")], words, None)
 
 if failures:
     print("FAILED:\n" + "\n".join(failures))

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "mcpp/kernels/cpu/checks.h"
@@ -129,6 +130,30 @@ void check_f32(const char* op, const char* arg, const Tensor& t, const Shape& sh
 }
 }  // namespace
 
+namespace {
+// Group-limited routing (opt.num_groups > 0): allowed[j] = 1 for the experts of the group_topk groups with the
+// largest sums of their k / group_topk largest values v (ties to the lower group), else 0. scratch: E doubles.
+void allowed_groups(const double* v, int64_t e, int64_t k, const MoeTopkOptions& opt, char* allowed,
+                    double* scratch) {
+  const int64_t groups = opt.num_groups, per = e / groups, m = k / opt.group_topk;
+  double gs[kMaxMoeRouterGroups];
+  for (int64_t g = 0; g < groups; ++g) {  // the sum of the m largest (ties do not change a sum)
+    std::copy(v + g * per, v + (g + 1) * per, scratch);
+    std::partial_sort(scratch, scratch + m, scratch + per, std::greater<>());
+    gs[g] = 0.0;
+    for (int64_t i = 0; i < m; ++i) gs[g] += scratch[i];
+  }
+  uint64_t chosen = 0;
+  for (int64_t i = 0; i < opt.group_topk; ++i) {
+    int64_t best = -1;
+    for (int64_t g = 0; g < groups; ++g)
+      if (!((chosen >> g) & 1) && (best < 0 || gs[g] > gs[best])) best = g;
+    chosen |= uint64_t{1} << best;
+  }
+  for (int64_t j = 0; j < e; ++j) allowed[j] = static_cast<char>((chosen >> (j / per)) & 1);
+}
+}  // namespace
+
 void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, const Tensor& logits,
                       const MoeTopkOptions& opt, Stream) {
   const char* op = "moe_topk_softmax";
@@ -141,32 +166,80 @@ void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, 
   check_f32(op, "probs", probs, {n, k});
   check_f32(op, "scores", scores, {n, e});
   check_f32(op, "lse", lse, {n});
+  check_moe_topk_options(op, opt, e, k);
   const float* lgp = logits.data<float>();
   float *sp = scores.data<float>(), *pp = probs.data<float>(), *lp = lse.data<float>();
   int32_t* tp = topk.data<int32_t>();
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < n; ++t) {
-    const float* lg = lgp + t * e;
-    lp[t] = static_cast<float>(softmax_into(lg, e, sp + t * e));
-    int32_t* top = tp + t * k;
-    float* pr = pp + t * k;
-    for (int64_t i = 0; i < k; ++i) {  // k passes of max: the largest not yet taken, ties to the lower expert
-      int32_t best = -1;
-      for (int32_t j = 0; j < static_cast<int32_t>(e); ++j) {
-        bool taken = false;
-        for (int64_t q = 0; q < i && !taken; ++q) taken = top[q] == j;
-        if (!taken && (best < 0 || lg[j] > lg[best])) best = j;
+#pragma omp parallel
+  {
+    std::vector<double> v(static_cast<size_t>(e)), scratch(static_cast<size_t>(e));
+    std::vector<char> allowed(static_cast<size_t>(e), 1);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      const float* lg = lgp + t * e;
+      float* sc = sp + t * e;
+      if (opt.sigmoid) {  // s = sigmoid(logits); scores = s normalized for the load-balancing loss when k > 1
+        double z = 0.0;
+        for (int64_t j = 0; j < e; ++j) z += v[static_cast<size_t>(j)] = 1.0 / (1.0 + std::exp(-double{lg[j]}));
+        z += 1e-20;
+        for (int64_t j = 0; j < e; ++j) {
+          const double sj = v[static_cast<size_t>(j)];
+          sc[j] = static_cast<float>(k > 1 ? sj / z : sj);
+        }
+        lp[t] = static_cast<float>(z);
+      } else {
+        lp[t] = static_cast<float>(softmax_into(lg, e, sc));
+        for (int64_t j = 0; j < e; ++j) v[static_cast<size_t>(j)] = opt.pre_softmax ? sc[j] : lg[j];
       }
-      top[i] = best;
-      pr[i] = opt.pre_softmax ? sp[t * e + best] : lg[best];
-    }
-    if (!opt.pre_softmax) {
-      float sel[64];
-      for (int64_t i = 0; i < k; ++i) sel[i] = pr[i];
-      softmax_into(sel, k, pr);
+      if (opt.num_groups > 0) allowed_groups(v.data(), e, k, opt, allowed.data(), scratch.data());
+      int32_t* top = tp + t * k;
+      float* pr = pp + t * k;
+      // k passes of max over the allowed experts: the largest logit not yet taken (the order of every score
+      // function's values), ties to the lower expert
+      for (int64_t i = 0; i < k; ++i) {
+        int32_t best = -1;
+        for (int32_t j = 0; j < static_cast<int32_t>(e); ++j) {
+          if (!allowed[static_cast<size_t>(j)]) continue;
+          bool taken = false;
+          for (int64_t q = 0; q < i && !taken; ++q) taken = top[q] == j;
+          if (!taken && (best < 0 || lg[j] > lg[best])) best = j;
+        }
+        top[i] = best;
+      }
+      if (opt.sigmoid) {
+        double zk = 0.0;
+        for (int64_t i = 0; i < k; ++i) zk += v[static_cast<size_t>(top[i])];
+        for (int64_t i = 0; i < k; ++i) {
+          const double si = v[static_cast<size_t>(top[i])];
+          pr[i] = static_cast<float>(k > 1 ? si / (zk + 1e-20) : si);
+        }
+      } else if (opt.pre_softmax) {
+        for (int64_t i = 0; i < k; ++i) pr[i] = sc[top[i]];
+      } else {
+        float sel[64];
+        for (int64_t i = 0; i < k; ++i) sel[i] = lg[top[i]];
+        softmax_into(sel, k, pr);
+      }
     }
   }
 }
+
+namespace {
+// The sigmoid score function's backward for one token (opt.sigmoid): s_j = sigmoid(logit_j) = scores[j] * z when
+// k > 1 (scores = s / z, z = lse = sum s + 1e-20), else scores[j]. probs = s[top] / (sum s[top] + 1e-20) and
+// scores' normalization each give ds by their Jacobians; dlogits = ds s (1 - s). ds: E doubles of scratch.
+void sigmoid_bwd(float* dl, const float* scores, float z, const int32_t* top, const float* pr, const float* dp,
+                 const float* ag, int64_t e, int64_t k, double* ds) {
+  auto sig = [&](int64_t j) { return k > 1 ? static_cast<double>(scores[j]) * z : static_cast<double>(scores[j]); };
+  double ga = 0.0;  // <g, scores>
+  for (int64_t j = 0; j < e; ++j) ga += static_cast<double>(ag[j]) * scores[j];
+  for (int64_t j = 0; j < e; ++j) ds[j] = k > 1 ? (ag[j] - ga) / z : ag[j];
+  double zk = 0.0, dot = 0.0;
+  for (int64_t i = 0; i < k; ++i) zk += sig(top[i]), dot += static_cast<double>(dp[i]) * pr[i];
+  for (int64_t i = 0; i < k; ++i) ds[top[i]] += k > 1 ? (dp[i] - dot) / (zk + 1e-20) : dp[i];
+  for (int64_t j = 0; j < e; ++j) dl[j] = static_cast<float>(ds[j] * sig(j) * (1.0 - sig(j)));
+}
+}  // namespace
 
 void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& probs, const Tensor& topk,
                           const Tensor& scores, const Tensor& lse, const Tensor& aux_grad, const MoeTopkOptions& opt,
@@ -181,6 +254,9 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
   check_f32(op, "probs", probs, {n, k});
   check_f32(op, "lse", lse, {n});
   check_f32(op, "aux_grad", aux_grad, {e});
+  check_moe_topk_options(op, opt, e, k);
+  MCPP_CHECK(!opt.sigmoid || opt.z_coef == 0.0f, "{}: the z-loss is not implemented with the sigmoid score function",
+             op);
   const int32_t* tp = topk.data<int32_t>();
   const float *pp = probs.data<float>(), *dpp = dprobs.data<float>(), *sp = scores.data<float>();
   const float *lp = lse.data<float>(), *ag = aux_grad.data<float>();
@@ -196,6 +272,10 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
       for (int64_t j = 0; j < e; ++j) {
         g[static_cast<size_t>(j)] = ag[j];
         dl[j] = 0.0f;
+      }
+      if (opt.sigmoid) {
+        sigmoid_bwd(dl, s, lp[t], top, pr, dp, ag, e, k, g.data());
+        continue;
       }
       if (opt.pre_softmax) {
         for (int64_t i = 0; i < k; ++i) g[static_cast<size_t>(top[i])] += dp[i];

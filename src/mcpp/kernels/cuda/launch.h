@@ -98,11 +98,17 @@ void launch_moe_unpermute(FOut y, FIn in, const int32_t* idx, const float* w, in
                           cudaStream_t s);
 void launch_moe_unpermute_bwd(FOut din, float* dw, FIn dy, FIn in, const int32_t* idx, const float* w, int64_t n,
                               int64_t k, int64_t h, cudaStream_t s);
+// The router's options (ops.h MoeTopkOptions) as the kernels read them; num_groups <= kMaxGroups.
+constexpr int64_t kMaxGroups = 64;
+struct MoeTopkArgs {
+  bool pre_softmax = false, sigmoid = false;
+  int64_t num_groups = 0, group_topk = 0;
+};
 void launch_moe_topk_softmax(int32_t* topk, float* probs, float* scores, float* lse, FIn logits, int64_t n, int64_t e,
-                             int64_t k, bool pre_softmax, cudaStream_t s);
+                             int64_t k, const MoeTopkArgs& a, cudaStream_t s);
 void launch_moe_topk_softmax_bwd(FOut dlogits, const float* dprobs, const float* probs, const int32_t* topk,
                                  const float* scores, const float* lse, const float* aux_grad, int64_t n, int64_t e,
-                                 int64_t k, bool pre_softmax, float z_coef, cudaStream_t s);
+                                 int64_t k, const MoeTopkArgs& a, float z_coef, cudaStream_t s);
 // counts [e] int64 (overwritten), idx [routes] int32: the expert-major rows (ops.inc moe_route_positions)
 void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* topk, int64_t routes, int64_t e,
                                 cudaStream_t s);

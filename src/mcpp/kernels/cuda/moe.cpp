@@ -67,6 +67,13 @@ void check_shape(const char* op, const char* arg, const Tensor& t, DType dt, con
 }
 }  // namespace
 
+namespace {
+MoeTopkArgs topk_args(const MoeTopkOptions& o) {
+  static_assert(kMaxGroups == kMaxMoeRouterGroups);
+  return {.pre_softmax = o.pre_softmax, .sigmoid = o.sigmoid, .num_groups = o.num_groups, .group_topk = o.group_topk};
+}
+}  // namespace
+
 void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, const Tensor& logits,
                       const MoeTopkOptions& opt, Stream stream) {
   const char* op = "moe_topk_softmax";
@@ -79,8 +86,9 @@ void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, 
   check_shape(op, "probs", probs, DType::F32, {n, k});
   check_shape(op, "scores", scores, DType::F32, {n, e});
   check_shape(op, "lse", lse, DType::F32, {n});
+  check_moe_topk_options(op, opt, e, k);
   launch_moe_topk_softmax(topk.data<int32_t>(), probs.data<float>(), scores.data<float>(), lse.data<float>(), lg, n, e,
-                          k, opt.pre_softmax, stream_of(stream));
+                          k, topk_args(opt), stream_of(stream));
 }
 
 void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& probs, const Tensor& topk,
@@ -99,8 +107,11 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
   check_shape(op, "probs", probs, DType::F32, {n, k});
   check_shape(op, "lse", lse, DType::F32, {n});
   check_shape(op, "aux_grad", aux_grad, DType::F32, {e});
+  check_moe_topk_options(op, opt, e, k);
+  MCPP_CHECK(!opt.sigmoid || opt.z_coef == 0.0f, "{}: the z-loss is not implemented with the sigmoid score function",
+             op);
   launch_moe_topk_softmax_bwd(dl, dprobs.data<float>(), probs.data<float>(), topk.data<int32_t>(), scores.data<float>(),
-                              lse.data<float>(), aux_grad.data<float>(), n, e, k, opt.pre_softmax, opt.z_coef,
+                              lse.data<float>(), aux_grad.data<float>(), n, e, k, topk_args(opt), opt.z_coef,
                               stream_of(stream));
 }
 

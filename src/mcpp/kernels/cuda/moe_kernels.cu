@@ -130,31 +130,89 @@ unsigned grid_blocks(int64_t items) {  // grid-stride loops: at most 16 blocks o
 
 constexpr int kTokThreads = 128;
 
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// The selection value of expert j for the group scores: the logit, the softmax score (pre_softmax) or the sigmoid.
+__device__ __forceinline__ float group_value(const float* scores, FIn logits, int64_t t, int64_t e, int64_t j,
+                                             const MoeTopkArgs& a) {
+  return a.sigmoid ? sigmoidf(logits[t * e + j]) : a.pre_softmax ? scores[t * e + j] : logits[t * e + j];
+}
+
+// Group-limited routing: the bit mask of the group_topk groups with the largest sums of their m = k / group_topk
+// largest values (ties to the lower group; a group's m largest taken in (value desc, index asc) order).
+__device__ uint64_t allowed_groups(const float* scores, FIn logits, int64_t t, int64_t e, int64_t k,
+                                   const MoeTopkArgs& a) {
+  const int64_t per = e / a.num_groups, m = k / a.group_topk;
+  float gs[kMaxGroups];
+  for (int64_t g = 0; g < a.num_groups; ++g) {
+    float sum = 0.0f, prev_v = INFINITY;
+    int64_t prev_j = -1;
+    for (int64_t i = 0; i < m; ++i) {  // the largest below the previous pick in (value desc, index asc) order
+      float bv = -INFINITY;
+      int64_t bj = -1;
+      for (int64_t j = g * per; j < (g + 1) * per; ++j) {
+        const float v = group_value(scores, logits, t, e, j, a);
+        const bool below = v < prev_v || (v == prev_v && j > prev_j);
+        if (below && (bj < 0 || v > bv)) bv = v, bj = j;
+      }
+      sum += bv;
+      prev_v = bv, prev_j = bj;
+    }
+    gs[g] = sum;
+  }
+  uint64_t chosen = 0;
+  for (int64_t i = 0; i < a.group_topk; ++i) {
+    int64_t best = -1;
+    for (int64_t g = 0; g < a.num_groups; ++g)
+      if (!((chosen >> g) & 1) && (best < 0 || gs[g] > gs[best])) best = g;
+    chosen |= uint64_t{1} << best;
+  }
+  return chosen;
+}
+
 __global__ void moe_topk_softmax_kernel(int32_t* topk, float* probs, float* scores, float* lse, FIn logits, int64_t n,
-                                        int64_t e, int64_t k, bool pre_softmax) {
+                                        int64_t e, int64_t k, MoeTopkArgs a) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= n) return;
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < e; ++j) mx = fmaxf(mx, logits[t * e + j]);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < e; ++j) sum += expf(logits[t * e + j] - mx);
-  for (int64_t j = 0; j < e; ++j) scores[t * e + j] = expf(logits[t * e + j] - mx) / sum;
-  lse[t] = mx + logf(sum);
+  if (a.sigmoid) {  // scores = the load-balancing loss's normalized sigmoid (k > 1), lse = its normalizer
+    float z = 0.0f;
+    for (int64_t j = 0; j < e; ++j) z += sigmoidf(logits[t * e + j]);
+    z += 1e-20f;
+    for (int64_t j = 0; j < e; ++j) {
+      const float sj = sigmoidf(logits[t * e + j]);
+      scores[t * e + j] = k > 1 ? sj / z : sj;
+    }
+    lse[t] = z;
+  } else {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < e; ++j) mx = fmaxf(mx, logits[t * e + j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < e; ++j) sum += expf(logits[t * e + j] - mx);
+    for (int64_t j = 0; j < e; ++j) scores[t * e + j] = expf(logits[t * e + j] - mx) / sum;
+    lse[t] = mx + logf(sum);
+  }
+  const uint64_t groups = a.num_groups > 0 ? allowed_groups(scores, logits, t, e, k, a) : ~uint64_t{0};
+  const int64_t per = a.num_groups > 0 ? e / a.num_groups : e;
   int32_t* top = topk + t * k;
   float* pr = probs + t * k;
-  for (int64_t i = 0; i < k; ++i) {  // k passes of max: the largest not yet taken, ties to the lower expert
+  for (int64_t i = 0; i < k; ++i) {  // k passes of max of the logits (every score function's order), ties low
     int32_t best = -1;
     float bv = -INFINITY;
     for (int32_t j = 0; j < static_cast<int32_t>(e); ++j) {
+      if (!((groups >> (j / per)) & 1)) continue;
       bool taken = false;
       for (int64_t q = 0; q < i && !taken; ++q) taken = top[q] == j;
       const float v = logits[t * e + j];
       if (!taken && (best < 0 || v > bv)) best = j, bv = v;
     }
     top[i] = best;
-    pr[i] = pre_softmax ? scores[t * e + best] : bv;
+    pr[i] = a.sigmoid ? sigmoidf(bv) : a.pre_softmax ? scores[t * e + best] : bv;
   }
-  if (!pre_softmax) {  // softmax over the k chosen logits (pr[0] is their max: descending order)
+  if (a.sigmoid && k > 1) {
+    float zk = 0.0f;
+    for (int64_t i = 0; i < k; ++i) zk += pr[i];
+    for (int64_t i = 0; i < k; ++i) pr[i] = pr[i] / (zk + 1e-20f);
+  } else if (!a.sigmoid && !a.pre_softmax) {  // softmax over the k chosen logits (pr[0] is their max)
     float s2 = 0.0f;
     for (int64_t i = 0; i < k; ++i) s2 += expf(pr[i] - pr[0]);
     const float m0 = pr[0];
@@ -164,11 +222,26 @@ __global__ void moe_topk_softmax_kernel(int32_t* topk, float* probs, float* scor
 
 __global__ void moe_topk_softmax_bwd_kernel(FOut dlogits, const float* dprobs, const float* probs, const int32_t* topk,
                                             const float* scores, const float* lse, const float* aux_grad, int64_t n,
-                                            int64_t e, int64_t k, bool pre_softmax, float z_coef) {
+                                            int64_t e, int64_t k, MoeTopkArgs a, float z_coef) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= n) return;
   const int32_t* top = topk + t * k;
   const float *pr = probs + t * k, *dp = dprobs + t * k, *s = scores + t * e;
+  if (a.sigmoid) {  // s_j = scores * z (k > 1); ds by the two normalizations' Jacobians; dlogit = ds s (1 - s)
+    const float z = lse[t];
+    float ga = 0.0f, zk = 0.0f, dot = 0.0f;
+    for (int64_t j = 0; j < e; ++j) ga += aux_grad[j] * s[j];
+    for (int64_t i = 0; i < k; ++i) zk += k > 1 ? s[top[i]] * z : s[top[i]], dot += dp[i] * pr[i];
+    for (int64_t j = 0; j < e; ++j) {
+      float ds = k > 1 ? (aux_grad[j] - ga) / z : aux_grad[j];
+      for (int64_t i = 0; i < k; ++i)
+        if (top[i] == j) ds += k > 1 ? (dp[i] - dot) / (zk + 1e-20f) : dp[i];
+      const float sj = k > 1 ? s[j] * z : s[j];
+      dlogits.set(t * e + j, ds * sj * (1.0f - sj));
+    }
+    return;
+  }
+  const bool pre_softmax = a.pre_softmax;
   float sg = 0.0f, dot = 0.0f;  // <s, g>; sum_i p_i dp_i (the top-k softmax's)
   for (int64_t j = 0; j < e; ++j) sg += s[j] * aux_grad[j];
   for (int64_t i = 0; i < k; ++i) {
@@ -323,20 +396,20 @@ void launch_moe_capacity_positions(int32_t* idx, int64_t* kept, const int64_t* c
 }
 
 void launch_moe_topk_softmax(int32_t* topk, float* probs, float* scores, float* lse, FIn logits, int64_t n, int64_t e,
-                             int64_t k, bool pre_softmax, cudaStream_t s) {
+                             int64_t k, const MoeTopkArgs& a, cudaStream_t s) {
   if (n <= 0) return;
   const auto blocks = static_cast<unsigned>((n + kTokThreads - 1) / kTokThreads);
-  moe_topk_softmax_kernel<<<blocks, kTokThreads, 0, s>>>(topk, probs, scores, lse, logits, n, e, k, pre_softmax);
+  moe_topk_softmax_kernel<<<blocks, kTokThreads, 0, s>>>(topk, probs, scores, lse, logits, n, e, k, a);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
 void launch_moe_topk_softmax_bwd(FOut dlogits, const float* dprobs, const float* probs, const int32_t* topk,
                                  const float* scores, const float* lse, const float* aux_grad, int64_t n, int64_t e,
-                                 int64_t k, bool pre_softmax, float z_coef, cudaStream_t s) {
+                                 int64_t k, const MoeTopkArgs& a, float z_coef, cudaStream_t s) {
   if (n <= 0) return;
   const auto blocks = static_cast<unsigned>((n + kTokThreads - 1) / kTokThreads);
   moe_topk_softmax_bwd_kernel<<<blocks, kTokThreads, 0, s>>>(dlogits, dprobs, probs, topk, scores, lse, aux_grad, n,
-                                                             e, k, pre_softmax, z_coef);
+                                                             e, k, a, z_coef);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
