@@ -46,7 +46,10 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
 
 // capacity (MoE): the experts capped (drop policy "position": the same drops on both backends whatever the
 // probabilities' last bits), padded to capacity, with a shared expert, in the second layer only.
-void compare(const std::string& style, DType dt, bool dropout = false, bool moe = false, bool capacity = false) {
+// deepseek (MoE): DeepSeek-V3's router — sigmoid scores, 4 experts in 2 groups (each token's from its best group),
+// routed scaling 2.5, no z-loss.
+void compare(const std::string& style, DType dt, bool dropout = false, bool moe = false, bool capacity = false,
+             bool deepseek = false) {
   // cuDNN's attention dropout draws its own mask: the comparison with the CPU's runs the mcpp kernels
   const CudnnAttentionScope attention(!dropout && ops::cuda::cudnn_attention());
   TransformerConfig c = testing::tiny_gpu_config(style);
@@ -62,6 +65,13 @@ void compare(const std::string& style, DType dt, bool dropout = false, bool moe 
       c.moe_pad_expert_input_to_capacity = true;
       c.moe_shared_expert_intermediate_size = 24;
       c.moe_layer_freq = "[0]*" + std::to_string(c.num_layers - 1) + "+[1]";
+    }
+    if (deepseek) {
+      c.moe_z_loss_coeff = 0.0f;
+      c.moe_router_score_function = "sigmoid";
+      c.moe_router_num_groups = 2;
+      c.moe_router_group_topk = 1;
+      c.moe_router_topk_scaling_factor = 2.5f;
     }
     c.finalize();
     c.validate();
@@ -93,6 +103,10 @@ TEST(CudaGPTModel, LlamaStyleMoeFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("
 TEST(CudaGPTModel, MoeCapacityPaddedSharedFp32MatchesCpu) {
   MCPP_REQUIRE_CUDA();
   compare("llama", DType::F32, false, true, true);
+}
+TEST(CudaGPTModel, MoeSigmoidGroupLimitedFp32MatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("gpt2", DType::F32, false, true, false, true);
 }
 TEST(CudaGPTModel, LlamaStyleFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32); }
 TEST(CudaGPTModel, Gpt2StyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::BF16); }

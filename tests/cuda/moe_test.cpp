@@ -77,7 +77,9 @@ void check_router(DType dt, ops::MoeTopkOptions opt) {
   ops::cpu::moe_topk_softmax(topk, probs, scores, lse, logits, opt, {});
   Tensor dtopk = Tensor::empty({n, k}, DType::I32, Device::CUDA), dprobs_out = poisoned({n, k}, DType::F32);
   Tensor dscores = poisoned({n, e}, DType::F32), dlse = poisoned({n}, DType::F32);
-  ops::moe_topk_softmax(dtopk, dprobs_out, dscores, dlse, dev(logits, dt), opt);
+  ops::MoeTopkOptions dopt = opt;  // the expert bias on the GPU
+  if (opt.expert_bias.defined()) dopt.expert_bias = dev(opt.expert_bias);
+  ops::moe_topk_softmax(dtopk, dprobs_out, dscores, dlse, dev(logits, dt), dopt);
   Tensor htopk = dtopk.to(Device::CPU);
   EXPECT_EQ(std::memcmp(htopk.raw(), topk.raw(), topk.nbytes()), 0) << "different experts chosen";
   EXPECT_LT(rel_err(host(dprobs_out), probs), 1e-6);
@@ -96,7 +98,7 @@ void check_router(DType dt, ops::MoeTopkOptions opt) {
   Tensor dl = Tensor::empty({n, e});
   ops::cpu::moe_topk_softmax_bwd(dl, dp, probs, topk, scores, lse, aux, opt, {});
   Tensor ddl = poisoned({n, e}, dt);
-  ops::moe_topk_softmax_bwd(ddl, dev(dp), dprobs_out, dtopk, dscores, dlse, dev(aux), opt);
+  ops::moe_topk_softmax_bwd(ddl, dev(dp), dprobs_out, dtopk, dscores, dlse, dev(aux), dopt);
   EXPECT_LT(rel_err(host(ddl), dl), dt == DType::F32 ? 1e-5 : 4e-3);  // bf16: one output rounding
 }
 
@@ -105,7 +107,7 @@ TEST(CudaMoeOps, RouterBf16PreSoftmaxMatchesCpu) {
   MCPP_REQUIRE_CUDA();
   check_router(DType::BF16, {.pre_softmax = true});
 }
-// DeepSeek-V3's router (sigmoid scores, group-limited routing) and group-limited softmax routing.
+// DeepSeek-V3's router (sigmoid scores, group-limited routing, the expert bias) and group-limited softmax routing.
 TEST(CudaMoeOps, RouterSigmoidAndGroupLimitedMatchCpu) {
   MCPP_REQUIRE_CUDA();
   for (DType dt : {DType::F32, DType::BF16}) {
@@ -113,6 +115,9 @@ TEST(CudaMoeOps, RouterSigmoidAndGroupLimitedMatchCpu) {
     check_router(dt, {.sigmoid = true, .num_groups = 4, .group_topk = 2});
     check_router(dt, {.num_groups = 8, .group_topk = 3});
     check_router(dt, {.pre_softmax = true, .num_groups = 2, .group_topk = 1});
+    const Tensor bias = rnd({16}, 11, DType::F32, -0.3, 0.3);  // aux-loss-free balancing's routing bias
+    check_router(dt, {.sigmoid = true, .expert_bias = bias});
+    check_router(dt, {.sigmoid = true, .num_groups = 4, .group_topk = 2, .expert_bias = bias});
   }
 }
 TEST(CudaMoeOps, RoutePositionsAtScale) {  // more routes than one scan chunk per expert, uneven experts

@@ -145,6 +145,14 @@ TEST(MoeOps, GroupLimitedTopkAndSigmoidMatchTheDefinitions) {
   ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.num_groups = 2, .group_topk = 2});
   EXPECT_EQ(topk.data<int32_t>()[0], 0);
   EXPECT_EQ(topk.data<int32_t>()[1], 3);
+  // an expert bias (sigmoid only) chooses by s + b — expert 4 (s 0.5) over expert 3 (s 0.82) — probs from s
+  Tensor bias = Tensor::zeros({e});
+  bias.data<float>()[4] = 0.4f;
+  ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.sigmoid = true, .expert_bias = bias});
+  EXPECT_EQ(topk.data<int32_t>()[0], 0);
+  EXPECT_EQ(topk.data<int32_t>()[1], 4);
+  EXPECT_NEAR(probs.data<float>()[1], sig(0.0) / (sig(0.0) + sig(5.0)), 1e-7);
+  EXPECT_THROW(ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.expert_bias = bias}), Error);  // softmax
   EXPECT_THROW(ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.num_groups = 4, .group_topk = 1}), Error);
   EXPECT_THROW(ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.num_groups = 3, .group_topk = 3}), Error);
   EXPECT_THROW(ops::moe_topk_softmax(topk, probs, scores, lse, logits, {.pre_softmax = true, .sigmoid = true}),
@@ -228,6 +236,7 @@ struct MoeCase {
   float scaling = 0.0f;  // --moe-router-topk-scaling-factor
   std::string score = "softmax";  // --moe-router-score-function
   int64_t groups = 0, group_topk = 0;  // --moe-router-num-groups / --moe-router-group-topk
+  bool bias = false;  // --moe-router-enable-expert-bias (a random bias set before the forward)
 };
 
 void write_raw(const std::string& path, const Tensor& t) {
@@ -261,7 +270,11 @@ TEST(MoELayer, MatchesTorchOracle) {
                             MoeCase{.style = "llama", .pre_softmax = true, .aux = 0.1f, .experts = 6, .topk = 3,
                                     .groups = 3, .group_topk = 2},
                             MoeCase{.style = "gpt2", .aux = 0.01f, .experts = 8, .topk = 3, .ffn = 16, .capacity = 0.75,
-                                    .score = "sigmoid", .groups = 2, .group_topk = 1}}) {
+                                    .score = "sigmoid", .groups = 2, .group_topk = 1},
+                            MoeCase{.style = "llama", .aux = 0.01f, .experts = 8, .topk = 2, .ffn = 16,
+                                    .score = "sigmoid", .groups = 4, .group_topk = 2, .bias = true},
+                            MoeCase{.style = "gpt2", .experts = 6, .topk = 2, .ffn = 16, .scaling = 2.5f,
+                                    .score = "sigmoid", .bias = true}}) {
     SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts) +
                  " shared=" + std::to_string(mc.shared) + " capacity=" + std::to_string(mc.capacity) + " " +
                  mc.policy + (mc.pad ? " pad" : "") + " scaling=" + std::to_string(mc.scaling) + " " + mc.score +
@@ -281,6 +294,7 @@ TEST(MoELayer, MatchesTorchOracle) {
     c.moe_router_score_function = mc.score;
     c.moe_router_num_groups = mc.groups;
     c.moe_router_group_topk = mc.group_topk;
+    c.moe_router_enable_expert_bias = mc.bias;
     c.finalize();
     c.validate();
     ParamAndGradBuffer params;
@@ -296,6 +310,10 @@ TEST(MoELayer, MatchesTorchOracle) {
         ASSERT_NE(p, nullptr);
         p->data.copy_from(random_tensor(p->data.shape(), 100 + static_cast<uint64_t>(e)));
       }
+    if (mc.bias) {  // a bias of the scores' scale, so that it changes some choices
+      ASSERT_TRUE(layer.router().has_expert_bias());
+      layer.router().expert_bias().copy_from(random_tensor({mc.experts}, 55, nullptr, -0.3, 0.3));
+    }
     const int64_t s = 6, b = 2, h = c.hidden_size, n = s * b;
     Tensor x = random_tensor({s, b, h}, 7, nullptr, -2.0, 2.0), dy = random_tensor({s, b, h}, 8);
     moe::MoELayerCtx ctx;
@@ -319,8 +337,9 @@ TEST(MoELayer, MatchesTorchOracle) {
       meta << n << " " << h << " " << mc.experts << " " << mc.topk << " " << mc.ffn << " " << (c.swiglu ? 1 : 0)
            << " " << (bias ? 1 : 0) << " " << (mc.pre_softmax ? 1 : 0) << " " << mc.aux << " " << mc.z << " "
            << scale << " " << mc.shared << " " << mc.capacity << " " << mc.policy << " " << mc.scaling << " "
-           << mc.score << " " << mc.groups << " " << mc.group_topk << "\n";
+           << mc.score << " " << mc.groups << " " << mc.group_topk << " " << (mc.bias ? 1 : 0) << "\n";
     }
+    if (mc.bias) write_raw(dir + "/expert_bias.bin", layer.router().expert_bias());
     write_raw(dir + "/x.bin", x);
     write_raw(dir + "/dy.bin", dy);
     write_raw(dir + "/y.bin", y);

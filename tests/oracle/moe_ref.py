@@ -4,9 +4,9 @@ SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py se
 
 Usage: moe_ref.py DIR
 DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S capacity_factor
-drop_policy scaling_factor score_function num_groups group_topk") and raw little-endian
+drop_policy scaling_factor score_function num_groups group_topk expert_bias") and raw little-endian
 float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
-expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias); mcpp's outputs
+expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias; expert_bias.bin [E] when expert_bias is 1); mcpp's outputs
 y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z). With a
 shared expert (S > 0, Megatron-Core's SharedExpertMLP, no gate): sh_fc1_w.bin [S or 2S, h], sh_fc2_w.bin [h, S]
 (+ sh_fc1_b.bin, sh_fc2_b.bin) and their grads d_sh_*.bin; its MLP output is added to every token's. With a
@@ -45,6 +45,7 @@ def main():
     scaling = float(fields[14])  # Megatron's moe_router_topk_scaling_factor (0: none)
     sigmoid = fields[15] == "sigmoid"  # moe_router_score_function
     groups, group_topk = int(fields[16]), int(fields[17])  # group-limited routing (0: off)
+    expert_bias = load(d, "expert_bias", (E,)) if fields[18] == "1" else None  # sigmoid's routing bias
 
     x = load(d, "x", (n, h)).requires_grad_()
     dy = load(d, "dy", (n, h))
@@ -88,7 +89,8 @@ def main():
         score_mask = group_mask.unsqueeze(-1).expand(n, groups, E // groups).reshape(n, -1)
         return torch.topk(v.masked_fill(~score_mask.bool(), float("-inf")), k, dim=-1)[1]
 
-    top = compute_topk(sel.detach())
+    # Megatron: with an expert bias the experts (and groups) are chosen by scores + bias, probs from the scores
+    top = compute_topk(sel.detach() + expert_bias if expert_bias is not None else sel.detach())
     if sigmoid:
         s_top = torch.sigmoid(logits).gather(1, top)
         probs = s_top / (s_top.sum(dim=-1, keepdim=True) + 1e-20) if k > 1 else s_top
@@ -127,7 +129,8 @@ def main():
         y = y + mlp(x, shared["sh_fc1_w"], shared.get("sh_fc1_b"), shared["sh_fc2_w"], shared.get("sh_fc2_b"), S)
     ((y * dy).sum() + scale * (aux + z)).backward()
 
-    def rel(got, want):  # normwise: max abs error over max |want|
+    def rel(got, want):  # normwise: max abs error over max |want|; an expert no token chose has no grad: zeros
+        want = torch.zeros_like(got) if want is None else want
         m = float(want.abs().max())
         return float((got - want).abs().max()) / (m if m > 0 else 1.0)
 

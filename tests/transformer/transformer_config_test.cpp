@@ -347,6 +347,22 @@ TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
                  }),
                  "hold fewer than moe_router_topk");
   expect_invalid([](Config& c) { c.model.moe_router_score_function = "sigmoid"; }, "need --num-experts");
+  // the expert bias: sigmoid only; it changes the routing (fingerprint), its update rate does not
+  expect_invalid(moe([](TransformerConfig& m) { m.moe_router_enable_expert_bias = true; }), "needs moe_router_score");
+  expect_invalid(moe([](TransformerConfig& m) {
+                   m.moe_router_score_function = "sigmoid";
+                   m.moe_router_bias_update_rate = -1.0f;
+                 }),
+                 "moe_router_bias_update_rate");
+  auto biased = [&](float rate) {
+    return moe_fp([rate](TransformerConfig& m) {
+      m.moe_router_score_function = "sigmoid";
+      m.moe_router_enable_expert_bias = true;
+      m.moe_router_bias_update_rate = rate;
+    });
+  };
+  EXPECT_NE(biased(1e-3f), sigmoid);
+  EXPECT_EQ(biased(1e-3f), biased(1e-2f));
 }
 
 TEST(TransformerConfig, JsonRoundTripAllFields) {

@@ -33,6 +33,10 @@ bool on_cuda(std::initializer_list<const Tensor*> ts) { return on_cuda_list(ts);
 void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t num_experts, int64_t topk) {
   MCPP_CHECK(!(opt.sigmoid && opt.pre_softmax), "{}: pre_softmax applies to the softmax score function, not sigmoid",
              op);
+  if (opt.expert_bias.defined())
+    MCPP_CHECK(opt.sigmoid && opt.expert_bias.dtype() == DType::F32 && opt.expert_bias.numel() == num_experts,
+               "{}: the expert bias must be float32 [{}] with the sigmoid score function; got {}", op, num_experts,
+               opt.expert_bias.str());
   if (opt.num_groups == 0 && opt.group_topk == 0) return;
   const int64_t g = opt.num_groups;
   MCPP_CHECK(g >= 1 && g <= kMaxMoeRouterGroups && num_experts % g == 0,

@@ -70,15 +70,19 @@ struct AdamWOptions {
 // softmax over all experts, not renormalized); z_coef (backward): the router z-loss's per-token coefficient;
 // sigmoid = --moe-router-score-function sigmoid (DeepSeek-V3); num_groups / group_topk = --moe-router-num-groups /
 // --moe-router-group-topk (group-limited routing; 0 = off). See ops.inc.
+// expert_bias: --moe-router-enable-expert-bias (sigmoid only): float32 [E] on the logits' device added to the scores
+// for choosing the experts (and the groups), not to the probabilities; undefined = none.
 struct MoeTopkOptions {
   bool pre_softmax = false;
   float z_coef = 0.0f;
   bool sigmoid = false;
   int64_t num_groups = 0;
   int64_t group_topk = 0;
+  Tensor expert_bias{};
 };
 constexpr int64_t kMaxMoeRouterGroups = 64;
-// mcpp::Error naming `op` unless the options fit E experts and top-k: not both sigmoid and pre_softmax; with groups,
+// mcpp::Error naming `op` unless the options fit E experts and top-k: not both sigmoid and pre_softmax; an expert
+// bias only with sigmoid, float32 [E]; with groups,
 // 1 <= num_groups <= kMaxMoeRouterGroups dividing E, 1 <= group_topk <= min(num_groups, k), and the kept groups
 // hold at least k experts (group_topk * E / num_groups >= k).
 void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t num_experts, int64_t topk);

@@ -39,7 +39,7 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses)
   MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
   const int64_t h = x.size(2), n = x.size(0) * x.size(1), k = router_.topk();
   Tensor x2 = x.view({n, h});
-  router_.forward(ctx.router, x2);  // the routing on x's device; counts and losses read to the host
+  router_.forward(ctx.router, x2, losses != nullptr);  // the routing on x's device; counts and losses read to the host
   if (losses) {
     if (aux_loss_coeff_ > 0.0f) losses->load_balancing += ctx.router.aux_loss / aux_loss_coeff_;
     if (z_loss_coeff_ > 0.0f) losses->z += ctx.router.z_loss / z_loss_coeff_;

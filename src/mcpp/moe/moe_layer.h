@@ -44,6 +44,7 @@ class MoELayer {
   Tensor forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses) const;
   Tensor backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const;
   const TopKRouter& router() const { return router_; }
+  TopKRouter& router() { return router_; }
   const MoEAlltoAllTokenDispatcher& dispatcher() const { return dispatcher_; }
 
  private:

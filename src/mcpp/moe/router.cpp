@@ -35,13 +35,40 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
   weight_ = params.add(ParamSpec{.key = prefix + ".weight", .shape = {experts_, c.hidden_size},
                                  .init = InitKind::Normal, .std = c.init_method_std,
                                  .sequence_parallel = sp_group_ != nullptr});
+  if (c.moe_router_enable_expert_bias) {  // Megatron's router.expert_bias buffer: zeros at the start
+    bias_key_ = prefix + ".expert_bias";
+    expert_bias_ = Tensor::zeros({experts_}, DType::F32);  // the model's device is known at the first forward
+    route_counts_.assign(static_cast<size_t>(experts_), 0);
+  }
 }
 
-void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
+std::vector<int64_t> TopKRouter::take_route_counts() {
+  std::vector<int64_t> out(static_cast<size_t>(experts_), 0);
+  if (has_expert_bias()) std::swap(out, route_counts_);
+  return out;
+}
+
+void TopKRouter::update_expert_bias(const int64_t* counts, float rate) {
+  MCPP_CHECK(has_expert_bias(), "TopKRouter::update_expert_bias: the router has no expert bias");
+  double mean = 0.0;
+  for (int64_t j = 0; j < experts_; ++j) mean += static_cast<double>(counts[j]);
+  mean /= static_cast<double>(experts_);
+  Tensor b = expert_bias_.is_cpu() ? expert_bias_ : expert_bias_.to(Device::CPU);
+  float* pb = b.data<float>();
+  for (int64_t j = 0; j < experts_; ++j) {  // torch.sign(offset) * rate, in float32
+    const double offset = mean - static_cast<double>(counts[j]);
+    pb[j] += static_cast<float>(offset > 0.0 ? 1.0 : offset < 0.0 ? -1.0 : 0.0) * rate;
+  }
+  if (!expert_bias_.is_cpu()) expert_bias_.copy_from(b);
+  route_counts_.assign(static_cast<size_t>(experts_), 0);
+}
+
+void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, bool count_routes) const {
   MCPP_CHECK(x.ndim() == 2 && x.size(1) == weight_->data.size(1), "TopKRouter: x must be [n, h={}]; got {}",
              weight_->data.size(1), x.str());
   const int64_t n = x.size(0), e = experts_, k = k_;
   const Device dev = x.device();
+  if (has_expert_bias() && expert_bias_.device() != dev) expert_bias_ = expert_bias_.to(dev);
   Tensor logits = Tensor::empty({n, e}, x.dtype(), dev);  // [n, E]
   ops::linear_fwd(logits, x, weight_->data, nullptr);
   ctx.x = x;
@@ -84,6 +111,9 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
   if (capacity_factor_ == 0.0) ctx.rows_per_expert = ctx.tokens_per_expert;
   else if (pad_to_capacity_) ctx.rows_per_expert.assign(static_cast<size_t>(e), ctx.capacity);
   else ctx.rows_per_expert.assign(both_h.data<int64_t>() + e, both_h.data<int64_t>() + 2 * e);
+  if (count_routes && has_expert_bias())  // the routes each expert kept (Megatron: the routing map after dropping)
+    for (int64_t j = 0; j < e; ++j)
+      route_counts_[static_cast<size_t>(j)] += capacity_factor_ > 0.0 ? both_h.data<int64_t>()[e + j] : cp[j];
   stats.data<int64_t>()[e] = n;
   // The whole sequences' counts (the load-balancing statistics): summed over the ranks that split them.
   for (const comm::CommPtr& g : {sp_group_, cp_group_})
@@ -106,7 +136,7 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x) const {
 
 ops::MoeTopkOptions TopKRouter::topk_options(float z_coef) const {
   return {.pre_softmax = pre_softmax_, .z_coef = z_coef, .sigmoid = sigmoid_, .num_groups = num_groups_,
-          .group_topk = group_topk_};
+          .group_topk = group_topk_, .expert_bias = expert_bias_};
 }
 
 Tensor TopKRouter::backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scale) const {
@@ -133,6 +163,24 @@ Tensor TopKRouter::backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scal
   ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, ctx.x, weight_->data, gw);
   weight_->grad_ready();
   return dx;
+}
+
+void update_expert_biases(const std::vector<TopKRouter*>& routers, const std::vector<comm::CommPtr>& groups,
+                          float rate) {
+  std::vector<TopKRouter*> with_bias;
+  for (TopKRouter* r : routers)
+    if (r->has_expert_bias()) with_bias.push_back(r);
+  if (with_bias.empty()) return;
+  const int64_t e = with_bias.front()->num_experts();
+  Tensor counts = Tensor::empty({static_cast<int64_t>(with_bias.size()) * e}, DType::I64);
+  for (size_t i = 0; i < with_bias.size(); ++i) {
+    const std::vector<int64_t> c = with_bias[i]->take_route_counts();
+    std::copy(c.begin(), c.end(), counts.data<int64_t>() + static_cast<int64_t>(i) * e);
+  }
+  for (const comm::CommPtr& g : groups)
+    if (g && g->size() > 1) g->host().all_reduce(counts, comm::ReduceOp::Sum).wait();
+  for (size_t i = 0; i < with_bias.size(); ++i)
+    with_bias[i]->update_expert_bias(counts.data<int64_t>() + static_cast<int64_t>(i) * e, rate);
 }
 
 }  // namespace mcpp::moe

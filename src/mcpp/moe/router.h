@@ -8,6 +8,8 @@
 //     s / its sum over the E experts for the load-balancing loss; moe_router_num_groups / group_topk: topk only
 //     among the experts of each token's best groups — ops.inc moe_topk_softmax);
 //     weights = probs x moe_router_topk_scaling_factor (when set): the combine weights;
+//     (moe_router_enable_expert_bias: the experts chosen by s + expert_bias, the probabilities from s; the bias is
+//     updated from the step's route counts by update_expert_bias — the trainer's job after each step);
 //     idx = each route's expert-major row; tokens_per_expert[e] = how many of the n*k routes chose e (read to the
 //     host). With moe_expert_capacity_factor c > 0 (Megatron's topk_softmax_with_capacity): capacity =
 //     ceil(n * k / E * c) of this rank's n tokens; each expert keeps at most that many routes (drop policy
@@ -75,11 +77,23 @@ class TopKRouter {
   // with SP the router weight is a sequence-parallel parameter (its grad all-reduced over TP).
   TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
              const tensor_parallel::TPContext& tp);
-  void forward(RouterCtx& ctx, const Tensor& x) const;  // x [n, h]
+  // x [n, h]. count_routes: a training forward (not evaluation, not a recompute): with the expert bias on, the
+  // routes each expert kept are added to the step's counts (take_route_counts).
+  void forward(RouterCtx& ctx, const Tensor& x, bool count_routes = false) const;
   // dprobs [n, k] fp32 (x's device): the gradient of the combine weights (scaled in place by the scaling factor).
   // Returns dx [n, h] (x's device, dtype).
   Tensor backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scale) const;
   Parameter* weight() const { return weight_; }
+  // The expert bias (moe_router_enable_expert_bias; undefined when off): float32 [E] on the router's device, a
+  // checkpointed buffer under expert_bias_key() ("<prefix>.expert_bias").
+  bool has_expert_bias() const { return expert_bias_.defined(); }  // on the CPU until the first forward
+  Tensor& expert_bias() { return expert_bias_; }
+  const std::string& expert_bias_key() const { return bias_key_; }
+  // The routes each expert kept in this step's training forwards (this rank's), then zeroed.
+  std::vector<int64_t> take_route_counts();
+  // Megatron's get_updated_expert_bias: b += rate * sign(mean(counts) - counts), counts [E] summed over the ranks
+  // that hold this router.
+  void update_expert_bias(const int64_t* counts, float rate);
   int64_t num_experts() const { return experts_; }
   int64_t topk() const { return k_; }
 
@@ -96,6 +110,15 @@ class TopKRouter {
   float aux_coeff_, z_coeff_;
   comm::CommPtr sp_group_, cp_group_;  // the sequence's split: TP under sequence parallelism, CP (null: none)
   Parameter* weight_ = nullptr;  // [E, h]
+  mutable Tensor expert_bias_;   // [E] float32 (moe_router_enable_expert_bias), else undefined; moved to x's device
+  std::string bias_key_;
+  mutable std::vector<int64_t> route_counts_;  // [E] this step's kept routes (expert bias on)
 };
+
+// Megatron's _update_router_expert_bias (finalize_model_grads): the routers' step counts summed over `groups` (the
+// ranks holding the same routers: TP, CP, DP; host all-reduces), then each bias updated (update_expert_bias).
+// Collective over every member of each group; routers without a bias are skipped.
+void update_expert_biases(const std::vector<TopKRouter*>& routers, const std::vector<comm::CommPtr>& groups,
+                          float rate);
 
 }  // namespace mcpp::moe

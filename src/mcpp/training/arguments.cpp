@@ -136,6 +136,9 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
                  "group-limited routing: the experts in this many groups (0 = off)");
   app.add_option("--moe-router-group-topk", m.moe_router_group_topk,
                  "group-limited routing: each token's experts come from this many groups");
+  app.add_flag("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
+               "aux-loss-free load balancing: a per-expert routing bias updated after every step (sigmoid router)");
+  app.add_option("--moe-router-bias-update-rate", m.moe_router_bias_update_rate);
   // ---- parallel
   app.add_option("--tensor-model-parallel-size", p.tensor_model_parallel_size);
   app.add_option("--pipeline-model-parallel-size", p.pipeline_model_parallel_size);

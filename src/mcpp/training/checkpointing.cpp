@@ -216,6 +216,11 @@ void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPT
       }
     }
   }
+  for (GPTModel* c : chunks)  // the routers' expert biases (collect_checkpoint_shards)
+    for (moe::TopKRouter* r : c->routers())
+      if (r->has_expert_bias())
+        read_shard(reader, r->expert_bias_key(),
+                   ParamSpec{.key = r->expert_bias_key(), .shape = r->expert_bias().shape()}, r->expert_bias());
 }
 
 void read_adam_state(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks, Adam& adam) {
@@ -251,6 +256,15 @@ std::vector<dc::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTMo
             own.writes_tp_replica(p->spec.key, p->spec))
           add_tp_shards(shards, p->spec.key, p->main_param, p->spec);  // fp32 master
     }
+  // The routers' expert biases (moe_router_enable_expert_bias): replicated float32 buffers, written (and read) like
+  // a replicated parameter under "<layer>.mlp.router.expert_bias".
+  for (GPTModel* c : chunks)
+    for (moe::TopKRouter* r : c->routers())
+      if (r->has_expert_bias()) {
+        const ParamSpec spec{.key = r->expert_bias_key(), .shape = r->expert_bias().shape()};
+        if (own.writes_replica(spec.key, spec) && own.writes_tp_replica(spec.key, spec))
+          add_tp_shards(shards, spec.key, r->expert_bias(), spec);
+      }
   if (sharded_masters) {
     // The fp32 masters live in the distributed optimizer's shards: each DP rank writes its pieces of the
     // model tensors (disjoint over DP), TP replicas of a piece once.

@@ -408,6 +408,12 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   const bool per_token = config_.model.calculate_per_token_loss;
   const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;
   finalize_model_grads(dense_buffers(), pc_, !config_.model.untie_embeddings_and_output_weights);
+  if (config_.model.moe_router_enable_expert_bias) {  // Megatron's _update_router_expert_bias, every step
+    std::vector<moe::TopKRouter*> routers;
+    for (const auto& c : chunks_)
+      for (moe::TopKRouter* r : c->routers()) routers.push_back(r);
+    moe::update_expert_biases(routers, {pc_.tp(), pc_.cp(), pc_.dp()}, config_.model.moe_router_bias_update_rate);
+  }
   const float clip = config_.optimizer.clip_grad;
   if (dist_optimizer_) *grad_norm = dist_optimizer_->grad_norm();
   else if (config_.model.num_moe_experts > 0) *grad_norm = model_grad_norm(dense_buffers(), expert_buffers(), pc_);

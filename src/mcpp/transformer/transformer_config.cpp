@@ -184,6 +184,10 @@ void TransformerConfig::validate() const {
     if (moe_router_score_function == "sigmoid" && moe_z_loss_coeff > 0.0f)
       fail("moe_z_loss_coeff ({}) with moe_router_score_function sigmoid is not implemented (the z-loss is the "
            "softmax router's)", moe_z_loss_coeff);
+    if (moe_router_enable_expert_bias && moe_router_score_function != "sigmoid")
+      fail("moe_router_enable_expert_bias needs moe_router_score_function sigmoid (Megatron's rule)");
+    if (!(moe_router_bias_update_rate >= 0.0f) || !std::isfinite(moe_router_bias_update_rate))
+      fail("moe_router_bias_update_rate must be >= 0, got {}", moe_router_bias_update_rate);
     if ((moe_router_num_groups > 0) != (moe_router_group_topk > 0))
       fail("moe_router_num_groups ({}) and moe_router_group_topk ({}) go together (group-limited routing)",
            moe_router_num_groups, moe_router_group_topk);
@@ -211,9 +215,10 @@ void TransformerConfig::validate() const {
     if (moe_expert_capacity_factor != 0.0 || moe_pad_expert_input_to_capacity)
       fail("moe_expert_capacity_factor / moe_pad_expert_input_to_capacity need --num-experts: the model has no "
            "experts to cap");
-    if (moe_router_score_function != "softmax" || moe_router_num_groups != 0 || moe_router_group_topk != 0)
-      fail("moe_router_score_function / moe_router_num_groups / moe_router_group_topk need --num-experts: the model "
-           "has no router");
+    if (moe_router_score_function != "softmax" || moe_router_num_groups != 0 || moe_router_group_topk != 0 ||
+        moe_router_enable_expert_bias)
+      fail("moe_router_score_function / moe_router_num_groups / moe_router_group_topk / moe_router_enable_expert_bias "
+           "need --num-experts: the model has no router");
   }
 }
 
@@ -486,6 +491,8 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("moe_router_score_function", m.moe_router_score_function);
   v("moe_router_num_groups", m.moe_router_num_groups);
   v("moe_router_group_topk", m.moe_router_group_topk);
+  v("moe_router_enable_expert_bias", m.moe_router_enable_expert_bias);
+  v("moe_router_bias_update_rate", m.moe_router_bias_update_rate);
   v("moe_pad_expert_input_to_capacity", m.moe_pad_expert_input_to_capacity);
 }
 template <class P, class V> void visit_parallel(P& p, V&& v) {
@@ -696,6 +703,7 @@ nlohmann::json Config::math_fields() const {
     if (m.moe_router_topk_scaling_factor > 0.0f)
       j["moe_router_topk_scaling_factor"] = json_value(m.moe_router_topk_scaling_factor);
     if (m.moe_router_score_function != "softmax") j["moe_router_score_function"] = m.moe_router_score_function;
+    if (m.moe_router_enable_expert_bias) j["moe_router_enable_expert_bias"] = true;
     if (m.moe_router_num_groups > 0) {
       j["moe_router_num_groups"] = m.moe_router_num_groups;
       j["moe_router_group_topk"] = m.moe_router_group_topk;

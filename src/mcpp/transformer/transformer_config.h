@@ -121,6 +121,13 @@ struct TransformerConfig {
   // groups whose k / group_topk largest scores sum highest, then its top k among their experts. 0 = off.
   int64_t moe_router_num_groups = 0;
   int64_t moe_router_group_topk = 0;
+  // Megatron's --moe-router-enable-expert-bias (DeepSeek-V3's aux-loss-free load balancing; sigmoid only): a
+  // per-expert bias b (each router's "expert_bias", a checkpointed buffer, not a parameter) added to the scores when
+  // choosing experts (not to the probabilities); after every training step b += --moe-router-bias-update-rate *
+  // sign(mean count - count of each expert), the counts of the step's routes summed over the ranks that hold the
+  // router (TP x CP x DP).
+  bool moe_router_enable_expert_bias = false;
+  float moe_router_bias_update_rate = 1e-3f;
 
   // Derived (valid after finalize()).
   int64_t head_dim() const { return kv_channels; }

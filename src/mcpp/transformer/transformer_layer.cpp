@@ -104,6 +104,13 @@ std::vector<RecomputeGroup> recompute_plan(const TransformerConfig& c, int64_t n
   return groups;
 }
 
+std::vector<moe::TopKRouter*> TransformerBlock::routers() const {
+  std::vector<moe::TopKRouter*> out;
+  for (const auto& l : layers_)
+    if (moe::MoELayer* m = l->moe_layer()) out.push_back(&m->router());
+  return out;
+}
+
 TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params,
                                    const TransformerConfig& c, const TransformerLayerSpec& spec,
                                    const tensor_parallel::TPContext& tp, int64_t first_layer, int64_t num_layers,

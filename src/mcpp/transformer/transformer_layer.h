@@ -85,6 +85,7 @@ class TransformerLayer {
   // losses are back-propagated with it, as Megatron's MoEAuxLossAutoScaler).
   ResidualGrad backward(TransformerLayerCtx& ctx, const ResidualGrad& dy, const RopeTables* rope,
                         float loss_grad_scale) const;
+  moe::MoELayer* moe_layer() const { return moe_.get(); }  // null in a dense layer
 
  private:
   float hidden_dropout_;
@@ -127,6 +128,8 @@ class TransformerBlock {
   Tensor forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
   Tensor backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope, float loss_grad_scale) const;
   const std::vector<RecomputeGroup>& recompute_groups() const { return groups_; }
+  // The routers of this block's MoE layers, in layer order (the trainer updates their expert biases).
+  std::vector<moe::TopKRouter*> routers() const;
 
  private:
   // Runs layers [first, first + count) from x into ctx.layers; returns the last output (unsummed).

@@ -38,7 +38,9 @@ usage: moe_check.py MCPP WORKDIR
      --moe-router-topk-scaling-factor 2.5 trains differently and DP2 x EP2 equals 1 rank;
   8. DeepSeek-V3's router (--moe-router-score-function sigmoid, --moe-router-num-groups / --moe-router-group-topk,
      routed scaling): another function than softmax and than ungrouped sigmoid routing; DP2 x EP2, TP2 + SP and
-     PP2 x DP2 x EP2 + distributed optimizer equal 1 rank; bad router flags fail by name.
+     PP2 x DP2 x EP2 + distributed optimizer equal 1 rank; with --moe-router-enable-expert-bias another trajectory,
+     DP2 x EP2 and TP2 + SP x DP2 x EP2 + distributed optimizer equal 1 rank, a resume is bit-exact (the biases
+     checkpointed) and the checkpoint continues at DP2 x EP2; bad router flags fail by name.
 """
 import os
 import re
@@ -291,7 +293,32 @@ same("sigmoid + groups dp2 x ep2", train("ds_ep2", 2, [*M, *DSV3, *EP2]), ds_one
 same("sigmoid + groups tp2 + sp", train("ds_tp2", 2, [*M, *DSV3, *TP2]), ds_one)
 same("sigmoid + groups pp2 x dp2 x ep2 distributed optimizer",
      train("ds_pp2_ep2", 4, [*M, *DSV3, *EP2, *PP2, *DISTOPT]), ds_one)
+# the expert bias (aux-loss-free balancing, updated after every step from the step's route counts summed over the
+# ranks): another trajectory than without it; DP2 x EP2 and TP2 + SP x DP2 x EP2 + distributed optimizer equal 1
+# rank (the counts summed over TP / DP); the biases are checkpointed: a run stopped at 3 resumes bit-exact, and its
+# checkpoint continues at DP2 x EP2
+BIAS = ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.05"]
+bias_one = train("bias_one", None, [*M, *DSV3, *BIAS])
+if losses(bias_one) == losses(ds_one) or not losses(bias_one):
+    failures.append(f"expert bias: {losses(bias_one)} (the run without it, or none)")
+same("expert bias dp2 x ep2", train("bias_ep2", 2, [*M, *DSV3, *BIAS, *EP2]), bias_one)
+same("expert bias tp2 + sp x dp2 x ep2 distributed optimizer",
+     train("bias_tp2_ep2", 4, [*M, *DSV3, *BIAS, *TP2, *EP2, *DISTOPT]), bias_one)
+bias_part = os.path.join(WORK, "bias_part")
+run([MCPP, "train", *M, *DSV3, *BIAS, "--exit-interval", "3", "--save", bias_part])
+shutil.copytree(bias_part, bias_part + "_ep2")
+run([MCPP, "train", *M, *DSV3, *BIAS, "--load", bias_part, "--save", bias_part])
+a, b = losses(bias_one), losses(bias_part)
+if len(a) != 6 or any(b.get(i) != a[i] for i in a):
+    failures.append(f"expert bias: resume is not bit-exact (the biases not restored?): {b} vs {a}")
+os.remove(os.path.join(bias_part + "_ep2", "metrics.jsonl"))
+run([MCPP, "train", *M, *DSV3, *BIAS, *EP2, "--load", bias_part + "_ep2", "--save", bias_part + "_ep2"], np_=2)
+c = losses(bias_part + "_ep2")
+if sorted(c) != [4, 5, 6] or any(not close(c.get(i), a[i]) for i in (4, 5, 6)):
+    failures.append(f"expert bias: the 1-rank checkpoint continued at DP2 x EP2: {c} vs {a}")
 for name, cmd, words in (
+        ("expert bias + softmax", [*M, *MOE, "--moe-router-enable-expert-bias"],
+         ["moe_router_enable_expert_bias", "sigmoid"]),
         ("sigmoid + z-loss", [*M, *MOE, "--moe-router-score-function", "sigmoid"],
          ["moe_z_loss_coeff", "sigmoid"]),
         ("score function", [*M, *MOE, "--moe-router-score-function", "tanh"], ["moe_router_score_function", "tanh"]),

@@ -167,6 +167,8 @@ void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, 
   check_f32(op, "scores", scores, {n, e});
   check_f32(op, "lse", lse, {n});
   check_moe_topk_options(op, opt, e, k);
+  MCPP_CHECK(!opt.expert_bias.defined() || opt.expert_bias.is_cpu(), "{}: the expert bias must be on the CPU", op);
+  const float* bias = opt.expert_bias.defined() ? opt.expert_bias.data<float>() : nullptr;
   const float* lgp = logits.data<float>();
   float *sp = scores.data<float>(), *pp = probs.data<float>(), *lp = lse.data<float>();
   int32_t* tp = topk.data<int32_t>();
@@ -187,6 +189,8 @@ void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, 
           sc[j] = static_cast<float>(k > 1 ? sj / z : sj);
         }
         lp[t] = static_cast<float>(z);
+        if (bias)  // the routing's values: s + b (the groups' too)
+          for (int64_t j = 0; j < e; ++j) v[static_cast<size_t>(j)] += bias[j];
       } else {
         lp[t] = static_cast<float>(softmax_into(lg, e, sc));
         for (int64_t j = 0; j < e; ++j) v[static_cast<size_t>(j)] = opt.pre_softmax ? sc[j] : lg[j];
@@ -195,22 +199,24 @@ void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, 
       int32_t* top = tp + t * k;
       float* pr = pp + t * k;
       // k passes of max over the allowed experts: the largest logit not yet taken (the order of every score
-      // function's values), ties to the lower expert
+      // function's values), or with an expert bias the largest s + b; ties to the lower expert
+      auto key = [&](int32_t j) { return bias ? v[static_cast<size_t>(j)] : static_cast<double>(lg[j]); };
       for (int64_t i = 0; i < k; ++i) {
         int32_t best = -1;
         for (int32_t j = 0; j < static_cast<int32_t>(e); ++j) {
           if (!allowed[static_cast<size_t>(j)]) continue;
           bool taken = false;
           for (int64_t q = 0; q < i && !taken; ++q) taken = top[q] == j;
-          if (!taken && (best < 0 || lg[j] > lg[best])) best = j;
+          if (!taken && (best < 0 || key(j) > key(best))) best = j;
         }
         top[i] = best;
       }
       if (opt.sigmoid) {
+        auto s_of = [&](int32_t j) { return 1.0 / (1.0 + std::exp(-double{lg[j]})); };  // s, without the bias
         double zk = 0.0;
-        for (int64_t i = 0; i < k; ++i) zk += v[static_cast<size_t>(top[i])];
+        for (int64_t i = 0; i < k; ++i) zk += s_of(top[i]);
         for (int64_t i = 0; i < k; ++i) {
-          const double si = v[static_cast<size_t>(top[i])];
+          const double si = s_of(top[i]);
           pr[i] = static_cast<float>(k > 1 ? si / (zk + 1e-20) : si);
         }
       } else if (opt.pre_softmax) {

@@ -103,6 +103,7 @@ constexpr int64_t kMaxGroups = 64;
 struct MoeTopkArgs {
   bool pre_softmax = false, sigmoid = false;
   int64_t num_groups = 0, group_topk = 0;
+  const float* expert_bias = nullptr;  // [E] device, or null
 };
 void launch_moe_topk_softmax(int32_t* topk, float* probs, float* scores, float* lse, FIn logits, int64_t n, int64_t e,
                              int64_t k, const MoeTopkArgs& a, cudaStream_t s);

@@ -70,7 +70,10 @@ void check_shape(const char* op, const char* arg, const Tensor& t, DType dt, con
 namespace {
 MoeTopkArgs topk_args(const MoeTopkOptions& o) {
   static_assert(kMaxGroups == kMaxMoeRouterGroups);
-  return {.pre_softmax = o.pre_softmax, .sigmoid = o.sigmoid, .num_groups = o.num_groups, .group_topk = o.group_topk};
+  MCPP_CHECK(!o.expert_bias.defined() || o.expert_bias.device() == Device::CUDA,
+             "moe_topk_softmax: the expert bias must be on the GPU; got {}", o.expert_bias.str());
+  return {.pre_softmax = o.pre_softmax, .sigmoid = o.sigmoid, .num_groups = o.num_groups, .group_topk = o.group_topk,
+          .expert_bias = o.expert_bias.defined() ? o.expert_bias.data<float>() : nullptr};
 }
 }  // namespace
 

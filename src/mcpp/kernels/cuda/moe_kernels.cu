@@ -135,7 +135,8 @@ __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(
 // The selection value of expert j for the group scores: the logit, the softmax score (pre_softmax) or the sigmoid.
 __device__ __forceinline__ float group_value(const float* scores, FIn logits, int64_t t, int64_t e, int64_t j,
                                              const MoeTopkArgs& a) {
-  return a.sigmoid ? sigmoidf(logits[t * e + j]) : a.pre_softmax ? scores[t * e + j] : logits[t * e + j];
+  if (a.sigmoid) return sigmoidf(logits[t * e + j]) + (a.expert_bias ? a.expert_bias[j] : 0.0f);
+  return a.pre_softmax ? scores[t * e + j] : logits[t * e + j];
 }
 
 // Group-limited routing: the bit mask of the group_topk groups with the largest sums of their m = k / group_topk
@@ -195,18 +196,20 @@ __global__ void moe_topk_softmax_kernel(int32_t* topk, float* probs, float* scor
   const int64_t per = a.num_groups > 0 ? e / a.num_groups : e;
   int32_t* top = topk + t * k;
   float* pr = probs + t * k;
-  for (int64_t i = 0; i < k; ++i) {  // k passes of max of the logits (every score function's order), ties low
+  for (int64_t i = 0; i < k; ++i) {  // k passes of max, ties to the lower expert
     int32_t best = -1;
     float bv = -INFINITY;
     for (int32_t j = 0; j < static_cast<int32_t>(e); ++j) {
       if (!((groups >> (j / per)) & 1)) continue;
       bool taken = false;
       for (int64_t q = 0; q < i && !taken; ++q) taken = top[q] == j;
-      const float v = logits[t * e + j];
+      // the logit (every score function's order), or with an expert bias s + b
+      const float v = a.expert_bias ? sigmoidf(logits[t * e + j]) + a.expert_bias[j] : logits[t * e + j];
       if (!taken && (best < 0 || v > bv)) best = j, bv = v;
     }
     top[i] = best;
-    pr[i] = a.sigmoid ? sigmoidf(bv) : a.pre_softmax ? scores[t * e + best] : bv;
+    const float lb = logits[t * e + best];
+    pr[i] = a.sigmoid ? sigmoidf(lb) : a.pre_softmax ? scores[t * e + best] : lb;
   }
   if (a.sigmoid && k > 1) {
     float zk = 0.0f;

@@ -101,6 +101,8 @@ class GPTModel {
   // The experts' parameters of the MoE layers (moe/experts.h; ParamSpec::expert), in a buffer of their own that
   // DDP reduces over expert-DP; empty (and unfinalized) without MoE layers on this stage.
   ParamAndGradBuffer& expert_params() { return expert_params_; }
+  // The routers of this chunk's MoE layers (expert biases: the trainer's update, the checkpoint's buffers).
+  std::vector<moe::TopKRouter*> routers() const { return decoder_->routers(); }
   bool has_expert_params() const { return !expert_params_.params().empty(); }
   // params(), then expert_params() when there are any: every parameter of this chunk.
   std::vector<ParamAndGradBuffer*> buffers() {
