@@ -7,13 +7,15 @@
 
 namespace mcpp::moe {
 namespace {
-// The experts' TP context: expert tensor parallelism is 1, so their linears get a size-1 group (a constant: no
-// collective ever runs on it). Under TP the layer needs sequence parallelism (Megatron's rule): each TP rank then
-// routes its own s/tp tokens, and TP peers are, for the experts, like data-parallel ranks.
+// The experts' TP context: expert tensor parallelism is 1, so their linears get a size-1 group — one for the
+// process, shared by every MoE layer (no collective ever runs on it; its recorder keeps a single entry). Under TP
+// the layer needs sequence parallelism (Megatron's rule): each TP rank then routes its own s/tp tokens, and TP
+// peers are, for the experts, like data-parallel ranks.
 tensor_parallel::TPContext expert_tp(const tensor_parallel::TPContext& tp) {
   MCPP_CHECK(tp.size() == 1 || tp.sequence_parallel,
              "MoE layers with tensor_model_parallel_size {} need sequence parallelism (Megatron's rule)", tp.size());
-  return {.group = comm::make_local_world()};
+  static const comm::CommPtr group = comm::make_local_world(1);
+  return {.group = group};
 }
 TransformerConfig shared_expert_config(const TransformerConfig& c) {
   TransformerConfig s = c;

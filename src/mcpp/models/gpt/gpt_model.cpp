@@ -4,8 +4,8 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
-#include "mcpp/transformer/context_parallel.h"
 #include "mcpp/tensor_parallel/mappings.h"
+#include "mcpp/transformer/context_parallel.h"
 #include "mcpp/transformer/spec.h"
 
 namespace mcpp {
