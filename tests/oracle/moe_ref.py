@@ -6,7 +6,8 @@ Usage: moe_ref.py DIR
 DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S capacity_factor
 drop_policy scaling_factor score_function num_groups group_topk expert_bias") and raw little-endian
 float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
-expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias; expert_bias.bin [E] when expert_bias is 1); mcpp's outputs
+expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias; expert_bias.bin [E]
+when expert_bias is 1); mcpp's outputs
 y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z). With a
 shared expert (S > 0, Megatron-Core's SharedExpertMLP, no gate): sh_fc1_w.bin [S or 2S, h], sh_fc2_w.bin [h, S]
 (+ sh_fc1_b.bin, sh_fc2_b.bin) and their grads d_sh_*.bin; its MLP output is added to every token's. With a

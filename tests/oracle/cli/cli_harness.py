@@ -10,6 +10,7 @@ status disagrees with `expect` (0: success, nonzero: failure, None: not checked)
 check reports every problem at once; each script prints `failures` and exits 1 when any.
 losses(d, event="train"): {iteration: lm_loss} of the event's records in d/metrics.jsonl ({} when none);
 records(d, event): those records. record_corpus(): the small text corpus most checks train on.
+LLAMA_GQA / TP2_SP: shared flag sets; check_continued: a checkpoint continued on another layout.
 check_memory_plan / check_stage_plan: a run's memory plan against what its ranks measured
 (tools/memory_planner.h), failures recorded.
 """
@@ -65,6 +66,13 @@ def tiny_train_flags(data_prefix):
             "128"]
 
 
+# A Llama-style model with GQA (2 query groups); TP2 + SP, padding the vocabulary to a multiple of 64 * 2 = 128
+# (Megatron) — the same padded size as tiny_train_flags' 128 at TP1.
+LLAMA_GQA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+             "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
+             "--num-query-groups", "2"]
+TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--make-vocab-size-divisible-by", "64"]
+
 STDOUT = {}  # run name -> the trainer's stdout (train())
 
 
@@ -89,6 +97,18 @@ def same_losses(name, got_dir, ref_dir, iters, tol=1e-5):
     va, vb = losses(ref_dir, "valid"), losses(got_dir, "valid")
     if not va or any(not close(vb.get(i), va[i], tol) for i in va):
         failures.append(f"{name}: validation losses differ from the reference: {vb} vs {va}")
+
+
+def check_continued(what, part, copy, np_, flags, ref):
+    """The checkpoint in `part` (saved at iteration 3 of a 6-iteration run) copied to `copy` (without its metrics) and
+    continued by `mcpp train <flags> --load` on np_ ranks logs iterations 4..6 equal to ref's (a losses() dict,
+    1e-5); otherwise recorded in `failures`."""
+    shutil.copytree(part, copy)
+    os.remove(os.path.join(copy, "metrics.jsonl"))
+    run([MCPP, "train", *flags, "--load", copy, "--save", copy], np_=np_)
+    c = losses(copy)
+    if sorted(c) != [4, 5, 6] or any(not close(c.get(i), ref.get(i)) for i in (4, 5, 6)):
+        failures.append(f"{what}: the checkpoint continued: {c} vs {ref}")
 
 
 def check_error(name, cmd, words, np_=None):

@@ -19,17 +19,14 @@ import os
 import shutil
 import sys
 
-from cli_harness import (MCPP, STDOUT, WORK, check_error, check_memory_plan, close, failures, losses, record_corpus,
-                         run, same_losses, tiny_train_flags, train)
+from cli_harness import (LLAMA_GQA, MCPP, STDOUT, TP2_SP, WORK, check_error, check_memory_plan, close, failures,
+                         losses, record_corpus, run, same_losses, tiny_train_flags, train)
 
 record_corpus()
 M = tiny_train_flags(os.path.join(WORK, "c_text_document"))
-LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
-         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
-         "--num-query-groups", "2"]
+LLAMA = LLAMA_GQA
 CP2 = ["--context-parallel-size", "2"]
-# TP2 pads the vocabulary to a multiple of 64 * 2 = 128 (Megatron), the same padded size as M's 128 at TP1
-TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--make-vocab-size-divisible-by", "64"]
+TP2 = TP2_SP
 
 
 def same(name, got_dir, ref_dir, tol=1e-5):

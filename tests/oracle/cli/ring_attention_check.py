@@ -16,22 +16,19 @@ usage: ring_attention_check.py MCPP WORKDIR
 import os
 import sys
 
-from cli_harness import (MCPP, WORK, check_error, check_memory_plan, close, failures, losses, record_corpus, run,
-                         same_losses, tiny_train_flags, train)
+from cli_harness import (LLAMA_GQA, MCPP, TP2_SP, WORK, check_continued, check_error, check_memory_plan, failures,
+                         losses, record_corpus, run, same_losses, tiny_train_flags, train)
 
 record_corpus()
 M = tiny_train_flags(os.path.join(WORK, "c_text_document"))
-LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
-         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
-         "--num-query-groups", "2"]
+LLAMA = LLAMA_GQA
+TP2 = TP2_SP
 P2P = ["--cp-comm-type", "p2p"]
 CP2 = ["--context-parallel-size", "2", *P2P]
-# TP2 pads the vocabulary to a multiple of 64 * 2 = 128 (Megatron), the same padded size as M's 128 at TP1
-TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--make-vocab-size-divisible-by", "64"]
 
 
-def same(name, got_dir, ref_dir, tol=1e-5):
-    same_losses(name, got_dir, ref_dir, 6, tol)
+def same(name, got_dir, ref_dir):
+    same_losses(name, got_dir, ref_dir, 6)
 
 
 # 1. equivalence with one rank
@@ -60,15 +57,9 @@ for name, np_, flags in (("p2p_llama_cp2", 2, [*M, *LLAMA, *CP2]),
 # 2. checkpoints: the p2p CP2 checkpoint continues at one rank and in the all-to-all form
 part = os.path.join(WORK, "p2p_part")
 run([MCPP, "train", *M, *CP2, "--exit-interval", "3", "--save", part], np_=2)
-o = losses(one)
 for name, np_, flags in (("1 rank", None, M), ("CP2 a2a", 2, [*M, "--context-parallel-size", "2"])):
-    d = os.path.join(WORK, "from_p2p_" + name.replace(" ", "_"))
-    run(["cp", "-r", part, d])
-    os.remove(os.path.join(d, "metrics.jsonl"))
-    run([MCPP, "train", *flags, "--load", d, "--save", d], np_=np_)
-    c = losses(d)
-    if sorted(c) != [4, 5, 6] or any(not close(c.get(i), o[i]) for i in (4, 5, 6)):
-        failures.append(f"p2p CP2 checkpoint continued at {name}: {c} vs {o}")
+    check_continued(f"p2p CP2 checkpoint at {name}", part, os.path.join(WORK, "from_p2p_" + name.replace(" ", "_")),
+                    np_, flags, losses(one))
 
 # 3. the memory plan against the measurement
 for name, d, world, flags in planned:
