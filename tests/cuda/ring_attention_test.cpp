@@ -1,6 +1,7 @@
 // The ring attention's steps (--cp-comm-type p2p) on the CUDA backend: a simulated CP group (ring_sim.h) on one
 // GPU equals one causal attention over the whole sequence on the CPU (float32 and bf16; cuDNN's fused attention
-// and the mcpp kernels; GQA; cp 2 and 3), and ops::attention_merge matches the CPU's, -inf rows included. The
+// and the mcpp kernels; GQA; cp 2 and 3; attention dropout: the CPU's mask, blocks on and off the 4-key Philox
+// counters), and ops::attention_merge matches the CPU's, -inf rows included. The
 // messages between GPUs are the NCCL backend's batch_p2p, tested by the NCCL driver; two GPUs run the whole
 // ring in tests/device/gpu_parallel_check.sh.
 #include <limits>
@@ -17,16 +18,23 @@ TEST(CudaRingAttention, StepsMatchOneCpuAttention) {
   struct Case {
     int cp;
     int64_t c, b, nq, ng, d;
+    float drop;
   };
   for (bool cudnn : {true, false}) {
     CudnnAttentionScope scope(cudnn);
     for (DType dt : float_dtypes())
-      for (const Case& cs : {Case{2, 48, 2, 4, 2, 64}, Case{3, 40, 1, 2, 2, 128}}) {
-        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " cudnn " << cudnn << " cp " << cs.cp << " d " << cs.d);
+      for (const Case& cs : {Case{2, 48, 2, 4, 2, 64, 0.0f}, Case{3, 40, 1, 2, 2, 128, 0.0f},
+                             Case{2, 48, 1, 4, 2, 64, 0.2f}, Case{2, 45, 1, 2, 1, 128, 0.2f}}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " cudnn " << cudnn << " cp " << cs.cp << " c " << cs.c
+                                          << " d " << cs.d << " dropout " << cs.drop);
         const int64_t S = 2 * cs.cp * cs.c;
         const Shape qs{S, cs.b, cs.nq, cs.d}, ks{S, cs.b, cs.ng, cs.d};
         const Tensor q = rnd(qs, 1, dt, -2, 2), k = rnd(ks, 2, dt, -2, 2), v = rnd(ks, 3, dt), dout = rnd(qs, 4, dt);
-        const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(cs.d)), .causal = true};
+        // with dropout the blocks draw their parts of the whole mask (the mcpp kernels: c 45 off the 4-key counters)
+        const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(cs.d)),
+                                        .causal = true,
+                                        .dropout_p = cs.drop,
+                                        .dropout_key = {.seed = 31, .offset = 8}};
         Tensor o = Tensor::empty(qs), lse = Tensor::empty({cs.b, cs.nq, S});
         ops::cpu::flash_attention_fwd(o, lse, q, k, v, opt, {});
         Tensor dq = Tensor::empty(qs), dk = Tensor::empty(ks), dv = Tensor::empty(ks);

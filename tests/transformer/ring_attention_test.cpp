@@ -1,6 +1,7 @@
 // The ring attention (--cp-comm-type p2p; transformer/ring_attention.h) on the CPU backend: its block schedule
 // covers the causal mask exactly once, its per-rank steps over a simulated CP group (ring_sim.h) equal one causal
-// flash attention over the whole sequence (forward, lse and all three gradients; MHA and GQA, cp 2 / 3 / 4), the
+// flash attention over the whole sequence (forward, lse and all three gradients; MHA and GQA, cp 2 / 3 / 4; with
+// attention dropout the same mask as the single call's), the
 // load-balanced rows are Megatron's, and ops::attention_merge's log-sum-exp algebra (including -inf rows) holds
 // against float64 arithmetic.
 #include <gtest/gtest.h>
@@ -77,18 +78,28 @@ TEST(RingAttention, StepsEqualOneCausalAttention) {
     const Shape qs{S, cs.b, cs.nq, cs.d}, ks{S, cs.b, cs.ng, cs.d};
     const Tensor q = testing::random_tensor(qs, 1, nullptr, -2, 2), k = testing::random_tensor(ks, 2, nullptr, -2, 2);
     const Tensor v = testing::random_tensor(ks, 3), dout = testing::random_tensor(qs, 4);
-    const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(cs.d)), .causal = true};
-    Tensor o = Tensor::empty(qs), lse = Tensor::empty({cs.b, cs.nq, S});
-    ops::flash_attention_fwd(o, lse, q, k, v, opt);
-    Tensor dq = Tensor::empty(qs), dk = Tensor::empty(ks), dv = Tensor::empty(ks);
-    ops::flash_attention_bwd(dq, dk, dv, dout, q, k, v, o, lse, opt);
-    const testing::RingSimResult ring = testing::simulate_ring(q, k, v, dout, cs.cp, opt, Device::CPU, DType::F32);
-    expect_close("out", ring.out, o, 1e-5);
-    expect_close("lse", ring.lse, lse, 1e-5);
-    expect_close("dq", ring.dq, dq, 1e-4);
-    expect_close("dk", ring.dk, dk, 1e-4);
-    expect_close("dv", ring.dv, dv, 1e-4);
+    for (float drop : {0.0f, 0.25f}) {  // with dropout: each block draws its part of the whole mask
+      SCOPED_TRACE(drop);
+      const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(cs.d)),
+                                      .causal = true,
+                                      .dropout_p = drop,
+                                      .dropout_key = {.seed = 77, .offset = 5}};
+      Tensor o = Tensor::empty(qs), lse = Tensor::empty({cs.b, cs.nq, S});
+      ops::flash_attention_fwd(o, lse, q, k, v, opt);
+      Tensor dq = Tensor::empty(qs), dk = Tensor::empty(ks), dv = Tensor::empty(ks);
+      ops::flash_attention_bwd(dq, dk, dv, dout, q, k, v, o, lse, opt);
+      const testing::RingSimResult ring = testing::simulate_ring(q, k, v, dout, cs.cp, opt, Device::CPU, DType::F32);
+      expect_close("out", ring.out, o, 1e-5);
+      expect_close("lse", ring.lse, lse, 1e-5);
+      expect_close("dq", ring.dq, dq, 1e-4);
+      expect_close("dk", ring.dk, dk, 1e-4);
+      expect_close("dv", ring.dv, dv, 1e-4);
+    }
   }
+  // a block placed outside the mask is a named error
+  Tensor q = testing::random_tensor({4, 1, 2, 8}, 1), o = Tensor::empty({4, 1, 2, 8}), l = Tensor::empty({1, 2, 4});
+  const ops::AttentionOptions bad{.dropout_p = 0.1f, .dropout_seq_length = 6, .dropout_row_offset = 4};
+  EXPECT_THROW(ops::flash_attention_fwd(o, l, q, q, q, bad), Error);
 }
 
 // attention_merge against float64: two blocks' (o, lse) merge to the softmax-weighted sum; a row with -inf on one

@@ -30,6 +30,17 @@ bool on_cuda(std::initializer_list<const Tensor*> ts) { return on_cuda_list(ts);
   const OpTimer mcpp_timer_(#name, mcpp_cuda_); \
   return mcpp_cuda_ ? cuda::name(__VA_ARGS__) : cpu::name(__VA_ARGS__)
 
+void check_attention_dropout_block(const char* op, const AttentionOptions& opt, int64_t s) {
+  const int64_t big = opt.dropout_seq_length, r = opt.dropout_row_offset, c = opt.dropout_col_offset;
+  if (big == 0) {
+    MCPP_CHECK(r == 0 && c == 0, "{}: dropout offsets ({}, {}) need dropout_seq_length", op, r, c);
+    return;
+  }
+  MCPP_CHECK(r >= 0 && c >= 0 && r + s <= big && c + s <= big,
+             "{}: an [{}, {}] block at ({}, {}) does not fit the dropout mask of sequence length {}", op, s, s, r, c,
+             big);
+}
+
 void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t num_experts, int64_t topk) {
   MCPP_CHECK(!(opt.sigmoid && opt.pre_softmax), "{}: pre_softmax applies to the softmax score function, not sigmoid",
              op);

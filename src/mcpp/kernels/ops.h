@@ -42,7 +42,17 @@ struct AttentionOptions {
   // read when the kernels run.
   float dropout_p = 0.0f;
   PhiloxKey dropout_key{};
+  // Where this call's [s, s] block lies in a longer sequence's mask (ring context parallelism: every block of
+  // queries x keys draws the unsplit run's mask): element (bb, h, i, j) takes the mask of (bb, h, i + row offset,
+  // j + col offset) in a [b, nq, S, S] mask, S = dropout_seq_length (0: S = s, offsets 0). CUDA: such calls run the
+  // mcpp kernels (cuDNN's RNG cannot draw this mask).
+  int64_t dropout_seq_length = 0;
+  int64_t dropout_row_offset = 0, dropout_col_offset = 0;
 };
+
+// mcpp::Error naming `op` unless the block placement of `opt` fits an [s, s] call: with dropout_seq_length 0 the
+// offsets are 0; else both offsets are >= 0 and offset + s <= dropout_seq_length.
+void check_attention_dropout_block(const char* op, const AttentionOptions& opt, int64_t s);
 
 // Dropout on the residual branch b of a fused add + norm (Megatron's bias-dropout-add with hidden dropout):
 // the op adds dropout_fwd(b, p, key) instead of b — the same mask (over b's flat index) and the same values,

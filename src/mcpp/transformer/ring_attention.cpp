@@ -22,6 +22,22 @@ void check_step(int step, int rank, int cp) {
              step, rank, cp);
 }
 
+// A block's options: its causal flag, and with attention dropout its place in the whole sequence's mask (query
+// chunk rows x key chunk columns of S = 2 cp c), so every block draws the unsplit attention's mask.
+ops::AttentionOptions block_options(const ops::AttentionOptions& opt, const Block& blk, int step, int rank, int cp,
+                                    int64_t c) {
+  ops::AttentionOptions o = opt;
+  o.causal = blk.causal;
+  if (opt.dropout_p > 0.0f) {
+    const int j = ((rank - step) % cp + cp) % cp;
+    const int64_t q_chunk = blk.q_half == 0 ? rank : 2 * cp - 1 - rank, k_chunk = blk.k_half == 0 ? j : 2 * cp - 1 - j;
+    o.dropout_seq_length = 2 * cp * c;
+    o.dropout_row_offset = q_chunk * c;
+    o.dropout_col_offset = k_chunk * c;
+  }
+  return o;
+}
+
 void check_rows(const char* what, const Tensor& q, const Tensor& k) {
   MCPP_CHECK(q.ndim() == 4 && q.size(0) % 2 == 0 && k.ndim() == 4 && k.size(0) == q.size(0),
              "ring attention {}: q [2c, b, np, d] and k / v [2c, b, ng, d] over the same rows; got {} and {}", what,
@@ -49,8 +65,7 @@ void forward_step(Tensor& o_acc, Tensor& lse_acc, const Tensor& q, const Tensor&
   Tensor lse_blk = step == 0 ? Tensor() : Tensor::empty({b, np, c}, DType::F32, q.device());
   bool written[2] = {false, false};
   for (const Block& blk : blocks(step, rank, cp)) {
-    ops::AttentionOptions o = opt;
-    o.causal = blk.causal;
+    const ops::AttentionOptions o = block_options(opt, blk, step, rank, cp, c);
     Tensor acc = half(o_acc, blk.q_half);
     Tensor lse = lse_half(lse_acc, blk.q_half);
     if (step == 0 && !written[blk.q_half]) {  // the half's first pair writes the accumulators
@@ -74,8 +89,7 @@ void backward_step(Tensor& dq_acc, Tensor& dk_acc, Tensor& dv_acc, const Tensor&
   Tensor dk = Tensor::empty({c, k.size(1), k.size(2), k.size(3)}, dout.dtype(), dout.device());
   Tensor dv = Tensor::empty(dk.shape(), dout.dtype(), dout.device());
   for (const Block& blk : blocks(step, rank, cp)) {
-    ops::AttentionOptions o = opt;
-    o.causal = blk.causal;
+    const ops::AttentionOptions o = block_options(opt, blk, step, rank, cp, c);
     ops::flash_attention_bwd(dq, dk, dv, half(dout, blk.q_half), half(q, blk.q_half), half(k, blk.k_half),
                              half(v, blk.k_half), half(out, blk.q_half), lse_half(lse, blk.q_half), o);
     Tensor dq_h = half(dq_acc, blk.q_half), dk_h = half(dk_acc, blk.k_half), dv_h = half(dv_acc, blk.k_half);
@@ -94,16 +108,19 @@ class RingAttention final : public CoreAttention {
   RingAttention(const CoreAttentionOptions& opt, comm::CommPtr cp) : opt_(opt), cp_(std::move(cp)) {
     MCPP_CHECK(cp_ && cp_->size() > 1, "ring attention needs a context-parallel group of more than one rank");
     MCPP_CHECK(opt_.causal, "ring attention: only causal attention is implemented (its blocks assume the mask)");
-    MCPP_CHECK(opt_.attention_dropout == 0.0f,
-               "ring attention: attention dropout ({}) is not implemented (--cp-comm-type p2p needs "
-               "--attention-dropout 0)", opt_.attention_dropout);
   }
 
   Tensor forward(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                 const ForwardOptions&) const override {
+                 const ForwardOptions& fopt) const override {
     const int cp = cp_->size(), r = cp_->rank();
     const int64_t b = q.size(1), np = q.size(2), c = q.size(0) / 2;
     ctx.q = q, ctx.k = k, ctx.v = v;
+    ctx.dropout = dropout_active(fopt, opt_.attention_dropout);
+    if (ctx.dropout) {  // the unsplit attention's draw (its [b, np, S, S] mask): the same key on every CP rank
+      MCPP_CHECK(fopt.rng, "attention dropout needs an RNG stream");
+      const auto big_s = static_cast<uint64_t>(2 * cp * c);
+      ctx.dropout_key = fopt.rng->draw_model_parallel(static_cast<uint64_t>(b * np) * big_s * big_s);
+    }
     Tensor o_acc = Tensor::empty(q.shape(), DType::F32, q.device());
     ctx.lse = Tensor::empty({2, b, np, c}, DType::F32, q.device());
     Tensor kb = k, vb = v;
@@ -115,7 +132,7 @@ class RingAttention final : public CoreAttention {
         vn = Tensor::empty(v.shape(), v.dtype(), v.device());
         w = exchange(kb, vb, kn, vn, kTagK, kTagV);
       }
-      ring_attention::forward_step(o_acc, ctx.lse, q, kb, vb, i, r, cp, options());
+      ring_attention::forward_step(o_acc, ctx.lse, q, kb, vb, i, r, cp, options(ctx));
       w.wait();
       kb = kn, vb = vn;
     }
@@ -140,7 +157,7 @@ class RingAttention final : public CoreAttention {
         w = exchange(kb, vb, kn, vn, kTagK, kTagV);
       }
       ring_attention::backward_step(dq_acc, dk_acc, dv_acc, dout, ctx.q, kb, vb, ctx.out, ctx.lse, i, r, cp,
-                                    options());
+                                    options(ctx));
       // This block's dk / dv follow it to the next rank; after the last step each rank receives its own.
       Tensor dkn = Tensor::empty(dk_acc.shape(), DType::F32, dev);
       Tensor dvn = Tensor::empty(dv_acc.shape(), DType::F32, dev);
@@ -168,8 +185,12 @@ class RingAttention final : public CoreAttention {
     return cp_->batch_p2p({{K::Send, a, next(), tag_a}, {K::Send, b, next(), tag_b}, {K::Recv, an, prev(), tag_a},
                            {K::Recv, bn, prev(), tag_b}});
   }
-  ops::AttentionOptions options() const {
-    return {.softmax_scale = opt_.softmax_scale, .causal = true, .deterministic = opt_.deterministic};
+  ops::AttentionOptions options(const CoreAttentionCtx& ctx) const {
+    return {.softmax_scale = opt_.softmax_scale,
+            .causal = true,
+            .deterministic = opt_.deterministic,
+            .dropout_p = ctx.dropout ? opt_.attention_dropout : 0.0f,
+            .dropout_key = ctx.dropout_key};
   }
   CoreAttentionOptions opt_;
   comm::CommPtr cp_;

@@ -12,7 +12,9 @@
 // (float32, passed on with the block and delivered to its owner after the last step). The next block's send /
 // receive is posted before the current block's math, so the transfer overlaps it.
 // Saved (CoreAttentionCtx): q, k, v, out and lse = float32 [2, b, np, c] (the two halves' log-sum-exp).
-// Attention dropout is refused by the config (TrainingConfig validation names it).
+// Attention dropout: one key drawn as the unsplit attention draws it ([b, np, S, S], S = 2 cp c), and each block
+// call placed in that mask (AttentionOptions::dropout_seq_length / offsets): the same mask as one rank's attention
+// (on CUDA the mcpp kernels run those calls: cuDNN's RNG cannot draw it).
 #pragma once
 #include <memory>
 #include <vector>
@@ -36,7 +38,8 @@ std::vector<Block> blocks(int step, int rank, int cp);
 
 // One step of the forward at rank `rank`: the pairs of (q, the arriving k / v) merged into o_acc float32
 // [2c, b, np, d] and lse_acc float32 [2, b, np, c]. Step 0 writes them (no initialization needed), the others
-// merge. opt.causal is ignored (each pair's own).
+// merge. opt.causal is ignored (each pair's own); with opt.dropout_p > 0 each pair is placed in the whole sequence's
+// mask (opt.dropout_key is the unsplit attention's).
 void forward_step(Tensor& o_acc, Tensor& lse_acc, const Tensor& q, const Tensor& k, const Tensor& v, int step,
                   int rank, int cp, const ops::AttentionOptions& opt);
 

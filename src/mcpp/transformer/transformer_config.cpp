@@ -376,10 +376,6 @@ void Config::validate() const {
   if (ring && model.attention_impl != "flash")
     fail("cp_comm_type p2p: the ring attention merges blockwise (flash) results; --attention-impl {} is not "
          "supported with it (use flash, or --cp-comm-type a2a)", model.attention_impl);
-  if (ring && model.attention_dropout > 0.0f)
-    fail("cp_comm_type p2p: attention_dropout ({}) is not implemented in the ring attention (its mask would have "
-         "to follow each block's place in the sequence); use --attention-dropout 0 or --cp-comm-type a2a",
-         model.attention_dropout);
   if (parallel.tp_comm_overlap && !parallel.sequence_parallel)
     fail("tp_comm_overlap: the tensor-parallel communication overlap needs --sequence-parallel (Megatron)");
   if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)

@@ -5,13 +5,14 @@ under mpiexec, against the single-process run on the whole sequences (the parall
 usage: ring_attention_check.py MCPP WORKDIR
   1. p2p at CP2, CP4, CP2 x TP2 + SP, CP2 x PP2, CP2 x DP2 with the distributed optimizer (overlapped grad reduce
      and param gather), full and selective recompute, a Llama-style model (RoPE on the load-balanced rows, GQA) at
-     CP2 and at TP2 x CP2 with 2 query groups (not divisible by tp * cp: only the ring allows it): every iteration's
-     lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
+     CP2 and at TP2 x CP2 with 2 query groups (not divisible by tp * cp: only the ring allows it), and CP2 / CP4 with
+     attention dropout (each block draws its part of the unsplit mask): every iteration's lm loss and the validation
+     loss equal the 1-rank run's within 1e-5 relative;
   2. checkpoints: a p2p CP2 checkpoint continues at 1 rank and at CP2 in the all-to-all form (the token layout is
      not part of the model);
   3. the memory plan of p2p runs equals what the ranks measured;
-  4. bad input fails on every rank with one error naming the problem: p2p with the unfused attention, with
-     attention dropout, --cp-comm-type all_gather, a sequence not divisible into 2 * cp chunks.
+  4. bad input fails on every rank with one error naming the problem: p2p with the unfused attention,
+     --cp-comm-type all_gather, a sequence not divisible into 2 * cp chunks.
 """
 import os
 import sys
@@ -54,6 +55,15 @@ for name, np_, flags in (("p2p_llama_cp2", 2, [*M, *LLAMA, *CP2]),
     same(name, d, llama1)
     planned.append((name, d, np_, flags))
 
+# attention dropout: every block draws its part of the unsplit attention's mask (the same key on every CP rank,
+# hidden dropout off), so CP2 and CP4 with dropout equal the 1-rank run with it
+DROP = ["--attention-dropout", "0.1"]
+drop1 = train("drop1", None, [*M, *DROP])
+if losses(drop1) == losses(one):
+    failures.append("attention dropout 0.1: the losses without dropout")
+same("p2p_cp2_attention_dropout", train("p2p_cp2_drop", 2, [*M, *CP2, *DROP]), drop1)
+same("p2p_cp4_attention_dropout", train("p2p_cp4_drop", 4, [*M, "--context-parallel-size", "4", *P2P, *DROP]), drop1)
+
 # 2. checkpoints: the p2p CP2 checkpoint continues at one rank and in the all-to-all form
 part = os.path.join(WORK, "p2p_part")
 run([MCPP, "train", *M, *CP2, "--exit-interval", "3", "--save", part], np_=2)
@@ -71,8 +81,6 @@ for name, d, world, flags in planned:
 # 4. bad input: one clear error, non-zero exit, no hang
 for name, np_, flags, words in (
         ("p2p + unfused", 2, [*M, *CP2, "--attention-impl", "unfused"], ["cp_comm_type p2p", "unfused"]),
-        ("p2p + attention dropout", 2, [*M, *CP2, "--attention-dropout", "0.1"],
-         ["cp_comm_type p2p", "attention_dropout"]),
         ("all_gather", 2, [*M, "--context-parallel-size", "2", "--cp-comm-type", "all_gather"],
          ["cp_comm_type", "all_gather"]),
         ("2 * cp chunks", 4, [*M, "--context-parallel-size", "4", *P2P, "--seq-length", "12"],

@@ -118,7 +118,9 @@ void mask_tile(float* S, int64_t m, int64_t i0, int64_t j0, int64_t n, bool caus
 // elements of the flat [b, nq, s, s] index, so one call serves up to 4 keys.
 void dropout_row(float* z, const AttnDims& a, const AttentionOptions& opt, int64_t bb, int64_t h, int64_t i,
                  int64_t j0, int64_t n) {
-  const uint64_t base = static_cast<uint64_t>(((bb * a.nq + h) * a.s + i) * a.s + j0);
+  const int64_t big_s = opt.dropout_seq_length > 0 ? opt.dropout_seq_length : a.s;  // the mask's sequence
+  const uint64_t base = static_cast<uint64_t>(((bb * a.nq + h) * big_s + i + opt.dropout_row_offset) * big_s + j0 +
+                                              opt.dropout_col_offset);
   const float keep_scale = 1.0f / (1.0f - opt.dropout_p);
   std::array<uint32_t, 4> r{};
   uint64_t group = ~uint64_t{0};
@@ -130,9 +132,10 @@ void dropout_row(float* z, const AttnDims& a, const AttentionOptions& opt, int64
   std::fill(z + n, z + kBlock, 0.0f);
 }
 
-void check_dropout(const char* op, const AttentionOptions& opt) {
+void check_dropout(const char* op, const AttentionOptions& opt, int64_t s) {
   if (!(opt.dropout_p >= 0.0f && opt.dropout_p < 1.0f))
     fail("{}: attention dropout probability must be in [0, 1); got {}", op, opt.dropout_p);
+  check_attention_dropout_block(op, opt, s);
   if (opt.dropout_p > 0.0f && opt.dropout_key.device_base)
     fail("{}: a CUDA-graph dropout key (device offset base) on the CPU backend", op);
 }
@@ -294,7 +297,7 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
   const char* op = "flash_attention_fwd";
   const AttnDims a = check_qkv(op, q, k, v, lse);
   check_shape(op, "o", o, q.shape());
-  check_dropout(op, opt);
+  check_dropout(op, opt, a.s);
   const int64_t nblk = a.nblk(), items = a.b * a.nq * nblk;
   float* po = o.data<float>();
   float* pl = lse.data<float>();
@@ -320,7 +323,7 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   check_shape(op, "dq", dq, q.shape());
   check_shape(op, "dk", dk, k.shape());
   check_shape(op, "dv", dv, k.shape());
-  check_dropout(op, opt);
+  check_dropout(op, opt, a.s);
   // D[b, nq, s] = rowsum(dout * o): O(s) extra memory, never [s, s].
   std::vector<float> D(static_cast<size_t>(a.b * a.nq * a.s));
   const float *po = o.data<float>(), *pdo = dout.data<float>();

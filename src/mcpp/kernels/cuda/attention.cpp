@@ -81,6 +81,15 @@ void set_attention_dropout(const char* op, AttnShape& a, const AttentionOptions&
   a.drop_seed = opt.dropout_key.seed;
   a.drop_offset = opt.dropout_key.offset;
   a.drop_base = opt.dropout_key.device_base;
+  check_attention_dropout_block(op, opt, a.s);
+  a.drop_s = opt.dropout_seq_length > 0 ? opt.dropout_seq_length : a.s;
+  a.drop_i0 = opt.dropout_row_offset;
+  a.drop_j0 = opt.dropout_col_offset;
+  a.drop_aligned = a.drop_s % 4 == 0 && a.drop_j0 % 4 == 0;
+}
+
+bool dropout_block_of_larger_mask(const AttnShape& a) {
+  return a.drop_p > 0.0f && (a.drop_s != a.s || a.drop_i0 != 0 || a.drop_j0 != 0);
 }
 
 void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -89,7 +98,7 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
   const AttnShape a = check_qkv(op, q, k, v, lse, opt);
   require_same_shape(op, "o", o, "q", q);
   if (mma_path({&o, &q, &k, &v})) {
-    if (cudnn_attention() &&
+    if (cudnn_attention() && !dropout_block_of_larger_mask(a) &&
         cudnn_attention_fwd(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream)))
       return;
     launch_attention_fwd_mma(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream));
@@ -114,9 +123,9 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
   Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
   if (mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o})) {
-    if (!cudnn_attention() || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(),
-                                                   v.raw(), o.raw(), lse.data<float>(), delta.data<float>(), a,
-                                                   opt.deterministic, s))
+    const bool cudnn = cudnn_attention() && !dropout_block_of_larger_mask(a);
+    if (!cudnn || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
+                                       lse.data<float>(), delta.data<float>(), a, opt.deterministic, s))
       launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
                                lse.data<float>(), delta.data<float>(), a, s);
   } else {

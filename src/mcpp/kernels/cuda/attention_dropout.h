@@ -9,5 +9,8 @@
 namespace mcpp::ops::cuda {
 
 void set_attention_dropout(const char* op, cuda_detail::AttnShape& a, const AttentionOptions& opt);
+// A dropout call placed in a longer sequence's mask (AttentionOptions::dropout_seq_length): the mcpp kernels draw
+// it; cuDNN's RNG node cannot.
+bool dropout_block_of_larger_mask(const cuda_detail::AttnShape& a);
 
 }  // namespace mcpp::ops::cuda

@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(kKVThreads) attn_dkdv_mma_kernel(bf16* dk, bf1
       float z[4];  // mask values of (query q0 + qc + (e & 1), key key_lo + 8 (e >> 1))
       if constexpr (DROP) {
         const int64_t h = g * group + it / n_q;
-        drop.fragment_columns(z, AttnDropout::index(a, bb, h, q0 + qc, key_first + ((lane >> 2) & 4)), a.s);
+        drop.fragment_columns(z, AttnDropout::index(a, bb, h, q0 + qc, key_first + ((lane >> 2) & 4)), a.drop_s,
+                              a.drop_aligned);
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kQThreads) attn_dq_mma_kernel(bf16* dq, const 
         float z[4];  // mask values of (row row_thr + 16 mt + 8 (e >> 1), key k0 + nb 8 + 2 (lane & 3) + (e & 1))
         if constexpr (DROP) {
           const uint64_t i0 = AttnDropout::index(a, bb, h, row_thr + 16 * mt, k0 + nb * 8 + 2 * (lane & 3));
-          drop.fragment_rows(z, i0, i0 + 8 * a.s, a.s);
+          drop.fragment_rows(z, i0, i0 + 8 * a.drop_s, a.drop_aligned);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {

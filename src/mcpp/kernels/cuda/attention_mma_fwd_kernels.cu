@@ -123,9 +123,9 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_mma_kernel(bf16* o, float* 
 #pragma unroll
         for (int nb = 0; nb < kBN / 8; ++nb) {
           const int64_t key = k0 + nb * 8 + 2 * (lane & 3);
-          const uint64_t i0 = AttnDropout::index(a, bb, h, row_thr + 16 * mt, key), i1 = i0 + 8 * a.s;
+          const uint64_t i0 = AttnDropout::index(a, bb, h, row_thr + 16 * mt, key), i1 = i0 + 8 * a.drop_s;
           float z[4];
-          drop.fragment_rows(z, i0, i1, a.s);
+          drop.fragment_rows(z, i0, i1, a.drop_aligned);
 #pragma unroll
           for (int e = 0; e < 4; ++e) sc[mt][nb][e] *= z[e];
         }

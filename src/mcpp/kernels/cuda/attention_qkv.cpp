@@ -86,7 +86,7 @@ void flash_attention_fwd_qkv(Tensor& o, Tensor& lse, const Tensor& qkv, int64_t 
   const cudaStream_t s = stream_of(stream);
   if (in_place_ok({&o, &qkv})) {
     const PackedPtrs in = packed_ptrs(qkv, p);
-    if (!cudnn_attention()) {
+    if (!cudnn_attention() || dropout_block_of_larger_mask(a)) {
       launch_attention_fwd_mma(o.raw(), lse.data<float>(), in.q, in.k, in.v, a, s);
       return;
     }
@@ -122,7 +122,7 @@ void flash_attention_bwd_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv
     Tensor delta = Tensor::empty(p.lse_shape(), DType::F32, Device::CUDA);  // rowsum(dout * o) scratch
     const PackedPtrs in = packed_ptrs(qkv, p), out = packed_ptrs(dqkv, p);
     bool done = false;
-    if (!cudnn_attention()) {
+    if (!cudnn_attention() || dropout_block_of_larger_mask(a)) {
       launch_attention_bwd_mma(out.q, out.k, out.v, dout.raw(), in.q, in.k, in.v, o.raw(), lse.data<float>(),
                                delta.data<float>(), a, s);
       done = true;

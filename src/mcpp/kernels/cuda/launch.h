@@ -190,6 +190,11 @@ struct AttnShape {
   float drop_p = 0.0f;
   uint64_t drop_seed = 0, drop_offset = 0;
   const uint64_t* drop_base = nullptr;  // CUDA-graph key: device offset base added when the kernel runs
+  // The mask's sequence length and this block's place in it (AttentionOptions::dropout_seq_length and offsets;
+  // set_attention_dropout: drop_s = s and 0 offsets for a plain call). drop_aligned: drop_s % 4 == 0 and
+  // drop_j0 % 4 == 0 (a key's flat index % 4 = key % 4: the mma kernels' shared Philox counters).
+  int64_t drop_s = 0, drop_i0 = 0, drop_j0 = 0;
+  bool drop_aligned = false;
   AttnShape& split_layout() {
     q_row = b * nq * d, q_batch = nq * d, q_group = (nq / ng) * d;
     kv_row = b * ng * d, kv_batch = ng * d, kv_group = d;

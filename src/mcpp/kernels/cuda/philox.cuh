@@ -3,7 +3,9 @@
 // dropout (attention_*kernels.cu) draw the numbers the CPU backend draws for the same key.
 //   AttnDropout: the attention dropout mask of ops::AttentionOptions — element (bb, h, i, j) of the
 //   [b, nq, s, s] probabilities, flat index ((bb nq + h) s + i) s + j, is kept iff the uniform of word
-//   idx % 4 of counter offset + idx / 4 is >= p; keep() returns 1 / (1 - p) or 0. `from` reads a CUDA-graph
+//   idx % 4 of counter offset + idx / 4 is >= p; keep() returns 1 / (1 - p) or 0. (A call placed in a longer
+//   sequence's mask — AttentionOptions::dropout_seq_length — indexes that mask: s -> drop_s, i -> i + drop_i0,
+//   j -> j + drop_j0.) `from` reads a CUDA-graph
 //   key's device base once per thread (core/rng.h); elements of one counter share a Philox call in pair().
 //   When s % 4 == 0 a counter's 4 words are 4 consecutive keys of one query row, key % 4 = word, and the mma
 //   fragments' lanes share calls (one Philox per thread per 8-column block, words exchanged by shuffles):
@@ -65,9 +67,9 @@ struct AttnDropout {
   __device__ static AttnDropout from(const AttnShape& a) {
     return {a.drop_p, 1.0f / (1.0f - a.drop_p), a.drop_seed, a.drop_offset + (a.drop_base ? *a.drop_base : 0)};
   }
-  // Flat index of (bb, h, i, j) in [b, nq, s, s].
+  // Flat index of (bb, h, i, j) in the [b, nq, S, S] mask (S = a.drop_s; the block at rows drop_i0, keys drop_j0).
   __device__ static uint64_t index(const AttnShape& a, int64_t bb, int64_t h, int64_t i, int64_t j) {
-    return static_cast<uint64_t>(((bb * a.nq + h) * a.s + i) * a.s + j);
+    return static_cast<uint64_t>(((bb * a.nq + h) * a.drop_s + i + a.drop_i0) * a.drop_s + j + a.drop_j0);
   }
   __device__ float keep(uint64_t idx) const { return gate(philox_word_at(seed, offset, idx)); }
   __device__ float gate(uint32_t w) const { return philox_uniform(w) >= p ? keep_scale : 0.0f; }
@@ -91,14 +93,15 @@ struct AttnDropout {
     z[2] = gate(odd ? r.z : rx);
     z[3] = gate(odd ? r.w : ry);
   }
-  // The fragments' entry points: the shared-counter forms when s % 4 == 0, else one call per pair / element.
-  __device__ void fragment_rows(float (&z)[4], uint64_t idx_row0, uint64_t idx_row1, int64_t s) const {
-    if (s % 4 == 0) return rows(z, idx_row0, idx_row1);
+  // The fragments' entry points: the shared-counter forms when aligned (AttnShape::drop_aligned), else one call per
+  // pair / element. s: the mask's row stride (AttnShape::drop_s).
+  __device__ void fragment_rows(float (&z)[4], uint64_t idx_row0, uint64_t idx_row1, bool aligned) const {
+    if (aligned) return rows(z, idx_row0, idx_row1);
     const float2 z0 = pair(idx_row0), z1 = pair(idx_row1);
     z[0] = z0.x, z[1] = z0.y, z[2] = z1.x, z[3] = z1.y;
   }
-  __device__ void fragment_columns(float (&z)[4], uint64_t idx_q_kb, int64_t s) const {
-    if (s % 4 == 0) return columns(z, idx_q_kb, s);
+  __device__ void fragment_columns(float (&z)[4], uint64_t idx_q_kb, int64_t s, bool aligned) const {
+    if (aligned) return columns(z, idx_q_kb, s);
     const uint64_t mine = idx_q_kb + ((threadIdx.x >> 2) & 3);  // (q, this lane's key)
 #pragma unroll
     for (int e = 0; e < 4; ++e) z[e] = keep(mine + (e & 1) * static_cast<uint64_t>(s) + (e >> 1) * 8);
