@@ -145,9 +145,12 @@ class RingAttention final : public CoreAttention {
     const int cp = cp_->size(), r = cp_->rank();
     const Device dev = dout.device();
     Tensor dq_acc = Tensor::zeros(ctx.q.shape(), DType::F32, dev);
-    Tensor dk_acc = Tensor::zeros(ctx.k.shape(), DType::F32, dev);
-    Tensor dv_acc = Tensor::zeros(ctx.v.shape(), DType::F32, dev);
     Tensor kb = ctx.k, vb = ctx.v;
+    // dk / dv of the block held: this rank's share is computed into a fresh buffer while the share of the ranks
+    // before it (dk_in / dv_in) is in flight; the sum goes on to the next rank under the next block's math. After
+    // the last step each rank receives its own block's, every rank's share summed.
+    Tensor dk_in, dv_in, dk_sent, dv_sent;  // the sent buffers stay alive until their transfer completes
+    comm::Work wd;
     for (int i = 0; i < cp; ++i) {
       Tensor kn, vn;
       comm::Work w;
@@ -156,23 +159,29 @@ class RingAttention final : public CoreAttention {
         vn = Tensor::empty(vb.shape(), vb.dtype(), dev);
         w = exchange(kb, vb, kn, vn, kTagK, kTagV);
       }
+      Tensor dk_acc = Tensor::zeros(ctx.k.shape(), DType::F32, dev);
+      Tensor dv_acc = Tensor::zeros(ctx.v.shape(), DType::F32, dev);
       ring_attention::backward_step(dq_acc, dk_acc, dv_acc, dout, ctx.q, kb, vb, ctx.out, ctx.lse, i, r, cp,
                                     options(ctx));
-      // This block's dk / dv follow it to the next rank; after the last step each rank receives its own.
-      Tensor dkn = Tensor::empty(dk_acc.shape(), DType::F32, dev);
-      Tensor dvn = Tensor::empty(dv_acc.shape(), DType::F32, dev);
-      comm::Work wd = exchange(dk_acc, dv_acc, dkn, dvn, kTagDk, kTagDv);
-      w.wait();
       wd.wait();
+      if (i > 0) {  // the block's dk / dv from the ranks before
+        ops::add_inplace(dk_acc, dk_in);
+        ops::add_inplace(dv_acc, dv_in);
+      }
+      dk_in = Tensor::empty(dk_acc.shape(), DType::F32, dev);
+      dv_in = Tensor::empty(dv_acc.shape(), DType::F32, dev);
+      wd = exchange(dk_acc, dv_acc, dk_in, dv_in, kTagDk, kTagDv);
+      dk_sent = dk_acc, dv_sent = dv_acc;
+      w.wait();
       kb = kn, vb = vn;
-      dk_acc = dkn, dv_acc = dvn;
     }
+    wd.wait();
     CoreAttentionGrads g{Tensor::empty(ctx.q.shape(), dout.dtype(), dev),
                          Tensor::empty(ctx.k.shape(), dout.dtype(), dev),
                          Tensor::empty(ctx.v.shape(), dout.dtype(), dev)};
     ops::cast(g.dq, dq_acc);
-    ops::cast(g.dk, dk_acc);
-    ops::cast(g.dv, dv_acc);
+    ops::cast(g.dk, dk_in);
+    ops::cast(g.dv, dv_in);
     return g;
   }
 

@@ -10,7 +10,8 @@
 // one causal attention over the whole sequence. The backward runs the ring again: each pair's
 // flash_attention_bwd with the merged output and lse gives its share of dq (kept, float32) and of dk / dv
 // (float32, passed on with the block and delivered to its owner after the last step). The next block's send /
-// receive is posted before the current block's math, so the transfer overlaps it.
+// receive is posted before the current block's math, so the transfer overlaps it; so does each block's dk / dv
+// share from the ranks before (this rank's share goes into a fresh buffer, the two are added after the math).
 // Saved (CoreAttentionCtx): q, k, v, out and lse = float32 [2, b, np, c] (the two halves' log-sum-exp).
 // Attention dropout: one key drawn as the unsplit attention draws it ([b, np, S, S], S = 2 cp c), and each block
 // call placed in that mask (AttentionOptions::dropout_seq_length / offsets): the same mask as one rank's attention
