@@ -3,12 +3,13 @@
 // dropout (attention_*kernels.cu) draw the numbers the CPU backend draws for the same key.
 //   AttnDropout: the attention dropout mask of ops::AttentionOptions — element (bb, h, i, j) of the
 //   [b, nq, s, s] probabilities, flat index ((bb nq + h) s + i) s + j, is kept iff the uniform of word
-//   idx % 4 of counter offset + idx / 4 is >= p; keep() returns 1 / (1 - p) or 0. (A call placed in a longer
-//   sequence's mask — AttentionOptions::dropout_seq_length — indexes that mask: s -> drop_s, i -> i + drop_i0,
-//   j -> j + drop_j0.) `from` reads a CUDA-graph
-//   key's device base once per thread (core/rng.h); elements of one counter share a Philox call in pair().
-//   When s % 4 == 0 a counter's 4 words are 4 consecutive keys of one query row, key % 4 = word, and the mma
-//   fragments' lanes share calls (one Philox per thread per 8-column block, words exchanged by shuffles):
+//   idx % 4 of counter offset + idx / 4 is >= p; keep() returns 1 / (1 - p) or 0. A call placed in a longer
+//   sequence's mask (AttentionOptions::dropout_seq_length) indexes that mask: s -> drop_s, i -> i + drop_i0,
+//   j -> j + drop_j0. `from` reads a CUDA-graph key's device base once per thread (core/rng.h); elements of one
+//   counter share a Philox call in pair().
+//   When aligned (drop_s % 4 == 0 and drop_j0 % 4 == 0) a counter's 4 words are 4 consecutive keys of one query
+//   row, key % 4 = word, and the mma fragments' lanes share calls (one Philox per thread per 8-column block, words
+//   exchanged by shuffles):
 //   rows():    row-major C fragment (rows g, g + 8; keys 2t, 2t + 1): lanes t and t ^ 1 split a counter.
 //   columns(): transposed fragment (rows = 16 keys, lane group of 4 keys 4 apart in lane id; columns = 2
 //              queries): the 4 lanes of a key group each draw one of the 4 counters, then a 4x4 word transpose.
@@ -82,7 +83,7 @@ struct AttnDropout {
     return make_float2(z0, z1);
   }
   // z[2 hh + c] for elements idx_row0 + c (hh = 0) and idx_row1 + c (hh = 1), c = 0, 1, of a row-major mma C
-  // fragment (keys 2t, 2t + 1 with t = lane % 4). Needs s % 4 == 0 (then idx % 4 = key % 4).
+  // fragment (keys 2t, 2t + 1 with t = lane % 4). Needs the aligned case (then idx % 4 = key % 4).
   __device__ void rows(float (&z)[4], uint64_t idx_row0, uint64_t idx_row1) const {
     const bool odd = threadIdx.x & 1;  // t odd: keys 2, 3 of the counter; t even: keys 0, 1
     const uint4 r = philox4x32_10(seed, offset + (odd ? idx_row1 : idx_row0) / 4);  // even: row 0's; odd: row 1's
@@ -107,7 +108,7 @@ struct AttnDropout {
     for (int e = 0; e < 4; ++e) z[e] = keep(mine + (e & 1) * static_cast<uint64_t>(s) + (e >> 1) * 8);
   }
   // z[e] for the element (query q + (e & 1), key kb + j + 8 (e >> 1)) of a transposed fragment, j = lane / 4 % 4;
-  // idx_q_kb = flat index of (q, kb) with kb % 4 == 0. Needs s % 4 == 0.
+  // idx_q_kb = flat index of (q, kb) with kb % 4 == 0; s = the mask's row stride. Needs the aligned case.
   __device__ void columns(float (&z)[4], uint64_t idx_q_kb, int64_t s) const {
     const uint32_t j = (threadIdx.x >> 2) & 3;
     const uint64_t mine = idx_q_kb + (j & 1) * static_cast<uint64_t>(s) + (j >> 1) * 8;  // counter e = j
