@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/grad_check.h"
+#include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/moe/moe_layer.h"
@@ -368,6 +369,56 @@ TEST(MoELayer, MatchesTorchOracle) {
         mcpp::test::run_oracle_script(std::string(MCPP_SOURCE_DIR) + "/tests/oracle/moe_ref.py", dir);
     EXPECT_EQ(status, 0) << out;
     std::system(("rm -rf " + dir).c_str());
+  }
+}
+
+// The expert bias (aux-loss-free balancing): only training forwards count routes (an evaluation forward —
+// losses == nullptr — does not); the update is Megatron's b += rate * sign(mean - count), the counts then reset;
+// update_expert_biases sums the counts over the given groups (a size-1 group here) before updating.
+TEST(MoELayer, ExpertBiasCountsTrainingRoutesAndMovesBySign) {
+  TransformerConfig c = testing::tiny_config("gpt2");
+  c.num_moe_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_router_score_function = "sigmoid";
+  c.moe_router_enable_expert_bias = true;
+  c.finalize();
+  c.validate();
+  ParamAndGradBuffer params;
+  moe::MoELayer layer(params, params, "mlp", c, testing::single_tp());
+  params.finalize(3);
+  moe::TopKRouter& router = layer.router();
+  ASSERT_TRUE(router.has_expert_bias());
+  EXPECT_EQ(router.expert_bias_key(), "mlp.router.expert_bias");
+  Tensor x = random_tensor({6, 2, c.hidden_size}, 9);
+  moe::MoELayerCtx eval_ctx;
+  layer.forward(eval_ctx, x, nullptr);  // evaluation: not counted
+  EXPECT_EQ(router.take_route_counts(), std::vector<int64_t>(4, 0));
+  moe::LossTracker losses;
+  moe::MoELayerCtx ctx;
+  layer.forward(ctx, x, &losses);
+  layer.forward(ctx, x, &losses);  // two microbatches of the step
+  std::vector<int64_t> want = ctx.router.tokens_per_expert;
+  for (int64_t& v : want) v *= 2;
+  const std::vector<int64_t> counts = router.take_route_counts();
+  EXPECT_EQ(counts, want);
+  EXPECT_EQ(router.take_route_counts(), std::vector<int64_t>(4, 0));  // taken: reset
+  const int64_t sample[4] = {5, 3, 4, 4};  // mean 4: under-used expert 1 up, over-used expert 0 down
+  router.update_expert_bias(sample, 0.01f);
+  router.update_expert_bias(sample, 0.01f);
+  const std::vector<double> b = testing::to_doubles(router.expert_bias());
+  EXPECT_FLOAT_EQ(static_cast<float>(b[0]), -0.02f);
+  EXPECT_FLOAT_EQ(static_cast<float>(b[1]), 0.02f);
+  EXPECT_EQ(b[2], 0.0);
+  EXPECT_EQ(b[3], 0.0);
+  layer.forward(ctx, x, &losses);  // the counts of a step, through update_expert_biases
+  const std::vector<int64_t> step = ctx.router.tokens_per_expert;
+  moe::update_expert_biases({&router}, {comm::make_local_world()}, 0.5f);
+  const std::vector<double> b2 = testing::to_doubles(router.expert_bias());
+  double mean = 0.0;
+  for (int64_t v : step) mean += static_cast<double>(v) / 4.0;
+  for (size_t j = 0; j < 4; ++j) {
+    const double sign = mean > static_cast<double>(step[j]) ? 1.0 : mean < static_cast<double>(step[j]) ? -1.0 : 0.0;
+    EXPECT_NEAR(b2[j], b[j] + 0.5 * sign, 1e-6) << j;
   }
 }
 
