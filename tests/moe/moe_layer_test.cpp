@@ -420,6 +420,20 @@ TEST(MoELayer, ExpertBiasCountsTrainingRoutesAndMovesBySign) {
     const double sign = mean > static_cast<double>(step[j]) ? 1.0 : mean < static_cast<double>(step[j]) ? -1.0 : 0.0;
     EXPECT_NEAR(b2[j], b[j] + 0.5 * sign, 1e-6) << j;
   }
+  // with a capacity the counts are the routes each expert kept (Megatron's routing map after dropping)
+  TransformerConfig cc = c;
+  cc.moe_expert_capacity_factor = 0.5;
+  cc.validate();
+  ParamAndGradBuffer cparams;
+  moe::MoELayer capped(cparams, cparams, "mlp", cc, testing::single_tp());
+  cparams.finalize(3);
+  moe::MoELayerCtx cctx;
+  capped.forward(cctx, x, &losses);
+  const std::vector<int64_t> kept = capped.router().take_route_counts();
+  EXPECT_EQ(kept, cctx.router.rows_per_expert);
+  int64_t sum_kept = 0, sum_routed = 0;
+  for (size_t j = 0; j < 4; ++j) sum_kept += kept[j], sum_routed += cctx.router.tokens_per_expert[j];
+  EXPECT_LT(sum_kept, sum_routed);  // some routes dropped, and not counted
 }
 
 // An expert that no token chose does no work, and its gradients are still written (zero) and reported ready —

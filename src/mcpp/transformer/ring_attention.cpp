@@ -62,7 +62,7 @@ void forward_step(Tensor& o_acc, Tensor& lse_acc, const Tensor& q, const Tensor&
              "ring attention forward: o_acc float32 {} and lse_acc [2, {}, {}, {}]; got {} and {}",
              shape_str(q.shape()), b, np, c, o_acc.str(), lse_acc.str());
   Tensor o_blk = Tensor::empty({c, b, np, q.size(3)}, q.dtype(), q.device());
-  Tensor lse_blk = step == 0 ? Tensor() : Tensor::empty({b, np, c}, DType::F32, q.device());
+  Tensor lse_blk = Tensor::empty({b, np, c}, DType::F32, q.device());
   bool written[2] = {false, false};
   for (const Block& blk : blocks(step, rank, cp)) {
     const ops::AttentionOptions o = block_options(opt, blk, step, rank, cp, c);
@@ -74,7 +74,6 @@ void forward_step(Tensor& o_acc, Tensor& lse_acc, const Tensor& q, const Tensor&
       written[blk.q_half] = true;
       continue;
     }
-    if (!lse_blk.defined()) lse_blk = Tensor::empty({b, np, c}, DType::F32, q.device());
     ops::flash_attention_fwd(o_blk, lse_blk, half(q, blk.q_half), half(k, blk.k_half), half(v, blk.k_half), o);
     ops::attention_merge(acc, lse, o_blk, lse_blk);
   }
