@@ -7,9 +7,15 @@
 //   - masked_loss_stats / masked_loss_grad on CUDA equal the CPU backend;
 //   - training a bf16 GPT with --enable-cuda-graph (eager warm-up, capture, replays, an eager evaluation in
 //     between) gives the eager run's losses (same kernels; only atomics-ordered sums may differ); with
-//     hidden dropout (fp32) too: every replay draws that step's masks.
+//     hidden dropout (fp32) too: every replay draws that step's masks; MoE layers padded to capacity too (their
+//     routing statistics and logged losses on the device).
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda/cuda_test_util.h"
 #include "mcpp/core/cuda_graph.h"
@@ -194,6 +200,70 @@ TEST(CudaGraphTraining, Bf16GptWithGraphsMatchesEagerTraining) {
   EXPECT_LT(graphed.losses.back(), graphed.losses[2]);  // the replays train
   EXPECT_NEAR(graphed.last_valid_loss, eager.last_valid_loss, 1e-3 * eager.last_valid_loss);
   EXPECT_GT(cuda_peak_memory_bytes(), 0u);
+}
+
+// The router losses each metrics record logs (load_balancing_loss or seq_load_balancing_loss, z_loss).
+std::vector<std::pair<double, double>> router_losses(const std::string& metrics) {
+  std::vector<std::pair<double, double>> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("event", "") != "train") continue;
+    const double lb = j.value("load_balancing_loss", j.value("seq_load_balancing_loss", -1.0));
+    out.emplace_back(lb, j.value("z_loss", -1.0));
+  }
+  return out;
+}
+
+// MoE layers padded to capacity under graphs (fp32): the router's statistics, its losses (the log's tracker) and the
+// expert bias's route counts stay on the device, so the replays route, balance and log as the eager steps do —
+// the switch loss with the z-loss, and DeepSeek-V3's router (sigmoid, groups, expert bias, sequence-wise loss).
+TEST(CudaGraphTraining, PaddedMoeWithGraphsMatchesEagerTraining) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_moe_" + std::to_string(::getpid()));
+  for (bool deepseek : {false, true}) {
+    SCOPED_TRACE(deepseek ? "sigmoid + groups + expert bias + seq_aux_loss" : "softmax + aux loss + z-loss");
+    Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
+    c.model.num_moe_experts = 4;
+    c.model.moe_router_topk = 2;
+    c.model.moe_ffn_hidden_size = 256;
+    c.model.moe_aux_loss_coeff = 0.01f;
+    c.model.moe_expert_capacity_factor = 1.0;
+    c.model.moe_pad_expert_input_to_capacity = true;
+    if (deepseek) {
+      c.model.moe_router_score_function = "sigmoid";
+      c.model.moe_router_num_groups = 2;
+      c.model.moe_router_group_topk = 1;
+      c.model.moe_router_enable_expert_bias = true;
+      c.model.moe_router_bias_update_rate = 0.05f;
+      c.model.moe_router_load_balancing_type = "seq_aux_loss";
+    } else {
+      c.model.moe_z_loss_coeff = 0.001f;
+    }
+    c.training.log_interval = 1;
+    c.validate();
+    const std::string tag = deepseek ? "_deepseek" : "_switch";  // the metrics files append: one per run
+    c.training.metrics_path = (dir / ("eager" + tag + ".jsonl")).string();
+    const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
+    c.training.enable_cuda_graph = true;
+    c.training.cuda_graph_warmup_steps = 2;
+    c.training.metrics_path = (dir / ("graphed" + tag + ".jsonl")).string();
+    const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+    ASSERT_EQ(graphed.losses.size(), 8u);
+    EXPECT_EQ(graphed.cuda_graph_replays, 6);
+    for (size_t i = 0; i < 8; ++i)
+      EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-5 * eager.losses[i]) << "iteration " << i + 1;
+    const auto want = router_losses((dir / ("eager" + tag + ".jsonl")).string());
+    const auto got = router_losses((dir / ("graphed" + tag + ".jsonl")).string());
+    ASSERT_EQ(want.size(), 8u);
+    ASSERT_EQ(got.size(), 8u);
+    for (size_t i = 0; i < 8; ++i) {
+      EXPECT_GT(want[i].first, 0.5) << "no load-balancing loss logged: iteration " << i + 1;
+      EXPECT_NEAR(got[i].first, want[i].first, 1e-4 * want[i].first) << "iteration " << i + 1;
+      EXPECT_NEAR(got[i].second, want[i].second, 1e-4 * std::abs(want[i].second)) << "iteration " << i + 1;
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -100,6 +100,11 @@ void check_router(DType dt, ops::MoeTopkOptions opt) {
   Tensor ddl = poisoned({n, e}, dt);
   ops::moe_topk_softmax_bwd(ddl, dev(dp), dprobs_out, dtopk, dscores, dlse, dev(aux), dopt);
   EXPECT_LT(rel_err(host(ddl), dl), dt == DType::F32 ? 1e-5 : 4e-3);  // bf16: one output rounding
+  // the sequence-wise loss's per-sequence gradient rows: token t reads row t % 5
+  const Tensor aux_rows = rnd({5, e}, 10);
+  ops::cpu::moe_topk_softmax_bwd(dl, dp, probs, topk, scores, lse, aux_rows, opt, {});
+  ops::moe_topk_softmax_bwd(ddl, dev(dp), dprobs_out, dtopk, dscores, dlse, dev(aux_rows), dopt);
+  EXPECT_LT(rel_err(host(ddl), dl), dt == DType::F32 ? 1e-5 : 4e-3);
 }
 
 TEST(CudaMoeOps, RouterFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); check_router(DType::F32, {}); }
@@ -134,6 +139,22 @@ TEST(CudaMoeOps, RoutePositionsAtScale) {  // more routes than one scan chunk pe
   EXPECT_EQ(std::memcmp(hidx.raw(), idx.raw(), idx.nbytes()), 0);
   EXPECT_EQ(std::memcmp(hcounts.raw(), counts.raw(), counts.nbytes()), 0);
   EXPECT_EQ(counts.data<int64_t>()[5], 0);  // an expert no route chose
+  // the load-balancing statistics: per expert, per sequence (the shared-memory histogram and, for many rows, the
+  // global atomics), only the kept routes
+  for (int64_t g : {1, 16, 1500}) {
+    SCOPED_TRACE(g);
+    Tensor want = Tensor::empty({g, e}), want_kept = Tensor::empty({g, e});
+    Tensor kept_idx = idx.clone();
+    for (int64_t q = 0; q < n * k; q += 3) kept_idx.data<int32_t>()[q] = -1;
+    ops::cpu::moe_route_counts(want, topk, nullptr, {});
+    ops::cpu::moe_route_counts(want_kept, topk, &kept_idx, {});
+    Tensor got = poisoned({g, e}, DType::F32), got_kept = poisoned({g, e}, DType::F32);
+    const Tensor dkept_idx = kept_idx.to(Device::CUDA), dtopk = topk.to(Device::CUDA);
+    ops::moe_route_counts(got, dtopk, nullptr);
+    ops::moe_route_counts(got_kept, dtopk, &dkept_idx);
+    EXPECT_EQ(std::memcmp(got.to(Device::CPU).raw(), want.raw(), want.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(got_kept.to(Device::CPU).raw(), want_kept.raw(), want_kept.nbytes()), 0);
+  }
 }
 
 // Capacity drops (moe_capacity_positions) against the CPU backend, exactly: uneven experts over several scan chunks,

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -115,6 +116,58 @@ TEST(MoeOps, TopkSoftmaxAndRoutePositionsMatchTheDefinitions) {
     const std::vector<int32_t> want_idx = {2, 4, 0, 6, 1, 3, 5, 7};  // expert-major, tokens in order
     for (int64_t j = 0; j < e; ++j) EXPECT_EQ(counts.data<int64_t>()[j], want_counts[static_cast<size_t>(j)]);
     for (int64_t q = 0; q < n * k; ++q) EXPECT_EQ(idx.data<int32_t>()[q], want_idx[static_cast<size_t>(q)]) << q;
+  }
+}
+
+// moe_route_counts: per row g the routes of the tokens t % G == g, every route or only the kept ones (idx >= 0).
+TEST(MoeOps, RouteCountsPerRowAndKept) {
+  const int64_t n = 5, k = 2, e = 3;
+  Tensor topk = Tensor::empty({n, k}, DType::I32), idx = Tensor::empty({n, k}, DType::I32);
+  const std::vector<int32_t> top = {0, 2, 1, 2, 2, 0, 0, 1, 2, 1}, rows = {0, 5, 3, -1, 6, 1, 2, 4, -1, -1};
+  std::copy(top.begin(), top.end(), topk.data<int32_t>());
+  std::copy(rows.begin(), rows.end(), idx.data<int32_t>());
+  Tensor all = Tensor::empty({1, e}), by_seq = Tensor::empty({2, e}), kept = Tensor::empty({2, e});
+  ops::moe_route_counts(all, topk, nullptr);
+  ops::moe_route_counts(by_seq, topk, nullptr);
+  ops::moe_route_counts(kept, topk, &idx);
+  EXPECT_EQ(testing::to_doubles(all), (std::vector<double>{3, 3, 4}));
+  // tokens 0, 2, 4 (row 0): {0,2} {2,0} {2,1}; tokens 1, 3 (row 1): {1,2} {0,1}
+  EXPECT_EQ(testing::to_doubles(by_seq), (std::vector<double>{2, 1, 3, 1, 2, 1}));
+  // dropped: token 1's expert 2, token 4's both
+  EXPECT_EQ(testing::to_doubles(kept), (std::vector<double>{2, 0, 2, 1, 2, 0}));
+  Tensor bad = Tensor::empty({1, 2});  // topk names expert 2
+  EXPECT_THROW(ops::moe_route_counts(bad, topk, nullptr), Error);
+}
+
+// The router backward's load-balancing gradient per sequence (seq_aux_loss): aux_grad [G, E], token t reading row
+// t % G; dlogits[t] = s (g - <s, g>) with no dprobs. [E] is one row; other shapes are named errors.
+TEST(MoeOps, AuxGradRowsFollowTheTokensSequence) {
+  const int64_t n = 6, e = 4, k = 2, g = 3;
+  Tensor logits = random_tensor({n, e}, 31);
+  Tensor topk = Tensor::empty({n, k}, DType::I32), probs = Tensor::empty({n, k}), scores = Tensor::empty({n, e});
+  Tensor lse = Tensor::empty({n});
+  ops::moe_topk_softmax(topk, probs, scores, lse, logits, {});
+  Tensor dprobs = Tensor::zeros({n, k}), aux = random_tensor({g, e}, 32), dl = Tensor::empty({n, e});
+  ops::moe_topk_softmax_bwd(dl, dprobs, probs, topk, scores, lse, aux, {});
+  for (int64_t t = 0; t < n; ++t) {
+    const float *sc = scores.data<float>() + t * e, *row = aux.data<float>() + (t % g) * e;
+    double sg = 0.0;
+    for (int64_t j = 0; j < e; ++j) sg += static_cast<double>(sc[j]) * row[j];
+    for (int64_t j = 0; j < e; ++j) EXPECT_NEAR(dl.data<float>()[t * e + j], sc[j] * (row[j] - sg), 1e-6) << t;
+  }
+  Tensor one_row = aux.flat_slice(0, {e}).clone(), dl1 = Tensor::empty({n, e}), aux1 = Tensor::empty({1, e});
+  aux1.copy_from(one_row.view({1, e}));
+  ops::moe_topk_softmax_bwd(dl, dprobs, probs, topk, scores, lse, one_row, {});
+  ops::moe_topk_softmax_bwd(dl1, dprobs, probs, topk, scores, lse, aux1, {});
+  EXPECT_EQ(std::memcmp(dl.raw(), dl1.raw(), dl.nbytes()), 0);  // [E] = [1, E]
+  for (const Shape& bad : {Shape{e + 1}, Shape{2, e - 1}, Shape{0, e}, Shape{2, 2, e}}) {
+    Tensor a = Tensor::zeros(bad);
+    try {
+      ops::moe_topk_softmax_bwd(dl, dprobs, probs, topk, scores, lse, a, {});
+      ADD_FAILURE() << "aux_grad " << shape_str(bad) << " accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("aux_grad"), std::string::npos) << err.what();
+    }
   }
 }
 
@@ -238,6 +291,8 @@ struct MoeCase {
   std::string score = "softmax";  // --moe-router-score-function
   int64_t groups = 0, group_topk = 0;  // --moe-router-num-groups / --moe-router-group-topk
   bool bias = false;  // --moe-router-enable-expert-bias (a random bias set before the forward)
+  std::string balancing = "aux_loss";  // --moe-router-load-balancing-type
+  int64_t batch = 2;                   // the sequences of the 12 tokens
 };
 
 void write_raw(const std::string& path, const Tensor& t) {
@@ -275,11 +330,30 @@ TEST(MoELayer, MatchesTorchOracle) {
                             MoeCase{.style = "llama", .aux = 0.01f, .experts = 8, .topk = 2, .ffn = 16,
                                     .score = "sigmoid", .groups = 4, .group_topk = 2, .bias = true},
                             MoeCase{.style = "gpt2", .experts = 6, .topk = 2, .ffn = 16, .scaling = 2.5f,
-                                    .score = "sigmoid", .bias = true}}) {
+                                    .score = "sigmoid", .bias = true},
+                            // DeepSeek's sequence-wise balancing loss: per sequence of the micro batch
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.001f, .balancing = "seq_aux_loss",
+                                    .batch = 3},
+                            MoeCase{.style = "llama", .aux = 0.1f, .experts = 8, .topk = 3, .ffn = 16,
+                                    .capacity = 0.75, .balancing = "seq_aux_loss", .batch = 4},
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .experts = 8, .topk = 2, .ffn = 16,
+                                    .capacity = 1.0, .policy = "position", .pad = true,
+                                    .balancing = "seq_aux_loss", .batch = 2},
+                            MoeCase{.style = "llama", .aux = 0.01f, .experts = 8, .topk = 4, .ffn = 16,
+                                    .scaling = 2.5f, .score = "sigmoid", .groups = 4, .group_topk = 2, .bias = true,
+                                    .balancing = "seq_aux_loss", .batch = 3},
+                            MoeCase{.style = "llama", .aux = 0.1f, .topk = 1, .score = "sigmoid",
+                                    .balancing = "seq_aux_loss", .batch = 6},
+                            // the z-loss on the logits with sigmoid scores (Megatron's apply_z_loss)
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.01f, .experts = 8, .topk = 2, .ffn = 16,
+                                    .score = "sigmoid", .groups = 4, .group_topk = 2},
+                            MoeCase{.style = "llama", .z = 0.05f, .topk = 1, .score = "sigmoid", .bias = true},
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .balancing = "none"}}) {
     SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts) +
                  " shared=" + std::to_string(mc.shared) + " capacity=" + std::to_string(mc.capacity) + " " +
                  mc.policy + (mc.pad ? " pad" : "") + " scaling=" + std::to_string(mc.scaling) + " " + mc.score +
-                 " groups=" + std::to_string(mc.groups) + "/" + std::to_string(mc.group_topk));
+                 " groups=" + std::to_string(mc.groups) + "/" + std::to_string(mc.group_topk) + " " + mc.balancing +
+                 " b=" + std::to_string(mc.batch));
     TransformerConfig c = testing::tiny_config(mc.style);
     c.num_moe_experts = mc.experts;
     c.moe_router_topk = mc.topk;
@@ -296,6 +370,7 @@ TEST(MoELayer, MatchesTorchOracle) {
     c.moe_router_num_groups = mc.groups;
     c.moe_router_group_topk = mc.group_topk;
     c.moe_router_enable_expert_bias = mc.bias;
+    c.moe_router_load_balancing_type = mc.balancing;
     c.finalize();
     c.validate();
     ParamAndGradBuffer params;
@@ -315,18 +390,27 @@ TEST(MoELayer, MatchesTorchOracle) {
       ASSERT_TRUE(layer.router().has_expert_bias());
       layer.router().expert_bias().copy_from(random_tensor({mc.experts}, 55, nullptr, -0.3, 0.3));
     }
-    const int64_t s = 6, b = 2, h = c.hidden_size, n = s * b;
+    const int64_t b = mc.batch, s = 12 / b, h = c.hidden_size, n = s * b;
     Tensor x = random_tensor({s, b, h}, 7, nullptr, -2.0, 2.0), dy = random_tensor({s, b, h}, 8);
     moe::MoELayerCtx ctx;
-    Tensor y = layer.forward(ctx, x, nullptr);
-    int64_t routed = 0;
-    for (int64_t t : ctx.router.tokens_per_expert) routed += t;
-    EXPECT_EQ(routed, n * mc.topk);  // every route counted (before any capacity drop)
-    int64_t kept = 0;
-    for (int64_t j = 0; j < mc.experts; ++j) kept += std::min(ctx.router.tokens_per_expert[j], ctx.router.capacity);
-    if (mc.capacity > 0 && mc.capacity < 1.0) EXPECT_LT(kept, n * mc.topk);  // some routes dropped
-    if (mc.pad) EXPECT_EQ(ctx.plan.rows, mc.experts * ctx.router.capacity);
-    const double aux = ctx.router.aux_loss, z = ctx.router.z_loss;
+    moe::LossTracker tracker;
+    Tensor y = layer.forward(ctx, x, &tracker);
+    if (mc.pad) {  // no host read: the rows are the capacity's
+      EXPECT_TRUE(ctx.router.tokens_per_expert.empty());
+      EXPECT_EQ(ctx.plan.rows, mc.experts * ctx.router.capacity);
+    } else {
+      int64_t routed = 0;
+      for (int64_t t : ctx.router.tokens_per_expert) routed += t;
+      EXPECT_EQ(routed, n * mc.topk);  // every route counted (before any capacity drop)
+      int64_t kept = 0;
+      for (int64_t j = 0; j < mc.experts; ++j) kept += std::min(ctx.router.tokens_per_expert[j], ctx.router.capacity);
+      if (mc.capacity > 0 && mc.capacity < 1.0) {
+        EXPECT_LT(kept, n * mc.topk);  // some routes dropped
+      }
+    }
+    const moe::LossTracker::Sums sums = tracker.take();  // the losses over their coefficients, one call
+    EXPECT_EQ(sums.calls, 1.0);
+    const double aux = sums.load_balancing * mc.aux, z = sums.z * mc.z;
     const float scale = 0.5f;
     Tensor dx = layer.backward(ctx, dy, scale);
 
@@ -338,7 +422,8 @@ TEST(MoELayer, MatchesTorchOracle) {
       meta << n << " " << h << " " << mc.experts << " " << mc.topk << " " << mc.ffn << " " << (c.swiglu ? 1 : 0)
            << " " << (bias ? 1 : 0) << " " << (mc.pre_softmax ? 1 : 0) << " " << mc.aux << " " << mc.z << " "
            << scale << " " << mc.shared << " " << mc.capacity << " " << mc.policy << " " << mc.scaling << " "
-           << mc.score << " " << mc.groups << " " << mc.group_topk << " " << (mc.bias ? 1 : 0) << "\n";
+           << mc.score << " " << mc.groups << " " << mc.group_topk << " " << (mc.bias ? 1 : 0) << " "
+           << mc.balancing << " " << b << "\n";
     }
     if (mc.bias) write_raw(dir + "/expert_bias.bin", layer.router().expert_bias());
     write_raw(dir + "/x.bin", x);

@@ -4,7 +4,7 @@ SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py se
 
 Usage: moe_ref.py DIR
 DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S capacity_factor
-drop_policy scaling_factor score_function num_groups group_topk expert_bias") and raw little-endian
+drop_policy scaling_factor score_function num_groups group_topk expert_bias balancing B") and raw little-endian
 float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
 expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias; expert_bias.bin [E]
 when expert_bias is 1); mcpp's outputs
@@ -18,8 +18,10 @@ the others' probabilities masked to 0 (the load-balancing loss still counts ever
 The reference in float64: logits = x W_r^T; scores = softmax(logits); top-k of the logits with softmax over the k
 (or, pre_softmax, top-k of scores; or sigmoid scores normalized over the k, the aux loss on the sigmoid normalized over
 all E; with groups, Megatron's group_limited_topk); y[t] = sum_i probs[t,i] * MLP_{e_i}(x[t]) (+ MLP_shared(x[t]));
-aux = coeff * E / (n*n*k) * sum_e sum_t scores[t,e] * tokens_e; z = zcoeff * mean(logsumexp(logits)^2); grads by autograd of
-sum(dy * y) + loss_grad_scale * (aux + z). Prints the max relative errors; exit status 1 when any exceeds 2e-5.
+aux = coeff * E / (n*n*k) * sum_e sum_t scores[t,e] * tokens_e (balancing "aux_loss"; "seq_aux_loss": Megatron's
+sequence_load_balancing_loss_func over the B sequences, tokens in [s, b] order, with the routes each expert kept as
+its routing map); z = zcoeff * mean(logsumexp(logits)^2); grads by autograd of sum(dy * y) + loss_grad_scale * (aux +
+z). Prints the max relative errors; exit status 1 when any exceeds 2e-5.
 """
 import math
 import os
@@ -47,6 +49,7 @@ def main():
     sigmoid = fields[15] == "sigmoid"  # moe_router_score_function
     groups, group_topk = int(fields[16]), int(fields[17])  # group-limited routing (0: off)
     expert_bias = load(d, "expert_bias", (E,)) if fields[18] == "1" else None  # sigmoid's routing bias
+    balancing, B = fields[19], int(fields[20])  # moe_router_load_balancing_type; the sequences of the n tokens
 
     x = load(d, "x", (n, h)).requires_grad_()
     dy = load(d, "dy", (n, h))
@@ -104,7 +107,6 @@ def main():
     tokens = torch.zeros(E, dtype=torch.float64)
     for e in range(E):
         tokens[e] = float((top == e).sum())
-    aux = (scores.sum(0) * tokens).sum() * (E * aux_coeff / (n * n * k))
     z = torch.logsumexp(logits, dim=-1).square().mean() * z_coeff
     if scaling > 0:
         probs = probs * scaling
@@ -120,6 +122,14 @@ def main():
             mask = torch.cumsum(routed.int(), dim=0) <= capacity
         keep = routed & mask
     gates = gates * keep
+    if balancing == "aux_loss":  # switch_load_balancing_loss_func: every route counted (before any drop)
+        aux = (scores.sum(0) * tokens).sum() * (E * aux_coeff / (n * n * k))
+    elif balancing == "seq_aux_loss":  # sequence_load_balancing_loss_func: [s, b, E] views, the kept routes
+        s_len = n // B
+        cost = keep.view(s_len, B, E).sum(dim=0, dtype=torch.float64) / (s_len * k / E)
+        aux = (cost * scores.view(s_len, B, E).mean(dim=0)).sum(dim=1).mean() * aux_coeff
+    else:
+        aux = torch.zeros((), dtype=torch.float64)
     y = torch.zeros(n, h, dtype=torch.float64)
     for e in range(E):
         rows = keep[:, e].nonzero(as_tuple=True)[0]

@@ -1,6 +1,6 @@
 // --enable-cuda-graph: the flags parse under Megatron's names; what the captured step cannot contain is
-// refused at validation naming the reason (expert parallel, variable P2P shapes, --timeline, --device cpu,
-// an unimplemented scope, no warm-up step); without a GPU the trainer refuses it instead of running eagerly.
+// refused at validation naming the reason (expert parallel, dropless MoE, variable P2P shapes, --timeline, --device
+// cpu, an unimplemented scope, no warm-up step); without a GPU the trainer refuses it instead of running eagerly.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -67,6 +67,19 @@ TEST(CudaGraphConfig, WhatTheCapturedStepCannotContainIsRefused) {
   Config dropout = ok;  // graph-safe dropout keys (RngTracker::begin_graph_capture)
   dropout.model.hidden_dropout = 0.1f;
   EXPECT_EQ(error_of([&] { dropout.validate(); }), "");
+  auto moe = [](Config& c) {
+    c.model.num_moe_experts = 4;
+    c.model.moe_ffn_hidden_size = c.model.ffn_hidden_size;
+    c.model.moe_aux_loss_coeff = 0.01f;
+  };
+  // MoE: dropless layers size their buffers from counts read on the host; padded to capacity they are fixed
+  refused([&](Config& c) { moe(c); }, "--moe-pad-expert-input-to-capacity");
+  refused([&](Config& c) { moe(c), c.model.moe_expert_capacity_factor = 1.0; }, "--moe-pad-expert-input-to-capacity");
+  Config padded = ok;
+  moe(padded);
+  padded.model.moe_expert_capacity_factor = 1.0;
+  padded.model.moe_pad_expert_input_to_capacity = true;
+  EXPECT_EQ(error_of([&] { padded.validate(); }), "");
   refused([](Config& c) { c.training.timeline = "trace.json"; }, "--timeline");
   refused([](Config& c) { c.training.device = "cpu"; }, "--device cuda");
   refused([](Config& c) { c.training.cuda_graph_scope = "attn"; }, "cuda_graph_scope");

@@ -329,11 +329,8 @@ TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
                    m.moe_router_pre_softmax = true;
                  }),
                  "moe_router_pre_softmax");
-  expect_invalid(moe([](TransformerConfig& m) {
-                   m.moe_router_score_function = "sigmoid";
-                   m.moe_z_loss_coeff = 0.001f;
-                 }),
-                 "moe_z_loss_coeff");
+  expect_invalid(moe([](TransformerConfig& m) { m.moe_router_load_balancing_type = "sinkhorn"; }),
+                 "aux_loss|seq_aux_loss|none");
   expect_invalid(moe([](TransformerConfig& m) { m.moe_router_group_topk = 1; }), "go together");
   expect_invalid(moe([](TransformerConfig& m) {
                    m.moe_router_num_groups = 3;

@@ -59,6 +59,14 @@ void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t n
              num_experts / g, topk);
 }
 
+int64_t moe_aux_grad_rows(const char* op, const Tensor& aux_grad, int64_t num_experts) {
+  const bool ok = aux_grad.dtype() == DType::F32 &&
+                  ((aux_grad.ndim() == 1 && aux_grad.size(0) == num_experts) ||
+                   (aux_grad.ndim() == 2 && aux_grad.size(0) >= 1 && aux_grad.size(1) == num_experts));
+  MCPP_CHECK(ok, "{}: aux_grad must be float32 [{}] or [G, {}]; got {}", op, num_experts, num_experts, aux_grad.str());
+  return aux_grad.ndim() == 1 ? 1 : aux_grad.size(0);
+}
+
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& opt, Stream s) {
   MCPP_DISPATCH(gemm, ({&c, &a, &b}), c, a, b, opt, s);
 }
@@ -111,6 +119,9 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
 }
 void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream s) {
   MCPP_DISPATCH(moe_route_positions, ({&idx, &counts, &topk}), idx, counts, topk, s);
+}
+void moe_route_counts(Tensor& counts, const Tensor& topk, const Tensor* idx, Stream s) {
+  MCPP_DISPATCH(moe_route_counts, ({&counts, &topk, idx}), counts, topk, idx, s);
 }
 void moe_capacity_positions(Tensor& idx, Tensor& kept, const Tensor& topk, const Tensor& probs, const Tensor& counts,
                             const MoeCapacityOptions& opt, Stream s) {

@@ -97,6 +97,9 @@ constexpr int64_t kMaxMoeRouterGroups = 64;
 // hold at least k experts (group_topk * E / num_groups >= k).
 void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t num_experts, int64_t topk);
 
+// moe_topk_softmax_bwd's aux_grad: float32 [E] or [G, E] (mcpp::Error naming `op` otherwise); returns G (1 for [E]).
+int64_t moe_aux_grad_rows(const char* op, const Tensor& aux_grad, int64_t num_experts);
+
 // moe_capacity_positions (Megatron's --moe-expert-capacity-factor): each expert keeps at most `capacity` routes —
 // by_probs: those of the highest probabilities ("probs" drop policy), else the first in token order ("position");
 // pad (--moe-pad-expert-input-to-capacity): every expert's block of the buffer is `capacity` rows.

@@ -26,9 +26,7 @@ TransformerConfig shared_expert_config(const TransformerConfig& c) {
 
 MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
                    const TransformerConfig& c, const tensor_parallel::TPContext& tp)
-    : aux_loss_coeff_(c.moe_aux_loss_coeff),
-      z_loss_coeff_(c.moe_z_loss_coeff),
-      pad_(c.moe_expert_capacity_factor > 0.0 && c.moe_pad_expert_input_to_capacity),
+    : pad_(c.moe_expert_capacity_factor > 0.0 && c.moe_pad_expert_input_to_capacity),
       router_(params, prefix + ".router", c, tp),
       dispatcher_(c.num_moe_experts, tp.ep),
       experts_(expert_params, prefix + ".experts", c, expert_tp(tp), dispatcher_.first_local_expert(),
@@ -41,12 +39,8 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses)
   MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
   const int64_t h = x.size(2), n = x.size(0) * x.size(1), k = router_.topk();
   Tensor x2 = x.view({n, h});
-  router_.forward(ctx.router, x2, losses != nullptr);  // the routing on x's device; counts and losses read to the host
-  if (losses) {
-    if (aux_loss_coeff_ > 0.0f) losses->load_balancing += ctx.router.aux_loss / aux_loss_coeff_;
-    if (z_loss_coeff_ > 0.0f) losses->z += ctx.router.z_loss / z_loss_coeff_;
-    ++losses->calls;
-  }
+  // the routing on x's device (x.size(1) sequences; its losses added to `losses`), the buffer's rows on the host
+  router_.forward(ctx.router, x2, x.size(1), losses);
   ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.rows_per_expert, n, k);
   // [m, h] expert-major (m = n*k dropless; the kept routes, or E * capacity padded: the padding rows zero)
   Tensor permuted = pad_

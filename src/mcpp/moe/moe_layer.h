@@ -48,7 +48,6 @@ class MoELayer {
   const MoEAlltoAllTokenDispatcher& dispatcher() const { return dispatcher_; }
 
  private:
-  float aux_loss_coeff_, z_loss_coeff_;  // the losses' coefficients: the log line reports the unscaled losses
   bool pad_;                             // experts' inputs padded to capacity (zero rows)
   TopKRouter router_;
   MoEAlltoAllTokenDispatcher dispatcher_;

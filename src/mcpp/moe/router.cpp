@@ -21,6 +21,7 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
       num_groups_(c.moe_router_num_groups),
       group_topk_(c.moe_router_group_topk),
       aux_loss_on_(c.moe_router_load_balancing_type == "aux_loss"),
+      seq_aux_loss_(c.moe_router_load_balancing_type == "seq_aux_loss"),
       capacity_factor_(c.moe_expert_capacity_factor),
       scaling_(c.moe_router_topk_scaling_factor),
       drop_by_probs_(c.moe_token_drop_policy == "probs"),
@@ -28,7 +29,8 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
       aux_coeff_(c.moe_aux_loss_coeff),
       z_coeff_(c.moe_z_loss_coeff),
       sp_group_(tp.sequence_parallel && tp.size() > 1 ? tp.group : nullptr),
-      cp_group_(tp.cp_size() > 1 ? tp.cp : nullptr) {
+      cp_group_(tp.cp_size() > 1 ? tp.cp : nullptr),
+      split_((sp_group_ ? sp_group_->size() : 1) * (cp_group_ ? cp_group_->size() : 1)) {
   MCPP_CHECK(experts_ > 0 && k_ >= 1 && k_ <= std::min(experts_, kMaxTopk),
              "TopKRouter: moe_router_topk {} must be in [1, min(num_moe_experts, {})] = [1, {}]", k_, kMaxTopk,
              std::min(experts_, kMaxTopk));
@@ -38,14 +40,41 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
   if (c.moe_router_enable_expert_bias) {  // Megatron's router.expert_bias buffer: zeros at the start
     bias_key_ = prefix + ".expert_bias";
     expert_bias_ = Tensor::zeros({experts_}, DType::F32);  // the model's device is known at the first forward
-    route_counts_.assign(static_cast<size_t>(experts_), 0);
+    route_counts_ = Tensor::zeros({1, experts_}, DType::F32);
   }
+}
+
+void LossTracker::add(const Tensor& v) {
+  MCPP_CHECK(v.dtype() == DType::F32 && v.numel() == 3, "LossTracker: expected float32 [3], got {}", v.str());
+  if (!sums_.defined()) sums_ = Tensor::zeros({3}, DType::F32, v.device());
+  ops::add_inplace(sums_, v);
+}
+
+LossTracker::Sums LossTracker::take() {
+  if (!sums_.defined()) return {};
+  const Tensor h = host_copy(sums_);  // (on the CPU: the sums themselves, so read before zeroing)
+  const float* p = h.data<float>();
+  const Sums out{.load_balancing = p[0], .z = p[1], .calls = p[2]};
+  sums_.zero_();
+  return out;
 }
 
 std::vector<int64_t> TopKRouter::take_route_counts() {
   std::vector<int64_t> out(static_cast<size_t>(experts_), 0);
-  if (has_expert_bias()) std::swap(out, route_counts_);
+  if (!has_expert_bias()) return out;
+  const Tensor h = host_copy(route_counts_);
+  for (int64_t j = 0; j < experts_; ++j) out[static_cast<size_t>(j)] = std::llround(h.data<float>()[j]);
+  route_counts_.zero_();  // after the read: on the CPU h is the counts themselves
   return out;
+}
+
+const Tensor& TopKRouter::ones(int64_t n, Device dev) const {
+  if (!ones_.defined() || ones_.numel() < n || ones_.device() != dev) {
+    Tensor h = Tensor::empty({std::max<int64_t>(n, 1)});
+    h.fill_(1.0f);
+    ones_ = h.to(dev);
+  }
+  return ones_;
 }
 
 void TopKRouter::update_expert_bias(const int64_t* counts, float rate) {
@@ -60,25 +89,37 @@ void TopKRouter::update_expert_bias(const int64_t* counts, float rate) {
     pb[j] += static_cast<float>(offset > 0.0 ? 1.0 : offset < 0.0 ? -1.0 : 0.0) * rate;
   }
   if (!expert_bias_.is_cpu()) expert_bias_.copy_from(b);
-  route_counts_.assign(static_cast<size_t>(experts_), 0);
+  route_counts_.zero_();
 }
 
-void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, bool count_routes) const {
+void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses) const {
   MCPP_CHECK(x.ndim() == 2 && x.size(1) == weight_->data.size(1), "TopKRouter: x must be [n, h={}]; got {}",
              weight_->data.size(1), x.str());
   const int64_t n = x.size(0), e = experts_, k = k_;
+  MCPP_CHECK(batch >= 1 && n % batch == 0, "TopKRouter: {} tokens are not {} sequences of equal length", n, batch);
   const Device dev = x.device();
-  if (has_expert_bias() && expert_bias_.device() != dev) expert_bias_ = expert_bias_.to(dev);
+  if (has_expert_bias() && expert_bias_.device() != dev) {  // the first forward: the model's device
+    expert_bias_ = expert_bias_.to(dev);
+    route_counts_ = route_counts_.to(dev);
+  }
   Tensor logits = Tensor::empty({n, e}, x.dtype(), dev);  // [n, E]
   ops::linear_fwd(logits, x, weight_->data, nullptr);
+  ctx = {};
   ctx.x = x;
   ctx.n = n;
+  ctx.batch = batch;
   ctx.topk = Tensor::empty({n, k}, DType::I32, dev);
   ctx.probs = Tensor::empty({n, k}, DType::F32, dev);
   ctx.scores = Tensor::empty({n, e}, DType::F32, dev);
   ctx.lse = Tensor::empty({n}, DType::F32, dev);
   ctx.idx = Tensor::empty({n, k}, DType::I32, dev);
   ops::moe_topk_softmax(ctx.topk, ctx.probs, ctx.scores, ctx.lse, logits, topk_options(0.0f));
+  if (sigmoid_ && z_coeff_ > 0.0f) {  // the z-loss is on the logits' logsumexp, whatever the score function
+    Tensor top1 = Tensor::empty({n, 1}, DType::I32, dev), p1 = Tensor::empty({n, 1}, DType::F32, dev);
+    ctx.z_scores = Tensor::empty({n, e}, DType::F32, dev);
+    ctx.z_lse = Tensor::empty({n}, DType::F32, dev);
+    ops::moe_topk_softmax(top1, p1, ctx.z_scores, ctx.z_lse, logits, {});  // softmax(logits) and its logsumexp
+  }
   ctx.weights = ctx.probs;
   if (scaling_ > 0.0f) {  // Megatron's probs * scaling_factor (the capacity's probs policy ranks the same)
     ctx.weights = ctx.probs.clone();
@@ -87,51 +128,64 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, bool count_routes) con
   Tensor both = Tensor::empty({2 * e}, DType::I64, dev);  // the routes per expert, then the kept ones
   Tensor counts = both.flat_slice(0, {e}), kept = both.flat_slice(e, {e});
   ops::moe_route_positions(ctx.idx, counts, ctx.topk);
-  ctx.capacity = 0;
-  if (capacity_factor_ > 0.0) {  // Megatron's get_capacity(n * k, E, c): ceil((n * k / E) * c), in float64
+  const bool capped = capacity_factor_ > 0.0;
+  if (capped) {  // Megatron's get_capacity(n * k, E, c): ceil((n * k / E) * c), in float64
     ctx.capacity = static_cast<int64_t>(std::ceil(static_cast<double>(n * k) / static_cast<double>(e) *
                                                   capacity_factor_));
     ops::moe_capacity_positions(ctx.idx, kept, ctx.topk, ctx.probs, counts,
                                 {.capacity = ctx.capacity, .by_probs = drop_by_probs_, .pad = pad_to_capacity_});
   }
-  const bool aux = aux_loss_on_ && aux_coeff_ > 0.0f && n > 0;
-  Tensor col;  // [1, E] the scores' column sums (the load-balancing loss's value), queued before the first read
+  // The load-balancing statistics (on the device): T over every route (switch), or C over the kept routes of each
+  // sequence (sequence-wise); summed over the ranks that split the sequences.
+  const bool aux = (aux_loss_on_ || seq_aux_loss_) && aux_coeff_ > 0.0f && n > 0;
+  const int64_t groups = aux && seq_aux_loss_ ? batch : 1;
   if (aux) {
-    Tensor ones = Tensor::empty({1, n});
-    ones.fill_(1.0f);
-    col = Tensor::empty({1, e}, DType::F32, dev);
-    ops::gemm(col, dev == Device::CPU ? ones : ones.to(dev), ctx.scores, {});
+    ctx.aux_counts = Tensor::empty({groups, e}, DType::F32, dev);
+    ops::moe_route_counts(ctx.aux_counts, ctx.topk, seq_aux_loss_ ? &ctx.idx : nullptr);
+    for (const comm::CommPtr& g : {sp_group_, cp_group_})
+      if (g) g->all_reduce(ctx.aux_counts, comm::ReduceOp::Sum).wait();
   }
-  // Host reads: the counts (+ the token count; the one wait for the device), the losses' sums.
-  Tensor stats = Tensor::empty({e + 1}, DType::I64);
-  const Tensor both_h = host_copy(capacity_factor_ > 0.0 ? both : counts);
-  stats.flat_slice(0, {e}).copy_from(both_h.flat_slice(0, {e}));
-  const int64_t* cp = stats.data<int64_t>();
-  ctx.tokens_per_expert.assign(cp, cp + e);
-  if (capacity_factor_ == 0.0) ctx.rows_per_expert = ctx.tokens_per_expert;
-  else if (pad_to_capacity_) ctx.rows_per_expert.assign(static_cast<size_t>(e), ctx.capacity);
-  else ctx.rows_per_expert.assign(both_h.data<int64_t>() + e, both_h.data<int64_t>() + 2 * e);
-  if (count_routes && has_expert_bias())  // the routes each expert kept (Megatron: the routing map after dropping)
-    for (int64_t j = 0; j < e; ++j)
-      route_counts_[static_cast<size_t>(j)] += capacity_factor_ > 0.0 ? both_h.data<int64_t>()[e + j] : cp[j];
-  stats.data<int64_t>()[e] = n;
-  // The whole sequences' counts (the load-balancing statistics): summed over the ranks that split them.
-  for (const comm::CommPtr& g : {sp_group_, cp_group_})
-    if (g) g->host().all_reduce(stats, comm::ReduceOp::Sum).wait();
-  ctx.global_tokens_per_expert.assign(cp, cp + e);
-  ctx.global_tokens = cp[e];
-  const auto big_n = static_cast<double>(ctx.global_tokens);
-  ctx.aux_loss = 0.0;
-  if (aux && big_n > 0) {  // sum_e (sum_t scores[t, e]) T[e]
-    const Tensor colh = host_copy(col);
-    double s = 0.0;
-    for (int64_t j = 0; j < e; ++j) {
-      const auto tokens = static_cast<double>(ctx.global_tokens_per_expert[static_cast<size_t>(j)]);
-      s += static_cast<double>(colh.data<float>()[j]) * tokens;
+  if (losses) {
+    if (has_expert_bias()) {  // the routes each expert kept (Megatron: the routing map after dropping)
+      Tensor step = Tensor::empty({1, e}, DType::F32, dev);
+      ops::moe_route_counts(step, ctx.topk, capped ? &ctx.idx : nullptr);
+      ops::add_inplace(route_counts_, step);
     }
-    ctx.aux_loss = s * aux_coeff_ * static_cast<double>(e) / (big_n * big_n * static_cast<double>(k));
+    // (load_balancing, z, 1): the losses over their coefficients, on the device
+    Tensor v = Tensor::zeros({3}, DType::F32, dev);
+    const Tensor& one = ones(n, dev);
+    v.flat_slice(2, {1}).copy_from(one.flat_slice(0, {1}));
+    if (aux) {  // sum_{b, e} (sum_{t in b} scores[t, e]) C[b, e]  (B = 1, C = T: the switch loss)
+      Tensor col = Tensor::empty({1, groups * e}, DType::F32, dev);
+      ops::gemm(col, one.flat_slice(0, {n / groups}).view({1, n / groups}), ctx.scores.view({n / groups, groups * e}),
+                {});
+      Tensor lb = v.flat_slice(0, {1}).view({1, 1});
+      ops::gemm(lb, col, ctx.aux_counts.view({groups * e, 1}), {});
+      ops::scale_inplace(lb, static_cast<float>(aux_loss_scale(n, batch) / aux_coeff_));
+    }
+    if (z_coeff_ > 0.0f && n > 0) {  // sum_t lse[t]^2 / N
+      Tensor zl = v.flat_slice(1, {1}).view({1, 1});
+      const Tensor& lse = sigmoid_ ? ctx.z_lse : ctx.lse;
+      ops::gemm(zl, lse.view({1, n}), lse.view({n, 1}), {});
+      ops::scale_inplace(zl, static_cast<float>(1.0 / static_cast<double>(n * split_)));
+    }
+    losses->add(v);
   }
-  ctx.z_loss = z_coeff_ > 0.0f && big_n > 0 && n > 0 ? z_coeff_ * ops::sum_of_squares(ctx.lse) / big_n : 0.0;
+  // The one host read: the buffer's rows per expert (none when padded: every expert's block is the capacity).
+  if (capped && pad_to_capacity_) {
+    ctx.rows_per_expert.assign(static_cast<size_t>(e), ctx.capacity);
+    return;
+  }
+  const Tensor both_h = host_copy(capped ? both : counts);
+  const int64_t* bh = both_h.data<int64_t>();
+  ctx.tokens_per_expert.assign(bh, bh + e);
+  ctx.rows_per_expert.assign(bh + (capped ? e : 0), bh + (capped ? 2 * e : e));
+}
+
+double TopKRouter::aux_loss_scale(int64_t n, int64_t batch) const {
+  const double big_n = static_cast<double>(n * split_), b = static_cast<double>(seq_aux_loss_ ? batch : 1);
+  const double seq_len = big_n / b;
+  return aux_coeff_ * static_cast<double>(experts_) / (b * seq_len * seq_len * static_cast<double>(k_));
 }
 
 ops::MoeTopkOptions TopKRouter::topk_options(float z_coef) const {
@@ -143,21 +197,30 @@ Tensor TopKRouter::backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scal
   const int64_t n = ctx.n, e = experts_, k = k_;
   MCPP_CHECK(dprobs.numel() == n * k, "TopKRouter::backward: dprobs has {} values, expected {}", dprobs.numel(), n * k);
   if (scaling_ > 0.0f) ops::scale_inplace(dprobs, scaling_);  // d weights -> d probs
-  const auto big_n = static_cast<double>(ctx.global_tokens);
-  // The load-balancing loss's d / d scores[t, e] = coeff * E / (N^2 k) * T[e] (x the loss's coefficient).
-  const double aux_c = aux_loss_on_ && aux_coeff_ > 0.0f && big_n > 0
-                           ? static_cast<double>(loss_grad_scale) * aux_coeff_ * e / (big_n * big_n * k)
-                           : 0.0;
-  Tensor aux_grad = Tensor::empty({e});
-  for (int64_t j = 0; j < e; ++j)
-    aux_grad.data<float>()[j] =
-        static_cast<float>(aux_c * static_cast<double>(ctx.global_tokens_per_expert[static_cast<size_t>(j)]));
-  const double z_c = z_coeff_ > 0.0f && big_n > 0 ? static_cast<double>(loss_grad_scale) * z_coeff_ * 2.0 / big_n : 0.0;
   const Device dev = ctx.x.device();
+  // The load-balancing loss's d / d scores[t, e] = aux_loss_scale * T[e] (switch), or * C[b, e] for token t of
+  // sequence b (sequence-wise: aux_grad's row b), x the loss's gradient scale.
+  Tensor aux_grad;
+  if (ctx.aux_counts.defined()) {
+    aux_grad = ctx.aux_counts.clone();
+    ops::scale_inplace(aux_grad, static_cast<float>(static_cast<double>(loss_grad_scale) *
+                                                    aux_loss_scale(n, ctx.batch)));
+  } else {
+    aux_grad = Tensor::zeros({1, e}, DType::F32, dev);
+  }
+  const double z_c = z_coeff_ > 0.0f && n > 0
+                         ? static_cast<double>(loss_grad_scale) * z_coeff_ * 2.0 / static_cast<double>(n * split_)
+                         : 0.0;
   Tensor dlogits = Tensor::empty({n, e}, ctx.x.dtype(), dev);
-  ops::moe_topk_softmax_bwd(dlogits, dprobs.view({n, k}), ctx.probs, ctx.topk, ctx.scores, ctx.lse,
-                            dev == Device::CPU ? aux_grad : aux_grad.to(dev),
-                            topk_options(static_cast<float>(z_c)));
+  ops::moe_topk_softmax_bwd(dlogits, dprobs.view({n, k}), ctx.probs, ctx.topk, ctx.scores, ctx.lse, aux_grad,
+                            topk_options(sigmoid_ ? 0.0f : static_cast<float>(z_c)));
+  if (sigmoid_ && z_c != 0.0) {  // + z_c lse[t] softmax(logits[t]): the softmax backward with nothing else
+    Tensor dz = Tensor::empty({n, e}, ctx.x.dtype(), dev);
+    const Tensor none = Tensor::zeros({n, 1}, DType::F32, dev), top0 = Tensor::zeros({n, 1}, DType::I32, dev);
+    ops::moe_topk_softmax_bwd(dz, none, none, top0, ctx.z_scores, ctx.z_lse, Tensor::zeros({1, e}, DType::F32, dev),
+                              {.z_coef = static_cast<float>(z_c)});
+    ops::add_inplace(dlogits, dz);
+  }
   Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), dev);
   const ops::GradWrite gw = take_grad_overwrite({weight_}) ? ops::GradWrite::Overwrite : ops::GradWrite::Accumulate;
   ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, ctx.x, weight_->data, gw);

@@ -11,27 +11,38 @@
 //     (moe_router_enable_expert_bias: the experts chosen by s + expert_bias, the probabilities from s; the bias is
 //     updated from the step's route counts by update_expert_bias — the trainer's job after each step);
 //     idx = each route's expert-major row; tokens_per_expert[e] = how many of the n*k routes chose e (read to the
-//     host). With moe_expert_capacity_factor c > 0 (Megatron's topk_softmax_with_capacity): capacity =
-//     ceil(n * k / E * c) of this rank's n tokens; each expert keeps at most that many routes (drop policy
-//     "probs": the highest probabilities, "position": the first tokens; ops::moe_capacity_positions), a dropped
-//     route's idx is -1 and it weighs nothing in the combine (its probability's gradient is 0).
+//     host, unless padded to capacity). With moe_expert_capacity_factor c > 0 (Megatron's
+//     topk_softmax_with_capacity): capacity = ceil(n * k / E * c) of this rank's n tokens; each expert keeps at
+//     most that many routes (drop policy "probs": the highest probabilities, "position": the first tokens;
+//     ops::moe_capacity_positions), a dropped route's idx is -1 and it weighs nothing in the combine (its
+//     probability's gradient is 0).
 //     rows_per_expert[e] = the expert's rows in the dispatch buffer: its routes, its kept routes, or (padding to
 //     capacity) the capacity — the dispatcher's all-to-all sizes and the experts' row counts.
 //   Losses of this microbatch's n tokens (added to the LM loss; their gradients ride the router's backward):
 //     aux_loss = moe_aux_loss_coeff * E / (N * N * k) * sum_e (sum_t scores[t, e]) * T[e]
-//                (Megatron's switch_load_balancing_loss_func; "aux_loss" balancing only)
-//     z_loss   = moe_z_loss_coeff * sum_t logsumexp(logits[t])^2 / N   (z_loss_func; when the coefficient > 0)
-//   where the sums over t run over this rank's tokens, and N / T[e] are the token count / the routes per expert
-//   (before any capacity drop, as Megatron's) of the whole sequences: when the sequence is split over ranks
-//   (sequence parallelism over TP, context parallelism over CP) the counts are all-reduced over those groups
-//   (Megatron's tp_cp reduction), so each rank's losses are its share and their sum over the group — and every
-//   gradient — equal the unsplit run's. (A capacity, though, applies to each rank's own tokens, as Megatron's.)
+//                (Megatron's switch_load_balancing_loss_func; "aux_loss" balancing), or with "seq_aux_loss"
+//                (DeepSeek's sequence-wise loss, Megatron's sequence_load_balancing_loss_func) over the B sequences of
+//                S tokens (n = s*b tokens in [s, b] order: token t is in sequence t % B):
+//              = moe_aux_loss_coeff * E / (B * S * S * k) * sum_b sum_e (sum_{t in b} scores[t, e]) * C[b, e]
+//                with C[b, e] the routes of sequence b that expert e KEPT (Megatron's routing map after the capacity
+//                drop; with padding to capacity Megatron's map also marks the padding tokens, which would make C
+//                depend on which unrouted tokens fill the pad — we count the routes)
+//     z_loss   = moe_z_loss_coeff * sum_t logsumexp(logits[t])^2 / N   (z_loss_func; when the coefficient > 0; on
+//                the logits with either score function, as Megatron's apply_z_loss)
+//   where the sums over t run over this rank's tokens, and N / T[e] / C[b, e] are the token count / the routes per
+//   expert (before any capacity drop, as Megatron's) / the kept routes per sequence of the whole sequences: when the
+//   sequence is split over ranks (sequence parallelism over TP, context parallelism over CP) the counts are
+//   all-reduced over those groups on the device (Megatron's tp_cp reduction; N = n x the split, every rank holding
+//   as many tokens), so each rank's losses are its share and their sum over the group — and every gradient — equal
+//   the unsplit run's. (A capacity, though, applies to each rank's own tokens, as Megatron's.)
 // backward(dprobs [n, k], loss_grad_scale): d logits = the softmax Jacobians of probs (top-k or pre-softmax)
 // applied to dprobs, + loss_grad_scale * d(aux_loss + z_loss) / d logits (Megatron's MoEAuxLossAutoScaler:
 // the losses' gradient is scaled like the main loss's, 1 / num_microbatches); then dx = dlogits W_r and
 // W_r's grad ACCUMULATES (+= dlogits^T x) into main_grad. The routing decision is not differentiated.
-// Host reads per layer: the [E] counts, the losses' sums (lse^2, and with the aux loss the scores' [E] column
-// sums) — one synchronization; the routing itself stays on the device.
+// The statistics (T or C, ops::moe_route_counts), the losses' values (for the log line) and the expert bias's route
+// counts stay on the device. The one host read per layer is the [E] route counts that size the dispatch buffer —
+// none when it is padded to capacity (every expert's block is `capacity` rows): then the layer runs without a
+// synchronization, and a CUDA graph can capture it.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -47,28 +58,36 @@ namespace mcpp::moe {
 constexpr int64_t kMaxTopk = 64;  // moe_router_topk's upper bound (TransformerConfig::validate)
 
 // This rank's router losses summed over MoE layer calls (layers x microbatches x steps of a log window), each
-// divided by its coefficient as Megatron's tracker logs them (load_balancing_loss = aux_loss / moe_aux_loss_coeff,
-// z_loss = z_loss / moe_z_loss_coeff); the trainer averages them over the calls of every rank.
+// divided by its coefficient as Megatron's tracker logs them (load_balancing = aux_loss / moe_aux_loss_coeff,
+// z = z_loss / moe_z_loss_coeff), and the calls: float32 [3] on the model's device, added to by the routers
+// (inside a captured step too); the trainer reads them with take() and averages over the calls of every rank.
 struct LossTracker {
-  double load_balancing = 0.0, z = 0.0;
-  int64_t calls = 0;
+  struct Sums {
+    double load_balancing = 0.0, z = 0.0, calls = 0.0;
+  };
+  void add(const Tensor& v);  // v float32 [3] on one device (the first add allocates the sums there)
+  Sums take();                // the sums (a host read), then zeroed in place: the tensor stays (graphs add into it)
+
+ private:
+  Tensor sums_;
 };
 
 struct RouterCtx {
   Tensor x;        // [n, h] the input (for the weight grad)
   int64_t n = 0;
+  int64_t batch = 1;  // B: the sequences of the n tokens
   Tensor topk;     // [n, k] int32: chosen experts            (all on x's device)
   Tensor probs;    // [n, k] fp32: their probabilities
   Tensor weights;  // [n, k] fp32: the combine weights = probs x moe_router_topk_scaling_factor (probs when unset)
   Tensor scores;   // [n, E] fp32: softmax over all experts
   Tensor lse;      // [n] fp32: logsumexp of each token's logits
   Tensor idx;      // [n, k] int32: each route's row in the expert-major order (ops::moe_route_positions)
-  std::vector<int64_t> tokens_per_expert;         // [E] this rank's routes per expert (host; before any drop)
-  std::vector<int64_t> rows_per_expert;           // [E] the dispatch buffer's rows per expert (host)
-  int64_t capacity = 0;                           // routes an expert keeps (0: dropless)
-  std::vector<int64_t> global_tokens_per_expert;  // [E] T: over the sequence-split group
-  int64_t global_tokens = 0;                      // N
-  double aux_loss = 0.0, z_loss = 0.0;            // this rank's shares (0 when off)
+  Tensor aux_counts;  // fp32 [1, E] T (aux_loss) or [B, E] C (seq_aux_loss), over the split; undefined: loss off
+  Tensor z_scores, z_lse;  // fp32 [n, E] softmax(logits), [n] logsumexp: the z-loss's, with sigmoid scores only
+  std::vector<int64_t> tokens_per_expert;  // [E] this rank's routes per expert (host; before any drop) — not read
+                                           // (empty) when the buffer is padded to capacity
+  std::vector<int64_t> rows_per_expert;    // [E] the dispatch buffer's rows per expert (host)
+  int64_t capacity = 0;                    // routes an expert keeps (0: dropless)
 };
 
 class TopKRouter {
@@ -77,9 +96,10 @@ class TopKRouter {
   // with SP the router weight is a sequence-parallel parameter (its grad all-reduced over TP).
   TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
              const tensor_parallel::TPContext& tp);
-  // x [n, h]. count_routes: a training forward (not evaluation, not a recompute): with the expert bias on, the
-  // routes each expert kept are added to the step's counts (take_route_counts).
-  void forward(RouterCtx& ctx, const Tensor& x, bool count_routes = false) const;
+  // x [n, h]: the tokens of `batch` sequences in [s, b] order (n % batch == 0). losses (non-null: a training
+  // forward, not evaluation, not a recompute): this call's losses are added to it, and with the expert bias on the
+  // routes each expert kept to the step's counts (take_route_counts).
+  void forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses = nullptr) const;
   // dprobs [n, k] fp32 (x's device): the gradient of the combine weights (scaled in place by the scaling factor).
   // Returns dx [n, h] (x's device, dtype).
   Tensor backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scale) const;
@@ -89,7 +109,7 @@ class TopKRouter {
   bool has_expert_bias() const { return expert_bias_.defined(); }  // on the CPU until the first forward
   Tensor& expert_bias() { return expert_bias_; }
   const std::string& expert_bias_key() const { return bias_key_; }
-  // The routes each expert kept in this step's training forwards (this rank's), then zeroed.
+  // The routes each expert kept in this step's training forwards (this rank's; a host read), then zeroed.
   std::vector<int64_t> take_route_counts();
   // Megatron's get_updated_expert_bias: b += rate * sign(mean(counts) - counts), counts [E] summed over the ranks
   // that hold this router.
@@ -99,20 +119,25 @@ class TopKRouter {
 
  private:
   ops::MoeTopkOptions topk_options(float z_coef) const;  // the routing ops' options (z_coef: the backward's)
+  // the load-balancing loss's factor before its sum: coeff E / (N^2 k), or coeff E / (B S^2 k) (S = N / B)
+  double aux_loss_scale(int64_t n, int64_t batch) const;
+  const Tensor& ones(int64_t n, Device dev) const;  // >= n float32 ones on dev (kept: no host copy in a capture)
 
   int64_t experts_, k_;
   bool pre_softmax_, sigmoid_;
   int64_t num_groups_, group_topk_;  // group-limited routing (0: off)
-  bool aux_loss_on_;
+  bool aux_loss_on_, seq_aux_loss_;  // moe_router_load_balancing_type aux_loss / seq_aux_loss
   double capacity_factor_;  // 0: dropless
   float scaling_;           // moe_router_topk_scaling_factor (0: none)
   bool drop_by_probs_, pad_to_capacity_;
   float aux_coeff_, z_coeff_;
   comm::CommPtr sp_group_, cp_group_;  // the sequence's split: TP under sequence parallelism, CP (null: none)
+  int64_t split_ = 1;                  // the ranks that split a sequence (their group sizes' product)
   Parameter* weight_ = nullptr;  // [E, h]
   mutable Tensor expert_bias_;   // [E] float32 (moe_router_enable_expert_bias), else undefined; moved to x's device
   std::string bias_key_;
-  mutable std::vector<int64_t> route_counts_;  // [E] this step's kept routes (expert bias on)
+  mutable Tensor route_counts_;  // [1, E] float32 this step's kept routes (expert bias on), on x's device
+  mutable Tensor ones_;          // float32 ones on x's device (the column sums' and the call count's)
 };
 
 // Megatron's _update_router_expert_bias (finalize_model_grads): the routers' step counts summed over `groups` (the

@@ -14,6 +14,8 @@ std::string format_log_line(const IterationStats& s) {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::string moe;  // Megatron prints the MoE losses beside the lm loss
   if (s.load_balancing_loss) moe += fmt::format(" load_balancing_loss: {:.6E} |", *s.load_balancing_loss);
+  if (s.seq_load_balancing_loss)
+    moe += fmt::format(" seq_load_balancing_loss: {:.6E} |", *s.seq_load_balancing_loss);
   if (s.z_loss) moe += fmt::format(" z_loss: {:.6E} |", *s.z_loss);
   return fmt::format(
       " [{:%Y-%m-%d %H:%M:%S}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): "
@@ -31,6 +33,7 @@ nlohmann::json to_json(const IterationStats& s) {
                       {"grad_norm", s.grad_norm},               {"skipped_iters", s.skipped_iters},
                       {"nan_iters", s.nan_iters}};
   if (s.load_balancing_loss) j["load_balancing_loss"] = *s.load_balancing_loss;
+  if (s.seq_load_balancing_loss) j["seq_load_balancing_loss"] = *s.seq_load_balancing_loss;
   if (s.z_loss) j["z_loss"] = *s.z_loss;
   return j;
 }

@@ -22,9 +22,10 @@ struct IterationStats {
   double grad_norm = 0;
   int64_t skipped_iters = 0;
   int64_t nan_iters = 0;
-  // MoE models: Megatron's load_balancing_loss / z_loss (the router losses over their coefficients, averaged over
-  // layers, microbatches, iterations of the window and ranks); unset when the loss is off.
-  std::optional<double> load_balancing_loss, z_loss;
+  // MoE models: Megatron's load_balancing_loss (or seq_load_balancing_loss with the seq_aux_loss type) / z_loss
+  // (the router losses over their coefficients, averaged over layers, microbatches, iterations of the window and
+  // ranks); unset when the loss is off.
+  std::optional<double> load_balancing_loss, seq_load_balancing_loss, z_loss;
 };
 
 // " [2026-11-30 08:00:00] iteration       10/     100 | consumed samples: ... | lm loss: 5.1E+00 | ..."

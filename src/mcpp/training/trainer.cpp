@@ -518,19 +518,22 @@ void Trainer::after_commit(const std::string& dir, int64_t iteration) {
 }
 
 void Trainer::moe_log_losses(IterationStats& st) {
+  const moe::LossTracker::Sums mine = moe_losses_.take();  // this rank's, since the last log line (a device read)
   Tensor t = Tensor::empty({3});  // this window's sums over every rank's MoE layer calls
-  t.data<float>()[0] = static_cast<float>(moe_losses_.load_balancing);
-  t.data<float>()[1] = static_cast<float>(moe_losses_.z);
-  t.data<float>()[2] = static_cast<float>(moe_losses_.calls);
+  t.data<float>()[0] = static_cast<float>(mine.load_balancing);
+  t.data<float>()[1] = static_cast<float>(mine.z);
+  t.data<float>()[2] = static_cast<float>(mine.calls);
   pc_.world()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
-  moe_losses_ = {};
   // Ranks that split one sequence (TP under sequence parallelism, CP) each hold a share of its losses (router.h):
   // the mean is over (layer, microbatch, sequence), each sequence's shares summed.
   const double split = static_cast<double>(config_.parallel.sequence_parallel ? pc_.tp_size() : 1) * pc_.cp_size();
   const double calls = t.data<float>()[2] / split;
   if (calls <= 0) return;
-  if (config_.model.moe_aux_loss_coeff > 0.0f && config_.model.moe_router_load_balancing_type == "aux_loss")
+  const std::string& balancing = config_.model.moe_router_load_balancing_type;
+  if (config_.model.moe_aux_loss_coeff > 0.0f && balancing == "aux_loss")
     st.load_balancing_loss = t.data<float>()[0] / calls;
+  if (config_.model.moe_aux_loss_coeff > 0.0f && balancing == "seq_aux_loss")
+    st.seq_load_balancing_loss = t.data<float>()[0] / calls;
   if (config_.model.moe_z_loss_coeff > 0.0f) st.z_loss = t.data<float>()[1] / calls;
 }
 
@@ -575,6 +578,7 @@ TrainSummary Trainer::train() {
                         .skipped_iters = skipped_total,
                         .nan_iters = nan_total,
                         .load_balancing_loss = std::nullopt,
+                        .seq_load_balancing_loss = std::nullopt,
                         .z_loss = std::nullopt};
       if (config_.model.num_moe_experts > 0) moe_log_losses(st);  // collective (every rank)
       if (is_logging_rank()) {

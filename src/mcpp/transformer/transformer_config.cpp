@@ -160,9 +160,10 @@ void TransformerConfig::validate() const {
       fail("moe_router_topk ({}) must be in [1, num_moe_experts = {}] and at most 64", moe_router_topk,
            num_moe_experts);
     require_positive(moe_ffn_hidden_size, "moe_ffn_hidden_size");
-    if (moe_router_load_balancing_type != "aux_loss" && moe_router_load_balancing_type != "none")
-      fail("moe_router_load_balancing_type: '{}' is not implemented (expected aux_loss|none; Megatron's "
-           "seq_aux_loss / sinkhorn are not)", moe_router_load_balancing_type);
+    if (moe_router_load_balancing_type != "aux_loss" && moe_router_load_balancing_type != "seq_aux_loss" &&
+        moe_router_load_balancing_type != "none")
+      fail("moe_router_load_balancing_type: '{}' is not implemented (expected aux_loss|seq_aux_loss|none; Megatron's "
+           "sinkhorn is not)", moe_router_load_balancing_type);
     if (!(moe_aux_loss_coeff >= 0.0f)) fail("moe_aux_loss_coeff must be >= 0, got {}", moe_aux_loss_coeff);
     if (!(moe_z_loss_coeff >= 0.0f)) fail("moe_z_loss_coeff must be >= 0, got {}", moe_z_loss_coeff);
     if (moe_token_dispatcher_type != "alltoall")
@@ -181,9 +182,6 @@ void TransformerConfig::validate() const {
       fail("moe_router_score_function: '{}' is not softmax|sigmoid", moe_router_score_function);
     if (moe_router_score_function == "sigmoid" && moe_router_pre_softmax)
       fail("moe_router_pre_softmax applies to the softmax score function, not moe_router_score_function sigmoid");
-    if (moe_router_score_function == "sigmoid" && moe_z_loss_coeff > 0.0f)
-      fail("moe_z_loss_coeff ({}) with moe_router_score_function sigmoid is not implemented (the z-loss is the "
-           "softmax router's)", moe_z_loss_coeff);
     if (moe_router_enable_expert_bias && moe_router_score_function != "sigmoid")
       fail("moe_router_enable_expert_bias needs moe_router_score_function sigmoid (Megatron's rule)");
     if (!(moe_router_bias_update_rate >= 0.0f) || !std::isfinite(moe_router_bias_update_rate))
@@ -395,9 +393,11 @@ void Config::validate() const {
     if (model.moe_shared_expert_intermediate_size % tp != 0)
       fail("moe_shared_expert_intermediate_size ({}) must be divisible by tensor_model_parallel_size ({}): the "
            "shared expert is tensor parallel", model.moe_shared_expert_intermediate_size, tp);
-    if (training.enable_cuda_graph)
-      fail("enable_cuda_graph: the MoE router reads its routing on the host every layer (data-dependent token "
-           "counts), which a captured step cannot do; drop one of them");
+    const bool padded = model.moe_expert_capacity_factor > 0.0 && model.moe_pad_expert_input_to_capacity;
+    if (training.enable_cuda_graph && !padded)
+      fail("enable_cuda_graph: a dropless MoE layer reads its experts' token counts on the host every layer (they "
+           "size the dispatch buffer), which a captured step cannot do; set --moe-expert-capacity-factor and "
+           "--moe-pad-expert-input-to-capacity (fixed buffers, as Megatron's CUDA graphs need) or drop one of them");
   }
   if (data.tokenizer_type == "NullTokenizer" && model.vocab_size <= 0)
     fail("vocab_size must be given (--vocab-size) with tokenizer_type NullTokenizer");

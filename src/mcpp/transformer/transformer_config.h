@@ -83,8 +83,9 @@ struct TransformerConfig {
   // those k (with moe_router_pre_softmax: softmax over all E, then the top k of it) — and its output is the
   // probability-weighted sum of their MLPs (moe_ffn_hidden_size wide, 0 -> ffn_hidden_size). Dropless unless
   // moe_expert_capacity_factor is set (below). Load balancing "aux_loss" (Switch Transformer's, scaled by
-  // moe_aux_loss_coeff) or "none"; moe_z_loss_coeff > 0 adds ST-MoE's router z-loss. Dispatcher "alltoall" (Megatron's default is
-  // "allgather": same math, the one implemented here is the all-to-all).
+  // moe_aux_loss_coeff), "seq_aux_loss" (DeepSeek's per-sequence form, same coefficient) or "none";
+  // moe_z_loss_coeff > 0 adds ST-MoE's router z-loss. Dispatcher "alltoall" (Megatron's default is "allgather":
+  // same math, the one implemented here is the all-to-all).
   int64_t num_moe_experts = 0;
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;

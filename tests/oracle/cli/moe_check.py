@@ -38,9 +38,15 @@ usage: moe_check.py MCPP WORKDIR
      --moe-router-topk-scaling-factor 2.5 trains differently and DP2 x EP2 equals 1 rank;
   8. DeepSeek-V3's router (--moe-router-score-function sigmoid, --moe-router-num-groups / --moe-router-group-topk,
      routed scaling): another function than softmax and than ungrouped sigmoid routing; DP2 x EP2, TP2 + SP and
-     PP2 x DP2 x EP2 + distributed optimizer equal 1 rank; with --moe-router-enable-expert-bias another trajectory,
+     PP2 x DP2 x EP2 + distributed optimizer equal 1 rank; with the z-loss another trajectory (z_loss logged), TP2 +
+     SP equal to 1 rank; with --moe-router-enable-expert-bias another trajectory,
      DP2 x EP2 and TP2 + SP x DP2 x EP2 + distributed optimizer equal 1 rank, a resume is bit-exact (the biases
-     checkpointed) and the checkpoint continues at DP2 x EP2; bad router flags fail by name.
+     checkpointed) and the checkpoint continues at DP2 x EP2; bad router flags fail by name;
+  9. DeepSeek's sequence-wise balancing loss (--moe-router-load-balancing-type seq_aux_loss, micro batches of 2
+     sequences): another trajectory than the switch loss, logged as seq_load_balancing_loss (~1, no
+     load_balancing_loss); TP2 + SP, CP2 (each sequence's statistics summed over the split) and DP2 x EP2 with the
+     sigmoid / group-limited router equal 1 rank and log the same loss; a 1-rank checkpoint continues at CP2;
+     Megatron's sinkhorn type fails by name.
 """
 import os
 import re
@@ -278,7 +284,7 @@ same("scaling factor dp2 x ep2", train("scale_ep2", 2, [*M, *MOE, *SCALE, *EP2])
 check_memory_plan("capacity padded 1 rank", os.path.join(WORK, "cap_pad"), 1, [*M, *MOE, *CAP, *PAD], 1)
 
 # 8. DeepSeek-V3's router: sigmoid scores, group-limited routing (4 experts in 2 groups, each token's 2 experts from
-# its best group), routed scaling; no z-loss with sigmoid. Another function than softmax routing; DP2 x EP2 (each
+# its best group), routed scaling. Another function than softmax routing; DP2 x EP2 (each
 # rank one group's experts), TP2 + SP and PP2 x DP2 x EP2 + distributed optimizer equal 1 rank
 DSV3 = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--moe-aux-loss-coeff",
         "0.01", "--moe-router-score-function", "sigmoid", "--moe-router-num-groups", "2", "--moe-router-group-topk",
@@ -293,6 +299,13 @@ same("sigmoid + groups dp2 x ep2", train("ds_ep2", 2, [*M, *DSV3, *EP2]), ds_one
 same("sigmoid + groups tp2 + sp", train("ds_tp2", 2, [*M, *DSV3, *TP2]), ds_one)
 same("sigmoid + groups pp2 x dp2 x ep2 distributed optimizer",
      train("ds_pp2_ep2", 4, [*M, *DSV3, *EP2, *PP2, *DISTOPT]), ds_one)
+# the z-loss with sigmoid scores (on the logits' logsumexp, Megatron's apply_z_loss): another trajectory, logged;
+# TP2 + SP (its token count over the split) equals 1 rank
+ZL = ["--moe-z-loss-coeff", "0.01"]
+dsz_one = train("dsz_one", None, [*M, *DSV3, *ZL])
+if losses(dsz_one) == losses(ds_one) or not all(r.get("z_loss", 0) > 0 for r in records(dsz_one, "train")):
+    failures.append(f"sigmoid + z-loss: {losses(dsz_one)}, z {[r.get('z_loss') for r in records(dsz_one, 'train')]}")
+same("sigmoid + z-loss tp2 + sp", train("dsz_tp2", 2, [*M, *DSV3, *ZL, *TP2]), dsz_one)
 # the expert bias (aux-loss-free balancing, updated after every step from the step's route counts summed over the
 # ranks): another trajectory than without it; DP2 x EP2 and TP2 + SP x DP2 x EP2 + distributed optimizer equal 1
 # rank (the counts summed over TP / DP); the biases are checkpointed: a run stopped at 3 resumes bit-exact, and its
@@ -315,8 +328,6 @@ if len(a) != 6 or any(b.get(i) != a[i] for i in a):
 for name, cmd, words in (
         ("expert bias + softmax", [*M, *MOE, "--moe-router-enable-expert-bias"],
          ["moe_router_enable_expert_bias", "sigmoid"]),
-        ("sigmoid + z-loss", [*M, *MOE, "--moe-router-score-function", "sigmoid"],
-         ["moe_z_loss_coeff", "sigmoid"]),
         ("score function", [*M, *MOE, "--moe-router-score-function", "tanh"], ["moe_router_score_function", "tanh"]),
         ("groups without group topk", [*M, *MOE, "--moe-router-num-groups", "2"],
          ["moe_router_num_groups", "moe_router_group_topk"]),
@@ -325,6 +336,32 @@ for name, cmd, words in (
         ("group topk > topk", [*M, *MOE, "--moe-router-num-groups", "4", "--moe-router-group-topk", "3"],
          ["moe_router_group_topk", "moe_router_topk = 2"])):
     check_error(name, ["train", *cmd, "--save", os.path.join(WORK, "bad")], words, None)
+
+# 9. the sequence-wise loss (DeepSeek-V2/V3's complementary balance loss): per sequence of each micro batch of 2
+SEQ = ["--moe-router-load-balancing-type", "seq_aux_loss"]
+seq_one = train("seq_one", None, [*M, *MOE, *SEQ])
+if not losses(seq_one) or losses(seq_one) == losses(one):
+    failures.append(f"seq_aux_loss: {losses(seq_one)} (the switch loss's trajectory, or none)")
+seq_lb = [(r.get("seq_load_balancing_loss"), r.get("load_balancing_loss")) for r in records(seq_one, "train")]
+if len(seq_lb) != 6 or any(v is None or w is not None or not 0.9 < v < 2.0 for v, w in seq_lb):
+    failures.append(f"seq_aux_loss log records (seq_load_balancing_loss, load_balancing_loss): {seq_lb}")
+line = [l for l in STDOUT["seq_one"].splitlines() if " iteration " in l and "lm loss:" in l]
+if not line or not re.search(r"\| seq_load_balancing_loss: \S+ \| z_loss: \S+ \|", line[0]):
+    failures.append(f"the seq_aux_loss log line: {line[:1]}")
+for name, np_, flags in (("tp2 + sp", 2, TP2), ("cp2", 2, CP2)):
+    got = train("seq_" + name.split()[0], np_, [*M, *MOE, *SEQ, *flags])
+    same("seq_aux_loss " + name, got, seq_one)
+    g = [r.get("seq_load_balancing_loss") for r in records(got, "train")]
+    if len(g) != len(seq_lb) or any(not close(x, y[0]) for x, y in zip(g, seq_lb)):
+        failures.append(f"seq_aux_loss {name} logs {g}, 1 rank {[v for v, _ in seq_lb]}")
+seq_ds = train("seq_ds_one", None, [*M, *DSV3, *SEQ])
+same("seq_aux_loss sigmoid + groups dp2 x ep2", train("seq_ds_ep2", 2, [*M, *DSV3, *SEQ, *EP2]), seq_ds)
+seq_part = os.path.join(WORK, "seq_part")
+run([MCPP, "train", *M, *MOE, *SEQ, "--exit-interval", "3", "--save", seq_part])
+check_continued("seq_aux_loss, 1 rank -> CP2", seq_part, seq_part + "_cp2", 2, [*M, *MOE, *SEQ, *CP2],
+                losses(seq_one))
+check_error("sinkhorn", ["train", *M, *MOE, "--moe-router-load-balancing-type", "sinkhorn", "--save",
+                         os.path.join(WORK, "bad")], ["moe_router_load_balancing_type", "sinkhorn"], None)
 
 if failures:
     print("FAILED:\n" + "\n".join(failures))

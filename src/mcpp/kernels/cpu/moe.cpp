@@ -259,7 +259,8 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
   check_f32(op, "dprobs", dprobs, {n, k});
   check_f32(op, "probs", probs, {n, k});
   check_f32(op, "lse", lse, {n});
-  check_f32(op, "aux_grad", aux_grad, {e});
+  const int64_t rows = moe_aux_grad_rows(op, aux_grad, e);
+  detail::require_cpu_f32(op, "aux_grad", aux_grad);
   check_moe_topk_options(op, opt, e, k);
   MCPP_CHECK(!opt.sigmoid || opt.z_coef == 0.0f, "{}: the z-loss is not implemented with the sigmoid score function",
              op);
@@ -273,14 +274,14 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n; ++t) {
       const int32_t* top = tp + t * k;
-      const float *pr = pp + t * k, *dp = dpp + t * k, *s = sp + t * e;
+      const float *pr = pp + t * k, *dp = dpp + t * k, *s = sp + t * e, *agt = ag + (t % rows) * e;
       float* dl = dl0 + t * e;
       for (int64_t j = 0; j < e; ++j) {
-        g[static_cast<size_t>(j)] = ag[j];
+        g[static_cast<size_t>(j)] = agt[j];
         dl[j] = 0.0f;
       }
       if (opt.sigmoid) {
-        sigmoid_bwd(dl, s, lp[t], top, pr, dp, ag, e, k, g.data());
+        sigmoid_bwd(dl, s, lp[t], top, pr, dp, agt, e, k, g.data());
         continue;
       }
       if (opt.pre_softmax) {
@@ -296,6 +297,24 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
         dl[j] += static_cast<float>(s[j] * (g[static_cast<size_t>(j)] - sg) +
                                     static_cast<double>(opt.z_coef) * lp[t] * s[j]);
     }
+  }
+}
+
+void moe_route_counts(Tensor& counts, const Tensor& topk, const Tensor* idx, Stream) {
+  const char* op = "moe_route_counts";
+  MCPP_CHECK(topk.defined() && topk.is_cpu() && topk.dtype() == DType::I32 && topk.ndim() == 2,
+             "{}: topk must be a CPU int32 [n, k] tensor; got {}", op, topk.defined() ? topk.str() : "undefined");
+  const int64_t n = topk.size(0), k = topk.size(1);
+  if (idx) check_i32(op, "idx", *idx, n, k);
+  detail::require_cpu_f32(op, "counts", counts);
+  MCPP_CHECK(counts.ndim() == 2 && counts.size(0) >= 1, "{}: counts must be [G, E]; got {}", op, counts.str());
+  const int64_t g = counts.size(0), e = counts.size(1);
+  const int32_t *tp = topk.data<int32_t>(), *ip = idx ? idx->data<int32_t>() : nullptr;
+  float* cp = counts.data<float>();
+  std::fill(cp, cp + g * e, 0.0f);
+  for (int64_t q = 0; q < n * k; ++q) {
+    MCPP_CHECK(tp[q] >= 0 && tp[q] < e, "{}: topk entry {} = {} is not an expert of {}", op, q, tp[q], e);
+    if (!ip || ip[q] >= 0) cp[(q / k) % g * e + tp[q]] += 1.0f;
   }
 }
 

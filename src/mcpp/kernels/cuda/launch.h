@@ -107,9 +107,13 @@ struct MoeTopkArgs {
 };
 void launch_moe_topk_softmax(int32_t* topk, float* probs, float* scores, float* lse, FIn logits, int64_t n, int64_t e,
                              int64_t k, const MoeTopkArgs& a, cudaStream_t s);
+// aux_grad [aux_rows, E]: token t reads row t % aux_rows (ops.inc)
 void launch_moe_topk_softmax_bwd(FOut dlogits, const float* dprobs, const float* probs, const int32_t* topk,
-                                 const float* scores, const float* lse, const float* aux_grad, int64_t n, int64_t e,
-                                 int64_t k, const MoeTopkArgs& a, float z_coef, cudaStream_t s);
+                                 const float* scores, const float* lse, const float* aux_grad, int64_t aux_rows,
+                                 int64_t n, int64_t e, int64_t k, const MoeTopkArgs& a, float z_coef, cudaStream_t s);
+// counts [g, e] float32 (overwritten): the routes (of tokens t % g == row), only those with idx >= 0 when idx is set
+void launch_moe_route_counts(float* counts, const int32_t* topk, const int32_t* idx, int64_t routes, int64_t k,
+                             int64_t g, int64_t e, cudaStream_t s);
 // counts [e] int64 (overwritten), idx [routes] int32: the expert-major rows (ops.inc moe_route_positions)
 void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* topk, int64_t routes, int64_t e,
                                 cudaStream_t s);

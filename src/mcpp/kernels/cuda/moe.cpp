@@ -109,12 +109,13 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
   check_shape(op, "dprobs", dprobs, DType::F32, {n, k});
   check_shape(op, "probs", probs, DType::F32, {n, k});
   check_shape(op, "lse", lse, DType::F32, {n});
-  check_shape(op, "aux_grad", aux_grad, DType::F32, {e});
+  const int64_t rows = moe_aux_grad_rows(op, aux_grad, e);
+  check_shape(op, "aux_grad", aux_grad, DType::F32, aux_grad.shape());  // on the device
   check_moe_topk_options(op, opt, e, k);
   MCPP_CHECK(!opt.sigmoid || opt.z_coef == 0.0f, "{}: the z-loss is not implemented with the sigmoid score function",
              op);
   launch_moe_topk_softmax_bwd(dl, dprobs.data<float>(), probs.data<float>(), topk.data<int32_t>(), scores.data<float>(),
-                              lse.data<float>(), aux_grad.data<float>(), n, e, k, topk_args(opt), opt.z_coef,
+                              lse.data<float>(), aux_grad.data<float>(), rows, n, e, k, topk_args(opt), opt.z_coef,
                               stream_of(stream));
 }
 
@@ -127,6 +128,17 @@ void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream
   check_shape(op, "counts", counts, DType::I64, counts.shape());
   launch_moe_route_positions(idx.data<int32_t>(), counts.data<int64_t>(), topk.data<int32_t>(), topk.numel(),
                              counts.numel(), stream_of(stream));
+}
+
+void moe_route_counts(Tensor& counts, const Tensor& topk, const Tensor* idx, Stream stream) {
+  const char* op = "moe_route_counts";
+  MCPP_CHECK(topk.ndim() == 2 && counts.ndim() == 2 && counts.size(0) >= 1,
+             "{}: topk must be [n, k], counts [G, E]; got {} and {}", op, topk.str(), counts.str());
+  check_shape(op, "topk", topk, DType::I32, topk.shape());
+  if (idx) check_shape(op, "idx", *idx, DType::I32, topk.shape());
+  check_shape(op, "counts", counts, DType::F32, counts.shape());
+  launch_moe_route_counts(counts.data<float>(), topk.data<int32_t>(), idx ? idx->data<int32_t>() : nullptr,
+                          topk.numel(), topk.size(1), counts.size(0), counts.size(1), stream_of(stream));
 }
 
 void moe_capacity_positions(Tensor& idx, Tensor& kept, const Tensor& topk, const Tensor& probs, const Tensor& counts,

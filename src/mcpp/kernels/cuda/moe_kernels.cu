@@ -224,10 +224,12 @@ __global__ void moe_topk_softmax_kernel(int32_t* topk, float* probs, float* scor
 }
 
 __global__ void moe_topk_softmax_bwd_kernel(FOut dlogits, const float* dprobs, const float* probs, const int32_t* topk,
-                                            const float* scores, const float* lse, const float* aux_grad, int64_t n,
-                                            int64_t e, int64_t k, MoeTopkArgs a, float z_coef) {
+                                            const float* scores, const float* lse, const float* aux_grad0,
+                                            int64_t aux_rows, int64_t n, int64_t e, int64_t k, MoeTopkArgs a,
+                                            float z_coef) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= n) return;
+  const float* aux_grad = aux_grad0 + (t % aux_rows) * e;  // the token's row (its sequence's, or the one row)
   const int32_t* top = topk + t * k;
   const float *pr = probs + t * k, *dp = dprobs + t * k, *s = scores + t * e;
   if (a.sigmoid) {  // s_j = scores * z (k > 1); ds by the two normalizations' Jacobians; dlogit = ds s (1 - s)
@@ -270,6 +272,26 @@ __global__ void moe_route_counts_kernel(int64_t* counts, const int32_t* topk, in
   for (int64_t q = threadIdx.x; q < routes; q += blockDim.x) c += topk[q] == ex ? 1 : 0;
   c = block_sum(c, scratch);
   if (threadIdx.x == 0) counts[ex] = c;
+}
+
+// counts [g, e] float32, zeroed before: each block histograms its stride of routes in shared memory (smem) or adds
+// straight to the global counts (g * e too large for it); integer-valued float atomics, so the order is irrelevant.
+__global__ void moe_route_counts_by_row_kernel(float* counts, const int32_t* topk, const int32_t* idx, int64_t routes,
+                                               int64_t k, int64_t g, int64_t e, bool smem) {
+  extern __shared__ unsigned int hist[];
+  if (smem)
+    for (int64_t q = threadIdx.x; q < g * e; q += blockDim.x) hist[q] = 0u;
+  __syncthreads();
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < routes; r += int64_t(gridDim.x) * blockDim.x) {
+    if (idx && idx[r] < 0) continue;
+    const int64_t slot = (r / k) % g * e + topk[r];
+    if (smem) atomicAdd(&hist[slot], 1u);
+    else atomicAdd(&counts[slot], 1.0f);
+  }
+  if (!smem) return;
+  __syncthreads();
+  for (int64_t q = threadIdx.x; q < g * e; q += blockDim.x)
+    if (hist[q] != 0u) atomicAdd(&counts[q], static_cast<float>(hist[q]));
 }
 
 constexpr int kScanThreads = 256, kScanPer = 4, kScanChunk = kScanThreads * kScanPer;
@@ -407,12 +429,12 @@ void launch_moe_topk_softmax(int32_t* topk, float* probs, float* scores, float* 
 }
 
 void launch_moe_topk_softmax_bwd(FOut dlogits, const float* dprobs, const float* probs, const int32_t* topk,
-                                 const float* scores, const float* lse, const float* aux_grad, int64_t n, int64_t e,
-                                 int64_t k, const MoeTopkArgs& a, float z_coef, cudaStream_t s) {
+                                 const float* scores, const float* lse, const float* aux_grad, int64_t aux_rows,
+                                 int64_t n, int64_t e, int64_t k, const MoeTopkArgs& a, float z_coef, cudaStream_t s) {
   if (n <= 0) return;
   const auto blocks = static_cast<unsigned>((n + kTokThreads - 1) / kTokThreads);
-  moe_topk_softmax_bwd_kernel<<<blocks, kTokThreads, 0, s>>>(dlogits, dprobs, probs, topk, scores, lse, aux_grad, n,
-                                                             e, k, a, z_coef);
+  moe_topk_softmax_bwd_kernel<<<blocks, kTokThreads, 0, s>>>(dlogits, dprobs, probs, topk, scores, lse, aux_grad,
+                                                             aux_rows, n, e, k, a, z_coef);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
@@ -423,6 +445,19 @@ void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* to
   MCPP_CUDA_LAUNCH_CHECK();
   if (routes <= 0) return;
   moe_route_positions_kernel<<<static_cast<unsigned>(e), kScanThreads, 0, s>>>(idx, counts, topk, routes);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_moe_route_counts(float* counts, const int32_t* topk, const int32_t* idx, int64_t routes, int64_t k,
+                             int64_t g, int64_t e, cudaStream_t s) {
+  if (g * e <= 0) return;
+  MCPP_CUDA_CHECK_RT(cudaMemsetAsync(counts, 0, static_cast<size_t>(g * e) * sizeof(float), s));
+  if (routes <= 0) return;
+  const size_t smem_bytes = static_cast<size_t>(g * e) * sizeof(unsigned int);
+  const bool smem = smem_bytes <= 32 * 1024;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((routes + kThreads - 1) / kThreads, 132));
+  moe_route_counts_by_row_kernel<<<blocks, kThreads, smem ? smem_bytes : 0, s>>>(counts, topk, idx, routes, k, g, e,
+                                                                                 smem);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,39 @@
+#!/bin/bash
+# The MoE training step on one GPU: GPT-2 124M shapes (bench/gpu/env.sh's $M124, bf16) at micro batch B, 8 experts
+# top-2 with the aux loss and the z-loss, 30 iterations logged every 10; ms per iteration over iterations 21-30
+# (the last record) for the dense model, dropless MoE, MoE padded to capacity (eager and with --enable-cuda-graph)
+# and DeepSeek-V3's router padded (sigmoid, 4 groups, expert bias, sequence-wise loss; eager and graphed).
+# usage (device machine, repo root, device_carry/ carried): bench/gpu/moe_steps.sh OUT [B] [CAPACITY]
+set -u
+OUT=$1
+B=${2:-16} CAP=${3:-1.0}
+mkdir -p "$OUT"
+. bench/gpu/env.sh
+make_rnd_124m
+RUN_FLAGS="$M124 --micro-batch-size $B --global-batch-size $B --train-iters 30"
+MOE="--num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 0.01"
+PAD="--moe-expert-capacity-factor $CAP --moe-pad-expert-input-to-capacity"
+DS="--num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 0.001 --moe-router-score-function sigmoid
+  --moe-router-num-groups 4 --moe-router-group-topk 2 --moe-router-enable-expert-bias
+  --moe-router-load-balancing-type seq_aux_loss --moe-router-topk-scaling-factor 2.5"
+GRAPH="--enable-cuda-graph --cuda-graph-warmup-steps 3"
+run_train dense 1
+run_train moe_dropless 1 $MOE --moe-z-loss-coeff 0.001
+run_train moe_padded 1 $MOE --moe-z-loss-coeff 0.001 $PAD
+run_train moe_padded_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GRAPH
+run_train deepseek_padded 1 $DS $PAD
+run_train deepseek_padded_graph 1 $DS $PAD $GRAPH
+echo "== MoE steps, 124M B$B, capacity $CAP (ms per iteration, iterations 21-30; lm loss at 30; router losses)"
+for r in dense moe_dropless moe_padded moe_padded_graph deepseek_padded deepseek_padded_graph; do
+  python3 - "$OUT/$r.jsonl" "$r" <<'EOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if '"event":"train"' in l] if sys.argv[1] else []
+if not recs:
+    print(f"{sys.argv[2]:>24}: no records"); sys.exit()
+r = recs[-1]
+lb = r.get("load_balancing_loss", r.get("seq_load_balancing_loss"))
+print(f"{sys.argv[2]:>24}: {r['elapsed_ms_per_iter']:8.2f} ms  {r['tokens_per_sec']:10.0f} tok/s  lm loss "
+      f"{r['lm_loss']:.5f}  balancing {lb}  z {r.get('z_loss')}")
+EOF
+done
+grep -h "captured the training step" "$OUT"/*graph.log
