@@ -139,6 +139,20 @@ TEST(CudaMoeOps, RoutePositionsAtScale) {  // more routes than one scan chunk pe
   EXPECT_EQ(std::memcmp(hidx.raw(), idx.raw(), idx.nbytes()), 0);
   EXPECT_EQ(std::memcmp(hcounts.raw(), counts.raw(), counts.nbytes()), 0);
   EXPECT_EQ(counts.data<int64_t>()[5], 0);  // an expert no route chose
+  // the chunked kernels' limit (256 experts) and past it (one block per expert), a partial last chunk
+  for (int64_t ee : {int64_t{256}, int64_t{300}}) {
+    SCOPED_TRACE(ee);
+    const int64_t nn = 3001;
+    Tensor t = Tensor::empty({nn, k}, DType::I32);
+    for (int64_t q = 0; q < nn * k; ++q)  // the last 5 experts chosen by no route
+      t.data<int32_t>()[q] = static_cast<int32_t>((q * 7919 + q / 3) % ee % (ee - 5));
+    Tensor want = Tensor::empty({nn, k}, DType::I32), wc = Tensor::empty({ee}, DType::I64);
+    ops::cpu::moe_route_positions(want, wc, t, {});
+    Tensor got = Tensor::empty({nn, k}, DType::I32, Device::CUDA), gc = Tensor::empty({ee}, DType::I64, Device::CUDA);
+    ops::moe_route_positions(got, gc, t.to(Device::CUDA));
+    EXPECT_EQ(std::memcmp(got.to(Device::CPU).raw(), want.raw(), want.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(gc.to(Device::CPU).raw(), wc.raw(), wc.nbytes()), 0);
+  }
   // the load-balancing statistics: per expert, per sequence (the shared-memory histogram and, for many rows, the
   // global atomics), only the kept routes
   for (int64_t g : {1, 16, 1500}) {

@@ -114,9 +114,11 @@ void launch_moe_topk_softmax_bwd(FOut dlogits, const float* dprobs, const float*
 // counts [g, e] float32 (overwritten): the routes (of tokens t % g == row), only those with idx >= 0 when idx is set
 void launch_moe_route_counts(float* counts, const int32_t* topk, const int32_t* idx, int64_t routes, int64_t k,
                              int64_t g, int64_t e, cudaStream_t s);
-// counts [e] int64 (overwritten), idx [routes] int32: the expert-major rows (ops.inc moe_route_positions)
+// counts [e] int64 (overwritten), idx [routes] int32: the expert-major rows (ops.inc moe_route_positions);
+// scratch: moe_route_positions_scratch(routes, e) int32 (0: none needed)
+int64_t moe_route_positions_scratch(int64_t routes, int64_t e);
 void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* topk, int64_t routes, int64_t e,
-                                cudaStream_t s);
+                                int32_t* scratch, cudaStream_t s);
 // ops.inc moe_capacity_positions: idx [routes] int32 in: the dropless rows, out: the capacity rows; kept [e] int64;
 // keys / route [routes]: scratch
 void launch_moe_capacity_positions(int32_t* idx, int64_t* kept, const int64_t* counts, const float* probs,

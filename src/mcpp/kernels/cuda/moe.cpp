@@ -2,6 +2,8 @@
 // moe_kernels.cu. Activations float32 or bf16 (one dtype per call); idx int32 [n, k], w / dw float32 [n, k].
 // The shapes are checked here; idx's entries are not read on the host (the router builds them: distinct rows < m
 // or -1 for a dropped route). Async on stream_of(stream).
+#include <algorithm>
+
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/ops.h"
 
@@ -126,8 +128,11 @@ void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream
   check_shape(op, "idx", idx, DType::I32, topk.shape());
   MCPP_CHECK(counts.ndim() == 1, "{}: counts must be [E]; got {}", op, counts.str());
   check_shape(op, "counts", counts, DType::I64, counts.shape());
+  // scratch ordered on the compute stream, as the other ops' scratch
+  Tensor scratch = Tensor::empty({std::max<int64_t>(moe_route_positions_scratch(topk.numel(), counts.numel()), 1)},
+                                 DType::I32, Device::CUDA);
   launch_moe_route_positions(idx.data<int32_t>(), counts.data<int64_t>(), topk.data<int32_t>(), topk.numel(),
-                             counts.numel(), stream_of(stream));
+                             counts.numel(), scratch.data<int32_t>(), stream_of(stream));
 }
 
 void moe_route_counts(Tensor& counts, const Tensor& topk, const Tensor* idx, Stream stream) {

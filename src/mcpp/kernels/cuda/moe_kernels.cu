@@ -319,6 +319,62 @@ __global__ void __launch_bounds__(kScanThreads) moe_route_positions_kernel(int32
     base += total;
   }
 }
+// The chunked form of the route positions (E <= kRpMaxExperts): the routes in chunks of kRpThreads, one a thread.
+// (1) each chunk's per-expert counts; (2) one block: the experts' totals, and each (chunk, expert)'s first row =
+// the routes of the experts before it + of the same expert in the chunks before; (3) each route's row = its chunk's
+// offset + the same expert's routes in the warps before it (per-warp counts in shared memory) + in its warp before
+// it (__match_any_sync). The same rows as one block per expert scanning every route, with the chunks in parallel.
+constexpr int kRpThreads = 1024, kRpWarps = kRpThreads / 32, kRpMaxExperts = 256;
+
+__global__ void __launch_bounds__(kRpThreads) moe_chunk_counts_kernel(int32_t* chunk_counts, const int32_t* topk,
+                                                                      int64_t routes, int64_t e) {
+  __shared__ int32_t hist[kRpMaxExperts];
+  for (int64_t j = threadIdx.x; j < e; j += blockDim.x) hist[j] = 0;
+  __syncthreads();
+  const int64_t q = blockIdx.x * static_cast<int64_t>(kRpThreads) + threadIdx.x;
+  if (q < routes && topk[q] >= 0 && topk[q] < e) atomicAdd(&hist[topk[q]], 1);  // (an invalid expert: no row)
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < e; j += blockDim.x) chunk_counts[blockIdx.x * e + j] = hist[j];
+}
+
+__global__ void __launch_bounds__(kRpMaxExperts) moe_chunk_offsets_kernel(int32_t* offsets, int64_t* counts,
+                                                                          const int32_t* chunk_counts, int64_t chunks,
+                                                                          int64_t e) {
+  __shared__ int32_t scan[kRpMaxExperts];
+  const int64_t j = threadIdx.x;
+  int total = 0;
+  if (j < e)
+    for (int64_t c = 0; c < chunks; ++c) total += chunk_counts[c * e + j];
+  int all = 0;
+  int run = block_exclusive_scan<kRpMaxExperts>(j < e ? total : 0, scan, &all);
+  if (j >= e) return;
+  counts[j] = total;
+  for (int64_t c = 0; c < chunks; ++c) {
+    offsets[c * e + j] = run;
+    run += chunk_counts[c * e + j];
+  }
+}
+
+__global__ void __launch_bounds__(kRpThreads) moe_chunk_positions_kernel(int32_t* idx, const int32_t* offsets,
+                                                                         const int32_t* topk, int64_t routes,
+                                                                         int64_t e) {
+  __shared__ int32_t wcnt[kRpWarps][kRpMaxExperts];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t q = threadIdx.x; q < kRpWarps * e; q += blockDim.x) wcnt[q / e][q % e] = 0;
+  __syncthreads();
+  const int64_t q = blockIdx.x * static_cast<int64_t>(kRpThreads) + threadIdx.x;
+  const int ex = q < routes ? topk[q] : -1;
+  const bool valid = ex >= 0 && ex < e;
+  const unsigned peers = __match_any_sync(0xffffffffu, ex);
+  const int rank = __popc(peers & ((1u << lane) - 1u));
+  if (valid && rank == 0) wcnt[warp][ex] = __popc(peers);
+  __syncthreads();
+  if (!valid) return;
+  int before = 0;
+  for (int w = 0; w < warp; ++w) before += wcnt[w][ex];
+  idx[q] = offsets[blockIdx.x * e + ex] + before + rank;
+}
+
 // A probability's order key: positive floats order as their bits; 0, negatives and NaN rank lowest.
 __device__ __forceinline__ uint32_t prob_key(float p) { return p > 0.0f ? __float_as_uint(p) : 0u; }
 
@@ -335,9 +391,9 @@ __global__ void moe_capacity_stage_kernel(uint32_t* keys, int32_t* route, const 
 }
 
 // One block per expert (ops.inc moe_capacity_positions) over its staged routes. Over capacity with the probs
-// policy, the capacity-th largest key is found bit by bit (32 block-wide counts over the expert's routes); routes
-// above it stay, and of those equal to it the first in token order until capacity is reached. The position policy
-// treats every route as "equal": the first capacity stay. Then the kept routes get their rows in token order (a
+// policy, the capacity-th largest key is found by a radix select (4 passes of 8 bits, a shared histogram each over
+// the expert's routes); routes above it stay, and of those equal to it the first in token order until capacity is
+// reached. The position policy treats every route as "equal": the first capacity stay. Then the kept routes get their rows in token order (a
 // block scan per chunk, as route positions); idx[route] is overwritten (-1: dropped).
 __global__ void __launch_bounds__(kScanThreads) moe_capacity_positions_kernel(int32_t* idx, int64_t* kept,
                                                                               const int64_t* counts,
@@ -358,13 +414,29 @@ __global__ void __launch_bounds__(kScanThreads) moe_capacity_positions_kernel(in
   const bool all = cnt <= cap;
   uint32_t thr = 0;
   long long ties = cap;  // routes at the threshold that may stay
-  if (!all && by_probs) {
-    uint32_t prefix = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t cand = prefix | (1u << bit);
-      long long c = 0;
-      for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) c += key[j] >= cand;
-      if (block_sum(c, red) >= cap) prefix = cand;
+  if (!all && by_probs) {  // radix select, 8 bits a pass: the digit where the count from the top reaches `need`
+    static_assert(kScanThreads == 256, "one thread a digit");
+    __shared__ int32_t hist[256];
+    __shared__ uint32_t digit;
+    __shared__ long long digit_above;
+    uint32_t prefix = cap > 0 ? 0u : 0xFFFFFFFFu, mask = 0;  // capacity 0: a threshold above every key
+    long long need = cap;  // of the keys matching prefix, the need-th largest (need <= their count)
+    for (int shift = 24; shift >= 0 && cap > 0; shift -= 8) {
+      hist[threadIdx.x] = 0;
+      __syncthreads();
+      for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x)
+        if ((key[j] & mask) == prefix) atomicAdd(&hist[(key[j] >> shift) & 255u], 1);
+      __syncthreads();
+      // thread t holds digit 255 - t: the exclusive scan is the count of the keys with a larger digit
+      const int b = 255 - static_cast<int>(threadIdx.x), here = hist[b];
+      int all = 0;
+      const long long above = block_exclusive_scan<kScanThreads>(here, scan, &all);
+      if (above < need && need <= above + here) digit = static_cast<uint32_t>(b), digit_above = above;
+      __syncthreads();
+      need -= digit_above;
+      prefix |= digit << shift;
+      mask |= 255u << shift;
+      __syncthreads();  // hist, scan and digit are rewritten next pass
     }
     thr = prefix;
     long long above = 0;
@@ -438,9 +510,24 @@ void launch_moe_topk_softmax_bwd(FOut dlogits, const float* dprobs, const float*
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
+int64_t moe_route_positions_scratch(int64_t routes, int64_t e) {
+  return e <= kRpMaxExperts && routes > 0 ? 2 * ((routes + kRpThreads - 1) / kRpThreads) * e : 0;
+}
+
 void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* topk, int64_t routes, int64_t e,
-                                cudaStream_t s) {
+                                int32_t* scratch, cudaStream_t s) {
   if (e <= 0) return;
+  if (e <= kRpMaxExperts && routes > 0) {  // the chunked form: chunk counts, offsets, rows
+    const int64_t chunks = (routes + kRpThreads - 1) / kRpThreads;
+    int32_t *chunk_counts = scratch, *offsets = scratch + chunks * e;
+    moe_chunk_counts_kernel<<<static_cast<unsigned>(chunks), kRpThreads, 0, s>>>(chunk_counts, topk, routes, e);
+    MCPP_CUDA_LAUNCH_CHECK();
+    moe_chunk_offsets_kernel<<<1, kRpMaxExperts, 0, s>>>(offsets, counts, chunk_counts, chunks, e);
+    MCPP_CUDA_LAUNCH_CHECK();
+    moe_chunk_positions_kernel<<<static_cast<unsigned>(chunks), kRpThreads, 0, s>>>(idx, offsets, topk, routes, e);
+    MCPP_CUDA_LAUNCH_CHECK();
+    return;
+  }
   moe_route_counts_kernel<<<static_cast<unsigned>(e), 256, 0, s>>>(counts, topk, routes);
   MCPP_CUDA_LAUNCH_CHECK();
   if (routes <= 0) return;
