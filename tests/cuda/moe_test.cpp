@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "cuda/cuda_test_util.h"
+#include "mcpp/moe/router.h"
+#include "models/gpt_test_util.h"
 
 namespace mcpp {
 namespace {
@@ -125,6 +127,49 @@ TEST(CudaMoeOps, RouterSigmoidAndGroupLimitedMatchCpu) {
     check_router(dt, {.sigmoid = true, .num_groups = 4, .group_topk = 2, .expert_bias = bias});
   }
 }
+// --moe-router-dtype fp32 on a bf16 model: the logits GEMM (and the backward's) in float32 on the upcast bf16
+// input and weight, so the router equals a float32 router on the same bf16-valued operands (CPU) to fp32 rounding —
+// the same experts, probabilities, losses' gradients and weight grad — where the default bf16 GEMM rounds the
+// logits to bf16's ~3 digits (measured here as a larger error, so the flag is shown to act).
+TEST(CudaMoeRouter, Fp32RouterDtypeMatchesAnFp32RouterOnBf16Operands) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 96, e = 16, k = 2;
+  double err[2] = {0.0, 0.0};  // the probabilities' error without / with the flag
+  for (bool fp32 : {false, true}) {
+    SCOPED_TRACE(fp32 ? "moe_router_dtype fp32" : "bf16 logits");
+    TransformerConfig c = testing::tiny_config("gpt2");
+    c.num_moe_experts = e;
+    c.moe_router_topk = k;
+    c.moe_aux_loss_coeff = 0.01f;
+    c.moe_z_loss_coeff = 0.001f;
+    c.moe_router_dtype = fp32 ? "fp32" : "";
+    c.finalize();
+    c.validate();
+    const int64_t h = c.hidden_size;
+    ParamAndGradBuffer pg, pc;
+    moe::TopKRouter rg(pg, "router", c, testing::single_tp()), rc(pc, "router", c, testing::single_tp());
+    pg.finalize(5, Device::CUDA, DType::BF16);
+    pc.finalize(5);
+    rc.weight()->data.copy_from(host(rg.weight()->data));  // the bf16 weight's values, in fp32 on the CPU
+    const Tensor x = rnd({n, h}, 21, DType::BF16, -2.0, 2.0), dp = rnd({n, k}, 22);
+    moe::RouterCtx cg, cc;
+    rg.forward(cg, dev(x, DType::BF16), 1);
+    rc.forward(cc, x, 1);
+    Tensor dpg = dev(dp), dpc = dp.clone();
+    const Tensor dxg = rg.backward(cg, dpg, 0.5f), dxc = rc.backward(cc, dpc, 0.5f);
+    err[fp32] = rel_err(host(cg.probs), cc.probs);
+    if (!fp32) continue;
+    EXPECT_EQ(std::memcmp(cg.topk.to(Device::CPU).raw(), cc.topk.raw(), cc.topk.nbytes()), 0) << "other experts";
+    EXPECT_LT(err[1], 1e-5);
+    EXPECT_LT(rel_err(host(cg.scores), cc.scores), 1e-5);
+    EXPECT_LT(rel_err(host(cg.lse), cc.lse), 1e-5);
+    EXPECT_EQ(dxg.dtype(), DType::BF16);
+    EXPECT_LT(rel_err(host(dxg), dxc), 8e-3);  // one bf16 rounding of dx
+    EXPECT_LT(rel_err(host(rg.weight()->main_grad), rc.weight()->main_grad), 1e-4);  // fp32 main grad
+  }
+  EXPECT_GT(err[0], 20 * err[1]) << "the bf16 logits are as close as the fp32 ones: the flag changed nothing";
+}
+
 TEST(CudaMoeOps, RoutePositionsAtScale) {  // more routes than one scan chunk per expert, uneven experts
   MCPP_REQUIRE_CUDA();
   const int64_t n = 20000, k = 2, e = 8;

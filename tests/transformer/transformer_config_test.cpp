@@ -331,6 +331,8 @@ TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
                  "moe_router_pre_softmax");
   expect_invalid(moe([](TransformerConfig& m) { m.moe_router_load_balancing_type = "sinkhorn"; }),
                  "aux_loss|seq_aux_loss|none");
+  expect_invalid(moe([](TransformerConfig& m) { m.moe_router_dtype = "fp64"; }), "moe_router_dtype: 'fp64'");
+  expect_invalid([](Config& c) { c.model.moe_router_dtype = "fp32"; }, "need --num-experts");
   expect_invalid(moe([](TransformerConfig& m) { m.moe_router_group_topk = 1; }), "go together");
   expect_invalid(moe([](TransformerConfig& m) {
                    m.moe_router_num_groups = 3;

@@ -18,6 +18,7 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
       k_(c.moe_router_topk),
       pre_softmax_(c.moe_router_pre_softmax),
       sigmoid_(c.moe_router_score_function == "sigmoid"),
+      fp32_logits_(c.moe_router_dtype == "fp32"),
       num_groups_(c.moe_router_num_groups),
       group_topk_(c.moe_router_group_topk),
       aux_loss_on_(c.moe_router_load_balancing_type == "aux_loss"),
@@ -102,8 +103,12 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
     expert_bias_ = expert_bias_.to(dev);
     route_counts_ = route_counts_.to(dev);
   }
-  Tensor logits = Tensor::empty({n, e}, x.dtype(), dev);  // [n, E]
-  ops::linear_fwd(logits, x, weight_->data, nullptr);
+  Tensor logits = Tensor::empty({n, e}, logit_dtype(x), dev);  // [n, E]
+  if (logit_dtype(x) == x.dtype()) {
+    ops::linear_fwd(logits, x, weight_->data, nullptr);
+  } else {  // --moe-router-dtype fp32: the GEMM on the upcast input and weight
+    ops::linear_fwd(logits, upcast(x), upcast(weight_->data), nullptr);
+  }
   ctx = {};
   ctx.x = x;
   ctx.n = n;
@@ -188,6 +193,14 @@ double TopKRouter::aux_loss_scale(int64_t n, int64_t batch) const {
   return aux_coeff_ * static_cast<double>(experts_) / (b * seq_len * seq_len * static_cast<double>(k_));
 }
 
+DType TopKRouter::logit_dtype(const Tensor& x) const { return fp32_logits_ ? DType::F32 : x.dtype(); }
+
+Tensor TopKRouter::upcast(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::F32, t.device());
+  ops::cast(out, t);
+  return out;
+}
+
 ops::MoeTopkOptions TopKRouter::topk_options(float z_coef) const {
   return {.pre_softmax = pre_softmax_, .z_coef = z_coef, .sigmoid = sigmoid_, .num_groups = num_groups_,
           .group_topk = group_topk_, .expert_bias = expert_bias_};
@@ -211,19 +224,27 @@ Tensor TopKRouter::backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scal
   const double z_c = z_coeff_ > 0.0f && n > 0
                          ? static_cast<double>(loss_grad_scale) * z_coeff_ * 2.0 / static_cast<double>(n * split_)
                          : 0.0;
-  Tensor dlogits = Tensor::empty({n, e}, ctx.x.dtype(), dev);
+  const DType ldt = logit_dtype(ctx.x);
+  Tensor dlogits = Tensor::empty({n, e}, ldt, dev);
   ops::moe_topk_softmax_bwd(dlogits, dprobs.view({n, k}), ctx.probs, ctx.topk, ctx.scores, ctx.lse, aux_grad,
                             topk_options(sigmoid_ ? 0.0f : static_cast<float>(z_c)));
   if (sigmoid_ && z_c != 0.0) {  // + z_c lse[t] softmax(logits[t]): the softmax backward with nothing else
-    Tensor dz = Tensor::empty({n, e}, ctx.x.dtype(), dev);
+    Tensor dz = Tensor::empty({n, e}, ldt, dev);
     const Tensor none = Tensor::zeros({n, 1}, DType::F32, dev), top0 = Tensor::zeros({n, 1}, DType::I32, dev);
     ops::moe_topk_softmax_bwd(dz, none, none, top0, ctx.z_scores, ctx.z_lse, Tensor::zeros({1, e}, DType::F32, dev),
                               {.z_coef = static_cast<float>(z_c)});
     ops::add_inplace(dlogits, dz);
   }
-  Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), dev);
+  Tensor dx = Tensor::empty(ctx.x.shape(), ldt, dev);
   const ops::GradWrite gw = take_grad_overwrite({weight_}) ? ops::GradWrite::Overwrite : ops::GradWrite::Accumulate;
-  ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, ctx.x, weight_->data, gw);
+  if (ldt == ctx.x.dtype()) {
+    ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, ctx.x, weight_->data, gw);
+  } else {  // fp32 logits: dx and the weight grad from the upcast operands (recast: no fp32 copy kept), dx rounded
+    ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, upcast(ctx.x), upcast(weight_->data), gw);
+    Tensor dx_model = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), dev);
+    ops::cast(dx_model, dx);
+    dx = dx_model;
+  }
   weight_->grad_ready();
   return dx;
 }

@@ -1,6 +1,7 @@
 // TopKRouter (Megatron-Core transformer/moe/router.py) with its load-balancing losses (moe_utils.py).
-//   x [n, h] -> logits [n, E] = x W_r^T (W_r [E, h] "router.weight", a GEMM in x's dtype) -> on x's device
-//   (ops::moe_topk_softmax, moe_route_positions):
+//   x [n, h] -> logits [n, E] = x W_r^T (W_r [E, h] "router.weight", a GEMM in x's dtype, or in float32 on the
+//   upcast operands with moe_router_dtype fp32 — then the backward's GEMMs too, dx rounded to x's dtype) -> on x's
+//   device (ops::moe_topk_softmax, moe_route_positions):
 //     scores = softmax(logits) over the E experts;
 //     topk[t, :] = the k largest logits of token t (ties: the lower expert first), in descending order;
 //     probs[t, :] = softmax over those k logits — or, with moe_router_pre_softmax, scores[t, topk[t, :]];
@@ -121,10 +122,13 @@ class TopKRouter {
   ops::MoeTopkOptions topk_options(float z_coef) const;  // the routing ops' options (z_coef: the backward's)
   // the load-balancing loss's factor before its sum: coeff E / (N^2 k), or coeff E / (B S^2 k) (S = N / B)
   double aux_loss_scale(int64_t n, int64_t batch) const;
+  DType logit_dtype(const Tensor& x) const;  // the logits' dtype: float32 with moe_router_dtype fp32, else x's
+  static Tensor upcast(const Tensor& t);     // a float32 copy (ops::cast)
   const Tensor& ones(int64_t n, Device dev) const;  // >= n float32 ones on dev (kept: no host copy in a capture)
 
   int64_t experts_, k_;
   bool pre_softmax_, sigmoid_;
+  bool fp32_logits_;  // moe_router_dtype fp32
   int64_t num_groups_, group_topk_;  // group-limited routing (0: off)
   bool aux_loss_on_, seq_aux_loss_;  // moe_router_load_balancing_type aux_loss / seq_aux_loss
   double capacity_factor_;  // 0: dropless

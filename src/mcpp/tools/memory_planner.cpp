@@ -64,7 +64,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
   int64_t attention = qkv + context;
   if (!selective) {
     // all-to-all: flash keeps its output and linear_proj's input is its hp2cp copy (the ring's output is that input)
-    if (d.cp > 1 && flash && cfg.parallel.cp_comm_type != "p2p") attention += context;
+    if (d.cp > 1 && flash && !cfg.parallel.cp_ring()) attention += context;
     if (flash) attention += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
     else attention += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (the unfused path is fp32)
   }

@@ -112,7 +112,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     chunks_.push_back(std::make_unique<GPTModel>(
         config_.model, static_cast<uint64_t>(t.seed),
         tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap, pc_.cp(),
-                                   par.cp_comm_type == "p2p", pc_.ep_size() > 1 ? pc_.ep() : nullptr},
+                                   par.cp_ring(), pc_.ep_size() > 1 ? pc_.ep() : nullptr},
         device_,
         GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
                       .num_layers = static_cast<int64_t>(st.layers.size())},
@@ -231,7 +231,7 @@ Trainer::Batch Trainer::get_batch(const GPTDataset& ds, int64_t first, int64_t m
   // Context parallelism: this CP rank's rows of every sample (context_parallel.h: a contiguous s / cp chunk, or
   // the ring attention's load-balanced chunks r and 2cp-1-r).
   const std::vector<CpRows> rows =
-      cp_rows(s, pc_.cp_size(), pc_.cp_rank(), config_.parallel.cp_comm_type == "p2p");
+      cp_rows(s, pc_.cp_size(), pc_.cp_rank(), config_.parallel.cp_ring());
   return {cp_take_rows(batch.tokens, rows), cp_take_rows(batch.labels, rows), cp_take_rows(batch.loss_mask, rows)};
 }
 

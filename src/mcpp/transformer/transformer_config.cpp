@@ -182,6 +182,9 @@ void TransformerConfig::validate() const {
       fail("moe_router_score_function: '{}' is not softmax|sigmoid", moe_router_score_function);
     if (moe_router_score_function == "sigmoid" && moe_router_pre_softmax)
       fail("moe_router_pre_softmax applies to the softmax score function, not moe_router_score_function sigmoid");
+    if (!moe_router_dtype.empty() && moe_router_dtype != "fp32")
+      fail("moe_router_dtype: '{}' is not implemented (fp32, or unset for the model's dtype; Megatron's fp64 is not)",
+           moe_router_dtype);
     if (moe_router_enable_expert_bias && moe_router_score_function != "sigmoid")
       fail("moe_router_enable_expert_bias needs moe_router_score_function sigmoid (Megatron's rule)");
     if (!(moe_router_bias_update_rate >= 0.0f) || !std::isfinite(moe_router_bias_update_rate))
@@ -214,9 +217,9 @@ void TransformerConfig::validate() const {
       fail("moe_expert_capacity_factor / moe_pad_expert_input_to_capacity need --num-experts: the model has no "
            "experts to cap");
     if (moe_router_score_function != "softmax" || moe_router_num_groups != 0 || moe_router_group_topk != 0 ||
-        moe_router_enable_expert_bias)
+        moe_router_enable_expert_bias || !moe_router_dtype.empty())
       fail("moe_router_score_function / moe_router_num_groups / moe_router_group_topk / moe_router_enable_expert_bias "
-           "need --num-experts: the model has no router");
+           "/ moe_router_dtype need --num-experts: the model has no router");
   }
 }
 
@@ -366,7 +369,7 @@ void Config::validate() const {
          parallel.num_layers_per_virtual_pipeline_stage, model.num_layers / pp);
   if (cp > 1 && model.seq_length % (2 * cp) != 0)
     fail("seq_length ({}) must be divisible by 2 * context_parallel_size ({})", model.seq_length, 2 * cp);
-  const bool ring = cp > 1 && parallel.cp_comm_type == "p2p";
+  const bool ring = cp > 1 && parallel.cp_ring();
   if (cp > 1 && !ring && model.num_query_groups % (tp * cp) != 0)  // all-to-all: each rank takes whole groups
     fail("num_query_groups ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
          "context parallelism (all-to-all: each rank attends over whole query groups; --cp-comm-type p2p has no "
@@ -485,6 +488,7 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("moe_expert_capacity_factor", m.moe_expert_capacity_factor);
   v("moe_token_drop_policy", m.moe_token_drop_policy);
   v("moe_router_score_function", m.moe_router_score_function);
+  v("moe_router_dtype", m.moe_router_dtype);
   v("moe_router_num_groups", m.moe_router_num_groups);
   v("moe_router_group_topk", m.moe_router_group_topk);
   v("moe_router_enable_expert_bias", m.moe_router_enable_expert_bias);

@@ -115,8 +115,12 @@ struct TransformerConfig {
   bool moe_pad_expert_input_to_capacity = false;
   // Megatron's --moe-router-score-function: "softmax" (above) or "sigmoid" (DeepSeek-V3): scores s = sigmoid(logits),
   // the top k of s, probabilities = s over their sum when k > 1 (s itself when k = 1); the load-balancing loss
-  // uses s normalized over all experts. No z-loss and no pre-softmax with it.
+  // uses s normalized over all experts. No pre-softmax with it (the z-loss stays on the logits).
   std::string moe_router_score_function = "softmax";
+  // Megatron's --moe-router-dtype: "fp32" computes the router's logits GEMM (and its backward) in float32 from the
+  // bf16 input and weight upcast, instead of the model's dtype ("" = that); the routing math after it is fp32 anyway.
+  // fp64 is Megatron's other choice, not implemented.
+  std::string moe_router_dtype;
   // Megatron's --moe-router-num-groups / --moe-router-group-topk (group-limited routing, DeepSeek-V2/V3's
   // device-limited routing): the experts in num_groups groups of consecutive ones; each token picks the group_topk
   // groups whose k / group_topk largest scores sum highest, then its top k among their experts. 0 = off.
@@ -156,6 +160,7 @@ struct ParallelConfig {
   // transformer/ring_attention.h: key / value blocks passed around the CP ranks, each rank holding the causally
   // load-balanced chunks r and 2cp-1-r of 2cp, transformer/context_parallel.h). "all_gather" / "a2a+p2p" are refused.
   std::string cp_comm_type = "a2a";
+  bool cp_ring() const { return cp_comm_type == "p2p"; }  // the ring form (in use when context_parallel_size > 1)
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 -> no interleaving
   bool sequence_parallel = false;         // finalize() turns it off at tp == 1, as Megatron does
   // Megatron's --tp-comm-overlap (sequence parallel only): each SP all-gather feeding a GEMM runs as a ring

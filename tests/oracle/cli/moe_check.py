@@ -329,6 +329,7 @@ for name, cmd, words in (
         ("expert bias + softmax", [*M, *MOE, "--moe-router-enable-expert-bias"],
          ["moe_router_enable_expert_bias", "sigmoid"]),
         ("score function", [*M, *MOE, "--moe-router-score-function", "tanh"], ["moe_router_score_function", "tanh"]),
+        ("router dtype", [*M, *MOE, "--moe-router-dtype", "fp64"], ["moe_router_dtype", "fp64"]),
         ("groups without group topk", [*M, *MOE, "--moe-router-num-groups", "2"],
          ["moe_router_num_groups", "moe_router_group_topk"]),
         ("groups % experts", [*M, *MOE, "--moe-router-num-groups", "3", "--moe-router-group-topk", "1"],
@@ -336,6 +337,9 @@ for name, cmd, words in (
         ("group topk > topk", [*M, *MOE, "--moe-router-num-groups", "4", "--moe-router-group-topk", "3"],
          ["moe_router_group_topk", "moe_router_topk = 2"])):
     check_error(name, ["train", *cmd, "--save", os.path.join(WORK, "bad")], words, None)
+
+# --moe-router-dtype fp32 on an fp32 model: the same GEMM, so the same run (bf16 models: tests/cuda/moe_test.cpp)
+same("router dtype fp32 (fp32 model)", train("router_fp32", None, [*M, *MOE, "--moe-router-dtype", "fp32"]), one)
 
 # 9. the sequence-wise loss (DeepSeek-V2/V3's complementary balance loss): per sequence of each micro batch of 2
 SEQ = ["--moe-router-load-balancing-type", "seq_aux_loss"]
