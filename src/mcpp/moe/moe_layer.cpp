@@ -41,7 +41,8 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses)
   Tensor x2 = x.view({n, h});
   // the routing on x's device (x.size(1) sequences; its losses added to `losses`), the buffer's rows on the host
   router_.forward(ctx.router, x2, x.size(1), losses);
-  ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.rows_per_expert, n, k);
+  // padded: every EP rank's blocks are the capacity of as many tokens (no all-gather of the counts)
+  ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.rows_per_expert, n, k, pad_);
   // [m, h] expert-major (m = n*k dropless; the kept routes, or E * capacity padded: the padding rows zero)
   Tensor permuted = pad_
                         ? Tensor::zeros({ctx.plan.rows, h}, x.dtype(), x.device())

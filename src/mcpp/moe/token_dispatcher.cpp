@@ -40,7 +40,7 @@ MoEAlltoAllTokenDispatcher::MoEAlltoAllTokenDispatcher(int64_t num_experts, comm
 }
 
 DispatchPlan MoEAlltoAllTokenDispatcher::plan(const Tensor& idx, const std::vector<int64_t>& counts, int64_t n,
-                                              int64_t k) const {
+                                              int64_t k, bool uniform) const {
   const int64_t e = experts_, ep = ep_size(), el = num_local_experts();
   MCPP_CHECK(static_cast<int64_t>(counts.size()) == e && idx.numel() == n * k,
              "dispatcher: {} counts for {} experts, idx {} for n={} k={}", counts.size(), e, idx.str(), n, k);
@@ -51,11 +51,15 @@ DispatchPlan MoEAlltoAllTokenDispatcher::plan(const Tensor& idx, const std::vect
   std::vector<int64_t> count = counts;
   for (const int64_t c : count) p.rows += c;
 
-  // Every EP rank's per-expert counts ([ep, E], host all-gather), then the all-to-all sizes.
+  // Every EP rank's per-expert counts ([ep, E], host all-gather; uniform: ours on every rank), then the
+  // all-to-all sizes.
   Tensor mine = Tensor::from_blob(count.data(), {e}, DType::I64);
   Tensor all = Tensor::empty({ep * e}, DType::I64);
-  if (ep > 1) ep_->host().all_gather(all, mine).wait();
-  else all.copy_from(mine);
+  if (ep > 1 && !uniform) {
+    ep_->host().all_gather(all, mine).wait();
+  } else {
+    for (int64_t r = 0; r < ep; ++r) all.flat_slice(r * e, {e}).copy_from(mine);
+  }
   const int64_t* ap = all.data<int64_t>();
   const int64_t me = ep_rank();
   p.send_rows.assign(static_cast<size_t>(ep), 0);

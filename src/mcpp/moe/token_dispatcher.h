@@ -5,6 +5,8 @@
 //              order, each expert's tokens in token order — Megatron's permute) and its per-expert counts, which
 //              are all-gathered over EP (host) to size the all-to-all: send_rows[r] = rows for r's experts,
 //              recv_rows[r] = rows rank r sends here, recv_chunk[r * El + e] = of those, for local expert e.
+//              uniform (the buffer padded to capacity: every expert's block is the capacity on every EP rank, whose
+//              token counts are equal): no all-gather — every rank's counts are these.
 //   to_experts():   [n*k, h] expert-major rows -> all-to-all over EP -> [rows, h] grouped by local expert
 //                   (Megatron's sort_chunks_by_idxs: received [src rank][local expert] -> [local expert][src]).
 //   from_experts(): the inverse (regroup, reverse all-to-all) -> [n*k, h] in this rank's expert-major order.
@@ -33,8 +35,10 @@ class MoEAlltoAllTokenDispatcher {
  public:
   // ep: the expert-parallel group (null = EP 1); num_experts % ep == 0.
   MoEAlltoAllTokenDispatcher(int64_t num_experts, comm::CommPtr ep);
-  // idx [n, k] int32 (the tokens' device), counts [E] this rank's buffer rows per expert. Collective over EP.
-  DispatchPlan plan(const Tensor& idx, const std::vector<int64_t>& counts, int64_t n, int64_t k) const;
+  // idx [n, k] int32 (the tokens' device), counts [E] this rank's buffer rows per expert. Collective over EP
+  // unless uniform.
+  DispatchPlan plan(const Tensor& idx, const std::vector<int64_t>& counts, int64_t n, int64_t k,
+                    bool uniform = false) const;
   Tensor to_experts(const DispatchPlan& p, const Tensor& rows) const;      // [rows, h] -> [sum El rows, h]
   Tensor from_experts(const DispatchPlan& p, const Tensor& grouped) const;  // inverse
   int ep_size() const { return ep_ ? ep_->size() : 1; }
