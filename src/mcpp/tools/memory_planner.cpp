@@ -42,8 +42,6 @@ int64_t norm_stats_bytes(const Config& cfg, const LayerDims& d) {
   return d.n_local * 4 * (cfg.model.normalization == Normalization::LayerNorm ? 2 : 1);
 }
 
-// One layer's context after its forward, without the layer input (counted by the caller: the stage input or
-// the previous layer's fused sum).
 // The router's load-balancing statistics kept for the backward: [1, E] (aux_loss), [b, E] (seq_aux_loss), none.
 int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
   if (m.moe_aux_loss_coeff <= 0.0f) return 0;
@@ -51,6 +49,8 @@ int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
   return m.moe_router_load_balancing_type == "seq_aux_loss" ? micro_batch : 0;
 }
 
+// One layer's context after its forward, without the layer input (counted by the caller: the stage input or
+// the previous layer's fused sum).
 int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
   const TransformerConfig& m = cfg.model;
   const bool flash = m.attention_impl == "flash";
@@ -84,7 +84,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
           + 3 * routes * 4                                              // topk, idx (int32), probs (fp32) [n_l, k]
           + d.n_local * (m.num_moe_experts + 1) * 4                     // scores [n_l, E] + lse [n_l] (fp32)
           + aux_count_rows(m, d.b) * m.num_moe_experts * 4              // the load-balancing counts (fp32)
-          + (sigmoid_z ? d.n_local * (m.num_moe_experts + 1) * 4 : 0)     // the z-loss's softmax + lse (sigmoid)
+          + (sigmoid_z ? d.n_local * (m.num_moe_experts + 1) * 4 : 0)   // the z-loss's softmax + lse (sigmoid)
           + 2 * rows * d.h * d.e                                        // the experts' rows in + out, kept
           + (m.swiglu ? 3 : 2) * rows * m.moe_ffn_hidden_size * d.e;  // every expert's MLP context
     if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token

@@ -283,7 +283,7 @@ __global__ void moe_route_counts_by_row_kernel(float* counts, const int32_t* top
     for (int64_t q = threadIdx.x; q < g * e; q += blockDim.x) hist[q] = 0u;
   __syncthreads();
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < routes; r += int64_t(gridDim.x) * blockDim.x) {
-    if (idx && idx[r] < 0) continue;
+    if ((idx && idx[r] < 0) || topk[r] < 0 || topk[r] >= e) continue;  // dropped (or not an expert): not counted
     const int64_t slot = (r / k) % g * e + topk[r];
     if (smem) atomicAdd(&hist[slot], 1u);
     else atomicAdd(&counts[slot], 1.0f);
@@ -393,8 +393,8 @@ __global__ void moe_capacity_stage_kernel(uint32_t* keys, int32_t* route, const 
 // One block per expert (ops.inc moe_capacity_positions) over its staged routes. Over capacity with the probs
 // policy, the capacity-th largest key is found by a radix select (4 passes of 8 bits, a shared histogram each over
 // the expert's routes); routes above it stay, and of those equal to it the first in token order until capacity is
-// reached. The position policy treats every route as "equal": the first capacity stay. Then the kept routes get their rows in token order (a
-// block scan per chunk, as route positions); idx[route] is overwritten (-1: dropped).
+// reached. The position policy treats every route as "equal": the first capacity stay. Then the kept routes get
+// their rows in token order (a block scan per chunk, as route positions); idx[route] is overwritten (-1: dropped).
 __global__ void __launch_bounds__(kScanThreads) moe_capacity_positions_kernel(int32_t* idx, int64_t* kept,
                                                                               const int64_t* counts,
                                                                               const uint32_t* keys,
@@ -429,8 +429,8 @@ __global__ void __launch_bounds__(kScanThreads) moe_capacity_positions_kernel(in
       __syncthreads();
       // thread t holds digit 255 - t: the exclusive scan is the count of the keys with a larger digit
       const int b = 255 - static_cast<int>(threadIdx.x), here = hist[b];
-      int all = 0;
-      const long long above = block_exclusive_scan<kScanThreads>(here, scan, &all);
+      int matching = 0;  // the keys matching prefix (unused)
+      const long long above = block_exclusive_scan<kScanThreads>(here, scan, &matching);
       if (above < need && need <= above + here) digit = static_cast<uint32_t>(b), digit_above = above;
       __syncthreads();
       need -= digit_above;
