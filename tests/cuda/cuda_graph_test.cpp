@@ -258,7 +258,7 @@ TEST(CudaGraphTraining, PaddedMoeWithGraphsMatchesEagerTraining) {
     ASSERT_EQ(want.size(), 8u);
     ASSERT_EQ(got.size(), 8u);
     for (size_t i = 0; i < 8; ++i) {
-      EXPECT_GT(want[i].first, 0.5) << "no load-balancing loss logged: iteration " << i + 1;
+      EXPECT_GT(want[i].first, 0.0) << "no load-balancing loss logged (-1): iteration " << i + 1;
       EXPECT_NEAR(got[i].first, want[i].first, 1e-4 * want[i].first) << "iteration " << i + 1;
       EXPECT_NEAR(got[i].second, want[i].second, 1e-4 * std::abs(want[i].second)) << "iteration " << i + 1;
     }
