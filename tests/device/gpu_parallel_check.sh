@@ -10,7 +10,8 @@
 # (and CP2) with --enable-cuda-graph against the same eager reference; TP2 + SP with hidden dropout
 # graphed vs eager; bf16 DP2 with the distributed optimizer (sharded fp32 masters), saved and resumed on one
 # GPU and on DP2; MoE (4 experts, top-2) at DP2 x EP2 (+ distributed optimizer; fp32 1e-5, bf16 5e-3) against
-# one GPU; MoE padded to capacity at TP2 + SP, eager and graphed, against one GPU. Exit 1 on any mismatch.
+# one GPU; expert TP 2 (fp32, bf16) against one GPU; MoE padded to capacity at DP2 x EP2 against one GPU and at TP2 +
+# SP graphed and at expert TP 2 against TP2 + SP eager. Exit 1 on any mismatch.
 # usage (repo root, device_carry/ from bench/gpu/make_carry.sh carried): tests/device/gpu_parallel_check.sh OUT
 set -u
 OUT=${1:?usage: gpu_parallel_check.sh OUT}
@@ -36,13 +37,20 @@ run_train ep2_moe 2 $MOE --expert-model-parallel-size 2
 run_train ep2_moe_distopt 2 $MOE --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce
 run_train gpu1_moe_bf16 1 $MOE --bf16
 run_train ep2_moe_bf16 2 $MOE --bf16 --expert-model-parallel-size 2
-# MoE padded to capacity (no host read per layer): TP2 + SP eager and graphed (the router's statistics all-reduced
-# over TP on the device, inside the graph) against one GPU
-MOEPAD="$MOE --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity --expert-tensor-parallel-size 1"
+# MoE padded to capacity (no host read per layer): DP2 x EP2 against one GPU (the capacity comes from a rank's own
+# tokens, the same micro batches); TP2 + SP (half the tokens a rank: other capacities) eager at expert TP 1 against
+# graphed (the router's statistics all-reduced over TP on the device, inside the graph) and against expert TP 2 (the
+# default: each expert's FFN split over the two GPUs, NCCL all-gather / reduce-scatter of the routed rows).
+MOEPAD="$MOE --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity"
 run_train gpu1_moepad 1 $MOEPAD
-run_train tp2sp_moepad 2 $MOEPAD --tensor-model-parallel-size 2 --sequence-parallel
+run_train ep2_moepad 2 $MOEPAD --expert-model-parallel-size 2
+run_train tp2sp_moepad 2 $MOEPAD --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1
 run_train tp2sp_moepad_graph 2 $MOEPAD --tensor-model-parallel-size 2 --sequence-parallel \
-  --enable-cuda-graph --cuda-graph-warmup-steps 2
+  --expert-tensor-parallel-size 1 --enable-cuda-graph --cuda-graph-warmup-steps 2
+run_train tp2sp_moepad_etp2 2 $MOEPAD --tensor-model-parallel-size 2 --sequence-parallel
+# Expert TP 2 dropless (the all-gather padded to the larger GPU's rows), fp32 and bf16, against one GPU.
+run_train etp2_moe 2 $MOE --expert-tensor-parallel-size 2
+run_train etp2_moe_bf16 2 $MOE --bf16 --expert-tensor-parallel-size 2
 # --enable-cuda-graph: captured at step 3 and replayed for steps 3-6 (NCCL collectives inside the graph).
 GRAPH="--enable-cuda-graph --cuda-graph-warmup-steps 2"
 run_train gpu1_graph 1 $GRAPH
@@ -92,9 +100,10 @@ c.same_losses("gpu1", ["dp2", "tp2sp", "tp2sp_ovl", "pp2", "dp2_distopt", "cp2",
                        "cp2_graph", "cp2_p2p_graph"], 1e-5)
 c.same_losses("gpu1_bf16", ["dp2_bf16", "dp2_bf16_distopt", "cp2_bf16", "cp2_p2p_bf16"], 5e-3)
 c.same_losses("tp2sp_do", ["tp2sp_do_graph"], 1e-5)
-c.same_losses("gpu1_moe", ["ep2_moe", "ep2_moe_distopt"], 1e-5)
-c.same_losses("gpu1_moe_bf16", ["ep2_moe_bf16"], 5e-3)
-c.same_losses("gpu1_moepad", ["tp2sp_moepad", "tp2sp_moepad_graph"], 1e-5)
+c.same_losses("gpu1_moe", ["ep2_moe", "ep2_moe_distopt", "etp2_moe"], 1e-5)
+c.same_losses("gpu1_moe_bf16", ["ep2_moe_bf16", "etp2_moe_bf16"], 5e-3)
+c.same_losses("gpu1_moepad", ["ep2_moepad"], 1e-5)
+c.same_losses("tp2sp_moepad", ["tp2sp_moepad_graph", "tp2sp_moepad_etp2"], 1e-5)
 c.captured_at(["gpu1_graph", "dp2_graph", "dp2_distopt_graph", "tp2sp_graph", "tp2sp_ovl_graph", "pp2_graph",
                "cp2_graph", "cp2_p2p_graph", "tp2sp_do_graph"])
 # Resumed runs log iterations 4..6: compare with the uninterrupted run's last three. Nondeterministic

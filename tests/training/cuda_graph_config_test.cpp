@@ -80,6 +80,14 @@ TEST(CudaGraphConfig, WhatTheCapturedStepCannotContainIsRefused) {
   padded.model.moe_expert_capacity_factor = 1.0;
   padded.model.moe_pad_expert_input_to_capacity = true;
   EXPECT_EQ(error_of([&] { padded.validate(); }), "");
+  // Expert TP (the default under TP: the TP size) is not captured yet; expert TP 1 at TP2 + SP is.
+  Config padded_tp2 = padded;
+  padded_tp2.parallel.tensor_model_parallel_size = 2;
+  padded_tp2.parallel.sequence_parallel = true;
+  const std::string etp = error_of([&] { padded_tp2.validate(); });
+  EXPECT_NE(etp.find("--expert-tensor-parallel-size 1"), std::string::npos) << etp;
+  padded_tp2.parallel.expert_tensor_parallel_size = 1;
+  EXPECT_EQ(error_of([&] { padded_tp2.validate(); }), "");
   refused([](Config& c) { c.training.timeline = "trace.json"; }, "--timeline");
   refused([](Config& c) { c.training.device = "cpu"; }, "--device cuda");
   refused([](Config& c) { c.training.cuda_graph_scope = "attn"; }, "cuda_graph_scope");

@@ -50,3 +50,9 @@ add_test(NAME training.moe_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/moe_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/moe_check)
 set_tests_properties(training.moe_cli PROPERTIES TIMEOUT 600)
+# training.moe_etp_cli: expert tensor parallelism (the default under TP) — TP2 + SP, expert TP 2 / 4 at TP 1,
+# TP2 x EP2 x expert TP 2 + distributed optimizer, padded to capacity equal 1 rank; checkpoints reshard; memory plan.
+add_test(NAME training.moe_etp_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/moe_etp_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/moe_etp_check)
+set_tests_properties(training.moe_etp_cli PROPERTIES TIMEOUT 600)

@@ -40,13 +40,14 @@ namespace {
 // This rank's sum of squares of the counted main grads of `chunks`. Runs of buffer-adjacent counted parameters
 // reduce in one call (one device->host sync per run, not per parameter; at tp == 1 without shared copies the
 // whole buffer is one run).
-// Expert parameters (expert TP 1) count on every rank: TP peers hold different experts or expert-DP replicas.
+// `tp_rank`: the rank in the group that shards these parameters (TP for dense chunks, expert-TP for the expert
+// buffers): each shard counts once, a replicated parameter on rank 0 only.
 double local_sum_of_squares(const std::vector<ParamAndGradBuffer*>& chunks, int tp_rank) {
   double local = 0;
   for (ParamAndGradBuffer* params : chunks) {
     std::vector<std::pair<int64_t, int64_t>> runs;  // [offset, end) in the grad buffer
     for (const auto& p : params->params())
-      if (p->spec.expert || counts_in_grad_norm(p->spec, tp_rank))
+      if (counts_in_grad_norm(p->spec, tp_rank))
         runs.emplace_back(p->offset, p->offset + p->main_grad.numel());
     std::sort(runs.begin(), runs.end());
     for (size_t i = 0; i < runs.size();) {
@@ -76,10 +77,11 @@ double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const par
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks,
                        const std::vector<ParamAndGradBuffer*>& expert_chunks,
                        const parallel_state::ParallelContext& pc) {
-  // dense: each TP shard once, over TP x PP; experts: each expert once — over EP (its replicas over expert-DP
-  // hold the same reduced grads), then PP.
+  // dense: each TP shard once, over TP x PP; experts: each expert's shard once — over expert-TP and EP (its
+  // replicas over expert-DP hold the same reduced grads), then PP.
   const double dense = host_sum(pc.mp(), local_sum_of_squares(chunks, pc.tp_rank()));
-  return std::sqrt(dense + host_sum(pc.pp(), host_sum(pc.ep(), local_sum_of_squares(expert_chunks, pc.tp_rank()))));
+  const double experts = local_sum_of_squares(expert_chunks, pc.expert_tp_rank());
+  return std::sqrt(dense + host_sum(pc.pp(), host_sum(pc.ep(), host_sum(pc.expert_tp(), experts))));
 }
 
 double clip_coefficient(double total_norm, double max_norm) {

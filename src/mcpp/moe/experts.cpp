@@ -17,12 +17,15 @@ TransformerConfig expert_config(const TransformerConfig& c) {
 SequentialMLP::SequentialMLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
                              const tensor_parallel::TPContext& expert_tp, int64_t first_expert,
                              int64_t num_local_experts) {
-  MCPP_CHECK(expert_tp.size() == 1, "SequentialMLP: expert tensor parallelism must be 1; got {}", expert_tp.size());
+  MCPP_CHECK(c.moe_ffn_hidden_size % expert_tp.size() == 0,
+             "moe_ffn_hidden_size ({}) must be divisible by expert_tensor_parallel_size ({})", c.moe_ffn_hidden_size,
+             expert_tp.size());
   const TransformerConfig ec = expert_config(c);
   experts_.reserve(static_cast<size_t>(num_local_experts));
   for (int64_t j = 0; j < num_local_experts; ++j) {
     const size_t before = params.params().size();
-    experts_.emplace_back(params, fmt::format("{}.local_experts.{}", prefix, first_expert + j), ec, expert_tp);
+    experts_.emplace_back(params, fmt::format("{}.local_experts.{}", prefix, first_expert + j), ec, expert_tp,
+                          /*is_expert=*/true);
     std::vector<Parameter*> ps;
     for (size_t q = before; q < params.params().size(); ++q) {
       ps.push_back(params.params()[q].get());

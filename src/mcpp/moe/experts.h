@@ -5,7 +5,9 @@
 //   <prefix>.local_experts.<first_local_expert + j>.linear_fc1.weight / .linear_fc2.weight (+ biases)
 // so a checkpoint holds every expert once whatever the EP layout. An expert that gets no rows does no work; in
 // backward its main grads are materialized (zero, or left as accumulated) and reported ready.
-// Expert tensor parallelism is 1 (the experts' TP group must have size 1).
+// Expert tensor parallelism (expert_tp of size etp): each expert's fc1 rows / fc2 columns split over it (its
+// TensorShards over expert-TP, so checkpoints stay layout-free); x is then the rows of every expert-TP rank
+// (the dispatcher's all-gather), the output and dx partial sums the dispatcher reduce-scatters.
 #pragma once
 #include <string>
 #include <vector>
@@ -23,7 +25,7 @@ struct ExpertsCtx {
 
 class SequentialMLP {
  public:
-  // config: the layer's (moe_ffn_hidden_size is used as the experts' ffn size); expert_tp: a size-1 TP context.
+  // config: the layer's (moe_ffn_hidden_size is used as the experts' ffn size); expert_tp: the expert-TP group.
   SequentialMLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
                 const tensor_parallel::TPContext& expert_tp, int64_t first_expert, int64_t num_local_experts);
   // x [rows, h] grouped by local expert (rows[j] rows each) -> [rows, h].

@@ -7,13 +7,14 @@
 
 namespace mcpp::moe {
 namespace {
-// The experts' TP context: expert tensor parallelism is 1, so their linears get a size-1 group — one for the
-// process, shared by every MoE layer (no collective ever runs on it; its recorder keeps a single entry). Under TP
-// the layer needs sequence parallelism (Megatron's rule): each TP rank then routes its own s/tp tokens, and TP
-// peers are, for the experts, like data-parallel ranks.
+// The experts' TP context: the expert-TP group (tp.etp), or at expert TP 1 a size-1 group — one for the process,
+// shared by every MoE layer (no collective ever runs on it; its recorder keeps a single entry). Under TP the layer
+// needs sequence parallelism (Megatron's rule): each TP rank then routes its own s/tp tokens, and the experts see
+// TP peers' tokens only through the dispatcher (over expert-TP, whatever the TP size).
 tensor_parallel::TPContext expert_tp(const tensor_parallel::TPContext& tp) {
   MCPP_CHECK(tp.size() == 1 || tp.sequence_parallel,
              "MoE layers with tensor_model_parallel_size {} need sequence parallelism (Megatron's rule)", tp.size());
+  if (tp.etp) return {.group = tp.etp};
   static const comm::CommPtr group = comm::make_local_world(1);
   return {.group = group};
 }
@@ -28,7 +29,7 @@ MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params
                    const TransformerConfig& c, const tensor_parallel::TPContext& tp)
     : pad_(c.moe_expert_capacity_factor > 0.0 && c.moe_pad_expert_input_to_capacity),
       router_(params, prefix + ".router", c, tp),
-      dispatcher_(c.num_moe_experts, tp.ep),
+      dispatcher_(c.num_moe_experts, tp.ep, tp.etp),
       experts_(expert_params, prefix + ".experts", c, expert_tp(tp), dispatcher_.first_local_expert(),
                dispatcher_.num_local_experts()) {
   if (c.moe_shared_expert_intermediate_size > 0)

@@ -1,21 +1,22 @@
 // MoELayer (Megatron-Core transformer/moe/moe_layer.py): the MLP of a transformer layer as a mixture of experts.
 //   x [s, b, h] -> n = s*b tokens -> TopKRouter (router.h): each token's k experts and weights probs [n, k]
 //   -> ops::moe_permute into the expert-major buffer [m, h] (m = n*k dropless; with a capacity the kept routes,
-//   or E * capacity rows padded with zeros) -> dispatcher to_experts (all-to-all over EP)
+//   or E * capacity rows padded with zeros) -> dispatcher to_experts (all-to-all over EP, all-gather over expert-TP)
 //   -> SequentialMLP (this rank's experts) -> dispatcher from_experts -> ops::moe_unpermute with the weights:
 //   y[t] = sum_i probs[t, i] * expert_{topk[t, i]}(x[t])  -> [s, b, h]
 //   (+ shared_experts(x)[t] with config.moe_shared_expert_intermediate_size > 0: a dense MLP of that width on
 //   every token, tensor parallel like a dense layer's MLP; Megatron-Core's SharedExpertMLP without its gate).
 // backward(dy, loss_grad_scale): ops::moe_unpermute_bwd gives the expert outputs' gradient and dprobs; the
-// dispatcher carries the first to the experts and their input gradient back (same two all-to-alls); the
+// dispatcher carries the first to the experts and their input gradient back (the same collectives); the
 // permute's backward sums each token's k rows (moe_unpermute, weights 1); the router adds its dx (from
 // dprobs and the load-balancing losses, scaled by loss_grad_scale); the shared expert adds its dx. Parameter grads
 // accumulate into main_grad.
 // Parameters: the router's and the shared expert's in `params` ("<prefix>.router.weight",
 // "<prefix>.shared_experts.linear_fc1/2..."), the routed experts' in `expert_params`
 // ("<prefix>.experts.local_experts.<global index>..."; the model's expert buffer, GPTModel::expert_params()).
-// Expert tensor parallelism is 1: under TP the layer needs sequence parallelism (each TP rank routes its own s/tp
-// tokens; the router's load-balancing statistics are summed over TP and CP, router.h). EP from tp.ep (null = 1).
+// Under TP the layer needs sequence parallelism (each TP rank routes its own s/tp tokens; the router's
+// load-balancing statistics are summed over TP and CP, router.h). EP from tp.ep, expert TP from tp.etp (null = 1):
+// the experts' weights split over expert-TP, the dispatcher gathering their input rows and reducing their outputs.
 #pragma once
 #include <memory>
 #include <string>

@@ -1,29 +1,36 @@
 // MoEAlltoAllTokenDispatcher; contract in token_dispatcher.h.
 #include "mcpp/moe/token_dispatcher.h"
 
+#include <algorithm>
+#include <numeric>
+
 #include "mcpp/core/error.h"
 
 namespace mcpp::moe {
 namespace {
 
-// Copies the chunks of src laid out [a][c] (chunk (i, j) has rows[i * c + j] rows) into dst laid out [c][a].
-void regroup(Tensor& dst, const Tensor& src, const std::vector<int64_t>& rows, int64_t a, int64_t c) {
-  std::vector<int64_t> src_off(static_cast<size_t>(a * c) + 1, 0);
-  for (size_t q = 0; q < static_cast<size_t>(a * c); ++q) src_off[q + 1] = src_off[q] + rows[q];
-  int64_t out = 0;
-  for (int64_t j = 0; j < c; ++j)
-    for (int64_t i = 0; i < a; ++i) {
-      const int64_t r = rows[static_cast<size_t>(i * c + j)];
-      if (r > 0) dst.narrow0(out, r).copy_from(src.narrow0(src_off[static_cast<size_t>(i * c + j)], r));
-      out += r;
-    }
-}
+struct Chunk {
+  int64_t gathered = 0, grouped = 0, rows = 0;  // row offsets in the two layouts
+};
 
-std::vector<int64_t> transposed(const std::vector<int64_t>& rows, int64_t a, int64_t c) {  // [a][c] -> [c][a]
-  std::vector<int64_t> t(rows.size());
-  for (int64_t i = 0; i < a; ++i)
-    for (int64_t j = 0; j < c; ++j) t[static_cast<size_t>(j * a + i)] = rows[static_cast<size_t>(i * c + j)];
-  return t;
+// Where each (expert-TP rank q, EP rank r, local expert j) chunk sits in the gathered buffer ([q] blocks of
+// `block` rows, each [r][j] packed) and in the grouped one ([j][q][r] packed).
+std::vector<Chunk> chunks(const DispatchPlan& p, int64_t etp, int64_t ep, int64_t el, int64_t block) {
+  std::vector<Chunk> out(static_cast<size_t>(etp * ep * el));
+  for (int64_t q = 0; q < etp; ++q) {
+    int64_t off = q * block;
+    for (int64_t i = q * ep * el; i < (q + 1) * ep * el; ++i) {
+      out[static_cast<size_t>(i)] = {.gathered = off, .rows = p.recv_chunk[static_cast<size_t>(i)]};
+      off += out[static_cast<size_t>(i)].rows;
+    }
+  }
+  int64_t off = 0;
+  for (int64_t j = 0; j < el; ++j)
+    for (int64_t i = j; i < etp * ep * el; i += el) {
+      out[static_cast<size_t>(i)].grouped = off;
+      off += out[static_cast<size_t>(i)].rows;
+    }
+  return out;
 }
 
 std::vector<int64_t> times(std::vector<int64_t> v, int64_t f) {
@@ -31,17 +38,19 @@ std::vector<int64_t> times(std::vector<int64_t> v, int64_t f) {
   return v;
 }
 
+int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
 }  // namespace
 
-MoEAlltoAllTokenDispatcher::MoEAlltoAllTokenDispatcher(int64_t num_experts, comm::CommPtr ep)
-    : experts_(num_experts), ep_(std::move(ep)) {
+MoEAlltoAllTokenDispatcher::MoEAlltoAllTokenDispatcher(int64_t num_experts, comm::CommPtr ep, comm::CommPtr etp)
+    : experts_(num_experts), ep_(std::move(ep)), etp_(std::move(etp)) {
   MCPP_CHECK(experts_ > 0 && experts_ % ep_size() == 0,
              "num_moe_experts ({}) must be a multiple of expert_model_parallel_size ({})", experts_, ep_size());
 }
 
 DispatchPlan MoEAlltoAllTokenDispatcher::plan(const Tensor& idx, const std::vector<int64_t>& counts, int64_t n,
                                               int64_t k, bool uniform) const {
-  const int64_t e = experts_, ep = ep_size(), el = num_local_experts();
+  const int64_t e = experts_, ep = ep_size(), etp = etp_size(), el = num_local_experts();
   MCPP_CHECK(static_cast<int64_t>(counts.size()) == e && idx.numel() == n * k,
              "dispatcher: {} counts for {} experts, idx {} for n={} k={}", counts.size(), e, idx.str(), n, k);
   DispatchPlan p;
@@ -49,54 +58,87 @@ DispatchPlan MoEAlltoAllTokenDispatcher::plan(const Tensor& idx, const std::vect
   p.k = k;
   p.idx = idx;
   std::vector<int64_t> count = counts;
-  for (const int64_t c : count) p.rows += c;
+  p.rows = sum(count);
 
-  // Every EP rank's per-expert counts ([ep, E], host all-gather; uniform: ours on every rank), then the
-  // all-to-all sizes.
+  // Every rank's per-expert counts [etp][ep][E]: host all-gathers over EP, then over expert-TP (the expert-TP
+  // peers' EP groups line up rank for rank); uniform: ours everywhere.
   Tensor mine = Tensor::from_blob(count.data(), {e}, DType::I64);
-  Tensor all = Tensor::empty({ep * e}, DType::I64);
-  if (ep > 1 && !uniform) {
-    ep_->host().all_gather(all, mine).wait();
-  } else {
-    for (int64_t r = 0; r < ep; ++r) all.flat_slice(r * e, {e}).copy_from(mine);
-  }
+  Tensor ep_all = Tensor::empty({ep * e}, DType::I64), all = Tensor::empty({etp * ep * e}, DType::I64);
+  if (ep > 1 && !uniform) ep_->host().all_gather(ep_all, mine).wait();
+  else
+    for (int64_t r = 0; r < ep; ++r) ep_all.flat_slice(r * e, {e}).copy_from(mine);
+  if (etp > 1 && !uniform) etp_->host().all_gather(all, ep_all).wait();
+  else
+    for (int64_t q = 0; q < etp; ++q) all.flat_slice(q * ep * e, {ep * e}).copy_from(ep_all);
   const int64_t* ap = all.data<int64_t>();
-  const int64_t me = ep_rank();
+  const int64_t me = ep_rank(), q_me = etp_rank();
   p.send_rows.assign(static_cast<size_t>(ep), 0);
   p.recv_rows.assign(static_cast<size_t>(ep), 0);
-  p.recv_chunk.assign(static_cast<size_t>(ep * el), 0);
+  p.etp_rows.assign(static_cast<size_t>(etp), 0);
+  p.recv_chunk.assign(static_cast<size_t>(etp * ep * el), 0);
   p.tokens_per_local_expert.assign(static_cast<size_t>(el), 0);
   for (int64_t r = 0; r < ep; ++r)
-    for (int64_t j = 0; j < el; ++j) {
-      p.send_rows[static_cast<size_t>(r)] += count[static_cast<size_t>(r * el + j)];
-      const int64_t from_r = ap[r * e + me * el + j];
-      p.recv_chunk[static_cast<size_t>(r * el + j)] = from_r;
-      p.recv_rows[static_cast<size_t>(r)] += from_r;
-      p.tokens_per_local_expert[static_cast<size_t>(j)] += from_r;
-    }
+    for (int64_t j = 0; j < el; ++j) p.send_rows[static_cast<size_t>(r)] += count[static_cast<size_t>(r * el + j)];
+  for (int64_t q = 0; q < etp; ++q)
+    for (int64_t r = 0; r < ep; ++r)
+      for (int64_t j = 0; j < el; ++j) {
+        const int64_t c = ap[(q * ep + r) * e + me * el + j];
+        p.recv_chunk[static_cast<size_t>((q * ep + r) * el + j)] = c;
+        p.etp_rows[static_cast<size_t>(q)] += c;
+        p.tokens_per_local_expert[static_cast<size_t>(j)] += c;
+        if (q == q_me) p.recv_rows[static_cast<size_t>(r)] += c;
+      }
   return p;
 }
 
 Tensor MoEAlltoAllTokenDispatcher::to_experts(const DispatchPlan& p, const Tensor& rows) const {
-  if (ep_size() == 1) return rows;
-  const int64_t h = rows.size(1), ep = ep_size(), el = num_local_experts();
-  int64_t total = 0;
-  for (const int64_t r : p.recv_rows) total += r;
-  Tensor recv = Tensor::empty({total, h}, rows.dtype(), rows.device());  // [src rank][local expert]
-  ep_->all_to_all(recv, rows, times(p.send_rows, h), times(p.recv_rows, h)).wait();
-  Tensor grouped = Tensor::empty({total, h}, rows.dtype(), rows.device());  // [local expert][src rank]
-  regroup(grouped, recv, p.recv_chunk, ep, el);
+  const int64_t ep = ep_size(), etp = etp_size(), el = num_local_experts();
+  if (ep == 1 && etp == 1) return rows;
+  const int64_t h = rows.size(1);
+  Tensor recv = rows;  // [EP rank][local expert]
+  if (ep > 1) {
+    recv = Tensor::empty({sum(p.recv_rows), h}, rows.dtype(), rows.device());
+    ep_->all_to_all(recv, rows, times(p.send_rows, h), times(p.recv_rows, h)).wait();
+  }
+  Tensor gathered = recv;  // [etp rank: block of `block` rows][EP rank][local expert]
+  const int64_t block = *std::max_element(p.etp_rows.begin(), p.etp_rows.end());
+  if (etp > 1) {
+    Tensor in = recv;
+    if (recv.size(0) != block) {  // padded to the largest block (its padding rows are never read)
+      in = Tensor::empty({block, h}, rows.dtype(), rows.device());
+      if (recv.size(0) > 0) in.narrow0(0, recv.size(0)).copy_from(recv);
+    }
+    gathered = Tensor::empty({etp * block, h}, rows.dtype(), rows.device());
+    etp_->all_gather(gathered, in).wait();
+  }
+  Tensor grouped = Tensor::empty({sum(p.tokens_per_local_expert), h}, rows.dtype(), rows.device());
+  for (const Chunk& c : chunks(p, etp, ep, el, block))
+    if (c.rows > 0) grouped.narrow0(c.grouped, c.rows).copy_from(gathered.narrow0(c.gathered, c.rows));
   return grouped;
 }
 
 Tensor MoEAlltoAllTokenDispatcher::from_experts(const DispatchPlan& p, const Tensor& grouped) const {
-  if (ep_size() == 1) return grouped;
-  const int64_t h = grouped.size(1), ep = ep_size(), el = num_local_experts();
-  Tensor back = Tensor::empty(grouped.shape(), grouped.dtype(), grouped.device());  // [src rank][local expert]
-  regroup(back, grouped, transposed(p.recv_chunk, ep, el), el, ep);
-  Tensor rows = Tensor::empty({p.rows, h}, grouped.dtype(), grouped.device());
-  ep_->all_to_all(rows, back, times(p.recv_rows, h), times(p.send_rows, h)).wait();
-  return rows;
+  const int64_t ep = ep_size(), etp = etp_size(), el = num_local_experts();
+  if (ep == 1 && etp == 1) return grouped;
+  const int64_t h = grouped.size(1);
+  const int64_t block = *std::max_element(p.etp_rows.begin(), p.etp_rows.end());
+  Tensor back = Tensor::empty({etp * block, h}, grouped.dtype(), grouped.device());  // [etp][EP rank][expert]
+  for (int64_t q = 0; q < etp; ++q) {  // padding rows zero: the reduce-scatter sums them into rows dropped below
+    const int64_t used = p.etp_rows[static_cast<size_t>(q)];
+    if (used < block) back.narrow0(q * block + used, block - used).zero_();
+  }
+  for (const Chunk& c : chunks(p, etp, ep, el, block))
+    if (c.rows > 0) back.narrow0(c.gathered, c.rows).copy_from(grouped.narrow0(c.grouped, c.rows));
+  Tensor mine = back;  // this expert-TP rank's rows, the experts' partial outputs summed
+  if (etp > 1) {
+    Tensor reduced = Tensor::empty({block, h}, grouped.dtype(), grouped.device());
+    etp_->reduce_scatter(reduced, back, comm::ReduceOp::Sum).wait();
+    mine = reduced.narrow0(0, p.etp_rows[static_cast<size_t>(etp_rank())]);
+  }
+  if (ep == 1) return mine;
+  Tensor out = Tensor::empty({p.rows, h}, grouped.dtype(), grouped.device());
+  ep_->all_to_all(out, mine, times(p.recv_rows, h), times(p.send_rows, h)).wait();
+  return out;
 }
 
 }  // namespace mcpp::moe

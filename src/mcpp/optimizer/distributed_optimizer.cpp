@@ -124,10 +124,11 @@ double DistributedOptimizer::grad_norm() const {
   const parallel_state::ParallelContext& pc = ddp.parallel_context();
   double dense = 0, expert = 0;
   for (const ShardPiece& p : pieces_)
-    if (p.expert_parallel) expert += ops::sum_of_squares(p.main_grad);  // expert TP 1: every rank's shards count
-    else if (counts_in_grad_norm(p.owner->spec, pc.tp_rank())) dense += ops::sum_of_squares(p.main_grad);
+    if (p.expert_parallel) {  // each expert-TP shard once
+      if (counts_in_grad_norm(p.owner->spec, pc.expert_tp_rank())) expert += ops::sum_of_squares(p.main_grad);
+    } else if (counts_in_grad_norm(p.owner->spec, pc.tp_rank())) dense += ops::sum_of_squares(p.main_grad);
   // float32 values (the communicator has no float64); rounding ~1e-7 relative, as model_grad_norm. Dense shards
-  // sum over dp_cp; expert shards (under EP, over expert-DP) over expert-DP, then over EP (different experts).
+  // sum over dp_cp; expert shards (under EP, over expert-DP) over expert-DP, then over expert-TP and EP.
   auto host_sum = [](const comm::CommPtr& g, double v) {
     if (!g || g->size() == 1) return v;
     Tensor t = Tensor::empty({1}, DType::F32);
@@ -137,7 +138,8 @@ double DistributedOptimizer::grad_norm() const {
   };
   const double dense_sum = host_sum(pc.mp(), host_sum(ddp.dp_group(), dense));
   if (!has_expert_parallel_) return std::sqrt(dense_sum);
-  return std::sqrt(dense_sum + host_sum(pc.pp(), host_sum(pc.ep(), host_sum(pc.expert_dp(), expert))));
+  const double experts = host_sum(pc.ep(), host_sum(pc.expert_tp(), host_sum(pc.expert_dp(), expert)));
+  return std::sqrt(dense_sum + host_sum(pc.pp(), experts));
 }
 
 double DistributedOptimizer::clip_grads(double total_norm, double max_norm) {

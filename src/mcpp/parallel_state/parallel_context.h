@@ -95,7 +95,7 @@ class ParallelLayout {
   RankGenerator decoder_, expert_;
 };
 
-// ParallelOptions with tp/pp/cp from cfg.parallel (expert sizes 1, default order).
+// ParallelOptions from cfg.parallel: tp / pp / cp, the expert sizes, the rank order and the pipeline layout.
 ParallelOptions parallel_options(const Config& cfg);
 // Every launch-layout rule with clear errors naming the field: the grid rules of ParallelLayout::make,
 // opt agrees with cfg.parallel, num_attention_heads / num_query_groups / ffn_hidden_size % tp,

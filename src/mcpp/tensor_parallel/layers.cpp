@@ -39,6 +39,8 @@ ColumnParallelLinear::ColumnParallelLinear(ParamAndGradBuffer& params, const std
                                            const ParallelLinearOptions& opt, comm::CommPtr tp)
     : tp_(std::move(tp)), opt_(opt) {
   const int t = tp_->size();
+  MCPP_CHECK(!opt.explicit_expert_comm || !opt.sequence_parallel, "{}: an expert's linear is not sequence parallel",
+             prefix);
   MCPP_CHECK(opt.output_size % t == 0, "{}: output size {} not divisible by tp={}", prefix, opt.output_size, t);
   out_local_ = opt.output_size / t;
   weight_ = params.add({.key = prefix + ".weight",
@@ -123,7 +125,7 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
     if (bias_) bias_->grad_ready();
   };
   const ops::GradWrite gw = grad_write(weight_, bias_);
-  if (tp_->size() == 1) {  // nothing to reduce: dgrad and wgrad in one call
+  if (tp_->size() == 1 || opt_.explicit_expert_comm) {  // nothing to reduce here: dgrad and wgrad in one call
     ops::linear_bwd(&dx, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data, gw);
     grads_ready();
     return dx_full;
@@ -144,6 +146,8 @@ RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::stri
                                      const ParallelLinearOptions& opt, comm::CommPtr tp)
     : tp_(std::move(tp)), opt_(opt) {
   const int t = tp_->size();
+  MCPP_CHECK(!opt.explicit_expert_comm || !opt.sequence_parallel, "{}: an expert's linear is not sequence parallel",
+             prefix);
   MCPP_CHECK(opt.input_size % t == 0, "{}: input size {} not divisible by tp={}", prefix, opt.input_size, t);
   in_local_ = opt.input_size / t;
   weight_ = params.add({.key = prefix + ".weight",
@@ -157,8 +161,10 @@ RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::stri
 
 Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
   ctx.x = rows(x, in_local_);  // [s*b, in/tp]
-  // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA).
-  const bool bias_in_gemm = bias_ && tp_->size() == 1;
+  // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA); an
+  // expert's linear adds it on group rank 0 only and leaves the reduction to the dispatcher.
+  const bool expert = opt_.explicit_expert_comm;
+  const bool bias_in_gemm = bias_ && (tp_->size() == 1 || (expert && tp_->rank() == 0));
   Tensor out;
   if (opt_.sequence_parallel && opt_.tp_comm_overlap) {  // reduce_scatter_to_sp as a ring, GEMM per chunk
     Shape chunk = with_last(x.shape(), opt_.output_size);
@@ -172,6 +178,7 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
     Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
     ops::linear_fwd(y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr);
     out = y.view(with_last(x.shape(), opt_.output_size));            // [s, b, out]
+    if (expert) return out;                                          // the dispatcher reduces
     if (opt_.sequence_parallel) out = reduce_scatter_sp(*tp_, out);  // [s/tp, b, out]
     else all_reduce_tp(*tp_, out);                                   // reduce_from_tp
   }

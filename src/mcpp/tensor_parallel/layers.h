@@ -47,6 +47,13 @@ struct ParallelLinearOptions {
   bool sequence_parallel = false;
   bool tp_comm_overlap = false;  // with sequence_parallel: the all-gather + GEMM as a ring (see the header)
   int64_t stride_chunks = 1;  // ColumnParallelLinear only
+  // An expert's linear under expert tensor parallelism (Megatron's is_expert -> explicit_expert_comm): the
+  // group only shards the weight; the layer runs no collective — the MoE token dispatcher all-gathers the
+  // experts' inputs over expert-TP and reduce-scatters their outputs (moe/token_dispatcher.h). Column: x is
+  // every expert-TP rank's whole input, dx is returned partial. Row: the output is partial; the replicated bias
+  // is added on group rank 0 only (the reduce-scatter then adds it once) and its grad, from the gathered dy,
+  // is complete on every rank. Needs sequence_parallel = false.
+  bool explicit_expert_comm = false;
 };
 
 struct ParallelLinearCtx {
@@ -91,7 +98,9 @@ class RowParallelLinear {
   // The bias whose grad (the column sums of dy) a caller may take where dy is already read or written (a
   // fused add + norm backward): set when there is a bias and dy is this rank's whole [s, b, out] gradient
   // (no sequence parallelism: with it the grad sums the all-gathered dy).
-  Parameter* residual_bias() const { return opt_.sequence_parallel ? nullptr : bias_; }
+  Parameter* residual_bias() const {
+    return opt_.sequence_parallel || opt_.explicit_expert_comm ? nullptr : bias_;
+  }
 
  private:
   comm::CommPtr tp_;

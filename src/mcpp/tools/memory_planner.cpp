@@ -71,6 +71,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
   int64_t mlp = d.n * d.h * d.e  // linear_fc1's input (the norm output; gathered under SP)
                 + (m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e);
   if (moe) {  // MoE: this rank's n_l tokens, k routes each, balanced over the EP ranks' experts
+    const int64_t etp = cfg.parallel.expert_tp();
     const bool sigmoid_z = m.moe_router_score_function == "sigmoid" && m.moe_z_loss_coeff > 0.0f;
     const int64_t routes = d.n_local * m.moe_router_topk;
     int64_t rows = routes;  // the experts' rows: every route (dropless), at most E * capacity, or exactly (padded)
@@ -85,8 +86,8 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
           + d.n_local * (m.num_moe_experts + 1) * 4                     // scores [n_l, E] + lse [n_l] (fp32)
           + aux_count_rows(m, d.b) * m.num_moe_experts * 4              // the load-balancing counts (fp32)
           + (sigmoid_z ? d.n_local * (m.num_moe_experts + 1) * 4 : 0)   // the z-loss's softmax + lse (sigmoid)
-          + 2 * rows * d.h * d.e                                        // the experts' rows in + out, kept
-          + (m.swiglu ? 3 : 2) * rows * m.moe_ffn_hidden_size * d.e;  // every expert's MLP context
+          + (etp + 1) * rows * d.h * d.e                  // the experts' rows in (gathered over expert-TP) + out
+          + (m.swiglu ? 3 : 2) * etp * rows * (m.moe_ffn_hidden_size / etp) * d.e;  // every expert's MLP context
     if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
       const int64_t fs = m.moe_shared_expert_intermediate_size / cfg.parallel.tensor_model_parallel_size;
       mlp += (d.n != d.n_local ? d.n * d.h * d.e : 0)  // its fc1 input gathered under SP (else the router's)
@@ -173,8 +174,9 @@ int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layer
   const TransformerConfig& m = cfg.model;
   if (m.num_moe_experts == 0) return 0;
   const int64_t h = m.hidden_size, f = m.moe_ffn_hidden_size, bias = m.add_bias_linear ? 1 : 0;
-  const int64_t fc1_out = (m.swiglu ? 2 : 1) * f;
-  const int64_t expert = fc1_out * h + bias * fc1_out + h * f + bias * h;
+  const int64_t etp = cfg.parallel.expert_tp();  // fc1's rows and fc2's columns split over expert-TP
+  const int64_t fc1_out = (m.swiglu ? 2 : 1) * f / etp;
+  const int64_t expert = fc1_out * h + bias * fc1_out + h * (f / etp) + bias * h;
   const std::vector<bool> moe = m.moe_layer_pattern();
   const auto moe_layers = std::count_if(layers.begin(), layers.end(),
                                         [&](int64_t l) { return moe.at(static_cast<size_t>(l)); });
@@ -196,6 +198,7 @@ MemoryPlan plan_memory(const Config& cfg) {
   plan.dp = par.data_parallel_size;
   plan.cp = par.context_parallel_size;
   plan.ep = par.expert_model_parallel_size;
+  plan.etp = cfg.model.num_moe_experts > 0 ? par.expert_tp() : 1;
   plan.num_moe_experts = cfg.model.num_moe_experts;
   plan.world_size = plan.tp * plan.pp * plan.dp * plan.cp;
   plan.vp = layout.virtual_pipeline_model_parallel_size;
@@ -208,9 +211,10 @@ MemoryPlan plan_memory(const Config& cfg) {
   // The distributed optimizer shards over the data-parallel x context-parallel ranks (Megatron's dp_cp group).
   const MemoryReport per_param = memory_report(static_cast<int>(plan.dp), plan.distributed_optimizer,
                                                plan.param_dtype, static_cast<int>(plan.cp));
-  // MoE experts: replicated (and sharded by the distributed optimizer) over expert-DP = tp * dp * cp / ep.
-  const MemoryReport per_expert_param = memory_report(static_cast<int>(plan.tp * plan.dp * plan.cp / plan.ep),
-                                                      plan.distributed_optimizer, plan.param_dtype, 1);
+  // MoE experts: replicated (and sharded by the distributed optimizer) over expert-DP = tp * dp * cp / (ep * etp).
+  const int64_t edp = plan.tp * plan.dp * plan.cp / (plan.ep * plan.etp);
+  const MemoryReport per_expert_param =
+      memory_report(static_cast<int>(edp), plan.distributed_optimizer, plan.param_dtype, 1);
   const pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = plan.pp,
                                               .num_microbatches = plan.num_microbatches,
                                               .virtual_pipeline_model_parallel_size = plan.vp};
@@ -219,6 +223,7 @@ MemoryPlan plan_memory(const Config& cfg) {
   const bool tied = !cfg.model.untie_embeddings_and_output_weights;
   Config whole = cfg;  // the logical model: TP-replicated tensors (norms, row-parallel biases) once
   whole.parallel.tensor_model_parallel_size = 1;
+  whole.parallel.expert_tensor_parallel_size = 1;
   for (int64_t r = 0; r < plan.pp; ++r) {
     StageMemory st;
     st.pp_rank = r;
@@ -235,7 +240,7 @@ MemoryPlan plan_memory(const Config& cfg) {
           (tied && sl.post_process && !sl.pre_process) ? cfg.model.padded_vocab_size * cfg.model.hidden_size : 0;
       plan.total_params +=
           chunk_params(whole, sl.layers, sl.pre_process, sl.post_process) - copy +
-          c.expert_params * plan.ep;  // every EP rank's experts (each pp stage's chunks: one EP rank's share)
+          chunk_expert_params(whole, sl.layers) * plan.ep;  // every EP rank's experts, whole (one EP rank's share)
       st.chunks.push_back(std::move(c));
     }
     const auto p = static_cast<double>(st.params), pe = static_cast<double>(st.expert_params);
@@ -322,7 +327,8 @@ std::string format_memory_plan(const MemoryPlan& plan) {
       "{} params, {} optimizer, {:.3f} B parameters\n",
       plan.world_size, plan.tp, plan.pp, plan.dp, plan.cp > 1 ? fmt::format(" x cp {}", plan.cp) : "",
       plan.num_moe_experts > 0
-          ? fmt::format(" ({} experts{})", plan.num_moe_experts, plan.ep > 1 ? fmt::format(", ep {}", plan.ep) : "")
+          ? fmt::format(" ({} experts{}{})", plan.num_moe_experts, plan.ep > 1 ? fmt::format(", ep {}", plan.ep) : "",
+                        plan.etp > 1 ? fmt::format(", expert tp {}", plan.etp) : "")
           : "",
       plan.sequence_parallel ? " (sequence parallel)" : "", plan.vp,
       plan.num_microbatches, plan.micro_batch_size, plan.seq_length, dtype_name(plan.param_dtype),
@@ -364,6 +370,7 @@ nlohmann::json to_json(const MemoryPlan& plan) {
                    {"dp", plan.dp},
                    {"cp", plan.cp},
                    {"ep", plan.ep},
+                   {"etp", plan.etp},
                    {"num_moe_experts", plan.num_moe_experts},
                    {"vp", plan.vp},
                    {"num_microbatches", plan.num_microbatches},

@@ -83,7 +83,7 @@ struct StageMemory {
 
 struct MemoryPlan {
   int64_t world_size = 1, tp = 1, pp = 1, dp = 1, cp = 1, vp = 1, num_microbatches = 1;
-  int64_t ep = 1, num_moe_experts = 0;
+  int64_t ep = 1, etp = 1, num_moe_experts = 0;  // expert model / tensor parallel sizes
   int64_t micro_batch_size = 1, seq_length = 1;
   bool distributed_optimizer = false, sequence_parallel = false;
   DType param_dtype = DType::F32;

@@ -54,15 +54,18 @@ void check_fingerprint(const nlohmann::json& meta, const Config& config, const s
 
 // Ownership of replicated data (docs/CHECKPOINT_FORMAT.md, "Who writes what"): a tensor replicated
 // over DP (x CP) is written by dp_cp rank h % dp_cp (an expert's parameter, replicated over expert-DP only, by
-// expert-DP rank h % edp); one also replicated over TP by TP rank (h >> 32) % tp; h = xxh3(key). This spreads
-// the save work over the replicas, deterministically for every rank.
+// expert-DP rank h % edp); one also replicated over TP by TP rank (h >> 32) % tp (an expert's, over expert-TP, by
+// expert-TP rank (h >> 32) % etp); h = xxh3(key). This spreads the save work over the replicas, deterministically
+// for every rank.
 struct Owner : SaveOwnership {
   bool writes_replica(const std::string& key, const ParamSpec& spec) const {
     return spec.expert ? hash(key) % edp == static_cast<uint64_t>(edp_rank)
                        : hash(key) % dp == static_cast<uint64_t>(dp_rank);
   }
-  bool writes_tp_replica(const std::string& key, const ParamSpec& spec) const {  // experts: expert-DP decides
-    return spec.shard.partitioned() || spec.expert || (hash(key) >> 32) % tp == static_cast<uint64_t>(tp_rank);
+  bool writes_tp_replica(const std::string& key, const ParamSpec& spec) const {
+    if (spec.shard.partitioned()) return true;
+    return spec.expert ? (hash(key) >> 32) % etp == static_cast<uint64_t>(etp_rank)
+                       : (hash(key) >> 32) % tp == static_cast<uint64_t>(tp_rank);
   }
   static uint64_t hash(const std::string& key) { return dc::xxh3_bytes(key.data(), key.size()); }
 };
@@ -181,7 +184,8 @@ void read_piece(const dc::CheckpointReader& reader, const std::string& key, cons
 
 SaveOwnership save_ownership(const parallel_state::ParallelContext& pc) {
   return {.dp = pc.dp_cp()->size(), .dp_rank = pc.dp_cp()->rank(), .tp = pc.tp_size(), .tp_rank = pc.tp_rank(),
-          .edp = pc.expert_dp()->size(), .edp_rank = pc.expert_dp()->rank()};
+          .edp = pc.expert_dp()->size(), .edp_rank = pc.expert_dp()->rank(), .etp = pc.expert_tp_size(),
+          .etp_rank = pc.expert_tp_rank()};
 }
 
 // Model tensors are the fp32 main params (= the params with fp32 training); with mixed precision the

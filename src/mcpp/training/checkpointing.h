@@ -76,6 +76,7 @@ struct CheckpointSnapshot {
 struct SaveOwnership {
   int dp = 1, dp_rank = 0, tp = 1, tp_rank = 0;
   int edp = 1, edp_rank = 0;  // expert-DP: the replicas of an expert's parameters (ParamSpec::expert)
+  int etp = 1, etp_rank = 0;  // expert-TP: an expert's parameter not split over it is replicated there
 };
 SaveOwnership save_ownership(const parallel_state::ParallelContext& pc);
 

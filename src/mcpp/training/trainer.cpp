@@ -112,7 +112,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     chunks_.push_back(std::make_unique<GPTModel>(
         config_.model, static_cast<uint64_t>(t.seed),
         tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap, pc_.cp(),
-                                   par.cp_ring(), pc_.ep_size() > 1 ? pc_.ep() : nullptr},
+                                   par.cp_ring(), pc_.ep_size() > 1 ? pc_.ep() : nullptr,
+                                   pc_.expert_tp_size() > 1 ? pc_.expert_tp() : nullptr},
         device_,
         GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
                       .num_layers = static_cast<int64_t>(st.layers.size())},

@@ -7,7 +7,7 @@
 namespace mcpp {
 
 MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
-         const tensor_parallel::TPContext& tp)
+         const tensor_parallel::TPContext& tp, bool is_expert)
     : swiglu_(c.swiglu),
       ffn_(c.ffn_hidden_size / tp.size()),
       linear_fc1_(params, prefix + ".linear_fc1",
@@ -15,17 +15,19 @@ MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const Transforme
                    .output_size = c.swiglu ? 2 * c.ffn_hidden_size : c.ffn_hidden_size,
                    .bias = c.add_bias_linear,
                    .init_std = c.init_method_std,
-                   .sequence_parallel = tp.sequence_parallel,
-                   .tp_comm_overlap = tp.comm_overlap,
-                   .stride_chunks = c.swiglu ? 2 : 1},
+                   .sequence_parallel = tp.sequence_parallel && !is_expert,
+                   .tp_comm_overlap = tp.comm_overlap && !is_expert,
+                   .stride_chunks = c.swiglu ? 2 : 1,
+                   .explicit_expert_comm = is_expert},
                   tp.group),
       linear_fc2_(params, prefix + ".linear_fc2",
                   {.input_size = c.ffn_hidden_size,
                    .output_size = c.hidden_size,
                    .bias = c.add_bias_linear,
                    .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
-                   .sequence_parallel = tp.sequence_parallel,
-                   .tp_comm_overlap = tp.comm_overlap},
+                   .sequence_parallel = tp.sequence_parallel && !is_expert,
+                   .tp_comm_overlap = tp.comm_overlap && !is_expert,
+                   .explicit_expert_comm = is_expert},
                   tp.group) {}
 
 Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {

@@ -25,8 +25,11 @@ struct MLPCtx {
 
 class MLP {
  public:
+  // is_expert (Megatron's MLP(is_expert=True)): a routed expert — tp is the expert-TP group, the linears run no
+  // collective (ParallelLinearOptions::explicit_expert_comm; the MoE dispatcher gathers and reduces), rows in
+  // [n, 1, h] without sequence parallelism.
   MLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
-      const tensor_parallel::TPContext& tp);
+      const tensor_parallel::TPContext& tp, bool is_expert = false);
   Tensor forward(MLPCtx& ctx, const Tensor& x) const;
   // output_bias_grad_elsewhere: fc2's bias grad is taken from the residual stream (output_bias()).
   Tensor backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewhere = false) const;

@@ -386,10 +386,13 @@ void Config::validate() const {
     if (tp > 1 && !parallel.sequence_parallel)
       fail("num_moe_experts: MoE layers with tensor_model_parallel_size {} need --sequence-parallel (Megatron's "
            "rule: each TP rank routes its own tokens)", tp);
-    const int64_t etp = parallel.expert_tensor_parallel_size == 0 ? tp : parallel.expert_tensor_parallel_size;
-    if (etp != 1)
-      fail("expert_tensor_parallel_size: {} (the default is tensor_model_parallel_size) is not implemented; MoE "
-           "experts run whole on each rank: pass --expert-tensor-parallel-size 1", etp);
+    const int64_t etp = parallel.expert_tp();
+    if (model.moe_ffn_hidden_size % etp != 0)
+      fail("moe_ffn_hidden_size ({}) must be divisible by expert_tensor_parallel_size ({}; the default is "
+           "tensor_model_parallel_size): each expert's FFN is split over it", model.moe_ffn_hidden_size, etp);
+    if (training.enable_cuda_graph && etp > 1)
+      fail("enable_cuda_graph: not implemented with expert_tensor_parallel_size {} (the default is "
+           "tensor_model_parallel_size); pass --expert-tensor-parallel-size 1", etp);
     const int64_t ep = parallel.expert_model_parallel_size;
     if (model.num_moe_experts % ep != 0)
       fail("num_moe_experts ({}) must be divisible by expert_model_parallel_size ({})", model.num_moe_experts, ep);

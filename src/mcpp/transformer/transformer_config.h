@@ -170,6 +170,9 @@ struct ParallelConfig {
   bool use_distributed_optimizer = false;
   int64_t expert_model_parallel_size = 1;
   int64_t expert_tensor_parallel_size = 0;  // 0 -> tensor_model_parallel_size (Megatron's default)
+  int64_t expert_tp() const {  // the expert-TP size in use
+    return expert_tensor_parallel_size == 0 ? tensor_model_parallel_size : expert_tensor_parallel_size;
+  }
   std::string rank_order = "tp-cp-ep-dp-pp";  // Megatron's order string (RankGenerator)
   std::string pipeline_model_parallel_layout;  // --pipeline-model-parallel-layout, e.g. "E|t*3|t*3|t*2,L"
   int64_t decoder_first_pipeline_num_layers = -1;  // -1 = unset: uneven split (pipeline_parallel/layout.h)

@@ -11,8 +11,8 @@ usage: moe_check.py MCPP WORKDIR
      biases) at DP2: every iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
      Expert parallelism: DP2 x EP2, DP4 x EP4, PP2 x DP2 x EP2, Llama-style EP2 (overlapped grad reduce) and
      EP2 / DP4 x EP2 with the distributed optimizer (expert state sharded over expert-DP) equal the 1-rank run too;
-     so do TP2 + SP (expert TP 1), TP2 + SP x DP2 x EP2, CP2 and CP2 x DP2 x EP2 + distributed optimizer (the
-     router's load-balancing statistics summed over TP / CP), DP2 x EP2 with --calculate-per-token-loss and
+     so do TP2 + SP (expert TP 1; expert TP 2: moe_etp_check.py), TP2 + SP x DP2 x EP2, CP2 and CP2 x DP2 x EP2 +
+     distributed optimizer (the router's load-balancing statistics summed over TP / CP), DP2 x EP2 with --calculate-per-token-loss and
      PP4 x VP2 x DP2 x EP2 (an expert buffer per model chunk; 8 layers) against their 1-rank runs;
      --moe-router-load-balancing-type none trains without (and logs no) load-balancing loss;
   3. a run interrupted at 3 and resumed is bit-exact; a 1-rank checkpoint continues at DP2 (1e-5); an EP2
@@ -21,8 +21,7 @@ usage: moe_check.py MCPP WORKDIR
      checkpoint continues at 1 rank;
   4. the memory plan equals the measured activations and model state at EP 1 (1 rank, PP2, DP2 + distributed
      optimizer, Llama-style, TP2 + SP, CP2) and the model state under EP (`mcpp plan memory` names the experts);
-  5. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2 without SP or
-     with expert TP 2 (the default), the
+  5. bad input fails with one error naming the problem: top-k above the expert count, MoE with TP2 without SP, the
      allgather dispatcher, experts not divisible by EP, EP without experts,
      `mcpp ckpt export --format hf-gpt2` of a MoE checkpoint, a --moe-layer-freq pattern of the wrong length, a
      shared expert without experts;
@@ -216,8 +215,6 @@ for name, np_, cmd, words in (
          ["moe_router_topk", "num_moe_experts"]),
         ("tp2 without sp", 2, ["train", *M, *MOE, "--tensor-model-parallel-size", "2",
                                "--make-vocab-size-divisible-by", "64"], ["tensor_model_parallel_size", "sequence-parallel"]),
-        ("expert tp", 2, ["train", *M, *MOE, "--tensor-model-parallel-size", "2", "--sequence-parallel",
-                          "--make-vocab-size-divisible-by", "64"], ["expert_tensor_parallel_size"]),
         ("allgather", None, ["train", *M, *MOE, "--moe-token-dispatcher-type", "allgather"],
          ["moe_token_dispatcher_type", "alltoall"]),
         ("experts % ep", 2, ["train", *M, "--num-experts", "3", "--moe-router-topk", "1", *EP2],
