@@ -2,7 +2,8 @@
 # The MoE training step on one GPU: GPT-2 124M shapes (bench/gpu/env.sh's $M124, bf16) at micro batch B, 8 experts
 # top-2 with the aux loss and the z-loss, 30 iterations logged every 10; ms per iteration over iterations 21-30
 # (the last record) for the dense model, dropless MoE, MoE padded to capacity (eager and with --enable-cuda-graph)
-# and DeepSeek-V3's router padded (sigmoid, 4 groups, expert bias, sequence-wise loss; eager and graphed).
+# and DeepSeek-V3's router padded (sigmoid, 4 groups, expert bias, sequence-wise loss; eager and graphed), and dropless
+# with Megatron's sinkhorn routing.
 # usage (device machine, repo root, device_carry/ carried): bench/gpu/moe_steps.sh OUT [B] [CAPACITY]
 set -u
 OUT=$1
@@ -23,8 +24,11 @@ run_train moe_padded 1 $MOE --moe-z-loss-coeff 0.001 $PAD
 run_train moe_padded_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GRAPH
 run_train deepseek_padded 1 $DS $PAD
 run_train deepseek_padded_graph 1 $DS $PAD $GRAPH
+# Megatron's sinkhorn routing (dropless; one thread-block sinkhorn a layer): its cost over the dropless step
+run_train moe_sinkhorn 1 --num-experts 8 --moe-router-topk 2 --moe-z-loss-coeff 0.001 \
+  --moe-router-load-balancing-type sinkhorn
 echo "== MoE steps, 124M B$B, capacity $CAP (ms per iteration, iterations 21-30; lm loss at 30; router losses)"
-for r in dense moe_dropless moe_padded moe_padded_graph deepseek_padded deepseek_padded_graph; do
+for r in dense moe_dropless moe_padded moe_padded_graph deepseek_padded deepseek_padded_graph moe_sinkhorn; do
   python3 - "$OUT/$r.jsonl" "$r" <<'EOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"event":"train"' in l] if sys.argv[1] else []

@@ -81,6 +81,7 @@ void check_router(DType dt, ops::MoeTopkOptions opt) {
   Tensor dscores = poisoned({n, e}, DType::F32), dlse = poisoned({n}, DType::F32);
   ops::MoeTopkOptions dopt = opt;  // the expert bias on the GPU
   if (opt.expert_bias.defined()) dopt.expert_bias = dev(opt.expert_bias);
+  if (opt.logit_bias.defined()) dopt.logit_bias = dev(opt.logit_bias);
   ops::moe_topk_softmax(dtopk, dprobs_out, dscores, dlse, dev(logits, dt), dopt);
   Tensor htopk = dtopk.to(Device::CPU);
   EXPECT_EQ(std::memcmp(htopk.raw(), topk.raw(), topk.nbytes()), 0) << "different experts chosen";
@@ -126,6 +127,28 @@ TEST(CudaMoeOps, RouterSigmoidAndGroupLimitedMatchCpu) {
     check_router(dt, {.sigmoid = true, .expert_bias = bias});
     check_router(dt, {.sigmoid = true, .num_groups = 4, .group_topk = 2, .expert_bias = bias});
   }
+}
+// Megatron's sinkhorn routing: moe_sinkhorn's log d1 (float32 on the GPU) within 5e-4 of the CPU's float64 (the
+// rounding, and at most one iteration more or less around the tolerance); the experts chosen by the logits + that
+// bias (pre-softmax top-3, float32 and bf16 logits) exactly the CPU's.
+TEST(CudaMoeOps, SinkhornMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  for (const auto& [n, e] : {std::pair<int64_t, int64_t>{300, 16}, {4096, 8}, {2000, 64}, {64, 1024}, {0, 4}}) {
+    SCOPED_TRACE(fmt::format("n {} E {}", n, e));
+    const Tensor logits = n > 0 ? rnd({n, e}, 21, DType::F32, -3.0, 3.0) : Tensor::empty({0, e});
+    Tensor ld = Tensor::empty({e}), dld = poisoned({e}, DType::F32);
+    ops::cpu::moe_sinkhorn(ld, logits, 1e-4f, {});
+    ops::moe_sinkhorn(dld, n > 0 ? dev(logits) : Tensor::empty({0, e}, DType::F32, Device::CUDA), 1e-4f);
+    const Tensor h = host(dld);
+    double worst = 0.0;
+    for (int64_t j = 0; j < e; ++j)
+      worst = std::max(worst, std::abs(double{h.data<float>()[j]} - double{ld.data<float>()[j]}));
+    EXPECT_LT(worst, 5e-4);
+  }
+  const Tensor logits = rnd({300, 16}, 7, DType::F32, -3.0, 3.0);
+  Tensor bias = Tensor::empty({16});
+  ops::cpu::moe_sinkhorn(bias, logits, 1e-4f, {});
+  for (DType dt : {DType::F32, DType::BF16}) check_router(dt, {.pre_softmax = true, .logit_bias = bias});
 }
 // --moe-router-dtype fp32 on a bf16 model: the logits GEMM (and the backward's) in float32 on the upcast bf16
 // input and weight, so the router equals a float32 router on the same bf16-valued operands (CPU) to fp32 rounding —

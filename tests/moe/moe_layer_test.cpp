@@ -348,7 +348,12 @@ TEST(MoELayer, MatchesTorchOracle) {
                             MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.01f, .experts = 8, .topk = 2, .ffn = 16,
                                     .score = "sigmoid", .groups = 4, .group_topk = 2},
                             MoeCase{.style = "llama", .z = 0.05f, .topk = 1, .score = "sigmoid", .bias = true},
-                            MoeCase{.style = "gpt2", .aux = 0.01f, .balancing = "none"}}) {
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .balancing = "none"},
+                            // Megatron's sinkhorn routing (no aux loss): sigmoid at top-1, the softmax above
+                            MoeCase{.style = "gpt2", .z = 0.001f, .topk = 1, .balancing = "sinkhorn"},
+                            MoeCase{.style = "llama", .experts = 6, .topk = 2, .balancing = "sinkhorn"},
+                            MoeCase{.style = "gpt2", .z = 0.01f, .experts = 8, .topk = 3, .ffn = 16,
+                                    .balancing = "sinkhorn"}}) {
     SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts) +
                  " shared=" + std::to_string(mc.shared) + " capacity=" + std::to_string(mc.capacity) + " " +
                  mc.policy + (mc.pad ? " pad" : "") + " scaling=" + std::to_string(mc.scaling) + " " + mc.score +
@@ -407,6 +412,13 @@ TEST(MoELayer, MatchesTorchOracle) {
       if (mc.capacity > 0 && mc.capacity < 1.0) {
         EXPECT_LT(kept, n * mc.topk);  // some routes dropped
       }
+    }
+    if (mc.balancing == "sinkhorn") {  // an evaluation forward routes by the plain top-k: other experts here
+      moe::MoELayerCtx eval;
+      layer.forward(eval, x, nullptr, /*training=*/false);
+      const Tensor a = ctx.router.topk.to(Device::CPU), e = eval.router.topk.to(Device::CPU);
+      EXPECT_FALSE(std::equal(a.data<int32_t>(), a.data<int32_t>() + a.numel(), e.data<int32_t>()))
+          << "sinkhorn chose the plain top-k's experts for every token";
     }
     const moe::LossTracker::Sums sums = tracker.take();  // the losses over their coefficients, one call
     EXPECT_EQ(sums.calls, 1.0);

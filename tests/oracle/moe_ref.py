@@ -21,7 +21,8 @@ all E; with groups, Megatron's group_limited_topk); y[t] = sum_i probs[t,i] * ML
 aux = coeff * E / (n*n*k) * sum_e sum_t scores[t,e] * tokens_e (balancing "aux_loss"; "seq_aux_loss": Megatron's
 sequence_load_balancing_loss_func over the B sequences, tokens in [s, b] order, with the routes each expert kept as
 its routing map); z = zcoeff * mean(logsumexp(logits)^2); grads by autograd of sum(dy * y) + loss_grad_scale * (aux +
-z). Prints the max relative errors; exit status 1 when any exceeds 2e-5.
+z); "sinkhorn" balancing: the experts by Megatron's sinkhorn(logits), probs = sigmoid (k = 1) / softmax of the logits at
+them, no aux loss. Prints the max relative errors; exit status 1 when any exceeds 2e-5.
 """
 import math
 import os
@@ -95,7 +96,19 @@ def main():
 
     # Megatron: with an expert bias the experts (and groups) are chosen by scores + bias, probs from the scores
     top = compute_topk(sel.detach() + expert_bias if expert_bias is not None else sel.detach())
-    if sigmoid:
+    if balancing == "sinkhorn":  # Megatron's sinkhorn_load_balancing in training: moe_utils.sinkhorn's top-k
+        cost = torch.exp(logits.detach())
+        d0, d1 = torch.ones(n, dtype=torch.float64), torch.ones(E, dtype=torch.float64)
+        error, d1_old = 1e9, d1
+        while error > 1e-4:
+            d0 = (1 / d0.size(0)) * 1 / (torch.sum(d1 * cost, 1) + 1e-8)
+            d1 = (1 / d1.size(0)) * 1 / (torch.sum(d0.unsqueeze(1) * cost, 0) + 1e-8)
+            error = torch.mean(torch.abs(d1_old - d1))
+            d1_old = d1
+        top = torch.topk(d1 * cost * d0.unsqueeze(1), k, dim=1)[1]
+        act = torch.sigmoid(logits) if k == 1 else torch.softmax(logits, dim=-1)  # _sinkhorn_activation
+        probs = act.gather(1, top)
+    elif sigmoid:
         s_top = torch.sigmoid(logits).gather(1, top)
         probs = s_top / (s_top.sum(dim=-1, keepdim=True) + 1e-20) if k > 1 else s_top
         s_all = torch.sigmoid(logits)  # compute_routing_scores_for_aux_loss

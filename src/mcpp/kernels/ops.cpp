@@ -48,6 +48,14 @@ void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t n
     MCPP_CHECK(opt.sigmoid && opt.expert_bias.dtype() == DType::F32 && opt.expert_bias.numel() == num_experts,
                "{}: the expert bias must be float32 [{}] with the sigmoid score function; got {}", op, num_experts,
                opt.expert_bias.str());
+  if (opt.logit_bias.defined()) {
+    MCPP_CHECK(opt.logit_bias.dtype() == DType::F32 && opt.logit_bias.numel() == num_experts,
+               "{}: the logit bias must be float32 [{}]; got {}", op, num_experts, opt.logit_bias.str());
+    MCPP_CHECK(opt.pre_softmax || (opt.sigmoid && topk == 1),
+               "{}: a logit bias (sinkhorn routing) needs pre_softmax, or sigmoid at top-1", op);
+    MCPP_CHECK(!opt.expert_bias.defined() && opt.num_groups == 0,
+               "{}: a logit bias (sinkhorn routing) takes no expert bias and no groups", op);
+  }
   if (opt.num_groups == 0 && opt.group_topk == 0) return;
   const int64_t g = opt.num_groups;
   MCPP_CHECK(g >= 1 && g <= kMaxMoeRouterGroups && num_experts % g == 0,
@@ -119,6 +127,9 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
 }
 void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream s) {
   MCPP_DISPATCH(moe_route_positions, ({&idx, &counts, &topk}), idx, counts, topk, s);
+}
+void moe_sinkhorn(Tensor& log_d1, const Tensor& logits, float tol, Stream s) {
+  MCPP_DISPATCH(moe_sinkhorn, ({&log_d1, &logits}), log_d1, logits, tol, s);
 }
 void moe_route_counts(Tensor& counts, const Tensor& topk, const Tensor* idx, Stream s) {
   MCPP_DISPATCH(moe_route_counts, ({&counts, &topk, idx}), counts, topk, idx, s);

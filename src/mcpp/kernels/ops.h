@@ -82,6 +82,10 @@ struct AdamWOptions {
 // --moe-router-group-topk (group-limited routing; 0 = off). See ops.inc.
 // expert_bias: --moe-router-enable-expert-bias (sigmoid only): float32 [E] on the logits' device added to the scores
 // for choosing the experts (and the groups), not to the probabilities; undefined = none.
+// logit_bias: --moe-router-load-balancing-type sinkhorn in training: float32 [E] on the logits' device added to the
+// LOGITS for choosing the experts (moe_sinkhorn's log d1: the per-token order of Megatron's sinkhorn(logits)), not to
+// the probabilities; only with pre_softmax, or sigmoid at top-1 (Megatron's sinkhorn activations); not with an
+// expert bias or groups; undefined = none.
 struct MoeTopkOptions {
   bool pre_softmax = false;
   float z_coef = 0.0f;
@@ -89,10 +93,14 @@ struct MoeTopkOptions {
   int64_t num_groups = 0;
   int64_t group_topk = 0;
   Tensor expert_bias{};
+  Tensor logit_bias{};
 };
+constexpr int64_t kMaxSinkhornExperts = 1024;  // moe_sinkhorn's (one thread block holds a column each)
+constexpr int kMaxSinkhornIterations = 1000;   // Megatron's loop has no bound; ours stops there
 constexpr int64_t kMaxMoeRouterGroups = 64;
 // mcpp::Error naming `op` unless the options fit E experts and top-k: not both sigmoid and pre_softmax; an expert
-// bias only with sigmoid, float32 [E]; with groups,
+// bias only with sigmoid, float32 [E]; a logit bias float32 [E] only with pre_softmax or sigmoid at top-1, without an
+// expert bias or groups; with groups,
 // 1 <= num_groups <= kMaxMoeRouterGroups dividing E, 1 <= group_topk <= min(num_groups, k), and the kept groups
 // hold at least k experts (group_topk * E / num_groups >= k).
 void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t num_experts, int64_t topk);

@@ -41,8 +41,9 @@ class MoELayer {
  public:
   MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
            const TransformerConfig& config, const tensor_parallel::TPContext& tp);
-  // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it.
-  Tensor forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses) const;
+  // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it; training: false in
+  // evaluation (TopKRouter::forward).
+  Tensor forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training = true) const;
   Tensor backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const;
   const TopKRouter& router() const { return router_; }
   TopKRouter& router() { return router_; }

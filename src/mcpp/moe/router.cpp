@@ -16,8 +16,10 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
                        const tensor_parallel::TPContext& tp)
     : experts_(c.num_moe_experts),
       k_(c.moe_router_topk),
-      pre_softmax_(c.moe_router_pre_softmax),
-      sigmoid_(c.moe_router_score_function == "sigmoid"),
+      // sinkhorn routing's activations (Megatron's _sinkhorn_activation): sigmoid at top-1, the softmax above
+      sinkhorn_(c.moe_router_load_balancing_type == "sinkhorn"),
+      pre_softmax_(c.moe_router_pre_softmax || (sinkhorn_ && c.moe_router_topk > 1)),
+      sigmoid_(c.moe_router_score_function == "sigmoid" || (sinkhorn_ && c.moe_router_topk == 1)),
       fp32_logits_(c.moe_router_dtype == "fp32"),
       num_groups_(c.moe_router_num_groups),
       group_topk_(c.moe_router_group_topk),
@@ -93,7 +95,7 @@ void TopKRouter::update_expert_bias(const int64_t* counts, float rate) {
   route_counts_.zero_();
 }
 
-void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses) const {
+void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses, bool training) const {
   MCPP_CHECK(x.ndim() == 2 && x.size(1) == weight_->data.size(1), "TopKRouter: x must be [n, h={}]; got {}",
              weight_->data.size(1), x.str());
   const int64_t n = x.size(0), e = experts_, k = k_;
@@ -118,7 +120,12 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
   ctx.scores = Tensor::empty({n, e}, DType::F32, dev);
   ctx.lse = Tensor::empty({n}, DType::F32, dev);
   ctx.idx = Tensor::empty({n, k}, DType::I32, dev);
-  ops::moe_topk_softmax(ctx.topk, ctx.probs, ctx.scores, ctx.lse, logits, topk_options(0.0f));
+  ops::MoeTopkOptions opt = topk_options(0.0f);
+  if (sinkhorn_ && training) {  // the experts by Megatron's sinkhorn(logits) in float32: logits + log d1
+    opt.logit_bias = Tensor::empty({e}, DType::F32, dev);
+    ops::moe_sinkhorn(opt.logit_bias, logits.dtype() == DType::F32 ? logits : upcast(logits), kSinkhornTol);
+  }
+  ops::moe_topk_softmax(ctx.topk, ctx.probs, ctx.scores, ctx.lse, logits, opt);
   if (sigmoid_ && z_coeff_ > 0.0f) {  // the z-loss is on the logits' logsumexp, whatever the score function
     Tensor top1 = Tensor::empty({n, 1}, DType::I32, dev), p1 = Tensor::empty({n, 1}, DType::F32, dev);
     ctx.z_scores = Tensor::empty({n, e}, DType::F32, dev);
@@ -142,7 +149,7 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
   }
   // The load-balancing statistics (on the device): T over every route (switch), or C over the kept routes of each
   // sequence (sequence-wise); summed over the ranks that split the sequences.
-  const bool aux = (aux_loss_on_ || seq_aux_loss_) && aux_coeff_ > 0.0f && n > 0;
+  const bool aux = (aux_loss_on_ || seq_aux_loss_) && aux_coeff_ > 0.0f && n > 0 && training;
   const int64_t groups = aux && seq_aux_loss_ ? batch : 1;
   if (aux) {
     ctx.aux_counts = Tensor::empty({groups, e}, DType::F32, dev);

@@ -19,6 +19,10 @@
 //     probability's gradient is 0).
 //     rows_per_expert[e] = the expert's rows in the dispatch buffer: its routes, its kept routes, or (padding to
 //     capacity) the capacity — the dispatcher's all-to-all sizes and the experts' row counts.
+//   moe_router_load_balancing_type "sinkhorn" (Megatron's sinkhorn_load_balancing; no load-balancing loss): in a
+//     training forward the experts are the top-k of Megatron's sinkhorn(logits) (ops::moe_sinkhorn, on this rank's
+//     tokens; in evaluation the plain top-k), probs = sigmoid(logits)[topk] at top-1, softmax(logits)[topk] above
+//     (the sigmoid / pre_softmax paths above); no capacity, scaling, groups or expert bias.
 //   Losses of this microbatch's n tokens (added to the LM loss; their gradients ride the router's backward):
 //     aux_loss = moe_aux_loss_coeff * E / (N * N * k) * sum_e (sum_t scores[t, e]) * T[e]
 //                (Megatron's switch_load_balancing_loss_func; "aux_loss" balancing), or with "seq_aux_loss"
@@ -99,8 +103,10 @@ class TopKRouter {
              const tensor_parallel::TPContext& tp);
   // x [n, h]: the tokens of `batch` sequences in [s, b] order (n % batch == 0). losses (non-null: a training
   // forward, not evaluation, not a recompute): this call's losses are added to it, and with the expert bias on the
-  // routes each expert kept to the step's counts (take_route_counts).
-  void forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses = nullptr) const;
+  // routes each expert kept to the step's counts (take_route_counts). training (false: evaluation): sinkhorn
+  // routing, and the load-balancing statistics (none in evaluation: no backward follows).
+  void forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses = nullptr,
+               bool training = true) const;
   // dprobs [n, k] fp32 (x's device): the gradient of the combine weights (scaled in place by the scaling factor).
   // Returns dx [n, h] (x's device, dtype).
   Tensor backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scale) const;
@@ -126,7 +132,9 @@ class TopKRouter {
   static Tensor upcast(const Tensor& t);     // a float32 copy (ops::cast)
   const Tensor& ones(int64_t n, Device dev) const;  // >= n float32 ones on dev (kept: no host copy in a capture)
 
+  static constexpr float kSinkhornTol = 1e-4f;  // Megatron's sinkhorn(cost, tol=0.0001)
   int64_t experts_, k_;
+  bool sinkhorn_;  // moe_router_load_balancing_type sinkhorn
   bool pre_softmax_, sigmoid_;
   bool fp32_logits_;  // moe_router_dtype fp32
   int64_t num_groups_, group_topk_;  // group-limited routing (0: off)

@@ -118,7 +118,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--moe-ffn-hidden-size", m.moe_ffn_hidden_size);
   app.add_flag("--moe-router-pre-softmax", m.moe_router_pre_softmax);
   app.add_option("--moe-router-load-balancing-type", m.moe_router_load_balancing_type,
-                 "aux_loss|seq_aux_loss|none");
+                 "aux_loss|seq_aux_loss|sinkhorn|none");
   app.add_option("--moe-aux-loss-coeff", m.moe_aux_loss_coeff);
   app.add_option("--moe-z-loss-coeff", m.moe_z_loss_coeff);
   app.add_option("--moe-token-dispatcher-type", m.moe_token_dispatcher_type, "alltoall");

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <set>
 #include <type_traits>
+#include <utility>
 
 #include "mcpp/core/error.h"
 
@@ -161,9 +162,9 @@ void TransformerConfig::validate() const {
            num_moe_experts);
     require_positive(moe_ffn_hidden_size, "moe_ffn_hidden_size");
     if (moe_router_load_balancing_type != "aux_loss" && moe_router_load_balancing_type != "seq_aux_loss" &&
-        moe_router_load_balancing_type != "none")
-      fail("moe_router_load_balancing_type: '{}' is not implemented (expected aux_loss|seq_aux_loss|none; Megatron's "
-           "sinkhorn is not)", moe_router_load_balancing_type);
+        moe_router_load_balancing_type != "sinkhorn" && moe_router_load_balancing_type != "none")
+      fail("moe_router_load_balancing_type: '{}' is not aux_loss|seq_aux_loss|sinkhorn|none",
+           moe_router_load_balancing_type);
     if (!(moe_aux_loss_coeff >= 0.0f)) fail("moe_aux_loss_coeff must be >= 0, got {}", moe_aux_loss_coeff);
     if (!(moe_z_loss_coeff >= 0.0f)) fail("moe_z_loss_coeff must be >= 0, got {}", moe_z_loss_coeff);
     if (moe_token_dispatcher_type != "alltoall")
@@ -203,6 +204,26 @@ void TransformerConfig::validate() const {
       if (moe_router_group_topk * (num_moe_experts / moe_router_num_groups) < moe_router_topk)
         fail("moe_router_group_topk ({}) groups of {} experts hold fewer than moe_router_topk = {} experts",
              moe_router_group_topk, num_moe_experts / moe_router_num_groups, moe_router_topk);
+    }
+    if (moe_router_load_balancing_type == "sinkhorn") {  // Megatron's sinkhorn_load_balancing
+      if (moe_aux_loss_coeff > 0.0f)
+        fail("moe_router_load_balancing_type sinkhorn has no load-balancing loss: set --moe-aux-loss-coeff 0 "
+             "(Megatron's rule)");
+      if (num_moe_experts > 1024)  // ops::kMaxSinkhornExperts
+        fail("moe_router_load_balancing_type sinkhorn: at most 1024 experts (num_moe_experts {})", num_moe_experts);
+      std::string unused;  // what Megatron's sinkhorn routing would silently ignore
+      const std::initializer_list<std::pair<bool, const char*>> flags = {
+          {moe_expert_capacity_factor > 0.0, "--moe-expert-capacity-factor"},
+          {moe_router_topk_scaling_factor > 0.0f, "--moe-router-topk-scaling-factor"},
+          {moe_router_num_groups > 0, "--moe-router-num-groups"},
+          {moe_router_enable_expert_bias, "--moe-router-enable-expert-bias"},
+          {moe_router_score_function != "softmax", "--moe-router-score-function"},
+          {moe_router_pre_softmax, "--moe-router-pre-softmax"}};
+      for (const auto& [set, flag] : flags)
+        if (set) unused += std::string(unused.empty() ? "" : ", ") + flag;
+      if (!unused.empty())
+        fail("moe_router_load_balancing_type sinkhorn routes by its own activation (sigmoid at top-1, the softmax "
+             "above) without capacity, scaling, groups or expert bias; drop {}", unused);
     }
     if (num_moe_layers() == 0)
       fail("moe_layer_freq: '{}' selects no layer of {} as a MoE layer; with --num-experts {} at least one must be",

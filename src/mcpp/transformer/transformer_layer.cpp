@@ -50,7 +50,7 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
     attn_drop = {hidden_dropout_, opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_)};
   Tensor x1;  // x1 = x + dropout(attn), fused with the norm (ln2 = norm(x1), computed from the rounded x1)
   Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn, attn_drop);
-  Tensor mlp = moe_ ? moe_->forward(ctx.moe, ln2, opt.moe_losses) : mlp_->forward(ctx.mlp, ln2);
+  Tensor mlp = moe_ ? moe_->forward(ctx.moe, ln2, opt.moe_losses, opt.training) : mlp_->forward(ctx.mlp, ln2);
   Residual y{x1, mlp};  // y = x1 + dropout(mlp), added by the next norm (or Residual::sum)
   if (ctx.dropout) {
     ctx.mlp_dropout_key = opt.rng->draw(static_cast<uint64_t>(mlp.numel()), sequence_parallel_);

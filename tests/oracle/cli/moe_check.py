@@ -44,8 +44,11 @@ usage: moe_check.py MCPP WORKDIR
   9. DeepSeek's sequence-wise balancing loss (--moe-router-load-balancing-type seq_aux_loss, micro batches of 2
      sequences): another trajectory than the switch loss, logged as seq_load_balancing_loss (~1, no
      load_balancing_loss); TP2 + SP, CP2 (each sequence's statistics summed over the split) and DP2 x EP2 with the
-     sigmoid / group-limited router equal 1 rank and log the same loss; a 1-rank checkpoint continues at CP2;
-     Megatron's sinkhorn type fails by name.
+     sigmoid / group-limited router equal 1 rank and log the same loss; a 1-rank checkpoint continues at CP2.
+  10. Megatron's sinkhorn routing (--moe-router-load-balancing-type sinkhorn, top-2 and top-1): another trajectory
+     than the plain top-k with the same activation, no load-balancing loss logged; DP2 x EP2 and PP2 with full
+     recompute (the router re-runs sinkhorn alike) equal 1 rank; an aux loss, a capacity or pre-softmax with it and an
+     unknown type fail by name.
 """
 import os
 import re
@@ -361,8 +364,34 @@ seq_part = os.path.join(WORK, "seq_part")
 run([MCPP, "train", *M, *MOE, *SEQ, "--exit-interval", "3", "--save", seq_part])
 check_continued("seq_aux_loss, 1 rank -> CP2", seq_part, seq_part + "_cp2", 2, [*M, *MOE, *SEQ, *CP2],
                 losses(seq_one))
-check_error("sinkhorn", ["train", *M, *MOE, "--moe-router-load-balancing-type", "sinkhorn", "--save",
-                         os.path.join(WORK, "bad")], ["moe_router_load_balancing_type", "sinkhorn"], None)
+
+# 10. Megatron's sinkhorn routing (no load-balancing loss): the experts by sinkhorn(logits) of each rank's micro batch
+# in training (the plain top-k in evaluation), probs from the softmax (top-2) / sigmoid (top-1) of the logits
+SINK = ["--num-experts", "4", "--moe-ffn-hidden-size", "48", "--moe-z-loss-coeff", "0.001",
+        "--moe-router-load-balancing-type", "sinkhorn"]
+for k in ("2", "1"):
+    sink_one = train("sink_one_k" + k, None, [*M, *SINK, "--moe-router-topk", k])
+    plain = train("sink_none_k" + k, None, [*M, *SINK, "--moe-router-topk", k, "--moe-router-load-balancing-type",
+                                            "none", *(["--moe-router-score-function", "sigmoid"] if k == "1" else
+                                                      ["--moe-router-pre-softmax"])])
+    if not losses(sink_one) or losses(sink_one) == losses(plain):
+        failures.append(f"sinkhorn top-{k}: {losses(sink_one)} (the plain top-k's trajectory, or none)")
+    if any("load_balancing_loss" in r for r in records(sink_one, "train")):
+        failures.append(f"sinkhorn top-{k} logs a load-balancing loss: {records(sink_one, 'train')[:1]}")
+    same(f"sinkhorn top-{k} dp2 x ep2", train("sink_ep2_k" + k, 2, [*M, *SINK, "--moe-router-topk", k, *EP2]), sink_one)
+same("sinkhorn pp2 + full recompute (re-routed alike)",
+     train("sink_pp2_rc", 2, [*M, *SINK, "--moe-router-topk", "2", "--pipeline-model-parallel-size", "2",
+                              "--recompute-granularity", "full", "--recompute-method", "uniform",
+                              "--recompute-num-layers", "1"]),
+     os.path.join(WORK, "sink_one_k2"))
+for name, cmd, words in (
+        ("sinkhorn with an aux loss", [*M, *SINK, "--moe-aux-loss-coeff", "0.01"],
+         ["sinkhorn", "--moe-aux-loss-coeff 0"]),
+        ("sinkhorn with a capacity", [*M, *SINK, "--moe-expert-capacity-factor", "1", "--moe-router-pre-softmax"],
+         ["sinkhorn", "--moe-expert-capacity-factor", "--moe-router-pre-softmax"]),
+        ("unknown balancing", [*M, *MOE, "--moe-router-load-balancing-type", "sinkhorn2"],
+         ["moe_router_load_balancing_type", "sinkhorn2"])):
+    check_error(name, ["train", *cmd, "--save", os.path.join(WORK, "bad")], words, None)
 
 if failures:
     print("FAILED:\n" + "\n".join(failures))

@@ -168,7 +168,9 @@ void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, 
   check_f32(op, "lse", lse, {n});
   check_moe_topk_options(op, opt, e, k);
   MCPP_CHECK(!opt.expert_bias.defined() || opt.expert_bias.is_cpu(), "{}: the expert bias must be on the CPU", op);
+  MCPP_CHECK(!opt.logit_bias.defined() || opt.logit_bias.is_cpu(), "{}: the logit bias must be on the CPU", op);
   const float* bias = opt.expert_bias.defined() ? opt.expert_bias.data<float>() : nullptr;
+  const float* lbias = opt.logit_bias.defined() ? opt.logit_bias.data<float>() : nullptr;
   const float* lgp = logits.data<float>();
   float *sp = scores.data<float>(), *pp = probs.data<float>(), *lp = lse.data<float>();
   int32_t* tp = topk.data<int32_t>();
@@ -199,8 +201,12 @@ void moe_topk_softmax(Tensor& topk, Tensor& probs, Tensor& scores, Tensor& lse, 
       int32_t* top = tp + t * k;
       float* pr = pp + t * k;
       // k passes of max over the allowed experts: the largest logit not yet taken (the order of every score
-      // function's values), or with an expert bias the largest s + b; ties to the lower expert
-      auto key = [&](int32_t j) { return bias ? v[static_cast<size_t>(j)] : static_cast<double>(lg[j]); };
+      // function's values), or with an expert bias the largest s + b, with a logit bias the largest logit + lb (in
+      // float32, as the CUDA kernel); ties to the lower expert
+      auto key = [&](int32_t j) {
+        if (lbias) return static_cast<double>(lg[j] + lbias[j]);
+        return bias ? v[static_cast<size_t>(j)] : static_cast<double>(lg[j]);
+      };
       for (int64_t i = 0; i < k; ++i) {
         int32_t best = -1;
         for (int32_t j = 0; j < static_cast<int32_t>(e); ++j) {
@@ -298,6 +304,37 @@ void moe_topk_softmax_bwd(Tensor& dlogits, const Tensor& dprobs, const Tensor& p
                                     static_cast<double>(opt.z_coef) * lp[t] * s[j]);
     }
   }
+}
+
+void moe_sinkhorn(Tensor& log_d1, const Tensor& logits, float tol, Stream) {
+  const char* op = "moe_sinkhorn";
+  detail::require_cpu_f32(op, "logits", logits);
+  MCPP_CHECK(logits.ndim() == 2 && logits.size(1) >= 1, "{}: logits must be [n, E]; got {}", op, logits.str());
+  const int64_t n = logits.size(0), e = logits.size(1);
+  check_f32(op, "log_d1", log_d1, {e});
+  const float* lg = logits.data<float>();
+  std::vector<double> cost(static_cast<size_t>(n * e)), d0(static_cast<size_t>(n), 1.0), d1(static_cast<size_t>(e), 1.0);
+  for (int64_t q = 0; q < n * e; ++q) cost[static_cast<size_t>(q)] = std::exp(double{lg[q]});
+  constexpr double eps = 1e-8;
+  for (int it = 0; it < kMaxSinkhornIterations && n > 0; ++it) {
+    for (int64_t t = 0; t < n; ++t) {  // d0 = (1 / n) / (cost d1 + eps)
+      double sum = 0.0;
+      for (int64_t j = 0; j < e; ++j) sum += d1[static_cast<size_t>(j)] * cost[static_cast<size_t>(t * e + j)];
+      d0[static_cast<size_t>(t)] = 1.0 / static_cast<double>(n) / (sum + eps);
+    }
+    std::vector<double> col(static_cast<size_t>(e), 0.0);  // cost^T d0
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < e; ++j)
+        col[static_cast<size_t>(j)] += d0[static_cast<size_t>(t)] * cost[static_cast<size_t>(t * e + j)];
+    double error = 0.0;
+    for (int64_t j = 0; j < e; ++j) {
+      const double next = 1.0 / static_cast<double>(e) / (col[static_cast<size_t>(j)] + eps);
+      error += std::abs(next - d1[static_cast<size_t>(j)]);
+      d1[static_cast<size_t>(j)] = next;
+    }
+    if (!(error / static_cast<double>(e) > tol)) break;  // Megatron's `while error > tol` (NaN stops it)
+  }
+  for (int64_t j = 0; j < e; ++j) log_d1.data<float>()[j] = static_cast<float>(std::log(d1[static_cast<size_t>(j)]));
 }
 
 void moe_route_counts(Tensor& counts, const Tensor& topk, const Tensor* idx, Stream) {

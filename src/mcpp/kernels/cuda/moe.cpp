@@ -74,8 +74,11 @@ MoeTopkArgs topk_args(const MoeTopkOptions& o) {
   static_assert(kMaxGroups == kMaxMoeRouterGroups);
   MCPP_CHECK(!o.expert_bias.defined() || o.expert_bias.device() == Device::CUDA,
              "moe_topk_softmax: the expert bias must be on the GPU; got {}", o.expert_bias.str());
+  MCPP_CHECK(!o.logit_bias.defined() || o.logit_bias.device() == Device::CUDA,
+             "moe_topk_softmax: the logit bias must be on the GPU; got {}", o.logit_bias.str());
   return {.pre_softmax = o.pre_softmax, .sigmoid = o.sigmoid, .num_groups = o.num_groups, .group_topk = o.group_topk,
-          .expert_bias = o.expert_bias.defined() ? o.expert_bias.data<float>() : nullptr};
+          .expert_bias = o.expert_bias.defined() ? o.expert_bias.data<float>() : nullptr,
+          .logit_bias = o.logit_bias.defined() ? o.logit_bias.data<float>() : nullptr};
 }
 }  // namespace
 
@@ -133,6 +136,18 @@ void moe_route_positions(Tensor& idx, Tensor& counts, const Tensor& topk, Stream
                                  DType::I32, Device::CUDA);
   launch_moe_route_positions(idx.data<int32_t>(), counts.data<int64_t>(), topk.data<int32_t>(), topk.numel(),
                              counts.numel(), scratch.data<int32_t>(), stream_of(stream));
+}
+
+void moe_sinkhorn(Tensor& log_d1, const Tensor& logits, float tol, Stream stream) {
+  const char* op = "moe_sinkhorn";
+  MCPP_CHECK(logits.ndim() == 2 && logits.size(1) >= 1 && logits.size(1) <= kMaxSinkhornExperts,
+             "{}: logits must be [n, E] with 1 <= E <= {}; got {}", op, kMaxSinkhornExperts, logits.str());
+  const int64_t n = logits.size(0), e = logits.size(1);
+  check_shape(op, "logits", logits, DType::F32, {n, e});
+  check_shape(op, "log_d1", log_d1, DType::F32, {e});
+  Tensor d0 = Tensor::empty({std::max<int64_t>(n, 1)}, DType::F32, Device::CUDA);
+  launch_moe_sinkhorn(log_d1.data<float>(), d0.data<float>(), logits.data<float>(), n, e, tol, kMaxSinkhornIterations,
+                      stream_of(stream));
 }
 
 void moe_route_counts(Tensor& counts, const Tensor& topk, const Tensor* idx, Stream stream) {

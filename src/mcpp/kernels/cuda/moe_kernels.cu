@@ -203,8 +203,10 @@ __global__ void moe_topk_softmax_kernel(int32_t* topk, float* probs, float* scor
       if (!((groups >> (j / per)) & 1)) continue;
       bool taken = false;
       for (int64_t q = 0; q < i && !taken; ++q) taken = top[q] == j;
-      // the logit (every score function's order), or with an expert bias s + b
-      const float v = a.expert_bias ? sigmoidf(logits[t * e + j]) + a.expert_bias[j] : logits[t * e + j];
+      // the logit (every score function's order), or with an expert bias s + b, with a logit bias logit + lb
+      const float v = a.expert_bias  ? sigmoidf(logits[t * e + j]) + a.expert_bias[j]
+                      : a.logit_bias ? float(logits[t * e + j]) + a.logit_bias[j]
+                                     : float(logits[t * e + j]);
       if (!taken && (best < 0 || v > bv)) best = j, bv = v;
     }
     top[i] = best;
@@ -532,6 +534,61 @@ void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* to
   MCPP_CUDA_LAUNCH_CHECK();
   if (routes <= 0) return;
   moe_route_positions_kernel<<<static_cast<unsigned>(e), kScanThreads, 0, s>>>(idx, counts, topk, routes);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+// Megatron's sinkhorn in one thread block of rows * e threads (rows = 1024 / e): thread (r, j) owns column j for rows
+// r, r + rows, ...; the row pass gives each thread whole rows. Every sum in a fixed order (deterministic).
+__global__ void __launch_bounds__(1024) moe_sinkhorn_kernel(float* log_d1, float* d0, const float* logits, int64_t n,
+                                                             int64_t e, float tol, int max_iter) {
+  extern __shared__ float sm[];  // d1 [e], then the column partials [blockDim]
+  float* d1 = sm;
+  float* part = sm + e;
+  __shared__ float error;
+  const int64_t tid = threadIdx.x, rows = blockDim.x / e, col = tid % e, row0 = tid / e;
+  constexpr float eps = 1e-8f;
+  for (int64_t j = tid; j < e; j += blockDim.x) d1[j] = 1.0f;
+  __syncthreads();
+  for (int it = 0; it < max_iter; ++it) {
+    for (int64_t t = tid; t < n; t += blockDim.x) {  // d0 = (1 / n) / (cost d1 + eps)
+      float sum = 0.0f;
+      for (int64_t j = 0; j < e; ++j) sum += d1[j] * expf(logits[t * e + j]);
+      d0[t] = 1.0f / float(n) / (sum + eps);
+    }
+    __syncthreads();  // d0 (global) visible to the block
+    float acc = 0.0f;  // (cost^T d0)[col] over this thread's rows
+    if (row0 < rows)
+      for (int64_t t = row0; t < n; t += rows) acc += d0[t] * expf(logits[t * e + col]);
+    part[tid] = acc;
+    __syncthreads();
+    float diff = 0.0f;
+    if (tid < e) {
+      float total = 0.0f;
+      for (int64_t r = 0; r < rows; ++r) total += part[r * e + tid];
+      const float next = 1.0f / float(e) / (total + eps);
+      diff = fabsf(next - d1[tid]);
+      d1[tid] = next;
+    }
+    __syncthreads();
+    part[tid] = diff;
+    __syncthreads();
+    if (tid == 0) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < e; ++j) sum += part[j];
+      error = sum / float(e);
+    }
+    __syncthreads();
+    if (!(error > tol)) break;  // Megatron's `while error > tol` (NaN stops it); uniform over the block
+  }
+  for (int64_t j = tid; j < e; j += blockDim.x) log_d1[j] = logf(d1[j]);
+}
+
+void launch_moe_sinkhorn(float* log_d1, float* d0, const float* logits, int64_t n, int64_t e, float tol, int max_iter,
+                         cudaStream_t s) {
+  if (e <= 0) return;
+  const auto threads = static_cast<unsigned>((1024 / e) * e);
+  const size_t smem = static_cast<size_t>(e + threads) * sizeof(float);
+  moe_sinkhorn_kernel<<<1, threads, smem, s>>>(log_d1, d0, logits, n, e, tol, n > 0 ? max_iter : 0);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
