@@ -39,6 +39,7 @@ struct Case {
   std::string moe_freq{};  // MoE: 4 experts, top-2, in the layers of this --moe-layer-freq
   int64_t shared = 0;      // MoE: the shared expert's width
   double capacity = 0.0;   // MoE: --moe-expert-capacity-factor, padded to capacity (the plan is exact then)
+  std::vector<std::string> modules{"core_attn"};  // --recompute-modules (selective)
 };
 
 Config config_for(const Case& k) {
@@ -49,6 +50,7 @@ Config config_for(const Case& k) {
   cfg.model.recompute_granularity = k.recompute;
   cfg.model.recompute_method = k.method;
   cfg.model.recompute_num_layers = k.recompute_layers;
+  cfg.model.recompute_modules = k.modules;
   if (k.dropout) cfg.model.hidden_dropout = 0.1f, cfg.model.attention_dropout = 0.1f;
   if (k.untied) cfg.model.untie_embeddings_and_output_weights = true;
   if (k.no_rope) cfg.model.position_embedding_type = PositionEmbedding::None;
@@ -86,6 +88,12 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       {.name = "llama full uniform 3", .style = "llama", .recompute = "full", .method = "uniform",
        .recompute_layers = 3, .dropout = true},
       {.name = "gpt2 full block 2", .style = "gpt2", .recompute = "full", .method = "block", .recompute_layers = 2},
+      // selective recompute of the MLP / MoE layer: only its input kept
+      {.name = "gpt2 moe [1,0,0,1] selective mlp + moe", .style = "gpt2", .recompute = "selective", .dropout = true,
+       .moe_freq = "[1,0,0,1]", .shared = 40, .modules = {"mlp", "moe"}},
+      {.name = "llama moe every 2nd selective core_attn + moe", .style = "llama", .recompute = "selective",
+       .moe_freq = "2", .capacity = 1.5, .modules = {"core_attn", "moe"}},
+      {.name = "llama selective mlp", .style = "llama", .recompute = "selective", .modules = {"mlp"}},
   };
   struct StageCase {
     bool pre, post;

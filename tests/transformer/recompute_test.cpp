@@ -22,11 +22,23 @@ struct RunResult {
   nlohmann::json rng_state;
   size_t context_bytes = 0;  // one microbatch's context after its forward
   std::vector<bool> layer_ctx_empty;  // per layer of microbatch 0, after the forward
+  std::vector<bool> mlp_ctx_empty;    // per layer: only the MLP's input kept (selective mlp / moe)
 };
 
 TransformerConfig recompute_config(const std::string& style, const std::string& granularity, const std::string& method,
-                                   int64_t n, const std::string& attention_impl = "unfused") {
+                                   int64_t n, const std::string& attention_impl = "unfused",
+                                   const std::vector<std::string>& modules = {"core_attn"}, bool moe = false) {
   TransformerConfig c = testing::tiny_config(style);
+  c.recompute_modules = modules;
+  if (moe) {  // MoE in layers 0 and 2, dense layer 1; a shared expert, aux + z losses
+    c.num_moe_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 16;
+    c.moe_layer_freq = "[1,0,1]";
+    c.moe_shared_expert_intermediate_size = 24;
+    c.moe_aux_loss_coeff = 0.01f;
+    c.moe_z_loss_coeff = 0.001f;
+  }
   c.num_layers = 3;
   c.hidden_dropout = 0.1f;
   c.attention_dropout = 0.2f;
@@ -50,7 +62,10 @@ RunResult run(const TransformerConfig& c, bool training = true) {
     r.losses.push_back(model.forward_loss(ctx[m], batches[m].tokens, batches[m].labels, batches[m].loss_mask, opt).loss);
     if (m == 0) {
       r.context_bytes = pipeline_parallel::context_bytes(ctx[0]);
-      for (const auto& l : ctx[0].decoder.layers) r.layer_ctx_empty.push_back(!l.input_layernorm.x.defined());
+      for (const auto& l : ctx[0].decoder.layers) {
+        r.layer_ctx_empty.push_back(!l.input_layernorm.x.defined());
+        r.mlp_ctx_empty.push_back(!l.mlp.fc2.x.defined() && !l.moe.combined.defined() && l.mlp_input.defined());
+      }
     }
   }
   // The schedule runner sums per-context bytes: two microbatches' contexts must share no storage.
@@ -106,6 +121,29 @@ TEST(Recompute, FullUniformHoldsLessThanBlockOfOne) {
   const size_t grouped = run(recompute_config("gpt2", "full", "uniform", 3)).context_bytes;
   EXPECT_LT(all, first);
   EXPECT_LT(grouped, all);  // one kept input for the whole group instead of one per layer
+}
+
+// Selective recompute of the MLP ("mlp": dense layers) and of the MoE layer ("moe": router, dispatch, experts, the
+// shared expert), alone and with the core attention, on a model with MoE layers 0 and 2 and dense layer 1 (aux and z
+// losses: the recompute must rebuild the router's statistics without recording the losses twice): bitwise the plain
+// run's losses, grads and RNG streams; only the named layers' MLP contexts dropped; fewer bytes held.
+TEST(Recompute, SelectiveMlpAndMoeEqualNoRecompute) {
+  for (const std::string style : {"gpt2", "llama"}) {
+    const RunResult off = run(recompute_config(style, "", "", 0, "flash", {"core_attn"}, true));
+    struct Case {
+      std::vector<std::string> modules;
+      std::vector<bool> mlp_empty;
+    };
+    for (const Case& k : {Case{{"mlp"}, {false, true, false}}, Case{{"moe"}, {true, false, true}},
+                          Case{{"core_attn", "mlp", "moe"}, {true, true, true}}}) {
+      std::string what = style;
+      for (const auto& m : k.modules) what += " " + m;
+      const RunResult on = run(recompute_config(style, "selective", "", 0, "flash", k.modules, true));
+      expect_bitwise_equal(off, on, what);
+      EXPECT_EQ(on.mlp_ctx_empty, k.mlp_empty) << what;
+      EXPECT_LT(on.context_bytes, off.context_bytes) << what;
+    }
+  }
 }
 
 }  // namespace

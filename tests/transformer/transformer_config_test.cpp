@@ -329,8 +329,29 @@ TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
                    m.moe_router_pre_softmax = true;
                  }),
                  "moe_router_pre_softmax");
-  expect_invalid(moe([](TransformerConfig& m) { m.moe_router_load_balancing_type = "sinkhorn"; }),
-                 "aux_loss|seq_aux_loss|none");
+  expect_invalid(moe([](TransformerConfig& m) { m.moe_router_load_balancing_type = "sinkhorn2"; }),
+                 "aux_loss|seq_aux_loss|sinkhorn|none");
+  expect_invalid(moe([](TransformerConfig& m) {  // Megatron's rule: sinkhorn has no load-balancing loss
+                   m.moe_router_load_balancing_type = "sinkhorn";
+                   m.moe_aux_loss_coeff = 0.01f;
+                 }),
+                 "--moe-aux-loss-coeff 0");
+  expect_invalid(moe([](TransformerConfig& m) {  // what its routing would ignore is named
+                   m.moe_router_load_balancing_type = "sinkhorn";
+                   m.moe_router_score_function = "sigmoid";
+                   m.moe_router_topk_scaling_factor = 2.0f;
+                 }),
+                 "drop --moe-router-topk-scaling-factor, --moe-router-score-function");
+  // selective recompute modules (Megatron's --recompute-modules)
+  expect_invalid([](Config& c) { c.model.recompute_modules = {"mlp"}; }, "recompute-granularity selective");
+  expect_invalid([](Config& c) {
+    c.model.recompute_granularity = "selective";
+    c.model.recompute_modules = {"layernorm"};
+  }, "a Megatron module not implemented here");
+  expect_invalid([](Config& c) {
+    c.model.recompute_granularity = "selective";
+    c.model.recompute_modules = {"moe"};
+  }, "no MoE layers");
   expect_invalid(moe([](TransformerConfig& m) { m.moe_router_dtype = "fp64"; }), "moe_router_dtype: 'fp64'");
   expect_invalid([](Config& c) { c.model.moe_router_dtype = "fp32"; }, "need --num-experts");
   expect_invalid(moe([](TransformerConfig& m) { m.moe_router_group_topk = 1; }), "go together");

@@ -45,6 +45,7 @@ struct Counter {
     (*this)(l.pre_mlp_layernorm);
     (*this)(l.mlp.fc1), (*this)(l.mlp.pre_act), (*this)(l.mlp.fc2);
     (*this)(l.moe);
+    (*this)(l.mlp_input);
   }
   void operator()(const GPTModelCtx& g) {
     // Not position_ids: a view of the model's cached ids (model state, like the rotary tables).

@@ -54,7 +54,7 @@ int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
 int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
   const TransformerConfig& m = cfg.model;
   const bool flash = m.attention_impl == "flash";
-  const bool selective = m.recompute_granularity == "selective";
+  const bool selective = m.recomputes("core_attn");
   // The fused linear_qkv output (flash without RoPE reads it packed), or the split q + k + v: the same size.
   // Context parallelism (all-to-all): the core attention holds the whole sequence for np / cp heads — the same
   // numbers of qkv / context / lse elements as s / cp rows of all heads; the probabilities grow with cp. The ring
@@ -94,6 +94,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
              + (m.swiglu ? 3 : 2) * d.n * fs * d.e;
     }
   }
+  if (m.recomputes(moe ? "moe" : "mlp")) mlp = d.n_local * d.h * d.e;  // selective: only the MLP's input kept
   return 2 * norm_stats_bytes(cfg, d)  // input_layernorm's and pre_mlp_layernorm's statistics
          + d.n * d.h * d.e             // linear_qkv's input (the norm output; gathered under SP)
          + attention                   //

@@ -31,7 +31,7 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
                     .sequence_parallel = tp.sequence_parallel,
                     .tp_comm_overlap = tp.comm_overlap},
                    tp.group),
-      recompute_core_(c.recompute_granularity == "selective"),
+      recompute_core_(c.recomputes("core_attn")),
       cp_(tp.cp && tp.cp->size() > 1 && !tp.cp_p2p ? tp.cp : nullptr) {
   MCPP_CHECK(c.num_query_groups % tp.size() == 0, "num_query_groups {} not divisible by tp={}", c.num_query_groups,
              tp.size());

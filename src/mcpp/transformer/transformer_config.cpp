@@ -154,6 +154,16 @@ void TransformerConfig::validate() const {
   } else if (!recompute_method.empty() || recompute_num_layers != 0) {
     fail("recompute_method / recompute_num_layers need recompute_granularity full");
   }
+  for (const std::string& m : recompute_modules)
+    if (m != "core_attn" && m != "mlp" && m != "moe") {
+      const bool megatron = m == "moe_act" || m == "layernorm" || m == "mla_up_proj" || m == "shared_experts";
+      fail("recompute_modules: '{}' is {} (expected core_attn|mlp|moe)", m,
+           megatron ? "a Megatron module not implemented here" : "not a module");
+    }
+  if (recompute_modules != std::vector<std::string>{"core_attn"} && recompute_granularity != "selective")
+    fail("recompute_modules ({} given) applies to --recompute-granularity selective", recompute_modules.size());
+  if (recomputes("moe") && num_moe_experts == 0)
+    fail("recompute_modules moe: the model has no MoE layers (--num-experts)");
   // Mixture of experts (Megatron's MoE arguments).
   require_non_negative(num_moe_experts, "num_moe_experts");
   if (num_moe_experts > 0) {
@@ -497,6 +507,7 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("recompute_granularity", m.recompute_granularity);
   v("recompute_method", m.recompute_method);
   v("recompute_num_layers", m.recompute_num_layers);
+  v("recompute_modules", m.recompute_modules);
   v("calculate_per_token_loss", m.calculate_per_token_loss);
   v("num_moe_experts", m.num_moe_experts);
   v("moe_router_topk", m.moe_router_topk);

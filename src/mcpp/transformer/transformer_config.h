@@ -12,6 +12,7 @@
 // "training": {...}, "optimizer": {...}, "data": {...}} with the field names below; enums are written
 // as Megatron's strings ("LayerNorm", "rope", "cosine", "WSD", ...).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -68,12 +69,21 @@ struct TransformerConfig {
   bool deterministic_mode = false;
   bool apply_query_key_layer_scaling = false;
   // Activation recompute (Megatron's names; none of them changes the math):
-  //   recompute_granularity "" (off) | "full" (whole layers, input kept) | "selective" (core attention)
+  //   recompute_granularity "" (off) | "full" (whole layers, input kept) | "selective" (recompute_modules)
   //   recompute_method "" | "uniform" (groups of recompute_num_layers) | "block" (first
   //   recompute_num_layers layers of each pipeline stage / virtual chunk); full needs a method.
+  //   recompute_modules (selective; Megatron's --recompute-modules): "core_attn" (the core attention: q, k, v
+  //   kept), "mlp" (a dense layer's MLP: its input kept, fc1 / activation / fc2 re-run in backward), "moe" (a MoE
+  //   layer: its input kept, the router, the dispatch with its all-to-alls, the experts and the shared expert
+  //   re-run in backward; Megatron's moe_layer_recompute).
   std::string recompute_granularity;
   std::string recompute_method;
   int64_t recompute_num_layers = 0;  // full: layers per group (uniform) or per stage (block)
+  std::vector<std::string> recompute_modules{"core_attn"};
+  bool recomputes(const std::string& module) const {  // selective recompute of this module
+    return recompute_granularity == "selective" &&
+           std::find(recompute_modules.begin(), recompute_modules.end(), module) != recompute_modules.end();
+  }
   // --calculate-per-token-loss: the loss is summed over tokens and divided once by the global number of
   // non-masked tokens (instead of a mean per microbatch averaged over microbatches).
   bool calculate_per_token_loss = false;

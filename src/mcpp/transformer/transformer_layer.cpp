@@ -20,7 +20,8 @@ TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffe
                        tp.sequence_parallel),
       self_attention_(params, prefix + ".self_attention", c, spec, tp),
       pre_mlp_layernorm_(params, prefix + ".pre_mlp_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
-                         tp.sequence_parallel) {
+                         tp.sequence_parallel),
+      recompute_mlp_(c.recomputes(moe ? "moe" : "mlp")) {
   if (moe) moe_ = std::make_unique<moe::MoELayer>(params, expert_params, prefix + ".mlp", c, tp);
   else mlp_ = std::make_unique<MLP>(params, prefix + ".mlp", c, tp);
 }
@@ -51,6 +52,11 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
   Tensor x1;  // x1 = x + dropout(attn), fused with the norm (ln2 = norm(x1), computed from the rounded x1)
   Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn, attn_drop);
   Tensor mlp = moe_ ? moe_->forward(ctx.moe, ln2, opt.moe_losses, opt.training) : mlp_->forward(ctx.mlp, ln2);
+  if (recompute_mlp_ && opt.training) {  // keep the input only; backward re-runs the MLP
+    ctx.mlp_input = ln2;
+    ctx.mlp = {};
+    ctx.moe = {};
+  }
   Residual y{x1, mlp};  // y = x1 + dropout(mlp), added by the next norm (or Residual::sum)
   if (ctx.dropout) {
     ctx.mlp_dropout_key = opt.rng->draw(static_cast<uint64_t>(mlp.numel()), sequence_parallel_);
@@ -77,6 +83,11 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   Parameter* mlp_bias = moe_ ? nullptr : mlp_->output_bias();
   const ResidualBiasGrads rb = ctx.dropout ? ResidualBiasGrads{nullptr, self_attention_.output_bias()}
                                            : ResidualBiasGrads{mlp_bias, self_attention_.output_bias()};
+  if (ctx.mlp_input.defined()) {  // selective recompute: the MLP's context again (no losses recorded)
+    if (moe_) moe_->forward(ctx.moe, ctx.mlp_input, nullptr, /*training=*/true);
+    else mlp_->forward(ctx.mlp, ctx.mlp_input);
+    ctx.mlp_input = Tensor();
+  }
   Tensor dmlp_in = moe_ ? moe_->backward(ctx.moe, dmlp, loss_grad_scale)
                         : mlp_->backward(ctx.mlp, dmlp, rb.dres_bias != nullptr);
   Tensor dattn;  // attention branch: dx = dx1 + d(input_layernorm)(attn^T(dropout^T(dx1)))

@@ -24,6 +24,10 @@
 // In the layers config.moe_layer_pattern() selects (num_moe_experts > 0) the mlp is a MoELayer (moe/moe_layer.h: router, token dispatch, experts): its
 // output has no bias of its own, so no bias grad rides in pre_mlp_layernorm's backward for it; its backward takes
 // the microbatch's loss_grad_scale (the router's load-balancing losses).
+// Selective recompute of the MLP (recompute_modules "mlp" in a dense layer, "moe" in a MoE layer; Megatron's
+// checkpointed mlp / moe_layer_recompute): a training forward keeps only the MLP's input and drops its context;
+// backward re-runs the MLP's forward from it (the MoE router without recording losses or expert-bias counts, as
+// Megatron's checkpoint re-run) right before its backward — bitwise the same activations.
 // Backward returns dx (and b's gradient, above); parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 // Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):
@@ -52,6 +56,8 @@ struct TransformerLayerCtx {
   NormCtx pre_mlp_layernorm;
   MLPCtx mlp;
   moe::MoELayerCtx moe;  // MoE layers instead of mlp
+  Tensor mlp_input;      // selective recompute of the mlp / moe: its input (pre_mlp_layernorm's output); mlp / moe
+                         // stay empty between forward and backward
   PhiloxKey mlp_dropout_key;
   bool dropout = false;
 };
@@ -95,6 +101,7 @@ class TransformerLayer {
   Norm pre_mlp_layernorm_;
   std::unique_ptr<MLP> mlp_;            // dense layers
   std::unique_ptr<moe::MoELayer> moe_;  // MoE layers
+  bool recompute_mlp_;                  // recompute_modules "mlp" (dense) / "moe" (MoE layer)
 };
 
 // One group of layers [first, first + count) whose contexts are rebuilt in backward.

@@ -48,7 +48,11 @@ usage: moe_check.py MCPP WORKDIR
   10. Megatron's sinkhorn routing (--moe-router-load-balancing-type sinkhorn, top-2 and top-1): another trajectory
      than the plain top-k with the same activation, no load-balancing loss logged; DP2 x EP2 and PP2 with full
      recompute (the router re-runs sinkhorn alike) equal 1 rank; an aux loss, a capacity or pre-softmax with it and an
-     unknown type fail by name.
+     unknown type fail by name;
+  11. selective recompute of the MoE layers (--recompute-modules core_attn moe): the same losses and logged router
+     losses as without, at 1 rank and PP2 x DP2 x EP2 (the shared-expert pattern); the memory plan equals the
+     measured activations, below the plain run's; recompute modules without selective or an unimplemented Megatron
+     module fail by name.
 """
 import os
 import re
@@ -384,7 +388,28 @@ same("sinkhorn pp2 + full recompute (re-routed alike)",
                               "--recompute-granularity", "full", "--recompute-method", "uniform",
                               "--recompute-num-layers", "1"]),
      os.path.join(WORK, "sink_one_k2"))
+
+# 11. selective recompute of the MoE layers (--recompute-modules moe; Megatron's moe_layer_recompute): the router,
+# the dispatch (its all-to-alls under EP) and the experts re-run in backward — the same losses as the plain run (the
+# logged router losses counted once), at 1 rank and at PP2 x DP2 x EP2 with the shared-expert pattern; the memory
+# plan equals the (smaller) measured activations
+RC_MOE = ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe"]
+rc_moe = train("rc_moe", None, [*M, *MOE, *RC_MOE])
+same("recompute moe", rc_moe, one)
+if moe_losses(rc_moe) != moe_losses(one):
+    failures.append(f"recompute moe logs router losses {moe_losses(rc_moe)} vs {moe_losses(one)}")
+same("recompute moe pp2 x dp2 x ep2, freq + shared",
+     train("rc_moe_fs", 4, [*M, *MOE, *FS, *PP2, *EP2, *RC_MOE]), fs_one)
+plan = check_memory_plan("recompute moe", rc_moe, 1, [*M, *MOE, *RC_MOE], 1)
+full = (records(one, "memory_plan") or [{}])[0]
+pb = lambda p: p.get("stages", [{}])[0].get("peak_activation_bytes", 0)
+if not 0 < pb(plan) < pb(full):
+    failures.append(f"recompute moe: planned activations {pb(plan)} not below the plain run's {pb(full)}")
 for name, cmd, words in (
+        ("recompute modules without selective", [*M, *MOE, "--recompute-modules", "moe"],
+         ["recompute_modules", "selective"]),
+        ("unknown recompute module", [*M, *MOE, "--recompute-granularity", "selective", "--recompute-modules",
+                                      "moe_act"], ["recompute_modules", "moe_act", "not implemented"]),
         ("sinkhorn with an aux loss", [*M, *SINK, "--moe-aux-loss-coeff", "0.01"],
          ["sinkhorn", "--moe-aux-loss-coeff 0"]),
         ("sinkhorn with a capacity", [*M, *SINK, "--moe-expert-capacity-factor", "1", "--moe-router-pre-softmax"],

@@ -7,11 +7,12 @@ usage: pipeline_train_check.py MCPP WORKDIR
   2. --calculate-per-token-loss with --eod-mask-loss (masks differ between microbatches): PP2 x DP2 on 4
      ranks equals PP1 x DP1 (1e-5), and differs from the default per-microbatch mean (the flag acts);
   3. activation recompute with hidden + attention dropout (unfused attention) at PP2: full uniform, full
-     block and selective give bit-identical losses to no recompute;
+     block, selective and selective with `--recompute-modules core_attn mlp` give bit-identical losses to no
+     recompute (the MLP's too holding fewer bytes);
   4. the pipeline_activation_memory record at PP2: in flight = pp - stage (1F1B, M >= pp), peak bytes =
      in flight x one context's bytes, recompute shrinks the per-microbatch bytes; and the memory plan's
      figures in it (tools/memory_planner.h) equal the measured ones with and without recompute (full uniform,
-     full block, selective; unfused attention, dropout) and for PP4 x V2 — activations exactly, the allocated
+     full block, selective, selective + mlp; unfused attention, dropout) and for PP4 x V2 — activations exactly, the allocated
      model state up to the distributed optimizer's bucket padding;
   5. --variable-seq-lengths at PP2 (shape exchange before every transfer): bit-identical losses;
   6. distributed optimizer + PP2 x DP2 + tied embeddings: a resume from iteration 2 reproduces the
@@ -82,7 +83,9 @@ for name, flags in (("rc_uniform", ["--recompute-granularity", "full", "--recomp
                                     "--recompute-num-layers", "2"]),
                     ("rc_block", ["--recompute-granularity", "full", "--recompute-method", "block",
                                   "--recompute-num-layers", "3"]),
-                    ("rc_selective", ["--recompute-granularity", "selective"])):
+                    ("rc_selective", ["--recompute-granularity", "selective"]),
+                    ("rc_selective_mlp", ["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+                                          "mlp"])):
     d = train(name, [*DROP, *flags], np=2)
     got = losses(d)
     if not same(base, got):
@@ -104,7 +107,11 @@ for st, s in mem_off.items():
         failures.append(f"stage {st}: peak bytes {s['peak_bytes']} != in flight x context bytes {s}")
     if st in mem_rc and not mem_rc[st]["context_bytes"] < s["context_bytes"]:
         failures.append(f"stage {st}: recompute did not shrink the context bytes: {mem_rc[st]} vs {s}")
-for name in ("rc_off", "rc_uniform", "rc_block", "rc_selective", "pp4v2_dist"):
+if (st_sel := memory(os.path.join(WORK, "rc_selective"))) and any(
+        not memory(os.path.join(WORK, "rc_selective_mlp")).get(st, {}).get("context_bytes", 1 << 62) <
+        s["context_bytes"] for st, s in st_sel.items()):
+    failures.append("--recompute-modules core_attn mlp did not shrink the contexts below core_attn alone")
+for name in ("rc_off", "rc_uniform", "rc_block", "rc_selective", "rc_selective_mlp", "pp4v2_dist"):
     mem = memory(os.path.join(WORK, name))
     if len(mem) != (4 if name == "pp4v2_dist" else 2):
         failures.append(f"{name}: no activation report for every stage: {mem}")
