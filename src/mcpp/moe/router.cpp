@@ -47,19 +47,33 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
   }
 }
 
-void LossTracker::add(const Tensor& v) {
+void LossTracker::add(const Tensor& v, int64_t layer) {
   MCPP_CHECK(v.dtype() == DType::F32 && v.numel() == 3, "LossTracker: expected float32 [3], got {}", v.str());
-  if (!sums_.defined()) sums_ = Tensor::zeros({3}, DType::F32, v.device());
-  ops::add_inplace(sums_, v);
+  MCPP_CHECK(layer >= 0 && layer < layers_, "LossTracker: layer {} outside [0, {})", layer, layers_);
+  if (!sums_.defined()) sums_ = Tensor::zeros({layers_, 3}, DType::F32, v.device());
+  Tensor row = sums_.flat_slice(layer * 3, {3});
+  ops::add_inplace(row, v);
+}
+
+std::vector<LossTracker::Sums> LossTracker::take_per_layer() {
+  std::vector<Sums> out(static_cast<size_t>(layers_));
+  if (!sums_.defined()) return out;
+  const Tensor h = host_copy(sums_);  // (on the CPU: the sums themselves, so read before zeroing)
+  const float* p = h.data<float>();
+  for (int64_t l = 0; l < layers_; ++l)
+    out[static_cast<size_t>(l)] = {.load_balancing = p[3 * l], .z = p[3 * l + 1], .calls = p[3 * l + 2]};
+  sums_.zero_();
+  return out;
 }
 
 LossTracker::Sums LossTracker::take() {
-  if (!sums_.defined()) return {};
-  const Tensor h = host_copy(sums_);  // (on the CPU: the sums themselves, so read before zeroing)
-  const float* p = h.data<float>();
-  const Sums out{.load_balancing = p[0], .z = p[1], .calls = p[2]};
-  sums_.zero_();
-  return out;
+  Sums total;
+  for (const Sums& s : take_per_layer()) {
+    total.load_balancing += s.load_balancing;
+    total.z += s.z;
+    total.calls += s.calls;
+  }
+  return total;
 }
 
 std::vector<int64_t> TopKRouter::take_route_counts() {
@@ -181,7 +195,7 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
       ops::gemm(zl, lse.view({1, n}), lse.view({n, 1}), {});
       ops::scale_inplace(zl, static_cast<float>(1.0 / static_cast<double>(n * split_)));
     }
-    losses->add(v);
+    losses->add(v, layer_);
   }
   // The one host read: the buffer's rows per expert (none when padded: every expert's block is the capacity).
   if (capped && pad_to_capacity_) {

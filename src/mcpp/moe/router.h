@@ -62,18 +62,24 @@ namespace mcpp::moe {
 
 constexpr int64_t kMaxTopk = 64;  // moe_router_topk's upper bound (TransformerConfig::validate)
 
-// This rank's router losses summed over MoE layer calls (layers x microbatches x steps of a log window), each
+// This rank's router losses summed over MoE layer calls (microbatches x steps of a log window) per layer, each
 // divided by its coefficient as Megatron's tracker logs them (load_balancing = aux_loss / moe_aux_loss_coeff,
-// z = z_loss / moe_z_loss_coeff), and the calls: float32 [3] on the model's device, added to by the routers
-// (inside a captured step too); the trainer reads them with take() and averages over the calls of every rank.
+// z = z_loss / moe_z_loss_coeff), and the calls: float32 [num_layers, 3] on the model's device, added to by the
+// routers (inside a captured step too); the trainer reads them with take() and averages over the calls of every
+// rank (the log line: over the layers too; --moe-per-layer-logging: per layer).
 struct LossTracker {
   struct Sums {
     double load_balancing = 0.0, z = 0.0, calls = 0.0;
   };
-  void add(const Tensor& v);  // v float32 [3] on one device (the first add allocates the sums there)
-  Sums take();                // the sums (a host read), then zeroed in place: the tensor stays (graphs add into it)
+  explicit LossTracker(int64_t num_layers = 1) : layers_(num_layers) {}
+  // v float32 [3] on one device (the first add allocates the sums there) for global layer `layer` in [0, num_layers)
+  void add(const Tensor& v, int64_t layer = 0);
+  Sums take();  // the sums over the layers (a host read), then zeroed in place: the tensor stays (graphs add into it)
+  std::vector<Sums> take_per_layer();  // the same per layer ([num_layers]; all zero without an add)
+  int64_t num_layers() const { return layers_; }
 
  private:
+  int64_t layers_;
   Tensor sums_;
 };
 
@@ -123,6 +129,8 @@ class TopKRouter {
   void update_expert_bias(const int64_t* counts, float rate);
   int64_t num_experts() const { return experts_; }
   int64_t topk() const { return k_; }
+  // The global layer index its losses are recorded under (Megatron's Router.set_layer_number; 0 until set).
+  void set_layer_number(int64_t layer) { layer_ = layer; }
 
  private:
   ops::MoeTopkOptions topk_options(float z_coef) const;  // the routing ops' options (z_coef: the backward's)
@@ -134,6 +142,7 @@ class TopKRouter {
 
   static constexpr float kSinkhornTol = 1e-4f;  // Megatron's sinkhorn(cost, tol=0.0001)
   int64_t experts_, k_;
+  int64_t layer_ = 0;
   bool sinkhorn_;  // moe_router_load_balancing_type sinkhorn
   bool pre_softmax_, sigmoid_;
   bool fp32_logits_;  // moe_router_dtype fp32

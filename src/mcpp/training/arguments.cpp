@@ -135,6 +135,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_flag("--moe-pad-expert-input-to-capacity", m.moe_pad_expert_input_to_capacity);
   app.add_option("--moe-router-score-function", m.moe_router_score_function, "softmax|sigmoid");
   app.add_option("--moe-router-dtype", m.moe_router_dtype, "fp32 (the router's logits in float32)");
+  app.add_flag("--moe-per-layer-logging", m.moe_per_layer_logging);
   app.add_option("--moe-router-num-groups", m.moe_router_num_groups,
                  "group-limited routing: the experts in this many groups (0 = off)");
   app.add_option("--moe-router-group-topk", m.moe_router_group_topk,

@@ -35,6 +35,13 @@ nlohmann::json to_json(const IterationStats& s) {
   if (s.load_balancing_loss) j["load_balancing_loss"] = *s.load_balancing_loss;
   if (s.seq_load_balancing_loss) j["seq_load_balancing_loss"] = *s.seq_load_balancing_loss;
   if (s.z_loss) j["z_loss"] = *s.z_loss;
+  for (const IterationStats::MoeLayerLosses& l : s.moe_layers) {
+    nlohmann::json e = {{"layer", l.layer}};
+    if (l.load_balancing_loss) e["load_balancing_loss"] = *l.load_balancing_loss;
+    if (l.seq_load_balancing_loss) e["seq_load_balancing_loss"] = *l.seq_load_balancing_loss;
+    if (l.z_loss) e["z_loss"] = *l.z_loss;
+    j["moe_layers"].push_back(std::move(e));
+  }
   return j;
 }
 

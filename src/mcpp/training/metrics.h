@@ -26,6 +26,12 @@ struct IterationStats {
   // (the router losses over their coefficients, averaged over layers, microbatches, iterations of the window and
   // ranks); unset when the loss is off.
   std::optional<double> load_balancing_loss, seq_load_balancing_loss, z_loss;
+  // --moe-per-layer-logging: the same per MoE layer (global index; the metrics record's "moe_layers")
+  struct MoeLayerLosses {
+    int64_t layer = 0;
+    std::optional<double> load_balancing_loss, seq_load_balancing_loss, z_loss;
+  };
+  std::vector<MoeLayerLosses> moe_layers;
 };
 
 // " [2026-11-30 08:00:00] iteration       10/     100 | consumed samples: ... | lm loss: 5.1E+00 | ..."

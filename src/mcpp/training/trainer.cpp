@@ -60,7 +60,7 @@ Device resolve_training_device(const TrainingConfig& t) {
 }
 
 Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::ParallelContext pc)
-    : config_(config), pc_(std::move(pc)) {
+    : config_(config), pc_(std::move(pc)), moe_losses_(config_.model.num_layers) {
   const auto& t = config_.training;
   const int64_t gbs = t.global_batch_size;
   device_ = resolve_training_device(t);
@@ -519,23 +519,40 @@ void Trainer::after_commit(const std::string& dir, int64_t iteration) {
 }
 
 void Trainer::moe_log_losses(IterationStats& st) {
-  const moe::LossTracker::Sums mine = moe_losses_.take();  // this rank's, since the last log line (a device read)
-  Tensor t = Tensor::empty({3});  // this window's sums over every rank's MoE layer calls
-  t.data<float>()[0] = static_cast<float>(mine.load_balancing);
-  t.data<float>()[1] = static_cast<float>(mine.z);
-  t.data<float>()[2] = static_cast<float>(mine.calls);
+  // this rank's per-layer sums since the last log line (a device read), summed over every rank's MoE layer calls
+  const std::vector<moe::LossTracker::Sums> mine = moe_losses_.take_per_layer();
+  const auto layers = static_cast<int64_t>(mine.size());
+  Tensor t = Tensor::empty({layers, 3});
+  for (int64_t l = 0; l < layers; ++l) {
+    float* p = t.data<float>() + 3 * l;
+    const moe::LossTracker::Sums& s = mine[static_cast<size_t>(l)];
+    p[0] = static_cast<float>(s.load_balancing), p[1] = static_cast<float>(s.z), p[2] = static_cast<float>(s.calls);
+  }
   pc_.world()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
   // Ranks that split one sequence (TP under sequence parallelism, CP) each hold a share of its losses (router.h):
   // the mean is over (layer, microbatch, sequence), each sequence's shares summed.
   const double split = static_cast<double>(config_.parallel.sequence_parallel ? pc_.tp_size() : 1) * pc_.cp_size();
-  const double calls = t.data<float>()[2] / split;
-  if (calls <= 0) return;
   const std::string& balancing = config_.model.moe_router_load_balancing_type;
-  if (config_.model.moe_aux_loss_coeff > 0.0f && balancing == "aux_loss")
-    st.load_balancing_loss = t.data<float>()[0] / calls;
-  if (config_.model.moe_aux_loss_coeff > 0.0f && balancing == "seq_aux_loss")
-    st.seq_load_balancing_loss = t.data<float>()[0] / calls;
-  if (config_.model.moe_z_loss_coeff > 0.0f) st.z_loss = t.data<float>()[1] / calls;
+  const bool aux = config_.model.moe_aux_loss_coeff > 0.0f && balancing == "aux_loss";
+  const bool seq = config_.model.moe_aux_loss_coeff > 0.0f && balancing == "seq_aux_loss";
+  const bool z = config_.model.moe_z_loss_coeff > 0.0f;
+  auto fill = [&](auto& out, double lb, double zl, double calls) {
+    if (aux) out.load_balancing_loss = lb / calls;
+    if (seq) out.seq_load_balancing_loss = lb / calls;
+    if (z) out.z_loss = zl / calls;
+  };
+  double lb = 0, zl = 0, calls = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const float* p = t.data<float>() + 3 * l;
+    lb += p[0], zl += p[1], calls += p[2] / split;
+    if (config_.model.moe_per_layer_logging && p[2] > 0) {
+      IterationStats::MoeLayerLosses e{.layer = l, .load_balancing_loss = {}, .seq_load_balancing_loss = {},
+                                       .z_loss = {}};
+      fill(e, p[0], p[1], p[2] / split);
+      st.moe_layers.push_back(e);
+    }
+  }
+  if (calls > 0) fill(st, lb, zl, calls);
 }
 
 TrainSummary Trainer::train() {
@@ -580,7 +597,8 @@ TrainSummary Trainer::train() {
                         .nan_iters = nan_total,
                         .load_balancing_loss = std::nullopt,
                         .seq_load_balancing_loss = std::nullopt,
-                        .z_loss = std::nullopt};
+                        .z_loss = std::nullopt,
+                        .moe_layers = {}};
       if (config_.model.num_moe_experts > 0) moe_log_losses(st);  // collective (every rank)
       if (is_logging_rank()) {
         fmt::print("{}\n", format_log_line(st));

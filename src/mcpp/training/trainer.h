@@ -114,10 +114,10 @@ class Trainer {
   double dp_mean(double local) const;
   // MoE: the window's router losses averaged over every rank's layer calls into st (collective over the world).
   void moe_log_losses(IterationStats& st);
-  moe::LossTracker moe_losses_;  // this rank's MoE router losses since the last log line
 
   Config config_;
   parallel_state::ParallelContext pc_;
+  moe::LossTracker moe_losses_;  // this rank's MoE router losses per layer since the last log line
   Device device_ = Device::CPU;         // --device (resolved): where params, grads and activations live
   DType param_dtype_ = DType::F32;      // bf16 with --bf16 (fp32 main params and grads)
   std::unique_ptr<GPTDataset> train_ds_;

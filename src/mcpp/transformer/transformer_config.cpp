@@ -248,9 +248,9 @@ void TransformerConfig::validate() const {
       fail("moe_expert_capacity_factor / moe_pad_expert_input_to_capacity need --num-experts: the model has no "
            "experts to cap");
     if (moe_router_score_function != "softmax" || moe_router_num_groups != 0 || moe_router_group_topk != 0 ||
-        moe_router_enable_expert_bias || !moe_router_dtype.empty())
+        moe_router_enable_expert_bias || !moe_router_dtype.empty() || moe_per_layer_logging)
       fail("moe_router_score_function / moe_router_num_groups / moe_router_group_topk / moe_router_enable_expert_bias "
-           "/ moe_router_dtype need --num-experts: the model has no router");
+           "/ moe_router_dtype / moe_per_layer_logging need --num-experts: the model has no router");
   }
 }
 
@@ -524,6 +524,7 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("moe_token_drop_policy", m.moe_token_drop_policy);
   v("moe_router_score_function", m.moe_router_score_function);
   v("moe_router_dtype", m.moe_router_dtype);
+  v("moe_per_layer_logging", m.moe_per_layer_logging);
   v("moe_router_num_groups", m.moe_router_num_groups);
   v("moe_router_group_topk", m.moe_router_group_topk);
   v("moe_router_enable_expert_bias", m.moe_router_enable_expert_bias);

@@ -131,6 +131,9 @@ struct TransformerConfig {
   // bf16 input and weight upcast, instead of the model's dtype ("" = that); the routing math after it is fp32 anyway.
   // fp64 is Megatron's other choice, not implemented.
   std::string moe_router_dtype;
+  // Megatron's --moe-per-layer-logging: each MoE layer's router losses too (the metrics' train records, "moe_layers":
+  // per layer the losses over their coefficients, averaged over microbatches, iterations of the window and ranks).
+  bool moe_per_layer_logging = false;
   // Megatron's --moe-router-num-groups / --moe-router-group-topk (group-limited routing, DeepSeek-V2/V3's
   // device-limited routing): the experts in num_groups groups of consecutive ones; each token picks the group_topk
   // groups whose k / group_topk largest scores sum highest, then its top k among their experts. 0 = off.

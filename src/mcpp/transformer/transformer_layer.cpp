@@ -128,10 +128,12 @@ TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, ParamAndGradBuffe
                                    bool post_process)
     : groups_(recompute_plan(c, num_layers)) {
   const std::vector<bool> moe = c.moe_layer_pattern();
-  for (int64_t i = 0; i < num_layers; ++i)
+  for (int64_t i = 0; i < num_layers; ++i) {
     layers_.push_back(std::make_unique<TransformerLayer>(params, expert_params,
                                                          fmt::format("decoder.layers.{}", first_layer + i), c, spec,
                                                          tp, moe.at(static_cast<size_t>(first_layer + i))));
+    if (moe::MoELayer* m = layers_.back()->moe_layer()) m->router().set_layer_number(first_layer + i);
+  }
   if (post_process)
     final_layernorm_ = std::make_unique<Norm>(params, "decoder.final_layernorm", c.hidden_size, c.normalization,
                                               c.norm_epsilon, tp.sequence_parallel);

@@ -52,7 +52,9 @@ usage: moe_check.py MCPP WORKDIR
   11. selective recompute of the MoE layers (--recompute-modules core_attn moe): the same losses and logged router
      losses as without, at 1 rank and PP2 x DP2 x EP2 (the shared-expert pattern); the memory plan equals the
      measured activations, below the plain run's; recompute modules without selective or an unimplemented Megatron
-     module fail by name.
+     module fail by name;
+  12. --moe-per-layer-logging: the train records carry each MoE layer's router losses (the [1,1,0,0] pattern: layers
+     0 and 1), whose mean is the logged value; equal per layer at PP2 x DP2 x EP2; the losses unchanged.
 """
 import os
 import re
@@ -405,7 +407,31 @@ full = (records(one, "memory_plan") or [{}])[0]
 pb = lambda p: p.get("stages", [{}])[0].get("peak_activation_bytes", 0)
 if not 0 < pb(plan) < pb(full):
     failures.append(f"recompute moe: planned activations {pb(plan)} not below the plain run's {pb(full)}")
+
+# 12. --moe-per-layer-logging (the [1,1,0,0] pattern): each MoE layer's router losses in the train records (layers 0
+# and 1 only), their mean the logged totals; the same per layer at PP2 x DP2 x EP2 (both on the first stage, the
+# second stage's ranks adding nothing to them); the training itself unchanged
+def per_layer(d):
+    return [[(e["layer"], e.get("load_balancing_loss"), e.get("z_loss")) for e in r.get("moe_layers", [])]
+            for r in records(d, "train")]
+
+
+PL = ["--moe-per-layer-logging", "--moe-z-loss-coeff", "0.001"]
+pl_one = train("pl_one", None, [*M, *MOE, *FS, *PL])
+same("per-layer logging", pl_one, fs_one)
+got = per_layer(pl_one)
+if len(got) != 6 or any([l for l, _, _ in rec] != [0, 1] for rec in got):
+    failures.append(f"--moe-per-layer-logging: per-layer records {got[:1]} (expected layers 0 and 1, 6 records)")
+for rec, (lb_all, z_all) in zip(got, moe_losses(pl_one)):
+    if not (close(sum(x[1] for x in rec) / 2, lb_all) and close(sum(x[2] for x in rec) / 2, z_all)):
+        failures.append(f"--moe-per-layer-logging: the layers' mean {rec} is not the logged {lb_all}, {z_all}")
+pl_par = per_layer(train("pl_pp2_ep2", 4, [*M, *MOE, *FS, *PP2, *EP2, *PL]))
+if len(pl_par) != len(got) or any(len(a) != len(b) or any(x[0] != y[0] or not close(x[1], y[1]) or
+                                                          not close(x[2], y[2]) for x, y in zip(a, b))
+                                  for a, b in zip(pl_par, got)):
+    failures.append(f"--moe-per-layer-logging at PP2 x DP2 x EP2: {pl_par[:1]} vs 1 rank {got[:1]}")
 for name, cmd, words in (
+        ("per-layer logging without experts", [*M, "--moe-per-layer-logging"], ["moe_per_layer_logging"]),
         ("recompute modules without selective", [*M, *MOE, "--recompute-modules", "moe"],
          ["recompute_modules", "selective"]),
         ("unknown recompute module", [*M, *MOE, "--recompute-granularity", "selective", "--recompute-modules",
