@@ -471,66 +471,71 @@ TEST(MoELayer, MatchesTorchOracle) {
 
 // The expert bias (aux-loss-free balancing): only training forwards count routes (an evaluation forward —
 // losses == nullptr — does not); the update is Megatron's b += rate * sign(mean - count), the counts then reset;
-// update_expert_biases sums the counts over the given groups (a size-1 group here) before updating.
+// update_expert_biases sums the counts over the given groups (a size-1 group here) before updating. Without and with
+// the switch loss (whose dropless route counts the bias then shares).
 TEST(MoELayer, ExpertBiasCountsTrainingRoutesAndMovesBySign) {
-  TransformerConfig c = testing::tiny_config("gpt2");
-  c.num_moe_experts = 4;
-  c.moe_router_topk = 2;
-  c.moe_router_score_function = "sigmoid";
-  c.moe_router_enable_expert_bias = true;
-  c.finalize();
-  c.validate();
-  ParamAndGradBuffer params;
-  moe::MoELayer layer(params, params, "mlp", c, testing::single_tp());
-  params.finalize(3);
-  moe::TopKRouter& router = layer.router();
-  ASSERT_TRUE(router.has_expert_bias());
-  EXPECT_EQ(router.expert_bias_key(), "mlp.router.expert_bias");
-  Tensor x = random_tensor({6, 2, c.hidden_size}, 9);
-  moe::MoELayerCtx eval_ctx;
-  layer.forward(eval_ctx, x, nullptr);  // evaluation: not counted
-  EXPECT_EQ(router.take_route_counts(), std::vector<int64_t>(4, 0));
-  moe::LossTracker losses;
-  moe::MoELayerCtx ctx;
-  layer.forward(ctx, x, &losses);
-  layer.forward(ctx, x, &losses);  // two microbatches of the step
-  std::vector<int64_t> want = ctx.router.tokens_per_expert;
-  for (int64_t& v : want) v *= 2;
-  const std::vector<int64_t> counts = router.take_route_counts();
-  EXPECT_EQ(counts, want);
-  EXPECT_EQ(router.take_route_counts(), std::vector<int64_t>(4, 0));  // taken: reset
-  const int64_t sample[4] = {5, 3, 4, 4};  // mean 4: under-used expert 1 up, over-used expert 0 down
-  router.update_expert_bias(sample, 0.01f);
-  router.update_expert_bias(sample, 0.01f);
-  const std::vector<double> b = testing::to_doubles(router.expert_bias());
-  EXPECT_FLOAT_EQ(static_cast<float>(b[0]), -0.02f);
-  EXPECT_FLOAT_EQ(static_cast<float>(b[1]), 0.02f);
-  EXPECT_EQ(b[2], 0.0);
-  EXPECT_EQ(b[3], 0.0);
-  layer.forward(ctx, x, &losses);  // the counts of a step, through update_expert_biases
-  const std::vector<int64_t> step = ctx.router.tokens_per_expert;
-  moe::update_expert_biases({&router}, {comm::make_local_world()}, 0.5f);
-  const std::vector<double> b2 = testing::to_doubles(router.expert_bias());
-  double mean = 0.0;
-  for (int64_t v : step) mean += static_cast<double>(v) / 4.0;
-  for (size_t j = 0; j < 4; ++j) {
-    const double sign = mean > static_cast<double>(step[j]) ? 1.0 : mean < static_cast<double>(step[j]) ? -1.0 : 0.0;
-    EXPECT_NEAR(b2[j], b[j] + 0.5 * sign, 1e-6) << j;
+  for (const float aux : {0.0f, 0.01f}) {
+    SCOPED_TRACE(::testing::Message() << "aux loss coefficient " << aux);
+    TransformerConfig c = testing::tiny_config("gpt2");
+    c.moe_aux_loss_coeff = aux;  // with the switch loss the dropless counts come from its statistics
+    c.num_moe_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_router_score_function = "sigmoid";
+    c.moe_router_enable_expert_bias = true;
+    c.finalize();
+    c.validate();
+    ParamAndGradBuffer params;
+    moe::MoELayer layer(params, params, "mlp", c, testing::single_tp());
+    params.finalize(3);
+    moe::TopKRouter& router = layer.router();
+    ASSERT_TRUE(router.has_expert_bias());
+    EXPECT_EQ(router.expert_bias_key(), "mlp.router.expert_bias");
+    Tensor x = random_tensor({6, 2, c.hidden_size}, 9);
+    moe::MoELayerCtx eval_ctx;
+    layer.forward(eval_ctx, x, nullptr);  // evaluation: not counted
+    EXPECT_EQ(router.take_route_counts(), std::vector<int64_t>(4, 0));
+    moe::LossTracker losses;
+    moe::MoELayerCtx ctx;
+    layer.forward(ctx, x, &losses);
+    layer.forward(ctx, x, &losses);  // two microbatches of the step
+    std::vector<int64_t> want = ctx.router.tokens_per_expert;
+    for (int64_t& v : want) v *= 2;
+    const std::vector<int64_t> counts = router.take_route_counts();
+    EXPECT_EQ(counts, want);
+    EXPECT_EQ(router.take_route_counts(), std::vector<int64_t>(4, 0));  // taken: reset
+    const int64_t sample[4] = {5, 3, 4, 4};  // mean 4: under-used expert 1 up, over-used expert 0 down
+    router.update_expert_bias(sample, 0.01f);
+    router.update_expert_bias(sample, 0.01f);
+    const std::vector<double> b = testing::to_doubles(router.expert_bias());
+    EXPECT_FLOAT_EQ(static_cast<float>(b[0]), -0.02f);
+    EXPECT_FLOAT_EQ(static_cast<float>(b[1]), 0.02f);
+    EXPECT_EQ(b[2], 0.0);
+    EXPECT_EQ(b[3], 0.0);
+    layer.forward(ctx, x, &losses);  // the counts of a step, through update_expert_biases
+    const std::vector<int64_t> step = ctx.router.tokens_per_expert;
+    moe::update_expert_biases({&router}, {comm::make_local_world()}, 0.5f);
+    const std::vector<double> b2 = testing::to_doubles(router.expert_bias());
+    double mean = 0.0;
+    for (int64_t v : step) mean += static_cast<double>(v) / 4.0;
+    for (size_t j = 0; j < 4; ++j) {
+      const double sign = mean > static_cast<double>(step[j]) ? 1.0 : mean < static_cast<double>(step[j]) ? -1.0 : 0.0;
+      EXPECT_NEAR(b2[j], b[j] + 0.5 * sign, 1e-6) << j;
+    }
+    // with a capacity the counts are the routes each expert kept (Megatron's routing map after dropping)
+    TransformerConfig cc = c;
+    cc.moe_expert_capacity_factor = 0.5;
+    cc.validate();
+    ParamAndGradBuffer cparams;
+    moe::MoELayer capped(cparams, cparams, "mlp", cc, testing::single_tp());
+    cparams.finalize(3);
+    moe::MoELayerCtx cctx;
+    capped.forward(cctx, x, &losses);
+    const std::vector<int64_t> kept = capped.router().take_route_counts();
+    EXPECT_EQ(kept, cctx.router.rows_per_expert);
+    int64_t sum_kept = 0, sum_routed = 0;
+    for (size_t j = 0; j < 4; ++j) sum_kept += kept[j], sum_routed += cctx.router.tokens_per_expert[j];
+    EXPECT_LT(sum_kept, sum_routed);  // some routes dropped, and not counted
   }
-  // with a capacity the counts are the routes each expert kept (Megatron's routing map after dropping)
-  TransformerConfig cc = c;
-  cc.moe_expert_capacity_factor = 0.5;
-  cc.validate();
-  ParamAndGradBuffer cparams;
-  moe::MoELayer capped(cparams, cparams, "mlp", cc, testing::single_tp());
-  cparams.finalize(3);
-  moe::MoELayerCtx cctx;
-  capped.forward(cctx, x, &losses);
-  const std::vector<int64_t> kept = capped.router().take_route_counts();
-  EXPECT_EQ(kept, cctx.router.rows_per_expert);
-  int64_t sum_kept = 0, sum_routed = 0;
-  for (size_t j = 0; j < 4; ++j) sum_kept += kept[j], sum_routed += cctx.router.tokens_per_expert[j];
-  EXPECT_LT(sum_kept, sum_routed);  // some routes dropped, and not counted
 }
 
 // An expert that no token chose does no work, and its gradients are still written (zero) and reported ready —

@@ -8,9 +8,6 @@
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp::moe {
-namespace {
-Tensor host_copy(const Tensor& t) { return t.is_cpu() ? t : t.to(Device::CPU); }
-}  // namespace
 
 TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
                        const tensor_parallel::TPContext& tp)
@@ -58,7 +55,7 @@ void LossTracker::add(const Tensor& v, int64_t layer) {
 std::vector<LossTracker::Sums> LossTracker::take_per_layer() {
   std::vector<Sums> out(static_cast<size_t>(layers_));
   if (!sums_.defined()) return out;
-  const Tensor h = host_copy(sums_);  // (on the CPU: the sums themselves, so read before zeroing)
+  const Tensor h = sums_.to(Device::CPU);  // (on the CPU: the sums themselves, so read before zeroing)
   const float* p = h.data<float>();
   for (int64_t l = 0; l < layers_; ++l)
     out[static_cast<size_t>(l)] = {.load_balancing = p[3 * l], .z = p[3 * l + 1], .calls = p[3 * l + 2]};
@@ -79,7 +76,7 @@ LossTracker::Sums LossTracker::take() {
 std::vector<int64_t> TopKRouter::take_route_counts() {
   std::vector<int64_t> out(static_cast<size_t>(experts_), 0);
   if (!has_expert_bias()) return out;
-  const Tensor h = host_copy(route_counts_);
+  const Tensor h = route_counts_.to(Device::CPU);
   for (int64_t j = 0; j < experts_; ++j) out[static_cast<size_t>(j)] = std::llround(h.data<float>()[j]);
   route_counts_.zero_();  // after the read: on the CPU h is the counts themselves
   return out;
@@ -165,14 +162,19 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
   // sequence (sequence-wise); summed over the ranks that split the sequences.
   const bool aux = (aux_loss_on_ || seq_aux_loss_) && aux_coeff_ > 0.0f && n > 0 && training;
   const int64_t groups = aux && seq_aux_loss_ ? batch : 1;
+  // The expert bias's step counts: the routes each expert kept (Megatron: the routing map after dropping) — dropless
+  // with the switch loss, this rank's T (before its all-reduce), else counted apart.
+  const bool bias_counts = losses && has_expert_bias();
+  const bool bias_from_aux = bias_counts && aux && !capped && !seq_aux_loss_;
   if (aux) {
     ctx.aux_counts = Tensor::empty({groups, e}, DType::F32, dev);
     ops::moe_route_counts(ctx.aux_counts, ctx.topk, seq_aux_loss_ ? &ctx.idx : nullptr);
+    if (bias_from_aux) ops::add_inplace(route_counts_, ctx.aux_counts);
     for (const comm::CommPtr& g : {sp_group_, cp_group_})
       if (g) g->all_reduce(ctx.aux_counts, comm::ReduceOp::Sum).wait();
   }
   if (losses) {
-    if (has_expert_bias()) {  // the routes each expert kept (Megatron: the routing map after dropping)
+    if (bias_counts && !bias_from_aux) {
       Tensor step = Tensor::empty({1, e}, DType::F32, dev);
       ops::moe_route_counts(step, ctx.topk, capped ? &ctx.idx : nullptr);
       ops::add_inplace(route_counts_, step);
@@ -202,7 +204,7 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
     ctx.rows_per_expert.assign(static_cast<size_t>(e), ctx.capacity);
     return;
   }
-  const Tensor both_h = host_copy(capped ? both : counts);
+  const Tensor both_h = (capped ? both : counts).to(Device::CPU);
   const int64_t* bh = both_h.data<int64_t>();
   ctx.tokens_per_expert.assign(bh, bh + e);
   ctx.rows_per_expert.assign(bh + (capped ? e : 0), bh + (capped ? 2 * e : e));

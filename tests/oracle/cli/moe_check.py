@@ -12,8 +12,9 @@ usage: moe_check.py MCPP WORKDIR
      Expert parallelism: DP2 x EP2, DP4 x EP4, PP2 x DP2 x EP2, Llama-style EP2 (overlapped grad reduce) and
      EP2 / DP4 x EP2 with the distributed optimizer (expert state sharded over expert-DP) equal the 1-rank run too;
      so do TP2 + SP (expert TP 1; expert TP 2: moe_etp_check.py), TP2 + SP x DP2 x EP2, CP2 and CP2 x DP2 x EP2 +
-     distributed optimizer (the router's load-balancing statistics summed over TP / CP), DP2 x EP2 with --calculate-per-token-loss and
-     PP4 x VP2 x DP2 x EP2 (an expert buffer per model chunk; 8 layers) against their 1-rank runs;
+     distributed optimizer (the router's load-balancing statistics summed over TP / CP), DP2 x EP2 with
+     --calculate-per-token-loss and PP4 x VP2 x DP2 x EP2 (an expert buffer per model chunk; 8 layers) against
+     their 1-rank runs;
      --moe-router-load-balancing-type none trains without (and logs no) load-balancing loss;
   3. a run interrupted at 3 and resumed is bit-exact; a 1-rank checkpoint continues at DP2 (1e-5); an EP2
      checkpoint resumes at EP2 bit-exact and continues at 1 rank, at EP4 and at DP4 x EP2 with the distributed

@@ -12,8 +12,8 @@ usage: pipeline_train_check.py MCPP WORKDIR
   4. the pipeline_activation_memory record at PP2: in flight = pp - stage (1F1B, M >= pp), peak bytes =
      in flight x one context's bytes, recompute shrinks the per-microbatch bytes; and the memory plan's
      figures in it (tools/memory_planner.h) equal the measured ones with and without recompute (full uniform,
-     full block, selective, selective + mlp; unfused attention, dropout) and for PP4 x V2 — activations exactly, the allocated
-     model state up to the distributed optimizer's bucket padding;
+     full block, selective, selective + mlp; unfused attention, dropout) and for PP4 x V2 — activations exactly,
+     the allocated model state up to the distributed optimizer's bucket padding;
   5. --variable-seq-lengths at PP2 (shape exchange before every transfer): bit-identical losses;
   6. distributed optimizer + PP2 x DP2 + tied embeddings: a resume from iteration 2 reproduces the
      straight run's losses and grad norms bit for bit (the shared embedding has its own DDP bucket, so both

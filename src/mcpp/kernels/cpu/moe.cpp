@@ -313,7 +313,8 @@ void moe_sinkhorn(Tensor& log_d1, const Tensor& logits, float tol, Stream) {
   const int64_t n = logits.size(0), e = logits.size(1);
   check_f32(op, "log_d1", log_d1, {e});
   const float* lg = logits.data<float>();
-  std::vector<double> cost(static_cast<size_t>(n * e)), d0(static_cast<size_t>(n), 1.0), d1(static_cast<size_t>(e), 1.0);
+  std::vector<double> cost(static_cast<size_t>(n * e)), d0(static_cast<size_t>(n), 1.0);
+  std::vector<double> d1(static_cast<size_t>(e), 1.0);
   for (int64_t q = 0; q < n * e; ++q) cost[static_cast<size_t>(q)] = std::exp(double{lg[q]});
   constexpr double eps = 1e-8;
   for (int it = 0; it < kMaxSinkhornIterations && n > 0; ++it) {
