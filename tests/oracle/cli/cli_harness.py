@@ -10,7 +10,7 @@ status disagrees with `expect` (0: success, nonzero: failure, None: not checked)
 check reports every problem at once; each script prints `failures` and exits 1 when any.
 losses(d, event="train"): {iteration: lm_loss} of the event's records in d/metrics.jsonl ({} when none);
 records(d, event): those records. record_corpus(): the small text corpus most checks train on.
-LLAMA_GQA / TP2_SP: shared flag sets; check_continued: a checkpoint continued on another layout.
+LLAMA_GQA / TP2_SP / MOE / MOE_LLAMA: shared flag sets; check_continued: a checkpoint continued on another layout.
 check_memory_plan / check_stage_plan: a run's memory plan against what its ranks measured
 (tools/memory_planner.h), failures recorded.
 """
@@ -72,6 +72,12 @@ LLAMA_GQA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-typ
              "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
              "--num-query-groups", "2"]
 TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--make-vocab-size-divisible-by", "64"]
+# The MoE checks' layers (moe_check.py, moe_etp_check.py): 4 experts, top-2, FFN 48, the aux loss and the z-loss;
+# MOE_LLAMA: the Llama style for them (SwiGLU experts, pre-softmax router, no biases).
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--moe-aux-loss-coeff",
+       "0.01", "--moe-z-loss-coeff", "0.001"]
+MOE_LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+             "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--moe-router-pre-softmax"]
 
 STDOUT = {}  # run name -> the trainer's stdout (train())
 

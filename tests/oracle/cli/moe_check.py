@@ -62,15 +62,12 @@ import re
 import shutil
 import sys
 
-from cli_harness import (MCPP, STDOUT, WORK, check_continued, check_error, check_memory_plan, close, failures,
-                         losses, record_corpus, records, run, same_losses, tiny_train_flags, train)
+from cli_harness import (MCPP, MOE, MOE_LLAMA, STDOUT, WORK, check_continued, check_error, check_memory_plan,
+                         close, failures, losses, record_corpus, records, run, same_losses, tiny_train_flags, train)
 
 record_corpus()
 M = tiny_train_flags(os.path.join(WORK, "c_text_document"))
-MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--moe-aux-loss-coeff",
-       "0.01", "--moe-z-loss-coeff", "0.001"]
-LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
-         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--moe-router-pre-softmax"]
+LLAMA = MOE_LLAMA
 
 
 def same(name, got_dir, ref_dir):

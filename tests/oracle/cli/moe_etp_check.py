@@ -22,15 +22,12 @@ usage: moe_etp_check.py MCPP WORKDIR
 """
 import os
 
-from cli_harness import (MCPP, WORK, check_continued, check_error, check_memory_plan, close, failures, losses,
-                         record_corpus, records, run, same_losses, tiny_train_flags, train)
+from cli_harness import (MCPP, MOE, MOE_LLAMA, WORK, check_continued, check_error, check_memory_plan, close,
+                         failures, losses, record_corpus, records, run, same_losses, tiny_train_flags, train)
 
 record_corpus()
 M = tiny_train_flags(os.path.join(WORK, "c_text_document"))
-MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--moe-aux-loss-coeff",
-       "0.01", "--moe-z-loss-coeff", "0.001"]
-LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
-         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--moe-router-pre-softmax"]
+LLAMA = MOE_LLAMA
 TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--make-vocab-size-divisible-by", "64"]
 EP2 = ["--expert-model-parallel-size", "2"]
 DISTOPT = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
