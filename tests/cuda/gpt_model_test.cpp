@@ -45,7 +45,7 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
 }
 
 // capacity (MoE): the experts capped (drop policy "position": the same drops on both backends whatever the
-// probabilities' last bits), padded to capacity, with a shared expert, in the second layer only.
+// probabilities' last bits), padded to capacity, with a gated shared expert, in the second layer only.
 // deepseek (MoE): DeepSeek-V3's router — sigmoid scores, 4 experts in 2 groups (each token's from its best group),
 // routed scaling 2.5, no z-loss.
 void compare(const std::string& style, DType dt, bool dropout = false, bool moe = false, bool capacity = false,
@@ -64,6 +64,7 @@ void compare(const std::string& style, DType dt, bool dropout = false, bool moe 
       c.moe_token_drop_policy = "position";
       c.moe_pad_expert_input_to_capacity = true;
       c.moe_shared_expert_intermediate_size = 24;
+      c.moe_shared_expert_gate = true;
       c.moe_layer_freq = "[0]*" + std::to_string(c.num_layers - 1) + "+[1]";
     }
     if (deepseek) {

@@ -293,6 +293,7 @@ struct MoeCase {
   bool bias = false;  // --moe-router-enable-expert-bias (a random bias set before the forward)
   std::string balancing = "aux_loss";  // --moe-router-load-balancing-type
   int64_t batch = 2;                   // the sequences of the 12 tokens
+  bool shared_gate = false;            // --moe-shared-expert-gate
 };
 
 void write_raw(const std::string& path, const Tensor& t) {
@@ -353,7 +354,11 @@ TEST(MoELayer, MatchesTorchOracle) {
                             MoeCase{.style = "gpt2", .z = 0.001f, .topk = 1, .balancing = "sinkhorn"},
                             MoeCase{.style = "llama", .experts = 6, .topk = 2, .balancing = "sinkhorn"},
                             MoeCase{.style = "gpt2", .z = 0.01f, .experts = 8, .topk = 3, .ffn = 16,
-                                    .balancing = "sinkhorn"}}) {
+                                    .balancing = "sinkhorn"},
+                            // Qwen-MoE's gated shared expert (Megatron's --moe-shared-expert-gate)
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .shared = 40, .shared_gate = true},
+                            MoeCase{.style = "llama", .z = 0.01f, .experts = 6, .shared = 20, .capacity = 1.0,
+                                    .pad = true, .shared_gate = true}}) {
     SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts) +
                  " shared=" + std::to_string(mc.shared) + " capacity=" + std::to_string(mc.capacity) + " " +
                  mc.policy + (mc.pad ? " pad" : "") + " scaling=" + std::to_string(mc.scaling) + " " + mc.score +
@@ -376,6 +381,7 @@ TEST(MoELayer, MatchesTorchOracle) {
     c.moe_router_group_topk = mc.group_topk;
     c.moe_router_enable_expert_bias = mc.bias;
     c.moe_router_load_balancing_type = mc.balancing;
+    c.moe_shared_expert_gate = mc.shared_gate;
     c.finalize();
     c.validate();
     ParamAndGradBuffer params;
@@ -435,7 +441,7 @@ TEST(MoELayer, MatchesTorchOracle) {
            << " " << (bias ? 1 : 0) << " " << (mc.pre_softmax ? 1 : 0) << " " << mc.aux << " " << mc.z << " "
            << scale << " " << mc.shared << " " << mc.capacity << " " << mc.policy << " " << mc.scaling << " "
            << mc.score << " " << mc.groups << " " << mc.group_topk << " " << (mc.bias ? 1 : 0) << " "
-           << mc.balancing << " " << b << "\n";
+           << mc.balancing << " " << b << " " << (mc.shared_gate ? 1 : 0) << "\n";
     }
     if (mc.bias) write_raw(dir + "/expert_bias.bin", layer.router().expert_bias());
     write_raw(dir + "/x.bin", x);
@@ -457,6 +463,12 @@ TEST(MoELayer, MatchesTorchOracle) {
         write_raw(dir + "/" + name + ".bin", p->data);
         write_raw(dir + "/d_" + name + ".bin", p->main_grad);
       }
+    }
+    if (mc.shared_gate) {  // the gate weight and its grad
+      Parameter* g = params.find("mlp.shared_experts.gate_weight");
+      ASSERT_NE(g, nullptr);
+      write_raw(dir + "/sh_gate.bin", g->data);
+      write_raw(dir + "/d_sh_gate.bin", g->main_grad);
     }
     Tensor losses = Tensor::empty({2});
     losses.data<float>()[0] = static_cast<float>(aux);

@@ -4,13 +4,14 @@ SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py se
 
 Usage: moe_ref.py DIR
 DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S capacity_factor
-drop_policy scaling_factor score_function num_groups group_topk expert_bias balancing B") and raw little-endian
+drop_policy scaling_factor score_function num_groups group_topk expert_bias balancing B [shared_gate]") and raw little-endian
 float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
 expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias; expert_bias.bin [E]
 when expert_bias is 1); mcpp's outputs
 y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z). With a
 shared expert (S > 0, Megatron-Core's SharedExpertMLP, no gate): sh_fc1_w.bin [S or 2S, h], sh_fc2_w.bin [h, S]
-(+ sh_fc1_b.bin, sh_fc2_b.bin) and their grads d_sh_*.bin; its MLP output is added to every token's. With a
+(+ sh_fc1_b.bin, sh_fc2_b.bin; with shared_gate sh_gate.bin [1, h]) and their grads d_sh_*.bin; its MLP output
+(times sigmoid(x . gate) with the gate) is added to every token's. With a
 capacity factor c > 0 (Megatron's topk_softmax_with_capacity): capacity = ceil(n * k / E * c); per expert the
 routes of the `capacity` largest probabilities ("probs") or its first `capacity` tokens ("position") are kept,
 the others' probabilities masked to 0 (the load-balancing loss still counts every route, as Megatron's).
@@ -51,6 +52,7 @@ def main():
     groups, group_topk = int(fields[16]), int(fields[17])  # group-limited routing (0: off)
     expert_bias = load(d, "expert_bias", (E,)) if fields[18] == "1" else None  # sigmoid's routing bias
     balancing, B = fields[19], int(fields[20])  # moe_router_load_balancing_type; the sequences of the n tokens
+    shared_gate = len(fields) > 21 and fields[21] == "1"  # moe_shared_expert_gate: sh_gate.bin [1, h]
 
     x = load(d, "x", (n, h)).requires_grad_()
     dy = load(d, "dy", (n, h))
@@ -78,6 +80,8 @@ def main():
         shapes = {"sh_fc1_w": (s1, h), "sh_fc2_w": (h, S)}
         if bias:
             shapes.update({"sh_fc1_b": (s1,), "sh_fc2_b": (h,)})
+        if shared_gate:
+            shapes["sh_gate"] = (1, h)
         shared = {name: load(d, name, shape).requires_grad_() for name, shape in shapes.items()}
 
     logits = x @ wr.T
@@ -150,7 +154,10 @@ def main():
             continue
         y = y.index_add(0, rows, gates[rows, e].unsqueeze(1) * expert(e, x[rows]))
     if S > 0:
-        y = y + mlp(x, shared["sh_fc1_w"], shared.get("sh_fc1_b"), shared["sh_fc2_w"], shared.get("sh_fc2_b"), S)
+        out = mlp(x, shared["sh_fc1_w"], shared.get("sh_fc1_b"), shared["sh_fc2_w"], shared.get("sh_fc2_b"), S)
+        if shared_gate:  # Megatron's SharedExpertMLP gate: sigmoid(x . gate_weight) per token
+            out = out * torch.sigmoid(x @ shared["sh_gate"].T)
+        y = y + out
     ((y * dy).sum() + scale * (aux + z)).backward()
 
     def rel(got, want):  # normwise: max abs error over max |want|; an expert no token chose has no grad: zeros

@@ -40,6 +40,7 @@ struct Case {
   int64_t shared = 0;      // MoE: the shared expert's width
   double capacity = 0.0;   // MoE: --moe-expert-capacity-factor, padded to capacity (the plan is exact then)
   std::vector<std::string> modules{"core_attn"};  // --recompute-modules (selective)
+  bool shared_gate = false;                        // MoE: --moe-shared-expert-gate
 };
 
 Config config_for(const Case& k) {
@@ -58,6 +59,7 @@ Config config_for(const Case& k) {
     cfg.model.num_moe_experts = 4;
     cfg.model.moe_layer_freq = k.moe_freq;
     cfg.model.moe_shared_expert_intermediate_size = k.shared;
+    cfg.model.moe_shared_expert_gate = k.shared_gate;
     cfg.model.moe_expert_capacity_factor = k.capacity;
     cfg.model.moe_pad_expert_input_to_capacity = k.capacity > 0;
   }
@@ -94,6 +96,8 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       {.name = "llama moe every 2nd selective core_attn + moe", .style = "llama", .recompute = "selective",
        .moe_freq = "2", .capacity = 1.5, .modules = {"core_attn", "moe"}},
       {.name = "llama selective mlp", .style = "llama", .recompute = "selective", .modules = {"mlp"}},
+      {.name = "gpt2 moe [1,0,0,1] + gated shared 40", .style = "gpt2", .moe_freq = "[1,0,0,1]", .shared = 40,
+       .shared_gate = true},
   };
   struct StageCase {
     bool pre, post;

@@ -34,6 +34,21 @@ MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params
                dispatcher_.num_local_experts()) {
   if (c.moe_shared_expert_intermediate_size > 0)
     shared_experts_ = std::make_unique<MLP>(params, prefix + ".shared_experts", shared_expert_config(c), tp);
+  if (c.moe_shared_expert_gate) {  // Megatron's gate_weight: replicated, a sequence-parallel parameter under SP
+    MCPP_CHECK(shared_experts_, "moe_shared_expert_gate needs a shared expert");
+    shared_gate_ = params.add(ParamSpec{.key = prefix + ".shared_experts.gate_weight", .shape = {1, c.hidden_size},
+                                        .init = InitKind::Normal, .std = c.init_method_std,
+                                        .sequence_parallel = tp.sequence_parallel && tp.size() > 1});
+  }
+}
+
+const Tensor& MoELayer::rows(int64_t n, Device dev) const {
+  if (!rows_.defined() || rows_.numel() != n || rows_.device() != dev) {
+    Tensor h = Tensor::empty({n, 1}, DType::I32);
+    for (int64_t t = 0; t < n; ++t) h.data<int32_t>()[t] = static_cast<int32_t>(t);
+    rows_ = h.to(dev);
+  }
+  return rows_;
 }
 
 Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training) const {
@@ -55,7 +70,23 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
   ctx.probs = ctx.router.weights;  // [n, k] fp32: the combine weights
   Tensor y = Tensor::empty({n, h}, x.dtype(), x.device());
   ops::moe_unpermute(y, ctx.combined, ctx.plan.idx, &ctx.probs);
-  if (shared_experts_) ops::add_inplace(y, shared_experts_->forward(ctx.shared, x).view({n, h}));
+  if (shared_experts_) {
+    Tensor shared = shared_experts_->forward(ctx.shared, x).view({n, h});
+    if (shared_gate_) {  // y += sigmoid(x w^T) * shared, per token
+      Tensor logit = Tensor::empty({n, 1}, x.dtype(), x.device());
+      ops::linear_fwd(logit, x2, shared_gate_->data, nullptr);
+      ctx.gate_top = Tensor::empty({n, 1}, DType::I32, x.device());
+      ctx.gate = Tensor::empty({n, 1}, DType::F32, x.device());
+      ctx.gate_scores = Tensor::empty({n, 1}, DType::F32, x.device());
+      ctx.gate_lse = Tensor::empty({n}, DType::F32, x.device());
+      ops::moe_topk_softmax(ctx.gate_top, ctx.gate, ctx.gate_scores, ctx.gate_lse, logit, {.sigmoid = true});
+      ctx.shared_out = shared;
+      Tensor gated = Tensor::empty({n, h}, x.dtype(), x.device());
+      ops::moe_unpermute(gated, shared, rows(n, x.device()), &ctx.gate);
+      shared = gated;
+    }
+    ops::add_inplace(y, shared);
+  }
   return y.view(x.shape());
 }
 
@@ -63,8 +94,24 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   MCPP_CHECK(ctx.combined.defined(), "MoELayer::backward needs the context of its forward");
   const int64_t h = dy.size(-1), n = ctx.plan.n, k = ctx.plan.k;
   Tensor dy2 = dy.view({n, h});
-  Tensor dx_shared;  // first: the reverse of the registration order (router, experts, shared experts)
-  if (shared_experts_) dx_shared = shared_experts_->backward(ctx.shared, dy);
+  Tensor dx_shared;  // first: the reverse of the registration order (router, experts, shared experts, gate)
+  if (shared_gate_) {  // d shared = g dy, dg = <dy, shared> -> d logit = dg g (1 - g) -> the gate's dx and grad
+    Tensor dshared = Tensor::empty({n, h}, dy.dtype(), dy.device());
+    Tensor dg = Tensor::empty({n, 1}, DType::F32, dy.device());
+    ops::moe_unpermute_bwd(dshared, dg, dy2, ctx.shared_out, rows(n, dy.device()), ctx.gate);
+    Tensor dlogit = Tensor::empty({n, 1}, dy.dtype(), dy.device());
+    ops::moe_topk_softmax_bwd(dlogit, dg, ctx.gate, ctx.gate_top, ctx.gate_scores, ctx.gate_lse,
+                              Tensor::zeros({1, 1}, DType::F32, dy.device()), {.sigmoid = true});
+    Tensor dx_gate = Tensor::empty({n, h}, dy.dtype(), dy.device());
+    const ops::GradWrite gw =
+        take_grad_overwrite({shared_gate_}) ? ops::GradWrite::Overwrite : ops::GradWrite::Accumulate;
+    ops::linear_bwd(&dx_gate, shared_gate_->main_grad, nullptr, dlogit, ctx.router.x, shared_gate_->data, gw);
+    shared_gate_->grad_ready();
+    dx_shared = shared_experts_->backward(ctx.shared, dshared.view(dy.shape()));
+    ops::add_inplace(dx_shared, dx_gate.view(dy.shape()));
+  } else if (shared_experts_) {
+    dx_shared = shared_experts_->backward(ctx.shared, dy);
+  }
   // [m, h]; padding rows (named by no route) get a zero gradient
   Tensor dcombined = pad_ ? Tensor::zeros(ctx.combined.shape(), dy.dtype(), dy.device())
                           : Tensor::empty(ctx.combined.shape(), dy.dtype(), dy.device());

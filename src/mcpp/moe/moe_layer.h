@@ -5,7 +5,9 @@
 //   -> SequentialMLP (this rank's experts) -> dispatcher from_experts -> ops::moe_unpermute with the weights:
 //   y[t] = sum_i probs[t, i] * expert_{topk[t, i]}(x[t])  -> [s, b, h]
 //   (+ shared_experts(x)[t] with config.moe_shared_expert_intermediate_size > 0: a dense MLP of that width on
-//   every token, tensor parallel like a dense layer's MLP; Megatron-Core's SharedExpertMLP without its gate).
+//   every token, tensor parallel like a dense layer's MLP; Megatron-Core's SharedExpertMLP — with
+//   moe_shared_expert_gate its output scaled by sigmoid(x . gate_weight) per token: the sigmoid by
+//   ops::moe_topk_softmax at E = k = 1, the scaling and its backward by moe_unpermute(_bwd) at k = 1).
 // backward(dy, loss_grad_scale): ops::moe_unpermute_bwd gives the expert outputs' gradient and dprobs; the
 // dispatcher carries the first to the experts and their input gradient back (the same collectives); the
 // permute's backward sums each token's k rows (moe_unpermute, weights 1); the router adds its dx (from
@@ -35,6 +37,9 @@ struct MoELayerCtx {
   Tensor combined;  // [m, h] the experts' outputs back in this rank's expert-major order
   Tensor probs;     // [n, k] float32 on the tokens' device: the combine weights (TopKRouter's weights)
   MLPCtx shared;    // the shared expert's
+  // moe_shared_expert_gate: g = sigmoid(x w^T) per token (float32 [n, 1], with the sigmoid's scores / normalizer /
+  // index from moe_topk_softmax at E = k = 1) and the shared expert's ungated output [n, h] (for dg = <dy, out>)
+  Tensor gate, gate_scores, gate_lse, gate_top, shared_out;
 };
 
 class MoELayer {
@@ -55,6 +60,9 @@ class MoELayer {
   MoEAlltoAllTokenDispatcher dispatcher_;
   SequentialMLP experts_;
   std::unique_ptr<MLP> shared_experts_;  // moe_shared_expert_intermediate_size > 0
+  Parameter* shared_gate_ = nullptr;     // [1, h] moe_shared_expert_gate
+  const Tensor& rows(int64_t n, Device dev) const;  // int32 [n, 1] = 0..n-1 on dev (cached: none in a capture)
+  mutable Tensor rows_;
 };
 
 }  // namespace mcpp::moe

@@ -32,7 +32,8 @@ struct Counter {
   void operator()(const moe::MoELayerCtx& m) {
     for (const Tensor* t : {&m.router.x, &m.router.topk, &m.router.probs, &m.router.scores, &m.router.lse,
                             &m.router.idx, &m.router.aux_counts, &m.router.z_scores,
-                            &m.router.z_lse, &m.plan.idx, &m.probs, &m.combined, &m.experts.x})
+                            &m.router.z_lse, &m.plan.idx, &m.probs, &m.combined, &m.experts.x, &m.gate,
+                            &m.gate_scores, &m.gate_lse, &m.gate_top, &m.shared_out})
       (*this)(*t);
     for (const MLPCtx& e : m.experts.mlp) (*this)(e.fc1), (*this)(e.pre_act), (*this)(e.fc2);
     (*this)(m.shared.fc1), (*this)(m.shared.pre_act), (*this)(m.shared.fc2);

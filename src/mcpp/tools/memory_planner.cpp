@@ -91,7 +91,8 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
     if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
       const int64_t fs = m.moe_shared_expert_intermediate_size / cfg.parallel.tensor_model_parallel_size;
       mlp += (d.n != d.n_local ? d.n * d.h * d.e : 0)  // its fc1 input gathered under SP (else the router's)
-             + (m.swiglu ? 3 : 2) * d.n * fs * d.e;
+             + (m.swiglu ? 3 : 2) * d.n * fs * d.e
+             + (m.moe_shared_expert_gate ? d.n_local * (d.h * d.e + 4 * 4) : 0);  // ungated output, g, s, lse, top
     }
   }
   if (m.recomputes(moe ? "moe" : "mlp")) mlp = d.n_local * d.h * d.e;  // selective: only the MLP's input kept
@@ -151,7 +152,8 @@ int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool
   const int64_t dense_mlp = fc1_out * h + bias * fc1_out + h * f + bias * h;  // fc1, fc2
   const int64_t fs = m.moe_shared_expert_intermediate_size / tp, fs1 = (m.swiglu ? 2 : 1) * fs;
   const int64_t moe_mlp = m.num_moe_experts * h  // the router (experts: chunk_expert_params) + the shared expert
-                          + (fs > 0 ? fs1 * h + bias * fs1 + h * fs + bias * h : 0);
+                          + (fs > 0 ? fs1 * h + bias * fs1 + h * fs + bias * h : 0)
+                          + (m.moe_shared_expert_gate ? h : 0);  // its gate weight [1, h]
   const int64_t attention = norm + qkv_out * h + (m.qkv_bias() ? qkv_out : 0)  // input_layernorm, linear_qkv
                             + h * np * hn + bias * h                           // linear_proj (bias replicated)
                             + norm;                                            // pre_mlp_layernorm

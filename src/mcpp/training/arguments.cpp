@@ -129,6 +129,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
                  "MoE layers: every N-th layer, or a per-layer 0/1 list expression such as \"([1]*3+[0])*2\"");
   app.add_option("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
                  "width of a shared expert (a dense MLP on every token) in each MoE layer (0 = none)");
+  app.add_flag("--moe-shared-expert-gate", m.moe_shared_expert_gate,
+               "scale the shared expert's output by a per-token sigmoid gate");
   app.add_option("--moe-expert-capacity-factor", m.moe_expert_capacity_factor,
                  "cap each expert at ceil(tokens * topk / experts * factor) routes, dropping the rest (0 = dropless)");
   app.add_option("--moe-token-drop-policy", m.moe_token_drop_policy, "probs|position");

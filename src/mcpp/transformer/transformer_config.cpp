@@ -215,6 +215,8 @@ void TransformerConfig::validate() const {
         fail("moe_router_group_topk ({}) groups of {} experts hold fewer than moe_router_topk = {} experts",
              moe_router_group_topk, num_moe_experts / moe_router_num_groups, moe_router_topk);
     }
+    if (moe_shared_expert_gate && moe_shared_expert_intermediate_size == 0)
+      fail("moe_shared_expert_gate gates the shared expert: set --moe-shared-expert-intermediate-size");
     if (moe_router_load_balancing_type == "sinkhorn") {  // Megatron's sinkhorn_load_balancing
       if (moe_aux_loss_coeff > 0.0f)
         fail("moe_router_load_balancing_type sinkhorn has no load-balancing loss: set --moe-aux-loss-coeff 0 "
@@ -244,6 +246,7 @@ void TransformerConfig::validate() const {
     if (moe_shared_expert_intermediate_size != 0)
       fail("moe_shared_expert_intermediate_size ({}) needs --num-experts: shared experts live in MoE layers",
            moe_shared_expert_intermediate_size);
+    if (moe_shared_expert_gate) fail("moe_shared_expert_gate needs --num-experts and a shared expert");
     if (moe_expert_capacity_factor != 0.0 || moe_pad_expert_input_to_capacity)
       fail("moe_expert_capacity_factor / moe_pad_expert_input_to_capacity need --num-experts: the model has no "
            "experts to cap");
@@ -525,6 +528,7 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("moe_router_score_function", m.moe_router_score_function);
   v("moe_router_dtype", m.moe_router_dtype);
   v("moe_per_layer_logging", m.moe_per_layer_logging);
+  v("moe_shared_expert_gate", m.moe_shared_expert_gate);
   v("moe_router_num_groups", m.moe_router_num_groups);
   v("moe_router_group_topk", m.moe_router_group_topk);
   v("moe_router_enable_expert_bias", m.moe_router_enable_expert_bias);
@@ -736,6 +740,8 @@ nlohmann::json Config::math_fields() const {
     }
     if (m.moe_shared_expert_intermediate_size > 0)
       j["moe_shared_expert_intermediate_size"] = m.moe_shared_expert_intermediate_size;
+    if (m.moe_shared_expert_gate) j["moe_shared_expert_gate"] = true;
+    if (m.moe_router_load_balancing_type == "sinkhorn") j["moe_router_load_balancing_type"] = "sinkhorn";
     if (m.moe_router_topk_scaling_factor > 0.0f)
       j["moe_router_topk_scaling_factor"] = json_value(m.moe_router_topk_scaling_factor);
     if (m.moe_router_score_function != "softmax") j["moe_router_score_function"] = m.moe_router_score_function;

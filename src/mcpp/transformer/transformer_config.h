@@ -115,6 +115,9 @@ struct TransformerConfig {
   // that width (tensor parallel like a dense MLP; "<layer>.mlp.shared_experts.linear_fc1/2") run on every token,
   // its output added to the routed experts' weighted sum.
   int64_t moe_shared_expert_intermediate_size = 0;
+  // Megatron's --moe-shared-expert-gate (Qwen-MoE's gated shared expert): the shared expert's output scaled per token
+  // by sigmoid(x . w) ("<layer>.mlp.shared_experts.gate_weight" [1, h], replicated over TP).
+  bool moe_shared_expert_gate = false;
   // Megatron's token dropping: --moe-expert-capacity-factor c > 0 caps each expert at ceil(n * k / E * c) of a
   // microbatch's n local tokens' routes (0 = dropless, Megatron's None); --moe-token-drop-policy "probs" keeps the
   // routes of the highest probabilities, "position" the first in token order; a dropped route adds nothing to its

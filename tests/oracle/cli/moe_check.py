@@ -55,7 +55,10 @@ usage: moe_check.py MCPP WORKDIR
      measured activations, below the plain run's; recompute modules without selective or an unimplemented Megatron
      module fail by name;
   12. --moe-per-layer-logging: the train records carry each MoE layer's router losses (the [1,1,0,0] pattern: layers
-     0 and 1), whose mean is the logged value; equal per layer at PP2 x DP2 x EP2; the losses unchanged.
+     0 and 1), whose mean is the logged value; equal per layer at PP2 x DP2 x EP2; the losses unchanged;
+  13. the gated shared expert (--moe-shared-expert-gate): another trajectory; TP2 + SP and PP2 x DP2 x EP2 +
+     distributed optimizer equal 1 rank; a 1-rank checkpoint continues at TP2 + SP; the memory plan is exact; the gate
+     without a shared expert fails by name.
 """
 import os
 import re
@@ -428,7 +431,27 @@ if len(pl_par) != len(got) or any(len(a) != len(b) or any(x[0] != y[0] or not cl
                                                           not close(x[2], y[2]) for x, y in zip(a, b))
                                   for a, b in zip(pl_par, got)):
     failures.append(f"--moe-per-layer-logging at PP2 x DP2 x EP2: {pl_par[:1]} vs 1 rank {got[:1]}")
+
+# 13. the gated shared expert (--moe-shared-expert-gate, Qwen-MoE's): another trajectory than the ungated one; TP2 + SP
+# (the gate weight a sequence-parallel parameter: its grad summed over TP) and PP2 x DP2 x EP2 + distributed optimizer
+# equal 1 rank; a 1-rank checkpoint continues at TP2 + SP; the memory plan equals the measured activations
+GATE = ["--moe-shared-expert-gate"]
+gate_one = train("gate_one", None, [*M, *MOE, *FS, *GATE])
+if not losses(gate_one) or losses(gate_one) == losses(fs_one):
+    failures.append(f"shared expert gate: {losses(gate_one)} (the ungated trajectory, or none)")
+gate_tp2 = train("gate_tp2", 2, [*M, *MOE, *FS, *GATE, *TP2])
+same("shared gate tp2 + sp", gate_tp2, gate_one)
+same("shared gate pp2 x dp2 x ep2 distributed optimizer",
+     train("gate_pp2_ep2", 4, [*M, *MOE, *FS, *GATE, *PP2, *EP2, *DISTOPT]), gate_one)
+gate_part = os.path.join(WORK, "gate_part")
+run([MCPP, "train", *M, *MOE, *FS, *GATE, "--exit-interval", "3", "--save", gate_part])
+check_continued("shared gate, 1 rank -> TP2 + SP", gate_part, gate_part + "_tp2", 2, [*M, *MOE, *FS, *GATE, *TP2],
+                losses(gate_one))
+check_memory_plan("shared gate 1 rank", gate_one, 1, [*M, *MOE, *FS, *GATE], 1)
+check_memory_plan("shared gate TP2 + SP", gate_tp2, 2, [*M, *MOE, *FS, *GATE, *TP2], 1)
 for name, cmd, words in (
+        ("shared gate without a shared expert", [*M, *MOE, *GATE],
+         ["moe_shared_expert_gate", "--moe-shared-expert-intermediate-size"]),
         ("per-layer logging without experts", [*M, "--moe-per-layer-logging"], ["moe_per_layer_logging"]),
         ("recompute modules without selective", [*M, *MOE, "--recompute-modules", "moe"],
          ["recompute_modules", "selective"]),
