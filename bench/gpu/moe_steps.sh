@@ -3,7 +3,8 @@
 # top-2 with the aux loss and the z-loss, 30 iterations logged every 10; ms per iteration over iterations 21-30
 # (the last record) for the dense model, dropless MoE, MoE padded to capacity (eager and with --enable-cuda-graph)
 # and DeepSeek-V3's router padded (sigmoid, 4 groups, expert bias, sequence-wise loss; eager and graphed), and dropless
-# with Megatron's sinkhorn routing.
+# with Megatron's sinkhorn routing, with the MoE layers recomputed, and with a gated shared expert; the activation
+# peak from each run's pipeline_activation_memory record.
 # usage (device machine, repo root, device_carry/ carried): bench/gpu/moe_steps.sh OUT [B] [CAPACITY]
 set -u
 OUT=$1
@@ -27,8 +28,15 @@ run_train deepseek_padded_graph 1 $DS $PAD $GRAPH
 # Megatron's sinkhorn routing (dropless; one thread-block sinkhorn a layer): its cost over the dropless step
 run_train moe_sinkhorn 1 --num-experts 8 --moe-router-topk 2 --moe-z-loss-coeff 0.001 \
   --moe-router-load-balancing-type sinkhorn
+# Selective recompute of the MoE layers (--recompute-modules core_attn moe): time against the activations it saves
+run_train moe_recompute 1 $MOE --moe-z-loss-coeff 0.001 --recompute-granularity selective \
+  --recompute-modules core_attn moe
+# A gated shared expert of the dense MLP's width beside the routed ones (Qwen-MoE's layout)
+run_train moe_shared_gate 1 $MOE --moe-z-loss-coeff 0.001 --moe-shared-expert-intermediate-size 3072 \
+  --moe-shared-expert-gate
 echo "== MoE steps, 124M B$B, capacity $CAP (ms per iteration, iterations 21-30; lm loss at 30; router losses)"
-for r in dense moe_dropless moe_padded moe_padded_graph deepseek_padded deepseek_padded_graph moe_sinkhorn; do
+for r in dense moe_dropless moe_padded moe_padded_graph deepseek_padded deepseek_padded_graph moe_sinkhorn \
+    moe_recompute moe_shared_gate; do
   python3 - "$OUT/$r.jsonl" "$r" <<'EOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"event":"train"' in l] if sys.argv[1] else []
@@ -36,8 +44,10 @@ if not recs:
     print(f"{sys.argv[2]:>24}: no records"); sys.exit()
 r = recs[-1]
 lb = r.get("load_balancing_loss", r.get("seq_load_balancing_loss"))
+mem = [json.loads(l) for l in open(sys.argv[1]) if '"event":"pipeline_activation_memory"' in l]
+act = mem[-1]["stages"][0]["peak_bytes"] / 2**20 if mem else float("nan")
 print(f"{sys.argv[2]:>24}: {r['elapsed_ms_per_iter']:8.2f} ms  {r['tokens_per_sec']:10.0f} tok/s  lm loss "
-      f"{r['lm_loss']:.5f}  balancing {lb}  z {r.get('z_loss')}")
+      f"{r['lm_loss']:.5f}  balancing {lb}  z {r.get('z_loss')}  activations {act:.0f} MiB")
 EOF
 done
 grep -h "captured the training step" "$OUT"/*graph.log
