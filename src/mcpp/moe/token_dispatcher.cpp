@@ -95,21 +95,20 @@ Tensor MoEAlltoAllTokenDispatcher::to_experts(const DispatchPlan& p, const Tenso
   const int64_t ep = ep_size(), etp = etp_size(), el = num_local_experts();
   if (ep == 1 && etp == 1) return rows;
   const int64_t h = rows.size(1);
-  Tensor recv = rows;  // [EP rank][local expert]
-  if (ep > 1) {
-    recv = Tensor::empty({sum(p.recv_rows), h}, rows.dtype(), rows.device());
-    ep_->all_to_all(recv, rows, times(p.send_rows, h), times(p.recv_rows, h)).wait();
+  // This rank's rows [EP rank][local expert], received over EP straight into the block the expert-TP all-gather
+  // sends (padded to the largest block: its padding rows are never read).
+  const int64_t mine = sum(p.recv_rows), block = *std::max_element(p.etp_rows.begin(), p.etp_rows.end());
+  Tensor recv = rows;
+  if (ep > 1 || (etp > 1 && mine != block)) {
+    recv = Tensor::empty({etp > 1 ? block : mine, h}, rows.dtype(), rows.device());
+    Tensor dst = recv.narrow0(0, mine);
+    if (ep > 1) ep_->all_to_all(dst, rows, times(p.send_rows, h), times(p.recv_rows, h)).wait();
+    else if (mine > 0) dst.copy_from(rows);
   }
   Tensor gathered = recv;  // [etp rank: block of `block` rows][EP rank][local expert]
-  const int64_t block = *std::max_element(p.etp_rows.begin(), p.etp_rows.end());
   if (etp > 1) {
-    Tensor in = recv;
-    if (recv.size(0) != block) {  // padded to the largest block (its padding rows are never read)
-      in = Tensor::empty({block, h}, rows.dtype(), rows.device());
-      if (recv.size(0) > 0) in.narrow0(0, recv.size(0)).copy_from(recv);
-    }
     gathered = Tensor::empty({etp * block, h}, rows.dtype(), rows.device());
-    etp_->all_gather(gathered, in).wait();
+    etp_->all_gather(gathered, recv).wait();
   }
   Tensor grouped = Tensor::empty({sum(p.tokens_per_local_expert), h}, rows.dtype(), rows.device());
   for (const Chunk& c : chunks(p, etp, ep, el, block))

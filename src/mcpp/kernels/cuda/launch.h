@@ -112,9 +112,9 @@ void launch_moe_topk_softmax(int32_t* topk, float* probs, float* scores, float* 
 void launch_moe_topk_softmax_bwd(FOut dlogits, const float* dprobs, const float* probs, const int32_t* topk,
                                  const float* scores, const float* lse, const float* aux_grad, int64_t aux_rows,
                                  int64_t n, int64_t e, int64_t k, const MoeTopkArgs& a, float z_coef, cudaStream_t s);
-// log_d1 [e] float32 (overwritten; ops.inc moe_sinkhorn), d0 [n] float32 scratch; e <= 1024
-void launch_moe_sinkhorn(float* log_d1, float* d0, const float* logits, int64_t n, int64_t e, float tol, int max_iter,
-                         cudaStream_t s);
+// log_d1 [e] float32 (overwritten; ops.inc moe_sinkhorn), d0 [n] and cost [n, e] float32 scratch; e <= 1024
+void launch_moe_sinkhorn(float* log_d1, float* d0, float* cost, const float* logits, int64_t n, int64_t e, float tol,
+                         int max_iter, cudaStream_t s);
 // counts [g, e] float32 (overwritten): the routes (of tokens t % g == row), only those with idx >= 0 when idx is set
 void launch_moe_route_counts(float* counts, const int32_t* topk, const int32_t* idx, int64_t routes, int64_t k,
                              int64_t g, int64_t e, cudaStream_t s);

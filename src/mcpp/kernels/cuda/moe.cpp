@@ -146,8 +146,9 @@ void moe_sinkhorn(Tensor& log_d1, const Tensor& logits, float tol, Stream stream
   check_shape(op, "logits", logits, DType::F32, {n, e});
   check_shape(op, "log_d1", log_d1, DType::F32, {e});
   Tensor d0 = Tensor::empty({std::max<int64_t>(n, 1)}, DType::F32, Device::CUDA);
-  launch_moe_sinkhorn(log_d1.data<float>(), d0.data<float>(), logits.data<float>(), n, e, tol, kMaxSinkhornIterations,
-                      stream_of(stream));
+  Tensor cost = Tensor::empty({std::max<int64_t>(n * e, 1)}, DType::F32, Device::CUDA);
+  launch_moe_sinkhorn(log_d1.data<float>(), d0.data<float>(), cost.data<float>(), logits.data<float>(), n, e, tol,
+                      kMaxSinkhornIterations, stream_of(stream));
 }
 
 void moe_route_counts(Tensor& counts, const Tensor& topk, const Tensor* idx, Stream stream) {

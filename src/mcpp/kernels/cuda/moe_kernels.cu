@@ -538,9 +538,10 @@ void launch_moe_route_positions(int32_t* idx, int64_t* counts, const int32_t* to
 }
 
 // Megatron's sinkhorn in one thread block of rows * e threads (rows = 1024 / e): thread (r, j) owns column j for rows
-// r, r + rows, ...; the row pass gives each thread whole rows. Every sum in a fixed order (deterministic).
-__global__ void __launch_bounds__(1024) moe_sinkhorn_kernel(float* log_d1, float* d0, const float* logits, int64_t n,
-                                                             int64_t e, float tol, int max_iter) {
+// r, r + rows, ...; the row pass gives each thread whole rows. cost = exp(logits) once, into the scratch. Every sum
+// in a fixed order (deterministic).
+__global__ void __launch_bounds__(1024) moe_sinkhorn_kernel(float* log_d1, float* d0, float* cost, const float* logits,
+                                                             int64_t n, int64_t e, float tol, int max_iter) {
   extern __shared__ float sm[];  // d1 [e], then the column partials [blockDim]
   float* d1 = sm;
   float* part = sm + e;
@@ -548,17 +549,18 @@ __global__ void __launch_bounds__(1024) moe_sinkhorn_kernel(float* log_d1, float
   const int64_t tid = threadIdx.x, rows = blockDim.x / e, col = tid % e, row0 = tid / e;
   constexpr float eps = 1e-8f;
   for (int64_t j = tid; j < e; j += blockDim.x) d1[j] = 1.0f;
+  for (int64_t q = tid; q < n * e; q += blockDim.x) cost[q] = expf(logits[q]);
   __syncthreads();
   for (int it = 0; it < max_iter; ++it) {
     for (int64_t t = tid; t < n; t += blockDim.x) {  // d0 = (1 / n) / (cost d1 + eps)
       float sum = 0.0f;
-      for (int64_t j = 0; j < e; ++j) sum += d1[j] * expf(logits[t * e + j]);
+      for (int64_t j = 0; j < e; ++j) sum += d1[j] * cost[t * e + j];
       d0[t] = 1.0f / float(n) / (sum + eps);
     }
     __syncthreads();  // d0 (global) visible to the block
     float acc = 0.0f;  // (cost^T d0)[col] over this thread's rows
     if (row0 < rows)
-      for (int64_t t = row0; t < n; t += rows) acc += d0[t] * expf(logits[t * e + col]);
+      for (int64_t t = row0; t < n; t += rows) acc += d0[t] * cost[t * e + col];
     part[tid] = acc;
     __syncthreads();
     float diff = 0.0f;
@@ -583,12 +585,12 @@ __global__ void __launch_bounds__(1024) moe_sinkhorn_kernel(float* log_d1, float
   for (int64_t j = tid; j < e; j += blockDim.x) log_d1[j] = logf(d1[j]);
 }
 
-void launch_moe_sinkhorn(float* log_d1, float* d0, const float* logits, int64_t n, int64_t e, float tol, int max_iter,
-                         cudaStream_t s) {
+void launch_moe_sinkhorn(float* log_d1, float* d0, float* cost, const float* logits, int64_t n, int64_t e, float tol,
+                         int max_iter, cudaStream_t s) {
   if (e <= 0) return;
   const auto threads = static_cast<unsigned>((1024 / e) * e);
   const size_t smem = static_cast<size_t>(e + threads) * sizeof(float);
-  moe_sinkhorn_kernel<<<1, threads, smem, s>>>(log_d1, d0, logits, n, e, tol, n > 0 ? max_iter : 0);
+  moe_sinkhorn_kernel<<<1, threads, smem, s>>>(log_d1, d0, cost, logits, n, e, tol, n > 0 ? max_iter : 0);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
