@@ -426,7 +426,7 @@ TEST(MoELayer, MatchesTorchOracle) {
       EXPECT_FALSE(std::equal(a.data<int32_t>(), a.data<int32_t>() + a.numel(), e.data<int32_t>()))
           << "sinkhorn chose the plain top-k's experts for every token";
     }
-    const moe::LossTracker::Sums sums = tracker.take();  // the losses over their coefficients, one call
+    const moe::LossTracker::Sums sums = tracker.take().at(0);  // the losses over their coefficients, one call
     EXPECT_EQ(sums.calls, 1.0);
     const double aux = sums.load_balancing * mc.aux, z = sums.z * mc.z;
     const float scale = 0.5f;

@@ -52,7 +52,7 @@ void LossTracker::add(const Tensor& v, int64_t layer) {
   ops::add_inplace(row, v);
 }
 
-std::vector<LossTracker::Sums> LossTracker::take_per_layer() {
+std::vector<LossTracker::Sums> LossTracker::take() {
   std::vector<Sums> out(static_cast<size_t>(layers_));
   if (!sums_.defined()) return out;
   const Tensor h = sums_.to(Device::CPU);  // (on the CPU: the sums themselves, so read before zeroing)
@@ -61,16 +61,6 @@ std::vector<LossTracker::Sums> LossTracker::take_per_layer() {
     out[static_cast<size_t>(l)] = {.load_balancing = p[3 * l], .z = p[3 * l + 1], .calls = p[3 * l + 2]};
   sums_.zero_();
   return out;
-}
-
-LossTracker::Sums LossTracker::take() {
-  Sums total;
-  for (const Sums& s : take_per_layer()) {
-    total.load_balancing += s.load_balancing;
-    total.z += s.z;
-    total.calls += s.calls;
-  }
-  return total;
 }
 
 std::vector<int64_t> TopKRouter::take_route_counts() {

@@ -74,8 +74,9 @@ struct LossTracker {
   explicit LossTracker(int64_t num_layers = 1) : layers_(num_layers) {}
   // v float32 [3] on one device (the first add allocates the sums there) for global layer `layer` in [0, num_layers)
   void add(const Tensor& v, int64_t layer = 0);
-  Sums take();  // the sums over the layers (a host read), then zeroed in place: the tensor stays (graphs add into it)
-  std::vector<Sums> take_per_layer();  // the same per layer ([num_layers]; all zero without an add)
+  // The sums per layer ([num_layers]; all zero without an add; a host read), then zeroed in place: the tensor stays
+  // (graphs add into it).
+  std::vector<Sums> take();
   int64_t num_layers() const { return layers_; }
 
  private:

@@ -520,7 +520,7 @@ void Trainer::after_commit(const std::string& dir, int64_t iteration) {
 
 void Trainer::moe_log_losses(IterationStats& st) {
   // this rank's per-layer sums since the last log line (a device read), summed over every rank's MoE layer calls
-  const std::vector<moe::LossTracker::Sums> mine = moe_losses_.take_per_layer();
+  const std::vector<moe::LossTracker::Sums> mine = moe_losses_.take();
   const auto layers = static_cast<int64_t>(mine.size());
   Tensor t = Tensor::empty({layers, 3});
   for (int64_t l = 0; l < layers; ++l) {
