@@ -3,7 +3,8 @@
 # top-2 with the aux loss and the z-loss, 30 iterations logged every 10; ms per iteration over iterations 21-30
 # (the last record) for the dense model, dropless MoE, MoE padded to capacity (eager and with --enable-cuda-graph)
 # and DeepSeek-V3's router padded (sigmoid, 4 groups, expert bias, sequence-wise loss; eager and graphed), and dropless
-# with Megatron's sinkhorn routing, with the MoE layers recomputed, and with a gated shared expert; the activation
+# with Megatron's sinkhorn routing, with the MoE layers recomputed, with a gated shared expert, with random logits
+# (--moe-router-force-load-balancing) and with the router's input jitter; the activation
 # peak from each run's pipeline_activation_memory record.
 # usage (device machine, repo root, device_carry/ carried): bench/gpu/moe_steps.sh OUT [B] [CAPACITY]
 set -u
@@ -34,9 +35,13 @@ run_train moe_recompute 1 $MOE --moe-z-loss-coeff 0.001 --recompute-granularity 
 # A gated shared expert of the dense MLP's width beside the routed ones (Qwen-MoE's layout)
 run_train moe_shared_gate 1 $MOE --moe-z-loss-coeff 0.001 --moe-shared-expert-intermediate-size 3072 \
   --moe-shared-expert-gate
+# Megatron's benchmarking routing (--moe-router-force-load-balancing: random logits, balanced experts) dropless, and
+# the router's input jitter
+run_train moe_balanced 1 $MOE --moe-z-loss-coeff 0.001 --moe-router-force-load-balancing
+run_train moe_jitter 1 $MOE --moe-z-loss-coeff 0.001 --moe-input-jitter-eps 0.01
 echo "== MoE steps, 124M B$B, capacity $CAP (ms per iteration, iterations 21-30; lm loss at 30; router losses)"
 for r in dense moe_dropless moe_padded moe_padded_graph deepseek_padded deepseek_padded_graph moe_sinkhorn \
-    moe_recompute moe_shared_gate; do
+    moe_recompute moe_shared_gate moe_balanced moe_jitter; do
   python3 - "$OUT/$r.jsonl" "$r" <<'EOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"event":"train"' in l] if sys.argv[1] else []

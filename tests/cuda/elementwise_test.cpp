@@ -119,6 +119,49 @@ TEST(CudaDropout, DeviceBaseKeyEqualsTheAbsoluteOffset) {
   }
 }
 
+// random_scale bitwise the CPU's (float32; bf16 rounded once); random_normal the CPU's numbers (float64 log / cos on
+// both sides: equal float32 unless a result falls on a rounding boundary), bf16 rounded; a device-base key.
+TEST(CudaRandom, NormalAndScaleEqualCpu) {
+  MCPP_REQUIRE_CUDA();
+  const PhiloxKey key{.seed = 0xfeedbeefull, .offset = 13};
+  for (int64_t n : {1, 1001, 65536}) {
+    SCOPED_TRACE(n);
+    Tensor want = Tensor::empty({n}), got = poisoned({n}, DType::F32);
+    ops::cpu::random_normal(want, key, {});
+    ops::random_normal(got, key);
+    Tensor g = host(got);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      differ += g.data<float>()[i] != want.data<float>()[i];
+      ASSERT_NEAR(g.data<float>()[i], want.data<float>()[i], 1e-6 * (1.0 + std::abs(want.data<float>()[i])));
+    }
+    EXPECT_LE(differ, 2) << "random_normal differs from the CPU in " << differ << " of " << n;
+    Tensor gb = poisoned({n}, DType::BF16);
+    ops::random_normal(gb, key);
+    EXPECT_REL(host(gb), want, 4e-3);
+    Tensor x = rnd({n}, 5), ys = Tensor::empty({n}), yg = poisoned({n}, DType::F32);
+    ops::cpu::random_scale(ys, x, 0.9f, 1.1f, key, {});
+    ops::random_scale(yg, dev(x), 0.9f, 1.1f, key);
+    EXPECT_EQ(std::memcmp(yg.to(Device::CPU).raw(), ys.raw(), ys.nbytes()), 0);
+    Tensor xb = rnd({n}, 6, DType::BF16), yb = dev(xb, DType::BF16);
+    ops::cpu::random_scale(ys, xb, 0.9f, 1.1f, key, {});
+    ops::random_scale(yb, yb, 0.9f, 1.1f, key);  // in place
+    EXPECT_REL(host(yb), ys, 4e-3);
+  }
+  Tensor base = Tensor::empty({1}, DType::I64);
+  base.data<int64_t>()[0] = 40;
+  Tensor base_d = base.to(Device::CUDA);
+  const PhiloxKey rel{.seed = 5, .offset = 2, .device_base = static_cast<const uint64_t*>(base_d.raw())};
+  Tensor want = Tensor::empty({999}), got = poisoned({999}, DType::F32);
+  ops::cpu::random_normal(want, PhiloxKey{.seed = 5, .offset = 42}, {});
+  ops::random_normal(got, rel);
+  EXPECT_REL(host(got), want, 1e-6);
+  Tensor x = rnd({999}, 7), ys = Tensor::empty({999}), yg = poisoned({999}, DType::F32);
+  ops::cpu::random_scale(ys, x, 0.5f, 1.5f, PhiloxKey{.seed = 5, .offset = 42}, {});
+  ops::random_scale(yg, dev(x), 0.5f, 1.5f, rel);
+  EXPECT_EQ(std::memcmp(yg.to(Device::CPU).raw(), ys.raw(), ys.nbytes()), 0);
+}
+
 TEST(CudaRope, ForwardBackwardPartialRotaryAndInPlace) {
   MCPP_REQUIRE_CUDA();
   const int64_t s = 7, b = 3, heads = 4, d = 64, half = 24;  // rot = 48 < d: dims 48..63 pass through

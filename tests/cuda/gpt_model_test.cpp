@@ -48,8 +48,10 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
 // probabilities' last bits), padded to capacity, with a gated shared expert, in the second layer only.
 // deepseek (MoE): DeepSeek-V3's router — sigmoid scores, 4 experts in 2 groups (each token's from its best group),
 // routed scaling 2.5, no z-loss.
+// noise (MoE): the router's input jitter and random logits (training forwards; the CUDA kernels draw the CPU's
+// numbers from the same keys).
 void compare(const std::string& style, DType dt, bool dropout = false, bool moe = false, bool capacity = false,
-             bool deepseek = false) {
+             bool deepseek = false, bool noise = false) {
   // cuDNN's attention dropout draws its own mask: the comparison with the CPU's runs the mcpp kernels
   const CudnnAttentionScope attention(!dropout && ops::cuda::cudnn_attention());
   TransformerConfig c = testing::tiny_gpu_config(style);
@@ -74,11 +76,15 @@ void compare(const std::string& style, DType dt, bool dropout = false, bool moe 
       c.moe_router_group_topk = 1;
       c.moe_router_topk_scaling_factor = 2.5f;
     }
+    if (noise) {
+      c.moe_input_jitter_eps = 0.1f;
+      c.moe_router_force_load_balancing = true;
+    }
     c.finalize();
     c.validate();
   }
-  const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32, dropout);
-  const Run got = run_model(c, Device::CUDA, dt, false, dropout);
+  const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32, dropout || noise);
+  const Run got = run_model(c, Device::CUDA, dt, false, dropout || noise);
   if (dropout) {  // the masks are on: the eval forward differs
     const Run eval = run_model(c, Device::CPU, DType::F32, dt != DType::F32, false);
     EXPECT_GT(std::abs(eval.loss - want.loss), 1e-4) << "dropout changed nothing";
@@ -108,6 +114,10 @@ TEST(CudaGPTModel, MoeCapacityPaddedSharedFp32MatchesCpu) {
 TEST(CudaGPTModel, MoeSigmoidGroupLimitedFp32MatchesCpu) {
   MCPP_REQUIRE_CUDA();
   compare("gpt2", DType::F32, false, true, false, true);
+}
+TEST(CudaGPTModel, MoeJitterRandomLogitsFp32MatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("llama", DType::F32, false, true, false, false, true);
 }
 TEST(CudaGPTModel, LlamaStyleFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32); }
 TEST(CudaGPTModel, Gpt2StyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::BF16); }

@@ -1,9 +1,11 @@
 // ops::cpu::dropout_fwd / dropout_bwd: the mask is philox_uniform_at(key, i) >= p (checked element by
 // element against core/rng.h), the kept fraction is ~1-p, backward replays the same mask, and the
 // same key gives the same mask while another key gives a different one; CUDA-graph keys (device offset
-// base) are refused on the CPU; the RngTracker's graph mode.
+// base) are refused on the CPU; the RngTracker's graph mode. random_normal / random_scale against their
+// definitions (float64 Box-Muller of the words; x times the uniform factors) and their distributions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/grad_check.h"
@@ -85,6 +87,71 @@ TEST(CpuDropout, PZeroCopiesPOneZeroesBadPThrows) {
   EXPECT_THROW(cpu::dropout_bwd(short_y, x, 0.1f, PhiloxKey{}, {}), Error);
   const uint64_t base = 4;  // a CUDA-graph key (device offset base) is refused on the CPU
   EXPECT_THROW(cpu::dropout_fwd(y, x, 0.1f, PhiloxKey{.seed = 1, .offset = 2, .device_base = &base}, {}), Error);
+}
+
+// random_normal: element i from words 2i, 2i + 1 of the key's stream (Box-Muller in float64), so a prefix of a longer
+// draw is the shorter draw; the numbers are standard normal (moments and a Kolmogorov-Smirnov distance).
+TEST(CpuRandom, NormalIsBoxMullerOfThePhiloxWordsAndStandardNormal) {
+  const int64_t n = 100001;
+  const PhiloxKey key{.seed = 77, .offset = 5};
+  Tensor z = Tensor::empty({n});
+  cpu::random_normal(z, key, {});
+  auto word = [&](uint64_t j) { return philox4x32_10(key.seed, key.offset + j / 4, 0)[j % 4]; };
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double u1 = (static_cast<double>(word(2 * i) >> 8) + 0.5) / 16777216.0;
+    const double u2 = static_cast<double>(word(2 * i + 1) >> 8) / 16777216.0;
+    const float want = static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+    ASSERT_EQ(z.data<float>()[i], want) << i;
+    v[static_cast<size_t>(i)] = z.data<float>()[i];
+  }
+  double mean = 0, var = 0;
+  for (double x : v) mean += x / n;
+  for (double x : v) var += (x - mean) * (x - mean) / (n - 1);
+  EXPECT_NEAR(mean, 0.0, 6.0 / std::sqrt(n));       // sd of the mean 1 / sqrt(n)
+  EXPECT_NEAR(var, 1.0, 6.0 * std::sqrt(2.0 / n));  // sd of the variance ~ sqrt(2 / n)
+  std::sort(v.begin(), v.end());
+  double ks = 0;  // sup |F_n - Phi|; the 0.1% critical value is 1.95 / sqrt(n)
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double phi = 0.5 * std::erfc(-v[i] / std::sqrt(2.0));
+    ks = std::max({ks, std::abs(phi - static_cast<double>(i) / n), std::abs(phi - static_cast<double>(i + 1) / n)});
+  }
+  EXPECT_LT(ks, 1.95 / std::sqrt(n));
+  Tensor head = Tensor::empty({3, 7});  // a shorter draw is the longer one's prefix; another offset differs
+  cpu::random_normal(head, key, {});
+  for (int64_t i = 0; i < 21; ++i) EXPECT_EQ(head.data<float>()[i], z.data<float>()[i]);
+  cpu::random_normal(head, PhiloxKey{.seed = 77, .offset = 6}, {});
+  EXPECT_NE(head.data<float>()[0], z.data<float>()[0]);
+  const uint64_t base = 1;
+  EXPECT_THROW(cpu::random_normal(head, PhiloxKey{.seed = 1, .device_base = &base}, {}), Error);
+}
+
+// random_scale: y = x * fma(hi - lo, u_i, lo), u_i the dropout's uniforms; factors uniform in [lo, hi); in place too.
+TEST(CpuRandom, ScaleMultipliesByUniformFactorsInTheRange) {
+  const int64_t n = 50001;
+  const PhiloxKey key{.seed = 3, .offset = 11};
+  const float lo = 0.99f, hi = 1.01f;
+  Tensor x = random_tensor({n}, 21, nullptr, -2.0, 2.0), y = Tensor::empty({n}), ones = Tensor::empty({n});
+  ones.fill_(1.0f);
+  cpu::random_scale(y, x, lo, hi, key, {});
+  Tensor f = Tensor::empty({n});
+  cpu::random_scale(f, ones, lo, hi, key, {});
+  double mean = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float fi = std::fma(hi - lo, philox_uniform_at(key, static_cast<uint64_t>(i)), lo);
+    ASSERT_EQ(f.data<float>()[i], fi) << i;
+    ASSERT_EQ(y.data<float>()[i], x.data<float>()[i] * fi) << i;
+    ASSERT_GE(fi, lo);
+    ASSERT_LT(fi, hi);
+    mean += fi / n;
+  }
+  EXPECT_NEAR(mean, 1.0, 6.0 * 0.02 / std::sqrt(12.0 * n));  // uniform: sd (hi - lo) / sqrt(12 n)
+  Tensor again = x.clone();
+  cpu::random_scale(again, again, lo, hi, key, {});
+  EXPECT_EQ(to_doubles(again), to_doubles(y));
+  EXPECT_THROW(cpu::random_scale(y, x, 1.1f, 1.0f, key, {}), Error);
+  Tensor short_y = Tensor::empty({n - 1});
+  EXPECT_THROW(cpu::random_scale(short_y, x, lo, hi, key, {}), Error);
 }
 
 // RngTracker under CUDA graphs: after begin_graph_capture, keys are relative to the offsets at that point

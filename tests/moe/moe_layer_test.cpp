@@ -294,6 +294,8 @@ struct MoeCase {
   std::string balancing = "aux_loss";  // --moe-router-load-balancing-type
   int64_t batch = 2;                   // the sequences of the 12 tokens
   bool shared_gate = false;            // --moe-shared-expert-gate
+  float jitter = 0.0f;                 // --moe-input-jitter-eps
+  bool force = false;                  // --moe-router-force-load-balancing
 };
 
 void write_raw(const std::string& path, const Tensor& t) {
@@ -358,12 +360,19 @@ TEST(MoELayer, MatchesTorchOracle) {
                             // Qwen-MoE's gated shared expert (Megatron's --moe-shared-expert-gate)
                             MoeCase{.style = "gpt2", .aux = 0.01f, .shared = 40, .shared_gate = true},
                             MoeCase{.style = "llama", .z = 0.01f, .experts = 6, .shared = 20, .capacity = 1.0,
-                                    .pad = true, .shared_gate = true}}) {
+                                    .pad = true, .shared_gate = true},
+                            // training noise: the router's input jitter, random logits (Megatron's RandomSTE)
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.001f, .jitter = 0.1f},
+                            MoeCase{.style = "llama", .aux = 0.01f, .shared = 20, .shared_gate = true, .jitter = 0.2f},
+                            MoeCase{.style = "llama", .aux = 0.01f, .z = 0.01f, .force = true},
+                            MoeCase{.style = "gpt2", .aux = 0.01f, .z = 0.001f, .experts = 8, .topk = 3, .ffn = 16,
+                                    .capacity = 1.0, .score = "sigmoid", .jitter = 0.05f, .force = true}}) {
     SCOPED_TRACE(mc.style + (mc.pre_softmax ? " pre-softmax" : "") + " E=" + std::to_string(mc.experts) +
                  " shared=" + std::to_string(mc.shared) + " capacity=" + std::to_string(mc.capacity) + " " +
                  mc.policy + (mc.pad ? " pad" : "") + " scaling=" + std::to_string(mc.scaling) + " " + mc.score +
                  " groups=" + std::to_string(mc.groups) + "/" + std::to_string(mc.group_topk) + " " + mc.balancing +
-                 " b=" + std::to_string(mc.batch));
+                 " b=" + std::to_string(mc.batch) + " jitter=" + std::to_string(mc.jitter) +
+                 (mc.force ? " random logits" : ""));
     TransformerConfig c = testing::tiny_config(mc.style);
     c.num_moe_experts = mc.experts;
     c.moe_router_topk = mc.topk;
@@ -382,6 +391,8 @@ TEST(MoELayer, MatchesTorchOracle) {
     c.moe_router_enable_expert_bias = mc.bias;
     c.moe_router_load_balancing_type = mc.balancing;
     c.moe_shared_expert_gate = mc.shared_gate;
+    c.moe_input_jitter_eps = mc.jitter;
+    c.moe_router_force_load_balancing = mc.force;
     c.finalize();
     c.validate();
     ParamAndGradBuffer params;
@@ -405,7 +416,9 @@ TEST(MoELayer, MatchesTorchOracle) {
     Tensor x = random_tensor({s, b, h}, 7, nullptr, -2.0, 2.0), dy = random_tensor({s, b, h}, 8);
     moe::MoELayerCtx ctx;
     moe::LossTracker tracker;
-    Tensor y = layer.forward(ctx, x, &tracker);
+    tensor_parallel::RngTracker rng(1234, 0, 0);
+    const tensor_parallel::RngTracker rng_before = rng;
+    Tensor y = layer.forward(ctx, x, &tracker, /*training=*/true, &rng);
     if (mc.pad) {  // no host read: the rows are the capacity's
       EXPECT_TRUE(ctx.router.tokens_per_expert.empty());
       EXPECT_EQ(ctx.plan.rows, mc.experts * ctx.router.capacity);
@@ -441,8 +454,22 @@ TEST(MoELayer, MatchesTorchOracle) {
            << " " << (bias ? 1 : 0) << " " << (mc.pre_softmax ? 1 : 0) << " " << mc.aux << " " << mc.z << " "
            << scale << " " << mc.shared << " " << mc.capacity << " " << mc.policy << " " << mc.scaling << " "
            << mc.score << " " << mc.groups << " " << mc.group_topk << " " << (mc.bias ? 1 : 0) << " "
-           << mc.balancing << " " << b << " " << (mc.shared_gate ? 1 : 0) << "\n";
+           << mc.balancing << " " << b << " " << (mc.shared_gate ? 1 : 0) << " " << (mc.jitter > 0.0f ? 1 : 0) << " "
+           << (mc.force ? 1 : 0) << "\n";
     }
+    tensor_parallel::RngTracker draws = rng_before;  // the router's draws again: the jitter, then the logits
+    if (mc.jitter > 0.0f) {  // the noise factors
+      Tensor ones = Tensor::empty({n, h}), noise = Tensor::empty({n, h});
+      ones.fill_(1.0f);
+      ops::random_scale(noise, ones, 1.0f - mc.jitter, 1.0f + mc.jitter, draws.draw(n * h, false));
+      write_raw(dir + "/jitter.bin", noise);
+    }
+    if (mc.force) {
+      Tensor logits = Tensor::empty({n, mc.experts});
+      ops::random_normal(logits, draws.draw(2 * n * mc.experts, false));
+      write_raw(dir + "/random_logits.bin", logits);
+    }
+    EXPECT_EQ(draws.offsets(), rng.offsets());  // nothing else drawn
     if (mc.bias) write_raw(dir + "/expert_bias.bin", layer.router().expert_bias());
     write_raw(dir + "/x.bin", x);
     write_raw(dir + "/dy.bin", dy);

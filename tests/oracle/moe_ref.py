@@ -4,14 +4,18 @@ SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py se
 
 Usage: moe_ref.py DIR
 DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S capacity_factor
-drop_policy scaling_factor score_function num_groups group_topk expert_bias balancing B [shared_gate]") and raw little-endian
+drop_policy scaling_factor score_function num_groups group_topk expert_bias balancing B [shared_gate jitter
+random_logits]") and raw little-endian
 float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
 expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias; expert_bias.bin [E]
 when expert_bias is 1); mcpp's outputs
 y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z). With a
 shared expert (S > 0, Megatron-Core's SharedExpertMLP, no gate): sh_fc1_w.bin [S or 2S, h], sh_fc2_w.bin [h, S]
 (+ sh_fc1_b.bin, sh_fc2_b.bin; with shared_gate sh_gate.bin [1, h]) and their grads d_sh_*.bin; its MLP output
-(times sigmoid(x . gate) with the gate) is added to every token's. With a
+(times sigmoid(x . gate) with the gate) is added to every token's. Training noise (Megatron's router.py): jitter 1
+reads jitter.bin [n, h], the factors the router's input is multiplied by (apply_input_jitter; the experts and the
+shared gate see x itself); random_logits 1 reads random_logits.bin [n, E], the logits used instead of the router's,
+their gradient passed straight to the router's (RandomSTE, --moe-router-force-load-balancing). With a
 capacity factor c > 0 (Megatron's topk_softmax_with_capacity): capacity = ceil(n * k / E * c); per expert the
 routes of the `capacity` largest probabilities ("probs") or its first `capacity` tokens ("position") are kept,
 the others' probabilities masked to 0 (the load-balancing loss still counts every route, as Megatron's).
@@ -53,6 +57,8 @@ def main():
     expert_bias = load(d, "expert_bias", (E,)) if fields[18] == "1" else None  # sigmoid's routing bias
     balancing, B = fields[19], int(fields[20])  # moe_router_load_balancing_type; the sequences of the n tokens
     shared_gate = len(fields) > 21 and fields[21] == "1"  # moe_shared_expert_gate: sh_gate.bin [1, h]
+    jitter = len(fields) > 22 and fields[22] == "1"  # moe_input_jitter_eps: jitter.bin [n, h]
+    random_logits = len(fields) > 23 and fields[23] == "1"  # moe_router_force_load_balancing
 
     x = load(d, "x", (n, h)).requires_grad_()
     dy = load(d, "dy", (n, h))
@@ -84,7 +90,9 @@ def main():
             shapes["sh_gate"] = (1, h)
         shared = {name: load(d, name, shape).requires_grad_() for name, shape in shapes.items()}
 
-    logits = x @ wr.T
+    logits = (x * load(d, "jitter", (n, h)) if jitter else x) @ wr.T
+    if random_logits:  # RandomSTE: the random values forward, the gradient straight through to the router's logits
+        logits = logits + (load(d, "random_logits", (n, E)) - logits).detach()
     scores = torch.softmax(logits, dim=-1)
     # Megatron's topk_routing_with_score_function / group_limited_topk (router.py, moe_utils.py)
     sel = torch.sigmoid(logits) if sigmoid else scores if pre_softmax else logits

@@ -38,6 +38,8 @@ TransformerConfig recompute_config(const std::string& style, const std::string& 
     c.moe_shared_expert_intermediate_size = 24;
     c.moe_aux_loss_coeff = 0.01f;
     c.moe_z_loss_coeff = 0.001f;
+    c.moe_input_jitter_eps = style == "gpt2" ? 0.05f : 0.1f;  // training noise the re-run must draw again
+    c.moe_router_force_load_balancing = style == "gpt2";
   }
   c.num_layers = 3;
   c.hidden_dropout = 0.1f;
@@ -125,8 +127,9 @@ TEST(Recompute, FullUniformHoldsLessThanBlockOfOne) {
 
 // Selective recompute of the MLP ("mlp": dense layers) and of the MoE layer ("moe": router, dispatch, experts, the
 // shared expert), alone and with the core attention, on a model with MoE layers 0 and 2 and dense layer 1 (aux and z
-// losses: the recompute must rebuild the router's statistics without recording the losses twice): bitwise the plain
-// run's losses, grads and RNG streams; only the named layers' MLP contexts dropped; fewer bytes held.
+// losses: the recompute must rebuild the router's statistics without recording the losses twice; the router's input
+// jitter, and in gpt2 random logits: it must replay their draws): bitwise the plain run's losses, grads and RNG
+// streams; only the named layers' MLP contexts dropped; fewer bytes held. Full recompute of that model too.
 TEST(Recompute, SelectiveMlpAndMoeEqualNoRecompute) {
   for (const std::string style : {"gpt2", "llama"}) {
     const RunResult off = run(recompute_config(style, "", "", 0, "flash", {"core_attn"}, true));
@@ -143,6 +146,8 @@ TEST(Recompute, SelectiveMlpAndMoeEqualNoRecompute) {
       EXPECT_EQ(on.mlp_ctx_empty, k.mlp_empty) << what;
       EXPECT_LT(on.context_bytes, off.context_bytes) << what;
     }
+    expect_bitwise_equal(off, run(recompute_config(style, "full", "uniform", 2, "flash", {"core_attn"}, true)),
+                         style + " full uniform");
   }
 }
 

@@ -268,6 +268,12 @@ void dropout_fwd(Tensor& y, const Tensor& x, float p, const PhiloxKey& key, Stre
 void dropout_bwd(Tensor& dx, const Tensor& dy, float p, const PhiloxKey& key, Stream s) {
   MCPP_DISPATCH(dropout_bwd, ({&dx, &dy}), dx, dy, p, key, s);
 }
+void random_normal(Tensor& out, const PhiloxKey& key, Stream s) {
+  MCPP_DISPATCH(random_normal, ({&out}), out, key, s);
+}
+void random_scale(Tensor& y, const Tensor& x, float lo, float hi, const PhiloxKey& key, Stream s) {
+  MCPP_DISPATCH(random_scale, ({&y, &x}), y, x, lo, hi, key, s);
+}
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor* param_model,
                 const AdamWOptions& opt, Stream s) {
   MCPP_DISPATCH(adamw_step, ({&param, &exp_avg, &exp_avg_sq, &grad, param_model}), param, exp_avg, exp_avg_sq, grad,

@@ -51,12 +51,13 @@ const Tensor& MoELayer::rows(int64_t n, Device dev) const {
   return rows_;
 }
 
-Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training) const {
+Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training,
+                        tensor_parallel::RngTracker* rng) const {
   MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
   const int64_t h = x.size(2), n = x.size(0) * x.size(1), k = router_.topk();
   Tensor x2 = x.view({n, h});
   // the routing on x's device (x.size(1) sequences; its losses added to `losses`), the buffer's rows on the host
-  router_.forward(ctx.router, x2, x.size(1), losses, training);
+  router_.forward(ctx.router, x2, x.size(1), losses, training, rng);
   // padded: every EP rank's blocks are the capacity of as many tokens (no all-gather of the counts)
   ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.rows_per_expert, n, k, pad_);
   // [m, h] expert-major (m = n*k dropless; the kept routes, or E * capacity padded: the padding rows zero)

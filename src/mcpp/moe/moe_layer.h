@@ -47,8 +47,9 @@ class MoELayer {
   MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
            const TransformerConfig& config, const tensor_parallel::TPContext& tp);
   // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it; training: false in
-  // evaluation (TopKRouter::forward).
-  Tensor forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training = true) const;
+  // evaluation; rng: the router's training noise (TopKRouter::forward).
+  Tensor forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training = true,
+                 tensor_parallel::RngTracker* rng = nullptr) const;
   Tensor backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const;
   const TopKRouter& router() const { return router_; }
   TopKRouter& router() { return router_; }

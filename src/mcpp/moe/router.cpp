@@ -28,6 +28,8 @@ TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, co
       pad_to_capacity_(c.moe_pad_expert_input_to_capacity),
       aux_coeff_(c.moe_aux_loss_coeff),
       z_coeff_(c.moe_z_loss_coeff),
+      jitter_eps_(c.moe_input_jitter_eps),
+      force_balance_(c.moe_router_force_load_balancing),
       sp_group_(tp.sequence_parallel && tp.size() > 1 ? tp.group : nullptr),
       cp_group_(tp.cp_size() > 1 ? tp.cp : nullptr),
       split_((sp_group_ ? sp_group_->size() : 1) * (cp_group_ ? cp_group_->size() : 1)) {
@@ -96,7 +98,8 @@ void TopKRouter::update_expert_bias(const int64_t* counts, float rate) {
   route_counts_.zero_();
 }
 
-void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses, bool training) const {
+void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses, bool training,
+                         tensor_parallel::RngTracker* rng) const {
   MCPP_CHECK(x.ndim() == 2 && x.size(1) == weight_->data.size(1), "TopKRouter: x must be [n, h={}]; got {}",
              weight_->data.size(1), x.str());
   const int64_t n = x.size(0), e = experts_, k = k_;
@@ -106,14 +109,26 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
     expert_bias_ = expert_bias_.to(dev);
     route_counts_ = route_counts_.to(dev);
   }
-  Tensor logits = Tensor::empty({n, e}, logit_dtype(x), dev);  // [n, E]
-  if (logit_dtype(x) == x.dtype()) {
-    ops::linear_fwd(logits, x, weight_->data, nullptr);
-  } else {  // --moe-router-dtype fp32: the GEMM on the upcast input and weight
-    ops::linear_fwd(logits, upcast(x), upcast(weight_->data), nullptr);
-  }
   ctx = {};
   ctx.x = x;
+  const bool jitter = training && jitter_eps_ > 0.0f, random_logits = training && force_balance_;
+  MCPP_CHECK(rng || !(jitter || random_logits),
+             "TopKRouter: moe_input_jitter_eps / moe_router_force_load_balancing need an RNG stream in training");
+  const bool sharded = sp_group_ != nullptr;  // the stream hidden dropout on these tokens uses
+  if (jitter) {  // the GEMM's input: x times uniform noise in [1 - eps, 1 + eps)
+    ctx.jitter_key = rng->draw(static_cast<uint64_t>(n * x.size(1)), sharded);
+    ctx.jittered = Tensor::empty(x.shape(), x.dtype(), dev);
+    ops::random_scale(ctx.jittered, x, 1.0f - jitter_eps_, 1.0f + jitter_eps_, ctx.jitter_key);
+  }
+  const Tensor& gx = jitter ? ctx.jittered : x;
+  Tensor logits = Tensor::empty({n, e}, logit_dtype(x), dev);  // [n, E]
+  if (random_logits) {  // Megatron's RandomSTE: the router's logits replaced (so not computed)
+    ops::random_normal(logits, rng->draw(static_cast<uint64_t>(2 * n * e), sharded));
+  } else if (logit_dtype(x) == x.dtype()) {
+    ops::linear_fwd(logits, gx, weight_->data, nullptr);
+  } else {  // --moe-router-dtype fp32: the GEMM on the upcast input and weight
+    ops::linear_fwd(logits, upcast(gx), upcast(weight_->data), nullptr);
+  }
   ctx.n = n;
   ctx.batch = batch;
   ctx.topk = Tensor::empty({n, k}, DType::I32, dev);
@@ -250,15 +265,20 @@ Tensor TopKRouter::backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scal
   }
   Tensor dx = Tensor::empty(ctx.x.shape(), ldt, dev);
   const ops::GradWrite gw = take_grad_overwrite({weight_}) ? ops::GradWrite::Overwrite : ops::GradWrite::Accumulate;
+  const Tensor& gx = ctx.jittered.defined() ? ctx.jittered : ctx.x;  // the GEMM's input
   if (ldt == ctx.x.dtype()) {
-    ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, ctx.x, weight_->data, gw);
-  } else {  // fp32 logits: dx and the weight grad from the upcast operands (recast: no fp32 copy kept), dx rounded
-    ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, upcast(ctx.x), upcast(weight_->data), gw);
+    ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, gx, weight_->data, gw);
+  } else {  // fp32 logits: dx and the weight grad from the upcast operands (recast: no fp32 copy kept)
+    ops::linear_bwd(&dx, weight_->main_grad, nullptr, dlogits, upcast(gx), upcast(weight_->data), gw);
+  }
+  weight_->grad_ready();
+  if (ctx.jittered.defined())  // d(x * noise) / dx = noise: the same factors again
+    ops::random_scale(dx, dx, 1.0f - jitter_eps_, 1.0f + jitter_eps_, ctx.jitter_key);
+  if (ldt != ctx.x.dtype()) {  // dx rounded to the model's dtype
     Tensor dx_model = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), dev);
     ops::cast(dx_model, dx);
     dx = dx_model;
   }
-  weight_->grad_ready();
   return dx;
 }
 

@@ -40,6 +40,11 @@
 //   all-reduced over those groups on the device (Megatron's tp_cp reduction; N = n x the split, every rank holding
 //   as many tokens), so each rank's losses are its share and their sum over the group — and every gradient — equal
 //   the unsplit run's. (A capacity, though, applies to each rank's own tokens, as Megatron's.)
+//   Training noise (TransformerConfig): moe_input_jitter_eps: the logits GEMM reads x * U[1 - eps, 1 + eps) per
+//     element (ops::random_scale), and dx its result times the same noise; moe_router_force_load_balancing: the logits
+//     are standard-normal random numbers (ops::random_normal; no GEMM), d logits reaching the GEMM's backward as if
+//     they were its output (Megatron's RandomSTE). Both draw from the RNG stream hidden dropout uses (the
+//     model-parallel one under sequence parallelism): the jitter n*h, then the logits 2*n*E numbers.
 // backward(dprobs [n, k], loss_grad_scale): d logits = the softmax Jacobians of probs (top-k or pre-softmax)
 // applied to dprobs, + loss_grad_scale * d(aux_loss + z_loss) / d logits (Megatron's MoEAuxLossAutoScaler:
 // the losses' gradient is scaled like the main loss's, 1 / num_microbatches); then dx = dlogits W_r and
@@ -55,6 +60,7 @@
 
 #include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/tensor_parallel/random.h"
 #include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -85,7 +91,9 @@ struct LossTracker {
 };
 
 struct RouterCtx {
-  Tensor x;        // [n, h] the input (for the weight grad)
+  Tensor x;        // [n, h] the input
+  Tensor jittered;  // [n, h] x times the jitter noise (the GEMM's input, for the weight grad); undefined: no jitter
+  PhiloxKey jitter_key;
   int64_t n = 0;
   int64_t batch = 1;  // B: the sequences of the n tokens
   Tensor topk;     // [n, k] int32: chosen experts            (all on x's device)
@@ -111,9 +119,10 @@ class TopKRouter {
   // x [n, h]: the tokens of `batch` sequences in [s, b] order (n % batch == 0). losses (non-null: a training
   // forward, not evaluation, not a recompute): this call's losses are added to it, and with the expert bias on the
   // routes each expert kept to the step's counts (take_route_counts). training (false: evaluation): sinkhorn
-  // routing, and the load-balancing statistics (none in evaluation: no backward follows).
-  void forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses = nullptr,
-               bool training = true) const;
+  // routing, and the load-balancing statistics (none in evaluation: no backward follows), the jitter and random
+  // logits (training noise, above; drawn from rng, which they need).
+  void forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTracker* losses = nullptr, bool training = true,
+               tensor_parallel::RngTracker* rng = nullptr) const;
   // dprobs [n, k] fp32 (x's device): the gradient of the combine weights (scaled in place by the scaling factor).
   // Returns dx [n, h] (x's device, dtype).
   Tensor backward(RouterCtx& ctx, Tensor& dprobs, float loss_grad_scale) const;
@@ -153,6 +162,8 @@ class TopKRouter {
   float scaling_;           // moe_router_topk_scaling_factor (0: none)
   bool drop_by_probs_, pad_to_capacity_;
   float aux_coeff_, z_coeff_;
+  float jitter_eps_;  // moe_input_jitter_eps (0: off)
+  bool force_balance_;  // moe_router_force_load_balancing
   comm::CommPtr sp_group_, cp_group_;  // the sequence's split: TP under sequence parallelism, CP (null: none)
   int64_t split_ = 1;                  // the ranks that split a sequence (their group sizes' product)
   Parameter* weight_ = nullptr;  // [E, h]

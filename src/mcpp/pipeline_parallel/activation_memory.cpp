@@ -30,8 +30,8 @@ struct Counter {
     for (const Tensor* t : {&c.q, &c.k, &c.v, &c.qkv, &c.out, &c.lse, &c.probs}) (*this)(*t);
   }
   void operator()(const moe::MoELayerCtx& m) {
-    for (const Tensor* t : {&m.router.x, &m.router.topk, &m.router.probs, &m.router.scores, &m.router.lse,
-                            &m.router.idx, &m.router.aux_counts, &m.router.z_scores,
+    for (const Tensor* t : {&m.router.x, &m.router.jittered, &m.router.topk, &m.router.probs, &m.router.scores,
+                            &m.router.lse, &m.router.idx, &m.router.aux_counts, &m.router.z_scores,
                             &m.router.z_lse, &m.plan.idx, &m.probs, &m.combined, &m.experts.x, &m.gate,
                             &m.gate_scores, &m.gate_lse, &m.gate_top, &m.shared_out})
       (*this)(*t);

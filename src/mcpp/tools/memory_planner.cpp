@@ -82,6 +82,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
       rows = m.moe_pad_expert_input_to_capacity ? m.num_moe_experts * cap : std::min(routes, m.num_moe_experts * cap);
     }
     mlp = d.n_local * d.h * d.e                                         // the router's input (not gathered)
+          + (m.moe_input_jitter_eps > 0.0f ? d.n_local * d.h * d.e : 0)  // ... and its jittered copy
           + 3 * routes * 4                                              // topk, idx (int32), probs (fp32) [n_l, k]
           + d.n_local * (m.num_moe_experts + 1) * 4                     // scores [n_l, E] + lse [n_l] (fp32)
           + aux_count_rows(m, d.b) * m.num_moe_experts * 4              // the load-balancing counts (fp32)

@@ -131,6 +131,10 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
                  "width of a shared expert (a dense MLP on every token) in each MoE layer (0 = none)");
   app.add_flag("--moe-shared-expert-gate", m.moe_shared_expert_gate,
                "scale the shared expert's output by a per-token sigmoid gate");
+  app.add_option("--moe-input-jitter-eps", m.moe_input_jitter_eps,
+                 "multiply the router's input by uniform noise in [1 - eps, 1 + eps) when training (0 = off)");
+  app.add_flag("--moe-router-force-load-balancing", m.moe_router_force_load_balancing,
+               "route training tokens by random logits (balanced experts, for benchmarks)");
   app.add_option("--moe-expert-capacity-factor", m.moe_expert_capacity_factor,
                  "cap each expert at ceil(tokens * topk / experts * factor) routes, dropping the rest (0 = dropless)");
   app.add_option("--moe-token-drop-policy", m.moe_token_drop_policy, "probs|position");

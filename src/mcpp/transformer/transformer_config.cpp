@@ -217,6 +217,8 @@ void TransformerConfig::validate() const {
     }
     if (moe_shared_expert_gate && moe_shared_expert_intermediate_size == 0)
       fail("moe_shared_expert_gate gates the shared expert: set --moe-shared-expert-intermediate-size");
+    if (!(moe_input_jitter_eps >= 0.0f && moe_input_jitter_eps < 1.0f))
+      fail("moe_input_jitter_eps must be in [0, 1) (0 = off), got {}", moe_input_jitter_eps);
     if (moe_router_load_balancing_type == "sinkhorn") {  // Megatron's sinkhorn_load_balancing
       if (moe_aux_loss_coeff > 0.0f)
         fail("moe_router_load_balancing_type sinkhorn has no load-balancing loss: set --moe-aux-loss-coeff 0 "
@@ -251,9 +253,11 @@ void TransformerConfig::validate() const {
       fail("moe_expert_capacity_factor / moe_pad_expert_input_to_capacity need --num-experts: the model has no "
            "experts to cap");
     if (moe_router_score_function != "softmax" || moe_router_num_groups != 0 || moe_router_group_topk != 0 ||
-        moe_router_enable_expert_bias || !moe_router_dtype.empty() || moe_per_layer_logging)
+        moe_router_enable_expert_bias || !moe_router_dtype.empty() || moe_per_layer_logging ||
+        moe_input_jitter_eps != 0.0f || moe_router_force_load_balancing)
       fail("moe_router_score_function / moe_router_num_groups / moe_router_group_topk / moe_router_enable_expert_bias "
-           "/ moe_router_dtype / moe_per_layer_logging need --num-experts: the model has no router");
+           "/ moe_router_dtype / moe_per_layer_logging / moe_input_jitter_eps / moe_router_force_load_balancing need "
+           "--num-experts: the model has no router");
   }
 }
 
@@ -529,6 +533,8 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("moe_router_dtype", m.moe_router_dtype);
   v("moe_per_layer_logging", m.moe_per_layer_logging);
   v("moe_shared_expert_gate", m.moe_shared_expert_gate);
+  v("moe_input_jitter_eps", m.moe_input_jitter_eps);
+  v("moe_router_force_load_balancing", m.moe_router_force_load_balancing);
   v("moe_router_num_groups", m.moe_router_num_groups);
   v("moe_router_group_topk", m.moe_router_group_topk);
   v("moe_router_enable_expert_bias", m.moe_router_enable_expert_bias);

@@ -118,6 +118,16 @@ struct TransformerConfig {
   // Megatron's --moe-shared-expert-gate (Qwen-MoE's gated shared expert): the shared expert's output scaled per token
   // by sigmoid(x . w) ("<layer>.mlp.shared_experts.gate_weight" [1, h], replicated over TP).
   bool moe_shared_expert_gate = false;
+  // Megatron's --moe-input-jitter-eps (Switch Transformer's jitter): eps > 0 multiplies the router's input by noise
+  // uniform in [1 - eps, 1 + eps) per element in a training forward (ops::random_scale, drawn from the RNG stream of
+  // the hidden dropout: model-parallel under sequence parallelism), its gradient by the same noise; the experts see
+  // the clean input. 0 = off (Megatron's None). Megatron jitters evaluation forwards too; evaluation here does not.
+  float moe_input_jitter_eps = 0.0f;
+  // Megatron's --moe-router-force-load-balancing (for benchmarks): a training forward routes by standard-normal
+  // random logits (ops::random_normal, same RNG stream) instead of the router's — its GEMM is skipped — and the
+  // routing's logit gradient passes straight to the router (Megatron's RandomSTE). Evaluation routes by the real
+  // logits (Megatron randomizes those too).
+  bool moe_router_force_load_balancing = false;
   // Megatron's token dropping: --moe-expert-capacity-factor c > 0 caps each expert at ceil(n * k / E * c) of a
   // microbatch's n local tokens' routes (0 = dropless, Megatron's None); --moe-token-drop-policy "probs" keeps the
   // routes of the highest probabilities, "position" the first in token order; a dropped route adds nothing to its

@@ -51,8 +51,12 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
     attn_drop = {hidden_dropout_, opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_)};
   Tensor x1;  // x1 = x + dropout(attn), fused with the norm (ln2 = norm(x1), computed from the rounded x1)
   Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn, attn_drop);
-  Tensor mlp = moe_ ? moe_->forward(ctx.moe, ln2, opt.moe_losses, opt.training) : mlp_->forward(ctx.mlp, ln2);
-  if (recompute_mlp_ && opt.training) {  // keep the input only; backward re-runs the MLP
+  const bool recompute = recompute_mlp_ && opt.training;
+  ctx.has_mlp_rng = recompute && moe_ && opt.rng;
+  if (ctx.has_mlp_rng) ctx.mlp_rng = *opt.rng;  // the router's draws, replayed by the re-run
+  Tensor mlp = moe_ ? moe_->forward(ctx.moe, ln2, opt.moe_losses, opt.training, opt.rng)
+                    : mlp_->forward(ctx.mlp, ln2);
+  if (recompute) {  // keep the input only; backward re-runs the MLP
     ctx.mlp_input = ln2;
     ctx.mlp = {};
     ctx.moe = {};
@@ -84,7 +88,8 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   const ResidualBiasGrads rb = ctx.dropout ? ResidualBiasGrads{nullptr, self_attention_.output_bias()}
                                            : ResidualBiasGrads{mlp_bias, self_attention_.output_bias()};
   if (ctx.mlp_input.defined()) {  // selective recompute: the MLP's context again (no losses recorded)
-    if (moe_) moe_->forward(ctx.moe, ctx.mlp_input, nullptr, /*training=*/true);
+    if (moe_) moe_->forward(ctx.moe, ctx.mlp_input, nullptr, /*training=*/true,
+                            ctx.has_mlp_rng ? &ctx.mlp_rng : nullptr);
     else mlp_->forward(ctx.mlp, ctx.mlp_input);
     ctx.mlp_input = Tensor();
   }

@@ -27,7 +27,8 @@
 // Selective recompute of the MLP (recompute_modules "mlp" in a dense layer, "moe" in a MoE layer; Megatron's
 // checkpointed mlp / moe_layer_recompute): a training forward keeps only the MLP's input and drops its context;
 // backward re-runs the MLP's forward from it (the MoE router without recording losses or expert-bias counts, as
-// Megatron's checkpoint re-run) right before its backward — bitwise the same activations.
+// Megatron's checkpoint re-run, drawing its jitter / random logits from a copy of the RNG streams it found) right
+// before its backward — bitwise the same activations.
 // Backward returns dx (and b's gradient, above); parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 // Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):
@@ -58,6 +59,8 @@ struct TransformerLayerCtx {
   moe::MoELayerCtx moe;  // MoE layers instead of mlp
   Tensor mlp_input;      // selective recompute of the mlp / moe: its input (pre_mlp_layernorm's output); mlp / moe
                          // stay empty between forward and backward
+  tensor_parallel::RngTracker mlp_rng;  // ... and for a MoE layer the RNG streams its router found (the re-run draws
+  bool has_mlp_rng = false;             // the same jitter and random logits from this copy)
   PhiloxKey mlp_dropout_key;
   bool dropout = false;
 };

@@ -58,7 +58,11 @@ usage: moe_check.py MCPP WORKDIR
      0 and 1), whose mean is the logged value; equal per layer at PP2 x DP2 x EP2; the losses unchanged;
   13. the gated shared expert (--moe-shared-expert-gate): another trajectory; TP2 + SP and PP2 x DP2 x EP2 +
      distributed optimizer equal 1 rank; a 1-rank checkpoint continues at TP2 + SP; the memory plan is exact; the gate
-     without a shared expert fails by name.
+     without a shared expert fails by name;
+  14. training noise: --moe-input-jitter-eps 0.1 and --moe-router-force-load-balancing (random logits), each another
+     trajectory than the plain run; with selective (moe) and full recompute the same losses (the re-run draws the
+     same noise); interrupted at 3 and resumed bit-exact (the RNG streams checkpointed); the jittered run's memory
+     plan equals the measured activations; a jitter outside [0, 1) and either flag without experts fail by name.
 """
 import os
 import re
@@ -449,7 +453,29 @@ check_continued("shared gate, 1 rank -> TP2 + SP", gate_part, gate_part + "_tp2"
                 losses(gate_one))
 check_memory_plan("shared gate 1 rank", gate_one, 1, [*M, *MOE, *FS, *GATE], 1)
 check_memory_plan("shared gate TP2 + SP", gate_tp2, 2, [*M, *MOE, *FS, *GATE, *TP2], 1)
+# 14. training noise (Megatron's --moe-input-jitter-eps, --moe-router-force-load-balancing): other trajectories;
+# recompute re-draws the same noise (selective moe, full); a resume continues the RNG streams bit-exact
+for tag, noise in (("jitter", ["--moe-input-jitter-eps", "0.1"]), ("force", ["--moe-router-force-load-balancing"])):
+    noisy = train(tag + "_one", None, [*M, *MOE, *noise])
+    if not losses(noisy) or losses(noisy) == losses(one):
+        failures.append(f"{tag}: {losses(noisy)} (the plain trajectory, or none)")
+    same(f"{tag} selective recompute moe", train(tag + "_rc_moe", None, [*M, *MOE, *noise, *RC_MOE]), noisy)
+    same(f"{tag} full recompute", train(tag + "_rc_full", None, [*M, *MOE, *noise, "--recompute-granularity", "full",
+                                                                  "--recompute-method", "uniform",
+                                                                  "--recompute-num-layers", "1"]), noisy)
+    part = os.path.join(WORK, tag + "_part")
+    run([MCPP, "train", *M, *MOE, *noise, "--exit-interval", "3", "--save", part])
+    run([MCPP, "train", *M, *MOE, *noise, "--load", part, "--save", part])
+    a, b = losses(noisy), losses(part)
+    if len(b) != 6 or any(b.get(i) != a[i] for i in a if i > 3):
+        failures.append(f"{tag}: resumed at 3 {b} vs uninterrupted {a} (not bit-exact)")
+    if tag == "jitter":
+        check_memory_plan("jitter 1 rank", noisy, 1, [*M, *MOE, *noise], 1)
 for name, cmd, words in (
+        ("jitter eps 1.5", [*M, *MOE, "--moe-input-jitter-eps", "1.5"], ["moe_input_jitter_eps", "[0, 1)", "1.5"]),
+        ("jitter without experts", [*M, "--moe-input-jitter-eps", "0.1"], ["moe_input_jitter_eps", "--num-experts"]),
+        ("random logits without experts", [*M, "--moe-router-force-load-balancing"],
+         ["moe_router_force_load_balancing", "--num-experts"]),
         ("shared gate without a shared expert", [*M, *MOE, *GATE],
          ["moe_shared_expert_gate", "--moe-shared-expert-intermediate-size"]),
         ("per-layer logging without experts", [*M, "--moe-per-layer-logging"], ["moe_per_layer_logging"]),

@@ -4,6 +4,10 @@
 //   dropout_fwd / dropout_bwd: keep element i iff philox_uniform_at(key, i) >= p (core/rng.h; the same
 //     mask as the CPU backend, bit for bit), kept values scaled by 1/(1-p); p == 0 copies, p == 1 zeros.
 //     The mask is regenerated from the key in backward, never stored.
+//   random_normal / random_scale: ops.inc's definitions (random_scale bitwise the CPU's; random_normal float32 /
+//     bf16 out). A CUDA-graph key's device base is read when the kernels run.
+#include <cmath>
+
 // Outputs overwritten (dx may alias dy for GELU and dropout); asynchronous on stream_of(stream).
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/ops.h"
@@ -74,6 +78,21 @@ void dropout_fwd(Tensor& y, const Tensor& x, float p, const PhiloxKey& key, Stre
 
 void dropout_bwd(Tensor& dx, const Tensor& dy, float p, const PhiloxKey& key, Stream stream) {
   dropout_apply("dropout_bwd", dx, "dx", dy, "dy", p, key, stream);
+}
+
+void random_normal(Tensor& out, const PhiloxKey& key, Stream stream) {
+  const FOut o = fout_of("random_normal", "out", out);
+  MCPP_CHECK(o.kind != kF16, "random_normal: out must be float32 or bf16; got {}", out.str());
+  launch_random_normal(o, key.seed, key.offset, key.device_base, out.numel(), stream_of(stream));
+}
+
+void random_scale(Tensor& y, const Tensor& x, float lo, float hi, const PhiloxKey& key, Stream stream) {
+  const FOut o = fout_of("random_scale", "y", y);
+  const FIn i = fin_of("random_scale", "x", x);
+  require_numel("random_scale", "x", x, y.numel(), "numel of y");
+  MCPP_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "random_scale: need finite lo <= hi; got [{}, {}]",
+             lo, hi);
+  launch_random_scale(o, i, lo, hi - lo, key.seed, key.offset, key.device_base, y.numel(), stream_of(stream));
 }
 
 }  // namespace mcpp::ops::cuda

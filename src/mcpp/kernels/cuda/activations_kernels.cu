@@ -7,6 +7,8 @@
 //            uniform = (word >> 8) * 2^-24; keep iff uniform >= p. One thread per 4-element group, so
 //            one Philox call per 4 elements, and the mask equals the CPU's bit for bit (vec8_ok: 8 elements
 //            and two calls per thread, 16-byte loads and stores).
+//   random_normal / random_scale: ops.inc's definitions on the same words (random_scale: one thread per
+//            4-element group; the factor fma(width, u, lo) and the product rounded as the CPU's).
 #include "mcpp/kernels/cuda/device_utils.cuh"
 #include "mcpp/kernels/cuda/philox.cuh"
 
@@ -102,7 +104,40 @@ __global__ void dropout_vec_kernel(FOut y, FIn x, float p, float scale, uint64_t
     store8(y, j, v);
   }
 }
+__global__ void random_normal_kernel(FOut out, uint64_t seed, uint64_t key_offset, const uint64_t* base, int64_t n) {
+  const uint64_t offset = key_offset + (base ? *base : 0);
+  MCPP_GRID_STRIDE(i, n) {
+    const uint4 r = philox4x32_10(seed, offset + static_cast<uint64_t>(i) / 2);
+    const uint32_t a = i % 2 ? r.z : r.x, b = i % 2 ? r.w : r.y;
+    const double u1 = (static_cast<double>(a >> 8) + 0.5) * (1.0 / 16777216.0);
+    const double u2 = static_cast<double>(b >> 8) * (1.0 / 16777216.0);
+    out.set(i, static_cast<float>(sqrt(-2.0 * log(u1)) * cos(2.0 * 3.141592653589793 * u2)));
+  }
+}
+__global__ void random_scale_kernel(FOut y, FIn x, float lo, float width, uint64_t seed, uint64_t key_offset,
+                                    const uint64_t* base, int64_t n) {
+  const uint64_t offset = key_offset + (base ? *base : 0);
+  MCPP_GRID_STRIDE(g, (n + 3) / 4) {
+    const uint4 r = philox4x32_10(seed, offset + static_cast<uint64_t>(g));
+    for (int lane = 0; lane < 4 && 4 * g + lane < n; ++lane) {
+      const int64_t i = 4 * g + lane;
+      y.set(i, __fmul_rn(x[i], __fmaf_rn(width, philox_uniform(philox_word(r, lane)), lo)));
+    }
+  }
+}
 }  // namespace
+
+void launch_random_normal(FOut out, uint64_t seed, uint64_t offset, const uint64_t* base, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  random_normal_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, seed, offset, base, n);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+void launch_random_scale(FOut y, FIn x, float lo, float width, uint64_t seed, uint64_t offset, const uint64_t* base,
+                         int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  random_scale_kernel<<<grid_for((n + 3) / 4, kThreads), kThreads, 0, s>>>(y, x, lo, width, seed, offset, base, n);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
 
 void launch_gelu_fwd(FOut y, FIn x, int64_t n, cudaStream_t s) {
   if (n <= 0) return;

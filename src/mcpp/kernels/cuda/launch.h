@@ -84,6 +84,11 @@ void launch_swiglu_bwd(FOut dx, FIn dy, FIn x, int64_t rows, int64_t f, cudaStre
 // kept values scaled by `scale`
 void launch_dropout(FOut y, FIn x, float p, float scale, uint64_t seed, uint64_t offset, const uint64_t* base,
                     int64_t n, cudaStream_t s);
+// ops.inc random_normal (Box-Muller in float64 from words 2i, 2i + 1) and random_scale (y = x fma(width, u_i, lo))
+// at the key {seed, offset + *base}
+void launch_random_normal(FOut out, uint64_t seed, uint64_t offset, const uint64_t* base, int64_t n, cudaStream_t s);
+void launch_random_scale(FOut y, FIn x, float lo, float width, uint64_t seed, uint64_t offset, const uint64_t* base,
+                         int64_t n, cudaStream_t s);
 
 // ---- embedding_kernels.cu
 void launch_embedding_fwd(FOut out, const int32_t* ids, FIn table, int64_t n, int64_t v, int64_t h,
