@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Prepares device_carry/ for tests/device/hf_logits_check.py: trains a tiny GPT-2-style and a tiny
-# Llama-style model for 5 iterations on DATA (a Megatron prefix, GPT-2 vocabulary), writes their logits on
-# fixed tokens with `mcpp forward`, and exports both with `mcpp ckpt export`. Then on the device:
+# Prepares device_carry/ for tests/device/hf_logits_check.py: trains a tiny GPT-2-style, a tiny Llama-style and a
+# tiny Mixtral-style (the Llama one with 4 SwiGLU experts top-2 in every layer) model for 5 iterations on DATA (a
+# Megatron prefix, GPT-2 vocabulary), writes their logits on fixed tokens with `mcpp forward`, and exports them with
+# `mcpp ckpt export` (hf-gpt2, hf-llama, hf-mixtral; the Llama-style two with RoPE base 500000, so that the base's
+# config fields are checked). Then on the device:
 #   run(command="python3 tests/device/hf_logits_check.py", carry=["device_carry"])
+# The three exports together exceed the device tool's 64 MiB carry: delete one model's hf-<name>/ and <name>.npy and
+# name the others (`hf_logits_check.py llama mixtral`), or one at a time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA=${1:?usage: prepare_hf_check.sh DATA_PREFIX}
@@ -12,10 +16,13 @@ B="--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --max
    --micro-batch-size 2 --global-batch-size 4 --lr 1e-2 --lr-warmup-iters 1 --train-iters 5 --log-interval 5
    --eval-interval 100 --eval-iters 0 --split 90,10,0 --hidden-dropout 0 --attention-dropout 0 --data-path $DATA"
 $MCPP train $B --save device_carry/gpt2 > /dev/null
-$MCPP train $B --normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights \
-  --disable-bias-linear --group-query-attention --num-query-groups 2 --save device_carry/llama > /dev/null
+LLAMA="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
+  --disable-bias-linear --group-query-attention --num-query-groups 2 --rotary-base 500000"
+$MCPP train $B $LLAMA --save device_carry/llama > /dev/null
+$MCPP train $B $LLAMA --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 96 --moe-aux-loss-coeff 0.01 \
+  --save device_carry/mixtral > /dev/null
 printf "464 2068 7586 21831 18045 625 262 16931 3290 13 50256 318 257 1332 286 262\n13313 352 25 262 2068 7586 21831 18045 625 262 16931 3290 13 464 2068 7586\n" > device_carry/tokens.txt
-for m in gpt2 llama; do
+for m in gpt2 llama mixtral; do
   $MCPP forward --load device_carry/$m --tokens device_carry/tokens.txt --output device_carry/$m.npy
   $MCPP ckpt export --load device_carry/$m --format hf-$m --output device_carry/hf-$m
   rm -rf device_carry/$m  # keep the carry under 64 MiB

@@ -1,7 +1,7 @@
 // HF conversion: Megatron's grouped QKV row order against a hand-written example, export -> import
 // round trip bit-identical for GPT-2 (MHA, LayerNorm, biases, tied) and Llama (GQA, RMSNorm, SwiGLU,
-// tied and untied), the exported GPT-2 Conv1D transposes checked element-wise, and configs the target
-// format cannot express rejected with the field named.
+// tied and untied) and Mixtral (Llama + 4 experts top-2 in every layer), the exported GPT-2 Conv1D transposes checked
+// element-wise, and configs the target format cannot express rejected with the field named.
 #include "mcpp/dist_checkpointing/hf_convert.h"
 
 #include <gtest/gtest.h>
@@ -27,6 +27,12 @@ ModelDims llama_dims(bool untied) {
   d.vocab = 130, d.padded_vocab = 256, d.max_pos = 64;
   d.normalization = "RMSNorm", d.position_embedding = "rope", d.swiglu = true;
   d.bias_linear = false, d.qkv_bias = false, d.untied = untied, d.norm_eps = 1e-6, d.rotary_base = 500000.0;
+  return d;
+}
+
+ModelDims mixtral_dims() {
+  ModelDims d = llama_dims(true);
+  d.experts = 4, d.topk = 2, d.moe_ffn = d.ffn = 24;  // imported: the dense ffn is the experts' width
   return d;
 }
 
@@ -84,6 +90,73 @@ TEST(HfConvert, GroupedQkvRowOrderMatchesMegatron) {
 TEST(HfConvert, Gpt2ExportImportRoundTripIsBitIdentical) { expect_round_trip(gpt2_dims(), HfFormat::Gpt2); }
 TEST(HfConvert, LlamaTiedRoundTripIsBitIdentical) { expect_round_trip(llama_dims(false), HfFormat::Llama); }
 TEST(HfConvert, LlamaUntiedRoundTripIsBitIdentical) { expect_round_trip(llama_dims(true), HfFormat::Llama); }
+TEST(HfConvert, MixtralRoundTripIsBitIdentical) { expect_round_trip(mixtral_dims(), HfFormat::Mixtral); }
+
+// The exported Mixtral layout element-wise: the router as block_sparse_moe.gate, each expert's fc1 rows split into
+// w1 (gate) and w3 (up), fc2 as w2; the config names the experts and their width.
+TEST(HfConvert, MixtralExportLayout) {
+  TempDir dir;
+  const ModelDims d = mixtral_dims();
+  CheckpointContents c = random_model(d);
+  save_checkpoint(dir / "ck", c);
+  export_hf(CheckpointReader(dir / "ck"), HfFormat::Mixtral, dir / "hf");
+  CheckpointReader r(dir / "ck");
+  SafetensorsHeader h = read_safetensors_header(dir / "hf/model.safetensors");
+  auto hf = [&](const std::string& name) {
+    for (const auto& e : h.entries)
+      if (e.name == name) return read_safetensors_tensor(h, e);
+    ADD_FAILURE() << "no " << name;
+    return Tensor::zeros({1});
+  };
+  const std::string H = "model.layers.1.block_sparse_moe.", L = "decoder.layers.1.mlp.";
+  EXPECT_TRUE(bit_equal(hf(H + "gate.weight"), r.read(L + "router.weight")));
+  const Tensor fc1 = r.read(L + "experts.local_experts.3.linear_fc1.weight");  // [48, 16]
+  EXPECT_TRUE(bit_equal(hf(H + "experts.3.w1.weight"), hf_detail::slice_rows(fc1, 0, 24)));
+  EXPECT_TRUE(bit_equal(hf(H + "experts.3.w3.weight"), hf_detail::slice_rows(fc1, 24, 24)));
+  EXPECT_TRUE(bit_equal(hf(H + "experts.3.w2.weight"), r.read(L + "experts.local_experts.3.linear_fc2.weight")));
+  const auto cfg = nlohmann::json::parse(read_text(dir / "hf/config.json"));
+  EXPECT_EQ(cfg["model_type"], "mixtral");
+  EXPECT_EQ(cfg["num_local_experts"], 4);
+  EXPECT_EQ(cfg["num_experts_per_tok"], 2);
+  EXPECT_EQ(cfg["intermediate_size"], 24);
+  EXPECT_TRUE(cfg["sliding_window"].is_null());
+}
+
+// What MixtralForCausalLM cannot express is named: a dense model, routing beyond Mixtral's; a MoE model as hf-llama;
+// a sliding window on import.
+TEST(HfConvert, MixtralRejectsWhatItCannotExpress) {
+  TempDir dir;
+  save_checkpoint(dir / "dense", random_model(llama_dims(true)));
+  expect_error([&] { export_hf(CheckpointReader(dir / "dense"), HfFormat::Mixtral, dir / "o"); },
+               {"hf-mixtral", "model.num_moe_experts"});
+  save_checkpoint(dir / "moe", random_model(mixtral_dims()));
+  expect_error([&] { export_hf(CheckpointReader(dir / "moe"), HfFormat::Llama, dir / "o"); },
+               {"hf-llama", "model.num_moe_experts", "hf-mixtral"});
+  for (const auto& [field, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"moe_router_pre_softmax", true}, {"moe_shared_expert_intermediate_size", 8},
+           {"moe_expert_capacity_factor", 1.0}, {"moe_layer_freq", "[1,0]"}, {"moe_router_score_function", "sigmoid"},
+           {"moe_router_topk_scaling_factor", 2.5}, {"moe_router_enable_expert_bias", true}}) {
+    CheckpointContents c = random_model(mixtral_dims());
+    c.meta["config"]["model"][field] = value;
+    const std::string name = "moe_" + field;
+    save_checkpoint(dir / name, c);
+    expect_error([&] { export_hf(CheckpointReader(dir / name), HfFormat::Mixtral, dir / "o"); },
+                 {"hf-mixtral", "model." + field});
+  }
+  export_hf(CheckpointReader(dir / "moe"), HfFormat::Mixtral, dir / "hf");
+  auto j = nlohmann::json::parse(read_text(dir / "hf/config.json"));
+  j["sliding_window"] = 16;  // below max_position_embeddings 64
+  write_text(dir / "hf/config.json", j.dump());
+  expect_error([&] { import_hf(dir / "hf", HfFormat::Mixtral); }, {"sliding_window", "16"});
+  j["sliding_window"] = 64;  // covers every position: full causal attention
+  j["num_experts_per_tok"] = 5;
+  write_text(dir / "hf/config.json", j.dump());
+  expect_error([&] { import_hf(dir / "hf", HfFormat::Mixtral); }, {"num_experts_per_tok", "num_local_experts"});
+  j["num_experts_per_tok"] = 2;
+  write_text(dir / "hf/config.json", j.dump());
+  EXPECT_EQ(import_hf(dir / "hf", HfFormat::Mixtral).tensors.size(), model_param_shapes(mixtral_dims()).size());
+  expect_error([&] { import_hf(dir / "hf", HfFormat::Llama); }, {"model_type", "llama"});
+}
 
 TEST(HfConvert, Gpt2ExportLayoutElementwise) {
   TempDir dir;
@@ -148,6 +221,34 @@ TEST(HfConvert, ExportChecksTensorShapesAgainstConfig) {
   save_checkpoint(dir / "ck", c);
   expect_error([&] { export_hf(CheckpointReader(dir / "ck"), HfFormat::Gpt2, dir / "o"); },
                {"decoder.layers.0.mlp.linear_fc1.weight", "(64, 16)", "(32, 16)"});
+}
+
+// RoPE's base as transformers 4 (rope_theta) or 5 (rope_parameters) writes it; other RoPE types and two different
+// bases are named errors.
+TEST(HfConvert, LlamaRopeBaseFromEitherTransformersConfig) {
+  TempDir dir;
+  save_checkpoint(dir / "ck", random_model(llama_dims(true)));  // rotary_base 500000
+  export_hf(CheckpointReader(dir / "ck"), HfFormat::Llama, dir / "hf");
+  auto j = nlohmann::json::parse(read_text(dir / "hf/config.json"));
+  EXPECT_EQ(j["rope_theta"], 500000.0);
+  EXPECT_EQ(j["rope_parameters"]["rope_theta"], 500000.0);
+  auto base = [&] {
+    return model_dims_from_config(import_hf(dir / "hf", HfFormat::Llama).meta["config"], "imported").rotary_base;
+  };
+  j.erase("rope_theta");  // transformers 5: rope_parameters only
+  j["rope_parameters"]["rope_theta"] = 1e6;
+  write_text(dir / "hf/config.json", j.dump());
+  EXPECT_EQ(base(), 1e6);
+  j.erase("rope_parameters");  // transformers 4: rope_theta only
+  j["rope_theta"] = 250000.0;
+  write_text(dir / "hf/config.json", j.dump());
+  EXPECT_EQ(base(), 250000.0);
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  write_text(dir / "hf/config.json", j.dump());
+  expect_error([&] { base(); }, {"rope_theta", "rope_parameters.rope_theta", "differ"});
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 250000.0}, {"factor", 4.0}};
+  write_text(dir / "hf/config.json", j.dump());
+  expect_error([&] { base(); }, {"rope_parameters.rope_type", "yarn"});
 }
 
 TEST(HfConvert, ImportErrorsNameFieldAndTensor) {

@@ -1,4 +1,4 @@
-// Model dims from the checkpoint config, our key set, and export to HF GPT-2 / Llama; see hf_convert.h.
+// Model dims from the checkpoint config, our key set, and export to HF GPT-2 / Llama / Mixtral; see hf_convert.h.
 #include "mcpp/dist_checkpointing/hf_convert.h"
 
 #include <filesystem>
@@ -120,9 +120,32 @@ void export_gpt2(const CheckpointReader& r, const ModelDims& d, std::vector<Safe
          {"torch_dtype", "float32"}};
 }
 
+// Mixtral's MoE settings beyond the dims: what MixtralForCausalLM cannot express is an error naming the field.
+void require_mixtral_routing(const nlohmann::json& m) {
+  const std::string F = "hf-mixtral";
+  auto str = [&](const char* k, const char* dflt) { return m.value(k, std::string(dflt)); };
+  auto num = [&](const char* k) { return m.contains(k) && m[k].is_number() ? m[k].get<double>() : 0.0; };
+  auto flag = [&](const char* k) { return m.contains(k) && m[k].is_boolean() && m[k].get<bool>(); };
+  require(str("moe_layer_freq", "1") == "1", F, "moe_layer_freq", str("moe_layer_freq", "1"), "1 (every layer MoE)");
+  require(num("moe_shared_expert_intermediate_size") == 0, F, "moe_shared_expert_intermediate_size",
+          m.value("moe_shared_expert_intermediate_size", nlohmann::json(0)).dump(), "0 (no shared expert)");
+  require(str("moe_router_score_function", "softmax") == "softmax", F, "moe_router_score_function",
+          str("moe_router_score_function", "softmax"), "softmax");
+  require(!flag("moe_router_pre_softmax"), F, "moe_router_pre_softmax", "true",
+          "false (the softmax over the top-k logits)");
+  require(num("moe_router_topk_scaling_factor") == 0, F, "moe_router_topk_scaling_factor",
+          std::to_string(num("moe_router_topk_scaling_factor")), "0 (none)");
+  require(num("moe_router_num_groups") == 0, F, "moe_router_num_groups", std::to_string(num("moe_router_num_groups")),
+          "0 (no group-limited routing)");
+  require(!flag("moe_router_enable_expert_bias"), F, "moe_router_enable_expert_bias", "true", "false");
+  require(num("moe_expert_capacity_factor") == 0, F, "moe_expert_capacity_factor",
+          std::to_string(num("moe_expert_capacity_factor")), "0 (dropless)");
+}
+
 void export_llama(const CheckpointReader& r, const ModelDims& d, std::vector<SafetensorsItem>& items,
                   nlohmann::json& cfg) {
-  const std::string F = "hf-llama";
+  const bool moe = d.experts > 0;  // hf-mixtral: Llama's attention, sparse MoE blocks
+  const std::string F = moe ? "hf-mixtral" : "hf-llama";
   require(d.normalization == "RMSNorm", F, "normalization", d.normalization, "RMSNorm");
   require(d.position_embedding == "rope", F, "position_embedding_type", d.position_embedding, "rope");
   require(d.rotary_percent == 1.0, F, "rotary_percent", std::to_string(d.rotary_percent), "1.0");
@@ -145,6 +168,18 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, std::vector<Saf
     put(H + "self_attn.v_proj.weight", v);  // [ng d, h]
     put(H + "self_attn.o_proj.weight", get(L + "self_attention.linear_proj.weight"));  // [h, nq d]
     put(H + "post_attention_layernorm.weight", get(L + "pre_mlp_layernorm.weight"));
+    if (moe) {
+      put(H + "block_sparse_moe.gate.weight", get(L + "mlp.router.weight"));  // [E, h]
+      for (int64_t e = 0; e < d.experts; ++e) {
+        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
+        const std::string Y = fmt::format("{}block_sparse_moe.experts.{}.", H, e);
+        Tensor fc1 = get(X + "linear_fc1.weight");  // [2F, h] = [gate; up]
+        put(Y + "w1.weight", slice_rows(fc1, 0, d.moe_ffn));
+        put(Y + "w3.weight", slice_rows(fc1, d.moe_ffn, d.moe_ffn));
+        put(Y + "w2.weight", get(X + "linear_fc2.weight"));  // [h, F]
+      }
+      continue;
+    }
     Tensor fc1 = get(L + "mlp.linear_fc1.weight");  // [2f, h] = [gate; up]
     put(H + "mlp.gate_proj.weight", slice_rows(fc1, 0, d.ffn));
     put(H + "mlp.up_proj.weight", slice_rows(fc1, d.ffn, d.ffn));
@@ -161,8 +196,9 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, std::vector<Saf
          {"num_hidden_layers", d.num_layers},
          {"head_dim", d.head_dim},
          {"rms_norm_eps", d.norm_eps},
-         {"rope_theta", d.rotary_base},
+         {"rope_theta", d.rotary_base},  // transformers 4's field; 5's rope_parameters below
          {"rope_scaling", nullptr},
+         {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", d.rotary_base}}},
          {"max_position_embeddings", d.max_pos},
          {"vocab_size", d.vocab},
          {"tie_word_embeddings", !d.untied},
@@ -173,6 +209,18 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, std::vector<Saf
          {"pretraining_tp", 1},
          {"initializer_range", 0.02},
          {"torch_dtype", "float32"}};
+  if (moe) {  // MixtralForCausalLM: the experts' width is intermediate_size; no sliding window, no training jitter
+    cfg.erase("mlp_bias");
+    cfg.erase("pretraining_tp");
+    cfg["architectures"] = {"MixtralForCausalLM"};
+    cfg["model_type"] = "mixtral";
+    cfg["intermediate_size"] = d.moe_ffn;
+    cfg["num_local_experts"] = d.experts;
+    cfg["num_experts_per_tok"] = d.topk;
+    cfg["sliding_window"] = nullptr;
+    cfg["router_jitter_noise"] = 0.0;
+    cfg["output_router_logits"] = false;
+  }
 }
 
 }  // namespace
@@ -180,7 +228,12 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, std::vector<Saf
 HfFormat parse_hf_format(const std::string& s) {
   if (s == "hf-gpt2") return HfFormat::Gpt2;
   if (s == "hf-llama") return HfFormat::Llama;
-  fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama)", s);
+  if (s == "hf-mixtral") return HfFormat::Mixtral;
+  fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama|hf-mixtral)", s);
+}
+
+const char* hf_format_name(HfFormat f) {
+  return f == HfFormat::Gpt2 ? "hf-gpt2" : f == HfFormat::Llama ? "hf-llama" : "hf-mixtral";
 }
 
 ModelDims model_dims_from_config(const nlohmann::json& config, const std::string& where) {
@@ -220,6 +273,14 @@ ModelDims model_dims_from_config(const nlohmann::json& config, const std::string
   if (d.heads % d.groups != 0)
     fail("{}: model.num_attention_heads {} is not a multiple of model.num_query_groups {}", where, d.heads,
          d.groups);
+  d.experts = get_int(m, "num_moe_experts", where, 0, false);
+  if (d.experts > 0) {
+    d.topk = get_int(m, "moe_router_topk", where, 2, false);
+    d.moe_ffn = get_int(m, "moe_ffn_hidden_size", where, 0, false);
+    if (d.moe_ffn == 0) d.moe_ffn = d.ffn;
+    if (d.topk < 1 || d.topk > d.experts)
+      fail("{}: model.moe_router_topk {} outside [1, num_moe_experts = {}]", where, d.topk, d.experts);
+  }
   return d;
 }
 
@@ -245,6 +306,11 @@ nlohmann::json config_from_model_dims(const ModelDims& d) {
                       {"padded_vocab_size", d.padded_vocab},
                       {"vocab_size", d.vocab},
                       {"make_vocab_size_divisible_by", 128}};
+  if (d.experts > 0) {
+    m["num_moe_experts"] = d.experts;
+    m["moe_router_topk"] = d.topk;
+    m["moe_ffn_hidden_size"] = d.moe_ffn;
+  }
   return {{"model", m}};
 }
 
@@ -268,6 +334,18 @@ std::vector<std::pair<std::string, Shape>> model_param_shapes(const ModelDims& d
     out.push_back({L + "self_attention.linear_proj.weight", {h, d.heads * d.head_dim}});
     if (d.bias_linear) out.push_back({L + "self_attention.linear_proj.bias", {h}});
     norm(L + "pre_mlp_layernorm");
+    if (d.experts > 0) {  // every layer a MoE layer: the router and the experts instead of the MLP
+      const int64_t rows = d.swiglu ? 2 * d.moe_ffn : d.moe_ffn;
+      out.push_back({L + "mlp.router.weight", {d.experts, h}});
+      for (int64_t e = 0; e < d.experts; ++e) {
+        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
+        out.push_back({X + "linear_fc1.weight", {rows, h}});
+        if (d.bias_linear) out.push_back({X + "linear_fc1.bias", {rows}});
+        out.push_back({X + "linear_fc2.weight", {h, d.moe_ffn}});
+        if (d.bias_linear) out.push_back({X + "linear_fc2.bias", {h}});
+      }
+      continue;
+    }
     out.push_back({L + "mlp.linear_fc1.weight", {fc1_rows, h}});
     if (d.bias_linear) out.push_back({L + "mlp.linear_fc1.bias", {fc1_rows}});
     out.push_back({L + "mlp.linear_fc2.weight", {h, d.ffn}});
@@ -294,11 +372,14 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
   if (!reader.meta().contains("config"))
     fail("{}: checkpoint meta has no 'config' (needed to export)", reader.dir());
   ModelDims d = model_dims_from_config(reader.meta()["config"], reader.dir() + "/manifest.json meta.config");
-  const int64_t experts = get_int(reader.meta()["config"]["model"], "num_moe_experts", reader.dir(), 0, false);
-  if (experts > 0)  // GPT2LMHeadModel / LlamaForCausalLM have dense MLPs (Mixtral's layout is not written)
-    fail("{} export: the checkpoint is a mixture-of-experts model (model.num_moe_experts {}); {} has dense MLPs",
-         format == HfFormat::Gpt2 ? "hf-gpt2" : "hf-llama", experts,
+  if (d.experts > 0 && format != HfFormat::Mixtral)  // GPT2LMHeadModel / LlamaForCausalLM have dense MLPs
+    fail("{} export: the checkpoint is a mixture-of-experts model (model.num_moe_experts {}); {} has dense MLPs "
+         "(hf-mixtral writes MoE models)", hf_format_name(format), d.experts,
          format == HfFormat::Gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM");
+  if (d.experts == 0 && format == HfFormat::Mixtral)
+    fail("hf-mixtral export: model.num_moe_experts is 0 (a dense model); hf-mixtral needs experts (hf-llama writes "
+         "dense Llama-style models)");
+  if (format == HfFormat::Mixtral) require_mixtral_routing(reader.meta()["config"]["model"]);
   std::vector<SafetensorsItem> items;
   nlohmann::json cfg;
   if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);

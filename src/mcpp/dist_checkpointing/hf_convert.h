@@ -1,4 +1,4 @@
-// Conversion between our GPT checkpoints and HuggingFace transformers' GPT-2 / Llama layouts.
+// Conversion between our GPT checkpoints and HuggingFace transformers' GPT-2 / Llama / Mixtral layouts.
 //
 // Contract. Our parameter keys and layouts (Megatron-Core local spec, linear weights [out, in]):
 //   embedding.word_embeddings.weight        [Vp, h]        (Vp = padded vocab)
@@ -12,14 +12,21 @@
 //   decoder.layers.{i}.mlp.linear_fc2.{weight [h, f], bias [h]}
 //   decoder.final_layernorm.{weight,bias}                            [h]
 //   output_layer.weight                     [Vp, h]        (untied only)
+// MoE models (num_moe_experts E > 0; every layer a MoE layer) have instead of mlp.linear_fc1/2:
+//   decoder.layers.{i}.mlp.router.weight                             [E, h]
+//   decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight  [2F, h] = [gate F; up F]   (F = moe_ffn)
+//   decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight  [h, F]
 // HF GPT-2 (GPT2LMHeadModel) uses Conv1D weights stored [in, out] (c_attn columns q|k|v), an unpadded
 // vocab and a tied lm_head (not stored). HF Llama (LlamaForCausalLM) uses [out, in] q/k/v/o and
 // gate/up/down projections; its rotate_half RoPE equals Megatron's non-interleaved RoPE, so no row
-// permutation. Export writes <out>/config.json and <out>/model.safetensors (F32, "__metadata__":
-// {"format": "pt"}); import reads model.safetensors or model.safetensors.index.json shards (F32, F16
-// or BF16) and returns a model-only checkpoint (iteration 0, meta["config"] = {"model": {...}} with
-// Config::to_json's field names, vocab padded with zero rows to a multiple of 128). A config that the
-// target format cannot express is an mcpp::Error naming the field.
+// permutation. HF Mixtral (MixtralForCausalLM) is Llama's attention with block_sparse_moe.gate [E, h] and experts
+// {e}.w1 (gate) / w3 (up) [F, h], w2 [h, F]; its routing (softmax over all E, top-k, renormalized) equals ours
+// without pre-softmax (the softmax over the k chosen logits), dropless. Export writes <out>/config.json and
+// <out>/model.safetensors (F32, "__metadata__": {"format": "pt"}); import reads model.safetensors or
+// model.safetensors.index.json shards (F32, F16 or BF16) and returns a model-only checkpoint (iteration 0,
+// meta["config"] = {"model": {...}} with Config::to_json's field names, vocab padded with zero rows to a multiple
+// of 128; `mcpp train --finetune` loads it). A config that the target format cannot express is an mcpp::Error
+// naming the field.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -32,8 +39,9 @@
 
 namespace mcpp::dist_checkpointing {
 
-enum class HfFormat { Gpt2, Llama };
-HfFormat parse_hf_format(const std::string& s);  // "hf-gpt2" | "hf-llama"
+enum class HfFormat { Gpt2, Llama, Mixtral };
+HfFormat parse_hf_format(const std::string& s);  // "hf-gpt2" | "hf-llama" | "hf-mixtral"
+const char* hf_format_name(HfFormat f);
 
 // The model numbers the conversion needs, read from meta["config"] ("model" section); zero defaults
 // resolved as TransformerConfig::finalize does (groups = heads, d = h / heads, f = 4h without swiglu,
@@ -46,6 +54,8 @@ struct ModelDims {
   std::string position_embedding = "learned_absolute";  // "learned_absolute" | "rope" | "none"
   bool swiglu = false, untied = false, bias_linear = true;
   bool qkv_bias = false;  // QKV bias even without add_bias_linear (add_qkv_bias); implied by bias_linear
+  // mixture of experts: num_moe_experts, moe_router_topk, moe_ffn_hidden_size (0: dense; every layer MoE)
+  int64_t experts = 0, topk = 0, moe_ffn = 0;
 };
 ModelDims model_dims_from_config(const nlohmann::json& config, const std::string& where);
 nlohmann::json config_from_model_dims(const ModelDims& d);  // {"model": {...}}

@@ -1,4 +1,4 @@
-// Import of HF GPT-2 / Llama directories into a model-only checkpoint; see hf_convert.h.
+// Import of HF GPT-2 / Llama / Mixtral directories into a model-only checkpoint; see hf_convert.h.
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -151,13 +151,30 @@ ModelDims gpt2_dims(const nlohmann::json& c, const std::string& path) {
   return d;
 }
 
-ModelDims llama_dims(const nlohmann::json& c, const std::string& path) {
-  check_model_type(c, path, "llama");
+// RoPE's base: transformers 4 writes rope_theta (rope_scaling null for plain RoPE), transformers 5 rope_parameters
+// {rope_type, rope_theta}; anything but plain RoPE, or two different bases, is an error.
+double rope_base(const nlohmann::json& c, const std::string& path) {
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
+    fail("{}: field 'rope_scaling' is set; mcpp implements plain RoPE only", path);
+  double base = cfg_num(c, "rope_theta", path, 10000.0);
+  auto it = c.find("rope_parameters");
+  if (it == c.end() || it->is_null()) return base;
+  if (!it->is_object()) fail("{}: field 'rope_parameters' must be an object", path);
+  const nlohmann::json& rp = *it;
+  if (rp.contains("rope_type") && rp["rope_type"] != "default")
+    fail("{}: field 'rope_parameters.rope_type' is {}; mcpp implements plain RoPE only (\"default\")", path,
+         rp["rope_type"].dump());
+  const double theta = cfg_num(rp, "rope_theta", path, base);
+  if (c.contains("rope_theta") && !c["rope_theta"].is_null() && theta != base)
+    fail("{}: fields 'rope_theta' ({}) and 'rope_parameters.rope_theta' ({}) differ", path, base, theta);
+  return theta;
+}
+
+ModelDims llama_dims(const nlohmann::json& c, const std::string& path, bool mixtral = false) {
+  check_model_type(c, path, mixtral ? "mixtral" : "llama");
   if (c.value("hidden_act", "silu") != "silu") fail("{}: field 'hidden_act' must be \"silu\"", path);
   if (cfg_bool(c, "attention_bias", path, false)) fail("{}: field 'attention_bias' must be false", path);
   if (cfg_bool(c, "mlp_bias", path, false)) fail("{}: field 'mlp_bias' must be false", path);
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
-    fail("{}: field 'rope_scaling' is set; mcpp implements plain RoPE only", path);
   ModelDims d;
   d.hidden = cfg_int(c, "hidden_size", path);
   d.num_layers = cfg_int(c, "num_hidden_layers", path);
@@ -174,13 +191,24 @@ ModelDims llama_dims(const nlohmann::json& c, const std::string& path) {
   d.vocab = cfg_int(c, "vocab_size", path);
   d.padded_vocab = padded(d.vocab);
   d.norm_eps = cfg_num(c, "rms_norm_eps", path, 1e-6);
-  d.rotary_base = cfg_num(c, "rope_theta", path, 10000.0);
+  d.rotary_base = rope_base(c, path);
   d.normalization = "RMSNorm";
   d.position_embedding = "rope";
   d.swiglu = true;
   d.untied = !cfg_bool(c, "tie_word_embeddings", path, false);
   d.bias_linear = false;
   d.qkv_bias = false;
+  if (mixtral) {  // intermediate_size is the experts' width; Mixtral's sparse block on every layer
+    d.experts = cfg_int(c, "num_local_experts", path);
+    d.topk = cfg_int(c, "num_experts_per_tok", path);
+    if (d.topk > d.experts)
+      fail("{}: num_experts_per_tok {} exceeds num_local_experts {}", path, d.topk, d.experts);
+    d.moe_ffn = d.ffn;
+    if (c.contains("sliding_window") && !c["sliding_window"].is_null() &&
+        cfg_int(c, "sliding_window", path) < d.max_pos)
+      fail("{}: field 'sliding_window' ({}) is below max_position_embeddings ({}); mcpp's attention is full causal",
+           path, c["sliding_window"].dump(), d.max_pos);
+  }
   return d;
 }
 
@@ -232,6 +260,16 @@ void import_llama(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& o
                   hf.get(H + "self_attn.v_proj.weight", {kd, h}), d.heads, d.groups, d.head_dim));
     put(L + "self_attention.linear_proj.weight", hf.get(H + "self_attn.o_proj.weight", {h, qd}));
     put(L + "pre_mlp_layernorm.weight", hf.get(H + "post_attention_layernorm.weight", {h}));
+    if (d.experts > 0) {  // Mixtral: the router and the experts (w1 = gate, w3 = up, w2 = down)
+      put(L + "mlp.router.weight", hf.get(H + "block_sparse_moe.gate.weight", {d.experts, h}));
+      for (int64_t e = 0; e < d.experts; ++e) {
+        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
+        const std::string Y = fmt::format("{}block_sparse_moe.experts.{}.", H, e);
+        put(X + "linear_fc1.weight", cat_rows({hf.get(Y + "w1.weight", {f, h}), hf.get(Y + "w3.weight", {f, h})}));
+        put(X + "linear_fc2.weight", hf.get(Y + "w2.weight", {h, f}));
+      }
+      continue;
+    }
     put(L + "mlp.linear_fc1.weight",
         cat_rows({hf.get(H + "mlp.gate_proj.weight", {f, h}), hf.get(H + "mlp.up_proj.weight", {f, h})}));
     put(L + "mlp.linear_fc2.weight", hf.get(H + "mlp.down_proj.weight", {h, f}));
@@ -249,15 +287,15 @@ void import_llama(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& o
 CheckpointContents import_hf(const std::string& hf_dir, HfFormat format) {
   std::string cfg_path = (fs::path(hf_dir) / "config.json").string();
   nlohmann::json c = read_json(cfg_path);
-  ModelDims d = format == HfFormat::Gpt2 ? gpt2_dims(c, cfg_path) : llama_dims(c, cfg_path);
+  ModelDims d = format == HfFormat::Gpt2 ? gpt2_dims(c, cfg_path)
+                                         : llama_dims(c, cfg_path, format == HfFormat::Mixtral);
   HfTensors hf(hf_dir);
   CheckpointContents out;
   out.iteration = 0;
   if (format == HfFormat::Gpt2) import_gpt2(hf, d, out.tensors);
   else import_llama(hf, d, out.tensors);
   out.meta = {{"config", config_from_model_dims(d)},
-              {"imported_from", {{"format", format == HfFormat::Gpt2 ? "hf-gpt2" : "hf-llama"},
-                                 {"path", fs::absolute(hf_dir).string()}}}};
+              {"imported_from", {{"format", hf_format_name(format)}, {"path", fs::absolute(hf_dir).string()}}}};
   return out;
 }
 

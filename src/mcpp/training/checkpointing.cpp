@@ -387,6 +387,9 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
     state = TrainerState{.rng = state.rng};
     return true;
   }
+  if (!meta.contains("iteration") || !meta.contains("consumed_train_samples"))
+    fail("checkpoint '{}' is model-only (no training state: e.g. written by `mcpp ckpt import`); load its weights "
+         "with --finetune", reader.dir());
   state.iteration = meta.at("iteration").get<int64_t>();
   state.consumed_train_samples = meta.at("consumed_train_samples").get<int64_t>();
   state.consumed_valid_samples = meta.value("consumed_valid_samples", int64_t{0});

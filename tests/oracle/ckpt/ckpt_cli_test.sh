@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # End-to-end test of `mcpp ckpt` against the independent Python oracle (read_safetensors.py):
-#   python makes a random HF model (gpt2: F32 single file; llama: BF16, GQA, untied, 2 shards)
+#   python makes a random HF model (gpt2: F32 single file; llama: BF16, GQA, untied, 2 shards; mixtral: F16,
+#   4 experts top-2, 2 shards)
 #   -> mcpp ckpt import -> oracle checks manifest/files/xxh3 and the layout rearrangement in numpy
 #   -> mcpp ckpt verify / info -> mcpp ckpt export -> oracle checks the HF tensors against the
 #   checkpoint (numpy transposes/splits) and against the original HF tensors
 #   -> a flipped byte makes `mcpp ckpt verify` exit 2 naming the tensor; a format mismatch on export
-#   exits 2 naming the config field; re-importing into the same save dir is refused.
+#   exits 2 naming the config field; re-importing into the same save dir is refused; the imported Mixtral
+#   fine-tunes with --finetune (without it: an error naming the flag).
 # usage: ckpt_cli_test.sh MCPP_BIN PYTHON WORKDIR
 set -euo pipefail
 MCPP=$1; PY=$2; W=$3
@@ -23,7 +25,7 @@ expect_fail() {  # expect_fail "text that stderr must contain" cmd...
   echo "ok (exit 2, names '$want'): $*"
 }
 
-for fmt in gpt2 llama; do
+for fmt in gpt2 llama mixtral; do
   "$PY" "$ORACLE" make-hf $fmt "$W/hf_$fmt"
   "$MCPP" ckpt import --input "$W/hf_$fmt" --format hf-$fmt --save "$W/ck_$fmt"
   test "$(cat "$W/ck_$fmt/latest_checkpointed_iteration.txt")" = "0"
@@ -40,6 +42,25 @@ done
 
 expect_fail "model.normalization" "$MCPP" ckpt export --load "$W/ck_llama" --format hf-gpt2 --output "$W/bad"
 expect_fail "model_type" "$MCPP" ckpt import --input "$W/hf_gpt2" --format hf-llama --save "$W/bad"
+expect_fail "num_moe_experts" "$MCPP" ckpt export --load "$W/ck_mixtral" --format hf-llama --output "$W/bad"
+expect_fail "num_moe_experts" "$MCPP" ckpt export --load "$W/ck_llama" --format hf-mixtral --output "$W/bad"
+
+# The imported Mixtral fine-tunes (--finetune: its weights, a fresh schedule); without --finetune the model-only
+# checkpoint is an error naming the flag.
+"$PY" "$(dirname "$0")/../../../bench/gpu/random_tokens.py" "$W/rnd" --tokens 20000 --vocab 130 --doc-len 64
+FT=(train --load "$W/ck_mixtral" --num-layers 2 --hidden-size 16 --num-attention-heads 4 --group-query-attention
+    --num-query-groups 2 --kv-channels 4 --ffn-hidden-size 24 --seq-length 16 --max-position-embeddings 64
+    --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --position-embedding-type rope --rotary-base 500000
+    --untie-embeddings-and-output-weights --disable-bias-linear --num-experts 4 --moe-router-topk 2
+    --moe-ffn-hidden-size 24 --tokenizer-type NullTokenizer --vocab-size 130 --micro-batch-size 2
+    --global-batch-size 4 --lr 1e-3 --train-iters 2 --log-interval 1 --eval-iters 0 --data-path "$W/rnd"
+    --split 100,0,0 --hidden-dropout 0 --attention-dropout 0 --save "$W/ft")
+expect_fail "--finetune" "$MCPP" "${FT[@]}"
+"$MCPP" "${FT[@]}" --finetune > "$W/ft.txt" 2>&1
+if ! grep -q "training done: 2 iterations run" "$W/ft.txt"; then
+  echo "FAIL: the imported Mixtral did not fine-tune"; tail -5 "$W/ft.txt"; exit 1
+fi
+echo "ok: the imported Mixtral fine-tuned 2 iterations"
 
 # A flipped byte inside one tensor: verify names that tensor and exits 2; the others stay OK.
 KEY=decoder.layers.1.mlp.linear_fc2.weight

@@ -6,10 +6,10 @@ aligned data start, offsets contiguous from 0 to the end of the file, __metadata
 mcpp's manifest.json against the files and recomputes every tensor's XXH3-64, and redoes the GPT-2 /
 Llama layout conversions with numpy reshapes (not the C++ code's row loops).
 
-  read_safetensors.py make-hf gpt2|llama OUTDIR        random HF model dir (llama: BF16, 2 shards)
+  read_safetensors.py make-hf gpt2|llama|mixtral OUTDIR  random HF model dir (llama: BF16, mixtral: F16, 2 shards)
   read_safetensors.py check-ckpt ITERDIR               manifest vs files, xxh3, strict parse
-  read_safetensors.py check-import gpt2|llama HFDIR ITERDIR
-  read_safetensors.py check-export gpt2|llama ITERDIR OUTDIR [ORIG_HFDIR]
+  read_safetensors.py check-import gpt2|llama|mixtral HFDIR ITERDIR
+  read_safetensors.py check-export gpt2|llama|mixtral ITERDIR OUTDIR [ORIG_HFDIR]
   read_safetensors.py flip ITERDIR KEY                  flip one byte inside KEY's data
 Exit code 0 on success; an AssertionError (exit 1) names the file and tensor otherwise.
 """
@@ -149,6 +149,13 @@ def hf_to_ours(fmt, hf, cfg):
             o[p + "self_attention.linear_qkv.weight"] = np.concatenate([qw, kw, vw], axis=1).reshape(-1, h)
             o[p + "self_attention.linear_proj.weight"] = hf[q + "self_attn.o_proj.weight"]
             o[p + "pre_mlp_layernorm.weight"] = hf[q + "post_attention_layernorm.weight"]
+            if fmt == "mixtral":  # router = gate; each expert's fc1 = [w1 (gate); w3 (up)], fc2 = w2
+                o[p + "mlp.router.weight"] = hf[q + "block_sparse_moe.gate.weight"]
+                for e in range(cfg["num_local_experts"]):
+                    x, y = f"{p}mlp.experts.local_experts.{e}.", f"{q}block_sparse_moe.experts.{e}."
+                    o[x + "linear_fc1.weight"] = np.concatenate([hf[y + "w1.weight"], hf[y + "w3.weight"]])
+                    o[x + "linear_fc2.weight"] = hf[y + "w2.weight"]
+                continue
             o[p + "mlp.linear_fc1.weight"] = np.concatenate([hf[q + "mlp.gate_proj.weight"], hf[q + "mlp.up_proj.weight"]])
             o[p + "mlp.linear_fc2.weight"] = hf[q + "mlp.down_proj.weight"]
         o["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
@@ -190,6 +197,15 @@ def ours_to_hf(fmt, t, m):
             o[q + "self_attn.v_proj.weight"] = w[:, nq // ng + 1].reshape(ng * d, h)
             o[q + "self_attn.o_proj.weight"] = t[p + "self_attention.linear_proj.weight"]
             o[q + "post_attention_layernorm.weight"] = t[p + "pre_mlp_layernorm.weight"]
+            if fmt == "mixtral":
+                F = m["moe_ffn_hidden_size"]
+                o[q + "block_sparse_moe.gate.weight"] = t[p + "mlp.router.weight"]
+                for e in range(m["num_moe_experts"]):
+                    x, y = f"{p}mlp.experts.local_experts.{e}.", f"{q}block_sparse_moe.experts.{e}."
+                    o[y + "w1.weight"] = t[x + "linear_fc1.weight"][:F]
+                    o[y + "w3.weight"] = t[x + "linear_fc1.weight"][F:]
+                    o[y + "w2.weight"] = t[x + "linear_fc2.weight"]
+                continue
             o[q + "mlp.gate_proj.weight"] = t[p + "mlp.linear_fc1.weight"][:f]
             o[q + "mlp.up_proj.weight"] = t[p + "mlp.linear_fc1.weight"][f:]
             o[q + "mlp.down_proj.weight"] = t[p + "mlp.linear_fc2.weight"]
@@ -209,7 +225,7 @@ def compare(got, want, where):
 
 
 def make_hf(fmt, out):
-    rng = np.random.default_rng(1 if fmt == "gpt2" else 2)
+    rng = np.random.default_rng({"gpt2": 1, "llama": 2, "mixtral": 3}[fmt])
     r = lambda *s: rng.standard_normal(s).astype(np.float32)
     os.makedirs(out, exist_ok=True)
     if fmt == "gpt2":
@@ -235,14 +251,30 @@ def make_hf(fmt, out):
                "max_position_embeddings": P, "vocab_size": V, "tie_word_embeddings": False,
                "attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "rope_scaling": None}
         ts = {"model.embed_tokens.weight": r(V, h), "model.norm.weight": r(h), "lm_head.weight": r(V, h)}
+        E = 4
+        if fmt == "mixtral":  # Mixtral: 4 experts of width f = 24, top-2, no sliding window; F16 tensors
+            f = 24
+            cfg.update({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "intermediate_size": f,
+                        "num_local_experts": E, "num_experts_per_tok": 2, "sliding_window": None,
+                        "router_jitter_noise": 0.0})
+            del cfg["mlp_bias"]
         for i in range(L):
             q = f"model.layers.{i}."
             ts.update({q + "input_layernorm.weight": r(h), q + "self_attn.q_proj.weight": r(nq * d, h),
                        q + "self_attn.k_proj.weight": r(ng * d, h), q + "self_attn.v_proj.weight": r(ng * d, h),
-                       q + "self_attn.o_proj.weight": r(h, nq * d), q + "post_attention_layernorm.weight": r(h),
-                       q + "mlp.gate_proj.weight": r(f, h), q + "mlp.up_proj.weight": r(f, h),
-                       q + "mlp.down_proj.weight": r(h, f)})
-        bf16 = {k: ("BF16", (v.view(np.uint32) >> 16).astype(np.uint16)) for k, v in ts.items()}  # truncate
+                       q + "self_attn.o_proj.weight": r(h, nq * d), q + "post_attention_layernorm.weight": r(h)})
+            if fmt == "mixtral":
+                ts[q + "block_sparse_moe.gate.weight"] = r(E, h)
+                for e in range(E):
+                    y = f"{q}block_sparse_moe.experts.{e}."
+                    ts.update({y + "w1.weight": r(f, h), y + "w3.weight": r(f, h), y + "w2.weight": r(h, f)})
+            else:
+                ts.update({q + "mlp.gate_proj.weight": r(f, h), q + "mlp.up_proj.weight": r(f, h),
+                           q + "mlp.down_proj.weight": r(h, f)})
+        if fmt == "mixtral":
+            bf16 = {k: ("F16", v.astype(np.float16).view(np.uint16)) for k, v in ts.items()}
+        else:
+            bf16 = {k: ("BF16", (v.view(np.uint32) >> 16).astype(np.uint16)) for k, v in ts.items()}  # truncate
         names = sorted(bf16)
         shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
                   "model-00002-of-00002.safetensors": names[len(names) // 2:]}
@@ -281,6 +313,13 @@ def main(argv):
             want = {"model_type": "gpt2", "n_embd": m["hidden_size"], "n_layer": m["num_layers"],
                     "n_head": m["num_attention_heads"], "n_positions": m["max_position_embeddings"],
                     "vocab_size": m["vocab_size"], "activation_function": "gelu_new", "tie_word_embeddings": True}
+        elif fmt == "mixtral":
+            want = {"model_type": "mixtral", "hidden_size": m["hidden_size"],
+                    "intermediate_size": m["moe_ffn_hidden_size"], "num_local_experts": m["num_moe_experts"],
+                    "num_experts_per_tok": m["moe_router_topk"], "num_key_value_heads": m["num_query_groups"],
+                    "head_dim": m["kv_channels"], "rope_theta": m["rotary_base"], "rms_norm_eps": m["norm_epsilon"],
+                    "hidden_act": "silu", "sliding_window": None,
+                    "tie_word_embeddings": not m["untie_embeddings_and_output_weights"]}
         else:
             want = {"model_type": "llama", "hidden_size": m["hidden_size"], "intermediate_size": m["ffn_hidden_size"],
                     "num_key_value_heads": m["num_query_groups"], "head_dim": m["kv_channels"],
