@@ -1,11 +1,12 @@
-# On the device (torch + transformers): HF loads our exports (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM)
+# On the device (torch + transformers): HF loads our exports (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
+# Qwen2MoeForCausalLM)
 # and computes the same logits as `mcpp forward`
 # (CPU, fp32). Inputs come from tests/device/prepare_hf_check.sh (run here, carried as device_carry/).
 import json, sys, numpy as np, torch, transformers
 from transformers import AutoModelForCausalLM
 ids = torch.tensor(np.loadtxt("device_carry/tokens.txt", dtype=np.int64))
 ok = True
-for name in sys.argv[1:] or ["gpt2", "llama", "mixtral"]:  # a subset when the carry's 64 MiB holds not all
+for name in sys.argv[1:] or ["gpt2", "llama", "mixtral", "qwen2-moe"]:  # a subset when the carry's 64 MiB holds not all
     m = AutoModelForCausalLM.from_pretrained(f"device_carry/hf-{name}", torch_dtype=torch.float32).eval()
     with torch.no_grad():
         hf = m(ids).logits.float().numpy()

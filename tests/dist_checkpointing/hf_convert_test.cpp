@@ -1,6 +1,7 @@
 // HF conversion: Megatron's grouped QKV row order against a hand-written example, export -> import
 // round trip bit-identical for GPT-2 (MHA, LayerNorm, biases, tied) and Llama (GQA, RMSNorm, SwiGLU,
-// tied and untied) and Mixtral (Llama + 4 experts top-2 in every layer), the exported GPT-2 Conv1D transposes checked
+// tied and untied), Mixtral (Llama + 4 experts top-2 in every layer) and Qwen2-MoE (a MoE layer with a gated shared
+// expert and a dense layer; q/k/v biases; both top-k normalizations), the exported GPT-2 Conv1D transposes checked
 // element-wise, and configs the target format cannot express rejected with the field named.
 #include "mcpp/dist_checkpointing/hf_convert.h"
 
@@ -9,6 +10,7 @@
 #include "dist_checkpointing/ckpt_test_util.h"
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/hf_tensor_ops.h"
+#include "mcpp/kernels/ops.h"
 
 namespace mcpp::dist_checkpointing {
 namespace {
@@ -33,6 +35,14 @@ ModelDims llama_dims(bool untied) {
 ModelDims mixtral_dims() {
   ModelDims d = llama_dims(true);
   d.experts = 4, d.topk = 2, d.moe_ffn = d.ffn = 24;  // imported: the dense ffn is the experts' width
+  return d;
+}
+
+ModelDims qwen2_moe_dims(bool pre_softmax) {  // layer 0 MoE (4 experts top-2 + a gated shared expert), layer 1 dense
+  ModelDims d = llama_dims(true);
+  d.qkv_bias = true;
+  d.experts = 4, d.topk = 2, d.moe_ffn = 12, d.moe_layers = {true, false};
+  d.moe_pre_softmax = pre_softmax, d.shared_ffn = 20, d.shared_gate = true;
   return d;
 }
 
@@ -91,6 +101,61 @@ TEST(HfConvert, Gpt2ExportImportRoundTripIsBitIdentical) { expect_round_trip(gpt
 TEST(HfConvert, LlamaTiedRoundTripIsBitIdentical) { expect_round_trip(llama_dims(false), HfFormat::Llama); }
 TEST(HfConvert, LlamaUntiedRoundTripIsBitIdentical) { expect_round_trip(llama_dims(true), HfFormat::Llama); }
 TEST(HfConvert, MixtralRoundTripIsBitIdentical) { expect_round_trip(mixtral_dims(), HfFormat::Mixtral); }
+TEST(HfConvert, Qwen2MoeRoundTripIsBitIdentical) {
+  expect_round_trip(qwen2_moe_dims(true), HfFormat::Qwen2Moe);   // norm_topk_prob false
+  expect_round_trip(qwen2_moe_dims(false), HfFormat::Qwen2Moe);  // norm_topk_prob true
+}
+
+// The exported Qwen2-MoE layout: q/k/v biases split from linear_qkv's, the MoE layer's gate / experts / gated shared
+// expert, the dense layer's MLP, and the config's layer pattern and top-k normalization; a model without q/k/v
+// biases exports zero biases; a shared expert without its gate (or none) is named.
+TEST(HfConvert, Qwen2MoeExportLayout) {
+  TempDir dir;
+  const ModelDims d = qwen2_moe_dims(true);
+  save_checkpoint(dir / "ck", random_model(d));
+  export_hf(CheckpointReader(dir / "ck"), HfFormat::Qwen2Moe, dir / "hf");
+  CheckpointReader r(dir / "ck");
+  SafetensorsHeader h = read_safetensors_header(dir / "hf/model.safetensors");
+  auto hf = [&](const std::string& name) {
+    for (const auto& e : h.entries)
+      if (e.name == name) return read_safetensors_tensor(h, e);
+    ADD_FAILURE() << "no " << name;
+    return Tensor::zeros({1});
+  };
+  auto [qb, kb, vb] = hf_detail::split_qkv(r.read("decoder.layers.0.self_attention.linear_qkv.bias"), 4, 2, 4);
+  EXPECT_TRUE(bit_equal(hf("model.layers.0.self_attn.k_proj.bias"), kb));
+  EXPECT_TRUE(bit_equal(hf("model.layers.0.mlp.gate.weight"), r.read("decoder.layers.0.mlp.router.weight")));
+  const Tensor fc1 = r.read("decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight");  // [24, 16]
+  EXPECT_TRUE(bit_equal(hf("model.layers.0.mlp.experts.2.up_proj.weight"), hf_detail::slice_rows(fc1, 12, 12)));
+  EXPECT_TRUE(bit_equal(hf("model.layers.0.mlp.shared_expert_gate.weight"),
+                        r.read("decoder.layers.0.mlp.shared_experts.gate_weight")));
+  EXPECT_TRUE(bit_equal(hf("model.layers.0.mlp.shared_expert.down_proj.weight"),
+                        r.read("decoder.layers.0.mlp.shared_experts.linear_fc2.weight")));
+  EXPECT_TRUE(bit_equal(hf("model.layers.1.mlp.down_proj.weight"), r.read("decoder.layers.1.mlp.linear_fc2.weight")));
+  const auto cfg = nlohmann::json::parse(read_text(dir / "hf/config.json"));
+  EXPECT_EQ(cfg["model_type"], "qwen2_moe");
+  EXPECT_EQ(cfg["mlp_only_layers"], nlohmann::json::array({1}));
+  EXPECT_EQ(cfg["norm_topk_prob"], false);
+  EXPECT_EQ(cfg["intermediate_size"], 40);
+  EXPECT_EQ(cfg["moe_intermediate_size"], 12);
+  EXPECT_EQ(cfg["shared_expert_intermediate_size"], 20);
+  ModelDims no_bias = d;  // zero q/k/v biases: the same function
+  no_bias.qkv_bias = false;
+  save_checkpoint(dir / "nb", random_model(no_bias));
+  export_hf(CheckpointReader(dir / "nb"), HfFormat::Qwen2Moe, dir / "hf_nb");
+  const CheckpointContents back = import_hf(dir / "hf_nb", HfFormat::Qwen2Moe);
+  for (const auto& t : back.tensors)
+    if (t.key.find("linear_qkv.bias") != std::string::npos) EXPECT_EQ(ops::sum_of_squares(t.tensor), 0.0) << t.key;
+  for (const bool has_shared : {true, false}) {  // a shared expert without its gate, or none at all
+    ModelDims bad = d;
+    bad.shared_gate = false;
+    if (!has_shared) bad.shared_ffn = 0;
+    const std::string name = has_shared ? "ungated" : "none";
+    save_checkpoint(dir / name, random_model(bad));
+    expect_error([&] { export_hf(CheckpointReader(dir / name), HfFormat::Qwen2Moe, dir / "o"); },
+                 {"hf-qwen2-moe", "model.moe_shared_expert_gate", "a gated shared expert"});
+  }
+}
 
 // The exported Mixtral layout element-wise: the router as block_sparse_moe.gate, each expert's fc1 rows split into
 // w1 (gate) and w3 (up), fc2 as w2; the config names the experts and their width.
@@ -210,6 +275,9 @@ TEST(HfConvert, ExportRejectsConfigsTheFormatCannotExpress) {
   save_checkpoint(dir / "nocfg", no_cfg);
   expect_error([&] { export_hf(CheckpointReader(dir / "nocfg"), HfFormat::Gpt2, dir / "o"); }, {"config"});
   expect_error([&] { parse_hf_format("hf-bert"); }, {"--format", "hf-bert"});
+  for (HfFormat f : {HfFormat::Gpt2, HfFormat::Llama, HfFormat::Mixtral, HfFormat::Qwen2Moe})
+    EXPECT_EQ(parse_hf_format(hf_format_name(f)), f) << hf_format_name(f);
+  EXPECT_EQ(std::string(hf_format_name(HfFormat::Qwen2Moe)), "hf-qwen2-moe");
 }
 
 TEST(HfConvert, ExportChecksTensorShapesAgainstConfig) {

@@ -1,11 +1,13 @@
 // Model dims from the checkpoint config, our key set, and export to HF GPT-2 / Llama / Mixtral; see hf_convert.h.
 #include "mcpp/dist_checkpointing/hf_convert.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/hf_tensor_ops.h"
+#include "mcpp/transformer/transformer_config.h"
 
 namespace fs = std::filesystem;
 
@@ -120,19 +122,24 @@ void export_gpt2(const CheckpointReader& r, const ModelDims& d, std::vector<Safe
          {"torch_dtype", "float32"}};
 }
 
-// Mixtral's MoE settings beyond the dims: what MixtralForCausalLM cannot express is an error naming the field.
-void require_mixtral_routing(const nlohmann::json& m) {
-  const std::string F = "hf-mixtral";
+// The MoE settings beyond the dims: what MixtralForCausalLM / Qwen2MoeForCausalLM cannot express is an error naming
+// the field (Mixtral: every layer MoE, no shared expert, no pre-softmax; Qwen2-MoE: either top-k normalization).
+void require_moe_routing(const nlohmann::json& m, HfFormat f) {
+  const std::string F = hf_format_name(f);
+  const bool mixtral = f == HfFormat::Mixtral;
   auto str = [&](const char* k, const char* dflt) { return m.value(k, std::string(dflt)); };
   auto num = [&](const char* k) { return m.contains(k) && m[k].is_number() ? m[k].get<double>() : 0.0; };
   auto flag = [&](const char* k) { return m.contains(k) && m[k].is_boolean() && m[k].get<bool>(); };
-  require(str("moe_layer_freq", "1") == "1", F, "moe_layer_freq", str("moe_layer_freq", "1"), "1 (every layer MoE)");
-  require(num("moe_shared_expert_intermediate_size") == 0, F, "moe_shared_expert_intermediate_size",
-          m.value("moe_shared_expert_intermediate_size", nlohmann::json(0)).dump(), "0 (no shared expert)");
+  if (mixtral) {
+    require(str("moe_layer_freq", "1") == "1", F, "moe_layer_freq", str("moe_layer_freq", "1"),
+            "1 (every layer MoE)");
+    require(num("moe_shared_expert_intermediate_size") == 0, F, "moe_shared_expert_intermediate_size",
+            m.value("moe_shared_expert_intermediate_size", nlohmann::json(0)).dump(), "0 (no shared expert)");
+    require(!flag("moe_router_pre_softmax"), F, "moe_router_pre_softmax", "true",
+            "false (the softmax over the top-k logits)");
+  }
   require(str("moe_router_score_function", "softmax") == "softmax", F, "moe_router_score_function",
           str("moe_router_score_function", "softmax"), "softmax");
-  require(!flag("moe_router_pre_softmax"), F, "moe_router_pre_softmax", "true",
-          "false (the softmax over the top-k logits)");
   require(num("moe_router_topk_scaling_factor") == 0, F, "moe_router_topk_scaling_factor",
           std::to_string(num("moe_router_topk_scaling_factor")), "0 (none)");
   require(num("moe_router_num_groups") == 0, F, "moe_router_num_groups", std::to_string(num("moe_router_num_groups")),
@@ -142,22 +149,37 @@ void require_mixtral_routing(const nlohmann::json& m) {
           std::to_string(num("moe_expert_capacity_factor")), "0 (dropless)");
 }
 
-void export_llama(const CheckpointReader& r, const ModelDims& d, std::vector<SafetensorsItem>& items,
+// Llama and its MoE relatives: Mixtral (every layer a sparse block), Qwen2-MoE (q/k/v biases, gated shared expert,
+// MoE or dense layers).
+void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std::vector<SafetensorsItem>& items,
                   nlohmann::json& cfg) {
-  const bool moe = d.experts > 0;  // hf-mixtral: Llama's attention, sparse MoE blocks
-  const std::string F = moe ? "hf-mixtral" : "hf-llama";
+  const std::string F = hf_format_name(f);
+  const bool qwen = f == HfFormat::Qwen2Moe;
   require(d.normalization == "RMSNorm", F, "normalization", d.normalization, "RMSNorm");
   require(d.position_embedding == "rope", F, "position_embedding_type", d.position_embedding, "rope");
   require(d.rotary_percent == 1.0, F, "rotary_percent", std::to_string(d.rotary_percent), "1.0");
   require(d.swiglu, F, "swiglu", "false", "true");
   require(!d.bias_linear, F, "add_bias_linear", "true", "false");
-  require(!d.qkv_bias, F, "add_qkv_bias", "true", "false");
+  if (!qwen) require(!d.qkv_bias, F, "add_qkv_bias", "true", "false");  // Qwen2's q/k/v always have biases
+  if (qwen) {
+    require(d.head_dim * d.heads == d.hidden, F, "kv_channels", std::to_string(d.head_dim),
+            "hidden_size / num_attention_heads");
+    require(d.shared_ffn > 0 && d.shared_gate, F, "moe_shared_expert_gate",
+            d.shared_ffn > 0 ? "false" : "unset (no shared expert)", "a gated shared expert");
+  }
   std::map<std::string, Shape> shapes;
   for (auto& [k, s] : model_param_shapes(d)) shapes[k] = s;
   auto get = [&](const std::string& key) { return get_f32(r, key, shapes.at(key)); };
   auto put = [&](const std::string& name, Tensor t) { items.push_back({name, std::move(t)}); };
+  auto swiglu_mlp = [&](const std::string& X, const std::string& Y, int64_t width) {  // [gate; up] -> 3 projections
+    Tensor fc1 = get(X + "linear_fc1.weight");
+    put(Y + "gate_proj.weight", slice_rows(fc1, 0, width));
+    put(Y + "up_proj.weight", slice_rows(fc1, width, width));
+    put(Y + "down_proj.weight", get(X + "linear_fc2.weight"));
+  };
 
   put("model.embed_tokens.weight", slice_rows(get("embedding.word_embeddings.weight"), 0, d.vocab));
+  std::vector<int64_t> dense_layers;
   for (int64_t i = 0; i < d.num_layers; ++i) {
     const std::string L = fmt::format("decoder.layers.{}.", i);
     const std::string H = fmt::format("model.layers.{}.", i);
@@ -166,24 +188,39 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, std::vector<Saf
     put(H + "self_attn.q_proj.weight", q);  // [nq d, h]
     put(H + "self_attn.k_proj.weight", k);  // [ng d, h]
     put(H + "self_attn.v_proj.weight", v);  // [ng d, h]
+    if (qwen) {  // the biases, or zeros for a model without them (the same function)
+      const int64_t rows = (d.heads + 2 * d.groups) * d.head_dim;
+      auto [qb, kb, vb] = split_qkv(d.qkv_bias ? get(L + "self_attention.linear_qkv.bias") : Tensor::zeros({rows}),
+                                    d.heads, d.groups, d.head_dim);
+      put(H + "self_attn.q_proj.bias", qb);
+      put(H + "self_attn.k_proj.bias", kb);
+      put(H + "self_attn.v_proj.bias", vb);
+    }
     put(H + "self_attn.o_proj.weight", get(L + "self_attention.linear_proj.weight"));  // [h, nq d]
     put(H + "post_attention_layernorm.weight", get(L + "pre_mlp_layernorm.weight"));
-    if (moe) {
-      put(H + "block_sparse_moe.gate.weight", get(L + "mlp.router.weight"));  // [E, h]
-      for (int64_t e = 0; e < d.experts; ++e) {
-        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
-        const std::string Y = fmt::format("{}block_sparse_moe.experts.{}.", H, e);
-        Tensor fc1 = get(X + "linear_fc1.weight");  // [2F, h] = [gate; up]
-        put(Y + "w1.weight", slice_rows(fc1, 0, d.moe_ffn));
-        put(Y + "w3.weight", slice_rows(fc1, d.moe_ffn, d.moe_ffn));
-        put(Y + "w2.weight", get(X + "linear_fc2.weight"));  // [h, F]
-      }
+    if (!d.is_moe_layer(i)) {
+      dense_layers.push_back(i);
+      swiglu_mlp(L + "mlp.", H + "mlp.", d.ffn);
       continue;
     }
-    Tensor fc1 = get(L + "mlp.linear_fc1.weight");  // [2f, h] = [gate; up]
-    put(H + "mlp.gate_proj.weight", slice_rows(fc1, 0, d.ffn));
-    put(H + "mlp.up_proj.weight", slice_rows(fc1, d.ffn, d.ffn));
-    put(H + "mlp.down_proj.weight", get(L + "mlp.linear_fc2.weight"));  // [h, f]
+    const std::string B = H + (qwen ? "mlp." : "block_sparse_moe.");
+    put(B + "gate.weight", get(L + "mlp.router.weight"));  // [E, h]
+    for (int64_t e = 0; e < d.experts; ++e) {
+      const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
+      const std::string Y = fmt::format("{}experts.{}.", B, e);
+      if (qwen) {
+        swiglu_mlp(X, Y, d.moe_ffn);
+        continue;
+      }
+      Tensor fc1 = get(X + "linear_fc1.weight");  // [2F, h] = [gate; up]: Mixtral's w1, w3
+      put(Y + "w1.weight", slice_rows(fc1, 0, d.moe_ffn));
+      put(Y + "w3.weight", slice_rows(fc1, d.moe_ffn, d.moe_ffn));
+      put(Y + "w2.weight", get(X + "linear_fc2.weight"));  // [h, F]
+    }
+    if (qwen) {
+      swiglu_mlp(L + "mlp.shared_experts.", B + "shared_expert.", d.shared_ffn);
+      put(B + "shared_expert_gate.weight", get(L + "mlp.shared_experts.gate_weight"));  // [1, h]
+    }
   }
   put("model.norm.weight", get("decoder.final_layernorm.weight"));
   if (d.untied) put("lm_head.weight", slice_rows(get("output_layer.weight"), 0, d.vocab));
@@ -209,18 +246,30 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, std::vector<Saf
          {"pretraining_tp", 1},
          {"initializer_range", 0.02},
          {"torch_dtype", "float32"}};
-  if (moe) {  // MixtralForCausalLM: the experts' width is intermediate_size; no sliding window, no training jitter
-    cfg.erase("mlp_bias");
-    cfg.erase("pretraining_tp");
+  if (f == HfFormat::Llama) return;
+  for (const char* k : {"mlp_bias", "pretraining_tp", "attention_bias"}) cfg.erase(k);
+  cfg["num_experts_per_tok"] = d.topk;
+  cfg["output_router_logits"] = false;
+  cfg["sliding_window"] = nullptr;
+  if (f == HfFormat::Mixtral) {  // the experts' width is intermediate_size; no sliding window, no training jitter
     cfg["architectures"] = {"MixtralForCausalLM"};
     cfg["model_type"] = "mixtral";
     cfg["intermediate_size"] = d.moe_ffn;
     cfg["num_local_experts"] = d.experts;
-    cfg["num_experts_per_tok"] = d.topk;
-    cfg["sliding_window"] = nullptr;
     cfg["router_jitter_noise"] = 0.0;
-    cfg["output_router_logits"] = false;
+    return;
   }
+  cfg["architectures"] = {"Qwen2MoeForCausalLM"};  // intermediate_size: the dense layers' MLP
+  cfg["model_type"] = "qwen2_moe";
+  cfg.erase("head_dim");  // hidden / heads
+  cfg["num_experts"] = d.experts;
+  cfg["moe_intermediate_size"] = d.moe_ffn;
+  cfg["shared_expert_intermediate_size"] = d.shared_ffn;
+  cfg["norm_topk_prob"] = !d.moe_pre_softmax;  // renormalized top-k = the softmax over the k logits
+  cfg["decoder_sparse_step"] = 1;
+  cfg["mlp_only_layers"] = dense_layers;
+  cfg["use_sliding_window"] = false;
+  cfg["max_window_layers"] = d.num_layers;
 }
 
 }  // namespace
@@ -229,11 +278,18 @@ HfFormat parse_hf_format(const std::string& s) {
   if (s == "hf-gpt2") return HfFormat::Gpt2;
   if (s == "hf-llama") return HfFormat::Llama;
   if (s == "hf-mixtral") return HfFormat::Mixtral;
-  fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama|hf-mixtral)", s);
+  if (s == "hf-qwen2-moe") return HfFormat::Qwen2Moe;
+  fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama|hf-mixtral|hf-qwen2-moe)", s);
 }
 
 const char* hf_format_name(HfFormat f) {
-  return f == HfFormat::Gpt2 ? "hf-gpt2" : f == HfFormat::Llama ? "hf-llama" : "hf-mixtral";
+  switch (f) {
+    case HfFormat::Gpt2: return "hf-gpt2";
+    case HfFormat::Llama: return "hf-llama";
+    case HfFormat::Mixtral: return "hf-mixtral";
+    case HfFormat::Qwen2Moe: return "hf-qwen2-moe";
+  }
+  return "?";
 }
 
 ModelDims model_dims_from_config(const nlohmann::json& config, const std::string& where) {
@@ -280,6 +336,14 @@ ModelDims model_dims_from_config(const nlohmann::json& config, const std::string
     if (d.moe_ffn == 0) d.moe_ffn = d.ffn;
     if (d.topk < 1 || d.topk > d.experts)
       fail("{}: model.moe_router_topk {} outside [1, num_moe_experts = {}]", where, d.topk, d.experts);
+    TransformerConfig pattern;  // moe_layer_freq expanded as the trainer does
+    pattern.num_layers = d.num_layers;
+    pattern.num_moe_experts = d.experts;
+    pattern.moe_layer_freq = get_val<std::string>(m, "moe_layer_freq", where, "1");
+    d.moe_layers = pattern.moe_layer_pattern();
+    d.moe_pre_softmax = get_val<bool>(m, "moe_router_pre_softmax", where, false);
+    d.shared_ffn = get_int(m, "moe_shared_expert_intermediate_size", where, 0, false);
+    d.shared_gate = get_val<bool>(m, "moe_shared_expert_gate", where, false);
   }
   return d;
 }
@@ -310,6 +374,17 @@ nlohmann::json config_from_model_dims(const ModelDims& d) {
     m["num_moe_experts"] = d.experts;
     m["moe_router_topk"] = d.topk;
     m["moe_ffn_hidden_size"] = d.moe_ffn;
+    std::string freq = "1";  // every layer, else the per-layer list
+    if (std::find(d.moe_layers.begin(), d.moe_layers.end(), false) != d.moe_layers.end()) {
+      freq = "[";
+      for (size_t i = 0; i < d.moe_layers.size(); ++i)
+        freq += std::string(i ? "," : "") + (d.moe_layers[i] ? "1" : "0");
+      freq += "]";
+    }
+    m["moe_layer_freq"] = freq;
+    m["moe_router_pre_softmax"] = d.moe_pre_softmax;
+    m["moe_shared_expert_intermediate_size"] = d.shared_ffn;
+    m["moe_shared_expert_gate"] = d.shared_gate;
   }
   return {{"model", m}};
 }
@@ -334,16 +409,18 @@ std::vector<std::pair<std::string, Shape>> model_param_shapes(const ModelDims& d
     out.push_back({L + "self_attention.linear_proj.weight", {h, d.heads * d.head_dim}});
     if (d.bias_linear) out.push_back({L + "self_attention.linear_proj.bias", {h}});
     norm(L + "pre_mlp_layernorm");
-    if (d.experts > 0) {  // every layer a MoE layer: the router and the experts instead of the MLP
-      const int64_t rows = d.swiglu ? 2 * d.moe_ffn : d.moe_ffn;
-      out.push_back({L + "mlp.router.weight", {d.experts, h}});
-      for (int64_t e = 0; e < d.experts; ++e) {
-        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
+    if (d.is_moe_layer(i)) {  // the router, the experts (and a shared expert) instead of the MLP
+      auto mlp = [&](const std::string& X, int64_t width) {
+        const int64_t rows = d.swiglu ? 2 * width : width;
         out.push_back({X + "linear_fc1.weight", {rows, h}});
         if (d.bias_linear) out.push_back({X + "linear_fc1.bias", {rows}});
-        out.push_back({X + "linear_fc2.weight", {h, d.moe_ffn}});
+        out.push_back({X + "linear_fc2.weight", {h, width}});
         if (d.bias_linear) out.push_back({X + "linear_fc2.bias", {h}});
-      }
+      };
+      out.push_back({L + "mlp.router.weight", {d.experts, h}});
+      for (int64_t e = 0; e < d.experts; ++e) mlp(fmt::format("{}mlp.experts.local_experts.{}.", L, e), d.moe_ffn);
+      if (d.shared_ffn > 0) mlp(L + "mlp.shared_experts.", d.shared_ffn);
+      if (d.shared_gate) out.push_back({L + "mlp.shared_experts.gate_weight", {1, h}});
       continue;
     }
     out.push_back({L + "mlp.linear_fc1.weight", {fc1_rows, h}});
@@ -372,18 +449,19 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
   if (!reader.meta().contains("config"))
     fail("{}: checkpoint meta has no 'config' (needed to export)", reader.dir());
   ModelDims d = model_dims_from_config(reader.meta()["config"], reader.dir() + "/manifest.json meta.config");
-  if (d.experts > 0 && format != HfFormat::Mixtral)  // GPT2LMHeadModel / LlamaForCausalLM have dense MLPs
+  const bool moe_format = format == HfFormat::Mixtral || format == HfFormat::Qwen2Moe;
+  if (d.experts > 0 && !moe_format)  // GPT2LMHeadModel / LlamaForCausalLM have dense MLPs
     fail("{} export: the checkpoint is a mixture-of-experts model (model.num_moe_experts {}); {} has dense MLPs "
-         "(hf-mixtral writes MoE models)", hf_format_name(format), d.experts,
+         "(hf-mixtral / hf-qwen2-moe write MoE models)", hf_format_name(format), d.experts,
          format == HfFormat::Gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM");
-  if (d.experts == 0 && format == HfFormat::Mixtral)
-    fail("hf-mixtral export: model.num_moe_experts is 0 (a dense model); hf-mixtral needs experts (hf-llama writes "
-         "dense Llama-style models)");
-  if (format == HfFormat::Mixtral) require_mixtral_routing(reader.meta()["config"]["model"]);
+  if (d.experts == 0 && moe_format)
+    fail("{} export: model.num_moe_experts is 0 (a dense model); {} needs experts (hf-llama writes dense "
+         "Llama-style models)", hf_format_name(format), hf_format_name(format));
+  if (moe_format) require_moe_routing(reader.meta()["config"]["model"], format);
   std::vector<SafetensorsItem> items;
   nlohmann::json cfg;
   if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);
-  else export_llama(reader, d, items, cfg);
+  else export_llama(reader, d, format, items, cfg);
   set_special_tokens(cfg, d.vocab);
   std::error_code ec;
   fs::create_directories(out_dir, ec);

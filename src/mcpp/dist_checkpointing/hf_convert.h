@@ -16,12 +16,18 @@
 //   decoder.layers.{i}.mlp.router.weight                             [E, h]
 //   decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight  [2F, h] = [gate F; up F]   (F = moe_ffn)
 //   decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight  [h, F]
+//   decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight [2S, h], .linear_fc2.weight [h, S], .gate_weight [1, h]
+//     (a shared expert of width S, gated)
+// (the layers moe_layer_freq leaves dense keep mlp.linear_fc1/2).
 // HF GPT-2 (GPT2LMHeadModel) uses Conv1D weights stored [in, out] (c_attn columns q|k|v), an unpadded
 // vocab and a tied lm_head (not stored). HF Llama (LlamaForCausalLM) uses [out, in] q/k/v/o and
 // gate/up/down projections; its rotate_half RoPE equals Megatron's non-interleaved RoPE, so no row
 // permutation. HF Mixtral (MixtralForCausalLM) is Llama's attention with block_sparse_moe.gate [E, h] and experts
 // {e}.w1 (gate) / w3 (up) [F, h], w2 [h, F]; its routing (softmax over all E, top-k, renormalized) equals ours
-// without pre-softmax (the softmax over the k chosen logits), dropless. Export writes <out>/config.json and
+// without pre-softmax (the softmax over the k chosen logits), dropless. HF Qwen2-MoE (Qwen2MoeForCausalLM): Llama's
+// layout with q/k/v biases; mlp.gate [E, h], mlp.experts.{e}.gate/up/down_proj, mlp.shared_expert.gate/up/down_proj
+// and mlp.shared_expert_gate [1, h] (sigmoid-gated shared expert); norm_topk_prob false = our pre-softmax routing
+// (the full softmax's top-k probabilities), true = ours without; mlp_only_layers = our dense layers. Export writes <out>/config.json and
 // <out>/model.safetensors (F32, "__metadata__": {"format": "pt"}); import reads model.safetensors or
 // model.safetensors.index.json shards (F32, F16 or BF16) and returns a model-only checkpoint (iteration 0,
 // meta["config"] = {"model": {...}} with Config::to_json's field names, vocab padded with zero rows to a multiple
@@ -39,8 +45,8 @@
 
 namespace mcpp::dist_checkpointing {
 
-enum class HfFormat { Gpt2, Llama, Mixtral };
-HfFormat parse_hf_format(const std::string& s);  // "hf-gpt2" | "hf-llama" | "hf-mixtral"
+enum class HfFormat { Gpt2, Llama, Mixtral, Qwen2Moe };
+HfFormat parse_hf_format(const std::string& s);  // "hf-gpt2" | "hf-llama" | "hf-mixtral" | "hf-qwen2-moe"
 const char* hf_format_name(HfFormat f);
 
 // The model numbers the conversion needs, read from meta["config"] ("model" section); zero defaults
@@ -54,8 +60,17 @@ struct ModelDims {
   std::string position_embedding = "learned_absolute";  // "learned_absolute" | "rope" | "none"
   bool swiglu = false, untied = false, bias_linear = true;
   bool qkv_bias = false;  // QKV bias even without add_bias_linear (add_qkv_bias); implied by bias_linear
-  // mixture of experts: num_moe_experts, moe_router_topk, moe_ffn_hidden_size (0: dense; every layer MoE)
+  // mixture of experts: num_moe_experts, moe_router_topk, moe_ffn_hidden_size (experts 0: dense), which layers are
+  // MoE layers (moe_layer_freq expanded, one entry per layer — empty: every layer; the others keep a dense MLP of
+  // width ffn), moe_router_pre_softmax, the shared expert's width (moe_shared_expert_intermediate_size) and gate
   int64_t experts = 0, topk = 0, moe_ffn = 0;
+  std::vector<bool> moe_layers;
+  bool moe_pre_softmax = false;
+  int64_t shared_ffn = 0;
+  bool shared_gate = false;
+  bool is_moe_layer(int64_t i) const {
+    return experts > 0 && (moe_layers.empty() || moe_layers.at(static_cast<size_t>(i)));
+  }
 };
 ModelDims model_dims_from_config(const nlohmann::json& config, const std::string& where);
 nlohmann::json config_from_model_dims(const ModelDims& d);  // {"model": {...}}

@@ -1,4 +1,5 @@
-// Import of HF GPT-2 / Llama / Mixtral directories into a model-only checkpoint; see hf_convert.h.
+// Import of HF GPT-2 / Llama / Mixtral / Qwen2-MoE directories into a model-only checkpoint; see hf_convert.h.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -204,11 +205,68 @@ ModelDims llama_dims(const nlohmann::json& c, const std::string& path, bool mixt
     if (d.topk > d.experts)
       fail("{}: num_experts_per_tok {} exceeds num_local_experts {}", path, d.topk, d.experts);
     d.moe_ffn = d.ffn;
+    d.moe_layers.assign(static_cast<size_t>(d.num_layers), true);
     if (c.contains("sliding_window") && !c["sliding_window"].is_null() &&
         cfg_int(c, "sliding_window", path) < d.max_pos)
       fail("{}: field 'sliding_window' ({}) is below max_position_embeddings ({}); mcpp's attention is full causal",
            path, c["sliding_window"].dump(), d.max_pos);
   }
+  return d;
+}
+
+ModelDims qwen2_moe_dims(const nlohmann::json& c, const std::string& path) {
+  check_model_type(c, path, "qwen2_moe");
+  if (c.value("hidden_act", "silu") != "silu") fail("{}: field 'hidden_act' must be \"silu\"", path);
+  if (cfg_bool(c, "use_sliding_window", path, false))
+    fail("{}: field 'use_sliding_window' is true; mcpp's attention is full causal", path);
+  ModelDims d;
+  d.hidden = cfg_int(c, "hidden_size", path);
+  d.num_layers = cfg_int(c, "num_hidden_layers", path);
+  d.heads = cfg_int(c, "num_attention_heads", path);
+  d.groups = c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()
+                 ? cfg_int(c, "num_key_value_heads", path)
+                 : d.heads;
+  if (d.heads % d.groups)
+    fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", path, d.heads, d.groups);
+  d.head_dim = c.contains("head_dim") && !c["head_dim"].is_null() ? cfg_int(c, "head_dim", path)
+                                                                  : d.hidden / d.heads;
+  d.ffn = cfg_int(c, "intermediate_size", path);  // the dense layers' MLP
+  d.max_pos = cfg_int(c, "max_position_embeddings", path);
+  d.vocab = cfg_int(c, "vocab_size", path);
+  d.padded_vocab = padded(d.vocab);
+  d.norm_eps = cfg_num(c, "rms_norm_eps", path, 1e-6);
+  d.rotary_base = rope_base(c, path);
+  d.normalization = "RMSNorm";
+  d.position_embedding = "rope";
+  d.swiglu = true;
+  d.untied = !cfg_bool(c, "tie_word_embeddings", path, false);
+  d.bias_linear = false;
+  d.qkv_bias = cfg_bool(c, "qkv_bias", path, true);  // Qwen2's q/k/v biases (transformers 5 can turn them off)
+  if (c.contains("layer_types") && c["layer_types"].is_array())
+    for (const auto& t : c["layer_types"])
+      if (t != "full_attention")
+        fail("{}: field 'layer_types' has {}; mcpp's attention is full causal (\"full_attention\")", path, t.dump());
+  d.experts = cfg_int(c, "num_experts", path);
+  d.topk = cfg_int(c, "num_experts_per_tok", path);
+  if (d.topk > d.experts) fail("{}: num_experts_per_tok {} exceeds num_experts {}", path, d.topk, d.experts);
+  d.moe_ffn = cfg_int(c, "moe_intermediate_size", path);
+  d.shared_ffn = cfg_int(c, "shared_expert_intermediate_size", path);
+  d.shared_gate = true;
+  d.moe_pre_softmax = !cfg_bool(c, "norm_topk_prob", path, false);  // the full softmax's top-k, unnormalized
+  const int64_t step = c.contains("decoder_sparse_step") ? cfg_int(c, "decoder_sparse_step", path) : 1;
+  std::set<int64_t> dense;
+  if (c.contains("mlp_only_layers") && !c["mlp_only_layers"].is_null()) {
+    if (!c["mlp_only_layers"].is_array()) fail("{}: field 'mlp_only_layers' must be a list of layer indices", path);
+    for (const auto& v : c["mlp_only_layers"]) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= d.num_layers)
+        fail("{}: field 'mlp_only_layers' has {}; entries are layer indices in [0, {})", path, v.dump(), d.num_layers);
+      dense.insert(v.get<int64_t>());
+    }
+  }
+  for (int64_t i = 0; i < d.num_layers; ++i) d.moe_layers.push_back(!dense.count(i) && (i + 1) % step == 0);
+  if (std::find(d.moe_layers.begin(), d.moe_layers.end(), true) == d.moe_layers.end())
+    fail("{}: no layer is a MoE layer (decoder_sparse_step {}, mlp_only_layers); import it as hf-llama's dense "
+         "layout instead", path, step);
   return d;
 }
 
@@ -247,9 +305,16 @@ void import_gpt2(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& ou
   });
 }
 
-void import_llama(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& out) {
-  const int64_t h = d.hidden, f = d.ffn, qd = d.heads * d.head_dim, kd = d.groups * d.head_dim;
+// Llama, Mixtral (block_sparse_moe: w1 = gate, w3 = up, w2 = down) and Qwen2-MoE (q/k/v biases; mlp.gate, experts'
+// and the shared expert's gate/up/down_proj, shared_expert_gate) in our key order (model_param_shapes).
+void import_llama(HfTensors& hf, const ModelDims& d, bool qwen, std::vector<NamedTensor>& out) {
+  const int64_t h = d.hidden, qd = d.heads * d.head_dim, kd = d.groups * d.head_dim;
   auto put = [&](const std::string& key, Tensor t) { out.push_back({key, std::move(t)}); };
+  auto swiglu_mlp = [&](const std::string& X, const std::string& Y, int64_t f) {  // 3 projections -> [gate; up]
+    put(X + "linear_fc1.weight",
+        cat_rows({hf.get(Y + "gate_proj.weight", {f, h}), hf.get(Y + "up_proj.weight", {f, h})}));
+    put(X + "linear_fc2.weight", hf.get(Y + "down_proj.weight", {h, f}));
+  };
   put("embedding.word_embeddings.weight", pad_rows(hf.get("model.embed_tokens.weight", {d.vocab, h}), d.padded_vocab));
   for (int64_t i = 0; i < d.num_layers; ++i) {
     const std::string L = fmt::format("decoder.layers.{}.", i);
@@ -258,21 +323,33 @@ void import_llama(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& o
     put(L + "self_attention.linear_qkv.weight",
         merge_qkv(hf.get(H + "self_attn.q_proj.weight", {qd, h}), hf.get(H + "self_attn.k_proj.weight", {kd, h}),
                   hf.get(H + "self_attn.v_proj.weight", {kd, h}), d.heads, d.groups, d.head_dim));
+    if (qwen && d.qkv_bias)
+      put(L + "self_attention.linear_qkv.bias",
+          merge_qkv(hf.get(H + "self_attn.q_proj.bias", {qd}), hf.get(H + "self_attn.k_proj.bias", {kd}),
+                    hf.get(H + "self_attn.v_proj.bias", {kd}), d.heads, d.groups, d.head_dim));
     put(L + "self_attention.linear_proj.weight", hf.get(H + "self_attn.o_proj.weight", {h, qd}));
     put(L + "pre_mlp_layernorm.weight", hf.get(H + "post_attention_layernorm.weight", {h}));
-    if (d.experts > 0) {  // Mixtral: the router and the experts (w1 = gate, w3 = up, w2 = down)
-      put(L + "mlp.router.weight", hf.get(H + "block_sparse_moe.gate.weight", {d.experts, h}));
-      for (int64_t e = 0; e < d.experts; ++e) {
-        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
-        const std::string Y = fmt::format("{}block_sparse_moe.experts.{}.", H, e);
-        put(X + "linear_fc1.weight", cat_rows({hf.get(Y + "w1.weight", {f, h}), hf.get(Y + "w3.weight", {f, h})}));
-        put(X + "linear_fc2.weight", hf.get(Y + "w2.weight", {h, f}));
-      }
+    if (!d.is_moe_layer(i)) {
+      swiglu_mlp(L + "mlp.", H + "mlp.", d.ffn);
       continue;
     }
-    put(L + "mlp.linear_fc1.weight",
-        cat_rows({hf.get(H + "mlp.gate_proj.weight", {f, h}), hf.get(H + "mlp.up_proj.weight", {f, h})}));
-    put(L + "mlp.linear_fc2.weight", hf.get(H + "mlp.down_proj.weight", {h, f}));
+    const std::string B = H + (qwen ? "mlp." : "block_sparse_moe.");
+    const int64_t f = d.moe_ffn;
+    put(L + "mlp.router.weight", hf.get(B + "gate.weight", {d.experts, h}));
+    for (int64_t e = 0; e < d.experts; ++e) {
+      const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
+      const std::string Y = fmt::format("{}experts.{}.", B, e);
+      if (qwen) {
+        swiglu_mlp(X, Y, f);
+        continue;
+      }
+      put(X + "linear_fc1.weight", cat_rows({hf.get(Y + "w1.weight", {f, h}), hf.get(Y + "w3.weight", {f, h})}));
+      put(X + "linear_fc2.weight", hf.get(Y + "w2.weight", {h, f}));
+    }
+    if (qwen) {
+      swiglu_mlp(L + "mlp.shared_experts.", B + "shared_expert.", d.shared_ffn);
+      put(L + "mlp.shared_experts.gate_weight", hf.get(B + "shared_expert_gate.weight", {1, h}));
+    }
   }
   put("decoder.final_layernorm.weight", hf.get("model.norm.weight", {h}));
   if (d.untied) put("output_layer.weight", pad_rows(hf.get("lm_head.weight", {d.vocab, h}), d.padded_vocab));
@@ -287,13 +364,14 @@ void import_llama(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& o
 CheckpointContents import_hf(const std::string& hf_dir, HfFormat format) {
   std::string cfg_path = (fs::path(hf_dir) / "config.json").string();
   nlohmann::json c = read_json(cfg_path);
-  ModelDims d = format == HfFormat::Gpt2 ? gpt2_dims(c, cfg_path)
-                                         : llama_dims(c, cfg_path, format == HfFormat::Mixtral);
+  ModelDims d = format == HfFormat::Gpt2       ? gpt2_dims(c, cfg_path)
+                : format == HfFormat::Qwen2Moe ? qwen2_moe_dims(c, cfg_path)
+                                               : llama_dims(c, cfg_path, format == HfFormat::Mixtral);
   HfTensors hf(hf_dir);
   CheckpointContents out;
   out.iteration = 0;
   if (format == HfFormat::Gpt2) import_gpt2(hf, d, out.tensors);
-  else import_llama(hf, d, out.tensors);
+  else import_llama(hf, d, format == HfFormat::Qwen2Moe, out.tensors);
   out.meta = {{"config", config_from_model_dims(d)},
               {"imported_from", {{"format", hf_format_name(format)}, {"path", fs::absolute(hf_dir).string()}}}};
   return out;
