@@ -62,6 +62,14 @@ CheckpointContents random_model(const ModelDims& d) {
   return c;
 }
 
+// An exported tensor by name (a test failure when missing).
+Tensor exported(const SafetensorsHeader& h, const std::string& name) {
+  for (const auto& e : h.entries)
+    if (e.name == name) return read_safetensors_tensor(h, e);
+  ADD_FAILURE() << "no " << name;
+  return Tensor::zeros({1});
+}
+
 void expect_round_trip(const ModelDims& d, HfFormat format) {
   TempDir dir;
   CheckpointContents c = random_model(d);
@@ -116,12 +124,7 @@ TEST(HfConvert, Qwen2MoeExportLayout) {
   export_hf(CheckpointReader(dir / "ck"), HfFormat::Qwen2Moe, dir / "hf");
   CheckpointReader r(dir / "ck");
   SafetensorsHeader h = read_safetensors_header(dir / "hf/model.safetensors");
-  auto hf = [&](const std::string& name) {
-    for (const auto& e : h.entries)
-      if (e.name == name) return read_safetensors_tensor(h, e);
-    ADD_FAILURE() << "no " << name;
-    return Tensor::zeros({1});
-  };
+  auto hf = [&](const std::string& name) { return exported(h, name); };
   auto [qb, kb, vb] = hf_detail::split_qkv(r.read("decoder.layers.0.self_attention.linear_qkv.bias"), 4, 2, 4);
   EXPECT_TRUE(bit_equal(hf("model.layers.0.self_attn.k_proj.bias"), kb));
   EXPECT_TRUE(bit_equal(hf("model.layers.0.mlp.gate.weight"), r.read("decoder.layers.0.mlp.router.weight")));
@@ -167,12 +170,7 @@ TEST(HfConvert, MixtralExportLayout) {
   export_hf(CheckpointReader(dir / "ck"), HfFormat::Mixtral, dir / "hf");
   CheckpointReader r(dir / "ck");
   SafetensorsHeader h = read_safetensors_header(dir / "hf/model.safetensors");
-  auto hf = [&](const std::string& name) {
-    for (const auto& e : h.entries)
-      if (e.name == name) return read_safetensors_tensor(h, e);
-    ADD_FAILURE() << "no " << name;
-    return Tensor::zeros({1});
-  };
+  auto hf = [&](const std::string& name) { return exported(h, name); };
   const std::string H = "model.layers.1.block_sparse_moe.", L = "decoder.layers.1.mlp.";
   EXPECT_TRUE(bit_equal(hf(H + "gate.weight"), r.read(L + "router.weight")));
   const Tensor fc1 = r.read(L + "experts.local_experts.3.linear_fc1.weight");  // [48, 16]

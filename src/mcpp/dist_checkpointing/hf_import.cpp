@@ -171,11 +171,10 @@ double rope_base(const nlohmann::json& c, const std::string& path) {
   return theta;
 }
 
-ModelDims llama_dims(const nlohmann::json& c, const std::string& path, bool mixtral = false) {
-  check_model_type(c, path, mixtral ? "mixtral" : "llama");
+// The fields Llama, Mixtral and Qwen2-MoE share: RMSNorm, RoPE, SwiGLU, GQA, no linear biases.
+ModelDims llama_family_dims(const nlohmann::json& c, const std::string& path, const char* model_type) {
+  check_model_type(c, path, model_type);
   if (c.value("hidden_act", "silu") != "silu") fail("{}: field 'hidden_act' must be \"silu\"", path);
-  if (cfg_bool(c, "attention_bias", path, false)) fail("{}: field 'attention_bias' must be false", path);
-  if (cfg_bool(c, "mlp_bias", path, false)) fail("{}: field 'mlp_bias' must be false", path);
   ModelDims d;
   d.hidden = cfg_int(c, "hidden_size", path);
   d.num_layers = cfg_int(c, "num_hidden_layers", path);
@@ -199,6 +198,13 @@ ModelDims llama_dims(const nlohmann::json& c, const std::string& path, bool mixt
   d.untied = !cfg_bool(c, "tie_word_embeddings", path, false);
   d.bias_linear = false;
   d.qkv_bias = false;
+  return d;
+}
+
+ModelDims llama_dims(const nlohmann::json& c, const std::string& path, bool mixtral = false) {
+  if (cfg_bool(c, "attention_bias", path, false)) fail("{}: field 'attention_bias' must be false", path);
+  if (cfg_bool(c, "mlp_bias", path, false)) fail("{}: field 'mlp_bias' must be false", path);
+  ModelDims d = llama_family_dims(c, path, mixtral ? "mixtral" : "llama");
   if (mixtral) {  // intermediate_size is the experts' width; Mixtral's sparse block on every layer
     d.experts = cfg_int(c, "num_local_experts", path);
     d.topk = cfg_int(c, "num_experts_per_tok", path);
@@ -215,32 +221,9 @@ ModelDims llama_dims(const nlohmann::json& c, const std::string& path, bool mixt
 }
 
 ModelDims qwen2_moe_dims(const nlohmann::json& c, const std::string& path) {
-  check_model_type(c, path, "qwen2_moe");
-  if (c.value("hidden_act", "silu") != "silu") fail("{}: field 'hidden_act' must be \"silu\"", path);
   if (cfg_bool(c, "use_sliding_window", path, false))
     fail("{}: field 'use_sliding_window' is true; mcpp's attention is full causal", path);
-  ModelDims d;
-  d.hidden = cfg_int(c, "hidden_size", path);
-  d.num_layers = cfg_int(c, "num_hidden_layers", path);
-  d.heads = cfg_int(c, "num_attention_heads", path);
-  d.groups = c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()
-                 ? cfg_int(c, "num_key_value_heads", path)
-                 : d.heads;
-  if (d.heads % d.groups)
-    fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", path, d.heads, d.groups);
-  d.head_dim = c.contains("head_dim") && !c["head_dim"].is_null() ? cfg_int(c, "head_dim", path)
-                                                                  : d.hidden / d.heads;
-  d.ffn = cfg_int(c, "intermediate_size", path);  // the dense layers' MLP
-  d.max_pos = cfg_int(c, "max_position_embeddings", path);
-  d.vocab = cfg_int(c, "vocab_size", path);
-  d.padded_vocab = padded(d.vocab);
-  d.norm_eps = cfg_num(c, "rms_norm_eps", path, 1e-6);
-  d.rotary_base = rope_base(c, path);
-  d.normalization = "RMSNorm";
-  d.position_embedding = "rope";
-  d.swiglu = true;
-  d.untied = !cfg_bool(c, "tie_word_embeddings", path, false);
-  d.bias_linear = false;
+  ModelDims d = llama_family_dims(c, path, "qwen2_moe");  // intermediate_size: the dense layers' MLP
   d.qkv_bias = cfg_bool(c, "qkv_bias", path, true);  // Qwen2's q/k/v biases (transformers 5 can turn them off)
   if (c.contains("layer_types") && c["layer_types"].is_array())
     for (const auto& t : c["layer_types"])

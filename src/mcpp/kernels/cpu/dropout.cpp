@@ -18,6 +18,18 @@ namespace mcpp::ops::cpu {
 using detail::require_cpu_f32;
 
 namespace {
+// fn(i, u_i) for every element i < n, u_i = philox_uniform_at(key, i): one Philox call per 4 elements, OpenMP over
+// the groups (no order dependence).
+template <class Fn> void for_each_uniform(const PhiloxKey& key, int64_t n, Fn&& fn) {
+  const int64_t groups = (n + 3) / 4;
+#pragma omp parallel for schedule(static) if (n > (1 << 14))
+  for (int64_t g = 0; g < groups; ++g) {
+    const auto r = philox4x32_10(key.seed, key.offset + static_cast<uint64_t>(g), 0);
+    for (int64_t lane = 0; lane < 4 && 4 * g + lane < n; ++lane)
+      fn(4 * g + lane, philox_uniform(r[static_cast<size_t>(lane)]));
+  }
+}
+
 void dropout_apply(const char* op, Tensor& out, const char* out_name, const Tensor& in, const char* in_name,
                    float p, const PhiloxKey& key) {
   require_cpu_f32(op, out_name, out);
@@ -33,15 +45,7 @@ void dropout_apply(const char* op, Tensor& out, const char* out_name, const Tens
     return;
   }
   const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  const int64_t groups = (n + 3) / 4;
-#pragma omp parallel for schedule(static) if (n > (1 << 14))
-  for (int64_t g = 0; g < groups; ++g) {
-    const auto r = philox4x32_10(key.seed, key.offset + static_cast<uint64_t>(g), 0);
-    for (int64_t lane = 0; lane < 4 && 4 * g + lane < n; ++lane) {
-      const int64_t i = 4 * g + lane;
-      py[i] = philox_uniform(r[static_cast<size_t>(lane)]) >= p ? px[i] * scale : 0.0f;
-    }
-  }
+  for_each_uniform(key, n, [&](int64_t i, float u) { py[i] = u >= p ? px[i] * scale : 0.0f; });
 }
 }  // namespace
 
@@ -79,15 +83,7 @@ void random_scale(Tensor& y, const Tensor& x, float lo, float hi, const PhiloxKe
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const float width = hi - lo;
-  const int64_t groups = (n + 3) / 4;
-#pragma omp parallel for schedule(static) if (n > (1 << 14))
-  for (int64_t g = 0; g < groups; ++g) {
-    const auto r = philox4x32_10(key.seed, key.offset + static_cast<uint64_t>(g), 0);
-    for (int64_t lane = 0; lane < 4 && 4 * g + lane < n; ++lane) {
-      const int64_t i = 4 * g + lane;
-      py[i] = px[i] * std::fma(width, philox_uniform(r[static_cast<size_t>(lane)]), lo);
-    }
-  }
+  for_each_uniform(key, n, [&](int64_t i, float u) { py[i] = px[i] * std::fma(width, u, lo); });
 }
 
 }  // namespace mcpp::ops::cpu
