@@ -124,19 +124,18 @@ void export_gpt2(const CheckpointReader& r, const ModelDims& d, std::vector<Safe
 
 // The MoE settings beyond the dims: what MixtralForCausalLM / Qwen2MoeForCausalLM cannot express is an error naming
 // the field (Mixtral: every layer MoE, no shared expert, no pre-softmax; Qwen2-MoE: either top-k normalization).
-void require_moe_routing(const nlohmann::json& m, HfFormat f) {
+void require_moe_routing(const nlohmann::json& m, const ModelDims& d, HfFormat f) {
   const std::string F = hf_format_name(f);
-  const bool mixtral = f == HfFormat::Mixtral;
   auto str = [&](const char* k, const char* dflt) { return m.value(k, std::string(dflt)); };
   auto num = [&](const char* k) { return m.contains(k) && m[k].is_number() ? m[k].get<double>() : 0.0; };
   auto flag = [&](const char* k) { return m.contains(k) && m[k].is_boolean() && m[k].get<bool>(); };
-  if (mixtral) {
-    require(str("moe_layer_freq", "1") == "1", F, "moe_layer_freq", str("moe_layer_freq", "1"),
-            "1 (every layer MoE)");
-    require(num("moe_shared_expert_intermediate_size") == 0, F, "moe_shared_expert_intermediate_size",
-            m.value("moe_shared_expert_intermediate_size", nlohmann::json(0)).dump(), "0 (no shared expert)");
-    require(!flag("moe_router_pre_softmax"), F, "moe_router_pre_softmax", "true",
-            "false (the softmax over the top-k logits)");
+  if (f == HfFormat::Mixtral) {
+    bool all_moe = true;
+    for (int64_t i = 0; i < d.num_layers; ++i) all_moe = all_moe && d.is_moe_layer(i);
+    require(all_moe, F, "moe_layer_freq", str("moe_layer_freq", "1"), "every layer MoE");
+    require(d.shared_ffn == 0, F, "moe_shared_expert_intermediate_size", std::to_string(d.shared_ffn),
+            "0 (no shared expert)");
+    require(!d.moe_pre_softmax, F, "moe_router_pre_softmax", "true", "false (the softmax over the top-k logits)");
   }
   require(str("moe_router_score_function", "softmax") == "softmax", F, "moe_router_score_function",
           str("moe_router_score_function", "softmax"), "softmax");
@@ -457,7 +456,7 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
   if (d.experts == 0 && moe_format)
     fail("{} export: model.num_moe_experts is 0 (a dense model); {} needs experts (hf-llama writes dense "
          "Llama-style models)", hf_format_name(format), hf_format_name(format));
-  if (moe_format) require_moe_routing(reader.meta()["config"]["model"], format);
+  if (moe_format) require_moe_routing(reader.meta()["config"]["model"], d, format);
   std::vector<SafetensorsItem> items;
   nlohmann::json cfg;
   if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);

@@ -6,9 +6,9 @@
 //     The mask is regenerated from the key in backward, never stored.
 //   random_normal / random_scale: ops.inc's definitions (random_scale bitwise the CPU's; random_normal float32 /
 //     bf16 out). A CUDA-graph key's device base is read when the kernels run.
+// Outputs overwritten (dx may alias dy for GELU and dropout); asynchronous on stream_of(stream).
 #include <cmath>
 
-// Outputs overwritten (dx may alias dy for GELU and dropout); asynchronous on stream_of(stream).
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/ops.h"
 
