@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "mcpp/core/error.h"
+#include "mcpp/dist_checkpointing/checkpoint.h"
 
 namespace mcpp {
 
@@ -192,6 +193,9 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_flag("--no-load-optim", t.no_load_optim);
   app.add_flag("--no-load-rng", t.no_load_rng);
   app.add_flag("--finetune", t.finetune);
+  app.add_flag("--use-checkpoint-args", t.use_checkpoint_args,
+               "take the model's architecture (layers, sizes, heads, norms, positions, biases, experts and routing) "
+               "from the checkpoint in --load");
   app.add_flag("--override-config-check", t.override_config_check);
   app.add_flag("--no-verify-checksums", t.no_verify_checksums);
   app.add_option("--metrics-path", t.metrics_path, "JSONL metrics file");
@@ -234,6 +238,57 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--merge-file", d.merge_file);
 }
 
+namespace {
+// Megatron's --use-checkpoint-args: the architecture fields (those of Config::math_fields, in TransformerConfig's
+// terms) from the config stored in the latest checkpoint under --load, over what the flags and the config file
+// said; the vocabulary stays the tokenizer's (a mismatch is the load's named fingerprint error). No checkpoint there
+// yet: the given arguments stand (as Megatron's).
+void use_checkpoint_args(Config& cfg) {
+  const std::string& dir = cfg.training.load;
+  if (dir.empty()) fail("--use-checkpoint-args needs --load (the checkpoint whose model arguments to use)");
+  if (dist_checkpointing::latest_iteration(dir) < 0 && dist_checkpointing::list_iterations(dir).empty()) return;
+  const dist_checkpointing::CheckpointReader reader(dir);
+  if (!reader.meta().contains("config"))
+    fail("--use-checkpoint-args: checkpoint '{}' stores no config (manifest meta.config)", reader.dir());
+  const TransformerConfig k = Config::from_json(reader.meta()["config"]).model;
+  TransformerConfig& m = cfg.model;
+  m.num_layers = k.num_layers;
+  m.hidden_size = k.hidden_size;
+  m.num_attention_heads = k.num_attention_heads;
+  m.group_query_attention = k.group_query_attention;
+  m.num_query_groups = k.num_query_groups;
+  m.ffn_hidden_size = k.ffn_hidden_size;
+  m.kv_channels = k.kv_channels;
+  m.max_position_embeddings = k.max_position_embeddings;
+  m.normalization = k.normalization;
+  m.norm_epsilon = k.norm_epsilon;
+  m.swiglu = k.swiglu;
+  m.position_embedding_type = k.position_embedding_type;
+  m.rotary_base = k.rotary_base;
+  m.rotary_percent = k.rotary_percent;
+  m.untie_embeddings_and_output_weights = k.untie_embeddings_and_output_weights;
+  m.add_bias_linear = k.add_bias_linear;
+  m.add_qkv_bias = k.add_qkv_bias;
+  m.make_vocab_size_divisible_by = k.make_vocab_size_divisible_by;
+  m.num_moe_experts = k.num_moe_experts;
+  m.moe_router_topk = k.moe_router_topk;
+  m.moe_ffn_hidden_size = k.moe_ffn_hidden_size;
+  m.moe_router_pre_softmax = k.moe_router_pre_softmax;
+  m.moe_layer_freq = k.moe_layer_freq;
+  m.moe_shared_expert_intermediate_size = k.moe_shared_expert_intermediate_size;
+  m.moe_shared_expert_gate = k.moe_shared_expert_gate;
+  m.moe_router_score_function = k.moe_router_score_function;
+  m.moe_router_topk_scaling_factor = k.moe_router_topk_scaling_factor;
+  m.moe_router_enable_expert_bias = k.moe_router_enable_expert_bias;
+  m.moe_router_num_groups = k.moe_router_num_groups;
+  m.moe_router_group_topk = k.moe_router_group_topk;
+  m.moe_expert_capacity_factor = k.moe_expert_capacity_factor;
+  m.moe_token_drop_policy = k.moe_token_drop_policy;
+  m.moe_pad_expert_input_to_capacity = k.moe_pad_expert_input_to_capacity;
+  if (k.moe_router_load_balancing_type == "sinkhorn") m.moe_router_load_balancing_type = "sinkhorn";
+}
+}  // namespace
+
 Config parse_train_args(const std::vector<std::string>& args) {
   Config cfg;
   std::string config_file = find_config_flag(args);
@@ -254,6 +309,7 @@ Config parse_train_args(const std::vector<std::string>& args) {
   // vice versa): the flag that is given wins (Megatron accepts only one of the two).
   if (app.count("--lr-warmup-fraction") && !app.count("--lr-warmup-iters")) cfg.optimizer.lr_warmup_iters = 0;
   if (app.count("--lr-warmup-iters") && !app.count("--lr-warmup-fraction")) cfg.optimizer.lr_warmup_fraction = 0;
+  if (cfg.training.use_checkpoint_args) use_checkpoint_args(cfg);
   cfg.finalize();
   cfg.validate();
   return cfg;

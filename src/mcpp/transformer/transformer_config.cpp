@@ -581,6 +581,7 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("no_load_optim", t.no_load_optim);
   v("no_load_rng", t.no_load_rng);
   v("finetune", t.finetune);
+  v("use_checkpoint_args", t.use_checkpoint_args);
   v("override_config_check", t.override_config_check);
   v("no_verify_checksums", t.no_verify_checksums);
   v("metrics_path", t.metrics_path);

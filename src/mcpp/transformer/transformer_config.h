@@ -247,6 +247,7 @@ struct TrainingConfig {
   bool no_load_optim = false;
   bool no_load_rng = false;
   bool finetune = false;
+  bool use_checkpoint_args = false;  // --use-checkpoint-args: the architecture from --load's checkpoint (arguments.cpp)
   bool override_config_check = false;  // load a checkpoint of a different model (warns)
   bool no_verify_checksums = false;    // --no-verify-checksums: skip xxh3 checks while loading
   std::string metrics_path;  // JSONL; default <save>/metrics.jsonl when save is set

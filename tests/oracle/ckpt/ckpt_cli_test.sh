@@ -7,7 +7,8 @@
 #   checkpoint (numpy transposes/splits) and against the original HF tensors
 #   -> a flipped byte makes `mcpp ckpt verify` exit 2 naming the tensor; a format mismatch on export
 #   exits 2 naming the config field; re-importing into the same save dir is refused; the imported Mixtral
-#   fine-tunes with --finetune (without it: an error naming the flag).
+#   fine-tunes with --finetune (without it: an error naming the flag), also with --use-checkpoint-args instead of
+#   the model flags (the same losses).
 # usage: ckpt_cli_test.sh MCPP_BIN PYTHON WORKDIR
 set -euo pipefail
 MCPP=$1; PY=$2; W=$3
@@ -46,21 +47,35 @@ expect_fail "num_moe_experts" "$MCPP" ckpt export --load "$W/ck_mixtral" --forma
 expect_fail "num_moe_experts" "$MCPP" ckpt export --load "$W/ck_llama" --format hf-mixtral --output "$W/bad"
 
 # The imported Mixtral fine-tunes (--finetune: its weights, a fresh schedule); without --finetune the model-only
-# checkpoint is an error naming the flag.
+# checkpoint is an error naming the flag. With --use-checkpoint-args the architecture comes from the checkpoint: the
+# same losses without any model flag, and over a contradicting --hidden-size; without --load it is a named error.
 "$PY" "$(dirname "$0")/../../../bench/gpu/random_tokens.py" "$W/rnd" --tokens 20000 --vocab 130 --doc-len 64
-FT=(train --load "$W/ck_mixtral" --num-layers 2 --hidden-size 16 --num-attention-heads 4 --group-query-attention
-    --num-query-groups 2 --kv-channels 4 --ffn-hidden-size 24 --seq-length 16 --max-position-embeddings 64
-    --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --position-embedding-type rope --rotary-base 500000
-    --untie-embeddings-and-output-weights --disable-bias-linear --num-experts 4 --moe-router-topk 2
-    --moe-ffn-hidden-size 24 --tokenizer-type NullTokenizer --vocab-size 130 --micro-batch-size 2
-    --global-batch-size 4 --lr 1e-3 --train-iters 2 --log-interval 1 --eval-iters 0 --data-path "$W/rnd"
-    --split 100,0,0 --hidden-dropout 0 --attention-dropout 0 --save "$W/ft")
-expect_fail "--finetune" "$MCPP" "${FT[@]}"
-"$MCPP" "${FT[@]}" --finetune > "$W/ft.txt" 2>&1
+RUN=(train --load "$W/ck_mixtral" --tokenizer-type NullTokenizer --vocab-size 130 --seq-length 16
+     --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --train-iters 2 --log-interval 1 --eval-iters 0
+     --data-path "$W/rnd" --split 100,0,0 --hidden-dropout 0 --attention-dropout 0)
+ARCH=(--num-layers 2 --hidden-size 16 --num-attention-heads 4 --group-query-attention --num-query-groups 2
+      --kv-channels 4 --ffn-hidden-size 24 --max-position-embeddings 64 --normalization RMSNorm --norm-epsilon 1e-6
+      --swiglu --position-embedding-type rope --rotary-base 500000 --untie-embeddings-and-output-weights
+      --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 24)
+expect_fail "--finetune" "$MCPP" "${RUN[@]}" "${ARCH[@]}" --save "$W/ft"
+"$MCPP" "${RUN[@]}" "${ARCH[@]}" --finetune --save "$W/ft" > "$W/ft.txt" 2>&1
 if ! grep -q "training done: 2 iterations run" "$W/ft.txt"; then
   echo "FAIL: the imported Mixtral did not fine-tune"; tail -5 "$W/ft.txt"; exit 1
 fi
 echo "ok: the imported Mixtral fine-tuned 2 iterations"
+"$MCPP" "${RUN[@]}" --finetune --use-checkpoint-args --save "$W/ft_args" > "$W/ft_args.txt" 2>&1
+"$MCPP" "${RUN[@]}" --finetune --use-checkpoint-args --hidden-size 32 --save "$W/ft_args2" > "$W/ft_args2.txt" 2>&1
+"$PY" - "$W/ft" "$W/ft_args" "$W/ft_args2" <<'PY'
+import json, sys
+def losses(d):
+    return [r["lm_loss"] for r in map(json.loads, open(d + "/metrics.jsonl")) if r.get("event") == "train"]
+ref = losses(sys.argv[1])
+for d in sys.argv[2:]:
+    assert len(ref) == 2 and losses(d) == ref, f"--use-checkpoint-args: {d} losses {losses(d)} vs {ref}"
+print("ok: --use-checkpoint-args trains the checkpoint's architecture (the same losses)")
+PY
+expect_fail "--use-checkpoint-args needs --load" "$MCPP" train --use-checkpoint-args --data-path "$W/rnd" \
+  --tokenizer-type NullTokenizer --vocab-size 130
 
 # A flipped byte inside one tensor: verify names that tensor and exits 2; the others stay OK.
 KEY=decoder.layers.1.mlp.linear_fc2.weight
