@@ -28,8 +28,9 @@ namespace fs = std::filesystem;
 // (replayed here from a second RngTracker: the default stream gives the embedding's, then per layer the
 // attention and mlp branches'; the model-parallel stream each layer's attention probabilities').
 void run_against_torch(const std::string& style, const std::string& attention_impl, float hidden_dropout = 0.0f,
-                       float attention_dropout = 0.0f) {
+                       float attention_dropout = 0.0f, bool qk_layernorm = false) {
   TransformerConfig c = testing::tiny_config(style);
+  c.qk_layernorm = qk_layernorm;
   c.attention_impl = attention_impl;
   c.hidden_dropout = hidden_dropout;
   c.attention_dropout = attention_dropout;
@@ -47,8 +48,9 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   Tensor logits = ctx.logits.clone();
   model.backward(ctx, 1.0f);
 
-  fs::path dir = fs::temp_directory_path() / fmt::format("mcpp_gpt_ref_{}_{}_{}_{}", style, attention_impl,
-                                                         dropout ? "dropout" : "eval", ::getpid());
+  fs::path dir = fs::temp_directory_path() / fmt::format("mcpp_gpt_ref_{}_{}_{}{}_{}", style, attention_impl,
+                                                         dropout ? "dropout" : "eval", qk_layernorm ? "_qkln" : "",
+                                                         ::getpid());
   fs::create_directories(dir);
   nlohmann::json cfg = {{"hidden_size", c.hidden_size},
                         {"num_layers", c.num_layers},
@@ -61,7 +63,8 @@ void run_against_torch(const std::string& style, const std::string& attention_im
                          c.position_embedding_type == PositionEmbedding::Rope ? "rope" : "learned_absolute"},
                         {"rotary_percent", c.rotary_percent},
                         {"rotary_base", c.rotary_base},
-                        {"swiglu", c.swiglu}};
+                        {"swiglu", c.swiglu},
+                        {"qk_layernorm", c.qk_layernorm}};
   if (dropout) {
     tensor_parallel::RngTracker replay(4321, 0, 0);
     auto key = [](PhiloxKey k) { return nlohmann::json::array({k.seed, k.offset}); };
@@ -113,6 +116,11 @@ TEST(GPTModelVsTorch, LlamaStyleUnfused) { run_against_torch("llama", "unfused")
 TEST(GPTModelVsTorch, Gpt2StyleFlashWithDropout) { run_against_torch("gpt2", "flash", 0.2f, 0.15f); }
 TEST(GPTModelVsTorch, LlamaStyleUnfusedWithDropout) { run_against_torch("llama", "unfused", 0.3f, 0.1f); }
 TEST(GPTModelVsTorch, LlamaStyleFlashWithHiddenDropout) { run_against_torch("llama", "flash", 0.25f); }
+// --qk-layernorm: RMSNorm (llama, before RoPE, GQA) and LayerNorm with bias (gpt2: learned positions, the packed
+// path that qk norms turn off), trained weights on the norms (the loop above randomizes every non-Normal init).
+TEST(GPTModelVsTorch, LlamaStyleQkLayernorm) { run_against_torch("llama", "flash", 0.0f, 0.0f, true); }
+TEST(GPTModelVsTorch, Gpt2StyleQkLayernormWithDropout) { run_against_torch("gpt2", "flash", 0.2f, 0.15f, true); }
+TEST(GPTModelVsTorch, LlamaStyleQkLayernormUnfused) { run_against_torch("llama", "unfused", 0.0f, 0.0f, true); }
 
 TEST(GPTModel, MegatronInitAndBufferLayout) {
   TransformerConfig c = testing::tiny_config("gpt2");

@@ -51,11 +51,13 @@ std::vector<AdamParam> adam_params(GPTModel& m) {
   return out;
 }
 
-void check_tp_equivalence(const std::string& style, bool sequence_parallel, bool comm_overlap = false) {
+void check_tp_equivalence(const std::string& style, bool sequence_parallel, bool comm_overlap = false,
+                          bool qk_layernorm = false) {
   comm::CommPtr world = comm::world();
   ParallelContext pc = ParallelContext::create(world, {.tensor_model_parallel_size = world->size()});
   ParallelContext single = ParallelContext::single(comm::make_local_world());
-  const TransformerConfig c = config_for(style);
+  TransformerConfig c = config_for(style);
+  c.qk_layernorm = qk_layernorm;
   GPTModel ref(c, 42, {single.tp(), false});
   GPTModel par(c, 42, {pc.tp(), sequence_parallel, comm_overlap});
   // eps 1e-4 rather than 1e-8: some gradients are exactly zero in exact arithmetic (the key bias — softmax
@@ -65,7 +67,7 @@ void check_tp_equivalence(const std::string& style, bool sequence_parallel, bool
   Adam ref_opt(adam_params(ref), adam);
   Adam par_opt(adam_params(par), adam);
   const std::string what = style + (sequence_parallel ? " SP" : "") + (comm_overlap ? " tp-comm-overlap" : "") +
-                           " tp=" + std::to_string(world->size());
+                           (qk_layernorm ? " qk-layernorm" : "") + " tp=" + std::to_string(world->size());
 
   for (int step = 0; step < 3; ++step) {
     Batch bt = batch_for(step, c.seq_length, 2);
@@ -196,6 +198,13 @@ TEST(TensorParallel, Gpt2MatchesSingleRank) { check_tp_equivalence("gpt2", false
 TEST(TensorParallel, Gpt2SequenceParallelMatchesSingleRank) { check_tp_equivalence("gpt2", true); }
 TEST(TensorParallel, LlamaMatchesSingleRank) { check_tp_equivalence("llama", false); }
 TEST(TensorParallel, LlamaSequenceParallelMatchesSingleRank) { check_tp_equivalence("llama", true); }
+// --qk-layernorm: each TP rank normalizes its own heads with the replicated [hn] weights, so their grads are
+// partial sums that finalize_model_grads adds over TP — without SP too (the grads and the weights after 3
+// steps equal the single rank's). RMSNorm: a LayerNorm's k bias has a zero gradient (rounding noise).
+TEST(TensorParallel, LlamaQkLayernormMatchesSingleRank) { check_tp_equivalence("llama", false, false, true); }
+TEST(TensorParallel, LlamaQkLayernormSequenceParallelMatchesSingleRank) {
+  check_tp_equivalence("llama", true, false, true);
+}
 // --tp-comm-overlap: the SP all-gathers as rings with the GEMM per chunk (fc1 GELU fused and SwiGLU paths,
 // the output layer, the dgrad of the row-parallel layers).
 TEST(TensorParallel, Gpt2SequenceParallelCommOverlapMatchesSingleRank) { check_tp_equivalence("gpt2", true, true); }

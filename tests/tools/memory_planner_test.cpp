@@ -41,6 +41,7 @@ struct Case {
   double capacity = 0.0;   // MoE: --moe-expert-capacity-factor, padded to capacity (the plan is exact then)
   std::vector<std::string> modules{"core_attn"};  // --recompute-modules (selective)
   bool shared_gate = false;                        // MoE: --moe-shared-expert-gate
+  bool qk_layernorm = false;                       // --qk-layernorm
 };
 
 Config config_for(const Case& k) {
@@ -55,6 +56,7 @@ Config config_for(const Case& k) {
   if (k.dropout) cfg.model.hidden_dropout = 0.1f, cfg.model.attention_dropout = 0.1f;
   if (k.untied) cfg.model.untie_embeddings_and_output_weights = true;
   if (k.no_rope) cfg.model.position_embedding_type = PositionEmbedding::None;
+  cfg.model.qk_layernorm = k.qk_layernorm;
   if (!k.moe_freq.empty()) {
     cfg.model.num_moe_experts = 4;
     cfg.model.moe_layer_freq = k.moe_freq;
@@ -98,6 +100,11 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       {.name = "llama selective mlp", .style = "llama", .recompute = "selective", .modules = {"mlp"}},
       {.name = "gpt2 moe [1,0,0,1] + gated shared 40", .style = "gpt2", .moe_freq = "[1,0,0,1]", .shared = 40,
        .shared_gate = true},
+      // qk norms: the split q, k kept by the norms (with their statistics) besides the core's normalized q, k
+      {.name = "gpt2 qk layernorm (no longer packed) + dropout", .style = "gpt2", .dropout = true,
+       .qk_layernorm = true},
+      {.name = "llama qk layernorm selective", .style = "llama", .recompute = "selective", .qk_layernorm = true},
+      {.name = "llama qk layernorm unfused", .style = "llama", .attention = "unfused", .qk_layernorm = true},
   };
   struct StageCase {
     bool pre, post;

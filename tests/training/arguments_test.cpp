@@ -62,7 +62,7 @@ TEST(Arguments, MegatronFlags) {
                                "--max-position-embeddings", "64", "--normalization", "RMSNorm", "--norm-epsilon",
                                "1e-6", "--swiglu", "--position-embedding-type", "rope", "--rotary-base", "500000",
                                "--rotary-percent", "0.5", "--untie-embeddings-and-output-weights",
-                               "--disable-bias-linear", "--add-qkv-bias", "--hidden-dropout", "0",
+                               "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--hidden-dropout", "0",
                                "--attention-dropout", "0.05", "--init-method-std", "0.01",
                                "--make-vocab-size-divisible-by", "64", "--attention-impl", "unfused",
                                "--deterministic-mode", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-4", "--min-lr",
@@ -90,6 +90,10 @@ TEST(Arguments, MegatronFlags) {
   EXPECT_TRUE(c.model.untie_embeddings_and_output_weights);
   EXPECT_FALSE(c.model.add_bias_linear);
   EXPECT_TRUE(c.model.add_qkv_bias);
+  EXPECT_TRUE(c.model.qk_layernorm);
+  EXPECT_TRUE(Config::from_json(c.to_json()).model.qk_layernorm);  // round trip (checkpoints' config)
+  EXPECT_EQ(c.math_fields().value("qk_layernorm", false), true);    // part of the checkpoint's fingerprint
+  EXPECT_FALSE(parse_train_args({}).math_fields().contains("qk_layernorm"));  // off: older fingerprints unchanged
   EXPECT_EQ(c.model.hidden_dropout, 0.0f);
   EXPECT_EQ(c.model.attention_dropout, 0.05f);
   EXPECT_EQ(c.model.init_method_std, 0.01f);

@@ -29,8 +29,9 @@ add_test(NAME training.launch_cli
 set_tests_properties(training.launch_cli PROPERTIES TIMEOUT 600)
 # training.context_parallel_cli: `mcpp train --context-parallel-size` (all-to-all attention) under mpiexec —
 # CP2 / CP4 / CP2 x TP2+SP / CP2 x PP2 / CP2 x DP2 + distributed optimizer / Llama / unfused / selective recompute
-# / per-token loss equal 1 rank; resume bit-exact and continued at 1 rank; the memory plan equals the measured
-# activations; bad CP / EP input fails with one named error.
+# / per-token loss / --qk-layernorm (TP2 without SP, CP2 x TP2 + SP, TP2 + SP x PP2) equal 1 rank; resume
+# bit-exact and continued at 1 rank; the memory plan equals the measured activations; bad CP / EP input fails with
+# one named error.
 add_test(NAME training.context_parallel_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/context_parallel_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/context_parallel_check)

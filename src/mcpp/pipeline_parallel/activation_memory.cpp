@@ -43,6 +43,7 @@ struct Counter {
     (*this)(l.self_attention.qkv), (*this)(l.self_attention.core), (*this)(l.self_attention.proj);
     (*this)(l.self_attention.q), (*this)(l.self_attention.k), (*this)(l.self_attention.v);
     (*this)(l.self_attention.fused_qkv);
+    (*this)(l.self_attention.q_norm), (*this)(l.self_attention.k_norm);
     (*this)(l.pre_mlp_layernorm);
     (*this)(l.mlp.fc1), (*this)(l.mlp.pre_act), (*this)(l.mlp.fc2);
     (*this)(l.moe);

@@ -62,6 +62,8 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
   const int64_t qkv = d.n * (d.np + 2 * d.ng) * d.hn * d.e;
   const int64_t context = d.n * d.np * d.hn * d.e;           // core attention's output = linear_proj's input
   int64_t attention = qkv + context;
+  if (m.qk_layernorm)  // the norms keep the split q, k (the core the normalized ones) and per-head statistics
+    attention += d.n * (d.np + d.ng) * (d.hn * d.e + 4 * (m.normalization == Normalization::LayerNorm ? 2 : 1));
   if (!selective) {
     // all-to-all: flash keeps its output and linear_proj's input is its hp2cp copy (the ring's output is that input)
     if (d.cp > 1 && flash && !cfg.parallel.cp_ring()) attention += context;
@@ -157,7 +159,8 @@ int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool
                           + (m.moe_shared_expert_gate ? h : 0);  // its gate weight [1, h]
   const int64_t attention = norm + qkv_out * h + (m.qkv_bias() ? qkv_out : 0)  // input_layernorm, linear_qkv
                             + h * np * hn + bias * h                           // linear_proj (bias replicated)
-                            + norm;                                            // pre_mlp_layernorm
+                            + norm                                             // pre_mlp_layernorm
+                            + (m.qk_layernorm ? 2 * norm / h * hn : 0);        // q_layernorm, k_layernorm [hn]
   const std::vector<bool> moe = m.moe_layer_pattern();
   const int64_t vocab_local = m.padded_vocab_size / tp;
   const bool tied = !m.untie_embeddings_and_output_weights;

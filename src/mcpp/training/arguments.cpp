@@ -100,6 +100,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights);
   app.add_flag_callback("--disable-bias-linear", [&m] { m.add_bias_linear = false; });
   app.add_flag("--add-qkv-bias", m.add_qkv_bias);
+  app.add_flag("--qk-layernorm", m.qk_layernorm, "normalize each head's query and key (before RoPE)");
   app.add_option("--hidden-dropout", m.hidden_dropout);
   app.add_option("--attention-dropout", m.attention_dropout);
   app.add_option("--init-method-std", m.init_method_std);
@@ -269,6 +270,7 @@ void use_checkpoint_args(Config& cfg) {
   m.untie_embeddings_and_output_weights = k.untie_embeddings_and_output_weights;
   m.add_bias_linear = k.add_bias_linear;
   m.add_qkv_bias = k.add_qkv_bias;
+  m.qk_layernorm = k.qk_layernorm;
   m.make_vocab_size_divisible_by = k.make_vocab_size_divisible_by;
   m.num_moe_experts = k.num_moe_experts;
   m.moe_router_topk = k.moe_router_topk;

@@ -35,6 +35,10 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
       cp_(tp.cp && tp.cp->size() > 1 && !tp.cp_p2p ? tp.cp : nullptr) {
   MCPP_CHECK(c.num_query_groups % tp.size() == 0, "num_query_groups {} not divisible by tp={}", c.num_query_groups,
              tp.size());
+  if (c.qk_layernorm) {  // Megatron registers them after linear_qkv / linear_proj
+    q_layernorm_.emplace(params, prefix + ".q_layernorm", hn_, c.normalization, c.norm_epsilon, tp.size() > 1);
+    k_layernorm_.emplace(params, prefix + ".k_layernorm", hn_, c.normalization, c.norm_epsilon, tp.size() > 1);
+  }
   const CoreAttentionOptions core_opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hn_)),
                                       .attention_dropout = c.attention_dropout,
                                       .causal = true,
@@ -75,6 +79,10 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
     Tensor k = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);  // [s, b, ng/tp/cp, hn]
     Tensor v = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);
     ops::qkv_split(q, k, v, qkv);
+    if (q_layernorm_) {  // over hn, per head (the norms keep the split q, k as their saved inputs)
+      q = q_layernorm_->forward(ctx.q_norm, q);
+      k = k_layernorm_->forward(ctx.k_norm, k);
+    }
     if (rope) {
       ops::rope_fwd(q, q, rope->cos, rope->sin);
       ops::rope_fwd(k, k, rope->cos, rope->sin);
@@ -112,6 +120,11 @@ Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const Ro
     if (rope) {
       ops::rope_bwd(g.dq, g.dq, rope->cos, rope->sin);
       ops::rope_bwd(g.dk, g.dk, rope->cos, rope->sin);
+    }
+    if (q_layernorm_) {
+      g.dq = q_layernorm_->backward(ctx.q_norm, g.dq);
+      g.dk = k_layernorm_->backward(ctx.k_norm, g.dk);
+      ctx.q_norm = {}, ctx.k_norm = {};
     }
     dqkv = Tensor::empty({s, b, (core_np_ + 2 * core_ng_) * hn_}, dy.dtype(), dy.device());
     ops::qkv_merge(dqkv, g.dq, g.dk, g.dv);

@@ -2,9 +2,12 @@
 //   x [s(/tp with SP), b, h] -> linear_qkv (ColumnParallel) -> [s, b, ng/tp, (np/ng + 2) * hn]
 //   (fused QKV, rows grouped per query group: for each group g its np/ng query heads, then its key head,
 //   then its value head — Megatron's layout, so a TP rank's rows are whole groups)
-//   -> split q [s, b, np/tp, hn], k/v [s, b, ng/tp, hn] -> RoPE on q, k (rope configs) -> core attention
+//   -> split q [s, b, np/tp, hn], k/v [s, b, ng/tp, hn] -> with --qk-layernorm q_layernorm(q), k_layernorm(k)
+//   (the model's norm over each head's hn channels; weights replicated over TP, their per-rank partial grads
+//   all-reduced by finalize_model_grads with or without sequence parallelism: the TP ranks hold different heads)
+//   -> RoPE on q, k (rope configs) -> core attention
 //   (dropout from the model-parallel RNG stream) -> context [s, b, np/tp*hn]
-//   Without RoPE and with a core attention that takes the fused rows (flash: supports_packed_qkv()), the
+//   Without RoPE, without qk_layernorm and with a core attention that takes the fused rows (flash: supports_packed_qkv()), the
 //   split and its backward merge are skipped: the core reads qkv and returns dqkv directly (same values).
 //   -> linear_proj (RowParallel, init scaled by 1/sqrt(2L); all-reduce or SP reduce-scatter) -> [s(/tp), b, h].
 //   Context parallelism (tp.cp, size cp > 1; Megatron's --cp-comm-type a2a): x holds this CP rank's s/cp rows;
@@ -20,6 +23,7 @@
 #include <string>
 
 #include "mcpp/transformer/dot_product_attention.h"
+#include "mcpp/transformer/norms.h"
 #include "mcpp/tensor_parallel/layers.h"
 #include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/rope.h"
@@ -32,6 +36,7 @@ struct SelfAttentionCtx {
   tensor_parallel::ParallelLinearCtx qkv;
   CoreAttentionCtx core;
   tensor_parallel::ParallelLinearCtx proj;
+  NormCtx q_norm, k_norm;  // --qk-layernorm
   // Selective recompute (recompute_granularity "selective"): the core attention's inputs — q, k, v
   // [s, b, np|ng, hn], or on the packed path fused_qkv [s, b, ng*(np/ng+2)*hn] — and the RNG streams
   // before it are kept; `core` is emptied after the forward and rebuilt (same dropout keys) at the start
@@ -52,13 +57,17 @@ class SelfAttention {
   Parameter* output_bias() const { return linear_proj_.residual_bias(); }  // RowParallelLinear::residual_bias
 
  private:
-  // The core attention reads the fused linear_qkv output (no split / merge): no RoPE and a packed core.
-  bool packed(const RopeTables* rope) const { return rope == nullptr && core_->supports_packed_qkv(); }
+  // The core attention reads the fused linear_qkv output (no split / merge): no RoPE, no qk norms and a packed
+  // core.
+  bool packed(const RopeTables* rope) const {
+    return rope == nullptr && !q_layernorm_ && core_->supports_packed_qkv();
+  }
 
   int64_t np_, ng_, hn_, h_;  // np_ / ng_: heads and groups of this TP rank
   int64_t core_np_ = 0, core_ng_ = 0;  // of the core attention: np_ / cp, ng_ / cp (the CP rank's head block)
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;
+  std::optional<Norm> q_layernorm_, k_layernorm_;  // --qk-layernorm
   std::unique_ptr<CoreAttention> core_;
   bool recompute_core_ = false;  // selective recompute
   comm::CommPtr cp_;  // context-parallel group when cp > 1 in the all-to-all form (around the core), else null

@@ -502,6 +502,7 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
   v("add_bias_linear", m.add_bias_linear);
   v("add_qkv_bias", m.add_qkv_bias);
+  v("qk_layernorm", m.qk_layernorm);
   v("hidden_dropout", m.hidden_dropout);
   v("attention_dropout", m.attention_dropout);
   v("init_method_std", m.init_method_std);
@@ -768,6 +769,7 @@ nlohmann::json Config::math_fields() const {
     j["rotary_base"] = json_value(m.rotary_base);
     j["rotary_percent"] = json_value(m.rotary_percent);
   }
+  if (m.qk_layernorm) j["qk_layernorm"] = true;  // absent when off: older checkpoints keep their fingerprint
   return j;
 }
 

@@ -56,6 +56,10 @@ struct TransformerConfig {
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // --disable-bias-linear sets false
   bool add_qkv_bias = false;    // --add-qkv-bias (effective only when add_bias_linear is false)
+  // --qk-layernorm (Megatron's qk_layernorm): the model's normalization over each head's hn channels of q and k
+  // (weights [hn] shared by the heads: self_attention.q_layernorm / k_layernorm), after the linear_qkv split and
+  // before RoPE — Qwen3's, Gemma3's q_norm / k_norm.
+  bool qk_layernorm = false;
   float hidden_dropout = 0.1f;
   float attention_dropout = 0.1f;
   float init_method_std = 0.02f;

@@ -7,6 +7,8 @@ usage: context_parallel_check.py MCPP WORKDIR
      optimizer (overlapped grad reduce and param gather), a Llama-style model (RoPE, GQA) at CP2, full (the
      all-to-alls re-run inside the backward) and selective recompute and the unfused attention at CP2: every
      iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
+     --qk-layernorm at TP2 x DP2 (no SP), CP2 x TP2 + SP and (LayerNorm) TP2 + SP x PP2 equals its 1-rank run, and
+     its TP2 checkpoint continues at CP2;
   2. --calculate-per-token-loss at CP2 x DP2 equals its 1-rank run;
   3. a CP2 run interrupted at 3 and resumed at CP2 is bit-exact; its checkpoint continues at 1 rank, and a
      1-rank checkpoint at CP2 x DP2 (1e-5);
@@ -19,8 +21,8 @@ import os
 import shutil
 import sys
 
-from cli_harness import (LLAMA_GQA, MCPP, STDOUT, TP2_SP, WORK, check_error, check_memory_plan, close, failures,
-                         losses, record_corpus, run, same_losses, tiny_train_flags, train)
+from cli_harness import (LLAMA_GQA, MCPP, STDOUT, TP2_SP, WORK, check_continued, check_error, check_memory_plan,
+                         close, failures, losses, record_corpus, run, same_losses, tiny_train_flags, train)
 
 record_corpus()
 M = tiny_train_flags(os.path.join(WORK, "c_text_document"))
@@ -55,6 +57,28 @@ llama1 = train("llama1", None, [*M, *LLAMA])
 llama2 = train("llama_cp2", 2, [*M, *LLAMA, *CP2])
 same("Llama CP2", llama2, llama1)
 planned.append(("Llama CP2", llama2, 2, [*M, *LLAMA, *CP2]))
+
+# 1b. --qk-layernorm (per-head norms of q and k before RoPE; their replicated weights' partial grads summed over TP
+#     with or without SP, over CP by the DP x CP reduction): TP2 x DP2 without SP, CP2 x TP2 + SP, and the GPT-2
+#     style (LayerNorm qk norms with biases) at TP2 + SP x PP2 equal their 1-rank runs; a TP2 x DP2 checkpoint
+#     continues at CP2.
+#     lr 1e-2: large enough that a qk-norm weight updated from a TP rank's partial grad changes the losses.
+MQ = list(M)
+MQ[MQ.index("--lr") + 1] = "1e-2"
+QK_LLAMA = [*MQ, "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+            "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--qk-layernorm"]
+TP2_NO_SP = ["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"]
+qk1 = train("qk1", None, QK_LLAMA)
+same("qk-layernorm TP2 x DP2 (no SP)", train("qk_tp2_dp2", 4, [*QK_LLAMA, *TP2_NO_SP]), qk1)
+qk_cp = train("qk_cp2_tp2_sp", 4, [*QK_LLAMA, *CP2, *TP2])
+same("qk-layernorm CP2 x TP2 + SP", qk_cp, qk1)
+planned.append(("qk-layernorm CP2 x TP2 + SP", qk_cp, 4, [*QK_LLAMA, *CP2, *TP2]))
+qk_gpt = train("qk_gpt1", None, [*MQ, "--qk-layernorm"])
+same("qk-layernorm (LayerNorm) TP2 + SP x PP2",
+     train("qk_gpt_tp2_pp2", 4, [*MQ, "--qk-layernorm", *TP2, "--pipeline-model-parallel-size", "2"]), qk_gpt)
+qk_part = train("qk_tp2_part", 4, [*QK_LLAMA, *TP2_NO_SP, "--exit-interval", "3"])
+check_continued("qk-layernorm TP2 x DP2 checkpoint at CP2", qk_part, qk_part + "_cp2", 2, [*QK_LLAMA, *CP2],
+                losses(qk1))
 
 # 2. the per-token loss (gradients divided by the global token count after the DP x CP reduction)
 tok1 = train("tok1", None, [*M, "--calculate-per-token-loss"])
