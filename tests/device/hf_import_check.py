@@ -1,11 +1,7 @@
-# The import direction of the HF conversion, with HF's own writer: on the device (torch + transformers) build a random
-# MixtralForCausalLM and a random Qwen2MoeForCausalLM (GQA 4:2, 4 experts top-2, untied, vocab 512; Qwen2-MoE: q/k/v
-# biases, unnormalized top-k, a gated shared expert, layer 1 dense), save them with save_pretrained (safetensors) and
-# write their fp32 logits on two fixed 16-token sequences:
-#   python3 tests/device/hf_import_check.py make OUTDIR
-# then here, for NAME in mixtral, qwen2-moe: `mcpp ckpt import --input OUTDIR/hf-NAME-ref --format hf-NAME`,
-# `mcpp forward --tokens OUTDIR/tokens.txt` and
-#   python3 tests/device/hf_import_check.py compare OUTDIR NAME OURS.npy
+# The import direction of the HF conversion, with HF's own writer (see tests/device/prepare_hf_check.sh's end):
+#   python3 tests/device/hf_import_check.py make OUTDIR [NAME...]   (on the device; NAME: mixtral qwen2-moe qwen3
+#                                                                    qwen3-moe, default all)
+#   python3 tests/device/hf_import_check.py compare OUTDIR NAME OURS.npy   (numpy only)
 # (max relative logit error < 1e-4, as hf_logits_check.py).
 import json
 import os
@@ -14,28 +10,40 @@ import sys
 import numpy as np
 
 
-def make(out):
+def make(out, names):
     import torch
     import transformers
     common = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=64, num_experts_per_tok=2, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                  initializer_range=0.2)
+                  max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.2)
+    moe = dict(num_experts_per_tok=2, **common)
     models = {
-        "mixtral": (transformers.MixtralConfig(intermediate_size=96, num_local_experts=4, sliding_window=None,
-                                               **common), transformers.MixtralForCausalLM),
-        "qwen2-moe": (transformers.Qwen2MoeConfig(intermediate_size=128, num_experts=4, moe_intermediate_size=48,
-                                                  shared_expert_intermediate_size=64, norm_topk_prob=False,
-                                                  decoder_sparse_step=1, mlp_only_layers=[1], use_sliding_window=False,
-                                                  **common), transformers.Qwen2MoeForCausalLM)}
+        "mixtral": (lambda: transformers.MixtralConfig(intermediate_size=96, num_local_experts=4, sliding_window=None,
+                                                       **moe), transformers.MixtralForCausalLM),
+        "qwen2-moe": (lambda: transformers.Qwen2MoeConfig(intermediate_size=128, num_experts=4, moe_intermediate_size=48,
+                                                          shared_expert_intermediate_size=64, norm_topk_prob=False,
+                                                          decoder_sparse_step=1, mlp_only_layers=[1],
+                                                          use_sliding_window=False, **moe),
+                      transformers.Qwen2MoeForCausalLM),
+        # Qwen3: head_dim 32 (4 heads x 32 = 128 != hidden 64), q/k norms; Qwen3-MoE: layer 0 dense, normalized top-k
+        "qwen3": (lambda: transformers.Qwen3Config(intermediate_size=96, head_dim=32, use_sliding_window=False,
+                                                   **common), transformers.Qwen3ForCausalLM),
+        "qwen3-moe": (lambda: transformers.Qwen3MoeConfig(intermediate_size=96, head_dim=32, num_experts=4,
+                                                          moe_intermediate_size=48, norm_topk_prob=True,
+                                                          decoder_sparse_step=1, mlp_only_layers=[0],
+                                                          use_sliding_window=False, **moe),
+                      transformers.Qwen3MoeForCausalLM)}
     ids = np.random.default_rng(5).integers(0, 512, size=(2, 16))
     np.savetxt(os.path.join(out, "tokens.txt"), ids, fmt="%d")
-    for name, (cfg, cls) in models.items():
+    for name in names or models:
+        make_cfg, cls = models[name]
         torch.manual_seed(0)
-        model = cls(cfg).eval()
-        with torch.no_grad():  # the q/k/v biases start at zero: make them count
+        model = cls(make_cfg()).eval()
+        with torch.no_grad():  # the q/k/v biases start at zero and the q/k norms at one: make them count
             for n, p in model.named_parameters():
                 if n.endswith("_proj.bias"):
                     p.normal_(0.0, 0.5)
+                if n.endswith("q_norm.weight") or n.endswith("k_norm.weight"):
+                    p.uniform_(0.5, 1.5)
         model.save_pretrained(os.path.join(out, f"hf-{name}-ref"), safe_serialization=True)
         with torch.no_grad():
             logits = model(torch.tensor(ids)).logits.float().numpy()
@@ -55,6 +63,6 @@ def compare(out, name, ours_path):
 
 if __name__ == "__main__":
     if sys.argv[1] == "make":
-        make(sys.argv[2])
+        make(sys.argv[2], sys.argv[3:])
     else:
         compare(sys.argv[2], sys.argv[3], sys.argv[4])

@@ -1,34 +1,68 @@
 #!/usr/bin/env bash
-# Prepares device_carry/ for tests/device/hf_logits_check.py: trains a tiny GPT-2-style, a tiny Llama-style and a
-# tiny Mixtral-style (the Llama one with 4 SwiGLU experts top-2 in every layer) and a tiny Qwen2-MoE-style (q/k/v
-# biases, layer 0 MoE with pre-softmax routing and a gated shared expert, layer 1 dense) model for 5 iterations on
-# DATA (a Megatron prefix, GPT-2 vocabulary), writes their logits on fixed tokens with `mcpp forward`, and exports
-# them with `mcpp ckpt export` (hf-gpt2, hf-llama, hf-mixtral, hf-qwen2-moe; the Llama-style ones with RoPE base
-# 500000, so that the base's config fields are checked). Then on the device:
-#   run(command="python3 tests/device/hf_logits_check.py", carry=["device_carry"])
-# The exports together exceed the device tool's 64 MiB carry (two fit): delete the others' hf-<name>/ and <name>.npy
-# and name the two (`hf_logits_check.py mixtral qwen2-moe`).
+# Prepares hf_carry/ for tests/device/hf_logits_check.py: trains tiny models of the named styles (default: all) for 5
+# iterations, writes their logits on fixed tokens with `mcpp forward` and exports them with `mcpp ckpt export
+# --format hf-<name>`:
+#   gpt2, llama, mixtral (the Llama one with 4 SwiGLU experts top-2 in every layer), qwen2-moe (q/k/v biases, layer 0
+#   MoE with pre-softmax routing and a gated shared expert, layer 1 dense) on DATA (a Megatron prefix, GPT-2
+#   vocabulary; the Llama-style ones with RoPE base 500000, so that the base's config fields are checked);
+#   qwen3 (--qk-layernorm, head dim 32 != 64 / 4 heads) and qwen3-moe (the same attention, layer 1 MoE with 4
+#   experts top-2, normalized top-k) on random tokens of a 512-token vocabulary (NullTokenizer), so they stay small.
+# Then on the device:
+#   run(command="python3 tests/device/hf_logits_check.py NAME...", carry=["hf_carry"])
+# Two of the GPT-2-vocabulary exports fit the device tool's 64 MiB carry (with the binaries of bench/gpu/make_carry.sh:
+# the two qwen3 ones).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-DATA=${1:?usage: prepare_hf_check.sh DATA_PREFIX}
+DATA=${1:?usage: prepare_hf_check.sh DATA_PREFIX [NAME...]}
+shift
+NAMES=("$@")
+[ ${#NAMES[@]} -gt 0 ] || NAMES=(gpt2 llama mixtral qwen2-moe qwen3 qwen3-moe)
 MCPP=build/bin/mcpp
-rm -rf device_carry && mkdir -p device_carry
+OUT=hf_carry
+rm -rf $OUT && mkdir -p $OUT
 B="--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 32
    --micro-batch-size 2 --global-batch-size 4 --lr 1e-2 --lr-warmup-iters 1 --train-iters 5 --log-interval 5
-   --eval-interval 100 --eval-iters 0 --split 90,10,0 --hidden-dropout 0 --attention-dropout 0 --data-path $DATA"
-$MCPP train $B --save device_carry/gpt2 > /dev/null
+   --eval-interval 100 --eval-iters 0 --split 90,10,0 --hidden-dropout 0 --attention-dropout 0"
 LLAMA="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
   --disable-bias-linear --group-query-attention --num-query-groups 2 --rotary-base 500000"
-$MCPP train $B $LLAMA --save device_carry/llama > /dev/null
-$MCPP train $B $LLAMA --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 96 --moe-aux-loss-coeff 0.01 \
-  --save device_carry/mixtral > /dev/null
-$MCPP train $B $LLAMA --add-qkv-bias --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 \
-  --moe-router-pre-softmax --moe-layer-freq "[1,0]" --moe-shared-expert-intermediate-size 64 --moe-shared-expert-gate \
-  --moe-aux-loss-coeff 0.01 --save device_carry/qwen2-moe > /dev/null
-printf "464 2068 7586 21831 18045 625 262 16931 3290 13 50256 318 257 1332 286 262\n13313 352 25 262 2068 7586 21831 18045 625 262 16931 3290 13 464 2068 7586\n" > device_carry/tokens.txt
-for m in gpt2 llama mixtral qwen2-moe; do
-  $MCPP forward --load device_carry/$m --tokens device_carry/tokens.txt --output device_carry/$m.npy
-  $MCPP ckpt export --load device_carry/$m --format hf-$m --output device_carry/hf-$m
-  rm -rf device_carry/$m  # keep the carry under 64 MiB
+printf "464 2068 7586 21831 18045 625 262 16931 3290 13 50256 318 257 1332 286 262\n13313 352 25 262 2068 7586 21831 18045 625 262 16931 3290 13 464 2068 7586\n" > $OUT/tokens.txt
+printf "464 68 86 31 45 25 262 131 290 13 511 318 257 132 286 262\n133 352 25 262 206 75 218 180 25 262 169 329 13 464 206 58\n" > $OUT/tokens512.txt
+SMALL=""
+for m in "${NAMES[@]}"; do
+  case $m in
+    gpt2) FLAGS="--data-path $DATA" ;;
+    llama) FLAGS="$LLAMA --data-path $DATA" ;;
+    mixtral) FLAGS="$LLAMA --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 96 --moe-aux-loss-coeff 0.01
+                    --data-path $DATA" ;;
+    qwen2-moe) FLAGS="$LLAMA --add-qkv-bias --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
+                      --moe-router-pre-softmax --moe-layer-freq [1,0] --moe-shared-expert-intermediate-size 64
+                      --moe-shared-expert-gate --moe-aux-loss-coeff 0.01 --data-path $DATA" ;;
+    qwen3|qwen3-moe)
+      if [ -z "$SMALL" ]; then
+        /usr/bin/python3 bench/gpu/random_tokens.py $OUT/rnd512 --tokens 20000 --vocab 512 --doc-len 64 > /dev/null
+        SMALL="--tokenizer-type NullTokenizer --vocab-size 512 --data-path $OUT/rnd512"
+      fi
+      FLAGS="$LLAMA --qk-layernorm --kv-channels 32 $SMALL"
+      [ $m = qwen3 ] || FLAGS="$FLAGS --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-layer-freq [0,1]
+                               --moe-aux-loss-coeff 0.01" ;;
+    *) echo "unknown model style '$m' (gpt2 llama mixtral qwen2-moe qwen3 qwen3-moe)" >&2; exit 2 ;;
+  esac
+  $MCPP train $B $FLAGS --save $OUT/$m > /dev/null
+  TOK=$OUT/tokens.txt
+  case $m in qwen3*) TOK=$OUT/tokens512.txt ;; esac
+  $MCPP forward --load $OUT/$m --tokens $TOK --output $OUT/$m.npy
+  $MCPP ckpt export --load $OUT/$m --format hf-$m --output $OUT/hf-$m
+  rm -rf $OUT/$m  # keep the carry small
 done
-du -sh device_carry
+rm -f $OUT/rnd512.bin $OUT/rnd512.idx
+du -sh $OUT
+# The import direction of the HF conversion, with HF's own writer: on the device (torch + transformers) build random
+# MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM models (GQA 4:2, untied, vocab
+# 512; the MoE ones 4 experts top-2; Qwen2-MoE: q/k/v biases, unnormalized top-k, a gated shared expert, layer 1
+# dense; Qwen3: head_dim 32 != 64 / 4; Qwen3-MoE: layer 0 dense), save them with save_pretrained (safetensors) and
+# write their fp32 logits on two fixed 16-token sequences:
+#   python3 tests/device/hf_import_check.py make OUTDIR [NAME...]
+# then here, for each NAME: `mcpp ckpt import --input OUTDIR/hf-NAME-ref --format hf-NAME`,
+# `mcpp forward --tokens OUTDIR/tokens.txt` and
+#   python3 tests/device/hf_import_check.py compare OUTDIR NAME OURS.npy
+# (max relative logit error < 1e-4, as hf_logits_check.py).

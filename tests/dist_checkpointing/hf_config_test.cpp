@@ -5,7 +5,9 @@
 
 #include "dist_checkpointing/ckpt_test_util.h"
 #include "mcpp/dist_checkpointing/hf_convert.h"
+#include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/transformer/transformer_config.h"
+#include "models/gpt_test_util.h"
 
 namespace mcpp::dist_checkpointing {
 namespace {
@@ -52,6 +54,27 @@ TEST(HfConfig, ImportedConfigParsesAsConfigAndKeepsItsValues) {
     EXPECT_EQ(c.model.qkv_bias(), !llama);
     EXPECT_EQ(config_from_model_dims(model_dims_from_config(c.to_json(), "round trip")), j) << llama;
   }
+}
+
+// model_param_shapes (the converters' key set) against the parameters a real GPTModel registers, in order: GPT-2 and
+// Llama style, each with --qk-layernorm (LayerNorm q/k norms with biases; RMSNorm ones with a head dim != h / heads).
+TEST(HfConfig, ParamShapesEqualTheModelsParameters) {
+  for (const std::string style : {"gpt2", "llama"})
+    for (const bool qk : {false, true}) {
+      Config c;
+      c.model = mcpp::testing::tiny_config(style);
+      c.model.qk_layernorm = qk;
+      if (style == "llama") c.model.kv_channels = 12;  // 4 heads x 12 != hidden 32
+      c.finalize();
+      GPTModel model(c.model, 1, mcpp::testing::single_tp());
+      const auto shapes = model_param_shapes(model_dims_from_config(c.to_json(), "test"));
+      const auto& params = model.params().params();
+      ASSERT_EQ(shapes.size(), params.size()) << style << " qk " << qk;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        EXPECT_EQ(shapes[i].first, params[i]->spec.key) << style << " qk " << qk;
+        EXPECT_EQ(shapes[i].second, params[i]->data.shape()) << shapes[i].first;
+      }
+    }
 }
 
 }  // namespace

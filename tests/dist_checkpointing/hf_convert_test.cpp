@@ -1,8 +1,9 @@
 // HF conversion: Megatron's grouped QKV row order against a hand-written example, export -> import
 // round trip bit-identical for GPT-2 (MHA, LayerNorm, biases, tied) and Llama (GQA, RMSNorm, SwiGLU,
 // tied and untied), Mixtral (Llama + 4 experts top-2 in every layer) and Qwen2-MoE (a MoE layer with a gated shared
-// expert and a dense layer; q/k/v biases; both top-k normalizations), the exported GPT-2 Conv1D transposes checked
-// element-wise, and configs the target format cannot express rejected with the field named.
+// expert and a dense layer; q/k/v biases; both top-k normalizations), Qwen3 (q/k norms, head_dim != hidden / heads) and
+// Qwen3-MoE (q/k norms, a MoE layer and a dense one), the exported GPT-2 Conv1D transposes checked element-wise, and
+// configs the target format cannot express rejected with the field named.
 #include "mcpp/dist_checkpointing/hf_convert.h"
 
 #include <gtest/gtest.h>
@@ -43,6 +44,13 @@ ModelDims qwen2_moe_dims(bool pre_softmax) {  // layer 0 MoE (4 experts top-2 + 
   d.qkv_bias = true;
   d.experts = 4, d.topk = 2, d.moe_ffn = 12, d.moe_layers = {true, false};
   d.moe_pre_softmax = pre_softmax, d.shared_ffn = 20, d.shared_gate = true;
+  return d;
+}
+
+ModelDims qwen3_dims(bool moe) {  // head_dim 8 with hidden 16 / 4 heads: Qwen3's free head_dim
+  ModelDims d = llama_dims(true);
+  d.head_dim = 8, d.qk_norm = true;
+  if (moe) d.experts = 4, d.topk = 2, d.moe_ffn = 12, d.moe_layers = {false, true}, d.moe_pre_softmax = false;
   return d;
 }
 
@@ -112,6 +120,81 @@ TEST(HfConvert, MixtralRoundTripIsBitIdentical) { expect_round_trip(mixtral_dims
 TEST(HfConvert, Qwen2MoeRoundTripIsBitIdentical) {
   expect_round_trip(qwen2_moe_dims(true), HfFormat::Qwen2Moe);   // norm_topk_prob false
   expect_round_trip(qwen2_moe_dims(false), HfFormat::Qwen2Moe);  // norm_topk_prob true
+}
+
+TEST(HfConvert, Qwen3RoundTripIsBitIdentical) {
+  expect_round_trip(qwen3_dims(false), HfFormat::Qwen3);
+  expect_round_trip(qwen3_dims(true), HfFormat::Qwen3Moe);  // norm_topk_prob true
+  ModelDims pre = qwen3_dims(true);
+  pre.moe_pre_softmax = true;  // norm_topk_prob false
+  expect_round_trip(pre, HfFormat::Qwen3Moe);
+}
+
+// The exported Qwen3 / Qwen3-MoE layouts: q_norm / k_norm from the q/k layernorms, head_dim written, the experts as
+// Qwen2-MoE's without a shared expert; what the formats cannot express is named (q/k norms missing, or present for
+// the formats without them; q/k/v biases; a shared expert; a MoE model as hf-qwen3, a dense one as hf-qwen3-moe;
+// attention_bias and sliding windows on import).
+TEST(HfConvert, Qwen3ExportLayoutAndRejections) {
+  TempDir dir;
+  for (const bool moe : {false, true}) {
+    const ModelDims d = qwen3_dims(moe);
+    const std::string ck = moe ? "ck_moe" : "ck", out = moe ? "hf_moe" : "hf";
+    save_checkpoint(dir / ck, random_model(d));
+    export_hf(CheckpointReader(dir / ck), moe ? HfFormat::Qwen3Moe : HfFormat::Qwen3, dir / out);
+    CheckpointReader r(dir / ck);
+    SafetensorsHeader h = read_safetensors_header(dir / (out + "/model.safetensors"));
+    auto hf = [&](const std::string& name) { return exported(h, name); };
+    EXPECT_TRUE(bit_equal(hf("model.layers.1.self_attn.q_norm.weight"),
+                          r.read("decoder.layers.1.self_attention.q_layernorm.weight")));
+    EXPECT_TRUE(bit_equal(hf("model.layers.0.self_attn.k_norm.weight"),
+                          r.read("decoder.layers.0.self_attention.k_layernorm.weight")));
+    EXPECT_EQ(hf("model.layers.0.self_attn.q_proj.weight").shape(), (Shape{32, 16}));  // 4 heads x 8
+    const auto cfg = nlohmann::json::parse(read_text(dir / (out + "/config.json")));
+    EXPECT_EQ(cfg["model_type"], moe ? "qwen3_moe" : "qwen3");
+    EXPECT_EQ(cfg["head_dim"], 8);
+    EXPECT_EQ(cfg["attention_bias"], false);
+    EXPECT_FALSE(cfg.contains("shared_expert_intermediate_size"));
+    if (!moe) continue;
+    const Tensor fc1 = r.read("decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight");  // [24, 16]
+    EXPECT_TRUE(bit_equal(hf("model.layers.1.mlp.experts.3.gate_proj.weight"), hf_detail::slice_rows(fc1, 0, 12)));
+    EXPECT_TRUE(bit_equal(hf("model.layers.0.mlp.up_proj.weight"),
+                          hf_detail::slice_rows(r.read("decoder.layers.0.mlp.linear_fc1.weight"), 40, 40)));
+    EXPECT_EQ(cfg["mlp_only_layers"], nlohmann::json::array({0}));
+    EXPECT_EQ(cfg["norm_topk_prob"], true);
+    EXPECT_EQ(cfg["moe_intermediate_size"], 12);
+  }
+  int bad_index = 0;
+  auto rejected = [&](const ModelDims& d, HfFormat f, std::initializer_list<std::string> words) {
+    const std::string name = fmt::format("bad{}", bad_index++);
+    save_checkpoint(dir / name, random_model(d));
+    expect_error([&] { export_hf(CheckpointReader(dir / name), f, dir / "o"); }, words);
+  };
+  rejected(llama_dims(true), HfFormat::Qwen3, {"hf-qwen3", "model.qk_layernorm", "q_norm"});
+  rejected(qwen3_dims(false), HfFormat::Llama, {"hf-llama", "model.qk_layernorm", "hf-qwen3"});
+  rejected(qwen3_dims(true), HfFormat::Qwen3, {"hf-qwen3", "model.num_moe_experts", "Qwen3ForCausalLM"});
+  rejected(qwen3_dims(false), HfFormat::Qwen3Moe, {"hf-qwen3-moe", "model.num_moe_experts"});
+  ModelDims biased = qwen3_dims(false);
+  biased.qkv_bias = true;
+  rejected(biased, HfFormat::Qwen3, {"hf-qwen3", "model.add_qkv_bias"});
+  ModelDims shared = qwen3_dims(true);
+  shared.shared_ffn = 8;
+  rejected(shared, HfFormat::Qwen3Moe, {"hf-qwen3-moe", "model.moe_shared_expert_intermediate_size"});
+  ModelDims gpt2_qk = gpt2_dims();
+  gpt2_qk.qk_norm = true;
+  rejected(gpt2_qk, HfFormat::Gpt2, {"hf-gpt2", "model.qk_layernorm"});
+  auto j = nlohmann::json::parse(read_text(dir / "hf/config.json"));
+  for (const auto& [field, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"attention_bias", true},
+           {"use_sliding_window", true},
+           {"layer_types", {"full_attention", "sliding_attention"}}}) {
+    auto bad = j;
+    bad[field] = value;
+    write_text(dir / "hf/config.json", bad.dump());
+    expect_error([&] { import_hf(dir / "hf", HfFormat::Qwen3); }, {std::string(field)});
+  }
+  write_text(dir / "hf/config.json", j.dump());
+  expect_error([&] { import_hf(dir / "hf", HfFormat::Qwen3Moe); }, {"model_type", "qwen3_moe"});
+  expect_error([&] { import_hf(dir / "hf", HfFormat::Llama); }, {"model_type", "llama"});
 }
 
 // The exported Qwen2-MoE layout: q/k/v biases split from linear_qkv's, the MoE layer's gate / experts / gated shared
@@ -273,7 +356,8 @@ TEST(HfConvert, ExportRejectsConfigsTheFormatCannotExpress) {
   save_checkpoint(dir / "nocfg", no_cfg);
   expect_error([&] { export_hf(CheckpointReader(dir / "nocfg"), HfFormat::Gpt2, dir / "o"); }, {"config"});
   expect_error([&] { parse_hf_format("hf-bert"); }, {"--format", "hf-bert"});
-  for (HfFormat f : {HfFormat::Gpt2, HfFormat::Llama, HfFormat::Mixtral, HfFormat::Qwen2Moe})
+  for (HfFormat f : {HfFormat::Gpt2, HfFormat::Llama, HfFormat::Mixtral, HfFormat::Qwen2Moe, HfFormat::Qwen3,
+                     HfFormat::Qwen3Moe})
     EXPECT_EQ(parse_hf_format(hf_format_name(f)), f) << hf_format_name(f);
   EXPECT_EQ(std::string(hf_format_name(HfFormat::Qwen2Moe)), "hf-qwen2-moe");
 }

@@ -1,4 +1,5 @@
-// Model dims from the checkpoint config, our key set, and export to HF GPT-2 / Llama / Mixtral; see hf_convert.h.
+// Model dims from the checkpoint config, our key set, and export to HF GPT-2 / Llama / Mixtral / Qwen2-MoE / Qwen3 /
+// Qwen3-MoE; see hf_convert.h.
 #include "mcpp/dist_checkpointing/hf_convert.h"
 
 #include <algorithm>
@@ -74,6 +75,7 @@ void export_gpt2(const CheckpointReader& r, const ModelDims& d, std::vector<Safe
   require(d.groups == d.heads, F, "num_query_groups", std::to_string(d.groups), "num_attention_heads (MHA)");
   require(d.head_dim * d.heads == d.hidden, F, "kv_channels", std::to_string(d.head_dim),
           "hidden_size / num_attention_heads");
+  require(!d.qk_norm, F, "qk_layernorm", "true", "false");
   const int64_t h = d.hidden;
   std::map<std::string, Shape> shapes;
   for (auto& [k, s] : model_param_shapes(d)) shapes[k] = s;
@@ -122,8 +124,9 @@ void export_gpt2(const CheckpointReader& r, const ModelDims& d, std::vector<Safe
          {"torch_dtype", "float32"}};
 }
 
-// The MoE settings beyond the dims: what MixtralForCausalLM / Qwen2MoeForCausalLM cannot express is an error naming
-// the field (Mixtral: every layer MoE, no shared expert, no pre-softmax; Qwen2-MoE: either top-k normalization).
+// The MoE settings beyond the dims: what MixtralForCausalLM / Qwen2MoeForCausalLM / Qwen3MoeForCausalLM cannot express
+// is an error naming the field (Mixtral: every layer MoE, no shared expert, no pre-softmax; the Qwens: either top-k
+// normalization; Qwen3-MoE: no shared expert).
 void require_moe_routing(const nlohmann::json& m, const ModelDims& d, HfFormat f) {
   const std::string F = hf_format_name(f);
   auto str = [&](const char* k, const char* dflt) { return m.value(k, std::string(dflt)); };
@@ -137,6 +140,9 @@ void require_moe_routing(const nlohmann::json& m, const ModelDims& d, HfFormat f
             "0 (no shared expert)");
     require(!d.moe_pre_softmax, F, "moe_router_pre_softmax", "true", "false (the softmax over the top-k logits)");
   }
+  if (f == HfFormat::Qwen3Moe)
+    require(d.shared_ffn == 0, F, "moe_shared_expert_intermediate_size", std::to_string(d.shared_ffn),
+            "0 (no shared expert)");
   require(str("moe_router_score_function", "softmax") == "softmax", F, "moe_router_score_function",
           str("moe_router_score_function", "softmax"), "softmax");
   require(num("moe_router_topk_scaling_factor") == 0, F, "moe_router_topk_scaling_factor",
@@ -148,18 +154,24 @@ void require_moe_routing(const nlohmann::json& m, const ModelDims& d, HfFormat f
           std::to_string(num("moe_expert_capacity_factor")), "0 (dropless)");
 }
 
-// Llama and its MoE relatives: Mixtral (every layer a sparse block), Qwen2-MoE (q/k/v biases, gated shared expert,
-// MoE or dense layers).
+// Llama and its relatives: Mixtral (every layer a sparse block), Qwen2-MoE (q/k/v biases, gated shared expert,
+// MoE or dense layers), Qwen3 (q/k norms) and Qwen3-MoE (q/k norms, Qwen2-MoE's experts without a shared one).
 void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std::vector<SafetensorsItem>& items,
                   nlohmann::json& cfg) {
   const std::string F = hf_format_name(f);
-  const bool qwen = f == HfFormat::Qwen2Moe;
+  const bool qwen = f == HfFormat::Qwen2Moe;                                       // q/k/v biases, shared expert
+  const bool qwen3 = f == HfFormat::Qwen3 || f == HfFormat::Qwen3Moe;              // q/k norms
+  const bool qwen_experts = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen3Moe;  // mlp.experts.{e}.*_proj
   require(d.normalization == "RMSNorm", F, "normalization", d.normalization, "RMSNorm");
   require(d.position_embedding == "rope", F, "position_embedding_type", d.position_embedding, "rope");
   require(d.rotary_percent == 1.0, F, "rotary_percent", std::to_string(d.rotary_percent), "1.0");
   require(d.swiglu, F, "swiglu", "false", "true");
   require(!d.bias_linear, F, "add_bias_linear", "true", "false");
   if (!qwen) require(!d.qkv_bias, F, "add_qkv_bias", "true", "false");  // Qwen2's q/k/v always have biases
+  if (qwen3)
+    require(d.qk_norm, F, "qk_layernorm", "false", "true (Qwen3's q_norm / k_norm)");
+  else
+    require(!d.qk_norm, F, "qk_layernorm", "true", "false (hf-qwen3 / hf-qwen3-moe write q/k norms)");
   if (qwen) {
     require(d.head_dim * d.heads == d.hidden, F, "kv_channels", std::to_string(d.head_dim),
             "hidden_size / num_attention_heads");
@@ -196,18 +208,22 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
       put(H + "self_attn.v_proj.bias", vb);
     }
     put(H + "self_attn.o_proj.weight", get(L + "self_attention.linear_proj.weight"));  // [h, nq d]
+    if (qwen3) {
+      put(H + "self_attn.q_norm.weight", get(L + "self_attention.q_layernorm.weight"));  // [d]
+      put(H + "self_attn.k_norm.weight", get(L + "self_attention.k_layernorm.weight"));
+    }
     put(H + "post_attention_layernorm.weight", get(L + "pre_mlp_layernorm.weight"));
     if (!d.is_moe_layer(i)) {
       dense_layers.push_back(i);
       swiglu_mlp(L + "mlp.", H + "mlp.", d.ffn);
       continue;
     }
-    const std::string B = H + (qwen ? "mlp." : "block_sparse_moe.");
+    const std::string B = H + (qwen_experts ? "mlp." : "block_sparse_moe.");
     put(B + "gate.weight", get(L + "mlp.router.weight"));  // [E, h]
     for (int64_t e = 0; e < d.experts; ++e) {
       const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
       const std::string Y = fmt::format("{}experts.{}.", B, e);
-      if (qwen) {
+      if (qwen_experts) {
         swiglu_mlp(X, Y, d.moe_ffn);
         continue;
       }
@@ -247,6 +263,18 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
          {"torch_dtype", "float32"}};
   if (f == HfFormat::Llama) return;
   for (const char* k : {"mlp_bias", "pretraining_tp", "attention_bias"}) cfg.erase(k);
+  if (qwen3) {  // full causal attention in every layer; head_dim as given
+    cfg["attention_bias"] = false;
+    cfg["use_sliding_window"] = false;
+    cfg["sliding_window"] = nullptr;
+    cfg["max_window_layers"] = d.num_layers;
+    cfg["layer_types"] = std::vector<std::string>(static_cast<size_t>(d.num_layers), "full_attention");
+  }
+  if (f == HfFormat::Qwen3) {
+    cfg["architectures"] = {"Qwen3ForCausalLM"};
+    cfg["model_type"] = "qwen3";
+    return;
+  }
   cfg["num_experts_per_tok"] = d.topk;
   cfg["output_router_logits"] = false;
   cfg["sliding_window"] = nullptr;
@@ -258,17 +286,24 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
     cfg["router_jitter_noise"] = 0.0;
     return;
   }
-  cfg["architectures"] = {"Qwen2MoeForCausalLM"};  // intermediate_size: the dense layers' MLP
-  cfg["model_type"] = "qwen2_moe";
-  cfg.erase("head_dim");  // hidden / heads
+  // Qwen2-MoE / Qwen3-MoE; intermediate_size: the dense layers' MLP
   cfg["num_experts"] = d.experts;
   cfg["moe_intermediate_size"] = d.moe_ffn;
-  cfg["shared_expert_intermediate_size"] = d.shared_ffn;
   cfg["norm_topk_prob"] = !d.moe_pre_softmax;  // renormalized top-k = the softmax over the k logits
   cfg["decoder_sparse_step"] = 1;
   cfg["mlp_only_layers"] = dense_layers;
   cfg["use_sliding_window"] = false;
   cfg["max_window_layers"] = d.num_layers;
+  if (f == HfFormat::Qwen3Moe) {
+    cfg["architectures"] = {"Qwen3MoeForCausalLM"};
+    cfg["model_type"] = "qwen3_moe";
+    cfg["router_aux_loss_coef"] = 0.0;
+    return;
+  }
+  cfg["architectures"] = {"Qwen2MoeForCausalLM"};
+  cfg["model_type"] = "qwen2_moe";
+  cfg.erase("head_dim");  // hidden / heads
+  cfg["shared_expert_intermediate_size"] = d.shared_ffn;
 }
 
 }  // namespace
@@ -278,7 +313,9 @@ HfFormat parse_hf_format(const std::string& s) {
   if (s == "hf-llama") return HfFormat::Llama;
   if (s == "hf-mixtral") return HfFormat::Mixtral;
   if (s == "hf-qwen2-moe") return HfFormat::Qwen2Moe;
-  fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama|hf-mixtral|hf-qwen2-moe)", s);
+  if (s == "hf-qwen3") return HfFormat::Qwen3;
+  if (s == "hf-qwen3-moe") return HfFormat::Qwen3Moe;
+  fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama|hf-mixtral|hf-qwen2-moe|hf-qwen3|hf-qwen3-moe)", s);
 }
 
 const char* hf_format_name(HfFormat f) {
@@ -287,6 +324,8 @@ const char* hf_format_name(HfFormat f) {
     case HfFormat::Llama: return "hf-llama";
     case HfFormat::Mixtral: return "hf-mixtral";
     case HfFormat::Qwen2Moe: return "hf-qwen2-moe";
+    case HfFormat::Qwen3: return "hf-qwen3";
+    case HfFormat::Qwen3Moe: return "hf-qwen3-moe";
   }
   return "?";
 }
@@ -325,6 +364,7 @@ ModelDims model_dims_from_config(const nlohmann::json& config, const std::string
   d.untied = get_val<bool>(m, "untie_embeddings_and_output_weights", where, false);
   d.bias_linear = get_val<bool>(m, "add_bias_linear", where, true);
   d.qkv_bias = d.bias_linear || get_val<bool>(m, "add_qkv_bias", where, false);
+  d.qk_norm = get_val<bool>(m, "qk_layernorm", where, false);
   if (d.heads % d.groups != 0)
     fail("{}: model.num_attention_heads {} is not a multiple of model.num_query_groups {}", where, d.heads,
          d.groups);
@@ -369,6 +409,7 @@ nlohmann::json config_from_model_dims(const ModelDims& d) {
                       {"padded_vocab_size", d.padded_vocab},
                       {"vocab_size", d.vocab},
                       {"make_vocab_size_divisible_by", 128}};
+  if (d.qk_norm) m["qk_layernorm"] = true;
   if (d.experts > 0) {
     m["num_moe_experts"] = d.experts;
     m["moe_router_topk"] = d.topk;
@@ -407,6 +448,11 @@ std::vector<std::pair<std::string, Shape>> model_param_shapes(const ModelDims& d
     if (d.qkv_bias || d.bias_linear) out.push_back({L + "self_attention.linear_qkv.bias", {qkv_rows}});
     out.push_back({L + "self_attention.linear_proj.weight", {h, d.heads * d.head_dim}});
     if (d.bias_linear) out.push_back({L + "self_attention.linear_proj.bias", {h}});
+    if (d.qk_norm)
+      for (const char* qk : {"q_layernorm", "k_layernorm"}) {
+        out.push_back({L + "self_attention." + qk + ".weight", {d.head_dim}});
+        if (ln_bias) out.push_back({L + "self_attention." + qk + ".bias", {d.head_dim}});
+      }
     norm(L + "pre_mlp_layernorm");
     if (d.is_moe_layer(i)) {  // the router, the experts (and a shared expert) instead of the MLP
       auto mlp = [&](const std::string& X, int64_t width) {
@@ -448,13 +494,14 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
   if (!reader.meta().contains("config"))
     fail("{}: checkpoint meta has no 'config' (needed to export)", reader.dir());
   ModelDims d = model_dims_from_config(reader.meta()["config"], reader.dir() + "/manifest.json meta.config");
-  const bool moe_format = format == HfFormat::Mixtral || format == HfFormat::Qwen2Moe;
-  if (d.experts > 0 && !moe_format)  // GPT2LMHeadModel / LlamaForCausalLM have dense MLPs
+  const bool moe_format = format == HfFormat::Mixtral || format == HfFormat::Qwen2Moe || format == HfFormat::Qwen3Moe;
+  if (d.experts > 0 && !moe_format)  // GPT2LMHeadModel / LlamaForCausalLM / Qwen3ForCausalLM have dense MLPs
     fail("{} export: the checkpoint is a mixture-of-experts model (model.num_moe_experts {}); {} has dense MLPs "
-         "(hf-mixtral / hf-qwen2-moe write MoE models)", hf_format_name(format), d.experts,
-         format == HfFormat::Gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM");
+         "(hf-mixtral / hf-qwen2-moe / hf-qwen3-moe write MoE models)", hf_format_name(format), d.experts,
+         format == HfFormat::Gpt2 ? "GPT2LMHeadModel" : format == HfFormat::Qwen3 ? "Qwen3ForCausalLM"
+                                                                                   : "LlamaForCausalLM");
   if (d.experts == 0 && moe_format)
-    fail("{} export: model.num_moe_experts is 0 (a dense model); {} needs experts (hf-llama writes dense "
+    fail("{} export: model.num_moe_experts is 0 (a dense model); {} needs experts (hf-llama / hf-qwen3 write dense "
          "Llama-style models)", hf_format_name(format), hf_format_name(format));
   if (moe_format) require_moe_routing(reader.meta()["config"]["model"], d, format);
   std::vector<SafetensorsItem> items;

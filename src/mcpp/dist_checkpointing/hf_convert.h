@@ -1,4 +1,5 @@
-// Conversion between our GPT checkpoints and HuggingFace transformers' GPT-2 / Llama / Mixtral layouts.
+// Conversion between our GPT checkpoints and HuggingFace transformers' GPT-2 / Llama / Mixtral / Qwen2-MoE / Qwen3 /
+// Qwen3-MoE layouts.
 //
 // Contract. Our parameter keys and layouts (Megatron-Core local spec, linear weights [out, in]):
 //   embedding.word_embeddings.weight        [Vp, h]        (Vp = padded vocab)
@@ -7,6 +8,7 @@
 //   decoder.layers.{i}.self_attention.linear_qkv.weight  [(nq + 2 ng) d, h]  (+ .bias with biases)
 //       rows per query group g: [q heads of g: nq/ng * d rows][k of g: d rows][v of g: d rows]
 //   decoder.layers.{i}.self_attention.linear_proj.{weight [h, nq d], bias [h]}
+//   decoder.layers.{i}.self_attention.{q,k}_layernorm.{weight,bias}  [d] (qk_layernorm; bias with LayerNorm)
 //   decoder.layers.{i}.pre_mlp_layernorm.{weight,bias}               [h]
 //   decoder.layers.{i}.mlp.linear_fc1.{weight [f or 2f, h], bias}    swiglu rows: [gate f; up f]
 //   decoder.layers.{i}.mlp.linear_fc2.{weight [h, f], bias [h]}
@@ -27,7 +29,10 @@
 // without pre-softmax (the softmax over the k chosen logits), dropless. HF Qwen2-MoE (Qwen2MoeForCausalLM): Llama's
 // layout with q/k/v biases; mlp.gate [E, h], mlp.experts.{e}.gate/up/down_proj, mlp.shared_expert.gate/up/down_proj
 // and mlp.shared_expert_gate [1, h] (sigmoid-gated shared expert); norm_topk_prob false = our pre-softmax routing
-// (the full softmax's top-k probabilities), true = ours without; mlp_only_layers = our dense layers. Export writes <out>/config.json and
+// (the full softmax's top-k probabilities), true = ours without; mlp_only_layers = our dense layers. HF Qwen3
+// (Qwen3ForCausalLM): Llama's layout with self_attn.q_norm / k_norm [d] (RMSNorm over each head before RoPE = our
+// qk_layernorm), head_dim free of hidden / heads; HF Qwen3-MoE (Qwen3MoeForCausalLM): Qwen3's attention with
+// Qwen2-MoE's expert layout, no shared expert. Export writes <out>/config.json and
 // <out>/model.safetensors (F32, "__metadata__": {"format": "pt"}); import reads model.safetensors or
 // model.safetensors.index.json shards (F32, F16 or BF16) and returns a model-only checkpoint (iteration 0,
 // meta["config"] = {"model": {...}} with Config::to_json's field names, vocab padded with zero rows to a multiple
@@ -45,8 +50,9 @@
 
 namespace mcpp::dist_checkpointing {
 
-enum class HfFormat { Gpt2, Llama, Mixtral, Qwen2Moe };
-HfFormat parse_hf_format(const std::string& s);  // "hf-gpt2" | "hf-llama" | "hf-mixtral" | "hf-qwen2-moe"
+enum class HfFormat { Gpt2, Llama, Mixtral, Qwen2Moe, Qwen3, Qwen3Moe };
+// "hf-gpt2" | "hf-llama" | "hf-mixtral" | "hf-qwen2-moe" | "hf-qwen3" | "hf-qwen3-moe"
+HfFormat parse_hf_format(const std::string& s);
 const char* hf_format_name(HfFormat f);
 
 // The model numbers the conversion needs, read from meta["config"] ("model" section); zero defaults
@@ -60,6 +66,7 @@ struct ModelDims {
   std::string position_embedding = "learned_absolute";  // "learned_absolute" | "rope" | "none"
   bool swiglu = false, untied = false, bias_linear = true;
   bool qkv_bias = false;  // QKV bias even without add_bias_linear (add_qkv_bias); implied by bias_linear
+  bool qk_norm = false;   // qk_layernorm: self_attention.q_layernorm / k_layernorm [head_dim] (+ bias: LayerNorm)
   // mixture of experts: num_moe_experts, moe_router_topk, moe_ffn_hidden_size (experts 0: dense), which layers are
   // MoE layers (moe_layer_freq expanded, one entry per layer — empty: every layer; the others keep a dense MLP of
   // width ffn), moe_router_pre_softmax, the shared expert's width (moe_shared_expert_intermediate_size) and gate

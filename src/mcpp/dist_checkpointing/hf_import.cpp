@@ -1,4 +1,5 @@
-// Import of HF GPT-2 / Llama / Mixtral / Qwen2-MoE directories into a model-only checkpoint; see hf_convert.h.
+// Import of HF GPT-2 / Llama / Mixtral / Qwen2-MoE / Qwen3 / Qwen3-MoE directories into a model-only checkpoint; see
+// hf_convert.h.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -220,21 +221,23 @@ ModelDims llama_dims(const nlohmann::json& c, const std::string& path, bool mixt
   return d;
 }
 
-ModelDims qwen2_moe_dims(const nlohmann::json& c, const std::string& path) {
+// Full causal attention in every layer: no sliding window, every layer_types entry "full_attention".
+void require_full_attention(const nlohmann::json& c, const std::string& path) {
   if (cfg_bool(c, "use_sliding_window", path, false))
     fail("{}: field 'use_sliding_window' is true; mcpp's attention is full causal", path);
-  ModelDims d = llama_family_dims(c, path, "qwen2_moe");  // intermediate_size: the dense layers' MLP
-  d.qkv_bias = cfg_bool(c, "qkv_bias", path, true);  // Qwen2's q/k/v biases (transformers 5 can turn them off)
   if (c.contains("layer_types") && c["layer_types"].is_array())
     for (const auto& t : c["layer_types"])
       if (t != "full_attention")
         fail("{}: field 'layer_types' has {}; mcpp's attention is full causal (\"full_attention\")", path, t.dump());
+}
+
+// The Qwen MoE fields (Qwen2-MoE, Qwen3-MoE): experts, top-k, their width, the top-k normalization, and which layers
+// route (every decoder_sparse_step-th, except mlp_only_layers).
+void qwen_moe_fields(const nlohmann::json& c, const std::string& path, ModelDims& d) {
   d.experts = cfg_int(c, "num_experts", path);
   d.topk = cfg_int(c, "num_experts_per_tok", path);
   if (d.topk > d.experts) fail("{}: num_experts_per_tok {} exceeds num_experts {}", path, d.topk, d.experts);
   d.moe_ffn = cfg_int(c, "moe_intermediate_size", path);
-  d.shared_ffn = cfg_int(c, "shared_expert_intermediate_size", path);
-  d.shared_gate = true;
   d.moe_pre_softmax = !cfg_bool(c, "norm_topk_prob", path, false);  // the full softmax's top-k, unnormalized
   const int64_t step = c.contains("decoder_sparse_step") ? cfg_int(c, "decoder_sparse_step", path) : 1;
   std::set<int64_t> dense;
@@ -248,8 +251,28 @@ ModelDims qwen2_moe_dims(const nlohmann::json& c, const std::string& path) {
   }
   for (int64_t i = 0; i < d.num_layers; ++i) d.moe_layers.push_back(!dense.count(i) && (i + 1) % step == 0);
   if (std::find(d.moe_layers.begin(), d.moe_layers.end(), true) == d.moe_layers.end())
-    fail("{}: no layer is a MoE layer (decoder_sparse_step {}, mlp_only_layers); import it as hf-llama's dense "
-         "layout instead", path, step);
+    fail("{}: no layer is a MoE layer (decoder_sparse_step {}, mlp_only_layers); import it as a dense layout "
+         "instead", path, step);
+}
+
+ModelDims qwen2_moe_dims(const nlohmann::json& c, const std::string& path) {
+  require_full_attention(c, path);
+  ModelDims d = llama_family_dims(c, path, "qwen2_moe");  // intermediate_size: the dense layers' MLP
+  d.qkv_bias = cfg_bool(c, "qkv_bias", path, true);  // Qwen2's q/k/v biases (transformers 5 can turn them off)
+  qwen_moe_fields(c, path, d);
+  d.shared_ffn = cfg_int(c, "shared_expert_intermediate_size", path);
+  d.shared_gate = true;
+  return d;
+}
+
+// Qwen3 / Qwen3-MoE: Llama's fields with q/k norms (our qk_layernorm); no attention biases (attention_bias true
+// would also give o_proj a bias, which our linear_proj has only with add_bias_linear).
+ModelDims qwen3_dims(const nlohmann::json& c, const std::string& path, bool moe) {
+  require_full_attention(c, path);
+  if (cfg_bool(c, "attention_bias", path, false)) fail("{}: field 'attention_bias' must be false", path);
+  ModelDims d = llama_family_dims(c, path, moe ? "qwen3_moe" : "qwen3");
+  d.qk_norm = true;
+  if (moe) qwen_moe_fields(c, path, d);
   return d;
 }
 
@@ -288,15 +311,18 @@ void import_gpt2(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& ou
   });
 }
 
-// Llama, Mixtral (block_sparse_moe: w1 = gate, w3 = up, w2 = down) and Qwen2-MoE (q/k/v biases; mlp.gate, experts'
-// and the shared expert's gate/up/down_proj, shared_expert_gate) in our key order (model_param_shapes).
-void import_llama(HfTensors& hf, const ModelDims& d, bool qwen, std::vector<NamedTensor>& out) {
+// Llama, Mixtral (block_sparse_moe: w1 = gate, w3 = up, w2 = down), Qwen2-MoE (q/k/v biases; mlp.gate, experts'
+// and the shared expert's gate/up/down_proj, shared_expert_gate), Qwen3 (self_attn.q_norm / k_norm) and Qwen3-MoE
+// (q/k norms, Qwen2-MoE's experts, no shared one) in our key order (model_param_shapes).
+void import_llama(HfTensors& hf, const ModelDims& d, HfFormat f, std::vector<NamedTensor>& out) {
+  const bool qwen = f == HfFormat::Qwen2Moe;                                       // q/k/v biases, shared expert
+  const bool qwen_experts = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen3Moe;  // mlp.experts.{e}.*_proj
   const int64_t h = d.hidden, qd = d.heads * d.head_dim, kd = d.groups * d.head_dim;
   auto put = [&](const std::string& key, Tensor t) { out.push_back({key, std::move(t)}); };
-  auto swiglu_mlp = [&](const std::string& X, const std::string& Y, int64_t f) {  // 3 projections -> [gate; up]
+  auto swiglu_mlp = [&](const std::string& X, const std::string& Y, int64_t w) {  // 3 projections -> [gate; up]
     put(X + "linear_fc1.weight",
-        cat_rows({hf.get(Y + "gate_proj.weight", {f, h}), hf.get(Y + "up_proj.weight", {f, h})}));
-    put(X + "linear_fc2.weight", hf.get(Y + "down_proj.weight", {h, f}));
+        cat_rows({hf.get(Y + "gate_proj.weight", {w, h}), hf.get(Y + "up_proj.weight", {w, h})}));
+    put(X + "linear_fc2.weight", hf.get(Y + "down_proj.weight", {h, w}));
   };
   put("embedding.word_embeddings.weight", pad_rows(hf.get("model.embed_tokens.weight", {d.vocab, h}), d.padded_vocab));
   for (int64_t i = 0; i < d.num_layers; ++i) {
@@ -311,23 +337,27 @@ void import_llama(HfTensors& hf, const ModelDims& d, bool qwen, std::vector<Name
           merge_qkv(hf.get(H + "self_attn.q_proj.bias", {qd}), hf.get(H + "self_attn.k_proj.bias", {kd}),
                     hf.get(H + "self_attn.v_proj.bias", {kd}), d.heads, d.groups, d.head_dim));
     put(L + "self_attention.linear_proj.weight", hf.get(H + "self_attn.o_proj.weight", {h, qd}));
+    if (d.qk_norm) {
+      put(L + "self_attention.q_layernorm.weight", hf.get(H + "self_attn.q_norm.weight", {d.head_dim}));
+      put(L + "self_attention.k_layernorm.weight", hf.get(H + "self_attn.k_norm.weight", {d.head_dim}));
+    }
     put(L + "pre_mlp_layernorm.weight", hf.get(H + "post_attention_layernorm.weight", {h}));
     if (!d.is_moe_layer(i)) {
       swiglu_mlp(L + "mlp.", H + "mlp.", d.ffn);
       continue;
     }
-    const std::string B = H + (qwen ? "mlp." : "block_sparse_moe.");
-    const int64_t f = d.moe_ffn;
+    const std::string B = H + (qwen_experts ? "mlp." : "block_sparse_moe.");
+    const int64_t F = d.moe_ffn;
     put(L + "mlp.router.weight", hf.get(B + "gate.weight", {d.experts, h}));
     for (int64_t e = 0; e < d.experts; ++e) {
       const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
       const std::string Y = fmt::format("{}experts.{}.", B, e);
-      if (qwen) {
-        swiglu_mlp(X, Y, f);
+      if (qwen_experts) {
+        swiglu_mlp(X, Y, F);
         continue;
       }
-      put(X + "linear_fc1.weight", cat_rows({hf.get(Y + "w1.weight", {f, h}), hf.get(Y + "w3.weight", {f, h})}));
-      put(X + "linear_fc2.weight", hf.get(Y + "w2.weight", {h, f}));
+      put(X + "linear_fc1.weight", cat_rows({hf.get(Y + "w1.weight", {F, h}), hf.get(Y + "w3.weight", {F, h})}));
+      put(X + "linear_fc2.weight", hf.get(Y + "w2.weight", {h, F}));
     }
     if (qwen) {
       swiglu_mlp(L + "mlp.shared_experts.", B + "shared_expert.", d.shared_ffn);
@@ -349,12 +379,14 @@ CheckpointContents import_hf(const std::string& hf_dir, HfFormat format) {
   nlohmann::json c = read_json(cfg_path);
   ModelDims d = format == HfFormat::Gpt2       ? gpt2_dims(c, cfg_path)
                 : format == HfFormat::Qwen2Moe ? qwen2_moe_dims(c, cfg_path)
-                                               : llama_dims(c, cfg_path, format == HfFormat::Mixtral);
+                : format == HfFormat::Qwen3 || format == HfFormat::Qwen3Moe
+                    ? qwen3_dims(c, cfg_path, format == HfFormat::Qwen3Moe)
+                    : llama_dims(c, cfg_path, format == HfFormat::Mixtral);
   HfTensors hf(hf_dir);
   CheckpointContents out;
   out.iteration = 0;
   if (format == HfFormat::Gpt2) import_gpt2(hf, d, out.tensors);
-  else import_llama(hf, d, format == HfFormat::Qwen2Moe, out.tensors);
+  else import_llama(hf, d, format, out.tensors);
   out.meta = {{"config", config_from_model_dims(d)},
               {"imported_from", {{"format", hf_format_name(format)}, {"path", fs::absolute(hf_dir).string()}}}};
   return out;

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # End-to-end test of `mcpp ckpt` against the independent Python oracle (read_safetensors.py):
 #   python makes a random HF model (gpt2: F32 single file; llama: BF16, GQA, untied, 2 shards; mixtral: F16,
-#   4 experts top-2, 2 shards)
+#   4 experts top-2, 2 shards; qwen3: llama's with q/k norms and head_dim 8 != hidden / heads)
 #   -> mcpp ckpt import -> oracle checks manifest/files/xxh3 and the layout rearrangement in numpy
 #   -> mcpp ckpt verify / info -> mcpp ckpt export -> oracle checks the HF tensors against the
 #   checkpoint (numpy transposes/splits) and against the original HF tensors
 #   -> a flipped byte makes `mcpp ckpt verify` exit 2 naming the tensor; a format mismatch on export
 #   exits 2 naming the config field; re-importing into the same save dir is refused; the imported Mixtral
 #   fine-tunes with --finetune (without it: an error naming the flag), also with --use-checkpoint-args instead of
-#   the model flags (the same losses).
+#   the model flags (the same losses); the imported Qwen3 fine-tunes with --use-checkpoint-args.
 # usage: ckpt_cli_test.sh MCPP_BIN PYTHON WORKDIR
 set -euo pipefail
 MCPP=$1; PY=$2; W=$3
@@ -26,7 +26,7 @@ expect_fail() {  # expect_fail "text that stderr must contain" cmd...
   echo "ok (exit 2, names '$want'): $*"
 }
 
-for fmt in gpt2 llama mixtral; do
+for fmt in gpt2 llama mixtral qwen3; do
   "$PY" "$ORACLE" make-hf $fmt "$W/hf_$fmt"
   "$MCPP" ckpt import --input "$W/hf_$fmt" --format hf-$fmt --save "$W/ck_$fmt"
   test "$(cat "$W/ck_$fmt/latest_checkpointed_iteration.txt")" = "0"
@@ -45,6 +45,8 @@ expect_fail "model.normalization" "$MCPP" ckpt export --load "$W/ck_llama" --for
 expect_fail "model_type" "$MCPP" ckpt import --input "$W/hf_gpt2" --format hf-llama --save "$W/bad"
 expect_fail "num_moe_experts" "$MCPP" ckpt export --load "$W/ck_mixtral" --format hf-llama --output "$W/bad"
 expect_fail "num_moe_experts" "$MCPP" ckpt export --load "$W/ck_llama" --format hf-mixtral --output "$W/bad"
+expect_fail "model.qk_layernorm" "$MCPP" ckpt export --load "$W/ck_qwen3" --format hf-llama --output "$W/bad"
+expect_fail "model.qk_layernorm" "$MCPP" ckpt export --load "$W/ck_llama" --format hf-qwen3 --output "$W/bad"
 
 # The imported Mixtral fine-tunes (--finetune: its weights, a fresh schedule); without --finetune the model-only
 # checkpoint is an error naming the flag. With --use-checkpoint-args the architecture comes from the checkpoint: the
@@ -74,6 +76,13 @@ for d in sys.argv[2:]:
     assert len(ref) == 2 and losses(d) == ref, f"--use-checkpoint-args: {d} losses {losses(d)} vs {ref}"
 print("ok: --use-checkpoint-args trains the checkpoint's architecture (the same losses)")
 PY
+Q=("${RUN[@]}")
+Q[2]="$W/ck_qwen3"  # the imported Qwen3 (q/k norms, head dim 8 over hidden 16) fine-tunes from its stored config
+"$MCPP" "${Q[@]}" --finetune --use-checkpoint-args --save "$W/ft_qwen3" > "$W/ft_qwen3.txt" 2>&1
+if ! grep -q "training done: 2 iterations run" "$W/ft_qwen3.txt"; then
+  echo "FAIL: the imported Qwen3 did not fine-tune"; tail -5 "$W/ft_qwen3.txt"; exit 1
+fi
+echo "ok: the imported Qwen3 fine-tuned 2 iterations"
 expect_fail "--use-checkpoint-args needs --load" "$MCPP" train --use-checkpoint-args --data-path "$W/rnd" \
   --tokenizer-type NullTokenizer --vocab-size 130
 

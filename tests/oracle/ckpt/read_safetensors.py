@@ -6,10 +6,11 @@ aligned data start, offsets contiguous from 0 to the end of the file, __metadata
 mcpp's manifest.json against the files and recomputes every tensor's XXH3-64, and redoes the GPT-2 /
 Llama layout conversions with numpy reshapes (not the C++ code's row loops).
 
-  read_safetensors.py make-hf gpt2|llama|mixtral OUTDIR  random HF model dir (llama: BF16, mixtral: F16, 2 shards)
+  read_safetensors.py make-hf gpt2|llama|mixtral|qwen3 OUTDIR  random HF model dir (llama, qwen3: BF16, mixtral: F16,
+                                                       2 shards; qwen3: q/k norms, head_dim 8 != hidden / heads)
   read_safetensors.py check-ckpt ITERDIR               manifest vs files, xxh3, strict parse
-  read_safetensors.py check-import gpt2|llama|mixtral HFDIR ITERDIR
-  read_safetensors.py check-export gpt2|llama|mixtral ITERDIR OUTDIR [ORIG_HFDIR]
+  read_safetensors.py check-import gpt2|llama|mixtral|qwen3 HFDIR ITERDIR
+  read_safetensors.py check-export gpt2|llama|mixtral|qwen3 ITERDIR OUTDIR [ORIG_HFDIR]
   read_safetensors.py flip ITERDIR KEY                  flip one byte inside KEY's data
 Exit code 0 on success; an AssertionError (exit 1) names the file and tensor otherwise.
 """
@@ -148,6 +149,9 @@ def hf_to_ours(fmt, hf, cfg):
             vw = hf[q + "self_attn.v_proj.weight"].reshape(ng, 1, d, h)
             o[p + "self_attention.linear_qkv.weight"] = np.concatenate([qw, kw, vw], axis=1).reshape(-1, h)
             o[p + "self_attention.linear_proj.weight"] = hf[q + "self_attn.o_proj.weight"]
+            if fmt == "qwen3":  # Megatron's q_layernorm / k_layernorm
+                o[p + "self_attention.q_layernorm.weight"] = hf[q + "self_attn.q_norm.weight"]
+                o[p + "self_attention.k_layernorm.weight"] = hf[q + "self_attn.k_norm.weight"]
             o[p + "pre_mlp_layernorm.weight"] = hf[q + "post_attention_layernorm.weight"]
             if fmt == "mixtral":  # router = gate; each expert's fc1 = [w1 (gate); w3 (up)], fc2 = w2
                 o[p + "mlp.router.weight"] = hf[q + "block_sparse_moe.gate.weight"]
@@ -196,6 +200,9 @@ def ours_to_hf(fmt, t, m):
             o[q + "self_attn.k_proj.weight"] = w[:, nq // ng].reshape(ng * d, h)
             o[q + "self_attn.v_proj.weight"] = w[:, nq // ng + 1].reshape(ng * d, h)
             o[q + "self_attn.o_proj.weight"] = t[p + "self_attention.linear_proj.weight"]
+            if fmt == "qwen3":
+                o[q + "self_attn.q_norm.weight"] = t[p + "self_attention.q_layernorm.weight"]
+                o[q + "self_attn.k_norm.weight"] = t[p + "self_attention.k_layernorm.weight"]
             o[q + "post_attention_layernorm.weight"] = t[p + "pre_mlp_layernorm.weight"]
             if fmt == "mixtral":
                 F = m["moe_ffn_hidden_size"]
@@ -225,7 +232,7 @@ def compare(got, want, where):
 
 
 def make_hf(fmt, out):
-    rng = np.random.default_rng({"gpt2": 1, "llama": 2, "mixtral": 3}[fmt])
+    rng = np.random.default_rng({"gpt2": 1, "llama": 2, "mixtral": 3, "qwen3": 4}[fmt])
     r = lambda *s: rng.standard_normal(s).astype(np.float32)
     os.makedirs(out, exist_ok=True)
     if fmt == "gpt2":
@@ -258,11 +265,19 @@ def make_hf(fmt, out):
                         "num_local_experts": E, "num_experts_per_tok": 2, "sliding_window": None,
                         "router_jitter_noise": 0.0})
             del cfg["mlp_bias"]
+        if fmt == "qwen3":  # Qwen3: q/k norms over head_dim 8 (4 heads x 8 = 32 != hidden 16), full attention
+            d = 8
+            cfg.update({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": d,
+                        "use_sliding_window": False, "sliding_window": None, "max_window_layers": L,
+                        "layer_types": ["full_attention"] * L})
+            del cfg["mlp_bias"]
         for i in range(L):
             q = f"model.layers.{i}."
             ts.update({q + "input_layernorm.weight": r(h), q + "self_attn.q_proj.weight": r(nq * d, h),
                        q + "self_attn.k_proj.weight": r(ng * d, h), q + "self_attn.v_proj.weight": r(ng * d, h),
                        q + "self_attn.o_proj.weight": r(h, nq * d), q + "post_attention_layernorm.weight": r(h)})
+            if fmt == "qwen3":
+                ts.update({q + "self_attn.q_norm.weight": r(d), q + "self_attn.k_norm.weight": r(d)})
             if fmt == "mixtral":
                 ts[q + "block_sparse_moe.gate.weight"] = r(E, h)
                 for e in range(E):
@@ -321,10 +336,13 @@ def main(argv):
                     "hidden_act": "silu", "sliding_window": None,
                     "tie_word_embeddings": not m["untie_embeddings_and_output_weights"]}
         else:
-            want = {"model_type": "llama", "hidden_size": m["hidden_size"], "intermediate_size": m["ffn_hidden_size"],
+            want = {"model_type": fmt, "hidden_size": m["hidden_size"], "intermediate_size": m["ffn_hidden_size"],
                     "num_key_value_heads": m["num_query_groups"], "head_dim": m["kv_channels"],
                     "rope_theta": m["rotary_base"], "rms_norm_eps": m["norm_epsilon"], "hidden_act": "silu",
                     "tie_word_embeddings": not m["untie_embeddings_and_output_weights"]}
+            if fmt == "qwen3":
+                assert m.get("qk_layernorm") is True, "qwen3 export of a model without qk_layernorm"
+                want.update({"attention_bias": False, "use_sliding_window": False})
         for k, v in want.items():
             assert cfg.get(k) == v, f"{out_dir}/config.json: {k} = {cfg.get(k)!r}, expected {v!r}"
         if len(argv) > 5:  # the original HF dir of an import: the export must give back its tensors
