@@ -14,9 +14,12 @@
 # first wgrad GEMMs overwriting the main grads); 124m-dropout / 1.3b-dropout: with Megatron's default dropout
 # (--attention-dropout 0.1 --hidden-dropout 0.1: cuDNN attention with its RNG node, hidden dropout inside the
 # norms; the anchor has none).
+# 1.3b-llama / 1.3b-qk: the 1.3B shapes Llama-style (RMSNorm, SwiGLU of Megatron's default width 5440, RoPE, GQA
+# 16:4, untied, no biases; head dim 128) without / with --qk-layernorm (Qwen3's per-head q/k norms): the cost of the
+# qk norms in a step (no anchor counterpart).
 # usage (device machine, repo root, device_carry/ carried):
 #   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed]
-#     [124m-dropout] [1.3b-dropout] [torch]
+#     [124m-dropout] [1.3b-dropout] [1.3b-llama] [1.3b-qk] [torch]
 set -u
 OUT=$1
 shift
@@ -55,6 +58,8 @@ print(json.dumps(dict(system="mcpp", name=name, B=B, T=T, d=d, L=L, V=V, step_ms
                       max_ms=round(ms[-1], 2))))
 PY
 }
+LLAMA="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
+  --disable-bias-linear --group-query-attention --num-query-groups 4"
 for w in $what; do
   case $w in
     124m) ours gpt2-124m 12 768 12 1024 32 ;;
@@ -65,6 +70,8 @@ for w in $what; do
     1.3b-zeroed) ours gpt-1.3b-zeroed 24 2048 16 2048 8 --no-overwrite-main-grad ;;
     124m-dropout) ours gpt2-124m-dropout 12 768 12 1024 32 --attention-dropout 0.1 --hidden-dropout 0.1 ;;
     1.3b-dropout) ours gpt-1.3b-dropout 24 2048 16 2048 8 --attention-dropout 0.1 --hidden-dropout 0.1 ;;
+    1.3b-llama) ours gpt-1.3b-llama 24 2048 16 2048 8 $LLAMA ;;
+    1.3b-qk) ours gpt-1.3b-qk 24 2048 16 2048 8 $LLAMA --qk-layernorm ;;
     torch) echo "== pytorch anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
   esac
 done

@@ -19,7 +19,8 @@ def make(out, names):
     models = {
         "mixtral": (lambda: transformers.MixtralConfig(intermediate_size=96, num_local_experts=4, sliding_window=None,
                                                        **moe), transformers.MixtralForCausalLM),
-        "qwen2-moe": (lambda: transformers.Qwen2MoeConfig(intermediate_size=128, num_experts=4, moe_intermediate_size=48,
+        "qwen2-moe": (lambda: transformers.Qwen2MoeConfig(intermediate_size=128, num_experts=4,
+                                                          moe_intermediate_size=48,
                                                           shared_expert_intermediate_size=64, norm_topk_prob=False,
                                                           decoder_sparse_step=1, mlp_only_layers=[1],
                                                           use_sliding_window=False, **moe),

@@ -25,8 +25,10 @@ B="--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --max
    --eval-interval 100 --eval-iters 0 --split 90,10,0 --hidden-dropout 0 --attention-dropout 0"
 LLAMA="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
   --disable-bias-linear --group-query-attention --num-query-groups 2 --rotary-base 500000"
-printf "464 2068 7586 21831 18045 625 262 16931 3290 13 50256 318 257 1332 286 262\n13313 352 25 262 2068 7586 21831 18045 625 262 16931 3290 13 464 2068 7586\n" > $OUT/tokens.txt
-printf "464 68 86 31 45 25 262 131 290 13 511 318 257 132 286 262\n133 352 25 262 206 75 218 180 25 262 169 329 13 464 206 58\n" > $OUT/tokens512.txt
+{ echo "464 2068 7586 21831 18045 625 262 16931 3290 13 50256 318 257 1332 286 262"
+  echo "13313 352 25 262 2068 7586 21831 18045 625 262 16931 3290 13 464 2068 7586"; } > $OUT/tokens.txt
+{ echo "464 68 86 31 45 25 262 131 290 13 511 318 257 132 286 262"
+  echo "133 352 25 262 206 75 218 180 25 262 169 329 13 464 206 58"; } > $OUT/tokens512.txt
 SMALL=""
 for m in "${NAMES[@]}"; do
   case $m in
@@ -43,8 +45,8 @@ for m in "${NAMES[@]}"; do
         SMALL="--tokenizer-type NullTokenizer --vocab-size 512 --data-path $OUT/rnd512"
       fi
       FLAGS="$LLAMA --qk-layernorm --kv-channels 32 $SMALL"
-      [ $m = qwen3 ] || FLAGS="$FLAGS --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-layer-freq [0,1]
-                               --moe-aux-loss-coeff 0.01" ;;
+      [ $m = qwen3 ] || FLAGS="$FLAGS --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
+                               --moe-layer-freq [0,1] --moe-aux-loss-coeff 0.01" ;;
     *) echo "unknown model style '$m' (gpt2 llama mixtral qwen2-moe qwen3 qwen3-moe)" >&2; exit 2 ;;
   esac
   $MCPP train $B $FLAGS --save $OUT/$m > /dev/null

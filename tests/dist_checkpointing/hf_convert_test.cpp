@@ -194,6 +194,15 @@ TEST(HfConvert, Qwen3ExportLayoutAndRejections) {
   }
   write_text(dir / "hf/config.json", j.dump());
   expect_error([&] { import_hf(dir / "hf", HfFormat::Qwen3Moe); }, {"model_type", "qwen3_moe"});
+  // transformers 5 writes Qwen3-MoE's expert count as num_local_experts; both names, or two different counts
+  auto jm = nlohmann::json::parse(read_text(dir / "hf_moe/config.json"));
+  jm["num_local_experts"] = jm["num_experts"];
+  jm.erase("num_experts");
+  write_text(dir / "hf_moe/config.json", jm.dump());
+  EXPECT_EQ(import_hf(dir / "hf_moe", HfFormat::Qwen3Moe).tensors.size(), model_param_shapes(qwen3_dims(true)).size());
+  jm["num_experts"] = 8;
+  write_text(dir / "hf_moe/config.json", jm.dump());
+  expect_error([&] { import_hf(dir / "hf_moe", HfFormat::Qwen3Moe); }, {"num_experts", "num_local_experts", "differ"});
   expect_error([&] { import_hf(dir / "hf", HfFormat::Llama); }, {"model_type", "llama"});
 }
 

@@ -233,8 +233,13 @@ void require_full_attention(const nlohmann::json& c, const std::string& path) {
 
 // The Qwen MoE fields (Qwen2-MoE, Qwen3-MoE): experts, top-k, their width, the top-k normalization, and which layers
 // route (every decoder_sparse_step-th, except mlp_only_layers).
+// transformers 5 writes Qwen3-MoE's expert count as num_local_experts (4 and our export: num_experts).
 void qwen_moe_fields(const nlohmann::json& c, const std::string& path, ModelDims& d) {
-  d.experts = cfg_int(c, "num_experts", path);
+  const bool local = c.contains("num_local_experts") && !c["num_local_experts"].is_null();
+  d.experts = cfg_int(c, local && !c.contains("num_experts") ? "num_local_experts" : "num_experts", path);
+  if (local && cfg_int(c, "num_local_experts", path) != d.experts)
+    fail("{}: fields 'num_experts' ({}) and 'num_local_experts' ({}) differ", path, d.experts,
+         c["num_local_experts"].dump());
   d.topk = cfg_int(c, "num_experts_per_tok", path);
   if (d.topk > d.experts) fail("{}: num_experts_per_tok {} exceeds num_experts {}", path, d.topk, d.experts);
   d.moe_ffn = cfg_int(c, "moe_intermediate_size", path);

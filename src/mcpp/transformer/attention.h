@@ -7,8 +7,9 @@
 //   all-reduced by finalize_model_grads with or without sequence parallelism: the TP ranks hold different heads)
 //   -> RoPE on q, k (rope configs) -> core attention
 //   (dropout from the model-parallel RNG stream) -> context [s, b, np/tp*hn]
-//   Without RoPE, without qk_layernorm and with a core attention that takes the fused rows (flash: supports_packed_qkv()), the
-//   split and its backward merge are skipped: the core reads qkv and returns dqkv directly (same values).
+//   Without RoPE, without qk_layernorm and with a core attention that takes the fused rows (flash:
+//   supports_packed_qkv()), the split and its backward merge are skipped: the core reads qkv and returns dqkv directly
+//   (same values).
 //   -> linear_proj (RowParallel, init scaled by 1/sqrt(2L); all-reduce or SP reduce-scatter) -> [s(/tp), b, h].
 //   Context parallelism (tp.cp, size cp > 1; Megatron's --cp-comm-type a2a): x holds this CP rank's s/cp rows;
 //   the fused qkv rows go through all_to_all_cp2hp (whole sequence, ng/tp/cp query groups: RoPE tables for the
