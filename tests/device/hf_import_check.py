@@ -1,6 +1,8 @@
 # The import direction of the HF conversion, with HF's own writer (see tests/device/prepare_hf_check.sh's end):
 #   python3 tests/device/hf_import_check.py make OUTDIR [NAME...]   (on the device; NAME: mixtral qwen2-moe qwen3
 #                                                                    qwen3-moe, default all)
+#     (the MoE models also as OUTDIR/hf-NAME-fused: model.state_dict() as it is in memory, written with
+#     safetensors' save_file — transformers 5's fused expert tensors, the layout of checkpoints saved natively in 5)
 #   python3 tests/device/hf_import_check.py compare OUTDIR NAME OURS.npy   (numpy only)
 # (max relative logit error < 1e-4, as hf_logits_check.py).
 import json
@@ -46,6 +48,18 @@ def make(out, names):
                 if n.endswith("q_norm.weight") or n.endswith("k_norm.weight"):
                     p.uniform_(0.5, 1.5)
         model.save_pretrained(os.path.join(out, f"hf-{name}-ref"), safe_serialization=True)
+        if name != "qwen3":  # the MoE models' in-memory tensors as they are (transformers 5: fused experts)
+            from safetensors.torch import save_file
+            fused = os.path.join(out, f"hf-{name}-fused")
+            os.makedirs(fused, exist_ok=True)
+            model.config.to_json_file(os.path.join(fused, "config.json"))
+            sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+            save_file(sd, os.path.join(fused, "model.safetensors"), metadata={"format": "pt"})
+            print(json.dumps({"fused": name, "expert_tensors": {k: list(v.shape) for k, v in sd.items()
+                                                                if k.startswith("model.layers.0.") and "expert" in k
+                                                                and ".experts.1." not in k
+                                                                and ".experts.2." not in k
+                                                                and ".experts.3." not in k}}))
         with torch.no_grad():
             logits = model(torch.tensor(ids)).logits.float().numpy()
         np.save(os.path.join(out, f"hf_logits_{name}.npy"), logits)

@@ -252,6 +252,55 @@ TEST(HfConvert, Qwen2MoeExportLayout) {
   }
 }
 
+// transformers 5's own MoE layout (checkpoints saved natively in 5): the router at mlp.gate and the experts fused into
+// mlp.experts.gate_up_proj [E, 2F, h] / down_proj [E, h, F]. Built here from our export (the per-expert tensors
+// stacked), it imports to the same checkpoint for Mixtral (block_sparse_moe renamed mlp), Qwen2-MoE (beside its shared
+// expert) and Qwen3-MoE; a fused tensor of the wrong shape is named.
+TEST(HfConvert, ImportsTransformers5FusedExperts) {
+  for (const HfFormat f : {HfFormat::Mixtral, HfFormat::Qwen2Moe, HfFormat::Qwen3Moe}) {
+    SCOPED_TRACE(hf_format_name(f));
+    const ModelDims d = f == HfFormat::Mixtral ? mixtral_dims() : f == HfFormat::Qwen2Moe ? qwen2_moe_dims(false)
+                                                                                          : qwen3_dims(true);
+    TempDir dir;
+    const CheckpointContents c = random_model(d);
+    save_checkpoint(dir / "ck", c);
+    export_hf(CheckpointReader(dir / "ck"), f, dir / "hf");
+    const SafetensorsHeader h = read_safetensors_header(dir / "hf/model.safetensors");
+    CheckpointReader r(dir / "ck");
+    std::vector<SafetensorsItem> items;
+    for (const auto& e : h.entries) {  // everything but the per-expert tensors and the MoE layers' routers
+      const bool expert = e.name.find(".experts.") != std::string::npos;
+      const bool router = e.name.ends_with("block_sparse_moe.gate.weight") || e.name.ends_with("mlp.gate.weight");
+      if (!expert && !router) items.push_back({e.name, read_safetensors_tensor(h, e)});
+    }
+    for (int64_t i = 0; i < d.num_layers; ++i) {
+      if (!d.is_moe_layer(i)) continue;
+      const std::string L = fmt::format("decoder.layers.{}.mlp.", i), H = fmt::format("model.layers.{}.mlp.", i);
+      std::vector<Tensor> fc1, fc2;
+      for (int64_t e = 0; e < d.experts; ++e) {
+        fc1.push_back(r.read(fmt::format("{}experts.local_experts.{}.linear_fc1.weight", L, e)));
+        fc2.push_back(r.read(fmt::format("{}experts.local_experts.{}.linear_fc2.weight", L, e)));
+      }
+      items.push_back({H + "gate.weight", r.read(L + "router.weight")});
+      items.push_back({H + "experts.gate_up_proj", hf_detail::cat_rows(fc1).view({d.experts, 2 * d.moe_ffn, 16})});
+      items.push_back({H + "experts.down_proj", hf_detail::cat_rows(fc2).view({d.experts, 16, d.moe_ffn})});
+    }
+    std::filesystem::create_directories(dir / "fused");
+    write_safetensors(dir / "fused/model.safetensors", items, {{"format", "pt"}}, false);
+    write_text(dir / "fused/config.json", read_text(dir / "hf/config.json"));
+    const CheckpointContents back = import_hf(dir / "fused", f);
+    ASSERT_EQ(back.tensors.size(), c.tensors.size());
+    for (size_t i = 0; i < c.tensors.size(); ++i) {
+      EXPECT_EQ(back.tensors[i].key, c.tensors[i].key);
+      EXPECT_TRUE(bit_equal(back.tensors[i].tensor, c.tensors[i].tensor)) << c.tensors[i].key;
+    }
+    for (auto& it : items)  // a down_proj of the wrong width
+      if (it.name.ends_with("experts.down_proj")) it.tensor = Tensor::zeros({d.experts, 16, d.moe_ffn + 1});
+    write_safetensors(dir / "fused/model.safetensors", items, {{"format", "pt"}}, false);
+    expect_error([&] { import_hf(dir / "fused", f); }, {"experts.down_proj", "shape"});
+  }
+}
+
 // The exported Mixtral layout element-wise: the router as block_sparse_moe.gate, each expert's fc1 rows split into
 // w1 (gate) and w3 (up), fc2 as w2; the config names the experts and their width.
 TEST(HfConvert, MixtralExportLayout) {

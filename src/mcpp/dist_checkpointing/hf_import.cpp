@@ -353,16 +353,30 @@ void import_llama(HfTensors& hf, const ModelDims& d, HfFormat f, std::vector<Nam
     }
     const std::string B = H + (qwen_experts ? "mlp." : "block_sparse_moe.");
     const int64_t F = d.moe_ffn;
-    put(L + "mlp.router.weight", hf.get(B + "gate.weight", {d.experts, h}));
-    for (int64_t e = 0; e < d.experts; ++e) {
-      const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
-      const std::string Y = fmt::format("{}experts.{}.", B, e);
-      if (qwen_experts) {
-        swiglu_mlp(X, Y, F);
-        continue;
+    // transformers 5's own layout (its in-memory modules, as checkpoints saved natively in 5 hold them): the router
+    // at mlp.gate, the experts fused into mlp.experts.gate_up_proj [E, 2F, h] (rows [gate; up], our fc1) and
+    // mlp.experts.down_proj [E, h, F] (our fc2), Mixtral's too (its block_sparse_moe renamed mlp).
+    if (hf.has(H + "mlp.experts.gate_up_proj")) {
+      put(L + "mlp.router.weight", hf.get(H + "mlp.gate.weight", {d.experts, h}));
+      const Tensor gate_up = hf.get(H + "mlp.experts.gate_up_proj", {d.experts, 2 * F, h});
+      const Tensor down = hf.get(H + "mlp.experts.down_proj", {d.experts, h, F});
+      for (int64_t e = 0; e < d.experts; ++e) {
+        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
+        put(X + "linear_fc1.weight", slice_rows(gate_up, e, 1).view({2 * F, h}));
+        put(X + "linear_fc2.weight", slice_rows(down, e, 1).view({h, F}));
       }
-      put(X + "linear_fc1.weight", cat_rows({hf.get(Y + "w1.weight", {F, h}), hf.get(Y + "w3.weight", {F, h})}));
-      put(X + "linear_fc2.weight", hf.get(Y + "w2.weight", {h, F}));
+    } else {
+      put(L + "mlp.router.weight", hf.get(B + "gate.weight", {d.experts, h}));
+      for (int64_t e = 0; e < d.experts; ++e) {
+        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
+        const std::string Y = fmt::format("{}experts.{}.", B, e);
+        if (qwen_experts) {
+          swiglu_mlp(X, Y, F);
+          continue;
+        }
+        put(X + "linear_fc1.weight", cat_rows({hf.get(Y + "w1.weight", {F, h}), hf.get(Y + "w3.weight", {F, h})}));
+        put(X + "linear_fc2.weight", hf.get(Y + "w2.weight", {h, F}));
+      }
     }
     if (qwen) {
       swiglu_mlp(L + "mlp.shared_experts.", B + "shared_expert.", d.shared_ffn);
