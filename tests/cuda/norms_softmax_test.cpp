@@ -8,13 +8,14 @@ namespace {
 using namespace cuda_test;
 
 // Shapes for both paths: h % 8 != 0 (scalar path), h % 8 == 0 with 1..8 warps per row and 1..4 chunks per
-// thread (vector path: h = 64, 200, 768, 2048, 4104, 8192), h > 8192 (scalar), rows not a multiple of the
-// rows per block, and n = 20000 x 64 (several rows per thread in the persistent backward grid).
+// thread (vector path: h = 200, 768, 2048, 4104, 8192), h > 8192 (scalar), rows not a multiple of the
+// rows per block, and n = 20000 x 64 (several rows per thread in the persistent backward grid); h <= 128 in row
+// groups of fewer lanes than a warp (h = 128: 16 lanes, 16 rows a block; 96: 16 lanes, 4 idle; 64: 8; 32: 4; 8: 1).
 struct NormCase {
   int64_t n, h;
 };
-const NormCase kNormCases[] = {{37, 1000}, {37, 200}, {29, 768}, {13, 2048}, {5, 4104}, {3, 8192},
-                               {4, 8200}, {20000, 64}};
+const NormCase kNormCases[] = {{37, 1000}, {37, 200}, {29, 768},  {13, 2048},  {5, 4104}, {3, 8192},
+                               {4, 8200},  {20000, 64}, {3001, 128}, {517, 96}, {1000, 32}, {4099, 8}};
 
 TEST(CudaNorms, LayerNormForwardBackward) {
   MCPP_REQUIRE_CUDA();

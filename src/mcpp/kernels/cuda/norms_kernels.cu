@@ -10,6 +10,8 @@
 //          statistics; x (or the rounded x + res, written to sum) stays in registers; two-pass statistics
 //          (mean, then sum (x - mean)^2, no E[x^2] - mean^2 cancellation); rstd = rsqrt(var + eps) (biased
 //          var) or rsqrt(mean(x^2) + eps). x and res of one element size (else the scalar path).
+//     h <= 128 (per-head q/k norms): a row group of T lanes, T the power of two >= h / 8 (16 at h = 128), and
+//          R = 256 / T rows per block, fwd and bwd; sums over the group by xor shuffles within it.
 //     bwd: W = ceil(h / 256) warps per row (V = 1 chunk per thread up to h = 2048; V <= 4), R = 8 / W rows
 //          per block; a persistent grid of G blocks (G = SMs x occupancy) strides over rows. Each row's
 //          x, dy (and dres) are read from HBM once into registers (raw 16/32-byte chunks), and the next
@@ -159,9 +161,23 @@ __global__ void norm_bwd_param_kernel(float* partial_g, float* partial_b, FIn dy
 }
 
 // ---- vector path: forward ------------------------------------------------------------------------
-// Sum over the 32W threads of one row group (threadIdx.x); W uniform in the block. s: [R][8] shared.
+// The sum over a row group of T = blockDim.x < 32 lanes (a power of two: 32 / T rows share a warp), else over the
+// warp (the xor butterfly from offset 16 down, as warp_sum: the same bits for T >= 32).
+template <typename Tv>
+__device__ __forceinline__ Tv group_sum(Tv v) {
+  const int t = blockDim.x < 32 ? static_cast<int>(blockDim.x) : 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    if (o < t) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// Warps per row group: 1 for groups of <= 32 lanes.
+__device__ __forceinline__ int row_warps() { return blockDim.x > 32 ? static_cast<int>(blockDim.x >> 5) : 1; }
+
+// Sum over the 32W threads of one row group (threadIdx.x); W uniform in the block. s: [R][8] shared (W > 1:
+// R <= 4).
 __device__ __forceinline__ float row_sum(float v, int w, float (*s)[8]) {
-  v = warp_sum(v);
+  v = group_sum(v);
   if (w == 1) return v;
   __syncthreads();  // previous use of s done
   if ((threadIdx.x & 31) == 0) s[threadIdx.y][threadIdx.x >> 5] = v;
@@ -229,8 +245,8 @@ __device__ __forceinline__ void bwd_fetch(BwdRow<V, E, kRes>& r, int64_t row, in
 // (sum of v.x, sum of v.y) over the 32W threads of a row group; s = this iteration's [R][8] buffer of a
 // double-buffered pair (a buffer is rewritten two rows later, after the next row's barrier: no second sync).
 __device__ __forceinline__ float2 row_sum2(float2 v, int w, float2 (*s)[8]) {
-  v.x = warp_sum(v.x);
-  v.y = warp_sum(v.y);
+  v.x = group_sum(v.x);
+  v.y = group_sum(v.y);
   if (w == 1) return v;
   if ((threadIdx.x & 31) == 0) s[threadIdx.y][threadIdx.x >> 5] = v;
   __syncthreads();
@@ -295,7 +311,7 @@ __global__ void __launch_bounds__(kVecThreads, V == 1 ? (kRes ? 2 : 3) : 1)
   constexpr bool kPrefetch = V * E <= 4;  // registers for a second row's raw inputs
   __shared__ float2 red[2][8][8];            // [row parity][row group][warp]
   __shared__ float colsum[kVecThreads * 8];  // [R][32W][8]: the row groups' column partials
-  const int w = blockDim.x >> 5;
+  const int w = row_warps();
   const int64_t vecs = h / 8;
   const float inv_h = 1.0f / static_cast<float>(h);
   float gm[V][8], ag[V][8], ab[V][8], ar[kSums ? V : 1][8], ad[kSums ? V : 1][8];
@@ -412,7 +428,7 @@ __global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, FOut 
   static_assert(kRes || !kDrop, "the residual dropout needs res");
   __shared__ float red[8][8];
   const uint64_t drop_off = kDrop ? drop_offset(drop) : 0;
-  const int w = blockDim.x >> 5;
+  const int w = row_warps();
   const int64_t vecs = h / 8;
   const float inv_h = 1.0f / static_cast<float>(h);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.y;
@@ -479,17 +495,26 @@ __global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, FOut 
 
 struct VecShape {
   int w, v, r;  // warps per row, chunks per thread, rows per block
+  int t;        // threads per row (blockDim.x): 32 w, or for h <= 128 the power of two >= h / 8 (16 at h = 128)
 };
 // Forward and backward: as many warps per row as keep V = 1 (up to 8), so few registers per thread and many
 // rows in flight. One layout for both norms forwards (plain and with the residual add): the same reduction
 // tree, so the fused add + norm is bitwise the add, then the norm. (A plain forward with fewer warps per row
 // and up to 4 chunks per thread measured ~10% faster alone, ~5% slower fused.)
+// Rows of h <= 128 (per-head norms: --qk-layernorm) give a row group the fewest lanes that hold it in one chunk each
+// and a block 256 / t rows: a whole warp per row would idle half of it at h = 128 and keep a quarter as many bytes in
+// flight (measured ~35% of the copy ceiling on the qk norms of a 1.3B step).
 VecShape vec_shape(int64_t h) {
   const int64_t vecs = h / 8;
-  if (vecs > 4 * kVecThreads) return {0, 0, 0};  // h > 8192: scalar path
+  if (vecs > 4 * kVecThreads) return {0, 0, 0, 0};  // h > 8192: scalar path
+  if (vecs <= 16) {
+    int t = 1;
+    while (t < vecs) t *= 2;
+    return {1, 1, kVecThreads / t, t};
+  }
   const int w = vecs <= kVecThreads ? static_cast<int>((vecs + 31) / 32) : 8;
   const int v = static_cast<int>((vecs + 32 * w - 1) / (32 * w));
-  return {w, v, 8 / w};
+  return {w, v, 8 / w, 32 * w};
 }
 
 using FwdKernel = void (*)(FOut, FOut, float*, float*, FIn, FIn, FIn, FIn, int64_t, int64_t, float, NormDrop);
@@ -553,8 +578,8 @@ int blocks_per_sm(const void* kernel, int threads) {
   MCPP_CUDA_CHECK_RT(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads, 0));
   return cache[{kernel, threads}] = b < 1 ? 1 : b;
 }
-int bwd_blocks_per_sm(int v, int elem_bytes, bool res, bool sums, int w) {
-  return blocks_per_sm(reinterpret_cast<const void*>(bwd_kernel(v, elem_bytes, res, sums, false)), 32 * w * (8 / w));
+int bwd_blocks_per_sm(int v, int elem_bytes, bool res, bool sums, const VecShape& vs) {
+  return blocks_per_sm(reinterpret_cast<const void*>(bwd_kernel(v, elem_bytes, res, sums, false)), vs.t * vs.r);
 }
 
 int elem_bytes(int kind) { return kind == kF32 ? 4 : 2; }
@@ -576,7 +601,7 @@ int64_t norm_bwd_partial_blocks(int64_t n, int64_t h, FOut dx, FIn dy, FIn x, FI
   const VecShape vs = vec_shape(h);
   const int e = elem_bytes(x.kind);
   const int64_t want = (n + vs.r - 1) / vs.r;
-  const int64_t cap = static_cast<int64_t>(sm_count()) * bwd_blocks_per_sm(vs.v, e, dres.p != nullptr, sums, vs.w);
+  const int64_t cap = static_cast<int64_t>(sm_count()) * bwd_blocks_per_sm(vs.v, e, dres.p != nullptr, sums, vs);
   return want < cap ? want : cap;
 }
 
@@ -596,9 +621,9 @@ void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res,
     const FwdKernel k = fwd_kernel(vs.v, elem_bytes(x.kind), res.p != nullptr, dropped);
     const int64_t want = (n + vs.r - 1) / vs.r;
     const int64_t cap =
-        static_cast<int64_t>(sm_count()) * blocks_per_sm(reinterpret_cast<const void*>(k), 32 * vs.w * vs.r);
-    k<<<static_cast<unsigned>(want < cap ? want : cap), dim3(32 * vs.w, vs.r), 0, s>>>(y, sum, mean, rstd, x, res,
-                                                                                       gamma, beta, n, h, eps, drop);
+        static_cast<int64_t>(sm_count()) * blocks_per_sm(reinterpret_cast<const void*>(k), vs.t * vs.r);
+    k<<<static_cast<unsigned>(want < cap ? want : cap), dim3(vs.t, vs.r), 0, s>>>(y, sum, mean, rstd, x, res, gamma,
+                                                                                  beta, n, h, eps, drop);
   } else {
     norm_fwd_kernel<<<static_cast<unsigned>(n), threads_for(h), 0, s>>>(y, sum, mean, rstd, x, res, gamma, beta, h,
                                                                         eps, dropped ? drop : NormDrop{});
@@ -615,7 +640,7 @@ void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dr
   const NormDrop d = dropped ? drop : NormDrop{};
   const VecShape vs = vec_shape(h);
   if (bwd_vector_ok(h, dx, dy, x, dres, gamma, dbranch)) {
-    const dim3 block(32 * vs.w, vs.r);
+    const dim3 block(vs.t, vs.r);
     const BwdKernel k = bwd_kernel(vs.v, elem_bytes(x.kind), dres.p != nullptr, sums, dropped);
     k<<<static_cast<unsigned>(parts), block, 0, s>>>(dx, partial, dbeta != nullptr, dy, x, dres, gamma, mean, rstd, n,
                                                      h, dbranch, d);
