@@ -162,22 +162,26 @@ TEST(CudaRandom, NormalAndScaleEqualCpu) {
   EXPECT_EQ(std::memcmp(yg.to(Device::CPU).raw(), ys.raw(), ys.nbytes()), 0);
 }
 
+// Vector path (half % 8 == 0): rot = 48 < d = 64 (dims 48..63 pass through) and the full rotation of d = 128;
+// per-pair path: half = 20.
 TEST(CudaRope, ForwardBackwardPartialRotaryAndInPlace) {
   MCPP_REQUIRE_CUDA();
-  const int64_t s = 7, b = 3, heads = 4, d = 64, half = 24;  // rot = 48 < d: dims 48..63 pass through
-  Tensor cosv = rnd({s, half}, 9), sinv = rnd({s, half}, 10);
-  for (DType dt : float_dtypes()) {
-    SCOPED_TRACE(dtype_name(dt));
-    Tensor x = rnd({s, b, heads, d}, 11, dt);
-    Tensor y_ref = Tensor::empty(x.shape()), dx_ref = Tensor::empty(x.shape());
-    ops::cpu::rope_fwd(y_ref, x, cosv, sinv, {});
-    ops::cpu::rope_bwd(dx_ref, x, cosv, sinv, {});
-    Tensor y = poisoned(x.shape(), dt), c = dev(cosv), sn = dev(sinv);
-    ops::rope_fwd(y, dev(x, dt), c, sn);
-    EXPECT_REL(host(y), y_ref, tol(dt, 1e-6));  // one fp32 FMA pair per element
-    Tensor inplace = dev(x, dt);
-    ops::rope_bwd(inplace, inplace, c, sn);  // y may alias x
-    EXPECT_REL(host(inplace), dx_ref, tol(dt, 1e-6));
+  const int64_t s = 7, b = 3, heads = 4;
+  for (const auto& [d, half] : std::vector<std::pair<int64_t, int64_t>>{{64, 24}, {128, 64}, {64, 20}}) {
+    Tensor cosv = rnd({s, half}, 9), sinv = rnd({s, half}, 10);
+    for (DType dt : float_dtypes()) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " d=" << d << " half=" << half);
+      Tensor x = rnd({s, b, heads, d}, 11, dt);
+      Tensor y_ref = Tensor::empty(x.shape()), dx_ref = Tensor::empty(x.shape());
+      ops::cpu::rope_fwd(y_ref, x, cosv, sinv, {});
+      ops::cpu::rope_bwd(dx_ref, x, cosv, sinv, {});
+      Tensor y = poisoned(x.shape(), dt), c = dev(cosv), sn = dev(sinv);
+      ops::rope_fwd(y, dev(x, dt), c, sn);
+      EXPECT_REL(host(y), y_ref, tol(dt, 1e-6));  // one fp32 FMA pair per element
+      Tensor inplace = dev(x, dt);
+      ops::rope_bwd(inplace, inplace, c, sn);  // y may alias x
+      EXPECT_REL(host(inplace), dx_ref, tol(dt, 1e-6));
+    }
   }
 }
 
