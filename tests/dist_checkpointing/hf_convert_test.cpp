@@ -124,6 +124,9 @@ TEST(HfConvert, Qwen2MoeRoundTripIsBitIdentical) {
 
 TEST(HfConvert, Qwen3RoundTripIsBitIdentical) {
   expect_round_trip(qwen3_dims(false), HfFormat::Qwen3);
+  ModelDims tied = qwen3_dims(false);  // the small Qwen3 models tie the embeddings
+  tied.untied = false;
+  expect_round_trip(tied, HfFormat::Qwen3);
   expect_round_trip(qwen3_dims(true), HfFormat::Qwen3Moe);  // norm_topk_prob true
   ModelDims pre = qwen3_dims(true);
   pre.moe_pre_softmax = true;  // norm_topk_prob false

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/pipeline_parallel/activation_memory.h"
@@ -114,6 +115,25 @@ TEST(Recompute, FullAndSelectiveEqualNoRecomputeWithDropout) {
         EXPECT_LT(on.context_bytes, off.context_bytes) << what << ": recompute must hold fewer activation bytes";
       }
     }
+}
+
+// --qk-layernorm under recompute: selective (the core attention re-run from the normalized, rotated q / k kept) and
+// full (the norms re-run with the layer) give the bits of no recompute, with dropout, both norm kinds.
+TEST(Recompute, QkLayernormFullAndSelectiveEqualNoRecompute) {
+  for (const std::string style : {"gpt2", "llama"}) {
+    auto qk = [&](const std::string& granularity, const std::string& method, int64_t n) {
+      TransformerConfig c = recompute_config(style, granularity, method, n, "flash");
+      c.qk_layernorm = true;
+      return c;
+    };
+    const RunResult off = run(qk("", "", 0));
+    for (const auto& [granularity, method, n] : std::vector<std::tuple<std::string, std::string, int64_t>>{
+             {"selective", "", 0}, {"full", "uniform", 1}, {"full", "block", 2}}) {
+      const RunResult on = run(qk(granularity, method, n));
+      expect_bitwise_equal(off, on, style + " qk-layernorm " + granularity + " " + method);
+      EXPECT_LT(on.context_bytes, off.context_bytes) << style << " " << granularity;
+    }
+  }
 }
 
 TEST(Recompute, FullUniformHoldsLessThanBlockOfOne) {
