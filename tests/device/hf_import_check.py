@@ -1,6 +1,6 @@
 # The import direction of the HF conversion, with HF's own writer (see tests/device/prepare_hf_check.sh's end):
-#   python3 tests/device/hf_import_check.py make OUTDIR [NAME...]   (on the device; NAME: mixtral qwen2-moe qwen3
-#                                                                    qwen3-moe, default all)
+#   python3 tests/device/hf_import_check.py make OUTDIR [NAME...]   (on the device; NAME: mixtral qwen2-moe qwen2
+#                                                                    qwen3 qwen3-moe, default all)
 #     (the MoE models also as OUTDIR/hf-NAME-fused: model.state_dict() as it is in memory, written with
 #     safetensors' save_file — transformers 5's fused expert tensors, the layout of checkpoints saved natively in 5)
 #   python3 tests/device/hf_import_check.py compare OUTDIR NAME OURS.npy   (numpy only)
@@ -27,6 +27,8 @@ def make(out, names):
                                                           decoder_sparse_step=1, mlp_only_layers=[1],
                                                           use_sliding_window=False, **moe),
                       transformers.Qwen2MoeForCausalLM),
+        "qwen2": (lambda: transformers.Qwen2Config(intermediate_size=96, use_sliding_window=False, **common),
+                  transformers.Qwen2ForCausalLM),
         # Qwen3: head_dim 32 (4 heads x 32 = 128 != hidden 64), q/k norms; Qwen3-MoE: layer 0 dense, normalized top-k
         "qwen3": (lambda: transformers.Qwen3Config(intermediate_size=96, head_dim=32, use_sliding_window=False,
                                                    **common), transformers.Qwen3ForCausalLM),
@@ -48,7 +50,7 @@ def make(out, names):
                 if n.endswith("q_norm.weight") or n.endswith("k_norm.weight"):
                     p.uniform_(0.5, 1.5)
         model.save_pretrained(os.path.join(out, f"hf-{name}-ref"), safe_serialization=True)
-        if name != "qwen3":  # the MoE models' in-memory tensors as they are (transformers 5: fused experts)
+        if name not in ("qwen2", "qwen3"):  # the MoE models' in-memory tensors as they are (transformers 5: fused experts)
             from safetensors.torch import save_file
             fused = os.path.join(out, f"hf-{name}-fused")
             os.makedirs(fused, exist_ok=True)

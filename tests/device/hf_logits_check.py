@@ -1,11 +1,12 @@
 # On the device (torch + transformers): HF loads our exports (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
-# Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM) and computes the same logits as `mcpp forward` (CPU,
+# Qwen2MoeForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM) and computes the same logits as `mcpp forward` (CPU,
 # fp32). Inputs come from tests/device/prepare_hf_check.sh (run here, carried as hf_carry/).
 import json, sys, numpy as np, torch, transformers
 from transformers import AutoModelForCausalLM
 ok = True
-for name in sys.argv[1:] or ["gpt2", "llama", "mixtral", "qwen2-moe", "qwen3", "qwen3-moe"]:  # those carried
-    tokens = "hf_carry/tokens512.txt" if name.startswith("qwen3") else "hf_carry/tokens.txt"  # vocab 512 / GPT-2's
+for name in sys.argv[1:] or ["gpt2", "llama", "mixtral", "qwen2-moe", "qwen2", "qwen3", "qwen3-moe"]:  # carried
+    small = name.startswith("qwen3") or name == "qwen2"
+    tokens = "hf_carry/tokens512.txt" if small else "hf_carry/tokens.txt"  # vocab 512 / GPT-2's
     ids = torch.tensor(np.loadtxt(tokens, dtype=np.int64))
     m = AutoModelForCausalLM.from_pretrained(f"hf_carry/hf-{name}", dtype=torch.float32).eval()
     with torch.no_grad():

@@ -5,8 +5,9 @@
 #   gpt2, llama, mixtral (the Llama one with 4 SwiGLU experts top-2 in every layer), qwen2-moe (q/k/v biases, layer 0
 #   MoE with pre-softmax routing and a gated shared expert, layer 1 dense) on DATA (a Megatron prefix, GPT-2
 #   vocabulary; the Llama-style ones with RoPE base 500000, so that the base's config fields are checked);
-#   qwen3 (--qk-layernorm, head dim 32 != 64 / 4 heads) and qwen3-moe (the same attention, layer 1 MoE with 4
-#   experts top-2, normalized top-k) on random tokens of a 512-token vocabulary (NullTokenizer), so they stay small.
+#   qwen2 (Llama's with q/k/v biases), qwen3 (--qk-layernorm, head dim 32 != 64 / 4 heads) and qwen3-moe (the same
+#   attention, layer 1 MoE with 4 experts top-2, normalized top-k) on random tokens of a 512-token vocabulary
+#   (NullTokenizer), so they stay small.
 # Then on the device:
 #   run(command="python3 tests/device/hf_logits_check.py NAME...", carry=["hf_carry"])
 # Two of the GPT-2-vocabulary exports fit the device tool's 64 MiB carry (with the binaries of bench/gpu/make_carry.sh:
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/../.."
 DATA=${1:?usage: prepare_hf_check.sh DATA_PREFIX [NAME...]}
 shift
 NAMES=("$@")
-[ ${#NAMES[@]} -gt 0 ] || NAMES=(gpt2 llama mixtral qwen2-moe qwen3 qwen3-moe)
+[ ${#NAMES[@]} -gt 0 ] || NAMES=(gpt2 llama mixtral qwen2-moe qwen2 qwen3 qwen3-moe)
 MCPP=build/bin/mcpp
 OUT=hf_carry
 rm -rf $OUT && mkdir -p $OUT
@@ -39,19 +40,20 @@ for m in "${NAMES[@]}"; do
     qwen2-moe) FLAGS="$LLAMA --add-qkv-bias --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
                       --moe-router-pre-softmax --moe-layer-freq [1,0] --moe-shared-expert-intermediate-size 64
                       --moe-shared-expert-gate --moe-aux-loss-coeff 0.01 --data-path $DATA" ;;
-    qwen3|qwen3-moe)
+    qwen2|qwen3|qwen3-moe)
       if [ -z "$SMALL" ]; then
         /usr/bin/python3 bench/gpu/random_tokens.py $OUT/rnd512 --tokens 20000 --vocab 512 --doc-len 64 > /dev/null
         SMALL="--tokenizer-type NullTokenizer --vocab-size 512 --data-path $OUT/rnd512"
       fi
       FLAGS="$LLAMA --qk-layernorm --kv-channels 32 $SMALL"
-      [ $m = qwen3 ] || FLAGS="$FLAGS --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
+      [ $m = qwen2 ] && FLAGS="$LLAMA --add-qkv-bias $SMALL"
+      [ $m != qwen3-moe ] || FLAGS="$FLAGS --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
                                --moe-layer-freq [0,1] --moe-aux-loss-coeff 0.01" ;;
-    *) echo "unknown model style '$m' (gpt2 llama mixtral qwen2-moe qwen3 qwen3-moe)" >&2; exit 2 ;;
+    *) echo "unknown model style '$m' (gpt2 llama mixtral qwen2-moe qwen2 qwen3 qwen3-moe)" >&2; exit 2 ;;
   esac
   $MCPP train $B $FLAGS --save $OUT/$m > /dev/null
   TOK=$OUT/tokens.txt
-  case $m in qwen3*) TOK=$OUT/tokens512.txt ;; esac
+  case $m in qwen3*|qwen2) TOK=$OUT/tokens512.txt ;; esac
   $MCPP forward --load $OUT/$m --tokens $TOK --output $OUT/$m.npy
   $MCPP ckpt export --load $OUT/$m --format hf-$m --output $OUT/hf-$m
   rm -rf $OUT/$m  # keep the carry small

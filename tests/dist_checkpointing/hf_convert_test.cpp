@@ -1,9 +1,9 @@
 // HF conversion: Megatron's grouped QKV row order against a hand-written example, export -> import
 // round trip bit-identical for GPT-2 (MHA, LayerNorm, biases, tied) and Llama (GQA, RMSNorm, SwiGLU,
 // tied and untied), Mixtral (Llama + 4 experts top-2 in every layer) and Qwen2-MoE (a MoE layer with a gated shared
-// expert and a dense layer; q/k/v biases; both top-k normalizations), Qwen3 (q/k norms, head_dim != hidden / heads) and
-// Qwen3-MoE (q/k norms, a MoE layer and a dense one), the exported GPT-2 Conv1D transposes checked element-wise, and
-// configs the target format cannot express rejected with the field named.
+// expert and a dense layer; q/k/v biases; both top-k normalizations), Qwen2 (dense, q/k/v biases), Qwen3 (q/k norms,
+// head_dim != hidden / heads) and Qwen3-MoE (q/k norms, a MoE layer and a dense one), the exported GPT-2 Conv1D
+// transposes checked element-wise, and configs the target format cannot express rejected with the field named.
 #include "mcpp/dist_checkpointing/hf_convert.h"
 
 #include <gtest/gtest.h>
@@ -131,6 +131,44 @@ TEST(HfConvert, Qwen3RoundTripIsBitIdentical) {
   ModelDims pre = qwen3_dims(true);
   pre.moe_pre_softmax = true;  // norm_topk_prob false
   expect_round_trip(pre, HfFormat::Qwen3Moe);
+}
+
+// Qwen2 / Qwen2.5 (dense, q/k/v biases): the round trip, the biases split from linear_qkv's, the config; a model
+// without q/k/v biases exports zeros; a MoE model and a head_dim off hidden / heads are named.
+TEST(HfConvert, Qwen2DenseRoundTripLayoutAndRejections) {
+  ModelDims d = llama_dims(true);
+  d.qkv_bias = true;
+  expect_round_trip(d, HfFormat::Qwen2);
+  d.untied = false;
+  expect_round_trip(d, HfFormat::Qwen2);
+  TempDir dir;
+  save_checkpoint(dir / "ck", random_model(d));
+  export_hf(CheckpointReader(dir / "ck"), HfFormat::Qwen2, dir / "hf");
+  CheckpointReader r(dir / "ck");
+  SafetensorsHeader h = read_safetensors_header(dir / "hf/model.safetensors");
+  auto [qb, kb, vb] = hf_detail::split_qkv(r.read("decoder.layers.1.self_attention.linear_qkv.bias"), 4, 2, 4);
+  EXPECT_TRUE(bit_equal(exported(h, "model.layers.1.self_attn.q_proj.bias"), qb));
+  EXPECT_TRUE(bit_equal(exported(h, "model.layers.1.self_attn.v_proj.bias"), vb));
+  const auto cfg = nlohmann::json::parse(read_text(dir / "hf/config.json"));
+  EXPECT_EQ(cfg["model_type"], "qwen2");
+  EXPECT_EQ(cfg["architectures"], nlohmann::json::array({"Qwen2ForCausalLM"}));
+  EXPECT_FALSE(cfg.contains("head_dim"));
+  EXPECT_EQ(cfg["use_sliding_window"], false);
+  ModelDims nb = d;
+  nb.qkv_bias = false;
+  save_checkpoint(dir / "nb", random_model(nb));
+  export_hf(CheckpointReader(dir / "nb"), HfFormat::Qwen2, dir / "hf_nb");
+  for (const auto& t : import_hf(dir / "hf_nb", HfFormat::Qwen2).tensors)
+    if (t.key.find("linear_qkv.bias") != std::string::npos) EXPECT_EQ(ops::sum_of_squares(t.tensor), 0.0) << t.key;
+  save_checkpoint(dir / "moe", random_model(mixtral_dims()));
+  expect_error([&] { export_hf(CheckpointReader(dir / "moe"), HfFormat::Qwen2, dir / "o"); },
+               {"hf-qwen2", "model.num_moe_experts", "Qwen2ForCausalLM"});
+  ModelDims wide = d;
+  wide.head_dim = 8;
+  save_checkpoint(dir / "wide", random_model(wide));
+  expect_error([&] { export_hf(CheckpointReader(dir / "wide"), HfFormat::Qwen2, dir / "o"); },
+               {"hf-qwen2", "model.kv_channels"});
+  expect_error([&] { import_hf(dir / "hf", HfFormat::Qwen3); }, {"model_type", "qwen3"});
 }
 
 // The exported Qwen3 / Qwen3-MoE layouts: q_norm / k_norm from the q/k layernorms, head_dim written, the experts as
@@ -418,7 +456,7 @@ TEST(HfConvert, ExportRejectsConfigsTheFormatCannotExpress) {
   expect_error([&] { export_hf(CheckpointReader(dir / "nocfg"), HfFormat::Gpt2, dir / "o"); }, {"config"});
   expect_error([&] { parse_hf_format("hf-bert"); }, {"--format", "hf-bert"});
   for (HfFormat f : {HfFormat::Gpt2, HfFormat::Llama, HfFormat::Mixtral, HfFormat::Qwen2Moe, HfFormat::Qwen3,
-                     HfFormat::Qwen3Moe})
+                     HfFormat::Qwen3Moe, HfFormat::Qwen2})
     EXPECT_EQ(parse_hf_format(hf_format_name(f)), f) << hf_format_name(f);
   EXPECT_EQ(std::string(hf_format_name(HfFormat::Qwen2Moe)), "hf-qwen2-moe");
 }

@@ -159,7 +159,7 @@ void require_moe_routing(const nlohmann::json& m, const ModelDims& d, HfFormat f
 void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std::vector<SafetensorsItem>& items,
                   nlohmann::json& cfg) {
   const std::string F = hf_format_name(f);
-  const bool qwen = f == HfFormat::Qwen2Moe;                                       // q/k/v biases, shared expert
+  const bool qwen = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen2;  // q/k/v biases
   const bool qwen3 = f == HfFormat::Qwen3 || f == HfFormat::Qwen3Moe;              // q/k norms
   const bool qwen_experts = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen3Moe;  // mlp.experts.{e}.*_proj
   require(d.normalization == "RMSNorm", F, "normalization", d.normalization, "RMSNorm");
@@ -172,9 +172,10 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
     require(d.qk_norm, F, "qk_layernorm", "false", "true (Qwen3's q_norm / k_norm)");
   else
     require(!d.qk_norm, F, "qk_layernorm", "true", "false (hf-qwen3 / hf-qwen3-moe write q/k norms)");
-  if (qwen) {
+  if (qwen)
     require(d.head_dim * d.heads == d.hidden, F, "kv_channels", std::to_string(d.head_dim),
             "hidden_size / num_attention_heads");
+  if (f == HfFormat::Qwen2Moe) {
     require(d.shared_ffn > 0 && d.shared_gate, F, "moe_shared_expert_gate",
             d.shared_ffn > 0 ? "false" : "unset (no shared expert)", "a gated shared expert");
   }
@@ -232,7 +233,7 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
       put(Y + "w3.weight", slice_rows(fc1, d.moe_ffn, d.moe_ffn));
       put(Y + "w2.weight", get(X + "linear_fc2.weight"));  // [h, F]
     }
-    if (qwen) {
+    if (f == HfFormat::Qwen2Moe) {
       swiglu_mlp(L + "mlp.shared_experts.", B + "shared_expert.", d.shared_ffn);
       put(B + "shared_expert_gate.weight", get(L + "mlp.shared_experts.gate_weight"));  // [1, h]
     }
@@ -275,6 +276,16 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
     cfg["model_type"] = "qwen3";
     return;
   }
+  if (f == HfFormat::Qwen2) {  // q/k/v biases (zeros for a model without them), head_dim = hidden / heads
+    cfg["architectures"] = {"Qwen2ForCausalLM"};
+    cfg["model_type"] = "qwen2";
+    cfg.erase("head_dim");
+    cfg["use_sliding_window"] = false;
+    cfg["sliding_window"] = nullptr;
+    cfg["max_window_layers"] = d.num_layers;
+    cfg["layer_types"] = std::vector<std::string>(static_cast<size_t>(d.num_layers), "full_attention");
+    return;
+  }
   cfg["num_experts_per_tok"] = d.topk;
   cfg["output_router_logits"] = false;
   cfg["sliding_window"] = nullptr;
@@ -315,7 +326,9 @@ HfFormat parse_hf_format(const std::string& s) {
   if (s == "hf-qwen2-moe") return HfFormat::Qwen2Moe;
   if (s == "hf-qwen3") return HfFormat::Qwen3;
   if (s == "hf-qwen3-moe") return HfFormat::Qwen3Moe;
-  fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama|hf-mixtral|hf-qwen2-moe|hf-qwen3|hf-qwen3-moe)", s);
+  if (s == "hf-qwen2") return HfFormat::Qwen2;
+  fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama|hf-mixtral|hf-qwen2|hf-qwen2-moe|hf-qwen3|"
+       "hf-qwen3-moe)", s);
 }
 
 const char* hf_format_name(HfFormat f) {
@@ -326,6 +339,7 @@ const char* hf_format_name(HfFormat f) {
     case HfFormat::Qwen2Moe: return "hf-qwen2-moe";
     case HfFormat::Qwen3: return "hf-qwen3";
     case HfFormat::Qwen3Moe: return "hf-qwen3-moe";
+    case HfFormat::Qwen2: return "hf-qwen2";
   }
   return "?";
 }
@@ -498,11 +512,13 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
   if (d.experts > 0 && !moe_format)  // GPT2LMHeadModel / LlamaForCausalLM / Qwen3ForCausalLM have dense MLPs
     fail("{} export: the checkpoint is a mixture-of-experts model (model.num_moe_experts {}); {} has dense MLPs "
          "(hf-mixtral / hf-qwen2-moe / hf-qwen3-moe write MoE models)", hf_format_name(format), d.experts,
-         format == HfFormat::Gpt2 ? "GPT2LMHeadModel" : format == HfFormat::Qwen3 ? "Qwen3ForCausalLM"
-                                                                                   : "LlamaForCausalLM");
+         format == HfFormat::Gpt2    ? "GPT2LMHeadModel"
+         : format == HfFormat::Qwen3 ? "Qwen3ForCausalLM"
+         : format == HfFormat::Qwen2 ? "Qwen2ForCausalLM"
+                                     : "LlamaForCausalLM");
   if (d.experts == 0 && moe_format)
-    fail("{} export: model.num_moe_experts is 0 (a dense model); {} needs experts (hf-llama / hf-qwen3 write dense "
-         "Llama-style models)", hf_format_name(format), hf_format_name(format));
+    fail("{} export: model.num_moe_experts is 0 (a dense model); {} needs experts (hf-llama / hf-qwen2 / hf-qwen3 "
+         "write dense Llama-style models)", hf_format_name(format), hf_format_name(format));
   if (moe_format) require_moe_routing(reader.meta()["config"]["model"], d, format);
   std::vector<SafetensorsItem> items;
   nlohmann::json cfg;

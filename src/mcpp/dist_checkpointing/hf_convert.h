@@ -1,5 +1,5 @@
-// Conversion between our GPT checkpoints and HuggingFace transformers' GPT-2 / Llama / Mixtral / Qwen2-MoE / Qwen3 /
-// Qwen3-MoE layouts.
+// Conversion between our GPT checkpoints and HuggingFace transformers' GPT-2 / Llama / Mixtral / Qwen2 / Qwen2-MoE /
+// Qwen3 / Qwen3-MoE layouts.
 //
 // Contract. Our parameter keys and layouts (Megatron-Core local spec, linear weights [out, in]):
 //   embedding.word_embeddings.weight        [Vp, h]        (Vp = padded vocab)
@@ -29,7 +29,8 @@
 // without pre-softmax (the softmax over the k chosen logits), dropless. HF Qwen2-MoE (Qwen2MoeForCausalLM): Llama's
 // layout with q/k/v biases; mlp.gate [E, h], mlp.experts.{e}.gate/up/down_proj, mlp.shared_expert.gate/up/down_proj
 // and mlp.shared_expert_gate [1, h] (sigmoid-gated shared expert); norm_topk_prob false = our pre-softmax routing
-// (the full softmax's top-k probabilities), true = ours without; mlp_only_layers = our dense layers. HF Qwen3
+// (the full softmax's top-k probabilities), true = ours without; mlp_only_layers = our dense layers. HF Qwen2
+// (Qwen2ForCausalLM, Qwen2.5's too): Llama's layout with q/k/v biases, head_dim = hidden / heads. HF Qwen3
 // (Qwen3ForCausalLM): Llama's layout with self_attn.q_norm / k_norm [d] (RMSNorm over each head before RoPE = our
 // qk_layernorm), head_dim free of hidden / heads; HF Qwen3-MoE (Qwen3MoeForCausalLM): Qwen3's attention with
 // Qwen2-MoE's expert layout, no shared expert. Export writes <out>/config.json and
@@ -50,8 +51,8 @@
 
 namespace mcpp::dist_checkpointing {
 
-enum class HfFormat { Gpt2, Llama, Mixtral, Qwen2Moe, Qwen3, Qwen3Moe };
-// "hf-gpt2" | "hf-llama" | "hf-mixtral" | "hf-qwen2-moe" | "hf-qwen3" | "hf-qwen3-moe"
+enum class HfFormat { Gpt2, Llama, Mixtral, Qwen2Moe, Qwen3, Qwen3Moe, Qwen2 };
+// "hf-gpt2" | "hf-llama" | "hf-mixtral" | "hf-qwen2-moe" | "hf-qwen3" | "hf-qwen3-moe" | "hf-qwen2"
 HfFormat parse_hf_format(const std::string& s);
 const char* hf_format_name(HfFormat f);
 

@@ -1,5 +1,5 @@
-// Import of HF GPT-2 / Llama / Mixtral / Qwen2-MoE / Qwen3 / Qwen3-MoE directories into a model-only checkpoint; see
-// hf_convert.h.
+// Import of HF GPT-2 / Llama / Mixtral / Qwen2 / Qwen2-MoE / Qwen3 / Qwen3-MoE directories into a model-only
+// checkpoint; see hf_convert.h.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -270,6 +270,14 @@ ModelDims qwen2_moe_dims(const nlohmann::json& c, const std::string& path) {
   return d;
 }
 
+// Qwen2 (Qwen2.5): Llama's fields with q/k/v biases.
+ModelDims qwen2_dims(const nlohmann::json& c, const std::string& path) {
+  require_full_attention(c, path);
+  ModelDims d = llama_family_dims(c, path, "qwen2");
+  d.qkv_bias = cfg_bool(c, "qkv_bias", path, true);
+  return d;
+}
+
 // Qwen3 / Qwen3-MoE: Llama's fields with q/k norms (our qk_layernorm); no attention biases (attention_bias true
 // would also give o_proj a bias, which our linear_proj has only with add_bias_linear).
 ModelDims qwen3_dims(const nlohmann::json& c, const std::string& path, bool moe) {
@@ -320,7 +328,7 @@ void import_gpt2(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& ou
 // and the shared expert's gate/up/down_proj, shared_expert_gate), Qwen3 (self_attn.q_norm / k_norm) and Qwen3-MoE
 // (q/k norms, Qwen2-MoE's experts, no shared one) in our key order (model_param_shapes).
 void import_llama(HfTensors& hf, const ModelDims& d, HfFormat f, std::vector<NamedTensor>& out) {
-  const bool qwen = f == HfFormat::Qwen2Moe;                                       // q/k/v biases, shared expert
+  const bool qwen = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen2;  // q/k/v biases
   const bool qwen_experts = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen3Moe;  // mlp.experts.{e}.*_proj
   const int64_t h = d.hidden, qd = d.heads * d.head_dim, kd = d.groups * d.head_dim;
   auto put = [&](const std::string& key, Tensor t) { out.push_back({key, std::move(t)}); };
@@ -378,7 +386,7 @@ void import_llama(HfTensors& hf, const ModelDims& d, HfFormat f, std::vector<Nam
         put(X + "linear_fc2.weight", hf.get(Y + "w2.weight", {h, F}));
       }
     }
-    if (qwen) {
+    if (f == HfFormat::Qwen2Moe) {
       swiglu_mlp(L + "mlp.shared_experts.", B + "shared_expert.", d.shared_ffn);
       put(L + "mlp.shared_experts.gate_weight", hf.get(B + "shared_expert_gate.weight", {1, h}));
     }
@@ -398,6 +406,7 @@ CheckpointContents import_hf(const std::string& hf_dir, HfFormat format) {
   nlohmann::json c = read_json(cfg_path);
   ModelDims d = format == HfFormat::Gpt2       ? gpt2_dims(c, cfg_path)
                 : format == HfFormat::Qwen2Moe ? qwen2_moe_dims(c, cfg_path)
+                : format == HfFormat::Qwen2    ? qwen2_dims(c, cfg_path)
                 : format == HfFormat::Qwen3 || format == HfFormat::Qwen3Moe
                     ? qwen3_dims(c, cfg_path, format == HfFormat::Qwen3Moe)
                     : llama_dims(c, cfg_path, format == HfFormat::Mixtral);
