@@ -100,6 +100,11 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       {.name = "llama selective mlp", .style = "llama", .recompute = "selective", .modules = {"mlp"}},
       {.name = "gpt2 moe [1,0,0,1] + gated shared 40", .style = "gpt2", .moe_freq = "[1,0,0,1]", .shared = 40,
        .shared_gate = true},
+      // moe_act: the routed experts' activation outputs dropped (GELU and SwiGLU experts)
+      {.name = "gpt2 moe [1,0,0,1] selective moe_act", .style = "gpt2", .recompute = "selective",
+       .moe_freq = "[1,0,0,1]", .modules = {"moe_act"}},
+      {.name = "llama moe every 2nd selective core_attn + moe_act, capacity 1.5", .style = "llama",
+       .recompute = "selective", .moe_freq = "2", .capacity = 1.5, .modules = {"core_attn", "moe_act"}},
       // qk norms: the split q, k kept by the norms (with their statistics) besides the core's normalized q, k
       {.name = "gpt2 qk layernorm (no longer packed) + dropout", .style = "gpt2", .dropout = true,
        .qk_layernorm = true},

@@ -90,7 +90,8 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
           + aux_count_rows(m, d.b) * m.num_moe_experts * 4              // the load-balancing counts (fp32)
           + (sigmoid_z ? d.n_local * (m.num_moe_experts + 1) * 4 : 0)   // the z-loss's softmax + lse (sigmoid)
           + (etp + 1) * rows * d.h * d.e                  // the experts' rows in (gathered over expert-TP) + out
-          + (m.swiglu ? 3 : 2) * etp * rows * (m.moe_ffn_hidden_size / etp) * d.e;  // every expert's MLP context
+          + ((m.swiglu ? 3 : 2) - (m.recomputes("moe_act") ? 1 : 0))  // every expert's MLP context (moe_act:
+                * etp * rows * (m.moe_ffn_hidden_size / etp) * d.e;       // without the activation's output)
     if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
       const int64_t fs = m.moe_shared_expert_intermediate_size / cfg.parallel.tensor_model_parallel_size;
       mlp += (d.n != d.n_local ? d.n * d.h * d.e : 0)  // its fc1 input gathered under SP (else the router's)

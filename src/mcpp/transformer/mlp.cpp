@@ -9,6 +9,7 @@ namespace mcpp {
 MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
          const tensor_parallel::TPContext& tp, bool is_expert)
     : swiglu_(c.swiglu),
+      recompute_act_(is_expert && c.recomputes("moe_act")),
       ffn_(c.ffn_hidden_size / tp.size()),
       linear_fc1_(params, prefix + ".linear_fc1",
                   {.input_size = c.hidden_size,
@@ -31,19 +32,28 @@ MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const Transforme
                   tp.group) {}
 
 Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
+  Tensor y;
   if (!swiglu_) {  // GELU: bias + GELU ride in fc1's GEMM (linear_gelu_fwd); pre_act kept for backward
     Tensor act = linear_fc1_.forward_gelu(ctx.fc1, x, ctx.pre_act);  // [s, b, f/tp]; pre_act [n, f/tp]
-    return linear_fc2_.forward(ctx.fc2, act);                         // [s(/tp), b, h]
+    y = linear_fc2_.forward(ctx.fc2, act);                            // [s(/tp), b, h]
+  } else {
+    Tensor h1 = linear_fc1_.forward(ctx.fc1, x);                      // [s, b, 2f/tp]
+    ctx.pre_act = h1.view({-1, 2 * ffn_});                            // [n, 2f/tp]
+    Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, h1.dtype(), x.device());  // [n, f/tp]
+    ops::swiglu_fwd(act, ctx.pre_act);
+    y = linear_fc2_.forward(ctx.fc2, act.view({h1.size(0), h1.size(1), ffn_}));  // [s(/tp), b, h]
   }
-  Tensor h1 = linear_fc1_.forward(ctx.fc1, x);                        // [s, b, f/tp | 2f/tp]
-  ctx.pre_act = h1.view({-1, swiglu_ ? 2 * ffn_ : ffn_});             // [n, f/tp | 2f/tp]
-  Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, h1.dtype(), x.device());  // [n, f/tp]
-  if (swiglu_) ops::swiglu_fwd(act, ctx.pre_act);
-  else ops::gelu_fwd(act, ctx.pre_act);
-  return linear_fc2_.forward(ctx.fc2, act.view({h1.size(0), h1.size(1), ffn_}));  // [s(/tp), b, h]
+  if (recompute_act_) ctx.fc2.x = Tensor();  // moe_act: re-run from pre_act in backward
+  return y;
 }
 
 Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewhere) const {
+  if (recompute_act_ && !ctx.fc2.x.defined()) {  // moe_act: fc2's input again, from the kept pre_act
+    Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, ctx.pre_act.dtype(), ctx.pre_act.device());
+    if (swiglu_) ops::swiglu_fwd(act, ctx.pre_act);
+    else ops::gelu_fwd(act, ctx.pre_act);
+    ctx.fc2.x = act;
+  }
   if (!swiglu_) {  // GELU: gelu' rides in fc2's dgrad GEMM (linear_dgelu_bwd); fc1's bias grad in fc1's wgrad
     Tensor dpre = linear_fc2_.backward_dgelu(ctx.fc2, dy, ctx.pre_act, output_bias_grad_elsewhere);  // [s, b, f/tp]
     return linear_fc1_.backward(ctx.fc1, dpre);                           // [s(/tp), b, h]

@@ -8,6 +8,9 @@
 // (RowParallelLinear::backward_dgelu), fc1's bias grad in fc1's weight-grad GEMM (linear_bwd; on CUDA the
 // BGRADB epilogue, deterministic, no pass over dpre). On CPU the
 // fused ops are the unfused ones composed, so results are bitwise those of the unfused path.
+// Selective recompute "moe_act" (routed experts only): the activation's output (fc2's saved input) is dropped after
+// the forward and re-run from pre_act (fc1's output, kept) at the start of backward — on CPU the same bits; on CUDA
+// the GELU path's activation then comes from gelu_fwd on the stored pre_act rather than fc1's GEMM epilogue.
 #pragma once
 #include <string>
 
@@ -37,6 +40,7 @@ class MLP {
 
  private:
   bool swiglu_;
+  bool recompute_act_;  // moe_act, routed experts
   int64_t ffn_;  // per TP rank
   tensor_parallel::ColumnParallelLinear linear_fc1_;
   tensor_parallel::RowParallelLinear linear_fc2_;

@@ -79,7 +79,8 @@ struct TransformerConfig {
   //   recompute_modules (selective; Megatron's --recompute-modules): "core_attn" (the core attention: q, k, v
   //   kept), "mlp" (a dense layer's MLP: its input kept, fc1 / activation / fc2 re-run in backward), "moe" (a MoE
   //   layer: its input kept, the router, the dispatch with its all-to-alls, the experts and the shared expert
-  //   re-run in backward; Megatron's moe_layer_recompute).
+  //   re-run in backward; Megatron's moe_layer_recompute), "moe_act" (every routed expert's activation: fc1's output
+  //   kept, the activation dropped after fc2 read it and re-run from it in backward).
   std::string recompute_granularity;
   std::string recompute_method;
   int64_t recompute_num_layers = 0;  // full: layers per group (uniform) or per stage (block)
