@@ -54,7 +54,8 @@ RecomputeRun run_gpu(const TransformerConfig& c, bool training = true) {
     }
   }
   for (size_t m = 0; m < 2; ++m) model.backward(ctx[m], 0.5f);
-  for (const auto& p : model.params().params()) r.grads.push_back(host(p->main_grad).clone());
+  for (ParamAndGradBuffer* buf : model.buffers())  // the MoE experts' buffer too
+    for (const auto& p : buf->params()) r.grads.push_back(host(p->main_grad).clone());
   r.rng_state = rng.state();
   return r;
 }
@@ -102,6 +103,49 @@ TEST(CudaRecompute, FullAndSelectiveEqualNoRecomputeBitwiseBf16) {
         EXPECT_LT(on.context_bytes, off.context_bytes) << "recompute must hold fewer activation bytes";
       }
     }
+}
+
+// --recompute-modules moe_act on the GPU (MoE in every layer, 4 experts top-2, bf16, deterministic kernels): the
+// forward is unchanged (the same losses); SwiGLU experts re-run swiglu_fwd on the kept fc1 output — the same bits;
+// GELU experts re-run gelu_fwd on the stored bf16 pre-activation where the forward's activation came from fc1's GEMM
+// epilogue (fp32 accumulator), so their grads agree to bf16 rounding. Fewer activation bytes either way.
+TEST(CudaRecompute, MoeActEqualsNoRecomputeBf16) {
+  MCPP_REQUIRE_CUDA();
+  struct Deterministic {
+    bool kernels = ops::cuda::deterministic_kernels(), tune = ops::cuda::gemm_autotune();
+    Deterministic() {
+      ops::cuda::set_deterministic_kernels(true);
+      ops::cuda::set_gemm_autotune(false);
+    }
+    ~Deterministic() {
+      ops::cuda::set_deterministic_kernels(kernels);
+      ops::cuda::set_gemm_autotune(tune);
+    }
+  } det;
+  for (const std::string style : {"gpt2", "llama"}) {
+    SCOPED_TRACE(style);
+    auto config = [&](bool moe_act) {
+      TransformerConfig c = recompute_gpu_config(style, 0.0f, moe_act ? "selective" : "", "", 0);
+      c.num_moe_experts = 4;
+      c.moe_router_topk = 2;
+      c.moe_ffn_hidden_size = 64;
+      c.moe_aux_loss_coeff = 0.01f;
+      if (moe_act) c.recompute_modules = {"core_attn", "moe_act"};
+      c.finalize();
+      c.validate();
+      return c;
+    };
+    const RecomputeRun off = run_gpu(config(false)), on = run_gpu(config(true));
+    EXPECT_EQ(on.losses, off.losses);
+    ASSERT_EQ(on.grads.size(), off.grads.size());
+    for (size_t i = 0; i < on.grads.size(); ++i) {
+      if (style == "llama")
+        EXPECT_EQ(0, std::memcmp(on.grads[i].raw(), off.grads[i].raw(), on.grads[i].nbytes())) << "grad " << i;
+      else
+        EXPECT_REL(on.grads[i], off.grads[i], 2e-2);
+    }
+    EXPECT_LT(on.context_bytes, off.context_bytes);
+  }
 }
 
 }  // namespace
