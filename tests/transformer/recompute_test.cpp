@@ -75,7 +75,8 @@ RunResult run(const TransformerConfig& c, bool training = true) {
   EXPECT_EQ(pipeline_parallel::context_bytes({&ctx[0], &ctx[1]}),
             pipeline_parallel::context_bytes(ctx[0]) + pipeline_parallel::context_bytes(ctx[1]));
   for (size_t m = 0; m < 2; ++m) model.backward(ctx[m], 0.5f);
-  for (const auto& p : model.params().params()) r.grads.push_back(p->main_grad.clone());
+  for (ParamAndGradBuffer* buf : model.buffers())  // the MoE experts' buffer too
+    for (const auto& p : buf->params()) r.grads.push_back(p->main_grad.clone());
   r.rng_state = rng.state();
   return r;
 }
