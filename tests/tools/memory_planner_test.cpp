@@ -105,6 +105,12 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
        .moe_freq = "[1,0,0,1]", .modules = {"moe_act"}},
       {.name = "llama moe every 2nd selective core_attn + moe_act, capacity 1.5", .style = "llama",
        .recompute = "selective", .moe_freq = "2", .capacity = 1.5, .modules = {"core_attn", "moe_act"}},
+      // shared_experts: the shared expert's context re-run (gated and not)
+      {.name = "gpt2 moe [1,0,0,1] + gated shared 40, selective shared_experts", .style = "gpt2",
+       .recompute = "selective", .moe_freq = "[1,0,0,1]", .shared = 40, .modules = {"shared_experts"},
+       .shared_gate = true},
+      {.name = "llama moe every 2nd + shared 24, selective shared_experts + moe_act", .style = "llama",
+       .recompute = "selective", .moe_freq = "2", .shared = 24, .modules = {"shared_experts", "moe_act"}},
       // qk norms: the split q, k kept by the norms (with their statistics) besides the core's normalized q, k
       {.name = "gpt2 qk layernorm (no longer packed) + dropout", .style = "gpt2", .dropout = true,
        .qk_layernorm = true},

@@ -150,8 +150,8 @@ TEST(Recompute, FullUniformHoldsLessThanBlockOfOne) {
 // shared expert), alone and with the core attention, on a model with MoE layers 0 and 2 and dense layer 1 (aux and z
 // losses: the recompute must rebuild the router's statistics without recording the losses twice; the router's input
 // jitter, and in gpt2 random logits: it must replay their draws): bitwise the plain run's losses, grads and RNG
-// streams; only the named layers' MLP contexts dropped (moe_act: the experts' activation outputs only); fewer bytes
-// held. Full recompute of that model too.
+// streams; only the named layers' MLP contexts dropped (moe_act: the experts' activation outputs only;
+// shared_experts: the shared expert's context); fewer bytes held. Full recompute of that model too.
 TEST(Recompute, SelectiveMlpAndMoeEqualNoRecompute) {
   for (const std::string style : {"gpt2", "llama"}) {
     const RunResult off = run(recompute_config(style, "", "", 0, "flash", {"core_attn"}, true));
@@ -162,7 +162,9 @@ TEST(Recompute, SelectiveMlpAndMoeEqualNoRecompute) {
     // moe_act: every routed expert's activation output dropped (fc1's output kept), the layers' contexts kept
     for (const Case& k : {Case{{"mlp"}, {false, true, false}}, Case{{"moe"}, {true, false, true}},
                           Case{{"core_attn", "mlp", "moe"}, {true, true, true}}, Case{{"moe_act"}, {false, false, false}},
-                          Case{{"core_attn", "moe_act", "mlp"}, {false, true, false}}}) {
+                          Case{{"core_attn", "moe_act", "mlp"}, {false, true, false}},
+                          Case{{"shared_experts"}, {false, false, false}},
+                          Case{{"moe_act", "shared_experts", "moe"}, {true, false, true}}}) {
       std::string what = style;
       for (const auto& m : k.modules) what += " " + m;
       const RunResult on = run(recompute_config(style, "selective", "", 0, "flash", k.modules, true));

@@ -28,6 +28,7 @@ TransformerConfig shared_expert_config(const TransformerConfig& c) {
 MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
                    const TransformerConfig& c, const tensor_parallel::TPContext& tp)
     : pad_(c.moe_expert_capacity_factor > 0.0 && c.moe_pad_expert_input_to_capacity),
+      recompute_shared_(c.recomputes("shared_experts")),
       router_(params, prefix + ".router", c, tp),
       dispatcher_(c.num_moe_experts, tp.ep, tp.etp),
       experts_(expert_params, prefix + ".experts", c, expert_tp(tp), dispatcher_.first_local_expert(),
@@ -87,6 +88,10 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
       shared = gated;
     }
     ops::add_inplace(y, shared);
+    if (recompute_shared_ && training) {  // keep the input only; backward re-runs the shared expert
+      ctx.shared = {};
+      ctx.shared_input = x;
+    }
   }
   return y.view(x.shape());
 }
@@ -96,6 +101,10 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   const int64_t h = dy.size(-1), n = ctx.plan.n, k = ctx.plan.k;
   Tensor dy2 = dy.view({n, h});
   Tensor dx_shared;  // first: the reverse of the registration order (router, experts, shared experts, gate)
+  if (ctx.shared_input.defined()) {  // recompute "shared_experts": its context again (the gate's was kept)
+    shared_experts_->forward(ctx.shared, ctx.shared_input);
+    ctx.shared_input = Tensor();
+  }
   if (shared_gate_) {  // d shared = g dy, dg = <dy, shared> -> d logit = dg g (1 - g) -> the gate's dx and grad
     Tensor dshared = Tensor::empty({n, h}, dy.dtype(), dy.device());
     Tensor dg = Tensor::empty({n, 1}, DType::F32, dy.device());

@@ -36,7 +36,8 @@ struct MoELayerCtx {
   ExpertsCtx experts;
   Tensor combined;  // [m, h] the experts' outputs back in this rank's expert-major order
   Tensor probs;     // [n, k] float32 on the tokens' device: the combine weights (TopKRouter's weights)
-  MLPCtx shared;    // the shared expert's
+  MLPCtx shared;    // the shared expert's (empty between forward and backward under recompute "shared_experts")
+  Tensor shared_input;  // recompute "shared_experts": the layer's input x (the router's too: no extra storage)
   // moe_shared_expert_gate: g = sigmoid(x w^T) per token (float32 [n, 1], with the sigmoid's scores / normalizer /
   // index from moe_topk_softmax at E = k = 1) and the shared expert's ungated output [n, h] (for dg = <dy, out>)
   Tensor gate, gate_scores, gate_lse, gate_top, shared_out;
@@ -57,6 +58,7 @@ class MoELayer {
 
  private:
   bool pad_;                             // experts' inputs padded to capacity (zero rows)
+  bool recompute_shared_;                // selective recompute "shared_experts"
   TopKRouter router_;
   MoEAlltoAllTokenDispatcher dispatcher_;
   SequentialMLP experts_;

@@ -94,9 +94,11 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
                 * etp * rows * (m.moe_ffn_hidden_size / etp) * d.e;       // without the activation's output)
     if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
       const int64_t fs = m.moe_shared_expert_intermediate_size / cfg.parallel.tensor_model_parallel_size;
-      mlp += (d.n != d.n_local ? d.n * d.h * d.e : 0)  // its fc1 input gathered under SP (else the router's)
-             + (m.swiglu ? 3 : 2) * d.n * fs * d.e
-             + (m.moe_shared_expert_gate ? d.n_local * (d.h * d.e + 4 * 4) : 0);  // ungated output, g, s, lse, top
+      // its fc1 input gathered under SP (else the router's) and its MLP context; none when recomputed
+      // ("shared_experts": re-run in backward), the gate's kept either way
+      if (!m.recomputes("shared_experts"))
+        mlp += (d.n != d.n_local ? d.n * d.h * d.e : 0) + (m.swiglu ? 3 : 2) * d.n * fs * d.e;
+      mlp += m.moe_shared_expert_gate ? d.n_local * (d.h * d.e + 4 * 4) : 0;  // ungated output, g, s, lse, top
     }
   }
   if (m.recomputes(moe ? "moe" : "mlp")) mlp = d.n_local * d.h * d.e;  // selective: only the MLP's input kept

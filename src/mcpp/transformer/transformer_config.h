@@ -80,7 +80,8 @@ struct TransformerConfig {
   //   kept), "mlp" (a dense layer's MLP: its input kept, fc1 / activation / fc2 re-run in backward), "moe" (a MoE
   //   layer: its input kept, the router, the dispatch with its all-to-alls, the experts and the shared expert
   //   re-run in backward; Megatron's moe_layer_recompute), "moe_act" (every routed expert's activation: fc1's output
-  //   kept, the activation dropped after fc2 read it and re-run from it in backward).
+  //   kept, the activation dropped after fc2 read it and re-run from it in backward), "shared_experts" (a MoE
+  //   layer's shared expert: the layer's input kept, its MLP re-run in backward — under SP with its all-gather).
   std::string recompute_granularity;
   std::string recompute_method;
   int64_t recompute_num_layers = 0;  // full: layers per group (uniform) or per stage (block)

@@ -52,8 +52,9 @@ usage: moe_check.py MCPP WORKDIR
      unknown type fail by name;
   11. selective recompute of the MoE layers (--recompute-modules core_attn moe): the same losses and logged router
      losses as without, at 1 rank and PP2 x DP2 x EP2 (the shared-expert pattern); the memory plan equals the
-     measured activations, below the plain run's; the same for moe_act (the experts' activations re-run); recompute
-     modules without selective, moe_act without experts or an unimplemented Megatron module fail by name;
+     measured activations, below the plain run's; the same for moe_act (the experts' activations re-run) and
+     shared_experts (also at TP2 + SP); recompute modules without selective, moe_act without experts,
+     shared_experts without a shared expert or an unimplemented Megatron module fail by name;
   12. --moe-per-layer-logging: the train records carry each MoE layer's router losses (the [1,1,0,0] pattern: layers
      0 and 1), whose mean is the logged value; equal per layer at PP2 x DP2 x EP2; the losses unchanged;
   13. the gated shared expert (--moe-shared-expert-gate): another trajectory; TP2 + SP and PP2 x DP2 x EP2 +
@@ -413,13 +414,21 @@ pb = lambda p: p.get("stages", [{}])[0].get("peak_activation_bytes", 0)
 if not 0 < pb(plan) < pb(full):
     failures.append(f"recompute moe: planned activations {pb(plan)} not below the plain run's {pb(full)}")
 # --recompute-modules moe_act: the experts' activation outputs re-run from fc1's (kept) outputs: the same losses, the
-# plan equal to the measurement and below the plain run's
+# plan equal to the measurement and below the plain run's; shared_experts (the shared expert re-run in backward, its
+# SP all-gather too) at 1 rank and TP2 + SP with the freq + shared pattern, planned as measured
 RC_ACT = ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act"]
 rc_act = train("rc_moe_act", None, [*M, *MOE, *RC_ACT])
 same("recompute moe_act", rc_act, one)
 plan = check_memory_plan("recompute moe_act", rc_act, 1, [*M, *MOE, *RC_ACT], 1)
 if not 0 < pb(plan) < pb(full):
     failures.append(f"recompute moe_act: planned activations {pb(plan)} not below the plain run's {pb(full)}")
+RC_SH = ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "shared_experts"]
+rc_sh = train("rc_shared", None, [*M, *MOE, *FS, *RC_SH])
+same("recompute shared_experts", rc_sh, fs_one)
+same("recompute shared_experts tp2 + sp", train("rc_shared_tp2", 2, [*M, *MOE, *FS, *TP2, *RC_SH]), fs_one)
+check_memory_plan("recompute shared_experts", rc_sh, 1, [*M, *MOE, *FS, *RC_SH], 1)
+check_memory_plan("recompute shared_experts TP2 + SP", os.path.join(WORK, "rc_shared_tp2"), 2,
+                  [*M, *MOE, *FS, *TP2, *RC_SH], 1)
 
 # 12. --moe-per-layer-logging (the [1,1,0,0] pattern): each MoE layer's router losses in the train records (layers 0
 # and 1 only), their mean the logged totals; the same per layer at PP2 x DP2 x EP2 (both on the first stage, the
@@ -493,6 +502,8 @@ for name, cmd, words in (
                                       "layernorm"], ["recompute_modules", "layernorm", "not implemented"]),
         ("moe_act without experts", [*M, "--recompute-granularity", "selective", "--recompute-modules", "moe_act"],
          ["recompute_modules moe_act", "--num-experts"]),
+        ("shared_experts without one", [*M, *MOE, "--recompute-granularity", "selective", "--recompute-modules",
+                                        "shared_experts"], ["shared_experts", "--moe-shared-expert-intermediate-size"]),
         ("sinkhorn with an aux loss", [*M, *SINK, "--moe-aux-loss-coeff", "0.01"],
          ["sinkhorn", "--moe-aux-loss-coeff 0"]),
         ("sinkhorn with a capacity", [*M, *SINK, "--moe-expert-capacity-factor", "1", "--moe-router-pre-softmax"],
