@@ -60,19 +60,22 @@ RecomputeRun run_gpu(const TransformerConfig& c, bool training = true) {
   return r;
 }
 
+// The deterministic kernels and GEMM autotuning off for a test's scope; restores both switches.
+struct DeterministicScope {
+  bool kernels = ops::cuda::deterministic_kernels(), tune = ops::cuda::gemm_autotune();
+  DeterministicScope() {
+    ops::cuda::set_deterministic_kernels(true);
+    ops::cuda::set_gemm_autotune(false);
+  }
+  ~DeterministicScope() {
+    ops::cuda::set_deterministic_kernels(kernels);
+    ops::cuda::set_gemm_autotune(tune);
+  }
+};
+
 TEST(CudaRecompute, FullAndSelectiveEqualNoRecomputeBitwiseBf16) {
   MCPP_REQUIRE_CUDA();
-  struct Deterministic {  // restores both switches
-    bool kernels = ops::cuda::deterministic_kernels(), tune = ops::cuda::gemm_autotune();
-    Deterministic() {
-      ops::cuda::set_deterministic_kernels(true);
-      ops::cuda::set_gemm_autotune(false);
-    }
-    ~Deterministic() {
-      ops::cuda::set_deterministic_kernels(kernels);
-      ops::cuda::set_gemm_autotune(tune);
-    }
-  } det;
+  const DeterministicScope det;
   for (const std::string style : {"gpt2", "llama"})
     for (float attn_p : {0.0f, 0.1f}) {
       const std::string run = style + " attention_dropout=" + std::to_string(attn_p);
@@ -111,17 +114,7 @@ TEST(CudaRecompute, FullAndSelectiveEqualNoRecomputeBitwiseBf16) {
 // epilogue (fp32 accumulator), so their grads agree to bf16 rounding. Fewer activation bytes either way.
 TEST(CudaRecompute, MoeActEqualsNoRecomputeBf16) {
   MCPP_REQUIRE_CUDA();
-  struct Deterministic {
-    bool kernels = ops::cuda::deterministic_kernels(), tune = ops::cuda::gemm_autotune();
-    Deterministic() {
-      ops::cuda::set_deterministic_kernels(true);
-      ops::cuda::set_gemm_autotune(false);
-    }
-    ~Deterministic() {
-      ops::cuda::set_deterministic_kernels(kernels);
-      ops::cuda::set_gemm_autotune(tune);
-    }
-  } det;
+  const DeterministicScope det;
   for (const std::string style : {"gpt2", "llama"}) {
     SCOPED_TRACE(style);
     auto config = [&](bool moe_act) {
