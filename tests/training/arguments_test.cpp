@@ -253,6 +253,11 @@ TEST(Arguments, ShippedRecipesParse) {
   EXPECT_EQ(llama.model.num_query_groups, 2);
   EXPECT_FALSE(llama.model.add_bias_linear);
   EXPECT_NE(llama.fingerprint(), gpt2.fingerprint());
+  Config qwen3 = parse_train_args({"--config", root + "/configs/qwen3-tiny.toml"});
+  EXPECT_TRUE(qwen3.model.qk_layernorm);
+  EXPECT_EQ(qwen3.model.kv_channels, 32);
+  EXPECT_FALSE(qwen3.model.untie_embeddings_and_output_weights);
+  EXPECT_NE(qwen3.fingerprint(), llama.fingerprint());
 }
 
 TEST(Arguments, MegatronStyleListing) {
