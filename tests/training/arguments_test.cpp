@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mcpp/core/error.h"
+#include "mcpp/dist_checkpointing/checkpoint.h"
 #include "mcpp/training/arguments.h"
 
 namespace mcpp {
@@ -229,6 +230,67 @@ TEST(Arguments, TomlErrorsNameFileAndKey) {
   std::string section = write_toml("section.toml", "[optimiser]\nlr = 1.0\n");
   msg = error_of({"--config", section});
   EXPECT_NE(msg.find("optimiser"), std::string::npos) << msg;
+}
+
+// --use-checkpoint-args copies the architecture field by field (arguments.cpp): every field of the math fingerprint
+// (Config::math_fields, but the vocabulary: the tokenizer's) must come back from the checkpoint over the defaults.
+// Four stored models between them set each fingerprint field away from its default — a field the copy forgets
+// fails here.
+TEST(Arguments, UseCheckpointArgsRestoresEveryArchitectureField) {
+  auto arch = [](const Config& c) {
+    nlohmann::json j = c.math_fields();
+    j.erase("vocab_size"), j.erase("padded_vocab_size");
+    return j;
+  };
+  std::vector<Config> models(4);
+  {  // GPT-2 style: learned positions, LayerNorm, GELU, biases, a head dim other than h / heads
+    TransformerConfig& m = models[0].model;
+    m.num_layers = 3, m.hidden_size = 48, m.num_attention_heads = 6, m.kv_channels = 12, m.ffn_hidden_size = 100;
+    m.max_position_embeddings = 96, m.norm_epsilon = 1e-6f, m.make_vocab_size_divisible_by = 64;
+  }
+  {  // Llama style with q/k norms, q/k/v biases and MoE: sigmoid, group-limited, expert bias, capacity, shared + gate
+    TransformerConfig& m = models[1].model;
+    m.num_layers = 3, m.hidden_size = 64, m.num_attention_heads = 4, m.group_query_attention = true;
+    m.num_query_groups = 2, m.normalization = Normalization::RMSNorm, m.swiglu = true;
+    m.position_embedding_type = PositionEmbedding::Rope, m.rotary_base = 500000.0f, m.rotary_percent = 0.5f;
+    m.untie_embeddings_and_output_weights = true, m.add_bias_linear = false, m.add_qkv_bias = true;
+    m.qk_layernorm = true, m.num_moe_experts = 4, m.moe_router_topk = 2, m.moe_ffn_hidden_size = 40;
+    m.moe_layer_freq = "[1,0,1]", m.moe_shared_expert_intermediate_size = 32, m.moe_shared_expert_gate = true;
+    m.moe_router_score_function = "sigmoid", m.moe_router_topk_scaling_factor = 2.5f;
+    m.moe_router_enable_expert_bias = true, m.moe_router_num_groups = 2, m.moe_router_group_topk = 1;
+    m.moe_expert_capacity_factor = 1.5, m.moe_token_drop_policy = "position";
+    m.moe_pad_expert_input_to_capacity = true, m.moe_aux_loss_coeff = 0.0f;
+  }
+  {  // sinkhorn routing
+    TransformerConfig& m = models[2].model;
+    m.num_moe_experts = 8, m.moe_router_topk = 1;
+    m.moe_router_load_balancing_type = "sinkhorn", m.moe_aux_loss_coeff = 0.0f;
+  }
+  {  // pre-softmax top-k
+    TransformerConfig& m = models[3].model;
+    m.num_moe_experts = 4, m.moe_router_topk = 2, m.moe_router_pre_softmax = true;
+  }
+  for (size_t i = 0; i < models.size(); ++i) {
+    Config& saved = models[i];
+    saved.finalize();
+    try {
+      saved.validate();
+    } catch (const Error& e) {
+      FAIL() << i << ": " << e.what();
+    }
+    const fs::path dir = fs::temp_directory_path() / ("mcpp_use_ckpt_args_" + std::to_string(::getpid()) + "_" +
+                                                      std::to_string(i));
+    fs::remove_all(dir);
+    dist_checkpointing::CheckpointContents contents;
+    contents.iteration = 0;
+    contents.meta = {{"config", saved.to_json()}};
+    dist_checkpointing::save_checkpoint(dir.string(), contents);
+    const Config plain = parse_train_args({"--load", dir.string()});
+    EXPECT_NE(arch(plain), arch(saved)) << i << ": the stored model must differ from the defaults";
+    const Config used = parse_train_args({"--load", dir.string(), "--use-checkpoint-args", "--hidden-size", "8"});
+    EXPECT_EQ(arch(used), arch(saved)) << i;
+    fs::remove_all(dir);
+  }
 }
 
 TEST(Arguments, ShippedRecipesParse) {
