@@ -45,15 +45,18 @@ for m in "${NAMES[@]}"; do
         /usr/bin/python3 bench/gpu/random_tokens.py $OUT/rnd512 --tokens 20000 --vocab 512 --doc-len 64 > /dev/null
         SMALL="--tokenizer-type NullTokenizer --vocab-size 512 --data-path $OUT/rnd512"
       fi
-      FLAGS="$LLAMA --qk-layernorm --kv-channels 32 $SMALL"
-      [ $m = qwen2 ] && FLAGS="$LLAMA --add-qkv-bias $SMALL"
-      [ $m != qwen3-moe ] || FLAGS="$FLAGS --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
-                               --moe-layer-freq [0,1] --moe-aux-loss-coeff 0.01" ;;
+      QWEN3="$LLAMA --qk-layernorm --kv-channels 32 $SMALL"
+      case $m in
+        qwen2) FLAGS="$LLAMA --add-qkv-bias $SMALL" ;;
+        qwen3) FLAGS="$QWEN3" ;;
+        qwen3-moe) FLAGS="$QWEN3 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-layer-freq [0,1]
+                          --moe-aux-loss-coeff 0.01" ;;
+      esac ;;
     *) echo "unknown model style '$m' (gpt2 llama mixtral qwen2-moe qwen2 qwen3 qwen3-moe)" >&2; exit 2 ;;
   esac
   $MCPP train $B $FLAGS --save $OUT/$m > /dev/null
   TOK=$OUT/tokens.txt
-  case $m in qwen3*|qwen2) TOK=$OUT/tokens512.txt ;; esac
+  case $m in qwen2|qwen3*) TOK=$OUT/tokens512.txt ;; esac
   $MCPP forward --load $OUT/$m --tokens $TOK --output $OUT/$m.npy
   $MCPP ckpt export --load $OUT/$m --format hf-$m --output $OUT/hf-$m
   rm -rf $OUT/$m  # keep the carry small
