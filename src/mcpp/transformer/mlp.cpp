@@ -9,7 +9,9 @@ namespace mcpp {
 MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
          const tensor_parallel::TPContext& tp, bool is_expert)
     : swiglu_(c.swiglu),
-      recompute_act_(is_expert && c.recomputes("moe_act")),
+      // (with "moe" too the whole layer is re-run right before its backward: dropping the activation again would only
+      // compute it a third time)
+      recompute_act_(is_expert && c.recomputes("moe_act") && !c.recomputes("moe")),
       ffn_(c.ffn_hidden_size / tp.size()),
       linear_fc1_(params, prefix + ".linear_fc1",
                   {.input_size = c.hidden_size,
