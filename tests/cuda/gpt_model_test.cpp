@@ -133,9 +133,18 @@ TEST(CudaGPTModel, MoeJitterRandomLogitsFp32MatchesCpu) {
 TEST(CudaGPTModel, LlamaStyleFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32); }
 TEST(CudaGPTModel, Gpt2StyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::BF16); }
 TEST(CudaGPTModel, LlamaStyleBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::BF16); }
-TEST(CudaGPTModel, Gpt2StyleFp32WithDropoutMatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::F32, {true}); }
-TEST(CudaGPTModel, LlamaStyleFp32WithDropoutMatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32, {true}); }
-TEST(CudaGPTModel, Gpt2StyleBf16WithDropoutMatchesCpu) { MCPP_REQUIRE_CUDA(); compare("gpt2", DType::BF16, {true}); }
+TEST(CudaGPTModel, Gpt2StyleFp32WithDropoutMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("gpt2", DType::F32, {.dropout = true});
+}
+TEST(CudaGPTModel, LlamaStyleFp32WithDropoutMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("llama", DType::F32, {.dropout = true});
+}
+TEST(CudaGPTModel, Gpt2StyleBf16WithDropoutMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("gpt2", DType::BF16, {.dropout = true});
+}
 // --qk-layernorm: the norm kernels over rows of hn = 64 channels (RMSNorm before RoPE; LayerNorm with biases on
 // the GPT-2 style, whose attention then leaves the packed path).
 TEST(CudaGPTModel, LlamaStyleQkLayernormFp32MatchesCpu) {
