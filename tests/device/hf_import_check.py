@@ -38,6 +38,7 @@ def make(out, names):
                                                           use_sliding_window=False, **moe),
                       transformers.Qwen3MoeForCausalLM)}
     ids = np.random.default_rng(5).integers(0, 512, size=(2, 16))
+    os.makedirs(out, exist_ok=True)
     np.savetxt(os.path.join(out, "tokens.txt"), ids, fmt="%d")
     for name in names or models:
         make_cfg, cls = models[name]
