@@ -17,9 +17,13 @@
 # 1.3b-llama / 1.3b-qk: the 1.3B shapes Llama-style (RMSNorm, SwiGLU of Megatron's default width 5440, RoPE, GQA
 # 16:4, untied, no biases; head dim 128) without / with --qk-layernorm (Qwen3's per-head q/k norms): the cost of the
 # qk norms in a step (no anchor counterpart).
+# 1.3b-ln / 1.3b-ln-mlp: the GPT 1.3B with --recompute-granularity selective --recompute-modules layernorm (+ mlp):
+# the step time and peak memory of re-running the norms (and the MLPs) in backward; 1.3b-sel: Megatron's default
+# selective recompute (core_attn: with flash attention only the softmax statistics are dropped, and the attention
+# forward re-runs in backward).
 # usage (device machine, repo root, device_carry/ carried):
 #   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed]
-#     [124m-dropout] [1.3b-dropout] [1.3b-llama] [1.3b-qk] [torch]
+#     [124m-dropout] [1.3b-dropout] [1.3b-llama] [1.3b-qk] [1.3b-ln] [1.3b-ln-mlp] [1.3b-sel] [torch]
 set -u
 OUT=$1
 shift
@@ -72,6 +76,10 @@ for w in $what; do
     1.3b-dropout) ours gpt-1.3b-dropout 24 2048 16 2048 8 --attention-dropout 0.1 --hidden-dropout 0.1 ;;
     1.3b-llama) ours gpt-1.3b-llama 24 2048 16 2048 8 $LLAMA ;;
     1.3b-qk) ours gpt-1.3b-qk 24 2048 16 2048 8 $LLAMA --qk-layernorm ;;
+    1.3b-ln) ours gpt-1.3b-ln 24 2048 16 2048 8 --recompute-granularity selective --recompute-modules layernorm ;;
+    1.3b-ln-mlp) ours gpt-1.3b-ln-mlp 24 2048 16 2048 8 --recompute-granularity selective \
+                   --recompute-modules layernorm mlp ;;
+    1.3b-sel) ours gpt-1.3b-sel 24 2048 16 2048 8 --recompute-granularity selective ;;
     torch) echo "== pytorch anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
   esac
 done

@@ -1,8 +1,9 @@
 // tools/memory_planner on the CUDA path: the activations a training forward of the GPT on the GPU keeps
 // (pipeline_parallel::context_bytes of its context: cuBLASLt GELU epilogue outputs, cuDNN / mcpp flash
 // attention's out + lse on the packed or split qkv, device copies of labels and loss mask) equal the plan's
-// bytes for the same config, bf16 (mixed precision) and fp32, with and without recompute — the figures
-// `mcpp plan memory` reports for a GPU run (docs/PERF.md "Memory planner" compares the device peak).
+// bytes for the same config, bf16 (mixed precision) and fp32, with and without recompute (selective also with the
+// norms' and the MLP's re-run) — the figures `mcpp plan memory` reports for a GPU run (docs/PERF.md "Memory
+// planner" compares the device peak).
 #include "cuda/cuda_test_util.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/pipeline_parallel/activation_memory.h"
@@ -19,14 +20,15 @@ TEST(CudaMemoryPlan, ContextBytesOfAGpuForwardEqualThePlan) {
   MCPP_REQUIRE_CUDA();
   for (const std::string style : {"gpt2", "llama", "llama packed"})
     for (const DType dt : float_dtypes())
-      for (const std::string recompute : {"", "selective", "full"}) {
+      for (const std::string recompute : {"", "selective", "selective layernorm", "full"}) {
         SCOPED_TRACE(style + " " + std::string(dtype_name(dt)) + " recompute '" + recompute + "'");
         Config cfg;
         cfg.model = testing::tiny_gpu_config(style.starts_with("gpt2") ? "gpt2" : "llama");
         if (style.ends_with("packed")) cfg.model.position_embedding_type = PositionEmbedding::None;
         cfg.model.num_layers = 3;
         cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.1f;
-        cfg.model.recompute_granularity = recompute;
+        cfg.model.recompute_granularity = recompute.substr(0, recompute.find(' '));
+        if (recompute.ends_with("layernorm")) cfg.model.recompute_modules = {"core_attn", "layernorm", "mlp"};
         if (recompute == "full") cfg.model.recompute_method = "uniform", cfg.model.recompute_num_layers = 2;
         cfg.training.micro_batch_size = 3;
         cfg.training.bf16 = dt == DType::BF16;

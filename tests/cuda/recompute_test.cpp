@@ -141,5 +141,47 @@ TEST(CudaRecompute, MoeActEqualsNoRecomputeBf16) {
   }
 }
 
+// --recompute-modules layernorm on the GPU (bf16, deterministic kernels, hidden and attention dropout): the norms'
+// outputs re-run in backward by the plain norm kernel from the fused add + dropout + norm's kept sum (one reduction
+// layout for both: the same bits), alone, with core_attn + mlp, and on a MoE model (every layer, a gated shared
+// expert) with moe: the losses, every main grad and the RNG streams bitwise those of the plain run; fewer bytes held.
+TEST(CudaRecompute, LayernormEqualsNoRecomputeBitwiseBf16) {
+  MCPP_REQUIRE_CUDA();
+  const DeterministicScope det;
+  for (const std::string style : {"gpt2", "llama"})
+    for (const bool moe : {false, true}) {
+      auto config = [&](const std::vector<std::string>& modules) {
+        TransformerConfig c = recompute_gpu_config(style, 0.1f, modules.empty() ? "" : "selective", "", 0);
+        if (!modules.empty()) c.recompute_modules = modules;
+        if (moe) {
+          c.num_moe_experts = 4;
+          c.moe_router_topk = 2;
+          c.moe_ffn_hidden_size = 64;
+          c.moe_shared_expert_intermediate_size = 64;
+          c.moe_shared_expert_gate = true;
+          c.moe_aux_loss_coeff = 0.01f;
+        }
+        c.finalize();
+        c.validate();
+        return c;
+      };
+      const RecomputeRun off = run_gpu(config({}));
+      using Modules = std::vector<std::string>;
+      for (const Modules& modules : {Modules{"layernorm"}, moe ? Modules{"layernorm", "moe", "shared_experts"}
+                                                               : Modules{"core_attn", "layernorm", "mlp"}}) {
+        std::string what = style + (moe ? " moe" : " dense");
+        for (const auto& m : modules) what += " " + m;
+        SCOPED_TRACE(what);
+        const RecomputeRun on = run_gpu(config(modules));
+        EXPECT_EQ(on.losses, off.losses);
+        ASSERT_EQ(on.grads.size(), off.grads.size());
+        for (size_t i = 0; i < on.grads.size(); ++i)
+          EXPECT_EQ(0, std::memcmp(on.grads[i].raw(), off.grads[i].raw(), on.grads[i].nbytes())) << "grad " << i;
+        EXPECT_EQ(on.rng_state, off.rng_state) << "RNG streams after the step";
+        EXPECT_LT(on.context_bytes, off.context_bytes);
+      }
+    }
+}
+
 }  // namespace
 }  // namespace mcpp::cuda_test

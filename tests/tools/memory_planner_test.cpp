@@ -116,6 +116,16 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
        .qk_layernorm = true},
       {.name = "llama qk layernorm selective", .style = "llama", .recompute = "selective", .qk_layernorm = true},
       {.name = "llama qk layernorm unfused", .style = "llama", .attention = "unfused", .qk_layernorm = true},
+      // layernorm: the norms' outputs kept nowhere (linear_qkv's / fc1's inputs, the router's, the shared expert's,
+      // with mlp / moe the MLP's kept input)
+      {.name = "gpt2 selective layernorm + dropout", .style = "gpt2", .recompute = "selective", .dropout = true,
+       .modules = {"layernorm"}},
+      {.name = "llama selective layernorm + core_attn + mlp, qk layernorm", .style = "llama",
+       .recompute = "selective", .modules = {"layernorm", "core_attn", "mlp"}, .qk_layernorm = true},
+      {.name = "gpt2 moe [1,0,0,1] + gated shared 40, selective layernorm", .style = "gpt2", .recompute = "selective",
+       .moe_freq = "[1,0,0,1]", .shared = 40, .modules = {"layernorm"}, .shared_gate = true},
+      {.name = "llama moe every 2nd + shared 24, selective layernorm + moe + shared_experts", .style = "llama",
+       .recompute = "selective", .moe_freq = "2", .shared = 24, .modules = {"layernorm", "moe", "shared_experts"}},
   };
   struct StageCase {
     bool pre, post;

@@ -23,7 +23,8 @@ struct RunResult {
   nlohmann::json rng_state;
   size_t context_bytes = 0;  // one microbatch's context after its forward
   std::vector<bool> layer_ctx_empty;  // per layer of microbatch 0, after the forward
-  std::vector<bool> mlp_ctx_empty;    // per layer: only the MLP's input kept (selective mlp / moe)
+  std::vector<bool> mlp_ctx_empty;    // per layer: the MLP's context dropped (selective mlp / moe)
+  std::vector<bool> norm_out_released;  // per layer: no norm output kept (selective layernorm)
 };
 
 TransformerConfig recompute_config(const std::string& style, const std::string& granularity, const std::string& method,
@@ -67,7 +68,11 @@ RunResult run(const TransformerConfig& c, bool training = true) {
       r.context_bytes = pipeline_parallel::context_bytes(ctx[0]);
       for (const auto& l : ctx[0].decoder.layers) {
         r.layer_ctx_empty.push_back(!l.input_layernorm.x.defined());
-        r.mlp_ctx_empty.push_back(!l.mlp.fc2.x.defined() && !l.moe.combined.defined() && l.mlp_input.defined());
+        r.mlp_ctx_empty.push_back(!l.mlp.fc2.x.defined() && !l.moe.combined.defined() && l.mlp_dropped);
+        // linear_qkv's input, the MLP's fc1 input or the MoE router's and shared expert's, the MLP's kept input
+        const bool mlp_in = l.mlp.fc1.x.defined() || l.moe.router.x.defined() || l.moe.shared.fc1.x.defined() ||
+                            l.moe.shared_input.defined() || l.mlp_input.defined();
+        r.norm_out_released.push_back(!l.self_attention.qkv.x.defined() && !mlp_in);
       }
     }
   }
@@ -174,6 +179,58 @@ TEST(Recompute, SelectiveMlpAndMoeEqualNoRecompute) {
     }
     expect_bitwise_equal(off, run(recompute_config(style, "full", "uniform", 2, "flash", {"core_attn"}, true)),
                          style + " full uniform");
+  }
+}
+
+// Selective recompute "layernorm" (input_layernorm's and pre_mlp_layernorm's outputs released after the forward and
+// re-run from the norms' kept inputs in backward), alone and with every other module, dense (dropout on: the fused
+// add + dropout + norm's sum is the re-run's input) and on the MoE model (the router's and the shared expert's input,
+// a gated shared expert's gate reading the router's): bitwise the plain run's losses, grads and RNG streams; no norm
+// output kept by any layer; fewer bytes held than the same modules without "layernorm".
+TEST(Recompute, LayernormEqualsNoRecompute) {
+  for (const std::string style : {"gpt2", "llama"})
+    for (const bool moe : {false, true}) {
+      const std::string impl = moe ? "flash" : "unfused";
+      auto config = [&](const std::string& granularity, const std::vector<std::string>& modules) {
+        TransformerConfig c = recompute_config(style, granularity, "", 0, impl, modules, moe);
+        c.moe_shared_expert_gate = moe;  // the gate reads the router's input
+        return c;
+      };
+      const RunResult off = run(config("", {"core_attn"}));
+      using Modules = std::vector<std::string>;
+      const std::vector<Modules> sets =
+          moe ? std::vector<Modules>{{"layernorm"}, {"layernorm", "moe"}, {"layernorm", "shared_experts"},
+                                     {"core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts"}}
+              : std::vector<Modules>{{"layernorm"}, {"layernorm", "core_attn"}, {"mlp", "layernorm"}};
+      for (Modules modules : sets) {
+        std::string what = style + (moe ? " moe" : " dense");
+        for (const auto& m : modules) what += " " + m;
+        TransformerConfig c = config("selective", modules);
+        const RunResult on = run(c);
+        expect_bitwise_equal(off, on, what);
+        EXPECT_EQ(on.norm_out_released, std::vector<bool>(3, true)) << what;
+        std::erase(modules, "layernorm");
+        if (modules.empty()) modules = {"core_attn"};
+        c.recompute_modules = modules;
+        const RunResult without = run(c);
+        EXPECT_EQ(without.norm_out_released, std::vector<bool>(3, false)) << what;
+        EXPECT_LT(on.context_bytes, without.context_bytes) << what;
+      }
+    }
+}
+
+// With --qk-layernorm (the attention's own norms are not "layernorm"'s: their contexts stay).
+TEST(Recompute, LayernormWithQkLayernormEqualsNoRecompute) {
+  for (const std::string style : {"gpt2", "llama"}) {
+    auto qk = [&](const std::string& granularity, const std::vector<std::string>& modules) {
+      TransformerConfig c = recompute_config(style, granularity, "", 0, "flash", modules);
+      c.qk_layernorm = true;
+      return c;
+    };
+    const RunResult off = run(qk("", {"core_attn"}));
+    const RunResult on = run(qk("selective", {"layernorm", "core_attn"}));
+    expect_bitwise_equal(off, on, style + " qk-layernorm layernorm");
+    EXPECT_EQ(on.norm_out_released, std::vector<bool>(3, true)) << style;
   }
 }
 

@@ -346,8 +346,12 @@ TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
   expect_invalid([](Config& c) { c.model.recompute_modules = {"mlp"}; }, "recompute-granularity selective");
   expect_invalid([](Config& c) {
     c.model.recompute_granularity = "selective";
-    c.model.recompute_modules = {"layernorm"};
-  }, "a Megatron module not implemented here");
+    c.model.recompute_modules = {"mla_up_proj"};
+  }, "a Megatron module not implemented here (no MLA)");
+  expect_invalid([](Config& c) {
+    c.model.recompute_granularity = "selective";
+    c.model.recompute_modules = {"norm"};
+  }, "'norm' is not a module");
   expect_invalid([](Config& c) {
     c.model.recompute_granularity = "selective";
     c.model.recompute_modules = {"moe"};

@@ -96,6 +96,19 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
   return y.view(x.shape());
 }
 
+void MoELayer::release_input(MoELayerCtx& ctx) const {
+  ctx.router.x = Tensor();
+  ctx.shared_input = Tensor();
+  if (shared_experts_) shared_experts_->release_input(ctx.shared);
+}
+
+void MoELayer::restore_input(MoELayerCtx& ctx, const Tensor& x) const {
+  ctx.router.x = x.view({ctx.router.n, x.size(-1)});
+  if (!shared_experts_) return;
+  if (recompute_shared_) ctx.shared_input = x;  // the shared expert is re-run from it
+  else shared_experts_->restore_input(ctx.shared, x);
+}
+
 Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const {
   MCPP_CHECK(ctx.combined.defined(), "MoELayer::backward needs the context of its forward");
   const int64_t h = dy.size(-1), n = ctx.plan.n, k = ctx.plan.k;

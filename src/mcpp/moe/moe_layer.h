@@ -55,6 +55,12 @@ class MoELayer {
   const TopKRouter& router() const { return router_; }
   TopKRouter& router() { return router_; }
   const MoEAlltoAllTokenDispatcher& dispatcher() const { return dispatcher_; }
+  // Selective recompute "layernorm" (after a training forward / before the backward): drop the references to the
+  // layer's input x that the context keeps — the router's (the shared gate reads it too), the shared expert's fc1
+  // input (under SP its all-gathered copy) or, under "shared_experts", its kept input — / set them again from the
+  // recomputed x.
+  void release_input(MoELayerCtx& ctx) const;
+  void restore_input(MoELayerCtx& ctx, const Tensor& x) const;
 
  private:
   bool pad_;                             // experts' inputs padded to capacity (zero rows)

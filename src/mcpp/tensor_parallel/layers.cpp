@@ -96,6 +96,10 @@ Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) co
   return y.view(with_last(full.shape(), out_local_));
 }
 
+void ColumnParallelLinear::restore_input(ParallelLinearCtx& ctx, const Tensor& x) const {
+  ctx.x = rows(opt_.sequence_parallel ? all_gather_sp(*tp_, x) : x, opt_.input_size);  // as forward's
+}
+
 Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act) const {
   const Tensor* bias = bias_ ? &bias_->data : nullptr;
   const int64_t n_full = x.numel() / opt_.input_size * (opt_.sequence_parallel ? tp_->size() : 1);

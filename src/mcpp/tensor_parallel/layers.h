@@ -70,6 +70,10 @@ class ColumnParallelLinear {
   // act [s, b, out/tp] = gelu(forward(x)); pre_act is set to the pre-activation [s*b, out/tp].
   Tensor forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act) const;
   Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy) const;
+  // Sets ctx's saved input again from x, the forward's input recomputed (selective recompute "layernorm": the
+  // caller dropped ctx.x after the forward): under SP the all-gather again (a plain one with --tp-comm-overlap too:
+  // the same rows), no GEMM.
+  void restore_input(ParallelLinearCtx& ctx, const Tensor& x) const;
   int64_t output_size_per_partition() const { return out_local_; }
   // A shared weight reports grad_ready only where its last use is here (see GPTModel's tied embeddings).
   void set_reports_weight_grad(bool on) { owns_weight_ = on; }

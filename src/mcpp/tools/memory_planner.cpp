@@ -55,6 +55,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
   const TransformerConfig& m = cfg.model;
   const bool flash = m.attention_impl == "flash";
   const bool selective = m.recomputes("core_attn");
+  const int64_t norm_out = m.recomputes("layernorm") ? 0 : 1;  // "layernorm": the norms' outputs kept nowhere
   // The fused linear_qkv output (flash without RoPE reads it packed), or the split q + k + v: the same size.
   // Context parallelism (all-to-all): the core attention holds the whole sequence for np / cp heads — the same
   // numbers of qkv / context / lse elements as s / cp rows of all heads; the probabilities grow with cp. The ring
@@ -70,7 +71,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
     if (flash) attention += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
     else attention += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (the unfused path is fp32)
   }
-  int64_t mlp = d.n * d.h * d.e  // linear_fc1's input (the norm output; gathered under SP)
+  int64_t mlp = norm_out * d.n * d.h * d.e  // linear_fc1's input (the norm output; gathered under SP)
                 + (m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e);
   if (moe) {  // MoE: this rank's n_l tokens, k routes each, balanced over the EP ranks' experts
     const int64_t etp = cfg.parallel.expert_tp();
@@ -83,7 +84,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
                                                          m.moe_expert_capacity_factor));
       rows = m.moe_pad_expert_input_to_capacity ? m.num_moe_experts * cap : std::min(routes, m.num_moe_experts * cap);
     }
-    mlp = d.n_local * d.h * d.e                                         // the router's input (not gathered)
+    mlp = norm_out * d.n_local * d.h * d.e                              // the router's input (not gathered)
           + (m.moe_input_jitter_eps > 0.0f ? d.n_local * d.h * d.e : 0)  // ... and its jittered copy
           + 3 * routes * 4                                              // topk, idx (int32), probs (fp32) [n_l, k]
           + d.n_local * (m.num_moe_experts + 1) * 4                     // scores [n_l, E] + lse [n_l] (fp32)
@@ -97,13 +98,13 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
       // its fc1 input gathered under SP (else the router's) and its MLP context; none when recomputed
       // ("shared_experts": re-run in backward), the gate's kept either way
       if (!m.recomputes("shared_experts"))
-        mlp += (d.n != d.n_local ? d.n * d.h * d.e : 0) + (m.swiglu ? 3 : 2) * d.n * fs * d.e;
+        mlp += (d.n != d.n_local ? norm_out * d.n * d.h * d.e : 0) + (m.swiglu ? 3 : 2) * d.n * fs * d.e;
       mlp += m.moe_shared_expert_gate ? d.n_local * (d.h * d.e + 4 * 4) : 0;  // ungated output, g, s, lse, top
     }
   }
-  if (m.recomputes(moe ? "moe" : "mlp")) mlp = d.n_local * d.h * d.e;  // selective: only the MLP's input kept
-  return 2 * norm_stats_bytes(cfg, d)  // input_layernorm's and pre_mlp_layernorm's statistics
-         + d.n * d.h * d.e             // linear_qkv's input (the norm output; gathered under SP)
+  if (m.recomputes(moe ? "moe" : "mlp")) mlp = norm_out * d.n_local * d.h * d.e;  // selective: only the MLP's input
+  return 2 * norm_stats_bytes(cfg, d)    // input_layernorm's and pre_mlp_layernorm's statistics
+         + norm_out * d.n * d.h * d.e    // linear_qkv's input (the norm output; gathered under SP)
          + attention                   //
          + d.n_local * d.h * d.e       // x1 = x + attention (pre_mlp_layernorm's input)
          + mlp;

@@ -115,7 +115,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--recompute-method", m.recompute_method, "uniform|block");
   app.add_option("--recompute-num-layers", m.recompute_num_layers);
   app.add_option("--recompute-modules", m.recompute_modules,
-                 "core_attn|mlp|moe|moe_act|shared_experts ... (selective)");
+                 "core_attn|mlp|moe|moe_act|shared_experts|layernorm ... (selective)");
   app.add_flag("--calculate-per-token-loss", m.calculate_per_token_loss);
   app.add_option("--num-experts", m.num_moe_experts, "mixture of experts: experts per MoE layer (0 = dense)");
   app.add_option("--moe-router-topk", m.moe_router_topk);

@@ -56,6 +56,10 @@ class SelfAttention {
   Tensor backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,
                   bool output_bias_grad_elsewhere = false) const;
   Parameter* output_bias() const { return linear_proj_.residual_bias(); }  // RowParallelLinear::residual_bias
+  // Selective recompute "layernorm": drop the input linear_qkv keeps after the forward (under SP its all-gathered
+  // copy) / set it again from the recomputed x before the backward.
+  void release_input(SelfAttentionCtx& ctx) const { ctx.qkv.x = Tensor(); }
+  void restore_input(SelfAttentionCtx& ctx, const Tensor& x) const { linear_qkv_.restore_input(ctx.qkv, x); }
 
  private:
   // The core attention reads the fused linear_qkv output (no split / merge): no RoPE, no qk norms and a packed

@@ -37,6 +37,10 @@ class MLP {
   // output_bias_grad_elsewhere: fc2's bias grad is taken from the residual stream (output_bias()).
   Tensor backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewhere = false) const;
   Parameter* output_bias() const { return linear_fc2_.residual_bias(); }  // RowParallelLinear::residual_bias
+  // Selective recompute "layernorm": drop the input fc1 keeps after the forward (under SP its all-gathered copy) /
+  // set it again from the recomputed x before the backward.
+  void release_input(MLPCtx& ctx) const { ctx.fc1.x = Tensor(); }
+  void restore_input(MLPCtx& ctx, const Tensor& x) const { linear_fc1_.restore_input(ctx.fc1, x); }
 
  private:
   bool swiglu_;

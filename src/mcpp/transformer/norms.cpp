@@ -17,21 +17,27 @@ Norm::Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden
 
 Tensor Norm::forward(NormCtx& ctx, const Tensor& x) const {
   ctx.x = x.view({-1, hidden_});  // [n, h]
+  ctx.shape = x.shape();
   const int64_t n = ctx.x.size(0);
-  Tensor y = Tensor::empty({n, hidden_}, x.dtype(), x.device());
   ctx.rstd = Tensor::empty({n}, DType::F32, x.device());
-  if (kind_ == Normalization::LayerNorm) {
-    ctx.mean = Tensor::empty({n}, DType::F32, x.device());
+  if (kind_ == Normalization::LayerNorm) ctx.mean = Tensor::empty({n}, DType::F32, x.device());
+  return recompute(ctx);
+}
+
+Tensor Norm::recompute(NormCtx& ctx) const {
+  MCPP_CHECK(ctx.x.defined() && ctx.rstd.defined(), "Norm::recompute needs the context of a forward");
+  Tensor y = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());  // [n, h]
+  if (kind_ == Normalization::LayerNorm)
     ops::layernorm_fwd(y, ctx.mean, ctx.rstd, ctx.x, weight_->data, &bias_->data, eps_);
-  } else {
+  else
     ops::rmsnorm_fwd(y, ctx.rstd, ctx.x, weight_->data, eps_);
-  }
-  return y.view(x.shape());
+  return y.view(ctx.shape);
 }
 
 Tensor Norm::forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b,
                          const ops::ResidualDropout& drop) const {
   ctx.drop = drop;
+  ctx.shape = a.shape();
   Tensor s = Tensor::empty(a.shape(), a.dtype(), a.device());
   ctx.x = s.view({-1, hidden_});  // [n, h]
   const int64_t n = ctx.x.size(0);

@@ -23,6 +23,7 @@ struct NormCtx {
   Tensor mean;  // [n] (LayerNorm only)
   Tensor rstd;  // [n]
   ops::ResidualDropout drop;  // forward_add's dropout on b (inactive: none)
+  Shape shape;  // the forward's output shape (x's, or a's)
 };
 
 // Bias parameters whose grads a fused backward (with dres) takes from the residual stream: dres_bias +=
@@ -48,6 +49,10 @@ class Norm {
   // forward_add with dropout, *dbranch = b's gradient (dropout_bwd of dx, written in the same kernel).
   Tensor backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres = nullptr, const ResidualBiasGrads& rb = {},
                   Tensor* dbranch = nullptr) const;
+  // The last forward's (or forward_add's) output again, from ctx's kept input (forward_add's: the sum), for
+  // selective recompute "layernorm"; the statistics are written again with the same values. Bitwise the forward's:
+  // the fused add + norm normalizes the rounded sum with the plain norm's reduction layout.
+  Tensor recompute(NormCtx& ctx) const;
 
  private:
   Parameter* weight_ = nullptr;

@@ -155,10 +155,10 @@ void TransformerConfig::validate() const {
     fail("recompute_method / recompute_num_layers need recompute_granularity full");
   }
   for (const std::string& m : recompute_modules)
-    if (m != "core_attn" && m != "mlp" && m != "moe" && m != "moe_act" && m != "shared_experts") {
-      const bool megatron = m == "layernorm" || m == "mla_up_proj";
-      fail("recompute_modules: '{}' is {} (expected core_attn|mlp|moe|moe_act|shared_experts)", m,
-           megatron ? "a Megatron module not implemented here" : "not a module");
+    if (m != "core_attn" && m != "mlp" && m != "moe" && m != "moe_act" && m != "shared_experts" && m != "layernorm") {
+      const bool megatron = m == "mla_up_proj";
+      fail("recompute_modules: '{}' is {} (expected core_attn|mlp|moe|moe_act|shared_experts|layernorm)", m,
+           megatron ? "a Megatron module not implemented here (no MLA)" : "not a module");
     }
   if (recompute_modules != std::vector<std::string>{"core_attn"} && recompute_granularity != "selective")
     fail("recompute_modules ({} given) applies to --recompute-granularity selective", recompute_modules.size());

@@ -81,7 +81,10 @@ struct TransformerConfig {
   //   layer: its input kept, the router, the dispatch with its all-to-alls, the experts and the shared expert
   //   re-run in backward; Megatron's moe_layer_recompute), "moe_act" (every routed expert's activation: fc1's output
   //   kept, the activation dropped after fc2 read it and re-run from it in backward), "shared_experts" (a MoE
-  //   layer's shared expert: the layer's input kept, its MLP re-run in backward — under SP with its all-gather).
+  //   layer's shared expert: the layer's input kept, its MLP re-run in backward — under SP with its all-gather),
+  //   "layernorm" (input_layernorm's and pre_mlp_layernorm's outputs: dropped where linear_qkv, the MLP or the MoE
+  //   layer keep them — under SP their all-gathered copies —, re-run from the norms' kept inputs and statistics when
+  //   the backward reaches the branch, re-gathered under SP; with "mlp" / "moe" the MLP's kept input goes too).
   std::string recompute_granularity;
   std::string recompute_method;
   int64_t recompute_num_layers = 0;  // full: layers per group (uniform) or per stage (block)

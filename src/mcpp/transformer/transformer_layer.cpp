@@ -21,7 +21,8 @@ TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffe
       self_attention_(params, prefix + ".self_attention", c, spec, tp),
       pre_mlp_layernorm_(params, prefix + ".pre_mlp_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
                          tp.sequence_parallel),
-      recompute_mlp_(c.recomputes(moe ? "moe" : "mlp")) {
+      recompute_mlp_(c.recomputes(moe ? "moe" : "mlp")),
+      recompute_norms_(c.recomputes("layernorm")) {
   if (moe) moe_ = std::make_unique<moe::MoELayer>(params, expert_params, prefix + ".mlp", c, tp);
   else mlp_ = std::make_unique<MLP>(params, prefix + ".mlp", c, tp);
 }
@@ -46,6 +47,11 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
     ln1 = input_layernorm_.forward(ctx.input_layernorm, x);
   }
   Tensor attn = self_attention_.forward(ctx.self_attention, ln1, rope, opt);  // [s, b, h]
+  ctx.norms_dropped = recompute_norms_ && opt.training;
+  if (ctx.norms_dropped) {  // "layernorm": backward re-runs input_layernorm for linear_qkv
+    self_attention_.release_input(ctx.self_attention);
+    ln1 = Tensor();
+  }
   ops::ResidualDropout attn_drop;
   if (ctx.dropout)
     attn_drop = {hidden_dropout_, opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_)};
@@ -56,10 +62,15 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
   if (ctx.has_mlp_rng) ctx.mlp_rng = *opt.rng;  // the router's draws, replayed by the re-run
   Tensor mlp = moe_ ? moe_->forward(ctx.moe, ln2, opt.moe_losses, opt.training, opt.rng)
                     : mlp_->forward(ctx.mlp, ln2);
+  ctx.mlp_dropped = recompute;
   if (recompute) {  // keep the input only; backward re-runs the MLP
     ctx.mlp_input = ln2;
     ctx.mlp = {};
     ctx.moe = {};
+  }
+  if (ctx.norms_dropped) {  // not even the input: backward re-runs pre_mlp_layernorm (then the MLP under recompute)
+    ctx.mlp_input = Tensor();
+    if (!recompute) moe_ ? moe_->release_input(ctx.moe) : mlp_->release_input(ctx.mlp);
   }
   Residual y{x1, mlp};  // y = x1 + dropout(mlp), added by the next norm (or Residual::sum)
   if (ctx.dropout) {
@@ -87,10 +98,11 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   Parameter* mlp_bias = moe_ ? nullptr : mlp_->output_bias();
   const ResidualBiasGrads rb = ctx.dropout ? ResidualBiasGrads{nullptr, self_attention_.output_bias()}
                                            : ResidualBiasGrads{mlp_bias, self_attention_.output_bias()};
-  if (ctx.mlp_input.defined()) {  // selective recompute: the MLP's context again (no losses recorded)
-    if (moe_) moe_->forward(ctx.moe, ctx.mlp_input, nullptr, /*training=*/true,
-                            ctx.has_mlp_rng ? &ctx.mlp_rng : nullptr);
-    else mlp_->forward(ctx.mlp, ctx.mlp_input);
+  if (ctx.mlp_dropped || ctx.norms_dropped) {  // selective recompute: the MLP's input (its norm re-run) and context
+    const Tensor in = ctx.norms_dropped ? pre_mlp_layernorm_.recompute(ctx.pre_mlp_layernorm) : ctx.mlp_input;
+    if (!ctx.mlp_dropped) moe_ ? moe_->restore_input(ctx.moe, in) : mlp_->restore_input(ctx.mlp, in);
+    else if (moe_) moe_->forward(ctx.moe, in, nullptr, /*training=*/true, ctx.has_mlp_rng ? &ctx.mlp_rng : nullptr);
+    else mlp_->forward(ctx.mlp, in);  // (no losses recorded above)
     ctx.mlp_input = Tensor();
   }
   Tensor dmlp_in = moe_ ? moe_->backward(ctx.moe, dmlp, loss_grad_scale)
@@ -99,6 +111,8 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, dmlp_in, &dy.sum, rb,
                                            &dattn);  // + dy and the dropout backward fused
   if (!ctx.dropout) dattn = dx1;
+  if (ctx.norms_dropped)
+    self_attention_.restore_input(ctx.self_attention, input_layernorm_.recompute(ctx.input_layernorm));
   ResidualGrad dx;  // + dx1 fused into the norm's backward; with the input's dropout also its branch gradient
   dx.sum = input_layernorm_.backward(ctx.input_layernorm,
                                      self_attention_.backward(ctx.self_attention, dattn, rope, rb.dx_bias != nullptr),

@@ -29,6 +29,11 @@
 // backward re-runs the MLP's forward from it (the MoE router without recording losses or expert-bias counts, as
 // Megatron's checkpoint re-run, drawing its jitter / random logits from a copy of the RNG streams it found) right
 // before its backward — bitwise the same activations.
+// Selective recompute "layernorm" (Megatron's recompute of input_layernorm / pre_mlp_layernorm): a training forward
+// releases each norm's output where its branch keeps it (linear_qkv's saved input; the MLP's fc1 input, or the MoE
+// router's and shared expert's; under SP the all-gathered copies; with "mlp" / "moe" the kept MLP input); when the
+// backward reaches the branch (as Megatron's hook on the branch's output) the norm re-runs from its kept input and
+// statistics (Norm::recompute: the same bits) and the branch gets its input back (re-gathered under SP).
 // Backward returns dx (and b's gradient, above); parameter grads accumulate into main_grad.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 // Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):
@@ -57,8 +62,10 @@ struct TransformerLayerCtx {
   NormCtx pre_mlp_layernorm;
   MLPCtx mlp;
   moe::MoELayerCtx moe;  // MoE layers instead of mlp
-  Tensor mlp_input;      // selective recompute of the mlp / moe: its input (pre_mlp_layernorm's output); mlp / moe
-                         // stay empty between forward and backward
+  Tensor mlp_input;      // selective recompute of the mlp / moe: its input (pre_mlp_layernorm's output; not kept
+                         // under "layernorm" too); mlp / moe stay empty between forward and backward
+  bool mlp_dropped = false;    // ... the mlp / moe context dropped after the forward
+  bool norms_dropped = false;  // selective recompute "layernorm": the two norms' outputs released after the forward
   tensor_parallel::RngTracker mlp_rng;  // ... and for a MoE layer the RNG streams its router found (the re-run draws
   bool has_mlp_rng = false;             // the same jitter and random logits from this copy)
   PhiloxKey mlp_dropout_key;
@@ -105,6 +112,7 @@ class TransformerLayer {
   std::unique_ptr<MLP> mlp_;            // dense layers
   std::unique_ptr<moe::MoELayer> moe_;  // MoE layers
   bool recompute_mlp_;                  // recompute_modules "mlp" (dense) / "moe" (MoE layer)
+  bool recompute_norms_;                // recompute_modules "layernorm"
 };
 
 // One group of layers [first, first + count) whose contexts are rebuilt in backward.

@@ -8,7 +8,8 @@ usage: context_parallel_check.py MCPP WORKDIR
      all-to-alls re-run inside the backward) and selective recompute and the unfused attention at CP2: every
      iteration's lm loss and the validation loss equal the 1-rank run's within 1e-5 relative;
      --qk-layernorm at TP2 x DP2 (no SP), CP2 x TP2 + SP and (LayerNorm) TP2 + SP x PP2 equals its 1-rank run, and
-     its TP2 checkpoint continues at CP2;
+     its TP2 checkpoint continues at CP2; selective recompute "layernorm" at CP2 x TP2 + SP with --tp-comm-overlap
+     (with core_attn and mlp) and at TP2 x DP2 without SP (Llama-style) equals the 1-rank runs;
   2. --calculate-per-token-loss at CP2 x DP2 equals its 1-rank run;
   3. a CP2 run interrupted at 3 and resumed at CP2 is bit-exact; its checkpoint continues at 1 rank, and a
      1-rank checkpoint at CP2 x DP2 (1e-5);
@@ -49,7 +50,11 @@ for name, np_, flags in (
         ("cp2_full_recompute", 2, [*M, *CP2, "--recompute-granularity", "full", "--recompute-method", "uniform",
                                    "--recompute-num-layers", "1"]),
         ("cp2_unfused", 2, [*M, *CP2, "--attention-impl", "unfused"]),
-        ("cp2_selective", 2, [*M, *CP2, "--recompute-granularity", "selective"])):
+        ("cp2_selective", 2, [*M, *CP2, "--recompute-granularity", "selective"]),
+        # the norms' outputs re-run in backward and re-gathered over SP (a plain all-gather where the forward ran the
+        # --tp-comm-overlap ring); with mlp the MLP re-runs from the recomputed norm
+        ("cp2_tp2_sp_overlap_layernorm", 4, [*M, *CP2, *TP2, "--tp-comm-overlap", "--recompute-granularity",
+                                             "selective", "--recompute-modules", "core_attn", "layernorm", "mlp"])):
     d = train(name, np_, flags)
     same(name, d, one)
     planned.append((name, d, np_, flags))
@@ -57,6 +62,11 @@ llama1 = train("llama1", None, [*M, *LLAMA])
 llama2 = train("llama_cp2", 2, [*M, *LLAMA, *CP2])
 same("Llama CP2", llama2, llama1)
 planned.append(("Llama CP2", llama2, 2, [*M, *LLAMA, *CP2]))
+TP2_NO_SP = ["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"]
+LN = [*M, *LLAMA, *TP2_NO_SP, "--recompute-granularity", "selective", "--recompute-modules", "layernorm"]
+llama_ln = train("llama_tp2_dp2_layernorm", 4, LN)
+same("Llama TP2 x DP2 (no SP) --recompute-modules layernorm", llama_ln, llama1)
+planned.append(("Llama TP2 x DP2 layernorm", llama_ln, 4, LN))
 
 # 1b. --qk-layernorm (per-head norms of q and k before RoPE; their replicated weights' partial grads summed over TP
 #     with or without SP, over CP by the DP x CP reduction): TP2 x DP2 without SP, CP2 x TP2 + SP, and the GPT-2
@@ -67,7 +77,6 @@ MQ = list(M)
 MQ[MQ.index("--lr") + 1] = "1e-2"
 QK_LLAMA = [*MQ, "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
             "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--qk-layernorm"]
-TP2_NO_SP = ["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"]
 qk1 = train("qk1", None, QK_LLAMA)
 same("qk-layernorm TP2 x DP2 (no SP)", train("qk_tp2_dp2", 4, [*QK_LLAMA, *TP2_NO_SP]), qk1)
 qk_cp = train("qk_cp2_tp2_sp", 4, [*QK_LLAMA, *CP2, *TP2])
@@ -112,7 +121,8 @@ if sorted(c) != [4, 5, 6] or any(not close(c.get(i), o[i]) for i in (4, 5, 6)):
 for name, d, world, flags in planned:
     PPF = "--pipeline-model-parallel-size"
     plan = check_memory_plan(name, d, world, flags, int(flags[flags.index(PPF) + 1]) if PPF in flags else 1)
-    if plan.get("cp") not in (2, 4):
+    CPF = "--context-parallel-size"
+    if plan.get("cp") != (int(flags[flags.index(CPF) + 1]) if CPF in flags else 1):
         failures.append(f"memory plan, {name}: the record does not name the CP size: {plan}")
 
 # the per-parameter line and the plan's header name the CP size (the optimizer shards over dp x cp)

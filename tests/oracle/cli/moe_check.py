@@ -53,7 +53,8 @@ usage: moe_check.py MCPP WORKDIR
   11. selective recompute of the MoE layers (--recompute-modules core_attn moe): the same losses and logged router
      losses as without, at 1 rank and PP2 x DP2 x EP2 (the shared-expert pattern); the memory plan equals the
      measured activations, below the plain run's; the same for moe_act (the experts' activations re-run) and
-     shared_experts (also at TP2 + SP); recompute modules without selective, moe_act without experts,
+     shared_experts (also at TP2 + SP), and for layernorm at TP2 + SP (planned as measured) and with moe at
+     PP2 x DP2 x EP2; recompute modules without selective, moe_act without experts,
      shared_experts without a shared expert or an unimplemented Megatron module fail by name;
   12. --moe-per-layer-logging: the train records carry each MoE layer's router losses (the [1,1,0,0] pattern: layers
      0 and 1), whose mean is the logged value; equal per layer at PP2 x DP2 x EP2; the losses unchanged;
@@ -429,6 +430,15 @@ same("recompute shared_experts tp2 + sp", train("rc_shared_tp2", 2, [*M, *MOE, *
 check_memory_plan("recompute shared_experts", rc_sh, 1, [*M, *MOE, *FS, *RC_SH], 1)
 check_memory_plan("recompute shared_experts TP2 + SP", os.path.join(WORK, "rc_shared_tp2"), 2,
                   [*M, *MOE, *FS, *TP2, *RC_SH], 1)
+# layernorm (the norms' outputs released: the router's and the shared expert's input, under SP its gathered copy;
+# re-run and re-gathered in backward) at TP2 + SP with the freq + shared pattern, and with moe at PP2 x DP2 x EP2:
+# the same losses, planned as measured
+RC_LN = ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "layernorm"]
+rc_ln = train("rc_ln_tp2", 2, [*M, *MOE, *FS, *TP2, *RC_LN])
+same("recompute layernorm tp2 + sp", rc_ln, fs_one)
+check_memory_plan("recompute layernorm TP2 + SP", rc_ln, 2, [*M, *MOE, *FS, *TP2, *RC_LN], 1)
+same("recompute layernorm + moe pp2 x dp2 x ep2, freq + shared",
+     train("rc_ln_moe_ep2", 4, [*M, *MOE, *FS, *PP2, *EP2, *RC_LN, "moe"]), fs_one)
 
 # 12. --moe-per-layer-logging (the [1,1,0,0] pattern): each MoE layer's router losses in the train records (layers 0
 # and 1 only), their mean the logged totals; the same per layer at PP2 x DP2 x EP2 (both on the first stage, the
@@ -499,7 +509,7 @@ for name, cmd, words in (
         ("recompute modules without selective", [*M, *MOE, "--recompute-modules", "moe"],
          ["recompute_modules", "selective"]),
         ("unknown recompute module", [*M, *MOE, "--recompute-granularity", "selective", "--recompute-modules",
-                                      "layernorm"], ["recompute_modules", "layernorm", "not implemented"]),
+                                      "mla_up_proj"], ["recompute_modules", "mla_up_proj", "not implemented"]),
         ("moe_act without experts", [*M, "--recompute-granularity", "selective", "--recompute-modules", "moe_act"],
          ["recompute_modules moe_act", "--num-experts"]),
         ("shared_experts without one", [*M, *MOE, "--recompute-granularity", "selective", "--recompute-modules",
