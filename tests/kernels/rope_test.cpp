@@ -1,8 +1,10 @@
 // ops::cpu::rope_fwd / rope_bwd (non-interleaved rotate_half) against a float64 reference, finite
-// differences of L = sum(dy * rope(x)), and in-place use (y aliasing x).
+// differences of L = sum(dy * rope(x)), and in-place use (y aliasing x). The fused qkv_split_rope against a float64
+// split of Megatron's fused QKV rows + rotation, and qkv_merge_rope as its transpose.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
@@ -93,6 +95,53 @@ TEST(CpuRope, RejectsBadTables) {
   EXPECT_THROW(cpu::rope_fwd(y, x, ok, wrong_s, {}), Error);
   Tensor flat = Tensor::zeros({4, 16});
   EXPECT_THROW(cpu::rope_bwd(flat, flat, ok, ok, {}), Error);
+}
+
+// qkv_split_rope on Megatron's fused rows qkv[s, b, ng * (r + 2) * d] (per group [q_0 .. q_{r-1}, k, v]): q and k
+// equal the float64 rotation of their rows, v the copy (MHA, GQA, partial rotary); qkv_merge_rope is its transpose:
+// <merge_rope(dq, dk, dv), qkv> = <dq, q> + <dk, k> + <dv, v> for the split's q, k, v.
+TEST(CpuRope, FusedSplitAndMergeOnTheQkvLayout) {
+  const int64_t s = 5, b = 2, d = 8;
+  for (const auto& [nq, ng, half] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{2, 2, 4}, {4, 1, 4},
+                                                                                      {6, 2, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "nq=" << nq << " ng=" << ng << " half=" << half);
+    const int64_t r = nq / ng;
+    Tables t = make_tables(s, half);
+    std::vector<double> x;
+    Tensor qkv = random_tensor({s, b, ng * (r + 2) * d}, 21, &x);
+    Tensor q = Tensor::empty({s, b, nq, d}), k = Tensor::empty({s, b, ng, d}), v = Tensor::empty({s, b, ng, d});
+    cpu::qkv_split_rope(q, k, v, qkv, t.cos, t.sin, {});
+    std::vector<double> wq(q.numel()), wk(k.numel()), wv(v.numel());  // the rows, in float64
+    for (int64_t tok = 0; tok < s * b; ++tok)
+      for (int64_t g = 0; g < ng; ++g)
+        for (int64_t j = 0; j < r + 2; ++j)
+          for (int64_t e = 0; e < d; ++e) {
+            const double val = x[((tok * ng + g) * (r + 2) + j) * d + e];
+            if (j < r) wq[((tok * nq) + g * r + j) * d + e] = val;
+            else (j == r ? wk : wv)[(tok * ng + g) * d + e] = val;
+          }
+    EXPECT_LT(max_rel_error(q, ref_rope(wq, t.c, t.s, s, b * nq, d, half), 1.0), 1e-6);
+    EXPECT_LT(max_rel_error(k, ref_rope(wk, t.c, t.s, s, b * ng, d, half), 1.0), 1e-6);
+    EXPECT_EQ(to_doubles(v), wv);
+    std::vector<double> dq, dk, dv;
+    Tensor tdq = random_tensor(q.shape(), 22, &dq), tdk = random_tensor(k.shape(), 23, &dk);
+    Tensor tdv = random_tensor(v.shape(), 24, &dv);
+    Tensor dqkv = Tensor::empty(qkv.shape());
+    cpu::qkv_merge_rope(dqkv, tdq, tdk, tdv, t.cos, t.sin, {});
+    const double lhs = dot(to_doubles(dqkv), x);
+    const double rhs = dot(dq, to_doubles(q)) + dot(dk, to_doubles(k)) + dot(dv, to_doubles(v));
+    EXPECT_NEAR(lhs, rhs, 1e-5 * (std::abs(rhs) + 1.0));
+  }
+  Tensor qkv = Tensor::zeros({4, 1, 4 * 8}), q = Tensor::zeros({4, 1, 2, 8}), k = Tensor::zeros({4, 1, 1, 8});
+  Tensor v = Tensor::zeros({4, 1, 1, 8}), wide = Tensor::zeros({4, 5});
+  try {
+    cpu::qkv_split_rope(q, k, v, qkv, wide, wide, {});
+    FAIL() << "expected mcpp::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rotary dim"), std::string::npos) << e.what();
+  }
+  Tensor short_qkv = Tensor::zeros({4, 1, 3 * 8}), ok = Tensor::zeros({4, 4});
+  EXPECT_THROW(cpu::qkv_merge_rope(short_qkv, q, k, v, ok, ok, {}), Error);
 }
 
 }  // namespace

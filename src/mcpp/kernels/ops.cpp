@@ -104,6 +104,14 @@ void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, Stream s) {
 void qkv_merge(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, Stream s) {
   MCPP_DISPATCH(qkv_merge, ({&qkv, &q, &k, &v}), qkv, q, k, v, s);
 }
+void qkv_split_rope(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                    Stream s) {
+  MCPP_DISPATCH(qkv_split_rope, ({&q, &k, &v, &qkv, &cos, &sin}), q, k, v, qkv, cos, sin, s);
+}
+void qkv_merge_rope(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos,
+                    const Tensor& sin, Stream s) {
+  MCPP_DISPATCH(qkv_merge_rope, ({&qkv, &q, &k, &v, &cos, &sin}), qkv, q, k, v, cos, sin, s);
+}
 void cast(Tensor& out, const Tensor& in, Stream s) { MCPP_DISPATCH(cast, ({&out, &in}), out, in, s); }
 void moe_permute(Tensor& out, const Tensor& x, const Tensor& idx, Stream s) {
   MCPP_DISPATCH(moe_permute, ({&out, &x, &idx}), out, x, idx, s);

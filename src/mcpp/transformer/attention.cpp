@@ -78,14 +78,18 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
     Tensor q = Tensor::empty({s, b, core_np_, hn_}, dt, dev);  // [s, b, np/tp/cp, hn]
     Tensor k = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);  // [s, b, ng/tp/cp, hn]
     Tensor v = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);
-    ops::qkv_split(q, k, v, qkv);
-    if (q_layernorm_) {  // over hn, per head (the norms keep the split q, k as their saved inputs)
-      q = q_layernorm_->forward(ctx.q_norm, q);
-      k = k_layernorm_->forward(ctx.k_norm, k);
-    }
-    if (rope) {
-      ops::rope_fwd(q, q, rope->cos, rope->sin);
-      ops::rope_fwd(k, k, rope->cos, rope->sin);
+    if (rope && !q_layernorm_) {
+      ops::qkv_split_rope(q, k, v, qkv, rope->cos, rope->sin);  // one pass
+    } else {
+      ops::qkv_split(q, k, v, qkv);
+      if (q_layernorm_) {  // over hn, per head (the norms keep the split q, k as their saved inputs)
+        q = q_layernorm_->forward(ctx.q_norm, q);
+        k = k_layernorm_->forward(ctx.k_norm, k);
+      }
+      if (rope) {
+        ops::rope_fwd(q, q, rope->cos, rope->sin);
+        ops::rope_fwd(k, k, rope->cos, rope->sin);
+      }
     }
     context = core_->forward(ctx.core, q, k, v, opt);
     if (recompute_core_) {  // selective recompute: keep the inputs, drop the core's saved state
@@ -117,17 +121,21 @@ Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const Ro
       ctx.q = ctx.k = ctx.v = Tensor();
     }
     CoreAttentionGrads g = core_->backward(ctx.core, dcontext);
-    if (rope) {
-      ops::rope_bwd(g.dq, g.dq, rope->cos, rope->sin);
-      ops::rope_bwd(g.dk, g.dk, rope->cos, rope->sin);
-    }
-    if (q_layernorm_) {
-      g.dq = q_layernorm_->backward(ctx.q_norm, g.dq);
-      g.dk = k_layernorm_->backward(ctx.k_norm, g.dk);
-      ctx.q_norm = {}, ctx.k_norm = {};
-    }
     dqkv = Tensor::empty({s, b, (core_np_ + 2 * core_ng_) * hn_}, dy.dtype(), dy.device());
-    ops::qkv_merge(dqkv, g.dq, g.dk, g.dv);
+    if (rope && !q_layernorm_) {
+      ops::qkv_merge_rope(dqkv, g.dq, g.dk, g.dv, rope->cos, rope->sin);  // one pass
+    } else {
+      if (rope) {
+        ops::rope_bwd(g.dq, g.dq, rope->cos, rope->sin);
+        ops::rope_bwd(g.dk, g.dk, rope->cos, rope->sin);
+      }
+      if (q_layernorm_) {
+        g.dq = q_layernorm_->backward(ctx.q_norm, g.dq);
+        g.dk = k_layernorm_->backward(ctx.k_norm, g.dk);
+        ctx.q_norm = {}, ctx.k_norm = {};
+      }
+      ops::qkv_merge(dqkv, g.dq, g.dk, g.dv);
+    }
   }
   if (cp_) dqkv = tensor_parallel::all_to_all_hp2cp(*cp_, dqkv);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
   return linear_qkv_.backward(ctx.qkv, dqkv);                      // [s/cp(/tp), b, h]

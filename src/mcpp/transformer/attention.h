@@ -5,7 +5,8 @@
 //   -> split q [s, b, np/tp, hn], k/v [s, b, ng/tp, hn] -> with --qk-layernorm q_layernorm(q), k_layernorm(k)
 //   (the model's norm over each head's hn channels; weights replicated over TP, their per-rank partial grads
 //   all-reduced by finalize_model_grads with or without sequence parallelism: the TP ranks hold different heads)
-//   -> RoPE on q, k (rope configs) -> core attention
+//   -> RoPE on q, k (rope configs; without qk norms in the split's pass: ops::qkv_split_rope, backward
+//   qkv_merge_rope) -> core attention
 //   (dropout from the model-parallel RNG stream) -> context [s, b, np/tp*hn]
 //   Without RoPE, without qk_layernorm and with a core attention that takes the fused rows (flash:
 //   supports_packed_qkv()), the split and its backward merge are skipped: the core reads qkv and returns dqkv directly

@@ -2,7 +2,8 @@
 //   qkv[s, b, ng * (r + 2) * d], per query group g: [q_0 .. q_{r-1}, k, v] (r = nq / ng)
 // to and from q[s, b, nq, d], k/v[s, b, ng, d]. Pure data movement (memcpy of d-element rows), so any
 // dtype works as long as all four tensors share it. Outputs overwritten. Also chunk_transpose (context
-// parallelism's all-to-all layout), the same kind of row movement.
+// parallelism's all-to-all layout), the same kind of row movement. qkv_split_rope / qkv_merge_rope: the split / merge
+// composed with rope_fwd / rope_bwd on q and k (the reference the CUDA kernels equal).
 #include <cstring>
 
 #include "mcpp/kernels/cpu/checks.h"
@@ -66,6 +67,23 @@ void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, Stream) {
 void qkv_merge(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, Stream) {
   const QkvDims dm = check_qkv("qkv_merge", qkv, q, k, v);
   move_rows(bytes(qkv), bytes(q), bytes(k), bytes(v), dm, dtype_size(qkv.dtype()), /*to_heads=*/false);
+}
+
+void qkv_split_rope(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                    Stream stream) {
+  check_qkv("qkv_split_rope", qkv, q, k, v);
+  qkv_split(q, k, v, qkv, stream);
+  rope_fwd(q, q, cos, sin, stream);
+  rope_fwd(k, k, cos, sin, stream);
+}
+
+void qkv_merge_rope(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos,
+                    const Tensor& sin, Stream stream) {
+  check_qkv("qkv_merge_rope", qkv, q, k, v);
+  Tensor dq = Tensor::empty(q.shape(), q.dtype()), dk = Tensor::empty(k.shape(), k.dtype());
+  rope_bwd(dq, q, cos, sin, stream);
+  rope_bwd(dk, k, cos, sin, stream);
+  qkv_merge(qkv, dq, dk, v, stream);
 }
 
 void chunk_transpose(Tensor& out, const Tensor& in, int64_t a, int64_t c, Stream) {

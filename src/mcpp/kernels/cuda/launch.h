@@ -165,6 +165,12 @@ void launch_norm_bwd(FOut dx, float* dgamma, float* dbeta, FIn dy, FIn x, FIn dr
 // ---- rope_kernels.cu (sign = +1 forward rotation, -1 its transpose)
 void launch_rope(FOut y, FIn x, const float* cos, const float* sin, int64_t s_len, int64_t b, int64_t heads,
                  int64_t d, int64_t half, float sign, cudaStream_t s);
+// qkv_split_rope (split) / qkv_merge_rope in one kernel: the fused rows fused_out / fused_in, the heads q/k/v_out or
+// _in (the unused side's pointers null); tokens t = s_i * b + b_i. false (nothing launched): the 16-byte vector
+// layout does not apply (half or d not a multiple of 8, unaligned) — the caller composes the ops.
+bool launch_qkv_rope(bool split, FOut fused_out, FOut q_out, FOut k_out, FOut v_out, FIn fused_in, FIn q_in, FIn k_in,
+                     FIn v_in, const float* cos, const float* sin, const QkvShape& a, int64_t b, int64_t half,
+                     cudaStream_t s);
 
 // ---- softmax_kernels.cu
 void launch_softmax_fwd(FOut probs, FIn scores, int64_t rows, int64_t sq, int64_t sk, float scale, bool causal,
