@@ -120,6 +120,63 @@ TEST(LrScheduler, FromConfigUsesMegatronSampleUnits) {
   EXPECT_THROW(OptimizerParamScheduler::from_config(unknown_gbs), Error);
 }
 
+// Sample-based training: the lengths are the *_samples themselves (a warmup of 30 samples is not a whole number of
+// batches of 8), and a sample-based schedule whose lengths are whole batches equals the iteration-based one at every
+// step (Megatron counts samples in both).
+TEST(LrScheduler, FromConfigSampleBased) {
+  Config c;
+  c.training.train_iters = 0;  // derived (the default 100 would be a second length)
+  c.training.train_samples = 1000;
+  c.training.micro_batch_size = 2;
+  c.training.global_batch_size = 8;
+  c.optimizer.lr = 1e-3f;
+  c.optimizer.min_lr = 1e-4f;
+  c.optimizer.lr_warmup_samples = 30;
+  c.optimizer.lr_decay_style = LrDecayStyle::Linear;
+  c.finalize();
+  c.validate();
+  c.apply_world_size(1);
+  EXPECT_EQ(c.training.train_iters, 125);
+  OptimizerParamScheduler s = OptimizerParamScheduler::from_config(c);
+  EXPECT_DOUBLE_EQ(s.options().warmup_steps, 30.0);
+  EXPECT_DOUBLE_EQ(s.options().decay_steps, 1000.0);
+  const double lr = static_cast<double>(1e-3f), min_lr = static_cast<double>(1e-4f);
+  EXPECT_DOUBLE_EQ(s.lr_at(24), lr * 24.0 / 30.0);  // iteration 4 still warms up
+  EXPECT_DOUBLE_EQ(s.lr_at(32), min_lr + (lr - min_lr) * (1.0 - 2.0 / 970.0));
+  c.optimizer.lr_warmup_samples = 0;
+  c.optimizer.lr_warmup_fraction = 0.05f;  // of the decay samples
+  EXPECT_NEAR(OptimizerParamScheduler::from_config(c).options().warmup_steps, 50.0, 1e-4);
+
+  for (const LrDecayStyle style : {LrDecayStyle::Cosine, LrDecayStyle::WSD, LrDecayStyle::InverseSquareRoot}) {
+    Config it, sa;
+    for (Config* k : {&it, &sa}) {
+      k->training.micro_batch_size = 2;
+      k->training.global_batch_size = 8;
+      k->optimizer.lr = 1e-3f;
+      k->optimizer.min_lr = 1e-5f;
+      k->optimizer.lr_decay_style = style;
+    }
+    it.training.train_iters = 50;
+    it.optimizer.lr_warmup_iters = 5;
+    it.optimizer.lr_decay_iters = 40;
+    it.optimizer.lr_wsd_decay_iters = style == LrDecayStyle::WSD ? 10 : 0;
+    sa.training.train_iters = 0;
+    sa.training.train_samples = 400;
+    sa.optimizer.lr_warmup_samples = 40;
+    sa.optimizer.lr_decay_samples = 320;
+    sa.optimizer.lr_wsd_decay_samples = style == LrDecayStyle::WSD ? 80 : 0;
+    for (Config* k : {&it, &sa}) {
+      k->finalize();
+      k->validate();
+      k->apply_world_size(1);
+    }
+    EXPECT_EQ(sa.training.train_iters, it.training.train_iters);
+    const OptimizerParamScheduler a = OptimizerParamScheduler::from_config(it);
+    const OptimizerParamScheduler b = OptimizerParamScheduler::from_config(sa);
+    for (int64_t n = 0; n <= 400; n += 8) EXPECT_EQ(a.lr_at(n), b.lr_at(n)) << "step " << n;
+  }
+}
+
 TEST(LrScheduler, StateDictRoundTripAndMismatch) {
   LrSchedulerOptions o;
   o.max_lr = 1e-3;

@@ -174,7 +174,7 @@ data_path = ["from_file"]
     EXPECT_EQ(c.data.data_path, std::vector<std::string>{"from_flag"});
     // --lr-warmup-fraction on the line replaces the file's lr_warmup_iters (Megatron takes one of them)
     EXPECT_EQ(c.optimizer.lr_warmup_iters, 0);
-    EXPECT_DOUBLE_EQ(c.optimizer.warmup_iters(), 0.1f * 300.0);
+    EXPECT_DOUBLE_EQ(c.optimizer.lengths(false, 1).warmup, 0.1f * 300.0);
   }
 }
 
@@ -334,6 +334,54 @@ TEST(Arguments, MegatronStyleListing) {
   // sorted by name
   EXPECT_LT(s.find("  adam_beta1 "), s.find("  hidden_size "));
   EXPECT_LT(s.find("  hidden_size "), s.find("  weight_decay "));
+}
+
+// Sample-based training (Megatron's --train-samples and --lr-*-samples): train_iters derived from the global batch,
+// the schedule in samples; Megatron's exclusivity rules as errors naming the fields; a flag overrides the recipe's
+// other key, both keys in one recipe are an error; the fields round-trip through the config JSON.
+TEST(Arguments, SampleBasedTraining) {
+  Config c = parse_train_args({"--train-samples", "1003", "--global-batch-size", "8", "--micro-batch-size", "2",
+                               "--lr-warmup-samples", "30", "--lr-decay-style", "WSD", "--lr-wsd-decay-samples",
+                               "200"});
+  EXPECT_EQ(c.training.train_samples, 1003);
+  EXPECT_EQ(c.training.train_iters, 0);           // derived once the global batch is known
+  EXPECT_EQ(c.optimizer.lr_decay_samples, 1003);  // default: train_samples
+  EXPECT_EQ(c.optimizer.lr_decay_iters, 0);
+  c.apply_world_size(2);
+  EXPECT_EQ(c.training.train_iters, 125);  // 1003 / 8: Megatron's update_train_iters
+  c.validate();                            // the derived train_iters is consistent
+  EXPECT_EQ(Config::from_json(c.to_json()).to_json(), c.to_json());
+  Config too_few = parse_train_args({"--train-samples", "7", "--global-batch-size", "8", "--micro-batch-size", "2"});
+  try {
+    too_few.apply_world_size(1);
+    FAIL() << "expected mcpp::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train_samples (7) is smaller than global_batch_size (8)"),
+              std::string::npos) << e.what();
+  }
+  expect_error_names({"--train-iters", "10", "--train-samples", "80"}, "--train-samples");
+  expect_error_names({"--train-samples", "80", "--lr-decay-iters", "5"}, "lr_decay_iters");
+  expect_error_names({"--train-samples", "80", "--lr-warmup-iters", "2"}, "lr_warmup_iters");
+  expect_error_names({"--train-samples", "80", "--lr-warmup-samples", "80"}, "lr_warmup_samples");
+  expect_error_names({"--train-samples", "80", "--lr-warmup-samples", "8", "--lr-warmup-fraction", "0.1"},
+                     "lr_warmup_samples");
+  expect_error_names({"--train-samples", "80", "--lr-decay-style", "WSD"}, "lr_wsd_decay_samples");
+  expect_error_names({"--train-iters", "10", "--lr-decay-samples", "80"}, "lr_decay_samples");
+  expect_error_names({"--lr-warmup-samples", "8"}, "lr_warmup_samples");  // iteration-based (the default)
+  expect_error_names({"--train-samples", "-8"}, "train_samples");
+  // recipes: both keys -> error naming the file; a flag overrides the file's other key
+  const std::string both = write_toml("both.toml", "[training]\ntrain_iters = 10\ntrain_samples = 80\n");
+  expect_error_names({"--config", both}, "both.toml: train_iters and train_samples");
+  const std::string iters = write_toml("iters.toml", "[training]\ntrain_iters = 10\n");
+  Config to_samples = parse_train_args({"--config", iters, "--train-samples", "64"});
+  EXPECT_EQ(to_samples.training.train_samples, 64);
+  EXPECT_EQ(to_samples.training.train_iters, 0);
+  const std::string samples = write_toml("samples.toml", "[training]\ntrain_samples = 80\n");
+  Config to_iters = parse_train_args({"--config", samples, "--train-iters", "6"});
+  EXPECT_EQ(to_iters.training.train_samples, 0);
+  EXPECT_EQ(to_iters.training.train_iters, 6);
+  EXPECT_EQ(to_iters.optimizer.lr_decay_iters, 6);
+  EXPECT_EQ(parse_train_args({"--config", samples}).training.train_samples, 80);
 }
 
 }  // namespace

@@ -28,17 +28,18 @@ OptimizerParamScheduler OptimizerParamScheduler::from_config(const Config& cfg) 
   const OptimizerConfig& o = cfg.optimizer;
   const double gbs = static_cast<double>(cfg.training.global_batch_size);
   if (!(gbs > 0)) fail("lr scheduler: global_batch_size is not known yet (call Config::apply_world_size)");
-  if (o.lr_decay_iters <= 0) fail("lr scheduler: lr_decay_iters must be positive (call Config::finalize)");
+  const bool samples = cfg.training.train_samples > 0;
+  if ((samples ? o.lr_decay_samples : o.lr_decay_iters) <= 0)
+    fail("lr scheduler: lr_decay_{} must be positive (call Config::finalize)", samples ? "samples" : "iters");
+  const OptimizerConfig::Lengths len = o.lengths(samples, cfg.training.global_batch_size);
   LrSchedulerOptions s;
   s.max_lr = o.lr;
   s.min_lr = o.min_lr;
   s.init_lr = o.lr_warmup_init;
-  s.decay_steps = static_cast<double>(o.lr_decay_iters) * gbs;
-  // Megatron: lr_warmup_fraction * lr_decay_steps, else lr_warmup_iters * global_batch_size.
-  s.warmup_steps = o.lr_warmup_fraction > 0.0f ? static_cast<double>(o.lr_warmup_fraction) * s.decay_steps
-                                               : static_cast<double>(o.lr_warmup_iters) * gbs;
+  s.decay_steps = len.decay;
+  s.warmup_steps = len.warmup;
   s.decay_style = o.lr_decay_style;
-  s.wsd_decay_steps = static_cast<double>(o.lr_wsd_decay_iters) * gbs;
+  s.wsd_decay_steps = len.wsd;
   s.wsd_decay_style = o.lr_wsd_decay_style;
   return OptimizerParamScheduler(s);
 }

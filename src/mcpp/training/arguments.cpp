@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <toml++/toml.h>
 #include <utility>
 
@@ -35,7 +36,7 @@ nlohmann::json toml_to_json(const toml::node& node, const std::string& path, con
 }
 }  // namespace
 
-void load_toml_config(const std::string& path, Config& cfg) {
+std::set<std::string> load_toml_config(const std::string& path, Config& cfg) {
   toml::table tbl;
   try {
     tbl = toml::parse_file(path);
@@ -58,6 +59,10 @@ void load_toml_config(const std::string& path, Config& cfg) {
   } catch (const Error& e) {
     fail("{}: {}", path, e.what());
   }
+  std::set<std::string> training_keys;
+  if (j.contains("training") && j["training"].is_object())
+    for (const auto& [key, value] : j["training"].items()) training_keys.insert(key);
+  return training_keys;
 }
 
 std::string find_config_flag(const std::vector<std::string>& args) {
@@ -185,6 +190,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--micro-batch-size", t.micro_batch_size);
   app.add_option("--global-batch-size", t.global_batch_size);
   app.add_option("--train-iters", t.train_iters);
+  app.add_option("--train-samples", t.train_samples,
+                 "sample-based training: train_samples / global_batch_size iterations (exclusive with --train-iters)");
   app.add_option("--seed", t.seed);
   app.add_option("--log-interval", t.log_interval);
   app.add_option("--eval-interval", t.eval_interval);
@@ -225,6 +232,9 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
       "constant|linear|cosine|inverse-square-root|WSD");
   app.add_option("--lr-wsd-decay-iters", o.lr_wsd_decay_iters);
   app.add_option("--lr-wsd-decay-style", o.lr_wsd_decay_style, "exponential|linear|cosine|minus_sqrt");
+  app.add_option("--lr-warmup-samples", o.lr_warmup_samples, "with --train-samples");
+  app.add_option("--lr-decay-samples", o.lr_decay_samples, "with --train-samples (default: train_samples)");
+  app.add_option("--lr-wsd-decay-samples", o.lr_wsd_decay_samples, "with --train-samples");
   app.add_option("--weight-decay", o.weight_decay);
   app.add_option("--adam-beta1", o.adam_beta1);
   app.add_option("--adam-beta2", o.adam_beta2);
@@ -295,7 +305,8 @@ void use_checkpoint_args(Config& cfg) {
 Config parse_train_args(const std::vector<std::string>& args) {
   Config cfg;
   std::string config_file = find_config_flag(args);
-  if (!config_file.empty()) load_toml_config(config_file, cfg);
+  std::set<std::string> file_training;
+  if (!config_file.empty()) file_training = load_toml_config(config_file, cfg);
   CLI::App app{"mcpp train"};
   app.allow_extras(false);
   // A flag given twice takes its last value, as Megatron-LM's argparse does (scripts append overrides).
@@ -312,6 +323,18 @@ Config parse_train_args(const std::vector<std::string>& args) {
   // vice versa): the flag that is given wins (Megatron accepts only one of the two).
   if (app.count("--lr-warmup-fraction") && !app.count("--lr-warmup-iters")) cfg.optimizer.lr_warmup_iters = 0;
   if (app.count("--lr-warmup-iters") && !app.count("--lr-warmup-fraction")) cfg.optimizer.lr_warmup_fraction = 0;
+  // Iteration- or sample-based training (Megatron accepts one): a flag overrides the file's other key; both flags, or
+  // both keys in the file, are an error. Sample-based, train_iters is derived (Config::apply_world_size).
+  const bool iters_flag = app.count("--train-iters") > 0, samples_flag = app.count("--train-samples") > 0;
+  if (iters_flag && samples_flag)
+    fail("--train-iters and --train-samples are both given; give one (iteration- or sample-based training)");
+  if (iters_flag) cfg.training.train_samples = 0;
+  if (cfg.training.train_samples > 0) {
+    if (!samples_flag && file_training.count("train_iters"))
+      fail("{}: train_iters and train_samples are both set; give one (iteration- or sample-based training)",
+           config_file);
+    cfg.training.train_iters = 0;
+  }
   if (cfg.training.use_checkpoint_args) use_checkpoint_args(cfg);
   cfg.finalize();
   cfg.validate();

@@ -17,6 +17,7 @@
 // combinations are mcpp::Error with one line naming the field. The CLI prints either as "error: ..."
 // and exits with 2.
 #pragma once
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,9 @@ Config parse_train_args(const std::vector<std::string>& args);
 // Lower level pieces, for commands that add their own flags (generate, forward):
 // registers every training flag on `app`, writing into `cfg` (only flags that are given write).
 void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file);
-// Reads a TOML recipe into `cfg` (keys present override, others stay). Errors name the file.
-void load_toml_config(const std::string& path, Config& cfg);
+// Reads a TOML recipe into `cfg` (keys present override, others stay). Errors name the file. Returns the keys of the
+// file's [training] table (parse_train_args resolves train_iters against train_samples with them).
+std::set<std::string> load_toml_config(const std::string& path, Config& cfg);
 // The `--config FILE` value in args (also --config=FILE), or "" when absent.
 std::string find_config_flag(const std::vector<std::string>& args);
 

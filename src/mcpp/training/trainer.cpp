@@ -98,7 +98,9 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   // Before anything is allocated: a plan above the GPU's memory would run out of it minutes later.
   if (device_ == Device::CUDA)
     tools::require_fits(config_, *memory_plan_, pc_.pp_rank(), static_cast<double>(cuda_total_memory_bytes()));
-  train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, t.train_iters * gbs, eod_token));
+  // Megatron's train_val_test_num_samples: train_samples when sample-based (its last, partial batch never trained)
+  const int64_t train_samples = t.train_samples > 0 ? t.train_samples : t.train_iters * gbs;
+  train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, train_samples, eod_token));
   if (t.eval_iters > 0 && t.eval_interval > 0) {
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;
     valid_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 1, eval_samples, eod_token));

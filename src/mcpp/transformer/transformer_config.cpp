@@ -292,7 +292,14 @@ void TrainingConfig::validate() const {
   require_non_negative(global_batch_size, "global_batch_size");
   if (global_batch_size % micro_batch_size != 0)
     fail("global_batch_size ({}) must be divisible by micro_batch_size ({})", global_batch_size, micro_batch_size);
-  require_positive(train_iters, "train_iters");
+  require_non_negative(train_samples, "train_samples");
+  if (train_samples == 0) {
+    require_positive(train_iters, "train_iters");
+  } else if (train_iters != 0 && (global_batch_size == 0 || train_iters != train_samples / global_batch_size)) {
+    // (a derived train_iters, train_samples / global_batch_size, is consistent)
+    fail("train_iters ({}) and train_samples ({}) are both set; give one (iteration- or sample-based training)",
+         train_iters, train_samples);
+  }
   require_non_negative(seed, "seed");
   require_positive(log_interval, "log_interval");
   require_positive(eval_interval, "eval_interval");
@@ -313,9 +320,14 @@ void TrainingConfig::validate() const {
          "not run; use one or the other");
 }
 
-double OptimizerConfig::warmup_iters() const {
-  return lr_warmup_fraction > 0.0f ? static_cast<double>(lr_warmup_fraction) * static_cast<double>(lr_decay_iters)
-                                   : static_cast<double>(lr_warmup_iters);
+OptimizerConfig::Lengths OptimizerConfig::lengths(bool sample_based, int64_t global_batch_size) const {
+  const double unit = sample_based ? 1.0 : static_cast<double>(global_batch_size);
+  const double decay = static_cast<double>(sample_based ? lr_decay_samples : lr_decay_iters) * unit;
+  // Megatron: lr_warmup_fraction * lr_decay_steps, else lr_warmup_iters * global_batch_size (or lr_warmup_samples)
+  const double warmup = lr_warmup_fraction > 0.0f
+                            ? static_cast<double>(lr_warmup_fraction) * decay
+                            : static_cast<double>(sample_based ? lr_warmup_samples : lr_warmup_iters) * unit;
+  return {warmup, decay, static_cast<double>(sample_based ? lr_wsd_decay_samples : lr_wsd_decay_iters) * unit};
 }
 
 void OptimizerConfig::validate() const {
@@ -326,19 +338,18 @@ void OptimizerConfig::validate() const {
   if (!(lr_warmup_init >= 0.0f && lr_warmup_init <= lr))
     fail("lr_warmup_init ({}) must be in [0, lr = {}]", lr_warmup_init, lr);
   require_non_negative(lr_warmup_iters, "lr_warmup_iters");
+  require_non_negative(lr_warmup_samples, "lr_warmup_samples");
+  require_non_negative(lr_decay_samples, "lr_decay_samples");
+  require_non_negative(lr_wsd_decay_samples, "lr_wsd_decay_samples");
   if (!(lr_warmup_fraction >= 0.0f && lr_warmup_fraction <= 1.0f))
     fail("lr_warmup_fraction must be in [0, 1], got {}", lr_warmup_fraction);
   if (lr_warmup_fraction > 0.0f && lr_warmup_iters > 0)
     fail("lr_warmup_fraction ({}) and lr_warmup_iters ({}) are both set; give one", lr_warmup_fraction,
          lr_warmup_iters);
-  require_positive(lr_decay_iters, "lr_decay_iters");
-  if (warmup_iters() >= static_cast<double>(lr_decay_iters))
-    fail("lr_warmup_iters ({}) must be smaller than lr_decay_iters ({})", warmup_iters(), lr_decay_iters);
-  if (lr_decay_style == LrDecayStyle::WSD) {
-    if (lr_wsd_decay_iters <= 0 || lr_wsd_decay_iters > lr_decay_iters)
-      fail("lr_wsd_decay_iters ({}) must be in [1, lr_decay_iters = {}] with lr_decay_style WSD", lr_wsd_decay_iters,
-           lr_decay_iters);
-  }
+  if (lr_warmup_fraction > 0.0f && lr_warmup_samples > 0)
+    fail("lr_warmup_fraction ({}) and lr_warmup_samples ({}) are both set; give one", lr_warmup_fraction,
+         lr_warmup_samples);
+  // the lengths themselves: Config::validate, which knows the unit (iterations or samples)
   if (lr_wsd_decay_style != "exponential" && lr_wsd_decay_style != "linear" && lr_wsd_decay_style != "cosine" &&
       lr_wsd_decay_style != "minus_sqrt")
     fail("lr_wsd_decay_style: unknown value '{}' (expected exponential|linear|cosine|minus_sqrt)",
@@ -385,7 +396,11 @@ void DataConfig::validate() const {
 // ---------------------------------------------------------------- Config
 void Config::finalize() {
   model.finalize();
-  if (optimizer.lr_decay_iters == 0) optimizer.lr_decay_iters = training.train_iters;
+  if (training.train_samples > 0) {
+    if (optimizer.lr_decay_samples == 0) optimizer.lr_decay_samples = training.train_samples;
+  } else if (optimizer.lr_decay_iters == 0) {
+    optimizer.lr_decay_iters = training.train_iters;
+  }
   if (parallel.tensor_model_parallel_size == 1) parallel.sequence_parallel = parallel.tp_comm_overlap = false;
 }
 
@@ -395,6 +410,7 @@ void Config::validate() const {
   training.validate();
   optimizer.validate();
   data.validate();
+  validate_lr_schedule();
   const int64_t tp = parallel.tensor_model_parallel_size, pp = parallel.pipeline_model_parallel_size;
   const int64_t cp = parallel.context_parallel_size;
   if (model.num_attention_heads % tp != 0)
@@ -464,6 +480,31 @@ void Config::validate_for_training() const {
   if (data.data_path.empty()) fail("data_path: training needs --data-path");
 }
 
+void Config::validate_lr_schedule() const {
+  const OptimizerConfig& o = optimizer;
+  const bool samples = training.train_samples > 0;
+  // Megatron's rule: the schedule's lengths in the training's unit only
+  const auto other = samples ? std::vector<std::pair<const char*, int64_t>>{{"lr_warmup_iters", o.lr_warmup_iters},
+                                                                            {"lr_decay_iters", o.lr_decay_iters},
+                                                                            {"lr_wsd_decay_iters", o.lr_wsd_decay_iters}}
+                             : std::vector<std::pair<const char*, int64_t>>{{"lr_warmup_samples", o.lr_warmup_samples},
+                                                                            {"lr_decay_samples", o.lr_decay_samples},
+                                                                            {"lr_wsd_decay_samples",
+                                                                             o.lr_wsd_decay_samples}};
+  for (const auto& [name, value] : other)
+    if (value != 0)
+      fail("{} ({}) is set with {}-based training; give the schedule in {} (--lr-*-{})", name, value,
+           samples ? "sample" : "iteration", samples ? "samples" : "iterations", samples ? "samples" : "iters");
+  const char* unit = samples ? "samples" : "iters";
+  const int64_t decay = samples ? o.lr_decay_samples : o.lr_decay_iters;
+  if (decay <= 0) fail("lr_decay_{} must be positive, got {}", unit, decay);
+  const OptimizerConfig::Lengths len = o.lengths(samples, 1);  // in the training's unit (iterations or samples)
+  if (len.warmup >= len.decay)
+    fail("lr_warmup_{} ({}) must be smaller than lr_decay_{} ({})", unit, len.warmup, unit, decay);
+  if (o.lr_decay_style == LrDecayStyle::WSD && (len.wsd <= 0.0 || len.wsd > len.decay))
+    fail("lr_wsd_decay_{} ({}) must be in [1, lr_decay_{} = {}] with lr_decay_style WSD", unit, len.wsd, unit, decay);
+}
+
 void Config::apply_world_size(int64_t world_size) {
   const int64_t mp = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size *
                      parallel.context_parallel_size;
@@ -476,6 +517,12 @@ void Config::apply_world_size(int64_t world_size) {
   if (training.global_batch_size % (training.micro_batch_size * parallel.data_parallel_size) != 0)
     fail("global_batch_size ({}) must be divisible by micro_batch_size * data_parallel_size ({} * {})",
          training.global_batch_size, training.micro_batch_size, parallel.data_parallel_size);
+  if (training.train_samples > 0) {  // Megatron's update_train_iters (no batch-size ramp-up)
+    training.train_iters = training.train_samples / training.global_batch_size;
+    if (training.train_iters == 0)
+      fail("train_samples ({}) is smaller than global_batch_size ({}): not one iteration", training.train_samples,
+           training.global_batch_size);
+  }
 }
 
 int64_t Config::num_microbatches() const {
@@ -576,6 +623,7 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("micro_batch_size", t.micro_batch_size);
   v("global_batch_size", t.global_batch_size);
   v("train_iters", t.train_iters);
+  v("train_samples", t.train_samples);
   v("seed", t.seed);
   v("log_interval", t.log_interval);
   v("eval_interval", t.eval_interval);
@@ -612,6 +660,9 @@ template <class O, class V> void visit_optimizer(O& o, V&& v) {
   v("lr_decay_style", o.lr_decay_style);
   v("lr_wsd_decay_iters", o.lr_wsd_decay_iters);
   v("lr_wsd_decay_style", o.lr_wsd_decay_style);
+  v("lr_warmup_samples", o.lr_warmup_samples);
+  v("lr_decay_samples", o.lr_decay_samples);
+  v("lr_wsd_decay_samples", o.lr_wsd_decay_samples);
   v("weight_decay", o.weight_decay);
   v("adam_beta1", o.adam_beta1);
   v("adam_beta2", o.adam_beta2);

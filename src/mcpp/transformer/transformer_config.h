@@ -246,6 +246,10 @@ struct TrainingConfig {
   int64_t micro_batch_size = 4;
   int64_t global_batch_size = 0;  // 0 -> micro_batch_size * dp (Config::apply_world_size)
   int64_t train_iters = 100;
+  // Sample-based training (Megatron's --train-samples; exclusive with --train-iters): train_iters is then derived,
+  // train_samples / global_batch_size (Config::apply_world_size; 0 until then), and the LR schedule's lengths are
+  // OptimizerConfig's *_samples.
+  int64_t train_samples = 0;
   int64_t seed = 1234;
   int64_t log_interval = 10;
   int64_t eval_interval = 1000;
@@ -288,14 +292,23 @@ struct OptimizerConfig {
   int64_t lr_decay_iters = 0;       // 0 -> train_iters (Config::finalize)
   LrDecayStyle lr_decay_style = LrDecayStyle::Linear;
   int64_t lr_wsd_decay_iters = 0;   // WSD: length of the final anneal (required with WSD)
+  // The same lengths in samples, for sample-based training (TrainingConfig::train_samples; Megatron's
+  // --lr-warmup-samples / --lr-decay-samples / --lr-wsd-decay-samples); lr_decay_samples 0 -> train_samples.
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_decay_samples = 0;
+  int64_t lr_wsd_decay_samples = 0;
   std::string lr_wsd_decay_style = "exponential";  // exponential | linear | cosine | minus_sqrt
   float weight_decay = 0.01f;
   float adam_beta1 = 0.9f;
   float adam_beta2 = 0.999f;
   float adam_eps = 1e-8f;
   float clip_grad = 1.0f;  // 0 disables
-  // Warmup length in iterations, possibly fractional (Megatron: fraction * decay steps).
-  double warmup_iters() const;
+  // The schedule's lengths in Megatron's steps (samples): iteration-based, the *_iters times global_batch_size;
+  // sample-based, the *_samples. Warmup may be fractional (lr_warmup_fraction * decay).
+  struct Lengths {
+    double warmup, decay, wsd;
+  };
+  Lengths lengths(bool sample_based, int64_t global_batch_size) const;
   void validate() const;
 };
 
@@ -317,13 +330,16 @@ struct Config {
   TrainingConfig training;
   OptimizerConfig optimizer;
   DataConfig data;
-  void finalize();        // model.finalize + lr_decay_iters default + sequence_parallel at tp == 1
+  void finalize();        // model.finalize + lr_decay_iters / _samples default + sequence_parallel at tp == 1
   void validate() const;  // each struct's validate + cross-struct rules
   // What only training needs (a data path); separate so forward/generate can use a model-only config.
   void validate_for_training() const;
   // Sets parallel.data_parallel_size = world / (tp * pp * cp), fills the global batch default and
-  // checks global_batch_size % (micro_batch_size * dp) == 0. Throws naming the field.
+  // checks global_batch_size % (micro_batch_size * dp) == 0; sample-based, sets train_iters = train_samples /
+  // global_batch_size (Megatron's update_train_iters). Throws naming the field.
   void apply_world_size(int64_t world_size);
+  // The LR schedule's lengths in the training's unit (Megatron's iteration- / sample-based rules); part of validate.
+  void validate_lr_schedule() const;
   int64_t num_microbatches() const;  // global / (micro * dp); needs apply_world_size
 
   // JSON of everything (stored in checkpoints, printed by --print-config). from_json starts from the

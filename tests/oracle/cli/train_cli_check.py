@@ -8,7 +8,9 @@ usage: train_cli_check.py MCPP WORKDIR
      checkpoint's own safetensors data (independent reader) for the GPT-2 style model;
   4. `mcpp generate` prints the prompt plus text; greedy output is deterministic;
   5. bad inputs exit 2 with one 'error:' line: missing checkpoint, bad token file, bf16 on CPU,
-     corrupted checkpoint tensor.
+     corrupted checkpoint tensor;
+  6. sample-based training (--train-samples, --lr-warmup-samples): the iteration count, each iteration's learning
+     rate against Megatron's schedule in samples, resume, and --train-iters with it as an error.
 """
 import json
 import os
@@ -64,6 +66,37 @@ run("train", *model, "--load", part, "--save", part)
 a, b = losses(os.path.join(straight, "metrics.jsonl")), losses(os.path.join(part, "metrics.jsonl"))
 if not a or any(a[i] != b.get(i) for i in (7, 8)):
     failures.append(f"resume: losses differ: straight {a} vs resumed {b}")
+
+# sample-based training (--train-samples 30 at a global batch of 4: 7 iterations, Megatron's train_samples //
+# global_batch_size), the schedule in samples (a warmup of 6 samples = 1.5 batches, linear decay over the 30): each
+# iteration's logged learning rate is Megatron's at the samples consumed before it; a run stopped at 4 and resumed
+# equals the straight one
+def records(path, key):
+    return {r["iteration"]: r[key] for r in map(json.loads, open(path)) if r.get("event") == "train"}
+
+
+base = [a for a in model]
+for flag in ("--train-iters", "--lr-warmup-iters", "--lr-decay-style"):
+    i = base.index(flag)
+    del base[i:i + 2]
+sample_flags = [*base, "--train-samples", "30", "--lr-warmup-samples", "6", "--lr-decay-style", "linear",
+                "--min-lr", "1e-4"]
+s_dir = os.path.join(WORK, "samples")
+run("train", *sample_flags, "--save", s_dir)
+lrs = records(os.path.join(s_dir, "metrics.jsonl"), "learning_rate")
+want = {}
+for k in range(1, 8):
+    n = (k - 1) * 4  # samples consumed before iteration k
+    want[k] = 1e-3 * n / 6 if n <= 6 else 1e-4 + (1e-3 - 1e-4) * (1 - (n - 6) / (30 - 6))
+if sorted(lrs) != list(range(1, 8)) or any(abs(lrs[k] - want[k]) > 1e-9 + 1e-6 * want[k] for k in want):
+    failures.append(f"--train-samples: learning rates {lrs} vs Megatron's {want}")
+s_part = os.path.join(WORK, "samples_part")
+run("train", *sample_flags, "--exit-interval", "4", "--save", s_part)
+run("train", *sample_flags, "--load", s_part, "--save", s_part)
+a, b = losses(os.path.join(s_dir, "metrics.jsonl")), losses(os.path.join(s_part, "metrics.jsonl"))
+if sorted(a) != list(range(1, 8)) or any(a[i] != b.get(i) for i in (5, 6, 7)):
+    failures.append(f"--train-samples resume: losses differ: straight {a} vs resumed {b}")
+check_error(["train", *sample_flags, "--train-iters", "5"], "--train-iters and --train-samples")
 
 # forward vs an independent float64 torch computation from the checkpoint's safetensors bytes.
 tokens = os.path.join(WORK, "tokens.txt")
