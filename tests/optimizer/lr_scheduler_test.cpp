@@ -125,7 +125,6 @@ TEST(LrScheduler, FromConfigUsesMegatronSampleUnits) {
 // step (Megatron counts samples in both).
 TEST(LrScheduler, FromConfigSampleBased) {
   Config c;
-  c.training.train_iters = 0;  // derived (the default 100 would be a second length)
   c.training.train_samples = 1000;
   c.training.micro_batch_size = 2;
   c.training.global_batch_size = 8;
@@ -160,7 +159,6 @@ TEST(LrScheduler, FromConfigSampleBased) {
     it.optimizer.lr_warmup_iters = 5;
     it.optimizer.lr_decay_iters = 40;
     it.optimizer.lr_wsd_decay_iters = style == LrDecayStyle::WSD ? 10 : 0;
-    sa.training.train_iters = 0;
     sa.training.train_samples = 400;
     sa.optimizer.lr_warmup_samples = 40;
     sa.optimizer.lr_decay_samples = 320;

@@ -384,5 +384,52 @@ TEST(Arguments, SampleBasedTraining) {
   EXPECT_EQ(parse_train_args({"--config", samples}).training.train_samples, 80);
 }
 
+// --rampup-batch-size START INCREMENT SAMPLES (Megatron's RampupBatchsizeNumMicroBatchesCalculator and
+// update_train_iters): the batch of each step from the samples consumed before it, the iteration count, and the
+// calculator's asserts as named errors.
+TEST(Arguments, RampupBatchSize) {
+  Config c = parse_train_args({"--train-samples", "30", "--global-batch-size", "6", "--micro-batch-size", "1",
+                               "--rampup-batch-size", "2", "2", "8"});
+  EXPECT_EQ(c.training.rampup_batch_size, (std::vector<int64_t>{2, 2, 8}));
+  c.apply_world_size(2);
+  // 8 samples / 2 increments = 4 samples per increment: 0 -> 2, 2 -> 2, 4 -> 4, 8 -> 6 (consumed == 8 still ramps),
+  // then 6; iterations: 0, 2, 4, 8 while consumed <= 8 (4), then (30 - 14) / 6 = 2 whole batches
+  const std::vector<std::pair<int64_t, int64_t>> at = {{0, 2}, {2, 2}, {3, 2}, {4, 4}, {7, 4}, {8, 6}, {9, 6},
+                                                       {14, 6}, {1000, 6}};
+  for (const auto& [consumed, batch] : at) EXPECT_EQ(c.global_batch_size_at(consumed), batch) << consumed;
+  EXPECT_EQ(c.num_microbatches_at(4), 2);  // 4 / (1 * dp 2)
+  EXPECT_EQ(c.num_microbatches_at(20), 3);
+  EXPECT_EQ(c.training.train_iters, 6);
+  c.validate();
+  EXPECT_EQ(Config::from_json(c.to_json()).training.rampup_batch_size, c.training.rampup_batch_size);
+
+  auto apply_error = [](std::vector<std::string> args, int64_t world, const std::string& needle) {
+    Config k = parse_train_args(args);
+    try {
+      k.apply_world_size(world);
+      ADD_FAILURE() << "expected an error naming " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const std::vector<std::string> base = {"--train-samples", "30", "--global-batch-size", "6", "--micro-batch-size",
+                                         "1", "--rampup-batch-size"};
+  auto with = [&](std::vector<std::string> ramp) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), ramp.begin(), ramp.end());
+    return a;
+  };
+  apply_error(with({"6", "2", "8"}), 1, "start (6) must be smaller than global_batch_size (6)");
+  apply_error(with({"2", "3", "8"}), 1, "must be a multiple of the increment (3)");
+  apply_error(with({"1", "1", "8"}), 2, "multiples of micro_batch_size * data_parallel_size (1 * 2)");
+  std::vector<std::string> graph = with({"2", "2", "8"});
+  graph.insert(graph.end(), {"--enable-cuda-graph", "--device", "cuda"});
+  apply_error(graph, 1, "--enable-cuda-graph");
+  expect_error_names({"--rampup-batch-size", "2", "2", "8"}, "--train-samples");
+  expect_error_names(with({"2", "0", "8"}), "rampup_batch_size");
+  expect_error_names(with({"2", "2", "0"}), "rampup_batch_size");
+  EXPECT_THROW(parse_train_args(with({"2", "2"})), std::exception);  // three values
+}
+
 }  // namespace
 }  // namespace mcpp

@@ -190,6 +190,10 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--micro-batch-size", t.micro_batch_size);
   app.add_option("--global-batch-size", t.global_batch_size);
   app.add_option("--train-iters", t.train_iters);
+  app.add_option("--rampup-batch-size", t.rampup_batch_size,
+                 "START INCREMENT SAMPLES: grow the global batch from START by INCREMENT over SAMPLES (with "
+                 "--train-samples)")
+      ->expected(3);
   app.add_option("--train-samples", t.train_samples,
                  "sample-based training: train_samples / global_batch_size iterations (exclusive with --train-iters)");
   app.add_option("--seed", t.seed);

@@ -274,8 +274,8 @@ std::vector<DistributedDataParallel*> Trainer::all_ddps() const {
   return out;
 }
 
-Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only) {
-  const int64_t num_micro = config_.num_microbatches();
+Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only,
+                                            int64_t num_micro) {
   pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = pc_.pp_size(),
                                         .pipeline_model_parallel_rank = pc_.pp_rank(),
                                         .num_microbatches = num_micro,
@@ -325,7 +325,8 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
 
 Trainer::StepLoss Trainer::forward_backward(const GPTDataset& ds, int64_t first) {
   for (DistributedDataParallel* ddp : all_ddps()) ddp->zero_grad();
-  const StepLoss step = run_microbatches(ds, first, /*forward_only=*/false);
+  // (a --rampup-batch-size ramp: this step's microbatches, from the samples consumed before it)
+  const StepLoss step = run_microbatches(ds, first, /*forward_only=*/false, config_.num_microbatches_at(first));
   const TraceRange sync_range("grad sync");
   for (DistributedDataParallel* ddp : all_ddps())
     ddp->finish_grad_sync();  // average over DP (owned shards with the distributed optimizer)
@@ -431,8 +432,9 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
     if (dist_optimizer_) dist_optimizer_->step(lr, coef);
     else optimizer_->step(lr, coef);
   }
-  scheduler_->step(config_.training.global_batch_size);
-  state_.consumed_train_samples += config_.training.global_batch_size;
+  const int64_t batch = config_.global_batch_size_at(state_.consumed_train_samples);  // this step's (ramp-up)
+  scheduler_->step(batch);
+  state_.consumed_train_samples += batch;
   const double mean = per_token ? loss : dp_mean(loss);
   if (timeline_) timeline_->end_step();  // the step's collectives, the loss reduction included
   return mean;
@@ -444,7 +446,8 @@ double Trainer::evaluate(int64_t iteration) {
   const auto& t = config_.training;
   double loss_sum = 0, tokens = 0;
   for (int64_t it = 0; it < t.eval_iters; ++it) {
-    StepLoss r = run_microbatches(*valid_ds_, state_.consumed_valid_samples, /*forward_only=*/true);
+    StepLoss r = run_microbatches(*valid_ds_, state_.consumed_valid_samples, /*forward_only=*/true,
+                                  config_.num_microbatches());  // whole global batches, ramp-up or not
     loss_sum += r.masked_loss_sum;
     tokens += r.num_tokens;
     state_.consumed_valid_samples += t.global_batch_size;
@@ -562,6 +565,7 @@ TrainSummary Trainer::train() {
   TrainSummary summary;
   int64_t iteration = state_.iteration;
   int64_t skipped_total = 0, nan_total = 0, iters_in_window = 0;
+  int64_t samples_at_window_start = state_.consumed_train_samples;  // tokens/s: a ramp-up's batches differ
   double loss_window = 0, grad_norm_last = 0;
   if (!t.timeline.empty()) {
     timeline_ = std::make_unique<timeline::TimelineRecorder>(pc_.rank(), pc_.pp_rank(), device_ == Device::CUDA);
@@ -570,6 +574,7 @@ TrainSummary Trainer::train() {
   auto window_start = Clock::now();
   while (iteration < t.train_iters) {
     const double lr = scheduler_->get_lr();
+    const int64_t batch = config_.global_batch_size_at(state_.consumed_train_samples);  // this step's
     double grad_norm = 0;
     bool skipped = false;
     const double loss = train_step(&grad_norm, &skipped);
@@ -589,10 +594,11 @@ TrainSummary Trainer::train() {
                         .train_iters = t.train_iters,
                         .consumed_samples = state_.consumed_train_samples,
                         .elapsed_ms_per_iter = 1000.0 * secs / static_cast<double>(iters_in_window),
-                        .tokens_per_sec = static_cast<double>(iters_in_window * t.global_batch_size *
+                        .tokens_per_sec = static_cast<double>((state_.consumed_train_samples -
+                                                               samples_at_window_start) *
                                                               config_.model.seq_length) / secs,
                         .learning_rate = lr,
-                        .global_batch_size = t.global_batch_size,
+                        .global_batch_size = batch,  // the last step's (a ramp-up grows it)
                         .lm_loss = loss_window / static_cast<double>(iters_in_window),
                         .grad_norm = grad_norm_last,
                         .skipped_iters = skipped_total,
@@ -611,6 +617,7 @@ TrainSummary Trainer::train() {
       }
       loss_window = 0;
       iters_in_window = 0;
+      samples_at_window_start = state_.consumed_train_samples;
       window_start = Clock::now();
     }
     if (t.eval_interval > 0 && iteration % t.eval_interval == 0 && valid_ds_) summary.last_valid_loss = evaluate(iteration);

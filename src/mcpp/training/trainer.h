@@ -93,7 +93,8 @@ class Trainer {
     double mean_loss = 0;  // mean over microbatches of each microbatch's mean loss (last stage)
     double masked_loss_sum = 0, num_tokens = 0;
   };
-  StepLoss run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only);
+  // num_micro: microbatches per DP rank of this global batch (a --rampup-batch-size ramp changes it).
+  StepLoss run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only, int64_t num_micro);
   // zero_grad + run_microbatches (training) + the DP grad sync: the region a CUDA graph captures.
   StepLoss forward_backward(const GPTDataset& ds, int64_t first);
   // --enable-cuda-graph: forward_backward on static inputs; eager warm-up, capture, then replays.

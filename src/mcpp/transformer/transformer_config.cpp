@@ -293,12 +293,16 @@ void TrainingConfig::validate() const {
   if (global_batch_size % micro_batch_size != 0)
     fail("global_batch_size ({}) must be divisible by micro_batch_size ({})", global_batch_size, micro_batch_size);
   require_non_negative(train_samples, "train_samples");
-  if (train_samples == 0) {
-    require_positive(train_iters, "train_iters");
-  } else if (train_iters != 0 && (global_batch_size == 0 || train_iters != train_samples / global_batch_size)) {
-    // (a derived train_iters, train_samples / global_batch_size, is consistent)
-    fail("train_iters ({}) and train_samples ({}) are both set; give one (iteration- or sample-based training)",
-         train_iters, train_samples);
+  // sample-based: train_iters is derived (Config::apply_world_size overwrites it; the flags and recipes refuse both)
+  if (train_samples == 0) require_positive(train_iters, "train_iters");
+  if (!rampup_batch_size.empty()) {
+    if (rampup_batch_size.size() != 3)
+      fail("rampup_batch_size takes 3 values (start, increment, ramp-up samples); got {}", rampup_batch_size.size());
+    if (rampup_batch_size[0] <= 0 || rampup_batch_size[1] <= 0 || rampup_batch_size[2] <= 0)
+      fail("rampup_batch_size: start ({}), increment ({}) and ramp-up samples ({}) must be positive",
+           rampup_batch_size[0], rampup_batch_size[1], rampup_batch_size[2]);
+    if (train_samples == 0)
+      fail("rampup_batch_size needs sample-based training (--train-samples; Megatron's rule)");
   }
   require_non_negative(seed, "seed");
   require_positive(log_interval, "log_interval");
@@ -517,12 +521,49 @@ void Config::apply_world_size(int64_t world_size) {
   if (training.global_batch_size % (training.micro_batch_size * parallel.data_parallel_size) != 0)
     fail("global_batch_size ({}) must be divisible by micro_batch_size * data_parallel_size ({} * {})",
          training.global_batch_size, training.micro_batch_size, parallel.data_parallel_size);
-  if (training.train_samples > 0) {  // Megatron's update_train_iters (no batch-size ramp-up)
-    training.train_iters = training.train_samples / training.global_batch_size;
+  const std::vector<int64_t>& ramp = training.rampup_batch_size;
+  if (!ramp.empty()) {  // Megatron's RampupBatchsizeNumMicroBatchesCalculator asserts, as errors
+    const int64_t mbs_dp = training.micro_batch_size * parallel.data_parallel_size;
+    if (ramp[0] >= training.global_batch_size)
+      fail("rampup_batch_size: start ({}) must be smaller than global_batch_size ({})", ramp[0],
+           training.global_batch_size);
+    if ((training.global_batch_size - ramp[0]) % ramp[1] != 0)
+      fail("rampup_batch_size: global_batch_size - start ({} - {}) must be a multiple of the increment ({})",
+           training.global_batch_size, ramp[0], ramp[1]);
+    if (ramp[0] % mbs_dp != 0 || ramp[1] % mbs_dp != 0)
+      fail("rampup_batch_size: start ({}) and increment ({}) must be multiples of micro_batch_size * "
+           "data_parallel_size ({} * {}): every batch of the ramp is whole microbatches on every DP rank", ramp[0],
+           ramp[1], training.micro_batch_size, parallel.data_parallel_size);
+    if (training.enable_cuda_graph)
+      fail("rampup_batch_size: the CUDA graph (--enable-cuda-graph) captures one microbatch count; not with a "
+           "batch-size ramp-up");
+  }
+  if (training.train_samples > 0) {  // Megatron's update_train_iters
+    int64_t iterations = 0, consumed = 0;
+    if (!ramp.empty())  // the ramp-up: batch by batch while consumed <= ramp-up samples
+      for (; consumed <= ramp[2] && consumed <= training.train_samples; ++iterations)
+        consumed += global_batch_size_at(consumed);
+    if (training.train_samples > consumed)  // then whole global batches (a partial last one is dropped)
+      iterations += (training.train_samples - consumed) / training.global_batch_size;
+    training.train_iters = iterations;
     if (training.train_iters == 0)
       fail("train_samples ({}) is smaller than global_batch_size ({}): not one iteration", training.train_samples,
            training.global_batch_size);
   }
+}
+
+int64_t Config::global_batch_size_at(int64_t consumed) const {
+  const std::vector<int64_t>& ramp = training.rampup_batch_size;
+  if (ramp.empty() || consumed > ramp[2]) return training.global_batch_size;
+  const auto increments = static_cast<double>((training.global_batch_size - ramp[0]) / ramp[1]);
+  const double per_increment = static_cast<double>(ramp[2]) / increments;  // samples per increment
+  const auto steps = static_cast<int64_t>(static_cast<double>(consumed) / per_increment);
+  return std::min(ramp[0] + steps * ramp[1], training.global_batch_size);
+}
+
+int64_t Config::num_microbatches_at(int64_t consumed) const {
+  num_microbatches();  // the same precondition (apply_world_size)
+  return global_batch_size_at(consumed) / (training.micro_batch_size * parallel.data_parallel_size);
 }
 
 int64_t Config::num_microbatches() const {
@@ -624,6 +665,7 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("global_batch_size", t.global_batch_size);
   v("train_iters", t.train_iters);
   v("train_samples", t.train_samples);
+  v("rampup_batch_size", t.rampup_batch_size);
   v("seed", t.seed);
   v("log_interval", t.log_interval);
   v("eval_interval", t.eval_interval);
@@ -729,6 +771,13 @@ struct JsonReader {
       for (const auto& e : x) {
         if (!e.is_string()) bad_type(name, "a list of strings", x);
         field.push_back(e.get<std::string>());
+      }
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      if (!x.is_array()) bad_type(name, "a list of integers", x);
+      field.clear();
+      for (const auto& e : x) {
+        if (!e.is_number_integer()) bad_type(name, "a list of integers", x);
+        field.push_back(e.get<int64_t>());
       }
     } else {
       if (!x.is_string()) bad_type(name, "a string", x);

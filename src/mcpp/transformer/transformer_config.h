@@ -247,9 +247,13 @@ struct TrainingConfig {
   int64_t global_batch_size = 0;  // 0 -> micro_batch_size * dp (Config::apply_world_size)
   int64_t train_iters = 100;
   // Sample-based training (Megatron's --train-samples; exclusive with --train-iters): train_iters is then derived,
-  // train_samples / global_batch_size (Config::apply_world_size; 0 until then), and the LR schedule's lengths are
-  // OptimizerConfig's *_samples.
+  // train_samples / global_batch_size after a ramp-up's batches (Config::apply_world_size overwrites it; the parsed
+  // flags leave it 0 until then), and the LR schedule's lengths are OptimizerConfig's *_samples.
   int64_t train_samples = 0;
+  // Megatron's --rampup-batch-size START INCREMENT SAMPLES (sample-based training only): the global batch starts at
+  // START and grows by INCREMENT in equal steps over SAMPLES consumed samples, then stays global_batch_size
+  // (Config::global_batch_size_at); empty: off.
+  std::vector<int64_t> rampup_batch_size;
   int64_t seed = 1234;
   int64_t log_interval = 10;
   int64_t eval_interval = 1000;
@@ -341,6 +345,11 @@ struct Config {
   // The LR schedule's lengths in the training's unit (Megatron's iteration- / sample-based rules); part of validate.
   void validate_lr_schedule() const;
   int64_t num_microbatches() const;  // global / (micro * dp); needs apply_world_size
+  // The global batch of the step that starts after `consumed` training samples: global_batch_size, or during a
+  // --rampup-batch-size ramp Megatron's start + floor(consumed / (samples / increments)) * increment (up to and
+  // including consumed == samples); and its microbatches per DP rank.
+  int64_t global_batch_size_at(int64_t consumed) const;
+  int64_t num_microbatches_at(int64_t consumed) const;
 
   // JSON of everything (stored in checkpoints, printed by --print-config). from_json starts from the
   // defaults, takes every key present, and rejects unknown keys and wrong types naming "section.key".

@@ -19,7 +19,8 @@ usage: parallel_train_check.py MCPP WORKDIR
      distributed optimizer, Llama interleaved PP4, an uneven placement, 1 rank — equals what each stage's ranks
      measured (contexts in flight, peak and per-microbatch activation bytes; the model state allocated, up to
      the distributed optimizer's bucket padding), and `mcpp plan memory --json` with the
-     run's flags prints the trainer's memory_plan record.
+     run's flags prints the trainer's memory_plan record;
+ 11. sample-based training with --rampup-batch-size (1 then 2 microbatches per DP rank) at PP2 x DP2 equals 1 rank.
 """
 import os
 import shutil
@@ -161,6 +162,22 @@ p = run(MPI + ["-np", "3", MCPP, "train", *M, *TP2], expect=1, timeout=120)
 errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
 if not errs or not any("tensor_model_parallel_size" in l or "world" in l for l in errs):
     failures.append(f"bad layout: expected an error naming the layout, got {p.stderr[-1500:]!r}")
+
+# 11. sample-based training with a batch-size ramp-up (--train-samples 40 --rampup-batch-size 4 4 8: global batches
+#     4, 4, 8, then 8s; 1 then 2 microbatches per DP rank) at PP2 x DP2 equals the 1-rank run: each step's DP slices
+#     and pipeline schedule follow the ramp
+RAMP = [a for a in M]
+for flag in ("--train-iters", "--lr-warmup-iters", "--lr-decay-style"):
+    i = RAMP.index(flag)
+    del RAMP[i:i + 2]
+RAMP += ["--train-samples", "40", "--rampup-batch-size", "4", "4", "8", "--lr-decay-style", "linear"]
+ramp1 = os.path.join(WORK, "ramp1")
+run([MCPP, "train", *RAMP, "--save", ramp1])
+ramp4 = os.path.join(WORK, "ramp4")
+run(MPI + ["-np", "4", MCPP, "train", *RAMP, "--pipeline-model-parallel-size", "2", "--save", ramp4])
+r1, r4 = losses(ramp1), losses(ramp4)
+if len(r1) != 6 or any(not close(r4.get(i), r1[i]) for i in r1):  # 4 + 4 + 8 while <= 8, then (40 - 16) / 8
+    failures.append(f"--rampup-batch-size PP2 x DP2 differs from 1 rank (or not 6 iterations): {r4} vs {r1}")
 
 if failures:
     print("FAILED:\n" + "\n".join(failures))

@@ -10,7 +10,9 @@ usage: train_cli_check.py MCPP WORKDIR
   5. bad inputs exit 2 with one 'error:' line: missing checkpoint, bad token file, bf16 on CPU,
      corrupted checkpoint tensor;
   6. sample-based training (--train-samples, --lr-warmup-samples): the iteration count, each iteration's learning
-     rate against Megatron's schedule in samples, resume, and --train-iters with it as an error.
+     rate against Megatron's schedule in samples, resume, and --train-iters with it as an error; --rampup-batch-size:
+     each iteration's global batch and learning rate, the iteration count, the first steps equal to a constant run
+     of the start batch.
 """
 import json
 import os
@@ -97,6 +99,31 @@ a, b = losses(os.path.join(s_dir, "metrics.jsonl")), losses(os.path.join(s_part,
 if sorted(a) != list(range(1, 8)) or any(a[i] != b.get(i) for i in (5, 6, 7)):
     failures.append(f"--train-samples resume: losses differ: straight {a} vs resumed {b}")
 check_error(["train", *sample_flags, "--train-iters", "5"], "--train-iters and --train-samples")
+
+# --rampup-batch-size 2 2 8 to a global batch of 6 (micro batch 2): batches 2, 2, 4, 6 while consumed <= 8, then
+# 6, 6: Megatron's 6 iterations for 30 samples (the last 4 dropped); the learning rate steps by each batch (linear
+# over the 30 samples); the first two steps are the constant-batch-2 run's (the same samples, the same lr)
+ramp_base = [a for a in base]
+ramp_base[ramp_base.index("--global-batch-size") + 1] = "6"
+ramp_flags = [*ramp_base, "--train-samples", "30", "--lr-decay-style", "linear", "--min-lr", "1e-4"]
+r_dir = os.path.join(WORK, "rampup")
+run("train", *ramp_flags, "--rampup-batch-size", "2", "2", "8", "--save", r_dir)
+gbs = records(os.path.join(r_dir, "metrics.jsonl"), "global_batch_size")
+if gbs != {1: 2, 2: 2, 3: 4, 4: 6, 5: 6, 6: 6}:
+    failures.append(f"--rampup-batch-size: global batch per iteration {gbs}")
+lrs = records(os.path.join(r_dir, "metrics.jsonl"), "learning_rate")
+consumed = {1: 0, 2: 2, 3: 4, 4: 8, 5: 14, 6: 20}
+want = {k: 1e-4 + (1e-3 - 1e-4) * (1 - n / 30) for k, n in consumed.items()}
+if sorted(lrs) != list(range(1, 7)) or any(abs(lrs[k] - want[k]) > 1e-9 + 1e-6 * want[k] for k in want):
+    failures.append(f"--rampup-batch-size: learning rates {lrs} vs Megatron's {want}")
+c_flags = [a for a in ramp_flags]
+c_flags[c_flags.index("--global-batch-size") + 1] = "2"
+c_dir = os.path.join(WORK, "const2")
+run("train", *c_flags, "--save", c_dir)
+a, b = losses(os.path.join(r_dir, "metrics.jsonl")), losses(os.path.join(c_dir, "metrics.jsonl"))
+if any(a.get(i) is None or a.get(i) != b.get(i) for i in (1, 2)) or a.get(3) == b.get(3):
+    failures.append(f"--rampup-batch-size: the first two steps should equal the batch-2 run's: {a} vs {b}")
+check_error(["train", *ramp_flags, "--rampup-batch-size", "3", "3", "8"], "multiples of micro_batch_size")
 
 # forward vs an independent float64 torch computation from the checkpoint's safetensors bytes.
 tokens = os.path.join(WORK, "tokens.txt")
