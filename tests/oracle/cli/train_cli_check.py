@@ -123,6 +123,12 @@ run("train", *c_flags, "--save", c_dir)
 a, b = losses(os.path.join(r_dir, "metrics.jsonl")), losses(os.path.join(c_dir, "metrics.jsonl"))
 if any(a.get(i) is None or a.get(i) != b.get(i) for i in (1, 2)) or a.get(3) == b.get(3):
     failures.append(f"--rampup-batch-size: the first two steps should equal the batch-2 run's: {a} vs {b}")
+r_part = os.path.join(WORK, "rampup_part")  # stopped inside the ramp (after the batch-4 step), resumed
+run("train", *ramp_flags, "--rampup-batch-size", "2", "2", "8", "--exit-interval", "3", "--save", r_part)
+run("train", *ramp_flags, "--rampup-batch-size", "2", "2", "8", "--load", r_part, "--save", r_part)
+rp = losses(os.path.join(r_part, "metrics.jsonl"))
+if any(a.get(i) != rp.get(i) for i in (4, 5, 6)):
+    failures.append(f"--rampup-batch-size resume: losses differ: straight {a} vs resumed {rp}")
 check_error(["train", *ramp_flags, "--rampup-batch-size", "3", "3", "8"], "multiples of micro_batch_size")
 
 # forward vs an independent float64 torch computation from the checkpoint's safetensors bytes.
