@@ -70,8 +70,8 @@ TEST(Arguments, MegatronFlags) {
                                "3e-5", "--lr-warmup-iters", "10", "--lr-decay-iters", "90", "--lr-decay-style",
                                "cosine", "--train-iters", "100", "--weight-decay", "0.1", "--adam-beta1", "0.8",
                                "--adam-beta2", "0.95", "--adam-eps", "1e-5", "--clip-grad", "0.5", "--seed", "7",
-                               "--data-path", "a_text_document", "b_text_document", "--split", "98,2,0", "--save",
-                               "ck", "--load", "ck0", "--save-interval", "50", "--eval-interval", "25",
+                               "--data-path", "0.3", "a_text_document", "0.7", "b_text_document", "--split", "98,2,0",
+                               "--save", "ck", "--load", "ck0", "--save-interval", "50", "--eval-interval", "25",
                                "--eval-iters", "3", "--log-interval", "5", "--exit-interval", "60",
                                "--no-load-optim", "--no-load-rng", "--finetune", "--tokenizer-type",
                                "GPT2BPETokenizer", "--vocab-file", "v.json", "--merge-file", "m.txt",
@@ -115,7 +115,7 @@ TEST(Arguments, MegatronFlags) {
   EXPECT_EQ(c.optimizer.adam_eps, 1e-5f);
   EXPECT_EQ(c.optimizer.clip_grad, 0.5f);
   EXPECT_EQ(c.training.seed, 7);
-  EXPECT_EQ(c.data.data_path, (std::vector<std::string>{"a_text_document", "b_text_document"}));
+  EXPECT_EQ(c.data.data_path, (std::vector<std::string>{"0.3", "a_text_document", "0.7", "b_text_document"}));
   EXPECT_EQ(c.data.split, "98,2,0");
   EXPECT_EQ(c.training.save, "ck");
   EXPECT_EQ(c.training.load, "ck0");

@@ -245,7 +245,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--adam-eps", o.adam_eps);
   app.add_option("--clip-grad", o.clip_grad);
   // ---- data
-  app.add_option("--data-path", d.data_path, "one or more dataset prefixes")
+  app.add_option("--data-path", d.data_path, "a dataset prefix, or a blend: WEIGHT PREFIX WEIGHT PREFIX ...")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--split", d.split);
   app.add_flag("--eod-mask-loss", d.eod_mask_loss);

@@ -35,17 +35,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-GPTDatasetOptions dataset_options(const Config& c, int split, int64_t num_samples, int64_t eod) {
-  if (c.data.data_path.size() != 1)
-    fail("data_path: exactly one dataset prefix is supported (got {})", c.data.data_path.size());
-  return {.prefix = c.data.data_path[0],
-          .split = c.data.split,
-          .split_index = split,
-          .seq_length = c.model.seq_length,
-          .num_samples = num_samples,
-          .seed = static_cast<uint32_t>(c.training.seed),
-          .eod_token = eod,
-          .eod_mask_loss = c.data.eod_mask_loss};
+// The split's dataset: the --data-path prefix, or Megatron's blend of weighted prefixes (blended_dataset.h).
+std::unique_ptr<BlendedDataset> make_dataset(const Config& c, int split, int64_t num_samples, int64_t eod) {
+  const GPTDatasetOptions opt{.prefix = {},  // (the blend's)
+                              .split = c.data.split,
+                              .split_index = split,
+                              .seq_length = c.model.seq_length,
+                              .num_samples = num_samples,
+                              .seed = static_cast<uint32_t>(c.training.seed),
+                              .eod_token = eod,
+                              .eod_mask_loss = c.data.eod_mask_loss};
+  return std::make_unique<BlendedDataset>(parse_data_blend(c.data.data_path), opt);
 }
 
 }  // namespace
@@ -100,10 +100,10 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     tools::require_fits(config_, *memory_plan_, pc_.pp_rank(), static_cast<double>(cuda_total_memory_bytes()));
   // Megatron's train_val_test_num_samples: train_samples when sample-based (its last, partial batch never trained)
   const int64_t train_samples = t.train_samples > 0 ? t.train_samples : t.train_iters * gbs;
-  train_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 0, train_samples, eod_token));
+  train_ds_ = make_dataset(config_, 0, train_samples, eod_token);
   if (t.eval_iters > 0 && t.eval_interval > 0) {
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;
-    valid_ds_ = std::make_unique<GPTDataset>(dataset_options(config_, 1, eval_samples, eod_token));
+    valid_ds_ = make_dataset(config_, 1, eval_samples, eod_token);
   }
   // Layer placement for this pipeline rank: one model chunk per virtual stage.
   const pipeline_parallel::PipelineLayout layout =
@@ -207,7 +207,7 @@ std::vector<GPTModel*> Trainer::chunk_ptrs() const {
   return out;
 }
 
-Trainer::Batch Trainer::get_batch(const GPTDataset& ds, int64_t first, int64_t m) const {
+Trainer::Batch Trainer::get_batch(const BlendedDataset& ds, int64_t first, int64_t m) const {
   // Megatron's pretraining sampler: the global batch is num_microbatches slices of mbs * dp samples;
   // DP rank r takes rows [r * mbs, (r + 1) * mbs) of each slice. Past the end, the order repeats.
   const int64_t b = config_.training.micro_batch_size, s = config_.model.seq_length;
@@ -223,7 +223,7 @@ Trainer::Batch Trainer::get_batch(const GPTDataset& ds, int64_t first, int64_t m
       if (t < 0 || t >= vocab)
         fail("data: sample {} of the dataset '{}' holds token id {}, outside the model's vocabulary [0, {}) "
              "(a data file made with another tokenizer, or --vocab-size too small)",
-             index, config_.data.data_path.front(), t, vocab);
+             index, ds.prefix_of(index), t, vocab);
     for (int64_t i = 0; i < s; ++i) {  // sample ib is column ib of the [s, b] layout
       batch.tokens.data<int32_t>()[i * b + ib] = tokens[i];
       batch.labels.data<int32_t>()[i * b + ib] = tokens[i + 1];
@@ -274,7 +274,7 @@ std::vector<DistributedDataParallel*> Trainer::all_ddps() const {
   return out;
 }
 
-Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only,
+Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t first, bool forward_only,
                                             int64_t num_micro) {
   pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = pc_.pp_size(),
                                         .pipeline_model_parallel_rank = pc_.pp_rank(),
@@ -323,7 +323,7 @@ Trainer::StepLoss Trainer::run_microbatches(const GPTDataset& ds, int64_t first,
   return {totals.loss_sum / static_cast<double>(num_micro), totals.masked_loss_sum, totals.num_tokens};
 }
 
-Trainer::StepLoss Trainer::forward_backward(const GPTDataset& ds, int64_t first) {
+Trainer::StepLoss Trainer::forward_backward(const BlendedDataset& ds, int64_t first) {
   for (DistributedDataParallel* ddp : all_ddps()) ddp->zero_grad();
   // (a --rampup-batch-size ramp: this step's microbatches, from the samples consumed before it)
   const StepLoss step = run_microbatches(ds, first, /*forward_only=*/false, config_.num_microbatches_at(first));
@@ -340,7 +340,7 @@ void Trainer::write_graph_rng_base() {
   graph_rng_base_.copy_from(h);  // host->device, ordered before the replay on the compute stream
 }
 
-Trainer::StepLoss Trainer::forward_backward_graphed(const GPTDataset& ds, int64_t first) {
+Trainer::StepLoss Trainer::forward_backward_graphed(const BlendedDataset& ds, int64_t first) {
   const int64_t num_micro = config_.num_microbatches();
   const bool last_stage = chunks_.back()->stage().post_process;
   for (int64_t m = 0; m < num_micro; ++m) {  // this step's batches into the static buffers

@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "mcpp/core/cuda_graph.h"
-#include "mcpp/datasets/gpt_dataset.h"
+#include "mcpp/datasets/blended_dataset.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/checkpointing.h"
@@ -87,18 +87,18 @@ class Trainer {
     Tensor tokens, labels, loss_mask;  // [s, b]
   };
   // Micro batch `m` of the global batch starting at sample `first` (this DP rank's rows).
-  Batch get_batch(const GPTDataset& ds, int64_t first, int64_t m) const;
+  Batch get_batch(const BlendedDataset& ds, int64_t first, int64_t m) const;
   // One schedule over all microbatches of a global batch: training (forward + backward) or evaluation.
   struct StepLoss {
     double mean_loss = 0;  // mean over microbatches of each microbatch's mean loss (last stage)
     double masked_loss_sum = 0, num_tokens = 0;
   };
   // num_micro: microbatches per DP rank of this global batch (a --rampup-batch-size ramp changes it).
-  StepLoss run_microbatches(const GPTDataset& ds, int64_t first, bool forward_only, int64_t num_micro);
+  StepLoss run_microbatches(const BlendedDataset& ds, int64_t first, bool forward_only, int64_t num_micro);
   // zero_grad + run_microbatches (training) + the DP grad sync: the region a CUDA graph captures.
-  StepLoss forward_backward(const GPTDataset& ds, int64_t first);
+  StepLoss forward_backward(const BlendedDataset& ds, int64_t first);
   // --enable-cuda-graph: forward_backward on static inputs; eager warm-up, capture, then replays.
-  StepLoss forward_backward_graphed(const GPTDataset& ds, int64_t first);
+  StepLoss forward_backward_graphed(const BlendedDataset& ds, int64_t first);
   double train_step(double* grad_norm, bool* skipped);
   // --calculate-per-token-loss: divides the (DP-averaged) token-sum gradients by the global number of
   // non-masked tokens (all microbatches, all DP ranks); returns the global per-token loss.
@@ -121,8 +121,8 @@ class Trainer {
   moe::LossTracker moe_losses_;  // this rank's MoE router losses per layer since the last log line
   Device device_ = Device::CPU;         // --device (resolved): where params, grads and activations live
   DType param_dtype_ = DType::F32;      // bf16 with --bf16 (fp32 main params and grads)
-  std::unique_ptr<GPTDataset> train_ds_;
-  std::unique_ptr<GPTDataset> valid_ds_;
+  std::unique_ptr<BlendedDataset> train_ds_;
+  std::unique_ptr<BlendedDataset> valid_ds_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // by virtual pipeline stage
   std::vector<std::unique_ptr<DistributedDataParallel>> ddps_;  // one per chunk (its own buffers)
   // One per chunk: its MoE experts' buffer (over expert-DP at EP > 1); null where the chunk has no experts.

@@ -317,7 +317,8 @@ struct OptimizerConfig {
 };
 
 struct DataConfig {
-  std::vector<std::string> data_path;  // prefixes (weights not yet supported: a single prefix)
+  // a prefix, or Megatron's blend "weight prefix weight prefix ..." (datasets/blended_dataset.h)
+  std::vector<std::string> data_path;
   std::string split = "969,30,1";
   std::string tokenizer_type = "GPT2BPETokenizer";  // GPT2BPETokenizer | NullTokenizer
   std::string vocab_file;

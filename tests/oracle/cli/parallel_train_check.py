@@ -20,7 +20,9 @@ usage: parallel_train_check.py MCPP WORKDIR
      measured (contexts in flight, peak and per-microbatch activation bytes; the model state allocated, up to
      the distributed optimizer's bucket padding), and `mcpp plan memory --json` with the
      run's flags prints the trainer's memory_plan record;
- 11. sample-based training with --rampup-batch-size (1 then 2 microbatches per DP rank) at PP2 x DP2 equals 1 rank.
+ 11. sample-based training with --rampup-batch-size (1 then 2 microbatches per DP rank) at PP2 x DP2 equals 1 rank;
+ 12. a --data-path blend ("0.4 P 0.6 P") at DP2 equals 1 rank (other samples than P alone); a malformed blend is
+     one named error.
 """
 import os
 import shutil
@@ -178,6 +180,21 @@ run(MPI + ["-np", "4", MCPP, "train", *RAMP, "--pipeline-model-parallel-size", "
 r1, r4 = losses(ramp1), losses(ramp4)
 if len(r1) != 6 or any(not close(r4.get(i), r1[i]) for i in r1):  # 4 + 4 + 8 while <= 8, then (40 - 16) / 8
     failures.append(f"--rampup-batch-size PP2 x DP2 differs from 1 rank (or not 6 iterations): {r4} vs {r1}")
+
+# 12. a data blend (--data-path 0.4 P 0.6 P: Megatron's BlendedDataset over two datasets) at DP2 equals 1 rank and
+#     trains on other samples than the plain prefix
+BLEND = [a for a in M]
+i = BLEND.index("--data-path")
+BLEND[i + 1:i + 2] = ["0.4", M[i + 1], "0.6", M[i + 1]]
+blend1, blend2 = os.path.join(WORK, "blend1"), os.path.join(WORK, "blend2")
+run([MCPP, "train", *BLEND, "--save", blend1])
+run(MPI + ["-np", "2", MCPP, "train", *BLEND, "--save", blend2])
+b1, b2 = losses(blend1), losses(blend2)
+if len(b1) != 6 or any(not close(b2.get(i), b1[i]) for i in b1) or b1.get(1) == a.get(1):
+    failures.append(f"--data-path blend: DP2 {b2} vs 1 rank {b1} (plain prefix: {a})")
+p = run([MCPP, "train", *M[:i + 1], "0.5", M[i + 1], M[i + 1], M[i + 1], *M[i + 2:]], expect=2)
+if "mixes weights and prefixes" not in p.stderr:
+    failures.append(f"a malformed blend: expected a named error, got {p.stderr[-500:]!r}")
 
 if failures:
     print("FAILED:\n" + "\n".join(failures))
