@@ -431,5 +431,26 @@ TEST(Arguments, RampupBatchSize) {
   EXPECT_THROW(parse_train_args(with({"2", "2"})), std::exception);  // three values
 }
 
+// Megatron's per-split data paths: each a prefix or blend of its own, exclusive with --data-path, errors naming the
+// field; training needs --data-path or --train-data-path.
+TEST(Arguments, PerSplitDataPaths) {
+  Config c = parse_train_args({"--train-data-path", "0.5", "a", "0.5", "b", "--valid-data-path", "v"});
+  EXPECT_EQ(c.data.train_data_path, (std::vector<std::string>{"0.5", "a", "0.5", "b"}));
+  EXPECT_EQ(c.data.valid_data_path, std::vector<std::string>{"v"});
+  EXPECT_TRUE(c.data.data_path.empty());
+  c.validate_for_training();
+  EXPECT_EQ(Config::from_json(c.to_json()).data.train_data_path, c.data.train_data_path);
+  expect_error_names({"--data-path", "d", "--valid-data-path", "v"}, "data_path and train_data_path");
+  expect_error_names({"--valid-data-path", "0.5", "v", "w", "w"}, "valid_data_path: '0.5 v w w' mixes");
+  expect_error_names({"--test-data-path", "a", "b"}, "test_data_path: 2 prefixes without weights");
+  Config no_train = parse_train_args({"--valid-data-path", "v"});
+  try {
+    no_train.validate_for_training();
+    FAIL() << "expected mcpp::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--train-data-path"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace mcpp

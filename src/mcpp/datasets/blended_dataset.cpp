@@ -23,8 +23,8 @@ bool parse_weight(const std::string& s, double* out) {
 }
 }  // namespace
 
-DataBlend parse_data_blend(const std::vector<std::string>& data_path) {
-  if (data_path.empty()) fail("data_path: training needs --data-path");
+DataBlend parse_data_blend(const std::vector<std::string>& data_path, const char* field) {
+  if (data_path.empty()) fail("{}: no prefix", field);
   DataBlend blend;
   if (data_path.size() % 2 == 0) {
     std::vector<double> weights;
@@ -37,23 +37,23 @@ DataBlend parse_data_blend(const std::vector<std::string>& data_path) {
       double sum = 0;
       for (size_t k = 0; k < weights.size(); ++k) {
         if (!(weights[k] > 0))
-          fail("data_path: the weight of '{}' is {}; blend weights must be positive", data_path[2 * k + 1],
+          fail("{}: the weight of '{}' is {}; blend weights must be positive", field, data_path[2 * k + 1],
                weights[k]);
         sum += weights[k];
       }
       for (size_t i = 1; i < data_path.size(); i += 2) blend.prefixes.push_back(data_path[i]);
       for (double w : weights) blend.weights.push_back(w / sum);
       if (blend.prefixes.size() > std::numeric_limits<int16_t>::max())
-        fail("data_path: {} prefixes exceed the blend's int16 dataset index", blend.prefixes.size());
+        fail("{}: {} prefixes exceed the blend's int16 dataset index", field, blend.prefixes.size());
       return blend;
     }
     if (numbers > 0)
-      fail("data_path: '{}' mixes weights and prefixes; give 'weight prefix' pairs or prefixes alone",
+      fail("{}: '{}' mixes weights and prefixes; give 'weight prefix' pairs or prefixes alone", field,
            fmt::join(data_path, " "));
   }
   if (data_path.size() > 1)
-    fail("data_path: {} prefixes without weights (Megatron then weighs them by their sizes; not implemented): give "
-         "'weight prefix' pairs, e.g. --data-path 0.5 A 0.5 B", data_path.size());
+    fail("{}: {} prefixes without weights (Megatron then weighs them by their sizes; not implemented): give "
+         "'weight prefix' pairs, e.g. 0.5 A 0.5 B", field, data_path.size());
   blend.prefixes = data_path;
   return blend;
 }

@@ -25,8 +25,8 @@ struct DataBlend {
   std::vector<std::string> prefixes;
   std::vector<double> weights;  // normalized; empty: one prefix, no blend
 };
-// data_path as given to --data-path (TOML: data_path = ["0.3", "A", "0.7", "B"]). Errors name data_path.
-DataBlend parse_data_blend(const std::vector<std::string>& data_path);
+// data_path as given to --data-path (TOML: data_path = ["0.3", "A", "0.7", "B"]). Errors name `field`.
+DataBlend parse_data_blend(const std::vector<std::string>& data_path, const char* field = "data_path");
 
 // Megatron's per-dataset sample count for a split's target: ceil(ceil(target * weight) * 1.005).
 int64_t blended_dataset_samples(int64_t target, double weight);

@@ -247,6 +247,11 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   // ---- data
   app.add_option("--data-path", d.data_path, "a dataset prefix, or a blend: WEIGHT PREFIX WEIGHT PREFIX ...")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  for (auto [flag, path] : {std::pair{"--train-data-path", &d.train_data_path},
+                             std::pair{"--valid-data-path", &d.valid_data_path},
+                             std::pair{"--test-data-path", &d.test_data_path}})
+    app.add_option(flag, *path, "this split's prefix or blend (instead of --data-path and --split)")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--split", d.split);
   app.add_flag("--eod-mask-loss", d.eod_mask_loss);
   app.add_option("--tokenizer-type", d.tokenizer_type, "GPT2BPETokenizer|NullTokenizer");

@@ -35,17 +35,25 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// The split's dataset: the --data-path prefix, or Megatron's blend of weighted prefixes (blended_dataset.h).
+// The split's dataset: the --data-path prefix or Megatron's blend of weighted prefixes (blended_dataset.h), split
+// by --split; or with per-split paths the whole of that split's own prefix or blend (null: none given).
 std::unique_ptr<BlendedDataset> make_dataset(const Config& c, int split, int64_t num_samples, int64_t eod) {
+  const std::vector<std::string>* per_split[] = {&c.data.train_data_path, &c.data.valid_data_path,
+                                                 &c.data.test_data_path};
+  const char* fields[] = {"train_data_path", "valid_data_path", "test_data_path"};
+  const char* whole[] = {"1,0,0", "0,1,0", "0,0,1"};  // Megatron's split of a per-split blend: all of it
+  const bool own = c.data.data_path.empty();
+  if (own && per_split[split]->empty()) return nullptr;
   const GPTDatasetOptions opt{.prefix = {},  // (the blend's)
-                              .split = c.data.split,
+                              .split = own ? whole[split] : c.data.split,
                               .split_index = split,
                               .seq_length = c.model.seq_length,
                               .num_samples = num_samples,
                               .seed = static_cast<uint32_t>(c.training.seed),
                               .eod_token = eod,
                               .eod_mask_loss = c.data.eod_mask_loss};
-  return std::make_unique<BlendedDataset>(parse_data_blend(c.data.data_path), opt);
+  return std::make_unique<BlendedDataset>(
+      own ? parse_data_blend(*per_split[split], fields[split]) : parse_data_blend(c.data.data_path), opt);
 }
 
 }  // namespace
@@ -101,6 +109,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   // Megatron's train_val_test_num_samples: train_samples when sample-based (its last, partial batch never trained)
   const int64_t train_samples = t.train_samples > 0 ? t.train_samples : t.train_iters * gbs;
   train_ds_ = make_dataset(config_, 0, train_samples, eod_token);
+  if (!train_ds_) fail("data_path: training needs --data-path (or --train-data-path)");
   if (t.eval_iters > 0 && t.eval_interval > 0) {
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;
     valid_ds_ = make_dataset(config_, 1, eval_samples, eod_token);

@@ -388,9 +388,17 @@ std::array<double, 3> DataConfig::split_fractions() const {
 
 void DataConfig::validate() const {
   (void)split_fractions();
-  for (const auto& p : data_path)
-    if (p.empty()) fail("data_path: empty path");
-  if (!data_path.empty()) parse_data_blend(data_path);  // a prefix, or 'weight prefix' pairs (errors name data_path)
+  const std::pair<const char*, const std::vector<std::string>*> paths[] = {
+      {"data_path", &data_path}, {"train_data_path", &train_data_path}, {"valid_data_path", &valid_data_path},
+      {"test_data_path", &test_data_path}};
+  for (const auto& [field, path] : paths) {
+    for (const auto& p : *path)
+      if (p.empty()) fail("{}: empty path", field);
+    if (!path->empty()) parse_data_blend(*path, field);  // a prefix, or 'weight prefix' pairs (errors name the field)
+  }
+  if (!data_path.empty() && (!train_data_path.empty() || !valid_data_path.empty() || !test_data_path.empty()))
+    fail("data_path and train_data_path / valid_data_path / test_data_path are both set; give one (Megatron: one "
+         "blend split by --split, or one per split)");
   if (tokenizer_type != "GPT2BPETokenizer" && tokenizer_type != "NullTokenizer")
     fail("tokenizer_type: unknown value '{}' (expected GPT2BPETokenizer|NullTokenizer)", tokenizer_type);
 }
@@ -479,7 +487,8 @@ void Config::validate() const {
 
 void Config::validate_for_training() const {
   validate();
-  if (data.data_path.empty()) fail("data_path: training needs --data-path");
+  if (data.data_path.empty() && data.train_data_path.empty())
+    fail("data_path: training needs --data-path (or --train-data-path)");
 }
 
 void Config::validate_lr_schedule() const {

@@ -319,6 +319,9 @@ struct OptimizerConfig {
 struct DataConfig {
   // a prefix, or Megatron's blend "weight prefix weight prefix ..." (datasets/blended_dataset.h)
   std::vector<std::string> data_path;
+  // Megatron's per-split data (--train-data-path / --valid-data-path / --test-data-path; exclusive with data_path):
+  // each split reads the whole of its own prefix or blend (--split does not apply); no valid path: no evaluation.
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string split = "969,30,1";
   std::string tokenizer_type = "GPT2BPETokenizer";  // GPT2BPETokenizer | NullTokenizer
   std::string vocab_file;

@@ -155,6 +155,9 @@ template <class O, class V> void visit_optimizer(O& o, V&& v) {
 }
 template <class D, class V> void visit_data(D& d, V&& v) {
   v("data_path", d.data_path);
+  v("train_data_path", d.train_data_path);
+  v("valid_data_path", d.valid_data_path);
+  v("test_data_path", d.test_data_path);
   v("split", d.split);
   v("eod_mask_loss", d.eod_mask_loss);
   v("tokenizer_type", d.tokenizer_type);

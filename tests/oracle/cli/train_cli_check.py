@@ -12,7 +12,8 @@ usage: train_cli_check.py MCPP WORKDIR
   6. sample-based training (--train-samples, --lr-warmup-samples): the iteration count, each iteration's learning
      rate against Megatron's schedule in samples, resume, and --train-iters with it as an error; --rampup-batch-size:
      each iteration's global batch and learning rate, the iteration count, the first steps equal to a constant run
-     of the start batch.
+     of the start batch; per-split data paths: training equal to --data-path with --split 100,0,0, validation only
+     with --valid-data-path.
 """
 import json
 import os
@@ -130,6 +131,29 @@ rp = losses(os.path.join(r_part, "metrics.jsonl"))
 if any(a.get(i) != rp.get(i) for i in (4, 5, 6)):
     failures.append(f"--rampup-batch-size resume: losses differ: straight {a} vs resumed {rp}")
 check_error(["train", *ramp_flags, "--rampup-batch-size", "3", "3", "8"], "multiples of micro_batch_size")
+
+# per-split data (--train-data-path / --valid-data-path: each split reads all of its own prefix): the training equals
+# --data-path with --split 100,0,0 (the same documents, sample order and losses); validation runs on the valid path,
+# and without one there is none
+ps_base = [a for a in model]
+i = ps_base.index("--data-path")
+del ps_base[i:i + 2]
+i = ps_base.index("--split")
+del ps_base[i:i + 2]
+whole = os.path.join(WORK, "whole")
+run("train", *ps_base, "--data-path", data, "--split", "100,0,0", "--eval-iters", "0", "--save", whole)
+per_split = os.path.join(WORK, "per_split")
+run("train", *ps_base, "--train-data-path", data, "--valid-data-path", data, "--save", per_split)
+train_only = os.path.join(WORK, "train_only")
+run("train", *ps_base, "--train-data-path", data, "--save", train_only)
+w, ps = losses(os.path.join(whole, "metrics.jsonl")), losses(os.path.join(per_split, "metrics.jsonl"))
+if len(w) != 8 or w != ps or w != losses(os.path.join(train_only, "metrics.jsonl")):
+    failures.append(f"--train-data-path: losses {ps} differ from --data-path --split 100,0,0: {w}")
+valid = [r for r in map(json.loads, open(os.path.join(per_split, "metrics.jsonl"))) if r.get("event") == "valid"]
+none = [r for r in map(json.loads, open(os.path.join(train_only, "metrics.jsonl"))) if r.get("event") == "valid"]
+if len(valid) != 2 or none:
+    failures.append(f"--valid-data-path: {len(valid)} validations (want 2), without it {len(none)} (want 0)")
+check_error(["train", *ps_base, "--data-path", data, "--valid-data-path", data], "data_path and train_data_path")
 
 # forward vs an independent float64 torch computation from the checkpoint's safetensors bytes.
 tokens = os.path.join(WORK, "tokens.txt")
