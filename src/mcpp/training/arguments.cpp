@@ -250,7 +250,9 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   for (auto [flag, path] : {std::pair{"--train-data-path", &d.train_data_path},
                              std::pair{"--valid-data-path", &d.valid_data_path},
                              std::pair{"--test-data-path", &d.test_data_path}})
-    app.add_option(flag, *path, "this split's prefix or blend (instead of --data-path and --split)")
+    app.add_option(flag, *path,
+                   "this split's prefix or blend (instead of --data-path and --split; the test split is checked, "
+                   "not evaluated)")
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--split", d.split);
   app.add_flag("--eod-mask-loss", d.eod_mask_loss);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <span>
 #include <utility>
 
 #include "mcpp/core/error.h"
@@ -495,14 +496,12 @@ void Config::validate_lr_schedule() const {
   const OptimizerConfig& o = optimizer;
   const bool samples = training.train_samples > 0;
   // Megatron's rule: the schedule's lengths in the training's unit only
-  const auto other = samples ? std::vector<std::pair<const char*, int64_t>>{{"lr_warmup_iters", o.lr_warmup_iters},
-                                                                            {"lr_decay_iters", o.lr_decay_iters},
-                                                                            {"lr_wsd_decay_iters", o.lr_wsd_decay_iters}}
-                             : std::vector<std::pair<const char*, int64_t>>{{"lr_warmup_samples", o.lr_warmup_samples},
-                                                                            {"lr_decay_samples", o.lr_decay_samples},
-                                                                            {"lr_wsd_decay_samples",
-                                                                             o.lr_wsd_decay_samples}};
-  for (const auto& [name, value] : other)
+  using Field = std::pair<const char*, int64_t>;
+  const Field iters[] = {{"lr_warmup_iters", o.lr_warmup_iters}, {"lr_decay_iters", o.lr_decay_iters},
+                         {"lr_wsd_decay_iters", o.lr_wsd_decay_iters}};
+  const Field by_samples[] = {{"lr_warmup_samples", o.lr_warmup_samples}, {"lr_decay_samples", o.lr_decay_samples},
+                              {"lr_wsd_decay_samples", o.lr_wsd_decay_samples}};
+  for (const auto& [name, value] : samples ? std::span<const Field>(iters) : std::span<const Field>(by_samples))
     if (value != 0)
       fail("{} ({}) is set with {}-based training; give the schedule in {} (--lr-*-{})", name, value,
            samples ? "sample" : "iteration", samples ? "samples" : "iterations", samples ? "samples" : "iters");
