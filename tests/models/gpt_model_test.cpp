@@ -28,8 +28,14 @@ namespace fs = std::filesystem;
 // (replayed here from a second RngTracker: the default stream gives the embedding's, then per layer the
 // attention and mlp branches'; the model-parallel stream each layer's attention probabilities').
 void run_against_torch(const std::string& style, const std::string& attention_impl, float hidden_dropout = 0.0f,
-                       float attention_dropout = 0.0f, bool qk_layernorm = false) {
-  TransformerConfig c = testing::tiny_config(style);
+                       float attention_dropout = 0.0f, bool qk_layernorm = false, int64_t mtp = 0,
+                       bool per_token = false) {
+  // "gpt2_rope": the GPT-2 style (tied embeddings, LayerNorm, GELU, biases) with RoPE instead of learned positions
+  TransformerConfig c = testing::tiny_config(style == "gpt2_rope" ? "gpt2" : style);
+  if (style == "gpt2_rope") c.position_embedding_type = PositionEmbedding::Rope;
+  c.mtp_num_layers = mtp;
+  c.mtp_loss_scaling_factor = 0.3f;
+  c.calculate_per_token_loss = per_token;
   c.qk_layernorm = qk_layernorm;
   c.attention_impl = attention_impl;
   c.hidden_dropout = hidden_dropout;
@@ -43,14 +49,17 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   testing::Batch batch = testing::fixed_batch(s, b, c.vocab_size);
   GPTModelCtx ctx;
   tensor_parallel::RngTracker rng(4321, 0, 0);
+  MtpLossTracker mtp_losses(mtp);
+  // (MTP depths run in training forwards only)
   LossResult r = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask,
-                                    {.training = dropout, .rng = dropout ? &rng : nullptr});
+                                    {.training = dropout || mtp > 0, .rng = dropout ? &rng : nullptr,
+                                     .mtp_losses = &mtp_losses});
   Tensor logits = ctx.logits.clone();
   model.backward(ctx, 1.0f);
 
-  fs::path dir = fs::temp_directory_path() / fmt::format("mcpp_gpt_ref_{}_{}_{}{}_{}", style, attention_impl,
+  fs::path dir = fs::temp_directory_path() / fmt::format("mcpp_gpt_ref_{}_{}_{}{}_mtp{}{}_{}", style, attention_impl,
                                                          dropout ? "dropout" : "eval", qk_layernorm ? "_qkln" : "",
-                                                         ::getpid());
+                                                         mtp, per_token ? "_pt" : "", ::getpid());
   fs::create_directories(dir);
   nlohmann::json cfg = {{"hidden_size", c.hidden_size},
                         {"num_layers", c.num_layers},
@@ -64,7 +73,10 @@ void run_against_torch(const std::string& style, const std::string& attention_im
                         {"rotary_percent", c.rotary_percent},
                         {"rotary_base", c.rotary_base},
                         {"swiglu", c.swiglu},
-                        {"qk_layernorm", c.qk_layernorm}};
+                        {"qk_layernorm", c.qk_layernorm},
+                        {"mtp_num_layers", c.mtp_num_layers},
+                        {"mtp_loss_scaling_factor", c.mtp_loss_scaling_factor},
+                        {"calculate_per_token_loss", c.calculate_per_token_loss}};
   if (dropout) {
     tensor_parallel::RngTracker replay(4321, 0, 0);
     auto key = [](PhiloxKey k) { return nlohmann::json::array({k.seed, k.offset}); };
@@ -77,6 +89,14 @@ void run_against_torch(const std::string& style, const std::string& attention_im
       layer["attn"] = key(replay.draw_default(hidden));
       layer["mlp"] = key(replay.draw_default(hidden));
       d["layers"].push_back(layer);
+    }
+    for (int64_t k = 0; k < mtp; ++k) {  // each depth: its embedding's, then its transformer layer's
+      nlohmann::json depth;
+      depth["embedding"] = key(replay.draw_default(hidden));
+      depth["probs"] = key(replay.draw_model_parallel(static_cast<uint64_t>(b * c.num_attention_heads * s * s)));
+      depth["attn"] = key(replay.draw_default(hidden));
+      depth["mlp"] = key(replay.draw_default(hidden));
+      d["mtp"].push_back(depth);
     }
     cfg["dropout"] = d;
   }
@@ -93,6 +113,13 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   save_npy((dir / "loss_mask.npy").string(), batch.loss_mask);
   save_npy((dir / "logits.npy").string(), logits);
   std::ofstream(dir / "loss.txt") << fmt::format("{:.17g}", r.loss);
+  {
+    std::ofstream f(dir / "mtp_losses.txt");
+    for (const auto& [sum, count] : mtp_losses.take()) {
+      EXPECT_EQ(count, 1.0);  // one microbatch recorded per depth
+      f << fmt::format("{:.17g}\n", sum);
+    }
+  }
 
   std::string cmd =
       fmt::format("{}{}/tests/oracle/gpt_ref.py {} 2>&1", mcpp::test::oracle_python(), MCPP_SOURCE_DIR, dir.string());
@@ -121,6 +148,17 @@ TEST(GPTModelVsTorch, LlamaStyleFlashWithHiddenDropout) { run_against_torch("lla
 TEST(GPTModelVsTorch, LlamaStyleQkLayernorm) { run_against_torch("llama", "flash", 0.0f, 0.0f, true); }
 TEST(GPTModelVsTorch, Gpt2StyleQkLayernormWithDropout) { run_against_torch("gpt2", "flash", 0.2f, 0.15f, true); }
 TEST(GPTModelVsTorch, LlamaStyleQkLayernormUnfused) { run_against_torch("llama", "unfused", 0.0f, 0.0f, true); }
+
+// Multi-token prediction (Megatron's MTP): two depths on the rolled tokens / labels / mask, the shared embedding
+// and output layer (tied and untied), with dropout in the depths' embeddings and layers, per-token loss scaling.
+TEST(GPTModelVsTorch, LlamaStyleMtpTwoDepths) { run_against_torch("llama", "flash", 0.0f, 0.0f, false, 2); }
+TEST(GPTModelVsTorch, LlamaStyleMtpWithDropoutUnfused) { run_against_torch("llama", "unfused", 0.2f, 0.1f, false, 2); }
+TEST(GPTModelVsTorch, TiedGpt2StyleRopeMtpWithDropout) {
+  run_against_torch("gpt2_rope", "flash", 0.2f, 0.15f, false, 2);
+}
+TEST(GPTModelVsTorch, LlamaStyleMtpPerTokenQkLayernorm) {
+  run_against_torch("llama", "flash", 0.0f, 0.0f, true, 3, /*per_token=*/true);
+}
 
 TEST(GPTModel, MegatronInitAndBufferLayout) {
   TransformerConfig c = testing::tiny_config("gpt2");

@@ -102,8 +102,8 @@ def main(d):
     if drop:
         x = dropped(x, drop["embedding"], drop["hidden"])
     causal = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
-    for i in range(L):
-        pre = f"decoder.layers.{i}"
+
+    def layer(x, pre, dl):  # one pre-norm transformer layer; dl: its dropout keys (or None)
         a = norm(x, pre + ".input_layernorm")
         qkv = linear(a, pre + ".self_attention.linear_qkv").view(s, b, ng, r + 2, hd)
         q = qkv[:, :, :, :r, :].reshape(s, b, nq, hd)
@@ -120,12 +120,12 @@ def main(d):
         scores = (qh @ kh.transpose(-1, -2)) / math.sqrt(hd)
         scores = scores.masked_fill(causal, float("-inf"))
         probs = torch.softmax(scores, -1)
-        if drop:
-            probs = dropped(probs, drop["layers"][i]["probs"], drop["attention"])
+        if dl:
+            probs = dropped(probs, dl["probs"], drop["attention"])
         ctx = probs @ vh  # [b, nq, s, hd]
         ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, nq * hd)
         attn = linear(ctx, pre + ".self_attention.linear_proj")
-        x = x + (dropped(attn, drop["layers"][i]["attn"], drop["hidden"]) if drop else attn)
+        x = x + (dropped(attn, dl["attn"], drop["hidden"]) if dl else attn)
         m = norm(x, pre + ".pre_mlp_layernorm")
         f1 = linear(m, pre + ".mlp.linear_fc1")
         if cfg["swiglu"]:
@@ -134,13 +134,48 @@ def main(d):
         else:
             act = F.gelu(f1, approximate="tanh")
         mlp = linear(act, pre + ".mlp.linear_fc2")
-        x = x + (dropped(mlp, drop["layers"][i]["mlp"], drop["hidden"]) if drop else mlp)
+        return x + (dropped(mlp, dl["mlp"], drop["hidden"]) if dl else mlp)
+
+    for i in range(L):
+        x = layer(x, f"decoder.layers.{i}", drop["layers"][i] if drop else None)
     x = norm(x, "decoder.final_layernorm")
     w_out = P["output_layer.weight"] if "output_layer.weight" in P else P["embedding.word_embeddings.weight"]
     logits = (x @ w_out.T).reshape(s * b, -1)
     losses = F.cross_entropy(logits, labels.reshape(-1), reduction="none")
     loss = (losses * mask.reshape(-1)).sum() / mask.sum()
-    loss.backward()
+    total = loss
+
+    # Multi-token prediction (Megatron-Core multi_token_prediction.py, DeepSeek-V3): depth k on the tokens, labels
+    # and mask rolled k positions left (zero filled), concat(enorm(embedding), hnorm(h_{k-1})) -> eh_proj -> one
+    # transformer layer -> final norm -> the shared output layer; each depth's masked mean loss weighted
+    # mtp_loss_scaling_factor / D (per token: its masked sum times main tokens / its tokens).
+    D = cfg.get("mtp_num_layers", 0)
+    per_token = cfg.get("calculate_per_token_loss", False)
+    if per_token:
+        total = (losses * mask.reshape(-1)).sum()
+    mtp_losses = []
+
+    def roll(t):
+        out = torch.roll(t, -1, 0)
+        out[-1] = 0
+        return out
+
+    h_prev, tok, lab, msk = x, tokens, labels, mask
+    for k in range(D):
+        pre = f"mtp.layers.{k}"
+        tok, lab, msk = roll(tok), roll(lab), roll(msk)
+        e = P["embedding.word_embeddings.weight"][tok]
+        if drop:
+            e = dropped(e, drop["mtp"][k]["embedding"], drop["hidden"])
+        cat = torch.cat([norm(e, pre + ".enorm"), norm(h_prev, pre + ".hnorm")], -1)
+        t = layer(cat @ P[pre + ".eh_proj.weight"].T, pre + ".transformer_layer", drop["mtp"][k] if drop else None)
+        h_prev = norm(t, pre + ".final_layernorm")
+        lk = F.cross_entropy((h_prev @ w_out.T).reshape(s * b, -1), lab.reshape(-1), reduction="none")
+        msum = (lk * msk.reshape(-1)).sum()
+        mtp_losses.append(msum.item() / max(msk.sum().item(), 1.0))
+        w = cfg["mtp_loss_scaling_factor"] / D
+        total = total + (w * msum * mask.sum() / msk.sum() if per_token else w * msum / msk.sum())
+    total.backward()
 
     ok = True
 
@@ -170,6 +205,16 @@ def main(d):
     if abs(our_loss - loss.item()) > 1e-5 * abs(loss.item()):
         print(f"FAIL loss: ours {our_loss} ref {loss.item()}")
         ok = False
+    if D:
+        ours = [float(v) for v in open(os.path.join(d, "mtp_losses.txt")).read().split()]
+        for k, (o, ref) in enumerate(zip(ours, mtp_losses)):
+            if not abs(o - ref) <= 1e-5 * abs(ref):
+                print(f"FAIL mtp_{k + 1} loss: ours {o} ref {ref}")
+                ok = False
+        if len(ours) != D:
+            print(f"FAIL mtp losses: {len(ours)} values for {D} depths")
+            ok = False
+        print(f"gpt_ref: mtp losses ours {ours} ref {mtp_losses}")
     gworst = 0.0
     for k in keys:
         gworst = max(gworst, compare("grad " + k, np.load(os.path.join(d, "grad." + k + ".npy")), P[k].grad, 1e-4))

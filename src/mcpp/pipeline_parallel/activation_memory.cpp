@@ -57,6 +57,14 @@ struct Counter {
     for (const RecomputeState& r : g.decoder.recompute) (*this)(r.input);
     (*this)(g.decoder.final_layernorm);
     (*this)(g.output);
+    for (const MtpDepthCtx& d : g.mtp) {
+      for (const Tensor* t : {&d.tokens, &d.logits, &d.labels, &d.loss_mask, &d.lse, &d.loss_stats, &d.grad_stats,
+                              &d.layer.hidden_in, &d.layer.embedding_in})
+        (*this)(*t);
+      (*this)(d.output);
+      (*this)(d.layer.enorm), (*this)(d.layer.hnorm), (*this)(d.layer.eh_proj);
+      (*this)(d.layer.layer), (*this)(d.layer.final_layernorm);
+    }
   }
 };
 

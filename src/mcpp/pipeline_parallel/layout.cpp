@@ -186,7 +186,14 @@ PipelineLayout from_layout_string(const LayoutOptions& opt, int64_t requested_v)
   const auto count = [&](LayoutItem it) { return std::count(flat.begin(), flat.end(), it); };
   if (count(LayoutItem::Embedding) != 1) fail("pipeline_model_parallel_layout \"{}\": 'E' must appear exactly once", s);
   if (count(LayoutItem::Loss) != 1) fail("pipeline_model_parallel_layout \"{}\": 'L' must appear exactly once", s);
-  if (count(LayoutItem::Mtp) > 0) fail("pipeline_model_parallel_layout \"{}\": MTP layers 'm' are not supported", s);
+  if (count(LayoutItem::Mtp) != opt.mtp_num_layers)
+    fail("pipeline_model_parallel_layout \"{}\" has {} MTP layers 'm' but mtp_num_layers={}", s,
+         count(LayoutItem::Mtp), opt.mtp_num_layers);
+  for (const auto& st : parsed)
+    if (std::count(st.begin(), st.end(), LayoutItem::Mtp) > 0 &&
+        std::count(st.begin(), st.end(), LayoutItem::Loss) == 0)
+      fail("pipeline_model_parallel_layout \"{}\": the MTP layers 'm' must sit in the stage of the loss 'L' (MTP on "
+           "an earlier stage is not implemented)", s);
   if (count(LayoutItem::Decoder) != opt.num_layers) {
     fail("pipeline_model_parallel_layout \"{}\" has {} transformer layers 't' but num_layers={}", s,
          count(LayoutItem::Decoder), opt.num_layers);
@@ -387,6 +394,7 @@ LayoutOptions layout_options(const TransformerConfig& model, const ParallelConfi
   o.decoder_last_pipeline_num_layers = parallel.decoder_last_pipeline_num_layers;
   o.account_for_embedding_in_pipeline_split = parallel.account_for_embedding_in_pipeline_split;
   o.account_for_loss_in_pipeline_split = parallel.account_for_loss_in_pipeline_split;
+  o.mtp_num_layers = model.mtp_num_layers;
   return o;
 }
 

@@ -7,8 +7,9 @@
 //
 // Sources of the placement, in Megatron's precedence:
 //   1. pipeline_model_parallel_layout (--pipeline-model-parallel-layout), Megatron's grammar:
-//        stages separated by '|'; 'E' embedding, 'L' loss/output, 't' transformer layer ('m' MTP is
-//        recognised but not supported); 'x*n' repeats the character x n times, '(...)*n' repeats the
+//        stages separated by '|'; 'E' embedding, 'L' loss/output, 't' transformer layer, 'm' an MTP depth
+//        (mtp_num_layers of them, all in the stage of 'L': the depths run where the loss is, as Megatron's
+//        default placement; Megatron's MTP on an earlier stage is not implemented); 'x*n' repeats the
 //        group (which may contain '|'); ',' is cosmetic and ignored. The k-th stage is
 //        (vp = k / pp, rank = k % pp), so pp*V entries give V virtual stages. E must be the first and L
 //        the last item of the model, each exactly once, and the number of 't' must equal num_layers.
@@ -47,6 +48,7 @@ struct LayoutOptions {
   bool account_for_embedding_in_pipeline_split = false;
   bool account_for_loss_in_pipeline_split = false;
   std::string pipeline_model_parallel_layout{};       // "" = unset
+  int64_t mtp_num_layers = 0;  // a layout's 'm' items: exactly this many, in the stage that holds the loss 'L'
 };
 
 struct StageLayers {

@@ -126,6 +126,32 @@ AsyncResult reduce_scatter_sp_async(comm::Communicator& tp, const Tensor& x) {
   return {out, std::move(work)};
 }
 
+Tensor all_gather_last_dim(comm::Communicator& tp, const Tensor& x) {
+  const int t = tp.size();
+  if (t == 1) return x;
+  const int64_t w = x.size(x.ndim() - 1), n = x.numel() / w;
+  Tensor all = Tensor::empty({t * n, w}, x.dtype(), x.device());  // [tp, n, w]: rank-major
+  tp.all_gather(all, x.view({n, w})).wait();
+  Shape full = x.shape();
+  full.back() *= t;
+  Tensor out = Tensor::empty(full, x.dtype(), x.device());
+  ops::chunk_transpose(out, all, t, n);  // [n, tp, w] = [n, tp * w]
+  return out;
+}
+
+Tensor split_last_dim(comm::Communicator& tp, const Tensor& x) {
+  const int t = tp.size();
+  if (t == 1) return x;
+  const int64_t full = x.size(x.ndim() - 1), n = x.numel() / full;
+  MCPP_CHECK(full % t == 0, "split_last_dim: last dim {} not divisible by tp={}", full, t);
+  const int64_t w = full / t;
+  Tensor blocks = Tensor::empty({t * n, w}, x.dtype(), x.device());
+  ops::chunk_transpose(blocks, x, n, t);  // [n, tp, w] -> [tp, n, w]
+  Shape local = x.shape();
+  local.back() = w;
+  return blocks.narrow0(tp.rank() * n, n).view(local);
+}
+
 Tensor split_sp(comm::Communicator& tp, const Tensor& x) {
   if (tp.size() == 1) return x;
   const int64_t s = x.size(0);

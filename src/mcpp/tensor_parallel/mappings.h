@@ -6,6 +6,7 @@
 //   gather_from_sp        fwd all-gather [s/tp] -> [s]       bwd reduce-scatter [s] -> [s/tp]
 //   reduce_scatter_to_sp  fwd reduce-scatter [s] -> [s/tp]   bwd all-gather
 //   scatter_to_sp         fwd keep own chunk [s] -> [s/tp]   bwd all-gather
+//   gather_from_tp        fwd all-gather the last dim [.., h/tp] -> [.., h]   bwd keep own last-dim block
 // Each function below is one direction of one pair; the caller pairs them in forward and backward.
 // All are blocking (Work waited) on the TP communicator unless named _async; with tp == 1 they are
 // identities.
@@ -25,6 +26,12 @@ Tensor all_gather_sp(comm::Communicator& tp, const Tensor& x);
 Tensor reduce_scatter_sp(comm::Communicator& tp, const Tensor& x);
 // [s, ...] -> this rank's [s/tp, ...] rows (a view, no communication): scatter_to_sp forward.
 Tensor split_sp(comm::Communicator& tp, const Tensor& x);
+
+// [..., h/tp] -> [..., h], rank r's block at columns [r h/tp, (r+1) h/tp): gather_from_tp forward (Megatron's
+// gather_from_tensor_model_parallel_region, e.g. after the MTP's eh_proj).
+Tensor all_gather_last_dim(comm::Communicator& tp, const Tensor& x);
+// [..., h] -> this rank's [..., h/tp] block of the last dim (a copy): gather_from_tp backward.
+Tensor split_last_dim(comm::Communicator& tp, const Tensor& x);
 
 // The asynchronous forms (tp > 1): the collective is posted and the caller waits `work` later — Megatron's
 // LinearWithGradAccumulationAndAsyncCommunication overlaps the input-grad reduction with the wgrad GEMM

@@ -122,6 +122,10 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--recompute-modules", m.recompute_modules,
                  "core_attn|mlp|moe|moe_act|shared_experts|layernorm ... (selective)");
   app.add_flag("--calculate-per-token-loss", m.calculate_per_token_loss);
+  app.add_option("--mtp-num-layers", m.mtp_num_layers,
+                 "multi-token prediction: depths on the last pipeline stage, each predicting one more token (0 = off)");
+  app.add_option("--mtp-loss-scaling-factor", m.mtp_loss_scaling_factor,
+                 "weight of the MTP losses (each depth's: this / --mtp-num-layers)");
   app.add_option("--num-experts", m.num_moe_experts, "mixture of experts: experts per MoE layer (0 = dense)");
   app.add_option("--moe-router-topk", m.moe_router_topk);
   app.add_option("--moe-ffn-hidden-size", m.moe_ffn_hidden_size);

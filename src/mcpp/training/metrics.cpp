@@ -17,6 +17,7 @@ std::string format_log_line(const IterationStats& s) {
   if (s.seq_load_balancing_loss)
     moe += fmt::format(" seq_load_balancing_loss: {:.6E} |", *s.seq_load_balancing_loss);
   if (s.z_loss) moe += fmt::format(" z_loss: {:.6E} |", *s.z_loss);
+  for (size_t k = 0; k < s.mtp_losses.size(); ++k) moe += fmt::format(" mtp_{} loss: {:.6E} |", k + 1, s.mtp_losses[k]);
   return fmt::format(
       " [{:%Y-%m-%d %H:%M:%S}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): "
       "{:.1f} | throughput (tok/s): {:.1f} | learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} |{} "
@@ -35,6 +36,7 @@ nlohmann::json to_json(const IterationStats& s) {
   if (s.load_balancing_loss) j["load_balancing_loss"] = *s.load_balancing_loss;
   if (s.seq_load_balancing_loss) j["seq_load_balancing_loss"] = *s.seq_load_balancing_loss;
   if (s.z_loss) j["z_loss"] = *s.z_loss;
+  if (!s.mtp_losses.empty()) j["mtp_losses"] = s.mtp_losses;
   for (const IterationStats::MoeLayerLosses& l : s.moe_layers) {
     nlohmann::json e = {{"layer", l.layer}};
     if (l.load_balancing_loss) e["load_balancing_loss"] = *l.load_balancing_loss;

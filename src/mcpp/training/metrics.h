@@ -32,6 +32,9 @@ struct IterationStats {
     std::optional<double> load_balancing_loss, seq_load_balancing_loss, z_loss;
   };
   std::vector<MoeLayerLosses> moe_layers;
+  // Multi-token prediction: Megatron's "mtp_<k> loss" per depth k = 1.. (the depth's mean loss, averaged over
+  // microbatches, iterations of the window and data-parallel ranks); empty without MTP.
+  std::vector<double> mtp_losses;
 };
 
 // " [2026-11-30 08:00:00] iteration       10/     100 | consumed samples: ... | lm loss: 5.1E+00 | ..."

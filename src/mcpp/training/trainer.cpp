@@ -68,7 +68,8 @@ Device resolve_training_device(const TrainingConfig& t) {
 }
 
 Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::ParallelContext pc)
-    : config_(config), pc_(std::move(pc)), moe_losses_(config_.model.num_layers) {
+    : config_(config), pc_(std::move(pc)), moe_losses_(config_.model.num_layers + config_.model.mtp_num_layers),
+      mtp_losses_(config_.model.mtp_num_layers) {
   const auto& t = config_.training;
   const int64_t gbs = t.global_batch_size;
   device_ = resolve_training_device(t);
@@ -305,7 +306,8 @@ Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t fi
       .hidden_dtype = param_dtype_,
       .hidden_device = device_,
       .forward = {.training = !forward_only, .rng = forward_only ? nullptr : &state_.rng,
-                  .moe_losses = forward_only ? nullptr : &moe_losses_},
+                  .moe_losses = forward_only ? nullptr : &moe_losses_,
+                  .mtp_losses = forward_only ? nullptr : &mtp_losses_},
       // Megatron: loss / num_microbatches, or the token sum with --calculate-per-token-loss (the gradients
       // are divided by the global token count after the DP reduction: scale_grads_per_token).
       .grad_scale = config_.model.calculate_per_token_loss ? 1.0f : 1.0f / static_cast<float>(num_micro),
@@ -420,7 +422,9 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   const TraceRange optimizer_range("optimizer");
   const bool per_token = config_.model.calculate_per_token_loss;
   const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;
-  finalize_model_grads(dense_buffers(), pc_, !config_.model.untie_embeddings_and_output_weights);
+  // (the last stage's copy of the word embeddings: tied, or for the MTP depths' embeddings)
+  finalize_model_grads(dense_buffers(), pc_,
+                       !config_.model.untie_embeddings_and_output_weights || config_.model.mtp_num_layers > 0);
   if (config_.model.moe_router_enable_expert_bias) {  // Megatron's _update_router_expert_bias, every step
     std::vector<moe::TopKRouter*> routers;
     for (const auto& c : chunks_)
@@ -569,6 +573,23 @@ void Trainer::moe_log_losses(IterationStats& st) {
   if (calls > 0) fill(st, lb, zl, calls);
 }
 
+void Trainer::mtp_log_losses(IterationStats& st) {
+  // Megatron's track_mtp_metrics: per depth the microbatches' mean losses, averaged over the window's microbatches
+  // and the data-parallel ranks (the last stage's TP ranks hold equal values; other stages add nothing)
+  const std::vector<std::pair<double, double>> mine = mtp_losses_.take();
+  const auto depths = static_cast<int64_t>(mine.size());
+  Tensor t = Tensor::empty({depths, 2});
+  for (int64_t k = 0; k < depths; ++k) {
+    t.data<float>()[2 * k] = static_cast<float>(mine[static_cast<size_t>(k)].first);
+    t.data<float>()[2 * k + 1] = static_cast<float>(mine[static_cast<size_t>(k)].second);
+  }
+  pc_.world()->host().all_reduce(t, comm::ReduceOp::Sum).wait();
+  for (int64_t k = 0; k < depths; ++k) {
+    const float count = t.data<float>()[2 * k + 1];
+    st.mtp_losses.push_back(count > 0 ? t.data<float>()[2 * k] / count : 0.0);
+  }
+}
+
 TrainSummary Trainer::train() {
   const auto& t = config_.training;
   TrainSummary summary;
@@ -615,8 +636,10 @@ TrainSummary Trainer::train() {
                         .load_balancing_loss = std::nullopt,
                         .seq_load_balancing_loss = std::nullopt,
                         .z_loss = std::nullopt,
-                        .moe_layers = {}};
+                        .moe_layers = {},
+                        .mtp_losses = {}};
       if (config_.model.num_moe_experts > 0) moe_log_losses(st);  // collective (every rank)
+      if (config_.model.mtp_num_layers > 0) mtp_log_losses(st);   // collective (every rank)
       if (is_logging_rank()) {
         fmt::print("{}\n", format_log_line(st));
         std::fflush(stdout);

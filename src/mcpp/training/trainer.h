@@ -115,10 +115,13 @@ class Trainer {
   double dp_mean(double local) const;
   // MoE: the window's router losses averaged over every rank's layer calls into st (collective over the world).
   void moe_log_losses(IterationStats& st);
+  void mtp_log_losses(IterationStats& st);  // collective over the world
 
   Config config_;
   parallel_state::ParallelContext pc_;
   moe::LossTracker moe_losses_;  // this rank's MoE router losses per layer since the last log line
+                                 // (the MTP depths' MoE layers after the decoder's: num_layers + k)
+  MtpLossTracker mtp_losses_;    // this rank's MTP losses per depth since the last log line
   Device device_ = Device::CPU;         // --device (resolved): where params, grads and activations live
   DType param_dtype_ = DType::F32;      // bf16 with --bf16 (fp32 main params and grads)
   std::unique_ptr<BlendedDataset> train_ds_;

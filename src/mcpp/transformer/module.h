@@ -8,6 +8,7 @@ namespace mcpp {
 namespace moe {
 struct LossTracker;
 }
+class MtpLossTracker;
 
 struct ForwardOptions {
   bool training = true;                       // dropout active when true and p > 0
@@ -17,6 +18,8 @@ struct ForwardOptions {
   float loss_grad_scale = 0.0f;
   // MoE layers add their router losses here (the trainer's log line); null = not recorded (evaluation, recompute).
   moe::LossTracker* moe_losses = nullptr;
+  // Multi-token prediction depths add each microbatch's mean loss here (the trainer's log line); null = not recorded.
+  MtpLossTracker* mtp_losses = nullptr;
 };
 
 // ForwardOptions snapshot for activation recompute: the RNG streams as a forward found them. A re-run

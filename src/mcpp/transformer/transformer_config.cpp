@@ -166,6 +166,15 @@ void TransformerConfig::validate() const {
   if (recomputes("shared_experts") && moe_shared_expert_intermediate_size == 0)
     fail("recompute_modules shared_experts: the MoE layers have no shared expert "
          "(--moe-shared-expert-intermediate-size)");
+  // Multi-token prediction (Megatron's arguments.py / TransformerConfig rules).
+  require_non_negative(mtp_num_layers, "mtp_num_layers");
+  if (mtp_num_layers > 0) {
+    if (position_embedding_type == PositionEmbedding::LearnedAbsolute)
+      fail("mtp_num_layers: multi-token prediction is not supported with learned_absolute position embeddings "
+           "(Megatron's rule: rope or none; --position-embedding-type rope)");
+    if (!(mtp_loss_scaling_factor >= 0.0f) || !std::isfinite(mtp_loss_scaling_factor))
+      fail("mtp_loss_scaling_factor must be a finite value >= 0, got {}", mtp_loss_scaling_factor);
+  }
   // Mixture of experts (Megatron's MoE arguments).
   require_non_negative(num_moe_experts, "num_moe_experts");
   if (num_moe_experts > 0) {
@@ -446,6 +455,9 @@ void Config::validate() const {
   if (ring && model.attention_impl != "flash")
     fail("cp_comm_type p2p: the ring attention merges blockwise (flash) results; --attention-impl {} is not "
          "supported with it (use flash, or --cp-comm-type a2a)", model.attention_impl);
+  if (model.mtp_num_layers > 0 && cp > 1)
+    fail("mtp_num_layers: multi-token prediction with context_parallel_size {} is not implemented (the rolled "
+         "tokens and labels would cross the CP ranks' chunks)", cp);
   if (parallel.tp_comm_overlap && !parallel.sequence_parallel)
     fail("tp_comm_overlap: the tensor-parallel communication overlap needs --sequence-parallel (Megatron)");
   if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)

@@ -96,6 +96,12 @@ struct TransformerConfig {
   // --calculate-per-token-loss: the loss is summed over tokens and divided once by the global number of
   // non-masked tokens (instead of a mean per microbatch averaged over microbatches).
   bool calculate_per_token_loss = false;
+  // Multi-token prediction (Megatron's --mtp-num-layers / --mtp-loss-scaling-factor; DeepSeek-V3's MTP;
+  // transformer/multi_token_prediction.h): mtp_num_layers > 0 depths on the last pipeline stage, each predicting one
+  // more token ahead; their losses' weight mtp_loss_scaling_factor / mtp_num_layers each. 0 = off (Megatron's None).
+  // RoPE or no position embeddings only (Megatron's rule); not with context parallelism (not implemented here).
+  int64_t mtp_num_layers = 0;
+  float mtp_loss_scaling_factor = 0.1f;
   // Mixture of experts (Megatron's --num-experts, --moe-*; moe/moe_layer.h): with num_moe_experts > 0 the MLP of
   // the layers moe_layer_freq selects is a MoE layer of that many experts (0 = dense). TopKRouter: router logits
   // [n, E] = x W_r^T; each token goes to moe_router_topk experts — the top k logits, probabilities = softmax over

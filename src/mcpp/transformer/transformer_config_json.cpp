@@ -51,6 +51,8 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("recompute_num_layers", m.recompute_num_layers);
   v("recompute_modules", m.recompute_modules);
   v("calculate_per_token_loss", m.calculate_per_token_loss);
+  v("mtp_num_layers", m.mtp_num_layers);
+  v("mtp_loss_scaling_factor", m.mtp_loss_scaling_factor);
   v("num_moe_experts", m.num_moe_experts);
   v("moe_router_topk", m.moe_router_topk);
   v("moe_ffn_hidden_size", m.moe_ffn_hidden_size);

@@ -22,13 +22,16 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
              stage_.first_layer + stage_.num_layers, c.num_layers);
   const TransformerLayerSpec spec = get_gpt_layer_local_spec(c);
   const bool tied = !c.untie_embeddings_and_output_weights;
-  // The word embeddings live on the first stage, and (tied) a shared copy on the last stage.
-  if (stage_.pre_process || (stage_.post_process && tied)) {
+  const bool mtp = stage_.post_process && c.mtp_num_layers > 0;
+  // The word embeddings live on the first stage, and (tied, or for the MTP depths' embeddings) a shared copy on
+  // the last stage.
+  if (stage_.pre_process || (stage_.post_process && (tied || mtp))) {
     word_embedding_ = std::make_unique<tp::VocabParallelEmbedding>(
         params_, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size, c.init_method_std, tp_.group);
     word_embeddings_ = word_embedding_->weight();
     word_embeddings_->spec.shared_copy = !stage_.pre_process;
-    word_embeddings_->spec.shared_embedding = tied && !(stage_.pre_process && stage_.post_process);
+    word_embeddings_->spec.shared_embedding =
+        (tied || c.mtp_num_layers > 0) && !(stage_.pre_process && stage_.post_process);
   }
   vocab_local_ = c.padded_vocab_size / tp_.size();
   vocab_start_ = static_cast<int64_t>(tp_.rank()) * vocab_local_;
@@ -52,6 +55,26 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
     // embedding sits on another stage: then the output layer's backward is the last use.
     if (tied) output_layer_->set_reports_weight_grad(!stage_.pre_process);
   }
+  if (mtp) {  // after the output layer: the depths' gradients are ready first (the buffer's backward order)
+    const bool moe = c.is_moe_layer(c.num_layers - 1);  // Megatron: the decoder's last layer spec
+    for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
+      mtp_.push_back(std::make_unique<MultiTokenPredictionLayer>(params_, expert_params_, k, c, spec, tp_, moe));
+      if (moe::MoELayer* m = mtp_.back()->moe_layer()) m->router().set_layer_number(c.num_layers + k);
+    }
+    mtp_output_layer_ = std::make_unique<tp::ColumnParallelLinear>(
+        output_layer_->weight(),
+        tp::ParallelLinearOptions{.input_size = c.hidden_size,
+                                  .output_size = c.padded_vocab_size,
+                                  .bias = false,
+                                  .init_std = c.init_method_std,
+                                  .sequence_parallel = tp_.sequence_parallel,
+                                  .tp_comm_overlap = tp_.comm_overlap},
+        tp_.group);
+    mtp_output_layer_->set_reports_weight_grad(false);  // the main head's backward is the last use
+    Tensor one = Tensor::empty({1});
+    one.data<float>()[0] = 1.0f;
+    one_ = one.to(device);
+  }
   params_.finalize(seed, device, param_dtype);
   if (has_expert_params()) expert_params_.finalize(seed, device, param_dtype);
   if (c.position_embedding_type == PositionEmbedding::Rope) {
@@ -65,6 +88,40 @@ RopeTables GPTModel::rope_for(int64_t s) const {
   if (!has_rope_) return {};
   MCPP_CHECK(s <= rope_.cos.size(0), "sequence length {} exceeds the rotary table ({})", s, rope_.cos.size(0));
   return {rope_.cos.narrow0(0, s), rope_.sin.narrow0(0, s)};  // rows 0..s-1 (views)
+}
+
+std::vector<moe::TopKRouter*> GPTModel::routers() const {
+  std::vector<moe::TopKRouter*> out = decoder_->routers();
+  for (const auto& l : mtp_)
+    if (moe::MoELayer* m = l->moe_layer()) out.push_back(&m->router());
+  return out;
+}
+
+Tensor GPTModel::finish_embedding(const Tensor& x, const ForwardOptions& opt, bool& dropout, PhiloxKey& key) {
+  Tensor out = x;
+  if (tp_.sequence_parallel) out = tp::split_sp(*tp_.group, out).clone();  // scatter_to_sp: [s/tp, b, h]
+  dropout = dropout_active(opt, config_.hidden_dropout);
+  if (dropout) {
+    MCPP_CHECK(opt.rng, "embedding dropout needs an RNG stream");
+    key = opt.rng->draw(static_cast<uint64_t>(out.numel()), tp_.sequence_parallel);
+    ops::dropout_fwd(out, out, config_.hidden_dropout, key);
+  }
+  return out;
+}
+
+Tensor GPTModel::word_embedding_backward(const Tensor& dx_in, const Tensor& tokens, bool dropout,
+                                         const PhiloxKey& key) {
+  Tensor dx = dx_in;
+  if (dropout) {
+    dx = dx_in.clone();
+    ops::dropout_bwd(dx, dx, config_.hidden_dropout, key);
+  }
+  if (tp_.sequence_parallel) dx = tp::all_gather_sp(*tp_.group, dx);  // scatter_to_sp backward: [s, b, h]
+  const int64_t n = tokens.numel();
+  Tensor d2 = dx.view({n, config_.hidden_size});
+  // reduce_from_tp backward is the identity: every TP rank holds the full gradient.
+  word_embedding_->backward(tokens.view({n}), d2);
+  return d2;
 }
 
 Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt) {
@@ -90,28 +147,11 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
     ops::embedding_fwd(pe, ctx.position_ids, position_embeddings_->data, 0);
     ops::add_inplace(x, pe);
   }
-  Tensor out = x.view({s, b, h});
-  if (tp_.sequence_parallel) out = tp::split_sp(*tp_.group, out).clone();  // scatter_to_sp: [s/tp, b, h]
-  ctx.embedding_dropout = dropout_active(opt, config_.hidden_dropout);
-  if (ctx.embedding_dropout) {
-    MCPP_CHECK(opt.rng, "embedding dropout needs an RNG stream");
-    ctx.embedding_dropout_key = opt.rng->draw(static_cast<uint64_t>(out.numel()), tp_.sequence_parallel);
-    ops::dropout_fwd(out, out, config_.hidden_dropout, ctx.embedding_dropout_key);
-  }
-  return out;
+  return finish_embedding(x.view({s, b, h}), opt, ctx.embedding_dropout, ctx.embedding_dropout_key);
 }
 
 void GPTModel::embed_backward(GPTModelCtx& ctx, const Tensor& dx_in) {
-  Tensor dx = dx_in;
-  if (ctx.embedding_dropout) {
-    dx = dx_in.clone();
-    ops::dropout_bwd(dx, dx, config_.hidden_dropout, ctx.embedding_dropout_key);
-  }
-  if (tp_.sequence_parallel) dx = tp::all_gather_sp(*tp_.group, dx);  // scatter_to_sp backward: [s, b, h]
-  const int64_t n = ctx.tokens.numel();
-  Tensor d2 = dx.view({n, config_.hidden_size});
-  // reduce_from_tp backward is the identity: every TP rank holds the full gradient.
-  word_embedding_->backward(ctx.tokens.view({n}), d2);
+  const Tensor d2 = word_embedding_backward(dx_in, ctx.tokens, ctx.embedding_dropout, ctx.embedding_dropout_key);
   word_embeddings_->grad_ready();  // its last use (the tied output layer's backward ran first)
   if (position_embeddings_) {
     materialize_grads({position_embeddings_});  // a scatter-add
@@ -157,6 +197,8 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
   ctx.logits = logits.view({-1, vocab_local_});           // [s*b, Vp/tp]
   if (labels.defined()) {
     compute_loss(ctx, labels, loss_mask, opt.loss_grad_scale);
+    ctx.mtp.clear();
+    if (!mtp_.empty() && opt.training) mtp_forward(ctx, h, opt);
     if (loss) *loss = LossResult::from_stats(ctx.loss_stats);
   } else {
     MCPP_CHECK(!loss, "forward_step: the loss needs labels and a loss mask");
@@ -165,7 +207,12 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
 }
 
 Tensor GPTModel::backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor& output_grad) {
-  Tensor d = stage_.post_process ? head_backward(ctx, grad_scale) : output_grad;  // [s(/tp), b, h]
+  Tensor d = output_grad;
+  if (stage_.post_process) {  // the MTP depths first: the output weight's last use is the main head's
+    const Tensor d_mtp = ctx.mtp.empty() ? Tensor() : mtp_backward(ctx, grad_scale);
+    d = head_backward(ctx, grad_scale);  // [s(/tp), b, h]
+    if (d_mtp.defined()) ops::add_inplace(d, d_mtp);
+  }
   MCPP_CHECK(d.defined(), "backward_step on a middle pipeline stage needs the next stage's gradient");
   // The MoE router losses back-propagate with the LM loss's coefficient (x cp, as the loss: see loss_grad_scale).
   Tensor dx = decoder_->backward(ctx.decoder, d, has_rope_ ? &ctx.rope : nullptr, loss_grad_scale(grad_scale));
@@ -209,32 +256,48 @@ LossResult LossResult::from_stats(const Tensor& stats) {
   return r;
 }
 
-void GPTModel::compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask, float grad_scale) {
+void GPTModel::compute_loss(LossHeadCtx& lh, const Tensor& labels, const Tensor& loss_mask, float grad_scale,
+                            float grad_coef, const Tensor* count_base) {
   const int64_t n = labels.numel();
   MCPP_CHECK(loss_mask.defined() && loss_mask.numel() == n, "the loss mask must have one value per label ({}); got {}",
              n, loss_mask.defined() ? loss_mask.str() : "undefined");
-  ctx.labels = (labels.device() == device_ ? labels : labels.to(device_)).view({n});
-  ctx.loss_mask = (loss_mask.device() == device_ ? loss_mask : loss_mask.to(device_)).view({n});
+  lh.labels = (labels.device() == device_ ? labels : labels.to(device_)).view({n});
+  lh.loss_mask = (loss_mask.device() == device_ ? loss_mask : loss_mask.to(device_)).view({n});
   Tensor loss = Tensor::empty({n}, DType::F32, device_);
-  ctx.lse = Tensor::empty({n}, DType::F32, device_);
-  ctx.loss_stats = Tensor::empty({2}, DType::F32, device_);
-  ctx.logits_hold_grad_for = 0.0f;
+  lh.lse = Tensor::empty({n}, DType::F32, device_);
+  lh.loss_stats = Tensor::empty({2}, DType::F32, device_);
+  lh.logits_hold_grad_for = 0.0f;
+  lh.grad_coef = grad_coef;
+  // The backward's divisor: this head's token count (stats[1], summed over CP), or none per token — except an MTP
+  // depth per token: (its tokens / the main loss's tokens), so that its coefficient is times main / its tokens.
+  auto set_grad_stats = [&] {
+    lh.grad_per_token = config_.calculate_per_token_loss;
+    lh.grad_stats = lh.loss_stats;
+    if (count_base && lh.grad_per_token) {
+      lh.grad_stats = Tensor::zeros({2}, DType::F32, device_);
+      Tensor ratio = lh.grad_stats.flat_slice(1, {1});  // = stats[1] * (1 / base[1]): masked_loss_grad's product
+      ops::masked_loss_grad(ratio, lh.loss_stats.flat_slice(1, {1}), *count_base, 1.0f, false);
+      lh.grad_per_token = false;
+    }
+  };
   if (grad_scale > 0.0f && tp_.size() == 1) {
     // The loss gradient depends on the mask only: d(grad_scale * masked mean)/d loss_i = mask_i * coef.
     // Its token count first (stats[1] = sum(mask), over the CP ranks' chunks; stats[0] is overwritten below),
     // then cross entropy forward + backward in one pass, the gradient written over the logits.
-    ops::masked_loss_stats(ctx.loss_stats, ctx.loss_mask, ctx.loss_mask);
-    sum_over_cp(ctx.loss_stats);
+    ops::masked_loss_stats(lh.loss_stats, lh.loss_mask, lh.loss_mask);
+    sum_over_cp(lh.loss_stats);
+    set_grad_stats();
     Tensor dloss = Tensor::empty({n}, DType::F32, device_);
-    ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, loss_grad_scale(grad_scale),
-                          config_.calculate_per_token_loss);
-    ops::cross_entropy_fwd_bwd(loss, ctx.lse, ctx.logits, ctx.logits, ctx.labels, dloss);
-    ctx.logits_hold_grad_for = grad_scale;
+    ops::masked_loss_grad(dloss, lh.loss_mask, lh.grad_stats, loss_grad_scale(grad_scale) * grad_coef,
+                          lh.grad_per_token);
+    ops::cross_entropy_fwd_bwd(loss, lh.lse, lh.logits, lh.logits, lh.labels, dloss);
+    lh.logits_hold_grad_for = grad_scale;
   } else {
-    tp::vocab_parallel_cross_entropy_fwd(loss, ctx.lse, ctx.logits, ctx.labels, vocab_start_, *tp_.group);
+    tp::vocab_parallel_cross_entropy_fwd(loss, lh.lse, lh.logits, lh.labels, vocab_start_, *tp_.group);
   }
-  ops::masked_loss_stats(ctx.loss_stats, loss, ctx.loss_mask);  // stays on the device (no sync)
-  sum_over_cp(ctx.loss_stats);  // the whole sequence's statistics on every CP rank
+  ops::masked_loss_stats(lh.loss_stats, loss, lh.loss_mask);  // stays on the device (no sync)
+  sum_over_cp(lh.loss_stats);  // the whole sequence's statistics on every CP rank
+  if (lh.logits_hold_grad_for == 0.0f) set_grad_stats();
 }
 
 void GPTModel::sum_over_cp(Tensor& stats) const {
@@ -257,23 +320,84 @@ void GPTModel::backward(GPTModelCtx& ctx, float grad_scale) {
 
 Tensor GPTModel::head_backward(GPTModelCtx& ctx, float grad_scale) {
   MCPP_CHECK(ctx.lse.defined(), "the last pipeline stage's backward needs the context of a forward with loss");
-  const int64_t n = ctx.labels.numel(), s = ctx.tokens.size(0), b = ctx.tokens.size(1);
+  return loss_backward(ctx, *output_layer_, grad_scale, ctx.tokens.size(0), ctx.tokens.size(1));
+}
+
+Tensor GPTModel::loss_backward(LossHeadCtx& lh, const tp::ColumnParallelLinear& layer, float grad_scale, int64_t s,
+                               int64_t b) {
+  const int64_t n = lh.labels.numel();
   // d(grad_scale * sum(loss*mask)/sum(mask)) / d loss_i, or with calculate_per_token_loss
   // d(grad_scale * sum(loss*mask)) / d loss_i (the caller divides the gradients by the global token count)
-  Tensor dlogits = ctx.logits;  // in place: the logits are not needed afterwards
-  if (ctx.logits_hold_grad_for > 0.0f) {  // the fused loss forward computed it already
-    MCPP_CHECK(ctx.logits_hold_grad_for == grad_scale,
+  Tensor dlogits = lh.logits;  // in place: the logits are not needed afterwards
+  if (lh.logits_hold_grad_for > 0.0f) {  // the fused loss forward computed it already
+    MCPP_CHECK(lh.logits_hold_grad_for == grad_scale,
                "backward_step: grad_scale {} differs from the forward's ForwardOptions::loss_grad_scale {}", grad_scale,
-               ctx.logits_hold_grad_for);
+               lh.logits_hold_grad_for);
   } else {
     Tensor dloss = Tensor::empty({n}, DType::F32, device_);
-    ops::masked_loss_grad(dloss, ctx.loss_mask, ctx.loss_stats, loss_grad_scale(grad_scale),
-                          config_.calculate_per_token_loss);
-    tp::vocab_parallel_cross_entropy_bwd(dlogits, dloss, ctx.logits, ctx.labels, ctx.lse, vocab_start_, *tp_.group);
+    ops::masked_loss_grad(dloss, lh.loss_mask, lh.grad_stats, loss_grad_scale(grad_scale) * lh.grad_coef,
+                          lh.grad_per_token);
+    tp::vocab_parallel_cross_entropy_bwd(dlogits, dloss, lh.logits, lh.labels, lh.lse, vocab_start_, *tp_.group);
   }
-  Tensor dh = output_layer_->backward(ctx.output, dlogits.view({s, b, vocab_local_}));  // [s(/tp), b, h]
-  ctx.logits = Tensor();  // consumed
+  Tensor dh = layer.backward(lh.output, dlogits.view({s, b, vocab_local_}));  // [s(/tp), b, h]
+  lh.logits = Tensor();  // consumed
   return dh;
+}
+
+namespace {
+// t [s, b] rolled one position left along s, the last row zero (Megatron's roll_tensor(shifts=-1) on [b, s]).
+Tensor roll_left(const Tensor& t) {
+  const int64_t s = t.size(0);
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
+  if (s > 1) out.narrow0(0, s - 1).copy_from(t.narrow0(1, s - 1));
+  out.narrow0(s - 1, 1).zero_();
+  return out;
+}
+}  // namespace
+
+void GPTModel::mtp_forward(GPTModelCtx& ctx, const Tensor& h0, const ForwardOptions& opt) {
+  MCPP_CHECK(tp_.cp_size() == 1, "multi-token prediction with context parallelism is not implemented");
+  const int64_t s = ctx.tokens.size(0), b = ctx.tokens.size(1), depths = config_.mtp_num_layers;
+  const float coef = config_.mtp_loss_scaling_factor / static_cast<float>(depths);
+  ctx.mtp.assign(static_cast<size_t>(depths), {});
+  Tensor tokens = ctx.tokens, labels = ctx.labels.view({s, b}), mask = ctx.loss_mask.view({s, b});
+  Tensor hidden = h0;
+  for (int64_t k = 0; k < depths; ++k) {
+    MtpDepthCtx& d = ctx.mtp[static_cast<size_t>(k)];
+    tokens = roll_left(tokens), labels = roll_left(labels), mask = roll_left(mask);
+    d.tokens = tokens;
+    const Tensor e = finish_embedding(word_embedding_->forward(tokens.view({s * b})).view({s, b, config_.hidden_size}),
+                                      opt, d.embedding_dropout, d.embedding_dropout_key);
+    hidden = mtp_[static_cast<size_t>(k)]->forward(d.layer, hidden, e, has_rope_ ? &ctx.rope : nullptr, opt);
+    d.logits = mtp_output_layer_->forward(d.output, hidden).view({-1, vocab_local_});
+    compute_loss(d, labels, mask, opt.loss_grad_scale, coef, &ctx.loss_stats);
+    if (opt.mtp_losses) {  // {mean, 1}: Megatron's sum(loss * mask) / max(sum(mask), 1), 0 without tokens
+      Tensor v = Tensor::empty({2}, DType::F32, device_);
+      Tensor mean = v.flat_slice(0, {1});
+      ops::masked_loss_grad(mean, d.loss_stats.flat_slice(0, {1}), d.loss_stats, 1.0f, false);
+      v.flat_slice(1, {1}).copy_from(one_);
+      opt.mtp_losses->add(v, k);
+    }
+  }
+}
+
+Tensor GPTModel::mtp_backward(GPTModelCtx& ctx, float grad_scale) {
+  const int64_t s = ctx.tokens.size(0), b = ctx.tokens.size(1);
+  Tensor dnext;  // d h_k from depth k + 1's hnorm
+  for (auto k = static_cast<int64_t>(ctx.mtp.size()); k-- > 0;) {
+    MtpDepthCtx& d = ctx.mtp[static_cast<size_t>(k)];
+    Tensor dh = loss_backward(d, *mtp_output_layer_, grad_scale, s, b);
+    if (dnext.defined()) ops::add_inplace(dh, dnext);
+    auto [dhidden, demb] = mtp_[static_cast<size_t>(k)]->backward(d.layer, dh, has_rope_ ? &ctx.rope : nullptr,
+                                                                   loss_grad_scale(grad_scale));
+    word_embedding_backward(demb, d.tokens, d.embedding_dropout, d.embedding_dropout_key);
+    dnext = dhidden;
+    d = {};
+  }
+  ctx.mtp.clear();
+  // The word embeddings' last use on this stage when neither the embedding nor a tied output layer is here.
+  if (!stage_.pre_process && config_.untie_embeddings_and_output_weights) word_embeddings_->grad_ready();
+  return dnext;
 }
 
 }  // namespace mcpp

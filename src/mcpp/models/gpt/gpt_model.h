@@ -20,6 +20,16 @@
 // state [s(/tp), b, h] between stages. With tied embeddings, a last stage without the embedding registers
 // its output weight under the same key "embedding.word_embeddings.weight" (identical initial values by the
 // key-based init; shared_copy) and finalize_model_grads sums the two stages' gradients.
+//
+// Multi-token prediction (config.mtp_num_layers = D > 0; Megatron's --mtp-num-layers, on the last stage): a
+// training forward with labels also runs D MultiTokenPredictionLayers after the decoder's final norm — depth k on
+// the tokens, labels and loss mask rolled k positions left (the last k positions: token 0, mask 0), its
+// embedding from the shared word embeddings (so the last stage holds a shared copy of them also when untied), its
+// logits from the shared output layer. Each depth's loss (the masked mean over its rolled mask) back-propagates
+// with grad_scale * mtp_loss_scaling_factor / D — Megatron's MTPLossAutoScaler with the main loss's backward
+// scale; with calculate_per_token_loss its token sum times (main tokens / its tokens), as Megatron's
+// process_mtp_loss. The reported loss stays the main one; the depths' means go to ForwardOptions::mtp_losses.
+// Evaluation and inference forwards (no labels, or training false) skip the depths. Keys "mtp.layers.<k>.*".
 #pragma once
 #include <memory>
 #include <vector>
@@ -28,12 +38,38 @@
 #include "mcpp/tensor_parallel/layers.h"
 #include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/tensor_parallel/vocab_parallel.h"
+#include "mcpp/transformer/multi_token_prediction.h"
 #include "mcpp/transformer/transformer_config.h"
 #include "mcpp/transformer/transformer_layer.h"
 
 namespace mcpp {
 
-struct GPTModelCtx {
+// One use of the output layer and its loss (the main head, or an MTP depth's).
+struct LossHeadCtx {
+  tensor_parallel::ParallelLinearCtx output;
+  Tensor logits;          // [s*b, Vp/tp]
+  Tensor labels;          // [s*b] int32
+  Tensor loss_mask;       // [s*b] float32, on the model's device
+  Tensor lse;             // [s*b] (global over the vocabulary)
+  Tensor loss_stats;      // [2] float32 on the model's device: {sum(loss * mask), sum(mask)} (masked_loss_stats)
+  // The backward's d(loss)/d(loss_i) = mask_i * coef with coef = grad_coef * grad_scale over grad_stats[1]
+  // (ops::masked_loss_grad; per token: not divided).
+  Tensor grad_stats;
+  bool grad_per_token = false;
+  float grad_coef = 1.0f;  // the main loss 1; an MTP depth's mtp_loss_scaling_factor / mtp_num_layers
+  float logits_hold_grad_for = 0.0f;  // > 0: the loss forward already turned logits into d(loss)/d(logits)
+                                      // for this grad_scale (ForwardOptions::loss_grad_scale)
+};
+
+// One MTP depth of a training forward (multi_token_prediction.h).
+struct MtpDepthCtx : LossHeadCtx {
+  Tensor tokens;  // [s, b] int32: the tokens rolled k positions left (the embedding's backward)
+  PhiloxKey embedding_dropout_key;
+  bool embedding_dropout = false;
+  MultiTokenPredictionLayerCtx layer;
+};
+
+struct GPTModelCtx : LossHeadCtx {
   Tensor tokens;          // [s, b] int32
   Tensor input;           // [s(/tp), b, h] from the previous pipeline stage (not on the first)
   Tensor position_ids;    // [s*b] int32 (learned positions; the model's cached ids, not an activation)
@@ -41,14 +77,7 @@ struct GPTModelCtx {
   bool embedding_dropout = false;
   RopeTables rope;        // cos/sin rows for this sequence length (rope configs)
   TransformerBlockCtx decoder;
-  tensor_parallel::ParallelLinearCtx output;
-  Tensor logits;          // [s*b, Vp/tp]
-  Tensor labels;          // [s*b] int32
-  Tensor loss_mask;       // [s*b] float32, on the model's device
-  Tensor lse;             // [s*b] (global over the vocabulary)
-  Tensor loss_stats;      // [2] float32 on the model's device: {sum(loss * mask), sum(mask)} (masked_loss_stats)
-  float logits_hold_grad_for = 0.0f;  // > 0: the loss forward already turned logits into d(loss)/d(logits)
-                                      // for this grad_scale (ForwardOptions::loss_grad_scale)
+  std::vector<MtpDepthCtx> mtp;  // a training forward with labels of a model with MTP depths (last stage)
 };
 
 struct GPTModelStage {
@@ -102,7 +131,8 @@ class GPTModel {
   // DDP reduces over expert-DP; empty (and unfinalized) without MoE layers on this stage.
   ParamAndGradBuffer& expert_params() { return expert_params_; }
   // The routers of this chunk's MoE layers (expert biases: the trainer's update, the checkpoint's buffers).
-  std::vector<moe::TopKRouter*> routers() const { return decoder_->routers(); }
+  // (with MTP depths on this stage their MoE layers' routers follow)
+  std::vector<moe::TopKRouter*> routers() const;
   bool has_expert_params() const { return !expert_params_.params().empty(); }
   // params(), then expert_params() when there are any: every parameter of this chunk.
   std::vector<ParamAndGradBuffer*> buffers() {
@@ -121,7 +151,17 @@ class GPTModel {
   void embed_backward(GPTModelCtx& ctx, const Tensor& dx);
   Tensor head_backward(GPTModelCtx& ctx, float grad_scale);  // loss -> d(final hidden)
   // -> ctx.loss_stats; grad_scale > 0 (tp = 1): also the logits' gradient, in place (fused cross entropy)
-  void compute_loss(GPTModelCtx& ctx, const Tensor& labels, const Tensor& loss_mask, float grad_scale = 0.0f);
+  // grad_coef and count_base: an MTP depth's (count_base = the main loss's statistics, for the per-token ratio).
+  void compute_loss(LossHeadCtx& lh, const Tensor& labels, const Tensor& loss_mask, float grad_scale = 0.0f,
+                    float grad_coef = 1.0f, const Tensor* count_base = nullptr);
+  Tensor loss_backward(LossHeadCtx& lh, const tensor_parallel::ColumnParallelLinear& layer, float grad_scale,
+                       int64_t s, int64_t b);  // -> d(its hidden) [s(/tp), b, h]
+  // the word embedding of tokens [s, b] -> [s(/tp), b, h]: SP scatter and embedding dropout (drawn into *key)
+  Tensor finish_embedding(const Tensor& x, const ForwardOptions& opt, bool& dropout, PhiloxKey& key);
+  // dx [s(/tp), b, h] -> the word embeddings' gradient of tokens (no grad_ready); returns [s*b, h]
+  Tensor word_embedding_backward(const Tensor& dx, const Tensor& tokens, bool dropout, const PhiloxKey& key);
+  void mtp_forward(GPTModelCtx& ctx, const Tensor& h0, const ForwardOptions& opt);
+  Tensor mtp_backward(GPTModelCtx& ctx, float grad_scale);  // -> d h0
   void sum_over_cp(Tensor& stats) const;            // loss statistics summed over the context-parallel group
   float loss_grad_scale(float grad_scale) const;   // the loss gradient's coefficient (x cp, see the .cpp)
 
@@ -141,6 +181,9 @@ class GPTModel {
   Parameter* position_embeddings_ = nullptr;  // [max_pos, h] replicated
   std::unique_ptr<TransformerBlock> decoder_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
+  std::vector<std::unique_ptr<MultiTokenPredictionLayer>> mtp_;  // post_process with mtp_num_layers
+  std::unique_ptr<tensor_parallel::ColumnParallelLinear> mtp_output_layer_;  // the output weight, no grad_ready
+  Tensor one_;  // float32 [1] = 1 on the device (the MTP loss records' microbatch count)
   RopeTables rope_;
   bool has_rope_ = false;
   RopeTables rope_cp_;  // --cp-comm-type p2p: the tables of this CP rank's rows (built once per length)

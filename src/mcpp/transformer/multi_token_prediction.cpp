@@ -1,0 +1,127 @@
+#include "mcpp/transformer/multi_token_prediction.h"
+
+#include <fmt/format.h>
+
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+#include "mcpp/tensor_parallel/mappings.h"
+
+namespace mcpp {
+
+namespace tp = tensor_parallel;
+
+namespace {
+std::string depth_prefix(int64_t depth) { return fmt::format("mtp.layers.{}", depth); }
+}  // namespace
+
+MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params,
+                                                     int64_t depth, const TransformerConfig& c,
+                                                     const TransformerLayerSpec& spec, const tp::TPContext& tpc,
+                                                     bool moe)
+    : tp_(tpc),
+      hidden_size_(c.hidden_size),
+      recompute_(c.recompute_granularity == "full" && c.recompute_method == "uniform"),
+      enorm_(params, depth_prefix(depth) + ".enorm", c.hidden_size, c.normalization, c.norm_epsilon,
+             tpc.sequence_parallel),
+      hnorm_(params, depth_prefix(depth) + ".hnorm", c.hidden_size, c.normalization, c.norm_epsilon,
+             tpc.sequence_parallel),
+      eh_proj_(params, depth_prefix(depth) + ".eh_proj",
+               {.input_size = 2 * c.hidden_size,
+                .output_size = c.hidden_size,
+                .bias = false,
+                .init_std = c.init_method_std,
+                .sequence_parallel = tpc.sequence_parallel,
+                .tp_comm_overlap = tpc.comm_overlap},
+               tpc.group),
+      layer_(params, expert_params, depth_prefix(depth) + ".transformer_layer", c, spec, tpc, moe),
+      final_layernorm_(params, depth_prefix(depth) + ".final_layernorm", c.hidden_size, c.normalization,
+                       c.norm_epsilon, tpc.sequence_parallel) {}
+
+Tensor MultiTokenPredictionLayer::run(MultiTokenPredictionLayerCtx& ctx, const Tensor& hidden,
+                                      const Tensor& embedding, const RopeTables* rope,
+                                      const ForwardOptions& opt) const {
+  MCPP_CHECK(hidden.shape() == embedding.shape(), "MTP layer: hidden {} and embedding {} differ", hidden.str(),
+             embedding.str());
+  const int64_t h = hidden_size_, n = hidden.numel() / h;
+  // concat(enorm(e), hnorm(h)) on the last dim: both norms' rows in one [2, n, h] buffer, then a block transpose
+  // to [n, 2, h] = [n, 2h].
+  Tensor both = Tensor::empty({2 * n, h}, hidden.dtype(), hidden.device());
+  both.narrow0(0, n).copy_from(enorm_.forward(ctx.enorm, embedding).view({n, h}));
+  both.narrow0(n, n).copy_from(hnorm_.forward(ctx.hnorm, hidden).view({n, h}));
+  Shape cat_shape = hidden.shape();
+  cat_shape.back() = 2 * h;
+  Tensor cat = Tensor::empty(cat_shape, hidden.dtype(), hidden.device());
+  ops::chunk_transpose(cat, both, 2, n);
+  Tensor x = tp::all_gather_last_dim(*tp_.group, eh_proj_.forward(ctx.eh_proj, cat));  // [s, b, h]
+  if (tp_.sequence_parallel) x = tp::split_sp(*tp_.group, x).clone();                  // scatter_to_sp
+  Residual r = layer_.forward(ctx.layer, Residual{x, Tensor()}, rope, opt);
+  // The layer's last residual add inside the final norm, as TransformerBlock's (a dropped branch summed apart).
+  if (r.drop.active()) r.sum();
+  if (!r.b.defined()) return final_layernorm_.forward(ctx.final_layernorm, r.a);
+  Tensor sum;
+  return final_layernorm_.forward_add(ctx.final_layernorm, sum, r.a, r.b);
+}
+
+Tensor MultiTokenPredictionLayer::forward(MultiTokenPredictionLayerCtx& ctx, const Tensor& hidden,
+                                          const Tensor& embedding, const RopeTables* rope,
+                                          const ForwardOptions& opt) const {
+  ctx = {};
+  ctx.recomputed = recompute_ && opt.training;
+  if (ctx.recomputed) ctx.replay = ForwardReplay::of(opt);  // the streams as the depth's forward finds them
+  Tensor out = run(ctx, hidden, embedding, rope, opt);
+  if (ctx.recomputed) {  // keep the inputs only: backward re-runs the depth
+    ForwardReplay replay = std::move(ctx.replay);
+    ctx = {};
+    ctx.recomputed = true;
+    ctx.hidden_in = hidden;
+    ctx.embedding_in = embedding;
+    ctx.replay = std::move(replay);
+  }
+  return out;
+}
+
+std::pair<Tensor, Tensor> MultiTokenPredictionLayer::backward(MultiTokenPredictionLayerCtx& ctx, const Tensor& dy,
+                                                              const RopeTables* rope, float loss_grad_scale) const {
+  if (ctx.recomputed) {  // the same draws as the original forward (output unused)
+    const Tensor hidden = ctx.hidden_in, embedding = ctx.embedding_in;
+    ForwardReplay replay = std::move(ctx.replay);
+    ctx = {};
+    run(ctx, hidden, embedding, rope, replay.options());
+  }
+  MCPP_CHECK(ctx.enorm.x.defined(), "MultiTokenPredictionLayer::backward needs the context of a forward");
+  const int64_t h = hidden_size_;
+  const Tensor dsum = final_layernorm_.backward(ctx.final_layernorm, dy);
+  const ResidualGrad dx = layer_.backward(ctx.layer, ResidualGrad{dsum, Tensor()}, rope, loss_grad_scale);
+  MCPP_CHECK(!dx.branch.defined(), "MTP layer: the transformer layer's input has no residual branch");
+  Tensor d = dx.sum;
+  if (tp_.sequence_parallel) d = tp::all_gather_sp(*tp_.group, d);  // scatter_to_sp backward: [s, b, h]
+  const Tensor dcat = eh_proj_.backward(ctx.eh_proj, tp::split_last_dim(*tp_.group, d));  // [s(/tp), b, 2h]
+  const int64_t n = dcat.numel() / (2 * h);
+  Tensor both = Tensor::empty({2 * n, h}, dcat.dtype(), dcat.device());
+  ops::chunk_transpose(both, dcat, n, 2);  // [n, 2, h] -> [2, n, h]
+  Shape shape = dcat.shape();
+  shape.back() = h;
+  Tensor demb = enorm_.backward(ctx.enorm, both.narrow0(0, n).view(shape));
+  Tensor dhidden = hnorm_.backward(ctx.hnorm, both.narrow0(n, n).view(shape));
+  ctx = {};  // consumed
+  return {dhidden, demb};
+}
+
+void MtpLossTracker::add(const Tensor& v, int64_t depth) {
+  MCPP_CHECK(v.dtype() == DType::F32 && v.numel() == 2, "MtpLossTracker: expected float32 [2], got {}", v.str());
+  MCPP_CHECK(depth >= 0 && depth < depths_, "MtpLossTracker: depth {} outside [0, {})", depth, depths_);
+  if (!sums_.defined()) sums_ = Tensor::zeros({depths_, 2}, DType::F32, v.device());
+  Tensor row = sums_.flat_slice(depth * 2, {2});
+  ops::add_inplace(row, v);
+}
+
+std::vector<std::pair<double, double>> MtpLossTracker::take() {
+  std::vector<std::pair<double, double>> out(static_cast<size_t>(depths_), {0.0, 0.0});
+  if (!sums_.defined()) return out;
+  const Tensor h = sums_.to(Device::CPU);
+  for (int64_t k = 0; k < depths_; ++k) out[static_cast<size_t>(k)] = {h.data<float>()[2 * k], h.data<float>()[2 * k + 1]};
+  sums_.zero_();
+  return out;
+}
+
+}  // namespace mcpp
