@@ -213,6 +213,13 @@ TEST(PipelineLayout, LayoutString) {
   expect_stage(l, 1, 0, {1, 2}, false, false);
   expect_stage(l, 0, 1, {3, 4}, false, false);
   expect_stage(l, 1, 1, {5}, false, true);
+  // MTP depths with the loss: placed as if absent (the last stage builds them with the output layer)
+  l = make_pipeline_layout({.num_layers = 3,
+                            .pipeline_model_parallel_size = 2,
+                            .pipeline_model_parallel_layout = "Et|t,t,m*2,L",
+                            .mtp_num_layers = 2});
+  expect_stage(l, 0, 0, {0}, true, false);
+  expect_stage(l, 1, 0, {1, 2}, false, true);
   // Groups repeat across '|'.
   l = make_pipeline_layout(
       {.num_layers = 4, .pipeline_model_parallel_size = 3, .pipeline_model_parallel_layout = "E(t|)*2,ttL"});
@@ -296,7 +303,17 @@ TEST(PipelineLayout, LayoutStringErrors) {
   expect_layout_error("E|t|Lt", 3, 2, {"last layer must be the loss"});
   expect_layout_error("EE|tL", 2, 1, {"'E' must appear exactly once"});
   expect_layout_error("E|tL|L", 3, 1, {"'L' must appear exactly once"});
-  expect_layout_error("E|tm|tL", 3, 2, {"MTP layers 'm' are not supported"});
+  // MTP depths 'm': as many as mtp_num_layers, in the stage of 'L'
+  expect_layout_error("E|tm|tL", 3, 2, {"has 1 MTP layers 'm' but mtp_num_layers=0"});
+  expect_error({.num_layers = 2, .pipeline_model_parallel_size = 3, .pipeline_model_parallel_layout = "E|tm|tL",
+                .mtp_num_layers = 1},
+               {"the MTP layers 'm' must sit in the stage of the loss 'L'"});
+  expect_error({.num_layers = 2, .pipeline_model_parallel_size = 2, .pipeline_model_parallel_layout = "Et|tmL",
+                .mtp_num_layers = 2},
+               {"has 1 MTP layers 'm' but mtp_num_layers=2"});
+  expect_error({.num_layers = 2, .pipeline_model_parallel_size = 2, .pipeline_model_parallel_layout = "Et|mtmL",
+                .mtp_num_layers = 2},
+               {"the MTP layers 'm' must follow every transformer layer 't'"});
   expect_layout_error("Et|tL", 2, 3, {"has 2 transformer layers 't' but num_layers=3"});
   expect_layout_error("E|t*3|t*3|t*2,L", 3, 8, {"has 4 stages, not a multiple of pipeline_model_parallel_size=3"});
   expect_layout_error("Et|t*999999999L", 2, 2, {"too large"});

@@ -42,6 +42,9 @@ struct Case {
   std::vector<std::string> modules{"core_attn"};  // --recompute-modules (selective)
   bool shared_gate = false;                        // MoE: --moe-shared-expert-gate
   bool qk_layernorm = false;                       // --qk-layernorm
+  int64_t mtp = 0;                                 // --mtp-num-layers
+  bool rope = false;                               // gpt2 with RoPE (MTP needs RoPE or no positions)
+  bool per_token = false;                          // --calculate-per-token-loss
 };
 
 Config config_for(const Case& k) {
@@ -57,6 +60,9 @@ Config config_for(const Case& k) {
   if (k.untied) cfg.model.untie_embeddings_and_output_weights = true;
   if (k.no_rope) cfg.model.position_embedding_type = PositionEmbedding::None;
   cfg.model.qk_layernorm = k.qk_layernorm;
+  cfg.model.mtp_num_layers = k.mtp;
+  if (k.rope) cfg.model.position_embedding_type = PositionEmbedding::Rope;
+  cfg.model.calculate_per_token_loss = k.per_token;
   if (!k.moe_freq.empty()) {
     cfg.model.num_moe_experts = 4;
     cfg.model.moe_layer_freq = k.moe_freq;
@@ -126,6 +132,19 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
        .moe_freq = "[1,0,0,1]", .shared = 40, .modules = {"layernorm"}, .shared_gate = true},
       {.name = "llama moe every 2nd + shared 24, selective layernorm + moe + shared_experts", .style = "llama",
        .recompute = "selective", .moe_freq = "2", .shared = 24, .modules = {"layernorm", "moe", "shared_experts"}},
+      // multi-token prediction: the depths' contexts on the last stage (the embedding copy when untied)
+      {.name = "llama mtp 2", .style = "llama", .mtp = 2},
+      {.name = "llama mtp 2 unfused + dropout, per token", .style = "llama", .attention = "unfused", .dropout = true,
+       .mtp = 2, .per_token = true},
+      {.name = "gpt2 rope (tied) mtp 1 + dropout", .style = "gpt2", .dropout = true, .mtp = 1, .rope = true},
+      {.name = "llama mtp 2 full uniform 2", .style = "llama", .recompute = "full", .method = "uniform",
+       .recompute_layers = 2, .mtp = 2},
+      {.name = "llama mtp 1 full block 1", .style = "llama", .recompute = "full", .method = "block",
+       .recompute_layers = 1, .mtp = 1},
+      {.name = "llama mtp 2 selective layernorm + mlp", .style = "llama", .recompute = "selective",
+       .modules = {"layernorm", "mlp"}, .mtp = 2},
+      {.name = "llama moe [0,0,0,1] + shared 24, mtp 2 (MoE depths)", .style = "llama", .moe_freq = "[0,0,0,1]",
+       .shared = 24, .mtp = 2},
   };
   struct StageCase {
     bool pre, post;
@@ -143,10 +162,11 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       std::vector<int64_t> layers;
       for (int64_t i = 0; i < sc.count; ++i) layers.push_back(sc.first + i);
       EXPECT_EQ(tools::chunk_params(cfg, layers, sc.pre, sc.post), model.params().numel()) << where;
-      EXPECT_EQ(tools::chunk_expert_params(cfg, layers),
+      EXPECT_EQ(tools::chunk_expert_params(cfg, layers, sc.post),
                 model.has_expert_params() ? model.expert_params().numel() : 0) << where;
       tensor_parallel::RngTracker rng(9, 0, 0);
-      const ForwardOptions opt{.training = true, .rng = &rng};
+      MtpLossTracker mtp_losses(cfg.model.mtp_num_layers);
+      const ForwardOptions opt{.training = true, .rng = &rng, .mtp_losses = &mtp_losses};
       const int64_t s = cfg.model.seq_length, b = cfg.training.micro_batch_size, h = cfg.model.hidden_size;
       testing::Batch bt = testing::fixed_batch(s, b, cfg.model.vocab_size);
       Tensor input;

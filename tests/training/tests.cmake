@@ -57,3 +57,11 @@ add_test(NAME training.moe_etp_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/moe_etp_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/moe_etp_check)
 set_tests_properties(training.moe_etp_cli PROPERTIES TIMEOUT 600)
+# training.mtp_cli: multi-token prediction (--mtp-num-layers) — logged MTP losses; TP2 + SP x DP2, PP2 x DP2, a layout
+# with 'm', tied embeddings at PP2 and MoE depths at EP2 equal 1 rank; full recompute bit-exact; PP2 resume bit-exact,
+# continued at 1 rank, a converted checkpoint continued at PP2; memory plans equal the measured; bad MTP input fails
+# with one named error.
+add_test(NAME training.mtp_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/mtp_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/mtp_check)
+set_tests_properties(training.mtp_cli PROPERTIES TIMEOUT 600)

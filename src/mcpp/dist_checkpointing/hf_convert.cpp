@@ -520,6 +520,10 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
     fail("{} export: model.num_moe_experts is 0 (a dense model); {} needs experts (hf-llama / hf-qwen2 / hf-qwen3 "
          "write dense Llama-style models)", hf_format_name(format), hf_format_name(format));
   if (moe_format) require_moe_routing(reader.meta()["config"]["model"], d, format);
+  const int64_t mtp = get_int(reader.meta()["config"]["model"], "mtp_num_layers", reader.dir(), 0, false);
+  if (mtp > 0)  // none of the formats has a place for them: exporting would drop trained weights silently
+    fail("{} export: model.mtp_num_layers is {} — the checkpoint holds multi-token prediction depths (mtp.layers.*) "
+         "that {} has no place for; export would drop them", hf_format_name(format), mtp, hf_format_name(format));
   std::vector<SafetensorsItem> items;
   nlohmann::json cfg;
   if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);

@@ -189,6 +189,9 @@ PipelineLayout from_layout_string(const LayoutOptions& opt, int64_t requested_v)
   if (count(LayoutItem::Mtp) != opt.mtp_num_layers)
     fail("pipeline_model_parallel_layout \"{}\" has {} MTP layers 'm' but mtp_num_layers={}", s,
          count(LayoutItem::Mtp), opt.mtp_num_layers);
+  const auto first_mtp = std::find(flat.begin(), flat.end(), LayoutItem::Mtp);
+  if (std::find(first_mtp, flat.end(), LayoutItem::Decoder) != flat.end())
+    fail("pipeline_model_parallel_layout \"{}\": the MTP layers 'm' must follow every transformer layer 't'", s);
   for (const auto& st : parsed)
     if (std::count(st.begin(), st.end(), LayoutItem::Mtp) > 0 &&
         std::count(st.begin(), st.end(), LayoutItem::Loss) == 0)

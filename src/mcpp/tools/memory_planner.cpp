@@ -110,6 +110,27 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
          + mlp;
 }
 
+// One MTP depth's context (multi_token_prediction.h; training with labels). The depth's hidden input h_{k-1} is the
+// previous head's output-layer input (h_0: the main head's) — the same tensor without SP; under SP a [s/tp] tensor of
+// its own.
+int64_t mtp_depth_bytes(const Config& cfg, const LayerDims& d) {
+  const TransformerConfig& m = cfg.model;
+  const int64_t hidden_local = d.n_local * d.h * d.e;
+  const bool sp = d.n != d.n_local;
+  int64_t bytes = 4 * d.n * 4 + 8                                                      // rolled tokens, labels,
+                  + (m.calculate_per_token_loss ? 8 : 0)                               // mask; lse; the statistics
+                  + d.n * (m.padded_vocab_size / cfg.parallel.tensor_model_parallel_size) * d.e  // logits
+                  + d.n * d.h * d.e;                                                   // the output layer's input
+  if (m.recompute_granularity == "full" && m.recompute_method == "uniform")  // the depth's two inputs only
+    return bytes + hidden_local + (sp ? hidden_local : 0);
+  return bytes + hidden_local + norm_stats_bytes(cfg, d)    // enorm: the embedding (after its dropout)
+         + (sp ? hidden_local : 0) + norm_stats_bytes(cfg, d)  // hnorm: h_{k-1}
+         + d.n * 2 * d.h * d.e                                // eh_proj's input (gathered under SP)
+         + hidden_local                                       // the transformer layer's input
+         + layer_bytes(cfg, d, m.num_moe_experts > 0 && m.is_moe_layer(m.num_layers - 1))
+         + hidden_local + norm_stats_bytes(cfg, d);            // final_layernorm's input (the layer's sum)
+}
+
 }  // namespace
 
 int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
@@ -143,6 +164,7 @@ int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layer
     bytes += d.n * d.h * d.e;                                                  // the output layer's input
     bytes += d.n * (cfg.model.padded_vocab_size / cfg.parallel.tensor_model_parallel_size) * d.e;  // logits
     bytes += 3 * d.n * 4 + 8;  // labels, loss mask, lse; the loss statistics [2] fp32
+    bytes += cfg.model.mtp_num_layers * mtp_depth_bytes(cfg, d);
   }
   return bytes;
 }
@@ -177,11 +199,16 @@ int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool
   if (post_process) {
     p += norm;                                     // final_layernorm
     if (!tied || !pre_process) p += vocab_local * h;  // output_layer, or the tied embeddings' copy on the last stage
+    if (m.mtp_num_layers > 0) {  // enorm, hnorm, eh_proj [h/tp, 2h], the transformer layer, final_layernorm per depth
+      const bool moe_last = moe.at(static_cast<size_t>(m.num_layers - 1));
+      p += m.mtp_num_layers * (3 * norm + (h / tp) * 2 * h + attention + (moe_last ? moe_mlp : dense_mlp));
+      if (!tied && !pre_process) p += vocab_local * h;  // the word embeddings' copy for the depths' embeddings
+    }
   }
   return p;
 }
 
-int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layers) {
+int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layers, bool post_process) {
   const TransformerConfig& m = cfg.model;
   if (m.num_moe_experts == 0) return 0;
   const int64_t h = m.hidden_size, f = m.moe_ffn_hidden_size, bias = m.add_bias_linear ? 1 : 0;
@@ -189,8 +216,10 @@ int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layer
   const int64_t fc1_out = (m.swiglu ? 2 : 1) * f / etp;
   const int64_t expert = fc1_out * h + bias * fc1_out + h * (f / etp) + bias * h;
   const std::vector<bool> moe = m.moe_layer_pattern();
-  const auto moe_layers = std::count_if(layers.begin(), layers.end(),
-                                        [&](int64_t l) { return moe.at(static_cast<size_t>(l)); });
+  auto moe_layers = std::count_if(layers.begin(), layers.end(),
+                                  [&](int64_t l) { return moe.at(static_cast<size_t>(l)); });
+  if (post_process && m.mtp_num_layers > 0 && moe.at(static_cast<size_t>(m.num_layers - 1)))
+    moe_layers += m.mtp_num_layers;  // the MTP depths' layers are of the decoder's last layer's kind
   return moe_layers * (m.num_moe_experts / cfg.parallel.expert_model_parallel_size) * expert;
 }
 
@@ -242,16 +271,17 @@ MemoryPlan plan_memory(const Config& cfg) {
       const pipeline_parallel::StageLayers& sl = layout.at(r, v);
       ChunkMemory c{.vp_stage = v, .pre_process = sl.pre_process, .post_process = sl.post_process, .layers = sl.layers};
       c.params = chunk_params(cfg, sl.layers, sl.pre_process, sl.post_process);
-      c.expert_params = chunk_expert_params(cfg, sl.layers);
+      c.expert_params = chunk_expert_params(cfg, sl.layers, sl.post_process);
       c.context_bytes = chunk_context_bytes(cfg, sl.layers, sl.pre_process, sl.post_process);
       st.params += c.params;
       st.expert_params += c.expert_params;
-      // The model's total counts the tied embeddings' last-stage copy once (it is the same logical tensor).
-      const int64_t copy =
-          (tied && sl.post_process && !sl.pre_process) ? cfg.model.padded_vocab_size * cfg.model.hidden_size : 0;
+      // The model's total counts the word embeddings' last-stage copy (tied, or the MTP depths') once (it is the
+      // same logical tensor).
+      const bool has_copy = (tied || cfg.model.mtp_num_layers > 0) && sl.post_process && !sl.pre_process;
+      const int64_t copy = has_copy ? cfg.model.padded_vocab_size * cfg.model.hidden_size : 0;
       plan.total_params +=
           chunk_params(whole, sl.layers, sl.pre_process, sl.post_process) - copy +
-          chunk_expert_params(whole, sl.layers) * plan.ep;  // every EP rank's experts, whole (one EP rank's share)
+          chunk_expert_params(whole, sl.layers, sl.post_process) * plan.ep;  // every EP rank's experts, whole
       st.chunks.push_back(std::move(c));
     }
     const auto p = static_cast<double>(st.params), pe = static_cast<double>(st.expert_params);

@@ -43,7 +43,12 @@
 // Full recompute keeps a group's input only (n_l*h*e; for a group starting at the stage's first layer that is
 // the stage input). A chunk adds: the token ids n*4; the stage input n_l*h*e (received, or the embedding's
 // output); on the last stage the final norm (n_l*h*e + stats), the output layer's input n*h*e, logits
-// n*Vp/tp*e, labels + loss mask + lse 3*n*4 and the loss statistics (8 bytes).
+// n*Vp/tp*e, labels + loss mask + lse 3*n*4 and the loss statistics (8 bytes); with MTP each depth (mtp_depth_bytes):
+// its rolled tokens, labels, mask and lse 4*n*4, statistics 8 (+ 8 per token), logits, the output layer's input
+// n*h*e, the embedding n_l*h*e and h_{k-1} (under SP only: else the previous output layer's input) with the two
+// norms' statistics, eh_proj's input n*2h*e, the transformer layer's input n_l*h*e and context (of the decoder's
+// last layer's kind), its final norm's input n_l*h*e and statistics; under full uniform recompute only the
+// embedding and h_{k-1} (SP) besides the loss part.
 // Not planned: transient buffers of a backward step (activation grads, GEMM / attention workspaces), the
 // CUDA caching allocator's rounding, communication buffers and the CUDA context — the measured device peak is
 // above the plan by those (docs/PERF.md "Memory planner" has the H200 figures).
@@ -120,7 +125,8 @@ int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layer
 // same count), MoE experts excluded; chunk_expert_params: this EP rank's experts (num_moe_experts / ep per MoE
 // layer).
 int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process, bool post_process);
-int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layers);
+// post_process: with MTP depths of a MoE kind (the decoder's last layer's), their experts too.
+int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layers, bool post_process = false);
 
 // "1.234 GiB", or "12.345 MiB" below 1 GiB.
 std::string format_bytes(double bytes);
