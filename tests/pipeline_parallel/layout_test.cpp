@@ -305,7 +305,7 @@ TEST(PipelineLayout, LayoutStringErrors) {
   expect_layout_error("E|tL|L", 3, 1, {"'L' must appear exactly once"});
   // MTP depths 'm': as many as mtp_num_layers, in the stage of 'L'
   expect_layout_error("E|tm|tL", 3, 2, {"has 1 MTP layers 'm' but mtp_num_layers=0"});
-  expect_error({.num_layers = 2, .pipeline_model_parallel_size = 3, .pipeline_model_parallel_layout = "E|tm|tL",
+  expect_error({.num_layers = 2, .pipeline_model_parallel_size = 3, .pipeline_model_parallel_layout = "E|ttm|L",
                 .mtp_num_layers = 1},
                {"the MTP layers 'm' must sit in the stage of the loss 'L'"});
   expect_error({.num_layers = 2, .pipeline_model_parallel_size = 2, .pipeline_model_parallel_layout = "Et|tmL",
