@@ -21,9 +21,12 @@
 # the step time and peak memory of re-running the norms (and the MLPs) in backward; 1.3b-sel: Megatron's default
 # selective recompute (core_attn: with flash attention only the softmax statistics are dropped, and the attention
 # forward re-runs in backward).
+# 1.3b-llama-mtp1 / 1.3b-llama-mtp2: 1.3b-llama with --mtp-num-layers 1 / 2 (DeepSeek-V3's multi-token prediction:
+# each depth one more transformer layer, eh_proj and an LM head pass on the last stage; no anchor counterpart).
 # usage (device machine, repo root, device_carry/ carried):
 #   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed]
-#     [124m-dropout] [1.3b-dropout] [1.3b-llama] [1.3b-qk] [1.3b-ln] [1.3b-ln-mlp] [1.3b-sel] [torch]
+#     [124m-dropout] [1.3b-dropout] [1.3b-llama] [1.3b-qk] [1.3b-ln] [1.3b-ln-mlp] [1.3b-sel] [1.3b-llama-mtp1]
+#     [1.3b-llama-mtp2] [torch]
 set -u
 OUT=$1
 shift
@@ -76,6 +79,8 @@ for w in $what; do
     1.3b-dropout) ours gpt-1.3b-dropout 24 2048 16 2048 8 --attention-dropout 0.1 --hidden-dropout 0.1 ;;
     1.3b-llama) ours gpt-1.3b-llama 24 2048 16 2048 8 $LLAMA ;;
     1.3b-qk) ours gpt-1.3b-qk 24 2048 16 2048 8 $LLAMA --qk-layernorm ;;
+    1.3b-llama-mtp1) ours gpt-1.3b-llama-mtp1 24 2048 16 2048 8 $LLAMA --mtp-num-layers 1 ;;
+    1.3b-llama-mtp2) ours gpt-1.3b-llama-mtp2 24 2048 16 2048 8 $LLAMA --mtp-num-layers 2 ;;
     1.3b-ln) ours gpt-1.3b-ln 24 2048 16 2048 8 --recompute-granularity selective --recompute-modules layernorm ;;
     1.3b-ln-mlp) ours gpt-1.3b-ln-mlp 24 2048 16 2048 8 --recompute-granularity selective \
                    --recompute-modules layernorm mlp ;;

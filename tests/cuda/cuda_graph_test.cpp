@@ -202,6 +202,47 @@ TEST(CudaGraphTraining, Bf16GptWithGraphsMatchesEagerTraining) {
   EXPECT_GT(cuda_peak_memory_bytes(), 0u);
 }
 
+// Multi-token prediction under graphs (bf16, 2 depths, RoPE): the rolled tokens / labels / mask, the depths' fused
+// losses and the log's MTP tracker stay on the device, so the replays train and log as the eager steps do.
+TEST(CudaGraphTraining, MtpWithGraphsMatchesEagerTraining) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_mtp_" + std::to_string(::getpid()));
+  Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
+  c.training.bf16 = true;
+  c.model.position_embedding_type = PositionEmbedding::Rope;
+  c.model.mtp_num_layers = 2;
+  c.training.log_interval = 1;
+  c.validate();
+  c.training.metrics_path = (dir / "eager.jsonl").string();
+  const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
+  c.training.enable_cuda_graph = true;
+  c.training.cuda_graph_warmup_steps = 2;
+  c.training.metrics_path = (dir / "graphed.jsonl").string();
+  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+  auto mtp_losses = [](const std::string& metrics) {
+    std::vector<std::vector<double>> out;
+    std::ifstream f(metrics);
+    for (std::string line; std::getline(f, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("event", "") == "train") out.push_back(j.at("mtp_losses").get<std::vector<double>>());
+    }
+    return out;
+  };
+  const auto want = mtp_losses((dir / "eager.jsonl").string()), got = mtp_losses((dir / "graphed.jsonl").string());
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(graphed.losses.size(), 8u);
+  EXPECT_EQ(graphed.cuda_graph_replays, 6);
+  ASSERT_EQ(want.size(), 8u);
+  ASSERT_EQ(got.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-3 * eager.losses[i]) << "iteration " << i + 1;
+    ASSERT_EQ(got[i].size(), 2u);
+    for (size_t k = 0; k < 2; ++k)
+      EXPECT_NEAR(got[i][k], want[i][k], 1e-3 * want[i][k]) << "iteration " << i + 1 << " depth " << k + 1;
+  }
+  EXPECT_LT(got.back()[0], got[2][0]);  // the depths train under the replays
+}
+
 // The router losses each metrics record logs (load_balancing_loss or seq_load_balancing_loss, z_loss).
 std::vector<std::pair<double, double>> router_losses(const std::string& metrics) {
   std::vector<std::pair<double, double>> out;

@@ -20,6 +20,7 @@ struct Run {
   Tensor logits;                    // [s*b, V] fp32 host
   std::vector<Tensor> grads;        // fp32 host, registration order
   std::vector<std::string> keys;
+  std::vector<double> mtp_losses;   // per MTP depth
 };
 
 Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool round_weights_to_bf16,
@@ -31,10 +32,21 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
   GPTModelCtx ctx;
   Run r;
   tensor_parallel::RngTracker rng(77, 0, 0);
-  r.loss = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = training, .rng = &rng})
+  MtpLossTracker mtp(c.mtp_num_layers);
+  // With MTP the loss forward also writes the logits' gradient (the trainer's fused cross entropy at tp 1), for the
+  // main head and every depth: the logits are read before it (forward_logits, no labels), then the loss.
+  if (c.mtp_num_layers > 0) {
+    GPTModelCtx lctx;
+    r.logits = host(model.forward_logits(lctx, batch.tokens, {.training = false})).clone();
+  }
+  r.loss = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask,
+                              {.training = training, .rng = &rng,
+                               .loss_grad_scale = c.mtp_num_layers > 0 ? 1.0f : 0.0f, .mtp_losses = &mtp})
                .loss;
-  r.logits = host(ctx.logits).clone();  // backward overwrites the logits in place (dlogits); on the CPU
-                                        // host() is the same storage
+  if (c.mtp_num_layers == 0)
+    r.logits = host(ctx.logits).clone();  // backward overwrites the logits in place (dlogits); on the CPU
+                                          // host() is the same storage
+  for (const auto& [sum, count] : mtp.take()) r.mtp_losses.push_back(sum / count);
   model.backward(ctx, 1.0f);
   for (ParamAndGradBuffer* buf : model.buffers())  // the MoE experts' buffer too
     for (const auto& p : buf->params()) {
@@ -51,17 +63,26 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
 // noise (MoE): the router's input jitter and random logits (training forwards; the CUDA kernels draw the CPU's
 // numbers from the same keys).
 // qk_layernorm: --qk-layernorm (the model's norm on each head's q and k before RoPE).
+// mtp: 2 multi-token prediction depths (loss scaling 0.3, per-token loss), the losses' forward fused with the
+// logits' gradient.
 struct Variant {
   bool dropout = false, moe = false, capacity = false, deepseek = false, noise = false, qk_layernorm = false;
+  bool mtp = false;
 };
 
 void compare(const std::string& style, DType dt, const Variant& v = {}) {
-  const auto [dropout, moe, capacity, deepseek, noise, qk_layernorm] = v;
+  const auto [dropout, moe, capacity, deepseek, noise, qk_layernorm, mtp] = v;
   // cuDNN's attention dropout draws its own mask: the comparison with the CPU's runs the mcpp kernels
   const CudnnAttentionScope attention(!dropout && ops::cuda::cudnn_attention());
-  TransformerConfig c = testing::tiny_gpu_config(style);
+  TransformerConfig c = testing::tiny_gpu_config(style == "gpt2_rope" ? "gpt2" : style);
+  if (style == "gpt2_rope") c.position_embedding_type = PositionEmbedding::Rope;
   if (dropout) c.hidden_dropout = c.attention_dropout = 0.1f;
   c.qk_layernorm = qk_layernorm;
+  if (mtp) {
+    c.mtp_num_layers = 2;
+    c.mtp_loss_scaling_factor = 0.3f;
+    c.calculate_per_token_loss = true;
+  }
   if (moe) {  // MoE layers: fp32 only (bf16 logits may route a near-tie token to another expert than the CPU's)
     c.num_moe_experts = 4;
     c.moe_router_topk = 2;
@@ -89,8 +110,11 @@ void compare(const std::string& style, DType dt, const Variant& v = {}) {
     c.finalize();
     c.validate();
   }
-  const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32, dropout || noise);
-  const Run got = run_model(c, Device::CUDA, dt, false, dropout || noise);
+  const Run want = run_model(c, Device::CPU, DType::F32, dt != DType::F32, dropout || noise || mtp);
+  const Run got = run_model(c, Device::CUDA, dt, false, dropout || noise || mtp);
+  ASSERT_EQ(got.mtp_losses.size(), want.mtp_losses.size());
+  for (size_t k = 0; k < got.mtp_losses.size(); ++k)
+    EXPECT_NEAR(got.mtp_losses[k], want.mtp_losses[k], (dt == DType::F32 ? 1e-5 : 1e-2) * want.mtp_losses[k]) << k;
   if (dropout) {  // the masks are on: the eval forward differs
     const Run eval = run_model(c, Device::CPU, DType::F32, dt != DType::F32, false);
     EXPECT_GT(std::abs(eval.loss - want.loss), 1e-4) << "dropout changed nothing";
@@ -158,6 +182,15 @@ TEST(CudaGPTModel, LlamaStyleQkLayernormBf16MatchesCpu) {
 TEST(CudaGPTModel, Gpt2StyleQkLayernormFp32WithDropoutMatchesCpu) {
   MCPP_REQUIRE_CUDA();
   compare("gpt2", DType::F32, {.dropout = true, .qk_layernorm = true});
+}
+
+// Multi-token prediction: the depths' embeddings, eh_proj, layers and fused losses on the GPU (Llama style: untied,
+// the word embeddings' gradient from the main embedding and both depths; GPT-2 style with RoPE: tied).
+TEST(CudaGPTModel, LlamaStyleMtpFp32MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::F32, {.mtp = true}); }
+TEST(CudaGPTModel, LlamaStyleMtpBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("llama", DType::BF16, {.mtp = true}); }
+TEST(CudaGPTModel, Gpt2StyleRopeMtpBf16WithDropoutMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("gpt2_rope", DType::BF16, {.dropout = true, .mtp = true});
 }
 
 }  // namespace
