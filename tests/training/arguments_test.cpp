@@ -339,6 +339,23 @@ TEST(Arguments, MegatronStyleListing) {
 // Sample-based training (Megatron's --train-samples and --lr-*-samples): train_iters derived from the global batch,
 // the schedule in samples; Megatron's exclusivity rules as errors naming the fields; a flag overrides the recipe's
 // other key, both keys in one recipe are an error; the fields round-trip through the config JSON.
+TEST(Arguments, MultiTokenPrediction) {
+  Config c = parse_train_args({"--position-embedding-type", "rope", "--mtp-num-layers", "2",
+                               "--mtp-loss-scaling-factor", "0.25"});
+  EXPECT_EQ(c.model.mtp_num_layers, 2);
+  EXPECT_FLOAT_EQ(c.model.mtp_loss_scaling_factor, 0.25f);
+  c.validate();
+  EXPECT_EQ(Config::from_json(c.to_json()).to_json(), c.to_json());
+  EXPECT_EQ(Config::from_json(c.to_json()).model.mtp_num_layers, 2);
+  EXPECT_EQ(parse_train_args({}).model.mtp_num_layers, 0);                     // off by default (Megatron's None)
+  EXPECT_FLOAT_EQ(parse_train_args({}).model.mtp_loss_scaling_factor, 0.1f);  // Megatron's default
+  expect_error_names({"--mtp-num-layers", "1"}, "learned_absolute");  // the default positions: Megatron's rule
+  expect_error_names({"--position-embedding-type", "rope", "--mtp-num-layers", "-1"}, "mtp_num_layers");
+  expect_error_names({"--position-embedding-type", "none", "--mtp-num-layers", "1", "--mtp-loss-scaling-factor",
+                      "-0.5"},
+                     "mtp_loss_scaling_factor");
+}
+
 TEST(Arguments, SampleBasedTraining) {
   Config c = parse_train_args({"--train-samples", "1003", "--global-batch-size", "8", "--micro-batch-size", "2",
                                "--lr-warmup-samples", "30", "--lr-decay-style", "WSD", "--lr-wsd-decay-samples",
