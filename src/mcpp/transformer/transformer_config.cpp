@@ -455,9 +455,6 @@ void Config::validate() const {
   if (ring && model.attention_impl != "flash")
     fail("cp_comm_type p2p: the ring attention merges blockwise (flash) results; --attention-impl {} is not "
          "supported with it (use flash, or --cp-comm-type a2a)", model.attention_impl);
-  if (model.mtp_num_layers > 0 && cp > 1)
-    fail("mtp_num_layers: multi-token prediction with context_parallel_size {} is not implemented (the rolled "
-         "tokens and labels would cross the CP ranks' chunks)", cp);
   if (parallel.tp_comm_overlap && !parallel.sequence_parallel)
     fail("tp_comm_overlap: the tensor-parallel communication overlap needs --sequence-parallel (Megatron)");
   if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)

@@ -99,7 +99,7 @@ struct TransformerConfig {
   // Multi-token prediction (Megatron's --mtp-num-layers / --mtp-loss-scaling-factor; DeepSeek-V3's MTP;
   // transformer/multi_token_prediction.h): mtp_num_layers > 0 depths on the last pipeline stage, each predicting one
   // more token ahead; their losses' weight mtp_loss_scaling_factor / mtp_num_layers each. 0 = off (Megatron's None).
-  // RoPE or no position embeddings only (Megatron's rule); not with context parallelism (not implemented here).
+  // RoPE or no position embeddings only (Megatron's rule).
   int64_t mtp_num_layers = 0;
   float mtp_loss_scaling_factor = 0.1f;
   // Mixture of experts (Megatron's --num-experts, --moe-*; moe/moe_layer.h): with num_moe_experts > 0 the MLP of

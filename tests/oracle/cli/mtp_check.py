@@ -8,14 +8,16 @@ usage: mtp_check.py MCPP WORKDIR
      the first step's learning rate is 0);
   2. TP2 + SP x DP2, PP2 x DP2 (the last stage holds the word embeddings' copy for the depths) and
      --pipeline-model-parallel-layout "Et|tmmL" equal 1 rank: every lm loss, validation loss and MTP loss (1e-5);
+     so do CP2, CP2 / CP4 in the p2p form (load-balanced chunks: the rolled rows cross ranks both ways) and
+     CP2 (p2p) x TP2 + SP (2 query groups: the a2a form needs tp * cp of them), and CP2 x DP2 with --calculate-per-token-loss its 1-rank run;
   3. a tied GPT-2-style model with RoPE at PP2 equals 1 rank (the tied copy serves the output layer and the depths);
   4. full recompute (uniform: the depths re-run in backward) equals the plain run bit for bit; a MoE model whose last
      layer is MoE (so are the depths) at EP2 x DP2 equals 1 rank;
   5. a PP2 checkpoint resumes at PP2 bit-exact and continues at 1 rank (1e-5); `mcpp ckpt convert` to PP2 keeps the
      depths (the converted run continues as the PP2 one);
   6. the memory plan of the TP2 + SP x DP2 and PP2 runs equals what their stages measured;
-  7. bad input is one named error: MTP with learned absolute positions, with context parallelism, a layout whose 'm'
-     count differs or whose 'm' sit away from 'L', a negative depth count; HF export of an MTP checkpoint refuses.
+  7. bad input is one named error: MTP with learned absolute positions, a layout whose 'm' count differs or whose 'm'
+     sit away from 'L' or before a 't', a negative depth count; HF export of an MTP checkpoint refuses.
 """
 import os
 import sys
@@ -70,6 +72,20 @@ lay = train("layout", 2, L + ["--pipeline-model-parallel-size", "2", "--pipeline
 same_losses("layout Et|tmmL", lay, one, 6)
 same_mtp("layout Et|tmmL", lay, one)
 
+# 2b. context parallelism: the rolled tokens, labels and mask cross the CP ranks' chunks (the a2a form's contiguous
+#     chunks; the p2p form's load-balanced pairs), with TP2 + SP, and per-token loss
+for name, np_, flags in [("cp2", 2, ["--context-parallel-size", "2"]),
+                         ("cp2_p2p", 2, ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
+                         ("cp4_p2p", 4, ["--context-parallel-size", "4", "--cp-comm-type", "p2p"]),
+                         ("cp2_p2p_tp2sp", 4, ["--context-parallel-size", "2", "--cp-comm-type", "p2p", *TP2_SP])]:
+    d = train(name, np_, L + flags)
+    same_losses(f"MTP {name}", d, one, 6)
+    same_mtp(f"MTP {name}", d, one)
+pt1 = train("per_token_one", None, L + ["--calculate-per-token-loss"])
+pt2 = train("per_token_cp2_dp2", 4, L + ["--calculate-per-token-loss", "--context-parallel-size", "2"])
+same_losses("MTP per token CP2 x DP2", pt2, pt1, 6)
+same_mtp("MTP per token CP2 x DP2", pt2, pt1)
+
 # 3. tied embeddings (GPT-2 style with RoPE) at PP2
 G = M + ["--position-embedding-type", "rope"] + MTP
 g1 = train("gpt2_one", None, G)
@@ -111,12 +127,13 @@ check_memory_plan("MTP PP2 x DP2", pp, 4, L + ["--pipeline-model-parallel-size",
 
 # 7. bad input
 check_error("learned positions", ["train", *M, *MTP], ["mtp_num_layers", "learned_absolute"])
-check_error("context parallelism", ["train", *L, "--context-parallel-size", "2"],
-            ["mtp_num_layers", "context_parallel_size"], np_=2)
 check_error("layout count", ["train", *L, "--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
                              "Et|tmL"], ["pipeline_model_parallel_layout", "mtp_num_layers=2"], np_=2)
 check_error("layout place", ["train", *L, "--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
-                             "Etmm|tL"], ["pipeline_model_parallel_layout", "'L'"], np_=2)
+                             "Ettmm|L"], ["pipeline_model_parallel_layout", "'L'"], np_=2)
+check_error("layout order", ["train", *L, "--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                             "Etm|tmL"], ["pipeline_model_parallel_layout", "follow every transformer layer"],
+            np_=2)
 check_error("negative depths", ["train", *M, *LLAMA_GQA, "--mtp-num-layers", "-1"], ["mtp_num_layers"])
 check_error("hf export", ["ckpt", "export", "--load", one, "--format", "hf-llama", "--output",
                           os.path.join(WORK, "hf")], ["mtp_num_layers", "hf-llama"])

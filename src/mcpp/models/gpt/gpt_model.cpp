@@ -344,19 +344,47 @@ Tensor GPTModel::loss_backward(LossHeadCtx& lh, const tp::ColumnParallelLinear& 
   return dh;
 }
 
-namespace {
-// t [s, b] rolled one position left along s, the last row zero (Megatron's roll_tensor(shifts=-1) on [b, s]).
-Tensor roll_left(const Tensor& t) {
-  const int64_t s = t.size(0);
+Tensor GPTModel::roll_left(const Tensor& t) const {
+  const int64_t s_local = t.size(0), b = t.size(1);
+  const int cp = tp_.cp_size();
+  const int64_t s = s_local * cp;
+  // This rank's chunks of the sequence (one, or the load-balanced two); each rolls within itself, and its last row
+  // takes the first row of the chunk that follows it in the sequence (another CP rank's: all-gathered), or zero.
+  const std::vector<CpRows> mine = cp_rows(s, cp, tp_.cp_rank(), tp_.cp_p2p);
+  const auto chunks = static_cast<int64_t>(mine.size());
+  Tensor firsts;  // [cp * chunks, b]: every rank's chunks' first rows
+  if (cp > 1) {
+    Tensor heads = Tensor::empty({chunks, b}, t.dtype(), t.device());
+    int64_t o = 0;
+    for (int64_t j = 0; j < chunks; ++j) {
+      heads.narrow0(j, 1).copy_from(t.narrow0(o, 1));
+      o += mine[static_cast<size_t>(j)].count;
+    }
+    firsts = Tensor::empty({cp * chunks, b}, t.dtype(), t.device());
+    tp_.cp->all_gather(firsts, heads).wait();
+  }
   Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
-  if (s > 1) out.narrow0(0, s - 1).copy_from(t.narrow0(1, s - 1));
-  out.narrow0(s - 1, 1).zero_();
+  int64_t o = 0;
+  for (const CpRows& r : mine) {
+    if (r.count > 1) out.narrow0(o, r.count - 1).copy_from(t.narrow0(o + 1, r.count - 1));
+    Tensor last = out.narrow0(o + r.count - 1, 1);
+    const int64_t next = r.first + r.count;  // the sequence row that moves into this chunk's last row
+    bool found = false;
+    for (int q = 0; q < cp && next < s && !found; ++q) {
+      const std::vector<CpRows> theirs = cp_rows(s, cp, q, tp_.cp_p2p);
+      for (int64_t j = 0; j < chunks && !found; ++j)
+        if (theirs[static_cast<size_t>(j)].first == next) {
+          last.copy_from(firsts.narrow0(q * chunks + j, 1));  // (cp > 1: with one rank next == s)
+          found = true;
+        }
+    }
+    if (!found) last.zero_();  // the sequence's last row (Megatron's roll_tensor fills 0)
+    o += r.count;
+  }
   return out;
 }
-}  // namespace
 
 void GPTModel::mtp_forward(GPTModelCtx& ctx, const Tensor& h0, const ForwardOptions& opt) {
-  MCPP_CHECK(tp_.cp_size() == 1, "multi-token prediction with context parallelism is not implemented");
   const int64_t s = ctx.tokens.size(0), b = ctx.tokens.size(1), depths = config_.mtp_num_layers;
   const float coef = config_.mtp_loss_scaling_factor / static_cast<float>(depths);
   ctx.mtp.assign(static_cast<size_t>(depths), {});

@@ -160,6 +160,10 @@ class GPTModel {
   Tensor finish_embedding(const Tensor& x, const ForwardOptions& opt, bool& dropout, PhiloxKey& key);
   // dx [s(/tp), b, h] -> the word embeddings' gradient of tokens (no grad_ready); returns [s*b, h]
   Tensor word_embedding_backward(const Tensor& dx, const Tensor& tokens, bool dropout, const PhiloxKey& key);
+  // t [s(/cp), b]: this CP rank's rows of a whole-sequence tensor, rolled one position left along the sequence (the
+  // last row zero: Megatron's roll_tensor(shifts=-1), with context parallelism its CP form: the row that crosses
+  // into a chunk comes from the rank that holds the next chunk).
+  Tensor roll_left(const Tensor& t) const;
   void mtp_forward(GPTModelCtx& ctx, const Tensor& h0, const ForwardOptions& opt);
   Tensor mtp_backward(GPTModelCtx& ctx, float grad_scale);  // -> d h0
   void sum_over_cp(Tensor& stats) const;            // loss statistics summed over the context-parallel group
