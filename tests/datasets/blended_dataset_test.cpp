@@ -4,6 +4,7 @@
 // to Megatron's ceil(ceil(N w) * 1.005) samples; a single prefix is that prefix's GPTDataset itself.
 #include "mcpp/datasets/blended_dataset.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -54,8 +55,12 @@ TEST(DataBlend, ParsesMegatronsListAndRefusesTheRest) {
   EXPECT_EQ(two.prefixes, (std::vector<std::string>{"/d/a", "/d/b"}));
   EXPECT_EQ(two.weights, (std::vector<double>{0.75, 0.25}));
   EXPECT_EQ(parse_data_blend({"1", "/d/a"}).weights, std::vector<double>{1.0});  // weighted: a blend of one
-  EXPECT_NE(error_of({"/d/a", "/d/b"}).find("2 prefixes without weights"), std::string::npos);
-  EXPECT_NE(error_of({"/d/a", "/d/b", "/d/c"}).find("without weights"), std::string::npos);
+  const DataBlend unweighted = parse_data_blend({"/d/a", "/d/b", "/d/c"});  // weighed by size when built
+  EXPECT_EQ(unweighted.prefixes, (std::vector<std::string>{"/d/a", "/d/b", "/d/c"}));
+  EXPECT_TRUE(unweighted.by_size);
+  EXPECT_TRUE(unweighted.weights.empty());
+  EXPECT_FALSE(parse_data_blend({"/d/a"}).by_size);
+  EXPECT_NE(error_of({"/d/a", "0.5", "/d/b"}).find("mixes weights and prefixes"), std::string::npos);
   EXPECT_NE(error_of({"0.5", "/d/a", "/d/b", "/d/c"}).find("mixes weights and prefixes"), std::string::npos);
   EXPECT_NE(error_of({"0", "/d/a", "1", "/d/b"}).find("the weight of '/d/a' is 0"), std::string::npos);
   EXPECT_NE(error_of({"-1", "/d/a", "2", "/d/b"}).find("must be positive"), std::string::npos);
@@ -132,6 +137,52 @@ TEST(DataBlend, SamplesAreTheDatasetsSamples) {
     ASSERT_EQ(got, want) << i;
   }
   EXPECT_THROW(BlendedDataset(parse_data_blend({"1", a, "1", "/nonexistent/prefix"}), opt), Error);
+}
+
+// Prefixes without weights (Megatron's weights None): one epoch of each prefix's split, weighed by those sizes, the
+// blend min(N, their sum) samples long; every sample of each epoch read exactly once over the whole blend.
+TEST(DataBlend, UnweightedPrefixesAreWeighedByTheirSizes) {
+  const std::string a = make_corpus("ua", 300, 3, 0), b = make_corpus("ub", 120, 4, 1000000);
+  GPTDatasetOptions opt{.prefix = {}, .split = "9,1,0", .split_index = 0, .seq_length = 16, .num_samples = 0, .seed = 7};
+  GPTDatasetOptions oa = opt, ob = opt;
+  oa.prefix = a, ob.prefix = b;  // num_samples 0: one epoch (Megatron's num_samples None)
+  const GPTDataset da(oa), db(ob);
+  const int64_t total = da.size() + db.size();
+  ASSERT_GT(da.size(), 2 * db.size() - 40);  // unequal sizes: the weights matter
+  for (const int64_t n : {total, total - 37}) {
+    SCOPED_TRACE(n);
+    opt.num_samples = n;
+    const BlendedDataset blend(parse_data_blend({a, b}), opt);
+    ASSERT_EQ(blend.size(), n);
+    EXPECT_EQ(blend.datasets()[0]->shuffle_index(), da.shuffle_index());
+    EXPECT_EQ(blend.datasets()[1]->shuffle_index(), db.shuffle_index());
+    std::vector<int16_t> di;
+    std::vector<int64_t> dsi;
+    const double wa = static_cast<double>(da.size()) / static_cast<double>(total);
+    build_blending_indices(di, dsi, {wa, 1.0 - wa}, n);
+    EXPECT_EQ(blend.dataset_index(), di);
+    EXPECT_EQ(blend.dataset_sample_index(), dsi);
+    std::vector<int32_t> got(17), want(17);
+    std::vector<float> gm(16), wm(16);
+    int64_t from_a = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      blend.sample(i, got, gm);
+      (di[static_cast<size_t>(i)] == 0 ? da : db).sample(dsi[static_cast<size_t>(i)], want, wm);
+      ASSERT_EQ(got, want) << i;
+      from_a += di[static_cast<size_t>(i)] == 0;
+    }
+    if (n == total) EXPECT_EQ(from_a, da.size());  // the whole blend: each epoch exactly once
+    else EXPECT_LE(std::abs(static_cast<double>(from_a) - wa * static_cast<double>(n)), 1.0);
+  }
+  // a split needing more than the epochs hold: one named error, not a short blend
+  opt.num_samples = total + 1;
+  try {
+    BlendedDataset(parse_data_blend({a, b}), opt);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("holds {} samples", total)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("train split needs"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

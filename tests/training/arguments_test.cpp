@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mcpp/core/error.h"
+#include "mcpp/datasets/blended_dataset.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
 #include "mcpp/training/arguments.h"
 
@@ -459,7 +460,8 @@ TEST(Arguments, PerSplitDataPaths) {
   EXPECT_EQ(Config::from_json(c.to_json()).data.train_data_path, c.data.train_data_path);
   expect_error_names({"--data-path", "d", "--valid-data-path", "v"}, "data_path and train_data_path");
   expect_error_names({"--valid-data-path", "0.5", "v", "w", "w"}, "valid_data_path: '0.5 v w w' mixes");
-  expect_error_names({"--test-data-path", "a", "b"}, "test_data_path: 2 prefixes without weights");
+  expect_error_names({"--test-data-path", "a", "0.5", "b"}, "test_data_path: 'a 0.5 b' mixes");
+  EXPECT_TRUE(parse_data_blend(parse_train_args({"--test-data-path", "a", "b"}).data.test_data_path).by_size);
   Config no_train = parse_train_args({"--valid-data-path", "v"});
   try {
     no_train.validate_for_training();

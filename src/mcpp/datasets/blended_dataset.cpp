@@ -51,9 +51,17 @@ DataBlend parse_data_blend(const std::vector<std::string>& data_path, const char
       fail("{}: '{}' mixes weights and prefixes; give 'weight prefix' pairs or prefixes alone", field,
            fmt::join(data_path, " "));
   }
-  if (data_path.size() > 1)
-    fail("{}: {} prefixes without weights (Megatron then weighs them by their sizes; not implemented): give "
-         "'weight prefix' pairs, e.g. 0.5 A 0.5 B", field, data_path.size());
+  if (data_path.size() > 1) {  // Megatron: the prefixes weighed by their sizes
+    for (const std::string& p : data_path) {
+      double w = 0;
+      if (parse_weight(p, &w))
+        fail("{}: '{}' mixes weights and prefixes; give 'weight prefix' pairs or prefixes alone", field,
+             fmt::join(data_path, " "));
+    }
+    if (data_path.size() > static_cast<size_t>(std::numeric_limits<int16_t>::max()))
+      fail("{}: {} prefixes exceed the blend's int16 dataset index", field, data_path.size());
+    blend.by_size = true;
+  }
   blend.prefixes = data_path;
   return blend;
 }
@@ -82,7 +90,28 @@ void build_blending_indices(std::vector<int16_t>& dataset_index, std::vector<int
 
 BlendedDataset::BlendedDataset(const DataBlend& blend, const GPTDatasetOptions& opt) : blend_(blend) {
   MCPP_CHECK(!blend_.prefixes.empty(), "BlendedDataset: no prefixes");
+  if (blend_.by_size) {  // one epoch of each, weighed by those sizes (Megatron's weights None)
+    int64_t total = 0;
+    for (const std::string& prefix : blend_.prefixes) {
+      GPTDatasetOptions o = opt;
+      o.prefix = prefix;
+      o.num_samples = 0;
+      datasets_.push_back(std::make_unique<GPTDataset>(o));
+      total += datasets_.back()->size();
+    }
+    for (const auto& ds : datasets_) blend_.weights.push_back(static_cast<double>(ds->size()) / static_cast<double>(total));
+    if (opt.num_samples > total)
+      fail("data: the blend of {} prefixes without weights holds {} samples of {} tokens (one epoch of each: "
+           "Megatron's rule) but the {} split needs {}; give 'weight prefix' pairs (each prefix then repeats to its "
+           "share) or train fewer samples", blend_.prefixes.size(), total, opt.seq_length, split_name(static_cast<int>(opt.split_index)),
+           opt.num_samples);
+    build_blending_indices(dataset_index_, dataset_sample_index_, blend_.weights,
+                           opt.num_samples > 0 ? opt.num_samples : total);
+    check_indices();
+    return;
+  }
   if (blend_.weights.empty()) {  // one prefix: its dataset as is
+    single_ = true;
     GPTDatasetOptions o = opt;
     o.prefix = blend_.prefixes.front();
     datasets_.push_back(std::make_unique<GPTDataset>(o));
@@ -98,6 +127,10 @@ BlendedDataset::BlendedDataset(const DataBlend& blend, const GPTDatasetOptions& 
     datasets_.push_back(std::make_unique<GPTDataset>(o));
   }
   build_blending_indices(dataset_index_, dataset_sample_index_, blend_.weights, opt.num_samples);
+  check_indices();
+}
+
+void BlendedDataset::check_indices() const {
   for (size_t i = 0; i < dataset_index_.size(); ++i) {  // Megatron's surplus covers the greedy's lead; checked
     const GPTDataset& ds = *datasets_[static_cast<size_t>(dataset_index_[i])];
     MCPP_CHECK(dataset_sample_index_[i] < ds.size(), "BlendedDataset: sample {} reads sample {} of '{}' ({} built)",
@@ -106,18 +139,18 @@ BlendedDataset::BlendedDataset(const DataBlend& blend, const GPTDatasetOptions& 
 }
 
 int64_t BlendedDataset::size() const {
-  return blend_.weights.empty() ? datasets_.front()->size() : static_cast<int64_t>(dataset_index_.size());
+  return single_ ? datasets_.front()->size() : static_cast<int64_t>(dataset_index_.size());
 }
 
 void BlendedDataset::sample(int64_t i, std::span<int32_t> tokens, std::span<float> loss_mask) const {
-  if (blend_.weights.empty()) return datasets_.front()->sample(i, tokens, loss_mask);
+  if (single_) return datasets_.front()->sample(i, tokens, loss_mask);
   MCPP_CHECK(i >= 0 && i < size(), "BlendedDataset: sample {} of {}", i, size());
   const auto k = static_cast<size_t>(i);
   datasets_[static_cast<size_t>(dataset_index_[k])]->sample(dataset_sample_index_[k], tokens, loss_mask);
 }
 
 const std::string& BlendedDataset::prefix_of(int64_t i) const {
-  if (blend_.weights.empty()) return blend_.prefixes.front();
+  if (single_) return blend_.prefixes.front();
   return blend_.prefixes[static_cast<size_t>(dataset_index_[static_cast<size_t>(i)])];
 }
 

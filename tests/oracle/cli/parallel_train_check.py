@@ -21,7 +21,8 @@ usage: parallel_train_check.py MCPP WORKDIR
      the distributed optimizer's bucket padding), and `mcpp plan memory --json` with the
      run's flags prints the trainer's memory_plan record;
  11. sample-based training with --rampup-batch-size (1 then 2 microbatches per DP rank) at PP2 x DP2 equals 1 rank;
- 12. a --data-path blend ("0.4 P 0.6 P") at DP2 equals 1 rank (other samples than P alone); a malformed blend is
+ 12. a --data-path blend ("0.4 P 0.6 P", and "P P" weighed by size) at DP2 equals 1 rank (other samples than P
+     alone); an unweighted blend shorter than training needs and a malformed blend are
      one named error.
 """
 import os
@@ -192,6 +193,18 @@ run(MPI + ["-np", "2", MCPP, "train", *BLEND, "--save", blend2])
 b1, b2 = losses(blend1), losses(blend2)
 if len(b1) != 6 or any(not close(b2.get(i), b1[i]) for i in b1) or b1.get(1) == a.get(1):
     failures.append(f"--data-path blend: DP2 {b2} vs 1 rank {b1} (plain prefix: {a})")
+# ... and prefixes without weights (Megatron: one epoch of each, weighed by their sizes): DP2 equals 1 rank, other
+# samples than the plain prefix; more samples than the epochs hold is one named error
+UNW = M[:i + 1] + [M[i + 1], M[i + 1]] + M[i + 2:]
+unw1, unw2 = os.path.join(WORK, "unw1"), os.path.join(WORK, "unw2")
+run([MCPP, "train", *UNW, "--save", unw1])
+run(MPI + ["-np", "2", MCPP, "train", *UNW, "--save", unw2])
+u1, u2 = losses(unw1), losses(unw2)
+if len(u1) != 6 or any(not close(u2.get(i), u1[i]) for i in u1) or u1.get(1) == a.get(1):
+    failures.append(f"--data-path P P (by size): DP2 {u2} vs 1 rank {u1} (plain prefix: {a})")
+p = run([MCPP, "train", *UNW, "--train-iters", "400", "--lr-decay-iters", "400"], expect=1)
+if "prefixes without weights holds" not in p.stderr or "train split needs 3200" not in p.stderr:
+    failures.append(f"an unweighted blend too short for training: expected a named error, got {p.stderr[-500:]!r}")
 p = run([MCPP, "train", *M[:i + 1], "0.5", M[i + 1], M[i + 1], M[i + 1], *M[i + 2:]], expect=2)
 if "mixes weights and prefixes" not in p.stderr:
     failures.append(f"a malformed blend: expected a named error, got {p.stderr[-500:]!r}")
