@@ -255,8 +255,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
                              std::pair{"--valid-data-path", &d.valid_data_path},
                              std::pair{"--test-data-path", &d.test_data_path}})
     app.add_option(flag, *path,
-                   "this split's prefix or blend (instead of --data-path and --split; the test split is checked, "
-                   "not evaluated)")
+                   "this split's prefix or blend (instead of --data-path and --split; the test split is evaluated "
+                   "once at the end of training)")
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--split", d.split);
   app.add_flag("--eod-mask-loss", d.eod_mask_loss);

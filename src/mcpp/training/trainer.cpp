@@ -115,6 +115,19 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     const int64_t eval_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * gbs;
     valid_ds_ = make_dataset(config_, 1, eval_samples, eod_token);
   }
+  // Megatron's test split: eval_iters global batches, evaluated once after training, when the split has a weight
+  // (--split's third) or a path of its own (--test-data-path). One too small for a sample skips that evaluation
+  // with a warning naming why (the default --split 969,30,1 of a small corpus), rather than failing the run.
+  const bool has_test = config_.data.data_path.empty() ? !config_.data.test_data_path.empty()
+                                                       : parse_split(config_.data.split)[2] > 0.0;
+  if (t.eval_iters > 0 && has_test) {
+    try {
+      test_ds_ = make_dataset(config_, 2, t.eval_iters * gbs, eod_token);
+    } catch (const Error& e) {
+      if (!config_.data.test_data_path.empty()) throw;  // its own path: the user asked for this split
+      if (is_logging_rank()) spdlog::warn("no test evaluation at the end of training: {}", e.what());
+    }
+  }
   // Layer placement for this pipeline rank: one model chunk per virtual stage.
   const pipeline_parallel::PipelineLayout layout =
       pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(config_.model, par));
@@ -453,17 +466,21 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   return mean;
 }
 
-double Trainer::evaluate(int64_t iteration) {
-  if (!valid_ds_) return -1;
+double Trainer::evaluate(int64_t iteration, const char* on) {
+  const bool test = on && std::string(on) == "test set";
+  BlendedDataset* ds = test ? test_ds_.get() : valid_ds_.get();
+  if (!ds) return -1;
+  int64_t test_consumed = 0;  // (the test iterator starts at its first sample: Megatron evaluates it once)
+  int64_t& consumed = test ? test_consumed : state_.consumed_valid_samples;
   if (dist_optimizer_) dist_optimizer_->wait_param_gather();
   const auto& t = config_.training;
   double loss_sum = 0, tokens = 0;
   for (int64_t it = 0; it < t.eval_iters; ++it) {
-    StepLoss r = run_microbatches(*valid_ds_, state_.consumed_valid_samples, /*forward_only=*/true,
+    StepLoss r = run_microbatches(*ds, consumed, /*forward_only=*/true,
                                   config_.num_microbatches());  // whole global batches, ramp-up or not
     loss_sum += r.masked_loss_sum;
     tokens += r.num_tokens;
-    state_.consumed_valid_samples += t.global_batch_size;
+    consumed += t.global_batch_size;
   }
   if (pc_.dp_size() > 1) {  // token-weighted mean over the whole global batches
     Tensor sums = Tensor::empty({2});
@@ -475,11 +492,15 @@ double Trainer::evaluate(int64_t iteration) {
   }
   const double loss = tokens > 0 ? loss_sum / tokens : 0.0;
   if (!is_logging_rank()) return loss;
-  const std::string line = fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |",
-                                       iteration, loss, std::exp(std::min(loss, 20.0)));
+  const std::string line =
+      fmt::format(" validation loss at iteration {}{} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", iteration,
+                  on ? fmt::format(" on {}", on) : std::string(), loss, std::exp(std::min(loss, 20.0)));
   const std::string bar(line.size(), '-');
   fmt::print("{}\n{}\n{}\n", bar, line, bar);
-  metrics_.write({{"event", "valid"}, {"iteration", iteration}, {"lm_loss", loss}, {"ppl", std::exp(std::min(loss, 20.0))}});
+  nlohmann::json rec = {{"event", test ? "test" : "valid"}, {"iteration", iteration}, {"lm_loss", loss},
+                        {"ppl", std::exp(std::min(loss, 20.0))}};
+  if (on) rec["end_of_training"] = true;
+  metrics_.write(rec);
   return loss;
 }
 
@@ -595,6 +616,7 @@ TrainSummary Trainer::train() {
   TrainSummary summary;
   int64_t iteration = state_.iteration;
   int64_t skipped_total = 0, nan_total = 0, iters_in_window = 0;
+  bool exited = false;  // --exit-interval ended the loop: no end-of-training evaluations
   int64_t samples_at_window_start = state_.consumed_train_samples;  // tokens/s: a ramp-up's batches differ
   double loss_window = 0, grad_norm_last = 0;
   if (!t.timeline.empty()) {
@@ -654,10 +676,17 @@ TrainSummary Trainer::train() {
     }
     if (t.eval_interval > 0 && iteration % t.eval_interval == 0 && valid_ds_) summary.last_valid_loss = evaluate(iteration);
     if (!t.save.empty() && t.save_interval > 0 && iteration % t.save_interval == 0) save(iteration);
-    if (t.exit_interval > 0 && iteration % t.exit_interval == 0) break;
+    if (t.exit_interval > 0 && iteration % t.exit_interval == 0) {
+      exited = true;
+      break;
+    }
   }
   if (!t.save.empty() && (t.save_interval <= 0 || iteration % t.save_interval != 0)) save(iteration);
   finalize_async_save(/*blocking=*/true);  // the trainer finalizes at exit
+  if (!exited) {  // Megatron's pretrain after train(): the validation and test sets once more (after the save)
+    if (valid_ds_) summary.end_valid_loss = evaluate(iteration, "validation set");
+    if (test_ds_) summary.test_loss = evaluate(iteration, "test set");
+  }
   {  // per-stage activation memory and model state (collective on world), measured and planned
     stage_memory_.model_state_bytes = model_state_bytes();
     nlohmann::json report = timeline::gather_activation_report(*pc_.world(), pc_.pp_rank(), stage_memory_);

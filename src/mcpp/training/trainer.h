@@ -64,7 +64,10 @@ struct TrainSummary {
   int64_t final_iteration = 0;
   std::vector<double> losses;     // lm loss of each iteration run (mean over DP), for tests / tools
   std::vector<double> grad_norms;  // the global grad norm of each iteration run (before clipping)
-  double last_valid_loss = -1;    // -1 when no evaluation ran
+  double last_valid_loss = -1;    // -1 when no evaluation ran (the last one at an eval_interval)
+  // The end-of-training evaluations (Megatron's pretrain after train(): "on validation set", "on test set"; not after
+  // --exit-interval): -1 when not run (no such split, eval_iters 0).
+  double end_valid_loss = -1, test_loss = -1;
   int64_t cuda_graph_replays = 0;  // training steps run by replaying the captured CUDA graph
   int64_t cuda_graph_nodes = 0;    // nodes of that graph (0: none captured)
 };
@@ -79,7 +82,9 @@ class Trainer {
   Trainer(const Config& config, int64_t eod_token, parallel_state::ParallelContext pc);
   ~Trainer();
   TrainSummary train();
-  double evaluate(int64_t iteration);  // mean lm loss over eval_iters global batches of the valid split
+  // The mean lm loss over eval_iters global batches of the valid split from consumed_valid_samples (on, when set: the
+  // end-of-training evaluation's set, "validation set" / "test set", Megatron's prefix), or -1 without the split.
+  double evaluate(int64_t iteration, const char* on = nullptr);
   GPTModel& model() { return *chunks_.front(); }
 
  private:
@@ -126,6 +131,7 @@ class Trainer {
   DType param_dtype_ = DType::F32;      // bf16 with --bf16 (fp32 main params and grads)
   std::unique_ptr<BlendedDataset> train_ds_;
   std::unique_ptr<BlendedDataset> valid_ds_;
+  std::unique_ptr<BlendedDataset> test_ds_;  // the test split, evaluated once at the end of training
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // by virtual pipeline stage
   std::vector<std::unique_ptr<DistributedDataParallel>> ddps_;  // one per chunk (its own buffers)
   // One per chunk: its MoE experts' buffer (over expert-DP at EP > 1); null where the chunk has no experts.

@@ -327,7 +327,7 @@ struct DataConfig {
   std::vector<std::string> data_path;
   // Megatron's per-split data (--train-data-path / --valid-data-path / --test-data-path; exclusive with data_path):
   // each split reads the whole of its own prefix or blend (--split does not apply); no valid path: no evaluation.
-  // (test_data_path is parsed and checked; the trainer runs no test evaluation, as for --split's test weight.)
+  // (the test split, of test_data_path or --split's third weight, is evaluated once at the end of training.)
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string split = "969,30,1";
   std::string tokenizer_type = "GPT2BPETokenizer";  // GPT2BPETokenizer | NullTokenizer

@@ -13,7 +13,8 @@ usage: train_cli_check.py MCPP WORKDIR
      rate against Megatron's schedule in samples, resume, and --train-iters with it as an error; --rampup-batch-size:
      each iteration's global batch and learning rate, the iteration count, the first steps equal to a constant run
      of the start batch; per-split data paths: training equal to --data-path with --split 100,0,0, validation only
-     with --valid-data-path.
+     with --valid-data-path; the end-of-training validation and test evaluations (equal on the same samples, none
+     after --exit-interval, a too small test split a warning).
 """
 import json
 import os
@@ -151,8 +152,40 @@ if len(w) != 8 or w != ps or w != losses(os.path.join(train_only, "metrics.jsonl
     failures.append(f"--train-data-path: losses {ps} differ from --data-path --split 100,0,0: {w}")
 valid = [r for r in map(json.loads, open(os.path.join(per_split, "metrics.jsonl"))) if r.get("event") == "valid"]
 none = [r for r in map(json.loads, open(os.path.join(train_only, "metrics.jsonl"))) if r.get("event") == "valid"]
-if len(valid) != 2 or none:
-    failures.append(f"--valid-data-path: {len(valid)} validations (want 2), without it {len(none)} (want 0)")
+in_loop = [r for r in valid if not r.get("end_of_training")]
+if len(in_loop) != 2 or len(valid) != 3 or none:
+    failures.append(f"--valid-data-path: {len(in_loop)} validations in the loop + {len(valid) - len(in_loop)} at the "
+                    f"end (want 2 + 1), without it {len(none)} (want 0)")
+
+# the end-of-training evaluations (Megatron's pretrain after train(): "on validation set", "on test set"): with no
+# evaluation inside the loop the end validation and the test evaluation read the same samples of the same path
+# (eval_iters global batches from its first sample), so their losses are equal bit for bit; --split's third weight
+# gives a test evaluation too; none after --exit-interval; a test split too small for a sample is a warning, not an
+# error (the default --split 969,30,1 of a small corpus)
+def evals(d):
+    return [r for r in map(json.loads, open(os.path.join(d, "metrics.jsonl"))) if r.get("event") in ("valid", "test")]
+
+
+te = os.path.join(WORK, "test_eval")
+p = run("train", *ps_base, "--train-data-path", data, "--valid-data-path", data, "--test-data-path", data,
+        "--eval-interval", "100", "--save", te)
+ev = evals(te)
+if ([(r["event"], r["iteration"], r.get("end_of_training")) for r in ev] != [("valid", 8, True), ("test", 8, True)]
+        or ev[0]["lm_loss"] != ev[1]["lm_loss"] or "validation loss at iteration 8 on test set" not in p.stdout):
+    failures.append(f"end-of-training evaluations: {ev} (want one validation and one equal test loss at 8)")
+sp = os.path.join(WORK, "split_test")
+run("train", *ps_base, "--data-path", data, "--split", "80,10,10", "--save", sp)
+if [r["event"] for r in evals(sp) if r.get("end_of_training")] != ["valid", "test"]:
+    failures.append(f"--split 80,10,10: end-of-training evaluations {evals(sp)}")
+ex = os.path.join(WORK, "exit_eval")
+run("train", *ps_base, "--data-path", data, "--split", "80,10,10", "--exit-interval", "4", "--save", ex)
+if any(r.get("end_of_training") for r in evals(ex)):
+    failures.append(f"--exit-interval: no end-of-training evaluation expected, got {evals(ex)}")
+tiny = os.path.join(WORK, "tiny_test_split")
+p = run("train", *ps_base, "--data-path", data, "--split", "969,30,1", "--save", tiny)
+if "no test evaluation at the end of training" not in p.stdout + p.stderr or \
+        [r["event"] for r in evals(tiny) if r.get("end_of_training")] != ["valid"]:
+    failures.append(f"--split 969,30,1 on {data}: expected a warning and no test evaluation, got {evals(tiny)}")
 check_error(["train", *ps_base, "--data-path", data, "--valid-data-path", data], "data_path and train_data_path")
 
 # forward vs an independent float64 torch computation from the checkpoint's safetensors bytes.
