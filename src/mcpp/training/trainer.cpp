@@ -466,8 +466,8 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   return mean;
 }
 
-double Trainer::evaluate(int64_t iteration, const char* on) {
-  const bool test = on && std::string(on) == "test set";
+double Trainer::evaluate(int64_t iteration, Eval which) {
+  const bool test = which == Eval::EndTest;
   BlendedDataset* ds = test ? test_ds_.get() : valid_ds_.get();
   if (!ds) return -1;
   int64_t test_consumed = 0;  // (the test iterator starts at its first sample: Megatron evaluates it once)
@@ -494,12 +494,13 @@ double Trainer::evaluate(int64_t iteration, const char* on) {
   if (!is_logging_rank()) return loss;
   const std::string line =
       fmt::format(" validation loss at iteration {}{} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", iteration,
-                  on ? fmt::format(" on {}", on) : std::string(), loss, std::exp(std::min(loss, 20.0)));
+                  which == Eval::Interval ? "" : test ? " on test set" : " on validation set", loss,
+                  std::exp(std::min(loss, 20.0)));
   const std::string bar(line.size(), '-');
   fmt::print("{}\n{}\n{}\n", bar, line, bar);
   nlohmann::json rec = {{"event", test ? "test" : "valid"}, {"iteration", iteration}, {"lm_loss", loss},
                         {"ppl", std::exp(std::min(loss, 20.0))}};
-  if (on) rec["end_of_training"] = true;
+  if (which != Eval::Interval) rec["end_of_training"] = true;
   metrics_.write(rec);
   return loss;
 }
@@ -684,8 +685,8 @@ TrainSummary Trainer::train() {
   if (!t.save.empty() && (t.save_interval <= 0 || iteration % t.save_interval != 0)) save(iteration);
   finalize_async_save(/*blocking=*/true);  // the trainer finalizes at exit
   if (!exited) {  // Megatron's pretrain after train(): the validation and test sets once more (after the save)
-    if (valid_ds_) summary.end_valid_loss = evaluate(iteration, "validation set");
-    if (test_ds_) summary.test_loss = evaluate(iteration, "test set");
+    if (valid_ds_) summary.end_valid_loss = evaluate(iteration, Eval::EndValidation);
+    if (test_ds_) summary.test_loss = evaluate(iteration, Eval::EndTest);
   }
   {  // per-stage activation memory and model state (collective on world), measured and planned
     stage_memory_.model_state_bytes = model_state_bytes();

@@ -82,9 +82,12 @@ class Trainer {
   Trainer(const Config& config, int64_t eod_token, parallel_state::ParallelContext pc);
   ~Trainer();
   TrainSummary train();
-  // The mean lm loss over eval_iters global batches of the valid split from consumed_valid_samples (on, when set: the
-  // end-of-training evaluation's set, "validation set" / "test set", Megatron's prefix), or -1 without the split.
-  double evaluate(int64_t iteration, const char* on = nullptr);
+  // What evaluate() runs: an eval_interval's validation, or the end of training's (Megatron's pretrain after train():
+  // "on validation set" / "on test set").
+  enum class Eval { Interval, EndValidation, EndTest };
+  // The mean lm loss over eval_iters global batches: of the valid split from consumed_valid_samples, or (EndTest) of
+  // the test split from its first sample; -1 without the split.
+  double evaluate(int64_t iteration, Eval which = Eval::Interval);
   GPTModel& model() { return *chunks_.front(); }
 
  private:
