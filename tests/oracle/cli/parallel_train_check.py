@@ -182,26 +182,25 @@ r1, r4 = losses(ramp1), losses(ramp4)
 if len(r1) != 6 or any(not close(r4.get(i), r1[i]) for i in r1):  # 4 + 4 + 8 while <= 8, then (40 - 16) / 8
     failures.append(f"--rampup-batch-size PP2 x DP2 differs from 1 rank (or not 6 iterations): {r4} vs {r1}")
 
-# 12. a data blend (--data-path 0.4 P 0.6 P: Megatron's BlendedDataset over two datasets) at DP2 equals 1 rank and
-#     trains on other samples than the plain prefix
-BLEND = [a for a in M]
-i = BLEND.index("--data-path")
-BLEND[i + 1:i + 2] = ["0.4", M[i + 1], "0.6", M[i + 1]]
-blend1, blend2 = os.path.join(WORK, "blend1"), os.path.join(WORK, "blend2")
-run([MCPP, "train", *BLEND, "--save", blend1])
-run(MPI + ["-np", "2", MCPP, "train", *BLEND, "--save", blend2])
-b1, b2 = losses(blend1), losses(blend2)
-if len(b1) != 6 or any(not close(b2.get(i), b1[i]) for i in b1) or b1.get(1) == a.get(1):
-    failures.append(f"--data-path blend: DP2 {b2} vs 1 rank {b1} (plain prefix: {a})")
-# ... and prefixes without weights (Megatron: one epoch of each, weighed by their sizes): DP2 equals 1 rank, other
-# samples than the plain prefix; more samples than the epochs hold is one named error
-UNW = M[:i + 1] + [M[i + 1], M[i + 1]] + M[i + 2:]
-unw1, unw2 = os.path.join(WORK, "unw1"), os.path.join(WORK, "unw2")
-run([MCPP, "train", *UNW, "--save", unw1])
-run(MPI + ["-np", "2", MCPP, "train", *UNW, "--save", unw2])
-u1, u2 = losses(unw1), losses(unw2)
-if len(u1) != 6 or any(not close(u2.get(i), u1[i]) for i in u1) or u1.get(1) == a.get(1):
-    failures.append(f"--data-path P P (by size): DP2 {u2} vs 1 rank {u1} (plain prefix: {a})")
+# 12. data blends at DP2 equal 1 rank and train on other samples than the plain prefix: --data-path 0.4 P 0.6 P
+#     (Megatron's BlendedDataset over two datasets), and P P without weights (Megatron: one epoch of each, weighed by
+#     their sizes); an unweighted blend holding fewer samples than training needs is one named error
+i = M.index("--data-path")
+
+
+def check_blend(name, paths):
+    flags = M[:i + 1] + paths + M[i + 2:]
+    d1, d2 = os.path.join(WORK, name + "1"), os.path.join(WORK, name + "2")
+    run([MCPP, "train", *flags, "--save", d1])
+    run(MPI + ["-np", "2", MCPP, "train", *flags, "--save", d2])
+    l1, l2 = losses(d1), losses(d2)
+    if len(l1) != 6 or any(not close(l2.get(k), l1[k]) for k in l1) or l1.get(1) == a.get(1):
+        failures.append(f"--data-path {' '.join(paths)}: DP2 {l2} vs 1 rank {l1} (plain prefix: {a})")
+    return flags
+
+
+check_blend("blend", ["0.4", M[i + 1], "0.6", M[i + 1]])
+UNW = check_blend("unweighted", [M[i + 1], M[i + 1]])
 p = run([MCPP, "train", *UNW, "--train-iters", "400", "--lr-decay-iters", "400"], expect=1)
 if "prefixes without weights holds" not in p.stderr or "train split needs 3200" not in p.stderr:
     failures.append(f"an unweighted blend too short for training: expected a named error, got {p.stderr[-500:]!r}")
