@@ -297,6 +297,7 @@ void use_checkpoint_args(Config& cfg) {
   m.add_bias_linear = k.add_bias_linear;
   m.add_qkv_bias = k.add_qkv_bias;
   m.qk_layernorm = k.qk_layernorm;
+  m.mtp_num_layers = k.mtp_num_layers;  // the depths' parameters are the checkpoint's (their loss weight is not)
   m.make_vocab_size_divisible_by = k.make_vocab_size_divisible_by;
   m.num_moe_experts = k.num_moe_experts;
   m.moe_router_topk = k.moe_router_topk;

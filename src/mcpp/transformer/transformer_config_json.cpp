@@ -321,6 +321,7 @@ nlohmann::json Config::math_fields() const {
     j["rotary_percent"] = json_value(m.rotary_percent);
   }
   if (m.qk_layernorm) j["qk_layernorm"] = true;  // absent when off: older checkpoints keep their fingerprint
+  if (m.mtp_num_layers > 0) j["mtp_num_layers"] = m.mtp_num_layers;  // the depths' parameters (not their weight)
   return j;
 }
 

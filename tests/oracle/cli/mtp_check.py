@@ -14,12 +14,14 @@ usage: mtp_check.py MCPP WORKDIR
   4. full recompute (uniform: the depths re-run in backward) equals the plain run bit for bit; a MoE model whose last
      layer is MoE (so are the depths) at EP2 x DP2 equals 1 rank;
   5. a PP2 checkpoint resumes at PP2 bit-exact and continues at 1 rank (1e-5); `mcpp ckpt convert` to PP2 keeps the
-     depths (the converted run continues as the PP2 one);
+     depths (the converted run continues as the PP2 one); resuming without the depths is a named error and
+     --use-checkpoint-args takes them from the checkpoint;
   6. the memory plan of the TP2 + SP x DP2 and PP2 runs equals what their stages measured;
   7. bad input is one named error: MTP with learned absolute positions, a layout whose 'm' count differs or whose 'm'
      sit away from 'L' or before a 't', a negative depth count; HF export of an MTP checkpoint refuses.
 """
 import os
+import shutil
 import sys
 
 from cli_harness import (LLAMA_GQA, MCPP, MOE, STDOUT, TP2_SP, WORK, check_continued, check_error,
@@ -113,9 +115,20 @@ if losses(part) != losses(full2) or mtp_losses(part) != mtp_losses(full2):
     failures.append(f"PP2 resume is not bit-exact: {losses(part)} vs {losses(full2)}")
 part3 = train("part3", 2, PP2 + ["--exit-interval", "3"])
 check_continued("PP2 checkpoint at 1 rank", part3, os.path.join(WORK, "cont1"), None, L, losses(one))
+# the depths are part of the model: resuming without them is a named error (not their weights silently dropped);
+# --use-checkpoint-args takes them from the checkpoint (the run then continues as with the flags)
+part1 = train("part1", None, L + ["--exit-interval", "3"])
+check_error("resume without MTP", ["train", *M, *LLAMA_GQA, "--load", part1], ["different model", "mtp_num_layers"])
+uca = os.path.join(WORK, "use_ckpt_args")
+shutil.copytree(part1, uca)
+os.remove(os.path.join(uca, "metrics.jsonl"))
+run([MCPP, "train", *M, *LLAMA_GQA, "--use-checkpoint-args", "--mtp-loss-scaling-factor", "0.3", "--load", uca,
+     "--save", uca])
+u = losses(uca)
+if sorted(u) != [4, 5, 6] or any(not close(u[i], a[i]) for i in u) or not all(mtp_losses(uca).values()):
+    failures.append(f"--use-checkpoint-args of an MTP checkpoint continued: {u} {mtp_losses(uca)} vs {a}")
 conv = os.path.join(WORK, "conv")
-run([MCPP, "ckpt", "convert", "--load", train("part1", None, L + ["--exit-interval", "3"]), "--tp", "1", "--pp", "2",
-     "--output", conv])
+run([MCPP, "ckpt", "convert", "--load", part1, "--tp", "1", "--pp", "2", "--output", conv])
 run([MCPP, "train", *PP2, "--load", conv, "--save", conv], np_=2)
 c = losses(conv)
 if sorted(c) != [4, 5, 6] or any(not close(c[i], a[i]) for i in c):
