@@ -8,6 +8,7 @@ usage: mtp_check.py MCPP WORKDIR
      the first step's learning rate is 0);
   2. TP2 + SP x DP2, PP2 x DP2 (the last stage holds the word embeddings' copy for the depths) and
      --pipeline-model-parallel-layout "Et|tmmL" equal 1 rank: every lm loss, validation loss and MTP loss (1e-5);
+     so do (4 layers) interleaved PP2 x DP2 with the distributed optimizer and TP2 + SP with --tp-comm-overlap;
      so do CP2, CP2 / CP4 in the p2p form (load-balanced chunks: the rolled rows cross ranks both ways) and
      CP2 (p2p) x TP2 + SP (2 query groups: the a2a form needs tp * cp of them), and CP2 x DP2 with --calculate-per-token-loss its 1-rank run;
   3. a tied GPT-2-style model with RoPE at PP2 equals 1 rank (the tied copy serves the output layer and the depths);
@@ -73,6 +74,20 @@ same_mtp("PP2 x DP2", pp, one)
 lay = train("layout", 2, L + ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et|tmmL"])
 same_losses("layout Et|tmmL", lay, one, 6)
 same_mtp("layout Et|tmmL", lay, one)
+
+# 2a. interleaved PP2 (a layout of 2 virtual stages a rank: the depths on the last rank's last chunk) x DP2 with the distributed optimizer
+#     (the word embeddings' copy in a bucket of its own), and TP2 + SP with --tp-comm-overlap (eh_proj's ring
+#     all-gather), against a 4-layer 1-rank run
+L4 = [x for x in L]
+L4[L4.index("--num-layers") + 1] = "4"
+one4 = train("one4", None, L4)
+for name, np_, flags in [("vpp2_dp2_distopt", 4, ["--pipeline-model-parallel-size", "2",
+                                                 "--pipeline-model-parallel-layout", "Et|t|t|tmmL",
+                                                 "--use-distributed-optimizer"]),
+                         ("tp2sp_overlap", 2, [*TP2_SP, "--tp-comm-overlap"])]:
+    d = train(name, np_, L4 + flags)
+    same_losses(f"MTP {name}", d, one4, 6)
+    same_mtp(f"MTP {name}", d, one4)
 
 # 2b. context parallelism: the rolled tokens, labels and mask cross the CP ranks' chunks (the a2a form's contiguous
 #     chunks; the p2p form's load-balanced pairs), with TP2 + SP, and per-token loss
