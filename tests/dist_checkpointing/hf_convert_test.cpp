@@ -500,6 +500,48 @@ TEST(HfConvert, LlamaRopeBaseFromEitherTransformersConfig) {
   expect_error([&] { base(); }, {"rope_parameters.rope_type", "yarn"});
 }
 
+// Llama 3's RoPE scaling (use_rope_scaling): exported as rope_type "llama3" in both transformers configs, imported from
+// either (transformers 4's older "type" spelling too); values other than Megatron's fixed ones, and the two configs
+// disagreeing, are named errors.
+TEST(HfConvert, LlamaRopeScalingBothWays) {
+  TempDir dir;
+  ModelDims d = llama_dims(true);
+  d.rope_scaling_factor = 32.0;
+  CheckpointContents c = random_model(d);
+  c.meta["config"] = config_from_model_dims(d);
+  EXPECT_EQ(c.meta["config"]["model"]["use_rope_scaling"], true);
+  save_checkpoint(dir / "ck", c);
+  export_hf(CheckpointReader(dir / "ck"), HfFormat::Llama, dir / "hf");
+  auto j = nlohmann::json::parse(read_text(dir / "hf/config.json"));
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(j["rope_scaling"]["factor"], 32.0);
+  EXPECT_EQ(j["rope_scaling"]["original_max_position_embeddings"], 8192);
+  EXPECT_EQ(j["rope_parameters"]["rope_type"], "llama3");
+  EXPECT_EQ(j["rope_parameters"]["rope_theta"], 500000.0);
+  auto factor = [&] {
+    const nlohmann::json m = import_hf(dir / "hf", HfFormat::Llama).meta["config"];
+    EXPECT_EQ(m["model"]["use_rope_scaling"], model_dims_from_config(m, "imported").rope_scaling_factor > 0.0);
+    return model_dims_from_config(m, "imported").rope_scaling_factor;
+  };
+  EXPECT_EQ(factor(), 32.0);
+  j.erase("rope_parameters");  // transformers 4, its older spelling
+  j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  write_text(dir / "hf/config.json", j.dump());
+  EXPECT_EQ(factor(), 8.0);
+  j["rope_scaling"]["high_freq_factor"] = 2.0;
+  write_text(dir / "hf/config.json", j.dump());
+  expect_error([&] { factor(); }, {"rope_scaling.high_freq_factor", "uses 4"});
+  j["rope_scaling"]["high_freq_factor"] = 4.0;
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 16.0}, {"rope_theta", 500000.0}};
+  write_text(dir / "hf/config.json", j.dump());
+  expect_error([&] { factor(); }, {"rope_scaling", "rope_parameters", "different RoPE scalings"});
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 0.5}, {"rope_theta", 500000.0}};
+  write_text(dir / "hf/config.json", j.dump());
+  expect_error([&] { factor(); }, {"rope_parameters.factor", ">= 1"});
+}
+
 TEST(HfConvert, ImportErrorsNameFieldAndTensor) {
   TempDir dir;
   save_checkpoint(dir / "ck", random_model(gpt2_dims()));

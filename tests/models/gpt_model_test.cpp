@@ -33,6 +33,13 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   // "gpt2_rope": the GPT-2 style (tied embeddings, LayerNorm, GELU, biases) with RoPE instead of learned positions
   TransformerConfig c = testing::tiny_config(style == "gpt2_rope" ? "gpt2" : style);
   if (style == "gpt2_rope") c.position_embedding_type = PositionEmbedding::Rope;
+  if (style == "llama_scaled") {  // Llama 3.1's RoPE scaling, a base at which every band of it is reached
+    c = testing::tiny_config("llama");
+    c.use_rope_scaling = true;
+    c.rope_scaling_factor = 8.0f;
+    c.rotary_base = 1e6f;
+    c.max_position_embeddings = 4096;
+  }
   c.mtp_num_layers = mtp;
   c.mtp_loss_scaling_factor = 0.3f;
   c.calculate_per_token_loss = per_token;
@@ -45,7 +52,7 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   // Non-trivial norm weights/biases (init is ones/zeros) so their gradients and effect are exercised.
   for (const auto& p : model.params().params())
     if (p->spec.init != InitKind::Normal) init_normal(p->data, 0.3f, 99, p->spec.key), p->data.data<float>()[0] += 1.0f;
-  const int64_t s = 12, b = 3;
+  const int64_t s = style == "llama_scaled" ? 600 : 12, b = 3;  // (scaled RoPE: positions reaching its bands)
   testing::Batch batch = testing::fixed_batch(s, b, c.vocab_size);
   GPTModelCtx ctx;
   tensor_parallel::RngTracker rng(4321, 0, 0);
@@ -72,6 +79,7 @@ void run_against_torch(const std::string& style, const std::string& attention_im
                          c.position_embedding_type == PositionEmbedding::Rope ? "rope" : "learned_absolute"},
                         {"rotary_percent", c.rotary_percent},
                         {"rotary_base", c.rotary_base},
+                        {"rope_scaling_factor", c.use_rope_scaling ? c.rope_scaling_factor : 0.0f},
                         {"swiglu", c.swiglu},
                         {"qk_layernorm", c.qk_layernorm},
                         {"mtp_num_layers", c.mtp_num_layers},
@@ -156,6 +164,8 @@ TEST(GPTModelVsTorch, LlamaStyleMtpWithDropoutUnfused) { run_against_torch("llam
 TEST(GPTModelVsTorch, TiedGpt2StyleRopeMtpWithDropout) {
   run_against_torch("gpt2_rope", "flash", 0.2f, 0.15f, false, 2);
 }
+// Llama 3.1's RoPE scaling (--use-rope-scaling): the scaled frequencies against the reference's float64 ones
+TEST(GPTModelVsTorch, LlamaStyleRopeScaling) { run_against_torch("llama_scaled", "flash"); }
 TEST(GPTModelVsTorch, LlamaStyleMtpPerTokenQkLayernorm) {
   run_against_torch("llama", "flash", 0.0f, 0.0f, true, 3, /*per_token=*/true);
 }

@@ -357,6 +357,20 @@ TEST(Arguments, MultiTokenPrediction) {
                      "mtp_loss_scaling_factor");
 }
 
+TEST(Arguments, RopeScaling) {
+  Config c = parse_train_args({"--position-embedding-type", "rope", "--use-rope-scaling", "--rope-scaling-factor", "32"});
+  EXPECT_TRUE(c.model.use_rope_scaling);
+  EXPECT_FLOAT_EQ(c.model.rope_scaling_factor, 32.0f);
+  c.validate();
+  EXPECT_EQ(Config::from_json(c.to_json()).to_json(), c.to_json());
+  EXPECT_EQ(c.math_fields()["rope_scaling_factor"], 32.0);  // a checkpoint of another scaling is another model
+  EXPECT_FALSE(parse_train_args({"--position-embedding-type", "rope"}).math_fields().contains("rope_scaling_factor"));
+  EXPECT_FLOAT_EQ(parse_train_args({}).model.rope_scaling_factor, 8.0f);  // Megatron's default
+  expect_error_names({"--use-rope-scaling"}, "use_rope_scaling");  // learned positions (the default)
+  expect_error_names({"--position-embedding-type", "rope", "--use-rope-scaling", "--rope-scaling-factor", "0.5"},
+                     "rope_scaling_factor");
+}
+
 TEST(Arguments, SampleBasedTraining) {
   Config c = parse_train_args({"--train-samples", "1003", "--global-batch-size", "8", "--micro-batch-size", "2",
                                "--lr-warmup-samples", "30", "--lr-decay-style", "WSD", "--lr-wsd-decay-samples",

@@ -63,6 +63,18 @@ void write_text(const std::string& path, const std::string& text) {
   if (!out) fail("cannot write {}", path);
 }
 
+// Llama 3's RoPE scaling in transformers 4's rope_scaling (null without it) and 5's rope_parameters.
+nlohmann::json rope_scaling_json(const ModelDims& d) {
+  if (d.rope_scaling_factor <= 0.0) return nullptr;
+  return {{"rope_type", "llama3"}, {"factor", d.rope_scaling_factor}, {"low_freq_factor", 1.0},
+          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+}
+nlohmann::json rope_parameters_json(const ModelDims& d) {
+  nlohmann::json p = d.rope_scaling_factor > 0.0 ? rope_scaling_json(d) : nlohmann::json{{"rope_type", "default"}};
+  p["rope_theta"] = d.rotary_base;
+  return p;
+}
+
 void export_gpt2(const CheckpointReader& r, const ModelDims& d, std::vector<SafetensorsItem>& items,
                  nlohmann::json& cfg) {
   const std::string F = "hf-gpt2";
@@ -250,8 +262,8 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
          {"head_dim", d.head_dim},
          {"rms_norm_eps", d.norm_eps},
          {"rope_theta", d.rotary_base},  // transformers 4's field; 5's rope_parameters below
-         {"rope_scaling", nullptr},
-         {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", d.rotary_base}}},
+         {"rope_scaling", rope_scaling_json(d)},
+         {"rope_parameters", rope_parameters_json(d)},
          {"max_position_embeddings", d.max_pos},
          {"vocab_size", d.vocab},
          {"tie_word_embeddings", !d.untied},
@@ -370,6 +382,8 @@ ModelDims model_dims_from_config(const nlohmann::json& config, const std::string
   if (d.max_pos == 0) d.max_pos = get_int(m, "seq_length", where, 0, false);
   d.norm_eps = get_val<double>(m, "norm_epsilon", where, 1e-5);
   d.rotary_base = get_val<double>(m, "rotary_base", where, 10000.0);
+  if (get_val<bool>(m, "use_rope_scaling", where, false))
+    d.rope_scaling_factor = get_val<double>(m, "rope_scaling_factor", where, 8.0);
   d.rotary_percent = get_val<double>(m, "rotary_percent", where, 1.0);
   d.normalization = get_val<std::string>(m, "normalization", where, "LayerNorm");
   if (d.normalization != "LayerNorm" && d.normalization != "RMSNorm")
@@ -417,6 +431,8 @@ nlohmann::json config_from_model_dims(const ModelDims& d) {
                       {"position_embedding_type", d.position_embedding},
                       {"rotary_base", d.rotary_base},
                       {"rotary_percent", d.rotary_percent},
+                      {"use_rope_scaling", d.rope_scaling_factor > 0.0},
+                      {"rope_scaling_factor", d.rope_scaling_factor > 0.0 ? d.rope_scaling_factor : 8.0},
                       {"untie_embeddings_and_output_weights", d.untied},
                       {"add_bias_linear", d.bias_linear},
                       {"add_qkv_bias", d.qkv_bias && !d.bias_linear},

@@ -127,6 +127,12 @@ void TransformerConfig::validate() const {
   if (position_embedding_type == PositionEmbedding::Rope && (rotary_dim() <= 0 || rotary_dim() % 2 != 0))
     fail("rotary_percent: rope needs an even rotary dim > 0, got int(kv_channels {} * rotary_percent {}) = {}",
          kv_channels, rotary_percent, rotary_dim());
+  if (use_rope_scaling) {
+    if (position_embedding_type != PositionEmbedding::Rope)
+      fail("use_rope_scaling: RoPE scaling needs --position-embedding-type rope");
+    if (!(rope_scaling_factor >= 1.0f) || !std::isfinite(rope_scaling_factor))
+      fail("rope_scaling_factor must be a finite value >= 1, got {}", rope_scaling_factor);
+  }
   require_dropout(hidden_dropout, "hidden_dropout");
   require_dropout(attention_dropout, "attention_dropout");
   if (!(init_method_std > 0.0f)) fail("init_method_std must be positive, got {}", init_method_std);

@@ -53,6 +53,11 @@ struct TransformerConfig {
   PositionEmbedding position_embedding_type = PositionEmbedding::LearnedAbsolute;
   float rotary_base = 10000.0f;
   float rotary_percent = 1.0f;
+  // Megatron's --use-rope-scaling / --rope-scaling-factor (Llama 3.1's frequency scaling, HF rope_type "llama3";
+  // transformer/rope.h): the rotary frequencies of wavelength above 8192 divided by the factor, those below 2048
+  // kept, the band between interpolated (low / high frequency factors 1 / 4, Megatron's fixed values).
+  bool use_rope_scaling = false;
+  float rope_scaling_factor = 8.0f;
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // --disable-bias-linear sets false
   bool add_qkv_bias = false;    // --add-qkv-bias (effective only when add_bias_linear is false)

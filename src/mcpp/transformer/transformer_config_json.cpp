@@ -33,6 +33,8 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("position_embedding_type", m.position_embedding_type);
   v("rotary_base", m.rotary_base);
   v("rotary_percent", m.rotary_percent);
+  v("use_rope_scaling", m.use_rope_scaling);
+  v("rope_scaling_factor", m.rope_scaling_factor);
   v("untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
   v("add_bias_linear", m.add_bias_linear);
   v("add_qkv_bias", m.add_qkv_bias);
@@ -319,6 +321,7 @@ nlohmann::json Config::math_fields() const {
   if (m.position_embedding_type == PositionEmbedding::Rope) {
     j["rotary_base"] = json_value(m.rotary_base);
     j["rotary_percent"] = json_value(m.rotary_percent);
+    if (m.use_rope_scaling) j["rope_scaling_factor"] = json_value(m.rope_scaling_factor);  // absent when off
   }
   if (m.qk_layernorm) j["qk_layernorm"] = true;  // absent when off: older checkpoints keep their fingerprint
   if (m.mtp_num_layers > 0) j["mtp_num_layers"] = m.mtp_num_layers;  // the depths' parameters (not their weight)

@@ -79,7 +79,8 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
   if (has_expert_params()) expert_params_.finalize(seed, device, param_dtype);
   if (c.position_embedding_type == PositionEmbedding::Rope) {
     const auto rot = static_cast<int64_t>(std::lround(static_cast<double>(c.kv_channels) * c.rotary_percent));
-    rope_ = make_rope_tables(std::max(c.seq_length, c.max_position_embeddings), rot, c.rotary_base, device);
+    rope_ = make_rope_tables(std::max(c.seq_length, c.max_position_embeddings), rot, c.rotary_base, device,
+                             c.use_rope_scaling ? c.rope_scaling_factor : 0.0);
     has_rope_ = true;
   }
 }
