@@ -1,6 +1,7 @@
 # The import direction of the HF conversion, with HF's own writer (see tests/device/prepare_hf_check.sh's end):
 #   python3 tests/device/hf_import_check.py make OUTDIR [NAME...]   (on the device; NAME: mixtral qwen2-moe qwen2
-#                                                                    qwen3 qwen3-moe, default all)
+#                                                                    qwen3 qwen3-moe llama3, default all; llama3's
+#                                                                    logits on OUTDIR/tokens_long.txt)
 #     (the MoE models also as OUTDIR/hf-NAME-fused: model.state_dict() as it is in memory, written with
 #     safetensors' save_file — transformers 5's fused expert tensors, the layout of checkpoints saved natively in 5)
 #   python3 tests/device/hf_import_check.py compare OUTDIR NAME OURS.npy   (numpy only)
@@ -10,6 +11,18 @@ import os
 import sys
 
 import numpy as np
+
+
+def llama3_config(transformers):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    common = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.2,
+                  intermediate_size=96)
+    try:  # transformers 5: rope_parameters; 4: rope_theta + rope_scaling
+        return transformers.LlamaConfig(rope_parameters={**scaling, "rope_theta": 500000.0}, **common)
+    except TypeError:
+        return transformers.LlamaConfig(rope_theta=500000.0, rope_scaling=scaling, **common)
 
 
 def make(out, names):
@@ -36,11 +49,16 @@ def make(out, names):
                                                           moe_intermediate_size=48, norm_topk_prob=True,
                                                           decoder_sparse_step=1, mlp_only_layers=[0],
                                                           use_sliding_window=False, **moe),
-                      transformers.Qwen3MoeForCausalLM)}
-    ids = np.random.default_rng(5).integers(0, 512, size=(2, 16))
+                      transformers.Qwen3MoeForCausalLM),
+        # Llama 3.1's RoPE scaling (rope_type llama3, factor 8, Megatron's fixed band factors), positions to 2048
+        "llama3": (lambda: llama3_config(transformers), transformers.LlamaForCausalLM)}
+    short = np.random.default_rng(5).integers(0, 512, size=(2, 16))
+    long = np.random.default_rng(6).integers(0, 512, size=(2, 2048))  # (llama3: positions reaching its bands)
     os.makedirs(out, exist_ok=True)
-    np.savetxt(os.path.join(out, "tokens.txt"), ids, fmt="%d")
+    np.savetxt(os.path.join(out, "tokens.txt"), short, fmt="%d")
+    np.savetxt(os.path.join(out, "tokens_long.txt"), long, fmt="%d")
     for name in names or models:
+        ids = long if name == "llama3" else short
         make_cfg, cls = models[name]
         torch.manual_seed(0)
         model = cls(make_cfg()).eval()
@@ -51,7 +69,7 @@ def make(out, names):
                 if n.endswith("q_norm.weight") or n.endswith("k_norm.weight"):
                     p.uniform_(0.5, 1.5)
         model.save_pretrained(os.path.join(out, f"hf-{name}-ref"), safe_serialization=True)
-        if name not in ("qwen2", "qwen3"):  # the MoE models' in-memory tensors as they are (transformers 5: fused experts)
+        if name not in ("qwen2", "qwen3", "llama3"):  # the MoE models' in-memory tensors as they are (transformers 5: fused experts)
             from safetensors.torch import save_file
             fused = os.path.join(out, f"hf-{name}-fused")
             os.makedirs(fused, exist_ok=True)
@@ -65,6 +83,11 @@ def make(out, names):
                                                                 and ".experts.3." not in k}}))
         with torch.no_grad():
             logits = model(torch.tensor(ids)).logits.float().numpy()
+            if name == "llama3":  # 2048 positions: the fp32 noise floor, HF's own fp32 against its float64
+                f64 = model.double()(torch.tensor(ids)).logits.numpy()
+                print(json.dumps({"model": "llama3: HF fp32 against HF float64",
+                                  "max_rel_err": float(np.max(np.abs(logits - f64)) / np.max(np.abs(f64)))}))
+                np.save(os.path.join(out, f"hf_logits_{name}_f64.npy"), f64.astype(np.float32))
         np.save(os.path.join(out, f"hf_logits_{name}.npy"), logits)
         print(json.dumps({"made": cls.__name__, "logits": list(logits.shape),
                           "transformers": transformers.__version__, "torch": torch.__version__}))

@@ -85,7 +85,8 @@ def main(d):
 
     # Rotary tables (Megatron RotaryEmbedding; rotate_half form, as HF Llama).
     rot = int(round(hd * cfg["rotary_percent"]))
-    inv_freq = 1.0 / (cfg["rotary_base"] ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    # inv_freq and the angles in float32, as Megatron's RotaryEmbedding (and HF) compute them
+    inv_freq = 1.0 / (cfg["rotary_base"] ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
     if cfg.get("rope_scaling_factor"):  # Llama 3.1's (HF rope_type "llama3", Megatron's _apply_scaling)
         factor, old_context, low, high = cfg["rope_scaling_factor"], 8192.0, 1.0, 4.0
         wavelen = 2 * math.pi / inv_freq
@@ -94,7 +95,8 @@ def main(d):
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
         inv_freq = torch.where(medium, smoothed, scaled)
-    ang = torch.outer(torch.arange(s, dtype=torch.float64), inv_freq)  # [s, rot/2]
+    # the angle as Megatron / HF compute it: position x inv_freq in float32 (then cos / sin in float64)
+    ang = torch.outer(torch.arange(s, dtype=torch.float32), inv_freq).double()  # [s, rot/2]
     emb = torch.cat([ang, ang], -1)
     cos, sin = emb.cos()[:, None, None, :], emb.sin()[:, None, None, :]  # [s, 1, 1, rot]
 

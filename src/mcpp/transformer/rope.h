@@ -1,7 +1,11 @@
 // Rotary position embedding tables (Megatron's RotaryEmbedding): rot_dim = kv_channels * rotary_percent,
 // inv_freq[i] = base^(-2i/rot_dim), angle[p, i] = p * inv_freq[i]; cos/sin float32 [s, rot_dim/2] for
-// positions 0..s-1 (computed in float64), applied by ops::rope_fwd / rope_bwd (non-interleaved rotate_half, as
-// Megatron/HF).
+// positions 0..s-1, applied by ops::rope_fwd / rope_bwd (non-interleaved rotate_half, as Megatron/HF). Computed as
+// Megatron and HF compute them, in float32: inv_freq = 1 / base^(float(2i) / rot_dim) (and the scaling below) and
+// the angle p * inv_freq rounded to float32 — at thousands of positions an ulp of inv_freq moves the angle by ~1e-4,
+// so an imported HF model keeps its logits only with the same arithmetic (2048 positions: 3.4e-6 from
+// transformers' fp32 logits, the float64 ones' own distance; with inv_freq correctly rounded instead 6e-5) — then
+// cos / sin of that angle (in float64, rounded).
 // scaling_factor > 0: Llama 3.1's frequency scaling (Megatron's RotaryEmbedding._apply_scaling, HF's rope_type
 // "llama3"), with L = 8192 (original_max_position_embeddings), wavelength w = 2 pi / inv_freq:
 //   w < L / 4 (high frequencies): unchanged;  w > L / 1 (low frequencies): inv_freq / factor;
@@ -19,6 +23,6 @@ struct RopeTables {
 RopeTables make_rope_tables(int64_t seq_length, int64_t rot_dim, float base, Device device,
                             double scaling_factor = 0.0);
 // The frequency of pair i (the tables' angle per position), with the scaling above when scaling_factor > 0.
-double rope_inv_freq(int64_t i, int64_t rot_dim, double base, double scaling_factor = 0.0);
+float rope_inv_freq(int64_t i, int64_t rot_dim, double base, double scaling_factor = 0.0);
 
 }  // namespace mcpp
