@@ -99,11 +99,13 @@ BlendedDataset::BlendedDataset(const DataBlend& blend, const GPTDatasetOptions& 
       datasets_.push_back(std::make_unique<GPTDataset>(o));
       total += datasets_.back()->size();
     }
-    for (const auto& ds : datasets_) blend_.weights.push_back(static_cast<double>(ds->size()) / static_cast<double>(total));
+    for (const auto& ds : datasets_)
+      blend_.weights.push_back(static_cast<double>(ds->size()) / static_cast<double>(total));
     if (opt.num_samples > total)
       fail("data: the blend of {} prefixes without weights holds {} samples of {} tokens (one epoch of each: "
            "Megatron's rule) but the {} split needs {}; give 'weight prefix' pairs (each prefix then repeats to its "
-           "share) or train fewer samples", blend_.prefixes.size(), total, opt.seq_length, split_name(static_cast<int>(opt.split_index)),
+           "share) or train fewer samples",
+           blend_.prefixes.size(), total, opt.seq_length, split_name(static_cast<int>(opt.split_index)),
            opt.num_samples);
     build_blending_indices(dataset_index_, dataset_sample_index_, blend_.weights,
                            opt.num_samples > 0 ? opt.num_samples : total);

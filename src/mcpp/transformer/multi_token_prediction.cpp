@@ -119,7 +119,8 @@ std::vector<std::pair<double, double>> MtpLossTracker::take() {
   std::vector<std::pair<double, double>> out(static_cast<size_t>(depths_), {0.0, 0.0});
   if (!sums_.defined()) return out;
   const Tensor h = sums_.to(Device::CPU);
-  for (int64_t k = 0; k < depths_; ++k) out[static_cast<size_t>(k)] = {h.data<float>()[2 * k], h.data<float>()[2 * k + 1]};
+  for (int64_t k = 0; k < depths_; ++k)
+    out[static_cast<size_t>(k)] = {h.data<float>()[2 * k], h.data<float>()[2 * k + 1]};
   sums_.zero_();
   return out;
 }
