@@ -13,9 +13,9 @@ import sys
 import numpy as np
 
 
-def llama3_config(transformers):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
+def llama3_config(transformers, scaling=None):
+    scaling = scaling or {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192}
     common = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.2,
                   intermediate_size=96)
@@ -51,14 +51,17 @@ def make(out, names):
                                                           use_sliding_window=False, **moe),
                       transformers.Qwen3MoeForCausalLM),
         # Llama 3.1's RoPE scaling (rope_type llama3, factor 8, Megatron's fixed band factors), positions to 2048
-        "llama3": (lambda: llama3_config(transformers), transformers.LlamaForCausalLM)}
+        "llama3": (lambda: llama3_config(transformers), transformers.LlamaForCausalLM),
+        # position interpolation (rope_type linear, factor 4), positions to 2048
+        "llama-linear": (lambda: llama3_config(transformers, {"rope_type": "linear", "factor": 4.0}),
+                         transformers.LlamaForCausalLM)}
     short = np.random.default_rng(5).integers(0, 512, size=(2, 16))
     long = np.random.default_rng(6).integers(0, 512, size=(2, 2048))  # (llama3: positions reaching its bands)
     os.makedirs(out, exist_ok=True)
     np.savetxt(os.path.join(out, "tokens.txt"), short, fmt="%d")
     np.savetxt(os.path.join(out, "tokens_long.txt"), long, fmt="%d")
     for name in names or models:
-        ids = long if name == "llama3" else short
+        ids = long if name in ("llama3", "llama-linear") else short
         make_cfg, cls = models[name]
         torch.manual_seed(0)
         model = cls(make_cfg()).eval()
@@ -69,7 +72,7 @@ def make(out, names):
                 if n.endswith("q_norm.weight") or n.endswith("k_norm.weight"):
                     p.uniform_(0.5, 1.5)
         model.save_pretrained(os.path.join(out, f"hf-{name}-ref"), safe_serialization=True)
-        if name not in ("qwen2", "qwen3", "llama3"):  # the MoE models' in-memory tensors as they are (transformers 5: fused experts)
+        if name not in ("qwen2", "qwen3", "llama3", "llama-linear"):  # the MoE models' in-memory tensors as they are (transformers 5: fused experts)
             from safetensors.torch import save_file
             fused = os.path.join(out, f"hf-{name}-fused")
             os.makedirs(fused, exist_ok=True)
@@ -83,9 +86,9 @@ def make(out, names):
                                                                 and ".experts.3." not in k}}))
         with torch.no_grad():
             logits = model(torch.tensor(ids)).logits.float().numpy()
-            if name == "llama3":  # 2048 positions: the fp32 noise floor, HF's own fp32 against its float64
+            if name in ("llama3", "llama-linear"):  # 2048 positions: the fp32 noise floor, HF's own fp32 vs float64
                 f64 = model.double()(torch.tensor(ids)).logits.numpy()
-                print(json.dumps({"model": "llama3: HF fp32 against HF float64",
+                print(json.dumps({"model": f"{name}: HF fp32 against HF float64",
                                   "max_rel_err": float(np.max(np.abs(logits - f64)) / np.max(np.abs(f64)))}))
                 np.save(os.path.join(out, f"hf_logits_{name}_f64.npy"), f64.astype(np.float32))
         np.save(os.path.join(out, f"hf_logits_{name}.npy"), logits)

@@ -4,10 +4,11 @@
 import json, sys, numpy as np, torch, transformers
 from transformers import AutoModelForCausalLM
 ok = True
-for name in sys.argv[1:] or ["gpt2", "llama", "mixtral", "qwen2-moe", "qwen2", "qwen3", "qwen3-moe", "llama3"]:
+for name in sys.argv[1:] or ["gpt2", "llama", "mixtral", "qwen2-moe", "qwen2", "qwen3", "qwen3-moe", "llama3",
+                             "llama-linear"]:
     small = name.startswith("qwen3") or name == "qwen2"
     tokens = "hf_carry/tokens512.txt" if small else "hf_carry/tokens.txt"  # vocab 512 / GPT-2's
-    if name == "llama3":  # Llama 3.1's RoPE scaling: 2048 positions, vocab 512
+    if name in ("llama3", "llama-linear"):  # RoPE scaling / interpolation: 2048 positions, vocab 512
         tokens = "hf_carry/tokens_long.txt"
     ids = torch.tensor(np.loadtxt(tokens, dtype=np.int64))
     m = AutoModelForCausalLM.from_pretrained(f"hf_carry/hf-{name}", dtype=torch.float32).eval()
@@ -18,15 +19,15 @@ for name in sys.argv[1:] or ["gpt2", "llama", "mixtral", "qwen2-moe", "qwen2", "
     print(json.dumps({"model": name, "class": type(m).__name__, "shape": list(hf.shape), "max_rel_err": err,
                       "transformers": transformers.__version__, "torch": torch.__version__}))
     ok &= hf.shape == ours.shape and err < 1e-4
-    if name == "llama3":  # the check must see the scaling: HF without it differs from ours by far more
+    if name in ("llama3", "llama-linear"):  # the check must see the scaling: HF without it differs far more
         cfg = m.config
         for field in ("rope_scaling", "rope_parameters"):
             if isinstance(getattr(cfg, field, None), dict):
                 setattr(cfg, field, {k: v for k, v in getattr(cfg, field).items() if k == "rope_theta"} |
                         {"rope_type": "default"})
-        plain = AutoModelForCausalLM.from_pretrained("hf_carry/hf-llama3", config=cfg, dtype=torch.float32).eval()
+        plain = AutoModelForCausalLM.from_pretrained(f"hf_carry/hf-{name}", config=cfg, dtype=torch.float32).eval()
         with torch.no_grad():
             unscaled = float(np.max(np.abs(plain(ids).logits.float().numpy() - ours)) / np.max(np.abs(hf)))
-        print(json.dumps({"model": "llama3 against HF without the scaling", "max_rel_err": unscaled}))
+        print(json.dumps({"model": f"{name} against HF without the scaling", "max_rel_err": unscaled}))
         ok &= unscaled > 1e-3
 print("HF_CHECK", "PASS" if ok else "FAIL")

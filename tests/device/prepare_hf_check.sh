@@ -9,7 +9,8 @@
 #   attention, layer 1 MoE with 4 experts top-2, normalized top-k) on random tokens of a 512-token vocabulary
 #   (NullTokenizer), so they stay small; llama3 (Llama's with --use-rope-scaling --rope-scaling-factor 8, Llama 3.1's
 #   RoPE scaling; max position 2048) on those random tokens, its logits on two sequences of 2048 tokens (positions
-#   that reach every band of the scaling).
+#   that reach every band of the scaling); llama-linear (--rotary-seq-len-interpolation-factor 4, HF rope_type linear)
+#   the same way.
 # Then on the device:
 #   run(command="python3 tests/device/hf_logits_check.py NAME...", carry=["hf_carry"])
 # Two of the GPT-2-vocabulary exports fit the device tool's 64 MiB carry (with the binaries of bench/gpu/make_carry.sh:
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/../.."
 DATA=${1:?usage: prepare_hf_check.sh DATA_PREFIX [NAME...]}
 shift
 NAMES=("$@")
-[ ${#NAMES[@]} -gt 0 ] || NAMES=(gpt2 llama mixtral qwen2-moe qwen2 qwen3 qwen3-moe llama3)
+[ ${#NAMES[@]} -gt 0 ] || NAMES=(gpt2 llama mixtral qwen2-moe qwen2 qwen3 qwen3-moe llama3 llama-linear)
 MCPP=build/bin/mcpp
 OUT=hf_carry
 rm -rf $OUT && mkdir -p $OUT
@@ -42,7 +43,7 @@ for m in "${NAMES[@]}"; do
     qwen2-moe) FLAGS="$LLAMA --add-qkv-bias --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
                       --moe-router-pre-softmax --moe-layer-freq [1,0] --moe-shared-expert-intermediate-size 64
                       --moe-shared-expert-gate --moe-aux-loss-coeff 0.01 --data-path $DATA" ;;
-    qwen2|qwen3|qwen3-moe|llama3)
+    qwen2|qwen3|qwen3-moe|llama3|llama-linear)
       if [ -z "$SMALL" ]; then
         /usr/bin/python3 bench/gpu/random_tokens.py $OUT/rnd512 --tokens 20000 --vocab 512 --doc-len 64 > /dev/null
         SMALL="--tokenizer-type NullTokenizer --vocab-size 512 --data-path $OUT/rnd512"
@@ -51,21 +52,23 @@ for m in "${NAMES[@]}"; do
       case $m in
         qwen2) FLAGS="$LLAMA --add-qkv-bias $SMALL" ;;
         llama3) FLAGS="$LLAMA --use-rope-scaling --rope-scaling-factor 8 $SMALL" ;;
+        llama-linear) FLAGS="$LLAMA --rotary-seq-len-interpolation-factor 4 $SMALL" ;;
         qwen3) FLAGS="$QWEN3" ;;
         qwen3-moe) FLAGS="$QWEN3 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-layer-freq [0,1]
                           --moe-aux-loss-coeff 0.01" ;;
       esac ;;
-    *) echo "unknown model style '$m' (gpt2 llama mixtral qwen2-moe qwen2 qwen3 qwen3-moe llama3)" >&2; exit 2 ;;
+    *) echo "unknown model style '$m' (gpt2 llama mixtral qwen2-moe qwen2 qwen3 qwen3-moe llama3 llama-linear)" >&2
+       exit 2 ;;
   esac
   BM=$B
-  if [ "$m" = llama3 ]; then
+  if [ "$m" = llama3 ] || [ "$m" = llama-linear ]; then
     BM=${B/--max-position-embeddings 32/--max-position-embeddings 2048}
     /usr/bin/python3 -c "import numpy as np; np.savetxt('$OUT/tokens_long.txt', np.random.default_rng(3).integers(0, 512, (2, 2048)), fmt='%d')"
   fi
   $MCPP train $BM $FLAGS --save $OUT/$m > /dev/null
   TOK=$OUT/tokens.txt
   FORMAT=hf-$m
-  case $m in qwen2|qwen3*) TOK=$OUT/tokens512.txt ;; llama3) TOK=$OUT/tokens_long.txt FORMAT=hf-llama ;; esac
+  case $m in qwen2|qwen3*) TOK=$OUT/tokens512.txt ;; llama3|llama-linear) TOK=$OUT/tokens_long.txt FORMAT=hf-llama ;; esac
   $MCPP forward --load $OUT/$m --tokens $TOK --output $OUT/$m.npy
   $MCPP ckpt export --load $OUT/$m --format $FORMAT --output $OUT/hf-$m
   rm -rf $OUT/$m  # keep the carry small

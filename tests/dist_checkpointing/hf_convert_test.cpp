@@ -540,6 +540,26 @@ TEST(HfConvert, LlamaRopeScalingBothWays) {
   j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 0.5}, {"rope_theta", 500000.0}};
   write_text(dir / "hf/config.json", j.dump());
   expect_error([&] { factor(); }, {"rope_parameters.factor", ">= 1"});
+  // position interpolation (rope_type "linear"): rotary_seq_len_interpolation_factor both ways
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 500000.0}};
+  write_text(dir / "hf/config.json", j.dump());
+  EXPECT_EQ(factor(), 0.0);
+  const nlohmann::json lin = import_hf(dir / "hf", HfFormat::Llama).meta["config"];
+  EXPECT_EQ(lin["model"]["rotary_seq_len_interpolation_factor"], 4.0);
+  ModelDims dl = llama_dims(true);
+  dl.rope_interpolation_factor = 4.0;
+  CheckpointContents cl = random_model(dl);
+  cl.meta["config"] = config_from_model_dims(dl);
+  save_checkpoint(dir / "ck_linear", cl);
+  export_hf(CheckpointReader(dir / "ck_linear"), HfFormat::Llama, dir / "hf_linear");
+  const auto jl = nlohmann::json::parse(read_text(dir / "hf_linear/config.json"));
+  EXPECT_EQ(jl["rope_scaling"], (nlohmann::json{{"rope_type", "linear"}, {"factor", 4.0}}));
+  EXPECT_EQ(jl["rope_parameters"]["rope_type"], "linear");
+  dl.rope_scaling_factor = 8.0;  // both: one HF rope type only
+  cl.meta["config"] = config_from_model_dims(dl);
+  save_checkpoint(dir / "ck_both", cl);
+  expect_error([&] { export_hf(CheckpointReader(dir / "ck_both"), HfFormat::Llama, dir / "hf_both"); },
+               {"use_rope_scaling", "rotary_seq_len_interpolation_factor", "one RoPE type"});
 }
 
 TEST(HfConvert, ImportErrorsNameFieldAndTensor) {

@@ -40,6 +40,11 @@ void run_against_torch(const std::string& style, const std::string& attention_im
     c.rotary_base = 1e6f;
     c.max_position_embeddings = 4096;
   }
+  if (style == "llama_interp") {  // linear position interpolation (Megatron's seq_len_interpolation_factor)
+    c = testing::tiny_config("llama");
+    c.rotary_seq_len_interpolation_factor = 3.0f;
+    c.max_position_embeddings = 4096;
+  }
   c.mtp_num_layers = mtp;
   c.mtp_loss_scaling_factor = 0.3f;
   c.calculate_per_token_loss = per_token;
@@ -52,7 +57,7 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   // Non-trivial norm weights/biases (init is ones/zeros) so their gradients and effect are exercised.
   for (const auto& p : model.params().params())
     if (p->spec.init != InitKind::Normal) init_normal(p->data, 0.3f, 99, p->spec.key), p->data.data<float>()[0] += 1.0f;
-  const int64_t s = style == "llama_scaled" ? 600 : 12, b = 3;  // (scaled RoPE: positions reaching its bands)
+  const int64_t s = style == "llama_scaled" || style == "llama_interp" ? 600 : 12, b = 3;  // (scaled RoPE: positions reaching its bands)
   testing::Batch batch = testing::fixed_batch(s, b, c.vocab_size);
   GPTModelCtx ctx;
   tensor_parallel::RngTracker rng(4321, 0, 0);
@@ -80,6 +85,7 @@ void run_against_torch(const std::string& style, const std::string& attention_im
                         {"rotary_percent", c.rotary_percent},
                         {"rotary_base", c.rotary_base},
                         {"rope_scaling_factor", c.use_rope_scaling ? c.rope_scaling_factor : 0.0f},
+                        {"rotary_seq_len_interpolation_factor", c.rotary_seq_len_interpolation_factor},
                         {"swiglu", c.swiglu},
                         {"qk_layernorm", c.qk_layernorm},
                         {"mtp_num_layers", c.mtp_num_layers},
@@ -166,6 +172,8 @@ TEST(GPTModelVsTorch, TiedGpt2StyleRopeMtpWithDropout) {
 }
 // Llama 3.1's RoPE scaling (--use-rope-scaling): the scaled frequencies against the reference's float64 ones
 TEST(GPTModelVsTorch, LlamaStyleRopeScaling) { run_against_torch("llama_scaled", "flash"); }
+// --rotary-seq-len-interpolation-factor 3 (HF rope_type "linear"): positions 0..599 divided by it
+TEST(GPTModelVsTorch, LlamaStyleRopePositionInterpolation) { run_against_torch("llama_interp", "flash"); }
 TEST(GPTModelVsTorch, LlamaStyleMtpPerTokenQkLayernorm) {
   run_against_torch("llama", "flash", 0.0f, 0.0f, true, 3, /*per_token=*/true);
 }

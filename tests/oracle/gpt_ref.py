@@ -96,7 +96,10 @@ def main(d):
         medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
         inv_freq = torch.where(medium, smoothed, scaled)
     # the angle as Megatron / HF compute it: position x inv_freq in float32 (then cos / sin in float64)
-    ang = torch.outer(torch.arange(s, dtype=torch.float32), inv_freq).double()  # [s, rot/2]
+    positions = torch.arange(s, dtype=torch.float32)
+    if cfg.get("rotary_seq_len_interpolation_factor"):  # Megatron's linear interpolation: seq *= 1 / factor
+        positions = positions * (1.0 / cfg["rotary_seq_len_interpolation_factor"])
+    ang = torch.outer(positions, inv_freq).double()  # [s, rot/2]
     emb = torch.cat([ang, ang], -1)
     cos, sin = emb.cos()[:, None, None, :], emb.sin()[:, None, None, :]  # [s, 1, 1, rot]
 

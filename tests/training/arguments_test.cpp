@@ -369,6 +369,15 @@ TEST(Arguments, RopeScaling) {
   expect_error_names({"--use-rope-scaling"}, "use_rope_scaling");  // learned positions (the default)
   expect_error_names({"--position-embedding-type", "rope", "--use-rope-scaling", "--rope-scaling-factor", "0.5"},
                      "rope_scaling_factor");
+  // linear position interpolation (Megatron's --rotary-seq-len-interpolation-factor)
+  Config lin = parse_train_args({"--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", "4"});
+  EXPECT_FLOAT_EQ(lin.model.rotary_seq_len_interpolation_factor, 4.0f);
+  lin.validate();
+  EXPECT_EQ(lin.math_fields()["rotary_seq_len_interpolation_factor"], 4.0);
+  EXPECT_EQ(Config::from_json(lin.to_json()).to_json(), lin.to_json());
+  expect_error_names({"--rotary-seq-len-interpolation-factor", "2"}, "rotary_seq_len_interpolation_factor");
+  expect_error_names({"--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", "-1"},
+                     "rotary_seq_len_interpolation_factor");
 }
 
 TEST(Arguments, SampleBasedTraining) {

@@ -63,14 +63,20 @@ void write_text(const std::string& path, const std::string& text) {
   if (!out) fail("cannot write {}", path);
 }
 
-// Llama 3's RoPE scaling in transformers 4's rope_scaling (null without it) and 5's rope_parameters.
+// RoPE's scaling in transformers 4's rope_scaling (null without one) and 5's rope_parameters: Llama 3's ("llama3") or
+// position interpolation ("linear"); HF holds one rope type, so both at once is an error.
 nlohmann::json rope_scaling_json(const ModelDims& d) {
+  if (d.rope_scaling_factor > 0.0 && d.rope_interpolation_factor > 0.0)
+    fail("HF export: model.use_rope_scaling and model.rotary_seq_len_interpolation_factor are both set; an HF config "
+         "holds one RoPE type (llama3 or linear)");
+  if (d.rope_interpolation_factor > 0.0) return {{"rope_type", "linear"}, {"factor", d.rope_interpolation_factor}};
   if (d.rope_scaling_factor <= 0.0) return nullptr;
   return {{"rope_type", "llama3"}, {"factor", d.rope_scaling_factor}, {"low_freq_factor", 1.0},
           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
 }
 nlohmann::json rope_parameters_json(const ModelDims& d) {
-  nlohmann::json p = d.rope_scaling_factor > 0.0 ? rope_scaling_json(d) : nlohmann::json{{"rope_type", "default"}};
+  nlohmann::json p = rope_scaling_json(d);
+  if (p.is_null()) p = {{"rope_type", "default"}};
   p["rope_theta"] = d.rotary_base;
   return p;
 }
@@ -384,6 +390,7 @@ ModelDims model_dims_from_config(const nlohmann::json& config, const std::string
   d.rotary_base = get_val<double>(m, "rotary_base", where, 10000.0);
   if (get_val<bool>(m, "use_rope_scaling", where, false))
     d.rope_scaling_factor = get_val<double>(m, "rope_scaling_factor", where, 8.0);
+  d.rope_interpolation_factor = get_val<double>(m, "rotary_seq_len_interpolation_factor", where, 0.0);
   d.rotary_percent = get_val<double>(m, "rotary_percent", where, 1.0);
   d.normalization = get_val<std::string>(m, "normalization", where, "LayerNorm");
   if (d.normalization != "LayerNorm" && d.normalization != "RMSNorm")
@@ -433,6 +440,7 @@ nlohmann::json config_from_model_dims(const ModelDims& d) {
                       {"rotary_percent", d.rotary_percent},
                       {"use_rope_scaling", d.rope_scaling_factor > 0.0},
                       {"rope_scaling_factor", d.rope_scaling_factor > 0.0 ? d.rope_scaling_factor : 8.0},
+                      {"rotary_seq_len_interpolation_factor", d.rope_interpolation_factor},
                       {"untie_embeddings_and_output_weights", d.untied},
                       {"add_bias_linear", d.bias_linear},
                       {"add_qkv_bias", d.qkv_bias && !d.bias_linear},

@@ -64,6 +64,7 @@ struct ModelDims {
   int64_t padded_vocab = 0, vocab = 0, max_pos = 0;
   double norm_eps = 1e-5, rotary_base = 10000.0, rotary_percent = 1.0;
   double rope_scaling_factor = 0.0;  // > 0: Llama 3's RoPE scaling (use_rope_scaling; HF rope_type "llama3")
+  double rope_interpolation_factor = 0.0;  // > 0: rotary_seq_len_interpolation_factor (HF rope_type "linear")
   std::string normalization = "LayerNorm";            // "LayerNorm" | "RMSNorm"
   std::string position_embedding = "learned_absolute";  // "learned_absolute" | "rope" | "none"
   bool swiglu = false, untied = false, bias_linear = true;

@@ -154,34 +154,41 @@ ModelDims gpt2_dims(const nlohmann::json& c, const std::string& path) {
 }
 
 // A rope type's parameters (transformers 4's rope_scaling, 5's rope_parameters; `field` names it): plain RoPE
-// ("default", or no type) -> 0; Llama 3's "llama3" -> its factor, with Megatron's fixed low / high frequency factors
-// 1 / 4 and original context 8192 (other values are an error naming them); any other type is an error.
-double rope_scaling_of(const nlohmann::json& rp, const std::string& path, const char* field) {
+// ("default", or no type) -> none; "linear" -> its factor (position interpolation); Llama 3's "llama3" -> its factor,
+// with Megatron's fixed low / high frequency factors 1 / 4 and original context 8192 (other values are an error naming
+// them); any other type is an error.
+struct RopeScaling {
+  double llama3 = 0.0, linear = 0.0;
+  bool operator==(const RopeScaling&) const = default;
+};
+RopeScaling rope_scaling_of(const nlohmann::json& rp, const std::string& path, const char* field) {
   std::string type = "default";
   for (const char* key : {"rope_type", "type"})  // ("type": transformers' older spelling)
     if (rp.contains(key) && !rp[key].is_null()) type = rp[key].get<std::string>();
-  if (type == "default") return 0.0;
-  if (type != "llama3")
-    fail("{}: field '{}.rope_type' is \"{}\"; mcpp implements plain RoPE (\"default\") and Llama 3's \"llama3\"",
-         path, field, type);
+  if (type == "default") return {};
+  if (type != "llama3" && type != "linear")
+    fail("{}: field '{}.rope_type' is \"{}\"; mcpp implements plain RoPE (\"default\"), \"linear\" and Llama 3's "
+         "\"llama3\"", path, field, type);
   const double factor = cfg_num(rp, "factor", path, 0.0);
-  if (!(factor >= 1.0)) fail("{}: field '{}.factor' is {}; llama3 RoPE scaling needs a factor >= 1", path, field, factor);
+  if (!(factor >= 1.0))
+    fail("{}: field '{}.factor' is {}; {} RoPE scaling needs a factor >= 1", path, field, factor, type);
+  if (type == "linear") return {.llama3 = 0.0, .linear = factor};
   const std::pair<const char*, double> fixed[] = {
       {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192.0}};
   for (const auto& [key, want] : fixed)
     if (cfg_num(rp, key, path, want) != want)
       fail("{}: field '{}.{}' is {}; mcpp's (Megatron's) llama3 RoPE scaling uses {}", path, field, key,
            cfg_num(rp, key, path, want), want);
-  return factor;
+  return {.llama3 = factor, .linear = 0.0};
 }
 
 // RoPE's base and scaling: transformers 4 writes rope_theta and rope_scaling (null for plain RoPE), transformers 5
 // rope_parameters {rope_type, rope_theta, ...}; two different bases or scalings are an error.
-double rope_base(const nlohmann::json& c, const std::string& path, double* scaling_factor) {
+double rope_base(const nlohmann::json& c, const std::string& path, RopeScaling* scaling) {
   double base = cfg_num(c, "rope_theta", path, 10000.0);
   const bool has_scaling = c.contains("rope_scaling") && !c["rope_scaling"].is_null();
   if (has_scaling && !c["rope_scaling"].is_object()) fail("{}: field 'rope_scaling' must be an object", path);
-  *scaling_factor = has_scaling ? rope_scaling_of(c["rope_scaling"], path, "rope_scaling") : 0.0;
+  *scaling = has_scaling ? rope_scaling_of(c["rope_scaling"], path, "rope_scaling") : RopeScaling{};
   auto it = c.find("rope_parameters");
   if (it == c.end() || it->is_null()) return base;
   if (!it->is_object()) fail("{}: field 'rope_parameters' must be an object", path);
@@ -189,10 +196,10 @@ double rope_base(const nlohmann::json& c, const std::string& path, double* scali
   const double theta = cfg_num(rp, "rope_theta", path, base);
   if (c.contains("rope_theta") && !c["rope_theta"].is_null() && theta != base)
     fail("{}: fields 'rope_theta' ({}) and 'rope_parameters.rope_theta' ({}) differ", path, base, theta);
-  const double factor = rope_scaling_of(rp, path, "rope_parameters");
-  if (has_scaling && factor != *scaling_factor)
+  const RopeScaling from_parameters = rope_scaling_of(rp, path, "rope_parameters");
+  if (has_scaling && !(from_parameters == *scaling))
     fail("{}: fields 'rope_scaling' and 'rope_parameters' give different RoPE scalings", path);
-  *scaling_factor = factor;
+  *scaling = from_parameters;
   return theta;
 }
 
@@ -216,7 +223,10 @@ ModelDims llama_family_dims(const nlohmann::json& c, const std::string& path, co
   d.vocab = cfg_int(c, "vocab_size", path);
   d.padded_vocab = padded(d.vocab);
   d.norm_eps = cfg_num(c, "rms_norm_eps", path, 1e-6);
-  d.rotary_base = rope_base(c, path, &d.rope_scaling_factor);
+  RopeScaling scaling;
+  d.rotary_base = rope_base(c, path, &scaling);
+  d.rope_scaling_factor = scaling.llama3;
+  d.rope_interpolation_factor = scaling.linear;
   d.normalization = "RMSNorm";
   d.position_embedding = "rope";
   d.swiglu = true;

@@ -104,6 +104,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--rotary-percent", m.rotary_percent);
   app.add_flag("--use-rope-scaling", m.use_rope_scaling, "Llama 3.x's RoPE frequency scaling (HF rope_type llama3)");
   app.add_option("--rope-scaling-factor", m.rope_scaling_factor, "the RoPE scaling factor (--use-rope-scaling)");
+  app.add_option("--rotary-seq-len-interpolation-factor", m.rotary_seq_len_interpolation_factor,
+                 "linear position interpolation: RoPE positions divided by this (HF rope_type linear)");
   app.add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights);
   app.add_flag_callback("--disable-bias-linear", [&m] { m.add_bias_linear = false; });
   app.add_flag("--add-qkv-bias", m.add_qkv_bias);
@@ -297,6 +299,7 @@ void use_checkpoint_args(Config& cfg) {
   m.rotary_percent = k.rotary_percent;
   m.use_rope_scaling = k.use_rope_scaling;
   m.rope_scaling_factor = k.rope_scaling_factor;
+  m.rotary_seq_len_interpolation_factor = k.rotary_seq_len_interpolation_factor;
   m.untie_embeddings_and_output_weights = k.untie_embeddings_and_output_weights;
   m.add_bias_linear = k.add_bias_linear;
   m.add_qkv_bias = k.add_qkv_bias;

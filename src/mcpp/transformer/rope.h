@@ -20,8 +20,10 @@ struct RopeTables {
   Tensor sin;  // [s, rot_dim/2]
 };
 
+// seq_len_interpolation_factor > 0: Megatron's --rotary-seq-len-interpolation-factor (linear position interpolation,
+// HF rope_type "linear"): position p enters as p * (1 / factor), in float32.
 RopeTables make_rope_tables(int64_t seq_length, int64_t rot_dim, float base, Device device,
-                            double scaling_factor = 0.0);
+                            double scaling_factor = 0.0, double seq_len_interpolation_factor = 0.0);
 // The frequency of pair i (the tables' angle per position), with the scaling above when scaling_factor > 0.
 float rope_inv_freq(int64_t i, int64_t rot_dim, double base, double scaling_factor = 0.0);
 

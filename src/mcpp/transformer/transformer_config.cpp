@@ -133,6 +133,11 @@ void TransformerConfig::validate() const {
     if (!(rope_scaling_factor >= 1.0f) || !std::isfinite(rope_scaling_factor))
       fail("rope_scaling_factor must be a finite value >= 1, got {}", rope_scaling_factor);
   }
+  if (!(rotary_seq_len_interpolation_factor >= 0.0f) || !std::isfinite(rotary_seq_len_interpolation_factor))
+    fail("rotary_seq_len_interpolation_factor must be a finite value >= 0 (0 = off), got {}",
+         rotary_seq_len_interpolation_factor);
+  if (rotary_seq_len_interpolation_factor > 0.0f && position_embedding_type != PositionEmbedding::Rope)
+    fail("rotary_seq_len_interpolation_factor: position interpolation needs --position-embedding-type rope");
   require_dropout(hidden_dropout, "hidden_dropout");
   require_dropout(attention_dropout, "attention_dropout");
   if (!(init_method_std > 0.0f)) fail("init_method_std must be positive, got {}", init_method_std);

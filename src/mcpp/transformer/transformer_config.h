@@ -58,6 +58,9 @@ struct TransformerConfig {
   // kept, the band between interpolated (low / high frequency factors 1 / 4, Megatron's fixed values).
   bool use_rope_scaling = false;
   float rope_scaling_factor = 8.0f;
+  // Megatron's --rotary-seq-len-interpolation-factor (linear position interpolation, HF rope_type "linear"): positions
+  // enter RoPE divided by it. 0 = off (Megatron's None).
+  float rotary_seq_len_interpolation_factor = 0.0f;
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // --disable-bias-linear sets false
   bool add_qkv_bias = false;    // --add-qkv-bias (effective only when add_bias_linear is false)

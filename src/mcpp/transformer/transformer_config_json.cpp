@@ -35,6 +35,7 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("rotary_percent", m.rotary_percent);
   v("use_rope_scaling", m.use_rope_scaling);
   v("rope_scaling_factor", m.rope_scaling_factor);
+  v("rotary_seq_len_interpolation_factor", m.rotary_seq_len_interpolation_factor);
   v("untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
   v("add_bias_linear", m.add_bias_linear);
   v("add_qkv_bias", m.add_qkv_bias);
@@ -322,6 +323,8 @@ nlohmann::json Config::math_fields() const {
     j["rotary_base"] = json_value(m.rotary_base);
     j["rotary_percent"] = json_value(m.rotary_percent);
     if (m.use_rope_scaling) j["rope_scaling_factor"] = json_value(m.rope_scaling_factor);  // absent when off
+    if (m.rotary_seq_len_interpolation_factor > 0.0f)
+      j["rotary_seq_len_interpolation_factor"] = json_value(m.rotary_seq_len_interpolation_factor);
   }
   if (m.qk_layernorm) j["qk_layernorm"] = true;  // absent when off: older checkpoints keep their fingerprint
   if (m.mtp_num_layers > 0) j["mtp_num_layers"] = m.mtp_num_layers;  // the depths' parameters (not their weight)

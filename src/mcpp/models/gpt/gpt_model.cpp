@@ -80,7 +80,7 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
   if (c.position_embedding_type == PositionEmbedding::Rope) {
     const auto rot = static_cast<int64_t>(std::lround(static_cast<double>(c.kv_channels) * c.rotary_percent));
     rope_ = make_rope_tables(std::max(c.seq_length, c.max_position_embeddings), rot, c.rotary_base, device,
-                             c.use_rope_scaling ? c.rope_scaling_factor : 0.0);
+                             c.use_rope_scaling ? c.rope_scaling_factor : 0.0, c.rotary_seq_len_interpolation_factor);
     has_rope_ = true;
   }
 }
