@@ -222,6 +222,8 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--metrics-path", t.metrics_path, "JSONL metrics file");
   app.add_option("--timeline", t.timeline, "write a Chrome/Perfetto trace of the pipeline schedule (all ranks) to PATH");
   app.add_option("--exit-interval", t.exit_interval);
+  app.add_flag("--skip-train", t.skip_train,
+               "no training: evaluate the loaded model on the validation and test sets (Megatron's), no save");
   app.add_flag("--async-save", t.async_save, "write checkpoints from a background thread");
   app.add_option("--keep-last-n-checkpoints", t.keep_last_n_checkpoints, "0 keeps all");
   app.add_flag("--bf16", t.bf16);

@@ -625,7 +625,8 @@ TrainSummary Trainer::train() {
     timeline_->start(*pc_.world());
   }
   auto window_start = Clock::now();
-  while (iteration < t.train_iters) {
+  if (t.skip_train && is_logging_rank()) fmt::print("skipping training (--skip-train is on) ...\n");
+  while (iteration < t.train_iters && !t.skip_train) {
     const double lr = scheduler_->get_lr();
     const int64_t batch = config_.global_batch_size_at(state_.consumed_train_samples);  // this step's
     double grad_norm = 0;
@@ -682,13 +683,14 @@ TrainSummary Trainer::train() {
       break;
     }
   }
-  if (!t.save.empty() && (t.save_interval <= 0 || iteration % t.save_interval != 0)) save(iteration);
+  if (!t.save.empty() && !t.skip_train && (t.save_interval <= 0 || iteration % t.save_interval != 0))
+    save(iteration);
   finalize_async_save(/*blocking=*/true);  // the trainer finalizes at exit
   if (!exited) {  // Megatron's pretrain after train(): the validation and test sets once more (after the save)
     if (valid_ds_) summary.end_valid_loss = evaluate(iteration, Eval::EndValidation);
     if (test_ds_) summary.test_loss = evaluate(iteration, Eval::EndTest);
   }
-  {  // per-stage activation memory and model state (collective on world), measured and planned
+  if (!t.skip_train) {  // per-stage activation memory and model state (collective on world), measured and planned
     stage_memory_.model_state_bytes = model_state_bytes();
     nlohmann::json report = timeline::gather_activation_report(*pc_.world(), pc_.pp_rank(), stage_memory_);
     if (memory_plan_) timeline::add_planned_activations(report, *memory_plan_);

@@ -28,8 +28,8 @@ RopeTables make_rope_tables(int64_t seq_length, int64_t rot_dim, float base, Dev
   for (int64_t i = 0; i < half; ++i)
     inv_freq[static_cast<size_t>(i)] = rope_inv_freq(i, rot_dim, static_cast<double>(base), scaling_factor);
   // Megatron's seq_len_interpolation_factor: the positions times 1 / factor (float32)
-  const float position_scale = seq_len_interpolation_factor > 0.0 ? 1.0f / static_cast<float>(seq_len_interpolation_factor)
-                                                                  : 1.0f;
+  const float position_scale =
+      seq_len_interpolation_factor > 0.0 ? 1.0f / static_cast<float>(seq_len_interpolation_factor) : 1.0f;
   Tensor c = Tensor::empty({seq_length, half}), s = Tensor::empty({seq_length, half});
   for (int64_t p = 0; p < seq_length; ++p) {
     const float position = static_cast<float>(p) * position_scale;

@@ -286,6 +286,9 @@ struct TrainingConfig {
   bool async_save = false;   // --async-save: snapshot at the step boundary, written by a background thread
   int64_t keep_last_n_checkpoints = 0;  // --keep-last-n-checkpoints: delete older committed ones; 0 = keep all
   int64_t exit_interval = 0;
+  // Megatron's --skip-train: no training step (nor save); the end-of-training evaluations of the validation and test
+  // sets run on the loaded model (from the checkpoint's consumed validation samples).
+  bool skip_train = false;
   bool bf16 = false;  // --bf16: bf16 params/activations with fp32 main params and grads (CUDA only)
   // --device: where the model trains. "auto" = cuda when this build has CUDA and a GPU is visible, else
   // cpu; "cuda" without a GPU is an error.

@@ -131,6 +131,7 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("async_save", t.async_save);
   v("keep_last_n_checkpoints", t.keep_last_n_checkpoints);
   v("exit_interval", t.exit_interval);
+  v("skip_train", t.skip_train);
   v("bf16", t.bf16);
   v("device", t.device);
   v("fp16", t.fp16);

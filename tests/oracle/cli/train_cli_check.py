@@ -14,7 +14,7 @@ usage: train_cli_check.py MCPP WORKDIR
      each iteration's global batch and learning rate, the iteration count, the first steps equal to a constant run
      of the start batch; per-split data paths: training equal to --data-path with --split 100,0,0, validation only
      with --valid-data-path; the end-of-training validation and test evaluations (equal on the same samples, none
-     after --exit-interval, a too small test split a warning).
+     after --exit-interval, a too small test split a warning); --skip-train evaluates a checkpoint as its run's end.
 """
 import json
 import os
@@ -181,6 +181,15 @@ ex = os.path.join(WORK, "exit_eval")
 run("train", *ps_base, "--data-path", data, "--split", "80,10,10", "--exit-interval", "4", "--save", ex)
 if any(r.get("end_of_training") for r in evals(ex)):
     failures.append(f"--exit-interval: no end-of-training evaluation expected, got {evals(ex)}")
+# --skip-train (Megatron's): the loaded checkpoint evaluated, nothing trained or saved — the straight run's final
+# checkpoint (saved before its end evaluation) evaluates the same validation samples to the same loss, bit for bit
+sk = os.path.join(WORK, "skip_train.jsonl")
+p = run("train", *model, "--load", straight, "--skip-train", "--metrics-path", sk)
+got = [r for r in map(json.loads, open(sk)) if r.get("event") in ("train", "valid", "test")] if os.path.exists(sk) else []
+want = [r for r in evals(straight) if r.get("end_of_training")]
+if "skipping training" not in p.stdout or [r["event"] for r in got] != ["valid"] or \
+        got[0]["lm_loss"] != want[0]["lm_loss"] or got[0]["iteration"] != 8:
+    failures.append(f"--skip-train: {got} (want one end-of-training validation equal to {want})")
 tiny = os.path.join(WORK, "tiny_test_split")
 p = run("train", *ps_base, "--data-path", data, "--split", "969,30,1", "--save", tiny)
 if "no test evaluation at the end of training" not in p.stdout + p.stderr or \
