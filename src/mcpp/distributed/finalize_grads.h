@@ -2,8 +2,8 @@
 // of all microbatches and before the optimizer:
 //   1. sequence-parallel params (norm weights/biases applied to [s/tp] shards): all-reduce their partial
 //      grads over TP, so every TP rank holds the full gradient.
-//   2. pipeline parallel with tied embeddings: all-reduce the word-embedding grad over the embedding group
-//      (first stage's embedding + last stage's output-layer copy).
+//   2. pipeline parallel with tied embeddings (or MTP depths): all-reduce the word-embedding grad over the embedding
+//      group (first stage's embedding + last stage's copy).
 //   (DP gradient reduction is DistributedDataParallel's — distributed/data_parallel.h.)
 // model_grad_norm: the global L2 norm of all main grads, each parameter counted once: TP-partitioned params
 // on every TP rank, replicated ones on TP rank 0 only (Megatron's param_is_not_tensor_parallel_duplicate),
@@ -16,8 +16,9 @@
 
 namespace mcpp {
 
-// tied_embeddings: the model shares word embeddings and output weights (not --untie-...); every rank of the
-// embedding group holds the parameter then.
+// tied_embeddings: the last stage holds a copy of the word embeddings — the model shares them with the output layer
+// (not --untie-...), or its MTP depths embed with them (--mtp-num-layers); every rank of the embedding group holds the
+// parameter then.
 void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc,
                           bool tied_embeddings);
 // The same over this rank's model chunks (virtual pipeline stages): the word embeddings live in exactly one.
