@@ -121,7 +121,7 @@ int64_t mtp_depth_bytes(const Config& cfg, const LayerDims& d) {
                   + (m.calculate_per_token_loss ? 8 : 0)                               // mask; lse; the statistics
                   + d.n * (m.padded_vocab_size / cfg.parallel.tensor_model_parallel_size) * d.e  // logits
                   + d.n * d.h * d.e;                                                   // the output layer's input
-  if (m.recompute_granularity == "full" && m.recompute_method == "uniform")  // the depth's two inputs only
+  if (m.recomputes_mtp_depths())  // the depth's two inputs only
     return bytes + hidden_local + (sp ? hidden_local : 0);
   return bytes + hidden_local + norm_stats_bytes(cfg, d)    // enorm: the embedding (after its dropout)
          + (sp ? hidden_local : 0) + norm_stats_bytes(cfg, d)  // hnorm: h_{k-1}
@@ -260,7 +260,6 @@ MemoryPlan plan_memory(const Config& cfg) {
                                               .virtual_pipeline_model_parallel_size = plan.vp};
   pipeline_parallel::validate_schedule_options(so);
   const std::vector<pipeline_parallel::Schedule> schedules = pipeline_parallel::build_all_schedules(so);
-  const bool tied = !cfg.model.untie_embeddings_and_output_weights;
   Config whole = cfg;  // the logical model: TP-replicated tensors (norms, row-parallel biases) once
   whole.parallel.tensor_model_parallel_size = 1;
   whole.parallel.expert_tensor_parallel_size = 1;
@@ -277,7 +276,7 @@ MemoryPlan plan_memory(const Config& cfg) {
       st.expert_params += c.expert_params;
       // The model's total counts the word embeddings' last-stage copy (tied, or the MTP depths') once (it is the
       // same logical tensor).
-      const bool has_copy = (tied || cfg.model.mtp_num_layers > 0) && sl.post_process && !sl.pre_process;
+      const bool has_copy = cfg.model.last_stage_uses_word_embeddings() && sl.post_process && !sl.pre_process;
       const int64_t copy = has_copy ? cfg.model.padded_vocab_size * cfg.model.hidden_size : 0;
       plan.total_params +=
           chunk_params(whole, sl.layers, sl.pre_process, sl.post_process) - copy +

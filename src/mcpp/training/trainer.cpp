@@ -435,9 +435,7 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   const TraceRange optimizer_range("optimizer");
   const bool per_token = config_.model.calculate_per_token_loss;
   const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;
-  // (the last stage's copy of the word embeddings: tied, or for the MTP depths' embeddings)
-  finalize_model_grads(dense_buffers(), pc_,
-                       !config_.model.untie_embeddings_and_output_weights || config_.model.mtp_num_layers > 0);
+  finalize_model_grads(dense_buffers(), pc_, config_.model.last_stage_uses_word_embeddings());
   if (config_.model.moe_router_enable_expert_bias) {  // Megatron's _update_router_expert_bias, every step
     std::vector<moe::TopKRouter*> routers;
     for (const auto& c : chunks_)

@@ -20,7 +20,7 @@ MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParamAndGradBuffer& params,
                                                      bool moe)
     : tp_(tpc),
       hidden_size_(c.hidden_size),
-      recompute_(c.recompute_granularity == "full" && c.recompute_method == "uniform"),
+      recompute_(c.recomputes_mtp_depths()),
       enorm_(params, depth_prefix(depth) + ".enorm", c.hidden_size, c.normalization, c.norm_epsilon,
              tpc.sequence_parallel),
       hnorm_(params, depth_prefix(depth) + ".hnorm", c.hidden_size, c.normalization, c.norm_epsilon,

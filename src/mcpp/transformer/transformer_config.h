@@ -110,6 +110,12 @@ struct TransformerConfig {
   // RoPE or no position embeddings only (Megatron's rule).
   int64_t mtp_num_layers = 0;
   float mtp_loss_scaling_factor = 0.1f;
+  // The last pipeline stage uses the word embeddings too — as the tied output layer, or for the MTP depths'
+  // embeddings (Megatron's setup_embeddings_and_output_layer): it holds a shared copy when it is not the first
+  // stage, and finalize_model_grads sums the copies over the embedding group.
+  bool last_stage_uses_word_embeddings() const { return !untie_embeddings_and_output_weights || mtp_num_layers > 0; }
+  // The MTP depths are recomputed in backward (full recompute, uniform method; with block they are not, as Megatron).
+  bool recomputes_mtp_depths() const { return recompute_granularity == "full" && recompute_method == "uniform"; }
   // Mixture of experts (Megatron's --num-experts, --moe-*; moe/moe_layer.h): with num_moe_experts > 0 the MLP of
   // the layers moe_layer_freq selects is a MoE layer of that many experts (0 = dense). TopKRouter: router logits
   // [n, E] = x W_r^T; each token goes to moe_router_topk experts — the top k logits, probabilities = softmax over

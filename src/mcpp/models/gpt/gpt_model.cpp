@@ -25,13 +25,13 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
   const bool mtp = stage_.post_process && c.mtp_num_layers > 0;
   // The word embeddings live on the first stage, and (tied, or for the MTP depths' embeddings) a shared copy on
   // the last stage.
-  if (stage_.pre_process || (stage_.post_process && (tied || mtp))) {
+  if (stage_.pre_process || (stage_.post_process && c.last_stage_uses_word_embeddings())) {
     word_embedding_ = std::make_unique<tp::VocabParallelEmbedding>(
         params_, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size, c.init_method_std, tp_.group);
     word_embeddings_ = word_embedding_->weight();
     word_embeddings_->spec.shared_copy = !stage_.pre_process;
     word_embeddings_->spec.shared_embedding =
-        (tied || c.mtp_num_layers > 0) && !(stage_.pre_process && stage_.post_process);
+        c.last_stage_uses_word_embeddings() && !(stage_.pre_process && stage_.post_process);
   }
   vocab_local_ = c.padded_vocab_size / tp_.size();
   vocab_start_ = static_cast<int64_t>(tp_.rank()) * vocab_local_;
