@@ -33,6 +33,9 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   // "gpt2_rope": the GPT-2 style (tied embeddings, LayerNorm, GELU, biases) with RoPE instead of learned positions
   TransformerConfig c = testing::tiny_config(style == "gpt2_rope" ? "gpt2" : style);
   if (style == "gpt2_rope") c.position_embedding_type = PositionEmbedding::Rope;
+  if (style == "mla_llama" || style == "mla_gpt2") {
+    c = testing::mla_tiny_config(style == "mla_llama" ? "llama" : "gpt2");
+  }
   if (style == "llama_scaled") {  // Llama 3.1's RoPE scaling, a base at which every band of it is reached
     c = testing::tiny_config("llama");
     c.use_rope_scaling = true;
@@ -90,7 +93,20 @@ void run_against_torch(const std::string& style, const std::string& attention_im
                         {"qk_layernorm", c.qk_layernorm},
                         {"mtp_num_layers", c.mtp_num_layers},
                         {"mtp_loss_scaling_factor", c.mtp_loss_scaling_factor},
-                        {"calculate_per_token_loss", c.calculate_per_token_loss}};
+                        {"calculate_per_token_loss", c.calculate_per_token_loss},
+                        {"multi_latent_attention", c.multi_latent_attention},
+                        {"q_lora_rank", c.q_lora_rank},
+                        {"kv_lora_rank", c.kv_lora_rank},
+                        {"qk_head_dim", c.qk_head_dim},
+                        {"qk_pos_emb_head_dim", c.qk_pos_emb_head_dim},
+                        {"v_head_dim", c.v_head_dim},
+                        {"rope_type", c.mla_yarn() ? "yarn" : "rope"},
+                        {"rotary_scaling_factor", c.rotary_scaling_factor},
+                        {"mscale", c.mscale},
+                        {"mscale_all_dim", c.mscale_all_dim},
+                        {"beta_fast", c.beta_fast},
+                        {"beta_slow", c.beta_slow},
+                        {"original_max_position_embeddings", c.original_max_position_embeddings}};
   if (dropout) {
     tensor_parallel::RngTracker replay(4321, 0, 0);
     auto key = [](PhiloxKey k) { return nlohmann::json::array({k.seed, k.offset}); };
@@ -152,6 +168,14 @@ TEST(GPTModelVsTorch, Gpt2StyleFlash) { run_against_torch("gpt2", "flash"); }
 TEST(GPTModelVsTorch, LlamaStyleFlash) { run_against_torch("llama", "flash"); }
 TEST(GPTModelVsTorch, Gpt2StyleUnfused) { run_against_torch("gpt2", "unfused"); }
 TEST(GPTModelVsTorch, LlamaStyleUnfused) { run_against_torch("llama", "unfused"); }
+// Multi-latent attention: Llama style (RMSNorm latent norms, query compression, YaRN with every band of its ramp
+// and a softmax mscale, value heads narrower than the query / key ones: padded) and GPT-2 style (LayerNorm latent
+// norms with biases, no query compression, plain RoPE, value heads wider: queries / keys padded; with dropout).
+TEST(GPTModelVsTorch, MlaLlamaStyleFlash) { run_against_torch("mla_llama", "flash", 0.0f, 0.0f, true); }
+// (without --qk-layernorm: no latent norms)
+TEST(GPTModelVsTorch, MlaLlamaStyleUnfusedNoLatentNorms) { run_against_torch("mla_llama", "unfused"); }
+TEST(GPTModelVsTorch, MlaGpt2StyleFlashWithDropout) { run_against_torch("mla_gpt2", "flash", 0.2f, 0.15f, true); }
+TEST(GPTModelVsTorch, MlaLlamaStyleMtp) { run_against_torch("mla_llama", "flash", 0.0f, 0.0f, true, 2); }
 // Embedding, hidden (bias-dropout-add inside the norms; the last layer's branch summed apart before the final
 // norm) and attention dropout, masks rebuilt by the reference from the drawn keys.
 TEST(GPTModelVsTorch, Gpt2StyleFlashWithDropout) { run_against_torch("gpt2", "flash", 0.2f, 0.15f); }

@@ -39,6 +39,40 @@ inline TransformerConfig tiny_config(const std::string& style) {
   return c;
 }
 
+// tiny_config with multi-latent attention (MHA: one latent key / value head per query head). "llama": query
+// compression, RMSNorm latent norms, YaRN (factor 4, mscale 0.9 / 0.7, an original context of 64 positions: the
+// ramp's every band at dr = 8), value heads narrower than query / key heads (10 vs 20: values padded). "gpt2": RoPE
+// positions, no query compression, LayerNorm latent norms with biases, plain RoPE, value heads wider (16 vs 10:
+// queries / keys padded).
+inline TransformerConfig mla_tiny_config(const std::string& style) {
+  TransformerConfig c = tiny_config(style);
+  c.position_embedding_type = PositionEmbedding::Rope;
+  c.num_query_groups = c.num_attention_heads;
+  c.multi_latent_attention = true;
+  c.qk_layernorm = true;
+  if (style == "llama") {
+    c.q_lora_rank = 24;
+    c.kv_lora_rank = 16;
+    c.qk_head_dim = 12;
+    c.qk_pos_emb_head_dim = 8;
+    c.v_head_dim = 10;
+    c.rope_type = "yarn";
+    c.rotary_scaling_factor = 4.0f;
+    c.mscale = 0.9f;
+    c.mscale_all_dim = 0.7f;
+    c.beta_fast = 8.0f;
+    c.original_max_position_embeddings = 64;
+  } else {
+    c.q_lora_rank = 0;
+    c.kv_lora_rank = 12;
+    c.qk_head_dim = 6;
+    c.qk_pos_emb_head_dim = 4;
+    c.v_head_dim = 16;
+    c.rope_type = "rope";
+  }
+  return c;
+}
+
 // tiny_config widened to head dim 64 (the CUDA attention kernels' and cuDNN's), for the CUDA model tests.
 inline TransformerConfig tiny_gpu_config(const std::string& style) {
   TransformerConfig c = tiny_config(style);

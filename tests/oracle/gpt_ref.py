@@ -109,6 +109,70 @@ def main(d):
         rotated = torch.cat([-x2, x1], -1)
         return torch.cat([xr * cos + rotated * sin, xp], -1)
 
+    # Multi-latent attention's RoPE (DeepSeek-V2/V3 as HF transformers defines it: the rotary channels of q and of the
+    # shared k_pe de-interleaved — evens then odds — then rotate_half; YaRN frequencies and attention factor from
+    # HF's _compute_yarn_parameters, written here from its definitions).
+    mla = cfg.get("multi_latent_attention", False)
+    if mla:
+        dr = cfg["qk_pos_emb_head_dim"]
+        base = cfg["rotary_base"]
+        pos_freqs = base ** (torch.arange(0, dr, 2, dtype=torch.float32) / dr)
+        attention_factor = 1.0
+
+        def get_mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if cfg["rope_type"] == "yarn":
+            factor = cfg["rotary_scaling_factor"]
+
+            def correction_dim(rot):
+                return (dr * math.log(cfg["original_max_position_embeddings"] / (rot * 2 * math.pi))) / (
+                    2 * math.log(base))
+
+            low = max(math.floor(correction_dim(cfg["beta_fast"])), 0)
+            high = min(math.ceil(correction_dim(cfg["beta_slow"])), dr - 1)
+            if low == high:
+                high += 0.001
+            ramp = torch.clamp((torch.arange(dr // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+            extrapolation = 1 - ramp
+            mla_inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+            attention_factor = get_mscale(factor, cfg["mscale"]) / get_mscale(factor, cfg["mscale_all_dim"])
+        else:
+            mla_inv_freq = 1.0 / pos_freqs
+        m_ang = torch.outer(torch.arange(s, dtype=torch.float32), mla_inv_freq).double()
+        m_emb = torch.cat([m_ang, m_ang], -1)
+        # HF applies the attention factor to the float32 cos / sin
+        m_cos = (m_emb.cos().float() * attention_factor).double()[:, None, None, :]
+        m_sin = (m_emb.sin().float() * attention_factor).double()[:, None, None, :]
+        sm = get_mscale(cfg["rotary_scaling_factor"], cfg["mscale_all_dim"])  # the softmax's mscale (HF: yarn's)
+        mla_scale = sm * sm / math.sqrt(cfg["qk_head_dim"] + dr)
+
+    def mla_rope(x):  # [s, b, n, dr]
+        sh = x.shape
+        x = x.reshape(*sh[:-1], sh[-1] // 2, 2).transpose(-1, -2).reshape(sh)  # evens, then odds
+        x1, x2 = x[..., : sh[-1] // 2], x[..., sh[-1] // 2:]
+        return x * m_cos + torch.cat([-x2, x1], -1) * m_sin
+
+    def mla_qkv(a, pre):  # -> q, k [s, b, nq, dn + dr], v [s, b, nq, dv], the softmax scale
+        dn, dv, kr = cfg["qk_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+        if cfg["q_lora_rank"]:
+            qc = linear(a, pre + ".linear_q_down_proj")
+            if cfg.get("qk_layernorm"):
+                qc = norm(qc, pre + ".q_layernorm")
+            q = linear(qc, pre + ".linear_q_up_proj")
+        else:
+            q = linear(a, pre + ".linear_q_proj")
+        q = q.view(s, b, nq, dn + dr)
+        latent = linear(a, pre + ".linear_kv_down_proj")
+        kvc, k_pe = latent[..., :kr], latent[..., kr:]
+        if cfg.get("qk_layernorm"):
+            kvc = norm(kvc, pre + ".kv_layernorm")
+        kv = linear(kvc, pre + ".linear_kv_up_proj").view(s, b, nq, dn + dv)
+        k_pe = mla_rope(k_pe[:, :, None, :]).expand(s, b, nq, dr)
+        q = torch.cat([q[..., :dn], mla_rope(q[..., dn:])], -1)
+        k = torch.cat([kv[..., :dn], k_pe], -1)
+        return q, k, kv[..., dn:], mla_scale
+
     x = P["embedding.word_embeddings.weight"][tokens]  # [s, b, h]
     if cfg["position_embedding_type"] == "learned_absolute":
         x = x + P["embedding.position_embeddings.weight"][torch.arange(s)][:, None, :]
@@ -118,25 +182,30 @@ def main(d):
 
     def layer(x, pre, dl):  # one pre-norm transformer layer; dl: its dropout keys (or None)
         a = norm(x, pre + ".input_layernorm")
-        qkv = linear(a, pre + ".self_attention.linear_qkv").view(s, b, ng, r + 2, hd)
-        q = qkv[:, :, :, :r, :].reshape(s, b, nq, hd)
-        k = qkv[:, :, :, r, :]
-        v = qkv[:, :, :, r + 1, :]
-        if cfg.get("qk_layernorm"):  # Megatron's q_layernorm / k_layernorm: per head over hd, before RoPE
-            q = norm(q, pre + ".self_attention.q_layernorm")
-            k = norm(k, pre + ".self_attention.k_layernorm")
-        if cfg["position_embedding_type"] == "rope":
-            q, k = rope(q), rope(k)
+        if mla:
+            q, k, v, scale = mla_qkv(a, pre + ".self_attention")
+            rr = 1
+        else:
+            qkv = linear(a, pre + ".self_attention.linear_qkv").view(s, b, ng, r + 2, hd)
+            q = qkv[:, :, :, :r, :].reshape(s, b, nq, hd)
+            k = qkv[:, :, :, r, :]
+            v = qkv[:, :, :, r + 1, :]
+            if cfg.get("qk_layernorm"):  # Megatron's q_layernorm / k_layernorm: per head over hd, before RoPE
+                q = norm(q, pre + ".self_attention.q_layernorm")
+                k = norm(k, pre + ".self_attention.k_layernorm")
+            if cfg["position_embedding_type"] == "rope":
+                q, k = rope(q), rope(k)
+            scale, rr = 1.0 / math.sqrt(hd), r
         qh = q.permute(1, 2, 0, 3)  # [b, nq, s, hd]
-        kh = k.permute(1, 2, 0, 3).repeat_interleave(r, dim=1)
-        vh = v.permute(1, 2, 0, 3).repeat_interleave(r, dim=1)
-        scores = (qh @ kh.transpose(-1, -2)) / math.sqrt(hd)
+        kh = k.permute(1, 2, 0, 3).repeat_interleave(rr, dim=1)
+        vh = v.permute(1, 2, 0, 3).repeat_interleave(rr, dim=1)
+        scores = (qh @ kh.transpose(-1, -2)) * scale
         scores = scores.masked_fill(causal, float("-inf"))
         probs = torch.softmax(scores, -1)
         if dl:
             probs = dropped(probs, dl["probs"], drop["attention"])
         ctx = probs @ vh  # [b, nq, s, hd]
-        ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, nq * hd)
+        ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, -1)
         attn = linear(ctx, pre + ".self_attention.linear_proj")
         x = x + (dropped(attn, dl["attn"], drop["hidden"]) if dl else attn)
         m = norm(x, pre + ".pre_mlp_layernorm")

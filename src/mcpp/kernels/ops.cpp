@@ -67,6 +67,61 @@ void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t n
              num_experts / g, topk);
 }
 
+MlaQkvShape check_mla_qkv(const char* op, const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& q,
+                          const Tensor& kv, const Tensor& latent, bool latent_is_pe, const Tensor& cos,
+                          const Tensor& sin, bool fp32_only) {
+  for (const Tensor* t : {&query, &key, &value, &q, &kv, &latent, &cos, &sin})
+    MCPP_CHECK(t->defined(), "{}: an argument is an undefined tensor", op);
+  MCPP_CHECK(q.ndim() == 4 && kv.ndim() == 4 && query.ndim() == 4 && key.ndim() == 4 && value.ndim() == 4 &&
+                 latent.ndim() == 3,
+             "{}: q / kv / query / key / value must be [s, b, n, d] and the latent [s, b, c]; got q {}, kv {}, query "
+             "{}, key {}, value {}, latent {}",
+             op, q.str(), kv.str(), query.str(), key.str(), value.str(), latent.str());
+  MlaQkvShape m{};
+  m.s = q.size(0), m.b = q.size(1), m.n = q.size(2);
+  MCPP_CHECK(cos.dtype() == DType::F32 && cos.ndim() == 2 && cos.size(0) == m.s && cos.shape() == sin.shape() &&
+                 sin.dtype() == DType::F32,
+             "{}: cos / sin must be float32 [s={}, dr/2]; got {} / {}", op, m.s, cos.str(), sin.str());
+  m.dr = 2 * cos.size(1);
+  m.dn = q.size(3) - m.dr;
+  m.dv = kv.size(3) - m.dn;
+  m.dc = query.size(3);
+  m.c = latent.size(2);
+  MCPP_CHECK(m.dr > 0 && m.dn > 0 && m.dv > 0,
+             "{}: q {} must hold dn > 0 channels and dr = {} rotary ones, kv {} dn + dv (dv > 0)", op, q.str(), m.dr,
+             kv.str());
+  const Shape head{m.s, m.b, m.n, m.dc};
+  MCPP_CHECK(kv.size(0) == m.s && kv.size(1) == m.b && kv.size(2) == m.n && query.shape() == head &&
+                 key.shape() == head && value.shape() == head && m.dc >= m.dn + m.dr && m.dc >= m.dv,
+             "{}: query / key / value must be [s={}, b={}, n={}, dc >= max(dn + dr = {}, dv = {})] and kv [s, b, n, "
+             "dn + dv]; got query {}, key {}, value {}, kv {}",
+             op, m.s, m.b, m.n, m.dn + m.dr, m.dv, query.str(), key.str(), value.str(), kv.str());
+  MCPP_CHECK(latent.size(0) == m.s && latent.size(1) == m.b && (latent_is_pe ? m.c == m.dr : m.c >= m.dr),
+             "{}: {} must be [s={}, b={}, {}]; got {}", op, latent_is_pe ? "dk_pe" : "kv_latent", m.s, m.b,
+             latent_is_pe ? "dr" : "c >= dr", latent.str());
+  const DType dt = q.dtype();
+  for (const Tensor* t : {&query, &key, &value, &kv, &latent})
+    MCPP_CHECK(t->dtype() == dt && t->device() == q.device(),
+               "{}: the activations must share one dtype and device; got {} and {}", op, q.str(), t->str());
+  MCPP_CHECK(dt == DType::F32 || (!fp32_only && dt == DType::BF16), "{}: activations must be float32{}; got {}", op,
+             fp32_only ? "" : " or bf16", q.str());
+  return m;
+}
+
+int64_t check_copy_columns(const Tensor& y, const Tensor& x, int64_t y_offset, int64_t x_offset, int64_t width) {
+  MCPP_CHECK(y.defined() && x.defined() && y.ndim() >= 1 && x.ndim() >= 1,
+             "copy_columns: x and y must be defined tensors of at least one dim; got {} and {}", x.str(), y.str());
+  MCPP_CHECK(x.dtype() == y.dtype(), "copy_columns: x {} and y {} must share a dtype", x.str(), y.str());
+  const int64_t cy = y.size(-1), cx = x.size(-1);
+  const int64_t rows = cy > 0 ? y.numel() / cy : 0;
+  MCPP_CHECK(cx > 0 && cy > 0 && x.numel() / cx == rows,
+             "copy_columns: x {} and y {} must hold the same number of rows", x.str(), y.str());
+  MCPP_CHECK(width >= 0 && y_offset >= 0 && x_offset >= 0 && y_offset + width <= cy && x_offset + width <= cx,
+             "copy_columns: columns [{}, {}) of x {} into [{}, {}) of y {} do not fit", x_offset, x_offset + width,
+             x.str(), y_offset, y_offset + width, y.str());
+  return rows;
+}
+
 int64_t moe_aux_grad_rows(const char* op, const Tensor& aux_grad, int64_t num_experts) {
   const bool ok = aux_grad.dtype() == DType::F32 &&
                   ((aux_grad.ndim() == 1 && aux_grad.size(0) == num_experts) ||
@@ -205,6 +260,19 @@ void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, Stream s) {
 void swiglu_fwd(Tensor& y, const Tensor& x, Stream s) { MCPP_DISPATCH(swiglu_fwd, ({&y, &x}), y, x, s); }
 void swiglu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, Stream s) {
   MCPP_DISPATCH(swiglu_bwd, ({&dx, &dy, &x}), dx, dy, x, s);
+}
+void mla_qkv_fwd(Tensor& query, Tensor& key, Tensor& value, const Tensor& q, const Tensor& kv, const Tensor& kv_latent,
+                 const Tensor& cos, const Tensor& sin, Stream s) {
+  MCPP_DISPATCH(mla_qkv_fwd, ({&query, &key, &value, &q, &kv, &kv_latent, &cos, &sin}), query, key, value, q, kv,
+                kv_latent, cos, sin, s);
+}
+void mla_qkv_bwd(Tensor& dq, Tensor& dkv, Tensor& dk_pe, const Tensor& dquery, const Tensor& dkey, const Tensor& dvalue,
+                 const Tensor& cos, const Tensor& sin, Stream s) {
+  MCPP_DISPATCH(mla_qkv_bwd, ({&dq, &dkv, &dk_pe, &dquery, &dkey, &dvalue, &cos, &sin}), dq, dkv, dk_pe, dquery, dkey,
+                dvalue, cos, sin, s);
+}
+void copy_columns(Tensor& y, const Tensor& x, int64_t y_offset, int64_t x_offset, int64_t width, Stream s) {
+  MCPP_DISPATCH(copy_columns, ({&y, &x}), y, x, y_offset, x_offset, width, s);
 }
 void rope_fwd(Tensor& y, const Tensor& x, const Tensor& cos, const Tensor& sin, Stream s) {
   MCPP_DISPATCH(rope_fwd, ({&y, &x, &cos, &sin}), y, x, cos, sin, s);

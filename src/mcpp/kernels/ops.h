@@ -105,6 +105,18 @@ constexpr int64_t kMaxMoeRouterGroups = 64;
 // hold at least k experts (group_topk * E / num_groups >= k).
 void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t num_experts, int64_t topk);
 
+// The sizes of an mla_qkv_fwd / mla_qkv_bwd call (ops.inc), checked by both backends: the shapes agree, dc covers
+// dn + dr and dv, the rotary tables are float32 [s, dr/2], the activations share one dtype (`fp32_only`: float32).
+// `latent` is kv_latent [s, b, c] (forward) or dk_pe [s, b, dr] (backward, latent_is_pe).
+struct MlaQkvShape {
+  int64_t s, b, n, dn, dr, dv, dc, c;
+};
+MlaQkvShape check_mla_qkv(const char* op, const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& q,
+                          const Tensor& kv, const Tensor& latent, bool latent_is_pe, const Tensor& cos,
+                          const Tensor& sin, bool fp32_only);
+// copy_columns' checks (both backends): rows agree, the column ranges fit, one dtype. Returns the rows.
+int64_t check_copy_columns(const Tensor& y, const Tensor& x, int64_t y_offset, int64_t x_offset, int64_t width);
+
 // moe_topk_softmax_bwd's aux_grad: float32 [E] or [G, E] (mcpp::Error naming `op` otherwise); returns G (1 for [E]).
 int64_t moe_aux_grad_rows(const char* op, const Tensor& aux_grad, int64_t num_experts);
 

@@ -109,7 +109,22 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights);
   app.add_flag_callback("--disable-bias-linear", [&m] { m.add_bias_linear = false; });
   app.add_flag("--add-qkv-bias", m.add_qkv_bias);
-  app.add_flag("--qk-layernorm", m.qk_layernorm, "normalize each head's query and key (before RoPE)");
+  app.add_flag("--qk-layernorm", m.qk_layernorm,
+               "normalize each head's query and key (before RoPE); with MLA its q / kv latents");
+  app.add_flag("--multi-latent-attention", m.multi_latent_attention, "multi-latent attention (DeepSeek-V2/V3's MLA)");
+  app.add_option("--q-lora-rank", m.q_lora_rank, "MLA: the query latent's width (0 = no query compression)");
+  app.add_option("--kv-lora-rank", m.kv_lora_rank, "MLA: the key / value latent's width");
+  app.add_option("--qk-head-dim", m.qk_head_dim, "MLA: query / key channels per head without positions");
+  app.add_option("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, "MLA: query / key rotary channels per head");
+  app.add_option("--v-head-dim", m.v_head_dim, "MLA: value channels per head");
+  app.add_option("--rope-type", m.rope_type, "MLA's RoPE: rope|yarn (default yarn)");
+  app.add_option("--rotary-scaling-factor", m.rotary_scaling_factor, "MLA: YaRN's scaling factor (and softmax mscale)");
+  app.add_option("--mscale", m.mscale, "MLA: YaRN's mscale");
+  app.add_option("--mscale-all-dim", m.mscale_all_dim, "MLA: YaRN's mscale_all_dim");
+  app.add_option("--beta-fast", m.beta_fast, "MLA: YaRN's beta_fast");
+  app.add_option("--beta-slow", m.beta_slow, "MLA: YaRN's beta_slow");
+  app.add_option("--original-max-position-embeddings", m.original_max_position_embeddings,
+                 "MLA: YaRN's original context length");
   app.add_option("--hidden-dropout", m.hidden_dropout);
   app.add_option("--attention-dropout", m.attention_dropout);
   app.add_option("--init-method-std", m.init_method_std);
@@ -306,6 +321,19 @@ void use_checkpoint_args(Config& cfg) {
   m.add_bias_linear = k.add_bias_linear;
   m.add_qkv_bias = k.add_qkv_bias;
   m.qk_layernorm = k.qk_layernorm;
+  m.multi_latent_attention = k.multi_latent_attention;
+  m.q_lora_rank = k.q_lora_rank;
+  m.kv_lora_rank = k.kv_lora_rank;
+  m.qk_head_dim = k.qk_head_dim;
+  m.qk_pos_emb_head_dim = k.qk_pos_emb_head_dim;
+  m.v_head_dim = k.v_head_dim;
+  m.rope_type = k.rope_type;
+  m.rotary_scaling_factor = k.rotary_scaling_factor;
+  m.mscale = k.mscale;
+  m.mscale_all_dim = k.mscale_all_dim;
+  m.beta_fast = k.beta_fast;
+  m.beta_slow = k.beta_slow;
+  m.original_max_position_embeddings = k.original_max_position_embeddings;
   m.mtp_num_layers = k.mtp_num_layers;  // the depths' parameters are the checkpoint's (their loss weight is not)
   m.make_vocab_size_divisible_by = k.make_vocab_size_divisible_by;
   m.num_moe_experts = k.num_moe_experts;

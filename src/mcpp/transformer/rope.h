@@ -24,6 +24,19 @@ struct RopeTables {
 // HF rope_type "linear"): position p enters as p * (1 / factor), in float32.
 RopeTables make_rope_tables(int64_t seq_length, int64_t rot_dim, float base, Device device,
                             double scaling_factor = 0.0, double seq_len_interpolation_factor = 0.0);
+// YaRN (Megatron's YarnRotaryEmbedding; multi-latent attention's rope_type "yarn"), in Megatron's float32 arithmetic:
+// inv_freq = inter (1 - mask) + extra mask, extra = base^(-2i/dim), inter = extra / scaling_factor, mask = 1 - the
+// linear ramp clamp((i - low) / (high - low), 0, 1) over the dim/2 pairs, where low / high = floor / ceil of YaRN's
+// correction dims dim ln(L / (r 2 pi)) / (2 ln base) for r = beta_fast / beta_slow (L =
+// original_max_position_embeddings; clamped to [0, dim - 1]); cos and sin multiplied by the concentration factor
+// yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim).
+struct YarnOptions {
+  double scaling_factor = 1.0, beta_fast = 32.0, beta_slow = 1.0, mscale = 1.0, mscale_all_dim = 0.0;
+  int64_t original_max_position_embeddings = 4096;
+};
+RopeTables make_yarn_rope_tables(int64_t seq_length, int64_t dim, float base, const YarnOptions& y, Device device);
+// Megatron's _yarn_get_mscale: 0.1 mscale ln(scale) + 1 for scale > 1, else 1.
+double yarn_get_mscale(double scale, double mscale);
 // The frequency of pair i (the tables' angle per position), with the scaling above when scaling_factor > 0.
 float rope_inv_freq(int64_t i, int64_t rot_dim, double base, double scaling_factor = 0.0);
 

@@ -138,6 +138,42 @@ void TransformerConfig::validate() const {
          rotary_seq_len_interpolation_factor);
   if (rotary_seq_len_interpolation_factor > 0.0f && position_embedding_type != PositionEmbedding::Rope)
     fail("rotary_seq_len_interpolation_factor: position interpolation needs --position-embedding-type rope");
+  if (!rope_type.empty() && rope_type != "rope" && rope_type != "yarn")
+    fail("rope_type: unknown value '{}' (expected rope|yarn)", rope_type);
+  if (multi_latent_attention) {  // Megatron's MLA rules, and what does not apply to it refused by name
+    require_non_negative(q_lora_rank, "q_lora_rank");
+    require_positive(kv_lora_rank, "kv_lora_rank");
+    require_positive(qk_head_dim, "qk_head_dim");
+    require_positive(v_head_dim, "v_head_dim");
+    if (qk_pos_emb_head_dim <= 0 || qk_pos_emb_head_dim % 2 != 0)
+      fail("qk_pos_emb_head_dim must be even and positive (its channels rotate in pairs), got {}",
+           qk_pos_emb_head_dim);
+    if (position_embedding_type != PositionEmbedding::Rope)
+      fail("multi_latent_attention: MLA applies RoPE in its own qk_pos_emb_head_dim channels; it needs "
+           "--position-embedding-type rope (got {})", to_string(position_embedding_type));
+    if (num_query_groups != num_attention_heads)
+      fail("multi_latent_attention: MLA has one key / value head per query head; num_query_groups ({}) / "
+           "--group-query-attention do not apply", num_query_groups);
+    if (add_qkv_bias) fail("multi_latent_attention: --add-qkv-bias does not apply (MLA's projections have no bias)");
+    if (rotary_percent != 1.0f)
+      fail("multi_latent_attention: rotary_percent must be 1 (every qk_pos_emb_head_dim channel rotates), got {}",
+           rotary_percent);
+    if (use_rope_scaling || rotary_seq_len_interpolation_factor > 0.0f)
+      fail("multi_latent_attention: --use-rope-scaling / --rotary-seq-len-interpolation-factor are the standard "
+           "attention's RoPE options; MLA scales its RoPE by --rope-type yarn and --rotary-scaling-factor");
+    if (!(rotary_scaling_factor > 0.0f) || !std::isfinite(rotary_scaling_factor))
+      fail("rotary_scaling_factor must be a finite positive value, got {}", rotary_scaling_factor);
+    if (!std::isfinite(mscale) || !std::isfinite(mscale_all_dim))
+      fail("mscale / mscale_all_dim must be finite, got {} / {}", mscale, mscale_all_dim);
+    if (mla_yarn()) {
+      require_positive(original_max_position_embeddings, "original_max_position_embeddings");
+      if (!(beta_fast > 0.0f) || !(beta_slow > 0.0f) || !std::isfinite(beta_fast) || !std::isfinite(beta_slow))
+        fail("beta_fast / beta_slow must be finite positive values, got {} / {}", beta_fast, beta_slow);
+    }
+  } else if (!rope_type.empty()) {
+    fail("rope_type {}: applies to multi-latent attention (--multi-latent-attention); the standard attention's "
+         "RoPE is --position-embedding-type rope", rope_type);
+  }
   require_dropout(hidden_dropout, "hidden_dropout");
   require_dropout(attention_dropout, "attention_dropout");
   if (!(init_method_std > 0.0f)) fail("init_method_std must be positive, got {}", init_method_std);
@@ -167,7 +203,8 @@ void TransformerConfig::validate() const {
     if (m != "core_attn" && m != "mlp" && m != "moe" && m != "moe_act" && m != "shared_experts" && m != "layernorm") {
       const bool megatron = m == "mla_up_proj";
       fail("recompute_modules: '{}' is {} (expected core_attn|mlp|moe|moe_act|shared_experts|layernorm)", m,
-           megatron ? "a Megatron module not implemented here (no MLA)" : "not a module");
+           megatron ? "a Megatron module not implemented here (MLA's up projections are not recomputed)"
+                    : "not a module");
     }
   if (recompute_modules != std::vector<std::string>{"core_attn"} && recompute_granularity != "selective")
     fail("recompute_modules ({} given) applies to --recompute-granularity selective", recompute_modules.size());
@@ -448,6 +485,17 @@ void Config::validate() const {
     fail("num_attention_heads ({}) must be divisible by tensor_model_parallel_size ({})", model.num_attention_heads, tp);
   if (model.num_query_groups % tp != 0)
     fail("num_query_groups ({}) must be divisible by tensor_model_parallel_size ({})", model.num_query_groups, tp);
+  if (model.multi_latent_attention) {  // the down projections are column parallel, then gathered (Megatron's spec)
+    if (model.q_lora_rank % tp != 0)
+      fail("q_lora_rank ({}) must be divisible by tensor_model_parallel_size ({}): linear_q_down_proj is column "
+           "parallel", model.q_lora_rank, tp);
+    if ((model.kv_lora_rank + model.qk_pos_emb_head_dim) % tp != 0)
+      fail("kv_lora_rank + qk_pos_emb_head_dim ({}) must be divisible by tensor_model_parallel_size ({}): "
+           "linear_kv_down_proj is column parallel", model.kv_lora_rank + model.qk_pos_emb_head_dim, tp);
+    if (cp > 1)
+      fail("multi_latent_attention: not implemented with context_parallel_size {} (MLA's key / value heads are not "
+           "split for the all-to-all, nor ring-passed)", cp);
+  }
   if (model.ffn_hidden_size % tp != 0)
     fail("ffn_hidden_size ({}) must be divisible by tensor_model_parallel_size ({})", model.ffn_hidden_size, tp);
   if (!parallel.custom_pipeline_layout() && model.num_layers % pp != 0)

@@ -68,6 +68,32 @@ struct TransformerConfig {
   // (weights [hn] shared by the heads: self_attention.q_layernorm / k_layernorm), after the linear_qkv split and
   // before RoPE — Qwen3's, Gemma3's q_norm / k_norm.
   bool qk_layernorm = false;
+  // Multi-latent attention (Megatron's --multi-latent-attention, MLASelfAttention; DeepSeek-V2/V3's MLA;
+  // transformer/multi_latent_attention.h): queries from linear_q_proj, or with q_lora_rank > 0 through a q_lora_rank
+  // wide bottleneck (linear_q_down_proj, linear_q_up_proj); keys and values from a kv_lora_rank wide latent
+  // (linear_kv_down_proj, linear_kv_up_proj) — with --qk-layernorm the latents are normalized (q_layernorm,
+  // kv_layernorm: Megatron's local spec; no other q / k norms then) —, per head qk_head_dim channels without positions
+  // plus qk_pos_emb_head_dim rotary channels (the key's shared by all heads), values v_head_dim wide. Its RoPE:
+  // rope_type "rope" or "yarn" ("" = yarn, Megatron's MLA default) over the qk_pos_emb_head_dim channels in
+  // Megatron's MLA channel order; YaRN's fields below (Megatron's --rotary-scaling-factor, --mscale,
+  // --mscale-all-dim, MLATransformerConfig's beta_fast / beta_slow / original_max_position_embeddings). The
+  // softmax scale is mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim) for
+  // either rope type, as Megatron. Needs --position-embedding-type rope; num_query_groups, kv_channels,
+  // rotary_percent and the standard attention's RoPE options do not apply.
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0;  // 0 = no query compression (Megatron's None)
+  int64_t kv_lora_rank = 32;
+  int64_t qk_head_dim = 128;
+  int64_t qk_pos_emb_head_dim = 64;
+  int64_t v_head_dim = 128;
+  std::string rope_type;  // "" | "rope" | "yarn" (multi-latent attention only)
+  float rotary_scaling_factor = 1.0f;
+  float mscale = 1.0f;
+  float mscale_all_dim = 0.0f;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  int64_t original_max_position_embeddings = 4096;
+  bool mla_yarn() const { return multi_latent_attention && rope_type != "rope"; }  // MLA with YaRN's tables
   float hidden_dropout = 0.1f;
   float attention_dropout = 0.1f;
   float init_method_std = 0.02f;

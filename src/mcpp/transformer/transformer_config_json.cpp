@@ -40,6 +40,19 @@ template <class M, class V> void visit_model(M& m, V&& v) {
   v("add_bias_linear", m.add_bias_linear);
   v("add_qkv_bias", m.add_qkv_bias);
   v("qk_layernorm", m.qk_layernorm);
+  v("multi_latent_attention", m.multi_latent_attention);
+  v("q_lora_rank", m.q_lora_rank);
+  v("kv_lora_rank", m.kv_lora_rank);
+  v("qk_head_dim", m.qk_head_dim);
+  v("qk_pos_emb_head_dim", m.qk_pos_emb_head_dim);
+  v("v_head_dim", m.v_head_dim);
+  v("rope_type", m.rope_type);
+  v("rotary_scaling_factor", m.rotary_scaling_factor);
+  v("mscale", m.mscale);
+  v("mscale_all_dim", m.mscale_all_dim);
+  v("beta_fast", m.beta_fast);
+  v("beta_slow", m.beta_slow);
+  v("original_max_position_embeddings", m.original_max_position_embeddings);
   v("hidden_dropout", m.hidden_dropout);
   v("attention_dropout", m.attention_dropout);
   v("init_method_std", m.init_method_std);
@@ -326,6 +339,23 @@ nlohmann::json Config::math_fields() const {
     if (m.use_rope_scaling) j["rope_scaling_factor"] = json_value(m.rope_scaling_factor);  // absent when off
     if (m.rotary_seq_len_interpolation_factor > 0.0f)
       j["rotary_seq_len_interpolation_factor"] = json_value(m.rotary_seq_len_interpolation_factor);
+  }
+  if (m.multi_latent_attention) {  // absent when off: older checkpoints keep their fingerprint
+    j["multi_latent_attention"] = true;
+    j["q_lora_rank"] = m.q_lora_rank;
+    j["kv_lora_rank"] = m.kv_lora_rank;
+    j["qk_head_dim"] = m.qk_head_dim;
+    j["qk_pos_emb_head_dim"] = m.qk_pos_emb_head_dim;
+    j["v_head_dim"] = m.v_head_dim;
+    j["rope_type"] = m.mla_yarn() ? "yarn" : "rope";
+    j["rotary_scaling_factor"] = json_value(m.rotary_scaling_factor);  // the softmax scale with either type
+    j["mscale_all_dim"] = json_value(m.mscale_all_dim);
+    if (m.mla_yarn()) {
+      j["mscale"] = json_value(m.mscale);
+      j["beta_fast"] = json_value(m.beta_fast);
+      j["beta_slow"] = json_value(m.beta_slow);
+      j["original_max_position_embeddings"] = m.original_max_position_embeddings;
+    }
   }
   if (m.qk_layernorm) j["qk_layernorm"] = true;  // absent when off: older checkpoints keep their fingerprint
   if (m.mtp_num_layers > 0) j["mtp_num_layers"] = m.mtp_num_layers;  // the depths' parameters (not their weight)

@@ -18,13 +18,31 @@ TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffe
       sequence_parallel_(tp.sequence_parallel),
       input_layernorm_(params, prefix + ".input_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
                        tp.sequence_parallel),
-      self_attention_(params, prefix + ".self_attention", c, spec, tp),
+      self_attention_(c.multi_latent_attention
+                          ? nullptr
+                          : std::make_unique<SelfAttention>(params, prefix + ".self_attention", c, spec, tp)),
+      mla_(c.multi_latent_attention
+               ? std::make_unique<MLASelfAttention>(params, prefix + ".self_attention", c, spec, tp)
+               : nullptr),
       pre_mlp_layernorm_(params, prefix + ".pre_mlp_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
                          tp.sequence_parallel),
       recompute_mlp_(c.recomputes(moe ? "moe" : "mlp")),
       recompute_norms_(c.recomputes("layernorm")) {
   if (moe) moe_ = std::make_unique<moe::MoELayer>(params, expert_params, prefix + ".mlp", c, tp);
   else mlp_ = std::make_unique<MLP>(params, prefix + ".mlp", c, tp);
+}
+
+Tensor TransformerLayer::attention_forward(TransformerLayerCtx& ctx, const Tensor& x, const RopeTables* rope,
+                                           const ForwardOptions& opt) const {
+  return mla_ ? mla_->forward(ctx.mla, x, rope, opt) : self_attention_->forward(ctx.self_attention, x, rope, opt);
+}
+Tensor TransformerLayer::attention_backward(TransformerLayerCtx& ctx, const Tensor& dy, const RopeTables* rope,
+                                            bool output_bias_grad_elsewhere) const {
+  return mla_ ? mla_->backward(ctx.mla, dy, rope, output_bias_grad_elsewhere)
+              : self_attention_->backward(ctx.self_attention, dy, rope, output_bias_grad_elsewhere);
+}
+Parameter* TransformerLayer::attention_output_bias() const {
+  return mla_ ? mla_->output_bias() : self_attention_->output_bias();
 }
 
 Tensor Residual::sum() {
@@ -46,10 +64,10 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
     x = in.a;
     ln1 = input_layernorm_.forward(ctx.input_layernorm, x);
   }
-  Tensor attn = self_attention_.forward(ctx.self_attention, ln1, rope, opt);  // [s, b, h]
+  Tensor attn = attention_forward(ctx, ln1, rope, opt);  // [s, b, h]
   ctx.norms_dropped = recompute_norms_ && opt.training;
   if (ctx.norms_dropped) {  // "layernorm": backward re-runs input_layernorm for linear_qkv
-    self_attention_.release_input(ctx.self_attention);
+    mla_ ? mla_->release_input(ctx.mla) : self_attention_->release_input(ctx.self_attention);
     ln1 = Tensor();
   }
   ops::ResidualDropout attn_drop;
@@ -96,8 +114,8 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   // (ResidualBiasGrads), not in the linears' backward; under dropout fc2's stays in the linear (header).
   // A MoE layer's output has no bias of its own (each expert's fc2 bias is inside the weighted sum).
   Parameter* mlp_bias = moe_ ? nullptr : mlp_->output_bias();
-  const ResidualBiasGrads rb = ctx.dropout ? ResidualBiasGrads{nullptr, self_attention_.output_bias()}
-                                           : ResidualBiasGrads{mlp_bias, self_attention_.output_bias()};
+  const ResidualBiasGrads rb = ctx.dropout ? ResidualBiasGrads{nullptr, attention_output_bias()}
+                                           : ResidualBiasGrads{mlp_bias, attention_output_bias()};
   if (ctx.mlp_dropped || ctx.norms_dropped) {  // selective recompute: the MLP's input (its norm re-run) and context
     const Tensor in = ctx.norms_dropped ? pre_mlp_layernorm_.recompute(ctx.pre_mlp_layernorm) : ctx.mlp_input;
     if (!ctx.mlp_dropped) moe_ ? moe_->restore_input(ctx.moe, in) : mlp_->restore_input(ctx.mlp, in);
@@ -111,11 +129,13 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, dmlp_in, &dy.sum, rb,
                                            &dattn);  // + dy and the dropout backward fused
   if (!ctx.dropout) dattn = dx1;
-  if (ctx.norms_dropped)
-    self_attention_.restore_input(ctx.self_attention, input_layernorm_.recompute(ctx.input_layernorm));
+  if (ctx.norms_dropped) {
+    const Tensor ln1 = input_layernorm_.recompute(ctx.input_layernorm);
+    mla_ ? mla_->restore_input(ctx.mla, ln1) : self_attention_->restore_input(ctx.self_attention, ln1);
+  }
   ResidualGrad dx;  // + dx1 fused into the norm's backward; with the input's dropout also its branch gradient
   dx.sum = input_layernorm_.backward(ctx.input_layernorm,
-                                     self_attention_.backward(ctx.self_attention, dattn, rope, rb.dx_bias != nullptr),
+                                     attention_backward(ctx, dattn, rope, rb.dx_bias != nullptr),
                                      &dx1, {}, &dx.branch);
   return dx;
 }

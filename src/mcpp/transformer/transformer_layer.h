@@ -52,6 +52,7 @@
 #include "mcpp/moe/moe_layer.h"
 #include "mcpp/transformer/attention.h"
 #include "mcpp/transformer/mlp.h"
+#include "mcpp/transformer/multi_latent_attention.h"
 #include "mcpp/transformer/norms.h"
 
 namespace mcpp {
@@ -59,6 +60,7 @@ namespace mcpp {
 struct TransformerLayerCtx {
   NormCtx input_layernorm;
   SelfAttentionCtx self_attention;
+  MLASelfAttentionCtx mla;  // --multi-latent-attention instead of self_attention
   NormCtx pre_mlp_layernorm;
   MLPCtx mlp;
   moe::MoELayerCtx moe;  // MoE layers instead of mlp
@@ -107,7 +109,14 @@ class TransformerLayer {
   float hidden_dropout_;
   bool sequence_parallel_;
   Norm input_layernorm_;
-  SelfAttention self_attention_;
+  // The attention: SelfAttention, or with --multi-latent-attention MLASelfAttention (one of the two is set).
+  std::unique_ptr<SelfAttention> self_attention_;
+  std::unique_ptr<MLASelfAttention> mla_;
+  Tensor attention_forward(TransformerLayerCtx& ctx, const Tensor& x, const RopeTables* rope,
+                           const ForwardOptions& opt) const;
+  Tensor attention_backward(TransformerLayerCtx& ctx, const Tensor& dy, const RopeTables* rope,
+                            bool output_bias_grad_elsewhere) const;
+  Parameter* attention_output_bias() const;
   Norm pre_mlp_layernorm_;
   std::unique_ptr<MLP> mlp_;            // dense layers
   std::unique_ptr<moe::MoELayer> moe_;  // MoE layers

@@ -58,6 +58,15 @@ struct QkvShape {
 void launch_qkv_split(FOut q, FOut k, FOut v, FIn qkv, const QkvShape& a, cudaStream_t s);
 void launch_qkv_merge(FOut qkv, FIn q, FIn k, FIn v, const QkvShape& a, cudaStream_t s);
 
+// ---- mla_kernels.cu: multi-latent attention's query / key / value assembly and its backward (ops.inc mla_qkv_*).
+struct MlaShape {
+  int64_t sb, n, dn, dr, dv, dc, c;  // tokens s * b, heads, head dims (ops.inc), the latent's width
+};
+void launch_mla_qkv_fwd(FOut query, FOut key, FOut value, FIn q, FIn kv, FIn kv_latent, const float* cos,
+                        const float* sin, int64_t b, const MlaShape& m, cudaStream_t s);
+void launch_mla_qkv_bwd(FOut dq, FOut dkv, FOut dk_pe, FIn dquery, FIn dkey, FIn dvalue, const float* cos,
+                        const float* sin, int64_t b, const MlaShape& m, cudaStream_t s);
+
 // ---- elementwise_kernels.cu
 void launch_add(FOut out, FIn a, FIn b, int64_t n, cudaStream_t s);
 void launch_bias_add_inplace(FOut y, FIn bias, int64_t n, int64_t m, cudaStream_t s);  // y[n, m] += bias[m]

@@ -77,7 +77,19 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
   }
   params_.finalize(seed, device, param_dtype);
   if (has_expert_params()) expert_params_.finalize(seed, device, param_dtype);
-  if (c.position_embedding_type == PositionEmbedding::Rope) {
+  if (c.multi_latent_attention) {  // MLA's own tables over its qk_pos_emb_head_dim channels (rope or YaRN)
+    const int64_t len = std::max(c.seq_length, c.max_position_embeddings);
+    rope_ = c.mla_yarn() ? make_yarn_rope_tables(len, c.qk_pos_emb_head_dim, c.rotary_base,
+                                                 {.scaling_factor = c.rotary_scaling_factor,
+                                                  .beta_fast = c.beta_fast,
+                                                  .beta_slow = c.beta_slow,
+                                                  .mscale = c.mscale,
+                                                  .mscale_all_dim = c.mscale_all_dim,
+                                                  .original_max_position_embeddings = c.original_max_position_embeddings},
+                                                 device)
+                         : make_rope_tables(len, c.qk_pos_emb_head_dim, c.rotary_base, device);
+    has_rope_ = true;
+  } else if (c.position_embedding_type == PositionEmbedding::Rope) {
     const auto rot = static_cast<int64_t>(std::lround(static_cast<double>(c.kv_channels) * c.rotary_percent));
     rope_ = make_rope_tables(std::max(c.seq_length, c.max_position_embeddings), rot, c.rotary_base, device,
                              c.use_rope_scaling ? c.rope_scaling_factor : 0.0, c.rotary_seq_len_interpolation_factor);

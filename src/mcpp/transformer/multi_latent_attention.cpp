@@ -1,0 +1,182 @@
+#include "mcpp/transformer/multi_latent_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
+#include "mcpp/tensor_parallel/mappings.h"
+
+namespace mcpp {
+namespace tp = tensor_parallel;
+
+float mla_softmax_scale(const TransformerConfig& c) {
+  const double m = yarn_get_mscale(c.rotary_scaling_factor, c.mscale_all_dim);
+  return static_cast<float>(m * m / std::sqrt(static_cast<double>(c.qk_head_dim + c.qk_pos_emb_head_dim)));
+}
+
+namespace {
+tp::ParallelLinearOptions column(const TransformerConfig& c, const tp::TPContext& t, int64_t in, int64_t out) {
+  return {.input_size = in,
+          .output_size = out,
+          .bias = false,
+          .init_std = c.init_method_std,
+          .sequence_parallel = t.sequence_parallel,
+          .tp_comm_overlap = t.comm_overlap};
+}
+}  // namespace
+
+MLASelfAttention::MLASelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
+                                   const TransformerLayerSpec& spec, const tp::TPContext& t)
+    : n_(c.num_attention_heads / t.size()),
+      dn_(c.qk_head_dim),
+      dr_(c.qk_pos_emb_head_dim),
+      dv_(c.v_head_dim),
+      dc_(std::max(c.qk_head_dim + c.qk_pos_emb_head_dim, c.v_head_dim)),
+      rq_(c.q_lora_rank),
+      rkv_(c.kv_lora_rank),
+      tp_(t),
+      linear_q_proj_(c.q_lora_rank == 0 ? std::make_optional<tp::ColumnParallelLinear>(
+                                              params, prefix + ".linear_q_proj",
+                                              column(c, t, c.hidden_size, c.num_attention_heads * (dn_ + dr_)), t.group)
+                                        : std::nullopt),
+      linear_q_down_proj_(c.q_lora_rank > 0 ? std::make_optional<tp::ColumnParallelLinear>(
+                                                  params, prefix + ".linear_q_down_proj",
+                                                  column(c, t, c.hidden_size, c.q_lora_rank), t.group)
+                                            : std::nullopt),
+      linear_q_up_proj_(c.q_lora_rank > 0 ? std::make_optional<tp::ColumnParallelLinear>(
+                                                params, prefix + ".linear_q_up_proj",
+                                                column(c, t, c.q_lora_rank, c.num_attention_heads * (dn_ + dr_)),
+                                                t.group)
+                                          : std::nullopt),
+      linear_kv_down_proj_(params, prefix + ".linear_kv_down_proj",
+                           column(c, t, c.hidden_size, c.kv_lora_rank + c.qk_pos_emb_head_dim), t.group),
+      linear_kv_up_proj_(params, prefix + ".linear_kv_up_proj",
+                         column(c, t, c.kv_lora_rank, c.num_attention_heads * (c.qk_head_dim + c.v_head_dim)),
+                         t.group),
+      linear_proj_(params, prefix + ".linear_proj",
+                   {.input_size = c.num_attention_heads * c.v_head_dim,
+                    .output_size = c.hidden_size,
+                    .bias = c.add_bias_linear,
+                    .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
+                    .sequence_parallel = t.sequence_parallel,
+                    .tp_comm_overlap = t.comm_overlap},
+                   t.group),
+      recompute_core_(c.recomputes("core_attn")) {
+  MCPP_CHECK(c.multi_latent_attention, "MLASelfAttention needs multi_latent_attention");
+  MCPP_CHECK(t.cp_size() == 1, "MLASelfAttention: context parallelism is not implemented with MLA");
+  if (c.qk_layernorm) {  // the latents' norms (Megatron's local spec builds them only with qk_layernorm)
+    if (rq_ > 0)
+      q_layernorm_.emplace(params, prefix + ".q_layernorm", rq_, c.normalization, c.norm_epsilon, t.sequence_parallel);
+    kv_layernorm_.emplace(params, prefix + ".kv_layernorm", rkv_, c.normalization, c.norm_epsilon,
+                          t.sequence_parallel);
+  }
+  core_ = spec.make_core_attention({.softmax_scale = mla_softmax_scale(c),
+                                    .attention_dropout = c.attention_dropout,
+                                    .causal = true,
+                                    .deterministic = c.deterministic_mode});
+}
+
+Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,
+                                 const ForwardOptions& opt) const {
+  MCPP_CHECK(rope && rope->cos.defined() && rope->cos.size(1) * 2 == dr_,
+             "MLASelfAttention: needs the model's MLA rotary tables over qk_pos_emb_head_dim = {} channels", dr_);
+  comm::Communicator& g = *tp_.group;
+  // Queries [s, b, n/tp * (dn + dr)].
+  Tensor q;
+  if (rq_ > 0) {
+    Tensor qc = tp::all_gather_last_dim(g, linear_q_down_proj_->forward(ctx.q_down, x));  // [s, b, rq]
+    if (tp_.sequence_parallel) qc = tp::split_sp(g, qc).clone();                          // [s/tp, b, rq]
+    if (q_layernorm_) qc = q_layernorm_->forward(ctx.q_norm, qc);
+    q = linear_q_up_proj_->forward(ctx.q_up, qc);
+  } else {
+    q = linear_q_proj_->forward(ctx.q_up, x);
+  }
+  // The key / value latent [s, b, rkv + dr] and its first rkv channels.
+  const Tensor latent = tp::all_gather_last_dim(g, linear_kv_down_proj_.forward(ctx.kv_down, x));
+  const int64_t s = latent.size(0), b = latent.size(1);
+  Tensor kvc = Tensor::empty({s, b, rkv_}, latent.dtype(), latent.device());
+  ops::copy_columns(kvc, latent, 0, 0, rkv_);
+  if (tp_.sequence_parallel) kvc = tp::split_sp(g, kvc).clone();  // [s/tp, b, rkv]
+  if (kv_layernorm_) kvc = kv_layernorm_->forward(ctx.kv_norm, kvc);
+  const Tensor kv = linear_kv_up_proj_.forward(ctx.kv_up, kvc);  // [s, b, n/tp * (dn + dv)]
+  const DType dt = q.dtype();
+  const Device dev = q.device();
+  Tensor query = Tensor::empty({s, b, n_, dc_}, dt, dev), key = Tensor::empty({s, b, n_, dc_}, dt, dev),
+         value = Tensor::empty({s, b, n_, dc_}, dt, dev);
+  ops::mla_qkv_fwd(query, key, value, q.view({s, b, n_, dn_ + dr_}), kv.view({s, b, n_, dn_ + dv_}), latent, rope->cos,
+                   rope->sin);
+  if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
+  Tensor context = core_->forward(ctx.core, query, key, value, opt);  // [s, b, n/tp, dc]
+  if (recompute_core_) {  // selective recompute: keep the inputs, drop the core's saved state
+    ctx.query = query, ctx.key = key, ctx.value = value;
+    ctx.core = {};
+  }
+  if (dc_ != dv_) {  // the value channels of the padded heads
+    Tensor c2 = Tensor::empty({s, b, n_, dv_}, dt, dev);
+    ops::copy_columns(c2, context, 0, 0, dv_);
+    context = c2;
+  }
+  return linear_proj_.forward(ctx.proj, context.view({s, b, n_ * dv_}));  // [s(/tp), b, h]
+}
+
+Tensor MLASelfAttention::backward(MLASelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,
+                                  bool output_bias_grad_elsewhere) const {
+  comm::Communicator& g = *tp_.group;
+  Tensor dcontext = linear_proj_.backward(ctx.proj, dy, output_bias_grad_elsewhere);  // [s, b, n/tp * dv]
+  const int64_t s = dcontext.size(0), b = dcontext.size(1);
+  const DType dt = dcontext.dtype();
+  const Device dev = dcontext.device();
+  if (dc_ != dv_) {  // zero gradient for the padding channels
+    Tensor padded = Tensor::zeros({s, b, n_, dc_}, dt, dev);
+    ops::copy_columns(padded, dcontext.view({s, b, n_, dv_}), 0, 0, dv_);
+    dcontext = padded;
+  }
+  if (recompute_core_) {  // rebuild the core attention's context with the original dropout keys
+    core_->forward(ctx.core, ctx.query, ctx.key, ctx.value, ctx.core_replay.options());
+    ctx.query = ctx.key = ctx.value = Tensor();
+  }
+  CoreAttentionGrads gr = core_->backward(ctx.core, dcontext.view({s, b, n_, dc_}));
+  ctx.core = {};
+  Tensor dq = Tensor::empty({s, b, n_ * (dn_ + dr_)}, dt, dev), dkv = Tensor::empty({s, b, n_ * (dn_ + dv_)}, dt, dev),
+         dk_pe = Tensor::empty({s, b, dr_}, dt, dev);
+  Tensor dq4 = dq.view({s, b, n_, dn_ + dr_}), dkv4 = dkv.view({s, b, n_, dn_ + dv_});
+  ops::mla_qkv_bwd(dq4, dkv4, dk_pe, gr.dq, gr.dk, gr.dv, rope->cos, rope->sin);
+  gr = {};
+  // The shared rotary key: every TP rank's heads contributed (see the header).
+  if (g.size() > 1) tp::all_reduce_tp(g, dk_pe);
+  // Keys / values back to the latent [s, b, rkv + dr].
+  Tensor dkvc = linear_kv_up_proj_.backward(ctx.kv_up, dkv);  // [s(/tp), b, rkv]
+  if (kv_layernorm_) dkvc = kv_layernorm_->backward(ctx.kv_norm, dkvc);
+  if (tp_.sequence_parallel) dkvc = tp::all_gather_sp(g, dkvc);  // scatter_to_sp backward: [s, b, rkv]
+  Tensor dlatent = Tensor::empty({s, b, rkv_ + dr_}, dt, dev);
+  ops::copy_columns(dlatent, dkvc, 0, 0, rkv_);
+  ops::copy_columns(dlatent, dk_pe, rkv_, 0, dr_);
+  Tensor dx = linear_kv_down_proj_.backward(ctx.kv_down, tp::split_last_dim(g, dlatent));  // [s(/tp), b, h]
+  // Queries.
+  Tensor dxq;
+  if (rq_ > 0) {
+    Tensor dqc = linear_q_up_proj_->backward(ctx.q_up, dq);  // [s(/tp), b, rq]
+    if (q_layernorm_) dqc = q_layernorm_->backward(ctx.q_norm, dqc);
+    if (tp_.sequence_parallel) dqc = tp::all_gather_sp(g, dqc);  // [s, b, rq]
+    dxq = linear_q_down_proj_->backward(ctx.q_down, tp::split_last_dim(g, dqc));
+  } else {
+    dxq = linear_q_proj_->backward(ctx.q_up, dq);
+  }
+  ops::add_inplace(dx, dxq);
+  ctx.q_norm = {}, ctx.kv_norm = {};
+  return dx;
+}
+
+void MLASelfAttention::release_input(MLASelfAttentionCtx& ctx) const {
+  ctx.kv_down.x = Tensor();
+  (rq_ > 0 ? ctx.q_down : ctx.q_up).x = Tensor();
+}
+
+void MLASelfAttention::restore_input(MLASelfAttentionCtx& ctx, const Tensor& x) const {
+  linear_kv_down_proj_.restore_input(ctx.kv_down, x);
+  if (rq_ > 0) linear_q_down_proj_->restore_input(ctx.q_down, x);
+  else linear_q_proj_->restore_input(ctx.q_up, x);
+}
+
+}  // namespace mcpp

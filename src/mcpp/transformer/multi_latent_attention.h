@@ -1,0 +1,76 @@
+// MLASelfAttention (Megatron-Core transformer/multi_latent_attention.py with the local spec; DeepSeek-V2/V3's
+// multi-latent attention), tensor parallel over heads. n heads (n/tp per rank), dn = qk_head_dim, dr =
+// qk_pos_emb_head_dim, dv = v_head_dim, rq = q_lora_rank, rkv = kv_lora_rank; x [s(/tp with SP), b, h]:
+//   queries:  rq > 0: linear_q_down_proj (ColumnParallel h -> rq, no bias) -> gather_from_tp (all_gather_last_dim)
+//             -> [SP: scatter_to_sp] -> q_layernorm (--qk-layernorm) -> linear_q_up_proj (ColumnParallel rq ->
+//             n (dn + dr)); rq == 0: linear_q_proj (ColumnParallel h -> n (dn + dr)).  q [s, b, n/tp, dn + dr]
+//   keys / values: linear_kv_down_proj (ColumnParallel h -> rkv + dr) -> gather_from_tp -> kv_latent [s, b, rkv + dr]:
+//             its first rkv channels -> [SP: scatter_to_sp] -> kv_layernorm (--qk-layernorm) -> linear_kv_up_proj
+//             (ColumnParallel rkv -> n (dn + dv)) = kv [s, b, n/tp, dn + dv]; its last dr channels are the key's
+//             rotary part, one for all heads.
+//   ops::mla_qkv_fwd: query = [q_nope, rope(q_pe)], key = [k_nope, rope(k_pe)], value = v, each head zero-padded to
+//             dc = max(dn + dr, dv) (Megatron's MLA channel order; the RoPE tables are the model's — rope or YaRN,
+//             gpt_model.h — over dr channels, YaRN's mscale in them)
+//   -> core attention (softmax scale mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(dn + dr), causal,
+//   attention dropout) -> context [s, b, n/tp, dc], its first dv channels -> linear_proj (RowParallel n dv -> h,
+//   init scaled by 1/sqrt(2L); all-reduce or SP reduce-scatter) -> [s(/tp), b, h].
+// Backward mirrors it. The key's rotary gradient (ops::mla_qkv_bwd's dk_pe, summed over this rank's heads) is
+// all-reduced over TP before it joins the latent's gradient — every rank's heads read the one shared k_pe (Megatron
+// omits this reduction when linear_kv_down_proj is column parallel, NVIDIA/Megatron-LM#1699; here the gradient is
+// the single-rank model's, tested against it). The latent norms' weights are replicated; under SP their partial
+// grads are all-reduced by finalize_model_grads (sequence_parallel params), without SP every rank's are whole.
+// Not with context parallelism (Config::validate). Parameter grads accumulate into main_grad.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "mcpp/tensor_parallel/layers.h"
+#include "mcpp/tensor_parallel/tp_context.h"
+#include "mcpp/transformer/dot_product_attention.h"
+#include "mcpp/transformer/norms.h"
+#include "mcpp/transformer/rope.h"
+#include "mcpp/transformer/spec.h"
+#include "mcpp/transformer/transformer_config.h"
+
+namespace mcpp {
+
+struct MLASelfAttentionCtx {
+  tensor_parallel::ParallelLinearCtx q_down, q_up, kv_down, kv_up, proj;  // q_down / q_up: q_proj in q_up when rq == 0
+  NormCtx q_norm, kv_norm;
+  CoreAttentionCtx core;
+  // Selective recompute "core_attn": the core attention's inputs and the RNG streams before it are kept; `core` is
+  // emptied after the forward and rebuilt at the start of backward.
+  Tensor query, key, value;
+  ForwardReplay core_replay;
+};
+
+class MLASelfAttention {
+ public:
+  MLASelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
+                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
+  // rope: the model's MLA tables (dr / 2 columns) for the current sequence length.
+  Tensor forward(MLASelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
+  Tensor backward(MLASelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,
+                  bool output_bias_grad_elsewhere = false) const;
+  Parameter* output_bias() const { return linear_proj_.residual_bias(); }
+  // Selective recompute "layernorm": the down projections' (or linear_q_proj's) kept input released / set again.
+  void release_input(MLASelfAttentionCtx& ctx) const;
+  void restore_input(MLASelfAttentionCtx& ctx, const Tensor& x) const;
+
+ private:
+  int64_t n_, dn_, dr_, dv_, dc_, rq_, rkv_;  // n_: this TP rank's heads
+  tensor_parallel::TPContext tp_;
+  std::optional<tensor_parallel::ColumnParallelLinear> linear_q_proj_, linear_q_down_proj_, linear_q_up_proj_;
+  tensor_parallel::ColumnParallelLinear linear_kv_down_proj_, linear_kv_up_proj_;
+  std::optional<Norm> q_layernorm_, kv_layernorm_;  // --qk-layernorm
+  tensor_parallel::RowParallelLinear linear_proj_;
+  std::unique_ptr<CoreAttention> core_;
+  bool recompute_core_ = false;
+};
+
+// Megatron's MLA softmax scale: mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(qk_head_dim +
+// qk_pos_emb_head_dim) (whatever the rope type).
+float mla_softmax_scale(const TransformerConfig& c);
+
+}  // namespace mcpp
