@@ -205,10 +205,20 @@ TEST(TensorParallel, LlamaQkLayernormMatchesSingleRank) { check_tp_equivalence("
 TEST(TensorParallel, LlamaQkLayernormSequenceParallelMatchesSingleRank) {
   check_tp_equivalence("llama", true, false, true);
 }
+// Multi-latent attention: the column-parallel down projections' gathers (and the SP scatter after them), the
+// latent norms' grads (partial under SP only), the shared rotary key's gradient summed over the ranks' heads.
+TEST(TensorParallel, MlaMatchesSingleRank) { check_tp_equivalence("mla", false, false, true); }
+TEST(TensorParallel, MlaSequenceParallelMatchesSingleRank) { check_tp_equivalence("mla", true, false, true); }
+TEST(TensorParallel, MlaNoQueryCompressionMatchesSingleRank) { check_tp_equivalence("mla_noq", false); }
+TEST(TensorParallel, MlaNoQueryCompressionSequenceParallelMatchesSingleRank) {
+  check_tp_equivalence("mla_noq", true);
+}
 // --tp-comm-overlap: the SP all-gathers as rings with the GEMM per chunk (fc1 GELU fused and SwiGLU paths,
 // the output layer, the dgrad of the row-parallel layers).
 TEST(TensorParallel, Gpt2SequenceParallelCommOverlapMatchesSingleRank) { check_tp_equivalence("gpt2", true, true); }
 TEST(TensorParallel, LlamaSequenceParallelCommOverlapMatchesSingleRank) { check_tp_equivalence("llama", true, true); }
+TEST(TensorParallel, MlaSequenceParallelCommOverlapMatchesSingleRank) { check_tp_equivalence("mla", true, true, true); }
+// (the ring tests last: the TP group's flight recorder keeps their P2P entries for the checks of later tests)
 
 }  // namespace
 }  // namespace mcpp

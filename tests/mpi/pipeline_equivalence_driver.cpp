@@ -413,6 +413,14 @@ TEST(Pipeline, TensorTimesPipeline) {
   if (comm::world()->size() != 4) GTEST_SKIP() << "TP2 x PP2 needs 4 ranks";
   check({.style = "gpt2", .layers = 4, .tp = 2, .microbatches = 4});
   check({.style = "llama", .layers = 4, .tp = 2, .microbatches = 4});
+  check({.style = "mla", .layers = 4, .tp = 2, .microbatches = 4});  // multi-latent attention under TP x PP
+}
+
+// Multi-latent attention: its layers on every stage, the model's MLA rotary tables on each.
+TEST(Pipeline, MultiLatentAttentionMatchesSingleRank) {
+  const int pp = comm::world()->size();
+  check({.style = "mla", .layers = 2 * pp, .microbatches = 2 * pp});
+  if (pp >= 2) check({.style = "mla_noq", .layers = 2 * pp, .microbatches = pp, .virtual_stages = 2});
 }
 
 }  // namespace
