@@ -65,19 +65,45 @@ Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool ro
 // qk_layernorm: --qk-layernorm (the model's norm on each head's q and k before RoPE).
 // mtp: 2 multi-token prediction depths (loss scaling 0.3, per-token loss), the losses' forward fused with the
 // logits' gradient.
+// mla: multi-latent attention at head dim 64 (llama: query compression, YaRN, values padded 32 -> 64; gpt2: RoPE,
+// no query compression, queries / keys padded 48 -> 64), latent norms (qk_layernorm).
 struct Variant {
   bool dropout = false, moe = false, capacity = false, deepseek = false, noise = false, qk_layernorm = false;
-  bool mtp = false;
+  bool mtp = false, mla = false;
 };
 
 void compare(const std::string& style, DType dt, const Variant& v = {}) {
-  const auto [dropout, moe, capacity, deepseek, noise, qk_layernorm, mtp] = v;
+  const auto [dropout, moe, capacity, deepseek, noise, qk_layernorm, mtp, mla] = v;
   // cuDNN's attention dropout draws its own mask: the comparison with the CPU's runs the mcpp kernels
   const CudnnAttentionScope attention(!dropout && ops::cuda::cudnn_attention());
   TransformerConfig c = testing::tiny_gpu_config(style == "gpt2_rope" ? "gpt2" : style);
   if (style == "gpt2_rope") c.position_embedding_type = PositionEmbedding::Rope;
   if (dropout) c.hidden_dropout = c.attention_dropout = 0.1f;
   c.qk_layernorm = qk_layernorm;
+  if (mla) {
+    c.position_embedding_type = PositionEmbedding::Rope;
+    c.num_query_groups = c.num_attention_heads;
+    c.multi_latent_attention = true;
+    c.kv_lora_rank = 32;
+    c.qk_pos_emb_head_dim = 16;
+    if (style == "llama") {
+      c.q_lora_rank = 48;
+      c.qk_head_dim = 48;
+      c.v_head_dim = 32;
+      c.rope_type = "yarn";
+      c.rotary_scaling_factor = 4.0f;
+      c.mscale = 0.9f;
+      c.mscale_all_dim = 0.7f;
+      c.original_max_position_embeddings = 16;
+    } else {
+      c.q_lora_rank = 0;
+      c.qk_head_dim = 32;
+      c.v_head_dim = 64;
+      c.rope_type = "rope";
+    }
+    c.finalize();
+    c.validate();
+  }
   if (mtp) {
     c.mtp_num_layers = 2;
     c.mtp_loss_scaling_factor = 0.3f;
@@ -191,6 +217,20 @@ TEST(CudaGPTModel, LlamaStyleMtpBf16MatchesCpu) { MCPP_REQUIRE_CUDA(); compare("
 TEST(CudaGPTModel, Gpt2StyleRopeMtpBf16WithDropoutMatchesCpu) {
   MCPP_REQUIRE_CUDA();
   compare("gpt2_rope", DType::BF16, {.dropout = true, .mtp = true});
+}
+// Multi-latent attention (mla_qkv_fwd / bwd, copy_columns, the padded heads through cuDNN / the tensor-core kernels
+// in bf16, the fp32 kernels in fp32; the latent norms).
+TEST(CudaGPTModel, LlamaStyleMlaFp32MatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("llama", DType::F32, {.qk_layernorm = true, .mla = true});
+}
+TEST(CudaGPTModel, LlamaStyleMlaBf16MatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("llama", DType::BF16, {.qk_layernorm = true, .mla = true});
+}
+TEST(CudaGPTModel, Gpt2StyleMlaBf16WithDropoutMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  compare("gpt2", DType::BF16, {.dropout = true, .qk_layernorm = true, .mla = true});
 }
 
 }  // namespace

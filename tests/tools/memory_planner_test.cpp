@@ -45,11 +45,12 @@ struct Case {
   int64_t mtp = 0;                                 // --mtp-num-layers
   bool rope = false;                               // gpt2 with RoPE (MTP needs RoPE or no positions)
   bool per_token = false;                          // --calculate-per-token-loss
+  std::string mla{};  // multi-latent attention: testing::mla_tiny_config of this style (llama | gpt2)
 };
 
 Config config_for(const Case& k) {
   Config cfg;
-  cfg.model = testing::tiny_config(k.style);
+  cfg.model = k.mla.empty() ? testing::tiny_config(k.style) : testing::mla_tiny_config(k.mla);
   cfg.model.num_layers = 4;
   cfg.model.attention_impl = k.attention;
   cfg.model.recompute_granularity = k.recompute;
@@ -145,6 +146,20 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
        .modules = {"layernorm", "mlp"}, .mtp = 2},
       {.name = "llama moe [0,0,0,1] + shared 24, mtp 2 (MoE depths)", .style = "llama", .moe_freq = "[0,0,0,1]",
        .shared = 24, .mtp = 2},
+      // multi-latent attention: the latents (and their norms), query / key / value of the padded head dim, the
+      // value channels' copy when the heads are padded
+      {.name = "mla llama (q compression, values padded) + latent norms", .style = "llama", .qk_layernorm = true,
+       .mla = "llama"},
+      {.name = "mla gpt2 (queries / keys padded) + latent norms + dropout", .style = "gpt2", .dropout = true,
+       .qk_layernorm = true, .mla = "gpt2"},
+      {.name = "mla llama unfused, no latent norms", .style = "llama", .attention = "unfused", .mla = "llama"},
+      {.name = "mla llama selective core_attn + latent norms", .style = "llama", .recompute = "selective",
+       .qk_layernorm = true, .mla = "llama"},
+      {.name = "mla gpt2 selective layernorm + core_attn", .style = "gpt2", .recompute = "selective",
+       .modules = {"layernorm", "core_attn"}, .qk_layernorm = true, .mla = "gpt2"},
+      {.name = "mla llama full uniform 2", .style = "llama", .recompute = "full", .method = "uniform",
+       .recompute_layers = 2, .qk_layernorm = true, .mla = "llama"},
+      {.name = "mla llama mtp 2", .style = "llama", .qk_layernorm = true, .mtp = 2, .mla = "llama"},
   };
   struct StageCase {
     bool pre, post;

@@ -548,6 +548,10 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
   if (mtp > 0)  // none of the formats has a place for them: exporting would drop trained weights silently
     fail("{} export: model.mtp_num_layers is {} — the checkpoint holds multi-token prediction depths (mtp.layers.*) "
          "that {} has no place for; export would drop them", hf_format_name(format), mtp, hf_format_name(format));
+  if (get_val<bool>(reader.meta()["config"]["model"], "multi_latent_attention", reader.dir(), false))
+    fail("{} export: model.multi_latent_attention is true — the checkpoint's attention is multi-latent (linear_q_*_proj, "
+         "linear_kv_*_proj), which {} has no place for (DeepSeek-V2/V3's format is not exported)",
+         hf_format_name(format), hf_format_name(format));
   std::vector<SafetensorsItem> items;
   nlohmann::json cfg;
   if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);

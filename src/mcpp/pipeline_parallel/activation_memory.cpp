@@ -44,6 +44,10 @@ struct Counter {
     (*this)(l.self_attention.q), (*this)(l.self_attention.k), (*this)(l.self_attention.v);
     (*this)(l.self_attention.fused_qkv);
     (*this)(l.self_attention.q_norm), (*this)(l.self_attention.k_norm);
+    const MLASelfAttentionCtx& a = l.mla;  // multi-latent attention
+    (*this)(a.q_down), (*this)(a.q_up), (*this)(a.kv_down), (*this)(a.kv_up), (*this)(a.proj);
+    (*this)(a.q_norm), (*this)(a.kv_norm), (*this)(a.core);
+    (*this)(a.query), (*this)(a.key), (*this)(a.value);
     (*this)(l.pre_mlp_layernorm);
     (*this)(l.mlp.fc1), (*this)(l.mlp.pre_act), (*this)(l.mlp.fc2);
     (*this)(l.moe);

@@ -49,6 +49,31 @@ int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
   return m.moe_router_load_balancing_type == "seq_aux_loss" ? micro_batch : 0;
 }
 
+// Multi-latent attention's context (transformer/multi_latent_attention.h) beyond the input_layernorm output the
+// layer counts once: under SP each down projection (or linear_q_proj) keeps its own all-gathered copy of it; the
+// latent norms' inputs ([s/tp] under SP, gathered latents without) and statistics; the up projections' inputs
+// (gathered under SP); the core's query / key / value [n, np, dc] (dc = max(dn + dr, dv)), its output when it is
+// not linear_proj's input (the value channels' copy of padded heads), its lse; linear_proj's input [n, np dv].
+int64_t mla_attention_bytes(const Config& cfg, const LayerDims& d, int64_t norm_out) {
+  const TransformerConfig& m = cfg.model;
+  const bool flash = m.attention_impl == "flash", selective = m.recomputes("core_attn");
+  const bool sp = d.n != d.n_local;
+  const int64_t dc = std::max(m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim);
+  const int64_t stats = 4 * (m.normalization == Normalization::LayerNorm ? 2 : 1);
+  const auto latent = [&](int64_t r) {  // a latent of width r: its norm's input and statistics, the up proj's input
+    return (m.qk_layernorm ? d.n_local * (r * d.e + stats) : 0) + d.n * r * d.e;
+  };
+  int64_t bytes = (sp ? norm_out * d.n * d.h * d.e : 0)  // the second down projection's gathered input
+                  + (m.q_lora_rank > 0 ? latent(m.q_lora_rank) : 0) + latent(m.kv_lora_rank);
+  bytes += 3 * d.n * d.np * dc * d.e + d.n * d.np * m.v_head_dim * d.e;  // query, key, value; linear_proj's input
+  if (!selective) {
+    if (flash && dc != m.v_head_dim) bytes += d.n * d.np * dc * d.e;  // the padded output (the copy is the input)
+    if (flash) bytes += d.b * d.np * d.s * 4;                          // lse
+    else bytes += d.b * d.np * d.s * d.s * 4;                          // softmax probabilities (fp32)
+  }
+  return bytes;
+}
+
 // One layer's context after its forward, without the layer input (counted by the caller: the stage input or
 // the previous layer's fused sum).
 int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
@@ -63,9 +88,10 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
   const int64_t qkv = d.n * (d.np + 2 * d.ng) * d.hn * d.e;
   const int64_t context = d.n * d.np * d.hn * d.e;           // core attention's output = linear_proj's input
   int64_t attention = qkv + context;
-  if (m.qk_layernorm)  // the norms keep the split q, k (the core the normalized ones) and per-head statistics
+  if (m.qk_layernorm && !m.multi_latent_attention)  // the norms keep the split q, k (the core the normalized ones)
     attention += d.n * (d.np + d.ng) * (d.hn * d.e + 4 * (m.normalization == Normalization::LayerNorm ? 2 : 1));
-  if (!selective) {
+  if (m.multi_latent_attention) attention = mla_attention_bytes(cfg, d, norm_out);
+  else if (!selective) {
     // all-to-all: flash keeps its output and linear_proj's input is its hp2cp copy (the ring's output is that input)
     if (d.cp > 1 && flash && !cfg.parallel.cp_ring()) attention += context;
     if (flash) attention += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
@@ -183,10 +209,18 @@ int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool
   const int64_t moe_mlp = m.num_moe_experts * h  // the router (experts: chunk_expert_params) + the shared expert
                           + (fs > 0 ? fs1 * h + bias * fs1 + h * fs + bias * h : 0)
                           + (m.moe_shared_expert_gate ? h : 0);  // its gate weight [1, h]
-  const int64_t attention = norm + qkv_out * h + (m.qkv_bias() ? qkv_out : 0)  // input_layernorm, linear_qkv
+  int64_t attention = norm + qkv_out * h + (m.qkv_bias() ? qkv_out : 0)  // input_layernorm, linear_qkv
                             + h * np * hn + bias * h                           // linear_proj (bias replicated)
                             + norm                                             // pre_mlp_layernorm
                             + (m.qk_layernorm ? 2 * norm / h * hn : 0);        // q_layernorm, k_layernorm [hn]
+  if (m.multi_latent_attention) {  // multi_latent_attention.h's linears (no biases but linear_proj's), latent norms
+    const int64_t dq = m.qk_head_dim + m.qk_pos_emb_head_dim, rq = m.q_lora_rank, rkv = m.kv_lora_rank;
+    const int64_t latent_norm = m.qk_layernorm ? norm / h : 0;  // weights (and biases) per channel of a latent
+    attention = 2 * norm                                                            // input / pre_mlp layernorms
+                + (rq > 0 ? rq / tp * h + np * dq * rq + latent_norm * rq : np * dq * h)  // q down / up, or q_proj
+                + (rkv + m.qk_pos_emb_head_dim) / tp * h + np * (m.qk_head_dim + m.v_head_dim) * rkv  // kv down / up
+                + latent_norm * rkv + h * np * m.v_head_dim + bias * h;                 // kv_layernorm, linear_proj
+  }
   const std::vector<bool> moe = m.moe_layer_pattern();
   const int64_t vocab_local = m.padded_vocab_size / tp;
   const bool tied = !m.untie_embeddings_and_output_weights;

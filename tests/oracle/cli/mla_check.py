@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Multi-latent attention (`mcpp train --multi-latent-attention`) under mpiexec against the single-process run.
+
+usage: mla_check.py MCPP WORKDIR
+  1. a Llama-style MLA model (query compression, latent norms, YaRN with a softmax mscale, value heads narrower than
+     the query / key heads) trains at 1 rank with falling losses, other than the same model with plain RoPE;
+  2. TP2 + SP x DP2, TP2 without SP, TP2 + SP with --tp-comm-overlap, PP2 x DP2 with the distributed optimizer and
+     (without query compression) TP2 x PP2 equal 1 rank: every lm loss and validation loss (1e-5);
+  3. selective recompute (core_attn + layernorm) and full recompute equal the plain run bit for bit;
+  4. a TP2 + SP checkpoint continues at 1 rank (the column-parallel down projections resharded; 1e-5) and resumes at
+     TP2 bit-exact; resuming without --multi-latent-attention is a named error, --use-checkpoint-args continues;
+  5. the memory plan of the TP2 + SP x DP2 and PP2 runs equals what their stages measured;
+  6. bad input is one named error: MLA with learned absolute positions, a q_lora_rank TP does not divide, --rope-type
+     without MLA or of an unknown type, MLA with context parallelism, HF export of an MLA checkpoint.
+"""
+import os
+import shutil
+import sys
+
+from cli_harness import (MCPP, TP2_SP, WORK, check_continued, check_error, check_memory_plan, failures, losses,
+                         record_corpus, run, same_losses, tiny_train_flags, train)
+
+data = record_corpus()
+M = tiny_train_flags(data)
+LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
+MLA = ["--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "12", "--qk-head-dim", "8",
+       "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6", "--qk-layernorm", "--rope-type", "yarn",
+       "--rotary-scaling-factor", "4", "--mscale", "0.9", "--mscale-all-dim", "0.7",
+       "--original-max-position-embeddings", "8"]
+L = M + LLAMA + MLA
+
+# 1. one rank
+one = train("one", None, L)
+a = losses(one)
+if len(a) != 6 or not (3.0 < a[1] < 12.0) or a[6] >= a[1]:
+    failures.append(f"implausible MLA losses (expected ~ln(vocab) at first, falling): {a}")
+i = L.index("--rope-type")
+rope = train("rope", None, L[:i] + ["--rope-type", "rope"] + L[i + 2:])
+if any(losses(rope).get(k) == a[k] for k in a):
+    failures.append(f"--rope-type rope trains like yarn (the YaRN tables / mscale unused?): {losses(rope)} vs {a}")
+
+# 2. tensor / sequence / pipeline / data parallel against 1 rank
+tp = train("tp2sp_dp2", 4, L + TP2_SP)
+same_losses("MLA TP2+SP x DP2", tp, one, 6)
+TP2 = ["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"]
+same_losses("MLA TP2", train("tp2", 2, L + TP2), one, 6)
+same_losses("MLA TP2+SP tp-comm-overlap", train("tp2sp_overlap", 2, L + TP2_SP + ["--tp-comm-overlap"]), one, 6)
+L4 = [x for x in L]
+L4[L4.index("--num-layers") + 1] = "4"
+one4 = train("one4", None, L4)
+pp = train("pp2_dp2_distopt", 4, L4 + ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"])
+same_losses("MLA PP2 x DP2 distributed optimizer", pp, one4, 6)
+NOQ = L4[:L4.index("--q-lora-rank")] + L4[L4.index("--q-lora-rank") + 2:]  # linear_q_proj
+noq1 = train("noq_one", None, NOQ)
+same_losses("MLA (no query compression) TP2 x PP2", train("noq_tp2_pp2", 4, NOQ + TP2 + [
+    "--pipeline-model-parallel-size", "2"]), noq1, 6)
+
+# 3. recompute: bit for bit
+for name, flags in [("selective", ["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+                                   "layernorm"]),
+                    ("full", ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                              "--recompute-num-layers", "1"])]:
+    r = train(f"recompute_{name}", None, L + flags)
+    if losses(r) != a:
+        failures.append(f"MLA {name} recompute is not bit-exact: {losses(r)} vs {a}")
+
+# 4. checkpoints
+part = train("part", 4, L + TP2_SP + ["--exit-interval", "3"])
+check_continued("MLA TP2+SP checkpoint at 1 rank", part, os.path.join(WORK, "cont1"), None, L, a)
+run([MCPP, "train", *L, *TP2_SP, "--load", part, "--save", part], np_=4)
+if losses(part) != losses(tp):
+    failures.append(f"MLA TP2+SP resume is not bit-exact: {losses(part)} vs {losses(tp)}")
+part1 = train("part1", None, L + ["--exit-interval", "3"])
+check_error("resume without MLA", ["train", *M, *LLAMA, "--load", part1], ["different model", "multi_latent_attention"])
+uca = os.path.join(WORK, "use_ckpt_args")
+shutil.copytree(part1, uca)
+os.remove(os.path.join(uca, "metrics.jsonl"))
+run([MCPP, "train", *M, *LLAMA, "--use-checkpoint-args", "--load", uca, "--save", uca])
+u = losses(uca)
+if sorted(u) != [4, 5, 6] or any(u[i] != a[i] for i in u):
+    failures.append(f"--use-checkpoint-args of an MLA checkpoint continued: {u} vs {a}")
+
+# 5. memory plans
+check_memory_plan("MLA TP2+SP x DP2", tp, 4, L + TP2_SP, 1)
+check_memory_plan("MLA PP2 x DP2", pp, 4, L4 + ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"],
+                  2)
+
+# 6. bad input
+check_error("learned positions", ["train", *M, *MLA], ["multi_latent_attention", "position-embedding-type rope"])
+check_error("q_lora_rank vs TP", ["train", *L, *TP2_SP, "--q-lora-rank", "15"],
+            ["q_lora_rank (15)", "tensor_model_parallel_size (2)"], np_=2)
+check_error("rope type without MLA", ["train", *M, *LLAMA, "--rope-type", "yarn"], ["rope_type", "multi-latent"])
+check_error("unknown rope type", ["train", *L, "--rope-type", "ntk"], ["rope_type", "'ntk'"])
+check_error("context parallel", ["train", *L, "--context-parallel-size", "2"],
+            ["multi_latent_attention", "context_parallel_size 2"], np_=2)
+check_error("hf export", ["ckpt", "export", "--load", one, "--format", "hf-llama", "--output",
+                          os.path.join(WORK, "hf")], ["multi_latent_attention", "hf-llama"])
+
+for f in failures:
+    print("FAIL", f)
+print(f"mla_check: {'FAIL' if failures else 'PASS'}")
+sys.exit(1 if failures else 0)
