@@ -23,10 +23,14 @@
 # forward re-runs in backward).
 # 1.3b-llama-mtp1 / 1.3b-llama-mtp2: 1.3b-llama with --mtp-num-layers 1 / 2 (DeepSeek-V3's multi-token prediction:
 # each depth one more transformer layer, eh_proj and an LM head pass on the last stage; no anchor counterpart).
+# 1.3b-llama-mla / 1.3b-llama-mha: the 1.3B Llama shapes with DeepSeek-V2-Lite's multi-latent attention (kv_lora_rank 512,
+# no query compression, qk_head_dim 128 + qk_pos_emb_head_dim 64, v_head_dim 128: head dim 192 on cuDNN, values padded;
+# latent norms; YaRN factor 40, mscale 0.707 / 0.707, original context 4096) and the same model with MHA (16 heads of
+# 128, no GQA): the cost of MLA in a step (no anchor counterpart; the MFU column counts the MHA model's FLOPs).
 # usage (device machine, repo root, device_carry/ carried):
 #   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed]
 #     [124m-dropout] [1.3b-dropout] [1.3b-llama] [1.3b-qk] [1.3b-ln] [1.3b-ln-mlp] [1.3b-sel] [1.3b-llama-mtp1]
-#     [1.3b-llama-mtp2] [torch]
+#     [1.3b-llama-mtp2] [1.3b-llama-mla] [1.3b-llama-mha] [torch]
 set -u
 OUT=$1
 shift
@@ -67,6 +71,11 @@ PY
 }
 LLAMA="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
   --disable-bias-linear --group-query-attention --num-query-groups 4"
+LLAMA_MHA="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
+  --disable-bias-linear"
+MLA="--multi-latent-attention --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128
+  --qk-layernorm --rope-type yarn --rotary-scaling-factor 40 --mscale 0.707 --mscale-all-dim 0.707
+  --original-max-position-embeddings 4096"
 for w in $what; do
   case $w in
     124m) ours gpt2-124m 12 768 12 1024 32 ;;
@@ -81,6 +90,8 @@ for w in $what; do
     1.3b-qk) ours gpt-1.3b-qk 24 2048 16 2048 8 $LLAMA --qk-layernorm ;;
     1.3b-llama-mtp1) ours gpt-1.3b-llama-mtp1 24 2048 16 2048 8 $LLAMA --mtp-num-layers 1 ;;
     1.3b-llama-mtp2) ours gpt-1.3b-llama-mtp2 24 2048 16 2048 8 $LLAMA --mtp-num-layers 2 ;;
+    1.3b-llama-mha) ours gpt-1.3b-llama-mha 24 2048 16 2048 8 $LLAMA_MHA ;;
+    1.3b-llama-mla) ours gpt-1.3b-llama-mla 24 2048 16 2048 8 $LLAMA_MHA $MLA ;;
     1.3b-ln) ours gpt-1.3b-ln 24 2048 16 2048 8 --recompute-granularity selective --recompute-modules layernorm ;;
     1.3b-ln-mlp) ours gpt-1.3b-ln-mlp 24 2048 16 2048 8 --recompute-granularity selective \
                    --recompute-modules layernorm mlp ;;

@@ -65,6 +65,30 @@ TEST(CudaFlashAttention, MatchesCpuCausalFullGqaBothHeadDims) {
   }
 }
 
+// Head dims other than 64 / 128 (multi-latent attention's 192 = 128 + 64; 96) run on cuDNN only, bf16: forward and
+// backward match the CPU (causal, GQA too) and cuDNN ran them; fp32 tensors, or cuDNN switched off, are a named error.
+TEST(CudaFlashAttention, CudnnOnlyHeadDimsMatchCpu) {
+  MCPP_REQUIRE_CUDA();
+  const auto c0 = ops::cuda_cudnn_attention_counts();
+  check_case({.s = 130, .b = 2, .nq = 4, .ng = 4, .d = 192, .causal = true}, DType::BF16);
+  const auto c1 = ops::cuda_cudnn_attention_counts();
+  if (c1.fwd == c0.fwd) GTEST_SKIP() << "cuDNN's fused attention is not available here";
+  EXPECT_EQ(c1.bwd - c0.bwd, 1);
+  check_case({.s = 77, .b = 1, .nq = 4, .ng = 2, .d = 96, .causal = true}, DType::BF16);
+  check_case({.s = 64, .b = 2, .nq = 2, .ng = 2, .d = 192, .causal = true}, DType::BF16, /*deterministic=*/true);
+  const Shape qs{16, 1, 2, 192}, ls{1, 2, 16};
+  Tensor q = dev(rnd(qs, 1)), o = poisoned(qs, DType::F32), lse = poisoned(ls, DType::F32);
+  try {
+    ops::flash_attention_fwd(o, lse, q, q, q, {.softmax_scale = 0.1f, .causal = true});
+    FAIL() << "fp32 at d = 192 should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head dim d = 192"), std::string::npos) << e.what();
+  }
+  const CudnnAttentionScope off(false);
+  Tensor qb = dev(rnd(qs, 1), DType::BF16), ob = poisoned(qs, DType::BF16);
+  EXPECT_THROW(ops::flash_attention_fwd(ob, lse, qb, qb, qb, {.softmax_scale = 0.1f, .causal = true}), Error);
+}
+
 // GQA's backward on cuDNN — natively (dK / dV per query head summed per group by a reduction node in the
 // graph), not the MHA graph on k/v repeated to nq heads: where cuDNN runs the forward it must run this
 // backward too, matching the CPU (d 128 causal, d 64 full; deterministic graph too).

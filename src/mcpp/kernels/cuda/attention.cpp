@@ -1,7 +1,8 @@
 // CUDA flash attention, forward and backward (attention_kernels.cu), semantics of kernels/cpu/attention.cpp:
 //   flash_attention_fwd: q[s, b, nq, d], k/v[s, b, ng, d] -> o[s, b, nq, d], lse float32 [b, nq, s];
 //     o_i = sum_j softmax_j(scale q_i.k_j) v_j over keys j (j <= i when causal); query head h reads kv group
-//     h / (nq / ng). d must be 64 or 128.
+//     h / (nq / ng). d must be 64 or 128 — or, on cuDNN only (bf16), a multiple of 8 up to 256 (e.g. multi-latent
+//     attention's 192).
 //   flash_attention_bwd: dq[s, b, nq, d], dk/dv[s, b, ng, d] (OVERWRITTEN; dk/dv sum over a group's heads),
 //     from dout and the saved o, lse; a float32 [b, nq, s] scratch holds delta = rowsum(dout * o).
 // Dispatch: when every tensor of the call (q, k, v, o; bwd also dout, dq, dk, dv) is bf16, contiguous and
@@ -48,12 +49,28 @@ AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tens
              a.ng);
   a.split_layout();
   set_attention_dropout(op, a, opt);
-  MCPP_CHECK(a.d == 64 || a.d == 128, "{}: head dim d must be 64 or 128 on CUDA; got q {}", op, q.str());
+  MCPP_CHECK(a.d == 64 || a.d == 128 || (a.d % 8 == 0 && a.d <= 256),
+             "{}: head dim d must be 64 or 128 on CUDA (or, through cuDNN, a multiple of 8 up to 256); got q {}", op,
+             q.str());
   MCPP_CHECK((a.s + 63) / 64 <= 65535, "{}: sequence length s={} exceeds the launch grid", op, a.s);
   require_float(op, "lse", lse, /*bf16_ok=*/false);
   MCPP_CHECK(lse.shape() == Shape({a.b, a.nq, a.s}), "{}: lse must be float32 [b={}, nq={}, s={}]; got {}", op, a.b,
              a.nq, a.s, lse.str());
   return a;
+}
+
+// Head dims other than 64 / 128 run on cuDNN only (the mcpp kernels are built for those two): a named error when the
+// call cannot take cuDNN (not bf16 / aligned, cuDNN attention off, a dropout block of a larger mask) or cuDNN has no
+// engine for the shape.
+void require_cudnn_head_dim(const char* op, const AttnShape& a, bool mma) {
+  MCPP_CHECK(a.d == 64 || a.d == 128 || (mma && cudnn_attention() && !dropout_block_of_larger_mask(a)),
+             "{}: head dim d = {} runs on cuDNN's fused attention only (bf16, 16-byte aligned tensors, cuDNN attention "
+             "on); the mcpp kernels take d = 64 or 128",
+             op, a.d);
+}
+[[noreturn]] void no_cudnn_engine(const char* op, const AttnShape& a) {
+  fail("{}: cuDNN has no engine for head dim d = {} (s={}, b={}, nq={}, ng={}); the mcpp kernels take d = 64 or 128",
+       op, a.d, a.s, a.b, a.nq, a.ng);
 }
 
 // The tensor-core path takes the call when every tensor is bf16 and 16-byte aligned (tensors are contiguous).
@@ -97,10 +114,13 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
   const char* op = "flash_attention_fwd";
   const AttnShape a = check_qkv(op, q, k, v, lse, opt);
   require_same_shape(op, "o", o, "q", q);
-  if (mma_path({&o, &q, &k, &v})) {
+  const bool mma = mma_path({&o, &q, &k, &v});
+  require_cudnn_head_dim(op, a, mma);
+  if (mma) {
     if (cudnn_attention() && !dropout_block_of_larger_mask(a) &&
         cudnn_attention_fwd(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream)))
       return;
+    if (a.d != 64 && a.d != 128) no_cudnn_engine(op, a);
     launch_attention_fwd_mma(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream));
     return;
   }
@@ -122,12 +142,16 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   cudaStream_t s = stream_of(stream);
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
   Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
-  if (mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o})) {
+  const bool mma = mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o});
+  require_cudnn_head_dim(op, a, mma);
+  if (mma) {
     const bool cudnn = cudnn_attention() && !dropout_block_of_larger_mask(a);
     if (!cudnn || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
-                                       lse.data<float>(), delta.data<float>(), a, opt.deterministic, s))
+                                       lse.data<float>(), delta.data<float>(), a, opt.deterministic, s)) {
+      if (a.d != 64 && a.d != 128) no_cudnn_engine(op, a);
       launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
                                lse.data<float>(), delta.data<float>(), a, s);
+    }
   } else {
     check_fallback_grid(op, a);
     launch_attention_bwd(fout_of(op, "dq", dq), fout_of(op, "dk", dk), fout_of(op, "dv", dv), fin_of(op, "dout", dout),
