@@ -8,7 +8,11 @@ namespace mcpp::ops::cuda {
 using namespace cuda_detail;
 
 namespace {
-MlaShape mla_shape(const MlaQkvShape& m) { return {m.s * m.b, m.n, m.dn, m.dr, m.dv, m.dc, m.c}; }
+MlaShape mla_shape(const MlaQkvShape& m) {  // the kernels index within a token in 32 bits
+  MCPP_CHECK(m.n * (m.dc + m.dn + m.dr) < (int64_t{1} << 30), "mla_qkv: {} heads of {} channels exceed the kernels' "
+             "per-token indexing", m.n, m.dc);
+  return {m.s * m.b, m.n, m.dn, m.dr, m.dv, m.dc, m.c};
+}
 void require_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) MCPP_CHECK(t->device() == Device::CUDA, "{}: CUDA tensors expected; got {}", op, t->str());
 }
