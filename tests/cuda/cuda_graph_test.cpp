@@ -243,6 +243,39 @@ TEST(CudaGraphTraining, MtpWithGraphsMatchesEagerTraining) {
   EXPECT_LT(got.back()[0], got[2][0]);  // the depths train under the replays
 }
 
+// Multi-latent attention under graphs (bf16, query compression, latent norms, YaRN, head dim 192 on cuDNN with the
+// values padded): the column copies, the padding's memset and the MLA kernels capture; the replays train as the
+// eager steps do.
+TEST(CudaGraphTraining, MlaWithGraphsMatchesEagerTraining) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_mla_" + std::to_string(::getpid()));
+  Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
+  c.training.bf16 = true;
+  c.model.position_embedding_type = PositionEmbedding::Rope;
+  c.model.multi_latent_attention = true;
+  c.model.qk_layernorm = true;
+  c.model.q_lora_rank = 64;
+  c.model.kv_lora_rank = 48;
+  c.model.qk_head_dim = 128;
+  c.model.qk_pos_emb_head_dim = 64;
+  c.model.v_head_dim = 128;
+  c.model.rotary_scaling_factor = 4.0f;
+  c.model.mscale_all_dim = 0.7f;
+  c.model.original_max_position_embeddings = 32;
+  c.training.log_interval = 1;
+  c.validate();
+  const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
+  c.training.enable_cuda_graph = true;
+  c.training.cuda_graph_warmup_steps = 2;
+  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(graphed.losses.size(), 8u);
+  EXPECT_EQ(graphed.cuda_graph_replays, 6);
+  for (size_t i = 0; i < 8; ++i)
+    EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-3 * eager.losses[i]) << "iteration " << i + 1;
+  EXPECT_LT(graphed.losses.back(), graphed.losses[2]);  // it trains under the replays
+}
+
 // The router losses each metrics record logs (load_balancing_loss or seq_load_balancing_loss, z_loss).
 std::vector<std::pair<double, double>> router_losses(const std::string& metrics) {
   std::vector<std::pair<double, double>> out;

@@ -357,6 +357,71 @@ TEST(Arguments, MultiTokenPrediction) {
                      "mtp_loss_scaling_factor");
 }
 
+// Multi-latent attention's flags (Megatron's names and defaults: kv_lora_rank 32, qk / pe / v head dims 128 / 64 /
+// 128, no query compression, YaRN by default), in the config's JSON and the checkpoint fingerprint; what does not
+// apply to MLA is refused by name.
+TEST(Arguments, MultiLatentAttention) {
+  const std::vector<std::string> base{"--position-embedding-type", "rope", "--multi-latent-attention"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), base.begin(), base.end());
+    return more;
+  };
+  Config d = parse_train_args(base);
+  EXPECT_TRUE(d.model.multi_latent_attention);
+  EXPECT_EQ(d.model.q_lora_rank, 0);
+  EXPECT_EQ(d.model.kv_lora_rank, 32);
+  EXPECT_EQ(d.model.qk_head_dim, 128);
+  EXPECT_EQ(d.model.qk_pos_emb_head_dim, 64);
+  EXPECT_EQ(d.model.v_head_dim, 128);
+  EXPECT_TRUE(d.model.mla_yarn());  // Megatron: MLA takes YaRN by default
+  d.validate();
+  Config c = parse_train_args(with({"--q-lora-rank", "1536", "--kv-lora-rank", "512", "--qk-head-dim", "96",
+                                    "--qk-pos-emb-head-dim", "32", "--v-head-dim", "64", "--rope-type", "rope",
+                                    "--rotary-scaling-factor", "40", "--mscale", "0.707", "--mscale-all-dim", "0.5",
+                                    "--beta-fast", "16", "--beta-slow", "2", "--original-max-position-embeddings",
+                                    "8192"}));
+  EXPECT_EQ(c.model.q_lora_rank, 1536);
+  EXPECT_EQ(c.model.kv_lora_rank, 512);
+  EXPECT_EQ(c.model.qk_head_dim, 96);
+  EXPECT_EQ(c.model.qk_pos_emb_head_dim, 32);
+  EXPECT_EQ(c.model.v_head_dim, 64);
+  EXPECT_FALSE(c.model.mla_yarn());
+  EXPECT_FLOAT_EQ(c.model.rotary_scaling_factor, 40.0f);
+  EXPECT_FLOAT_EQ(c.model.mscale, 0.707f);
+  EXPECT_FLOAT_EQ(c.model.mscale_all_dim, 0.5f);
+  EXPECT_FLOAT_EQ(c.model.beta_fast, 16.0f);
+  EXPECT_FLOAT_EQ(c.model.beta_slow, 2.0f);
+  EXPECT_EQ(c.model.original_max_position_embeddings, 8192);
+  c.validate();
+  EXPECT_EQ(Config::from_json(c.to_json()).to_json(), c.to_json());
+  // the fingerprint: MLA and its dims are another model; YaRN's fields only with YaRN; absent without MLA
+  EXPECT_EQ(c.math_fields()["multi_latent_attention"], true);
+  EXPECT_EQ(c.math_fields()["q_lora_rank"], 1536);
+  EXPECT_EQ(c.math_fields()["rope_type"], "rope");
+  EXPECT_FALSE(c.math_fields().contains("beta_fast"));
+  EXPECT_TRUE(d.math_fields().contains("beta_fast"));
+  EXPECT_NE(c.fingerprint(), parse_train_args(with({"--q-lora-rank", "1536", "--kv-lora-rank", "512",
+                                                    "--qk-head-dim", "96", "--qk-pos-emb-head-dim", "32",
+                                                    "--v-head-dim", "48", "--rope-type", "rope",
+                                                    "--rotary-scaling-factor", "40", "--mscale-all-dim", "0.5"}))
+                                 .fingerprint());
+  EXPECT_FALSE(parse_train_args({"--position-embedding-type", "rope"}).math_fields().contains("multi_latent_attention"));
+  expect_error_names({"--multi-latent-attention"}, "position-embedding-type rope");  // learned positions (default)
+  expect_error_names(with({"--qk-pos-emb-head-dim", "7"}), "qk_pos_emb_head_dim");
+  expect_error_names(with({"--kv-lora-rank", "0"}), "kv_lora_rank");
+  expect_error_names(with({"--q-lora-rank", "-1"}), "q_lora_rank");
+  expect_error_names(with({"--group-query-attention", "--num-query-groups", "2"}), "num_query_groups");
+  expect_error_names(with({"--add-qkv-bias"}), "add-qkv-bias");
+  expect_error_names(with({"--rotary-percent", "0.5"}), "rotary_percent");
+  expect_error_names(with({"--use-rope-scaling"}), "use-rope-scaling");
+  expect_error_names(with({"--rope-type", "ntk"}), "rope_type");
+  expect_error_names(with({"--rotary-scaling-factor", "0"}), "rotary_scaling_factor");
+  expect_error_names(with({"--beta-slow", "-1"}), "beta_fast / beta_slow");
+  expect_error_names({"--position-embedding-type", "rope", "--rope-type", "yarn"}, "multi-latent attention");
+  expect_error_names(with({"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"}),
+                     "mla_up_proj");
+}
+
 TEST(Arguments, RopeScaling) {
   Config c = parse_train_args({"--position-embedding-type", "rope", "--use-rope-scaling", "--rope-scaling-factor", "32"});
   EXPECT_TRUE(c.model.use_rope_scaling);
