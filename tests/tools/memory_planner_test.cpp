@@ -160,6 +160,11 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       {.name = "mla llama full uniform 2", .style = "llama", .recompute = "full", .method = "uniform",
        .recompute_layers = 2, .qk_layernorm = true, .mla = "llama"},
       {.name = "mla llama mtp 2", .style = "llama", .qk_layernorm = true, .mtp = 2, .mla = "llama"},
+      {.name = "mla llama selective mla_up_proj", .style = "llama", .recompute = "selective",
+       .modules = {"mla_up_proj"}, .qk_layernorm = true, .mla = "llama"},
+      {.name = "mla gpt2 unfused selective mla_up_proj + core_attn + layernorm", .style = "gpt2",
+       .attention = "unfused", .recompute = "selective", .modules = {"mla_up_proj", "core_attn", "layernorm"},
+       .mla = "gpt2"},
   };
   struct StageCase {
     bool pre, post;

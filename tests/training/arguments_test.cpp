@@ -418,8 +418,11 @@ TEST(Arguments, MultiLatentAttention) {
   expect_error_names(with({"--rotary-scaling-factor", "0"}), "rotary_scaling_factor");
   expect_error_names(with({"--beta-slow", "-1"}), "beta_fast / beta_slow");
   expect_error_names({"--position-embedding-type", "rope", "--rope-type", "yarn"}, "multi-latent attention");
-  expect_error_names(with({"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"}),
-                     "mla_up_proj");
+  parse_train_args(with({"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "core_attn"}))
+      .validate();  // Megatron's MLA recompute module
+  expect_error_names({"--position-embedding-type", "rope", "--recompute-granularity", "selective",
+                      "--recompute-modules", "mla_up_proj"},
+                     "no multi-latent attention");
 }
 
 TEST(Arguments, RopeScaling) {

@@ -142,6 +142,47 @@ TEST(Recompute, QkLayernormFullAndSelectiveEqualNoRecompute) {
   }
 }
 
+// Multi-latent attention under recompute: "mla_up_proj" (query / key / value rebuilt from the up projections' kept
+// inputs), with "core_attn" (the core re-run on them too) and "layernorm" (the down projections' inputs re-normed), and
+// full recompute give the bits of no recompute, with dropout, both core attentions and both MLA styles; each holds
+// fewer bytes.
+TEST(Recompute, MultiLatentAttentionEqualsNoRecompute) {
+  for (const std::string style : {"llama", "gpt2"})
+    for (const std::string impl : {"flash", "unfused"}) {
+      auto mla = [&](const std::string& granularity, const std::string& method, int64_t n,
+                     const std::vector<std::string>& modules) {
+        TransformerConfig c = recompute_config(style, "", "", 0, impl);  // (validated without MLA first)
+        c.recompute_granularity = granularity, c.recompute_method = method, c.recompute_num_layers = n;
+        c.recompute_modules = modules;
+        const TransformerConfig m = testing::mla_tiny_config(style);
+        c.position_embedding_type = PositionEmbedding::Rope;
+        c.num_query_groups = c.num_attention_heads;
+        c.multi_latent_attention = true;
+        c.qk_layernorm = true;
+        c.q_lora_rank = m.q_lora_rank, c.kv_lora_rank = m.kv_lora_rank, c.qk_head_dim = m.qk_head_dim;
+        c.qk_pos_emb_head_dim = m.qk_pos_emb_head_dim, c.v_head_dim = m.v_head_dim, c.rope_type = m.rope_type;
+        c.rotary_scaling_factor = m.rotary_scaling_factor, c.mscale = m.mscale, c.mscale_all_dim = m.mscale_all_dim;
+        c.beta_fast = m.beta_fast, c.original_max_position_embeddings = m.original_max_position_embeddings;
+        c.validate();
+        return c;
+      };
+      const RunResult off = run(mla("", "", 0, {"core_attn"}));
+      for (const auto& [granularity, method, n, modules] :
+           std::vector<std::tuple<std::string, std::string, int64_t, std::vector<std::string>>>{
+               {"selective", "", 0, {"mla_up_proj"}},
+               {"selective", "", 0, {"mla_up_proj", "core_attn"}},
+               {"selective", "", 0, {"mla_up_proj", "layernorm"}},
+               {"selective", "", 0, {"core_attn"}},
+               {"full", "uniform", 1, {"core_attn"}}}) {
+        const std::string what = style + " " + impl + " MLA " + granularity + " " + modules[0] +
+                                 (modules.size() > 1 ? " + " + modules[1] : "");
+        const RunResult on = run(mla(granularity, method, n, modules));
+        expect_bitwise_equal(off, on, what);
+        EXPECT_LT(on.context_bytes, off.context_bytes) << what;
+      }
+    }
+}
+
 TEST(Recompute, FullUniformHoldsLessThanBlockOfOne) {
   // Held bytes order: every layer recomputed (one kept input per layer) < only the first layer recomputed.
   const size_t all = run(recompute_config("gpt2", "full", "uniform", 1)).context_bytes;

@@ -347,7 +347,7 @@ TEST(TransformerConfig, MoeLayerFreqExpandsLikeMegatron) {
   expect_invalid([](Config& c) {
     c.model.recompute_granularity = "selective";
     c.model.recompute_modules = {"mla_up_proj"};
-  }, "a Megatron module not implemented here (no MLA)");
+  }, "mla_up_proj: the model has no multi-latent attention");
   expect_invalid([](Config& c) {
     c.model.recompute_granularity = "selective";
     c.model.recompute_modules = {"norm"};

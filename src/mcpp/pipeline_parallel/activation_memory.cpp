@@ -47,7 +47,7 @@ struct Counter {
     const MLASelfAttentionCtx& a = l.mla;  // multi-latent attention
     (*this)(a.q_down), (*this)(a.q_up), (*this)(a.kv_down), (*this)(a.kv_up), (*this)(a.proj);
     (*this)(a.q_norm), (*this)(a.kv_norm), (*this)(a.core);
-    (*this)(a.query), (*this)(a.key), (*this)(a.value);
+    (*this)(a.query), (*this)(a.key), (*this)(a.value), (*this)(a.k_pe);
     (*this)(l.pre_mlp_layernorm);
     (*this)(l.mlp.fc1), (*this)(l.mlp.pre_act), (*this)(l.mlp.fc2);
     (*this)(l.moe);

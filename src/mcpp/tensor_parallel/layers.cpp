@@ -100,6 +100,19 @@ void ColumnParallelLinear::restore_input(ParallelLinearCtx& ctx, const Tensor& x
   ctx.x = rows(opt_.sequence_parallel ? all_gather_sp(*tp_, x) : x, opt_.input_size);  // as forward's
 }
 
+Tensor ColumnParallelLinear::recompute_output(const ParallelLinearCtx& ctx) const {
+  MCPP_CHECK(ctx.x.defined(), "ColumnParallelLinear::recompute_output: the forward's input is not kept");
+  const Tensor* bias = bias_ ? &bias_->data : nullptr;
+  const int64_t n = ctx.x.size(0);
+  Tensor y = Tensor::empty({n, out_local_}, ctx.x.dtype(), ctx.x.device());
+  const int64_t chunks = opt_.sequence_parallel && opt_.tp_comm_overlap ? tp_->size() : 1;  // the forward's GEMMs
+  for (int64_t c = 0; c < chunks; ++c) {
+    Tensor out = y.narrow0(c * (n / chunks), n / chunks);
+    ops::linear_fwd(out, ctx.x.narrow0(c * (n / chunks), n / chunks), weight_->data, bias);
+  }
+  return y;
+}
+
 Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act) const {
   const Tensor* bias = bias_ ? &bias_->data : nullptr;
   const int64_t n_full = x.numel() / opt_.input_size * (opt_.sequence_parallel ? tp_->size() : 1);

@@ -74,6 +74,10 @@ class ColumnParallelLinear {
   // caller dropped ctx.x after the forward): under SP the all-gather again (a plain one with --tp-comm-overlap too:
   // the same rows), no GEMM.
   void restore_input(ParallelLinearCtx& ctx, const Tensor& x) const;
+  // The forward's output again from ctx's kept input, [n, out/tp] (recompute of the output, MLA's "mla_up_proj"): the
+  // same GEMMs on the same row blocks (per TP chunk under --tp-comm-overlap, as the ring ran them), bias included —
+  // bitwise the forward's output; no communication.
+  Tensor recompute_output(const ParallelLinearCtx& ctx) const;
   int64_t output_size_per_partition() const { return out_local_; }
   // A shared weight reports grad_ready only where its last use is here (see GPTModel's tied embeddings).
   void set_reports_weight_grad(bool on) { owns_weight_ = on; }

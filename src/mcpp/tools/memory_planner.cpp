@@ -52,7 +52,8 @@ int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
 // Multi-latent attention's context (transformer/multi_latent_attention.h) beyond the input_layernorm output the
 // layer counts once: under SP each down projection (or linear_q_proj) keeps its own all-gathered copy of it; the
 // latent norms' inputs ([s/tp] under SP, gathered latents without) and statistics; the up projections' inputs
-// (gathered under SP); the core's query / key / value [n, np, dc] (dc = max(dn + dr, dv)), its output when it is
+// (gathered under SP); the core's query / key / value [n, np, dc] (dc = max(dn + dr, dv); "mla_up_proj": the latent's
+// rotary channels [n, dr] instead), its output when it is
 // not linear_proj's input (the value channels' copy of padded heads), its lse; linear_proj's input [n, np dv].
 int64_t mla_attention_bytes(const Config& cfg, const LayerDims& d, int64_t norm_out) {
   const TransformerConfig& m = cfg.model;
@@ -65,7 +66,9 @@ int64_t mla_attention_bytes(const Config& cfg, const LayerDims& d, int64_t norm_
   };
   int64_t bytes = (sp ? norm_out * d.n * d.h * d.e : 0)  // the second down projection's gathered input
                   + (m.q_lora_rank > 0 ? latent(m.q_lora_rank) : 0) + latent(m.kv_lora_rank);
-  bytes += 3 * d.n * d.np * dc * d.e + d.n * d.np * m.v_head_dim * d.e;  // query, key, value; linear_proj's input
+  bytes += d.n * d.np * m.v_head_dim * d.e;  // linear_proj's input
+  if (m.recomputes("mla_up_proj")) bytes += d.n * m.qk_pos_emb_head_dim * d.e;  // k_pe (query / key / value rebuilt)
+  else bytes += 3 * d.n * d.np * dc * d.e;                                        // query, key, value
   if (!selective) {
     if (flash && dc != m.v_head_dim) bytes += d.n * d.np * dc * d.e;  // the padded output (the copy is the input)
     if (flash) bytes += d.b * d.np * d.s * 4;                          // lse

@@ -139,7 +139,7 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
   app.add_option("--recompute-method", m.recompute_method, "uniform|block");
   app.add_option("--recompute-num-layers", m.recompute_num_layers);
   app.add_option("--recompute-modules", m.recompute_modules,
-                 "core_attn|mlp|moe|moe_act|shared_experts|layernorm ... (selective)");
+                 "core_attn|mlp|moe|moe_act|shared_experts|layernorm|mla_up_proj ... (selective)");
   app.add_flag("--calculate-per-token-loss", m.calculate_per_token_loss);
   app.add_option("--mtp-num-layers", m.mtp_num_layers,
                  "multi-token prediction: depths on the last pipeline stage, each predicting one more token (0 = off)");

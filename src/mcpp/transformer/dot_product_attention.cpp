@@ -33,6 +33,11 @@ class FlashAttention final : public CoreAttention {
     return g;
   }
 
+  void release_inputs(CoreAttentionCtx& ctx) const override { ctx.q = ctx.k = ctx.v = Tensor(); }
+  void restore_inputs(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v) const override {
+    ctx.q = q, ctx.k = k, ctx.v = v;
+  }
+
   bool supports_packed_qkv() const override { return true; }
 
   Tensor forward_qkv(CoreAttentionCtx& ctx, const Tensor& qkv, int64_t np, int64_t ng,
@@ -138,6 +143,11 @@ class UnfusedAttention final : public CoreAttention {
     return from_head_major(out);  // [s, b, np, hn]
   }
 
+  void release_inputs(CoreAttentionCtx& ctx) const override { ctx.q = ctx.k = ctx.v = Tensor(); }
+  void restore_inputs(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v) const override {
+    ctx.q = to_head_major(q), ctx.k = to_head_major(k), ctx.v = to_head_major(v);  // as forward keeps them
+  }
+
   CoreAttentionGrads backward(CoreAttentionCtx& ctx, const Tensor& dout_sbnd) const override {
     const int64_t b = ctx.q.size(0), np = ctx.q.size(1), s = ctx.q.size(2), hn = ctx.q.size(3);
     const int64_t ng = ctx.k.size(1), rep = np / ng;
@@ -184,6 +194,12 @@ class UnfusedAttention final : public CoreAttention {
 
 }  // namespace
 
+void CoreAttention::release_inputs(CoreAttentionCtx&) const {
+  fail("this core attention cannot release its kept inputs (recompute of its inputs: flash or unfused only)");
+}
+void CoreAttention::restore_inputs(CoreAttentionCtx&, const Tensor&, const Tensor&, const Tensor&) const {
+  fail("this core attention cannot restore its kept inputs (recompute of its inputs: flash or unfused only)");
+}
 Tensor CoreAttention::forward_qkv(CoreAttentionCtx&, const Tensor&, int64_t, int64_t, const ForwardOptions&) const {
   fail("this core attention does not take the packed qkv (supports_packed_qkv() is false); split q, k, v first");
 }

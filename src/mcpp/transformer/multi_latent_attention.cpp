@@ -62,7 +62,8 @@ MLASelfAttention::MLASelfAttention(ParamAndGradBuffer& params, const std::string
                     .sequence_parallel = t.sequence_parallel,
                     .tp_comm_overlap = t.comm_overlap},
                    t.group),
-      recompute_core_(c.recomputes("core_attn")) {
+      recompute_core_(c.recomputes("core_attn")),
+      recompute_up_(c.recomputes("mla_up_proj")) {
   MCPP_CHECK(c.multi_latent_attention, "MLASelfAttention needs multi_latent_attention");
   MCPP_CHECK(t.cp_size() == 1, "MLASelfAttention: context parallelism is not implemented with MLA");
   if (c.qk_layernorm) {  // the latents' norms (Megatron's local spec builds them only with qk_layernorm)
@@ -108,8 +109,13 @@ Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, cons
                    rope->sin);
   if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
   Tensor context = core_->forward(ctx.core, query, key, value, opt);  // [s, b, n/tp, dc]
-  if (recompute_core_) {  // selective recompute: keep the inputs, drop the core's saved state
-    ctx.query = query, ctx.key = key, ctx.value = value;
+  if (recompute_up_) {  // "mla_up_proj": keep the shared rotary key's input instead of query / key / value
+    ctx.k_pe = Tensor::empty({s, b, dr_}, latent.dtype(), latent.device());
+    ops::copy_columns(ctx.k_pe, latent, 0, rkv_, dr_);
+    core_->release_inputs(ctx.core);
+  }
+  if (recompute_core_) {  // "core_attn": keep the inputs (unless rebuilt from the up projections), drop the core's state
+    if (!recompute_up_) ctx.query = query, ctx.key = key, ctx.value = value;
     ctx.core = {};
   }
   if (dc_ != dv_) {  // the value channels of the padded heads
@@ -131,6 +137,17 @@ Tensor MLASelfAttention::backward(MLASelfAttentionCtx& ctx, const Tensor& dy, co
     Tensor padded = Tensor::zeros({s, b, n_, dc_}, dt, dev);
     ops::copy_columns(padded, dcontext.view({s, b, n_, dv_}), 0, 0, dv_);
     dcontext = padded;
+  }
+  if (recompute_up_) {  // rebuild query / key / value: the up projections' GEMMs and the RoPE again
+    const Tensor q = (rq_ > 0 ? *linear_q_up_proj_ : *linear_q_proj_).recompute_output(ctx.q_up);
+    const Tensor kv = linear_kv_up_proj_.recompute_output(ctx.kv_up);
+    Tensor query = Tensor::empty({s, b, n_, dc_}, dt, dev), key = Tensor::empty({s, b, n_, dc_}, dt, dev),
+           value = Tensor::empty({s, b, n_, dc_}, dt, dev);
+    ops::mla_qkv_fwd(query, key, value, q.view({s, b, n_, dn_ + dr_}), kv.view({s, b, n_, dn_ + dv_}), ctx.k_pe,
+                     rope->cos, rope->sin);
+    ctx.k_pe = Tensor();
+    if (recompute_core_) ctx.query = query, ctx.key = key, ctx.value = value;
+    else core_->restore_inputs(ctx.core, query, key, value);
   }
   if (recompute_core_) {  // rebuild the core attention's context with the original dropout keys
     core_->forward(ctx.core, ctx.query, ctx.key, ctx.value, ctx.core_replay.options());

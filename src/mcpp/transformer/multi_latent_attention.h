@@ -14,6 +14,9 @@
 //   -> core attention (softmax scale mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(dn + dr), causal,
 //   attention dropout) -> context [s, b, n/tp, dc], its first dv channels -> linear_proj (RowParallel n dv -> h,
 //   init scaled by 1/sqrt(2L); all-reduce or SP reduce-scatter) -> [s(/tp), b, h].
+// Selective recompute "mla_up_proj" (Megatron's): the core's query / key / value are dropped after its forward and
+// rebuilt before its backward (linear_q(_up)_proj / linear_kv_up_proj's GEMMs from their kept inputs, mla_qkv_fwd from
+// the kept k_pe): bitwise the forward's; with "core_attn" too the core's forward then re-runs on them.
 // Backward mirrors it. The key's rotary gradient (ops::mla_qkv_bwd's dk_pe, summed over this rank's heads) is
 // all-reduced over TP before it joins the latent's gradient — every rank's heads read the one shared k_pe (Megatron
 // omits this reduction when linear_kv_down_proj is column parallel, NVIDIA/Megatron-LM#1699; here the gradient is
@@ -40,8 +43,10 @@ struct MLASelfAttentionCtx {
   NormCtx q_norm, kv_norm;
   CoreAttentionCtx core;
   // Selective recompute "core_attn": the core attention's inputs and the RNG streams before it are kept; `core` is
-  // emptied after the forward and rebuilt at the start of backward.
-  Tensor query, key, value;
+  // emptied after the forward and rebuilt at the start of backward. "mla_up_proj": query / key / value are not kept
+  // (neither here nor in `core`) but rebuilt in backward from the up projections' kept inputs and k_pe, the latent's
+  // rotary channels [s, b, dr].
+  Tensor query, key, value, k_pe;
   ForwardReplay core_replay;
 };
 
@@ -67,6 +72,7 @@ class MLASelfAttention {
   tensor_parallel::RowParallelLinear linear_proj_;
   std::unique_ptr<CoreAttention> core_;
   bool recompute_core_ = false;
+  bool recompute_up_ = false;  // "mla_up_proj"
 };
 
 // Megatron's MLA softmax scale: mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(qk_head_dim +

@@ -200,17 +200,17 @@ void TransformerConfig::validate() const {
     fail("recompute_method / recompute_num_layers need recompute_granularity full");
   }
   for (const std::string& m : recompute_modules)
-    if (m != "core_attn" && m != "mlp" && m != "moe" && m != "moe_act" && m != "shared_experts" && m != "layernorm") {
-      const bool megatron = m == "mla_up_proj";
-      fail("recompute_modules: '{}' is {} (expected core_attn|mlp|moe|moe_act|shared_experts|layernorm)", m,
-           megatron ? "a Megatron module not implemented here (MLA's up projections are not recomputed)"
-                    : "not a module");
-    }
+    if (m != "core_attn" && m != "mlp" && m != "moe" && m != "moe_act" && m != "shared_experts" && m != "layernorm" &&
+        m != "mla_up_proj")
+      fail("recompute_modules: '{}' is not a module (expected core_attn|mlp|moe|moe_act|shared_experts|layernorm|"
+           "mla_up_proj)", m);
   if (recompute_modules != std::vector<std::string>{"core_attn"} && recompute_granularity != "selective")
     fail("recompute_modules ({} given) applies to --recompute-granularity selective", recompute_modules.size());
   for (const char* m : {"moe", "moe_act"})
     if (recomputes(m) && num_moe_experts == 0)
       fail("recompute_modules {}: the model has no MoE layers (--num-experts)", m);
+  if (recomputes("mla_up_proj") && !multi_latent_attention)
+    fail("recompute_modules mla_up_proj: the model has no multi-latent attention (--multi-latent-attention)");
   if (recomputes("shared_experts") && moe_shared_expert_intermediate_size == 0)
     fail("recompute_modules shared_experts: the MoE layers have no shared expert "
          "(--moe-shared-expert-intermediate-size)");

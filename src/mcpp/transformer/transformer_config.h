@@ -118,7 +118,9 @@ struct TransformerConfig {
   //   layer's shared expert: the layer's input kept, its MLP re-run in backward — under SP with its all-gather),
   //   "layernorm" (input_layernorm's and pre_mlp_layernorm's outputs: dropped where linear_qkv, the MLP or the MoE
   //   layer keep them — under SP their all-gathered copies —, re-run from the norms' kept inputs and statistics when
-  //   the backward reaches the branch, re-gathered under SP; with "mlp" / "moe" the MLP's kept input goes too).
+  //   the backward reaches the branch, re-gathered under SP; with "mlp" / "moe" the MLP's kept input goes too),
+  //   "mla_up_proj" (multi-latent attention: the core attention's query / key / value dropped after its forward and
+  //   rebuilt in backward from the up projections' kept inputs — their GEMMs and the RoPE re-run).
   std::string recompute_granularity;
   std::string recompute_method;
   int64_t recompute_num_layers = 0;  // full: layers per group (uniform) or per stage (block)

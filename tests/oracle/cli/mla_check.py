@@ -6,7 +6,9 @@ usage: mla_check.py MCPP WORKDIR
      the query / key heads) trains at 1 rank with falling losses, other than the same model with plain RoPE;
   2. TP2 + SP x DP2, TP2 without SP, TP2 + SP with --tp-comm-overlap, PP2 x DP2 with the distributed optimizer and
      (without query compression) TP2 x PP2 equal 1 rank: every lm loss and validation loss (1e-5);
-  3. selective recompute (core_attn + layernorm) and full recompute equal the plain run bit for bit;
+  3. selective recompute (core_attn + layernorm; mla_up_proj) and full recompute equal the plain run bit for bit, and
+     mla_up_proj under TP2 + SP x DP2 (its memory plan equal to the measured) and with --tp-comm-overlap equals its
+     plain run bit for bit too;
   4. a TP2 + SP checkpoint continues at 1 rank (the column-parallel down projections resharded; 1e-5) and resumes at
      TP2 bit-exact; resuming without --multi-latent-attention is a named error, --use-checkpoint-args continues;
   5. the memory plan of the TP2 + SP x DP2 and PP2 runs equals what their stages measured;
@@ -45,7 +47,13 @@ tp = train("tp2sp_dp2", 4, L + TP2_SP)
 same_losses("MLA TP2+SP x DP2", tp, one, 6)
 TP2 = ["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"]
 same_losses("MLA TP2", train("tp2", 2, L + TP2), one, 6)
-same_losses("MLA TP2+SP tp-comm-overlap", train("tp2sp_overlap", 2, L + TP2_SP + ["--tp-comm-overlap"]), one, 6)
+ovl = train("tp2sp_overlap", 2, L + TP2_SP + ["--tp-comm-overlap"])
+same_losses("MLA TP2+SP tp-comm-overlap", ovl, one, 6)
+# mla_up_proj re-runs the up projections per ring chunk, as the forward ran them: bit for bit
+ovl_up = train("tp2sp_overlap_up_proj", 2, L + TP2_SP + ["--tp-comm-overlap", "--recompute-granularity", "selective",
+                                                         "--recompute-modules", "mla_up_proj"])
+if losses(ovl_up) != losses(ovl):
+    failures.append(f"MLA mla_up_proj with --tp-comm-overlap is not bit-exact: {losses(ovl_up)} vs {losses(ovl)}")
 L4 = [x for x in L]
 L4[L4.index("--num-layers") + 1] = "4"
 one4 = train("one4", None, L4)
@@ -59,11 +67,19 @@ same_losses("MLA (no query compression) TP2 x PP2", train("noq_tp2_pp2", 4, NOQ 
 # 3. recompute: bit for bit
 for name, flags in [("selective", ["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
                                    "layernorm"]),
+                    ("mla_up_proj", ["--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"]),
                     ("full", ["--recompute-granularity", "full", "--recompute-method", "uniform",
                               "--recompute-num-layers", "1"])]:
     r = train(f"recompute_{name}", None, L + flags)
     if losses(r) != a:
         failures.append(f"MLA {name} recompute is not bit-exact: {losses(r)} vs {a}")
+
+up = train("tp2sp_dp2_up_proj", 4, L + TP2_SP + ["--recompute-granularity", "selective", "--recompute-modules",
+                                                  "mla_up_proj"])
+if losses(up) != losses(tp):
+    failures.append(f"MLA mla_up_proj recompute at TP2+SP x DP2 is not bit-exact: {losses(up)} vs {losses(tp)}")
+check_memory_plan("MLA TP2+SP x DP2 mla_up_proj", up, 4, L + TP2_SP + ["--recompute-granularity", "selective",
+                                                                     "--recompute-modules", "mla_up_proj"], 1)
 
 # 4. checkpoints
 part = train("part", 4, L + TP2_SP + ["--exit-interval", "3"])
