@@ -8,6 +8,7 @@
 // activation bytes and its recomputed layers keep nothing between forward and backward. The CPU version is
 // tests/transformer/recompute_test.cpp.
 #include <cstring>
+#include <tuple>
 
 #include "cuda/cuda_test_util.h"
 #include "mcpp/kernels/gemm_autotune.h"
@@ -106,6 +107,49 @@ TEST(CudaRecompute, FullAndSelectiveEqualNoRecomputeBitwiseBf16) {
         EXPECT_LT(on.context_bytes, off.context_bytes) << "recompute must hold fewer activation bytes";
       }
     }
+}
+
+// Multi-latent attention on the GPU (bf16, head dim 192 on cuDNN: values padded; query compression, latent norms,
+// YaRN; hidden dropout, deterministic kernels): "mla_up_proj" (the up projections' GEMMs and mla_qkv_fwd re-run
+// before the core's backward), with "core_attn", and full recompute give the bits of no recompute, with fewer bytes.
+TEST(CudaRecompute, MultiLatentAttentionEqualsNoRecomputeBitwiseBf16) {
+  MCPP_REQUIRE_CUDA();
+  const DeterministicScope det;
+  auto config = [](const std::string& granularity, const std::string& method, int64_t n,
+                   const std::vector<std::string>& modules) {
+    TransformerConfig c = recompute_gpu_config("llama", 0.0f, "", "", 0);
+    c.position_embedding_type = PositionEmbedding::Rope;
+    c.num_query_groups = c.num_attention_heads;
+    c.multi_latent_attention = true;
+    c.qk_layernorm = true;
+    c.q_lora_rank = 64;
+    c.kv_lora_rank = 48;
+    c.qk_head_dim = 128;
+    c.qk_pos_emb_head_dim = 64;
+    c.v_head_dim = 128;
+    c.rotary_scaling_factor = 4.0f;
+    c.mscale_all_dim = 0.7f;
+    c.original_max_position_embeddings = 16;
+    c.recompute_granularity = granularity, c.recompute_method = method, c.recompute_num_layers = n;
+    c.recompute_modules = modules;
+    c.validate();
+    return c;
+  };
+  const RecomputeRun off = run_gpu(config("", "", 0, {"core_attn"}));
+  for (const auto& [granularity, method, n, modules] :
+       std::vector<std::tuple<std::string, std::string, int64_t, std::vector<std::string>>>{
+           {"selective", "", 0, {"mla_up_proj"}},
+           {"selective", "", 0, {"mla_up_proj", "core_attn", "layernorm"}},
+           {"full", "uniform", 1, {"core_attn"}}}) {
+    SCOPED_TRACE(granularity + " " + modules[0]);
+    const RecomputeRun on = run_gpu(config(granularity, method, n, modules));
+    EXPECT_EQ(on.losses, off.losses);
+    ASSERT_EQ(on.grads.size(), off.grads.size());
+    for (size_t i = 0; i < on.grads.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(on.grads[i].raw(), off.grads[i].raw(), on.grads[i].nbytes())) << "grad " << i;
+    EXPECT_EQ(on.rng_state, off.rng_state);
+    EXPECT_LT(on.context_bytes, off.context_bytes);
+  }
 }
 
 // --recompute-modules moe_act on the GPU (MoE in every layer, 4 experts top-2, bf16, deterministic kernels): the
