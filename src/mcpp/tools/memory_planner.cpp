@@ -70,9 +70,12 @@ int64_t mla_attention_bytes(const Config& cfg, const LayerDims& d, int64_t norm_
   if (m.recomputes("mla_up_proj")) bytes += d.n * m.qk_pos_emb_head_dim * d.e;  // k_pe (query / key / value rebuilt)
   else bytes += 3 * d.n * d.np * dc * d.e;                                        // query, key, value
   if (!selective) {
-    if (flash && dc != m.v_head_dim) bytes += d.n * d.np * dc * d.e;  // the padded output (the copy is the input)
-    if (flash) bytes += d.b * d.np * d.s * 4;                          // lse
-    else bytes += d.b * d.np * d.s * d.s * 4;                          // softmax probabilities (fp32)
+    // flash keeps its output: linear_proj's input itself unless the heads are padded (then its value channels'
+    // copy is) or the all-to-all form brings it back (hp2cp: a copy); the ring's output is as flash's
+    const bool a2a = d.cp > 1 && !cfg.parallel.cp_ring();
+    if (flash && (dc != m.v_head_dim || a2a)) bytes += d.n * d.np * dc * d.e;
+    if (flash) bytes += d.b * d.np * d.s * 4;                 // lse
+    else bytes += d.b * d.np * d.s * d.s * d.cp * 4;          // softmax probabilities (fp32; a2a: the whole rows)
   }
   return bytes;
 }

@@ -195,10 +195,10 @@ class UnfusedAttention final : public CoreAttention {
 }  // namespace
 
 void CoreAttention::release_inputs(CoreAttentionCtx&) const {
-  fail("this core attention cannot release its kept inputs (recompute of its inputs: flash or unfused only)");
+  fail("this core attention cannot release its kept inputs (recompute of its inputs: flash, unfused or ring only)");
 }
 void CoreAttention::restore_inputs(CoreAttentionCtx&, const Tensor&, const Tensor&, const Tensor&) const {
-  fail("this core attention cannot restore its kept inputs (recompute of its inputs: flash or unfused only)");
+  fail("this core attention cannot restore its kept inputs (recompute of its inputs: flash, unfused or ring only)");
 }
 Tensor CoreAttention::forward_qkv(CoreAttentionCtx&, const Tensor&, int64_t, int64_t, const ForwardOptions&) const {
   fail("this core attention does not take the packed qkv (supports_packed_qkv() is false); split q, k, v first");

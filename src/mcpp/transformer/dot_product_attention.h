@@ -42,7 +42,7 @@ class CoreAttention {
   // Recompute of the core's inputs (Megatron's "mla_up_proj": MLA re-runs its up projections in backward):
   // release_inputs drops the q, k, v the forward kept (the unfused path: its head-major copies; its output, lse or
   // probabilities stay), restore_inputs sets them again from the same q, k, v [s, b, n, hn] before backward.
-  // Implemented by the flash and the unfused attention; the default fails naming the implementation's limit.
+  // Implemented by the flash, the unfused and the ring attention; the default fails naming the implementation.
   virtual void release_inputs(CoreAttentionCtx& ctx) const;
   virtual void restore_inputs(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v) const;
   // Packed form (see the header); the defaults fail: only implementations that override them support it.

@@ -6,6 +6,7 @@
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
+#include "mcpp/transformer/ring_attention.h"
 
 namespace mcpp {
 namespace tp = tensor_parallel;
@@ -63,19 +64,42 @@ MLASelfAttention::MLASelfAttention(ParamAndGradBuffer& params, const std::string
                     .tp_comm_overlap = t.comm_overlap},
                    t.group),
       recompute_core_(c.recomputes("core_attn")),
-      recompute_up_(c.recomputes("mla_up_proj")) {
+      recompute_up_(c.recomputes("mla_up_proj")),
+      cp_(t.cp && t.cp->size() > 1 && !t.cp_p2p ? t.cp : nullptr) {
   MCPP_CHECK(c.multi_latent_attention, "MLASelfAttention needs multi_latent_attention");
-  MCPP_CHECK(t.cp_size() == 1, "MLASelfAttention: context parallelism is not implemented with MLA");
   if (c.qk_layernorm) {  // the latents' norms (Megatron's local spec builds them only with qk_layernorm)
     if (rq_ > 0)
       q_layernorm_.emplace(params, prefix + ".q_layernorm", rq_, c.normalization, c.norm_epsilon, t.sequence_parallel);
     kv_layernorm_.emplace(params, prefix + ".kv_layernorm", rkv_, c.normalization, c.norm_epsilon,
                           t.sequence_parallel);
   }
-  core_ = spec.make_core_attention({.softmax_scale = mla_softmax_scale(c),
-                                    .attention_dropout = c.attention_dropout,
-                                    .causal = true,
-                                    .deterministic = c.deterministic_mode});
+  const CoreAttentionOptions core_opt{.softmax_scale = mla_softmax_scale(c),
+                                      .attention_dropout = c.attention_dropout,
+                                      .causal = true,
+                                      .deterministic = c.deterministic_mode};
+  core_n_ = n_;
+  if (t.cp_size() > 1 && t.cp_p2p) {  // ring attention: every head of this TP rank, this CP rank's rows
+    core_ = make_ring_attention(core_opt, t.cp);
+    return;
+  }
+  if (n_ % t.cp_size() != 0)
+    fail("context parallelism (all-to-all) with multi-latent attention: num_attention_heads ({}) must be divisible by "
+         "tensor_model_parallel_size * context_parallel_size ({})",
+         c.num_attention_heads, t.size() * t.cp_size());
+  core_n_ = n_ / t.cp_size();
+  core_ = spec.make_core_attention(core_opt);
+}
+
+Tensor MLASelfAttention::to_core(const Tensor& x) const {
+  if (!cp_) return x;
+  const int64_t s = x.size(0), b = x.size(1);
+  return tp::all_to_all_cp2hp(*cp_, x.view({s, b, n_ * dc_})).view({s * cp_->size(), b, core_n_, dc_});
+}
+
+Tensor MLASelfAttention::from_core(const Tensor& x) const {
+  if (!cp_) return x;
+  const int64_t s = x.size(0), b = x.size(1);
+  return tp::all_to_all_hp2cp(*cp_, x.view({s, b, core_n_ * dc_})).view({s / cp_->size(), b, n_, dc_});
 }
 
 Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,
@@ -108,7 +132,8 @@ Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, cons
   ops::mla_qkv_fwd(query, key, value, q.view({s, b, n_, dn_ + dr_}), kv.view({s, b, n_, dn_ + dv_}), latent, rope->cos,
                    rope->sin);
   if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
-  Tensor context = core_->forward(ctx.core, query, key, value, opt);  // [s, b, n/tp, dc]
+  query = to_core(query), key = to_core(key), value = to_core(value);  // (a2a: the whole sequence, n/tp/cp heads)
+  Tensor context = from_core(core_->forward(ctx.core, query, key, value, opt));  // [s, b, n/tp, dc]
   if (recompute_up_) {  // "mla_up_proj": keep the shared rotary key's input instead of query / key / value
     ctx.k_pe = Tensor::empty({s, b, dr_}, latent.dtype(), latent.device());
     ops::copy_columns(ctx.k_pe, latent, 0, rkv_, dr_);
@@ -145,6 +170,7 @@ Tensor MLASelfAttention::backward(MLASelfAttentionCtx& ctx, const Tensor& dy, co
            value = Tensor::empty({s, b, n_, dc_}, dt, dev);
     ops::mla_qkv_fwd(query, key, value, q.view({s, b, n_, dn_ + dr_}), kv.view({s, b, n_, dn_ + dv_}), ctx.k_pe,
                      rope->cos, rope->sin);
+    query = to_core(query), key = to_core(key), value = to_core(value);  // (a2a: again the core's layout)
     ctx.k_pe = Tensor();
     if (recompute_core_) ctx.query = query, ctx.key = key, ctx.value = value;
     else core_->restore_inputs(ctx.core, query, key, value);
@@ -153,8 +179,9 @@ Tensor MLASelfAttention::backward(MLASelfAttentionCtx& ctx, const Tensor& dy, co
     core_->forward(ctx.core, ctx.query, ctx.key, ctx.value, ctx.core_replay.options());
     ctx.query = ctx.key = ctx.value = Tensor();
   }
-  CoreAttentionGrads gr = core_->backward(ctx.core, dcontext.view({s, b, n_, dc_}));
+  CoreAttentionGrads gr = core_->backward(ctx.core, to_core(dcontext.view({s, b, n_, dc_})));
   ctx.core = {};
+  gr.dq = from_core(gr.dq), gr.dk = from_core(gr.dk), gr.dv = from_core(gr.dv);  // this rank's rows again
   Tensor dq = Tensor::empty({s, b, n_ * (dn_ + dr_)}, dt, dev), dkv = Tensor::empty({s, b, n_ * (dn_ + dv_)}, dt, dev),
          dk_pe = Tensor::empty({s, b, dr_}, dt, dev);
   Tensor dq4 = dq.view({s, b, n_, dn_ + dr_}), dkv4 = dkv.view({s, b, n_, dn_ + dv_});

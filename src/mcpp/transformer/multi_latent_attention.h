@@ -22,7 +22,10 @@
 // omits this reduction when linear_kv_down_proj is column parallel, NVIDIA/Megatron-LM#1699; here the gradient is
 // the single-rank model's, tested against it). The latent norms' weights are replicated; under SP their partial
 // grads are all-reduced by finalize_model_grads (sequence_parallel params), without SP every rank's are whole.
-// Not with context parallelism (Config::validate). Parameter grads accumulate into main_grad.
+// Context parallelism: the RoPE and mla_qkv_fwd run on this CP rank's rows (the model hands MLA their rows of the
+// tables in either form). --cp-comm-type a2a: query / key / value go through all_to_all_cp2hp (the whole sequence,
+// n/tp/cp heads), the core attends causally over it and the context comes back with all_to_all_hp2cp; p2p: the ring
+// attention on the rank's load-balanced rows, every head of the TP rank. Parameter grads accumulate into main_grad.
 #pragma once
 #include <memory>
 #include <optional>
@@ -64,7 +67,13 @@ class MLASelfAttention {
   void restore_input(MLASelfAttentionCtx& ctx, const Tensor& x) const;
 
  private:
+  // The core attention's inputs from this rank's rows [s, b, n, dc] (a2a: cp2hp, [S, b, n/cp, dc]) and its
+  // output's way back (a2a: hp2cp); identities without the all-to-all form.
+  Tensor to_core(const Tensor& x) const;
+  Tensor from_core(const Tensor& x) const;
+
   int64_t n_, dn_, dr_, dv_, dc_, rq_, rkv_;  // n_: this TP rank's heads
+  int64_t core_n_ = 0;                        // the core attention's heads: n_ / cp (a2a), else n_
   tensor_parallel::TPContext tp_;
   std::optional<tensor_parallel::ColumnParallelLinear> linear_q_proj_, linear_q_down_proj_, linear_q_up_proj_;
   tensor_parallel::ColumnParallelLinear linear_kv_down_proj_, linear_kv_up_proj_;
@@ -73,6 +82,7 @@ class MLASelfAttention {
   std::unique_ptr<CoreAttention> core_;
   bool recompute_core_ = false;
   bool recompute_up_ = false;  // "mla_up_proj"
+  comm::CommPtr cp_;           // the context-parallel group in the all-to-all form (cp > 1), else null
 };
 
 // Megatron's MLA softmax scale: mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(qk_head_dim +

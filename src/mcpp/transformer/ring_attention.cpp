@@ -140,6 +140,11 @@ class RingAttention final : public CoreAttention {
     return ctx.out;
   }
 
+  void release_inputs(CoreAttentionCtx& ctx) const override { ctx.q = ctx.k = ctx.v = Tensor(); }
+  void restore_inputs(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v) const override {
+    ctx.q = q, ctx.k = k, ctx.v = v;  // (as forward keeps them)
+  }
+
   CoreAttentionGrads backward(CoreAttentionCtx& ctx, const Tensor& dout) const override {
     const int cp = cp_->size(), r = cp_->rank();
     const Device dev = dout.device();

@@ -492,9 +492,6 @@ void Config::validate() const {
     if ((model.kv_lora_rank + model.qk_pos_emb_head_dim) % tp != 0)
       fail("kv_lora_rank + qk_pos_emb_head_dim ({}) must be divisible by tensor_model_parallel_size ({}): "
            "linear_kv_down_proj is column parallel", model.kv_lora_rank + model.qk_pos_emb_head_dim, tp);
-    if (cp > 1)
-      fail("multi_latent_attention: not implemented with context_parallel_size {} (MLA's key / value heads are not "
-           "split for the all-to-all, nor ring-passed)", cp);
   }
   if (model.ffn_hidden_size % tp != 0)
     fail("ffn_hidden_size ({}) must be divisible by tensor_model_parallel_size ({})", model.ffn_hidden_size, tp);

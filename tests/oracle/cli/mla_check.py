@@ -5,15 +5,16 @@ usage: mla_check.py MCPP WORKDIR
   1. a Llama-style MLA model (query compression, latent norms, YaRN with a softmax mscale, value heads narrower than
      the query / key heads) trains at 1 rank with falling losses, other than the same model with plain RoPE;
   2. TP2 + SP x DP2, TP2 without SP, TP2 + SP with --tp-comm-overlap, PP2 x DP2 with the distributed optimizer and
-     (without query compression) TP2 x PP2 equal 1 rank: every lm loss and validation loss (1e-5);
+     (without query compression) TP2 x PP2 equal 1 rank: every lm loss and validation loss (1e-5); so do CP2 and
+     CP2 x TP2 + SP (all-to-all) and CP2 / CP4 (p2p, ring), with mla_up_proj + core_attn recompute bit for bit;
   3. selective recompute (core_attn + layernorm; mla_up_proj) and full recompute equal the plain run bit for bit, and
      mla_up_proj under TP2 + SP x DP2 (its memory plan equal to the measured) and with --tp-comm-overlap equals its
      plain run bit for bit too;
   4. a TP2 + SP checkpoint continues at 1 rank (the column-parallel down projections resharded; 1e-5) and resumes at
      TP2 bit-exact; resuming without --multi-latent-attention is a named error, --use-checkpoint-args continues;
-  5. the memory plan of the TP2 + SP x DP2 and PP2 runs equals what their stages measured;
+  5. the memory plan of the TP2 + SP x DP2, PP2 and context-parallel runs equals what their stages measured;
   6. bad input is one named error: MLA with learned absolute positions, a q_lora_rank TP does not divide, --rope-type
-     without MLA or of an unknown type, MLA with context parallelism, HF export of an MLA checkpoint.
+     without MLA or of an unknown type, heads TP x CP (a2a) does not divide, HF export of an MLA checkpoint.
 """
 import os
 import shutil
@@ -64,6 +65,23 @@ noq1 = train("noq_one", None, NOQ)
 same_losses("MLA (no query compression) TP2 x PP2", train("noq_tp2_pp2", 4, NOQ + TP2 + [
     "--pipeline-model-parallel-size", "2"]), noq1, 6)
 
+# 2a. context parallelism: RoPE and the MLA assembly on the rank's rows; a2a (query / key / value all-to-all'ed, the
+#     whole sequence for n/cp heads), p2p (the ring on load-balanced rows), CP x TP2 + SP, and mla_up_proj under both
+#     forms (the rebuilt query / key / value all-to-all'ed again): every loss equals 1 rank, the recompute bit for bit
+cp_runs = {}
+for name, np_, flags in [("cp2", 2, ["--context-parallel-size", "2"]),
+                         ("cp2_p2p", 2, ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
+                         ("cp4_p2p", 4, ["--context-parallel-size", "4", "--cp-comm-type", "p2p"]),
+                         ("cp2_tp2sp", 4, ["--context-parallel-size", "2", *TP2_SP])]:
+    cp_runs[name] = (train(name, np_, L + flags), np_, flags)
+    same_losses(f"MLA {name}", cp_runs[name][0], one, 6)
+UP = ["--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "core_attn"]
+for name in ("cp2", "cp2_p2p"):
+    d, np_, flags = cp_runs[name]
+    r = train(name + "_up_proj", np_, L + flags + UP)
+    if losses(r) != losses(d):
+        failures.append(f"MLA {name} with mla_up_proj + core_attn recompute is not bit-exact: {losses(r)} vs {losses(d)}")
+
 # 3. recompute: bit for bit
 for name, flags in [("selective", ["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
                                    "layernorm"]),
@@ -102,14 +120,17 @@ check_memory_plan("MLA TP2+SP x DP2", tp, 4, L + TP2_SP, 1)
 check_memory_plan("MLA PP2 x DP2", pp, 4, L4 + ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"],
                   2)
 
+for name, (d, np_, flags) in cp_runs.items():
+    check_memory_plan(f"MLA {name}", d, np_, L + flags, 1)
+
 # 6. bad input
 check_error("learned positions", ["train", *M, *MLA], ["multi_latent_attention", "position-embedding-type rope"])
 check_error("q_lora_rank vs TP", ["train", *L, *TP2_SP, "--q-lora-rank", "15"],
             ["q_lora_rank (15)", "tensor_model_parallel_size (2)"], np_=2)
 check_error("rope type without MLA", ["train", *M, *LLAMA, "--rope-type", "yarn"], ["rope_type", "multi-latent"])
 check_error("unknown rope type", ["train", *L, "--rope-type", "ntk"], ["rope_type", "'ntk'"])
-check_error("context parallel", ["train", *L, "--context-parallel-size", "2"],
-            ["multi_latent_attention", "context_parallel_size 2"], np_=2)
+check_error("context parallel heads", ["train", *L, "--context-parallel-size", "4", *TP2_SP],
+            ["num_query_groups (4)", "context_parallel_size (8)"], np_=8)
 check_error("hf export", ["ckpt", "export", "--load", one, "--format", "hf-llama", "--output",
                           os.path.join(WORK, "hf")], ["multi_latent_attention", "hf-llama"])
 

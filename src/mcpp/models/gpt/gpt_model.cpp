@@ -194,12 +194,15 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
     ctx.input = input;
     x = input;  // [s(/tp), b, h]
   }
-  if (!has_rope_ || tp_.cp_size() == 1 || !tp_.cp_p2p) {
-    ctx.rope = rope_for(s * tp_.cp_size());  // the attention applies RoPE to the whole sequence (CP: after cp2hp)
-  } else {  // the ring attention rotates this CP rank's rows where they are: their rows of the tables
+  // The attention applies RoPE to the whole sequence (CP a2a: after cp2hp) — except the ring attention and
+  // multi-latent attention, which rotate this CP rank's rows where they are: their rows of the tables.
+  const bool rows_rope = tp_.cp_p2p || config_.multi_latent_attention;
+  if (!has_rope_ || tp_.cp_size() == 1 || !rows_rope) {
+    ctx.rope = rope_for(s * tp_.cp_size());
+  } else {
     if (rope_cp_s_ != s) {
       rope_cp_ = cp_rope_rows(rope_for(s * tp_.cp_size()), cp_rows(s * tp_.cp_size(), tp_.cp_size(), tp_.cp_rank(),
-                                                                    true));
+                                                                    tp_.cp_p2p));
       rope_cp_s_ = s;
     }
     ctx.rope = rope_cp_;
