@@ -20,6 +20,7 @@
 #include "cuda/cuda_test_util.h"
 #include "mcpp/core/cuda_graph.h"
 #include "mcpp/training/trainer.h"
+#include "models/gpt_test_util.h"
 #include "training/trainer_test_util.h"
 
 namespace mcpp::cuda_test {
@@ -251,17 +252,7 @@ TEST(CudaGraphTraining, MlaWithGraphsMatchesEagerTraining) {
   const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_graph_mla_" + std::to_string(::getpid()));
   Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
   c.training.bf16 = true;
-  c.model.position_embedding_type = PositionEmbedding::Rope;
-  c.model.multi_latent_attention = true;
-  c.model.qk_layernorm = true;
-  c.model.q_lora_rank = 64;
-  c.model.kv_lora_rank = 48;
-  c.model.qk_head_dim = 128;
-  c.model.qk_pos_emb_head_dim = 64;
-  c.model.v_head_dim = 128;
-  c.model.rotary_scaling_factor = 4.0f;
-  c.model.mscale_all_dim = 0.7f;
-  c.model.original_max_position_embeddings = 32;
+  testing::enable_mla(c.model, testing::mla_gpu_dims());
   c.training.log_interval = 1;
   c.validate();
   const TrainSummary eager = Trainer(c, 99, training_test::single()).train();

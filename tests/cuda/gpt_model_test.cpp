@@ -80,27 +80,16 @@ void compare(const std::string& style, DType dt, const Variant& v = {}) {
   if (style == "gpt2_rope") c.position_embedding_type = PositionEmbedding::Rope;
   if (dropout) c.hidden_dropout = c.attention_dropout = 0.1f;
   c.qk_layernorm = qk_layernorm;
-  if (mla) {
-    c.position_embedding_type = PositionEmbedding::Rope;
-    c.num_query_groups = c.num_attention_heads;
-    c.multi_latent_attention = true;
-    c.kv_lora_rank = 32;
-    c.qk_pos_emb_head_dim = 16;
-    if (style == "llama") {
-      c.q_lora_rank = 48;
-      c.qk_head_dim = 48;
-      c.v_head_dim = 32;
-      c.rope_type = "yarn";
-      c.rotary_scaling_factor = 4.0f;
-      c.mscale = 0.9f;
-      c.mscale_all_dim = 0.7f;
-      c.original_max_position_embeddings = 16;
-    } else {
-      c.q_lora_rank = 0;
-      c.qk_head_dim = 32;
-      c.v_head_dim = 64;
-      c.rope_type = "rope";
-    }
+  if (mla) {  // head dim 64 (the mcpp kernels' too): llama values padded 32 -> 64, gpt2 queries / keys 48 -> 64
+    testing::enable_mla(c,
+                        style == "llama"
+                            ? testing::MlaDims{.q_lora_rank = 48, .kv_lora_rank = 32, .qk_head_dim = 48,
+                                               .qk_pos_emb_head_dim = 16, .v_head_dim = 32, .rope_type = "yarn",
+                                               .rotary_scaling_factor = 4.0f, .mscale = 0.9f, .mscale_all_dim = 0.7f,
+                                               .original_max_position_embeddings = 16}
+                            : testing::MlaDims{.q_lora_rank = 0, .kv_lora_rank = 32, .qk_head_dim = 32,
+                                               .qk_pos_emb_head_dim = 16, .v_head_dim = 64, .rope_type = "rope"},
+                        qk_layernorm);
     c.finalize();
     c.validate();
   }

@@ -118,18 +118,7 @@ TEST(CudaRecompute, MultiLatentAttentionEqualsNoRecomputeBitwiseBf16) {
   auto config = [](const std::string& granularity, const std::string& method, int64_t n,
                    const std::vector<std::string>& modules) {
     TransformerConfig c = recompute_gpu_config("llama", 0.0f, "", "", 0);
-    c.position_embedding_type = PositionEmbedding::Rope;
-    c.num_query_groups = c.num_attention_heads;
-    c.multi_latent_attention = true;
-    c.qk_layernorm = true;
-    c.q_lora_rank = 64;
-    c.kv_lora_rank = 48;
-    c.qk_head_dim = 128;
-    c.qk_pos_emb_head_dim = 64;
-    c.v_head_dim = 128;
-    c.rotary_scaling_factor = 4.0f;
-    c.mscale_all_dim = 0.7f;
-    c.original_max_position_embeddings = 16;
+    testing::enable_mla(c, testing::mla_gpu_dims());
     c.recompute_granularity = granularity, c.recompute_method = method, c.recompute_num_layers = n;
     c.recompute_modules = modules;
     c.validate();

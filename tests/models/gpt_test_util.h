@@ -39,37 +39,51 @@ inline TransformerConfig tiny_config(const std::string& style) {
   return c;
 }
 
-// tiny_config with multi-latent attention (MHA: one latent key / value head per query head). "llama": query
-// compression, RMSNorm latent norms, YaRN (factor 4, mscale 0.9 / 0.7, an original context of 64 positions: the
-// ramp's every band at dr = 8), value heads narrower than query / key heads (10 vs 20: values padded). "gpt2": RoPE
-// positions, no query compression, LayerNorm latent norms with biases, plain RoPE, value heads wider (16 vs 10:
-// queries / keys padded).
-inline TransformerConfig mla_tiny_config(const std::string& style) {
-  TransformerConfig c = tiny_config(style);
+// Multi-latent attention on a config (MHA: one latent key / value head per query head; RoPE positions), with these
+// dims and RoPE settings; with_norms: the latent norms (--qk-layernorm).
+struct MlaDims {
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0, v_head_dim = 0;
+  std::string rope_type = "yarn";
+  float rotary_scaling_factor = 1.0f, mscale = 1.0f, mscale_all_dim = 0.0f, beta_fast = 32.0f;
+  int64_t original_max_position_embeddings = 4096;
+};
+inline void enable_mla(TransformerConfig& c, const MlaDims& d, bool with_norms = true) {
   c.position_embedding_type = PositionEmbedding::Rope;
   c.num_query_groups = c.num_attention_heads;
   c.multi_latent_attention = true;
-  c.qk_layernorm = true;
-  if (style == "llama") {
-    c.q_lora_rank = 24;
-    c.kv_lora_rank = 16;
-    c.qk_head_dim = 12;
-    c.qk_pos_emb_head_dim = 8;
-    c.v_head_dim = 10;
-    c.rope_type = "yarn";
-    c.rotary_scaling_factor = 4.0f;
-    c.mscale = 0.9f;
-    c.mscale_all_dim = 0.7f;
-    c.beta_fast = 8.0f;
-    c.original_max_position_embeddings = 64;
-  } else {
-    c.q_lora_rank = 0;
-    c.kv_lora_rank = 12;
-    c.qk_head_dim = 6;
-    c.qk_pos_emb_head_dim = 4;
-    c.v_head_dim = 16;
-    c.rope_type = "rope";
-  }
+  c.qk_layernorm = with_norms;
+  c.q_lora_rank = d.q_lora_rank, c.kv_lora_rank = d.kv_lora_rank, c.qk_head_dim = d.qk_head_dim;
+  c.qk_pos_emb_head_dim = d.qk_pos_emb_head_dim, c.v_head_dim = d.v_head_dim;
+  c.rope_type = d.rope_type, c.rotary_scaling_factor = d.rotary_scaling_factor, c.mscale = d.mscale;
+  c.mscale_all_dim = d.mscale_all_dim, c.beta_fast = d.beta_fast;
+  c.original_max_position_embeddings = d.original_max_position_embeddings;
+}
+
+// The tiny configs' MLA dims. "llama": query compression, YaRN (factor 4, mscale 0.9 / 0.7, an original context of
+// 64 positions: the ramp's every band at dr = 8), value heads narrower than query / key heads (10 vs 20: values
+// padded). "gpt2": no query compression, plain RoPE, value heads wider (16 vs 10: queries / keys padded).
+inline MlaDims mla_tiny_dims(const std::string& style) {
+  if (style == "llama")
+    return {.q_lora_rank = 24, .kv_lora_rank = 16, .qk_head_dim = 12, .qk_pos_emb_head_dim = 8, .v_head_dim = 10,
+            .rope_type = "yarn", .rotary_scaling_factor = 4.0f, .mscale = 0.9f, .mscale_all_dim = 0.7f,
+            .beta_fast = 8.0f, .original_max_position_embeddings = 64};
+  return {.q_lora_rank = 0, .kv_lora_rank = 12, .qk_head_dim = 6, .qk_pos_emb_head_dim = 4, .v_head_dim = 16,
+          .rope_type = "rope"};
+}
+
+// MLA dims for the CUDA tests at DeepSeek's head dims (qk 128 + 64 = 192 on cuDNN, values 128 padded), with query
+// compression and YaRN.
+inline MlaDims mla_gpu_dims() {
+  return {.q_lora_rank = 64, .kv_lora_rank = 48, .qk_head_dim = 128, .qk_pos_emb_head_dim = 64, .v_head_dim = 128,
+          .rope_type = "yarn", .rotary_scaling_factor = 4.0f, .mscale_all_dim = 0.7f,
+          .original_max_position_embeddings = 16};
+}
+
+// tiny_config with multi-latent attention of mla_tiny_dims(style) and latent norms (llama: RMSNorm; gpt2: LayerNorm
+// with biases).
+inline TransformerConfig mla_tiny_config(const std::string& style) {
+  TransformerConfig c = tiny_config(style);
+  enable_mla(c, mla_tiny_dims(style));
   return c;
 }
 

@@ -10,6 +10,7 @@
 #include "mcpp/comm/mpi/mpi_communicator.h"
 #include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/transformer/transformer_config.h"
+#include "tests/models/gpt_test_util.h"
 
 namespace mcpp::testing {
 
@@ -51,24 +52,15 @@ inline TransformerConfig equivalence_config(const std::string& style, int64_t nu
     // Multi-latent attention on the Llama style (MHA; widths divisible by TP 2 and 4). "mla": query compression,
     // YaRN, values padded (dv 3 < dn + dr 6); "mla_noq": linear_q_proj, plain RoPE, queries / keys padded.
     c = equivalence_config("llama", num_layers);
-    c.num_query_groups = c.num_attention_heads;
-    c.multi_latent_attention = true;
-    c.kv_lora_rank = 6;
-    c.qk_pos_emb_head_dim = 2;
-    if (style == "mla") {
-      c.q_lora_rank = 8;
-      c.qk_head_dim = 4;
-      c.v_head_dim = 3;
-      c.rope_type = "yarn";
-      c.rotary_scaling_factor = 2.0f;
-      c.mscale_all_dim = 0.5f;
-      c.original_max_position_embeddings = 8;
-    } else {
-      c.q_lora_rank = 0;
-      c.qk_head_dim = 2;
-      c.v_head_dim = 6;
-      c.rope_type = "rope";
-    }
+    testing::enable_mla(c,
+                        style == "mla"
+                            ? testing::MlaDims{.q_lora_rank = 8, .kv_lora_rank = 6, .qk_head_dim = 4,
+                                               .qk_pos_emb_head_dim = 2, .v_head_dim = 3, .rope_type = "yarn",
+                                               .rotary_scaling_factor = 2.0f, .mscale_all_dim = 0.5f,
+                                               .original_max_position_embeddings = 8}
+                            : testing::MlaDims{.q_lora_rank = 0, .kv_lora_rank = 6, .qk_head_dim = 2,
+                                               .qk_pos_emb_head_dim = 2, .v_head_dim = 6, .rope_type = "rope"},
+                        /*with_norms=*/false);  // (the drivers set qk_layernorm per case)
   } else {
     c.num_query_groups = 4;
     c.ffn_hidden_size = 48;

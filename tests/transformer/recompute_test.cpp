@@ -154,15 +154,7 @@ TEST(Recompute, MultiLatentAttentionEqualsNoRecompute) {
         TransformerConfig c = recompute_config(style, "", "", 0, impl);  // (validated without MLA first)
         c.recompute_granularity = granularity, c.recompute_method = method, c.recompute_num_layers = n;
         c.recompute_modules = modules;
-        const TransformerConfig m = testing::mla_tiny_config(style);
-        c.position_embedding_type = PositionEmbedding::Rope;
-        c.num_query_groups = c.num_attention_heads;
-        c.multi_latent_attention = true;
-        c.qk_layernorm = true;
-        c.q_lora_rank = m.q_lora_rank, c.kv_lora_rank = m.kv_lora_rank, c.qk_head_dim = m.qk_head_dim;
-        c.qk_pos_emb_head_dim = m.qk_pos_emb_head_dim, c.v_head_dim = m.v_head_dim, c.rope_type = m.rope_type;
-        c.rotary_scaling_factor = m.rotary_scaling_factor, c.mscale = m.mscale, c.mscale_all_dim = m.mscale_all_dim;
-        c.beta_fast = m.beta_fast, c.original_max_position_embeddings = m.original_max_position_embeddings;
+        testing::enable_mla(c, testing::mla_tiny_dims(style));
         c.validate();
         return c;
       };
