@@ -9,6 +9,17 @@
 
 namespace mcpp {
 
+tensor_parallel::ParallelLinearOptions attention_output_options(const TransformerConfig& c,
+                                                                const tensor_parallel::TPContext& tp,
+                                                                int64_t input_size) {
+  return {.input_size = input_size,
+          .output_size = c.hidden_size,
+          .bias = c.add_bias_linear,
+          .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
+          .sequence_parallel = tp.sequence_parallel,
+          .tp_comm_overlap = tp.comm_overlap};
+}
+
 SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
                              const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
     : np_(c.num_attention_heads / tp.size()),
@@ -24,13 +35,7 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
                    .tp_comm_overlap = tp.comm_overlap},
                   tp.group),
       linear_proj_(params, prefix + ".linear_proj",
-                   {.input_size = c.num_attention_heads * c.kv_channels,
-                    .output_size = c.hidden_size,
-                    .bias = c.add_bias_linear,
-                    .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
-                    .sequence_parallel = tp.sequence_parallel,
-                    .tp_comm_overlap = tp.comm_overlap},
-                   tp.group),
+                   attention_output_options(c, tp, c.num_attention_heads * c.kv_channels), tp.group),
       recompute_core_(c.recomputes("core_attn")),
       cp_(tp.cp && tp.cp->size() > 1 && !tp.cp_p2p ? tp.cp : nullptr) {
   MCPP_CHECK(c.num_query_groups % tp.size() == 0, "num_query_groups {} not divisible by tp={}", c.num_query_groups,

@@ -47,6 +47,12 @@ struct SelfAttentionCtx {
   ForwardReplay core_replay;
 };
 
+// linear_proj's options (both attentions): RowParallel input_size -> hidden, Megatron's output-layer init (std scaled by
+// 1 / sqrt(2 num_layers)), the linear bias per --disable-bias-linear.
+tensor_parallel::ParallelLinearOptions attention_output_options(const TransformerConfig& c,
+                                                                const tensor_parallel::TPContext& tp,
+                                                                int64_t input_size);
+
 class SelfAttention {
  public:
   SelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,

@@ -6,6 +6,7 @@
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
+#include "mcpp/transformer/attention.h"
 #include "mcpp/transformer/ring_attention.h"
 
 namespace mcpp {
@@ -55,13 +56,7 @@ MLASelfAttention::MLASelfAttention(ParamAndGradBuffer& params, const std::string
       linear_kv_up_proj_(params, prefix + ".linear_kv_up_proj",
                          column(c, t, c.kv_lora_rank, c.num_attention_heads * (c.qk_head_dim + c.v_head_dim)),
                          t.group),
-      linear_proj_(params, prefix + ".linear_proj",
-                   {.input_size = c.num_attention_heads * c.v_head_dim,
-                    .output_size = c.hidden_size,
-                    .bias = c.add_bias_linear,
-                    .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
-                    .sequence_parallel = t.sequence_parallel,
-                    .tp_comm_overlap = t.comm_overlap},
+      linear_proj_(params, prefix + ".linear_proj", attention_output_options(c, t, c.num_attention_heads * c.v_head_dim),
                    t.group),
       recompute_core_(c.recomputes("core_attn")),
       recompute_up_(c.recomputes("mla_up_proj")),
