@@ -52,9 +52,9 @@ int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
 // Multi-latent attention's context (transformer/multi_latent_attention.h) beyond the input_layernorm output the
 // layer counts once: under SP each down projection (or linear_q_proj) keeps its own all-gathered copy of it; the
 // latent norms' inputs ([s/tp] under SP, gathered latents without) and statistics; the up projections' inputs
-// (gathered under SP); the core's query / key / value [n, np, dc] (dc = max(dn + dr, dv); "mla_up_proj": the latent's
-// rotary channels [n, dr] instead), its output when it is
-// not linear_proj's input (the value channels' copy of padded heads), its lse; linear_proj's input [n, np dv].
+// (gathered under SP); the core's query / key / value [n, np, dc] (dc = max(dn + dr, dv); "mla_up_proj": the
+// latent's rotary channels [n, dr] instead), its output when it is not linear_proj's input (padded heads: the value
+// channels' copy is; CP a2a: the hp2cp copy is), its lse or probabilities; linear_proj's input [n, np dv].
 int64_t mla_attention_bytes(const Config& cfg, const LayerDims& d, int64_t norm_out) {
   const TransformerConfig& m = cfg.model;
   const bool flash = m.attention_impl == "flash", selective = m.recomputes("core_attn");
