@@ -216,9 +216,9 @@ int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool
                           + (fs > 0 ? fs1 * h + bias * fs1 + h * fs + bias * h : 0)
                           + (m.moe_shared_expert_gate ? h : 0);  // its gate weight [1, h]
   int64_t attention = norm + qkv_out * h + (m.qkv_bias() ? qkv_out : 0)  // input_layernorm, linear_qkv
-                            + h * np * hn + bias * h                           // linear_proj (bias replicated)
-                            + norm                                             // pre_mlp_layernorm
-                            + (m.qk_layernorm ? 2 * norm / h * hn : 0);        // q_layernorm, k_layernorm [hn]
+                      + h * np * hn + bias * h                             // linear_proj (bias replicated)
+                      + norm                                               // pre_mlp_layernorm
+                      + (m.qk_layernorm ? 2 * norm / h * hn : 0);          // q_layernorm, k_layernorm [hn]
   if (m.multi_latent_attention) {  // multi_latent_attention.h's linears (no biases but linear_proj's), latent norms
     const int64_t dq = m.qk_head_dim + m.qk_pos_emb_head_dim, rq = m.q_lora_rank, rkv = m.kv_lora_rank;
     const int64_t latent_norm = m.qk_layernorm ? norm / h : 0;  // weights (and biases) per channel of a latent
