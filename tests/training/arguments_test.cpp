@@ -321,6 +321,16 @@ TEST(Arguments, ShippedRecipesParse) {
   EXPECT_EQ(qwen3.model.kv_channels, 32);
   EXPECT_FALSE(qwen3.model.untie_embeddings_and_output_weights);
   EXPECT_NE(qwen3.fingerprint(), llama.fingerprint());
+  Config ds3 = parse_train_args({"--config", root + "/configs/deepseek-v3-tiny.toml"});
+  EXPECT_TRUE(ds3.model.multi_latent_attention);
+  EXPECT_EQ(ds3.model.q_lora_rank, 48);
+  EXPECT_TRUE(ds3.model.mla_yarn());
+  EXPECT_EQ(ds3.model.moe_layer_pattern(), (std::vector<bool>{false, true, true, true}));  // a dense first layer
+  EXPECT_EQ(ds3.model.moe_router_score_function, "sigmoid");
+  EXPECT_TRUE(ds3.model.moe_router_enable_expert_bias);
+  EXPECT_EQ(ds3.model.mtp_num_layers, 1);
+  EXPECT_NO_THROW(ds3.validate());
+  EXPECT_NE(ds3.fingerprint(), llama.fingerprint());
 }
 
 TEST(Arguments, MegatronStyleListing) {
