@@ -12,6 +12,7 @@ usage: mla_check.py MCPP WORKDIR
      plain run bit for bit too;
   4. a TP2 + SP checkpoint continues at 1 rank (the column-parallel down projections resharded; 1e-5) and resumes at
      TP2 bit-exact; resuming without --multi-latent-attention is a named error, --use-checkpoint-args continues;
+  4a. configs/deepseek-v3-tiny.toml (MLA + MoE + MTP) trains, and at TP2 + SP x DP2 with EP2 equals 1 rank;
   5. the memory plan of the TP2 + SP x DP2, PP2 and context-parallel runs equals what their stages measured;
   6. bad input is one named error: MLA with learned absolute positions, a q_lora_rank TP does not divide, --rope-type
      without MLA or of an unknown type, heads TP x CP (a2a) does not divide, HF export of an MLA checkpoint.
@@ -114,6 +115,20 @@ run([MCPP, "train", *M, *LLAMA, "--use-checkpoint-args", "--load", uca, "--save"
 u = losses(uca)
 if sorted(u) != [4, 5, 6] or any(u[i] != a[i] for i in u):
     failures.append(f"--use-checkpoint-args of an MLA checkpoint continued: {u} vs {a}")
+
+# 4a. the shipped DeepSeek-V3-style recipe (MLA + YaRN, sigmoid grouped MoE with expert bias and a shared expert after a
+#     dense layer, one MTP depth) trains, and at TP2 + SP x DP2 (expert parallel 2) equals 1 rank
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+DS3 = ["--config", os.path.join(ROOT, "configs", "deepseek-v3-tiny.toml"), "--data-path", data, "--train-iters", "6",
+       "--log-interval", "1", "--eval-interval", "3", "--eval-iters", "1", "--split", "90,10,0", "--seed", "5",
+       "--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "16", "--max-position-embeddings", "16",
+       "--make-vocab-size-divisible-by", "128", "--lr-warmup-iters", "1"]
+ds1 = train("ds3_one", None, DS3)
+d1 = losses(ds1)
+if len(d1) != 6 or not (3.0 < d1[1] < 12.0) or d1[6] >= d1[1]:
+    failures.append(f"the DeepSeek-V3-style recipe: implausible losses {d1}")
+ds4 = train("ds3_tp2sp_ep2", 4, DS3 + TP2_SP + ["--expert-model-parallel-size", "2"])
+same_losses("DeepSeek-V3-style recipe TP2+SP x DP2, EP2", ds4, ds1, 6)
 
 # 5. memory plans
 check_memory_plan("MLA TP2+SP x DP2", tp, 4, L + TP2_SP, 1)
