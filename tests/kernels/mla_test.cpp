@@ -76,6 +76,7 @@ TEST(MlaQkv, ForwardIsTheFormulaBackwardItsAdjoint) {
   check({.s = 5, .b = 2, .n = 3, .dn = 6, .dr = 4, .dv = 5, .c = 11});   // values padded (dc = dn + dr = 10)
   check({.s = 4, .b = 3, .n = 2, .dn = 2, .dr = 8, .dv = 16, .c = 8});   // queries / keys padded (dc = dv)
   check({.s = 3, .b = 1, .n = 4, .dn = 8, .dr = 8, .dv = 16, .c = 24});  // no padding
+  check({.s = 64, .b = 8, .n = 8, .dn = 16, .dr = 16, .dv = 8, .c = 24});  // above the OpenMP threshold (threads)
 }
 
 TEST(MlaQkv, BadShapesNameTheOp) {

@@ -1,5 +1,6 @@
 // CPU multi-latent attention's query / key / value assembly and its backward (ops.inc: mla_qkv_fwd / mla_qkv_bwd),
 // float32; and copy_columns (any dtype, bytes). Parallel over the tokens of [s, b].
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -38,11 +39,13 @@ void mla_qkv_fwd(Tensor& query, Tensor& key, Tensor& value, const Tensor& q, con
   float* pqu = query.data<float>();
   float* pk = key.data<float>();
   float* pv = value.data<float>();
-#pragma omp parallel for schedule(static) if (query.numel() > (1 << 15))
+#pragma omp parallel if (query.numel() > (1 << 15))
+  {
+  std::vector<float> k_pe(static_cast<size_t>(m.dr));  // this thread's rotated shared key (one allocation a thread)
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < m.s * m.b; ++t) {
     const float* c = cos.data<float>() + (t / m.b) * half;
     const float* sn = sin.data<float>() + (t / m.b) * half;
-    std::vector<float> k_pe(static_cast<size_t>(m.dr));
     mla_rope(k_pe.data(), pl + t * m.c + (m.c - m.dr), c, sn, half);
     for (int64_t i = 0; i < m.n; ++i) {
       const int64_t h = t * m.n + i;
@@ -61,6 +64,7 @@ void mla_qkv_fwd(Tensor& query, Tensor& key, Tensor& value, const Tensor& q, con
       for (int64_t j = m.dv; j < m.dc; ++j) vo[j] = 0.0f;
     }
   }
+  }
 }
 
 void mla_qkv_bwd(Tensor& dq, Tensor& dkv, Tensor& dk_pe, const Tensor& dquery, const Tensor& dkey, const Tensor& dvalue,
@@ -74,11 +78,14 @@ void mla_qkv_bwd(Tensor& dq, Tensor& dkv, Tensor& dk_pe, const Tensor& dquery, c
   float* pdq = dq.data<float>();
   float* pdkv = dkv.data<float>();
   float* ppe = dk_pe.data<float>();
-#pragma omp parallel for schedule(static) if (dquery.numel() > (1 << 15))
+#pragma omp parallel if (dquery.numel() > (1 << 15))
+  {
+  std::vector<float> sum(static_cast<size_t>(m.dr));  // the shared key part's gradient, over the heads (a thread's)
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < m.s * m.b; ++t) {
     const float* c = cos.data<float>() + (t / m.b) * half;
     const float* sn = sin.data<float>() + (t / m.b) * half;
-    std::vector<float> sum(static_cast<size_t>(m.dr), 0.0f);  // the shared key part's gradient, over the heads
+    std::fill(sum.begin(), sum.end(), 0.0f);
     for (int64_t i = 0; i < m.n; ++i) {
       const int64_t h = t * m.n + i;
       const float* gq = pdqu + h * m.dc;
@@ -93,6 +100,7 @@ void mla_qkv_bwd(Tensor& dq, Tensor& dkv, Tensor& dk_pe, const Tensor& dquery, c
       for (int64_t j = 0; j < m.dr; ++j) sum[static_cast<size_t>(j)] += gk[m.dn + j];
     }
     mla_rope_bwd(ppe + t * m.dr, sum.data(), c, sn, half);
+  }
   }
 }
 
