@@ -42,3 +42,8 @@ add_test(NAME dcp.pp_matrix_convert
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_pp_matrix_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/dcp_pp_matrix_check)
 set_tests_properties(dcp.pp_matrix_convert PROPERTIES TIMEOUT 1500)
+# Checkpoints saved by an older build (tests/fixtures/ckpt_v1) verify, load and continue bit for bit.
+add_test(NAME dcp.old_checkpoint_fixture
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/old_checkpoint_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/old_checkpoint_check)
+set_tests_properties(dcp.old_checkpoint_fixture PROPERTIES TIMEOUT 300)
