@@ -11,7 +11,7 @@
 //       {P}_{key}_document.bin / .idx (dtype: Megatron's DType.optimal_dtype of the vocabulary size), written
 //       under temporary names and renamed at the end. Progress goes to stderr every --log-interval documents;
 //       the last line on stdout names the prefix for --data-path.
-//     --workers N: N threads tokenize batches of documents (~4 MB) while the main thread reads the next batch and
+//     --workers N: N threads tokenize batches of documents (4 MB or 1024 documents) while the main thread reads the next batch and
 //       writes the previous one in input order, so the output is byte-identical for every N. A failing document
 //       (bad JSON, a key missing, text a tokenizer refuses) is reported as the first in input order.
 // Errors -> mcpp::Error -> one line "error: ..." and exit code 2; a failed run leaves no outputs behind.
@@ -39,7 +39,8 @@ namespace mcpp::cli {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr size_t kBatchBytes = 4 << 20;
+constexpr size_t kBatchBytes = 4 << 20;  // a batch ends at this many bytes or kBatchDocs documents
+constexpr size_t kBatchDocs = 1024;
 
 // One output dataset per key, written to temporary names until commit().
 struct KeyOutput {
@@ -219,7 +220,7 @@ class Reader {
     std::vector<RawDoc> batch;
     size_t bytes = 0;
     std::string line;
-    while (bytes < kBatchBytes && std::getline(in_, line)) {
+    while (bytes < kBatchBytes && batch.size() < kBatchDocs && std::getline(in_, line)) {
       ++lineno_;
       if (jsonl_) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
