@@ -155,5 +155,24 @@ check(r.returncode == 2 and "bad2.jsonl:3000:" in r.stderr and len(r.stderr.stri
 r = run(["--input", src, "--output-prefix", os.path.join(WORK, "w0"), "--workers", "0"])
 check(r.returncode == 2 and "--workers 0" in r.stderr, f"--workers 0 is an error: {r.stderr!r}")
 
+# ---- train and generate with the Hugging Face tokenizer: the vocabulary (2000, padded to 2048 by the default
+# make_vocab_size_divisible_by 128) and EOD come from it; generate decodes with it; a missing model is one error line
+ckpt = os.path.join(WORK, "hf_ckpt")
+train = [MCPP, "train", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
+         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2",
+         "--lr", "1e-3", "--log-interval", "1", "--eval-iters", "0", "--data-path", os.path.join(WORK, "w1_text_document"),
+         "--split", "100,0,0", "--save", ckpt] + hf_flags
+r = subprocess.run(train, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+check(r.returncode == 0, f"train with HuggingFaceTokenizer: exit {r.returncode} {r.stderr[-500:]}")
+cfg = json.load(open(os.path.join(ckpt, "iter_0000002", "manifest.json")))["meta"]["config"]
+check(cfg["model"]["vocab_size"] == 2000 and cfg["model"]["padded_vocab_size"] == 2048 and
+      cfg["data"]["tokenizer_model"] == HF, f"the checkpoint's vocabulary and tokenizer: {cfg['model']['vocab_size']}")
+r = subprocess.run([MCPP, "generate", "--load", ckpt, "--prompt", "Doc 7: caf\u00e9", "--max-new-tokens", "5"] + hf_flags,
+                   capture_output=True, text=True)
+check(r.returncode == 0 and r.stdout.startswith("Doc 7: caf\u00e9"), f"generate: {r.returncode} {r.stdout!r} {r.stderr[-300:]}")
+r = subprocess.run(train[:-2] + ["--tokenizer-type", "HuggingFaceTokenizer"], capture_output=True, text=True)
+err = [l for l in r.stderr.splitlines() if l.strip()]
+check(r.returncode == 2 and len(err) == 1 and "needs --tokenizer-model" in err[0], f"train without the model: {r.stderr!r}")
+
 print("OK" if not failures else f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
