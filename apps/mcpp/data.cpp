@@ -1,222 +1,34 @@
-// mcpp data — Megatron's tools/preprocess_data.py, and a look inside indexed datasets.
+// mcpp data — Megatron's tools/preprocess_data.py, and a look inside indexed datasets and GPTDataset samples.
 //
-//   mcpp data preprocess --input FILE --output-prefix P [--json-keys text ...] [--append-eod]
-//        [--tokenizer-type GPT2BPETokenizer --vocab-file V --merge-file M] [--workers N] [--log-interval K]
-//     FILE.jsonl / FILE.json: one JSON object per line; each key's value is a string (one sequence) or
-//       a list of strings (one sequence each, empty ones dropped), as Megatron's Encoder.encode.
-//       Blank lines are skipped; a line that is not valid JSON is an error naming its line number.
-//     FILE.txt: the fortune format, documents separated by lines holding only "%"; documents that are
-//       only whitespace are skipped. The key is "text".
-//     With --append-eod, a non-empty document gets <|endoftext|> at its end. Output per key:
-//       {P}_{key}_document.bin / .idx (dtype uint16 for GPT-2's 50257 ids: DType.optimal_dtype),
-//       written under temporary names and renamed at the end. Progress goes to stderr every
-//       --log-interval documents; the last line on stdout names the prefix for --data-path.
-//     --workers is accepted for Megatron command-line compatibility; we tokenize on one thread.
+//   mcpp data preprocess ...   see apps/mcpp/data_preprocess.cpp
 //   mcpp data info --data-path P [--split 969,30,1] [--seq-length N [--num-samples S] [--seed K]]
 //     Prints dtype, sequence / document / token counts and the split's sequence ranges; with
 //     --seq-length also each non-empty split's GPTDataset: samples and epochs (num-samples 0 = one epoch).
-// Errors (missing input, bad JSON, bad files) -> mcpp::Error -> one line "error: ..." and exit code 2.
+//   mcpp data samples --data-path P --seq-length S [--split 969,30,1] [--seed 1234] [--split-name train|valid|test]
+//        [--num-samples N] --index I [--count C] [--json] [tokenizer flags]
+//     The GPTDataset samples I .. I+C-1 of the split in Megatron's shuffled order (the same data, split,
+//     seq_length, num_samples and seed give Megatron's samples): each sample's seq_length + 1 token ids (Megatron's
+//     "text": inputs are [:-1], labels [1:]); with a tokenizer flag (--tokenizer-type / --tokenizer-model /
+//     --vocab-file) also the text (detokenize). --json prints one JSON object {"data_path", "split", "split_name",
+//     "seq_length", "seed", "num_samples", "size", "samples": [{"index", "tokens"[, "text"]}]}.
+// Errors (missing input, bad JSON, bad files, an index past the split) -> mcpp::Error -> one line "error: ..."
+// and exit code 2.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <chrono>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <cstring>
 #include <vector>
 
 #include "apps/mcpp/command.h"
+#include "apps/mcpp/data_commands.h"
 #include "apps/mcpp/tokenizer_flags.h"
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/gpt_dataset.h"
 #include "mcpp/datasets/indexed_dataset.h"
 
 namespace {
-
-namespace fs = std::filesystem;
-
-struct PreprocessFlags {
-  std::string input, output_prefix;
-  std::vector<std::string> json_keys{"text"};
-  bool append_eod = false;
-  int workers = 1;
-  int64_t log_interval = 1000;
-  mcpp::cli::TokenizerFlags tok;
-};
-
-// One output dataset per key, written to temporary names until commit().
-struct KeyOutput {
-  std::string key, prefix;
-  std::unique_ptr<mcpp::IndexedDatasetBuilder> builder;
-  int64_t documents = 0;
-
-  void commit() {
-    builder->finalize(mcpp::idx_path(prefix) + ".tmp");
-    for (const auto& path : {mcpp::bin_path(prefix), mcpp::idx_path(prefix)}) {
-      std::error_code ec;
-      fs::rename(path + ".tmp", path, ec);
-      if (ec) mcpp::fail("cannot rename {}.tmp to {}: {}", path, path, ec.message());
-    }
-  }
-};
-
-class Preprocessor {
- public:
-  Preprocessor(const PreprocessFlags& f, mcpp::GPT2Tokenizer tok) : f_(f), tok_(std::move(tok)) {
-    const auto dtype = mcpp::optimal_indexed_dtype(tok_.vocab_size());
-    for (const auto& key : f.json_keys) {
-      KeyOutput o{key, fmt::format("{}_{}_document", f.output_prefix, key), nullptr};
-      o.builder = std::make_unique<mcpp::IndexedDatasetBuilder>(mcpp::bin_path(o.prefix) + ".tmp", dtype);
-      out_.push_back(std::move(o));
-    }
-    start_ = std::chrono::steady_clock::now();
-  }
-  ~Preprocessor() {  // a failed run leaves no partial outputs behind
-    if (committed_) return;
-    std::error_code ec;
-    for (const auto& o : out_)
-      for (const auto& path : {mcpp::bin_path(o.prefix), mcpp::idx_path(o.prefix)}) fs::remove(path + ".tmp", ec);
-  }
-  Preprocessor(const Preprocessor&) = delete;
-  Preprocessor& operator=(const Preprocessor&) = delete;
-
-  // Megatron's Encoder.encode for one key: each non-empty sentence is a sequence; EOD ends the doc.
-  void add_document(KeyOutput& o, const std::vector<std::string>& sentences) {
-    std::vector<int32_t> ids, lens;
-    for (const auto& s : sentences) {
-      std::vector<int32_t> sid = tok_.encode(s);
-      if (sid.empty()) continue;
-      ids.insert(ids.end(), sid.begin(), sid.end());
-      lens.push_back(static_cast<int32_t>(sid.size()));
-    }
-    if (!ids.empty() && f_.append_eod) {
-      ids.push_back(tok_.eod());
-      lens.back() += 1;
-    }
-    o.builder->add_document(ids, lens);
-    ++o.documents;
-  }
-
-  void processed(size_t bytes) {
-    bytes_ += bytes;
-    ++docs_;
-    if (f_.log_interval > 0 && docs_ % f_.log_interval == 0) {
-      const double s = elapsed();
-      fmt::print(stderr, "Processed {} documents ({:.2f} docs/s, {:.2f} MB/s).\n", docs_, docs_ / s,
-                 bytes_ / s / 1024 / 1024);
-    }
-  }
-
-  void finish() {
-    for (auto& o : out_) o.commit();
-    committed_ = true;
-    const double s = elapsed();
-    for (const auto& o : out_)
-      fmt::print("{}: {} documents, {} sequences, {} tokens ({}), {:.2f} MB of input in {:.2f} s ({:.2f} MB/s)\n",
-                 o.prefix, o.documents, o.builder->num_sequences(), o.builder->num_tokens(),
-                 mcpp::indexed_dtype_name(mcpp::optimal_indexed_dtype(tok_.vocab_size())), bytes_ / 1e6, s,
-                 bytes_ / s / 1024 / 1024);
-    for (const auto& o : out_) fmt::print("use --data-path {}\n", o.prefix);
-  }
-
-  std::vector<KeyOutput>& outputs() { return out_; }
-
- private:
-  double elapsed() const {
-    return std::max(1e-9, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
-  }
-  const PreprocessFlags& f_;
-  mcpp::GPT2Tokenizer tok_;
-  std::vector<KeyOutput> out_;
-  std::chrono::steady_clock::time_point start_;
-  int64_t docs_ = 0;
-  double bytes_ = 0;
-  bool committed_ = false;
-};
-
-std::vector<std::string> sentences_of(const nlohmann::json& v, const std::string& input, int64_t line,
-                                      const std::string& key) {
-  if (v.is_string()) return {v.get<std::string>()};
-  if (v.is_array()) {
-    std::vector<std::string> out;
-    for (const auto& s : v) {
-      if (!s.is_string()) mcpp::fail("{}:{}: key \"{}\" holds a list with a non-string entry", input, line, key);
-      out.push_back(s.get<std::string>());
-    }
-    return out;
-  }
-  mcpp::fail("{}:{}: key \"{}\" is {}, expected a string or a list of strings", input, line, key, v.type_name());
-}
-
-void read_jsonl(std::ifstream& in, const PreprocessFlags& f, Preprocessor& p) {
-  std::string line;
-  int64_t lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      mcpp::fail("{}:{}: invalid JSON ({})", f.input, lineno, e.what());
-    }
-    if (!j.is_object()) mcpp::fail("{}:{}: expected a JSON object per line", f.input, lineno);
-    for (auto& o : p.outputs()) {
-      auto it = j.find(o.key);
-      if (it == j.end()) mcpp::fail("{}:{}: no key \"{}\" (--json-keys)", f.input, lineno, o.key);
-      p.add_document(o, sentences_of(*it, f.input, lineno, o.key));
-    }
-    p.processed(line.size() + 1);
-  }
-}
-
-void read_fortunes(std::ifstream& in, Preprocessor& p) {
-  std::string line, doc;
-  auto flush = [&] {
-    if (doc.find_first_not_of(" \t\r\n") != std::string::npos) {
-      p.add_document(p.outputs()[0], {doc});
-      p.processed(doc.size());
-    }
-    doc.clear();
-  };
-  while (std::getline(in, line)) {
-    if (line == "%" || line == "%\r") {
-      flush();
-    } else {
-      doc += line;
-      doc += '\n';
-    }
-  }
-  flush();
-}
-
-int run_preprocess(const PreprocessFlags& f) {
-  const std::string ext = fs::path(f.input).extension().string();
-  const bool jsonl = ext == ".jsonl" || ext == ".json";
-  if (!jsonl && ext != ".txt")
-    mcpp::fail("--input {}: unknown extension '{}' (expected .jsonl/.json, or .txt with %-separated documents)",
-               f.input, ext);
-  if (!jsonl && (f.json_keys.size() != 1 || f.json_keys[0] != "text"))
-    mcpp::fail("--json-keys applies to JSON input; a .txt input has the single key \"text\"");
-  if (f.json_keys.empty()) mcpp::fail("--json-keys: at least one key");
-  if (f.workers < 1) mcpp::fail("--workers {} must be >= 1", f.workers);
-  std::ifstream in(f.input, std::ios::binary);
-  if (!in) mcpp::fail("cannot open --input {}: {}", f.input, std::strerror(errno));
-  if (fs::is_directory(f.input)) mcpp::fail("--input {} is a directory", f.input);
-  Preprocessor p(f, mcpp::cli::build_tokenizer(f.tok));
-  if (jsonl)
-    read_jsonl(in, f, p);
-  else
-    read_fortunes(in, p);
-  if (in.bad()) mcpp::fail("reading --input {} failed", f.input);
-  p.finish();
-  return 0;
-}
 
 struct InfoFlags {
   std::string prefix, split = "969,30,1";
@@ -246,18 +58,55 @@ int run_info(const InfoFlags& f) {
   return 0;
 }
 
+struct SamplesFlags {
+  std::string prefix, split = "969,30,1", split_name = "train";
+  int64_t seq_length = 0, num_samples = 0, index = -1, count = 1;
+  uint32_t seed = 1234;
+  bool json = false;
+  mcpp::cli::TokenizerFlags tok;
+};
+
+int run_samples(const SamplesFlags& f, bool with_text) {
+  int split_index = -1;
+  for (int k = 0; k < 3; ++k)
+    if (f.split_name == mcpp::split_name(k)) split_index = k;
+  if (split_index < 0) mcpp::fail("--split-name '{}' must be train, valid or test", f.split_name);
+  if (f.seq_length <= 0) mcpp::fail("--seq-length {} must be >= 1", f.seq_length);
+  if (f.index < 0) mcpp::fail("--index {} must be >= 0", f.index);
+  if (f.count < 1) mcpp::fail("--count {} must be >= 1", f.count);
+  std::unique_ptr<mcpp::MegatronTokenizer> tok;
+  if (with_text) tok = mcpp::build_tokenizer(f.tok);
+  mcpp::GPTDataset ds({.prefix = f.prefix, .split = f.split, .split_index = split_index, .seq_length = f.seq_length,
+                       .num_samples = f.num_samples, .seed = f.seed});
+  if (f.index + f.count > ds.size())
+    mcpp::fail("--index {} --count {}: the {} split of {} has samples [0, {}) at --seq-length {}", f.index, f.count,
+               f.split_name, f.prefix, ds.size(), f.seq_length);
+  nlohmann::json out = {{"data_path", f.prefix},       {"split", f.split},
+                        {"split_name", f.split_name},  {"seq_length", f.seq_length},
+                        {"seed", f.seed},              {"num_samples", f.num_samples},
+                        {"size", ds.size()},           {"samples", nlohmann::json::array()}};
+  for (int64_t i = f.index; i < f.index + f.count; ++i) {
+    const std::vector<int32_t> tokens = ds.sample(i).tokens;  // [seq_length + 1]
+    nlohmann::json s = {{"index", i}, {"tokens", tokens}};
+    if (tok) s["text"] = tok->detokenize(tokens);
+    if (!f.json) {
+      fmt::print("sample {} ({} of {}, {} tokens):", i, f.split_name, ds.size(), tokens.size());
+      for (int32_t t : tokens) fmt::print(" {}", t);
+      fmt::print("\n");
+      if (tok) fmt::print("text: {}\n", s["text"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    }
+    out["samples"].push_back(std::move(s));
+  }
+  if (f.json) fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return 0;
+}
+
 int run_data(const std::vector<std::string>& args) {
   CLI::App app{"mcpp data: build and inspect Megatron indexed datasets", "mcpp data"};
   app.require_subcommand(1);
-  PreprocessFlags f;
+  mcpp::cli::PreprocessFlags f;
   CLI::App* pre = app.add_subcommand("preprocess", "tokenize .jsonl/.txt into {prefix}_{key}_document.bin/.idx");
-  pre->add_option("--input", f.input, "input .jsonl/.json (one object per line) or .txt (%-separated)")->required();
-  pre->add_option("--output-prefix", f.output_prefix, "output prefix")->required();
-  pre->add_option("--json-keys", f.json_keys, "JSON keys to extract")->capture_default_str();
-  pre->add_flag("--append-eod", f.append_eod, "append <|endoftext|> to every document");
-  pre->add_option("--workers", f.workers, "accepted for Megatron compatibility (one thread is used)");
-  pre->add_option("--log-interval", f.log_interval, "progress every N documents")->capture_default_str();
-  mcpp::cli::add_tokenizer_flags(*pre, f.tok);
+  mcpp::cli::add_preprocess_flags(*pre, f);
   InfoFlags inf;
   CLI::App* info = app.add_subcommand("info", "counts and split ranges of an indexed dataset");
   info->add_option("--data-path", inf.prefix, "dataset prefix (without .bin/.idx)")->required();
@@ -265,17 +114,37 @@ int run_data(const std::vector<std::string>& args) {
   info->add_option("--seq-length", inf.seq_length, "also build each split's GPTDataset at this length");
   info->add_option("--num-samples", inf.num_samples, "samples per split for --seq-length (0 = one epoch)");
   info->add_option("--seed", inf.seed, "shuffle seed for --seq-length")->capture_default_str();
+  SamplesFlags sf;
+  CLI::App* smp = app.add_subcommand("samples", "token ids (and text) of GPTDataset samples in Megatron's order");
+  smp->add_option("--data-path", sf.prefix, "dataset prefix (without .bin/.idx)")->required();
+  smp->add_option("--seq-length", sf.seq_length, "sequence length")->required();
+  smp->add_option("--split", sf.split, "Megatron --split")->capture_default_str();
+  smp->add_option("--split-name", sf.split_name, "train|valid|test")->capture_default_str();
+  smp->add_option("--seed", sf.seed, "Megatron --seed")->capture_default_str();
+  smp->add_option("--num-samples", sf.num_samples, "the split's sample count (Megatron: iters x global batch; 0 = one "
+                                                    "epoch); it fixes the epochs and so the order");
+  smp->add_option("--index", sf.index, "first sample")->required();
+  smp->add_option("--count", sf.count, "number of samples")->capture_default_str();
+  smp->add_flag("--json", sf.json, "one JSON object on stdout");
+  mcpp::cli::add_tokenizer_flags(*smp, sf.tok);
   std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
   try {
     app.parse(rev);
   } catch (const CLI::CallForHelp&) {
-    fmt::print("{}", pre->parsed() ? pre->help() : info->parsed() ? info->help() : app.help());
+    fmt::print("{}", pre->parsed() ? pre->help() : info->parsed() ? info->help() : smp->parsed() ? smp->help()
+                                                                                                   : app.help());
     return 0;
   }
-  if (pre->parsed()) return run_preprocess(f);
+  if (pre->parsed()) return mcpp::cli::run_preprocess(f);
+  if (smp->parsed()) {
+    const bool with_text = smp->count("--tokenizer-type") + smp->count("--tokenizer-model") +
+                               smp->count("--vocab-file") + smp->count("--vocab-size") > 0;
+    return run_samples(sf, with_text);
+  }
   return run_info(inf);
 }
 
-const mcpp::cli::Register reg{"data", "Megatron indexed datasets: preprocess (tokenize text), info", &run_data};
+const mcpp::cli::Register reg{"data", "Megatron indexed datasets: preprocess (tokenize text), info, samples",
+                              &run_data};
 
 }  // namespace

@@ -1,6 +1,7 @@
 // mcpp generate --load DIR --prompt TEXT --max-new-tokens N [--temperature T --top-k K --seed S]
 // Greedy by default (temperature 0); sampling with temperature and top-k. Prints the prompt followed by
-// the generated text. Tokenizer flags as `mcpp tokenize` (default: the GPT-2 vocabulary).
+// the generated text. Tokenizer flags as `mcpp tokenize` (default: the GPT-2 vocabulary); the prompt is tokenized as
+// Megatron does (a Hugging Face tokenizer's BOS included), the continuation decoded with detokenize.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -30,18 +31,18 @@ int run_generate(const std::vector<std::string>& args) {
   std::vector<std::string> rev(args.rbegin(), args.rend());
   app.parse(rev);
 
-  mcpp::GPT2Tokenizer tok = mcpp::cli::build_tokenizer(tok_flags);
+  const auto tok = mcpp::build_tokenizer(tok_flags);
   mcpp::LoadedModel lm = mcpp::load_model_for_inference(load);
-  if (lm.config.model.vocab_size != tok.vocab_size())
-    mcpp::fail("the checkpoint's vocab_size {} differs from the tokenizer's {}", lm.config.model.vocab_size,
-               tok.vocab_size());
+  if (lm.config.model.vocab_size != tok->vocab_size())
+    mcpp::fail("the checkpoint's vocab_size {} differs from the {}'s {}", lm.config.model.vocab_size, tok->type(),
+               tok->vocab_size());
   opt.seed = static_cast<uint64_t>(seed);
-  opt.stop_token = stop_at_eod ? tok.eod() : -1;
-  std::vector<int32_t> prompt_ids = tok.encode(prompt);
+  opt.stop_token = stop_at_eod ? tok->eod() : -1;
+  std::vector<int32_t> prompt_ids = tok->tokenize(prompt);
   std::vector<int32_t> out = mcpp::generate(*lm.model, prompt_ids, opt);
   std::vector<int32_t> gen(out.begin() + static_cast<std::ptrdiff_t>(prompt_ids.size()), out.end());
-  if (!gen.empty() && gen.back() == tok.eod()) gen.pop_back();
-  fmt::print("{}{}\n", prompt, tok.decode(gen));
+  if (!gen.empty() && gen.back() == tok->eod()) gen.pop_back();
+  fmt::print("{}{}\n", prompt, tok->detokenize(gen));
   return 0;
 }
 

@@ -1,8 +1,9 @@
-// mcpp tokenize — GPT-2 BPE on stdin.
-//   mcpp tokenize [--tokenizer-type GPT2BPETokenizer --vocab-file V --merge-file M] [--append-eod]
-//     reads all of stdin as UTF-8 bytes, prints the token ids space-separated on one line.
+// mcpp tokenize — a tokenizer on stdin (Megatron's tokenizer flags, apps/mcpp/tokenizer_flags.h).
+//   mcpp tokenize [--tokenizer-type T --tokenizer-model M | --vocab-file V --merge-file M] [--append-eod]
+//     reads all of stdin, prints the token ids (MegatronTokenizer::tokenize: what preprocess stores for a document,
+//     e.g. with Llama's BOS) space-separated on one line.
 //   mcpp tokenize --decode
-//     reads whitespace-separated token ids from stdin, writes the text's raw bytes (no newline added).
+//     reads whitespace-separated token ids from stdin, writes their text (detokenize; no newline added).
 // Errors (bad files, bad ids, unsupported tokenizer type) -> mcpp::Error -> "error: ..." and exit 2.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -51,11 +52,11 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 int run_tokenize(const std::vector<std::string>& args) {
-  CLI::App app{"mcpp tokenize: GPT-2 BPE ids of stdin (or text of ids with --decode)", "mcpp tokenize"};
+  CLI::App app{"mcpp tokenize: token ids of stdin (or text of ids with --decode)", "mcpp tokenize"};
   mcpp::cli::TokenizerFlags flags;
   mcpp::cli::add_tokenizer_flags(app, flags);
   bool append_eod = false, decode = false;
-  app.add_flag("--append-eod", append_eod, "append the end-of-document id (<|endoftext|> = 50256)");
+  app.add_flag("--append-eod", append_eod, "append the end-of-document id (GPT-2: <|endoftext|> = 50256)");
   app.add_flag("--decode", decode, "read token ids from stdin and print their text");
   std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
   try {
@@ -65,15 +66,15 @@ int run_tokenize(const std::vector<std::string>& args) {
     return 0;
   }
   if (decode && append_eod) mcpp::fail("tokenize: --append-eod and --decode exclude each other");
-  mcpp::GPT2Tokenizer tok = mcpp::cli::build_tokenizer(flags);
+  const auto tok = mcpp::build_tokenizer(flags);
   std::string in = read_stdin();
   if (decode) {
-    std::string text = tok.decode(parse_ids(in));
+    std::string text = tok->detokenize(parse_ids(in));
     std::fwrite(text.data(), 1, text.size(), stdout);
     return 0;
   }
-  std::vector<int32_t> ids = tok.encode(in);
-  if (append_eod) ids.push_back(tok.eod());
+  std::vector<int32_t> ids = tok->tokenize(in);
+  if (append_eod) ids.push_back(tok->eod());
   fmt::memory_buffer out;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i > 0) out.push_back(' ');
@@ -84,6 +85,7 @@ int run_tokenize(const std::vector<std::string>& args) {
   return 0;
 }
 
-const mcpp::cli::Register reg{"tokenize", "GPT-2 BPE: token ids of stdin (--decode: text of ids)", &run_tokenize};
+const mcpp::cli::Register reg{"tokenize", "token ids of stdin (--decode: text of ids); GPT-2, HF, SentencePiece",
+                              &run_tokenize};
 
 }  // namespace

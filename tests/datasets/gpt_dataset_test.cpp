@@ -107,7 +107,8 @@ TEST(GPTDataset, IndicesAndSamplesMatchMegatron) {
 TEST(GPTDataset, SplitIndicesMatchMegatronFormula) {
   const std::vector<std::pair<std::string, int64_t>> cases = {
       {"969,30,1", 1000}, {"969,30,1", 10}, {"969,30,1", 12345}, {"1,1", 5},    {"1,1,1", 7},
-      {"98,2,0", 3},      {"100,0,0", 17},  {"0.5,0.25,0.25", 6}, {"949,50,1", 1}, {"1/1/2", 11}};
+      {"98,2,0", 3},      {"100,0,0", 17},  {"0.5,0.25,0.25", 6}, {"949,50,1", 1}, {"1/1/2", 11},
+      {"969,30,1", 517},  {"969,30,1", 3},  {"1,2,3", 1}};
   std::string py = "import json,sys; sys.path.insert(0,'" + std::string(MCPP_SOURCE_DIR) +
                    "/tests/oracle/data'); from megatron_gpt_indices import split_indices; print(json.dumps([";
   for (const auto& [sp, n] : cases) py += "split_indices('" + sp + "'," + std::to_string(n) + "),";
@@ -125,10 +126,12 @@ TEST(GPTDataset, SplitIndicesMatchMegatronFormula) {
     EXPECT_EQ(std::vector<int64_t>(got.begin(), got.end()), want[k].get<std::vector<int64_t>>())
         << cases[k].first << " over " << cases[k].second;
   }
-  // Round half to even, as Python's round: "1,1" over 5 -> 2.5 rounds to 2 each, then shifted by 1.
+  // Each cumulative bookend rounds half to even on its own (Python's round): "1,1" over 5 -> 2.5 -> 2, 5.
   auto h = split_indices("1,1", 5);
-  EXPECT_EQ(h[1], 3);
+  EXPECT_EQ(h[1], 2);
   EXPECT_EQ(h[2], 5);
+  // The example: 969,30,1 over 517 -> train [0, 501) (the pre-core_r0.5 rule gave [0, 500)).
+  EXPECT_EQ(split_indices("969,30,1", 517)[1], 501);
 }
 
 // Reference: concatenate the split's sequences in document_index order; pre-shuffle sample j is

@@ -10,3 +10,7 @@ add_test(NAME data.preprocess_megatron
 add_test(NAME data.prepare_corpus
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/data/prepare_corpus_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/data_prepare_corpus_check)
+#   data.samples: `mcpp data samples` equals the Python oracle of Megatron-Core's GPTDataset order on every split.
+add_test(NAME data.samples
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/data/samples_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/data_samples_check)

@@ -6,7 +6,7 @@
 // GPT-2's bytes_to_unicode table when loaded, so a piece's bytes start BPE as 1-byte symbols.
 // BPE rounds follow encoder.py: take the adjacent pair of lowest merge rank, merge all its
 // non-overlapping occurrences left to right, repeat until no adjacent pair has a rank.
-// Thread safety: encode/decode are const and may run concurrently (the word cache has a mutex).
+// Thread safety: encode/decode are const and may run concurrently (the word cache: 16 mutex-guarded shards).
 #include "mcpp/datasets/gpt2_tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -31,7 +32,8 @@ namespace mcpp {
 namespace {
 
 constexpr const char* kEodToken = "<|endoftext|>";
-constexpr size_t kCacheMaxEntries = 1 << 20;  // words; cleared when full to bound memory
+constexpr size_t kCacheShards = 16;            // word cache shards, each with its own mutex (--workers threads)
+constexpr size_t kCacheMaxEntries = 1 << 16;  // words a shard; cleared when full to bound memory
 constexpr size_t kCacheMaxWordBytes = 256;    // longer pieces are encoded without caching
 
 // GPT-2's bytes_to_unicode inverse: code point -> byte (or -1). Printable Latin-1 bytes map to
@@ -88,8 +90,11 @@ struct GPT2Tokenizer::Impl {
   std::unordered_map<std::string, int32_t> sym_of;
   std::vector<int32_t> sym_vocab;
   std::unordered_map<uint64_t, Merge> merges;
-  mutable std::mutex cache_mu;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+  struct CacheShard {
+    std::mutex mu;
+    std::unordered_map<std::string, std::vector<int32_t>> words;
+  };
+  mutable std::array<CacheShard, kCacheShards> cache;
 
   int32_t intern(const std::string& s) {
     auto [it, added] = sym_of.emplace(s, static_cast<int32_t>(sym_vocab.size()));
@@ -242,19 +247,20 @@ std::vector<int32_t> GPT2Tokenizer::encode(std::string_view text) const {
       continue;
     }
     std::string key(piece);
+    auto& shard = impl_->cache[std::hash<std::string_view>{}(piece) % kCacheShards];
     {
-      std::lock_guard<std::mutex> lock(impl_->cache_mu);
-      auto it = impl_->cache.find(key);
-      if (it != impl_->cache.end()) {
+      std::lock_guard<std::mutex> lock(shard.mu);
+      auto it = shard.words.find(key);
+      if (it != shard.words.end()) {
         ids.insert(ids.end(), it->second.begin(), it->second.end());
         continue;
       }
     }
     size_t start = ids.size();
     impl_->bpe(piece, ids);
-    std::lock_guard<std::mutex> lock(impl_->cache_mu);
-    if (impl_->cache.size() >= kCacheMaxEntries) impl_->cache.clear();
-    impl_->cache.emplace(std::move(key), std::vector<int32_t>(ids.begin() + start, ids.end()));
+    std::lock_guard<std::mutex> lock(shard.mu);
+    if (shard.words.size() >= kCacheMaxEntries) shard.words.clear();
+    shard.words.emplace(std::move(key), std::vector<int32_t>(ids.begin() + start, ids.end()));
   }
   return ids;
 }

@@ -18,7 +18,7 @@ class GPT2Tokenizer {
   GPT2Tokenizer& operator=(GPT2Tokenizer&&) noexcept;
   ~GPT2Tokenizer();
 
-  // Thread-safe (a mutex guards the word cache). Invalid UTF-8 bytes are kept and encoded byte-level.
+  // Thread-safe (mutex-guarded shards of the word cache). Invalid UTF-8 bytes are kept and encoded byte-level.
   // "<|endoftext|>" inside text is plain text (7 ids), as in the reference; append eod() yourself.
   std::vector<int32_t> encode(std::string_view text) const;
   // Raw bytes of the ids, concatenated (no U+FFFD replacement, so decode(encode(x)) == x for any bytes).

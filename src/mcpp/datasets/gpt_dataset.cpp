@@ -48,12 +48,16 @@ std::array<double, 3> parse_split(const std::string& split) {
 
 std::array<int64_t, 4> split_indices(const std::string& split, int64_t num_elements) {
   const auto w = parse_split(split);
+  // Megatron-Core since core_r0.5: the split matrix's cumulative bookends [0, w0, w0+w1, w0+w1+w2]
+  // (convert_split_vector_to_split_matrix, summed left to right in float64), each scaled and rounded on its
+  // own: int(round(bookend * N)) in BlendedMegatronDatasetBuilder. Python's round() is round-half-to-even,
+  // as nearbyint in the default rounding mode.
   std::array<int64_t, 4> idx{0, 0, 0, 0};
-  // Python's round() rounds half to even, as nearbyint does in the default rounding mode.
-  for (int k = 0; k < 3; ++k)
-    idx[k + 1] = idx[k] + static_cast<int64_t>(std::nearbyint(w[k] * static_cast<double>(num_elements)));
-  const int64_t diff = idx[3] - num_elements;
-  for (int k = 1; k < 4; ++k) idx[k] -= diff;
+  double bookend = 0.0;
+  for (int k = 0; k < 3; ++k) {
+    bookend += w[k];
+    idx[k + 1] = static_cast<int64_t>(std::nearbyint(bookend * static_cast<double>(num_elements)));
+  }
   return idx;
 }
 

@@ -1,8 +1,9 @@
 // GPTDataset — Megatron-Core's GPT pretraining dataset (megatron/core/datasets/gpt_dataset.py) over
 // an IndexedDataset.
 //
-// Split: the split string ("969,30,1") is normalized and turned into element ranges with Megatron's
-// _get_split_indices (Python round = round-half-even, the last index forced to the element count).
+// Split: the split string ("969,30,1") is normalized and turned into element ranges as Megatron-Core does
+// since core_r0.5: each cumulative bookend rounded on its own, int(round(bookend * N)) (Python round =
+// round-half-even).
 // As in Megatron-Core, the elements are the indexed dataset's *sequences* (one per document when
 // written by `mcpp data preprocess`).
 // Indices, built in memory on construction (Megatron caches them as .npy files; we rebuild — it is
@@ -49,7 +50,8 @@ struct GPTDatasetOptions {
 
 // Megatron's parse_and_normalize_split: up to three non-negative weights, normalized to sum 1.
 std::array<double, 3> parse_split(const std::string& split);
-// Megatron's _get_split_indices: [0, end_train, end_valid, num_elements].
+// Megatron-Core's split bookends over num_elements: [0, end_train, end_valid, end_test] with
+// end = int(round(cumulative_weight * num_elements)) (blended_megatron_dataset_builder.py).
 std::array<int64_t, 4> split_indices(const std::string& split, int64_t num_elements);
 const char* split_name(int split_index);  // "train", "valid", "test"
 

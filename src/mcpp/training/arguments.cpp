@@ -281,7 +281,10 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--split", d.split);
   app.add_flag("--eod-mask-loss", d.eod_mask_loss);
-  app.add_option("--tokenizer-type", d.tokenizer_type, "GPT2BPETokenizer|NullTokenizer");
+  app.add_option("--tokenizer-type", d.tokenizer_type,
+                 "GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|NullTokenizer");
+  app.add_option("--tokenizer-model", d.tokenizer_model,
+                 "HuggingFaceTokenizer: directory with tokenizer.json; SentencePieceTokenizer: tokenizer.model");
   app.add_option("--vocab-file", d.vocab_file);
   app.add_option("--merge-file", d.merge_file);
 }

@@ -23,13 +23,14 @@ std::string format_log_line(const IterationStats& s) {
       "{:.1f} | throughput (tok/s): {:.1f} | learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} |{} "
       "grad norm: {:.3f} | number of skipped iterations: {:>3} | number of nan iterations: {:>3} |",
       fmt::localtime(now), s.iteration, s.train_iters, s.consumed_samples, s.elapsed_ms_per_iter, s.tokens_per_sec,
-      s.learning_rate, s.global_batch_size, s.lm_loss, moe, s.grad_norm, s.skipped_iters, s.nan_iters);
+      s.next_learning_rate, s.global_batch_size, s.lm_loss, moe, s.grad_norm, s.skipped_iters, s.nan_iters);
 }
 
 nlohmann::json to_json(const IterationStats& s) {
   nlohmann::json j = {{"event", "train"},          {"iteration", s.iteration},
                       {"consumed_samples", s.consumed_samples}, {"elapsed_ms_per_iter", s.elapsed_ms_per_iter},
                       {"tokens_per_sec", s.tokens_per_sec},     {"learning_rate", s.learning_rate},
+                      {"next_learning_rate", s.next_learning_rate},
                       {"global_batch_size", s.global_batch_size}, {"lm_loss", s.lm_loss},
                       {"grad_norm", s.grad_norm},               {"skipped_iters", s.skipped_iters},
                       {"nan_iters", s.nan_iters}};

@@ -16,7 +16,10 @@ struct IterationStats {
   int64_t consumed_samples = 0;
   double elapsed_ms_per_iter = 0;
   double tokens_per_sec = 0;
-  double learning_rate = 0;
+  double learning_rate = 0;       // the lr the window's last optimizer step applied (metrics "learning_rate")
+  // The lr after that step's scheduler step, i.e. the next iteration's: what Megatron's log line prints (it reads
+  // the param groups after opt_param_scheduler.step); "learning rate:" in the log line, metrics "next_learning_rate".
+  double next_learning_rate = 0;
   int64_t global_batch_size = 0;
   double lm_loss = 0;
   double grad_norm = 0;

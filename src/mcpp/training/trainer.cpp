@@ -650,6 +650,7 @@ TrainSummary Trainer::train() {
                                                                samples_at_window_start) *
                                                               config_.model.seq_length) / secs,
                         .learning_rate = lr,
+                        .next_learning_rate = scheduler_->get_lr(),  // Megatron's log line: after the step
                         .global_batch_size = batch,  // the last step's (a ramp-up grows it)
                         .lm_loss = loss_window / static_cast<double>(iters_in_window),
                         .grad_norm = grad_norm_last,

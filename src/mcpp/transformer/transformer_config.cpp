@@ -457,8 +457,15 @@ void DataConfig::validate() const {
   if (!data_path.empty() && (!train_data_path.empty() || !valid_data_path.empty() || !test_data_path.empty()))
     fail("data_path and train_data_path / valid_data_path / test_data_path are both set; give one (Megatron: one "
          "blend split by --split, or one per split)");
-  if (tokenizer_type != "GPT2BPETokenizer" && tokenizer_type != "NullTokenizer")
-    fail("tokenizer_type: unknown value '{}' (expected GPT2BPETokenizer|NullTokenizer)", tokenizer_type);
+  const bool with_model = tokenizer_type == "HuggingFaceTokenizer" || tokenizer_type == "SentencePieceTokenizer";
+  if (!with_model && tokenizer_type != "GPT2BPETokenizer" && tokenizer_type != "NullTokenizer")
+    fail("tokenizer_type: unknown value '{}' (expected GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|"
+         "NullTokenizer)", tokenizer_type);
+  if (with_model && tokenizer_model.empty())
+    fail("tokenizer_model: --tokenizer-type {} needs --tokenizer-model", tokenizer_type);
+  if (!with_model && !tokenizer_model.empty())
+    fail("tokenizer_model: --tokenizer-model belongs to HuggingFaceTokenizer / SentencePieceTokenizer, not {}",
+         tokenizer_type);
 }
 
 // ---------------------------------------------------------------- Config

@@ -375,7 +375,9 @@ struct DataConfig {
   // (the test split, of test_data_path or --split's third weight, is evaluated once at the end of training.)
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string split = "969,30,1";
-  std::string tokenizer_type = "GPT2BPETokenizer";  // GPT2BPETokenizer | NullTokenizer
+  // GPT2BPETokenizer | HuggingFaceTokenizer | SentencePieceTokenizer | NullTokenizer (datasets/megatron_tokenizer.h)
+  std::string tokenizer_type = "GPT2BPETokenizer";
+  std::string tokenizer_model;  // HuggingFaceTokenizer: a directory with tokenizer.json; SentencePiece: the .model
   std::string vocab_file;
   std::string merge_file;
   bool eod_mask_loss = false;  // --eod-mask-loss: no loss where the input token is EOD

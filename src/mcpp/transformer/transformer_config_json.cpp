@@ -180,6 +180,7 @@ template <class D, class V> void visit_data(D& d, V&& v) {
   v("split", d.split);
   v("eod_mask_loss", d.eod_mask_loss);
   v("tokenizer_type", d.tokenizer_type);
+  v("tokenizer_model", d.tokenizer_model);
   v("vocab_file", d.vocab_file);
   v("merge_file", d.merge_file);
 }

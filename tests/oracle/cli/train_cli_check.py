@@ -11,7 +11,7 @@ usage: train_cli_check.py MCPP WORKDIR
      corrupted checkpoint tensor;
   6. sample-based training (--train-samples, --lr-warmup-samples): the iteration count, each iteration's learning
      rate against Megatron's schedule in samples, resume, and --train-iters with it as an error; --rampup-batch-size:
-     each iteration's global batch and learning rate, the iteration count, the first steps equal to a constant run
+     each iteration's global batch and learning rate (the log line's is Megatron's: after the scheduler step), the iteration count, the first steps equal to a constant run
      of the start batch; per-split data paths: training equal to --data-path with --split 100,0,0, validation only
      with --valid-data-path; the end-of-training validation and test evaluations (equal on the same samples, none
      after --exit-interval, a too small test split a warning); --skip-train evaluates a checkpoint as its run's end.
@@ -86,7 +86,7 @@ for flag in ("--train-iters", "--lr-warmup-iters", "--lr-decay-style"):
 sample_flags = [*base, "--train-samples", "30", "--lr-warmup-samples", "6", "--lr-decay-style", "linear",
                 "--min-lr", "1e-4"]
 s_dir = os.path.join(WORK, "samples")
-run("train", *sample_flags, "--save", s_dir)
+samples_run = run("train", *sample_flags, "--save", s_dir)
 lrs = records(os.path.join(s_dir, "metrics.jsonl"), "learning_rate")
 want = {}
 for k in range(1, 8):
@@ -94,6 +94,26 @@ for k in range(1, 8):
     want[k] = 1e-3 * n / 6 if n <= 6 else 1e-4 + (1e-3 - 1e-4) * (1 - (n - 6) / (30 - 6))
 if sorted(lrs) != list(range(1, 8)) or any(abs(lrs[k] - want[k]) > 1e-9 + 1e-6 * want[k] for k in want):
     failures.append(f"--train-samples: learning rates {lrs} vs Megatron's {want}")
+# the log line prints what Megatron's does: the lr after the iteration's scheduler step (metrics "next_learning_rate"),
+# Megatron's schedule at the samples consumed after iteration k; the printed value has 7 significant digits (%.6E)
+def sched(n):
+    return 1e-3 * n / 6 if n <= 6 else 1e-4 + (1e-3 - 1e-4) * (1 - min(n - 6, 24) / (30 - 6))
+
+
+nxt = records(os.path.join(s_dir, "metrics.jsonl"), "next_learning_rate")
+printed = {}
+for line in samples_run.stdout.splitlines():
+    if " iteration " in line and "learning rate:" in line:
+        printed[int(line.split("iteration")[1].split("/")[0])] = float(line.split("learning rate:")[1].split("|")[0])
+for k in range(1, 8):
+    w = sched(k * 4)
+    if k not in nxt or abs(nxt[k] - w) > 1e-9 + 1e-6 * w:
+        failures.append(f"--train-samples: next_learning_rate {nxt} vs Megatron's {w} after iteration {k}")
+        break
+    if k not in printed or abs(printed[k] - w) > 1e-6 * w + 1e-12:
+        failures.append(f"--train-samples: the log line's learning rate {printed.get(k)} at iteration {k}, "
+                        f"Megatron prints {w}")
+        break
 s_part = os.path.join(WORK, "samples_part")
 run("train", *sample_flags, "--exit-interval", "4", "--save", s_part)
 run("train", *sample_flags, "--load", s_part, "--save", s_part)

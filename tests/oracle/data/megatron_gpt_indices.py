@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Oracle for GPTDataset: Megatron-Core's split / document / sample / shuffle index construction and
-sample assembly (megatron/core/datasets/gpt_dataset.py, blended_megatron_dataset_builder.py
-_get_split_indices, helpers.cpp build_sample_idx), re-stated with numpy and numpy.random.RandomState.
+sample assembly (megatron/core/datasets/gpt_dataset.py, blended_megatron_dataset_config.py split
+matrix + blended_megatron_dataset_builder.py bookends, helpers.cpp build_sample_idx), re-stated with numpy and numpy.random.RandomState.
 
 usage: megatron_gpt_indices.py PREFIX SPLIT SPLIT_INDEX SEQ_LENGTH NUM_SAMPLES SEED
   NUM_SAMPLES 0 means Megatron's num_samples=None (one epoch).
 Prints JSON: split_indices, num_epochs, separate_final_epoch, document_index, sample_index (flat),
 shuffle_index, samples (token lists of every sample in shuffled order).
 """
+import functools
 import json
 import os
 import re
@@ -20,15 +21,14 @@ from megatron_indexed_writer import read  # noqa: E402
 
 
 def split_indices(split_str, num_elements):
+    # blended_megatron_dataset_config.py parse_and_normalize_split + convert_split_vector_to_split_matrix,
+    # blended_megatron_dataset_builder.py: beg/end = int(round(bookend * float(num_elements))).
     split = list(map(float, re.findall(r"[.0-9]+", split_str)))
     split = split + [0.0] * (3 - len(split))
-    split = [s / sum(split) for s in split]
-    idx = [0]
-    for pct in split:
-        idx.append(idx[-1] + int(round(pct * float(num_elements))))
-    idx[1:] = [i - (idx[-1] - num_elements) for i in idx[1:]]
-    assert idx[-1] == num_elements
-    return idx
+    w = numpy.array(split, dtype=numpy.float64)
+    split = (w / numpy.sum(w)).tolist()
+    expansion = functools.reduce(lambda a, b: a + [a[len(a) - 1] + b], [[0], *split])
+    return [int(round(b * float(num_elements))) for b in expansion]
 
 
 def build_document_index(documents, num_epochs, rs, separate_final_epoch):

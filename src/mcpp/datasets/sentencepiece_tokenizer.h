@@ -1,0 +1,36 @@
+// SentencePieceTokenizer — Megatron's --tokenizer-type SentencePieceTokenizer --tokenizer-model tokenizer.model,
+// through Debian's libsentencepiece (the library Megatron's Python wrapper calls): tokenize = encode_as_ids
+// (no BOS / EOS added), detokenize = decode_ids, vocab_size = get_piece_size, eod = eos_id, bos = bos_id.
+// A missing or malformed .model, or one without an EOS piece, is an mcpp::Error naming the file.
+// Thread safety: SentencePieceProcessor's Encode / Decode are const and thread-safe.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "mcpp/datasets/megatron_tokenizer.h"
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace mcpp {
+
+class SentencePieceTokenizer final : public MegatronTokenizer {
+ public:
+  static std::unique_ptr<SentencePieceTokenizer> from_file(const std::string& model);
+  ~SentencePieceTokenizer() override;
+
+  std::vector<int32_t> tokenize(std::string_view text) const override;
+  std::string detokenize(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override;
+  int32_t eod() const override;
+  int32_t bos() const override;
+  const char* type() const override { return "SentencePieceTokenizer"; }
+
+ private:
+  SentencePieceTokenizer(std::string path, std::unique_ptr<sentencepiece::SentencePieceProcessor> sp);
+  std::string path_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+};
+
+}  // namespace mcpp
