@@ -91,8 +91,10 @@ class CheckpointReader {
   void read_into(const std::string& key, const Tensor& dst) const;
   Tensor read(const std::string& key) const;  // into a fresh CPU tensor
   // Reads every shard of `key` and checks its checksum and its entry in the data file's safetensors
-  // header (once per reader: a key that passed is not re-read).
+  // header (once per reader: a key that passed is not re-read). Every read checks the header entry too.
   void verify(const std::string& key) const;
+  // Entries of the data files' safetensors headers that no manifest entry names ("name (in file)").
+  std::vector<std::string> unlisted_header_entries() const;
 
  private:
   const SafetensorsHeader& header_for(const ManifestEntry& e) const;  // parsed once, then cached

@@ -201,9 +201,16 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
       spdlog::warn("no checkpoint found in '{}': training from scratch", t.load);
     }
   }
-  if (!t.save.empty() && pc_.rank() == 0)  // what crashed saves left behind (no save is in flight yet)
+  if (!t.save.empty() && pc_.rank() == 0) {
+    // The save directory is this job's for its lifetime (a second live job is refused); then what dead jobs
+    // left behind goes (no save of this job is in flight yet).
+    save_lock_ = dist_checkpointing::SaveDirLock::acquire(t.save);
+    if (!save_lock_.held())
+      spdlog::warn("the filesystem of --save {} has no file locks: another job saving there would not be noticed",
+                   t.save);
     for (const std::string& p : dist_checkpointing::remove_stale_staging(t.save))
-      spdlog::warn("removed stale staging path {} (left by an interrupted save)", p);
+      spdlog::warn("removed stale checkpoint path {} (left by an interrupted save or deletion)", p);
+  }
   if (t.async_save) async_saver_ = std::make_unique<dist_checkpointing::AsyncCheckpointSaver>(pc_.world());
   std::string metrics_path = t.metrics_path;
   if (metrics_path.empty() && !t.save.empty()) metrics_path = t.save + "/metrics.jsonl";
