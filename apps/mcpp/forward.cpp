@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/npy.h"
@@ -52,8 +53,7 @@ int run_forward(const std::vector<std::string>& args) {
   app.add_option("--load", load, "checkpoint directory")->required();
   app.add_option("--tokens", tokens_path, "token ids, one sequence per line")->required();
   app.add_option("--output", output, "logits .npy [n_seq, seq, vocab]")->required();
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  app.parse(rev);
+  mcpp::cli::parse_args(app, args);
 
   mcpp::LoadedModel lm = mcpp::load_model_for_inference(load);
   const auto& mc = lm.config.model;

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "apps/mcpp/tokenizer_flags.h"
 #include "mcpp/core/error.h"
@@ -27,8 +28,7 @@ int run_generate(const std::vector<std::string>& args) {
   app.add_option("--seed", seed, "sampling seed");
   app.add_flag("!--no-stop-at-eod", stop_at_eod, "keep generating past <|endoftext|>");
   mcpp::cli::add_tokenizer_flags(app, tok_flags);
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  app.parse(rev);
+  mcpp::cli::parse_args(app, args);
 
   mcpp::GPT2Tokenizer tok = mcpp::cli::build_tokenizer(tok_flags);
   mcpp::LoadedModel lm = mcpp::load_model_for_inference(load);
