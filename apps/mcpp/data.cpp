@@ -33,6 +33,7 @@
 #include "apps/mcpp/command.h"
 #include "apps/mcpp/tokenizer_flags.h"
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
 #include "mcpp/datasets/gpt_dataset.h"
 #include "mcpp/datasets/indexed_dataset.h"
 
@@ -159,12 +160,8 @@ void read_jsonl(std::ifstream& in, const PreprocessFlags& f, Preprocessor& p) {
   while (std::getline(in, line)) {
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      mcpp::fail("{}:{}: invalid JSON ({})", f.input, lineno, e.what());
-    }
+    // Depth-bounded: one line of a corpus cannot drive a recursive walk.
+    const nlohmann::json j = mcpp::parse_json_limited(line, fmt::format("{}:{}", f.input, lineno));
     if (!j.is_object()) mcpp::fail("{}:{}: expected a JSON object per line", f.input, lineno);
     for (auto& o : p.outputs()) {
       auto it = j.find(o.key);
