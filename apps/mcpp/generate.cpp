@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "apps/mcpp/tokenizer_flags.h"
@@ -29,6 +31,8 @@ int run_generate(const std::vector<std::string>& args) {
   app.add_flag("!--no-stop-at-eod", stop_at_eod, "keep generating past <|endoftext|>");
   mcpp::cli::add_tokenizer_flags(app, tok_flags);
   mcpp::cli::parse_args(app, args);
+  if (!std::isfinite(opt.temperature))  // CLI11's NonNegativeNumber lets nan and inf through
+    mcpp::fail("--temperature must be a finite number >= 0 (0 = greedy), got {}", opt.temperature);
 
   mcpp::GPT2Tokenizer tok = mcpp::cli::build_tokenizer(tok_flags);
   mcpp::LoadedModel lm = mcpp::load_model_for_inference(load);

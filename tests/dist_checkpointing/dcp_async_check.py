@@ -127,7 +127,7 @@ p = run([MCPP, "train", *M, "--train-iters", "8", "--save-interval", "2", "--sav
          "--keep-last-n-checkpoints", "2"], 1)
 if iters(d) != ["iter_0000006", "iter_0000008"]:
     failures.append(f"retention: {iters(d)} (want iter_0000006, iter_0000008)")
-if "removed stale staging path" not in p.stdout + p.stderr:
+if "removed stale checkpoint path" not in p.stdout + p.stderr:
     failures.append("retention: the stale staging directory removal was not reported")
 print(f"retention: {iters(d)}")
 

@@ -320,9 +320,10 @@ Tensor CheckpointReader::read(const std::string& key) const {
   Tensor t;
   try {
     t = Tensor::empty(e.global_shape, e.dtype, Device::CPU);
-  } catch (const std::bad_alloc&) {
-    fail("{}: tensor '{}' ({} {}, {} bytes) does not fit in host memory", dir_, key, dtype_name(e.dtype),
-         shape_str(e.global_shape), shape_numel(e.global_shape) * static_cast<int64_t>(dtype_size(e.dtype)));
+  } catch (const std::exception& err) {  // std::bad_alloc, or the allocator's "out of host memory"
+    fail("{}: tensor '{}' ({} {}, {} bytes) does not fit in host memory: {}", dir_, key, dtype_name(e.dtype),
+         shape_str(e.global_shape), shape_numel(e.global_shape) * static_cast<int64_t>(dtype_size(e.dtype)),
+         err.what());
   }
   read_into(key, t);
   return t;

@@ -380,17 +380,18 @@ MemoryFit fit_memory(const Config& cfg, double budget_bytes) {
   return fit;
 }
 
-void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes) {
+void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes,
+                  const std::string& memory_name) {
   const StageMemory& st = plan.stages.at(static_cast<size_t>(pp_rank));
   if (st.total_bytes() <= device_bytes) return;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   const MemoryFit fit = fit_memory(cfg, device_bytes);
   fail("memory plan: pipeline rank {} needs {:.2f} GiB (model state {:.2f} + activations {:.2f}: {} microbatch "
-       "context(s) in flight, before transient buffers) but the GPU has {:.2f} GiB; {}, or raise tensor / pipeline "
+       "context(s) in flight, before transient buffers) but {} has {:.2f} GiB; {}, or raise tensor / pipeline "
        "parallelism, use --use-distributed-optimizer or --recompute-granularity (`mcpp plan memory` shows each "
        "rank)",
        pp_rank, st.total_bytes() / kGiB, st.model_state_bytes() / kGiB,
-       static_cast<double>(st.peak_activation_bytes) / kGiB, st.in_flight, device_bytes / kGiB,
+       static_cast<double>(st.peak_activation_bytes) / kGiB, st.in_flight, memory_name, device_bytes / kGiB,
        fit.max_micro_batch_size > 0
            ? fmt::format("--micro-batch-size {} would fit (now {})", fit.max_micro_batch_size,
                          cfg.training.micro_batch_size)
