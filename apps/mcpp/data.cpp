@@ -30,6 +30,7 @@
 #include <cstring>
 #include <vector>
 
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "apps/mcpp/tokenizer_flags.h"
 #include "mcpp/core/error.h"
@@ -262,13 +263,7 @@ int run_data(const std::vector<std::string>& args) {
   info->add_option("--seq-length", inf.seq_length, "also build each split's GPTDataset at this length");
   info->add_option("--num-samples", inf.num_samples, "samples per split for --seq-length (0 = one epoch)");
   info->add_option("--seed", inf.seed, "shuffle seed for --seq-length")->capture_default_str();
-  std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
-  try {
-    app.parse(rev);
-  } catch (const CLI::CallForHelp&) {
-    fmt::print("{}", pre->parsed() ? pre->help() : info->parsed() ? info->help() : app.help());
-    return 0;
-  }
+  mcpp::cli::parse_args(app, args);  // `data preprocess --help`: the subcommand's help, "mcpp data preprocess"
   if (pre->parsed()) return run_preprocess(f);
   return run_info(inf);
 }
