@@ -162,7 +162,7 @@ void read_jsonl(std::ifstream& in, const PreprocessFlags& f, Preprocessor& p) {
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     // Depth-bounded: one line of a corpus cannot drive a recursive walk.
-    const nlohmann::json j = mcpp::parse_json_limited(line, fmt::format("{}:{}", f.input, lineno));
+    const nlohmann::json j = mcpp::parse_json_limited(line, fmt::format("{}:{}: the line", f.input, lineno));
     if (!j.is_object()) mcpp::fail("{}:{}: expected a JSON object per line", f.input, lineno);
     for (auto& o : p.outputs()) {
       auto it = j.find(o.key);

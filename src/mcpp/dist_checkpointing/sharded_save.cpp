@@ -108,6 +108,13 @@ void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir, 
   write_file_atomic((fs::path(save_dir) / kTrackerFile).string(), std::to_string(iteration) + "\n",
                     "during_latest_update");
   fault_point("after_latest_update");
+  // The orphaned iter_N this save superseded (begin_sharded_save moved it aside under this save's token) is no
+  // longer needed once the tracker names the new one; a kill before this leaves it to the next start's clean-up.
+  const size_t token = tmp_dir.rfind(".tmp-");
+  if (token != std::string::npos) {
+    std::error_code ec;
+    fs::remove_all(final_dir + ".superseded-" + tmp_dir.substr(token + 5), ec);
+  }
 }
 
 std::vector<std::string> all_gather_strings(comm::Communicator& comm, const std::string& mine) {
