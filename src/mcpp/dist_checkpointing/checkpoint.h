@@ -9,9 +9,11 @@
 // manifest last (tmp + fsync + rename), renames the directory to iter_N, fsyncs save_dir and then
 // replaces the tracker file (tmp + fsync + rename). It refuses to overwrite a committed iter_N. A crash
 // leaves at most a *.tmp-* directory, which readers never look at.
-// CheckpointReader reads tensors into caller-provided tensors (any device) after checking key, dtype
-// and shape, and verifies the XXH3-64 of the bytes; every failure is an mcpp::Error naming the file
-// and tensor key. It reads single-writer (version 1) and sharded (version 2, sharded_save.h)
+// CheckpointReader parses the manifest (a regular file; its checksum first, manifest.h), reads tensors into
+// caller-provided tensors (any device) after checking key, dtype and shape, checks every shard's entry in its
+// data file's safetensors header (name, dtype, shape, byte range: swapped or moved entries are refused before a
+// byte is used) and verifies the XXH3-64 of the bytes; every failure is an mcpp::Error naming the file and tensor
+// key. The tracker and data files are opened as regular files only (a FIFO is refused, never waited on). It reads single-writer (version 1) and sharded (version 2, sharded_save.h)
 // checkpoints alike: read_region is the load planner — it intersects the requested rectangle of the
 // logical tensor with the saved shards of the key, checks before reading that they cover it exactly
 // once, and reads only the shards that intersect (with checksums on, each such shard whole, since
