@@ -113,13 +113,15 @@ int verify(const std::string& load, int64_t iteration) {
                r.manifest().tensors.size(), bad.front());
   }
   const std::vector<std::string> unlisted = r.unlisted_header_entries();
-  for (const std::string& u : unlisted) fmt::print(stderr, "BAD {}: in a data file's header but not in the manifest\n", u);
+  for (const std::string& u : unlisted)
+    fmt::print(stderr, "BAD {}: in a data file's header but not in the manifest\n", u);
   if (!unlisted.empty())
     mcpp::fail("verify {}: {} safetensors header entries are not in the manifest (first: {})", r.dir(), unlisted.size(),
                unlisted.front());
   fmt::print("OK {}: {} tensors ({} shards), {} bytes verified; manifest {}; {}\n", r.dir(), r.keys().size(),
              r.manifest().tensors.size(), bytes,
-             r.manifest().format_version >= 3 ? "checksum OK" : fmt::format("version {} (no checksum)", r.manifest().format_version),
+             r.manifest().format_version >= 3 ? std::string("checksum OK")
+                                              : fmt::format("version {} (no checksum)", r.manifest().format_version),
              implied > 0 ? "complete: every tensor its stored config implies is present"
                          : "completeness not checked (meta holds no config)");
   return 0;
@@ -141,7 +143,8 @@ int run_ckpt(const std::vector<std::string>& args) {
   CLI::App* s_info = app.add_subcommand("info", "print iteration, config and tensors of a checkpoint");
   add_load(s_info);
   s_info->add_flag("--tensors", tensors, "list every tensor (key, dtype, shape, file, offset, xxh3)");
-  CLI::App* s_verify = app.add_subcommand("verify", "check the manifest checksum, completeness against the stored config, and every tensor's xxh3 and header");
+  CLI::App* s_verify = app.add_subcommand(
+      "verify", "check the manifest checksum, completeness against the stored config, every tensor's xxh3 and header");
   add_load(s_verify);
   CLI::App* s_convert = app.add_subcommand("convert", "offline reshard to another TP / PP / virtual-stage layout");
   add_load(s_convert);

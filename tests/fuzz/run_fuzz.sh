@@ -5,6 +5,7 @@
 #        run_fuzz.sh WORKDIR long RUNS [TARGET] every target (or one) for RUNS executions (`make fuzz`: 10,000,000),
 #                                               one at a time under nice -n 19; the grown corpus is merged (minimized)
 #                                               back into tests/fuzz/corpus/<target>; counts go to WORKDIR/counts.txt
+# FUZZ_MAX_TIME=<s> also bounds each long run by time (a starved machine: the counts say how far each got).
 # A finding (crash, sanitizer report, an exception other than mcpp::Error, a >10 s input) fails the run and leaves
 # libFuzzer's crash-* / timeout-* file in WORKDIR/<target>/. Without clang++ it exits 77 (ctest: skipped).
 set -euo pipefail
@@ -31,7 +32,8 @@ for t in $TARGETS; do
     "$WORK/build/$t" "${common[@]}" -max_total_time="$AMOUNT" new "$seeds" "$corpus" >log.txt 2>&1 \
       || { tail -40 log.txt; echo "FAIL: $t"; exit 1; }
   else
-    nice -n 19 "$WORK/build/$t" "${common[@]}" -runs="$AMOUNT" new "$seeds" "$corpus" >log.txt 2>&1 \
+    nice -n 19 "$WORK/build/$t" "${common[@]}" -runs="$AMOUNT" -max_total_time="${FUZZ_MAX_TIME:-0}" new "$seeds" \
+      "$corpus" >log.txt 2>&1 \
       || { tail -40 log.txt; echo "FAIL: $t"; exit 1; }
     # Minimize what this run grew into the committed corpus (inputs that add coverage over the seeds).
     mkdir -p merged && "$WORK/build/$t" -merge=1 -max_len=8192 merged "$corpus" new >merge.txt 2>&1

@@ -103,7 +103,6 @@ ManifestEntry entry_from_json(const nlohmann::json& t, const std::string& path, 
   return e;
 }
 
-
 std::string hex64(uint64_t h) { return fmt::format("{:016x}", h); }
 uint64_t hash_text(const std::string& s) { return XXH3_64bits(s.data(), s.size()); }
 
@@ -124,7 +123,8 @@ std::string tensor_field_name(const nlohmann::json& e, size_t index) {
 // The checksummed fields of a manifest (manifest.h, "Checksum"): objects split down to depth 3
 // ("meta.optimizer.step"), arrays at depth <= 2 split into elements ("meta.x[1]", tensors by key and
 // offset), every other value a leaf. A name seen twice keeps both hashes (comma-joined): nothing is lost.
-void collect_fields(const nlohmann::json& j, const std::string& path, int depth, std::map<std::string, std::string>& out) {
+void collect_fields(const nlohmann::json& j, const std::string& path, int depth,
+                    std::map<std::string, std::string>& out) {
   auto add = [&](const std::string& name, const nlohmann::json& v) {
     std::string& h = out[name];
     h += (h.empty() ? "" : ",") + hex64(hash_text(v.dump()));
@@ -167,10 +167,12 @@ void check_checksum(const nlohmann::json& j, const std::string& path) {
     else if ((*stored)[k] != v) changed.push_back(k);
   for (const auto& [k, v] : stored->items())
     if (!now.contains(k)) changed.push_back(k + " (removed)");
-  if (!changed.empty())
+  if (!changed.empty()) {
+    const auto shown = changed.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(changed.size(), 4));
     fail("{}: manifest checksum mismatch: {}{} changed after the save (the manifest was edited or damaged); "
-         "refusing to use this checkpoint", path, fmt::join(changed.begin(), changed.begin() + std::min<size_t>(changed.size(), 4), ", "),
+         "refusing to use this checkpoint", path, fmt::join(changed.begin(), shown, ", "),
          changed.size() > 4 ? fmt::format(" and {} more fields", changed.size() - 4) : std::string());
+  }
   if (whole->get<std::string>() != hex64(hash_text(stored->dump())))
     fail("{}: manifest checksum mismatch: '{}' does not match '{}' (the checksum fields were edited or damaged); "
          "refusing to use this checkpoint", path, kManifestChecksumField, kManifestFieldChecksumsField);
@@ -181,7 +183,9 @@ void check_no_aliasing(const Manifest& m, const std::string& path) {
   std::vector<const ManifestEntry*> es;
   for (const auto& e : m.tensors)
     if (e.byte_length > 0) es.push_back(&e);
-  std::sort(es.begin(), es.end(), [](auto* a, auto* b) { return std::tie(a->file, a->byte_offset) < std::tie(b->file, b->byte_offset); });
+  std::sort(es.begin(), es.end(), [](auto* a, auto* b) {
+    return std::tie(a->file, a->byte_offset) < std::tie(b->file, b->byte_offset);
+  });
   for (size_t i = 1; i < es.size(); ++i) {
     const ManifestEntry &a = *es[i - 1], &b = *es[i];
     if (a.file == b.file && b.byte_offset < a.byte_offset + a.byte_length)

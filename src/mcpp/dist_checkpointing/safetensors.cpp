@@ -152,7 +152,8 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   h.data_start = 8 + h.header_len;
   std::string text(h.header_len, '\0');
   pread_exact(path, 8, h.header_len, text.data(), "the header");
-  const nlohmann::json j = parse_json_limited(text, fmt::format("{}: safetensors header", path), {.max_bytes = kMaxHeaderLen});
+  const nlohmann::json j =
+      parse_json_limited(text, fmt::format("{}: safetensors header", path), {.max_bytes = kMaxHeaderLen});
   if (!j.is_object()) fail("{}: safetensors header is not a JSON object", path);
   uint64_t data_len = h.file_size - h.data_start;
   for (auto it = j.begin(); it != j.end(); ++it) {
