@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: deps build test demo bench clean
+.PHONY: deps build test fuzz demo bench clean
 
 deps:
 	bash scripts/install_deps.sh
@@ -14,6 +14,11 @@ build: deps
 
 test: build
 	cd $(BUILD) && OMP_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# libFuzzer on every parser, 10 million executions each, one target at a time under nice (docs/FUZZING.md);
+# not part of `make test` (which runs a few seconds of each).
+fuzz: build
+	bash tests/fuzz/run_fuzz.sh $(BUILD)/fuzz long 10000000
 
 demo: build
 	bash scripts/demo.sh

@@ -2,23 +2,32 @@
 // (docs/CHECKPOINT_FORMAT.md). DIR may be given positionally or as --load DIR.
 //   mcpp ckpt info   DIR [--iteration N] [--tensors]     layout, iteration, totals, one line per logical key
 //                                                        (dtype, global shape, shards, bytes); --tensors: per shard
-//   mcpp ckpt verify DIR [--iteration N]                 re-reads every tensor, checks xxh3 + headers
+//   mcpp ckpt verify DIR [--iteration N]                 the manifest checksum, completeness against the stored
+//                                                        config (training/checkpoint_completeness.h), then every
+//                                                        tensor re-read: xxh3 + safetensors header entries
+//   mcpp ckpt clean DIR                                  removes what dead jobs left in a save directory (staging,
+//                                                        superseded, set-aside and half-deleted directories);
+//                                                        refuses a directory a live job holds (retention.h)
 //   mcpp ckpt convert DIR --tp T --pp P [--vp V] --output DIR2   offline reshard (training/checkpoint_convert.h)
 //   mcpp ckpt export --load DIR [--iteration N] --output HFDIR
 //       --format hf-gpt2|hf-llama|hf-mixtral|hf-qwen2|hf-qwen2-moe|hf-qwen3|hf-qwen3-moe
 //   mcpp ckpt import --input HFDIR --format hf-gpt2|hf-llama|hf-mixtral|hf-qwen2|hf-qwen2-moe|hf-qwen3|hf-qwen3-moe
 //       --save DIR
-// --load takes a save directory (the tracker picks the iteration unless --iteration) or an iter_N dir.
+// --load takes a save directory (the tracker picks the iteration unless --iteration N >= 0) or an iter_N dir.
 // verify prints one line per bad tensor and fails (error line, exit code 2) when any is bad.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
 #include "mcpp/dist_checkpointing/hf_convert.h"
+#include "mcpp/dist_checkpointing/retention.h"
+#include "mcpp/training/checkpoint_completeness.h"
 #include "mcpp/training/checkpoint_convert.h"
 
+#include <limits>
 #include <map>
 
 namespace {
@@ -86,7 +95,8 @@ int info(const std::string& load, int64_t iteration, bool tensors) {
 }
 
 int verify(const std::string& load, int64_t iteration) {
-  dc::CheckpointReader r(load, iteration);
+  dc::CheckpointReader r(load, iteration);           // the manifest: checksum, layout, no aliasing
+  const int64_t implied = mcpp::check_checkpoint_complete(r);  // every tensor its stored config implies
   std::vector<std::string> bad;
   uint64_t bytes = 0;
   for (const auto& e : r.manifest().tensors) {
@@ -102,7 +112,18 @@ int verify(const std::string& load, int64_t iteration) {
     mcpp::fail("verify {}: {} of {} tensors failed (first: '{}')", r.dir(), bad.size(),
                r.manifest().tensors.size(), bad.front());
   }
-  fmt::print("OK {}: {} tensors, {} bytes verified\n", r.dir(), r.manifest().tensors.size(), bytes);
+  const std::vector<std::string> unlisted = r.unlisted_header_entries();
+  for (const std::string& u : unlisted)
+    fmt::print(stderr, "BAD {}: in a data file's header but not in the manifest\n", u);
+  if (!unlisted.empty())
+    mcpp::fail("verify {}: {} safetensors header entries are not in the manifest (first: {})", r.dir(), unlisted.size(),
+               unlisted.front());
+  fmt::print("OK {}: {} tensors ({} shards), {} bytes verified; manifest {}; {}\n", r.dir(), r.keys().size(),
+             r.manifest().tensors.size(), bytes,
+             r.manifest().format_version >= 3 ? std::string("checksum OK")
+                                              : fmt::format("version {} (no checksum)", r.manifest().format_version),
+             implied > 0 ? "complete: every tensor its stored config implies is present"
+                         : "completeness not checked (meta holds no config)");
   return 0;
 }
 
@@ -110,18 +131,20 @@ int run_ckpt(const std::vector<std::string>& args) {
   CLI::App app{"mcpp ckpt: inspect, verify and convert checkpoints", "mcpp ckpt"};
   app.require_subcommand(1);
   std::string load, output, input, save, format;
-  int64_t iteration = -1;
+  constexpr int64_t kLatest = std::numeric_limits<int64_t>::min();  // --iteration not given: the tracker's
+  int64_t iteration = kLatest;
   bool tensors = false;
   std::string dir_pos;
   auto add_load = [&](CLI::App* s) {
     s->add_option("dir", dir_pos, "save directory (uses latest_checkpointed_iteration.txt) or iter_N dir");
     s->add_option("--load", load, "the same as the positional DIR");
-    s->add_option("--iteration", iteration, "iteration to read from a save directory");
+    s->add_option("--iteration", iteration, "iteration to read from a save directory (>= 0; default: the tracker's)");
   };
   CLI::App* s_info = app.add_subcommand("info", "print iteration, config and tensors of a checkpoint");
   add_load(s_info);
   s_info->add_flag("--tensors", tensors, "list every tensor (key, dtype, shape, file, offset, xxh3)");
-  CLI::App* s_verify = app.add_subcommand("verify", "re-read every tensor and check its xxh3 and header");
+  CLI::App* s_verify = app.add_subcommand(
+      "verify", "check the manifest checksum, completeness against the stored config, every tensor's xxh3 and header");
   add_load(s_verify);
   CLI::App* s_convert = app.add_subcommand("convert", "offline reshard to another TP / PP / virtual-stage layout");
   add_load(s_convert);
@@ -139,20 +162,25 @@ int run_ckpt(const std::vector<std::string>& args) {
   s_import->add_option("--input", input, "HF model directory (config.json + safetensors)")->required();
   s_import->add_option("--format", format, formats)->required();
   s_import->add_option("--save", save, "save directory for the checkpoint")->required();
+  CLI::App* s_clean = app.add_subcommand("clean", "remove what dead jobs left in a save directory (not a live job's)");
+  s_clean->add_option("dir", dir_pos, "save directory")->required();
 
-  std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
-  try {
-    app.parse(rev);
-  } catch (const CLI::CallForHelp&) {
-    fmt::print("{}", app.help());
-    return 0;
-  }
+  mcpp::cli::parse_args(app, args);
+  if (iteration != kLatest && iteration < 0)
+    mcpp::fail("ckpt: --iteration must be >= 0 (got {}); leave it out for the tracker's latest iteration", iteration);
+  if (iteration == kLatest) iteration = -1;
   if (!dir_pos.empty() && !load.empty() && dir_pos != load)
     mcpp::fail("ckpt: give the checkpoint directory once (positional '{}' and --load '{}')", dir_pos, load);
   if (load.empty()) load = dir_pos;
   const bool needs_load = s_info->parsed() || s_verify->parsed() || s_convert->parsed() || s_export->parsed();
   if (needs_load && load.empty()) mcpp::fail("ckpt: the checkpoint directory (DIR or --load DIR) is required");
   if (s_info->parsed()) return info(load, iteration, tensors);
+  if (s_clean->parsed()) {
+    const std::vector<std::string> removed = dc::clean_save_dir(dir_pos);
+    for (const std::string& p : removed) fmt::print("removed {}\n", p);
+    fmt::print("cleaned {}: {} leftover path(s) removed\n", dir_pos, removed.size());
+    return 0;
+  }
   if (s_convert->parsed()) {
     const mcpp::ConvertResult r = mcpp::convert_checkpoint(
         {.input = load, .iteration = iteration, .tp = tp, .pp = pp, .vp = vp, .output = output});
@@ -175,6 +203,7 @@ int run_ckpt(const std::vector<std::string>& args) {
   return 0;
 }
 
-const mcpp::cli::Register reg{"ckpt", "checkpoints: info | verify | convert | export (HF) | import (HF)", &run_ckpt};
+const mcpp::cli::Register reg{"ckpt", "checkpoints: info | verify | clean | convert | export (HF) | import (HF)",
+                              &run_ckpt};
 
 }  // namespace

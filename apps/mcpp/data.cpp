@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "apps/mcpp/data_commands.h"
 #include "apps/mcpp/tokenizer_flags.h"
@@ -127,14 +128,7 @@ int run_data(const std::vector<std::string>& args) {
   smp->add_option("--count", sf.count, "number of samples")->capture_default_str();
   smp->add_flag("--json", sf.json, "one JSON object on stdout");
   mcpp::cli::add_tokenizer_flags(*smp, sf.tok);
-  std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
-  try {
-    app.parse(rev);
-  } catch (const CLI::CallForHelp&) {
-    fmt::print("{}", pre->parsed() ? pre->help() : info->parsed() ? info->help() : smp->parsed() ? smp->help()
-                                                                                                   : app.help());
-    return 0;
-  }
+  mcpp::cli::parse_args(app, args);  // `data preprocess --help`: the subcommand's help, "mcpp data preprocess"
   if (pre->parsed()) return mcpp::cli::run_preprocess(f);
   if (smp->parsed()) {
     const bool with_text = smp->count("--tokenizer-type") + smp->count("--tokenizer-model") +

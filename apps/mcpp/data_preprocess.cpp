@@ -33,6 +33,7 @@
 
 #include "apps/mcpp/data_commands.h"
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
 #include "mcpp/datasets/indexed_dataset.h"
 
 namespace mcpp::cli {
@@ -154,12 +155,8 @@ class Preprocessor {
     r.ids.assign(out_.size(), {});
     r.lens.assign(out_.size(), {});
     if (!jsonl_) return encode_key(d.text, 0, r);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(d.text);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail("{}:{}: invalid JSON ({})", f_.input, d.line, e.what());
-    }
+    // Depth-bounded: one line of a corpus cannot drive a recursive walk.
+    const nlohmann::json j = parse_json_limited(d.text, fmt::format("{}:{}: the line", f_.input, d.line));
     if (!j.is_object()) fail("{}:{}: expected a JSON object per line", f_.input, d.line);
     for (size_t o = 0; o < out_.size(); ++o) {
       auto it = j.find(out_[o].key);

@@ -1,12 +1,16 @@
-// mcpp forward --load DIR --tokens FILE --output logits.npy
+// mcpp forward --load DIR --tokens FILE --output logits.npy [--batch-size B]
 // FILE: token ids, whitespace separated, one sequence per line (all lines the same length, <= the
 // model's sequence length). Writes float32 logits [n_seq, seq, vocab_unpadded] as a NumPy .npy file.
+// Sequences run B at a time (default: as many as keep one batch's logits under 256 MiB) and the logits stream
+// to the file batch by batch, so any number of sequences runs in bounded memory.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/npy.h"
@@ -52,8 +56,10 @@ int run_forward(const std::vector<std::string>& args) {
   app.add_option("--load", load, "checkpoint directory")->required();
   app.add_option("--tokens", tokens_path, "token ids, one sequence per line")->required();
   app.add_option("--output", output, "logits .npy [n_seq, seq, vocab]")->required();
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  app.parse(rev);
+  int64_t batch_size = 0;
+  app.add_option("--batch-size", batch_size, "sequences per forward pass (default: logits of a batch under 256 MiB)")
+      ->check(CLI::NonNegativeNumber);
+  mcpp::cli::parse_args(app, args);
 
   mcpp::LoadedModel lm = mcpp::load_model_for_inference(load);
   const auto& mc = lm.config.model;
@@ -62,17 +68,25 @@ int run_forward(const std::vector<std::string>& args) {
   const int64_t max_s = mc.position_embedding_type == mcpp::PositionEmbedding::LearnedAbsolute ? mc.max_position_embeddings
                                                                                                  : std::max(mc.seq_length, mc.max_position_embeddings);
   if (s > max_s) mcpp::fail("--tokens: sequences of {} tokens exceed the model's maximum of {}", s, max_s);
-  mcpp::Tensor tokens = mcpp::Tensor::empty({s, n}, mcpp::DType::I32);  // [s, b]
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t i = 0; i < s; ++i) tokens.data<int32_t>()[i * n + b] = seqs[b][i];
-  mcpp::GPTModelCtx ctx;
-  mcpp::Tensor logits = lm.model->forward_logits(ctx, tokens, {.training = false}).to(mcpp::Device::CPU);  // [s*n, Vp]
-  mcpp::Tensor out = mcpp::Tensor::empty({n, s, mc.vocab_size});
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t i = 0; i < s; ++i)
-      std::copy_n(logits.data<float>() + (i * n + b) * mc.padded_vocab_size, mc.vocab_size,
-                  out.data<float>() + (b * s + i) * mc.vocab_size);
-  mcpp::save_npy(output, out);
+  const int64_t row_bytes = s * mc.padded_vocab_size * 4;  // one sequence's logits [s, Vp] fp32
+  const int64_t batch = batch_size > 0 ? batch_size : std::clamp<int64_t>((int64_t{256} << 20) / row_bytes, 1, n);
+  mcpp::NpyWriter out(output, {n, s, mc.vocab_size}, mcpp::DType::F32);
+  for (int64_t first = 0; first < n; first += batch) {
+    const int64_t b = std::min(batch, n - first);
+    mcpp::Tensor tokens = mcpp::Tensor::empty({s, b}, mcpp::DType::I32);  // [s, b]
+    for (int64_t j = 0; j < b; ++j)
+      for (int64_t i = 0; i < s; ++i) tokens.data<int32_t>()[i * b + j] = seqs[first + j][i];
+    mcpp::GPTModelCtx ctx;
+    const mcpp::Tensor logits =
+        lm.model->forward_logits(ctx, tokens, {.training = false}).to(mcpp::Device::CPU);  // [s*b, Vp]
+    mcpp::Tensor part = mcpp::Tensor::empty({b, s, mc.vocab_size});                       // [b, s, V]
+    for (int64_t j = 0; j < b; ++j)
+      for (int64_t i = 0; i < s; ++i)
+        std::copy_n(logits.data<float>() + (i * b + j) * mc.padded_vocab_size, mc.vocab_size,
+                    part.data<float>() + (j * s + i) * mc.vocab_size);
+    out.append(part);
+  }
+  out.close();
   fmt::print("wrote {} logits [{}, {}, {}] from iteration {}\n", output, n, s, mc.vocab_size, lm.iteration);
   return 0;
 }

@@ -5,6 +5,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cmath>
+
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "apps/mcpp/tokenizer_flags.h"
 #include "mcpp/core/error.h"
@@ -28,8 +31,9 @@ int run_generate(const std::vector<std::string>& args) {
   app.add_option("--seed", seed, "sampling seed");
   app.add_flag("!--no-stop-at-eod", stop_at_eod, "keep generating past <|endoftext|>");
   mcpp::cli::add_tokenizer_flags(app, tok_flags);
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  app.parse(rev);
+  mcpp::cli::parse_args(app, args);
+  if (!std::isfinite(opt.temperature))  // CLI11's NonNegativeNumber lets nan and inf through
+    mcpp::fail("--temperature must be a finite number >= 0 (0 = greedy), got {}", opt.temperature);
 
   const auto tok = mcpp::build_tokenizer(tok_flags);
   mcpp::LoadedModel lm = mcpp::load_model_for_inference(load);

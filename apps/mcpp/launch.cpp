@@ -5,9 +5,11 @@
 // mesh; with --device cuda, NCCL groups bootstrap over it, GPU = local rank). No MPI needed.
 // Exit: 0 when every rank exits 0. The first rank that fails (non-zero exit or a signal) ends the job:
 // the others get SIGTERM (SIGKILL 5 s later), and launch returns that rank's code (128 + signal for a
-// signal), naming the rank on stderr. SIGINT / SIGTERM to the launcher are forwarded to the ranks.
+// signal), naming the rank on stderr. SIGINT / SIGTERM to the launcher are forwarded to the ranks; a launcher
+// that dies any other way (SIGKILL) takes its ranks with it (PR_SET_PDEATHSIG = SIGKILL in each rank).
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "mcpp/core/error.h"
 
@@ -32,9 +35,13 @@ volatile sig_atomic_t g_forward_signal = 0;
 void on_signal(int sig) { g_forward_signal = sig; }
 
 pid_t spawn_rank(int rank, int n, const std::string& rdzv, const std::vector<std::string>& args) {
+  const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) mcpp::fail("mcpp launch: fork failed for rank {}", rank);
   if (pid > 0) return pid;
+  // The rank dies with its launcher, whatever ends the launcher (SIGKILL included: a killed job step leaves
+  // no rank behind). The flag survives execv; a launcher that died before prctl is caught by getppid.
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher) std::_Exit(128 + SIGKILL);
   const std::string r = std::to_string(rank), size = std::to_string(n);
   ::setenv("MCPP_LAUNCH_RDZV", rdzv.c_str(), 1);
   ::setenv("MCPP_RANK", r.c_str(), 1);
@@ -54,18 +61,21 @@ pid_t spawn_rank(int rank, int n, const std::string& rdzv, const std::vector<std
 int run_launch(const std::vector<std::string>& all_args) {
   // Everything after "--" is the command the ranks run.
   auto sep = std::find(all_args.begin(), all_args.end(), "--");
-  if (sep == all_args.end() || sep + 1 == all_args.end())
-    mcpp::fail("mcpp launch: give the command after '--', e.g. mcpp launch --nproc-per-node 2 -- train ...");
-  const std::vector<std::string> own(all_args.begin(), sep), cmd(sep + 1, all_args.end());
+  const std::vector<std::string> own(all_args.begin(), sep);
   int n = 0;
   std::string rdzv;
   double timeout = 120.0;
-  CLI::App app{"mcpp launch"};
+  CLI::App app{"Start N ranks of an mcpp command on this node (no MPI): mcpp launch --nproc-per-node N -- train ...",
+               "mcpp launch"};
   app.add_option("--nproc-per-node", n, "processes (ranks) on this node")->required();
   app.add_option("--rdzv-dir", rdzv, "rendezvous directory (default: a fresh temporary one)");
   app.add_option("--rdzv-timeout", timeout, "seconds the ranks wait for each other");
-  std::vector<std::string> rev(own.rbegin(), own.rend());
-  app.parse(rev);
+  if (std::find(own.begin(), own.end(), "--help") != own.end() || std::find(own.begin(), own.end(), "-h") != own.end())
+    mcpp::cli::parse_args(app, {"--help"});  // prints the help, exits 0
+  if (sep == all_args.end() || sep + 1 == all_args.end())
+    mcpp::fail("mcpp launch: give the command after '--', e.g. mcpp launch --nproc-per-node 2 -- train ...");
+  const std::vector<std::string> cmd(sep + 1, all_args.end());
+  mcpp::cli::parse_args(app, own);
   if (n < 1) mcpp::fail("nproc_per_node must be >= 1, got {}", n);
   if (mcpp::cli::commands().count(cmd.front()) == 0 || cmd.front() == "launch")
     mcpp::fail("mcpp launch: '{}' is not a subcommand that can be launched", cmd.front());

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "apps/mcpp/command.h"
 #include "mcpp/core/error.h"
@@ -38,6 +39,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const mcpp::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "error: mcpp {}: out of host memory (std::bad_alloc): the input asks for more memory than this "
+               "host has\n", name);
     return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());

@@ -4,8 +4,9 @@
 usage: dcp_corrupt_check.py MCPP WORKDIR
 A TP2 x DP2 (distributed optimizer) checkpoint is damaged one way at a time — a flipped data byte, a
 truncation, a deleted file (model and optimizer files of several ranks), a flipped header byte, and
-manifest edits (shifted offset, changed shape, changed global shape, dropped entry, broken JSON, deleted
-manifest). For each: `mcpp ckpt verify` and a loading `mcpp train` (1 rank: the planner reads every
+manifest edits (shifted offset, changed shape, changed global shape, dropped entry, an edited meta field, broken
+JSON, deleted manifest; each edit once as is — the manifest checksum names the edited field — and once re-sealed
+with a consistent checksum by the independent oracle, as a buggy writer would, for the layout checks). For each: `mcpp ckpt verify` and a loading `mcpp train` (1 rank: the planner reads every
 shard) exit with code 2 (an error, never a crash), and the message names the file and, where one
 tensor is involved, the tensor key.
 """
@@ -66,11 +67,17 @@ def truncate(path, cut):
         f.truncate(size - cut)
 
 
-def edit_manifest(fn):
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle", "ckpt"))
+import manifest_checksum  # noqa: E402
+
+
+def edit_manifest(fn, reseal=False):
     def go(ck):
         p_ = os.path.join(ck, "manifest.json")
         j = json.load(open(p_))
         fn(j)
+        if reseal:
+            manifest_checksum.reseal(j)
         open(p_, "w").write(json.dumps(j))
     return go
 
@@ -121,12 +128,47 @@ def drop(j):
     del j["tensors"][multi_shard_entry(j, "optimizer.rank_00001.safetensors")]
 
 
-cases += [("manifest: shifted global_offset", edit_manifest(shift), ["manifest.json", e1["key"]]),
-          ("manifest: changed local_shape", edit_manifest(reshape), ["manifest.json", e1["key"]]),
-          ("manifest: changed global_shape", edit_manifest(gshape), ["manifest.json", e1["key"]]),
-          ("manifest: dropped entry", edit_manifest(drop),
-           ["manifest.json", man["tensors"][multi_shard_entry(man, "optimizer.rank_00001.safetensors")]["key"],
-            "missing shards"]),
+drop_key = man["tensors"][multi_shard_entry(man, "optimizer.rank_00001.safetensors")]["key"]
+for what, fn, words in (("shifted global_offset", shift, [e1["key"]]), ("changed local_shape", reshape, [e1["key"]]),
+                        ("changed global_shape", gshape, [e1["key"]]), ("dropped entry", drop, [drop_key])):
+    cases.append((f"manifest: {what}", edit_manifest(fn), ["manifest.json", "checksum mismatch"] + words))
+    cases.append((f"manifest: {what}, re-sealed", edit_manifest(fn, reseal=True),
+                  ["manifest.json"] + words + (["missing shards"] if what == "dropped entry" else [])))
+
+
+def samples(j):
+    j["meta"]["consumed_train_samples"] += 8
+
+
+def step(j):
+    j["meta"]["optimizer"]["step"] += 1
+
+
+model_key = next(e["key"] for e in man["tensors"] if not e["key"].startswith("optimizer."))
+
+
+def lose_key(j):  # every shard of one model tensor: the layout of the rest is still valid
+    j["tensors"] = [e for e in j["tensors"] if e["key"] != model_key]
+
+
+def lose_optimizer(j):  # meta.optimizer still claims a step
+    j["tensors"] = [e for e in j["tensors"] if not e["key"].startswith("optimizer.")]
+
+
+def lose_all(j):
+    j["tensors"] = []
+
+
+# Incomplete but consistent manifests: verify checks them against the stored config, load against the model.
+cases += [("incomplete: a model tensor lost", edit_manifest(lose_key, reseal=True), ["iter_0000002", model_key]),
+          ("incomplete: optimizer state lost", edit_manifest(lose_optimizer, reseal=True),
+           ["iter_0000002", "optimizer state"]),
+          ("incomplete: no tensors at all", edit_manifest(lose_all, reseal=True), ["iter_0000002"])]
+
+cases += [("manifest: edited meta.consumed_train_samples", edit_manifest(samples),
+           ["manifest.json", "checksum mismatch", "meta.consumed_train_samples"]),
+          ("manifest: edited meta.optimizer.step", edit_manifest(step),
+           ["manifest.json", "checksum mismatch", "meta.optimizer.step"]),
           ("manifest: broken JSON", lambda ck: truncate(os.path.join(ck, "manifest.json"), 20),
            ["manifest.json", "not valid JSON"]),
           ("manifest: deleted", lambda ck: os.remove(os.path.join(ck, "manifest.json")), ["manifest.json", "missing"])]

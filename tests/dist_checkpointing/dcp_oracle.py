@@ -9,8 +9,13 @@ import json
 import os
 import struct
 
+import sys
+
 import numpy as np
 import xxhash
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle", "ckpt"))
+import manifest_checksum  # noqa: E402
 
 DT = {"F32": "<f4", "BF16": "<u2", "F16": "<f2", "I32": "<i4", "I64": "<i8"}
 
@@ -28,7 +33,8 @@ def entry_name(e):
 
 def assemble(ckdir):
     man = json.load(open(os.path.join(ckdir, "manifest.json")))
-    assert man["format"] == "mcpp-checkpoint" and man["format_version"] in (1, 2), "manifest format"
+    assert man["format"] == "mcpp-checkpoint" and man["format_version"] in (1, 2, 3), "manifest format"
+    manifest_checksum.check(man)
     out, count, headers = {}, {}, {}
     for e in man["tensors"]:
         f = e["file"]

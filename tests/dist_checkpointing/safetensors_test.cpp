@@ -83,6 +83,8 @@ TEST(Safetensors, DamagedHeadersAreNamedErrors) {
   write_text(p, s);
   expect_error([&] { read_safetensors_header(p); }, {p, "truncated"});
   write_raw(p, "{not json", 0);
+  expect_error([&] { read_safetensors_header(p); }, {p, "not valid JSON"});
+  write_raw(p, "[1, 2]", 0);
   expect_error([&] { read_safetensors_header(p); }, {p, "not a JSON object"});
   write_raw(p, "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 4);
   expect_error([&] { read_safetensors_header(p); }, {p, "'a'", "truncated"});

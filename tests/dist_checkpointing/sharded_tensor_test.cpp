@@ -149,11 +149,13 @@ TEST(ShardedTensor, DamagedShardIsNamedAndOnlyItsReadersFail) {
   }
 }
 
-// Rewrites the manifest through `edit` and returns the error text of opening the checkpoint.
+// Rewrites the manifest through `edit`, re-sealed (the layout checks below the manifest checksum), and returns
+// the error text of opening the checkpoint.
 std::string error_after_edit(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
   const std::string path = dir + "/manifest.json";
   nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
   edit(j);
+  seal_manifest(j);
   std::ofstream(path, std::ios::trunc) << j.dump(1);
   try {
     CheckpointReader r(dir);

@@ -10,24 +10,19 @@ add_test(NAME dcp.reshard_matrix
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_matrix_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/dcp_matrix_check)
 set_tests_properties(dcp.reshard_matrix PROPERTIES TIMEOUT 600)
-# SIGKILL of one rank / all ranks at 22 named points of a sharded save (MCPP_FAULT_KILL_AT): latest
-# always names a complete checkpoint that verifies and resumes; staging directories are never loadable.
+# SIGKILL of one rank / all ranks at 25 named points of a sharded save and of retention (MCPP_FAULT_KILL_AT), sync
+# and async, with --keep-last-n-checkpoints: the tracker always names a checkpoint that verifies and resumes bit for
+# bit; staging / set-aside directories are never loadable; the next start leaves committed checkpoints only.
 add_test(NAME dcp.kill_points
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_kill_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/dcp_kill_check)
-set_tests_properties(dcp.kill_points PROPERTIES TIMEOUT 900)
+set_tests_properties(dcp.kill_points PROPERTIES TIMEOUT 1800)
 # Damaged sharded checkpoints (flipped data / header bytes, truncated and deleted rank files, manifest
 # edits): `mcpp ckpt verify` and a loading `mcpp train` exit 2 naming the file and the tensor.
 add_test(NAME dcp.corruption
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/dcp_corrupt_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/dcp_corrupt_check)
 set_tests_properties(dcp.corruption PROPERTIES TIMEOUT 600)
-# libFuzzer (clang, ASan + UBSan) on the manifest and safetensors-header parsers for a bounded time,
-# from the seed corpus tests/dist_checkpointing/fuzz_corpus; skipped (77) without clang++.
-add_test(NAME dcp.fuzz_parsers
-         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/run_fuzz.sh
-                 ${CMAKE_CURRENT_BINARY_DIR}/dcp_fuzz 30)
-set_tests_properties(dcp.fuzz_parsers PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 # --async-save byte-identical to sync (1 rank, TP2 x DP2 + distopt), a failed background write surfaces
 # and leaves latest, --keep-last-n-checkpoints + stale staging clean-up, per-rank RNG (TP2, PP2 dropout
 # resume bit-exact).

@@ -320,22 +320,23 @@ TEST(MemoryPlanner, RequireFitsNamesTheRankAndTheMicroBatchThatFits) {
   int64_t refused = -1;
   for (const tools::StageMemory& st : plan.stages) {
     if (st.total_bytes() <= device) {
-      EXPECT_NO_THROW(tools::require_fits(cfg, plan, st.pp_rank, device)) << st.pp_rank;
+      EXPECT_NO_THROW(tools::require_fits(cfg, plan, st.pp_rank, device, "the GPU")) << st.pp_rank;
       continue;
     }
     refused = st.pp_rank;
     try {
-      tools::require_fits(cfg, plan, st.pp_rank, device);
+      tools::require_fits(cfg, plan, st.pp_rank, device, "the GPU");
       ADD_FAILURE() << "rank " << st.pp_rank << " does not fit but passed";
     } catch (const Error& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find(fmt::format("pipeline rank {} needs", st.pp_rank)), std::string::npos) << msg;
       EXPECT_NE(msg.find("--micro-batch-size 2 would fit (now 4)"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("but the GPU has"), std::string::npos) << msg;
     }
   }
   EXPECT_GE(refused, 0) << "some rank must exceed a budget sized for half the micro-batch";
   for (const tools::StageMemory& st : plan.stages)
-    EXPECT_NO_THROW(tools::require_fits(cfg, plan, st.pp_rank, tools::largest_rank_bytes(plan)));
+    EXPECT_NO_THROW(tools::require_fits(cfg, plan, st.pp_rank, tools::largest_rank_bytes(plan), "the GPU"));
 }
 
 TEST(MemoryPlanner, RefusesWhatItDoesNotPlanNamingIt) {

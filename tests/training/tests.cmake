@@ -72,3 +72,11 @@ add_test(NAME training.mla_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/mla_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/mla_check)
 set_tests_properties(training.mla_cli PROPERTIES TIMEOUT 600)
+# training.cli_robustness (issue 38): `--help` of every command and sub-command; bad input is one named error
+# (exit 2) within seconds — --temperature nan, ckpt verify --iteration -1, absurd sizes refused by the memory plan
+# against the host, damaged manifests (negative counters, a 2^40-element tensor, a 100,000-deep meta), FIFOs as
+# manifest / tracker / .idx, a 100,000-deep corpus line; forward on 1,000 sequences in batches equals one pass.
+add_test(NAME training.cli_robustness
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/robustness_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/robustness_check)
+set_tests_properties(training.cli_robustness PROPERTIES TIMEOUT 600)

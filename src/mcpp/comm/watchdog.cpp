@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
 
 namespace mcpp::comm {
 
@@ -149,10 +150,9 @@ void Watchdog::lead(const RecordEntry& stuck) {
     for (int r = 0; r < world_size_; ++r) {
       if (dumps.count(r)) continue;
       std::string p = fmt::format("{}/rank_{}.json", dir_, r);
-      std::ifstream f(p);
-      if (!f) continue;
+      if (!std::filesystem::exists(p)) continue;
       try {
-        dumps[r] = nlohmann::json::parse(f);
+        dumps[r] = read_json_file(p, "flight recorder dump", {.max_bytes = uint64_t{1} << 30});
       } catch (const std::exception&) {
         // partially visible file: retry on the next pass (writers rename atomically, so rare)
       }

@@ -1,16 +1,25 @@
 #include "mcpp/core/device_memory.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
+
+#include "mcpp/core/error.h"
 
 namespace mcpp {
 
 void* device_alloc(size_t nbytes, Device device) {
   if (device == Device::CUDA) return cuda_backend::alloc(nbytes);
   size_t rounded = (nbytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw std::bad_alloc();
+  void* p = rounded >= nbytes ? std::aligned_alloc(64, rounded) : nullptr;
+  if (!p)
+    fail("out of host memory: cannot allocate {} bytes ({:.2f} GiB) for a tensor (the host has {:.2f} GiB)", nbytes,
+         static_cast<double>(nbytes) / (1 << 30), static_cast<double>(host_memory_bytes()) / (1 << 30));
   return p;
 }
 
@@ -35,5 +44,16 @@ void cuda_synchronize() {
 }
 size_t cuda_peak_memory_bytes() { return cuda_available() ? cuda_backend::peak_bytes() : 0; }
 size_t cuda_total_memory_bytes() { return cuda_available() ? cuda_backend::total_bytes() : 0; }
+
+size_t host_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  size_t bytes = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : SIZE_MAX;
+  for (const char* limit : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(limit);
+    unsigned long long v = 0;
+    if (in >> v && v > 0) bytes = std::min<size_t>(bytes, v);  // "max" (no limit) does not parse
+  }
+  return bytes;
+}
 
 }  // namespace mcpp

@@ -18,6 +18,8 @@ bool cuda_available();  // compiled with CUDA and a device is visible
 size_t cuda_peak_memory_bytes();
 size_t cuda_total_memory_bytes();  // the current device's memory (cudaMemGetInfo's total); 0 without CUDA
 void cuda_synchronize();  // waits for all work on the device (no-op without CUDA)
+// The host's memory: physical RAM, or the cgroup (v2 memory.max / v1 limit_in_bytes) limit when smaller.
+size_t host_memory_bytes();
 
 namespace cuda_backend {  // implemented in kernels/cuda or kernels/cuda_stub
 void* alloc(size_t nbytes);

@@ -23,26 +23,46 @@ std::string descr(DType t) {
 }
 }  // namespace
 
-void save_npy(const std::string& path, const Tensor& t) {
-  Tensor c = t.to(Device::CPU);
-  std::string shape = "(";
-  for (int i = 0; i < c.ndim(); ++i) shape += fmt::format("{},{}", c.size(i), i + 1 < c.ndim() ? " " : "");
-  if (c.ndim() > 1) shape.pop_back();
-  shape += ")";
-  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr(c.dtype()), shape);
+NpyWriter::NpyWriter(const std::string& path, const Shape& shape, DType dtype)
+    : path_(path), dtype_(dtype), remaining_(static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype)) {
+  std::string dims = "(";
+  for (size_t i = 0; i < shape.size(); ++i) dims += fmt::format("{},{}", shape[i], i + 1 < shape.size() ? " " : "");
+  if (shape.size() > 1) dims.pop_back();
+  dims += ")";
+  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr(dtype), dims);
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::ofstream f(path, std::ios::binary);
-  if (!f) fail("cannot write '{}'", path);
-  f.write(kMagic, 6);
+  out_.open(path, std::ios::binary | std::ios::trunc);
+  if (!out_) fail("cannot write '{}'", path);
+  out_.write(kMagic, 6);
   const char ver[2] = {1, 0};
-  f.write(ver, 2);
+  out_.write(ver, 2);
   const uint16_t hlen = static_cast<uint16_t>(header.size());
-  f.write(reinterpret_cast<const char*>(&hlen), 2);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  f.write(static_cast<const char*>(c.raw()), static_cast<std::streamsize>(c.nbytes()));
-  if (!f) fail("write failed for '{}'", path);
+  out_.write(reinterpret_cast<const char*>(&hlen), 2);
+  out_.write(header.data(), static_cast<std::streamsize>(header.size()));
+  if (!out_) fail("write failed for '{}'", path);
+}
+
+void NpyWriter::append(const Tensor& t) {
+  Tensor c = t.is_cpu() ? t : t.to(Device::CPU);
+  if (c.dtype() != dtype_) fail("'{}': appending {} to a {} array", path_, dtype_name(c.dtype()), dtype_name(dtype_));
+  if (c.nbytes() > remaining_) fail("'{}': appending {} bytes past the array's end", path_, c.nbytes());
+  out_.write(static_cast<const char*>(c.raw()), static_cast<std::streamsize>(c.nbytes()));
+  if (!out_) fail("write failed for '{}'", path_);
+  remaining_ -= c.nbytes();
+}
+
+void NpyWriter::close() {
+  if (remaining_ != 0) fail("'{}': {} bytes of the array were never written", path_, remaining_);
+  out_.close();
+  if (!out_) fail("write failed for '{}'", path_);
+}
+
+void save_npy(const std::string& path, const Tensor& t) {
+  NpyWriter w(path, t.shape(), t.dtype());
+  w.append(t);
+  w.close();
 }
 
 Tensor load_npy(const std::string& path) {

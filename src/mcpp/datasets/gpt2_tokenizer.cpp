@@ -22,6 +22,8 @@
 #include <unordered_map>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
+#include "mcpp/core/regular_file.h"
 #include "mcpp/datasets/gpt2_pretokenizer.h"
 
 #ifndef MCPP_SOURCE_DIR
@@ -62,12 +64,9 @@ bool unicode_to_bytes(std::string_view s, std::string& out) {
   return true;
 }
 
+// A regular file (a FIFO or directory is refused by name) of at most 1 GiB.
 std::string read_file(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open {} '{}'", what, path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_regular_file(path, what, uint64_t{1} << 30);
 }
 
 struct Merge {
@@ -112,12 +111,9 @@ struct GPT2Tokenizer::Impl {
 };
 
 void GPT2Tokenizer::Impl::load_vocab(const std::string& text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("vocab file '{}' is not valid JSON (truncated?): {}", vocab_file, e.what());
-  }
+  // Depth-bounded (a vocab is one flat object); the error names the file.
+  const nlohmann::json j = parse_json_limited(text, fmt::format("vocab file '{}' (truncated?)", vocab_file),
+                                              {.max_bytes = uint64_t{1} << 30});
   if (!j.is_object() || j.empty())
     fail("vocab file '{}' must be a non-empty JSON object {{token: id}}", vocab_file);
   const size_t n = j.size();

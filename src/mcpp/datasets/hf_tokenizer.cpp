@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
 #include "mcpp/datasets/gpt2_pretokenizer.h"
 #include "mcpp/datasets/hf_bpe.h"
 #include "mcpp/datasets/hf_components.h"
@@ -113,20 +114,9 @@ class AddedMatcher {
   bool any_ = false;
 };
 
-std::string read_text(const std::string& path, const std::string& what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open {} '{}'", what, path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
+// Regular files only, depth- and size-bounded (core/json_limits.h): a FIFO or a 100,000-deep file is one error.
 nlohmann::json parse_json(const std::string& path, const std::string& what) {
-  try {
-    return nlohmann::json::parse(read_text(path, what));
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{} '{}' is not valid JSON (truncated?): {}", what, path, e.what());
-  }
+  return read_json_file(path, fmt::format("{} '{}'", what, path));
 }
 
 // tokenizer_config.json's "eos_token": "</s>" or {"content": "</s>", ...}; empty when absent or null.

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/regular_file.h"
 
 namespace mcpp {
 
@@ -118,7 +119,7 @@ struct IndexedDataset::Mapping {
   int64_t size = 0;
 
   explicit Mapping(const std::string& p) : path(p) {
-    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO opens at once (then is refused)
     if (fd < 0) fail("cannot open indexed dataset file {}: {}", p, std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
@@ -128,7 +129,7 @@ struct IndexedDataset::Mapping {
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
-      fail("indexed dataset file {} is not a regular file", p);
+      fail("indexed dataset file {} is a {}, not a regular file", p, file_kind_name(st.st_mode));
     }
     size = static_cast<int64_t>(st.st_size);
     if (size > 0) {

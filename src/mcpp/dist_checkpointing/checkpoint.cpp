@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/regular_file.h"
 #include "mcpp/dist_checkpointing/durable_file.h"
 #include "mcpp/dist_checkpointing/sharded_tensor.h"
 
@@ -41,7 +42,7 @@ void write_contents(const std::string& dir, const CheckpointContents& c) {
     by_file[f].push_back(i);
   }
   Manifest m;
-  m.format_version = 1;  // whole tensors, model.safetensors + optimizer.safetensors
+  // whole tensors in model.safetensors + optimizer.safetensors: version 1's layout, with version 3's checksum
   m.iteration = c.iteration;
   m.meta = c.meta;
   std::map<std::string, ManifestEntry> entries;
@@ -67,7 +68,9 @@ void write_contents(const std::string& dir, const CheckpointContents& c) {
     }
   }
   for (const auto& nt : c.tensors) m.tensors.push_back(entries.at(nt.key));  // caller's order
-  write_file_atomic(dir + "/" + kManifestFile, manifest_to_json(m).dump(1) + "\n");
+  nlohmann::json j = manifest_to_json(m);
+  seal_manifest(j);
+  write_file_atomic(dir + "/" + kManifestFile, manifest_text(j));
 }
 
 }  // namespace
@@ -103,11 +106,10 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointContent
 
 int64_t latest_iteration(const std::string& load_dir) {
   std::string path = (fs::path(load_dir) / kTrackerFile).string();
-  std::ifstream in(path);
-  if (!in) return -1;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return -1;
+  // A regular file of a few bytes: a FIFO here is refused, never waited on.
+  std::string s = read_regular_file(path, "checkpoint tracker", 4096);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
   size_t start = 0;
   while (start < s.size() && std::isspace(static_cast<unsigned char>(s[start]))) ++start;
@@ -140,8 +142,9 @@ std::string resolve_checkpoint_dir(const std::string& path, int64_t iteration) {
   const std::string base = fs::path(path).lexically_normal().filename().string().empty()
                                ? fs::path(path).lexically_normal().parent_path().filename().string()
                                : fs::path(path).lexically_normal().filename().string();
-  if (base.find(".tmp-") != std::string::npos || base.find(".superseded-") != std::string::npos)
-    fail("{} is an uncommitted (staging) or superseded checkpoint directory; it is never loaded", path);
+  if (base.find(".tmp-") != std::string::npos || base.find(".superseded-") != std::string::npos ||
+      base.find(".deleting-") != std::string::npos)
+    fail("{} is an uncommitted (staging), superseded or being-deleted checkpoint directory; it is never loaded", path);
   if (fs::exists(fs::path(path) / kManifestFile)) return path;
   static const std::regex kIterDir("iter_[0-9]{7,}(\\.tmp-.*)?");
   if (std::regex_match(fs::path(path).filename().string(), kIterDir))
@@ -196,17 +199,22 @@ const SafetensorsHeader& CheckpointReader::header_for(const ManifestEntry& e) co
 }
 
 void CheckpointReader::check_entry_bytes(const ManifestEntry& e) const {
+  // The data file's own header must name this shard with the manifest's dtype, shape and byte range: two
+  // swapped entries, or two keys pointing at one range, are refused here before any byte is used.
   const SafetensorsHeader& h = header_for(e);
-  const SafetensorsEntry* se = h.find(shard_entry_name(e));
-  const bool header_agrees = se && h.data_start + se->begin == e.byte_offset &&
-                             se->end - se->begin == e.byte_length;
-  if (header_agrees && e.byte_offset + e.byte_length > h.file_size) {
+  const std::string name = shard_entry_name(e);
+  const SafetensorsEntry* se = h.find(name);
+  if (!se)
+    fail("{}: tensor '{}' (entry '{}') is in the manifest but not in the file's header", h.path, e.key, name);
+  if (!se->dtype_known || se->dtype != e.dtype || se->shape != e.local_shape ||
+      h.data_start + se->begin != e.byte_offset || se->end - se->begin != e.byte_length) {
+    fail("{}: tensor '{}' header entry ({} {} at bytes [{}, {})) disagrees with the manifest ({} {} at bytes [{}, {}))",
+         h.path, e.key, se->dtype_str, shape_str(se->shape), h.data_start + se->begin, h.data_start + se->end,
+         dtype_safetensors_name(e.dtype), shape_str(e.local_shape), e.byte_offset, e.byte_offset + e.byte_length);
+  }
+  if (e.byte_offset + e.byte_length > h.file_size) {
     fail("{} is truncated: tensor '{}' needs bytes [{}, {}) but the file has {} bytes", h.path, e.key,
          e.byte_offset, e.byte_offset + e.byte_length, h.file_size);
-  }
-  if (e.byte_offset < h.data_start || e.byte_offset + e.byte_length > h.file_size) {
-    fail("{}: tensor '{}' manifest bytes [{}, {}) out of range (data section [{}, {}))", h.path, e.key,
-         e.byte_offset, e.byte_offset + e.byte_length, h.data_start, h.file_size);
   }
 }
 
@@ -275,6 +283,7 @@ void CheckpointReader::read_region(const std::string& key, const Shape& region_o
     if (verify_checksums_ && cached_entry_ == e) {
       src = cached_bytes_.data();  // the last verified shard: consecutive regions of one shard read it once
     } else {
+      check_entry_bytes(*e);  // before allocating: the bytes a manifest claims must exist on disk
       buf.resize(e->byte_length);
       read_bytes(*e, buf.data(), static_cast<uint64_t>(lo) * es_bytes, static_cast<uint64_t>(hi + 1) * es_bytes,
                  /*check_sum=*/verify_checksums_);
@@ -307,7 +316,15 @@ void CheckpointReader::read_into(const std::string& key, const Tensor& dst) cons
 
 Tensor CheckpointReader::read(const std::string& key) const {
   const ManifestEntry& e = entry(key);
-  Tensor t = Tensor::empty(e.global_shape, e.dtype, Device::CPU);
+  for (const ManifestEntry* ep : entries(key)) check_entry_bytes(*ep);  // its bytes exist before we allocate
+  Tensor t;
+  try {
+    t = Tensor::empty(e.global_shape, e.dtype, Device::CPU);
+  } catch (const std::exception& err) {  // std::bad_alloc, or the allocator's "out of host memory"
+    fail("{}: tensor '{}' ({} {}, {} bytes) does not fit in host memory: {}", dir_, key, dtype_name(e.dtype),
+         shape_str(e.global_shape), shape_numel(e.global_shape) * static_cast<int64_t>(dtype_size(e.dtype)),
+         err.what());
+  }
   read_into(key, t);
   return t;
 }
@@ -315,21 +332,28 @@ Tensor CheckpointReader::read(const std::string& key) const {
 void CheckpointReader::verify(const std::string& key) const {
   if (verified_.count(key)) return;  // every shard of key already passed (callers loop over entries)
   for (const ManifestEntry* ep : entries(key)) {
-    const ManifestEntry& e = *ep;
-    const SafetensorsHeader& h = header_for(e);
-    const std::string name = shard_entry_name(e);
-    const SafetensorsEntry* se = h.find(name);
-    if (!se) fail("{}: tensor '{}' (entry '{}') is in the manifest but not in the file's header", h.path, key, name);
-    if (!se->dtype_known || se->dtype != e.dtype || se->shape != e.local_shape ||
-        h.data_start + se->begin != e.byte_offset || se->end - se->begin != e.byte_length) {
-      fail("{}: tensor '{}' header entry ({} {} at {}) disagrees with the manifest ({} {} at {})", h.path,
-           key, se->dtype_str, shape_str(se->shape), h.data_start + se->begin,
-           dtype_safetensors_name(e.dtype), shape_str(e.local_shape), e.byte_offset);
-    }
-    std::vector<char> buf(e.byte_length);
-    read_bytes(e, buf.data(), 0, e.byte_length, /*check_sum=*/true);  // verify always checks
+    check_entry_bytes(*ep);  // before allocating: the bytes a manifest claims must exist on disk
+    std::vector<char> buf(ep->byte_length);
+    read_bytes(*ep, buf.data(), 0, ep->byte_length, /*check_sum=*/true);  // header check + checksum, always
   }
   verified_.insert(key);
+}
+
+std::vector<std::string> CheckpointReader::unlisted_header_entries() const {
+  std::set<std::string> files;
+  std::set<std::pair<std::string, std::string>> listed;  // (file, entry name)
+  for (const ManifestEntry& e : manifest_.tensors) {
+    files.insert(e.file);
+    listed.insert({e.file, shard_entry_name(e)});
+  }
+  std::vector<std::string> out;
+  for (const std::string& f : files) {
+    const SafetensorsHeader& h = header_for(*std::find_if(manifest_.tensors.begin(), manifest_.tensors.end(),
+                                                          [&](const ManifestEntry& e) { return e.file == f; }));
+    for (const SafetensorsEntry& se : h.entries)
+      if (!listed.count({f, se.name})) out.push_back(fmt::format("{} (in {})", se.name, h.path));
+  }
+  return out;
 }
 
 }  // namespace mcpp::dist_checkpointing

@@ -9,9 +9,11 @@
 // manifest last (tmp + fsync + rename), renames the directory to iter_N, fsyncs save_dir and then
 // replaces the tracker file (tmp + fsync + rename). It refuses to overwrite a committed iter_N. A crash
 // leaves at most a *.tmp-* directory, which readers never look at.
-// CheckpointReader reads tensors into caller-provided tensors (any device) after checking key, dtype
-// and shape, and verifies the XXH3-64 of the bytes; every failure is an mcpp::Error naming the file
-// and tensor key. It reads single-writer (version 1) and sharded (version 2, sharded_save.h)
+// CheckpointReader parses the manifest (a regular file; its checksum first, manifest.h), reads tensors into
+// caller-provided tensors (any device) after checking key, dtype and shape, checks every shard's entry in its
+// data file's safetensors header (name, dtype, shape, byte range: swapped or moved entries are refused before a
+// byte is used) and verifies the XXH3-64 of the bytes; every failure is an mcpp::Error naming the file and tensor
+// key. The tracker and data files are opened as regular files only (a FIFO is refused, never waited on). It reads single-writer (version 1) and sharded (version 2, sharded_save.h)
 // checkpoints alike: read_region is the load planner — it intersects the requested rectangle of the
 // logical tensor with the saved shards of the key, checks before reading that they cover it exactly
 // once, and reads only the shards that intersect (with checksums on, each such shard whole, since
@@ -91,8 +93,10 @@ class CheckpointReader {
   void read_into(const std::string& key, const Tensor& dst) const;
   Tensor read(const std::string& key) const;  // into a fresh CPU tensor
   // Reads every shard of `key` and checks its checksum and its entry in the data file's safetensors
-  // header (once per reader: a key that passed is not re-read).
+  // header (once per reader: a key that passed is not re-read). Every read checks the header entry too.
   void verify(const std::string& key) const;
+  // Entries of the data files' safetensors headers that no manifest entry names ("name (in file)").
+  std::vector<std::string> unlisted_header_entries() const;
 
  private:
   const SafetensorsHeader& header_for(const ManifestEntry& e) const;  // parsed once, then cached

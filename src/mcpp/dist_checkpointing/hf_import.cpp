@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
 #include "mcpp/dist_checkpointing/hf_convert.h"
 #include "mcpp/dist_checkpointing/hf_tensor_ops.h"
 
@@ -21,12 +22,9 @@ using namespace hf_detail;
 namespace {
 
 nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) fail("{}: not a JSON object", path);
+  // A regular file of at most 64 MiB nesting at most kMaxJsonDepth (an HF index / config is a few KB deep 3).
+  nlohmann::json j = read_json_file(path, "HF file", {.max_bytes = uint64_t{64} << 20});
+  if (!j.is_object()) fail("{}: not a JSON object", path);
   return j;
 }
 
@@ -116,6 +114,13 @@ bool cfg_bool(const nlohmann::json& c, const char* name, const std::string& path
   return it->get<bool>();
 }
 
+std::string cfg_str(const nlohmann::json& c, const char* name, const std::string& path, const char* dflt) {
+  auto it = c.find(name);
+  if (it == c.end() || it->is_null()) return dflt;
+  if (!it->is_string()) fail("{}: field '{}' must be a string, got {}", path, name, it->dump());
+  return it->get<std::string>();
+}
+
 int64_t padded(int64_t v) { return (v + 127) / 128 * 128; }
 
 void check_model_type(const nlohmann::json& c, const std::string& path, const char* want) {
@@ -126,7 +131,7 @@ void check_model_type(const nlohmann::json& c, const std::string& path, const ch
 
 ModelDims gpt2_dims(const nlohmann::json& c, const std::string& path) {
   check_model_type(c, path, "gpt2");
-  std::string act = c.value("activation_function", "gelu_new");
+  std::string act = cfg_str(c, "activation_function", path, "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast")
     fail("{}: field 'activation_function' is '{}'; mcpp computes the tanh GELU (gelu_new)", path, act);
   if (cfg_bool(c, "scale_attn_by_inverse_layer_idx", path, false))
@@ -164,7 +169,7 @@ struct RopeScaling {
 RopeScaling rope_scaling_of(const nlohmann::json& rp, const std::string& path, const char* field) {
   std::string type = "default";
   for (const char* key : {"rope_type", "type"})  // ("type": transformers' older spelling)
-    if (rp.contains(key) && !rp[key].is_null()) type = rp[key].get<std::string>();
+    if (rp.contains(key) && !rp[key].is_null()) type = cfg_str(rp, key, path + ": " + field, "default");
   if (type == "default") return {};
   if (type != "llama3" && type != "linear")
     fail("{}: field '{}.rope_type' is \"{}\"; mcpp implements plain RoPE (\"default\"), \"linear\" and Llama 3's "
@@ -206,7 +211,7 @@ double rope_base(const nlohmann::json& c, const std::string& path, RopeScaling* 
 // The fields Llama, Mixtral and Qwen2-MoE share: RMSNorm, RoPE, SwiGLU, GQA, no linear biases.
 ModelDims llama_family_dims(const nlohmann::json& c, const std::string& path, const char* model_type) {
   check_model_type(c, path, model_type);
-  if (c.value("hidden_act", "silu") != "silu") fail("{}: field 'hidden_act' must be \"silu\"", path);
+  if (cfg_str(c, "hidden_act", path, "silu") != "silu") fail("{}: field 'hidden_act' must be \"silu\"", path);
   ModelDims d;
   d.hidden = cfg_int(c, "hidden_size", path);
   d.num_layers = cfg_int(c, "num_hidden_layers", path);

@@ -2,14 +2,17 @@
 #include "mcpp/dist_checkpointing/manifest.h"
 
 #include <algorithm>
-#include <fstream>
+#include <filesystem>
 #include <map>
 #include <set>
-#include <sstream>
+#include <tuple>
 
 #include <fmt/ranges.h>
+#include <xxhash.h>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
+#include "mcpp/core/regular_file.h"
 
 namespace mcpp::dist_checkpointing {
 namespace {
@@ -100,6 +103,98 @@ ManifestEntry entry_from_json(const nlohmann::json& t, const std::string& path, 
   return e;
 }
 
+std::string hex64(uint64_t h) { return fmt::format("{:016x}", h); }
+uint64_t hash_text(const std::string& s) { return XXH3_64bits(s.data(), s.size()); }
+
+// A tensor entry's field name: "tensors[<key>@<global_offset>]" (unique in a valid manifest, and stable when
+// another entry is dropped), or "tensors[<index>]" for an entry without a string key.
+std::string tensor_field_name(const nlohmann::json& e, size_t index) {
+  if (e.is_object()) {
+    const auto k = e.find("key"), o = e.find("global_offset");
+    if (k != e.end() && k->is_string() && o != e.end() && o->is_array()) {
+      std::vector<std::string> dims;
+      for (const auto& d : *o) dims.push_back(d.dump());
+      return fmt::format("tensors[{}@{}]", k->get_ref<const std::string&>(), fmt::join(dims, ","));
+    }
+  }
+  return fmt::format("tensors[{}]", index);
+}
+
+// The checksummed fields of a manifest (manifest.h, "Checksum"): objects split down to depth 3
+// ("meta.optimizer.step"), arrays at depth <= 2 split into elements ("meta.x[1]", tensors by key and
+// offset), every other value a leaf. A name seen twice keeps both hashes (comma-joined): nothing is lost.
+void collect_fields(const nlohmann::json& j, const std::string& path, int depth,
+                    std::map<std::string, std::string>& out) {
+  auto add = [&](const std::string& name, const nlohmann::json& v) {
+    std::string& h = out[name];
+    h += (h.empty() ? "" : ",") + hex64(hash_text(v.dump()));
+  };
+  if (j.is_object() && !j.empty() && depth < 3) {
+    for (const auto& [k, v] : j.items()) {
+      if (depth == 0 && (k == kManifestChecksumField || k == kManifestFieldChecksumsField)) continue;
+      collect_fields(v, path.empty() ? k : path + "." + k, depth + 1, out);
+    }
+    return;
+  }
+  if (j.is_array() && !j.empty() && depth > 0 && depth < 3) {
+    for (size_t i = 0; i < j.size(); ++i)
+      add(path == "tensors" ? tensor_field_name(j[i], i) : fmt::format("{}[{}]", path, i), j[i]);
+    return;
+  }
+  add(path, j);
+}
+
+nlohmann::json field_checksums(const nlohmann::json& j) {
+  std::map<std::string, std::string> fields;
+  collect_fields(j, "", 0, fields);
+  return fields;
+}
+
+// Checks manifest_xxh3 / manifest_field_xxh3 against the content; names the fields that changed.
+void check_checksum(const nlohmann::json& j, const std::string& path) {
+  const auto whole = j.find(kManifestChecksumField);
+  const auto stored = j.find(kManifestFieldChecksumsField);
+  if (whole == j.end() || stored == j.end())
+    fail("{}: format_version {} requires the manifest checksum fields '{}' and '{}' (the manifest was cut or "
+         "edited)", path, kManifestFormatVersion, kManifestFieldChecksumsField, kManifestChecksumField);
+  if (!stored->is_object() || !whole->is_string())
+    fail("{}: the manifest checksum fields are damaged ('{}' must be an object, '{}' a string)", path,
+         kManifestFieldChecksumsField, kManifestChecksumField);
+  const nlohmann::json now = field_checksums(j);
+  std::vector<std::string> changed;
+  for (const auto& [k, v] : now.items())
+    if (!stored->contains(k)) changed.push_back(k + " (added)");
+    else if ((*stored)[k] != v) changed.push_back(k);
+  for (const auto& [k, v] : stored->items())
+    if (!now.contains(k)) changed.push_back(k + " (removed)");
+  if (!changed.empty()) {
+    const auto shown = changed.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(changed.size(), 4));
+    fail("{}: manifest checksum mismatch: {}{} changed after the save (the manifest was edited or damaged); "
+         "refusing to use this checkpoint", path, fmt::join(changed.begin(), shown, ", "),
+         changed.size() > 4 ? fmt::format(" and {} more fields", changed.size() - 4) : std::string());
+  }
+  if (whole->get<std::string>() != hex64(hash_text(stored->dump())))
+    fail("{}: manifest checksum mismatch: '{}' does not match '{}' (the checksum fields were edited or damaged); "
+         "refusing to use this checkpoint", path, kManifestChecksumField, kManifestFieldChecksumsField);
+}
+
+// Two entries of one file whose byte ranges overlap would read each other's bytes.
+void check_no_aliasing(const Manifest& m, const std::string& path) {
+  std::vector<const ManifestEntry*> es;
+  for (const auto& e : m.tensors)
+    if (e.byte_length > 0) es.push_back(&e);
+  std::sort(es.begin(), es.end(), [](auto* a, auto* b) {
+    return std::tie(a->file, a->byte_offset) < std::tie(b->file, b->byte_offset);
+  });
+  for (size_t i = 1; i < es.size(); ++i) {
+    const ManifestEntry &a = *es[i - 1], &b = *es[i];
+    if (a.file == b.file && b.byte_offset < a.byte_offset + a.byte_length)
+      fail("{}: tensors '{}' (shard at {}) and '{}' (shard at {}) alias the same bytes [{}, {}) of {}", path, a.key,
+           shape_str(a.global_offset), b.key, shape_str(b.global_offset), b.byte_offset,
+           std::min(a.byte_offset + a.byte_length, b.byte_offset + b.byte_length), a.file);
+  }
+}
+
 }  // namespace
 
 bool ManifestEntry::is_whole() const {
@@ -146,6 +241,9 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& path) {
   }
   Manifest m;
   m.format_version = static_cast<int>(ver.get<int64_t>());
+  // Before any field is used: version 3 carries the checksum; older versions are read without one (unless present).
+  if (m.format_version >= 3 || j.contains(kManifestChecksumField) || j.contains(kManifestFieldChecksumsField))
+    check_checksum(j, path);
   const auto& it = field(j, "iteration", path);
   if (!it.is_number_integer() || it.get<int64_t>() < 0)
     fail("{}: field 'iteration' must be a non-negative integer", path);
@@ -162,7 +260,34 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& path) {
     m.tensors.push_back(std::move(e));
   }
   validate_shard_layout(m, path);
+  check_no_aliasing(m, path);
   return m;
+}
+
+void seal_manifest(nlohmann::json& j) {
+  j.erase(kManifestChecksumField);
+  j.erase(kManifestFieldChecksumsField);
+  nlohmann::json fields = field_checksums(j);
+  j[kManifestChecksumField] = hex64(hash_text(fields.dump()));
+  j[kManifestFieldChecksumsField] = std::move(fields);
+}
+
+std::string manifest_text(const nlohmann::json& sealed) {
+  nlohmann::json body = sealed;
+  body.erase(kManifestChecksumField);
+  body.erase(kManifestFieldChecksumsField);
+  std::string text = body.dump(1);  // "{\n ...\n}"
+  text.resize(text.size() - 2);     // drop "\n}"
+  // The checksum fields last, indented like the rest.
+  std::string fields = sealed.at(kManifestFieldChecksumsField).dump(1);
+  std::string indented;
+  for (char c : fields) {
+    indented.push_back(c);
+    if (c == '\n') indented.push_back(' ');
+  }
+  text += fmt::format(",\n \"{}\": {},\n \"{}\": {}\n}}\n", kManifestFieldChecksumsField, indented,
+                      kManifestChecksumField, sealed.at(kManifestChecksumField).dump());
+  return text;
 }
 
 std::string shard_entry_name(const std::string& key, const Shape& global_offset, bool whole) {
@@ -208,13 +333,11 @@ void validate_shard_layout(const Manifest& m, const std::string& path) {
 }
 
 Manifest read_manifest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("missing manifest {} (not a committed checkpoint?)", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail("{}: manifest is not valid JSON", path);
-  return manifest_from_json(j, path);
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+    fail("missing manifest {} (not a committed checkpoint?)", path);
+  const std::string text = read_regular_file(path, "manifest", kManifestMaxBytes);
+  return manifest_from_json(parse_json_limited(text, path, {.max_bytes = kManifestMaxBytes}), path);
 }
 
 }  // namespace mcpp::dist_checkpointing

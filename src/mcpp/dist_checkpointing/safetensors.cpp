@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
+#include "mcpp/core/regular_file.h"
 #include "mcpp/dist_checkpointing/fault_injection.h"
 
 namespace mcpp::dist_checkpointing {
@@ -116,13 +118,11 @@ std::string xxh3_hex(uint64_t h) { return fmt::format("{:016x}", h); }
 
 void pread_exact(const std::string& path, uint64_t offset, uint64_t length, void* dst,
                  const std::string& what) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) fail("cannot open {} (reading {}): {}", path, what, std::strerror(errno));
+  const FileDescriptor f = open_regular_file(path, "data file");  // a FIFO is refused, not waited on
   char* p = static_cast<char*>(dst);
   uint64_t done = 0;
   while (done < length) {
-    ssize_t n = ::pread(f.fd, p + done, std::min<uint64_t>(length - done, 1u << 30),
+    ssize_t n = ::pread(f.get(), p + done, std::min<uint64_t>(length - done, 1u << 30),
                         static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -139,10 +139,7 @@ void pread_exact(const std::string& path, uint64_t offset, uint64_t length, void
 SafetensorsHeader read_safetensors_header(const std::string& path) {
   SafetensorsHeader h;
   h.path = path;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) fail("cannot open {}: {}", path, std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail("{} is not a regular file", path);
-  h.file_size = static_cast<uint64_t>(st.st_size);
+  h.file_size = open_regular_file(path, "safetensors file").size();
   if (h.file_size < 8) fail("{} is truncated: {} bytes, no safetensors header length", path, h.file_size);
   unsigned char len_bytes[8];
   pread_exact(path, 0, 8, len_bytes, "the header length");
@@ -155,8 +152,9 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   h.data_start = 8 + h.header_len;
   std::string text(h.header_len, '\0');
   pread_exact(path, 8, h.header_len, text.data(), "the header");
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) fail("{}: safetensors header is not a JSON object", path);
+  const nlohmann::json j =
+      parse_json_limited(text, fmt::format("{}: safetensors header", path), {.max_bytes = kMaxHeaderLen});
+  if (!j.is_object()) fail("{}: safetensors header is not a JSON object", path);
   uint64_t data_len = h.file_size - h.data_start;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "__metadata__") {

@@ -91,10 +91,11 @@ void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir, 
   m.meta = meta;
   nlohmann::json j = manifest_to_json(m);
   j["tensors"] = std::move(tensors);
+  seal_manifest(j);  // last: over every field, meta included
   const std::string manifest_path = tmp_dir + "/" + kManifestFile;
   manifest_from_json(j, manifest_path);  // the merged layout must cover every key exactly once
   fault_point("before_manifest_write");
-  write_file_atomic(manifest_path, j.dump(1) + "\n", "between_manifest_write_and_rename");
+  write_file_atomic(manifest_path, manifest_text(j), "between_manifest_write_and_rename");
   fault_point("after_manifest_rename");
   std::error_code ec;
   if (fs::exists(final_dir, ec)) fail("refusing to overwrite existing checkpoint {}", final_dir);
@@ -107,6 +108,13 @@ void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir, 
   write_file_atomic((fs::path(save_dir) / kTrackerFile).string(), std::to_string(iteration) + "\n",
                     "during_latest_update");
   fault_point("after_latest_update");
+  // The orphaned iter_N this save superseded (begin_sharded_save moved it aside under this save's token) is no
+  // longer needed once the tracker names the new one; a kill before this leaves it to the next start's clean-up.
+  const size_t token = tmp_dir.rfind(".tmp-");
+  if (token != std::string::npos) {
+    std::error_code ec;
+    fs::remove_all(final_dir + ".superseded-" + tmp_dir.substr(token + 5), ec);
+  }
 }
 
 std::vector<std::string> all_gather_strings(comm::Communicator& comm, const std::string& mine) {

@@ -11,7 +11,8 @@
 //   4. every rank's manifest entries are gathered; rank 0 checks the merged layout (every key covered
 //      exactly once), writes manifest.json (tmp + fsync + rename), fsyncs, renames the directory to
 //      iter_N, fsyncs the parent, and replaces latest_checkpointed_iteration.txt (tmp + fsync + rename
-//      + fsync); its outcome is broadcast, so a failed commit throws on every rank.
+//      + fsync), then deletes the orphaned iter_N it moved aside in step 1 (if any); its outcome is broadcast, so a
+//      failed commit throws on every rank.
 //   `meta` is taken from rank 0. Fault points (fault_injection.h) sit between all the steps.
 // Returns the committed directory on every rank.
 //

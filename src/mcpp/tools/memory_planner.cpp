@@ -263,9 +263,35 @@ int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layer
   return moe_layers * (m.num_moe_experts / cfg.parallel.expert_model_parallel_size) * expert;
 }
 
+// The plan counts bytes in int64: sizes whose products run past 2^44 elements (17 TB of fp32 in one tensor family,
+// more than any machine) would overflow it into nonsense. Refuses them first, naming the product.
+void check_plannable_sizes(const Config& cfg) {
+  const TransformerConfig& m = cfg.model;
+  const double h = static_cast<double>(m.hidden_size), L = static_cast<double>(m.num_layers + m.mtp_num_layers);
+  const double s = static_cast<double>(m.seq_length), b = static_cast<double>(cfg.training.micro_batch_size);
+  const double heads = static_cast<double>(std::max<int64_t>(m.num_attention_heads, 1));
+  const double ffn = static_cast<double>(std::max(m.ffn_hidden_size, m.moe_ffn_hidden_size));
+  const double experts = static_cast<double>(std::max<int64_t>(m.num_moe_experts, 1));
+  const struct {
+    const char* what;
+    double elements;
+  } terms[] = {{"hidden_size^2 x num_layers", h * h * L},
+               {"hidden_size x ffn_hidden_size x experts x num_layers", h * ffn * experts * L},
+               {"padded_vocab_size x hidden_size", static_cast<double>(m.padded_vocab_size) * h},
+               {"seq_length x micro_batch_size x hidden_size x num_layers", s * b * h * L},
+               {"seq_length^2 x micro_batch_size x num_attention_heads", s * s * b * heads},
+               {"seq_length x micro_batch_size x padded_vocab_size", s * b * static_cast<double>(m.padded_vocab_size)}};
+  constexpr double kMaxElements = 17592186044416.0;  // 2^44
+  for (const auto& t : terms)
+    if (!(t.elements <= kMaxElements))
+      fail("memory plan: {} = {:.3g} elements, more than any machine's memory holds (the plan's limit is 2^44); "
+           "the sizes are not a trainable model", t.what, t.elements);
+}
+
 MemoryPlan plan_memory(const Config& cfg) {
   const ParallelConfig& par = cfg.parallel;
   if (cfg.model.padded_vocab_size <= 0) fail("plan_memory: the vocabulary is not set (padded_vocab_size)");
+  check_plannable_sizes(cfg);
   if (par.data_parallel_size <= 0) fail("plan_memory: the world size is not applied (data_parallel_size)");
   if (par.expert_model_parallel_size > 1 && cfg.model.num_moe_experts == 0)
     fail("plan memory: expert_model_parallel_size {}: the model has no mixture-of-experts layers (the trainer "
@@ -380,17 +406,18 @@ MemoryFit fit_memory(const Config& cfg, double budget_bytes) {
   return fit;
 }
 
-void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes) {
+void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes,
+                  const std::string& memory_name) {
   const StageMemory& st = plan.stages.at(static_cast<size_t>(pp_rank));
   if (st.total_bytes() <= device_bytes) return;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   const MemoryFit fit = fit_memory(cfg, device_bytes);
   fail("memory plan: pipeline rank {} needs {:.2f} GiB (model state {:.2f} + activations {:.2f}: {} microbatch "
-       "context(s) in flight, before transient buffers) but the GPU has {:.2f} GiB; {}, or raise tensor / pipeline "
+       "context(s) in flight, before transient buffers) but {} has {:.2f} GiB; {}, or raise tensor / pipeline "
        "parallelism, use --use-distributed-optimizer or --recompute-granularity (`mcpp plan memory` shows each "
        "rank)",
        pp_rank, st.total_bytes() / kGiB, st.model_state_bytes() / kGiB,
-       static_cast<double>(st.peak_activation_bytes) / kGiB, st.in_flight, device_bytes / kGiB,
+       static_cast<double>(st.peak_activation_bytes) / kGiB, st.in_flight, memory_name, device_bytes / kGiB,
        fit.max_micro_batch_size > 0
            ? fmt::format("--micro-batch-size {} would fit (now {})", fit.max_micro_batch_size,
                          cfg.training.micro_batch_size)

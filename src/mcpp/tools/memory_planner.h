@@ -111,11 +111,13 @@ struct MemoryFit {
   int64_t max_micro_batch_size = 0;
 };
 MemoryFit fit_memory(const Config& cfg, double budget_bytes);
-// The trainer's check before it allocates anything on a GPU: the plan is a lower bound of the device peak
-// (exact activations and model state; transient buffers come on top), so a pipeline rank whose plan exceeds
-// the device's memory would run out of it. Throws mcpp::Error naming the rank, the plan, the device's size
-// and the largest --micro-batch-size that fits (fit_memory), with the other ways out.
-void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes);
+// The trainer's check before it allocates anything (on a GPU against the device, on CPU ranks against this rank's
+// share of the host memory): the plan is a lower bound of the peak (exact activations and model state; transient
+// buffers come on top), so a pipeline rank whose plan exceeds the memory would run out of it — or, on the host,
+// swap for minutes. Throws mcpp::Error naming the rank, the plan, `memory_name` ("the GPU", "this rank's share of
+// the host") with its size and the largest --micro-batch-size that fits (fit_memory), with the other ways out.
+void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes,
+                  const std::string& memory_name);
 double largest_rank_bytes(const MemoryPlan& plan);
 
 // One microbatch's context bytes of a chunk (the formula above); exposed for the tests.

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
 
 namespace mcpp::tools {
 
@@ -89,15 +90,8 @@ Trace parse_trace(const nlohmann::json& j, const std::string& source) {
 }
 
 Trace read_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("{}: cannot open trace file", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: malformed trace JSON: {}", path, e.what());
-  }
-  return parse_trace(j, path);
+  // A regular file of at most 4 GiB, nesting at most kMaxJsonDepth (a Chrome trace nests 3 deep).
+  return parse_trace(read_json_file(path, "trace file", {.max_bytes = uint64_t{4} << 30}), path);
 }
 
 TraceSummary summarize(const Trace& trace, int64_t skip_steps) {

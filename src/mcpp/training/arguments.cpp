@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/regular_file.h"
+#include "mcpp/core/toml_limits.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
 
 namespace mcpp {
@@ -38,8 +40,11 @@ nlohmann::json toml_to_json(const toml::node& node, const std::string& path, con
 
 std::set<std::string> load_toml_config(const std::string& path, Config& cfg) {
   toml::table tbl;
+  // A regular file (a FIFO or directory is refused by name), its dotted keys bounded before toml++ nests them.
+  const std::string text = read_regular_file(path, "--config file", kMaxTomlBytes);
+  check_toml_text(text, path);
   try {
-    tbl = toml::parse_file(path);
+    tbl = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     const auto& src = e.source();
     fail("{}:{}:{}: {}", path, src.begin.line, src.begin.column, e.description());

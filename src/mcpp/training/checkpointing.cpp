@@ -28,6 +28,35 @@ namespace {
 constexpr const char* kExpAvg = "optimizer.exp_avg.";
 constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
 
+// meta.<name> as a non-negative integer, or an error naming the checkpoint and the field (a negative or
+// non-integer count would silently move the data cursor or the Adam step).
+int64_t meta_count(const nlohmann::json& meta, const std::string& name, const std::string& dir) {
+  const auto it = meta.find(name);
+  if (it == meta.end()) fail("checkpoint '{}': manifest meta lacks '{}'", dir, name);
+  if (!it->is_number_integer() || it->get<int64_t>() < 0)
+    fail("checkpoint '{}': manifest meta.{} must be a non-negative integer, got {}", dir, name, it->dump());
+  return it->get<int64_t>();
+}
+
+// meta.optimizer.step of a checkpoint that holds optimizer state.
+int64_t optimizer_step(const nlohmann::json& meta, const std::string& dir) {
+  const nlohmann::json& o = meta.at("optimizer");
+  if (!o.is_object()) fail("checkpoint '{}': manifest meta.optimizer must be an object, got {}", dir, o.type_name());
+  const auto it = o.find("step");
+  if (it == o.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+    fail("checkpoint '{}': manifest meta.optimizer.step must be a non-negative integer, got {}", dir,
+         it == o.end() ? std::string("nothing") : it->dump());
+  return it->get<int64_t>();
+}
+
+// meta.optimizer claims a step: the state of every parameter must be there (not silently left at zero).
+void require_optimizer_state(const dc::CheckpointReader& reader, const std::string& param) {
+  for (const std::string& k : {kExpAvg + param, kExpAvgSq + param})
+    if (!reader.has(k))
+      fail("checkpoint '{}' has no optimizer state '{}' although meta.optimizer claims a step (an incomplete "
+           "checkpoint); --no-load-optim loads the weights only", reader.dir(), k);
+}
+
 // Refuses a checkpoint whose model math differs from `config`, naming the fields.
 void check_fingerprint(const nlohmann::json& meta, const Config& config, const std::string& dir, bool override_check) {
   // Checkpoints written by `mcpp ckpt import` carry only the config: derive its math fields.
@@ -232,9 +261,9 @@ void read_adam_state(const dc::CheckpointReader& reader, const std::vector<GPTMo
   if (!meta.contains("optimizer") || meta.at("optimizer").is_null())
     fail("checkpoint '{}' holds no optimizer state; use --no-load-optim (or --finetune) to load weights only",
          reader.dir());
-  adam.load_state(meta.at("optimizer").at("step").get<int64_t>(),
+  adam.load_state(optimizer_step(meta, reader.dir()),
                   [&](const std::string& name, Tensor& exp_avg, Tensor& exp_avg_sq) {
-                    if (!reader.has(kExpAvg + name) || !reader.has(kExpAvgSq + name)) return false;
+                    require_optimizer_state(reader, name);
                     const ParamSpec& spec = spec_of(chunks, name);
                     read_shard(reader, kExpAvg + name, spec, exp_avg);
                     read_shard(reader, kExpAvgSq + name, spec, exp_avg_sq);
@@ -381,7 +410,11 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
     }
   } count{reader, opt.bytes_read};
   const nlohmann::json& meta = reader.meta();
-  check_fingerprint(meta, config, reader.dir(), opt.override_config_check);
+  try {
+    check_fingerprint(meta, config, reader.dir(), opt.override_config_check);
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint '{}': manifest meta.fingerprint / meta.math_fields / meta.config: {}", reader.dir(), e.what());
+  }
   read_model_chunks(reader, chunks, optimizer.distributed);  // sharded masters too (weights, also with --finetune)
   if (opt.finetune) {
     state = TrainerState{.rng = state.rng};
@@ -390,21 +423,34 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
   if (!meta.contains("iteration") || !meta.contains("consumed_train_samples"))
     fail("checkpoint '{}' is model-only (no training state: e.g. written by `mcpp ckpt import`); load its weights "
          "with --finetune", reader.dir());
-  state.iteration = meta.at("iteration").get<int64_t>();
-  state.consumed_train_samples = meta.at("consumed_train_samples").get<int64_t>();
-  state.consumed_valid_samples = meta.value("consumed_valid_samples", int64_t{0});
+  state.iteration = meta_count(meta, "iteration", reader.dir());
+  if (state.iteration != reader.iteration())
+    fail("checkpoint '{}': manifest meta.iteration {} differs from its iteration {}", reader.dir(), state.iteration,
+         reader.iteration());
+  state.consumed_train_samples = meta_count(meta, "consumed_train_samples", reader.dir());
+  state.consumed_valid_samples = meta.contains("consumed_valid_samples")
+                                     ? meta_count(meta, "consumed_valid_samples", reader.dir()) : 0;
   state.scheduler = meta.value("opt_param_scheduler", nlohmann::json::object());
-  if (opt.load_rng) load_rng(meta, config, pc, state.rng, reader.dir());
+  if (!state.scheduler.is_object())
+    fail("checkpoint '{}': manifest meta.opt_param_scheduler must be an object, got {}", reader.dir(),
+         state.scheduler.type_name());
+  if (opt.load_rng) {
+    try {
+      load_rng(meta, config, pc, state.rng, reader.dir());
+    } catch (const nlohmann::json::exception& e) {
+      fail("checkpoint '{}': manifest meta.rng / meta.rng_per_rank: {}", reader.dir(), e.what());
+    }
+  }
   if (!optimizer.empty() && opt.load_optimizer) {
-    if (meta.at("optimizer").is_null())
+    if (!meta.contains("optimizer") || meta.at("optimizer").is_null())
       fail("checkpoint '{}' holds no optimizer state; use --no-load-optim (or --finetune) to load weights only",
            reader.dir());
     if (optimizer.distributed) {
-      const int64_t step = meta.at("optimizer").at("step").get<int64_t>();
+      const int64_t step = optimizer_step(meta, reader.dir());
       // Each piece: flat range of the TP-local tensor -> local rects -> global rects, read directly.
       optimizer.distributed->load_state(
           step, [&](const std::string& key, int64_t offset, Tensor& exp_avg, Tensor& exp_avg_sq) {
-            if (!reader.has(kExpAvg + key) || !reader.has(kExpAvgSq + key)) return false;
+            require_optimizer_state(reader, key);
             const ParamSpec& spec = spec_of(chunks, key);
             read_piece(reader, kExpAvg + key, key, spec, offset, exp_avg);
             read_piece(reader, kExpAvgSq + key, key, spec, offset, exp_avg_sq);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <optional>
 
@@ -58,6 +59,16 @@ std::unique_ptr<BlendedDataset> make_dataset(const Config& c, int split, int64_t
 
 }  // namespace
 
+namespace {
+// Ranks sharing this host's memory, from the launcher's environment (Open MPI, MPICH / Hydra, Slurm, mcpp launch:
+// single-node, so all of its ranks); 1 when unknown.
+int local_ranks_on_this_host() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "MCPP_WORLD_SIZE"})
+    if (const char* s = std::getenv(v); s && std::atoi(s) > 0) return std::atoi(s);
+  return 1;
+}
+}  // namespace
+
 Device resolve_training_device(const TrainingConfig& t) {
   if (t.device == "cpu") return Device::CPU;
   if (t.device == "cuda") {
@@ -104,9 +115,17 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                  tools::format_bytes(static_cast<double>(st.peak_activation_bytes)), st.in_flight,
                  tools::format_bytes(st.total_bytes()));
   }
-  // Before anything is allocated: a plan above the GPU's memory would run out of it minutes later.
-  if (device_ == Device::CUDA)
-    tools::require_fits(config_, *memory_plan_, pc_.pp_rank(), static_cast<double>(cuda_total_memory_bytes()));
+  // Before anything is allocated: a plan above the GPU's memory would run out of it minutes later; on CPU ranks a
+  // plan above this rank's share of the host memory would end in std::bad_alloc or swap for minutes.
+  if (device_ == Device::CUDA) {
+    tools::require_fits(config_, *memory_plan_, pc_.pp_rank(), static_cast<double>(cuda_total_memory_bytes()),
+                        "the GPU");
+  } else {
+    const int local = local_ranks_on_this_host();
+    tools::require_fits(config_, *memory_plan_, pc_.pp_rank(), static_cast<double>(host_memory_bytes()) / local,
+                        local > 1 ? fmt::format("this rank's share of the host memory ({} ranks on this host)", local)
+                                  : std::string("the host memory"));
+  }
   // Megatron's train_val_test_num_samples: train_samples when sample-based (its last, partial batch never trained)
   const int64_t train_samples = t.train_samples > 0 ? t.train_samples : t.train_iters * gbs;
   train_ds_ = make_dataset(config_, 0, train_samples, eod_token);
@@ -201,9 +220,16 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
       spdlog::warn("no checkpoint found in '{}': training from scratch", t.load);
     }
   }
-  if (!t.save.empty() && pc_.rank() == 0)  // what crashed saves left behind (no save is in flight yet)
+  if (!t.save.empty() && pc_.rank() == 0) {
+    // The save directory is this job's for its lifetime (a second live job is refused); then what dead jobs
+    // left behind goes (no save of this job is in flight yet).
+    save_lock_ = dist_checkpointing::SaveDirLock::acquire(t.save);
+    if (!save_lock_.held())
+      spdlog::warn("the filesystem of --save {} has no file locks: another job saving there would not be noticed",
+                   t.save);
     for (const std::string& p : dist_checkpointing::remove_stale_staging(t.save))
-      spdlog::warn("removed stale staging path {} (left by an interrupted save)", p);
+      spdlog::warn("removed stale checkpoint path {} (left by an interrupted save or deletion)", p);
+  }
   if (t.async_save) async_saver_ = std::make_unique<dist_checkpointing::AsyncCheckpointSaver>(pc_.world());
   std::string metrics_path = t.metrics_path;
   if (metrics_path.empty() && !t.save.empty()) metrics_path = t.save + "/metrics.jsonl";

@@ -42,6 +42,7 @@
 
 #include "mcpp/core/cuda_graph.h"
 #include "mcpp/datasets/blended_dataset.h"
+#include "mcpp/dist_checkpointing/retention.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/checkpointing.h"
@@ -151,6 +152,7 @@ class Trainer {
   MetricsWriter metrics_;
   std::unique_ptr<timeline::TimelineRecorder> timeline_;  // --timeline: training-step action intervals
   std::unique_ptr<dist_checkpointing::AsyncCheckpointSaver> async_saver_;  // --async-save
+  dist_checkpointing::SaveDirLock save_lock_;  // rank 0 with --save: the save directory is this job's
   timeline::StageMemory stage_memory_;  // activation memory maxima over the training steps (the end's report)
   // tools/memory_planner's plan of this run (every layout; MoE under EP assumes balanced routing): printed at the
   // start, its planned activation figures beside the measured ones in the end's report.

@@ -8,7 +8,7 @@ Llama layout conversions with numpy reshapes (not the C++ code's row loops).
 
   read_safetensors.py make-hf gpt2|llama|mixtral|qwen3 OUTDIR  random HF model dir (llama, qwen3: BF16, mixtral: F16,
                                                        2 shards; qwen3: q/k norms, head_dim 8 != hidden / heads)
-  read_safetensors.py check-ckpt ITERDIR               manifest vs files, xxh3, strict parse
+  read_safetensors.py check-ckpt ITERDIR               manifest vs files, xxh3, manifest checksum, strict parse
   read_safetensors.py check-import gpt2|llama|mixtral|qwen3 HFDIR ITERDIR
   read_safetensors.py check-export gpt2|llama|mixtral|qwen3 ITERDIR OUTDIR [ORIG_HFDIR]
   read_safetensors.py flip ITERDIR KEY                  flip one byte inside KEY's data
@@ -21,6 +21,9 @@ import sys
 
 import numpy as np
 import xxhash
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import manifest_checksum  # noqa: E402
 
 NP = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64, "BF16": np.uint16,
       "F64": np.float64, "U8": np.uint8, "BOOL": np.uint8}
@@ -74,7 +77,8 @@ def write(path, tensors, meta):
 def read_ckpt(iter_dir):
     """Manifest + every tensor (f32 view where floating), checking xxh3 and header agreement."""
     man = json.load(open(os.path.join(iter_dir, "manifest.json")))
-    assert man["format"] == "mcpp-checkpoint" and man["format_version"] == 1, "manifest format"
+    assert man["format"] == "mcpp-checkpoint" and man["format_version"] == 3, "manifest format"
+    manifest_checksum.check(man)
     files, tensors = {}, {}
     for e in man["tensors"]:
         f = os.path.join(iter_dir, e["file"])
