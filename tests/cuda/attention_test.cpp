@@ -1,7 +1,8 @@
 // CUDA flash attention fwd/bwd vs the CPU backend's flash attention (itself checked against float64
-// naive attention in tests/kernels): causal and full, GQA, head dims 64 and 128, s not a tile multiple.
-// fp32 tensors run the CUDA-core kernels, bf16 tensors the tensor-core kernels (attention_mma_*.cu: P and dS
-// rounded to bf16 before their products, as FlashAttention-2; within the bf16 tolerance, see tol()).
+// naive attention in tests/kernels): causal and full, GQA, every head dim (multiples of 8 up to 256), s not a
+// tile multiple. fp32 tensors run the CUDA-core kernels, bf16 tensors cuDNN or the tensor-core kernels
+// (attention_mma_*.cu, d 64 / 128: P and dS rounded to bf16 before their products, as FlashAttention-2; within
+// the bf16 tolerance, see tol()), other bf16 head dims without cuDNN the CUDA-core kernels.
 #include <cstring>
 #include <cmath>
 
@@ -65,9 +66,9 @@ TEST(CudaFlashAttention, MatchesCpuCausalFullGqaBothHeadDims) {
   }
 }
 
-// Head dims other than 64 / 128 (multi-latent attention's 192 = 128 + 64; 96) run on cuDNN only, bf16: forward and
-// backward match the CPU (causal, GQA too) and cuDNN ran them; fp32 tensors, or cuDNN switched off, are a named error.
-TEST(CudaFlashAttention, CudnnOnlyHeadDimsMatchCpu) {
+// Head dims other than 64 / 128 (multi-latent attention's 192 = 128 + 64; 96) in bf16 take cuDNN by default:
+// forward and backward match the CPU (causal, GQA too) and cuDNN ran them.
+TEST(CudaFlashAttention, CudnnOtherHeadDimsMatchCpu) {
   MCPP_REQUIRE_CUDA();
   const auto c0 = ops::cuda_cudnn_attention_counts();
   check_case({.s = 130, .b = 2, .nq = 4, .ng = 4, .d = 192, .causal = true}, DType::BF16);
@@ -76,17 +77,65 @@ TEST(CudaFlashAttention, CudnnOnlyHeadDimsMatchCpu) {
   EXPECT_EQ(c1.bwd - c0.bwd, 1);
   check_case({.s = 77, .b = 1, .nq = 4, .ng = 2, .d = 96, .causal = true}, DType::BF16);
   check_case({.s = 64, .b = 2, .nq = 2, .ng = 2, .d = 192, .causal = true}, DType::BF16, /*deterministic=*/true);
-  const Shape qs{16, 1, 2, 192}, ls{1, 2, 16};
-  Tensor q = dev(rnd(qs, 1)), o = poisoned(qs, DType::F32), lse = poisoned(ls, DType::F32);
-  try {
-    ops::flash_attention_fwd(o, lse, q, q, q, {.softmax_scale = 0.1f, .causal = true});
-    FAIL() << "fp32 at d = 192 should be refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("head dim d = 192"), std::string::npos) << e.what();
+}
+
+// Every head dim (issue 35): d = 32, 80, 96, 256 (and 8, 40, 160, 200, 224 across the CUDA-core kernels' padded
+// widths) in fp32 (CUDA-core kernels, the columns past d masked) and bf16 — by default (cuDNN where it has an
+// engine) and with cuDNN off (the CUDA-core kernels on bf16 tensors: fp32 math, one rounding on store) — causal and
+// full, MHA / GQA / MQA, s around the 16-query and 32-key tiles. Same tolerances as the 64 / 128 cases.
+TEST(CudaFlashAttention, EveryHeadDimMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  for (bool cudnn : {true, false}) {
+    const CudnnAttentionScope scope(cudnn);
+    for (DType dt : float_dtypes()) {
+      if (cudnn && dt == DType::F32) continue;  // fp32 never takes cuDNN
+      check_case({.s = 80, .b = 2, .nq = 4, .ng = 2, .d = 32, .causal = true}, dt);
+      check_case({.s = 45, .b = 1, .nq = 4, .ng = 4, .d = 32, .causal = false}, dt);
+      check_case({.s = 77, .b = 2, .nq = 6, .ng = 2, .d = 80, .causal = true}, dt);
+      check_case({.s = 33, .b = 1, .nq = 2, .ng = 1, .d = 96, .causal = false}, dt);
+      check_case({.s = 96, .b = 1, .nq = 4, .ng = 2, .d = 96, .causal = true}, dt);
+      check_case({.s = 70, .b = 1, .nq = 2, .ng = 2, .d = 256, .causal = true}, dt);
+      check_case({.s = 40, .b = 2, .nq = 4, .ng = 1, .d = 256, .causal = false}, dt);
+    }
   }
-  const CudnnAttentionScope off(false);
-  Tensor qb = dev(rnd(qs, 1), DType::BF16), ob = poisoned(qs, DType::BF16);
-  EXPECT_THROW(ops::flash_attention_fwd(ob, lse, qb, qb, qb, {.softmax_scale = 0.1f, .causal = true}), Error);
+  const CudnnAttentionScope mcpp_kernels(false);
+  for (DType dt : float_dtypes())
+    for (int64_t d : {8, 40, 160, 200, 224}) check_case({.s = 50, .b = 1, .nq = 2, .ng = 1, .d = d, .causal = true}, dt);
+}
+
+// Attention dropout at other head dims on the mcpp kernels (cuDNN off): the CPU's mask, bit for bit, so CUDA matches
+// the CPU within the usual tolerance; deterministic mode too (the CUDA-core kernels are deterministic anyway).
+TEST(CudaFlashAttention, EveryHeadDimDropoutMatchesCpu) {
+  MCPP_REQUIRE_CUDA();
+  const CudnnAttentionScope mcpp_kernels(false);
+  for (DType dt : float_dtypes())
+    for (bool deterministic : {false, true}) {
+      check_case({.s = 80, .b = 2, .nq = 4, .ng = 2, .d = 32, .causal = true}, dt, deterministic, 0.3f);
+      check_case({.s = 45, .b = 1, .nq = 2, .ng = 1, .d = 80, .causal = false}, dt, deterministic, 0.1f);
+      check_case({.s = 66, .b = 1, .nq = 2, .ng = 2, .d = 256, .causal = true}, dt, deterministic, 0.5f);
+    }
+}
+
+// The CUDA-core kernels at bf16 and another head dim are deterministic: the backward repeats bit for bit.
+TEST(CudaFlashAttention, OtherHeadDimBackwardIsDeterministic) {
+  MCPP_REQUIRE_CUDA();
+  const CudnnAttentionScope mcpp_kernels(false);
+  const DType bf = DType::BF16;
+  const Shape qs{150, 2, 4, 96}, ks{150, 2, 2, 96}, ls{2, 4, 150};
+  const ops::AttentionOptions opt{.softmax_scale = 0.1f, .causal = true};
+  Tensor q = dev(rnd(qs, 1, bf, -2, 2), bf), k = dev(rnd(ks, 2, bf, -2, 2), bf), v = dev(rnd(ks, 3, bf), bf);
+  Tensor dout = dev(rnd(qs, 4, bf), bf), o = poisoned(qs, bf), lse = poisoned(ls, DType::F32);
+  ops::flash_attention_fwd(o, lse, q, k, v, opt);
+  Tensor first[3];
+  for (int rep = 0; rep < 3; ++rep) {
+    Tensor dq = poisoned(qs, bf), dk = poisoned(ks, bf), dv = poisoned(ks, bf);
+    ops::flash_attention_bwd(dq, dk, dv, dout, q, k, v, o, lse, opt);
+    Tensor got[3] = {host(dq), host(dk), host(dv)};
+    for (int i = 0; i < 3; ++i) {
+      if (rep == 0) first[i] = got[i];
+      else EXPECT_EQ(std::memcmp(got[i].raw(), first[i].raw(), got[i].nbytes()), 0) << "rep " << rep << " grad " << i;
+    }
+  }
 }
 
 // GQA's backward on cuDNN — natively (dK / dV per query head summed per group by a reduction node in the
@@ -427,11 +476,21 @@ TEST(CudaFlashAttention, DropoutRejectsBadProbability) {
   EXPECT_THROW(ops::flash_attention_fwd(o, lse, q, q, q, {.dropout_p = -0.5f}), Error);
 }
 
+// Head dims that are not a multiple of 8, or beyond 256: one named error, fp32 and bf16.
 TEST(CudaFlashAttention, RejectsUnsupportedHeadDim) {
   MCPP_REQUIRE_CUDA();
-  Tensor q = Tensor::zeros({4, 1, 2, 32}, DType::F32, Device::CUDA), lse = Tensor::zeros({1, 2, 4}, DType::F32, Device::CUDA);
-  Tensor o = Tensor::zeros({4, 1, 2, 32}, DType::F32, Device::CUDA);
-  EXPECT_THROW(ops::flash_attention_fwd(o, lse, q, q, q, {}), Error);
+  Tensor lse = Tensor::zeros({1, 2, 4}, DType::F32, Device::CUDA);
+  for (DType dt : float_dtypes())
+    for (int64_t d : {36, 264}) {
+      Tensor q = Tensor::zeros({4, 1, 2, d}, dt, Device::CUDA), o = Tensor::zeros({4, 1, 2, d}, dt, Device::CUDA);
+      try {
+        ops::flash_attention_fwd(o, lse, q, q, q, {});
+        ADD_FAILURE() << "head dim " << d << " should be refused";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("head dim d must be a multiple of 8 up to 256"), std::string::npos)
+            << e.what();
+      }
+    }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The ring attention's steps (--cp-comm-type p2p) on the CUDA backend: a simulated CP group (ring_sim.h) on one
 // GPU equals one causal attention over the whole sequence on the CPU (float32 and bf16; cuDNN's fused attention
-// and the mcpp kernels; GQA; cp 2 and 3; attention dropout: the CPU's mask, blocks on and off the 4-key Philox
+// and the mcpp kernels; head dims 32 / 64 / 96 / 128 / 256; GQA; cp 2 and 3; attention dropout: the CPU's mask, blocks on and off the 4-key Philox
 // counters), and ops::attention_merge matches the CPU's, -inf rows included. The
 // messages between GPUs are the NCCL backend's batch_p2p, tested by the NCCL driver; two GPUs run the whole
 // ring in tests/device/gpu_parallel_check.sh.
@@ -24,7 +24,10 @@ TEST(CudaRingAttention, StepsMatchOneCpuAttention) {
     CudnnAttentionScope scope(cudnn);
     for (DType dt : float_dtypes())
       for (const Case& cs : {Case{2, 48, 2, 4, 2, 64, 0.0f}, Case{3, 40, 1, 2, 2, 128, 0.0f},
-                             Case{2, 48, 1, 4, 2, 64, 0.2f}, Case{2, 45, 1, 2, 1, 128, 0.2f}}) {
+                             Case{2, 48, 1, 4, 2, 64, 0.2f}, Case{2, 45, 1, 2, 1, 128, 0.2f},
+                             // other head dims (issue 35): cuDNN or the CUDA-core kernels, dropout blocks on the latter
+                             Case{2, 40, 2, 4, 2, 32, 0.0f}, Case{2, 36, 1, 2, 2, 96, 0.2f},
+                             Case{3, 20, 1, 2, 1, 256, 0.1f}}) {
         SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " cudnn " << cudnn << " cp " << cs.cp << " c " << cs.c
                                           << " d " << cs.d << " dropout " << cs.drop);
         const int64_t S = 2 * cs.cp * cs.c;
@@ -51,19 +54,21 @@ TEST(CudaRingAttention, StepsMatchOneCpuAttention) {
 
 TEST(CudaAttentionMerge, MatchesCpu) {
   MCPP_REQUIRE_CUDA();
-  const int64_t s = 37, b = 2, nq = 3, d = 64;
+  const int64_t s = 37, b = 2, nq = 3;
   const float inf = std::numeric_limits<float>::infinity();
-  for (DType dt : float_dtypes()) {
-    SCOPED_TRACE(dtype_name(dt));
-    Tensor o = rnd({s, b, nq, d}, 5), ob = rnd({s, b, nq, d}, 6, dt);
-    Tensor l = rnd({b, nq, s}, 7, DType::F32, -3, 3), lb = rnd({b, nq, s}, 8, DType::F32, -3, 3);
-    for (int64_t i = 0; i < b * nq * s; i += 5) l.data<float>()[i] = -inf;       // no keys yet: take the block
-    for (int64_t i = 2; i < b * nq * s; i += 5) lb.data<float>()[i] = -inf;      // an empty block: keep own
-    Tensor od = dev(o), ld = dev(l);
-    ops::attention_merge(od, ld, dev(ob, dt), dev(lb));
-    ops::cpu::attention_merge(o, l, ob, lb, {});
-    EXPECT_REL(host(od), o, 1e-6);
-    EXPECT_REL(host(ld), l, 1e-6);
+  for (int64_t d : {64, 40}) {
+    for (DType dt : float_dtypes()) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " d " << d);
+      Tensor o = rnd({s, b, nq, d}, 5), ob = rnd({s, b, nq, d}, 6, dt);
+      Tensor l = rnd({b, nq, s}, 7, DType::F32, -3, 3), lb = rnd({b, nq, s}, 8, DType::F32, -3, 3);
+      for (int64_t i = 0; i < b * nq * s; i += 5) l.data<float>()[i] = -inf;       // no keys yet: take the block
+      for (int64_t i = 2; i < b * nq * s; i += 5) lb.data<float>()[i] = -inf;      // an empty block: keep own
+      Tensor od = dev(o), ld = dev(l);
+      ops::attention_merge(od, ld, dev(ob, dt), dev(lb));
+      ops::cpu::attention_merge(o, l, ob, lb, {});
+      EXPECT_REL(host(od), o, 1e-6);
+      EXPECT_REL(host(ld), l, 1e-6);
+    }
   }
 }
 

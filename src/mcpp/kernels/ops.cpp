@@ -108,6 +108,26 @@ MlaQkvShape check_mla_qkv(const char* op, const Tensor& query, const Tensor& key
   return m;
 }
 
+KvCacheShape check_kv_cache(const char* op, const Tensor& step, const Tensor& k_cache, const Tensor& v_cache,
+                            const Tensor& lengths) {
+  MCPP_CHECK(step.defined() && step.ndim() == 4, "{}: the step's tensor must be [sq, b, n, d]; got {}", op,
+             step.defined() ? step.str() : "undefined");
+  MCPP_CHECK(k_cache.defined() && k_cache.ndim() == 4 && k_cache.size(1) == step.size(1) &&
+                 k_cache.size(3) == step.size(3),
+             "{}: k_cache must be [cap, b={}, ng, d={}]; got {}", op, step.size(1), step.size(3),
+             k_cache.defined() ? k_cache.str() : "undefined");
+  MCPP_CHECK(v_cache.defined() && v_cache.shape() == k_cache.shape() && v_cache.dtype() == k_cache.dtype(),
+             "{}: v_cache must match k_cache {}; got {}", op, k_cache.str(), v_cache.defined() ? v_cache.str() : "undefined");
+  const KvCacheShape a{step.size(0), step.size(1), step.size(2), k_cache.size(2), step.size(3), k_cache.size(0)};
+  MCPP_CHECK(a.ng > 0 && a.nq % a.ng == 0, "{}: the step's {} heads must be a multiple of the cache's {} groups", op,
+             a.nq, a.ng);
+  MCPP_CHECK(lengths.defined() && lengths.dtype() == DType::I32 && lengths.shape() == Shape({a.b}) &&
+                 lengths.device() == k_cache.device(),
+             "{}: lengths must be int32 [b={}] on the caches' device; got {}", op, a.b,
+             lengths.defined() ? lengths.str() : "undefined");
+  return a;
+}
+
 int64_t check_copy_columns(const Tensor& y, const Tensor& x, int64_t y_offset, int64_t x_offset, int64_t width) {
   MCPP_CHECK(y.defined() && x.defined() && y.ndim() >= 1 && x.ndim() >= 1,
              "copy_columns: x and y must be defined tensors of at least one dim; got {} and {}", x.str(), y.str());
@@ -297,6 +317,15 @@ void flash_attention_bwd_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv
                              int64_t num_query_groups, const AttentionOptions& opt, Stream s) {
   MCPP_DISPATCH(flash_attention_bwd_qkv, ({&dqkv, &dout, &qkv, &o, &lse}), dqkv, dout, qkv, o, lse, num_query_groups,
                 opt, s);
+}
+void kv_cache_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v, const Tensor& lengths,
+                     Stream s) {
+  MCPP_DISPATCH(kv_cache_append, ({&k_cache, &v_cache, &k, &v, &lengths}), k_cache, v_cache, k, v, lengths, s);
+}
+void kv_cache_attention(Tensor& o, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const Tensor& lengths, float softmax_scale, Stream s) {
+  MCPP_DISPATCH(kv_cache_attention, ({&o, &q, &k_cache, &v_cache, &lengths}), o, q, k_cache, v_cache, lengths,
+                softmax_scale, s);
 }
 void attention_merge(Tensor& o_acc, Tensor& lse_acc, const Tensor& o_blk, const Tensor& lse_blk, Stream s) {
   MCPP_DISPATCH(attention_merge, ({&o_acc, &lse_acc, &o_blk, &lse_blk}), o_acc, lse_acc, o_blk, lse_blk, s);

@@ -114,6 +114,14 @@ struct MlaQkvShape {
 MlaQkvShape check_mla_qkv(const char* op, const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& q,
                           const Tensor& kv, const Tensor& latent, bool latent_is_pe, const Tensor& cos,
                           const Tensor& sin, bool fp32_only);
+// The sizes of a kv_cache_append / kv_cache_attention call (ops.inc), checked by both backends: step [sq, b, n, d]
+// (k for the append: n = ng; q for the attention: n = nq, a multiple of ng), the caches [cap, b, ng, d] of one dtype
+// and shape, lengths int32 [b]. The dtypes of the step and the caches: the caller's backend checks them.
+struct KvCacheShape {
+  int64_t sq, b, nq, ng, d, cap;
+};
+KvCacheShape check_kv_cache(const char* op, const Tensor& step, const Tensor& k_cache, const Tensor& v_cache,
+                            const Tensor& lengths);
 // copy_columns' checks (both backends): rows agree, the column ranges fit, one dtype. Returns the rows.
 int64_t check_copy_columns(const Tensor& y, const Tensor& x, int64_t y_offset, int64_t x_offset, int64_t width);
 

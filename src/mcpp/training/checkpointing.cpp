@@ -463,7 +463,7 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
   return true;
 }
 
-LoadedModel load_model_for_inference(const std::string& load_dir) {
+LoadedModel load_model_for_inference(const std::string& load_dir, Device device, DType param_dtype) {
   dc::CheckpointReader reader(load_dir);
   LoadedModel lm;
   if (!reader.meta().contains("config")) fail("checkpoint '{}': manifest meta lacks the model config", reader.dir());
@@ -474,7 +474,8 @@ LoadedModel load_model_for_inference(const std::string& load_dir) {
   lm.config.model.validate();
   lm.iteration = reader.iteration();
   lm.model = std::make_unique<GPTModel>(lm.config.model, static_cast<uint64_t>(lm.config.training.seed),
-                                        tensor_parallel::TPContext{comm::make_local_world(), false});
+                                        tensor_parallel::TPContext{comm::make_local_world(), false}, device,
+                                        GPTModelStage{}, param_dtype);
   read_model_chunks(reader, {lm.model.get()});
   return lm;
 }

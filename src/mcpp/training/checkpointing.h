@@ -111,12 +111,14 @@ void read_model_chunks(const dist_checkpointing::CheckpointReader& reader, const
 void read_adam_state(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
                      Adam& adam);
 
-// Inference: the config stored in the checkpoint and a model holding its weights.
+// Inference: the config stored in the checkpoint and a model holding its weights (one rank, any saved layout), on
+// `device` with `param_dtype` parameters (BF16: mixed precision, the CUDA backend).
 struct LoadedModel {
   Config config;
   std::unique_ptr<GPTModel> model;
   int64_t iteration = 0;
 };
-LoadedModel load_model_for_inference(const std::string& load_dir);
+LoadedModel load_model_for_inference(const std::string& load_dir, Device device = Device::CPU,
+                                     DType param_dtype = DType::F32);
 
 }  // namespace mcpp

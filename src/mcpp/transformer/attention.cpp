@@ -22,10 +22,12 @@ tensor_parallel::ParallelLinearOptions attention_output_options(const Transforme
 
 SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
                              const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
-    : np_(c.num_attention_heads / tp.size()),
+    : name_(prefix),
+      np_(c.num_attention_heads / tp.size()),
       ng_(c.num_query_groups / tp.size()),
       hn_(c.kv_channels),
       h_(c.hidden_size),
+      softmax_scale_(1.0f / std::sqrt(static_cast<float>(hn_))),
       linear_qkv_(params, prefix + ".linear_qkv",
                   {.input_size = c.hidden_size,
                    .output_size = (c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels,
@@ -44,7 +46,7 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
     q_layernorm_.emplace(params, prefix + ".q_layernorm", hn_, c.normalization, c.norm_epsilon, tp.size() > 1);
     k_layernorm_.emplace(params, prefix + ".k_layernorm", hn_, c.normalization, c.norm_epsilon, tp.size() > 1);
   }
-  const CoreAttentionOptions core_opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hn_)),
+  const CoreAttentionOptions core_opt{.softmax_scale = softmax_scale_,
                                       .attention_dropout = c.attention_dropout,
                                       .causal = true,
                                       .deterministic = c.deterministic_mode};
@@ -64,8 +66,43 @@ SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& pref
   core_ = spec.make_core_attention(core_opt);
 }
 
+void SelfAttention::split_heads(SelfAttentionCtx& ctx, const Tensor& qkv, const RopeTables* rope, Tensor& q, Tensor& k,
+                                Tensor& v) const {
+  if (rope && !q_layernorm_) {
+    ops::qkv_split_rope(q, k, v, qkv, rope->cos, rope->sin);  // one pass
+    return;
+  }
+  ops::qkv_split(q, k, v, qkv);
+  if (q_layernorm_) {  // over hn, per head (the norms keep the split q, k as their saved inputs)
+    q = q_layernorm_->forward(ctx.q_norm, q);
+    k = k_layernorm_->forward(ctx.k_norm, k);
+  }
+  if (rope) {
+    ops::rope_fwd(q, q, rope->cos, rope->sin);
+    ops::rope_fwd(k, k, rope->cos, rope->sin);
+  }
+}
+
+Tensor SelfAttention::forward_cached(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,
+                                     InferenceContext& ic) const {
+  MCPP_CHECK(!cp_ && core_np_ == np_, "{}: generation with a KV cache runs without context parallelism", name_);
+  const Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s, b, ng/tp*(np/ng+2)*hn]
+  const int64_t s = qkv.size(0), b = qkv.size(1);
+  // A decode step's [1, b] rows split as [b, 1]: its RoPE tables hold one row per sequence (at its position).
+  const bool decode = !ic.prefill();
+  const int64_t rs = decode ? b : s, rb = decode ? 1 : b;
+  Tensor q = Tensor::empty({rs, rb, np_, hn_}, qkv.dtype(), qkv.device());  // [s, b, np/tp, hn]
+  Tensor k = Tensor::empty({rs, rb, ng_, hn_}, qkv.dtype(), qkv.device());  // [s, b, ng/tp, hn]
+  Tensor v = Tensor::empty({rs, rb, ng_, hn_}, qkv.dtype(), qkv.device());
+  split_heads(ctx, qkv.view({rs, rb, -1}), rope, q, k, v);
+  const Tensor context = ic.attend(name_, *core_, ctx.core, q.view({s, b, np_, hn_}), k.view({s, b, ng_, hn_}),
+                                   v.view({s, b, ng_, hn_}), softmax_scale_);  // [s, b, np/tp, hn]
+  return linear_proj_.forward(ctx.proj, context.view({s, b, np_ * hn_}));  // [s, b, h]
+}
+
 Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,
                               const ForwardOptions& opt) const {
+  if (opt.inference) return forward_cached(ctx, x, rope, *opt.inference);
   Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
   if (cp_) qkv = tensor_parallel::all_to_all_cp2hp(*cp_, qkv);  // [s, b, ng/tp/cp*(np/ng+2)*hn]
   const int64_t s = qkv.size(0), b = qkv.size(1);
@@ -83,19 +120,7 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
     Tensor q = Tensor::empty({s, b, core_np_, hn_}, dt, dev);  // [s, b, np/tp/cp, hn]
     Tensor k = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);  // [s, b, ng/tp/cp, hn]
     Tensor v = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);
-    if (rope && !q_layernorm_) {
-      ops::qkv_split_rope(q, k, v, qkv, rope->cos, rope->sin);  // one pass
-    } else {
-      ops::qkv_split(q, k, v, qkv);
-      if (q_layernorm_) {  // over hn, per head (the norms keep the split q, k as their saved inputs)
-        q = q_layernorm_->forward(ctx.q_norm, q);
-        k = k_layernorm_->forward(ctx.k_norm, k);
-      }
-      if (rope) {
-        ops::rope_fwd(q, q, rope->cos, rope->sin);
-        ops::rope_fwd(k, k, rope->cos, rope->sin);
-      }
-    }
+    split_heads(ctx, qkv, rope, q, k, v);
     context = core_->forward(ctx.core, q, k, v, opt);
     if (recompute_core_) {  // selective recompute: keep the inputs, drop the core's saved state
       ctx.q = q, ctx.k = k, ctx.v = v;

@@ -12,6 +12,9 @@
 //   supports_packed_qkv()), the split and its backward merge are skipped: the core reads qkv and returns dqkv directly
 //   (same values).
 //   -> linear_proj (RowParallel, init scaled by 1/sqrt(2L); all-reduce or SP reduce-scatter) -> [s(/tp), b, h].
+//   Generation with a KV cache (ForwardOptions::inference, inference_context.h): the split path (qk norms, RoPE at
+//   the tokens' positions), then the cached core attention (prefill: the core's causal forward, keys / values stored;
+//   decode: one query per sequence against the layer's memory) -> linear_proj. No backward.
 //   Context parallelism (tp.cp, size cp > 1; Megatron's --cp-comm-type a2a): x holds this CP rank's s/cp rows;
 //   the fused qkv rows go through all_to_all_cp2hp (whole sequence, ng/tp/cp query groups: RoPE tables for the
 //   whole sequence), the core attention runs causally on the whole sequence, and the context comes back with
@@ -25,6 +28,7 @@
 #include <string>
 
 #include "mcpp/transformer/dot_product_attention.h"
+#include "mcpp/transformer/inference_context.h"
 #include "mcpp/transformer/norms.h"
 #include "mcpp/tensor_parallel/layers.h"
 #include "mcpp/tensor_parallel/tp_context.h"
@@ -74,8 +78,16 @@ class SelfAttention {
   bool packed(const RopeTables* rope) const {
     return rope == nullptr && !q_layernorm_ && core_->supports_packed_qkv();
   }
+  // qkv [s, b, ng/tp*(np/ng+2)*hn] -> q [s, b, np/tp(/cp), hn], k / v [s, b, ng/tp(/cp), hn] (allocated by the caller;
+  // any leading dims of qkv's): the split with the qk norms and RoPE (rope tables of s rows).
+  void split_heads(SelfAttentionCtx& ctx, const Tensor& qkv, const RopeTables* rope, Tensor& q, Tensor& k,
+                   Tensor& v) const;
+  // The forward with a KV cache (see the header).
+  Tensor forward_cached(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope, InferenceContext& ic) const;
 
+  std::string name_;          // the parameter prefix (the KV cache's key for this layer)
   int64_t np_, ng_, hn_, h_;  // np_ / ng_: heads and groups of this TP rank
+  float softmax_scale_;
   int64_t core_np_ = 0, core_ng_ = 0;  // of the core attention: np_ / cp, ng_ / cp (the CP rank's head block)
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;

@@ -9,6 +9,7 @@ namespace moe {
 struct LossTracker;
 }
 class MtpLossTracker;
+class InferenceContext;
 
 struct ForwardOptions {
   bool training = true;                       // dropout active when true and p > 0
@@ -20,6 +21,9 @@ struct ForwardOptions {
   moe::LossTracker* moe_losses = nullptr;
   // Multi-token prediction depths add each microbatch's mean loss here (the trainer's log line); null = not recorded.
   MtpLossTracker* mtp_losses = nullptr;
+  // Generation with a KV cache (transformer/inference_context.h): the attention layers read and extend its
+  // key/value memory (prefill or decode step); null = the plain forward over the whole sequence.
+  InferenceContext* inference = nullptr;
 };
 
 // ForwardOptions snapshot for activation recompute: the RNG streams as a forward found them. A re-run

@@ -30,13 +30,15 @@ tp::ParallelLinearOptions column(const TransformerConfig& c, const tp::TPContext
 
 MLASelfAttention::MLASelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
                                    const TransformerLayerSpec& spec, const tp::TPContext& t)
-    : n_(c.num_attention_heads / t.size()),
+    : name_(prefix),
+      n_(c.num_attention_heads / t.size()),
       dn_(c.qk_head_dim),
       dr_(c.qk_pos_emb_head_dim),
       dv_(c.v_head_dim),
       dc_(std::max(c.qk_head_dim + c.qk_pos_emb_head_dim, c.v_head_dim)),
       rq_(c.q_lora_rank),
       rkv_(c.kv_lora_rank),
+      softmax_scale_(mla_softmax_scale(c)),
       tp_(t),
       linear_q_proj_(c.q_lora_rank == 0 ? std::make_optional<tp::ColumnParallelLinear>(
                                               params, prefix + ".linear_q_proj",
@@ -68,7 +70,7 @@ MLASelfAttention::MLASelfAttention(ParamAndGradBuffer& params, const std::string
     kv_layernorm_.emplace(params, prefix + ".kv_layernorm", rkv_, c.normalization, c.norm_epsilon,
                           t.sequence_parallel);
   }
-  const CoreAttentionOptions core_opt{.softmax_scale = mla_softmax_scale(c),
+  const CoreAttentionOptions core_opt{.softmax_scale = softmax_scale_,
                                       .attention_dropout = c.attention_dropout,
                                       .causal = true,
                                       .deterministic = c.deterministic_mode};
@@ -122,10 +124,20 @@ Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, cons
   const Tensor kv = linear_kv_up_proj_.forward(ctx.kv_up, kvc);  // [s, b, n/tp * (dn + dv)]
   const DType dt = q.dtype();
   const Device dev = q.device();
+  // A KV-cache decode step's [1, b] rows as [b, 1]: its RoPE tables hold one row per sequence (at its position).
+  const bool decode = opt.inference && !opt.inference->prefill();
+  const int64_t rs = decode ? b : s, rb = decode ? 1 : b;
   Tensor query = Tensor::empty({s, b, n_, dc_}, dt, dev), key = Tensor::empty({s, b, n_, dc_}, dt, dev),
          value = Tensor::empty({s, b, n_, dc_}, dt, dev);
-  ops::mla_qkv_fwd(query, key, value, q.view({s, b, n_, dn_ + dr_}), kv.view({s, b, n_, dn_ + dv_}), latent, rope->cos,
-                   rope->sin);
+  Tensor query_r = query.view({rs, rb, n_, dc_}), key_r = key.view({rs, rb, n_, dc_}),
+         value_r = value.view({rs, rb, n_, dc_});
+  ops::mla_qkv_fwd(query_r, key_r, value_r, q.view({rs, rb, n_, dn_ + dr_}), kv.view({rs, rb, n_, dn_ + dv_}),
+                   latent.view({rs, rb, -1}), rope->cos, rope->sin);
+  if (opt.inference) {  // the cached core attention (the full keys / values after the up-projections)
+    MCPP_CHECK(!cp_ && core_n_ == n_, "{}: generation with a KV cache runs without context parallelism", name_);
+    Tensor context = opt.inference->attend(name_, *core_, ctx.core, query, key, value, softmax_scale_);
+    return project_context(ctx, context);
+  }
   if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
   query = to_core(query), key = to_core(key), value = to_core(value);  // (a2a: the whole sequence, n/tp/cp heads)
   Tensor context = from_core(core_->forward(ctx.core, query, key, value, opt));  // [s, b, n/tp, dc]
@@ -138,8 +150,13 @@ Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, cons
     if (!recompute_up_) ctx.query = query, ctx.key = key, ctx.value = value;
     ctx.core = {};
   }
+  return project_context(ctx, context);
+}
+
+Tensor MLASelfAttention::project_context(MLASelfAttentionCtx& ctx, Tensor context) const {
+  const int64_t s = context.size(0), b = context.size(1);
   if (dc_ != dv_) {  // the value channels of the padded heads
-    Tensor c2 = Tensor::empty({s, b, n_, dv_}, dt, dev);
+    Tensor c2 = Tensor::empty({s, b, n_, dv_}, context.dtype(), context.device());
     ops::copy_columns(c2, context, 0, 0, dv_);
     context = c2;
   }

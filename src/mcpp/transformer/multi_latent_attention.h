@@ -22,6 +22,9 @@
 // omits this reduction when linear_kv_down_proj is column parallel, NVIDIA/Megatron-LM#1699; here the gradient is
 // the single-rank model's, tested against it). The latent norms' weights are replicated; under SP their partial
 // grads are all-reduced by finalize_model_grads (sequence_parallel params), without SP every rank's are whole.
+// Generation with a KV cache (ForwardOptions::inference, inference_context.h): query / key / value as above (a decode
+// step's RoPE at each sequence's position), then the cached core attention over the full per-head keys / values
+// after the up-projections, zero-padded to dc (not the absorbed / latent form), -> linear_proj. No backward.
 // Context parallelism: the RoPE and mla_qkv_fwd run on this CP rank's rows (the model hands MLA their rows of the
 // tables in either form). --cp-comm-type a2a: query / key / value go through all_to_all_cp2hp (the whole sequence,
 // n/tp/cp heads), the core attends causally over it and the context comes back with all_to_all_hp2cp; p2p: the ring
@@ -34,6 +37,7 @@
 #include "mcpp/tensor_parallel/layers.h"
 #include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/dot_product_attention.h"
+#include "mcpp/transformer/inference_context.h"
 #include "mcpp/transformer/norms.h"
 #include "mcpp/transformer/rope.h"
 #include "mcpp/transformer/spec.h"
@@ -71,8 +75,12 @@ class MLASelfAttention {
   // output's way back (a2a: hp2cp); identities without the all-to-all form.
   Tensor to_core(const Tensor& x) const;
   Tensor from_core(const Tensor& x) const;
+  // context [s, b, n/tp, dc]: its first dv channels of each head -> linear_proj -> [s(/tp), b, h]
+  Tensor project_context(MLASelfAttentionCtx& ctx, Tensor context) const;
 
+  std::string name_;                          // the parameter prefix (the KV cache's key for this layer)
   int64_t n_, dn_, dr_, dv_, dc_, rq_, rkv_;  // n_: this TP rank's heads
+  float softmax_scale_;
   int64_t core_n_ = 0;                        // the core attention's heads: n_ / cp (a2a), else n_
   tensor_parallel::TPContext tp_;
   std::optional<tensor_parallel::ColumnParallelLinear> linear_q_proj_, linear_q_down_proj_, linear_q_up_proj_;

@@ -6,7 +6,8 @@ usage: train_cli_check.py MCPP WORKDIR
   2. `mcpp train` resumed to 8 iterations: its losses for 7..8 equal a straight 8-iteration run's;
   3. `mcpp forward` writes logits [n, s, 50257] that equal logits computed in float64 by torch from the
      checkpoint's own safetensors data (independent reader) for the GPT-2 style model;
-  4. `mcpp generate` prints the prompt plus text; greedy output is deterministic;
+  4. `mcpp generate` prints the prompt plus text; greedy output is deterministic and the same with the KV cache
+     (default) and --no-kv-cache; --batch FILE prints one JSON line per prompt, each as that prompt alone;
   5. bad inputs exit 2 with one 'error:' line: missing checkpoint, bad token file, bf16 on CPU,
      corrupted checkpoint tensor;
   6. sample-based training (--train-samples, --lr-warmup-samples): the iteration count, each iteration's learning
@@ -293,7 +294,21 @@ g2 = run("generate", "--load", straight, "--prompt", "The quick brown", "--max-n
 if not g1.stdout.startswith("The quick brown") or g1.stdout != g2.stdout:
     failures.append(f"generate: {g1.stdout!r} vs {g2.stdout!r}")
 
+g3 = run("generate", "--load", straight, "--prompt", "The quick brown", "--max-new-tokens", "5", "--no-kv-cache")
+if g3.stdout != g1.stdout:
+    failures.append(f"generate with the KV cache {g1.stdout!r} vs without {g3.stdout!r}")
+prompts = os.path.join(WORK, "prompts.txt")
+with open(prompts, "w") as f:
+    f.write("The quick brown\n\nOnce upon a time\n")
+gb = run("generate", "--load", straight, "--batch", prompts, "--max-new-tokens", "5")
+g4 = run("generate", "--load", straight, "--prompt", "Once upon a time", "--max-new-tokens", "5")
+rows = [json.loads(line) for line in gb.stdout.splitlines()]
+want = [g1.stdout.rstrip("\n"), g4.stdout.rstrip("\n")]
+if [r["prompt"] + r["completion"] for r in rows] != want:
+    failures.append(f"generate --batch: {rows!r} vs the single prompts {want!r}")
+
 check_error(["generate", "--load", os.path.join(WORK, "nope"), "--prompt", "x"], "nope")
+check_error(["generate", "--load", straight, "--prompt", "x", "--bf16"], "bf16")
 with open(os.path.join(WORK, "bad_tokens.txt"), "w") as f:
     f.write("1 2 banana\n")
 check_error(["forward", "--load", straight, "--tokens", os.path.join(WORK, "bad_tokens.txt"), "--output", out], "banana")

@@ -1,18 +1,19 @@
 // CUDA flash attention, forward and backward (attention_kernels.cu), semantics of kernels/cpu/attention.cpp:
 //   flash_attention_fwd: q[s, b, nq, d], k/v[s, b, ng, d] -> o[s, b, nq, d], lse float32 [b, nq, s];
 //     o_i = sum_j softmax_j(scale q_i.k_j) v_j over keys j (j <= i when causal); query head h reads kv group
-//     h / (nq / ng). d must be 64 or 128 — or, on cuDNN only (bf16), a multiple of 8 up to 256 (e.g. multi-latent
-//     attention's 192).
+//     h / (nq / ng). d: any multiple of 8 up to 256.
 //   flash_attention_bwd: dq[s, b, nq, d], dk/dv[s, b, ng, d] (OVERWRITTEN; dk/dv sum over a group's heads),
 //     from dout and the saved o, lse; a float32 [b, nq, s] scratch holds delta = rowsum(dout * o).
 // Dispatch: when every tensor of the call (q, k, v, o; bwd also dout, dq, dk, dv) is bf16, contiguous and
 // 16-byte aligned: cuDNN's fused flash attention (cudnn_attention.h; opt.deterministic: its deterministic
 // backward graph) unless ops::cuda::set_cudnn_attention(false) or cuDNN has no engine for the shape (same
-// lse semantics, so a forward and a backward may take different paths), else the tensor-core kernels run
-// (attention_mma_{fwd,bwd}_kernels.cu: mma.sync bf16, fp32 accumulate, P and dS rounded to bf16 before
-// their products as in FlashAttention-2; deterministic).
-// Otherwise the fp32 CUDA-core kernels (attention_kernels.cu): q/k/v/o and grads float32 or bf16, each
-// tensor may differ (rounded on store), math float32; their grid limits b * nq <= 65535.
+// lse semantics, so a forward and a backward may take different paths), else, for d = 64 / 128, the
+// tensor-core kernels (attention_mma_{fwd,bwd}_kernels.cu: mma.sync bf16, fp32 accumulate, P and dS rounded
+// to bf16 before their products as in FlashAttention-2; deterministic).
+// Otherwise — float32 / mixed dtypes, and bf16 calls of other head dims that cuDNN does not take — the
+// CUDA-core kernels (attention_kernels.cu, templated on d rounded up to a multiple of 32, the columns past d
+// masked): q/k/v/o and grads float32 or bf16, each tensor may differ (rounded on store), math float32,
+// deterministic; their grid limits s to 65535 tiles of 16 queries.
 // Attention dropout (opt.dropout_p > 0): cuDNN's graphs with its RNG node where it has an engine for the
 // forward and both backwards (its Philox numbers: another mask than the CPU's); otherwise (and with
 // set_cudnn_attention(false)) the mcpp kernels (tensor-core or fp32) draw the CPU's mask in-tile from
@@ -49,9 +50,8 @@ AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tens
              a.ng);
   a.split_layout();
   set_attention_dropout(op, a, opt);
-  MCPP_CHECK(a.d == 64 || a.d == 128 || (a.d % 8 == 0 && a.d <= 256),
-             "{}: head dim d must be 64 or 128 on CUDA (or, through cuDNN, a multiple of 8 up to 256); got q {}", op,
-             q.str());
+  MCPP_CHECK(a.d > 0 && a.d % 8 == 0 && a.d <= 256,
+             "{}: head dim d must be a multiple of 8 up to 256 on CUDA; got q {}", op, q.str());
   MCPP_CHECK((a.s + 63) / 64 <= 65535, "{}: sequence length s={} exceeds the launch grid", op, a.s);
   require_float(op, "lse", lse, /*bf16_ok=*/false);
   MCPP_CHECK(lse.shape() == Shape({a.b, a.nq, a.s}), "{}: lse must be float32 [b={}, nq={}, s={}]; got {}", op, a.b,
@@ -59,19 +59,8 @@ AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tens
   return a;
 }
 
-// Head dims other than 64 / 128 run on cuDNN only (the mcpp kernels are built for those two): a named error when the
-// call cannot take cuDNN (not bf16 / aligned, cuDNN attention off, a dropout block of a larger mask) or cuDNN has no
-// engine for the shape.
-void require_cudnn_head_dim(const char* op, const AttnShape& a, bool mma) {
-  MCPP_CHECK(a.d == 64 || a.d == 128 || (mma && cudnn_attention() && !dropout_block_of_larger_mask(a)),
-             "{}: head dim d = {} runs on cuDNN's fused attention only (bf16, 16-byte aligned tensors, cuDNN attention "
-             "on); the mcpp kernels take d = 64 or 128",
-             op, a.d);
-}
-[[noreturn]] void no_cudnn_engine(const char* op, const AttnShape& a) {
-  fail("{}: cuDNN has no engine for head dim d = {} (s={}, b={}, nq={}, ng={}); the mcpp kernels take d = 64 or 128",
-       op, a.d, a.s, a.b, a.nq, a.ng);
-}
+// The tensor-core kernels are built for d = 64 and 128; other head dims take cuDNN or the CUDA-core kernels.
+bool mma_head_dim(const AttnShape& a) { return a.d == 64 || a.d == 128; }
 
 // The tensor-core path takes the call when every tensor is bf16 and 16-byte aligned (tensors are contiguous).
 bool mma_path(std::initializer_list<const Tensor*> ts) {
@@ -81,10 +70,11 @@ bool mma_path(std::initializer_list<const Tensor*> ts) {
   return true;
 }
 
+// The CUDA-core kernels' grid: y = tiles of 16 queries (keys in the dK/dV pass), at most 65535.
 void check_fallback_grid(const char* op, const AttnShape& a) {
-  MCPP_CHECK(a.b * a.nq <= 65535 && a.b * a.ng <= 65535,
-             "{}: b * nq = {} exceeds the fp32 kernel's launch grid (bf16 tensors take the tensor-core kernels)", op,
-             a.b * a.nq);
+  MCPP_CHECK((a.s + 15) / 16 <= 65535,
+             "{}: sequence length s={} exceeds the CUDA-core attention kernels' launch grid (65535 tiles of 16)", op,
+             a.s);
 }
 }  // namespace
 
@@ -114,15 +104,14 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
   const char* op = "flash_attention_fwd";
   const AttnShape a = check_qkv(op, q, k, v, lse, opt);
   require_same_shape(op, "o", o, "q", q);
-  const bool mma = mma_path({&o, &q, &k, &v});
-  require_cudnn_head_dim(op, a, mma);
-  if (mma) {
+  if (mma_path({&o, &q, &k, &v})) {
     if (cudnn_attention() && !dropout_block_of_larger_mask(a) &&
         cudnn_attention_fwd(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream)))
       return;
-    if (a.d != 64 && a.d != 128) no_cudnn_engine(op, a);
-    launch_attention_fwd_mma(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream));
-    return;
+    if (mma_head_dim(a)) {
+      launch_attention_fwd_mma(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream));
+      return;
+    }
   }
   check_fallback_grid(op, a);
   launch_attention_fwd(fout_of(op, "o", o), lse.data<float>(), fin_of(op, "q", q), fin_of(op, "k", k),
@@ -143,16 +132,13 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
   Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
   const bool mma = mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o});
-  require_cudnn_head_dim(op, a, mma);
-  if (mma) {
-    const bool cudnn = cudnn_attention() && !dropout_block_of_larger_mask(a);
-    if (!cudnn || !cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
-                                       lse.data<float>(), delta.data<float>(), a, opt.deterministic, s)) {
-      if (a.d != 64 && a.d != 128) no_cudnn_engine(op, a);
-      launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
-                               lse.data<float>(), delta.data<float>(), a, s);
-    }
-  } else {
+  const bool cudnn = mma && cudnn_attention() && !dropout_block_of_larger_mask(a) &&
+                     cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
+                                         lse.data<float>(), delta.data<float>(), a, opt.deterministic, s);
+  if (!cudnn && mma && mma_head_dim(a)) {
+    launch_attention_bwd_mma(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
+                             lse.data<float>(), delta.data<float>(), a, s);
+  } else if (!cudnn) {
     check_fallback_grid(op, a);
     launch_attention_bwd(fout_of(op, "dq", dq), fout_of(op, "dk", dk), fout_of(op, "dv", dv), fin_of(op, "dout", dout),
                          fin_of(op, "q", q), fin_of(op, "k", k), fin_of(op, "v", v), fin_of(op, "o", o),

@@ -1,19 +1,24 @@
 // Device code for attention.cpp: FlashAttention-2-style forward and backward (Dao 2023) with GQA and the
-// causal mask, head dim D in {64, 128}; memory O(tile) per block — no [s, s] buffer anywhere.
-// Layouts: q/o/dq [s, b, nq, D], k/v/dk/dv [s, b, ng, D], lse/delta float32 [b, nq, s]; query head h reads
-// kv group h / (nq / ng). Math float32 on CUDA cores: the path for float32 and mixed-dtype calls (all-bf16
-// calls take the tensor-core kernels, attention_mma_{fwd,bwd}_kernels.cu).
+// causal mask, any head dim d that is a multiple of 8 up to 256; memory O(tile) per block — no [s, s] buffer.
+// The kernels are templated on the padded width D = d rounded up to a multiple of 32 (32, 64, ..., 256): each lane
+// owns D / 32 columns, the tiles hold D columns with zeros past d (loaded as zeros, so they add nothing to a dot
+// product), and columns >= d are never stored.
+// Layouts: q/o/dq [s, b, nq, d], k/v/dk/dv [s, b, ng, d], lse/delta float32 [b, nq, s]; query head h reads
+// kv group h / (nq / ng). Math float32 on CUDA cores: the path for float32 and mixed-dtype calls, and for bf16
+// calls that neither cuDNN nor the tensor-core kernels (d 64 / 128) take (attention.cpp).
 //
-// Forward (grid: s/16 query tiles x b*nq): 4 warps x 4 query rows. Per 32-key tile in shared memory,
+// Forward (grid: b*nq heads x s/16 query tiles): 4 warps x 4 query rows. Per 32-key tile in shared memory,
 // lane j scores key j against a row (Q broadcast, K rows padded to D+1 floats: conflict-free), the warp
 // updates the online softmax (running max m, sum l) and each lane accumulates D/32 output columns with
 // the probabilities broadcast by shuffles. lse = m + log(l) of the scaled scores.
 // Backward: delta = rowsum(dO * O) (one warp per row); then two passes that own their outputs (no
-// atomics, deterministic): dK/dV (grid: s/16 key tiles x b*ng; each warp owns 4 keys, loops over the
+// atomics, deterministic): dK/dV (grid: b*ng x s/16 key tiles; each warp owns 4 keys, loops over the
 // group's heads and 32-query tiles, lane = query) and dQ (like the forward, lane = key), both recomputing
 // P = exp(scale q.k - lse) and dS = P (dO.v - delta); dK, dQ carry the softmax scale.
 // Attention dropout (a.drop_p > 0, philox.cuh AttnDropout): with z the mask value of (query, key), the
 // forward accumulates P z V (l sums the undropped P); the backward uses P z for dV and dS = P (z dO.v - delta).
+#include <type_traits>
+
 #include "mcpp/kernels/cuda/device_utils.cuh"
 #include "mcpp/kernels/cuda/philox.cuh"
 
@@ -28,7 +33,7 @@ __device__ __forceinline__ int64_t kv_index(const AttnShape& a, int64_t j, int64
   return ((j * a.b + bb) * a.ng + g) * a.d;
 }
 
-// rows [r0, r0 + nrows) of one head into dst[nrows][D + pad] (zeros beyond s)
+// rows [r0, r0 + nrows) of one head into dst[nrows][D + pad] (zeros beyond s and in the columns d..D-1)
 template <int D>
 __device__ void load_rows(float* dst, int pad, FIn src, const AttnShape& a, int64_t r0, int nrows, int64_t bb,
                           int64_t head, bool kv) {
@@ -36,7 +41,7 @@ __device__ void load_rows(float* dst, int pad, FIn src, const AttnShape& a, int6
     const int r = idx / D, t = idx - r * D;
     const int64_t row = r0 + r;
     float val = 0.0f;
-    if (row < a.s) val = src[(kv ? kv_index(a, row, bb, head) : q_index(a, row, bb, head)) + t];
+    if (row < a.s && t < a.d) val = src[(kv ? kv_index(a, row, bb, head) : q_index(a, row, bb, head)) + t];
     dst[r * (D + pad) + t] = val;
   }
 }
@@ -49,8 +54,8 @@ __global__ void __launch_bounds__(128) attn_fwd_kernel(FOut o, float* lse, FIn q
   float* Vs = Ks + kKeys * (D + 1);  // [kKeys][D]
   float* Qs = Vs + kKeys * D;        // [kTile][D]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t bb = blockIdx.y / a.nq, h = blockIdx.y % a.nq, g = h / (a.nq / a.ng);
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t bb = blockIdx.x / a.nq, h = blockIdx.x % a.nq, g = h / (a.nq / a.ng);
+  const int64_t q0 = static_cast<int64_t>(blockIdx.y) * kTile;
   load_rows<D>(Qs, 0, q, a, q0, kTile, bb, h, false);
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][C];
 #pragma unroll
@@ -102,7 +107,8 @@ __global__ void __launch_bounds__(128) attn_fwd_kernel(FOut o, float* lse, FIn q
     if (qi >= a.s) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
 #pragma unroll
-    for (int c = 0; c < C; ++c) o.set(q_index(a, qi, bb, h) + lane + 32 * c, acc[r][c] * inv);
+    for (int c = 0; c < C; ++c)
+      if (lane + 32 * c < a.d) o.set(q_index(a, qi, bb, h) + lane + 32 * c, acc[r][c] * inv);
     if (lane == 0) lse[(bb * a.nq + h) * a.s + qi] = m[r] + logf(l[r]);
   }
 }
@@ -129,8 +135,8 @@ __global__ void __launch_bounds__(128) attn_dq_kernel(FOut dq, FIn dout, FIn q, 
   float* Qs = Vs + kKeys * (D + 1);   // [kTile][D]
   float* dOs = Qs + kTile * D;        // [kTile][D]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t bb = blockIdx.y / a.nq, h = blockIdx.y % a.nq, g = h / (a.nq / a.ng);
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t bb = blockIdx.x / a.nq, h = blockIdx.x % a.nq, g = h / (a.nq / a.ng);
+  const int64_t q0 = static_cast<int64_t>(blockIdx.y) * kTile;
   load_rows<D>(Qs, 0, q, a, q0, kTile, bb, h, false);
   load_rows<D>(dOs, 0, dout, a, q0, kTile, bb, h, false);
   float acc[kRowsPerWarp][C], lse_r[kRowsPerWarp], del_r[kRowsPerWarp];
@@ -178,7 +184,8 @@ __global__ void __launch_bounds__(128) attn_dq_kernel(FOut dq, FIn dout, FIn q, 
     const int64_t qi = q0 + warp * kRowsPerWarp + r;
     if (qi >= a.s) continue;
 #pragma unroll
-    for (int c = 0; c < C; ++c) dq.set(q_index(a, qi, bb, h) + lane + 32 * c, acc[r][c] * a.scale);
+    for (int c = 0; c < C; ++c)
+      if (lane + 32 * c < a.d) dq.set(q_index(a, qi, bb, h) + lane + 32 * c, acc[r][c] * a.scale);
   }
 }
 
@@ -194,8 +201,8 @@ __global__ void __launch_bounds__(128) attn_dkdv_kernel(FOut dk, FOut dv, FIn do
   float* lse_s = dOs + kKeys * (D + 1);
   float* del_s = lse_s + kKeys;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t bb = blockIdx.y / a.ng, g = blockIdx.y % a.ng, group = a.nq / a.ng;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t bb = blockIdx.x / a.ng, g = blockIdx.x % a.ng, group = a.nq / a.ng;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
   load_rows<D>(Kk, 0, k, a, k0, kTile, bb, g, true);
   load_rows<D>(Vk, 0, v, a, k0, kTile, bb, g, true);
   float ak[kRowsPerWarp][C], av[kRowsPerWarp][C];
@@ -252,6 +259,7 @@ __global__ void __launch_bounds__(128) attn_dkdv_kernel(FOut dk, FOut dv, FIn do
     if (kj >= a.s) continue;
 #pragma unroll
     for (int c = 0; c < C; ++c) {
+      if (lane + 32 * c >= a.d) continue;
       dk.set(kv_index(a, kj, bb, g) + lane + 32 * c, ak[r][c] * a.scale);
       dv.set(kv_index(a, kj, bb, g) + lane + 32 * c, av[r][c]);
     }
@@ -267,7 +275,7 @@ template <int D>
 void fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnShape& a, cudaStream_t s) {
   const size_t smem = sizeof(float) * (kKeys * (D + 1) + kKeys * D + kTile * D);
   allow_smem(attn_fwd_kernel<D>, smem);
-  const dim3 grid(static_cast<unsigned>((a.s + kTile - 1) / kTile), static_cast<unsigned>(a.b * a.nq));
+  const dim3 grid(static_cast<unsigned>(a.b * a.nq), static_cast<unsigned>((a.s + kTile - 1) / kTile));
   attn_fwd_kernel<D><<<grid, 128, smem, s>>>(o, lse, q, k, v, a);
   MCPP_CUDA_LAUNCH_CHECK();
 }
@@ -277,12 +285,12 @@ void bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, const float* 
          const AttnShape& a, cudaStream_t s) {
   const size_t smem_q = sizeof(float) * (2 * kKeys * (D + 1) + 2 * kTile * D);
   allow_smem(attn_dq_kernel<D>, smem_q);
-  const dim3 grid_q(static_cast<unsigned>((a.s + kTile - 1) / kTile), static_cast<unsigned>(a.b * a.nq));
+  const dim3 grid_q(static_cast<unsigned>(a.b * a.nq), static_cast<unsigned>((a.s + kTile - 1) / kTile));
   attn_dq_kernel<D><<<grid_q, 128, smem_q, s>>>(dq, dout, q, k, v, lse, delta, a);
   MCPP_CUDA_LAUNCH_CHECK();
   const size_t smem_kv = sizeof(float) * (2 * kTile * D + 2 * kKeys * (D + 1) + 2 * kKeys);
   allow_smem(attn_dkdv_kernel<D>, smem_kv);
-  const dim3 grid_kv(static_cast<unsigned>((a.s + kTile - 1) / kTile), static_cast<unsigned>(a.b * a.ng));
+  const dim3 grid_kv(static_cast<unsigned>(a.b * a.ng), static_cast<unsigned>((a.s + kTile - 1) / kTile));
   attn_dkdv_kernel<D><<<grid_kv, 128, smem_kv, s>>>(dk, dv, dout, q, k, v, lse, delta, a);
   MCPP_CUDA_LAUNCH_CHECK();
 }
@@ -300,10 +308,26 @@ void launch_philox_args(int64_t* out, uint64_t seed, uint64_t offset, const uint
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+// The instance for head dim d: D = d rounded up to a multiple of 32 (attention.cpp checks 0 < d <= 256).
+template <typename F>
+void with_padded_d(int64_t d, F&& f) {
+  switch ((d + 31) / 32) {
+    case 1: f(std::integral_constant<int, 32>{}); break;
+    case 2: f(std::integral_constant<int, 64>{}); break;
+    case 3: f(std::integral_constant<int, 96>{}); break;
+    case 4: f(std::integral_constant<int, 128>{}); break;
+    case 5: f(std::integral_constant<int, 160>{}); break;
+    case 6: f(std::integral_constant<int, 192>{}); break;
+    case 7: f(std::integral_constant<int, 224>{}); break;
+    default: f(std::integral_constant<int, 256>{}); break;
+  }
+}
+}  // namespace
+
 void launch_attention_fwd(FOut o, float* lse, FIn q, FIn k, FIn v, const AttnShape& a, cudaStream_t s) {
   if (a.s <= 0 || a.b * a.nq <= 0) return;
-  if (a.d == 64) fwd<64>(o, lse, q, k, v, a, s);
-  else fwd<128>(o, lse, q, k, v, a, s);
+  with_padded_d(a.d, [&](auto D) { fwd<decltype(D)::value>(o, lse, q, k, v, a, s); });
 }
 
 void launch_attention_bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn v, FIn o, const float* lse,
@@ -312,8 +336,7 @@ void launch_attention_bwd(FOut dq, FOut dk, FOut dv, FIn dout, FIn q, FIn k, FIn
   const int64_t rows = a.s * a.b * a.nq;
   attn_delta_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(delta, dout, o, a);
   MCPP_CUDA_LAUNCH_CHECK();
-  if (a.d == 64) bwd<64>(dq, dk, dv, dout, q, k, v, lse, delta, a, s);
-  else bwd<128>(dq, dk, dv, dout, q, k, v, lse, delta, a, s);
+  with_padded_d(a.d, [&](auto D) { bwd<decltype(D)::value>(dq, dk, dv, dout, q, k, v, lse, delta, a, s); });
 }
 
 // ---- GQA around an MHA backward (cudnn_attention.cpp): k/v of ng groups repeated to nq heads, and the

@@ -205,7 +205,8 @@ void launch_vocab_parallel_ce_bwd(FOut dlogits, const float* dloss, FIn logits, 
 void launch_vocab_parallel_ce_combine(int step, float* out, const float* a, const float* b, const float* c, float* out2,
                                       int64_t n, cudaStream_t s);
 
-// ---- attention_kernels.cu: q[s,b,nq,d], k/v[s,b,ng,d], o[s,b,nq,d], lse[b,nq,s]; d in {64, 128}
+// ---- attention_kernels.cu: q[s,b,nq,d], k/v[s,b,ng,d], o[s,b,nq,d], lse[b,nq,s]; d a multiple of 8 up to 256
+// (the fp32 CUDA-core kernels; (s + 15) / 16 <= 65535). The tensor-core kernels below: d in {64, 128}.
 struct AttnShape {
   int64_t s, b, nq, ng, d;
   float scale;
@@ -255,6 +256,17 @@ void launch_gqa_reduce_dkv(void* dk, void* dv, const void* dk_exp, const void* d
 // where rows = s * b * nq (row = (i * b + bb) * nq + h reads lse index (bb * nq + h) * s + i).
 void launch_attention_merge(float* o_acc, float* lse_acc, FIn o_blk, const float* lse_blk, int64_t s, int64_t bnq,
                             int64_t d, cudaStream_t st);
+
+// ---- kv_cache_kernels.cu (ops.inc kv_cache_*): caches [cap, b, ng, d], step tensors [sq, b, n, d], lengths int32 [b]
+// on the device (rows cached before the step). append: rows >= cap are skipped; attention: 0 < d <= 256, keys
+// j <= min(lengths[bb] + i, cap - 1) of query i.
+struct KvShape {
+  int64_t sq, b, nq, ng, d, cap;
+};
+void launch_kv_cache_append(FOut k_cache, FOut v_cache, FIn k, FIn v, const int32_t* lengths, const KvShape& a,
+                            cudaStream_t s);
+void launch_kv_cache_attention(FOut o, FIn q, FIn k_cache, FIn v_cache, const int32_t* lengths, float scale,
+                               const KvShape& a, cudaStream_t s);
 
 // ---- attention_mma_{fwd,bwd}_kernels.cu: the same ops on tensor cores, every tensor bf16 (void* = bf16*),
 // 16-byte aligned, q/k/v/dq/dk/dv addressed by the AttnShape layout fields; (s + 63) / 64 <= 65535. bwd: delta scratch as above; dk/dv overwritten.

@@ -1,11 +1,13 @@
 #include "mcpp/models/gpt/gpt_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
 #include "mcpp/transformer/context_parallel.h"
+#include "mcpp/transformer/inference_context.h"
 #include "mcpp/transformer/spec.h"
 
 namespace mcpp {
@@ -103,6 +105,29 @@ RopeTables GPTModel::rope_for(int64_t s) const {
   return {rope_.cos.narrow0(0, s), rope_.sin.narrow0(0, s)};  // rows 0..s-1 (views)
 }
 
+RopeTables GPTModel::rope_at(const Tensor& positions) const {
+  const int64_t n = positions.numel(), half = rope_.cos.size(1);
+  RopeTables t{Tensor::empty({n, half}, DType::F32, device_), Tensor::empty({n, half}, DType::F32, device_)};
+  ops::embedding_fwd(t.cos, positions, rope_.cos, 0);  // row i: the table's row positions[i]
+  ops::embedding_fwd(t.sin, positions, rope_.sin, 0);
+  return t;
+}
+
+void GPTModel::check_inference_step(const InferenceContext& ic, int64_t s, int64_t b) const {
+  MCPP_CHECK(stage_.pre_process && stage_.post_process && tp_.size() == 1 && tp_.cp_size() == 1,
+             "generation with a KV cache runs the whole model on one rank (no tensor, context or pipeline "
+             "parallelism)");
+  ic.check_step(s, b);
+  int64_t last = s - 1;  // the step's largest position: prefill rows 0..s-1, decode lengths[bb]
+  if (!ic.prefill()) last = *std::max_element(ic.lengths().begin(), ic.lengths().end());
+  if (position_embeddings_)
+    MCPP_CHECK(last < config_.max_position_embeddings, "generation: position {} exceeds max_position_embeddings {}",
+               last, config_.max_position_embeddings);
+  if (has_rope_)
+    MCPP_CHECK(last < rope_.cos.size(0), "generation: position {} exceeds the rotary table ({})", last,
+               rope_.cos.size(0));
+}
+
 std::vector<moe::TopKRouter*> GPTModel::routers() const {
   std::vector<moe::TopKRouter*> out = decoder_->routers();
   for (const auto& l : mtp_)
@@ -141,7 +166,12 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
   const int64_t s = tokens.size(0), b = tokens.size(1), h = config_.hidden_size;
   ctx.tokens = tokens;  // on the model's device (forward_step)
   Tensor x = word_embedding_->forward(tokens.view({s * b}));  // [s*b, h], all-reduced over TP
-  if (position_embeddings_) {
+  if (position_embeddings_ && opt.inference && !opt.inference->prefill()) {  // a KV-cache decode step: s = 1
+    ctx.position_ids = opt.inference->lengths_tensor();  // [b]: token bb at position lengths[bb]
+    Tensor pe = Tensor::empty({s * b, h}, x.dtype(), device_);
+    ops::embedding_fwd(pe, ctx.position_ids, position_embeddings_->data, 0);
+    ops::add_inplace(x, pe);
+  } else if (position_embeddings_) {
     // With context parallelism the tokens are this CP rank's rows of the sequence (context_parallel.h).
     MCPP_CHECK(s * tp_.cp_size() <= config_.max_position_embeddings,
                "sequence length {} exceeds max_position_embeddings {}", s * tp_.cp_size(),
@@ -185,6 +215,8 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
              tokens_in.str());
   const Tensor tokens = tokens_in.device() == device_ ? tokens_in : tokens_in.to(device_);
   const int64_t s = tokens.size(0);
+  InferenceContext* ic = opt.inference;
+  if (ic) check_inference_step(*ic, s, tokens.size(1));
   Tensor x;
   if (stage_.pre_process) {
     x = embed(ctx, tokens, opt);
@@ -197,7 +229,9 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
   // The attention applies RoPE to the whole sequence (CP a2a: after cp2hp) — except the ring attention and
   // multi-latent attention, which rotate this CP rank's rows where they are: their rows of the tables.
   const bool rows_rope = tp_.cp_p2p || config_.multi_latent_attention;
-  if (!has_rope_ || tp_.cp_size() == 1 || !rows_rope) {
+  if (has_rope_ && ic && !ic->prefill()) {  // a KV-cache decode step: one table row per sequence, at its position
+    ctx.rope = rope_at(ic->lengths_tensor());
+  } else if (!has_rope_ || tp_.cp_size() == 1 || !rows_rope) {
     ctx.rope = rope_for(s * tp_.cp_size());
   } else {
     if (rope_cp_s_ != s) {

@@ -30,6 +30,11 @@
 // scale; with calculate_per_token_loss its token sum times (main tokens / its tokens), as Megatron's
 // process_mtp_loss. The reported loss stays the main one; the depths' means go to ForwardOptions::mtp_losses.
 // Evaluation and inference forwards (no labels, or training false) skip the depths. Keys "mtp.layers.<k>.*".
+//
+// Generation with a KV cache (ForwardOptions::inference, transformer/inference_context.h; the whole model on one
+// rank): the prefill is the plain forward over the padded prompts (the attention layers store their keys / values);
+// a decode step takes tokens [1, b] at positions lengths[bb] — the learned position embeddings' and the RoPE tables'
+// rows gathered at those positions — and its attention reads the layers' memory.
 #pragma once
 #include <memory>
 #include <vector>
@@ -43,6 +48,8 @@
 #include "mcpp/transformer/transformer_layer.h"
 
 namespace mcpp {
+
+class InferenceContext;
 
 // One use of the output layer and its loss (the main head, or an MTP depth's).
 struct LossHeadCtx {
@@ -143,10 +150,14 @@ class GPTModel {
   const TransformerConfig& config() const { return config_; }
   const tensor_parallel::TPContext& tp() const { return tp_; }
   const GPTModelStage& stage() const { return stage_; }
+  Device device() const { return device_; }
   int64_t vocab_start() const { return vocab_start_; }
 
  private:
   RopeTables rope_for(int64_t s) const;
+  RopeTables rope_at(const Tensor& positions) const;  // the tables' rows at positions int32 [n] -> [n, rot/2]
+  // mcpp::Error unless a KV-cache forward of tokens [s, b] fits this model and the context (inference_context.h).
+  void check_inference_step(const InferenceContext& ic, int64_t s, int64_t b) const;
   Tensor embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt);
   void embed_backward(GPTModelCtx& ctx, const Tensor& dx);
   Tensor head_backward(GPTModelCtx& ctx, float grad_scale);  // loss -> d(final hidden)
