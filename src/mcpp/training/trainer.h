@@ -33,8 +33,12 @@
 // (RngTracker::begin_graph_capture): their offsets are relative to a device base the trainer sets to the
 // streams' offsets before each replay, and the host tracker advances by one step's draws after it, so the
 // masks (and a checkpoint's RNG state) are those of the eager run.
+// Files: trainer.cpp (setup), trainer_data.cpp (datasets, batches), trainer_step.cpp (one step), trainer_loop.cpp
+// (the loop, evaluation), trainer_checkpoint.cpp (saves), trainer_reports.cpp (the log line's collective parts and
+// the end-of-training reports).
 #pragma once
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -94,6 +98,8 @@ class Trainer {
   struct Batch {
     Tensor tokens, labels, loss_mask;  // [s, b]
   };
+  // The train / valid / test datasets (the constructor's; trainer_data.cpp).
+  void build_datasets(int64_t eod_token);
   // Micro batch `m` of the global batch starting at sample `first` (this DP rank's rows).
   Batch get_batch(const BlendedDataset& ds, int64_t first, int64_t m) const;
   // One schedule over all microbatches of a global batch: training (forward + backward) or evaluation.
@@ -124,6 +130,21 @@ class Trainer {
   // MoE: the window's router losses averaged over every rank's layer calls into st (collective over the world).
   void moe_log_losses(IterationStats& st);
   void mtp_log_losses(IterationStats& st);  // collective over the world
+  // What train() accumulated since the last log line (Megatron's log interval).
+  struct LogWindow {
+    std::chrono::steady_clock::time_point start{};
+    int64_t samples_at_start = 0;  // tokens/s: a ramp-up's batches differ
+    double loss_sum = 0;
+    int64_t iters = 0;
+    double grad_norm_last = 0;
+    int64_t skipped_total = 0, nan_total = 0;  // since train() began (not reset per window)
+  };
+  LogWindow window_;
+  // The log line and its metrics record for the window ending at `iteration` (collective: the MoE / MTP losses);
+  // then a new window starts.
+  void log_window(int64_t iteration, double lr, int64_t batch, double last_loss);
+  // Per-stage activation memory (collective), the --timeline trace + bubble report (collective), peak device memory.
+  void report_end_of_training();
 
   Config config_;
   parallel_state::ParallelContext pc_;
