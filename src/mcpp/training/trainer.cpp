@@ -23,7 +23,9 @@
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/optimizer/lr_scheduler.h"
 #include "mcpp/pipeline_parallel/layout.h"
+#include "mcpp/training/flops.h"
 #include "mcpp/training/process_settings.h"
+#include "mcpp/training/provenance.h"
 #include "mcpp/training/timeline.h"
 
 namespace mcpp {
@@ -63,6 +65,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     graph_warmup_left_ = t.cuda_graph_warmup_steps;
   }
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
+  open_outputs();
   const auto& par = config_.parallel;
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_,
@@ -157,10 +160,26 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     for (const std::string& p : dist_checkpointing::remove_stale_staging(t.save))
       spdlog::warn("removed stale staging path {} (left by an interrupted save)", p);
   if (t.async_save) async_saver_ = std::make_unique<dist_checkpointing::AsyncCheckpointSaver>(pc_.world());
+  if (memory_plan_ && is_logging_rank()) metrics_.write(tools::to_json(*memory_plan_));
+}
+
+void Trainer::open_outputs() {
+  const auto& t = config_.training;
   std::string metrics_path = t.metrics_path;
   if (metrics_path.empty() && !t.save.empty()) metrics_path = t.save + "/metrics.jsonl";
-  if (is_logging_rank()) metrics_ = MetricsWriter(metrics_path);
-  if (memory_plan_ && is_logging_rank()) metrics_.write(tools::to_json(*memory_plan_));
+  const nlohmann::json prov = {{"event", "provenance"}, {"rank", pc_.rank()}, {"world_size", pc_.world_size()},
+                               {"provenance", provenance()}};
+  if (is_logging_rank()) {
+    metrics_ = MetricsWriter(metrics_path);
+    metrics_.write(prov);
+    tensorboard_ = tensorboard::SummaryWriter(t.tensorboard_dir);
+  }
+  if (t.per_rank_metrics && !metrics_path.empty()) {
+    rank_metrics_ = MetricsWriter(rank_metrics_path(metrics_path, pc_.rank()));
+    rank_metrics_.write(prov);
+  }
+  timers_ = std::make_unique<Timers>(static_cast<int>(t.timing_log_level), device_ == Device::CUDA);
+  peak_tflops_ = peak_tflops(t.peak_tflops, device_ == Device::CUDA ? cuda_device_name() : "", t.bf16);
 }
 
 Trainer::~Trainer() = default;

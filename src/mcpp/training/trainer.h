@@ -45,12 +45,16 @@
 #include <vector>
 
 #include "mcpp/core/cuda_graph.h"
+#include "mcpp/core/module_trace.h"
 #include "mcpp/datasets/blended_dataset.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/checkpointing.h"
 #include "mcpp/training/activation_report.h"
 #include "mcpp/training/metrics.h"
+#include "mcpp/training/rank_metrics.h"
+#include "mcpp/training/tensorboard.h"
+#include "mcpp/training/timers.h"
 #include "mcpp/tools/memory_planner.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -130,6 +134,9 @@ class Trainer {
   // MoE: the window's router losses averaged over every rank's layer calls into st (collective over the world).
   void moe_log_losses(IterationStats& st);
   void mtp_log_losses(IterationStats& st);  // collective over the world
+  // MoE: the window's expert load (routes per expert, dropped routes, router entropy) over every rank's tokens, per
+  // iteration of the window's `iters` (collective over the world).
+  void moe_log_load(IterationStats& st, int64_t iters);
   // What train() accumulated since the last log line (Megatron's log interval).
   struct LogWindow {
     std::chrono::steady_clock::time_point start{};
@@ -138,6 +145,7 @@ class Trainer {
     int64_t iters = 0;
     double grad_norm_last = 0;
     int64_t skipped_total = 0, nan_total = 0;  // since train() began (not reset per window)
+    RankWindow rank{};  // this rank's step times and timers (rank_metrics.h)
   };
   LogWindow window_;
   // The log line and its metrics record for the window ending at `iteration` (collective: the MoE / MTP losses);
@@ -145,6 +153,24 @@ class Trainer {
   void log_window(int64_t iteration, double lr, int64_t batch, double last_loss);
   // Per-stage activation memory (collective), the --timeline trace + bubble report (collective), peak device memory.
   void report_end_of_training();
+  // Observability (docs/OBSERVABILITY.md): the metrics writers and TensorBoard, opened first thing in the constructor
+  // (an unwritable path is one error before any work); Megatron's timers; the MFU's peak.
+  void open_outputs();
+  // The window's per-rank part (collective over the world): this rank's timers, memory and metrics record, the
+  // gather of every rank's step and phase times; on the last rank the log line (st + min / max over ranks), the
+  // metrics record, Megatron's timer report (--timing-log-level), the straggler report (--log-straggler) and the
+  // window's TensorBoard scalars.
+  void report_window(IterationStats& st, double last_loss, int64_t tokens);
+  // --trace-modules: the last rank prints the step's module trees (core/module_trace.h); every rank writes them to its
+  // metrics ({"event": "module_trace"}).
+  void report_module_trace(int64_t iteration, const ModuleTraceRecording::Trees& trees);
+  // Megatron's per-iteration TensorBoard scalars (every tensorboard_log_interval; last rank).
+  void tensorboard_iteration(int64_t iteration, double lr, int64_t batch, double loss, double grad_norm);
+  MetricsWriter rank_metrics_;              // <metrics stem>.rank_<r>.jsonl (every rank; --no-per-rank-metrics: none)
+  tensorboard::SummaryWriter tensorboard_;  // --tensorboard-dir (last rank)
+  std::unique_ptr<Timers> timers_;          // --timing-log-level
+  double peak_tflops_ = 0;                  // MFU's peak per GPU (0: unknown, no MFU)
+  std::vector<pipeline_parallel::ActionTiming> step_actions_;  // level-2 timers' schedule timings (no --timeline)
 
   Config config_;
   parallel_state::ParallelContext pc_;

@@ -13,9 +13,11 @@
 #include <cstdio>
 #include <optional>
 
+#include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/op_profile.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/optimizer/lr_scheduler.h"
+#include "mcpp/training/flops.h"
 #include "mcpp/training/timeline.h"
 #include "mcpp/training/trainer.h"
 
@@ -27,12 +29,14 @@ using Clock = std::chrono::steady_clock;
 void Trainer::log_window(int64_t iteration, double lr, int64_t batch, double last_loss) {
   const auto& t = config_.training;
   const double secs = std::chrono::duration<double>(Clock::now() - window_.start).count();
+  const int64_t samples = state_.consumed_train_samples - window_.samples_at_start;
+  // Megatron's throughput per GPU: the window's model FLOPs over its time and the world's GPUs (ranks)
+  const double tflops = num_floating_point_operations(config_, samples) / (secs * 1e12 * pc_.world_size());
   IterationStats st{.iteration = iteration,
                     .train_iters = t.train_iters,
                     .consumed_samples = state_.consumed_train_samples,
                     .elapsed_ms_per_iter = 1000.0 * secs / static_cast<double>(window_.iters),
-                    .tokens_per_sec = static_cast<double>((state_.consumed_train_samples - window_.samples_at_start) *
-                                                          config_.model.seq_length) / secs,
+                    .tokens_per_sec = static_cast<double>(samples * config_.model.seq_length) / secs,
                     .learning_rate = lr,
                     .global_batch_size = batch,  // the last step's (a ramp-up grows it)
                     .lm_loss = window_.loss_sum / static_cast<double>(window_.iters),
@@ -43,19 +47,23 @@ void Trainer::log_window(int64_t iteration, double lr, int64_t batch, double las
                     .seq_load_balancing_loss = std::nullopt,
                     .z_loss = std::nullopt,
                     .moe_layers = {},
-                    .mtp_losses = {}};
-  if (config_.model.num_moe_experts > 0) moe_log_losses(st);  // collective (every rank)
-  if (config_.model.mtp_num_layers > 0) mtp_log_losses(st);   // collective (every rank)
-  if (is_logging_rank()) {
-    fmt::print("{}\n", format_log_line(st));
-    std::fflush(stdout);
-    nlohmann::json rec = to_json(st);
-    rec["lm_loss_last"] = last_loss;
-    metrics_.write(rec);
+                    .mtp_losses = {},
+                    .moe_load = std::nullopt,
+                    .moe_load_layers = {},
+                    .tflops_per_gpu = tflops,
+                    .mfu = peak_tflops_ > 0.0 ? std::optional<double>(tflops / peak_tflops_) : std::nullopt,
+                    .step_ms_min = std::nullopt,
+                    .step_ms_max = std::nullopt};
+  if (config_.model.num_moe_experts > 0) {  // collectives (every rank)
+    moe_log_losses(st);
+    moe_log_load(st, window_.iters);
   }
+  if (config_.model.mtp_num_layers > 0) mtp_log_losses(st);   // collective (every rank)
+  report_window(st, last_loss, samples * config_.model.seq_length);  // collective (every rank)
   window_.loss_sum = 0;
   window_.iters = 0;
   window_.samples_at_start = state_.consumed_train_samples;
+  window_.rank = {};
   window_.start = Clock::now();
 }
 
@@ -76,7 +84,12 @@ TrainSummary Trainer::train() {
     const int64_t batch = config_.global_batch_size_at(state_.consumed_train_samples);  // this step's
     double grad_norm = 0;
     bool skipped = false;
+    const auto step_start = Clock::now();
+    std::optional<ModuleTraceRecording> trace;  // --trace-modules N: this step's module tree
+    if (iteration + 1 == t.trace_modules) trace.emplace();
     const double loss = train_step(&grad_norm, &skipped);
+    if (trace) report_module_trace(iteration + 1, trace->take());
+    window_.rank.step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - step_start).count());
     if (summary.iterations_run == 0) ops::op_profile_reset();  // MCPP_PROFILE_OPS: steady state only
     finalize_async_save(/*blocking=*/false);  // a finished background save: vote + commit now
     ++iteration;
@@ -87,6 +100,8 @@ TrainSummary Trainer::train() {
     window_.loss_sum += loss;
     window_.grad_norm_last = grad_norm;
     ++window_.iters;
+    if (tensorboard_.enabled() && iteration % t.tensorboard_log_interval == 0)
+      tensorboard_iteration(iteration, lr, batch, loss, grad_norm);
     if (iteration % t.log_interval == 0 || iteration == t.train_iters) log_window(iteration, lr, batch, loss);
     if (t.eval_interval > 0 && iteration % t.eval_interval == 0 && valid_ds_) summary.last_valid_loss = evaluate(iteration);
     if (!t.save.empty() && t.save_interval > 0 && iteration % t.save_interval == 0) save(iteration);
@@ -147,6 +162,17 @@ double Trainer::evaluate(int64_t iteration, Eval which) {
                         {"ppl", std::exp(std::min(loss, 20.0))}};
   if (which != Eval::Interval) rec["end_of_training"] = true;
   metrics_.write(rec);
+  if (tensorboard_.enabled()) {  // Megatron's "lm loss validation" (/ "test"), also against consumed samples
+    const std::string key = std::string("lm loss ") + (test ? "test" : "validation");
+    const int64_t samples = state_.consumed_train_samples;
+    tensorboard_.add_scalar(key, loss, iteration);
+    tensorboard_.add_scalar(key + " vs samples", loss, samples);
+    if (config_.training.log_validation_ppl_to_tensorboard) {
+      tensorboard_.add_scalar(key + " ppl", std::exp(std::min(loss, 20.0)), iteration);
+      tensorboard_.add_scalar(key + " ppl vs samples", std::exp(std::min(loss, 20.0)), samples);
+    }
+    tensorboard_.flush();
+  }
   return loss;
 }
 

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "mcpp/core/cuda_graph.h"
 #include "mcpp/core/trace_range.h"
 #include "mcpp/distributed/data_parallel.h"
 #include "mcpp/distributed/finalize_grads.h"
@@ -40,7 +41,15 @@ Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t fi
       .schedule = &schedule,
       .pc = &pc_,
       .get_batch = [&](int64_t m) {
-        const Batch b = static_inputs ? graph_inputs_.at(static_cast<size_t>(m)) : get_batch(ds, first, m);
+        if (static_inputs) {
+          const Batch& b = graph_inputs_.at(static_cast<size_t>(m));
+          return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask};
+        }
+        const auto t0 = Clock::now();
+        const Batch b = get_batch(ds, first, m);
+        if (!forward_only)  // Megatron's batch-generator timer (level 2): building the microbatch on the host
+          timers_->add_ms(TimerId::BatchGenerator,
+                          std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
         return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask};
       },
       .hidden_shape = {s, config_.training.micro_batch_size, config_.model.hidden_size},
@@ -63,8 +72,15 @@ Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t fi
   if (timeline_ && !forward_only) {
     args.timings = timeline_->begin_step();
     args.device_clock = timeline_->device_clock();
+  } else if (!forward_only && timers_->log_level() >= 2 && !stream_capturing()) {  // the level-2 schedule timers
+    step_actions_.clear();
+    args.timings = &step_actions_;
+    args.device_clock = timers_->device_clock();
   }
+  const size_t actions_before = args.timings ? args.timings->size() : 0;
   const pipeline_parallel::ScheduleRunResult r = pipeline_parallel::run_schedule(args);
+  if (args.timings && timers_->log_level() >= 2)
+    timers_->add_actions(*args.timings, actions_before, args.device_clock);
   if (!forward_only) {
     stage_memory_.max_in_flight = std::max(stage_memory_.max_in_flight, r.max_in_flight);
     stage_memory_.peak_activation_bytes =
@@ -81,6 +97,7 @@ Trainer::StepLoss Trainer::forward_backward(const BlendedDataset& ds, int64_t fi
   // (a --rampup-batch-size ramp: this step's microbatches, from the samples consumed before it)
   const StepLoss step = run_microbatches(ds, first, /*forward_only=*/false, config_.num_microbatches_at(first));
   const TraceRange sync_range("grad sync");
+  const Timers::Scope sync_timer = timers_->scope(TimerId::AllGradsSync);
   for (DistributedDataParallel* ddp : all_ddps())
     ddp->finish_grad_sync();  // average over DP (owned shards with the distributed optimizer)
   return step;
@@ -158,32 +175,59 @@ double Trainer::scale_grads_per_token(const StepLoss& local) {
 
 double Trainer::train_step(double* grad_norm, bool* skipped) {
   const TraceRange step_range("train_step");
-  if (dist_optimizer_) dist_optimizer_->wait_param_gather();  // previous step's params complete
-  const StepLoss step = step_graph_ ? forward_backward_graphed(*train_ds_, state_.consumed_train_samples)
-                                    : forward_backward(*train_ds_, state_.consumed_train_samples);
+  if (dist_optimizer_) {  // previous step's params complete (--overlap-param-gather: the gather's exposed part)
+    const Timers::Scope gather_timer = timers_->scope(TimerId::ParamsAllGather);
+    dist_optimizer_->wait_param_gather();
+  }
+  StepLoss step;
+  {
+    const Timers::Scope fb_timer = timers_->scope(TimerId::ForwardBackward);
+    step = step_graph_ ? forward_backward_graphed(*train_ds_, state_.consumed_train_samples)
+                       : forward_backward(*train_ds_, state_.consumed_train_samples);
+  }
   const TraceRange optimizer_range("optimizer");
   const bool per_token = config_.model.calculate_per_token_loss;
   const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;
-  finalize_model_grads(dense_buffers(), pc_, config_.model.last_stage_uses_word_embeddings());
-  if (config_.model.moe_router_enable_expert_bias) {  // Megatron's _update_router_expert_bias, every step
-    std::vector<moe::TopKRouter*> routers;
-    for (const auto& c : chunks_)
-      for (moe::TopKRouter* r : c->routers()) routers.push_back(r);
-    moe::update_expert_biases(routers, {pc_.tp(), pc_.cp(), pc_.dp()}, config_.model.moe_router_bias_update_rate);
+  {  // finalize_model_grads in its two parts, timed apart as Megatron's
+    const Timers::Scope ln_timer = timers_->scope(TimerId::LayernormGradsAllReduce);
+    allreduce_sequence_parallel_grads(dense_buffers(), pc_);
   }
-  const float clip = config_.optimizer.clip_grad;
-  if (dist_optimizer_) *grad_norm = dist_optimizer_->grad_norm();
-  else if (config_.model.num_moe_experts > 0) *grad_norm = model_grad_norm(dense_buffers(), expert_buffers(), pc_);
-  else *grad_norm = model_grad_norm(dense_buffers(), pc_);
-  *skipped = !std::isfinite(*grad_norm);
-  if (!*skipped) {
-    const auto lr = static_cast<float>(scheduler_->get_lr());
-    // Megatron scales the fp32 grads by the clip coefficient, then steps; the same fp32 product is taken
-    // inside the AdamW kernel instead (bitwise the same update, one pass over the grads fewer; the grads
-    // themselves stay unscaled and are zeroed before the next step).
-    const auto coef = static_cast<float>(clip_coefficient(*grad_norm, clip));
-    if (dist_optimizer_) dist_optimizer_->step(lr, coef);
-    else optimizer_->step(lr, coef);
+  {
+    const Timers::Scope emb_timer = timers_->scope(TimerId::EmbeddingGradsAllReduce);
+    allreduce_embedding_grads(dense_buffers(), pc_, config_.model.last_stage_uses_word_embeddings());
+  }
+  {  // Megatron's optimizer timer: the expert-bias update, grad norm + clip, the step, the param gather
+    const Timers::Scope optimizer_timer = timers_->scope(TimerId::Optimizer);
+    if (config_.model.moe_router_enable_expert_bias) {  // Megatron's _update_router_expert_bias, every step
+      std::vector<moe::TopKRouter*> routers;
+      for (const auto& c : chunks_)
+        for (moe::TopKRouter* r : c->routers()) routers.push_back(r);
+      moe::update_expert_biases(routers, {pc_.tp(), pc_.cp(), pc_.dp()}, config_.model.moe_router_bias_update_rate);
+    }
+    const float clip = config_.optimizer.clip_grad;
+    {
+      const Timers::Scope clip_timer = timers_->scope(TimerId::OptimizerClipMainGrad);
+      if (dist_optimizer_) *grad_norm = dist_optimizer_->grad_norm();
+      else if (config_.model.num_moe_experts > 0) *grad_norm = model_grad_norm(dense_buffers(), expert_buffers(), pc_);
+      else *grad_norm = model_grad_norm(dense_buffers(), pc_);
+    }
+    *skipped = !std::isfinite(*grad_norm);
+    if (!*skipped) {
+      const auto lr = static_cast<float>(scheduler_->get_lr());
+      // Megatron scales the fp32 grads by the clip coefficient, then steps; the same fp32 product is taken
+      // inside the AdamW kernel instead (bitwise the same update, one pass over the grads fewer; the grads
+      // themselves stay unscaled and are zeroed before the next step).
+      const auto coef = static_cast<float>(clip_coefficient(*grad_norm, clip));
+      {
+        const Timers::Scope inner_timer = timers_->scope(TimerId::OptimizerInnerStep);
+        if (dist_optimizer_) dist_optimizer_->update_shards(lr, coef);
+        else optimizer_->step(lr, coef);
+      }
+      if (dist_optimizer_) {
+        const Timers::Scope gather_timer = timers_->scope(TimerId::ParamsAllGather);
+        dist_optimizer_->gather_params();  // the updated shards back into the param buffer (async with overlap)
+      }
+    }
   }
   const int64_t batch = config_.global_batch_size_at(state_.consumed_train_samples);  // this step's (ramp-up)
   scheduler_->step(batch);
