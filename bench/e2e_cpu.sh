@@ -31,7 +31,7 @@ for round in $(seq 1 "$ROUNDS"); do
     { cat "$tmp/log$round" >&2; exit 1; }
   "$PYTHON" - "$tmp/m$round.jsonl" "$WARMUP" "$THREADS" >> "$results" <<'PY'
 import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "train"]
 ms = [r["elapsed_ms_per_iter"] for r in rows[int(sys.argv[2]):]]
 print(json.dumps({"impl": "mcpp", "threads": int(sys.argv[3]), "steps": len(ms), "step_ms_min": min(ms),
                   "step_ms_median": statistics.median(ms), "tokens_per_s": 1024 * 1000.0 / min(ms),

@@ -44,7 +44,7 @@ for layout in tp1 tp2 tp4 dp1 dp2 dp4; do
   "$PYTHON" - "$tmp/$layout.jsonl" "$WARMUP" "$layout" "$n" "$threads" "$GBS" "$SEQ" <<'PY'
 import json, statistics, sys
 path, warm, layout, n, threads, gbs, seq = sys.argv[1], int(sys.argv[2]), sys.argv[3], *map(int, sys.argv[4:])
-rows = [json.loads(l) for l in open(path) if '"train"' in l]
+rows = [r for r in map(json.loads, open(path)) if r.get("event") == "train"]
 ms = [r["elapsed_ms_per_iter"] for r in rows[warm:]]
 micro = gbs if layout.startswith("tp") else gbs // n
 tok = gbs * seq

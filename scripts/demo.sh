@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make demo`: tokenize the fortunes corpus, train a small GPT on CPU, save a checkpoint, generate.
+# `make demo`: tokenize the fortunes corpus, train a small GPT on CPU, save a checkpoint, generate, then summarize
+# the run and plot its metrics (runs/demo/report.png).
 # Runs after `make build` (the Makefile installs dependencies and builds first). ~5 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,11 @@ for seed in 7 8 9; do  # three samples (a fortune often ends early with <|endoft
 done
 python3 - "$RUN/metrics.jsonl" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "train"]
 first, last = rows[0], rows[-1]
 print(f"\nloss: {first['lm_loss']:.3f} at iteration {first['iteration']} -> {last['lm_loss']:.3f} at iteration {last['iteration']}")
 PY
+
+echo "== the run's metrics: summary and plot (mcpp metrics summarize | plot)"
+$MCPP metrics summarize "$RUN"
+echo "plot: $($MCPP metrics plot "$RUN" --output "$RUN/report.png")"

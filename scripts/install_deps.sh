@@ -13,6 +13,7 @@ PKGS=(
   openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch python3-xxhash libicu-dev
   libsentencepiece-dev sentencepiece python3-sentencepiece   # --tokenizer-type SentencePieceTokenizer, its fixtures
+  python3-matplotlib         # mcpp metrics plot (scripts/plot_metrics.py)
   nodejs npm
   fortunes
   clang libclang-rt-14-dev   # libFuzzer target of the checkpoint parsers (tests/dist_checkpointing)

@@ -1,4 +1,4 @@
-// mcpp — the megatron-cpp CLI. `mcpp <command> [flags]`; `mcpp help` lists the commands.
+// mcpp — the megatron-cpp CLI. `mcpp <command> [flags]`; `mcpp help` lists the commands; `mcpp --version` the build.
 // Errors: mcpp::Error (and CLI11 parse errors) become one line on stderr and exit code 2.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -9,10 +9,11 @@
 
 #include "apps/mcpp/command.h"
 #include "mcpp/core/error.h"
+#include "mcpp/training/provenance.h"
 
 namespace {
 void print_help() {
-  fmt::print("usage: mcpp <command> [flags]   (mcpp <command> --help for its flags)\n\ncommands:\n");
+  fmt::print("usage: mcpp <command> [flags]   (mcpp <command> --help for its flags; mcpp --version)\n\ncommands:\n");
   for (const auto& [name, info] : mcpp::cli::commands()) fmt::print("  {:<12} {}\n", name, info.help);
 }
 }  // namespace
@@ -24,6 +25,10 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   std::string name = argv[1];
+  if (name == "--version" || name == "version") {  // build + backends (training/provenance.h)
+    fmt::print("{}", mcpp::format_version(mcpp::provenance()));
+    return 0;
+  }
   auto it = mcpp::cli::commands().find(name);
   if (it == mcpp::cli::commands().end()) {
     fmt::print(stderr, "error: unknown command '{}' (mcpp help lists the commands)\n", name);

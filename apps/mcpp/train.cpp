@@ -22,6 +22,7 @@
 #include "mcpp/datasets/gpt2_tokenizer.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/arguments.h"
+#include "mcpp/training/provenance.h"
 #include "mcpp/training/trainer.h"
 
 namespace {
@@ -50,7 +51,8 @@ int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
     world = mcpp::comm::init_nccl(world, local_rank(), {});
   world->set_check_collectives(cfg.parallel.check_collectives);
   auto pc = mcpp::parallel_state::ParallelContext::create(world, mcpp::parallel_state::parallel_options(cfg));
-  if (pc.rank() == pc.world_size() - 1) fmt::print("{}\n", mcpp::format_args(cfg));
+  if (pc.rank() == pc.world_size() - 1)
+    fmt::print("{}\n{}\n", mcpp::format_provenance_line(mcpp::provenance()), mcpp::format_args(cfg));
   mcpp::Trainer trainer(cfg, eod, std::move(pc));
   mcpp::TrainSummary s = trainer.train();
   if (world->rank() == world->size() - 1)

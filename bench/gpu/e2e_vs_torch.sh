@@ -60,10 +60,17 @@ its = [r for r in recs if "tokens_per_sec" in r]
 ms = sorted(r["elapsed_ms_per_iter"] for r in its if r["iteration"] > 10)  # 30 steps after 10 warm-up
 mem = [r for r in recs if r.get("event") == "memory"]
 V = 50304
-flops = 72 * B * T * L * d * d * (1 + T / (6 * d) + V / (16 * L * d))
+flops = 72 * B * T * L * d * d * (1 + T / (6 * d) + V / (16 * L * d))  # DESIGN.md's (mfu_989: the earlier figures)
+# Megatron's num_floating_point_operations for plain GPT (MHA, GELU 4h; causal scores halved), the log line's formula
+# (training/flops.h): 72 B T L d^2 (1 + T/(12 d) + V/(12 L d)). mfu_log: the median of the log line's MFU over the same
+# iterations; for the plain-GPT shapes (124m, 1.3b and their variants) it equals mfu_megatron within 1%.
+flops_megatron = 72 * B * T * L * d * d * (1 + T / (12 * d) + V / (12 * L * d))
 step = ms[len(ms) // 2] / 1e3  # the median, as the anchor
+mfus = sorted(r["mfu"] for r in its if r["iteration"] > 10 and "mfu" in r)
 print(json.dumps(dict(system="mcpp", name=name, B=B, T=T, d=d, L=L, V=V, step_ms=round(step * 1e3, 2),
                       tok_s=round(B * T / step), mfu_989=round(flops / step / 989e12, 4),
+                      mfu_megatron=round(flops_megatron / step / 989e12, 4),
+                      mfu_log=round(mfus[len(mfus) // 2], 4) if mfus else None,
                       peak_gib=mem[-1]["peak_device_gib"] if mem else None, loss=its[-1]["lm_loss"],
                       steps=len(ms), mean_ms=round(sum(ms) / len(ms), 2), min_ms=round(ms[0], 2),
                       max_ms=round(ms[-1], 2))))

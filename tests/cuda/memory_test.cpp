@@ -1,4 +1,5 @@
-// The CUDA device-memory seam: caching allocator, copies both ways, zero fill; and the visible skip.
+// The CUDA device-memory seam: caching allocator, copies both ways, zero fill; and the visible skip. The pool's
+// statistics and the device / library versions the metrics and provenance report (core/device_memory.h).
 #include "cuda/cuda_test_util.h"
 
 namespace mcpp {
@@ -28,6 +29,22 @@ TEST(CudaMemory, AllocationFailureIsANamedError) {
   EXPECT_THROW(Tensor::empty({int64_t(1) << 50}, DType::F32, Device::CUDA), Error);  // 4 PiB
   Tensor ok = Tensor::zeros({16}, DType::F32, Device::CUDA);  // the backend still works afterwards
   EXPECT_EQ(ok.to(Device::CPU).data<float>()[15], 0.0f);
+}
+
+TEST(CudaMemory, PoolStatisticsAndVersions) {
+  MCPP_REQUIRE_CUDA();
+  const CudaMemoryStats before = cuda_memory_stats();
+  Tensor t = Tensor::empty({int64_t(64) << 20}, DType::F32, Device::CUDA);  // 256 MiB live
+  const CudaMemoryStats during = cuda_memory_stats();
+  EXPECT_GE(during.allocated, before.allocated + (size_t(256) << 20));
+  EXPECT_GE(during.reserved, during.allocated);  // the pool holds at least what is in use
+  EXPECT_GE(during.peak, during.allocated);
+  t = Tensor();
+  EXPECT_LT(cuda_memory_stats().allocated, during.allocated);  // freed (kept in the pool: reserved stays)
+  EXPECT_GE(cuda_memory_stats().peak, during.allocated);
+  EXPECT_FALSE(cuda_device_name().empty());
+  EXPECT_GE(cuda_runtime_version(), 12000);  // CUDA 12 or newer (13000 for 13.0)
+  EXPECT_GE(cuda_driver_version(), cuda_runtime_version());
 }
 
 }  // namespace

@@ -80,3 +80,12 @@ add_test(NAME training.cli_robustness
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/robustness_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/robustness_check)
 set_tests_properties(training.cli_robustness PROPERTIES TIMEOUT 600)
+
+# training.observability_cli: per-rank metrics of an np 4 run (timers >= 0, phases within the step), TFLOP/s and MFU
+# against Megatron's formula, min / max over ranks, the timer and straggler reports, TensorBoard events read with an
+# independent CRC-32C and decoder equal to the JSONL, provenance in metrics / checkpoints / --version, the MoE load
+# report, the module trace per pipeline stage, `mcpp metrics plot|summarize`, bad input (tests/oracle/cli/).
+add_test(NAME training.observability_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/observability_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/observability_check)
+set_tests_properties(training.observability_cli PROPERTIES TIMEOUT 600)

@@ -44,6 +44,13 @@ void cuda_synchronize() {
 }
 size_t cuda_peak_memory_bytes() { return cuda_available() ? cuda_backend::peak_bytes() : 0; }
 size_t cuda_total_memory_bytes() { return cuda_available() ? cuda_backend::total_bytes() : 0; }
+CudaMemoryStats cuda_memory_stats() {
+  if (!cuda_available()) return {};
+  return {cuda_backend::allocated_bytes(), cuda_backend::reserved_bytes(), cuda_backend::peak_bytes()};
+}
+std::string cuda_device_name() { return cuda_available() ? cuda_backend::device_name() : std::string(); }
+int cuda_runtime_version() { return cuda_backend::runtime_version(); }
+int cuda_driver_version() { return cuda_available() ? cuda_backend::driver_version() : 0; }
 
 size_t host_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);

@@ -3,6 +3,7 @@
 // without CUDA, the stub that throws "built without CUDA".
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "mcpp/core/dtype.h"
 
@@ -20,6 +21,18 @@ size_t cuda_total_memory_bytes();  // the current device's memory (cudaMemGetInf
 void cuda_synchronize();  // waits for all work on the device (no-op without CUDA)
 // The host's memory: physical RAM, or the cgroup (v2 memory.max / v1 limit_in_bytes) limit when smaller.
 size_t host_memory_bytes();
+// The memory pool now (torch.cuda.memory_allocated / memory_reserved's analogues) and the peak above; zeros without
+// CUDA. Host reads of pool attributes: no synchronization.
+struct CudaMemoryStats {
+  size_t allocated = 0, reserved = 0, peak = 0;
+};
+CudaMemoryStats cuda_memory_stats();
+// The current device's name (cudaDeviceProp::name, e.g. "NVIDIA H100 80GB HBM3"), the CUDA runtime and driver
+// versions (e.g. 13000); "" / 0 without CUDA.
+std::string cuda_device_name();
+int cuda_runtime_version();
+int cuda_driver_version();
+int cudnn_version();  // cudnnGetVersion() of the loaded cuDNN (e.g. 91002); 0 in a build without cuDNN
 
 namespace cuda_backend {  // implemented in kernels/cuda or kernels/cuda_stub
 void* alloc(size_t nbytes);
@@ -30,6 +43,11 @@ bool available();
 size_t peak_bytes();
 size_t total_bytes();
 void synchronize();
+size_t allocated_bytes();  // the pool's used memory now
+size_t reserved_bytes();   // the pool's reserved memory now (+ the graph pool's)
+std::string device_name();
+int runtime_version();
+int driver_version();
 }  // namespace cuda_backend
 
 }  // namespace mcpp

@@ -17,11 +17,21 @@ void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::Para
 
 void finalize_model_grads(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc,
                           bool tied_embeddings) {
+  allreduce_sequence_parallel_grads(chunks, pc);
+  allreduce_embedding_grads(chunks, pc, tied_embeddings);
+}
+
+void allreduce_sequence_parallel_grads(const std::vector<ParamAndGradBuffer*>& chunks,
+                                       const parallel_state::ParallelContext& pc) {
   for (ParamAndGradBuffer* params : chunks) params->zero_stale_grads();  // (DDP's grad sync did, normally)
   if (pc.tp_size() > 1)
     for (ParamAndGradBuffer* params : chunks)
       for (const auto& p : params->params())
         if (p->spec.sequence_parallel) pc.tp()->all_reduce(p->main_grad, comm::ReduceOp::Sum).wait();
+}
+
+void allreduce_embedding_grads(const std::vector<ParamAndGradBuffer*>& chunks,
+                               const parallel_state::ParallelContext& pc, bool tied_embeddings) {
   // Tied word embeddings split over the first and last pipeline stage: sum both uses' gradients.
   if (tied_embeddings && pc.pp_size() > 1 && pc.is_in_embedding_group() && pc.embedding()->size() > 1) {
     Parameter* p = nullptr;

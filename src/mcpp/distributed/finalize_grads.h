@@ -24,6 +24,12 @@ void finalize_model_grads(ParamAndGradBuffer& params, const parallel_state::Para
 // The same over this rank's model chunks (virtual pipeline stages): the word embeddings live in exactly one.
 void finalize_model_grads(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc,
                           bool tied_embeddings);
+// Its two steps apart (Megatron times them as layernorm-grads-all-reduce and embedding-grads-all-reduce): 1. (after
+// zeroing the stale grads of params no backward wrote) and 2.
+void allreduce_sequence_parallel_grads(const std::vector<ParamAndGradBuffer*>& chunks,
+                                       const parallel_state::ParallelContext& pc);
+void allreduce_embedding_grads(const std::vector<ParamAndGradBuffer*>& chunks,
+                               const parallel_state::ParallelContext& pc, bool tied_embeddings);
 
 double model_grad_norm(ParamAndGradBuffer& params, const parallel_state::ParallelContext& pc);
 double model_grad_norm(const std::vector<ParamAndGradBuffer*>& chunks, const parallel_state::ParallelContext& pc);

@@ -4,9 +4,12 @@
 // device synchronizations (CUDA ops) — so each op's time is its own kernels' time, at the price of
 // serializing the stream (the profile run is slower than a normal one; use it for the breakdown, not
 // for throughput). At process exit the table of ops (backend, calls, total ms, share, mean us) goes to
-// stderr, sorted by total time. Disabled (the default), an op pays one predictable branch.
+// stderr, sorted by total time. Disabled (the default), an op pays one predictable branch. The same timer object
+// reports each op to a module-trace recording (core/module_trace.h) when one is running.
 #pragma once
 #include <chrono>
+
+#include "mcpp/core/module_trace.h"
 
 namespace mcpp::ops {
 
@@ -19,6 +22,7 @@ class OpTimer {
  public:
   OpTimer(const char* name, bool cuda) : name_(name), cuda_(cuda), on_(op_profile_enabled()) {
     if (on_) start();
+    if (module_trace_recording()) module_trace_op(name);  // --trace-modules (core/module_trace.h)
   }
   ~OpTimer() {
     if (on_) stop();

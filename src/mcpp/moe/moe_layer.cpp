@@ -3,6 +3,7 @@
 
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
+#include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp::moe {
@@ -55,10 +56,14 @@ const Tensor& MoELayer::rows(int64_t n, Device dev) const {
 Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training,
                         tensor_parallel::RngTracker* rng) const {
   MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
+  const ModuleScope m("moe", x);
   const int64_t h = x.size(2), n = x.size(0) * x.size(1), k = router_.topk();
   Tensor x2 = x.view({n, h});
-  // the routing on x's device (x.size(1) sequences; its losses added to `losses`), the buffer's rows on the host
-  router_.forward(ctx.router, x2, x.size(1), losses, training, rng);
+  {  // the routing on x's device (x.size(1) sequences; its losses added to `losses`), the buffer's rows on the host
+    const ModuleScope router_scope("router", x2);
+    router_.forward(ctx.router, x2, x.size(1), losses, training, rng);
+    router_scope.out(ctx.router.topk);
+  }
   // padded: every EP rank's blocks are the capacity of as many tokens (no all-gather of the counts)
   ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.rows_per_expert, n, k, pad_);
   // [m, h] expert-major (m = n*k dropless; the kept routes, or E * capacity padded: the padding rows zero)
@@ -67,7 +72,11 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
                         : Tensor::empty({ctx.plan.rows, h}, x.dtype(), x.device());
   ops::moe_permute(permuted, x2, ctx.plan.idx);
   Tensor grouped = dispatcher_.to_experts(ctx.plan, permuted);  // [rows, h] by local expert
-  Tensor out = experts_.forward(ctx.experts, grouped, ctx.plan.tokens_per_local_expert);
+  Tensor out;
+  {
+    const ModuleScope experts_scope("experts", grouped);
+    out = experts_scope.ret(experts_.forward(ctx.experts, grouped, ctx.plan.tokens_per_local_expert));
+  }
   ctx.combined = dispatcher_.from_experts(ctx.plan, out);  // [m, h]
   ctx.probs = ctx.router.weights;  // [n, k] fp32: the combine weights
   Tensor y = Tensor::empty({n, h}, x.dtype(), x.device());
@@ -93,7 +102,7 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
       ctx.shared_input = x;
     }
   }
-  return y.view(x.shape());
+  return m.ret(y.view(x.shape()));
 }
 
 void MoELayer::release_input(MoELayerCtx& ctx) const {
@@ -111,6 +120,7 @@ void MoELayer::restore_input(MoELayerCtx& ctx, const Tensor& x) const {
 
 Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const {
   MCPP_CHECK(ctx.combined.defined(), "MoELayer::backward needs the context of its forward");
+  const ModuleScope m("moe", dy, ModuleScope::kBackward);
   const int64_t h = dy.size(-1), n = ctx.plan.n, k = ctx.plan.k;
   Tensor dy2 = dy.view({n, h});
   Tensor dx_shared;  // first: the reverse of the registration order (router, experts, shared experts, gate)
@@ -142,15 +152,23 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   ops::moe_unpermute_bwd(dcombined, dprobs, dy2, ctx.combined, ctx.plan.idx, ctx.probs);
   ctx.combined = Tensor();
   Tensor dgrouped = dispatcher_.to_experts(ctx.plan, dcombined);
-  Tensor dexperts_in = experts_.backward(ctx.experts, dgrouped);
+  Tensor dexperts_in;
+  {
+    const ModuleScope experts_scope("experts", dgrouped, ModuleScope::kBackward);
+    dexperts_in = experts_scope.ret(experts_.backward(ctx.experts, dgrouped));
+  }
   Tensor dpermuted = dispatcher_.from_experts(ctx.plan, dexperts_in);  // [m, h]
   Tensor dx = Tensor::empty({n, h}, dy.dtype(), dy.device());
   ops::moe_unpermute(dx, dpermuted, ctx.plan.idx, nullptr);  // the permute's backward: each token's k rows summed
-  Tensor dx_router = router_.backward(ctx.router, dprobs, loss_grad_scale);
+  Tensor dx_router;
+  {
+    const ModuleScope router_scope("router", dprobs, ModuleScope::kBackward);
+    dx_router = router_scope.ret(router_.backward(ctx.router, dprobs, loss_grad_scale));
+  }
   ops::add_inplace(dx, dx_router);
   if (dx_shared.defined()) ops::add_inplace(dx, dx_shared.view({n, h}));
   ctx = {};
-  return dx.view(dy.shape());
+  return m.ret(dx.view(dy.shape()));
 }
 
 }  // namespace mcpp::moe

@@ -65,6 +65,28 @@ std::vector<LossTracker::Sums> LossTracker::take() {
   return out;
 }
 
+void LossTracker::add_load(const Tensor& v, int64_t layer) {
+  MCPP_CHECK(v.dtype() == DType::F32 && v.ndim() == 1 && v.numel() >= 4 && v.numel() % 2 == 0,
+             "LossTracker: expected float32 [2E + 2], got {}", v.str());
+  MCPP_CHECK(layer >= 0 && layer < layers_, "LossTracker: layer {} outside [0, {})", layer, layers_);
+  if (!load_.defined()) load_ = Tensor::zeros({layers_, v.numel()}, DType::F32, v.device());
+  MCPP_CHECK(load_.size(1) == v.numel(), "LossTracker: expert load of {} values, expected {}", v.numel(),
+             load_.size(1));
+  Tensor row = load_.flat_slice(layer * v.numel(), {v.numel()});
+  ops::add_inplace(row, v);
+}
+
+std::vector<std::vector<double>> LossTracker::take_load() {
+  std::vector<std::vector<double>> out(static_cast<size_t>(layers_));
+  if (!load_.defined()) return out;
+  const Tensor h = load_.to(Device::CPU);
+  const int64_t w = load_.size(1);
+  const float* p = h.data<float>();
+  for (int64_t l = 0; l < layers_; ++l) out[static_cast<size_t>(l)].assign(p + l * w, p + (l + 1) * w);
+  load_.zero_();
+  return out;
+}
+
 std::vector<int64_t> TopKRouter::take_route_counts() {
   std::vector<int64_t> out(static_cast<size_t>(experts_), 0);
   if (!has_expert_bias()) return out;
@@ -203,6 +225,7 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
       ops::scale_inplace(zl, static_cast<float>(1.0 / static_cast<double>(n * split_)));
     }
     losses->add(v, layer_);
+    losses->add_load(expert_load(ctx, logits, capped), layer_);
   }
   // The one host read: the buffer's rows per expert (none when padded: every expert's block is the capacity).
   if (capped && pad_to_capacity_) {
@@ -213,6 +236,39 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
   const int64_t* bh = both_h.data<int64_t>();
   ctx.tokens_per_expert.assign(bh, bh + e);
   ctx.rows_per_expert.assign(bh + (capped ? e : 0), bh + (capped ? 2 * e : e));
+}
+
+Tensor TopKRouter::expert_load(const RouterCtx& ctx, const Tensor& logits, bool capped) const {
+  const int64_t n = ctx.n, e = experts_;
+  const Device dev = logits.device();
+  Tensor load = Tensor::zeros({2 * e + 2}, DType::F32, dev);  // [routes | kept | entropy sum | tokens]
+  Tensor routes = load.flat_slice(0, {e}).view({1, e}), kept = load.flat_slice(e, {e}).view({1, e});
+  ops::moe_route_counts(routes, ctx.topk, nullptr);
+  if (capped) ops::moe_route_counts(kept, ctx.topk, &ctx.idx);
+  else ops::add_inplace(kept, routes);
+  if (n == 0) return load;
+  // sum_t H(softmax(logits[t])) = sum_t lse[t] - sum_{t, e} softmax(logits)[t, e] logits[t, e]: two GEMMs over the
+  // softmax the router computed (its scores and lse with the softmax score function; sigmoid scores are not a
+  // softmax, so the z-loss's softmax, or one computed here).
+  Tensor p = ctx.scores, lse = ctx.lse;
+  if (sigmoid_) {
+    p = ctx.z_scores;
+    lse = ctx.z_lse;
+    if (!p.defined()) {
+      Tensor top1 = Tensor::empty({n, 1}, DType::I32, dev), p1 = Tensor::empty({n, 1}, DType::F32, dev);
+      p = Tensor::empty({n, e}, DType::F32, dev);
+      lse = Tensor::empty({n}, DType::F32, dev);
+      ops::moe_topk_softmax(top1, p1, p, lse, logits, {});
+    }
+  }
+  const Tensor l32 = logits.dtype() == DType::F32 ? logits : upcast(logits);
+  Tensor ent = load.flat_slice(2 * e, {1}).view({1, 1});
+  ops::gemm(ent, ones(n, dev).flat_slice(0, {n}).view({1, n}), lse.view({n, 1}), {});
+  ops::gemm(ent, p.view({1, n * e}), l32.view({n * e, 1}), {.alpha = -1.0f, .beta = 1.0f});
+  Tensor tokens = load.flat_slice(2 * e + 1, {1});
+  tokens.copy_from(ones(n, dev).flat_slice(0, {1}));
+  ops::scale_inplace(tokens, static_cast<float>(n));
+  return load;
 }
 
 double TopKRouter::aux_loss_scale(int64_t n, int64_t batch) const {

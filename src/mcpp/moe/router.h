@@ -49,10 +49,11 @@
 // applied to dprobs, + loss_grad_scale * d(aux_loss + z_loss) / d logits (Megatron's MoEAuxLossAutoScaler:
 // the losses' gradient is scaled like the main loss's, 1 / num_microbatches); then dx = dlogits W_r and
 // W_r's grad ACCUMULATES (+= dlogits^T x) into main_grad. The routing decision is not differentiated.
-// The statistics (T or C, ops::moe_route_counts), the losses' values (for the log line) and the expert bias's route
-// counts stay on the device. The one host read per layer is the [E] route counts that size the dispatch buffer —
-// none when it is padded to capacity (every expert's block is `capacity` rows): then the layer runs without a
-// synchronization, and a CUDA graph can capture it.
+// The statistics (T or C, ops::moe_route_counts), the losses' values (for the log line), the expert load (routes and
+// kept routes per expert, router entropy: LossTracker::add_load) and the expert bias's route counts stay on the device.
+// The one host read per layer is the [E] route counts that size the dispatch buffer — none when it is padded to
+// capacity (every expert's block is `capacity` rows): then the layer runs without a synchronization, and a CUDA graph
+// can capture it.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -84,10 +85,16 @@ struct LossTracker {
   // (graphs add into it).
   std::vector<Sums> take();
   int64_t num_layers() const { return layers_; }
+  // Expert load (the trainer's MoE load report), summed the same way: v float32 [2E + 2] = the routes per expert
+  // (before any capacity drop), the kept routes per expert, the sum over tokens of the entropy (nats) of
+  // softmax(logits), the tokens. take_load(): [num_layers][2E + 2] (empty rows without an add), then zeroed.
+  void add_load(const Tensor& v, int64_t layer = 0);
+  std::vector<std::vector<double>> take_load();
 
  private:
   int64_t layers_;
   Tensor sums_;
+  Tensor load_;  // [num_layers, 2E + 2]
 };
 
 struct RouterCtx {
@@ -146,6 +153,8 @@ class TopKRouter {
   ops::MoeTopkOptions topk_options(float z_coef) const;  // the routing ops' options (z_coef: the backward's)
   // the load-balancing loss's factor before its sum: coeff E / (N^2 k), or coeff E / (B S^2 k) (S = N / B)
   double aux_loss_scale(int64_t n, int64_t batch) const;
+  // This call's expert load (LossTracker::add_load's [2E + 2]) from the routes, the kept routes and the logits.
+  Tensor expert_load(const RouterCtx& ctx, const Tensor& logits, bool capped) const;
   DType logit_dtype(const Tensor& x) const;  // the logits' dtype: float32 with moe_router_dtype fp32, else x's
   static Tensor upcast(const Tensor& t);     // a float32 copy (ops::cast)
   const Tensor& ones(int64_t n, Device dev) const;  // >= n float32 ones on dev (kept: no host copy in a capture)

@@ -101,6 +101,11 @@ void DistributedOptimizer::add_pieces(DistributedDataParallel& ddp) {
 }
 
 void DistributedOptimizer::step(float lr, float grad_scale) {
+  update_shards(lr, grad_scale);
+  gather_params();
+}
+
+void DistributedOptimizer::update_shards(float lr, float grad_scale) {
   wait_param_gather();  // a previous overlapped gather must land before the shard is rewritten
   ++step_;
   std::vector<ops::AdamWTensors> list;  // one multi-tensor step over the pieces (= adamw_step per piece)
@@ -111,6 +116,9 @@ void DistributedOptimizer::step(float lr, float grad_scale) {
                                      .weight_decay = pc.owner->spec.no_weight_decay ? 0.0f : opt_.adam.weight_decay});
   ops::adamw_multi_step(list, ops::AdamWOptions{.lr = lr, .beta1 = opt_.adam.beta1, .beta2 = opt_.adam.beta2,
                                                 .eps = opt_.adam.eps, .step = step_, .grad_scale = grad_scale});
+}
+
+void DistributedOptimizer::gather_params() {
   for (DistributedDataParallel* d : ddps_) d->start_param_gather();
   if (!opt_.overlap_param_gather) wait_param_gather();
 }

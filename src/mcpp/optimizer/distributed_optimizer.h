@@ -100,6 +100,10 @@ class DistributedOptimizer {
   // AdamW on the shard pieces (grads times grad_scale inside the update: the clip coefficient), then the
   // param all-gather (async with overlap)
   void step(float lr, float grad_scale = 1.0f);
+  // step() in its two parts (the trainer times them as Megatron's optimizer-inner-step and params-all-gather):
+  // the AdamW update of the shard pieces, then the all-gather of the updated shards (waited unless overlapped).
+  void update_shards(float lr, float grad_scale = 1.0f);
+  void gather_params();
   void wait_param_gather();  // the trainer calls it before the next forward when overlap_param_gather
   double grad_norm() const;  // global L2 norm over all grads, each element once
   double clip_grads(double total_norm, double max_norm);  // coefficient applied (1 when none)

@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
 
@@ -37,7 +38,7 @@ ops::GradWrite grad_write(Parameter* weight, Parameter* bias) {
 
 ColumnParallelLinear::ColumnParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,
                                            const ParallelLinearOptions& opt, comm::CommPtr tp)
-    : tp_(std::move(tp)), opt_(opt) {
+    : tp_(std::move(tp)), opt_(opt), name_(prefix) {
   const int t = tp_->size();
   MCPP_CHECK(!opt.explicit_expert_comm || !opt.sequence_parallel, "{}: an expert's linear is not sequence parallel",
              prefix);
@@ -59,7 +60,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParamAndGradBuffer& params, const std
 ColumnParallelLinear::ColumnParallelLinear(Parameter* shared_weight, const ParallelLinearOptions& opt,
                                            comm::CommPtr tp)
     : tp_(std::move(tp)), opt_(opt), out_local_(shared_weight->spec.shape[0]), weight_(shared_weight),
-      owns_weight_(false) {}
+      owns_weight_(false), name_("output_layer") {}
 
 namespace {
 // The SP all-gather of x [s/tp, b, cols] -> [s, b, cols] with `gemm(first, in_rows)` run on gathered rows
@@ -78,12 +79,13 @@ Tensor gather_then(comm::Communicator& tp, const Tensor& x, int64_t cols, bool r
 }  // namespace
 
 Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
+  const ModuleScope m(name_, x);
   const Tensor* bias = bias_ ? &bias_->data : nullptr;
   if (!opt_.sequence_parallel) {  // copy_to_tp: identity
     ctx.x = rows(x, opt_.input_size);                                                 // [s*b, in]
     Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
     ops::linear_fwd(y, ctx.x, weight_->data, bias);
-    return y.view(with_last(x.shape(), out_local_));
+    return m.ret(y.view(with_last(x.shape(), out_local_)));
   }
   const int64_t n_full = x.numel() / opt_.input_size * tp_->size();
   Tensor y = Tensor::empty({n_full, out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
@@ -93,7 +95,7 @@ Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) co
                               ops::linear_fwd(out, in, weight_->data, bias);
                             });
   ctx.x = rows(full, opt_.input_size);  // [s*b, in]
-  return y.view(with_last(full.shape(), out_local_));
+  return m.ret(y.view(with_last(full.shape(), out_local_)));
 }
 
 void ColumnParallelLinear::restore_input(ParallelLinearCtx& ctx, const Tensor& x) const {
@@ -114,6 +116,7 @@ Tensor ColumnParallelLinear::recompute_output(const ParallelLinearCtx& ctx) cons
 }
 
 Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act) const {
+  const ModuleScope m(name_, x);
   const Tensor* bias = bias_ ? &bias_->data : nullptr;
   const int64_t n_full = x.numel() / opt_.input_size * (opt_.sequence_parallel ? tp_->size() : 1);
   pre_act = Tensor::empty({n_full, out_local_}, x.dtype(), x.device());    // [s*b, out/tp]
@@ -121,7 +124,7 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
   if (!opt_.sequence_parallel) {  // copy_to_tp: identity
     ctx.x = rows(x, opt_.input_size);
     ops::linear_gelu_fwd(act, pre_act, ctx.x, weight_->data, bias);
-    return act.view(with_last(x.shape(), out_local_));
+    return m.ret(act.view(with_last(x.shape(), out_local_)));
   }
   Tensor full = gather_then(*tp_, x, opt_.input_size, opt_.tp_comm_overlap,  // gather_from_sp
                             [&](int64_t first, const Tensor& in) {
@@ -129,10 +132,11 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
                               ops::linear_gelu_fwd(a, p, in, weight_->data, bias);
                             });
   ctx.x = rows(full, opt_.input_size);                   // [s*b, in]
-  return act.view(with_last(full.shape(), out_local_));  // [s, b, out/tp]
+  return m.ret(act.view(with_last(full.shape(), out_local_)));  // [s, b, out/tp]
 }
 
 Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
+  const ModuleScope m(name_, dy, ModuleScope::kBackward);
   Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
   Tensor dx = Tensor::empty({ctx.x.size(0), opt_.input_size}, dy.dtype(), dy.device());  // [s*b, in] partial
   Tensor* db_acc = bias_ ? &bias_->main_grad : nullptr;
@@ -145,7 +149,7 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
   if (tp_->size() == 1 || opt_.explicit_expert_comm) {  // nothing to reduce here: dgrad and wgrad in one call
     ops::linear_bwd(&dx, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data, gw);
     grads_ready();
-    return dx_full;
+    return m.ret(dx_full);
   }
   // Megatron's async grad communication: dgrad first, then dx's reduction (gather_from_sp backward:
   // reduce-scatter; copy_to_tp backward: all-reduce) posted on the communicator while the wgrad GEMM runs
@@ -156,12 +160,12 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
   ops::linear_bwd(nullptr, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data, gw);
   grads_ready();
   red.work.wait();
-  return red.out;
+  return m.ret(red.out);
 }
 
 RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,
                                      const ParallelLinearOptions& opt, comm::CommPtr tp)
-    : tp_(std::move(tp)), opt_(opt) {
+    : tp_(std::move(tp)), opt_(opt), name_(prefix) {
   const int t = tp_->size();
   MCPP_CHECK(!opt.explicit_expert_comm || !opt.sequence_parallel, "{}: an expert's linear is not sequence parallel",
              prefix);
@@ -177,6 +181,7 @@ RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::stri
 }
 
 Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
+  const ModuleScope m(name_, x);
   ctx.x = rows(x, in_local_);  // [s*b, in/tp]
   // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA); an
   // expert's linear adds it on group rank 0 only and leaves the reduction to the dispatcher.
@@ -195,7 +200,7 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
     Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
     ops::linear_fwd(y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr);
     out = y.view(with_last(x.shape(), opt_.output_size));            // [s, b, out]
-    if (expert) return out;                                          // the dispatcher reduces
+    if (expert) return m.ret(out);                                   // the dispatcher reduces
     if (opt_.sequence_parallel) out = reduce_scatter_sp(*tp_, out);  // [s/tp, b, out]
     else all_reduce_tp(*tp_, out);                                   // reduce_from_tp
   }
@@ -203,10 +208,11 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
     Tensor o2 = rows(out, opt_.output_size);
     ops::bias_add_inplace(o2, bias_->data);  // bias added after the reduction
   }
-  return out;
+  return m.ret(out);
 }
 
 Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, bool bias_grad_elsewhere) const {
+  const ModuleScope m(name_, dy, ModuleScope::kBackward);
   MCPP_CHECK(!bias_grad_elsewhere || residual_bias(), "RowParallelLinear: no bias grad to take elsewhere");
   Tensor dx = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
   Parameter* bias = bias_grad_elsewhere ? nullptr : bias_;
@@ -227,11 +233,12 @@ Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, boo
   }
   weight_->grad_ready();
   if (bias) bias->grad_ready();
-  return dx.view(with_last(dy_full.shape(), in_local_));
+  return m.ret(dx.view(with_last(dy_full.shape(), in_local_)));
 }
 
 Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor& pre_act,
                                          bool bias_grad_elsewhere) const {
+  const ModuleScope m(name_, dy, ModuleScope::kBackward);
   MCPP_CHECK(!bias_grad_elsewhere || residual_bias(), "RowParallelLinear: no bias grad to take elsewhere");
   Tensor dpre = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
   Tensor dy_full = dy;
@@ -250,7 +257,7 @@ Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& d
                   grad_write(weight_, bias));
   weight_->grad_ready();
   if (bias) bias->grad_ready();
-  return dpre.view(with_last(dy_full.shape(), in_local_));  // [s, b, in/tp]
+  return m.ret(dpre.view(with_last(dy_full.shape(), in_local_)));  // [s, b, in/tp]
 }
 
 }  // namespace mcpp::tensor_parallel

@@ -90,6 +90,7 @@ class ColumnParallelLinear {
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   bool owns_weight_ = true;  // a shared (tied) weight reports grad_ready at its other, last use
+  std::string name_;         // the module's name (its parameters' prefix): NVTX range and module trace
 };
 
 class RowParallelLinear {
@@ -116,6 +117,7 @@ class RowParallelLinear {
   int64_t in_local_ = 0;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
+  std::string name_;  // the module's name (its parameters' prefix): NVTX range and module trace
 };
 
 // The TensorShard of a dim-`dim` split of `global` into tp parts (stride_chunks logical chunks each

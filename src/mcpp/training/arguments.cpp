@@ -253,6 +253,20 @@ void add_train_flags(CLI::App& app, Config& cfg, std::string& config_file) {
                "capture the training step's forward/backward in a CUDA graph after the warm-up steps");
   app.add_option("--cuda-graph-scope", t.cuda_graph_scope, "full_iteration (the implemented scope)");
   app.add_option("--cuda-graph-warmup-steps", t.cuda_graph_warmup_steps, "eager steps before the capture");
+  // ---- observability (docs/OBSERVABILITY.md)
+  app.add_flag_callback("--no-per-rank-metrics", [&t] { t.per_rank_metrics = false; },
+                        "only the last rank writes metrics (default: every rank its <metrics stem>.rank_<r>.jsonl)");
+  app.add_option("--timing-log-level", t.timing_log_level, "Megatron's timers: 0 none, 1 step phases, 2 + schedule");
+  app.add_option("--timing-log-option", t.timing_log_option, "timers over ranks: max|minmax|all");
+  app.add_option("--peak-tflops", t.peak_tflops, "peak TFLOP/s per GPU (rank) for MFU (default: a known GPU's bf16)");
+  app.add_flag("--log-straggler", t.log_straggler, "per log interval: slowest / fastest rank's step and phase times");
+  app.add_option("--straggler-threshold", t.straggler_threshold, "with --log-straggler: name ranks this % slower");
+  app.add_option("--tensorboard-dir", t.tensorboard_dir, "write TensorBoard event files here (last rank)");
+  app.add_option("--tensorboard-log-interval", t.tensorboard_log_interval);
+  app.add_flag("--log-timers-to-tensorboard", t.log_timers_to_tensorboard);
+  app.add_flag("--log-memory-to-tensorboard", t.log_memory_to_tensorboard);
+  app.add_flag("--log-validation-ppl-to-tensorboard", t.log_validation_ppl_to_tensorboard);
+  app.add_option("--trace-modules", t.trace_modules, "print iteration N's module tree (shapes, dtypes, ops)");
   // ---- optimizer
   app.add_option("--optimizer", o.optimizer, "adam");
   app.add_option("--lr", o.lr);

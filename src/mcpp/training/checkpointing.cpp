@@ -15,6 +15,7 @@
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/pipeline_parallel/layout.h"
+#include "mcpp/training/provenance.h"
 
 #include <utility>
 #include <vector>
@@ -358,7 +359,8 @@ CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std:
                {"opt_param_scheduler", state.scheduler},
                {"rng", state.rng.state()},
                {"rng_per_rank", per_rank},
-               {"parallel", parallel_meta(config, pc, optimizer.distributed != nullptr)}};
+               {"parallel", parallel_meta(config, pc, optimizer.distributed != nullptr)},
+               {"provenance", provenance()}};  // what built and ran the save (training/provenance.h)
   return snap;
 }
 

@@ -1,5 +1,8 @@
 // Training progress output: the Megatron-LM log line on stdout and one JSON object per logged
 // iteration in a JSONL file (machine-readable twin of the log line; also eval and checkpoint events).
+// The line keeps Megatron's fields and order, with throughput per GPU (TFLOP/s/GPU) after the elapsed time as
+// Megatron prints it, MFU beside it when a peak is known, and — with several ranks — the min / max over ranks of
+// the window's mean step time at the end. Every rank's own file: rank_metrics_path (rank_metrics.h's records).
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -38,6 +41,23 @@ struct IterationStats {
   // Multi-token prediction: Megatron's "mtp_<k> loss" per depth k = 1.. (the depth's mean loss, averaged over
   // microbatches, iterations of the window and data-parallel ranks); empty without MTP.
   std::vector<double> mtp_losses;
+  // MoE expert load of the window (per iteration, over every rank's tokens): routes per expert (before any capacity
+  // drop), their min / max / coefficient of variation (population std / mean), the fraction of routes dropped at the
+  // capacity and the router entropy (mean nats per token of softmax(logits); log(E) is uniform). moe_load: all MoE
+  // layers together (unset without MoE); moe_load_layers: per layer with --moe-per-layer-logging.
+  struct MoeLoad {
+    int64_t layer = -1;  // global layer index; -1: all MoE layers
+    std::vector<double> tokens_per_expert;
+    double min = 0, max = 0, cv = 0, dropped_fraction = 0, router_entropy = 0;
+  };
+  std::optional<MoeLoad> moe_load;
+  std::vector<MoeLoad> moe_load_layers;
+  // Megatron's throughput per GPU: the window's model FLOPs (flops.h) / (seconds * 1e12 * world size); MFU = that /
+  // the peak (flops.h; unset when none is known).
+  double tflops_per_gpu = 0;
+  std::optional<double> mfu;
+  // Several ranks: the min / max over ranks of each rank's mean step time in the window (ms).
+  std::optional<double> step_ms_min, step_ms_max;
 };
 
 // " [2026-11-30 08:00:00] iteration       10/     100 | consumed samples: ... | lm loss: 5.1E+00 | ..."
@@ -55,5 +75,12 @@ class MetricsWriter {
 };
 
 nlohmann::json to_json(const IterationStats& s);
+
+// Fills min / max / cv of l.tokens_per_expert.
+void finish_moe_load(IterationStats::MoeLoad& l);
+
+// Rank r's metrics file beside the metrics file: DIR/STEM.jsonl -> DIR/STEM.rank_<r>.jsonl (a stem, not a fixed
+// name, so that several runs writing metrics into one directory keep their rank files apart).
+std::string rank_metrics_path(const std::string& metrics_path, int rank);
 
 }  // namespace mcpp

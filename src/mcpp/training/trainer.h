@@ -33,14 +33,19 @@
 // (RngTracker::begin_graph_capture): their offsets are relative to a device base the trainer sets to the
 // streams' offsets before each replay, and the host tracker advances by one step's draws after it, so the
 // masks (and a checkpoint's RNG state) are those of the eager run.
+// Files: trainer.cpp (setup), trainer_data.cpp (datasets, batches), trainer_step.cpp (one step), trainer_loop.cpp
+// (the loop, evaluation), trainer_checkpoint.cpp (saves), trainer_reports.cpp (the log line's collective parts and
+// the end-of-training reports).
 #pragma once
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "mcpp/core/cuda_graph.h"
+#include "mcpp/core/module_trace.h"
 #include "mcpp/datasets/blended_dataset.h"
 #include "mcpp/dist_checkpointing/retention.h"
 #include "mcpp/models/gpt/gpt_model.h"
@@ -48,6 +53,9 @@
 #include "mcpp/training/checkpointing.h"
 #include "mcpp/training/activation_report.h"
 #include "mcpp/training/metrics.h"
+#include "mcpp/training/rank_metrics.h"
+#include "mcpp/training/tensorboard.h"
+#include "mcpp/training/timers.h"
 #include "mcpp/tools/memory_planner.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -95,6 +103,8 @@ class Trainer {
   struct Batch {
     Tensor tokens, labels, loss_mask;  // [s, b]
   };
+  // The train / valid / test datasets (the constructor's; trainer_data.cpp).
+  void build_datasets(int64_t eod_token);
   // Micro batch `m` of the global batch starting at sample `first` (this DP rank's rows).
   Batch get_batch(const BlendedDataset& ds, int64_t first, int64_t m) const;
   // One schedule over all microbatches of a global batch: training (forward + backward) or evaluation.
@@ -125,6 +135,43 @@ class Trainer {
   // MoE: the window's router losses averaged over every rank's layer calls into st (collective over the world).
   void moe_log_losses(IterationStats& st);
   void mtp_log_losses(IterationStats& st);  // collective over the world
+  // MoE: the window's expert load (routes per expert, dropped routes, router entropy) over every rank's tokens, per
+  // iteration of the window's `iters` (collective over the world).
+  void moe_log_load(IterationStats& st, int64_t iters);
+  // What train() accumulated since the last log line (Megatron's log interval).
+  struct LogWindow {
+    std::chrono::steady_clock::time_point start{};
+    int64_t samples_at_start = 0;  // tokens/s: a ramp-up's batches differ
+    double loss_sum = 0;
+    int64_t iters = 0;
+    double grad_norm_last = 0;
+    int64_t skipped_total = 0, nan_total = 0;  // since train() began (not reset per window)
+    RankWindow rank{};  // this rank's step times and timers (rank_metrics.h)
+  };
+  LogWindow window_;
+  // The log line and its metrics record for the window ending at `iteration` (collective: the MoE / MTP losses);
+  // then a new window starts.
+  void log_window(int64_t iteration, double lr, int64_t batch, double last_loss);
+  // Per-stage activation memory (collective), the --timeline trace + bubble report (collective), peak device memory.
+  void report_end_of_training();
+  // Observability (docs/OBSERVABILITY.md): the metrics writers and TensorBoard, opened first thing in the constructor
+  // (an unwritable path is one error before any work); Megatron's timers; the MFU's peak.
+  void open_outputs();
+  // The window's per-rank part (collective over the world): this rank's timers, memory and metrics record, the
+  // gather of every rank's step and phase times; on the last rank the log line (st + min / max over ranks), the
+  // metrics record, Megatron's timer report (--timing-log-level), the straggler report (--log-straggler) and the
+  // window's TensorBoard scalars.
+  void report_window(IterationStats& st, double last_loss, int64_t tokens);
+  // --trace-modules: the last rank prints the step's module trees (core/module_trace.h); every rank writes them to its
+  // metrics ({"event": "module_trace"}).
+  void report_module_trace(int64_t iteration, const ModuleTraceRecording::Trees& trees);
+  // Megatron's per-iteration TensorBoard scalars (every tensorboard_log_interval; last rank).
+  void tensorboard_iteration(int64_t iteration, double lr, int64_t batch, double loss, double grad_norm);
+  MetricsWriter rank_metrics_;              // <metrics stem>.rank_<r>.jsonl (every rank; --no-per-rank-metrics: none)
+  tensorboard::SummaryWriter tensorboard_;  // --tensorboard-dir (last rank)
+  std::unique_ptr<Timers> timers_;          // --timing-log-level
+  double peak_tflops_ = 0;                  // MFU's peak per GPU (0: unknown, no MFU)
+  std::vector<pipeline_parallel::ActionTiming> step_actions_;  // level-2 timers' schedule timings (no --timeline)
 
   Config config_;
   parallel_state::ParallelContext pc_;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
 #include "mcpp/transformer/ring_attention.h"
@@ -103,13 +104,15 @@ Tensor SelfAttention::forward_cached(SelfAttentionCtx& ctx, const Tensor& x, con
 Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,
                               const ForwardOptions& opt) const {
   if (opt.inference) return forward_cached(ctx, x, rope, *opt.inference);
+  const ModuleScope m("self_attention", x);
   Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
   if (cp_) qkv = tensor_parallel::all_to_all_cp2hp(*cp_, qkv);  // [s, b, ng/tp/cp*(np/ng+2)*hn]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
   Tensor context;  // [s, b, np/tp/cp, hn]
   if (packed(rope)) {
-    context = core_->forward_qkv(ctx.core, qkv, core_np_, core_ng_, opt);
+    const ModuleScope core_scope("core_attention", qkv);
+    context = core_scope.ret(core_->forward_qkv(ctx.core, qkv, core_np_, core_ng_, opt));
     if (recompute_core_) {  // selective recompute: keep the fused input, drop the core's saved state
       ctx.fused_qkv = qkv;
       ctx.core = {};
@@ -121,7 +124,10 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
     Tensor k = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);  // [s, b, ng/tp/cp, hn]
     Tensor v = Tensor::empty({s, b, core_ng_, hn_}, dt, dev);
     split_heads(ctx, qkv, rope, q, k, v);
-    context = core_->forward(ctx.core, q, k, v, opt);
+    {
+      const ModuleScope core_scope("core_attention", q);
+      context = core_scope.ret(core_->forward(ctx.core, q, k, v, opt));
+    }
     if (recompute_core_) {  // selective recompute: keep the inputs, drop the core's saved state
       ctx.q = q, ctx.k = k, ctx.v = v;
       ctx.core = {};
@@ -129,11 +135,12 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
   }
   context = context.view({s, b, core_np_ * hn_});
   if (cp_) context = tensor_parallel::all_to_all_hp2cp(*cp_, context);  // [s/cp, b, np/tp*hn]
-  return linear_proj_.forward(ctx.proj, context);                       // [s/cp(/tp), b, h]
+  return m.ret(linear_proj_.forward(ctx.proj, context));                // [s/cp(/tp), b, h]
 }
 
 Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,
                                bool output_bias_grad_elsewhere) const {
+  const ModuleScope m("self_attention", dy, ModuleScope::kBackward);
   Tensor dcontext = linear_proj_.backward(ctx.proj, dy, output_bias_grad_elsewhere);  // [s/cp, b, np/tp*hn]
   if (cp_) dcontext = tensor_parallel::all_to_all_cp2hp(*cp_, dcontext);               // [s, b, np/tp/cp*hn]
   const int64_t s = dcontext.size(0), b = dcontext.size(1);
@@ -144,13 +151,19 @@ Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const Ro
       core_->forward_qkv(ctx.core, ctx.fused_qkv, core_np_, core_ng_, ctx.core_replay.options());
       ctx.fused_qkv = Tensor();
     }
-    dqkv = core_->backward_qkv(ctx.core, dcontext);
+    const ModuleScope core_scope("core_attention", dcontext, ModuleScope::kBackward);
+    dqkv = core_scope.ret(core_->backward_qkv(ctx.core, dcontext));
   } else {
     if (recompute_core_) {  // rebuild the core attention's context with the original dropout keys
       core_->forward(ctx.core, ctx.q, ctx.k, ctx.v, ctx.core_replay.options());
       ctx.q = ctx.k = ctx.v = Tensor();
     }
-    CoreAttentionGrads g = core_->backward(ctx.core, dcontext);
+    CoreAttentionGrads g;
+    {
+      const ModuleScope core_scope("core_attention", dcontext, ModuleScope::kBackward);
+      g = core_->backward(ctx.core, dcontext);
+      core_scope.out(g.dq);
+    }
     dqkv = Tensor::empty({s, b, (core_np_ + 2 * core_ng_) * hn_}, dy.dtype(), dy.device());
     if (rope && !q_layernorm_) {
       ops::qkv_merge_rope(dqkv, g.dq, g.dk, g.dv, rope->cos, rope->sin);  // one pass
@@ -168,7 +181,7 @@ Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const Ro
     }
   }
   if (cp_) dqkv = tensor_parallel::all_to_all_hp2cp(*cp_, dqkv);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
-  return linear_qkv_.backward(ctx.qkv, dqkv);                      // [s/cp(/tp), b, h]
+  return m.ret(linear_qkv_.backward(ctx.qkv, dqkv));               // [s/cp(/tp), b, h]
 }
 
 }  // namespace mcpp

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -34,6 +35,7 @@ MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const Transforme
                   tp.group) {}
 
 Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
+  const ModuleScope m("mlp", x);
   Tensor y;
   if (!swiglu_) {  // GELU: bias + GELU ride in fc1's GEMM (linear_gelu_fwd); pre_act kept for backward
     Tensor act = linear_fc1_.forward_gelu(ctx.fc1, x, ctx.pre_act);  // [s, b, f/tp]; pre_act [n, f/tp]
@@ -46,10 +48,11 @@ Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
     y = linear_fc2_.forward(ctx.fc2, act.view({h1.size(0), h1.size(1), ffn_}));  // [s(/tp), b, h]
   }
   if (recompute_act_) ctx.fc2.x = Tensor();  // moe_act: re-run from pre_act in backward
-  return y;
+  return m.ret(y);
 }
 
 Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewhere) const {
+  const ModuleScope m("mlp", dy, ModuleScope::kBackward);
   if (recompute_act_ && !ctx.fc2.x.defined()) {  // moe_act: fc2's input again, from the kept pre_act
     Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, ctx.pre_act.dtype(), ctx.pre_act.device());
     if (swiglu_) ops::swiglu_fwd(act, ctx.pre_act);
@@ -58,14 +61,14 @@ Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewh
   }
   if (!swiglu_) {  // GELU: gelu' rides in fc2's dgrad GEMM (linear_dgelu_bwd); fc1's bias grad in fc1's wgrad
     Tensor dpre = linear_fc2_.backward_dgelu(ctx.fc2, dy, ctx.pre_act, output_bias_grad_elsewhere);  // [s, b, f/tp]
-    return linear_fc1_.backward(ctx.fc1, dpre);                           // [s(/tp), b, h]
+    return m.ret(linear_fc1_.backward(ctx.fc1, dpre));                    // [s(/tp), b, h]
   }
   Tensor dact3 = linear_fc2_.backward(ctx.fc2, dy, output_bias_grad_elsewhere);  // [s, b, f/tp]
   Tensor dact = dact3.view({-1, ffn_});
   Tensor dpre = Tensor::empty(ctx.pre_act.shape(), dact.dtype(), dy.device());
   if (swiglu_) ops::swiglu_bwd(dpre, dact, ctx.pre_act);
   else ops::gelu_bwd(dpre, dact, ctx.pre_act);
-  return linear_fc1_.backward(ctx.fc1, dpre.view({dact3.size(0), dact3.size(1), -1}));  // [s(/tp), b, h]
+  return m.ret(linear_fc1_.backward(ctx.fc1, dpre.view({dact3.size(0), dact3.size(1), -1})));  // [s(/tp), b, h]
 }
 
 }  // namespace mcpp

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
 #include "mcpp/transformer/attention.h"
@@ -103,6 +104,7 @@ Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, cons
                                  const ForwardOptions& opt) const {
   MCPP_CHECK(rope && rope->cos.defined() && rope->cos.size(1) * 2 == dr_,
              "MLASelfAttention: needs the model's MLA rotary tables over qk_pos_emb_head_dim = {} channels", dr_);
+  const ModuleScope m("self_attention", x);
   comm::Communicator& g = *tp_.group;
   // Queries [s, b, n/tp * (dn + dr)].
   Tensor q;
@@ -160,11 +162,12 @@ Tensor MLASelfAttention::project_context(MLASelfAttentionCtx& ctx, Tensor contex
     ops::copy_columns(c2, context, 0, 0, dv_);
     context = c2;
   }
-  return linear_proj_.forward(ctx.proj, context.view({s, b, n_ * dv_}));  // [s(/tp), b, h]
+  return m.ret(linear_proj_.forward(ctx.proj, context.view({s, b, n_ * dv_})));  // [s(/tp), b, h]
 }
 
 Tensor MLASelfAttention::backward(MLASelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,
                                   bool output_bias_grad_elsewhere) const {
+  const ModuleScope m("self_attention", dy, ModuleScope::kBackward);
   comm::Communicator& g = *tp_.group;
   Tensor dcontext = linear_proj_.backward(ctx.proj, dy, output_bias_grad_elsewhere);  // [s, b, n/tp * dv]
   const int64_t s = dcontext.size(0), b = dcontext.size(1);
@@ -221,7 +224,7 @@ Tensor MLASelfAttention::backward(MLASelfAttentionCtx& ctx, const Tensor& dy, co
   }
   ops::add_inplace(dx, dxq);
   ctx.q_norm = {}, ctx.kv_norm = {};
-  return dx;
+  return m.ret(dx);
 }
 
 void MLASelfAttention::release_input(MLASelfAttentionCtx& ctx) const {

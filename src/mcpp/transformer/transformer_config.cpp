@@ -377,6 +377,17 @@ void TrainingConfig::validate() const {
   if (enable_cuda_graph && !timeline.empty())
     fail("enable_cuda_graph: --timeline times each schedule action on the host, which a replayed graph does "
          "not run; use one or the other");
+  if (timing_log_level < 0 || timing_log_level > 2)
+    fail("timing_log_level must be 0, 1 or 2 (Megatron's levels), got {}", timing_log_level);
+  if (timing_log_option != "max" && timing_log_option != "minmax" && timing_log_option != "all")
+    fail("timing_log_option: unknown value '{}' (expected max|minmax|all)", timing_log_option);
+  if (!(peak_tflops >= 0.0)) fail("peak_tflops must be >= 0 (0: detect), got {}", peak_tflops);
+  if (!(straggler_threshold >= 0.0)) fail("straggler_threshold must be >= 0 (percent), got {}", straggler_threshold);
+  require_positive(tensorboard_log_interval, "tensorboard_log_interval");
+  require_non_negative(trace_modules, "trace_modules");
+  if (trace_modules > 0 && enable_cuda_graph)
+    fail("trace_modules: the module trace records the ops as the host issues them, which a replayed CUDA graph "
+         "does not; drop --enable-cuda-graph for the traced run");
 }
 
 OptimizerConfig::Lengths OptimizerConfig::lengths(bool sample_based, int64_t global_batch_size) const {

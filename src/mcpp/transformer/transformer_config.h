@@ -334,6 +334,20 @@ struct TrainingConfig {
   bool enable_cuda_graph = false;
   std::string cuda_graph_scope = "full_iteration";
   int64_t cuda_graph_warmup_steps = 3;
+  // ---- observability (training/: rank_metrics.h, timers.h, flops.h, tensorboard_log.h, module_trace;
+  // docs/OBSERVABILITY.md). Not math fields.
+  bool per_rank_metrics = true;               // <metrics stem>.rank_<r>.jsonl on every rank; --no-per-rank-metrics
+  int64_t timing_log_level = 0;               // Megatron's --timing-log-level 0|1|2
+  std::string timing_log_option = "minmax";   // Megatron's --timing-log-option max|minmax|all
+  double peak_tflops = 0.0;                   // --peak-tflops: MFU's peak per GPU/rank (0: a known GPU's bf16 peak)
+  bool log_straggler = false;                 // Megatron's --log-straggler: the per-interval straggler report
+  double straggler_threshold = 10.0;          // --straggler-threshold PCT: a rank this much slower is named
+  std::string tensorboard_dir;                // Megatron's --tensorboard-dir (empty: off)
+  int64_t tensorboard_log_interval = 1;       // Megatron's --tensorboard-log-interval
+  bool log_timers_to_tensorboard = false;     // Megatron's --log-timers-to-tensorboard
+  bool log_memory_to_tensorboard = false;     // Megatron's --log-memory-to-tensorboard
+  bool log_validation_ppl_to_tensorboard = false;  // Megatron's --log-validation-ppl-to-tensorboard
+  int64_t trace_modules = 0;                  // --trace-modules N: iteration N's module tree (0: off)
   void validate() const;
 };
 

@@ -151,6 +151,19 @@ template <class T, class V> void visit_training(T& t, V&& v) {
   v("enable_cuda_graph", t.enable_cuda_graph);
   v("cuda_graph_scope", t.cuda_graph_scope);
   v("cuda_graph_warmup_steps", t.cuda_graph_warmup_steps);
+  // observability (not math fields)
+  v("per_rank_metrics", t.per_rank_metrics);
+  v("timing_log_level", t.timing_log_level);
+  v("timing_log_option", t.timing_log_option);
+  v("peak_tflops", t.peak_tflops);
+  v("log_straggler", t.log_straggler);
+  v("straggler_threshold", t.straggler_threshold);
+  v("tensorboard_dir", t.tensorboard_dir);
+  v("tensorboard_log_interval", t.tensorboard_log_interval);
+  v("log_timers_to_tensorboard", t.log_timers_to_tensorboard);
+  v("log_memory_to_tensorboard", t.log_memory_to_tensorboard);
+  v("log_validation_ppl_to_tensorboard", t.log_validation_ppl_to_tensorboard);
+  v("trace_modules", t.trace_modules);
 }
 template <class O, class V> void visit_optimizer(O& o, V&& v) {
   v("optimizer", o.optimizer);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -27,7 +28,8 @@ TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffe
       pre_mlp_layernorm_(params, prefix + ".pre_mlp_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
                          tp.sequence_parallel),
       recompute_mlp_(c.recomputes(moe ? "moe" : "mlp")),
-      recompute_norms_(c.recomputes("layernorm")) {
+      recompute_norms_(c.recomputes("layernorm")),
+      name_(prefix) {
   if (moe) moe_ = std::make_unique<moe::MoELayer>(params, expert_params, prefix + ".mlp", c, tp);
   else mlp_ = std::make_unique<MLP>(params, prefix + ".mlp", c, tp);
 }
@@ -55,6 +57,7 @@ Tensor Residual::sum() {
 
 Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in, const RopeTables* rope,
                                    const ForwardOptions& opt) const {
+  const ModuleScope m(name_, in.a);
   ctx.dropout = dropout_active(opt, hidden_dropout_);
   if (ctx.dropout) MCPP_CHECK(opt.rng, "hidden dropout needs an RNG stream");
   Tensor x, ln1;  // x = the input's value (written by the fused add when unsummed)
@@ -95,11 +98,13 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
     ctx.mlp_dropout_key = opt.rng->draw(static_cast<uint64_t>(mlp.numel()), sequence_parallel_);
     y.drop = {hidden_dropout_, ctx.mlp_dropout_key};
   }
+  m.out(y.a);
   return y;
 }
 
 ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const ResidualGrad& dy, const RopeTables* rope,
                                        float loss_grad_scale) const {
+  const ModuleScope m(name_, dy.sum, ModuleScope::kBackward);
   // MLP branch: dx1 = dy + d(pre_mlp_layernorm)(mlp^T(dropout^T(dy))). Under dropout the norm that added
   // y = x1 + dropout(mlp) returned dmlp, unless y was summed apart.
   Tensor dmlp = dy.sum;
@@ -137,6 +142,7 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   dx.sum = input_layernorm_.backward(ctx.input_layernorm,
                                      attention_backward(ctx, dattn, rope, rb.dx_bias != nullptr),
                                      &dx1, {}, &dx.branch);
+  m.out(dx.sum);
   return dx;
 }
 
@@ -190,6 +196,7 @@ Residual TransformerBlock::forward_layers(TransformerBlockCtx& ctx, int64_t firs
 
 Tensor TransformerBlock::forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope,
                                  const ForwardOptions& opt) const {
+  const ModuleScope m("decoder", x);
   const auto n = static_cast<int64_t>(layers_.size());
   ctx.layers.assign(layers_.size(), {});
   ctx.recompute.assign(groups_.size(), {});
@@ -206,19 +213,20 @@ Tensor TransformerBlock::forward(TransformerBlockCtx& ctx, const Tensor& x, cons
     i = groups_[g].first + groups_[g].count;
   }
   h = forward_layers(ctx, i, n - i, std::move(h), rope, opt);
-  if (!final_layernorm_) return h.sum();
+  if (!final_layernorm_) return m.ret(h.sum());
   // The last residual add inside the final norm (the norm's context keeps the sum); its backward has no dres,
   // so a dropped branch is summed apart (Residual::sum) and the last layer applies its dropout backward.
   if (h.drop.active()) h.sum();
-  if (!h.b.defined()) return final_layernorm_->forward(ctx.final_layernorm, h.a);
+  if (!h.b.defined()) return m.ret(final_layernorm_->forward(ctx.final_layernorm, h.a));
   Tensor sum;
-  return final_layernorm_->forward_add(ctx.final_layernorm, sum, h.a, h.b);
+  return m.ret(final_layernorm_->forward_add(ctx.final_layernorm, sum, h.a, h.b));
 }
 
 Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope,
                                   float loss_grad_scale) const {
   MCPP_CHECK(ctx.layers.size() == layers_.size() && ctx.recompute.size() == groups_.size(),
              "TransformerBlock::backward needs the context of this block's forward");
+  const ModuleScope m("decoder", dy, ModuleScope::kBackward);
   ResidualGrad d{dy, Tensor()};
   if (final_layernorm_) d.sum = final_layernorm_->backward(ctx.final_layernorm, d.sum);
   size_t g = groups_.size();
@@ -234,7 +242,7 @@ Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, co
     ctx.layers[static_cast<size_t>(i)] = {};  // consumed
   }
   MCPP_CHECK(!d.branch.defined(), "TransformerBlock::backward: the block's input has no residual branch");
-  return d.sum;
+  return m.ret(d.sum);
 }
 
 }  // namespace mcpp

@@ -122,6 +122,7 @@ class TransformerLayer {
   std::unique_ptr<moe::MoELayer> moe_;  // MoE layers
   bool recompute_mlp_;                  // recompute_modules "mlp" (dense) / "moe" (MoE layer)
   bool recompute_norms_;                // recompute_modules "layernorm"
+  std::string name_;                    // "decoder.layers.<i>": the NVTX range and module trace name
 };
 
 // One group of layers [first, first + count) whose contexts are rebuilt in backward.

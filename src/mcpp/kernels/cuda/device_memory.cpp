@@ -238,5 +238,38 @@ size_t peak_bytes() {
   return std::max(t.peak_before, static_cast<size_t>(high + graph_high));
 }
 
+size_t allocated_bytes() {
+  uint64_t used = 0;
+  MCPP_CUDA_CHECK(cudaMemPoolGetAttribute(cuda_detail::default_pool(), cudaMemPoolAttrUsedMemCurrent, &used));
+  return used;
+}
+
+size_t reserved_bytes() {
+  int dev = 0;
+  MCPP_CUDA_CHECK(cudaGetDevice(&dev));
+  uint64_t reserved = 0, graph_reserved = 0;
+  MCPP_CUDA_CHECK(cudaMemPoolGetAttribute(cuda_detail::default_pool(), cudaMemPoolAttrReservedMemCurrent, &reserved));
+  MCPP_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(dev, cudaGraphMemAttrReservedMemCurrent, &graph_reserved));
+  return reserved + graph_reserved;
+}
+
+std::string device_name() {
+  int dev = 0;
+  MCPP_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  MCPP_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  return prop.name;
+}
+
+int runtime_version() {
+  int v = 0;
+  return cudaRuntimeGetVersion(&v) == cudaSuccess ? v : 0;
+}
+
+int driver_version() {
+  int v = 0;
+  return cudaDriverGetVersion(&v) == cudaSuccess ? v : 0;
+}
+
 }  // namespace cuda_backend
 }  // namespace mcpp

@@ -18,6 +18,11 @@ bool available() { return false; }
 size_t peak_bytes() { return 0; }
 size_t total_bytes() { return 0; }
 void synchronize() {}
+size_t allocated_bytes() { return 0; }
+size_t reserved_bytes() { return 0; }
+std::string device_name() { return {}; }
+int runtime_version() { return 0; }
+int driver_version() { return 0; }
 }  // namespace cuda_backend
 
 struct CudaGraph::Impl {};
@@ -74,4 +79,8 @@ namespace ops::cuda {
 #include "mcpp/kernels/ops.inc"
 #undef MCPP_OP
 }  // namespace ops::cuda
+}  // namespace mcpp
+
+namespace mcpp {
+int cudnn_version() { return 0; }  // core/device_memory.h: no cuDNN without CUDA
 }  // namespace mcpp

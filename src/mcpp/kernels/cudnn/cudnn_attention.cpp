@@ -657,3 +657,7 @@ int64_t set_cudnn_plan_cache_capacity(int64_t capacity) {
   return old;
 }
 }  // namespace mcpp::ops
+
+namespace mcpp {
+int cudnn_version() { return static_cast<int>(cudnnGetVersion()); }  // core/device_memory.h: the loaded library's
+}  // namespace mcpp

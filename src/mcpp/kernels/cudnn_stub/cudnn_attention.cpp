@@ -21,3 +21,7 @@ int64_t set_cudnn_plan_cache_capacity(int64_t capacity) {
   return 0;
 }
 }  // namespace mcpp::ops
+
+namespace mcpp {
+int cudnn_version() { return 0; }  // core/device_memory.h: no cuDNN in this build
+}  // namespace mcpp

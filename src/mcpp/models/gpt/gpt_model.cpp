@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "mcpp/core/error.h"
+#include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
 #include "mcpp/transformer/context_parallel.h"
@@ -163,6 +165,7 @@ Tensor GPTModel::word_embedding_backward(const Tensor& dx_in, const Tensor& toke
 }
 
 Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt) {
+  const ModuleScope m("embedding", tokens);
   const int64_t s = tokens.size(0), b = tokens.size(1), h = config_.hidden_size;
   ctx.tokens = tokens;  // on the model's device (forward_step)
   Tensor x = word_embedding_->forward(tokens.view({s * b}));  // [s*b, h], all-reduced over TP
@@ -190,10 +193,11 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
     ops::embedding_fwd(pe, ctx.position_ids, position_embeddings_->data, 0);
     ops::add_inplace(x, pe);
   }
-  return finish_embedding(x.view({s, b, h}), opt, ctx.embedding_dropout, ctx.embedding_dropout_key);
+  return m.ret(finish_embedding(x.view({s, b, h}), opt, ctx.embedding_dropout, ctx.embedding_dropout_key));
 }
 
 void GPTModel::embed_backward(GPTModelCtx& ctx, const Tensor& dx_in) {
+  const ModuleScope m("embedding", dx_in, ModuleScope::kBackward);
   const Tensor d2 = word_embedding_backward(dx_in, ctx.tokens, ctx.embedding_dropout, ctx.embedding_dropout_key);
   word_embeddings_->grad_ready();  // its last use (the tied output layer's backward ran first)
   if (position_embeddings_) {
@@ -213,6 +217,7 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
                               const Tensor& loss_mask, const ForwardOptions& opt, LossResult* loss) {
   MCPP_CHECK(tokens_in.ndim() == 2 && tokens_in.dtype() == DType::I32, "tokens must be int32 [s, b], got {}",
              tokens_in.str());
+  const ModuleScope m("GPTModel", tokens_in);
   const Tensor tokens = tokens_in.device() == device_ ? tokens_in : tokens_in.to(device_);
   const int64_t s = tokens.size(0);
   InferenceContext* ic = opt.inference;
@@ -242,11 +247,16 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
     ctx.rope = rope_cp_;
   }
   Tensor h = decoder_->forward(ctx.decoder, x, has_rope_ ? &ctx.rope : nullptr, opt);  // [s(/tp), b, h]
-  if (!stage_.post_process) return h;
+  if (!stage_.post_process) return m.ret(h);
   Tensor logits = output_layer_->forward(ctx.output, h);  // [s, b, Vp/tp]
+  m.out(logits);
   ctx.logits = logits.view({-1, vocab_local_});           // [s*b, Vp/tp]
   if (labels.defined()) {
-    compute_loss(ctx, labels, loss_mask, opt.loss_grad_scale);
+    {
+      const ModuleScope loss_scope("loss", logits);
+      compute_loss(ctx, labels, loss_mask, opt.loss_grad_scale);
+      loss_scope.out(ctx.loss_stats);
+    }
     ctx.mtp.clear();
     if (!mtp_.empty() && opt.training) mtp_forward(ctx, h, opt);
     if (loss) *loss = LossResult::from_stats(ctx.loss_stats);
@@ -257,6 +267,7 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
 }
 
 Tensor GPTModel::backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor& output_grad) {
+  const ModuleScope m("GPTModel", output_grad, ModuleScope::kBackward);
   Tensor d = output_grad;
   if (stage_.post_process) {  // the MTP depths first: the output weight's last use is the main head's
     const Tensor d_mtp = ctx.mtp.empty() ? Tensor() : mtp_backward(ctx, grad_scale);
@@ -270,7 +281,7 @@ Tensor GPTModel::backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor&
     embed_backward(ctx, dx);
     return Tensor();
   }
-  return dx;
+  return m.ret(dx);
 }
 
 Tensor GPTModel::gather_logits(const Tensor& local) const {
@@ -376,6 +387,7 @@ Tensor GPTModel::head_backward(GPTModelCtx& ctx, float grad_scale) {
 Tensor GPTModel::loss_backward(LossHeadCtx& lh, const tp::ColumnParallelLinear& layer, float grad_scale, int64_t s,
                                int64_t b) {
   const int64_t n = lh.labels.numel();
+  std::optional<ModuleScope> loss_scope(std::in_place, "loss", lh.logits, ModuleScope::kBackward);
   // d(grad_scale * sum(loss*mask)/sum(mask)) / d loss_i, or with calculate_per_token_loss
   // d(grad_scale * sum(loss*mask)) / d loss_i (the caller divides the gradients by the global token count)
   Tensor dlogits = lh.logits;  // in place: the logits are not needed afterwards
@@ -389,6 +401,8 @@ Tensor GPTModel::loss_backward(LossHeadCtx& lh, const tp::ColumnParallelLinear& 
                           lh.grad_per_token);
     tp::vocab_parallel_cross_entropy_bwd(dlogits, dloss, lh.logits, lh.labels, lh.lse, vocab_start_, *tp_.group);
   }
+  loss_scope->out(dlogits);
+  loss_scope.reset();
   Tensor dh = layer.backward(lh.output, dlogits.view({s, b, vocab_local_}));  // [s(/tp), b, h]
   lh.logits = Tensor();  // consumed
   return dh;
