@@ -11,6 +11,7 @@
 #include <string>
 
 #include "mcpp/comm/local/local_communicator.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/moe/moe_layer.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "tests/kernels/grad_check.h"

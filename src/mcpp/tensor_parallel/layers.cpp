@@ -35,7 +35,7 @@ ops::GradWrite grad_write(Parameter* weight, Parameter* bias) {
 }
 }  // namespace
 
-ColumnParallelLinear::ColumnParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,
+ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& params, const std::string& prefix,
                                            const ParallelLinearOptions& opt, comm::CommPtr tp)
     : tp_(std::move(tp)), opt_(opt) {
   const int t = tp_->size();
@@ -159,7 +159,7 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
   return red.out;
 }
 
-RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,
+RowParallelLinear::RowParallelLinear(ParameterRegistry& params, const std::string& prefix,
                                      const ParallelLinearOptions& opt, comm::CommPtr tp)
     : tp_(std::move(tp)), opt_(opt) {
   const int t = tp_->size();

@@ -34,7 +34,7 @@
 #include <string>
 
 #include "mcpp/comm/communicator.h"
-#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/core/parameter.h"
 
 
 namespace mcpp::tensor_parallel {
@@ -62,7 +62,7 @@ struct ParallelLinearCtx {
 
 class ColumnParallelLinear {
  public:
-  ColumnParallelLinear(ParamAndGradBuffer& params, const std::string& prefix, const ParallelLinearOptions& opt,
+  ColumnParallelLinear(ParameterRegistry& params, const std::string& prefix, const ParallelLinearOptions& opt,
                        comm::CommPtr tp);
   // Shares an existing weight (tied output layer = word embeddings); no parameters registered.
   ColumnParallelLinear(Parameter* shared_weight, const ParallelLinearOptions& opt, comm::CommPtr tp);
@@ -94,7 +94,7 @@ class ColumnParallelLinear {
 
 class RowParallelLinear {
  public:
-  RowParallelLinear(ParamAndGradBuffer& params, const std::string& prefix, const ParallelLinearOptions& opt,
+  RowParallelLinear(ParameterRegistry& params, const std::string& prefix, const ParallelLinearOptions& opt,
                     comm::CommPtr tp);
   Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;   // x [s, b, in/tp]
   // -> dx [s, b, in/tp]. bias_grad_elsewhere: the caller has taken (or takes) the bias grad and its

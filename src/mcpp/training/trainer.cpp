@@ -134,7 +134,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
     const pipeline_parallel::StageLayers& st = layout.at(pc_.pp_rank(), v);
     const int64_t first = st.layers.empty() ? 0 : st.layers.front();
-    chunks_.push_back(std::make_unique<GPTModel>(
+    chunks_.push_back(std::make_unique<ModelChunk>(
         config_.model, static_cast<uint64_t>(t.seed),
         tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap, pc_.cp(),
                                    par.cp_ring(), pc_.ep_size() > 1 ? pc_.ep() : nullptr,
@@ -146,7 +146,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     const DdpOptions ddp_opt{.bucket_size = par.ddp_bucket_size,
                              .overlap_grad_reduce = par.overlap_grad_reduce,
                              .use_distributed_optimizer = par.use_distributed_optimizer};
-    GPTModel& chunk = *chunks_.back();
+    ModelChunk& chunk = *chunks_.back();
     chunk.params().set_overwrite_main_grad(par.overwrite_main_grad);
     ddps_.push_back(std::make_unique<DistributedDataParallel>(chunk.params(), pc_, ddp_opt));
     // MoE experts: their own buffer, reduced over expert-DP (the distributed optimizer shards it there).
@@ -224,8 +224,8 @@ int64_t Trainer::model_state_bytes() const {
   return b;
 }
 
-std::vector<GPTModel*> Trainer::chunk_ptrs() const {
-  std::vector<GPTModel*> out;
+std::vector<ModelChunk*> Trainer::chunk_ptrs() const {
+  std::vector<ModelChunk*> out;
   for (const auto& c : chunks_) out.push_back(c.get());
   return out;
 }

@@ -20,7 +20,7 @@ tensor_parallel::ParallelLinearOptions attention_output_options(const Transforme
           .tp_comm_overlap = tp.comm_overlap};
 }
 
-SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
+SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
                              const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
     : np_(c.num_attention_heads / tp.size()),
       ng_(c.num_query_groups / tp.size()),

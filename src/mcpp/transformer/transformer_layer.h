@@ -93,7 +93,7 @@ class TransformerLayer {
  public:
   // expert_params: where a MoE layer registers its experts (the model's one buffer at EP 1; moe_layer.h).
   // moe: this layer's MLP is a MoE layer (config.is_moe_layer of its global index).
-  TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
+  TransformerLayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
                    const TransformerConfig& config, const TransformerLayerSpec& spec,
                    const tensor_parallel::TPContext& tp, bool moe);
   // x: the layer input (an unsummed one is added inside input_layernorm). Returns y unsummed: {x1, mlp}.
@@ -149,7 +149,7 @@ class TransformerBlock {
  public:
   // Builds layers [first_layer, first_layer + num_layers) named decoder.layers.<global index>; the final
   // norm only when post_process (the last pipeline stage holds it).
-  TransformerBlock(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const TransformerConfig& config,
+  TransformerBlock(ParameterRegistry& params, ParameterRegistry& expert_params, const TransformerConfig& config,
                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp, int64_t first_layer,
                    int64_t num_layers, bool post_process);
   Tensor forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
