@@ -49,7 +49,7 @@ struct ParallelLinearOptions {
   int64_t stride_chunks = 1;  // ColumnParallelLinear only
   // An expert's linear under expert tensor parallelism (Megatron's is_expert -> explicit_expert_comm): the
   // group only shards the weight; the layer runs no collective — the MoE token dispatcher all-gathers the
-  // experts' inputs over expert-TP and reduce-scatters their outputs (moe/token_dispatcher.h). Column: x is
+  // experts' inputs over expert-TP and reduce-scatters their outputs (transformer/moe/token_dispatcher.h). Column: x is
   // every expert-TP rank's whole input, dx is returned partial. Row: the output is partial; the replicated bias
   // is added on group rank 0 only (the reduce-scatter then adds it once) and its grad, from the gathered dy,
   // is complete on every rank. Needs sequence_parallel = false.

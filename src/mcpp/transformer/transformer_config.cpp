@@ -516,7 +516,7 @@ void Config::validate() const {
   if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)
     fail("seq_length ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
          "sequence_parallel", model.seq_length, tp * cp);
-  if (model.num_moe_experts > 0) {  // what the MoE layers run with so far (moe/moe_layer.h)
+  if (model.num_moe_experts > 0) {  // what the MoE layers run with so far (transformer/moe/moe_layer.h)
     if (tp > 1 && !parallel.sequence_parallel)
       fail("num_moe_experts: MoE layers with tensor_model_parallel_size {} need --sequence-parallel (Megatron's "
            "rule: each TP rank routes its own tokens)", tp);

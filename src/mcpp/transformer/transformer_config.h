@@ -144,7 +144,7 @@ struct TransformerConfig {
   bool last_stage_uses_word_embeddings() const { return !untie_embeddings_and_output_weights || mtp_num_layers > 0; }
   // The MTP depths are recomputed in backward (full recompute, uniform method; with block they are not, as Megatron).
   bool recomputes_mtp_depths() const { return recompute_granularity == "full" && recompute_method == "uniform"; }
-  // Mixture of experts (Megatron's --num-experts, --moe-*; moe/moe_layer.h): with num_moe_experts > 0 the MLP of
+  // Mixture of experts (Megatron's --num-experts, --moe-*; transformer/moe/moe_layer.h): with num_moe_experts > 0 the MLP of
   // the layers moe_layer_freq selects is a MoE layer of that many experts (0 = dense). TopKRouter: router logits
   // [n, E] = x W_r^T; each token goes to moe_router_topk experts — the top k logits, probabilities = softmax over
   // those k (with moe_router_pre_softmax: softmax over all E, then the top k of it) — and its output is the

@@ -21,7 +21,7 @@
 // give the same bits (same masks from the same keys, same roundings, same reduction partitions), so
 // recompute and pipeline layouts stay bitwise equal to the plain run; for that linear_fc2's bias grad under
 // dropout stays in its wgrad (cuBLASLt's BGRADB epilogue: free at 1.3B) rather than in whichever norm.
-// In the layers config.moe_layer_pattern() selects (num_moe_experts > 0) the mlp is a MoELayer (moe/moe_layer.h: router, token dispatch, experts): its
+// In the layers config.moe_layer_pattern() selects (num_moe_experts > 0) the mlp is a MoELayer (transformer/moe/moe_layer.h: router, token dispatch, experts): its
 // output has no bias of its own, so no bias grad rides in pre_mlp_layernorm's backward for it; its backward takes
 // the microbatch's loss_grad_scale (the router's load-balancing losses).
 // Selective recompute of the MLP (recompute_modules "mlp" in a dense layer, "moe" in a MoE layer; Megatron's
@@ -49,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include "mcpp/moe/moe_layer.h"
+#include "mcpp/transformer/moe/moe_layer.h"
 #include "mcpp/transformer/attention.h"
 #include "mcpp/transformer/mlp.h"
 #include "mcpp/transformer/multi_latent_attention.h"

@@ -1,5 +1,5 @@
 // SequentialMLP; contract in experts.h.
-#include "mcpp/moe/experts.h"
+#include "mcpp/transformer/moe/experts.h"
 
 #include <fmt/format.h>
 

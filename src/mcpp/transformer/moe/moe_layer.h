@@ -23,9 +23,9 @@
 #include <memory>
 #include <string>
 
-#include "mcpp/moe/experts.h"
-#include "mcpp/moe/router.h"
-#include "mcpp/moe/token_dispatcher.h"
+#include "mcpp/transformer/moe/experts.h"
+#include "mcpp/transformer/moe/router.h"
+#include "mcpp/transformer/moe/token_dispatcher.h"
 #include "mcpp/tensor_parallel/tp_context.h"
 
 namespace mcpp::moe {

@@ -1,5 +1,5 @@
 // TopKRouter; contract in router.h.
-#include "mcpp/moe/router.h"
+#include "mcpp/transformer/moe/router.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // MoELayer; contract in moe_layer.h.
-#include "mcpp/moe/moe_layer.h"
+#include "mcpp/transformer/moe/moe_layer.h"
 
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
