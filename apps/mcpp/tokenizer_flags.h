@@ -9,7 +9,7 @@
 #include <string>
 
 #include "mcpp/datasets/gpt2_tokenizer.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace mcpp::cli {
 

@@ -1,4 +1,4 @@
-// The HF converters against the real mcpp::Config (transformer_config.h): a finalized Config's
+// The HF converters against the real mcpp::Config (training/config.h): a finalized Config's
 // to_json() is what the trainer stores in meta.config, so model_dims_from_config must read it, and
 // the config an import writes must parse with Config::from_json and finalize/validate unchanged.
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include "mcpp/dist_checkpointing/hf_convert.h"
 #include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/training/config.h"
 #include "mcpp/transformer/transformer_config.h"
 #include "models/gpt_test_util.h"
 

@@ -143,16 +143,16 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
         GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
                       .num_layers = static_cast<int64_t>(st.layers.size())},
         param_dtype_));
-    const DdpOptions ddp_opt{.bucket_size = par.ddp_bucket_size,
-                             .overlap_grad_reduce = par.overlap_grad_reduce,
+    const DdpOptions ddp_opt{.bucket_size = config_.ddp.ddp_bucket_size,
+                             .overlap_grad_reduce = config_.ddp.overlap_grad_reduce,
                              .use_distributed_optimizer = par.use_distributed_optimizer};
     ModelChunk& chunk = *chunks_.back();
-    chunk.params().set_overwrite_main_grad(par.overwrite_main_grad);
+    chunk.params().set_overwrite_main_grad(config_.ddp.overwrite_main_grad);
     ddps_.push_back(std::make_unique<DistributedDataParallel>(chunk.params(), pc_, ddp_opt));
     // MoE experts: their own buffer, reduced over expert-DP (the distributed optimizer shards it there).
     expert_ddps_.emplace_back();
     if (chunk.has_expert_params()) {
-      chunk.expert_params().set_overwrite_main_grad(par.overwrite_main_grad);
+      chunk.expert_params().set_overwrite_main_grad(config_.ddp.overwrite_main_grad);
       DdpOptions eo = ddp_opt;
       eo.expert_parallel = true;  // over expert-DP (= DP at EP 1 without TP / CP), Megatron's expert scaling
       expert_ddps_.back() = std::make_unique<DistributedDataParallel>(chunk.expert_params(), pc_, eo);
@@ -166,7 +166,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
       if (d) ddps.push_back(d.get());
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(
         ddps, DistributedOptimizerOptions{.adam = adam_options_from(config_.optimizer),
-                                          .overlap_param_gather = par.overlap_param_gather,
+                                          .overlap_param_gather = config_.ddp.overlap_param_gather,
                                           .moe_model = config_.model.num_moe_experts > 0});
   } else {
     std::vector<AdamParam> adam_params;
@@ -178,7 +178,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                                  .model_param = buf->mixed_precision() ? p->data : Tensor()});
     optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   }
-  scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
+  scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(
+      config_.optimizer, config_.training.global_batch_size, config_.training.train_samples > 0));
   // Dropout streams: seeded by --seed (Megatron's offsets per TP/PP rank); offsets are checkpointed.
   state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), pc_.tp_rank(), pc_.pp_rank());
 

@@ -49,7 +49,7 @@
 #include "mcpp/training/activation_report.h"
 #include "mcpp/training/metrics.h"
 #include "mcpp/tools/memory_planner.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace mcpp {
 namespace timeline { class TimelineRecorder; }
