@@ -31,6 +31,7 @@
 #include "mcpp/core/error.h"
 #include "mcpp/distributed/data_parallel.h"
 #include "mcpp/distributed/finalize_grads.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
@@ -97,7 +98,7 @@ int run(int argc, char** argv) {
   parallel_state::ParallelContext pc = parallel_state::ParallelContext::create(world, po);
   const TransformerConfig c = config(a);
   const bool sp = a.sp && a.tp > 1;
-  GPTModel model(c, 42, {pc.tp(), sp});
+  ModelChunk model(c, 42, {pc.tp(), sp});
   DistributedDataParallel ddp(model.params(), pc, {.use_distributed_optimizer = a.distopt});
   const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
   std::optional<Adam> plain;

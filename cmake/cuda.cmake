@@ -31,19 +31,20 @@ if(NOT MCPP_CUDA STREQUAL "OFF")
 endif()
 message(STATUS "megatron-cpp CUDA backend: ${MCPP_HAVE_CUDA}")
 
-# The CUDA sources build as their own OBJECT library (mcpp_cuda) so that the C++ library's host flags
-# (-Wall for g++, -march, C++20 compile features that CMake 3.25 cannot map to nvcc) stay off nvcc's
-# command line; their objects are then added to `target`, which links cudart / cuBLASLt.
+# mcpp_add_cuda_backend(KERNELS <target> COMM <target> ARCHIVE <target>): the backends of the package libraries
+# (cmake/packages.cmake). The CUDA sources build as their own OBJECT library (mcpp_cuda, part of the kernels package)
+# so that the C++ flags (-Wall for g++, -march, C++20 compile features that CMake 3.25 cannot map to nvcc) stay off
+# nvcc's command line; their objects go into ARCHIVE (mcpp_lib), and KERNELS carries cudart / cuBLASLt (and
+# cuDNN's sources and library, or the stubs) to everything above it.
 #
-# NCCL backend (src/mcpp/comm/nccl): its sources are kept out of `target` (the top-level glob excludes
-# them; removed here too in case) and only added when CUDA is on and nccl.h + libnccl are found (NCCL_ROOT or the CUDA
-# toolkit's include/ and lib/). MCPP_HAVE_NCCL tells tests/nccl/tests.cmake. The library is linked by
+# NCCL backend (src/mcpp/comm/nccl, part of the comm package): its sources are added to COMM only when CUDA is on
+# and nccl.h + libnccl are found (NCCL_ROOT or the CUDA toolkit's include/ and lib/). MCPP_HAVE_NCCL tells
+# tests/nccl/tests.cmake. The library is linked by
 # its SONAME (libnccl.so.2); at run time it must be on the loader path — on the device machines it lives
 # in Python's site-packages (nvidia/nccl/lib), see docs/NCCL.md.
-function(mcpp_add_cuda_backend target)
-  get_target_property(all_sources ${target} SOURCES)
-  list(FILTER all_sources EXCLUDE REGEX "/comm/nccl/")
-  set_property(TARGET ${target} PROPERTY SOURCES ${all_sources})
+function(mcpp_add_cuda_backend)
+  cmake_parse_arguments(ARG "" "KERNELS;COMM;ARCHIVE" "" ${ARGN})
+  set(target ${ARG_KERNELS})
   file(GLOB nccl_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/mcpp/comm/nccl/*.cpp)
   set(MCPP_HAVE_NCCL OFF)
   if(MCPP_HAVE_CUDA AND nccl_sources)
@@ -52,15 +53,15 @@ function(mcpp_add_cuda_backend target)
     find_library(NCCL_LIBRARY nccl HINTS $ENV{NCCL_ROOT}/lib ${cuda_root}/lib ${cuda_root}/lib64 ${CUDAToolkit_LIBRARY_DIR})
     if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
       set(MCPP_HAVE_NCCL ON)
-      target_sources(${target} PRIVATE ${nccl_sources})
-      target_include_directories(${target} PRIVATE ${NCCL_INCLUDE_DIR})
-      target_link_libraries(${target} PUBLIC ${NCCL_LIBRARY})
-      target_compile_definitions(${target} PUBLIC MCPP_WITH_NCCL=1)
+      target_sources(${ARG_COMM} PRIVATE ${nccl_sources})
+      target_include_directories(${ARG_COMM} PRIVATE ${NCCL_INCLUDE_DIR})
+      target_link_libraries(${ARG_COMM} PUBLIC ${NCCL_LIBRARY})
+      target_compile_definitions(${ARG_COMM} PUBLIC MCPP_WITH_NCCL=1)
     endif()
   endif()
   if(NOT MCPP_HAVE_NCCL)  # init_nccl reports "built without NCCL"
     file(GLOB nccl_stub_sources ${CMAKE_SOURCE_DIR}/src/mcpp/comm/nccl_stub/*.cpp)
-    target_sources(${target} PRIVATE ${nccl_stub_sources})
+    target_sources(${ARG_COMM} PRIVATE ${nccl_stub_sources})
   endif()
   message(STATUS "megatron-cpp NCCL backend: ${MCPP_HAVE_NCCL} ${NCCL_LIBRARY}")
   set(MCPP_HAVE_NCCL ${MCPP_HAVE_NCCL} PARENT_SCOPE)
@@ -77,7 +78,8 @@ function(mcpp_add_cuda_backend target)
                                                                        -Xcompiler=-Wall>
                                              $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
     target_link_libraries(mcpp_cuda PRIVATE fmt::fmt CUDA::cudart CUDA::cublasLt)
-    target_sources(${target} PRIVATE $<TARGET_OBJECTS:mcpp_cuda>)
+    add_dependencies(mcpp_cuda mcpp_layering)
+    target_sources(${ARG_ARCHIVE} PRIVATE $<TARGET_OBJECTS:mcpp_cuda>)
     target_compile_definitions(${target} PUBLIC MCPP_WITH_CUDA=1)
     target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublasLt)
     # cuDNN's fused attention (src/mcpp/kernels/cudnn, backend API only) when cudnn.h + libcudnn are found

@@ -113,7 +113,7 @@ int run_plan_memory(const std::vector<std::string>& args) {
   cfg.apply_world_size(world);
   mcpp::cli::apply_tokenizer(cfg);
   cfg.validate();
-  mcpp::parallel_state::validate_parallel_layout(world, cfg);
+  mcpp::validate_parallel_layout(world, cfg);
   const mcpp::tools::MemoryPlan plan = mcpp::tools::plan_memory(cfg);
   nlohmann::json j = mcpp::tools::to_json(plan);
   std::string text = mcpp::tools::format_memory_plan(plan);

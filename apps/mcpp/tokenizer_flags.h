@@ -13,7 +13,7 @@
 #include <string>
 
 #include "mcpp/datasets/megatron_tokenizer.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace mcpp::cli {
 

@@ -44,13 +44,13 @@ int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
   cfg.apply_world_size(world->size());
   const int64_t eod = mcpp::cli::apply_tokenizer(cfg);
   cfg.validate();
-  mcpp::parallel_state::validate_parallel_layout(world->size(), cfg);
+  mcpp::validate_parallel_layout(world->size(), cfg);
   // GPUs under mpirun: the parallel groups are NCCL communicators (one GPU per rank, by local rank),
   // bootstrapped over the MPI world, which keeps serving host values (Communicator::host()).
   if (mcpp::resolve_training_device(cfg.training) == mcpp::Device::CUDA && world->size() > 1)
     world = mcpp::comm::init_nccl(world, local_rank(), {});
   world->set_check_collectives(cfg.parallel.check_collectives);
-  auto pc = mcpp::parallel_state::ParallelContext::create(world, mcpp::parallel_state::parallel_options(cfg));
+  auto pc = mcpp::parallel_state::ParallelContext::create(world, mcpp::parallel_state::parallel_options(cfg.parallel));
   if (pc.rank() == pc.world_size() - 1)
     fmt::print("{}\n{}\n", mcpp::format_provenance_line(mcpp::provenance()), mcpp::format_args(cfg));
   mcpp::Trainer trainer(cfg, eod, std::move(pc));

@@ -8,6 +8,7 @@
 // With dropout (training, hidden 0.1 + attention 0.1, Megatron's defaults): the CUDA kernels draw the CPU's
 // Philox masks (the attention's in-tile on the mcpp kernels, cuDNN switched off), so the same comparison holds.
 #include "cuda/cuda_test_util.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/tensor_parallel/random.h"
 #include "models/gpt_test_util.h"
@@ -25,7 +26,7 @@ struct Run {
 
 Run run_model(const TransformerConfig& c, Device dev, DType param_dtype, bool round_weights_to_bf16,
               bool training) {
-  GPTModel model(c, 1234, testing::single_tp(), dev, {}, param_dtype);
+  ModelChunk model(c, 1234, testing::single_tp(), dev, {}, param_dtype);
   if (round_weights_to_bf16)  // the CPU reference of the bf16 run starts from the bf16-rounded weights
     for (const auto& p : model.params().params()) p->data.copy_from(p->data.to(DType::BF16).to(DType::F32));
   testing::Batch batch = testing::fixed_batch(48, 3, c.vocab_size);

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "cuda/cuda_test_util.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/text_generation.h"
 #include "models/generation_test_util.h"
 #include "models/gpt_test_util.h"
@@ -96,7 +97,7 @@ TEST(CudaKvCache, ModelCachedLogitsEqualTheFullForward) {
     for (DType dt : float_dtypes()) {
       if (name == "moe" && dt == DType::BF16) continue;  // bf16 logits may route a near-tie token elsewhere
       SCOPED_TRACE(::testing::Message() << name << " " << dtype_name(dt));
-      GPTModel model(gpu_variant(name), 1234, testing::single_tp(), Device::CUDA, {}, dt);
+      ModelChunk model(gpu_variant(name), 1234, testing::single_tp(), Device::CUDA, {}, dt);
       const double bound = dt == DType::F32 ? 1e-5 : 2e-2;
       const double one = testing::cached_vs_full_logits(model, {kPrompts[0]}, 8);
       const double ragged = testing::cached_vs_full_logits(model, kPrompts, 6);
@@ -111,7 +112,7 @@ TEST(CudaKvCache, GreedyTokensEqualTheNoCachePath) {
   MCPP_REQUIRE_CUDA();
   for (const std::string name : {"gpt2", "llama", "mla"}) {
     SCOPED_TRACE(name);
-    GPTModel model(gpu_variant(name), 1234, testing::single_tp(), Device::CUDA);
+    ModelChunk model(gpu_variant(name), 1234, testing::single_tp(), Device::CUDA);
     const GenerationOptions cached{.max_new_tokens = 10}, plain{.max_new_tokens = 10, .kv_cache = false};
     const auto batch = generate_batch(model, kPrompts, cached);
     for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(batch[i], generate(model, kPrompts[i], plain)) << i;

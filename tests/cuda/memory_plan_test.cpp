@@ -5,6 +5,7 @@
 // norms' and the MLP's re-run) — the figures `mcpp plan memory` reports for a GPU run (docs/PERF.md "Memory
 // planner" compares the device peak).
 #include "cuda/cuda_test_util.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/pipeline_parallel/activation_memory.h"
 #include "mcpp/tensor_parallel/random.h"
@@ -33,7 +34,7 @@ TEST(CudaMemoryPlan, ContextBytesOfAGpuForwardEqualThePlan) {
         cfg.training.micro_batch_size = 3;
         cfg.training.bf16 = dt == DType::BF16;
         cfg.finalize();
-        GPTModel model(cfg.model, 1234, testing::single_tp(), Device::CUDA, {}, dt);
+        ModelChunk model(cfg.model, 1234, testing::single_tp(), Device::CUDA, {}, dt);
         EXPECT_EQ(model.params().numel(), tools::chunk_params(cfg, {0, 1, 2}, true, true));
         testing::Batch batch = testing::fixed_batch(cfg.model.seq_length, 3, cfg.model.vocab_size);
         tensor_parallel::RngTracker rng(77, 0, 0);

@@ -9,7 +9,8 @@
 #include <cstring>
 
 #include "cuda/cuda_test_util.h"
-#include "mcpp/moe/router.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/transformer/moe/router.h"
 #include "models/gpt_test_util.h"
 
 namespace mcpp {

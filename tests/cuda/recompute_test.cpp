@@ -12,6 +12,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "mcpp/kernels/gemm_autotune.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/pipeline_parallel/activation_memory.h"
 #include "models/gpt_test_util.h"
@@ -41,7 +42,7 @@ TransformerConfig recompute_gpu_config(const std::string& style, float attention
 }
 
 RecomputeRun run_gpu(const TransformerConfig& c, bool training = true) {
-  GPTModel model(c, 7, testing::single_tp(), Device::CUDA, {}, DType::BF16);
+  ModelChunk model(c, 7, testing::single_tp(), Device::CUDA, {}, DType::BF16);
   tensor_parallel::RngTracker rng(1234, 0, 0);
   const ForwardOptions opt{.training = training, .rng = &rng};
   RecomputeRun r;

@@ -1,11 +1,13 @@
-// The HF converters against the real mcpp::Config (transformer_config.h): a finalized Config's
+// The HF converters against the real mcpp::Config (training/config.h): a finalized Config's
 // to_json() is what the trainer stores in meta.config, so model_dims_from_config must read it, and
 // the config an import writes must parse with Config::from_json and finalize/validate unchanged.
 #include <gtest/gtest.h>
 
 #include "dist_checkpointing/ckpt_test_util.h"
 #include "mcpp/dist_checkpointing/hf_convert.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/training/config.h"
 #include "mcpp/transformer/transformer_config.h"
 #include "models/gpt_test_util.h"
 
@@ -66,7 +68,7 @@ TEST(HfConfig, ParamShapesEqualTheModelsParameters) {
       c.model.qk_layernorm = qk;
       if (style == "llama") c.model.kv_channels = 12;  // 4 heads x 12 != hidden 32
       c.finalize();
-      GPTModel model(c.model, 1, mcpp::testing::single_tp());
+      ModelChunk model(c.model, 1, mcpp::testing::single_tp());
       const auto shapes = model_param_shapes(model_dims_from_config(c.to_json(), "test"));
       const auto& params = model.params().params();
       ASSERT_EQ(shapes.size(), params.size()) << style << " qk " << qk;

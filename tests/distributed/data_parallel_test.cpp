@@ -17,6 +17,7 @@
 #include "mcpp/training/checkpointing.h"
 #include "training/trainer_test_util.h"
 #include "models/gpt_test_util.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 
 namespace mcpp {
@@ -276,8 +277,8 @@ TEST(DistributedOptimizer, MatchesAdamAtDp1) {
     const TransformerConfig c = testing::tiny_config(style);
     comm::CommPtr world = comm::make_local_world();
     ParallelContext pc = ParallelContext::single(world);
-    GPTModel ref(c, 3, {pc.tp(), false});
-    GPTModel par(c, 3, {pc.tp(), false});
+    ModelChunk ref(c, 3, {pc.tp(), false});
+    ModelChunk par(c, 3, {pc.tp(), false});
     const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
     std::vector<AdamParam> aps;
     for (const auto& p : ref.params().params())
@@ -355,7 +356,7 @@ TEST(DistributedOptimizer, NeedsDistributedDdpAndLoadsState) {
 TEST(DistributedOptimizer, MixedPrecisionMastersMoveIntoTheShards) {
   comm::CommPtr world = comm::make_local_world();
   ParallelContext pc = ParallelContext::single(world);
-  GPTModel m(testing::tiny_config("gpt2"), 3, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
+  ModelChunk m(testing::tiny_config("gpt2"), 3, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
   const Tensor masters = m.params().main_param_buffer().clone();
   DistributedDataParallel ddp(m.params(), pc, {.bucket_size = 1000, .use_distributed_optimizer = true});
   DistributedOptimizer opt(ddp, {});

@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "mcpp/core/json_limits.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,5 +1,6 @@
 // Whole GPT vs the float64 PyTorch reference (tests/oracle/gpt_ref.py): logits, loss and every parameter
 // gradient, for the GPT-2 style and the Llama style tiny configs.
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 
 #include <gtest/gtest.h>
@@ -56,7 +57,7 @@ void run_against_torch(const std::string& style, const std::string& attention_im
   c.hidden_dropout = hidden_dropout;
   c.attention_dropout = attention_dropout;
   const bool dropout = hidden_dropout > 0 || attention_dropout > 0;
-  GPTModel model(c, 1234, testing::single_tp());
+  ModelChunk model(c, 1234, testing::single_tp());
   // Non-trivial norm weights/biases (init is ones/zeros) so their gradients and effect are exercised.
   for (const auto& p : model.params().params())
     if (p->spec.init != InitKind::Normal) init_normal(p->data, 0.3f, 99, p->spec.key), p->data.data<float>()[0] += 1.0f;
@@ -204,7 +205,7 @@ TEST(GPTModelVsTorch, LlamaStyleMtpPerTokenQkLayernorm) {
 
 TEST(GPTModel, MegatronInitAndBufferLayout) {
   TransformerConfig c = testing::tiny_config("gpt2");
-  GPTModel model(c, 7, testing::single_tp());
+  ModelChunk model(c, 7, testing::single_tp());
   auto& params = model.params();
   // Backward order: the last registered parameter (final layernorm bias) sits at offset 0.
   EXPECT_EQ(params.params().back()->data.raw(), params.param_buffer().raw());
@@ -220,7 +221,7 @@ TEST(GPTModel, MegatronInitAndBufferLayout) {
   EXPECT_EQ(params.find("decoder.layers.0.input_layernorm.weight")->data.data<float>()[3], 1.0f);
   EXPECT_EQ(params.find("decoder.layers.0.mlp.linear_fc1.bias")->data.data<float>()[3], 0.0f);
   // Same seed -> same init; init depends on the key, not on the model (a Llama model shares the key).
-  GPTModel again(c, 7, testing::single_tp());
+  ModelChunk again(c, 7, testing::single_tp());
   EXPECT_EQ(0, std::memcmp(again.params().param_buffer().raw(), params.param_buffer().raw(),
                            params.param_buffer().nbytes()));
 }
@@ -235,7 +236,7 @@ namespace {
 TEST(GPTModel, GradReadyOncePerParameterPerBackward) {
   for (const std::string style : {"gpt2", "llama"}) {
     TransformerConfig c = testing::tiny_config(style);
-    GPTModel model(c, 5, testing::single_tp());
+    ModelChunk model(c, 5, testing::single_tp());
     std::map<const Parameter*, int> count;
     std::vector<std::string> order;
     std::map<const Parameter*, Tensor> grad_at_ready;
@@ -271,7 +272,7 @@ TEST(GPTModel, OverwriteMainGradEqualsAccumulatingIntoAZeroedBuffer) {
     if (style == "gpt2_dropout") c.hidden_dropout = 0.1f;
     std::map<std::string, Tensor> grads[2];
     for (int overwrite = 0; overwrite < 2; ++overwrite) {
-      GPTModel model(c, 5, testing::single_tp());
+      ModelChunk model(c, 5, testing::single_tp());
       ParamAndGradBuffer& buf = model.params();
       buf.set_overwrite_main_grad(overwrite == 1);
       Tensor& g = buf.grad_buffer();
@@ -324,7 +325,7 @@ TEST(GPTModel, ResidualBiasGradsRideInTheFusedNorms) {
     TransformerConfig c = testing::tiny_config("gpt2");
     c.num_layers = 3;
     c.hidden_dropout = with_dropout ? 1e-9f : 0.0f;
-    GPTModel model(c, 5, testing::single_tp());
+    ModelChunk model(c, 5, testing::single_tp());
     std::vector<std::string> order;
     model.params().set_grad_ready_hook([&](Parameter& p) { order.push_back(p.spec.key); });
     testing::Batch batch = testing::fixed_batch(12, 2, c.vocab_size);
@@ -379,10 +380,10 @@ TEST(GPTModel, PipelineStagesComposeToTheFullModel) {
     tensor_parallel::RngTracker rng_full(77, 0, 0), rng_stages(77, 0, 0);
     const ForwardOptions of{.training = dropout, .rng = dropout ? &rng_full : nullptr};
     const ForwardOptions os{.training = dropout, .rng = dropout ? &rng_stages : nullptr};
-    GPTModel full(c, 11, testing::single_tp());
-    GPTModel s0(c, 11, testing::single_tp(), Device::CPU, {.pre_process = true, .post_process = false, .first_layer = 0, .num_layers = 1});
-    GPTModel s1(c, 11, testing::single_tp(), Device::CPU, {.pre_process = false, .post_process = false, .first_layer = 1, .num_layers = 1});
-    GPTModel s2(c, 11, testing::single_tp(), Device::CPU, {.pre_process = false, .post_process = true, .first_layer = 2, .num_layers = 1});
+    ModelChunk full(c, 11, testing::single_tp());
+    ModelChunk s0(c, 11, testing::single_tp(), Device::CPU, {.pre_process = true, .post_process = false, .first_layer = 0, .num_layers = 1});
+    ModelChunk s1(c, 11, testing::single_tp(), Device::CPU, {.pre_process = false, .post_process = false, .first_layer = 1, .num_layers = 1});
+    ModelChunk s2(c, 11, testing::single_tp(), Device::CPU, {.pre_process = false, .post_process = true, .first_layer = 2, .num_layers = 1});
     testing::Batch bt = testing::fixed_batch(12, 2, c.vocab_size);
     GPTModelCtx cf, c0, c1, c2;
     LossResult rf = full.forward_loss(cf, bt.tokens, bt.labels, bt.loss_mask, of);
@@ -399,7 +400,7 @@ TEST(GPTModel, PipelineStagesComposeToTheFullModel) {
     Tensor g1 = s2.backward_step(c2, 1.0f, Tensor());
     Tensor g0 = s1.backward_step(c1, 1.0f, g1);
     EXPECT_FALSE(s0.backward_step(c0, 1.0f, g0).defined());
-    for (GPTModel* stage : {&s0, &s1, &s2})
+    for (ModelChunk* stage : {&s0, &s1, &s2})
       for (const auto& p : stage->params().params()) {
         const Parameter* f = full.params().find(p->spec.key);
         ASSERT_NE(f, nullptr) << p->spec.key;

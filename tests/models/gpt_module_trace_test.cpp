@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mcpp/core/module_trace.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "models/gpt_test_util.h"
 
@@ -41,7 +42,7 @@ std::string f32(std::initializer_list<int64_t> shape) { return fmt::format("floa
 TEST(ModuleTrace, TwoLayerGptForwardAndBackward) {
   const TransformerConfig c = testing::tiny_config("gpt2");  // 2 layers, h 32, 4 heads of 8, ffn 128, V 128
   ASSERT_EQ(c.num_layers, 2);
-  GPTModel model(c, 1234, testing::single_tp());
+  ModelChunk model(c, 1234, testing::single_tp());
   const int64_t s = 12, b = 3, h = c.hidden_size, heads = c.num_attention_heads, d = c.kv_channels;
   testing::Batch batch = testing::fixed_batch(s, b, c.vocab_size);
   GPTModelCtx ctx;

@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "mcpp/core/error.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/text_generation.h"
 #include "models/generation_test_util.h"
 #include "models/gpt_test_util.h"
@@ -39,7 +40,7 @@ const std::vector<std::vector<int32_t>> kPrompts = {{5, 16, 41, 7}, {3}, {88, 2,
 TEST(KvCacheGeneration, CachedLogitsEqualTheFullForwardEveryStep) {
   for (const std::string name : {"gpt2", "llama", "qk_layernorm", "unfused", "mla_llama", "mla_gpt2", "moe"}) {
     SCOPED_TRACE(name);
-    GPTModel model(variant(name), 1234, testing::single_tp());
+    ModelChunk model(variant(name), 1234, testing::single_tp());
     const double one = cached_vs_full_logits(model, {kPrompts[0]}, 6);
     const double ragged = cached_vs_full_logits(model, kPrompts, 5);  // right padding, per-sequence positions
     std::printf("[ measured ] %s: cached vs full logits %.3g (one prompt), %.3g (ragged batch)\n", name.c_str(), one,
@@ -52,7 +53,7 @@ TEST(KvCacheGeneration, CachedLogitsEqualTheFullForwardEveryStep) {
 TEST(KvCacheGeneration, GreedyTokensEqualTheNoCachePath) {
   for (const std::string name : {"gpt2", "llama", "mla_llama", "moe"}) {
     SCOPED_TRACE(name);
-    GPTModel model(variant(name), 1234, testing::single_tp());
+    ModelChunk model(variant(name), 1234, testing::single_tp());
     const GenerationOptions cached{.max_new_tokens = 7}, plain{.max_new_tokens = 7, .kv_cache = false};
     for (const auto& p : kPrompts) EXPECT_EQ(generate(model, p, cached), generate(model, p, plain));
     const auto batch = generate_batch(model, kPrompts, cached);
@@ -65,7 +66,7 @@ TEST(KvCacheGeneration, GreedyTokensEqualTheNoCachePath) {
 // Past the window (seq_length 12) the no-cache path slides; the cached one hands the unfinished sequences over to it:
 // the same tokens. Sampling (temperature, top-k) draws the same (seed, step) numbers either way.
 TEST(KvCacheGeneration, AcrossTheWindowAndWhenSampling) {
-  GPTModel model(variant("llama"), 1234, testing::single_tp());
+  ModelChunk model(variant("llama"), 1234, testing::single_tp());
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5, 6, 7, 8}, {9, 10}};
   const GenerationOptions cached{.max_new_tokens = 10}, plain{.max_new_tokens = 10, .kv_cache = false};
   const auto got = generate_batch(model, prompts, cached);
@@ -79,7 +80,7 @@ TEST(KvCacheGeneration, AcrossTheWindowAndWhenSampling) {
 
 // A sequence that emits the stop token ends there; the others go on (the stopped one rides along in the batch).
 TEST(KvCacheGeneration, StopTokenEndsOneSequenceOfTheBatch) {
-  GPTModel model(variant("gpt2"), 1234, testing::single_tp());
+  ModelChunk model(variant("gpt2"), 1234, testing::single_tp());
   const auto free_run = generate(model, kPrompts[0], {.max_new_tokens = 6, .kv_cache = false});
   const int32_t stop = free_run[kPrompts[0].size() + 1];  // its second generated token
   const GenerationOptions cached{.max_new_tokens = 6, .stop_token = stop},
@@ -91,7 +92,7 @@ TEST(KvCacheGeneration, StopTokenEndsOneSequenceOfTheBatch) {
 }
 
 TEST(KvCacheGeneration, BadInputsAreNamedErrors) {
-  GPTModel model(variant("gpt2"), 1234, testing::single_tp());
+  ModelChunk model(variant("gpt2"), 1234, testing::single_tp());
   EXPECT_THROW(generate_batch(model, {}, {}), Error);
   EXPECT_THROW(generate_batch(model, {{1, 2}, {}}, {}), Error);
   EXPECT_THROW(generate_batch(model, {{1, 100}}, {}), Error);  // vocab_size 100

@@ -25,6 +25,7 @@
 #include "tests/mpi/mpi_test_util.h"
 #include "mcpp/distributed/data_parallel.h"
 #include "mcpp/distributed/finalize_grads.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
@@ -71,7 +72,7 @@ Batch batch_cols(int step, int64_t s, int64_t col0, int64_t ncols) {
 // (rounding noise on both sides) is judged against the parameter's scale.
 
 
-std::vector<AdamParam> adam_params(GPTModel& m) {
+std::vector<AdamParam> adam_params(ModelChunk& m) {
   std::vector<AdamParam> out;
   for (const auto& p : m.params().params())
     out.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
@@ -98,7 +99,7 @@ size_t dp_collectives(const comm::CommPtr& world) {
   return n;
 }
 
-void check_grads(const Case& k, GPTModel& par, GPTModel& ref, const std::optional<DistributedOptimizer>& dopt,
+void check_grads(const Case& k, ModelChunk& par, ModelChunk& ref, const std::optional<DistributedOptimizer>& dopt,
                  const std::string& what) {
   if (!k.distributed_optimizer) {
     for (const auto& p : par.params().params()) {
@@ -123,8 +124,8 @@ void check_dp_equivalence(const Case& k) {
   const int dp = pc.dp_size(), r = pc.dp_rank(), M = k.microbatches;
   const int64_t b = 2;
   const TransformerConfig c = config_for(k.style);
-  GPTModel ref(c, 42, {single.tp(), false});
-  GPTModel par(c, 42, {pc.tp(), k.sequence_parallel, false, pc.cp()});
+  ModelChunk ref(c, 42, {single.tp(), false});
+  ModelChunk par(c, 42, {pc.tp(), k.sequence_parallel, false, pc.cp()});
   // eps 1e-4: see parallel_equivalence_driver.cpp (exact-zero grads are rounding noise of either sign).
   const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
   Adam ref_opt(adam_params(ref), adam);
@@ -304,7 +305,7 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
-std::vector<AdamParam> mixed_adam_params(GPTModel& m) {
+std::vector<AdamParam> mixed_adam_params(ModelChunk& m) {
   std::vector<AdamParam> out;
   for (const auto& p : m.params().params())
     out.push_back({.name = p->spec.key, .param = p->main_param, .main_grad = p->main_grad,
@@ -330,9 +331,9 @@ TEST(DistributedOptimizer, MixedPrecisionShardsTheMainParams) {
   const TransformerConfig c = config_for("gpt2odd");  // buckets need padding
   const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
   const DdpOptions ddp_opt{.bucket_size = 700, .use_distributed_optimizer = true};
-  GPTModel ref(c, 42, {single.tp(), false}, Device::CPU, {}, DType::BF16);
+  ModelChunk ref(c, 42, {single.tp(), false}, Device::CPU, {}, DType::BF16);
   Adam ref_opt(mixed_adam_params(ref), adam);
-  GPTModel par(c, 42, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
+  ModelChunk par(c, 42, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
   DistributedDataParallel ddp(par.params(), pc, ddp_opt);
   DistributedOptimizer opt(ddp, {.adam = adam});
   ASSERT_GT(ddp.buckets().size(), 2u);
@@ -352,7 +353,7 @@ TEST(DistributedOptimizer, MixedPrecisionShardsTheMainParams) {
     ASSERT_TRUE(same_bytes(pc_.param, ref.params().find(pc_.owner->spec.key)->main_param.flat_slice(pc_.param_offset, {pc_.numel})))
         << pc_.owner->spec.key;
 
-  auto check_equal_to_ref = [&](GPTModel& m, const DistributedOptimizer& o, bool moments, const std::string& what) {
+  auto check_equal_to_ref = [&](ModelChunk& m, const DistributedOptimizer& o, bool moments, const std::string& what) {
     EXPECT_TRUE(same_bytes(m.params().param_buffer(), ref.params().param_buffer())) << what << ": bf16 model copy";
     for (const ShardPiece& pc_ : o.pieces()) {
       const std::string& key = pc_.owner->spec.key;
@@ -392,7 +393,7 @@ TEST(DistributedOptimizer, MixedPrecisionShardsTheMainParams) {
   save_training_checkpoint(dir, cfg, {&par}, OptimizerRef{.distributed = &opt}, state, pc);
   world->barrier().wait();
   {  // one rank, replicated Adam
-    GPTModel one(c, 7, {single.tp(), false}, Device::CPU, {}, DType::BF16);
+    ModelChunk one(c, 7, {single.tp(), false}, Device::CPU, {}, DType::BF16);
     Adam one_opt(mixed_adam_params(one), adam);
     TrainerState st;
     ASSERT_TRUE(load_training_checkpoint(dir, cfg, {&one}, OptimizerRef{.adam = &one_opt}, st, {}, nullptr));
@@ -405,7 +406,7 @@ TEST(DistributedOptimizer, MixedPrecisionShardsTheMainParams) {
     }
   }
   for (const bool finetune : {false, true}) {  // a fresh distributed optimizer at this DP
-    GPTModel again(c, 7, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
+    ModelChunk again(c, 7, {pc.tp(), false}, Device::CPU, {}, DType::BF16);
     DistributedDataParallel ddp2(again.params(), pc, ddp_opt);
     DistributedOptimizer opt2(ddp2, {.adam = adam});
     // The masters live in opt2's shard: reading the model without it would drop them, so it is an error.

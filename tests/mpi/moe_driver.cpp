@@ -1,4 +1,4 @@
-// Expert parallelism under mpiexec (moe/token_dispatcher.h): the MoE layer with EP (and expert TP) over the world —
+// Expert parallelism under mpiexec (transformer/moe/token_dispatcher.h): the MoE layer with EP (and expert TP) over the world —
 // each rank holds num_moe_experts / ep experts, under expert TP a 1 / etp shard of each, and trades tokens by
 // all-to-all over EP, all-gather / reduce-scatter over expert TP — against every rank running the whole layer
 // alone (EP 1, all experts) on its own tokens. Expected: the same output and input gradient per rank, the same
@@ -11,7 +11,8 @@
 #include <string>
 
 #include "mcpp/comm/local/local_communicator.h"
-#include "mcpp/moe/moe_layer.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/transformer/moe/moe_layer.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "tests/kernels/grad_check.h"
 #include "tests/mpi/mpi_test_util.h"

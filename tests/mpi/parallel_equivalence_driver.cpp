@@ -13,6 +13,7 @@
 #include "mcpp/comm/mpi/mpi_communicator.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "mcpp/distributed/finalize_grads.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/optimizer/adam.h"
 #include "mcpp/parallel_state/parallel_context.h"
@@ -43,7 +44,7 @@ Batch batch_for(int step, int64_t s, int64_t b) {
 
 
 
-std::vector<AdamParam> adam_params(GPTModel& m) {
+std::vector<AdamParam> adam_params(ModelChunk& m) {
   std::vector<AdamParam> out;
   for (const auto& p : m.params().params())
     out.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
@@ -58,8 +59,8 @@ void check_tp_equivalence(const std::string& style, bool sequence_parallel, bool
   ParallelContext single = ParallelContext::single(comm::make_local_world());
   TransformerConfig c = config_for(style);
   c.qk_layernorm = qk_layernorm;
-  GPTModel ref(c, 42, {single.tp(), false});
-  GPTModel par(c, 42, {pc.tp(), sequence_parallel, comm_overlap});
+  ModelChunk ref(c, 42, {single.tp(), false});
+  ModelChunk par(c, 42, {pc.tp(), sequence_parallel, comm_overlap});
   // eps 1e-4 rather than 1e-8: some gradients are exactly zero in exact arithmetic (the key bias — softmax
   // is invariant to it) and are rounding noise (~1e-9) whose sign depends on the reduction order; with a
   // tiny eps Adam would turn that noise into full learning-rate steps of either sign on both sides.
@@ -133,8 +134,8 @@ TEST(TensorParallel, DropoutIdenticalWhereReplicatedIndependentWhereSharded) {
   ParallelContext single = ParallelContext::single(comm::make_local_world());
   TransformerConfig c = config_for("gpt2");
   c.hidden_dropout = 0.2f;
-  GPTModel ref(c, 42, {single.tp(), false});
-  GPTModel par(c, 42, {pc.tp(), false});
+  ModelChunk ref(c, 42, {single.tp(), false});
+  ModelChunk par(c, 42, {pc.tp(), false});
   tensor_parallel::RngTracker ref_rng(7, 0, 0), par_rng(7, pc.tp_rank(), 0);
   Batch bt = batch_for(0, c.seq_length, 2);
   GPTModelCtx rc, pcx;

@@ -19,6 +19,7 @@
 #include "mcpp/comm/mpi/mpi_communicator.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "mcpp/distributed/finalize_grads.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/optimizer/adam.h"
@@ -61,7 +62,7 @@ ParallelContext make_pc(int tp) {
 
 // Finalizes this rank's chunks' grads (DP / embedding-group all-reduces) and checks every parameter's main
 // grad against its shard of the single-rank reference (1e-5 relative) when `check`.
-void finalize_and_expect_grads(std::vector<std::unique_ptr<GPTModel>>& chunks, GPTModel& ref,
+void finalize_and_expect_grads(std::vector<std::unique_ptr<ModelChunk>>& chunks, ModelChunk& ref,
                                const ParallelContext& pc, const TransformerConfig& c, const std::string& what,
                                bool check = true) {
   std::vector<ParamAndGradBuffer*> bufs;
@@ -78,17 +79,17 @@ void finalize_and_expect_grads(std::vector<std::unique_ptr<GPTModel>>& chunks, G
 }
 
 // This rank's model chunks (one per virtual stage) for an even layout with V virtual stages.
-std::vector<std::unique_ptr<GPTModel>> make_chunks(const TransformerConfig& c, const ParallelContext& pc, int64_t V,
+std::vector<std::unique_ptr<ModelChunk>> make_chunks(const TransformerConfig& c, const ParallelContext& pc, int64_t V,
                                                    bool sequence_parallel = false) {
   const int64_t ppsize = pc.pp_size();
   const pp::PipelineLayout layout = pp::make_pipeline_layout(
       {.num_layers = c.num_layers,
        .pipeline_model_parallel_size = ppsize,
        .num_layers_per_virtual_pipeline_stage = V > 1 ? c.num_layers / (ppsize * V) : 0});
-  std::vector<std::unique_ptr<GPTModel>> chunks;
+  std::vector<std::unique_ptr<ModelChunk>> chunks;
   for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
     const pp::StageLayers& st = layout.at(pc.pp_rank(), v);
-    chunks.push_back(std::make_unique<GPTModel>(
+    chunks.push_back(std::make_unique<ModelChunk>(
         c, 42, tensor_parallel::TPContext{pc.tp(), sequence_parallel}, Device::CPU,
         GPTModelStage{st.pre_process, st.post_process, st.layers.empty() ? 0 : st.layers.front(),
                       static_cast<int64_t>(st.layers.size())}));
@@ -123,15 +124,15 @@ void check(const Case& k) {
                        .num_layers_per_virtual_pipeline_stage = k.virtual_stages > 1 ? k.layers / (ppsize * k.virtual_stages) : 0,
                        .decoder_first_pipeline_num_layers = k.first_stage_layers};
   const pp::PipelineLayout layout = pp::make_pipeline_layout(lo);
-  std::vector<std::unique_ptr<GPTModel>> chunks;
+  std::vector<std::unique_ptr<ModelChunk>> chunks;
   for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
     const pp::StageLayers& st = layout.at(pc.pp_rank(), v);
-    chunks.push_back(std::make_unique<GPTModel>(
+    chunks.push_back(std::make_unique<ModelChunk>(
         c, 42, tensor_parallel::TPContext{pc.tp(), false}, Device::CPU,
         GPTModelStage{st.pre_process, st.post_process, st.layers.empty() ? 0 : st.layers.front(),
                       static_cast<int64_t>(st.layers.size())}));
   }
-  GPTModel ref(c, 42, {single.tp(), false});
+  ModelChunk ref(c, 42, {single.tp(), false});
   const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};  // eps: see parallel_equivalence_driver.cpp
   std::vector<AdamParam> ap, rp;
   std::vector<ParamAndGradBuffer*> bufs;
@@ -287,7 +288,7 @@ void check_per_token(const std::string& style, int64_t M, int64_t V) {
   TransformerConfig per_token = c;
   per_token.calculate_per_token_loss = true;
   auto chunks = make_chunks(per_token, pc, V);
-  GPTModel ref(c, 42, {single.tp(), false});
+  ModelChunk ref(c, 42, {single.tp(), false});
   const int64_t s = c.seq_length, b = 2;
   // The global batch as one microbatch [s, M*b]: column m*b + ib is microbatch m's column ib.
   pp::MicroBatch global{Tensor::empty({s, M * b}, DType::I32), Tensor::empty({s, M * b}, DType::I32),
@@ -351,7 +352,7 @@ void check_variable_seq(const std::string& style, int64_t V) {
   ParallelContext single = ParallelContext::single(comm::make_local_world());
   const TransformerConfig c = config_for(style, 2 * pc.pp_size() * V);
   auto chunks = make_chunks(c, pc, V);
-  GPTModel ref(c, 42, {single.tp(), false});
+  ModelChunk ref(c, 42, {single.tp(), false});
   const int64_t M = 2 * pc.pp_size(), b = 2;
   auto seq_of = [&](int64_t m) { return std::vector<int64_t>{8, 5, 12, 3, 16, 7, 1, 10}[static_cast<size_t>(m % 8)]; };
   double ref_loss = 0;

@@ -7,10 +7,16 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/optimizer/lr_scheduler.h"
+#include "mcpp/training/config.h"
 #include "optimizer/oracle_io.h"
 
 namespace mcpp {
 namespace {
+
+// The trainer's call: the optimizer config and the training's batch and unit.
+OptimizerParamScheduler scheduler_of(const Config& c) {
+  return OptimizerParamScheduler::from_config(c.optimizer, c.training.global_batch_size, c.training.train_samples > 0);
+}
 
 TEST(LrScheduler, MatchesMegatronFormulaAtManySteps) {
   struct Case { LrSchedulerOptions opt; };
@@ -105,7 +111,7 @@ TEST(LrScheduler, FromConfigUsesMegatronSampleUnits) {
   c.finalize();
   c.validate();
   c.apply_world_size(1);
-  OptimizerParamScheduler s = OptimizerParamScheduler::from_config(c);
+  OptimizerParamScheduler s = scheduler_of(c);
   EXPECT_DOUBLE_EQ(s.options().warmup_steps, 32.0);
   EXPECT_DOUBLE_EQ(s.options().decay_steps, 800.0);
   EXPECT_DOUBLE_EQ(s.get_lr(), 0.0);  // iteration 1 trains with lr 0, as in Megatron
@@ -114,10 +120,10 @@ TEST(LrScheduler, FromConfigUsesMegatronSampleUnits) {
   // fraction: 0.1 * 800 samples = 80 samples = 10 iterations
   c.optimizer.lr_warmup_iters = 0;
   c.optimizer.lr_warmup_fraction = 0.1f;
-  EXPECT_NEAR(OptimizerParamScheduler::from_config(c).options().warmup_steps, 80.0, 1e-4);
+  EXPECT_NEAR(scheduler_of(c).options().warmup_steps, 80.0, 1e-4);
   Config unknown_gbs;
   unknown_gbs.finalize();
-  EXPECT_THROW(OptimizerParamScheduler::from_config(unknown_gbs), Error);
+  EXPECT_THROW(scheduler_of(unknown_gbs), Error);
 }
 
 // Sample-based training: the lengths are the *_samples themselves (a warmup of 30 samples is not a whole number of
@@ -136,7 +142,7 @@ TEST(LrScheduler, FromConfigSampleBased) {
   c.validate();
   c.apply_world_size(1);
   EXPECT_EQ(c.training.train_iters, 125);
-  OptimizerParamScheduler s = OptimizerParamScheduler::from_config(c);
+  OptimizerParamScheduler s = scheduler_of(c);
   EXPECT_DOUBLE_EQ(s.options().warmup_steps, 30.0);
   EXPECT_DOUBLE_EQ(s.options().decay_steps, 1000.0);
   const double lr = static_cast<double>(1e-3f), min_lr = static_cast<double>(1e-4f);
@@ -144,7 +150,7 @@ TEST(LrScheduler, FromConfigSampleBased) {
   EXPECT_DOUBLE_EQ(s.lr_at(32), min_lr + (lr - min_lr) * (1.0 - 2.0 / 970.0));
   c.optimizer.lr_warmup_samples = 0;
   c.optimizer.lr_warmup_fraction = 0.05f;  // of the decay samples
-  EXPECT_NEAR(OptimizerParamScheduler::from_config(c).options().warmup_steps, 50.0, 1e-4);
+  EXPECT_NEAR(scheduler_of(c).options().warmup_steps, 50.0, 1e-4);
 
   for (const LrDecayStyle style : {LrDecayStyle::Cosine, LrDecayStyle::WSD, LrDecayStyle::InverseSquareRoot}) {
     Config it, sa;
@@ -169,8 +175,8 @@ TEST(LrScheduler, FromConfigSampleBased) {
       k->apply_world_size(1);
     }
     EXPECT_EQ(sa.training.train_iters, it.training.train_iters);
-    const OptimizerParamScheduler a = OptimizerParamScheduler::from_config(it);
-    const OptimizerParamScheduler b = OptimizerParamScheduler::from_config(sa);
+    const OptimizerParamScheduler a = scheduler_of(it);
+    const OptimizerParamScheduler b = scheduler_of(sa);
     for (int64_t n = 0; n <= 400; n += 8) EXPECT_EQ(a.lr_at(n), b.lr_at(n)) << "step " << n;
   }
 }

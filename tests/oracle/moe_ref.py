@@ -1,12 +1,12 @@
 #!/usr/bin/python3
-"""PyTorch oracle for mcpp's MoE layer (src/mcpp/moe/moe_layer.h: TopKRouter + dropless token dispatch +
+"""PyTorch oracle for mcpp's MoE layer (src/mcpp/transformer/moe/moe_layer.h: TopKRouter + dropless token dispatch +
 SequentialMLP experts), written from Megatron-Core's router.py / moe_utils.py semantics.
 
 Usage: moe_ref.py DIR
 DIR holds meta.txt ("n h E k F swiglu bias pre_softmax aux_coeff z_coeff loss_grad_scale S capacity_factor
 drop_policy scaling_factor score_function num_groups group_topk expert_bias balancing B [shared_gate jitter
 random_logits]") and raw little-endian
-float32 files written by tests/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
+float32 files written by tests/transformer/moe/moe_layer_test.cpp: inputs x.bin [n,h], dy.bin [n,h], router.bin [E,h] and per
 expert e: fc1_w<e>.bin [F or 2F, h], fc2_w<e>.bin [h, F] (+ fc1_b<e>.bin, fc2_b<e>.bin with bias; expert_bias.bin [E]
 when expert_bias is 1); mcpp's outputs
 y.bin, dx.bin, d_router.bin, d_fc1_w<e>.bin, d_fc2_w<e>.bin (+ bias grads), losses.bin [2] = (aux, z). With a

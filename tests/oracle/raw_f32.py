@@ -1,5 +1,5 @@
 """The raw little-endian float32 files the C++ oracle tests write (tests/kernels/attention_test.cpp,
-tests/moe/moe_layer_test.cpp), read as float64 torch tensors by the oracle scripts next to this file."""
+tests/transformer/moe/moe_layer_test.cpp), read as float64 torch tensors by the oracle scripts next to this file."""
 import os
 import sys
 

@@ -14,7 +14,7 @@
 #include "mcpp/comm/flight_recorder.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace mcpp::parallel_state {
 namespace {
@@ -201,7 +201,7 @@ TEST(ParallelLayout, ModelRulesNameTheField) {
   EXPECT_ERROR_NAMES(validate_parallel_layout(8, ffn), "ffn_hidden_size (90)");
   Config layers = valid_config(1, 3, 1);
   EXPECT_ERROR_NAMES(validate_parallel_layout(3, layers), "num_layers (4)");
-  ParallelOptions with_layout = parallel_options(layers);
+  ParallelOptions with_layout = parallel_options(layers.parallel);
   with_layout.pipeline_model_parallel_layout = "Et|tt|tL";  // the layout code owns this rule then
   EXPECT_EQ(error_of([&] { validate_parallel_layout(3, layers, with_layout); }), "<no error>");
   Config sp1 = valid_config(1, 1, 1);
@@ -217,7 +217,7 @@ TEST(ParallelLayout, ModelRulesNameTheField) {
   vocab.model.set_vocab_size(130, 4);  // padding to 128 * 4 fixes it
   EXPECT_EQ(error_of([&] { validate_parallel_layout(4, vocab); }), "<no error>");
   EXPECT_ERROR_NAMES(validate_parallel_layout(6, valid_config(4, 1, 1)), "world size (6)");
-  ParallelOptions mismatch = parallel_options(valid_config(2, 1, 1));
+  ParallelOptions mismatch = parallel_options(valid_config(2, 1, 1).parallel);
   mismatch.tensor_model_parallel_size = 4;
   EXPECT_ERROR_NAMES(validate_parallel_layout(8, valid_config(2, 1, 1), mismatch), "tensor_model_parallel_size 2");
 }

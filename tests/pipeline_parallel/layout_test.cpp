@@ -2,6 +2,7 @@
 // virtual stages (expected offsets from Megatron's get_layer_offset formulas worked by hand), the layout
 // string (parser compared with Megatron's regex-based parse_str_to_list run by
 // tests/oracle/pipeline/megatron_schedule.py --parse), and every error naming the flag / position.
+#include "mcpp/parallel_state/parallel_config.h"
 #include "mcpp/pipeline_parallel/layout.h"
 
 #include <gtest/gtest.h>

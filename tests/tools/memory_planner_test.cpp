@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mcpp/core/error.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/pipeline_parallel/activation_memory.h"
 #include "mcpp/pipeline_parallel/schedules.h"
@@ -177,7 +178,7 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
     for (const StageCase& sc : stages) {
       const std::string where = fmt::format("{}: stage pre={} post={} layers [{}, {})", k.name, sc.pre, sc.post,
                                             sc.first, sc.first + sc.count);
-      GPTModel model(cfg.model, 3, testing::single_tp(), Device::CPU,
+      ModelChunk model(cfg.model, 3, testing::single_tp(), Device::CPU,
                      {.pre_process = sc.pre, .post_process = sc.post, .first_layer = sc.first, .num_layers = sc.count});
       std::vector<int64_t> layers;
       for (int64_t i = 0; i < sc.count; ++i) layers.push_back(sc.first + i);
@@ -251,7 +252,7 @@ TEST(MemoryPlanner, SchedulePeakFollowsTheScheduleAndModelStateTheBytesPerParame
     // The whole model once: a pp > 1 run's last stage holds a copy of the tied word embeddings.
     const int64_t copy = pp > 1 ? cfg.model.padded_vocab_size * cfg.model.hidden_size : 0;
     EXPECT_EQ(plan.total_params, total - copy);
-    GPTModel whole(cfg.model, 3, testing::single_tp());
+    ModelChunk whole(cfg.model, 3, testing::single_tp());
     EXPECT_EQ(plan.total_params, whole.params().numel());
   }
 }

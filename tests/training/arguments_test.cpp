@@ -49,13 +49,13 @@ TEST(Arguments, DefaultsWithoutFlags) {
   EXPECT_EQ(c.model.num_layers, Config{}.model.num_layers);
   EXPECT_EQ(c.model.ffn_hidden_size, 4 * c.model.hidden_size);  // finalized
   EXPECT_EQ(c.optimizer.lr_decay_iters, c.training.train_iters);
-  EXPECT_TRUE(c.parallel.overwrite_main_grad);  // first gradient writes overwrite the main grads
+  EXPECT_TRUE(c.ddp.overwrite_main_grad);  // first gradient writes overwrite the main grads
 }
 
 TEST(Arguments, NoOverwriteMainGradZeroesTheBufferInstead) {
-  EXPECT_FALSE(parse_train_args({"--no-overwrite-main-grad"}).parallel.overwrite_main_grad);
+  EXPECT_FALSE(parse_train_args({"--no-overwrite-main-grad"}).ddp.overwrite_main_grad);
   const nlohmann::json j = parse_train_args({"--no-overwrite-main-grad"}).to_json();
-  EXPECT_FALSE(Config::from_json(j).parallel.overwrite_main_grad);  // round trip (checkpoints' config)
+  EXPECT_FALSE(Config::from_json(j).ddp.overwrite_main_grad);  // round trip (checkpoints' config)
 }
 
 TEST(Arguments, MegatronFlags) {

@@ -89,3 +89,9 @@ add_test(NAME training.observability_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/observability_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/observability_check)
 set_tests_properties(training.observability_cli PROPERTIES TIMEOUT 600)
+
+# config.cli_reliability: non-finite / out-of-range flag and TOML values, integers beyond int64, wrong TOML types
+# and a --config that is a directory or a FIFO each exit 2 with one "error:" line naming the flag, key or file.
+add_test(NAME config.cli_reliability
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/training/config_cli_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/config_cli_check)

@@ -80,7 +80,7 @@ TEST_F(TrainerTest, OverwriteMainGradTrainsLikeZeroingTheBuffer) {
   std::vector<Tensor> params[2];
   for (int overwrite = 0; overwrite < 2; ++overwrite) {
     Config c = tiny_train_config(prefix_, 6);
-    c.parallel.overwrite_main_grad = overwrite == 1;
+    c.ddp.overwrite_main_grad = overwrite == 1;
     Trainer t(c, 99, single());
     s[overwrite] = t.train();
     EXPECT_EQ(t.model().params().overwrite_main_grad(), overwrite == 1);

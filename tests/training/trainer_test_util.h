@@ -11,6 +11,7 @@
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/indexed_dataset.h"
 #include "mcpp/parallel_state/parallel_context.h"
+#include "mcpp/training/config.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::training_test {

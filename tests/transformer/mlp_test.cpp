@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/grad_check.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/transformer/mlp.h"
 #include "models/gpt_test_util.h"

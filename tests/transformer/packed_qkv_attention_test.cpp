@@ -14,6 +14,7 @@
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
 #include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/pipeline_parallel/activation_memory.h"
 #include "mcpp/transformer/attention.h"
@@ -125,7 +126,7 @@ ModelRun run_model(const std::string& recompute) {
   TransformerConfig c = testing::tiny_config("gpt2");  // flash core, learned positions: the packed path
   c.recompute_granularity = recompute;
   c.validate();
-  GPTModel model(c, 7, testing::single_tp());
+  ModelChunk model(c, 7, testing::single_tp());
   const testing::Batch batch = testing::fixed_batch(c.seq_length, 2, c.vocab_size);
   GPTModelCtx ctx;
   ModelRun r;

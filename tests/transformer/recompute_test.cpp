@@ -10,6 +10,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/pipeline_parallel/activation_memory.h"
 #include "models/gpt_test_util.h"
@@ -55,7 +56,7 @@ TransformerConfig recompute_config(const std::string& style, const std::string& 
 }
 
 RunResult run(const TransformerConfig& c, bool training = true) {
-  GPTModel model(c, 7, testing::single_tp());
+  ModelChunk model(c, 7, testing::single_tp());
   tensor_parallel::RngTracker rng(1234, 0, 0);
   const ForwardOptions opt{.training = training, .rng = &rng};
   RunResult r;

@@ -8,6 +8,7 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/tensor_parallel/random.h"
 #include "mcpp/transformer/attention.h"
@@ -36,7 +37,7 @@ void expect_flash_equals_unfused(const std::string& style, bool training, float 
   a.hidden_dropout = b.hidden_dropout = training ? 0.1f : 0.0f;
   a.attention_impl = "flash";
   b.attention_impl = "unfused";
-  GPTModel ma(a, 3, testing::single_tp()), mb(b, 3, testing::single_tp());
+  ModelChunk ma(a, 3, testing::single_tp()), mb(b, 3, testing::single_tp());
   testing::Batch batch = testing::fixed_batch(12, 2, a.vocab_size);
   tensor_parallel::RngTracker rng_a(1234, 0, 0), rng_b(1234, 0, 0);
   const ForwardOptions opt_a{.training = training, .rng = &rng_a}, opt_b{.training = training, .rng = &rng_b};
@@ -68,7 +69,7 @@ TEST(ModuleSpec, FlashAndUnfusedAttentionAgreeWithAttentionDropout) {
   // Dropout is on in this comparison: the eval forward (no dropout) differs from the training one.
   TransformerConfig c = testing::tiny_config("gpt2");
   c.attention_dropout = 0.3f;
-  GPTModel m(c, 3, testing::single_tp());
+  ModelChunk m(c, 3, testing::single_tp());
   testing::Batch batch = testing::fixed_batch(12, 2, c.vocab_size);
   tensor_parallel::RngTracker rng(1234, 0, 0);
   GPTModelCtx train_ctx, eval_ctx;

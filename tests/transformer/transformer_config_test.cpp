@@ -7,6 +7,7 @@
 #include <string>
 
 #include "mcpp/core/error.h"
+#include "mcpp/training/config.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "mcpp/core/tensor.h"
-#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/core/parameter.h"
 
 namespace mcpp::dist_checkpointing {
 

@@ -6,7 +6,7 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/optimizer/optimizer_config.h"
 
 namespace mcpp {
 

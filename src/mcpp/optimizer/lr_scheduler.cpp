@@ -24,14 +24,14 @@ OptimizerParamScheduler::OptimizerParamScheduler(const LrSchedulerOptions& opt) 
     fail("lr scheduler: lr_wsd_decay_style: unknown value '{}' (expected exponential|linear|cosine|minus_sqrt)", w);
 }
 
-OptimizerParamScheduler OptimizerParamScheduler::from_config(const Config& cfg) {
-  const OptimizerConfig& o = cfg.optimizer;
-  const double gbs = static_cast<double>(cfg.training.global_batch_size);
+OptimizerParamScheduler OptimizerParamScheduler::from_config(const OptimizerConfig& o, int64_t global_batch_size,
+                                                             bool sample_based) {
+  const double gbs = static_cast<double>(global_batch_size);
   if (!(gbs > 0)) fail("lr scheduler: global_batch_size is not known yet (call Config::apply_world_size)");
-  const bool samples = cfg.training.train_samples > 0;
+  const bool samples = sample_based;
   if ((samples ? o.lr_decay_samples : o.lr_decay_iters) <= 0)
     fail("lr scheduler: lr_decay_{} must be positive (call Config::finalize)", samples ? "samples" : "iters");
-  const OptimizerConfig::Lengths len = o.lengths(samples, cfg.training.global_batch_size);
+  const OptimizerConfig::Lengths len = o.lengths(samples, global_batch_size);
   LrSchedulerOptions s;
   s.max_lr = o.lr;
   s.min_lr = o.min_lr;

@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/optimizer/optimizer_config.h"
 
 namespace mcpp {
 
@@ -41,9 +41,10 @@ class OptimizerParamScheduler {
   // Checks Megatron's asserts (0 <= min_lr <= max_lr, init_lr <= max_lr, decay_steps > 0,
   // warmup_steps < decay_steps, WSD needs wsd_decay_steps in (0, decay_steps]) as mcpp::Error.
   explicit OptimizerParamScheduler(const LrSchedulerOptions& opt);
-  // Megatron's iteration-based setup: steps in samples (iterations * global_batch_size). Needs a
-  // finalized config with global_batch_size known (Config::apply_world_size).
-  static OptimizerParamScheduler from_config(const Config& cfg);
+  // Megatron's setup: steps in samples (iteration-based: iterations * global_batch_size; sample_based: the
+  // *_samples lengths). Needs a finalized config (lr_decay_* set) and global_batch_size known
+  // (Config::apply_world_size).
+  static OptimizerParamScheduler from_config(const OptimizerConfig& o, int64_t global_batch_size, bool sample_based);
 
   double get_lr() const { return lr_at(num_steps_); }
   double lr_at(int64_t num_steps) const;

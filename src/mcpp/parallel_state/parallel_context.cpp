@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "mcpp/core/error.h"
-#include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::parallel_state {
 
@@ -145,51 +144,16 @@ std::vector<GroupCreation> ParallelLayout::creation_sequence() const {
   return seq;
 }
 
-ParallelOptions parallel_options(const Config& cfg) {
+ParallelOptions parallel_options(const ParallelConfig& p) {
   ParallelOptions opt;
-  opt.tensor_model_parallel_size = cfg.parallel.tensor_model_parallel_size;
-  opt.pipeline_model_parallel_size = cfg.parallel.pipeline_model_parallel_size;
-  opt.context_parallel_size = cfg.parallel.context_parallel_size;
-  opt.expert_model_parallel_size = cfg.parallel.expert_model_parallel_size;
-  opt.expert_tensor_parallel_size = cfg.parallel.expert_tensor_parallel_size;
-  opt.order = cfg.parallel.rank_order;
-  opt.pipeline_model_parallel_layout = cfg.parallel.pipeline_model_parallel_layout;
+  opt.tensor_model_parallel_size = p.tensor_model_parallel_size;
+  opt.pipeline_model_parallel_size = p.pipeline_model_parallel_size;
+  opt.context_parallel_size = p.context_parallel_size;
+  opt.expert_model_parallel_size = p.expert_model_parallel_size;
+  opt.expert_tensor_parallel_size = p.expert_tensor_parallel_size;
+  opt.order = p.rank_order;
+  opt.pipeline_model_parallel_layout = p.pipeline_model_parallel_layout;
   return opt;
-}
-
-void validate_parallel_layout(int64_t world_size, const Config& cfg, const ParallelOptions& opt) {
-  const ParallelConfig& pc = cfg.parallel;
-  if (opt.tensor_model_parallel_size != pc.tensor_model_parallel_size ||
-      opt.pipeline_model_parallel_size != pc.pipeline_model_parallel_size ||
-      opt.context_parallel_size != pc.context_parallel_size)
-    fail("parallel options (tp {}, pp {}, cp {}) disagree with the config's tensor_model_parallel_size {}, "
-         "pipeline_model_parallel_size {}, context_parallel_size {}", opt.tensor_model_parallel_size,
-         opt.pipeline_model_parallel_size, opt.context_parallel_size, pc.tensor_model_parallel_size,
-         pc.pipeline_model_parallel_size, pc.context_parallel_size);
-  const ParallelLayout layout = ParallelLayout::make(world_size, opt);
-  const int64_t tp = layout.tp(), pp = layout.pp(), cp = layout.cp();
-  const TransformerConfig& m = cfg.model;
-  const int64_t query_groups = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
-  if (m.num_attention_heads % tp != 0)
-    fail("num_attention_heads ({}) must be divisible by tensor_model_parallel_size ({})", m.num_attention_heads, tp);
-  if (query_groups % tp != 0)
-    fail("num_query_groups ({}) must be divisible by tensor_model_parallel_size ({})", query_groups, tp);
-  if (m.ffn_hidden_size > 0 && m.ffn_hidden_size % tp != 0)
-    fail("ffn_hidden_size ({}) must be divisible by tensor_model_parallel_size ({})", m.ffn_hidden_size, tp);
-  if (opt.pipeline_model_parallel_layout.empty() && !cfg.parallel.custom_pipeline_layout() && m.num_layers % pp != 0)
-    fail("num_layers ({}) must be divisible by pipeline_model_parallel_size ({})", m.num_layers, pp);
-  if (pc.sequence_parallel && tp == 1)
-    fail("sequence_parallel needs tensor_model_parallel_size > 1 (Config::finalize turns it off at tp == 1)");
-  if (pc.sequence_parallel && m.seq_length % (tp * cp) != 0)
-    fail("seq_length ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
-         "sequence_parallel", m.seq_length, tp * cp);
-  if (m.padded_vocab_size > 0 && m.padded_vocab_size % tp != 0)
-    fail("padded_vocab_size ({}) must be divisible by tensor_model_parallel_size ({}); TransformerConfig::"
-         "set_vocab_size pads it", m.padded_vocab_size, tp);
-}
-
-void validate_parallel_layout(int64_t world_size, const Config& cfg) {
-  validate_parallel_layout(world_size, cfg, parallel_options(cfg));
 }
 
 ParallelContext::ParallelContext(ParallelLayout layout, CommPtr world)

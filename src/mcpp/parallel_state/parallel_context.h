@@ -25,11 +25,8 @@
 #include <vector>
 
 #include "mcpp/comm/communicator.h"
+#include "mcpp/parallel_state/parallel_config.h"
 #include "mcpp/parallel_state/rank_generator.h"
-
-namespace mcpp {
-struct Config;
-}
 
 namespace mcpp::parallel_state {
 
@@ -95,14 +92,9 @@ class ParallelLayout {
   RankGenerator decoder_, expert_;
 };
 
-// ParallelOptions from cfg.parallel: tp / pp / cp, the expert sizes, the rank order and the pipeline layout.
-ParallelOptions parallel_options(const Config& cfg);
-// Every launch-layout rule with clear errors naming the field: the grid rules of ParallelLayout::make,
-// opt agrees with cfg.parallel, num_attention_heads / num_query_groups / ffn_hidden_size % tp,
-// num_layers % pp (unless opt.pipeline_model_parallel_layout is set), sequence_parallel needs tp > 1
-// and seq_length % (tp*cp) == 0, padded_vocab_size % tp (when set; TransformerConfig::set_vocab_size pads).
-void validate_parallel_layout(int64_t world_size, const Config& cfg, const ParallelOptions& opt);
-void validate_parallel_layout(int64_t world_size, const Config& cfg);  // opt = parallel_options(cfg)
+// ParallelOptions from the parallel config: tp / pp / cp, the expert sizes, the rank order and the pipeline layout.
+// (The launch-layout rules against the model, validate_parallel_layout, are training/config.h's.)
+ParallelOptions parallel_options(const ParallelConfig& p);
 
 class ParallelContext {
  public:

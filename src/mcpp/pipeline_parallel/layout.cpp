@@ -1,5 +1,6 @@
 // Layer placement (see layout.h). The layout-string parser keeps each character's position in the
 // original string so errors can point at it.
+#include "mcpp/parallel_state/parallel_config.h"
 #include "mcpp/pipeline_parallel/layout.h"
 
 #include <fmt/format.h>

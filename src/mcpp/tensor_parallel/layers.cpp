@@ -36,7 +36,7 @@ ops::GradWrite grad_write(Parameter* weight, Parameter* bias) {
 }
 }  // namespace
 
-ColumnParallelLinear::ColumnParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,
+ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& params, const std::string& prefix,
                                            const ParallelLinearOptions& opt, comm::CommPtr tp)
     : tp_(std::move(tp)), opt_(opt), name_(prefix) {
   const int t = tp_->size();
@@ -163,7 +163,7 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
   return m.ret(red.out);
 }
 
-RowParallelLinear::RowParallelLinear(ParamAndGradBuffer& params, const std::string& prefix,
+RowParallelLinear::RowParallelLinear(ParameterRegistry& params, const std::string& prefix,
                                      const ParallelLinearOptions& opt, comm::CommPtr tp)
     : tp_(std::move(tp)), opt_(opt), name_(prefix) {
   const int t = tp_->size();

@@ -34,7 +34,7 @@
 #include <string>
 
 #include "mcpp/comm/communicator.h"
-#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/core/parameter.h"
 
 
 namespace mcpp::tensor_parallel {
@@ -49,7 +49,7 @@ struct ParallelLinearOptions {
   int64_t stride_chunks = 1;  // ColumnParallelLinear only
   // An expert's linear under expert tensor parallelism (Megatron's is_expert -> explicit_expert_comm): the
   // group only shards the weight; the layer runs no collective — the MoE token dispatcher all-gathers the
-  // experts' inputs over expert-TP and reduce-scatters their outputs (moe/token_dispatcher.h). Column: x is
+  // experts' inputs over expert-TP and reduce-scatters their outputs (transformer/moe/token_dispatcher.h). Column: x is
   // every expert-TP rank's whole input, dx is returned partial. Row: the output is partial; the replicated bias
   // is added on group rank 0 only (the reduce-scatter then adds it once) and its grad, from the gathered dy,
   // is complete on every rank. Needs sequence_parallel = false.
@@ -62,7 +62,7 @@ struct ParallelLinearCtx {
 
 class ColumnParallelLinear {
  public:
-  ColumnParallelLinear(ParamAndGradBuffer& params, const std::string& prefix, const ParallelLinearOptions& opt,
+  ColumnParallelLinear(ParameterRegistry& params, const std::string& prefix, const ParallelLinearOptions& opt,
                        comm::CommPtr tp);
   // Shares an existing weight (tied output layer = word embeddings); no parameters registered.
   ColumnParallelLinear(Parameter* shared_weight, const ParallelLinearOptions& opt, comm::CommPtr tp);
@@ -95,7 +95,7 @@ class ColumnParallelLinear {
 
 class RowParallelLinear {
  public:
-  RowParallelLinear(ParamAndGradBuffer& params, const std::string& prefix, const ParallelLinearOptions& opt,
+  RowParallelLinear(ParameterRegistry& params, const std::string& prefix, const ParallelLinearOptions& opt,
                     comm::CommPtr tp);
   Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;   // x [s, b, in/tp]
   // -> dx [s, b, in/tp]. bias_grad_elsewhere: the caller has taken (or takes) the bias grad and its

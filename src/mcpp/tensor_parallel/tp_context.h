@@ -18,7 +18,7 @@ struct TPContext {
   // --cp-comm-type p2p: the attention is the ring form (transformer/ring_attention.h) and each CP rank holds the
   // load-balanced chunks r and 2cp-1-r of the sequence (transformer/context_parallel.h) instead of chunk r of cp.
   bool cp_p2p = false;
-  // The expert-model-parallel group (--expert-model-parallel-size; moe/token_dispatcher.h): each rank holds
+  // The expert-model-parallel group (--expert-model-parallel-size; transformer/moe/token_dispatcher.h): each rank holds
   // num_moe_experts / ep of the experts, and the all-to-all dispatcher trades tokens over it. Null: EP 1.
   comm::CommPtr ep{};
   // The expert-tensor-parallel group (--expert-tensor-parallel-size; Megatron's default: the TP size): each routed

@@ -9,7 +9,7 @@
 
 namespace mcpp::tensor_parallel {
 
-VocabParallelEmbedding::VocabParallelEmbedding(ParamAndGradBuffer& params, const std::string& key,
+VocabParallelEmbedding::VocabParallelEmbedding(ParameterRegistry& params, const std::string& key,
                                                int64_t padded_vocab, int64_t hidden, float init_std,
                                                comm::CommPtr tp)
     : tp_(std::move(tp)), hidden_(hidden) {

@@ -13,13 +13,13 @@
 #include <string>
 
 #include "mcpp/comm/communicator.h"
-#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/core/parameter.h"
 
 namespace mcpp::tensor_parallel {
 
 class VocabParallelEmbedding {
  public:
-  VocabParallelEmbedding(ParamAndGradBuffer& params, const std::string& key, int64_t padded_vocab, int64_t hidden,
+  VocabParallelEmbedding(ParameterRegistry& params, const std::string& key, int64_t padded_vocab, int64_t hidden,
                          float init_std, comm::CommPtr tp);
   Tensor forward(const Tensor& ids /*[n] int32*/) const;               // -> [n, h]
   void backward(const Tensor& ids, const Tensor& dout /*[n, h]*/) const;  // accumulates into main_grad

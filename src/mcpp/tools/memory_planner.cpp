@@ -20,13 +20,13 @@ struct LayerDims {
   int64_t s, b, n, n_local, h, hn, np, ng, f, e, cp;  // s: this CP rank's rows (seq_length / cp)
 };
 
-LayerDims layer_dims(const Config& cfg) {
+LayerDims layer_dims(const PlanConfig& cfg) {
   const TransformerConfig& m = cfg.model;
   const int64_t tp = cfg.parallel.tensor_model_parallel_size;
   LayerDims d{};
   d.cp = cfg.parallel.context_parallel_size;
   d.s = m.seq_length / d.cp;
-  d.b = cfg.training.micro_batch_size;
+  d.b = cfg.micro_batch_size;
   d.n = d.s * d.b;
   d.n_local = cfg.parallel.sequence_parallel ? d.n / tp : d.n;
   d.h = m.hidden_size;
@@ -34,11 +34,11 @@ LayerDims layer_dims(const Config& cfg) {
   d.np = m.num_attention_heads / tp;
   d.ng = m.num_query_groups / tp;
   d.f = m.ffn_hidden_size / tp;
-  d.e = static_cast<int64_t>(dtype_size(cfg.training.bf16 ? DType::BF16 : DType::F32));
+  d.e = static_cast<int64_t>(dtype_size(cfg.bf16 ? DType::BF16 : DType::F32));
   return d;
 }
 
-int64_t norm_stats_bytes(const Config& cfg, const LayerDims& d) {
+int64_t norm_stats_bytes(const PlanConfig& cfg, const LayerDims& d) {
   return d.n_local * 4 * (cfg.model.normalization == Normalization::LayerNorm ? 2 : 1);
 }
 
@@ -55,7 +55,7 @@ int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
 // (gathered under SP); the core's query / key / value [n, np, dc] (dc = max(dn + dr, dv); "mla_up_proj": the
 // latent's rotary channels [n, dr] instead), its output when it is not linear_proj's input (padded heads: the value
 // channels' copy is; CP a2a: the hp2cp copy is), its lse or probabilities; linear_proj's input [n, np dv].
-int64_t mla_attention_bytes(const Config& cfg, const LayerDims& d, int64_t norm_out) {
+int64_t mla_attention_bytes(const PlanConfig& cfg, const LayerDims& d, int64_t norm_out) {
   const TransformerConfig& m = cfg.model;
   const bool flash = m.attention_impl == "flash", selective = m.recomputes("core_attn");
   const bool sp = d.n != d.n_local;
@@ -82,7 +82,7 @@ int64_t mla_attention_bytes(const Config& cfg, const LayerDims& d, int64_t norm_
 
 // One layer's context after its forward, without the layer input (counted by the caller: the stage input or
 // the previous layer's fused sum).
-int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
+int64_t layer_bytes(const PlanConfig& cfg, const LayerDims& d, bool moe) {
   const TransformerConfig& m = cfg.model;
   const bool flash = m.attention_impl == "flash";
   const bool selective = m.recomputes("core_attn");
@@ -145,7 +145,7 @@ int64_t layer_bytes(const Config& cfg, const LayerDims& d, bool moe) {
 // One MTP depth's context (multi_token_prediction.h; training with labels). The depth's hidden input h_{k-1} is the
 // previous head's output-layer input (h_0: the main head's) — the same tensor without SP; under SP a [s/tp] tensor of
 // its own.
-int64_t mtp_depth_bytes(const Config& cfg, const LayerDims& d) {
+int64_t mtp_depth_bytes(const PlanConfig& cfg, const LayerDims& d) {
   const TransformerConfig& m = cfg.model;
   const int64_t hidden_local = d.n_local * d.h * d.e;
   const bool sp = d.n != d.n_local;
@@ -165,7 +165,7 @@ int64_t mtp_depth_bytes(const Config& cfg, const LayerDims& d) {
 
 }  // namespace
 
-int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
+int64_t chunk_context_bytes(const PlanConfig& cfg, const std::vector<int64_t>& layers, bool pre_process,
                             bool post_process) {
   const LayerDims d = layer_dims(cfg);
   const std::vector<bool> moe = cfg.model.moe_layer_pattern();
@@ -201,7 +201,7 @@ int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layer
   return bytes;
 }
 
-int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process, bool post_process) {
+int64_t chunk_params(const PlanConfig& cfg, const std::vector<int64_t>& layers, bool pre_process, bool post_process) {
   const TransformerConfig& m = cfg.model;
   const int64_t tp = cfg.parallel.tensor_model_parallel_size;
   const int64_t h = m.hidden_size, hn = m.head_dim();
@@ -248,7 +248,7 @@ int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool
   return p;
 }
 
-int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layers, bool post_process) {
+int64_t chunk_expert_params(const PlanConfig& cfg, const std::vector<int64_t>& layers, bool post_process) {
   const TransformerConfig& m = cfg.model;
   if (m.num_moe_experts == 0) return 0;
   const int64_t h = m.hidden_size, f = m.moe_ffn_hidden_size, bias = m.add_bias_linear ? 1 : 0;
@@ -263,12 +263,18 @@ int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layer
   return moe_layers * (m.num_moe_experts / cfg.parallel.expert_model_parallel_size) * expert;
 }
 
+int64_t PlanConfig::num_microbatches() const {
+  if (parallel.data_parallel_size <= 0 || global_batch_size <= 0)
+    fail("num_microbatches: data_parallel_size is not known yet (call apply_world_size)");
+  return global_batch_size / (micro_batch_size * parallel.data_parallel_size);
+}
+
 // The plan counts bytes in int64: sizes whose products run past 2^44 elements (17 TB of fp32 in one tensor family,
 // more than any machine) would overflow it into nonsense. Refuses them first, naming the product.
-void check_plannable_sizes(const Config& cfg) {
+void check_plannable_sizes(const PlanConfig& cfg) {
   const TransformerConfig& m = cfg.model;
   const double h = static_cast<double>(m.hidden_size), L = static_cast<double>(m.num_layers + m.mtp_num_layers);
-  const double s = static_cast<double>(m.seq_length), b = static_cast<double>(cfg.training.micro_batch_size);
+  const double s = static_cast<double>(m.seq_length), b = static_cast<double>(cfg.micro_batch_size);
   const double heads = static_cast<double>(std::max<int64_t>(m.num_attention_heads, 1));
   const double ffn = static_cast<double>(std::max(m.ffn_hidden_size, m.moe_ffn_hidden_size));
   const double experts = static_cast<double>(std::max<int64_t>(m.num_moe_experts, 1));
@@ -288,7 +294,7 @@ void check_plannable_sizes(const Config& cfg) {
            "the sizes are not a trainable model", t.what, t.elements);
 }
 
-MemoryPlan plan_memory(const Config& cfg) {
+MemoryPlan plan_memory(const PlanConfig& cfg) {
   const ParallelConfig& par = cfg.parallel;
   if (cfg.model.padded_vocab_size <= 0) fail("plan_memory: the vocabulary is not set (padded_vocab_size)");
   check_plannable_sizes(cfg);
@@ -309,11 +315,11 @@ MemoryPlan plan_memory(const Config& cfg) {
   plan.world_size = plan.tp * plan.pp * plan.dp * plan.cp;
   plan.vp = layout.virtual_pipeline_model_parallel_size;
   plan.num_microbatches = cfg.num_microbatches();
-  plan.micro_batch_size = cfg.training.micro_batch_size;
+  plan.micro_batch_size = cfg.micro_batch_size;
   plan.seq_length = cfg.model.seq_length;
   plan.distributed_optimizer = par.use_distributed_optimizer;
   plan.sequence_parallel = par.sequence_parallel;
-  plan.param_dtype = cfg.training.bf16 ? DType::BF16 : DType::F32;
+  plan.param_dtype = cfg.bf16 ? DType::BF16 : DType::F32;
   // The distributed optimizer shards over the data-parallel x context-parallel ranks (Megatron's dp_cp group).
   const MemoryReport per_param = memory_report(static_cast<int>(plan.dp), plan.distributed_optimizer,
                                                plan.param_dtype, static_cast<int>(plan.cp));
@@ -326,7 +332,7 @@ MemoryPlan plan_memory(const Config& cfg) {
                                               .virtual_pipeline_model_parallel_size = plan.vp};
   pipeline_parallel::validate_schedule_options(so);
   const std::vector<pipeline_parallel::Schedule> schedules = pipeline_parallel::build_all_schedules(so);
-  Config whole = cfg;  // the logical model: TP-replicated tensors (norms, row-parallel biases) once
+  PlanConfig whole = cfg;  // the logical model: TP-replicated tensors (norms, row-parallel biases) once
   whole.parallel.tensor_model_parallel_size = 1;
   whole.parallel.expert_tensor_parallel_size = 1;
   for (int64_t r = 0; r < plan.pp; ++r) {
@@ -381,16 +387,16 @@ double largest_rank_bytes(const MemoryPlan& plan) {
   return b;
 }
 
-MemoryFit fit_memory(const Config& cfg, double budget_bytes) {
+MemoryFit fit_memory(const PlanConfig& cfg, double budget_bytes) {
   if (!(budget_bytes > 0)) fail("plan memory: the memory budget must be positive, got {} bytes", budget_bytes);
   MemoryFit fit{.budget_bytes = budget_bytes};
   fit.largest_rank_bytes = largest_rank_bytes(plan_memory(cfg));
   fit.fits = fit.largest_rank_bytes <= budget_bytes;
   const int64_t microbatches = cfg.num_microbatches();
   const auto bytes_at = [&](int64_t mbs) {
-    Config c = cfg;
-    c.training.micro_batch_size = mbs;
-    c.training.global_batch_size = mbs * cfg.parallel.data_parallel_size * microbatches;
+    PlanConfig c = cfg;
+    c.micro_batch_size = mbs;
+    c.global_batch_size = mbs * cfg.parallel.data_parallel_size * microbatches;
     return largest_rank_bytes(plan_memory(c));
   };
   // The plan grows with the micro-batch size (activations are linear in it): double, then bisect.
@@ -406,7 +412,7 @@ MemoryFit fit_memory(const Config& cfg, double budget_bytes) {
   return fit;
 }
 
-void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes,
+void require_fits(const PlanConfig& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes,
                   const std::string& memory_name) {
   const StageMemory& st = plan.stages.at(static_cast<size_t>(pp_rank));
   if (st.total_bytes() <= device_bytes) return;
@@ -420,7 +426,7 @@ void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, do
        static_cast<double>(st.peak_activation_bytes) / kGiB, st.in_flight, memory_name, device_bytes / kGiB,
        fit.max_micro_batch_size > 0
            ? fmt::format("--micro-batch-size {} would fit (now {})", fit.max_micro_batch_size,
-                         cfg.training.micro_batch_size)
+                         cfg.micro_batch_size)
            : std::string("not even --micro-batch-size 1 fits"));
 }
 

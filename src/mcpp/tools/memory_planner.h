@@ -61,9 +61,23 @@
 
 #include "mcpp/core/dtype.h"
 #include "mcpp/optimizer/distributed_optimizer.h"
+#include "mcpp/parallel_state/parallel_config.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::tools {
+
+// What the planner reads of a run's configuration: the model, the parallel layout (data_parallel_size set:
+// Config::apply_world_size), the micro and global batch and the param dtype. training/config.h's Config converts to
+// it (implicitly: plan_memory(cfg) with a Config reads as it did).
+struct PlanConfig {
+  TransformerConfig model;
+  ParallelConfig parallel;
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 0;
+  bool bf16 = false;  // bf16 params and activations (--bf16), else fp32
+  // global / (micro * dp); mcpp::Error while data_parallel_size or global_batch_size is unknown.
+  int64_t num_microbatches() const;
+};
 
 struct ChunkMemory {
   int64_t vp_stage = 0;
@@ -98,7 +112,7 @@ struct MemoryPlan {
 
 // cfg: parsed and finalized, with apply_world_size() and the vocabulary applied (padded_vocab_size > 0).
 // Throws mcpp::Error naming the field for what a training run would refuse (layout, divisibility).
-MemoryPlan plan_memory(const Config& cfg);
+MemoryPlan plan_memory(const PlanConfig& cfg);
 
 // Capacity: does the plan fit a per-GPU budget, and the largest micro-batch size that would, keeping the
 // layout and the number of microbatches (so the global batch grows with it: mbs * dp * M). A plan's largest
@@ -110,25 +124,25 @@ struct MemoryFit {
   bool fits = false;
   int64_t max_micro_batch_size = 0;
 };
-MemoryFit fit_memory(const Config& cfg, double budget_bytes);
+MemoryFit fit_memory(const PlanConfig& cfg, double budget_bytes);
 // The trainer's check before it allocates anything (on a GPU against the device, on CPU ranks against this rank's
 // share of the host memory): the plan is a lower bound of the peak (exact activations and model state; transient
 // buffers come on top), so a pipeline rank whose plan exceeds the memory would run out of it — or, on the host,
 // swap for minutes. Throws mcpp::Error naming the rank, the plan, `memory_name` ("the GPU", "this rank's share of
 // the host") with its size and the largest --micro-batch-size that fits (fit_memory), with the other ways out.
-void require_fits(const Config& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes,
+void require_fits(const PlanConfig& cfg, const MemoryPlan& plan, int64_t pp_rank, double device_bytes,
                   const std::string& memory_name);
 double largest_rank_bytes(const MemoryPlan& plan);
 
 // One microbatch's context bytes of a chunk (the formula above); exposed for the tests.
-int64_t chunk_context_bytes(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process,
+int64_t chunk_context_bytes(const PlanConfig& cfg, const std::vector<int64_t>& layers, bool pre_process,
                             bool post_process);
 // This TP rank's parameter numel of a chunk of the given global layers (rank-independent: every TP rank holds the
 // same count), MoE experts excluded; chunk_expert_params: this EP rank's experts (num_moe_experts / ep per MoE
 // layer).
-int64_t chunk_params(const Config& cfg, const std::vector<int64_t>& layers, bool pre_process, bool post_process);
+int64_t chunk_params(const PlanConfig& cfg, const std::vector<int64_t>& layers, bool pre_process, bool post_process);
 // post_process: with MTP depths of a MoE kind (the decoder's last layer's), their experts too.
-int64_t chunk_expert_params(const Config& cfg, const std::vector<int64_t>& layers, bool post_process = false);
+int64_t chunk_expert_params(const PlanConfig& cfg, const std::vector<int64_t>& layers, bool post_process = false);
 
 // "1.234 GiB", or "12.345 MiB" below 1 GiB.
 std::string format_bytes(double bytes);

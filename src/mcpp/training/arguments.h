@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace CLI {
 class App;

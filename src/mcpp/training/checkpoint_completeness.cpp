@@ -9,7 +9,7 @@
 
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
-#include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/distributed/model_chunk.h"
 
 namespace mcpp {
 
@@ -23,7 +23,7 @@ std::vector<ExpectedTensor> expected_checkpoint_tensors(const Config& config, bo
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {  // one layer at a time: bounded memory
     const GPTModelStage stage{.pre_process = layer == 0, .post_process = layer == c.num_layers - 1,
                               .first_layer = layer, .num_layers = 1};
-    GPTModel m(c, /*seed=*/0, tp, Device::CPU, stage);
+    ModelChunk m(c, /*seed=*/0, tp, Device::CPU, stage);
     for (ParamAndGradBuffer* b : m.buffers())
       for (const auto& p : b->params())
         if (!p->spec.shared_copy && seen.insert(p->spec.key).second)

@@ -19,7 +19,7 @@
 
 #include "mcpp/core/tensor.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace mcpp {
 

@@ -109,11 +109,11 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
       for (int64_t t = 0; t < opt.tp; ++t) {
         const tensor_parallel::TPContext tpc{std::make_shared<OfflineGroup>(static_cast<int>(opt.tp), static_cast<int>(t)),
                                              c.parallel.sequence_parallel};
-        std::vector<std::unique_ptr<GPTModel>> owned;
-        std::vector<GPTModel*> chunks;
+        std::vector<std::unique_ptr<ModelChunk>> owned;
+        std::vector<ModelChunk*> chunks;
         for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
           const pipeline_parallel::StageLayers& st = layout.at(static_cast<int>(p), v);
-          owned.push_back(std::make_unique<GPTModel>(
+          owned.push_back(std::make_unique<ModelChunk>(
               c.model, static_cast<uint64_t>(c.training.seed), tpc, Device::CPU,
               GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process,
                             .first_layer = st.layers.empty() ? 0 : st.layers.front(),
@@ -124,7 +124,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
         std::unique_ptr<Adam> adam;
         if (has_optim) {
           std::vector<AdamParam> params;
-          for (GPTModel* ch : chunks)
+          for (ModelChunk* ch : chunks)
             for (ParamAndGradBuffer* buf : ch->buffers())
               for (const auto& prm : buf->params())
                 params.push_back({.name = prm->spec.key, .param = prm->main_param, .main_grad = prm->main_grad,

@@ -101,8 +101,8 @@ struct Owner : SaveOwnership {
 };
 
 // Parameter specs of every chunk by key (a tied output weight's shared copy is found after the owner).
-const ParamSpec& spec_of(const std::vector<GPTModel*>& chunks, const std::string& key) {
-  for (GPTModel* c : chunks)
+const ParamSpec& spec_of(const std::vector<ModelChunk*>& chunks, const std::string& key) {
+  for (ModelChunk* c : chunks)
     for (ParamAndGradBuffer* b : c->buffers())
       if (const Parameter* p = b->find(key)) return p->spec;
   fail("no model chunk of this rank holds parameter '{}'", key);
@@ -222,13 +222,13 @@ SaveOwnership save_ownership(const parallel_state::ParallelContext& pc) {
 // bf16 model copy is then the rounded master, as after an optimizer step. When the distributed optimizer
 // holds the masters (sharded), each tensor is read once into a scratch fp32 copy, rounded into the model copy,
 // and this rank's pieces of it copied into the optimizer's master shard.
-void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
+void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<ModelChunk*>& chunks,
                        const DistributedOptimizer* optimizer) {
   std::unordered_map<const Parameter*, std::vector<const ShardPiece*>> pieces;
   if (optimizer)
     for (const ShardPiece& pc : optimizer->pieces()) pieces[pc.owner].push_back(&pc);
   std::vector<ParamAndGradBuffer*> buffers;  // every chunk's, dense and expert
-  for (GPTModel* c : chunks)
+  for (ModelChunk* c : chunks)
     for (ParamAndGradBuffer* b : c->buffers()) buffers.push_back(b);
   for (ParamAndGradBuffer* bp : buffers) {
     ParamAndGradBuffer& buf = *bp;
@@ -250,14 +250,14 @@ void read_model_chunks(const dc::CheckpointReader& reader, const std::vector<GPT
       }
     }
   }
-  for (GPTModel* c : chunks)  // the routers' expert biases (collect_checkpoint_shards)
+  for (ModelChunk* c : chunks)  // the routers' expert biases (collect_checkpoint_shards)
     for (moe::TopKRouter* r : c->routers())
       if (r->has_expert_bias())
         read_shard(reader, r->expert_bias_key(),
                    ParamSpec{.key = r->expert_bias_key(), .shape = r->expert_bias().shape()}, r->expert_bias());
 }
 
-void read_adam_state(const dc::CheckpointReader& reader, const std::vector<GPTModel*>& chunks, Adam& adam) {
+void read_adam_state(const dc::CheckpointReader& reader, const std::vector<ModelChunk*>& chunks, Adam& adam) {
   const nlohmann::json& meta = reader.meta();
   if (!meta.contains("optimizer") || meta.at("optimizer").is_null())
     fail("checkpoint '{}' holds no optimizer state; use --no-load-optim (or --finetune) to load weights only",
@@ -272,14 +272,14 @@ void read_adam_state(const dc::CheckpointReader& reader, const std::vector<GPTMo
                   });
 }
 
-std::vector<dc::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTModel*>& chunks, OptimizerRef optimizer,
+std::vector<dc::ShardedTensor> collect_checkpoint_shards(const std::vector<ModelChunk*>& chunks, OptimizerRef optimizer,
                                                          const SaveOwnership& ownership) {
   const Owner own{ownership};
   std::vector<dc::ShardedTensor> shards;
   // A tied output weight on the last pipeline stage is a shared copy of the first stage's embedding: the
   // owner writes it (and its optimizer state); the copy loads from the same key.
   bool sharded_masters = false;
-  for (GPTModel* c : chunks)
+  for (ModelChunk* c : chunks)
     for (ParamAndGradBuffer* buf : c->buffers()) {
       if (!buf->has_main_params()) {
         sharded_masters = true;
@@ -292,7 +292,7 @@ std::vector<dc::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTMo
     }
   // The routers' expert biases (moe_router_enable_expert_bias): replicated float32 buffers, written (and read) like
   // a replicated parameter under "<layer>.mlp.router.expert_bias".
-  for (GPTModel* c : chunks)
+  for (ModelChunk* c : chunks)
     for (moe::TopKRouter* r : c->routers())
       if (r->has_expert_bias()) {
         const ParamSpec spec{.key = r->expert_bias_key(), .shape = r->expert_bias().shape()};
@@ -335,7 +335,7 @@ nlohmann::json optimizer_meta(OptimizerRef optimizer) {
   return nullptr;
 }
 
-CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std::vector<GPTModel*>& chunks,
+CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std::vector<ModelChunk*>& chunks,
                                                 OptimizerRef optimizer, const TrainerState& state,
                                                 const parallel_state::ParallelContext& pc) {
   CheckpointSnapshot snap;
@@ -365,7 +365,7 @@ CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std:
 }
 
 std::string save_training_checkpoint(const std::string& save_dir, const Config& config,
-                                     const std::vector<GPTModel*>& chunks, OptimizerRef optimizer,
+                                     const std::vector<ModelChunk*>& chunks, OptimizerRef optimizer,
                                      const TrainerState& state, const parallel_state::ParallelContext& pc) {
   const CheckpointSnapshot snap = snapshot_training_checkpoint(config, chunks, optimizer, state, pc);
   return dc::save_sharded_checkpoint(save_dir, snap.iteration, snap.meta, snap.shards, pc.world()->host());
@@ -398,7 +398,7 @@ void load_rng(const nlohmann::json& meta, const Config& config, const parallel_s
 
 }  // namespace
 
-bool load_training_checkpoint(const std::string& load_dir, const Config& config, const std::vector<GPTModel*>& chunks,
+bool load_training_checkpoint(const std::string& load_dir, const Config& config, const std::vector<ModelChunk*>& chunks,
                               OptimizerRef optimizer, TrainerState& state, const LoadOptions& opt,
                               const parallel_state::ParallelContext* pc) {
   if (dc::latest_iteration(load_dir) < 0 && dc::list_iterations(load_dir).empty()) return false;
@@ -475,9 +475,9 @@ LoadedModel load_model_for_inference(const std::string& load_dir, Device device,
   lm.config.model.attention_dropout = 0.0f;
   lm.config.model.validate();
   lm.iteration = reader.iteration();
-  lm.model = std::make_unique<GPTModel>(lm.config.model, static_cast<uint64_t>(lm.config.training.seed),
-                                        tensor_parallel::TPContext{comm::make_local_world(), false}, device,
-                                        GPTModelStage{}, param_dtype);
+  lm.model = std::make_unique<ModelChunk>(lm.config.model, static_cast<uint64_t>(lm.config.training.seed),
+                                          tensor_parallel::TPContext{comm::make_local_world(), false}, device,
+                                          GPTModelStage{}, param_dtype);
   read_model_chunks(reader, {lm.model.get()});
   return lm;
 }

@@ -31,10 +31,11 @@
 
 #include "mcpp/dist_checkpointing/checkpoint.h"
 #include "mcpp/dist_checkpointing/sharded_tensor.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/tensor_parallel/random.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace mcpp {
 
@@ -81,41 +82,41 @@ struct SaveOwnership {
 SaveOwnership save_ownership(const parallel_state::ParallelContext& pc);
 
 // This rank's shards of the model chunks and optimizer state (owned copies), by the ownership rule.
-std::vector<dist_checkpointing::ShardedTensor> collect_checkpoint_shards(const std::vector<GPTModel*>& chunks,
+std::vector<dist_checkpointing::ShardedTensor> collect_checkpoint_shards(const std::vector<ModelChunk*>& chunks,
                                                                           OptimizerRef optimizer,
                                                                           const SaveOwnership& own);
 // meta.optimizer for `optimizer` ({"step", "distributed"} or null).
 nlohmann::json optimizer_meta(OptimizerRef optimizer);
 
-CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std::vector<GPTModel*>& chunks,
+CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std::vector<ModelChunk*>& chunks,
                                                 OptimizerRef optimizer, const TrainerState& state,
                                                 const parallel_state::ParallelContext& pc);
 
 // Saves iteration `state.iteration` under save_dir; returns the committed directory.
 std::string save_training_checkpoint(const std::string& save_dir, const Config& config,
-                                     const std::vector<GPTModel*>& chunks, OptimizerRef optimizer,
+                                     const std::vector<ModelChunk*>& chunks, OptimizerRef optimizer,
                                      const TrainerState& state, const parallel_state::ParallelContext& pc);
 
 // Loads the latest (or given) checkpoint under load_dir into model (+ optimizer, state). Returns false when
 // load_dir has no checkpoint yet (Megatron starts from scratch then); throws mcpp::Error on a bad one.
 // `pc` (may be null: offline tools) selects this rank's RNG entry; without it RNG is left alone.
-bool load_training_checkpoint(const std::string& load_dir, const Config& config, const std::vector<GPTModel*>& chunks,
+bool load_training_checkpoint(const std::string& load_dir, const Config& config, const std::vector<ModelChunk*>& chunks,
                               OptimizerRef optimizer, TrainerState& state, const LoadOptions& opt,
                               const parallel_state::ParallelContext* pc);
 
 // Reads the model chunks and (plain Adam) optimizer moments from an open reader, any saved layout. A model whose
 // fp32 masters the distributed optimizer holds (mixed precision) needs that optimizer: its master shard is
 // filled from the same reads.
-void read_model_chunks(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
+void read_model_chunks(const dist_checkpointing::CheckpointReader& reader, const std::vector<ModelChunk*>& chunks,
                        const DistributedOptimizer* optimizer = nullptr);
-void read_adam_state(const dist_checkpointing::CheckpointReader& reader, const std::vector<GPTModel*>& chunks,
+void read_adam_state(const dist_checkpointing::CheckpointReader& reader, const std::vector<ModelChunk*>& chunks,
                      Adam& adam);
 
 // Inference: the config stored in the checkpoint and a model holding its weights (one rank, any saved layout), on
 // `device` with `param_dtype` parameters (BF16: mixed precision, the CUDA backend).
 struct LoadedModel {
   Config config;
-  std::unique_ptr<GPTModel> model;
+  std::unique_ptr<ModelChunk> model;
   int64_t iteration = 0;
 };
 LoadedModel load_model_for_inference(const std::string& load_dir, Device device = Device::CPU,

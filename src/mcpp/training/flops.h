@@ -30,7 +30,7 @@
 #include <cstdint>
 #include <string>
 
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace mcpp {
 

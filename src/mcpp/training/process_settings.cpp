@@ -3,7 +3,7 @@
 
 #include "mcpp/kernels/deterministic_kernels.h"
 #include "mcpp/kernels/gemm_autotune.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace mcpp {
 

@@ -106,7 +106,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
     const pipeline_parallel::StageLayers& st = layout.at(pc_.pp_rank(), v);
     const int64_t first = st.layers.empty() ? 0 : st.layers.front();
-    chunks_.push_back(std::make_unique<GPTModel>(
+    chunks_.push_back(std::make_unique<ModelChunk>(
         config_.model, static_cast<uint64_t>(t.seed),
         tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap, pc_.cp(),
                                    par.cp_ring(), pc_.ep_size() > 1 ? pc_.ep() : nullptr,
@@ -115,16 +115,16 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
         GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
                       .num_layers = static_cast<int64_t>(st.layers.size())},
         param_dtype_));
-    const DdpOptions ddp_opt{.bucket_size = par.ddp_bucket_size,
-                             .overlap_grad_reduce = par.overlap_grad_reduce,
+    const DdpOptions ddp_opt{.bucket_size = config_.ddp.ddp_bucket_size,
+                             .overlap_grad_reduce = config_.ddp.overlap_grad_reduce,
                              .use_distributed_optimizer = par.use_distributed_optimizer};
-    GPTModel& chunk = *chunks_.back();
-    chunk.params().set_overwrite_main_grad(par.overwrite_main_grad);
+    ModelChunk& chunk = *chunks_.back();
+    chunk.params().set_overwrite_main_grad(config_.ddp.overwrite_main_grad);
     ddps_.push_back(std::make_unique<DistributedDataParallel>(chunk.params(), pc_, ddp_opt));
     // MoE experts: their own buffer, reduced over expert-DP (the distributed optimizer shards it there).
     expert_ddps_.emplace_back();
     if (chunk.has_expert_params()) {
-      chunk.expert_params().set_overwrite_main_grad(par.overwrite_main_grad);
+      chunk.expert_params().set_overwrite_main_grad(config_.ddp.overwrite_main_grad);
       DdpOptions eo = ddp_opt;
       eo.expert_parallel = true;  // over expert-DP (= DP at EP 1 without TP / CP), Megatron's expert scaling
       expert_ddps_.back() = std::make_unique<DistributedDataParallel>(chunk.expert_params(), pc_, eo);
@@ -138,7 +138,7 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
       if (d) ddps.push_back(d.get());
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(
         ddps, DistributedOptimizerOptions{.adam = adam_options_from(config_.optimizer),
-                                          .overlap_param_gather = par.overlap_param_gather,
+                                          .overlap_param_gather = config_.ddp.overlap_param_gather,
                                           .moe_model = config_.model.num_moe_experts > 0});
   } else {
     std::vector<AdamParam> adam_params;
@@ -150,7 +150,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                                  .model_param = buf->mixed_precision() ? p->data : Tensor()});
     optimizer_ = std::make_unique<Adam>(std::move(adam_params), adam_options_from(config_.optimizer));
   }
-  scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(config_));
+  scheduler_ = std::make_unique<OptimizerParamScheduler>(OptimizerParamScheduler::from_config(
+      config_.optimizer, config_.training.global_batch_size, config_.training.train_samples > 0));
   // Dropout streams: seeded by --seed (Megatron's offsets per TP/PP rank); offsets are checkpointed.
   state_.rng = tensor_parallel::RngTracker(static_cast<uint64_t>(t.seed), pc_.tp_rank(), pc_.pp_rank());
 
@@ -219,8 +220,8 @@ int64_t Trainer::model_state_bytes() const {
   return b;
 }
 
-std::vector<GPTModel*> Trainer::chunk_ptrs() const {
-  std::vector<GPTModel*> out;
+std::vector<ModelChunk*> Trainer::chunk_ptrs() const {
+  std::vector<ModelChunk*> out;
   for (const auto& c : chunks_) out.push_back(c.get());
   return out;
 }

@@ -48,6 +48,7 @@
 #include "mcpp/core/module_trace.h"
 #include "mcpp/datasets/blended_dataset.h"
 #include "mcpp/dist_checkpointing/retention.h"
+#include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/checkpointing.h"
@@ -57,7 +58,7 @@
 #include "mcpp/training/tensorboard.h"
 #include "mcpp/training/timers.h"
 #include "mcpp/tools/memory_planner.h"
-#include "mcpp/transformer/transformer_config.h"
+#include "mcpp/training/config.h"
 
 namespace mcpp {
 namespace timeline { class TimelineRecorder; }
@@ -97,7 +98,7 @@ class Trainer {
   // The mean lm loss over eval_iters global batches: of the valid split from consumed_valid_samples, or (EndTest) of
   // the test split from its first sample; -1 without the split.
   double evaluate(int64_t iteration, Eval which = Eval::Interval);
-  GPTModel& model() { return *chunks_.front(); }
+  ModelChunk& model() { return *chunks_.front(); }
 
  private:
   struct Batch {
@@ -126,7 +127,7 @@ class Trainer {
   // --async-save: vote + commit a finished background save (blocking: wait for it); logs, retention.
   void finalize_async_save(bool blocking);
   void after_commit(const std::string& dir, int64_t iteration);  // --keep-last-n-checkpoints (rank 0)
-  std::vector<GPTModel*> chunk_ptrs() const;
+  std::vector<ModelChunk*> chunk_ptrs() const;
   bool is_logging_rank() const { return pc_.rank() == pc_.world_size() - 1; }
   // Bytes this rank allocated for params, main grads, fp32 main params and optimizer state (the report's
   // measured model state, beside the memory plan's).
@@ -183,7 +184,7 @@ class Trainer {
   std::unique_ptr<BlendedDataset> train_ds_;
   std::unique_ptr<BlendedDataset> valid_ds_;
   std::unique_ptr<BlendedDataset> test_ds_;  // the test split, evaluated once at the end of training
-  std::vector<std::unique_ptr<GPTModel>> chunks_;  // by virtual pipeline stage
+  std::vector<std::unique_ptr<ModelChunk>> chunks_;  // by virtual pipeline stage
   std::vector<std::unique_ptr<DistributedDataParallel>> ddps_;  // one per chunk (its own buffers)
   // One per chunk: its MoE experts' buffer (over expert-DP at EP > 1); null where the chunk has no experts.
   std::vector<std::unique_ptr<DistributedDataParallel>> expert_ddps_;

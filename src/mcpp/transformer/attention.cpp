@@ -21,7 +21,7 @@ tensor_parallel::ParallelLinearOptions attention_output_options(const Transforme
           .tp_comm_overlap = tp.comm_overlap};
 }
 
-SelfAttention::SelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
+SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
                              const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
     : name_(prefix),
       np_(c.num_attention_heads / tp.size()),

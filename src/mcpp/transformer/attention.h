@@ -59,7 +59,7 @@ tensor_parallel::ParallelLinearOptions attention_output_options(const Transforme
 
 class SelfAttention {
  public:
-  SelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
+  SelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
                 const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
   // rope: tables for the current sequence length (nullptr for learned/none positions).
   Tensor forward(SelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;

@@ -7,7 +7,7 @@
 
 namespace mcpp {
 
-MLP::MLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
+MLP::MLP(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
          const tensor_parallel::TPContext& tp, bool is_expert)
     : swiglu_(c.swiglu),
       // (with "moe" too the whole layer is re-run right before its backward: dropping the activation again would only

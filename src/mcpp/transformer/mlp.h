@@ -31,7 +31,7 @@ class MLP {
   // is_expert (Megatron's MLP(is_expert=True)): a routed expert — tp is the expert-TP group, the linears run no
   // collective (ParallelLinearOptions::explicit_expert_comm; the MoE dispatcher gathers and reduces), rows in
   // [n, 1, h] without sequence parallelism.
-  MLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
+  MLP(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
       const tensor_parallel::TPContext& tp, bool is_expert = false);
   Tensor forward(MLPCtx& ctx, const Tensor& x) const;
   // output_bias_grad_elsewhere: fc2's bias grad is taken from the residual stream (output_bias()).

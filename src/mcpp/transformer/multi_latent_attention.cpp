@@ -29,7 +29,7 @@ tp::ParallelLinearOptions column(const TransformerConfig& c, const tp::TPContext
 }
 }  // namespace
 
-MLASelfAttention::MLASelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
+MLASelfAttention::MLASelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
                                    const TransformerLayerSpec& spec, const tp::TPContext& t)
     : name_(prefix),
       n_(c.num_attention_heads / t.size()),

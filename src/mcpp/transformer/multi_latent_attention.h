@@ -59,7 +59,7 @@ struct MLASelfAttentionCtx {
 
 class MLASelfAttention {
  public:
-  MLASelfAttention(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
+  MLASelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
   // rope: the model's MLA tables (dr / 2 columns) for the current sequence length.
   Tensor forward(MLASelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;

@@ -14,7 +14,7 @@ namespace {
 std::string depth_prefix(int64_t depth) { return fmt::format("mtp.layers.{}", depth); }
 }  // namespace
 
-MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params,
+MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParameterRegistry& params, ParameterRegistry& expert_params,
                                                      int64_t depth, const TransformerConfig& c,
                                                      const TransformerLayerSpec& spec, const tp::TPContext& tpc,
                                                      bool moe)

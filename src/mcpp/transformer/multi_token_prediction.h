@@ -36,7 +36,7 @@ struct MultiTokenPredictionLayerCtx {
 class MultiTokenPredictionLayer {
  public:
   // depth: 0-based (keys "mtp.layers.<depth>"); moe: the transformer layer's MLP is a MoE layer.
-  MultiTokenPredictionLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, int64_t depth,
+  MultiTokenPredictionLayer(ParameterRegistry& params, ParameterRegistry& expert_params, int64_t depth,
                             const TransformerConfig& config, const TransformerLayerSpec& spec,
                             const tensor_parallel::TPContext& tp, bool moe);
   // hidden = h_{k-1}, embedding = e: both [s(/tp), b, h]. Returns h_k [s(/tp), b, h].

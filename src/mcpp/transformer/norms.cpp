@@ -5,7 +5,7 @@
 
 namespace mcpp {
 
-Norm::Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps,
+Norm::Norm(ParameterRegistry& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps,
            bool sequence_parallel)
     : hidden_(hidden), kind_(kind), eps_(eps) {
   weight_ = params.add({.key = prefix + ".weight", .shape = {hidden}, .init = InitKind::Ones, .no_weight_decay = true,

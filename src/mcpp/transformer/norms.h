@@ -12,7 +12,7 @@
 #include <string>
 
 #include "mcpp/core/tensor.h"
-#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/core/parameter.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -37,7 +37,7 @@ struct ResidualBiasGrads {
 
 class Norm {
  public:
-  Norm(ParamAndGradBuffer& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps,
+  Norm(ParameterRegistry& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps,
        bool sequence_parallel);
   Tensor forward(NormCtx& ctx, const Tensor& x) const;  // x [..., h] -> [..., h]
   // sum = a + b (a, b [..., h] of one shape; sum gets a's shape, dtype and device), returns norm(sum).

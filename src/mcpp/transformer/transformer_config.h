@@ -1,40 +1,32 @@
-// Typed configuration (DESIGN.md decision 6): small structs per concern, each with validate() that names
-// the offending field (throws mcpp::Error, one line). Field names follow Megatron-LM's flags with
-// '-' -> '_'. Parsing (TOML --config file, then Megatron-named CLI flags that override it) lives in
-// training/arguments.h; the math fingerprint in Config::fingerprint().
+// TransformerConfig: the model's fields only (Megatron-Core's TransformerConfig; the model section of the config
+// JSON / TOML). Fields declared once in fields() (transformer_config_fields.cpp; core/config_fields.h: flag, help,
+// range, fingerprint rule, --use-checkpoint-args); validate() checks them (one-line mcpp::Error naming the field).
+// Field names follow Megatron-LM's flags with '-' -> '_'. The other packages' configs and the combined Config
+// (JSON, fingerprint, cross-config rules) are training/config.h's.
 //
 // Life cycle: defaults -> TOML / flags (or from_json) -> finalize() fills the 0-defaults -> validate().
 // finalize() is idempotent, so a finalized config survives to_json -> from_json -> finalize unchanged.
-// Facts that need the world (data-parallel size, global batch default) come later through
-// Config::apply_world_size(); the padded vocabulary through TransformerConfig::set_vocab_size().
-//
-// JSON layout (also the TOML layout, see arguments.h): {"model": {...}, "parallel": {...},
-// "training": {...}, "optimizer": {...}, "data": {...}} with the field names below; enums are written
-// as Megatron's strings ("LayerNorm", "rope", "cosine", "WSD", ...).
+// The padded vocabulary comes through set_vocab_size().
 #pragma once
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "mcpp/core/config_fields.h"
 
 namespace mcpp {
 
 enum class Normalization { LayerNorm, RMSNorm };
 enum class PositionEmbedding { LearnedAbsolute, Rope, None };
-enum class LrDecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };
 
-// Megatron's strings: "LayerNorm"|"RMSNorm"; "learned_absolute"|"rope"|"none";
-// "constant"|"linear"|"cosine"|"inverse-square-root"|"WSD". Parsing throws mcpp::Error naming `field`.
+// Megatron's strings: "LayerNorm"|"RMSNorm"; "learned_absolute"|"rope"|"none". Parsing throws mcpp::Error naming
+// `field`.
 std::string to_string(Normalization v);
 std::string to_string(PositionEmbedding v);
-std::string to_string(LrDecayStyle v);
 Normalization parse_normalization(const std::string& s, std::string_view field);
 PositionEmbedding parse_position_embedding(const std::string& s, std::string_view field);
-LrDecayStyle parse_lr_decay_style(const std::string& s, std::string_view field);
 
 struct TransformerConfig {
   int64_t num_layers = 2;
@@ -144,7 +136,7 @@ struct TransformerConfig {
   bool last_stage_uses_word_embeddings() const { return !untie_embeddings_and_output_weights || mtp_num_layers > 0; }
   // The MTP depths are recomputed in backward (full recompute, uniform method; with block they are not, as Megatron).
   bool recomputes_mtp_depths() const { return recompute_granularity == "full" && recompute_method == "uniform"; }
-  // Mixture of experts (Megatron's --num-experts, --moe-*; moe/moe_layer.h): with num_moe_experts > 0 the MLP of
+  // Mixture of experts (Megatron's --num-experts, --moe-*; transformer/moe/moe_layer.h): with num_moe_experts > 0 the MLP of
   // the layers moe_layer_freq selects is a MoE layer of that many experts (0 = dense). TopKRouter: router logits
   // [n, E] = x W_r^T; each token goes to moe_router_topk experts — the top k logits, probabilities = softmax over
   // those k (with moe_router_pre_softmax: softmax over all E, then the top k of it) — and its output is the
@@ -230,213 +222,8 @@ struct TransformerConfig {
   // _vocab_size_with_padding).
   void set_vocab_size(int64_t n, int64_t tensor_model_parallel_size);
   void finalize();   // fills 0-defaults; call after parsing, before validate()
+  static const config::FieldTable<TransformerConfig>& fields();
   void validate() const;
 };
-
-struct ParallelConfig {
-  int64_t tensor_model_parallel_size = 1;
-  int64_t pipeline_model_parallel_size = 1;
-  int64_t context_parallel_size = 1;
-  // Megatron's --cp-comm-type: how the attention sees the whole sequence under context parallelism. "a2a"
-  // (DeepSpeed-Ulysses all-to-all: sequence traded for query groups around the core attention,
-  // tensor_parallel/mappings.h; each rank holds a contiguous s / cp chunk) or "p2p" (ring attention,
-  // transformer/ring_attention.h: key / value blocks passed around the CP ranks, each rank holding the causally
-  // load-balanced chunks r and 2cp-1-r of 2cp, transformer/context_parallel.h). "all_gather" / "a2a+p2p" are refused.
-  std::string cp_comm_type = "a2a";
-  bool cp_ring() const { return cp_comm_type == "p2p"; }  // the ring form (in use when context_parallel_size > 1)
-  int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 -> no interleaving
-  bool sequence_parallel = false;         // finalize() turns it off at tp == 1, as Megatron does
-  // Megatron's --tp-comm-overlap (sequence parallel only): each SP all-gather feeding a GEMM runs as a ring
-  // over the TP group, the GEMM of each arrived chunk overlapping the next chunk's transfer
-  // (tensor_parallel/layers.h). finalize() turns it off with sequence_parallel at tp == 1.
-  bool tp_comm_overlap = false;
-  bool use_distributed_optimizer = false;
-  int64_t expert_model_parallel_size = 1;
-  int64_t expert_tensor_parallel_size = 0;  // 0 -> tensor_model_parallel_size (Megatron's default)
-  int64_t expert_tp() const {  // the expert-TP size in use
-    return expert_tensor_parallel_size == 0 ? tensor_model_parallel_size : expert_tensor_parallel_size;
-  }
-  std::string rank_order = "tp-cp-ep-dp-pp";  // Megatron's order string (RankGenerator)
-  std::string pipeline_model_parallel_layout;  // --pipeline-model-parallel-layout, e.g. "E|t*3|t*3|t*2,L"
-  int64_t decoder_first_pipeline_num_layers = -1;  // -1 = unset: uneven split (pipeline_parallel/layout.h)
-  int64_t decoder_last_pipeline_num_layers = -1;
-  // Megatron-Core's account_for_embedding/loss_in_pipeline_split: the embedding / the loss counts as one
-  // layer when the layers are split over the pipeline stages (pipeline_parallel/layout.h).
-  bool account_for_embedding_in_pipeline_split = false;
-  bool account_for_loss_in_pipeline_split = false;
-  // --variable-seq-lengths: microbatches may differ in sequence length; pipeline stages exchange the
-  // activation shape before each P2P transfer (Megatron's ModelParallelConfig.variable_seq_lengths).
-  bool variable_seq_lengths = false;
-  // Whether a custom layer placement is given (then pipeline_parallel/layout.h checks the counts).
-  bool custom_pipeline_layout() const {
-    return !pipeline_model_parallel_layout.empty() || decoder_first_pipeline_num_layers >= 0 ||
-           decoder_last_pipeline_num_layers >= 0 || account_for_embedding_in_pipeline_split ||
-           account_for_loss_in_pipeline_split;
-  }
-  // Data parallel (distributed/data_parallel.h): bucket size in elements (Megatron's --ddp-bucket-size;
-  // 0 -> max(40M, 1M * dp)), overlap of the grad reduction with backward, of the param all-gather with
-  // the next forward (distributed optimizer).
-  int64_t ddp_bucket_size = 0;
-  bool overlap_grad_reduce = false;
-  bool overlap_param_gather = false;
-  // Each parameter's first gradient write of a step overwrites its main grad (a beta = 0 wgrad GEMM; TE's
-  // overwrite_main_grad) instead of the step zeroing the whole grad buffer first; same values.
-  // --no-overwrite-main-grad: zero the buffer (Megatron's zero_grad_buffer), for A/B runs and debugging.
-  bool overwrite_main_grad = true;
-  // Communicator debugging (comm/): the watchdog timeout and the per-collective fingerprint check.
-  float distributed_timeout_minutes = 10.0f;
-  bool check_collectives = false;
-  int64_t data_parallel_size = 0;         // derived by Config::apply_world_size; 0 until then
-  void validate() const;
-};
-
-struct TrainingConfig {
-  int64_t micro_batch_size = 4;
-  int64_t global_batch_size = 0;  // 0 -> micro_batch_size * dp (Config::apply_world_size)
-  int64_t train_iters = 100;
-  // Sample-based training (Megatron's --train-samples; exclusive with --train-iters): train_iters is then derived,
-  // train_samples / global_batch_size after a ramp-up's batches (Config::apply_world_size overwrites it; the parsed
-  // flags leave it 0 until then), and the LR schedule's lengths are OptimizerConfig's *_samples.
-  int64_t train_samples = 0;
-  // Megatron's --rampup-batch-size START INCREMENT SAMPLES (sample-based training only): the global batch starts at
-  // START and grows by INCREMENT in equal steps over SAMPLES consumed samples, then stays global_batch_size
-  // (Config::global_batch_size_at); empty: off.
-  std::vector<int64_t> rampup_batch_size;
-  int64_t seed = 1234;
-  int64_t log_interval = 10;
-  int64_t eval_interval = 1000;
-  int64_t eval_iters = 10;
-  int64_t save_interval = 0;  // 0 -> save at the end only (when --save is given)
-  std::string save;
-  std::string load;
-  bool no_load_optim = false;
-  bool no_load_rng = false;
-  bool finetune = false;
-  bool use_checkpoint_args = false;  // --use-checkpoint-args: the architecture from --load's checkpoint (arguments.cpp)
-  bool override_config_check = false;  // load a checkpoint of a different model (warns)
-  bool no_verify_checksums = false;    // --no-verify-checksums: skip xxh3 checks while loading
-  std::string metrics_path;  // JSONL; default <save>/metrics.jsonl when save is set
-  std::string timeline;      // Chrome/Perfetto trace of the pipeline schedule (all ranks); empty = off
-  bool async_save = false;   // --async-save: snapshot at the step boundary, written by a background thread
-  int64_t keep_last_n_checkpoints = 0;  // --keep-last-n-checkpoints: delete older committed ones; 0 = keep all
-  int64_t exit_interval = 0;
-  // Megatron's --skip-train: no training step (nor save); the end-of-training evaluations of the validation and test
-  // sets run on the loaded model (from the checkpoint's consumed validation samples).
-  bool skip_train = false;
-  bool bf16 = false;  // --bf16: bf16 params/activations with fp32 main params and grads (CUDA only)
-  // --device: where the model trains. "auto" = cuda when this build has CUDA and a GPU is visible, else
-  // cpu; "cuda" without a GPU is an error.
-  std::string device = "auto";
-  bool fp16 = false;  // --fp16: accepted for Megatron parity; exclusive with bf16
-  // --enable-cuda-graph: capture the training step's forward/backward (all microbatches, zero_grad and the
-  // grad sync) in a CUDA graph after cuda_graph_warmup_steps eager steps, then replay it; the optimizer
-  // step stays eager. Scope "full_iteration" (Megatron's name) is the one implemented.
-  bool enable_cuda_graph = false;
-  std::string cuda_graph_scope = "full_iteration";
-  int64_t cuda_graph_warmup_steps = 3;
-  // ---- observability (training/: rank_metrics.h, timers.h, flops.h, tensorboard_log.h, module_trace;
-  // docs/OBSERVABILITY.md). Not math fields.
-  bool per_rank_metrics = true;               // <metrics stem>.rank_<r>.jsonl on every rank; --no-per-rank-metrics
-  int64_t timing_log_level = 0;               // Megatron's --timing-log-level 0|1|2
-  std::string timing_log_option = "minmax";   // Megatron's --timing-log-option max|minmax|all
-  double peak_tflops = 0.0;                   // --peak-tflops: MFU's peak per GPU/rank (0: a known GPU's bf16 peak)
-  bool log_straggler = false;                 // Megatron's --log-straggler: the per-interval straggler report
-  double straggler_threshold = 10.0;          // --straggler-threshold PCT: a rank this much slower is named
-  std::string tensorboard_dir;                // Megatron's --tensorboard-dir (empty: off)
-  int64_t tensorboard_log_interval = 1;       // Megatron's --tensorboard-log-interval
-  bool log_timers_to_tensorboard = false;     // Megatron's --log-timers-to-tensorboard
-  bool log_memory_to_tensorboard = false;     // Megatron's --log-memory-to-tensorboard
-  bool log_validation_ppl_to_tensorboard = false;  // Megatron's --log-validation-ppl-to-tensorboard
-  int64_t trace_modules = 0;                  // --trace-modules N: iteration N's module tree (0: off)
-  void validate() const;
-};
-
-struct OptimizerConfig {
-  std::string optimizer = "adam";
-  float lr = 1e-4f;
-  float min_lr = 0.0f;
-  float lr_warmup_init = 0.0f;      // Megatron's init_lr: warmup ramps from here to lr
-  int64_t lr_warmup_iters = 0;
-  float lr_warmup_fraction = 0.0f;  // when > 0: warmup = fraction * lr_decay_iters (lr_warmup_iters must be 0)
-  int64_t lr_decay_iters = 0;       // 0 -> train_iters (Config::finalize)
-  LrDecayStyle lr_decay_style = LrDecayStyle::Linear;
-  int64_t lr_wsd_decay_iters = 0;   // WSD: length of the final anneal (required with WSD)
-  // The same lengths in samples, for sample-based training (TrainingConfig::train_samples; Megatron's
-  // --lr-warmup-samples / --lr-decay-samples / --lr-wsd-decay-samples); lr_decay_samples 0 -> train_samples.
-  int64_t lr_warmup_samples = 0;
-  int64_t lr_decay_samples = 0;
-  int64_t lr_wsd_decay_samples = 0;
-  std::string lr_wsd_decay_style = "exponential";  // exponential | linear | cosine | minus_sqrt
-  float weight_decay = 0.01f;
-  float adam_beta1 = 0.9f;
-  float adam_beta2 = 0.999f;
-  float adam_eps = 1e-8f;
-  float clip_grad = 1.0f;  // 0 disables
-  // The schedule's lengths in Megatron's steps (samples): iteration-based, the *_iters times global_batch_size;
-  // sample-based, the *_samples. Warmup may be fractional (lr_warmup_fraction * decay).
-  struct Lengths {
-    double warmup, decay, wsd;
-  };
-  Lengths lengths(bool sample_based, int64_t global_batch_size) const;
-  void validate() const;
-};
-
-struct DataConfig {
-  // a prefix, or Megatron's blend "weight prefix weight prefix ..." (datasets/blended_dataset.h)
-  std::vector<std::string> data_path;
-  // Megatron's per-split data (--train-data-path / --valid-data-path / --test-data-path; exclusive with data_path):
-  // each split reads the whole of its own prefix or blend (--split does not apply); no valid path: no evaluation.
-  // (the test split, of test_data_path or --split's third weight, is evaluated once at the end of training.)
-  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
-  std::string split = "969,30,1";
-  // GPT2BPETokenizer | HuggingFaceTokenizer | SentencePieceTokenizer | NullTokenizer (datasets/megatron_tokenizer.h)
-  std::string tokenizer_type = "GPT2BPETokenizer";
-  std::string tokenizer_model;  // HuggingFaceTokenizer: a directory with tokenizer.json; SentencePiece: the .model
-  std::string vocab_file;
-  std::string merge_file;
-  bool eod_mask_loss = false;  // --eod-mask-loss: no loss where the input token is EOD
-  // Megatron's parse of --split: ',' or '/' separated weights, padded to 3 with 0, normalized to sum 1.
-  std::array<double, 3> split_fractions() const;
-  void validate() const;
-};
-
-struct Config {
-  TransformerConfig model;
-  ParallelConfig parallel;
-  TrainingConfig training;
-  OptimizerConfig optimizer;
-  DataConfig data;
-  void finalize();        // model.finalize + lr_decay_iters / _samples default + sequence_parallel at tp == 1
-  void validate() const;  // each struct's validate + cross-struct rules
-  // What only training needs (a data path); separate so forward/generate can use a model-only config.
-  void validate_for_training() const;
-  // Sets parallel.data_parallel_size = world / (tp * pp * cp), fills the global batch default and
-  // checks global_batch_size % (micro_batch_size * dp) == 0; sample-based, sets train_iters = train_samples /
-  // global_batch_size (Megatron's update_train_iters). Throws naming the field.
-  void apply_world_size(int64_t world_size);
-  // The LR schedule's lengths in the training's unit (Megatron's iteration- / sample-based rules); part of validate.
-  void validate_lr_schedule() const;
-  int64_t num_microbatches() const;  // global / (micro * dp); needs apply_world_size
-  // The global batch of the step that starts after `consumed` training samples: global_batch_size, or during a
-  // --rampup-batch-size ramp Megatron's start + floor(consumed / (samples / increments)) * increment (up to and
-  // including consumed == samples); and its microbatches per DP rank.
-  int64_t global_batch_size_at(int64_t consumed) const;
-  int64_t num_microbatches_at(int64_t consumed) const;
-
-  // JSON of everything (stored in checkpoints, printed by --print-config). from_json starts from the
-  // defaults, takes every key present, and rejects unknown keys and wrong types naming "section.key".
-  nlohmann::json to_json() const;
-  static Config from_json(const nlohmann::json& j);
-  // The fields that change the model's math (architecture, vocab, norms; init, dropout, attention
-  // implementation, seq_length and everything outside the model are excluded: they do not change the
-  // function a checkpoint computes). Rotary fields only with rope, max_position_embeddings only with
-  // learned positions. Used to refuse loading into a different model.
-  nlohmann::json math_fields() const;
-  std::string fingerprint() const;  // xxh3-64 hex (16 digits) of math_fields().dump()
-};
-
-// Fields whose values differ between two math_fields() objects, e.g. {"hidden_size: 64 vs 128"};
-// a field present on one side only reads "name: <absent> vs 4".
-std::vector<std::string> diff_math_fields(const nlohmann::json& a, const nlohmann::json& b);
 
 }  // namespace mcpp

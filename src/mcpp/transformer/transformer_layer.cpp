@@ -11,7 +11,7 @@
 
 namespace mcpp {
 
-TransformerLayer::TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params,
+TransformerLayer::TransformerLayer(ParameterRegistry& params, ParameterRegistry& expert_params,
                                    const std::string& prefix, const TransformerConfig& c,
                                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp,
                                    bool moe)
@@ -167,7 +167,7 @@ std::vector<moe::TopKRouter*> TransformerBlock::routers() const {
   return out;
 }
 
-TransformerBlock::TransformerBlock(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params,
+TransformerBlock::TransformerBlock(ParameterRegistry& params, ParameterRegistry& expert_params,
                                    const TransformerConfig& c, const TransformerLayerSpec& spec,
                                    const tensor_parallel::TPContext& tp, int64_t first_layer, int64_t num_layers,
                                    bool post_process)

@@ -21,7 +21,7 @@
 // give the same bits (same masks from the same keys, same roundings, same reduction partitions), so
 // recompute and pipeline layouts stay bitwise equal to the plain run; for that linear_fc2's bias grad under
 // dropout stays in its wgrad (cuBLASLt's BGRADB epilogue: free at 1.3B) rather than in whichever norm.
-// In the layers config.moe_layer_pattern() selects (num_moe_experts > 0) the mlp is a MoELayer (moe/moe_layer.h: router, token dispatch, experts): its
+// In the layers config.moe_layer_pattern() selects (num_moe_experts > 0) the mlp is a MoELayer (transformer/moe/moe_layer.h: router, token dispatch, experts): its
 // output has no bias of its own, so no bias grad rides in pre_mlp_layernorm's backward for it; its backward takes
 // the microbatch's loss_grad_scale (the router's load-balancing losses).
 // Selective recompute of the MLP (recompute_modules "mlp" in a dense layer, "moe" in a MoE layer; Megatron's
@@ -49,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include "mcpp/moe/moe_layer.h"
+#include "mcpp/transformer/moe/moe_layer.h"
 #include "mcpp/transformer/attention.h"
 #include "mcpp/transformer/mlp.h"
 #include "mcpp/transformer/multi_latent_attention.h"
@@ -93,7 +93,7 @@ class TransformerLayer {
  public:
   // expert_params: where a MoE layer registers its experts (the model's one buffer at EP 1; moe_layer.h).
   // moe: this layer's MLP is a MoE layer (config.is_moe_layer of its global index).
-  TransformerLayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
+  TransformerLayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
                    const TransformerConfig& config, const TransformerLayerSpec& spec,
                    const tensor_parallel::TPContext& tp, bool moe);
   // x: the layer input (an unsummed one is added inside input_layernorm). Returns y unsummed: {x1, mlp}.
@@ -150,7 +150,7 @@ class TransformerBlock {
  public:
   // Builds layers [first_layer, first_layer + num_layers) named decoder.layers.<global index>; the final
   // norm only when post_process (the last pipeline stage holds it).
-  TransformerBlock(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const TransformerConfig& config,
+  TransformerBlock(ParameterRegistry& params, ParameterRegistry& expert_params, const TransformerConfig& config,
                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp, int64_t first_layer,
                    int64_t num_layers, bool post_process);
   Tensor forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mixture-of-experts layers (`--num-experts`, moe/moe_layer.h) through `mcpp train`, single process and under
+"""Mixture-of-experts layers (`--num-experts`, transformer/moe/moe_layer.h) through `mcpp train`, single process and under
 mpiexec, against the single-process run (the parallel-equivalence oracle, end to end).
 
 usage: moe_check.py MCPP WORKDIR

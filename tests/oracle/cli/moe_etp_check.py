@@ -2,7 +2,7 @@
 """Expert tensor parallelism (`--expert-tensor-parallel-size`; Megatron's default: the TP size) through `mcpp train`:
 each routed expert's fc1 rows / fc2 columns split over the expert-TP group, the token dispatcher all-gathering the
 experts' input rows over it after the EP all-to-all and reduce-scattering their partial outputs
-(moe/token_dispatcher.h), against the single-process run (the parallel-equivalence oracle, end to end).
+(transformer/moe/token_dispatcher.h), against the single-process run (the parallel-equivalence oracle, end to end).
 
 usage: moe_etp_check.py MCPP WORKDIR
   1. TP2 + SP with the default expert TP (2), GELU experts with biases (fc2's bias added once) and Llama-style

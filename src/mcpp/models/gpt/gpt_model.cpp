@@ -16,8 +16,8 @@ namespace mcpp {
 
 namespace tp = tensor_parallel;
 
-GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContext& tpc, Device device,
-                   const GPTModelStage& stage, DType param_dtype)
+GPTModel::GPTModel(ParameterRegistry& params, ParameterRegistry& expert_params, const TransformerConfig& c,
+                   const tp::TPContext& tpc, Device device, const GPTModelStage& stage)
     : config_(c), tp_(tpc), stage_(stage), device_(device) {
   MCPP_CHECK(c.padded_vocab_size > 0, "GPTModel: padded_vocab_size is not set (tokenizer not applied to config)");
   if (stage_.num_layers < 0) stage_.num_layers = c.num_layers - stage_.first_layer;
@@ -31,7 +31,7 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
   // the last stage.
   if (stage_.pre_process || (stage_.post_process && c.last_stage_uses_word_embeddings())) {
     word_embedding_ = std::make_unique<tp::VocabParallelEmbedding>(
-        params_, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size, c.init_method_std, tp_.group);
+        params, "embedding.word_embeddings.weight", c.padded_vocab_size, c.hidden_size, c.init_method_std, tp_.group);
     word_embeddings_ = word_embedding_->weight();
     word_embeddings_->spec.shared_copy = !stage_.pre_process;
     word_embeddings_->spec.shared_embedding =
@@ -40,11 +40,11 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
   vocab_local_ = c.padded_vocab_size / tp_.size();
   vocab_start_ = static_cast<int64_t>(tp_.rank()) * vocab_local_;
   if (stage_.pre_process && c.position_embedding_type == PositionEmbedding::LearnedAbsolute)
-    position_embeddings_ = params_.add({.key = "embedding.position_embeddings.weight",
+    position_embeddings_ = params.add({.key = "embedding.position_embeddings.weight",
                                         .shape = {c.max_position_embeddings, c.hidden_size},
                                         .std = c.init_method_std});
   // MoE experts register in their own buffer (Megatron's expert-parallel buffers): reduced over expert-DP.
-  decoder_ = std::make_unique<TransformerBlock>(params_, expert_params_, c, spec, tp_, stage_.first_layer,
+  decoder_ = std::make_unique<TransformerBlock>(params, expert_params, c, spec, tp_, stage_.first_layer,
                                                 stage_.num_layers, stage_.post_process);
   if (stage_.post_process) {
     const tp::ParallelLinearOptions out_opt{.input_size = c.hidden_size,
@@ -54,7 +54,7 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
                                             .sequence_parallel = tp_.sequence_parallel,
                                             .tp_comm_overlap = tp_.comm_overlap};
     output_layer_ = tied ? std::make_unique<tp::ColumnParallelLinear>(word_embeddings_, out_opt, tp_.group)
-                         : std::make_unique<tp::ColumnParallelLinear>(params_, "output_layer", out_opt, tp_.group);
+                         : std::make_unique<tp::ColumnParallelLinear>(params, "output_layer", out_opt, tp_.group);
     // The tied weight's other (last) use is the embedding backward on this stage — or nowhere when the
     // embedding sits on another stage: then the output layer's backward is the last use.
     if (tied) output_layer_->set_reports_weight_grad(!stage_.pre_process);
@@ -62,7 +62,7 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
   if (mtp) {  // after the output layer: the depths' gradients are ready first (the buffer's backward order)
     const bool moe = c.is_moe_layer(c.num_layers - 1);  // Megatron: the decoder's last layer spec
     for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
-      mtp_.push_back(std::make_unique<MultiTokenPredictionLayer>(params_, expert_params_, k, c, spec, tp_, moe));
+      mtp_.push_back(std::make_unique<MultiTokenPredictionLayer>(params, expert_params, k, c, spec, tp_, moe));
       if (moe::MoELayer* m = mtp_.back()->moe_layer()) m->router().set_layer_number(c.num_layers + k);
     }
     mtp_output_layer_ = std::make_unique<tp::ColumnParallelLinear>(
@@ -79,8 +79,6 @@ GPTModel::GPTModel(const TransformerConfig& c, uint64_t seed, const tp::TPContex
     one.data<float>()[0] = 1.0f;
     one_ = one.to(device);
   }
-  params_.finalize(seed, device, param_dtype);
-  if (has_expert_params()) expert_params_.finalize(seed, device, param_dtype);
   if (c.multi_latent_attention) {  // MLA's own tables over its qk_pos_emb_head_dim channels (rope or YaRN)
     const int64_t len = std::max(c.seq_length, c.max_position_embeddings);
     rope_ = c.mla_yarn() ? make_yarn_rope_tables(len, c.qk_pos_emb_head_dim, c.rotary_base,

@@ -39,7 +39,7 @@
 #include <memory>
 #include <vector>
 
-#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/core/parameter.h"
 #include "mcpp/tensor_parallel/layers.h"
 #include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/tensor_parallel/vocab_parallel.h"
@@ -104,10 +104,15 @@ struct LossResult {
 
 class GPTModel {
  public:
-  // param_dtype: F32, or BF16/F16 for mixed precision (bf16 params and activations, fp32 main params
-  // and grads, fp32 softmax/CE statistics; ParamAndGradBuffer) — the CUDA backend's training mode.
-  GPTModel(const TransformerConfig& config, uint64_t seed, const tensor_parallel::TPContext& tp,
-           Device device = Device::CPU, const GPTModelStage& stage = {}, DType param_dtype = DType::F32);
+  // Registers this stage's parameters into `params` and the MoE experts' into `expert_params` (Megatron's
+  // expert-parallel buffers: reduced over expert-DP); the caller allocates them before the first forward
+  // (distributed/model_chunk.h's ModelChunk owns both and does). device: where the activations and the model's
+  // own tables (rotary, position ids) live — the parameters' device.
+  GPTModel(ParameterRegistry& params, ParameterRegistry& expert_params, const TransformerConfig& config,
+           const tensor_parallel::TPContext& tp, Device device = Device::CPU, const GPTModelStage& stage = {});
+  virtual ~GPTModel() = default;
+  GPTModel(const GPTModel&) = delete;
+  GPTModel& operator=(const GPTModel&) = delete;
 
   // One pipeline stage's forward: input = tokens [s, b] (pre_process) or the previous stage's hidden
   // [s(/tp), b, h]. Returns the hidden state for the next stage, or (post_process) computes the loss
@@ -133,20 +138,9 @@ class GPTModel {
   // The whole vocabulary's logits [s*b, Vp] (all-gathered over TP when tp > 1), for inference tools.
   Tensor gather_logits(const Tensor& local_logits) const;
 
-  ParamAndGradBuffer& params() { return params_; }
-  // The experts' parameters of the MoE layers (moe/experts.h; ParamSpec::expert), in a buffer of their own that
-  // DDP reduces over expert-DP; empty (and unfinalized) without MoE layers on this stage.
-  ParamAndGradBuffer& expert_params() { return expert_params_; }
   // The routers of this chunk's MoE layers (expert biases: the trainer's update, the checkpoint's buffers).
   // (with MTP depths on this stage their MoE layers' routers follow)
   std::vector<moe::TopKRouter*> routers() const;
-  bool has_expert_params() const { return !expert_params_.params().empty(); }
-  // params(), then expert_params() when there are any: every parameter of this chunk.
-  std::vector<ParamAndGradBuffer*> buffers() {
-    std::vector<ParamAndGradBuffer*> out{&params_};
-    if (has_expert_params()) out.push_back(&expert_params_);
-    return out;
-  }
   const TransformerConfig& config() const { return config_; }
   const tensor_parallel::TPContext& tp() const { return tp_; }
   const GPTModelStage& stage() const { return stage_; }
@@ -189,8 +183,6 @@ class GPTModel {
   // forward: a CUDA-graph step must not copy from the host).
   Tensor position_ids_;
   int64_t position_ids_b_ = 0;
-  ParamAndGradBuffer params_;
-  ParamAndGradBuffer expert_params_;  // MoE experts (before decoder_, which registers into it)
   std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embedding_;  // first stage (+ last, tied)
   Parameter* word_embeddings_ = nullptr;      // [Vp/tp, h] (first stage; the last stage's tied copy too)
   Parameter* position_embeddings_ = nullptr;  // [max_pos, h] replicated

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "mcpp/moe/moe_layer.h"
+#include "mcpp/transformer/moe/moe_layer.h"
 #include "kernels/grad_check.h"
 #include "models/gpt_test_util.h"
 

@@ -26,7 +26,7 @@ struct ExpertsCtx {
 class SequentialMLP {
  public:
   // config: the layer's (moe_ffn_hidden_size is used as the experts' ffn size); expert_tp: the expert-TP group.
-  SequentialMLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
+  SequentialMLP(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
                 const tensor_parallel::TPContext& expert_tp, int64_t first_expert, int64_t num_local_experts);
   // x [rows, h] grouped by local expert (rows[j] rows each) -> [rows, h].
   Tensor forward(ExpertsCtx& ctx, const Tensor& x, const std::vector<int64_t>& rows) const;

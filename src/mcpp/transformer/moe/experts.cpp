@@ -1,5 +1,5 @@
 // SequentialMLP; contract in experts.h.
-#include "mcpp/moe/experts.h"
+#include "mcpp/transformer/moe/experts.h"
 
 #include <fmt/format.h>
 
@@ -14,7 +14,7 @@ TransformerConfig expert_config(const TransformerConfig& c) {
 }
 }  // namespace
 
-SequentialMLP::SequentialMLP(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
+SequentialMLP::SequentialMLP(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
                              const tensor_parallel::TPContext& expert_tp, int64_t first_expert,
                              int64_t num_local_experts) {
   MCPP_CHECK(c.moe_ffn_hidden_size % expert_tp.size() == 0,

@@ -12,8 +12,9 @@
 #include "kernels/grad_check.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
 #include "mcpp/kernels/ops.h"
-#include "mcpp/moe/moe_layer.h"
+#include "mcpp/transformer/moe/moe_layer.h"
 #include "models/gpt_test_util.h"
 #include "tests/oracle/oracle_python.h"
 

@@ -1,5 +1,5 @@
 // MoELayer; contract in moe_layer.h.
-#include "mcpp/moe/moe_layer.h"
+#include "mcpp/transformer/moe/moe_layer.h"
 
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
@@ -26,7 +26,7 @@ TransformerConfig shared_expert_config(const TransformerConfig& c) {
 }
 }  // namespace
 
-MoELayer::MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
+MoELayer::MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
                    const TransformerConfig& c, const tensor_parallel::TPContext& tp)
     : pad_(c.moe_expert_capacity_factor > 0.0 && c.moe_pad_expert_input_to_capacity),
       recompute_shared_(c.recomputes("shared_experts") && !c.recomputes("moe")),  // "moe" re-runs all of it anyway

@@ -23,9 +23,9 @@
 #include <memory>
 #include <string>
 
-#include "mcpp/moe/experts.h"
-#include "mcpp/moe/router.h"
-#include "mcpp/moe/token_dispatcher.h"
+#include "mcpp/transformer/moe/experts.h"
+#include "mcpp/transformer/moe/router.h"
+#include "mcpp/transformer/moe/token_dispatcher.h"
 #include "mcpp/tensor_parallel/tp_context.h"
 
 namespace mcpp::moe {
@@ -45,7 +45,7 @@ struct MoELayerCtx {
 
 class MoELayer {
  public:
-  MoELayer(ParamAndGradBuffer& params, ParamAndGradBuffer& expert_params, const std::string& prefix,
+  MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
            const TransformerConfig& config, const tensor_parallel::TPContext& tp);
   // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it; training: false in
   // evaluation; rng: the router's training noise (TopKRouter::forward).

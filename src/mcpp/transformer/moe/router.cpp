@@ -1,5 +1,5 @@
 // TopKRouter; contract in router.h.
-#include "mcpp/moe/router.h"
+#include "mcpp/transformer/moe/router.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 namespace mcpp::moe {
 
-TopKRouter::TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& c,
+TopKRouter::TopKRouter(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
                        const tensor_parallel::TPContext& tp)
     : experts_(c.num_moe_experts),
       k_(c.moe_router_topk),

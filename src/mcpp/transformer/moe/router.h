@@ -59,7 +59,7 @@
 #include <string>
 #include <vector>
 
-#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/core/parameter.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/random.h"
 #include "mcpp/tensor_parallel/tp_context.h"
@@ -121,7 +121,7 @@ class TopKRouter {
  public:
   // tp: the sequence's split (tp.group with sequence parallelism, tp.cp): the load-balancing statistics' groups;
   // with SP the router weight is a sequence-parallel parameter (its grad all-reduced over TP).
-  TopKRouter(ParamAndGradBuffer& params, const std::string& prefix, const TransformerConfig& config,
+  TopKRouter(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
              const tensor_parallel::TPContext& tp);
   // x [n, h]: the tokens of `batch` sequences in [s, b] order (n % batch == 0). losses (non-null: a training
   // forward, not evaluation, not a recompute): this call's losses are added to it, and with the expert bias on the

@@ -1,5 +1,5 @@
 // MoEAlltoAllTokenDispatcher; contract in token_dispatcher.h.
-#include "mcpp/moe/token_dispatcher.h"
+#include "mcpp/transformer/moe/token_dispatcher.h"
 
 #include <algorithm>
 #include <numeric>
