@@ -15,9 +15,13 @@ Checks, over every source and header under src/mcpp and apps/ (comments are not 
   4. no include cycle between files (a header including itself through others).
 Exit 0 when clean, 2 with one "error:" line per problem otherwise.
 
-  --graph   print the package graph (declared edges, and the packages each one includes today) and check.
-  --stamp F touch F after a clean check (the build's custom command; the libraries depend on it).
-usage: check_layering.py [--root DIR] [--graph] [--stamp FILE]
+  --graph        print the package graph (declared edges, and the packages each one includes today) and check.
+  --check-doc D  also require that the fenced block between the markers <!-- package-graph:begin --> and
+                 <!-- package-graph:end --> of the Markdown file D (relative to --root unless absolute; CI passes
+                 docs/ARCHITECTURE.md) is exactly what --graph prints — one error naming D and the first differing
+                 line otherwise, so the architecture document cannot drift from cmake/packages.cmake and the code.
+  --stamp F      touch F after a clean check (the build's custom command; the libraries depend on it).
+usage: check_layering.py [--root DIR] [--graph] [--check-doc FILE] [--stamp FILE]
 """
 import argparse
 import os
@@ -27,6 +31,7 @@ import sys
 PACKAGE_CALL = re.compile(r"^\s*mcpp_package\(\s*([A-Za-z_]\w*)((?:\s+[^)#]*)?)\)", re.M)
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 SOURCE_EXT = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh", ".inc")
+DOC_BEGIN, DOC_END = "<!-- package-graph:begin -->", "<!-- package-graph:end -->"
 
 
 def read_packages(root):
@@ -93,10 +98,46 @@ def package_of(rel):
     return parts[2] if len(parts) > 3 else ""
 
 
+def graph_lines(packages, used):
+    """What --graph prints: the declared edges, then the packages each package's files include today."""
+    width = max(len(p) for p in packages)
+    lines = ["package graph (cmake/packages.cmake; a package may use its DEPS and what they may use):"]
+    for p, deps in packages.items():
+        lines.append(f"  {p:<{width}}  DEPS {' '.join(deps) if deps else '-'}")
+    lines.append("includes today (package -> packages its files include):")
+    for p in packages:
+        lines.append(f"  {p:<{width}}  -> {' '.join(sorted(used[p])) if used[p] else '-'}")
+    return lines
+
+
+def check_doc(root, doc, lines):
+    """[] when doc's package-graph block equals `lines`, else one "error:" line naming doc and the difference."""
+    path = doc if os.path.isabs(doc) else os.path.join(root, doc)
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        return [f"error: {doc}: cannot read the document to check ({e.strerror})"]
+    if text.count(DOC_BEGIN) != 1 or text.count(DOC_END) != 1 or text.index(DOC_BEGIN) > text.index(DOC_END):
+        return [f"error: {doc}: expected one {DOC_BEGIN} ... {DOC_END} pair around the package graph"]
+    block = text[text.index(DOC_BEGIN) + len(DOC_BEGIN):text.index(DOC_END)].strip("\n").splitlines()
+    if len(block) < 2 or not block[0].startswith("```") or block[-1].strip() != "```":
+        return [f"error: {doc}: the package graph between {DOC_BEGIN} and {DOC_END} must be one fenced block "
+                "(``` ... ```)"]
+    got = [l.rstrip() for l in block[1:-1]]
+    if got == lines:
+        return []
+    n = next((i for i, (a, b) in enumerate(zip(got, lines)) if a != b), min(len(got), len(lines)))
+    have = got[n].strip() if n < len(got) else "(end of block)"
+    want = lines[n].strip() if n < len(lines) else "(end of graph)"
+    return [f"error: {doc}: the package graph block is stale (graph line {n + 1}: the document has '{have}', "
+            f"`scripts/check_layering.py --graph` prints '{want}'); paste the --graph output between the markers"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     ap.add_argument("--graph", action="store_true")
+    ap.add_argument("--check-doc", metavar="FILE")
     ap.add_argument("--stamp")
     args = ap.parse_args()
     root = os.path.abspath(args.root)
@@ -177,14 +218,11 @@ def main():
                 path.append(nxt)
                 stack.append((nxt, iter(file_includes.get(nxt, []))))
 
+    lines = graph_lines(packages, used)
     if args.graph:
-        print("package graph (cmake/packages.cmake; a package may use its DEPS and what they may use):")
-        width = max(len(p) for p in packages)
-        for p, deps in packages.items():
-            print(f"  {p:<{width}}  DEPS {' '.join(deps) if deps else '-'}")
-        print("includes today (package -> packages its files include):")
-        for p in packages:
-            print(f"  {p:<{width}}  -> {' '.join(sorted(used[p])) if used[p] else '-'}")
+        print("\n".join(lines))
+    if args.check_doc:
+        errors += check_doc(root, args.check_doc, lines)
     for e in errors:
         print(e, file=sys.stderr)
     if errors:

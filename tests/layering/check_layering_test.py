@@ -5,7 +5,10 @@
 2. a copy of the declaration with a deliberately upward include (core -> training) fails with exit 2 and one
    error naming the file, the line and both packages;
 3. an include of an undeclared package, a package folder missing from the declaration, a dependency cycle in the
-   declaration and a file include cycle are each refused by name.
+   declaration and a file include cycle are each refused by name;
+4. --check-doc: the real docs/ARCHITECTURE.md's package-graph block equals --graph's output (exit 0); a copy with a
+   stale graph (one edge changed), one without the markers and a missing file are each refused with exit 2 and one
+   error naming the document.
 usage: check_layering_test.py SOURCE_DIR WORKDIR
 """
 import os
@@ -82,6 +85,30 @@ cases = {
 for name, (packages, files, want) in cases.items():
     p = run(tree(name.replace(" ", "_"), packages, files))
     expect(p.returncode == 2 and want in p.stderr, f"{name}: not refused with '{want}'", p)
+
+# 4. the architecture document's package graph
+p = run(SRC, "--check-doc", "docs/ARCHITECTURE.md")
+expect(p.returncode == 0 and p.stderr == "", "docs/ARCHITECTURE.md's package graph differs from --graph", p)
+doc = open(os.path.join(SRC, "docs", "ARCHITECTURE.md"), encoding="utf-8").read()
+graph = run(SRC, "--graph").stdout
+expect(graph.strip() and graph.strip() in doc, "docs/ARCHITECTURE.md does not hold the --graph output verbatim")
+stale_line = "  optimizer           DEPS distributed"
+expect(stale_line in doc, f"docs/ARCHITECTURE.md has no line '{stale_line}' to make stale")
+os.makedirs(WORK, exist_ok=True)
+doc_cases = {
+    "stale graph": (doc.replace(stale_line, "  optimizer           DEPS distributed models", 1), "package graph block is stale"),
+    "no markers": (doc.replace("<!-- package-graph:begin -->", "", 1), "expected one <!-- package-graph:begin -->"),
+}
+for name, (text, want) in doc_cases.items():
+    path = os.path.join(WORK, name.replace(" ", "_") + ".md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    p = run(SRC, "--check-doc", path)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    expect(p.returncode == 2 and len(lines) == 1 and want in lines[0] and path in lines[0],
+           f"--check-doc, {name}: not refused with one error naming the file and '{want}'", p)
+p = run(SRC, "--check-doc", os.path.join(WORK, "no_such_doc.md"))
+expect(p.returncode == 2 and "cannot read" in p.stderr, "--check-doc of a missing file is not refused", p)
 
 for f in failures:
     print("FAIL:", f)
