@@ -138,7 +138,7 @@ Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, cons
   if (opt.inference) {  // the cached core attention (the full keys / values after the up-projections)
     MCPP_CHECK(!cp_ && core_n_ == n_, "{}: generation with a KV cache runs without context parallelism", name_);
     Tensor context = opt.inference->attend(name_, *core_, ctx.core, query, key, value, softmax_scale_);
-    return project_context(ctx, context);
+    return m.ret(project_context(ctx, context));
   }
   if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
   query = to_core(query), key = to_core(key), value = to_core(value);  // (a2a: the whole sequence, n/tp/cp heads)
@@ -152,7 +152,7 @@ Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, cons
     if (!recompute_up_) ctx.query = query, ctx.key = key, ctx.value = value;
     ctx.core = {};
   }
-  return project_context(ctx, context);
+  return m.ret(project_context(ctx, context));
 }
 
 Tensor MLASelfAttention::project_context(MLASelfAttentionCtx& ctx, Tensor context) const {
@@ -162,7 +162,7 @@ Tensor MLASelfAttention::project_context(MLASelfAttentionCtx& ctx, Tensor contex
     ops::copy_columns(c2, context, 0, 0, dv_);
     context = c2;
   }
-  return m.ret(linear_proj_.forward(ctx.proj, context.view({s, b, n_ * dv_})));  // [s(/tp), b, h]
+  return linear_proj_.forward(ctx.proj, context.view({s, b, n_ * dv_}));  // [s(/tp), b, h]
 }
 
 Tensor MLASelfAttention::backward(MLASelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,

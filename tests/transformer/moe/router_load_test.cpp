@@ -7,8 +7,9 @@
 #include <cmath>
 #include <vector>
 
-#include "mcpp/transformer/moe/moe_layer.h"
 #include "kernels/grad_check.h"
+#include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/transformer/moe/moe_layer.h"
 #include "models/gpt_test_util.h"
 
 namespace mcpp {
