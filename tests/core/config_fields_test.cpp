@@ -335,7 +335,7 @@ TEST(ConfigFields, TomlAndJsonValuesAreCheckedByName) {
   }
   // --config must name a regular file
   const fs::path dir = fs::temp_directory_path() / "mcpp_config_fields_test";
-  EXPECT_EQ(error({"--config", dir.string()}), "--config " + dir.string() + ": not a regular file (a TOML recipe is)");
+  EXPECT_EQ(error({"--config", dir.string()}), "--config file " + dir.string() + " is a directory, not a regular file");
 }
 
 }  // namespace
