@@ -86,4 +86,12 @@ void fail_range(const std::string& key, const Range& r, double value) {
 
 void fail_not_finite(const std::string& key, double v) { fail("{} must be a finite number, got {}", key, v); }
 
+void require_positive(int64_t v, const char* field) {
+  if (v <= 0) fail("{} must be positive, got {}", field, v);
+}
+
+void require_non_negative(int64_t v, const char* field) {
+  if (v < 0) fail("{} must be >= 0, got {}", field, v);
+}
+
 }  // namespace mcpp::config

@@ -245,6 +245,10 @@ Field<S> enum_field(E S::*m, const char* key, std::string (*to_s)(E),
   return f;
 }
 
+// The integer rules every validate() shares: one mcpp::Error naming the field ("seed must be >= 0, got -1").
+void require_positive(int64_t v, const char* field);
+void require_non_negative(int64_t v, const char* field);
+
 // ---------------------------------------------------------------- generators over one table
 // Writes every field into j[key].
 template <class S>

@@ -65,11 +65,7 @@ OptimizerConfig::Lengths OptimizerConfig::lengths(bool sample_based, int64_t glo
   return {warmup, decay, static_cast<double>(sample_based ? lr_wsd_decay_samples : lr_wsd_decay_iters) * unit};
 }
 
-namespace {
-void require_non_negative(int64_t v, const char* field) {
-  if (v < 0) fail("{} must be >= 0, got {}", field, v);
-}
-}  // namespace
+using config::require_non_negative;
 
 void OptimizerConfig::validate() const {
   config::check_fields(fields(), *this);  // finite floats in their ranges (lr, betas, eps, ...)

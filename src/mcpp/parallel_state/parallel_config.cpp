@@ -8,12 +8,8 @@ namespace mcpp {
 namespace {
 using Self = ParallelConfig;
 using config::Range;
-void require_positive(int64_t v, const char* field) {
-  if (v <= 0) fail("{} must be positive, got {}", field, v);
-}
-void require_non_negative(int64_t v, const char* field) {
-  if (v < 0) fail("{} must be >= 0, got {}", field, v);
-}
+using config::require_non_negative;
+using config::require_positive;
 }  // namespace
 
 // Nothing here changes the function a checkpoint computes (the fingerprint): the table's default is Never.

@@ -41,7 +41,8 @@ Config Config::from_json(const nlohmann::json& j) {
     auto it = j.find(section);
     if (it == j.end()) continue;
     if (!it->is_object()) fail("{}: expected a table of fields, got {}", section, it->dump());
-    for (const auto& [key, _] : it->items()) {
+    for (const auto& item : it->items()) {
+      const std::string key = item.key();  // a named copy: lambdas cannot capture structured bindings (clang 14)
       bool known = false;
       for_each_field_table(c, [&](const auto& table, const auto&) {
         known = known || (table.section == section && config::has_key(table, key));

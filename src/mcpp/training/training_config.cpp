@@ -82,14 +82,8 @@ const config::FieldTable<TrainingConfig>& TrainingConfig::fields() {
   return table;
 }
 
-namespace {
-void require_positive(int64_t v, const char* field) {
-  if (v <= 0) fail("{} must be positive, got {}", field, v);
-}
-void require_non_negative(int64_t v, const char* field) {
-  if (v < 0) fail("{} must be >= 0, got {}", field, v);
-}
-}  // namespace
+using config::require_non_negative;
+using config::require_positive;
 
 void TrainingConfig::validate() const {
   config::check_fields(fields(), *this);

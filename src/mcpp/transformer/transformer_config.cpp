@@ -66,14 +66,8 @@ void TransformerConfig::finalize() {
   if (num_moe_experts > 0 && moe_ffn_hidden_size == 0) moe_ffn_hidden_size = ffn_hidden_size;
 }
 
-namespace {
-void require_positive(int64_t v, const char* field) {
-  if (v <= 0) fail("{} must be positive, got {}", field, v);
-}
-void require_non_negative(int64_t v, const char* field) {
-  if (v < 0) fail("{} must be >= 0, got {}", field, v);
-}
-}  // namespace
+using config::require_non_negative;
+using config::require_positive;
 
 void TransformerConfig::validate() const {
   config::check_fields(fields(), *this);  // finite floats in their rows' ranges (norm_epsilon, dropout, ...)
