@@ -105,7 +105,11 @@ FaultSpec parse_fault_spec(const std::string& text) {
   return f;
 }
 
-FaultInjector::FaultInjector(std::vector<FaultSpec> faults, int rank) : faults_(std::move(faults)), rank_(rank) {}
+FaultInjector::FaultInjector(std::vector<FaultSpec> faults, int rank) : faults_(std::move(faults)), rank_(rank) {
+  // A drill fires in a job's first attempt only: `mcpp launch --max-restarts` restarts with MCPP_RESTART_COUNT >= 1.
+  const char* restart = std::getenv("MCPP_RESTART_COUNT");
+  if (restart && std::strtol(restart, nullptr, 10) > 0) faults_.clear();
+}
 
 FaultInjector::~FaultInjector() { end_step(); }
 

@@ -14,6 +14,7 @@
 //                                    rank with another shape (3 floats instead of 1): --check-collectives names the
 //                                    mismatch. extra: only this rank issues it (a call no peer matches: a hang).
 //   bad-shard                        after the checkpoint of ITER commits, one byte of this rank's shard file flips.
+// A drill fires in a job's first attempt only (MCPP_RESTART_COUNT unset or 0: `mcpp launch --max-restarts`).
 // The NaN kinds act through module scopes (core/module_trace.h's ScopeObserver): the injector is installed only
 // while a NaN fault is due (begin_step), so healthy steps pay nothing.
 #pragma once

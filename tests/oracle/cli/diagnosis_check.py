@@ -15,6 +15,8 @@ B. Faults on 2 ranks, each run in its own session: all ranks exit within the wat
    the session left behind, the detector names the fault:
    kill@3:1 (checkpoint at 2): the job fails; restarting from the checkpoint gives iterations 3..6 equal to an
    uninterrupted run (exact restart).
+   `mcpp launch --max-restarts 1` with kill@3:1: the job restarts itself, resumes from the iteration-2 checkpoint and
+   logs iterations 1..6 equal to the uninterrupted run (MCPP_RESTART_COUNT 1: the drill does not fire again).
    hang@3:1 (MCPP_DISTRIBUTED_TIMEOUT_SECONDS=3): "error: distributed timeout" naming rank 1.
    wrong-collective@3:1 with --check-collectives: the mismatch (count 3 vs 1 on the world group) named;
    wrong-collective:extra@3:1 (a call no peer issues): the watchdog's timeout.
@@ -193,6 +195,19 @@ def debug_hang(name, d, rank, op_count=None):
     text = run([MCPP, "debug", "hang", d]).stdout
     check(f"culprit: rank {rank}" in text, f"{name}: the text report does not name rank {rank}:\n{text}")
 
+
+# mcpp launch --max-restarts 1: the killed job restarts by itself and resumes from its checkpoint (--load = --save)
+d = os.path.join(WORK, "launch_restart")
+t0 = time.monotonic()
+p = subprocess.run([MCPP, "launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", "train", *BASE,
+                    "--save-interval", "2", "--inject-fault", "kill@3:1", "--save", d, "--load", d],
+                   capture_output=True, text=True, env=ENV, timeout=300)
+want = losses(ref6)
+got = losses(d)
+check(p.returncode == 0 and "restarting the job (restart 1 of 1" in p.stderr,
+      f"launch --max-restarts: exit {p.returncode}\n{p.stderr[-2000:]}")
+check(sorted(got) == list(range(1, 7)) and all(close(got[i], want.get(i)) for i in got),
+      f"launch --max-restarts: losses {got} != the uninterrupted run's {want}")
 
 d, _ = fault("hang", "hang@3:1", words=("distributed timeout", "rank 1"))
 debug_hang("hang", d, 1)
