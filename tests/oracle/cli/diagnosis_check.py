@@ -26,7 +26,8 @@ B. Faults on 2 ranks, each run in its own session: all ranks exit within the wat
    microbatch sleeps: >= 400 ms per microbatch), rank 0's is not.
    slow-rank:ms=400@2:1: rank 1's step time at iteration 2 >= 400 ms.
    bad-shard@4:1 (checkpoints at 2 and 4): --load fails with one error naming the rank-1 shard's checksum.
-C. Bad --inject-fault values: one error line each, exit 2.
+C. --check-collectives on PP2 (P2P fingerprints) leaves the losses unchanged; bad --inject-fault values: one error
+   line each, exit 2.
 """
 import glob
 import json
@@ -238,6 +239,11 @@ rc, secs, log, _ = job("bad_shard_load", ["--load", d, "--train-iters", "6"])
 errs = [l for l in log.splitlines() if l.startswith("error:")]
 check(rc != 0 and errs and "rank_00001" in errs[0] and "checksum" in errs[0].lower(),
       f"bad-shard: the load did not name the corrupted shard: rc {rc}, {errs[:2]}\n{log[-1500:]}")
+
+# --check-collectives with pipeline P2P (the send/recv fingerprints): a healthy PP2 run is unchanged
+a, _ = train("pp2_plain", 2, ["--pipeline-model-parallel-size", "2"])
+b, _ = train("pp2_checked", 2, ["--pipeline-model-parallel-size", "2", "--check-collectives"])
+check(losses(a) and losses(a) == losses(b), f"--check-collectives changed PP2's losses: {losses(b)} vs {losses(a)}")
 
 # ---------------- C. bad input
 for bad, word in (("nan-grad@3", "layer=K"), ("boom@3", "unknown kind"), ("kill@x", "ITER"), ("kill", "@ITER"),
