@@ -7,6 +7,10 @@
 // the others get SIGTERM (SIGKILL 5 s later), and launch returns that rank's code (128 + signal for a
 // signal), naming the rank on stderr. SIGINT / SIGTERM to the launcher are forwarded to the ranks; a launcher
 // that dies any other way (SIGKILL) takes its ranks with it (PR_SET_PDEATHSIG = SIGKILL in each rank).
+// --max-restarts N (torchrun's): after a failed attempt (not one the user interrupted), the whole job starts again, up
+// to N times, with MCPP_RESTART_COUNT = the attempt's number (0 first; torchrun's TORCHELASTIC_RESTART_COUNT) in the
+// ranks' environment. The command resumes itself: `train --save D --load D` continues from D's latest committed
+// checkpoint (docs/DEBUGGING.md). --inject-fault drills fire in attempt 0 only.
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -58,45 +62,8 @@ pid_t spawn_rank(int rank, int n, const std::string& rdzv, const std::vector<std
   std::_Exit(127);
 }
 
-int run_launch(const std::vector<std::string>& all_args) {
-  // Everything after "--" is the command the ranks run.
-  auto sep = std::find(all_args.begin(), all_args.end(), "--");
-  const std::vector<std::string> own(all_args.begin(), sep);
-  int n = 0;
-  std::string rdzv;
-  double timeout = 120.0;
-  CLI::App app{"Start N ranks of an mcpp command on this node (no MPI): mcpp launch --nproc-per-node N -- train ...",
-               "mcpp launch"};
-  app.add_option("--nproc-per-node", n, "processes (ranks) on this node")->required();
-  app.add_option("--rdzv-dir", rdzv, "rendezvous directory (default: a fresh temporary one)");
-  app.add_option("--rdzv-timeout", timeout, "seconds the ranks wait for each other");
-  if (std::find(own.begin(), own.end(), "--help") != own.end() || std::find(own.begin(), own.end(), "-h") != own.end())
-    mcpp::cli::parse_args(app, {"--help"});  // prints the help, exits 0
-  if (sep == all_args.end() || sep + 1 == all_args.end())
-    mcpp::fail("mcpp launch: give the command after '--', e.g. mcpp launch --nproc-per-node 2 -- train ...");
-  const std::vector<std::string> cmd(sep + 1, all_args.end());
-  mcpp::cli::parse_args(app, own);
-  if (n < 1) mcpp::fail("nproc_per_node must be >= 1, got {}", n);
-  if (mcpp::cli::commands().count(cmd.front()) == 0 || cmd.front() == "launch")
-    mcpp::fail("mcpp launch: '{}' is not a subcommand that can be launched", cmd.front());
-  bool made_dir = false;
-  if (rdzv.empty()) {
-    std::string tmpl = (fs::temp_directory_path() / "mcpp_launch_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) mcpp::fail("mcpp launch: cannot create a rendezvous directory in {}", fs::temp_directory_path().string());
-    rdzv = tmpl;
-    made_dir = true;
-  } else {
-    fs::create_directories(rdzv);
-    for (const auto& e : fs::directory_iterator(rdzv))  // stale files of an earlier launch
-      if (e.path().filename().string().rfind("rank_", 0) == 0 || e.path().filename().string().rfind(".rank_", 0) == 0)
-        fs::remove(e.path());
-  }
-  const std::vector<std::string>& child_args = cmd;
-  ::setenv("MCPP_LAUNCH_RDZV_TIMEOUT", fmt::format("{}", timeout).c_str(), 1);  // read by the ranks' rendezvous
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
+// One attempt: starts the n ranks and waits for them (the contract above); *interrupted: a forwarded SIGINT / SIGTERM.
+int run_attempt(int n, const std::string& rdzv, const std::vector<std::string>& child_args, bool* interrupted) {
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) pids.push_back(spawn_rank(r, n, rdzv, child_args));
   int rc = 0, failed_rank = -1, running = n;
@@ -109,6 +76,7 @@ int run_launch(const std::vector<std::string>& all_args) {
   while (running > 0) {
     if (g_forward_signal) {
       kill_all(g_forward_signal);
+      *interrupted = true;
       if (rc == 0) rc = 128 + g_forward_signal;
       g_forward_signal = 0;
       term_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -141,6 +109,65 @@ int run_launch(const std::vector<std::string>& all_args) {
       kill_all(SIGTERM);
       term_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     }
+  }
+  return rc;
+}
+
+// Removes the rank files an earlier launch or attempt left in the rendezvous directory.
+void clear_rendezvous(const std::string& rdzv) {
+  for (const auto& e : fs::directory_iterator(rdzv))
+    if (e.path().filename().string().rfind("rank_", 0) == 0 || e.path().filename().string().rfind(".rank_", 0) == 0)
+      fs::remove(e.path());
+}
+
+int run_launch(const std::vector<std::string>& all_args) {
+  // Everything after "--" is the command the ranks run.
+  auto sep = std::find(all_args.begin(), all_args.end(), "--");
+  const std::vector<std::string> own(all_args.begin(), sep);
+  int n = 0;
+  std::string rdzv;
+  double timeout = 120.0;
+  CLI::App app{"Start N ranks of an mcpp command on this node (no MPI): mcpp launch --nproc-per-node N -- train ...",
+               "mcpp launch"};
+  app.add_option("--nproc-per-node", n, "processes (ranks) on this node")->required();
+  app.add_option("--rdzv-dir", rdzv, "rendezvous directory (default: a fresh temporary one)");
+  app.add_option("--rdzv-timeout", timeout, "seconds the ranks wait for each other");
+  int max_restarts = 0;
+  app.add_option("--max-restarts", max_restarts, "restart the whole job up to N times after a failure (torchrun's)")
+      ->check(CLI::NonNegativeNumber);
+  if (std::find(own.begin(), own.end(), "--help") != own.end() || std::find(own.begin(), own.end(), "-h") != own.end())
+    mcpp::cli::parse_args(app, {"--help"});  // prints the help, exits 0
+  if (sep == all_args.end() || sep + 1 == all_args.end())
+    mcpp::fail("mcpp launch: give the command after '--', e.g. mcpp launch --nproc-per-node 2 -- train ...");
+  const std::vector<std::string> cmd(sep + 1, all_args.end());
+  mcpp::cli::parse_args(app, own);
+  if (n < 1) mcpp::fail("nproc_per_node must be >= 1, got {}", n);
+  if (mcpp::cli::commands().count(cmd.front()) == 0 || cmd.front() == "launch")
+    mcpp::fail("mcpp launch: '{}' is not a subcommand that can be launched", cmd.front());
+  bool made_dir = false;
+  if (rdzv.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "mcpp_launch_XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) mcpp::fail("mcpp launch: cannot create a rendezvous directory in {}", fs::temp_directory_path().string());
+    rdzv = tmpl;
+    made_dir = true;
+  } else {
+    fs::create_directories(rdzv);
+  }
+  const std::vector<std::string>& child_args = cmd;
+  ::setenv("MCPP_LAUNCH_RDZV_TIMEOUT", fmt::format("{}", timeout).c_str(), 1);  // read by the ranks' rendezvous
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  int rc = 0;
+  for (int attempt = 0;; ++attempt) {
+    ::setenv("MCPP_RESTART_COUNT", std::to_string(attempt).c_str(), 1);
+    clear_rendezvous(rdzv);
+    bool interrupted = false;
+    rc = run_attempt(n, rdzv, child_args, &interrupted);
+    if (rc == 0 || interrupted || attempt >= max_restarts) break;
+    fmt::print(stderr, "mcpp launch: restarting the job (restart {} of {}; the ranks resume from their checkpoint)\n",
+               attempt + 1, max_restarts);
   }
   if (made_dir) fs::remove_all(rdzv);
   return rc;

@@ -101,6 +101,26 @@ TEST(LocalCommunicator, NewGroupAndCheckCollectives) {
   EXPECT_THROW(w->new_group("pair", {0, 1}), Error);
 }
 
+// --check-collectives covers P2P: a receive whose count or dtype differs from what its peer sends is named before the
+// real transfer (on one rank: a send to self and a receive from self on the same tag).
+TEST(LocalCommunicator, CheckCollectivesNamesAMismatchedP2P) {
+  CommPtr w = make_local_world();
+  w->set_check_collectives(true);
+  Tensor send = iota(4), ok = Tensor::zeros({4}), wrong = Tensor::zeros({5});
+  w->batch_p2p({{P2POp::Kind::Send, send, 0, 3}, {P2POp::Kind::Recv, ok, 0, 3}}).wait();  // matching: passes
+  expect_eq(ok, send);
+  std::string msg;
+  try {
+    w->batch_p2p({{P2POp::Kind::Send, send, 0, 3}, {P2POp::Kind::Recv, wrong, 0, 3}}).wait();
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_EQ(msg, "--check-collectives: mismatched batch_p2p in group 'world' (seen on global rank 0, p2p_seq 2): "
+                 "receiving float32 count 5 from group rank 0 (global 0) with tag 3, but that peer sends float32 count 4");
+  // also recorded as failed (never pending: the watchdog does not wait on it)
+  EXPECT_TRUE(w->recorder()->pending().empty());
+}
+
 TEST(LocalCommunicator, ArgumentErrorsNameTheOpAndGroup) {
   CommPtr w = make_local_world();
   Tensor f = iota(4), i32 = Tensor::zeros({4}, DType::I32), out3 = Tensor::zeros({3});

@@ -68,7 +68,8 @@ def main():
             fail("error line lacks %r: %s" % (want, line))
 
     keys = {"id", "group", "group_ranks", "seq", "p2p_seq", "op", "reduce_op", "dtype", "count", "peers", "state",
-            "start_steady_ns", "end_steady_ns", "start_wall_us", "end_wall_us"}
+            "start_steady_ns", "end_steady_ns", "start_wall_us", "end_wall_us",
+            "iteration", "microbatch", "pp_stage", "vp_chunk"}  # the training coordinates (-1 outside training)
     for r in range(n):
         path = os.path.join(work, "flight_recorder", "rank_%d.json" % r)
         if not os.path.exists(path):

@@ -95,3 +95,12 @@ set_tests_properties(training.observability_cli PROPERTIES TIMEOUT 600)
 add_test(NAME config.cli_reliability
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/training/config_cli_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/config_cli_check)
+
+# training.diagnosis_cli: --check-for-nan-in-loss-and-grad names the injected NaN's iteration, rank, layer, module and
+# tensor (DP2, TP2, PP2), transient vs reproducible, the step skipped; --check-for-spiky-loss; each --inject-fault
+# kind on 2 CPU ranks: exit within the watchdog timeout + 10 s, no orphans, the detector's message, an exact restart
+# after `kill`; `mcpp debug hang` names the culprit of the hang and wrong-collective dumps (tests/oracle/cli/).
+add_test(NAME training.diagnosis_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/diagnosis_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/diagnosis_check)
+set_tests_properties(training.diagnosis_cli PROPERTIES TIMEOUT 600)

@@ -236,7 +236,40 @@ Work Communicator::batch_p2p(const std::vector<P2POp>& ops) {
     if (o.kind == P2POp::Kind::Send) info.count += o.tensor.numel();
     info.peers.push_back(ranks_[static_cast<size_t>(o.peer)]);
   }
-  return run(info, [&] { return do_batch_p2p(ops); });
+  // --check-collectives for P2P: before the real batch, every send tells its peer (same tag) the dtype and count it
+  // sends; every receive compares them with what it expects. A peer that is not in a matching batch_p2p leaves this
+  // exchange waiting like the real call would (the watchdog names it: the entry is already recorded).
+  auto check_p2p = [&] {
+    std::vector<P2POp> fp_ops;
+    std::vector<Tensor> got;
+    for (const auto& o : ops) {
+      Tensor f = Tensor::empty({3}, DType::I64);
+      if (o.kind == P2POp::Kind::Send) {
+        f.data<int64_t>()[0] = static_cast<int64_t>(o.tensor.dtype());
+        f.data<int64_t>()[1] = o.tensor.numel();
+        f.data<int64_t>()[2] = o.tag;
+      } else {
+        got.push_back(f);
+      }
+      fp_ops.push_back({o.kind, f, o.peer, o.tag});
+    }
+    host().do_batch_p2p(fp_ops).wait();
+    size_t k = 0;
+    for (const auto& o : ops) {
+      if (o.kind != P2POp::Kind::Recv) continue;
+      const int64_t* f = got[k++].data<int64_t>();
+      if (f[0] == static_cast<int64_t>(o.tensor.dtype()) && f[1] == o.tensor.numel()) continue;
+      throw Error(fmt::format(
+          "--check-collectives: mismatched batch_p2p in group '{}' (seen on global rank {}, p2p_seq {}): receiving {} "
+          "count {} from group rank {} (global {}) with tag {}, but that peer sends {} count {}",
+          name_, global_rank(), p2p_seq_, dtype_name(o.tensor.dtype()), o.tensor.numel(), o.peer,
+          ranks_[static_cast<size_t>(o.peer)], o.tag, dtype_name(static_cast<DType>(f[0])), f[1]));
+    }
+  };
+  return run(info, [&] {
+    if (check_collectives_) check_p2p();
+    return do_batch_p2p(ops);
+  });
 }
 
 Work Communicator::barrier() {

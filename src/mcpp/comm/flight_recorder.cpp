@@ -53,9 +53,20 @@ uint64_t FlightRecorder::record(RecordEntry e) {
   e.start_steady_ns = steady_now_ns();
   e.start_wall_us = wall_now_us();
   e.end_steady_ns = e.end_wall_us = 0;
+  e.context = context_;
   ring_[e.id % capacity_] = std::move(e);
   if (next_id_ - first_kept_ > capacity_) first_kept_ = next_id_ - capacity_;  // the oldest was overwritten
   return next_id_ - 1;
+}
+
+void FlightRecorder::set_context(const CallContext& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  context_ = c;
+}
+
+CallContext FlightRecorder::context() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return context_;
 }
 
 void FlightRecorder::set_device_clock(DeviceClock* clock) {
@@ -146,7 +157,11 @@ nlohmann::json entry_to_json(const RecordEntry& e) {
                         {"start_steady_ns", e.start_steady_ns},
                         {"end_steady_ns", e.end_steady_ns},
                         {"start_wall_us", e.start_wall_us},
-                        {"end_wall_us", e.end_wall_us}};
+                        {"end_wall_us", e.end_wall_us},
+                        {"iteration", e.context.iteration},
+                        {"microbatch", e.context.microbatch},
+                        {"pp_stage", e.context.pp_stage},
+                        {"vp_chunk", e.context.vp_chunk}};
 }
 
 nlohmann::json FlightRecorder::dump_json(const std::string& reason) const {

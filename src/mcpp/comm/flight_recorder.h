@@ -18,6 +18,9 @@
 //   - Sequence numbers are per group and counted by the Communicator: `seq` numbers the group's
 //     collectives 1, 2, 3, ... (identical on every member when the program is correct); batch_p2p calls
 //     number separately in `p2p_seq`, since pipeline stages legitimately issue different p2p counts.
+//   - Training coordinates (hang forensics, `mcpp debug hang`): set_context() stamps every entry recorded after it
+//     with the trainer's iteration, the schedule's microbatch, pipeline stage and virtual chunk (-1: unknown / outside
+//     a schedule action). The trainer sets the iteration at each step; the pipeline schedule the rest per action.
 //
 // Dump JSON schema (rank_<r>.json, written by dump_json / the watchdog):
 // {
@@ -41,7 +44,8 @@
 //       "peers": [<int>...],             // batch_p2p only: peer global ranks; [] otherwise
 //       "state": <string: queued | started | done | failed>,
 //       "start_steady_ns": <int, steady clock at recording>, "end_steady_ns": <int, 0 until done/failed>,
-//       "start_wall_us": <int, wall clock at recording>,     "end_wall_us": <int, 0 until done/failed> }
+//       "start_wall_us": <int, wall clock at recording>,     "end_wall_us": <int, 0 until done/failed>,
+//       "iteration": <int>, "microbatch": <int>, "pp_stage": <int>, "vp_chunk": <int> }   // set_context; -1 unknown
 //   ]
 // }
 #pragma once
@@ -61,8 +65,14 @@ namespace mcpp::comm {
 enum class EntryState { Queued, Started, Done, Failed };
 const char* entry_state_name(EntryState s);
 
+// Where in training a call is issued (set_context).
+struct CallContext {
+  int64_t iteration = -1, microbatch = -1, pp_stage = -1, vp_chunk = -1;
+};
+
 struct RecordEntry {
   uint64_t id = 0;
+  CallContext context;
   std::string group;
   std::vector<int> group_ranks;
   uint64_t seq = 0;
@@ -94,6 +104,9 @@ class FlightRecorder {
   void set_device_clock(DeviceClock* clock);
   DeviceClock* device_clock() const;
   void set_device_marks(uint64_t id, int64_t start, int64_t end);
+  // The coordinates stamped on entries recorded from now on (the contract's "Training coordinates").
+  void set_context(const CallContext& c);
+  CallContext context() const;
 
   // Entries still queued or started, oldest first (the watchdog's view).
   std::vector<RecordEntry> pending() const;
@@ -119,6 +132,7 @@ class FlightRecorder {
   uint64_t next_id_ = 0;
   uint64_t first_kept_ = 0;  // the oldest id still in the ring
   DeviceClock* device_clock_ = nullptr;
+  CallContext context_;
 };
 
 nlohmann::json entry_to_json(const RecordEntry& e);

@@ -4,14 +4,27 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <string_view>
+
 #include "mcpp/core/error.h"
 #include "mcpp/core/trace_range.h"
 
 namespace mcpp {
 namespace detail {
 bool g_module_trace_on = false;
+bool g_scope_observed = false;
 }  // namespace detail
 namespace {
+
+struct Observers {
+  std::vector<ScopeObserver*> list;
+  std::vector<const char*> stack;  // the open scopes' names while observed, outermost first
+};
+Observers& observers() {
+  static Observers o;  // the model's thread
+  return o;
+}
 
 struct Recorder {
   bool on = false;
@@ -82,8 +95,43 @@ std::string format_module_tree(const ModuleNode& root) {
   return out;
 }
 
+void add_scope_observer(ScopeObserver* o) {
+  observers().list.push_back(o);
+  detail::g_scope_observed = true;
+}
+
+void remove_scope_observer(ScopeObserver* o) {
+  auto& l = observers().list;
+  std::erase(l, o);
+  detail::g_scope_observed = !l.empty();
+  if (l.empty()) observers().stack.clear();
+}
+
+std::string qualified_module_name(const std::vector<const char*>& scopes) {
+  size_t base = scopes.size();  // the innermost dotted name
+  for (size_t i = scopes.size(); i-- > 0;)
+    if (std::string_view(scopes[i]).find('.') != std::string_view::npos) {
+      base = i;
+      break;
+    }
+  if (base == scopes.size()) return scopes.empty() ? std::string() : std::string(scopes.back());
+  std::string name = scopes[base];
+  for (size_t i = base + 1; i < scopes.size(); ++i) name += std::string(".") + scopes[i];
+  return name;
+}
+
+void ModuleScope::notify(const Tensor& t) const {
+  const Observers& o = observers();
+  for (ScopeObserver* obs : o.list) obs->on_output(o.stack, backward_, t);
+}
+
 ModuleScope::ModuleScope(const char* name, const Tensor& in, Pass pass) {
   trace_range_push(name);
+  if (detail::g_scope_observed) {
+    observers().stack.push_back(name);
+    observed_ = true;
+    backward_ = pass == kBackward;
+  }
   if (!detail::g_module_trace_on) return;
   Recorder& r = recorder();
   if (r.skip_depth > 0) {
@@ -113,6 +161,7 @@ ModuleScope::ModuleScope(const char* name, const Tensor& in, Pass pass) {
 
 ModuleScope::~ModuleScope() {
   trace_range_pop();
+  if (observed_ && !observers().stack.empty()) observers().stack.pop_back();
   if (!skipped_ && !node_) return;  // not recording
   Recorder& r = recorder();
   if (skipped_) {
@@ -122,7 +171,7 @@ ModuleScope::~ModuleScope() {
   if (node_ && r.on && !r.stack.empty() && r.stack.back() == node_) r.stack.pop_back();
 }
 
-void ModuleScope::out(const Tensor& t) const {
+void ModuleScope::record_out(const Tensor& t) const {
   if (node_ && recorder().on) node_->outputs.push_back(describe(t));
 }
 

@@ -14,6 +14,10 @@
 // The model marks: GPTModel (forward_step / backward_step) > embedding, decoder (TransformerBlock) > layer i
 // (TransformerLayer) > self_attention > linear_qkv, core_attention, linear_proj | mlp > linear_fc1, linear_fc2 |
 // moe > router, experts, shared_experts; final_layernorm; output_layer; loss.
+//
+// Scope observers (diagnosis: training/nan_localizer.h's per-module finite checks, training/fault_injection.h's NaN
+// injection): while one is installed, every scope's out() / ret() tensor is handed to each observer in install
+// order, with the open scopes' names (outermost first) and the pass. Not installed: one predictable branch per scope.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -56,6 +60,24 @@ std::string describe(const Tensor& t);  // "float32[16, 2, 32]" ("undefined" for
 // The tree as indented text: "name  in: ... -> out: ...  ops: linear_fwd, gelu_fwd x2".
 std::string format_module_tree(const ModuleNode& root);
 
+// Sees each scope's output (forward: the module's output; backward: the gradient it returns). May write into the
+// tensor (fault injection); must not call collectives.
+class ScopeObserver {
+ public:
+  virtual ~ScopeObserver() = default;
+  virtual void on_output(const std::vector<const char*>& scopes, bool backward, const Tensor& t) = 0;
+};
+// Installs / removes an observer (on the model's thread; not owned).
+void add_scope_observer(ScopeObserver* o);
+void remove_scope_observer(ScopeObserver* o);
+// The scopes' qualified module name: the innermost dotted name ("decoder.layers.3") plus the plain names opened
+// after it: [GPTModel, decoder, decoder.layers.3, mlp] -> "decoder.layers.3.mlp"; [GPTModel, loss] -> "loss".
+std::string qualified_module_name(const std::vector<const char*>& scopes);
+
+namespace detail {
+extern bool g_scope_observed;  // an observer is installed (read on every scope: inline)
+}  // namespace detail
+
 class ModuleScope {
  public:
   enum Pass { kForward, kBackward };
@@ -65,15 +87,22 @@ class ModuleScope {
   ~ModuleScope();
   ModuleScope(const ModuleScope&) = delete;
   ModuleScope& operator=(const ModuleScope&) = delete;
-  void out(const Tensor& t) const;  // records the output's shape and dtype (while recording)
-  Tensor ret(Tensor t) const {      // out(t), then t: `return m.ret(y);`
+  void out(const Tensor& t) const {  // records the output's shape and dtype (while recording); tells observers
+    if (detail::g_module_trace_on) record_out(t);
+    if (observed_) notify(t);
+  }
+  Tensor ret(Tensor t) const {  // out(t), then t: `return m.ret(y);`
     out(t);
     return t;
   }
 
  private:
+  void record_out(const Tensor& t) const;
   ModuleNode* node_ = nullptr;  // recording: this scope's node
   bool skipped_ = false;        // recording, but inside a dropped top-level scope
+  bool observed_ = false;       // pushed onto the observers' scope stack
+  bool backward_ = false;
+  void notify(const Tensor& t) const;
 };
 
 }  // namespace mcpp

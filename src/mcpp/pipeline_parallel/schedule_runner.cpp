@@ -6,6 +6,7 @@
 #include <map>
 
 #include "mcpp/core/error.h"
+#include "mcpp/comm/flight_recorder.h"
 #include "mcpp/core/trace_range.h"
 #include "mcpp/pipeline_parallel/activation_memory.h"
 
@@ -84,7 +85,19 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
     return it->second;
   };
 
+  comm::FlightRecorder* recorder = a.pc ? a.pc->world()->recorder() : nullptr;
+  const comm::CallContext outside = recorder ? recorder->context() : comm::CallContext{};
   for (const Action& act : *a.schedule) {
+    if (recorder) {  // hang forensics: the calls of this action carry its microbatch, stage and chunk
+      TensorId id{act.microbatch, act.chunk};  // a Comm action: its first tensor's
+      for (const auto* t : {&act.send_next, &act.send_prev, &act.recv_prev, &act.recv_next})
+        if (act.kind == ActionKind::Comm && t->has_value()) {
+          id = **t;
+          break;
+        }
+      recorder->set_context({.iteration = outside.iteration, .microbatch = id.microbatch, .pp_stage = a.pc->pp_rank(),
+                             .vp_chunk = id.chunk});
+    }
     const auto t0 = a.timings ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const int64_t mark0 = a.timings && a.device_clock ? a.device_clock->mark() : -1;
     if (act.kind == ActionKind::Forward) {
@@ -94,6 +107,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       const MicroBatch& mb = batch(act.microbatch);
       Tensor input = model.stage().pre_process ? Tensor() : take(received_act, k, "received activation");
       GPTModelCtx& ctx = ctxs[k];
+      if (a.before_forward) a.before_forward(act.microbatch, act.chunk);
       ForwardOptions fo = a.forward;
       if (!a.forward_only) fo.loss_grad_scale = a.grad_scale;  // the backward follows: fused loss gradient
       Tensor out = model.forward_step(ctx, mb.tokens, input, mb.labels, mb.loss_mask, fo, nullptr);
@@ -166,6 +180,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       a.timings->push_back({act, t0, std::chrono::steady_clock::now(), mark0, mark1});
     }
   }
+  if (recorder) recorder->set_context(outside);
   MCPP_CHECK(ctxs.empty() || a.forward_only, "pipeline schedule ended with {} forward contexts never back-propagated",
              ctxs.size());
   return res;

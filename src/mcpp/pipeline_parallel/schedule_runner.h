@@ -60,6 +60,7 @@ struct ScheduleRunArgs {
   bool forward_only = false;
   // Called before Backward(mb, c): DDP's no_sync control (the last microbatch of each chunk reduces).
   std::function<void(int64_t microbatch, int64_t chunk)> before_backward;
+  std::function<void(int64_t microbatch, int64_t chunk)> before_forward;  // optional (the NaN re-run's probe)
   std::vector<ActionTiming>* timings = nullptr;  // when set: one entry appended per executed action
   DeviceClock* device_clock = nullptr;           // with timings: compute-stream marks around each action
   // [num_microbatches, 2] float32 on hidden_device, written by the last stage (row mb = masked_loss_stats

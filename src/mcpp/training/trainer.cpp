@@ -75,6 +75,15 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   }
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
   open_outputs();
+  if (!t.inject_fault.empty()) {  // --inject-fault (fault_injection.h); the specs parsed in validate()
+    std::vector<FaultSpec> faults;
+    for (const std::string& f : t.inject_fault) {
+      faults.push_back(parse_fault_spec(f));
+      if (faults.back().rank >= pc_.world_size())
+        fail("--inject-fault '{}': rank {} is outside the world of {} ranks", f, faults.back().rank, pc_.world_size());
+    }
+    faults_ = std::make_unique<FaultInjector>(std::move(faults), pc_.rank());
+  }
   const auto& par = config_.parallel;
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_,
@@ -192,6 +201,7 @@ void Trainer::open_outputs() {
   const auto& t = config_.training;
   std::string metrics_path = t.metrics_path;
   if (metrics_path.empty() && !t.save.empty()) metrics_path = t.save + "/metrics.jsonl";
+  metrics_path_ = metrics_path;
   const nlohmann::json prov = {{"event", "provenance"}, {"rank", pc_.rank()}, {"world_size", pc_.world_size()},
                                {"provenance", provenance()}};
   if (is_logging_rank()) {

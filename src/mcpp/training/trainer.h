@@ -52,6 +52,8 @@
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/checkpointing.h"
+#include "mcpp/training/fault_injection.h"
+#include "mcpp/training/nan_localizer.h"
 #include "mcpp/training/activation_report.h"
 #include "mcpp/training/metrics.h"
 #include "mcpp/training/rank_metrics.h"
@@ -216,6 +218,23 @@ class Trainer {
   Tensor graph_rng_base_;
   std::array<uint64_t, 2> graph_rng_step_{};
   void write_graph_rng_base();  // state_.rng's current offsets -> graph_rng_base_
+
+  // ---- diagnosis (trainer_diagnosis.cpp; training/nan_localizer.h, training/fault_injection.h)
+  double global_grad_norm();  // the step's grad norm over every rank (collective)
+  enum class RerunTrigger { NanGradNorm, SpikyLoss };
+  // After the grad norm, the same on every rank: whether the step must be re-run (--check-for-nan-in-loss-and-grad:
+  // a non-finite grad norm; --check-for-spiky-loss: the world's largest loss spikes; a collective then).
+  std::optional<RerunTrigger> rerun_trigger(double grad_norm, double local_loss);
+  // Re-runs the step from rng_before with a NanProbe (collective), classifies, reports (log, metrics, incident file).
+  void diagnose_step(RerunTrigger trigger, const tensor_parallel::RngTracker& rng_before, double grad_norm,
+                     double local_loss);
+  double world_max_loss(double local_loss);  // collective over the world: NaN when any rank's is non-finite
+  std::unique_ptr<FaultInjector> faults_;  // --inject-fault (null: none)
+  NanProbe* nan_probe_ = nullptr;          // during a re-run: told the schedule's microbatch
+  std::vector<double> healthy_losses_;     // --check-for-spiky-loss: the last kSpikyLossWindow healthy losses
+  double step_loss_max_ = 0;               // --check-for-spiky-loss: this step's largest loss over the world
+  int64_t step_iteration_ = 0;             // the step being run (1-based, as logged)
+  std::string metrics_path_;               // the metrics JSONL (empty: none); incident files beside it
 };
 
 }  // namespace mcpp

@@ -67,6 +67,7 @@ void Trainer::finalize_async_save(bool blocking) {
 }
 
 void Trainer::after_commit(const std::string& dir, int64_t iteration) {
+  if (faults_) faults_->after_save(iteration, dir);  // --inject-fault bad-shard@ITER
   const int64_t keep = config_.training.keep_last_n_checkpoints;
   if (keep <= 0 || pc_.rank() != 0) return;
   for (const std::string& old : dist_checkpointing::remove_old_checkpoints(config_.training.save, keep))

@@ -88,6 +88,7 @@ TrainSummary Trainer::train() {
     const auto step_start = Clock::now();
     std::optional<ModuleTraceRecording> trace;  // --trace-modules N: this step's module tree
     if (iteration + 1 == t.trace_modules) trace.emplace();
+    step_iteration_ = iteration + 1;
     const double loss = train_step(&grad_norm, &skipped);
     if (trace) report_module_trace(iteration + 1, trace->take());
     window_.rank.step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - step_start).count());

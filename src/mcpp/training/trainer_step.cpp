@@ -3,13 +3,17 @@
 // schedule + the DP grad sync (forward_backward; under --enable-cuda-graph captured once, then replayed:
 // forward_backward_graphed), then --calculate-per-token-loss's rescale, finalize_model_grads, the expert-bias update,
 // the grad norm + clip and the optimizer and scheduler steps (train_step). Returns the step's loss (mean over DP).
+// Between the grad norm and the optimizer step: the NaN / spiky-loss check (a re-run with per-module checks and a
+// skipped step: trainer_diagnosis.cpp) and the --inject-fault hooks (fault_injection.h).
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "mcpp/comm/flight_recorder.h"
 #include "mcpp/core/cuda_graph.h"
 #include "mcpp/core/trace_range.h"
 #include "mcpp/distributed/data_parallel.h"
@@ -19,6 +23,8 @@
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/optimizer/lr_scheduler.h"
 #include "mcpp/pipeline_parallel/schedule_runner.h"
+#include "mcpp/training/fault_injection.h"
+#include "mcpp/training/nan_localizer.h"
 #include "mcpp/training/timeline.h"
 #include "mcpp/training/trainer.h"
 
@@ -46,6 +52,7 @@ Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t fi
           return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask};
         }
         const auto t0 = Clock::now();
+        if (faults_ && !forward_only) faults_->before_batch(step_iteration_);  // --inject-fault slow-data
         const Batch b = get_batch(ds, first, m);
         if (!forward_only)  // Megatron's batch-generator timer (level 2): building the microbatch on the host
           timers_->add_ms(TimerId::BatchGenerator,
@@ -64,8 +71,12 @@ Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t fi
       .grad_scale = config_.model.calculate_per_token_loss ? 1.0f : 1.0f / static_cast<float>(num_micro),
       .forward_only = forward_only,
       .before_backward = [&](int64_t m, int64_t chunk) {
+        if (nan_probe_) nan_probe_->set_microbatch(m);
         ddps_[static_cast<size_t>(chunk)]->set_is_last_microbatch(m == num_micro - 1);  // no_sync before
         if (const auto& e = expert_ddps_[static_cast<size_t>(chunk)]) e->set_is_last_microbatch(m == num_micro - 1);
+      },
+      .before_forward = [&](int64_t m, int64_t) {
+        if (nan_probe_) nan_probe_->set_microbatch(m);
       },
       .loss_stats = static_inputs ? graph_loss_stats_ : Tensor()};
   for (const auto& c : chunks_) args.chunks.push_back(c.get());
@@ -173,18 +184,29 @@ double Trainer::scale_grads_per_token(const StepLoss& local) {
   return tokens > 0 ? sums.data<float>()[0] / tokens : 0.0;
 }
 
+double Trainer::global_grad_norm() {
+  if (dist_optimizer_) return dist_optimizer_->grad_norm();
+  if (config_.model.num_moe_experts > 0) return model_grad_norm(dense_buffers(), expert_buffers(), pc_);
+  return model_grad_norm(dense_buffers(), pc_);
+}
+
 double Trainer::train_step(double* grad_norm, bool* skipped) {
   const TraceRange step_range("train_step");
   if (dist_optimizer_) {  // previous step's params complete (--overlap-param-gather: the gather's exposed part)
     const Timers::Scope gather_timer = timers_->scope(TimerId::ParamsAllGather);
     dist_optimizer_->wait_param_gather();
   }
+  const tensor_parallel::RngTracker rng_before = state_.rng;  // a diagnosis re-run starts from here
+  if (comm::FlightRecorder* fr = pc_.world()->recorder())  // hang forensics: this step's calls carry its iteration
+    fr->set_context({.iteration = step_iteration_, .pp_stage = pc_.pp_rank()});
+  if (faults_) faults_->begin_step(step_iteration_, /*rerun=*/false, *pc_.world());
   StepLoss step;
   {
     const Timers::Scope fb_timer = timers_->scope(TimerId::ForwardBackward);
     step = step_graph_ ? forward_backward_graphed(*train_ds_, state_.consumed_train_samples)
                        : forward_backward(*train_ds_, state_.consumed_train_samples);
   }
+  if (faults_) faults_->end_step();
   const TraceRange optimizer_range("optimizer");
   const bool per_token = config_.model.calculate_per_token_loss;
   const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;
@@ -207,11 +229,14 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
     const float clip = config_.optimizer.clip_grad;
     {
       const Timers::Scope clip_timer = timers_->scope(TimerId::OptimizerClipMainGrad);
-      if (dist_optimizer_) *grad_norm = dist_optimizer_->grad_norm();
-      else if (config_.model.num_moe_experts > 0) *grad_norm = model_grad_norm(dense_buffers(), expert_buffers(), pc_);
-      else *grad_norm = model_grad_norm(dense_buffers(), pc_);
+      *grad_norm = global_grad_norm();
     }
     *skipped = !std::isfinite(*grad_norm);
+    // --check-for-nan-in-loss-and-grad / --check-for-spiky-loss: re-run, localise, skip (trainer_diagnosis.cpp)
+    if (const std::optional<RerunTrigger> trigger = rerun_trigger(*grad_norm, loss)) {
+      diagnose_step(*trigger, rng_before, *grad_norm, loss);
+      *skipped = true;
+    }
     if (!*skipped) {
       const auto lr = static_cast<float>(scheduler_->get_lr());
       // Megatron scales the fp32 grads by the clip coefficient, then steps; the same fp32 product is taken

@@ -2,6 +2,7 @@
 #include "mcpp/training/training_config.h"
 
 #include "mcpp/core/error.h"
+#include "mcpp/training/fault_injection.h"
 
 namespace mcpp {
 
@@ -78,6 +79,20 @@ const config::FieldTable<TrainingConfig>& TrainingConfig::fields() {
           MCPP_FIELD(log_validation_ppl_to_tensorboard).store_true("--log-validation-ppl-to-tensorboard"),
           MCPP_FIELD(trace_modules)
               .flag("--trace-modules", "print iteration N's module tree (shapes, dtypes, ops)"),
+          MCPP_FIELD(check_for_nan_in_loss_and_grad)
+              .store_false("--no-check-for-nan-in-loss-and-grad",
+                           "no re-run on a non-finite grad norm (default: re-run the step with per-module checks, "
+                           "name the first non-finite tensor, skip the step)"),
+          MCPP_FIELD(check_for_spiky_loss)
+              .store_true("--check-for-spiky-loss", "re-run and skip a step whose loss spikes past the factor"),
+          MCPP_FIELD(spiky_loss_factor)
+              .flag("--spiky-loss-factor", "a spike: loss > factor x the largest of the last 100 healthy losses")
+              .range(config::Range::positive()),
+          MCPP_FIELD(inject_fault)
+              .flag("--inject-fault",
+                    "KIND[:OPTS]@ITER[:RANK]: nan-grad:layer=K[,persistent] | nan-output:layer=K | kill | hang | "
+                    "slow-data[:ms=N] | slow-rank[:ms=N] | wrong-collective[:extra] | bad-shard (docs/DEBUGGING.md)")
+              .repeatable(),
       }};
   return table;
 }
@@ -127,6 +142,7 @@ void TrainingConfig::validate() const {
     fail("timing_log_option: unknown value '{}' (expected max|minmax|all)", timing_log_option);
   require_positive(tensorboard_log_interval, "tensorboard_log_interval");
   require_non_negative(trace_modules, "trace_modules");
+  for (const std::string& f : inject_fault) parse_fault_spec(f);  // a malformed one: its error
   if (trace_modules > 0 && enable_cuda_graph)
     fail("trace_modules: the module trace records the ops as the host issues them, which a replayed CUDA graph "
          "does not; drop --enable-cuda-graph for the traced run");

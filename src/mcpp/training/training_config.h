@@ -68,6 +68,11 @@ struct TrainingConfig {
   bool log_memory_to_tensorboard = false;     // Megatron's --log-memory-to-tensorboard
   bool log_validation_ppl_to_tensorboard = false;  // Megatron's --log-validation-ppl-to-tensorboard
   int64_t trace_modules = 0;                  // --trace-modules N: iteration N's module tree (0: off)
+  // ---- diagnosis (training/nan_localizer.h, training/fault_injection.h; docs/DEBUGGING.md)
+  bool check_for_nan_in_loss_and_grad = true;  // Megatron's; a non-finite grad norm -> re-run + localise + skip
+  bool check_for_spiky_loss = false;           // Megatron's: a loss > spiky_loss_factor x recent max -> the same
+  double spiky_loss_factor = 10.0;             // Megatron's SPIKY_LOSS_FACTOR (a constant there)
+  std::vector<std::string> inject_fault;       // --inject-fault KIND[:OPTS]@ITER[:RANK] (repeatable)
 
   static const config::FieldTable<TrainingConfig>& fields();
   void validate() const;

@@ -1,0 +1,69 @@
+// Fault injection (`mcpp train --inject-fault KIND[:OPTS]@ITER[:RANK]`, repeatable; issue 33 / experiment E12): a
+// fault rehearsed on purpose, for the diagnosis tests and for users practising an incident. RANK defaults to 0
+// (the global rank); ITER is the 1-based training iteration (the step that logs as "iteration ITER").
+//   nan-grad:layer=K[,persistent]    layer K's MLP gradient (the gradient its backward returns, every microbatch)
+//                                    becomes NaN; K is the index of decoder.layers.K (0-based, global). One-off:
+//                                    the first run of ITER only (a re-run is clean: transient); persistent: the
+//                                    re-run too (reproducible).
+//   nan-output:layer=K[,persistent]  layer K's MLP forward output becomes NaN.
+//   kill                             the rank dies (SIGKILL) at the start of ITER.
+//   hang                             the rank stops calling collectives at the start of ITER (sleeps forever).
+//   slow-data[:ms=N]                 the rank's data loader sleeps N ms (default 1000) per microbatch of ITER.
+//   slow-rank[:ms=N]                 the rank sleeps N ms (default 1000) of "compute" at the start of ITER.
+//   wrong-collective[:extra]         at the start of ITER every rank issues a drill all_reduce on the world group, this
+//                                    rank with another shape (3 floats instead of 1): --check-collectives names the
+//                                    mismatch. extra: only this rank issues it (a call no peer matches: a hang).
+//   bad-shard                        after the checkpoint of ITER commits, one byte of this rank's shard file flips.
+// A drill fires in a job's first attempt only (MCPP_RESTART_COUNT unset or 0: `mcpp launch --max-restarts`).
+// The NaN kinds act through module scopes (core/module_trace.h's ScopeObserver): the injector is installed only
+// while a NaN fault is due (begin_step), so healthy steps pay nothing.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mcpp/core/module_trace.h"
+
+namespace mcpp {
+namespace comm { class Communicator; }
+
+enum class FaultKind { NanGrad, NanOutput, Kill, Hang, SlowData, SlowRank, WrongCollective, BadShard };
+const char* fault_kind_name(FaultKind k);
+
+struct FaultSpec {
+  FaultKind kind = FaultKind::Kill;
+  int64_t iteration = 0;
+  int rank = 0;
+  int64_t layer = -1;       // the NaN kinds
+  bool persistent = false;  // the NaN kinds: also in the re-run of the step
+  int64_t ms = 1000;        // slow-data / slow-rank
+  bool extra = false;       // wrong-collective: a call only this rank issues (default: a shape mismatch)
+  std::string text;         // as given
+};
+// One --inject-fault value; a malformed one is an mcpp::Error naming it and the grammar.
+FaultSpec parse_fault_spec(const std::string& text);
+
+class FaultInjector : public ScopeObserver {
+ public:
+  FaultInjector(std::vector<FaultSpec> faults, int rank);
+  ~FaultInjector() override;
+  FaultInjector(const FaultInjector&) = delete;
+  FaultInjector& operator=(const FaultInjector&) = delete;
+  // At the start of iteration `iteration`'s step (rerun: the diagnosis re-run of it): kill / hang / slow-rank /
+  // wrong-collective fire here (wrong-collective on `world`); a due NaN fault installs the scope observer.
+  void begin_step(int64_t iteration, bool rerun, comm::Communicator& world);
+  void end_step();                          // removes the scope observer
+  void before_batch(int64_t iteration);     // slow-data (the data loader, per microbatch)
+  // After the checkpoint of `iteration` committed in `dir` (every rank): bad-shard flips a byte of a shard file this
+  // rank wrote (its name is printed).
+  void after_save(int64_t iteration, const std::string& dir);
+  void on_output(const std::vector<const char*>& scopes, bool backward, const Tensor& t) override;
+
+ private:
+  std::vector<FaultSpec> faults_;
+  int rank_;
+  std::vector<const FaultSpec*> nan_due_;  // this step's NaN faults
+  bool installed_ = false;
+};
+
+}  // namespace mcpp
