@@ -309,7 +309,7 @@ def run_experiment(exp_id, tier="cpu", repeats=3, mcpp=None, results=None, broke
             accepted.append(metrics)
         if len(accepted) < repeats:
             raise RunFailed(f"only {len(accepted)} of {repeats} repeats ran in a clean environment: {rejected}")
-        ctx.rep = "oracle"
+        ctx.rep, ctx.repeats = "oracle", accepted
         checks = recipe.oracle(ctx, settings, accepted)
         ctx.rep = "negative"
         neg = recipe.negative(ctx, settings)
