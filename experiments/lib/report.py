@@ -32,6 +32,8 @@ def write_report(results=None):
              "experiment and tier). Numbers are medians over the clean repeats.", "",
              "| id | experiment | tier | status | key numbers | oracle | negative result | result |",
              "|---|---|---|---|---|---|---|---|"]
+    path = os.path.join(runner.ROOT, "experiments", "REPORT.md") if results == os.path.join(
+        runner.ROOT, "experiments", "results") else os.path.join(results, "REPORT.md")
     for r in recipes():
         for tier in ("cpu", "gpu"):
             if isinstance(r.TIERS.get(tier), str) or tier not in r.TIERS:
@@ -49,11 +51,9 @@ def write_report(results=None):
             neg = open(os.path.join(d, "negative.md")).read().strip().splitlines()
             neg1 = next((l for l in neg if l and not l.startswith("#")), "").replace("|", "/")[:140]
             npass = sum(c["pass"] for c in o["checks"])
-            rel = os.path.relpath(os.path.join(d, "report.md"), os.path.join(runner.ROOT, "experiments"))
+            rel = os.path.relpath(os.path.join(d, "report.md"), os.path.dirname(path))
             lines.append(f"| {r.ID} | {r.TITLE} | {tier} | {o['verdict']} | {keys} | {npass}/{len(o['checks'])} | "
                          f"{neg1} | [{os.path.basename(d)}]({rel}) |")
-    path = os.path.join(runner.ROOT, "experiments", "REPORT.md") if results == os.path.join(
-        runner.ROOT, "experiments", "results") else os.path.join(results, "REPORT.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path

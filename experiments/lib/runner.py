@@ -276,6 +276,9 @@ def run_experiment(exp_id, tier="cpu", repeats=3, mcpp=None, results=None, broke
         print(f"error: mcpp binary '{mcpp}' is not an executable (build it, or pass --mcpp / set $MCPP)",
               file=sys.stderr)
         return 2, None
+    if tier == "gpu" and gpu_state() is None:
+        print(f"error: experiment {exp_id} --tier gpu: no GPU here (nvidia-smi does not answer)", file=sys.stderr)
+        return 2, None
     if broken:
         settings = recipe.broken(dict(settings))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
