@@ -57,6 +57,15 @@ def find_recipe(exp_id):
     return mod
 
 
+def binary_commit(mcpp):
+    """The commit the mcpp binary was built from (`mcpp --version`'s "git commit:" line), "" if unknown."""
+    try:
+        p = subprocess.run([mcpp, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return ""
+    return next((l.split(":", 1)[1].strip() for l in p.stdout.splitlines() if l.startswith("git commit:")), "")
+
+
 def git(*args):
     p = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True)
     return p.stdout.strip() if p.returncode == 0 else ""
@@ -127,7 +136,7 @@ def env_json(mcpp, tier):
                          capture_output=True, text=True) if shutil.which("nvidia-smi") else None
     mpi = subprocess.run([mpi_launcher()[0], "--version"], capture_output=True, text=True)
     return {
-        "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "commit": git("rev-parse", "HEAD") or binary_commit(mcpp), "binary_commit": binary_commit(mcpp), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "tier": tier, "mcpp": os.path.abspath(mcpp), "build": cache, "machine": platform.node(),
         "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
         "gpu": smi.stdout.strip() if smi and smi.returncode == 0 else None,
@@ -282,7 +291,7 @@ def run_experiment(exp_id, tier="cpu", repeats=3, mcpp=None, results=None, broke
     if broken:
         settings = recipe.broken(dict(settings))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    commit = git("rev-parse", "--short", "HEAD") or "nogit"
+    commit = git("rev-parse", "--short", "HEAD") or binary_commit(mcpp)[:7] or "nogit"  # a device copy has no .git
     out = os.path.join(results or os.path.join(ROOT, "experiments", "results"), exp_id,
                        f"{stamp}-{commit}{'-' + tier if tier != 'cpu' else ''}{'-broken' if broken else ''}")
     os.makedirs(out)
