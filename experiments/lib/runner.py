@@ -49,7 +49,8 @@ def find_recipe(exp_id):
     if not hits:
         known = sorted(os.path.basename(os.path.dirname(p)) for p in
                        glob.glob(os.path.join(ROOT, "experiments", "E*-*", "recipe.py")))
-        raise SystemExit(f"error: no recipe for experiment '{exp_id}' (have: {', '.join(known)})")
+        print(f"error: no recipe for experiment '{exp_id}' (have: {', '.join(known)})", file=sys.stderr)
+        sys.exit(2)
     spec = importlib.util.spec_from_file_location("recipe_" + exp_id, hits[0])
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
