@@ -21,3 +21,10 @@ foreach(recipe ${MCPP_EXP_RECIPES})
 endforeach()
 add_test(NAME experiments.report COMMAND ${MCPP_PY} ${MCPP_EXPERIMENTS}/run report --results ${MCPP_EXP_RESULTS})
 set_tests_properties(experiments.report PROPERTIES DEPENDS "${_exp_tests}")
+
+# The regression gate's CI part (bench/regress counters): deterministic counters equal the stored baseline, and a
+# deliberate extra all-reduce (one more gradient bucket) is caught by name.
+add_test(NAME bench.regress_counters COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/bench/regress counters --mcpp ${MCPP_BIN})
+add_test(NAME bench.regress_counters_catch
+         COMMAND ${MCPP_PY} ${CMAKE_CURRENT_SOURCE_DIR}/regress_catch_check.py ${MCPP_BIN})
+set_tests_properties(bench.regress_counters bench.regress_counters_catch PROPERTIES TIMEOUT 300)
