@@ -167,7 +167,7 @@ class Context:
         os.makedirs(os.path.dirname(p), exist_ok=True)
         return p
 
-    def mcpp_run(self, name, argv, np_=1, expect_ok=True, metrics=True, timeout=300):
+    def mcpp_run(self, name, argv, np_=1, expect_ok=True, metrics=True, timeout=300, env=None):
         """Runs `mcpp <argv>` (under the MPI launcher when np_ > 1), --metrics-path <work>/<rep>/<name>/metrics.jsonl
         added for `train` when metrics; copies every rank's stdout / stderr / metrics file to rank_<r>/.
         Returns (returncode, {rank: stdout}, run dir)."""
@@ -182,9 +182,11 @@ class Context:
         if self.tier == "gpu" and np_ == 1:
             self.env.setdefault("CUDA_VISIBLE_DEVICES", "0")
         with open(os.path.join(self.out, "cmd.txt"), "a") as f:
-            f.write(f"[{self.rep}] {name}: {' '.join(cmd)}\n")
+            f.write(f"[{self.rep}] {name}: {' '.join(f'{k}={v}' for k, v in (env or {}).items())}"
+                    f"{' ' if env else ''}{' '.join(cmd)}\n")
         t0 = time.time()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=rundir)
+        p = subprocess.run(cmd, capture_output=True, text=True, env={**self.env, **(env or {})}, timeout=timeout,
+                           cwd=rundir)
         wall = time.time() - t0
         outs = {}
         if np_ > 1:
@@ -198,6 +200,7 @@ class Context:
         else:
             outs[0] = p.stdout
             self._keep(0, name, p.stdout, p.stderr, rundir)
+        self.last_stderr = p.stderr
         if expect_ok and p.returncode != 0:
             tail = "\n".join(((p.stdout or "") + (p.stderr or "") + "".join(outs.values())).splitlines()[-15:])
             raise RunFailed(f"{name}: exit {p.returncode} ({' '.join(cmd[:8])} ...)\n{tail}")
