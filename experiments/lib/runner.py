@@ -142,7 +142,7 @@ def env_json(mcpp, tier):
         "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
         "gpu": smi.stdout.strip() if smi and smi.returncode == 0 else None,
         "mpi": (mpi.stdout or mpi.stderr).splitlines()[0] if (mpi.stdout or mpi.stderr) else None,
-        "python": sys.version.split()[0],
+        "python": sys.version.split()[0], "loadavg_1_5_15": list(os.getloadavg()),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "CUDA_", "NCCL_", "OMPI_MCA", "MCPP"))},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
