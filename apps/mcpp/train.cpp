@@ -22,6 +22,7 @@
 #include "mcpp/datasets/gpt2_tokenizer.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/arguments.h"
+#include "mcpp/training/checkpointing.h"
 #include "mcpp/training/provenance.h"
 #include "mcpp/training/trainer.h"
 
@@ -43,6 +44,7 @@ int local_rank() {
 int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
   cfg.apply_world_size(world->size());
   const int64_t eod = mcpp::cli::apply_tokenizer(cfg);
+  mcpp::adopt_checkpoint_vocab_padding(cfg);  // a checkpoint of another TP size: its padded vocabulary, if it fits
   cfg.validate();
   mcpp::validate_parallel_layout(world->size(), cfg);
   // GPUs under mpirun: the parallel groups are NCCL communicators (one GPU per rank, by local rank),

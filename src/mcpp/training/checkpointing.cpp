@@ -482,4 +482,44 @@ LoadedModel load_model_for_inference(const std::string& load_dir, Device device,
   return lm;
 }
 
+bool adopt_checkpoint_vocab_padding(Config& cfg) {
+  const std::string& dir = cfg.training.load;
+  if (dir.empty() || (dc::latest_iteration(dir) < 0 && dc::list_iterations(dir).empty())) return false;
+  const dc::CheckpointReader reader(dir);
+  const nlohmann::json& meta = reader.meta();
+  if (!meta.contains("config") || !meta["config"].is_object() || !meta["config"].contains("model")) return false;
+  const nlohmann::json& m = meta["config"]["model"];
+  if (!m.is_object() || !m.contains("padded_vocab_size") || !m.contains("vocab_size") ||
+      !m["padded_vocab_size"].is_number_integer() || !m["vocab_size"].is_number_integer())
+    return false;
+  const int64_t saved = m["padded_vocab_size"].get<int64_t>(), vocab = m["vocab_size"].get<int64_t>();
+  TransformerConfig& now = cfg.model;
+  if (vocab != now.vocab_size || saved == now.padded_vocab_size || saved < vocab) return false;
+  const int64_t tp = cfg.parallel.tensor_model_parallel_size, multiple = now.make_vocab_size_divisible_by * tp;
+  if (saved % multiple == 0) {
+    spdlog::info("checkpoint '{}' pads the vocabulary ({}) to {}, a multiple of make_vocab_size_divisible_by {} x "
+                 "tensor_model_parallel_size {} too: using padded_vocab_size {} (instead of {})",
+                 reader.dir(), vocab, saved, now.make_vocab_size_divisible_by, tp, saved, now.padded_vocab_size);
+    now.padded_vocab_size = saved;
+    return true;
+  }
+  // The --make-vocab-size-divisible-by that pads vocab to `saved` at this tp: the largest power of two (Megatron's
+  // values: 128, 64, ...), else the smallest value at all (a larger one could pad past it).
+  const auto pads_to_saved = [&](int64_t d) {
+    return saved % (d * tp) == 0 && (vocab + d * tp - 1) / (d * tp) * (d * tp) == saved;
+  };
+  int64_t works = 0;
+  for (int64_t d = int64_t{1} << 20; d >= 1 && works == 0; d /= 2)
+    if (pads_to_saved(d)) works = d;
+  for (int64_t d = 1; d <= saved / tp && works == 0; ++d)
+    if (pads_to_saved(d)) works = d;
+  if (works > 0)
+    fail("checkpoint '{}' pads the vocabulary ({}) to {}, not a multiple of make_vocab_size_divisible_by {} x "
+         "tensor_model_parallel_size {} (this run pads to {}); --make-vocab-size-divisible-by {} pads to {}",
+         reader.dir(), vocab, saved, now.make_vocab_size_divisible_by, tp, now.padded_vocab_size, works, saved);
+  fail("checkpoint '{}' pads the vocabulary ({}) to {}, which no --make-vocab-size-divisible-by reaches at "
+       "tensor_model_parallel_size {} (this run pads to {}); reshard it offline with `mcpp ckpt convert`",
+       reader.dir(), vocab, saved, tp, now.padded_vocab_size);
+}
+
 }  // namespace mcpp

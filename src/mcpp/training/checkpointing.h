@@ -122,4 +122,13 @@ struct LoadedModel {
 LoadedModel load_model_for_inference(const std::string& load_dir, Device device = Device::CPU,
                                      DType param_dtype = DType::F32);
 
+// Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x tp, so the same tokenizer gives
+// another padded size at another TP (GPT-2's 50257: 50304 at TP1, 50432 at TP2). Called after the tokenizer set
+// cfg.model.padded_vocab_size: when the latest checkpoint under cfg.training.load has the same vocab_size and
+// another padded size that is a multiple of this run's make_vocab_size_divisible_by x tp, adopt it (logged);
+// when it is not, fail naming the --make-vocab-size-divisible-by value that pads to it (if any). No checkpoint,
+// no stored config, or another vocab_size: nothing changes (the fingerprint check names the difference).
+// Returns true when the saved padded size was adopted.
+bool adopt_checkpoint_vocab_padding(Config& cfg);
+
 }  // namespace mcpp

@@ -1,0 +1,129 @@
+"""Unit tests of experiments/lib (formulas on fixed inputs, the environment-clean check, the stdlib checkpoint /
+npy readers). Run: python3 -m unittest discover -s experiments/lib -p 'test_*.py' (ctest experiments.lib)."""
+import array
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ckpt  # noqa: E402
+import formulas as F  # noqa: E402
+import runner  # noqa: E402
+
+
+class Formulas(unittest.TestCase):
+    def test_bubble(self):
+        # Narayanan et al. 2021: p = 4, m = 8 -> 3/11; interleaved V = 2 halves the m term's share: 3/19
+        self.assertAlmostEqual(F.bubble_theoretical(4, 8), 3 / 11)
+        self.assertAlmostEqual(F.bubble_theoretical(4, 8, 2), 3 / 19)
+        self.assertEqual(F.bubble_theoretical(1, 5), 0.0)
+        self.assertAlmostEqual(F.bubble_measured(75.0, 100.0), 0.25)
+        with self.assertRaises(ValueError):
+            F.bubble_theoretical(0, 4)
+
+    def test_bytes_per_param(self):
+        # Megatron-Core's distributed optimizer table: bf16 params / fp32 grads: 18 vs 6 + 12/d
+        self.assertEqual(F.bytes_per_param("bf16", "fp32", 8, False), 18)
+        self.assertAlmostEqual(F.bytes_per_param("bf16", "fp32", 8, True), 7.5)
+        self.assertAlmostEqual(F.bytes_per_param("fp32", "fp32", 2, True), 12.0)
+        self.assertEqual(F.bytes_per_param("fp32", "fp32", 1, True), 16.0)  # d = 1: nothing to shard
+        with self.assertRaises(ValueError):
+            F.bytes_per_param("fp8", "fp32", 2, True)
+
+    def test_ring_bytes(self):
+        self.assertAlmostEqual(F.ring_bytes_per_rank("all_reduce", 4, 1000), 1500.0)
+        self.assertAlmostEqual(F.ring_bytes_per_rank("reduce_scatter", 4, 1000), 750.0)
+        self.assertAlmostEqual(F.ring_bytes_per_rank("all_gather", 1, 1000), 0.0)
+        # RS + AG moves exactly what one all-reduce moves (the distributed optimizer's claim)
+        self.assertAlmostEqual(F.ring_bytes_per_rank("reduce_scatter", 8, 64) + F.ring_bytes_per_rank(
+            "all_gather", 8, 64), F.ring_bytes_per_rank("all_reduce", 8, 64))
+
+    def test_flops_mfu(self):
+        # GPT-2 124M (L 12, h 768, s 1024, V 50304), B 8: Megatron's formula by hand
+        b, s, L, h, V = 8, 1024, 12, 768, 50304
+        want = 72 * b * s * L * h * h * (1 + s / (12 * h) + V / (12 * L * h))
+        self.assertAlmostEqual(F.gpt_flops_per_step(b, s, L, h, V), want)
+        self.assertAlmostEqual(F.mfu(989e12 * 0.5, 1.0, 989e12), 0.5)
+        self.assertAlmostEqual(F.mfu(4e12, 0.5, 1e12, ranks=2), 4.0)
+
+    def test_intervals(self):
+        comm = [(0, 10), (20, 30)]
+        compute = [(5, 25), (24, 26)]
+        self.assertEqual(F.union(compute), [(5, 26)])
+        self.assertEqual(F.length(comm), 20)
+        self.assertEqual(F.intersection_length(comm, compute), 11)  # (5, 10) and (20, 26)
+        self.assertEqual(F.exposed_comm(comm, compute), 9)
+        self.assertEqual(F.exposed_comm(comm, []), 20)
+
+    def test_stats(self):
+        self.assertEqual(F.median([3, 1, 2]), 2)
+        self.assertEqual(F.median([4, 1, 2, 3]), 2.5)
+        self.assertEqual(F.mad([1, 2, 3, 4, 100]), 1)
+        sp = F.spread([10.0, 12.0, 11.0])
+        self.assertEqual((sp["median"], sp["min"], sp["max"]), (11.0, 10.0, 12.0))
+        self.assertAlmostEqual(sp["rel_spread"], 2 / 11)
+        s = F.summarize_repeats([{"a": 1, "b": "x", "c": True}, {"a": 3, "b": "y", "c": False}])
+        self.assertEqual(list(s), ["a"])  # strings and booleans are not metrics
+
+    def test_load_io(self):
+        st = F.load_stats([10, 10, 10, 10])
+        self.assertEqual((st["cv"], st["max_over_mean"]), (0.0, 1.0))
+        st = F.load_stats([0, 0, 0, 40])
+        self.assertAlmostEqual(st["cv"], 3 ** 0.5)
+        self.assertAlmostEqual(F.throughput_mb_s(5e6, 500), 10.0)
+
+
+class CleanCheck(unittest.TestCase):
+    def test_stray_process_and_staging_dir(self):
+        work = tempfile.mkdtemp()
+        tag = "test" + str(os.getpid())
+        self.assertEqual(runner.clean_check(tag, work, "cpu", None), [])
+        p = subprocess.Popen(["sleep", "30"], env={**os.environ, runner.TAG_VAR: tag})
+        try:
+            dirty = runner.clean_check(tag, work, "cpu", None)
+            self.assertEqual(len(dirty), 1)
+            self.assertIn(f"stray process {p.pid}", dirty[0])
+        finally:
+            p.kill()
+            p.wait()
+        os.makedirs(os.path.join(work, "ckpt", "iter_0000003.tmp-ab12"))
+        self.assertIn("leftover staging directory", runner.clean_check(tag, work, "cpu", None)[0])
+
+
+class Readers(unittest.TestCase):
+    def test_logical_tensor_from_two_row_shards(self):
+        d = tempfile.mkdtemp()
+        vals = array.array("f", range(12))  # a [4, 3] tensor, rows 0-1 in one shard, rows 2-3 in another
+        raw = vals.tobytes()
+        with open(os.path.join(d, "model.safetensors"), "wb") as f:
+            f.write(raw)
+        ent = lambda off, lo: {"key": "w", "dtype": "F32", "global_shape": [4, 3], "global_offset": [off, 0],
+                               "local_shape": [2, 3], "file": "model.safetensors", "byte_offset": lo,
+                               "byte_length": 24, "xxh3": "0" * 16}
+        with open(os.path.join(d, "manifest.json"), "w") as f:
+            json.dump({"tensors": [ent(2, 0), ent(0, 24)]}, f)  # file order != row order
+        t = ckpt.logical_tensors(d)
+        self.assertEqual(t["w"][0], [4, 3])
+        self.assertEqual(list(t["w"][1]), [6, 7, 8, 9, 10, 11, 0, 1, 2, 3, 4, 5])
+        with open(os.path.join(d, "manifest.json"), "w") as f:
+            json.dump({"tensors": [ent(0, 0)]}, f)
+        with self.assertRaises(ValueError):  # half the rows missing
+            ckpt.logical_tensors(d)
+
+    def test_npy(self):
+        p = os.path.join(tempfile.mkdtemp(), "a.npy")
+        header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }"
+        header += " " * (63 - (10 + len(header)) % 64) + "\n"
+        with open(p, "wb") as f:
+            f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() +
+                    array.array("f", [1, 2, 3, 4]).tobytes())
+        shape, a = ckpt.read_npy(p)
+        self.assertEqual((shape, list(a)), ((2, 2), [1, 2, 3, 4]))
+
+
+if __name__ == "__main__":
+    unittest.main()

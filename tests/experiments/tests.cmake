@@ -1,0 +1,30 @@
+# Experiments (experiments/, issue 34): the formulas library and the runner's checks on fixed inputs; every
+# recipe's CPU tier (3 repeats, seconds) with its oracle passing, and its oracle failing on the recipe's
+# deliberately broken input; REPORT.md regenerated from those results. Results go to the build dir.
+set(MCPP_EXPERIMENTS ${CMAKE_SOURCE_DIR}/experiments)
+set(MCPP_EXP_RESULTS ${CMAKE_CURRENT_BINARY_DIR}/experiment_results)
+add_test(NAME experiments.lib
+         COMMAND ${MCPP_PY} -m unittest discover -s ${MCPP_EXPERIMENTS}/lib -p test_*.py)
+file(GLOB MCPP_EXP_RECIPES CONFIGURE_DEPENDS ${MCPP_EXPERIMENTS}/E*-*/recipe.py)
+set(_exp_tests "")
+foreach(recipe ${MCPP_EXP_RECIPES})
+  get_filename_component(_dir ${recipe} DIRECTORY)
+  get_filename_component(_name ${_dir} NAME)
+  string(REGEX MATCH "^E[0-9]+" exp ${_name})
+  add_test(NAME experiments.${exp}_cpu
+           COMMAND ${MCPP_PY} ${MCPP_EXPERIMENTS}/run ${exp} --tier cpu --repeats 3 --mcpp ${MCPP_BIN}
+                   --results ${MCPP_EXP_RESULTS})
+  add_test(NAME experiments.${exp}_oracle_fails
+           COMMAND ${MCPP_PY} ${MCPP_EXPERIMENTS}/lib/check_broken.py ${exp} ${MCPP_BIN} ${MCPP_EXP_RESULTS})
+  set_tests_properties(experiments.${exp}_cpu experiments.${exp}_oracle_fails PROPERTIES TIMEOUT 300)
+  list(APPEND _exp_tests experiments.${exp}_cpu)
+endforeach()
+add_test(NAME experiments.report COMMAND ${MCPP_PY} ${MCPP_EXPERIMENTS}/run report --results ${MCPP_EXP_RESULTS})
+set_tests_properties(experiments.report PROPERTIES DEPENDS "${_exp_tests}")
+
+# The regression gate's CI part (bench/regress counters): deterministic counters equal the stored baseline, and a
+# deliberate extra all-reduce (one more gradient bucket) is caught by name.
+add_test(NAME bench.regress_counters COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/bench/regress counters --mcpp ${MCPP_BIN})
+add_test(NAME bench.regress_counters_catch
+         COMMAND ${MCPP_PY} ${CMAKE_CURRENT_SOURCE_DIR}/regress_catch_check.py ${MCPP_BIN})
+set_tests_properties(bench.regress_counters bench.regress_counters_catch PROPERTIES TIMEOUT 300)
