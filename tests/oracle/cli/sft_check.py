@@ -7,7 +7,8 @@
 2. Oracle: the fine-tune's first logged loss (lr 0, one global batch holding every packed sequence, per-token loss)
    equals the loss of each conversation run ALONE through `mcpp forward` (no packing, positions from 0), counted
    over the assistant's tokens and the EOD after them only — built here from the documented chatml rendering and
-   next-fit packing (docs/SFT.md), tokenized piece by piece with `mcpp tokenize`. So the prompt masking, the
+   next-fit packing (docs/SFT.md), tokenized piece by piece with `mcpp tokenize` (the softmax over the padded
+   vocabulary, as Megatron's cross entropy). So the prompt masking, the
    packing, the document mask and the position reset are checked against runs that have none of them.
 3. Fine-tuning for 30 steps lowers the loss; the checkpoint saves.
 4. Bad JSONL lines / a bad prompt format: one `error:` line naming file:line, exit 2.
@@ -79,7 +80,7 @@ def render(conv):  # chatml: the assistant header and every non-assistant turn u
 
 
 rendered = [render(c) for c in convs]
-seq = 64
+seq = 128
 cap = seq + 1
 bins, used = [], cap + 1  # next-fit into bins of seq + 1 tokens (none here is longer than a bin)
 for toks, _ in rendered:
@@ -95,10 +96,13 @@ print(f"{len(convs)} conversations -> {n_bins} packed sequences of {seq}")
 common = ["--sft", "--split", "100,0,0", "--sft-tokenizer-prompt-format", "chatml",
           "--tokenizer-type", "HuggingFaceTokenizer", "--eval-iters", "0",
           "--log-interval", "1", "--calculate-per-token-loss", "--micro-batch-size", "1",
-          "--global-batch-size", str(n_bins), "--device", "cpu"]
+          "--global-batch-size", str(n_bins), "--device", "cpu", "--seq-length", str(seq)]
+# the fine-tunes: no dropout (the import carries Megatron's default 0.1), so the first loss is deterministic
+ft_args = ["--load", None, "--finetune", "--use-checkpoint-args", *common, "--attention-dropout", "0",
+           "--hidden-dropout", "0", "--data-path", data]
 base = os.path.join(work, "base")
 run("train", "--config", os.path.join(here, "..", "..", "..", "configs", "llama-tiny.toml"), *common, "--data-path", data, "--tokenizer-model", tok_dir,
-    "--seq-length", str(seq), "--max-position-embeddings", str(seq), "--train-iters", "1", "--lr", "1e-3",
+    "--max-position-embeddings", str(seq), "--train-iters", "1", "--lr", "1e-3",
     "--lr-warmup-iters", "0", "--save", base)
 hf = os.path.join(work, "hf")
 run("ckpt", "export", "--load", base, "--format", "hf-llama", "--output", hf)
@@ -106,11 +110,11 @@ for f in ("tokenizer.json", "tokenizer_config.json"):
     shutil.copy(os.path.join(tok_dir, f), hf)
 imported = os.path.join(work, "imported")
 run("ckpt", "import", "--input", hf, "--format", "hf-llama", "--save", imported)
+ft_args[1] = imported
 
 # 2. The first step's loss at lr 0 vs each conversation alone.
 metrics = os.path.join(work, "lr0.jsonl")
-p = run("train", "--load", imported, "--finetune", "--use-checkpoint-args", *common, "--tokenizer-model", hf,
-        "--data-path", data, "--train-iters", "1", "--lr", "0", "--min-lr", "0", "--lr-warmup-iters", "0", "--metrics-path", metrics)
+p = run("train", *ft_args, "--tokenizer-model", hf, "--train-iters", "1", "--lr", "0", "--min-lr", "0", "--lr-warmup-iters", "0", "--metrics-path", metrics)
 assert "loaded checkpoint" in p.stdout + p.stderr, (p.stdout[-1000:], p.stderr[-1000:])
 packed_loss = [json.loads(l)["lm_loss"] for l in open(metrics) if '"event":"train"' in l][0]
 loss_sum, count = 0.0, 0
@@ -121,7 +125,12 @@ for k, (toks, trained) in enumerate(rendered):
     out = os.path.join(work, f"conv{k}.npy")
     run("forward", "--load", imported, "--tokens", ids, "--output", out)
     logits = np.load(out)[0].astype(np.float64)  # [n, V]
-    lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    # The trainer's cross entropy runs over the padded vocabulary (Megatron's: V rounded up to a multiple of
+    # --make-vocab-size-divisible-by 128); the import pads the output layer with zero rows, so each padded entry is
+    # a logit of 0 in the softmax's sum (mcpp forward writes the V real ones).
+    pad = -(-logits.shape[1] // 128) * 128 - logits.shape[1]
+    mx = logits.max(1)
+    lse = np.log(np.exp(logits - mx[:, None]).sum(1) + pad * np.exp(-mx)) + mx
     for pos in range(len(toks) - 1):  # input pos predicts toks[pos + 1]: counted where that label is trained
         if trained[pos + 1]:
             loss_sum += lse[pos] - logits[pos, toks[pos + 1]]
@@ -134,8 +143,7 @@ assert rel < 1e-5, "fp32: the same tokens' losses summed in another order"
 # 3. Fine-tuning lowers the loss.
 metrics = os.path.join(work, "ft.jsonl")
 ft = os.path.join(work, "ft")
-run("train", "--load", imported, "--finetune", "--use-checkpoint-args", *common, "--tokenizer-model", hf,
-    "--data-path", data, "--train-iters", "30", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "0", "--metrics-path", metrics,
+run("train", *ft_args, "--tokenizer-model", hf, "--train-iters", "30", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "0", "--metrics-path", metrics,
     "--save", ft)
 losses = [json.loads(l)["lm_loss"] for l in open(metrics) if '"event":"train"' in l]
 print(f"fine-tune: loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps")
@@ -149,7 +157,6 @@ with open(bad, "w") as f:
     f.write(json.dumps({"prompt": "only a prompt"}) + "\n")
 for args, needle in [(["--data-path", bad], f"{bad}:2"),
                      (["--data-path", data, "--sft-tokenizer-prompt-format", "default"], "sft_tokenizer_prompt_format")]:
-    q = run("train", "--load", imported, "--finetune", "--use-checkpoint-args", *common, "--tokenizer-model", hf,
-            "--train-iters", "1", *args, check=False)
+    q = run("train", *ft_args[:-2], "--tokenizer-model", hf, "--train-iters", "1", *args, check=False)
     assert q.returncode == 2 and needle in q.stderr and q.stderr.count("\n") == 1, (args, q.returncode, q.stderr)
 print("sft OK")
