@@ -53,7 +53,7 @@ struct AttentionOptions {
   // of sample bb (0 <= doc_start[bb, i] <= i, non-decreasing in i). Query i then attends keys j with
   // doc_start[bb, i] <= j <= i: each document of the row attends only within itself. Causal only; undefined:
   // one document a sample. Built by transformer/packed_seq_params.h; checked there (the CPU kernels check too).
-  Tensor doc_start;
+  Tensor doc_start{};
 };
 
 // mcpp::Error naming `op` unless doc_start (when defined) is int32 [b, s] on `device` and the call is causal.

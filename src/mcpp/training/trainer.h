@@ -103,7 +103,7 @@ class Trainer {
  private:
   struct Batch {
     Tensor tokens, labels, loss_mask;  // [s, b]
-    PackedSeqParams packed;            // --sft / --reset-position-ids / --reset-attention-mask (host), or none
+    PackedSeqParams packed{};          // --sft / --reset-position-ids / --reset-attention-mask (host), or none
   };
   // The train / valid / test datasets (the constructor's; trainer_data.cpp).
   void build_datasets(int64_t eod_token);

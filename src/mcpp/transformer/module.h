@@ -37,7 +37,7 @@ struct ForwardReplay {
   bool training = false;
   bool has_rng = false;
   tensor_parallel::RngTracker rng;
-  PackedSeqParams packed;  // a copy of the forward's (the tensors are shared, not copied)
+  PackedSeqParams packed{};  // a copy of the forward's (the tensors are shared, not copied)
   static ForwardReplay of(const ForwardOptions& o) {
     ForwardReplay r{.training = o.training, .has_rng = o.rng != nullptr, .rng = {}, .packed = {}};
     if (o.rng) r.rng = *o.rng;
