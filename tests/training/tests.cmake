@@ -109,3 +109,10 @@ add_test(NAME training.sft_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/sft_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/sft_check)
 set_tests_properties(training.sft_cli PROPERTIES TIMEOUT 600)
+# training.packed_pretrain_cli: --reset-position-ids --reset-attention-mask on EOD-separated documents: the first
+# loss equals every document piece run alone through mcpp forward (GPTDataset's samples from mcpp data samples);
+# refused with context parallelism.
+add_test(NAME training.packed_pretrain_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/packed_pretrain_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/packed_pretrain_check)
+set_tests_properties(training.packed_pretrain_cli PROPERTIES TIMEOUT 600)
