@@ -27,6 +27,13 @@ add_test(NAME training.launch_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/launch_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/launch_check)
 set_tests_properties(training.launch_cli PROPERTIES TIMEOUT 600)
+# training.launch_multinode_cli: two launchers on loopback (`--nnodes 2 --node-rank R --master-addr 127.0.0.1
+# --master-port P`, a TCP rendezvous) train TP2 x DP2 equal to one process; a rank killed on node 1 stops both
+# nodes; a bad node rank / unreachable or unresolvable master / busy port / mismatched node exits 2 with one line.
+add_test(NAME training.launch_multinode_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/launch_multinode_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/launch_multinode_check)
+set_tests_properties(training.launch_multinode_cli PROPERTIES TIMEOUT 600)
 # training.context_parallel_cli: `mcpp train --context-parallel-size` (all-to-all attention) under mpiexec —
 # CP2 / CP4 / CP2 x TP2+SP / CP2 x PP2 / CP2 x DP2 + distributed optimizer / Llama / unfused / selective recompute
 # / per-token loss / --qk-layernorm (TP2 without SP, CP2 x TP2 + SP, TP2 + SP x PP2) equal 1 rank; resume
@@ -104,3 +111,17 @@ add_test(NAME training.diagnosis_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/diagnosis_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/diagnosis_check)
 set_tests_properties(training.diagnosis_cli PROPERTIES TIMEOUT 600)
+# training.sft_cli: `mcpp train --finetune --load <imported hf-llama> --sft --data-path sft.jsonl` (chatml, packed):
+# the first step's loss equals each conversation run alone (mcpp forward) over the assistant tokens; fine-tuning
+# lowers the loss; a bad JSONL line is one error naming file:line.
+add_test(NAME training.sft_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/sft_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/sft_check)
+set_tests_properties(training.sft_cli PROPERTIES TIMEOUT 600)
+# training.packed_pretrain_cli: --reset-position-ids --reset-attention-mask on EOD-separated documents: the first
+# loss equals every document piece run alone through mcpp forward (GPTDataset's samples from mcpp data samples);
+# refused with context parallelism.
+add_test(NAME training.packed_pretrain_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/packed_pretrain_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/packed_pretrain_check)
+set_tests_properties(training.packed_pretrain_cli PROPERTIES TIMEOUT 600)

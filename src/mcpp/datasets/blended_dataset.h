@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "mcpp/datasets/gpt_dataset.h"
+#include "mcpp/datasets/megatron_dataset.h"
 
 namespace mcpp {
 
@@ -42,15 +43,15 @@ int64_t blended_dataset_samples(int64_t target, double weight);
 void build_blending_indices(std::vector<int16_t>& dataset_index, std::vector<int64_t>& dataset_sample_index,
                             const std::vector<double>& weights, int64_t size);
 
-class BlendedDataset {
+class BlendedDataset final : public MegatronDataset {
  public:
   // opt: the split, seq_length, seed, EOD masking and num_samples (the split's target N) every dataset shares;
   // opt.prefix is ignored (the blend's prefixes are).
   BlendedDataset(const DataBlend& blend, const GPTDatasetOptions& opt);
 
-  int64_t size() const;  // N blended; a single prefix: its GPTDataset's size (>= N)
-  void sample(int64_t i, std::span<int32_t> tokens /*[seq+1]*/, std::span<float> loss_mask /*[seq]*/) const;
-  const std::string& prefix_of(int64_t i) const;  // the prefix sample i is read from (for error messages)
+  int64_t size() const override;  // N blended; a single prefix: its GPTDataset's size (>= N)
+  void sample(int64_t i, std::span<int32_t> tokens /*[seq+1]*/, std::span<float> loss_mask /*[seq]*/) const override;
+  const std::string& prefix_of(int64_t i) const override;  // the prefix sample i is read from (for error messages)
   const std::vector<std::unique_ptr<GPTDataset>>& datasets() const { return datasets_; }
   const std::vector<int16_t>& dataset_index() const { return dataset_index_; }
   const std::vector<int64_t>& dataset_sample_index() const { return dataset_sample_index_; }

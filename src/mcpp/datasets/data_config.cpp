@@ -7,6 +7,7 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/blended_dataset.h"
+#include "mcpp/datasets/sft_conversation.h"
 
 namespace mcpp {
 
@@ -34,6 +35,12 @@ const config::FieldTable<DataConfig>& DataConfig::fields() {
           MCPP_FIELD(vocab_file).flag("--vocab-file"),
           MCPP_FIELD(merge_file).flag("--merge-file"),
           MCPP_FIELD(eod_mask_loss).store_true("--eod-mask-loss"),
+          MCPP_FIELD(reset_position_ids)
+              .store_true("--reset-position-ids", "positions restart after each EOD (packed documents)"),
+          MCPP_FIELD(reset_attention_mask)
+              .store_true("--reset-attention-mask", "documents (ended by EOD) attend only within themselves"),
+          MCPP_FIELD(sft).store_true("--sft", "supervised fine-tuning: the data paths are JSONL conversations, packed"),
+          MCPP_FIELD(sft_tokenizer_prompt_format).flag("--sft-tokenizer-prompt-format", sft_prompt_formats()),
       }};
   return table;
 }
@@ -67,10 +74,14 @@ void DataConfig::validate() const {
   const std::pair<const char*, const std::vector<std::string>*> paths[] = {
       {"data_path", &data_path}, {"train_data_path", &train_data_path}, {"valid_data_path", &valid_data_path},
       {"test_data_path", &test_data_path}};
+  check_sft_prompt_format(sft_tokenizer_prompt_format);
   for (const auto& [field, path] : paths) {
     for (const auto& p : *path)
       if (p.empty()) fail("{}: empty path", field);
-    if (!path->empty()) parse_data_blend(*path, field);  // a prefix, or 'weight prefix' pairs (errors name the field)
+    if (sft && path->size() > 1)
+      fail("{}: with --sft a split reads one JSONL file (got {} entries; blends are not supported)", field,
+           path->size());
+    if (!sft && !path->empty()) parse_data_blend(*path, field);  // a prefix, or 'weight prefix' pairs
   }
   if (!data_path.empty() && (!train_data_path.empty() || !valid_data_path.empty() || !test_data_path.empty()))
     fail("data_path and train_data_path / valid_data_path / test_data_path are both set; give one (Megatron: one "

@@ -25,6 +25,15 @@ struct DataConfig {
   std::string vocab_file;
   std::string merge_file;
   bool eod_mask_loss = false;  // --eod-mask-loss: no loss where the input token is EOD
+  // Packed documents (transformer/packed_seq_params.h; documents end after each EOD token of a sample, as Megatron's
+  // _get_ltor_masks_and_position_ids): positions restart per document / each document attends only within itself.
+  bool reset_position_ids = false;    // --reset-position-ids
+  bool reset_attention_mask = false;  // --reset-attention-mask
+  // --sft: data paths are JSONL conversations (datasets/sft_dataset.h), packed; always with both resets, from the
+  // conversations' own boundaries. The prompt format renders them (datasets/sft_conversation.h).
+  bool sft = false;
+  std::string sft_tokenizer_prompt_format = "nemotron-h-aligned";  // --sft-tokenizer-prompt-format
+  bool packed_sequences() const { return sft || reset_position_ids || reset_attention_mask; }
 
   // Megatron's parse of --split: ',' or '/' separated weights, padded to 3 with 0, normalized to sum 1.
   std::array<double, 3> split_fractions() const;

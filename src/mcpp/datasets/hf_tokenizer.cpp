@@ -244,7 +244,10 @@ std::unique_ptr<HuggingFaceTokenizer> HuggingFaceTokenizer::from_path(const std:
 HuggingFaceTokenizer::HuggingFaceTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HuggingFaceTokenizer::~HuggingFaceTokenizer() = default;
 
-std::vector<int32_t> HuggingFaceTokenizer::tokenize(std::string_view text) const {
+std::vector<int32_t> HuggingFaceTokenizer::tokenize(std::string_view text) const { return encode(text, true); }
+std::vector<int32_t> HuggingFaceTokenizer::tokenize_text(std::string_view text) const { return encode(text, false); }
+
+std::vector<int32_t> HuggingFaceTokenizer::encode(std::string_view text, bool add_special_tokens) const {
   if (size_t bad = invalid_utf8_at(text); bad != std::string_view::npos)
     fail("HuggingFaceTokenizer: the text is not valid UTF-8 (byte {} of {})", bad, text.size());
   const Impl& m = *impl_;
@@ -267,7 +270,7 @@ std::vector<int32_t> HuggingFaceTokenizer::tokenize(std::string_view text) const
       else if (n.e > n.b) m.encode_piece({piece.substr(n.b, n.e - n.b), s.b == 0 && n.b == 0}, ids);
     }
   }
-  m.post.apply(ids);
+  if (add_special_tokens) m.post.apply(ids);
   return ids;
 }
 

@@ -8,7 +8,8 @@
 //      the neighbouring whitespace, single_word needs word boundaries);
 //   2. each remaining split is normalized on its own, then added tokens with normalized = true are split out;
 //   3. each remaining piece is pre-tokenized into words, and the BPE model encodes each word (hf_bpe.h);
-//   4. the post-processor's single template adds its special tokens (Llama's BOS).
+//   4. the post-processor's single template adds its special tokens (Llama's BOS) — not in tokenize_text
+//      (add_special_tokens=False).
 // detokenize(ids): ids -> token strings (added tokens first), the decoder chain, special tokens kept (Megatron's
 // detokenize). The text must be valid UTF-8 (Python strings are): otherwise an mcpp::Error naming the offset.
 // eod() / bos(): tokenizer_config.json's eos_token / bos_token beside tokenizer.json (a string or {"content": ..});
@@ -30,6 +31,7 @@ class HuggingFaceTokenizer final : public MegatronTokenizer {
   ~HuggingFaceTokenizer() override;
 
   std::vector<int32_t> tokenize(std::string_view text) const override;
+  std::vector<int32_t> tokenize_text(std::string_view text) const override;  // without the post-processor
   std::string detokenize(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override;
   int32_t eod() const override;
@@ -41,6 +43,7 @@ class HuggingFaceTokenizer final : public MegatronTokenizer {
 
  private:
   explicit HuggingFaceTokenizer(std::unique_ptr<Impl> impl);
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
   std::unique_ptr<Impl> impl_;
 };
 

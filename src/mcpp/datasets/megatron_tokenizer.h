@@ -23,6 +23,10 @@ class MegatronTokenizer {
  public:
   virtual ~MegatronTokenizer() = default;
   virtual std::vector<int32_t> tokenize(std::string_view text) const = 0;
+  // The text's ids without special tokens added around them (Hugging Face's add_special_tokens=False: no
+  // post-processor; what apply_chat_template tokenizes a rendered chat with). Equal to tokenize() for the
+  // tokenizers that add none (GPT-2, SentencePiece, Null).
+  virtual std::vector<int32_t> tokenize_text(std::string_view text) const { return tokenize(text); }
   virtual std::string detokenize(const std::vector<int32_t>& ids) const = 0;  // unknown ids throw mcpp::Error
   virtual int64_t vocab_size() const = 0;  // unpadded: every id tokenize() can return is < vocab_size()
   virtual int32_t eod() const = 0;         // end of document (HF: eos_token; SentencePiece: eos_id)

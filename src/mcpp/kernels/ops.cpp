@@ -41,6 +41,14 @@ void check_attention_dropout_block(const char* op, const AttentionOptions& opt, 
              big);
 }
 
+void check_attention_doc_start(const char* op, const AttentionOptions& opt, int64_t b, int64_t s, Device device) {
+  if (!opt.doc_start.defined()) return;
+  const Tensor& d = opt.doc_start;
+  MCPP_CHECK(d.dtype() == DType::I32 && d.shape() == Shape({b, s}) && d.device() == device,
+             "{}: doc_start must be int32 [b={}, s={}] on the op's device; got {}", op, b, s, d.str());
+  MCPP_CHECK(opt.causal, "{}: document masking (doc_start) needs the causal mask", op);
+}
+
 void check_moe_topk_options(const char* op, const MoeTopkOptions& opt, int64_t num_experts, int64_t topk) {
   MCPP_CHECK(!(opt.sigmoid && opt.pre_softmax), "{}: pre_softmax applies to the softmax score function, not sigmoid",
              op);

@@ -48,7 +48,16 @@ struct AttentionOptions {
   // mcpp kernels (cuDNN's RNG cannot draw this mask).
   int64_t dropout_seq_length = 0;
   int64_t dropout_row_offset = 0, dropout_col_offset = 0;
+  // Document masking of packed sequences (Megatron's --reset-attention-mask, packed_seq_params' cu_seqlens):
+  // int32 [b, s] on the op's device, doc_start[bb, i] = the first position of the document that holds position i
+  // of sample bb (0 <= doc_start[bb, i] <= i, non-decreasing in i). Query i then attends keys j with
+  // doc_start[bb, i] <= j <= i: each document of the row attends only within itself. Causal only; undefined:
+  // one document a sample. Built by transformer/packed_seq_params.h; checked there (the CPU kernels check too).
+  Tensor doc_start{};
 };
+
+// mcpp::Error naming `op` unless doc_start (when defined) is int32 [b, s] on `device` and the call is causal.
+void check_attention_doc_start(const char* op, const AttentionOptions& opt, int64_t b, int64_t s, Device device);
 
 // mcpp::Error naming `op` unless the block placement of `opt` fits an [s, s] call: with dropout_seq_length 0 the
 // offsets are 0; else both offsets are >= 0 and offset + s <= dropout_seq_length.

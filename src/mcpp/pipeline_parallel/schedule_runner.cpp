@@ -110,6 +110,7 @@ ScheduleRunResult run_schedule(const ScheduleRunArgs& a) {
       if (a.before_forward) a.before_forward(act.microbatch, act.chunk);
       ForwardOptions fo = a.forward;
       if (!a.forward_only) fo.loss_grad_scale = a.grad_scale;  // the backward follows: fused loss gradient
+      if (mb.packed.defined()) fo.packed_seq_params = &mb.packed;
       Tensor out = model.forward_step(ctx, mb.tokens, input, mb.labels, mb.loss_mask, fo, nullptr);
       if (model.stage().post_process) {
         Tensor row = res.loss_stats.flat_slice(2 * act.microbatch, {2});

@@ -38,6 +38,7 @@ namespace mcpp::pipeline_parallel {
 
 struct MicroBatch {
   Tensor tokens, labels, loss_mask;  // [s, b]
+  PackedSeqParams packed = {};       // packed sequences (every stage's forward gets them), or none
 };
 
 struct ActionTiming {

@@ -93,6 +93,17 @@ void Config::validate() const {
            "size the dispatch buffer), which a captured step cannot do; set --moe-expert-capacity-factor and "
            "--moe-pad-expert-input-to-capacity (fixed buffers, as Megatron's CUDA graphs need) or drop one of them");
   }
+  if (data.packed_sequences()) {  // (transformer/packed_seq_params.h)
+    const char* what = data.sft ? "sft" : data.reset_attention_mask ? "reset_attention_mask" : "reset_position_ids";
+    if (cp > 1)
+      fail("{}: packed sequences' document boundaries are not implemented with context_parallel_size {}", what, cp);
+    if (training.enable_cuda_graph)
+      fail("enable_cuda_graph: packed sequences ({}) change the document boundaries every batch, which a captured "
+           "step does not read; drop one of them", what);
+    if (model.mtp_num_layers > 0)
+      fail("mtp_num_layers: multi-token prediction with packed sequences ({}) is not implemented (its rolled tokens "
+           "would cross documents)", what);
+  }
   if (data.tokenizer_type == "NullTokenizer" && model.vocab_size <= 0)
     fail("vocab_size must be given (--vocab-size) with tokenizer_type NullTokenizer");
   if (training.enable_cuda_graph) {  // what the captured step cannot contain (yet)

@@ -46,7 +46,7 @@
 
 #include "mcpp/core/cuda_graph.h"
 #include "mcpp/core/module_trace.h"
-#include "mcpp/datasets/blended_dataset.h"
+#include "mcpp/datasets/megatron_dataset.h"
 #include "mcpp/dist_checkpointing/retention.h"
 #include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
@@ -105,22 +105,23 @@ class Trainer {
  private:
   struct Batch {
     Tensor tokens, labels, loss_mask;  // [s, b]
+    PackedSeqParams packed{};          // --sft / --reset-position-ids / --reset-attention-mask (host), or none
   };
   // The train / valid / test datasets (the constructor's; trainer_data.cpp).
   void build_datasets(int64_t eod_token);
   // Micro batch `m` of the global batch starting at sample `first` (this DP rank's rows).
-  Batch get_batch(const BlendedDataset& ds, int64_t first, int64_t m) const;
+  Batch get_batch(const MegatronDataset& ds, int64_t first, int64_t m) const;
   // One schedule over all microbatches of a global batch: training (forward + backward) or evaluation.
   struct StepLoss {
     double mean_loss = 0;  // mean over microbatches of each microbatch's mean loss (last stage)
     double masked_loss_sum = 0, num_tokens = 0;
   };
   // num_micro: microbatches per DP rank of this global batch (a --rampup-batch-size ramp changes it).
-  StepLoss run_microbatches(const BlendedDataset& ds, int64_t first, bool forward_only, int64_t num_micro);
+  StepLoss run_microbatches(const MegatronDataset& ds, int64_t first, bool forward_only, int64_t num_micro);
   // zero_grad + run_microbatches (training) + the DP grad sync: the region a CUDA graph captures.
-  StepLoss forward_backward(const BlendedDataset& ds, int64_t first);
+  StepLoss forward_backward(const MegatronDataset& ds, int64_t first);
   // --enable-cuda-graph: forward_backward on static inputs; eager warm-up, capture, then replays.
-  StepLoss forward_backward_graphed(const BlendedDataset& ds, int64_t first);
+  StepLoss forward_backward_graphed(const MegatronDataset& ds, int64_t first);
   double train_step(double* grad_norm, bool* skipped);
   // --calculate-per-token-loss: divides the (DP-averaged) token-sum gradients by the global number of
   // non-masked tokens (all microbatches, all DP ranks); returns the global per-token loss.
@@ -183,9 +184,10 @@ class Trainer {
   MtpLossTracker mtp_losses_;    // this rank's MTP losses per depth since the last log line
   Device device_ = Device::CPU;         // --device (resolved): where params, grads and activations live
   DType param_dtype_ = DType::F32;      // bf16 with --bf16 (fp32 main params and grads)
-  std::unique_ptr<BlendedDataset> train_ds_;
-  std::unique_ptr<BlendedDataset> valid_ds_;
-  std::unique_ptr<BlendedDataset> test_ds_;  // the test split, evaluated once at the end of training
+  int64_t eod_token_ = -1;  // the tokenizer's EOD (--reset-position-ids / --reset-attention-mask documents)
+  std::unique_ptr<MegatronDataset> train_ds_;
+  std::unique_ptr<MegatronDataset> valid_ds_;
+  std::unique_ptr<MegatronDataset> test_ds_;  // the test split, evaluated once at the end of training
   std::vector<std::unique_ptr<ModelChunk>> chunks_;  // by virtual pipeline stage
   std::vector<std::unique_ptr<DistributedDataParallel>> ddps_;  // one per chunk (its own buffers)
   // One per chunk: its MoE experts' buffer (over expert-DP at EP > 1); null where the chunk has no experts.

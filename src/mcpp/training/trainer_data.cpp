@@ -2,22 +2,41 @@
 // --data-path prefix or blend split by --split, or one prefix or blend per split) and the microbatches of a global
 // batch (Megatron's pretraining sampler: DP rank r takes rows [r * mbs, (r + 1) * mbs) of each mbs * dp slice; with
 // context parallelism this CP rank's rows of every sample). Host tensors [s, b]; the model moves them to its device.
+// With --sft the split's JSONL conversations, packed (datasets/sft_dataset.h). Packed sequences (--sft,
+// --reset-position-ids, --reset-attention-mask): each microbatch carries its documents (PackedSeqParams) — the SFT
+// dataset's own boundaries, else Megatron's: a document ends after each EOD token.
 #include <spdlog/spdlog.h>
 
 #include "mcpp/core/error.h"
+#include "mcpp/datasets/blended_dataset.h"
+#include "mcpp/datasets/sft_dataset.h"
 #include "mcpp/training/trainer.h"
 #include "mcpp/transformer/context_parallel.h"
 
 namespace mcpp {
 namespace {
 
-std::unique_ptr<BlendedDataset> make_dataset(const Config& c, int split, int64_t num_samples, int64_t eod) {
+std::unique_ptr<MegatronDataset> make_dataset(const Config& c, int split, int64_t num_samples, int64_t eod) {
   const std::vector<std::string>* per_split[] = {&c.data.train_data_path, &c.data.valid_data_path,
                                                  &c.data.test_data_path};
   const char* fields[] = {"train_data_path", "valid_data_path", "test_data_path"};
   const char* whole[] = {"1,0,0", "0,1,0", "0,0,1"};  // Megatron's split of a per-split blend: all of it
   const bool own = c.data.data_path.empty();
   if (own && per_split[split]->empty()) return nullptr;
+  if (c.data.sft) {
+    const auto tokenizer = build_tokenizer({.tokenizer_type = c.data.tokenizer_type,
+                                            .tokenizer_model = c.data.tokenizer_model,
+                                            .vocab_file = c.data.vocab_file,
+                                            .merge_file = c.data.merge_file,
+                                            .vocab_size = c.model.vocab_size});
+    return std::make_unique<SFTDataset>(
+        SFTDatasetOptions{.path = own ? per_split[split]->front() : c.data.data_path.front(),
+                          .split = own ? whole[split] : c.data.split,
+                          .split_index = split,
+                          .seq_length = c.model.seq_length,
+                          .prompt_format = c.data.sft_tokenizer_prompt_format,
+                          .tokenizer = tokenizer.get()});
+  }
   const GPTDatasetOptions opt{.prefix = {},  // (the blend's)
                               .split = own ? whole[split] : c.data.split,
                               .split_index = split,
@@ -35,6 +54,7 @@ std::unique_ptr<BlendedDataset> make_dataset(const Config& c, int split, int64_t
 void Trainer::build_datasets(int64_t eod_token) {
   const auto& t = config_.training;
   const int64_t gbs = t.global_batch_size;
+  eod_token_ = eod_token;
   // Megatron's train_val_test_num_samples: train_samples when sample-based (its last, partial batch never trained)
   const int64_t train_samples = t.train_samples > 0 ? t.train_samples : t.train_iters * gbs;
   train_ds_ = make_dataset(config_, 0, train_samples, eod_token);
@@ -58,18 +78,20 @@ void Trainer::build_datasets(int64_t eod_token) {
   }
 }
 
-Trainer::Batch Trainer::get_batch(const BlendedDataset& ds, int64_t first, int64_t m) const {
+Trainer::Batch Trainer::get_batch(const MegatronDataset& ds, int64_t first, int64_t m) const {
   // Megatron's pretraining sampler: the global batch is num_microbatches slices of mbs * dp samples;
   // DP rank r takes rows [r * mbs, (r + 1) * mbs) of each slice. Past the end, the order repeats.
   const int64_t b = config_.training.micro_batch_size, s = config_.model.seq_length;
   const int64_t base = first + m * b * pc_.dp_size() + pc_.dp_rank() * b;
-  Batch batch{Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b})};
+  Batch batch{Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b}, DType::I32), Tensor::empty({s, b}), {}};
   std::vector<int32_t> tokens(static_cast<size_t>(s + 1));
   std::vector<float> mask(static_cast<size_t>(s));
   const int64_t vocab = config_.model.padded_vocab_size;
+  std::vector<std::vector<int32_t>> documents;  // packed sequences: each sample's cu_seqlens
   for (int64_t ib = 0; ib < b; ++ib) {
     const int64_t index = (base + ib) % ds.size();
     ds.sample(index, tokens, mask);
+    if (config_.data.packed_sequences()) documents.push_back(ds.documents(index));
     for (int32_t t : tokens)  // checked here for every backend: the CUDA loss reports a bad id only as NaN
       if (t < 0 || t >= vocab)
         fail("data: sample {} of the dataset '{}' holds token id {}, outside the model's vocabulary [0, {}) "
@@ -81,12 +103,21 @@ Trainer::Batch Trainer::get_batch(const BlendedDataset& ds, int64_t first, int64
       batch.loss_mask.data<float>()[i * b + ib] = mask[i];
     }
   }
+  if (config_.data.packed_sequences()) {  // the dataset's own documents (SFT), else Megatron's: ended by EOD
+    const std::vector<std::vector<int32_t>> by_eod = cu_seqlens_from_eod(batch.tokens, eod_token_);
+    for (size_t ib = 0; ib < documents.size(); ++ib)
+      if (documents[ib].empty()) documents[ib] = by_eod[ib];
+    batch.packed = packed_seq_params_from_cu_seqlens(
+        documents, s,
+        {.reset_position_ids = config_.data.sft || config_.data.reset_position_ids,
+         .reset_attention_mask = config_.data.sft || config_.data.reset_attention_mask});
+  }
   if (pc_.cp_size() == 1) return batch;
   // Context parallelism: this CP rank's rows of every sample (context_parallel.h: a contiguous s / cp chunk, or
   // the ring attention's load-balanced chunks r and 2cp-1-r).
   const std::vector<CpRows> rows =
       cp_rows(s, pc_.cp_size(), pc_.cp_rank(), config_.parallel.cp_ring());
-  return {cp_take_rows(batch.tokens, rows), cp_take_rows(batch.labels, rows), cp_take_rows(batch.loss_mask, rows)};
+  return {cp_take_rows(batch.tokens, rows), cp_take_rows(batch.labels, rows), cp_take_rows(batch.loss_mask, rows), {}};
 }
 
 }  // namespace mcpp

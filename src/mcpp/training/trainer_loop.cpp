@@ -130,7 +130,7 @@ TrainSummary Trainer::train() {
 
 double Trainer::evaluate(int64_t iteration, Eval which) {
   const bool test = which == Eval::EndTest;
-  BlendedDataset* ds = test ? test_ds_.get() : valid_ds_.get();
+  MegatronDataset* ds = test ? test_ds_.get() : valid_ds_.get();
   if (!ds) return -1;
   int64_t test_consumed = 0;  // (the test iterator starts at its first sample: Megatron evaluates it once)
   int64_t& consumed = test ? test_consumed : state_.consumed_valid_samples;

@@ -33,7 +33,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
-Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t first, bool forward_only,
+Trainer::StepLoss Trainer::run_microbatches(const MegatronDataset& ds, int64_t first, bool forward_only,
                                             int64_t num_micro) {
   pipeline_parallel::ScheduleOptions so{.pipeline_model_parallel_size = pc_.pp_size(),
                                         .pipeline_model_parallel_rank = pc_.pp_rank(),
@@ -49,7 +49,7 @@ Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t fi
       .get_batch = [&](int64_t m) {
         if (static_inputs) {
           const Batch& b = graph_inputs_.at(static_cast<size_t>(m));
-          return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask};
+          return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask, b.packed};
         }
         const auto t0 = Clock::now();
         if (faults_ && !forward_only) faults_->before_batch(step_iteration_);  // --inject-fault slow-data
@@ -57,7 +57,7 @@ Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t fi
         if (!forward_only)  // Megatron's batch-generator timer (level 2): building the microbatch on the host
           timers_->add_ms(TimerId::BatchGenerator,
                           std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-        return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask};
+        return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask, b.packed};
       },
       .hidden_shape = {s, config_.training.micro_batch_size, config_.model.hidden_size},
       .variable_seq_lengths = config_.parallel.variable_seq_lengths,
@@ -103,7 +103,7 @@ Trainer::StepLoss Trainer::run_microbatches(const BlendedDataset& ds, int64_t fi
   return {totals.loss_sum / static_cast<double>(num_micro), totals.masked_loss_sum, totals.num_tokens};
 }
 
-Trainer::StepLoss Trainer::forward_backward(const BlendedDataset& ds, int64_t first) {
+Trainer::StepLoss Trainer::forward_backward(const MegatronDataset& ds, int64_t first) {
   for (DistributedDataParallel* ddp : all_ddps()) ddp->zero_grad();
   // (a --rampup-batch-size ramp: this step's microbatches, from the samples consumed before it)
   const StepLoss step = run_microbatches(ds, first, /*forward_only=*/false, config_.num_microbatches_at(first));
@@ -121,7 +121,7 @@ void Trainer::write_graph_rng_base() {
   graph_rng_base_.copy_from(h);  // host->device, ordered before the replay on the compute stream
 }
 
-Trainer::StepLoss Trainer::forward_backward_graphed(const BlendedDataset& ds, int64_t first) {
+Trainer::StepLoss Trainer::forward_backward_graphed(const MegatronDataset& ds, int64_t first) {
   const int64_t num_micro = config_.num_microbatches();
   const bool last_stage = chunks_.back()->stage().post_process;
   for (int64_t m = 0; m < num_micro; ++m) {  // this step's batches into the static buffers
@@ -129,7 +129,7 @@ Trainer::StepLoss Trainer::forward_backward_graphed(const BlendedDataset& ds, in
     if (graph_inputs_.size() <= static_cast<size_t>(m))  // first step: the buffers (live as long as the graph)
       graph_inputs_.push_back({Tensor::empty(b.tokens.shape(), DType::I32, device_),
                                Tensor::empty(b.labels.shape(), DType::I32, device_),
-                               Tensor::empty(b.loss_mask.shape(), DType::F32, device_)});
+                               Tensor::empty(b.loss_mask.shape(), DType::F32, device_), {}});
     Batch& dst = graph_inputs_[static_cast<size_t>(m)];
     dst.tokens.copy_from(b.tokens);
     dst.labels.copy_from(b.labels);

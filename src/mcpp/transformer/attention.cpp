@@ -69,8 +69,10 @@ SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefi
 
 void SelfAttention::split_heads(SelfAttentionCtx& ctx, const Tensor& qkv, const RopeTables* rope, Tensor& q, Tensor& k,
                                 Tensor& v) const {
+  // (per-token tables of packed sequences: [s*b, 1, ..] views, rope.h)
   if (rope && !q_layernorm_) {
-    ops::qkv_split_rope(q, k, v, qkv, rope->cos, rope->sin);  // one pass
+    Tensor qr = rope_token_rows(q, *rope), kr = rope_token_rows(k, *rope), vr = rope_token_rows(v, *rope);
+    ops::qkv_split_rope(qr, kr, vr, rope_token_rows(qkv, *rope), rope->cos, rope->sin);  // one pass
     return;
   }
   ops::qkv_split(q, k, v, qkv);
@@ -79,8 +81,9 @@ void SelfAttention::split_heads(SelfAttentionCtx& ctx, const Tensor& qkv, const 
     k = k_layernorm_->forward(ctx.k_norm, k);
   }
   if (rope) {
-    ops::rope_fwd(q, q, rope->cos, rope->sin);
-    ops::rope_fwd(k, k, rope->cos, rope->sin);
+    Tensor qr = rope_token_rows(q, *rope), kr = rope_token_rows(k, *rope);
+    ops::rope_fwd(qr, qr, rope->cos, rope->sin);
+    ops::rope_fwd(kr, kr, rope->cos, rope->sin);
   }
 }
 
@@ -165,12 +168,15 @@ Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const Ro
       core_scope.out(g.dq);
     }
     dqkv = Tensor::empty({s, b, (core_np_ + 2 * core_ng_) * hn_}, dy.dtype(), dy.device());
-    if (rope && !q_layernorm_) {
-      ops::qkv_merge_rope(dqkv, g.dq, g.dk, g.dv, rope->cos, rope->sin);  // one pass
+    if (rope && !q_layernorm_) {  // one pass
+      Tensor dqkv_rows = rope_token_rows(dqkv, *rope);
+      ops::qkv_merge_rope(dqkv_rows, rope_token_rows(g.dq, *rope), rope_token_rows(g.dk, *rope),
+                          rope_token_rows(g.dv, *rope), rope->cos, rope->sin);
     } else {
       if (rope) {
-        ops::rope_bwd(g.dq, g.dq, rope->cos, rope->sin);
-        ops::rope_bwd(g.dk, g.dk, rope->cos, rope->sin);
+        Tensor dqr = rope_token_rows(g.dq, *rope), dkr = rope_token_rows(g.dk, *rope);
+        ops::rope_bwd(dqr, dqr, rope->cos, rope->sin);
+        ops::rope_bwd(dkr, dkr, rope->cos, rope->sin);
       }
       if (q_layernorm_) {
         g.dq = q_layernorm_->backward(ctx.q_norm, g.dq);

@@ -1,12 +1,19 @@
 #include "mcpp/transformer/dot_product_attention.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
 namespace {
+
+// The document mask of this forward (packed sequences), or undefined.
+Tensor doc_start_of(const ForwardOptions& fopt) {
+  return fopt.packed_seq_params ? fopt.packed_seq_params->doc_start : Tensor();
+}
 
 class FlashAttention final : public CoreAttention {
  public:
@@ -18,6 +25,7 @@ class FlashAttention final : public CoreAttention {
     ctx.q = q;
     ctx.k = k;
     ctx.v = v;
+    ctx.doc_start = doc_start_of(fopt);
     draw_dropout_key(ctx, fopt, b, np, s);
     ctx.out = Tensor::empty(q.shape(), q.dtype(), q.device());        // [s, b, np, hn]
     ctx.lse = Tensor::empty({b, np, s}, DType::F32, q.device());       // [b, np, s]
@@ -48,6 +56,7 @@ class FlashAttention final : public CoreAttention {
     const int64_t s = qkv.size(0), b = qkv.size(1), hn = qkv.size(2) / (np + 2 * ng);
     ctx.qkv = qkv;
     ctx.num_query_groups = ng;
+    ctx.doc_start = doc_start_of(fopt);
     draw_dropout_key(ctx, fopt, b, np, s);
     ctx.out = Tensor::empty({s, b, np, hn}, qkv.dtype(), qkv.device());  // [s, b, np, hn]
     ctx.lse = Tensor::empty({b, np, s}, DType::F32, qkv.device());       // [b, np, s]
@@ -76,7 +85,8 @@ class FlashAttention final : public CoreAttention {
             .causal = opt_.causal,
             .deterministic = opt_.deterministic,
             .dropout_p = ctx.dropout ? opt_.attention_dropout : 0.0f,
-            .dropout_key = ctx.dropout_key};
+            .dropout_key = ctx.dropout_key,
+            .doc_start = ctx.doc_start};
   }
   CoreAttentionOptions opt_;
 };
@@ -124,6 +134,8 @@ class UnfusedAttention final : public CoreAttention {
         Tensor sc = scores.narrow0(ib * np + h, 1).view({s, s});
         ops::gemm(sc, head(ctx.q, ib, h), head(ctx.k, ib, h / rep), {.trans_b = true});
       }
+    ctx.doc_start = doc_start_of(fopt);
+    if (ctx.doc_start.defined()) mask_documents(scores, ctx.doc_start.to(Device::CPU), np);
     ctx.probs = Tensor::empty(scores.shape());
     ops::scaled_masked_softmax_fwd(ctx.probs, scores, opt_.softmax_scale, opt_.causal);
     Tensor probs = ctx.probs;
@@ -184,6 +196,19 @@ class UnfusedAttention final : public CoreAttention {
   }
 
  private:
+  // scores [b*np, s, s]: -inf where key j precedes query i's document (doc_start [b, s]); the softmax gives them 0
+  // and its backward a 0 gradient.
+  static void mask_documents(Tensor& scores, const Tensor& doc_start, int64_t np) {
+    const int64_t s = scores.size(1), b = scores.size(0) / np;
+    MCPP_CHECK(doc_start.dtype() == DType::I32 && doc_start.shape() == Shape({b, s}),
+               "unfused attention: doc_start must be int32 [b={}, s={}]; got {}", b, s, doc_start.str());
+    for (int64_t r = 0; r < b * np; ++r)
+      for (int64_t i = 0; i < s; ++i) {
+        const int32_t first = doc_start.data<int32_t>()[(r / np) * s + i];
+        std::fill_n(scores.data<float>() + (r * s + i) * s, std::min<int64_t>(first, s),
+                    -std::numeric_limits<float>::infinity());
+      }
+  }
   // The [s, hn] matrix of head h of batch row ib in a head-major [b, n, s, hn] tensor.
   static Tensor head(const Tensor& t, int64_t ib, int64_t h) {
     const int64_t n = t.size(1), s = t.size(2), hn = t.size(3);

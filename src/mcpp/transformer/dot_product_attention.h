@@ -6,6 +6,8 @@
 //             fused_scale_mask_softmax, dropout on the probabilities, probs @ V.
 // In: q [s, b, np, hn], k/v [s, b, ng, hn]. Out: context [s, b, np, hn]. Backward returns dq, dk, dv
 // (overwritten). Saved state lives in CoreAttentionCtx.
+// Packed sequences (ForwardOptions::packed_seq_params with doc_start): both mask keys before the query's document
+// (flash: ops::AttentionOptions::doc_start; unfused: -inf scores before the softmax).
 // Packed form (supports_packed_qkv(); flash only): forward_qkv takes linear_qkv's fused output
 // qkv [s, b, ng * (np/ng + 2) * hn] (Megatron's layout, see attention.h) and backward_qkv returns dqkv of
 // that shape — equal to qkv_split + forward and backward + qkv_merge (ops::flash_attention_{fwd,bwd}_qkv),
@@ -27,6 +29,7 @@ struct CoreAttentionCtx {
   Tensor probs;       // unfused: softmax probabilities before dropout [b*np, s, s]
   PhiloxKey dropout_key;  // both: the attention dropout mask's key (drawn once per forward)
   bool dropout = false;
+  Tensor doc_start;       // both: packed sequences' document mask [b, s] (ForwardOptions::packed_seq_params)
 };
 
 struct CoreAttentionGrads {

@@ -3,6 +3,7 @@
 // lives in a *Ctx struct the caller owns (one per microbatch per chunk); backward reads it.
 #pragma once
 #include "mcpp/tensor_parallel/random.h"
+#include "mcpp/transformer/packed_seq_params.h"
 
 namespace mcpp {
 namespace moe {
@@ -24,6 +25,9 @@ struct ForwardOptions {
   // Generation with a KV cache (transformer/inference_context.h): the attention layers read and extend its
   // key/value memory (prefill or decode step); null = the plain forward over the whole sequence.
   InferenceContext* inference = nullptr;
+  // Packed sequences (packed_seq_params.h), on the model's device: the core attention masks by documents
+  // (doc_start). The positions are the model's concern (GPTModel's rotary tables and learned positions). Null: none.
+  const PackedSeqParams* packed_seq_params = nullptr;
 };
 
 // ForwardOptions snapshot for activation recompute: the RNG streams as a forward found them. A re-run
@@ -33,12 +37,18 @@ struct ForwardReplay {
   bool training = false;
   bool has_rng = false;
   tensor_parallel::RngTracker rng;
+  PackedSeqParams packed{};  // a copy of the forward's (the tensors are shared, not copied)
   static ForwardReplay of(const ForwardOptions& o) {
-    ForwardReplay r{.training = o.training, .has_rng = o.rng != nullptr, .rng = {}};
+    ForwardReplay r{.training = o.training, .has_rng = o.rng != nullptr, .rng = {}, .packed = {}};
     if (o.rng) r.rng = *o.rng;
+    if (o.packed_seq_params) r.packed = *o.packed_seq_params;
     return r;
   }
-  ForwardOptions options() { return {.training = training, .rng = has_rng ? &rng : nullptr}; }
+  ForwardOptions options() {
+    return {.training = training,
+            .rng = has_rng ? &rng : nullptr,
+            .packed_seq_params = packed.defined() ? &packed : nullptr};
+  }
 };
 
 inline bool dropout_active(const ForwardOptions& opt, float p) { return opt.training && p > 0.0f; }

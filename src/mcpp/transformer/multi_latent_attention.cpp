@@ -100,6 +100,17 @@ Tensor MLASelfAttention::from_core(const Tensor& x) const {
   return tp::all_to_all_hp2cp(*cp_, x.view({s, b, core_n_ * dc_})).view({s / cp_->size(), b, n_, dc_});
 }
 
+namespace {
+// ops::mla_qkv_fwd with the rotary tables' rows: per position, or per token (rope.h's [s*b, 1] views) for packed
+// sequences and a KV-cache decode step (tables of one row per sequence at its position).
+void mla_qkv_rows(Tensor& query, Tensor& key, Tensor& value, const Tensor& q, const Tensor& kv, const Tensor& latent,
+                  const RopeTables& rope) {
+  Tensor qr = rope_token_rows(query, rope), kr = rope_token_rows(key, rope), vr = rope_token_rows(value, rope);
+  ops::mla_qkv_fwd(qr, kr, vr, rope_token_rows(q, rope), rope_token_rows(kv, rope), rope_token_rows(latent, rope),
+                   rope.cos, rope.sin);
+}
+}  // namespace
+
 Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, const RopeTables* rope,
                                  const ForwardOptions& opt) const {
   MCPP_CHECK(rope && rope->cos.defined() && rope->cos.size(1) * 2 == dr_,
@@ -126,15 +137,9 @@ Tensor MLASelfAttention::forward(MLASelfAttentionCtx& ctx, const Tensor& x, cons
   const Tensor kv = linear_kv_up_proj_.forward(ctx.kv_up, kvc);  // [s, b, n/tp * (dn + dv)]
   const DType dt = q.dtype();
   const Device dev = q.device();
-  // A KV-cache decode step's [1, b] rows as [b, 1]: its RoPE tables hold one row per sequence (at its position).
-  const bool decode = opt.inference && !opt.inference->prefill();
-  const int64_t rs = decode ? b : s, rb = decode ? 1 : b;
   Tensor query = Tensor::empty({s, b, n_, dc_}, dt, dev), key = Tensor::empty({s, b, n_, dc_}, dt, dev),
          value = Tensor::empty({s, b, n_, dc_}, dt, dev);
-  Tensor query_r = query.view({rs, rb, n_, dc_}), key_r = key.view({rs, rb, n_, dc_}),
-         value_r = value.view({rs, rb, n_, dc_});
-  ops::mla_qkv_fwd(query_r, key_r, value_r, q.view({rs, rb, n_, dn_ + dr_}), kv.view({rs, rb, n_, dn_ + dv_}),
-                   latent.view({rs, rb, -1}), rope->cos, rope->sin);
+  mla_qkv_rows(query, key, value, q.view({s, b, n_, dn_ + dr_}), kv.view({s, b, n_, dn_ + dv_}), latent, *rope);
   if (opt.inference) {  // the cached core attention (the full keys / values after the up-projections)
     MCPP_CHECK(!cp_ && core_n_ == n_, "{}: generation with a KV cache runs without context parallelism", name_);
     Tensor context = opt.inference->attend(name_, *core_, ctx.core, query, key, value, softmax_scale_);
@@ -183,8 +188,7 @@ Tensor MLASelfAttention::backward(MLASelfAttentionCtx& ctx, const Tensor& dy, co
     const Tensor kv = linear_kv_up_proj_.recompute_output(ctx.kv_up);
     Tensor query = Tensor::empty({s, b, n_, dc_}, dt, dev), key = Tensor::empty({s, b, n_, dc_}, dt, dev),
            value = Tensor::empty({s, b, n_, dc_}, dt, dev);
-    ops::mla_qkv_fwd(query, key, value, q.view({s, b, n_, dn_ + dr_}), kv.view({s, b, n_, dn_ + dv_}), ctx.k_pe,
-                     rope->cos, rope->sin);
+    mla_qkv_rows(query, key, value, q.view({s, b, n_, dn_ + dr_}), kv.view({s, b, n_, dn_ + dv_}), ctx.k_pe, *rope);
     query = to_core(query), key = to_core(key), value = to_core(value);  // (a2a: again the core's layout)
     ctx.k_pe = Tensor();
     if (recompute_core_) ctx.query = query, ctx.key = key, ctx.value = value;
@@ -200,7 +204,12 @@ Tensor MLASelfAttention::backward(MLASelfAttentionCtx& ctx, const Tensor& dy, co
   Tensor dq = Tensor::empty({s, b, n_ * (dn_ + dr_)}, dt, dev), dkv = Tensor::empty({s, b, n_ * (dn_ + dv_)}, dt, dev),
          dk_pe = Tensor::empty({s, b, dr_}, dt, dev);
   Tensor dq4 = dq.view({s, b, n_, dn_ + dr_}), dkv4 = dkv.view({s, b, n_, dn_ + dv_});
-  ops::mla_qkv_bwd(dq4, dkv4, dk_pe, gr.dq, gr.dk, gr.dv, rope->cos, rope->sin);
+  {  // (per-token tables of packed sequences: [s*b, 1, ..] views, rope.h)
+    Tensor dq_rows = rope_token_rows(dq4, *rope), dkv_rows = rope_token_rows(dkv4, *rope),
+           dk_pe_rows = rope_token_rows(dk_pe, *rope);
+    ops::mla_qkv_bwd(dq_rows, dkv_rows, dk_pe_rows, rope_token_rows(gr.dq, *rope), rope_token_rows(gr.dk, *rope),
+                     rope_token_rows(gr.dv, *rope), rope->cos, rope->sin);
+  }
   gr = {};
   // The shared rotary key: every TP rank's heads contributed (see the header).
   if (g.size() > 1) tp::all_reduce_tp(g, dk_pe);

@@ -111,6 +111,8 @@ class RingAttention final : public CoreAttention {
 
   Tensor forward(CoreAttentionCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                  const ForwardOptions& fopt) const override {
+    MCPP_CHECK(!fopt.packed_seq_params || !fopt.packed_seq_params->doc_start.defined(),
+               "ring attention: packed sequences' document masking is not implemented with context parallelism");
     const int cp = cp_->size(), r = cp_->rank();
     const int64_t b = q.size(1), np = q.size(2), c = q.size(0) / 2;
     ctx.q = q, ctx.k = k, ctx.v = v;

@@ -85,4 +85,14 @@ RopeTables make_yarn_rope_tables(int64_t seq_length, int64_t dim, float base, co
   return tables_of(seq_length, inv_freq, 1.0f, concentration, device);
 }
 
+Tensor rope_token_rows(const Tensor& x, const RopeTables& tables) {
+  const int64_t s = x.size(0), b = x.size(1);
+  if (tables.cos.size(0) == s || b == 1) return x;
+  MCPP_CHECK(tables.cos.size(0) == s * b, "rotary tables of {} rows for a [s={}, b={}] input", tables.cos.size(0), s, b);
+  Shape shape = x.shape();
+  shape[0] = s * b;
+  shape[1] = 1;
+  return x.view(shape);
+}
+
 }  // namespace mcpp

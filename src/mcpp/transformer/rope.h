@@ -35,6 +35,11 @@ struct YarnOptions {
   int64_t original_max_position_embeddings = 4096;
 };
 RopeTables make_yarn_rope_tables(int64_t seq_length, int64_t dim, float base, const YarnOptions& y, Device device);
+// Per-token tables (packed sequences, packed_seq_params.h: GPTModel gathers cos / sin [s*b, rot/2] at each token's
+// position, row is * b + ib). The rope ops index their tables by the first dim of x, so with such tables a
+// contiguous x [s, b, ...] is passed as rope_token_rows(x): [s*b, 1, ...] (a view; x itself when the tables have one
+// row per position or b = 1).
+Tensor rope_token_rows(const Tensor& x, const RopeTables& tables);
 // Megatron's _yarn_get_mscale: 0.1 mscale ln(scale) + 1 for scale > 1, else 1.
 double yarn_get_mscale(double scale, double mscale);
 // The frequency of pair i (the tables' angle per position), with the scaling above when scaling_factor > 0.

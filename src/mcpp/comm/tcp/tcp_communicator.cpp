@@ -6,12 +6,15 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 
 #include "mcpp/comm/flight_recorder.h"
 #include "mcpp/comm/tcp/tcp_mesh.h"
+#include "mcpp/comm/tcp/tcp_rendezvous.h"
 #include "mcpp/core/error.h"
 
 namespace mcpp::comm {
@@ -229,17 +232,70 @@ void TcpCommunicator::exchange_fingerprints(const int64_t* mine, int64_t* all, i
   for (size_t r = 0; r < parts.size(); ++r) std::memcpy(all + r * static_cast<size_t>(n), parts[r].data(), parts[r].size());
 }
 
+namespace {
+// Serves the rank registrations of a tcp:// rendezvous on a thread until every rank has its table (or the owner
+// gives up); joined on destruction.
+class RendezvousThread {
+ public:
+  RendezvousThread(const std::string& spec, int world) {
+    TcpEndpoint e;
+    MCPP_CHECK(parse_tcp_rendezvous(spec, &e), "rendezvous '{}': rank 0 serves only a tcp://HOST:PORT rendezvous", spec);
+    server_ = std::make_unique<RendezvousServer>(e.port, world, 1, world);
+    thread_ = std::thread([this] {
+      while (!stop_ && !server_->ranks_answered()) server_->poll(50);
+    });
+  }
+  ~RendezvousThread() {
+    stop_ = true;
+    thread_.join();
+  }
+  RendezvousThread(const RendezvousThread&) = delete;
+  RendezvousThread& operator=(const RendezvousThread&) = delete;
+
+ private:
+  std::unique_ptr<RendezvousServer> server_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+}  // namespace
+
 CommPtr init_tcp_world(const TcpInitOptions& opts) {
+  std::unique_ptr<RendezvousThread> serving;
+  if (opts.serve_rendezvous) serving = std::make_unique<RendezvousThread>(opts.rendezvous_dir, opts.world_size);
   auto mesh = std::make_shared<TcpMesh>(opts.rendezvous_dir, opts.rank, opts.world_size, opts.timeout_seconds);
+  serving.reset();
   std::vector<int> ranks(static_cast<size_t>(opts.world_size));
   for (int r = 0; r < opts.world_size; ++r) ranks[static_cast<size_t>(r)] = r;
   auto recorder = std::make_shared<FlightRecorder>(opts.rank, opts.world_size);
   return std::make_shared<TcpCommunicator>("world", ranks, opts.rank, std::move(recorder), std::move(mesh));
 }
 
-bool launched_by_mcpp_launch() { return std::getenv("MCPP_LAUNCH_RDZV") != nullptr; }
+namespace {
+// srun without MPI: Slurm's rank variables and torchrun's master, and none of an MPI launcher's (mpirun inside a
+// Slurm allocation keeps its MPI world, as before).
+bool under_srun_with_master() {
+  for (const char* v : {"SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"})
+    if (!std::getenv(v)) return false;
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
+    if (std::getenv(v)) return false;
+  return true;
+}
+}  // namespace
+
+bool launched_by_mcpp_launch() { return std::getenv("MCPP_LAUNCH_RDZV") != nullptr || under_srun_with_master(); }
 
 TcpInitOptions tcp_options_from_env() {
+  const char* timeout_env = std::getenv("MCPP_LAUNCH_RDZV_TIMEOUT");
+  if (!std::getenv("MCPP_LAUNCH_RDZV") && under_srun_with_master()) {  // srun: Slurm's ranks, torchrun's master
+    const int rank = std::atoi(std::getenv("SLURM_PROCID")), world = std::atoi(std::getenv("SLURM_NTASKS"));
+    MCPP_CHECK(world >= 1 && rank >= 0 && rank < world, "Slurm environment: SLURM_PROCID {} out of range for "
+               "SLURM_NTASKS {}", rank, world);
+    return {.rendezvous_dir = fmt::format("tcp://{}:{}", std::getenv("MASTER_ADDR"), std::getenv("MASTER_PORT")),
+            .rank = rank,
+            .world_size = world,
+            .timeout_seconds = timeout_env ? std::atof(timeout_env) : 120.0,
+            .serve_rendezvous = rank == 0};
+  }
   const char* dir = std::getenv("MCPP_LAUNCH_RDZV");
   const char* rank = std::getenv("MCPP_RANK");
   const char* size = std::getenv("MCPP_WORLD_SIZE");

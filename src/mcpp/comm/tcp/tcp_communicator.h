@@ -59,18 +59,22 @@ class TcpCommunicator : public Communicator {
 };
 
 struct TcpInitOptions {
-  std::string rendezvous_dir;  // shared by the N processes (mcpp launch creates it)
+  std::string rendezvous_dir;  // shared by the N processes (mcpp launch creates it), or tcp://HOST:PORT (multi-node)
   int rank = 0;
   int world_size = 1;
   double timeout_seconds = 120.0;
+  // This process also serves the tcp:// rendezvous (rank 0 under srun, where no launcher serves it): a thread that
+  // answers the ranks' registrations, then ends.
+  bool serve_rendezvous = false;
 };
 
 // Collective over the N processes of the rendezvous: the "world" group (ranks 0..N-1).
 CommPtr init_tcp_world(const TcpInitOptions& opts);
 
 // The options from the environment `mcpp launch` sets (MCPP_LAUNCH_RDZV, MCPP_RANK, MCPP_WORLD_SIZE,
-// MCPP_LAUNCH_RDZV_TIMEOUT);
-// launched_by_mcpp_launch(): whether those are set.
+// MCPP_LAUNCH_RDZV_TIMEOUT), or, under Slurm's srun without MPI, from SLURM_PROCID / SLURM_NTASKS and torchrun's
+// MASTER_ADDR / MASTER_PORT (rendezvous tcp://MASTER_ADDR:MASTER_PORT served by rank 0; MCPP_LAUNCH_RDZV_TIMEOUT
+// applies too). launched_by_mcpp_launch(): whether either set is there.
 bool launched_by_mcpp_launch();
 TcpInitOptions tcp_options_from_env();
 

@@ -1,4 +1,5 @@
-// TcpMesh: rendezvous through a directory, full-mesh loopback TCP, framed non-blocking exchange.
+// TcpMesh: rendezvous through a directory (one node, loopback) or a TCP master (tcp://HOST:PORT, tcp_rendezvous.h:
+// many nodes), full-mesh TCP, framed non-blocking exchange.
 #include "mcpp/comm/tcp/tcp_mesh.h"
 
 #include <arpa/inet.h>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <thread>
 
+#include "mcpp/comm/tcp/tcp_rendezvous.h"
 #include "mcpp/core/error.h"
 
 namespace mcpp::comm {
@@ -48,44 +50,29 @@ void read_all_blocking(int fd, void* p, size_t n) {
   }
 }
 
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) sys_fail("socket");
+int connect_to(const std::string& ip, int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) fail("mcpp launch rendezvous: bad peer address '{}'", ip);
   for (int attempt = 0;; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) sys_fail("socket");
     if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
-    if (attempt >= 200) sys_fail(fmt::format("connect to 127.0.0.1:{}", port));
+    ::close(fd);
+    if (attempt >= 200) sys_fail(fmt::format("connect to {}:{}", ip, port));
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
 
-}  // namespace
-
-TcpMesh::TcpMesh(const std::string& dir, int rank, int size, double timeout_seconds)
-    : rank_(rank), size_(size), peers_(static_cast<size_t>(size)) {
-  MCPP_CHECK(size >= 1 && rank >= 0 && rank < size, "mcpp launch: rank {} out of range for world size {}", rank, size);
-  if (size == 1) return;
-  // 1. Listen on an ephemeral loopback port and publish it.
-  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (lfd < 0) sys_fail("socket");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) sys_fail("bind 127.0.0.1");
-  if (::listen(lfd, size) != 0) sys_fail("listen");
-  socklen_t len = sizeof a;
-  if (::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) != 0) sys_fail("getsockname");
-  const int port = ntohs(a.sin_port);
+// Every rank's published loopback port in the rendezvous directory (waits until all are there).
+std::vector<int> ports_from_directory(const std::string& dir, int rank, int size, int port, double timeout_seconds) {
   const fs::path base(dir);
   {
     const fs::path tmp = base / fmt::format(".rank_{}.tmp", rank);
     std::ofstream(tmp) << port << "\n";
     fs::rename(tmp, base / fmt::format("rank_{}", rank));
   }
-  // 2. Wait until every rank has published.
   std::vector<int> ports(static_cast<size_t>(size), -1);
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_seconds);
   for (;;) {
@@ -97,15 +84,43 @@ TcpMesh::TcpMesh(const std::string& dir, int rank, int size, double timeout_seco
       if (in >> p) ports[static_cast<size_t>(r)] = p;
       else missing.push_back(r);
     }
-    if (missing.empty()) break;
+    if (missing.empty()) return ports;
     if (Clock::now() > deadline)
       fail("mcpp launch rendezvous in '{}': ranks {} did not start within {} s", dir, fmt::join(missing, ", "),
            timeout_seconds);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+}  // namespace
+
+TcpMesh::TcpMesh(const std::string& dir, int rank, int size, double timeout_seconds)
+    : rank_(rank), size_(size), peers_(static_cast<size_t>(size)) {
+  MCPP_CHECK(size >= 1 && rank >= 0 && rank < size, "mcpp launch: rank {} out of range for world size {}", rank, size);
+  if (size == 1) return;
+  // 1. Listen on an ephemeral port (loopback for a directory rendezvous, every interface for a TCP one);
+  // 2. publish it and learn every rank's endpoint.
+  TcpEndpoint master;
+  const bool tcp = parse_tcp_rendezvous(dir, &master);
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (lfd < 0) sys_fail("socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(tcp ? INADDR_ANY : INADDR_LOOPBACK);
+  if (::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) sys_fail("bind");
+  if (::listen(lfd, size) != 0) sys_fail("listen");
+  socklen_t len = sizeof a;
+  if (::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) != 0) sys_fail("getsockname");
+  const int port = ntohs(a.sin_port);
+  std::vector<TcpEndpoint> peers;
+  if (tcp) {
+    peers = tcp_rendezvous_ranks(master, rank, size, port, timeout_seconds);
+  } else {
+    for (int p : ports_from_directory(dir, rank, size, port, timeout_seconds)) peers.push_back({"127.0.0.1", p});
+  }
   // 3. Full mesh: connect to every lower rank (announcing ours), accept every higher one.
   for (int r = 0; r < rank; ++r) {
-    const int fd = connect_to(ports[static_cast<size_t>(r)]);
+    const int fd = connect_to(peers[static_cast<size_t>(r)].host, peers[static_cast<size_t>(r)].port);
     const int32_t me = rank;
     write_all_blocking(fd, &me, sizeof me);
     peers_[static_cast<size_t>(r)].fd = fd;

@@ -12,7 +12,8 @@ namespace mcpp::comm {
 
 class TcpMesh {
  public:
-  // Rendezvous in `dir` and connect the full mesh (see tcp_communicator.h). Throws mcpp::Error.
+  // Rendezvous in `dir` (a directory on one node, or tcp://HOST:PORT: tcp_rendezvous.h) and connect the full mesh
+  // (see tcp_communicator.h). Throws mcpp::Error.
   TcpMesh(const std::string& dir, int rank, int size, double timeout_seconds);
   ~TcpMesh();
   TcpMesh(const TcpMesh&) = delete;

@@ -21,6 +21,9 @@
 // Attention dropout (opt.dropout_p > 0; the mask of AttentionOptions): per tile row z_j = keep ? 1/(1-p) : 0
 // from Philox; forward O += (P z) V with l summed over the undropped P (lse unchanged); backward
 // dV += (P z)^T dO and dS = P (z dP - D) with D = rowsum(dO * O) as before (O is the dropped output).
+// Document masking (opt.doc_start, packed sequences): query i of sample bb also masks keys j < doc_start[bb, i];
+// a query block starts at the key block of its first row's document (rows' doc_start never decreases), and pass A
+// stops at the first query block whose documents all start after the key block.
 // OpenMP: one parallel region per pass, dynamic schedule (causal blocks have unequal work).
 #include <algorithm>
 #include <array>
@@ -46,6 +49,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct AttnDims {
   int64_t s, b, nq, ng, d, group;  // group = nq / ng query heads per kv head
+  const int32_t* doc = nullptr;    // doc_start [b, s] (document masking) or null
+  const int32_t* doc_of(int64_t bb) const { return doc ? doc + bb * s : nullptr; }
   int64_t nblk() const { return (s + kBlock - 1) / kBlock; }
   int64_t q_off(int64_t i, int64_t bb, int64_t h) const { return ((i * b + bb) * nq + h) * d; }  // [s,b,nq,d]
   int64_t kv_off(int64_t j, int64_t bb, int64_t g) const { return ((j * b + bb) * ng + g) * d; }  // [s,b,ng,d]
@@ -105,11 +110,13 @@ void tile_acc_pt_a(float* C, const float* P, const float* A, int64_t m, int64_t 
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, m, 1.0f, P, kBlock, A, d, 1.0f, C, d);
 }
 
-// Mask S [m][kBlock] for query rows i0.. and key columns j0..j0+n-1: key > query (causal) or j >= n (padding).
-void mask_tile(float* S, int64_t m, int64_t i0, int64_t j0, int64_t n, bool causal) {
+// Mask S [m][kBlock] for query rows i0.. and key columns j0..j0+n-1: key > query (causal), j >= n (padding), or
+// (doc: the sample's doc_start [s]) a key before the query's document.
+void mask_tile(float* S, int64_t m, int64_t i0, int64_t j0, int64_t n, bool causal, const int32_t* doc) {
   for (int64_t i = 0; i < m; ++i) {
     const int64_t valid = causal ? std::clamp<int64_t>(i0 + i - j0 + 1, 0, n) : n;
     std::fill(S + i * kBlock + valid, S + (i + 1) * kBlock, kNegInf);
+    if (doc) std::fill_n(S + i * kBlock, std::clamp<int64_t>(doc[i0 + i] - j0, 0, valid), kNegInf);
   }
 }
 
@@ -140,8 +147,26 @@ void check_dropout(const char* op, const AttentionOptions& opt, int64_t s) {
     fail("{}: a CUDA-graph dropout key (device offset base) on the CPU backend", op);
 }
 
-// Number of key blocks query block qb attends to.
+// Key blocks [first_key_block, key_blocks) query block qb of sample bb attends to.
 int64_t key_blocks(const AttnDims& a, int64_t qb, bool causal) { return causal ? qb + 1 : a.nblk(); }
+int64_t first_key_block(const AttnDims& a, int64_t bb, int64_t qb) {
+  return a.doc ? a.doc_of(bb)[qb * kBlock] / kBlock : 0;  // the block's first row has the earliest document
+}
+
+// doc_start's shape and values: 0 <= doc[i] <= i and non-decreasing along each sample (the block skips rely on it).
+// Sets a.doc from opt.doc_start (when defined) after checking it.
+void check_doc_start(const char* op, const AttentionOptions& opt, AttnDims& a) {
+  check_attention_doc_start(op, opt, a.b, a.s, Device::CPU);
+  if (!opt.doc_start.defined()) return;
+  a.doc = opt.doc_start.data<int32_t>();
+  for (int64_t bb = 0; bb < a.b; ++bb)
+    for (int64_t i = 0; i < a.s; ++i) {
+      const int32_t d = a.doc_of(bb)[i];
+      if (d < 0 || d > i || (i > 0 && d < a.doc_of(bb)[i - 1]))
+        fail("{}: doc_start[{}, {}] = {} is not a document start (0 <= doc_start <= position, non-decreasing)", op, bb,
+             i, d);
+    }
+}
 
 // Forward for one (batch bb, head h, query block qb).
 struct FwdScratch {
@@ -159,12 +184,12 @@ void fwd_block(const AttnDims& a, FwdScratch& w, float* o, float* lse, const flo
   std::fill(w.m.begin(), w.m.end(), kNegInf);
   std::fill(w.l.begin(), w.l.end(), 0.0f);
   std::fill(w.acc.begin(), w.acc.end(), 0.0f);
-  for (int64_t kb = 0; kb < key_blocks(a, qb, opt.causal); ++kb) {
+  for (int64_t kb = first_key_block(a, bb, qb); kb < key_blocks(a, qb, opt.causal); ++kb) {
     const int64_t j0 = kb * kBlock, n = std::min(kBlock, a.s - j0);
     load_cols(w.kt.data(), k + a.kv_off(0, bb, g), j0, n, kstride, d);  // [d, kBlock]
     load_rows(w.v.data(), v + a.kv_off(0, bb, g), j0, n, kstride, d);   // [n, d]
     tile_a_bt(w.s.data(), w.q.data(), w.kt.data(), m, d, opt.softmax_scale);  // S [m, kBlock]
-    mask_tile(w.s.data(), m, i0, j0, n, opt.causal);
+    mask_tile(w.s.data(), m, i0, j0, n, opt.causal, a.doc_of(bb));
     for (int64_t i = 0; i < m; ++i) {  // online softmax: P = exp(S - m_new), rescale the running state
       float* srow = w.s.data() + i * kBlock;
       float mx = w.m[i];
@@ -219,7 +244,7 @@ void recompute_ds(const BwdArgs& g, BwdScratch& w, int64_t bb, int64_t h, int64_
   const float* lse = g.lse + (bb * g.a.nq + h) * g.a.s + i0;
   const float* D = g.D + (bb * g.a.nq + h) * g.a.s + i0;
   tile_a_bt(w.p.data(), w.q.data(), w.kt.data(), m, d, g.opt.softmax_scale);  // S [m, kBlock]
-  mask_tile(w.p.data(), m, i0, j0, n, g.opt.causal);
+  mask_tile(w.p.data(), m, i0, j0, n, g.opt.causal, g.a.doc_of(bb));
   tile_a_bt(w.dp.data(), w.dout.data(), w.vt.data(), m, d, 1.0f);  // dP [m, kBlock]
   for (int64_t i = 0; i < m; ++i) {
     float* prow = w.p.data() + i * kBlock;
@@ -251,6 +276,7 @@ void bwd_dkdv_block(const BwdArgs& g, BwdScratch& w, float* dk, float* dv, int64
   for (int64_t h = kvg * a.group; h < (kvg + 1) * a.group; ++h) {
     for (int64_t qb = g.opt.causal ? kb : 0; qb < a.nblk(); ++qb) {
       const int64_t i0 = qb * kBlock, m = std::min(kBlock, a.s - i0);
+      if (a.doc && a.doc_of(bb)[i0] >= j0 + n) break;  // this block's documents (and all later) start after the keys
       load_rows(w.q.data(), g.q + a.q_off(0, bb, h), i0, m, qstride, d);        // [m, d]
       load_rows(w.dout.data(), g.dout + a.q_off(0, bb, h), i0, m, qstride, d);  // [m, d]
       recompute_ds(g, w, bb, h, i0, m, j0, n);
@@ -276,7 +302,7 @@ void bwd_dq_block(const BwdArgs& g, BwdScratch& w, float* dq, int64_t bb, int64_
   load_rows(w.q.data(), g.q + a.q_off(0, bb, h), i0, m, qstride, d);        // [m, d]
   load_rows(w.dout.data(), g.dout + a.q_off(0, bb, h), i0, m, qstride, d);  // [m, d]
   std::fill(w.acc0.begin(), w.acc0.end(), 0.0f);  // dQ [m, d]
-  for (int64_t kb = 0; kb < key_blocks(a, qb, g.opt.causal); ++kb) {
+  for (int64_t kb = first_key_block(a, bb, qb); kb < key_blocks(a, qb, g.opt.causal); ++kb) {
     const int64_t j0 = kb * kBlock, n = std::min(kBlock, a.s - j0);
     load_cols(w.kt.data(), g.k + a.kv_off(0, bb, kvg), j0, n, kstride, d);  // [d, kBlock]
     load_cols(w.vt.data(), g.v + a.kv_off(0, bb, kvg), j0, n, kstride, d);  // [d, kBlock]
@@ -295,9 +321,10 @@ void bwd_dq_block(const BwdArgs& g, BwdScratch& w, float* dq, int64_t bb, int64_
 void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionOptions& opt, Stream) {
   const char* op = "flash_attention_fwd";
-  const AttnDims a = check_qkv(op, q, k, v, lse);
+  AttnDims a = check_qkv(op, q, k, v, lse);
   check_shape(op, "o", o, q.shape());
   check_dropout(op, opt, a.s);
+  check_doc_start(op, opt, a);
   const int64_t nblk = a.nblk(), items = a.b * a.nq * nblk;
   float* po = o.data<float>();
   float* pl = lse.data<float>();
@@ -317,7 +344,8 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
 void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                          const Tensor& v, const Tensor& o, const Tensor& lse, const AttentionOptions& opt, Stream) {
   const char* op = "flash_attention_bwd";
-  const AttnDims a = check_qkv(op, q, k, v, lse);
+  AttnDims a = check_qkv(op, q, k, v, lse);
+  check_doc_start(op, opt, a);
   check_shape(op, "o", o, q.shape());
   check_shape(op, "dout", dout, q.shape());
   check_shape(op, "dq", dq, q.shape());

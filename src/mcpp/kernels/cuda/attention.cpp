@@ -18,6 +18,8 @@
 // forward and both backwards (its Philox numbers: another mask than the CPU's); otherwise (and with
 // set_cudnn_attention(false)) the mcpp kernels (tensor-core or fp32) draw the CPU's mask in-tile from
 // opt.dropout_key, bit for bit (attention_dropout.h).
+// Document masking (opt.doc_start, packed sequences): the CUDA-core kernels, masked per (query, key) by the
+// query's document start (cuDNN's ragged layout and the tensor-core kernels do not read it yet).
 // Never materializes [s, s]. Asynchronous on stream_of(stream) (the delta scratch is freed stream-ordered).
 #include <atomic>
 #include <cstdint>
@@ -50,6 +52,8 @@ AttnShape check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tens
              a.ng);
   a.split_layout();
   set_attention_dropout(op, a, opt);
+  check_attention_doc_start(op, opt, a.b, a.s, Device::CUDA);
+  if (opt.doc_start.defined()) a.doc = opt.doc_start.data<int32_t>();
   MCPP_CHECK(a.d > 0 && a.d % 8 == 0 && a.d <= 256,
              "{}: head dim d must be a multiple of 8 up to 256 on CUDA; got q {}", op, q.str());
   MCPP_CHECK((a.s + 63) / 64 <= 65535, "{}: sequence length s={} exceeds the launch grid", op, a.s);
@@ -104,7 +108,7 @@ void flash_attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& 
   const char* op = "flash_attention_fwd";
   const AttnShape a = check_qkv(op, q, k, v, lse, opt);
   require_same_shape(op, "o", o, "q", q);
-  if (mma_path({&o, &q, &k, &v})) {
+  if (!a.doc && mma_path({&o, &q, &k, &v})) {
     if (cudnn_attention() && !dropout_block_of_larger_mask(a) &&
         cudnn_attention_fwd(o.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), a, stream_of(stream)))
       return;
@@ -131,7 +135,7 @@ void flash_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
   cudaStream_t s = stream_of(stream);
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // scratch allocated there
   Tensor delta = Tensor::empty({a.b, a.nq, a.s}, DType::F32, Device::CUDA);  // rowsum(dout * o)
-  const bool mma = mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o});
+  const bool mma = !a.doc && mma_path({&dq, &dk, &dv, &dout, &q, &k, &v, &o});
   const bool cudnn = mma && cudnn_attention() && !dropout_block_of_larger_mask(a) &&
                      cudnn_attention_bwd(dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
                                          lse.data<float>(), delta.data<float>(), a, opt.deterministic, s);

@@ -46,6 +46,11 @@ __device__ void load_rows(float* dst, int pad, FIn src, const AttnShape& a, int6
   }
 }
 
+// Document masking (AttnShape::doc): key kj lies in query qi's document (always true without documents).
+__device__ __forceinline__ bool in_doc(const AttnShape& a, int64_t bb, int64_t qi, int64_t kj) {
+  return a.doc == nullptr || kj >= a.doc[bb * a.s + qi];
+}
+
 template <int D>
 __global__ void __launch_bounds__(128) attn_fwd_kernel(FOut o, float* lse, FIn q, FIn k, FIn v, AttnShape a) {
   constexpr int C = D / 32;
@@ -77,7 +82,7 @@ __global__ void __launch_bounds__(128) attn_fwd_kernel(FOut o, float* lse, FIn q
       const int row = warp * kRowsPerWarp + r;
       const int64_t qi = q0 + row, kj = k0 + lane;
       if (qi >= a.s) continue;  // warp-uniform
-      const bool valid = kj < a.s && (!a.causal || kj <= qi);
+      const bool valid = kj < a.s && (!a.causal || kj <= qi) && in_doc(a, bb, qi, kj);
       float sc = -INFINITY;
       if (valid) {
         float dot = 0.0f;
@@ -161,7 +166,7 @@ __global__ void __launch_bounds__(128) attn_dq_kernel(FOut dq, FIn dout, FIn q, 
       const int64_t qi = q0 + row, kj = k0 + lane;
       if (qi >= a.s) continue;
       float ds = 0.0f;
-      if (kj < a.s && (!a.causal || kj <= qi)) {
+      if (kj < a.s && (!a.causal || kj <= qi) && in_doc(a, bb, qi, kj)) {
         float sqk = 0.0f, sdv = 0.0f;
 #pragma unroll 16
         for (int t = 0; t < D; ++t) {
@@ -230,7 +235,7 @@ __global__ void __launch_bounds__(128) attn_dkdv_kernel(FOut dk, FOut dv, FIn do
         const int64_t kj = k0 + kr, qi = q0 + lane;
         if (kj >= a.s) continue;  // warp-uniform
         float p = 0.0f, ds = 0.0f;
-        if (qi < a.s && (!a.causal || kj <= qi)) {
+        if (qi < a.s && (!a.causal || kj <= qi) && in_doc(a, bb, qi, kj)) {
           float sqk = 0.0f, sdv = 0.0f;
 #pragma unroll 16
           for (int t = 0; t < D; ++t) {

@@ -87,7 +87,7 @@ void flash_attention_fwd_qkv(Tensor& o, Tensor& lse, const Tensor& qkv, int64_t 
   const cudaStream_t s = stream_of(stream);
   const bool mma_head_dim = p.d == 64 || p.d == 128;  // the tensor-core kernels' head dims
   const bool mcpp_kernels = !cudnn_attention() || dropout_block_of_larger_mask(a);
-  if (in_place_ok({&o, &qkv})) {
+  if (!opt.doc_start.defined() && in_place_ok({&o, &qkv})) {  // (documents: the split op's CUDA-core kernels)
     const PackedPtrs in = packed_ptrs(qkv, p);
     if (mcpp_kernels && mma_head_dim) {
       launch_attention_fwd_mma(o.raw(), lse.data<float>(), in.q, in.k, in.v, a, s);
@@ -123,7 +123,7 @@ void flash_attention_bwd_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv
   const StreamFence fence(s);
   const bool mma_head_dim = p.d == 64 || p.d == 128;  // the tensor-core kernels' head dims
   const bool mcpp_kernels = !cudnn_attention() || dropout_block_of_larger_mask(a);
-  if (in_place_ok({&dqkv, &dout, &qkv, &o}) && (!mcpp_kernels || mma_head_dim)) {
+  if (!opt.doc_start.defined() && in_place_ok({&dqkv, &dout, &qkv, &o}) && (!mcpp_kernels || mma_head_dim)) {
     Tensor delta = Tensor::empty(p.lse_shape(), DType::F32, Device::CUDA);  // rowsum(dout * o) scratch
     const PackedPtrs in = packed_ptrs(qkv, p), out = packed_ptrs(dqkv, p);
     bool done = false;

@@ -226,6 +226,9 @@ struct AttnShape {
   // drop_j0 % 4 == 0 (a key's flat index % 4 = key % 4: the mma kernels' shared Philox counters).
   int64_t drop_s = 0, drop_i0 = 0, drop_j0 = 0;
   bool drop_aligned = false;
+  // Document masking (AttentionOptions::doc_start, packed sequences): device int32 [b, s]; query i of sample bb
+  // also masks keys j < doc[bb * s + i]. CUDA-core kernels only (the dispatch sends such calls there); null: off.
+  const int32_t* doc = nullptr;
   AttnShape& split_layout() {
     q_row = b * nq * d, q_batch = nq * d, q_group = (nq / ng) * d;
     kv_row = b * ng * d, kv_batch = ng * d, kv_group = d;

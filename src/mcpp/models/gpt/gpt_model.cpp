@@ -177,7 +177,9 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
     MCPP_CHECK(s * tp_.cp_size() <= config_.max_position_embeddings,
                "sequence length {} exceeds max_position_embeddings {}", s * tp_.cp_size(),
                config_.max_position_embeddings);
-    if (position_ids_.numel() != s * b || position_ids_b_ != b) {  // built once per shape, kept on the device
+    if (ctx.packed.position_ids.defined()) {  // packed sequences: positions restart per document
+      ctx.position_ids = ctx.packed.position_ids.view({s * b});
+    } else if (position_ids_.numel() != s * b || position_ids_b_ != b) {  // built once per shape, kept on the device
       std::vector<int64_t> rows;  // the sequence position of each local row
       for (const CpRows& r : cp_rows(s * tp_.cp_size(), tp_.cp_size(), tp_.cp_rank(), tp_.cp_p2p))
         for (int64_t i = 0; i < r.count; ++i) rows.push_back(r.first + i);
@@ -186,7 +188,7 @@ Tensor GPTModel::embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOpti
       position_ids_ = pos.to(device_);
       position_ids_b_ = b;
     }
-    ctx.position_ids = position_ids_;
+    if (!ctx.packed.position_ids.defined()) ctx.position_ids = position_ids_;
     Tensor pe = Tensor::empty({s * b, h}, x.dtype(), device_);
     ops::embedding_fwd(pe, ctx.position_ids, position_embeddings_->data, 0);
     ops::add_inplace(x, pe);
@@ -211,15 +213,41 @@ Tensor GPTModel::forward_logits(GPTModelCtx& ctx, const Tensor& tokens, const Fo
   return ctx.logits;
 }
 
+void GPTModel::set_packed(GPTModelCtx& ctx, ForwardOptions& opt, int64_t s, int64_t b) const {
+  ctx.packed = {};
+  const PackedSeqParams* p = opt.packed_seq_params;
+  opt.packed_seq_params = nullptr;
+  if (!p || !p->defined()) return;
+  MCPP_CHECK(!opt.inference, "packed sequences are not implemented with a KV cache (generation)");
+  MCPP_CHECK(!has_rope_ || s <= rope_.cos.size(0), "sequence length {} exceeds the rotary table ({})", s,
+             rope_.cos.size(0));
+  MCPP_CHECK(tp_.cp_size() == 1, "packed sequences (reset_position_ids / reset_attention_mask / sft) are not "
+             "implemented with context parallelism (context_parallel_size {})", tp_.cp_size());
+  MCPP_CHECK(!(stage_.post_process && !mtp_.empty() && opt.training),
+             "packed sequences (reset_position_ids / reset_attention_mask / sft) are not implemented with "
+             "multi-token prediction (mtp_num_layers {}): its rolled tokens would cross documents", config_.mtp_num_layers);
+  MCPP_CHECK(!p->position_ids.defined() || p->position_ids.shape() == Shape({s, b}),
+             "packed sequences: position_ids must be [s={}, b={}]; got {}", s, b, p->position_ids.str());
+  if (p->position_ids.defined() && p->position_ids.is_cpu())  // ids index the position tables (no device check)
+    for (int64_t i = 0; i < s * b; ++i) {
+      const int32_t id = p->position_ids.data<int32_t>()[i];
+      MCPP_CHECK(id >= 0 && id < s, "packed sequences: position id {} at token {} is outside [0, s={})", id, i, s);
+    }
+  ctx.packed = p->to_device(device_);
+  opt.packed_seq_params = &ctx.packed;
+}
+
 Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const Tensor& input, const Tensor& labels,
-                              const Tensor& loss_mask, const ForwardOptions& opt, LossResult* loss) {
+                              const Tensor& loss_mask, const ForwardOptions& opt_in, LossResult* loss) {
   MCPP_CHECK(tokens_in.ndim() == 2 && tokens_in.dtype() == DType::I32, "tokens must be int32 [s, b], got {}",
              tokens_in.str());
   const ModuleScope m("GPTModel", tokens_in);
   const Tensor tokens = tokens_in.device() == device_ ? tokens_in : tokens_in.to(device_);
   const int64_t s = tokens.size(0);
+  ForwardOptions opt = opt_in;
   InferenceContext* ic = opt.inference;
   if (ic) check_inference_step(*ic, s, tokens.size(1));
+  set_packed(ctx, opt, s, tokens.size(1));
   Tensor x;
   if (stage_.pre_process) {
     x = embed(ctx, tokens, opt);
@@ -234,6 +262,8 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
   const bool rows_rope = tp_.cp_p2p || config_.multi_latent_attention;
   if (has_rope_ && ic && !ic->prefill()) {  // a KV-cache decode step: one table row per sequence, at its position
     ctx.rope = rope_at(ic->lengths_tensor());
+  } else if (has_rope_ && ctx.packed.position_ids.defined()) {  // packed: each token's row, [s*b, rot/2]
+    ctx.rope = rope_at(ctx.packed.position_ids.view({s * tokens.size(1)}));
   } else if (!has_rope_ || tp_.cp_size() == 1 || !rows_rope) {
     ctx.rope = rope_for(s * tp_.cp_size());
   } else {

@@ -35,6 +35,11 @@
 // rank): the prefill is the plain forward over the padded prompts (the attention layers store their keys / values);
 // a decode step takes tokens [1, b] at positions lengths[bb] — the learned position embeddings' and the RoPE tables'
 // rows gathered at those positions — and its attention reads the layers' memory.
+//
+// Packed sequences (ForwardOptions::packed_seq_params, transformer/packed_seq_params.h; Megatron's
+// --reset-position-ids / --reset-attention-mask and SFT): position_ids restart the learned positions and the rotary
+// tables' rows per document (per-token tables [s*b, rot/2]), doc_start masks the core attention by documents — a
+// packed batch equals its documents run one by one. Not with context parallelism or MTP depths (refused).
 #pragma once
 #include <memory>
 #include <vector>
@@ -79,10 +84,11 @@ struct MtpDepthCtx : LossHeadCtx {
 struct GPTModelCtx : LossHeadCtx {
   Tensor tokens;          // [s, b] int32
   Tensor input;           // [s(/tp), b, h] from the previous pipeline stage (not on the first)
-  Tensor position_ids;    // [s*b] int32 (learned positions; the model's cached ids, not an activation)
+  Tensor position_ids;    // [s*b] int32 (learned positions; the model's cached ids, or the packed batch's)
+  PackedSeqParams packed; // packed sequences: the forward's ForwardOptions::packed_seq_params on the model's device
   PhiloxKey embedding_dropout_key;
   bool embedding_dropout = false;
-  RopeTables rope;        // cos/sin rows for this sequence length (rope configs)
+  RopeTables rope;        // cos/sin rows for this sequence length (rope configs); per token when packed
   TransformerBlockCtx decoder;
   std::vector<MtpDepthCtx> mtp;  // a training forward with labels of a model with MTP depths (last stage)
 };
@@ -152,6 +158,8 @@ class GPTModel {
   RopeTables rope_at(const Tensor& positions) const;  // the tables' rows at positions int32 [n] -> [n, rot/2]
   // mcpp::Error unless a KV-cache forward of tokens [s, b] fits this model and the context (inference_context.h).
   void check_inference_step(const InferenceContext& ic, int64_t s, int64_t b) const;
+  // ForwardOptions::packed_seq_params -> ctx.packed (checked, on the device), and opt pointed at it (or at none).
+  void set_packed(GPTModelCtx& ctx, ForwardOptions& opt, int64_t s, int64_t b) const;
   Tensor embed(GPTModelCtx& ctx, const Tensor& tokens, const ForwardOptions& opt);
   void embed_backward(GPTModelCtx& ctx, const Tensor& dx);
   Tensor head_backward(GPTModelCtx& ctx, float grad_scale);  // loss -> d(final hidden)
