@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -24,8 +24,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "mcpp/core/error.h"
+#include "mcpp/core/json_limits.h"
+#include "mcpp/core/regular_file.h"
 
 extern char** environ;
 
@@ -42,18 +45,14 @@ std::string metrics_file(const std::string& run) {
 }
 
 std::vector<json> read_jsonl(const std::string& path) {
-  std::ifstream f(path);
+  std::istringstream f(mcpp::read_regular_file(path, "metrics file", uint64_t{4} << 30));
   std::vector<json> out;
   std::string line;
   int n = 0;
   while (std::getline(f, line)) {
     ++n;
     if (line.empty()) continue;
-    try {
-      out.push_back(json::parse(line));
-    } catch (const json::exception& e) {
-      mcpp::fail("metrics: {} line {} is not JSON ({})", path, n, e.what());
-    }
+    out.push_back(mcpp::parse_json_limited(line, fmt::format("metrics: {} line {}", path, n)));
   }
   return out;
 }
@@ -215,8 +214,7 @@ int run_metrics(const std::vector<std::string>& args) {
   plot->add_option("--output,-o", output, "the figure: .png or .svg");
   CLI::App* sum = app.add_subcommand("summarize", "a table of one or several runs side by side");
   sum->add_option("runs", runs, "metrics files or directories")->required();
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  app.parse(rev);
+  mcpp::cli::parse_args(app, args);  // `metrics plot --help`: the subcommand's help
   if (plot->parsed()) return run_plot(run, output);
   return run_summarize(runs);
 }
