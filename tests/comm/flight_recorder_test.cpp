@@ -97,6 +97,24 @@ TEST(FlightRecorder, StatesAndTimestamps) {
   EXPECT_EQ(p[0].id, b);
 }
 
+// set_context stamps the entries recorded after it (hang forensics: iteration, microbatch, stage, chunk).
+TEST(FlightRecorder, EntriesCarryTheTrainingContext) {
+  FlightRecorder rec(0, 2, 16);
+  const uint64_t before = rec.record(entry(1));
+  rec.set_context({.iteration = 7, .microbatch = 3, .pp_stage = 1, .vp_chunk = 0});
+  const uint64_t after = rec.record(entry(2));
+  const auto es = rec.entries();
+  ASSERT_EQ(es.size(), 2u);
+  EXPECT_EQ(es[0].id, before);
+  EXPECT_EQ(es[0].context.iteration, -1);
+  EXPECT_EQ(es[1].id, after);
+  const nlohmann::json j = entry_to_json(es[1]);
+  EXPECT_EQ(j["iteration"], 7);
+  EXPECT_EQ(j["microbatch"], 3);
+  EXPECT_EQ(j["pp_stage"], 1);
+  EXPECT_EQ(j["vp_chunk"], 0);
+}
+
 TEST(FlightRecorder, DumpJsonFollowsTheSchema) {
   FlightRecorder rec(3, 8, 16);
   uint64_t id = rec.record(entry(1));
@@ -120,7 +138,8 @@ TEST(FlightRecorder, DumpJsonFollowsTheSchema) {
   EXPECT_EQ(e["dtype"], "float32");
   EXPECT_EQ(e["count"], 10);
   EXPECT_EQ(e["state"], "started");
-  EXPECT_EQ(e.size(), 15u) << e.dump();
+  EXPECT_EQ(e["iteration"], -1) << "no training context set";
+  EXPECT_EQ(e.size(), 19u) << e.dump();
   std::filesystem::remove(path);
   EXPECT_THROW(rec.dump_to_file("/nonexistent_dir_mcpp/x.json", "r"), Error);
 }
