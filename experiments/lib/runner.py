@@ -68,7 +68,7 @@ def binary_commit(mcpp):
 
 
 def git(*args):
-    p = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True)
+    p = subprocess.run(["git", "--no-optional-locks", "-C", ROOT, *args], capture_output=True, text=True)  # no index lock
     return p.stdout.strip() if p.returncode == 0 else ""
 
 
