@@ -138,10 +138,8 @@ def oracle(ctx, s, repeats):
         rc, outs, _ = ctx.mcpp_run("tp2-from-50304", ["train", *model(s, s.get("save_device", [])), "--data-path",
                                                       ctx.data, "--load", c, "--tensor-model-parallel-size", "2"],
                                    np_=2, expect_ok=False)
-        err = [l for o in outs.values() for l in o.splitlines() if l.startswith("error:")]
-        errs = err + [l for l in open(os.path.join(ctx.out, "rank_0", "oracle-tp2-from-50304.err")).read().splitlines()
-                      if l.startswith("error:")] if os.path.exists(os.path.join(ctx.out, "rank_0",
-                                                                                 "oracle-tp2-from-50304.err")) else err
+        # the first rank to fail prints the error (the others may be stopped first): every rank's output counts
+        errs = [l for l in ("\n".join(outs.values()) + ctx.last_stderr).splitlines() if l.startswith("error:")]
         ok = rc != 0 and errs and "--make-vocab-size-divisible-by 64 pads to 50304" in errs[0]
         res.append(check("TP1 checkpoint (50304) at TP2 with default flags: one error naming the flag value", ok,
                          errs[0] if errs else f"exit {rc}, no error line"))

@@ -68,7 +68,7 @@ def binary_commit(mcpp):
 
 
 def git(*args):
-    p = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True)
+    p = subprocess.run(["git", "--no-optional-locks", "-C", ROOT, *args], capture_output=True, text=True)  # no index lock
     return p.stdout.strip() if p.returncode == 0 else ""
 
 
@@ -188,7 +188,7 @@ class Context:
         p = subprocess.run(cmd, capture_output=True, text=True, env={**self.env, **(env or {})}, timeout=timeout,
                            cwd=rundir)
         wall = time.time() - t0
-        outs = {}
+        outs, errs = {}, {}
         if np_ > 1:
             for r in range(np_):
                 rd = os.path.join(logdir, "1", f"rank.{r}")
@@ -197,10 +197,11 @@ class Context:
                 err = open(os.path.join(rd, "stderr"), errors="replace").read() if os.path.exists(
                     os.path.join(rd, "stderr")) else ""
                 self._keep(r, name, outs[r], err, rundir)
+                errs[r] = err
         else:
             outs[0] = p.stdout
             self._keep(0, name, p.stdout, p.stderr, rundir)
-        self.last_stderr = p.stderr
+        self.last_stderr = p.stderr + "".join(errs.values())  # the launcher's and every rank's
         if expect_ok and p.returncode != 0:
             tail = "\n".join(((p.stdout or "") + (p.stderr or "") + "".join(outs.values())).splitlines()[-15:])
             raise RunFailed(f"{name}: exit {p.returncode} ({' '.join(cmd[:8])} ...)\n{tail}")

@@ -26,5 +26,5 @@ set_tests_properties(experiments.report PROPERTIES DEPENDS "${_exp_tests}")
 # deliberate extra all-reduce (one more gradient bucket) is caught by name.
 add_test(NAME bench.regress_counters COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/bench/regress counters --mcpp ${MCPP_BIN})
 add_test(NAME bench.regress_counters_catch
-         COMMAND ${MCPP_PY} ${CMAKE_CURRENT_SOURCE_DIR}/regress_catch_check.py ${MCPP_BIN})
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/experiments/regress_catch_check.py ${MCPP_BIN})
 set_tests_properties(bench.regress_counters bench.regress_counters_catch PROPERTIES TIMEOUT 300)
