@@ -41,11 +41,14 @@ class SplitOnlyFlash final : public CoreAttention {
 };
 
 TransformerLayerSpec spec_of(bool packed) {
-  if (packed) return {.core_attention = "flash", .make_core_attention = &make_flash_attention};
-  return {.core_attention = "flash (split only)",
-          .make_core_attention = [](const CoreAttentionOptions& o) -> std::unique_ptr<CoreAttention> {
-            return std::make_unique<SplitOnlyFlash>(o);
-          }};
+  TransformerLayerSpec spec;
+  spec.core_attention = packed ? "flash" : "flash (split only)";
+  spec.make_core_attention = [packed](const CoreAttentionOptions& o,
+                                      const tensor_parallel::TPContext&) -> std::unique_ptr<CoreAttention> {
+    if (packed) return make_flash_attention(o);
+    return std::make_unique<SplitOnlyFlash>(o);
+  };
+  return spec;
 }
 
 struct LayerRun {
@@ -132,8 +135,10 @@ ModelRun run_model(const std::string& recompute) {
   ModelRun r;
   r.loss = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = true}).loss;
   r.context_bytes = pipeline_parallel::context_bytes(ctx);
-  r.kept_fused = ctx.decoder.layers[0].self_attention.fused_qkv.defined();
-  r.core_empty = !ctx.decoder.layers[0].self_attention.core.out.defined();
+  const SelfAttentionCtx* attn = ctx.decoder.layers[0].self_attention.as<SelfAttentionCtx>();
+  EXPECT_NE(attn, nullptr) << "layer 0's attention is a SelfAttention";
+  r.kept_fused = attn && attn->fused_qkv.defined();
+  r.core_empty = attn && !attn->core.out.defined();
   model.backward(ctx, 1.0f);
   for (const auto& p : model.params().params()) r.grads.push_back(p->main_grad.clone());
   return r;

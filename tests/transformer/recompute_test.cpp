@@ -13,6 +13,7 @@
 #include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
 #include "mcpp/pipeline_parallel/activation_memory.h"
+#include "mcpp/transformer/attention.h"
 #include "models/gpt_test_util.h"
 
 namespace mcpp {
@@ -68,12 +69,18 @@ RunResult run(const TransformerConfig& c, bool training = true) {
     if (m == 0) {
       r.context_bytes = pipeline_parallel::context_bytes(ctx[0]);
       for (const auto& l : ctx[0].decoder.layers) {
+        const MLPCtx* mlp = l.mlp.as<MLPCtx>();                  // a dense layer's (null when dropped)
+        const moe::MoELayerCtx* moe = l.mlp.as<moe::MoELayerCtx>();  // a MoE layer's
+        const SelfAttentionCtx* attn = l.self_attention.as<SelfAttentionCtx>();
         r.layer_ctx_empty.push_back(!l.input_layernorm.x.defined());
-        r.mlp_ctx_empty.push_back(!l.mlp.fc2.x.defined() && !l.moe.combined.defined() && l.mlp_dropped);
+        r.mlp_ctx_empty.push_back(!(mlp && mlp->fc2.x.defined()) && !(moe && moe->combined.defined()) &&
+                                  l.mlp_dropped);
         // linear_qkv's input, the MLP's fc1 input or the MoE router's and shared expert's, the MLP's kept input
-        const bool mlp_in = l.mlp.fc1.x.defined() || l.moe.router.x.defined() || l.moe.shared.fc1.x.defined() ||
-                            l.moe.shared_input.defined() || l.mlp_input.defined();
-        r.norm_out_released.push_back(!l.self_attention.qkv.x.defined() && !mlp_in);
+        const bool mlp_in = (mlp && mlp->fc1.x.defined()) ||
+                            (moe && (moe->router.x.defined() || moe->shared.fc1.x.defined() ||
+                                     moe->shared_input.defined())) ||
+                            l.mlp_input.defined();
+        r.norm_out_released.push_back(!(attn && attn->qkv.x.defined()) && !mlp_in);
       }
     }
   }

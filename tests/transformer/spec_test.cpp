@@ -2,6 +2,8 @@
 // inside the same model, and unknown implementations are refused with the registered names.
 #include "mcpp/transformer/spec.h"
 
+#include "mcpp/models/gpt/gpt_layer_specs.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -85,11 +87,12 @@ TEST(ModuleSpec, DeterministicModeReachesTheCoreAttention) {
     TransformerConfig c = testing::tiny_config("gpt2");
     c.deterministic_mode = deterministic;
     CoreAttentionOptions seen;
-    const TransformerLayerSpec spec{.core_attention = "flash (recording)",
-                                    .make_core_attention = [&seen](const CoreAttentionOptions& o) {
-                                      seen = o;
-                                      return make_flash_attention(o);
-                                    }};
+    TransformerLayerSpec spec;
+    spec.core_attention = "flash (recording)";
+    spec.make_core_attention = [&seen](const CoreAttentionOptions& o, const tensor_parallel::TPContext&) {
+      seen = o;
+      return make_flash_attention(o);
+    };
     ParamAndGradBuffer params;
     SelfAttention attn(params, "decoder.layers.0.self_attention", c, spec, testing::single_tp());
     EXPECT_EQ(seen.deterministic, deterministic);
@@ -102,7 +105,7 @@ TEST(ModuleSpec, UnknownImplementationNamesRegistered) {
   TransformerConfig c = testing::tiny_config("gpt2");
   c.attention_impl = "cudnn_magic";
   try {
-    get_gpt_layer_local_spec(c);
+    get_gpt_layer_local_spec(c, LayerMlp::Dense);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("flash"), std::string::npos);

@@ -29,7 +29,12 @@ class ModelChunk : private detail::ModelChunkBuffers, public GPTModel {
   // and grads, fp32 softmax/CE statistics) — the CUDA backend's training mode.
   ModelChunk(const TransformerConfig& config, uint64_t seed, const tensor_parallel::TPContext& tp,
              Device device = Device::CPU, const GPTModelStage& stage = {}, DType param_dtype = DType::F32)
-      : detail::ModelChunkBuffers(), GPTModel(param_buffer_, expert_buffer_, config, tp, device, stage) {
+      : ModelChunk(get_gpt_model_spec(config), config, seed, tp, device, stage, param_dtype) {}
+  // The same, built from an explicit spec (models/gpt/gpt_layer_specs.h) instead of the config's default one.
+  ModelChunk(const GPTModelSpec& spec, const TransformerConfig& config, uint64_t seed,
+             const tensor_parallel::TPContext& tp, Device device = Device::CPU, const GPTModelStage& stage = {},
+             DType param_dtype = DType::F32)
+      : detail::ModelChunkBuffers(), GPTModel(param_buffer_, expert_buffer_, config, spec, tp, device, stage) {
     param_buffer_.finalize(seed, device, param_dtype);
     if (has_expert_params()) expert_buffer_.finalize(seed, device, param_dtype);
   }

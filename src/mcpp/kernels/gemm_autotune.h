@@ -1,6 +1,7 @@
-// cuBLASLt algorithm autotuning of the CUDA GEMMs (kernels/cuda/gemm.cpp): the process-wide switch and
-// what the tuner measured. Backend-neutral declarations (no CUDA types), so the trainer, the tests and the
-// kernel bench use them in every build; without CUDA the stub (kernels/cuda_stub) records nothing.
+// cuBLASLt algorithm autotuning of the CUDA GEMMs (kernels/cuda/gemm_tuner.cpp; the rules in gemm.cpp's header):
+// the process-wide switch and what the tuner measured. Backend-neutral declarations (no CUDA types), so the
+// trainer, the tests and the kernel bench use them in every build; without CUDA the stub (kernels/cuda_stub)
+// records nothing.
 //
 //   set_gemm_autotune(on)   process-wide switch. Its first value comes from the environment:
 //                           MCPP_GEMM_AUTOTUNE=0|1 (unset: 1; any other value is an mcpp::Error naming the

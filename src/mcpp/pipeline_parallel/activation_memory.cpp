@@ -24,35 +24,13 @@ struct Counter {
     for (const auto& [u, n] : seen) b += n;
     return b;
   }
-  void operator()(const NormCtx& n) { (*this)(n.x), (*this)(n.mean), (*this)(n.rstd); }
-  void operator()(const tensor_parallel::ParallelLinearCtx& l) { (*this)(l.x); }
-  void operator()(const CoreAttentionCtx& c) {
-    for (const Tensor* t : {&c.q, &c.k, &c.v, &c.qkv, &c.out, &c.lse, &c.probs}) (*this)(*t);
+  // The contexts' own walks (transformer/ctx_tensors.h) report each tensor to this counter.
+  TensorVisitor visitor() {
+    return [this](const Tensor& t) { (*this)(t); };
   }
-  void operator()(const moe::MoELayerCtx& m) {
-    for (const Tensor* t : {&m.router.x, &m.router.jittered, &m.router.topk, &m.router.probs, &m.router.scores,
-                            &m.router.lse, &m.router.idx, &m.router.aux_counts, &m.router.z_scores,
-                            &m.router.z_lse, &m.plan.idx, &m.probs, &m.combined, &m.experts.x, &m.gate,
-                            &m.gate_scores, &m.gate_lse, &m.gate_top, &m.shared_out})
-      (*this)(*t);
-    for (const MLPCtx& e : m.experts.mlp) (*this)(e.fc1), (*this)(e.pre_act), (*this)(e.fc2);
-    (*this)(m.shared.fc1), (*this)(m.shared.pre_act), (*this)(m.shared.fc2);
-  }
-  void operator()(const TransformerLayerCtx& l) {
-    (*this)(l.input_layernorm);
-    (*this)(l.self_attention.qkv), (*this)(l.self_attention.core), (*this)(l.self_attention.proj);
-    (*this)(l.self_attention.q), (*this)(l.self_attention.k), (*this)(l.self_attention.v);
-    (*this)(l.self_attention.fused_qkv);
-    (*this)(l.self_attention.q_norm), (*this)(l.self_attention.k_norm);
-    const MLASelfAttentionCtx& a = l.mla;  // multi-latent attention
-    (*this)(a.q_down), (*this)(a.q_up), (*this)(a.kv_down), (*this)(a.kv_up), (*this)(a.proj);
-    (*this)(a.q_norm), (*this)(a.kv_norm), (*this)(a.core);
-    (*this)(a.query), (*this)(a.key), (*this)(a.value), (*this)(a.k_pe);
-    (*this)(l.pre_mlp_layernorm);
-    (*this)(l.mlp.fc1), (*this)(l.mlp.pre_act), (*this)(l.mlp.fc2);
-    (*this)(l.moe);
-    (*this)(l.mlp_input);
-  }
+  void operator()(const NormCtx& n) { visit_ctx_tensors(n, visitor()); }
+  void operator()(const tensor_parallel::ParallelLinearCtx& l) { tensor_parallel::visit_ctx_tensors(l, visitor()); }
+  void operator()(const TransformerLayerCtx& l) { l.for_each_tensor(visitor()); }
   void operator()(const GPTModelCtx& g) {
     // Not position_ids: a view of the model's cached ids (model state, like the rotary tables).
     for (const Tensor* t : {&g.tokens, &g.input, &g.logits, &g.labels, &g.loss_mask, &g.lse, &g.loss_stats})

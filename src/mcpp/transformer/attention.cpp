@@ -6,7 +6,6 @@
 #include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
-#include "mcpp/transformer/ring_attention.h"
 
 namespace mcpp {
 
@@ -54,7 +53,7 @@ SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefi
   if (tp.cp_size() > 1 && tp.cp_p2p) {  // ring attention: every head of this TP rank, this CP rank's rows
     core_np_ = np_;
     core_ng_ = ng_;
-    core_ = make_ring_attention(core_opt, tp.cp);
+    core_ = spec.make_core_attention(core_opt, tp);  // the spec's core builds the ring form under p2p
     return;
   }
   const int64_t cp = tp.cp_size();
@@ -64,7 +63,7 @@ SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefi
          c.num_query_groups, tp.size() * cp);
   core_np_ = np_ / cp;
   core_ng_ = ng_ / cp;
-  core_ = spec.make_core_attention(core_opt);
+  core_ = spec.make_core_attention(core_opt, tp);
 }
 
 void SelfAttention::split_heads(SelfAttentionCtx& ctx, const Tensor& qkv, const RopeTables* rope, Tensor& q, Tensor& k,

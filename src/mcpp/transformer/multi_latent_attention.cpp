@@ -8,7 +8,6 @@
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/mappings.h"
 #include "mcpp/transformer/attention.h"
-#include "mcpp/transformer/ring_attention.h"
 
 namespace mcpp {
 namespace tp = tensor_parallel;
@@ -77,7 +76,7 @@ MLASelfAttention::MLASelfAttention(ParameterRegistry& params, const std::string&
                                       .deterministic = c.deterministic_mode};
   core_n_ = n_;
   if (t.cp_size() > 1 && t.cp_p2p) {  // ring attention: every head of this TP rank, this CP rank's rows
-    core_ = make_ring_attention(core_opt, t.cp);
+    core_ = spec.make_core_attention(core_opt, t);  // the spec's core builds the ring form under p2p
     return;
   }
   if (n_ % t.cp_size() != 0)
@@ -85,7 +84,7 @@ MLASelfAttention::MLASelfAttention(ParameterRegistry& params, const std::string&
          "tensor_model_parallel_size * context_parallel_size ({})",
          c.num_attention_heads, t.size() * t.cp_size());
   core_n_ = n_ / t.cp_size();
-  core_ = spec.make_core_attention(core_opt);
+  core_ = spec.make_core_attention(core_opt, t);
 }
 
 Tensor MLASelfAttention::to_core(const Tensor& x) const {

@@ -16,8 +16,7 @@ std::string depth_prefix(int64_t depth) { return fmt::format("mtp.layers.{}", de
 
 MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParameterRegistry& params, ParameterRegistry& expert_params,
                                                      int64_t depth, const TransformerConfig& c,
-                                                     const TransformerLayerSpec& spec, const tp::TPContext& tpc,
-                                                     bool moe)
+                                                     const TransformerLayerSpec& spec, const tp::TPContext& tpc)
     : tp_(tpc),
       hidden_size_(c.hidden_size),
       recompute_(c.recomputes_mtp_depths()),
@@ -33,7 +32,7 @@ MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParameterRegistry& params, 
                 .sequence_parallel = tpc.sequence_parallel,
                 .tp_comm_overlap = tpc.comm_overlap},
                tpc.group),
-      layer_(params, expert_params, depth_prefix(depth) + ".transformer_layer", c, spec, tpc, moe),
+      layer_(params, expert_params, depth_prefix(depth) + ".transformer_layer", c, spec, tpc),
       final_layernorm_(params, depth_prefix(depth) + ".final_layernorm", c.hidden_size, c.normalization,
                        c.norm_epsilon, tpc.sequence_parallel) {}
 

@@ -35,10 +35,11 @@ struct MultiTokenPredictionLayerCtx {
 
 class MultiTokenPredictionLayer {
  public:
-  // depth: 0-based (keys "mtp.layers.<depth>"); moe: the transformer layer's MLP is a MoE layer.
+  // depth: 0-based (keys "mtp.layers.<depth>"); spec: the transformer layer's parts (Megatron: the decoder's last
+  // layer spec, so a MoE layer when that one is).
   MultiTokenPredictionLayer(ParameterRegistry& params, ParameterRegistry& expert_params, int64_t depth,
                             const TransformerConfig& config, const TransformerLayerSpec& spec,
-                            const tensor_parallel::TPContext& tp, bool moe);
+                            const tensor_parallel::TPContext& tp);
   // hidden = h_{k-1}, embedding = e: both [s(/tp), b, h]. Returns h_k [s(/tp), b, h].
   Tensor forward(MultiTokenPredictionLayerCtx& ctx, const Tensor& hidden, const Tensor& embedding,
                  const RopeTables* rope, const ForwardOptions& opt) const;

@@ -8,43 +8,31 @@
 #include "mcpp/core/error.h"
 #include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/transformer/moe/moe_layer.h"
 
 namespace mcpp {
 
 TransformerLayer::TransformerLayer(ParameterRegistry& params, ParameterRegistry& expert_params,
                                    const std::string& prefix, const TransformerConfig& c,
-                                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp,
-                                   bool moe)
+                                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
     : hidden_dropout_(c.hidden_dropout),
       sequence_parallel_(tp.sequence_parallel),
-      input_layernorm_(params, prefix + ".input_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
-                       tp.sequence_parallel),
-      self_attention_(c.multi_latent_attention
-                          ? nullptr
-                          : std::make_unique<SelfAttention>(params, prefix + ".self_attention", c, spec, tp)),
-      mla_(c.multi_latent_attention
-               ? std::make_unique<MLASelfAttention>(params, prefix + ".self_attention", c, spec, tp)
-               : nullptr),
-      pre_mlp_layernorm_(params, prefix + ".pre_mlp_layernorm", c.hidden_size, c.normalization, c.norm_epsilon,
-                         tp.sequence_parallel),
-      recompute_mlp_(c.recomputes(moe ? "moe" : "mlp")),
+      input_layernorm_(
+          spec.make_input_layernorm(params, prefix + ".input_layernorm", c.hidden_size, tp.sequence_parallel)),
+      self_attention_(spec.make_attention(params, prefix + ".self_attention", c, spec, tp)),
+      pre_mlp_layernorm_(
+          spec.make_pre_mlp_layernorm(params, prefix + ".pre_mlp_layernorm", c.hidden_size, tp.sequence_parallel)),
+      mlp_(spec.make_mlp(params, expert_params, prefix + ".mlp", c, tp)),
+      recompute_mlp_(c.recomputes(mlp_->recompute_name())),
       recompute_norms_(c.recomputes("layernorm")),
-      name_(prefix) {
-  if (moe) moe_ = std::make_unique<moe::MoELayer>(params, expert_params, prefix + ".mlp", c, tp);
-  else mlp_ = std::make_unique<MLP>(params, prefix + ".mlp", c, tp);
-}
+      name_(prefix) {}
 
-Tensor TransformerLayer::attention_forward(TransformerLayerCtx& ctx, const Tensor& x, const RopeTables* rope,
-                                           const ForwardOptions& opt) const {
-  return mla_ ? mla_->forward(ctx.mla, x, rope, opt) : self_attention_->forward(ctx.self_attention, x, rope, opt);
-}
-Tensor TransformerLayer::attention_backward(TransformerLayerCtx& ctx, const Tensor& dy, const RopeTables* rope,
-                                            bool output_bias_grad_elsewhere) const {
-  return mla_ ? mla_->backward(ctx.mla, dy, rope, output_bias_grad_elsewhere)
-              : self_attention_->backward(ctx.self_attention, dy, rope, output_bias_grad_elsewhere);
-}
-Parameter* TransformerLayer::attention_output_bias() const {
-  return mla_ ? mla_->output_bias() : self_attention_->output_bias();
+void TransformerLayerCtx::for_each_tensor(const TensorVisitor& f) const {
+  visit_ctx_tensors(input_layernorm, f);
+  self_attention.for_each_tensor(f);
+  visit_ctx_tensors(pre_mlp_layernorm, f);
+  mlp.for_each_tensor(f);
+  f(mlp_input);
 }
 
 Tensor Residual::sum() {
@@ -67,10 +55,10 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
     x = in.a;
     ln1 = input_layernorm_.forward(ctx.input_layernorm, x);
   }
-  Tensor attn = attention_forward(ctx, ln1, rope, opt);  // [s, b, h]
+  Tensor attn = self_attention_->forward(ctx.self_attention, ln1, rope, opt);  // [s, b, h]
   ctx.norms_dropped = recompute_norms_ && opt.training;
   if (ctx.norms_dropped) {  // "layernorm": backward re-runs input_layernorm for linear_qkv
-    mla_ ? mla_->release_input(ctx.mla) : self_attention_->release_input(ctx.self_attention);
+    self_attention_->release_input(ctx.self_attention);
     ln1 = Tensor();
   }
   ops::ResidualDropout attn_drop;
@@ -79,19 +67,17 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
   Tensor x1;  // x1 = x + dropout(attn), fused with the norm (ln2 = norm(x1), computed from the rounded x1)
   Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn, attn_drop);
   const bool recompute = recompute_mlp_ && opt.training;
-  ctx.has_mlp_rng = recompute && moe_ && opt.rng;
+  ctx.has_mlp_rng = recompute && mlp_->draws_rng() && opt.rng;
   if (ctx.has_mlp_rng) ctx.mlp_rng = *opt.rng;  // the router's draws, replayed by the re-run
-  Tensor mlp = moe_ ? moe_->forward(ctx.moe, ln2, opt.moe_losses, opt.training, opt.rng)
-                    : mlp_->forward(ctx.mlp, ln2);
+  Tensor mlp = mlp_->forward(ctx.mlp, ln2, opt);
   ctx.mlp_dropped = recompute;
   if (recompute) {  // keep the input only; backward re-runs the MLP
     ctx.mlp_input = ln2;
-    ctx.mlp = {};
-    ctx.moe = {};
+    ctx.mlp.reset();
   }
   if (ctx.norms_dropped) {  // not even the input: backward re-runs pre_mlp_layernorm (then the MLP under recompute)
     ctx.mlp_input = Tensor();
-    if (!recompute) moe_ ? moe_->release_input(ctx.moe) : mlp_->release_input(ctx.mlp);
+    if (!recompute) mlp_->release_input(ctx.mlp);
   }
   Residual y{x1, mlp};  // y = x1 + dropout(mlp), added by the next norm (or Residual::sum)
   if (ctx.dropout) {
@@ -118,29 +104,27 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   // are read or written by pre_mlp_layernorm's fused backward: their bias grads (the column sums) ride in it
   // (ResidualBiasGrads), not in the linears' backward; under dropout fc2's stays in the linear (header).
   // A MoE layer's output has no bias of its own (each expert's fc2 bias is inside the weighted sum).
-  Parameter* mlp_bias = moe_ ? nullptr : mlp_->output_bias();
-  const ResidualBiasGrads rb = ctx.dropout ? ResidualBiasGrads{nullptr, attention_output_bias()}
-                                           : ResidualBiasGrads{mlp_bias, attention_output_bias()};
+  Parameter* mlp_bias = mlp_->output_bias();
+  const ResidualBiasGrads rb = ctx.dropout ? ResidualBiasGrads{nullptr, self_attention_->output_bias()}
+                                           : ResidualBiasGrads{mlp_bias, self_attention_->output_bias()};
   if (ctx.mlp_dropped || ctx.norms_dropped) {  // selective recompute: the MLP's input (its norm re-run) and context
     const Tensor in = ctx.norms_dropped ? pre_mlp_layernorm_.recompute(ctx.pre_mlp_layernorm) : ctx.mlp_input;
-    if (!ctx.mlp_dropped) moe_ ? moe_->restore_input(ctx.moe, in) : mlp_->restore_input(ctx.mlp, in);
-    else if (moe_) moe_->forward(ctx.moe, in, nullptr, /*training=*/true, ctx.has_mlp_rng ? &ctx.mlp_rng : nullptr);
-    else mlp_->forward(ctx.mlp, in);  // (no losses recorded above)
+    if (!ctx.mlp_dropped) mlp_->restore_input(ctx.mlp, in);
+    else mlp_->forward(ctx.mlp, in, {.training = true, .rng = ctx.has_mlp_rng ? &ctx.mlp_rng : nullptr});  // no losses
     ctx.mlp_input = Tensor();
   }
-  Tensor dmlp_in = moe_ ? moe_->backward(ctx.moe, dmlp, loss_grad_scale)
-                        : mlp_->backward(ctx.mlp, dmlp, rb.dres_bias != nullptr);
+  Tensor dmlp_in = mlp_->backward(ctx.mlp, dmlp, loss_grad_scale, rb.dres_bias != nullptr);
   Tensor dattn;  // attention branch: dx = dx1 + d(input_layernorm)(attn^T(dropout^T(dx1)))
   Tensor dx1 = pre_mlp_layernorm_.backward(ctx.pre_mlp_layernorm, dmlp_in, &dy.sum, rb,
                                            &dattn);  // + dy and the dropout backward fused
   if (!ctx.dropout) dattn = dx1;
   if (ctx.norms_dropped) {
     const Tensor ln1 = input_layernorm_.recompute(ctx.input_layernorm);
-    mla_ ? mla_->restore_input(ctx.mla, ln1) : self_attention_->restore_input(ctx.self_attention, ln1);
+    self_attention_->restore_input(ctx.self_attention, ln1);
   }
   ResidualGrad dx;  // + dx1 fused into the norm's backward; with the input's dropout also its branch gradient
   dx.sum = input_layernorm_.backward(ctx.input_layernorm,
-                                     attention_backward(ctx, dattn, rope, rb.dx_bias != nullptr),
+                                     self_attention_->backward(ctx.self_attention, dattn, rope, rb.dx_bias != nullptr),
                                      &dx1, {}, &dx.branch);
   m.out(dx.sum);
   return dx;
@@ -168,20 +152,22 @@ std::vector<moe::TopKRouter*> TransformerBlock::routers() const {
 }
 
 TransformerBlock::TransformerBlock(ParameterRegistry& params, ParameterRegistry& expert_params,
-                                   const TransformerConfig& c, const TransformerLayerSpec& spec,
+                                   const TransformerConfig& c, const TransformerBlockSpec& spec,
                                    const tensor_parallel::TPContext& tp, int64_t first_layer, int64_t num_layers,
                                    bool post_process)
     : groups_(recompute_plan(c, num_layers)) {
-  const std::vector<bool> moe = c.moe_layer_pattern();
+  MCPP_CHECK(first_layer + num_layers <= static_cast<int64_t>(spec.layer_specs.size()),
+             "TransformerBlock: the spec has {} layer specs, layers [{}, {}) asked", spec.layer_specs.size(),
+             first_layer, first_layer + num_layers);
   for (int64_t i = 0; i < num_layers; ++i) {
     layers_.push_back(std::make_unique<TransformerLayer>(params, expert_params,
-                                                         fmt::format("decoder.layers.{}", first_layer + i), c, spec,
-                                                         tp, moe.at(static_cast<size_t>(first_layer + i))));
+                                                         fmt::format("decoder.layers.{}", first_layer + i), c,
+                                                         spec.layer_specs[static_cast<size_t>(first_layer + i)], tp));
     if (moe::MoELayer* m = layers_.back()->moe_layer()) m->router().set_layer_number(first_layer + i);
   }
   if (post_process)
-    final_layernorm_ = std::make_unique<Norm>(params, "decoder.final_layernorm", c.hidden_size, c.normalization,
-                                              c.norm_epsilon, tp.sequence_parallel);
+    final_layernorm_ = std::make_unique<Norm>(
+        spec.make_final_layernorm(params, "decoder.final_layernorm", c.hidden_size, tp.sequence_parallel));
 }
 
 Residual TransformerBlock::forward_layers(TransformerBlockCtx& ctx, int64_t first, int64_t count, Residual x,

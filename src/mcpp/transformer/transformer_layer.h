@@ -21,8 +21,11 @@
 // give the same bits (same masks from the same keys, same roundings, same reduction partitions), so
 // recompute and pipeline layouts stay bitwise equal to the plain run; for that linear_fc2's bias grad under
 // dropout stays in its wgrad (cuBLASLt's BGRADB epilogue: free at 1.3B) rather than in whichever norm.
-// In the layers config.moe_layer_pattern() selects (num_moe_experts > 0) the mlp is a MoELayer (transformer/moe/moe_layer.h: router, token dispatch, experts): its
-// output has no bias of its own, so no bias grad rides in pre_mlp_layernorm's backward for it; its backward takes
+// The parts come from a TransformerLayerSpec (spec.h; chosen in models/gpt/gpt_layer_specs.cpp): the layer holds one
+// AttentionModule (SelfAttention or MLASelfAttention, with its core attention) and one MlpModule (a dense MLP or,
+// in the layers config.moe_layer_pattern() selects, a MoELayer: router, token dispatch, experts) and builds its
+// two norms with the spec's factories; it never names an implementation. A MoE layer's output has no bias of its own
+// (MlpModule::output_bias() null), so no bias grad rides in pre_mlp_layernorm's backward for it; its backward takes
 // the microbatch's loss_grad_scale (the router's load-balancing losses).
 // Selective recompute of the MLP (recompute_modules "mlp" in a dense layer, "moe" in a MoE layer; Megatron's
 // checkpointed mlp / moe_layer_recompute): a training forward keeps only the MLP's input and drops its context;
@@ -50,22 +53,20 @@
 #include <vector>
 
 #include "mcpp/transformer/moe/moe_layer.h"
-#include "mcpp/transformer/attention.h"
-#include "mcpp/transformer/mlp.h"
-#include "mcpp/transformer/multi_latent_attention.h"
 #include "mcpp/transformer/norms.h"
+#include "mcpp/transformer/spec.h"
 
 namespace mcpp {
 
 struct TransformerLayerCtx {
   NormCtx input_layernorm;
-  SelfAttentionCtx self_attention;
-  MLASelfAttentionCtx mla;  // --multi-latent-attention instead of self_attention
+  SubmoduleCtx self_attention;  // the attention's context (SelfAttentionCtx, MLASelfAttentionCtx, ...)
   NormCtx pre_mlp_layernorm;
-  MLPCtx mlp;
-  moe::MoELayerCtx moe;  // MoE layers instead of mlp
-  Tensor mlp_input;      // selective recompute of the mlp / moe: its input (pre_mlp_layernorm's output; not kept
-                         // under "layernorm" too); mlp / moe stay empty between forward and backward
+  SubmoduleCtx mlp;  // the MLP's context (MLPCtx, moe::MoELayerCtx, ...)
+  Tensor mlp_input;  // selective recompute of the mlp / moe: its input (pre_mlp_layernorm's output; not kept
+                     // under "layernorm" too); mlp stays empty between forward and backward
+  // Every tensor this context keeps alive (the activation-memory walk).
+  void for_each_tensor(const TensorVisitor& f) const;
   bool mlp_dropped = false;    // ... the mlp / moe context dropped after the forward
   bool norms_dropped = false;  // selective recompute "layernorm": the two norms' outputs released after the forward
   tensor_parallel::RngTracker mlp_rng;  // ... and for a MoE layer the RNG streams its router found (the re-run draws
@@ -92,10 +93,10 @@ struct ResidualGrad {
 class TransformerLayer {
  public:
   // expert_params: where a MoE layer registers its experts (the model's one buffer at EP 1; moe_layer.h).
-  // moe: this layer's MLP is a MoE layer (config.is_moe_layer of its global index).
+  // spec: this layer's parts (a MoE layer's spec builds a MoELayer as its MLP).
   TransformerLayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
                    const TransformerConfig& config, const TransformerLayerSpec& spec,
-                   const tensor_parallel::TPContext& tp, bool moe);
+                   const tensor_parallel::TPContext& tp);
   // x: the layer input (an unsummed one is added inside input_layernorm). Returns y unsummed: {x1, mlp}.
   Residual forward(TransformerLayerCtx& ctx, const Residual& x, const RopeTables* rope,
                    const ForwardOptions& opt) const;
@@ -103,23 +104,15 @@ class TransformerLayer {
   // losses are back-propagated with it, as Megatron's MoEAuxLossAutoScaler).
   ResidualGrad backward(TransformerLayerCtx& ctx, const ResidualGrad& dy, const RopeTables* rope,
                         float loss_grad_scale) const;
-  moe::MoELayer* moe_layer() const { return moe_.get(); }  // null in a dense layer
+  moe::MoELayer* moe_layer() const { return mlp_->moe_layer(); }  // null in a dense layer
 
  private:
   float hidden_dropout_;
   bool sequence_parallel_;
   Norm input_layernorm_;
-  // The attention: SelfAttention, or with --multi-latent-attention MLASelfAttention (one of the two is set).
-  std::unique_ptr<SelfAttention> self_attention_;
-  std::unique_ptr<MLASelfAttention> mla_;
-  Tensor attention_forward(TransformerLayerCtx& ctx, const Tensor& x, const RopeTables* rope,
-                           const ForwardOptions& opt) const;
-  Tensor attention_backward(TransformerLayerCtx& ctx, const Tensor& dy, const RopeTables* rope,
-                            bool output_bias_grad_elsewhere) const;
-  Parameter* attention_output_bias() const;
+  std::unique_ptr<AttentionModule> self_attention_;
   Norm pre_mlp_layernorm_;
-  std::unique_ptr<MLP> mlp_;            // dense layers
-  std::unique_ptr<moe::MoELayer> moe_;  // MoE layers
+  std::unique_ptr<MlpModule> mlp_;
   bool recompute_mlp_;                  // recompute_modules "mlp" (dense) / "moe" (MoE layer)
   bool recompute_norms_;                // recompute_modules "layernorm"
   std::string name_;                    // "decoder.layers.<i>": the NVTX range and module trace name
@@ -150,8 +143,9 @@ class TransformerBlock {
  public:
   // Builds layers [first_layer, first_layer + num_layers) named decoder.layers.<global index>; the final
   // norm only when post_process (the last pipeline stage holds it).
+  // spec.layer_specs: one per layer of the model (global index; at least first_layer + num_layers).
   TransformerBlock(ParameterRegistry& params, ParameterRegistry& expert_params, const TransformerConfig& config,
-                   const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp, int64_t first_layer,
+                   const TransformerBlockSpec& spec, const tensor_parallel::TPContext& tp, int64_t first_layer,
                    int64_t num_layers, bool post_process);
   Tensor forward(TransformerBlockCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const;
   Tensor backward(TransformerBlockCtx& ctx, const Tensor& dy, const RopeTables* rope, float loss_grad_scale) const;

@@ -10,21 +10,19 @@
 #include "mcpp/tensor_parallel/mappings.h"
 #include "mcpp/transformer/context_parallel.h"
 #include "mcpp/transformer/inference_context.h"
-#include "mcpp/transformer/spec.h"
 
 namespace mcpp {
 
 namespace tp = tensor_parallel;
 
 GPTModel::GPTModel(ParameterRegistry& params, ParameterRegistry& expert_params, const TransformerConfig& c,
-                   const tp::TPContext& tpc, Device device, const GPTModelStage& stage)
+                   const GPTModelSpec& spec, const tp::TPContext& tpc, Device device, const GPTModelStage& stage)
     : config_(c), tp_(tpc), stage_(stage), device_(device) {
   MCPP_CHECK(c.padded_vocab_size > 0, "GPTModel: padded_vocab_size is not set (tokenizer not applied to config)");
   if (stage_.num_layers < 0) stage_.num_layers = c.num_layers - stage_.first_layer;
   MCPP_CHECK(stage_.first_layer >= 0 && stage_.first_layer + stage_.num_layers <= c.num_layers,
              "pipeline stage layers [{}, {}) outside the model's {} layers", stage_.first_layer,
              stage_.first_layer + stage_.num_layers, c.num_layers);
-  const TransformerLayerSpec spec = get_gpt_layer_local_spec(c);
   const bool tied = !c.untie_embeddings_and_output_weights;
   const bool mtp = stage_.post_process && c.mtp_num_layers > 0;
   // The word embeddings live on the first stage, and (tied, or for the MTP depths' embeddings) a shared copy on
@@ -44,7 +42,7 @@ GPTModel::GPTModel(ParameterRegistry& params, ParameterRegistry& expert_params, 
                                         .shape = {c.max_position_embeddings, c.hidden_size},
                                         .std = c.init_method_std});
   // MoE experts register in their own buffer (Megatron's expert-parallel buffers): reduced over expert-DP.
-  decoder_ = std::make_unique<TransformerBlock>(params, expert_params, c, spec, tp_, stage_.first_layer,
+  decoder_ = std::make_unique<TransformerBlock>(params, expert_params, c, spec.decoder, tp_, stage_.first_layer,
                                                 stage_.num_layers, stage_.post_process);
   if (stage_.post_process) {
     const tp::ParallelLinearOptions out_opt{.input_size = c.hidden_size,
@@ -60,9 +58,8 @@ GPTModel::GPTModel(ParameterRegistry& params, ParameterRegistry& expert_params, 
     if (tied) output_layer_->set_reports_weight_grad(!stage_.pre_process);
   }
   if (mtp) {  // after the output layer: the depths' gradients are ready first (the buffer's backward order)
-    const bool moe = c.is_moe_layer(c.num_layers - 1);  // Megatron: the decoder's last layer spec
     for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
-      mtp_.push_back(std::make_unique<MultiTokenPredictionLayer>(params, expert_params, k, c, spec, tp_, moe));
+      mtp_.push_back(std::make_unique<MultiTokenPredictionLayer>(params, expert_params, k, c, spec.mtp_layer, tp_));
       if (moe::MoELayer* m = mtp_.back()->moe_layer()) m->router().set_layer_number(c.num_layers + k);
     }
     mtp_output_layer_ = std::make_unique<tp::ColumnParallelLinear>(

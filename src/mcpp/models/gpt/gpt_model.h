@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "mcpp/core/parameter.h"
+#include "mcpp/models/gpt/gpt_layer_specs.h"
 #include "mcpp/tensor_parallel/layers.h"
 #include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/tensor_parallel/vocab_parallel.h"
@@ -114,8 +115,13 @@ class GPTModel {
   // expert-parallel buffers: reduced over expert-DP); the caller allocates them before the first forward
   // (distributed/model_chunk.h's ModelChunk owns both and does). device: where the activations and the model's
   // own tables (rotary, position ids) live — the parameters' device.
+  // spec: the layers' parts (gpt_layer_specs.h); without it get_gpt_model_spec(config).
   GPTModel(ParameterRegistry& params, ParameterRegistry& expert_params, const TransformerConfig& config,
-           const tensor_parallel::TPContext& tp, Device device = Device::CPU, const GPTModelStage& stage = {});
+           const GPTModelSpec& spec, const tensor_parallel::TPContext& tp, Device device = Device::CPU,
+           const GPTModelStage& stage = {});
+  GPTModel(ParameterRegistry& params, ParameterRegistry& expert_params, const TransformerConfig& config,
+           const tensor_parallel::TPContext& tp, Device device = Device::CPU, const GPTModelStage& stage = {})
+      : GPTModel(params, expert_params, config, get_gpt_model_spec(config), tp, device, stage) {}
   virtual ~GPTModel() = default;
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;

@@ -1,0 +1,53 @@
+// The GPT layer specs (Megatron-Core models/gpt/gpt_layer_specs.py: get_gpt_layer_local_spec,
+// get_gpt_decoder_block_spec): the ONE place that chooses which implementation builds each part of a transformer
+// layer (transformer/spec.h's TransformerLayerSpec):
+//   attention       "self_attention" (SelfAttention) | "mla" (MLASelfAttention, --multi-latent-attention)
+//   core attention  "flash" | "unfused" (--attention-impl); under context parallelism p2p (--cp-comm-type p2p) the
+//                   factory builds the ring form (ring_attention.h) instead, every head over this rank's rows
+//   mlp             "mlp" (dense MLP) | "moe" (MoELayer) — per layer, by --moe-layer-freq
+//   norms           "LayerNorm" | "RMSNorm" (--normalization), input_layernorm, pre_mlp_layernorm, final_layernorm
+// Linears: one implementation (tensor_parallel's ColumnParallelLinear / RowParallelLinear), built inside the
+// modules; no choice to make here yet.
+// Adding an attention variant: write its module (transformer/, with its Ctx and visit_ctx_tensors overload), add a
+// factory below (the pattern of self_attention_factory in the .cpp) and select it in get_gpt_layer_local_spec — the
+// layer, block and model do not change. The parts are public so that a caller (a test, an experiment) can assemble
+// a spec by hand.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "mcpp/transformer/spec.h"
+#include "mcpp/transformer/transformer_config.h"
+
+namespace mcpp {
+
+// Core attentions by --attention-impl name; an unknown name -> mcpp::Error listing the registered ones. The factory
+// builds the ring attention instead when the layer's TPContext runs context parallelism p2p.
+CoreAttentionFactory core_attention_factory(const std::string& name);
+std::vector<std::string> core_attention_names();
+
+AttentionFactory self_attention_factory();
+AttentionFactory mla_factory();
+MlpFactory dense_mlp_factory();
+MlpFactory moe_factory();
+NormFactory norm_factory(const TransformerConfig& config);  // config.normalization, config.norm_epsilon
+
+enum class LayerMlp { Dense, MoE };
+
+// One layer's spec from the config: attention by multi_latent_attention, core by attention_impl, norms by
+// normalization; the MLP as asked.
+TransformerLayerSpec get_gpt_layer_local_spec(const TransformerConfig& config, LayerMlp mlp);
+
+// Megatron's get_gpt_decoder_block_spec: one layer spec per decoder layer (MoE where config.moe_layer_pattern()
+// says), the final norm.
+TransformerBlockSpec get_gpt_decoder_block_spec(const TransformerConfig& config);
+
+// What GPTModel is built from: the decoder's specs and the spec of the MTP depths' transformer layer (Megatron: the
+// decoder's last layer spec).
+struct GPTModelSpec {
+  TransformerBlockSpec decoder;
+  TransformerLayerSpec mtp_layer;
+};
+GPTModelSpec get_gpt_model_spec(const TransformerConfig& config);
+
+}  // namespace mcpp

@@ -1,0 +1,214 @@
+// The GPT layer specs (models/gpt/gpt_layer_specs.h): a model built from the config's default spec and the same
+// model built from a spec assembled by hand out of the public parts are one model (same parameters in the same
+// order, bitwise the same losses and gradients); swapping one part in the spec — the core attention, or a new
+// attention module the model has never heard of — changes nothing else.
+#include "mcpp/models/gpt/gpt_layer_specs.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mcpp/core/error.h"
+#include "mcpp/distributed/model_chunk.h"
+#include "mcpp/pipeline_parallel/activation_memory.h"
+#include "mcpp/tensor_parallel/random.h"
+#include "mcpp/transformer/attention.h"
+#include "models/gpt_test_util.h"
+
+namespace mcpp {
+namespace {
+
+struct SpecRun {
+  std::vector<std::string> keys;  // every parameter, in registration order
+  double loss = 0;
+  Tensor logits;
+  std::vector<Tensor> grads;
+  size_t context_bytes = 0;
+};
+
+// One training step (hidden and attention dropout on) of a model built from `spec`.
+SpecRun run(const TransformerConfig& c, const GPTModelSpec& spec) {
+  ModelChunk model(spec, c, 11, testing::single_tp());
+  const testing::Batch batch = testing::fixed_batch(c.seq_length, 2, c.vocab_size);
+  tensor_parallel::RngTracker rng(1234, 0, 0);
+  GPTModelCtx ctx;
+  SpecRun r;
+  r.loss = model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = true, .rng = &rng}).loss;
+  r.logits = ctx.logits.clone();
+  r.context_bytes = pipeline_parallel::context_bytes(ctx);
+  model.backward(ctx, 1.0f);
+  for (ParamAndGradBuffer* buf : model.buffers())
+    for (const auto& p : buf->params()) {
+      r.keys.push_back(p->spec.key);
+      r.grads.push_back(p->main_grad.clone());
+    }
+  return r;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data<float>(), b.data<float>(), a.nbytes()) == 0;
+}
+
+void expect_same_run(const SpecRun& a, const SpecRun& b, const std::string& what) {
+  EXPECT_EQ(a.keys, b.keys) << what;
+  EXPECT_EQ(a.loss, b.loss) << what;  // bitwise: the same modules in the same order
+  EXPECT_TRUE(bitwise_equal(a.logits, b.logits)) << what;
+  ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(a.grads[i], b.grads[i])) << what << " " << a.keys[i];
+  EXPECT_EQ(a.context_bytes, b.context_bytes) << what;
+}
+
+// A dense/MoE-interleaved Llama with an MTP depth, and a DeepSeek-style MLA model.
+std::vector<std::pair<std::string, TransformerConfig>> configs() {
+  TransformerConfig moe = testing::tiny_config("llama");
+  moe.num_layers = 3;
+  moe.num_moe_experts = 4;
+  moe.moe_router_topk = 2;
+  moe.moe_ffn_hidden_size = 16;
+  moe.moe_layer_freq = "[1,0,1]";
+  moe.mtp_num_layers = 1;
+  moe.hidden_dropout = 0.1f;
+  moe.attention_dropout = 0.1f;
+  moe.validate();
+  TransformerConfig mla = testing::mla_tiny_config("llama");
+  mla.hidden_dropout = 0.1f;
+  mla.validate();
+  return {{"llama moe [1,0,1] + mtp", moe}, {"llama mla", mla}};
+}
+
+// The spec written out part by part, as a reader would assemble it without get_gpt_model_spec.
+GPTModelSpec assembled(const TransformerConfig& c, const std::vector<bool>& moe_layers) {
+  GPTModelSpec spec;
+  for (const bool moe : moe_layers) {
+    TransformerLayerSpec l;
+    l.core_attention = "flash";
+    l.make_core_attention = core_attention_factory("flash");
+    l.attention = c.multi_latent_attention ? "mla" : "self_attention";
+    l.make_attention = c.multi_latent_attention ? mla_factory() : self_attention_factory();
+    l.mlp = moe ? "moe" : "mlp";
+    l.make_mlp = moe ? moe_factory() : dense_mlp_factory();
+    l.norm = "RMSNorm";
+    l.make_input_layernorm = l.make_pre_mlp_layernorm = norm_factory(c);
+    spec.decoder.layer_specs.push_back(l);
+  }
+  spec.decoder.make_final_layernorm = norm_factory(c);
+  spec.mtp_layer = spec.decoder.layer_specs.back();
+  return spec;
+}
+
+TEST(GPTLayerSpecs, DefaultAndAssembledSpecsBuildTheSameModel) {
+  for (const auto& [what, c] : configs()) {
+    const GPTModelSpec def = get_gpt_model_spec(c);
+    ASSERT_EQ(def.decoder.layer_specs.size(), static_cast<size_t>(c.num_layers)) << what;
+    std::vector<bool> moe_layers;
+    for (const TransformerLayerSpec& l : def.decoder.layer_specs) moe_layers.push_back(l.mlp == "moe");
+    if (c.num_moe_experts > 0) EXPECT_EQ(moe_layers, (std::vector<bool>{true, false, true})) << what;
+    EXPECT_EQ(def.decoder.layer_specs[0].attention, c.multi_latent_attention ? "mla" : "self_attention") << what;
+    expect_same_run(run(c, def), run(c, assembled(c, moe_layers)), what);
+  }
+}
+
+// The core attention swapped in the spec alone (the config still says flash): the unfused core gives the same
+// model up to summation order.
+TEST(GPTLayerSpecs, CoreAttentionSwappedInTheSpec) {
+  for (const auto& [what, c] : configs()) {
+    GPTModelSpec unfused = get_gpt_model_spec(c);
+    unfused.decoder.layer_specs.push_back(unfused.mtp_layer);  // the MTP depth's layer too
+    for (TransformerLayerSpec& l : unfused.decoder.layer_specs) {
+      l.core_attention = "unfused";
+      l.make_core_attention = core_attention_factory("unfused");
+    }
+    unfused.mtp_layer = unfused.decoder.layer_specs.back();
+    unfused.decoder.layer_specs.pop_back();
+    const SpecRun a = run(c, get_gpt_model_spec(c)), b = run(c, unfused);
+    EXPECT_EQ(a.keys, b.keys) << what;
+    // fp32, blockwise online softmax vs the materialized softmax: ~1e-7 relative on the loss.
+    EXPECT_NEAR(a.loss, b.loss, 1e-5 * std::abs(a.loss)) << what;
+    for (size_t i = 0; i < a.grads.size(); ++i)
+      for (int64_t j = 0; j < a.grads[i].numel(); ++j)  // same bound, absolute on O(1e-2) gradients
+        ASSERT_NEAR(a.grads[i].data<float>()[j], b.grads[i].data<float>()[j], 1e-5) << what << " " << a.keys[i];
+    // The unfused core keeps its [b*np, s, s] probabilities, the flash one its output and log-sum-exp.
+    EXPECT_NE(a.context_bytes, b.context_bytes) << what;
+  }
+}
+
+// A new attention variant, known only to this test: its module, its Ctx and its visit_ctx_tensors overload, plugged
+// in through the spec (AttentionOf). It delegates to SelfAttention and counts its calls.
+struct CountingAttentionCtx {
+  SelfAttentionCtx inner;
+};
+void visit_ctx_tensors(const CountingAttentionCtx& c, const TensorVisitor& f) { mcpp::visit_ctx_tensors(c.inner, f); }
+
+int g_forwards = 0, g_backwards = 0;
+
+class CountingAttention {
+ public:
+  CountingAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
+                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)
+      : inner_(params, prefix, c, spec, tp) {}
+  Tensor forward(CountingAttentionCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const {
+    ++g_forwards;
+    return inner_.forward(ctx.inner, x, rope, opt);
+  }
+  Tensor backward(CountingAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope, bool bias_elsewhere) const {
+    ++g_backwards;
+    return inner_.backward(ctx.inner, dy, rope, bias_elsewhere);
+  }
+  Parameter* output_bias() const { return inner_.output_bias(); }
+  void release_input(CountingAttentionCtx& ctx) const { inner_.release_input(ctx.inner); }
+  void restore_input(CountingAttentionCtx& ctx, const Tensor& x) const { inner_.restore_input(ctx.inner, x); }
+
+ private:
+  SelfAttention inner_;
+};
+
+TEST(GPTLayerSpecs, NewAttentionVariantNeedsOnlyTheSpec) {
+  const TransformerConfig c = configs()[0].second;  // MoE layers and an MTP depth: every layer kind
+  GPTModelSpec spec = get_gpt_model_spec(c);
+  const AttentionFactory counting = [](ParameterRegistry& params, const std::string& prefix,
+                                       const TransformerConfig& cfg, const TransformerLayerSpec& s,
+                                       const tensor_parallel::TPContext& tp) -> std::unique_ptr<AttentionModule> {
+    return std::make_unique<AttentionOf<CountingAttention, CountingAttentionCtx>>(params, prefix, cfg, s, tp);
+  };
+  for (TransformerLayerSpec& l : spec.decoder.layer_specs) l.attention = "counting", l.make_attention = counting;
+  spec.mtp_layer.make_attention = counting;
+  g_forwards = g_backwards = 0;
+  const SpecRun counted = run(c, spec);
+  const int64_t layers = c.num_layers + c.mtp_num_layers;
+  EXPECT_EQ(g_forwards, layers);
+  EXPECT_EQ(g_backwards, layers);
+  expect_same_run(run(c, get_gpt_model_spec(c)), counted, "counting attention");  // its context walked too
+}
+
+TEST(GPTLayerSpecs, UnknownCoreAttentionNamesRegistered) {
+  try {
+    core_attention_factory("cudnn_magic");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cudnn_magic"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("flash, unfused"), std::string::npos) << msg;
+  }
+}
+
+// A layer handed the context another implementation filled fails naming the mistake (no silent reinterpretation).
+TEST(GPTLayerSpecs, SubmoduleCtxOfAnotherTypeIsRefused) {
+  SubmoduleCtx box;
+  box.get<MLPCtx>();
+  EXPECT_NE(box.as<MLPCtx>(), nullptr);
+  EXPECT_EQ(box.as<SelfAttentionCtx>(), nullptr);
+  EXPECT_THROW(box.get<SelfAttentionCtx>(), Error);
+  SubmoduleCtx copy = box;  // a copy holds its own Ctx
+  EXPECT_NE(copy.as<MLPCtx>(), box.as<MLPCtx>());
+  box.reset();
+  EXPECT_TRUE(box.empty());
+  EXPECT_FALSE(copy.empty());
+}
+
+}  // namespace
+}  // namespace mcpp
