@@ -159,7 +159,9 @@ TEST(HfConvert, Qwen2DenseRoundTripLayoutAndRejections) {
   save_checkpoint(dir / "nb", random_model(nb));
   export_hf(CheckpointReader(dir / "nb"), HfFormat::Qwen2, dir / "hf_nb");
   for (const auto& t : import_hf(dir / "hf_nb", HfFormat::Qwen2).tensors)
-    if (t.key.find("linear_qkv.bias") != std::string::npos) EXPECT_EQ(ops::sum_of_squares(t.tensor), 0.0) << t.key;
+    if (t.key.find("linear_qkv.bias") != std::string::npos) {
+      EXPECT_EQ(ops::sum_of_squares(t.tensor), 0.0) << t.key;
+    }
   save_checkpoint(dir / "moe", random_model(mixtral_dims()));
   expect_error([&] { export_hf(CheckpointReader(dir / "moe"), HfFormat::Qwen2, dir / "o"); },
                {"hf-qwen2", "model.num_moe_experts", "Qwen2ForCausalLM"});
@@ -281,7 +283,9 @@ TEST(HfConvert, Qwen2MoeExportLayout) {
   export_hf(CheckpointReader(dir / "nb"), HfFormat::Qwen2Moe, dir / "hf_nb");
   const CheckpointContents back = import_hf(dir / "hf_nb", HfFormat::Qwen2Moe);
   for (const auto& t : back.tensors)
-    if (t.key.find("linear_qkv.bias") != std::string::npos) EXPECT_EQ(ops::sum_of_squares(t.tensor), 0.0) << t.key;
+    if (t.key.find("linear_qkv.bias") != std::string::npos) {
+      EXPECT_EQ(ops::sum_of_squares(t.tensor), 0.0) << t.key;
+    }
   for (const bool has_shared : {true, false}) {  // a shared expert without its gate, or none at all
     ModelDims bad = d;
     bad.shared_gate = false;
