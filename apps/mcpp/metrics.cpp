@@ -205,7 +205,7 @@ int run_plot(const std::string& run, const std::string& output) {
 }
 
 int run_metrics(const std::vector<std::string>& args) {
-  CLI::App app{"mcpp metrics: plot or summarize training metrics"};
+  CLI::App app{"mcpp metrics: plot or summarize training metrics", "mcpp metrics"};
   app.require_subcommand(1);
   std::string run, output = "report.png";
   std::vector<std::string> runs;

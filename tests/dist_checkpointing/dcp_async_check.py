@@ -4,8 +4,8 @@
 usage: dcp_async_check.py MCPP WORKDIR
   1. async == sync: for 1 rank and 4 ranks (TP2 x DP2 + distributed optimizer), dropout on, a run with
      --async-save and one without (--save-interval 2, 6 iterations) write byte-identical data files at
-     iterations 2, 4, 6; the manifests are equal except meta.config.training.{save, async_save} (the
-     flags that differ between the two runs); the losses are identical; the async log reports the
+     iterations 2, 4, 6; the manifests are equal except meta.config.training.{save, async_save} and
+     meta.provenance.argv (the flags that differ between the two runs); the losses are identical; the async log reports the
      snapshot pause as "save-checkpoint pause (ms)" and the JSONL has a save_start record with pause_ms.
   2. a failed background write (MCPP_FAULT_FAIL_AT=after_fsync_model on rank 1 at iteration 4) ends the
      run with exit 2 and an error naming iteration 4 and the save directory; latest stays 2, which verifies.
@@ -56,6 +56,7 @@ def manifest_without_run_flags(path):
     t = m["meta"]["config"]["training"]
     for k in ("save", "async_save"):
         t.pop(k, None)
+    m["meta"].get("provenance", {}).pop("argv", None)  # the command line: it holds the same two flags
     return m
 
 

@@ -116,7 +116,7 @@ class AddedMatcher {
 
 // Regular files only, depth- and size-bounded (core/json_limits.h): a FIFO or a 100,000-deep file is one error.
 nlohmann::json parse_json(const std::string& path, const std::string& what) {
-  return read_json_file(path, fmt::format("{} '{}'", what, path));
+  return read_json_file(path, what);  // errors: "<what> <path> is not valid JSON (...)"
 }
 
 // tokenizer_config.json's "eos_token": "</s>" or {"content": "</s>", ...}; empty when absent or null.

@@ -105,8 +105,12 @@ TrainSummary Trainer::train() {
     if (tensorboard_.enabled() && iteration % t.tensorboard_log_interval == 0)
       tensorboard_iteration(iteration, lr, batch, loss, grad_norm);
     if (iteration % t.log_interval == 0 || iteration == t.train_iters) log_window(iteration, lr, batch, loss);
+    // Megatron stops its interval-time timer around evaluation and checkpoint saves: the next window's "elapsed time
+    // per iteration" (and its tokens/s, TFLOP/s, MFU) is training steps only.
+    const auto paused = Clock::now();
     if (t.eval_interval > 0 && iteration % t.eval_interval == 0 && valid_ds_) summary.last_valid_loss = evaluate(iteration);
     if (!t.save.empty() && t.save_interval > 0 && iteration % t.save_interval == 0) save(iteration);
+    window_.start += Clock::now() - paused;
     if (t.exit_interval > 0 && iteration % t.exit_interval == 0) {
       exited = true;
       break;

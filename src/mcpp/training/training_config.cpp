@@ -2,7 +2,7 @@
 #include "mcpp/training/training_config.h"
 
 #include "mcpp/core/error.h"
-#include "mcpp/training/fault_injection.h"
+#include "mcpp/training/fault_spec.h"
 
 namespace mcpp {
 

@@ -28,7 +28,7 @@ expect_error "no tokenizer model (spm)" "needs --tokenizer-model" "$work/hello.t
 mkdir -p "$work/hf_truncated" "$work/hf_unigram"
 head -c 300 "$here/hf/llama3/tokenizer.json" > "$work/hf_truncated/tokenizer.json"
 printf '{"model": {"type": "Unigram", "vocab": []}}' > "$work/hf_unigram/tokenizer.json"
-expect_error "truncated tokenizer.json" "hf_truncated/tokenizer.json' is not valid JSON" "$work/hello.txt" -- \
+expect_error "truncated tokenizer.json" "hf_truncated/tokenizer.json is not valid JSON" "$work/hello.txt" -- \
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$work/hf_truncated"
 expect_error "unigram tokenizer.json" "model type 'Unigram' is not supported" "$work/hello.txt" -- \
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$work/hf_unigram"

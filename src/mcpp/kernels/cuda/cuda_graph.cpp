@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mcpp/core/cuda_graph.h"
+#include "mcpp/core/device_memory.h"
 #include "mcpp/kernels/cuda/cuda_check.h"
 
 namespace mcpp {
@@ -87,6 +88,7 @@ bool cuda_detail::is_capturing(cudaStream_t s) {  // an invalidated capture coun
   return st != cudaStreamCaptureStatusNone;
 }
 
-bool stream_capturing() { return cuda_detail::is_capturing(compute_stream()); }
+// A process without a GPU (the CPU trainer of a CUDA build) captures nothing, and must not create the stream.
+bool stream_capturing() { return cuda_backend::available() && cuda_detail::is_capturing(compute_stream()); }
 
 }  // namespace mcpp
