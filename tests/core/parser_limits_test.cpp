@@ -50,6 +50,8 @@ void expect_refuses_special_files(const std::string& path, const std::function<v
 TEST(ParserLimits, JsonDepthAndSize) {
   expect_error([] { parse_json_limited(kDeepArray, "x.json"); }, {"x.json", "nests deeper than 64 levels", "byte 64"});
   expect_error([] { parse_json_limited("{\"a\": [1, 2", "y.json"); }, {"y.json", "not valid JSON"});
+  // A number past double's range is nlohmann's out_of_range.406, not a parse_error (found by the manifest fuzzer).
+  expect_error([] { parse_json_limited("{\"a\": 4e99999}", "z.json"); }, {"z.json", "not valid JSON", "number overflow"});
   expect_error([] { parse_json_limited("[1, 2, 3]", "z.json", {.max_bytes = 4}); }, {"z.json", "more than the 4"});
   EXPECT_EQ(parse_json_limited(std::string(64, '[') + std::string(64, ']'), "ok").dump().size(), 128u);
   TempDir dir;

@@ -38,8 +38,9 @@ nlohmann::json parse_json_limited(std::string_view text, const std::string& what
          limits.max_depth, at);
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 3: syntax error ..."
+  } catch (const nlohmann::json::exception& e) {
+    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 3: syntax error ..." — or
+    // out_of_range.406 for a number past double's range (1e99999: found by the manifest fuzzer)
     std::string msg = e.what();
     const size_t p = msg.find("] ");
     fail("{} is not valid JSON ({})", what, p == std::string::npos ? msg : msg.substr(p + 2));
