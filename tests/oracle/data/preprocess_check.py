@@ -12,6 +12,7 @@ Also: a missing input and a bad JSON line exit with code 2 and one line on stder
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from megatron_indexed_writer import write  # noqa: E402
 
 MCPP, WORK = sys.argv[1], sys.argv[2]
+shutil.rmtree(WORK, ignore_errors=True)  # a rerun starts clean (its checkpoint would refuse to be overwritten)
+os.makedirs(WORK)
 EOD = 50256
 failures = []
 
