@@ -40,7 +40,8 @@ def model(s):
 
 
 TIERS = {"cpu": {"hidden": 32, "kill_rank": "1"},
-         "gpu": "the fault drill runs on CPU ranks here; its multi-GPU form waits for issue 33's injection flags"}
+         "gpu": "the drill kills, hangs and mis-calls one of 2 ranks: NCCL needs a GPU per rank, run on "
+                "nvidia-h100-x2 (one GPU: the cpu tier, or bench/gpu/nan_check_overhead.sh's NaN drill)"}
 
 
 def broken(s):
