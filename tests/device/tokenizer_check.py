@@ -243,6 +243,12 @@ def compare_ids(name, mcpp, py, text, out):
     detail = ""
     if first >= 0:
         detail = f"; first at {first}: python {want[first:first + 6].tolist()} mcpp {got[first:first + 6].tolist()}"
+        if py.kind == "spm" and first < n:  # the pieces and the library versions (mcpp links Debian's libsentencepiece)
+            import sentencepiece
+            pieces = lambda ids: [py.tok.id_to_piece(int(i)) for i in ids]
+            detail += (f"; pieces python {pieces(want[first:first + 6])} mcpp {pieces(got[first:first + 6])}; "
+                       f"text {py.decode(want[max(0, first - 4):first + 6].tolist())!r}; "
+                       f"python sentencepiece {sentencepiece.__version__}")
     check(first < 0, f"{name}: {len(want)} ids, {len(bad) + abs(len(got) - len(want))} mismatches "
                      f"(python {t_py:.1f} s, mcpp {t_mcpp:.1f} s){detail}")
     ids_file = os.path.join(out, name + ".ids")
