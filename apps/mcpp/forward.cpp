@@ -24,22 +24,10 @@ std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64
   std::vector<std::vector<int32_t>> seqs;
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
-    std::istringstream ls(line);
-    std::vector<int32_t> ids;
-    std::string word;
-    while (ls >> word) {
-      size_t used = 0;
-      long long v = 0;
-      try {
-        v = std::stoll(word, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != word.size()) mcpp::fail("--tokens '{}' line {}: '{}' is not an integer token id", path, lineno, word);
-      if (v < 0 || v >= vocab)
-        mcpp::fail("--tokens '{}' line {}: token {} outside the vocabulary [0, {})", path, lineno, v, vocab);
-      ids.push_back(static_cast<int32_t>(v));
-    }
+    const auto ids = mcpp::cli::parse_token_ids(line, vocab, [&](const std::string& word, std::optional<long long> v) {
+      if (!v) mcpp::fail("--tokens '{}' line {}: '{}' is not an integer token id", path, lineno, word);
+      mcpp::fail("--tokens '{}' line {}: token {} outside the vocabulary [0, {})", path, lineno, *v, vocab);
+    });
     if (ids.empty()) continue;
     if (!seqs.empty() && ids.size() != seqs.front().size())
       mcpp::fail("--tokens '{}' line {}: {} tokens, but line 1 has {} (sequences must have equal length)", path,

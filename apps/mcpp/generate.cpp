@@ -42,21 +42,9 @@ std::vector<std::string> read_prompt_file(const std::string& path) {
 }
 
 std::vector<int32_t> parse_ids(const std::string& text, size_t prompt_no) {
-  std::istringstream ls(text);
-  std::vector<int32_t> ids;
-  for (std::string word; ls >> word;) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != word.size() || v < 0 || v > INT32_MAX)
-      mcpp::fail("--prompt-ids: prompt {}: '{}' is not a token id", prompt_no, word);
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  return ids;
+  return mcpp::cli::parse_token_ids(text, int64_t{INT32_MAX} + 1, [&](const std::string& word, auto) {
+    mcpp::fail("--prompt-ids: prompt {}: '{}' is not a token id", prompt_no, word);
+  });
 }
 
 std::string ids_text(const std::vector<int32_t>& ids) {

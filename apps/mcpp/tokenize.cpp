@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/mcpp/cli_parse.h"
 #include "apps/mcpp/command.h"
 #include "apps/mcpp/tokenizer_flags.h"
 #include "mcpp/core/error.h"
@@ -28,27 +29,9 @@ std::string read_stdin() {
 }
 
 std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t b = text.find_first_not_of(" \t\r\n", i);
-    if (b == std::string::npos) break;
-    size_t e = text.find_first_of(" \t\r\n", b);
-    if (e == std::string::npos) e = text.size();
-    std::string tok = text.substr(b, e - b);
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != tok.size() || v < 0 || v > INT32_MAX)
-      mcpp::fail("tokenize --decode: '{}' is not a token id (expected non-negative integers)", tok);
-    ids.push_back(static_cast<int32_t>(v));
-    i = e;
-  }
-  return ids;
+  return mcpp::cli::parse_token_ids(text, int64_t{INT32_MAX} + 1, [](const std::string& word, auto) {
+    mcpp::fail("tokenize --decode: '{}' is not a token id (expected non-negative integers)", word);
+  });
 }
 
 int run_tokenize(const std::vector<std::string>& args) {
