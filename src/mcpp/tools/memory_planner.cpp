@@ -10,164 +10,23 @@
 #include "mcpp/optimizer/distributed_optimizer.h"
 #include "mcpp/pipeline_parallel/layout.h"
 #include "mcpp/pipeline_parallel/schedules.h"
+#include "mcpp/transformer/activation_dims.h"
+#include "mcpp/transformer/multi_token_prediction.h"
 #include "mcpp/transformer/transformer_layer.h"
 
 namespace mcpp::tools {
 namespace {
 
-// Per-TP-rank sizes of one layer.
-struct LayerDims {
-  int64_t s, b, n, n_local, h, hn, np, ng, f, e, cp;  // s: this CP rank's rows (seq_length / cp)
-};
-
-LayerDims layer_dims(const PlanConfig& cfg) {
-  const TransformerConfig& m = cfg.model;
-  const int64_t tp = cfg.parallel.tensor_model_parallel_size;
-  LayerDims d{};
-  d.cp = cfg.parallel.context_parallel_size;
-  d.s = m.seq_length / d.cp;
-  d.b = cfg.micro_batch_size;
-  d.n = d.s * d.b;
-  d.n_local = cfg.parallel.sequence_parallel ? d.n / tp : d.n;
-  d.h = m.hidden_size;
-  d.hn = m.head_dim();
-  d.np = m.num_attention_heads / tp;
-  d.ng = m.num_query_groups / tp;
-  d.f = m.ffn_hidden_size / tp;
-  d.e = static_cast<int64_t>(dtype_size(cfg.bf16 ? DType::BF16 : DType::F32));
-  return d;
-}
-
-int64_t norm_stats_bytes(const PlanConfig& cfg, const LayerDims& d) {
-  return d.n_local * 4 * (cfg.model.normalization == Normalization::LayerNorm ? 2 : 1);
-}
-
-// The router's load-balancing statistics kept for the backward: [1, E] (aux_loss), [b, E] (seq_aux_loss), none.
-int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
-  if (m.moe_aux_loss_coeff <= 0.0f) return 0;
-  if (m.moe_router_load_balancing_type == "aux_loss") return 1;
-  return m.moe_router_load_balancing_type == "seq_aux_loss" ? micro_batch : 0;
-}
-
-// Multi-latent attention's context (transformer/multi_latent_attention.h) beyond the input_layernorm output the
-// layer counts once: under SP each down projection (or linear_q_proj) keeps its own all-gathered copy of it; the
-// latent norms' inputs ([s/tp] under SP, gathered latents without) and statistics; the up projections' inputs
-// (gathered under SP); the core's query / key / value [n, np, dc] (dc = max(dn + dr, dv); "mla_up_proj": the
-// latent's rotary channels [n, dr] instead), its output when it is not linear_proj's input (padded heads: the value
-// channels' copy is; CP a2a: the hp2cp copy is), its lse or probabilities; linear_proj's input [n, np dv].
-int64_t mla_attention_bytes(const PlanConfig& cfg, const LayerDims& d, int64_t norm_out) {
-  const TransformerConfig& m = cfg.model;
-  const bool flash = m.attention_impl == "flash", selective = m.recomputes("core_attn");
-  const bool sp = d.n != d.n_local;
-  const int64_t dc = std::max(m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim);
-  const int64_t stats = 4 * (m.normalization == Normalization::LayerNorm ? 2 : 1);
-  const auto latent = [&](int64_t r) {  // a latent of width r: its norm's input and statistics, the up proj's input
-    return (m.qk_layernorm ? d.n_local * (r * d.e + stats) : 0) + d.n * r * d.e;
-  };
-  int64_t bytes = (sp ? norm_out * d.n * d.h * d.e : 0)  // the second down projection's gathered input
-                  + (m.q_lora_rank > 0 ? latent(m.q_lora_rank) : 0) + latent(m.kv_lora_rank);
-  bytes += d.n * d.np * m.v_head_dim * d.e;  // linear_proj's input
-  if (m.recomputes("mla_up_proj")) bytes += d.n * m.qk_pos_emb_head_dim * d.e;  // k_pe (query / key / value rebuilt)
-  else bytes += 3 * d.n * d.np * dc * d.e;                                        // query, key, value
-  if (!selective) {
-    // flash keeps its output: linear_proj's input itself unless the heads are padded (then its value channels'
-    // copy is) or the all-to-all form brings it back (hp2cp: a copy); the ring's output is as flash's
-    const bool a2a = d.cp > 1 && !cfg.parallel.cp_ring();
-    if (flash && (dc != m.v_head_dim || a2a)) bytes += d.n * d.np * dc * d.e;
-    if (flash) bytes += d.b * d.np * d.s * 4;                 // lse
-    else bytes += d.b * d.np * d.s * d.s * d.cp * 4;          // softmax probabilities (fp32; a2a: the whole rows)
-  }
-  return bytes;
-}
-
-// One layer's context after its forward, without the layer input (counted by the caller: the stage input or
-// the previous layer's fused sum).
-int64_t layer_bytes(const PlanConfig& cfg, const LayerDims& d, bool moe) {
-  const TransformerConfig& m = cfg.model;
-  const bool flash = m.attention_impl == "flash";
-  const bool selective = m.recomputes("core_attn");
-  const int64_t norm_out = m.recomputes("layernorm") ? 0 : 1;  // "layernorm": the norms' outputs kept nowhere
-  // The fused linear_qkv output (flash without RoPE reads it packed), or the split q + k + v: the same size.
-  // Context parallelism (all-to-all): the core attention holds the whole sequence for np / cp heads — the same
-  // numbers of qkv / context / lse elements as s / cp rows of all heads; the probabilities grow with cp. The ring
-  // form (p2p) keeps s / cp rows of every head.
-  const int64_t qkv = d.n * (d.np + 2 * d.ng) * d.hn * d.e;
-  const int64_t context = d.n * d.np * d.hn * d.e;           // core attention's output = linear_proj's input
-  int64_t attention = qkv + context;
-  if (m.qk_layernorm && !m.multi_latent_attention)  // the norms keep the split q, k (the core the normalized ones)
-    attention += d.n * (d.np + d.ng) * (d.hn * d.e + 4 * (m.normalization == Normalization::LayerNorm ? 2 : 1));
-  if (m.multi_latent_attention) attention = mla_attention_bytes(cfg, d, norm_out);
-  else if (!selective) {
-    // all-to-all: flash keeps its output and linear_proj's input is its hp2cp copy (the ring's output is that input)
-    if (d.cp > 1 && flash && !cfg.parallel.cp_ring()) attention += context;
-    if (flash) attention += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
-    else attention += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (the unfused path is fp32)
-  }
-  int64_t mlp = norm_out * d.n * d.h * d.e  // linear_fc1's input (the norm output; gathered under SP)
-                + (m.swiglu ? 3 * d.n * d.f * d.e : 2 * d.n * d.f * d.e);
-  if (moe) {  // MoE: this rank's n_l tokens, k routes each, balanced over the EP ranks' experts
-    const int64_t etp = cfg.parallel.expert_tp();
-    const bool sigmoid_z = m.moe_router_score_function == "sigmoid" && m.moe_z_loss_coeff > 0.0f;
-    const int64_t routes = d.n_local * m.moe_router_topk;
-    int64_t rows = routes;  // the experts' rows: every route (dropless), at most E * capacity, or exactly (padded)
-    if (m.moe_expert_capacity_factor > 0.0) {
-      const int64_t cap = static_cast<int64_t>(std::ceil(static_cast<double>(routes) /
-                                                         static_cast<double>(m.num_moe_experts) *
-                                                         m.moe_expert_capacity_factor));
-      rows = m.moe_pad_expert_input_to_capacity ? m.num_moe_experts * cap : std::min(routes, m.num_moe_experts * cap);
-    }
-    mlp = norm_out * d.n_local * d.h * d.e                              // the router's input (not gathered)
-          + (m.moe_input_jitter_eps > 0.0f ? d.n_local * d.h * d.e : 0)  // ... and its jittered copy
-          + 3 * routes * 4                                              // topk, idx (int32), probs (fp32) [n_l, k]
-          + d.n_local * (m.num_moe_experts + 1) * 4                     // scores [n_l, E] + lse [n_l] (fp32)
-          + aux_count_rows(m, d.b) * m.num_moe_experts * 4              // the load-balancing counts (fp32)
-          + (sigmoid_z ? d.n_local * (m.num_moe_experts + 1) * 4 : 0)   // the z-loss's softmax + lse (sigmoid)
-          + (etp + 1) * rows * d.h * d.e                  // the experts' rows in (gathered over expert-TP) + out
-          + ((m.swiglu ? 3 : 2) - (m.recomputes("moe_act") ? 1 : 0))  // every expert's MLP context (moe_act:
-                * etp * rows * (m.moe_ffn_hidden_size / etp) * d.e;       // without the activation's output)
-    if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
-      const int64_t fs = m.moe_shared_expert_intermediate_size / cfg.parallel.tensor_model_parallel_size;
-      // its fc1 input gathered under SP (else the router's) and its MLP context; none when recomputed
-      // ("shared_experts": re-run in backward), the gate's kept either way
-      if (!m.recomputes("shared_experts"))
-        mlp += (d.n != d.n_local ? norm_out * d.n * d.h * d.e : 0) + (m.swiglu ? 3 : 2) * d.n * fs * d.e;
-      mlp += m.moe_shared_expert_gate ? d.n_local * (d.h * d.e + 4 * 4) : 0;  // ungated output, g, s, lse, top
-    }
-  }
-  if (m.recomputes(moe ? "moe" : "mlp")) mlp = norm_out * d.n_local * d.h * d.e;  // selective: only the MLP's input
-  return 2 * norm_stats_bytes(cfg, d)    // input_layernorm's and pre_mlp_layernorm's statistics
-         + norm_out * d.n * d.h * d.e    // linear_qkv's input (the norm output; gathered under SP)
-         + attention                   //
-         + d.n_local * d.h * d.e       // x1 = x + attention (pre_mlp_layernorm's input)
-         + mlp;
-}
-
-// One MTP depth's context (multi_token_prediction.h; training with labels). The depth's hidden input h_{k-1} is the
-// previous head's output-layer input (h_0: the main head's) — the same tensor without SP; under SP a [s/tp] tensor of
-// its own.
-int64_t mtp_depth_bytes(const PlanConfig& cfg, const LayerDims& d) {
-  const TransformerConfig& m = cfg.model;
-  const int64_t hidden_local = d.n_local * d.h * d.e;
-  const bool sp = d.n != d.n_local;
-  int64_t bytes = 4 * d.n * 4 + 8                                                      // rolled tokens, labels,
-                  + (m.calculate_per_token_loss ? 8 : 0)                               // mask; lse; the statistics
-                  + d.n * (m.padded_vocab_size / cfg.parallel.tensor_model_parallel_size) * d.e  // logits
-                  + d.n * d.h * d.e;                                                   // the output layer's input
-  if (m.recomputes_mtp_depths())  // the depth's two inputs only
-    return bytes + hidden_local + (sp ? hidden_local : 0);
-  return bytes + hidden_local + norm_stats_bytes(cfg, d)    // enorm: the embedding (after its dropout)
-         + (sp ? hidden_local : 0) + norm_stats_bytes(cfg, d)  // hnorm: h_{k-1}
-         + d.n * 2 * d.h * d.e                                // eh_proj's input (gathered under SP)
-         + hidden_local                                       // the transformer layer's input
-         + layer_bytes(cfg, d, m.num_moe_experts > 0 && m.is_moe_layer(m.num_layers - 1))
-         + hidden_local + norm_stats_bytes(cfg, d);            // final_layernorm's input (the layer's sum)
+// The sizes the modules' saved_bytes formulas read (transformer/activation_dims.h).
+ActivationDims activation_dims(const PlanConfig& cfg) {
+  return ActivationDims::of(cfg.model, cfg.parallel, cfg.micro_batch_size, cfg.bf16 ? DType::BF16 : DType::F32);
 }
 
 }  // namespace
 
 int64_t chunk_context_bytes(const PlanConfig& cfg, const std::vector<int64_t>& layers, bool pre_process,
                             bool post_process) {
-  const LayerDims d = layer_dims(cfg);
+  const ActivationDims d = activation_dims(cfg);
   const std::vector<bool> moe = cfg.model.moe_layer_pattern();
   const int64_t count = static_cast<int64_t>(layers.size());
   const int64_t hidden_local = d.n_local * d.h * d.e;  // one [s(/tp), b, h] residual-stream tensor
@@ -188,15 +47,15 @@ int64_t chunk_context_bytes(const PlanConfig& cfg, const std::vector<int64_t>& l
       continue;
     }
     if (i > 0) bytes += hidden_local;  // this layer's input: the previous layer's fused residual sum
-    bytes += layer_bytes(cfg, d, moe.at(static_cast<size_t>(layers[static_cast<size_t>(i)])));
+    bytes += TransformerLayer::saved_bytes(cfg.model, d, moe.at(static_cast<size_t>(layers[static_cast<size_t>(i)])));
   }
   if (post_process) {
     if (count > 0) bytes += hidden_local;  // the final norm's input: the last layer's summed residual
-    bytes += norm_stats_bytes(cfg, d);
+    bytes += norm_stats_bytes(cfg.model, d);
     bytes += d.n * d.h * d.e;                                                  // the output layer's input
     bytes += d.n * (cfg.model.padded_vocab_size / cfg.parallel.tensor_model_parallel_size) * d.e;  // logits
     bytes += 3 * d.n * 4 + 8;  // labels, loss mask, lse; the loss statistics [2] fp32
-    bytes += cfg.model.mtp_num_layers * mtp_depth_bytes(cfg, d);
+    bytes += cfg.model.mtp_num_layers * MultiTokenPredictionLayer::saved_bytes(cfg.model, d);
   }
   return bytes;
 }

@@ -13,42 +13,16 @@
 //     pipeline_parallel::context_bytes() counts after that chunk's forward (each storage once), and the peak
 //     over this rank's schedule (pipeline_parallel::build_schedule) of the live contexts: a forward adds its
 //     chunk's bytes, a backward frees them. 1F1B holds min(pp - rank, M) microbatches; interleaving more.
-// Per transformer layer (training, no recompute), with n = s*b rows, n_l = n / tp under sequence parallelism
-// (else n), e = bytes of the activation dtype (the param dtype), np / ng / f per TP rank:
-//   the layer input / the fused residual sum  n_l*h*e     (the stage input for a stage's first layer)
-//   two norms' rstd (+ mean for LayerNorm)     2 * n_l*4 (*2)
-//   linear_qkv's input (SP: the gathered one)  n*h*e
-//   core attention, flash on the packed qkv    qkv n*(np+2ng)*hn*e + out n*np*hn*e + lse b*np*s*4
-//     flash with RoPE (split q, k, v)          q/k/v n*(np+2ng)*hn*e + out + lse
-//     unfused                                  head-major q/k/v n*(np+2ng)*hn*e + probs b*np*s*s*4 + context
-//     selective recompute                      only the core's inputs (qkv or q/k/v) + context (proj's input)
-//   x1 = x + attention (pre_mlp_layernorm's)   n_l*h*e
-//   linear_fc1's input                         n*h*e
-//   MLP                                        GELU: pre_act + act 2*n*f*e; SwiGLU: fc1's out 2*n*f*e + act n*f*e
-//   MoE MLP instead of linear_fc1's input + MLP (k = moe_router_topk, fe = moe_ffn_hidden_size; each rank routes
-//     its n_l tokens): the router's input n_l*h*e, its softmax scores + lse n_l*(E+1)*4, the routes topk + idx +
-//     probs 3*n_l*k*4, the experts' input rows and
-//     their outputs 2*n_l*k*h*e, the experts' MLP contexts (2 or 3)*n_l*k*fe*e. Exact at EP 1 (dropless: n_l*k
-//     rows); under EP the rows a rank's experts receive depend on the routing, and the plan assumes it balanced
-//     (n_l*k a rank). Expert parameters: E / ep per layer (expert TP 1), their state sharded by the distributed
-//     optimizer over expert-DP (tp * dp * cp / ep). With moe_expert_capacity_factor the experts' rows are E * capacity
-//     padded (exact), else min(n_l*k, E * capacity) (an upper bound: fewer when routes drop). Only the layers
-//     moe_layer_freq selects; with a shared expert
-//     (fs = moe_shared_expert_intermediate_size / tp) its MLP context as a dense MLP's of width fs, and under SP
-//     its gathered input n*h*e (at n == n_l it is the router's input).
-// Context parallelism (all-to-all attention): s is this CP rank's seq_length / cp rows; the core attention
-// holds the whole sequence for np / cp heads (the same qkv / out / lse element counts), the flash core's kept
-// output and linear_proj's input become two tensors (+ n*np*hn*e, unless selective recompute), and the
-// unfused probabilities are b*np*s*s*cp*4.
+// Per layer the modules' own formulas, each next to its forward (TransformerLayer / SelfAttention /
+// MLASelfAttention / MLP / MoELayer / MultiTokenPredictionLayer::saved_bytes over transformer/activation_dims.h:
+// n = s*b rows, n_l = n / tp under SP, e the activation dtype's bytes). Under EP the MoE rows a rank's experts receive
+// depend on the routing and the plan assumes them balanced; expert parameters are E / ep per layer, their state
+// sharded by the distributed optimizer over expert-DP (tp * dp * cp / ep).
 // Full recompute keeps a group's input only (n_l*h*e; for a group starting at the stage's first layer that is
 // the stage input). A chunk adds: the token ids n*4; the stage input n_l*h*e (received, or the embedding's
 // output); on the last stage the final norm (n_l*h*e + stats), the output layer's input n*h*e, logits
-// n*Vp/tp*e, labels + loss mask + lse 3*n*4 and the loss statistics (8 bytes); with MTP each depth (mtp_depth_bytes):
-// its rolled tokens, labels, mask and lse 4*n*4, statistics 8 (+ 8 per token), logits, the output layer's input
-// n*h*e, the embedding n_l*h*e and h_{k-1} (under SP only: else the previous output layer's input) with the two
-// norms' statistics, eh_proj's input n*2h*e, the transformer layer's input n_l*h*e and context (of the decoder's
-// last layer's kind), its final norm's input n_l*h*e and statistics; under full uniform recompute only the
-// embedding and h_{k-1} (SP) besides the loss part.
+// n*Vp/tp*e, labels + loss mask + lse 3*n*4 and the loss statistics (8 bytes); with MTP each depth's own
+// (MultiTokenPredictionLayer::saved_bytes).
 // Not planned: transient buffers of a backward step (activation grads, GEMM / attention workspaces), the
 // CUDA caching allocator's rounding, communication buffers and the CUDA context — the measured device peak is
 // above the plan by those (docs/PERF.md "Memory planner" has the H200 figures).

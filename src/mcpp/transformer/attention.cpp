@@ -189,4 +189,19 @@ Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const Ro
   return m.ret(linear_qkv_.backward(ctx.qkv, dqkv));               // [s/cp(/tp), b, h]
 }
 
+int64_t SelfAttention::saved_bytes(const TransformerConfig& m, const ActivationDims& d) {
+  const bool flash = m.attention_impl == "flash";
+  const int64_t qkv = d.n * (d.np + 2 * d.ng) * d.hn * d.e;
+  const int64_t context = d.n * d.np * d.hn * d.e;  // the core's output = linear_proj's input
+  int64_t bytes = qkv + context;
+  if (m.qk_layernorm)  // the norms keep the split q, k (the core the normalized ones)
+    bytes += d.n * (d.np + d.ng) * (d.hn * d.e + 4 * (m.normalization == Normalization::LayerNorm ? 2 : 1));
+  if (m.recomputes("core_attn")) return bytes;
+  // all-to-all: flash keeps its output and linear_proj's input is its hp2cp copy (the ring's output is that input)
+  if (d.cp > 1 && flash && !d.cp_ring) bytes += context;
+  if (flash) bytes += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
+  else bytes += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (the unfused path is fp32)
+  return bytes;
+}
+
 }  // namespace mcpp

@@ -27,11 +27,12 @@
 #include <optional>
 #include <string>
 
+#include "mcpp/tensor_parallel/layers.h"
+#include "mcpp/tensor_parallel/tp_context.h"
+#include "mcpp/transformer/activation_dims.h"
 #include "mcpp/transformer/dot_product_attention.h"
 #include "mcpp/transformer/inference_context.h"
 #include "mcpp/transformer/norms.h"
-#include "mcpp/tensor_parallel/layers.h"
-#include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/rope.h"
 #include "mcpp/transformer/spec.h"
 #include "mcpp/transformer/transformer_config.h"
@@ -59,6 +60,14 @@ tensor_parallel::ParallelLinearOptions attention_output_options(const Transforme
 
 class SelfAttention {
  public:
+  // Saved activations of one microbatch's forward (the memory planner; ActivationDims in activation_dims.h): the
+  // fused linear_qkv output (flash without RoPE reads it packed) or the split q / k / v, n*(np+2ng)*hn*e; the core's
+  // output = linear_proj's input n*np*hn*e; with qk_layernorm the split q, k and their norms' statistics; flash's
+  // lse b*np*s*4 or the unfused fp32 probabilities b*np*s*s*cp*4; under all-to-all CP flash's own output besides
+  // linear_proj's (hp2cp) input. Selective recompute "core_attn" keeps the core's inputs and linear_proj's input.
+  // Context parallelism (all-to-all) holds the whole sequence for np / cp heads: the same element counts as s / cp
+  // rows of all heads; the ring keeps s / cp rows of every head. Multi-latent attention: MLASelfAttention's.
+  static int64_t saved_bytes(const TransformerConfig& config, const ActivationDims& d);
   SelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
                 const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
   // rope: tables for the current sequence length (nullptr for learned/none positions).

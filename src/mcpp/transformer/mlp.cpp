@@ -71,4 +71,9 @@ Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewh
   return m.ret(linear_fc1_.backward(ctx.fc1, dpre.view({dact3.size(0), dact3.size(1), -1})));  // [s(/tp), b, h]
 }
 
+int64_t MLP::saved_bytes(const TransformerConfig& m, const ActivationDims& d, int64_t rows, int64_t f,
+                         bool keeps_input) {
+  return (keeps_input ? rows * d.h * d.e : 0) + (m.swiglu ? 3 : 2) * rows * f * d.e;
+}
+
 }  // namespace mcpp

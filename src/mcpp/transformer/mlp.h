@@ -16,6 +16,7 @@
 
 #include "mcpp/tensor_parallel/layers.h"
 #include "mcpp/tensor_parallel/tp_context.h"
+#include "mcpp/transformer/activation_dims.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp {
@@ -28,6 +29,11 @@ struct MLPCtx {
 
 class MLP {
  public:
+  // Saved activations of one microbatch's forward (the memory planner; activation_dims.h), for an FFN width f per
+  // rank over `rows` rows: linear_fc1's input rows*h*e when `keeps_input` (the norm output, gathered under SP;
+  // selective "layernorm" drops it), and GELU's pre_act + act 2*rows*f*e or SwiGLU's fc1 output + act 3*rows*f*e.
+  static int64_t saved_bytes(const TransformerConfig& config, const ActivationDims& d, int64_t rows, int64_t f,
+                             bool keeps_input);
   // is_expert (Megatron's MLP(is_expert=True)): a routed expert — tp is the expert-TP group, the linears run no
   // collective (ParallelLinearOptions::explicit_expert_comm; the MoE dispatcher gathers and reduces), rows in
   // [n, 1, h] without sequence parallelism.

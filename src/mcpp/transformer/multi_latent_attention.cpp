@@ -246,4 +246,27 @@ void MLASelfAttention::restore_input(MLASelfAttentionCtx& ctx, const Tensor& x) 
   else linear_q_proj_->restore_input(ctx.q_up, x);
 }
 
+int64_t MLASelfAttention::saved_bytes(const TransformerConfig& m, const ActivationDims& d, int64_t norm_out) {
+  const bool flash = m.attention_impl == "flash", selective = m.recomputes("core_attn");
+  const int64_t dc = std::max(m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim);
+  const int64_t stats = 4 * (m.normalization == Normalization::LayerNorm ? 2 : 1);
+  const auto latent = [&](int64_t r) {  // a latent of width r: its norm's input and statistics, the up proj's input
+    return (m.qk_layernorm ? d.n_local * (r * d.e + stats) : 0) + d.n * r * d.e;
+  };
+  int64_t bytes = (d.sequence_parallel() ? norm_out * d.n * d.h * d.e : 0)  // the second down projection's input
+                  + (m.q_lora_rank > 0 ? latent(m.q_lora_rank) : 0) + latent(m.kv_lora_rank);
+  bytes += d.n * d.np * m.v_head_dim * d.e;  // linear_proj's input
+  if (m.recomputes("mla_up_proj")) bytes += d.n * m.qk_pos_emb_head_dim * d.e;  // k_pe (query / key / value rebuilt)
+  else bytes += 3 * d.n * d.np * dc * d.e;                                        // query, key, value
+  if (!selective) {
+    // flash keeps its output: linear_proj's input itself unless the heads are padded (then its value channels'
+    // copy is) or the all-to-all form brings it back (hp2cp: a copy); the ring's output is as flash's
+    const bool a2a = d.cp > 1 && !d.cp_ring;
+    if (flash && (dc != m.v_head_dim || a2a)) bytes += d.n * d.np * dc * d.e;
+    if (flash) bytes += d.b * d.np * d.s * 4;         // lse
+    else bytes += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (fp32; a2a: the whole rows)
+  }
+  return bytes;
+}
+
 }  // namespace mcpp

@@ -36,6 +36,7 @@
 
 #include "mcpp/tensor_parallel/layers.h"
 #include "mcpp/tensor_parallel/tp_context.h"
+#include "mcpp/transformer/activation_dims.h"
 #include "mcpp/transformer/dot_product_attention.h"
 #include "mcpp/transformer/inference_context.h"
 #include "mcpp/transformer/norms.h"
@@ -59,6 +60,13 @@ struct MLASelfAttentionCtx {
 
 class MLASelfAttention {
  public:
+  // Saved activations of one microbatch's forward (the memory planner; activation_dims.h), beyond the
+  // input_layernorm output the layer counts once: under SP the second down projection's own gathered copy of it
+  // (norm_out: 0 when selective "layernorm" drops the norms' outputs); each latent's norm input + statistics and
+  // its up projection's input; the core's query / key / value [n, np, dc] (dc = max(dn + dr, dv);
+  // "mla_up_proj": only the latent's rotary channels [n, dr]); the core's output when it is not linear_proj's input
+  // (padded heads, or the all-to-all CP copy); its lse or probabilities; linear_proj's input [n, np*dv].
+  static int64_t saved_bytes(const TransformerConfig& config, const ActivationDims& d, int64_t norm_out);
   MLASelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
                    const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp);
   // rope: the model's MLA tables (dr / 2 columns) for the current sequence length.

@@ -124,4 +124,21 @@ std::vector<std::pair<double, double>> MtpLossTracker::take() {
   return out;
 }
 
+int64_t MultiTokenPredictionLayer::saved_bytes(const TransformerConfig& m, const ActivationDims& d) {
+  const int64_t hidden_local = d.n_local * d.h * d.e;
+  const bool sp = d.sequence_parallel();
+  int64_t bytes = 4 * d.n * 4 + 8                                     // rolled tokens, labels, mask; lse; statistics
+                  + (m.calculate_per_token_loss ? 8 : 0)              //
+                  + d.n * (m.padded_vocab_size / d.tp) * d.e          // logits
+                  + d.n * d.h * d.e;                                  // the output layer's input
+  if (m.recomputes_mtp_depths())  // the depth's two inputs only
+    return bytes + hidden_local + (sp ? hidden_local : 0);
+  return bytes + hidden_local + norm_stats_bytes(m, d)        // enorm: the embedding (after its dropout)
+         + (sp ? hidden_local : 0) + norm_stats_bytes(m, d)   // hnorm: h_{k-1}
+         + d.n * 2 * d.h * d.e                                // eh_proj's input (gathered under SP)
+         + hidden_local                                       // the transformer layer's input
+         + TransformerLayer::saved_bytes(m, d, m.num_moe_experts > 0 && m.is_moe_layer(m.num_layers - 1))
+         + hidden_local + norm_stats_bytes(m, d);             // final_layernorm's input (the layer's sum)
+}
+
 }  // namespace mcpp

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "mcpp/tensor_parallel/layers.h"
+#include "mcpp/transformer/activation_dims.h"
 #include "mcpp/transformer/transformer_layer.h"
 
 namespace mcpp {
@@ -35,6 +36,13 @@ struct MultiTokenPredictionLayerCtx {
 
 class MultiTokenPredictionLayer {
  public:
+  // Saved activations of one depth's forward with labels (the memory planner; activation_dims.h): its rolled
+  // tokens, labels, mask and lse 4*n*4, the loss statistics 8 (+ 8 per-token), logits n*Vp/tp*e, the output layer's
+  // input n*h*e; then the embedding n_l*h*e and h_{k-1} (its own [s/tp] tensor under SP, else the previous head's
+  // output-layer input) with the two norms' statistics, eh_proj's input n*2h*e, the transformer layer's input and
+  // context (the decoder's last layer's kind), the final norm's input and statistics. Under full uniform recompute
+  // only the depth's two inputs besides the loss part.
+  static int64_t saved_bytes(const TransformerConfig& config, const ActivationDims& d);
   // depth: 0-based (keys "mtp.layers.<depth>"); spec: the transformer layer's parts (Megatron: the decoder's last
   // layer spec, so a MoE layer when that one is).
   MultiTokenPredictionLayer(ParameterRegistry& params, ParameterRegistry& expert_params, int64_t depth,

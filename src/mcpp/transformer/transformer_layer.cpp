@@ -8,7 +8,10 @@
 #include "mcpp/core/error.h"
 #include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/transformer/attention.h"
+#include "mcpp/transformer/mlp.h"
 #include "mcpp/transformer/moe/moe_layer.h"
+#include "mcpp/transformer/multi_latent_attention.h"
 
 namespace mcpp {
 
@@ -229,6 +232,19 @@ Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, co
   }
   MCPP_CHECK(!d.branch.defined(), "TransformerBlock::backward: the block's input has no residual branch");
   return m.ret(d.sum);
+}
+
+int64_t TransformerLayer::saved_bytes(const TransformerConfig& m, const ActivationDims& d, bool moe) {
+  const int64_t norm_out = m.recomputes("layernorm") ? 0 : 1;  // "layernorm": the norms' outputs kept nowhere
+  const int64_t attention = m.multi_latent_attention ? MLASelfAttention::saved_bytes(m, d, norm_out)
+                                                     : SelfAttention::saved_bytes(m, d);
+  int64_t mlp = moe ? moe::MoELayer::saved_bytes(m, d, norm_out) : MLP::saved_bytes(m, d, d.n, d.f, norm_out > 0);
+  if (m.recomputes(moe ? "moe" : "mlp")) mlp = norm_out * d.n_local * d.h * d.e;  // selective: only the MLP's input
+  return 2 * norm_stats_bytes(m, d)      // input_layernorm's and pre_mlp_layernorm's statistics
+         + norm_out * d.n * d.h * d.e    // linear_qkv's input (the norm output; gathered under SP)
+         + attention                     //
+         + d.n_local * d.h * d.e         // x1 = x + attention (pre_mlp_layernorm's input)
+         + mlp;
 }
 
 }  // namespace mcpp

@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "mcpp/transformer/activation_dims.h"
 #include "mcpp/transformer/moe/moe_layer.h"
 #include "mcpp/transformer/norms.h"
 #include "mcpp/transformer/spec.h"
@@ -92,6 +93,11 @@ struct ResidualGrad {
 
 class TransformerLayer {
  public:
+  // Saved activations of one microbatch's forward without the layer input (the caller counts it: the stage input
+  // or the previous layer's fused sum); the memory planner sums these (activation_dims.h): the two norms'
+  // statistics, linear_qkv's input n*h*e (the norm output, gathered under SP), the attention's, x1 = x + attention
+  // n_l*h*e, and the MLP's or the MoE layer's; selective "mlp" / "moe" keeps only the MLP's input n_l*h*e.
+  static int64_t saved_bytes(const TransformerConfig& config, const ActivationDims& d, bool moe);
   // expert_params: where a MoE layer registers its experts (the model's one buffer at EP 1; moe_layer.h).
   // spec: this layer's parts (a MoE layer's spec builds a MoELayer as its MLP).
   TransformerLayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,

@@ -1,10 +1,14 @@
 // MoELayer; contract in moe_layer.h.
 #include "mcpp/transformer/moe/moe_layer.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
+#include "mcpp/transformer/mlp.h"
 
 namespace mcpp::moe {
 namespace {
@@ -169,6 +173,45 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   if (dx_shared.defined()) ops::add_inplace(dx, dx_shared.view({n, h}));
   ctx = {};
   return m.ret(dx.view(dy.shape()));
+}
+
+namespace {
+// The router's load-balancing statistics kept for the backward: [1, E] (aux_loss), [b, E] (seq_aux_loss), none.
+int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
+  if (m.moe_aux_loss_coeff <= 0.0f) return 0;
+  if (m.moe_router_load_balancing_type == "aux_loss") return 1;
+  return m.moe_router_load_balancing_type == "seq_aux_loss" ? micro_batch : 0;
+}
+}  // namespace
+
+int64_t MoELayer::saved_bytes(const TransformerConfig& m, const ActivationDims& d, int64_t norm_out) {
+  const bool sigmoid_z = m.moe_router_score_function == "sigmoid" && m.moe_z_loss_coeff > 0.0f;
+  const int64_t routes = d.n_local * m.moe_router_topk;
+  int64_t rows = routes;  // the experts' rows: every route (dropless), at most E * capacity, or exactly (padded)
+  if (m.moe_expert_capacity_factor > 0.0) {
+    const int64_t cap = static_cast<int64_t>(std::ceil(static_cast<double>(routes) /
+                                                       static_cast<double>(m.num_moe_experts) *
+                                                       m.moe_expert_capacity_factor));
+    rows = m.moe_pad_expert_input_to_capacity ? m.num_moe_experts * cap : std::min(routes, m.num_moe_experts * cap);
+  }
+  int64_t bytes = norm_out * d.n_local * d.h * d.e                           // the router's input (not gathered)
+                  + (m.moe_input_jitter_eps > 0.0f ? d.n_local * d.h * d.e : 0)  // ... and its jittered copy
+                  + 3 * routes * 4                                          // topk, idx (int32), probs (fp32)
+                  + d.n_local * (m.num_moe_experts + 1) * 4                 // scores [n_l, E] + lse [n_l] (fp32)
+                  + aux_count_rows(m, d.b) * m.num_moe_experts * 4          // the load-balancing counts (fp32)
+                  + (sigmoid_z ? d.n_local * (m.num_moe_experts + 1) * 4 : 0)  // the z-loss's softmax + lse
+                  + (d.etp + 1) * rows * d.h * d.e              // the experts' rows in (gathered over expert-TP) + out
+                  + ((m.swiglu ? 3 : 2) - (m.recomputes("moe_act") ? 1 : 0))  // every expert's MLP context (moe_act:
+                        * d.etp * rows * (m.moe_ffn_hidden_size / d.etp) * d.e;  // without the activation's output)
+  if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
+    // its fc1 input gathered under SP (else the router's) and its MLP context; none when recomputed
+    // ("shared_experts": re-run in backward), the gate's kept either way
+    if (!m.recomputes("shared_experts"))
+      bytes += MLP::saved_bytes(m, d, d.n, m.moe_shared_expert_intermediate_size / d.tp,
+                                d.sequence_parallel() && norm_out > 0);
+    bytes += m.moe_shared_expert_gate ? d.n_local * (d.h * d.e + 4 * 4) : 0;  // ungated output, g, s, lse, top
+  }
+  return bytes;
 }
 
 }  // namespace mcpp::moe

@@ -23,10 +23,11 @@
 #include <memory>
 #include <string>
 
+#include "mcpp/tensor_parallel/tp_context.h"
+#include "mcpp/transformer/activation_dims.h"
 #include "mcpp/transformer/moe/experts.h"
 #include "mcpp/transformer/moe/router.h"
 #include "mcpp/transformer/moe/token_dispatcher.h"
-#include "mcpp/tensor_parallel/tp_context.h"
 
 namespace mcpp::moe {
 
@@ -45,6 +46,14 @@ struct MoELayerCtx {
 
 class MoELayer {
  public:
+  // Saved activations of one microbatch's forward (the memory planner; activation_dims.h; k = moe_router_topk,
+  // fe = moe_ffn_hidden_size; each rank routes its n_l tokens): the router's input n_l*h*e (+ its jittered copy),
+  // topk + idx + probs 3*n_l*k*4, scores + lse n_l*(E+1)*4 (+ the sigmoid z-loss's), the load-balancing counts,
+  // the experts' rows in (gathered over expert-TP) and out (etp+1)*rows*h*e and their MLP contexts; rows = n_l*k
+  // (dropless; exact at EP 1, assumed balanced under EP), E*capacity (padded), or min of the two (an upper bound
+  // with drops). A shared expert adds a dense MLP's context of width fs = shared size / tp (its input gathered
+  // under SP) unless recomputed ("shared_experts"), and its gate's.
+  static int64_t saved_bytes(const TransformerConfig& config, const ActivationDims& d, int64_t norm_out);
   MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
            const TransformerConfig& config, const tensor_parallel::TPContext& tp);
   // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it; training: false in
