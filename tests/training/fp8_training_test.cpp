@@ -54,12 +54,12 @@ TEST_F(Fp8TrainingTest, LossFollowsTheFp32Run) {
     Trainer t(c, 99, single());
     const TrainSummary s = t.train();
     ASSERT_EQ(s.losses.size(), ref.losses.size());
-    EXPECT_LT(s.losses.back(), s.losses.front() - 1.0) << "FP8 training learns the walk";
-    // FP8's per-element error (e4m3: 2^-4, e5m2 gradients: 2^-3 relative) perturbs every GEMM by a few percent;
-    // over 30 steps the loss stays within 3% of the fp32 run's (measured: see the report / docs).
-    for (size_t i = 0; i < s.losses.size(); i += 10)
-      EXPECT_NEAR(s.losses[i], ref.losses[i], 0.03 * ref.losses[i]) << "iteration " << i + 1;
-    EXPECT_NEAR(s.losses.back(), ref.losses.back(), 0.03 * ref.losses.back());
+    EXPECT_LT(s.losses.back(), s.losses.front() - 0.8) << "FP8 training learns the walk (fp32: 4.85 -> 3.92)";
+    // FP8's per-element error (e4m3: 2^-4, e5m2 gradients: 2^-3 relative) perturbs every GEMM by a few percent, but
+    // it is unbiased (round to nearest even): over 30 steps the loss stays within 1% of the fp32 run's (the issue's
+    // bar; measured 2026-12-06: within 0.1% at every step, all three recipes).
+    for (size_t i = 0; i < s.losses.size(); ++i)
+      EXPECT_NEAR(s.losses[i], ref.losses[i], 0.01 * ref.losses[i]) << "iteration " << i + 1;
     EXPECT_NE(s.losses.back(), ref.losses.back()) << "the FP8 casts are in the path";
     // The scaling state moved away from its initial scale 1 (delayed: from the amax history; tensorwise: per call).
     int64_t scales = 0, moved = 0;
@@ -100,7 +100,7 @@ TEST_F(Fp8TrainingTest, ResumeIsBitExactWithTheScalingState) {
 
 TEST_F(Fp8TrainingTest, FlagsAreValidatedWithNamedErrors) {
   auto err = [&](const std::function<void(Config&)>& edit) {
-    Config c = tiny_train_config(prefix_, 2);
+    Config c = tiny_train_config(prefix_, 10);
     edit(c);
     return error_of([&] { c.validate(); });
   };
@@ -117,7 +117,7 @@ TEST_F(Fp8TrainingTest, FlagsAreValidatedWithNamedErrors) {
   EXPECT_NE(err([](Config& c) {
               c.model.fp8_format = "e4m3";
               c.training.device = "cuda";
-            }).find("FP8 training on the GPU needs --bf16"),
+            }).find("needs --bf16"),
             std::string::npos);
   EXPECT_NE(err([](Config& c) {
               c.model.fp8_format = "hybrid";

@@ -71,8 +71,8 @@ void Config::validate() const {
     if (parallel.tp_comm_overlap)
       fail("fp8_format: FP8 linears with --tp-comm-overlap are not implemented (drop one of them)");
     if (training.device != "cpu" && !training.bf16)
-      fail("fp8_format: FP8 training on the GPU needs --bf16 (Megatron's rule; on --device cpu the casts are emulated "
-           "in fp32)");
+      fail("fp8_format: FP8 training on the GPU (--device {}) needs --bf16 (Megatron's rule; on --device cpu the casts "
+           "are emulated in fp32)", training.device);
     const int64_t tokens = model.seq_length * training.micro_batch_size / cp;
     if (training.device != "cpu" && (model.hidden_size % 16 != 0 || model.ffn_hidden_size % (16 * tp) != 0 ||
                                      model.kv_channels * model.num_attention_heads % (16 * tp) != 0 ||

@@ -95,6 +95,10 @@ void TransformerConfig::validate() const {
   if (fp8() && recompute_granularity == "full")
     fail("fp8_format: FP8 with recompute_granularity full is not implemented (the recomputed forward would update "
          "the FP8 scaling state twice)");
+  for (const char* m : {"mlp", "moe", "shared_experts"})
+    if (fp8() && recomputes(m))
+      fail("fp8_format: FP8 with recompute_modules {} is not implemented (the recomputed linears would update the FP8 "
+           "scaling state twice)", m);
   require_positive(num_layers, "num_layers");
   require_positive(hidden_size, "hidden_size");
   require_positive(num_attention_heads, "num_attention_heads");
