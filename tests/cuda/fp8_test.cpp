@@ -93,8 +93,9 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
     ops::cpu::fp8_linear_fwd(y_ref, x, w, cx, cw, {});
     Tensor y = poisoned({n, out}, DType::BF16);
     ops::fp8_linear_fwd(y, dev(x, DType::BF16), dev(w, DType::BF16), gx, gw);
-    // the same fp8 operands; fast accumulation (Hopper's FP8 tensor cores keep fewer accumulator bits, promoted to
-    // fp32 every few k-blocks) and the bf16 output rounding (2^-9): 1e-2 relative
+    // the same fp8 operands and exact products; what differs is the accumulation: Hopper's FP8 tensor cores add with
+    // ~14 mantissa bits (DeepSeek-V3, section 3.3.2), the fast-accumulation forward never promoting to fp32 within
+    // the call (k = 192: ~1e-3), then the bf16 output rounding (2^-9): 1e-2 relative
     EXPECT_REL(host(y), y_ref, 1e-2);
     EXPECT_EQ(host(gx.amax).data<float>()[0], cx.amax.data<float>()[0]);
     EXPECT_EQ(host(gw.amax).data<float>()[0], cw.amax.data<float>()[0]);
@@ -105,8 +106,10 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
     ops::cpu::fp8_linear_bwd(&dx_ref, dw_ref, &db_ref, dy, x, w, cdy, cx, cw, ops::GradWrite::Accumulate, {});
     ops::fp8_linear_bwd(&dx, dw, &db, dev(dy, DType::BF16), dev(x, DType::BF16), dev(w, DType::BF16), gdy, gx, gw,
                         ops::GradWrite::Accumulate);
-    EXPECT_REL(host(dx), dx_ref, 5e-3);  // exact fp32 accumulation in both; bf16 output rounding (2^-9)
-    EXPECT_REL(host(dw), dw_ref, 1e-5);  // fp32 out, accumulated: only the summation order differs (k = 256)
+    // dgrad / wgrad without fast accumulation: the tensor cores' ~14-bit partial sums promoted to fp32 every few
+    // k-blocks (~2^-14 relative); dx then rounded to bf16 (2^-9): 5e-3; dw in fp32 (plus the accumulated dw): 1e-3
+    EXPECT_REL(host(dx), dx_ref, 5e-3);
+    EXPECT_REL(host(dw), dw_ref, 1e-3);
     EXPECT_REL(host(db), db_ref, 1e-5);  // column sums of the bf16 dy, fp32
     EXPECT_EQ(host(gdy.amax).data<float>()[0], cdy.amax.data<float>()[0]);
 
@@ -114,7 +117,7 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
     ops::cpu::fp8_linear_bwd(nullptr, dw_over_ref, nullptr, dy, x, w, cdy, cx, cw, ops::GradWrite::Overwrite, {});
     ops::fp8_linear_bwd(nullptr, dw_over, nullptr, dev(dy, DType::BF16), dev(x, DType::BF16), dev(w, DType::BF16), gdy,
                         gx, gw, ops::GradWrite::Overwrite);
-    EXPECT_REL(host(dw_over), dw_over_ref, 1e-5);
+    EXPECT_REL(host(dw_over), dw_over_ref, 1e-3);  // as dw above
   }
 }
 
