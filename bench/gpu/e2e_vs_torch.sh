@@ -27,10 +27,14 @@
 # no query compression, qk_head_dim 128 + qk_pos_emb_head_dim 64, v_head_dim 128: head dim 192 on cuDNN, values padded;
 # latent norms; YaRN factor 40, mscale 0.707 / 0.707, original context 4096) and the same model with MHA (16 heads of
 # 128, no GQA): the cost of MLA in a step (no anchor counterpart; the MFU column counts the MHA model's FLOPs).
+# 124m-fp8 / 1.3b-fp8 (and -tw): the same runs with FP8 GEMMs in the dense linears (--fp8-format hybrid, delayed /
+# tensorwise scaling; bench/gpu/fp8_step.sh runs them beside bf16); torch-fp8: the PyTorch FP8 anchor
+# (../shared/anchors/torch_gpt_fp8.py: its bf16 and float8 runs of both shapes).
 # usage (device machine, repo root, device_carry/ carried):
 #   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed]
 #     [124m-dropout] [1.3b-dropout] [1.3b-llama] [1.3b-qk] [1.3b-ln] [1.3b-ln-mlp] [1.3b-sel] [1.3b-llama-mtp1]
-#     [1.3b-llama-mtp2] [1.3b-llama-mla] [1.3b-llama-mha] [torch]
+#     [1.3b-llama-mtp2] [1.3b-llama-mla] [1.3b-llama-mha] [124m-fp8] [1.3b-fp8] [124m-fp8-tw] [1.3b-fp8-tw] [torch]
+#     [torch-fp8]
 set -u
 OUT=$1
 shift
@@ -103,6 +107,11 @@ for w in $what; do
     1.3b-ln-mlp) ours gpt-1.3b-ln-mlp 24 2048 16 2048 8 --recompute-granularity selective \
                    --recompute-modules layernorm mlp ;;
     1.3b-sel) ours gpt-1.3b-sel 24 2048 16 2048 8 --recompute-granularity selective ;;
+    124m-fp8) ours gpt2-124m-fp8 12 768 12 1024 32 --fp8-format hybrid --fp8-recipe delayed ;;
+    1.3b-fp8) ours gpt-1.3b-fp8 24 2048 16 2048 8 --fp8-format hybrid --fp8-recipe delayed ;;
+    124m-fp8-tw) ours gpt2-124m-fp8-tw 12 768 12 1024 32 --fp8-format hybrid --fp8-recipe tensorwise ;;
+    1.3b-fp8-tw) ours gpt-1.3b-fp8-tw 24 2048 16 2048 8 --fp8-format hybrid --fp8-recipe tensorwise ;;
+    torch-fp8) echo "== pytorch fp8 anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt_fp8.py" 124m 1.3b 2>&1 | tee "$OUT/torch_fp8.log" | grep '^{' ;;
     torch) echo "== pytorch anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
   esac
 done

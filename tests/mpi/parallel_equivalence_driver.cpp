@@ -214,6 +214,53 @@ TEST(TensorParallel, MlaNoQueryCompressionMatchesSingleRank) { check_tp_equivale
 TEST(TensorParallel, MlaNoQueryCompressionSequenceParallelMatchesSingleRank) {
   check_tp_equivalence("mla_noq", true);
 }
+// FP8 linears (--fp8-format hybrid, delayed scaling; tensor_parallel/fp8_state.h): with each new amax all-reduced
+// (max) over TP, every rank casts with the scales of the unsplit tensors — the weights' scales equal the single rank's
+// bit for bit (the max of the shards' maxima), the activations' and gradients' within their fp32 reduction-order
+// noise — so the TP run follows the single-rank FP8 run up to that noise (a rounding flip moves one element by an
+// fp8 quantum): loss and gradients compared loosely.
+void check_fp8_tp_equivalence(const std::string& style, bool sequence_parallel) {
+  comm::CommPtr world = comm::world();
+  ParallelContext pc = ParallelContext::create(world, {.tensor_model_parallel_size = world->size()});
+  ParallelContext single = ParallelContext::single(comm::make_local_world());
+  TransformerConfig c = config_for(style);
+  c.fp8_format = "hybrid";
+  c.fp8_amax_history_len = 4;
+  c.fp8_amax_compute_algo = "max";
+  ModelChunk ref(c, 42, {single.tp(), false});
+  ModelChunk par(c, 42, {pc.tp(), sequence_parallel});
+  const std::string what = style + " fp8" + (sequence_parallel ? " SP" : "") + " tp=" + std::to_string(world->size());
+  for (int step = 0; step < 3; ++step) {
+    Batch bt = batch_for(step, c.seq_length, 2);
+    ref.params().zero_grad();
+    par.params().zero_grad();
+    GPTModelCtx rc, pcx;
+    LossResult rl = ref.forward_loss(rc, bt.tokens, bt.labels, bt.mask, {.training = false});
+    LossResult pl = par.forward_loss(pcx, bt.tokens, bt.labels, bt.mask, {.training = false});
+    EXPECT_NEAR(pl.loss, rl.loss, 1e-4 * std::abs(rl.loss)) << what << " step " << step;
+    ref.backward(rc, 1.0f);
+    par.backward(pcx, 1.0f);
+    finalize_model_grads(par.params(), pc, !c.untie_embeddings_and_output_weights);
+    finalize_model_grads(ref.params(), single, !c.untie_embeddings_and_output_weights);
+    for (const auto& p : par.params().params()) {
+      const Parameter* r = ref.params().find(p->spec.key);
+      ASSERT_NE(r, nullptr) << p->spec.key;
+      EXPECT_LT(rel_err(p->main_grad, shard_of(*p, r->main_grad)), 1e-3) << what << " grad " << p->spec.key;
+    }
+  }
+  const auto& rs = ref.params().rank_states();
+  const auto& ps = par.params().rank_states();
+  ASSERT_EQ(rs.size(), ps.size());
+  for (size_t i = 0; i < rs.size(); ++i) {
+    ASSERT_EQ(rs[i].first, ps[i].first);
+    if (!rs[i].first.ends_with(".scale")) continue;
+    const float want = rs[i].second->data<float>()[0], got = ps[i].second->data<float>()[0];
+    if (rs[i].first.find(".fp8.weight.") != std::string::npos) EXPECT_EQ(got, want) << what << " " << rs[i].first;
+    else EXPECT_NEAR(got, want, 1e-4 * want) << what << " " << rs[i].first;
+  }
+}
+TEST(TensorParallel, Gpt2Fp8MatchesSingleRank) { check_fp8_tp_equivalence("gpt2", false); }
+TEST(TensorParallel, LlamaFp8SequenceParallelMatchesSingleRank) { check_fp8_tp_equivalence("llama", true); }
 // --tp-comm-overlap: the SP all-gathers as rings with the GEMM per chunk (fc1 GELU fused and SwiGLU paths,
 // the output layer, the dgrad of the row-parallel layers).
 TEST(TensorParallel, Gpt2SequenceParallelCommOverlapMatchesSingleRank) { check_tp_equivalence("gpt2", true, true); }

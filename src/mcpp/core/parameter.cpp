@@ -22,6 +22,11 @@ Parameter* ParameterRegistry::add(ParamSpec spec) {
   return params_.back().get();
 }
 
+void ParameterRegistry::add_rank_state(const std::string& key, Tensor* state) {
+  for (const auto& [k, t] : rank_states_) MCPP_CHECK(k != key, "module state '{}' registered twice", key);
+  rank_states_.emplace_back(key, state);
+}
+
 Parameter* ParameterRegistry::find(const std::string& key) const {
   for (const auto& p : params_)
     if (p->spec.key == key) return p.get();

@@ -21,6 +21,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mcpp/core/tensor.h"
@@ -124,6 +125,11 @@ class ParameterRegistry {
   virtual Parameter* add(ParamSpec spec);
   const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }  // registration order
   Parameter* find(const std::string& key) const;  // nullptr when absent
+  // Non-trainable module state a checkpoint keeps per rank (Transformer Engine's extra state: the FP8 scaling
+  // state, tensor_parallel/fp8_state.h). The module owns the tensor (any device; a load copies into it) and keeps
+  // it alive, at this address, as long as the registry.
+  void add_rank_state(const std::string& key, Tensor* state);
+  const std::vector<std::pair<std::string, Tensor*>>& rank_states() const { return rank_states_; }
 
  protected:
   friend struct Parameter;
@@ -135,6 +141,7 @@ class ParameterRegistry {
 
  private:
   std::vector<std::unique_ptr<Parameter>> params_;
+  std::vector<std::pair<std::string, Tensor*>> rank_states_;
 };
 
 }  // namespace mcpp

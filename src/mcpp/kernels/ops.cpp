@@ -168,6 +168,23 @@ void linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, co
                 GradWrite grad_write, Stream s) {
   MCPP_DISPATCH(linear_bwd, ({dx, &dw_acc, db_acc, &dy, &x, &w}), dx, dw_acc, db_acc, dy, x, w, grad_write, s);
 }
+void fp8_quantize(Tensor& out, Tensor* amax_acc, const Tensor& in, const Tensor& scale, Fp8Format format, Stream s) {
+  MCPP_DISPATCH(fp8_quantize, ({&out, amax_acc, &in, &scale}), out, amax_acc, in, scale, format, s);
+}
+void fp8_amax(Tensor& amax_acc, const Tensor& in, Stream s) { MCPP_DISPATCH(fp8_amax, ({&amax_acc, &in}), amax_acc, in, s); }
+void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptions& opt, Stream s) {
+  MCPP_DISPATCH(fp8_scale_update, ({&scale, &amax_history}), scale, amax_history, opt, s);
+}
+void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operand& fx, const Fp8Operand& fw,
+                    Stream s) {
+  MCPP_DISPATCH(fp8_linear_fwd, ({&y, &x, &w, &fx.scale, &fw.scale, &fx.amax, &fw.amax}), y, x, w, fx, fw, s);
+}
+void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
+                    const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, GradWrite grad_write,
+                    Stream s) {
+  MCPP_DISPATCH(fp8_linear_bwd, ({dx, &dw_acc, db_acc, &dy, &x, &w, &fdy.scale, &fdy.amax}), dx, dw_acc, db_acc, dy,
+                x, w, fdy, fx, fw, grad_write, s);
+}
 void linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const Tensor& w, const Tensor* bias, Stream s) {
   MCPP_DISPATCH(linear_gelu_fwd, ({&act, &pre_act, &x, &w, bias}), act, pre_act, x, w, bias, s);
 }

@@ -177,6 +177,34 @@ CudnnAttentionCounts cuda_cudnn_attention_counts();
 constexpr int64_t kDefaultCudnnPlanCacheCapacity = 64;
 int64_t set_cudnn_plan_cache_capacity(int64_t capacity);
 
+// ---- FP8 (Transformer Engine's per-tensor scaling; ops.inc fp8_*). Formats: E4M3 (e4m3fn: max 448, no inf) and
+// E5M2 (max 57344). A cast computes q = fp8(float(x) * scale) with round-to-nearest-even and saturation to +-max
+// (NaN stays NaN): CUDA's __NV_SATFINITE conversion; the CPU backend emulates it exactly in float.
+enum class Fp8Format { E4M3, E5M2 };
+constexpr float fp8_max(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.0f : 57344.0f; }
+// The emulated cast of one value (the CPU backend's and the tests' reference): v rounded to the format.
+float fp8_round(float v, Fp8Format f);
+
+// One operand of an FP8 GEMM: its scaling state, float32 on the op's device.
+//   scale: [2] = {scale, scale_inv} (the cast multiplies by scale, the GEMM's output by the scale_invs).
+//   amax:  [1] or undefined; when defined the op takes amax = max(amax, max |x|) of the UNSCALED input (the
+//          delayed recipe's history slot; the tensorwise recipe records it with fp8_amax before the scale).
+struct Fp8Operand {
+  Tensor scale;
+  Tensor amax{};
+  Fp8Format format = Fp8Format::E4M3;
+};
+
+// fp8_scale_update: Transformer Engine's delayed-scaling update (_default_get_amax_and_update_history then
+// _default_sf_compute) of one tensor's state, on its device (no host read):
+//   amax = most_recent ? history[0] : max(history);  history = roll(history, -1); history[0] = 0;
+//   scale = (fp8_max / amax) / 2^margin when amax is finite and > 0, else unchanged; scale_inv = 1 / scale.
+struct Fp8ScalingOptions {
+  Fp8Format format = Fp8Format::E4M3;
+  int margin = 0;
+  bool most_recent = false;  // --fp8-amax-compute-algo most_recent (else max)
+};
+
 #define MCPP_OP_UNPAREN(...) __VA_ARGS__
 #define MCPP_OP(ret, name, params) ret name(MCPP_OP_UNPAREN params, Stream stream = {});
 #include "mcpp/kernels/ops.inc"

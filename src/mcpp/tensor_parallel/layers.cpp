@@ -34,6 +34,37 @@ Shape with_last(Shape s, int64_t last) {
 ops::GradWrite grad_write(Parameter* weight, Parameter* bias) {
   return take_grad_overwrite({weight, bias}) ? ops::GradWrite::Overwrite : ops::GradWrite::Accumulate;
 }
+
+// The layer's FP8 state (registered for checkpoints), or null without FP8.
+std::shared_ptr<Fp8LinearState> make_fp8(ParameterRegistry& params, const std::string& prefix,
+                                         const ParallelLinearOptions& opt, const comm::CommPtr& tp) {
+  if (!opt.fp8.enabled) return nullptr;
+  MCPP_CHECK(!opt.tp_comm_overlap, "{}: FP8 linears do not run with --tp-comm-overlap", prefix);
+  MCPP_CHECK(!opt.explicit_expert_comm, "{}: FP8 is not supported for an expert's linear", prefix);
+  auto st = std::make_shared<Fp8LinearState>(opt.fp8, prefix, tp);
+  for (const auto& [key, t] : st->state_tensors()) params.add_rank_state(key, t);
+  return st;
+}
+
+// y [n, out] = x [n, in] W^T (+ bias) with FP8 GEMMs; ctx keeps the scales the backward casts x and w with.
+void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Tensor& x, const Tensor& w,
+                 const Tensor* bias) {
+  Fp8LinearState::Forward f = st.forward(x, w);
+  ops::fp8_linear_fwd(y, x, w, f.x, f.w);
+  if (bias) ops::bias_add_inplace(y, *bias);
+  st.after_forward();
+  ctx.fp8_x_scale = f.x_scale;
+  ctx.fp8_w_scale = f.w_scale;
+}
+
+// The FP8 backward: dx [n, in] (skipped when null), dw += dy^T x, db += sum dy, with the forward's x / w scales.
+void fp8_backward(Fp8LinearState& st, const ParallelLinearCtx& ctx, Tensor* dx, Tensor& dw, Tensor* db,
+                  const Tensor& dy, const Tensor& w, ops::GradWrite gw) {
+  MCPP_CHECK(ctx.fp8_x_scale.defined(), "FP8 linear backward without its forward's scales");
+  const ops::Fp8Operand g = st.backward(dy);
+  ops::fp8_linear_bwd(dx, dw, db, dy, ctx.x, w, g, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale}, gw);
+  st.after_backward();
+}
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& params, const std::string& prefix,
@@ -55,6 +86,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& params, const std:
                         .init = InitKind::Zeros,
                         .no_weight_decay = true,
                         .shard = tp_shard({opt.output_size}, 0, t, tp_->rank(), opt.stride_chunks)});
+  fp8_ = make_fp8(params, prefix, opt, tp_);
 }
 
 ColumnParallelLinear::ColumnParallelLinear(Parameter* shared_weight, const ParallelLinearOptions& opt,
@@ -84,7 +116,8 @@ Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) co
   if (!opt_.sequence_parallel) {  // copy_to_tp: identity
     ctx.x = rows(x, opt_.input_size);                                                 // [s*b, in]
     Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
-    ops::linear_fwd(y, ctx.x, weight_->data, bias);
+    if (fp8_) fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, bias);
+    else ops::linear_fwd(y, ctx.x, weight_->data, bias);
     return m.ret(y.view(with_last(x.shape(), out_local_)));
   }
   const int64_t n_full = x.numel() / opt_.input_size * tp_->size();
@@ -92,7 +125,8 @@ Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) co
   Tensor full = gather_then(*tp_, x, opt_.input_size, opt_.tp_comm_overlap,  // gather_from_sp
                             [&](int64_t first, const Tensor& in) {
                               Tensor out = y.narrow0(first, in.size(0));
-                              ops::linear_fwd(out, in, weight_->data, bias);
+                              if (fp8_) fp8_forward(*fp8_, ctx, out, in, weight_->data, bias);
+                              else ops::linear_fwd(out, in, weight_->data, bias);
                             });
   ctx.x = rows(full, opt_.input_size);  // [s*b, in]
   return m.ret(y.view(with_last(full.shape(), out_local_)));
@@ -110,6 +144,11 @@ Tensor ColumnParallelLinear::recompute_output(const ParallelLinearCtx& ctx) cons
   const int64_t chunks = opt_.sequence_parallel && opt_.tp_comm_overlap ? tp_->size() : 1;  // the forward's GEMMs
   for (int64_t c = 0; c < chunks; ++c) {
     Tensor out = y.narrow0(c * (n / chunks), n / chunks);
+    if (fp8_) {  // the forward's casts again (its saved scales, no amax recorded)
+      ops::fp8_linear_fwd(out, ctx.x.narrow0(c * (n / chunks), n / chunks), weight_->data, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale});
+      if (bias) ops::bias_add_inplace(out, *bias);
+      continue;
+    }
     ops::linear_fwd(out, ctx.x.narrow0(c * (n / chunks), n / chunks), weight_->data, bias);
   }
   return y;
@@ -123,13 +162,23 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
   Tensor act = Tensor::empty({n_full, out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
   if (!opt_.sequence_parallel) {  // copy_to_tp: identity
     ctx.x = rows(x, opt_.input_size);
-    ops::linear_gelu_fwd(act, pre_act, ctx.x, weight_->data, bias);
+    if (fp8_) {  // the FP8 GEMM into pre_act, then GELU
+      fp8_forward(*fp8_, ctx, pre_act, ctx.x, weight_->data, bias);
+      ops::gelu_fwd(act, pre_act);
+    } else {
+      ops::linear_gelu_fwd(act, pre_act, ctx.x, weight_->data, bias);
+    }
     return m.ret(act.view(with_last(x.shape(), out_local_)));
   }
   Tensor full = gather_then(*tp_, x, opt_.input_size, opt_.tp_comm_overlap,  // gather_from_sp
                             [&](int64_t first, const Tensor& in) {
                               Tensor a = act.narrow0(first, in.size(0)), p = pre_act.narrow0(first, in.size(0));
-                              ops::linear_gelu_fwd(a, p, in, weight_->data, bias);
+                              if (fp8_) {
+                                fp8_forward(*fp8_, ctx, p, in, weight_->data, bias);
+                                ops::gelu_fwd(a, p);
+                              } else {
+                                ops::linear_gelu_fwd(a, p, in, weight_->data, bias);
+                              }
                             });
   ctx.x = rows(full, opt_.input_size);                   // [s*b, in]
   return m.ret(act.view(with_last(full.shape(), out_local_)));  // [s, b, out/tp]
@@ -146,6 +195,15 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
     if (bias_) bias_->grad_ready();
   };
   const ops::GradWrite gw = grad_write(weight_, bias_);
+  if (fp8_) {  // dgrad and wgrad in one call, then dx's reduction (no overlap with the wgrad)
+    fp8_backward(*fp8_, ctx, &dx, weight_->main_grad, db_acc, dy2, weight_->data, gw);
+    grads_ready();
+    if (tp_->size() == 1) return m.ret(dx_full);
+    AsyncResult red =
+        opt_.sequence_parallel ? reduce_scatter_sp_async(*tp_, dx_full) : all_reduce_tp_async(*tp_, dx_full);
+    red.work.wait();
+    return m.ret(red.out);
+  }
   if (tp_->size() == 1 || opt_.explicit_expert_comm) {  // nothing to reduce here: dgrad and wgrad in one call
     ops::linear_bwd(&dx, weight_->main_grad, db_acc, dy2, ctx.x, weight_->data, gw);
     grads_ready();
@@ -178,6 +236,7 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& params, const std::strin
                         .shard = tp_shard({opt.output_size, opt.input_size}, 1, t, tp_->rank())});
   if (opt.bias)
     bias_ = params.add({.key = prefix + ".bias", .shape = {opt.output_size}, .init = InitKind::Zeros, .no_weight_decay = true});
+  fp8_ = make_fp8(params, prefix, opt, tp_);
 }
 
 Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
@@ -186,7 +245,7 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
   // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA); an
   // expert's linear adds it on group rank 0 only and leaves the reduction to the dispatcher.
   const bool expert = opt_.explicit_expert_comm;
-  const bool bias_in_gemm = bias_ && (tp_->size() == 1 || (expert && tp_->rank() == 0));
+  const bool bias_in_gemm = bias_ && !fp8_ && (tp_->size() == 1 || (expert && tp_->rank() == 0));
   Tensor out;
   if (opt_.sequence_parallel && opt_.tp_comm_overlap) {  // reduce_scatter_to_sp as a ring, GEMM per chunk
     Shape chunk = with_last(x.shape(), opt_.output_size);
@@ -198,7 +257,8 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
     });
   } else {
     Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
-    ops::linear_fwd(y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr);
+    if (fp8_) fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, nullptr);  // the bias after the reduction
+    else ops::linear_fwd(y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr);
     out = y.view(with_last(x.shape(), opt_.output_size));            // [s, b, out]
     if (expert) return m.ret(out);                                   // the dispatcher reduces
     if (opt_.sequence_parallel) out = reduce_scatter_sp(*tp_, out);  // [s/tp, b, out]
@@ -219,7 +279,10 @@ Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, boo
   Tensor* db = bias ? &bias->main_grad : nullptr;
   Tensor dy_full = dy;
   const ops::GradWrite gw = grad_write(weight_, bias);
-  if (!opt_.sequence_parallel) {
+  if (fp8_) {  // reduce_scatter_to_sp backward (SP): all-gather dy, then the FP8 dgrad + wgrad
+    if (opt_.sequence_parallel) dy_full = all_gather_sp(*tp_, dy);  // [s, b, out]
+    fp8_backward(*fp8_, ctx, &dx, weight_->main_grad, db, rows(dy_full, opt_.output_size), weight_->data, gw);
+  } else if (!opt_.sequence_parallel) {
     ops::linear_bwd(&dx, weight_->main_grad, db, rows(dy, opt_.output_size), ctx.x, weight_->data, gw);
   } else if (!opt_.tp_comm_overlap) {  // reduce_scatter_to_sp backward: all-gather dy, then both GEMMs
     dy_full = all_gather_sp(*tp_, dy);  // [s, b, out]
@@ -242,6 +305,17 @@ Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& d
   MCPP_CHECK(!bias_grad_elsewhere || residual_bias(), "RowParallelLinear: no bias grad to take elsewhere");
   Tensor dpre = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
   Tensor dy_full = dy;
+  if (fp8_) {  // the FP8 dgrad + wgrad, then GELU' (a separate op)
+    if (opt_.sequence_parallel) dy_full = all_gather_sp(*tp_, dy);  // [s, b, out]
+    Parameter* bias = bias_grad_elsewhere ? nullptr : bias_;
+    Tensor dx = Tensor::empty(dpre.shape(), dy.dtype(), dy.device());  // [s*b, in/tp]
+    fp8_backward(*fp8_, ctx, &dx, weight_->main_grad, bias ? &bias->main_grad : nullptr,
+                 rows(dy_full, opt_.output_size), weight_->data, grad_write(weight_, bias));
+    ops::gelu_bwd(dpre, dx, pre_act);
+    weight_->grad_ready();
+    if (bias) bias->grad_ready();
+    return m.ret(dpre.view(with_last(dy_full.shape(), in_local_)));
+  }
   if (!opt_.sequence_parallel) {
     ops::linear_dgelu_bwd(dpre, nullptr, rows(dy, opt_.output_size), weight_->data, pre_act);
   } else {  // reduce_scatter_to_sp backward: all-gather dy (--tp-comm-overlap: the ring, dgrad per chunk)

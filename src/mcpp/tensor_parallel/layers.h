@@ -30,11 +30,19 @@
 //   RowParallelLinear::backward_dgelu: backward() whose dgrad GEMM also applies gelu'(pre_act); returns
 //     dpre [s, b, in/tp]. fc1's bias grad then comes from fc1's own backward (on CUDA in the BGRADB epilogue
 //     of its weight-grad GEMM, so no extra pass over dpre).
+//
+// FP8 (ParallelLinearOptions::fp8 enabled; Megatron's --fp8-format with Transformer Engine's linear): the forward,
+// dgrad and wgrad GEMMs run as ops::fp8_linear_fwd / fp8_linear_bwd with the layer's scaling state
+// (fp8_state.h: x, w, dy per tensor), the same collectives in the same places; the bias is added after the GEMM;
+// forward_gelu / backward_dgelu apply GELU / GELU' as separate ops around the FP8 GEMMs; the column-parallel dgrad's
+// reduction then waits for the wgrad (one fp8_linear_bwd call computes both). Not with tp_comm_overlap.
 #pragma once
+#include <memory>
 #include <string>
 
 #include "mcpp/comm/communicator.h"
 #include "mcpp/core/parameter.h"
+#include "mcpp/tensor_parallel/fp8_state.h"
 
 
 namespace mcpp::tensor_parallel {
@@ -54,10 +62,12 @@ struct ParallelLinearOptions {
   // is added on group rank 0 only (the reduce-scatter then adds it once) and its grad, from the gathered dy,
   // is complete on every rank. Needs sequence_parallel = false.
   bool explicit_expert_comm = false;
+  Fp8Options fp8{};  // FP8 GEMMs (fp8.enabled; see the header)
 };
 
 struct ParallelLinearCtx {
   Tensor x;  // [n, in_local] input to the GEMM (after the SP all-gather for column parallel)
+  Tensor fp8_x_scale, fp8_w_scale;  // FP8: the scales [2] the forward cast x and w with (the backward's)
 };
 
 class ColumnParallelLinear {
@@ -91,6 +101,7 @@ class ColumnParallelLinear {
   Parameter* bias_ = nullptr;
   bool owns_weight_ = true;  // a shared (tied) weight reports grad_ready at its other, last use
   std::string name_;         // the module's name (its parameters' prefix): NVTX range and module trace
+  std::shared_ptr<Fp8LinearState> fp8_;  // FP8 scaling state; null without FP8
 };
 
 class RowParallelLinear {
@@ -118,6 +129,7 @@ class RowParallelLinear {
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   std::string name_;  // the module's name (its parameters' prefix): NVTX range and module trace
+  std::shared_ptr<Fp8LinearState> fp8_;  // FP8 scaling state; null without FP8
 };
 
 // The TensorShard of a dim-`dim` split of `global` into tp parts (stride_chunks logical chunks each

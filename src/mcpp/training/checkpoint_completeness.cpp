@@ -69,8 +69,10 @@ int64_t check_checkpoint_complete(const dc::CheckpointReader& reader) {
                                         shape_str(reader.entry(t.key).global_shape), shape_str(t.global_shape)));
     }
   }
+  // (per-rank module state, "rank_state.<rank>.<key>" — the FP8 scaling state — depends on the layout saved, not only on
+  // the config: accepted as is)
   for (const std::string& k : reader.keys())
-    if (!wanted.count(k)) unexpected.push_back(k);
+    if (!wanted.count(k) && k.rfind("rank_state.", 0) != 0) unexpected.push_back(k);
   auto first = [](const std::vector<std::string>& v) {
     const size_t n = std::min<size_t>(v.size(), 3);
     return fmt::format("{}{}", fmt::join(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n), ", "),

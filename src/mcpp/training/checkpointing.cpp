@@ -335,12 +335,57 @@ nlohmann::json optimizer_meta(OptimizerRef optimizer) {
   return nullptr;
 }
 
+namespace {
+// Module state kept per rank (ParameterRegistry::add_rank_state: the FP8 scaling state) under
+// "rank_state.<rank coordinates>.<key>": each rank writes (and reads back) its own, whole.
+constexpr const char* kRankState = "rank_state.";
+std::string rank_state_key(const std::string& rank, const std::string& key) { return kRankState + rank + "." + key; }
+
+void add_rank_states(std::vector<dc::ShardedTensor>& out, const std::vector<ModelChunk*>& chunks,
+                     const std::string& rank) {
+  for (ModelChunk* c : chunks)
+    for (ParamAndGradBuffer* buf : c->buffers())
+      for (const auto& [key, t] : buf->rank_states()) {
+        Tensor host = t->is_cpu() ? t->clone() : t->to(Device::CPU);
+        out.push_back({rank_state_key(rank, key), host.shape(), dc::Rect{Shape(host.shape().size(), 0), host.shape()},
+                       host});
+      }
+}
+
+// Restores every rank state saved by this rank's coordinates under the same layout; otherwise (another layout, or a
+// checkpoint without them) the states keep their initial values and rank 0 says so once.
+void read_rank_states(const dc::CheckpointReader& reader, const std::vector<ModelChunk*>& chunks, bool same_layout,
+                      const std::string& rank, bool log) {
+  bool missing = false;
+  for (ModelChunk* c : chunks)
+    for (ParamAndGradBuffer* buf : c->buffers())
+      for (const auto& [key, t] : buf->rank_states()) {
+        const std::string k = rank_state_key(rank, key);
+        if (!same_layout || !reader.has(k)) {
+          missing = true;
+          continue;
+        }
+        const dc::ManifestEntry& e = reader.entry(k);
+        if (e.global_shape != t->shape())
+          fail("checkpoint '{}': tensor '{}' has shape {}, the model needs {}", reader.dir(), k,
+               shape_str(e.global_shape), shape_str(t->shape()));
+        Tensor host = Tensor::empty(t->shape(), t->dtype(), Device::CPU);
+        reader.read_region(k, Shape(host.shape().size(), 0), host);
+        t->copy_from(host);
+      }
+  if (missing && log)
+    spdlog::info("checkpoint '{}': module state (FP8 scaling) not restored (saved under another layout, or not "
+                 "saved): it starts from its initial values", reader.dir());
+}
+}  // namespace
+
 CheckpointSnapshot snapshot_training_checkpoint(const Config& config, const std::vector<ModelChunk*>& chunks,
                                                 OptimizerRef optimizer, const TrainerState& state,
                                                 const parallel_state::ParallelContext& pc) {
   CheckpointSnapshot snap;
   snap.iteration = state.iteration;
   snap.shards = collect_checkpoint_shards(chunks, optimizer, save_ownership(pc));
+  add_rank_states(snap.shards, chunks, rng_rank_key(pc));
   // Every rank's RNG state, keyed by its coordinates (collective over the world).
   const std::vector<std::string> rngs =
       dc::all_gather_strings(pc.world()->host(), nlohmann::json{{"rank", rng_rank_key(pc)}, {"state", state.rng.state()}}.dump());
@@ -436,6 +481,16 @@ bool load_training_checkpoint(const std::string& load_dir, const Config& config,
   if (!state.scheduler.is_object())
     fail("checkpoint '{}': manifest meta.opt_param_scheduler must be an object, got {}", reader.dir(),
          state.scheduler.type_name());
+  {
+    bool same = pc != nullptr;
+    if (pc) {
+      const nlohmann::json now = parallel_meta(config, *pc, false);
+      const nlohmann::json saved = meta.value("parallel", nlohmann::json::object());
+      for (const char* f : {"tp", "pp", "vp", "dp", "cp"})
+        same = same && saved.value(f, int64_t{1}) == now.at(f).get<int64_t>();
+    }
+    read_rank_states(reader, chunks, same || !pc, pc ? rng_rank_key(*pc) : "tp0.pp0.dp0.cp0", !pc || pc->rank() == 0);
+  }
   if (opt.load_rng) {
     try {
       load_rng(meta, config, pc, state.rng, reader.dir());

@@ -67,6 +67,20 @@ void Config::validate() const {
          "supported with it (use flash, or --cp-comm-type a2a)", model.attention_impl);
   if (parallel.tp_comm_overlap && !parallel.sequence_parallel)
     fail("tp_comm_overlap: the tensor-parallel communication overlap needs --sequence-parallel (Megatron)");
+  if (model.fp8()) {  // (tensor_parallel/fp8_state.h)
+    if (parallel.tp_comm_overlap)
+      fail("fp8_format: FP8 linears with --tp-comm-overlap are not implemented (drop one of them)");
+    if (training.device != "cpu" && !training.bf16)
+      fail("fp8_format: FP8 training on the GPU (--device {}) needs --bf16 (Megatron's rule; on --device cpu the casts "
+           "are emulated in fp32)", training.device);
+    const int64_t tokens = model.seq_length * training.micro_batch_size / cp;
+    if (training.device != "cpu" && (model.hidden_size % 16 != 0 || model.ffn_hidden_size % (16 * tp) != 0 ||
+                                     model.kv_channels * model.num_attention_heads % (16 * tp) != 0 ||
+                                     tokens % 16 != 0))
+      fail("fp8_format: cuBLASLt's FP8 GEMMs need hidden_size, ffn_hidden_size / tp, num_attention_heads * kv_channels "
+           "/ tp and seq_length * micro_batch_size / cp multiples of 16; got {}, {}, {}, {}", model.hidden_size,
+           model.ffn_hidden_size / tp, model.kv_channels * model.num_attention_heads / tp, tokens);
+  }
   if (parallel.sequence_parallel && model.seq_length % (tp * cp) != 0)
     fail("seq_length ({}) must be divisible by tensor_model_parallel_size * context_parallel_size ({}) with "
          "sequence_parallel", model.seq_length, tp * cp);

@@ -17,7 +17,8 @@ tensor_parallel::ParallelLinearOptions attention_output_options(const Transforme
           .bias = c.add_bias_linear,
           .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
           .sequence_parallel = tp.sequence_parallel,
-          .tp_comm_overlap = tp.comm_overlap};
+          .tp_comm_overlap = tp.comm_overlap,
+          .fp8 = c.fp8_options()};
 }
 
 SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
@@ -34,7 +35,8 @@ SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefi
                    .bias = c.add_bias_linear || c.add_qkv_bias,
                    .init_std = c.init_method_std,
                    .sequence_parallel = tp.sequence_parallel,
-                   .tp_comm_overlap = tp.comm_overlap},
+                   .tp_comm_overlap = tp.comm_overlap,
+                   .fp8 = c.fp8_options()},
                   tp.group),
       linear_proj_(params, prefix + ".linear_proj",
                    attention_output_options(c, tp, c.num_attention_heads * c.kv_channels), tp.group),

@@ -22,7 +22,8 @@ MLP::MLP(ParameterRegistry& params, const std::string& prefix, const Transformer
                    .sequence_parallel = tp.sequence_parallel && !is_expert,
                    .tp_comm_overlap = tp.comm_overlap && !is_expert,
                    .stride_chunks = c.swiglu ? 2 : 1,
-                   .explicit_expert_comm = is_expert},
+                   .explicit_expert_comm = is_expert,
+                   .fp8 = is_expert ? tensor_parallel::Fp8Options{} : c.fp8_options()},
                   tp.group),
       linear_fc2_(params, prefix + ".linear_fc2",
                   {.input_size = c.ffn_hidden_size,
@@ -31,7 +32,8 @@ MLP::MLP(ParameterRegistry& params, const std::string& prefix, const Transformer
                    .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
                    .sequence_parallel = tp.sequence_parallel && !is_expert,
                    .tp_comm_overlap = tp.comm_overlap && !is_expert,
-                   .explicit_expert_comm = is_expert},
+                   .explicit_expert_comm = is_expert,
+                   .fp8 = is_expert ? tensor_parallel::Fp8Options{} : c.fp8_options()},
                   tp.group) {}
 
 Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {

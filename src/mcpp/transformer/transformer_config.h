@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mcpp/core/config_fields.h"
+#include "mcpp/tensor_parallel/fp8_options.h"
 
 namespace mcpp {
 
@@ -124,6 +125,18 @@ struct TransformerConfig {
   // --calculate-per-token-loss: the loss is summed over tokens and divided once by the global number of
   // non-masked tokens (instead of a mean per microbatch averaged over microbatches).
   bool calculate_per_token_loss = false;
+  // FP8 training (Megatron's --fp8-format / --fp8-recipe / --fp8-amax-history-len / --fp8-amax-compute-algo /
+  // --fp8-margin, Transformer Engine's recipes; tensor_parallel/fp8_state.h): the dense layers' linears (attention
+  // qkv / proj, MLP fc1 / fc2) run FP8 GEMMs; the output layer, norms, core attention and MoE experts stay in the
+  // model's dtype. fp8_format "" (off) | "e4m3" | "hybrid" (e5m2 gradients); fp8_recipe "delayed" | "tensorwise"
+  // ("blockwise" is refused: not implemented). On the CPU backend the casts are emulated (kernels/cpu/fp8.cpp).
+  std::string fp8_format;
+  std::string fp8_recipe = "delayed";
+  int64_t fp8_amax_history_len = 1;             // Megatron's default (Transformer Engine's own: 1024)
+  std::string fp8_amax_compute_algo = "most_recent";  // | "max"; Megatron's default
+  int64_t fp8_margin = 0;
+  bool fp8() const { return !fp8_format.empty(); }
+  tensor_parallel::Fp8Options fp8_options() const;  // disabled when fp8_format is ""
   // Multi-token prediction (Megatron's --mtp-num-layers / --mtp-loss-scaling-factor; DeepSeek-V3's MTP;
   // transformer/multi_token_prediction.h): mtp_num_layers > 0 depths on the last pipeline stage, each predicting one
   // more token ahead; their losses' weight mtp_loss_scaling_factor / mtp_num_layers each. 0 = off (Megatron's None).

@@ -1,0 +1,213 @@
+// CUDA FP8 ops (ops.inc fp8_*): argument checks, fp8 byte scratch, and the cuBLASLt FP8 GEMMs.
+//
+// cuBLASLt's FP8 matmul on Hopper takes only the "TN" form (A transposed, B not; both with the reduction dim
+// contiguous), e4m3 x e4m3 or e4m3 x e5m2, fp32 compute, per-tensor dequantization factors through
+// CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER (device floats: our scale_invs), leading dims multiples of 16 bytes.
+// In row-major terms (K contiguous in both operands):
+//   fwd    y[n,out]   = x[n,in]   . w[out,in]^T   A = q(w)    [out, in],  B = q(x)    [n, in]    (no transposes)
+//   dgrad  dx[n,in]   = dy[n,out] . w[out,in]     A = q(w)^T  [in, out],  B = q(dy)   [n, out]   (w cast-transposed)
+//   wgrad  dw[out,in] = dy^T . x                  A = q(x)^T  [in, n],    B = q(dy)^T [out, n]   (both transposed)
+// so every cast that feeds a transposed operand is one fp8_cast_transpose pass (the row-major copy written in the
+// same pass where both are needed: dy). y, dx are written in the activations' dtype (bf16 or fp32); the wgrad writes
+// fp32 straight into the main grad (C = D, beta = 1, or 0 to overwrite). The forward uses fast accumulation
+// (CUBLASLT_MATMUL_DESC_FAST_ACCUM, Transformer Engine's forward setting); dgrad / wgrad accumulate exactly in fp32.
+// Plans (descriptors, layouts, the heuristic's algorithm) are cached per shape; the handle and workspace are the
+// GEMMs' (gemm_lt.h).
+#include <cuda_fp8.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "mcpp/kernels/cuda/fp8_launch.h"
+#include "mcpp/kernels/cuda/gemm_lt.h"
+
+namespace mcpp::ops::cuda {
+using namespace cuda_detail;
+
+namespace {
+
+int fmt_of(Fp8Format f) { return f == Fp8Format::E4M3 ? 0 : 1; }
+cudaDataType_t fp8_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+
+// fp8 bytes on the device: a float32 tensor of ceil(n / 4) elements (the Tensor has no byte dtype).
+Tensor fp8_bytes(int64_t n) { return Tensor::empty({(n + 3) / 4}, DType::F32, Device::CUDA); }
+uint8_t* bytes_of(Tensor& t) { return static_cast<uint8_t*>(t.raw()); }
+
+const float* scale_ptr(const char* op, const char* arg, const Tensor& scale) {
+  require_float(op, arg, scale, /*bf16_ok=*/false);
+  require_numel(op, arg, scale, 2, "{scale, scale_inv}");
+  return scale.data<float>();
+}
+float* amax_ptr(const char* op, const Tensor* amax) {
+  if (!amax || !amax->defined()) return nullptr;
+  require_float(op, "amax", *amax, /*bf16_ok=*/false);
+  MCPP_CHECK(amax->numel() >= 1, "{}: amax must have at least one element; got {}", op, amax->str());
+  return const_cast<float*>(amax->data<float>());
+}
+
+void require_multiple_of_16(const char* op, int64_t n, int64_t in, int64_t out) {
+  MCPP_CHECK(n % 16 == 0 && in % 16 == 0 && out % 16 == 0,
+             "{}: cuBLASLt FP8 GEMMs need every dimension a multiple of 16; got tokens {}, in {}, out {}", op, n, in,
+             out);
+}
+
+// One FP8 GEMM in cuBLASLt's column-major terms: D[m x n] (ld m) = sa * sb * op_T(A)[m x k] . B[k x n]
+// (+ beta * D), A stored k x m (ld k), B stored k x n (ld k) — i.e. row-major D[n][m] = B_rm[n][k] . A_rm[m][k]^T.
+struct Fp8GemmKey {
+  int64_t m, n, k;
+  int ta, tb, td;  // cudaDataType_t of A, B, D
+  bool fast_accum;
+  auto tie() const { return std::tie(m, n, k, ta, tb, td, fast_accum); }
+  bool operator<(const Fp8GemmKey& o) const { return tie() < o.tie(); }
+};
+struct Fp8Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+Fp8Plan& fp8_plan(const Fp8GemmKey& key) {
+  static std::mutex mu;
+  static std::map<Fp8GemmKey, Fp8Plan> plans;  // lives for the process, like the GEMMs' plan cache
+  const std::lock_guard<std::mutex> lock(mu);
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  Fp8Plan p;
+  auto& st = gemm_lt::lt_state();
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
+  const int8_t fast = key.fast_accum ? 1 : 0;
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, static_cast<cudaDataType_t>(key.ta), key.k, key.m, key.k));
+  MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, static_cast<cudaDataType_t>(key.tb), key.k, key.n, key.k));
+  MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.ld, static_cast<cudaDataType_t>(key.td), key.m, key.n, key.m));
+  cublasLtMatmulPreference_t pref = nullptr;
+  MCPP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = gemm_lt::kWorkspaceBytes;
+  MCPP_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  // The scale pointers are per call, but the heuristic must know they are set (device pointers of the call).
+  const float* dummy = nullptr;
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof(dummy)));
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof(dummy)));
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.ld, p.ld, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  MCPP_CHECK(hs == CUBLAS_STATUS_SUCCESS && found > 0,
+             "fp8 GEMM: cuBLASLt has no FP8 algorithm for m {} n {} k {} (A type {}, B type {}, D type {}): needs a "
+             "Hopper (sm_90) or Ada GPU",
+             key.m, key.n, key.k, key.ta, key.tb, key.td);
+  p.algo = res.algo;
+  return plans.emplace(key, p).first->second;
+}
+
+// D = sa * sb * op_T(A) B (+ beta D) with the key's shapes; a / b fp8 bytes, scales device floats.
+void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+              float beta, cudaStream_t s) {
+  Fp8Plan& p = fp8_plan(key);
+  auto& st = gemm_lt::lt_state();
+  // The scale pointers are descriptor attributes: set per call under the plan lock-free path (the descriptor is
+  // only used by this stream's host thread, as the GEMMs' plans are).
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+  const float alpha = 1.0f;
+  MCPP_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.op, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
+                                   st.workspace, gemm_lt::kWorkspaceBytes, s));
+}
+
+cudaDataType_t out_type(const char* op, const char* arg, const Tensor& t) {
+  return gemm_lt::cuda_type(require_float(op, arg, t));
+}
+
+}  // namespace
+
+void fp8_quantize(Tensor& out, Tensor* amax_acc, const Tensor& in, const Tensor& scale, Fp8Format format,
+                  Stream stream) {
+  const char* op = "fp8_quantize";
+  require_same_shape(op, "out", out, "in", in);
+  launch_fp8_cast(nullptr, fout_of(op, "out", out), fin_of(op, "in", in), in.numel(), scale_ptr(op, "scale", scale),
+                  amax_ptr(op, amax_acc), fmt_of(format), stream_of(stream));
+}
+
+void fp8_amax(Tensor& amax_acc, const Tensor& in, Stream stream) {
+  launch_fp8_amax(amax_ptr("fp8_amax", &amax_acc), fin_of("fp8_amax", "in", in), in.numel(), stream_of(stream));
+}
+
+void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptions& opt, Stream stream) {
+  const char* op = "fp8_scale_update";
+  require_float(op, "amax_history", amax_history, /*bf16_ok=*/false);
+  MCPP_CHECK(amax_history.numel() >= 1 && amax_history.numel() <= kFp8MaxHistory,
+             "{}: amax_history must have 1 to {} elements; got {}", op, kFp8MaxHistory, amax_history.str());
+  launch_fp8_scale_update(const_cast<float*>(scale_ptr(op, "scale", scale)), amax_history.data<float>(),
+                          amax_history.numel(), fp8_max(opt.format), opt.margin, opt.most_recent, stream_of(stream));
+}
+
+void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operand& fx, const Fp8Operand& fw,
+                    Stream stream) {
+  const char* op = "fp8_linear_fwd";
+  const cudaStream_t s = stream_of(stream);
+  MCPP_CHECK(w.ndim() == 2, "{}: w must be [out, in]; got {}", op, w.str());
+  const int64_t out = w.size(0), in = w.size(1), n = x.numel() / std::max<int64_t>(in, 1);
+  MCPP_CHECK(x.size(-1) == in && y.size(-1) == out && y.numel() == n * out,
+             "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, in, out, x.str(), y.str());
+  require_multiple_of_16(op, n, in, out);
+  Tensor qx = fp8_bytes(n * in), qw = fp8_bytes(out * in);
+  launch_fp8_cast(bytes_of(qx), FOut{nullptr, kF32}, fin_of(op, "x", x), n * in, scale_ptr(op, "fx.scale", fx.scale),
+                  amax_ptr(op, &fx.amax), fmt_of(fx.format), s);
+  launch_fp8_cast(bytes_of(qw), FOut{nullptr, kF32}, fin_of(op, "w", w), out * in, scale_ptr(op, "fw.scale", fw.scale),
+                  amax_ptr(op, &fw.amax), fmt_of(fw.format), s);
+  const Fp8GemmKey key{out, n, in, fp8_type(fw.format), fp8_type(fx.format), out_type(op, "y", y), true};
+  fp8_gemm(y.raw(), key, bytes_of(qw), fw.scale.data<float>() + 1, bytes_of(qx), fx.scale.data<float>() + 1, 0.0f, s);
+}
+
+void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
+                    const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, GradWrite grad_write,
+                    Stream stream) {
+  const char* op = "fp8_linear_bwd";
+  const cudaStream_t s = stream_of(stream);
+  MCPP_CHECK(w.ndim() == 2 && dw_acc.shape() == w.shape(), "{}: w [out, in] and dw_acc like w; got w {}, dw_acc {}",
+             op, w.str(), dw_acc.str());
+  require_float(op, "dw_acc", dw_acc, /*bf16_ok=*/false);
+  const int64_t out = w.size(0), in = w.size(1), n = x.numel() / std::max<int64_t>(in, 1);
+  MCPP_CHECK(dy.numel() == n * out && x.numel() == n * in, "{}: dy [n, {}] and x [n, {}]; got dy {}, x {}", op, out,
+             in, dy.str(), x.str());
+  require_multiple_of_16(op, n, in, out);
+  MCPP_CHECK(!(fdy.format == Fp8Format::E5M2 && fw.format == Fp8Format::E5M2) &&
+                 !(fdy.format == Fp8Format::E5M2 && fx.format == Fp8Format::E5M2),
+             "{}: cuBLASLt has no e5m2 x e5m2 GEMM", op);
+  const float* sdy = scale_ptr(op, "fdy.scale", fdy.scale) + 1;
+  // q(dy) [n, out] (dgrad's B) and q(dy)^T [out, n] (wgrad's B) in one pass, recording dy's amax
+  Tensor qdy = fp8_bytes(n * out), qdyt = fp8_bytes(n * out);
+  launch_fp8_cast_transpose(dx ? bytes_of(qdy) : nullptr, bytes_of(qdyt), fin_of(op, "dy", dy), n, out,
+                            scale_ptr(op, "fdy.scale", fdy.scale), amax_ptr(op, &fdy.amax), fmt_of(fdy.format), s);
+  if (dx) {  // dx[n,in] = q(dy)[n,out] . (q(w)^T [in,out])^T
+    MCPP_CHECK(dx->numel() == n * in, "{}: dx must have {} elements; got {}", op, n * in, dx->str());
+    Tensor qwt = fp8_bytes(out * in);
+    launch_fp8_cast_transpose(nullptr, bytes_of(qwt), fin_of(op, "w", w), out, in,
+                              scale_ptr(op, "fw.scale", fw.scale), nullptr, fmt_of(fw.format), s);
+    const Fp8GemmKey key{in, n, out, fp8_type(fw.format), fp8_type(fdy.format), out_type(op, "dx", *dx), false};
+    fp8_gemm(dx->raw(), key, bytes_of(qwt), fw.scale.data<float>() + 1, bytes_of(qdy), sdy, 0.0f, s);
+  }
+  // dw[out,in] (+)= q(dy)^T [out,n] . (q(x)^T [in,n])^T, fp32 straight into the main grad
+  Tensor qxt = fp8_bytes(n * in);
+  launch_fp8_cast_transpose(nullptr, bytes_of(qxt), fin_of(op, "x", x), n, in, scale_ptr(op, "fx.scale", fx.scale),
+                            nullptr, fmt_of(fx.format), s);
+  const bool overwrite = grad_write == GradWrite::Overwrite;
+  const Fp8GemmKey key{in, out, n, fp8_type(fx.format), fp8_type(fdy.format), CUDA_R_32F, false};
+  fp8_gemm(dw_acc.raw(), key, bytes_of(qxt), fx.scale.data<float>() + 1, bytes_of(qdyt), sdy, overwrite ? 0.0f : 1.0f,
+           s);
+  if (db_acc) {
+    require_float(op, "db_acc", *db_acc, /*bf16_ok=*/false);
+    require_numel(op, "db_acc", *db_acc, out, "out = w.size(0)");
+    if (overwrite) MCPP_CUDA_CHECK(cudaMemsetAsync(db_acc->raw(), 0, db_acc->nbytes(), s));
+    Tensor partial = Tensor::empty({column_sum_parts(n), out}, DType::F32, Device::CUDA);
+    launch_column_sum_acc(db_acc->data<float>(), fin_of(op, "dy", dy), n, out, partial.data<float>(), s);
+  }
+}
+
+}  // namespace mcpp::ops::cuda

@@ -1,0 +1,159 @@
+// FP8 cast / cast-transpose / amax / delayed-scaling kernels (launchers declared in fp8_launch.h). Elementwise,
+// memory bound: each reads its input once; the amax of the unscaled input is reduced per block (warp shuffles) and
+// folded into the slot with one atomic max (non-negative floats order as their int bits). fmaxf drops NaNs from the
+// amax (a NaN input still casts to NaN).
+#include <cuda_fp8.h>
+
+#include "mcpp/kernels/cuda/fp8_launch.h"
+
+namespace mcpp::cuda_detail {
+namespace {
+
+__device__ __forceinline__ uint8_t to_fp8(float v, int fmt) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt == 0 ? __NV_E4M3 : __NV_E5M2);
+}
+__device__ __forceinline__ float from_fp8(uint8_t q, int fmt) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(q, fmt == 0 ? __NV_E4M3 : __NV_E5M2);
+  return __half2float(__half(h));
+}
+
+// Reduces v over the block and atomically maxes it into *amax (thread 0). blockDim.x a multiple of 32, <= 1024.
+__device__ void block_amax(float v, float* amax) {
+  __shared__ float warp_max[32];
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warps = static_cast<int>(blockDim.x * blockDim.y) / 32;
+  const int tid = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
+  if (tid % 32 == 0) warp_max[tid / 32] = v;
+  __syncthreads();
+  if (tid == 0) {
+    float m = 0.0f;
+    for (int i = 0; i < warps; ++i) m = fmaxf(m, warp_max[i]);
+    atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));  // m >= 0: int order = float order
+  }
+}
+
+__global__ void cast_kernel(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale, float* amax, int fmt) {
+  const float s = scale[0];
+  float m = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = in[i];
+    m = fmaxf(m, fabsf(x));
+    const uint8_t b = to_fp8(__fmul_rn(x, s), fmt);
+    if (q) q[i] = b;
+    if (deq.p) deq.set(i, from_fp8(b, fmt));
+  }
+  if (amax) block_amax(m, amax);
+}
+
+__global__ void amax_kernel(float* amax, FIn in, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    m = fmaxf(m, fabsf(in[i]));
+  block_amax(m, amax);
+}
+
+// 32 x 32 tiles, blockDim (32, 8): each thread casts 4 elements of a tile row-wise and writes 4 of the transpose.
+constexpr int kTile = 32, kRowsPerPass = 8;
+__global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
+                                      const float* scale, float* amax, int fmt) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const float s = scale[0];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  float m = 0.0f;
+  for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
+    const int64_t r = r0 + j, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      const float x = in[r * cols + c];
+      m = fmaxf(m, fabsf(x));
+      const uint8_t b = to_fp8(__fmul_rn(x, s), fmt);
+      tile[j][threadIdx.x] = b;
+      if (q) q[r * cols + c] = b;
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
+    const int64_t c = c0 + j, r = r0 + threadIdx.x;  // qt[c, r] = q[r, c]
+    if (r < rows && c < cols) qt[c * rows + r] = tile[threadIdx.x][j];
+  }
+  if (amax) block_amax(m, amax);
+}
+
+__global__ void scale_update_kernel(float* scale, float* history, int64_t len, float fp8_max, int margin,
+                                    bool most_recent) {
+  extern __shared__ float h[];
+  __shared__ float result;
+  float m = 0.0f;
+  bool nan = false;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    h[i] = history[i];
+    nan = nan || isnan(h[i]);
+    m = fmaxf(m, h[i]);
+  }
+  // torch.max over the history: a NaN wins (then the scale is kept, as _default_sf_compute's isfinite check does)
+  nan = __syncthreads_or(nan);
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ float warp_max[32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float a = h[0];
+    if (!most_recent) {
+      a = 0.0f;
+      for (int i = 0; i < static_cast<int>(blockDim.x / 32); ++i) a = fmaxf(a, warp_max[i]);
+      if (nan) a = __int_as_float(0x7fc00000);
+    }
+    result = a;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) history[i] = i + 1 < len ? h[i + 1] : h[0];  // roll(-1)
+  if (threadIdx.x == 0) {
+    history[0] = 0.0f;  // after the roll: len == 1 rolls onto itself
+    const float a = result;
+    if (isfinite(a) && a > 0.0f) {
+      const float sf = __fdiv_rn(__fdiv_rn(fp8_max, a), ldexpf(1.0f, margin));
+      scale[0] = sf;
+      scale[1] = __frcp_rn(sf);
+    }
+  }
+}
+
+int blocks_for(int64_t n, int threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 4096 ? (b > 0 ? b : 1) : 4096);
+}
+
+}  // namespace
+
+void launch_fp8_cast(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale, float* amax, int fmt,
+                     cudaStream_t s) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  cast_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(q, deq, in, n, scale, amax, fmt);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
+                               float* amax, int fmt, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_fp8_amax(float* amax, FIn in, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  amax_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(amax, in, n);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_fp8_scale_update(float* scale, float* history, int64_t len, float fp8_max, int margin, bool most_recent,
+                             cudaStream_t s) {
+  scale_update_kernel<<<1, 1024, static_cast<size_t>(len) * sizeof(float), s>>>(scale, history, len, fp8_max, margin,
+                                                                               most_recent);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mcpp::cuda_detail

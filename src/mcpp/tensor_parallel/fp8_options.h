@@ -1,0 +1,20 @@
+// The FP8 settings a tensor-parallel linear takes (ParallelLinearOptions::fp8): what the recipe is, without the
+// state (fp8_state.h). A plain header, so the model's config (transformer/transformer_config.h) can name it.
+#pragma once
+#include <cstdint>
+
+namespace mcpp::tensor_parallel {
+
+enum class Fp8Recipe { Delayed, Tensorwise };
+
+// The model's FP8 settings (TransformerConfig's fp8 fields, transformer/transformer_config.h fp8_options()).
+struct Fp8Options {
+  bool enabled = false;
+  bool hybrid = false;  // --fp8-format hybrid: e5m2 output gradients (else e4m3 everywhere)
+  Fp8Recipe recipe = Fp8Recipe::Delayed;
+  int64_t amax_history_len = 1024;
+  bool amax_most_recent = false;  // --fp8-amax-compute-algo most_recent (else max)
+  int margin = 0;
+};
+
+}  // namespace mcpp::tensor_parallel

@@ -1,0 +1,208 @@
+// The CPU FP8 emulation (kernels/cpu/fp8.cpp), the oracle of the CUDA FP8 kernels:
+//   - fp8_round against a table computed by the formats' definition in float64 (tests/oracle/fp8_ref.py: all 256 codes
+//     decoded, nearest value, ties to the even code, saturation; every value, midpoint and its neighbours, plus 2000
+//     random values over 2^-20..2^18);
+//   - fp8_quantize / fp8_amax: the op applies the scale in fp32 before rounding and records max |x|;
+//   - fp8_scale_update against Transformer Engine's delayed-scaling functions (_default_get_amax_and_update_history,
+//     _update_amax_history, _default_sf_compute), written out below step by step;
+//   - fp8_linear_fwd / _bwd against a float64 GEMM of the emulated operands, and against the unquantized fp32 linear
+//     within FP8's error.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/grad_check.h"
+#include "mcpp/kernels/ops.h"
+
+namespace mcpp {
+namespace {
+
+using ops::Fp8Format;
+
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+float from_bits(uint32_t b) { return std::bit_cast<float>(b); }
+
+TEST(Fp8Round, MatchesTheFormatsDefinition) {
+  std::ifstream in(std::string(MCPP_SOURCE_DIR) + "/tests/fixtures/fp8/rounding.tsv");
+  ASSERT_TRUE(in) << "tests/fixtures/fp8/rounding.tsv (tests/oracle/fp8_ref.py)";
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ss(line);
+    uint32_t x = 0, e4 = 0, e5 = 0;
+    ss >> std::hex >> x >> e4 >> e5;
+    const float v = from_bits(x);
+    for (const auto& [fmt, want] : {std::pair{Fp8Format::E4M3, e4}, std::pair{Fp8Format::E5M2, e5}}) {
+      const float got = ops::fp8_round(v, fmt);
+      if (std::isnan(from_bits(want))) {
+        EXPECT_TRUE(std::isnan(got)) << std::hex << x;
+      } else {
+        ASSERT_EQ(bits(got), want) << "input " << v << " (0x" << std::hex << x << ") format "
+                                   << (fmt == Fp8Format::E4M3 ? "e4m3" : "e5m2");
+      }
+    }
+    ++n;
+  }
+  EXPECT_GT(n, 3000);
+}
+
+TEST(Fp8Quantize, ScalesInFp32RoundsAndRecordsAmax) {
+  Tensor x = testing::random_tensor({37, 19}, 3, nullptr, -3.0, 3.0);
+  x.data<float>()[5] = -7.5f;  // the amax
+  for (Fp8Format fmt : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    Tensor scale = Tensor::empty({2});
+    scale.data<float>()[0] = 37.3f;  // saturates e4m3 past 448 / 37.3 = 12: none here; e5m2 none either
+    scale.data<float>()[1] = 1.0f / 37.3f;
+    Tensor out = Tensor::empty(x.shape()), amax = Tensor::zeros({1});
+    amax.data<float>()[0] = 2.0f;  // an earlier record below this tensor's amax
+    ops::fp8_quantize(out, &amax, x, scale, fmt);
+    for (int64_t i = 0; i < x.numel(); ++i)
+      ASSERT_EQ(bits(out.data<float>()[i]), bits(ops::fp8_round(x.data<float>()[i] * 37.3f, fmt))) << i;
+    EXPECT_EQ(amax.data<float>()[0], 7.5f);
+    ops::fp8_amax(amax, x);  // max with itself: unchanged
+    EXPECT_EQ(amax.data<float>()[0], 7.5f);
+  }
+}
+
+// Transformer Engine's delayed-scaling update, transcribed (fp32 tensors there; float here):
+//   amax = max(history) | history[0];  history = roll(history, -1); history[0] = 0
+//   sf = (fp8_max / amax) / 2^margin;  sf = where(amax > 0, sf, scale);  sf = where(isfinite(amax), sf, scale)
+struct TeRef {
+  std::vector<float> history;
+  float scale = 1.0f;
+  void update(bool most_recent, float fp8_max, int margin) {
+    float amax = history[0];
+    if (!most_recent)
+      for (float h : history) amax = std::isnan(h) || std::isnan(amax) ? NAN : std::max(amax, h);
+    std::vector<float> rolled(history.size());
+    for (size_t i = 0; i < history.size(); ++i) rolled[i] = history[(i + 1) % history.size()];
+    history = rolled;
+    history[0] = 0.0f;
+    float sf = (fp8_max / amax) / std::pow(2.0f, static_cast<float>(margin));
+    if (!(amax > 0.0f)) sf = scale;
+    if (!std::isfinite(amax)) sf = scale;
+    scale = sf;
+  }
+};
+
+TEST(Fp8ScaleUpdate, MatchesTransformerEnginesDelayedScaling) {
+  const std::vector<float> amaxes{3.0f, 0.5f, 0.0f, 12.0f, 1e-30f, INFINITY, 2.0f, 0.25f, 7.0f};
+  for (bool most_recent : {false, true})
+    for (int margin : {0, 2})
+      for (Fp8Format fmt : {Fp8Format::E4M3, Fp8Format::E5M2})
+        for (int64_t len : {1, 4}) {
+          SCOPED_TRACE(::testing::Message() << "most_recent " << most_recent << " margin " << margin << " len " << len);
+          TeRef ref{.history = std::vector<float>(static_cast<size_t>(len), 0.0f)};
+          Tensor scale = Tensor::empty({2}), hist = Tensor::zeros({len});
+          scale.fill_(1.0f);
+          for (float a : amaxes) {
+            hist.data<float>()[0] = a;  // what the step's casts recorded
+            ref.history[0] = a;
+            ops::fp8_scale_update(scale, hist, {.format = fmt, .margin = margin, .most_recent = most_recent});
+            ref.update(most_recent, ops::fp8_max(fmt), margin);
+            ASSERT_EQ(scale.data<float>()[0], ref.scale) << "after amax " << a;
+            ASSERT_EQ(scale.data<float>()[1], 1.0f / ref.scale);
+            for (int64_t i = 0; i < len; ++i) ASSERT_EQ(hist.data<float>()[i], ref.history[static_cast<size_t>(i)]);
+          }
+        }
+}
+
+Tensor quantized(const Tensor& t, float scale, Fp8Format fmt) {
+  Tensor q = Tensor::empty(t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) q.data<float>()[i] = ops::fp8_round(t.data<float>()[i] * scale, fmt);
+  return q;
+}
+
+Tensor scale_of(float s) {
+  Tensor t = Tensor::empty({2});
+  t.data<float>()[0] = s;
+  t.data<float>()[1] = 1.0f / s;
+  return t;
+}
+
+// c[i, j] = sum_k a[i, k] b[j, k] in double, times alpha (float32 out)
+Tensor ref_abt(const Tensor& a, const Tensor& b, int64_t m, int64_t n, int64_t k, double alpha) {
+  Tensor c = Tensor::empty({m, n});
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t l = 0; l < k; ++l) s += double(a.data<float>()[i * k + l]) * b.data<float>()[j * k + l];
+      c.data<float>()[i * n + j] = static_cast<float>(s * alpha);
+    }
+  return c;
+}
+
+Tensor transposed(const Tensor& t) {
+  const int64_t r = t.size(0), c = t.size(1);
+  Tensor o = Tensor::empty({c, r});
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) o.data<float>()[j * r + i] = t.data<float>()[i * c + j];
+  return o;
+}
+
+double rel(const Tensor& got, const Tensor& want) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = double(got.data<float>()[i]) - want.data<float>()[i];
+    num += d * d;
+    den += double(want.data<float>()[i]) * want.data<float>()[i];
+  }
+  return std::sqrt(num / den);
+}
+
+TEST(Fp8Linear, ForwardAndBackwardAreGemmsOfTheEmulatedOperands) {
+  const int64_t n = 48, in = 32, out = 24;
+  Tensor x = testing::random_tensor({n, in}, 1, nullptr, -2.0, 2.0), w = testing::random_tensor({out, in}, 2, nullptr, -0.1, 0.1);
+  Tensor dy = testing::random_tensor({n, out}, 3, nullptr, -1e-3, 1e-3);
+  const float sx = 448.0f / 2.0f, sw = 448.0f / 0.1f, sdy = 57344.0f / 1e-3f;  // scales from the ranges' amax
+  const ops::Fp8Operand fx{.scale = scale_of(sx), .amax = Tensor::zeros({1})};
+  const ops::Fp8Operand fw{.scale = scale_of(sw), .amax = Tensor::zeros({1})};
+  const ops::Fp8Operand fdy{.scale = scale_of(sdy), .amax = Tensor::zeros({1}), .format = Fp8Format::E5M2};
+  const Tensor qx = quantized(x, sx, Fp8Format::E4M3), qw = quantized(w, sw, Fp8Format::E4M3);
+  const Tensor qdy = quantized(dy, sdy, Fp8Format::E5M2);
+
+  Tensor y = Tensor::empty({n, out});
+  ops::fp8_linear_fwd(y, x, w, fx, fw);
+  // fp32 accumulation (OpenBLAS) of exact fp8 products vs double: 1e-6 relative
+  EXPECT_LT(rel(y, ref_abt(qx, qw, n, out, in, (1.0 / sx) * (1.0 / sw))), 1e-6);
+  Tensor y32 = Tensor::empty({n, out});
+  ops::linear_fwd(y32, x, w, nullptr);
+  // e4m3 keeps 3 mantissa bits (<= 2^-4 relative per operand, random signs average out): ~3% on the output
+  EXPECT_LT(rel(y, y32), 0.06);
+  float x_amax = 0.0f, w_amax = 0.0f;
+  for (int64_t i = 0; i < x.numel(); ++i) x_amax = std::max(x_amax, std::fabs(x.data<float>()[i]));
+  for (int64_t i = 0; i < w.numel(); ++i) w_amax = std::max(w_amax, std::fabs(w.data<float>()[i]));
+  EXPECT_EQ(fx.amax.data<float>()[0], x_amax);  // the forward records both operands' amax
+  EXPECT_EQ(fw.amax.data<float>()[0], w_amax);
+
+  Tensor dx = Tensor::empty({n, in}), dw = testing::random_tensor({out, in}, 4), db = Tensor::zeros({out});
+  const Tensor dw0 = dw.clone();
+  ops::fp8_linear_bwd(&dx, dw, &db, dy, x, w, fdy, fx, fw, ops::GradWrite::Accumulate);
+  EXPECT_LT(rel(dx, ref_abt(qdy, transposed(qw), n, in, out, (1.0 / sdy) * (1.0 / sw))), 1e-6);
+  Tensor dw_prod = ref_abt(transposed(qdy), transposed(qx), out, in, n, (1.0 / sdy) * (1.0 / sx));
+  Tensor dw_delta = Tensor::empty({out, in});
+  for (int64_t i = 0; i < out * in; ++i) dw_delta.data<float>()[i] = dw.data<float>()[i] - dw0.data<float>()[i];
+  EXPECT_LT(rel(dw_delta, dw_prod), 1e-5);  // the accumulation adds one fp32 rounding of dw's size
+  Tensor db_ref = Tensor::zeros({out});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < out; ++j) db_ref.data<float>()[j] += dy.data<float>()[i * out + j];
+  EXPECT_LT(rel(db, db_ref), 1e-6);  // the unquantized dy's column sums
+  float dy_amax = 0.0f;
+  for (int64_t i = 0; i < dy.numel(); ++i) dy_amax = std::max(dy_amax, std::fabs(dy.data<float>()[i]));
+  EXPECT_EQ(fdy.amax.data<float>()[0], dy_amax);
+
+  Tensor dw_over = testing::random_tensor({out, in}, 5), db_over = testing::random_tensor({out}, 6);
+  ops::fp8_linear_bwd(nullptr, dw_over, &db_over, dy, x, w, fdy, fx, fw, ops::GradWrite::Overwrite);
+  EXPECT_LT(rel(dw_over, dw_prod), 1e-6);
+  EXPECT_LT(rel(db_over, db_ref), 1e-6);
+}
+
+}  // namespace
+}  // namespace mcpp
