@@ -336,7 +336,7 @@ TEST(HfDeepseek, RefusesWhatTheOtherSideCannotExpress) {
   const auto V3 = HfFormat::DeepseekV3, V2 = HfFormat::DeepseekV2;
   const std::vector<std::pair<std::string, std::string>> exports = {
       {export_err(false, V3, [](auto&) {}), "model.moe_router_score_function"},  // softmax to V3
-      {export_err(true, V2, [](auto&) {}), "model.moe_router_score_function"},   // sigmoid to V2
+      {export_err(true, V2, [](auto& m) { m.mscale_all_dim = 0.0f; }), "model.moe_router_score_function"},
       {export_err(true, V3, [](auto& m) { m.moe_router_group_topk = 2, m.moe_router_num_groups = 4; }),
        "model.moe_router_group_topk"},
       {export_err(true, V3, [](auto& m) { m.moe_layer_freq = "[1,0]"; }), "model.moe_layer_freq"},

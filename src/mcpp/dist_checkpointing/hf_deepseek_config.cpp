@@ -260,7 +260,7 @@ DeepseekDims deepseek_dims_from_hf(const nlohmann::json& c, const std::string& p
   d.qk_pos_emb_head_dim = cfg_int(c, "qk_rope_head_dim", path);
   if (d.qk_pos_emb_head_dim % 2) bad("qk_rope_head_dim", "its channels rotate in pairs (an even number)");
   d.v_head_dim = cfg_int(c, "v_head_dim", path);
-  m.head_dim = d.qk_head_dim + d.qk_pos_emb_head_dim;
+  m.head_dim = m.hidden / m.heads;  // kv_channels does not apply to MLA: the default a recipe finalizes to
   if (v3 && !cfg_bool(c, "rope_interleave", path, true))
     bad("rope_interleave", "mcpp's MLA rotates interleaved channel pairs (DeepSeek's released layout, true)");
   // RoPE: rope_scaling (transformers 4) or rope_parameters (5): plain, or YaRN
