@@ -62,7 +62,8 @@ def configs(transformers):
 
     return {
         "v3": ("hf-deepseek-v3", transformers.DeepseekV3ForCausalLM, lambda: v3(q_lora_rank=32)),
-        "v3-yarn": ("hf-deepseek-v3", transformers.DeepseekV3ForCausalLM, lambda: v3(yarn, q_lora_rank=None)),
+        "v3-yarn": ("hf-deepseek-v3", transformers.DeepseekV3ForCausalLM, lambda: v3(yarn, q_lora_rank=None),
+                    lambda: v3(None, q_lora_rank=None)),  # (the same without YaRN: the guard's model)
         "v2": ("hf-deepseek-v2", transformers.DeepseekV2ForCausalLM,
                lambda: v2(q_lora_rank=None, topk_method="group_limited_greedy", n_group=4, topk_group=2,
                           tie_word_embeddings=False)),
@@ -97,7 +98,7 @@ def main():
     np.savetxt(tokens, ids, fmt="%d")
     ok = True
     for name in names:
-        fmt, cls, make = models[name]
+        fmt, cls, make = models[name][:3]
         torch.manual_seed(0)
         model = cls(make()).eval()
         with torch.no_grad():
@@ -130,11 +131,7 @@ def main():
                         b.zero_()
                 guards.append(("without the expert bias", model(torch.tensor(ids)).logits.float().numpy()))
         if name == "v3-yarn":  # YaRN must matter
-            plain = make()
-            plain.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
-            if hasattr(plain, "rope_scaling"):
-                plain.rope_scaling = None
-            m2 = cls(plain).eval()
+            m2 = cls(models[name][3]()).eval()
             m2.load_state_dict(model.state_dict(), strict=False)
             with torch.no_grad():
                 guards.append(("with plain RoPE", m2(torch.tensor(ids)).logits.float().numpy()))

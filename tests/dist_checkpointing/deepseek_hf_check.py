@@ -11,7 +11,8 @@ usage: deepseek_hf_check.py MCPP WORKDIR
      (modeling_deepseek_v3 / _v2: interleaved RoPE, YaRN's inv_freq and attention factor as
      modeling_rope_utils._compute_yarn_parameters, the group-limited routers) within 1e-4 (fp32 against fp64);
   2. the import exported again is tensor for tensor the input (bit-exact, every name, nothing more);
-  3. configs/deepseek-v3-tiny.toml with --moe-router-group-topk 1 (DeepSeek-V3's top-2 group ranking: top-2 / 1
+  3. bad input is one named error: rope_interleave false, a tensor the model has no place for;
+  4. configs/deepseek-v3-tiny.toml with --moe-router-group-topk 1 (DeepSeek-V3's top-2 group ranking: top-2 / 1
      group) trains 2 iterations, exports as hf-deepseek-v3, imports, and `mcpp train` with the same recipe loads the
      import with --finetune and trains on; the recipe as committed (top-2 of the best 2 of 4 groups ranked by their
      top-1) is refused by the export naming model.moe_router_group_topk.
@@ -270,6 +271,22 @@ for v3 in (True, False):
         for k in want:
             if got[k].shape != want[k].shape or got[k].tobytes() != want[k].tobytes():
                 failures.append(f"{name}: exported tensor {k} differs from the imported one")
+
+# bad input: one named error (a config.json field mcpp cannot represent, a tensor it has no place for)
+bad = os.path.join(WORK, "hf-bad")
+os.makedirs(bad)
+c, w = hf_model(True)
+with open(os.path.join(bad, "config.json"), "w") as f:
+    json.dump({**c, "rope_interleave": False}, f)
+write_safetensors(os.path.join(bad, "model.safetensors"), w)
+check_error("rope_interleave", ["ckpt", "import", "--input", bad, "--format", "hf-deepseek-v3", "--save",
+                                os.path.join(WORK, "bad")], ["rope_interleave", "config.json"])
+with open(os.path.join(bad, "config.json"), "w") as f:
+    json.dump(c, f)
+write_safetensors(os.path.join(bad, "model.safetensors"), {**w, "model.layers.1.mlp.experts.8.up_proj.weight":
+                                                           w["model.layers.1.mlp.experts.7.up_proj.weight"]})
+check_error("extra tensor", ["ckpt", "import", "--input", bad, "--format", "hf-deepseek-v3", "--save",
+                             os.path.join(WORK, "bad")], ["model.layers.1.mlp.experts.8.up_proj.weight"])
 
 # 3. the recipe through HF and back into `mcpp train`
 data = record_corpus()
