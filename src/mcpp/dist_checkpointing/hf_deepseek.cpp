@@ -132,6 +132,12 @@ CheckpointContents import_deepseek(const std::string& hf_dir, HfFormat f) {
                              ? c["num_hidden_layers"].get<int64_t>() : -1;
   const bool mtp_present = layers >= 0 && hf.has(fmt::format("model.layers.{}.eh_proj.weight", layers));
   DeepseekDims d = deepseek_dims_from_hf(c, cfg_path, f, mtp_present);
+  // every layer holds tensors of its own: a config describing more layers than the files hold tensors (or absurd
+  // expert counts) is refused before the key list is built
+  const int64_t stored = static_cast<int64_t>(hf.names().size());
+  if (d.m.num_layers + d.mtp > stored || d.m.experts > (int64_t{1} << 20))
+    fail("{}: fields 'num_hidden_layers' ({}) / 'n_routed_experts' ({}) describe more than the {} tensors in {}",
+         cfg_path, d.m.num_layers, d.m.experts, stored, hf_dir);
   // transformers 5 writes its in-memory layout: each MoE layer's experts fused into mlp.experts.gate_up_proj
   // [E, 2F, h] (rows [gate; up]) and mlp.experts.down_proj [E, h, F]; they are read as the per-expert pieces
   std::map<std::string, Tensor> fused;
