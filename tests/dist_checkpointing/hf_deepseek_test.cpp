@@ -323,6 +323,7 @@ TEST(HfDeepseek, RefusesWhatTheOtherSideCannotExpress) {
       {import_err([](auto& c) { c["topk_method"] = "group_limited_greedy"; }, HfFormat::DeepseekV2), "'topk_group'"},
       {import_err([](auto& c) { c["topk_method"] = "noaux_tc"; }, HfFormat::DeepseekV2), "'topk_method'"},
       {import_err([](auto& c) { c["q_lora_rank"] = "x"; }), "'q_lora_rank'"},
+      {import_err([](auto& c) { c["quantization_config"] = {{"quant_method", "fp8"}}; }), "'quantization_config'"},
   };
   for (const auto& [msg, field] : imports) {
     EXPECT_NE(msg.find(field), std::string::npos) << msg;

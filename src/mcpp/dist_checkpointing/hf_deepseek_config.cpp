@@ -228,6 +228,8 @@ DeepseekDims deepseek_dims_from_hf(const nlohmann::json& c, const std::string& p
   auto bad = [&](const char* field, const std::string& why) {
     fail("{}: field '{}' is {}; {}", path, field, c.contains(field) ? c[field].dump() : "missing", why);
   };
+  if (cfg_has(c, "quantization_config"))  // DeepSeek-V3's release: FP8 blocks with weight_scale_inv tensors
+    bad("quantization_config", "mcpp imports F32 / F16 / BF16 weights (dequantize an FP8 checkpoint to BF16 first)");
   if (cfg_str(c, "hidden_act", path, "silu") != "silu") bad("hidden_act", "mcpp's SwiGLU needs \"silu\"");
   if (cfg_bool(c, "attention_bias", path, false)) bad("attention_bias", "MLA's projections have no biases");
   if (cfg_bool(c, "mlp_bias", path, false)) bad("mlp_bias", "mcpp's DeepSeek MLPs have no biases");
