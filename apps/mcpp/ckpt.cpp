@@ -10,8 +10,10 @@
 //                                                        refuses a directory a live job holds (retention.h)
 //   mcpp ckpt convert DIR --tp T --pp P [--vp V] --output DIR2   offline reshard (training/checkpoint_convert.h)
 //   mcpp ckpt export --load DIR [--iteration N] --output HFDIR
-//       --format hf-gpt2|hf-llama|hf-mixtral|hf-qwen2|hf-qwen2-moe|hf-qwen3|hf-qwen3-moe
-//   mcpp ckpt import --input HFDIR --format hf-gpt2|hf-llama|hf-mixtral|hf-qwen2|hf-qwen2-moe|hf-qwen3|hf-qwen3-moe
+//       --format hf-gpt2|hf-llama|hf-mixtral|hf-qwen2|hf-qwen2-moe|hf-qwen3|hf-qwen3-moe|
+//         hf-deepseek-v2|hf-deepseek-v3
+//   mcpp ckpt import --input HFDIR --format hf-gpt2|hf-llama|hf-mixtral|hf-qwen2|hf-qwen2-moe|hf-qwen3|hf-qwen3-moe|
+//         hf-deepseek-v2|hf-deepseek-v3
 //       --save DIR
 // --load takes a save directory (the tracker picks the iteration unless --iteration N >= 0) or an iter_N dir.
 // verify prints one line per bad tensor and fails (error line, exit code 2) when any is bad.
@@ -153,7 +155,8 @@ int run_ckpt(const std::vector<std::string>& args) {
   s_convert->add_option("--pp", pp, "target pipeline-model-parallel size")->required();
   s_convert->add_option("--vp", vp, "target virtual pipeline stages per rank (default 1)");
   s_convert->add_option("--output", output, "save directory to write the converted checkpoint into")->required();
-  const char* formats = "hf-gpt2 | hf-llama | hf-mixtral | hf-qwen2 | hf-qwen2-moe | hf-qwen3 | hf-qwen3-moe";
+  const char* formats =
+      "hf-gpt2 | hf-llama | hf-mixtral | hf-qwen2 | hf-qwen2-moe | hf-qwen3 | hf-qwen3-moe | hf-deepseek-v2 | hf-deepseek-v3";
   CLI::App* s_export = app.add_subcommand("export", "write a HuggingFace model dir (config.json + F32 safetensors)");
   add_load(s_export);
   s_export->add_option("--format", format, formats)->required();

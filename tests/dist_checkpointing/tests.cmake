@@ -42,3 +42,10 @@ add_test(NAME dcp.old_checkpoint_fixture
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/old_checkpoint_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/old_checkpoint_check)
 set_tests_properties(dcp.old_checkpoint_fixture PROPERTIES TIMEOUT 300)
+# DeepSeek-V2 / V3 HF directories (issue 36): imported `mcpp forward` logits equal a float64 transcription of
+# transformers' DeepseekV3 / V2 forward (MLA, YaRN, group-limited routing with expert bias, shared experts); the export
+# of the import is the input tensor for tensor; the deepseek-v3-tiny recipe goes to HF and back into `mcpp train`.
+add_test(NAME dcp.deepseek_hf
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/dist_checkpointing/deepseek_hf_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/deepseek_hf_check)
+set_tests_properties(dcp.deepseek_hf PROPERTIES TIMEOUT 300)

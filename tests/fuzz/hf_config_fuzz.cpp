@@ -1,8 +1,10 @@
 // libFuzzer target: a HuggingFace model directory's config.json (`mcpp ckpt import`): byte 0 picks the format
-// (gpt2, llama, mixtral, qwen2, qwen2-moe, qwen3, qwen3-moe), the rest is config.json. The directory also holds an
+// (gpt2, llama, mixtral, qwen2, qwen2-moe, qwen3, qwen3-moe,
+// deepseek-v2, deepseek-v3), the rest is config.json. The directory also holds an
 // empty model.safetensors, so an accepted config proceeds to the tensor import (which then names a missing tensor).
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 
 #include "mcpp/dist_checkpointing/hf_convert.h"
@@ -21,9 +23,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return d;
   }();
   static const HfFormat kFormats[] = {HfFormat::Gpt2,  HfFormat::Llama,    HfFormat::Mixtral, HfFormat::Qwen2,
-                                      HfFormat::Qwen2Moe, HfFormat::Qwen3, HfFormat::Qwen3Moe};
+                                      HfFormat::Qwen2Moe, HfFormat::Qwen3, HfFormat::Qwen3Moe, HfFormat::DeepseekV2,
+                                      HfFormat::DeepseekV3};
   if (!mcpp::fuzz::write_file(dir + "/config.json", std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1)))
     return 0;
-  MCPP_FUZZ_CALL(mcpp::dist_checkpointing::import_hf(dir, kFormats[data[0] % 7]));
+  MCPP_FUZZ_CALL(mcpp::dist_checkpointing::import_hf(dir, kFormats[data[0] % std::size(kFormats)]));
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "mcpp/core/error.h"
+#include "mcpp/dist_checkpointing/hf_deepseek.h"
 #include "mcpp/dist_checkpointing/hf_tensor_ops.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -345,8 +346,10 @@ HfFormat parse_hf_format(const std::string& s) {
   if (s == "hf-qwen3") return HfFormat::Qwen3;
   if (s == "hf-qwen3-moe") return HfFormat::Qwen3Moe;
   if (s == "hf-qwen2") return HfFormat::Qwen2;
+  if (s == "hf-deepseek-v2") return HfFormat::DeepseekV2;
+  if (s == "hf-deepseek-v3") return HfFormat::DeepseekV3;
   fail("--format: unknown value '{}' (expected hf-gpt2|hf-llama|hf-mixtral|hf-qwen2|hf-qwen2-moe|hf-qwen3|"
-       "hf-qwen3-moe)", s);
+       "hf-qwen3-moe|hf-deepseek-v2|hf-deepseek-v3)", s);
 }
 
 const char* hf_format_name(HfFormat f) {
@@ -358,6 +361,8 @@ const char* hf_format_name(HfFormat f) {
     case HfFormat::Qwen3: return "hf-qwen3";
     case HfFormat::Qwen3Moe: return "hf-qwen3-moe";
     case HfFormat::Qwen2: return "hf-qwen2";
+    case HfFormat::DeepseekV2: return "hf-deepseek-v2";
+    case HfFormat::DeepseekV3: return "hf-deepseek-v3";
   }
   return "?";
 }
@@ -531,31 +536,34 @@ void set_special_tokens(nlohmann::json& cfg, int64_t vocab) {
 void export_hf(const CheckpointReader& reader, HfFormat format, const std::string& out_dir) {
   if (!reader.meta().contains("config"))
     fail("{}: checkpoint meta has no 'config' (needed to export)", reader.dir());
+  std::vector<SafetensorsItem> items;
+  nlohmann::json cfg;
+  const bool deepseek = format == HfFormat::DeepseekV2 || format == HfFormat::DeepseekV3;
+  if (deepseek) export_deepseek(reader, format, items, cfg);
   ModelDims d = model_dims_from_config(reader.meta()["config"], reader.dir() + "/manifest.json meta.config");
   const bool moe_format = format == HfFormat::Mixtral || format == HfFormat::Qwen2Moe || format == HfFormat::Qwen3Moe;
-  if (d.experts > 0 && !moe_format)  // GPT2LMHeadModel / LlamaForCausalLM / Qwen3ForCausalLM have dense MLPs
+  if (!deepseek && d.experts > 0 && !moe_format)  // GPT2LMHeadModel / LlamaForCausalLM / Qwen3ForCausalLM have dense MLPs
     fail("{} export: the checkpoint is a mixture-of-experts model (model.num_moe_experts {}); {} has dense MLPs "
          "(hf-mixtral / hf-qwen2-moe / hf-qwen3-moe write MoE models)", hf_format_name(format), d.experts,
          format == HfFormat::Gpt2    ? "GPT2LMHeadModel"
          : format == HfFormat::Qwen3 ? "Qwen3ForCausalLM"
          : format == HfFormat::Qwen2 ? "Qwen2ForCausalLM"
                                      : "LlamaForCausalLM");
-  if (d.experts == 0 && moe_format)
+  if (!deepseek && d.experts == 0 && moe_format)
     fail("{} export: model.num_moe_experts is 0 (a dense model); {} needs experts (hf-llama / hf-qwen2 / hf-qwen3 "
          "write dense Llama-style models)", hf_format_name(format), hf_format_name(format));
   if (moe_format) require_moe_routing(reader.meta()["config"]["model"], d, format);
   const int64_t mtp = get_int(reader.meta()["config"]["model"], "mtp_num_layers", reader.dir(), 0, false);
-  if (mtp > 0)  // none of the formats has a place for them: exporting would drop trained weights silently
+  if (mtp > 0 && !deepseek)  // none of the formats has a place for them: exporting would drop trained weights silently
     fail("{} export: model.mtp_num_layers is {} — the checkpoint holds multi-token prediction depths (mtp.layers.*) "
-         "that {} has no place for; export would drop them", hf_format_name(format), mtp, hf_format_name(format));
-  if (get_val<bool>(reader.meta()["config"]["model"], "multi_latent_attention", reader.dir(), false))
+         "that {} has no place for; export would drop them (hf-deepseek-v3 writes them)", hf_format_name(format), mtp,
+         hf_format_name(format));
+  if (!deepseek && get_val<bool>(reader.meta()["config"]["model"], "multi_latent_attention", reader.dir(), false))
     fail("{} export: model.multi_latent_attention is true — the checkpoint's attention is multi-latent (linear_q_*_proj, "
-         "linear_kv_*_proj), which {} has no place for (DeepSeek-V2/V3's format is not exported)",
+         "linear_kv_*_proj), which {} has no place for (hf-deepseek-v2 / hf-deepseek-v3 write it)",
          hf_format_name(format), hf_format_name(format));
-  std::vector<SafetensorsItem> items;
-  nlohmann::json cfg;
   if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);
-  else export_llama(reader, d, format, items, cfg);
+  else if (!deepseek) export_llama(reader, d, format, items, cfg);
   set_special_tokens(cfg, d.vocab);
   std::error_code ec;
   fs::create_directories(out_dir, ec);

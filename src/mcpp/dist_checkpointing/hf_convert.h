@@ -1,5 +1,5 @@
 // Conversion between our GPT checkpoints and HuggingFace transformers' GPT-2 / Llama / Mixtral / Qwen2 / Qwen2-MoE /
-// Qwen3 / Qwen3-MoE layouts.
+// Qwen3 / Qwen3-MoE layouts (and DeepSeek-V2 / V3's: hf_deepseek.h, dispatched from export_hf / import_hf).
 //
 // Contract. Our parameter keys and layouts (Megatron-Core local spec, linear weights [out, in]):
 //   embedding.word_embeddings.weight        [Vp, h]        (Vp = padded vocab)
@@ -51,8 +51,9 @@
 
 namespace mcpp::dist_checkpointing {
 
-enum class HfFormat { Gpt2, Llama, Mixtral, Qwen2Moe, Qwen3, Qwen3Moe, Qwen2 };
-// "hf-gpt2" | "hf-llama" | "hf-mixtral" | "hf-qwen2-moe" | "hf-qwen3" | "hf-qwen3-moe" | "hf-qwen2"
+enum class HfFormat { Gpt2, Llama, Mixtral, Qwen2Moe, Qwen3, Qwen3Moe, Qwen2, DeepseekV2, DeepseekV3 };
+// "hf-gpt2" | "hf-llama" | "hf-mixtral" | "hf-qwen2-moe" | "hf-qwen3" | "hf-qwen3-moe" | "hf-qwen2" |
+// "hf-deepseek-v2" | "hf-deepseek-v3" (hf_deepseek.h: multi-latent attention, MoE, MTP)
 HfFormat parse_hf_format(const std::string& s);
 const char* hf_format_name(HfFormat f);
 

@@ -10,9 +10,10 @@
 #include <sstream>
 
 #include "mcpp/core/error.h"
-#include "mcpp/core/json_limits.h"
 #include "mcpp/dist_checkpointing/hf_convert.h"
+#include "mcpp/dist_checkpointing/hf_deepseek.h"
 #include "mcpp/dist_checkpointing/hf_tensor_ops.h"
+#include "mcpp/dist_checkpointing/hf_tensors.h"
 
 namespace fs = std::filesystem;
 
@@ -20,108 +21,6 @@ namespace mcpp::dist_checkpointing {
 using namespace hf_detail;
 
 namespace {
-
-nlohmann::json read_json(const std::string& path) {
-  // A regular file of at most 64 MiB nesting at most kMaxJsonDepth (an HF index / config is a few KB deep 3).
-  nlohmann::json j = read_json_file(path, "HF file", {.max_bytes = uint64_t{64} << 20});
-  if (!j.is_object()) fail("{}: not a JSON object", path);
-  return j;
-}
-
-// The tensors of an HF directory: model.safetensors, or the shards named by the index file.
-class HfTensors {
- public:
-  explicit HfTensors(const std::string& dir) {
-    fs::path single = fs::path(dir) / "model.safetensors";
-    fs::path index = fs::path(dir) / "model.safetensors.index.json";
-    std::vector<std::string> files;
-    if (fs::exists(single)) {
-      files.push_back(single.string());
-    } else if (fs::exists(index)) {
-      nlohmann::json j = read_json(index.string());
-      if (!j.contains("weight_map") || !j["weight_map"].is_object())
-        fail("{}: missing object 'weight_map'", index.string());
-      std::set<std::string> names;
-      for (const auto& [_, f] : j["weight_map"].items()) {
-        if (!f.is_string() || f.get<std::string>().find('/') != std::string::npos)
-          fail("{}: weight_map values must be file names", index.string());
-        names.insert(f.get<std::string>());
-      }
-      for (const auto& n : names) files.push_back((fs::path(dir) / n).string());
-    } else {
-      fail("{}: neither model.safetensors nor model.safetensors.index.json found", dir);
-    }
-    for (const auto& f : files) {
-      headers_.push_back(read_safetensors_header(f));
-    }
-    for (size_t i = 0; i < headers_.size(); ++i)
-      for (const auto& e : headers_[i].entries) where_[e.name] = {i, &e};
-  }
-
-  bool has(const std::string& name) const { return where_.count(name) > 0; }
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& [n, _] : where_) out.push_back(n);
-    return out;
-  }
-  // Reads `name` as CPU F32 and checks its shape.
-  Tensor get(const std::string& name, const Shape& shape) {
-    auto it = where_.find(name);
-    if (it == where_.end()) fail("HF checkpoint has no tensor '{}'", name);
-    used_.insert(name);
-    const SafetensorsHeader& h = headers_[it->second.first];
-    const SafetensorsEntry& e = *it->second.second;
-    if (e.shape != shape)
-      fail("{}: tensor '{}' has shape {} but config.json implies {}", h.path, name, shape_str(e.shape),
-           shape_str(shape));
-    if (!e.dtype_known || (e.dtype != DType::F32 && e.dtype != DType::F16 && e.dtype != DType::BF16))
-      fail("{}: tensor '{}' has dtype {} (expected F32, F16 or BF16)", h.path, name, e.dtype_str);
-    Tensor t = read_safetensors_tensor(h, e);
-    return e.dtype == DType::F32 ? t : t.to(DType::F32);
-  }
-  // Every tensor not read and not in `ignorable` is an error: the import would silently drop it.
-  void check_all_used(const std::function<bool(const std::string&)>& ignorable) const {
-    for (const auto& [n, w] : where_) {
-      if (!used_.count(n) && !ignorable(n))
-        fail("{}: unexpected tensor '{}' (not part of the model mcpp builds)", headers_[w.first].path, n);
-    }
-  }
-
- private:
-  std::vector<SafetensorsHeader> headers_;
-  std::map<std::string, std::pair<size_t, const SafetensorsEntry*>> where_;
-  std::set<std::string> used_;
-};
-
-int64_t cfg_int(const nlohmann::json& c, const char* name, const std::string& path) {
-  auto it = c.find(name);
-  if (it == c.end() || !it->is_number_integer() || it->get<int64_t>() <= 0)
-    fail("{}: field '{}' must be a positive integer", path, name);
-  return it->get<int64_t>();
-}
-
-double cfg_num(const nlohmann::json& c, const char* name, const std::string& path, double dflt) {
-  auto it = c.find(name);
-  if (it == c.end() || it->is_null()) return dflt;
-  if (!it->is_number()) fail("{}: field '{}' must be a number", path, name);
-  return it->get<double>();
-}
-
-bool cfg_bool(const nlohmann::json& c, const char* name, const std::string& path, bool dflt) {
-  auto it = c.find(name);
-  if (it == c.end() || it->is_null()) return dflt;
-  if (!it->is_boolean()) fail("{}: field '{}' must be true or false", path, name);
-  return it->get<bool>();
-}
-
-std::string cfg_str(const nlohmann::json& c, const char* name, const std::string& path, const char* dflt) {
-  auto it = c.find(name);
-  if (it == c.end() || it->is_null()) return dflt;
-  if (!it->is_string()) fail("{}: field '{}' must be a string, got {}", path, name, it->dump());
-  return it->get<std::string>();
-}
-
-int64_t padded(int64_t v) { return (v + 127) / 128 * 128; }
 
 void check_model_type(const nlohmann::json& c, const std::string& path, const char* want) {
   if (!c.contains("model_type") || c["model_type"] != want)
@@ -147,7 +46,7 @@ ModelDims gpt2_dims(const nlohmann::json& c, const std::string& path) {
   d.ffn = c.contains("n_inner") && !c["n_inner"].is_null() ? cfg_int(c, "n_inner", path) : 4 * d.hidden;
   d.max_pos = cfg_int(c, "n_positions", path);
   d.vocab = cfg_int(c, "vocab_size", path);
-  d.padded_vocab = padded(d.vocab);
+  d.padded_vocab = padded_vocab(d.vocab);
   d.norm_eps = cfg_num(c, "layer_norm_epsilon", path, 1e-5);
   d.normalization = "LayerNorm";
   d.position_embedding = "learned_absolute";
@@ -226,7 +125,7 @@ ModelDims llama_family_dims(const nlohmann::json& c, const std::string& path, co
   d.ffn = cfg_int(c, "intermediate_size", path);
   d.max_pos = cfg_int(c, "max_position_embeddings", path);
   d.vocab = cfg_int(c, "vocab_size", path);
-  d.padded_vocab = padded(d.vocab);
+  d.padded_vocab = padded_vocab(d.vocab);
   d.norm_eps = cfg_num(c, "rms_norm_eps", path, 1e-6);
   RopeScaling scaling;
   d.rotary_base = rope_base(c, path, &scaling);
@@ -442,7 +341,8 @@ void import_llama(HfTensors& hf, const ModelDims& d, HfFormat f, std::vector<Nam
 
 CheckpointContents import_hf(const std::string& hf_dir, HfFormat format) {
   std::string cfg_path = (fs::path(hf_dir) / "config.json").string();
-  nlohmann::json c = read_json(cfg_path);
+  if (format == HfFormat::DeepseekV2 || format == HfFormat::DeepseekV3) return import_deepseek(hf_dir, format);
+  nlohmann::json c = read_hf_json(cfg_path);
   ModelDims d = format == HfFormat::Gpt2       ? gpt2_dims(c, cfg_path)
                 : format == HfFormat::Qwen2Moe ? qwen2_moe_dims(c, cfg_path)
                 : format == HfFormat::Qwen2    ? qwen2_dims(c, cfg_path)
