@@ -4,7 +4,8 @@
 // forward_backward_graphed), then --calculate-per-token-loss's rescale, finalize_model_grads, the expert-bias update,
 // the grad norm + clip and the optimizer and scheduler steps (train_step). Returns the step's loss (mean over DP).
 // Between the grad norm and the optimizer step: the NaN / spiky-loss check (a re-run with per-module checks and a
-// skipped step: trainer_diagnosis.cpp) and the --inject-fault hooks (fault_injection.h).
+// skipped step: trainer_diagnosis.cpp) and the --inject-fault hooks (fault_injection.h). After the forward-backward of
+// a step --check-data-consistency is due at: the world compares the microbatches' hashes (data_consistency.h).
 #include <algorithm>
 #include <array>
 #include <chrono>
