@@ -31,6 +31,7 @@ void* g_frames[kMaxFrames];
 std::atomic<int> g_num_frames{-1};  // -1 while a capture is outstanding
 std::mutex g_capture_mu;            // one capture at a time
 int g_usr1_pipe[2] = {-1, -1};      // SIGUSR1 -> the SignalDumper's watcher
+std::atomic<int> g_in_usr1{0};      // a thread is inside on_sigusr1 (the capture waits: no nested handler frames)
 
 int capture_signal() { return SIGRTMIN + 5; }
 
@@ -42,6 +43,7 @@ void on_capture_signal(int) {
 }
 
 void on_sigusr1(int) {
+  g_in_usr1.fetch_add(1);
   const int saved = errno;
   const char b = 1;
   if (g_usr1_pipe[1] >= 0) {
@@ -49,6 +51,7 @@ void on_sigusr1(int) {
     (void)ignored;
   }
   errno = saved;
+  g_in_usr1.fetch_sub(1);
 }
 
 }  // namespace
@@ -76,6 +79,11 @@ nlohmann::json capture_main_thread_stack(double timeout_seconds) {
   if (direct) {
     n = backtrace(g_frames, kMaxFrames);
   } else {
+    // SIGUSR1 is often delivered to the main thread: let its handler return first, so the stack is the interrupted
+    // code's and not the handler's (which woke this thread).
+    const auto settle = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while (g_in_usr1.load() > 0 && std::chrono::steady_clock::now() < settle)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     g_num_frames.store(-1);
     if (pthread_kill(g_main_thread, capture_signal()) != 0) return out;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
