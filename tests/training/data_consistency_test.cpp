@@ -32,7 +32,19 @@ TEST(DataConsistency, TpPeerWithOtherTokensIsNamed) {
   v[1].microbatches[1].hash ^= 1;
   const std::string msg = data_consistency_verdict(7, v);
   EXPECT_NE(msg.find("iteration 7: the tp group [0, 1] disagrees on microbatch 1"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("rank(s) [1]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("global ranks [0, 1] hold different batches (no majority to blame)"), std::string::npos) << msg;
+}
+
+TEST(DataConsistency, TheMinorityOfAGroupIsNamed) {
+  auto v = healthy();  // TP4: all four ranks one tp group (each its own dp group)
+  for (int r = 0; r < 4; ++r) {
+    RankDataRecord& rec = v[static_cast<size_t>(r)];
+    rec.tp_group = 0, rec.dp_group = r, rec.microbatches = v[0].microbatches;
+  }
+  v[2].microbatches[0].hash ^= 1;
+  const std::string msg = data_consistency_verdict(5, v);
+  EXPECT_NE(msg.find("iteration 5: the tp group [0, 1, 2, 3] disagrees on microbatch 0: global rank(s) [2] differ"),
+            std::string::npos) << msg;
 }
 
 TEST(DataConsistency, OverlappingDpSamplesAreNamed) {

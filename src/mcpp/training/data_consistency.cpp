@@ -48,19 +48,27 @@ std::string check_peers(int64_t iteration, const char* kind, const std::vector<c
                          iteration, kind, ranks_of(members), ref.rank, ref.microbatches.size(), m->rank,
                          m->microbatches.size());
   for (size_t mb = 0; mb < ref.microbatches.size(); ++mb) {
+    std::map<uint64_t, size_t> count;  // hash -> members holding it
+    for (const RankDataRecord* m : members) ++count[m->microbatches[mb].hash];
+    if (count.size() == 1) continue;
+    const auto majority = std::max_element(count.begin(), count.end(),
+                                           [](const auto& a, const auto& b) { return a.second < b.second; });
+    const bool strict = majority->second * 2 > members.size();  // else (e.g. 2 members) no side can be blamed
     std::vector<int> differ;
-    for (const RankDataRecord* m : members)
-      if (m->microbatches[mb].hash != ref.microbatches[mb].hash) differ.push_back(m->rank);
-    if (differ.empty()) continue;
     std::string hashes;
-    for (const RankDataRecord* m : members)
-      hashes += fmt::format("{}rank {}: {:016x} (samples {}..{})", hashes.empty() ? "" : ", ", m->rank,
-                            m->microbatches[mb].hash, m->microbatches[mb].first_sample,
-                            m->microbatches[mb].first_sample + m->micro_batch_size - 1);
-    return fmt::format("--check-data-consistency: iteration {}: the {} group {} disagrees on microbatch {}: global "
-                       "rank(s) [{}] hold other tokens / labels / loss mask / position ids than global rank {} "
-                       "({}); the {} peers of one sample must train on the same batch",
-                       iteration, kind, ranks_of(members), mb, fmt::join(differ, ", "), ref.rank, hashes, kind);
+    for (const RankDataRecord* m : members) {
+      const MicrobatchDigest& d = m->microbatches[mb];
+      if (!strict || d.hash != majority->first) differ.push_back(m->rank);
+      hashes += fmt::format("{}rank {}: {:016x} (samples {}..{})", hashes.empty() ? "" : ", ", m->rank, d.hash,
+                            d.first_sample, d.first_sample + m->micro_batch_size - 1);
+    }
+    return fmt::format("--check-data-consistency: iteration {}: the {} group {} disagrees on microbatch {}: {} ({}); "
+                       "the {} peers of one sample must train on the same tokens, labels, loss mask and position ids",
+                       iteration, kind, ranks_of(members), mb,
+                       strict ? fmt::format("global rank(s) [{}] differ from the other members", fmt::join(differ, ", "))
+                              : fmt::format("global ranks [{}] hold different batches (no majority to blame)",
+                                            fmt::join(differ, ", ")),
+                       hashes, kind);
   }
   return "";
 }
