@@ -78,7 +78,9 @@ class RecordedWork : public Work::Impl {
  private:
   void finish() {
     done_ = true;
-    if (result_.defined() && g_corrupt_next_result.exchange(false)) corrupt_result(result_);
+    if (result_.defined() && g_corrupt_next_result.load(std::memory_order_relaxed) &&  // (a load when not armed)
+        g_corrupt_next_result.exchange(false))
+      corrupt_result(result_);
     if (result_.defined() && checksum_) rec_->set_result_checksum(id_, tensor_checksum(result_));
     rec_->mark_done(id_);
   }
