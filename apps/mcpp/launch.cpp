@@ -13,7 +13,7 @@
 // node to stop its ranks ("mcpp launch: node K failed ..."); a node that loses the master (or the master a node)
 // stops its ranks likewise. Bad input (a node rank out of range, an unreachable or unresolvable master, a port in
 // use on node 0, nodes started with different layouts) is one error line, exit 2. SIGINT / SIGTERM to the launcher
-// are forwarded to the ranks; a launcher
+// are forwarded to the ranks; SIGUSR1 too, without stopping them (their flight-recorder + host-stack dump); a launcher
 // that dies any other way (SIGKILL) takes its ranks with it (PR_SET_PDEATHSIG = SIGKILL in each rank).
 // --max-restarts N (torchrun's; one node): after a failed attempt (not one the user interrupted), the whole job starts
 // again, up to N times, with MCPP_RESTART_COUNT = the attempt's number (0 first; torchrun's
@@ -48,6 +48,8 @@ namespace fs = std::filesystem;
 
 volatile sig_atomic_t g_forward_signal = 0;
 void on_signal(int sig) { g_forward_signal = sig; }
+volatile sig_atomic_t g_forward_usr1 = 0;  // SIGUSR1: passed on to every rank (their hang-forensics dump), no stop
+void on_usr1(int) { g_forward_usr1 = 1; }
 
 struct Layout {
   int nnodes = 1, node_rank = 0, nproc = 0;
@@ -111,6 +113,10 @@ int run_attempt(const Layout& L, const std::string& rdzv, const std::vector<std:
   while (running > 0 || (server && server->nodes_pending() > 0 && std::chrono::steady_clock::now() < linger_deadline)) {
     if (running == 0 && rc != 0 && linger_deadline == std::chrono::steady_clock::time_point::max())
       linger_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    if (g_forward_usr1) {
+      g_forward_usr1 = 0;
+      kill_all(SIGUSR1);
+    }
     if (g_forward_signal) {
       kill_all(g_forward_signal);
       *interrupted = true;
@@ -235,6 +241,8 @@ int run_launch(const std::vector<std::string>& all_args) {
   sa.sa_handler = on_signal;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  sa.sa_handler = on_usr1;
+  ::sigaction(SIGUSR1, &sa, nullptr);
   int rc = 0;
   for (int attempt = 0;; ++attempt) {
     ::setenv("MCPP_RESTART_COUNT", std::to_string(attempt).c_str(), 1);

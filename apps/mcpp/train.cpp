@@ -1,7 +1,8 @@
 // mcpp train [--config RECIPE.toml] [Megatron-LM flags]: GPT pretraining on CPU ranks or GPUs.
 // One process, under `mcpp launch --nproc-per-node N` (TCP world, comm/tcp/) or under `mpirun -np N`
 // (detected from the launcher's environment): MPI world, watchdog
-// (--distributed-timeout-minutes; dumps to <save or metrics dir>/flight_recorder/), --check-collectives, the
+// (--distributed-timeout-minutes; dumps to <save or metrics dir>/flight_recorder/, also on SIGUSR1, with the main
+// thread's host stack), --check-collectives, --flight-recorder-checksums, the
 // ParallelContext (tp/pp/cp from flags, dp = world / (tp*pp*cp)). The tokenizer fixes the vocabulary
 // (padded to --make-vocab-size-divisible-by * tp), then the Trainer runs.
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 
 #include "apps/mcpp/command.h"
 #include "apps/mcpp/tokenizer_flags.h"
+#include "mcpp/comm/host_stack.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/comm/mpi/mpi_communicator.h"
 #include "mcpp/comm/nccl/nccl_communicator.h"
@@ -52,6 +54,7 @@ int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
   if (mcpp::resolve_training_device(cfg.training) == mcpp::Device::CUDA && world->size() > 1)
     world = mcpp::comm::init_nccl(world, local_rank(), {});
   world->set_check_collectives(cfg.parallel.check_collectives);
+  world->recorder()->set_checksums(cfg.parallel.flight_recorder_checksums);  // every group shares the recorder
   auto pc = mcpp::parallel_state::ParallelContext::create(world, mcpp::parallel_state::parallel_options(cfg.parallel));
   if (pc.rank() == pc.world_size() - 1)
     fmt::print("{}\n{}\n", mcpp::format_provenance_line(mcpp::provenance()), mcpp::format_args(cfg));
@@ -74,10 +77,13 @@ int run_distributed(const mcpp::Config& cfg, mcpp::comm::CommPtr world,
     if (dump_dir.empty() && !cfg.training.metrics_path.empty())
       dump_dir = std::filesystem::path(cfg.training.metrics_path).parent_path().string();
     if (dump_dir.empty()) dump_dir = (std::filesystem::temp_directory_path() / "mcpp").string();
+    mcpp::comm::install_host_stack_capture();  // the main thread's stack in every dump (comm/host_stack.h)
     mcpp::comm::Watchdog watchdog(
         world, {.timeout_seconds = mcpp::comm::distributed_timeout_seconds(cfg.parallel.distributed_timeout_minutes),
                 .dump_dir = dump_dir,
                 .on_abort = abort});
+    // SIGUSR1 (`kill -USR1 <mpirun pid>`: mpirun forwards it): flight recorder + host stack into the same file
+    const mcpp::comm::SignalDumper sigusr1_dump(world->recorder_ptr(), watchdog.dump_path());
     rc = train(cfg, world);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: [rank {}] {}\n", world->rank(), e.what());

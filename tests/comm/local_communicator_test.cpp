@@ -1,5 +1,7 @@
 // LocalCommunicator (size 1): every op is identity / copy, goes through the flight recorder, and argument
 // mistakes are caught by the shared front end exactly as on the MPI backend.
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 #include "mcpp/comm/flight_recorder.h"
@@ -150,6 +152,36 @@ TEST(LocalCommunicator, ArgumentErrorsNameTheOpAndGroup) {
   bool saw_failed = false;
   for (const auto& e : w->recorder()->entries()) saw_failed |= e.state == EntryState::Failed;
   EXPECT_TRUE(saw_failed);
+}
+
+// --flight-recorder-checksums: the payload's XXH3 before the call (an all_reduce's input), the shared result's after;
+// --inject-fault corrupt-collective flips the result's lowest bit before the result checksum (the recorded checksum
+// is the corrupted bytes').
+TEST(LocalCommunicator, PayloadChecksumsAndResultCorruption) {
+  CommPtr w = make_local_world();
+  w->recorder()->set_checksums(true);
+  Tensor t = Tensor::zeros({4});
+  t.data<float>()[0] = 1.5f;
+  const std::string in = tensor_checksum(t);
+  w->all_reduce(t, ReduceOp::Sum).wait();
+  auto e = w->recorder()->entries().back();
+  EXPECT_EQ(e.payload_checksum, in);
+  EXPECT_EQ(e.result_checksum, tensor_checksum(t));
+  EXPECT_EQ(e.payload_checksum.size(), 16u);
+  arm_result_corruption();
+  w->all_reduce(t, ReduceOp::Sum).wait();
+  e = w->recorder()->entries().back();
+  EXPECT_NE(e.result_checksum, in) << "the corrupted result is recorded";
+  EXPECT_EQ(e.result_checksum, tensor_checksum(t));
+  uint32_t bits = 0;
+  std::memcpy(&bits, t.data<float>(), 4);
+  EXPECT_EQ(bits & 1u, 1u) << "the lowest bit of the first byte flipped (1.5f has it clear)";
+  w->all_reduce(t, ReduceOp::Sum).wait();  // one-shot: the next result is intact
+  EXPECT_EQ(w->recorder()->entries().back().result_checksum, tensor_checksum(t));
+  Tensor out = Tensor::zeros({4});
+  Work rs = w->reduce_scatter(out, t, ReduceOp::Sum);
+  rs.wait();
+  EXPECT_EQ(w->recorder()->entries().back().result_checksum, "") << "reduce_scatter's results differ per rank";
 }
 
 }  // namespace

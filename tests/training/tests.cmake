@@ -111,6 +111,13 @@ add_test(NAME training.diagnosis_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/diagnosis_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/diagnosis_check)
 set_tests_properties(training.diagnosis_cli PROPERTIES TIMEOUT 600)
+# training.forensics_cli: --check-data-consistency (TP2xDP2, PP2xDP2 pass; an injected bad-batch is named: iteration,
+# tp group, microbatch, rank), --flight-recorder-checksums (a corrupted result named by `mcpp debug hang`), SIGUSR1
+# dumps with every rank's host stack (`mcpp debug hang` names the hung rank and shows the stacks); no orphans.
+add_test(NAME training.forensics_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/forensics_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/forensics_check)
+set_tests_properties(training.forensics_cli PROPERTIES TIMEOUT 300)
 # training.sft_cli: `mcpp train --finetune --load <imported hf-llama> --sft --data-path sft.jsonl` (chatml, packed):
 # the first step's loss equals each conversation run alone (mcpp forward) over the assistant tokens; fine-tuning
 # lowers the loss; a bad JSONL line is one error naming file:line.

@@ -3,6 +3,7 @@
 // The Work a backend returns is wrapped so that its completion marks the recorder entry done.
 #include "mcpp/comm/communicator.h"
 
+#include <atomic>
 #include <numeric>
 
 #include "mcpp/comm/flight_recorder.h"
@@ -35,11 +36,27 @@ const char* op_type_name(OpType op) {
 
 namespace {
 
-// Marks the recorder entry done when the backend's Work completes; waits on destruction if needed.
+std::atomic<bool> g_corrupt_next_result{false};  // arm_result_corruption (--inject-fault corrupt-collective)
+
+// Flips the lowest bit of the result's first byte (a device tensor through a host copy).
+void corrupt_result(Tensor& t) {
+  if (t.nbytes() == 0) return;
+  if (t.is_cpu()) {
+    static_cast<unsigned char*>(t.raw())[0] ^= 1u;
+    return;
+  }
+  Tensor h = t.to(Device::CPU);
+  static_cast<unsigned char*>(h.raw())[0] ^= 1u;
+  t.copy_from(h);
+}
+
+// Marks the recorder entry done when the backend's Work completes; waits on destruction if needed. `result`: the
+// tensor whose contents must agree across the group once done (all_reduce / all_gather / broadcast; else undefined):
+// its checksum goes into the entry (FlightRecorder's payload checksums), and an armed fault injection corrupts it.
 class RecordedWork : public Work::Impl {
  public:
-  RecordedWork(std::shared_ptr<FlightRecorder> rec, uint64_t id, Work inner)
-      : rec_(std::move(rec)), id_(id), inner_(std::move(inner)) {}
+  RecordedWork(std::shared_ptr<FlightRecorder> rec, uint64_t id, Work inner, Tensor result, bool checksum)
+      : rec_(std::move(rec)), id_(id), inner_(std::move(inner)), result_(std::move(result)), checksum_(checksum) {}
   ~RecordedWork() override {
     if (done_) return;
     try {
@@ -61,11 +78,17 @@ class RecordedWork : public Work::Impl {
  private:
   void finish() {
     done_ = true;
+    if (result_.defined() && g_corrupt_next_result.load(std::memory_order_relaxed) &&  // (a load when not armed)
+        g_corrupt_next_result.exchange(false))
+      corrupt_result(result_);
+    if (result_.defined() && checksum_) rec_->set_result_checksum(id_, tensor_checksum(result_));
     rec_->mark_done(id_);
   }
   std::shared_ptr<FlightRecorder> rec_;
   uint64_t id_;
   Work inner_;
+  Tensor result_;
+  bool checksum_;
   bool done_ = false;
 };
 
@@ -83,7 +106,11 @@ struct Communicator::CallInfo {
   bool count_varies = false;
   int root = -1;
   std::vector<int> peers = {};  // batch_p2p: global ranks
+  std::vector<const Tensor*> payload = {};  // what this rank sends (checksummed before the call)
+  Tensor result = {};  // the result every member must hold identically (all_reduce, all_gather, broadcast)
 };
+
+void arm_result_corruption() { g_corrupt_next_result = true; }
 
 Communicator::Communicator(std::string name, std::vector<int> global_ranks, int rank,
                            std::shared_ptr<FlightRecorder> recorder)
@@ -131,6 +158,12 @@ Work Communicator::run(const CallInfo& info, const std::function<Work()>& post) 
   e.dtype = info.dtype >= 0 ? std::string(dtype_name(static_cast<DType>(info.dtype))) : "";
   e.count = info.count;
   e.peers = info.peers;
+  const bool checksums = recorder_->checksums();
+  if (checksums)
+    for (const Tensor* t : info.payload) {
+      if (!e.payload_checksum.empty()) e.payload_checksum += '+';
+      e.payload_checksum += tensor_checksum(*t);
+    }
   if (p2p) {
     e.p2p_seq = ++p2p_seq_;
   } else {
@@ -142,7 +175,7 @@ Work Communicator::run(const CallInfo& info, const std::function<Work()>& post) 
     if (check_collectives_ && !p2p) check_fingerprint(info);
     Work w = post();
     recorder_->mark_started(id);
-    return Work(std::make_unique<RecordedWork>(recorder_, id, std::move(w)));
+    return Work(std::make_unique<RecordedWork>(recorder_, id, std::move(w), info.result, checksums));
   } catch (...) {
     recorder_->mark_failed(id);
     throw;
@@ -169,7 +202,7 @@ Work Communicator::all_reduce(Tensor& t, ReduceOp op) {
   check_defined(name_, "all_reduce", t, "the");
   check_avg(name_, "all_reduce", op, t.dtype());
   CallInfo info{.op = OpType::AllReduce, .reduce_op = static_cast<int>(op), .dtype = static_cast<int>(t.dtype()),
-                .count = t.numel()};
+                .count = t.numel(), .payload = {&t}, .result = t};
   return run(info, [&] { return do_all_reduce(t, op); });
 }
 
@@ -181,7 +214,8 @@ Work Communicator::all_gather(Tensor& out, const Tensor& in) {
     fail("all_gather on group '{}' (rank {}): out.numel {} != size {} * in.numel {}", name_, rank_, out.numel(),
          size(), in.numel());
   }
-  CallInfo info{.op = OpType::AllGather, .dtype = static_cast<int>(in.dtype()), .count = in.numel()};
+  CallInfo info{.op = OpType::AllGather, .dtype = static_cast<int>(in.dtype()), .count = in.numel(), .payload = {&in},
+                .result = out};
   return run(info, [&] { return do_all_gather(out, in); });
 }
 
@@ -195,14 +229,15 @@ Work Communicator::reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) {
          size(), out.numel());
   }
   CallInfo info{.op = OpType::ReduceScatter, .reduce_op = static_cast<int>(op), .dtype = static_cast<int>(in.dtype()),
-                .count = in.numel()};
+                .count = in.numel(), .payload = {&in}};
   return run(info, [&] { return do_reduce_scatter(out, in, op); });
 }
 
 Work Communicator::broadcast(Tensor& t, int root) {
   check_defined(name_, "broadcast", t, "the");
   if (root < 0 || root >= size()) fail("broadcast on group '{}': root {} outside group of size {}", name_, root, size());
-  CallInfo info{.op = OpType::Broadcast, .dtype = static_cast<int>(t.dtype()), .count = t.numel(), .root = root};
+  CallInfo info{.op = OpType::Broadcast, .dtype = static_cast<int>(t.dtype()), .count = t.numel(), .root = root,
+                .payload = {&t}, .result = t};
   return run(info, [&] { return do_broadcast(t, root); });
 }
 
@@ -222,7 +257,8 @@ Work Communicator::all_to_all(Tensor& out, const Tensor& in, const std::vector<i
   int64_t rsum = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
   if (ssum != in.numel()) fail("all_to_all on group '{}' (rank {}): send_counts sum {} != in.numel {}", name_, rank_, ssum, in.numel());
   if (rsum != out.numel()) fail("all_to_all on group '{}' (rank {}): recv_counts sum {} != out.numel {}", name_, rank_, rsum, out.numel());
-  CallInfo info{.op = OpType::AllToAll, .dtype = static_cast<int>(in.dtype()), .count = in.numel(), .count_varies = true};
+  CallInfo info{.op = OpType::AllToAll, .dtype = static_cast<int>(in.dtype()), .count = in.numel(), .count_varies = true,
+                .payload = {&in}};
   return run(info, [&] { return do_all_to_all(out, in, send_counts, recv_counts); });
 }
 
@@ -233,7 +269,7 @@ Work Communicator::batch_p2p(const std::vector<P2POp>& ops) {
     if (o.peer < 0 || o.peer >= size()) fail("batch_p2p on group '{}': peer {} outside group of size {}", name_, o.peer, size());
     if (o.tag < 0 || o.tag >= 16) fail("batch_p2p on group '{}': tag {} outside [0, 16)", name_, o.tag);
     if (info.dtype < 0) info.dtype = static_cast<int>(o.tensor.dtype());
-    if (o.kind == P2POp::Kind::Send) info.count += o.tensor.numel();
+    if (o.kind == P2POp::Kind::Send) info.count += o.tensor.numel(), info.payload.push_back(&o.tensor);
     info.peers.push_back(ranks_[static_cast<size_t>(o.peer)]);
   }
   // --check-collectives for P2P: before the real batch, every send tells its peer (same tag) the dtype and count it

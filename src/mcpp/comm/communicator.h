@@ -114,6 +114,7 @@ class Communicator {
   void set_check_collectives(bool on) { check_collectives_ = on; }
   bool check_collectives() const { return check_collectives_; }
   FlightRecorder* recorder() const { return recorder_.get(); }
+  // Payload checksums: FlightRecorder::set_checksums (shared by every group of the rank).
   const std::shared_ptr<FlightRecorder>& recorder_ptr() const { return recorder_; }
 
  protected:
@@ -149,5 +150,10 @@ class Communicator {
 };
 
 using CommPtr = std::shared_ptr<Communicator>;
+
+// Fault injection (--inject-fault corrupt-collective): the next all_reduce / all_gather / broadcast this process
+// completes, on any group, has the lowest bit of its result's first byte flipped after the backend delivered it (a
+// silent data corruption), before the flight recorder's result checksum. One-shot; thread-safe.
+void arm_result_corruption();
 
 }  // namespace mcpp::comm

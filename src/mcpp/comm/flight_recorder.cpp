@@ -8,7 +8,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include <xxhash.h>
+
+#include <fmt/format.h>
+
 #include "mcpp/core/error.h"
+#include "mcpp/core/tensor.h"
 
 namespace mcpp::comm {
 
@@ -29,6 +34,27 @@ int64_t steady_now_ns() {
 int64_t wall_now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+std::string tensor_checksum(const Tensor& t) {
+  if (!t.defined()) return "";
+  const Tensor host = t.is_cpu() ? t : t.to(Device::CPU);
+  return fmt::format("{:016x}", XXH3_64bits(host.raw(), host.nbytes()));
+}
+
+void FlightRecorder::set_checksums(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  checksums_ = on;
+}
+
+bool FlightRecorder::checksums() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return checksums_;
+}
+
+void FlightRecorder::set_result_checksum(uint64_t id, std::string checksum) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (RecordEntry* e = find_locked(id)) e->result_checksum = std::move(checksum);
 }
 
 FlightRecorder::FlightRecorder(int rank, int world_size, size_t capacity)
@@ -161,7 +187,9 @@ nlohmann::json entry_to_json(const RecordEntry& e) {
                         {"iteration", e.context.iteration},
                         {"microbatch", e.context.microbatch},
                         {"pp_stage", e.context.pp_stage},
-                        {"vp_chunk", e.context.vp_chunk}};
+                        {"vp_chunk", e.context.vp_chunk},
+                        {"payload_checksum", e.payload_checksum},
+                        {"result_checksum", e.result_checksum}};
 }
 
 nlohmann::json FlightRecorder::dump_json(const std::string& reason) const {
@@ -180,7 +208,14 @@ nlohmann::json FlightRecorder::dump_json(const std::string& reason) const {
 }
 
 void FlightRecorder::dump_to_file(const std::string& path, const std::string& reason) const {
-  std::string text = dump_json(reason).dump(1);
+  dump_to_file(path, reason, nlohmann::json::object());
+}
+
+void FlightRecorder::dump_to_file(const std::string& path, const std::string& reason,
+                                  const nlohmann::json& extra) const {
+  nlohmann::json j = dump_json(reason);
+  for (const auto& [k, v] : extra.items()) j[k] = v;
+  std::string text = j.dump(1);
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);

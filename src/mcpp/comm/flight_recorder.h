@@ -21,6 +21,12 @@
 //   - Training coordinates (hang forensics, `mcpp debug hang`): set_context() stamps every entry recorded after it
 //     with the trainer's iteration, the schedule's microbatch, pipeline stage and virtual chunk (-1: unknown / outside
 //     a schedule action). The trainer sets the iteration at each step; the pipeline schedule the rest per action.
+//   - Payload checksums (--flight-recorder-checksums; set_checksums(true) on every rank): each entry also carries
+//     payload_checksum, the XXH3 of the bytes this rank sends (a collective's input, taken before the call, an
+//     all_reduce's too; a batch_p2p's sends), and, for the ops whose result must be bitwise identical on every member
+//     (all_reduce, all_gather, broadcast), result_checksum, the XXH3 of the result when the Work completes. Hashing
+//     reads the tensors on the host: on CUDA each checksum is a device-to-host copy that synchronizes (a debugging
+//     mode; refused under CUDA graphs). `mcpp debug hang` names the first call whose result checksums differ.
 //
 // Dump JSON schema (rank_<r>.json, written by dump_json / the watchdog):
 // {
@@ -31,6 +37,8 @@
 //   "total_recorded": <int, entries ever recorded; > capacity means the oldest were overwritten>,
 //   "reason": <string, why the dump was written, e.g. "timeout" or "abort requested by rank 2">,
 //   "dump_wall_time_us": <int, microseconds since the Unix epoch>,
+//   "host_stacks": [ {"thread": "main", "captured": <bool>, "frames": [<backtrace_symbols line>...]} ],  // optional:
+//                                        // SIGUSR1 and watchdog dumps (comm/host_stack.h)
 //   "entries": [                         // oldest first
 //     { "id": <int, global recording index on this rank, starts at 0>,
 //       "group": <string, group name: "world", "tp", ...>,
@@ -45,7 +53,9 @@
 //       "state": <string: queued | started | done | failed>,
 //       "start_steady_ns": <int, steady clock at recording>, "end_steady_ns": <int, 0 until done/failed>,
 //       "start_wall_us": <int, wall clock at recording>,     "end_wall_us": <int, 0 until done/failed>,
-//       "iteration": <int>, "microbatch": <int>, "pp_stage": <int>, "vp_chunk": <int> }   // set_context; -1 unknown
+//       "iteration": <int>, "microbatch": <int>, "pp_stage": <int>, "vp_chunk": <int>,    // set_context; -1 unknown
+//       "payload_checksum": <string, 16 hex digits, "" when not recorded>,
+//       "result_checksum": <string, 16 hex digits, "" when not recorded or not yet done> }
 //   ]
 // }
 #pragma once
@@ -58,6 +68,7 @@
 
 namespace mcpp {
 class DeviceClock;
+class Tensor;
 }
 
 namespace mcpp::comm {
@@ -86,6 +97,7 @@ struct RecordEntry {
   int64_t start_steady_ns = 0, end_steady_ns = 0;
   int64_t start_wall_us = 0, end_wall_us = 0;
   int64_t device_start = -1, device_end = -1;  // DeviceClock marks on the backend's stream (-1: none)
+  std::string payload_checksum, result_checksum;  // see "Payload checksums" ("" when not recorded)
 };
 
 class FlightRecorder {
@@ -100,6 +112,10 @@ class FlightRecorder {
   void mark_started(uint64_t id);
   void mark_done(uint64_t id);
   void mark_failed(uint64_t id);
+  // Payload checksums (the contract's): on / off for every communicator sharing this recorder.
+  void set_checksums(bool on);
+  bool checksums() const;
+  void set_result_checksum(uint64_t id, std::string checksum);
   // Device timing (see the contract): the attached clock (nullptr: none) and an entry's two marks.
   void set_device_clock(DeviceClock* clock);
   DeviceClock* device_clock() const;
@@ -120,6 +136,8 @@ class FlightRecorder {
   nlohmann::json dump_json(const std::string& reason) const;
   // Writes dump_json to `path` atomically (temporary file + rename); throws mcpp::Error naming the path.
   void dump_to_file(const std::string& path, const std::string& reason) const;
+  // The same with `extra`'s keys added to the dump's top level (the watchdog's and SIGUSR1's "host_stacks").
+  void dump_to_file(const std::string& path, const std::string& reason, const nlohmann::json& extra) const;
 
  private:
   RecordEntry* find_locked(uint64_t id);
@@ -133,10 +151,13 @@ class FlightRecorder {
   uint64_t first_kept_ = 0;  // the oldest id still in the ring
   DeviceClock* device_clock_ = nullptr;
   CallContext context_;
+  bool checksums_ = false;
 };
 
 nlohmann::json entry_to_json(const RecordEntry& e);
 int64_t steady_now_ns();
 int64_t wall_now_us();
+// XXH3 of a contiguous tensor's bytes (a device tensor is copied to the host first), as 16 hex digits.
+std::string tensor_checksum(const Tensor& t);
 
 }  // namespace mcpp::comm

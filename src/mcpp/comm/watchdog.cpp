@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "mcpp/comm/host_stack.h"
 #include "mcpp/core/error.h"
 #include "mcpp/core/json_limits.h"
 
@@ -140,7 +141,8 @@ void Watchdog::lead(const RecordEntry& stuck) {
   fired_ = true;
   const std::string desc = describe_entry(stuck);
   try {
-    rec_->dump_to_file(dump_path_, fmt::format("timeout: {} pending longer than {} s", desc, opts_.timeout_seconds));
+    rec_->dump_to_file(dump_path_, fmt::format("timeout: {} pending longer than {} s", desc, opts_.timeout_seconds),
+                       {{"host_stacks", host_stacks_for_dump()}});
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: watchdog rank {}: {}\n", rank_, e.what());
   }
@@ -183,7 +185,8 @@ void Watchdog::lead(const RecordEntry& stuck) {
 void Watchdog::follow() {
   fired_ = true;
   try {
-    rec_->dump_to_file(dump_path_, "abort requested by another rank's watchdog (marker " + marker_path_ + ")");
+    rec_->dump_to_file(dump_path_, "abort requested by another rank's watchdog (marker " + marker_path_ + ")",
+                       {{"host_stacks", host_stacks_for_dump()}});
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: watchdog rank {}: {}\n", rank_, e.what());
   }

@@ -5,6 +5,7 @@
 //     Every poll_seconds it checks (a) whether the oldest queued/started entry has been pending longer
 //     than timeout_seconds, and (b) whether the run's abort marker <dump_dir>/flight_recorder/abort_<run>
 //     exists (some other rank timed out).
+//   - Every dump also holds the main thread's host stack when comm/host_stack.h's capture is installed (the CLI does).
 //   - (a) first rank to create the marker (O_EXCL) is the *leader*: it dumps its ring to
 //     <dump_dir>/flight_recorder/rank_<r>.json (schema: flight_recorder.h), waits up to grace_seconds for
 //     every world rank's dump, compares them (analyze_dumps: a member of the stuck group whose last seq for

@@ -44,6 +44,10 @@ const config::FieldTable<ParallelConfig>& ParallelConfig::fields() {
           MCPP_FIELD(distributed_timeout_minutes).flag("--distributed-timeout-minutes").range(Range::positive()),
           MCPP_FIELD(check_collectives)
               .store_true("--check-collectives", "compare a fingerprint of every collective across ranks"),
+          MCPP_FIELD(flight_recorder_checksums)
+              .store_true("--flight-recorder-checksums",
+                          "record a checksum of each call's payload and shared result in the flight recorder "
+                          "(mcpp debug hang names the first result that differs across ranks; syncs on CUDA)"),
           MCPP_FIELD(data_parallel_size)
               .no_flag("derived: world size / (tp * pp * cp), set by Config::apply_world_size"),
       }};

@@ -44,6 +44,9 @@ struct ParallelConfig {
   // Communicator debugging (comm/): the watchdog timeout and the per-collective fingerprint check.
   float distributed_timeout_minutes = 10.0f;
   bool check_collectives = false;
+  // --flight-recorder-checksums: the flight recorder also keeps a checksum of each call's payload and of the result
+  // all members must share (comm/flight_recorder.h); `mcpp debug hang` names the first result that differs.
+  bool flight_recorder_checksums = false;
   int64_t data_parallel_size = 0;  // derived by Config::apply_world_size; 0 until then
 
   int64_t expert_tp() const {  // the expert-TP size in use

@@ -9,6 +9,10 @@
 #include <optional>
 #include <set>
 
+#include <cxxabi.h>
+
+#include <cstdlib>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -26,6 +30,7 @@ struct Call {
   std::vector<int> peers;
   int64_t start_wall_us = 0;
   int64_t iteration = -1, microbatch = -1, pp_stage = -1, vp_chunk = -1;
+  std::string payload_checksum, result_checksum;  // --flight-recorder-checksums ("" when not recorded)
   bool pending() const { return state == "queued" || state == "started"; }
 };
 
@@ -46,6 +51,8 @@ Call parse_call(int rank, const nlohmann::json& e) {
   c.microbatch = e.value("microbatch", int64_t{-1});
   c.pp_stage = e.value("pp_stage", int64_t{-1});
   c.vp_chunk = e.value("vp_chunk", int64_t{-1});
+  c.payload_checksum = e.value("payload_checksum", std::string());
+  c.result_checksum = e.value("result_checksum", std::string());
   return c;
 }
 
@@ -70,6 +77,89 @@ nlohmann::json call_json(const Call& c) {
           {"state", c.state}, {"iteration", c.iteration}, {"microbatch", c.microbatch},  {"pp_stage", c.pp_stage},
           {"vp_chunk", c.vp_chunk}, {"describe", describe(c)}};
 }
+
+// --flight-recorder-checksums: the earliest (group, seq) whose members all recorded a result checksum (all_reduce,
+// all_gather, broadcast: results every member must hold bitwise) and disagree. The members outside the largest
+// agreeing set are named; with no strict majority (e.g. 2 members) all of them.
+void report_result_mismatch(const std::map<std::string, std::map<int64_t, std::vector<const Call*>>>& colls,
+                            const std::map<std::string, std::vector<int>>& members, HangReport& rep) {
+  const std::vector<const Call*>* first = nullptr;
+  int64_t first_time = std::numeric_limits<int64_t>::max();
+  bool any = false;
+  for (const auto& [g, seqs] : colls)
+    for (const auto& [seq, cs] : seqs) {
+      if (cs.size() != members.at(g).size()) continue;
+      if (!std::all_of(cs.begin(), cs.end(), [](const Call* c) { return !c->result_checksum.empty(); })) continue;
+      any = true;
+      const bool agree = std::all_of(cs.begin(), cs.end(),
+                                     [&](const Call* c) { return c->result_checksum == cs.front()->result_checksum; });
+      if (!agree && cs.front()->start_wall_us < first_time) first = &cs, first_time = cs.front()->start_wall_us;
+    }
+  if (!any) return;  // no checksums in the dumps
+  if (!first) {
+    rep.text += "result checksums: every all_reduce / all_gather / broadcast in the dumps agrees across its group\n";
+    rep.json["result_mismatch"] = nullptr;
+    return;
+  }
+  std::map<std::string, std::vector<int>> by_sum;
+  for (const Call* c : *first) by_sum[c->result_checksum].push_back(c->rank);
+  const auto majority = std::max_element(by_sum.begin(), by_sum.end(),
+                                         [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+  const bool strict = majority->second.size() * 2 > first->size();
+  std::vector<int> differ;
+  for (const Call* c : *first)
+    if (!strict || c->result_checksum != majority->first) differ.push_back(c->rank);
+  std::sort(differ.begin(), differ.end());
+  std::string sums;
+  nlohmann::json js = nlohmann::json::object();
+  for (const Call* c : *first) {
+    sums += fmt::format("{}rank {} {}", sums.empty() ? "" : ", ", c->rank, c->result_checksum);
+    js[std::to_string(c->rank)] = c->result_checksum;
+  }
+  rep.text += fmt::format("first result mismatch (--flight-recorder-checksums): {}: result checksums {}; {}\n",
+                          describe(*first->front()), sums,
+                          strict ? fmt::format("ranks [{}] differ from the other members (a silent data corruption "
+                                               "on them or their link)", fmt::join(differ, ", "))
+                                 : fmt::format("no majority: ranks [{}] disagree", fmt::join(differ, ", ")));
+  nlohmann::json mj = call_json(*first->front());
+  mj["result_checksums"] = js;
+  mj["differing_ranks"] = differ;
+  rep.json["result_mismatch"] = mj;
+}
+
+// One backtrace_symbols line "module(symbol+0xoff) [0xaddr]" as "demangled +0xoff (module's file name)".
+std::string demangle_frame(const std::string& line) {
+  const size_t lp = line.find('('), rp = line.find(')', lp == std::string::npos ? 0 : lp);
+  if (lp == std::string::npos || rp == std::string::npos) return line;
+  const std::string module = std::filesystem::path(line.substr(0, lp)).filename().string();
+  const size_t plus = line.find('+', lp);
+  const size_t sym_end = plus != std::string::npos && plus < rp ? plus : rp;
+  const std::string sym = line.substr(lp + 1, sym_end - lp - 1);
+  const std::string off = line.substr(sym_end, rp - sym_end);
+  if (sym.empty()) return fmt::format("?? {} ({})", off, module);
+  int status = 0;
+  char* d = abi::__cxa_demangle(sym.c_str(), nullptr, nullptr, &status);
+  const std::string name = status == 0 && d ? d : sym;
+  std::free(d);
+  return fmt::format("{} {} ({})", name, off, module);
+}
+
+// Each dump's main-thread stack (comm/host_stack.h), demangled, the capture's own frames skipped.
+std::map<int, std::vector<std::string>> host_stacks(const std::vector<nlohmann::json>& dumps) {
+  std::map<int, std::vector<std::string>> out;
+  for (const auto& d : dumps) {
+    if (!d.contains("host_stacks")) continue;
+    for (const auto& st : d.at("host_stacks")) {
+      if (!st.value("captured", false)) continue;
+      const auto frames = st.at("frames").get<std::vector<std::string>>();
+      auto& v = out[d.at("rank").get<int>()];
+      for (size_t i = st.value("capture_frames", size_t{0}); i < frames.size(); ++i) v.push_back(demangle_frame(frames[i]));
+    }
+  }
+  return out;
+}
+
+constexpr size_t kTopFrames = 10;  // frames shown per rank in the text report (the JSON has them all)
 
 }  // namespace
 
@@ -174,6 +264,20 @@ HangReport analyze_hang(const std::vector<nlohmann::json>& dumps) {
     }
   }
 
+  report_result_mismatch(colls, members, rep);
+
+  // Host stacks (SIGUSR1 / watchdog dumps): where each rank's main thread is.
+  const std::map<int, std::vector<std::string>> stacks = host_stacks(dumps);
+  j["host_stacks"] = nlohmann::json::object();
+  if (!stacks.empty()) {
+    t += fmt::format("host stacks (main thread, innermost first, top {} frames):\n", kTopFrames);
+    for (const auto& [r, frames] : stacks) {
+      j["host_stacks"][std::to_string(r)] = frames;
+      t += fmt::format("  rank {}:\n", r);
+      for (size_t i = 0; i < frames.size() && i < kTopFrames; ++i) t += fmt::format("    #{} {}\n", i, frames[i]);
+    }
+  }
+
   // Stuck calls and who never joined them.
   std::vector<const Call*> stuck;
   for (const auto& [r, calls] : by_rank)
@@ -182,7 +286,7 @@ HangReport analyze_hang(const std::vector<nlohmann::json>& dumps) {
   std::sort(stuck.begin(), stuck.end(), [](const Call* a, const Call* b) { return a->start_wall_us < b->start_wall_us; });
   j["stuck"] = nlohmann::json::array();
   if (stuck.empty()) {
-    t += "no rank is inside a collective: not a communication hang (compare the ranks' last calls)\n";
+    t += "no rank is inside a collective: not a communication hang (compare the ranks' last calls and host stacks)\n";
     j["culprit_rank"] = nullptr;
     return rep;
   }

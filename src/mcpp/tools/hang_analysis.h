@@ -9,6 +9,10 @@
 //   - the culprit: a member of a stuck call that is in no call at all (it stopped calling collectives: a hang, a dead
 //     or slow rank), else the rank whose stuck call started first (it issued a call its peers did not: a skipped or
 //     extra collective).
+//   - with --flight-recorder-checksums: the first all_reduce / all_gather / broadcast whose result checksums differ
+//     across its group (members outside the agreeing majority named: a silent data corruption);
+//   - with host stacks (SIGUSR1 / watchdog dumps: comm/host_stack.h): each rank's main-thread stack, demangled here
+//     (abi::__cxa_demangle; the signal handler records raw backtrace_symbols lines only).
 // A missing or malformed dump is an mcpp::Error naming the file.
 #pragma once
 #include <string>

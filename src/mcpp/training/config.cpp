@@ -127,6 +127,9 @@ void Config::validate() const {
     if (parallel.variable_seq_lengths)
       fail("enable_cuda_graph: --variable-seq-lengths exchanges every P2P tensor's shape through the host (and a "
            "graph replays fixed shapes); drop one of them");
+    if (parallel.flight_recorder_checksums)
+      fail("flight_recorder_checksums: a checksum copies each call's tensors to the host, which a captured step "
+           "cannot; drop --enable-cuda-graph for the debugging run");
   }
 }
 

@@ -75,8 +75,16 @@ void FaultInjector::begin_step(int64_t iteration, bool rerun, comm::Communicator
         world.host().all_reduce(t, comm::ReduceOp::Sum).wait();
         break;
       }
+      case FaultKind::CorruptCollective:
+        if (rerun) break;
+        fmt::print(stderr, "[inject-fault] rank {}: {}: the next all_reduce / all_gather / broadcast result is "
+                   "corrupted\n", rank_, f.text);
+        std::fflush(nullptr);
+        comm::arm_result_corruption();
+        break;
       case FaultKind::SlowData:
-      case FaultKind::BadShard: break;
+      case FaultKind::BadShard:
+      case FaultKind::BadBatch: break;
     }
   }
   if (!nan_due_.empty()) {
@@ -94,6 +102,19 @@ void FaultInjector::before_batch(int64_t iteration) {
   for (const FaultSpec& f : faults_)
     if (f.kind == FaultKind::SlowData && f.iteration == iteration && f.rank == rank_)
       std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
+}
+
+bool FaultInjector::perturb_batch(int64_t iteration, int64_t m, Tensor& tokens, int64_t vocab) const {
+  for (const FaultSpec& f : faults_) {
+    if (f.kind != FaultKind::BadBatch || f.iteration != iteration || f.rank != rank_ || m != 0) continue;
+    int32_t& t = tokens.data<int32_t>()[0];  // [s, b]: sample 0's first token
+    const int32_t was = t;
+    t = static_cast<int32_t>((t + 1) % vocab);
+    fmt::print(stderr, "[inject-fault] rank {}: {}: microbatch 0's first token {} -> {}\n", rank_, f.text, was, t);
+    std::fflush(nullptr);
+    return true;
+  }
+  return false;
 }
 
 void FaultInjector::after_save(int64_t iteration, const std::string& dir) {

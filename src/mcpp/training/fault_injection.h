@@ -14,6 +14,13 @@
 //                                    rank with another shape (3 floats instead of 1): --check-collectives names the
 //                                    mismatch. extra: only this rank issues it (a call no peer matches: a hang).
 //   bad-shard                        after the checkpoint of ITER commits, one byte of this rank's shard file flips.
+//   bad-batch                        the rank's first microbatch of ITER has its first token changed (t + 1 mod the
+//                                    vocabulary: a rank reading a stale or another shard); --check-data-consistency
+//                                    names it, otherwise it trains silently on other data than its TP/CP/PP peers.
+//   corrupt-collective               the first all_reduce / all_gather / broadcast this rank completes in ITER gets the
+//                                    lowest bit of its result's first byte flipped after the transport delivered it
+//                                    (a silent data corruption: NIC, NVLink, memory); --flight-recorder-checksums
+//                                    records it and `mcpp debug hang` names the first result that differs.
 // A drill fires in a job's first attempt only (MCPP_RESTART_COUNT unset or 0: `mcpp launch --max-restarts`).
 // The NaN kinds act through module scopes (core/module_trace.h's ScopeObserver): the injector is installed only
 // while a NaN fault is due (begin_step), so healthy steps pay nothing.
@@ -39,6 +46,9 @@ class FaultInjector : public ScopeObserver {
   void begin_step(int64_t iteration, bool rerun, comm::Communicator& world);
   void end_step();                          // removes the scope observer
   void before_batch(int64_t iteration);     // slow-data (the data loader, per microbatch)
+  // bad-batch: microbatch `m` of iteration `iteration`'s training batch, tokens [s, b] on the host (vocab: the
+  // padded vocabulary size); true when it changed them.
+  bool perturb_batch(int64_t iteration, int64_t m, Tensor& tokens, int64_t vocab) const;
   // After the checkpoint of `iteration` committed in `dir` (every rank): bad-shard flips a byte of a shard file this
   // rank wrote (its name is printed).
   void after_save(int64_t iteration, const std::string& dir);

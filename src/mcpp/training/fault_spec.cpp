@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kGrammar =
     "KIND[:OPTS]@ITER[:RANK] with KIND nan-grad:layer=K[,persistent] | nan-output:layer=K[,persistent] | kill | hang "
-    "| slow-data[:ms=N] | slow-rank[:ms=N] | wrong-collective[:extra] | bad-shard";
+    "| slow-data[:ms=N] | slow-rank[:ms=N] | wrong-collective[:extra] | bad-shard | bad-batch | corrupt-collective";
 
 int64_t parse_int(std::string_view s, const std::string& text, const char* what) {
   int64_t v = 0;
@@ -59,6 +59,8 @@ const char* fault_kind_name(FaultKind k) {
     case FaultKind::SlowRank: return "slow-rank";
     case FaultKind::WrongCollective: return "wrong-collective";
     case FaultKind::BadShard: return "bad-shard";
+    case FaultKind::BadBatch: return "bad-batch";
+    case FaultKind::CorruptCollective: return "corrupt-collective";
   }
   return "?";
 }
@@ -73,7 +75,8 @@ FaultSpec parse_fault_spec(const std::string& text) {
   const std::string_view kind = head.substr(0, colon);
   bool found = false;
   for (FaultKind k : {FaultKind::NanGrad, FaultKind::NanOutput, FaultKind::Kill, FaultKind::Hang, FaultKind::SlowData,
-                      FaultKind::SlowRank, FaultKind::WrongCollective, FaultKind::BadShard})
+                      FaultKind::SlowRank, FaultKind::WrongCollective, FaultKind::BadShard, FaultKind::BadBatch,
+                      FaultKind::CorruptCollective})
     if (kind == fault_kind_name(k)) f.kind = k, found = true;
   if (!found) fail("--inject-fault '{}': unknown kind '{}' ({})", text, kind, kGrammar);
   parse_options(colon == std::string_view::npos ? std::string_view() : head.substr(colon + 1), f);

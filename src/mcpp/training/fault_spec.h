@@ -7,7 +7,7 @@
 
 namespace mcpp {
 
-enum class FaultKind { NanGrad, NanOutput, Kill, Hang, SlowData, SlowRank, WrongCollective, BadShard };
+enum class FaultKind { NanGrad, NanOutput, Kill, Hang, SlowData, SlowRank, WrongCollective, BadShard, BadBatch, CorruptCollective };
 const char* fault_kind_name(FaultKind k);
 
 struct FaultSpec {

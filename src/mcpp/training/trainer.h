@@ -58,6 +58,7 @@
 #include "mcpp/training/metrics.h"
 #include "mcpp/training/rank_metrics.h"
 #include "mcpp/training/tensorboard.h"
+#include "mcpp/training/data_consistency.h"
 #include "mcpp/training/timers.h"
 #include "mcpp/tools/memory_planner.h"
 #include "mcpp/training/config.h"
@@ -109,8 +110,9 @@ class Trainer {
   };
   // The train / valid / test datasets (the constructor's; trainer_data.cpp).
   void build_datasets(int64_t eod_token);
-  // Micro batch `m` of the global batch starting at sample `first` (this DP rank's rows).
-  Batch get_batch(const MegatronDataset& ds, int64_t first, int64_t m) const;
+  // Micro batch `m` of the global batch starting at sample `first` (this DP rank's rows). training: a training
+  // step's (--inject-fault bad-batch, --check-data-consistency's digests), not an evaluation's.
+  Batch get_batch(const MegatronDataset& ds, int64_t first, int64_t m, bool training);
   // One schedule over all microbatches of a global batch: training (forward + backward) or evaluation.
   struct StepLoss {
     double mean_loss = 0;  // mean over microbatches of each microbatch's mean loss (last stage)
@@ -237,6 +239,8 @@ class Trainer {
   double step_loss_max_ = 0;               // --check-for-spiky-loss: this step's largest loss over the world
   int64_t step_iteration_ = 0;             // the step being run (1-based, as logged)
   std::string metrics_path_;               // the metrics JSONL (empty: none); incident files beside it
+  // --check-data-consistency: while a due step builds its batches, their digests (null: not due)
+  std::vector<MicrobatchDigest>* data_digests_ = nullptr;
 };
 
 }  // namespace mcpp

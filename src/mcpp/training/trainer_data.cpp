@@ -4,12 +4,16 @@
 // context parallelism this CP rank's rows of every sample). Host tensors [s, b]; the model moves them to its device.
 // With --sft the split's JSONL conversations, packed (datasets/sft_dataset.h). Packed sequences (--sft,
 // --reset-position-ids, --reset-attention-mask): each microbatch carries its documents (PackedSeqParams) — the SFT
-// dataset's own boundaries, else Megatron's: a document ends after each EOD token.
+// dataset's own boundaries, else Megatron's: a document ends after each EOD token. A training microbatch (training:
+// not evaluation) passes --inject-fault bad-batch and, when --check-data-consistency is due, is hashed
+// (data_consistency.h).
 #include <spdlog/spdlog.h>
 
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/blended_dataset.h"
 #include "mcpp/datasets/sft_dataset.h"
+#include "mcpp/training/data_consistency.h"
+#include "mcpp/training/fault_injection.h"
 #include "mcpp/training/trainer.h"
 #include "mcpp/transformer/context_parallel.h"
 
@@ -78,7 +82,7 @@ void Trainer::build_datasets(int64_t eod_token) {
   }
 }
 
-Trainer::Batch Trainer::get_batch(const MegatronDataset& ds, int64_t first, int64_t m) const {
+Trainer::Batch Trainer::get_batch(const MegatronDataset& ds, int64_t first, int64_t m, bool training) {
   // Megatron's pretraining sampler: the global batch is num_microbatches slices of mbs * dp samples;
   // DP rank r takes rows [r * mbs, (r + 1) * mbs) of each slice. Past the end, the order repeats.
   const int64_t b = config_.training.micro_batch_size, s = config_.model.seq_length;
@@ -112,6 +116,13 @@ Trainer::Batch Trainer::get_batch(const MegatronDataset& ds, int64_t first, int6
         {.reset_position_ids = config_.data.sft || config_.data.reset_position_ids,
          .reset_attention_mask = config_.data.sft || config_.data.reset_attention_mask});
   }
+  if (training && faults_)  // --inject-fault bad-batch
+    faults_->perturb_batch(step_iteration_, m, batch.tokens, vocab);
+  if (training && data_digests_)  // --check-data-consistency: the whole samples, before the CP split
+    data_digests_->push_back({.hash = microbatch_hash(batch.tokens, batch.labels, batch.loss_mask,
+                                                      batch.packed.position_ids),
+                              .first_sample = base,
+                              .dataset_index = base % ds.size()});
   if (pc_.cp_size() == 1) return batch;
   // Context parallelism: this CP rank's rows of every sample (context_parallel.h: a contiguous s / cp chunk, or
   // the ring attention's load-balanced chunks r and 2cp-1-r).

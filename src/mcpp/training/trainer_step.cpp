@@ -4,7 +4,8 @@
 // forward_backward_graphed), then --calculate-per-token-loss's rescale, finalize_model_grads, the expert-bias update,
 // the grad norm + clip and the optimizer and scheduler steps (train_step). Returns the step's loss (mean over DP).
 // Between the grad norm and the optimizer step: the NaN / spiky-loss check (a re-run with per-module checks and a
-// skipped step: trainer_diagnosis.cpp) and the --inject-fault hooks (fault_injection.h).
+// skipped step: trainer_diagnosis.cpp) and the --inject-fault hooks (fault_injection.h). After the forward-backward of
+// a step --check-data-consistency is due at: the world compares the microbatches' hashes (data_consistency.h).
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -53,7 +54,7 @@ Trainer::StepLoss Trainer::run_microbatches(const MegatronDataset& ds, int64_t f
         }
         const auto t0 = Clock::now();
         if (faults_ && !forward_only) faults_->before_batch(step_iteration_);  // --inject-fault slow-data
-        const Batch b = get_batch(ds, first, m);
+        const Batch b = get_batch(ds, first, m, /*training=*/!forward_only);
         if (!forward_only)  // Megatron's batch-generator timer (level 2): building the microbatch on the host
           timers_->add_ms(TimerId::BatchGenerator,
                           std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
@@ -125,7 +126,7 @@ Trainer::StepLoss Trainer::forward_backward_graphed(const MegatronDataset& ds, i
   const int64_t num_micro = config_.num_microbatches();
   const bool last_stage = chunks_.back()->stage().post_process;
   for (int64_t m = 0; m < num_micro; ++m) {  // this step's batches into the static buffers
-    const Batch b = get_batch(ds, first, m);
+    const Batch b = get_batch(ds, first, m, /*training=*/true);
     if (graph_inputs_.size() <= static_cast<size_t>(m))  // first step: the buffers (live as long as the graph)
       graph_inputs_.push_back({Tensor::empty(b.tokens.shape(), DType::I32, device_),
                                Tensor::empty(b.labels.shape(), DType::I32, device_),
@@ -201,12 +202,19 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
     fr->set_context({.iteration = step_iteration_, .pp_stage = pc_.pp_rank()});
   if (faults_) faults_->begin_step(step_iteration_, /*rerun=*/false, *pc_.world());
   StepLoss step;
+  std::vector<MicrobatchDigest> digests;  // --check-data-consistency (due every N iterations)
+  const int64_t every = config_.training.check_data_consistency;
+  if (every > 0 && step_iteration_ % every == 0) data_digests_ = &digests;
   {
     const Timers::Scope fb_timer = timers_->scope(TimerId::ForwardBackward);
     step = step_graph_ ? forward_backward_graphed(*train_ds_, state_.consumed_train_samples)
                        : forward_backward(*train_ds_, state_.consumed_train_samples);
   }
   if (faults_) faults_->end_step();
+  if (data_digests_) {  // collective over the world; a mismatch throws on every rank before the optimizer step
+    data_digests_ = nullptr;
+    check_data_consistency(pc_, step_iteration_, config_.training.micro_batch_size, digests);
+  }
   const TraceRange optimizer_range("optimizer");
   const bool per_token = config_.model.calculate_per_token_loss;
   const double loss = per_token ? scale_grads_per_token(step) : step.mean_loss;

@@ -91,8 +91,13 @@ const config::FieldTable<TrainingConfig>& TrainingConfig::fields() {
           MCPP_FIELD(inject_fault)
               .flag("--inject-fault",
                     "KIND[:OPTS]@ITER[:RANK]: nan-grad:layer=K[,persistent] | nan-output:layer=K | kill | hang | "
-                    "slow-data[:ms=N] | slow-rank[:ms=N] | wrong-collective[:extra] | bad-shard (docs/DEBUGGING.md)")
+                    "slow-data[:ms=N] | slow-rank[:ms=N] | wrong-collective[:extra] | bad-shard | bad-batch | "
+                    "corrupt-collective (docs/DEBUGGING.md)")
               .repeatable(),
+          MCPP_FIELD(check_data_consistency)
+              .flag("--check-data-consistency",
+                    "every N iterations hash each rank's batch: TP/CP/PP peers must agree, DP ranks see disjoint "
+                    "samples; a mismatch ends the job naming the group and ranks (0: off)"),
       }};
   return table;
 }
@@ -143,6 +148,7 @@ void TrainingConfig::validate() const {
   require_positive(tensorboard_log_interval, "tensorboard_log_interval");
   require_non_negative(trace_modules, "trace_modules");
   for (const std::string& f : inject_fault) parse_fault_spec(f);  // a malformed one: its error
+  require_non_negative(check_data_consistency, "check_data_consistency");
   if (trace_modules > 0 && enable_cuda_graph)
     fail("trace_modules: the module trace records the ops as the host issues them, which a replayed CUDA graph "
          "does not; drop --enable-cuda-graph for the traced run");

@@ -73,6 +73,7 @@ struct TrainingConfig {
   bool check_for_spiky_loss = false;           // Megatron's: a loss > spiky_loss_factor x recent max -> the same
   double spiky_loss_factor = 10.0;             // Megatron's SPIKY_LOSS_FACTOR (a constant there)
   std::vector<std::string> inject_fault;       // --inject-fault KIND[:OPTS]@ITER[:RANK] (repeatable)
+  int64_t check_data_consistency = 0;          // --check-data-consistency N: every N iterations (data_consistency.h)
 
   static const config::FieldTable<TrainingConfig>& fields();
   void validate() const;
