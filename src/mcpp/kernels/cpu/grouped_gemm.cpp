@@ -44,7 +44,7 @@ void grouped_linear_dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor
     const int64_t r0 = off[static_cast<size_t>(g)], r = off[static_cast<size_t>(g + 1)] - r0;
     if (r == 0) continue;
     Tensor dxg = dx.narrow0(r0, r);  // [r, in] = dy[r, out] @ w_g[out, in]  (linear_bwd's dgrad GEMM)
-    require_cpu_f32("grouped_linear_dgrad", "dx", dxg);
+    detail::require_cpu_f32("grouped_linear_dgrad", "dx", dxg);
     cpu::gemm(dxg, dy.narrow0(r0, r), w[static_cast<size_t>(g)], GemmOptions{}, stream);
   }
 }
