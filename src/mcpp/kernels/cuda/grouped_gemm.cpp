@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "mcpp/kernels/cuda/cuda_check.h"
+#include "mcpp/kernels/cuda/grouped_gemm_launch.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp::ops::cuda {

@@ -13,6 +13,7 @@
 // The bias gradient: one thread per (column, group), a serial fp32 sum over the group's rows (deterministic).
 #include "mcpp/kernels/cuda/attention_mma.cuh"
 #include "mcpp/kernels/cuda/device_utils.cuh"
+#include "mcpp/kernels/cuda/grouped_gemm_launch.h"
 
 namespace mcpp::cuda_detail {
 namespace {
