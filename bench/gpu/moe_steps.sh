@@ -6,10 +6,14 @@
 # with Megatron's sinkhorn routing, with the MoE layers recomputed, with a gated shared expert, with random logits
 # (--moe-router-force-load-balancing) and with the router's input jitter; the activation
 # peak from each run's pipeline_activation_memory record.
-# usage (device machine, repo root, device_carry/ carried): bench/gpu/moe_steps.sh OUT [B] [CAPACITY]
+# With --moe-grouped-gemm (one grouped GEMM per linear for all experts, sizes on the device): dropless and padded, eager
+# and with --enable-cuda-graph (dropless is capturable with it: no host read of the counts).
+# SET: all (default) or grouped (dense, the sequential dropless / padded / padded-graph baselines and the four grouped
+# runs only: the before / after of issue 35's grouped-GEMM MoE in one short call).
+# usage (device machine, repo root, device_carry/ carried): bench/gpu/moe_steps.sh OUT [B] [CAPACITY] [SET]
 set -u
 OUT=$1
-B=${2:-16} CAP=${3:-1.0}
+B=${2:-16} CAP=${3:-1.0} SET=${4:-all}
 mkdir -p "$OUT"
 . bench/gpu/env.sh
 make_rnd_124m
@@ -24,6 +28,14 @@ run_train dense 1
 run_train moe_dropless 1 $MOE --moe-z-loss-coeff 0.001
 run_train moe_padded 1 $MOE --moe-z-loss-coeff 0.001 $PAD
 run_train moe_padded_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GRAPH
+GG="--moe-grouped-gemm"
+run_train moe_dropless_grouped 1 $MOE --moe-z-loss-coeff 0.001 $GG
+run_train moe_dropless_grouped_graph 1 $MOE --moe-z-loss-coeff 0.001 $GG $GRAPH
+run_train moe_padded_grouped 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG
+run_train moe_padded_grouped_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG $GRAPH
+RUNS="dense moe_dropless moe_padded moe_padded_graph moe_dropless_grouped moe_dropless_grouped_graph moe_padded_grouped
+  moe_padded_grouped_graph"
+if [ "$SET" = all ]; then
 run_train deepseek_padded 1 $DS $PAD
 run_train deepseek_padded_graph 1 $DS $PAD $GRAPH
 # Megatron's sinkhorn routing (dropless; one thread-block sinkhorn a layer): its cost over the dropless step
@@ -39,9 +51,10 @@ run_train moe_shared_gate 1 $MOE --moe-z-loss-coeff 0.001 --moe-shared-expert-in
 # the router's input jitter
 run_train moe_balanced 1 $MOE --moe-z-loss-coeff 0.001 --moe-router-force-load-balancing
 run_train moe_jitter 1 $MOE --moe-z-loss-coeff 0.001 --moe-input-jitter-eps 0.01
+RUNS="$RUNS deepseek_padded deepseek_padded_graph moe_sinkhorn moe_recompute moe_shared_gate moe_balanced moe_jitter"
+fi
 echo "== MoE steps, 124M B$B, capacity $CAP (ms per iteration, iterations 21-30; lm loss at 30; router losses)"
-for r in dense moe_dropless moe_padded moe_padded_graph deepseek_padded deepseek_padded_graph moe_sinkhorn \
-    moe_recompute moe_shared_gate moe_balanced moe_jitter; do
+for r in $RUNS; do
   python3 - "$OUT/$r.jsonl" "$r" <<'EOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"event":"train"' in l] if sys.argv[1] else []

@@ -213,6 +213,43 @@ void qkv_merge_rope(Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor&
   MCPP_DISPATCH(qkv_merge_rope, ({&qkv, &q, &k, &v, &cos, &sin}), qkv, q, k, v, cos, sin, s);
 }
 void cast(Tensor& out, const Tensor& in, Stream s) { MCPP_DISPATCH(cast, ({&out, &in}), out, in, s); }
+GroupedLinearShape check_grouped_linear(const char* op, const Tensor& x, const Tensor& y, const std::vector<Tensor>& w,
+                                        const std::vector<Tensor>& bias, const Tensor& counts) {
+  MCPP_CHECK(x.defined() && y.defined() && x.ndim() == 2 && y.ndim() == 2 && x.size(0) == y.size(0),
+             "{}: the activations must be [m, in] and [m, out]; got {} and {}", op, x.defined() ? x.str() : "undefined",
+             y.defined() ? y.str() : "undefined");
+  MCPP_CHECK(counts.defined() && counts.dtype() == DType::I64 && counts.ndim() == 1 && counts.size(0) >= 1 &&
+                 counts.size(0) <= kMaxGemmGroups && counts.device() == x.device(),
+             "{}: counts must be int64 [G] (1 <= G <= {}) on the activations' device; got {}", op, kMaxGemmGroups,
+             counts.defined() ? counts.str() : "undefined");
+  const GroupedLinearShape g{.m = x.size(0), .in = x.size(1), .out = y.size(1), .groups = counts.size(0)};
+  MCPP_CHECK(static_cast<int64_t>(w.size()) == g.groups, "{}: {} weights for {} groups", op, w.size(), g.groups);
+  MCPP_CHECK(bias.empty() || static_cast<int64_t>(bias.size()) == g.groups, "{}: {} biases for {} groups", op,
+             bias.size(), g.groups);
+  for (size_t i = 0; i < w.size(); ++i) {
+    MCPP_CHECK(w[i].defined() && w[i].shape() == Shape({g.out, g.in}) && w[i].device() == x.device(),
+               "{}: weight {} must be [out={}, in={}] on the activations' device; got {}", op, i, g.out, g.in,
+               w[i].defined() ? w[i].str() : "undefined");
+    if (!bias.empty())
+      MCPP_CHECK(bias[i].defined() && bias[i].numel() == g.out && bias[i].device() == x.device(),
+                 "{}: bias {} must be [out={}] on the activations' device; got {}", op, i, g.out,
+                 bias[i].defined() ? bias[i].str() : "undefined");
+  }
+  return g;
+}
+
+void grouped_linear_fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::vector<Tensor>& bias,
+                        const Tensor& counts, Stream s) {
+  MCPP_DISPATCH(grouped_linear_fwd, ({&y, &x, &counts}), y, x, w, bias, counts, s);
+}
+void grouped_linear_dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& counts,
+                          Stream s) {
+  MCPP_DISPATCH(grouped_linear_dgrad, ({&dx, &dy, &counts}), dx, dy, w, counts, s);
+}
+void grouped_linear_wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_acc, const Tensor& dy, const Tensor& x,
+                          const Tensor& counts, GradWrite grad_write, Stream s) {
+  MCPP_DISPATCH(grouped_linear_wgrad, ({&dy, &x, &counts}), dw_acc, db_acc, dy, x, counts, grad_write, s);
+}
 void moe_permute(Tensor& out, const Tensor& x, const Tensor& idx, Stream s) {
   MCPP_DISPATCH(moe_permute, ({&out, &x, &idx}), out, x, idx, s);
 }

@@ -146,6 +146,16 @@ struct MoeCapacityOptions {
   bool pad = false;
 };
 
+// The most groups of one grouped_linear_* call (ops.inc; the CUDA kernels take the per-group pointers by value).
+constexpr int64_t kMaxGemmGroups = 128;
+// The sizes of a grouped_linear_* call, checked by both backends (mcpp::Error naming `op`): x [m, in], y [m, out],
+// counts int64 [G] (1 <= G <= kMaxGemmGroups), w / dw G tensors [out, in], bias empty or G tensors [out].
+struct GroupedLinearShape {
+  int64_t m, in, out, groups;
+};
+GroupedLinearShape check_grouped_linear(const char* op, const Tensor& x, const Tensor& y, const std::vector<Tensor>& w,
+                                        const std::vector<Tensor>& bias, const Tensor& counts);
+
 // One parameter (or shard piece) of adamw_multi_step: handles sharing storage with the caller's tensors.
 // param_model undefined = no model copy; weight_decay replaces opt.weight_decay for this entry.
 struct AdamWTensors {

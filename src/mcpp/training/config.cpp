@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "mcpp/core/error.h"
+#include "mcpp/kernels/ops.h"
 #include "mcpp/tools/memory_planner.h"
 
 namespace mcpp {
@@ -102,10 +103,16 @@ void Config::validate() const {
       fail("moe_shared_expert_intermediate_size ({}) must be divisible by tensor_model_parallel_size ({}): the "
            "shared expert is tensor parallel", model.moe_shared_expert_intermediate_size, tp);
     const bool padded = model.moe_expert_capacity_factor > 0.0 && model.moe_pad_expert_input_to_capacity;
-    if (training.enable_cuda_graph && !padded)
+    if (model.moe_grouped_gemm && model.num_moe_experts / ep > ops::kMaxGemmGroups)
+      fail("moe_grouped_gemm: {} local experts (num_moe_experts {} / expert_model_parallel_size {}); a grouped GEMM "
+           "takes at most {}", model.num_moe_experts / ep, model.num_moe_experts, ep, ops::kMaxGemmGroups);
+    // dropless with grouped GEMMs at EP 1 (expert-TP 1: above): the experts read the router's counts on the device
+    const bool device_counts = model.moe_grouped_gemm && model.moe_expert_capacity_factor <= 0.0 && ep == 1;
+    if (training.enable_cuda_graph && !padded && !device_counts)
       fail("enable_cuda_graph: a dropless MoE layer reads its experts' token counts on the host every layer (they "
            "size the dispatch buffer), which a captured step cannot do; set --moe-expert-capacity-factor and "
-           "--moe-pad-expert-input-to-capacity (fixed buffers, as Megatron's CUDA graphs need) or drop one of them");
+           "--moe-pad-expert-input-to-capacity (fixed buffers, as Megatron's CUDA graphs need), or run dropless with "
+           "--moe-grouped-gemm at expert_model_parallel_size 1 (the counts stay on the device)");
   }
   if (data.packed_sequences()) {  // (transformer/packed_seq_params.h)
     const char* what = data.sft ? "sft" : data.reset_attention_mask ? "reset_attention_mask" : "reset_position_ids";

@@ -198,6 +198,8 @@ struct TransformerConfig {
   double moe_expert_capacity_factor = 0.0;
   std::string moe_token_drop_policy = "probs";
   bool moe_pad_expert_input_to_capacity = false;
+  // Megatron's --moe-grouped-gemm: the local experts' GEMMs as one grouped launch each (experts.h: GroupedMLP).
+  bool moe_grouped_gemm = false;
   // Megatron's --moe-router-score-function: "softmax" (above) or "sigmoid" (DeepSeek-V3): scores s = sigmoid(logits),
   // the top k of s, probabilities = s over their sum when k > 1 (s itself when k = 1); the load-balancing loss
   // uses s normalized over all experts. No pre-softmax with it (the z-loss stays on the logits).

@@ -273,6 +273,11 @@ const config::FieldTable<TransformerConfig>& TransformerConfig::fields() {
               .store_true("--moe-pad-expert-input-to-capacity")
               .no_fingerprint()
               .checkpoint_arg(),
+          MCPP_FIELD(moe_grouped_gemm)
+              .store_true("--moe-grouped-gemm",
+                          "the local experts' GEMMs as one grouped launch each (fc1 / fc2 forward, dgrad, wgrad)")
+              .no_fingerprint()
+              .checkpoint_arg(),
           MCPP_FIELD(moe_router_score_function)
               .flag("--moe-router-score-function", "softmax|sigmoid")
               .fingerprint_when(

@@ -21,6 +21,9 @@ struct ExpertsCtx {
   Tensor x;                      // [rows, h] the grouped input (the experts' fc1 inputs are views of it)
   std::vector<MLPCtx> mlp;       // per local expert
   std::vector<int64_t> rows;     // rows per local expert in this forward
+  // GroupedMLP (grouped_mlp.h): the rows per local expert (int64 [El] on x's device), fc1's output [rows, f or 2f]
+  // (per expert-TP rank) and the activation [rows, f] (fc2's input; dropped under recompute "moe_act")
+  Tensor counts, pre_act, act;
 };
 
 class SequentialMLP {
@@ -32,6 +35,8 @@ class SequentialMLP {
   Tensor forward(ExpertsCtx& ctx, const Tensor& x, const std::vector<int64_t>& rows) const;
   Tensor backward(ExpertsCtx& ctx, const Tensor& dy) const;
   int64_t num_local_experts() const { return static_cast<int64_t>(experts_.size()); }
+  // Local expert j's parameters in registration order (fc1 weight [, bias], fc2 weight [, bias]): GroupedMLP's.
+  const std::vector<Parameter*>& params(int64_t j) const { return params_[static_cast<size_t>(j)]; }
 
  private:
   std::vector<MLP> experts_;

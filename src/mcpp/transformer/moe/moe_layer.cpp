@@ -38,6 +38,11 @@ MoELayer::MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, 
       dispatcher_(c.num_moe_experts, tp.ep, tp.etp),
       experts_(expert_params, prefix + ".experts", c, expert_tp(tp), dispatcher_.first_local_expert(),
                dispatcher_.num_local_experts()) {
+  if (c.moe_grouped_gemm) {
+    grouped_ = std::make_unique<GroupedMLP>(experts_, c, dispatcher_.etp_rank());
+    device_counts_ = c.moe_expert_capacity_factor <= 0.0 && dispatcher_.ep_size() == 1 && dispatcher_.etp_size() == 1;
+    router_.set_device_counts(device_counts_);
+  }
   if (c.moe_shared_expert_intermediate_size > 0)
     shared_experts_ = std::make_unique<MLP>(params, prefix + ".shared_experts", shared_expert_config(c), tp);
   if (c.moe_shared_expert_gate) {  // Megatron's gate_weight: replicated, a sequence-parallel parameter under SP
@@ -57,6 +62,16 @@ const Tensor& MoELayer::rows(int64_t n, Device dev) const {
   return rows_;
 }
 
+const Tensor& MoELayer::expert_counts(const std::vector<int64_t>& counts, Device dev) const {
+  if (!counts_.defined() || counts_.device() != dev || counts_host_ != counts) {
+    Tensor h = Tensor::empty({static_cast<int64_t>(counts.size())}, DType::I64);
+    std::copy(counts.begin(), counts.end(), h.data<int64_t>());
+    counts_ = h.to(dev);
+    counts_host_ = counts;
+  }
+  return counts_;
+}
+
 Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training,
                         tensor_parallel::RngTracker* rng) const {
   MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
@@ -69,7 +84,8 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
     router_scope.out(ctx.router.topk);
   }
   // padded: every EP rank's blocks are the capacity of as many tokens (no all-gather of the counts)
-  ctx.plan = dispatcher_.plan(ctx.router.idx, ctx.router.rows_per_expert, n, k, pad_);
+  ctx.plan = device_counts_ ? dispatcher_.plan_local(ctx.router.idx, n, k)
+                           : dispatcher_.plan(ctx.router.idx, ctx.router.rows_per_expert, n, k, pad_);
   // [m, h] expert-major (m = n*k dropless; the kept routes, or E * capacity padded: the padding rows zero)
   Tensor permuted = pad_
                         ? Tensor::zeros({ctx.plan.rows, h}, x.dtype(), x.device())
@@ -79,7 +95,12 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
   Tensor out;
   {
     const ModuleScope experts_scope("experts", grouped);
-    out = experts_scope.ret(experts_.forward(ctx.experts, grouped, ctx.plan.tokens_per_local_expert));
+    if (grouped_)  // the per-expert rows on the device: the router's (dropless, EP 1) or the plan's, copied
+      out = experts_scope.ret(grouped_->forward(
+          ctx.experts, grouped,
+          device_counts_ ? ctx.router.counts : expert_counts(ctx.plan.tokens_per_local_expert, x.device())));
+    else
+      out = experts_scope.ret(experts_.forward(ctx.experts, grouped, ctx.plan.tokens_per_local_expert));
   }
   ctx.combined = dispatcher_.from_experts(ctx.plan, out);  // [m, h]
   ctx.probs = ctx.router.weights;  // [n, k] fp32: the combine weights
@@ -159,7 +180,8 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   Tensor dexperts_in;
   {
     const ModuleScope experts_scope("experts", dgrouped, ModuleScope::kBackward);
-    dexperts_in = experts_scope.ret(experts_.backward(ctx.experts, dgrouped));
+    dexperts_in = experts_scope.ret(grouped_ ? grouped_->backward(ctx.experts, dgrouped)
+                                             : experts_.backward(ctx.experts, dgrouped));
   }
   Tensor dpermuted = dispatcher_.from_experts(ctx.plan, dexperts_in);  // [m, h]
   Tensor dx = Tensor::empty({n, h}, dy.dtype(), dy.device());

@@ -2,7 +2,7 @@
 //   x [s, b, h] -> n = s*b tokens -> TopKRouter (router.h): each token's k experts and weights probs [n, k]
 //   -> ops::moe_permute into the expert-major buffer [m, h] (m = n*k dropless; with a capacity the kept routes,
 //   or E * capacity rows padded with zeros) -> dispatcher to_experts (all-to-all over EP, all-gather over expert-TP)
-//   -> SequentialMLP (this rank's experts) -> dispatcher from_experts -> ops::moe_unpermute with the weights:
+//   -> SequentialMLP (this rank's experts; GroupedMLP with moe_grouped_gemm) -> dispatcher from_experts -> ops::moe_unpermute with the weights:
 //   y[t] = sum_i probs[t, i] * expert_{topk[t, i]}(x[t])  -> [s, b, h]
 //   (+ shared_experts(x)[t] with config.moe_shared_expert_intermediate_size > 0: a dense MLP of that width on
 //   every token, tensor parallel like a dense layer's MLP; Megatron-Core's SharedExpertMLP — with
@@ -16,6 +16,9 @@
 // Parameters: the router's and the shared expert's in `params` ("<prefix>.router.weight",
 // "<prefix>.shared_experts.linear_fc1/2..."), the routed experts' in `expert_params`
 // ("<prefix>.experts.local_experts.<global index>..."; the model's expert buffer, GPTModel::expert_params()).
+// moe_grouped_gemm (GroupedMLP, grouped_mlp.h): the experts' GEMMs grouped, sized by per-expert counts on the device;
+// dropless at EP 1 and expert-TP 1 those are the router's (RouterCtx::counts, plan_local): no host read in the layer,
+// so a CUDA graph can capture it; otherwise the plan's host counts, copied to the device once per new value.
 // Under TP the layer needs sequence parallelism (each TP rank routes its own s/tp tokens; the router's
 // load-balancing statistics are summed over TP and CP, router.h). EP from tp.ep, expert TP from tp.etp (null = 1):
 // the experts' weights split over expert-TP, the dispatcher gathering their input rows and reducing their outputs.
@@ -26,6 +29,7 @@
 #include "mcpp/tensor_parallel/tp_context.h"
 #include "mcpp/transformer/activation_dims.h"
 #include "mcpp/transformer/moe/experts.h"
+#include "mcpp/transformer/moe/grouped_mlp.h"
 #include "mcpp/transformer/moe/router.h"
 #include "mcpp/transformer/moe/token_dispatcher.h"
 
@@ -77,6 +81,12 @@ class MoELayer {
   TopKRouter router_;
   MoEAlltoAllTokenDispatcher dispatcher_;
   SequentialMLP experts_;
+  std::unique_ptr<GroupedMLP> grouped_;  // moe_grouped_gemm: runs experts_' parameters
+  bool device_counts_ = false;            // grouped, dropless, EP 1, expert-TP 1: the router's device counts
+  // the host counts' device copy (grouped with host counts; kept while they repeat: none in a capture)
+  const Tensor& expert_counts(const std::vector<int64_t>& counts, Device dev) const;
+  mutable Tensor counts_;
+  mutable std::vector<int64_t> counts_host_;
   std::unique_ptr<MLP> shared_experts_;  // moe_shared_expert_intermediate_size > 0
   Parameter* shared_gate_ = nullptr;     // [1, h] moe_shared_expert_gate
   const Tensor& rows(int64_t n, Device dev) const;  // int32 [n, 1] = 0..n-1 on dev (cached: none in a capture)

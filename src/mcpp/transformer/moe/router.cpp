@@ -232,6 +232,12 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
     ctx.rows_per_expert.assign(static_cast<size_t>(e), ctx.capacity);
     return;
   }
+  if (!capped) ctx.counts = counts;
+  if (!capped && device_counts_) {  // GroupedMLP reads them on the device
+    ctx.tokens_per_expert.clear();
+    ctx.rows_per_expert.clear();
+    return;
+  }
   const Tensor both_h = (capped ? both : counts).to(Device::CPU);
   const int64_t* bh = both_h.data<int64_t>();
   ctx.tokens_per_expert.assign(bh, bh + e);

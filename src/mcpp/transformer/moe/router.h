@@ -53,7 +53,8 @@
 // kept routes per expert, router entropy: LossTracker::add_load) and the expert bias's route counts stay on the device.
 // The one host read per layer is the [E] route counts that size the dispatch buffer — none when it is padded to
 // capacity (every expert's block is `capacity` rows): then the layer runs without a synchronization, and a CUDA graph
-// can capture it.
+// can capture it — nor, dropless, after set_device_counts(true) (the grouped-GEMM experts at EP 1 and expert-TP 1
+// size their work from RouterCtx::counts on the device; the host vectors stay empty).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -113,7 +114,9 @@ struct RouterCtx {
   Tensor z_scores, z_lse;  // fp32 [n, E] softmax(logits), [n] logsumexp: the z-loss's, with sigmoid scores only
   std::vector<int64_t> tokens_per_expert;  // [E] this rank's routes per expert (host; before any drop) — not read
                                            // (empty) when the buffer is padded to capacity
-  std::vector<int64_t> rows_per_expert;    // [E] the dispatch buffer's rows per expert (host)
+  std::vector<int64_t> rows_per_expert;    // [E] the dispatch buffer's rows per expert (host; empty with device
+                                           // counts)
+  Tensor counts;  // dropless: int64 [E] on x's device, the routes (= the buffer's rows) per expert
   int64_t capacity = 0;                    // routes an expert keeps (0: dropless)
 };
 
@@ -137,6 +140,8 @@ class TopKRouter {
   // The expert bias (moe_router_enable_expert_bias; undefined when off): float32 [E] on the router's device, a
   // checkpointed buffer under expert_bias_key() ("<prefix>.expert_bias").
   bool has_expert_bias() const { return expert_bias_.defined(); }  // on the CPU until the first forward
+  // Dropless: leave the buffer's per-expert rows on the device (RouterCtx::counts), no host read (moe_layer.h).
+  void set_device_counts(bool on) { device_counts_ = on; }
   Tensor& expert_bias() { return expert_bias_; }
   const std::string& expert_bias_key() const { return bias_key_; }
   // The routes each expert kept in this step's training forwards (this rank's; a host read), then zeroed.
@@ -170,6 +175,7 @@ class TopKRouter {
   double capacity_factor_;  // 0: dropless
   float scaling_;           // moe_router_topk_scaling_factor (0: none)
   bool drop_by_probs_, pad_to_capacity_;
+  bool device_counts_ = false;
   float aux_coeff_, z_coeff_;
   float jitter_eps_;  // moe_input_jitter_eps (0: off)
   bool force_balance_;  // moe_router_force_load_balancing

@@ -91,6 +91,19 @@ DispatchPlan MoEAlltoAllTokenDispatcher::plan(const Tensor& idx, const std::vect
   return p;
 }
 
+DispatchPlan MoEAlltoAllTokenDispatcher::plan_local(const Tensor& idx, int64_t n, int64_t k) const {
+  MCPP_CHECK(ep_size() == 1 && etp_size() == 1 && idx.numel() == n * k,
+             "dispatcher: a local plan needs EP 1 and expert-TP 1 (got {} and {}) and idx [n={}, k={}]; got {}",
+             ep_size(), etp_size(), n, k, idx.str());
+  DispatchPlan p;
+  p.n = n;
+  p.k = k;
+  p.rows = n * k;
+  p.idx = idx;
+  p.send_rows = p.recv_rows = p.etp_rows = {p.rows};
+  return p;
+}
+
 Tensor MoEAlltoAllTokenDispatcher::to_experts(const DispatchPlan& p, const Tensor& rows) const {
   const int64_t ep = ep_size(), etp = etp_size(), el = num_local_experts();
   if (ep == 1 && etp == 1) return rows;

@@ -46,6 +46,9 @@ class MoEAlltoAllTokenDispatcher {
   // expert-TP unless uniform.
   DispatchPlan plan(const Tensor& idx, const std::vector<int64_t>& counts, int64_t n, int64_t k,
                     bool uniform = false) const;
+  // EP 1 and expert-TP 1, dropless, the per-expert counts left on the device (GroupedMLP): every route is a row
+  // (rows = n * k); tokens_per_local_expert stays empty. No collective, no host read.
+  DispatchPlan plan_local(const Tensor& idx, int64_t n, int64_t k) const;
   Tensor to_experts(const DispatchPlan& p, const Tensor& rows) const;      // [rows, h] -> [sum El rows, h]
   Tensor from_experts(const DispatchPlan& p, const Tensor& grouped) const;  // inverse
   int ep_size() const { return ep_ ? ep_->size() : 1; }

@@ -1,0 +1,179 @@
+// Grouped-GEMM MoE on the device (--moe-grouped-gemm; kernels/cuda/grouped_gemm*.{cpp,cu}, transformer/moe/
+// grouped_mlp.h) against the CPU backend:
+//   - ops::grouped_linear_fwd / _dgrad / _wgrad (with biases; accumulate and overwrite) over groups of uneven rows,
+//     empty groups among them (first, middle, last), more rows than one tile and widths that are not multiples of the
+//     tiles: fp32 (the FMA kernel), bf16 at widths that are multiples of 8 (the tensor-core kernel) and at odd widths
+//     (the FMA kernel on bf16). The counts live on the device only;
+//   - a GPT MoE trained with --moe-grouped-gemm gives SequentialMLP's losses (fp32 and bf16), dropless and padded;
+//   - dropless MoE with --moe-grouped-gemm under --enable-cuda-graph gives the eager run's losses (the counts read on
+//     the device at every replay).
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+#include "mcpp/training/trainer.h"
+#include "training/trainer_test_util.h"
+
+namespace mcpp::cuda_test {
+namespace {
+
+Tensor counts_of(const std::vector<int64_t>& c, Device d) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(c.size())}, DType::I64);
+  std::copy(c.begin(), c.end(), t.data<int64_t>());
+  return t.to(d);
+}
+
+std::vector<Tensor> on_device(const std::vector<Tensor>& ts, DType dt) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(dev(t, dt));
+  return out;
+}
+
+// Tolerances (relative L2 against the CPU on the same bf16-representable inputs): fp32 outputs differ by the
+// summation order only (1e-5); bf16 activations carry one output rounding (2^-9 per element: 4e-3); the weight grads
+// are fp32 sums of bf16 products (order only: 1e-5) and the bias grads fp32 serial sums (1e-5).
+void check(DType dt, int64_t in, int64_t out, const std::vector<int64_t>& rows) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " in " << in << " out " << out);
+  const int64_t g = static_cast<int64_t>(rows.size());
+  int64_t m = 0;
+  for (int64_t r : rows) m += r;
+  const double tol = dt == DType::F32 ? 1e-5 : 4e-3;
+  Tensor x = rnd({m, in}, 1, dt), dy = rnd({m, out}, 2, dt);
+  std::vector<Tensor> w, b, dw0, db0;
+  for (int64_t i = 0; i < g; ++i) {
+    w.push_back(rnd({out, in}, 10 + static_cast<uint64_t>(i), dt));
+    b.push_back(rnd({out}, 30 + static_cast<uint64_t>(i), dt));
+    dw0.push_back(rnd({out, in}, 50 + static_cast<uint64_t>(i)));
+    db0.push_back(rnd({out}, 70 + static_cast<uint64_t>(i)));
+  }
+  const Tensor counts = counts_of(rows, Device::CPU), dcounts = counts_of(rows, Device::CUDA);
+  // forward with and without biases
+  Tensor y_cpu = Tensor::empty({m, out}), y0_cpu = Tensor::empty({m, out});
+  ops::cpu::grouped_linear_fwd(y_cpu, x, w, b, counts, {});
+  ops::cpu::grouped_linear_fwd(y0_cpu, x, w, {}, counts, {});
+  Tensor y = poisoned({m, out}, dt), y0 = poisoned({m, out}, dt);
+  ops::grouped_linear_fwd(y, dev(x, dt), on_device(w, dt), on_device(b, dt), dcounts);
+  ops::grouped_linear_fwd(y0, dev(x, dt), on_device(w, dt), {}, dcounts);
+  EXPECT_REL(host(y), y_cpu, tol);
+  EXPECT_REL(host(y0), y0_cpu, tol);
+  // dgrad
+  Tensor dx_cpu = Tensor::empty({m, in});
+  ops::cpu::grouped_linear_dgrad(dx_cpu, dy, w, counts, {});
+  Tensor dx = poisoned({m, in}, dt);
+  ops::grouped_linear_dgrad(dx, dev(dy, dt), on_device(w, dt), dcounts);
+  EXPECT_REL(host(dx), dx_cpu, tol);
+  // wgrad into fp32 main grads: accumulate onto old values, and overwrite (poisoned: every element written, the empty
+  // groups' too)
+  for (bool overwrite : {false, true}) {
+    SCOPED_TRACE(overwrite ? "overwrite" : "accumulate");
+    const ops::GradWrite gw = overwrite ? ops::GradWrite::Overwrite : ops::GradWrite::Accumulate;
+    std::vector<Tensor> dw_cpu, db_cpu, dw_dev, db_dev;
+    for (int64_t i = 0; i < g; ++i) {
+      dw_cpu.push_back(dw0[static_cast<size_t>(i)].clone());
+      db_cpu.push_back(db0[static_cast<size_t>(i)].clone());
+      dw_dev.push_back(overwrite ? poisoned({out, in}, DType::F32) : dev(dw0[static_cast<size_t>(i)]));
+      db_dev.push_back(overwrite ? poisoned({out}, DType::F32) : dev(db0[static_cast<size_t>(i)]));
+    }
+    ops::cpu::grouped_linear_wgrad(dw_cpu, db_cpu, dy, x, counts, gw, {});
+    ops::grouped_linear_wgrad(dw_dev, db_dev, dev(dy, dt), dev(x, dt), dcounts, gw);
+    for (int64_t i = 0; i < g; ++i) {
+      SCOPED_TRACE(::testing::Message() << "group " << i << " rows " << rows[static_cast<size_t>(i)]);
+      const Tensor got_w = host(dw_dev[static_cast<size_t>(i)]), got_b = host(db_dev[static_cast<size_t>(i)]);
+      if (overwrite && rows[static_cast<size_t>(i)] == 0) {  // an empty group's grads are zero
+        EXPECT_EQ(ops::sum_of_squares(got_w), 0.0);
+        EXPECT_EQ(ops::sum_of_squares(got_b), 0.0);
+        continue;
+      }
+      EXPECT_REL(got_w, dw_cpu[static_cast<size_t>(i)], 1e-5);
+      EXPECT_REL(got_b, db_cpu[static_cast<size_t>(i)], 1e-5);
+    }
+  }
+}
+
+const std::vector<int64_t> kRows = {0, 300, 1, 0, 129, 17, 0};  // 447 rows: uneven, empty first / middle / last
+
+TEST(CudaMoeGroupedGemm, Fp32OpsMatchCpu) {
+  MCPP_REQUIRE_CUDA();
+  check(DType::F32, 72, 136, kRows);
+  check(DType::F32, 36, 20, kRows);
+}
+
+TEST(CudaMoeGroupedGemm, Bf16TensorCoreOpsMatchCpu) {  // widths multiples of 8, not of the 128 x 128 x 32 tiles
+  MCPP_REQUIRE_CUDA();
+  check(DType::BF16, 264, 136, kRows);
+  check(DType::BF16, 128, 256, {512, 0, 256, 1});
+}
+
+TEST(CudaMoeGroupedGemm, Bf16OddWidthOpsMatchCpu) {  // the FMA kernel on bf16
+  MCPP_REQUIRE_CUDA();
+  check(DType::BF16, 36, 20, kRows);
+}
+
+TEST(CudaMoeGroupedGemm, SizesComeFromTheDeviceCounts) {  // one launch, other counts: no host copy of the sizes
+  MCPP_REQUIRE_CUDA();
+  check(DType::BF16, 64, 64, {100, 28});
+  check(DType::BF16, 64, 64, {28, 100});
+}
+
+// The tiny GPU config with 4 experts top-2 (dropless unless padded), grouped or not; 8 iterations.
+Config moe_config(const std::filesystem::path& dir, bool bf16, bool grouped, bool padded) {
+  Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
+  c.model.num_moe_experts = 4;
+  c.model.moe_router_topk = 2;
+  c.model.moe_ffn_hidden_size = 256;
+  c.model.moe_aux_loss_coeff = 0.01f;
+  c.model.moe_z_loss_coeff = 0.001f;
+  c.model.moe_grouped_gemm = grouped;
+  if (padded) {
+    c.model.moe_expert_capacity_factor = 1.0;
+    c.model.moe_pad_expert_input_to_capacity = true;
+  }
+  c.training.bf16 = bf16;
+  c.validate();
+  return c;
+}
+
+// Grouped vs SequentialMLP on the GPU: other GEMM kernels (summation order; bf16: the GELU no longer in fc1's cuBLASLt
+// epilogue), the same routing. fp32: 1e-4 relative per iteration's loss (order-of-summation drift over 8 Adam
+// steps); bf16: 1e-2 (bf16 roundings of the activations in other places).
+TEST(CudaMoeGroupedGemm, GptTrainingMatchesSequentialExperts) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_moe_gg_" + std::to_string(::getpid()));
+  for (bool bf16 : {false, true})
+    for (bool padded : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (bf16 ? "bf16" : "fp32") << (padded ? " padded" : " dropless"));
+      const TrainSummary seq = Trainer(moe_config(dir, bf16, false, padded), 99, training_test::single()).train();
+      const TrainSummary grp = Trainer(moe_config(dir, bf16, true, padded), 99, training_test::single()).train();
+      ASSERT_EQ(seq.losses.size(), 8u);
+      ASSERT_EQ(grp.losses.size(), 8u);
+      const double tol = bf16 ? 1e-2 : 1e-4;
+      for (size_t i = 0; i < 8; ++i)
+        EXPECT_NEAR(grp.losses[i], seq.losses[i], tol * seq.losses[i]) << "iteration " << i + 1;
+    }
+  std::filesystem::remove_all(dir);
+}
+
+// Dropless with grouped GEMMs under graphs: the replays route with the router's device counts each step, as the eager
+// steps do (the same kernels: 1e-5 relative, as the padded graph test).
+TEST(CudaMoeGroupedGemm, DroplessWithGraphsMatchesEagerTraining) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_moe_gg_graph_" + std::to_string(::getpid()));
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    Config c = moe_config(dir, bf16, true, false);
+    const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
+    c.training.enable_cuda_graph = true;
+    c.training.cuda_graph_warmup_steps = 2;
+    c.validate();
+    const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+    ASSERT_EQ(graphed.losses.size(), 8u);
+    EXPECT_EQ(graphed.cuda_graph_replays, 6);
+    for (size_t i = 0; i < 8; ++i)
+      EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-5 * eager.losses[i]) << "iteration " << i + 1;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mcpp::cuda_test
