@@ -196,6 +196,7 @@ def negative(ctx, s):
     ev = train(ctx, s, "even-m1", None, 1)
     pr = train(ctx, s, "plan-m1", layout, 1)
     gain = 1 - pr["step_ms"] / ev["step_ms"]
+    noise = F.spread([r["step_ms_even"] for r in ctx.repeats])["rel_spread"]
     return (f"The profile-driven layout at m = 1 (one microbatch per step), PP{s['pp']}: the pipeline runs the stages "
             f"one after another, the step is the sum of every stage's forward and backward whatever the split, so "
             f"balancing does not help. Predicted (simulator, measured costs): even {pred['even']['step_ms']:.2f} ms vs "
@@ -203,7 +204,26 @@ def negative(ctx, s):
             f"'{layout}' {pred['proposal']['step_ms']:.2f} ms. Measured: even {ev['step_ms']:.1f} ms vs "
             f"{pr['step_ms']:.1f} ms ({100 * gain:+.1f}% saved; the m = {s['m']} runs saved "
             f"{100 * (1 - F.median([r['step_ms_plan'] for r in ctx.repeats]) / F.median([r['step_ms_even'] for r in ctx.repeats])):+.1f}%). "
-            f"Reason: balance pays only in the steady 1F1B phase, which m = 1 does not have.\n")
+            f"Reason: balance pays only in the steady 1F1B phase, which m = 1 does not have. The measured difference "
+            f"is {'within' if abs(gain) <= noise else 'beyond'} this machine's noise (the m = {s['m']} even-split "
+            f"repeats' step times spread {100 * noise:.0f}%; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+            f"cores).\n")
+
+
+def contention(s, summary):
+    """A note when the measured stage times are far above the profile's prediction (shared, oversubscribed cores)."""
+    st = summary["stats"]
+    meas = st["max_stage_ms_even"]["median"]
+    pred = max(st[f"pred_stage{i}_ms_even"]["median"] for i in range(s["pp"]))
+    load = max(r["load_1min"] for r in summary["repeats"])
+    ratio = meas / pred if pred > 0 else float("nan")
+    if ratio < 1.5:
+        return ""
+    return (f"**Contention.** The even split's slowest stage measured {ratio:.1f}x its prediction from the one-rank "
+            f"profile (load {load:.1f} on {os.cpu_count()} cores): the ranks share their cores with other jobs and "
+            f"with each other (an MPI rank waiting for its peer polls), so the measured times here are mostly "
+            f"waiting for a core, not the layers' service time, and their ordering says little about the layouts "
+            f"(the timing check is then not judged).\n\n")
 
 
 def report(s, summary, checks):
@@ -221,7 +241,7 @@ def report(s, summary, checks):
                     f"{g(f'pred_step_ms_{name}'):.1f} | - |")
     return ("## Setup\n\n" + ", ".join(f"{k} {v}" for k, v in s.items()) +
             "\n\n## Measured (median over repeats; stage ms = compute per step, params = the stage's parameters)\n\n" +
-            "\n".join(rows) + "\n\nPredicted: the plan's simulator with the profile's per-layer costs (P2P free). "
+            "\n".join(rows) + "\n\n" + contention(s, summary) + "Predicted: the plan's simulator with the profile's per-layer costs (P2P free). "
             f"Proposals re-planned from each repeat's PP2 even-split trace equal the profile's in "
             f"{sum(r['replan_same'] for r in summary['repeats'])} of {len(summary['repeats'])} repeats.\n\nThe even split gives the stages about the same parameters but not the same time: "
             "parameter count is not service time.\n\n" + "\n".join(runner.stats_table(summary, KEY).splitlines()) +
