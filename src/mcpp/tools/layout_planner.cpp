@@ -269,22 +269,28 @@ LayoutPlan plan_layout(const LayerCosts& costs, const LayoutPlanOptions& opt) {
     consider(starts.back());
   }
   constexpr int64_t kMaxEvaluations = 20000;
+  // Neighbours of a split: d layers taken from stage i and given to stage j (the stages between keep their counts,
+  // their windows shift): any d for adjacent stages, d <= 2 otherwise.
+  const auto neighbours = [S](const Split& cur) {
+    std::vector<Split> out;
+    for (int64_t i = 0; i < S; ++i) {
+      for (int64_t j = 0; j < S; ++j) {
+        const auto a = static_cast<size_t>(i), b = static_cast<size_t>(j);
+        const int64_t most = i == j ? 0 : std::abs(i - j) == 1 ? cur[a] : std::min<int64_t>(2, cur[a]);
+        for (int64_t d = 1; d <= most; ++d) out.push_back(cur), out.back()[a] -= d, out.back()[b] += d;
+      }
+    }
+    return out;
+  };
   for (SplitEval cur : starts) {
     for (bool moved = true; moved && plan.candidates < kMaxEvaluations;) {
       moved = false;
       SplitEval step_best = cur;
-      for (int64_t k = 0; k + 1 < S; ++k) {
-        for (int dir : {-1, 1}) {  // -1: stage k's last layer to stage k+1; +1: stage k+1's first to stage k
-          Split s = cur.split;
-          int64_t& give = dir < 0 ? s[static_cast<size_t>(k)] : s[static_cast<size_t>(k + 1)];
-          int64_t& take = dir < 0 ? s[static_cast<size_t>(k + 1)] : s[static_cast<size_t>(k)];
-          if (give == 0) continue;
-          --give, ++take;
-          if (!seen.insert(s).second) continue;
-          const SplitEval e = evaluate(costs, s, opt);
-          consider(e);
-          if (better(e, step_best)) step_best = e, moved = true;
-        }
+      for (const Split& s : neighbours(cur.split)) {
+        if (!seen.insert(s).second) continue;
+        const SplitEval e = evaluate(costs, s, opt);
+        consider(e);
+        if (better(e, step_best)) step_best = e, moved = true;
       }
       cur = step_best;
     }

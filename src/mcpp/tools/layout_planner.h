@@ -12,7 +12,8 @@
 //
 // Search: with at most exhaustive_limit splits (C(n + S - 1, S - 1)) every split is simulated (exact); otherwise
 // the minimax split (dynamic programming: the least possible max stage cost F + B, exact) and the even split
-// start a hill climb that moves one stage boundary by one layer while the simulated step time drops. Ties: the
+// start a hill climb (d layers from one stage to another: any d between neighbours, up to 2 otherwise) while the
+// simulated step time drops. Ties: the
 // lower max stage, then the even split, then the earlier split in enumeration order.
 //
 // Costs come from a timeline (`mcpp train --timeline`'s layer rows, training/timeline.h; the first step left
