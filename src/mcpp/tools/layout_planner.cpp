@@ -258,16 +258,18 @@ LayoutPlan plan_layout(const LayerCosts& costs, const LayoutPlanOptions& opt) {
     });
     return plan;
   }
-  // Hill climb from the minimax split and the even split: one layer across one boundary at a time.
-  std::set<Split> seen;
-  if (plan.has_even) seen.insert(plan.even.split);
-  std::vector<SplitEval> starts;
-  if (plan.has_even) starts.push_back(plan.even);
-  const Split mm = minimax_split(costs, S);
-  if (seen.insert(mm).second) {
-    starts.push_back(evaluate(costs, mm, opt));
-    consider(starts.back());
-  }
+  // Hill climb from the even split and the minimax split (each split simulated once: a cache).
+  std::map<Split, SplitEval> cache;
+  const auto eval = [&](const Split& s) -> const SplitEval& {
+    auto it = cache.find(s);
+    if (it != cache.end()) return it->second;
+    const SplitEval& e = cache.emplace(s, evaluate(costs, s, opt)).first->second;
+    consider(e);
+    return e;
+  };
+  std::vector<Split> starts;
+  if (plan.has_even) starts.push_back(plan.even.split), cache.emplace(plan.even.split, plan.even);
+  starts.push_back(minimax_split(costs, S));
   constexpr int64_t kMaxEvaluations = 20000;
   // Neighbours of a split: d layers taken from stage i and given to stage j (the stages between keep their counts,
   // their windows shift): any d for adjacent stages, d <= 2 otherwise.
@@ -282,14 +284,13 @@ LayoutPlan plan_layout(const LayerCosts& costs, const LayoutPlanOptions& opt) {
     }
     return out;
   };
-  for (SplitEval cur : starts) {
+  for (const Split& start : starts) {
+    SplitEval cur = eval(start);
     for (bool moved = true; moved && plan.candidates < kMaxEvaluations;) {
       moved = false;
       SplitEval step_best = cur;
       for (const Split& s : neighbours(cur.split)) {
-        if (!seen.insert(s).second) continue;
-        const SplitEval e = evaluate(costs, s, opt);
-        consider(e);
+        const SplitEval& e = eval(s);
         if (better(e, step_best)) step_best = e, moved = true;
       }
       cur = step_best;
