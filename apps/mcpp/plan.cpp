@@ -13,6 +13,8 @@
 //     (no data path needed); what the run would refuse is an "error: ..." line, exit 2. --memory-budget-gib G
 //     (per GPU) adds whether the plan fits and the largest --micro-batch-size that fits, keeping the layout and
 //     the number of microbatches (tools::fit_memory); with --json a "budget" object.
+//   mcpp plan layout (--timeline TRACE.json | --layer-costs FILE) --pipeline-model-parallel-size P [...]
+//     a --pipeline-model-parallel-layout from measured per-layer costs (apps/mcpp/plan_layout.cpp).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <fmt/format.h>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "apps/mcpp/command.h"
+#include "apps/mcpp/plan_layout.h"
 #include "apps/mcpp/tokenizer_flags.h"
 #include "mcpp/core/error.h"
 #include "mcpp/parallel_state/parallel_context.h"
@@ -141,7 +144,11 @@ int run_plan_memory(const std::vector<std::string>& args) {
 int run_plan(const std::vector<std::string>& args) {
   if (!args.empty() && args.front() == "memory")
     return run_plan_memory(std::vector<std::string>(args.begin() + 1, args.end()));
-  CLI::App app{"mcpp plan: launch planning (rank layouts; `mcpp plan memory --help`: the memory plan)", "mcpp plan"};
+  if (!args.empty() && args.front() == "layout")
+    return mcpp::cli::run_plan_layout(std::vector<std::string>(args.begin() + 1, args.end()));
+  CLI::App app{"mcpp plan: launch planning (rank layouts; `mcpp plan memory --help`: the memory plan; `mcpp plan "
+               "layout --help`: a pipeline layout from measured layer costs)",
+               "mcpp plan"};
   app.require_subcommand(1);
   CLI::App* ranks = app.add_subcommand("ranks", "each rank's coordinates and groups (Megatron-Core's layout)");
   int64_t world = 0;
@@ -167,7 +174,7 @@ int run_plan(const std::vector<std::string>& args) {
 
 const mcpp::cli::Register reg{"plan",
                               "launch planning: `plan ranks` prints the parallel rank layout, `plan memory` the memory "
-                              "plan of a training run",
+                              "plan of a training run, `plan layout` a pipeline layout from measured layer costs",
                               &run_plan};
 
 }  // namespace

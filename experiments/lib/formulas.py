@@ -140,6 +140,25 @@ def exposed_comm(comm, compute):
     return length(comm) - intersection_length(comm, compute)
 
 
+def stage_times(trace, skip_steps=1):
+    """Per rank (pid) of a `mcpp train --timeline` trace: the compute time per step, ms — |union(forward ∪
+    backward)| over the steps after the first skip_steps (warm-up), divided by their number — and the decoder
+    layers it ran (its "layer" rows "decoder.layers.<i>", E06).
+    Returns {pid: {"busy_ms": x, "layers": [i, ..]}}."""
+    evs = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted({e["args"]["step"] for e in evs if e.get("cat") in ("forward", "backward")})
+    kept = set(steps[skip_steps:] if len(steps) > skip_steps else steps)
+    out = {}
+    for e in evs:
+        r = out.setdefault(e["pid"], {"spans": [], "layers": set()})
+        if e.get("cat") in ("forward", "backward") and e["args"]["step"] in kept:
+            r["spans"].append((e["ts"], e["ts"] + e["dur"]))
+        elif e.get("cat") == "layer" and e["name"].startswith("decoder.layers."):
+            r["layers"].add(int(e["name"].rsplit(".", 1)[1]))
+    return {pid: {"busy_ms": length(r["spans"]) / 1e3 / max(1, len(kept)), "layers": sorted(r["layers"])}
+            for pid, r in sorted(out.items())}
+
+
 # ----------------------------------------------------------------------------- MoE / IO
 def load_stats(tokens_per_expert):
     """min, max, coefficient of variation (std / mean) and max / mean of an expert load vector."""

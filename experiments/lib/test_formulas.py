@@ -59,6 +59,24 @@ class Formulas(unittest.TestCase):
         self.assertEqual(F.exposed_comm(comm, compute), 9)
         self.assertEqual(F.exposed_comm(comm, []), 20)
 
+    def test_stage_times(self):
+        x = lambda pid, cat, name, ts, dur, step: {"ph": "X", "pid": pid, "cat": cat, "name": name, "ts": ts,
+                                                   "dur": dur, "args": {"step": step}}
+        tr = {"traceEvents": [{"ph": "M", "pid": 0},
+                              x(0, "forward", "F0.0", 0, 5000, 0),      # warm-up step: left out
+                              x(0, "forward", "F0.0", 10000, 1000, 1), x(0, "backward", "B0.0", 10500, 2000, 1),
+                              x(0, "forward", "F0.0", 20000, 3000, 2),
+                              x(0, "layer", "decoder.layers.1", 10000, 400, 1),
+                              x(0, "layer", "embedding", 10000, 100, 1),
+                              x(1, "backward", "B0.0", 10000, 4000, 1), x(1, "forward", "F0.0", 20000, 2000, 2),
+                              x(1, "layer", "decoder.layers.3", 10000, 400, 1),
+                              x(1, "layer", "decoder.layers.2", 10000, 400, 2)]}
+        st = F.stage_times(tr)
+        self.assertAlmostEqual(st[0]["busy_ms"], (2.5 + 3.0) / 2)  # union [10000, 12500] + [20000, 23000]
+        self.assertAlmostEqual(st[1]["busy_ms"], (4.0 + 2.0) / 2)
+        self.assertEqual(st[0]["layers"], [1])
+        self.assertEqual(st[1]["layers"], [2, 3])
+
     def test_stats(self):
         self.assertEqual(F.median([3, 1, 2]), 2)
         self.assertEqual(F.median([4, 1, 2, 3]), 2.5)

@@ -14,7 +14,10 @@ namespace mcpp {
 namespace detail {
 bool g_module_trace_on = false;
 bool g_scope_observed = false;
+ScopeTimer* g_scope_timer = nullptr;
 }  // namespace detail
+
+void set_scope_timer(ScopeTimer* t) { detail::g_scope_timer = t; }
 namespace {
 
 struct Observers {
@@ -127,6 +130,10 @@ void ModuleScope::notify(const Tensor& t) const {
 
 ModuleScope::ModuleScope(const char* name, const Tensor& in, Pass pass) {
   trace_range_push(name);
+  if (detail::g_scope_timer) {
+    timed_ = true;
+    detail::g_scope_timer->on_begin(name, pass == kBackward);
+  }
   if (detail::g_scope_observed) {
     observers().stack.push_back(name);
     observed_ = true;
@@ -161,6 +168,7 @@ ModuleScope::ModuleScope(const char* name, const Tensor& in, Pass pass) {
 
 ModuleScope::~ModuleScope() {
   trace_range_pop();
+  if (timed_ && detail::g_scope_timer) detail::g_scope_timer->on_end();
   if (observed_ && !observers().stack.empty()) observers().stack.pop_back();
   if (!skipped_ && !node_) return;  // not recording
   Recorder& r = recorder();

@@ -78,6 +78,18 @@ namespace detail {
 extern bool g_scope_observed;  // an observer is installed (read on every scope: inline)
 }  // namespace detail
 
+// Scope timing (`mcpp train --timeline`'s per-layer rows, training/timeline.h): while a timer is installed, every
+// scope's begin is reported to it with the scope's name (valid during the call only) and pass, and its end (scopes
+// nest: an end closes the innermost open begin), on the model's thread. One at a time; not installed: one
+// predictable branch per scope.
+class ScopeTimer {
+ public:
+  virtual ~ScopeTimer() = default;
+  virtual void on_begin(const char* name, bool backward) = 0;
+  virtual void on_end() = 0;
+};
+void set_scope_timer(ScopeTimer* t);  // nullptr removes it
+
 class ModuleScope {
  public:
   enum Pass { kForward, kBackward };
@@ -102,6 +114,7 @@ class ModuleScope {
   bool skipped_ = false;        // recording, but inside a dropped top-level scope
   bool observed_ = false;       // pushed onto the observers' scope stack
   bool backward_ = false;
+  bool timed_ = false;  // a scope timer saw this scope begin
   void notify(const Tensor& t) const;
 };
 

@@ -96,6 +96,10 @@ struct Sim {
   Pairing pairing{};
   std::vector<RankState> st{};
 
+  static double cost(const std::vector<std::vector<double>>& by_stage, double uniform, int64_t r, int64_t chunk) {
+    return by_stage.empty() ? uniform : by_stage[static_cast<size_t>(r)][static_cast<size_t>(chunk)];
+  }
+
   void run_forward(int64_t r, RankState& rs, const Action& a) {
     const Key k{a.microbatch, a.chunk};
     if (rs.fwd_done.count(k)) fail("pipeline simulator: rank {} action {} runs {} twice", r, rs.pc, to_string(a));
@@ -103,8 +107,9 @@ struct Sim {
       fail("pipeline simulator: rank {} action {} runs {} before receiving its input", r, rs.pc, to_string(a));
     }
     rs.fwd_done.insert(k);
-    rs.clock += costs.forward;
-    rs.stats.busy += costs.forward;
+    const double c = cost(costs.forward_by_stage, costs.forward, r, a.chunk);
+    rs.clock += c;
+    rs.stats.busy += c;
     if (rs.has_backward) rs.stats.max_in_flight = std::max(rs.stats.max_in_flight, ++rs.in_flight);
   }
 
@@ -117,8 +122,9 @@ struct Sim {
       fail("pipeline simulator: rank {} action {} runs {} before receiving its output grad", r, rs.pc, to_string(a));
     }
     rs.bwd_done.insert(k);
-    rs.clock += costs.backward;
-    rs.stats.busy += costs.backward;
+    const double c = cost(costs.backward_by_stage, costs.backward, r, a.chunk);
+    rs.clock += c;
+    rs.stats.busy += c;
     --rs.in_flight;
   }
 
@@ -204,6 +210,17 @@ SimResult simulate(const std::vector<Schedule>& sch, const SimCosts& costs) {
     for (const Action& a : s) {
       if (a.kind != ActionKind::Comm) sim.V = std::max(sim.V, a.chunk + 1);
     }
+  }
+  const auto check_shape = [&](const std::vector<std::vector<double>>& c, const char* what) {
+    bool ok = c.size() == sch.size();
+    for (const auto& row : c) ok = ok && static_cast<int64_t>(row.size()) == sim.V;
+    if (!ok) fail("pipeline simulator: {} costs must be [pp={}][V={}], got {} ranks", what, sim.pp, sim.V, c.size());
+  };
+  if (costs.forward_by_stage.empty() != costs.backward_by_stage.empty())
+    fail("pipeline simulator: per-stage forward and backward costs come together");
+  if (!costs.forward_by_stage.empty()) {
+    check_shape(costs.forward_by_stage, "per-stage forward");
+    check_shape(costs.backward_by_stage, "per-stage backward");
   }
   sim.pairing = pair_ops(sch);
   sim.st.resize(sch.size());

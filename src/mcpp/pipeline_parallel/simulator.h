@@ -13,7 +13,8 @@
 //     sends a tensor already computed; every (mb, c) runs Forward exactly once (and Backward exactly once
 //     unless the schedule is forward-only);
 //   - deadlock: if no rank can advance while some have actions left, the error lists every stuck rank.
-// Timing: compute costs per Forward / Backward action (one chunk), P2P costs 0. Reports per stage busy
+// Timing: compute costs per Forward / Backward action (one chunk) — uniform, or per (rank, chunk) for uneven
+// stages (tools/layout_planner.h feeds measured per-layer costs) — P2P costs 0. Reports per stage busy
 // time, finish time, bubble fraction = 1 - busy / makespan (makespan = the step's end over all ranks),
 // and the max number of (microbatch, chunk) activations held for backward at once.
 #pragma once
@@ -27,6 +28,9 @@ namespace mcpp::pipeline_parallel {
 struct SimCosts {
   double forward = 1.0;   // one Forward action (one chunk of one microbatch)
   double backward = 2.0;  // one Backward action
+  // Per (rank, chunk) costs [pp][V] replacing the two above when non-empty (both or neither; the shape must
+  // match the schedules': an mcpp::Error otherwise).
+  std::vector<std::vector<double>> forward_by_stage{}, backward_by_stage{};
 };
 
 // One executed action: compute runs [start, end); a Comm is posted at start and completes at end

@@ -73,7 +73,8 @@ Trace parse_trace(const nlohmann::json& j, const std::string& source) {
     else if (cat == "backward") ev.cat = EventCat::Backward;
     else if (cat == "p2p") ev.cat = EventCat::P2P;
     else if (cat == "collective") ev.cat = EventCat::Collective;
-    else fail("{}: traceEvents[{}]: unknown cat '{}' (forward, backward, p2p or collective)", source, i, cat);
+    else if (cat == "layer") ev.cat = EventCat::Layer;
+    else fail("{}: traceEvents[{}]: unknown cat '{}' (forward, backward, p2p, collective or layer)", source, i, cat);
     ev.pid = e["pid"].get<int64_t>();
     ev.ts = e["ts"].get<double>();
     ev.dur = e["dur"].get<double>();
@@ -83,6 +84,14 @@ Trace parse_trace(const nlohmann::json& j, const std::string& source) {
       const auto& a = e["args"];
       if (a.contains("step") && a["step"].is_number_integer()) ev.step = a["step"].get<int64_t>();
       if (a.contains("stage") && a["stage"].is_number_integer()) ev.stage = a["stage"].get<int64_t>();
+      if (ev.cat == EventCat::Layer) {
+        const std::string pass = a.contains("pass") && a["pass"].is_string() ? a["pass"].get<std::string>() : "";
+        if (pass != "forward" && pass != "backward")
+          fail("{}: traceEvents[{}]: a layer event needs args.pass \"forward\" or \"backward\"", source, i);
+        ev.backward_pass = pass == "backward";
+      }
+    } else if (ev.cat == EventCat::Layer) {
+      fail("{}: traceEvents[{}]: a layer event needs args.pass \"forward\" or \"backward\"", source, i);
     }
     t.events.push_back(std::move(ev));
   }
@@ -98,7 +107,8 @@ TraceSummary summarize(const Trace& trace, int64_t skip_steps) {
   TraceSummary s;
   MCPP_CHECK(skip_steps >= 0, "trace summary: skip_steps must be >= 0, got {}", skip_steps);
   std::set<int64_t> all_steps;
-  for (const auto& e : trace.events) all_steps.insert(e.step);
+  for (const auto& e : trace.events)
+    if (e.cat != EventCat::Layer) all_steps.insert(e.step);
   if (skip_steps > 0 && skip_steps >= static_cast<int64_t>(all_steps.size()))
     fail("trace summary: skipping {} warm-up step(s) leaves nothing of the trace's {} step(s)", skip_steps,
          all_steps.size());
@@ -109,7 +119,8 @@ TraceSummary summarize(const Trace& trace, int64_t skip_steps) {
   s.skipped_steps = static_cast<int64_t>(skipped.size());
   std::vector<const TraceEvent*> kept, collectives;  // the schedule's events / the collectives row
   for (const auto& e : trace.events)
-    if (!skipped.count(e.step)) (e.cat == EventCat::Collective ? collectives : kept).push_back(&e);
+    if (e.cat != EventCat::Layer && !skipped.count(e.step))  // layer rows nest inside the compute rows
+      (e.cat == EventCat::Collective ? collectives : kept).push_back(&e);
   std::map<int64_t, Span> windows;  // step -> [min start, max end] over all ranks
   for (const TraceEvent* e : kept) {
     auto [it, fresh] = windows.try_emplace(e->step, Span{e->ts, e->ts + e->dur});

@@ -13,11 +13,13 @@
 //                              is a whole forward / backward action, so a collective the compute stream
 //                              waits for inside it (TP) counts as overlapped: coll_overlap is an upper bound
 //                              there, exact for calls between actions (DDP buckets, optimizer, P2P).
-// and the slowest stage (the most busy time). Theoretical bubble (pp-1)/(V*M+pp-1) when the trace's
+// and the slowest stage (the most busy time). "layer" events (the timeline's per-module rows, tid 3: a decoder layer,
+// the embedding, the output layer / loss inside a compute action, args.pass "forward"|"backward") are parsed for
+// tools/layout_planner.h and left out of the summary (they nest inside the compute rows). Theoretical bubble (pp-1)/(V*M+pp-1) when the trace's
 // otherData carries pipeline_model_parallel_size / num_microbatches / virtual_pipeline_model_parallel_size.
 //
 // Trace format read: {"traceEvents": [{"ph": "X", "pid": int, "tid": int, "name": str,
-//   "cat": "forward"|"backward"|"p2p"|"collective", "ts": us, "dur": us, "args": {"step", "stage", ...}}, ...],
+//   "cat": "forward"|"backward"|"p2p"|"collective"|"layer", "ts": us, "dur": us, "args": {"step", "stage", ...}}, ...],
 //   "otherData": {...}}. "M" (metadata) events are skipped. A missing file, bad JSON, or an X event
 // without pid / ts / dur / a known cat is an mcpp::Error naming the file and the event index.
 #pragma once
@@ -43,7 +45,7 @@ double intersection_length(const std::vector<Span>& a, const std::vector<Span>& 
 // Megatron's bubble: (pp - 1) / (V * M + pp - 1).
 double theoretical_bubble(int64_t pp, int64_t num_microbatches, int64_t vpp);
 
-enum class EventCat { Forward, Backward, P2P, Collective };
+enum class EventCat { Forward, Backward, P2P, Collective, Layer };
 
 struct TraceEvent {
   int64_t pid = 0;
@@ -52,6 +54,7 @@ struct TraceEvent {
   double ts = 0, dur = 0;  // microseconds
   int64_t step = -1;       // args.step (-1 if absent)
   int64_t stage = -1;      // args.stage (-1 if absent -> the summary uses pid)
+  bool backward_pass = false;  // Layer events: args.pass == "backward"
 };
 
 struct Trace {

@@ -6,10 +6,12 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <string_view>
 #include <tuple>
 
 #include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
+#include "mcpp/core/module_trace.h"
 #include "mcpp/tools/trace_summary.h"
 
 namespace mcpp::timeline {
@@ -27,7 +29,43 @@ Tensor to_tensor(const std::string& s, int64_t n) {
   return t;
 }
 
+// A layer row's module: "embedding", "output_layer", "loss" or "decoder.layers.<digits>".
+bool is_layer_row(std::string_view name) {
+  constexpr std::string_view kPrefix = "decoder.layers.";
+  if (name == "embedding" || name == "output_layer" || name == "loss") return true;
+  if (!name.starts_with(kPrefix) || name.size() == kPrefix.size()) return false;
+  return std::all_of(name.begin() + kPrefix.size(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 }  // namespace
+
+// The layer rows (timeline.h): a stack of the open scopes, the intervals of those that are layer rows.
+class LayerTimer final : public ScopeTimer {
+ public:
+  struct Row {
+    std::string name;
+    bool backward;
+    std::chrono::steady_clock::time_point start, end;
+    int64_t step;
+  };
+  void on_begin(const char* name, bool backward) override {
+    const bool keep = on_ && rows_.size() < kMaxRows && is_layer_row(name);
+    open_.push_back(keep ? static_cast<int64_t>(rows_.size()) : -1);
+    if (open_.back() >= 0) rows_.push_back({name, backward, std::chrono::steady_clock::now(), {}, step_});
+  }
+  void on_end() override {
+    if (open_.empty()) return;  // installed inside an open scope
+    if (open_.back() >= 0) rows_[static_cast<size_t>(open_.back())].end = std::chrono::steady_clock::now();
+    open_.pop_back();
+  }
+  static constexpr size_t kMaxRows = size_t{1} << 18;  // the first ones kept: a planner needs a few steps
+  bool on_ = false;  // inside a training step
+  int64_t step_ = 0;
+  std::vector<Row> rows_;
+
+ private:
+  std::vector<int64_t> open_;  // per open scope: its row, or -1
+};
 
 TimelineRecorder::TimelineRecorder(int rank, int stage, bool device_time, size_t comm_ring)
     : rank_(rank), stage_(stage), comm_ring_(comm_ring) {
@@ -36,6 +74,7 @@ TimelineRecorder::TimelineRecorder(int rank, int stage, bool device_time, size_t
 
 TimelineRecorder::~TimelineRecorder() {
   if (recorder_ && clock_) recorder_->set_device_clock(nullptr);
+  if (layers_) set_scope_timer(nullptr);
 }
 
 void TimelineRecorder::start(comm::Communicator& world) {
@@ -46,6 +85,10 @@ void TimelineRecorder::start(comm::Communicator& world) {
   recorder_ = world.recorder_ptr();
   if (recorder_) recorder_->ensure_capacity(comm_ring_);
   if (clock_ && recorder_) recorder_->set_device_clock(clock_.get());
+  if (!clock_) {  // layer rows on the host clock only (timeline.h)
+    layers_ = std::make_unique<LayerTimer>();
+    set_scope_timer(layers_.get());
+  }
 }
 
 std::vector<pipeline_parallel::ActionTiming>* TimelineRecorder::begin_step() {
@@ -58,10 +101,12 @@ std::vector<pipeline_parallel::ActionTiming>* TimelineRecorder::begin_step() {
   step_begin_.push_back(timings_.size());
   if (recorder_) comm_first_ = recorder_->total_recorded();
   step_open_ = true;
+  if (layers_) layers_->on_ = true, layers_->step_ = static_cast<int64_t>(step_begin_.size()) - 1;
   return &timings_;
 }
 
 void TimelineRecorder::end_step() {
+  if (layers_) layers_->on_ = false;
   if (!step_open_ || !recorder_) return;
   step_open_ = false;
   const uint64_t end = recorder_->total_recorded();
@@ -147,6 +192,14 @@ nlohmann::json TimelineRecorder::events() const {
     out.push_back({{"ph", "X"}, {"pid", rank_}, {"tid", 2}, {"name", fmt::format("{} {}", e.op, e.group)},
                    {"cat", "collective"}, {"ts", ts}, {"dur", dur}, {"args", std::move(args)}});
   }
+  if (layers_) {
+    for (const LayerTimer::Row& l : layers_->rows_) {
+      if (l.end < l.start) continue;  // still open (not possible after a step)
+      out.push_back({{"ph", "X"}, {"pid", rank_}, {"tid", 3}, {"name", l.name}, {"cat", "layer"},
+                     {"ts", micros(l.start - origin_)}, {"dur", micros(l.end - l.start)},
+                     {"args", {{"step", l.step}, {"stage", stage_}, {"pass", l.backward ? "backward" : "forward"}}}});
+    }
+  }
   return out;
 }
 
@@ -160,6 +213,8 @@ nlohmann::json make_trace(const std::vector<nlohmann::json>& rank_events, const 
     evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 1}, {"args", {{"name", "p2p"}}}});
     evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 2},
                    {"args", {{"name", info.clock == "device" ? "collectives (comm stream)" : "collectives"}}}});
+    if (info.clock != "device")
+      evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 3}, {"args", {{"name", "layers"}}}});
     for (const auto& e : rank_events[r]) evs.push_back(e);
   }
   return {{"traceEvents", std::move(evs)},

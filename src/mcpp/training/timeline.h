@@ -33,6 +33,14 @@
 // outside a step (evaluation, checkpointing) are not recorded. start() grows the rank's flight-recorder ring
 // to kCommRing entries; a step with more calls than that loses its oldest, counted in comm_dropped(). The
 // trace summary keeps collectives out of the bubble (tools/trace_summary.h).
+// Layer rows (tid 3, CPU ranks: the host clock only): the per-module intervals tools/layout_planner.h
+// (`mcpp plan layout --timeline`) turns into per-layer costs — every decoder layer ("decoder.layers.<i>", global
+// index), the "embedding", the "output_layer" and the "loss" scope (core/module_trace.h's ScopeTimer), forward and
+// backward (a recomputed layer's forward inside a backward action counts as forward):
+//   {"ph":"X","pid":rank,"tid":3,"name":"decoder.layers.3","cat":"layer","ts":us,"dur":us,
+//    "args":{"step":i,"stage":s,"pass":"forward"|"backward"}}
+// On the CUDA backend the host only enqueues, so no layer rows are written there (the planner then says so). The
+// first 2^18 rows of the run are kept (a planner needs a few steps; a long run's trace stays bounded).
 // The bubble report: per pipeline stage the measured bubble (trace_summary's, averaged over the stage's
 // ranks; the first step left out as warm-up when there are more) next to the theoretical (pp-1)/(V*M+pp-1).
 #pragma once
@@ -50,6 +58,8 @@
 #include "mcpp/pipeline_parallel/schedule_runner.h"
 
 namespace mcpp::timeline {
+
+class LayerTimer;
 
 class TimelineRecorder {
  public:
@@ -97,6 +107,7 @@ class TimelineRecorder {
   std::vector<std::pair<int64_t, comm::RecordEntry>> comms_;  // (step, entry)
   std::vector<std::pair<double, double>> comm_resolved_;      // device time of comms_[0, size())
   int64_t comm_dropped_ = 0;
+  std::unique_ptr<LayerTimer> layers_;  // host clock: the layer rows (installed by start())
 };
 
 struct TraceInfo {
