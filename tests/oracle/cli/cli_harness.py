@@ -10,6 +10,7 @@ status disagrees with `expect` (0: success, nonzero: failure, None: not checked)
 check reports every problem at once; each script prints `failures` and exits 1 when any.
 losses(d, event="train"): {iteration: lm_loss} of the event's records in d/metrics.jsonl ({} when none);
 records(d, event): those records. record_corpus(): the small text corpus most checks train on.
+random_tokens() / launcher_model(): the launcher checks' random-token data and tiny GPT (launch_*_check.py).
 LLAMA_GQA / TP2_SP / MOE / MOE_LLAMA: shared flag sets; check_continued: a checkpoint continued on another layout.
 check_memory_plan / check_stage_plan: a run's memory plan against what its ranks measured
 (tools/memory_planner.h), failures recorded.
@@ -46,6 +47,27 @@ def record_corpus():
             f.write(json.dumps({"text": f"Record {i}: alpha beta gamma {i % 11} delta epsilon {i % 5} zeta."}) + "\n")
     run([MCPP, "data", "preprocess", "--input", corpus, "--output-prefix", os.path.join(WORK, "c"), "--append-eod"])
     return os.path.join(WORK, "c_text_document")
+
+
+def random_tokens(name="rnd"):
+    """200K uniform token ids of a 512 vocabulary in 1000-token documents (bench/gpu/random_tokens.py) as
+    WORK/name; returns the data prefix."""
+    data = os.path.join(WORK, name)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench", "gpu",
+                          "random_tokens.py")
+    subprocess.run([sys.executable, script, data, "--tokens", "200000", "--vocab", "512", "--doc-len", "1000"],
+                   check=True, capture_output=True)
+    return data
+
+
+def launcher_model(data, layers):
+    """The launcher checks' tiny GPT (h 64, 4 heads, T 32, global batch 8 of micro-batches 2, fp32 on CPU, no
+    dropout) trained 4 iterations on `data`, every iteration logged, no evaluation."""
+    return ["--num-layers", str(layers), "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "512", "--hidden-dropout", "0",
+            "--attention-dropout", "0", "--train-iters", "4", "--log-interval", "1", "--eval-iters", "0",
+            "--data-path", data, "--split", "100,0,0", "--device", "cpu"]
 
 
 def losses(d, event="train"):

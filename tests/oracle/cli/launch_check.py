@@ -11,24 +11,13 @@ usage: launch_check.py MCPP_BIN WORKDIR
 """
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 
-mcpp, work = sys.argv[1], sys.argv[2]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-here = os.path.dirname(os.path.abspath(__file__))
-data = os.path.join(work, "rnd")
-subprocess.run([sys.executable, os.path.join(here, "..", "..", "..", "bench", "gpu", "random_tokens.py"), data,
-                "--tokens", "200000", "--vocab", "512", "--doc-len", "1000"], check=True, capture_output=True)
+from cli_harness import MCPP as mcpp, WORK as work, launcher_model, random_tokens
+
 env = dict(os.environ, OMP_NUM_THREADS="1")
-model = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-         "--tokenizer-type", "NullTokenizer", "--vocab-size", "512", "--hidden-dropout", "0", "--attention-dropout", "0",
-         "--train-iters", "4", "--log-interval", "1", "--eval-iters", "0", "--data-path", data, "--split", "100,0,0",
-         "--device", "cpu"]
+model = launcher_model(random_tokens(), layers=4)
 
 
 def losses(name, prefix, extra):
