@@ -69,7 +69,8 @@ def main():
 
     keys = {"id", "group", "group_ranks", "seq", "p2p_seq", "op", "reduce_op", "dtype", "count", "peers", "state",
             "start_steady_ns", "end_steady_ns", "start_wall_us", "end_wall_us",
-            "iteration", "microbatch", "pp_stage", "vp_chunk"}  # the training coordinates (-1 outside training)
+            "iteration", "microbatch", "pp_stage", "vp_chunk",  # the training coordinates (-1 outside training)
+            "payload_checksum", "result_checksum"}  # --flight-recorder-checksums (0 when off)
     for r in range(n):
         path = os.path.join(work, "flight_recorder", "rank_%d.json" % r)
         if not os.path.exists(path):
