@@ -25,19 +25,7 @@ TEST(CudaDistributedOptimizer, Bf16ShardedMastersResumeBitForBit) {
   c.parallel.use_distributed_optimizer = true;
   c.optimizer.clip_grad = 0.5f;  // clipping on: the shard's grad norm feeds the step
   c.validate();
-  const TrainSummary full = Trainer(c, 99, training_test::single()).train();
-  ASSERT_EQ(full.losses.size(), 8u);
-
-  Config first = c;
-  first.training.train_iters = 4;  // lr schedule of the 8-iteration run (set at finalize)
-  first.training.save = (dir / "ckpt").string();
-  Trainer(first, 99, training_test::single()).train();
-
-  Config resumed = c;
-  resumed.training.load = first.training.save;
-  const TrainSummary rest = Trainer(resumed, 99, training_test::single()).train();
-  ASSERT_EQ(rest.losses.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.losses[i], full.losses[4 + i]) << "iteration " << 5 + i;
+  training_test::expect_resume_bit_exact(c, dir / "ckpt");
 
   Config replicated = resumed;  // the checkpoint is logical: plain Adam reads the masters and moments whole
   replicated.parallel.use_distributed_optimizer = false;

@@ -161,17 +161,7 @@ TEST(CudaFp8Training, ResumeIsBitExactWithTheScalingState) {
   Config c = fp8_gpu_config(training_test::make_corpus(dir), "hybrid", "delayed");
   c.model.deterministic_mode = true;
   c.validate();
-  const TrainSummary full = Trainer(c, 99, training_test::single()).train();
-  ASSERT_EQ(full.losses.size(), 8u);
-  Config first = c;
-  first.training.train_iters = 4;  // lr schedule of the 8-iteration run (set at finalize)
-  first.training.save = (dir / "ckpt").string();
-  Trainer(first, 99, training_test::single()).train();
-  Config resumed = c;
-  resumed.training.load = first.training.save;
-  const TrainSummary rest = Trainer(resumed, 99, training_test::single()).train();
-  ASSERT_EQ(rest.losses.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.losses[i], full.losses[4 + i]) << "iteration " << 5 + i;
+  training_test::expect_resume_bit_exact(c, dir / "ckpt");
   std::filesystem::remove_all(dir);
 }
 

@@ -1,6 +1,8 @@
 // Shared by the trainer tests (CPU and CUDA): a small learnable corpus, a tiny training config on it,
 // the size-1 parallel context, and the mcpp::Error message of a call.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <functional>
 #include <span>
@@ -12,6 +14,7 @@
 #include "mcpp/datasets/indexed_dataset.h"
 #include "mcpp/parallel_state/parallel_context.h"
 #include "mcpp/training/config.h"
+#include "mcpp/training/trainer.h"
 #include "mcpp/transformer/transformer_config.h"
 
 namespace mcpp::training_test {
@@ -102,6 +105,22 @@ inline std::string error_of(const std::function<void()>& fn) {
     return e.what();
   }
   return "";
+}
+
+// A resume continues bit for bit: c (8 iterations) in one run equals 4 iterations, a checkpoint in ckpt_dir, and
+// the 4 more of a run loading it (the shorter run keeps the 8-iteration lr schedule: set at finalize).
+inline void expect_resume_bit_exact(const Config& c, const std::filesystem::path& ckpt_dir) {
+  const TrainSummary full = Trainer(c, 99, single()).train();
+  ASSERT_EQ(full.losses.size(), 8u);
+  Config first = c;
+  first.training.train_iters = 4;
+  first.training.save = ckpt_dir.string();
+  Trainer(first, 99, single()).train();
+  Config resumed = c;
+  resumed.training.load = first.training.save;
+  const TrainSummary rest = Trainer(resumed, 99, single()).train();
+  ASSERT_EQ(rest.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.losses[i], full.losses[4 + i]) << "iteration " << 5 + i;
 }
 
 }  // namespace mcpp::training_test
