@@ -25,9 +25,11 @@ TEST(CudaDistributedOptimizer, Bf16ShardedMastersResumeBitForBit) {
   c.parallel.use_distributed_optimizer = true;
   c.optimizer.clip_grad = 0.5f;  // clipping on: the shard's grad norm feeds the step
   c.validate();
-  training_test::expect_resume_bit_exact(c, dir / "ckpt");
+  const TrainSummary full = training_test::expect_resume_bit_exact(c, dir / "ckpt");
+  ASSERT_EQ(full.losses.size(), 8u);
 
-  Config replicated = resumed;  // the checkpoint is logical: plain Adam reads the masters and moments whole
+  Config replicated = c;  // the checkpoint is logical: plain Adam reads the masters and moments whole
+  replicated.training.load = (dir / "ckpt").string();
   replicated.parallel.use_distributed_optimizer = false;
   const TrainSummary adam = Trainer(replicated, 99, training_test::single()).train();
   ASSERT_EQ(adam.losses.size(), 4u);
