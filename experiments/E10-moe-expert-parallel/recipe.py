@@ -60,6 +60,7 @@ TIERS = {"cpu": {"layers": 2, "hidden": 32, "seq": 32, "eps": [1, 2, 4]},
                  "gbs": 4, "ffn": 3072, "iters": 4, "capacity": 1.0,
                  "device": ["--device", "cuda", "--bf16", "--deterministic-mode"]},
          "gpu-multi": {"layers": 2, "hidden": 256, "heads": 4, "seq": 256, "ffn": 512, "eps": [1, 2, 4], "gpus": RANKS,
+                       "loss_tol": 1e-4,
                        "device": ["--device", "cuda", "--deterministic-mode"],
                        "why_gpus": "EP 1 / 2 / 4 over 4 ranks (DP4) puts one rank on each GPU: run on nvidia-h100-x4 "
                                    "(EP 1 on one GPU: --tier gpu)"}}
@@ -140,9 +141,10 @@ def oracle_ep(ctx, s, repeats):
     L, h, k = s["layers"], s["hidden"], TOPK
     tokens = 2 * RANKS * s["seq"]  # per step: global batch x s
     same_load = all(l[ep] == l[1] for l in ctx.loads for ep in s["eps"])
-    same_loss = all(F.rel_err(b, a) <= 1e-5 for l in ctx.losses for ep in s["eps"] for a, b in zip(l[1], l[ep]))
+    tol = s.get("loss_tol", 1e-5)  # gpu-multi: the experts' fp32 GEMMs over other row counts may take other kernels
+    same_loss = all(F.rel_err(b, a) <= tol for l in ctx.losses for ep in s["eps"] for a, b in zip(l[1], l[ep]))
     res = [check("expert load identical at every EP", same_load, f"EP1 iteration 2: {ctx.loads[0][1][1]}"),
-           check("losses = EP1's (1e-5 relative)", same_loss),
+           check(f"losses = EP1's ({tol:g} relative)".replace("e-0", "e-"), same_loss),
            check("sum of tokens per expert = L x tokens x k", all(r["tokens_routed"] == L * tokens * k for r in repeats),
                  f"{repeats[0]['tokens_routed']:.0f} vs {L * tokens * k}")]
     for ep in s["eps"]:
