@@ -228,7 +228,8 @@ def repeat_tp1(ctx, s):
                 out[f"plan_{c.replace('_bytes', '')}_mib_{k}"] = p[c] / 2 ** 20
             out[f"step_ms_{k}"] = last["elapsed_ms_per_iter"]
             out[f"tflops_{k}"] = last["tflops_per_gpu"]  # model FLOPs (Megatron's log line: recompute not counted)
-            hw = F.gpt_flops_per_step(s["mbs"], seq, s["layers"], s["hidden"], s["vocab"]) + recompute_flops(s, seq, mode)
+            hw = F.gpt_flops_per_step(s["mbs"], seq, s["layers"], s["hidden"], s["vocab"]) + \
+                recompute_flops(s, seq, mode)
             out[f"hw_tflops_{k}"] = hw / (last["elapsed_ms_per_iter"] / 1e3) / 1e12
     return out
 
@@ -281,7 +282,8 @@ def negative_tp1(ctx, s):
     a, b = med(f"step_ms_s{q}_selective"), med(f"step_ms_s{q}_none")
     saved = med(f"ctx_mib_s{q}_none") - med(f"ctx_mib_s{q}_selective")
     verdict = "does not help" if saved < 0.01 * med(f"ctx_mib_s{q}_none") else "helps"
-    return (f"Selective recompute (core_attn) on one GPU with cuDNN's fused attention at s={q}: it {verdict} memory — "
+    return (f"Selective recompute (core_attn) on one GPU with cuDNN's fused attention at s={q}: it {verdict} "
+            f"memory — "
             f"it saves {saved:.2f} MiB of {med(f'ctx_mib_s{q}_none'):.0f} MiB per microbatch "
             f"({100 * saved / med(f'ctx_mib_s{q}_none'):.2f} %), and the step takes {a:.1f} ms vs {b:.1f} ms without "
             f"(medians of {len(ctx.repeats)}).\n\nReason: the fused attention keeps no [b, np, s, s] scores, only its "
@@ -289,7 +291,8 @@ def negative_tp1(ctx, s):
             f"while re-running the attention forward ({recompute_flops(s, q, 'selective') / 1e9:.0f} GFLOP a step). "
             f"The s^2 term selective recompute was designed for (Korthikanti et al. 2022) exists only with unfused "
             f"attention (the cpu tier). Full recompute saves "
-            f"{med(f'ctx_mib_s{q}_none') - med(f'ctx_mib_s{q}_full'):.0f} MiB for a {med(f'step_ms_s{q}_full'):.1f} ms step.\n")
+            f"{med(f'ctx_mib_s{q}_none') - med(f'ctx_mib_s{q}_full'):.0f} MiB for a "
+            f"{med(f'step_ms_s{q}_full'):.1f} ms step.\n")
 
 
 def report_tp1(s, summary):
@@ -309,6 +312,7 @@ def report_tp1(s, summary):
     q = s["seqs"][0]
     names = [c.replace("_bytes", "") for c in CATEGORIES]
     cat = ", ".join(f"{n} {g(f'plan_{n}_mib_s{q}_none')}" for n in names)
-    return ("## Setup\n\n" + ", ".join(f"{k} {v}" for k, v in s.items()) + "\n\nTP1: no sequence parallelism (it splits "
+    return ("## Setup\n\n" + ", ".join(f"{k} {v}" for k, v in s.items()) +
+            "\n\nTP1: no sequence parallelism (it splits "
             "the sequence over a tensor-parallel group; gpu-multi runs TP2 + SP).\n\n## Memory by category (plan, MiB)"
             f"\n\n{cat}; activations per cell below.\n\n## Cells\n\n" + "\n".join(rows) + "\n")

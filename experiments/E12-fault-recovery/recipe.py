@@ -30,8 +30,8 @@ that make sense with one rank (--inject-fault, docs/DEBUGGING.md), each repeat:
   slow     slow-data:ms=400@2 with --timing-log-level 2: the batch-generator timer names the data loader
   shard    --load of ref's corrupted checkpoint: one error naming the flipped file's checksum, exit 2
 Times: detection (kill: the launcher's line after the iteration-2 commit; NaN: the re-run's cost over a healthy
-step; slow data: the timer's excess), abort (kill to the restart line), restore (restart line to the first
-resumed step; the load's own ms), time to the corrupted shard's error.
+step; slow data: the timer's excess), abort + cleanup (the launcher's line to its restart line), restore (restart
+line to the first resumed step; the load's own ms), time to the corrupted shard's error.
 hang / wrong-collective need two ranks, and NCCL cannot put two ranks of one communicator on one GPU: refused on the
 gpu tier (recorded in the report), run by gpu-multi.
 """
@@ -275,6 +275,7 @@ def kill_restart(ctx, s, ob):
     t_restart = next((t for t, l in lines if "restarting the job (restart 1 of 1" in l), None)
     ob["kill_rc"], ob["kill_named"], ob["restarted"] = rc, t_kill is not None, t_restart is not None
     ob["kill_stray"] = len(runner.tagged_processes(ctx.tag))
+    ob["kill_staging"] = len(glob.glob(os.path.join(k, "iter_*.tmp-*")))
     line = next((l for l in (out + "\n" + err).splitlines() if "loaded checkpoint from" in l), "")
     ob["resumed_at_2"] = "at iteration 2" in line
     ob["kill_losses"] = losses(km)
@@ -350,8 +351,10 @@ def oracle_one(ctx, s, repeats):
         check(f"nan: both steps skipped (skipped = nan iterations = 2), iterations 1..{n} logged, the others finite",
               all(cont_ok)),
         check("nan: iterations 1-2 equal the uninterrupted run's bit for bit (healthy steps untouched)", all(same_ok)),
-        check("kill: the launcher names rank 0's SIGKILL and restarts the job once; it exits 0, no process left",
-              all(x["kill_rc"] == 0 and x["kill_named"] and x["restarted"] and x["kill_stray"] == 0 for x in o),
+        check("kill: the launcher names rank 0's SIGKILL and restarts the job once; it exits 0, no process or "
+              "staging directory left",
+              all(x["kill_rc"] == 0 and x["kill_named"] and x["restarted"] and x["kill_stray"] == 0 and
+                  x["kill_staging"] == 0 for x in o),
               f"exit {[x['kill_rc'] for x in o]}, named {[x['kill_named'] for x in o]}, restarted "
               f"{[x['restarted'] for x in o]}"),
         check(f"kill: the restart resumes from iteration 2; iterations 1..{n} equal the uninterrupted run's bit for bit",
@@ -394,6 +397,7 @@ def report_one(s, summary):
             ", one rank\n\n## Fault kinds not run on one GPU\n\n" + refused + "\n## Times\n\n"
             "detection: kill_detect_ms (the iteration-2 commit to the launcher's line; the kill fires at the start of "
             "iteration 3), nan_*_extra_ms (the step with the re-run over a healthy step), slow_data_extra_ms (the "
-            "timer's excess); abort: kill_abort_ms (the launcher's line to its restart); restore: kill_restore_s "
+            "timer's excess); abort + cleanup: kill_abort_ms (the launcher's line to its restart: the rank reaped, the "
+            "rendezvous cleared); restore: kill_restore_s "
             "(restart to the first resumed step's record), kill_load_ms (the load itself); shard_error_wall_s (start "
             "to the error).\n\n" + runner.stats_table(summary, keys))
