@@ -10,6 +10,9 @@ Stdlib only (the GPU tier runs on the device machine's plain python3). Sources:
   MFU             Megatron's num_floating_point_operations for plain GPT (docs/OBSERVABILITY.md):
                   72 B s L h^2 (1 + s/(12h) + V/(12 L h)) per step, over (step seconds x peak x ranks).
   exposed comm    |comm \\ compute| of a timeline: comm time not covered by the union of compute intervals.
+  recompute       the forward FLOPs activation recompute adds (Megatron's hardware_floating_point_operations minus
+                  the model's): full = one more forward of every layer, selective (core_attn) = the attention core's.
+  MoE             Megatron-Core moe_utils: get_capacity, the capacity drop, switch_load_balancing_loss_func's bounds.
 """
 import math
 
@@ -106,6 +109,19 @@ def mfu(flops_per_step, step_seconds, peak_flops_per_rank, ranks=1):
     return flops_per_step / (step_seconds * peak_flops_per_rank * ranks)
 
 
+def recompute_flops(mode, batch, seq, layers, hidden):
+    """Forward FLOPs per step that recompute adds to a plain-GPT step (causal attention halved, as Megatron counts):
+    full: every layer's forward again, 24 B s L h^2 (1 + s/(12h)) (so model + full = Megatron's 96 B s L h^2 (1 +
+    s/(12h) + V/(16 L h))); selective (core_attn): QK^T and AV again, 2 B s^2 h L; none: 0."""
+    if mode == "full":
+        return 24.0 * batch * seq * layers * hidden ** 2 * (1 + seq / (12.0 * hidden))
+    if mode == "selective":
+        return 2.0 * batch * seq * seq * hidden * layers
+    if mode == "none":
+        return 0.0
+    raise ValueError(f"recompute mode {mode!r}: full, selective or none")
+
+
 # ----------------------------------------------------------------------------- timeline intervals
 def union(intervals):
     """Merged, sorted [(start, end)] of possibly overlapping intervals."""
@@ -167,6 +183,30 @@ def load_stats(tokens_per_expert):
     var = sum((t - mean) ** 2 for t in tokens_per_expert) / n
     return {"min": min(tokens_per_expert), "max": max(tokens_per_expert),
             "cv": math.sqrt(var) / mean if mean else 0.0, "max_over_mean": max(tokens_per_expert) / mean if mean else 0.0}
+
+
+def expert_capacity(tokens, topk, experts, factor):
+    """Megatron's get_capacity(num_tokens * topk, num_experts, capacity_factor): ceil(n k / E x factor) routes an
+    expert keeps of a rank's n tokens."""
+    if tokens < 1 or topk < 1 or experts < 1 or factor <= 0:
+        raise ValueError(f"capacity: tokens {tokens}, topk {topk}, experts {experts}, factor {factor}")
+    return math.ceil(tokens * topk / experts * factor)
+
+
+def dropped_fraction(tokens_per_expert, capacity):
+    """The share of routes a capacity drops: sum_e max(0, T_e - C) / sum_e T_e (0 for no routes)."""
+    total = sum(tokens_per_expert)
+    return sum(max(0, t - capacity) for t in tokens_per_expert) / total if total else 0.0
+
+
+def switch_aux_loss_bounds(tokens_per_expert, tokens, topk):
+    """Bounds of Megatron's switch load-balancing loss divided by its coefficient (the logged value):
+    E / (N^2 k) sum_e P_e T_e, P_e = the softmax scores' sum over the N tokens (sum_e P_e = N), T_e the routes; so
+    it lies in [E min T / (N k), E max T / (N k)] and is 1 when the load is perfectly even."""
+    e = len(tokens_per_expert)
+    if tokens < 1 or topk < 1 or e < 1:
+        raise ValueError(f"aux loss bounds: tokens {tokens}, topk {topk}, experts {e}")
+    return e * min(tokens_per_expert) / (tokens * topk), e * max(tokens_per_expert) / (tokens * topk)
 
 
 def throughput_mb_s(nbytes, ms):

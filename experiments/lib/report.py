@@ -1,8 +1,9 @@
 """experiments/REPORT.md from the latest results (issue 34, item 7): `experiments/run report`.
 
-One row per experiment and tier: status (the oracle's verdict of the newest non-broken result), its key numbers
-(the recipe's KEY metrics: median over the repeats), the oracle's checks passed, the negative result's first
-line, and a link to the result's report.md. Experiments without results are listed as "not run".
+One row per experiment and tier (cpu, gpu, gpu-multi): status (the oracle's verdict of the newest result that is
+neither broken nor a smoke run), its key numbers (the recipe's KEY metrics: median over the repeats), the oracle's
+checks passed, the negative result's first line, and a link to the result's report.md. Experiments without results
+are "not run" ("waits" with the reason for a tier that needs several GPUs or refuses).
 """
 import glob
 import json
@@ -18,10 +19,18 @@ def recipes():
     return out
 
 
+def dir_tier(d):
+    """The tier of a result directory <date>-<commit>[-gpu|-gpu-multi][-smoke][-broken]; None for a smoke or broken
+    run (never reported as a result)."""
+    name = os.path.basename(d)
+    if name.endswith(("-broken", "-smoke")):
+        return None
+    return "gpu-multi" if name.endswith("-gpu-multi") else "gpu" if name.endswith("-gpu") else "cpu"
+
+
 def latest(results, exp_id, tier):
     dirs = [d for d in glob.glob(os.path.join(results, exp_id, "*"))
-            if os.path.exists(os.path.join(d, "oracle.json")) and not d.endswith("-broken")
-            and (d.endswith("-gpu") == (tier == "gpu"))]
+            if os.path.exists(os.path.join(d, "oracle.json")) and dir_tier(d) == tier]
     return max(dirs, key=lambda d: os.path.basename(d)[:15]) if dirs else None
 
 
@@ -39,7 +48,7 @@ def write_report(results=None):
     path = os.path.join(runner.ROOT, "experiments", "REPORT.md") if results == os.path.join(
         runner.ROOT, "experiments", "results") else os.path.join(results, "REPORT.md")
     for r in recipes():
-        for tier in ("cpu", "gpu"):
+        for tier in ("cpu", "gpu", "gpu-multi"):
             if isinstance(r.TIERS.get(tier), str) or tier not in r.TIERS:
                 if tier == "gpu":
                     why = r.TIERS.get(tier, "no gpu tier")
@@ -47,14 +56,17 @@ def write_report(results=None):
                 continue
             d = latest(results, r.ID, tier)
             if not d:
-                lines.append(f"| {r.ID} | {r.TITLE} | {tier} | not run | - | - | - | - |")
+                t = r.TIERS[tier]
+                why = t.get("why_gpus", "-") if isinstance(t, dict) else "-"
+                status = "waits" if isinstance(t, dict) and t.get("gpus", 1) > 1 else "not run"
+                lines.append(f"| {r.ID} | {r.TITLE} | {tier} | {status} | - | - | - | {why} |")
                 continue
             o = json.load(open(os.path.join(d, "oracle.json")))
             s = json.load(open(os.path.join(d, "summary.json")))
             keys = ", ".join(f"{k} {s['stats'][k]['median']:.4g}" for k in getattr(r, "KEY", []) if k in s["stats"])
             neg = open(os.path.join(d, "negative.md")).read().strip().splitlines()
             neg1 = next((l for l in neg if l and not l.startswith("#")), "").replace("|", "/")[:140]
-            npass = sum(c["pass"] for c in o["checks"])
+            npass = sum(c["pass"] is True for c in o["checks"])
             rel = os.path.relpath(os.path.join(d, "report.md"), os.path.dirname(path))
             lines.append(f"| {r.ID} | {r.TITLE} | {tier} | {o['verdict']} | {keys} | {npass}/{len(o['checks'])} | "
                          f"{neg1} | [{os.path.basename(d)}]({rel}) |")

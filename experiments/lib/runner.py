@@ -1,7 +1,7 @@
 """The experiment runner (issue 34, items 1 and 3): runs one recipe's repeats and writes its evidence.
 
-`experiments/run EXX [--tier cpu|gpu] [--repeats 3]` loads experiments/EXX-*/recipe.py and writes
-<results>/EXX/<date>-<commit>/:
+`experiments/run EXX [--tier cpu|gpu|gpu-multi] [--repeats 3] [--smoke]` loads experiments/EXX-*/recipe.py and writes
+<results>/EXX/<date>-<commit>[-<tier>][-smoke][-broken]/:
   cmd.txt       every command line run, in order (repeat, name, argv)
   env.json      commit, dirty flag, build flags (CMakeCache), machine, CPU / GPU, driver, MPI, env vars
   rank_<r>/     every rank's stdout / stderr and per-rank metrics JSONL of every run (<repeat>-<name>.*)
@@ -13,6 +13,15 @@ A recipe module defines: ID, TITLE, TIERS {tier: settings dict, or a string = wh
 repeat(ctx, s) -> {metric: value}, oracle(ctx, s, repeats) -> [check dicts], negative(ctx, s) -> markdown,
 report(s, summary, checks) -> markdown, and broken(s) -> settings whose input is deliberately wrong (the oracle
 must then fail: `--broken`).
+
+Tiers: "cpu" (CPU ranks), "gpu" (one GPU: what one GPU can show) and "gpu-multi" (the settings that need several
+GPUs). A tier's settings may name "gpus": N (and "why_gpus", the sentence saying what needs them): with fewer GPUs
+visible (nvidia-smi's count, limited by CUDA_VISIBLE_DEVICES) the tier refuses with one error line, exit 2, before
+anything runs. The "gpu" tier pins its one-rank runs to GPU 0; "gpu-multi" leaves the GPUs to the ranks (local rank).
+--smoke (tests): a gpu / gpu-multi tier's code run on CPU ranks — its settings overlaid with the recipe's
+SMOKE[tier] (small shapes, "device": [] so no --device cuda / --bf16) — so a device call does not find a recipe bug
+the CPU could have shown. Checks made with device_only=True (device memory, MFU) are recorded "n/a" in a smoke run
+and left out of its verdict; everything else (the same commands, parsers and oracle code) must pass.
 
 Environment-clean check (before and after each repeat): no process left that carries this run's tag
 (MCPP_EXPERIMENT_TAG in its environment: our mcpp / mpiexec / orted children), no staging directory
@@ -91,34 +100,61 @@ def tagged_processes(tag):
     return out
 
 
-def gpu_state():
-    """(memory used MiB of GPU 0, [compute process pids]) or None without nvidia-smi."""
+def gpu_state(count=1):
+    """([memory used MiB of GPUs 0..count-1], [compute process pids on them]) or None without nvidia-smi."""
     if not shutil.which("nvidia-smi"):
         return None
-    q = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                       capture_output=True, text=True)
-    a = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader", "-i", "0"],
-                       capture_output=True, text=True)
+    used, apps = [], []
+    for i in range(count):
+        q = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", str(i)],
+                           capture_output=True, text=True)
+        a = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader", "-i", str(i)],
+                           capture_output=True, text=True)
+        if q.returncode != 0:
+            return None
+        used.append(int(q.stdout.split()[0]))
+        apps += [l.strip() for l in a.stdout.splitlines() if l.strip()]
+    return used, apps
+
+
+def visible_gpus():
+    """The GPUs a run may use: nvidia-smi's count, limited by CUDA_VISIBLE_DEVICES (its entries up to the first
+    invalid one, as CUDA reads it); 0 without a working nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    q = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True)
     if q.returncode != 0:
-        return None
-    return int(q.stdout.split()[0]), [l.strip() for l in a.stdout.splitlines() if l.strip()]
+        return 0
+    n = len([l for l in q.stdout.splitlines() if l.strip()])
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        ok = 0
+        for x in cvd.split(","):
+            x = x.strip()
+            if not x or x.startswith("-"):
+                break
+            ok += 1
+        n = min(n, ok)
+    return n
 
 
-def clean_check(tag, work, tier, gpu_idle_mib):
-    """[problem strings]; empty when the environment is clean."""
+def clean_check(tag, work, tier, gpu_idle_mib, gpus=1):
+    """[problem strings]; empty when the environment is clean. tier "gpu" / "gpu-multi": GPUs 0..gpus-1 must hold no
+    compute process and their memory must be back to gpu_idle_mib ([MiB per GPU]) + 256."""
     problems = [f"stray process {pid}: {cmd}" for pid, cmd in tagged_processes(tag)]
     problems += [f"leftover staging directory {p}" for p in
                  glob.glob(os.path.join(work, "**", "*.tmp-*"), recursive=True)]
-    if tier == "gpu":
-        st = gpu_state()
+    if tier in ("gpu", "gpu-multi"):
+        st = gpu_state(gpus)
         if st is None:
-            problems.append("gpu tier without a working nvidia-smi")
+            problems.append(f"{tier} tier without a working nvidia-smi")
         else:
             used, apps = st
             if apps:
-                problems.append(f"compute processes on GPU 0: {apps}")
-            if gpu_idle_mib is not None and used > gpu_idle_mib + 256:
-                problems.append(f"GPU 0 memory {used} MiB, idle level {gpu_idle_mib} MiB")
+                problems.append(f"compute processes on GPUs 0..{gpus - 1}: {apps}")
+            for i, u in enumerate(used):
+                if gpu_idle_mib is not None and u > gpu_idle_mib[i] + 256:
+                    problems.append(f"GPU {i} memory {u} MiB, idle level {gpu_idle_mib[i]} MiB")
     return problems
 
 
@@ -156,8 +192,10 @@ def mpi_launcher():
 
 # ----------------------------------------------------------------------------- the context a recipe sees
 class Context:
-    def __init__(self, recipe, tier, mcpp, out, work, tag):
+    def __init__(self, recipe, tier, mcpp, out, work, tag, smoke=False):
         self.recipe, self.tier, self.mcpp, self.out, self.work, self.tag = recipe, tier, mcpp, out, work, tag
+        self.smoke = smoke
+        self.one_gpu = tier == "gpu" and not smoke  # one-rank runs pinned to GPU 0
         self.rep = "setup"
         self.env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                     "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", TAG_VAR: tag}
@@ -179,14 +217,14 @@ class Context:
         logdir = os.path.join(rundir, "mpi_logs")
         if np_ > 1:
             cmd = mpi_launcher() + ["-np", str(np_), "--output-filename", logdir] + cmd
-        if self.tier == "gpu" and np_ == 1:
-            self.env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+        run_env = {**self.env, **(env or {})}
+        if self.one_gpu and np_ == 1:  # per call: a gpu-multi run (or a launcher's ranks) must see every GPU
+            run_env.setdefault("CUDA_VISIBLE_DEVICES", "0")
         with open(os.path.join(self.out, "cmd.txt"), "a") as f:
             f.write(f"[{self.rep}] {name}: {' '.join(f'{k}={v}' for k, v in (env or {}).items())}"
                     f"{' ' if env else ''}{' '.join(cmd)}\n")
         t0 = time.time()
-        p = subprocess.run(cmd, capture_output=True, text=True, env={**self.env, **(env or {})}, timeout=timeout,
-                           cwd=rundir)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=run_env, timeout=timeout, cwd=rundir)
         wall = time.time() - t0
         outs, errs = {}, {}
         if np_ > 1:
@@ -220,6 +258,43 @@ class Context:
         for m in (os.path.join(rundir, f"metrics.rank_{r}.jsonl"),):
             if os.path.exists(m):
                 shutil.copy(m, os.path.join(d, stem + ".metrics.jsonl"))
+
+    def mcpp_timed(self, name, argv, env=None, poll=None, timeout=300):
+        """Runs one `mcpp <argv>` process (e.g. `launch`, whose ranks it starts) with each stderr line timestamped
+        as it arrives (the launcher's lines are unbuffered) and poll() called every ~5 ms while it runs (a recipe
+        watching a file). stdout / stderr kept in rank_0/ like mcpp_run's. Returns (returncode, stdout,
+        [(wall-clock seconds, stderr line)], wall seconds)."""
+        import threading
+        rundir = self.path(name, "x")[:-2]
+        run_env = {**self.env, **(env or {})}
+        if self.one_gpu:
+            run_env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+        cmd = [self.mcpp, *argv]
+        with open(os.path.join(self.out, "cmd.txt"), "a") as f:
+            f.write(f"[{self.rep}] {name}: {' '.join(f'{k}={v}' for k, v in (env or {}).items())}"
+                    f"{' ' if env else ''}{' '.join(cmd)}\n")
+        lines, out_path = [], os.path.join(rundir, "stdout")
+        t0 = time.time()
+        with open(out_path, "w") as out:
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=run_env, cwd=rundir)
+
+            def read():
+                for line in p.stderr:
+                    lines.append((time.time(), line.rstrip("\n")))
+            th = threading.Thread(target=read, daemon=True)
+            th.start()
+            while p.poll() is None:
+                if poll:
+                    poll()
+                if time.time() - t0 > timeout:
+                    p.kill()
+                time.sleep(0.005)
+            th.join(10)
+        wall = time.time() - t0
+        stdout = open(out_path, errors="replace").read()
+        self._keep(0, name, stdout, "\n".join(l for _, l in lines), rundir)
+        self.last_stderr = "\n".join(l for _, l in lines)
+        return p.returncode, stdout, lines, wall
 
     def keep_file(self, src, name):
         """Copies an artifact (a trace, a plan) into the results directory."""
@@ -269,43 +344,61 @@ def write_data(prefix, vocab, tokens=40000, seed=1, doc_len=(64, 256)):
 
 
 # ----------------------------------------------------------------------------- one experiment
-def run_experiment(exp_id, tier="cpu", repeats=3, mcpp=None, results=None, broken=False, keep_work=False):
+def refuse(exp_id, tier, why):
+    print(f"error: experiment {exp_id} --tier {tier} refused: {why}", file=sys.stderr)
+    return 2, None
+
+
+def run_experiment(exp_id, tier="cpu", repeats=3, mcpp=None, results=None, broken=False, keep_work=False,
+                   smoke=False):
     """Runs the recipe; returns (exit code, results dir). Exit 0: oracle passed; 1: oracle failed or a run failed;
-    2: bad usage (a refused tier, a missing binary)."""
+    2: bad usage (a refused tier, too few GPUs, a missing binary)."""
     recipe = find_recipe(exp_id)
     settings = recipe.TIERS.get(tier)
     if settings is None:
         print(f"error: experiment {exp_id} has no '{tier}' tier (tiers: {', '.join(recipe.TIERS)})", file=sys.stderr)
         return 2, None
     if isinstance(settings, str):
-        print(f"error: experiment {exp_id} --tier {tier} refused: {settings}", file=sys.stderr)
-        return 2, None
+        return refuse(exp_id, tier, settings)
     if callable(settings):  # a tier that checks the machine first (e.g. the GPU count)
         settings = settings()
         if isinstance(settings, str):
-            print(f"error: experiment {exp_id} --tier {tier} refused: {settings}", file=sys.stderr)
+            return refuse(exp_id, tier, settings)
+    if smoke:
+        sm = getattr(recipe, "SMOKE", {}).get(tier)
+        if tier == "cpu" or sm is None:
+            print(f"error: --smoke runs a gpu tier's code on CPU ranks; experiment {exp_id} has no smoke shapes for "
+                  f"'{tier}' (has: {', '.join(getattr(recipe, 'SMOKE', {})) or 'none'})", file=sys.stderr)
             return 2, None
-    mcpp = mcpp or os.environ.get("MCPP") or os.path.join(ROOT, "build", "bin", "mcpp")
+        settings = {**settings, **sm}
+    mcpp = os.path.abspath(mcpp or os.environ.get("MCPP") or os.path.join(ROOT, "build", "bin", "mcpp"))
     if not (os.path.isfile(mcpp) and os.access(mcpp, os.X_OK)):
         print(f"error: mcpp binary '{mcpp}' is not an executable (build it, or pass --mcpp / set $MCPP)",
               file=sys.stderr)
         return 2, None
-    if tier == "gpu" and gpu_state() is None:
-        print(f"error: experiment {exp_id} --tier gpu: no GPU here (nvidia-smi does not answer)", file=sys.stderr)
+    on_gpu = tier != "cpu" and not smoke
+    gpus = settings.get("gpus", 1) if on_gpu else 0
+    if on_gpu and gpu_state() is None:
+        print(f"error: experiment {exp_id} --tier {tier}: no GPU here (nvidia-smi does not answer)", file=sys.stderr)
         return 2, None
+    if on_gpu and visible_gpus() < gpus:
+        return refuse(exp_id, tier, f"needs {gpus} GPUs, {visible_gpus()} visible (nvidia-smi, CUDA_VISIBLE_DEVICES): "
+                      f"{settings.get('why_gpus', 'run on a machine with that many GPUs')}")
     if broken:
         settings = recipe.broken(dict(settings))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     commit = git("rev-parse", "--short", "HEAD") or binary_commit(mcpp)[:7] or "nogit"  # a device copy has no .git
     out = os.path.join(results or os.path.join(ROOT, "experiments", "results"), exp_id,
-                       f"{stamp}-{commit}{'-' + tier if tier != 'cpu' else ''}{'-broken' if broken else ''}")
+                       f"{stamp}-{commit}{'-' + tier if tier != 'cpu' else ''}{'-smoke' if smoke else ''}"
+                       f"{'-broken' if broken else ''}")
     os.makedirs(out)
     work = tempfile.mkdtemp(prefix=f"mcpp-{exp_id}-")
     tag = uuid.uuid4().hex
-    ctx = Context(recipe, tier, mcpp, out, work, tag)
+    ctx = Context(recipe, tier, mcpp, out, work, tag, smoke)
     with open(os.path.join(out, "env.json"), "w") as f:
-        json.dump(env_json(mcpp, tier), f, indent=1)
-    st = gpu_state() if tier == "gpu" else None
+        json.dump({**env_json(mcpp, tier), "smoke": smoke}, f, indent=1)
+    env_tier = tier if on_gpu else "cpu"  # what the clean check inspects
+    st = gpu_state(gpus) if on_gpu else None
     gpu_idle = st[0] if st else None
     accepted, rejected, rc = [], [], 0
     try:
@@ -315,9 +408,9 @@ def run_experiment(exp_id, tier="cpu", repeats=3, mcpp=None, results=None, broke
         while len(accepted) < repeats and attempt < repeats + 2:
             ctx.rep = f"r{attempt}"
             attempt += 1
-            before = clean_check(tag, work, tier, gpu_idle)
+            before = clean_check(tag, work, env_tier, gpu_idle, gpus)
             metrics = recipe.repeat(ctx, settings)
-            after = clean_check(tag, work, tier, gpu_idle)
+            after = clean_check(tag, work, env_tier, gpu_idle, gpus)
             if before or after:
                 rejected.append({"repeat": ctx.rep, "before": before, "after": after})
                 print(f"{exp_id} {ctx.rep}: environment not clean, repeat rejected: {before + after}", file=sys.stderr)
@@ -336,9 +429,14 @@ def run_experiment(exp_id, tier="cpu", repeats=3, mcpp=None, results=None, broke
     finally:
         if not keep_work:
             shutil.rmtree(work, ignore_errors=True)
-    verdict = "pass" if checks and all(c["pass"] for c in checks) else "fail"
-    summary = {"id": exp_id, "title": recipe.TITLE, "tier": tier, "settings": settings, "broken": broken,
-               "repeats": accepted, "rejected": rejected,
+    if smoke:  # device memory / MFU checks mean nothing on CPU ranks: recorded, not judged
+        for c in checks:
+            if c.get("device_only"):
+                c["pass"], c["detail"] = None, f"n/a in a CPU smoke run ({c.get('detail', '')})"
+    judged = [c for c in checks if c["pass"] is not None]
+    verdict = "pass" if judged and all(c["pass"] for c in judged) else "fail"
+    summary = {"id": exp_id, "title": recipe.TITLE, "tier": tier, "smoke": smoke, "settings": settings,
+               "broken": broken, "repeats": accepted, "rejected": rejected,
                "stats": formulas.summarize_repeats(accepted) if accepted else {}}
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -347,15 +445,18 @@ def run_experiment(exp_id, tier="cpu", repeats=3, mcpp=None, results=None, broke
     with open(os.path.join(out, "negative.md"), "w") as f:
         f.write(neg)
     with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(f"# {exp_id}: {recipe.TITLE} ({tier} tier{', BROKEN input' if broken else ''})\n\n")
+        f.write(f"# {exp_id}: {recipe.TITLE} ({tier} tier{', CPU smoke run' if smoke else ''}"
+                f"{', BROKEN input' if broken else ''})\n\n")
         f.write(f"Commit {commit}, {len(accepted)} clean repeats ({len(rejected)} rejected). Oracle: **{verdict}**.\n\n")
         if accepted and rc == 0:
             f.write(recipe.report(settings, summary, checks))
         f.write("\n## Oracle\n\n| check | pass | detail |\n|---|---|---|\n")
         for c in checks:
-            f.write(f"| {c['name']} | {'yes' if c['pass'] else '**no**'} | {str(c.get('detail', '')).replace('|', '/')[:300]} |\n")
+            mark = "n/a" if c["pass"] is None else "yes" if c["pass"] else "**no**"
+            f.write(f"| {c['name']} | {mark} | {str(c.get('detail', '')).replace('|', '/')[:300]} |\n")
         f.write("\n## Negative result\n\n" + neg)
-    print(f"{exp_id} ({tier}{', broken' if broken else ''}): oracle {verdict}; results in {out}")
+    print(f"{exp_id} ({tier}{', smoke' if smoke else ''}{', broken' if broken else ''}): oracle {verdict}; "
+          f"results in {out}")
     return (0 if verdict == "pass" else 1), out
 
 
@@ -370,5 +471,9 @@ def stats_table(summary, keys, fmt="{:.4g}"):
     return "\n".join(rows) + "\n"
 
 
-def check(name, ok, detail=""):
-    return {"name": name, "pass": bool(ok), "detail": detail}
+def check(name, ok, detail="", device_only=False):
+    """One oracle check. device_only: it holds on a GPU only (device memory, MFU): "n/a" in a CPU smoke run."""
+    c = {"name": name, "pass": bool(ok), "detail": detail}
+    if device_only:
+        c["device_only"] = True
+    return c

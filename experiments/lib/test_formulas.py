@@ -1,6 +1,8 @@
 """Unit tests of experiments/lib (formulas on fixed inputs, the environment-clean check, the stdlib checkpoint /
 npy readers). Run: python3 -m unittest discover -s experiments/lib -p 'test_*.py' (ctest experiments.lib)."""
 import array
+import contextlib
+import io
 import json
 import os
 import struct
@@ -87,6 +89,35 @@ class Formulas(unittest.TestCase):
         s = F.summarize_repeats([{"a": 1, "b": "x", "c": True}, {"a": 3, "b": "y", "c": False}])
         self.assertEqual(list(s), ["a"])  # strings and booleans are not metrics
 
+    def test_recompute_flops(self):
+        # full recompute adds one forward of every layer: model + full = Megatron's hardware count for full recompute,
+        # 96 B s L h^2 (1 + s/(12h) + V/(16 L h)) (docs/OBSERVABILITY.md)
+        b, s, L, h, V = 2, 4096, 12, 768, 50304
+        hw_full = 96 * b * s * L * h * h * (1 + s / (12 * h) + V / (16 * L * h))
+        self.assertAlmostEqual(F.gpt_flops_per_step(b, s, L, h, V) + F.recompute_flops("full", b, s, L, h), hw_full,
+                               delta=hw_full * 1e-12)
+        self.assertEqual(F.recompute_flops("selective", 2, 1024, 12, 768), 2 * 2 * 1024 * 1024 * 768 * 12)
+        self.assertEqual(F.recompute_flops("none", 2, 1024, 12, 768), 0.0)
+        with self.assertRaises(ValueError):
+            F.recompute_flops("block", 2, 1024, 12, 768)
+
+    def test_moe_capacity_drops_aux_bounds(self):
+        # Megatron's get_capacity(num_tokens * topk, E, factor): 128 tokens, top-2 of 8, factor 1.0 -> 32; 1.25 -> 40
+        self.assertEqual(F.expert_capacity(128, 2, 8, 1.0), 32)
+        self.assertEqual(F.expert_capacity(128, 2, 8, 1.25), 40)
+        self.assertEqual(F.expert_capacity(100, 2, 8, 1.0), 25)
+        self.assertEqual(F.expert_capacity(101, 2, 8, 1.0), 26)  # ceil(25.25)
+        # layer 0 of a CPU run (128 tokens, top-2 of 8, factor 1.0): the trainer logged 0.09765625 = 25 / 256
+        t = [39, 24, 30, 31, 33, 48, 18, 33]
+        self.assertEqual(F.dropped_fraction(t, 32), 25 / 256)
+        self.assertEqual(F.dropped_fraction(t, 48), 0.0)
+        self.assertEqual(F.dropped_fraction([0, 0], 1), 0.0)
+        # even load: the switch loss is exactly 1; that run's logged 1.0028 lies inside its bounds
+        self.assertEqual(F.switch_aux_loss_bounds([32] * 8, 128, 2), (1.0, 1.0))
+        lo, hi = F.switch_aux_loss_bounds(t, 128, 2)
+        self.assertEqual((lo, hi), (8 * 18 / 256, 8 * 48 / 256))
+        self.assertTrue(lo <= 1.0028451681137085 <= hi)
+
     def test_load_io(self):
         st = F.load_stats([10, 10, 10, 10])
         self.assertEqual((st["cv"], st["max_over_mean"]), (0.0, 1.0))
@@ -110,6 +141,60 @@ class CleanCheck(unittest.TestCase):
             p.wait()
         os.makedirs(os.path.join(work, "ckpt", "iter_0000003.tmp-ab12"))
         self.assertIn("leftover staging directory", runner.clean_check(tag, work, "cpu", None)[0])
+
+
+class Tiers(unittest.TestCase):
+    """The gpu / gpu-multi tiers' machine checks, with a fake nvidia-smi reporting one idle GPU."""
+
+    def setUp(self):
+        self.bin = tempfile.mkdtemp()
+        with open(os.path.join(self.bin, "nvidia-smi"), "w") as f:
+            f.write('#!/bin/sh\ncase "$*" in\n  *query-gpu=index*) echo 0 ;;\n  *query-gpu=memory.used*) echo 500 ;;\n'
+                    '  *query-compute-apps*) ;;\n  *) echo "NVIDIA H100 80GB HBM3, 550.00, 81559 MiB" ;;\nesac\n')
+        os.chmod(os.path.join(self.bin, "nvidia-smi"), 0o755)
+        self.env = dict(os.environ)
+        os.environ["PATH"] = self.bin + os.pathsep + os.environ.get("PATH", "")
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        self.results = tempfile.mkdtemp()
+
+    def tearDown(self):
+        os.environ.clear()
+        os.environ.update(self.env)
+
+    def test_visible_gpus(self):
+        self.assertEqual(runner.visible_gpus(), 1)
+        self.assertEqual(runner.gpu_state(1), ([500], []))
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        self.assertEqual(runner.visible_gpus(), 0)
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0,-1,1"  # CUDA stops at the first invalid entry
+        self.assertEqual(runner.visible_gpus(), 1)
+
+    def test_gpu_multi_refuses_on_one_gpu(self):
+        for exp, gpus in (("E04", 2), ("E09", 4), ("E10", 4), ("E12", 2)):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                rc, out = runner.run_experiment(exp, "gpu-multi", 1, sys.executable, self.results)
+            self.assertEqual((rc, out), (2, None))
+            lines = err.getvalue().splitlines()
+            self.assertEqual(len(lines), 1, lines)
+            self.assertTrue(lines[0].startswith(f"error: experiment {exp} --tier gpu-multi refused: needs {gpus} GPUs, "
+                                                "1 visible"), lines[0])
+        self.assertEqual(os.listdir(self.results), [])  # refused before anything ran or was written
+
+    def test_gpu_tier_without_nvidia_smi(self):
+        os.environ["PATH"] = tempfile.mkdtemp()  # no nvidia-smi at all
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc, _ = runner.run_experiment("E10", "gpu", 1, sys.executable, self.results)
+        self.assertEqual(rc, 2)
+        self.assertIn("error: experiment E10 --tier gpu: no GPU here", err.getvalue())
+
+    def test_smoke_needs_a_gpu_tier(self):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc, _ = runner.run_experiment("E04", "cpu", 1, sys.executable, self.results, smoke=True)
+        self.assertEqual(rc, 2)
+        self.assertIn("--smoke runs a gpu tier's code on CPU ranks", err.getvalue())
 
 
 class Readers(unittest.TestCase):

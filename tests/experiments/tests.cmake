@@ -1,6 +1,9 @@
 # Experiments (experiments/, issue 34): the formulas library and the runner's checks on fixed inputs; every
 # recipe's CPU tier (3 repeats, seconds) with its oracle passing, and its oracle failing on the recipe's
 # deliberately broken input; REPORT.md regenerated from those results. Results go to the build dir.
+# A recipe with SMOKE shapes also runs its gpu / gpu-multi tier's code on CPU ranks (--smoke, 1 repeat): the same
+# commands, parsers and oracle with small shapes (device-memory / MFU checks n/a) must pass, and fail on its
+# broken input — what the device would otherwise find first.
 set(MCPP_EXPERIMENTS ${CMAKE_SOURCE_DIR}/experiments)
 set(MCPP_EXP_RESULTS ${CMAKE_CURRENT_BINARY_DIR}/experiment_results)
 add_test(NAME experiments.lib
@@ -18,7 +21,23 @@ foreach(recipe ${MCPP_EXP_RECIPES})
            COMMAND ${MCPP_PY} ${MCPP_EXPERIMENTS}/lib/check_broken.py ${exp} ${MCPP_BIN} ${MCPP_EXP_RESULTS})
   set_tests_properties(experiments.${exp}_cpu experiments.${exp}_oracle_fails PROPERTIES TIMEOUT 300)
   list(APPEND _exp_tests experiments.${exp}_cpu)
+  file(STRINGS ${recipe} _smoke REGEX "^SMOKE = ")
+  if(_smoke)
+    foreach(tier gpu gpu-multi)
+      string(REPLACE "-" "_" _t ${tier})
+      add_test(NAME experiments.${exp}_${_t}_smoke
+               COMMAND ${MCPP_PY} ${MCPP_EXPERIMENTS}/run ${exp} --tier ${tier} --smoke --repeats 1 --mcpp ${MCPP_BIN}
+                       --results ${MCPP_EXP_RESULTS})
+      add_test(NAME experiments.${exp}_${_t}_smoke_oracle_fails
+               COMMAND ${MCPP_PY} ${MCPP_EXPERIMENTS}/lib/check_broken.py ${exp} ${MCPP_BIN} ${MCPP_EXP_RESULTS}
+                       --tier ${tier} --smoke)
+      set_tests_properties(experiments.${exp}_${_t}_smoke experiments.${exp}_${_t}_smoke_oracle_fails
+                           PROPERTIES TIMEOUT 300)
+    endforeach()
+  endif()
 endforeach()
+add_test(NAME experiments.gpu_commands
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/experiments/gpu_commands_check.py ${MCPP_BIN})
 add_test(NAME experiments.report COMMAND ${MCPP_PY} ${MCPP_EXPERIMENTS}/run report --results ${MCPP_EXP_RESULTS})
 set_tests_properties(experiments.report PROPERTIES DEPENDS "${_exp_tests}")
 
