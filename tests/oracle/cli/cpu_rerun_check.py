@@ -16,7 +16,8 @@ A. One rank:
    tensor as the same-rank re-run names, from the checkpoint, classified a numerics problem.
    --check-for-spiky-loss --spiky-loss-factor 0.5: the CPU loss spikes again (reproduces).
 B. Two ranks (each rank re-runs its slice in the same layout):
-   TP2 --lr 1e30: the same culprit (rank, module, tensor) as the same-rank re-run.
+   TP2 --lr 1e30: the same culprit (rank, module, tensor) as the same-rank re-run; rank 0's own finding in its
+   per-rank metrics ({"event": "cpu_rerun_finding"}).
    DP2 --use-distributed-optimizer, bad-shard@2:1 + one-off nan-output@3:0 (--save-interval 2): the checkpoint read
    fails (checksum), every rank falls back to the pre-step state; finite, grad norm = the re-run's.
    PP2 --lr 1e30 --train-iters 4 --save-interval 2: iteration 3 from the checkpoint, iteration 4 from the pre-step
@@ -124,6 +125,9 @@ check(inc.get("trigger") == "spiky_loss" and inc.get("cpu_fp32") == "finite, the
 d, _ = train("tp2_lr", 2, ["--rerun-on-cpu", "--tensor-model-parallel-size", "2", "--lr", "1e30", "--train-iters",
                            "3"])
 check_numerics("TP2 lr 1e30", incidents(d).get(3, {}), "pre-step state")
+mine = [r for r in map(json.loads, open(os.path.join(d, "metrics.rank_0.jsonl"))) if r.get("event") == "cpu_rerun_finding"]
+check(mine and mine[0].get("iteration") == 3 and mine[0].get("rank") == 0,
+      f"TP2 lr 1e30: rank 0's per-rank metrics hold no cpu_rerun_finding: {mine}")
 
 d, log = train("dp2_badshard", 2, ["--rerun-on-cpu", "--use-distributed-optimizer", "--save-interval", "2",
                                    "--inject-fault", "bad-shard@2:1", "--inject-fault", "nan-output:layer=0@3:0"])
