@@ -37,7 +37,8 @@ def check(name, cond, what):
     print(f"{name}: {'OK ' if cond else 'BAD'} {what}")
 def incidents(n):
     try:
-        return {r["iteration"]: r for r in map(json.loads, open(f"{out}/{n}.jsonl")) if r.get("event") == "rerun_incident"}
+        recs = map(json.loads, open(f"{out}/{n}.jsonl"))
+        return {r["iteration"]: r for r in recs if r.get("event") == "rerun_incident"}
     except (OSError, ValueError) as e:
         print(f"{n}: no metrics ({e})")
         return {}
@@ -60,7 +61,8 @@ healthy("one_ckpt", "transient", "checkpoint")
 healthy("tp2_oneoff", "transient", "pre-step state")
 incs = incidents("tp2_lr")
 for it, inc in sorted(incs.items()):
-    print(f"tp2_lr iteration {it}: device first non-finite {inc.get('first_non_finite')}; cpu_fp32 {inc.get('cpu_fp32')!r}")
+    print(f"tp2_lr iteration {it}: device first non-finite {inc.get('first_non_finite')}; "
+          f"cpu_fp32 {inc.get('cpu_fp32')!r}")
 check("tp2_lr", any(i.get("cpu_fp32", "").startswith("non-finite at")
                     and i["cpu_rerun"]["classification"].startswith("numerics problem") for i in incs.values()),
       "an incident reproduces in fp32 on CPU (numerics problem)")

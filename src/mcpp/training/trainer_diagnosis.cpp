@@ -4,8 +4,8 @@
 // {"event": "rerun_incident"} (last rank; every rank's own finding in its per-rank metrics) and the JSON incident file
 // <metrics stem>.incident_iter<N>.json (last rank). With --rerun-on-cpu the step also re-runs in fp32 on CPU
 // (trainer_cpu_rerun.cpp): its verdict joins the incident, plus a {"event": "cpu_rerun"} record and a TensorBoard
-// scalar. The caller skips the step. Under --enable-cuda-graph the step is
-// skipped without a re-run (the replayed graph runs no module scopes).
+// scalar. The caller skips the step. Under --enable-cuda-graph the step is skipped without a re-run (the replayed
+// graph runs no module scopes).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -95,7 +95,8 @@ void Trainer::diagnose_step(RerunTrigger trigger, const tensor_parallel::RngTrac
   if (const auto& c = inc.cpu) {  // --rerun-on-cpu's metric: the verdict and what the re-run cost
     metrics_.write({{"event", "cpu_rerun"}, {"iteration", inc.iteration}, {"cpu_fp32", c->verdict()},
                     {"reproduces", c->reproduces}, {"state", c->state}, {"ms", c->ms}});
-    if (tensorboard_.enabled()) tensorboard_.add_scalar("cpu-rerun reproduces", c->reproduces ? 1.0 : 0.0, inc.iteration);
+    if (tensorboard_.enabled())
+      tensorboard_.add_scalar("cpu-rerun reproduces", c->reproduces ? 1.0 : 0.0, inc.iteration);
   }
   if (metrics_path_.empty()) return;
   std::string stem = metrics_path_;

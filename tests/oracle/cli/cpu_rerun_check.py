@@ -125,7 +125,8 @@ check(inc.get("trigger") == "spiky_loss" and inc.get("cpu_fp32") == "finite, the
 d, _ = train("tp2_lr", 2, ["--rerun-on-cpu", "--tensor-model-parallel-size", "2", "--lr", "1e30", "--train-iters",
                            "3"])
 check_numerics("TP2 lr 1e30", incidents(d).get(3, {}), "pre-step state")
-mine = [r for r in map(json.loads, open(os.path.join(d, "metrics.rank_0.jsonl"))) if r.get("event") == "cpu_rerun_finding"]
+mine = [r for r in map(json.loads, open(os.path.join(d, "metrics.rank_0.jsonl")))
+        if r.get("event") == "cpu_rerun_finding"]
 check(mine and mine[0].get("iteration") == 3 and mine[0].get("rank") == 0,
       f"TP2 lr 1e30: rank 0's per-rank metrics hold no cpu_rerun_finding: {mine}")
 
