@@ -111,6 +111,13 @@ add_test(NAME training.diagnosis_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/diagnosis_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/diagnosis_check)
 set_tests_properties(training.diagnosis_cli PROPERTIES TIMEOUT 600)
+# training.cpu_rerun_cli: --rerun-on-cpu: an injected NaN (a device fault) re-runs finite in fp32 on CPU, an overflow
+# from --lr 1e30 names the same first non-finite module as the same-rank re-run; from the step's checkpoint or the
+# pre-step state (no checkpoint, an older one, a corrupted shard); one rank, TP2, DP2 + distributed optimizer, PP2.
+add_test(NAME training.cpu_rerun_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/cpu_rerun_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/cpu_rerun_check)
+set_tests_properties(training.cpu_rerun_cli PROPERTIES TIMEOUT 300)
 # training.forensics_cli: --check-data-consistency (TP2xDP2, PP2xDP2 pass; an injected bad-batch is named: iteration,
 # tp group, microbatch, rank), --flight-recorder-checksums (a corrupted result named by `mcpp debug hang`), SIGUSR1
 # dumps with every rank's host stack (`mcpp debug hang` names the hung rank and shows the stacks); no orphans.
