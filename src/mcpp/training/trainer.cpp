@@ -75,16 +75,27 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     graph_warmup_left_ = t.cuda_graph_warmup_steps;
   }
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
-  open_outputs();
-  if (!t.inject_fault.empty()) {  // --inject-fault (fault_injection.h); the specs parsed in validate()
+  if (!t.inject_fault.empty()) {  // --inject-fault (fault_injection.h): parsed in validate(), fitted to the run here
+    const pipeline_parallel::PipelineLayout layout =
+        pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(config_.model, config_.parallel));
+    const FaultRun run{.world_size = pc_.world_size(), .num_layers = config_.model.num_layers,
+                       .train_iters = t.train_iters, .skip_train = t.skip_train, .saves = !t.save.empty(),
+                       .save_interval = t.save_interval, .exit_interval = t.exit_interval,
+                       .layers_held = [&](int rank) {
+                         std::vector<int64_t> held;
+                         for (const pipeline_parallel::StageLayers& st :
+                              layout.stages.at(static_cast<size_t>(pc_.layout().coordinates(rank).pp)))
+                           held.insert(held.end(), st.layers.begin(), st.layers.end());
+                         return held;
+                       }};
     std::vector<FaultSpec> faults;
     for (const std::string& f : t.inject_fault) {
       faults.push_back(parse_fault_spec(f));
-      if (faults.back().rank >= pc_.world_size())
-        fail("--inject-fault '{}': rank {} is outside the world of {} ranks", f, faults.back().rank, pc_.world_size());
+      check_fault_fits_run(faults.back(), run);
     }
     faults_ = std::make_unique<FaultInjector>(std::move(faults), pc_.rank());
   }
+  open_outputs();
   const auto& par = config_.parallel;
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_,
