@@ -18,7 +18,8 @@
 #   pipeline_parallel  schedules over model chunks (models).
 #   distributed        DDP config, the param-and-grad buffers (ModelChunk owns a GPTModel's), grad reduction.
 #   optimizer          Adam, the distributed optimizer over distributed's buffers, the LR schedule.
-#   dist_checkpointing sharded checkpoints and HF conversion (the model config's fields).
+#   dist_checkpointing sharded checkpoints and HF conversion (the model config's fields; the HF key mapping walks
+#                      the model's own parameter list, models/gpt/gpt_model_tensors.h).
 #   datasets           indexed datasets, blends, tokenizers and the data config: needs only core.
 #   tools              planners and trace analysis: the memory planner reads the model, parallel layout,
 #                      pipeline schedules and optimizer state sizes. Below training, because the trainer checks
@@ -37,7 +38,7 @@ mcpp_package(models             DEPS transformer)
 mcpp_package(pipeline_parallel  DEPS models)
 mcpp_package(distributed        DEPS models)
 mcpp_package(optimizer          DEPS distributed)
-mcpp_package(dist_checkpointing DEPS transformer)
+mcpp_package(dist_checkpointing DEPS models)
 mcpp_package(datasets           DEPS core)
 mcpp_package(tools              DEPS optimizer pipeline_parallel)
 mcpp_package(training           DEPS tools dist_checkpointing datasets)

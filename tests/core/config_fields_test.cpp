@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mcpp/core/config_fields.h"
+#include "core/core_test_util.h"
 #include "mcpp/core/error.h"
 #include "mcpp/training/arguments.h"
 #include "mcpp/training/config.h"
@@ -261,16 +262,13 @@ TEST(ConfigFields, RefusesNonFiniteAndOutOfRangeFlagValues) {
   EXPECT_EQ(parse_error({"--num-layers", "two"}), "Could not convert: --num-layers = two");  // CLI11's own
 }
 
+// The mcpp::Error message of parse_train_args(args), or "" when it parses.
+std::string error(const std::vector<std::string>& args) {
+  return mcpp::testing::error_of([&] { parse_train_args(args); });
+}
+
 // The declared ranges (validate), by name: "hidden_dropout must be in [0, 1), got 1".
 TEST(ConfigFields, FloatsOutsideTheirRangeNameTheField) {
-  const auto error = [](const std::vector<std::string>& args) -> std::string {
-    try {
-      parse_train_args(args);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   EXPECT_EQ(error({"--hidden-dropout", "1"}), "hidden_dropout must be in [0, 1), got 1");
   EXPECT_EQ(error({"--attention-dropout", "-0.5"}), "attention_dropout must be in [0, 1), got -0.5");
   EXPECT_EQ(error({"--norm-epsilon", "0"}), "norm_epsilon must be positive, got 0");
@@ -300,14 +298,6 @@ fs::path temp_file(const std::string& name, const std::string& text) {
 // TOML and JSON values: finite numbers, integers within int64, the right type — each refused naming
 // "section.key", never a raw library message.
 TEST(ConfigFields, TomlAndJsonValuesAreCheckedByName) {
-  const auto error = [](const std::vector<std::string>& args) -> std::string {
-    try {
-      parse_train_args(args);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   const std::string inf = temp_file("inf.toml", "[optimizer]\nlr = inf\n").string();
   EXPECT_EQ(error({"--config", inf}), inf + ": optimizer.lr: expected a finite number, got inf");
   const std::string nan = temp_file("nan.toml", "[model]\nhidden_dropout = nan\n").string();

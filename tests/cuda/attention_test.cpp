@@ -27,7 +27,6 @@ void check_case(const AttnCase& c, DType dt, bool deterministic = false, float d
                                     << " ng=" << c.ng << " d=" << c.d << " causal=" << c.causal
                                     << " deterministic=" << deterministic << " cudnn=" << ops::cuda::cudnn_attention()
                                     << " dropout=" << drop_p);
-  const Shape qs{c.s, c.b, c.nq, c.d}, ks{c.s, c.b, c.ng, c.d}, ls{c.b, c.nq, c.s};
   const ops::AttentionOptions opt{.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
                                   .causal = c.causal,
                                   .deterministic = deterministic,
@@ -35,25 +34,7 @@ void check_case(const AttnCase& c, DType dt, bool deterministic = false, float d
                                   .dropout_key = key};
   ops::AttentionOptions cpu_opt = opt;
   if (cpu_key) cpu_opt.dropout_key = *cpu_key;
-  Tensor q = rnd(qs, 1, dt, -2, 2), k = rnd(ks, 2, dt, -2, 2), v = rnd(ks, 3, dt), dout = rnd(qs, 4, dt);
-  Tensor o_ref = Tensor::empty(qs), lse_ref = Tensor::empty(ls);
-  ops::cpu::flash_attention_fwd(o_ref, lse_ref, q, k, v, cpu_opt, {});
-  Tensor qd = dev(q, dt), kd = dev(k, dt), vd = dev(v, dt);
-  Tensor o = poisoned(qs, dt), lse = poisoned(ls, DType::F32);
-  ops::flash_attention_fwd(o, lse, qd, kd, vd, opt);
-  // fp32: __expf and another summation order, ~1e-6; bf16: the output rounding
-  EXPECT_REL(host(o), o_ref, tol(dt, 2e-5));
-  EXPECT_REL(host(lse), lse_ref, 1e-5);
-
-  // backward from the CPU's o (rounded like the CUDA tensors) so both sides see the same inputs
-  Tensor o_in = dt == DType::F32 ? o_ref : o_ref.to(dt).to(DType::F32);
-  Tensor dq_ref = Tensor::empty(qs), dk_ref = Tensor::empty(ks), dv_ref = Tensor::empty(ks);
-  ops::cpu::flash_attention_bwd(dq_ref, dk_ref, dv_ref, dout, q, k, v, o_in, lse_ref, cpu_opt, {});
-  Tensor dq = poisoned(qs, dt), dk = poisoned(ks, dt), dv = poisoned(ks, dt);
-  ops::flash_attention_bwd(dq, dk, dv, dev(dout, dt), qd, kd, vd, dev(o_in, dt), dev(lse_ref), opt);
-  EXPECT_REL(host(dq), dq_ref, tol(dt, 5e-5));
-  EXPECT_REL(host(dk), dk_ref, tol(dt, 5e-5));
-  EXPECT_REL(host(dv), dv_ref, tol(dt, 5e-5));
+  check_flash_attention({c.s, c.b, c.nq, c.d}, {c.s, c.b, c.ng, c.d}, dt, opt, cpu_opt);
 }
 
 TEST(CudaFlashAttention, MatchesCpuCausalFullGqaBothHeadDims) {

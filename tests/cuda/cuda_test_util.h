@@ -97,4 +97,42 @@ inline double tol(DType dt, double f32_tol, double bf16_tol = 1e-2) { return dt 
 
 inline std::vector<DType> float_dtypes() { return {DType::F32, DType::BF16}; }
 
+// The inputs of a flash attention check and the CPU backend's results on them.
+struct FlashAttentionCase {
+  Tensor q, k, v, dout;              // [s, b, nq, d], [s, b, ng, d] x 2, [s, b, nq, d]: CPU float32 (dt values)
+  Tensor o_ref, lse_ref;             // the CPU forward: [s, b, nq, d], [b, nq, s]
+  Tensor o_in;                       // o_ref rounded like the CUDA tensors: the backward's o on both sides
+  Tensor dq_ref, dk_ref, dv_ref;     // the CPU backward from o_in
+};
+
+// ops::flash_attention_fwd / _bwd (the split q, k, v form) on CUDA tensors of dtype dt against the CPU backend, on
+// random q [s, b, nq, d] (seed 1, in [-2, 2)), k (seed 2, [-2, 2)), v (3), dout (4); opt: the CUDA call's options,
+// cpu_opt: the CPU reference's (its dropout key or document mask on the host). The backward starts from the CPU's
+// o rounded like the CUDA tensors, so both sides see the same inputs. Returns the inputs and the CPU's results (for
+// other forms of the same call).
+inline FlashAttentionCase check_flash_attention(const Shape& qs, const Shape& ks, DType dt,
+                                                const ops::AttentionOptions& opt,
+                                                const ops::AttentionOptions& cpu_opt) {
+  FlashAttentionCase c;
+  const Shape ls{qs[1], qs[2], qs[0]};  // [b, nq, s]
+  c.q = rnd(qs, 1, dt, -2, 2), c.k = rnd(ks, 2, dt, -2, 2), c.v = rnd(ks, 3, dt), c.dout = rnd(qs, 4, dt);
+  c.o_ref = Tensor::empty(qs), c.lse_ref = Tensor::empty(ls);
+  ops::cpu::flash_attention_fwd(c.o_ref, c.lse_ref, c.q, c.k, c.v, cpu_opt, {});
+  Tensor qd = dev(c.q, dt), kd = dev(c.k, dt), vd = dev(c.v, dt);
+  Tensor o = poisoned(qs, dt), lse = poisoned(ls, DType::F32);
+  ops::flash_attention_fwd(o, lse, qd, kd, vd, opt);
+  // fp32: __expf and another summation order, ~1e-6; bf16: the output rounding
+  EXPECT_REL(host(o), c.o_ref, tol(dt, 2e-5));
+  EXPECT_REL(host(lse), c.lse_ref, 1e-5);
+  c.o_in = dt == DType::F32 ? c.o_ref : c.o_ref.to(dt).to(DType::F32);
+  c.dq_ref = Tensor::empty(qs), c.dk_ref = Tensor::empty(ks), c.dv_ref = Tensor::empty(ks);
+  ops::cpu::flash_attention_bwd(c.dq_ref, c.dk_ref, c.dv_ref, c.dout, c.q, c.k, c.v, c.o_in, c.lse_ref, cpu_opt, {});
+  Tensor dq = poisoned(qs, dt), dk = poisoned(ks, dt), dv = poisoned(ks, dt);
+  ops::flash_attention_bwd(dq, dk, dv, dev(c.dout, dt), qd, kd, vd, dev(c.o_in, dt), dev(c.lse_ref), opt);
+  EXPECT_REL(host(dq), c.dq_ref, tol(dt, 5e-5));
+  EXPECT_REL(host(dk), c.dk_ref, tol(dt, 5e-5));
+  EXPECT_REL(host(dv), c.dv_ref, tol(dt, 5e-5));
+  return c;
+}
+
 }  // namespace mcpp::cuda_test

@@ -26,33 +26,18 @@ void check_attention(DType dt, int64_t d) {
                                 .doc_start = doc};
   ops::AttentionOptions opt = cpu_opt;
   opt.doc_start = doc.to(Device::CUDA);
-  Tensor q = rnd(qs, 1, dt, -2, 2), k = rnd(ks, 2, dt, -2, 2), v = rnd(ks, 3, dt), dout = rnd(qs, 4, dt);
-  Tensor o_ref = Tensor::empty(qs), lse_ref = Tensor::empty(ls);
-  ops::cpu::flash_attention_fwd(o_ref, lse_ref, q, k, v, cpu_opt, {});
-  Tensor qd = dev(q, dt), kd = dev(k, dt), vd = dev(v, dt);
-  Tensor o = poisoned(qs, dt), lse = poisoned(ls, DType::F32);
-  ops::flash_attention_fwd(o, lse, qd, kd, vd, opt);
-  // the CUDA-core kernels vs the CPU: __expf and another summation order (fp32); the output rounding (bf16)
-  EXPECT_REL(host(o), o_ref, tol(dt, 2e-5));
-  EXPECT_REL(host(lse), lse_ref, 1e-5);
-  Tensor o_in = dt == DType::F32 ? o_ref : o_ref.to(dt).to(DType::F32);
-  Tensor dq_ref = Tensor::empty(qs), dk_ref = Tensor::empty(ks), dv_ref = Tensor::empty(ks);
-  ops::cpu::flash_attention_bwd(dq_ref, dk_ref, dv_ref, dout, q, k, v, o_in, lse_ref, cpu_opt, {});
-  Tensor dq = poisoned(qs, dt), dk = poisoned(ks, dt), dv = poisoned(ks, dt);
-  ops::flash_attention_bwd(dq, dk, dv, dev(dout, dt), qd, kd, vd, dev(o_in, dt), dev(lse_ref), opt);
-  EXPECT_REL(host(dq), dq_ref, tol(dt, 5e-5));
-  EXPECT_REL(host(dk), dk_ref, tol(dt, 5e-5));
-  EXPECT_REL(host(dv), dv_ref, tol(dt, 5e-5));
+  // The split form (document calls run the CUDA-core kernels).
+  const FlashAttentionCase r = check_flash_attention(qs, ks, dt, opt, cpu_opt);
 
   // The fused-qkv form: qkv [s, b, ng * (nq/ng + 2) * d] built from q, k, v by qkv_merge.
   Tensor qkv = Tensor::empty({s, b, ng * (nq / ng + 2) * d});
-  ops::cpu::qkv_merge(qkv, q, k, v, {});
+  ops::cpu::qkv_merge(qkv, r.q, r.k, r.v, {});
   Tensor o2 = poisoned(qs, dt), lse2 = poisoned(ls, DType::F32);
   ops::flash_attention_fwd_qkv(o2, lse2, dev(qkv, dt), ng, opt);
-  EXPECT_REL(host(o2), o_ref, tol(dt, 2e-5));
+  EXPECT_REL(host(o2), r.o_ref, tol(dt, 2e-5));
   Tensor dqkv = poisoned(qkv.shape(), dt), dqkv_ref = Tensor::empty(qkv.shape());
-  ops::cpu::qkv_merge(dqkv_ref, dq_ref, dk_ref, dv_ref, {});
-  ops::flash_attention_bwd_qkv(dqkv, dev(dout, dt), dev(qkv, dt), dev(o_in, dt), dev(lse_ref), ng, opt);
+  ops::cpu::qkv_merge(dqkv_ref, r.dq_ref, r.dk_ref, r.dv_ref, {});
+  ops::flash_attention_bwd_qkv(dqkv, dev(r.dout, dt), dev(qkv, dt), dev(r.o_in, dt), dev(r.lse_ref), ng, opt);
   EXPECT_REL(host(dqkv), dqkv_ref, tol(dt, 5e-5));
 }
 

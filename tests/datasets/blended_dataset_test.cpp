@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <random>
 
+#include "core/core_test_util.h"
 #include "mcpp/core/error.h"
 
 namespace mcpp {
@@ -39,12 +40,7 @@ std::string make_corpus(const std::string& name, int nseq, uint32_t seed, int32_
 }
 
 std::string error_of(const std::vector<std::string>& path) {
-  try {
-    parse_data_blend(path);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return mcpp::testing::error_of([&] { parse_data_blend(path); });
 }
 
 TEST(DataBlend, ParsesMegatronsListAndRefusesTheRest) {

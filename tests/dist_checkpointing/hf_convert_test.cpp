@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "dist_checkpointing/ckpt_test_util.h"
+#include "dist_checkpointing/hf_test_util.h"
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/hf_tensor_ops.h"
 #include "mcpp/kernels/ops.h"
@@ -54,20 +54,10 @@ ModelDims qwen3_dims(bool moe) {  // head_dim 8 with hidden 16 / 4 heads: Qwen3'
   return d;
 }
 
-// Random model with the exact key set; vocab padding rows are zero (export drops them, import pads
-// them with zeros, so only then is the round trip the identity).
+// Random model with the exact key set; vocab padding rows are zero (export drops them, import pads them with zeros,
+// so only then is the round trip the identity).
 CheckpointContents random_model(const ModelDims& d) {
-  CheckpointContents c;
-  c.iteration = 40;
-  c.meta = {{"config", config_from_model_dims(d)}};
-  uint32_t seed = 7;
-  for (const auto& [key, shape] : model_param_shapes(d)) {
-    Tensor t = random_tensor(shape, DType::F32, seed++);
-    if (key == "embedding.word_embeddings.weight" || key == "output_layer.weight")
-      t.narrow0(d.vocab, d.padded_vocab - d.vocab).zero_();
-    c.tensors.push_back({key, t});
-  }
-  return c;
+  return random_checkpoint(config_from_model_dims(d), model_param_shapes(d), d.vocab, 40, 7);
 }
 
 // An exported tensor by name (a test failure when missing).

@@ -13,7 +13,8 @@
 #include <fstream>
 #include <set>
 
-#include "dist_checkpointing/ckpt_test_util.h"
+#include "core/core_test_util.h"
+#include "dist_checkpointing/hf_test_util.h"
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/hf_deepseek.h"
 #include "mcpp/dist_checkpointing/hf_tensor_ops.h"
@@ -24,50 +25,14 @@
 namespace mcpp::dist_checkpointing {
 namespace {
 using namespace testing;
+using mcpp::testing::error_of;
 
-// V3: 2 layers (layer 0 dense), MLA 4 heads with query compression, YaRN factor 4 over 8 positions (max 32), 4 experts
-// top-2 in 2 groups of which 1 is kept (top-2 = 2 x 1: HF's group ranking), routed scaling 2.5, expert bias, a shared
-// expert of 2 experts' width, one MTP depth, untied. V2: linear_q_proj, plain RoPE, 8 experts top-2 pre-softmax in 4
-// groups of which 2 are kept (group_limited_greedy: top-k = topk_group), tied, no MTP.
-Config ds_config(bool v3) {
-  Config c;
-  TransformerConfig& m = c.model;
-  m = mcpp::testing::tiny_config("llama");  // RMSNorm 1e-6, SwiGLU, RoPE, untied, no biases; vocab 100 -> 128
-  m.num_query_groups = m.num_attention_heads;
-  m.seq_length = 16, m.max_position_embeddings = 32;
-  m.multi_latent_attention = true, m.qk_layernorm = true;
-  m.q_lora_rank = v3 ? 16 : 0, m.kv_lora_rank = 12, m.qk_head_dim = 6, m.qk_pos_emb_head_dim = 4, m.v_head_dim = 8;
-  m.num_moe_experts = v3 ? 4 : 8, m.moe_layer_freq = "[0,1]", m.moe_ffn_hidden_size = 8, m.moe_router_topk = 2;
-  m.moe_shared_expert_intermediate_size = 16;
-  if (v3) {
-    m.rope_type = "yarn", m.rotary_scaling_factor = 4.0f, m.original_max_position_embeddings = 8;
-    m.mscale = 1.0f, m.mscale_all_dim = 1.0f;
-    m.moe_router_score_function = "sigmoid", m.moe_router_enable_expert_bias = true;
-    m.moe_router_num_groups = 2, m.moe_router_group_topk = 1, m.moe_router_topk_scaling_factor = 2.5f;
-    m.mtp_num_layers = 1;
-  } else {
-    m.rope_type = "rope", m.untie_embeddings_and_output_weights = false, m.moe_router_pre_softmax = true;
-    m.moe_router_num_groups = 4, m.moe_router_group_topk = 2, m.moe_router_topk_scaling_factor = 1.5f;
-  }
-  c.finalize();
-  return c;
-}
 HfFormat fmt_of(bool v3) { return v3 ? HfFormat::DeepseekV3 : HfFormat::DeepseekV2; }
 
 // Random tensors of the model's key set; the vocabulary's padding rows zero (export drops them, import pads zeros).
 CheckpointContents random_model(const Config& c) {
   DeepseekDims d = deepseek_dims_from_config(c.to_json(), "test");
-  CheckpointContents out;
-  out.iteration = 30;
-  out.meta = {{"config", c.to_json()}};
-  uint32_t seed = 11;
-  for (const auto& [key, shape] : deepseek_param_shapes(d)) {
-    Tensor t = random_tensor(shape, DType::F32, seed++);
-    if (key == "embedding.word_embeddings.weight" || key == "output_layer.weight")
-      t.narrow0(d.m.vocab, d.m.padded_vocab - d.m.vocab).zero_();
-    out.tensors.push_back({key, t});
-  }
-  return out;
+  return random_checkpoint(c.to_json(), deepseek_param_shapes(d), d.m.vocab, 30, 11);
 }
 
 std::string slurp(const std::string& path) {
@@ -80,17 +45,6 @@ void write_hf(const std::string& dir, const std::string& config, const std::vect
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(config, dir + "/config.json");
   write_safetensors(dir + "/model.safetensors", items, {{"format", "pt"}}, false);
-}
-
-// The message of the mcpp::Error `f` throws ("" when it does not).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(HfDeepseek, ParamShapesEqualTheModelsParametersAndExpertBiases) {

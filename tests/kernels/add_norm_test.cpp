@@ -8,9 +8,9 @@
 
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <string>
 
+#include "core/core_test_util.h"
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
@@ -207,15 +207,6 @@ TEST(AddNormCpu, ResidualDropoutDropsTheBranchAndReturnsItsGradient) {
     EXPECT_TRUE(bitwise_equal(sr, lin_r));
     EXPECT_TRUE(bitwise_equal(sd, lin_d));
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(AddNormCpu, BadOperandsNameTheField) {

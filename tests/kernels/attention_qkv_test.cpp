@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/core_test_util.h"
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
@@ -71,16 +72,7 @@ TEST(FlashAttentionQkv, EqualsSplitAttentionMergeBitwise) {
   check_composition(130, 1, 4, 2, 64, true);  // the CUDA head dim, three query tiles
 }
 
-// The error text of `f`, or "" when it does not throw mcpp::Error.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mcpp::testing::error_of;
 
 TEST(FlashAttentionQkv, BadArgumentsNameTheField) {
   const int64_t s = 5, b = 2, nq = 4, ng = 2, d = 8;

@@ -35,6 +35,7 @@
 namespace mcpp {
 namespace {
 
+using testing::adam_params;
 using testing::rel_err;
 using testing::shard_of;
 
@@ -66,18 +67,6 @@ Batch batch_cols(int step, int64_t s, int64_t col0, int64_t ncols) {
       bt.mask.data<float>()[i] = (is % 5 == 2) ? 0.0f : 1.0f;  // same count in every column
     }
   return bt;
-}
-
-// max |a - b| / max |scale|: relative to the whole reference tensor, so a slice of exact-zero gradients
-// (rounding noise on both sides) is judged against the parameter's scale.
-
-
-std::vector<AdamParam> adam_params(ModelChunk& m) {
-  std::vector<AdamParam> out;
-  for (const auto& p : m.params().params())
-    out.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
-                   .no_weight_decay = p->spec.no_weight_decay});
-  return out;
 }
 
 struct Case {
@@ -128,14 +117,14 @@ void check_dp_equivalence(const Case& k) {
   ModelChunk par(c, 42, {pc.tp(), k.sequence_parallel, false, pc.cp()});
   // eps 1e-4: see parallel_equivalence_driver.cpp (exact-zero grads are rounding noise of either sign).
   const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
-  Adam ref_opt(adam_params(ref), adam);
+  Adam ref_opt(adam_params(ref.params()), adam);
   DistributedDataParallel ddp(par.params(), pc,
                               {.bucket_size = k.bucket_size, .overlap_grad_reduce = k.overlap_grad_reduce,
                                .use_distributed_optimizer = k.distributed_optimizer});
   std::optional<Adam> par_adam;
   std::optional<DistributedOptimizer> dopt;
   if (k.distributed_optimizer) dopt.emplace(ddp, DistributedOptimizerOptions{adam, k.overlap_param_gather});
-  else par_adam.emplace(adam_params(par), adam);
+  else par_adam.emplace(adam_params(par.params()), adam);
   const std::string what = k.style + " tp=" + std::to_string(k.tp) + " cp=" + std::to_string(k.cp) +
                            " dp=" + std::to_string(dp) +
                            " buckets=" + std::to_string(ddp.buckets().size()) +

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "mcpp/comm/mpi/mpi_communicator.h"
 #include "mcpp/distributed/param_and_grad_buffer.h"
+#include "mcpp/optimizer/adam.h"
 #include "mcpp/transformer/transformer_config.h"
 #include "tests/models/gpt_test_util.h"
 
@@ -22,6 +24,15 @@ inline double rel_err(const Tensor& a, const Tensor& b, const Tensor& ref) {
   return scale > 0 ? diff / scale : diff;
 }
 inline double rel_err(const Tensor& a, const Tensor& b) { return rel_err(a, b, b); }
+
+// The buffer's parameters as Adam's (fp32: the parameter is its own master copy).
+inline std::vector<AdamParam> adam_params(const ParamAndGradBuffer& buffer) {
+  std::vector<AdamParam> out;
+  for (const auto& p : buffer.params())
+    out.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
+                   .no_weight_decay = p->spec.no_weight_decay});
+  return out;
+}
 
 // This rank's shard (TensorShard) of a logical reference tensor; the tensor itself when replicated.
 inline Tensor shard_of(const Parameter& local, const Tensor& global) {

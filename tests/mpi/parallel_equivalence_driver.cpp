@@ -22,6 +22,7 @@
 namespace mcpp {
 namespace {
 
+using testing::adam_params;
 using testing::rel_err;
 using testing::shard_of;
 
@@ -42,58 +43,73 @@ Batch batch_for(int step, int64_t s, int64_t b) {
   return bt;
 }
 
+// The single-rank reference model (a size-1 communicator on every rank) and its twin at TP = world size, built from
+// one config and seed.
+struct TpPair {
+  ParallelContext pc, single;
+  ModelChunk ref, par;
+  TpPair(const TransformerConfig& c, bool sequence_parallel, bool comm_overlap = false)
+      : pc(ParallelContext::create(comm::world(), {.tensor_model_parallel_size = comm::world()->size()})),
+        single(ParallelContext::single(comm::make_local_world())),
+        ref(c, 42, {single.tp(), false}),
+        par(c, 42, {pc.tp(), sequence_parallel, comm_overlap}) {}
 
-
-std::vector<AdamParam> adam_params(ModelChunk& m) {
-  std::vector<AdamParam> out;
-  for (const auto& p : m.params().params())
-    out.push_back({.name = p->spec.key, .param = p->data, .main_grad = p->main_grad,
-                   .no_weight_decay = p->spec.no_weight_decay});
-  return out;
-}
+  // Both models' evaluation-mode forward of step's batch (main grads zeroed first); the contexts keep what the
+  // backward needs.
+  void forward(int step, GPTModelCtx& rc, GPTModelCtx& pcx, LossResult& rl, LossResult& pl) {
+    Batch bt = batch_for(step, ref.config().seq_length, 2);
+    ref.params().zero_grad();
+    par.params().zero_grad();
+    rl = ref.forward_loss(rc, bt.tokens, bt.labels, bt.mask, {.training = false});
+    pl = par.forward_loss(pcx, bt.tokens, bt.labels, bt.mask, {.training = false});
+  }
+  // Both backwards, then finalize_model_grads (the TP reductions of replicated parameters' grads).
+  void backward(GPTModelCtx& rc, GPTModelCtx& pcx) {
+    const bool tied = !ref.config().untie_embeddings_and_output_weights;
+    ref.backward(rc, 1.0f);
+    par.backward(pcx, 1.0f);
+    finalize_model_grads(par.params(), pc, tied);
+    finalize_model_grads(ref.params(), single, tied);
+  }
+  // Every parameter's main grad against this rank's shard of the reference's (normwise, rel_err).
+  void expect_grads_near(double tol, const std::string& what) {
+    for (const auto& p : par.params().params()) {
+      const Parameter* r = ref.params().find(p->spec.key);
+      ASSERT_NE(r, nullptr) << p->spec.key;
+      EXPECT_LT(rel_err(p->main_grad, shard_of(*p, r->main_grad)), tol) << what << " grad " << p->spec.key;
+    }
+  }
+};
 
 void check_tp_equivalence(const std::string& style, bool sequence_parallel, bool comm_overlap = false,
                           bool qk_layernorm = false) {
   comm::CommPtr world = comm::world();
-  ParallelContext pc = ParallelContext::create(world, {.tensor_model_parallel_size = world->size()});
-  ParallelContext single = ParallelContext::single(comm::make_local_world());
   TransformerConfig c = config_for(style);
   c.qk_layernorm = qk_layernorm;
-  ModelChunk ref(c, 42, {single.tp(), false});
-  ModelChunk par(c, 42, {pc.tp(), sequence_parallel, comm_overlap});
+  TpPair m(c, sequence_parallel, comm_overlap);
+  ParallelContext &pc = m.pc, &single = m.single;
+  ModelChunk &ref = m.ref, &par = m.par;
   // eps 1e-4 rather than 1e-8: some gradients are exactly zero in exact arithmetic (the key bias — softmax
   // is invariant to it) and are rounding noise (~1e-9) whose sign depends on the reduction order; with a
   // tiny eps Adam would turn that noise into full learning-rate steps of either sign on both sides.
   const AdamOptions adam{.eps = 1e-4f, .weight_decay = 0.1f};
-  Adam ref_opt(adam_params(ref), adam);
-  Adam par_opt(adam_params(par), adam);
+  Adam ref_opt(adam_params(ref.params()), adam);
+  Adam par_opt(adam_params(par.params()), adam);
   const std::string what = style + (sequence_parallel ? " SP" : "") + (comm_overlap ? " tp-comm-overlap" : "") +
                            (qk_layernorm ? " qk-layernorm" : "") + " tp=" + std::to_string(world->size());
 
   for (int step = 0; step < 3; ++step) {
-    Batch bt = batch_for(step, c.seq_length, 2);
-    ref.params().zero_grad();
-    par.params().zero_grad();
     GPTModelCtx rc, pcx;
-    LossResult rl = ref.forward_loss(rc, bt.tokens, bt.labels, bt.mask, {.training = false});
-    LossResult pl = par.forward_loss(pcx, bt.tokens, bt.labels, bt.mask, {.training = false});
+    LossResult rl, pl;
+    m.forward(step, rc, pcx, rl, pl);
     // fp32 with different reduction orders over TP: 1e-5 relative (DESIGN.md's parallel-equivalence bound).
     EXPECT_NEAR(pl.loss, rl.loss, 1e-5 * std::abs(rl.loss)) << what << " step " << step;
     if (step == 0) {
       Tensor all = par.gather_logits(pcx.logits);
       EXPECT_LT(rel_err(all, rc.logits), 1e-5) << what << " logits";
     }
-    ref.backward(rc, 1.0f);
-    par.backward(pcx, 1.0f);
-    finalize_model_grads(par.params(), pc, !c.untie_embeddings_and_output_weights);
-    finalize_model_grads(ref.params(), single, !c.untie_embeddings_and_output_weights);
-    if (step == 0) {
-      for (const auto& p : par.params().params()) {
-        const Parameter* r = ref.params().find(p->spec.key);
-        ASSERT_NE(r, nullptr) << p->spec.key;
-        EXPECT_LT(rel_err(p->main_grad, shard_of(*p, r->main_grad)), 1e-5) << what << " grad " << p->spec.key;
-      }
-    }
+    m.backward(rc, pcx);
+    if (step == 0) m.expect_grads_near(1e-5, what);  // the same 1e-5 bound
     const double rn = model_grad_norm(ref.params(), single), pn = model_grad_norm(par.params(), pc);
     EXPECT_NEAR(pn, rn, 1e-5 * rn) << what << " grad norm step " << step;
     clip_grads_by_total_norm(ref.params(), rn, 0.5);  // small max_norm: clipping is exercised
@@ -130,12 +146,11 @@ void check_tp_equivalence(const std::string& style, bool sequence_parallel, bool
 // the model-parallel stream (attention probabilities of local heads, SP shards) differs per TP rank.
 TEST(TensorParallel, DropoutIdenticalWhereReplicatedIndependentWhereSharded) {
   comm::CommPtr world = comm::world();
-  ParallelContext pc = ParallelContext::create(world, {.tensor_model_parallel_size = world->size()});
-  ParallelContext single = ParallelContext::single(comm::make_local_world());
   TransformerConfig c = config_for("gpt2");
   c.hidden_dropout = 0.2f;
-  ModelChunk ref(c, 42, {single.tp(), false});
-  ModelChunk par(c, 42, {pc.tp(), false});
+  TpPair m(c, false);
+  ParallelContext& pc = m.pc;
+  ModelChunk &ref = m.ref, &par = m.par;
   tensor_parallel::RngTracker ref_rng(7, 0, 0), par_rng(7, pc.tp_rank(), 0);
   Batch bt = batch_for(0, c.seq_length, 2);
   GPTModelCtx rc, pcx;
@@ -220,36 +235,24 @@ TEST(TensorParallel, MlaNoQueryCompressionSequenceParallelMatchesSingleRank) {
 // noise — so the TP run follows the single-rank FP8 run up to that noise (a rounding flip moves one element by an
 // fp8 quantum): loss and gradients compared loosely.
 void check_fp8_tp_equivalence(const std::string& style, bool sequence_parallel) {
-  comm::CommPtr world = comm::world();
-  ParallelContext pc = ParallelContext::create(world, {.tensor_model_parallel_size = world->size()});
-  ParallelContext single = ParallelContext::single(comm::make_local_world());
   TransformerConfig c = config_for(style);
   c.fp8_format = "hybrid";
   c.fp8_amax_history_len = 4;
   c.fp8_amax_compute_algo = "max";
-  ModelChunk ref(c, 42, {single.tp(), false});
-  ModelChunk par(c, 42, {pc.tp(), sequence_parallel});
-  const std::string what = style + " fp8" + (sequence_parallel ? " SP" : "") + " tp=" + std::to_string(world->size());
+  TpPair m(c, sequence_parallel);
+  const std::string what =
+      style + " fp8" + (sequence_parallel ? " SP" : "") + " tp=" + std::to_string(comm::world()->size());
   for (int step = 0; step < 3; ++step) {
-    Batch bt = batch_for(step, c.seq_length, 2);
-    ref.params().zero_grad();
-    par.params().zero_grad();
     GPTModelCtx rc, pcx;
-    LossResult rl = ref.forward_loss(rc, bt.tokens, bt.labels, bt.mask, {.training = false});
-    LossResult pl = par.forward_loss(pcx, bt.tokens, bt.labels, bt.mask, {.training = false});
+    LossResult rl, pl;
+    m.forward(step, rc, pcx, rl, pl);
+    // an fp8 rounding flip moves one element by a quantum: loss 1e-4, grads 1e-3 (normwise)
     EXPECT_NEAR(pl.loss, rl.loss, 1e-4 * std::abs(rl.loss)) << what << " step " << step;
-    ref.backward(rc, 1.0f);
-    par.backward(pcx, 1.0f);
-    finalize_model_grads(par.params(), pc, !c.untie_embeddings_and_output_weights);
-    finalize_model_grads(ref.params(), single, !c.untie_embeddings_and_output_weights);
-    for (const auto& p : par.params().params()) {
-      const Parameter* r = ref.params().find(p->spec.key);
-      ASSERT_NE(r, nullptr) << p->spec.key;
-      EXPECT_LT(rel_err(p->main_grad, shard_of(*p, r->main_grad)), 1e-3) << what << " grad " << p->spec.key;
-    }
+    m.backward(rc, pcx);
+    m.expect_grads_near(1e-3, what);
   }
-  const auto& rs = ref.params().rank_states();
-  const auto& ps = par.params().rank_states();
+  const auto& rs = m.ref.params().rank_states();
+  const auto& ps = m.par.params().rank_states();
   ASSERT_EQ(rs.size(), ps.size());
   for (size_t i = 0; i < rs.size(); ++i) {
     ASSERT_EQ(rs[i].first, ps[i].first);

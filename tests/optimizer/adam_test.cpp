@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/core_test_util.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/optimizer/adam.h"
@@ -144,13 +145,8 @@ TEST(Adam, LoadStateRestoresMomentsAndStep) {
 }
 
 TEST(Adam, ConstructorErrorsNameTheParameter) {
-  auto msg = [](std::vector<AdamParam> ps) -> std::string {
-    try {
-      Adam a(std::move(ps), AdamOptions{});
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
+  auto msg = [](std::vector<AdamParam> ps) {
+    return mcpp::testing::error_of([&] { Adam a(std::move(ps), AdamOptions{}); });
   };
   EXPECT_NE(msg({AdamParam{"w", Tensor::zeros({3}), Tensor::zeros({4}), false, {}}}).find("'w'"), std::string::npos);
   EXPECT_NE(msg({AdamParam{"x", Tensor::zeros({3}), Tensor{}, false, {}}}).find("'x'"), std::string::npos);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/core_test_util.h"
 #include "mcpp/comm/flight_recorder.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
@@ -69,7 +70,7 @@ TEST(ParallelContext, CreateOnEveryRankOfAFakeWorld) {
   struct Case { int world, tp, pp, cp, ep; };
   for (Case c : {Case{8, 2, 2, 1, 1}, Case{8, 2, 2, 2, 1}, Case{8, 1, 4, 1, 2}, Case{8, 1, 1, 1, 1},
                  Case{16, 2, 2, 1, 4}, Case{6, 1, 3, 1, 1}}) {
-    SCOPED_TRACE(testing::Message() << "world " << c.world << " tp " << c.tp << " pp " << c.pp << " cp " << c.cp
+    SCOPED_TRACE(::testing::Message() << "world " << c.world << " tp " << c.tp << " pp " << c.pp << " cp " << c.cp
                                     << " ep " << c.ep);
     const ParallelOptions opt = options(c.tp, c.pp, c.cp, c.ep);
     const ParallelLayout L = ParallelLayout::make(c.world, opt);
@@ -137,15 +138,7 @@ TEST(ParallelContext, SingleProcess) {
   EXPECT_EQ(ctx.pipeline_next_rank(), 0);
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using mcpp::testing::error_of;
 
 #define EXPECT_ERROR_NAMES(expr, field)                                   \
   do {                                                                    \
@@ -166,8 +159,8 @@ TEST(ParallelLayout, GridErrorsNameTheField) {
   EXPECT_ERROR_NAMES(ParallelLayout::make(8, options(2, 1, 1, 1, "tp-dq-pp")), "unknown dimension 'dq'");
   // Not pp-last: the dense and expert data-parallel sizes must agree (Megatron's assertion).
   EXPECT_ERROR_NAMES(ParallelLayout::make(16, options(2, 2, 1, 2, "tp-pp-ep-dp")), "does not end with pp");
-  EXPECT_EQ(error_of([] { ParallelLayout::make(16, options(2, 2, 2, 2)); }), "<no error>");
-  EXPECT_EQ(error_of([] { ParallelLayout::make(8, options(2, 2, 1, 1, "tp-pp-dp")); }), "<no error>");
+  EXPECT_EQ(error_of([] { ParallelLayout::make(16, options(2, 2, 2, 2)); }), "");
+  EXPECT_EQ(error_of([] { ParallelLayout::make(8, options(2, 2, 1, 1, "tp-pp-dp")); }), "");
 }
 
 Config valid_config(int tp, int pp, int cp) {
@@ -184,11 +177,11 @@ Config valid_config(int tp, int pp, int cp) {
 }
 
 TEST(ParallelLayout, ModelRulesNameTheField) {
-  EXPECT_EQ(error_of([] { validate_parallel_layout(8, valid_config(2, 2, 2)); }), "<no error>");
+  EXPECT_EQ(error_of([] { validate_parallel_layout(8, valid_config(2, 2, 2)); }), "");
   Config c = valid_config(2, 2, 1);
   c.model.num_attention_heads = 6;
   c.model.num_query_groups = 6;
-  EXPECT_EQ(error_of([&] { validate_parallel_layout(8, c); }), "<no error>");
+  EXPECT_EQ(error_of([&] { validate_parallel_layout(8, c); }), "");
   Config heads = valid_config(4, 1, 1);
   heads.model.num_attention_heads = 6;
   heads.model.num_query_groups = 2;
@@ -203,7 +196,7 @@ TEST(ParallelLayout, ModelRulesNameTheField) {
   EXPECT_ERROR_NAMES(validate_parallel_layout(3, layers), "num_layers (4)");
   ParallelOptions with_layout = parallel_options(layers.parallel);
   with_layout.pipeline_model_parallel_layout = "Et|tt|tL";  // the layout code owns this rule then
-  EXPECT_EQ(error_of([&] { validate_parallel_layout(3, layers, with_layout); }), "<no error>");
+  EXPECT_EQ(error_of([&] { validate_parallel_layout(3, layers, with_layout); }), "");
   Config sp1 = valid_config(1, 1, 1);
   sp1.parallel.sequence_parallel = true;
   EXPECT_ERROR_NAMES(validate_parallel_layout(1, sp1), "sequence_parallel needs tensor_model_parallel_size > 1");
@@ -215,7 +208,7 @@ TEST(ParallelLayout, ModelRulesNameTheField) {
   vocab.model.padded_vocab_size = 130;
   EXPECT_ERROR_NAMES(validate_parallel_layout(4, vocab), "padded_vocab_size (130)");
   vocab.model.set_vocab_size(130, 4);  // padding to 128 * 4 fixes it
-  EXPECT_EQ(error_of([&] { validate_parallel_layout(4, vocab); }), "<no error>");
+  EXPECT_EQ(error_of([&] { validate_parallel_layout(4, vocab); }), "");
   EXPECT_ERROR_NAMES(validate_parallel_layout(6, valid_config(4, 1, 1)), "world size (6)");
   ParallelOptions mismatch = parallel_options(valid_config(2, 1, 1).parallel);
   mismatch.tensor_model_parallel_size = 4;

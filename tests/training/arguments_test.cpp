@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/core_test_util.h"
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/blended_dataset.h"
 #include "mcpp/dist_checkpointing/checkpoint.h"
@@ -29,12 +30,7 @@ std::string write_toml(const std::string& name, const std::string& text) {
 
 // The mcpp::Error message of parse_train_args(args), or "" when it succeeds.
 std::string error_of(const std::vector<std::string>& args) {
-  try {
-    parse_train_args(args);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return mcpp::testing::error_of([&] { parse_train_args(args); });
 }
 
 void expect_error_names(const std::vector<std::string>& args, const std::string& field) {
@@ -185,9 +181,9 @@ TEST(Arguments, UnknownFlagIsCliParseError) {
   EXPECT_THROW(parse_train_args({"--num-layers"}), CLI::ParseError);
   EXPECT_THROW(parse_train_args({"stray"}), CLI::ParseError);
   // --help prints the flags and throws CLI::Success (main exits 0)
-  testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStdout();
   EXPECT_THROW(parse_train_args({"--help"}), CLI::Success);
-  std::string help = testing::internal::GetCapturedStdout();
+  std::string help = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(help.find("--num-attention-heads"), std::string::npos) << help;
 }
 

@@ -4,11 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <functional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "core/core_test_util.h"
 #include "mcpp/comm/local/local_communicator.h"
 #include "mcpp/core/error.h"
 #include "mcpp/datasets/indexed_dataset.h"
@@ -97,15 +97,7 @@ inline Config gpu_train_config(const std::string& data_prefix) {
   return c;
 }
 
-// The mcpp::Error message fn throws, or "" when it returns.
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mcpp::testing::error_of;  // the mcpp::Error message fn throws, or "" when it returns
 
 // A resume continues bit for bit: c (8 iterations) in one run equals 4 iterations, a checkpoint in ckpt_dir, and
 // the 4 more of a run loading it (the shorter run keeps the 8-iteration lr schedule: set at finalize). Returns the

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "core/core_test_util.h"
 #include "mcpp/core/error.h"
 #include "mcpp/training/config.h"
 #include "mcpp/transformer/transformer_config.h"
@@ -428,14 +429,7 @@ TEST(TransformerConfig, JsonRoundTripAllFields) {
 }
 
 TEST(TransformerConfig, FromJsonRejectsUnknownAndWrongTypes) {
-  auto msg = [](const nlohmann::json& j) -> std::string {
-    try {
-      Config::from_json(j);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
+  auto msg = [](const nlohmann::json& j) { return mcpp::testing::error_of([&] { Config::from_json(j); }); };
   EXPECT_NE(msg({{"model", {{"hiden_size", 3}}}}).find("model.hiden_size"), std::string::npos);
   EXPECT_NE(msg({{"modle", nlohmann::json::object()}}).find("modle"), std::string::npos);
   EXPECT_NE(msg({{"model", {{"hidden_size", 64.5}}}}).find("model.hidden_size"), std::string::npos);

@@ -18,6 +18,7 @@ Parameter* ParameterRegistry::add(ParamSpec spec) {
   auto p = std::make_unique<Parameter>();
   p->spec = std::move(spec);
   p->registry = this;
+  by_key_[p->spec.key] = p.get();
   params_.push_back(std::move(p));
   return params_.back().get();
 }
@@ -28,9 +29,8 @@ void ParameterRegistry::add_rank_state(const std::string& key, Tensor* state) {
 }
 
 Parameter* ParameterRegistry::find(const std::string& key) const {
-  for (const auto& p : params_)
-    if (p->spec.key == key) return p.get();
-  return nullptr;
+  const auto it = by_key_.find(key);
+  return it == by_key_.end() ? nullptr : it->second;
 }
 
 void init_normal(Tensor& t, float std, uint64_t seed, const std::string& key) {

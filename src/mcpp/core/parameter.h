@@ -21,6 +21,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -141,6 +142,7 @@ class ParameterRegistry {
 
  private:
   std::vector<std::unique_ptr<Parameter>> params_;
+  std::unordered_map<std::string, Parameter*> by_key_;  // params_ by key (a model of 10^4+ experts' parameters)
   std::vector<std::pair<std::string, Tensor*>> rank_states_;
 };
 

@@ -1,5 +1,6 @@
-// Model dims from the checkpoint config, our key set, and export to HF GPT-2 / Llama / Mixtral / Qwen2-MoE / Qwen3 /
-// Qwen3-MoE; see hf_convert.h.
+// Model dims from the checkpoint config, and export to HF GPT-2 / Llama / Mixtral / Qwen2-MoE / Qwen3 / Qwen3-MoE: the
+// formats' config.json here, the tensors through the model's own list and the format's rules (hf_rules.h); see
+// hf_convert.h.
 #include "mcpp/dist_checkpointing/hf_convert.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/hf_deepseek.h"
+#include "mcpp/dist_checkpointing/hf_rules.h"
 #include "mcpp/dist_checkpointing/hf_tensor_ops.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -46,16 +48,6 @@ void require(bool ok, const std::string& format, const char* field, const std::s
   if (!ok) fail("{} export: model.{} is {} but {} needs {}", format, field, got, format, want);
 }
 
-// Reads `key`, checks its shape against the model's and returns it as CPU F32.
-Tensor get_f32(const CheckpointReader& r, const std::string& key, const Shape& shape) {
-  Tensor t = r.read(key);
-  if (t.shape() != shape) {
-    fail("{}: tensor '{}' has shape {} but the config implies {}", r.dir(), key, shape_str(t.shape()),
-         shape_str(shape));
-  }
-  return t.dtype() == DType::F32 ? t : t.to(DType::F32);
-}
-
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) fail("cannot create {}", path);
@@ -82,8 +74,8 @@ nlohmann::json rope_parameters_json(const ModelDims& d) {
   return p;
 }
 
-void export_gpt2(const CheckpointReader& r, const ModelDims& d, std::vector<SafetensorsItem>& items,
-                 nlohmann::json& cfg) {
+// GPT2LMHeadModel's config.json; what it cannot express is an error naming the field.
+nlohmann::json gpt2_config(const ModelDims& d) {
   const std::string F = "hf-gpt2";
   require(d.normalization == "LayerNorm", F, "normalization", d.normalization, "LayerNorm");
   require(d.position_embedding == "learned_absolute", F, "position_embedding_type", d.position_embedding,
@@ -96,34 +88,7 @@ void export_gpt2(const CheckpointReader& r, const ModelDims& d, std::vector<Safe
           "hidden_size / num_attention_heads");
   require(!d.qk_norm, F, "qk_layernorm", "true", "false");
   const int64_t h = d.hidden;
-  std::map<std::string, Shape> shapes;
-  for (auto& [k, s] : model_param_shapes(d)) shapes[k] = s;
-  auto get = [&](const std::string& key) { return get_f32(r, key, shapes.at(key)); };
-  auto put = [&](const std::string& name, Tensor t) { items.push_back({name, std::move(t)}); };
-
-  put("transformer.wte.weight", slice_rows(get("embedding.word_embeddings.weight"), 0, d.vocab));  // [V, h]
-  put("transformer.wpe.weight", get("embedding.position_embeddings.weight"));  // [max_pos, h]
-  for (int64_t i = 0; i < d.num_layers; ++i) {
-    const std::string L = fmt::format("decoder.layers.{}.", i);
-    const std::string H = fmt::format("transformer.h.{}.", i);
-    put(H + "ln_1.weight", get(L + "input_layernorm.weight"));
-    put(H + "ln_1.bias", get(L + "input_layernorm.bias"));
-    auto [qw, kw, vw] = split_qkv(get(L + "self_attention.linear_qkv.weight"), d.heads, d.groups, d.head_dim);
-    put(H + "attn.c_attn.weight", transpose2d(cat_rows({qw, kw, vw})));  // Conv1D [h, 3h]
-    auto [qb, kb, vb] = split_qkv(get(L + "self_attention.linear_qkv.bias"), d.heads, d.groups, d.head_dim);
-    put(H + "attn.c_attn.bias", cat_rows({qb, kb, vb}));  // [3h]
-    put(H + "attn.c_proj.weight", transpose2d(get(L + "self_attention.linear_proj.weight")));  // [h, h]
-    put(H + "attn.c_proj.bias", get(L + "self_attention.linear_proj.bias"));
-    put(H + "ln_2.weight", get(L + "pre_mlp_layernorm.weight"));
-    put(H + "ln_2.bias", get(L + "pre_mlp_layernorm.bias"));
-    put(H + "mlp.c_fc.weight", transpose2d(get(L + "mlp.linear_fc1.weight")));  // [h, f]
-    put(H + "mlp.c_fc.bias", get(L + "mlp.linear_fc1.bias"));
-    put(H + "mlp.c_proj.weight", transpose2d(get(L + "mlp.linear_fc2.weight")));  // [f, h]
-    put(H + "mlp.c_proj.bias", get(L + "mlp.linear_fc2.bias"));
-  }
-  put("transformer.ln_f.weight", get("decoder.final_layernorm.weight"));
-  put("transformer.ln_f.bias", get("decoder.final_layernorm.bias"));
-  cfg = {{"architectures", {"GPT2LMHeadModel"}},
+  return {{"architectures", {"GPT2LMHeadModel"}},
          {"model_type", "gpt2"},
          {"n_embd", h},
          {"n_layer", d.num_layers},
@@ -175,12 +140,10 @@ void require_moe_routing(const nlohmann::json& m, const ModelDims& d, HfFormat f
 
 // Llama and its relatives: Mixtral (every layer a sparse block), Qwen2-MoE (q/k/v biases, gated shared expert,
 // MoE or dense layers), Qwen3 (q/k norms) and Qwen3-MoE (q/k norms, Qwen2-MoE's experts without a shared one).
-void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std::vector<SafetensorsItem>& items,
-                  nlohmann::json& cfg) {
+nlohmann::json llama_config(const ModelDims& d, HfFormat f) {
   const std::string F = hf_format_name(f);
   const bool qwen = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen2;  // q/k/v biases
   const bool qwen3 = f == HfFormat::Qwen3 || f == HfFormat::Qwen3Moe;              // q/k norms
-  const bool qwen_experts = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen3Moe;  // mlp.experts.{e}.*_proj
   require(d.normalization == "RMSNorm", F, "normalization", d.normalization, "RMSNorm");
   require(d.position_embedding == "rope", F, "position_embedding_type", d.position_embedding, "rope");
   require(d.rotary_percent == 1.0, F, "rotary_percent", std::to_string(d.rotary_percent), "1.0");
@@ -198,90 +161,32 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
     require(d.shared_ffn > 0 && d.shared_gate, F, "moe_shared_expert_gate",
             d.shared_ffn > 0 ? "false" : "unset (no shared expert)", "a gated shared expert");
   }
-  std::map<std::string, Shape> shapes;
-  for (auto& [k, s] : model_param_shapes(d)) shapes[k] = s;
-  auto get = [&](const std::string& key) { return get_f32(r, key, shapes.at(key)); };
-  auto put = [&](const std::string& name, Tensor t) { items.push_back({name, std::move(t)}); };
-  auto swiglu_mlp = [&](const std::string& X, const std::string& Y, int64_t width) {  // [gate; up] -> 3 projections
-    Tensor fc1 = get(X + "linear_fc1.weight");
-    put(Y + "gate_proj.weight", slice_rows(fc1, 0, width));
-    put(Y + "up_proj.weight", slice_rows(fc1, width, width));
-    put(Y + "down_proj.weight", get(X + "linear_fc2.weight"));
-  };
-
-  put("model.embed_tokens.weight", slice_rows(get("embedding.word_embeddings.weight"), 0, d.vocab));
-  std::vector<int64_t> dense_layers;
-  for (int64_t i = 0; i < d.num_layers; ++i) {
-    const std::string L = fmt::format("decoder.layers.{}.", i);
-    const std::string H = fmt::format("model.layers.{}.", i);
-    put(H + "input_layernorm.weight", get(L + "input_layernorm.weight"));
-    auto [q, k, v] = split_qkv(get(L + "self_attention.linear_qkv.weight"), d.heads, d.groups, d.head_dim);
-    put(H + "self_attn.q_proj.weight", q);  // [nq d, h]
-    put(H + "self_attn.k_proj.weight", k);  // [ng d, h]
-    put(H + "self_attn.v_proj.weight", v);  // [ng d, h]
-    if (qwen) {  // the biases, or zeros for a model without them (the same function)
-      const int64_t rows = (d.heads + 2 * d.groups) * d.head_dim;
-      auto [qb, kb, vb] = split_qkv(d.qkv_bias ? get(L + "self_attention.linear_qkv.bias") : Tensor::zeros({rows}),
-                                    d.heads, d.groups, d.head_dim);
-      put(H + "self_attn.q_proj.bias", qb);
-      put(H + "self_attn.k_proj.bias", kb);
-      put(H + "self_attn.v_proj.bias", vb);
-    }
-    put(H + "self_attn.o_proj.weight", get(L + "self_attention.linear_proj.weight"));  // [h, nq d]
-    if (qwen3) {
-      put(H + "self_attn.q_norm.weight", get(L + "self_attention.q_layernorm.weight"));  // [d]
-      put(H + "self_attn.k_norm.weight", get(L + "self_attention.k_layernorm.weight"));
-    }
-    put(H + "post_attention_layernorm.weight", get(L + "pre_mlp_layernorm.weight"));
-    if (!d.is_moe_layer(i)) {
-      dense_layers.push_back(i);
-      swiglu_mlp(L + "mlp.", H + "mlp.", d.ffn);
-      continue;
-    }
-    const std::string B = H + (qwen_experts ? "mlp." : "block_sparse_moe.");
-    put(B + "gate.weight", get(L + "mlp.router.weight"));  // [E, h]
-    for (int64_t e = 0; e < d.experts; ++e) {
-      const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
-      const std::string Y = fmt::format("{}experts.{}.", B, e);
-      if (qwen_experts) {
-        swiglu_mlp(X, Y, d.moe_ffn);
-        continue;
-      }
-      Tensor fc1 = get(X + "linear_fc1.weight");  // [2F, h] = [gate; up]: Mixtral's w1, w3
-      put(Y + "w1.weight", slice_rows(fc1, 0, d.moe_ffn));
-      put(Y + "w3.weight", slice_rows(fc1, d.moe_ffn, d.moe_ffn));
-      put(Y + "w2.weight", get(X + "linear_fc2.weight"));  // [h, F]
-    }
-    if (f == HfFormat::Qwen2Moe) {
-      swiglu_mlp(L + "mlp.shared_experts.", B + "shared_expert.", d.shared_ffn);
-      put(B + "shared_expert_gate.weight", get(L + "mlp.shared_experts.gate_weight"));  // [1, h]
-    }
-  }
-  put("model.norm.weight", get("decoder.final_layernorm.weight"));
-  if (d.untied) put("lm_head.weight", slice_rows(get("output_layer.weight"), 0, d.vocab));
-  cfg = {{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
-         {"hidden_size", d.hidden},
-         {"intermediate_size", d.ffn},
-         {"num_attention_heads", d.heads},
-         {"num_key_value_heads", d.groups},
-         {"num_hidden_layers", d.num_layers},
-         {"head_dim", d.head_dim},
-         {"rms_norm_eps", d.norm_eps},
-         {"rope_theta", d.rotary_base},  // transformers 4's field; 5's rope_parameters below
-         {"rope_scaling", rope_scaling_json(d)},
-         {"rope_parameters", rope_parameters_json(d)},
-         {"max_position_embeddings", d.max_pos},
-         {"vocab_size", d.vocab},
-         {"tie_word_embeddings", !d.untied},
-         {"attention_bias", false},
-         {"mlp_bias", false},
-         {"attention_dropout", 0.0},
-         {"hidden_act", "silu"},
-         {"pretraining_tp", 1},
-         {"initializer_range", 0.02},
-         {"torch_dtype", "float32"}};
-  if (f == HfFormat::Llama) return;
+  std::vector<int64_t> dense_layers;  // Qwen-MoE's mlp_only_layers
+  for (int64_t i = 0; i < d.num_layers; ++i)
+    if (!d.is_moe_layer(i)) dense_layers.push_back(i);
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
+                        {"model_type", "llama"},
+                        {"hidden_size", d.hidden},
+                        {"intermediate_size", d.ffn},
+                        {"num_attention_heads", d.heads},
+                        {"num_key_value_heads", d.groups},
+                        {"num_hidden_layers", d.num_layers},
+                        {"head_dim", d.head_dim},
+                        {"rms_norm_eps", d.norm_eps},
+                        {"rope_theta", d.rotary_base},  // transformers 4's field; 5's rope_parameters below
+                        {"rope_scaling", rope_scaling_json(d)},
+                        {"rope_parameters", rope_parameters_json(d)},
+                        {"max_position_embeddings", d.max_pos},
+                        {"vocab_size", d.vocab},
+                        {"tie_word_embeddings", !d.untied},
+                        {"attention_bias", false},
+                        {"mlp_bias", false},
+                        {"attention_dropout", 0.0},
+                        {"hidden_act", "silu"},
+                        {"pretraining_tp", 1},
+                        {"initializer_range", 0.02},
+                        {"torch_dtype", "float32"}};
+  if (f == HfFormat::Llama) return cfg;
   for (const char* k : {"mlp_bias", "pretraining_tp", "attention_bias"}) cfg.erase(k);
   if (qwen3) {  // full causal attention in every layer; head_dim as given
     cfg["attention_bias"] = false;
@@ -293,7 +198,7 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
   if (f == HfFormat::Qwen3) {
     cfg["architectures"] = {"Qwen3ForCausalLM"};
     cfg["model_type"] = "qwen3";
-    return;
+    return cfg;
   }
   if (f == HfFormat::Qwen2) {  // q/k/v biases (zeros for a model without them), head_dim = hidden / heads
     cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -303,7 +208,7 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
     cfg["sliding_window"] = nullptr;
     cfg["max_window_layers"] = d.num_layers;
     cfg["layer_types"] = std::vector<std::string>(static_cast<size_t>(d.num_layers), "full_attention");
-    return;
+    return cfg;
   }
   cfg["num_experts_per_tok"] = d.topk;
   cfg["output_router_logits"] = false;
@@ -314,7 +219,7 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
     cfg["intermediate_size"] = d.moe_ffn;
     cfg["num_local_experts"] = d.experts;
     cfg["router_jitter_noise"] = 0.0;
-    return;
+    return cfg;
   }
   // Qwen2-MoE / Qwen3-MoE; intermediate_size: the dense layers' MLP
   cfg["num_experts"] = d.experts;
@@ -328,12 +233,13 @@ void export_llama(const CheckpointReader& r, const ModelDims& d, HfFormat f, std
     cfg["architectures"] = {"Qwen3MoeForCausalLM"};
     cfg["model_type"] = "qwen3_moe";
     cfg["router_aux_loss_coef"] = 0.0;
-    return;
+    return cfg;
   }
   cfg["architectures"] = {"Qwen2MoeForCausalLM"};
   cfg["model_type"] = "qwen2_moe";
   cfg.erase("head_dim");  // hidden / heads
   cfg["shared_expert_intermediate_size"] = d.shared_ffn;
+  return cfg;
 }
 
 }  // namespace
@@ -473,55 +379,21 @@ nlohmann::json config_from_model_dims(const ModelDims& d) {
 }
 
 std::vector<std::pair<std::string, Shape>> model_param_shapes(const ModelDims& d) {
-  const int64_t h = d.hidden, qkv_rows = (d.heads + 2 * d.groups) * d.head_dim;
-  const bool ln_bias = d.normalization == "LayerNorm";
-  const int64_t fc1_rows = d.swiglu ? 2 * d.ffn : d.ffn;
-  std::vector<std::pair<std::string, Shape>> out;
-  out.push_back({"embedding.word_embeddings.weight", {d.padded_vocab, h}});
-  if (d.position_embedding == "learned_absolute")
-    out.push_back({"embedding.position_embeddings.weight", {d.max_pos, h}});
-  auto norm = [&](const std::string& name) {
-    out.push_back({name + ".weight", {h}});
-    if (ln_bias) out.push_back({name + ".bias", {h}});
-  };
-  for (int64_t i = 0; i < d.num_layers; ++i) {
-    const std::string L = fmt::format("decoder.layers.{}.", i);
-    norm(L + "input_layernorm");
-    out.push_back({L + "self_attention.linear_qkv.weight", {qkv_rows, h}});
-    if (d.qkv_bias || d.bias_linear) out.push_back({L + "self_attention.linear_qkv.bias", {qkv_rows}});
-    out.push_back({L + "self_attention.linear_proj.weight", {h, d.heads * d.head_dim}});
-    if (d.bias_linear) out.push_back({L + "self_attention.linear_proj.bias", {h}});
-    if (d.qk_norm)
-      for (const char* qk : {"q_layernorm", "k_layernorm"}) {
-        out.push_back({L + "self_attention." + qk + ".weight", {d.head_dim}});
-        if (ln_bias) out.push_back({L + "self_attention." + qk + ".bias", {d.head_dim}});
-      }
-    norm(L + "pre_mlp_layernorm");
-    if (d.is_moe_layer(i)) {  // the router, the experts (and a shared expert) instead of the MLP
-      auto mlp = [&](const std::string& X, int64_t width) {
-        const int64_t rows = d.swiglu ? 2 * width : width;
-        out.push_back({X + "linear_fc1.weight", {rows, h}});
-        if (d.bias_linear) out.push_back({X + "linear_fc1.bias", {rows}});
-        out.push_back({X + "linear_fc2.weight", {h, width}});
-        if (d.bias_linear) out.push_back({X + "linear_fc2.bias", {h}});
-      };
-      out.push_back({L + "mlp.router.weight", {d.experts, h}});
-      for (int64_t e = 0; e < d.experts; ++e) mlp(fmt::format("{}mlp.experts.local_experts.{}.", L, e), d.moe_ffn);
-      if (d.shared_ffn > 0) mlp(L + "mlp.shared_experts.", d.shared_ffn);
-      if (d.shared_gate) out.push_back({L + "mlp.shared_experts.gate_weight", {1, h}});
-      continue;
-    }
-    out.push_back({L + "mlp.linear_fc1.weight", {fc1_rows, h}});
-    if (d.bias_linear) out.push_back({L + "mlp.linear_fc1.bias", {fc1_rows}});
-    out.push_back({L + "mlp.linear_fc2.weight", {h, d.ffn}});
-    if (d.bias_linear) out.push_back({L + "mlp.linear_fc2.bias", {h}});
-  }
-  norm("decoder.final_layernorm");
-  if (d.untied) out.push_back({"output_layer.weight", {d.padded_vocab, h}});
-  return out;
+  return model_tensors_from_config(config_from_model_dims(d));
 }
 
 namespace {
+
+// Qwen2's q/k/v always have biases: a model without them exports zeros (the same function).
+void add_zero_qkv_biases(const ModelDims& d, std::vector<SafetensorsItem>& items) {
+  for (int64_t i = 0; i < d.num_layers; ++i) {
+    const std::string B = fmt::format("model.layers.{}.self_attn.", i);
+    auto [q, k, v] = split_qkv(Tensor::zeros({(d.heads + 2 * d.groups) * d.head_dim}), d.heads, d.groups, d.head_dim);
+    items.push_back({B + "q_proj.bias", q});
+    items.push_back({B + "k_proj.bias", k});
+    items.push_back({B + "v_proj.bias", v});
+  }
+}
 
 // mcpp trains with the GPT-2 BPE tokenizer, whose end-of-document id 50256 is HF's bos/eos; a smaller
 // (test) vocab has no such token, so the ids are null rather than out of range.
@@ -562,8 +434,13 @@ void export_hf(const CheckpointReader& reader, HfFormat format, const std::strin
     fail("{} export: model.multi_latent_attention is true — the checkpoint's attention is multi-latent (linear_q_*_proj, "
          "linear_kv_*_proj), which {} has no place for (hf-deepseek-v2 / hf-deepseek-v3 write it)",
          hf_format_name(format), hf_format_name(format));
-  if (format == HfFormat::Gpt2) export_gpt2(reader, d, items, cfg);
-  else if (!deepseek) export_llama(reader, d, format, items, cfg);
+  if (!deepseek) {  // the config first: what the format cannot express fails before any tensor is read
+    cfg = format == HfFormat::Gpt2 ? gpt2_config(d) : llama_config(d, format);
+    const HfLayout l = hf_layout(d);
+    export_pieces(reader, hf_pieces(model_tensors_from_config(reader.meta()["config"]), format, l), l, items);
+    if ((format == HfFormat::Qwen2 || format == HfFormat::Qwen2Moe) && !d.qkv_bias)
+      add_zero_qkv_biases(d, items);
+  }
   set_special_tokens(cfg, d.vocab);
   std::error_code ec;
   fs::create_directories(out_dir, ec);

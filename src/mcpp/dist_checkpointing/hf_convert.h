@@ -1,7 +1,8 @@
 // Conversion between our GPT checkpoints and HuggingFace transformers' GPT-2 / Llama / Mixtral / Qwen2 / Qwen2-MoE /
 // Qwen3 / Qwen3-MoE layouts (and DeepSeek-V2 / V3's: hf_deepseek.h, dispatched from export_hf / import_hf).
 //
-// Contract. Our parameter keys and layouts (Megatron-Core local spec, linear weights [out, in]):
+// Contract. Our parameter keys and layouts (Megatron-Core local spec, linear weights [out, in]; each format's mapping is
+// its rule table in hf_rules.cpp, applied to the model's own parameter list — a parameter without a rule is an error):
 //   embedding.word_embeddings.weight        [Vp, h]        (Vp = padded vocab)
 //   embedding.position_embeddings.weight    [max_pos, h]   (learned_absolute only)
 //   decoder.layers.{i}.input_layernorm.{weight,bias}                 [h] (bias with LayerNorm)
@@ -86,7 +87,8 @@ struct ModelDims {
 ModelDims model_dims_from_config(const nlohmann::json& config, const std::string& where);
 nlohmann::json config_from_model_dims(const ModelDims& d);  // {"model": {...}}
 
-// Our parameter keys for a model, in model order, with their shapes.
+// Our parameter keys for a model, in registration order, with their shapes: the model's own list
+// (models/gpt/gpt_model_tensors.h) for the config these dims write.
 std::vector<std::pair<std::string, Shape>> model_param_shapes(const ModelDims& d);
 
 void export_hf(const CheckpointReader& reader, HfFormat format, const std::string& out_dir);

@@ -4,7 +4,7 @@
 //
 // Contract. Our keys (Megatron-Core's MLA / MoE / MTP local spec; n heads, dn = qk_head_dim, dr = qk_pos_emb_head_dim,
 // dv = v_head_dim, rq = q_lora_rank, rkv = kv_lora_rank) and the HF tensors each one is (rows concatenated; linear
-// weights [out, in]):
+// weights [out, in]; the mapping itself is hf_rules.cpp's DeepSeek table, applied to the model's own tensor list):
 //   embedding.word_embeddings.weight [Vp, h]                  model.embed_tokens.weight [V, h] (+ zero rows to Vp)
 //   decoder.layers.{i}.input_layernorm.weight                 model.layers.{i}.input_layernorm.weight
 //     .self_attention.linear_q_down_proj.weight [rq, h]       .self_attn.q_a_proj.weight          (rq > 0)
@@ -74,7 +74,8 @@ struct DeepseekDims {
 // From / to our checkpoint's meta.config ({"model": {...}}, Config::to_json's names).
 DeepseekDims deepseek_dims_from_config(const nlohmann::json& config, const std::string& where);
 nlohmann::json config_from_deepseek_dims(const DeepseekDims& d);
-// Our tensors in model order: parameters, then each router's expert_bias buffer (with the bias), with their shapes.
+// Our tensors, from the model itself (gpt_model_tensors): parameters in registration order, each router's expert_bias
+// buffer after its weight, with their shapes.
 std::vector<std::pair<std::string, Shape>> deepseek_param_shapes(const DeepseekDims& d);
 
 // HF config.json <-> dims. hf_config throws naming the first field `f` cannot express; dims_from_hf throws naming a
@@ -83,15 +84,7 @@ std::vector<std::pair<std::string, Shape>> deepseek_param_shapes(const DeepseekD
 nlohmann::json deepseek_hf_config(const DeepseekDims& d, HfFormat f);
 DeepseekDims deepseek_dims_from_hf(const nlohmann::json& c, const std::string& path, HfFormat f, bool mtp_present);
 
-// One HF tensor and the rows of our tensor it is: ours = cat_rows(hf...) (+ zero vocabulary padding rows).
-struct DeepseekPiece {
-  std::string ours;
-  Shape shape;
-  std::vector<std::pair<std::string, Shape>> hf;
-};
-// Every piece of the model, in our key order; copies: (HF name, HF name it duplicates) — the MTP depths' embedding
-// and output head.
-std::vector<DeepseekPiece> deepseek_pieces(const DeepseekDims& d, HfFormat f);
+// The HF tensors that copy another (HF name, HF name it duplicates): the MTP depths' embedding and output head.
 std::vector<std::pair<std::string, std::string>> deepseek_copies(const DeepseekDims& d);
 
 void export_deepseek(const CheckpointReader& reader, HfFormat f, std::vector<SafetensorsItem>& items,

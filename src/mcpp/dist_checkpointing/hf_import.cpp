@@ -1,7 +1,7 @@
 // Import of HF GPT-2 / Llama / Mixtral / Qwen2 / Qwen2-MoE / Qwen3 / Qwen3-MoE directories into a model-only
-// checkpoint; see hf_convert.h.
+// checkpoint: config.json -> the model's dims here, the tensors through the model's own list and the format's rules
+// (hf_rules.h); see hf_convert.h.
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -12,7 +12,7 @@
 #include "mcpp/core/error.h"
 #include "mcpp/dist_checkpointing/hf_convert.h"
 #include "mcpp/dist_checkpointing/hf_deepseek.h"
-#include "mcpp/dist_checkpointing/hf_tensor_ops.h"
+#include "mcpp/dist_checkpointing/hf_rules.h"
 #include "mcpp/dist_checkpointing/hf_tensors.h"
 
 namespace fs = std::filesystem;
@@ -227,116 +227,6 @@ ModelDims qwen3_dims(const nlohmann::json& c, const std::string& path, bool moe)
   return d;
 }
 
-void import_gpt2(HfTensors& hf, const ModelDims& d, std::vector<NamedTensor>& out) {
-  const int64_t h = d.hidden, f = d.ffn;
-  std::string P = hf.has("transformer.wte.weight") ? "transformer." : "";  // original gpt2 files lack it
-  auto put = [&](const std::string& key, Tensor t) { out.push_back({key, std::move(t)}); };
-  put("embedding.word_embeddings.weight", pad_rows(hf.get(P + "wte.weight", {d.vocab, h}), d.padded_vocab));
-  put("embedding.position_embeddings.weight", hf.get(P + "wpe.weight", {d.max_pos, h}));
-  for (int64_t i = 0; i < d.num_layers; ++i) {
-    const std::string L = fmt::format("decoder.layers.{}.", i);
-    const std::string H = fmt::format("{}h.{}.", P, i);
-    put(L + "input_layernorm.weight", hf.get(H + "ln_1.weight", {h}));
-    put(L + "input_layernorm.bias", hf.get(H + "ln_1.bias", {h}));
-    Tensor w = transpose2d(hf.get(H + "attn.c_attn.weight", {h, 3 * h}));  // [3h, h] = [q; k; v]
-    put(L + "self_attention.linear_qkv.weight",
-        merge_qkv(slice_rows(w, 0, h), slice_rows(w, h, h), slice_rows(w, 2 * h, h), d.heads, d.groups, d.head_dim));
-    Tensor b = hf.get(H + "attn.c_attn.bias", {3 * h});
-    put(L + "self_attention.linear_qkv.bias",
-        merge_qkv(slice_rows(b, 0, h), slice_rows(b, h, h), slice_rows(b, 2 * h, h), d.heads, d.groups, d.head_dim));
-    put(L + "self_attention.linear_proj.weight", transpose2d(hf.get(H + "attn.c_proj.weight", {h, h})));
-    put(L + "self_attention.linear_proj.bias", hf.get(H + "attn.c_proj.bias", {h}));
-    put(L + "pre_mlp_layernorm.weight", hf.get(H + "ln_2.weight", {h}));
-    put(L + "pre_mlp_layernorm.bias", hf.get(H + "ln_2.bias", {h}));
-    put(L + "mlp.linear_fc1.weight", transpose2d(hf.get(H + "mlp.c_fc.weight", {h, f})));
-    put(L + "mlp.linear_fc1.bias", hf.get(H + "mlp.c_fc.bias", {f}));
-    put(L + "mlp.linear_fc2.weight", transpose2d(hf.get(H + "mlp.c_proj.weight", {f, h})));
-    put(L + "mlp.linear_fc2.bias", hf.get(H + "mlp.c_proj.bias", {h}));
-  }
-  put("decoder.final_layernorm.weight", hf.get(P + "ln_f.weight", {h}));
-  put("decoder.final_layernorm.bias", hf.get(P + "ln_f.bias", {h}));
-  hf.check_all_used([](const std::string& n) {
-    // lm_head is tied to wte; attn.bias / attn.masked_bias are causal-mask buffers, not parameters.
-    auto ends = [&](const char* s) { return n.size() >= strlen(s) && n.compare(n.size() - strlen(s), strlen(s), s) == 0; };
-    return n == "lm_head.weight" || ends(".attn.bias") || ends(".attn.masked_bias");
-  });
-}
-
-// Llama, Mixtral (block_sparse_moe: w1 = gate, w3 = up, w2 = down), Qwen2-MoE (q/k/v biases; mlp.gate, experts'
-// and the shared expert's gate/up/down_proj, shared_expert_gate), Qwen3 (self_attn.q_norm / k_norm) and Qwen3-MoE
-// (q/k norms, Qwen2-MoE's experts, no shared one) in our key order (model_param_shapes).
-void import_llama(HfTensors& hf, const ModelDims& d, HfFormat f, std::vector<NamedTensor>& out) {
-  const bool qwen = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen2;  // q/k/v biases
-  const bool qwen_experts = f == HfFormat::Qwen2Moe || f == HfFormat::Qwen3Moe;  // mlp.experts.{e}.*_proj
-  const int64_t h = d.hidden, qd = d.heads * d.head_dim, kd = d.groups * d.head_dim;
-  auto put = [&](const std::string& key, Tensor t) { out.push_back({key, std::move(t)}); };
-  auto swiglu_mlp = [&](const std::string& X, const std::string& Y, int64_t w) {  // 3 projections -> [gate; up]
-    put(X + "linear_fc1.weight",
-        cat_rows({hf.get(Y + "gate_proj.weight", {w, h}), hf.get(Y + "up_proj.weight", {w, h})}));
-    put(X + "linear_fc2.weight", hf.get(Y + "down_proj.weight", {h, w}));
-  };
-  put("embedding.word_embeddings.weight", pad_rows(hf.get("model.embed_tokens.weight", {d.vocab, h}), d.padded_vocab));
-  for (int64_t i = 0; i < d.num_layers; ++i) {
-    const std::string L = fmt::format("decoder.layers.{}.", i);
-    const std::string H = fmt::format("model.layers.{}.", i);
-    put(L + "input_layernorm.weight", hf.get(H + "input_layernorm.weight", {h}));
-    put(L + "self_attention.linear_qkv.weight",
-        merge_qkv(hf.get(H + "self_attn.q_proj.weight", {qd, h}), hf.get(H + "self_attn.k_proj.weight", {kd, h}),
-                  hf.get(H + "self_attn.v_proj.weight", {kd, h}), d.heads, d.groups, d.head_dim));
-    if (qwen && d.qkv_bias)
-      put(L + "self_attention.linear_qkv.bias",
-          merge_qkv(hf.get(H + "self_attn.q_proj.bias", {qd}), hf.get(H + "self_attn.k_proj.bias", {kd}),
-                    hf.get(H + "self_attn.v_proj.bias", {kd}), d.heads, d.groups, d.head_dim));
-    put(L + "self_attention.linear_proj.weight", hf.get(H + "self_attn.o_proj.weight", {h, qd}));
-    if (d.qk_norm) {
-      put(L + "self_attention.q_layernorm.weight", hf.get(H + "self_attn.q_norm.weight", {d.head_dim}));
-      put(L + "self_attention.k_layernorm.weight", hf.get(H + "self_attn.k_norm.weight", {d.head_dim}));
-    }
-    put(L + "pre_mlp_layernorm.weight", hf.get(H + "post_attention_layernorm.weight", {h}));
-    if (!d.is_moe_layer(i)) {
-      swiglu_mlp(L + "mlp.", H + "mlp.", d.ffn);
-      continue;
-    }
-    const std::string B = H + (qwen_experts ? "mlp." : "block_sparse_moe.");
-    const int64_t F = d.moe_ffn;
-    // transformers 5's own layout (its in-memory modules, as checkpoints saved natively in 5 hold them): the router
-    // at mlp.gate, the experts fused into mlp.experts.gate_up_proj [E, 2F, h] (rows [gate; up], our fc1) and
-    // mlp.experts.down_proj [E, h, F] (our fc2), Mixtral's too (its block_sparse_moe renamed mlp).
-    if (hf.has(H + "mlp.experts.gate_up_proj")) {
-      put(L + "mlp.router.weight", hf.get(H + "mlp.gate.weight", {d.experts, h}));
-      const Tensor gate_up = hf.get(H + "mlp.experts.gate_up_proj", {d.experts, 2 * F, h});
-      const Tensor down = hf.get(H + "mlp.experts.down_proj", {d.experts, h, F});
-      for (int64_t e = 0; e < d.experts; ++e) {
-        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
-        put(X + "linear_fc1.weight", slice_rows(gate_up, e, 1).view({2 * F, h}));
-        put(X + "linear_fc2.weight", slice_rows(down, e, 1).view({h, F}));
-      }
-    } else {
-      put(L + "mlp.router.weight", hf.get(B + "gate.weight", {d.experts, h}));
-      for (int64_t e = 0; e < d.experts; ++e) {
-        const std::string X = fmt::format("{}mlp.experts.local_experts.{}.", L, e);
-        const std::string Y = fmt::format("{}experts.{}.", B, e);
-        if (qwen_experts) {
-          swiglu_mlp(X, Y, F);
-          continue;
-        }
-        put(X + "linear_fc1.weight", cat_rows({hf.get(Y + "w1.weight", {F, h}), hf.get(Y + "w3.weight", {F, h})}));
-        put(X + "linear_fc2.weight", hf.get(Y + "w2.weight", {h, F}));
-      }
-    }
-    if (f == HfFormat::Qwen2Moe) {
-      swiglu_mlp(L + "mlp.shared_experts.", B + "shared_expert.", d.shared_ffn);
-      put(L + "mlp.shared_experts.gate_weight", hf.get(B + "shared_expert_gate.weight", {1, h}));
-    }
-  }
-  put("decoder.final_layernorm.weight", hf.get("model.norm.weight", {h}));
-  if (d.untied) put("output_layer.weight", pad_rows(hf.get("lm_head.weight", {d.vocab, h}), d.padded_vocab));
-  const bool tied = !d.untied;
-  hf.check_all_used([tied](const std::string& n) {
-    return n.find("rotary_emb.inv_freq") != std::string::npos || (tied && n == "lm_head.weight");
-  });
-}
-
 }  // namespace
 
 CheckpointContents import_hf(const std::string& hf_dir, HfFormat format) {
@@ -350,10 +240,25 @@ CheckpointContents import_hf(const std::string& hf_dir, HfFormat format) {
                     ? qwen3_dims(c, cfg_path, format == HfFormat::Qwen3Moe)
                     : llama_dims(c, cfg_path, format == HfFormat::Mixtral);
   HfTensors hf(hf_dir);
+  const bool gpt2 = format == HfFormat::Gpt2;
+  int64_t moe_layers = 0;
+  for (int64_t i = 0; i < d.num_layers; ++i) moe_layers += d.is_moe_layer(i) ? 1 : 0;
+  hf.require_room(d.num_layers, moe_layers, d.experts,
+                  gpt2 ? "'n_layer'" : format == HfFormat::Mixtral ? "'num_hidden_layers' / 'num_local_experts'"
+                                                                   : "'num_hidden_layers' / 'num_experts'",
+                  cfg_path);
+  const HfLayout l = hf_layout(d);
   CheckpointContents out;
   out.iteration = 0;
-  if (format == HfFormat::Gpt2) import_gpt2(hf, d, out.tensors);
-  else import_llama(hf, d, format, out.tensors);
+  // GPT-2's original files lack the "transformer." prefix
+  const std::string drop = gpt2 && !hf.has("transformer.wte.weight") ? "transformer." : "";
+  out.tensors = import_pieces(hf, hf_pieces(model_param_shapes(d), format, l), l, drop);
+  const bool tied = !d.untied;
+  hf.check_all_used([gpt2, tied](const std::string& n) {
+    if (gpt2)  // lm_head is tied to wte; attn.bias / attn.masked_bias are causal-mask buffers, not parameters
+      return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
+    return n.find("rotary_emb.inv_freq") != std::string::npos || (tied && n == "lm_head.weight");
+  });
   out.meta = {{"config", config_from_model_dims(d)},
               {"imported_from", {{"format", hf_format_name(format)}, {"path", fs::absolute(hf_dir).string()}}}};
   return out;

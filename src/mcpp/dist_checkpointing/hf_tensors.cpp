@@ -70,6 +70,20 @@ void HfTensors::check_all_used(const std::function<bool(const std::string&)>& ig
   }
 }
 
+void HfTensors::require_room(int64_t layers, int64_t moe_layers, int64_t experts, const std::string& fields,
+                             const std::string& cfg_path) const {
+  const auto tensors = static_cast<int64_t>(where_.size());
+  long double values = 0;  // stored values; the header checks bounded each tensor by its file's size
+  for (const auto& [_, w] : where_) {
+    long double n = 1;
+    for (int64_t dim : w.second->shape) n *= static_cast<long double>(dim);
+    values += n;
+  }
+  if (layers > tensors || static_cast<long double>(moe_layers) * static_cast<long double>(experts) > values)
+    fail("{}: fields {} ({} layers, {} experts) describe more than the {} tensors in {} hold", cfg_path, fields, layers,
+         experts, tensors, headers_.empty() ? cfg_path : headers_[0].path);
+}
+
 int64_t cfg_int(const nlohmann::json& c, const char* name, const std::string& path) {
   auto it = c.find(name);
   if (it == c.end() || !it->is_number_integer() || it->get<int64_t>() <= 0)

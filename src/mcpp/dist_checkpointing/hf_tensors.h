@@ -32,6 +32,10 @@ class HfTensors {
   std::vector<std::string> names() const;
   Tensor get(const std::string& name, const Shape& shape);  // CPU F32, shape checked; marks it used
   void check_all_used(const std::function<bool(const std::string&)>& ignorable) const;
+  // Refuses a config.json (`fields` names its counts) that describes more than the files can hold — every layer has
+  // tensors of its own, every expert of a MoE layer values of its own — before the model's key list is built.
+  void require_room(int64_t layers, int64_t moe_layers, int64_t experts, const std::string& fields,
+                    const std::string& cfg_path) const;
 
  private:
   std::vector<SafetensorsHeader> headers_;

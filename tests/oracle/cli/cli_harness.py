@@ -13,13 +13,18 @@ records(d, event): those records. record_corpus(): the small text corpus most ch
 random_tokens() / launcher_model(): the launcher checks' random-token data and tiny GPT (launch_*_check.py).
 LLAMA_GQA / TP2_SP / MOE / MOE_LLAMA: shared flag sets; check_continued: a checkpoint continued on another layout.
 check_memory_plan / check_stage_plan: a run's memory plan against what its ranks measured
-(tools/memory_planner.h), failures recorded.
+(tools/memory_planner.h), failures recorded. check(cond, msg): msg recorded unless cond.
+session_job / start_session_job / finish_session_job: a fault drill's `mcpp train` on np ranks in a session of its
+own — hung jobs killed and orphaned processes named; debug_hang_json: `mcpp debug hang --json` parsed
+(diagnosis_check.py, forensics_check.py).
 """
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 MCPP, WORK = sys.argv[1], sys.argv[2]
 shutil.rmtree(WORK, ignore_errors=True)
@@ -181,3 +186,59 @@ def check_memory_plan(what, d, world, flags, stages):
         failures.append(f"memory plan, {what}: `mcpp plan memory --json` {cli.stdout[:300]!r} differs from the "
                         f"trainer's record {plan[:1]}")
     return plan[0] if plan else {}
+
+
+def check(cond, msg):
+    """Records msg in `failures` unless cond; returns cond."""
+    if not cond:
+        failures.append(msg)
+    return cond
+
+
+def start_session_job(name, np_, flags, env=None):
+    """`mcpp train <flags> --save WORK/name` on np_ ranks in a session of its own, stdout and stderr to WORK/name.log;
+    returns (the mpiexec process, the save directory, the log's path)."""
+    d = os.path.join(WORK, name)
+    logf = os.path.join(WORK, name + ".log")
+    with open(logf, "w") as log:
+        p = subprocess.Popen(MPI + ["-np", str(np_), MCPP, "train", *flags, "--save", d], env={**ENV, **(env or {})},
+                             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return p, d, logf
+
+
+def finish_session_job(name, p, timeout):
+    """Waits for a start_session_job process; kills its session when it outlives timeout (recorded: the job hung);
+    records and kills processes of the session still alive after mpiexec returned (orphans). Returns the exit code."""
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        failures.append(f"{name}: the job hung (killed after {timeout} s)")
+    time.sleep(0.5)
+    try:
+        os.killpg(p.pid, 0)
+        failures.append(f"{name}: processes of the job's session are alive after mpiexec returned (orphans)")
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return p.returncode
+
+
+def session_job(name, np_, flags, env=None, timeout=90):
+    """start_session_job + finish_session_job: returns (exit code, seconds, the output, the save directory)."""
+    t0 = time.monotonic()
+    p, d, logf = start_session_job(name, np_, flags, env)
+    rc = finish_session_job(name, p, timeout)
+    with open(logf) as log:
+        return rc, time.monotonic() - t0, log.read(), d
+
+
+def debug_hang_json(name, d):
+    """`mcpp debug hang d --json` parsed; {} (and a failure recorded) when it prints no JSON."""
+    p = run([MCPP, "debug", "hang", d, "--json"])
+    try:
+        return json.loads(p.stdout)
+    except ValueError:
+        failures.append(f"{name}: mcpp debug hang printed no JSON: {p.stdout[-1500:]} {p.stderr[-800:]}")
+        return {}

@@ -32,23 +32,17 @@ C. --check-collectives on PP2 (P2P fingerprints) leaves the losses unchanged. (B
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cli_harness import ENV, MCPP, MPI, WORK, close, failures, losses, record_corpus, records, run, tiny_train_flags  # noqa: E402
+from cli_harness import (ENV, MCPP, WORK, check, close, debug_hang_json, failures, losses,  # noqa: E402
+                         record_corpus, records, run, session_job, tiny_train_flags)
 
 DATA = record_corpus()
 BASE = tiny_train_flags(DATA)
 WATCHDOG_S = 3
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
 
 
 def train(name, np_, extra, expect=0):
@@ -135,27 +129,9 @@ check(sp and sp[0].get("trigger") == "spiky_loss" and sp[0].get("classification"
 
 # ---------------- B. faults: exit, cleanup, naming
 def job(name, extra, env=None, np_=2):
-    """Runs `mcpp train` on np_ ranks in its own session; returns (rc, seconds, stdout+stderr, save dir)."""
-    d = os.path.join(WORK, name)
-    cmd = MPI + ["-np", str(np_), MCPP, "train", *BASE, *extra, "--save", d]
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, env={**ENV, "MCPP_DISTRIBUTED_TIMEOUT_SECONDS": str(WATCHDOG_S), **(env or {})},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        failures.append(f"{name}: the job hung (killed after 120 s)")
-    secs = time.monotonic() - t0
-    time.sleep(0.5)
-    try:
-        os.killpg(p.pid, 0)
-        failures.append(f"{name}: processes of the job's session are alive after mpiexec returned (orphans)")
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    return p.returncode, secs, out + err, d
+    """`mcpp train` on np_ ranks in its own session (session_job); returns (rc, seconds, output, save dir)."""
+    return session_job(name, np_, [*BASE, *extra], {"MCPP_DISTRIBUTED_TIMEOUT_SECONDS": str(WATCHDOG_S), **(env or {})},
+                       timeout=120)
 
 
 def fault(name, spec, extra=(), env=None, words=()):
@@ -179,12 +155,7 @@ check(sorted(got) == [3, 4, 5, 6] and all(close(got[i], want.get(i)) for i in go
 
 def debug_hang(name, d, rank, op_count=None):
     """`mcpp debug hang d --json` names `rank` the culprit (and, given, its stuck call's op and count)."""
-    p = run([MCPP, "debug", "hang", d, "--json"])
-    try:
-        rep = json.loads(p.stdout)
-    except ValueError:
-        failures.append(f"{name}: mcpp debug hang printed no JSON: {p.stdout[-1500:]} {p.stderr[-800:]}")
-        return
+    rep = debug_hang_json(name, d)
     check(rep.get("culprit_rank") == rank, f"{name}: debug hang's culprit {rep.get('culprit_rank')} != rank {rank}: "
           f"{rep.get('culprit')}")
     stuck = rep.get("stuck", [])

@@ -19,64 +19,19 @@ C. SIGUSR1: np 2 with hang@3:1 (watchdog timeout 60 s, so only the signal dumps)
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cli_harness import ENV, MCPP, MPI, WORK, failures, losses, record_corpus, run, tiny_train_flags  # noqa: E402
+from cli_harness import (MCPP, WORK, check, debug_hang_json, failures, finish_session_job, losses,  # noqa: E402
+                         record_corpus, run, session_job, start_session_job, tiny_train_flags)
 
 DATA = record_corpus()
 BASE = tiny_train_flags(DATA)
 
 
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
-
-
-def start(name, np_, extra, env=None):
-    d = os.path.join(WORK, name)
-    log = open(os.path.join(WORK, name + ".log"), "w")
-    p = subprocess.Popen(MPI + ["-np", str(np_), MCPP, "train", *BASE, *extra, "--save", d],
-                         env={**ENV, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    return p, d, os.path.join(WORK, name + ".log")
-
-
-def finish(name, p, timeout=90):
-    """Waits for the job; kills its session if it outlives timeout; fails on processes left in the session."""
-    try:
-        p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-        failures.append(f"{name}: the job hung (killed after {timeout} s)")
-    time.sleep(0.5)
-    try:
-        os.killpg(p.pid, 0)
-        failures.append(f"{name}: processes of the job's session are alive after mpiexec returned (orphans)")
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    return p.returncode
-
-
-def job(name, np_, extra, env=None, timeout=90):
-    t0 = time.monotonic()
-    p, d, logf = start(name, np_, extra, env)
-    rc = finish(name, p, timeout)
-    return rc, time.monotonic() - t0, open(logf).read(), d
-
-
-def debug_hang_json(name, d):
-    p = run([MCPP, "debug", "hang", d, "--json"])
-    try:
-        return json.loads(p.stdout)
-    except ValueError:
-        failures.append(f"{name}: mcpp debug hang printed no JSON: {p.stdout[-1500:]} {p.stderr[-800:]}")
-        return {}
+def job(name, np_, extra, env=None):
+    return session_job(name, np_, [*BASE, *extra], env)
 
 
 TP2 = ["--tensor-model-parallel-size", "2"]
@@ -123,8 +78,8 @@ text = run([MCPP, "debug", "hang", d]).stdout
 check("first result mismatch" in text and "ranks [1] differ" in text, f"corrupt: the text report:\n{text[-2500:]}")
 
 # ---------------- C. SIGUSR1: every rank dumps its recorder and host stack
-p, d, logf = start("sigusr1_hang", 2, ["--flight-recorder-checksums", "--inject-fault", "hang@3:1"],
-                   env={"MCPP_DISTRIBUTED_TIMEOUT_SECONDS": "60"})
+p, d, logf = start_session_job("sigusr1_hang", 2, [*BASE, "--flight-recorder-checksums", "--inject-fault",
+                                                   "hang@3:1"], env={"MCPP_DISTRIBUTED_TIMEOUT_SECONDS": "60"})
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline and "hang@3:1: this rank stops" not in open(logf).read() and p.poll() is None:
     time.sleep(0.2)
@@ -140,7 +95,7 @@ while time.monotonic() < deadline and len(dumps) < 2:
             dumps[r] = json.load(open(f))
     time.sleep(0.2)
 os.killpg(p.pid, signal.SIGTERM)  # the job would hang until the watchdog's 60 s: stop it
-finish("sigusr1", p, timeout=20)
+finish_session_job("sigusr1", p, timeout=20)
 log = open(logf).read()
 check(sorted(dumps) == [0, 1] and all(x.get("reason") == "SIGUSR1" for x in dumps.values()),
       f"SIGUSR1: dumps {sorted(dumps)} (reasons {[x.get('reason') for x in dumps.values()]})\n{log[-2000:]}")

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/core_test_util.h"
 #include "kernels/grad_check.h"
 #include "mcpp/core/error.h"
 #include "mcpp/distributed/param_and_grad_buffer.h"
@@ -23,6 +24,7 @@
 
 namespace mcpp {
 namespace {
+using mcpp::testing::error_of;
 using mcpp::testing::random_tensor;
 
 Tensor counts_of(const std::vector<int64_t>& c) {
@@ -102,14 +104,6 @@ TEST(GroupedGemmOps, MatchThePerGroupDefinitions) {
 TEST(GroupedGemmOps, BadSizesAreNamedErrors) {
   Tensor x = random_tensor({6, 4}, 1), y = Tensor::empty({6, 3});
   std::vector<Tensor> w = {random_tensor({3, 4}, 2), random_tensor({3, 4}, 3)};
-  auto error_of = [](auto&& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   EXPECT_NE(error_of([&] { ops::grouped_linear_fwd(y, x, w, {}, counts_of({2, 3})); }).find("sum to 5"),
             std::string::npos);
   EXPECT_NE(error_of([&] { ops::grouped_linear_fwd(y, x, w, {}, counts_of({6})); }).find("1 groups"),
