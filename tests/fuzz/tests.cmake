@@ -3,4 +3,4 @@
 # corpus — the smoke; `make fuzz` runs each for 10 million executions (docs/FUZZING.md). Skipped (77) without clang++.
 add_test(NAME fuzz.parsers
          COMMAND bash ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh ${CMAKE_BINARY_DIR}/fuzz smoke 5)
-set_tests_properties(fuzz.parsers PROPERTIES TIMEOUT 1800 SKIP_RETURN_CODE 77)
+set_tests_properties(fuzz.parsers PROPERTIES TIMEOUT 3600 SKIP_RETURN_CODE 77)
