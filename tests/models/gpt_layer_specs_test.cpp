@@ -97,7 +97,10 @@ GPTModelSpec assembled(const TransformerConfig& c, const std::vector<bool>& moe_
     spec.decoder.layer_specs.push_back(l);
   }
   spec.decoder.make_final_layernorm = norm_factory(c);
-  spec.mtp_layer = spec.decoder.layer_specs.back();
+  spec.mtp_layer = {.make_enorm = norm_factory(c),
+                    .make_hnorm = norm_factory(c),
+                    .make_final_layernorm = norm_factory(c),
+                    .transformer_layer = spec.decoder.layer_specs.back()};
   return spec;
 }
 
@@ -118,12 +121,12 @@ TEST(GPTLayerSpecs, DefaultAndAssembledSpecsBuildTheSameModel) {
 TEST(GPTLayerSpecs, CoreAttentionSwappedInTheSpec) {
   for (const auto& [what, c] : configs()) {
     GPTModelSpec unfused = get_gpt_model_spec(c);
-    unfused.decoder.layer_specs.push_back(unfused.mtp_layer);  // the MTP depth's layer too
+    unfused.decoder.layer_specs.push_back(unfused.mtp_layer.transformer_layer);  // the MTP depth's layer too
     for (TransformerLayerSpec& l : unfused.decoder.layer_specs) {
       l.core_attention = "unfused";
       l.make_core_attention = core_attention_factory("unfused");
     }
-    unfused.mtp_layer = unfused.decoder.layer_specs.back();
+    unfused.mtp_layer.transformer_layer = unfused.decoder.layer_specs.back();
     unfused.decoder.layer_specs.pop_back();
     const SpecRun a = run(c, get_gpt_model_spec(c)), b = run(c, unfused);
     EXPECT_EQ(a.keys, b.keys) << what;
@@ -176,13 +179,45 @@ TEST(GPTLayerSpecs, NewAttentionVariantNeedsOnlyTheSpec) {
     return std::make_unique<AttentionOf<CountingAttention, CountingAttentionCtx>>(params, prefix, cfg, s, tp);
   };
   for (TransformerLayerSpec& l : spec.decoder.layer_specs) l.attention = "counting", l.make_attention = counting;
-  spec.mtp_layer.make_attention = counting;
+  spec.mtp_layer.transformer_layer.make_attention = counting;
   g_forwards = g_backwards = 0;
   const SpecRun counted = run(c, spec);
   const int64_t layers = c.num_layers + c.mtp_num_layers;
   EXPECT_EQ(g_forwards, layers);
   EXPECT_EQ(g_backwards, layers);
   expect_same_run(run(c, get_gpt_model_spec(c)), counted, "counting attention");  // its context walked too
+}
+
+// The MTP depth's norms come from its spec: a GPT-2-style model (LayerNorm everywhere) whose MTP enorm is an
+// RMSNorm built by the spec alone. Only that norm changes: no bias parameter, and the rest of the model's
+// parameters unchanged (the same keys, in order, minus that one).
+TEST(GPTLayerSpecs, MtpNormsComeFromTheSpec) {
+  TransformerConfig c = testing::tiny_config("gpt2");
+  c.mtp_num_layers = 1;
+  c.validate();
+  ASSERT_EQ(c.normalization, Normalization::LayerNorm);
+  GPTModelSpec spec = get_gpt_model_spec(c);
+  const float eps = c.norm_epsilon;
+  int built = 0;
+  spec.mtp_layer.make_enorm = [&built, eps](ParameterRegistry& params, const std::string& prefix, int64_t hidden,
+                                            bool sequence_parallel) {
+    ++built;
+    return Norm(params, prefix, hidden, Normalization::RMSNorm, eps, sequence_parallel);
+  };
+  const SpecRun a = run(c, get_gpt_model_spec(c)), b = run(c, spec);
+  EXPECT_EQ(built, 1);  // one depth, one enorm
+  const std::string bias = "mtp.layers.0.enorm.bias";
+  ASSERT_NE(std::find(a.keys.begin(), a.keys.end(), bias), a.keys.end());
+  EXPECT_EQ(std::find(b.keys.begin(), b.keys.end(), bias), b.keys.end());
+  std::vector<std::string> expected = a.keys;
+  expected.erase(std::find(expected.begin(), expected.end(), bias));
+  EXPECT_EQ(b.keys, expected);
+  EXPECT_EQ(a.loss, b.loss);  // the reported loss is the main head's; the depth changes only gradients
+  const auto grad_of = [](const SpecRun& r, const std::string& key) {
+    return r.grads[std::find(r.keys.begin(), r.keys.end(), key) - r.keys.begin()];
+  };
+  const std::string eh = "mtp.layers.0.eh_proj.weight";  // eh_proj reads concat(enorm(e), hnorm(h))
+  EXPECT_FALSE(bitwise_equal(grad_of(a, eh), grad_of(b, eh)));
 }
 
 TEST(GPTLayerSpecs, UnknownCoreAttentionNamesRegistered) {

@@ -16,14 +16,12 @@ std::string depth_prefix(int64_t depth) { return fmt::format("mtp.layers.{}", de
 
 MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParameterRegistry& params, ParameterRegistry& expert_params,
                                                      int64_t depth, const TransformerConfig& c,
-                                                     const TransformerLayerSpec& spec, const tp::TPContext& tpc)
+                                                     const MtpLayerSpec& spec, const tp::TPContext& tpc)
     : tp_(tpc),
       hidden_size_(c.hidden_size),
       recompute_(c.recomputes_mtp_depths()),
-      enorm_(params, depth_prefix(depth) + ".enorm", c.hidden_size, c.normalization, c.norm_epsilon,
-             tpc.sequence_parallel),
-      hnorm_(params, depth_prefix(depth) + ".hnorm", c.hidden_size, c.normalization, c.norm_epsilon,
-             tpc.sequence_parallel),
+      enorm_(spec.make_enorm(params, depth_prefix(depth) + ".enorm", c.hidden_size, tpc.sequence_parallel)),
+      hnorm_(spec.make_hnorm(params, depth_prefix(depth) + ".hnorm", c.hidden_size, tpc.sequence_parallel)),
       eh_proj_(params, depth_prefix(depth) + ".eh_proj",
                {.input_size = 2 * c.hidden_size,
                 .output_size = c.hidden_size,
@@ -32,9 +30,10 @@ MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParameterRegistry& params, 
                 .sequence_parallel = tpc.sequence_parallel,
                 .tp_comm_overlap = tpc.comm_overlap},
                tpc.group),
-      layer_(params, expert_params, depth_prefix(depth) + ".transformer_layer", c, spec, tpc),
-      final_layernorm_(params, depth_prefix(depth) + ".final_layernorm", c.hidden_size, c.normalization,
-                       c.norm_epsilon, tpc.sequence_parallel) {}
+      layer_(params, expert_params, depth_prefix(depth) + ".transformer_layer", c, spec.transformer_layer, tpc),
+      final_layernorm_(
+          spec.make_final_layernorm(params, depth_prefix(depth) + ".final_layernorm", c.hidden_size,
+                                    tpc.sequence_parallel)) {}
 
 Tensor MultiTokenPredictionLayer::run(MultiTokenPredictionLayerCtx& ctx, const Tensor& hidden,
                                       const Tensor& embedding, const RopeTables* rope,

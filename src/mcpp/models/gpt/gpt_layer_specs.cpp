@@ -151,10 +151,17 @@ TransformerBlockSpec get_gpt_decoder_block_spec(const TransformerConfig& c) {
   return spec;
 }
 
+MtpLayerSpec get_gpt_mtp_layer_spec(const TransformerConfig& c, const TransformerLayerSpec& transformer_layer) {
+  return {.make_enorm = norm_factory(c),
+          .make_hnorm = norm_factory(c),
+          .make_final_layernorm = norm_factory(c),
+          .transformer_layer = transformer_layer};
+}
+
 GPTModelSpec get_gpt_model_spec(const TransformerConfig& c) {
   GPTModelSpec spec{.decoder = get_gpt_decoder_block_spec(c), .mtp_layer = {}};
-  if (!spec.decoder.layer_specs.empty())
-    spec.mtp_layer = spec.decoder.layer_specs.back();  // Megatron: the decoder's last layer spec
+  if (!spec.decoder.layer_specs.empty())  // Megatron: the decoder's last layer spec
+    spec.mtp_layer = get_gpt_mtp_layer_spec(c, spec.decoder.layer_specs.back());
   return spec;
 }
 

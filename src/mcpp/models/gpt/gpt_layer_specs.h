@@ -6,6 +6,8 @@
 //                   factory builds the ring form (ring_attention.h) instead, every head over this rank's rows
 //   mlp             "mlp" (dense MLP) | "moe" (MoELayer) — per layer, by --moe-layer-freq
 //   norms           "LayerNorm" | "RMSNorm" (--normalization), input_layernorm, pre_mlp_layernorm, final_layernorm
+//   MTP depths      enorm, hnorm, final_layernorm (the decoder's norm) and the decoder's last layer spec
+//                   (get_gpt_mtp_layer_spec, Megatron's get_gpt_mtp_block_spec)
 // Linears: one implementation (tensor_parallel's ColumnParallelLinear / RowParallelLinear), built inside the
 // modules; no choice to make here yet.
 // Adding an attention variant: write its module (transformer/, with its Ctx and visit_ctx_tensors overload), add a
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "mcpp/transformer/multi_token_prediction.h"
 #include "mcpp/transformer/spec.h"
 #include "mcpp/transformer/transformer_config.h"
 
@@ -42,11 +45,14 @@ TransformerLayerSpec get_gpt_layer_local_spec(const TransformerConfig& config, L
 // says), the final norm.
 TransformerBlockSpec get_gpt_decoder_block_spec(const TransformerConfig& config);
 
-// What GPTModel is built from: the decoder's specs and the spec of the MTP depths' transformer layer (Megatron: the
-// decoder's last layer spec).
+// Megatron's get_gpt_mtp_block_spec, one depth: the three norms from the config (as the decoder's) around
+// `transformer_layer` (Megatron passes the decoder's last layer spec).
+MtpLayerSpec get_gpt_mtp_layer_spec(const TransformerConfig& config, const TransformerLayerSpec& transformer_layer);
+
+// What GPTModel is built from: the decoder's specs and the spec of every MTP depth.
 struct GPTModelSpec {
   TransformerBlockSpec decoder;
-  TransformerLayerSpec mtp_layer;
+  MtpLayerSpec mtp_layer;
 };
 GPTModelSpec get_gpt_model_spec(const TransformerConfig& config);
 
