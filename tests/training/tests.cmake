@@ -132,3 +132,11 @@ add_test(NAME training.packed_pretrain_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/packed_pretrain_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/packed_pretrain_check)
 set_tests_properties(training.packed_pretrain_cli PROPERTIES TIMEOUT 600)
+
+# training.fp8_parallel_cli: FP8 (emulated; delayed, tensorwise, blockwise) at PP2, PP2 x V2 equal 1 rank bit for bit;
+# DP2 + distributed optimizer equal 1 rank (tensorwise / blockwise: iteration 1 bit for bit, then 1e-3; delayed: per-
+# replica scaling state, 1e-2); PP2 and DP2 resumes bit-exact; full recompute at PP2 bit-exact (tests/oracle/cli/).
+add_test(NAME training.fp8_parallel_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/fp8_parallel_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/fp8_parallel_check)
+set_tests_properties(training.fp8_parallel_cli PROPERTIES TIMEOUT 600)
