@@ -133,10 +133,17 @@ add_test(NAME training.packed_pretrain_cli
                  ${CMAKE_CURRENT_BINARY_DIR}/packed_pretrain_check)
 set_tests_properties(training.packed_pretrain_cli PROPERTIES TIMEOUT 600)
 
-# training.fp8_parallel_cli: FP8 (emulated; delayed, tensorwise, blockwise) at PP2, PP2 x V2 equal 1 rank bit for bit;
-# DP2 + distributed optimizer equal 1 rank (tensorwise / blockwise: iteration 1 bit for bit, then 1e-3; delayed: per-
-# replica scaling state, 1e-2); PP2 and DP2 resumes bit-exact; full recompute at PP2 bit-exact (tests/oracle/cli/).
+# training.fp8_parallel_cli (~25 s): FP8 (emulated) delayed and blockwise at PP2 (iteration 1 bit for bit, then 5e-4),
+# DP2 + distributed optimizer (blockwise 5e-4; delayed 1e-3: per-replica scaling state), blockwise TP2 + SP; PP2 and
+# DP2 resumes with the FP8 state bit for bit; full / selective recompute at PP2 bit for bit (tests/oracle/cli/).
 add_test(NAME training.fp8_parallel_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/fp8_parallel_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/fp8_parallel_check)
-set_tests_properties(training.fp8_parallel_cli PROPERTIES TIMEOUT 600)
+set_tests_properties(training.fp8_parallel_cli PROPERTIES TIMEOUT 300)
+
+# training.fp8_errors_cli (~3 s): bad FP8 combinations (blockwise dims not multiples of 128, mxfp8, --fp8-param-gather,
+# --tp-comm-overlap) get one `error:` line naming the problem and exit 2.
+add_test(NAME training.fp8_errors_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/fp8_errors_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/fp8_errors_check)
+set_tests_properties(training.fp8_errors_cli PROPERTIES TIMEOUT 120)
