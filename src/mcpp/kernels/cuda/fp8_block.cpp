@@ -9,12 +9,17 @@
 // are written straight in the GEMM-ready layouts (fp8_gemm.h; every dim here is a multiple of 128, so only the 2D
 // scales' rows are padded, to a multiple of 4). y and dx are written in the activations' dtype; the wgrad writes
 // fp32 into the main grad (beta 1, or 0 to overwrite).
+// Where cuBLASLt has no block-scaled algorithm for a GEMM (an older cuBLAS, another GPU), or when a test forces it,
+// the GEMM runs dequantized: both operands decoded and scaled into bf16 copies (exact) and one bf16 GEMM with fp32
+// accumulation (fp8_block_gemm_path.h; fp8_block_gemm_counts() says which ran).
 #include <algorithm>
+#include <atomic>
 
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/cuda/fp8_gemm.h"
 #include "mcpp/kernels/cuda/fp8_launch.h"
 #include "mcpp/kernels/cuda/gemm_lt.h"
+#include "mcpp/kernels/fp8_block_gemm_path.h"
 
 namespace mcpp::ops::cuda {
 using namespace cuda_detail;
@@ -52,7 +57,53 @@ Vec128Operand quantize_cols_t(const FIn& in, int64_t n, int64_t cols, Fp8Format 
   launch_fp8_block_quantize_128x1_t(bytes_of(o.q), {floats_of(o.sinv), cols, 1}, in, n, cols, fmt_of(f), s);
   return o;
 }
+std::atomic<int64_t> g_block_scaled{0}, g_dequantized{0};
+std::atomic<bool> g_force_dequantize{false};
+
+// One operand of a blockwise GEMM: fp8 bytes [rows][k] (k contiguous) and its scales in cuBLASLt's layout (Vec128
+// [k/128][rows], or Blk128x128 [rows/128][pad4(k/128)]).
+struct BlockOperand {
+  const Tensor& q;
+  const Tensor& sinv;
+  Fp8Scaling scaling;
+  int64_t rows;
+  Fp8Format format;
+};
+
+// The operand's values decode(q) * scale_inv as bf16 [rows, k] (exact: an fp8 value times a power of 2).
+Tensor dequantized(const BlockOperand& o, int64_t k, cudaStream_t s) {
+  Tensor out = Tensor::empty({o.rows, k}, DType::BF16, Device::CUDA);
+  const float* sinv = o.sinv.data<float>();
+  const BlockScaleIn si = o.scaling == Fp8Scaling::Blk128x128 ? BlockScaleIn{sinv, pad4(k / B), 1, B, B}
+                                                               : BlockScaleIn{sinv, 1, o.rows, 1, B};
+  launch_fp8_block_dequantize(fout_of("fp8_block_gemm", "dequantized", out), static_cast<const uint8_t*>(o.q.raw()),
+                              si, o.rows, k, fmt_of(o.format), s);
+  return out;
+}
+
+// d [n, m] (row-major, its own dtype) = b [n, k] . a [m, k]^T (+ beta d): cuBLASLt's block-scaled FP8 GEMM, or the
+// dequantized fallback (the file's header).
+void block_gemm(const char* op, Tensor& d, const BlockOperand& a, const BlockOperand& b, int64_t k, float beta,
+                Stream stream) {
+  const cudaStream_t s = stream_of(stream);
+  const Fp8GemmKey key{a.rows, b.rows, k, fp8_type(a.format), fp8_type(b.format),
+                       gemm_lt::cuda_type(require_float(op, "out", d)), false, a.scaling, b.scaling};
+  if (!g_force_dequantize.load() && fp8_detail::fp8_gemm_supported(key)) {
+    ++g_block_scaled;
+    fp8_detail::fp8_gemm(d.raw(), key, static_cast<const uint8_t*>(a.q.raw()), a.sinv.data<float>(),
+                         static_cast<const uint8_t*>(b.q.raw()), b.sinv.data<float>(), beta, s);
+    return;
+  }
+  ++g_dequantized;
+  const Tensor da = dequantized(a, k, s), db = dequantized(b, k, s);  // [m, k], [n, k] bf16
+  Tensor d2 = d.view({b.rows, a.rows});                                // [n, m]
+  ops::cuda::gemm(d2, db, da, GemmOptions{.trans_a = false, .trans_b = true, .alpha = 1.0f, .beta = beta}, stream);
+}
 }  // namespace
+
+Fp8BlockGemmCounts fp8_block_gemm_counts() { return {g_block_scaled.load(), g_dequantized.load()}; }
+void set_fp8_block_gemm_dequantize(bool on) { g_force_dequantize = on; }
+bool fp8_block_gemm_dequantize() { return g_force_dequantize.load(); }
 
 void fp8_block_quantize(Tensor& out, Tensor& scale_inv, const Tensor& in, Fp8Block block, Fp8Format format,
                         Stream stream) {
@@ -93,10 +144,8 @@ void fp8_block_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, Stream st
   MCPP_CUDA_CHECK(cudaMemsetAsync(sw.raw(), 0, sw.nbytes(), s));  // the padding columns: zeros, as TE's
   launch_fp8_block_quantize_128x128(bytes_of(qw), nullptr, {floats_of(sw), pad4(in / B), 1}, {nullptr, 0, 0},
                                     fin_of(op, "w", w), out, in, 0, s);
-  const Fp8GemmKey key{out, n, in, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, gemm_lt::cuda_type(require_float(op, "y", y)),
-                       false, Fp8Scaling::Blk128x128, Fp8Scaling::Vec128};
-  fp8_detail::fp8_gemm(y.raw(), key, bytes_of(qw), floats_of(sw), static_cast<const uint8_t*>(qx.q.raw()),
-                       qx.sinv.data<float>(), 0.0f, s);
+  block_gemm(op, y, {qw, sw, Fp8Scaling::Blk128x128, out, Fp8Format::E4M3},
+             {qx.q, qx.sinv, Fp8Scaling::Vec128, n, Fp8Format::E4M3}, in, 0.0f, stream);
 }
 
 void fp8_block_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x,
@@ -119,20 +168,15 @@ void fp8_block_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tens
     Tensor sw_unused = Tensor::empty({out / B, in / B}, DType::F32, Device::CUDA);  // the kernel writes both layouts
     launch_fp8_block_quantize_128x128(nullptr, bytes_of(qwt), {floats_of(sw_unused), in / B, 1},
                                       {floats_of(swt), pad4(out / B), 1}, fin_of(op, "w", w), out, in, 0, s);
-    const Fp8GemmKey key{in, n, out, CUDA_R_8F_E4M3, fp8_type(dy_format),
-                         gemm_lt::cuda_type(require_float(op, "dx", *dx)), false, Fp8Scaling::Blk128x128,
-                         Fp8Scaling::Vec128};
-    fp8_detail::fp8_gemm(dx->raw(), key, bytes_of(qwt), floats_of(swt), static_cast<const uint8_t*>(qdy.q.raw()),
-                         qdy.sinv.data<float>(), 0.0f, s);
+    block_gemm(op, *dx, {qwt, swt, Fp8Scaling::Blk128x128, in, Fp8Format::E4M3},
+               {qdy.q, qdy.sinv, Fp8Scaling::Vec128, n, dy_format}, out, 0.0f, stream);
   }
   // dw[out,in] (+)= q'(dy)^T [out,n] . (q'(x)^T [in,n])^T, fp32 straight into the main grad
   const Vec128Operand qxt = quantize_cols_t(fin_of(op, "x", x), n, in, Fp8Format::E4M3, s);
   const Vec128Operand qdyt = quantize_cols_t(fdy, n, out, dy_format, s);
   const bool overwrite = grad_write == GradWrite::Overwrite;
-  const Fp8GemmKey key{in, out, n, CUDA_R_8F_E4M3, fp8_type(dy_format), CUDA_R_32F, false, Fp8Scaling::Vec128,
-                       Fp8Scaling::Vec128};
-  fp8_detail::fp8_gemm(dw_acc.raw(), key, static_cast<const uint8_t*>(qxt.q.raw()), qxt.sinv.data<float>(),
-                       static_cast<const uint8_t*>(qdyt.q.raw()), qdyt.sinv.data<float>(), overwrite ? 0.0f : 1.0f, s);
+  block_gemm(op, dw_acc, {qxt.q, qxt.sinv, Fp8Scaling::Vec128, in, Fp8Format::E4M3},
+             {qdyt.q, qdyt.sinv, Fp8Scaling::Vec128, out, dy_format}, n, overwrite ? 0.0f : 1.0f, stream);
   if (db_acc) {
     require_float(op, "db_acc", *db_acc, /*bf16_ok=*/false);
     require_numel(op, "db_acc", *db_acc, out, "out = w.size(0)");

@@ -7,6 +7,7 @@
 //               rows, then the transposed bytes written along the rows (the wgrad's K-contiguous operand).
 //   128x128:    one 128 x 128 block per CUDA block (256 threads): the amax, then the casts, written row-major and /
 //               or transposed through a shared byte tile.
+//   dequantize: the dequantized GEMM path's operands (fp8_block_gemm_path.h): decode(q) * scale_inv, grid-stride.
 #include <cuda_fp8.h>
 
 #include <cfloat>
@@ -121,7 +122,25 @@ __global__ void decode_kernel(FOut out, const uint8_t* q, int64_t n, int fmt) {
   }
 }
 
+__global__ void dequantize_kernel(FOut out, const uint8_t* q, BlockScaleIn s, int64_t rows, int64_t cols, int fmt) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], fmt == 0 ? __NV_E4M3 : __NV_E5M2);
+    out.set(i, __fmul_rn(__half2float(__half(h)), s.sinv[(r / s.br) * s.s_row + (c / s.bc) * s.s_col]));
+  }
+}
+
 }  // namespace
+
+void launch_fp8_block_dequantize(FOut out, const uint8_t* q, BlockScaleIn s, int64_t rows, int64_t cols, int fmt,
+                                 cudaStream_t st) {
+  if (rows == 0 || cols == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t b = (rows * cols + kThreads - 1) / kThreads;
+  dequantize_kernel<<<static_cast<unsigned>(b < 8192 ? b : 8192), kThreads, 0, st>>>(out, q, s, rows, cols, fmt);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
 
 void launch_fp8_block_quantize_1x128(uint8_t* q, BlockScaleOut s, FIn in, int64_t rows, int64_t cols, int fmt,
                                      cudaStream_t st) {

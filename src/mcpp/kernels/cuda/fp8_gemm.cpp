@@ -12,6 +12,7 @@ namespace mcpp::ops::cuda::fp8_detail {
 namespace {
 
 struct Fp8Plan {
+  bool ok = true;  // false: cuBLASLt has no algorithm for the key (cached; fp8_gemm refuses it by name)
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   cublasLtMatmulAlgo_t algo{};
@@ -46,8 +47,11 @@ Fp8Plan& fp8_plan(const Fp8GemmKey& key) {
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
   if (key.sa != Fp8Scaling::Tensor || key.sb != Fp8Scaling::Tensor) {  // block scaling (the default: one float)
     const int32_t ma = lt_scale_mode(key.sa), mb = lt_scale_mode(key.sb);
-    MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof(ma)));
-    MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof(mb)));
+    p.ok = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof(ma)) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof(mb)) ==
+               CUBLAS_STATUS_SUCCESS;
+    if (!p.ok) return plans.emplace(key, p).first->second;  // a cuBLASLt without these scale modes
   }
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, static_cast<cudaDataType_t>(key.ta), key.k, key.m, key.k));
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, static_cast<cudaDataType_t>(key.tb), key.k, key.n, key.k));
@@ -66,20 +70,23 @@ Fp8Plan& fp8_plan(const Fp8GemmKey& key) {
   const cublasStatus_t hs =
       cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.ld, p.ld, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  MCPP_CHECK(hs == CUBLAS_STATUS_SUCCESS && found > 0,
-             "fp8 GEMM: cuBLASLt has no FP8 algorithm for m {} n {} k {} (A type {} {} scaled, B type {} {} scaled, D "
-             "type {}): per-tensor scaling needs a Hopper (sm_90) or Ada GPU, block scaling a Hopper GPU and cuBLAS "
-             "12.9+",
-             key.m, key.n, key.k, key.ta, scaling_name(key.sa), key.tb, scaling_name(key.sb), key.td);
+  p.ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
   p.algo = res.algo;
   return plans.emplace(key, p).first->second;
 }
 
 }  // namespace
 
+bool fp8_gemm_supported(const Fp8GemmKey& key) { return fp8_plan(key).ok; }
+
 void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
               float beta, cudaStream_t s) {
   Fp8Plan& p = fp8_plan(key);
+  MCPP_CHECK(p.ok,
+             "fp8 GEMM: cuBLASLt has no FP8 algorithm for m {} n {} k {} (A type {} {} scaled, B type {} {} scaled, D "
+             "type {}): per-tensor scaling needs a Hopper (sm_90) or Ada GPU, block scaling a Hopper GPU and cuBLAS "
+             "12.9+",
+             key.m, key.n, key.k, key.ta, scaling_name(key.sa), key.tb, scaling_name(key.sb), key.td);
   auto& st = gemm_lt::lt_state();
   // The scale pointers are descriptor attributes: set per call (the descriptor is only used by this stream's host
   // thread, as the GEMMs' plans are).

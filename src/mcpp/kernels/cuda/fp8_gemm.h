@@ -35,7 +35,10 @@ struct Fp8GemmKey {
   bool operator<(const Fp8GemmKey& o) const { return tie() < o.tie(); }
 };
 
-// D = scale(A) scale(B) op_T(A) B (+ beta D) with the key's shapes; a / b fp8 bytes, sa / sb device floats.
+// Whether cuBLASLt has an algorithm for the key (the plan is built once and cached; no error).
+bool fp8_gemm_supported(const Fp8GemmKey& key);
+// D = scale(A) scale(B) op_T(A) B (+ beta D) with the key's shapes; a / b fp8 bytes, sa / sb device floats. A key
+// without an algorithm (fp8_gemm_supported false) is a named error.
 void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
               float beta, cudaStream_t s);
 

@@ -44,6 +44,16 @@ void launch_fp8_block_quantize_128x1_t(uint8_t* qt, BlockScaleOut s, FIn in, int
 // of 128.
 void launch_fp8_block_quantize_128x128(uint8_t* q, uint8_t* qt, BlockScaleOut s, BlockScaleOut st_out, FIn in,
                                        int64_t rows, int64_t cols, int fmt, cudaStream_t st);
+// The dequantized path's operand (fp8_block_gemm_path.h): out[r][c] = decode(q[r][c]) * sinv[(r / br) * s_row +
+// (c / bc) * s_col] as out's dtype, q [rows, cols] fp8 bytes; (br, bc) = (1, 128) for 1x128 tiles along the columns,
+// (128, 128) for blocks. Exact in bf16 (an fp8 value times a power of 2).
+struct BlockScaleIn {
+  const float* sinv;
+  int64_t s_row, s_col;
+  int64_t br, bc;  // the block's rows and columns
+};
+void launch_fp8_block_dequantize(FOut out, const uint8_t* q, BlockScaleIn s, int64_t rows, int64_t cols, int fmt,
+                                 cudaStream_t st);
 // out[i] = the fp8 byte q[i] decoded, as out's dtype (the quantize op's "out": the fp8 value, not scaled back).
 void launch_fp8_decode(FOut out, const uint8_t* q, int64_t n, int fmt, cudaStream_t st);
 
