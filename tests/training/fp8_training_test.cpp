@@ -4,7 +4,9 @@
 // Megatron's flags are validated with one named error each.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -100,8 +102,9 @@ TEST_F(Fp8TrainingTest, ResumeIsBitExactWithTheScalingState) {
 
 // --fp8-recipe blockwise (1x128 / 128x128 scales per call) on a model whose GEMM dims are multiples of 128 (h 128,
 // 4 heads of 32, FFN 512, 32 tokens x micro-batch 4): the loss follows the fp32 run within 1% over 30 iterations for
-// e4m3 (DeepSeek-V3's) and hybrid; the casts are in the path; no FP8 state is registered or checkpointed (the scales are
-// per call), and a resume is bit-exact without it.
+// e4m3 (DeepSeek-V3's) and hybrid (the CPU trainer runs fp32 only: the bf16 comparison is the GPU test's,
+// tests/cuda/fp8_block_test.cpp); the casts are in the path; no FP8 state is registered or checkpointed (the scales
+// are per call), and a resume is bit-exact without it.
 Config blockwise_config(const std::string& prefix, const std::string& format, int64_t iters) {
   Config c = tiny_train_config(prefix, iters);
   c.model.hidden_size = 128;
@@ -125,8 +128,13 @@ TEST_F(Fp8TrainingTest, BlockwiseFollowsTheFp32RunAndKeepsNoState) {
     EXPECT_LT(s.losses.back(), s.losses.front() - 0.5) << "blockwise FP8 training learns";
     // Per-tile scales keep every element near full e4m3 precision (2^-4 relative, unbiased): within 1% of fp32 (the
     // issue's bar) at every logged step.
-    for (size_t i = 0; i < s.losses.size(); ++i)
+    double worst = 0.0;
+    for (size_t i = 0; i < s.losses.size(); ++i) {
       EXPECT_NEAR(s.losses[i], ref.losses[i], 0.01 * ref.losses[i]) << "iteration " << i + 1;
+      worst = std::max(worst, std::fabs(s.losses[i] - ref.losses[i]) / ref.losses[i]);
+    }
+    std::printf("[ measured ] blockwise %s vs fp32: worst relative loss difference %.2e over %lld steps\n",
+                format.c_str(), worst, static_cast<long long>(iters));
     EXPECT_NE(s.losses.back(), ref.losses.back()) << "the FP8 casts are in the path";
     EXPECT_TRUE(t.model().params().rank_states().empty()) << "blockwise keeps no FP8 state";
   }

@@ -117,8 +117,9 @@ TEST(Fp8Recompute, FullAndSelectiveEqualNoRecomputeBitwise) {
   for (const std::string recipe : {"delayed", "tensorwise"})
     for (const std::string style : {"gpt2", "llama"}) {
       const Fp8Run off = run(fp8_config(style, recipe, {}, false, false));
-      if (recipe == "delayed")  // the live scales moved between a microbatch's forward and its recompute
+      if (recipe == "delayed") {  // the live scales moved between a microbatch's forward and its recompute
         EXPECT_TRUE(off.scales_moved_between_forwards) << style;
+      }
       EXPECT_EQ(off.fp8_state.size(), 3u * 4 * 2 * 3) << "3 layers x 4 linears x (input, weight, grad) x 2 tensors";
       for (const Layout& l : {Layout{"full", "uniform", 1, {}}, Layout{"full", "uniform", 2, {}},
                               Layout{"full", "block", 2, {}}, Layout{"selective", "", 0, {"mlp"}},

@@ -47,6 +47,8 @@ struct Fp8Recompute {
   std::vector<Fp8ScaleStash*> record;  // a first forward of recomputed region(s): append the scales used
   // `outer` (may be null) with `stash` recorded into as well: the options of a recomputed region's first forward.
   static Fp8Recompute recording(const Fp8Recompute* outer, Fp8ScaleStash& stash);
+  // The options of a re-run that replays `stash` (and records nothing).
+  static Fp8Recompute replaying(Fp8ScaleStash& stash) { return {.replay = &stash, .record = {}}; }
 };
 
 }  // namespace mcpp::tensor_parallel

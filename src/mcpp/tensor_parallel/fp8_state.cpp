@@ -60,7 +60,7 @@ ops::Fp8Operand Fp8LinearState::prepare(Fp8TensorMeta& m, const Tensor& t) {
 Fp8LinearState::Forward Fp8LinearState::forward(const Tensor& x, const Tensor& w) {
   MCPP_CHECK(!blockwise(), "{}: blockwise FP8 keeps no per-tensor scales", prefix_);
   to_device(x.device());
-  Forward f{.x = prepare(input_, x), .w = prepare(weight_, w)};
+  Forward f{.x = prepare(input_, x), .w = prepare(weight_, w), .x_scale = {}, .w_scale = {}};
   f.x_scale = input_.scale.clone();
   f.w_scale = weight_.scale.clone();
   return f;

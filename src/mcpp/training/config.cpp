@@ -18,9 +18,10 @@
 namespace mcpp {
 
 namespace {
-// --fp8-recipe blockwise scales 1x128 tiles along every GEMM's reduction dim and 128x128 weight blocks (ops.h Fp8Block):
-// each dim of each FP8 linear's three GEMMs (the tokens of this rank's microbatch, and per TP rank the linears' in and
-// out sizes; multi-latent attention's and the routed experts' linears are not FP8) must be a multiple of 128.
+// --fp8-recipe blockwise scales 1x128 tiles along every GEMM's reduction dim and 128x128 weight blocks (ops.h
+// Fp8Block): each dim of each FP8 linear's three GEMMs (the tokens of this rank's microbatch, and per TP rank the
+// linears' in and out sizes; multi-latent attention's and the routed experts' linears are not FP8) must be a multiple
+// of 128.
 void check_fp8_blockwise_dims(const TransformerConfig& m, int64_t tp, int64_t cp, int64_t micro_batch_size) {
   std::vector<std::pair<std::string, int64_t>> dims = {
       {"seq_length * micro_batch_size / context_parallel_size (the tokens of a GEMM)",

@@ -92,7 +92,7 @@ std::pair<Tensor, Tensor> MultiTokenPredictionLayer::backward(MultiTokenPredicti
     tensor_parallel::Fp8ScaleStash fp8 = std::move(ctx.fp8);
     ctx = {};
     ForwardOptions rerun = replay.options();
-    const tensor_parallel::Fp8Recompute fp8_replay{.replay = &fp8};  // the first forward's FP8 scales
+    const auto fp8_replay = tensor_parallel::Fp8Recompute::replaying(fp8);  // the first forward's FP8 scales
     rerun.fp8_recompute = &fp8_replay;
     run(ctx, hidden, embedding, rope, rerun);
   }

@@ -121,7 +121,7 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
     const Tensor in = ctx.norms_dropped ? pre_mlp_layernorm_.recompute(ctx.pre_mlp_layernorm) : ctx.mlp_input;
     if (!ctx.mlp_dropped) mlp_->restore_input(ctx.mlp, in);
     else {  // no losses; the first forward's FP8 scales
-      const tensor_parallel::Fp8Recompute replay{.replay = &ctx.mlp_fp8};
+      const auto replay = tensor_parallel::Fp8Recompute::replaying(ctx.mlp_fp8);
       mlp_->forward(ctx.mlp, in,
                     {.training = true, .rng = ctx.has_mlp_rng ? &ctx.mlp_rng : nullptr, .fp8_recompute = &replay});
       ctx.mlp_fp8 = {};
@@ -239,7 +239,7 @@ Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, co
       --g;
       RecomputeState& st = ctx.recompute[g];
       ForwardOptions rerun = st.replay.options();  // the same draws as the original forward (output unused)
-      const tensor_parallel::Fp8Recompute replay{.replay = &st.fp8};  // and the same FP8 scales
+      const auto replay = tensor_parallel::Fp8Recompute::replaying(st.fp8);  // and the same FP8 scales
       rerun.fp8_recompute = &replay;
       forward_layers(ctx, groups_[g].first, groups_[g].count, Residual{st.input, Tensor()}, rope, rerun);
       st = {};

@@ -26,7 +26,8 @@ Checks, with their tolerances (relative, per logged loss):
      reproduce their straight runs' iterations 4..6 BIT FOR BIT (each stage's / replica's scaling state is saved under
      its rank key; blockwise saves none, checked).
   4. Recompute: --recompute-granularity full (uniform, 1 layer) and selective (mlp) at PP2 equal PP2 without recompute
-     BIT FOR BIT (the re-run casts with the first forward's scales and updates no state: tensor_parallel/fp8_recompute.h).
+     BIT FOR BIT (the re-run casts with the first forward's scales and updates no state:
+     tensor_parallel/fp8_recompute.h).
   5. blockwise TP2 + SP equals TP1 within 1e-5 at iteration 1 (a rank's tiles and blocks are the single rank's: the
      splits fall on block boundaries; only the TP reductions' fp32 order differs), 5e-4 later (as 1; measured ~6e-5).
 """

@@ -110,8 +110,8 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
     // recompute "shared_experts": its FP8 linears' scales recorded for the re-run in backward (fp8_recompute.h)
     const bool dropped = recompute_shared_ && training;
     ctx.shared_fp8 = {};
-    const tensor_parallel::Fp8Recompute rc =
-        dropped ? tensor_parallel::Fp8Recompute::recording(fp8_recompute, ctx.shared_fp8) : tensor_parallel::Fp8Recompute{};
+    using tensor_parallel::Fp8Recompute;
+    const Fp8Recompute rc = dropped ? Fp8Recompute::recording(fp8_recompute, ctx.shared_fp8) : Fp8Recompute{};
     Tensor shared = shared_experts_->forward(ctx.shared, x, dropped ? &rc : fp8_recompute).view({n, h});
     if (shared_gate_) {  // y += sigmoid(x w^T) * shared, per token
       Tensor logit = Tensor::empty({n, 1}, x.dtype(), x.device());
@@ -155,7 +155,7 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   Tensor dy2 = dy.view({n, h});
   Tensor dx_shared;  // first: the reverse of the registration order (router, experts, shared experts, gate)
   if (ctx.shared_input.defined()) {  // recompute "shared_experts": its context again (the gate's was kept)
-    const tensor_parallel::Fp8Recompute replay{.replay = &ctx.shared_fp8};  // the first forward's FP8 scales
+    const auto replay = tensor_parallel::Fp8Recompute::replaying(ctx.shared_fp8);  // the first forward's FP8 scales
     shared_experts_->forward(ctx.shared, ctx.shared_input, &replay);
     ctx.shared_input = Tensor();
     ctx.shared_fp8 = {};
