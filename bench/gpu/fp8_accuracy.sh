@@ -4,6 +4,7 @@
 # and FP8 tensorwise (--fp8-format hybrid). Data: device_carry/corpus.tar.xz, the GPT-2 BPE tokens of
 # bench/gpu/text_corpus.py's corpus (Debian fortunes, Python's documentation sources, the Debian Reference and
 # package changelogs; 14.0 M tokens) made on the build machine:
+#   apt-get install -y fortunes fortune-anarchism python3.11-doc debian-reference-en
 #   python3 bench/gpu/text_corpus.py /tmp/corpus/text.jsonl --max-mb 40
 #   build/bin/mcpp data preprocess --input /tmp/corpus/text.jsonl --output-prefix /tmp/corpus/text --append-eod
 #   tar cJf device_carry/corpus.tar.xz -C /tmp/corpus text_text_document.bin text_text_document.idx

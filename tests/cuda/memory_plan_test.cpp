@@ -2,8 +2,9 @@
 // (pipeline_parallel::context_bytes of its context: cuBLASLt GELU epilogue outputs, cuDNN / mcpp flash
 // attention's out + lse on the packed or split qkv, device copies of labels and loss mask) equal the plan's
 // bytes for the same config, bf16 (mixed precision) and fp32, with and without recompute (selective also with the
-// norms' and the MLP's re-run) — the figures `mcpp plan memory` reports for a GPU run (docs/PERF.md "Memory
-// planner" compares the device peak).
+// norms' and the MLP's re-run), and for MoE layers whose experts run as grouped GEMMs (dropless: sized by the
+// router's device counts; padded to capacity) — the figures `mcpp plan memory` reports for a GPU run (docs/PERF.md
+// "Memory planner" compares the device peak).
 #include "cuda/cuda_test_util.h"
 #include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
@@ -44,6 +45,40 @@ TEST(CudaMemoryPlan, ContextBytesOfAGpuForwardEqualThePlan) {
                   tools::chunk_context_bytes(cfg, {0, 1, 2}, true, true));
         model.backward(ctx, 1.0f);
       }
+}
+
+// --moe-grouped-gemm on the GPU: GroupedMLP's context (fc1's output and the activation over every row, the router's
+// device counts when dropless) is the plan's, GELU and SwiGLU experts, with and without moe_act recompute.
+TEST(CudaMemoryPlan, GroupedGemmMoeContextBytesEqualThePlan) {
+  MCPP_REQUIRE_CUDA();
+  for (const std::string style : {"gpt2", "llama"})
+    for (const DType dt : float_dtypes())
+      for (const double capacity : {0.0, 1.5})
+        for (const bool moe_act : {false, true}) {
+          SCOPED_TRACE(style + " " + std::string(dtype_name(dt)) + " capacity " + std::to_string(capacity) +
+                       (moe_act ? " recompute moe_act" : ""));
+          Config cfg;
+          cfg.model = testing::tiny_gpu_config(style);
+          cfg.model.num_layers = 2;
+          cfg.model.num_moe_experts = 4;
+          cfg.model.moe_grouped_gemm = true;
+          cfg.model.moe_expert_capacity_factor = capacity;
+          cfg.model.moe_pad_expert_input_to_capacity = capacity > 0;
+          if (moe_act) cfg.model.recompute_granularity = "selective", cfg.model.recompute_modules = {"moe_act"};
+          cfg.training.micro_batch_size = 3;
+          cfg.training.bf16 = dt == DType::BF16;
+          cfg.finalize();
+          ModelChunk model(cfg.model, 1234, testing::single_tp(), Device::CUDA, {}, dt);
+          testing::Batch batch = testing::fixed_batch(cfg.model.seq_length, 3, cfg.model.vocab_size);
+          tensor_parallel::RngTracker rng(77, 0, 0);
+          GPTModelCtx ctx;
+          moe::LossTracker moe_losses(cfg.model.num_layers);  // as the trainer passes it
+          model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask,
+                             {.training = true, .rng = &rng, .moe_losses = &moe_losses});
+          EXPECT_EQ(static_cast<int64_t>(pipeline_parallel::context_bytes(ctx)),
+                    tools::chunk_context_bytes(cfg, {0, 1}, true, true));
+          model.backward(ctx, 1.0f);
+        }
 }
 
 // A run whose plan exceeds the GPU stops in the Trainer's constructor, before the model is built, with the

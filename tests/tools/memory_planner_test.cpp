@@ -1,10 +1,11 @@
 // tools/memory_planner against what the code actually holds: for every model shape the planner claims to
 // cover (GPT-2 / Llama style, packed / split / unfused attention, selective and full recompute, dropout,
-// first / middle / last / whole pipeline stages, untied, GQA, a stage without layers), a real training
-// forward's context bytes (pipeline_parallel::context_bytes, each storage once) and the stage's parameter
-// count equal the plan exactly. The schedule peak (in flight x chunk bytes over build_schedule) is compared
-// with the formulas of schedules.h; the whole-run comparison (TP / SP / PP / VP under mpiexec, the trainer's
-// measured pipeline_activation_memory record) is in tests/oracle/cli/{pipeline,parallel}_train_check.py.
+// first / middle / last / whole pipeline stages, untied, GQA, MoE with sequential or grouped-GEMM experts, a stage
+// without layers), a real training forward's context bytes (pipeline_parallel::context_bytes, each storage once)
+// and the stage's parameter count equal the plan exactly. The schedule peak (in flight x chunk bytes over
+// build_schedule) is compared with the formulas of schedules.h; the whole-run comparison (TP / SP / PP / VP under
+// mpiexec, the trainer's measured pipeline_activation_memory record) is in
+// tests/oracle/cli/{pipeline,parallel}_train_check.py.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -47,6 +48,7 @@ struct Case {
   bool rope = false;                               // gpt2 with RoPE (MTP needs RoPE or no positions)
   bool per_token = false;                          // --calculate-per-token-loss
   std::string mla{};  // multi-latent attention: testing::mla_tiny_config of this style (llama | gpt2)
+  bool grouped = false;  // MoE: --moe-grouped-gemm (GroupedMLP's context instead of SequentialMLP's)
 };
 
 Config config_for(const Case& k) {
@@ -72,6 +74,7 @@ Config config_for(const Case& k) {
     cfg.model.moe_shared_expert_gate = k.shared_gate;
     cfg.model.moe_expert_capacity_factor = k.capacity;
     cfg.model.moe_pad_expert_input_to_capacity = k.capacity > 0;
+    cfg.model.moe_grouped_gemm = k.grouped;
   }
   cfg.training.micro_batch_size = 3;
   cfg.finalize();
@@ -119,6 +122,18 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
        .shared_gate = true},
       {.name = "llama moe every 2nd + shared 24, selective shared_experts + moe_act", .style = "llama",
        .recompute = "selective", .moe_freq = "2", .shared = 24, .modules = {"shared_experts", "moe_act"}},
+      // moe_grouped_gemm: GroupedMLP's pre_act / act over all the rows (dropless: the router's device counts;
+      // padded: the plan's), with and without moe_act, GELU and SwiGLU experts
+      {.name = "gpt2 moe [1,0,0,1] grouped gemm + shared 40", .style = "gpt2", .moe_freq = "[1,0,0,1]", .shared = 40,
+       .grouped = true},
+      {.name = "llama moe every 2nd grouped gemm, capacity 1.5 padded", .style = "llama", .moe_freq = "2",
+       .capacity = 1.5, .grouped = true},
+      {.name = "gpt2 moe grouped gemm, capacity 0.6 padded, selective moe_act", .style = "gpt2",
+       .recompute = "selective", .moe_freq = "1", .capacity = 0.6, .modules = {"moe_act"}, .grouped = true},
+      {.name = "llama moe every 2nd grouped gemm, selective core_attn + moe_act", .style = "llama",
+       .recompute = "selective", .moe_freq = "2", .modules = {"core_attn", "moe_act"}, .grouped = true},
+      {.name = "llama moe every 2nd grouped gemm + shared 24, selective moe", .style = "llama",
+       .recompute = "selective", .moe_freq = "2", .shared = 24, .modules = {"moe"}, .grouped = true},
       // qk norms: the split q, k kept by the norms (with their statistics) besides the core's normalized q, k
       {.name = "gpt2 qk layernorm (no longer packed) + dropout", .style = "gpt2", .dropout = true,
        .qk_layernorm = true},

@@ -97,6 +97,14 @@ add_test(NAME training.observability_cli
                  ${CMAKE_CURRENT_BINARY_DIR}/observability_check)
 set_tests_properties(training.observability_cli PROPERTIES TIMEOUT 600)
 
+# training.inject_fault_cli: a malformed --inject-fault, or a drill that could never fire in its run (a layer, RANK or
+# ITER outside it, a layer another pipeline stage holds, bad-shard without a save at ITER, a collective drill on one
+# rank), exits 2 at startup with one "error:" line (per rank) and no outputs; drills at the run's edges fire.
+add_test(NAME training.inject_fault_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/training/inject_fault_cli_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/inject_fault_cli_check)
+set_tests_properties(training.inject_fault_cli PROPERTIES TIMEOUT 300)
+
 # config.cli_reliability: non-finite / out-of-range flag and TOML values, integers beyond int64, wrong TOML types
 # and a --config that is a directory or a FIFO each exit 2 with one "error:" line naming the flag, key or file.
 add_test(NAME config.cli_reliability
@@ -111,6 +119,13 @@ add_test(NAME training.diagnosis_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/diagnosis_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/diagnosis_check)
 set_tests_properties(training.diagnosis_cli PROPERTIES TIMEOUT 600)
+# training.cpu_rerun_cli: --rerun-on-cpu: an injected NaN (a device fault) re-runs finite in fp32 on CPU, an overflow
+# from --lr 1e30 names the same first non-finite module as the same-rank re-run; from the step's checkpoint or the
+# pre-step state (no checkpoint, an older one, a corrupted shard); one rank, TP2, DP2 + distributed optimizer, PP2.
+add_test(NAME training.cpu_rerun_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/cpu_rerun_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/cpu_rerun_check)
+set_tests_properties(training.cpu_rerun_cli PROPERTIES TIMEOUT 300)
 # training.forensics_cli: --check-data-consistency (TP2xDP2, PP2xDP2 pass; an injected bad-batch is named: iteration,
 # tp group, microbatch, rank), --flight-recorder-checksums (a corrupted result named by `mcpp debug hang`), SIGUSR1
 # dumps with every rank's host stack (`mcpp debug hang` names the hung rank and shows the stacks); no orphans.

@@ -21,7 +21,8 @@
 //                                    lowest bit of its result's first byte flipped after the transport delivered it
 //                                    (a silent data corruption: NIC, NVLink, memory); --flight-recorder-checksums
 //                                    records it and `mcpp debug hang` names the first result that differs.
-// A drill fires in a job's first attempt only (MCPP_RESTART_COUNT unset or 0: `mcpp launch --max-restarts`).
+// A drill fires in a job's first attempt only (MCPP_RESTART_COUNT unset or 0: `mcpp launch --max-restarts`); one
+// that could never fire in the run is refused at startup (fault_spec.h: check_fault_fits_run).
 // The NaN kinds act through module scopes (core/module_trace.h's ScopeObserver): the injector is installed only
 // while a NaN fault is due (begin_step), so healthy steps pay nothing.
 #pragma once

@@ -1,6 +1,7 @@
 // --inject-fault's grammar; contract in fault_spec.h.
 #include "mcpp/training/fault_spec.h"
 
+#include <algorithm>
 #include <exception>
 #include <limits>
 #include <string>
@@ -89,6 +90,43 @@ FaultSpec parse_fault_spec(const std::string& text) {
     f.rank = static_cast<int>(r);
   }
   return f;
+}
+
+void check_fault_fits_run(const FaultSpec& f, const FaultRun& run) {
+  const char* kind = fault_kind_name(f.kind);
+  if (f.rank >= run.world_size)
+    fail("--inject-fault '{}': rank {} is outside the world of {} ranks", f.text, f.rank, run.world_size);
+  if (run.skip_train) fail("--inject-fault '{}': --skip-train runs no training iteration to inject it in", f.text);
+  if (f.iteration > run.train_iters)
+    fail("--inject-fault '{}': iteration {} is beyond the run's last iteration, {} (--train-iters / --train-samples)",
+         f.text, f.iteration, run.train_iters);
+  if (f.kind == FaultKind::NanGrad || f.kind == FaultKind::NanOutput) {
+    if (f.layer >= run.num_layers)
+      fail("--inject-fault '{}': layer {} is outside the model's {} decoder layers (decoder.layers.0..{})", f.text,
+           f.layer, run.num_layers, run.num_layers - 1);
+    const auto holds = [&](int r) {
+      const std::vector<int64_t> held = run.layers_held(r);
+      return std::find(held.begin(), held.end(), f.layer) != held.end();
+    };
+    if (run.layers_held && !holds(f.rank)) {
+      int owner = 0;
+      while (owner < run.world_size && !holds(owner)) ++owner;
+      fail("--inject-fault '{}': rank {}'s pipeline stage does not hold decoder layer {} (rank {}'s does: aim it "
+           "with @{}:{})", f.text, f.rank, f.layer, owner, f.iteration, owner);
+    }
+  }
+  if (f.kind == FaultKind::BadShard) {
+    if (!run.saves) fail("--inject-fault '{}': {} corrupts a saved checkpoint; give --save", f.text, kind);
+    const auto multiple = [&](int64_t interval) { return interval > 0 && f.iteration % interval == 0; };
+    if (!multiple(run.save_interval) && !multiple(run.exit_interval) && f.iteration != run.train_iters)
+      fail("--inject-fault '{}': no checkpoint is saved at iteration {} (--save-interval {}, --train-iters {})",
+           f.text, f.iteration, run.save_interval, run.train_iters);
+  }
+  const bool needs_peer =
+      f.kind == FaultKind::Hang || f.kind == FaultKind::WrongCollective || f.kind == FaultKind::CorruptCollective;
+  if (needs_peer && run.world_size < 2)
+    fail("--inject-fault '{}': {} needs at least 2 ranks (a peer to wait for, mismatch or compare with); the world "
+         "has 1", f.text, kind);
 }
 
 }  // namespace mcpp

@@ -100,11 +100,27 @@ nlohmann::json to_json(const NonFiniteFinding& f) {
 }
 // JSON has no NaN: a non-finite number as its string ("nan", "inf").
 nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(fmt::format("{}", v)); }
+
+nlohmann::json to_json(const std::vector<NonFiniteFinding>& fs) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& f : fs) all.push_back(to_json(f));
+  return all;
+}
 }  // namespace
 
+std::string CpuRerun::verdict() const {
+  if (const auto& c = findings.culprit) return fmt::format("non-finite at {} {}", c->module, c->tensor());
+  if (non_finite) return "non-finite (the loss or the grad norm; no module output or gradient)";
+  return reproduces ? "finite, the loss spikes again" : "finite";
+}
+
+std::string CpuRerun::classification() const {
+  return reproduces ? "numerics problem, reproducible in fp32 on CPU (e.g. the learning rate or the data)"
+                    : "device or precision fault, not reproducible in fp32 on CPU";
+}
+
 nlohmann::json to_json(const NanIncident& i) {
-  nlohmann::json all = nlohmann::json::array();
-  for (const auto& f : i.findings.all) all.push_back(to_json(f));
+  const nlohmann::json all = to_json(i.findings.all);
   nlohmann::json j = {{"event", "rerun_incident"},
                       {"iteration", i.iteration},
                       {"trigger", i.trigger},
@@ -117,6 +133,19 @@ nlohmann::json to_json(const NanIncident& i) {
                       {"ranks", all}};
   if (i.trigger == "spiky_loss") j["spike_reference"] = i.spike_reference;
   j["first_non_finite"] = i.findings.culprit ? to_json(*i.findings.culprit) : nlohmann::json(nullptr);
+  if (const auto& c = i.cpu) {
+    j["cpu_fp32"] = c->verdict();
+    nlohmann::json r = {{"state", c->state},
+                        {"loss", num(c->loss)},
+                        {"grad_norm", num(c->grad_norm)},
+                        {"ms", c->ms},
+                        {"classification", c->classification()},
+                        {"first_non_finite", c->findings.culprit ? to_json(*c->findings.culprit) : nlohmann::json()},
+                        {"ranks", to_json(c->findings.all)}};
+    if (c->state == "checkpoint") r["checkpoint"] = c->checkpoint;
+    else r["why_state"] = c->why_state;
+    j["cpu_rerun"] = r;
+  }
   return j;
 }
 
@@ -142,6 +171,16 @@ std::string describe(const NanIncident& i) {
     s += "\n";
   } else if (i.trigger != "spiky_loss") {
     s += fmt::format(" [rerun] iteration {}: no module produced a non-finite tensor in the re-run\n", i.iteration);
+  }
+  if (const auto& c = i.cpu) {
+    std::string where;
+    if (const auto& f = c->findings.culprit)
+      where = fmt::format(" (layer {}) on rank {}, microbatch {}", f->layer, f->rank, f->microbatch);
+    s += fmt::format(" [rerun] iteration {}: cpu_fp32: {}{} (loss {}, grad norm {}): {}; re-ran from {} in {:.0f} ms\n",
+                     i.iteration, c->verdict(), where, fmt_num(c->loss), fmt_num(c->grad_norm), c->classification(),
+                     c->state == "checkpoint" ? "the checkpoint " + c->checkpoint
+                                              : "the pre-step state (" + c->why_state + ")",
+                     c->ms);
   }
   return s;
 }

@@ -11,6 +11,9 @@
 // gather_findings is a collective over the world (every rank calls it with its probe's finding): the ranks that saw
 // a non-finite tensor, and the culprit, the earliest finding in causal order (microbatch; forward before backward;
 // forward by ascending pipeline stage, backward descending; then the module's position in the pass).
+// --rerun-on-cpu (trainer_cpu_rerun.cpp) adds a third run: the same step in fp32 on CPU, with the same probe; its
+// verdict (CpuRerun) joins the incident: non-finite there -> a numerics problem (reproducible in fp32 on CPU: the
+// learning rate, the data); finite -> a device or precision fault (the numerics are sound in fp32).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -61,6 +64,19 @@ struct Findings {
 // Collective over `world`.
 Findings gather_findings(comm::Communicator& world, const std::optional<NonFiniteFinding>& mine);
 
+// --rerun-on-cpu's run of the step: fp32 on CPU, this rank's slice of the model in the same parallel layout.
+struct CpuRerun {
+  std::string state;       // where the weights came from: "checkpoint" | "pre-step state"
+  std::string checkpoint;  // state "checkpoint": its directory
+  std::string why_state;   // state "pre-step state": why not a checkpoint (none saved, an older one, a failed load)
+  double loss = 0, grad_norm = 0, ms = 0;
+  Findings findings;       // the probe's, gathered over the world
+  bool non_finite = false;  // a module's output / gradient, the loss or the grad norm
+  bool reproduces = false;  // fails as the device did: non-finite (nan_grad_norm) or non-finite / spiky (spiky_loss)
+  std::string verdict() const;         // "finite" | "non-finite at decoder.layers.1.mlp gradient" | ...
+  std::string classification() const;  // numerics problem vs device or precision fault
+};
+
 // One incident: what triggered the re-run and what it found.
 struct NanIncident {
   int64_t iteration = 0;
@@ -69,6 +85,7 @@ struct NanIncident {
   double spike_reference = 0;   // spiky_loss: the largest recent healthy loss
   bool reproducible = false;    // the same-rank re-run failed again
   Findings findings;
+  std::optional<CpuRerun> cpu;  // --rerun-on-cpu
 };
 nlohmann::json to_json(const NanIncident& i);
 std::string describe(const NanIncident& i);  // the log line(s), Megatron's rerun wording

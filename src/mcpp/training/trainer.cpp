@@ -1,11 +1,12 @@
 // Trainer setup (trainer.h): the constructor — device and precision checks, the memory plan (printed, and on a GPU
 // checked against the device before anything is allocated), the datasets (trainer_data.cpp), one GPTModel chunk per
-// virtual pipeline stage with its DistributedDataParallel (dense, and the MoE experts' over expert-DP), the optimizer
-// (Adam, or the DistributedOptimizer over every chunk's buffers), the LR scheduler, the dropout RNG streams, an
-// optional checkpoint load (and the --save directory's lock and clean-up), and the metrics writer (last rank) — plus the small accessors the other trainer files
-// share (buffers, DDPs, the model-state bytes, dp_mean). The rest of the Trainer: trainer_data.cpp (datasets and
-// batches), trainer_step.cpp (one training step), trainer_loop.cpp (the loop and evaluation), trainer_checkpoint.cpp
-// (saves), trainer_reports.cpp (the log line's MoE / MTP losses, the end-of-training reports).
+// virtual pipeline stage with its DistributedDataParallel (dense, and the MoE experts' over expert-DP: build_model,
+// which also builds --rerun-on-cpu's fp32 CPU copy), the optimizer (Adam, or the DistributedOptimizer over every
+// chunk's buffers), the LR scheduler, the dropout RNG streams, an optional checkpoint load (and the --save directory's
+// lock and clean-up), and the metrics writer (last rank) — plus the small accessors the other trainer files share
+// (buffers, DDPs, the model-state bytes, dp_mean). The rest of the Trainer: trainer_data.cpp (datasets and batches),
+// trainer_step.cpp (one training step), trainer_loop.cpp (the loop and evaluation), trainer_checkpoint.cpp (saves),
+// trainer_reports.cpp (the log line's MoE / MTP losses, the end-of-training reports).
 #include "mcpp/training/trainer.h"
 
 #include <fmt/format.h>
@@ -74,16 +75,27 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     graph_warmup_left_ = t.cuda_graph_warmup_steps;
   }
   param_dtype_ = t.bf16 ? DType::BF16 : DType::F32;
-  open_outputs();
-  if (!t.inject_fault.empty()) {  // --inject-fault (fault_injection.h); the specs parsed in validate()
+  if (!t.inject_fault.empty()) {  // --inject-fault (fault_injection.h): parsed in validate(), fitted to the run here
+    const pipeline_parallel::PipelineLayout layout =
+        pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(config_.model, config_.parallel));
+    const FaultRun run{.world_size = pc_.world_size(), .num_layers = config_.model.num_layers,
+                       .train_iters = t.train_iters, .skip_train = t.skip_train, .saves = !t.save.empty(),
+                       .save_interval = t.save_interval, .exit_interval = t.exit_interval,
+                       .layers_held = [&](int rank) {
+                         std::vector<int64_t> held;
+                         for (const pipeline_parallel::StageLayers& st :
+                              layout.stages.at(static_cast<size_t>(pc_.layout().coordinates(rank).pp)))
+                           held.insert(held.end(), st.layers.begin(), st.layers.end());
+                         return held;
+                       }};
     std::vector<FaultSpec> faults;
     for (const std::string& f : t.inject_fault) {
       faults.push_back(parse_fault_spec(f));
-      if (faults.back().rank >= pc_.world_size())
-        fail("--inject-fault '{}': rank {} is outside the world of {} ranks", f, faults.back().rank, pc_.world_size());
+      check_fault_fits_run(faults.back(), run);
     }
     faults_ = std::make_unique<FaultInjector>(std::move(faults), pc_.rank());
   }
+  open_outputs();
   const auto& par = config_.parallel;
   if (is_logging_rank())
     fmt::print("{}\n", format_memory_report(memory_report(pc_.dp_size(), par.use_distributed_optimizer, param_dtype_,
@@ -108,36 +120,13 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
                         local > 1 ? fmt::format("this rank's share of the host memory ({} ranks on this host)", local)
                                   : std::string("the host memory"));
   }
+  if (t.rerun_on_cpu) require_cpu_replica_fits(local_ranks_on_this_host());  // its fp32 CPU copy, at an incident
   build_datasets(eod_token);
-  // Layer placement for this pipeline rank: one model chunk per virtual stage.
-  const pipeline_parallel::PipelineLayout layout =
-      pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(config_.model, par));
-  for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
-    const pipeline_parallel::StageLayers& st = layout.at(pc_.pp_rank(), v);
-    const int64_t first = st.layers.empty() ? 0 : st.layers.front();
-    chunks_.push_back(std::make_unique<ModelChunk>(
-        config_.model, static_cast<uint64_t>(t.seed),
-        tensor_parallel::TPContext{pc_.tp(), par.sequence_parallel, par.tp_comm_overlap, pc_.cp(),
-                                   par.cp_ring(), pc_.ep_size() > 1 ? pc_.ep() : nullptr,
-                                   pc_.expert_tp_size() > 1 ? pc_.expert_tp() : nullptr},
-        device_,
-        GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
-                      .num_layers = static_cast<int64_t>(st.layers.size())},
-        param_dtype_));
-    const DdpOptions ddp_opt{.bucket_size = config_.ddp.ddp_bucket_size,
-                             .overlap_grad_reduce = config_.ddp.overlap_grad_reduce,
-                             .use_distributed_optimizer = par.use_distributed_optimizer};
-    ModelChunk& chunk = *chunks_.back();
-    chunk.params().set_overwrite_main_grad(config_.ddp.overwrite_main_grad);
-    ddps_.push_back(std::make_unique<DistributedDataParallel>(chunk.params(), pc_, ddp_opt));
-    // MoE experts: their own buffer, reduced over expert-DP (the distributed optimizer shards it there).
-    expert_ddps_.emplace_back();
-    if (chunk.has_expert_params()) {
-      chunk.expert_params().set_overwrite_main_grad(config_.ddp.overwrite_main_grad);
-      DdpOptions eo = ddp_opt;
-      eo.expert_parallel = true;  // over expert-DP (= DP at EP 1 without TP / CP), Megatron's expert scaling
-      expert_ddps_.back() = std::make_unique<DistributedDataParallel>(chunk.expert_params(), pc_, eo);
-    }
+  {
+    ModelReplica m = build_model(config_.model, device_, param_dtype_, pc_, par.use_distributed_optimizer);
+    chunks_ = std::move(m.chunks);
+    ddps_ = std::move(m.ddps);
+    expert_ddps_ = std::move(m.expert_ddps);
   }
   if (par.use_distributed_optimizer) {
     // One DDP per chunk, one optimizer over all chunks' buffers (Megatron's virtual-stage setup).
@@ -176,6 +165,8 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
     if (load_training_checkpoint(t.load, config_, chunk_ptrs(), optimizer_ref(), state_, lo, &pc_)) {
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (!t.finetune && !state_.scheduler.empty()) scheduler_->load_state_dict(state_.scheduler);
+      last_checkpoint_dir_ = dist_checkpointing::resolve_checkpoint_dir(t.load);  // (--rerun-on-cpu's source)
+      last_checkpoint_iteration_ = state_.iteration;  // 0 with --finetune: its weights start this run
       if (is_logging_rank())
         spdlog::info("loaded checkpoint from {} at iteration {} in {:.1f} ms ({} bytes read by this rank)", t.load,
                      state_.iteration, ms, bytes_read);
@@ -195,6 +186,45 @@ Trainer::Trainer(const Config& config, int64_t eod_token, parallel_state::Parall
   }
   if (t.async_save) async_saver_ = std::make_unique<dist_checkpointing::AsyncCheckpointSaver>(pc_.world());
   if (memory_plan_ && is_logging_rank()) metrics_.write(tools::to_json(*memory_plan_));
+
+}
+
+Trainer::ModelReplica Trainer::build_model(const TransformerConfig& model, Device device, DType dtype,
+                                           const parallel_state::ParallelContext& pc,
+                                           bool distributed_optimizer) const {
+  // Layer placement for this pipeline rank: one model chunk per virtual stage.
+  const auto& par = config_.parallel;
+  ModelReplica r;
+  const pipeline_parallel::PipelineLayout layout =
+      pipeline_parallel::make_pipeline_layout(pipeline_parallel::layout_options(model, par));
+  for (int64_t v = 0; v < layout.virtual_pipeline_model_parallel_size; ++v) {
+    const pipeline_parallel::StageLayers& st = layout.at(pc.pp_rank(), v);
+    const int64_t first = st.layers.empty() ? 0 : st.layers.front();
+    r.chunks.push_back(std::make_unique<ModelChunk>(
+        model, static_cast<uint64_t>(config_.training.seed),
+        tensor_parallel::TPContext{pc.tp(), par.sequence_parallel, par.tp_comm_overlap, pc.cp(),
+                                   par.cp_ring(), pc.ep_size() > 1 ? pc.ep() : nullptr,
+                                   pc.expert_tp_size() > 1 ? pc.expert_tp() : nullptr},
+        device,
+        GPTModelStage{.pre_process = st.pre_process, .post_process = st.post_process, .first_layer = first,
+                      .num_layers = static_cast<int64_t>(st.layers.size())},
+        dtype));
+    const DdpOptions ddp_opt{.bucket_size = config_.ddp.ddp_bucket_size,
+                             .overlap_grad_reduce = config_.ddp.overlap_grad_reduce,
+                             .use_distributed_optimizer = distributed_optimizer};
+    ModelChunk& chunk = *r.chunks.back();
+    chunk.params().set_overwrite_main_grad(config_.ddp.overwrite_main_grad);
+    r.ddps.push_back(std::make_unique<DistributedDataParallel>(chunk.params(), pc, ddp_opt));
+    // MoE experts: their own buffer, reduced over expert-DP (the distributed optimizer shards it there).
+    r.expert_ddps.emplace_back();
+    if (chunk.has_expert_params()) {
+      chunk.expert_params().set_overwrite_main_grad(config_.ddp.overwrite_main_grad);
+      DdpOptions eo = ddp_opt;
+      eo.expert_parallel = true;  // over expert-DP (= DP at EP 1 without TP / CP), Megatron's expert scaling
+      r.expert_ddps.back() = std::make_unique<DistributedDataParallel>(chunk.expert_params(), pc, eo);
+    }
+  }
+  return r;
 }
 
 void Trainer::open_outputs() {

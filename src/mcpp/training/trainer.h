@@ -35,7 +35,8 @@
 // masks (and a checkpoint's RNG state) are those of the eager run.
 // Files: trainer.cpp (setup), trainer_data.cpp (datasets, batches), trainer_step.cpp (one step), trainer_loop.cpp
 // (the loop, evaluation), trainer_checkpoint.cpp (saves), trainer_reports.cpp (the log line's collective parts and
-// the end-of-training reports).
+// the end-of-training reports), trainer_diagnosis.cpp (the NaN / spiky-loss re-run) and trainer_cpu_rerun.cpp (its
+// --rerun-on-cpu part).
 #pragma once
 #include <array>
 #include <chrono>
@@ -133,6 +134,14 @@ class Trainer {
   void finalize_async_save(bool blocking);
   void after_commit(const std::string& dir, int64_t iteration);  // --keep-last-n-checkpoints (rank 0)
   std::vector<ModelChunk*> chunk_ptrs() const;
+  // One ModelChunk per virtual stage of this pipeline rank with its DistributedDataParallel (and its MoE experts' over
+  // expert-DP): the trainer's model (the constructor), or --rerun-on-cpu's fp32 CPU copy of it.
+  struct ModelReplica {
+    std::vector<std::unique_ptr<ModelChunk>> chunks;
+    std::vector<std::unique_ptr<DistributedDataParallel>> ddps, expert_ddps;
+  };
+  ModelReplica build_model(const TransformerConfig& model, Device device, DType dtype,
+                           const parallel_state::ParallelContext& pc, bool distributed_optimizer) const;
   bool is_logging_rank() const { return pc_.rank() == pc_.world_size() - 1; }
   // Bytes this rank allocated for params, main grads, fp32 main params and optimizer state (the report's
   // measured model state, beside the memory plan's).
@@ -241,6 +250,42 @@ class Trainer {
   std::string metrics_path_;               // the metrics JSONL (empty: none); incident files beside it
   // --check-data-consistency: while a due step builds its batches, their digests (null: not due)
   std::vector<MicrobatchDigest>* data_digests_ = nullptr;
+
+  // ---- --rerun-on-cpu (trainer_cpu_rerun.cpp)
+  // This rank's microbatches of the step as the model got them (after --inject-fault bad-batch and the CP split):
+  // recorded by every training step while record_batches_ (handles of the host tensors get_batch built: no copy),
+  // replayed by the CPU re-run (replay_batches_ set: run_microbatches takes its batches from there).
+  std::vector<Batch> step_batches_;
+  bool record_batches_ = false;
+  const std::vector<Batch>* replay_batches_ = nullptr;
+  // The latest committed checkpoint (the loaded one until this run saves): its directory and the iteration whose end
+  // state it holds (-1: none).
+  std::string last_checkpoint_dir_;
+  int64_t last_checkpoint_iteration_ = -1;
+  // The fp32 CPU copy of this rank's model, built at the first CPU re-run and kept; swap_cpu_replica() exchanges it
+  // with the trainer's model members (a second call swaps back).
+  struct CpuReplica {
+    parallel_state::ParallelContext pc;  // pc_, or the same layout over the world's host communicator (NCCL runs)
+    ModelReplica model;
+    Device device = Device::CPU;
+    DType dtype = DType::F32;
+    std::unique_ptr<timeline::TimelineRecorder> timeline;  // none: the re-run stays out of the trace,
+    timeline::StageMemory stage_memory{};                   // the activation report,
+    moe::LossTracker moe_losses;                            // and the logged router and MTP losses
+    MtpLossTracker mtp_losses;
+  };
+  std::unique_ptr<CpuReplica> cpu_replica_;
+  void swap_cpu_replica();
+  // Startup: the replica's planned host memory (fp32 params + grads + activations; beside the model's own on a CPU
+  // run) must fit this rank's share of the host memory (local_ranks on this host; mcpp::Error otherwise).
+  void require_cpu_replica_fits(int local_ranks) const;
+  // The step again in fp32 on CPU (collective over the world): from the checkpoint of iteration step_iteration_ - 1 if
+  // that is the latest committed one, else from the pre-step state; the recorded batches, the dropout streams at
+  // rng_before, a NanProbe; no injected fault. `trigger`: what reproduces means (non-finite, or a spike).
+  CpuRerun rerun_on_cpu(RerunTrigger trigger, const tensor_parallel::RngTracker& rng_before);
+  // Fills the replica's weights (collective: the ranks agree on the source) and r's state / checkpoint / why_state.
+  void load_cpu_replica(CpuRerun& r);
+  void copy_pre_step_state();  // the trainer's fp32 masters (gathered over DP when the optimizer shards them)
 };
 
 }  // namespace mcpp

@@ -67,6 +67,8 @@ void Trainer::finalize_async_save(bool blocking) {
 }
 
 void Trainer::after_commit(const std::string& dir, int64_t iteration) {
+  last_checkpoint_dir_ = dir;  // --rerun-on-cpu re-runs iteration + 1 from it
+  last_checkpoint_iteration_ = iteration;
   if (faults_) faults_->after_save(iteration, dir);  // --inject-fault bad-shard@ITER
   const int64_t keep = config_.training.keep_last_n_checkpoints;
   if (keep <= 0 || pc_.rank() != 0) return;

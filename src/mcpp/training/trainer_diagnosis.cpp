@@ -2,8 +2,10 @@
 // after the grad norm, diagnose_step re-runs the step from the pre-step state with a NanProbe on every rank, gathers
 // the findings, classifies (reproducible / transient), and reports: the log lines (last rank), a metrics record
 // {"event": "rerun_incident"} (last rank; every rank's own finding in its per-rank metrics) and the JSON incident file
-// <metrics stem>.incident_iter<N>.json (last rank). The caller skips the step. Under --enable-cuda-graph the step is
-// skipped without a re-run (the replayed graph runs no module scopes).
+// <metrics stem>.incident_iter<N>.json (last rank). With --rerun-on-cpu the step also re-runs in fp32 on CPU
+// (trainer_cpu_rerun.cpp): its verdict joins the incident, plus a {"event": "cpu_rerun"} record and a TensorBoard
+// scalar. The caller skips the step. Under --enable-cuda-graph the step is skipped without a re-run (the replayed
+// graph runs no module scopes).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -80,6 +82,7 @@ void Trainer::diagnose_step(RerunTrigger trigger, const tensor_parallel::RngTrac
   inc.reproducible = trigger == RerunTrigger::SpikyLoss
                          ? is_spiky_loss(inc.rerun_loss, healthy_losses_, config_.training.spiky_loss_factor)
                          : !std::isfinite(inc.rerun_grad_norm);
+  if (config_.training.rerun_on_cpu) inc.cpu = rerun_on_cpu(trigger, rng_before);  // trainer_cpu_rerun.cpp
   const nlohmann::json rec = to_json(inc);
   if (mine) {  // every rank: its own finding in its per-rank metrics
     rank_metrics_.write({{"event", "rerun_finding"}, {"iteration", inc.iteration}, {"rank", pc_.rank()},
@@ -89,6 +92,12 @@ void Trainer::diagnose_step(RerunTrigger trigger, const tensor_parallel::RngTrac
   if (!is_logging_rank()) return;
   fmt::print("{}", describe(inc));
   metrics_.write(rec);
+  if (const auto& c = inc.cpu) {  // --rerun-on-cpu's metric: the verdict and what the re-run cost
+    metrics_.write({{"event", "cpu_rerun"}, {"iteration", inc.iteration}, {"cpu_fp32", c->verdict()},
+                    {"reproduces", c->reproduces}, {"state", c->state}, {"ms", c->ms}});
+    if (tensorboard_.enabled())
+      tensorboard_.add_scalar("cpu-rerun reproduces", c->reproduces ? 1.0 : 0.0, inc.iteration);
+  }
   if (metrics_path_.empty()) return;
   std::string stem = metrics_path_;
   if (stem.ends_with(".jsonl")) stem.resize(stem.size() - 6);

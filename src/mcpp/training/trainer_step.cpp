@@ -6,6 +6,7 @@
 // Between the grad norm and the optimizer step: the NaN / spiky-loss check (a re-run with per-module checks and a
 // skipped step: trainer_diagnosis.cpp) and the --inject-fault hooks (fault_injection.h). After the forward-backward of
 // a step --check-data-consistency is due at: the world compares the microbatches' hashes (data_consistency.h).
+// --rerun-on-cpu: the step's microbatches are recorded as built (run_microbatches), for its CPU re-run.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -52,12 +53,20 @@ Trainer::StepLoss Trainer::run_microbatches(const MegatronDataset& ds, int64_t f
           const Batch& b = graph_inputs_.at(static_cast<size_t>(m));
           return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask, b.packed};
         }
+        if (replay_batches_ && !forward_only) {  // --rerun-on-cpu: the step's recorded batches
+          const Batch& b = replay_batches_->at(static_cast<size_t>(m));
+          return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask, b.packed};
+        }
         const auto t0 = Clock::now();
         if (faults_ && !forward_only) faults_->before_batch(step_iteration_);  // --inject-fault slow-data
         const Batch b = get_batch(ds, first, m, /*training=*/!forward_only);
         if (!forward_only)  // Megatron's batch-generator timer (level 2): building the microbatch on the host
           timers_->add_ms(TimerId::BatchGenerator,
                           std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        if (record_batches_ && !forward_only) {  // --rerun-on-cpu: kept for a CPU re-run of this step
+          if (step_batches_.size() <= static_cast<size_t>(m)) step_batches_.resize(static_cast<size_t>(m) + 1);
+          step_batches_[static_cast<size_t>(m)] = b;
+        }
         return pipeline_parallel::MicroBatch{b.tokens, b.labels, b.loss_mask, b.packed};
       },
       .hidden_shape = {s, config_.training.micro_batch_size, config_.model.hidden_size},
@@ -201,6 +210,8 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
   if (comm::FlightRecorder* fr = pc_.world()->recorder())  // hang forensics: this step's calls carry its iteration
     fr->set_context({.iteration = step_iteration_, .pp_stage = pc_.pp_rank()});
   if (faults_) faults_->begin_step(step_iteration_, /*rerun=*/false, *pc_.world());
+  step_batches_.clear();  // --rerun-on-cpu records this step's (run_microbatches)
+  record_batches_ = config_.training.rerun_on_cpu;
   StepLoss step;
   std::vector<MicrobatchDigest> digests;  // --check-data-consistency (due every N iterations)
   const int64_t every = config_.training.check_data_consistency;
@@ -211,6 +222,7 @@ double Trainer::train_step(double* grad_norm, bool* skipped) {
                        : forward_backward(*train_ds_, state_.consumed_train_samples);
   }
   if (faults_) faults_->end_step();
+  record_batches_ = false;
   if (data_digests_) {  // collective over the world; a mismatch throws on every rank before the optimizer step
     data_digests_ = nullptr;
     check_data_consistency(pc_, step_iteration_, config_.training.micro_batch_size, digests);

@@ -88,6 +88,10 @@ const config::FieldTable<TrainingConfig>& TrainingConfig::fields() {
           MCPP_FIELD(spiky_loss_factor)
               .flag("--spiky-loss-factor", "a spike: loss > factor x the largest of the last 100 healthy losses")
               .range(config::Range::positive()),
+          MCPP_FIELD(rerun_on_cpu)
+              .store_true("--rerun-on-cpu",
+                          "on a NaN / spiky step also re-run it in fp32 on CPU (from the step's checkpoint or the "
+                          "pre-step state) to tell a numerics problem from a device fault"),
           MCPP_FIELD(inject_fault)
               .flag("--inject-fault",
                     "KIND[:OPTS]@ITER[:RANK]: nan-grad:layer=K[,persistent] | nan-output:layer=K | kill | hang | "
@@ -149,6 +153,11 @@ void TrainingConfig::validate() const {
   require_non_negative(trace_modules, "trace_modules");
   for (const std::string& f : inject_fault) parse_fault_spec(f);  // a malformed one: its error
   require_non_negative(check_data_consistency, "check_data_consistency");
+  if (rerun_on_cpu && !check_for_nan_in_loss_and_grad && !check_for_spiky_loss)
+    fail("rerun_on_cpu: nothing triggers a re-run (--no-check-for-nan-in-loss-and-grad without "
+         "--check-for-spiky-loss); drop --rerun-on-cpu or turn a check on");
+  if (rerun_on_cpu && enable_cuda_graph)
+    fail("rerun_on_cpu: under --enable-cuda-graph a faulty step is skipped without a re-run; drop one of them");
   if (trace_modules > 0 && enable_cuda_graph)
     fail("trace_modules: the module trace records the ops as the host issues them, which a replayed CUDA graph "
          "does not; drop --enable-cuda-graph for the traced run");

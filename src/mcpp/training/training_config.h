@@ -72,6 +72,7 @@ struct TrainingConfig {
   bool check_for_nan_in_loss_and_grad = true;  // Megatron's; a non-finite grad norm -> re-run + localise + skip
   bool check_for_spiky_loss = false;           // Megatron's: a loss > spiky_loss_factor x recent max -> the same
   double spiky_loss_factor = 10.0;             // Megatron's SPIKY_LOSS_FACTOR (a constant there)
+  bool rerun_on_cpu = false;  // --rerun-on-cpu: a faulty step also re-runs in fp32 on CPU (trainer_cpu_rerun.cpp)
   std::vector<std::string> inject_fault;       // --inject-fault KIND[:OPTS]@ITER[:RANK] (repeatable)
   int64_t check_data_consistency = 0;          // --check-data-consistency N: every N iterations (data_consistency.h)
 

@@ -8,6 +8,7 @@ ActivationDims ActivationDims::of(const TransformerConfig& m, const ParallelConf
   ActivationDims d;
   d.tp = parallel.tensor_model_parallel_size;
   d.cp = parallel.context_parallel_size;
+  d.ep = parallel.expert_model_parallel_size;
   d.etp = parallel.expert_tp();
   d.cp_ring = parallel.cp_ring();
   d.s = m.seq_length / d.cp;

@@ -14,7 +14,7 @@ namespace mcpp {
 
 struct ActivationDims {
   int64_t s = 0, b = 0, n = 0, n_local = 0, h = 0, hn = 0, np = 0, ng = 0, f = 0, e = 0;
-  int64_t tp = 1, cp = 1, etp = 1;
+  int64_t tp = 1, cp = 1, ep = 1, etp = 1;
   bool cp_ring = false;  // context parallelism's ring form (p2p), else all-to-all
   bool sequence_parallel() const { return n != n_local; }
 

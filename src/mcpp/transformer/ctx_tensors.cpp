@@ -37,11 +37,13 @@ void visit_ctx_tensors(const MLPCtx& c, const TensorVisitor& f) {
 }
 
 namespace moe {
+// Not m.experts.counts: GroupedMLP's rows per expert are the router's device counts (m.router.counts, visited) or the
+// layer's cached copy of the plan's host counts (MoELayer::expert_counts: module state, like position_ids).
 void visit_ctx_tensors(const MoELayerCtx& m, const TensorVisitor& f) {
   for (const Tensor* t : {&m.router.x, &m.router.jittered, &m.router.topk, &m.router.probs, &m.router.scores,
                           &m.router.lse, &m.router.idx, &m.router.aux_counts, &m.router.z_scores, &m.router.z_lse,
-                          &m.plan.idx, &m.probs, &m.combined, &m.experts.x, &m.gate, &m.gate_scores, &m.gate_lse,
-                          &m.gate_top, &m.shared_out})
+                          &m.router.counts, &m.plan.idx, &m.probs, &m.combined, &m.experts.x, &m.experts.pre_act,
+                          &m.experts.act, &m.gate, &m.gate_scores, &m.gate_lse, &m.gate_top, &m.shared_out})
     f(*t);
   for (const MLPCtx& e : m.experts.mlp) mcpp::visit_ctx_tensors(e, f);
   mcpp::visit_ctx_tensors(m.shared, f);

@@ -26,8 +26,8 @@ B. Faults on 2 ranks, each run in its own session: all ranks exit within the wat
    microbatch sleeps: >= 400 ms per microbatch), rank 0's is not.
    slow-rank:ms=400@2:1: rank 1's step time at iteration 2 >= 400 ms.
    bad-shard@4:1 (checkpoints at 2 and 4): --load fails with one error naming the rank-1 shard's checksum.
-C. --check-collectives on PP2 (P2P fingerprints) leaves the losses unchanged; bad --inject-fault values: one error
-   line each, exit 2.
+C. --check-collectives on PP2 (P2P fingerprints) leaves the losses unchanged. (Bad --inject-fault values:
+   tests/training/inject_fault_cli_check.py.)
 """
 import glob
 import json
@@ -244,13 +244,6 @@ check(rc != 0 and errs and "rank_00001" in errs[0] and "checksum" in errs[0].low
 a, _ = train("pp2_plain", 2, ["--pipeline-model-parallel-size", "2"])
 b, _ = train("pp2_checked", 2, ["--pipeline-model-parallel-size", "2", "--check-collectives"])
 check(losses(a) and losses(a) == losses(b), f"--check-collectives changed PP2's losses: {losses(b)} vs {losses(a)}")
-
-# ---------------- C. bad input
-for bad, word in (("nan-grad@3", "layer=K"), ("boom@3", "unknown kind"), ("kill@x", "ITER"), ("kill", "@ITER"),
-                  ("kill@3:9", "outside the world")):
-    p = run([MCPP, "train", *BASE, "--inject-fault", bad, "--save", os.path.join(WORK, "bad")], expect=1)
-    errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    check(p.returncode == 2 and len(errs) == 1 and word in errs[0], f"--inject-fault {bad}: {p.returncode} {errs}")
 
 if failures:
     print("\n\n".join(failures))

@@ -40,7 +40,7 @@ MoELayer::MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, 
                dispatcher_.num_local_experts()) {
   if (c.moe_grouped_gemm) {
     grouped_ = std::make_unique<GroupedMLP>(experts_, c, dispatcher_.etp_rank());
-    device_counts_ = c.moe_expert_capacity_factor <= 0.0 && dispatcher_.ep_size() == 1 && dispatcher_.etp_size() == 1;
+    device_counts_ = counts_on_device(c, dispatcher_.ep_size(), dispatcher_.etp_size());
     router_.set_device_counts(device_counts_);
   }
   if (c.moe_shared_expert_intermediate_size > 0)
@@ -213,6 +213,10 @@ int64_t aux_count_rows(const TransformerConfig& m, int64_t micro_batch) {
 }
 }  // namespace
 
+bool MoELayer::counts_on_device(const TransformerConfig& c, int64_t ep, int64_t etp) {
+  return c.moe_grouped_gemm && c.moe_expert_capacity_factor <= 0.0 && ep == 1 && etp == 1;
+}
+
 int64_t MoELayer::saved_bytes(const TransformerConfig& m, const ActivationDims& d, int64_t norm_out) {
   const bool sigmoid_z = m.moe_router_score_function == "sigmoid" && m.moe_z_loss_coeff > 0.0f;
   const int64_t routes = d.n_local * m.moe_router_topk;
@@ -232,6 +236,9 @@ int64_t MoELayer::saved_bytes(const TransformerConfig& m, const ActivationDims& 
                   + (d.etp + 1) * rows * d.h * d.e              // the experts' rows in (gathered over expert-TP) + out
                   + ((m.swiglu ? 3 : 2) - (m.recomputes("moe_act") ? 1 : 0))  // every expert's MLP context (moe_act:
                         * d.etp * rows * (m.moe_ffn_hidden_size / d.etp) * d.e;  // without the activation's output)
+  // grouped GEMM, dropless at EP 1 and expert-TP 1: the router's int64 [E] counts, the grouped experts' row counts on
+  // the device (RouterCtx::counts; otherwise the layer's cached copy of the plan's: module state)
+  if (counts_on_device(m, d.ep, d.etp)) bytes += m.num_moe_experts * 8;
   if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
     // its fc1 input gathered under SP (else the router's) and its MLP context; none when recomputed
     // ("shared_experts": re-run in backward), the gate's kept either way

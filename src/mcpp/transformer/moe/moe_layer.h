@@ -56,9 +56,14 @@ class MoELayer {
   // topk + idx + probs 3*n_l*k*4, scores + lse n_l*(E+1)*4 (+ the sigmoid z-loss's), the load-balancing counts,
   // the experts' rows in (gathered over expert-TP) and out (etp+1)*rows*h*e and their MLP contexts; rows = n_l*k
   // (dropless; exact at EP 1, assumed balanced under EP), E*capacity (padded), or min of the two (an upper bound
-  // with drops). A shared expert adds a dense MLP's context of width fs = shared size / tp (its input gathered
-  // under SP) unless recomputed ("shared_experts"), and its gate's.
+  // with drops). The experts' contexts are the same bytes for SequentialMLP and GroupedMLP (fc1's output and the
+  // activation over every row); GroupedMLP's counts_on_device adds the router's int64 [E] counts. A shared expert
+  // adds a dense MLP's context of width fs = shared size / tp (its input gathered under SP) unless recomputed
+  // ("shared_experts"), and its gate's.
   static int64_t saved_bytes(const TransformerConfig& config, const ActivationDims& d, int64_t norm_out);
+  // moe_grouped_gemm, dropless, at EP 1 and expert-TP 1: the grouped experts size their work from the router's
+  // device counts (no host read in the layer; RouterCtx::counts kept until the backward).
+  static bool counts_on_device(const TransformerConfig& config, int64_t ep, int64_t etp);
   MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
            const TransformerConfig& config, const tensor_parallel::TPContext& tp);
   // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it; training: false in

@@ -175,10 +175,11 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
     ctx.weights = ctx.probs.clone();
     ops::scale_inplace(ctx.weights, scaling_);
   }
-  Tensor both = Tensor::empty({2 * e}, DType::I64, dev);  // the routes per expert, then the kept ones
-  Tensor counts = both.flat_slice(0, {e}), kept = both.flat_slice(e, {e});
-  ops::moe_route_positions(ctx.idx, counts, ctx.topk);
   const bool capped = capacity_factor_ > 0.0;
+  // the routes per expert, then (capped) the kept ones: one host read of both
+  Tensor both = Tensor::empty({capped ? 2 * e : e}, DType::I64, dev);
+  Tensor counts = both.flat_slice(0, {e}), kept = capped ? both.flat_slice(e, {e}) : Tensor();
+  ops::moe_route_positions(ctx.idx, counts, ctx.topk);
   if (capped) {  // Megatron's get_capacity(n * k, E, c): ceil((n * k / E) * c), in float64
     ctx.capacity = static_cast<int64_t>(std::ceil(static_cast<double>(n * k) / static_cast<double>(e) *
                                                   capacity_factor_));
@@ -232,8 +233,8 @@ void TopKRouter::forward(RouterCtx& ctx, const Tensor& x, int64_t batch, LossTra
     ctx.rows_per_expert.assign(static_cast<size_t>(e), ctx.capacity);
     return;
   }
-  if (!capped) ctx.counts = counts;
-  if (!capped && device_counts_) {  // GroupedMLP reads them on the device
+  if (!capped && device_counts_) {  // GroupedMLP reads them on the device (kept for its backward)
+    ctx.counts = counts;
     ctx.tokens_per_expert.clear();
     ctx.rows_per_expert.clear();
     return;

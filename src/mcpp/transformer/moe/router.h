@@ -116,7 +116,8 @@ struct RouterCtx {
                                            // (empty) when the buffer is padded to capacity
   std::vector<int64_t> rows_per_expert;    // [E] the dispatch buffer's rows per expert (host; empty with device
                                            // counts)
-  Tensor counts;  // dropless: int64 [E] on x's device, the routes (= the buffer's rows) per expert
+  Tensor counts;  // dropless with device counts: int64 [E] on x's device, the routes (= the buffer's rows) per
+                  // expert (GroupedMLP's, until its backward); undefined otherwise
   int64_t capacity = 0;                    // routes an expert keeps (0: dropless)
 };
 
