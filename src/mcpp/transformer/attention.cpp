@@ -109,7 +109,7 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
                               const ForwardOptions& opt) const {
   if (opt.inference) return forward_cached(ctx, x, rope, *opt.inference);
   const ModuleScope m("self_attention", x);
-  Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
+  Tensor qkv = linear_qkv_.forward(ctx.qkv, x, opt.fp8_recompute);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
   if (cp_) qkv = tensor_parallel::all_to_all_cp2hp(*cp_, qkv);  // [s, b, ng/tp/cp*(np/ng+2)*hn]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
@@ -139,7 +139,7 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
   }
   context = context.view({s, b, core_np_ * hn_});
   if (cp_) context = tensor_parallel::all_to_all_hp2cp(*cp_, context);  // [s/cp, b, np/tp*hn]
-  return m.ret(linear_proj_.forward(ctx.proj, context));                // [s/cp(/tp), b, h]
+  return m.ret(linear_proj_.forward(ctx.proj, context, opt.fp8_recompute));  // [s/cp(/tp), b, h]
 }
 
 Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,

@@ -36,18 +36,18 @@ MLP::MLP(ParameterRegistry& params, const std::string& prefix, const Transformer
                    .fp8 = is_expert ? tensor_parallel::Fp8Options{} : c.fp8_options()},
                   tp.group) {}
 
-Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
+Tensor MLP::forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Recompute* fp8_recompute) const {
   const ModuleScope m("mlp", x);
   Tensor y;
   if (!swiglu_) {  // GELU: bias + GELU ride in fc1's GEMM (linear_gelu_fwd); pre_act kept for backward
-    Tensor act = linear_fc1_.forward_gelu(ctx.fc1, x, ctx.pre_act);  // [s, b, f/tp]; pre_act [n, f/tp]
-    y = linear_fc2_.forward(ctx.fc2, act);                            // [s(/tp), b, h]
+    Tensor act = linear_fc1_.forward_gelu(ctx.fc1, x, ctx.pre_act, fp8_recompute);  // [s, b, f/tp]; pre_act [n, f/tp]
+    y = linear_fc2_.forward(ctx.fc2, act, fp8_recompute);             // [s(/tp), b, h]
   } else {
-    Tensor h1 = linear_fc1_.forward(ctx.fc1, x);                      // [s, b, 2f/tp]
+    Tensor h1 = linear_fc1_.forward(ctx.fc1, x, fp8_recompute);       // [s, b, 2f/tp]
     ctx.pre_act = h1.view({-1, 2 * ffn_});                            // [n, 2f/tp]
     Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, h1.dtype(), x.device());  // [n, f/tp]
     ops::swiglu_fwd(act, ctx.pre_act);
-    y = linear_fc2_.forward(ctx.fc2, act.view({h1.size(0), h1.size(1), ffn_}));  // [s(/tp), b, h]
+    y = linear_fc2_.forward(ctx.fc2, act.view({h1.size(0), h1.size(1), ffn_}), fp8_recompute);  // [s(/tp), b, h]
   }
   if (recompute_act_) ctx.fc2.x = Tensor();  // moe_act: re-run from pre_act in backward
   return m.ret(y);

@@ -39,7 +39,8 @@ class MLP {
   // [n, 1, h] without sequence parallelism.
   MLP(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
       const tensor_parallel::TPContext& tp, bool is_expert = false);
-  Tensor forward(MLPCtx& ctx, const Tensor& x) const;
+  // fp8_recompute: the FP8 linears under activation recompute (tensor_parallel/fp8_recompute.h; null: plain).
+  Tensor forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Recompute* fp8_recompute = nullptr) const;
   // output_bias_grad_elsewhere: fc2's bias grad is taken from the residual stream (output_bias()).
   Tensor backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewhere = false) const;
   Parameter* output_bias() const { return linear_fc2_.residual_bias(); }  // RowParallelLinear::residual_bias

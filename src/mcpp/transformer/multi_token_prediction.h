@@ -40,6 +40,7 @@ struct MultiTokenPredictionLayerCtx {
   bool recomputed = false;  // full recompute: only the inputs below are kept between forward and backward
   Tensor hidden_in, embedding_in;
   ForwardReplay replay;
+  tensor_parallel::Fp8ScaleStash fp8;  // the scales the depth's FP8 linears cast with (fp8_recompute.h)
 };
 
 class MultiTokenPredictionLayer {

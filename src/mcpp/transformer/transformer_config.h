@@ -128,8 +128,9 @@ struct TransformerConfig {
   // FP8 training (Megatron's --fp8-format / --fp8-recipe / --fp8-amax-history-len / --fp8-amax-compute-algo /
   // --fp8-margin, Transformer Engine's recipes; tensor_parallel/fp8_state.h): the dense layers' linears (attention
   // qkv / proj, MLP fc1 / fc2) run FP8 GEMMs; the output layer, norms, core attention and MoE experts stay in the
-  // model's dtype. fp8_format "" (off) | "e4m3" | "hybrid" (e5m2 gradients); fp8_recipe "delayed" | "tensorwise"
-  // ("blockwise" is refused: not implemented). On the CPU backend the casts are emulated (kernels/cpu/fp8.cpp).
+  // model's dtype. fp8_format "" (off) | "e4m3" | "hybrid" (e5m2 gradients); fp8_recipe "delayed" | "tensorwise" |
+  // "blockwise" (DeepSeek-V3's 1x128 / 128x128 scales, per call: every GEMM dim a multiple of 128; "mxfp8" is refused).
+  // On the CPU backend the casts are emulated (kernels/cpu/fp8.cpp, fp8_block.cpp).
   std::string fp8_format;
   std::string fp8_recipe = "delayed";
   int64_t fp8_amax_history_len = 1;             // Megatron's default (Transformer Engine's own: 1024)

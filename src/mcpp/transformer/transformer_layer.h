@@ -46,7 +46,9 @@
 // A recomputed group keeps only its input tensor and a copy of the RNG streams taken before it; its layer
 // contexts are dropped right after the forward. Backward re-runs the group's forward from the kept input
 // with the copied RNG (same dropout keys, hence the same masks and bitwise the same activations) just
-// before back-propagating through the group, then drops each layer context after its backward.
+// before back-propagating through the group, then drops each layer context after its backward. FP8 linears re-run
+// with the scales the first forward cast with and leave their scaling state alone (tensor_parallel/fp8_recompute.h;
+// both full and mlp / moe recompute), so the state is updated once per microbatch.
 #pragma once
 #include <memory>
 #include <string>
@@ -72,6 +74,7 @@ struct TransformerLayerCtx {
   bool norms_dropped = false;  // selective recompute "layernorm": the two norms' outputs released after the forward
   tensor_parallel::RngTracker mlp_rng;  // ... and for a MoE layer the RNG streams its router found (the re-run draws
   bool has_mlp_rng = false;             // the same jitter and random logits from this copy)
+  tensor_parallel::Fp8ScaleStash mlp_fp8;  // ... and the scales its FP8 linears cast with (fp8_recompute.h)
   PhiloxKey mlp_dropout_key;
   bool dropout = false;
 };
@@ -137,6 +140,7 @@ std::vector<RecomputeGroup> recompute_plan(const TransformerConfig& c, int64_t n
 struct RecomputeState {
   Tensor input;          // [s(/tp), b, h] the group's input, kept
   ForwardReplay replay;  // training flag + the RNG streams before the group's forward
+  tensor_parallel::Fp8ScaleStash fp8;  // the scales the group's FP8 linears cast with (fp8_recompute.h)
 };
 
 struct TransformerBlockCtx {

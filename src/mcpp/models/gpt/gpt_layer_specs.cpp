@@ -33,8 +33,8 @@ class DenseMlp final : public MlpModule {
  public:
   DenseMlp(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c, const tp::TPContext& t)
       : m_(params, prefix, c, t) {}
-  Tensor forward(SubmoduleCtx& ctx, const Tensor& x, const ForwardOptions&) const override {
-    return m_.forward(ctx.get<MLPCtx>(), x);
+  Tensor forward(SubmoduleCtx& ctx, const Tensor& x, const ForwardOptions& opt) const override {
+    return m_.forward(ctx.get<MLPCtx>(), x, opt.fp8_recompute);
   }
   Tensor backward(SubmoduleCtx& ctx, const Tensor& dy, float /*loss_grad_scale*/,
                   bool output_bias_grad_elsewhere) const override {
@@ -58,7 +58,8 @@ class MoeMlp final : public MlpModule {
          const TransformerConfig& c, const tp::TPContext& t)
       : m_(std::make_unique<moe::MoELayer>(params, expert_params, prefix, c, t)) {}
   Tensor forward(SubmoduleCtx& ctx, const Tensor& x, const ForwardOptions& opt) const override {
-    return m_->forward(ctx.get<moe::MoELayerCtx>(), x, opt.moe_losses, opt.training, opt.rng);
+    return m_->forward(ctx.get<moe::MoELayerCtx>(), x, opt.moe_losses, opt.training, opt.rng,
+                     opt.fp8_recompute);
   }
   Tensor backward(SubmoduleCtx& ctx, const Tensor& dy, float loss_grad_scale,
                   bool /*output_bias_grad_elsewhere*/) const override {

@@ -43,6 +43,7 @@ struct MoELayerCtx {
   Tensor probs;     // [n, k] float32 on the tokens' device: the combine weights (TopKRouter's weights)
   MLPCtx shared;    // the shared expert's (empty between forward and backward under recompute "shared_experts")
   Tensor shared_input;  // recompute "shared_experts": the layer's input x (the router's too: no extra storage)
+  tensor_parallel::Fp8ScaleStash shared_fp8;  // ... and the scales its FP8 linears cast with (fp8_recompute.h)
   // moe_shared_expert_gate: g = sigmoid(x w^T) per token (float32 [n, 1], with the sigmoid's scores / normalizer /
   // index from moe_topk_softmax at E = k = 1) and the shared expert's ungated output [n, h] (for dg = <dy, out>)
   Tensor gate, gate_scores, gate_lse, gate_top, shared_out;
@@ -67,8 +68,10 @@ class MoELayer {
            const TransformerConfig& config, const tensor_parallel::TPContext& tp);
   // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it; training: false in
   // evaluation; rng: the router's training noise (TopKRouter::forward).
+  // fp8_recompute: the shared expert's FP8 linears under activation recompute (tensor_parallel/fp8_recompute.h).
   Tensor forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training = true,
-                 tensor_parallel::RngTracker* rng = nullptr) const;
+                 tensor_parallel::RngTracker* rng = nullptr,
+                 const tensor_parallel::Fp8Recompute* fp8_recompute = nullptr) const;
   Tensor backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const;
   const TopKRouter& router() const { return router_; }
   TopKRouter& router() { return router_; }
