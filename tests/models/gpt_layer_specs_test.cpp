@@ -188,11 +188,12 @@ TEST(GPTLayerSpecs, NewAttentionVariantNeedsOnlyTheSpec) {
   expect_same_run(run(c, get_gpt_model_spec(c)), counted, "counting attention");  // its context walked too
 }
 
-// The MTP depth's norms come from its spec: a GPT-2-style model (LayerNorm everywhere) whose MTP enorm is an
+// The MTP depth's norms come from its spec: a GPT-2-style model (LayerNorm everywhere, RoPE) whose MTP enorm is an
 // RMSNorm built by the spec alone. Only that norm changes: no bias parameter, and the rest of the model's
 // parameters unchanged (the same keys, in order, minus that one).
 TEST(GPTLayerSpecs, MtpNormsComeFromTheSpec) {
   TransformerConfig c = testing::tiny_config("gpt2");
+  c.position_embedding_type = PositionEmbedding::Rope;  // MTP needs rope or none (Megatron's rule)
   c.mtp_num_layers = 1;
   c.validate();
   ASSERT_EQ(c.normalization, Normalization::LayerNorm);
