@@ -1,6 +1,7 @@
 // FP8 training on the CPU backend (the casts emulated: kernels/cpu/fp8.cpp; the scaling state:
 // tensor_parallel/fp8_state.h): the loss of a short run follows the fp32 run's; the delayed recipe's state moves
-// (scales leave their initial 1) and is saved per rank, so a run resumed from a checkpoint continues bit for bit;
+// (scales leave their initial 1) and is saved per rank, so a run resumed from a checkpoint continues bit for bit (also
+// with the first layer in bf16, --first-last-layers-bf16, which then keeps and saves no state);
 // Megatron's flags are validated with one named error each.
 #include <gtest/gtest.h>
 
@@ -75,29 +76,42 @@ TEST_F(Fp8TrainingTest, LossFollowsTheFp32Run) {
   }
 }
 
+// Both with every layer in FP8 and with layer 0 in bf16 (--first-last-layers-bf16 --num-layers-at-start-in-bf16 1
+// --num-layers-at-end-in-bf16 0: its linears keep no FP8 state, so the checkpoint holds none of it).
 TEST_F(Fp8TrainingTest, ResumeIsBitExactWithTheScalingState) {
-  const Config full = fp8_config("hybrid", "delayed", 10);
-  const TrainSummary sa = Trainer(full, 99, single()).train();
-  Config first = full;
-  first.training.exit_interval = 5;
-  first.training.save = (dir_ / "ckpt").string();
-  const TrainSummary s1 = Trainer(first, 99, single()).train();
-  ASSERT_EQ(s1.final_iteration, 5);
-  bool saved_state = false;  // the manifest names the per-rank FP8 state
-  for (const auto& e : fs::recursive_directory_iterator(dir_ / "ckpt")) {
-    if (e.path().extension() != ".json") continue;
-    std::ifstream f(e.path());
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    saved_state = saved_state || text.find("rank_state.tp0.pp0.dp0.cp0.decoder.layers.0.mlp.linear_fc1.fp8.input."
-                                           "amax_history") != std::string::npos;
+  for (const bool first_layer_bf16 : {false, true}) {
+    SCOPED_TRACE(first_layer_bf16 ? "layer 0 in bf16" : "all layers FP8");
+    Config full = fp8_config("hybrid", "delayed", 10);
+    full.model.first_last_layers_bf16 = first_layer_bf16;
+    full.model.num_layers_at_end_in_bf16 = 0;
+    full.validate();
+    const TrainSummary sa = Trainer(full, 99, single()).train();
+    Config first = full;
+    first.training.exit_interval = 5;
+    first.training.save = (dir_ / (first_layer_bf16 ? "ckpt_bf16" : "ckpt")).string();
+    const TrainSummary s1 = Trainer(first, 99, single()).train();
+    ASSERT_EQ(s1.final_iteration, 5);
+    bool saved_layer0 = false, saved_layer1 = false;  // the manifest names the per-rank FP8 state
+    for (const auto& e : fs::recursive_directory_iterator(first.training.save)) {
+      if (e.path().extension() != ".json") continue;
+      std::ifstream f(e.path());
+      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const auto names = [&text](int layer) {
+        return text.find("rank_state.tp0.pp0.dp0.cp0.decoder.layers." + std::to_string(layer) +
+                         ".mlp.linear_fc1.fp8.input.amax_history") != std::string::npos;
+      };
+      saved_layer0 = saved_layer0 || names(0);
+      saved_layer1 = saved_layer1 || names(1);
+    }
+    EXPECT_EQ(saved_layer0, !first_layer_bf16);
+    EXPECT_TRUE(saved_layer1);
+    Config second = full;
+    second.training.load = first.training.save;
+    const TrainSummary s2 = Trainer(second, 99, single()).train();
+    ASSERT_EQ(s2.iterations_run, 5);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(sa.losses[5 + i], s2.losses[i]) << "iteration " << 6 + i;  // bit for bit
+    EXPECT_EQ(sa.last_valid_loss, s2.last_valid_loss);
   }
-  EXPECT_TRUE(saved_state);
-  Config second = full;
-  second.training.load = first.training.save;
-  const TrainSummary s2 = Trainer(second, 99, single()).train();
-  ASSERT_EQ(s2.iterations_run, 5);
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(sa.losses[5 + i], s2.losses[i]) << "iteration " << 6 + i;  // bit for bit
-  EXPECT_EQ(sa.last_valid_loss, s2.last_valid_loss);
 }
 
 // --fp8-recipe blockwise (1x128 / 128x128 scales per call) on a model whose GEMM dims are multiples of 128 (h 128,

@@ -10,6 +10,7 @@
 namespace mcpp {
 
 tensor_parallel::ParallelLinearOptions attention_output_options(const TransformerConfig& c,
+                                                                const TransformerLayerSpec& spec,
                                                                 const tensor_parallel::TPContext& tp,
                                                                 int64_t input_size) {
   return {.input_size = input_size,
@@ -18,7 +19,7 @@ tensor_parallel::ParallelLinearOptions attention_output_options(const Transforme
           .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
           .sequence_parallel = tp.sequence_parallel,
           .tp_comm_overlap = tp.comm_overlap,
-          .fp8 = c.fp8_options()};
+          .fp8 = spec.linear_fp8};
 }
 
 SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
@@ -36,10 +37,10 @@ SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefi
                    .init_std = c.init_method_std,
                    .sequence_parallel = tp.sequence_parallel,
                    .tp_comm_overlap = tp.comm_overlap,
-                   .fp8 = c.fp8_options()},
+                   .fp8 = spec.linear_fp8},
                   tp.group),
       linear_proj_(params, prefix + ".linear_proj",
-                   attention_output_options(c, tp, c.num_attention_heads * c.kv_channels), tp.group),
+                   attention_output_options(c, spec, tp, c.num_attention_heads * c.kv_channels), tp.group),
       recompute_core_(c.recomputes("core_attn")),
       cp_(tp.cp && tp.cp->size() > 1 && !tp.cp_p2p ? tp.cp : nullptr) {
   MCPP_CHECK(c.num_query_groups % tp.size() == 0, "num_query_groups {} not divisible by tp={}", c.num_query_groups,

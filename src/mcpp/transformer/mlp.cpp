@@ -8,7 +8,7 @@
 namespace mcpp {
 
 MLP::MLP(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
-         const tensor_parallel::TPContext& tp, bool is_expert)
+         const tensor_parallel::TPContext& tp, const tensor_parallel::Fp8Options& fp8, bool is_expert)
     : swiglu_(c.swiglu),
       // (with "moe" too the whole layer is re-run right before its backward: dropping the activation again would only
       // compute it a third time)
@@ -23,7 +23,7 @@ MLP::MLP(ParameterRegistry& params, const std::string& prefix, const Transformer
                    .tp_comm_overlap = tp.comm_overlap && !is_expert,
                    .stride_chunks = c.swiglu ? 2 : 1,
                    .explicit_expert_comm = is_expert,
-                   .fp8 = is_expert ? tensor_parallel::Fp8Options{} : c.fp8_options()},
+                   .fp8 = fp8},
                   tp.group),
       linear_fc2_(params, prefix + ".linear_fc2",
                   {.input_size = c.ffn_hidden_size,
@@ -33,7 +33,7 @@ MLP::MLP(ParameterRegistry& params, const std::string& prefix, const Transformer
                    .sequence_parallel = tp.sequence_parallel && !is_expert,
                    .tp_comm_overlap = tp.comm_overlap && !is_expert,
                    .explicit_expert_comm = is_expert,
-                   .fp8 = is_expert ? tensor_parallel::Fp8Options{} : c.fp8_options()},
+                   .fp8 = fp8},
                   tp.group) {}
 
 Tensor MLP::forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Recompute* fp8_recompute) const {

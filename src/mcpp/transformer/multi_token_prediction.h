@@ -25,7 +25,8 @@
 namespace mcpp {
 
 // Megatron's MultiTokenPredictionLayerSubmodules: what one depth is built from. The norms' factories (the decoder's
-// norm by default) and the transformer layer's spec (the decoder's last layer spec, so a MoE layer when that one is);
+// norm by default) and the transformer layer's spec (the decoder's last layer spec, so a MoE layer when that one is,
+// and its linears "local" when that one keeps them in bf16); the eh_proj linear stays in the model's dtype;
 // models/gpt/gpt_layer_specs.h's get_gpt_mtp_layer_spec chooses them.
 struct MtpLayerSpec {
   NormFactory make_enorm, make_hnorm, make_final_layernorm;

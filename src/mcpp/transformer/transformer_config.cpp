@@ -95,6 +95,12 @@ void TransformerConfig::validate() const {
     fail("fp8_amax_history_len must be in [1, 8192]; got {}", fp8_amax_history_len);
   if (fp8_margin < 0 || fp8_margin > 64) fail("fp8_margin must be in [0, 64]; got {}", fp8_margin);
   require_positive(num_layers, "num_layers");
+  require_non_negative(num_layers_at_start_in_bf16, "num_layers_at_start_in_bf16");
+  require_non_negative(num_layers_at_end_in_bf16, "num_layers_at_end_in_bf16");
+  if (first_last_layers_bf16 && num_layers_at_start_in_bf16 + num_layers_at_end_in_bf16 > num_layers)
+    fail("first_last_layers_bf16: num_layers_at_start_in_bf16 ({}) + num_layers_at_end_in_bf16 ({}) exceeds "
+         "num_layers ({})",
+         num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, num_layers);
   require_positive(hidden_size, "hidden_size");
   require_positive(num_attention_heads, "num_attention_heads");
   require_positive(num_query_groups, "num_query_groups");

@@ -136,6 +136,13 @@ struct TransformerConfig {
   int64_t fp8_amax_history_len = 1;             // Megatron's default (Transformer Engine's own: 1024)
   std::string fp8_amax_compute_algo = "most_recent";  // | "max"; Megatron's default
   int64_t fp8_margin = 0;
+  // Megatron's --first-last-layers-bf16 / --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16
+  // (core/fp8_utils.py is_first_last_bf16_layer): with FP8 on, the first / last N global decoder layers keep their
+  // linears in the model's dtype (their layer spec's "local" linears, models/gpt/gpt_layer_specs.h). No-ops without
+  // FP8; start + end <= num_layers.
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
   bool fp8() const { return !fp8_format.empty(); }
   tensor_parallel::Fp8Options fp8_options() const;  // disabled when fp8_format is ""
   // Multi-token prediction (Megatron's --mtp-num-layers / --mtp-loss-scaling-factor; DeepSeek-V3's MTP;

@@ -25,7 +25,7 @@ TransformerLayer::TransformerLayer(ParameterRegistry& params, ParameterRegistry&
       self_attention_(spec.make_attention(params, prefix + ".self_attention", c, spec, tp)),
       pre_mlp_layernorm_(
           spec.make_pre_mlp_layernorm(params, prefix + ".pre_mlp_layernorm", c.hidden_size, tp.sequence_parallel)),
-      mlp_(spec.make_mlp(params, expert_params, prefix + ".mlp", c, tp)),
+      mlp_(spec.make_mlp(params, expert_params, prefix + ".mlp", c, spec, tp)),
       recompute_mlp_(c.recomputes(mlp_->recompute_name())),
       recompute_norms_(c.recomputes("layernorm")),
       name_(prefix) {}

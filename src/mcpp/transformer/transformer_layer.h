@@ -24,7 +24,8 @@
 // The parts come from a TransformerLayerSpec (spec.h; chosen in models/gpt/gpt_layer_specs.cpp): the layer holds one
 // AttentionModule (SelfAttention or MLASelfAttention, with its core attention) and one MlpModule (a dense MLP or,
 // in the layers config.moe_layer_pattern() selects, a MoELayer: router, token dispatch, experts) and builds its
-// two norms with the spec's factories; it never names an implementation. A MoE layer's output has no bias of its own
+// two norms with the spec's factories; it never names an implementation. Its modules' linears run FP8 or not as the
+// spec's linear / linear_fp8 say (per layer: Megatron's --first-last-layers-bf16). A MoE layer's output has no bias of its own
 // (MlpModule::output_bias() null), so no bias grad rides in pre_mlp_layernorm's backward for it; its backward takes
 // the microbatch's loss_grad_scale (the router's load-balancing losses).
 // Selective recompute of the MLP (recompute_modules "mlp" in a dense layer, "moe" in a MoE layer; Megatron's

@@ -6,7 +6,8 @@ usage: fp8_errors_check.py MCPP WORKDIR
 Cases: --fp8-recipe blockwise with a hidden size, a token count (seq_length * micro_batch_size) or an FFN size not a
 multiple of 128 (its 1x128 tiles / 128x128 blocks); --fp8-recipe mxfp8 (Blackwell's) and an unknown format;
 --fp8-param-gather without FP8, without the distributed optimizer, and with it (not implemented); FP8 on the GPU
-without --bf16. The valid blockwise command line the cases start from trains (2 iterations).
+without --bf16; --first-last-layers-bf16 with more bf16 layers than layers, or a negative count. The valid blockwise
+command line the cases start from trains (2 iterations).
 """
 import subprocess
 
@@ -51,6 +52,11 @@ check("fp8-param-gather", BASE + BLOCKWISE + ["--fp8-param-gather", "--use-distr
       ["fp8_param_gather", "not implemented"])
 check("FP8 on the GPU without --bf16", with_flag(BASE, "--device", "cuda") + ["--fp8-format", "hybrid"],
       ["fp8_format", "needs --bf16"])
+check("first/last bf16 layers 2 + 1 of 2", BASE + BLOCKWISE + ["--first-last-layers-bf16",
+      "--num-layers-at-start-in-bf16", "2"], ["num_layers_at_start_in_bf16 (2)", "num_layers_at_end_in_bf16 (1)",
+                                             "exceeds num_layers (2)"])
+check("negative bf16 layers at the end", BASE + ["--num-layers-at-end-in-bf16", "-1"],
+      ["num_layers_at_end_in_bf16", ">= 0", "-1"])
 # The valid blockwise model trains (two iterations): the refusals above are about the named dims only.
 p = subprocess.run([MCPP, "train", *BASE, *BLOCKWISE], capture_output=True, text=True, env=ENV, timeout=120)
 if p.returncode != 0:

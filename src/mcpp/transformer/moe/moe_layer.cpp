@@ -31,7 +31,8 @@ TransformerConfig shared_expert_config(const TransformerConfig& c) {
 }  // namespace
 
 MoELayer::MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
-                   const TransformerConfig& c, const tensor_parallel::TPContext& tp)
+                   const TransformerConfig& c, const tensor_parallel::TPContext& tp,
+                   const tensor_parallel::Fp8Options& shared_expert_fp8)
     : pad_(c.moe_expert_capacity_factor > 0.0 && c.moe_pad_expert_input_to_capacity),
       recompute_shared_(c.recomputes("shared_experts") && !c.recomputes("moe")),  // "moe" re-runs all of it anyway
       router_(params, prefix + ".router", c, tp),
@@ -44,7 +45,8 @@ MoELayer::MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, 
     router_.set_device_counts(device_counts_);
   }
   if (c.moe_shared_expert_intermediate_size > 0)
-    shared_experts_ = std::make_unique<MLP>(params, prefix + ".shared_experts", shared_expert_config(c), tp);
+    shared_experts_ = std::make_unique<MLP>(params, prefix + ".shared_experts", shared_expert_config(c), tp,
+                                            shared_expert_fp8);
   if (c.moe_shared_expert_gate) {  // Megatron's gate_weight: replicated, a sequence-parallel parameter under SP
     MCPP_CHECK(shared_experts_, "moe_shared_expert_gate needs a shared expert");
     shared_gate_ = params.add(ParamSpec{.key = prefix + ".shared_experts.gate_weight", .shape = {1, c.hidden_size},

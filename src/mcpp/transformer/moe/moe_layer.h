@@ -64,8 +64,11 @@ class MoELayer {
   // moe_grouped_gemm, dropless, at EP 1 and expert-TP 1: the grouped experts size their work from the router's
   // device counts (no host read in the layer; RouterCtx::counts kept until the backward).
   static bool counts_on_device(const TransformerConfig& config, int64_t ep, int64_t etp);
+  // shared_expert_fp8: the shared expert's FP8 linears (the layer spec's linear_fp8, transformer/spec.h); the routed
+  // experts stay in the model's dtype. Default: no FP8 (the layer built alone, in tests).
   MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
-           const TransformerConfig& config, const tensor_parallel::TPContext& tp);
+           const TransformerConfig& config, const tensor_parallel::TPContext& tp,
+           const tensor_parallel::Fp8Options& shared_expert_fp8 = {});
   // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it; training: false in
   // evaluation; rng: the router's training noise (TopKRouter::forward).
   // fp8_recompute: the shared expert's FP8 linears under activation recompute (tensor_parallel/fp8_recompute.h).
