@@ -1,10 +1,13 @@
 // FP8 training on the CPU backend (the casts emulated: kernels/cpu/fp8.cpp; the scaling state:
 // tensor_parallel/fp8_state.h): the loss of a short run follows the fp32 run's; the delayed recipe's state moves
-// (scales leave their initial 1) and is saved per rank, so a run resumed from a checkpoint continues bit for bit;
+// (scales leave their initial 1) and is saved per rank, so a run resumed from a checkpoint continues bit for bit (also
+// with the first layer in bf16, --first-last-layers-bf16, which then keeps and saves no state);
 // Megatron's flags are validated with one named error each.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -73,28 +76,100 @@ TEST_F(Fp8TrainingTest, LossFollowsTheFp32Run) {
   }
 }
 
+// Both with every layer in FP8 and with layer 0 in bf16 (--first-last-layers-bf16 --num-layers-at-start-in-bf16 1
+// --num-layers-at-end-in-bf16 0: its linears keep no FP8 state, so the checkpoint holds none of it).
 TEST_F(Fp8TrainingTest, ResumeIsBitExactWithTheScalingState) {
-  const Config full = fp8_config("hybrid", "delayed", 10);
+  for (const bool first_layer_bf16 : {false, true}) {
+    SCOPED_TRACE(first_layer_bf16 ? "layer 0 in bf16" : "all layers FP8");
+    Config full = fp8_config("hybrid", "delayed", 10);
+    full.model.first_last_layers_bf16 = first_layer_bf16;
+    full.model.num_layers_at_end_in_bf16 = 0;
+    full.validate();
+    const TrainSummary sa = Trainer(full, 99, single()).train();
+    Config first = full;
+    first.training.exit_interval = 5;
+    first.training.save = (dir_ / (first_layer_bf16 ? "ckpt_bf16" : "ckpt")).string();
+    const TrainSummary s1 = Trainer(first, 99, single()).train();
+    ASSERT_EQ(s1.final_iteration, 5);
+    bool saved_layer0 = false, saved_layer1 = false;  // the manifest names the per-rank FP8 state
+    for (const auto& e : fs::recursive_directory_iterator(first.training.save)) {
+      if (e.path().extension() != ".json") continue;
+      std::ifstream f(e.path());
+      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const auto names = [&text](int layer) {
+        return text.find("rank_state.tp0.pp0.dp0.cp0.decoder.layers." + std::to_string(layer) +
+                         ".mlp.linear_fc1.fp8.input.amax_history") != std::string::npos;
+      };
+      saved_layer0 = saved_layer0 || names(0);
+      saved_layer1 = saved_layer1 || names(1);
+    }
+    EXPECT_EQ(saved_layer0, !first_layer_bf16);
+    EXPECT_TRUE(saved_layer1);
+    Config second = full;
+    second.training.load = first.training.save;
+    const TrainSummary s2 = Trainer(second, 99, single()).train();
+    ASSERT_EQ(s2.iterations_run, 5);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(sa.losses[5 + i], s2.losses[i]) << "iteration " << 6 + i;  // bit for bit
+    EXPECT_EQ(sa.last_valid_loss, s2.last_valid_loss);
+  }
+}
+
+// --fp8-recipe blockwise (1x128 / 128x128 scales per call) on a model whose GEMM dims are multiples of 128 (h 128,
+// 4 heads of 32, FFN 512, 32 tokens x micro-batch 4): the loss follows the fp32 run within 1% over 30 iterations for
+// e4m3 (DeepSeek-V3's) and hybrid (the CPU trainer runs fp32 only: the bf16 comparison is the GPU test's,
+// tests/cuda/fp8_block_test.cpp); the casts are in the path; no FP8 state is registered or checkpointed (the scales
+// are per call), and a resume is bit-exact without it.
+Config blockwise_config(const std::string& prefix, const std::string& format, int64_t iters) {
+  Config c = tiny_train_config(prefix, iters);
+  c.model.hidden_size = 128;
+  c.model.ffn_hidden_size = 512;
+  c.model.kv_channels = 32;
+  c.model.seq_length = c.model.max_position_embeddings = 32;
+  c.model.fp8_format = format;
+  c.model.fp8_recipe = format.empty() ? "delayed" : "blockwise";
+  c.validate();
+  return c;
+}
+
+TEST_F(Fp8TrainingTest, BlockwiseFollowsTheFp32RunAndKeepsNoState) {
+  const int64_t iters = 30;
+  const TrainSummary ref = Trainer(blockwise_config(prefix_, "", iters), 99, single()).train();
+  for (const std::string format : {"e4m3", "hybrid"}) {
+    SCOPED_TRACE(format);
+    Trainer t(blockwise_config(prefix_, format, iters), 99, single());
+    const TrainSummary s = t.train();
+    ASSERT_EQ(s.losses.size(), ref.losses.size());
+    EXPECT_LT(s.losses.back(), s.losses.front() - 0.5) << "blockwise FP8 training learns";
+    // Per-tile scales keep every element near full e4m3 precision (2^-4 relative, unbiased): within 1% of fp32 (the
+    // issue's bar) at every logged step.
+    double worst = 0.0;
+    for (size_t i = 0; i < s.losses.size(); ++i) {
+      EXPECT_NEAR(s.losses[i], ref.losses[i], 0.01 * ref.losses[i]) << "iteration " << i + 1;
+      worst = std::max(worst, std::fabs(s.losses[i] - ref.losses[i]) / ref.losses[i]);
+    }
+    std::printf("[ measured ] blockwise %s vs fp32: worst relative loss difference %.2e over %lld steps\n",
+                format.c_str(), worst, static_cast<long long>(iters));
+    EXPECT_NE(s.losses.back(), ref.losses.back()) << "the FP8 casts are in the path";
+    EXPECT_TRUE(t.model().params().rank_states().empty()) << "blockwise keeps no FP8 state";
+  }
+  // Resume: the checkpoint holds no FP8 key, and the continued run equals the straight one bit for bit.
+  const Config full = blockwise_config(prefix_, "e4m3", 6);
   const TrainSummary sa = Trainer(full, 99, single()).train();
   Config first = full;
-  first.training.exit_interval = 5;
+  first.training.exit_interval = 3;
   first.training.save = (dir_ / "ckpt").string();
-  const TrainSummary s1 = Trainer(first, 99, single()).train();
-  ASSERT_EQ(s1.final_iteration, 5);
-  bool saved_state = false;  // the manifest names the per-rank FP8 state
+  Trainer(first, 99, single()).train();
   for (const auto& e : fs::recursive_directory_iterator(dir_ / "ckpt")) {
     if (e.path().extension() != ".json") continue;
     std::ifstream f(e.path());
     const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    saved_state = saved_state || text.find("rank_state.tp0.pp0.dp0.cp0.decoder.layers.0.mlp.linear_fc1.fp8.input."
-                                           "amax_history") != std::string::npos;
+    EXPECT_EQ(text.find(".fp8."), std::string::npos) << e.path();
   }
-  EXPECT_TRUE(saved_state);
   Config second = full;
   second.training.load = first.training.save;
   const TrainSummary s2 = Trainer(second, 99, single()).train();
-  ASSERT_EQ(s2.iterations_run, 5);
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(sa.losses[5 + i], s2.losses[i]) << "iteration " << 6 + i;  // bit for bit
+  ASSERT_EQ(s2.iterations_run, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(sa.losses[3 + i], s2.losses[i]) << "iteration " << 4 + i;  // bit for bit
   EXPECT_EQ(sa.last_valid_loss, s2.last_valid_loss);
 }
 
@@ -108,8 +183,21 @@ TEST_F(Fp8TrainingTest, FlagsAreValidatedWithNamedErrors) {
             std::string::npos);
   EXPECT_NE(err([](Config& c) {
               c.model.fp8_format = "e4m3";
+              c.model.fp8_recipe = "mxfp8";
+            }).find("fp8_recipe: mxfp8 scaling is not implemented"),
+            std::string::npos);
+  // blockwise: every GEMM dim a multiple of 128, the first one that is not named (the tiny model: tokens 64, h 32)
+  EXPECT_NE(err([](Config& c) {
+              c.model.fp8_format = "e4m3";
               c.model.fp8_recipe = "blockwise";
-            }).find("fp8_recipe: blockwise scaling is not implemented"),
+            }).find("seq_length * micro_batch_size / context_parallel_size (the tokens of a GEMM) must be a multiple "
+                    "of 128; got 64"),
+            std::string::npos);
+  EXPECT_NE(err([](Config& c) {
+              c.model.fp8_format = "e4m3";
+              c.model.fp8_recipe = "blockwise";
+              c.training.micro_batch_size = 8;
+            }).find("hidden_size must be a multiple of 128; got 32"),
             std::string::npos);
   EXPECT_NE(err([](Config& c) { c.model.fp8_amax_compute_algo = "mean"; }).find("fp8_amax_compute_algo"),
             std::string::npos);
@@ -119,13 +207,21 @@ TEST_F(Fp8TrainingTest, FlagsAreValidatedWithNamedErrors) {
               c.training.device = "cuda";
             }).find("needs --bf16"),
             std::string::npos);
-  EXPECT_NE(err([](Config& c) {
+  // FP8 under recompute (full, and the mlp / moe / shared_experts modules) is accepted: the re-run replays the first
+  // forward's scales (tests/transformer/fp8_recompute_test.cpp)
+  EXPECT_EQ(err([](Config& c) {
               c.model.fp8_format = "hybrid";
               c.model.recompute_granularity = "full";
               c.model.recompute_method = "uniform";
               c.model.recompute_num_layers = 1;
-            }).find("recompute_granularity full"),
-            std::string::npos);
+            }),
+            "");
+  EXPECT_EQ(err([](Config& c) {
+              c.model.fp8_format = "hybrid";
+              c.model.recompute_granularity = "selective";
+              c.model.recompute_modules = {"mlp"};
+            }),
+            "");
   EXPECT_EQ(err([](Config& c) { c.model.fp8_format = "hybrid"; }), "");  // CPU emulation in fp32
 }
 

@@ -147,3 +147,18 @@ add_test(NAME training.packed_pretrain_cli
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/packed_pretrain_check.py ${MCPP_BIN}
                  ${CMAKE_CURRENT_BINARY_DIR}/packed_pretrain_check)
 set_tests_properties(training.packed_pretrain_cli PROPERTIES TIMEOUT 600)
+
+# training.fp8_parallel_cli (~25 s): FP8 (emulated) delayed and blockwise at PP2 (iteration 1 bit for bit, then 5e-4),
+# DP2 + distributed optimizer (blockwise 5e-4; delayed 1e-3: per-replica scaling state), blockwise TP2 + SP; PP2 and
+# DP2 resumes with the FP8 state bit for bit; full / selective recompute at PP2 bit for bit (tests/oracle/cli/).
+add_test(NAME training.fp8_parallel_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/fp8_parallel_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/fp8_parallel_check)
+set_tests_properties(training.fp8_parallel_cli PROPERTIES TIMEOUT 300)
+
+# training.fp8_errors_cli (~3 s): bad FP8 combinations (blockwise dims not multiples of 128, mxfp8, --fp8-param-gather,
+# --tp-comm-overlap) get one `error:` line naming the problem and exit 2.
+add_test(NAME training.fp8_errors_cli
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/oracle/cli/fp8_errors_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/fp8_errors_check)
+set_tests_properties(training.fp8_errors_cli PROPERTIES TIMEOUT 120)

@@ -29,7 +29,7 @@ TEST(MlpGelu, FusedPathIsBitwiseTheUnfusedOps) {
   TransformerConfig c = testing::tiny_config("gpt2");  // h 32, f 128, biases, GELU
   c.validate();
   ParamAndGradBuffer params;
-  MLP mlp(params, "mlp", c, testing::single_tp());
+  MLP mlp(params, "mlp", c, testing::single_tp(), tensor_parallel::Fp8Options{});  // no FP8
   params.finalize(7);
   Weights p{params.find("mlp.linear_fc1.weight"), params.find("mlp.linear_fc1.bias"),
             params.find("mlp.linear_fc2.weight"), params.find("mlp.linear_fc2.bias")};
@@ -71,7 +71,7 @@ TEST(MlpSwiglu, KeepsTheUnfusedPath) {
   TransformerConfig c = testing::tiny_config("llama");  // SwiGLU, no biases
   c.validate();
   ParamAndGradBuffer params;
-  MLP mlp(params, "mlp", c, testing::single_tp());
+  MLP mlp(params, "mlp", c, testing::single_tp(), tensor_parallel::Fp8Options{});  // no FP8
   params.finalize(9);
   Parameter* w1 = params.find("mlp.linear_fc1.weight");
   Parameter* w2 = params.find("mlp.linear_fc2.weight");

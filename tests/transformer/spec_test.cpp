@@ -105,7 +105,7 @@ TEST(ModuleSpec, UnknownImplementationNamesRegistered) {
   TransformerConfig c = testing::tiny_config("gpt2");
   c.attention_impl = "cudnn_magic";
   try {
-    get_gpt_layer_local_spec(c, LayerMlp::Dense);
+    get_gpt_layer_local_spec(c, LayerMlp::Dense, "local");
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("flash"), std::string::npos);

@@ -18,6 +18,9 @@ const config::FieldTable<DistributedDataParallelConfig>& DistributedDataParallel
               .store_false("--no-overwrite-main-grad",
                            "zero the grad buffer at each step's start instead of each parameter's first gradient "
                            "write overwriting its main grad (same values; for A/B runs)"),
+          MCPP_FIELD(fp8_param_gather)
+              .store_true("--fp8-param-gather",
+                          "all-gather the FP8 weights in FP8 (distributed optimizer; refused: not implemented)"),
       }};
   return table;
 }

@@ -20,6 +20,9 @@ struct DistributedDataParallelConfig {
   // overwrite_main_grad) instead of the step zeroing the whole grad buffer first; same values.
   // --no-overwrite-main-grad: zero the buffer (Megatron's zero_grad_buffer), for A/B runs and debugging.
   bool overwrite_main_grad = true;
+  // Megatron's --fp8-param-gather (keep the FP8 weights and all-gather them in FP8 under the distributed optimizer):
+  // accepted as a flag so a Megatron command line gets a named refusal; not implemented (training/config.cpp).
+  bool fp8_param_gather = false;
 
   static const config::FieldTable<DistributedDataParallelConfig>& fields();
   void validate() const;

@@ -185,6 +185,18 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
   MCPP_DISPATCH(fp8_linear_bwd, ({dx, &dw_acc, db_acc, &dy, &x, &w, &fdy.scale, &fdy.amax}), dx, dw_acc, db_acc, dy,
                 x, w, fdy, fx, fw, grad_write, s);
 }
+void fp8_block_quantize(Tensor& out, Tensor& scale_inv, const Tensor& in, Fp8Block block, Fp8Format format,
+                        Stream s) {
+  MCPP_DISPATCH(fp8_block_quantize, ({&out, &scale_inv, &in}), out, scale_inv, in, block, format, s);
+}
+void fp8_block_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, Stream s) {
+  MCPP_DISPATCH(fp8_block_linear_fwd, ({&y, &x, &w}), y, x, w, s);
+}
+void fp8_block_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x,
+                          const Tensor& w, Fp8Format dy_format, GradWrite grad_write, Stream s) {
+  MCPP_DISPATCH(fp8_block_linear_bwd, ({dx, &dw_acc, db_acc, &dy, &x, &w}), dx, dw_acc, db_acc, dy, x, w, dy_format,
+                grad_write, s);
+}
 void linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const Tensor& w, const Tensor* bias, Stream s) {
   MCPP_DISPATCH(linear_gelu_fwd, ({&act, &pre_act, &x, &w, bias}), act, pre_act, x, w, bias, s);
 }

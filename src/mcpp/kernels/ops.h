@@ -215,6 +215,18 @@ struct Fp8ScalingOptions {
   bool most_recent = false;  // --fp8-amax-compute-algo most_recent (else max)
 };
 
+// ---- FP8 blockwise scaling (--fp8-recipe blockwise: DeepSeek-V3's recipe as Transformer Engine's Float8BlockScaling,
+// ops.inc fp8_block_*): one float32 scale per 1x128 tile (activations and gradients: 128 consecutive elements along the
+// GEMM's reduction dim) or per 128x128 block (weights). A block's scale is Transformer Engine's compute_scale_from_amax
+// with power-of-2 scales (its default): s = fp8_max / amax rounded down to a power of 2 (its mantissa bits cleared);
+// 1 when amax is 0, inf or NaN; FLT_MAX's power of 2 when fp8_max / amax overflows. The cast is q = fp8(x * s) (exact
+// scaling), the dequantization q * scale_inv with scale_inv = 1 / s (exact). No state: the scales are per call.
+// Tile128x1: 128 consecutive elements along the rows (a column tile) — the wgrad's operands, whose reduction dim is
+// the tokens (Transformer Engine's columnwise quantization).
+enum class Fp8Block { Tile1x128, Tile128x1, Block128x128 };
+constexpr int64_t kFp8BlockLen = 128;
+float fp8_block_scale(float amax, Fp8Format f);  // s of a block with this amax (the CPU backend's and the tests')
+
 #define MCPP_OP_UNPAREN(...) __VA_ARGS__
 #define MCPP_OP(ret, name, params) ret name(MCPP_OP_UNPAREN params, Stream stream = {});
 #include "mcpp/kernels/ops.inc"

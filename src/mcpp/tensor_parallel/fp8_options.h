@@ -5,12 +5,13 @@
 
 namespace mcpp::tensor_parallel {
 
-enum class Fp8Recipe { Delayed, Tensorwise };
+// Blockwise: DeepSeek-V3's 1x128 / 128x128 scaling (ops.h Fp8Block): per-call scales, no state.
+enum class Fp8Recipe { Delayed, Tensorwise, Blockwise };
 
 // The model's FP8 settings (TransformerConfig's fp8 fields, transformer/transformer_config.h fp8_options()).
 struct Fp8Options {
   bool enabled = false;
-  bool hybrid = false;  // --fp8-format hybrid: e5m2 output gradients (else e4m3 everywhere)
+  bool hybrid = false;  // --fp8-format hybrid: e5m2 output gradients (else e4m3 everywhere; blockwise too)
   Fp8Recipe recipe = Fp8Recipe::Delayed;
   int64_t amax_history_len = 1024;
   bool amax_most_recent = false;  // --fp8-amax-compute-algo most_recent (else max)

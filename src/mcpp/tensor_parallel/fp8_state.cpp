@@ -15,10 +15,15 @@ Fp8TensorMeta make_meta(int64_t history_len, ops::Fp8Format format) {
 Fp8LinearState::Fp8LinearState(const Fp8Options& opt, const std::string& prefix, comm::CommPtr tp)
     : opt_(opt), prefix_(prefix), tp_(std::move(tp)) {
   MCPP_CHECK(opt.enabled, "{}: FP8 state of a linear without FP8", prefix);
+  const ops::Fp8Format grad_format = opt.hybrid ? ops::Fp8Format::E5M2 : ops::Fp8Format::E4M3;
+  if (blockwise()) {  // per-call scales inside the ops: no tensors
+    grad_.format = grad_format;
+    return;
+  }
   const int64_t len = opt.recipe == Fp8Recipe::Tensorwise ? 1 : opt.amax_history_len;
   input_ = make_meta(len, ops::Fp8Format::E4M3);
   weight_ = make_meta(len, ops::Fp8Format::E4M3);
-  grad_ = make_meta(len, opt.hybrid ? ops::Fp8Format::E5M2 : ops::Fp8Format::E4M3);
+  grad_ = make_meta(len, grad_format);
 }
 
 void Fp8LinearState::to_device(Device d) {
@@ -53,11 +58,19 @@ ops::Fp8Operand Fp8LinearState::prepare(Fp8TensorMeta& m, const Tensor& t) {
 }
 
 Fp8LinearState::Forward Fp8LinearState::forward(const Tensor& x, const Tensor& w) {
+  MCPP_CHECK(!blockwise(), "{}: blockwise FP8 keeps no per-tensor scales", prefix_);
   to_device(x.device());
-  Forward f{.x = prepare(input_, x), .w = prepare(weight_, w)};
+  Forward f{.x = prepare(input_, x), .w = prepare(weight_, w), .x_scale = {}, .w_scale = {}};
   f.x_scale = input_.scale.clone();
   f.w_scale = weight_.scale.clone();
   return f;
+}
+
+Fp8LinearState::Forward Fp8LinearState::replayed(const Tensor& x_scale, const Tensor& w_scale) const {
+  return {.x = {.scale = x_scale, .format = input_.format},
+          .w = {.scale = w_scale, .format = weight_.format},
+          .x_scale = x_scale,
+          .w_scale = w_scale};
 }
 
 void Fp8LinearState::after_forward() {
@@ -67,6 +80,7 @@ void Fp8LinearState::after_forward() {
 }
 
 ops::Fp8Operand Fp8LinearState::backward(const Tensor& dy) {
+  MCPP_CHECK(!blockwise(), "{}: blockwise FP8 keeps no per-tensor scales", prefix_);
   to_device(dy.device());
   return prepare(grad_, dy);
 }
@@ -77,6 +91,7 @@ void Fp8LinearState::after_backward() {
 
 std::vector<std::pair<std::string, Tensor*>> Fp8LinearState::state_tensors() {
   std::vector<std::pair<std::string, Tensor*>> out;
+  if (blockwise()) return out;  // nothing kept between calls, nothing to checkpoint
   const std::pair<const char*, Fp8TensorMeta*> metas[] = {{"input", &input_}, {"weight", &weight_}, {"grad_output", &grad_}};
   for (const auto& [name, m] : metas) {
     out.emplace_back(prefix_ + ".fp8." + name + ".scale", &m->scale);

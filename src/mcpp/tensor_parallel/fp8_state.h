@@ -12,9 +12,17 @@
 // With tp > 1 each new amax is all-reduced (MAX) over the TP group before the update (Transformer Engine's amax
 // reduction), so every TP rank holds the scales of the unsplit tensors (those of a tp = 1 run). Not over DP: each
 // DP replica keeps scales from its own data (the weights stay in sync; the scales need not).
-// Formats: --fp8-format e4m3 casts all three as e4m3; hybrid casts dy as e5m2 (more range for gradients).
+//   blockwise (--fp8-recipe blockwise, DeepSeek-V3's; Transformer Engine's Float8BlockScaling): each GEMM operand is
+//       scaled per 1x128 tile (x, dy) or 128x128 block (w) inside the op (ops.h Fp8Block), from the tensor itself:
+//       nothing is kept between calls — no scale, no history, nothing in the checkpoint (state_tensors() is empty),
+//       nothing reduced over TP (a block's scale depends on its own elements only), nothing for a recompute re-run to
+//       replay (the same input gives the same scales).
+// Formats: --fp8-format e4m3 casts all three as e4m3; hybrid casts dy as e5m2 (more range for gradients). Blockwise
+// follows the same flag (Megatron passes it to Transformer Engine's Float8BlockScaling): DeepSeek-V3's recipe is
+// --fp8-format e4m3 (e4m3 everywhere), hybrid gives e5m2 gradient tiles.
 // The forward's x / w scales are what the backward must cast with (the update after the forward changes them):
-// forward() returns copies the caller keeps in its context (ParallelLinearCtx).
+// forward() returns copies the caller keeps in its context (ParallelLinearCtx). A recomputed region's re-run casts
+// with the copies its first forward stashed (replayed(): no amax, no update; fp8_recompute.h).
 // Checkpoints: state_tensors() names every tensor ("<prefix>.fp8.{input,weight,grad_output}.{scale,amax_history}");
 // training/checkpointing saves them per rank, so a resume continues bit-exactly.
 #pragma once
@@ -45,12 +53,17 @@ class Fp8LinearState {
   };
   // Before the forward GEMM of x [n, in] and w [out, in] (tensorwise: takes their amax and sets the scales now).
   Forward forward(const Tensor& x, const Tensor& w);
+  // The operands of a recompute re-run: the first forward's scales, no amax slot (the state is left alone).
+  Forward replayed(const Tensor& x_scale, const Tensor& w_scale) const;
   void after_forward();  // delayed: the x and w updates (after the GEMM recorded their amax)
   ops::Fp8Operand backward(const Tensor& dy);  // before the backward GEMMs (tensorwise: dy's scale now)
   void after_backward();                       // delayed: the dy update
 
   // Every state tensor with its checkpoint key (the tensors themselves: a load writes into them).
   std::vector<std::pair<std::string, Tensor*>> state_tensors();
+  const std::string& prefix() const { return prefix_; }
+  bool blockwise() const { return opt_.recipe == Fp8Recipe::Blockwise; }
+  ops::Fp8Format grad_format() const { return grad_.format; }
 
  private:
   void to_device(Device d);

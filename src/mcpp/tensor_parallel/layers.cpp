@@ -46,20 +46,41 @@ std::shared_ptr<Fp8LinearState> make_fp8(ParameterRegistry& params, const std::s
   return st;
 }
 
-// y [n, out] = x [n, in] W^T (+ bias) with FP8 GEMMs; ctx keeps the scales the backward casts x and w with.
+// y [n, out] = x [n, in] W^T (+ bias) with FP8 GEMMs; ctx keeps the scales the backward casts x and w with (blockwise:
+// the op scales per block, nothing kept). Under
+// activation recompute (rc, fp8_recompute.h) a re-run casts with its first forward's stashed scales and leaves the
+// state alone; a first forward stashes the scales it used.
 void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Tensor& x, const Tensor& w,
-                 const Tensor* bias) {
-  Fp8LinearState::Forward f = st.forward(x, w);
+                 const Tensor* bias, const Fp8Recompute* rc) {
+  if (st.blockwise()) {  // per-call block scales from x and w themselves: nothing to keep, replay or update
+    ops::fp8_block_linear_fwd(y, x, w);
+    if (bias) ops::bias_add_inplace(y, *bias);
+    return;
+  }
+  const bool replay = rc && rc->replay;
+  Fp8LinearState::Forward f;
+  if (replay) {
+    const Fp8ScaleStash::Entry& e = rc->replay->take(&st, st.prefix());
+    f = st.replayed(e.x_scale, e.w_scale);
+  } else {
+    f = st.forward(x, w);
+  }
   ops::fp8_linear_fwd(y, x, w, f.x, f.w);
   if (bias) ops::bias_add_inplace(y, *bias);
-  st.after_forward();
+  if (!replay) st.after_forward();
   ctx.fp8_x_scale = f.x_scale;
   ctx.fp8_w_scale = f.w_scale;
+  if (rc)
+    for (Fp8ScaleStash* s : rc->record) s->push(&st, f.x_scale, f.w_scale);
 }
 
 // The FP8 backward: dx [n, in] (skipped when null), dw += dy^T x, db += sum dy, with the forward's x / w scales.
 void fp8_backward(Fp8LinearState& st, const ParallelLinearCtx& ctx, Tensor* dx, Tensor& dw, Tensor* db,
                   const Tensor& dy, const Tensor& w, ops::GradWrite gw) {
+  if (st.blockwise()) {
+    ops::fp8_block_linear_bwd(dx, dw, db, dy, ctx.x, w, st.grad_format(), gw);
+    return;
+  }
   MCPP_CHECK(ctx.fp8_x_scale.defined(), "FP8 linear backward without its forward's scales");
   const ops::Fp8Operand g = st.backward(dy);
   ops::fp8_linear_bwd(dx, dw, db, dy, ctx.x, w, g, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale}, gw);
@@ -110,13 +131,13 @@ Tensor gather_then(comm::Communicator& tp, const Tensor& x, int64_t cols, bool r
 }
 }  // namespace
 
-Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
+Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute) const {
   const ModuleScope m(name_, x);
   const Tensor* bias = bias_ ? &bias_->data : nullptr;
   if (!opt_.sequence_parallel) {  // copy_to_tp: identity
     ctx.x = rows(x, opt_.input_size);                                                 // [s*b, in]
     Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
-    if (fp8_) fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, bias);
+    if (fp8_) fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, bias, fp8_recompute);
     else ops::linear_fwd(y, ctx.x, weight_->data, bias);
     return m.ret(y.view(with_last(x.shape(), out_local_)));
   }
@@ -125,7 +146,7 @@ Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) co
   Tensor full = gather_then(*tp_, x, opt_.input_size, opt_.tp_comm_overlap,  // gather_from_sp
                             [&](int64_t first, const Tensor& in) {
                               Tensor out = y.narrow0(first, in.size(0));
-                              if (fp8_) fp8_forward(*fp8_, ctx, out, in, weight_->data, bias);
+                              if (fp8_) fp8_forward(*fp8_, ctx, out, in, weight_->data, bias, fp8_recompute);
                               else ops::linear_fwd(out, in, weight_->data, bias);
                             });
   ctx.x = rows(full, opt_.input_size);  // [s*b, in]
@@ -144,8 +165,10 @@ Tensor ColumnParallelLinear::recompute_output(const ParallelLinearCtx& ctx) cons
   const int64_t chunks = opt_.sequence_parallel && opt_.tp_comm_overlap ? tp_->size() : 1;  // the forward's GEMMs
   for (int64_t c = 0; c < chunks; ++c) {
     Tensor out = y.narrow0(c * (n / chunks), n / chunks);
-    if (fp8_) {  // the forward's casts again (its saved scales, no amax recorded)
-      ops::fp8_linear_fwd(out, ctx.x.narrow0(c * (n / chunks), n / chunks), weight_->data, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale});
+    if (fp8_) {  // the forward's casts again (its saved scales, no amax recorded; blockwise: the same block scales)
+      const Tensor in = ctx.x.narrow0(c * (n / chunks), n / chunks);
+      if (fp8_->blockwise()) ops::fp8_block_linear_fwd(out, in, weight_->data);
+      else ops::fp8_linear_fwd(out, in, weight_->data, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale});
       if (bias) ops::bias_add_inplace(out, *bias);
       continue;
     }
@@ -154,7 +177,8 @@ Tensor ColumnParallelLinear::recompute_output(const ParallelLinearCtx& ctx) cons
   return y;
 }
 
-Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act) const {
+Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act,
+                                          const Fp8Recompute* fp8_recompute) const {
   const ModuleScope m(name_, x);
   const Tensor* bias = bias_ ? &bias_->data : nullptr;
   const int64_t n_full = x.numel() / opt_.input_size * (opt_.sequence_parallel ? tp_->size() : 1);
@@ -163,7 +187,7 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
   if (!opt_.sequence_parallel) {  // copy_to_tp: identity
     ctx.x = rows(x, opt_.input_size);
     if (fp8_) {  // the FP8 GEMM into pre_act, then GELU
-      fp8_forward(*fp8_, ctx, pre_act, ctx.x, weight_->data, bias);
+      fp8_forward(*fp8_, ctx, pre_act, ctx.x, weight_->data, bias, fp8_recompute);
       ops::gelu_fwd(act, pre_act);
     } else {
       ops::linear_gelu_fwd(act, pre_act, ctx.x, weight_->data, bias);
@@ -174,7 +198,7 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
                             [&](int64_t first, const Tensor& in) {
                               Tensor a = act.narrow0(first, in.size(0)), p = pre_act.narrow0(first, in.size(0));
                               if (fp8_) {
-                                fp8_forward(*fp8_, ctx, p, in, weight_->data, bias);
+                                fp8_forward(*fp8_, ctx, p, in, weight_->data, bias, fp8_recompute);
                                 ops::gelu_fwd(a, p);
                               } else {
                                 ops::linear_gelu_fwd(a, p, in, weight_->data, bias);
@@ -239,7 +263,7 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& params, const std::strin
   fp8_ = make_fp8(params, prefix, opt, tp_);
 }
 
-Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const {
+Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute) const {
   const ModuleScope m(name_, x);
   ctx.x = rows(x, in_local_);  // [s*b, in/tp]
   // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA); an
@@ -257,7 +281,7 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x) const
     });
   } else {
     Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
-    if (fp8_) fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, nullptr);  // the bias after the reduction
+    if (fp8_) fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, nullptr, fp8_recompute);  // bias: after the reduction
     else ops::linear_fwd(y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr);
     out = y.view(with_last(x.shape(), opt_.output_size));            // [s, b, out]
     if (expert) return m.ret(out);                                   // the dispatcher reduces

@@ -35,13 +35,16 @@
 // dgrad and wgrad GEMMs run as ops::fp8_linear_fwd / fp8_linear_bwd with the layer's scaling state
 // (fp8_state.h: x, w, dy per tensor), the same collectives in the same places; the bias is added after the GEMM;
 // forward_gelu / backward_dgelu apply GELU / GELU' as separate ops around the FP8 GEMMs; the column-parallel dgrad's
-// reduction then waits for the wgrad (one fp8_linear_bwd call computes both). Not with tp_comm_overlap.
+// reduction then waits for the wgrad (one fp8_linear_bwd call computes both). Not with tp_comm_overlap. Under
+// activation recompute the forwards take an Fp8Recompute (fp8_recompute.h): a re-run casts with the first forward's
+// scales and updates no state.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "mcpp/comm/communicator.h"
 #include "mcpp/core/parameter.h"
+#include "mcpp/tensor_parallel/fp8_recompute.h"
 #include "mcpp/tensor_parallel/fp8_state.h"
 
 
@@ -76,9 +79,11 @@ class ColumnParallelLinear {
                        comm::CommPtr tp);
   // Shares an existing weight (tied output layer = word embeddings); no parameters registered.
   ColumnParallelLinear(Parameter* shared_weight, const ParallelLinearOptions& opt, comm::CommPtr tp);
-  Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;
+  // fp8_recompute: FP8 under activation recompute (fp8_recompute.h; null: a plain forward).
+  Tensor forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute = nullptr) const;
   // act [s, b, out/tp] = gelu(forward(x)); pre_act is set to the pre-activation [s*b, out/tp].
-  Tensor forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act) const;
+  Tensor forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act,
+                      const Fp8Recompute* fp8_recompute = nullptr) const;
   Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy) const;
   // Sets ctx's saved input again from x, the forward's input recomputed (selective recompute "layernorm": the
   // caller dropped ctx.x after the forward): under SP the all-gather again (a plain one with --tp-comm-overlap too:
@@ -108,7 +113,8 @@ class RowParallelLinear {
  public:
   RowParallelLinear(ParameterRegistry& params, const std::string& prefix, const ParallelLinearOptions& opt,
                     comm::CommPtr tp);
-  Tensor forward(ParallelLinearCtx& ctx, const Tensor& x) const;   // x [s, b, in/tp]
+  // x [s, b, in/tp]; fp8_recompute as ColumnParallelLinear's.
+  Tensor forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute = nullptr) const;
   // -> dx [s, b, in/tp]. bias_grad_elsewhere: the caller has taken (or takes) the bias grad and its
   // grad_ready from the residual stream (residual_bias()); only dx and the weight grad here.
   Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy, bool bias_grad_elsewhere = false) const;

@@ -5,7 +5,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <span>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "mcpp/core/error.h"
@@ -13,6 +16,34 @@
 #include "mcpp/tools/memory_planner.h"
 
 namespace mcpp {
+
+namespace {
+// --fp8-recipe blockwise scales 1x128 tiles along every GEMM's reduction dim and 128x128 weight blocks (ops.h
+// Fp8Block): each dim of each FP8 linear's three GEMMs (the tokens of this rank's microbatch, and per TP rank the
+// linears' in and out sizes; multi-latent attention's and the routed experts' linears are not FP8) must be a multiple
+// of 128.
+void check_fp8_blockwise_dims(const TransformerConfig& m, int64_t tp, int64_t cp, int64_t micro_batch_size) {
+  std::vector<std::pair<std::string, int64_t>> dims = {
+      {"seq_length * micro_batch_size / context_parallel_size (the tokens of a GEMM)",
+       m.seq_length * micro_batch_size / cp},
+      {"hidden_size", m.hidden_size}};
+  if (!m.multi_latent_attention) {
+    dims.push_back({"(num_attention_heads + 2 * num_query_groups) * kv_channels / tp (linear_qkv's output)",
+                    (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels / tp});
+    dims.push_back({"num_attention_heads * kv_channels / tp (linear_proj's input)",
+                    m.num_attention_heads * m.kv_channels / tp});
+  }
+  const std::vector<bool> moe = m.moe_layer_pattern();
+  if (m.num_moe_experts == 0 || std::find(moe.begin(), moe.end(), false) != moe.end())
+    dims.push_back({"ffn_hidden_size / tp", m.ffn_hidden_size / tp});
+  if (m.num_moe_experts > 0 && m.moe_shared_expert_intermediate_size > 0)
+    dims.push_back({"moe_shared_expert_intermediate_size / tp", m.moe_shared_expert_intermediate_size / tp});
+  for (const auto& [name, v] : dims)
+    if (v % ops::kFp8BlockLen != 0)
+      fail("fp8_recipe: blockwise FP8 scales 1x128 tiles and 128x128 blocks: {} must be a multiple of 128; got {}",
+           name, v);
+}
+}  // namespace
 
 void Config::finalize() {
   model.finalize();
@@ -34,6 +65,13 @@ void Config::validate() const {
   validate_lr_schedule();
   if (ddp.overlap_param_gather && !parallel.use_distributed_optimizer)
     fail("overlap_param_gather needs use_distributed_optimizer (Megatron)");
+  if (ddp.fp8_param_gather) {  // Megatron: FP8 weights, all-gathered in FP8 by the distributed optimizer
+    if (!model.fp8()) fail("fp8_param_gather needs FP8 training (--fp8-format e4m3|hybrid)");
+    if (!parallel.use_distributed_optimizer)
+      fail("fp8_param_gather needs use_distributed_optimizer (Megatron: the FP8 weights are all-gathered by it)");
+    fail("fp8_param_gather is not implemented: the weights are kept and all-gathered in the model's dtype and cast "
+         "to FP8 per GEMM (drop --fp8-param-gather; docs/FP8.md)");
+  }
   const int64_t tp = parallel.tensor_model_parallel_size, pp = parallel.pipeline_model_parallel_size;
   const int64_t cp = parallel.context_parallel_size;
   if (model.num_attention_heads % tp != 0)
@@ -69,6 +107,7 @@ void Config::validate() const {
   if (parallel.tp_comm_overlap && !parallel.sequence_parallel)
     fail("tp_comm_overlap: the tensor-parallel communication overlap needs --sequence-parallel (Megatron)");
   if (model.fp8()) {  // (tensor_parallel/fp8_state.h)
+    if (model.fp8_recipe == "blockwise") check_fp8_blockwise_dims(model, tp, cp, training.micro_batch_size);
     if (parallel.tp_comm_overlap)
       fail("fp8_format: FP8 linears with --tp-comm-overlap are not implemented (drop one of them)");
     if (training.device != "cpu" && !training.bf16)

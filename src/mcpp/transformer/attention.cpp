@@ -10,6 +10,7 @@
 namespace mcpp {
 
 tensor_parallel::ParallelLinearOptions attention_output_options(const TransformerConfig& c,
+                                                                const TransformerLayerSpec& spec,
                                                                 const tensor_parallel::TPContext& tp,
                                                                 int64_t input_size) {
   return {.input_size = input_size,
@@ -18,7 +19,7 @@ tensor_parallel::ParallelLinearOptions attention_output_options(const Transforme
           .init_std = c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers)),
           .sequence_parallel = tp.sequence_parallel,
           .tp_comm_overlap = tp.comm_overlap,
-          .fp8 = c.fp8_options()};
+          .fp8 = spec.linear_fp8};
 }
 
 SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
@@ -36,10 +37,10 @@ SelfAttention::SelfAttention(ParameterRegistry& params, const std::string& prefi
                    .init_std = c.init_method_std,
                    .sequence_parallel = tp.sequence_parallel,
                    .tp_comm_overlap = tp.comm_overlap,
-                   .fp8 = c.fp8_options()},
+                   .fp8 = spec.linear_fp8},
                   tp.group),
       linear_proj_(params, prefix + ".linear_proj",
-                   attention_output_options(c, tp, c.num_attention_heads * c.kv_channels), tp.group),
+                   attention_output_options(c, spec, tp, c.num_attention_heads * c.kv_channels), tp.group),
       recompute_core_(c.recomputes("core_attn")),
       cp_(tp.cp && tp.cp->size() > 1 && !tp.cp_p2p ? tp.cp : nullptr) {
   MCPP_CHECK(c.num_query_groups % tp.size() == 0, "num_query_groups {} not divisible by tp={}", c.num_query_groups,
@@ -109,7 +110,7 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
                               const ForwardOptions& opt) const {
   if (opt.inference) return forward_cached(ctx, x, rope, *opt.inference);
   const ModuleScope m("self_attention", x);
-  Tensor qkv = linear_qkv_.forward(ctx.qkv, x);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
+  Tensor qkv = linear_qkv_.forward(ctx.qkv, x, opt.fp8_recompute);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
   if (cp_) qkv = tensor_parallel::all_to_all_cp2hp(*cp_, qkv);  // [s, b, ng/tp/cp*(np/ng+2)*hn]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);
@@ -139,7 +140,7 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
   }
   context = context.view({s, b, core_np_ * hn_});
   if (cp_) context = tensor_parallel::all_to_all_hp2cp(*cp_, context);  // [s/cp, b, np/tp*hn]
-  return m.ret(linear_proj_.forward(ctx.proj, context));                // [s/cp(/tp), b, h]
+  return m.ret(linear_proj_.forward(ctx.proj, context, opt.fp8_recompute));  // [s/cp(/tp), b, h]
 }
 
 Tensor SelfAttention::backward(SelfAttentionCtx& ctx, const Tensor& dy, const RopeTables* rope,

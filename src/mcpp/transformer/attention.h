@@ -53,8 +53,9 @@ struct SelfAttentionCtx {
 };
 
 // linear_proj's options (both attentions): RowParallel input_size -> hidden, Megatron's output-layer init (std scaled by
-// 1 / sqrt(2 num_layers)), the linear bias per --disable-bias-linear.
+// 1 / sqrt(2 num_layers)), the linear bias per --disable-bias-linear, FP8 as the layer spec's linears (spec.h).
 tensor_parallel::ParallelLinearOptions attention_output_options(const TransformerConfig& c,
+                                                                const TransformerLayerSpec& spec,
                                                                 const tensor_parallel::TPContext& tp,
                                                                 int64_t input_size);
 

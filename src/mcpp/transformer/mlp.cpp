@@ -8,7 +8,7 @@
 namespace mcpp {
 
 MLP::MLP(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
-         const tensor_parallel::TPContext& tp, bool is_expert)
+         const tensor_parallel::TPContext& tp, const tensor_parallel::Fp8Options& fp8, bool is_expert)
     : swiglu_(c.swiglu),
       // (with "moe" too the whole layer is re-run right before its backward: dropping the activation again would only
       // compute it a third time)
@@ -23,7 +23,7 @@ MLP::MLP(ParameterRegistry& params, const std::string& prefix, const Transformer
                    .tp_comm_overlap = tp.comm_overlap && !is_expert,
                    .stride_chunks = c.swiglu ? 2 : 1,
                    .explicit_expert_comm = is_expert,
-                   .fp8 = is_expert ? tensor_parallel::Fp8Options{} : c.fp8_options()},
+                   .fp8 = fp8},
                   tp.group),
       linear_fc2_(params, prefix + ".linear_fc2",
                   {.input_size = c.ffn_hidden_size,
@@ -33,21 +33,21 @@ MLP::MLP(ParameterRegistry& params, const std::string& prefix, const Transformer
                    .sequence_parallel = tp.sequence_parallel && !is_expert,
                    .tp_comm_overlap = tp.comm_overlap && !is_expert,
                    .explicit_expert_comm = is_expert,
-                   .fp8 = is_expert ? tensor_parallel::Fp8Options{} : c.fp8_options()},
+                   .fp8 = fp8},
                   tp.group) {}
 
-Tensor MLP::forward(MLPCtx& ctx, const Tensor& x) const {
+Tensor MLP::forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Recompute* fp8_recompute) const {
   const ModuleScope m("mlp", x);
   Tensor y;
   if (!swiglu_) {  // GELU: bias + GELU ride in fc1's GEMM (linear_gelu_fwd); pre_act kept for backward
-    Tensor act = linear_fc1_.forward_gelu(ctx.fc1, x, ctx.pre_act);  // [s, b, f/tp]; pre_act [n, f/tp]
-    y = linear_fc2_.forward(ctx.fc2, act);                            // [s(/tp), b, h]
+    Tensor act = linear_fc1_.forward_gelu(ctx.fc1, x, ctx.pre_act, fp8_recompute);  // [s, b, f/tp]; pre_act [n, f/tp]
+    y = linear_fc2_.forward(ctx.fc2, act, fp8_recompute);             // [s(/tp), b, h]
   } else {
-    Tensor h1 = linear_fc1_.forward(ctx.fc1, x);                      // [s, b, 2f/tp]
+    Tensor h1 = linear_fc1_.forward(ctx.fc1, x, fp8_recompute);       // [s, b, 2f/tp]
     ctx.pre_act = h1.view({-1, 2 * ffn_});                            // [n, 2f/tp]
     Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, h1.dtype(), x.device());  // [n, f/tp]
     ops::swiglu_fwd(act, ctx.pre_act);
-    y = linear_fc2_.forward(ctx.fc2, act.view({h1.size(0), h1.size(1), ffn_}));  // [s(/tp), b, h]
+    y = linear_fc2_.forward(ctx.fc2, act.view({h1.size(0), h1.size(1), ffn_}), fp8_recompute);  // [s(/tp), b, h]
   }
   if (recompute_act_) ctx.fc2.x = Tensor();  // moe_act: re-run from pre_act in backward
   return m.ret(y);

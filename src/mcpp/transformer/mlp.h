@@ -36,10 +36,12 @@ class MLP {
                              bool keeps_input);
   // is_expert (Megatron's MLP(is_expert=True)): a routed expert — tp is the expert-TP group, the linears run no
   // collective (ParallelLinearOptions::explicit_expert_comm; the MoE dispatcher gathers and reduces), rows in
-  // [n, 1, h] without sequence parallelism.
+  // [n, 1, h] without sequence parallelism. fp8: the linears' FP8 GEMMs (a dense layer's: its spec's linear_fp8,
+  // transformer/spec.h; disabled for routed experts).
   MLP(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
-      const tensor_parallel::TPContext& tp, bool is_expert = false);
-  Tensor forward(MLPCtx& ctx, const Tensor& x) const;
+      const tensor_parallel::TPContext& tp, const tensor_parallel::Fp8Options& fp8, bool is_expert = false);
+  // fp8_recompute: the FP8 linears under activation recompute (tensor_parallel/fp8_recompute.h; null: plain).
+  Tensor forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Recompute* fp8_recompute = nullptr) const;
   // output_bias_grad_elsewhere: fc2's bias grad is taken from the residual stream (output_bias()).
   Tensor backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewhere = false) const;
   Parameter* output_bias() const { return linear_fc2_.residual_bias(); }  // RowParallelLinear::residual_bias

@@ -2,6 +2,7 @@
 // tracker dropout draws from. Explicit forward/backward (DESIGN.md decision 1): a module's saved state
 // lives in a *Ctx struct the caller owns (one per microbatch per chunk); backward reads it.
 #pragma once
+#include "mcpp/tensor_parallel/fp8_recompute.h"
 #include "mcpp/tensor_parallel/random.h"
 #include "mcpp/transformer/packed_seq_params.h"
 
@@ -28,6 +29,9 @@ struct ForwardOptions {
   // Packed sequences (packed_seq_params.h), on the model's device: the core attention masks by documents
   // (doc_start). The positions are the model's concern (GPTModel's rotary tables and learned positions). Null: none.
   const PackedSeqParams* packed_seq_params = nullptr;
+  // FP8 under activation recompute (tensor_parallel/fp8_recompute.h): a recomputed region's first forward records the
+  // scales its FP8 linears cast with, its re-run replays them. Null: a plain forward.
+  const tensor_parallel::Fp8Recompute* fp8_recompute = nullptr;
 };
 
 // ForwardOptions snapshot for activation recompute: the RNG streams as a forward found them. A re-run

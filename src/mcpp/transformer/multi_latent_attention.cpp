@@ -58,7 +58,7 @@ MLASelfAttention::MLASelfAttention(ParameterRegistry& params, const std::string&
       linear_kv_up_proj_(params, prefix + ".linear_kv_up_proj",
                          column(c, t, c.kv_lora_rank, c.num_attention_heads * (c.qk_head_dim + c.v_head_dim)),
                          t.group),
-      linear_proj_(params, prefix + ".linear_proj", attention_output_options(c, t, c.num_attention_heads * c.v_head_dim),
+      linear_proj_(params, prefix + ".linear_proj", attention_output_options(c, spec, t, c.num_attention_heads * c.v_head_dim),
                    t.group),
       recompute_core_(c.recomputes("core_attn")),
       recompute_up_(c.recomputes("mla_up_proj")),

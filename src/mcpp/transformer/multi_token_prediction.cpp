@@ -16,14 +16,12 @@ std::string depth_prefix(int64_t depth) { return fmt::format("mtp.layers.{}", de
 
 MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParameterRegistry& params, ParameterRegistry& expert_params,
                                                      int64_t depth, const TransformerConfig& c,
-                                                     const TransformerLayerSpec& spec, const tp::TPContext& tpc)
+                                                     const MtpLayerSpec& spec, const tp::TPContext& tpc)
     : tp_(tpc),
       hidden_size_(c.hidden_size),
       recompute_(c.recomputes_mtp_depths()),
-      enorm_(params, depth_prefix(depth) + ".enorm", c.hidden_size, c.normalization, c.norm_epsilon,
-             tpc.sequence_parallel),
-      hnorm_(params, depth_prefix(depth) + ".hnorm", c.hidden_size, c.normalization, c.norm_epsilon,
-             tpc.sequence_parallel),
+      enorm_(spec.make_enorm(params, depth_prefix(depth) + ".enorm", c.hidden_size, tpc.sequence_parallel)),
+      hnorm_(spec.make_hnorm(params, depth_prefix(depth) + ".hnorm", c.hidden_size, tpc.sequence_parallel)),
       eh_proj_(params, depth_prefix(depth) + ".eh_proj",
                {.input_size = 2 * c.hidden_size,
                 .output_size = c.hidden_size,
@@ -32,9 +30,10 @@ MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParameterRegistry& params, 
                 .sequence_parallel = tpc.sequence_parallel,
                 .tp_comm_overlap = tpc.comm_overlap},
                tpc.group),
-      layer_(params, expert_params, depth_prefix(depth) + ".transformer_layer", c, spec, tpc),
-      final_layernorm_(params, depth_prefix(depth) + ".final_layernorm", c.hidden_size, c.normalization,
-                       c.norm_epsilon, tpc.sequence_parallel) {}
+      layer_(params, expert_params, depth_prefix(depth) + ".transformer_layer", c, spec.transformer_layer, tpc),
+      final_layernorm_(
+          spec.make_final_layernorm(params, depth_prefix(depth) + ".final_layernorm", c.hidden_size,
+                                    tpc.sequence_parallel)) {}
 
 Tensor MultiTokenPredictionLayer::run(MultiTokenPredictionLayerCtx& ctx, const Tensor& hidden,
                                       const Tensor& embedding, const RopeTables* rope,
@@ -67,7 +66,11 @@ Tensor MultiTokenPredictionLayer::forward(MultiTokenPredictionLayerCtx& ctx, con
   ctx = {};
   ctx.recomputed = recompute_ && opt.training;
   if (ctx.recomputed) ctx.replay = ForwardReplay::of(opt);  // the streams as the depth's forward finds them
-  Tensor out = run(ctx, hidden, embedding, rope, opt);
+  tensor_parallel::Fp8ScaleStash fp8;  // the FP8 scales the re-run casts with (fp8_recompute.h)
+  const tensor_parallel::Fp8Recompute record = tensor_parallel::Fp8Recompute::recording(opt.fp8_recompute, fp8);
+  ForwardOptions run_opt = opt;
+  if (ctx.recomputed) run_opt.fp8_recompute = &record;
+  Tensor out = run(ctx, hidden, embedding, rope, run_opt);
   if (ctx.recomputed) {  // keep the inputs only: backward re-runs the depth
     ForwardReplay replay = std::move(ctx.replay);
     ctx = {};
@@ -75,6 +78,7 @@ Tensor MultiTokenPredictionLayer::forward(MultiTokenPredictionLayerCtx& ctx, con
     ctx.hidden_in = hidden;
     ctx.embedding_in = embedding;
     ctx.replay = std::move(replay);
+    ctx.fp8 = std::move(fp8);
   }
   return out;
 }
@@ -84,8 +88,12 @@ std::pair<Tensor, Tensor> MultiTokenPredictionLayer::backward(MultiTokenPredicti
   if (ctx.recomputed) {  // the same draws as the original forward (output unused)
     const Tensor hidden = ctx.hidden_in, embedding = ctx.embedding_in;
     ForwardReplay replay = std::move(ctx.replay);
+    tensor_parallel::Fp8ScaleStash fp8 = std::move(ctx.fp8);
     ctx = {};
-    run(ctx, hidden, embedding, rope, replay.options());
+    ForwardOptions rerun = replay.options();
+    const auto fp8_replay = tensor_parallel::Fp8Recompute::replaying(fp8);  // the first forward's FP8 scales
+    rerun.fp8_recompute = &fp8_replay;
+    run(ctx, hidden, embedding, rope, rerun);
   }
   MCPP_CHECK(ctx.enorm.x.defined(), "MultiTokenPredictionLayer::backward needs the context of a forward");
   const int64_t h = hidden_size_;

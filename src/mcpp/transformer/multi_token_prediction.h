@@ -24,6 +24,15 @@
 
 namespace mcpp {
 
+// Megatron's MultiTokenPredictionLayerSubmodules: what one depth is built from. The norms' factories (the decoder's
+// norm by default) and the transformer layer's spec (the decoder's last layer spec, so a MoE layer when that one is,
+// and its linears "local" when that one keeps them in bf16); the eh_proj linear stays in the model's dtype;
+// models/gpt/gpt_layer_specs.h's get_gpt_mtp_layer_spec chooses them.
+struct MtpLayerSpec {
+  NormFactory make_enorm, make_hnorm, make_final_layernorm;
+  TransformerLayerSpec transformer_layer;
+};
+
 struct MultiTokenPredictionLayerCtx {
   NormCtx enorm, hnorm;
   tensor_parallel::ParallelLinearCtx eh_proj;
@@ -32,6 +41,7 @@ struct MultiTokenPredictionLayerCtx {
   bool recomputed = false;  // full recompute: only the inputs below are kept between forward and backward
   Tensor hidden_in, embedding_in;
   ForwardReplay replay;
+  tensor_parallel::Fp8ScaleStash fp8;  // the scales the depth's FP8 linears cast with (fp8_recompute.h)
 };
 
 class MultiTokenPredictionLayer {
@@ -43,10 +53,9 @@ class MultiTokenPredictionLayer {
   // context (the decoder's last layer's kind), the final norm's input and statistics. Under full uniform recompute
   // only the depth's two inputs besides the loss part.
   static int64_t saved_bytes(const TransformerConfig& config, const ActivationDims& d);
-  // depth: 0-based (keys "mtp.layers.<depth>"); spec: the transformer layer's parts (Megatron: the decoder's last
-  // layer spec, so a MoE layer when that one is).
+  // depth: 0-based (keys "mtp.layers.<depth>"); spec: the depth's norms and transformer layer.
   MultiTokenPredictionLayer(ParameterRegistry& params, ParameterRegistry& expert_params, int64_t depth,
-                            const TransformerConfig& config, const TransformerLayerSpec& spec,
+                            const TransformerConfig& config, const MtpLayerSpec& spec,
                             const tensor_parallel::TPContext& tp);
   // hidden = h_{k-1}, embedding = e: both [s(/tp), b, h]. Returns h_k [s(/tp), b, h].
   Tensor forward(MultiTokenPredictionLayerCtx& ctx, const Tensor& hidden, const Tensor& embedding,

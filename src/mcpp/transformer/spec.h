@@ -1,9 +1,14 @@
 // ModuleSpec (Megatron-Core's ModuleSpec / TransformerLayerSubmodules): what a transformer layer is built from.
 // A TransformerLayerSpec names one implementation of each replaceable part — the attention (SelfAttention or
 // MLASelfAttention), its core attention (flash / unfused; the ring form under --cp-comm-type p2p), the MLP (dense
-// MLP or MoELayer) and the two norms — as factories; models/gpt/gpt_layer_specs.h chooses them from the config (as
-// Megatron's get_gpt_layer_local_spec). The layer holds one AttentionModule and one MlpModule behind the small
-// interfaces below and never names an implementation.
+// MLP or MoELayer) and the two norms — as factories, and the implementation of the layer's linears ("local": the
+// model's dtype, or "fp8": FP8 GEMMs with its Fp8Options; Megatron's spec names TE or local linear modules);
+// models/gpt/gpt_layer_specs.h chooses them from the config (as Megatron's get_gpt_layer_local_spec). The layer
+// holds one AttentionModule and one MlpModule behind the small interfaces below and never names an implementation.
+// The modules build their Column/RowParallelLinears with spec.linear_fp8 (attention linear_qkv / linear_proj, MLP
+// and shared-expert linear_fc1 / linear_fc2), never with the config's FP8 fields. The model's other linears — the
+// output layer, the MTP depths' eh_proj and output layer, MLA's down/up projections, the routed experts — and the
+// embeddings are not the layer spec's: they stay in the model's dtype.
 //
 // Adding an attention (or MLP) variant: write the module (its class with forward(ctx, ...) / backward(ctx, ...) over
 // its own *Ctx struct, and for_each_tensor(const ItsCtx&, visitor) beside it for the activation-memory walk), then
@@ -24,6 +29,7 @@
 #include "mcpp/core/tensor.h"
 #include "mcpp/transformer/ctx_tensors.h"
 #include "mcpp/tensor_parallel/tp_context.h"
+#include "mcpp/tensor_parallel/fp8_options.h"
 #include "mcpp/transformer/dot_product_attention.h"
 #include "mcpp/transformer/module.h"
 #include "mcpp/transformer/norms.h"
@@ -153,7 +159,7 @@ using AttentionFactory = std::function<std::unique_ptr<AttentionModule>(
 // expert_params: where a MoE layer registers its experts (moe_layer.h).
 using MlpFactory = std::function<std::unique_ptr<MlpModule>(
     ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
-    const TransformerConfig& config, const tensor_parallel::TPContext& tp)>;
+    const TransformerConfig& config, const TransformerLayerSpec& spec, const tensor_parallel::TPContext& tp)>;
 // A norm over `hidden` channels (sequence_parallel: it runs on [s/tp, b, h] shards).
 using NormFactory = std::function<Norm(ParameterRegistry& params, const std::string& prefix, int64_t hidden,
                                        bool sequence_parallel)>;
@@ -168,6 +174,8 @@ struct TransformerLayerSpec {
   MlpFactory make_mlp;
   std::string norm;  // "LayerNorm" | "RMSNorm"
   NormFactory make_input_layernorm, make_pre_mlp_layernorm;
+  std::string linear = "local";  // "local" (the model's dtype) | "fp8" (FP8 GEMMs, recipe in linear_fp8)
+  tensor_parallel::Fp8Options linear_fp8;  // what the layer's linears get (enabled only for "fp8")
 };
 
 // Megatron's TransformerBlockSubmodules: one layer spec per decoder layer (global index) and the final norm.

@@ -73,7 +73,9 @@ tensor_parallel::Fp8Options TransformerConfig::fp8_options() const {
   if (!fp8()) return {};
   return {.enabled = true,
           .hybrid = fp8_format == "hybrid",
-          .recipe = fp8_recipe == "tensorwise" ? tensor_parallel::Fp8Recipe::Tensorwise : tensor_parallel::Fp8Recipe::Delayed,
+          .recipe = fp8_recipe == "tensorwise"  ? tensor_parallel::Fp8Recipe::Tensorwise
+                    : fp8_recipe == "blockwise" ? tensor_parallel::Fp8Recipe::Blockwise
+                                                : tensor_parallel::Fp8Recipe::Delayed,
           .amax_history_len = fp8_amax_history_len,
           .amax_most_recent = fp8_amax_compute_algo == "most_recent",
           .margin = static_cast<int>(fp8_margin)};
@@ -83,23 +85,22 @@ void TransformerConfig::validate() const {
   config::check_fields(fields(), *this);  // finite floats in their rows' ranges (norm_epsilon, dropout, ...)
   if (!fp8_format.empty() && fp8_format != "e4m3" && fp8_format != "hybrid")
     fail("fp8_format: unknown value '{}' (expected e4m3|hybrid)", fp8_format);
-  if (fp8_recipe == "blockwise" || fp8_recipe == "mxfp8")
-    fail("fp8_recipe: {} scaling is not implemented (use delayed or tensorwise)", fp8_recipe);
-  if (fp8_recipe != "delayed" && fp8_recipe != "tensorwise")
-    fail("fp8_recipe: unknown value '{}' (expected delayed|tensorwise)", fp8_recipe);
+  if (fp8_recipe == "mxfp8")
+    fail("fp8_recipe: mxfp8 scaling is not implemented (Blackwell's; use delayed, tensorwise or blockwise)");
+  if (fp8_recipe != "delayed" && fp8_recipe != "tensorwise" && fp8_recipe != "blockwise")
+    fail("fp8_recipe: unknown value '{}' (expected delayed|tensorwise|blockwise)", fp8_recipe);
   if (fp8_amax_compute_algo != "max" && fp8_amax_compute_algo != "most_recent")
     fail("fp8_amax_compute_algo: unknown value '{}' (expected max|most_recent)", fp8_amax_compute_algo);
   if (fp8_amax_history_len < 1 || fp8_amax_history_len > 8192)
     fail("fp8_amax_history_len must be in [1, 8192]; got {}", fp8_amax_history_len);
   if (fp8_margin < 0 || fp8_margin > 64) fail("fp8_margin must be in [0, 64]; got {}", fp8_margin);
-  if (fp8() && recompute_granularity == "full")
-    fail("fp8_format: FP8 with recompute_granularity full is not implemented (the recomputed forward would update "
-         "the FP8 scaling state twice)");
-  for (const char* m : {"mlp", "moe", "shared_experts"})
-    if (fp8() && recomputes(m))
-      fail("fp8_format: FP8 with recompute_modules {} is not implemented (the recomputed linears would update the FP8 "
-           "scaling state twice)", m);
   require_positive(num_layers, "num_layers");
+  require_non_negative(num_layers_at_start_in_bf16, "num_layers_at_start_in_bf16");
+  require_non_negative(num_layers_at_end_in_bf16, "num_layers_at_end_in_bf16");
+  if (first_last_layers_bf16 && num_layers_at_start_in_bf16 + num_layers_at_end_in_bf16 > num_layers)
+    fail("first_last_layers_bf16: num_layers_at_start_in_bf16 ({}) + num_layers_at_end_in_bf16 ({}) exceeds "
+         "num_layers ({})",
+         num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, num_layers);
   require_positive(hidden_size, "hidden_size");
   require_positive(num_attention_heads, "num_attention_heads");
   require_positive(num_query_groups, "num_query_groups");

@@ -128,13 +128,21 @@ struct TransformerConfig {
   // FP8 training (Megatron's --fp8-format / --fp8-recipe / --fp8-amax-history-len / --fp8-amax-compute-algo /
   // --fp8-margin, Transformer Engine's recipes; tensor_parallel/fp8_state.h): the dense layers' linears (attention
   // qkv / proj, MLP fc1 / fc2) run FP8 GEMMs; the output layer, norms, core attention and MoE experts stay in the
-  // model's dtype. fp8_format "" (off) | "e4m3" | "hybrid" (e5m2 gradients); fp8_recipe "delayed" | "tensorwise"
-  // ("blockwise" is refused: not implemented). On the CPU backend the casts are emulated (kernels/cpu/fp8.cpp).
+  // model's dtype. fp8_format "" (off) | "e4m3" | "hybrid" (e5m2 gradients); fp8_recipe "delayed" | "tensorwise" |
+  // "blockwise" (DeepSeek-V3's 1x128 / 128x128 scales, per call: every GEMM dim a multiple of 128; "mxfp8" is refused).
+  // On the CPU backend the casts are emulated (kernels/cpu/fp8.cpp, fp8_block.cpp).
   std::string fp8_format;
   std::string fp8_recipe = "delayed";
   int64_t fp8_amax_history_len = 1;             // Megatron's default (Transformer Engine's own: 1024)
   std::string fp8_amax_compute_algo = "most_recent";  // | "max"; Megatron's default
   int64_t fp8_margin = 0;
+  // Megatron's --first-last-layers-bf16 / --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16
+  // (core/fp8_utils.py is_first_last_bf16_layer): with FP8 on, the first / last N global decoder layers keep their
+  // linears in the model's dtype (their layer spec's "local" linears, models/gpt/gpt_layer_specs.h). No-ops without
+  // FP8; start + end <= num_layers.
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
   bool fp8() const { return !fp8_format.empty(); }
   tensor_parallel::Fp8Options fp8_options() const;  // disabled when fp8_format is ""
   // Multi-token prediction (Megatron's --mtp-num-layers / --mtp-loss-scaling-factor; DeepSeek-V3's MTP;

@@ -180,10 +180,13 @@ const config::FieldTable<TransformerConfig>& TransformerConfig::fields() {
           MCPP_FIELD(calculate_per_token_loss).store_true("--calculate-per-token-loss").no_fingerprint(),
           // ---- FP8 GEMMs: the numerics of the linears, not the function a checkpoint computes
           MCPP_FIELD(fp8_format).flag("--fp8-format", "e4m3|hybrid: FP8 GEMMs in the dense linears (unset = off)").no_fingerprint(),
-          MCPP_FIELD(fp8_recipe).flag("--fp8-recipe", "delayed|tensorwise (scaling of the FP8 casts)").no_fingerprint(),
+          MCPP_FIELD(fp8_recipe).flag("--fp8-recipe", "delayed|tensorwise|blockwise (scaling of the FP8 casts)").no_fingerprint(),
           MCPP_FIELD(fp8_amax_history_len).flag("--fp8-amax-history-len", "delayed scaling: amax history length").no_fingerprint(),
           MCPP_FIELD(fp8_amax_compute_algo).flag("--fp8-amax-compute-algo", "most_recent|max (delayed scaling)").no_fingerprint(),
           MCPP_FIELD(fp8_margin).flag("--fp8-margin", "scale = (fp8_max / amax) / 2^margin").no_fingerprint(),
+          MCPP_FIELD(first_last_layers_bf16).store_true("--first-last-layers-bf16", "FP8: keep the first / last layers' linears in bf16").no_fingerprint(),
+          MCPP_FIELD(num_layers_at_start_in_bf16).flag("--num-layers-at-start-in-bf16", "--first-last-layers-bf16: first layers in bf16").no_fingerprint(),
+          MCPP_FIELD(num_layers_at_end_in_bf16).flag("--num-layers-at-end-in-bf16", "--first-last-layers-bf16: last layers in bf16").no_fingerprint(),
           // the depths' parameters (not their loss weight)
           MCPP_FIELD(mtp_num_layers)
               .flag(

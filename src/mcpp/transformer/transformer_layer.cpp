@@ -25,7 +25,7 @@ TransformerLayer::TransformerLayer(ParameterRegistry& params, ParameterRegistry&
       self_attention_(spec.make_attention(params, prefix + ".self_attention", c, spec, tp)),
       pre_mlp_layernorm_(
           spec.make_pre_mlp_layernorm(params, prefix + ".pre_mlp_layernorm", c.hidden_size, tp.sequence_parallel)),
-      mlp_(spec.make_mlp(params, expert_params, prefix + ".mlp", c, tp)),
+      mlp_(spec.make_mlp(params, expert_params, prefix + ".mlp", c, spec, tp)),
       recompute_mlp_(c.recomputes(mlp_->recompute_name())),
       recompute_norms_(c.recomputes("layernorm")),
       name_(prefix) {}
@@ -72,7 +72,14 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
   const bool recompute = recompute_mlp_ && opt.training;
   ctx.has_mlp_rng = recompute && mlp_->draws_rng() && opt.rng;
   if (ctx.has_mlp_rng) ctx.mlp_rng = *opt.rng;  // the router's draws, replayed by the re-run
-  Tensor mlp = mlp_->forward(ctx.mlp, ln2, opt);
+  ctx.mlp_fp8 = {};
+  ForwardOptions mlp_opt = opt;
+  tensor_parallel::Fp8Recompute mlp_fp8;  // the FP8 scales recorded for the re-run (fp8_recompute.h)
+  if (recompute) {
+    mlp_fp8 = tensor_parallel::Fp8Recompute::recording(opt.fp8_recompute, ctx.mlp_fp8);
+    mlp_opt.fp8_recompute = &mlp_fp8;
+  }
+  Tensor mlp = mlp_->forward(ctx.mlp, ln2, mlp_opt);
   ctx.mlp_dropped = recompute;
   if (recompute) {  // keep the input only; backward re-runs the MLP
     ctx.mlp_input = ln2;
@@ -113,7 +120,12 @@ ResidualGrad TransformerLayer::backward(TransformerLayerCtx& ctx, const Residual
   if (ctx.mlp_dropped || ctx.norms_dropped) {  // selective recompute: the MLP's input (its norm re-run) and context
     const Tensor in = ctx.norms_dropped ? pre_mlp_layernorm_.recompute(ctx.pre_mlp_layernorm) : ctx.mlp_input;
     if (!ctx.mlp_dropped) mlp_->restore_input(ctx.mlp, in);
-    else mlp_->forward(ctx.mlp, in, {.training = true, .rng = ctx.has_mlp_rng ? &ctx.mlp_rng : nullptr});  // no losses
+    else {  // no losses; the first forward's FP8 scales
+      const auto replay = tensor_parallel::Fp8Recompute::replaying(ctx.mlp_fp8);
+      mlp_->forward(ctx.mlp, in,
+                    {.training = true, .rng = ctx.has_mlp_rng ? &ctx.mlp_rng : nullptr, .fp8_recompute = &replay});
+      ctx.mlp_fp8 = {};
+    }
     ctx.mlp_input = Tensor();
   }
   Tensor dmlp_in = mlp_->backward(ctx.mlp, dmlp, loss_grad_scale, rb.dres_bias != nullptr);
@@ -196,7 +208,10 @@ Tensor TransformerBlock::forward(TransformerBlockCtx& ctx, const Tensor& x, cons
     RecomputeState& st = ctx.recompute[g];
     st.input = h.sum();  // kept as one tensor
     st.replay = ForwardReplay::of(opt);  // the streams as the group's forward finds them
-    h = forward_layers(ctx, groups_[g].first, groups_[g].count, std::move(h), rope, opt);
+    const tensor_parallel::Fp8Recompute record = tensor_parallel::Fp8Recompute::recording(opt.fp8_recompute, st.fp8);
+    ForwardOptions group_opt = opt;
+    group_opt.fp8_recompute = &record;  // the FP8 scales the re-run casts with
+    h = forward_layers(ctx, groups_[g].first, groups_[g].count, std::move(h), rope, group_opt);
     for (int64_t j = groups_[g].first; j < groups_[g].first + groups_[g].count; ++j)
       ctx.layers[static_cast<size_t>(j)] = {};  // dropped: rebuilt in backward
     i = groups_[g].first + groups_[g].count;
@@ -223,8 +238,10 @@ Tensor TransformerBlock::backward(TransformerBlockCtx& ctx, const Tensor& dy, co
     if (g > 0 && i == groups_[g - 1].first + groups_[g - 1].count - 1) {  // last layer of a recomputed group
       --g;
       RecomputeState& st = ctx.recompute[g];
-      forward_layers(ctx, groups_[g].first, groups_[g].count, Residual{st.input, Tensor()}, rope,
-                     st.replay.options());  // the same draws as the original forward (output unused)
+      ForwardOptions rerun = st.replay.options();  // the same draws as the original forward (output unused)
+      const auto replay = tensor_parallel::Fp8Recompute::replaying(st.fp8);  // and the same FP8 scales
+      rerun.fp8_recompute = &replay;
+      forward_layers(ctx, groups_[g].first, groups_[g].count, Residual{st.input, Tensor()}, rope, rerun);
       st = {};
     }
     d = layers_[static_cast<size_t>(i)]->backward(ctx.layers[static_cast<size_t>(i)], d, rope, loss_grad_scale);

@@ -24,7 +24,8 @@
 // The parts come from a TransformerLayerSpec (spec.h; chosen in models/gpt/gpt_layer_specs.cpp): the layer holds one
 // AttentionModule (SelfAttention or MLASelfAttention, with its core attention) and one MlpModule (a dense MLP or,
 // in the layers config.moe_layer_pattern() selects, a MoELayer: router, token dispatch, experts) and builds its
-// two norms with the spec's factories; it never names an implementation. A MoE layer's output has no bias of its own
+// two norms with the spec's factories; it never names an implementation. Its modules' linears run FP8 or not as the
+// spec's linear / linear_fp8 say (per layer: Megatron's --first-last-layers-bf16). A MoE layer's output has no bias of its own
 // (MlpModule::output_bias() null), so no bias grad rides in pre_mlp_layernorm's backward for it; its backward takes
 // the microbatch's loss_grad_scale (the router's load-balancing losses).
 // Selective recompute of the MLP (recompute_modules "mlp" in a dense layer, "moe" in a MoE layer; Megatron's
@@ -46,7 +47,9 @@
 // A recomputed group keeps only its input tensor and a copy of the RNG streams taken before it; its layer
 // contexts are dropped right after the forward. Backward re-runs the group's forward from the kept input
 // with the copied RNG (same dropout keys, hence the same masks and bitwise the same activations) just
-// before back-propagating through the group, then drops each layer context after its backward.
+// before back-propagating through the group, then drops each layer context after its backward. FP8 linears re-run
+// with the scales the first forward cast with and leave their scaling state alone (tensor_parallel/fp8_recompute.h;
+// both full and mlp / moe recompute), so the state is updated once per microbatch.
 #pragma once
 #include <memory>
 #include <string>
@@ -72,6 +75,7 @@ struct TransformerLayerCtx {
   bool norms_dropped = false;  // selective recompute "layernorm": the two norms' outputs released after the forward
   tensor_parallel::RngTracker mlp_rng;  // ... and for a MoE layer the RNG streams its router found (the re-run draws
   bool has_mlp_rng = false;             // the same jitter and random logits from this copy)
+  tensor_parallel::Fp8ScaleStash mlp_fp8;  // ... and the scales its FP8 linears cast with (fp8_recompute.h)
   PhiloxKey mlp_dropout_key;
   bool dropout = false;
 };
@@ -137,6 +141,7 @@ std::vector<RecomputeGroup> recompute_plan(const TransformerConfig& c, int64_t n
 struct RecomputeState {
   Tensor input;          // [s(/tp), b, h] the group's input, kept
   ForwardReplay replay;  // training flag + the RNG streams before the group's forward
+  tensor_parallel::Fp8ScaleStash fp8;  // the scales the group's FP8 linears cast with (fp8_recompute.h)
 };
 
 struct TransformerBlockCtx {

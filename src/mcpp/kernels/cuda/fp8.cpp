@@ -11,19 +11,18 @@
 // same pass where both are needed: dy). y, dx are written in the activations' dtype (bf16 or fp32); the wgrad writes
 // fp32 straight into the main grad (C = D, beta = 1, or 0 to overwrite). The forward uses fast accumulation
 // (CUBLASLT_MATMUL_DESC_FAST_ACCUM, Transformer Engine's forward setting); dgrad / wgrad accumulate exactly in fp32.
-// Plans (descriptors, layouts, the heuristic's algorithm) are cached per shape; the handle and workspace are the
-// GEMMs' (gemm_lt.h).
+// The cuBLASLt call and its plan cache: fp8_gemm.h / fp8_gemm.cpp.
 #include <cuda_fp8.h>
 
-#include <map>
-#include <mutex>
-#include <tuple>
 
+#include "mcpp/kernels/cuda/fp8_gemm.h"
 #include "mcpp/kernels/cuda/fp8_launch.h"
 #include "mcpp/kernels/cuda/gemm_lt.h"
 
 namespace mcpp::ops::cuda {
 using namespace cuda_detail;
+using fp8_detail::Fp8GemmKey;
+using fp8_detail::fp8_gemm;
 
 namespace {
 
@@ -50,74 +49,6 @@ void require_multiple_of_16(const char* op, int64_t n, int64_t in, int64_t out) 
   MCPP_CHECK(n % 16 == 0 && in % 16 == 0 && out % 16 == 0,
              "{}: cuBLASLt FP8 GEMMs need every dimension a multiple of 16; got tokens {}, in {}, out {}", op, n, in,
              out);
-}
-
-// One FP8 GEMM in cuBLASLt's column-major terms: D[m x n] (ld m) = sa * sb * op_T(A)[m x k] . B[k x n]
-// (+ beta * D), A stored k x m (ld k), B stored k x n (ld k) — i.e. row-major D[n][m] = B_rm[n][k] . A_rm[m][k]^T.
-struct Fp8GemmKey {
-  int64_t m, n, k;
-  int ta, tb, td;  // cudaDataType_t of A, B, D
-  bool fast_accum;
-  auto tie() const { return std::tie(m, n, k, ta, tb, td, fast_accum); }
-  bool operator<(const Fp8GemmKey& o) const { return tie() < o.tie(); }
-};
-struct Fp8Plan {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-};
-
-Fp8Plan& fp8_plan(const Fp8GemmKey& key) {
-  static std::mutex mu;
-  static std::map<Fp8GemmKey, Fp8Plan> plans;  // lives for the process, like the GEMMs' plan cache
-  const std::lock_guard<std::mutex> lock(mu);
-  auto it = plans.find(key);
-  if (it != plans.end()) return it->second;
-  Fp8Plan p;
-  auto& st = gemm_lt::lt_state();
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
-  const int8_t fast = key.fast_accum ? 1 : 0;
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
-  MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, static_cast<cudaDataType_t>(key.ta), key.k, key.m, key.k));
-  MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, static_cast<cudaDataType_t>(key.tb), key.k, key.n, key.k));
-  MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.ld, static_cast<cudaDataType_t>(key.td), key.m, key.n, key.m));
-  cublasLtMatmulPreference_t pref = nullptr;
-  MCPP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t ws = gemm_lt::kWorkspaceBytes;
-  MCPP_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  cublasLtMatmulHeuristicResult_t res{};
-  int found = 0;
-  // The scale pointers are per call, but the heuristic must know they are set (device pointers of the call).
-  const float* dummy = nullptr;
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof(dummy)));
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof(dummy)));
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.ld, p.ld, pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  MCPP_CHECK(hs == CUBLAS_STATUS_SUCCESS && found > 0,
-             "fp8 GEMM: cuBLASLt has no FP8 algorithm for m {} n {} k {} (A type {}, B type {}, D type {}): needs a "
-             "Hopper (sm_90) or Ada GPU",
-             key.m, key.n, key.k, key.ta, key.tb, key.td);
-  p.algo = res.algo;
-  return plans.emplace(key, p).first->second;
-}
-
-// D = sa * sb * op_T(A) B (+ beta D) with the key's shapes; a / b fp8 bytes, scales device floats.
-void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
-              float beta, cudaStream_t s) {
-  Fp8Plan& p = fp8_plan(key);
-  auto& st = gemm_lt::lt_state();
-  // The scale pointers are descriptor attributes: set per call under the plan lock-free path (the descriptor is
-  // only used by this stream's host thread, as the GEMMs' plans are).
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
-  const float alpha = 1.0f;
-  MCPP_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.op, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
-                                   st.workspace, gemm_lt::kWorkspaceBytes, s));
 }
 
 cudaDataType_t out_type(const char* op, const char* arg, const Tensor& t) {

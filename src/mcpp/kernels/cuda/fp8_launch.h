@@ -24,4 +24,37 @@ constexpr int64_t kFp8MaxHistory = 8192;  // the history sits in shared memory (
 void launch_fp8_scale_update(float* scale, float* history, int64_t len, float fp8_max, int margin, bool most_recent,
                              cudaStream_t s);
 
+// ---- Blockwise scaling (fp8_block_kernels.cu; ops.h Fp8Block): every block's scale is Transformer Engine's
+// power-of-2 compute_scale_from_amax (ops::fp8_block_scale bit for bit), the cast q = cvt.rn.satfinite(x * s) and the
+// stored factor scale_inv = 1 / s (exact). A block's scale_inv goes to sinv[rb * s_row + cb * s_col] (rb, cb: the
+// block's row and column index), so one kernel writes the GEMM-ready layouts (fp8_gemm.h) and the compact one.
+struct BlockScaleOut {
+  float* sinv;
+  int64_t s_row, s_col;
+};
+// in [rows, cols] in 1x128 tiles along cols -> q [rows, cols] fp8 bytes. rows >= 1, cols a multiple of 128.
+void launch_fp8_block_quantize_1x128(uint8_t* q, BlockScaleOut s, FIn in, int64_t rows, int64_t cols, int fmt,
+                                     cudaStream_t st);
+// in [rows, cols] in 128x1 tiles (along rows) -> qt [cols, rows], the transposed fp8 bytes (the wgrad's operand: its
+// rows' 1x128 tiles). rows a multiple of 128, cols a multiple of 32.
+void launch_fp8_block_quantize_128x1_t(uint8_t* qt, BlockScaleOut s, FIn in, int64_t rows, int64_t cols, int fmt,
+                                       cudaStream_t st);
+// in [rows, cols] in 128x128 blocks -> q [rows, cols] (null: not written) and qt [cols, rows] (null: not written);
+// the transposed copy's scales go to st_out (its block (cb, rb); st_out.sinv null: not written). rows, cols multiples
+// of 128.
+void launch_fp8_block_quantize_128x128(uint8_t* q, uint8_t* qt, BlockScaleOut s, BlockScaleOut st_out, FIn in,
+                                       int64_t rows, int64_t cols, int fmt, cudaStream_t st);
+// The dequantized path's operand (fp8_block_gemm_path.h): out[r][c] = decode(q[r][c]) * sinv[(r / br) * s_row +
+// (c / bc) * s_col] as out's dtype, q [rows, cols] fp8 bytes; (br, bc) = (1, 128) for 1x128 tiles along the columns,
+// (128, 128) for blocks. Exact in bf16 (an fp8 value times a power of 2).
+struct BlockScaleIn {
+  const float* sinv;
+  int64_t s_row, s_col;
+  int64_t br, bc;  // the block's rows and columns
+};
+void launch_fp8_block_dequantize(FOut out, const uint8_t* q, BlockScaleIn s, int64_t rows, int64_t cols, int fmt,
+                                 cudaStream_t st);
+// out[i] = the fp8 byte q[i] decoded, as out's dtype (the quantize op's "out": the fp8 value, not scaled back).
+void launch_fp8_decode(FOut out, const uint8_t* q, int64_t n, int fmt, cudaStream_t st);
+
 }  // namespace mcpp::cuda_detail

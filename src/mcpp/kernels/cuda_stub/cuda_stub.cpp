@@ -5,6 +5,7 @@
 #include "mcpp/core/error.h"
 #include "mcpp/core/trace_range.h"
 #include "mcpp/kernels/deterministic_kernels.h"
+#include "mcpp/kernels/fp8_block_gemm_path.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -59,6 +60,12 @@ bool g_cudnn_attention = true;  // kept for the query; no CUDA op reads it in th
 }  // namespace
 void set_cudnn_attention(bool on) { g_cudnn_attention = on; }
 bool cudnn_attention() { return g_cudnn_attention; }
+namespace {
+bool g_fp8_block_dequantize = false;  // kept for the query; no CUDA op reads it in this build
+}  // namespace
+Fp8BlockGemmCounts fp8_block_gemm_counts() { return {}; }  // no CUDA ops ever run
+void set_fp8_block_gemm_dequantize(bool on) { g_fp8_block_dequantize = on; }
+bool fp8_block_gemm_dequantize() { return g_fp8_block_dequantize; }
 }  // namespace ops::cuda
 
 void trace_range_push(const char*) {}  // no profiler ranges without CUDA

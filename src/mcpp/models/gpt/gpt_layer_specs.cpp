@@ -31,10 +31,11 @@ const std::map<std::string, CoreMaker>& core_registry() {
 // The dense MLP behind MlpModule: no RNG draws, no router losses, fc2's bias may ride in the residual stream.
 class DenseMlp final : public MlpModule {
  public:
-  DenseMlp(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c, const tp::TPContext& t)
-      : m_(params, prefix, c, t) {}
-  Tensor forward(SubmoduleCtx& ctx, const Tensor& x, const ForwardOptions&) const override {
-    return m_.forward(ctx.get<MLPCtx>(), x);
+  DenseMlp(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& c,
+           const TransformerLayerSpec& spec, const tp::TPContext& t)
+      : m_(params, prefix, c, t, spec.linear_fp8) {}
+  Tensor forward(SubmoduleCtx& ctx, const Tensor& x, const ForwardOptions& opt) const override {
+    return m_.forward(ctx.get<MLPCtx>(), x, opt.fp8_recompute);
   }
   Tensor backward(SubmoduleCtx& ctx, const Tensor& dy, float /*loss_grad_scale*/,
                   bool output_bias_grad_elsewhere) const override {
@@ -55,10 +56,11 @@ class DenseMlp final : public MlpModule {
 class MoeMlp final : public MlpModule {
  public:
   MoeMlp(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
-         const TransformerConfig& c, const tp::TPContext& t)
-      : m_(std::make_unique<moe::MoELayer>(params, expert_params, prefix, c, t)) {}
+         const TransformerConfig& c, const TransformerLayerSpec& spec, const tp::TPContext& t)
+      : m_(std::make_unique<moe::MoELayer>(params, expert_params, prefix, c, t, spec.linear_fp8)) {}
   Tensor forward(SubmoduleCtx& ctx, const Tensor& x, const ForwardOptions& opt) const override {
-    return m_->forward(ctx.get<moe::MoELayerCtx>(), x, opt.moe_losses, opt.training, opt.rng);
+    return m_->forward(ctx.get<moe::MoELayerCtx>(), x, opt.moe_losses, opt.training, opt.rng,
+                     opt.fp8_recompute);
   }
   Tensor backward(SubmoduleCtx& ctx, const Tensor& dy, float loss_grad_scale,
                   bool /*output_bias_grad_elsewhere*/) const override {
@@ -112,15 +114,16 @@ AttentionFactory mla_factory() {
 
 MlpFactory dense_mlp_factory() {
   return [](ParameterRegistry& params, ParameterRegistry&, const std::string& prefix, const TransformerConfig& c,
-            const tp::TPContext& t) -> std::unique_ptr<MlpModule> {
-    return std::make_unique<DenseMlp>(params, prefix, c, t);
+            const TransformerLayerSpec& spec, const tp::TPContext& t) -> std::unique_ptr<MlpModule> {
+    return std::make_unique<DenseMlp>(params, prefix, c, spec, t);
   };
 }
 
 MlpFactory moe_factory() {
   return [](ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
-            const TransformerConfig& c, const tp::TPContext& t) -> std::unique_ptr<MlpModule> {
-    return std::make_unique<MoeMlp>(params, expert_params, prefix, c, t);
+            const TransformerConfig& c, const TransformerLayerSpec& spec,
+            const tp::TPContext& t) -> std::unique_ptr<MlpModule> {
+    return std::make_unique<MoeMlp>(params, expert_params, prefix, c, spec, t);
   };
 }
 
@@ -131,9 +134,30 @@ NormFactory norm_factory(const TransformerConfig& c) {
   };
 }
 
-TransformerLayerSpec get_gpt_layer_local_spec(const TransformerConfig& c, LayerMlp mlp) {
+void set_layer_linear(TransformerLayerSpec& spec, const std::string& linear, const TransformerConfig& c) {
+  if (linear == "local") {
+    spec.linear_fp8 = {};
+  } else if (linear == "fp8") {
+    if (!c.fp8()) fail("layer spec: linear 'fp8' needs FP8 on (--fp8-format e4m3|hybrid)");
+    spec.linear_fp8 = c.fp8_options();
+  } else {
+    fail("layer spec: unknown linear implementation '{}' (expected local|fp8)", linear);
+  }
+  spec.linear = linear;
+}
+
+bool is_first_last_bf16_layer(const TransformerConfig& c, int64_t layer) {
+  if (!c.first_last_layers_bf16 || layer < 0) return false;
+  return layer < c.num_layers_at_start_in_bf16 || layer >= c.num_layers - c.num_layers_at_end_in_bf16;
+}
+
+std::string gpt_layer_linear(const TransformerConfig& c, int64_t layer) {
+  return c.fp8() && !is_first_last_bf16_layer(c, layer) ? "fp8" : "local";
+}
+
+TransformerLayerSpec get_gpt_layer_local_spec(const TransformerConfig& c, LayerMlp mlp, const std::string& linear) {
   const bool mla = c.multi_latent_attention, moe = mlp == LayerMlp::MoE;
-  return {.core_attention = c.attention_impl,
+  TransformerLayerSpec spec{.core_attention = c.attention_impl,
           .make_core_attention = core_attention_factory(c.attention_impl),
           .attention = mla ? "mla" : "self_attention",
           .make_attention = mla ? mla_factory() : self_attention_factory(),
@@ -142,19 +166,31 @@ TransformerLayerSpec get_gpt_layer_local_spec(const TransformerConfig& c, LayerM
           .norm = c.normalization == Normalization::RMSNorm ? "RMSNorm" : "LayerNorm",
           .make_input_layernorm = norm_factory(c),
           .make_pre_mlp_layernorm = norm_factory(c)};
+  set_layer_linear(spec, linear, c);
+  return spec;
 }
 
 TransformerBlockSpec get_gpt_decoder_block_spec(const TransformerConfig& c) {
   TransformerBlockSpec spec{.layer_specs = {}, .make_final_layernorm = norm_factory(c)};
-  for (const bool moe : c.moe_layer_pattern())
-    spec.layer_specs.push_back(get_gpt_layer_local_spec(c, moe ? LayerMlp::MoE : LayerMlp::Dense));
+  const std::vector<bool> moe_layers = c.moe_layer_pattern();
+  for (int64_t layer = 0; layer < static_cast<int64_t>(moe_layers.size()); ++layer)
+    spec.layer_specs.push_back(get_gpt_layer_local_spec(c, moe_layers[static_cast<size_t>(layer)] ? LayerMlp::MoE
+                                                                                                  : LayerMlp::Dense,
+                                                        gpt_layer_linear(c, layer)));
   return spec;
+}
+
+MtpLayerSpec get_gpt_mtp_layer_spec(const TransformerConfig& c, const TransformerLayerSpec& transformer_layer) {
+  return {.make_enorm = norm_factory(c),
+          .make_hnorm = norm_factory(c),
+          .make_final_layernorm = norm_factory(c),
+          .transformer_layer = transformer_layer};
 }
 
 GPTModelSpec get_gpt_model_spec(const TransformerConfig& c) {
   GPTModelSpec spec{.decoder = get_gpt_decoder_block_spec(c), .mtp_layer = {}};
-  if (!spec.decoder.layer_specs.empty())
-    spec.mtp_layer = spec.decoder.layer_specs.back();  // Megatron: the decoder's last layer spec
+  if (!spec.decoder.layer_specs.empty())  // Megatron: the decoder's last layer spec
+    spec.mtp_layer = get_gpt_mtp_layer_spec(c, spec.decoder.layer_specs.back());
   return spec;
 }
 

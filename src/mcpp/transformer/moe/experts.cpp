@@ -25,7 +25,7 @@ SequentialMLP::SequentialMLP(ParameterRegistry& params, const std::string& prefi
   for (int64_t j = 0; j < num_local_experts; ++j) {
     const size_t before = params.params().size();
     experts_.emplace_back(params, fmt::format("{}.local_experts.{}", prefix, first_expert + j), ec, expert_tp,
-                          /*is_expert=*/true);
+                          tensor_parallel::Fp8Options{} /* routed experts: the model's dtype */, /*is_expert=*/true);
     std::vector<Parameter*> ps;
     for (size_t q = before; q < params.params().size(); ++q) {
       ps.push_back(params.params()[q].get());

@@ -31,7 +31,8 @@ TransformerConfig shared_expert_config(const TransformerConfig& c) {
 }  // namespace
 
 MoELayer::MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
-                   const TransformerConfig& c, const tensor_parallel::TPContext& tp)
+                   const TransformerConfig& c, const tensor_parallel::TPContext& tp,
+                   const tensor_parallel::Fp8Options& shared_expert_fp8)
     : pad_(c.moe_expert_capacity_factor > 0.0 && c.moe_pad_expert_input_to_capacity),
       recompute_shared_(c.recomputes("shared_experts") && !c.recomputes("moe")),  // "moe" re-runs all of it anyway
       router_(params, prefix + ".router", c, tp),
@@ -44,7 +45,8 @@ MoELayer::MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, 
     router_.set_device_counts(device_counts_);
   }
   if (c.moe_shared_expert_intermediate_size > 0)
-    shared_experts_ = std::make_unique<MLP>(params, prefix + ".shared_experts", shared_expert_config(c), tp);
+    shared_experts_ = std::make_unique<MLP>(params, prefix + ".shared_experts", shared_expert_config(c), tp,
+                                            shared_expert_fp8);
   if (c.moe_shared_expert_gate) {  // Megatron's gate_weight: replicated, a sequence-parallel parameter under SP
     MCPP_CHECK(shared_experts_, "moe_shared_expert_gate needs a shared expert");
     shared_gate_ = params.add(ParamSpec{.key = prefix + ".shared_experts.gate_weight", .shape = {1, c.hidden_size},
@@ -73,7 +75,7 @@ const Tensor& MoELayer::expert_counts(const std::vector<int64_t>& counts, Device
 }
 
 Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training,
-                        tensor_parallel::RngTracker* rng) const {
+                        tensor_parallel::RngTracker* rng, const tensor_parallel::Fp8Recompute* fp8_recompute) const {
   MCPP_CHECK(x.ndim() == 3, "MoELayer: x must be [s, b, h]; got {}", x.str());
   const ModuleScope m("moe", x);
   const int64_t h = x.size(2), n = x.size(0) * x.size(1), k = router_.topk();
@@ -107,7 +109,12 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
   Tensor y = Tensor::empty({n, h}, x.dtype(), x.device());
   ops::moe_unpermute(y, ctx.combined, ctx.plan.idx, &ctx.probs);
   if (shared_experts_) {
-    Tensor shared = shared_experts_->forward(ctx.shared, x).view({n, h});
+    // recompute "shared_experts": its FP8 linears' scales recorded for the re-run in backward (fp8_recompute.h)
+    const bool dropped = recompute_shared_ && training;
+    ctx.shared_fp8 = {};
+    using tensor_parallel::Fp8Recompute;
+    const Fp8Recompute rc = dropped ? Fp8Recompute::recording(fp8_recompute, ctx.shared_fp8) : Fp8Recompute{};
+    Tensor shared = shared_experts_->forward(ctx.shared, x, dropped ? &rc : fp8_recompute).view({n, h});
     if (shared_gate_) {  // y += sigmoid(x w^T) * shared, per token
       Tensor logit = Tensor::empty({n, 1}, x.dtype(), x.device());
       ops::linear_fwd(logit, x2, shared_gate_->data, nullptr);
@@ -122,7 +129,7 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
       shared = gated;
     }
     ops::add_inplace(y, shared);
-    if (recompute_shared_ && training) {  // keep the input only; backward re-runs the shared expert
+    if (dropped) {  // keep the input only; backward re-runs the shared expert
       ctx.shared = {};
       ctx.shared_input = x;
     }
@@ -150,8 +157,10 @@ Tensor MoELayer::backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_sc
   Tensor dy2 = dy.view({n, h});
   Tensor dx_shared;  // first: the reverse of the registration order (router, experts, shared experts, gate)
   if (ctx.shared_input.defined()) {  // recompute "shared_experts": its context again (the gate's was kept)
-    shared_experts_->forward(ctx.shared, ctx.shared_input);
+    const auto replay = tensor_parallel::Fp8Recompute::replaying(ctx.shared_fp8);  // the first forward's FP8 scales
+    shared_experts_->forward(ctx.shared, ctx.shared_input, &replay);
     ctx.shared_input = Tensor();
+    ctx.shared_fp8 = {};
   }
   if (shared_gate_) {  // d shared = g dy, dg = <dy, shared> -> d logit = dg g (1 - g) -> the gate's dx and grad
     Tensor dshared = Tensor::empty({n, h}, dy.dtype(), dy.device());

@@ -43,6 +43,7 @@ struct MoELayerCtx {
   Tensor probs;     // [n, k] float32 on the tokens' device: the combine weights (TopKRouter's weights)
   MLPCtx shared;    // the shared expert's (empty between forward and backward under recompute "shared_experts")
   Tensor shared_input;  // recompute "shared_experts": the layer's input x (the router's too: no extra storage)
+  tensor_parallel::Fp8ScaleStash shared_fp8;  // ... and the scales its FP8 linears cast with (fp8_recompute.h)
   // moe_shared_expert_gate: g = sigmoid(x w^T) per token (float32 [n, 1], with the sigmoid's scores / normalizer /
   // index from moe_topk_softmax at E = k = 1) and the shared expert's ungated output [n, h] (for dg = <dy, out>)
   Tensor gate, gate_scores, gate_lse, gate_top, shared_out;
@@ -63,12 +64,17 @@ class MoELayer {
   // moe_grouped_gemm, dropless, at EP 1 and expert-TP 1: the grouped experts size their work from the router's
   // device counts (no host read in the layer; RouterCtx::counts kept until the backward).
   static bool counts_on_device(const TransformerConfig& config, int64_t ep, int64_t etp);
+  // shared_expert_fp8: the shared expert's FP8 linears (the layer spec's linear_fp8, transformer/spec.h); the routed
+  // experts stay in the model's dtype. Default: no FP8 (the layer built alone, in tests).
   MoELayer(ParameterRegistry& params, ParameterRegistry& expert_params, const std::string& prefix,
-           const TransformerConfig& config, const tensor_parallel::TPContext& tp);
+           const TransformerConfig& config, const tensor_parallel::TPContext& tp,
+           const tensor_parallel::Fp8Options& shared_expert_fp8 = {});
   // [s, b, h] -> [s, b, h]; losses (non-null): this call's router losses are added to it; training: false in
   // evaluation; rng: the router's training noise (TopKRouter::forward).
+  // fp8_recompute: the shared expert's FP8 linears under activation recompute (tensor_parallel/fp8_recompute.h).
   Tensor forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses, bool training = true,
-                 tensor_parallel::RngTracker* rng = nullptr) const;
+                 tensor_parallel::RngTracker* rng = nullptr,
+                 const tensor_parallel::Fp8Recompute* fp8_recompute = nullptr) const;
   Tensor backward(MoELayerCtx& ctx, const Tensor& dy, float loss_grad_scale) const;
   const TopKRouter& router() const { return router_; }
   TopKRouter& router() { return router_; }

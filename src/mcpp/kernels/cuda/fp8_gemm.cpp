@@ -1,0 +1,100 @@
+// cuBLASLt FP8 GEMMs with per-tensor or block scaling and their plan cache (contract: fp8_gemm.h).
+#include "mcpp/kernels/cuda/fp8_gemm.h"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+
+#include "mcpp/kernels/cuda/gemm_lt.h"
+
+namespace mcpp::ops::cuda::fp8_detail {
+namespace {
+
+struct Fp8Plan {
+  bool ok = true;  // false: cuBLASLt has no algorithm for the key (cached; fp8_gemm refuses it by name)
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+int32_t lt_scale_mode(Fp8Scaling s) {
+  switch (s) {
+    case Fp8Scaling::Vec128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case Fp8Scaling::Blk128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    case Fp8Scaling::Tensor: break;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
+const char* scaling_name(Fp8Scaling s) {
+  return s == Fp8Scaling::Tensor ? "per-tensor" : s == Fp8Scaling::Vec128 ? "1x128" : "128x128";
+}
+
+Fp8Plan& fp8_plan(const Fp8GemmKey& key) {
+  static std::mutex mu;
+  static std::map<Fp8GemmKey, Fp8Plan> plans;  // lives for the process, like the GEMMs' plan cache
+  const std::lock_guard<std::mutex> lock(mu);
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  Fp8Plan p;
+  auto& st = gemm_lt::lt_state();
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
+  const int8_t fast = key.fast_accum ? 1 : 0;
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  if (key.sa != Fp8Scaling::Tensor || key.sb != Fp8Scaling::Tensor) {  // block scaling (the default: one float)
+    const int32_t ma = lt_scale_mode(key.sa), mb = lt_scale_mode(key.sb);
+    p.ok = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof(ma)) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof(mb)) ==
+               CUBLAS_STATUS_SUCCESS;
+    if (!p.ok) return plans.emplace(key, p).first->second;  // a cuBLASLt without these scale modes
+  }
+  MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, static_cast<cudaDataType_t>(key.ta), key.k, key.m, key.k));
+  MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, static_cast<cudaDataType_t>(key.tb), key.k, key.n, key.k));
+  MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.ld, static_cast<cudaDataType_t>(key.td), key.m, key.n, key.m));
+  cublasLtMatmulPreference_t pref = nullptr;
+  MCPP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = gemm_lt::kWorkspaceBytes;
+  MCPP_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  // The scale pointers are per call, but the heuristic must know they are set (device pointers of the call).
+  const float* dummy = nullptr;
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof(dummy)));
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof(dummy)));
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.ld, p.ld, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p.ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+  p.algo = res.algo;
+  return plans.emplace(key, p).first->second;
+}
+
+}  // namespace
+
+bool fp8_gemm_supported(const Fp8GemmKey& key) { return fp8_plan(key).ok; }
+
+void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+              float beta, cudaStream_t s) {
+  Fp8Plan& p = fp8_plan(key);
+  MCPP_CHECK(p.ok,
+             "fp8 GEMM: cuBLASLt has no FP8 algorithm for m {} n {} k {} (A type {} {} scaled, B type {} {} scaled, D "
+             "type {}): per-tensor scaling needs a Hopper (sm_90) or Ada GPU, block scaling a Hopper GPU and cuBLAS "
+             "12.9+",
+             key.m, key.n, key.k, key.ta, scaling_name(key.sa), key.tb, scaling_name(key.sb), key.td);
+  auto& st = gemm_lt::lt_state();
+  // The scale pointers are descriptor attributes: set per call (the descriptor is only used by this stream's host
+  // thread, as the GEMMs' plans are).
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+  const float alpha = 1.0f;
+  MCPP_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.op, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
+                                   st.workspace, gemm_lt::kWorkspaceBytes, s));
+}
+
+}  // namespace mcpp::ops::cuda::fp8_detail

@@ -1,0 +1,47 @@
+// cuBLASLt's FP8 matmul (Hopper), shared by the per-tensor FP8 ops (fp8.cpp) and the blockwise ones (fp8_block.cpp).
+// Not part of the kernel interface (kernels/ops.h): only src/mcpp/kernels/cuda includes this.
+//
+// One call is the "TN" form, the only FP8 layout Hopper runs: D[m x n] (column-major, ld m) = op_T(A)[m x k] . B[k x n]
+// (+ beta D), A stored k x m (ld k), B stored k x n (ld k) — in row-major terms D[n][m] = B[n][k] . A[m][k]^T, both
+// operands with the reduction dim k contiguous. fp32 compute; D (= C) in the key's dtype.
+// Scaling of A and B (CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE; sa / sb are device float pointers, the dequantization
+// factors):
+//   Tensor      one float (CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, cuBLASLt's default; the attribute is not set);
+//   Vec128      one float per 128 elements along k (VEC128_32F): for an operand row-major [rows][k], a
+//               [k / 128][pad4(rows)] row-major array (Transformer Engine's GEMM-ready 1x128 layout);
+//   Blk128x128  one float per 128 x 128 block (BLK128x128_32F): for an operand row-major [rows][k], a
+//               [rows / 128][pad4(k / 128)] row-major array (Transformer Engine's GEMM-ready 2D layout).
+// cuBLASLt takes Vec128 x Vec128, Vec128 x Blk128x128 and Blk128x128 x Vec128 (not 2D x 2D), without fast
+// accumulation (cuBLAS 12.9+; CUDA 13 here). pad4(x) rounds up to a multiple of 4 (16-byte rows of scales).
+// Plans (descriptors, layouts, the heuristic's algorithm) are cached per key; the handle and workspace are the
+// GEMMs' (gemm_lt.h).
+#pragma once
+#include <cuda_runtime.h>
+#include <library_types.h>
+
+#include <cstdint>
+#include <tuple>
+
+namespace mcpp::ops::cuda::fp8_detail {
+
+enum class Fp8Scaling : int { Tensor = 0, Vec128 = 1, Blk128x128 = 2 };
+
+struct Fp8GemmKey {
+  int64_t m, n, k;
+  int ta, tb, td;  // cudaDataType_t of A, B, D
+  bool fast_accum;
+  Fp8Scaling sa = Fp8Scaling::Tensor, sb = Fp8Scaling::Tensor;
+  auto tie() const { return std::tie(m, n, k, ta, tb, td, fast_accum, sa, sb); }
+  bool operator<(const Fp8GemmKey& o) const { return tie() < o.tie(); }
+};
+
+// Whether cuBLASLt has an algorithm for the key (the plan is built once and cached; no error).
+bool fp8_gemm_supported(const Fp8GemmKey& key);
+// D = scale(A) scale(B) op_T(A) B (+ beta D) with the key's shapes; a / b fp8 bytes, sa / sb device floats. A key
+// without an algorithm (fp8_gemm_supported false) is a named error.
+void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+              float beta, cudaStream_t s);
+
+constexpr int64_t pad4(int64_t x) { return (x + 3) / 4 * 4; }
+
+}  // namespace mcpp::ops::cuda::fp8_detail

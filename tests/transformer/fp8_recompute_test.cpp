@@ -1,0 +1,167 @@
+// FP8 linears under activation recompute (tensor_parallel/fp8_recompute.h) on the CPU backend (emulated casts): full
+// recompute (uniform, block), selective recompute of the mlp / moe / shared_experts (alone, with "layernorm", the
+// shared expert's region nested inside the recomputed MoE layer) and full recompute of the multi-token-prediction
+// depth give bitwise the losses, every parameter gradient and the FP8 scaling state (scales and amax histories) of
+// the run without recompute — for the delayed recipe (hybrid formats, history 4, max) and the tensorwise one. Two
+// rounds of two microbatches each run forward, forward, backward, backward: a recompute happens after the other
+// microbatch's forward moved the live scales (the test checks they moved), so a re-run that cast with the live
+// scales, or updated the state (the amax history) a second time, would differ.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "mcpp/core/error.h"
+#include "mcpp/distributed/model_chunk.h"
+#include "mcpp/models/gpt/gpt_model.h"
+#include "models/gpt_test_util.h"
+
+namespace mcpp {
+namespace {
+
+struct Fp8Run {
+  std::vector<double> losses;
+  std::vector<Tensor> grads;                              // per parameter of round 2, in registration order
+  std::vector<std::pair<std::string, Tensor>> fp8_state;  // every rank state after the run
+  bool scales_moved_between_forwards = false;  // the live scales at mb 0's recompute differ from those it cast with
+};
+
+std::vector<std::pair<std::string, Tensor>> snapshot(ModelChunk& model) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (ParamAndGradBuffer* buf : model.buffers())
+    for (const auto& [key, t] : buf->rank_states()) out.emplace_back(key, t->clone());
+  return out;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+Fp8Run run(const TransformerConfig& c) {
+  ModelChunk model(c, 7, testing::single_tp());
+  tensor_parallel::RngTracker rng(1234, 0, 0);
+  const ForwardOptions opt{.training = true, .rng = &rng};
+  Fp8Run r;
+  for (uint64_t round = 0; round < 2; ++round) {
+    std::vector<GPTModelCtx> ctx(2);
+    const auto before = snapshot(model);  // the scales microbatch 0 casts with (delayed)
+    for (size_t m = 0; m < 2; ++m) {
+      const testing::Batch b = testing::fixed_batch(c.seq_length, 2, c.vocab_size, 2 * round + m);
+      r.losses.push_back(model.forward_loss(ctx[m], b.tokens, b.labels, b.loss_mask, opt).loss);
+      if (m == 1) {  // ... against the live ones when its recompute runs
+        const auto after = snapshot(model);
+        for (size_t i = 0; i < after.size(); ++i)
+          r.scales_moved_between_forwards |=
+              after[i].first.ends_with(".scale") && !bitwise_equal(before[i].second, after[i].second);
+      }
+    }
+    for (ParamAndGradBuffer* buf : model.buffers()) buf->zero_grad();
+    for (size_t m = 0; m < 2; ++m) model.backward(ctx[m], 0.5f);
+  }
+  for (ParamAndGradBuffer* buf : model.buffers())
+    for (const auto& p : buf->params()) r.grads.push_back(p->main_grad.clone());
+  r.fp8_state = snapshot(model);
+  return r;
+}
+
+void expect_bitwise_equal(const Fp8Run& a, const Fp8Run& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << what << " loss " << i;
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(a.grads[i], b.grads[i])) << what << " grad " << i;
+  ASSERT_EQ(a.fp8_state.size(), b.fp8_state.size()) << what;
+  for (size_t i = 0; i < a.fp8_state.size(); ++i) {
+    EXPECT_EQ(a.fp8_state[i].first, b.fp8_state[i].first) << what;
+    EXPECT_TRUE(bitwise_equal(a.fp8_state[i].second, b.fp8_state[i].second)) << what << " " << a.fp8_state[i].first;
+  }
+}
+
+struct Layout {
+  std::string granularity, method;
+  int64_t n = 0;
+  std::vector<std::string> modules;
+};
+
+TransformerConfig fp8_config(const std::string& style, const std::string& recipe, const Layout& l, bool moe,
+                             bool mtp) {
+  TransformerConfig c = testing::tiny_config(style);
+  c.num_layers = 3;
+  c.hidden_dropout = 0.1f;  // the re-run must replay the masks too
+  if (moe) {  // MoE in layers 0 and 2 with a shared expert (FP8; the routed experts are not), dense layer 1
+    c.num_moe_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 16;
+    c.moe_layer_freq = "[1,0,1]";
+    c.moe_shared_expert_intermediate_size = 24;
+    c.moe_aux_loss_coeff = 0.01f;
+  }
+  if (mtp) c.mtp_num_layers = 1;
+  c.fp8_format = "hybrid";
+  c.fp8_recipe = recipe;
+  c.fp8_amax_history_len = 4;
+  c.fp8_amax_compute_algo = "max";
+  c.recompute_granularity = l.granularity;
+  c.recompute_method = l.method;
+  c.recompute_num_layers = l.n;
+  c.recompute_modules = l.modules.empty() ? std::vector<std::string>{"core_attn"} : l.modules;
+  c.validate();
+  return c;
+}
+
+std::string name_of(const std::string& style, const std::string& recipe, const Layout& l) {
+  std::string s = style + " " + recipe + " " + l.granularity + " " + l.method + " " + std::to_string(l.n);
+  for (const auto& m : l.modules) s += " " + m;
+  return s;
+}
+
+TEST(Fp8Recompute, FullAndSelectiveEqualNoRecomputeBitwise) {
+  for (const std::string recipe : {"delayed", "tensorwise"})
+    for (const std::string style : {"gpt2", "llama"}) {
+      const Fp8Run off = run(fp8_config(style, recipe, {}, false, false));
+      if (recipe == "delayed") {  // the live scales moved between a microbatch's forward and its recompute
+        EXPECT_TRUE(off.scales_moved_between_forwards) << style;
+      }
+      EXPECT_EQ(off.fp8_state.size(), 3u * 4 * 2 * 3) << "3 layers x 4 linears x (input, weight, grad) x 2 tensors";
+      for (const Layout& l : {Layout{"full", "uniform", 1, {}}, Layout{"full", "uniform", 2, {}},
+                              Layout{"full", "block", 2, {}}, Layout{"selective", "", 0, {"mlp"}},
+                              Layout{"selective", "", 0, {"layernorm", "mlp"}}}) {
+        const std::string what = name_of(style, recipe, l);
+        expect_bitwise_equal(off, run(fp8_config(style, recipe, l, false, false)), what);
+      }
+    }
+}
+
+TEST(Fp8Recompute, MoeSharedExpertsAndMtpEqualNoRecomputeBitwise) {
+  for (const std::string recipe : {"delayed", "tensorwise"}) {
+    for (const std::string style : {"gpt2", "llama"}) {
+      const Fp8Run off = run(fp8_config(style, recipe, {}, true, false));
+      for (const Layout& l : {Layout{"selective", "", 0, {"moe"}}, Layout{"selective", "", 0, {"shared_experts"}},
+                              Layout{"selective", "", 0, {"shared_experts", "mlp", "layernorm"}},
+                              Layout{"selective", "", 0, {"moe", "shared_experts"}},  // nested: shared inside moe
+                              Layout{"full", "uniform", 2, {}}}) {
+        const std::string what = "moe " + name_of(style, recipe, l);
+        expect_bitwise_equal(off, run(fp8_config(style, recipe, l, true, false)), what);
+      }
+    }
+    // The MTP depth (llama: RoPE) under full uniform recompute: the depth's transformer layer is re-run too.
+    const Fp8Run off = run(fp8_config("llama", recipe, {}, false, true));
+    expect_bitwise_equal(off, run(fp8_config("llama", recipe, {"full", "uniform", 1, {}}, false, true)),
+                         "mtp llama " + recipe + " full uniform 1");
+  }
+}
+
+// A re-run that asks for more FP8 linears than its first forward recorded, or another linear, is a named error (the
+// replay relies on the re-run calling the same linears in the same order).
+TEST(Fp8Recompute, StashChecksTheOrder) {
+  tensor_parallel::Fp8ScaleStash s;
+  const int a = 0, b = 0;
+  s.push(&a, Tensor::zeros({2}), Tensor::zeros({2}));
+  EXPECT_THROW(s.take(&b, "linear_b"), Error);
+  tensor_parallel::Fp8ScaleStash t;
+  t.push(&a, Tensor::zeros({2}), Tensor::zeros({2}));
+  EXPECT_NO_THROW(t.take(&a, "linear_a"));
+  EXPECT_TRUE(t.consumed());
+  EXPECT_THROW(t.take(&a, "linear_a"), Error);
+}
+
+}  // namespace
+}  // namespace mcpp
