@@ -35,4 +35,21 @@ inline int64_t last_dim(const char* op, const char* arg, const Tensor& t) {
 // (gemm.cpp: linear_bwd's bias grad; also the norms' residual bias sums).
 void column_sum_acc(Tensor& db, const Tensor& dy2);
 
+// An FP8 linear backward's operands (fp8.cpp, fp8_block.cpp): dw_acc float32 like w [out, in], dy [n, out] and
+// x [n, in]. Returns n.
+inline int64_t linear_bwd_rows(const char* op, const Tensor& dw_acc, const Tensor& dy, const Tensor& x,
+                               const Tensor& w) {
+  require_cpu_f32(op, "dw_acc", dw_acc);
+  const int64_t out = w.size(0), in = w.size(1), n = x.numel() / in;
+  MCPP_CHECK(w.ndim() == 2 && dw_acc.shape() == w.shape() && dy.numel() == n * out && x.numel() == n * in,
+             "{}: w [out, in], dw_acc like w, dy [n, out], x [n, in]; got w {}, dw_acc {}, dy {}, x {}", op, w.str(),
+             dw_acc.str(), dy.str(), x.str());
+  return n;
+}
+
+// An FP8 linear backward's last step: dw_acc = prod * alpha (overwrite) or dw_acc += prod * alpha — the product
+// rounded once, then added, as cuBLASLt's beta = 1 — and db_acc (when given) = / += the column sums of dy2 [n, out].
+void add_linear_grads(const char* op, Tensor& dw_acc, const Tensor& prod, float alpha, Tensor* db_acc,
+                      const Tensor& dy2, bool overwrite);
+
 }  // namespace mcpp::ops::cpu::detail

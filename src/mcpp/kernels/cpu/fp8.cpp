@@ -134,11 +134,7 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operan
 void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
                     const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, GradWrite grad_write, Stream) {
   const char* op = "fp8_linear_bwd";
-  require_cpu_f32(op, "dw_acc", dw_acc);
-  const int64_t out = w.size(0), in = w.size(1), n = x.numel() / in;
-  MCPP_CHECK(w.ndim() == 2 && dw_acc.shape() == w.shape() && dy.numel() == n * out && x.numel() == n * in,
-             "{}: w [out, in], dw_acc like w, dy [n, out], x [n, in]; got w {}, dw_acc {}, dy {}, x {}", op, w.str(),
-             dw_acc.str(), dy.str(), x.str());
+  const int64_t out = w.size(0), in = w.size(1), n = detail::linear_bwd_rows(op, dw_acc, dy, x, w);
   Tensor qdy = quantized(op, dy, fdy, true);
   const float dy_inv = scale_of(op, fdy.scale, 1);
   if (dx) {  // dx[n,in] = q(dy)[n,out] @ q(w)[out,in]
@@ -155,15 +151,7 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
   const float alpha = dy_inv * scale_of(op, fx.scale, 1);
   Tensor prod = Tensor::empty({out, in});
   sgemm(prod.data<float>(), qdy.data<float>(), qx.data<float>(), out, in, n, true, false, 1.0f, 0.0f);
-  const float* pp = prod.data<float>();
-  float* pw = dw_acc.data<float>();
-  const bool overwrite = grad_write == GradWrite::Overwrite;
-  for (int64_t i = 0; i < out * in; ++i) pw[i] = overwrite ? pp[i] * alpha : pw[i] + pp[i] * alpha;
-  if (db_acc) {
-    require_cpu_f32(op, "db_acc", *db_acc);
-    if (overwrite) db_acc->fill_(0.0f);
-    detail::column_sum_acc(*db_acc, dy.view({n, out}));
-  }
+  detail::add_linear_grads(op, dw_acc, prod, alpha, db_acc, dy.view({n, out}), grad_write == GradWrite::Overwrite);
 }
 
 }  // namespace cpu

@@ -114,11 +114,7 @@ void fp8_block_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, Stream) {
 void fp8_block_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x,
                           const Tensor& w, Fp8Format dy_format, GradWrite grad_write, Stream) {
   const char* op = "fp8_block_linear_bwd";
-  require_cpu_f32(op, "dw_acc", dw_acc);
-  const int64_t out = w.size(0), in = w.size(1), n = x.numel() / in;
-  MCPP_CHECK(w.ndim() == 2 && dw_acc.shape() == w.shape() && dy.numel() == n * out && x.numel() == n * in,
-             "{}: w [out, in], dw_acc like w, dy [n, out], x [n, in]; got w {}, dw_acc {}, dy {}, x {}", op, w.str(),
-             dw_acc.str(), dy.str(), x.str());
+  const int64_t out = w.size(0), in = w.size(1), n = detail::linear_bwd_rows(op, dw_acc, dy, x, w);
   require_blocks(op, n, in, out);
   if (dx) {  // dx[n,in] = deq(dy)[n,out] . deq(w)[out,in]: dy in 1x128 tiles along out
     require_cpu_f32(op, "dx", *dx);
@@ -130,17 +126,10 @@ void fp8_block_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tens
   // dw[out,in] (+)= deq'(dy)^T . deq'(x): both in 128x1 tiles along n; the product added once, as cuBLASLt's beta = 1
   const Tensor qdy = dequantized(op, dy, n, out, B, 1, dy_format);
   const Tensor qx = dequantized(op, x, n, in, B, 1, Fp8Format::E4M3);
-  const bool overwrite = grad_write == GradWrite::Overwrite;
   Tensor prod = Tensor::empty({out, in});
   sgemm(prod.data<float>(), qdy.data<float>(), qx.data<float>(), out, in, n, true, false, false);
-  const float* pp = prod.data<float>();
-  float* pw = dw_acc.data<float>();
-  for (int64_t i = 0; i < out * in; ++i) pw[i] = overwrite ? pp[i] : pw[i] + pp[i];
-  if (db_acc) {
-    require_cpu_f32(op, "db_acc", *db_acc);
-    if (overwrite) db_acc->fill_(0.0f);
-    detail::column_sum_acc(*db_acc, dy.view({n, out}));
-  }
+  // alpha 1: the dequantized operands carry their scales
+  detail::add_linear_grads(op, dw_acc, prod, 1.0f, db_acc, dy.view({n, out}), grad_write == GradWrite::Overwrite);
 }
 
 }  // namespace cpu

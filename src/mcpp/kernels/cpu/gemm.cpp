@@ -67,6 +67,18 @@ void detail::column_sum_acc(Tensor& db, const Tensor& dy2) {
   }
 }
 
+void detail::add_linear_grads(const char* op, Tensor& dw_acc, const Tensor& prod, float alpha, Tensor* db_acc,
+                              const Tensor& dy2, bool overwrite) {
+  const float* pp = prod.data<float>();
+  float* pw = dw_acc.data<float>();
+  for (int64_t i = 0; i < dw_acc.numel(); ++i) pw[i] = overwrite ? pp[i] * alpha : pw[i] + pp[i] * alpha;
+  if (db_acc) {
+    require_cpu_f32(op, "db_acc", *db_acc);
+    if (overwrite) db_acc->fill_(0.0f);
+    column_sum_acc(*db_acc, dy2);
+  }
+}
+
 namespace {
 
 struct LinearDims {
