@@ -61,6 +61,16 @@ cudaStream_t compute_stream() {
   return stream;
 }
 
+int64_t linear_bwd_rows(const char* op, const Tensor& dw_acc, const Tensor& dy, const Tensor& x, const Tensor& w) {
+  MCPP_CHECK(w.ndim() == 2 && dw_acc.shape() == w.shape(), "{}: w [out, in] and dw_acc like w; got w {}, dw_acc {}",
+             op, w.str(), dw_acc.str());
+  require_float(op, "dw_acc", dw_acc, /*bf16_ok=*/false);
+  const int64_t out = w.size(0), in = w.size(1), n = x.numel() / std::max<int64_t>(in, 1);
+  MCPP_CHECK(dy.numel() == n * out && x.numel() == n * in, "{}: dy [n, {}] and x [n, {}]; got dy {}, x {}", op, out,
+             in, dy.str(), x.str());
+  return n;
+}
+
 Kind require_float(const char* op, const char* arg, const Tensor& t, bool bf16_ok) {
   MCPP_CHECK(t.defined(), "{}: {} is an undefined tensor", op, arg);
   MCPP_CHECK(t.device() == Device::CUDA, "{}: {} must be a CUDA tensor; got {}", op, arg, t.str());

@@ -101,12 +101,7 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
                     Stream stream) {
   const char* op = "fp8_linear_bwd";
   const cudaStream_t s = stream_of(stream);
-  MCPP_CHECK(w.ndim() == 2 && dw_acc.shape() == w.shape(), "{}: w [out, in] and dw_acc like w; got w {}, dw_acc {}",
-             op, w.str(), dw_acc.str());
-  require_float(op, "dw_acc", dw_acc, /*bf16_ok=*/false);
-  const int64_t out = w.size(0), in = w.size(1), n = x.numel() / std::max<int64_t>(in, 1);
-  MCPP_CHECK(dy.numel() == n * out && x.numel() == n * in, "{}: dy [n, {}] and x [n, {}]; got dy {}, x {}", op, out,
-             in, dy.str(), x.str());
+  const int64_t n = linear_bwd_rows(op, dw_acc, dy, x, w), out = w.size(0), in = w.size(1);
   require_multiple_of_16(op, n, in, out);
   MCPP_CHECK(!(fdy.format == Fp8Format::E5M2 && fw.format == Fp8Format::E5M2) &&
                  !(fdy.format == Fp8Format::E5M2 && fx.format == Fp8Format::E5M2),
