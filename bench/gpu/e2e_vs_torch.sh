@@ -29,12 +29,15 @@
 # 128, no GQA): the cost of MLA in a step (no anchor counterpart; the MFU column counts the MHA model's FLOPs).
 # 124m-fp8 / 1.3b-fp8 (and -tw): the same runs with FP8 GEMMs in the dense linears (--fp8-format hybrid, delayed /
 # tensorwise scaling; bench/gpu/fp8_step.sh runs them beside bf16); torch-fp8: the PyTorch FP8 anchor
-# (../shared/anchors/torch_gpt_fp8.py: its bf16 and float8 runs of both shapes).
+# (../shared/anchors/torch_gpt_fp8.py: its bf16 and float8 runs of both shapes). -fp8-block: blockwise scaling
+# (--fp8-format e4m3, DeepSeek-V3's recipe).
+# 8b-slice (-fp8, -fp8-block): 4 Llama-3-8B-wide layers (d 4096, FFN 14336 SwiGLU, GQA 32:8, T 4096, B 2; vocab
+# 50304), where the linears dominate and FP8 pays most; no anchor counterpart (the anchors are GPT-2 shaped).
 # usage (device machine, repo root, device_carry/ carried):
 #   bench/gpu/e2e_vs_torch.sh <out dir> [124m] [1.3b] [124m-graph] [1.3b-graph] [124m-zeroed] [1.3b-zeroed]
 #     [124m-dropout] [1.3b-dropout] [1.3b-llama] [1.3b-qk] [1.3b-ln] [1.3b-ln-mlp] [1.3b-sel] [1.3b-llama-mtp1]
-#     [1.3b-llama-mtp2] [1.3b-llama-mla] [1.3b-llama-mha] [124m-fp8] [1.3b-fp8] [124m-fp8-tw] [1.3b-fp8-tw] [torch]
-#     [torch-fp8]
+#     [1.3b-llama-mtp2] [1.3b-llama-mla] [1.3b-llama-mha] [124m-fp8] [1.3b-fp8] [124m-fp8-tw] [1.3b-fp8-tw]
+#     [124m-fp8-block] [1.3b-fp8-block] [8b-slice] [8b-slice-fp8] [8b-slice-fp8-block] [torch] [torch-fp8]
 set -u
 OUT=$1
 shift
@@ -82,6 +85,8 @@ PY
 }
 LLAMA="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
   --disable-bias-linear --group-query-attention --num-query-groups 4"
+SLICE8B="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
+  --disable-bias-linear --group-query-attention --num-query-groups 8 --ffn-hidden-size 14336"
 LLAMA_MHA="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
   --disable-bias-linear"
 MLA="--multi-latent-attention --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128
@@ -111,6 +116,11 @@ for w in $what; do
     1.3b-fp8) ours gpt-1.3b-fp8 24 2048 16 2048 8 --fp8-format hybrid --fp8-recipe delayed ;;
     124m-fp8-tw) ours gpt2-124m-fp8-tw 12 768 12 1024 32 --fp8-format hybrid --fp8-recipe tensorwise ;;
     1.3b-fp8-tw) ours gpt-1.3b-fp8-tw 24 2048 16 2048 8 --fp8-format hybrid --fp8-recipe tensorwise ;;
+    124m-fp8-block) ours gpt2-124m-fp8-block 12 768 12 1024 32 --fp8-format e4m3 --fp8-recipe blockwise ;;
+    1.3b-fp8-block) ours gpt-1.3b-fp8-block 24 2048 16 2048 8 --fp8-format e4m3 --fp8-recipe blockwise ;;
+    8b-slice) ours llama-8b-slice 4 4096 32 4096 2 $SLICE8B ;;
+    8b-slice-fp8) ours llama-8b-slice-fp8 4 4096 32 4096 2 $SLICE8B --fp8-format hybrid --fp8-recipe delayed ;;
+    8b-slice-fp8-block) ours llama-8b-slice-fp8-block 4 4096 32 4096 2 $SLICE8B --fp8-format e4m3 --fp8-recipe blockwise ;;
     torch-fp8) echo "== pytorch fp8 anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt_fp8.py" 124m 1.3b 2>&1 | tee "$OUT/torch_fp8.log" | grep '^{' ;;
     torch) echo "== pytorch anchor"; CUDA_VISIBLE_DEVICES=${GPU:-0} python3 "$C/anchors/torch_gpt.py" 124m 1.3b 2>&1 | tee "$OUT/torch.log" | grep '^{' ;;
   esac
