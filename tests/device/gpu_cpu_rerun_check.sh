@@ -27,14 +27,10 @@ run_train tp2_oneoff 2 --tensor-model-parallel-size 2 --inject-fault nan-grad:la
 run_train tp2_lr 2 --tensor-model-parallel-size 2 --lr 1e30 --train-iters 4
 grep -h "cpu_fp32" "$OUT"/*.log
 
-python3 - "$OUT" <<'PY' || ok=0
+PYTHONPATH=tests/device python3 - "$OUT" <<'PY' || ok=0
 import json, sys
 out = sys.argv[1]
-good = True
-def check(name, cond, what):
-    global good
-    good &= bool(cond)
-    print(f"{name}: {'OK ' if cond else 'BAD'} {what}")
+from verdicts import check, passed
 def incidents(n):
     try:
         recs = map(json.loads, open(f"{out}/{n}.jsonl"))
@@ -66,6 +62,6 @@ for it, inc in sorted(incs.items()):
 check("tp2_lr", any(i.get("cpu_fp32", "").startswith("non-finite at")
                     and i["cpu_rerun"]["classification"].startswith("numerics problem") for i in incs.values()),
       "an incident reproduces in fp32 on CPU (numerics problem)")
-sys.exit(0 if good else 1)
+sys.exit(0 if passed() else 1)
 PY
 [ $ok = 1 ] && echo "gpu_cpu_rerun_check: PASS" || { echo "gpu_cpu_rerun_check: FAIL"; exit 1; }

@@ -44,14 +44,10 @@ kill -TERM $PID; sleep 3; kill -KILL $PID 2>/dev/null; wait $PID 2>/dev/null
 "$MCPP" debug hang "$OUT/sigusr1" > "$OUT/dp2_sigusr1.txt" 2>&1
 cat "$OUT/dp2_sigusr1.txt" | head -60
 
-python3 - "$OUT" <<'PY' || ok=0
+PYTHONPATH=tests/device python3 - "$OUT" <<'PY' || ok=0
 import json, sys
 out = sys.argv[1]
-good = True
-def check(name, cond, what):
-    global good
-    good &= bool(cond)
-    print(f"{name}: {'OK ' if cond else 'BAD'} {what}")
+from verdicts import check, passed
 def load(n):
     try:
         return json.load(open(f"{out}/{n}.json"))
@@ -70,6 +66,6 @@ check("dp2_sigusr1", sorted(st) == ["0", "1"] and own and own[0].startswith("mcp
       f"stacks of {sorted(st)}; rank 1's innermost mcpp frame {own[:1]}")
 check("dp2_sigusr1", "result_mismatch" in s and s["result_mismatch"] is None,
       f"healthy NCCL results agree: {s.get('result_mismatch', 'absent')}")
-sys.exit(0 if good else 1)
+sys.exit(0 if passed() else 1)
 PY
 [ $ok = 1 ] && echo "gpu forensics checks passed" || { echo "gpu forensics checks FAILED"; exit 1; }

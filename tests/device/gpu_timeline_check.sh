@@ -23,15 +23,10 @@ run_train tp2sp_tl 2 --tensor-model-parallel-size 2 --sequence-parallel --timeli
 for n in dp2_tl pp2_tl tp2sp_tl; do
   echo "== $n"; "$MCPP" trace summarize "$OUT/$n.json" --skip-steps 1 > "$OUT/$n.summary" 2>&1; cat "$OUT/$n.summary"
 done
-python3 - "$OUT" <<'PY'
+PYTHONPATH=tests/device python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
-ok = True
-
-def check(name, cond, what):
-    global ok
-    ok &= bool(cond)
-    print(f"{name}: {'OK ' if cond else 'BAD'} {what}")
+from verdicts import check, passed
 
 def load(name):
     try:
@@ -91,6 +86,6 @@ for pid in (0, 1):
     per = [names(tp, pid, s) for s in range(6)]
     check("tp2sp_tl", all(p == per[0] for p in per) and "all_gather tp" in per[0] and "reduce_scatter tp" in per[0],
           f"rank {pid}: tp all_gather / reduce_scatter every step ({len(per[0])} calls per step)")
-print("GPU TIMELINE COLLECTIVES", "OK" if ok else "FAILED")
-sys.exit(0 if ok else 1)
+print("GPU TIMELINE COLLECTIVES", "OK" if passed() else "FAILED")
+sys.exit(0 if passed() else 1)
 PY
