@@ -1,6 +1,6 @@
 // CUDA FP8 (kernels/cuda/fp8*.{cpp,cu}) against the CPU emulation (kernels/cpu/fp8.cpp), and FP8 GPT training:
 //   - the cast (fp8_quantize) and amax: bit for bit, fp32 and bf16 inputs, scales that saturate and that reach the
-//     subnormals of both formats;
+//     subnormals of both formats, the 8-wide and the scalar kernels;
 //   - the delayed-scaling update: bit for bit;
 //   - the cuBLASLt FP8 GEMMs (forward with fast accumulation, dgrad, wgrad into the fp32 main grad) against the CPU
 //     emulation on the same bf16 inputs and scales: the fp8 operands are identical, so only the accumulation
@@ -29,11 +29,14 @@ Tensor scale_tensor(float s) {
 
 TEST(CudaFp8, CastAndAmaxEqualTheCpuEmulationBitForBit) {
   MCPP_REQUIRE_CUDA();
+  // 1000 x 37: the 8-wide kernels (37,000 elements, a multiple of 8); 999 x 37: the scalar ones
+  for (int64_t rows : {1000, 999})
   for (DType dt : {DType::F32, DType::BF16})
     for (Fp8Format fmt : {Fp8Format::E4M3, Fp8Format::E5M2})
       for (float s : {1.0f, 300.0f, 1e-4f, 3.7e4f}) {  // 300 / 3.7e4: saturation; 1e-4: subnormals and zeros
-        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " fmt " << static_cast<int>(fmt) << " scale " << s);
-        Tensor x = rnd({1000, 37}, 21, dt, -4.0, 4.0);  // odd sizes: partial blocks
+        SCOPED_TRACE(::testing::Message() << rows << " rows, " << dtype_name(dt) << " fmt " << static_cast<int>(fmt)
+                                          << " scale " << s);
+        Tensor x = rnd({rows, 37}, 21, dt, -4.0, 4.0);  // odd sizes: partial blocks
         x.data<float>()[7] = -0.0f;
         Tensor want = Tensor::empty(x.shape()), want_amax = Tensor::zeros({1});
         ops::cpu::fp8_quantize(want, &want_amax, x, scale_tensor(s), fmt, {});

@@ -1,9 +1,12 @@
 // FP8 cast / cast-transpose / amax / delayed-scaling kernels (launchers declared in fp8_launch.h). Elementwise,
 // memory bound: each reads its input once; the amax of the unscaled input is reduced per block (warp shuffles) and
 // folded into the slot with one atomic max (non-negative floats order as their int bits). fmaxf drops NaNs from the
-// amax (a NaN input still casts to NaN).
+// amax (a NaN input still casts to NaN). The cast and the cast-transpose have 8-wide forms (16-byte loads, 8-byte
+// fp8 stores: vec8_ok, every GEMM operand — its dims are multiples of 16) with the same per-element math, so the
+// bytes and the amax are those of the scalar kernels.
 #include <cuda_fp8.h>
 
+#include "mcpp/kernels/cuda/device_utils.cuh"
 #include "mcpp/kernels/cuda/fp8_launch.h"
 
 namespace mcpp::cuda_detail {
@@ -46,6 +49,48 @@ __global__ void cast_kernel(uint8_t* q, FOut deq, FIn in, int64_t n, const float
   if (amax) block_amax(m, amax);
 }
 
+// 8 casts of one vector, packed little-endian (byte k = element k), recording max |v| into m.
+__device__ __forceinline__ uint2 cast8(const float (&v)[8], float s, int fmt, float& m) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    m = fmaxf(m, fabsf(v[k]));
+    w[k / 4] |= static_cast<uint32_t>(to_fp8(__fmul_rn(v[k], s), fmt)) << (8 * (k % 4));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// cast_kernel with 8 elements per thread (vec8_ok: n % 8 == 0, in, q and deq 16-byte aligned); n8 = n / 8.
+__global__ void cast8_kernel(uint8_t* q, FOut deq, FIn in, int64_t n8, const float* scale, float* amax, int fmt) {
+  const float s = scale[0];
+  float m = 0.0f;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n8;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v[8];
+    load8(in, j, v);
+    const uint2 b = cast8(v, s, fmt, m);
+    if (q) reinterpret_cast<uint2*>(q)[j] = b;
+    if (deq.p) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = from_fp8(static_cast<uint8_t>((k < 4 ? b.x : b.y) >> (8 * (k % 4))), fmt);
+      store8(deq, j, v);
+    }
+  }
+  if (amax) block_amax(m, amax);
+}
+
+__global__ void amax8_kernel(float* amax, FIn in, int64_t n8) {
+  float m = 0.0f;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n8;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v[8];
+    load8(in, j, v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
+  }
+  block_amax(m, amax);
+}
+
 __global__ void amax_kernel(float* amax, FIn in, int64_t n) {
   float m = 0.0f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -76,6 +121,41 @@ __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t r
   for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
     const int64_t c = c0 + j, r = r0 + threadIdx.x;  // qt[c, r] = q[r, c]
     if (r < rows && c < cols) qt[c * rows + r] = tile[threadIdx.x][j];
+  }
+  if (amax) block_amax(m, amax);
+}
+
+// cast_transpose_kernel for rows and cols multiples of 8 (16-byte aligned in, q, qt): 64 x 64 tiles, 256 threads,
+// each casting 8 consecutive columns of a row per pass (16-byte load, 8-byte q store) into a shared byte tile, then
+// writing 8 consecutive bytes of a qt row (8 tile rows of one column).
+constexpr int kVTile = 64, kVThreads = 256, kVRowsPerPass = kVThreads / (kVTile / 8);
+__global__ void cast_transpose8_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
+                                       const float* scale, float* amax, int fmt) {
+  __shared__ __align__(8) uint8_t tile[kVTile][kVTile + 8];  // rows of 72 bytes: 8-byte aligned, fewer bank clashes
+  const float s = scale[0];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVTile, c0 = static_cast<int64_t>(blockIdx.x) * kVTile;
+  const int tx = static_cast<int>(threadIdx.x) % (kVTile / 8), ty = static_cast<int>(threadIdx.x) / (kVTile / 8);
+  float m = 0.0f;
+  for (int j = ty; j < kVTile; j += kVRowsPerPass) {
+    const int64_t r = r0 + j, c = c0 + 8 * tx;
+    uint2 b = make_uint2(0u, 0u);
+    if (r < rows && c < cols) {  // cols % 8 == 0: all 8 columns are inside
+      float v[8];
+      load8(in, (r * cols + c) / 8, v);
+      b = cast8(v, s, fmt, m);
+      if (q) *reinterpret_cast<uint2*>(q + r * cols + c) = b;
+    }
+    *reinterpret_cast<uint2*>(&tile[j][8 * tx]) = b;
+  }
+  __syncthreads();
+  for (int j = ty; j < kVTile; j += kVRowsPerPass) {  // qt[c0 + j][r0 + 8 tx .. + 8) = tile[8 tx .. + 8)[j]
+    const int64_t c = c0 + j, r = r0 + 8 * tx;
+    if (c < cols && r < rows) {  // rows % 8 == 0
+      uint32_t w[2] = {0u, 0u};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) w[k / 4] |= static_cast<uint32_t>(tile[8 * tx + k][j]) << (8 * (k % 4));
+      *reinterpret_cast<uint2*>(qt + c * rows + r) = make_uint2(w[0], w[1]);
+    }
   }
   if (amax) block_amax(m, amax);
 }
@@ -130,13 +210,23 @@ void launch_fp8_cast(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale
                      cudaStream_t s) {
   if (n == 0) return;
   constexpr int kThreads = 256;
-  cast_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(q, deq, in, n, scale, amax, fmt);
+  if (vec8_ok(n, {in.p, q, deq.p}))
+    cast8_kernel<<<blocks_for(n / 8, kThreads), kThreads, 0, s>>>(q, deq, in, n / 8, scale, amax, fmt);
+  else
+    cast_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(q, deq, in, n, scale, amax, fmt);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
 void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
                                float* amax, int fmt, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
+  if (rows % 8 == 0 && vec8_ok(cols, {in.p, q, qt})) {
+    const dim3 grid(static_cast<unsigned>((cols + kVTile - 1) / kVTile),
+                    static_cast<unsigned>((rows + kVTile - 1) / kVTile));
+    cast_transpose8_kernel<<<grid, kVThreads, 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt);
+    MCPP_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
   cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt);
   MCPP_CUDA_LAUNCH_CHECK();
@@ -145,7 +235,8 @@ void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, in
 void launch_fp8_amax(float* amax, FIn in, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   constexpr int kThreads = 256;
-  amax_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(amax, in, n);
+  if (vec8_ok(n, {in.p})) amax8_kernel<<<blocks_for(n / 8, kThreads), kThreads, 0, s>>>(amax, in, n / 8);
+  else amax_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(amax, in, n);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
