@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -133,6 +134,10 @@ class CleanCheck(unittest.TestCase):
         self.assertEqual(runner.clean_check(tag, work, "cpu", None), [])
         p = subprocess.Popen(["sleep", "30"], env={**os.environ, runner.TAG_VAR: tag})
         try:
+            # until the child has exec'd, /proc/<pid>/environ is still ours (no tag): wait for the exec (<= 10 s)
+            deadline = time.monotonic() + 10
+            while not runner.tagged_processes(tag) and time.monotonic() < deadline:
+                time.sleep(0.01)
             dirty = runner.clean_check(tag, work, "cpu", None)
             self.assertEqual(len(dirty), 1)
             self.assertIn(f"stray process {p.pid}", dirty[0])
