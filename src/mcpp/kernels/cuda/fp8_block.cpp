@@ -88,10 +88,10 @@ void block_gemm(const char* op, Tensor& d, const BlockOperand& a, const BlockOpe
   const cudaStream_t s = stream_of(stream);
   const Fp8GemmKey key{a.rows, b.rows, k, fp8_type(a.format), fp8_type(b.format),
                        gemm_lt::cuda_type(require_float(op, "out", d)), false, a.scaling, b.scaling};
-  if (!g_force_dequantize.load() && fp8_detail::fp8_gemm_supported(key)) {
+  if (!g_force_dequantize.load() &&
+      fp8_detail::try_fp8_gemm(d.raw(), key, static_cast<const uint8_t*>(a.q.raw()), a.sinv.data<float>(),
+                               static_cast<const uint8_t*>(b.q.raw()), b.sinv.data<float>(), beta, s)) {
     ++g_block_scaled;
-    fp8_detail::fp8_gemm(d.raw(), key, static_cast<const uint8_t*>(a.q.raw()), a.sinv.data<float>(),
-                         static_cast<const uint8_t*>(b.q.raw()), b.sinv.data<float>(), beta, s);
     return;
   }
   ++g_dequantized;

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "mcpp/kernels/cuda/gemm_lt.h"
 
@@ -31,12 +32,25 @@ const char* scaling_name(Fp8Scaling s) {
   return s == Fp8Scaling::Tensor ? "per-tensor" : s == Fp8Scaling::Vec128 ? "1x128" : "128x128";
 }
 
-Fp8Plan& fp8_plan(const Fp8GemmKey& key) {
+// The plan cache's key: the GEMM's key plus the operands' alignments (the heuristic's MIN_ALIGNMENT preferences).
+struct PlanKey {
+  Fp8GemmKey g;
+  int al_a, al_b, al_d;
+  auto tie() const {
+    return std::tie(g.m, g.n, g.k, g.ta, g.tb, g.td, g.fast_accum, g.sa, g.sb, al_a, al_b, al_d);
+  }
+  bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
+};
+
+// Builds (once per key) the descriptors and the heuristic's algorithm, with this call's scale pointers set: the
+// heuristic picks kernels for the scaling the descriptor shows, a null pointer meaning none.
+Fp8Plan& fp8_plan(const PlanKey& pk, const float* sa, const float* sb) {
   static std::mutex mu;
-  static std::map<Fp8GemmKey, Fp8Plan> plans;  // lives for the process, like the GEMMs' plan cache
+  static std::map<PlanKey, Fp8Plan> plans;  // lives for the process, like the GEMMs' plan cache
   const std::lock_guard<std::mutex> lock(mu);
-  auto it = plans.find(key);
+  auto it = plans.find(pk);
   if (it != plans.end()) return it->second;
+  const Fp8GemmKey& key = pk.g;
   Fp8Plan p;
   auto& st = gemm_lt::lt_state();
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -51,8 +65,10 @@ Fp8Plan& fp8_plan(const Fp8GemmKey& key) {
                CUBLAS_STATUS_SUCCESS &&
            cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof(mb)) ==
                CUBLAS_STATUS_SUCCESS;
-    if (!p.ok) return plans.emplace(key, p).first->second;  // a cuBLASLt without these scale modes
+    if (!p.ok) return plans.emplace(pk, p).first->second;  // a cuBLASLt without these scale modes
   }
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, static_cast<cudaDataType_t>(key.ta), key.k, key.m, key.k));
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, static_cast<cudaDataType_t>(key.tb), key.k, key.n, key.k));
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.ld, static_cast<cudaDataType_t>(key.td), key.m, key.n, key.m));
@@ -61,32 +77,30 @@ Fp8Plan& fp8_plan(const Fp8GemmKey& key) {
   const size_t ws = gemm_lt::kWorkspaceBytes;
   MCPP_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t al[4] = {static_cast<uint32_t>(pk.al_a), static_cast<uint32_t>(pk.al_b),
+                          static_cast<uint32_t>(pk.al_d), static_cast<uint32_t>(pk.al_d)};
+  const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    MCPP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al[i], sizeof(al[i])));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  // The scale pointers are per call, but the heuristic must know they are set (device pointers of the call).
-  const float* dummy = nullptr;
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof(dummy)));
-  MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof(dummy)));
   const cublasStatus_t hs =
       cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.ld, p.ld, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  p.ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+  p.ok = hs == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
   p.algo = res.algo;
-  return plans.emplace(key, p).first->second;
+  return plans.emplace(pk, p).first->second;
 }
 
 }  // namespace
 
-bool fp8_gemm_supported(const Fp8GemmKey& key) { return fp8_plan(key).ok; }
-
-void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
-              float beta, cudaStream_t s) {
-  Fp8Plan& p = fp8_plan(key);
-  MCPP_CHECK(p.ok,
-             "fp8 GEMM: cuBLASLt has no FP8 algorithm for m {} n {} k {} (A type {} {} scaled, B type {} {} scaled, D "
-             "type {}): per-tensor scaling needs a Hopper (sm_90) or Ada GPU, block scaling a Hopper GPU and cuBLAS "
-             "12.9+",
-             key.m, key.n, key.k, key.ta, scaling_name(key.sa), key.tb, scaling_name(key.sb), key.td);
+bool try_fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b,
+                  const float* sb, float beta, cudaStream_t s) {
+  using gemm_lt::alignment_of;
+  Fp8Plan& p = fp8_plan({key, alignment_of(a), alignment_of(b), alignment_of(d)}, sa, sb);
+  if (!p.ok) return false;
   auto& st = gemm_lt::lt_state();
   // The scale pointers are descriptor attributes: set per call (the descriptor is only used by this stream's host
   // thread, as the GEMMs' plans are).
@@ -95,6 +109,16 @@ void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa,
   const float alpha = 1.0f;
   MCPP_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.op, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
                                    st.workspace, gemm_lt::kWorkspaceBytes, s));
+  return true;
+}
+
+void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+              float beta, cudaStream_t s) {
+  MCPP_CHECK(try_fp8_gemm(d, key, a, sa, b, sb, beta, s),
+             "fp8 GEMM: cuBLASLt has no FP8 algorithm for m {} n {} k {} (A type {} {} scaled, B type {} {} scaled, D "
+             "type {}): per-tensor scaling needs a Hopper (sm_90) or Ada GPU, block scaling a Hopper GPU and cuBLAS "
+             "12.9+",
+             key.m, key.n, key.k, key.ta, scaling_name(key.sa), key.tb, scaling_name(key.sb), key.td);
 }
 
 }  // namespace mcpp::ops::cuda::fp8_detail

@@ -13,14 +13,13 @@
 //               [rows / 128][pad4(k / 128)] row-major array (Transformer Engine's GEMM-ready 2D layout).
 // cuBLASLt takes Vec128 x Vec128, Vec128 x Blk128x128 and Blk128x128 x Vec128 (not 2D x 2D), without fast
 // accumulation (cuBLAS 12.9+; CUDA 13 here). pad4(x) rounds up to a multiple of 4 (16-byte rows of scales).
-// Plans (descriptors, layouts, the heuristic's algorithm) are cached per key; the handle and workspace are the
-// GEMMs' (gemm_lt.h).
+// Plans (descriptors, layouts, the heuristic's algorithm) are cached per key and operand alignment; the handle and
+// workspace are the GEMMs' (gemm_lt.h).
 #pragma once
 #include <cuda_runtime.h>
 #include <library_types.h>
 
 #include <cstdint>
-#include <tuple>
 
 namespace mcpp::ops::cuda::fp8_detail {
 
@@ -31,14 +30,14 @@ struct Fp8GemmKey {
   int ta, tb, td;  // cudaDataType_t of A, B, D
   bool fast_accum;
   Fp8Scaling sa = Fp8Scaling::Tensor, sb = Fp8Scaling::Tensor;
-  auto tie() const { return std::tie(m, n, k, ta, tb, td, fast_accum, sa, sb); }
-  bool operator<(const Fp8GemmKey& o) const { return tie() < o.tie(); }
 };
 
-// Whether cuBLASLt has an algorithm for the key (the plan is built once and cached; no error).
-bool fp8_gemm_supported(const Fp8GemmKey& key);
-// D = scale(A) scale(B) op_T(A) B (+ beta D) with the key's shapes; a / b fp8 bytes, sa / sb device floats. A key
-// without an algorithm (fp8_gemm_supported false) is a named error.
+// D = scale(A) scale(B) op_T(A) B (+ beta D) with the key's shapes; a / b fp8 bytes, sa / sb device floats. The plan
+// is cached per key and the pointers' alignments (the heuristic is told both, and real scale pointers: with a null
+// one it picks kernels without that scaling, which cublasLtMatmul then refuses). try_fp8_gemm returns false, having
+// run nothing, where cuBLASLt has no algorithm; fp8_gemm makes that a named error.
+bool try_fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b,
+                  const float* sb, float beta, cudaStream_t s);
 void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
               float beta, cudaStream_t s);
 
