@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -200,6 +203,93 @@ TEST(GPT2Tokenizer, BadFilesNameTheFile) {
   expect_load_error(vocab_path(), cut_lines, "made by no merge");  // whole lines lost: tokens unreachable
   std::string bad_line = write_tmp("badline.bpe", "#version: 0.2\n\xC4\xA0 t\nonlyone\n");
   expect_load_error(vocab_path(), bad_line, "line 3");
+}
+
+// encoder.py's bpe(), transcribed: the lowest-ranked adjacent pair, all its non-overlapping occurrences merged left to
+// right, until no pair has a rank.
+std::vector<std::string> encoder_py_bpe(const std::string& word, const std::map<std::pair<std::string, std::string>, int>& ranks) {
+  std::vector<std::string> w;
+  for (char c : word) w.emplace_back(1, c);
+  while (w.size() > 1) {
+    const std::pair<std::string, std::string>* best = nullptr;
+    int best_rank = 0;
+    std::pair<std::string, std::string> pair;
+    for (size_t i = 0; i + 1 < w.size(); ++i) {
+      auto it = ranks.find({w[i], w[i + 1]});
+      if (it != ranks.end() && (!best || it->second < best_rank)) best = &it->first, best_rank = it->second;
+    }
+    if (!best) break;
+    pair = *best;
+    std::vector<std::string> next;
+    for (size_t i = 0; i < w.size();) {
+      if (i + 1 < w.size() && w[i] == pair.first && w[i + 1] == pair.second) next.push_back(w[i] + w[i + 1]), i += 2;
+      else next.push_back(w[i++]);
+    }
+    w.swap(next);
+  }
+  return w;
+}
+
+// GPT-2's bytes_to_unicode: the vocab / merges spelling of byte b (UTF-8).
+std::string byte_token(int b) {
+  static const std::vector<int> cp = [] {
+    std::vector<int> v(256);
+    int n = 0;
+    for (int x = 0; x < 256; ++x) {
+      const bool printable = (x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF);
+      v[x] = printable ? x : 256 + n++;
+    }
+    return v;
+  }();
+  const int c = cp[b];
+  if (c < 0x80) return std::string(1, static_cast<char>(c));
+  return {static_cast<char>(0xC0 | (c >> 6)), static_cast<char>(0x80 | (c & 0x3F))};
+}
+
+// The heap-based BPE (gpt2_tokenizer.cpp) against encoder.py's loop on random merge tables over a four-letter
+// alphabet whose lines are shuffled out of creation order (pairs that a merge makes may outrank the current one;
+// repeated pairs keep their last rank), and random words, overlapping runs included.
+TEST(GPT2Tokenizer, BpeRoundsAreEncoderPys) {
+  std::mt19937 rng(7);
+  for (int table = 0; table < 12; ++table) {
+    std::vector<std::string> syms = {"a", "b", "c", "d"};
+    std::vector<std::pair<std::string, std::string>> lines;
+    for (int k = 0; k < 40; ++k) {
+      const std::string x = syms[rng() % syms.size()], y = syms[rng() % syms.size()];
+      lines.emplace_back(x, y);
+      if (std::find(syms.begin(), syms.end(), x + y) == syms.end()) syms.push_back(x + y);
+    }
+    std::shuffle(lines.begin(), lines.end(), rng);
+    std::map<std::pair<std::string, std::string>, int> ranks;
+    std::string merges = "#version: 0.2\n";
+    for (size_t r = 0; r < lines.size(); ++r) {
+      ranks[lines[r]] = static_cast<int>(r);
+      merges += lines[r].first + " " + lines[r].second + "\n";
+    }
+    std::map<std::string, int> ids;
+    std::string vocab = "{";
+    auto add = [&](const std::string& raw, const std::string& spelled) {
+      if (ids.count(raw)) return;
+      const int id = static_cast<int>(ids.size());
+      ids[raw] = id;
+      const std::string key = spelled == "\"" || spelled == "\\" ? "\\" + spelled : spelled;  // JSON escapes
+      vocab += (id ? ", \"" : "\"") + key + "\": " + std::to_string(id);
+    };
+    for (int b = 0; b < 256; ++b) add(std::string(1, static_cast<char>(b)), byte_token(b));
+    for (const std::string& sym : syms) add(sym, sym);
+    add("<|endoftext|>", "<|endoftext|>");
+    vocab += "}";
+    const std::string tag = std::to_string(table);
+    const GPT2Tokenizer t =
+        GPT2Tokenizer::from_files(write_tmp("rnd" + tag + ".json", vocab), write_tmp("rnd" + tag + ".bpe", merges));
+    for (int w = 0; w < 300; ++w) {
+      std::string word(1 + rng() % 48, 'a');
+      for (char& c : word) c = static_cast<char>('a' + (w % 3 == 0 ? rng() % 2 : rng() % 4));  // runs: 2 letters
+      Ids want;
+      for (const std::string& piece : encoder_py_bpe(word, ranks)) want.push_back(ids.at(piece));
+      ASSERT_EQ(t.encode(word), want) << "table " << table << " word " << word;
+    }
+  }
 }
 
 TEST(GPT2Tokenizer, VocabDirEnvironmentOverride) {

@@ -5,7 +5,7 @@
 // Internally everything is raw bytes: vocab and merge strings are mapped back through the inverse of
 // GPT-2's bytes_to_unicode table when loaded, so a piece's bytes start BPE as 1-byte symbols.
 // BPE rounds follow encoder.py: take the adjacent pair of lowest merge rank, merge all its
-// non-overlapping occurrences left to right, repeat until no adjacent pair has a rank.
+// non-overlapping occurrences left to right, repeat until no adjacent pair has a rank (with a heap: bpe()).
 // Thread safety: encode/decode are const and may run concurrently (the word cache: 16 mutex-guarded shards).
 #include "mcpp/datasets/gpt2_tokenizer.h"
 
@@ -18,6 +18,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <queue>
 #include <sstream>
 #include <unordered_map>
 
@@ -179,35 +180,55 @@ void GPT2Tokenizer::Impl::check_consistent() const {
          merge_file, vocab_file, unreachable, example);
 }
 
+// encoder.py's rounds in O(n log n) (its own loop rescans the word every round: O(n^2), hours for a megabyte-long
+// run of letters). The word is a linked list of symbols; a min-heap holds (rank, position) for every adjacent pair
+// with a rank, stale entries skipped when popped. A round takes every entry of the lowest rank (one pair: a rank
+// names one pair) in position order and merges them left to right, skipping an occurrence an earlier merge of the
+// round consumed: encoder.py's non-overlapping scan. The pairs a merge makes wait for later rounds, as in encoder.py
+// (even those of a lower rank, which a merges file out of creation order can have). A position's left symbol only
+// grows, so a stale entry never matches its position's pair again.
 void GPT2Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) const {
-  std::vector<int32_t> syms(word.size());  // [symbols] starts as one symbol per byte
-  for (size_t i = 0; i < word.size(); ++i) syms[i] = static_cast<unsigned char>(word[i]);
-  std::vector<int32_t> next;
-  while (syms.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max();
-    const Merge* best = nullptr;
-    int32_t first = -1, second = -1;
-    for (size_t i = 0; i + 1 < syms.size(); ++i) {
-      auto it = merges.find(pair_key(syms[i], syms[i + 1]));
-      if (it != merges.end() && it->second.rank < best_rank) {
-        best_rank = it->second.rank;
-        best = &it->second;
-        first = syms[i];
-        second = syms[i + 1];
-      }
-    }
-    if (best == nullptr) break;
-    next.clear();
-    for (size_t i = 0; i < syms.size();) {
-      if (i + 1 < syms.size() && syms[i] == first && syms[i + 1] == second) {
-        next.push_back(best->result);
-        i += 2;
-      } else {
-        next.push_back(syms[i++]);
-      }
-    }
-    syms.swap(next);
+  if (word.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    fail("GPT-2 BPE: a pre-tokenized piece of {} bytes (over 2 GiB)", word.size());
+  const auto n = static_cast<int32_t>(word.size());
+  std::vector<int32_t> sym(word.size()), nxt(word.size()), prv(word.size());  // [n] symbol, list links (-1: none)
+  std::vector<char> alive(word.size(), 1);
+  for (int32_t i = 0; i < n; ++i) {
+    sym[i] = static_cast<unsigned char>(word[i]);
+    nxt[i] = i + 1 < n ? i + 1 : -1;
+    prv[i] = i - 1;
   }
+  auto merge_at = [&](int32_t i) -> const Merge* {  // the merge of the pair whose left symbol is at live position i
+    if (nxt[i] < 0) return nullptr;
+    auto it = merges.find(pair_key(sym[i], sym[nxt[i]]));
+    return it == merges.end() ? nullptr : &it->second;
+  };
+  using Entry = std::pair<int32_t, int32_t>;  // (rank, position)
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
+  auto push = [&](int32_t i) {
+    if (const Merge* m = merge_at(i)) heap.emplace(m->rank, i);
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  std::vector<int32_t> round;
+  while (!heap.empty()) {
+    const int32_t rank = heap.top().first;
+    round.clear();
+    for (; !heap.empty() && heap.top().first == rank; heap.pop()) round.push_back(heap.top().second);
+    std::sort(round.begin(), round.end());  // positions in list order
+    for (int32_t i : round) {
+      const Merge* m = alive[i] ? merge_at(i) : nullptr;
+      if (!m || m->rank != rank) continue;  // consumed by this round's previous merge, or its pair changed
+      const int32_t j = nxt[i];
+      sym[i] = m->result;
+      alive[j] = 0;
+      nxt[i] = nxt[j];
+      if (nxt[j] >= 0) prv[nxt[j]] = i;
+      if (prv[i] >= 0) push(prv[i]);
+      push(i);
+    }
+  }
+  std::vector<int32_t> syms;
+  for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = nxt[i]) syms.push_back(sym[i]);
   for (int32_t s : syms) {
     if (sym_vocab[s] < 0) {
       auto name = std::find_if(sym_of.begin(), sym_of.end(), [&](const auto& kv) { return kv.second == s; });
