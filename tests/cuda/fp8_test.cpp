@@ -31,27 +31,27 @@ TEST(CudaFp8, CastAndAmaxEqualTheCpuEmulationBitForBit) {
   MCPP_REQUIRE_CUDA();
   // 1000 x 37: the 8-wide kernels (37,000 elements, a multiple of 8); 999 x 37: the scalar ones
   for (int64_t rows : {1000, 999})
-  for (DType dt : {DType::F32, DType::BF16})
-    for (Fp8Format fmt : {Fp8Format::E4M3, Fp8Format::E5M2})
-      for (float s : {1.0f, 300.0f, 1e-4f, 3.7e4f}) {  // 300 / 3.7e4: saturation; 1e-4: subnormals and zeros
-        SCOPED_TRACE(::testing::Message() << rows << " rows, " << dtype_name(dt) << " fmt " << static_cast<int>(fmt)
-                                          << " scale " << s);
-        Tensor x = rnd({rows, 37}, 21, dt, -4.0, 4.0);  // odd sizes: partial blocks
-        x.data<float>()[7] = -0.0f;
-        Tensor want = Tensor::empty(x.shape()), want_amax = Tensor::zeros({1});
-        ops::cpu::fp8_quantize(want, &want_amax, x, scale_tensor(s), fmt, {});
-        Tensor got = poisoned(x.shape(), dt), amax = dev(Tensor::zeros({1}));
-        ops::fp8_quantize(got, &amax, dev(x, dt), dev(scale_tensor(s)), fmt);
-        const Tensor g = host(got);
-        for (int64_t i = 0; i < x.numel(); ++i)
-          ASSERT_EQ(std::memcmp(&g.data<float>()[i], &want.data<float>()[i], 4), 0)
-              << "element " << i << ": x " << x.data<float>()[i] << " got " << g.data<float>()[i] << " want "
-              << want.data<float>()[i];
-        EXPECT_EQ(host(amax).data<float>()[0], want_amax.data<float>()[0]);
-        Tensor amax2 = dev(Tensor::zeros({1}));
-        ops::fp8_amax(amax2, dev(x, dt));
-        EXPECT_EQ(host(amax2).data<float>()[0], want_amax.data<float>()[0]);
-      }
+    for (DType dt : {DType::F32, DType::BF16})
+      for (Fp8Format fmt : {Fp8Format::E4M3, Fp8Format::E5M2})
+        for (float s : {1.0f, 300.0f, 1e-4f, 3.7e4f}) {  // 300 / 3.7e4: saturation; 1e-4: subnormals and zeros
+          SCOPED_TRACE(::testing::Message() << rows << " rows, " << dtype_name(dt) << " fmt " << static_cast<int>(fmt)
+                                            << " scale " << s);
+          Tensor x = rnd({rows, 37}, 21, dt, -4.0, 4.0);  // odd sizes: partial blocks
+          x.data<float>()[7] = -0.0f;
+          Tensor want = Tensor::empty(x.shape()), want_amax = Tensor::zeros({1});
+          ops::cpu::fp8_quantize(want, &want_amax, x, scale_tensor(s), fmt, {});
+          Tensor got = poisoned(x.shape(), dt), amax = dev(Tensor::zeros({1}));
+          ops::fp8_quantize(got, &amax, dev(x, dt), dev(scale_tensor(s)), fmt);
+          const Tensor g = host(got);
+          for (int64_t i = 0; i < x.numel(); ++i)
+            ASSERT_EQ(std::memcmp(&g.data<float>()[i], &want.data<float>()[i], 4), 0)
+                << "element " << i << ": x " << x.data<float>()[i] << " got " << g.data<float>()[i] << " want "
+                << want.data<float>()[i];
+          EXPECT_EQ(host(amax).data<float>()[0], want_amax.data<float>()[0]);
+          Tensor amax2 = dev(Tensor::zeros({1}));
+          ops::fp8_amax(amax2, dev(x, dt));
+          EXPECT_EQ(host(amax2).data<float>()[0], want_amax.data<float>()[0]);
+        }
 }
 
 TEST(CudaFp8, ScaleUpdateEqualsTheCpuBitForBit) {
