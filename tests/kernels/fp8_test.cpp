@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/grad_check.h"
+#include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -202,6 +203,20 @@ TEST(Fp8Linear, ForwardAndBackwardAreGemmsOfTheEmulatedOperands) {
   ops::fp8_linear_bwd(nullptr, dw_over, &db_over, dy, x, w, fdy, fx, fw, ops::GradWrite::Overwrite);
   EXPECT_LT(rel(dw_over, dw_prod), 1e-6);
   EXPECT_LT(rel(db_over, db_ref), 1e-6);
+
+  // bad operands are named errors, checked before any dimension is read (a 1-D w, a zero-width w)
+  auto bwd_error = [&](const Tensor& bad_w, Tensor& bad_dw) {
+    try {
+      ops::fp8_linear_bwd(nullptr, bad_dw, nullptr, dy, x, bad_w, fdy, fx, fw, ops::GradWrite::Overwrite);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Tensor w1 = Tensor::zeros({out * in}), dw1 = Tensor::zeros({out * in});
+  EXPECT_NE(bwd_error(w1, dw1).find("w [out, in] and dw_acc like w"), std::string::npos) << bwd_error(w1, dw1);
+  Tensor w0 = Tensor::zeros({out, 0}), dw0w = Tensor::zeros({out, 0});
+  EXPECT_NE(bwd_error(w0, dw0w).find("dy [n, 24] and x [n, 0]"), std::string::npos) << bwd_error(w0, dw0w);
 }
 
 }  // namespace

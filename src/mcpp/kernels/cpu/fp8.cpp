@@ -134,7 +134,7 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operan
 void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
                     const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, GradWrite grad_write, Stream) {
   const char* op = "fp8_linear_bwd";
-  const int64_t out = w.size(0), in = w.size(1), n = detail::linear_bwd_rows(op, dw_acc, dy, x, w);
+  const int64_t n = detail::linear_bwd_rows(op, dw_acc, dy, x, w), out = w.size(0), in = w.size(1);
   Tensor qdy = quantized(op, dy, fdy, true);
   const float dy_inv = scale_of(op, fdy.scale, 1);
   if (dx) {  // dx[n,in] = q(dy)[n,out] @ q(w)[out,in]

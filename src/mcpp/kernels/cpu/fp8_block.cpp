@@ -114,7 +114,7 @@ void fp8_block_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, Stream) {
 void fp8_block_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x,
                           const Tensor& w, Fp8Format dy_format, GradWrite grad_write, Stream) {
   const char* op = "fp8_block_linear_bwd";
-  const int64_t out = w.size(0), in = w.size(1), n = detail::linear_bwd_rows(op, dw_acc, dy, x, w);
+  const int64_t n = detail::linear_bwd_rows(op, dw_acc, dy, x, w), out = w.size(0), in = w.size(1);
   require_blocks(op, n, in, out);
   if (dx) {  // dx[n,in] = deq(dy)[n,out] . deq(w)[out,in]: dy in 1x128 tiles along out
     require_cpu_f32(op, "dx", *dx);
