@@ -12,6 +12,13 @@
 #include "mcpp/training/provenance.h"
 
 namespace {
+// The one error line, after what the command printed so far: stdout is buffered and stderr is not, so without the
+// flush a log that takes both (2>&1) shows the error in the middle of earlier output (e.g. the arguments table).
+void print_error(const char* what) {
+  std::fflush(stdout);
+  fmt::print(stderr, "error: {}\n", what);
+}
+
 void print_help() {
   fmt::print("usage: mcpp <command> [flags]   (mcpp <command> --help for its flags; mcpp --version)\n\ncommands:\n");
   for (const auto& [name, info] : mcpp::cli::commands()) fmt::print("  {:<12} {}\n", name, info.help);
@@ -40,17 +47,18 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success&) {
     return 0;
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    print_error(e.what());
     return 2;
   } catch (const mcpp::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    print_error(e.what());
     return 2;
   } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
     fmt::print(stderr, "error: mcpp {}: out of host memory (std::bad_alloc): the input asks for more memory than this "
                "host has\n", name);
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    print_error(e.what());
     return 2;
   }
 }

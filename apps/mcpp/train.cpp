@@ -86,6 +86,7 @@ int run_distributed(const mcpp::Config& cfg, mcpp::comm::CommPtr world,
     const mcpp::comm::SignalDumper sigusr1_dump(world->recorder_ptr(), watchdog.dump_path());
     rc = train(cfg, world);
   } catch (const std::exception& e) {
+    std::fflush(stdout);  // the error after the arguments table and the log lines, not amid them (main.cpp)
     fmt::print(stderr, "error: [rank {}] {}\n", world->rank(), e.what());
     std::fflush(stderr);
     abort(2, e.what());

@@ -12,7 +12,7 @@
 # split 98,2,0; validation every 250 iterations over 20 batches. Prints one JSON line per run (final validation
 # loss, the mean training loss of the last 50 iterations, step ms) and the verdict: the FP8 final validation loss
 # within 1% of bf16's. Writes OUT/NAME.jsonl (the curves; scripts/plot_metrics.py draws them side by side).
-# usage (device machine, repo root, device_carry/ carried): bench/gpu/fp8_accuracy.sh OUT [ITERS]
+# usage (device machine, repo root, device_carry/ carried): [RUNS='...'] bench/gpu/fp8_accuracy.sh OUT [ITERS]
 set -u
 OUT=$1 ITERS=${2:-1000}
 mkdir -p "$OUT" /tmp/corpus
@@ -23,9 +23,14 @@ RUN_FLAGS="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-leng
   --micro-batch-size 8 --global-batch-size 8 --train-iters $ITERS --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine
   --lr-warmup-iters 100 --weight-decay 0.1 --clip-grad 1.0 --adam-beta2 0.95 --seed 1234 --log-interval 10
   --eval-interval 250 --eval-iters 20 --data-path /tmp/corpus/text_text_document --split 98,2,0"
-run_train bf16 1
-run_train fp8_delayed 1 --fp8-format hybrid --fp8-recipe delayed
-run_train fp8_tensorwise 1 --fp8-format hybrid --fp8-recipe tensorwise
+for run in ${RUNS:-bf16 fp8_delayed fp8_tensorwise}; do  # RUNS: a subset (OUT may hold the others' .jsonl already)
+  case $run in
+    bf16) run_train bf16 1 ;;
+    fp8_delayed) run_train fp8_delayed 1 --fp8-format hybrid --fp8-recipe delayed ;;
+    fp8_tensorwise) run_train fp8_tensorwise 1 --fp8-format hybrid --fp8-recipe tensorwise ;;
+    *) echo "error: RUNS: unknown run '$run' (bf16, fp8_delayed, fp8_tensorwise)"; exit 2 ;;
+  esac
+done
 python3 - "$OUT" <<'PY'
 import json, sys
 sys.path.insert(0, "bench/gpu")

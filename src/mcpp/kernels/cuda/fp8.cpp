@@ -55,6 +55,19 @@ cudaDataType_t out_type(const char* op, const char* arg, const Tensor& t) {
   return gemm_lt::cuda_type(require_float(op, arg, t));
 }
 
+// The GEMMs' scale pointers, each 16-byte aligned: every cast copies the scale_inv it quantized with (the second float
+// of a {scale, scale_inv} pair, 4 bytes past an aligned base) into a slot of its own, and the GEMM reads the slot.
+// cuBLASLt refuses a per-tensor FP8 GEMM whose scale pointer is only 4-byte aligned (status 15, CUDA 13;
+// bench/gpu/fp8_gemm_probe.cu shows it).
+struct ScaleInvSlots {
+  Tensor buf;
+  float* slot(int i) {
+    const auto base = (reinterpret_cast<uintptr_t>(buf.raw()) + 15) / 16 * 16;
+    return reinterpret_cast<float*>(base) + 4 * i;
+  }
+};
+ScaleInvSlots scale_inv_slots(int n) { return {Tensor::empty({4 * n + 4}, DType::F32, Device::CUDA)}; }
+
 }  // namespace
 
 void fp8_quantize(Tensor& out, Tensor* amax_acc, const Tensor& in, const Tensor& scale, Fp8Format format,
@@ -88,12 +101,13 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operan
              "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, in, out, x.str(), y.str());
   require_multiple_of_16(op, n, in, out);
   Tensor qx = fp8_bytes(n * in), qw = fp8_bytes(out * in);
+  ScaleInvSlots sinv = scale_inv_slots(2);
   launch_fp8_cast(bytes_of(qx), FOut{nullptr, kF32}, fin_of(op, "x", x), n * in, scale_ptr(op, "fx.scale", fx.scale),
-                  amax_ptr(op, &fx.amax), fmt_of(fx.format), s);
+                  amax_ptr(op, &fx.amax), fmt_of(fx.format), s, sinv.slot(0));
   launch_fp8_cast(bytes_of(qw), FOut{nullptr, kF32}, fin_of(op, "w", w), out * in, scale_ptr(op, "fw.scale", fw.scale),
-                  amax_ptr(op, &fw.amax), fmt_of(fw.format), s);
+                  amax_ptr(op, &fw.amax), fmt_of(fw.format), s, sinv.slot(1));
   const Fp8GemmKey key{out, n, in, fp8_type(fw.format), fp8_type(fx.format), out_type(op, "y", y), true};
-  fp8_gemm(y.raw(), key, bytes_of(qw), fw.scale.data<float>() + 1, bytes_of(qx), fx.scale.data<float>() + 1, 0.0f, s);
+  fp8_gemm(y.raw(), key, bytes_of(qw), sinv.slot(1), bytes_of(qx), sinv.slot(0), 0.0f, s);
 }
 
 void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
@@ -106,27 +120,28 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
   MCPP_CHECK(!(fdy.format == Fp8Format::E5M2 && fw.format == Fp8Format::E5M2) &&
                  !(fdy.format == Fp8Format::E5M2 && fx.format == Fp8Format::E5M2),
              "{}: cuBLASLt has no e5m2 x e5m2 GEMM", op);
-  const float* sdy = scale_ptr(op, "fdy.scale", fdy.scale) + 1;
+  ScaleInvSlots sinv = scale_inv_slots(3);  // dy, w, x
+  float* sdy = sinv.slot(0);
   // q(dy) [n, out] (dgrad's B) and q(dy)^T [out, n] (wgrad's B) in one pass, recording dy's amax
   Tensor qdy = fp8_bytes(n * out), qdyt = fp8_bytes(n * out);
   launch_fp8_cast_transpose(dx ? bytes_of(qdy) : nullptr, bytes_of(qdyt), fin_of(op, "dy", dy), n, out,
-                            scale_ptr(op, "fdy.scale", fdy.scale), amax_ptr(op, &fdy.amax), fmt_of(fdy.format), s);
+                            scale_ptr(op, "fdy.scale", fdy.scale), amax_ptr(op, &fdy.amax), fmt_of(fdy.format), s,
+                            sdy);
   if (dx) {  // dx[n,in] = q(dy)[n,out] . (q(w)^T [in,out])^T
     MCPP_CHECK(dx->numel() == n * in, "{}: dx must have {} elements; got {}", op, n * in, dx->str());
     Tensor qwt = fp8_bytes(out * in);
     launch_fp8_cast_transpose(nullptr, bytes_of(qwt), fin_of(op, "w", w), out, in,
-                              scale_ptr(op, "fw.scale", fw.scale), nullptr, fmt_of(fw.format), s);
+                              scale_ptr(op, "fw.scale", fw.scale), nullptr, fmt_of(fw.format), s, sinv.slot(1));
     const Fp8GemmKey key{in, n, out, fp8_type(fw.format), fp8_type(fdy.format), out_type(op, "dx", *dx), false};
-    fp8_gemm(dx->raw(), key, bytes_of(qwt), fw.scale.data<float>() + 1, bytes_of(qdy), sdy, 0.0f, s);
+    fp8_gemm(dx->raw(), key, bytes_of(qwt), sinv.slot(1), bytes_of(qdy), sdy, 0.0f, s);
   }
   // dw[out,in] (+)= q(dy)^T [out,n] . (q(x)^T [in,n])^T, fp32 straight into the main grad
   Tensor qxt = fp8_bytes(n * in);
   launch_fp8_cast_transpose(nullptr, bytes_of(qxt), fin_of(op, "x", x), n, in, scale_ptr(op, "fx.scale", fx.scale),
-                            nullptr, fmt_of(fx.format), s);
+                            nullptr, fmt_of(fx.format), s, sinv.slot(2));
   const bool overwrite = grad_write == GradWrite::Overwrite;
   const Fp8GemmKey key{in, out, n, fp8_type(fx.format), fp8_type(fdy.format), CUDA_R_32F, false};
-  fp8_gemm(dw_acc.raw(), key, bytes_of(qxt), fx.scale.data<float>() + 1, bytes_of(qdyt), sdy, overwrite ? 0.0f : 1.0f,
-           s);
+  fp8_gemm(dw_acc.raw(), key, bytes_of(qxt), sinv.slot(2), bytes_of(qdyt), sdy, overwrite ? 0.0f : 1.0f, s);
   if (db_acc) {
     require_float(op, "db_acc", *db_acc, /*bf16_ok=*/false);
     require_numel(op, "db_acc", *db_acc, out, "out = w.size(0)");

@@ -35,7 +35,14 @@ __device__ void block_amax(float v, float* amax) {
   }
 }
 
-__global__ void cast_kernel(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale, float* amax, int fmt) {
+// sinv_out (null: none): the first thread copies scale[1], the scale_inv the cast's GEMM dequantizes with, there.
+__device__ __forceinline__ void copy_scale_inv(float* sinv_out, const float* scale) {
+  if (sinv_out && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *sinv_out = scale[1];
+}
+
+__global__ void cast_kernel(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale, float* amax, int fmt,
+                            float* sinv_out) {
+  copy_scale_inv(sinv_out, scale);
   const float s = scale[0];
   float m = 0.0f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -61,7 +68,9 @@ __device__ __forceinline__ uint2 cast8(const float (&v)[8], float s, int fmt, fl
 }
 
 // cast_kernel with 8 elements per thread (vec8_ok: n % 8 == 0, in, q and deq 16-byte aligned); n8 = n / 8.
-__global__ void cast8_kernel(uint8_t* q, FOut deq, FIn in, int64_t n8, const float* scale, float* amax, int fmt) {
+__global__ void cast8_kernel(uint8_t* q, FOut deq, FIn in, int64_t n8, const float* scale, float* amax, int fmt,
+                             float* sinv_out) {
+  copy_scale_inv(sinv_out, scale);
   const float s = scale[0];
   float m = 0.0f;
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n8;
@@ -102,8 +111,9 @@ __global__ void amax_kernel(float* amax, FIn in, int64_t n) {
 // 32 x 32 tiles, blockDim (32, 8): each thread casts 4 elements of a tile row-wise and writes 4 of the transpose.
 constexpr int kTile = 32, kRowsPerPass = 8;
 __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
-                                      const float* scale, float* amax, int fmt) {
+                                      const float* scale, float* amax, int fmt, float* sinv_out) {
   __shared__ uint8_t tile[kTile][kTile + 4];
+  copy_scale_inv(sinv_out, scale);
   const float s = scale[0];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   float m = 0.0f;
@@ -130,8 +140,9 @@ __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t r
 // writing 8 consecutive bytes of a qt row (8 tile rows of one column).
 constexpr int kVTile = 64, kVThreads = 256, kVRowsPerPass = kVThreads / (kVTile / 8);
 __global__ void cast_transpose8_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
-                                       const float* scale, float* amax, int fmt) {
+                                       const float* scale, float* amax, int fmt, float* sinv_out) {
   __shared__ __align__(8) uint8_t tile[kVTile][kVTile + 8];  // rows of 72 bytes: 8-byte aligned, fewer bank clashes
+  copy_scale_inv(sinv_out, scale);
   const float s = scale[0];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVTile, c0 = static_cast<int64_t>(blockIdx.x) * kVTile;
   const int tx = static_cast<int>(threadIdx.x) % (kVTile / 8), ty = static_cast<int>(threadIdx.x) / (kVTile / 8);
@@ -207,28 +218,28 @@ int blocks_for(int64_t n, int threads) {
 }  // namespace
 
 void launch_fp8_cast(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale, float* amax, int fmt,
-                     cudaStream_t s) {
+                     cudaStream_t s, float* sinv_out) {
   if (n == 0) return;
   constexpr int kThreads = 256;
   if (vec8_ok(n, {in.p, q, deq.p}))
-    cast8_kernel<<<blocks_for(n / 8, kThreads), kThreads, 0, s>>>(q, deq, in, n / 8, scale, amax, fmt);
+    cast8_kernel<<<blocks_for(n / 8, kThreads), kThreads, 0, s>>>(q, deq, in, n / 8, scale, amax, fmt, sinv_out);
   else
-    cast_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(q, deq, in, n, scale, amax, fmt);
+    cast_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(q, deq, in, n, scale, amax, fmt, sinv_out);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
 void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
-                               float* amax, int fmt, cudaStream_t s) {
+                               float* amax, int fmt, cudaStream_t s, float* sinv_out) {
   if (rows == 0 || cols == 0) return;
   if (rows % 8 == 0 && vec8_ok(cols, {in.p, q, qt})) {
     const dim3 grid(static_cast<unsigned>((cols + kVTile - 1) / kVTile),
                     static_cast<unsigned>((rows + kVTile - 1) / kVTile));
-    cast_transpose8_kernel<<<grid, kVThreads, 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt);
+    cast_transpose8_kernel<<<grid, kVThreads, 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out);
     MCPP_CUDA_LAUNCH_CHECK();
     return;
   }
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt);
+  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

@@ -2,7 +2,8 @@
 // launch.h. fmt: 0 = e4m3fn, 1 = e5m2 (ops.h Fp8Format). Every cast is q = cvt.rn.satfinite(float(in) * scale[0])
 // (__nv_cvt_float_to_fp8 with __NV_SATFINITE), the CPU emulation's ops::fp8_round bit for bit. scale: device float [2]
 // = {scale, scale_inv}; amax: device float [1] or null (when set: amax = max(amax, max |in|), an atomic max per
-// block, so the launch may be one of several recording into one slot).
+// block, so the launch may be one of several recording into one slot); sinv_out: device float [1] or null (when set:
+// scale[1] is copied there, for a GEMM that needs its scale pointer aligned, fp8.cpp).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,10 +15,10 @@ namespace mcpp::cuda_detail {
 
 // q [n] fp8 bytes (null: not written); deq [n] (deq.p null: not written) = the fp8 value as deq's dtype.
 void launch_fp8_cast(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale, float* amax, int fmt,
-                     cudaStream_t s);
+                     cudaStream_t s, float* sinv_out = nullptr);
 // in [rows, cols] -> q [rows, cols] (null: not written) and qt [cols, rows] (its transpose), both fp8 bytes.
 void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
-                               float* amax, int fmt, cudaStream_t s);
+                               float* amax, int fmt, cudaStream_t s, float* sinv_out = nullptr);
 void launch_fp8_amax(float* amax, FIn in, int64_t n, cudaStream_t s);
 // One block: Transformer Engine's delayed-scaling update of scale [2] from history [len] (ops.h Fp8ScalingOptions).
 constexpr int64_t kFp8MaxHistory = 8192;  // the history sits in shared memory (32 KiB)
