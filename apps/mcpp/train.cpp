@@ -49,9 +49,9 @@ int train(mcpp::Config cfg, mcpp::comm::CommPtr world) {
   mcpp::adopt_checkpoint_vocab_padding(cfg);  // a checkpoint of another TP size: its padded vocabulary, if it fits
   cfg.validate();
   mcpp::validate_parallel_layout(world->size(), cfg);
-  // GPUs under mpirun: the parallel groups are NCCL communicators (one GPU per rank, by local rank),
-  // bootstrapped over the MPI world, which keeps serving host values (Communicator::host()).
-  if (mcpp::resolve_training_device(cfg.training) == mcpp::Device::CUDA && world->size() > 1)
+  // GPUs under mpirun or `mcpp launch` (one rank too): the parallel groups are NCCL communicators (one GPU per rank, by
+  // local rank), bootstrapped over the MPI / TCP world, which keeps serving host values (Communicator::host()).
+  if (mcpp::resolve_training_device(cfg.training) == mcpp::Device::CUDA && !world->takes_device_tensors())
     world = mcpp::comm::init_nccl(world, local_rank(), {});
   world->set_check_collectives(cfg.parallel.check_collectives);
   world->recorder()->set_checksums(cfg.parallel.flight_recorder_checksums);  // every group shares the recorder

@@ -28,6 +28,7 @@ TEST(LocalCommunicator, EveryOpIsIdentityOrCopy) {
   EXPECT_EQ(w->size(), 1);
   EXPECT_EQ(w->rank(), 0);
   EXPECT_EQ(w->global_rank(), 0);
+  EXPECT_TRUE(w->takes_device_tensors());  // a single-process CUDA run needs no NCCL (apps/mcpp/train.cpp)
   Tensor ref = iota(6);
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
     Tensor t = ref.clone();

@@ -107,6 +107,9 @@ class Communicator {
   // backends (MPI, local); the NCCL backend's MPI bootstrap group (NCCL takes device tensors only). Used
   // for the few host values (loss sums, grad-norm partials, checkpoint votes) that travel between ranks.
   virtual Communicator& host() { return *this; }
+  // Whether this backend moves device (CUDA) tensors itself: the local one (in-process, size 1) and NCCL do; MPI and
+  // TCP take host tensors only, so a CUDA run bootstraps NCCL over them whatever their size (apps/mcpp/train.cpp).
+  virtual bool takes_device_tensors() const { return false; }
 
   // --check-collectives: before each collective the group compares (op, dtype, count, seq, reduce op,
   // root) with a blocking all-gather on a private communicator; a mismatch throws mcpp::Error naming both

@@ -18,6 +18,7 @@ class LocalCommunicator : public Communicator {
   explicit LocalCommunicator(std::string name = "world", std::shared_ptr<FlightRecorder> recorder = nullptr,
                              int global_rank = 0);
   std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<int>& global_ranks) override;
+  bool takes_device_tensors() const override { return true; }
 
  protected:
   Work do_all_reduce(Tensor& t, ReduceOp op) override;

@@ -69,6 +69,7 @@ class NcclCommunicator : public Communicator {
 
   std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<int>& global_ranks) override;
   Communicator& host() override { return *bootstrap_; }  // the MPI group the unique id came over
+  bool takes_device_tensors() const override { return true; }
   ncclComm* nccl_comm() const { return comm_; }
   CUstream_st* comm_stream() const { return stream_; }
   const std::shared_ptr<NcclWatchdog>& watchdog() const { return watchdog_; }
