@@ -11,7 +11,7 @@
 # Schedule: lr 6e-4, 100 warm-up iterations, cosine to 6e-5, weight decay 0.1, clip 1.0 (nanoGPT's GPT-2 recipe);
 # split 98,2,0; validation every 250 iterations over 20 batches. Prints one JSON line per run (final validation
 # loss, the mean training loss of the last 50 iterations, step ms) and the verdict: the FP8 final validation loss
-# within 1% of bf16's. Writes OUT/NAME.jsonl (the curves; scripts/plot_metrics.py draws them side by side).
+# within 1% of bf16's. Writes OUT/NAME.jsonl (the curves; bench/gpu/plot_curves.py draws them side by side).
 # usage (device machine, repo root, device_carry/ carried): [RUNS='...'] bench/gpu/fp8_accuracy.sh OUT [ITERS]
 set -u
 OUT=$1 ITERS=${2:-1000}
