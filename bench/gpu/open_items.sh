@@ -1,0 +1,56 @@
+#!/bin/bash
+# The device checks still open after session 7 (issues 34-36), as one batch that fits a session's device time in
+# order of importance, each step under what is left of BUDGET seconds (default 560: one call). SKIP='a b' skips steps
+# by name; ONLY='a b' runs only those. Steps:
+#   fp8_speed   GPT 1.3B bf16 / FP8 delayed / FP8 tensorwise and PyTorch's FP8 anchor at 1.3B in the same call
+#               (the same-call ratio issue 35 asks for; the anchor compiles and runs its bf16 and FP8 models: ~260 s),
+#               then the 8B-width Llama slice (bf16, delayed, blockwise)
+#   fp8_profile per-op profile of the 1.3B step, FP8 delayed and bf16 (bench/gpu/profile_ops.sh; where the casts go)
+#   sft         bench/gpu/sft_curve.sh (the SFT curve of an imported Qwen3-1.7B-shaped model; failed in session 7)
+#   experiments E12 (the 1-rank launch fix, 1e77ed5), E09, E10 gpu tier, results tarred to OUT/res.tgz
+#   moe         bench/gpu/moe_steps.sh all (every MoE row, incl. DeepSeek's router)
+#   spm         tests/device/tokenizer_check.py, spm-unigram only
+# Needs device_carry/ from the build machine:
+#   bash bench/gpu/make_carry.sh build mcpp mcpp_tests
+#   nvcc -O2 -arch=sm_90 -o device_carry/fp8_gemm_probe bench/gpu/fp8_gemm_probe.cu -lcublasLt   (optional)
+#   corpus.tar.xz and sft_carry.tar.xz: the commands in bench/gpu/fp8_accuracy.sh and bench/gpu/sft_curve.sh
+# usage (device machine, repo root): [BUDGET=s] [SKIP=..] [ONLY=..] bench/gpu/open_items.sh OUT
+set -u
+OUT=${1:?usage: open_items.sh OUT}
+mkdir -p "$OUT"
+BUDGET=${BUDGET:-560} T0=$SECONDS
+. bench/gpu/env.sh
+export MCPP
+left() { echo $((BUDGET - (SECONDS - T0))); }
+want() { case " ${SKIP:-} " in *" $1 "*) return 1 ;; esac; [ -z "${ONLY:-}" ] && return 0; case " $ONLY " in *" $1 "*) return 0 ;; esac; return 1; }
+# step NAME NEED_S CMD...: runs CMD under what is left (it needs NEED_S to start), output in OUT/NAME.out, its tail shown
+step() {
+  local name=$1 need=$2 s=$SECONDS rc
+  shift 2
+  if [ "$(left)" -lt "$need" ]; then echo "== $name: skipped (budget: $(left) s left, needs $need)"; return; fi
+  timeout $(( $(left) - 5 )) "$@" > "$OUT/$name.out" 2>&1
+  rc=$?
+  echo "== $name: rc $rc, $((SECONDS - s)) s"
+  grep -v '^  [a-z_0-9]* \.\.\.' "$OUT/$name.out" | grep -E '^\{|PASS|FAIL|error|rc |==|ms' | tail -${TAILN:-14} | cut -c1-400
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if want fp8_speed; then
+  step fp8_speed 120 bench/gpu/fp8_step.sh "$OUT/step" 1.3b 1.3b-fp8 1.3b-fp8-tw
+  step fp8_anchor 260 bash -c "CUDA_VISIBLE_DEVICES=0 python3 '$C/anchors/torch_gpt_fp8.py' 1.3b"
+  step slice_8b 100 bench/gpu/fp8_step.sh "$OUT/step" 8b-slice 8b-slice-fp8 8b-slice-fp8-block
+fi
+if want fp8_profile; then
+  step fp8_profile 90 env EXTRA='--fp8-format hybrid --fp8-recipe delayed' TAG=_fp8 \
+    bench/gpu/profile_ops.sh "$OUT/prof" 24 2048 16 2048 8
+  step bf16_profile 90 bench/gpu/profile_ops.sh "$OUT/prof" 24 2048 16 2048 8
+fi
+want sft && step sft 200 bench/gpu/sft_curve.sh "$OUT/sft" 60
+if want experiments; then
+  for e in E12 E09 E10; do
+    step "$e" 60 python3 experiments/run "$e" --tier gpu --results /tmp/res
+  done
+  [ -d /tmp/res ] && tar czf "$OUT/res.tgz" -C /tmp res
+fi
+want moe && step moe 200 bench/gpu/moe_steps.sh "$OUT/moe" 16 1.0 all
+want spm && step spm 40 python3 tests/device/tokenizer_check.py "$MCPP" /tmp/tok --mb 12 --families spm-unigram
+echo "open_items: done in $((SECONDS - T0)) s"
