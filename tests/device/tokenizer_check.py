@@ -18,7 +18,7 @@ usage (repo root, on the device machine: Python with tokenizers + sentencepiece,
 3. For each: `mcpp tokenize` of the whole text equals Python's encode(text).ids (HF: add_special_tokens=True;
    sentencepiece: encode_as_ids) — zero mismatches expected — and `mcpp tokenize --decode` of those ids equals
    Python's decode.
-4. For llama3, qwen2, llama2 and spm-bpe: `mcpp data preprocess --append-eod --workers N` over corpus.jsonl
+4. For llama3, qwen2, llama2, spm-bpe and spm-unigram: `mcpp data preprocess --append-eod --workers N` over corpus.jsonl
    (MB/s printed by mcpp, the .bin equal to Python's per-document ids + EOD) vs the Python Pool path at the same
    worker counts (MB/s of input JSON).
 Prints one line per check and a table; the last line is "tokenizer_check: PASS" or "... FAIL (n)"; exit 0 / 1.
@@ -278,6 +278,17 @@ def compare_ids(name, mcpp, py, text, out):
             detail += (f"; pieces python {pieces(want[first:first + 6])} mcpp {pieces(got[first:first + 6])}; "
                        f"text {py.decode(want[max(0, first - 4):first + 6].tolist())!r}; "
                        f"python sentencepiece {sentencepiece.__version__}")
+            # the same text alone (a Megatron document is ~1 KB, not 17 MB): a unigram Viterbi over one huge string
+            # accumulates its path score in float32 (|score| ~ 5e7 here, ulp 4), so whole-text ids depend on each
+            # library's arithmetic; equal ids on the window alone mean the two libraries agree on the model
+            lo = max(0, first - 8)
+            window = py.decode(want[lo:first + 40].tolist())
+            q = subprocess.run([mcpp, "tokenize", *py.flags()], input=window.encode(), capture_output=True)
+            ids_py, ids_mcpp = py.encode(window), [int(x) for x in q.stdout.split()]
+            involved = sorted({int(i) for i in [*want[first:first + 6], *got[first:first + 6]]})
+            kinds = [(i, round(py.tok.get_score(i), 4), py.tok.is_unused(i), py.tok.is_byte(i)) for i in involved]
+            detail += (f"; the window alone: {'equal' if ids_py == ids_mcpp else 'DIFFERENT'} (python "
+                       f"{pieces(ids_py[:12])} mcpp {pieces(ids_mcpp[:12])}); (id, score, unused, byte): {kinds}")
     if first >= 0 and py.kind == "spm" and py.tok.get_piece_size() and "unigram" in name:
         ties, real = unigram_ties(py, want, got)
         detail += f"; {ties} regions are equal-score ties (same text, both optimal), {real} are not"
@@ -334,7 +345,7 @@ def main():
         compare_ids(name, a.mcpp, py, text, a.out)
     rows = []
     workers = [int(w) for w in a.workers.split(",")]
-    for name in [n for n in ("llama3", "qwen2", "llama2", "spm-bpe") if n in tokenizers]:
+    for name in [n for n in ("llama3", "qwen2", "llama2", "spm-bpe", "spm-unigram") if n in tokenizers]:
         rows += preprocess_speed(name, a.mcpp, tokenizers[name], a.out, workers)
     log("\npreprocess throughput (MB/s of input JSONL; Python: Megatron's Pool path with the same tokenizer)")
     log(f"{'tokenizer':<12} {'workers':>7} {'mcpp':>8} {'python':>8} {'ratio':>6}")
