@@ -168,5 +168,30 @@ TEST(CudaFp8Training, ResumeIsBitExactWithTheScalingState) {
   std::filesystem::remove_all(dir);
 }
 
+// FP8 under --enable-cuda-graph: the casts, amax records and delayed-scaling updates run on the device, so each replay
+// moves the scales as the eager step does. --deterministic-mode (GEMM autotuning off, deterministic kernels): the
+// graphed run equals the eager one to the loss read-back's rounding; a replay that reused the captured step's scales
+// would cast with others and differ well beyond that.
+TEST(CudaFp8Training, GraphReplaysMatchEagerTraining) {
+  MCPP_REQUIRE_CUDA();
+  const KernelSettingsScope restore;
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_fp8_graph_" + std::to_string(::getpid()));
+  for (const char* recipe : {"delayed", "tensorwise"}) {
+    SCOPED_TRACE(recipe);
+    Config c = fp8_gpu_config(training_test::make_corpus(dir), "hybrid", recipe);
+    c.model.deterministic_mode = true;
+    c.validate();
+    const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
+    c.training.enable_cuda_graph = true;
+    c.training.cuda_graph_warmup_steps = 2;
+    const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+    ASSERT_EQ(graphed.losses.size(), eager.losses.size());
+    EXPECT_EQ(graphed.cuda_graph_replays, static_cast<int64_t>(eager.losses.size()) - 2);
+    for (size_t i = 0; i < eager.losses.size(); ++i)
+      EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-6 * eager.losses[i]) << "iteration " << i + 1;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace mcpp::cuda_test

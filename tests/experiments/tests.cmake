@@ -36,6 +36,9 @@ foreach(recipe ${MCPP_EXP_RECIPES})
     endforeach()
   endif()
 endforeach()
+# E06's oracle compares the measured steps of two layouts (the proposal must beat the even split): a test running
+# beside it on a 2-core machine can invert them (seen once under ctest -j2: 54.2 vs 36.4 ms), so it runs alone.
+set_tests_properties(experiments.E06_cpu PROPERTIES RUN_SERIAL TRUE)
 add_test(NAME experiments.gpu_commands
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/experiments/gpu_commands_check.py ${MCPP_BIN})
 add_test(NAME experiments.report COMMAND ${MCPP_PY} ${MCPP_EXPERIMENTS}/run report --results ${MCPP_EXP_RESULTS})
