@@ -65,6 +65,9 @@ path, name, L, d, T, B = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 recs = [json.loads(l) for l in open(path)]
 its = [r for r in recs if "tokens_per_sec" in r]
 ms = sorted(r["elapsed_ms_per_iter"] for r in its if r["iteration"] > 10)  # 30 steps after 10 warm-up
+if not ms:  # the run stopped before iteration 11 (its log has the error)
+    print(json.dumps(dict(system="mcpp", name=name, error=f"no timed iterations ({len(its)} logged)")))
+    sys.exit(0)
 mem = [r for r in recs if r.get("event") == "memory"]
 V = 50304
 flops = 72 * B * T * L * d * d * (1 + T / (6 * d) + V / (16 * L * d))  # DESIGN.md's (mfu_989: the earlier figures)
