@@ -10,10 +10,7 @@
 #   experiments E12 (the 1-rank launch fix, 1e77ed5), E09, E10 gpu tier, results tarred to OUT/res.tgz
 #   moe         bench/gpu/moe_steps.sh all (every MoE row, incl. DeepSeek's router)
 #   spm         tests/device/tokenizer_check.py, spm-unigram only
-# Needs device_carry/ from the build machine:
-#   bash bench/gpu/make_carry.sh build mcpp mcpp_tests
-#   nvcc -O2 -arch=sm_90 -o device_carry/fp8_gemm_probe bench/gpu/fp8_gemm_probe.cu -lcublasLt   (optional)
-#   corpus.tar.xz and sft_carry.tar.xz: the commands in bench/gpu/fp8_accuracy.sh and bench/gpu/sft_curve.sh
+# Needs device_carry/ from the build machine: `make build && bash bench/gpu/prepare_carry.sh build` (carry it).
 # usage (device machine, repo root): [BUDGET=s] [SKIP=..] [ONLY=..] bench/gpu/open_items.sh OUT
 set -u
 OUT=${1:?usage: open_items.sh OUT}
