@@ -3,11 +3,7 @@
 # under one epoch of the corpus) trained three times on the same data, seed and schedule: bf16, FP8 delayed scaling
 # and FP8 tensorwise (--fp8-format hybrid). Data: device_carry/corpus.tar.xz, the GPT-2 BPE tokens of
 # bench/gpu/text_corpus.py's corpus (Debian fortunes, Python's documentation sources, the Debian Reference and
-# package changelogs; 14.0 M tokens) made on the build machine:
-#   apt-get install -y fortunes fortune-anarchism python3.11-doc debian-reference-en
-#   python3 bench/gpu/text_corpus.py /tmp/corpus/text.jsonl --max-mb 40
-#   build/bin/mcpp data preprocess --input /tmp/corpus/text.jsonl --output-prefix /tmp/corpus/text --append-eod
-#   tar cJf device_carry/corpus.tar.xz -C /tmp/corpus text_text_document.bin text_text_document.idx
+# package changelogs; 14.0 M tokens) made on the build machine by bench/gpu/prepare_carry.sh.
 # Schedule: lr 6e-4, 100 warm-up iterations, cosine to 6e-5, weight decay 0.1, clip 1.0 (nanoGPT's GPT-2 recipe);
 # split 98,2,0; validation every 250 iterations over 20 batches. Prints one JSON line per run (final validation
 # loss, the mean training loss of the last 50 iterations, step ms) and the verdict: the FP8 final validation loss

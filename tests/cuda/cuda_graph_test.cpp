@@ -137,10 +137,7 @@ TEST(CudaGraphTraining, DropoutDrawsFreshMasksEveryReplay) {
   c.model.hidden_dropout = 0.2f;
   c.validate();
   const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
-  c.training.enable_cuda_graph = true;
-  c.training.cuda_graph_warmup_steps = 2;
-  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
-  c.training.enable_cuda_graph = false;
+  const TrainSummary graphed = training_test::train_graphed(c);
   c.model.hidden_dropout = 0.0f;
   const TrainSummary no_dropout = Trainer(c, 99, training_test::single()).train();
   std::filesystem::remove_all(dir);
@@ -167,10 +164,7 @@ TEST(CudaGraphTraining, AttentionDropoutOnCudnnDrawsFreshMasksEveryReplay) {
   const auto c0 = ops::cuda_cudnn_attention_counts();
   const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
   const bool on_cudnn = ops::cuda_cudnn_attention_counts().fwd > c0.fwd;
-  c.training.enable_cuda_graph = true;
-  c.training.cuda_graph_warmup_steps = 2;
-  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
-  c.training.enable_cuda_graph = false;
+  const TrainSummary graphed = training_test::train_graphed(c);
   c.model.attention_dropout = 0.0f;
   const TrainSummary no_dropout = Trainer(c, 99, training_test::single()).train();
   std::filesystem::remove_all(dir);
@@ -189,9 +183,7 @@ TEST(CudaGraphTraining, Bf16GptWithGraphsMatchesEagerTraining) {
   c.training.bf16 = true;
   c.validate();
   const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
-  c.training.enable_cuda_graph = true;
-  c.training.cuda_graph_warmup_steps = 2;
-  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+  const TrainSummary graphed = training_test::train_graphed(c);
   std::filesystem::remove_all(dir);
   ASSERT_EQ(graphed.losses.size(), 8u);
   EXPECT_EQ(graphed.cuda_graph_replays, 6);  // steps 3..8: captured at step 3, replayed from it on
@@ -216,10 +208,7 @@ TEST(CudaGraphTraining, MtpWithGraphsMatchesEagerTraining) {
   c.validate();
   c.training.metrics_path = (dir / "eager.jsonl").string();
   const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
-  c.training.enable_cuda_graph = true;
-  c.training.cuda_graph_warmup_steps = 2;
-  c.training.metrics_path = (dir / "graphed.jsonl").string();
-  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+  const TrainSummary graphed = training_test::train_graphed(c, (dir / "graphed.jsonl").string());
   auto mtp_losses = [](const std::string& metrics) {
     std::vector<std::vector<double>> out;
     std::ifstream f(metrics);
@@ -256,9 +245,7 @@ TEST(CudaGraphTraining, MlaWithGraphsMatchesEagerTraining) {
   c.training.log_interval = 1;
   c.validate();
   const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
-  c.training.enable_cuda_graph = true;
-  c.training.cuda_graph_warmup_steps = 2;
-  const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+  const TrainSummary graphed = training_test::train_graphed(c);
   std::filesystem::remove_all(dir);
   ASSERT_EQ(graphed.losses.size(), 8u);
   EXPECT_EQ(graphed.cuda_graph_replays, 6);
@@ -310,10 +297,7 @@ TEST(CudaGraphTraining, PaddedMoeWithGraphsMatchesEagerTraining) {
     const std::string tag = deepseek ? "_deepseek" : "_switch";  // the metrics files append: one per run
     c.training.metrics_path = (dir / ("eager" + tag + ".jsonl")).string();
     const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
-    c.training.enable_cuda_graph = true;
-    c.training.cuda_graph_warmup_steps = 2;
-    c.training.metrics_path = (dir / ("graphed" + tag + ".jsonl")).string();
-    const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+    const TrainSummary graphed = training_test::train_graphed(c, (dir / ("graphed" + tag + ".jsonl")).string());
     ASSERT_EQ(graphed.losses.size(), 8u);
     EXPECT_EQ(graphed.cuda_graph_replays, 6);
     for (size_t i = 0; i < 8; ++i)

@@ -182,9 +182,7 @@ TEST(CudaFp8Training, GraphReplaysMatchEagerTraining) {
     c.model.deterministic_mode = true;
     c.validate();
     const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
-    c.training.enable_cuda_graph = true;
-    c.training.cuda_graph_warmup_steps = 2;
-    const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+    const TrainSummary graphed = training_test::train_graphed(c);
     ASSERT_EQ(graphed.losses.size(), eager.losses.size());
     EXPECT_EQ(graphed.cuda_graph_replays, static_cast<int64_t>(eager.losses.size()) - 2);
     for (size_t i = 0; i < eager.losses.size(); ++i)

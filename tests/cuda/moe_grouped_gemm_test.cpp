@@ -163,10 +163,7 @@ TEST(CudaMoeGroupedGemm, DroplessWithGraphsMatchesEagerTraining) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp32");
     Config c = moe_config(dir, bf16, true, false);
     const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
-    c.training.enable_cuda_graph = true;
-    c.training.cuda_graph_warmup_steps = 2;
-    c.validate();
-    const TrainSummary graphed = Trainer(c, 99, training_test::single()).train();
+    const TrainSummary graphed = training_test::train_graphed(c);
     ASSERT_EQ(graphed.losses.size(), 8u);
     EXPECT_EQ(graphed.cuda_graph_replays, 6);
     for (size_t i = 0; i < 8; ++i)

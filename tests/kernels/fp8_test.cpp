@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "core/core_test_util.h"
 #include "kernels/grad_check.h"
-#include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
@@ -206,12 +206,8 @@ TEST(Fp8Linear, ForwardAndBackwardAreGemmsOfTheEmulatedOperands) {
 
   // bad operands are named errors, checked before any dimension is read (a 1-D w, a zero-width w)
   auto bwd_error = [&](const Tensor& bad_w, Tensor& bad_dw) {
-    try {
-      ops::fp8_linear_bwd(nullptr, bad_dw, nullptr, dy, x, bad_w, fdy, fx, fw, ops::GradWrite::Overwrite);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return testing::error_of(
+        [&] { ops::fp8_linear_bwd(nullptr, bad_dw, nullptr, dy, x, bad_w, fdy, fx, fw, ops::GradWrite::Overwrite); });
   };
   Tensor w1 = Tensor::zeros({out * in}), dw1 = Tensor::zeros({out * in});
   EXPECT_NE(bwd_error(w1, dw1).find("w [out, in] and dw_acc like w"), std::string::npos) << bwd_error(w1, dw1);

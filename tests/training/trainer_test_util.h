@@ -97,6 +97,16 @@ inline Config gpu_train_config(const std::string& data_prefix) {
   return c;
 }
 
+// c trained under --enable-cuda-graph (captured at step 3 after 2 warm-up steps: 8 iterations replay 6), the metrics
+// to metrics_path when given: the graphed half of the GPU tests' eager-vs-graphed comparisons. c itself is unchanged.
+inline TrainSummary train_graphed(Config c, const std::string& metrics_path = "") {
+  c.training.enable_cuda_graph = true;
+  c.training.cuda_graph_warmup_steps = 2;
+  if (!metrics_path.empty()) c.training.metrics_path = metrics_path;
+  c.validate();
+  return Trainer(c, 99, single()).train();
+}
+
 using mcpp::testing::error_of;  // the mcpp::Error message fn throws, or "" when it returns
 
 // A resume continues bit for bit: c (8 iterations) in one run equals 4 iterations, a checkpoint in ckpt_dir, and
