@@ -8,6 +8,7 @@
 //   - a short bf16 GPT run with FP8 against the same run without: the loss within a stated tolerance; a resume
 //     (--deterministic-mode) continues bit for bit with the FP8 state restored.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -93,9 +94,9 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
     const ops::Fp8Operand gdy{.scale = dev(cdy.scale), .amax = dev(Tensor::zeros({1})), .format = gfmt};
 
     Tensor y_ref = Tensor::empty({n, out});
-    ops::cpu::fp8_linear_fwd(y_ref, x, w, cx, cw, {});
+    ops::cpu::fp8_linear_fwd(y_ref, x, w, cx, cw, nullptr, {});
     Tensor y = poisoned({n, out}, DType::BF16);
-    ops::fp8_linear_fwd(y, dev(x, DType::BF16), dev(w, DType::BF16), gx, gw);
+    ops::fp8_linear_fwd(y, dev(x, DType::BF16), dev(w, DType::BF16), gx, gw, nullptr);
     // the same fp8 operands and exact products; what differs is the accumulation: Hopper's FP8 tensor cores add with
     // ~14 mantissa bits (DeepSeek-V3, section 3.3.2), the fast-accumulation forward never promoting to fp32 within
     // the call (k = 192: ~1e-3), then the bf16 output rounding (2^-9): 1e-2 relative
@@ -106,9 +107,9 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
     Tensor dx_ref = Tensor::empty({n, in}), dw_ref = rnd({out, in}, 44, DType::F32, -1e-3, 1e-3);
     Tensor db_ref = Tensor::zeros({out});
     Tensor dw = dev(dw_ref), db = dev(db_ref), dx = poisoned({n, in}, DType::BF16);
-    ops::cpu::fp8_linear_bwd(&dx_ref, dw_ref, &db_ref, dy, x, w, cdy, cx, cw, ops::GradWrite::Accumulate, {});
+    ops::cpu::fp8_linear_bwd(&dx_ref, dw_ref, &db_ref, dy, x, w, cdy, cx, cw, nullptr, ops::GradWrite::Accumulate, {});
     ops::fp8_linear_bwd(&dx, dw, &db, dev(dy, DType::BF16), dev(x, DType::BF16), dev(w, DType::BF16), gdy, gx, gw,
-                        ops::GradWrite::Accumulate);
+                        nullptr, ops::GradWrite::Accumulate);
     // dgrad / wgrad without fast accumulation: the tensor cores' ~14-bit partial sums promoted to fp32 every few
     // k-blocks (~2^-14 relative); dx then rounded to bf16 (2^-9): 5e-3; dw in fp32 (plus the accumulated dw): 1e-3
     EXPECT_REL(host(dx), dx_ref, 5e-3);
@@ -117,10 +118,29 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
     EXPECT_EQ(host(gdy.amax).data<float>()[0], cdy.amax.data<float>()[0]);
 
     Tensor dw_over = dev(rnd({out, in}, 45)), dw_over_ref = Tensor::empty({out, in});
-    ops::cpu::fp8_linear_bwd(nullptr, dw_over_ref, nullptr, dy, x, w, cdy, cx, cw, ops::GradWrite::Overwrite, {});
+    ops::cpu::fp8_linear_bwd(nullptr, dw_over_ref, nullptr, dy, x, w, cdy, cx, cw, nullptr, ops::GradWrite::Overwrite, {});
     ops::fp8_linear_bwd(nullptr, dw_over, nullptr, dev(dy, DType::BF16), dev(x, DType::BF16), dev(w, DType::BF16), gdy,
-                        gx, gw, ops::GradWrite::Overwrite);
+                        gx, gw, nullptr, ops::GradWrite::Overwrite);
     EXPECT_REL(host(dw_over), dw_over_ref, 1e-3);  // as dw above
+
+    // the forward's saved transposed casts (ops.h Fp8Saved; one cast-transpose pass each) give the same y, and the
+    // backward without x the same dx, dw and db, bit for bit (the same fp8 bytes into the same GEMMs)
+    Tensor y2 = poisoned({n, out}, DType::BF16), dx2 = poisoned({n, in}, DType::BF16), dw2 = dev(dw_ref), db2 = dev(db_ref);
+    Tensor dx1 = poisoned({n, in}, DType::BF16), dw1 = dev(dw_ref), db1 = dev(db_ref);
+    ops::Fp8Saved saved;
+    ops::fp8_linear_fwd(y2, dev(x, DType::BF16), dev(w, DType::BF16), gx, gw, &saved);
+    ops::fp8_linear_bwd(&dx1, dw1, &db1, dev(dy, DType::BF16), dev(x, DType::BF16), dev(w, DType::BF16), gdy, gx, gw,
+                        nullptr, ops::GradWrite::Accumulate);
+    ops::fp8_linear_bwd(&dx2, dw2, &db2, dev(dy, DType::BF16), Tensor(), dev(w, DType::BF16), gdy, gx, gw, &saved,
+                        ops::GradWrite::Accumulate);
+    auto same = [](const Tensor& a, const Tensor& b) {
+      const Tensor ha = host(a), hb = host(b);
+      return std::memcmp(ha.data<float>(), hb.data<float>(), ha.numel() * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(same(y2, y));
+    EXPECT_TRUE(same(dx2, dx1));
+    EXPECT_TRUE(same(dw2, dw1));
+    EXPECT_TRUE(same(db2, db1));
   }
 }
 

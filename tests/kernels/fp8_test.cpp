@@ -170,7 +170,7 @@ TEST(Fp8Linear, ForwardAndBackwardAreGemmsOfTheEmulatedOperands) {
   const Tensor qdy = quantized(dy, sdy, Fp8Format::E5M2);
 
   Tensor y = Tensor::empty({n, out});
-  ops::fp8_linear_fwd(y, x, w, fx, fw);
+  ops::fp8_linear_fwd(y, x, w, fx, fw, nullptr);
   // fp32 accumulation (OpenBLAS) of exact fp8 products vs double: 1e-6 relative
   EXPECT_LT(rel(y, ref_abt(qx, qw, n, out, in, (1.0 / sx) * (1.0 / sw))), 1e-6);
   Tensor y32 = Tensor::empty({n, out});
@@ -185,7 +185,7 @@ TEST(Fp8Linear, ForwardAndBackwardAreGemmsOfTheEmulatedOperands) {
 
   Tensor dx = Tensor::empty({n, in}), dw = testing::random_tensor({out, in}, 4), db = Tensor::zeros({out});
   const Tensor dw0 = dw.clone();
-  ops::fp8_linear_bwd(&dx, dw, &db, dy, x, w, fdy, fx, fw, ops::GradWrite::Accumulate);
+  ops::fp8_linear_bwd(&dx, dw, &db, dy, x, w, fdy, fx, fw, nullptr, ops::GradWrite::Accumulate);
   EXPECT_LT(rel(dx, ref_abt(qdy, transposed(qw), n, in, out, (1.0 / sdy) * (1.0 / sw))), 1e-6);
   Tensor dw_prod = ref_abt(transposed(qdy), transposed(qx), out, in, n, (1.0 / sdy) * (1.0 / sx));
   Tensor dw_delta = Tensor::empty({out, in});
@@ -200,19 +200,52 @@ TEST(Fp8Linear, ForwardAndBackwardAreGemmsOfTheEmulatedOperands) {
   EXPECT_EQ(fdy.amax.data<float>()[0], dy_amax);
 
   Tensor dw_over = testing::random_tensor({out, in}, 5), db_over = testing::random_tensor({out}, 6);
-  ops::fp8_linear_bwd(nullptr, dw_over, &db_over, dy, x, w, fdy, fx, fw, ops::GradWrite::Overwrite);
+  ops::fp8_linear_bwd(nullptr, dw_over, &db_over, dy, x, w, fdy, fx, fw, nullptr, ops::GradWrite::Overwrite);
   EXPECT_LT(rel(dw_over, dw_prod), 1e-6);
   EXPECT_LT(rel(db_over, db_ref), 1e-6);
 
   // bad operands are named errors, checked before any dimension is read (a 1-D w, a zero-width w)
   auto bwd_error = [&](const Tensor& bad_w, Tensor& bad_dw) {
     return testing::error_of(
-        [&] { ops::fp8_linear_bwd(nullptr, bad_dw, nullptr, dy, x, bad_w, fdy, fx, fw, ops::GradWrite::Overwrite); });
+        [&] { ops::fp8_linear_bwd(nullptr, bad_dw, nullptr, dy, x, bad_w, fdy, fx, fw, nullptr, ops::GradWrite::Overwrite); });
   };
   Tensor w1 = Tensor::zeros({out * in}), dw1 = Tensor::zeros({out * in});
   EXPECT_NE(bwd_error(w1, dw1).find("w [out, in] and dw_acc like w"), std::string::npos) << bwd_error(w1, dw1);
   Tensor w0 = Tensor::zeros({out, 0}), dw0w = Tensor::zeros({out, 0});
   EXPECT_NE(bwd_error(w0, dw0w).find("dy [n, 24] and x [n, 0]"), std::string::npos) << bwd_error(w0, dw0w);
+}
+
+bool identical(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data<float>(), b.data<float>(), a.numel() * sizeof(float)) == 0;
+}
+
+// The forward's saved casts (ops.h Fp8Saved) give the backward the same operands: dx, dw and db equal to the backward
+// that casts x and w itself, bit for bit, with x not passed at all; a saved copy of other shapes is a named error.
+TEST(Fp8Linear, SavedCastsReplaceTheBackwardsOwn) {
+  const int64_t n = 48, in = 32, out = 24;
+  Tensor x = testing::random_tensor({n, in}, 11, nullptr, -2.0, 2.0);
+  Tensor w = testing::random_tensor({out, in}, 12, nullptr, -0.1, 0.1);
+  Tensor dy = testing::random_tensor({n, out}, 13, nullptr, -1e-3, 1e-3);
+  const ops::Fp8Operand fx{.scale = scale_of(448.0f / 2.0f), .amax = Tensor::zeros({1})};
+  const ops::Fp8Operand fw{.scale = scale_of(448.0f / 0.1f), .amax = Tensor::zeros({1})};
+  const ops::Fp8Operand fdy{.scale = scale_of(57344.0f / 1e-3f), .format = Fp8Format::E5M2};
+  Tensor y = Tensor::empty({n, out}), y_saved = Tensor::empty({n, out});
+  ops::fp8_linear_fwd(y, x, w, fx, fw, nullptr);
+  ops::Fp8Saved saved;
+  ops::fp8_linear_fwd(y_saved, x, w, fx, fw, &saved);
+  ASSERT_TRUE(saved.x.defined() && saved.w.defined());
+  EXPECT_TRUE(identical(y_saved, y));
+  Tensor dx = Tensor::empty({n, in}), dw = testing::random_tensor({out, in}, 14), db = Tensor::zeros({out});
+  Tensor dx2 = Tensor::empty({n, in}), dw2 = dw.clone(), db2 = db.clone();
+  ops::fp8_linear_bwd(&dx, dw, &db, dy, x, w, fdy, fx, fw, nullptr, ops::GradWrite::Accumulate);
+  ops::fp8_linear_bwd(&dx2, dw2, &db2, dy, Tensor(), w, fdy, fx, fw, &saved, ops::GradWrite::Accumulate);
+  EXPECT_TRUE(identical(dx2, dx));
+  EXPECT_TRUE(identical(dw2, dw));
+  EXPECT_TRUE(identical(db2, db));
+  ops::Fp8Saved wrong{.x = saved.x, .w = Tensor::zeros({in, out})};
+  const std::string err = testing::error_of(
+      [&] { ops::fp8_linear_bwd(&dx2, dw2, nullptr, dy, Tensor(), w, fdy, fx, fw, &wrong, ops::GradWrite::Accumulate); });
+  EXPECT_NE(err.find("saved w must be the forward's q(w)"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -176,14 +176,16 @@ void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptio
   MCPP_DISPATCH(fp8_scale_update, ({&scale, &amax_history}), scale, amax_history, opt, s);
 }
 void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operand& fx, const Fp8Operand& fw,
-                    Stream s) {
-  MCPP_DISPATCH(fp8_linear_fwd, ({&y, &x, &w, &fx.scale, &fw.scale, &fx.amax, &fw.amax}), y, x, w, fx, fw, s);
+                    Fp8Saved* saved, Stream s) {
+  MCPP_DISPATCH(fp8_linear_fwd, ({&y, &x, &w, &fx.scale, &fw.scale, &fx.amax, &fw.amax}), y, x, w, fx, fw, saved, s);
 }
 void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
-                    const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, GradWrite grad_write,
-                    Stream s) {
-  MCPP_DISPATCH(fp8_linear_bwd, ({dx, &dw_acc, db_acc, &dy, &x, &w, &fdy.scale, &fdy.amax}), dx, dw_acc, db_acc, dy,
-                x, w, fdy, fx, fw, grad_write, s);
+                    const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, const Fp8Saved* saved,
+                    GradWrite grad_write, Stream s) {
+  MCPP_DISPATCH(fp8_linear_bwd,
+                ({dx, &dw_acc, db_acc, &dy, &x, &w, &fdy.scale, &fdy.amax, saved ? &saved->x : nullptr,
+                  saved ? &saved->w : nullptr}),
+                dx, dw_acc, db_acc, dy, x, w, fdy, fx, fw, saved, grad_write, s);
 }
 void fp8_block_quantize(Tensor& out, Tensor& scale_inv, const Tensor& in, Fp8Block block, Fp8Format format,
                         Stream s) {

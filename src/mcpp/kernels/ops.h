@@ -205,6 +205,15 @@ struct Fp8Operand {
   Fp8Format format = Fp8Format::E4M3;
 };
 
+// What an FP8 linear's forward keeps for its backward (fp8_linear_fwd's `saved`; Transformer Engine keeps the same):
+// copies of the forward's casts in the backward's layout, so the backward casts neither x nor w again. CUDA: q(x)^T
+// [in, n] and q(w)^T [in, out] as fp8 bytes (the wgrad's and the dgrad's transposed operands, written in the
+// forward's cast pass), each followed by the scale_inv it was cast with; CPU: the emulated q(x) [n, in] and q(w)
+// [out, in] (float32). Only fp8_linear_bwd reads them: the same bytes as its own casts with the forward's scales.
+struct Fp8Saved {
+  Tensor x, w;
+};
+
 // fp8_scale_update: Transformer Engine's delayed-scaling update (_default_get_amax_and_update_history then
 // _default_sf_compute) of one tensor's state, on its device (no host read):
 //   amax = most_recent ? history[0] : max(history);  history = roll(history, -1); history[0] = 0;

@@ -65,7 +65,7 @@ void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Te
   } else {
     f = st.forward(x, w);
   }
-  ops::fp8_linear_fwd(y, x, w, f.x, f.w);
+  ops::fp8_linear_fwd(y, x, w, f.x, f.w, &ctx.fp8_saved);
   if (bias) ops::bias_add_inplace(y, *bias);
   if (!replay) st.after_forward();
   ctx.fp8_x_scale = f.x_scale;
@@ -75,17 +75,26 @@ void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Te
 }
 
 // The FP8 backward: dx [n, in] (skipped when null), dw += dy^T x, db += sum dy, with the forward's x / w scales.
-void fp8_backward(Fp8LinearState& st, const ParallelLinearCtx& ctx, Tensor* dx, Tensor& dw, Tensor* db,
-                  const Tensor& dy, const Tensor& w, ops::GradWrite gw) {
+void fp8_backward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy,
+                  const Tensor& w, ops::GradWrite gw) {
   if (st.blockwise()) {
     ops::fp8_block_linear_bwd(dx, dw, db, dy, ctx.x, w, st.grad_format(), gw);
     return;
   }
   MCPP_CHECK(ctx.fp8_x_scale.defined(), "FP8 linear backward without its forward's scales");
   const ops::Fp8Operand g = st.backward(dy);
-  ops::fp8_linear_bwd(dx, dw, db, dy, ctx.x, w, g, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale}, gw);
+  ops::fp8_linear_bwd(dx, dw, db, dy, ctx.x, w, g, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale},
+                      &ctx.fp8_saved, gw);
+  ctx.fp8_saved = {};
   st.after_backward();
 }
+
+// The end of a forward: n recorded; under an FP8 per-tensor recipe x dropped (the backward reads ctx.fp8_saved).
+void finish_forward(ParallelLinearCtx& ctx) {
+  ctx.rows = ctx.x.size(0);
+  if (ctx.fp8_saved.x.defined()) ctx.x = Tensor();
+}
+int64_t input_rows(const ParallelLinearCtx& ctx) { return ctx.x.defined() ? ctx.x.size(0) : ctx.rows; }
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& params, const std::string& prefix,
@@ -139,6 +148,7 @@ Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, co
     Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
     if (fp8_) fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, bias, fp8_recompute);
     else ops::linear_fwd(y, ctx.x, weight_->data, bias);
+    finish_forward(ctx);
     return m.ret(y.view(with_last(x.shape(), out_local_)));
   }
   const int64_t n_full = x.numel() / opt_.input_size * tp_->size();
@@ -150,10 +160,12 @@ Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, co
                               else ops::linear_fwd(out, in, weight_->data, bias);
                             });
   ctx.x = rows(full, opt_.input_size);  // [s*b, in]
+  finish_forward(ctx);
   return m.ret(y.view(with_last(full.shape(), out_local_)));
 }
 
 void ColumnParallelLinear::restore_input(ParallelLinearCtx& ctx, const Tensor& x) const {
+  if (ctx.fp8_saved.x.defined()) return;  // FP8: the backward reads the saved cast, not x
   ctx.x = rows(opt_.sequence_parallel ? all_gather_sp(*tp_, x) : x, opt_.input_size);  // as forward's
 }
 
@@ -168,7 +180,8 @@ Tensor ColumnParallelLinear::recompute_output(const ParallelLinearCtx& ctx) cons
     if (fp8_) {  // the forward's casts again (its saved scales, no amax recorded; blockwise: the same block scales)
       const Tensor in = ctx.x.narrow0(c * (n / chunks), n / chunks);
       if (fp8_->blockwise()) ops::fp8_block_linear_fwd(out, in, weight_->data);
-      else ops::fp8_linear_fwd(out, in, weight_->data, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale});
+      else
+        ops::fp8_linear_fwd(out, in, weight_->data, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale}, nullptr);
       if (bias) ops::bias_add_inplace(out, *bias);
       continue;
     }
@@ -192,6 +205,7 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
     } else {
       ops::linear_gelu_fwd(act, pre_act, ctx.x, weight_->data, bias);
     }
+    finish_forward(ctx);
     return m.ret(act.view(with_last(x.shape(), out_local_)));
   }
   Tensor full = gather_then(*tp_, x, opt_.input_size, opt_.tp_comm_overlap,  // gather_from_sp
@@ -205,13 +219,14 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
                               }
                             });
   ctx.x = rows(full, opt_.input_size);                   // [s*b, in]
+  finish_forward(ctx);
   return m.ret(act.view(with_last(full.shape(), out_local_)));  // [s, b, out/tp]
 }
 
 Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
   const ModuleScope m(name_, dy, ModuleScope::kBackward);
   Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
-  Tensor dx = Tensor::empty({ctx.x.size(0), opt_.input_size}, dy.dtype(), dy.device());  // [s*b, in] partial
+  Tensor dx = Tensor::empty({input_rows(ctx), opt_.input_size}, dy.dtype(), dy.device());  // [s*b, in] partial
   Tensor* db_acc = bias_ ? &bias_->main_grad : nullptr;
   Tensor dx_full = dx.view(with_last(dy.shape(), opt_.input_size));  // [s, b, in]
   auto grads_ready = [&] {
@@ -288,6 +303,7 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const
     if (opt_.sequence_parallel) out = reduce_scatter_sp(*tp_, out);  // [s/tp, b, out]
     else all_reduce_tp(*tp_, out);                                   // reduce_from_tp
   }
+  finish_forward(ctx);
   if (bias_ && !bias_in_gemm) {
     Tensor o2 = rows(out, opt_.output_size);
     ops::bias_add_inplace(o2, bias_->data);  // bias added after the reduction
@@ -298,7 +314,7 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const
 Tensor RowParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, bool bias_grad_elsewhere) const {
   const ModuleScope m(name_, dy, ModuleScope::kBackward);
   MCPP_CHECK(!bias_grad_elsewhere || residual_bias(), "RowParallelLinear: no bias grad to take elsewhere");
-  Tensor dx = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
+  Tensor dx = Tensor::empty({input_rows(ctx), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
   Parameter* bias = bias_grad_elsewhere ? nullptr : bias_;
   Tensor* db = bias ? &bias->main_grad : nullptr;
   Tensor dy_full = dy;
@@ -327,7 +343,7 @@ Tensor RowParallelLinear::backward_dgelu(ParallelLinearCtx& ctx, const Tensor& d
                                          bool bias_grad_elsewhere) const {
   const ModuleScope m(name_, dy, ModuleScope::kBackward);
   MCPP_CHECK(!bias_grad_elsewhere || residual_bias(), "RowParallelLinear: no bias grad to take elsewhere");
-  Tensor dpre = Tensor::empty({ctx.x.size(0), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
+  Tensor dpre = Tensor::empty({input_rows(ctx), in_local_}, dy.dtype(), dy.device());  // [s*b, in/tp]
   Tensor dy_full = dy;
   if (fp8_) {  // the FP8 dgrad + wgrad, then GELU' (a separate op)
     if (opt_.sequence_parallel) dy_full = all_gather_sp(*tp_, dy);  // [s, b, out]

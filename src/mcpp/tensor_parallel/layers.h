@@ -37,7 +37,8 @@
 // forward_gelu / backward_dgelu apply GELU / GELU' as separate ops around the FP8 GEMMs; the column-parallel dgrad's
 // reduction then waits for the wgrad (one fp8_linear_bwd call computes both). Not with tp_comm_overlap. Under
 // activation recompute the forwards take an Fp8Recompute (fp8_recompute.h): a re-run casts with the first forward's
-// scales and updates no state.
+// scales and updates no state. The forward keeps q(x)^T and q(w)^T (ops.h Fp8Saved) and drops x: the backward casts
+// only dy (recompute_output, which needs x, is for MLA's up-projections, which have no FP8).
 #pragma once
 #include <memory>
 #include <string>
@@ -69,8 +70,12 @@ struct ParallelLinearOptions {
 };
 
 struct ParallelLinearCtx {
-  Tensor x;  // [n, in_local] input to the GEMM (after the SP all-gather for column parallel)
+  // [n, in_local] input to the GEMM (after the SP all-gather for column parallel). FP8 per-tensor recipes drop it
+  // after the forward: the backward reads fp8_saved instead (Transformer Engine keeps only the fp8 copy too).
+  Tensor x;
+  int64_t rows = 0;                 // n, kept when x is dropped
   Tensor fp8_x_scale, fp8_w_scale;  // FP8: the scales [2] the forward cast x and w with (the backward's)
+  ops::Fp8Saved fp8_saved;          // FP8: the forward's casts of x and w for the backward (ops.h); freed by it
 };
 
 class ColumnParallelLinear {

@@ -115,7 +115,8 @@ void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptio
   }
 }
 
-void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operand& fx, const Fp8Operand& fw, Stream) {
+void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operand& fx, const Fp8Operand& fw,
+                    Fp8Saved* saved, Stream) {
   const char* op = "fp8_linear_fwd";
   require_cpu_f32(op, "y", y);
   require_cpu_f32(op, "w", w);
@@ -129,25 +130,32 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operan
   sgemm(y.data<float>(), qx.data<float>(), qw.data<float>(), n, out, in, false, true, 1.0f, 0.0f);
   float* py = y.data<float>();
   for (int64_t i = 0; i < n * out; ++i) py[i] *= alpha;
+  if (saved) *saved = {.x = qx, .w = qw};  // the emulated casts themselves (this backend's Fp8Saved)
 }
 
 void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
-                    const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, GradWrite grad_write, Stream) {
+                    const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, const Fp8Saved* saved,
+                    GradWrite grad_write, Stream) {
   const char* op = "fp8_linear_bwd";
-  const int64_t n = detail::linear_bwd_rows(op, dw_acc, dy, x, w), out = w.size(0), in = w.size(1);
+  const bool saved_x = saved && saved->x.defined(), saved_w = saved && saved->w.defined();
+  const Tensor& xs = saved_x ? saved->x : x;  // [n, in] either way
+  const int64_t n = detail::linear_bwd_rows(op, dw_acc, dy, xs, w), out = w.size(0), in = w.size(1);
+  if (saved_w)
+    MCPP_CHECK(saved->w.shape() == w.shape(), "{}: saved w must be the forward's q(w) {}; got {}", op, w.str(),
+               saved->w.str());
   Tensor qdy = quantized(op, dy, fdy, true);
   const float dy_inv = scale_of(op, fdy.scale, 1);
   if (dx) {  // dx[n,in] = q(dy)[n,out] @ q(w)[out,in]
     require_cpu_f32(op, "dx", *dx);
     MCPP_CHECK(dx->numel() == n * in, "{}: dx must have {} elements; got {}", op, n * in, dx->str());
-    Tensor qw = quantized(op, w, fw, false);
+    const Tensor qw = saved_w ? saved->w : quantized(op, w, fw, false);
     const float alpha = dy_inv * scale_of(op, fw.scale, 1);
     sgemm(dx->data<float>(), qdy.data<float>(), qw.data<float>(), n, in, out, false, false, 1.0f, 0.0f);
     float* p = dx->data<float>();
     for (int64_t i = 0; i < n * in; ++i) p[i] *= alpha;
   }
   // dw[out,in] (+)= (q(dy)^T @ q(x)) * scale_invs: the product rounded once, then added (as cuBLASLt's beta = 1)
-  Tensor qx = quantized(op, x, fx, false);
+  const Tensor qx = saved_x ? saved->x : quantized(op, x, fx, false);
   const float alpha = dy_inv * scale_of(op, fx.scale, 1);
   Tensor prod = Tensor::empty({out, in});
   sgemm(prod.data<float>(), qdy.data<float>(), qx.data<float>(), out, in, n, true, false, 1.0f, 0.0f);

@@ -8,7 +8,8 @@
 //   dgrad  dx[n,in]   = dy[n,out] . w[out,in]     A = q(w)^T  [in, out],  B = q(dy)   [n, out]   (w cast-transposed)
 //   wgrad  dw[out,in] = dy^T . x                  A = q(x)^T  [in, n],    B = q(dy)^T [out, n]   (both transposed)
 // so every cast that feeds a transposed operand is one fp8_cast_transpose pass (the row-major copy written in the
-// same pass where both are needed: dy). y, dx are written in the activations' dtype (bf16 or fp32); the wgrad writes
+// same pass where both are needed: dy; and x and w when the forward keeps Fp8Saved, their transposes then kept for the
+// backward, which casts only dy). y, dx are written in the activations' dtype (bf16 or fp32); the wgrad writes
 // fp32 straight into the main grad (C = D, beta = 1, or 0 to overwrite). The forward uses fast accumulation
 // (CUBLASLT_MATMUL_DESC_FAST_ACCUM, Transformer Engine's forward setting); dgrad / wgrad accumulate exactly in fp32.
 // The cuBLASLt call and its plan cache: fp8_gemm.h / fp8_gemm.cpp.
@@ -68,6 +69,19 @@ struct ScaleInvSlots {
 };
 ScaleInvSlots scale_inv_slots(int n) { return {Tensor::empty({4 * n + 4}, DType::F32, Device::CUDA)}; }
 
+// An Fp8Saved operand: nb fp8 bytes, then (16-byte aligned) the scale_inv they were cast with; the GEMMs read both.
+int64_t saved_floats(int64_t nb) { return ((nb + 15) / 16 * 16 + 32) / 4; }  // the bytes, the slot, its alignment
+float* saved_slot(const Tensor& t, int64_t nb) {
+  const auto end = reinterpret_cast<uintptr_t>(t.raw()) + static_cast<uintptr_t>(nb);
+  return reinterpret_cast<float*>((end + 15) / 16 * 16);
+}
+// The saved operand `arg` of nb bytes, checked to be a copy fp8_linear_fwd made for these shapes.
+const uint8_t* saved_operand(const char* op, const char* arg, const Tensor& t, int64_t nb) {
+  MCPP_CHECK(t.dtype() == DType::F32 && t.device() == Device::CUDA && t.numel() == saved_floats(nb),
+             "{}: saved {} must be fp8_linear_fwd's copy of {} fp8 bytes; got {}", op, arg, nb, t.str());
+  return static_cast<const uint8_t*>(t.raw());
+}
+
 }  // namespace
 
 void fp8_quantize(Tensor& out, Tensor* amax_acc, const Tensor& in, const Tensor& scale, Fp8Format format,
@@ -92,7 +106,7 @@ void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptio
 }
 
 void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operand& fx, const Fp8Operand& fw,
-                    Stream stream) {
+                    Fp8Saved* saved, Stream stream) {
   const char* op = "fp8_linear_fwd";
   const cudaStream_t s = stream_of(stream);
   MCPP_CHECK(w.ndim() == 2, "{}: w must be [out, in]; got {}", op, w.str());
@@ -101,26 +115,48 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operan
              "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, in, out, x.str(), y.str());
   require_multiple_of_16(op, n, in, out);
   Tensor qx = fp8_bytes(n * in), qw = fp8_bytes(out * in);
-  ScaleInvSlots sinv = scale_inv_slots(2);
-  launch_fp8_cast(bytes_of(qx), FOut{nullptr, kF32}, fin_of(op, "x", x), n * in, scale_ptr(op, "fx.scale", fx.scale),
-                  amax_ptr(op, &fx.amax), fmt_of(fx.format), s, sinv.slot(0));
-  launch_fp8_cast(bytes_of(qw), FOut{nullptr, kF32}, fin_of(op, "w", w), out * in, scale_ptr(op, "fw.scale", fw.scale),
-                  amax_ptr(op, &fw.amax), fmt_of(fw.format), s, sinv.slot(1));
+  const FIn xin = fin_of(op, "x", x), win = fin_of(op, "w", w);
+  const float *xs = scale_ptr(op, "fx.scale", fx.scale), *ws = scale_ptr(op, "fw.scale", fw.scale);
+  float *xa = amax_ptr(op, &fx.amax), *wa = amax_ptr(op, &fw.amax);
+  ScaleInvSlots sinv;
+  float *sx = nullptr, *sw = nullptr;
+  if (saved) {  // q(x) with q(x)^T [in, n] and q(w) with q(w)^T [in, out], each pair in one pass; the slots: the copies'
+    *saved = {.x = fp8_bytes(saved_floats(n * in) * 4), .w = fp8_bytes(saved_floats(out * in) * 4)};
+    sx = saved_slot(saved->x, n * in), sw = saved_slot(saved->w, out * in);
+    launch_fp8_cast_transpose(bytes_of(qx), bytes_of(saved->x), xin, n, in, xs, xa, fmt_of(fx.format), s, sx);
+    launch_fp8_cast_transpose(bytes_of(qw), bytes_of(saved->w), win, out, in, ws, wa, fmt_of(fw.format), s, sw);
+  } else {
+    sinv = scale_inv_slots(2);
+    sx = sinv.slot(0), sw = sinv.slot(1);
+    launch_fp8_cast(bytes_of(qx), FOut{nullptr, kF32}, xin, n * in, xs, xa, fmt_of(fx.format), s, sx);
+    launch_fp8_cast(bytes_of(qw), FOut{nullptr, kF32}, win, out * in, ws, wa, fmt_of(fw.format), s, sw);
+  }
   const Fp8GemmKey key{out, n, in, fp8_type(fw.format), fp8_type(fx.format), out_type(op, "y", y), true};
-  fp8_gemm(y.raw(), key, bytes_of(qw), sinv.slot(1), bytes_of(qx), sinv.slot(0), 0.0f, s);
+  fp8_gemm(y.raw(), key, bytes_of(qw), sw, bytes_of(qx), sx, 0.0f, s);
 }
 
 void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
-                    const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, GradWrite grad_write,
-                    Stream stream) {
+                    const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, const Fp8Saved* saved,
+                    GradWrite grad_write, Stream stream) {
   const char* op = "fp8_linear_bwd";
   const cudaStream_t s = stream_of(stream);
-  const int64_t n = linear_bwd_rows(op, dw_acc, dy, x, w), out = w.size(0), in = w.size(1);
+  const bool saved_x = saved && saved->x.defined(), saved_w = saved && saved->w.defined();
+  int64_t n = 0;
+  if (saved_x) {  // x is not read: the rows from dy
+    MCPP_CHECK(w.ndim() == 2 && dw_acc.shape() == w.shape(), "{}: w [out, in] and dw_acc like w; got w {}, dw_acc {}",
+               op, w.str(), dw_acc.str());
+    require_float(op, "dw_acc", dw_acc, /*bf16_ok=*/false);
+    n = dy.numel() / std::max<int64_t>(w.size(0), 1);
+    MCPP_CHECK(dy.numel() == n * w.size(0), "{}: dy must be [n, {}]; got {}", op, w.size(0), dy.str());
+  } else {
+    n = linear_bwd_rows(op, dw_acc, dy, x, w);
+  }
+  const int64_t out = w.size(0), in = w.size(1);
   require_multiple_of_16(op, n, in, out);
   MCPP_CHECK(!(fdy.format == Fp8Format::E5M2 && fw.format == Fp8Format::E5M2) &&
                  !(fdy.format == Fp8Format::E5M2 && fx.format == Fp8Format::E5M2),
              "{}: cuBLASLt has no e5m2 x e5m2 GEMM", op);
-  ScaleInvSlots sinv = scale_inv_slots(3);  // dy, w, x
+  ScaleInvSlots sinv = scale_inv_slots(3);  // dy, and w and x where not saved
   float* sdy = sinv.slot(0);
   // q(dy) [n, out] (dgrad's B) and q(dy)^T [out, n] (wgrad's B) in one pass, recording dy's amax
   Tensor qdy = fp8_bytes(n * out), qdyt = fp8_bytes(n * out);
@@ -129,19 +165,35 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
                             sdy);
   if (dx) {  // dx[n,in] = q(dy)[n,out] . (q(w)^T [in,out])^T
     MCPP_CHECK(dx->numel() == n * in, "{}: dx must have {} elements; got {}", op, n * in, dx->str());
-    Tensor qwt = fp8_bytes(out * in);
-    launch_fp8_cast_transpose(nullptr, bytes_of(qwt), fin_of(op, "w", w), out, in,
-                              scale_ptr(op, "fw.scale", fw.scale), nullptr, fmt_of(fw.format), s, sinv.slot(1));
+    Tensor qwt;
+    const uint8_t* wt = nullptr;
+    const float* swt = nullptr;
+    if (saved_w) {
+      wt = saved_operand(op, "w", saved->w, out * in), swt = saved_slot(saved->w, out * in);
+    } else {
+      qwt = fp8_bytes(out * in);
+      launch_fp8_cast_transpose(nullptr, bytes_of(qwt), fin_of(op, "w", w), out, in,
+                                scale_ptr(op, "fw.scale", fw.scale), nullptr, fmt_of(fw.format), s, sinv.slot(1));
+      wt = bytes_of(qwt), swt = sinv.slot(1);
+    }
     const Fp8GemmKey key{in, n, out, fp8_type(fw.format), fp8_type(fdy.format), out_type(op, "dx", *dx), false};
-    fp8_gemm(dx->raw(), key, bytes_of(qwt), sinv.slot(1), bytes_of(qdy), sdy, 0.0f, s);
+    fp8_gemm(dx->raw(), key, wt, swt, bytes_of(qdy), sdy, 0.0f, s);
   }
   // dw[out,in] (+)= q(dy)^T [out,n] . (q(x)^T [in,n])^T, fp32 straight into the main grad
-  Tensor qxt = fp8_bytes(n * in);
-  launch_fp8_cast_transpose(nullptr, bytes_of(qxt), fin_of(op, "x", x), n, in, scale_ptr(op, "fx.scale", fx.scale),
-                            nullptr, fmt_of(fx.format), s, sinv.slot(2));
+  Tensor qxt;
+  const uint8_t* xt = nullptr;
+  const float* sxt = nullptr;
+  if (saved_x) {
+    xt = saved_operand(op, "x", saved->x, n * in), sxt = saved_slot(saved->x, n * in);
+  } else {
+    qxt = fp8_bytes(n * in);
+    launch_fp8_cast_transpose(nullptr, bytes_of(qxt), fin_of(op, "x", x), n, in, scale_ptr(op, "fx.scale", fx.scale),
+                              nullptr, fmt_of(fx.format), s, sinv.slot(2));
+    xt = bytes_of(qxt), sxt = sinv.slot(2);
+  }
   const bool overwrite = grad_write == GradWrite::Overwrite;
   const Fp8GemmKey key{in, out, n, fp8_type(fx.format), fp8_type(fdy.format), CUDA_R_32F, false};
-  fp8_gemm(dw_acc.raw(), key, bytes_of(qxt), sinv.slot(2), bytes_of(qdyt), sdy, overwrite ? 0.0f : 1.0f, s);
+  fp8_gemm(dw_acc.raw(), key, xt, sxt, bytes_of(qdyt), sdy, overwrite ? 0.0f : 1.0f, s);
   if (db_acc) {
     require_float(op, "db_acc", *db_acc, /*bf16_ok=*/false);
     require_numel(op, "db_acc", *db_acc, out, "out = w.size(0)");
