@@ -94,15 +94,22 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
     const ops::Fp8Operand gdy{.scale = dev(cdy.scale), .amax = dev(Tensor::zeros({1})), .format = gfmt};
 
     Tensor y_ref = Tensor::empty({n, out});
-    ops::cpu::fp8_linear_fwd(y_ref, x, w, cx, cw, nullptr, {});
+    ops::cpu::fp8_linear_fwd(y_ref, x, w, nullptr, cx, cw, nullptr, {});
     Tensor y = poisoned({n, out}, DType::BF16);
-    ops::fp8_linear_fwd(y, dev(x, DType::BF16), dev(w, DType::BF16), gx, gw, nullptr);
+    ops::fp8_linear_fwd(y, dev(x, DType::BF16), dev(w, DType::BF16), nullptr, gx, gw, nullptr);
     // the same fp8 operands and exact products; what differs is the accumulation: Hopper's FP8 tensor cores add with
     // ~14 mantissa bits (DeepSeek-V3, section 3.3.2), the fast-accumulation forward never promoting to fp32 within
     // the call (k = 192: ~1e-3), then the bf16 output rounding (2^-9): 1e-2 relative
     EXPECT_REL(host(y), y_ref, 1e-2);
     EXPECT_EQ(host(gx.amax).data<float>()[0], cx.amax.data<float>()[0]);
     EXPECT_EQ(host(gw.amax).data<float>()[0], cw.amax.data<float>()[0]);
+    // with a bias: cuBLASLt's FP8 bias epilogue (added in fp32 before y's rounding) vs the emulation's fp32 add
+    const Tensor bias = dev(rnd({out}, 46, DType::F32, -0.5, 0.5), DType::BF16);
+    Tensor yb_ref = Tensor::empty({n, out}), yb = poisoned({n, out}, DType::BF16);
+    const Tensor bias_ref = host(bias);
+    ops::cpu::fp8_linear_fwd(yb_ref, x, w, &bias_ref, cx, cw, nullptr, {});
+    ops::fp8_linear_fwd(yb, dev(x, DType::BF16), dev(w, DType::BF16), &bias, gx, gw, nullptr);
+    EXPECT_REL(host(yb), yb_ref, 1e-2);
 
     Tensor dx_ref = Tensor::empty({n, in}), dw_ref = rnd({out, in}, 44, DType::F32, -1e-3, 1e-3);
     Tensor db_ref = Tensor::zeros({out});
@@ -118,17 +125,19 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
     EXPECT_EQ(host(gdy.amax).data<float>()[0], cdy.amax.data<float>()[0]);
 
     Tensor dw_over = dev(rnd({out, in}, 45)), dw_over_ref = Tensor::empty({out, in});
-    ops::cpu::fp8_linear_bwd(nullptr, dw_over_ref, nullptr, dy, x, w, cdy, cx, cw, nullptr, ops::GradWrite::Overwrite, {});
+    ops::cpu::fp8_linear_bwd(nullptr, dw_over_ref, nullptr, dy, x, w, cdy, cx, cw, nullptr, ops::GradWrite::Overwrite,
+                             {});
     ops::fp8_linear_bwd(nullptr, dw_over, nullptr, dev(dy, DType::BF16), dev(x, DType::BF16), dev(w, DType::BF16), gdy,
                         gx, gw, nullptr, ops::GradWrite::Overwrite);
     EXPECT_REL(host(dw_over), dw_over_ref, 1e-3);  // as dw above
 
     // the forward's saved transposed casts (ops.h Fp8Saved; one cast-transpose pass each) give the same y, and the
     // backward without x the same dx, dw and db, bit for bit (the same fp8 bytes into the same GEMMs)
-    Tensor y2 = poisoned({n, out}, DType::BF16), dx2 = poisoned({n, in}, DType::BF16), dw2 = dev(dw_ref), db2 = dev(db_ref);
+    Tensor y2 = poisoned({n, out}, DType::BF16), dx2 = poisoned({n, in}, DType::BF16);
+    Tensor dw2 = dev(dw_ref), db2 = dev(db_ref);
     Tensor dx1 = poisoned({n, in}, DType::BF16), dw1 = dev(dw_ref), db1 = dev(db_ref);
     ops::Fp8Saved saved;
-    ops::fp8_linear_fwd(y2, dev(x, DType::BF16), dev(w, DType::BF16), gx, gw, &saved);
+    ops::fp8_linear_fwd(y2, dev(x, DType::BF16), dev(w, DType::BF16), nullptr, gx, gw, &saved);
     ops::fp8_linear_bwd(&dx1, dw1, &db1, dev(dy, DType::BF16), dev(x, DType::BF16), dev(w, DType::BF16), gdy, gx, gw,
                         nullptr, ops::GradWrite::Accumulate);
     ops::fp8_linear_bwd(&dx2, dw2, &db2, dev(dy, DType::BF16), Tensor(), dev(w, DType::BF16), gdy, gx, gw, &saved,

@@ -318,7 +318,26 @@ def preprocess_speed(name, mcpp, py, out, workers_list):
         dtype = {4: np.int32, 8: np.uint16}[idx[17]]  # Megatron's dtype code (9-byte magic, version, code)
         binary = np.fromfile(prefix + "_text_document.bin", dtype=dtype).astype(np.int64)
         want = np.array([t for d in docs for t in d], dtype=np.int64)
-        check(np.array_equal(binary, want), f"{name}: preprocess --workers {w}: .bin equals Python's ids + EOD")
+        equal, detail = np.array_equal(binary, want), ""
+        if not equal and len(binary) == len(want):  # which documents differ, and (unigram) whether each is a tie
+            bad_docs, ties, real, off, first = 0, 0, 0, 0, None
+            for k, d in enumerate(docs):
+                a, b = np.array(d, dtype=np.int64), binary[off:off + len(d)]
+                off += len(d)
+                if np.array_equal(a, b):
+                    continue
+                bad_docs += 1
+                first = k if first is None else first
+                if py.kind == "spm" and "unigram" in name:
+                    t, r = unigram_ties(py, a, b)
+                    ties, real = ties + t, real + r
+            detail = f"; {bad_docs} of {len(docs)} documents differ, the first #{first}"
+            if py.kind == "spm" and "unigram" in name:
+                detail += f"; {ties} regions are equal-score ties (same text, both optimal), {real} are not"
+                equal = real == 0
+        elif not equal:
+            detail = f"; {len(binary)} ids vs {len(want)}"
+        check(equal, f"{name}: preprocess --workers {w}: .bin equals Python's ids + EOD{detail}")
         rows.append((name, w, ours, theirs))
     return rows
 

@@ -170,7 +170,7 @@ TEST(Fp8Linear, ForwardAndBackwardAreGemmsOfTheEmulatedOperands) {
   const Tensor qdy = quantized(dy, sdy, Fp8Format::E5M2);
 
   Tensor y = Tensor::empty({n, out});
-  ops::fp8_linear_fwd(y, x, w, fx, fw, nullptr);
+  ops::fp8_linear_fwd(y, x, w, nullptr, fx, fw, nullptr);
   // fp32 accumulation (OpenBLAS) of exact fp8 products vs double: 1e-6 relative
   EXPECT_LT(rel(y, ref_abt(qx, qw, n, out, in, (1.0 / sx) * (1.0 / sw))), 1e-6);
   Tensor y32 = Tensor::empty({n, out});
@@ -207,7 +207,9 @@ TEST(Fp8Linear, ForwardAndBackwardAreGemmsOfTheEmulatedOperands) {
   // bad operands are named errors, checked before any dimension is read (a 1-D w, a zero-width w)
   auto bwd_error = [&](const Tensor& bad_w, Tensor& bad_dw) {
     return testing::error_of(
-        [&] { ops::fp8_linear_bwd(nullptr, bad_dw, nullptr, dy, x, bad_w, fdy, fx, fw, nullptr, ops::GradWrite::Overwrite); });
+        [&] {
+          ops::fp8_linear_bwd(nullptr, bad_dw, nullptr, dy, x, bad_w, fdy, fx, fw, nullptr, ops::GradWrite::Overwrite);
+        });
   };
   Tensor w1 = Tensor::zeros({out * in}), dw1 = Tensor::zeros({out * in});
   EXPECT_NE(bwd_error(w1, dw1).find("w [out, in] and dw_acc like w"), std::string::npos) << bwd_error(w1, dw1);
@@ -230,11 +232,17 @@ TEST(Fp8Linear, SavedCastsReplaceTheBackwardsOwn) {
   const ops::Fp8Operand fw{.scale = scale_of(448.0f / 0.1f), .amax = Tensor::zeros({1})};
   const ops::Fp8Operand fdy{.scale = scale_of(57344.0f / 1e-3f), .format = Fp8Format::E5M2};
   Tensor y = Tensor::empty({n, out}), y_saved = Tensor::empty({n, out});
-  ops::fp8_linear_fwd(y, x, w, fx, fw, nullptr);
+  ops::fp8_linear_fwd(y, x, w, nullptr, fx, fw, nullptr);
   ops::Fp8Saved saved;
-  ops::fp8_linear_fwd(y_saved, x, w, fx, fw, &saved);
+  ops::fp8_linear_fwd(y_saved, x, w, nullptr, fx, fw, &saved);
   ASSERT_TRUE(saved.x.defined() && saved.w.defined());
   EXPECT_TRUE(identical(y_saved, y));
+  // with a bias: the GEMM's result plus the bias, as linear_fwd adds it (fp32 here)
+  const Tensor bias = testing::random_tensor({out}, 15, nullptr, -0.5, 0.5);
+  Tensor yb = Tensor::empty({n, out}), y_plus = y.clone();
+  ops::fp8_linear_fwd(yb, x, w, &bias, fx, fw, nullptr);
+  ops::bias_add_inplace(y_plus, bias);
+  EXPECT_TRUE(identical(yb, y_plus));
   Tensor dx = Tensor::empty({n, in}), dw = testing::random_tensor({out, in}, 14), db = Tensor::zeros({out});
   Tensor dx2 = Tensor::empty({n, in}), dw2 = dw.clone(), db2 = db.clone();
   ops::fp8_linear_bwd(&dx, dw, &db, dy, x, w, fdy, fx, fw, nullptr, ops::GradWrite::Accumulate);
@@ -244,7 +252,9 @@ TEST(Fp8Linear, SavedCastsReplaceTheBackwardsOwn) {
   EXPECT_TRUE(identical(db2, db));
   ops::Fp8Saved wrong{.x = saved.x, .w = Tensor::zeros({in, out})};
   const std::string err = testing::error_of(
-      [&] { ops::fp8_linear_bwd(&dx2, dw2, nullptr, dy, Tensor(), w, fdy, fx, fw, &wrong, ops::GradWrite::Accumulate); });
+      [&] {
+        ops::fp8_linear_bwd(&dx2, dw2, nullptr, dy, Tensor(), w, fdy, fx, fw, &wrong, ops::GradWrite::Accumulate);
+      });
   EXPECT_NE(err.find("saved w must be the forward's q(w)"), std::string::npos) << err;
 }
 

@@ -175,9 +175,10 @@ void fp8_amax(Tensor& amax_acc, const Tensor& in, Stream s) { MCPP_DISPATCH(fp8_
 void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptions& opt, Stream s) {
   MCPP_DISPATCH(fp8_scale_update, ({&scale, &amax_history}), scale, amax_history, opt, s);
 }
-void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operand& fx, const Fp8Operand& fw,
-                    Fp8Saved* saved, Stream s) {
-  MCPP_DISPATCH(fp8_linear_fwd, ({&y, &x, &w, &fx.scale, &fw.scale, &fx.amax, &fw.amax}), y, x, w, fx, fw, saved, s);
+void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const Fp8Operand& fx,
+                    const Fp8Operand& fw, Fp8Saved* saved, Stream s) {
+  MCPP_DISPATCH(fp8_linear_fwd, ({&y, &x, &w, bias, &fx.scale, &fw.scale, &fx.amax, &fw.amax}), y, x, w, bias, fx, fw,
+                saved, s);
 }
 void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
                     const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, const Fp8Saved* saved,

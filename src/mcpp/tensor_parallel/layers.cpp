@@ -65,8 +65,7 @@ void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Te
   } else {
     f = st.forward(x, w);
   }
-  ops::fp8_linear_fwd(y, x, w, f.x, f.w, &ctx.fp8_saved);
-  if (bias) ops::bias_add_inplace(y, *bias);
+  ops::fp8_linear_fwd(y, x, w, bias, f.x, f.w, &ctx.fp8_saved);  // the bias in the GEMM's epilogue
   if (!replay) st.after_forward();
   ctx.fp8_x_scale = f.x_scale;
   ctx.fp8_w_scale = f.w_scale;
@@ -179,10 +178,13 @@ Tensor ColumnParallelLinear::recompute_output(const ParallelLinearCtx& ctx) cons
     Tensor out = y.narrow0(c * (n / chunks), n / chunks);
     if (fp8_) {  // the forward's casts again (its saved scales, no amax recorded; blockwise: the same block scales)
       const Tensor in = ctx.x.narrow0(c * (n / chunks), n / chunks);
-      if (fp8_->blockwise()) ops::fp8_block_linear_fwd(out, in, weight_->data);
-      else
-        ops::fp8_linear_fwd(out, in, weight_->data, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale}, nullptr);
-      if (bias) ops::bias_add_inplace(out, *bias);
+      if (fp8_->blockwise()) {
+        ops::fp8_block_linear_fwd(out, in, weight_->data);
+        if (bias) ops::bias_add_inplace(out, *bias);
+      } else {
+        ops::fp8_linear_fwd(out, in, weight_->data, bias, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale},
+                            nullptr);
+      }
       continue;
     }
     ops::linear_fwd(out, ctx.x.narrow0(c * (n / chunks), n / chunks), weight_->data, bias);
@@ -281,10 +283,11 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& params, const std::strin
 Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute) const {
   const ModuleScope m(name_, x);
   ctx.x = rows(x, in_local_);  // [s*b, in/tp]
-  // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA); an
+  // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA, FP8 too); an
   // expert's linear adds it on group rank 0 only and leaves the reduction to the dispatcher.
   const bool expert = opt_.explicit_expert_comm;
-  const bool bias_in_gemm = bias_ && !fp8_ && (tp_->size() == 1 || (expert && tp_->rank() == 0));
+  const bool bias_in_gemm =
+      bias_ && !(fp8_ && fp8_->blockwise()) && (tp_->size() == 1 || (expert && tp_->rank() == 0));
   Tensor out;
   if (opt_.sequence_parallel && opt_.tp_comm_overlap) {  // reduce_scatter_to_sp as a ring, GEMM per chunk
     Shape chunk = with_last(x.shape(), opt_.output_size);
@@ -296,7 +299,8 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const
     });
   } else {
     Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
-    if (fp8_) fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, nullptr, fp8_recompute);  // bias: after the reduction
+    if (fp8_)
+      fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr, fp8_recompute);
     else ops::linear_fwd(y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr);
     out = y.view(with_last(x.shape(), opt_.output_size));            // [s, b, out]
     if (expert) return m.ret(out);                                   // the dispatcher reduces

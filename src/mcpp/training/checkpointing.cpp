@@ -549,8 +549,23 @@ bool adopt_checkpoint_vocab_padding(Config& cfg) {
     return false;
   const int64_t saved = m["padded_vocab_size"].get<int64_t>(), vocab = m["vocab_size"].get<int64_t>();
   TransformerConfig& now = cfg.model;
-  if (vocab != now.vocab_size || saved == now.padded_vocab_size || saved < vocab) return false;
   const int64_t tp = cfg.parallel.tensor_model_parallel_size, multiple = now.make_vocab_size_divisible_by * tp;
+  // A Hugging Face import's vocab_size is the embedding's row count, which may exceed its tokenizer's ids (Qwen3:
+  // 151,936 rows for 151,669 ids): a tokenizer whose ids all fall inside the rows trains on them, as a fine-tune of a
+  // converted checkpoint in Megatron keeps the checkpoint's padded_vocab_size.
+  if (meta.contains("imported_from") && now.vocab_size < vocab && vocab <= saved) {
+    if (saved % tp != 0)
+      fail("checkpoint '{}' (imported) has {} vocabulary rows, not divisible by tensor_model_parallel_size {}; "
+           "convert it at this TP with `mcpp ckpt convert`",
+           reader.dir(), saved, tp);
+    spdlog::info("checkpoint '{}' (imported) has {} vocabulary rows ({} padded) and the tokenizer {} ids: using "
+                 "vocab_size {} and padded_vocab_size {} (instead of {} and {})",
+                 reader.dir(), vocab, saved, now.vocab_size, vocab, saved, now.vocab_size, now.padded_vocab_size);
+    now.vocab_size = vocab;
+    now.padded_vocab_size = saved;
+    return true;
+  }
+  if (vocab != now.vocab_size || saved == now.padded_vocab_size || saved < vocab) return false;
   if (saved % multiple == 0) {
     spdlog::info("checkpoint '{}' pads the vocabulary ({}) to {}, a multiple of make_vocab_size_divisible_by {} x "
                  "tensor_model_parallel_size {} too: using padded_vocab_size {} (instead of {})",

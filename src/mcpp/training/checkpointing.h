@@ -127,8 +127,10 @@ LoadedModel load_model_for_inference(const std::string& load_dir, Device device 
 // cfg.model.padded_vocab_size: when the latest checkpoint under cfg.training.load has the same vocab_size and
 // another padded size that is a multiple of this run's make_vocab_size_divisible_by x tp, adopt it (logged);
 // when it is not, fail naming the --make-vocab-size-divisible-by value that pads to it (if any). No checkpoint,
-// no stored config, or another vocab_size: nothing changes (the fingerprint check names the difference).
-// Returns true when the saved padded size was adopted.
+// no stored config, or another vocab_size: nothing changes (the fingerprint check names the difference) — except for
+// an imported Hugging Face checkpoint whose vocabulary rows hold every id of the tokenizer (its vocab_size is the
+// embedding's rows, e.g. Qwen3's 151,936 for 151,669 ids): then its vocab_size and padded size are adopted (logged).
+// Returns true when the saved sizes were adopted.
 bool adopt_checkpoint_vocab_padding(Config& cfg);
 
 }  // namespace mcpp

@@ -140,6 +140,51 @@ rel = abs(packed_loss - alone) / alone
 print(f"first-step loss packed {packed_loss:.6f} vs conversations alone {alone:.6f} ({count} tokens), rel {rel:.2e}")
 assert rel < 1e-5, "fp32: the same tokens' losses summed in another order"
 
+# 2b. A Hugging Face model with more vocabulary rows than its tokenizer has ids (Qwen3 ships 151,936 rows for
+# 151,669): the export's embedding (and output layer) padded with zero rows to the multiple of 128 the trainer pads
+# the tokenizer to, config.json's vocab_size set to the rows, then imported: --use-checkpoint-args adopts its
+# vocabulary (logged) instead of refusing the vocab_size, and the lr-0 loss equals the one above (the same zero rows).
+def pad_vocab_rows(src, dst, rows):
+    shutil.copytree(src, dst)
+    raw = open(os.path.join(src, "model.safetensors"), "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    width = {"F32": 4, "BF16": 2, "F16": 2}
+    out_header, chunks, off = {}, [], 0
+    for name, t in sorted(((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]):
+        b, e = t["data_offsets"]
+        blob, shape = data[b:e], list(t["shape"])
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            blob += bytes((rows - shape[0]) * shape[1] * width[t["dtype"]])
+            shape[0] = rows
+        out_header[name] = {"dtype": t["dtype"], "shape": shape, "data_offsets": [off, off + len(blob)]}
+        chunks.append(blob)
+        off += len(blob)
+    if "__metadata__" in header:
+        out_header["__metadata__"] = header["__metadata__"]
+    hb = json.dumps(out_header).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(os.path.join(dst, "model.safetensors"), "wb") as f:
+        f.write(len(hb).to_bytes(8, "little") + hb + b"".join(chunks))
+    cfg = json.load(open(os.path.join(dst, "config.json")))
+    cfg["vocab_size"] = rows
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+
+
+tok_ids = json.load(open(os.path.join(hf, "config.json")))["vocab_size"]
+rows = -(-tok_ids // 128) * 128
+assert rows > tok_ids, "the fixture's tokenizer must not be a multiple of 128 already"
+hf_rows, imported_rows = os.path.join(work, "hf_rows"), os.path.join(work, "imported_rows")
+pad_vocab_rows(hf, hf_rows, rows)
+run("ckpt", "import", "--input", hf_rows, "--format", "hf-llama", "--save", imported_rows)
+metrics = os.path.join(work, "lr0_rows.jsonl")
+p = run("train", *(a if a != imported else imported_rows for a in ft_args), "--tokenizer-model", hf, "--train-iters",
+        "1", "--lr", "0", "--min-lr", "0", "--lr-warmup-iters", "0", "--metrics-path", metrics)
+assert f"has {rows} vocabulary rows" in p.stdout + p.stderr, (p.stdout[-1500:], p.stderr[-1500:])
+rows_loss = [json.loads(l)["lm_loss"] for l in open(metrics) if '"event":"train"' in l][0]
+print(f"{rows}-row import of a {tok_ids}-id tokenizer: first-step loss {rows_loss:.6f} (vs {packed_loss:.6f})")
+assert abs(rows_loss - packed_loss) <= 1e-6 * abs(packed_loss), (rows_loss, packed_loss)
+
 # 3. Fine-tuning lowers the loss.
 metrics = os.path.join(work, "ft.jsonl")
 ft = os.path.join(work, "ft")

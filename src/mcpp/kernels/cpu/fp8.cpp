@@ -115,8 +115,8 @@ void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptio
   }
 }
 
-void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operand& fx, const Fp8Operand& fw,
-                    Fp8Saved* saved, Stream) {
+void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const Fp8Operand& fx,
+                    const Fp8Operand& fw, Fp8Saved* saved, Stream) {
   const char* op = "fp8_linear_fwd";
   require_cpu_f32(op, "y", y);
   require_cpu_f32(op, "w", w);
@@ -130,6 +130,13 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operan
   sgemm(y.data<float>(), qx.data<float>(), qw.data<float>(), n, out, in, false, true, 1.0f, 0.0f);
   float* py = y.data<float>();
   for (int64_t i = 0; i < n * out; ++i) py[i] *= alpha;
+  if (bias) {
+    require_cpu_f32(op, "bias", *bias);
+    detail::require_numel(op, "bias", *bias, out, "out = w.size(0)");
+    const float* pb = bias->data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < out; ++j) py[i * out + j] += pb[j];
+  }
   if (saved) *saved = {.x = qx, .w = qw};  // the emulated casts themselves (this backend's Fp8Saved)
 }
 

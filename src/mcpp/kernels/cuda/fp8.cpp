@@ -24,6 +24,7 @@ namespace mcpp::ops::cuda {
 using namespace cuda_detail;
 using fp8_detail::Fp8GemmKey;
 using fp8_detail::fp8_gemm;
+using fp8_detail::try_fp8_gemm;
 
 namespace {
 
@@ -105,8 +106,8 @@ void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptio
                           amax_history.numel(), fp8_max(opt.format), opt.margin, opt.most_recent, stream_of(stream));
 }
 
-void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operand& fx, const Fp8Operand& fw,
-                    Fp8Saved* saved, Stream stream) {
+void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const Fp8Operand& fx,
+                    const Fp8Operand& fw, Fp8Saved* saved, Stream stream) {
   const char* op = "fp8_linear_fwd";
   const cudaStream_t s = stream_of(stream);
   MCPP_CHECK(w.ndim() == 2, "{}: w must be [out, in]; got {}", op, w.str());
@@ -120,7 +121,8 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operan
   float *xa = amax_ptr(op, &fx.amax), *wa = amax_ptr(op, &fw.amax);
   ScaleInvSlots sinv;
   float *sx = nullptr, *sw = nullptr;
-  if (saved) {  // q(x) with q(x)^T [in, n] and q(w) with q(w)^T [in, out], each pair in one pass; the slots: the copies'
+  // saved: q(x) with q(x)^T [in, n] and q(w) with q(w)^T [in, out], each pair in one pass; the scale slots: the copies'
+  if (saved) {
     *saved = {.x = fp8_bytes(saved_floats(n * in) * 4), .w = fp8_bytes(saved_floats(out * in) * 4)};
     sx = saved_slot(saved->x, n * in), sw = saved_slot(saved->w, out * in);
     launch_fp8_cast_transpose(bytes_of(qx), bytes_of(saved->x), xin, n, in, xs, xa, fmt_of(fx.format), s, sx);
@@ -131,8 +133,17 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Fp8Operan
     launch_fp8_cast(bytes_of(qx), FOut{nullptr, kF32}, xin, n * in, xs, xa, fmt_of(fx.format), s, sx);
     launch_fp8_cast(bytes_of(qw), FOut{nullptr, kF32}, win, out * in, ws, wa, fmt_of(fw.format), s, sw);
   }
-  const Fp8GemmKey key{out, n, in, fp8_type(fw.format), fp8_type(fx.format), out_type(op, "y", y), true};
+  Fp8GemmKey key{out, n, in, fp8_type(fw.format), fp8_type(fx.format), out_type(op, "y", y), true};
+  if (bias) {  // in the epilogue (y's dtype); where cuBLASLt has no such FP8 kernel, added after the GEMM
+    MCPP_CHECK(bias->dtype() == y.dtype(), "{}: bias must have y's dtype {}; got {}", op, dtype_name(y.dtype()),
+               bias->str());
+    require_numel(op, "bias", *bias, out, "out = w.size(0)");
+    key.tbias = key.td;
+    if (try_fp8_gemm(y.raw(), key, bytes_of(qw), sw, bytes_of(qx), sx, 0.0f, s, bias->raw())) return;
+    key.tbias = -1;
+  }
   fp8_gemm(y.raw(), key, bytes_of(qw), sw, bytes_of(qx), sx, 0.0f, s);
+  if (bias) bias_add_inplace(y, *bias, stream);
 }
 
 void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,

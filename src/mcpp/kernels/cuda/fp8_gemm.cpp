@@ -37,14 +37,14 @@ struct PlanKey {
   Fp8GemmKey g;
   int al_a, al_b, al_d;
   auto tie() const {
-    return std::tie(g.m, g.n, g.k, g.ta, g.tb, g.td, g.fast_accum, g.sa, g.sb, al_a, al_b, al_d);
+    return std::tie(g.m, g.n, g.k, g.ta, g.tb, g.td, g.fast_accum, g.sa, g.sb, g.tbias, al_a, al_b, al_d);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
 
 // Builds (once per key) the descriptors and the heuristic's algorithm, with this call's scale pointers set: the
 // heuristic picks kernels for the scaling the descriptor shows, a null pointer meaning none.
-Fp8Plan& fp8_plan(const PlanKey& pk, const float* sa, const float* sb) {
+Fp8Plan& fp8_plan(const PlanKey& pk, const float* sa, const float* sb, const void* bias) {
   static std::mutex mu;
   static std::map<PlanKey, Fp8Plan> plans;  // lives for the process, like the GEMMs' plan cache
   const std::lock_guard<std::mutex> lock(mu);
@@ -69,6 +69,17 @@ Fp8Plan& fp8_plan(const PlanKey& pk, const float* sa, const float* sb) {
   }
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+  if (key.tbias >= 0) {  // a cuBLASLt without FP8 bias epilogues: no plan (the caller adds the bias itself)
+    const cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_BIAS;
+    const auto bt = static_cast<cudaDataType_t>(key.tbias);
+    p.ok = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)) ==
+               CUBLAS_STATUS_SUCCESS;
+    if (!p.ok) return plans.emplace(pk, p).first->second;
+  }
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, static_cast<cudaDataType_t>(key.ta), key.k, key.m, key.k));
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, static_cast<cudaDataType_t>(key.tb), key.k, key.n, key.k));
   MCPP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.ld, static_cast<cudaDataType_t>(key.td), key.m, key.n, key.m));
@@ -97,15 +108,18 @@ Fp8Plan& fp8_plan(const PlanKey& pk, const float* sa, const float* sb) {
 }  // namespace
 
 bool try_fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b,
-                  const float* sb, float beta, cudaStream_t s) {
+                  const float* sb, float beta, cudaStream_t s, const void* bias) {
   using gemm_lt::alignment_of;
-  Fp8Plan& p = fp8_plan({key, alignment_of(a), alignment_of(b), alignment_of(d)}, sa, sb);
+  MCPP_CHECK((key.tbias >= 0) == (bias != nullptr), "fp8 GEMM: a bias pointer needs the key's bias type and back");
+  Fp8Plan& p = fp8_plan({key, alignment_of(a), alignment_of(b), alignment_of(d)}, sa, sb, bias);
   if (!p.ok) return false;
   auto& st = gemm_lt::lt_state();
   // The scale pointers are descriptor attributes: set per call (the descriptor is only used by this stream's host
   // thread, as the GEMMs' plans are).
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+  if (bias)
+    MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f;
   MCPP_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.op, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
                                    st.workspace, gemm_lt::kWorkspaceBytes, s));
@@ -113,8 +127,8 @@ bool try_fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float*
 }
 
 void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
-              float beta, cudaStream_t s) {
-  MCPP_CHECK(try_fp8_gemm(d, key, a, sa, b, sb, beta, s),
+              float beta, cudaStream_t s, const void* bias) {
+  MCPP_CHECK(try_fp8_gemm(d, key, a, sa, b, sb, beta, s, bias),
              "fp8 GEMM: cuBLASLt has no FP8 algorithm for m {} n {} k {} (A type {} {} scaled, B type {} {} scaled, D "
              "type {}): per-tensor scaling needs a Hopper (sm_90) or Ada GPU, block scaling a Hopper GPU and cuBLAS "
              "12.9+",

@@ -30,16 +30,18 @@ struct Fp8GemmKey {
   int ta, tb, td;  // cudaDataType_t of A, B, D
   bool fast_accum;
   Fp8Scaling sa = Fp8Scaling::Tensor, sb = Fp8Scaling::Tensor;
+  int tbias = -1;  // cudaDataType_t of a bias[m] added to every column (CUBLASLT_EPILOGUE_BIAS), -1: none
 };
 
 // D = scale(A) scale(B) op_T(A) B (+ beta D) with the key's shapes; a / b fp8 bytes, sa / sb device floats. The plan
 // is cached per key and the pointers' alignments (the heuristic is told both, and real scale pointers: with a null
 // one it picks kernels without that scaling, which cublasLtMatmul then refuses). try_fp8_gemm returns false, having
-// run nothing, where cuBLASLt has no algorithm; fp8_gemm makes that a named error.
+// run nothing, where cuBLASLt has no algorithm; fp8_gemm makes that a named error. bias: the key's bias vector (device,
+// key.tbias >= 0), added in fp32 before D is rounded.
 bool try_fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b,
-                  const float* sb, float beta, cudaStream_t s);
+                  const float* sb, float beta, cudaStream_t s, const void* bias = nullptr);
 void fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
-              float beta, cudaStream_t s);
+              float beta, cudaStream_t s, const void* bias = nullptr);
 
 constexpr int64_t pad4(int64_t x) { return (x + 3) / 4 * 4; }
 
