@@ -49,4 +49,9 @@ set_tests_properties(experiments.report PROPERTIES DEPENDS "${_exp_tests}")
 add_test(NAME bench.regress_counters COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/bench/regress counters --mcpp ${MCPP_BIN})
 add_test(NAME bench.regress_counters_catch
          COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/experiments/regress_catch_check.py ${MCPP_BIN})
-set_tests_properties(bench.regress_counters bench.regress_counters_catch PROPERTIES TIMEOUT 300)
+# The device part's rule and run (bench/regress timings), on CPU: a deliberate steady slowdown (a sleep at every
+# step) is caught and its timeline kept.
+add_test(NAME bench.regress_timings
+         COMMAND ${MCPP_PY} ${CMAKE_SOURCE_DIR}/tests/experiments/regress_timings_check.py ${MCPP_BIN}
+                 ${CMAKE_CURRENT_BINARY_DIR}/regress_timings)
+set_tests_properties(bench.regress_counters bench.regress_counters_catch bench.regress_timings PROPERTIES TIMEOUT 300)

@@ -31,6 +31,7 @@ BAD = [
     ("ITER 0", None, ["kill@0"], ["ITER counts from 1"]),
     ("no @ITER", None, ["kill"], ["no @ITER"]),
     ("unknown option", None, ["slow-data:speed=9@2"], ["unknown option 'speed=9' for slow-data"]),
+    ("every is for the slow kinds", None, ["nan-grad:layer=0,every@2"], ["unknown option 'every' for nan-grad"]),
     ("layer == num_layers", None, ["nan-grad:layer=2@2"],
      ["nan-grad:layer=2@2", "layer 2 is outside the model's 2 decoder layers"]),
     ("layer far out", None, ["nan-output:layer=40,persistent@1"], ["layer 40 is outside the model's 2 decoder"]),
@@ -95,6 +96,14 @@ ok = p.returncode == 0 and ms.get(2, 0) >= 4 * 100
 print(f"{'ok  ' if ok else 'FAIL'} slow data, last iteration: exit {p.returncode}, ms per iteration {ms}")
 if not ok:
     failures.append(f"slow-data:ms=100@2: exit {p.returncode}, iteration 2 took {ms.get(2)} ms, expected >= 400")
+
+# slow-rank every iteration from 1 (the regression gate's steady slowdown): both iterations wait 150 ms
+p, d = train("slow rank, every iteration", None, ["slow-rank:ms=150,every@1"])
+ms = {r["iteration"]: r["elapsed_ms_per_iter"] for r in records(d, "train")}
+ok = p.returncode == 0 and ms.get(1, 0) >= 150 and ms.get(2, 0) >= 150
+print(f"{'ok  ' if ok else 'FAIL'} slow rank, every iteration: exit {p.returncode}, ms per iteration {ms}")
+if not ok:
+    failures.append(f"slow-rank:ms=150,every@1: exit {p.returncode}, ms per iteration {ms}, expected >= 150 each")
 
 for f in failures:
     print("FAIL:", f)

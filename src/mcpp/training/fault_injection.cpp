@@ -22,6 +22,11 @@ namespace mcpp {
 namespace {
 
 // The layer index of a qualified module name "decoder.layers.K.mlp..." (-1: none).
+// Whether `f` acts in `iteration`: its ITER, or (slow kinds' `every`) any iteration from it on.
+bool due(const FaultSpec& f, int64_t iteration) {
+  return f.every ? iteration >= f.iteration : iteration == f.iteration;
+}
+
 int64_t layer_of(const std::string& module) {
   constexpr std::string_view kPrefix = "decoder.layers.";
   if (module.rfind(kPrefix, 0) != 0) return -1;
@@ -46,7 +51,7 @@ void FaultInjector::begin_step(int64_t iteration, bool rerun, comm::Communicator
       Tensor t = Tensor::zeros({1});  // the drill call of every other rank (the faulty one issues 3 floats)
       world.host().all_reduce(t, comm::ReduceOp::Sum).wait();
     }
-    if (f.iteration != iteration || f.rank != rank_) continue;
+    if (!due(f, iteration) || f.rank != rank_) continue;
     switch (f.kind) {
       case FaultKind::NanGrad:
       case FaultKind::NanOutput:
@@ -64,7 +69,7 @@ void FaultInjector::begin_step(int64_t iteration, bool rerun, comm::Communicator
         std::fflush(nullptr);
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
       case FaultKind::SlowRank:
-        if (!rerun) std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
+        if (!rerun || f.every) std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
         break;
       case FaultKind::WrongCollective: {
         if (rerun) break;
@@ -100,7 +105,7 @@ void FaultInjector::end_step() {
 
 void FaultInjector::before_batch(int64_t iteration) {
   for (const FaultSpec& f : faults_)
-    if (f.kind == FaultKind::SlowData && f.iteration == iteration && f.rank == rank_)
+    if (f.kind == FaultKind::SlowData && due(f, iteration) && f.rank == rank_)
       std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
 }
 

@@ -8,8 +8,10 @@
 //   nan-output:layer=K[,persistent]  layer K's MLP forward output becomes NaN.
 //   kill                             the rank dies (SIGKILL) at the start of ITER.
 //   hang                             the rank stops calling collectives at the start of ITER (sleeps forever).
-//   slow-data[:ms=N]                 the rank's data loader sleeps N ms (default 1000) per microbatch of ITER.
-//   slow-rank[:ms=N]                 the rank sleeps N ms (default 1000) of "compute" at the start of ITER.
+//   slow-data[:ms=N][,every]         the rank's data loader sleeps N ms (default 1000) per microbatch of ITER.
+//   slow-rank[:ms=N][,every]         the rank sleeps N ms (default 1000) of "compute" at the start of ITER.
+//                                    every: each iteration from ITER on (a steady slowdown: how bench/regress
+//                                    timings is shown catching a regression), the re-run of a step too.
 //   wrong-collective[:extra]         at the start of ITER every rank issues a drill all_reduce on the world group, this
 //                                    rank with another shape (3 floats instead of 1): --check-collectives names the
 //                                    mismatch. extra: only this rank issues it (a call no peer matches: a hang).

@@ -14,7 +14,8 @@ namespace {
 
 constexpr const char* kGrammar =
     "KIND[:OPTS]@ITER[:RANK] with KIND nan-grad:layer=K[,persistent] | nan-output:layer=K[,persistent] | kill | hang "
-    "| slow-data[:ms=N] | slow-rank[:ms=N] | wrong-collective[:extra] | bad-shard | bad-batch | corrupt-collective";
+    "| slow-data[:ms=N][,every] | slow-rank[:ms=N][,every] | wrong-collective[:extra] | bad-shard | bad-batch "
+    "| corrupt-collective";
 
 int64_t parse_int(std::string_view s, const std::string& text, const char* what) {
   int64_t v = 0;
@@ -42,6 +43,7 @@ void parse_options(std::string_view opts, FaultSpec& f) {
     if (nan && key == "layer") f.layer = parse_int(value, f.text, "layer");
     else if (nan && key == "persistent" && eq == std::string_view::npos) f.persistent = true;
     else if (slow && key == "ms") f.ms = parse_int(value, f.text, "ms");
+    else if (slow && key == "every" && eq == std::string_view::npos) f.every = true;
     else if (f.kind == FaultKind::WrongCollective && key == "extra" && eq == std::string_view::npos) f.extra = true;
     else fail("--inject-fault '{}': unknown option '{}' for {} ({})", f.text, o, fault_kind_name(f.kind), kGrammar);
   }

@@ -20,6 +20,7 @@ struct FaultSpec {
   int64_t layer = -1;       // the NaN kinds
   bool persistent = false;  // the NaN kinds: also in the re-run of the step
   int64_t ms = 1000;        // slow-data / slow-rank
+  bool every = false;       // slow-data / slow-rank: every iteration from ITER on (a steady slowdown)
   bool extra = false;       // wrong-collective: a call only this rank issues (default: a shape mismatch)
   std::string text;         // as given
 };

@@ -83,6 +83,23 @@ const uint8_t* saved_operand(const char* op, const char* arg, const Tensor& t, i
   return static_cast<const uint8_t*>(t.raw());
 }
 
+// The backward's transposed fp8 copy of t [rows, cols] and its scale_inv: the forward's saved copy when given,
+// else cast here with f's scale into scratch (its scale_inv copied into `slot`).
+struct TransposedCast {
+  Tensor scratch;
+  const uint8_t* bytes = nullptr;
+  const float* scale_inv = nullptr;
+};
+TransposedCast transposed_cast(const char* op, const char* arg, const Tensor* saved, const Tensor& t, int64_t rows,
+                               int64_t cols, const Fp8Operand& f, float* slot, cudaStream_t s) {
+  if (saved) return {Tensor(), saved_operand(op, arg, *saved, rows * cols), saved_slot(*saved, rows * cols)};
+  TransposedCast c{fp8_bytes(rows * cols)};
+  launch_fp8_cast_transpose(nullptr, bytes_of(c.scratch), fin_of(op, arg, t), rows, cols,
+                            scale_ptr(op, "scale", f.scale), nullptr, fmt_of(f.format), s, slot);
+  c.bytes = bytes_of(c.scratch), c.scale_inv = slot;
+  return c;
+}
+
 }  // namespace
 
 void fp8_quantize(Tensor& out, Tensor* amax_acc, const Tensor& in, const Tensor& scale, Fp8Format format,
@@ -176,35 +193,15 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
                             sdy);
   if (dx) {  // dx[n,in] = q(dy)[n,out] . (q(w)^T [in,out])^T
     MCPP_CHECK(dx->numel() == n * in, "{}: dx must have {} elements; got {}", op, n * in, dx->str());
-    Tensor qwt;
-    const uint8_t* wt = nullptr;
-    const float* swt = nullptr;
-    if (saved_w) {
-      wt = saved_operand(op, "w", saved->w, out * in), swt = saved_slot(saved->w, out * in);
-    } else {
-      qwt = fp8_bytes(out * in);
-      launch_fp8_cast_transpose(nullptr, bytes_of(qwt), fin_of(op, "w", w), out, in,
-                                scale_ptr(op, "fw.scale", fw.scale), nullptr, fmt_of(fw.format), s, sinv.slot(1));
-      wt = bytes_of(qwt), swt = sinv.slot(1);
-    }
+    const TransposedCast wt = transposed_cast(op, "w", saved_w ? &saved->w : nullptr, w, out, in, fw, sinv.slot(1), s);
     const Fp8GemmKey key{in, n, out, fp8_type(fw.format), fp8_type(fdy.format), out_type(op, "dx", *dx), false};
-    fp8_gemm(dx->raw(), key, wt, swt, bytes_of(qdy), sdy, 0.0f, s);
+    fp8_gemm(dx->raw(), key, wt.bytes, wt.scale_inv, bytes_of(qdy), sdy, 0.0f, s);
   }
   // dw[out,in] (+)= q(dy)^T [out,n] . (q(x)^T [in,n])^T, fp32 straight into the main grad
-  Tensor qxt;
-  const uint8_t* xt = nullptr;
-  const float* sxt = nullptr;
-  if (saved_x) {
-    xt = saved_operand(op, "x", saved->x, n * in), sxt = saved_slot(saved->x, n * in);
-  } else {
-    qxt = fp8_bytes(n * in);
-    launch_fp8_cast_transpose(nullptr, bytes_of(qxt), fin_of(op, "x", x), n, in, scale_ptr(op, "fx.scale", fx.scale),
-                              nullptr, fmt_of(fx.format), s, sinv.slot(2));
-    xt = bytes_of(qxt), sxt = sinv.slot(2);
-  }
+  const TransposedCast xt = transposed_cast(op, "x", saved_x ? &saved->x : nullptr, x, n, in, fx, sinv.slot(2), s);
   const bool overwrite = grad_write == GradWrite::Overwrite;
   const Fp8GemmKey key{in, out, n, fp8_type(fx.format), fp8_type(fdy.format), CUDA_R_32F, false};
-  fp8_gemm(dw_acc.raw(), key, xt, sxt, bytes_of(qdyt), sdy, overwrite ? 0.0f : 1.0f, s);
+  fp8_gemm(dw_acc.raw(), key, xt.bytes, xt.scale_inv, bytes_of(qdyt), sdy, overwrite ? 0.0f : 1.0f, s);
   if (db_acc) {
     require_float(op, "db_acc", *db_acc, /*bf16_ok=*/false);
     require_numel(op, "db_acc", *db_acc, out, "out = w.size(0)");
