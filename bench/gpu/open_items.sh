@@ -1,7 +1,8 @@
 #!/bin/bash
-# The device checks still open after session 7 (issues 34-36), as one batch that fits a session's device time in
+# The device checks still open after session 8 (issues 34-36), as one batch that fits a session's device time in
 # order of importance, each step under what is left of BUDGET seconds (default 560: one call). SKIP='a b' skips steps
 # by name; ONLY='a b' runs only those. Steps:
+#   fp8_tests   CudaFp8.* and CudaFp8Training.* (ee02a92's bias epilogue and the saved casts' helper: not yet on a GPU)
 #   fp8_speed   GPT 1.3B bf16 / FP8 delayed / FP8 tensorwise and PyTorch's FP8 anchor at 1.3B in the same call
 #               (the same-call ratio issue 35 asks for; the anchor compiles and runs its bf16 and FP8 models: ~260 s),
 #               then the 8B-width Llama slice (bf16, delayed, blockwise)
@@ -10,6 +11,8 @@
 #   experiments E12 (the 1-rank launch fix, 1e77ed5), E09, E10 gpu tier, results tarred to OUT/res.tgz
 #   moe         bench/gpu/moe_steps.sh all (every MoE row, incl. DeepSeek's router)
 #   spm         tests/device/tokenizer_check.py, spm-unigram only
+#   regress     bench/regress timings: the GPU baseline (--update, into OUT/timings.json: commit it as
+#               bench/baselines/timings_KIND.json), then the drill it must catch (a 2 ms sleep at every step)
 # Needs device_carry/ from the build machine: `make build && bash bench/gpu/prepare_carry.sh build` (carry it).
 # usage (device machine, repo root): [BUDGET=s] [SKIP=..] [ONLY=..] bench/gpu/open_items.sh OUT
 set -u
@@ -31,6 +34,7 @@ step() {
   grep -v '^  [a-z_0-9]* \.\.\.' "$OUT/$name.out" | grep -E '^\{|PASS|FAIL|error|rc |==|ms' | tail -${TAILN:-14} | cut -c1-400
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+want fp8_tests && step fp8_tests 40 bash -c "cd /tmp && $C/bin/mcpp_tests --gtest_filter='CudaFp8.*:CudaFp8Training.*'"
 if want fp8_speed; then
   step fp8_speed 120 bench/gpu/fp8_step.sh "$OUT/step" 1.3b 1.3b-fp8 1.3b-fp8-tw
   step fp8_anchor 260 bash -c "CUDA_VISIBLE_DEVICES=0 python3 '$C/anchors/torch_gpt_fp8.py' 1.3b"
@@ -50,4 +54,10 @@ if want experiments; then
 fi
 want moe && step moe 200 bench/gpu/moe_steps.sh "$OUT/moe" 16 1.0 all
 want spm && step spm 40 python3 tests/device/tokenizer_check.py "$MCPP" /tmp/tok --mb 12 --families spm-unigram
+if want regress; then
+  KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo nvidia-h200 || echo nvidia-h100-x1)
+  step regress_base 120 python3 bench/regress timings --kind "$KIND" --mcpp "$MCPP" --update --baseline "$OUT/timings.json"
+  step regress_drill 100 python3 bench/regress timings --kind "$KIND" --mcpp "$MCPP" --baseline "$OUT/timings.json" \
+    --extra-flags "--inject-fault slow-rank:ms=2,every@1"
+fi
 echo "open_items: done in $((SECONDS - T0)) s"
