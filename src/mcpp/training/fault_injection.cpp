@@ -21,12 +21,12 @@
 namespace mcpp {
 namespace {
 
-// The layer index of a qualified module name "decoder.layers.K.mlp..." (-1: none).
 // Whether `f` acts in `iteration`: its ITER, or (slow kinds' `every`) any iteration from it on.
 bool due(const FaultSpec& f, int64_t iteration) {
   return f.every ? iteration >= f.iteration : iteration == f.iteration;
 }
 
+// The layer index of a qualified module name "decoder.layers.K.mlp..." (-1: none).
 int64_t layer_of(const std::string& module) {
   constexpr std::string_view kPrefix = "decoder.layers.";
   if (module.rfind(kPrefix, 0) != 0) return -1;
