@@ -5,7 +5,8 @@
 // the run without recompute — for the delayed recipe (hybrid formats, history 4, max) and the tensorwise one. Two
 // rounds of two microbatches each run forward, forward, backward, backward: a recompute happens after the other
 // microbatch's forward moved the live scales (the test checks they moved), so a re-run that cast with the live
-// scales, or updated the state (the amax history) a second time, would differ.
+// scales, or updated the state (the amax history) a second time, would differ. Also what an FP8 linear's context
+// holds between forward and backward (the saved casts, not x) and that the activation walk counts it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,6 +14,8 @@
 #include "mcpp/core/error.h"
 #include "mcpp/distributed/model_chunk.h"
 #include "mcpp/models/gpt/gpt_model.h"
+#include "mcpp/transformer/ctx_tensors.h"
+#include "mcpp/transformer/mlp.h"
 #include "models/gpt_test_util.h"
 
 namespace mcpp {
@@ -146,6 +149,40 @@ TEST(Fp8Recompute, MoeSharedExpertsAndMtpEqualNoRecomputeBitwise) {
     const Fp8Run off = run(fp8_config("llama", recipe, {}, false, true));
     expect_bitwise_equal(off, run(fp8_config("llama", recipe, {"full", "uniform", 1, {}}, false, true)),
                          "mtp llama " + recipe + " full uniform 1");
+  }
+}
+
+// An FP8 (per-tensor) linear's forward keeps the backward's casts (ops::Fp8Saved) and drops its input x; the
+// activation walk (ctx_tensors.h: the measured context bytes) counts the saved casts; the backward frees them.
+// Blockwise keeps x and saves nothing.
+TEST(Fp8Recompute, LinearContextsHoldTheSavedCastsNotTheInput) {
+  for (const std::string recipe : {"delayed", "blockwise"}) {
+    TransformerConfig c = fp8_config("gpt2", recipe, {}, false, false);
+    if (recipe == "blockwise") {  // every GEMM dim a multiple of 128
+      c.hidden_size = 128, c.ffn_hidden_size = 256, c.num_attention_heads = 4, c.seq_length = 64;
+      c.max_position_embeddings = 64, c.kv_channels = 32;
+      c.fp8_format = "e4m3";
+      c.validate();
+    }
+    ModelChunk model(c, 7, testing::single_tp());
+    tensor_parallel::RngTracker rng(1234, 0, 0);
+    GPTModelCtx ctx;
+    const testing::Batch b = testing::fixed_batch(c.seq_length, 2, c.vocab_size, 0);
+    model.forward_loss(ctx, b.tokens, b.labels, b.loss_mask, {.training = true, .rng = &rng});
+    const tensor_parallel::ParallelLinearCtx& fc2 = ctx.decoder.layers[0].mlp.get<MLPCtx>().fc2;
+    int64_t walked = 0;
+    tensor_parallel::visit_ctx_tensors(fc2, [&](const Tensor& t) { walked += t.defined() ? t.nbytes() : 0; });
+    if (recipe == "blockwise") {
+      EXPECT_TRUE(fc2.x.defined() && !fc2.fp8_saved.x.defined());
+      EXPECT_EQ(walked, fc2.x.nbytes());
+    } else {
+      ASSERT_TRUE(!fc2.x.defined() && fc2.fp8_saved.x.defined() && fc2.fp8_saved.w.defined());
+      EXPECT_EQ(fc2.rows, c.seq_length * 2);
+      EXPECT_EQ(walked, fc2.fp8_saved.x.nbytes() + fc2.fp8_saved.w.nbytes());
+    }
+    for (ParamAndGradBuffer* buf : model.buffers()) buf->zero_grad();
+    model.backward(ctx, 1.0f);
+    EXPECT_FALSE(ctx.decoder.layers[0].mlp.get<MLPCtx>().fc2.fp8_saved.x.defined()) << recipe;
   }
 }
 

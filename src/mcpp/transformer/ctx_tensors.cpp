@@ -11,7 +11,9 @@
 namespace mcpp {
 
 namespace tensor_parallel {
-void visit_ctx_tensors(const ParallelLinearCtx& c, const TensorVisitor& f) { f(c.x); }
+void visit_ctx_tensors(const ParallelLinearCtx& c, const TensorVisitor& f) {
+  f(c.x), f(c.fp8_saved.x), f(c.fp8_saved.w);  // FP8: the backward's casts in place of x
+}
 }  // namespace tensor_parallel
 
 void visit_ctx_tensors(const NormCtx& c, const TensorVisitor& f) { f(c.x), f(c.mean), f(c.rstd); }

@@ -130,13 +130,7 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
   sgemm(y.data<float>(), qx.data<float>(), qw.data<float>(), n, out, in, false, true, 1.0f, 0.0f);
   float* py = y.data<float>();
   for (int64_t i = 0; i < n * out; ++i) py[i] *= alpha;
-  if (bias) {
-    require_cpu_f32(op, "bias", *bias);
-    detail::require_numel(op, "bias", *bias, out, "out = w.size(0)");
-    const float* pb = bias->data<float>();
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < out; ++j) py[i * out + j] += pb[j];
-  }
+  if (bias) bias_add_inplace(y, *bias, {});
   if (saved) *saved = {.x = qx, .w = qw};  // the emulated casts themselves (this backend's Fp8Saved)
 }
 
