@@ -6,6 +6,7 @@
 #   fp8_speed   GPT 1.3B bf16 / FP8 delayed / FP8 tensorwise and PyTorch's FP8 anchor at 1.3B in the same call
 #               (the same-call ratio issue 35 asks for; the anchor compiles and runs its bf16 and FP8 models: ~260 s),
 #               then the 8B-width Llama slice (bf16, delayed, blockwise)
+#               (SKIP='fp8_anchor slice_8b' leaves out the anchor or the slice; FP8_RUNS='1.3b 1.3b-fp8' the 1.3B runs)
 #   fp8_profile per-op profile of the 1.3B step, FP8 delayed and bf16 (bench/gpu/profile_ops.sh; where the casts go)
 #   sft         bench/gpu/sft_curve.sh (the SFT curve of an imported Qwen3-1.7B-shaped model; failed in session 7)
 #   experiments E12 (the 1-rank launch fix, 1e77ed5), E09, E10 gpu tier, results tarred to OUT/res.tgz
@@ -22,7 +23,8 @@ BUDGET=${BUDGET:-560} T0=$SECONDS
 . bench/gpu/env.sh
 export MCPP
 left() { echo $((BUDGET - (SECONDS - T0))); }
-want() { case " ${SKIP:-} " in *" $1 "*) return 1 ;; esac; [ -z "${ONLY:-}" ] && return 0; case " $ONLY " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${SKIP:-} " in *" $1 "*) return 1 ;; esac; [ -z "${ONLY:-}" ] && return 0; case " $ONLY " in *" $1 "*) return 0 ;; esac
+  case "$1" in fp8_anchor | slice_8b) return 0 ;; esac; return 1; }  # a sub-step runs with its step
 # step NAME NEED_S CMD...: runs CMD under what is left (it needs NEED_S to start), output in OUT/NAME.out, its tail shown
 step() {
   local name=$1 need=$2 s=$SECONDS rc
@@ -36,9 +38,9 @@ step() {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 want fp8_tests && step fp8_tests 40 bash -c "cd /tmp && $C/bin/mcpp_tests --gtest_filter='CudaFp8.*:CudaFp8Training.*'"
 if want fp8_speed; then
-  step fp8_speed 120 bench/gpu/fp8_step.sh "$OUT/step" 1.3b 1.3b-fp8 1.3b-fp8-tw
-  step fp8_anchor 260 bash -c "CUDA_VISIBLE_DEVICES=0 python3 '$C/anchors/torch_gpt_fp8.py' 1.3b"
-  step slice_8b 100 bench/gpu/fp8_step.sh "$OUT/step" 8b-slice 8b-slice-fp8 8b-slice-fp8-block
+  step fp8_speed 120 bench/gpu/fp8_step.sh "$OUT/step" ${FP8_RUNS:-1.3b 1.3b-fp8 1.3b-fp8-tw}
+  want fp8_anchor && step fp8_anchor 260 bash -c "CUDA_VISIBLE_DEVICES=0 python3 '$C/anchors/torch_gpt_fp8.py' 1.3b"
+  want slice_8b && step slice_8b 100 bench/gpu/fp8_step.sh "$OUT/step" 8b-slice 8b-slice-fp8 8b-slice-fp8-block
 fi
 if want fp8_profile; then
   step fp8_profile 90 env EXTRA='--fp8-format hybrid --fp8-recipe delayed' TAG=_fp8 \

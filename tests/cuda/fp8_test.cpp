@@ -153,6 +153,65 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
   }
 }
 
+// The GELU in fc2's input cast and gelu' in fc1's gradient cast (ops.h Fp8Act) against the unfused ops on the GPU
+// (gelu_fwd / gelu_bwd written out in bf16, then the plain FP8 linear): the same fp8 bytes, so y, dx, dw, db and the
+// amax records bit for bit; and the CPU emulation of the fused op within the GEMMs' tolerance. With a bias, so the
+// bias gradient's column sums ride in the same pass (cast_transpose_dbias).
+TEST(CudaFp8, ActivationInTheCastIsTheUnfusedOps) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 256, in = 192, out = 160;
+  const Tensor pre = dev(rnd({n, in}, 51, DType::BF16, -3.0, 3.0), DType::BF16);
+  const Tensor w = dev(rnd({out, in}, 52, DType::BF16, -0.1, 0.1), DType::BF16);
+  auto operand = [](float s, Fp8Format f = Fp8Format::E4M3) {
+    return ops::Fp8Operand{.scale = dev(scale_tensor(s)), .amax = dev(Tensor::zeros({1})), .format = f};
+  };
+  auto same = [](const Tensor& a, const Tensor& b) {
+    const Tensor ha = host(a), hb = host(b);
+    return ha.numel() == hb.numel() && std::memcmp(ha.data<float>(), hb.data<float>(), ha.numel() * 4) == 0;
+  };
+  Tensor act = Tensor::empty({n, in}, DType::BF16, Device::CUDA);
+  ops::gelu_fwd(act, pre);
+  ops::Fp8Operand fx = operand(448.0f / 3.0f), fx_gelu = operand(448.0f / 3.0f), fw = operand(4480.0f);
+  fx_gelu.act = ops::Fp8Act::Gelu;
+  Tensor y = poisoned({n, out}, DType::BF16), y_fused = poisoned({n, out}, DType::BF16);
+  ops::Fp8Saved saved, saved_fused;
+  ops::fp8_linear_fwd(y, act, w, nullptr, fx, fw, &saved);
+  ops::fp8_linear_fwd(y_fused, pre, w, nullptr, fx_gelu, fw, &saved_fused);
+  EXPECT_TRUE(same(y_fused, y));
+  EXPECT_TRUE(same(saved_fused.x, saved.x));
+  EXPECT_TRUE(same(fx_gelu.amax, fx.amax));
+  Tensor y_ref = Tensor::empty({n, out});  // the emulation of the fused op (fp32 GELU: bf16 rounding differs a bit)
+  ops::Fp8Operand cx{.scale = host(fx.scale), .amax = Tensor::zeros({1}), .act = ops::Fp8Act::Gelu};
+  ops::cpu::fp8_linear_fwd(y_ref, host(pre), host(w), nullptr, cx, {.scale = host(fw.scale)}, nullptr, {});
+  EXPECT_REL(host(y_fused), y_ref, 3e-2);
+
+  const Tensor x = dev(rnd({n, in}, 53, DType::BF16, -2.0, 2.0), DType::BF16);
+  const Tensor dact = dev(rnd({n, out}, 54, DType::BF16, -1e-3, 1e-3), DType::BF16);
+  const Tensor pre_out = dev(rnd({n, out}, 55, DType::BF16, -3.0, 3.0), DType::BF16);
+  Tensor dpre = Tensor::empty({n, out}, DType::BF16, Device::CUDA);
+  ops::gelu_bwd(dpre, dact, pre_out);
+  ops::Fp8Operand fdy = operand(57344.0f / 1e-3f, Fp8Format::E5M2), fdy_gelu = operand(57344.0f / 1e-3f, Fp8Format::E5M2);
+  fdy_gelu.act = ops::Fp8Act::DGelu;
+  fdy_gelu.act_input = pre_out;
+  const ops::Fp8Operand fxb = operand(448.0f / 2.0f);
+  const Tensor dw0 = rnd({out, in}, 56, DType::F32, -1e-3, 1e-3);
+  Tensor dx = poisoned({n, in}, DType::BF16), dw = dev(dw0), db = dev(Tensor::zeros({out}));
+  Tensor dx2 = poisoned({n, in}, DType::BF16), dw2 = dev(dw0), db2 = dev(Tensor::zeros({out}));
+  ops::fp8_linear_bwd(&dx, dw, &db, dpre, x, w, fdy, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  ops::fp8_linear_bwd(&dx2, dw2, &db2, dact, x, w, fdy_gelu, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  EXPECT_TRUE(same(dx2, dx));
+  EXPECT_TRUE(same(dw2, dw));
+  EXPECT_TRUE(same(db2, db));
+  EXPECT_TRUE(same(fdy_gelu.amax, fdy.amax));
+  Tensor db_ref = Tensor::zeros({out});  // the bias gradient: fp32 column sums of the bf16 dpre
+  {
+    const Tensor hd = host(dpre);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < out; ++c) db_ref.data<float>()[c] += hd.data<float>()[r * out + c];
+  }
+  EXPECT_REL(host(db2), db_ref, 1e-5);
+}
+
 Config fp8_gpu_config(const std::string& data, const std::string& format, const std::string& recipe) {
   Config c = training_test::gpu_train_config(data);
   c.training.bf16 = true;

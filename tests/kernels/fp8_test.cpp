@@ -258,5 +258,54 @@ TEST(Fp8Linear, SavedCastsReplaceTheBackwardsOwn) {
   EXPECT_NE(err.find("saved w must be the forward's q(w)"), std::string::npos) << err;
 }
 
+// Fp8Act: the GELU in the input's cast and gelu' in the gradient's cast give what the unfused ops give (gelu_fwd /
+// gelu_bwd written out, then the plain FP8 linear): y, the casts' amax, dx, dw and db, bit for bit.
+TEST(Fp8Linear, ActivationInTheCastIsTheUnfusedOps) {
+  const int64_t n = 48, in = 32, out = 24;
+  Tensor pre = testing::random_tensor({n, in}, 21, nullptr, -3.0, 3.0);  // fc2's input before its GELU
+  Tensor w = testing::random_tensor({out, in}, 22, nullptr, -0.1, 0.1);
+  Tensor act = Tensor::empty({n, in});
+  ops::gelu_fwd(act, pre);
+  auto operand = [](float s) { return ops::Fp8Operand{.scale = scale_of(s), .amax = Tensor::zeros({1})}; };
+  ops::Fp8Operand fx = operand(448.0f / 3.0f), fx_gelu = operand(448.0f / 3.0f);
+  fx_gelu.act = ops::Fp8Act::Gelu;
+  Tensor y = Tensor::empty({n, out}), y_fused = Tensor::empty({n, out});
+  ops::Fp8Saved saved, saved_fused;
+  ops::fp8_linear_fwd(y, act, w, nullptr, fx, operand(4480.0f), &saved);
+  ops::fp8_linear_fwd(y_fused, pre, w, nullptr, fx_gelu, operand(4480.0f), &saved_fused);
+  EXPECT_TRUE(identical(y_fused, y));
+  EXPECT_TRUE(identical(saved_fused.x, saved.x));
+  EXPECT_EQ(fx_gelu.amax.data<float>()[0], fx.amax.data<float>()[0]);
+  Tensor y_pre = Tensor::empty({n, out});
+  ops::fp8_linear_fwd(y_pre, pre, w, nullptr, fx, operand(4480.0f), nullptr);
+  EXPECT_FALSE(identical(y_pre, y)) << "the activation is applied";
+
+  // the backward of a linear whose output feeds a GELU: its dy is dact * gelu'(pre_out)
+  Tensor x = testing::random_tensor({n, in}, 23, nullptr, -2.0, 2.0);
+  Tensor dact = testing::random_tensor({n, out}, 24, nullptr, -1e-3, 1e-3);
+  Tensor pre_out = testing::random_tensor({n, out}, 25, nullptr, -3.0, 3.0);
+  Tensor dpre = Tensor::empty({n, out});
+  ops::gelu_bwd(dpre, dact, pre_out);
+  ops::Fp8Operand fdy = operand(57344.0f / 1e-3f), fdy_gelu = operand(57344.0f / 1e-3f);
+  fdy.format = fdy_gelu.format = Fp8Format::E5M2;
+  fdy_gelu.act = ops::Fp8Act::DGelu;
+  fdy_gelu.act_input = pre_out;
+  const ops::Fp8Operand fxb = operand(448.0f / 2.0f), fw = operand(4480.0f);
+  Tensor dx = Tensor::empty({n, in}), dw = testing::random_tensor({out, in}, 26), db = Tensor::zeros({out});
+  Tensor dx2 = Tensor::empty({n, in}), dw2 = dw.clone(), db2 = db.clone();
+  ops::fp8_linear_bwd(&dx, dw, &db, dpre, x, w, fdy, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  ops::fp8_linear_bwd(&dx2, dw2, &db2, dact, x, w, fdy_gelu, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  EXPECT_TRUE(identical(dx2, dx));
+  EXPECT_TRUE(identical(dw2, dw));
+  EXPECT_TRUE(identical(db2, db));
+  EXPECT_EQ(fdy_gelu.amax.data<float>()[0], fdy.amax.data<float>()[0]);
+
+  fdy_gelu.act_input = Tensor::zeros({n, in});
+  const std::string err = testing::error_of([&] {
+    ops::fp8_linear_bwd(&dx2, dw2, nullptr, dact, x, w, fdy_gelu, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  });
+  EXPECT_NE(err.find("act_input must have the gradient's"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace mcpp

@@ -184,9 +184,22 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
                     const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, const Fp8Saved* saved,
                     GradWrite grad_write, Stream s) {
   MCPP_DISPATCH(fp8_linear_bwd,
-                ({dx, &dw_acc, db_acc, &dy, &x, &w, &fdy.scale, &fdy.amax, saved ? &saved->x : nullptr,
+                ({dx, &dw_acc, db_acc, &dy, &x, &w, &fdy.scale, &fdy.amax, &fdy.act_input, saved ? &saved->x : nullptr,
                   saved ? &saved->w : nullptr}),
                 dx, dw_acc, db_acc, dy, x, w, fdy, fx, fw, saved, grad_write, s);
+}
+Tensor fp8_operand_values(const char* op, const Tensor& t, const Fp8Operand& f, Stream s) {
+  if (f.act == Fp8Act::None) return t;
+  Tensor v = Tensor::empty(t.shape(), t.dtype(), t.device());
+  if (f.act == Fp8Act::Gelu) {
+    gelu_fwd(v, t, s);
+  } else {
+    MCPP_CHECK(f.act_input.defined() && f.act_input.numel() == t.numel(),
+               "{}: the DGelu operand's act_input must have the gradient's {} elements; got {}", op, t.numel(),
+               f.act_input.defined() ? f.act_input.str() : std::string("none"));
+    gelu_bwd(v, t, f.act_input.view(t.shape()), s);
+  }
+  return v;
 }
 void fp8_block_quantize(Tensor& out, Tensor& scale_inv, const Tensor& in, Fp8Block block, Fp8Format format,
                         Stream s) {

@@ -195,15 +195,30 @@ constexpr float fp8_max(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.0f : 57
 // The emulated cast of one value (the CPU backend's and the tests' reference): v rounded to the format.
 float fp8_round(float v, Fp8Format f);
 
+// An activation an FP8 operand applies to the tensor it is given before the cast (Transformer Engine fuses the same
+// into its casts), so the activation's output is never written in the activations' dtype:
+//   Gelu  (fp8_linear_fwd's fx): the operand is gelu(x), x the pre-activation;
+//   DGelu (fp8_linear_bwd's fdy): the operand is dy * gelu'(act_input), dy the gradient of gelu's output and
+//         act_input the pre-activation (dy's shape).
+// The values are rounded to the given tensor's dtype first, as gelu_fwd / gelu_bwd write them into it, so the casts,
+// amax, GEMMs and bias gradient see what the unfused ops would have produced (CUDA: the same bytes).
+enum class Fp8Act { None, Gelu, DGelu };
+
 // One operand of an FP8 GEMM: its scaling state, float32 on the op's device.
 //   scale: [2] = {scale, scale_inv} (the cast multiplies by scale, the GEMM's output by the scale_invs).
 //   amax:  [1] or undefined; when defined the op takes amax = max(amax, max |x|) of the UNSCALED input (the
 //          delayed recipe's history slot; the tensorwise recipe records it with fp8_amax before the scale).
+//   act / act_input: Fp8Act (None: the tensor itself).
 struct Fp8Operand {
   Tensor scale;
   Tensor amax{};
   Fp8Format format = Fp8Format::E4M3;
+  Fp8Act act = Fp8Act::None;
+  Tensor act_input{};
 };
+// The values of operand f given the tensor t (ops.h Fp8Act), as a tensor of t's dtype: t itself, or the activation
+// written out by gelu_fwd / gelu_bwd (the unfused form, where a backend's cast cannot apply it).
+Tensor fp8_operand_values(const char* op, const Tensor& t, const Fp8Operand& f, Stream s = {});
 
 // What an FP8 linear's forward keeps for its backward (fp8_linear_fwd's `saved`; Transformer Engine keeps the same):
 // copies of the forward's casts in the backward's layout, so the backward casts neither x nor w again. CUDA: q(x)^T

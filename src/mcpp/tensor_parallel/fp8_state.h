@@ -63,6 +63,7 @@ class Fp8LinearState {
   std::vector<std::pair<std::string, Tensor*>> state_tensors();
   const std::string& prefix() const { return prefix_; }
   bool blockwise() const { return opt_.recipe == Fp8Recipe::Blockwise; }
+  bool delayed() const { return opt_.recipe == Fp8Recipe::Delayed; }
   ops::Fp8Format grad_format() const { return grad_.format; }
 
  private:

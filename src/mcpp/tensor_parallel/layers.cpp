@@ -47,11 +47,13 @@ std::shared_ptr<Fp8LinearState> make_fp8(ParameterRegistry& params, const std::s
 }
 
 // y [n, out] = x [n, in] W^T (+ bias) with FP8 GEMMs; ctx keeps the scales the backward casts x and w with (blockwise:
-// the op scales per block, nothing kept). Under
+// the op scales per block, nothing kept). x_act Gelu: the GEMM's input is gelu(x), applied in x's cast. Under
 // activation recompute (rc, fp8_recompute.h) a re-run casts with its first forward's stashed scales and leaves the
 // state alone; a first forward stashes the scales it used.
 void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Tensor& x, const Tensor& w,
-                 const Tensor* bias, const Fp8Recompute* rc) {
+                 const Tensor* bias, const Fp8Recompute* rc, ops::Fp8Act x_act = ops::Fp8Act::None) {
+  MCPP_CHECK(x_act == ops::Fp8Act::None || st.delayed(), "{}: an activation fused into the FP8 input cast needs the "
+             "delayed recipe", st.prefix());
   if (st.blockwise()) {  // per-call block scales from x and w themselves: nothing to keep, replay or update
     ops::fp8_block_linear_fwd(y, x, w);
     if (bias) ops::bias_add_inplace(y, *bias);
@@ -65,6 +67,7 @@ void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Te
   } else {
     f = st.forward(x, w);
   }
+  f.x.act = x_act;
   ops::fp8_linear_fwd(y, x, w, bias, f.x, f.w, &ctx.fp8_saved);  // the bias in the GEMM's epilogue
   if (!replay) st.after_forward();
   ctx.fp8_x_scale = f.x_scale;
@@ -74,14 +77,19 @@ void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Te
 }
 
 // The FP8 backward: dx [n, in] (skipped when null), dw += dy^T x, db += sum dy, with the forward's x / w scales.
+// gelu_pre_act (null: none): dy is the gradient of gelu(y); the layer's own dy * gelu'(gelu_pre_act), applied in
+// dy's cast.
 void fp8_backward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy,
-                  const Tensor& w, ops::GradWrite gw) {
+                  const Tensor& w, ops::GradWrite gw, const Tensor* gelu_pre_act = nullptr) {
+  MCPP_CHECK(!gelu_pre_act || st.delayed(), "{}: an activation fused into the FP8 gradient cast needs the delayed "
+             "recipe", st.prefix());
   if (st.blockwise()) {
     ops::fp8_block_linear_bwd(dx, dw, db, dy, ctx.x, w, st.grad_format(), gw);
     return;
   }
   MCPP_CHECK(ctx.fp8_x_scale.defined(), "FP8 linear backward without its forward's scales");
-  const ops::Fp8Operand g = st.backward(dy);
+  ops::Fp8Operand g = st.backward(dy);
+  if (gelu_pre_act) g.act = ops::Fp8Act::DGelu, g.act_input = *gelu_pre_act;
   ops::fp8_linear_bwd(dx, dw, db, dy, ctx.x, w, g, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale},
                       &ctx.fp8_saved, gw);
   ctx.fp8_saved = {};
@@ -225,8 +233,9 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
   return m.ret(act.view(with_last(full.shape(), out_local_)));  // [s, b, out/tp]
 }
 
-Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) const {
+Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor* gelu_pre_act) const {
   const ModuleScope m(name_, dy, ModuleScope::kBackward);
+  MCPP_CHECK(!gelu_pre_act || fp8_fuses_gelu(), "{}: a GELU folded into the backward needs FP8 delayed scaling", name_);
   Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
   Tensor dx = Tensor::empty({input_rows(ctx), opt_.input_size}, dy.dtype(), dy.device());  // [s*b, in] partial
   Tensor* db_acc = bias_ ? &bias_->main_grad : nullptr;
@@ -237,7 +246,7 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy) 
   };
   const ops::GradWrite gw = grad_write(weight_, bias_);
   if (fp8_) {  // dgrad and wgrad in one call, then dx's reduction (no overlap with the wgrad)
-    fp8_backward(*fp8_, ctx, &dx, weight_->main_grad, db_acc, dy2, weight_->data, gw);
+    fp8_backward(*fp8_, ctx, &dx, weight_->main_grad, db_acc, dy2, weight_->data, gw, gelu_pre_act);
     grads_ready();
     if (tp_->size() == 1) return m.ret(dx_full);
     AsyncResult red =
@@ -280,8 +289,11 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& params, const std::strin
   fp8_ = make_fp8(params, prefix, opt, tp_);
 }
 
-Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute) const {
+Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute,
+                                  ops::Fp8Act x_act) const {
   const ModuleScope m(name_, x);
+  MCPP_CHECK(x_act == ops::Fp8Act::None || fp8_fuses_gelu(), "{}: an input activation needs FP8 delayed scaling",
+             name_);
   ctx.x = rows(x, in_local_);  // [s*b, in/tp]
   // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA, FP8 too); an
   // expert's linear adds it on group rank 0 only and leaves the reduction to the dispatcher.
@@ -300,7 +312,7 @@ Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const
   } else {
     Tensor y = Tensor::empty({ctx.x.size(0), opt_.output_size}, x.dtype(), x.device());  // [s*b, out] partial
     if (fp8_)
-      fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr, fp8_recompute);
+      fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr, fp8_recompute, x_act);
     else ops::linear_fwd(y, ctx.x, weight_->data, bias_in_gemm ? &bias_->data : nullptr);
     out = y.view(with_last(x.shape(), opt_.output_size));            // [s, b, out]
     if (expert) return m.ret(out);                                   // the dispatcher reduces

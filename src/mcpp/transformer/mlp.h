@@ -53,6 +53,12 @@ class MLP {
  private:
   bool swiglu_;
   bool recompute_act_;  // moe_act, routed experts
+  // GELU under FP8 delayed scaling: gelu in fc2's input cast and gelu' in fc1's gradient cast (Transformer Engine's
+  // fused activation casts), so neither the activation nor its gradient is written in the activations' dtype.
+  bool fp8_gelu() const {
+    return !swiglu_ && !recompute_act_ && linear_fc1_.fp8_fuses_gelu() && linear_fc2_.fp8_fuses_gelu();
+  }
+
   int64_t ffn_;  // per TP rank
   tensor_parallel::ColumnParallelLinear linear_fc1_;
   tensor_parallel::RowParallelLinear linear_fc2_;

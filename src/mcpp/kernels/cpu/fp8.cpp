@@ -125,7 +125,8 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
   MCPP_CHECK(x.ndim() >= 1 && x.size(-1) == in && y.size(-1) == out && x.numel() / in == y.numel() / out,
              "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, in, out, x.str(), y.str());
   const int64_t n = x.numel() / in;
-  Tensor qx = quantized(op, x, fx, true), qw = quantized(op, w, fw, true);
+  MCPP_CHECK(fw.act == Fp8Act::None, "{}: the weight's operand takes no activation", op);
+  Tensor qx = quantized(op, fp8_operand_values(op, x, fx), fx, true), qw = quantized(op, w, fw, true);
   const float alpha = scale_of(op, fx.scale, 1) * scale_of(op, fw.scale, 1);
   sgemm(y.data<float>(), qx.data<float>(), qw.data<float>(), n, out, in, false, true, 1.0f, 0.0f);
   float* py = y.data<float>();
@@ -144,7 +145,9 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
   if (saved_w)
     MCPP_CHECK(saved->w.shape() == w.shape(), "{}: saved w must be the forward's q(w) {}; got {}", op, w.str(),
                saved->w.str());
-  Tensor qdy = quantized(op, dy, fdy, true);
+  MCPP_CHECK(fw.act == Fp8Act::None, "{}: the weight's operand takes no activation", op);
+  const Tensor dyv = fp8_operand_values(op, dy, fdy);  // dy, or dy * gelu'(pre-activation)
+  Tensor qdy = quantized(op, dyv, fdy, true);
   const float dy_inv = scale_of(op, fdy.scale, 1);
   if (dx) {  // dx[n,in] = q(dy)[n,out] @ q(w)[out,in]
     require_cpu_f32(op, "dx", *dx);
@@ -156,11 +159,11 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
     for (int64_t i = 0; i < n * in; ++i) p[i] *= alpha;
   }
   // dw[out,in] (+)= (q(dy)^T @ q(x)) * scale_invs: the product rounded once, then added (as cuBLASLt's beta = 1)
-  const Tensor qx = saved_x ? saved->x : quantized(op, x, fx, false);
+  const Tensor qx = saved_x ? saved->x : quantized(op, fp8_operand_values(op, x, fx), fx, false);
   const float alpha = dy_inv * scale_of(op, fx.scale, 1);
   Tensor prod = Tensor::empty({out, in});
   sgemm(prod.data<float>(), qdy.data<float>(), qx.data<float>(), out, in, n, true, false, 1.0f, 0.0f);
-  detail::add_linear_grads(op, dw_acc, prod, alpha, db_acc, dy.view({n, out}), grad_write == GradWrite::Overwrite);
+  detail::add_linear_grads(op, dw_acc, prod, alpha, db_acc, dyv.view({n, out}), grad_write == GradWrite::Overwrite);
 }
 
 }  // namespace cpu

@@ -1,6 +1,5 @@
 // Device code for activations.cpp and dropout.cpp (math as the CPU reference, in float32):
-//   gelu:   y = 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi);
-//           dx = dy (0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 * 0.044715 x^2))
+//   gelu:   y = gelu(x), dx = dy gelu'(x) (activation_math.cuh)
 //   swiglu: x[rows, 2f] = [gate | up]; y = silu(gate) * up;
 //           dgate = dy up s (1 + gate (1 - s)), dup = dy silu(gate), s = sigmoid(gate)
 //   dropout: Philox-4x32-10 exactly as core/rng.h — element i uses counter (offset + i/4, 0), word i%4,
@@ -9,33 +8,19 @@
 //            and two calls per thread, 16-byte loads and stores).
 //   random_normal / random_scale: ops.inc's definitions on the same words (random_scale: one thread per
 //            4-element group; the factor fma(width, u, lo) and the product rounded as the CPU's).
+#include "mcpp/kernels/cuda/activation_math.cuh"
 #include "mcpp/kernels/cuda/device_utils.cuh"
 #include "mcpp/kernels/cuda/philox.cuh"
 
 namespace mcpp::cuda_detail {
 namespace {
 constexpr int kThreads = 256;
-constexpr float kGeluK = 0.7978845608028654f;
-constexpr float kGeluC = 0.044715f;
 
 __global__ void gelu_fwd_kernel(FOut y, FIn x, int64_t n) {
-  MCPP_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    y.set(i, 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v))));
-  }
+  MCPP_GRID_STRIDE(i, n) y.set(i, gelu(x[i]));
 }
 __global__ void gelu_bwd_kernel(FOut dx, FIn dy, FIn x, int64_t n) {
-  MCPP_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
-    const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
-    dx.set(i, dy[i] * d);
-  }
-}
-__device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v))); }
-__device__ __forceinline__ float gelu_grad(float v) {
-  const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
-  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
+  MCPP_GRID_STRIDE(i, n) dx.set(i, dy[i] * gelu_grad(x[i]));
 }
 // 8 elements per thread with 16-byte accesses (vec8_ok): same math as the scalar kernels above.
 __global__ void gelu_fwd_vec_kernel(FOut y, FIn x, int64_t n8) {

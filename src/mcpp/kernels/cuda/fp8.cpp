@@ -100,6 +100,15 @@ TransposedCast transposed_cast(const char* op, const char* arg, const Tensor* sa
   return c;
 }
 
+// fdy's activation for dy's cast pass: DGelu's gelu' of act_input (dy's shape), or none.
+Fp8CastAct dgelu_of(const char* op, const Fp8Operand& fdy, const Tensor& dy) {
+  if (fdy.act != Fp8Act::DGelu) return {};
+  MCPP_CHECK(fdy.act_input.defined() && fdy.act_input.numel() == dy.numel() && fdy.act_input.dtype() == dy.dtype(),
+             "{}: the DGelu operand's act_input must be like dy {}; got {}", op, dy.str(),
+             fdy.act_input.defined() ? fdy.act_input.str() : std::string("none"));
+  return {.act = 2, .aux = fin_of(op, "fdy.act_input", fdy.act_input)};
+}
+
 }  // namespace
 
 void fp8_quantize(Tensor& out, Tensor* amax_acc, const Tensor& in, const Tensor& scale, Fp8Format format,
@@ -132,8 +141,11 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
   MCPP_CHECK(x.size(-1) == in && y.size(-1) == out && y.numel() == n * out,
              "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, in, out, x.str(), y.str());
   require_multiple_of_16(op, n, in, out);
+  MCPP_CHECK(fw.act == Fp8Act::None && fx.act != Fp8Act::DGelu, "{}: fx takes None or Gelu, fw no activation", op);
   Tensor qx = fp8_bytes(n * in), qw = fp8_bytes(out * in);
-  const FIn xin = fin_of(op, "x", x), win = fin_of(op, "w", w);
+  // fx.act Gelu: with saved, applied in x's cast-transpose pass; else written out first
+  const Tensor xv = saved ? x : fp8_operand_values(op, x, fx, stream);
+  const FIn xin = fin_of(op, "x", xv), win = fin_of(op, "w", w);
   const float *xs = scale_ptr(op, "fx.scale", fx.scale), *ws = scale_ptr(op, "fw.scale", fw.scale);
   float *xa = amax_ptr(op, &fx.amax), *wa = amax_ptr(op, &fw.amax);
   ScaleInvSlots sinv;
@@ -142,7 +154,8 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
   if (saved) {
     *saved = {.x = fp8_bytes(saved_floats(n * in) * 4), .w = fp8_bytes(saved_floats(out * in) * 4)};
     sx = saved_slot(saved->x, n * in), sw = saved_slot(saved->w, out * in);
-    launch_fp8_cast_transpose(bytes_of(qx), bytes_of(saved->x), xin, n, in, xs, xa, fmt_of(fx.format), s, sx);
+    launch_fp8_cast_transpose(bytes_of(qx), bytes_of(saved->x), xin, n, in, xs, xa, fmt_of(fx.format), s, sx, {},
+                              {.act = fx.act == Fp8Act::Gelu ? 1 : 0});
     launch_fp8_cast_transpose(bytes_of(qw), bytes_of(saved->w), win, out, in, ws, wa, fmt_of(fw.format), s, sw);
   } else {
     sinv = scale_inv_slots(2);
@@ -184,13 +197,25 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
   MCPP_CHECK(!(fdy.format == Fp8Format::E5M2 && fw.format == Fp8Format::E5M2) &&
                  !(fdy.format == Fp8Format::E5M2 && fx.format == Fp8Format::E5M2),
              "{}: cuBLASLt has no e5m2 x e5m2 GEMM", op);
+  MCPP_CHECK(fw.act == Fp8Act::None && fdy.act != Fp8Act::Gelu && fx.act != Fp8Act::DGelu,
+             "{}: fdy takes None or DGelu, fx None or Gelu, fw no activation", op);
   ScaleInvSlots sinv = scale_inv_slots(3);  // dy, and w and x where not saved
   float* sdy = sinv.slot(0);
-  // q(dy) [n, out] (dgrad's B) and q(dy)^T [out, n] (wgrad's B) in one pass, recording dy's amax
+  // q(dy) [n, out] (dgrad's B) and q(dy)^T [out, n] (wgrad's B) in one pass, recording dy's amax, with the bias
+  // gradient's column sums of dy and fdy's DGelu (dy * gelu'(act_input)) in the same pass
   Tensor qdy = fp8_bytes(n * out), qdyt = fp8_bytes(n * out);
+  Fp8Dbias dbias;
+  Tensor partial;
+  if (db_acc) {
+    require_float(op, "db_acc", *db_acc, /*bf16_ok=*/false);
+    require_numel(op, "db_acc", *db_acc, out, "out = w.size(0)");
+    if (grad_write == GradWrite::Overwrite) MCPP_CUDA_CHECK(cudaMemsetAsync(db_acc->raw(), 0, db_acc->nbytes(), s));
+    partial = Tensor::empty({fp8_dbias_parts(n), out}, DType::F32, Device::CUDA);
+    dbias = {db_acc->data<float>(), partial.data<float>()};
+  }
   launch_fp8_cast_transpose(dx ? bytes_of(qdy) : nullptr, bytes_of(qdyt), fin_of(op, "dy", dy), n, out,
                             scale_ptr(op, "fdy.scale", fdy.scale), amax_ptr(op, &fdy.amax), fmt_of(fdy.format), s,
-                            sdy);
+                            sdy, dbias, dgelu_of(op, fdy, dy));
   if (dx) {  // dx[n,in] = q(dy)[n,out] . (q(w)^T [in,out])^T
     MCPP_CHECK(dx->numel() == n * in, "{}: dx must have {} elements; got {}", op, n * in, dx->str());
     const TransposedCast wt = transposed_cast(op, "w", saved_w ? &saved->w : nullptr, w, out, in, fw, sinv.slot(1), s);
@@ -198,17 +223,12 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
     fp8_gemm(dx->raw(), key, wt.bytes, wt.scale_inv, bytes_of(qdy), sdy, 0.0f, s);
   }
   // dw[out,in] (+)= q(dy)^T [out,n] . (q(x)^T [in,n])^T, fp32 straight into the main grad
-  const TransposedCast xt = transposed_cast(op, "x", saved_x ? &saved->x : nullptr, x, n, in, fx, sinv.slot(2), s);
+  const TransposedCast xt = transposed_cast(op, "x", saved_x ? &saved->x : nullptr,
+                                            saved_x ? x : fp8_operand_values(op, x, fx, stream), n, in, fx,
+                                            sinv.slot(2), s);
   const bool overwrite = grad_write == GradWrite::Overwrite;
   const Fp8GemmKey key{in, out, n, fp8_type(fx.format), fp8_type(fdy.format), CUDA_R_32F, false};
   fp8_gemm(dw_acc.raw(), key, xt.bytes, xt.scale_inv, bytes_of(qdyt), sdy, overwrite ? 0.0f : 1.0f, s);
-  if (db_acc) {
-    require_float(op, "db_acc", *db_acc, /*bf16_ok=*/false);
-    require_numel(op, "db_acc", *db_acc, out, "out = w.size(0)");
-    if (overwrite) MCPP_CUDA_CHECK(cudaMemsetAsync(db_acc->raw(), 0, db_acc->nbytes(), s));
-    Tensor partial = Tensor::empty({column_sum_parts(n), out}, DType::F32, Device::CUDA);
-    launch_column_sum_acc(db_acc->data<float>(), fin_of(op, "dy", dy), n, out, partial.data<float>(), s);
-  }
 }
 
 }  // namespace mcpp::ops::cuda

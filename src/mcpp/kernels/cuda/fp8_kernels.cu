@@ -6,6 +6,7 @@
 // bytes and the amax are those of the scalar kernels.
 #include <cuda_fp8.h>
 
+#include "mcpp/kernels/cuda/activation_math.cuh"
 #include "mcpp/kernels/cuda/device_utils.cuh"
 #include "mcpp/kernels/cuda/fp8_launch.h"
 
@@ -18,6 +19,20 @@ __device__ __forceinline__ uint8_t to_fp8(float v, int fmt) {
 __device__ __forceinline__ float from_fp8(uint8_t q, int fmt) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(q, fmt == 0 ? __NV_E4M3 : __NV_E5M2);
   return __half2float(__half(h));
+}
+
+// v rounded to a buffer kind's precision (what storing it there and reading it back gives).
+__device__ __forceinline__ float round_to(float v, int kind) {
+  if (kind == kBF16) return __bfloat162float(__float2bfloat16_rn(v));
+  if (kind == kF16) return __half2float(__float2half_rn(v));
+  return v;
+}
+// Fp8CastAct's activation of v (aux: the same element of act.aux), rounded to the input's kind.
+template <int kAct>
+__device__ __forceinline__ float activated(float v, float aux, int kind) {
+  if constexpr (kAct == 1) return round_to(gelu(v), kind);
+  if constexpr (kAct == 2) return round_to(v * gelu_grad(aux), kind);
+  return v;
 }
 
 // Reduces v over the block and atomically maxes it into *amax (thread 0). blockDim.x a multiple of 32, <= 1024.
@@ -109,22 +124,39 @@ __global__ void amax_kernel(float* amax, FIn in, int64_t n) {
 }
 
 // 32 x 32 tiles, blockDim (32, 8): each thread casts 4 elements of a tile row-wise and writes 4 of the transpose.
+// kDbias: the tile's column sums of the (activated) input to col_partial[blockIdx.y, cols], each thread's rows in
+// order, then the 8 row lanes in order. kAct: Fp8CastAct's activation applied first.
 constexpr int kTile = 32, kRowsPerPass = 8;
+template <bool kDbias, int kAct>
 __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
-                                      const float* scale, float* amax, int fmt, float* sinv_out) {
+                                      const float* scale, float* amax, int fmt, float* sinv_out, float* col_partial,
+                                      FIn aux) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   copy_scale_inv(sinv_out, scale);
   const float s = scale[0];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  float m = 0.0f;
+  float m = 0.0f, csum = 0.0f;
   for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
     const int64_t r = r0 + j, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const float x = in[r * cols + c];
+      const float x = activated<kAct>(in[r * cols + c], kAct == 2 ? aux[r * cols + c] : 0.0f, in.kind);
       m = fmaxf(m, fabsf(x));
+      csum += x;
       const uint8_t b = to_fp8(__fmul_rn(x, s), fmt);
       tile[j][threadIdx.x] = b;
       if (q) q[r * cols + c] = b;
+    }
+  }
+  if constexpr (kDbias) {
+    __shared__ float lanes[kRowsPerPass][kTile + 1];
+    lanes[threadIdx.y][threadIdx.x] = csum;
+    __syncthreads();
+    const int64_t c = c0 + threadIdx.x;
+    if (threadIdx.y == 0 && c < cols) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kRowsPerPass; ++i) sum += lanes[i][threadIdx.x];
+      col_partial[static_cast<int64_t>(blockIdx.y) * cols + c] = sum;
     }
   }
   __syncthreads();
@@ -137,26 +169,55 @@ __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t r
 
 // cast_transpose_kernel for rows and cols multiples of 8 (16-byte aligned in, q, qt): 64 x 64 tiles, 256 threads,
 // each casting 8 consecutive columns of a row per pass (16-byte load, 8-byte q store) into a shared byte tile, then
-// writing 8 consecutive bytes of a qt row (8 tile rows of one column).
+// writing 8 consecutive bytes of a qt row (8 tile rows of one column). kDbias (Transformer Engine's
+// cast_transpose_dbias): the tile's column sums of the unscaled input go to col_partial[blockIdx.y, cols] too, each
+// thread's rows in order, then the 32 row lanes in order (deterministic), so the bias gradient needs no second read.
+// kAct: Fp8CastAct's activation applied first (the cast, amax and sums see the activated values).
 constexpr int kVTile = 64, kVThreads = 256, kVRowsPerPass = kVThreads / (kVTile / 8);
+template <bool kDbias, int kAct>
 __global__ void cast_transpose8_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
-                                       const float* scale, float* amax, int fmt, float* sinv_out) {
+                                       const float* scale, float* amax, int fmt, float* sinv_out,
+                                       float* col_partial, FIn aux) {
   __shared__ __align__(8) uint8_t tile[kVTile][kVTile + 8];  // rows of 72 bytes: 8-byte aligned, fewer bank clashes
   copy_scale_inv(sinv_out, scale);
   const float s = scale[0];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVTile, c0 = static_cast<int64_t>(blockIdx.x) * kVTile;
   const int tx = static_cast<int>(threadIdx.x) % (kVTile / 8), ty = static_cast<int>(threadIdx.x) / (kVTile / 8);
   float m = 0.0f;
+  float csum[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // kDbias: this thread's rows of its 8 columns
   for (int j = ty; j < kVTile; j += kVRowsPerPass) {
     const int64_t r = r0 + j, c = c0 + 8 * tx;
     uint2 b = make_uint2(0u, 0u);
     if (r < rows && c < cols) {  // cols % 8 == 0: all 8 columns are inside
       float v[8];
       load8(in, (r * cols + c) / 8, v);
+      if constexpr (kAct != 0) {
+        float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if constexpr (kAct == 2) load8(aux, (r * cols + c) / 8, a);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = activated<kAct>(v[k], a[k], in.kind);
+      }
       b = cast8(v, s, fmt, m);
       if (q) *reinterpret_cast<uint2*>(q + r * cols + c) = b;
+      if constexpr (kDbias) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) csum[k] += v[k];
+      }
     }
     *reinterpret_cast<uint2*>(&tile[j][8 * tx]) = b;
+  }
+  if constexpr (kDbias) {  // [row lane][column] (+1 against bank clashes), then one thread per column adds the lanes
+    __shared__ float lanes[kVRowsPerPass][kVTile + 1];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) lanes[ty][8 * tx + k] = csum[k];
+    __syncthreads();
+    const int64_t c = c0 + threadIdx.x;
+    if (threadIdx.x < kVTile && c < cols) {
+      float sum = 0.0f;
+#pragma unroll 8
+      for (int i = 0; i < kVRowsPerPass; ++i) sum += lanes[i][threadIdx.x];
+      col_partial[static_cast<int64_t>(blockIdx.y) * cols + c] = sum;
+    }
   }
   __syncthreads();
   for (int j = ty; j < kVTile; j += kVRowsPerPass) {  // qt[c0 + j][r0 + 8 tx .. + 8) = tile[8 tx .. + 8)[j]
@@ -228,20 +289,52 @@ void launch_fp8_cast(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
-void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
-                               float* amax, int fmt, cudaStream_t s, float* sinv_out) {
-  if (rows == 0 || cols == 0) return;
-  if (rows % 8 == 0 && vec8_ok(cols, {in.p, q, qt})) {
-    const dim3 grid(static_cast<unsigned>((cols + kVTile - 1) / kVTile),
-                    static_cast<unsigned>((rows + kVTile - 1) / kVTile));
-    cast_transpose8_kernel<<<grid, kVThreads, 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out);
-    MCPP_CUDA_LAUNCH_CHECK();
-    return;
-  }
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out);
+namespace {
+template <bool kDbias, int kAct>
+void cast_transpose8(dim3 grid, uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
+                     float* amax, int fmt, cudaStream_t s, float* sinv_out, float* col_partial, FIn aux) {
+  cast_transpose8_kernel<kDbias, kAct>
+      <<<grid, kVThreads, 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out, col_partial, aux);
   MCPP_CUDA_LAUNCH_CHECK();
 }
+template <bool kDbias, int kAct>
+void cast_transpose(dim3 grid, uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
+                    float* amax, int fmt, cudaStream_t s, float* sinv_out, float* col_partial, FIn aux) {
+  cast_transpose_kernel<kDbias, kAct>
+      <<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out, col_partial, aux);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+// Each form of a cast-transpose (8-wide or scalar, with or without the bias gradient) for the activation act.
+template <int kAct>
+void cast_transpose_any(bool vec, bool dbias, dim3 grid, uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
+                        const float* scale, float* amax, int fmt, cudaStream_t s, float* sinv_out, float* partial,
+                        FIn aux) {
+  if (vec && dbias) cast_transpose8<true, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, partial, aux);
+  else if (vec) cast_transpose8<false, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, nullptr, aux);
+  else if (dbias) cast_transpose<true, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, partial, aux);
+  else cast_transpose<false, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, nullptr, aux);
+}
+}  // namespace
+
+void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
+                               float* amax, int fmt, cudaStream_t s, float* sinv_out, Fp8Dbias dbias,
+                               Fp8CastAct act) {
+  if (rows == 0 || cols == 0) return;
+  const bool vec = rows % 8 == 0 && vec8_ok(cols, {in.p, q, qt, act.aux.p}), db = dbias.db != nullptr;
+  const int64_t tile = vec ? kVTile : kTile;
+  const dim3 grid(static_cast<unsigned>((cols + tile - 1) / tile), static_cast<unsigned>((rows + tile - 1) / tile));
+  if (act.act == 1)
+    cast_transpose_any<1>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act.aux);
+  else if (act.act == 2)
+    cast_transpose_any<2>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act.aux);
+  else
+    cast_transpose_any<0>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act.aux);
+  if (db)  // the tiles' partial column sums -> db
+    launch_column_reduce_acc(ColumnReduceTargets{{dbias.db, nullptr, nullptr, nullptr}}, 1, dbias.partial,
+                             (rows + tile - 1) / tile, cols, s);
+}
+
+int64_t fp8_dbias_parts(int64_t rows) { return (rows + kTile - 1) / kTile; }  // the scalar form's tiles (the most)
 
 void launch_fp8_amax(float* amax, FIn in, int64_t n, cudaStream_t s) {
   if (n == 0) return;

@@ -16,9 +16,23 @@ namespace mcpp::cuda_detail {
 // q [n] fp8 bytes (null: not written); deq [n] (deq.p null: not written) = the fp8 value as deq's dtype.
 void launch_fp8_cast(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale, float* amax, int fmt,
                      cudaStream_t s, float* sinv_out = nullptr);
+// The bias gradient taken in a cast-transpose's pass (Transformer Engine's cast_transpose_dbias): db[cols] += the
+// column sums of the input (fp32, deterministic); partial: fp32 scratch [fp8_dbias_parts(rows), cols]. db null: none.
+struct Fp8Dbias {
+  float* db = nullptr;
+  float* partial = nullptr;
+};
+int64_t fp8_dbias_parts(int64_t rows);
+// The activation a cast-transpose applies to its input first (ops.h Fp8Act), the result rounded to in's dtype as
+// launch_gelu_fwd / launch_gelu_bwd write it: act 0 none, 1 gelu(in), 2 in * gelu'(aux) (aux: in's shape).
+struct Fp8CastAct {
+  int act = 0;
+  FIn aux{nullptr, kF32};
+};
 // in [rows, cols] -> q [rows, cols] (null: not written) and qt [cols, rows] (its transpose), both fp8 bytes.
 void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
-                               float* amax, int fmt, cudaStream_t s, float* sinv_out = nullptr);
+                               float* amax, int fmt, cudaStream_t s, float* sinv_out = nullptr, Fp8Dbias dbias = {},
+                               Fp8CastAct act = {});
 void launch_fp8_amax(float* amax, FIn in, int64_t n, cudaStream_t s);
 // One block: Transformer Engine's delayed-scaling update of scale [2] from history [len] (ops.h Fp8ScalingOptions).
 constexpr int64_t kFp8MaxHistory = 8192;  // the history sits in shared memory (32 KiB)

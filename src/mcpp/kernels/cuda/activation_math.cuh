@@ -1,0 +1,18 @@
+// The activations' per-element math in float32, shared by the activation kernels (activations_kernels.cu) and the
+// FP8 casts that apply an activation on the fly (fp8_kernels.cu), so both write the same values:
+//   gelu:      y = 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi)
+//   gelu_grad: dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 * 0.044715 x^2), t = tanh(k (x + 0.044715 x^3))
+#pragma once
+
+namespace mcpp::cuda_detail {
+
+constexpr float kGeluK = 0.7978845608028654f;
+constexpr float kGeluC = 0.044715f;
+
+__device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v))); }
+__device__ __forceinline__ float gelu_grad(float v) {
+  const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
+}
+
+}  // namespace mcpp::cuda_detail
