@@ -3,7 +3,7 @@
 // attention's out + lse on the packed or split qkv, device copies of labels and loss mask) equal the plan's
 // bytes for the same config, bf16 (mixed precision) and fp32, with and without recompute (selective also with the
 // norms' and the MLP's re-run), and for MoE layers whose experts run as grouped GEMMs (dropless: sized by the
-// router's device counts; padded to capacity) — the figures `mcpp plan memory` reports for a GPU run (docs/PERF.md
+// router's device counts; padded to capacity), and FP8 linears' kept casts — the figures `mcpp plan memory` reports for a GPU run (docs/PERF.md
 // "Memory planner" compares the device peak).
 #include "cuda/cuda_test_util.h"
 #include "mcpp/distributed/model_chunk.h"
@@ -45,6 +45,34 @@ TEST(CudaMemoryPlan, ContextBytesOfAGpuForwardEqualThePlan) {
                   tools::chunk_context_bytes(cfg, {0, 1, 2}, true, true));
         model.backward(ctx, 1.0f);
       }
+}
+
+// FP8 with per-tensor scaling on the GPU: each linear keeps q(x)^T and q(w)^T as fp8 bytes with their scale_inv slots
+// (ops.h Fp8Saved) instead of its input, the GELU models' activation never written (ops.h Fp8Act) — the plan's
+// fp8_saved_bytes in the CUDA format. bf16 only (FP8 on the GPU needs it).
+TEST(CudaMemoryPlan, Fp8ContextBytesEqualThePlan) {
+  MCPP_REQUIRE_CUDA();
+  for (const std::string style : {"gpt2", "llama"})
+    for (const std::string recipe : {"delayed", "tensorwise"}) {
+      SCOPED_TRACE(style + " fp8 " + recipe);
+      Config cfg;
+      cfg.model = testing::tiny_gpu_config(style);
+      cfg.model.num_layers = 2;
+      cfg.model.fp8_format = "hybrid";
+      cfg.model.fp8_recipe = recipe;
+      cfg.training.micro_batch_size = 3;
+      cfg.training.bf16 = true;
+      cfg.training.device = "cuda";
+      cfg.finalize();
+      ModelChunk model(cfg.model, 1234, testing::single_tp(), Device::CUDA, {}, DType::BF16);
+      testing::Batch batch = testing::fixed_batch(cfg.model.seq_length, 3, cfg.model.vocab_size);
+      tensor_parallel::RngTracker rng(77, 0, 0);
+      GPTModelCtx ctx;
+      model.forward_loss(ctx, batch.tokens, batch.labels, batch.loss_mask, {.training = true, .rng = &rng});
+      EXPECT_EQ(static_cast<int64_t>(pipeline_parallel::context_bytes(ctx)),
+                tools::chunk_context_bytes(cfg, {0, 1}, true, true));
+      model.backward(ctx, 1.0f);
+    }
 }
 
 // --moe-grouped-gemm on the GPU: GroupedMLP's context (fc1's output and the activation over every row, the router's

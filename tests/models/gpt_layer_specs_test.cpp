@@ -301,7 +301,7 @@ TEST(GPTLayerSpecs, FirstAndLastLayersKeepLocalLinears) {
   }
   EXPECT_EQ(linears, expected);
   EXPECT_EQ(spec.mtp_layer.transformer_layer.linear, "local");
-  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(is_first_last_bf16_layer(c, i), i == 0 || i == 3) << i;
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(c.is_first_last_bf16_layer(i), i == 0 || i == 3) << i;
 
   const std::vector<std::string> keys = fp8_state_keys(c, spec);
   EXPECT_FALSE(has_key_with(keys, "decoder.layers.0."));

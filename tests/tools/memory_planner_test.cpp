@@ -49,6 +49,8 @@ struct Case {
   bool per_token = false;                          // --calculate-per-token-loss
   std::string mla{};  // multi-latent attention: testing::mla_tiny_config of this style (llama | gpt2)
   bool grouped = false;  // MoE: --moe-grouped-gemm (GroupedMLP's context instead of SequentialMLP's)
+  std::string fp8{};     // --fp8-format hybrid --fp8-recipe this (the CPU backend's emulated casts kept)
+  bool fp8_first_last_bf16 = false;  // --first-last-layers-bf16
 };
 
 Config config_for(const Case& k) {
@@ -76,7 +78,14 @@ Config config_for(const Case& k) {
     cfg.model.moe_pad_expert_input_to_capacity = k.capacity > 0;
     cfg.model.moe_grouped_gemm = k.grouped;
   }
+  if (!k.fp8.empty()) {
+    cfg.model.fp8_format = "hybrid";
+    cfg.model.fp8_recipe = k.fp8;
+    cfg.model.fp8_amax_history_len = 4;
+    cfg.model.first_last_layers_bf16 = k.fp8_first_last_bf16;
+  }
   cfg.training.micro_batch_size = 3;
+  cfg.training.device = "cpu";  // the plan of the CPU backend's contexts (its FP8 casts: float32)
   cfg.finalize();
   return cfg;
 }
@@ -181,6 +190,25 @@ TEST(MemoryPlanner, ContextBytesAndParamsEqualARealForwardOfEveryStage) {
       {.name = "mla gpt2 unfused selective mla_up_proj + core_attn + layernorm", .style = "gpt2",
        .attention = "unfused", .recompute = "selective", .modules = {"mla_up_proj", "core_attn", "layernorm"},
        .mla = "gpt2"},
+      // FP8: a per-tensor linear keeps its casts (ops.h Fp8Saved) instead of its input (blockwise keeps the input and
+      // needs dimensions of 128: the shapes without FP8 above)
+      {.name = "gpt2 fp8 delayed", .style = "gpt2", .fp8 = "delayed"},
+      {.name = "gpt2 fp8 tensorwise + dropout", .style = "gpt2", .dropout = true, .fp8 = "tensorwise"},
+      {.name = "llama fp8 delayed", .style = "llama", .fp8 = "delayed"},
+      {.name = "gpt2 fp8 delayed, first / last layers bf16", .style = "gpt2", .fp8 = "delayed",
+       .fp8_first_last_bf16 = true},
+      {.name = "gpt2 fp8 delayed unfused, selective layernorm", .style = "gpt2", .attention = "unfused",
+       .recompute = "selective", .modules = {"layernorm"}, .fp8 = "delayed"},
+      {.name = "llama fp8 delayed full uniform 2", .style = "llama", .recompute = "full", .method = "uniform",
+       .recompute_layers = 2, .fp8 = "delayed"},
+      {.name = "llama moe every 2nd + shared 24, fp8 delayed", .style = "llama", .moe_freq = "2", .shared = 24,
+       .fp8 = "delayed"},
+      {.name = "mla llama fp8 delayed (values padded)", .style = "llama", .qk_layernorm = true, .mla = "llama",
+       .fp8 = "delayed"},
+      {.name = "mla gpt2 fp8 delayed (flash's output is linear_proj's input)", .style = "gpt2", .mla = "gpt2",
+       .fp8 = "delayed"},
+      {.name = "mla gpt2 fp8 delayed unfused", .style = "gpt2", .attention = "unfused", .mla = "gpt2",
+       .fp8 = "delayed"},
   };
   struct StageCase {
     bool pre, post;

@@ -19,7 +19,10 @@ namespace {
 
 // The sizes the modules' saved_bytes formulas read (transformer/activation_dims.h).
 ActivationDims activation_dims(const PlanConfig& cfg) {
-  return ActivationDims::of(cfg.model, cfg.parallel, cfg.micro_batch_size, cfg.bf16 ? DType::BF16 : DType::F32);
+  ActivationDims d =
+      ActivationDims::of(cfg.model, cfg.parallel, cfg.micro_batch_size, cfg.bf16 ? DType::BF16 : DType::F32);
+  d.device = cfg.device;
+  return d;
 }
 
 }  // namespace
@@ -47,7 +50,10 @@ int64_t chunk_context_bytes(const PlanConfig& cfg, const std::vector<int64_t>& l
       continue;
     }
     if (i > 0) bytes += hidden_local;  // this layer's input: the previous layer's fused residual sum
-    bytes += TransformerLayer::saved_bytes(cfg.model, d, moe.at(static_cast<size_t>(layers[static_cast<size_t>(i)])));
+    const int64_t layer = layers[static_cast<size_t>(i)];
+    ActivationDims dl = d;
+    dl.fp8 = fp8_keeps_casts(cfg.model, layer);
+    bytes += TransformerLayer::saved_bytes(cfg.model, dl, moe.at(static_cast<size_t>(layer)));
   }
   if (post_process) {
     if (count > 0) bytes += hidden_local;  // the final norm's input: the last layer's summed residual
@@ -55,7 +61,9 @@ int64_t chunk_context_bytes(const PlanConfig& cfg, const std::vector<int64_t>& l
     bytes += d.n * d.h * d.e;                                                  // the output layer's input
     bytes += d.n * (cfg.model.padded_vocab_size / cfg.parallel.tensor_model_parallel_size) * d.e;  // logits
     bytes += 3 * d.n * 4 + 8;  // labels, loss mask, lse; the loss statistics [2] fp32
-    bytes += cfg.model.mtp_num_layers * MultiTokenPredictionLayer::saved_bytes(cfg.model, d);
+    ActivationDims dm = d;  // the MTP depths' linears: the decoder's last layer's
+    dm.fp8 = fp8_keeps_casts(cfg.model, cfg.model.num_layers - 1);
+    bytes += cfg.model.mtp_num_layers * MultiTokenPredictionLayer::saved_bytes(cfg.model, dm);
   }
   return bytes;
 }

@@ -49,6 +49,7 @@ struct PlanConfig {
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 0;
   bool bf16 = false;  // bf16 params and activations (--bf16), else fp32
+  Device device = Device::CPU;  // where the run's activations live (--device): the FP8 casts' format
   // global / (micro * dp); mcpp::Error while data_parallel_size or global_batch_size is unknown.
   int64_t num_microbatches() const;
 };

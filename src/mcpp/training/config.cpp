@@ -11,6 +11,7 @@
 #include <vector>
 #include <utility>
 
+#include "mcpp/core/device_memory.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 #include "mcpp/tools/memory_planner.h"
@@ -217,7 +218,10 @@ Config::operator tools::PlanConfig() const {
                            .parallel = parallel,
                            .micro_batch_size = training.micro_batch_size,
                            .global_batch_size = training.global_batch_size,
-                           .bf16 = training.bf16};
+                           .bf16 = training.bf16,
+                           .device = training.device == "cuda" || (training.device == "auto" && cuda_available())
+                                         ? Device::CUDA
+                                         : Device::CPU};
 }
 
 void validate_parallel_layout(int64_t world_size, const Config& cfg, const parallel_state::ParallelOptions& opt) {

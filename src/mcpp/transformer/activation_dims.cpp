@@ -28,4 +28,14 @@ int64_t norm_stats_bytes(const TransformerConfig& m, const ActivationDims& d) {
   return d.n_local * 4 * (m.normalization == Normalization::LayerNorm ? 2 : 1);
 }
 
+int64_t fp8_saved_bytes(const ActivationDims& d, int64_t rows, int64_t in, int64_t out) {
+  if (d.device == Device::CPU) return (rows * in + out * in) * 4;
+  const auto cast = [](int64_t nb) { return (nb + 15) / 16 * 16 + 32; };  // the bytes, the scale_inv slot
+  return cast(rows * in) + cast(out * in);
+}
+
+bool fp8_keeps_casts(const TransformerConfig& m, int64_t layer) {
+  return m.fp8() && m.fp8_recipe != "blockwise" && !m.is_first_last_bf16_layer(layer);
+}
+
 }  // namespace mcpp

@@ -196,12 +196,15 @@ int64_t SelfAttention::saved_bytes(const TransformerConfig& m, const ActivationD
   const bool flash = m.attention_impl == "flash";
   const int64_t qkv = d.n * (d.np + 2 * d.ng) * d.hn * d.e;
   const int64_t context = d.n * d.np * d.hn * d.e;  // the core's output = linear_proj's input
-  int64_t bytes = qkv + context;
+  // FP8: linear_proj keeps its casts and drops its input, which stays only where flash keeps it as its output
+  const bool core_keeps_output = flash && !m.recomputes("core_attn");
+  int64_t bytes = qkv + (d.fp8 && !core_keeps_output ? 0 : context);
+  if (d.fp8) bytes += fp8_saved_bytes(d, d.n, d.np * d.hn, d.h);
   if (m.qk_layernorm)  // the norms keep the split q, k (the core the normalized ones)
     bytes += d.n * (d.np + d.ng) * (d.hn * d.e + 4 * (m.normalization == Normalization::LayerNorm ? 2 : 1));
   if (m.recomputes("core_attn")) return bytes;
   // all-to-all: flash keeps its output and linear_proj's input is its hp2cp copy (the ring's output is that input)
-  if (d.cp > 1 && flash && !d.cp_ring) bytes += context;
+  if (d.cp > 1 && flash && !d.cp_ring && !d.fp8) bytes += context;
   if (flash) bytes += d.b * d.np * d.s * 4;  // lse (the packed and the split paths alike)
   else bytes += d.b * d.np * d.s * d.s * d.cp * 4;  // softmax probabilities (the unfused path is fp32)
   return bytes;

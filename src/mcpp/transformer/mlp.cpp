@@ -83,6 +83,9 @@ Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewh
 
 int64_t MLP::saved_bytes(const TransformerConfig& m, const ActivationDims& d, int64_t rows, int64_t f,
                          bool keeps_input) {
+  const int64_t fc1_out = (m.swiglu ? 2 : 1) * f;
+  if (d.fp8)  // fc1's and fc2's casts; the pre-activation (fc2's input, the activation, dropped or never written)
+    return fp8_saved_bytes(d, rows, d.h, fc1_out) + rows * fc1_out * d.e + fp8_saved_bytes(d, rows, f, d.h);
   return (keeps_input ? rows * d.h * d.e : 0) + (m.swiglu ? 3 : 2) * rows * f * d.e;
 }
 

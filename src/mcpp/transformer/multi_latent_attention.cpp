@@ -255,7 +255,11 @@ int64_t MLASelfAttention::saved_bytes(const TransformerConfig& m, const Activati
   };
   int64_t bytes = (d.sequence_parallel() ? norm_out * d.n * d.h * d.e : 0)  // the second down projection's input
                   + (m.q_lora_rank > 0 ? latent(m.q_lora_rank) : 0) + latent(m.kv_lora_rank);
-  bytes += d.n * d.np * m.v_head_dim * d.e;  // linear_proj's input
+  // linear_proj's input; under FP8 (linear_proj only: the projections into and out of the latents stay in the model's
+  // dtype) its casts, the input dropped where flash does not keep it as its own output
+  const bool flash_output_is_proj_input = flash && !selective && dc == m.v_head_dim && !(d.cp > 1 && !d.cp_ring);
+  if (!d.fp8 || flash_output_is_proj_input) bytes += d.n * d.np * m.v_head_dim * d.e;
+  if (d.fp8) bytes += fp8_saved_bytes(d, d.n, d.np * m.v_head_dim, d.h);
   if (m.recomputes("mla_up_proj")) bytes += d.n * m.qk_pos_emb_head_dim * d.e;  // k_pe (query / key / value rebuilt)
   else bytes += 3 * d.n * d.np * dc * d.e;                                        // query, key, value
   if (!selective) {

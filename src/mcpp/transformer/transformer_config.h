@@ -145,6 +145,12 @@ struct TransformerConfig {
   int64_t num_layers_at_end_in_bf16 = 1;
   bool fp8() const { return !fp8_format.empty(); }
   tensor_parallel::Fp8Options fp8_options() const;  // disabled when fp8_format is ""
+  // Megatron's is_first_last_bf16_layer (core/fp8_utils.py): global decoder layer `layer` (0-based) is among the
+  // first num_layers_at_start_in_bf16 or the last num_layers_at_end_in_bf16 under first_last_layers_bf16.
+  bool is_first_last_bf16_layer(int64_t layer) const {
+    if (!first_last_layers_bf16 || layer < 0) return false;
+    return layer < num_layers_at_start_in_bf16 || layer >= num_layers - num_layers_at_end_in_bf16;
+  }
   // Multi-token prediction (Megatron's --mtp-num-layers / --mtp-loss-scaling-factor; DeepSeek-V3's MTP;
   // transformer/multi_token_prediction.h): mtp_num_layers > 0 depths on the last pipeline stage, each predicting one
   // more token ahead; their losses' weight mtp_loss_scaling_factor / mtp_num_layers each. 0 = off (Megatron's None).

@@ -257,8 +257,12 @@ int64_t TransformerLayer::saved_bytes(const TransformerConfig& m, const Activati
                                                      : SelfAttention::saved_bytes(m, d);
   int64_t mlp = moe ? moe::MoELayer::saved_bytes(m, d, norm_out) : MLP::saved_bytes(m, d, d.n, d.f, norm_out > 0);
   if (m.recomputes(moe ? "moe" : "mlp")) mlp = norm_out * d.n_local * d.h * d.e;  // selective: only the MLP's input
+  // linear_qkv's input (the norm output; gathered under SP), or under FP8 its casts (the input dropped)
+  const int64_t qkv_input = d.fp8 && !m.multi_latent_attention
+                                ? fp8_saved_bytes(d, d.n, d.h, (d.np + 2 * d.ng) * d.hn)
+                                : norm_out * d.n * d.h * d.e;
   return 2 * norm_stats_bytes(m, d)      // input_layernorm's and pre_mlp_layernorm's statistics
-         + norm_out * d.n * d.h * d.e    // linear_qkv's input (the norm output; gathered under SP)
+         + qkv_input                     //
          + attention                     //
          + d.n_local * d.h * d.e         // x1 = x + attention (pre_mlp_layernorm's input)
          + mlp;

@@ -146,13 +146,8 @@ void set_layer_linear(TransformerLayerSpec& spec, const std::string& linear, con
   spec.linear = linear;
 }
 
-bool is_first_last_bf16_layer(const TransformerConfig& c, int64_t layer) {
-  if (!c.first_last_layers_bf16 || layer < 0) return false;
-  return layer < c.num_layers_at_start_in_bf16 || layer >= c.num_layers - c.num_layers_at_end_in_bf16;
-}
-
 std::string gpt_layer_linear(const TransformerConfig& c, int64_t layer) {
-  return c.fp8() && !is_first_last_bf16_layer(c, layer) ? "fp8" : "local";
+  return c.fp8() && !c.is_first_last_bf16_layer(layer) ? "fp8" : "local";
 }
 
 TransformerLayerSpec get_gpt_layer_local_spec(const TransformerConfig& c, LayerMlp mlp, const std::string& linear) {

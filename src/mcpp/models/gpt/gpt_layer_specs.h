@@ -11,7 +11,7 @@
 //   linears         "fp8" (FP8 GEMMs, the config's recipe: --fp8-format, --fp8-recipe ...) | "local" (the model's
 //                   dtype) — per layer: "local" without FP8 and, under --first-last-layers-bf16, for the first
 //                   --num-layers-at-start-in-bf16 / last --num-layers-at-end-in-bf16 global layers (Megatron's
-//                   is_first_last_bf16_layer); the MTP depths take the decoder's last layer's. The modules build their
+//                   TransformerConfig::is_first_last_bf16_layer); the MTP depths take the decoder's last layer's. The modules build their
 //                   tensor_parallel Column/RowParallelLinears with the spec's linear_fp8 (transformer/spec.h). Not
 //                   chosen here (the model's dtype always): the output layer, the MTP eh_proj and output layer, MLA's
 //                   down/up projections, the routed experts, the embeddings.
@@ -46,9 +46,6 @@ enum class LayerMlp { Dense, MoE };
 // name, or "fp8" without FP8 -> mcpp::Error.
 void set_layer_linear(TransformerLayerSpec& spec, const std::string& linear, const TransformerConfig& config);
 
-// Megatron's is_first_last_bf16_layer (core/fp8_utils.py): global decoder layer `layer` (0-based) is among the first
-// num_layers_at_start_in_bf16 or the last num_layers_at_end_in_bf16 under first_last_layers_bf16.
-bool is_first_last_bf16_layer(const TransformerConfig& config, int64_t layer);
 // Global decoder layer `layer`'s linears: "fp8" with FP8 on unless a first/last bf16 layer, else "local".
 std::string gpt_layer_linear(const TransformerConfig& config, int64_t layer);
 
