@@ -49,16 +49,15 @@ class MLP {
   // set it again from the recomputed x before the backward.
   void release_input(MLPCtx& ctx) const { ctx.fc1.x = Tensor(); }
   void restore_input(MLPCtx& ctx, const Tensor& x) const { linear_fc1_.restore_input(ctx.fc1, x); }
-
- private:
-  bool swiglu_;
-  bool recompute_act_;  // moe_act, routed experts
   // GELU under FP8 delayed scaling: gelu in fc2's input cast and gelu' in fc1's gradient cast (Transformer Engine's
   // fused activation casts), so neither the activation nor its gradient is written in the activations' dtype.
   bool fp8_gelu() const {
     return !swiglu_ && !recompute_act_ && linear_fc1_.fp8_fuses_gelu() && linear_fc2_.fp8_fuses_gelu();
   }
 
+ private:
+  bool swiglu_;
+  bool recompute_act_;  // moe_act, routed experts
   int64_t ffn_;  // per TP rank
   tensor_parallel::ColumnParallelLinear linear_fc1_;
   tensor_parallel::RowParallelLinear linear_fc2_;
