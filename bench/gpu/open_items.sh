@@ -2,11 +2,11 @@
 # The device checks still open after session 8 (issues 34-36), as one batch that fits a session's device time in
 # order of importance, each step under what is left of BUDGET seconds (default 560: one call). SKIP='a b' skips steps
 # by name; ONLY='a b' runs only those. Steps:
-#   fp8_tests   CudaFp8.* and CudaFp8Training.* (ee02a92's bias epilogue and the saved casts' helper: not yet on a GPU)
+#   fp8_tests   CudaFp8.*, CudaFp8Training.* and CudaMemoryPlan.* (the fused scale updates, the planner's FP8 casts)
 #   fp8_speed   GPT 1.3B bf16 / FP8 delayed / FP8 tensorwise and PyTorch's FP8 anchor at 1.3B in the same call
 #               (the same-call ratio issue 35 asks for; the anchor compiles and runs its bf16 and FP8 models: ~260 s),
 #               then the 8B-width Llama slice (bf16, delayed, blockwise)
-#               (SKIP='fp8_anchor slice_8b' leaves out the anchor or the slice; FP8_RUNS='1.3b 1.3b-fp8' the 1.3B runs)
+#               (SKIP='fp8_anchor slice_8b' leaves out the anchor or the slice, SKIP=bf16_profile the bf16 profile; FP8_RUNS='1.3b 1.3b-fp8' the 1.3B runs)
 #   fp8_profile per-op profile of the 1.3B step, FP8 delayed and bf16 (bench/gpu/profile_ops.sh; where the casts go)
 #   sft         bench/gpu/sft_curve.sh (the SFT curve of an imported Qwen3-1.7B-shaped model; failed in session 7)
 #   experiments E12 (the 1-rank launch fix, 1e77ed5), E09, E10 gpu tier, results tarred to OUT/res.tgz
@@ -24,7 +24,7 @@ BUDGET=${BUDGET:-560} T0=$SECONDS
 export MCPP
 left() { echo $((BUDGET - (SECONDS - T0))); }
 want() { case " ${SKIP:-} " in *" $1 "*) return 1 ;; esac; [ -z "${ONLY:-}" ] && return 0; case " $ONLY " in *" $1 "*) return 0 ;; esac
-  case "$1" in fp8_anchor | slice_8b) return 0 ;; esac; return 1; }  # a sub-step runs with its step
+  case "$1" in fp8_anchor | slice_8b | bf16_profile) return 0 ;; esac; return 1; }  # a sub-step runs with its step
 # step NAME NEED_S CMD...: runs CMD under what is left (it needs NEED_S to start), output in OUT/NAME.out, its tail shown
 step() {
   local name=$1 need=$2 s=$SECONDS rc
@@ -36,7 +36,7 @@ step() {
   grep -v '^  [a-z_0-9]* \.\.\.' "$OUT/$name.out" | grep -E '^\{|PASS|FAIL|error|rc |==|ms' | tail -${TAILN:-14} | cut -c1-400
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-want fp8_tests && step fp8_tests 40 bash -c "cd /tmp && $C/bin/mcpp_tests --gtest_filter='CudaFp8.*:CudaFp8Training.*'"
+want fp8_tests && step fp8_tests 40 bash -c "cd /tmp && $C/bin/mcpp_tests --gtest_filter='CudaFp8.*:CudaFp8Training.*:CudaMemoryPlan.*'"
 if want fp8_speed; then
   step fp8_speed 120 bench/gpu/fp8_step.sh "$OUT/step" ${FP8_RUNS:-1.3b 1.3b-fp8 1.3b-fp8-tw}
   want fp8_anchor && step fp8_anchor 260 bash -c "CUDA_VISIBLE_DEVICES=0 python3 '$C/anchors/torch_gpt_fp8.py' 1.3b"
@@ -45,7 +45,7 @@ fi
 if want fp8_profile; then
   step fp8_profile 90 env EXTRA='--fp8-format hybrid --fp8-recipe delayed' TAG=_fp8 \
     bench/gpu/profile_ops.sh "$OUT/prof" 24 2048 16 2048 8
-  step bf16_profile 90 bench/gpu/profile_ops.sh "$OUT/prof" 24 2048 16 2048 8
+  want bf16_profile && step bf16_profile 90 bench/gpu/profile_ops.sh "$OUT/prof" 24 2048 16 2048 8
 fi
 want sft && step sft 200 bench/gpu/sft_curve.sh "$OUT/sft" 60
 if want experiments; then

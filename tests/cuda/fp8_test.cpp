@@ -1,7 +1,7 @@
 // CUDA FP8 (kernels/cuda/fp8*.{cpp,cu}) against the CPU emulation (kernels/cpu/fp8.cpp), and FP8 GPT training:
 //   - the cast (fp8_quantize) and amax: bit for bit, fp32 and bf16 inputs, scales that saturate and that reach the
 //     subnormals of both formats, the 8-wide and the scalar kernels;
-//   - the delayed-scaling update: bit for bit;
+//   - the delayed-scaling update, one tensor and many in one launch: bit for bit;
 //   - the cuBLASLt FP8 GEMMs (forward with fast accumulation, dgrad, wgrad into the fp32 main grad) against the CPU
 //     emulation on the same bf16 inputs and scales: the fp8 operands are identical, so only the accumulation
 //     (order; the forward's fast accumulation) and the output rounding differ;
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "cuda/cuda_test_util.h"
 #include "mcpp/training/trainer.h"
@@ -75,6 +76,47 @@ TEST(CudaFp8, ScaleUpdateEqualsTheCpuBitForBit) {
       EXPECT_EQ(gs.data<float>()[0], scale.data<float>()[0]);
       EXPECT_EQ(gs.data<float>()[1], scale.data<float>()[1]);
     }
+}
+
+// The fused update of many tensors (a block each, 64 a launch: 200 entries take four launches) bit for bit the CPU's,
+// histories up to the longest (8192: 32 KiB of shared memory), NaN and zero amaxes, the scales before copied out
+// where asked, every slot zeroed.
+TEST(CudaFp8, ScaleUpdateMultiEqualsTheCpuBitForBit) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t k = 200;
+  Tensor amax = rnd({k}, 41, DType::F32, 0.0, 400.0);
+  amax.data<float>()[0] = 0.0f;
+  amax.data<float>()[9] = NAN;
+  Tensor damax = dev(amax);
+  std::vector<ops::Fp8ScaleState> cpu, gpu;
+  const int64_t lens[] = {1, 3, 1024, 8192};
+  for (int64_t e = 0; e < k; ++e) {
+    const Tensor hist = rnd({lens[e % 4]}, 200 + static_cast<uint64_t>(e), DType::F32, 0.0, 300.0);
+    const ops::Fp8ScalingOptions opt{.format = e % 3 ? Fp8Format::E4M3 : Fp8Format::E5M2,
+                                     .margin = static_cast<int>(e % 2),
+                                     .most_recent = e % 5 == 0};
+    const int64_t slot = (e * 7 + 3) % k;
+    const Tensor before = e % 3 == 1 ? Tensor::zeros({2}) : Tensor();
+    cpu.push_back({.scale = scale_tensor(0.75f + static_cast<float>(e)), .amax_history = hist, .amax_slot = slot,
+                   .opt = opt, .scale_before = before});
+    gpu.push_back({.scale = dev(cpu.back().scale), .amax_history = dev(hist), .amax_slot = slot, .opt = opt,
+                   .scale_before = before.defined() ? dev(before) : Tensor()});
+  }
+  ops::cpu::fp8_scale_update_multi(cpu, amax, {});
+  ops::fp8_scale_update_multi(gpu, damax);
+  for (int64_t e = 0; e < k; ++e) {
+    SCOPED_TRACE(e);
+    const Tensor gh = host(gpu[e].amax_history), gs = host(gpu[e].scale);
+    ASSERT_EQ(0, std::memcmp(gh.raw(), cpu[e].amax_history.raw(), gh.nbytes()));
+    ASSERT_EQ(0, std::memcmp(gs.raw(), cpu[e].scale.raw(), 8));
+    if (e % 3 == 1) {  // the scale before (0.75 + e, exact), copied out
+      const Tensor gb = host(gpu[e].scale_before);
+      ASSERT_EQ(0, std::memcmp(gb.raw(), cpu[e].scale_before.raw(), 8));
+      EXPECT_EQ(gb.data<float>()[0], 0.75f + static_cast<float>(e));
+    }
+  }
+  const Tensor ga = host(damax);
+  for (int64_t i = 0; i < k; ++i) EXPECT_EQ(ga.data<float>()[i], 0.0f) << i;
 }
 
 TEST(CudaFp8, GemmsMatchTheCpuEmulation) {

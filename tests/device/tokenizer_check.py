@@ -231,7 +231,10 @@ def unigram_ties(py, want, got):
     order); which one it keeps is the library version's tie-break (mcpp links Debian's libsentencepiece, the
     oracle is a newer Python sentencepiece). Splits both id streams at the boundaries they share (cumulative
     piece lengths) and counts the differing regions: a tie covers the same normalized text with the same total
-    log-probability (|difference| <= 1e-4, float sums); anything else is a real mismatch. Returns (ties, real)."""
+    log-probability (|difference| <= 1e-4, float sums); anything else is a real mismatch. Returns (ties, real,
+    higher): higher counts the real regions over the same text by which side's pieces score more in float64
+    ({"mcpp": k, "python": k}) — a library whose choice scores lower there did not find the optimum (float32 path
+    sums over a very long string lose the piece scores' resolution)."""
     n = py.tok.get_piece_size()
     plen = np.array([len(py.tok.id_to_piece(i)) for i in range(n)], dtype=np.int64)
     score = np.array([py.tok.get_score(i) for i in range(n)], dtype=np.float64)
@@ -242,6 +245,7 @@ def unigram_ties(py, want, got):
     one = (ia - sa == 1) & (ib - sb == 1)
     same = one & (want[np.minimum(sa, len(want) - 1)] == got[np.minimum(sb, len(got) - 1)])
     ties = real = 0
+    higher = {"mcpp": 0, "python": 0}
     for k in np.nonzero(~same)[0]:
         a, b = want[sa[k]:ia[k]], got[sb[k]:ib[k]]
         text_a = "".join(py.tok.id_to_piece(int(i)) for i in a)
@@ -250,9 +254,11 @@ def unigram_ties(py, want, got):
             ties += 1
         else:
             real += 1
+            if text_a == text_b:
+                higher["python" if score[a].sum() > score[b].sum() else "mcpp"] += 1
     if ca[-1] != cb[-1]:
         real += 1  # the tails differ in length
-    return ties, real
+    return ties, real, higher
 
 
 def compare_ids(name, mcpp, py, text, out):
@@ -290,8 +296,9 @@ def compare_ids(name, mcpp, py, text, out):
             detail += (f"; the window alone: {'equal' if ids_py == ids_mcpp else 'DIFFERENT'} (python "
                        f"{pieces(ids_py[:12])} mcpp {pieces(ids_mcpp[:12])}); (id, score, unused, byte): {kinds}")
     if first >= 0 and py.kind == "spm" and py.tok.get_piece_size() and "unigram" in name:
-        ties, real = unigram_ties(py, want, got)
-        detail += f"; {ties} regions are equal-score ties (same text, both optimal), {real} are not"
+        ties, real, higher = unigram_ties(py, want, got)
+        detail += (f"; {ties} regions are equal-score ties (same text, both optimal), {real} are not (the higher "
+                   f"float64 score: mcpp's in {higher['mcpp']}, python's in {higher['python']})")
         first = -1 if real == 0 else first
     check(first < 0, f"{name}: {len(want)} ids, {len(bad) + abs(len(got) - len(want))} mismatches "
                      f"(python {t_py:.1f} s, mcpp {t_mcpp:.1f} s){detail}")
@@ -329,7 +336,7 @@ def preprocess_speed(name, mcpp, py, out, workers_list):
                 bad_docs += 1
                 first = k if first is None else first
                 if py.kind == "spm" and "unigram" in name:
-                    t, r = unigram_ties(py, a, b)
+                    t, r, _ = unigram_ties(py, a, b)
                     ties, real = ties + t, real + r
             detail = f"; {bad_docs} of {len(docs)} documents differ, the first #{first}"
             if py.kind == "spm" and "unigram" in name:

@@ -4,7 +4,7 @@
 //     random values over 2^-20..2^18);
 //   - fp8_quantize / fp8_amax: the op applies the scale in fp32 before rounding and records max |x|;
 //   - fp8_scale_update against Transformer Engine's delayed-scaling functions (_default_get_amax_and_update_history,
-//     _update_amax_history, _default_sf_compute), written out below step by step;
+//     _update_amax_history, _default_sf_compute), written out below step by step; fp8_scale_update_multi against it;
 //   - fp8_linear_fwd / _bwd against a float64 GEMM of the emulated operands, and against the unquantized fp32 linear
 //     within FP8's error.
 #include <gtest/gtest.h>
@@ -19,12 +19,14 @@
 
 #include "core/core_test_util.h"
 #include "kernels/grad_check.h"
+#include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp {
 namespace {
 
 using ops::Fp8Format;
+using testing::random_tensor;
 
 uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
 float from_bits(uint32_t b) { return std::bit_cast<float>(b); }
@@ -113,6 +115,57 @@ TEST(Fp8ScaleUpdate, MatchesTransformerEnginesDelayedScaling) {
             for (int64_t i = 0; i < len; ++i) ASSERT_EQ(hist.data<float>()[i], ref.history[static_cast<size_t>(i)]);
           }
         }
+}
+
+// fp8_scale_update_multi: each entry as the per-tensor op after its amax slot's value went into history[0] (the op
+// above is the oracle), the scale before it copied out where asked, the listed slots zeroed, the others untouched; 150 entries of mixed lengths, formats, margins
+// and algorithms, histories and amaxes with zeros, NaN and inf, slots in a shuffled order with two left out.
+TEST(Fp8ScaleUpdate, MultiIsThePerTensorUpdateOfEachEntry) {
+  const int64_t k = 152;
+  Tensor amax = random_tensor({k}, 31, nullptr, 0.0, 500.0);
+  amax.data<float>()[3] = 0.0f;
+  amax.data<float>()[7] = NAN;
+  amax.data<float>()[11] = INFINITY;
+  std::vector<ops::Fp8ScaleState> list, ref;
+  const int64_t lens[] = {1, 2, 5, 16, 1024};
+  for (int64_t e = 0; e < k - 2; ++e) {
+    const int64_t len = lens[e % 5];
+    Tensor hist = random_tensor({len}, 100 + static_cast<uint64_t>(e), nullptr, 0.0, 300.0), scale = Tensor::empty({2});
+    if (e % 13 == 0) hist.data<float>()[len - 1] = NAN;
+    scale.data<float>()[0] = 2.0f;
+    scale.data<float>()[1] = 0.5f;
+    const ops::Fp8ScalingOptions opt{.format = e % 2 ? Fp8Format::E5M2 : Fp8Format::E4M3,
+                                     .margin = static_cast<int>(e % 3),
+                                     .most_recent = e % 4 == 1};
+    list.push_back({.scale = scale,
+                    .amax_history = hist,
+                    .amax_slot = (e * 37 + 5) % k,
+                    .opt = opt,
+                    .scale_before = e % 2 ? Tensor() : Tensor::zeros({2})});
+    ref.push_back({.scale = scale.clone(), .amax_history = hist.clone(), .amax_slot = list.back().amax_slot, .opt = opt});
+  }
+  const Tensor amax_before = amax.clone();
+  ops::fp8_scale_update_multi(list, amax);
+  std::vector<bool> listed(k, false);
+  for (size_t e = 0; e < list.size(); ++e) {
+    SCOPED_TRACE(e);
+    const int64_t slot = ref[e].amax_slot;
+    listed[static_cast<size_t>(slot)] = true;
+    ref[e].amax_history.data<float>()[0] = amax_before.data<float>()[slot];
+    ops::fp8_scale_update(ref[e].scale, ref[e].amax_history, ref[e].opt);
+    EXPECT_EQ(0, std::memcmp(list[e].scale.raw(), ref[e].scale.raw(), 8));
+    EXPECT_EQ(0, std::memcmp(list[e].amax_history.raw(), ref[e].amax_history.raw(), ref[e].amax_history.nbytes()));
+    if (e % 2 == 0) {  // the scale before the update
+      EXPECT_EQ(list[e].scale_before.data<float>()[0], 2.0f);
+      EXPECT_EQ(list[e].scale_before.data<float>()[1], 0.5f);
+    }
+  }
+  for (int64_t i = 0; i < k; ++i)
+    EXPECT_EQ(bits(amax.data<float>()[i]), listed[static_cast<size_t>(i)] ? 0u : bits(amax_before.data<float>()[i]))
+        << "slot " << i;
+  std::vector<ops::Fp8ScaleState> twice{list[0], list[1]};
+  twice[1].amax_slot = twice[0].amax_slot;
+  EXPECT_THROW(ops::fp8_scale_update_multi(twice, amax), Error);
 }
 
 Tensor quantized(const Tensor& t, float scale, Fp8Format fmt) {

@@ -175,6 +175,13 @@ void fp8_amax(Tensor& amax_acc, const Tensor& in, Stream s) { MCPP_DISPATCH(fp8_
 void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptions& opt, Stream s) {
   MCPP_DISPATCH(fp8_scale_update, ({&scale, &amax_history}), scale, amax_history, opt, s);
 }
+void fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, Tensor& amax, Stream s) {
+  std::vector<const Tensor*> ts{&amax};
+  for (const Fp8ScaleState& e : list) ts.insert(ts.end(), {&e.scale, &e.amax_history, &e.scale_before});
+  const bool mcpp_cuda_ = on_cuda_list(ts);
+  const OpTimer mcpp_timer_("fp8_scale_update_multi", mcpp_cuda_);
+  return mcpp_cuda_ ? cuda::fp8_scale_update_multi(list, amax, s) : cpu::fp8_scale_update_multi(list, amax, s);
+}
 void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const Fp8Operand& fx,
                     const Fp8Operand& fw, Fp8Saved* saved, Stream s) {
   MCPP_DISPATCH(fp8_linear_fwd, ({&y, &x, &w, bias, &fx.scale, &fw.scale, &fx.amax, &fw.amax}), y, x, w, bias, fx, fw,

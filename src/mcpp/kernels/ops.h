@@ -238,6 +238,14 @@ struct Fp8ScalingOptions {
   int margin = 0;
   bool most_recent = false;  // --fp8-amax-compute-algo most_recent (else max)
 };
+// One tensor's state in fp8_scale_update_multi (handles sharing storage with the caller's tensors).
+struct Fp8ScaleState {
+  Tensor scale;          // [2] {scale, scale_inv}
+  Tensor amax_history;   // [L]
+  int64_t amax_slot = 0;  // where this pass recorded its amax: the op's amax[amax_slot]
+  Fp8ScalingOptions opt;
+  Tensor scale_before;  // when defined ([2]): receives {scale, scale_inv} as they were before the update
+};
 
 // ---- FP8 blockwise scaling (--fp8-recipe blockwise: DeepSeek-V3's recipe as Transformer Engine's Float8BlockScaling,
 // ops.inc fp8_block_*): one float32 scale per 1x128 tile (activations and gradients: 128 consecutive elements along the

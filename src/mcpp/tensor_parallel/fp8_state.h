@@ -1,7 +1,8 @@
 // FP8 scaling state of one tensor-parallel linear (Megatron-Core + Transformer Engine's recipes, per tensor):
 // the input x, the weight w and the output gradient dy each carry a scale [2] = {scale, 1/scale} and an amax history
 // [L] (float32 on the layer's device; created on the CPU, moved at the first forward), updated on the device with
-// ops::fp8_scale_update — no host read, so CUDA graphs may capture it.
+// ops::fp8_scale_update — no host read, so CUDA graphs may capture it. In a model the delayed updates of all its
+// linears run together at the end of each pass (Fp8UpdateGroup below; Fp8Options::updates), with the same result.
 //
 //   delayed (--fp8-recipe delayed, Transformer Engine's DelayedScaling): a cast uses the scale computed from the
 //       history of earlier calls and records its amax into history[0]; right after each forward (x, w) and each
@@ -26,6 +27,7 @@
 // Checkpoints: state_tensors() names every tensor ("<prefix>.fp8.{input,weight,grad_output}.{scale,amax_history}");
 // training/checkpointing saves them per rank, so a resume continues bit-exactly.
 #pragma once
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,13 +41,53 @@ namespace mcpp::tensor_parallel {
 // One tensor's scaling state.
 struct Fp8TensorMeta {
   Tensor scale;         // [2] {scale, scale_inv}
-  Tensor amax_history;  // [L]; history[0] is the slot the current step records into
+  Tensor amax_history;  // [L]; history[0] is the slot the current step records into (in a group: stays 0)
   ops::Fp8Format format = ops::Fp8Format::E4M3;
+  int group_slot = -1;  // its amax slot in the model's Fp8UpdateGroup (-1: none; it records into history[0])
+};
+
+// The delayed-scaling updates of one model chunk's FP8 linears, launched together (Transformer Engine's
+// reduce_and_update_fp8_tensors at the end of each fp8_autocast pass): one amax all-reduce and a few kernel launches
+// instead of one (or two, with TP) per tensor. A delayed linear built with Fp8Options::updates registers x and w in
+// the forward list and dy in the backward list; its casts record their amax into the list's slot — one contiguous
+// fp32 buffer per list — instead of history[0]; the model calls flush() at the end of each forward (backward) pass:
+// the buffer all-reduced over TP (MAX) in one call, then ops::fp8_scale_update_multi for the tensors that recorded in
+// that pass. A linear runs once per pass, so none casts with a scale its own pass changed: the scales and histories
+// are bit for bit those of the per-linear updates (Fp8LinearState::update). A recompute re-run records nothing.
+// The x / w scales a forward pass cast with, which its backward needs, are copied by the same launch into one [k, 2]
+// buffer per forward pass (forward_scale), instead of one copy per tensor.
+class Fp8UpdateGroup {
+ public:
+  enum class Pass { Forward, Backward };
+  explicit Fp8UpdateGroup(comm::CommPtr tp) : tp_(std::move(tp)) {}
+  // Registers m (a meta that lives as long as the group) in the pass's list: its slot. Only before the first pass.
+  int add(Pass p, Fp8TensorMeta* m, const ops::Fp8ScalingOptions& opt);
+  // The amax slot a cast of this pass records into ([1], a view of the list's buffer on d), marked for the flush.
+  Tensor record(Pass p, int slot, Device d);
+  // The scale [2] this forward pass casts tensor `slot` with (recorded), for the backward: a view of the pass's
+  // copies, written by its flush.
+  Tensor forward_scale(int slot);
+  void flush(Pass p);  // reduce and update what recorded since the last flush; nothing recorded: nothing runs
+  const comm::CommPtr& tp() const { return tp_; }
+
+ private:
+  struct List {
+    std::vector<std::pair<Fp8TensorMeta*, ops::Fp8ScalingOptions>> metas;
+    Tensor amax;                    // [metas] on the device, allocated by the first record
+    std::vector<int> recorded;      // slots recorded since the last flush, in order
+    std::vector<char> marked;       // [metas]: recorded since the last flush
+    Tensor before;                  // forward: [metas, 2], the pass's scales as cast with (a new buffer per pass)
+  };
+  List& list(Pass p) { return lists_[p == Pass::Forward ? 0 : 1]; }
+  comm::CommPtr tp_;
+  List lists_[2];
 };
 
 class Fp8LinearState {
  public:
   Fp8LinearState(const Fp8Options& opt, const std::string& prefix, comm::CommPtr tp);
+  Fp8LinearState(const Fp8LinearState&) = delete;  // its update group holds pointers to the metas
+  Fp8LinearState& operator=(const Fp8LinearState&) = delete;
 
   struct Forward {
     ops::Fp8Operand x, w;    // to cast with now (the amax slots set where the cast records them)
@@ -69,13 +111,16 @@ class Fp8LinearState {
  private:
   void to_device(Device d);
   void reduce_amax(Fp8TensorMeta& m);          // MAX over the TP group of history[0]
-  void update(Fp8TensorMeta& m);               // reduce, then ops::fp8_scale_update
-  ops::Fp8Operand prepare(Fp8TensorMeta& m, const Tensor& t);  // tensorwise: amax + update; the operand
+  void update(Fp8TensorMeta& m);               // reduce, then ops::fp8_scale_update (not in a group)
+  ops::Fp8ScalingOptions scaling(const Fp8TensorMeta& m) const;  // its update's options
+  // tensorwise: amax + update; the operand (in a group: recording into its slot of pass p)
+  ops::Fp8Operand prepare(Fp8TensorMeta& m, const Tensor& t, Fp8UpdateGroup::Pass p);
 
   Fp8Options opt_;
   std::string prefix_;
   comm::CommPtr tp_;
   Fp8TensorMeta input_, weight_, grad_;
+  std::shared_ptr<Fp8UpdateGroup> group_;  // opt_.updates (delayed only)
 };
 
 }  // namespace mcpp::tensor_parallel

@@ -3,7 +3,8 @@
 //                     the sign of zero kept), as CUDA's __nv_cvt_float_to_fp8(v, __NV_SATFINITE, ...) does.
 //   fp8_quantize:     out = fp8_round(in * scale[0]) (the product rounded to fp32 first), float32; amax recorded.
 //   fp8_amax:         amax[0] = max(amax[0], max |in|).
-//   fp8_scale_update: Transformer Engine's delayed-scaling update (ops.h Fp8ScalingOptions).
+//   fp8_scale_update: Transformer Engine's delayed-scaling update (ops.h Fp8ScalingOptions); _multi: one entry after
+//                     the other, each history[0] set from its amax slot first.
 //   fp8_linear_fwd / fp8_linear_bwd: the emulated casts of each operand into float32 copies, then fp32 GEMMs
 //                     (OpenBLAS, this backend's gemm) and one multiply of the result by the two scale_invs.
 // Everything float32; Stream ignored.
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "mcpp/kernels/cpu/checks.h"
 #include "mcpp/kernels/ops.h"
@@ -112,6 +114,30 @@ void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptio
     const float sf = (fp8_max(opt.format) / amax) / std::ldexp(1.0f, opt.margin);
     s[0] = sf;
     s[1] = 1.0f / sf;
+  }
+}
+
+void fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, Tensor& amax, Stream s) {
+  const char* op = "fp8_scale_update_multi";
+  require_cpu_f32(op, "amax", amax);
+  const int64_t k = amax.numel();
+  std::vector<bool> taken(static_cast<size_t>(k), false);
+  for (const Fp8ScaleState& e : list) {
+    MCPP_CHECK(e.amax_slot >= 0 && e.amax_slot < k && !taken[static_cast<size_t>(e.amax_slot)],
+               "{}: amax slot {} is outside amax {} or taken twice", op, e.amax_slot, amax.str());
+    taken[static_cast<size_t>(e.amax_slot)] = true;
+    require_cpu_f32(op, "amax_history", e.amax_history);
+    MCPP_CHECK(e.amax_history.numel() >= 1, "{}: amax_history is empty", op);
+    scale_of(op, e.scale, 0);
+    if (e.scale_before.defined()) scale_of(op, e.scale_before, 0);
+  }
+  float* a = amax.data<float>();
+  for (const Fp8ScaleState& e : list) {
+    Tensor scale = e.scale, history = e.amax_history;  // handles: the op writes the caller's storage
+    if (e.scale_before.defined()) std::copy_n(scale.data<float>(), 2, Tensor(e.scale_before).data<float>());
+    history.data<float>()[0] = a[e.amax_slot];
+    a[e.amax_slot] = 0.0f;
+    cpu::fp8_scale_update(scale, history, e.opt, s);
   }
 }
 

@@ -15,6 +15,8 @@
 // The cuBLASLt call and its plan cache: fp8_gemm.h / fp8_gemm.cpp.
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <vector>
 
 #include "mcpp/kernels/cuda/fp8_gemm.h"
 #include "mcpp/kernels/cuda/fp8_launch.h"
@@ -130,6 +132,40 @@ void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptio
              "{}: amax_history must have 1 to {} elements; got {}", op, kFp8MaxHistory, amax_history.str());
   launch_fp8_scale_update(const_cast<float*>(scale_ptr(op, "scale", scale)), amax_history.data<float>(),
                           amax_history.numel(), fp8_max(opt.format), opt.margin, opt.most_recent, stream_of(stream));
+}
+
+void fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, Tensor& amax, Stream stream) {
+  const char* op = "fp8_scale_update_multi";
+  require_float(op, "amax", amax, /*bf16_ok=*/false);
+  const int64_t k = amax.numel();
+  std::vector<bool> taken(static_cast<size_t>(k), false);
+  Fp8ScaleUpdateBatch b{};
+  b.amax = amax.data<float>();
+  auto launch = [&] {
+    launch_fp8_scale_update_multi(b, stream_of(stream));
+    b.count = b.max_len = 0;
+  };
+  for (const Fp8ScaleState& e : list) {
+    MCPP_CHECK(e.amax_slot >= 0 && e.amax_slot < k && !taken[static_cast<size_t>(e.amax_slot)],
+               "{}: amax slot {} is outside amax {} or taken twice", op, e.amax_slot, amax.str());
+    taken[static_cast<size_t>(e.amax_slot)] = true;
+    require_float(op, "amax_history", e.amax_history, /*bf16_ok=*/false);
+    const int64_t len = e.amax_history.numel();
+    MCPP_CHECK(len >= 1 && len <= kFp8MaxHistory, "{}: amax_history must have 1 to {} elements; got {}", op,
+               kFp8MaxHistory, e.amax_history.str());
+    const int i = b.count++;
+    b.scale[i] = const_cast<float*>(scale_ptr(op, "scale", e.scale));
+    b.before[i] = e.scale_before.defined() ? const_cast<float*>(scale_ptr(op, "scale_before", e.scale_before)) : nullptr;
+    b.history[i] = const_cast<float*>(e.amax_history.data<float>());
+    b.len[i] = static_cast<int32_t>(len);
+    b.slot[i] = static_cast<int32_t>(e.amax_slot);
+    b.fp8_max[i] = fp8_max(e.opt.format);
+    b.margin[i] = static_cast<int16_t>(e.opt.margin);
+    b.most_recent[i] = e.opt.most_recent;
+    b.max_len = std::max(b.max_len, static_cast<int>(len));
+    if (b.count == Fp8ScaleUpdateBatch::kMax) launch();
+  }
+  launch();
 }
 
 void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const Fp8Operand& fx,

@@ -232,21 +232,22 @@ __global__ void cast_transpose8_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t 
   if (amax) block_amax(m, amax);
 }
 
-__global__ void scale_update_kernel(float* scale, float* history, int64_t len, float fp8_max, int margin,
-                                    bool most_recent) {
-  extern __shared__ float h[];
+// One block's delayed-scaling update of scale [2] from history [len] (h: len floats of shared memory). new_amax
+// (null: none) replaces history[0] and is zeroed: the amax a pass recorded in a slot of its own (fp8_scale_update_multi).
+__device__ void scale_update_block(float* scale, float* history, int64_t len, float fp8_max, int margin,
+                                   bool most_recent, float* h, float* new_amax) {
   __shared__ float result;
+  __shared__ float warp_max[32];
   float m = 0.0f;
   bool nan = false;
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
-    h[i] = history[i];
+    h[i] = i == 0 && new_amax ? *new_amax : history[i];
     nan = nan || isnan(h[i]);
     m = fmaxf(m, h[i]);
   }
   // torch.max over the history: a NaN wins (then the scale is kept, as _default_sf_compute's isfinite check does)
   nan = __syncthreads_or(nan);
   for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  __shared__ float warp_max[32];
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -262,6 +263,7 @@ __global__ void scale_update_kernel(float* scale, float* history, int64_t len, f
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) history[i] = i + 1 < len ? h[i + 1] : h[0];  // roll(-1)
   if (threadIdx.x == 0) {
     history[0] = 0.0f;  // after the roll: len == 1 rolls onto itself
+    if (new_amax) *new_amax = 0.0f;
     const float a = result;
     if (isfinite(a) && a > 0.0f) {
       const float sf = __fdiv_rn(__fdiv_rn(fp8_max, a), ldexpf(1.0f, margin));
@@ -269,6 +271,23 @@ __global__ void scale_update_kernel(float* scale, float* history, int64_t len, f
       scale[1] = __frcp_rn(sf);
     }
   }
+}
+
+__global__ void scale_update_kernel(float* scale, float* history, int64_t len, float fp8_max, int margin,
+                                    bool most_recent) {
+  extern __shared__ float h[];
+  scale_update_block(scale, history, len, fp8_max, margin, most_recent, h, nullptr);
+}
+
+__global__ void scale_update_multi_kernel(const Fp8ScaleUpdateBatch b) {
+  extern __shared__ float h[];
+  const int e = blockIdx.x;
+  if (threadIdx.x == 0 && b.before[e]) {  // thread 0 writes the new scale last: this reads the old one
+    b.before[e][0] = b.scale[e][0];
+    b.before[e][1] = b.scale[e][1];
+  }
+  scale_update_block(b.scale[e], b.history[e], b.len[e], b.fp8_max[e], b.margin[e], b.most_recent[e], h,
+                     b.amax + b.slot[e]);
 }
 
 int blocks_for(int64_t n, int threads) {
@@ -348,6 +367,12 @@ void launch_fp8_scale_update(float* scale, float* history, int64_t len, float fp
                              cudaStream_t s) {
   scale_update_kernel<<<1, 1024, static_cast<size_t>(len) * sizeof(float), s>>>(scale, history, len, fp8_max, margin,
                                                                                most_recent);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_fp8_scale_update_multi(const Fp8ScaleUpdateBatch& b, cudaStream_t s) {
+  if (b.count == 0) return;
+  scale_update_multi_kernel<<<b.count, 128, static_cast<size_t>(b.max_len) * sizeof(float), s>>>(b);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

@@ -38,6 +38,24 @@ void launch_fp8_amax(float* amax, FIn in, int64_t n, cudaStream_t s);
 constexpr int64_t kFp8MaxHistory = 8192;  // the history sits in shared memory (32 KiB)
 void launch_fp8_scale_update(float* scale, float* history, int64_t len, float fp8_max, int margin, bool most_recent,
                              cudaStream_t s);
+// Up to kMax tensors' updates in one launch (one block each; ops.inc fp8_scale_update_multi): tensor e's new amax is
+// amax[slot[e]] (zeroed by the launch), its scale copied to before[e] first (null: not). Passed by value (~2.5 KB of
+// kernel parameters).
+struct Fp8ScaleUpdateBatch {
+  static constexpr int kMax = 64;
+  float* scale[kMax];
+  float* before[kMax];
+  float* history[kMax];
+  int32_t len[kMax];
+  int32_t slot[kMax];
+  float fp8_max[kMax];
+  int16_t margin[kMax];
+  bool most_recent[kMax];
+  float* amax;
+  int count;
+  int max_len;
+};
+void launch_fp8_scale_update_multi(const Fp8ScaleUpdateBatch& b, cudaStream_t s);
 
 // ---- Blockwise scaling (fp8_block_kernels.cu; ops.h Fp8Block): every block's scale is Transformer Engine's
 // power-of-2 compute_scale_from_amax (ops::fp8_block_scale bit for bit), the cast q = cvt.rn.satfinite(x * s) and the

@@ -15,9 +15,21 @@ namespace mcpp {
 
 namespace tp = tensor_parallel;
 
+namespace {
+// The spec with every FP8 linear in the chunk's update group (tensor_parallel/fp8_state.h; delayed ones join it).
+GPTModelSpec with_fp8_updates(GPTModelSpec spec, const std::shared_ptr<tp::Fp8UpdateGroup>& group) {
+  for (TransformerLayerSpec& l : spec.decoder.layer_specs)
+    if (l.linear_fp8.enabled) l.linear_fp8.updates = group;
+  if (spec.mtp_layer.transformer_layer.linear_fp8.enabled) spec.mtp_layer.transformer_layer.linear_fp8.updates = group;
+  return spec;
+}
+}  // namespace
+
 GPTModel::GPTModel(ParameterRegistry& params, ParameterRegistry& expert_params, const TransformerConfig& c,
-                   const GPTModelSpec& spec, const tp::TPContext& tpc, Device device, const GPTModelStage& stage)
+                   const GPTModelSpec& model_spec, const tp::TPContext& tpc, Device device, const GPTModelStage& stage)
     : config_(c), tp_(tpc), stage_(stage), device_(device) {
+  if (c.fp8()) fp8_updates_ = std::make_shared<tp::Fp8UpdateGroup>(tp_.group);
+  const GPTModelSpec spec = fp8_updates_ ? with_fp8_updates(model_spec, fp8_updates_) : model_spec;
   MCPP_CHECK(c.padded_vocab_size > 0, "GPTModel: padded_vocab_size is not set (tokenizer not applied to config)");
   if (stage_.num_layers < 0) stage_.num_layers = c.num_layers - stage_.first_layer;
   MCPP_CHECK(stage_.first_layer >= 0 && stage_.first_layer + stage_.num_layers <= c.num_layers,
@@ -272,7 +284,10 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
     ctx.rope = rope_cp_;
   }
   Tensor h = decoder_->forward(ctx.decoder, x, has_rope_ ? &ctx.rope : nullptr, opt);  // [s(/tp), b, h]
-  if (!stage_.post_process) return m.ret(h);
+  if (!stage_.post_process) {
+    flush_fp8(tp::Fp8UpdateGroup::Pass::Forward);
+    return m.ret(h);
+  }
   Tensor logits = output_layer_->forward(ctx.output, h);  // [s, b, Vp/tp]
   m.out(logits);
   ctx.logits = logits.view({-1, vocab_local_});           // [s*b, Vp/tp]
@@ -284,11 +299,16 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
     }
     ctx.mtp.clear();
     if (!mtp_.empty() && opt.training) mtp_forward(ctx, h, opt);
-    if (loss) *loss = LossResult::from_stats(ctx.loss_stats);
   } else {
     MCPP_CHECK(!loss, "forward_step: the loss needs labels and a loss mask");
   }
+  flush_fp8(tp::Fp8UpdateGroup::Pass::Forward);
+  if (loss) *loss = LossResult::from_stats(ctx.loss_stats);
   return Tensor();
+}
+
+void GPTModel::flush_fp8(tp::Fp8UpdateGroup::Pass p) {
+  if (fp8_updates_) fp8_updates_->flush(p);
 }
 
 Tensor GPTModel::backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor& output_grad) {
@@ -302,6 +322,7 @@ Tensor GPTModel::backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor&
   MCPP_CHECK(d.defined(), "backward_step on a middle pipeline stage needs the next stage's gradient");
   // The MoE router losses back-propagate with the LM loss's coefficient (x cp, as the loss: see loss_grad_scale).
   Tensor dx = decoder_->backward(ctx.decoder, d, has_rope_ ? &ctx.rope : nullptr, loss_grad_scale(grad_scale));
+  flush_fp8(tp::Fp8UpdateGroup::Pass::Backward);
   if (stage_.pre_process) {
     embed_backward(ctx, dx);
     return Tensor();

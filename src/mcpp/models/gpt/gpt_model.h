@@ -187,12 +187,15 @@ class GPTModel {
   Tensor mtp_backward(GPTModelCtx& ctx, float grad_scale);  // -> d h0
   void sum_over_cp(Tensor& stats) const;            // loss statistics summed over the context-parallel group
   float loss_grad_scale(float grad_scale) const;   // the loss gradient's coefficient (x cp, see the .cpp)
+  // The end of a forward (backward) pass of this chunk: its FP8 linears' delayed-scaling updates, all at once.
+  void flush_fp8(tensor_parallel::Fp8UpdateGroup::Pass p);
 
   TransformerConfig config_;
   tensor_parallel::TPContext tp_;
   GPTModelStage stage_;
   Device device_;
   int64_t vocab_local_ = 0, vocab_start_ = 0;
+  std::shared_ptr<tensor_parallel::Fp8UpdateGroup> fp8_updates_;  // FP8 on: every FP8 linear of the chunk
   // Learned positions: the [s*b] ids (row i -> i / b) of the last shape, on the device (no upload per
   // forward: a CUDA-graph step must not copy from the host).
   Tensor position_ids_;
