@@ -118,8 +118,9 @@ TEST(Fp8ScaleUpdate, MatchesTransformerEnginesDelayedScaling) {
 }
 
 // fp8_scale_update_multi: each entry as the per-tensor op after its amax slot's value went into history[0] (the op
-// above is the oracle), the scale before it copied out where asked, the listed slots zeroed, the others untouched; 150 entries of mixed lengths, formats, margins
-// and algorithms, histories and amaxes with zeros, NaN and inf, slots in a shuffled order with two left out.
+// above is the oracle), the scale before it copied out where asked, the listed slots zeroed, the others untouched;
+// 150 entries of mixed lengths, formats, margins and algorithms, histories and amaxes with zeros, NaN and inf, slots
+// in a shuffled order with two left out.
 TEST(Fp8ScaleUpdate, MultiIsThePerTensorUpdateOfEachEntry) {
   const int64_t k = 152;
   Tensor amax = random_tensor({k}, 31, nullptr, 0.0, 500.0);
@@ -142,7 +143,8 @@ TEST(Fp8ScaleUpdate, MultiIsThePerTensorUpdateOfEachEntry) {
                     .amax_slot = (e * 37 + 5) % k,
                     .opt = opt,
                     .scale_before = e % 2 ? Tensor() : Tensor::zeros({2})});
-    ref.push_back({.scale = scale.clone(), .amax_history = hist.clone(), .amax_slot = list.back().amax_slot, .opt = opt});
+    ref.push_back(
+        {.scale = scale.clone(), .amax_history = hist.clone(), .amax_slot = list.back().amax_slot, .opt = opt});
   }
   const Tensor amax_before = amax.clone();
   ops::fp8_scale_update_multi(list, amax);

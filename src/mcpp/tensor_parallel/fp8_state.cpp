@@ -22,8 +22,8 @@ int Fp8UpdateGroup::add(Pass p, Fp8TensorMeta* m, const ops::Fp8ScalingOptions& 
 Tensor Fp8UpdateGroup::record(Pass p, int slot, Device d) {
   List& l = list(p);
   if (!l.amax.defined()) l.amax = Tensor::zeros({static_cast<int64_t>(l.metas.size())}, DType::F32, d);
-  MCPP_CHECK(l.amax.device() == d, "an FP8 update group's tensors on two devices ({} and {})", device_name(l.amax.device()),
-             device_name(d));
+  MCPP_CHECK(l.amax.device() == d, "an FP8 update group's tensors on two devices ({} and {})",
+             device_name(l.amax.device()), device_name(d));
   MCPP_CHECK(slot >= 0 && slot < static_cast<int>(l.metas.size()), "FP8 update group: no slot {}", slot);
   if (l.marked.empty()) l.marked.assign(l.metas.size(), 0);
   MCPP_CHECK(!l.marked[static_cast<size_t>(slot)], "an FP8 tensor recorded its amax twice in one pass (its linear ran "

@@ -155,7 +155,8 @@ void fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, Tensor& amax
                kFp8MaxHistory, e.amax_history.str());
     const int i = b.count++;
     b.scale[i] = const_cast<float*>(scale_ptr(op, "scale", e.scale));
-    b.before[i] = e.scale_before.defined() ? const_cast<float*>(scale_ptr(op, "scale_before", e.scale_before)) : nullptr;
+    b.before[i] =
+        e.scale_before.defined() ? const_cast<float*>(scale_ptr(op, "scale_before", e.scale_before)) : nullptr;
     b.history[i] = const_cast<float*>(e.amax_history.data<float>());
     b.len[i] = static_cast<int32_t>(len);
     b.slot[i] = static_cast<int32_t>(e.amax_slot);
