@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
+#include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/training/trainer.h"
 #include "training/trainer_test_util.h"
 
@@ -193,6 +194,58 @@ TEST(CudaFp8, GemmsMatchTheCpuEmulation) {
     EXPECT_TRUE(same(dw2, dw1));
     EXPECT_TRUE(same(db2, db1));
   }
+}
+
+// FP8 GEMM autotuning (fp8_gemm.h): with the switch on, the first call of each new plan times its candidates — the
+// forward (bias, fast accumulation), the dgrad and the wgrad accumulating into a non-zero fp32 main grad — and matches
+// the CPU emulation on that call and the next (the timing writes only its scratch: a wgrad accumulated twice fails);
+// the second call tunes nothing more. Shapes no other test uses, so every plan is new.
+TEST(CudaFp8, GemmsAreAutotunedAndMatchOnTheTuningCall) {
+  MCPP_REQUIRE_CUDA();
+  const bool prev = ops::cuda::gemm_autotune();
+  ops::cuda::set_gemm_autotune(true);
+  const int64_t n = 336, in = 208, out = 176;
+  Tensor x = rnd({n, in}, 51, DType::BF16, -2.0, 2.0), w = rnd({out, in}, 52, DType::BF16, -0.1, 0.1);
+  Tensor dy = rnd({n, out}, 53, DType::BF16, -1e-3, 1e-3), bias = rnd({out}, 54, DType::BF16, -0.5, 0.5);
+  const ops::Fp8Operand cx{.scale = scale_tensor(224.0f)}, cw{.scale = scale_tensor(4480.0f)};
+  const ops::Fp8Operand cdy{.scale = scale_tensor(5.7344e7f), .format = Fp8Format::E5M2};
+  const ops::Fp8Operand gx{.scale = dev(cx.scale)}, gw{.scale = dev(cw.scale)};
+  const ops::Fp8Operand gdy{.scale = dev(cdy.scale), .format = Fp8Format::E5M2};
+  const Tensor xd = dev(x, DType::BF16), wd = dev(w, DType::BF16), dyd = dev(dy, DType::BF16);
+  const Tensor biasd = dev(bias, DType::BF16), bias_ref = host(biasd);
+  Tensor y_ref = Tensor::empty({n, out}), dx_ref = Tensor::empty({n, in});
+  Tensor dw_ref = rnd({out, in}, 55, DType::F32, -1e-3, 1e-3), dw = dev(dw_ref);
+  const size_t before = ops::cuda::gemm_tune_records().size();
+  size_t after_first = 0;
+  for (int call = 1; call <= 2; ++call) {
+    SCOPED_TRACE(call);
+    Tensor y = poisoned({n, out}, DType::BF16), dx = poisoned({n, in}, DType::BF16);
+    ops::cpu::fp8_linear_fwd(y_ref, x, w, &bias_ref, cx, cw, nullptr, {});
+    ops::fp8_linear_fwd(y, xd, wd, &biasd, gx, gw, nullptr);
+    ops::cpu::fp8_linear_bwd(&dx_ref, dw_ref, nullptr, dy, x, w, cdy, cx, cw, nullptr, ops::GradWrite::Accumulate, {});
+    ops::fp8_linear_bwd(&dx, dw, nullptr, dyd, xd, wd, gdy, gx, gw, nullptr, ops::GradWrite::Accumulate);
+    EXPECT_REL(host(y), y_ref, 1e-2);  // the tolerances of GemmsMatchTheCpuEmulation
+    EXPECT_REL(host(dx), dx_ref, 5e-3);
+    EXPECT_REL(host(dw), dw_ref, 1e-3);
+    const auto recs = ops::cuda::gemm_tune_records();
+    if (call == 1) {
+      after_first = recs.size();
+      int fp8 = 0;
+      for (size_t i = before; i < recs.size(); ++i) {
+        if (!recs[i].gemm.starts_with("fp8 ")) continue;
+        ++fp8;
+        EXPECT_TRUE(recs[i].note.empty()) << recs[i].gemm << ": " << recs[i].note;
+        EXPECT_GE(recs[i].candidate_ms.size(), 1u) << recs[i].gemm;
+        EXPECT_LT(recs[i].chosen, static_cast<int>(recs[i].candidate_config.size())) << recs[i].gemm;
+        std::printf("[ tuned    ] %s: chosen #%d of %zu\n", recs[i].gemm.c_str(), recs[i].chosen,
+                    recs[i].candidate_ms.size());
+      }
+      EXPECT_EQ(fp8, 3) << "the forward, dgrad and wgrad plans are tuned at their first call";
+    } else {
+      EXPECT_EQ(recs.size(), after_first) << "the second call tuned again";
+    }
+  }
+  ops::cuda::set_gemm_autotune(prev);
 }
 
 // The GELU in fc2's input cast and gelu' in fc1's gradient cast (ops.h Fp8Act) against the unfused ops on the GPU

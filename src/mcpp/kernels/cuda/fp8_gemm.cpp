@@ -1,11 +1,15 @@
-// cuBLASLt FP8 GEMMs with per-tensor or block scaling and their plan cache (contract: fp8_gemm.h).
+// cuBLASLt FP8 GEMMs with per-tensor or block scaling, their plan cache and autotuning (contract: fp8_gemm.h).
 #include "mcpp/kernels/cuda/fp8_gemm.h"
 
 #include <cublasLt.h>
+#include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "mcpp/kernels/cuda/gemm_lt.h"
 
@@ -16,8 +20,13 @@ struct Fp8Plan {
   bool ok = true;  // false: cuBLASLt has no algorithm for the key (cached; fp8_gemm refuses it by name)
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's candidates, its order (#0 = its pick)
+  int tuned = -1;                           // the autotuned index; -1 = not tuned yet (runs #0)
 };
+
+// At most this many FP8 plans are timed in a process (a few ms and a device sync each); later ones run the
+// heuristic's #0 — the shapes of a training run are fixed, so this bounds only odd callers with ever-new shapes.
+constexpr int kMaxTunedFp8Plans = 256;
 
 int32_t lt_scale_mode(Fp8Scaling s) {
   switch (s) {
@@ -95,14 +104,50 @@ Fp8Plan& fp8_plan(const PlanKey& pk, const float* sa, const float* sb, const voi
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; ++i)
     MCPP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al[i], sizeof(al[i])));
-  cublasLtMatmulHeuristicResult_t res{};
+  cublasLtMatmulHeuristicResult_t res[gemm_lt::kMaxCandidates] = {};
   int found = 0;
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.ld, p.ld, pref, 1, &res, &found);
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st.handle, p.op, p.la, p.lb, p.ld, p.ld, pref,
+                                                           gemm_lt::kMaxCandidates, res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  p.ok = hs == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
-  p.algo = res.algo;
+  for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < found; ++i)
+    if (res[i].state == CUBLAS_STATUS_SUCCESS) p.algos.push_back(res[i].algo);
+  p.ok = !p.algos.empty();
   return plans.emplace(pk, p).first->second;
+}
+
+// Times the plan's candidates on this call's operands (D into a scratch, C = the caller's D only read when beta != 0)
+// and returns the index to run (gemm_lt::fastest_candidate: another than #0 only when >= 3% faster); one record in
+// gemm_tune_records. The descriptor's scale and bias pointers are this call's.
+int tune(Fp8Plan& p, const Fp8GemmKey& key, const uint8_t* a, const uint8_t* b, float beta, void* d,
+         cudaStream_t s) {
+  auto& st = gemm_lt::lt_state();
+  GemmTuneRecord rec;
+  rec.gemm = fmt::format("fp8 m{} n{} k{} A{} B{} -> D{} beta{:g}{}{}", key.m, key.n, key.k, key.ta, key.tb, key.td,
+                         beta, key.fast_accum ? " fast-accum" : "", key.tbias >= 0 ? " BIAS" : "");
+  rec.m = key.m, rec.n = key.n, rec.k = key.k;
+  for (const cublasLtMatmulAlgo_t& al : p.algos) rec.candidate_config.push_back(gemm_lt::algo_config(al));
+  auto done = [&](int chosen, const char* note) {
+    rec.chosen = chosen;
+    rec.note = note;
+    const std::lock_guard<std::mutex> lock(st.mu);
+    st.records.push_back(rec);
+    return chosen;
+  };
+  const size_t elt = key.td == CUDA_R_32F ? 4 : 2;
+  gemm_lt::TuneScratch sc(static_cast<size_t>(key.m * key.n) * elt);
+  if (!sc.mem) return done(0, "no device memory for the timing scratch");
+  const void* c = beta != 0.0f ? d : sc.mem;
+  const float alpha = 1.0f;
+  auto run = [&](int i) {
+    return cublasLtMatmul(st.handle, p.op, &alpha, a, p.la, b, p.lb, &beta, c, p.ld, sc.mem, p.ld, &p.algos[i],
+                          st.workspace, gemm_lt::kWorkspaceBytes, s);
+  };
+  const int count = static_cast<int>(p.algos.size());
+  std::vector<char> ok(count);
+  for (int i = 0; i < count; ++i) ok[i] = run(i) == CUBLAS_STATUS_SUCCESS;  // warm-up; a refusal launches nothing
+  if (!ok[0]) return done(0, "cuBLASLt refused candidate 0");
+  rec.candidate_ms = gemm_lt::timed_medians(sc, ok, [&](int i) { MCPP_CUBLAS_CHECK(run(i)); }, s);
+  return done(gemm_lt::fastest_candidate(rec.candidate_ms), "");
 }
 
 }  // namespace
@@ -120,8 +165,17 @@ bool try_fp8_gemm(void* d, const Fp8GemmKey& key, const uint8_t* a, const float*
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
   if (bias)
     MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  int algo = 0;
+  if (gemm_autotune()) {  // off: cuBLASLt's #0 (--deterministic-mode)
+    static std::atomic<int> tuned_plans{0};  // plans timed so far in this process
+    if (p.tuned < 0 && !cuda_detail::is_capturing(s) && tuned_plans < kMaxTunedFp8Plans) {
+      p.tuned = tune(p, key, a, b, beta, d, s);
+      ++tuned_plans;
+    }
+    algo = std::max(p.tuned, 0);
+  }
   const float alpha = 1.0f;
-  MCPP_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.op, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
+  MCPP_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.op, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algos[algo],
                                    st.workspace, gemm_lt::kWorkspaceBytes, s));
   return true;
 }

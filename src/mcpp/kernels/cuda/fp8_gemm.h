@@ -13,8 +13,10 @@
 //               [rows / 128][pad4(k / 128)] row-major array (Transformer Engine's GEMM-ready 2D layout).
 // cuBLASLt takes Vec128 x Vec128, Vec128 x Blk128x128 and Blk128x128 x Vec128 (not 2D x 2D), without fast
 // accumulation (cuBLAS 12.9+; CUDA 13 here). pad4(x) rounds up to a multiple of 4 (16-byte rows of scales).
-// Plans (descriptors, layouts, the heuristic's algorithm) are cached per key and operand alignment; the handle and
-// workspace are the GEMMs' (gemm_lt.h).
+// Plans (descriptors, layouts, the heuristic's candidate algorithms) are cached per key and operand alignment; the
+// handle and workspace are the GEMMs' (gemm_lt.h). Autotuning as the bf16 GEMMs (kernels/gemm_autotune.h's switch,
+// off under --deterministic-mode): a plan's first uncaptured call times its candidates on the call's operands (into
+// a scratch) and keeps another than cuBLASLt's #0 only when >= 3% faster; one record each in gemm_tune_records.
 #pragma once
 #include <cuda_runtime.h>
 #include <library_types.h>

@@ -2,7 +2,8 @@
 //   gemm_plan_cache.cpp  the plan cache: matmul descriptors, layouts and the heuristic's candidate algorithms per
 //                        (shape, dtypes, transposes, epilogue, alignment), LRU-bounded, shape families; lt_matmul
 //   gemm_tuner.cpp       the autotuner: times a plan's candidates on the call's operands (tune) and decides the
-//                        bias-grad path (bias_grad_split); gemm_tune_records / reset_gemm_tuning
+//                        bias-grad path (bias_grad_split); gemm_tune_records / reset_gemm_tuning; its timing
+//                        helpers (TuneScratch, timed_medians, fastest_candidate) also tune the FP8 GEMMs (fp8_gemm.cpp)
 //   gemm.cpp             the ops: gemm, linear_fwd / linear_bwd, linear_gelu_fwd / linear_dgelu_bwd
 // gemm.cpp's header comment describes the behaviour (epilogues, fallbacks, tuning rules). Not part of the kernel
 // interface (kernels/ops.h): only src/mcpp/kernels/cuda includes this.
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -137,6 +139,27 @@ bool lt_matmul(Tensor& c, const Tensor& a, const Tensor& b, const GemmOptions& o
 // record == false. (st.mu held.)
 int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Operands& x, cudaStream_t s,
          bool record = true);
+
+// The tuners' shared parts (gemm_tuner.cpp; the FP8 GEMMs' tuner in fp8_gemm.cpp uses them too):
+// cuBLASLt's configuration of one algorithm, short: "a<id> t<tile> s<stages> k<split-k> r<reduction> w<swizzle>
+// c<cluster shape>" (the cublasLtMatmulTile_t / StagesId / ClusterShape enum values).
+std::string algo_config(const cublasLtMatmulAlgo_t& algo);
+// The timing scratch (outputs) and events of one tuning, outside the caching pool, released on every exit; cudaFree
+// synchronizes the device, so no launch still writes the scratch when it is freed. mem null: no memory (not timed).
+struct TuneScratch {
+  void* mem = nullptr;
+  std::vector<cudaEvent_t> events;
+  explicit TuneScratch(size_t bytes);
+  TuneScratch(const TuneScratch&) = delete;
+  TuneScratch& operator=(const TuneScratch&) = delete;
+  ~TuneScratch();
+};
+// The median over kTimedRounds cudaEvent-timed launches of each launcher i with ok[i] (NaN for the others); the
+// rounds interleave the launchers, so clock drift hits all alike. The events live in sc. Synchronizes s.
+std::vector<double> timed_medians(TuneScratch& sc, const std::vector<char>& ok,
+                                  const std::function<void(int)>& launch_i, cudaStream_t s);
+// The index to run: the fastest candidate when #0's time / its time >= kMinSpeedup, else 0.
+int fastest_candidate(const std::vector<double>& ms);
 
 // linear_bwd's bias grad next to the wgrad dw_acc += dy2^T x2 (set_bias_grad_path): true = the plain GEMM
 // then the column sum, false = the BGRADB epilogue. Decided once per BGRADB plan (kept in the plan).

@@ -25,8 +25,17 @@ const char* epilogue_name(cublasLtEpilogue_t k) {
     default: return "other";
   }
 }
-// cuBLASLt's configuration of one algorithm, short: "a<id> t<tile> s<stages> k<split-k> r<reduction>
-// w<swizzle> c<cluster shape>" (the cublasLtMatmulTile_t / StagesId / ClusterShape enum values).
+const char* kind_name(int k) { return k == kBF16 ? "bf16" : k == kF16 ? "f16" : "f32"; }
+size_t elt_bytes(int k) { return k == kF32 ? 4 : 2; }
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
 std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> int64_t {
     uint32_t v = 0;  // every attribute read here is 32-bit (int32 / uint32)
@@ -41,31 +50,18 @@ std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
                      get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
 }
 
-const char* kind_name(int k) { return k == kBF16 ? "bf16" : k == kF16 ? "f16" : "f32"; }
-size_t elt_bytes(int k) { return k == kF32 ? 4 : 2; }
-size_t round256(size_t b) { return (b + 255) / 256 * 256; }
-
-// The timing scratch (D, aux / bias-grad outputs) and events of one tuning, released on every exit;
-// cudaFree synchronizes the device, so no launch still writes the scratch when it is freed.
-struct TuneScratch {
-  void* mem = nullptr;
-  std::vector<cudaEvent_t> events;
-  TuneScratch() = default;
-  TuneScratch(const TuneScratch&) = delete;
-  TuneScratch& operator=(const TuneScratch&) = delete;
-  ~TuneScratch() {
-    for (cudaEvent_t e : events) cudaEventDestroy(e);
-    if (mem) cudaFree(mem);
+TuneScratch::TuneScratch(size_t bytes) {
+  if (cudaMalloc(&mem, bytes) != cudaSuccess) {
+    cudaGetLastError();  // clear the (non-sticky) allocation error
+    mem = nullptr;
   }
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
-// The median over kTimedRounds cudaEvent-timed launches of each launcher i with ok[i] (NaN for the others);
-// the rounds interleave the launchers, so clock drift hits all alike. The events live in sc.
+TuneScratch::~TuneScratch() {
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  if (mem) cudaFree(mem);
+}
+
 std::vector<double> timed_medians(TuneScratch& sc, const std::vector<char>& ok,
                                   const std::function<void(int)>& launch_i, cudaStream_t s) {
   const int count = static_cast<int>(ok.size());
@@ -95,7 +91,12 @@ std::vector<double> timed_medians(TuneScratch& sc, const std::vector<char>& ok,
   return out;
 }
 
-}  // namespace
+int fastest_candidate(const std::vector<double>& ms) {
+  int best = 0;
+  for (int i = 0; i < static_cast<int>(ms.size()); ++i)
+    if (!std::isnan(ms[i]) && ms[i] < ms[best]) best = i;
+  return ms[0] >= kMinSpeedup * ms[best] ? best : 0;
+}
 
 // Times the plan's candidates on this call's operands (see gemm.cpp's header: outputs into scratch, C only read)
 // and returns the index to use: the fastest when it beats #0 by kMinSpeedup, else 0; p.tuned_ms = its
@@ -119,12 +120,8 @@ int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Oper
   const bool bias_out = e.bias && (e.kind == CUBLASLT_EPILOGUE_BGRADB || e.kind == CUBLASLT_EPILOGUE_DGELU_BGRAD);
   const size_t d_bytes = round256(static_cast<size_t>(key.m * key.ldc) * elt_bytes(key.kc));
   const size_t bias_bytes = round256(static_cast<size_t>(std::max(key.m, key.n)) * elt_bytes(key.kbias));
-  TuneScratch sc;
-  if (cudaMalloc(&sc.mem, d_bytes * (aux_out ? 2 : 1) + (bias_out ? bias_bytes : 0)) != cudaSuccess) {
-    cudaGetLastError();  // clear the (non-sticky) allocation error
-    sc.mem = nullptr;
-    return done(0, "no device memory for the timing scratch");
-  }
+  TuneScratch sc(d_bytes * (aux_out ? 2 : 1) + (bias_out ? bias_bytes : 0));
+  if (!sc.mem) return done(0, "no device memory for the timing scratch");
   char* d = static_cast<char*>(sc.mem);
   if (aux_out) {  // lt_matmul sets the caller's pointers back before the real launch
     const void* aux = d + d_bytes;
@@ -142,10 +139,7 @@ int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Oper
     ok[i] = launch(st, p, p.algos[i], xs, d, s) == CUBLAS_STATUS_SUCCESS;
   if (!ok[0]) return done(0, "cuBLASLt refused candidate 0");
   rec.candidate_ms = timed_medians(sc, ok, [&](int i) { MCPP_CUBLAS_CHECK(launch(st, p, p.algos[i], xs, d, s)); }, s);
-  int best = 0;
-  for (int i = 0; i < count; ++i)
-    if (ok[i] && rec.candidate_ms[i] < rec.candidate_ms[best]) best = i;
-  return done(rec.candidate_ms[0] >= kMinSpeedup * rec.candidate_ms[best] ? best : 0, "");
+  return done(fastest_candidate(rec.candidate_ms), "");
 }
 
 namespace {
@@ -153,13 +147,9 @@ namespace {
 // Times launch_column_sum_acc over dy [n, out] (db and the partials in a scratch outside the pool; db's
 // contents do not matter): the median of kTimedRounds launches after one warm-up; NaN without memory.
 double time_column_sum(FIn dy, int64_t n, int64_t out, cudaStream_t s) {
-  TuneScratch sc;
   const size_t db_bytes = round256(static_cast<size_t>(out) * 4);
-  if (cudaMalloc(&sc.mem, db_bytes + static_cast<size_t>(column_sum_parts(n) * out) * 4) != cudaSuccess) {
-    cudaGetLastError();
-    sc.mem = nullptr;
-    return NAN;
-  }
+  TuneScratch sc(db_bytes + static_cast<size_t>(column_sum_parts(n) * out) * 4);
+  if (!sc.mem) return NAN;
   float* db = static_cast<float*>(sc.mem);
   float* partial = reinterpret_cast<float*>(static_cast<char*>(sc.mem) + db_bytes);
   launch_column_sum_acc(db, dy, n, out, partial, s);
