@@ -349,6 +349,28 @@ def preprocess_speed(name, mcpp, py, out, workers_list):
     return rows
 
 
+def unigram_length_sweep(name, mcpp, py, text):
+    """How long one string may be before the two libraries' unigram segmentations differ beyond ties: prefixes of the
+    corpus (cut at a newline) from 16 KB to the whole, each encoded as one string by both; per length the regions that
+    are not equal-score ties and which side scores higher there (information, not a check)."""
+    n = 16 * 1024
+    while True:
+        cut = text.rfind("\n", 0, n) if n < len(text) else len(text)
+        part = text[:cut if cut > 0 else n]
+        want = np.array(py.encode(part), dtype=np.int64)
+        q = subprocess.run([mcpp, "tokenize", *py.flags()], input=part.encode(), capture_output=True)
+        got = np.array(q.stdout.split(), dtype=np.int64)
+        if q.returncode == 0 and np.array_equal(want, got):
+            log(f"info {name}: one string of {len(part.encode())} bytes: equal ids")
+        elif q.returncode == 0:
+            ties, real, higher = unigram_ties(py, want, got)
+            log(f"info {name}: one string of {len(part.encode())} bytes: {ties} tie regions, {real} not (higher "
+                f"float64 score: mcpp's {higher['mcpp']}, python's {higher['python']})")
+        if n >= len(text):
+            return
+        n *= 4
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mcpp")
@@ -369,6 +391,8 @@ def main():
     tokenizers = {k: v for k, v in tokenizers.items() if only is None or k in only}
     for name, py in tokenizers.items():
         compare_ids(name, a.mcpp, py, text, a.out)
+        if name == "spm-unigram":
+            unigram_length_sweep(name, a.mcpp, py, text)
     rows = []
     workers = [int(w) for w in a.workers.split(",")]
     for name in [n for n in ("llama3", "qwen2", "llama2", "spm-bpe", "spm-unigram") if n in tokenizers]:
