@@ -3,7 +3,8 @@
 // state (every scale and amax history) of the same MLP whose linears update right after their GEMMs — over three
 // rounds of two microbatches (forward, forward, backward, backward), with a four-entry max history so the history
 // matters; the backward reads the forward's scales from the group's per-pass copies. Misuse gets named errors: joining
-// after the first pass, a linear run twice in one pass — also what a model that forgot a pass's flush runs into.
+// after the first pass, a linear run twice in one pass — also what a model that forgot a pass's flush runs into; a
+// pass that stopped on an error is dropped by the next one's begin (BeginDropsAnAbortedPass).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -132,6 +133,32 @@ TEST(Fp8UpdateGroup, MisuseIsANamedError) {
   const Tensor dy = random_tensor({4, 2, c.hidden_size}, 4);
   unflushed.mlp->backward(cu[0], dy);
   expect_twice([&] { unflushed.mlp->backward(cu[1], dy); });
+}
+
+// A pass that stopped on an error (recorded, never flushed) leaves no trace once the next pass begins: the states
+// after begin + a flushed pass equal those of the flushed pass alone (GPTModel begins every forward and backward).
+TEST(Fp8UpdateGroup, BeginDropsAnAbortedPass) {
+  const TransformerConfig c = fp8_config();
+  Mlp aborted(c, true), clean(c, true);
+  const Tensor big = random_tensor({4, 2, c.hidden_size}, 7, nullptr, -50.0, 50.0);
+  const Tensor x = random_tensor({4, 2, c.hidden_size}, 8);
+  MLPCtx c0, c1, c2;
+  aborted.mlp->forward(c0, big);  // its amaxes recorded; no flush (as if the pass had thrown)
+  aborted.group->begin(Pass::Forward);
+  aborted.mlp->forward(c1, x);
+  aborted.flush(Pass::Forward);
+  clean.group->begin(Pass::Forward);  // nothing recorded: nothing runs
+  clean.mlp->forward(c2, x);
+  clean.flush(Pass::Forward);
+  const auto& sa = aborted.params.rank_states();
+  const auto& sc = clean.params.rank_states();
+  ASSERT_EQ(sa.size(), sc.size());
+  bool moved = false;
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(*sa[i].second, *sc[i].second)) << sa[i].first;
+    if (sa[i].first.ends_with("input.scale")) moved |= sa[i].second->data<float>()[0] != 1.0f;
+  }
+  EXPECT_TRUE(moved);
 }
 
 }  // namespace

@@ -42,6 +42,15 @@ Tensor Fp8UpdateGroup::forward_scale(int slot) {
   return l.before.narrow0(slot, 1).view({2});
 }
 
+void Fp8UpdateGroup::begin(Pass p) {
+  List& l = list(p);
+  if (l.recorded.empty()) return;
+  for (int slot : l.recorded) l.marked[static_cast<size_t>(slot)] = 0;
+  l.recorded.clear();
+  l.before = Tensor();
+  l.amax.zero_();
+}
+
 void Fp8UpdateGroup::flush(Pass p) {
   List& l = list(p);
   if (l.recorded.empty()) return;

@@ -67,6 +67,9 @@ class Fp8UpdateGroup {
   // The scale [2] this forward pass casts tensor `slot` with (recorded), for the backward: a view of the pass's
   // copies, written by its flush.
   Tensor forward_scale(int slot);
+  // The start of a pass: what a pass that stopped on an error recorded and never flushed is dropped (its slots
+  // zeroed), so the next pass starts clean. Nothing recorded: nothing runs.
+  void begin(Pass p);
   void flush(Pass p);  // reduce and update what recorded since the last flush; nothing recorded: nothing runs
   const comm::CommPtr& tp() const { return tp_; }
 

@@ -253,6 +253,7 @@ Tensor GPTModel::forward_step(GPTModelCtx& ctx, const Tensor& tokens_in, const T
   const ModuleScope m("GPTModel", tokens_in);
   const Tensor tokens = tokens_in.device() == device_ ? tokens_in : tokens_in.to(device_);
   const int64_t s = tokens.size(0);
+  if (fp8_updates_) fp8_updates_->begin(tp::Fp8UpdateGroup::Pass::Forward);
   ForwardOptions opt = opt_in;
   InferenceContext* ic = opt.inference;
   if (ic) check_inference_step(*ic, s, tokens.size(1));
@@ -313,6 +314,7 @@ void GPTModel::flush_fp8(tp::Fp8UpdateGroup::Pass p) {
 
 Tensor GPTModel::backward_step(GPTModelCtx& ctx, float grad_scale, const Tensor& output_grad) {
   const ModuleScope m("GPTModel", output_grad, ModuleScope::kBackward);
+  if (fp8_updates_) fp8_updates_->begin(tp::Fp8UpdateGroup::Pass::Backward);
   Tensor d = output_grad;
   if (stage_.post_process) {  // the MTP depths first: the output weight's last use is the main head's
     const Tensor d_mtp = ctx.mtp.empty() ? Tensor() : mtp_backward(ctx, grad_scale);
