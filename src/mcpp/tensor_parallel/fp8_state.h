@@ -50,9 +50,9 @@ struct Fp8TensorMeta {
 // reduce_and_update_fp8_tensors at the end of each fp8_autocast pass): one amax all-reduce and a few kernel launches
 // instead of one (or two, with TP) per tensor. A delayed linear built with Fp8Options::updates registers x and w in
 // the forward list and dy in the backward list; its casts record their amax into the list's slot — one contiguous
-// fp32 buffer per list — instead of history[0]; the model calls flush() at the end of each forward (backward) pass:
-// the buffer all-reduced over TP (MAX) in one call, then ops::fp8_scale_update_multi for the tensors that recorded in
-// that pass. A linear runs once per pass, so none casts with a scale its own pass changed: the scales and histories
+// fp32 buffer per list — instead of history[0]; the model calls begin() at the start and flush() at the end of each
+// forward (backward) pass: the buffer all-reduced over TP (MAX) in one call, then ops::fp8_scale_update_multi for the
+// tensors that recorded in that pass. A linear runs once per pass, so none casts with a scale its own pass changed: the scales and histories
 // are bit for bit those of the per-linear updates (Fp8LinearState::update). A recompute re-run records nothing.
 // The x / w scales a forward pass cast with, which its backward needs, are copied by the same launch into one [k, 2]
 // buffer per forward pass (forward_scale), instead of one copy per tensor.
