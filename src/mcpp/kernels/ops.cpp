@@ -175,6 +175,17 @@ void fp8_amax(Tensor& amax_acc, const Tensor& in, Stream s) { MCPP_DISPATCH(fp8_
 void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptions& opt, Stream s) {
   MCPP_DISPATCH(fp8_scale_update, ({&scale, &amax_history}), scale, amax_history, opt, s);
 }
+void check_fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, const Tensor& amax) {
+  const int64_t k = amax.numel();
+  std::vector<bool> taken(static_cast<size_t>(k), false);
+  for (const Fp8ScaleState& e : list) {
+    MCPP_CHECK(e.amax_slot >= 0 && e.amax_slot < k && !taken[static_cast<size_t>(e.amax_slot)],
+               "fp8_scale_update_multi: amax slot {} is outside amax {} or taken twice", e.amax_slot, amax.str());
+    taken[static_cast<size_t>(e.amax_slot)] = true;
+    MCPP_CHECK(e.amax_history.defined() && e.amax_history.numel() >= 1, "fp8_scale_update_multi: amax_history of "
+               "slot {} is empty", e.amax_slot);
+  }
+}
 void fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, Tensor& amax, Stream s) {
   std::vector<const Tensor*> ts{&amax};
   for (const Fp8ScaleState& e : list) ts.insert(ts.end(), {&e.scale, &e.amax_history, &e.scale_before});

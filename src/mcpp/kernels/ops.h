@@ -246,6 +246,9 @@ struct Fp8ScaleState {
   Fp8ScalingOptions opt;
   Tensor scale_before;  // when defined ([2]): receives {scale, scale_inv} as they were before the update
 };
+// fp8_scale_update_multi's list, checked by both backends (mcpp::Error naming the op): every amax slot inside amax and
+// taken once, every history non-empty. The dtypes and the scale shapes are each backend's.
+void check_fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, const Tensor& amax);
 
 // ---- FP8 blockwise scaling (--fp8-recipe blockwise: DeepSeek-V3's recipe as Transformer Engine's Float8BlockScaling,
 // ops.inc fp8_block_*): one float32 scale per 1x128 tile (activations and gradients: 128 consecutive elements along the

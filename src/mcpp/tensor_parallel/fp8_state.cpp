@@ -39,7 +39,7 @@ Tensor Fp8UpdateGroup::forward_scale(int slot) {
   List& l = list(Pass::Forward);
   MCPP_CHECK(slot >= 0 && static_cast<size_t>(slot) < l.marked.size() && l.marked[static_cast<size_t>(slot)],
              "FP8 update group: the scale of slot {} was not recorded in this forward pass", slot);
-  return l.before.narrow0(slot, 1).view({2});
+  return scale_copy(l, slot);
 }
 
 void Fp8UpdateGroup::begin(Pass p) {
@@ -63,7 +63,7 @@ void Fp8UpdateGroup::flush(Pass p) {
                       .amax_history = m->amax_history,
                       .amax_slot = slot,
                       .opt = opt,
-                      .scale_before = l.before.defined() ? l.before.narrow0(slot, 1).view({2}) : Tensor()});
+                      .scale_before = l.before.defined() ? scale_copy(l, slot) : Tensor()});
     l.marked[static_cast<size_t>(slot)] = 0;
   }
   l.recorded.clear();

@@ -82,6 +82,7 @@ class Fp8UpdateGroup {
     Tensor before;                  // forward: [metas, 2], the pass's scales as cast with (a new buffer per pass)
   };
   List& list(Pass p) { return lists_[p == Pass::Forward ? 0 : 1]; }
+  static Tensor scale_copy(const List& l, int slot) { return l.before.narrow0(slot, 1).view({2}); }  // [2]
   comm::CommPtr tp_;
   List lists_[2];
 };

@@ -262,7 +262,7 @@ int64_t TransformerLayer::saved_bytes(const TransformerConfig& m, const Activati
                                 ? fp8_saved_bytes(d, d.n, d.h, (d.np + 2 * d.ng) * d.hn)
                                 : norm_out * d.n * d.h * d.e;
   return 2 * norm_stats_bytes(m, d)      // input_layernorm's and pre_mlp_layernorm's statistics
-         + qkv_input                     //
+         + qkv_input                     // linear_qkv's input, or its FP8 casts
          + attention                     //
          + d.n_local * d.h * d.e         // x1 = x + attention (pre_mlp_layernorm's input)
          + mlp;

@@ -120,14 +120,9 @@ void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptio
 void fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, Tensor& amax, Stream s) {
   const char* op = "fp8_scale_update_multi";
   require_cpu_f32(op, "amax", amax);
-  const int64_t k = amax.numel();
-  std::vector<bool> taken(static_cast<size_t>(k), false);
+  check_fp8_scale_update_multi(list, amax);
   for (const Fp8ScaleState& e : list) {
-    MCPP_CHECK(e.amax_slot >= 0 && e.amax_slot < k && !taken[static_cast<size_t>(e.amax_slot)],
-               "{}: amax slot {} is outside amax {} or taken twice", op, e.amax_slot, amax.str());
-    taken[static_cast<size_t>(e.amax_slot)] = true;
     require_cpu_f32(op, "amax_history", e.amax_history);
-    MCPP_CHECK(e.amax_history.numel() >= 1, "{}: amax_history is empty", op);
     scale_of(op, e.scale, 0);
     if (e.scale_before.defined()) scale_of(op, e.scale_before, 0);
   }

@@ -137,8 +137,7 @@ void fp8_scale_update(Tensor& scale, Tensor& amax_history, const Fp8ScalingOptio
 void fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, Tensor& amax, Stream stream) {
   const char* op = "fp8_scale_update_multi";
   require_float(op, "amax", amax, /*bf16_ok=*/false);
-  const int64_t k = amax.numel();
-  std::vector<bool> taken(static_cast<size_t>(k), false);
+  check_fp8_scale_update_multi(list, amax);
   Fp8ScaleUpdateBatch b{};
   b.amax = amax.data<float>();
   auto launch = [&] {
@@ -146,12 +145,9 @@ void fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, Tensor& amax
     b.count = b.max_len = 0;
   };
   for (const Fp8ScaleState& e : list) {
-    MCPP_CHECK(e.amax_slot >= 0 && e.amax_slot < k && !taken[static_cast<size_t>(e.amax_slot)],
-               "{}: amax slot {} is outside amax {} or taken twice", op, e.amax_slot, amax.str());
-    taken[static_cast<size_t>(e.amax_slot)] = true;
     require_float(op, "amax_history", e.amax_history, /*bf16_ok=*/false);
     const int64_t len = e.amax_history.numel();
-    MCPP_CHECK(len >= 1 && len <= kFp8MaxHistory, "{}: amax_history must have 1 to {} elements; got {}", op,
+    MCPP_CHECK(len <= kFp8MaxHistory, "{}: amax_history must have 1 to {} elements; got {}", op,
                kFp8MaxHistory, e.amax_history.str());
     const int i = b.count++;
     b.scale[i] = const_cast<float*>(scale_ptr(op, "scale", e.scale));

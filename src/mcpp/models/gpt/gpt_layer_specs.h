@@ -10,8 +10,9 @@
 //                   (get_gpt_mtp_layer_spec, Megatron's get_gpt_mtp_block_spec)
 //   linears         "fp8" (FP8 GEMMs, the config's recipe: --fp8-format, --fp8-recipe ...) | "local" (the model's
 //                   dtype) — per layer: "local" without FP8 and, under --first-last-layers-bf16, for the first
-//                   --num-layers-at-start-in-bf16 / last --num-layers-at-end-in-bf16 global layers (Megatron's
-//                   TransformerConfig::is_first_last_bf16_layer); the MTP depths take the decoder's last layer's. The modules build their
+//                   --num-layers-at-start-in-bf16 / last --num-layers-at-end-in-bf16 global layers
+//                   (TransformerConfig::is_first_last_bf16_layer, Megatron's); the MTP depths take the decoder's last
+//                   layer's. The modules build their
 //                   tensor_parallel Column/RowParallelLinears with the spec's linear_fp8 (transformer/spec.h). Not
 //                   chosen here (the model's dtype always): the output layer, the MTP eh_proj and output layer, MLA's
 //                   down/up projections, the routed experts, the embeddings.
