@@ -311,6 +311,56 @@ TEST(CudaFp8, ActivationInTheCastIsTheUnfusedOps) {
   EXPECT_REL(host(db2), db_ref, 1e-5);
 }
 
+// A LayerNorm / RMSNorm in the input's cast (ops.h Fp8Act::Norm), from the statistics the norm's forward wrote without
+// its output, against the norm written out in bf16, then the plain FP8 linear: the same fp8 bytes, so y, the saved
+// q(x)^T and the amax bit for bit — after a plain norm and after the fused residual add + norm.
+TEST(CudaFp8, NormInTheCastIsTheNormThenTheLinear) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 256, h = 512, out = 160;
+  const Tensor a = dev(rnd({n, h}, 61, DType::BF16, -2.0, 2.0), DType::BF16);
+  const Tensor b = dev(rnd({n, h}, 62, DType::BF16, -1.0, 1.0), DType::BF16);
+  const Tensor gamma = dev(rnd({h}, 63, DType::F32, 0.5, 1.5)), beta = dev(rnd({h}, 64, DType::F32, -0.5, 0.5));
+  const Tensor w = dev(rnd({out, h}, 65, DType::BF16, -0.1, 0.1), DType::BF16);
+  auto operand = [](float s) {
+    return ops::Fp8Operand{.scale = dev(scale_tensor(s)), .amax = dev(Tensor::zeros({1}))};
+  };
+  auto same = [](const Tensor& x, const Tensor& y, int64_t bytes) {
+    const Tensor hx = host(x), hy = host(y);
+    return hx.numel() == hy.numel() && std::memcmp(hx.raw(), hy.raw(), bytes) == 0;
+  };
+  auto stat = [&] { return Tensor::empty({n}, DType::F32, Device::CUDA); };
+  for (const bool layernorm : {true, false})
+    for (const bool add : {false, true}) {
+      SCOPED_TRACE(std::string(layernorm ? "LayerNorm" : "RMSNorm") + (add ? ", fused add" : ""));
+      Tensor x = add ? Tensor::empty({n, h}, DType::BF16, Device::CUDA) : a, none;
+      Tensor ln = poisoned({n, h}, DType::BF16), mean = stat(), rstd = stat(), mean2 = stat(), rstd2 = stat();
+      auto norm = [&](Tensor& y, Tensor& m, Tensor& r) {  // the norm of a (+ b) into y (undefined: statistics only)
+        if (add && layernorm) ops::add_layernorm_fwd(x, y, m, r, a, b, gamma, &beta, 1e-5f, {});
+        else if (add) ops::add_rmsnorm_fwd(x, y, r, a, b, gamma, 1e-5f, {});
+        else if (layernorm) ops::layernorm_fwd(y, m, r, x, gamma, &beta, 1e-5f);
+        else ops::rmsnorm_fwd(y, r, x, gamma, 1e-5f);
+      };
+      norm(ln, mean, rstd);
+      norm(none, mean2, rstd2);
+      EXPECT_TRUE(same(rstd2, rstd, n * 4)) << "the statistics without the output";
+      if (layernorm) EXPECT_TRUE(same(mean2, mean, n * 4));
+      ops::Fp8Operand fx = operand(448.0f / 4.0f), fx_norm = operand(448.0f / 4.0f), fw = operand(4480.0f);
+      fx_norm.act = ops::Fp8Act::Norm;
+      fx_norm.norm = {.mean = layernorm ? mean2 : Tensor(), .rstd = rstd2, .weight = gamma,
+                      .bias = layernorm ? beta : Tensor(), .eps = 1e-5f};
+      Tensor y = poisoned({n, out}, DType::BF16), y_fused = poisoned({n, out}, DType::BF16);
+      ops::Fp8Saved saved, saved_fused;
+      ops::fp8_linear_fwd(y, ln, w, nullptr, fx, fw, &saved);
+      ops::fp8_linear_fwd(y_fused, x, w, nullptr, fx_norm, fw, &saved_fused);
+      EXPECT_TRUE(same(y_fused, y, n * out * 2));
+      EXPECT_TRUE(same(saved_fused.x, saved.x, n * h + 4)) << "q(x)^T, then its scale_inv";
+      EXPECT_TRUE(same(fx_norm.amax, fx.amax, 4));
+      Tensor y_raw = poisoned({n, out}, DType::BF16);
+      ops::fp8_linear_fwd(y_raw, x, w, nullptr, fx, fw, nullptr);
+      EXPECT_FALSE(same(y_raw, y, n * out * 2)) << "the norm is applied";
+    }
+}
+
 Config fp8_gpu_config(const std::string& data, const std::string& format, const std::string& recipe) {
   Config c = training_test::gpu_train_config(data);
   c.training.bf16 = true;
@@ -352,6 +402,26 @@ TEST(CudaFp8Training, ResumeIsBitExactWithTheScalingState) {
   c.model.deterministic_mode = true;
   c.validate();
   training_test::expect_resume_bit_exact(c, dir / "ckpt");
+  std::filesystem::remove_all(dir);
+}
+
+// The norms in the FP8 input casts (transformer_layer.h) against the norms written out ("layernorm" recompute keeps
+// them unfused; its re-run writes the same bits): under --deterministic-mode the same losses, exactly.
+TEST(CudaFp8Training, NormsInTheCastsEqualTheNormsWrittenOut) {
+  MCPP_REQUIRE_CUDA();
+  const KernelSettingsScope restore;
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_fp8_norm_" + std::to_string(::getpid()));
+  Config c = fp8_gpu_config(training_test::make_corpus(dir), "hybrid", "delayed");
+  c.model.deterministic_mode = true;
+  c.validate();
+  const TrainSummary in_cast = Trainer(c, 99, training_test::single()).train();
+  c.model.recompute_granularity = "selective";
+  c.model.recompute_modules = {"layernorm"};
+  c.validate();
+  const TrainSummary written = Trainer(c, 99, training_test::single()).train();
+  ASSERT_EQ(in_cast.losses.size(), written.losses.size());
+  for (size_t i = 0; i < written.losses.size(); ++i)
+    EXPECT_EQ(in_cast.losses[i], written.losses[i]) << "iteration " << i + 1;
   std::filesystem::remove_all(dir);
 }
 

@@ -362,5 +362,54 @@ TEST(Fp8Linear, ActivationInTheCastIsTheUnfusedOps) {
   EXPECT_NE(err.find("act_input must have the gradient's"), std::string::npos) << err;
 }
 
+// Fp8Act::Norm: a LayerNorm / RMSNorm in the input's cast, from the statistics the norm's forward wrote without its
+// output (an undefined y), gives what the norm written out, then the plain FP8 linear gives: y, the saved cast and the
+// amax, bit for bit (both from a plain and from a fused add + norm forward). A malformed norm is a named error.
+TEST(Fp8Linear, NormInTheCastIsTheNormThenTheLinear) {
+  const int64_t n = 40, h = 32, out = 24;
+  const Tensor a = testing::random_tensor({n, h}, 31, nullptr, -2.0, 2.0), b = testing::random_tensor({n, h}, 32);
+  const Tensor gamma = testing::random_tensor({h}, 33, nullptr, 0.5, 1.5), beta = testing::random_tensor({h}, 34);
+  const Tensor w = testing::random_tensor({out, h}, 35, nullptr, -0.1, 0.1);
+  auto operand = [](float s) { return ops::Fp8Operand{.scale = scale_of(s), .amax = Tensor::zeros({1})}; };
+  for (const bool layernorm : {true, false})
+    for (const bool add : {false, true}) {
+      SCOPED_TRACE(std::string(layernorm ? "LayerNorm" : "RMSNorm") + (add ? ", fused add" : ""));
+      Tensor x = add ? Tensor::empty({n, h}) : a, ln = Tensor::empty({n, h}), none;
+      Tensor mean = Tensor::empty({n}), rstd = Tensor::empty({n}), mean2 = Tensor::empty({n}),
+             rstd2 = Tensor::empty({n});
+      auto norm = [&](Tensor& y, Tensor& m, Tensor& r) {  // the norm of a (+ b) into y (undefined: statistics only)
+        if (add && layernorm) ops::add_layernorm_fwd(x, y, m, r, a, b, gamma, &beta, 1e-5f, {});
+        else if (add) ops::add_rmsnorm_fwd(x, y, r, a, b, gamma, 1e-5f, {});
+        else if (layernorm) ops::layernorm_fwd(y, m, r, x, gamma, &beta, 1e-5f);
+        else ops::rmsnorm_fwd(y, r, x, gamma, 1e-5f);
+      };
+      norm(ln, mean, rstd);
+      norm(none, mean2, rstd2);
+      EXPECT_TRUE(identical(rstd2, rstd)) << "the statistics without the output";
+      if (layernorm) EXPECT_TRUE(identical(mean2, mean));
+      ops::Fp8Operand fx = operand(448.0f / 4.0f), fx_norm = operand(448.0f / 4.0f);
+      fx_norm.act = ops::Fp8Act::Norm;
+      fx_norm.norm = {.mean = layernorm ? mean2 : Tensor(), .rstd = rstd2, .weight = gamma,
+                      .bias = layernorm ? beta : Tensor(), .eps = 1e-5f};
+      Tensor y = Tensor::empty({n, out}), y_fused = Tensor::empty({n, out});
+      ops::Fp8Saved saved, saved_fused;
+      ops::fp8_linear_fwd(y, ln, w, nullptr, fx, operand(4480.0f), &saved);
+      ops::fp8_linear_fwd(y_fused, x, w, nullptr, fx_norm, operand(4480.0f), &saved_fused);
+      EXPECT_TRUE(identical(y_fused, y));
+      EXPECT_TRUE(identical(saved_fused.x, saved.x));
+      EXPECT_EQ(fx_norm.amax.data<float>()[0], fx.amax.data<float>()[0]);
+      Tensor y_raw = Tensor::empty({n, out});
+      ops::fp8_linear_fwd(y_raw, x, w, nullptr, fx, operand(4480.0f), nullptr);
+      EXPECT_FALSE(identical(y_raw, y)) << "the norm is applied";
+    }
+  ops::Fp8Operand bad = operand(1.0f);
+  bad.act = ops::Fp8Act::Norm;
+  bad.norm = {.mean = Tensor::zeros({n}), .rstd = Tensor::zeros({n}), .weight = gamma};  // a mean without a bias
+  Tensor y = Tensor::empty({n, out});
+  const std::string err =
+      testing::error_of([&] { ops::fp8_linear_fwd(y, a, w, nullptr, bad, operand(1.0f), nullptr); });
+  EXPECT_NE(err.find("the Norm operand needs rstd and weight"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace mcpp

@@ -7,6 +7,10 @@
 // microbatch's forward moved the live scales (the test checks they moved), so a re-run that cast with the live
 // scales, or updated the state (the amax history) a second time, would differ. Also what an FP8 linear's context
 // holds between forward and backward (the saved casts, not x) and that the activation walk counts it.
+// Under the delayed recipe the run without recompute applies the layers' norms in their linears' FP8 input casts
+// (transformer_layer.h) and "layernorm" recompute does not, so the bitwise comparison with {"layernorm", "mlp"} is
+// also that of the norms in the casts against the norms written out; NormsInTheCastsWhereTheyMay checks which runs
+// apply them.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -183,6 +187,40 @@ TEST(Fp8Recompute, LinearContextsHoldTheSavedCastsNotTheInput) {
     for (ParamAndGradBuffer* buf : model.buffers()) buf->zero_grad();
     model.backward(ctx, 1.0f);
     EXPECT_FALSE(ctx.decoder.layers[0].mlp.get<MLPCtx>().fc2.fp8_saved.x.defined()) << recipe;
+  }
+}
+
+// Which layers apply their norms in the FP8 casts (TransformerLayerCtx::*_in_cast after a training forward): under the
+// delayed recipe input_layernorm in linear_qkv's cast and pre_mlp_layernorm in a dense MLP's fc1 cast; not a MoE layer's
+// (the router reads the norm's output), not under the tensorwise recipe (its amax is taken before the cast), not with
+// "layernorm" recompute, and not the MLP's under "mlp" recompute (its re-run reads the kept norm output).
+TEST(Fp8Recompute, NormsInTheCastsWhereTheyMay) {
+  struct Case {
+    std::string style, recipe;
+    Layout layout;
+    bool moe;
+    bool attn_in_cast, dense_mlp_in_cast;
+  };
+  for (const Case& k : {Case{"gpt2", "delayed", {}, false, true, true}, Case{"llama", "delayed", {}, false, true, true},
+                        Case{"llama", "delayed", {}, true, true, true},
+                        Case{"gpt2", "tensorwise", {}, false, false, false},
+                        Case{"gpt2", "delayed", {"selective", "", 0, {"layernorm"}}, false, false, false},
+                        Case{"gpt2", "delayed", {"selective", "", 0, {"mlp"}}, false, true, false}}) {
+    const std::string what = (k.moe ? "moe " : "") + name_of(k.style, k.recipe, k.layout);
+    const TransformerConfig c = fp8_config(k.style, k.recipe, k.layout, k.moe, false);
+    ModelChunk model(c, 7, testing::single_tp());
+    tensor_parallel::RngTracker rng(1234, 0, 0);
+    GPTModelCtx ctx;
+    const testing::Batch b = testing::fixed_batch(c.seq_length, 2, c.vocab_size, 0);
+    model.forward_loss(ctx, b.tokens, b.labels, b.loss_mask, {.training = true, .rng = &rng});
+    ASSERT_EQ(ctx.decoder.layers.size(), 3u) << what;
+    for (size_t i = 0; i < 3; ++i) {
+      const bool moe_layer = k.moe && i != 1;  // MoE in layers 0 and 2 (fp8_config)
+      EXPECT_EQ(ctx.decoder.layers[i].input_norm_in_cast, k.attn_in_cast) << what << " layer " << i;
+      EXPECT_EQ(ctx.decoder.layers[i].mlp_norm_in_cast, k.dense_mlp_in_cast && !moe_layer) << what << " layer " << i;
+    }
+    for (ParamAndGradBuffer* buf : model.buffers()) buf->zero_grad();
+    model.backward(ctx, 1.0f);
   }
 }
 

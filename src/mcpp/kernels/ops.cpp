@@ -195,8 +195,10 @@ void fp8_scale_update_multi(const std::vector<Fp8ScaleState>& list, Tensor& amax
 }
 void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const Fp8Operand& fx,
                     const Fp8Operand& fw, Fp8Saved* saved, Stream s) {
-  MCPP_DISPATCH(fp8_linear_fwd, ({&y, &x, &w, bias, &fx.scale, &fw.scale, &fx.amax, &fw.amax}), y, x, w, bias, fx, fw,
-                saved, s);
+  MCPP_DISPATCH(fp8_linear_fwd,
+                ({&y, &x, &w, bias, &fx.scale, &fw.scale, &fx.amax, &fw.amax, &fx.norm.mean, &fx.norm.rstd,
+                  &fx.norm.weight, &fx.norm.bias}),
+                y, x, w, bias, fx, fw, saved, s);
 }
 void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy, const Tensor& x, const Tensor& w,
                     const Fp8Operand& fdy, const Fp8Operand& fx, const Fp8Operand& fw, const Fp8Saved* saved,
@@ -211,6 +213,18 @@ Tensor fp8_operand_values(const char* op, const Tensor& t, const Fp8Operand& f, 
   Tensor v = Tensor::empty(t.shape(), t.dtype(), t.device());
   if (f.act == Fp8Act::Gelu) {
     gelu_fwd(v, t, s);
+  } else if (f.act == Fp8Act::Norm) {  // the norm again on t: the statistics (into scratch) and y are the forward's
+    const Fp8Norm& nm = f.norm;
+    MCPP_CHECK(nm.rstd.defined() && nm.weight.defined() && nm.mean.defined() == nm.bias.defined(),
+               "{}: the Norm operand needs rstd and weight, and mean with bias (LayerNorm) or neither (RMSNorm)", op);
+    const int64_t n = nm.rstd.numel();
+    Tensor x = t.view({n, -1}), y = v.view({n, -1}), rstd = Tensor::empty({n}, DType::F32, t.device());
+    if (nm.mean.defined()) {
+      Tensor mean = Tensor::empty({n}, DType::F32, t.device());
+      layernorm_fwd(y, mean, rstd, x, nm.weight, &nm.bias, nm.eps, s);
+    } else {
+      rmsnorm_fwd(y, rstd, x, nm.weight, nm.eps, s);
+    }
   } else {
     MCPP_CHECK(f.act_input.defined() && f.act_input.numel() == t.numel(),
                "{}: the DGelu operand's act_input must have the gradient's {} elements; got {}", op, t.numel(),

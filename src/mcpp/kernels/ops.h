@@ -200,24 +200,36 @@ float fp8_round(float v, Fp8Format f);
 //   Gelu  (fp8_linear_fwd's fx): the operand is gelu(x), x the pre-activation;
 //   DGelu (fp8_linear_bwd's fdy): the operand is dy * gelu'(act_input), dy the gradient of gelu's output and
 //         act_input the pre-activation (dy's shape).
-// The values are rounded to the given tensor's dtype first, as gelu_fwd / gelu_bwd write them into it, so the casts,
-// amax, GEMMs and bias gradient see what the unfused ops would have produced (CUDA: the same bytes).
-enum class Fp8Act { None, Gelu, DGelu };
+//   Norm  (fp8_linear_fwd's fx): the operand is the norm of x (Fp8Norm), x the norm's input — Transformer Engine's
+//         LayerNormLinear: the norm's output is never written.
+// The values are rounded to the given tensor's dtype first, as gelu_fwd / gelu_bwd / the norms write them into it, so
+// the casts, amax, GEMMs and bias gradient see what the unfused ops would have produced (CUDA: the same bytes).
+enum class Fp8Act { None, Gelu, DGelu, Norm };
+
+// Fp8Act::Norm's norm: y = (x - mean) rstd weight + bias over x's last dim, with the statistics a norm forward wrote
+// for x (layernorm_fwd / add_layernorm_fwd; RMSNorm: rmsnorm_fwd / add_rmsnorm_fwd, mean and bias undefined) — the
+// bytes that forward would have written as y. CUDA applies the statistics in the cast as the norm kernels' 16-byte
+// path computes y; where a backend cannot, the norm runs again on x (eps: the forward's), which writes the same.
+struct Fp8Norm {
+  Tensor mean, rstd, weight, bias;
+  float eps = 0.0f;
+};
 
 // One operand of an FP8 GEMM: its scaling state, float32 on the op's device.
 //   scale: [2] = {scale, scale_inv} (the cast multiplies by scale, the GEMM's output by the scale_invs).
 //   amax:  [1] or undefined; when defined the op takes amax = max(amax, max |x|) of the UNSCALED input (the
 //          delayed recipe's history slot; the tensorwise recipe records it with fp8_amax before the scale).
-//   act / act_input: Fp8Act (None: the tensor itself).
+//   act / act_input / norm: Fp8Act (None: the tensor itself; act_input: DGelu's, norm: Norm's).
 struct Fp8Operand {
   Tensor scale;
   Tensor amax{};
   Fp8Format format = Fp8Format::E4M3;
   Fp8Act act = Fp8Act::None;
   Tensor act_input{};
+  Fp8Norm norm{};
 };
 // The values of operand f given the tensor t (ops.h Fp8Act), as a tensor of t's dtype: t itself, or the activation
-// written out by gelu_fwd / gelu_bwd (the unfused form, where a backend's cast cannot apply it).
+// written out by gelu_fwd / gelu_bwd / the norm's forward (the unfused form, where a backend's cast cannot apply it).
 Tensor fp8_operand_values(const char* op, const Tensor& t, const Fp8Operand& f, Stream s = {});
 
 // What an FP8 linear's forward keeps for its backward (fp8_linear_fwd's `saved`; Transformer Engine keeps the same):

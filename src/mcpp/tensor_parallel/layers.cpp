@@ -47,13 +47,16 @@ std::shared_ptr<Fp8LinearState> make_fp8(ParameterRegistry& params, const std::s
 }
 
 // y [n, out] = x [n, in] W^T (+ bias) with FP8 GEMMs; ctx keeps the scales the backward casts x and w with (blockwise:
-// the op scales per block, nothing kept). x_act Gelu: the GEMM's input is gelu(x), applied in x's cast. Under
-// activation recompute (rc, fp8_recompute.h) a re-run casts with its first forward's stashed scales and leaves the
-// state alone; a first forward stashes the scales it used.
+// the op scales per block, nothing kept). x_act Gelu: the GEMM's input is gelu(x), applied in x's cast; Norm: the
+// norm x_norm of x. Under activation recompute (rc, fp8_recompute.h) a re-run casts with its first forward's stashed
+// scales and leaves the state alone; a first forward stashes the scales it used.
 void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Tensor& x, const Tensor& w,
-                 const Tensor* bias, const Fp8Recompute* rc, ops::Fp8Act x_act = ops::Fp8Act::None) {
+                 const Tensor* bias, const Fp8Recompute* rc, ops::Fp8Act x_act = ops::Fp8Act::None,
+                 const ops::Fp8Norm* x_norm = nullptr) {
   MCPP_CHECK(x_act == ops::Fp8Act::None || st.delayed(), "{}: an activation fused into the FP8 input cast needs the "
              "delayed recipe", st.prefix());
+  MCPP_CHECK((x_act == ops::Fp8Act::Norm) == (x_norm != nullptr), "{}: the Norm input cast needs its norm",
+             st.prefix());
   if (st.blockwise()) {  // per-call block scales from x and w themselves: nothing to keep, replay or update
     ops::fp8_block_linear_fwd(y, x, w);
     if (bias) ops::bias_add_inplace(y, *bias);
@@ -68,6 +71,7 @@ void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Te
     f = st.forward(x, w);
   }
   f.x.act = x_act;
+  if (x_norm) f.x.norm = *x_norm;
   ops::fp8_linear_fwd(y, x, w, bias, f.x, f.w, &ctx.fp8_saved);  // the bias in the GEMM's epilogue
   if (!replay) st.after_forward();
   ctx.fp8_x_scale = f.x_scale;
@@ -147,15 +151,19 @@ Tensor gather_then(comm::Communicator& tp, const Tensor& x, int64_t cols, bool r
 }
 }  // namespace
 
-Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute) const {
+Tensor ColumnParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute,
+                                     const ops::Fp8Norm* x_norm) const {
   const ModuleScope m(name_, x);
+  MCPP_CHECK(!x_norm || fp8_fuses_norm(), "{}: a norm in the input cast needs FP8 delayed scaling without SP", name_);
   const Tensor* bias = bias_ ? &bias_->data : nullptr;
   if (!opt_.sequence_parallel) {  // copy_to_tp: identity
     ctx.x = rows(x, opt_.input_size);                                                 // [s*b, in]
     Tensor y = Tensor::empty({ctx.x.size(0), out_local_}, x.dtype(), x.device());  // [s*b, out/tp]
-    if (fp8_) fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, bias, fp8_recompute);
+    if (fp8_)
+      fp8_forward(*fp8_, ctx, y, ctx.x, weight_->data, bias, fp8_recompute,
+                  x_norm ? ops::Fp8Act::Norm : ops::Fp8Act::None, x_norm);
     else ops::linear_fwd(y, ctx.x, weight_->data, bias);
-    finish_forward(ctx);
+    finish_forward(ctx);  // under FP8 x (here the norm's input) dropped: the backward reads the saved casts
     return m.ret(y.view(with_last(x.shape(), out_local_)));
   }
   const int64_t n_full = x.numel() / opt_.input_size * tp_->size();

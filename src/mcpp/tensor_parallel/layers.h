@@ -84,8 +84,11 @@ class ColumnParallelLinear {
                        comm::CommPtr tp);
   // Shares an existing weight (tied output layer = word embeddings); no parameters registered.
   ColumnParallelLinear(Parameter* shared_weight, const ParallelLinearOptions& opt, comm::CommPtr tp);
-  // fp8_recompute: FP8 under activation recompute (fp8_recompute.h; null: a plain forward).
-  Tensor forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute = nullptr) const;
+  // fp8_recompute: FP8 under activation recompute (fp8_recompute.h; null: a plain forward). x_norm (null: none):
+  // x is a norm's input and the layer's input its output, applied in the FP8 input cast (ops.h Fp8Act::Norm;
+  // Transformer Engine's LayerNormLinear), so the norm's output is never written (fp8_fuses_norm() only).
+  Tensor forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute = nullptr,
+                 const ops::Fp8Norm* x_norm = nullptr) const;
   // act [s, b, out/tp] = gelu(forward(x)); pre_act is set to the pre-activation [s*b, out/tp].
   Tensor forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act,
                       const Fp8Recompute* fp8_recompute = nullptr) const;
@@ -94,6 +97,8 @@ class ColumnParallelLinear {
   Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor* gelu_pre_act = nullptr) const;
   // FP8 delayed scaling: an activation can ride in the FP8 casts (the scale is known before the tensor is read).
   bool fp8_fuses_gelu() const { return fp8_ && fp8_->delayed(); }
+  // ... and the input's norm, where x is not all-gathered between the norm and the cast (no SP).
+  bool fp8_fuses_norm() const { return fp8_fuses_gelu() && !opt_.sequence_parallel; }
   // Sets ctx's saved input again from x, the forward's input recomputed (selective recompute "layernorm": the
   // caller dropped ctx.x after the forward): under SP the all-gather again (a plain one with --tp-comm-overlap too:
   // the same rows), no GEMM.

@@ -110,7 +110,7 @@ Tensor SelfAttention::forward(SelfAttentionCtx& ctx, const Tensor& x, const Rope
                               const ForwardOptions& opt) const {
   if (opt.inference) return forward_cached(ctx, x, rope, *opt.inference);
   const ModuleScope m("self_attention", x);
-  Tensor qkv = linear_qkv_.forward(ctx.qkv, x, opt.fp8_recompute);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
+  Tensor qkv = linear_qkv_.forward(ctx.qkv, x, opt.fp8_recompute, opt.input_norm);  // [s/cp, b, ng/tp*(np/ng+2)*hn]
   if (cp_) qkv = tensor_parallel::all_to_all_cp2hp(*cp_, qkv);  // [s, b, ng/tp/cp*(np/ng+2)*hn]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   if (recompute_core_) ctx.core_replay = ForwardReplay::of(opt);

@@ -81,6 +81,8 @@ class SelfAttention {
   // copy) / set it again from the recomputed x before the backward.
   void release_input(SelfAttentionCtx& ctx) const { ctx.qkv.x = Tensor(); }
   void restore_input(SelfAttentionCtx& ctx, const Tensor& x) const { linear_qkv_.restore_input(ctx.qkv, x); }
+  // ForwardOptions::input_norm in linear_qkv's FP8 input cast (ColumnParallelLinear::fp8_fuses_norm).
+  bool fuses_input_norm() const { return linear_qkv_.fp8_fuses_norm(); }
 
  private:
   // The core attention reads the fused linear_qkv output (no split / merge): no RoPE, no qk norms and a packed

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "mcpp/core/error.h"
 #include "mcpp/core/module_trace.h"
 #include "mcpp/kernels/ops.h"
 
@@ -36,18 +37,20 @@ MLP::MLP(ParameterRegistry& params, const std::string& prefix, const Transformer
                    .fp8 = fp8},
                   tp.group) {}
 
-Tensor MLP::forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Recompute* fp8_recompute) const {
+Tensor MLP::forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Recompute* fp8_recompute,
+                    const ops::Fp8Norm* x_norm) const {
   const ModuleScope m("mlp", x);
+  MCPP_CHECK(!x_norm || fuses_input_norm(), "mlp: the input's norm in fc1's cast needs FP8 delayed scaling");
   Tensor y;
   if (fp8_gelu()) {  // FP8 delayed: fc1's output is the pre-activation; GELU rides in fc2's input cast
-    Tensor h1 = linear_fc1_.forward(ctx.fc1, x, fp8_recompute);                 // [s, b, f/tp]
+    Tensor h1 = linear_fc1_.forward(ctx.fc1, x, fp8_recompute, x_norm);         // [s, b, f/tp]
     ctx.pre_act = h1.view({-1, ffn_});                                          // [n, f/tp], kept for backward
     y = linear_fc2_.forward(ctx.fc2, h1, fp8_recompute, ops::Fp8Act::Gelu);    // [s(/tp), b, h]
   } else if (!swiglu_) {  // GELU: bias + GELU ride in fc1's GEMM (linear_gelu_fwd); pre_act kept for backward
     Tensor act = linear_fc1_.forward_gelu(ctx.fc1, x, ctx.pre_act, fp8_recompute);  // [s, b, f/tp]; pre_act [n, f/tp]
     y = linear_fc2_.forward(ctx.fc2, act, fp8_recompute);             // [s(/tp), b, h]
   } else {
-    Tensor h1 = linear_fc1_.forward(ctx.fc1, x, fp8_recompute);       // [s, b, 2f/tp]
+    Tensor h1 = linear_fc1_.forward(ctx.fc1, x, fp8_recompute, x_norm);  // [s, b, 2f/tp]
     ctx.pre_act = h1.view({-1, 2 * ffn_});                            // [n, 2f/tp]
     Tensor act = Tensor::empty({ctx.pre_act.size(0), ffn_}, h1.dtype(), x.device());  // [n, f/tp]
     ops::swiglu_fwd(act, ctx.pre_act);

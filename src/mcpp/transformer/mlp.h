@@ -41,7 +41,9 @@ class MLP {
   MLP(ParameterRegistry& params, const std::string& prefix, const TransformerConfig& config,
       const tensor_parallel::TPContext& tp, const tensor_parallel::Fp8Options& fp8, bool is_expert = false);
   // fp8_recompute: the FP8 linears under activation recompute (tensor_parallel/fp8_recompute.h; null: plain).
-  Tensor forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Recompute* fp8_recompute = nullptr) const;
+  // x_norm (null: none): x is a norm's input, applied in fc1's FP8 input cast (fuses_input_norm() only).
+  Tensor forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Recompute* fp8_recompute = nullptr,
+                 const ops::Fp8Norm* x_norm = nullptr) const;
   // output_bias_grad_elsewhere: fc2's bias grad is taken from the residual stream (output_bias()).
   Tensor backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewhere = false) const;
   Parameter* output_bias() const { return linear_fc2_.residual_bias(); }  // RowParallelLinear::residual_bias
@@ -54,6 +56,8 @@ class MLP {
   bool fp8_gelu() const {
     return !swiglu_ && !recompute_act_ && linear_fc1_.fp8_fuses_gelu() && linear_fc2_.fp8_fuses_gelu();
   }
+  // The input's norm in fc1's FP8 input cast (ColumnParallelLinear::fp8_fuses_norm; not for routed experts).
+  bool fuses_input_norm() const { return !recompute_act_ && linear_fc1_.fp8_fuses_norm(); }
 
  private:
   bool swiglu_;

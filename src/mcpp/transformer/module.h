@@ -2,6 +2,7 @@
 // tracker dropout draws from. Explicit forward/backward (DESIGN.md decision 1): a module's saved state
 // lives in a *Ctx struct the caller owns (one per microbatch per chunk); backward reads it.
 #pragma once
+#include "mcpp/kernels/ops.h"
 #include "mcpp/tensor_parallel/fp8_recompute.h"
 #include "mcpp/tensor_parallel/random.h"
 #include "mcpp/transformer/packed_seq_params.h"
@@ -32,6 +33,10 @@ struct ForwardOptions {
   // FP8 under activation recompute (tensor_parallel/fp8_recompute.h): a recomputed region's first forward records the
   // scales its FP8 linears cast with, its re-run replays them. Null: a plain forward.
   const tensor_parallel::Fp8Recompute* fp8_recompute = nullptr;
+  // The module's input x is a norm's input, not its output: the module's first linear applies this norm in its FP8
+  // input cast (ops.h Fp8Act::Norm; Transformer Engine's LayerNormLinear), so the norm's output is never written.
+  // Set by the layer only for a module whose fuses_input_norm() (transformer/spec.h); null: x is the input.
+  const ops::Fp8Norm* input_norm = nullptr;
 };
 
 // ForwardOptions snapshot for activation recompute: the RNG streams as a forward found them. A re-run

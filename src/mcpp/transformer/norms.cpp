@@ -15,34 +15,44 @@ Norm::Norm(ParameterRegistry& params, const std::string& prefix, int64_t hidden,
                         .sequence_parallel = sequence_parallel});
 }
 
-Tensor Norm::forward(NormCtx& ctx, const Tensor& x) const {
+Tensor Norm::forward(NormCtx& ctx, const Tensor& x, bool output) const {
   ctx.x = x.view({-1, hidden_});  // [n, h]
   ctx.shape = x.shape();
   const int64_t n = ctx.x.size(0);
   ctx.rstd = Tensor::empty({n}, DType::F32, x.device());
   if (kind_ == Normalization::LayerNorm) ctx.mean = Tensor::empty({n}, DType::F32, x.device());
-  return recompute(ctx);
+  return run(ctx, output);
 }
 
 Tensor Norm::recompute(NormCtx& ctx) const {
   MCPP_CHECK(ctx.x.defined() && ctx.rstd.defined(), "Norm::recompute needs the context of a forward");
-  Tensor y = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());  // [n, h]
+  return run(ctx, true);
+}
+
+Tensor Norm::run(NormCtx& ctx, bool output) const {
+  Tensor y = output ? Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device()) : Tensor();  // [n, h]
   if (kind_ == Normalization::LayerNorm)
     ops::layernorm_fwd(y, ctx.mean, ctx.rstd, ctx.x, weight_->data, &bias_->data, eps_);
   else
     ops::rmsnorm_fwd(y, ctx.rstd, ctx.x, weight_->data, eps_);
-  return y.view(ctx.shape);
+  return output ? y.view(ctx.shape) : y;
 }
 
-Tensor Norm::forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b,
-                         const ops::ResidualDropout& drop) const {
+ops::Fp8Norm Norm::fp8_input(const NormCtx& ctx) const {
+  MCPP_CHECK(ctx.x.defined() && ctx.rstd.defined(), "Norm::fp8_input needs the context of a forward");
+  return {.mean = ctx.mean, .rstd = ctx.rstd, .weight = weight_->data, .bias = bias_ ? bias_->data : Tensor(),
+          .eps = eps_};
+}
+
+Tensor Norm::forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b, const ops::ResidualDropout& drop,
+                         bool output) const {
   ctx.drop = drop;
   ctx.shape = a.shape();
   Tensor s = Tensor::empty(a.shape(), a.dtype(), a.device());
   ctx.x = s.view({-1, hidden_});  // [n, h]
   const int64_t n = ctx.x.size(0);
   const Tensor a2 = a.view({-1, hidden_}), b2 = b.view({-1, hidden_});
-  Tensor y = Tensor::empty({n, hidden_}, a.dtype(), a.device());
+  Tensor y = output ? Tensor::empty({n, hidden_}, a.dtype(), a.device()) : Tensor();
   ctx.rstd = Tensor::empty({n}, DType::F32, a.device());
   if (kind_ == Normalization::LayerNorm) {
     ctx.mean = Tensor::empty({n}, DType::F32, a.device());
@@ -50,7 +60,7 @@ Tensor Norm::forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tenso
   } else {
     ops::add_rmsnorm_fwd(ctx.x, y, ctx.rstd, a2, b2, weight_->data, eps_, drop);
   }
-  y = y.view(a.shape());
+  if (output) y = y.view(a.shape());
   sum = s;  // last: sum may be the caller's a or b
   return y;
 }

@@ -8,6 +8,9 @@
 // sum receives from its other consumer into dx, in the same kernel. With a residual dropout on b (Megatron's
 // bias-dropout-add under hidden dropout) the forward adds dropout(b) and the backward also returns b's
 // gradient (dbranch), both inside the norm kernels.
+// Into an FP8 cast (Transformer Engine's LayerNormLinear): with output = false the forwards write the statistics (and
+// the sum) only and return an undefined tensor; fp8_input(ctx) is the norm the consuming linear then applies in its
+// input cast (ops.h Fp8Act::Norm), the same bytes as the output not written. The backward is the same either way.
 #pragma once
 #include <string>
 
@@ -39,12 +42,14 @@ class Norm {
  public:
   Norm(ParameterRegistry& params, const std::string& prefix, int64_t hidden, Normalization kind, float eps,
        bool sequence_parallel);
-  Tensor forward(NormCtx& ctx, const Tensor& x) const;  // x [..., h] -> [..., h]
+  Tensor forward(NormCtx& ctx, const Tensor& x, bool output = true) const;  // x [..., h] -> [..., h]
   // sum = a + b (a, b [..., h] of one shape; sum gets a's shape, dtype and device), returns norm(sum).
   // drop active: sum = a + dropout(b) (ops::dropout_fwd's mask and values; b is not written); the backward
   // must then take dres and dbranch.
-  Tensor forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b,
-                     const ops::ResidualDropout& drop = {}) const;
+  Tensor forward_add(NormCtx& ctx, Tensor& sum, const Tensor& a, const Tensor& b, const ops::ResidualDropout& drop = {},
+                     bool output = true) const;
+  // The norm of the last forward's input (ctx.x) as an FP8 cast applies it.
+  ops::Fp8Norm fp8_input(const NormCtx& ctx) const;
   // dx = d(norm)/dx (dy) (+ dres [..., h] when non-null; then also the residual bias grads rb). After a
   // forward_add with dropout, *dbranch = b's gradient (dropout_bwd of dx, written in the same kernel).
   Tensor backward(NormCtx& ctx, const Tensor& dy, const Tensor* dres = nullptr, const ResidualBiasGrads& rb = {},
@@ -55,6 +60,8 @@ class Norm {
   Tensor recompute(NormCtx& ctx) const;
 
  private:
+  Tensor run(NormCtx& ctx, bool output) const;  // the plain norm of ctx.x into ctx's statistics (and y when output)
+
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   int64_t hidden_;

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "mcpp/core/error.h"
 #include "mcpp/core/tensor.h"
 #include "mcpp/transformer/ctx_tensors.h"
 #include "mcpp/tensor_parallel/tp_context.h"
@@ -103,6 +104,8 @@ class AttentionModule {
   // Selective recompute "layernorm": drop the input the first linear keeps / set it again before the backward.
   virtual void release_input(SubmoduleCtx& ctx) const = 0;
   virtual void restore_input(SubmoduleCtx& ctx, const Tensor& x) const = 0;
+  // Whether forward takes ForwardOptions::input_norm (its first linear applies the input's norm in an FP8 cast).
+  virtual bool fuses_input_norm() const { return false; }
 };
 
 // The layer's MLP: x [s(/tp), b, h] -> [s(/tp), b, h] (before the residual add).
@@ -123,6 +126,7 @@ class MlpModule {
   virtual const char* recompute_name() const = 0;
   virtual bool draws_rng() const = 0;
   virtual moe::MoELayer* moe_layer() const { return nullptr; }  // the router lives here (the trainer's bias update)
+  virtual bool fuses_input_norm() const { return false; }  // as AttentionModule's
 };
 
 // Adapters: a module class M with forward(Ctx&, ...) / backward(Ctx&, ...) as SelfAttention's, behind
@@ -133,6 +137,7 @@ class AttentionOf final : public AttentionModule {
   template <class... Args>
   explicit AttentionOf(Args&&... args) : m_(std::forward<Args>(args)...) {}
   Tensor forward(SubmoduleCtx& ctx, const Tensor& x, const RopeTables* rope, const ForwardOptions& opt) const override {
+    MCPP_CHECK(!opt.input_norm || fuses_input_norm(), "this attention does not apply its input's norm");
     return m_.forward(ctx.get<Ctx>(), x, rope, opt);
   }
   Tensor backward(SubmoduleCtx& ctx, const Tensor& dy, const RopeTables* rope,
@@ -142,6 +147,10 @@ class AttentionOf final : public AttentionModule {
   Parameter* output_bias() const override { return m_.output_bias(); }
   void release_input(SubmoduleCtx& ctx) const override { m_.release_input(ctx.get<Ctx>()); }
   void restore_input(SubmoduleCtx& ctx, const Tensor& x) const override { m_.restore_input(ctx.get<Ctx>(), x); }
+  bool fuses_input_norm() const override {
+    if constexpr (requires { m_.fuses_input_norm(); }) return m_.fuses_input_norm();
+    return false;
+  }
   const M& module() const { return m_; }
 
  private:

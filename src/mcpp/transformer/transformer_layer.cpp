@@ -51,14 +51,22 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
   const ModuleScope m(name_, in.a);
   ctx.dropout = dropout_active(opt, hidden_dropout_);
   if (ctx.dropout) MCPP_CHECK(opt.rng, "hidden dropout needs an RNG stream");
+  // FP8: the norms applied in their linears' input casts (the header); their outputs are then never written
+  const bool cast_norms = !recompute_norms_ && !opt.inference;
+  ctx.input_norm_in_cast = cast_norms && self_attention_->fuses_input_norm();
   Tensor x, ln1;  // x = the input's value (written by the fused add when unsummed)
   if (in.b.defined()) {
-    ln1 = input_layernorm_.forward_add(ctx.input_layernorm, x, in.a, in.b, in.drop);
+    ln1 = input_layernorm_.forward_add(ctx.input_layernorm, x, in.a, in.b, in.drop, !ctx.input_norm_in_cast);
   } else {
     x = in.a;
-    ln1 = input_layernorm_.forward(ctx.input_layernorm, x);
+    ln1 = input_layernorm_.forward(ctx.input_layernorm, x, !ctx.input_norm_in_cast);
   }
-  Tensor attn = self_attention_->forward(ctx.self_attention, ln1, rope, opt);  // [s, b, h]
+  ForwardOptions attn_opt = opt;
+  ops::Fp8Norm norm1;
+  attn_opt.input_norm = nullptr;
+  if (ctx.input_norm_in_cast) norm1 = input_layernorm_.fp8_input(ctx.input_layernorm), attn_opt.input_norm = &norm1;
+  Tensor attn = self_attention_->forward(ctx.self_attention, ctx.input_norm_in_cast ? x : ln1, rope,
+                                         attn_opt);  // [s, b, h]
   ctx.norms_dropped = recompute_norms_ && opt.training;
   if (ctx.norms_dropped) {  // "layernorm": backward re-runs input_layernorm for linear_qkv
     self_attention_->release_input(ctx.self_attention);
@@ -67,19 +75,23 @@ Residual TransformerLayer::forward(TransformerLayerCtx& ctx, const Residual& in,
   ops::ResidualDropout attn_drop;
   if (ctx.dropout)
     attn_drop = {hidden_dropout_, opt.rng->draw(static_cast<uint64_t>(attn.numel()), sequence_parallel_)};
-  Tensor x1;  // x1 = x + dropout(attn), fused with the norm (ln2 = norm(x1), computed from the rounded x1)
-  Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn, attn_drop);
   const bool recompute = recompute_mlp_ && opt.training;
+  ctx.mlp_norm_in_cast = cast_norms && !recompute && mlp_->fuses_input_norm();
+  Tensor x1;  // x1 = x + dropout(attn), fused with the norm (ln2 = norm(x1), computed from the rounded x1)
+  Tensor ln2 = pre_mlp_layernorm_.forward_add(ctx.pre_mlp_layernorm, x1, x, attn, attn_drop, !ctx.mlp_norm_in_cast);
   ctx.has_mlp_rng = recompute && mlp_->draws_rng() && opt.rng;
   if (ctx.has_mlp_rng) ctx.mlp_rng = *opt.rng;  // the router's draws, replayed by the re-run
   ctx.mlp_fp8 = {};
   ForwardOptions mlp_opt = opt;
+  ops::Fp8Norm norm2;
+  mlp_opt.input_norm = nullptr;
+  if (ctx.mlp_norm_in_cast) norm2 = pre_mlp_layernorm_.fp8_input(ctx.pre_mlp_layernorm), mlp_opt.input_norm = &norm2;
   tensor_parallel::Fp8Recompute mlp_fp8;  // the FP8 scales recorded for the re-run (fp8_recompute.h)
   if (recompute) {
     mlp_fp8 = tensor_parallel::Fp8Recompute::recording(opt.fp8_recompute, ctx.mlp_fp8);
     mlp_opt.fp8_recompute = &mlp_fp8;
   }
-  Tensor mlp = mlp_->forward(ctx.mlp, ln2, mlp_opt);
+  Tensor mlp = mlp_->forward(ctx.mlp, ctx.mlp_norm_in_cast ? x1 : ln2, mlp_opt);
   ctx.mlp_dropped = recompute;
   if (recompute) {  // keep the input only; backward re-runs the MLP
     ctx.mlp_input = ln2;

@@ -39,6 +39,11 @@
 // backward reaches the branch (as Megatron's hook on the branch's output) the norm re-runs from its kept input and
 // statistics (Norm::recompute: the same bits) and the branch gets its input back (re-gathered under SP).
 // Backward returns dx (and b's gradient, above); parameter grads accumulate into main_grad.
+// FP8 delayed scaling without SP (Transformer Engine's LayerNormLinear): a norm whose output only the next linear
+// reads — input_layernorm's into linear_qkv, pre_mlp_layernorm's into a dense MLP's fc1 — writes its statistics (and
+// the residual sum) only, and the linear applies the norm in its FP8 input cast (ForwardOptions::input_norm), so
+// the norm's output is never written; the same bytes, the same backward. Not under "layernorm" recompute, an mlp
+// recompute (its re-run reads the kept norm output) or a KV-cache forward.
 // TransformerBlock (transformer_block.py): the stack of layers + final_layernorm.
 // Full activation recompute (config.recompute_granularity == "full"; Megatron's _checkpointed_forward):
 //   uniform: this block's layers in groups of recompute_num_layers (the last group may be shorter);
@@ -73,6 +78,7 @@ struct TransformerLayerCtx {
   void for_each_tensor(const TensorVisitor& f) const;
   bool mlp_dropped = false;    // ... the mlp / moe context dropped after the forward
   bool norms_dropped = false;  // selective recompute "layernorm": the two norms' outputs released after the forward
+  bool input_norm_in_cast = false, mlp_norm_in_cast = false;  // FP8: the norms applied in the linears' casts
   tensor_parallel::RngTracker mlp_rng;  // ... and for a MoE layer the RNG streams its router found (the re-run draws
   bool has_mlp_rng = false;             // the same jitter and random logits from this copy)
   tensor_parallel::Fp8ScaleStash mlp_fp8;  // ... and the scales its FP8 linears cast with (fp8_recompute.h)

@@ -9,6 +9,7 @@
 //   rmsnorm_fwd:   rstd[n] = 1/sqrt(mean(x^2) + eps); y = x * rstd * gamma
 //   rmsnorm_bwd:   xhat = x * rstd, g = dy * gamma; dx = rstd * (g - xhat * mean_h(g * xhat));
 //                  dgamma_acc[h] += sum_n dy * xhat                                (ACCUMULATE)
+//   an undefined y: the statistics only (the forwards' values; y is not computed)
 //   add_layernorm_fwd / add_rmsnorm_fwd: add(sum, a, b), then the norm of sum (exactly that composition);
 //                  with a residual dropout, b = dropout_fwd(b) first (into a temporary)
 //   add_layernorm_bwd / add_rmsnorm_bwd: the norm's bwd into dx, then add_inplace(dx, dres); with a residual
@@ -104,7 +105,7 @@ void input_grad(float* dx, const float* dy, const float* x, const float* gamma, 
 void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma, const Tensor* beta,
                    float eps, Stream) {
   const RowDims d = row_dims("layernorm_fwd", x, gamma);
-  require_like_x("layernorm_fwd", "y", y, x);
+  if (y.defined()) require_like_x("layernorm_fwd", "y", y, x);
   require_stat("layernorm_fwd", "mean", mean, d.n);
   require_stat("layernorm_fwd", "rstd", rstd, d.n);
   if (beta) {
@@ -115,7 +116,7 @@ void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const
   const float* px = x.data<float>();
   const float* pg = gamma.data<float>();
   const float* pb = beta ? beta->data<float>() : nullptr;
-  float* py = y.data<float>();
+  float* py = y.defined() ? y.data<float>() : nullptr;
   float* pm = mean.data<float>();
   float* pr = rstd.data<float>();
 #pragma omp parallel for schedule(static) if (d.n * d.h > (1 << 15))
@@ -127,10 +128,9 @@ void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const
     double ss = 0.0;
     for (int64_t c = 0; c < d.h; ++c) ss += (xr[c] - mu) * (xr[c] - mu);
     const double rs = 1.0 / std::sqrt(ss / d.h + eps);
-    float* yr = py + r * d.h;
-    for (int64_t c = 0; c < d.h; ++c) {
+    for (int64_t c = 0; py && c < d.h; ++c) {
       const double v = (xr[c] - mu) * rs * pg[c] + (pb ? pb[c] : 0.0f);
-      yr[c] = static_cast<float>(v);
+      py[r * d.h + c] = static_cast<float>(v);
     }
     pm[r] = static_cast<float>(mu);
     pr[r] = static_cast<float>(rs);
@@ -159,12 +159,12 @@ void layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tens
 
 void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma, float eps, Stream) {
   const RowDims d = row_dims("rmsnorm_fwd", x, gamma);
-  require_like_x("rmsnorm_fwd", "y", y, x);
+  if (y.defined()) require_like_x("rmsnorm_fwd", "y", y, x);
   require_stat("rmsnorm_fwd", "rstd", rstd, d.n);
   MCPP_CHECK(d.h > 0, "rmsnorm_fwd: hidden size must be positive; got x {}", x.str());
   const float* px = x.data<float>();
   const float* pg = gamma.data<float>();
-  float* py = y.data<float>();
+  float* py = y.defined() ? y.data<float>() : nullptr;
   float* pr = rstd.data<float>();
 #pragma omp parallel for schedule(static) if (d.n * d.h > (1 << 15))
   for (int64_t r = 0; r < d.n; ++r) {
@@ -172,8 +172,7 @@ void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma, 
     double ss = 0.0;
     for (int64_t c = 0; c < d.h; ++c) ss += static_cast<double>(xr[c]) * xr[c];
     const double rs = 1.0 / std::sqrt(ss / d.h + eps);
-    float* yr = py + r * d.h;
-    for (int64_t c = 0; c < d.h; ++c) yr[c] = static_cast<float>(xr[c] * rs * pg[c]);
+    for (int64_t c = 0; py && c < d.h; ++c) py[r * d.h + c] = static_cast<float>(xr[c] * rs * pg[c]);
     pr[r] = static_cast<float>(rs);
   }
 }

@@ -51,6 +51,8 @@ void require_i32(const char* op, const char* arg, const Tensor& t);
 void require_numel(const char* op, const char* arg, const Tensor& t, int64_t numel, const char* why);
 void require_same_shape(const char* op, const char* arg, const Tensor& t, const char* ref_name, const Tensor& ref);
 int64_t last_dim(const char* op, const char* arg, const Tensor& t);
+// A norm's row statistic (mean or rstd): float32, one per row of x (n). Returns its data.
+float* row_stat(const char* op, const char* arg, const Tensor& t, int64_t n);
 // A linear backward's operands (the FP8 ops): dw_acc float32 like w [out, in], dy [n, out], x [n, in]. Returns n.
 int64_t linear_bwd_rows(const char* op, const Tensor& dw_acc, const Tensor& dy, const Tensor& x, const Tensor& w);
 

@@ -94,6 +94,12 @@ void require_same_shape(const char* op, const char* arg, const Tensor& t, const 
              shape_str(ref.shape()), t.str());
 }
 
+float* row_stat(const char* op, const char* arg, const Tensor& t, int64_t n) {
+  require_float(op, arg, t, /*bf16_ok=*/false);
+  require_numel(op, arg, t, n, "one per row of x");
+  return const_cast<float*>(t.data<float>());
+}
+
 int64_t last_dim(const char* op, const char* arg, const Tensor& t) {
   MCPP_CHECK(t.ndim() >= 1, "{}: {} must have at least one dimension; got {}", op, arg, t.str());
   return t.size(-1);

@@ -111,6 +111,23 @@ Fp8CastAct dgelu_of(const char* op, const Fp8Operand& fdy, const Tensor& dy) {
   return {.act = 2, .aux = fin_of(op, "fdy.act_input", fdy.act_input)};
 }
 
+// fx's Norm for x's cast-transpose pass (x [n, in] the norm's input): its statistics applied in the cast where the
+// norm's forward took its 16-byte path (norm_apply: the bytes it would have written as y); else none (act 0), and the
+// caller casts fp8_operand_values' re-run of the norm instead.
+Fp8CastAct norm_of(const char* op, const Fp8Operand& fx, const Tensor& x, int64_t n, int64_t in) {
+  const Fp8Norm& nm = fx.norm;
+  MCPP_CHECK(nm.rstd.defined() && nm.weight.defined() && nm.mean.defined() == nm.bias.defined(),
+             "{}: the Norm operand needs rstd and weight, and mean with bias (LayerNorm) or neither (RMSNorm)", op);
+  const float* rstd = row_stat(op, "fx.norm.rstd", nm.rstd, n);
+  const float* mean = nm.mean.defined() ? row_stat(op, "fx.norm.mean", nm.mean, n) : nullptr;
+  require_numel(op, "fx.norm.weight", nm.weight, in, "in = w.size(1)");
+  if (nm.bias.defined()) require_numel(op, "fx.norm.bias", nm.bias, in, "in = w.size(1)");
+  const FIn gamma = fin_of(op, "fx.norm.weight", nm.weight);
+  const FIn beta = nm.bias.defined() ? fin_of(op, "fx.norm.bias", nm.bias) : FIn{nullptr, kF32};
+  if (!norm_fwd_vector_path(in, {x.raw(), gamma.p, beta.p})) return {};
+  return {.act = 3, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
+}
+
 }  // namespace
 
 void fp8_quantize(Tensor& out, Tensor* amax_acc, const Tensor& in, const Tensor& scale, Fp8Format format,
@@ -174,10 +191,16 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
   MCPP_CHECK(x.size(-1) == in && y.size(-1) == out && y.numel() == n * out,
              "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, in, out, x.str(), y.str());
   require_multiple_of_16(op, n, in, out);
-  MCPP_CHECK(fw.act == Fp8Act::None && fx.act != Fp8Act::DGelu, "{}: fx takes None or Gelu, fw no activation", op);
+  MCPP_CHECK(fw.act == Fp8Act::None && fx.act != Fp8Act::DGelu, "{}: fx takes None, Gelu or Norm, fw no activation",
+             op);
   Tensor qx = fp8_bytes(n * in), qw = fp8_bytes(out * in);
-  // fx.act Gelu: with saved, applied in x's cast-transpose pass; else written out first
-  const Tensor xv = saved ? x : fp8_operand_values(op, x, fx, stream);
+  // fx.act Gelu / Norm: with saved, applied in x's cast-transpose pass (Norm: where its statistics apply); else
+  // written out first
+  Fp8CastAct xact;
+  if (saved && fx.act == Fp8Act::Gelu) xact.act = 1;
+  if (saved && fx.act == Fp8Act::Norm) xact = norm_of(op, fx, x, n, in);
+  const bool in_cast = fx.act == Fp8Act::None || xact.act != 0;
+  const Tensor xv = in_cast ? x : fp8_operand_values(op, x, fx, stream);
   const FIn xin = fin_of(op, "x", xv), win = fin_of(op, "w", w);
   const float *xs = scale_ptr(op, "fx.scale", fx.scale), *ws = scale_ptr(op, "fw.scale", fw.scale);
   float *xa = amax_ptr(op, &fx.amax), *wa = amax_ptr(op, &fw.amax);
@@ -188,7 +211,7 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
     *saved = {.x = fp8_bytes(saved_floats(n * in) * 4), .w = fp8_bytes(saved_floats(out * in) * 4)};
     sx = saved_slot(saved->x, n * in), sw = saved_slot(saved->w, out * in);
     launch_fp8_cast_transpose(bytes_of(qx), bytes_of(saved->x), xin, n, in, xs, xa, fmt_of(fx.format), s, sx, {},
-                              {.act = fx.act == Fp8Act::Gelu ? 1 : 0});
+                              xact);
     launch_fp8_cast_transpose(bytes_of(qw), bytes_of(saved->w), win, out, in, ws, wa, fmt_of(fw.format), s, sw);
   } else {
     sinv = scale_inv_slots(2);

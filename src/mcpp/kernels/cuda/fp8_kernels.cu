@@ -27,12 +27,34 @@ __device__ __forceinline__ float round_to(float v, int kind) {
   if (kind == kF16) return __half2float(__float2half_rn(v));
   return v;
 }
-// Fp8CastAct's activation of v (aux: the same element of act.aux), rounded to the input's kind.
+// Fp8CastAct's activation of element (r, c) of value v, rounded to the input's kind.
 template <int kAct>
-__device__ __forceinline__ float activated(float v, float aux, int kind) {
+__device__ __forceinline__ float activated(float v, const Fp8CastAct& a, int64_t r, int64_t c, int64_t cols,
+                                           int kind) {
   if constexpr (kAct == 1) return round_to(gelu(v), kind);
-  if constexpr (kAct == 2) return round_to(v * gelu_grad(aux), kind);
+  if constexpr (kAct == 2) return round_to(v * gelu_grad(a.aux[r * cols + c]), kind);
+  if constexpr (kAct == 3)
+    return round_to(norm_apply(v, a.mean ? a.mean[r] : 0.0f, a.rstd[r], a.gamma[c], a.beta.p ? a.beta[c] : 0.0f),
+                    kind);
   return v;
+}
+// The same for the 8 elements (r, c .. c + 8) of v (c a multiple of 8; the act's tensors 16-byte aligned).
+template <int kAct>
+__device__ __forceinline__ void activated8(float (&v)[8], const Fp8CastAct& a, int64_t r, int64_t c, int64_t cols,
+                                           int kind) {
+  if constexpr (kAct == 1 || kAct == 2) {
+    float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if constexpr (kAct == 2) load8(a.aux, (r * cols + c) / 8, x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = round_to(kAct == 1 ? gelu(v[k]) : v[k] * gelu_grad(x[k]), kind);
+  } else if constexpr (kAct == 3) {
+    float g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    load8(a.gamma, c / 8, g);
+    if (a.beta.p) load8(a.beta, c / 8, b);
+    const float mu = a.mean ? a.mean[r] : 0.0f, rs = a.rstd[r];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = round_to(norm_apply(v[k], mu, rs, g[k], b[k]), kind);
+  }
 }
 
 // Reduces v over the block and atomically maxes it into *amax (thread 0). blockDim.x a multiple of 32, <= 1024.
@@ -130,7 +152,7 @@ constexpr int kTile = 32, kRowsPerPass = 8;
 template <bool kDbias, int kAct>
 __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
                                       const float* scale, float* amax, int fmt, float* sinv_out, float* col_partial,
-                                      FIn aux) {
+                                      const Fp8CastAct act) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   copy_scale_inv(sinv_out, scale);
   const float s = scale[0];
@@ -139,7 +161,7 @@ __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t r
   for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
     const int64_t r = r0 + j, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const float x = activated<kAct>(in[r * cols + c], kAct == 2 ? aux[r * cols + c] : 0.0f, in.kind);
+      const float x = activated<kAct>(in[r * cols + c], act, r, c, cols, in.kind);
       m = fmaxf(m, fabsf(x));
       csum += x;
       const uint8_t b = to_fp8(__fmul_rn(x, s), fmt);
@@ -177,7 +199,7 @@ constexpr int kVTile = 64, kVThreads = 256, kVRowsPerPass = kVThreads / (kVTile 
 template <bool kDbias, int kAct>
 __global__ void cast_transpose8_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
                                        const float* scale, float* amax, int fmt, float* sinv_out,
-                                       float* col_partial, FIn aux) {
+                                       float* col_partial, const Fp8CastAct act) {
   __shared__ __align__(8) uint8_t tile[kVTile][kVTile + 8];  // rows of 72 bytes: 8-byte aligned, fewer bank clashes
   copy_scale_inv(sinv_out, scale);
   const float s = scale[0];
@@ -191,12 +213,7 @@ __global__ void cast_transpose8_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t 
     if (r < rows && c < cols) {  // cols % 8 == 0: all 8 columns are inside
       float v[8];
       load8(in, (r * cols + c) / 8, v);
-      if constexpr (kAct != 0) {
-        float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if constexpr (kAct == 2) load8(aux, (r * cols + c) / 8, a);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = activated<kAct>(v[k], a[k], in.kind);
-      }
+      activated8<kAct>(v, act, r, c, cols, in.kind);
       b = cast8(v, s, fmt, m);
       if (q) *reinterpret_cast<uint2*>(q + r * cols + c) = b;
       if constexpr (kDbias) {
@@ -311,27 +328,27 @@ void launch_fp8_cast(uint8_t* q, FOut deq, FIn in, int64_t n, const float* scale
 namespace {
 template <bool kDbias, int kAct>
 void cast_transpose8(dim3 grid, uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
-                     float* amax, int fmt, cudaStream_t s, float* sinv_out, float* col_partial, FIn aux) {
+                     float* amax, int fmt, cudaStream_t s, float* sinv_out, float* col_partial, const Fp8CastAct& act) {
   cast_transpose8_kernel<kDbias, kAct>
-      <<<grid, kVThreads, 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out, col_partial, aux);
+      <<<grid, kVThreads, 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out, col_partial, act);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 template <bool kDbias, int kAct>
 void cast_transpose(dim3 grid, uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,
-                    float* amax, int fmt, cudaStream_t s, float* sinv_out, float* col_partial, FIn aux) {
+                    float* amax, int fmt, cudaStream_t s, float* sinv_out, float* col_partial, const Fp8CastAct& act) {
   cast_transpose_kernel<kDbias, kAct>
-      <<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out, col_partial, aux);
+      <<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(q, qt, in, rows, cols, scale, amax, fmt, sinv_out, col_partial, act);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 // Each form of a cast-transpose (8-wide or scalar, with or without the bias gradient) for the activation act.
 template <int kAct>
 void cast_transpose_any(bool vec, bool dbias, dim3 grid, uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols,
                         const float* scale, float* amax, int fmt, cudaStream_t s, float* sinv_out, float* partial,
-                        FIn aux) {
-  if (vec && dbias) cast_transpose8<true, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, partial, aux);
-  else if (vec) cast_transpose8<false, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, nullptr, aux);
-  else if (dbias) cast_transpose<true, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, partial, aux);
-  else cast_transpose<false, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, nullptr, aux);
+                        const Fp8CastAct& act) {
+  if (vec && dbias) cast_transpose8<true, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, partial, act);
+  else if (vec) cast_transpose8<false, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, nullptr, act);
+  else if (dbias) cast_transpose<true, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, partial, act);
+  else cast_transpose<false, kAct>(grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, nullptr, act);
 }
 }  // namespace
 
@@ -339,15 +356,18 @@ void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, in
                                float* amax, int fmt, cudaStream_t s, float* sinv_out, Fp8Dbias dbias,
                                Fp8CastAct act) {
   if (rows == 0 || cols == 0) return;
-  const bool vec = rows % 8 == 0 && vec8_ok(cols, {in.p, q, qt, act.aux.p}), db = dbias.db != nullptr;
+  const bool vec = rows % 8 == 0 && vec8_ok(cols, {in.p, q, qt, act.aux.p, act.gamma.p, act.beta.p}),
+             db = dbias.db != nullptr;
   const int64_t tile = vec ? kVTile : kTile;
   const dim3 grid(static_cast<unsigned>((cols + tile - 1) / tile), static_cast<unsigned>((rows + tile - 1) / tile));
   if (act.act == 1)
-    cast_transpose_any<1>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act.aux);
+    cast_transpose_any<1>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act);
   else if (act.act == 2)
-    cast_transpose_any<2>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act.aux);
+    cast_transpose_any<2>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act);
+  else if (act.act == 3)
+    cast_transpose_any<3>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act);
   else
-    cast_transpose_any<0>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act.aux);
+    cast_transpose_any<0>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act);
   if (db)  // the tiles' partial column sums -> db
     launch_column_reduce_acc(ColumnReduceTargets{{dbias.db, nullptr, nullptr, nullptr}}, 1, dbias.partial,
                              (rows + tile - 1) / tile, cols, s);

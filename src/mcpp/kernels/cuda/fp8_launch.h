@@ -24,10 +24,15 @@ struct Fp8Dbias {
 };
 int64_t fp8_dbias_parts(int64_t rows);
 // The activation a cast-transpose applies to its input first (ops.h Fp8Act), the result rounded to in's dtype as
-// launch_gelu_fwd / launch_gelu_bwd write it: act 0 none, 1 gelu(in), 2 in * gelu'(aux) (aux: in's shape).
+// launch_gelu_fwd / launch_gelu_bwd / launch_norm_fwd write it: act 0 none, 1 gelu(in), 2 in * gelu'(aux) (aux: in's
+// shape), 3 the norm of in's rows from their statistics (norm_apply: (in - mean[r]) rstd[r] gamma[c] + beta[c]; mean
+// and beta null: RMSNorm).
 struct Fp8CastAct {
   int act = 0;
   FIn aux{nullptr, kF32};
+  const float* mean = nullptr;
+  const float* rstd = nullptr;
+  FIn gamma{nullptr, kF32}, beta{nullptr, kF32};
 };
 // in [rows, cols] -> q [rows, cols] (null: not written) and qt [cols, rows] (its transpose), both fp8 bytes.
 void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, int64_t cols, const float* scale,

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
@@ -156,8 +157,12 @@ struct NormDrop {
 // fwd: res.p != nullptr fuses the residual add: sum = x + res (rounded to sum's kind, as launch_add), and y is
 // the norm of that rounded sum; res.p == nullptr: plain norm of x (sum unused). drop.on() (needs res): res is
 // first replaced by launch_dropout's output of it (rounded to res's kind), never stored.
+// y.p null: the statistics (and the sum) only.
 void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res, FIn gamma, FIn beta, int64_t n,
                      int64_t h, float eps, cudaStream_t s, const NormDrop& drop = {});
+// Whether launch_norm_fwd over rows of h with these pointers takes its 16-byte path, whose y is norm_apply
+// (activation_math.cuh) of the statistics it writes.
+bool norm_fwd_vector_path(int64_t h, std::initializer_list<const void*> ptrs);
 // bwd: dx = norm_bwd(dy) (+ dres when dres.p != nullptr); with dres and drop.on(), also dbranch = the dropout
 // backward of dx as stored (launch_dropout on it); with dres, dres_sum / dx_sum (nullable) += the column
 // sums of dres and of the branch's gradient as stored (dbranch with drop, else dx) (`sums` = either

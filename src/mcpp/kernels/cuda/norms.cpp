@@ -4,6 +4,7 @@
 //                  dgamma_acc += sum_n dy xhat; dbeta_acc += sum_n dy                   (ACCUMULATE, fp32)
 //   rmsnorm_fwd:   rstd = 1/sqrt(mean(x^2) + eps); y = x rstd gamma
 //   rmsnorm_bwd:   dx = rstd (g - xhat mean_h(g xhat)); dgamma_acc += sum_n dy xhat     (ACCUMULATE, fp32)
+//   an undefined y: the statistics only (the same values)
 //   add_layernorm_fwd / add_rmsnorm_fwd: sum = a + b rounded to sum's dtype (as `add`), y = norm(sum) — one
 //                  pass, bitwise equal to add + the norm when both take the vector path (16-byte aligned)
 //                  with a residual dropout b is dropped in registers first (as dropout_fwd stores it)
@@ -35,9 +36,10 @@ RowDims row_dims(const char* op, const Tensor& x, const Tensor& gamma, const cha
   MCPP_CHECK(h > 0, "{}: hidden size must be positive; got {} {}", op, x_name, x.str());
   return {x.numel() / h, h};
 }
-float* stat(const char* op, const char* arg, const Tensor& t, int64_t n) {
+// A parameter gradient accumulator: float32 [h].
+float* param_acc(const char* op, const char* arg, Tensor& t, int64_t h) {
   require_float(op, arg, t, /*bf16_ok=*/false);
-  require_numel(op, arg, t, n, "one per row of x");
+  require_numel(op, arg, t, h, "hidden = x.size(-1)");
   return t.data<float>();
 }
 void check_like_x(const char* op, const char* arg, const Tensor& t, const Tensor& x) {
@@ -91,6 +93,12 @@ FIn beta_of(const char* op, const Tensor* beta, int64_t h) {
   require_numel(op, "beta", *beta, h, "hidden = x.size(-1)");
   return fin_of(op, "beta", *beta);
 }
+// A forward's y shaped like x, or none (undefined: the statistics only).
+FOut y_of(const char* op, Tensor& y, const Tensor& x) {
+  if (!y.defined()) return FOut{nullptr, kF32};
+  check_like_x(op, "y", y, x);
+  return fout_of(op, "y", y);
+}
 // The residual operands of the fused forward: a and b shaped like sum.
 void check_sum_operands(const char* op, const Tensor& sum, const Tensor& a, const Tensor& b) {
   require_float(op, "sum", sum);
@@ -115,8 +123,7 @@ void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const
                    float eps, Stream stream) {
   const char* op = "layernorm_fwd";
   const RowDims d = row_dims(op, x, gamma);
-  check_like_x(op, "y", y, x);
-  launch_norm_fwd(fout_of(op, "y", y), FOut{nullptr, kF32}, stat(op, "mean", mean, d.n), stat(op, "rstd", rstd, d.n),
+  launch_norm_fwd(y_of(op, y, x), FOut{nullptr, kF32}, row_stat(op, "mean", mean, d.n), row_stat(op, "rstd", rstd, d.n),
                   fin_of(op, "x", x), FIn{nullptr, kF32}, fin_of(op, "gamma", gamma), beta_of(op, beta, d.h), d.n,
                   d.h, eps, stream_of(stream));
 }
@@ -127,9 +134,8 @@ void add_layernorm_fwd(Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd, const
   const char* op = "add_layernorm_fwd";
   check_sum_operands(op, sum, a, b);
   const RowDims d = row_dims(op, sum, gamma, "sum");
-  check_like_x(op, "y", y, sum);
-  launch_norm_fwd(fout_of(op, "y", y), fout_of(op, "sum", sum), stat(op, "mean", mean, d.n),
-                  stat(op, "rstd", rstd, d.n), fin_of(op, "a", a), fin_of(op, "b", b), fin_of(op, "gamma", gamma),
+  launch_norm_fwd(y_of(op, y, sum), fout_of(op, "sum", sum), row_stat(op, "mean", mean, d.n),
+                  row_stat(op, "rstd", rstd, d.n), fin_of(op, "a", a), fin_of(op, "b", b), fin_of(op, "gamma", gamma),
                   beta_of(op, beta, d.h), d.n, d.h, eps, stream_of(stream), norm_drop(op, drop));
 }
 
@@ -139,10 +145,10 @@ void layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const Tens
   const RowDims d = row_dims(op, x, gamma);
   check_like_x(op, "dx", dx, x);
   check_like_x(op, "dy", dy, x);
-  float* dg = stat(op, "dgamma_acc", dgamma_acc, d.h);
-  float* db = dbeta_acc ? stat(op, "dbeta_acc", *dbeta_acc, d.h) : nullptr;
+  float* dg = param_acc(op, "dgamma_acc", dgamma_acc, d.h);
+  float* db = dbeta_acc ? param_acc(op, "dbeta_acc", *dbeta_acc, d.h) : nullptr;
   norm_bwd(fout_of(op, "dx", dx), dg, db, fin_of(op, "dy", dy), fin_of(op, "x", x), FIn{nullptr, kF32},
-           fin_of(op, "gamma", gamma), stat(op, "mean", mean, d.n), stat(op, "rstd", rstd, d.n), d.n, d.h,
+           fin_of(op, "gamma", gamma), row_stat(op, "mean", mean, d.n), row_stat(op, "rstd", rstd, d.n), d.n, d.h,
            stream_of(stream));
 }
 
@@ -157,18 +163,17 @@ void add_layernorm_bwd(Tensor& dx, Tensor& dgamma_acc, Tensor* dbeta_acc, const 
   const FIn fr = dres_of(op, dres, dx, x);
   const NormDrop nd = norm_drop(op, drop);
   const FOut fb = dbranch_of(op, drop, dbranch, dx, dy, dres, x);
-  float* dg = stat(op, "dgamma_acc", dgamma_acc, d.h);
-  float* db = dbeta_acc ? stat(op, "dbeta_acc", *dbeta_acc, d.h) : nullptr;
+  float* dg = param_acc(op, "dgamma_acc", dgamma_acc, d.h);
+  float* db = dbeta_acc ? param_acc(op, "dbeta_acc", *dbeta_acc, d.h) : nullptr;
   norm_bwd(fout_of(op, "dx", dx), dg, db, fin_of(op, "dy", dy), fin_of(op, "x", x), fr, fin_of(op, "gamma", gamma),
-           stat(op, "mean", mean, d.n), stat(op, "rstd", rstd, d.n), d.n, d.h, stream_of(stream),
+           row_stat(op, "mean", mean, d.n), row_stat(op, "rstd", rstd, d.n), d.n, d.h, stream_of(stream),
            sum_acc(op, "dres_sum_acc", dres_sum_acc, d.h), sum_acc(op, "dx_sum_acc", dx_sum_acc, d.h), fb, nd);
 }
 
 void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma, float eps, Stream stream) {
   const char* op = "rmsnorm_fwd";
   const RowDims d = row_dims(op, x, gamma);
-  check_like_x(op, "y", y, x);
-  launch_norm_fwd(fout_of(op, "y", y), FOut{nullptr, kF32}, nullptr, stat(op, "rstd", rstd, d.n), fin_of(op, "x", x),
+  launch_norm_fwd(y_of(op, y, x), FOut{nullptr, kF32}, nullptr, row_stat(op, "rstd", rstd, d.n), fin_of(op, "x", x),
                   FIn{nullptr, kF32}, fin_of(op, "gamma", gamma), FIn{nullptr, kF32}, d.n, d.h, eps,
                   stream_of(stream));
 }
@@ -178,8 +183,7 @@ void add_rmsnorm_fwd(Tensor& sum, Tensor& y, Tensor& rstd, const Tensor& a, cons
   const char* op = "add_rmsnorm_fwd";
   check_sum_operands(op, sum, a, b);
   const RowDims d = row_dims(op, sum, gamma, "sum");
-  check_like_x(op, "y", y, sum);
-  launch_norm_fwd(fout_of(op, "y", y), fout_of(op, "sum", sum), nullptr, stat(op, "rstd", rstd, d.n),
+  launch_norm_fwd(y_of(op, y, sum), fout_of(op, "sum", sum), nullptr, row_stat(op, "rstd", rstd, d.n),
                   fin_of(op, "a", a), fin_of(op, "b", b), fin_of(op, "gamma", gamma), FIn{nullptr, kF32}, d.n, d.h,
                   eps, stream_of(stream), norm_drop(op, drop));
 }
@@ -190,8 +194,8 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Tensor&
   const RowDims d = row_dims(op, x, gamma);
   check_like_x(op, "dx", dx, x);
   check_like_x(op, "dy", dy, x);
-  norm_bwd(fout_of(op, "dx", dx), stat(op, "dgamma_acc", dgamma_acc, d.h), nullptr, fin_of(op, "dy", dy),
-           fin_of(op, "x", x), FIn{nullptr, kF32}, fin_of(op, "gamma", gamma), nullptr, stat(op, "rstd", rstd, d.n),
+  norm_bwd(fout_of(op, "dx", dx), param_acc(op, "dgamma_acc", dgamma_acc, d.h), nullptr, fin_of(op, "dy", dy),
+           fin_of(op, "x", x), FIn{nullptr, kF32}, fin_of(op, "gamma", gamma), nullptr, row_stat(op, "rstd", rstd, d.n),
            d.n, d.h, stream_of(stream));
 }
 
@@ -205,8 +209,8 @@ void add_rmsnorm_bwd(Tensor& dx, Tensor& dgamma_acc, const Tensor& dy, const Ten
   const FIn fr = dres_of(op, dres, dx, x);
   const NormDrop nd = norm_drop(op, drop);
   const FOut fb = dbranch_of(op, drop, dbranch, dx, dy, dres, x);
-  norm_bwd(fout_of(op, "dx", dx), stat(op, "dgamma_acc", dgamma_acc, d.h), nullptr, fin_of(op, "dy", dy),
-           fin_of(op, "x", x), fr, fin_of(op, "gamma", gamma), nullptr, stat(op, "rstd", rstd, d.n), d.n, d.h,
+  norm_bwd(fout_of(op, "dx", dx), param_acc(op, "dgamma_acc", dgamma_acc, d.h), nullptr, fin_of(op, "dy", dy),
+           fin_of(op, "x", x), fr, fin_of(op, "gamma", gamma), nullptr, row_stat(op, "rstd", rstd, d.n), d.n, d.h,
            stream_of(stream), sum_acc(op, "dres_sum_acc", dres_sum_acc, d.h),
            sum_acc(op, "dx_sum_acc", dx_sum_acc, d.h), fb, nd);
 }

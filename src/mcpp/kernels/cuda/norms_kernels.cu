@@ -35,6 +35,7 @@
 #include <mutex>
 #include <utility>
 
+#include "mcpp/kernels/cuda/activation_math.cuh"
 #include "mcpp/kernels/cuda/device_utils.cuh"
 #include "mcpp/kernels/cuda/philox.cuh"
 
@@ -97,7 +98,7 @@ __global__ void norm_fwd_kernel(FOut y, FOut sum, float* mean_out, float* rstd_o
     if (mean_out) mean_out[blockIdx.x] = mu;
     rstd_out[blockIdx.x] = rs;
   }
-  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+  for (int64_t c = threadIdx.x; y.p && c < h; c += blockDim.x) {
     float v = (x[base + c] - mu) * rs * gamma[c];
     if (beta.p) v += beta[c];
     y.set(base + c, v);
@@ -479,12 +480,12 @@ __global__ void __launch_bounds__(kVecThreads) norm_fwd_vec_kernel(FOut y, FOut 
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-        if (j < vecs) {
+        if (y.p && j < vecs) {  // (y null: the statistics only; an FP8 cast applies them: ops.h Fp8Act::Norm)
           float g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0}, o[8];
           load8(gamma, j, g);
           if (beta.p) load8(beta, j, b);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) o[e] = __fmaf_rn(__fmul_rn(__fsub_rn(v[k][e], mu), rs), g[e], b[e]);
+          for (int e = 0; e < 8; ++e) o[e] = norm_apply(v[k][e], mu, rs, g[e], b[e]);
           store8(y, row * vecs + j, o);
         }
       }
@@ -611,12 +612,16 @@ int64_t norm_bwd_scratch_floats(int64_t n, int64_t h, int64_t parts, bool sums) 
   return 4 * parts * h > col ? 4 * parts * h : col;
 }
 
+bool norm_fwd_vector_path(int64_t h, std::initializer_list<const void*> ptrs) {
+  return vec_shape(h).w > 0 && vec8_ok(h, ptrs);
+}
+
 void launch_norm_fwd(FOut y, FOut sum, float* mean, float* rstd, FIn x, FIn res, FIn gamma, FIn beta, int64_t n,
                      int64_t h, float eps, cudaStream_t s, const NormDrop& drop) {
   if (n <= 0) return;
   const bool dropped = res.p && drop.on();
   const VecShape vs = vec_shape(h);
-  if (vs.w > 0 && vec8_ok(h, {y.p, x.p, gamma.p, beta.p, res.p, res.p ? sum.p : nullptr}) &&
+  if (norm_fwd_vector_path(h, {y.p, x.p, gamma.p, beta.p, res.p, res.p ? sum.p : nullptr}) &&
       (!res.p || elem_bytes(res.kind) == elem_bytes(x.kind))) {
     const FwdKernel k = fwd_kernel(vs.v, elem_bytes(x.kind), res.p != nullptr, dropped);
     const int64_t want = (n + vs.r - 1) / vs.r;

@@ -35,7 +35,7 @@ class DenseMlp final : public MlpModule {
            const TransformerLayerSpec& spec, const tp::TPContext& t)
       : m_(params, prefix, c, t, spec.linear_fp8) {}
   Tensor forward(SubmoduleCtx& ctx, const Tensor& x, const ForwardOptions& opt) const override {
-    return m_.forward(ctx.get<MLPCtx>(), x, opt.fp8_recompute);
+    return m_.forward(ctx.get<MLPCtx>(), x, opt.fp8_recompute, opt.input_norm);
   }
   Tensor backward(SubmoduleCtx& ctx, const Tensor& dy, float /*loss_grad_scale*/,
                   bool output_bias_grad_elsewhere) const override {
@@ -46,6 +46,7 @@ class DenseMlp final : public MlpModule {
   void restore_input(SubmoduleCtx& ctx, const Tensor& x) const override { m_.restore_input(ctx.get<MLPCtx>(), x); }
   const char* recompute_name() const override { return "mlp"; }
   bool draws_rng() const override { return false; }
+  bool fuses_input_norm() const override { return m_.fuses_input_norm(); }
 
  private:
   MLP m_;
@@ -59,6 +60,7 @@ class MoeMlp final : public MlpModule {
          const TransformerConfig& c, const TransformerLayerSpec& spec, const tp::TPContext& t)
       : m_(std::make_unique<moe::MoELayer>(params, expert_params, prefix, c, t, spec.linear_fp8)) {}
   Tensor forward(SubmoduleCtx& ctx, const Tensor& x, const ForwardOptions& opt) const override {
+    MCPP_CHECK(!opt.input_norm, "a MoE layer does not apply its input's norm (the router reads the norm's output)");
     return m_->forward(ctx.get<moe::MoELayerCtx>(), x, opt.moe_losses, opt.training, opt.rng,
                      opt.fp8_recompute);
   }
