@@ -311,6 +311,54 @@ TEST(CudaFp8, ActivationInTheCastIsTheUnfusedOps) {
   EXPECT_REL(host(db2), db_ref, 1e-5);
 }
 
+// SwiGLU in fc2's input cast and swiglu_bwd in fc1's gradient cast (ops.h Fp8Act::Swiglu / DSwiglu) against the
+// unfused ops on the GPU (swiglu_fwd / swiglu_bwd written out in bf16, then the plain FP8 linear): the same fp8 bytes,
+// so y, the saved q(x)^T, dx, dw, db and the amax records bit for bit.
+TEST(CudaFp8, SwigluInTheCastIsTheUnfusedOps) {
+  MCPP_REQUIRE_CUDA();
+  const int64_t n = 256, in = 192, out = 320;
+  const Tensor pre = dev(rnd({n, 2 * in}, 71, DType::BF16, -3.0, 3.0), DType::BF16);
+  const Tensor w = dev(rnd({out, in}, 72, DType::BF16, -0.1, 0.1), DType::BF16);
+  auto operand = [](float s, Fp8Format f = Fp8Format::E4M3) {
+    return ops::Fp8Operand{.scale = dev(scale_tensor(s)), .amax = dev(Tensor::zeros({1})), .format = f};
+  };
+  auto same = [](const Tensor& a, const Tensor& b, int64_t bytes) {
+    const Tensor ha = host(a), hb = host(b);
+    return ha.numel() == hb.numel() && std::memcmp(ha.raw(), hb.raw(), bytes) == 0;
+  };
+  Tensor act = Tensor::empty({n, in}, DType::BF16, Device::CUDA);
+  ops::swiglu_fwd(act, pre);
+  ops::Fp8Operand fx = operand(448.0f / 8.0f), fx_swiglu = operand(448.0f / 8.0f), fw = operand(4480.0f);
+  fx_swiglu.act = ops::Fp8Act::Swiglu;
+  Tensor y = poisoned({n, out}, DType::BF16), y_fused = poisoned({n, out}, DType::BF16);
+  ops::Fp8Saved saved, saved_fused;
+  ops::fp8_linear_fwd(y, act, w, nullptr, fx, fw, &saved);
+  ops::fp8_linear_fwd(y_fused, pre, w, nullptr, fx_swiglu, fw, &saved_fused);
+  EXPECT_TRUE(same(y_fused, y, n * out * 2));
+  EXPECT_TRUE(same(saved_fused.x, saved.x, n * in + 4)) << "q(x)^T, then its scale_inv";
+  EXPECT_TRUE(same(fx_swiglu.amax, fx.amax, 4));
+
+  const Tensor x = dev(rnd({n, in}, 73, DType::BF16, -2.0, 2.0), DType::BF16);
+  const Tensor dact = dev(rnd({n, out / 2}, 74, DType::BF16, -1e-3, 1e-3), DType::BF16);
+  const Tensor pre_out = dev(rnd({n, out}, 75, DType::BF16, -3.0, 3.0), DType::BF16);
+  Tensor dpre = Tensor::empty({n, out}, DType::BF16, Device::CUDA);
+  ops::swiglu_bwd(dpre, dact, pre_out);
+  ops::Fp8Operand fdy = operand(57344.0f / 1e-2f, Fp8Format::E5M2);
+  ops::Fp8Operand fdy_swiglu = operand(57344.0f / 1e-2f, Fp8Format::E5M2);
+  fdy_swiglu.act = ops::Fp8Act::DSwiglu;
+  fdy_swiglu.act_input = pre_out;
+  const ops::Fp8Operand fxb = operand(448.0f / 2.0f);
+  const Tensor dw0 = rnd({out, in}, 76, DType::F32, -1e-3, 1e-3);
+  Tensor dx = poisoned({n, in}, DType::BF16), dw = dev(dw0), db = dev(Tensor::zeros({out}));
+  Tensor dx2 = poisoned({n, in}, DType::BF16), dw2 = dev(dw0), db2 = dev(Tensor::zeros({out}));
+  ops::fp8_linear_bwd(&dx, dw, &db, dpre, x, w, fdy, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  ops::fp8_linear_bwd(&dx2, dw2, &db2, dact, x, w, fdy_swiglu, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  EXPECT_TRUE(same(dx2, dx, n * in * 2));
+  EXPECT_TRUE(same(dw2, dw, out * in * 4));
+  EXPECT_TRUE(same(db2, db, out * 4));
+  EXPECT_TRUE(same(fdy_swiglu.amax, fdy.amax, 4));
+}
+
 // A LayerNorm / RMSNorm in the input's cast (ops.h Fp8Act::Norm), from the statistics the norm's forward wrote without
 // its output, against the norm written out in bf16, then the plain FP8 linear: the same fp8 bytes, so y, the saved
 // q(x)^T and the amax bit for bit — after a plain norm and after the fused residual add + norm.

@@ -362,6 +362,54 @@ TEST(Fp8Linear, ActivationInTheCastIsTheUnfusedOps) {
   EXPECT_NE(err.find("act_input must have the gradient's"), std::string::npos) << err;
 }
 
+// Fp8Act::Swiglu / DSwiglu: swiglu in the input's cast (x [n, 2 in] = [gate | up]) and swiglu_bwd in the gradient's
+// cast (dy [n, out / 2], the pre-activation [n, out]) give what swiglu_fwd / swiglu_bwd written out, then the plain FP8
+// linear give: y, the saved cast, the amax, dx, dw and db, bit for bit.
+TEST(Fp8Linear, SwigluInTheCastIsTheUnfusedOps) {
+  const int64_t n = 48, in = 32, out = 48;
+  const Tensor pre = testing::random_tensor({n, 2 * in}, 41, nullptr, -3.0, 3.0);  // fc2's input before its SwiGLU
+  const Tensor w = testing::random_tensor({out, in}, 42, nullptr, -0.1, 0.1);
+  Tensor act = Tensor::empty({n, in});
+  ops::swiglu_fwd(act, pre);
+  auto operand = [](float s) { return ops::Fp8Operand{.scale = scale_of(s), .amax = Tensor::zeros({1})}; };
+  ops::Fp8Operand fx = operand(448.0f / 8.0f), fx_swiglu = operand(448.0f / 8.0f);
+  fx_swiglu.act = ops::Fp8Act::Swiglu;
+  Tensor y = Tensor::empty({n, out}), y_fused = Tensor::empty({n, out});
+  ops::Fp8Saved saved, saved_fused;
+  ops::fp8_linear_fwd(y, act, w, nullptr, fx, operand(4480.0f), &saved);
+  ops::fp8_linear_fwd(y_fused, pre, w, nullptr, fx_swiglu, operand(4480.0f), &saved_fused);
+  EXPECT_TRUE(identical(y_fused, y));
+  EXPECT_TRUE(identical(saved_fused.x, saved.x));
+  EXPECT_EQ(fx_swiglu.amax.data<float>()[0], fx.amax.data<float>()[0]);
+
+  // the backward of a linear whose output [n, out] feeds a SwiGLU: its dy is swiglu_bwd(dact [n, out / 2], pre_out)
+  const Tensor x = testing::random_tensor({n, in}, 43, nullptr, -2.0, 2.0);
+  const Tensor dact = testing::random_tensor({n, out / 2}, 44, nullptr, -1e-3, 1e-3);
+  const Tensor pre_out = testing::random_tensor({n, out}, 45, nullptr, -3.0, 3.0);
+  Tensor dpre = Tensor::empty({n, out});
+  ops::swiglu_bwd(dpre, dact, pre_out);
+  ops::Fp8Operand fdy = operand(57344.0f / 1e-2f), fdy_swiglu = operand(57344.0f / 1e-2f);
+  fdy.format = fdy_swiglu.format = Fp8Format::E5M2;
+  fdy_swiglu.act = ops::Fp8Act::DSwiglu;
+  fdy_swiglu.act_input = pre_out;
+  const ops::Fp8Operand fxb = operand(448.0f / 2.0f), fw = operand(4480.0f);
+  Tensor dx = Tensor::empty({n, in}), dw = testing::random_tensor({out, in}, 46), db = Tensor::zeros({out});
+  Tensor dx2 = Tensor::empty({n, in}), dw2 = dw.clone(), db2 = db.clone();
+  ops::fp8_linear_bwd(&dx, dw, &db, dpre, x, w, fdy, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  ops::fp8_linear_bwd(&dx2, dw2, &db2, dact, x, w, fdy_swiglu, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  EXPECT_TRUE(identical(dx2, dx));
+  EXPECT_TRUE(identical(dw2, dw));
+  EXPECT_TRUE(identical(db2, db));
+  EXPECT_EQ(fdy_swiglu.amax.data<float>()[0], fdy.amax.data<float>()[0]);
+  EXPECT_GT(fdy.amax.data<float>()[0], 0.0f);
+
+  fdy_swiglu.act_input = Tensor::zeros({n, out / 2});
+  const std::string err = testing::error_of([&] {
+    ops::fp8_linear_bwd(&dx2, dw2, nullptr, dact, x, w, fdy_swiglu, fxb, fw, nullptr, ops::GradWrite::Accumulate);
+  });
+  EXPECT_NE(err.find("act_input must have twice"), std::string::npos) << err;
+}
+
 // Fp8Act::Norm: a LayerNorm / RMSNorm in the input's cast, from the statistics the norm's forward wrote without its
 // output (an undefined y), gives what the norm written out, then the plain FP8 linear gives: y, the saved cast and the
 // amax, bit for bit (both from a plain and from a fused add + norm forward). A malformed norm is a named error.

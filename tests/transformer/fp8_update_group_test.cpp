@@ -57,7 +57,7 @@ struct Mlp {
 TEST(Fp8UpdateGroup, IsBitwiseThePerLinearUpdates) {
   const TransformerConfig c = fp8_config();
   Mlp alone(c, false), grouped(c, true);
-  ASSERT_TRUE(grouped.mlp->fp8_gelu());
+  ASSERT_TRUE(grouped.mlp->fp8_act_in_casts());
   const int64_t s = 6, b = 2, h = c.hidden_size;
   for (uint64_t round = 0; round < 3; ++round) {
     SCOPED_TRACE(round);

@@ -2,8 +2,8 @@
 // with its bias grad) is bitwise the unfused composition it replaced — linear_fwd, gelu_fwd,
 // linear_fwd; linear_bwd (fc2), gelu_bwd, linear_bwd (fc1, with its bias column sum) — for the output, the
 // input grad and every parameter's main grad, over two microbatches that accumulate. SwiGLU keeps its path
-// (checked the same way). Under FP8 delayed scaling the activation rides in the FP8 casts (checked against the
-// unfused FP8 composition).
+// (checked the same way). Under FP8 delayed scaling the activation (GELU or SwiGLU) rides in the FP8 casts (checked
+// against the unfused FP8 composition).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -68,8 +68,8 @@ TEST(MlpGelu, FusedPathIsBitwiseTheUnfusedOps) {
   EXPECT_TRUE(bitwise_equal(p.b2->main_grad, db2));
 }
 
-// FP8 delayed scaling (fp8_gelu()): fc1 writes the pre-activation, GELU rides in fc2's input cast and gelu' in fc1's
-// gradient cast — bitwise the unfused FP8 composition (FP8 linear, gelu_fwd, FP8 linear; FP8 backward, gelu_bwd,
+// FP8 delayed scaling (fp8_act_in_casts()): fc1 writes the pre-activation, GELU rides in fc2's input cast and gelu' in
+// fc1's gradient cast — bitwise the unfused FP8 composition (FP8 linear, gelu_fwd, FP8 linear; FP8 backward, gelu_bwd,
 // FP8 backward with fc1's bias sums of the gelu'd gradient), with the fresh states' scales (1). Tensorwise takes the
 // amax first, so it keeps the unfused path.
 TEST(MlpGelu, Fp8DelayedAppliesTheActivationInTheCasts) {
@@ -79,13 +79,13 @@ TEST(MlpGelu, Fp8DelayedAppliesTheActivationInTheCasts) {
   c.validate();
   {
     ParamAndGradBuffer tw;
-    EXPECT_FALSE(MLP(tw, "mlp", c, testing::single_tp(), c.fp8_options()).fp8_gelu());
+    EXPECT_FALSE(MLP(tw, "mlp", c, testing::single_tp(), c.fp8_options()).fp8_act_in_casts());
   }
   c.fp8_recipe = "delayed";
   c.validate();
   ParamAndGradBuffer params;
   MLP mlp(params, "mlp", c, testing::single_tp(), c.fp8_options());
-  ASSERT_TRUE(mlp.fp8_gelu());
+  ASSERT_TRUE(mlp.fp8_act_in_casts());
   params.finalize(13);
   Weights p{params.find("mlp.linear_fc1.weight"), params.find("mlp.linear_fc1.bias"),
             params.find("mlp.linear_fc2.weight"), params.find("mlp.linear_fc2.bias")};
@@ -120,6 +120,50 @@ TEST(MlpGelu, Fp8DelayedAppliesTheActivationInTheCasts) {
   EXPECT_TRUE(bitwise_equal(p.b1->main_grad, db1));
   EXPECT_TRUE(bitwise_equal(p.w2->main_grad, dw2));
   EXPECT_TRUE(bitwise_equal(p.b2->main_grad, db2));
+}
+
+// The same for SwiGLU (Llama: no biases): swiglu in fc2's input cast (fc2 reads the [n, 2f] pre-activation) and
+// swiglu_bwd in fc1's gradient cast (from fc2's [n, f] dgrad and the pre-activation) — bitwise the unfused FP8
+// composition (FP8 linear, swiglu_fwd, FP8 linear; FP8 backward, swiglu_bwd, FP8 backward).
+TEST(MlpSwiglu, Fp8DelayedAppliesTheActivationInTheCasts) {
+  TransformerConfig c = testing::tiny_config("llama");
+  c.fp8_format = "hybrid";
+  c.fp8_recipe = "delayed";
+  c.validate();
+  ParamAndGradBuffer params;
+  MLP mlp(params, "mlp", c, testing::single_tp(), c.fp8_options());
+  ASSERT_TRUE(mlp.fp8_act_in_casts());
+  params.finalize(17);
+  Parameter* w1 = params.find("mlp.linear_fc1.weight");
+  Parameter* w2 = params.find("mlp.linear_fc2.weight");
+  const int64_t s = 6, b = 2, h = c.hidden_size, f = c.ffn_hidden_size, n = s * b;
+  const Tensor x = random_tensor({s, b, h}, 23, nullptr, -2.0, 2.0), dy = random_tensor({s, b, h}, 25);
+  MLPCtx ctx;
+  const Tensor y_mlp = mlp.forward(ctx, x);
+  const Tensor dx_mlp = mlp.backward(ctx, dy);
+
+  auto unit = [](ops::Fp8Format fmt = ops::Fp8Format::E4M3) {  // a fresh delayed state's operand: scale 1
+    Tensor sc = Tensor::empty({2});
+    sc.fill_(1.0f);
+    return ops::Fp8Operand{.scale = sc, .format = fmt};
+  };
+  const ops::Fp8Operand fx = unit(), fw = unit(), fdy = unit(ops::Fp8Format::E5M2);
+  Tensor pre = Tensor::empty({n, 2 * f}), act = Tensor::empty({n, f}), y = Tensor::empty({n, h});
+  ops::fp8_linear_fwd(pre, x.view({n, h}), w1->data, nullptr, fx, fw, nullptr);
+  ops::swiglu_fwd(act, pre);
+  ops::fp8_linear_fwd(y, act, w2->data, nullptr, fx, fw, nullptr);
+  EXPECT_TRUE(bitwise_equal(y_mlp, y));
+  EXPECT_TRUE(bitwise_equal(ctx.pre_act, pre));
+  Tensor dw1 = Tensor::zeros({2 * f, h}), dw2 = Tensor::zeros({h, f});
+  Tensor dact = Tensor::empty({n, f}), dpre = Tensor::empty({n, 2 * f}), dx = Tensor::empty({n, h});
+  ops::fp8_linear_bwd(&dact, dw2, nullptr, dy.view({n, h}), act, w2->data, fdy, fx, fw, nullptr,
+                      ops::GradWrite::Accumulate);
+  ops::swiglu_bwd(dpre, dact, pre);
+  ops::fp8_linear_bwd(&dx, dw1, nullptr, dpre, x.view({n, h}), w1->data, fdy, fx, fw, nullptr,
+                      ops::GradWrite::Accumulate);
+  EXPECT_TRUE(bitwise_equal(dx_mlp, dx));
+  EXPECT_TRUE(bitwise_equal(w1->main_grad, dw1));
+  EXPECT_TRUE(bitwise_equal(w2->main_grad, dw2));
 }
 
 TEST(MlpSwiglu, KeepsTheUnfusedPath) {

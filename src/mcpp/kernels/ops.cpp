@@ -210,6 +210,18 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
 }
 Tensor fp8_operand_values(const char* op, const Tensor& t, const Fp8Operand& f, Stream s) {
   if (f.act == Fp8Act::None) return t;
+  if (f.act == Fp8Act::Swiglu || f.act == Fp8Act::DSwiglu) {
+    const bool fwd = f.act == Fp8Act::Swiglu;
+    MCPP_CHECK(t.ndim() >= 1 && (fwd || (f.act_input.defined() && f.act_input.numel() == 2 * t.numel())),
+               "{}: the DSwiglu operand's act_input must have twice the gradient's {} elements; got {}", op, t.numel(),
+               f.act_input.defined() ? f.act_input.str() : std::string("none"));
+    Shape shape = t.shape();
+    shape.back() = fwd ? shape.back() / 2 : 2 * shape.back();
+    Tensor v = Tensor::empty(shape, t.dtype(), t.device());
+    if (fwd) swiglu_fwd(v, t, s);
+    else swiglu_bwd(v, t, f.act_input.view(shape), s);
+    return v;
+  }
   Tensor v = Tensor::empty(t.shape(), t.dtype(), t.device());
   if (f.act == Fp8Act::Gelu) {
     gelu_fwd(v, t, s);

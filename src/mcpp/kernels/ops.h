@@ -202,9 +202,13 @@ float fp8_round(float v, Fp8Format f);
 //         act_input the pre-activation (dy's shape).
 //   Norm  (fp8_linear_fwd's fx): the operand is the norm of x (Fp8Norm), x the norm's input — Transformer Engine's
 //         LayerNormLinear: the norm's output is never written.
-// The values are rounded to the given tensor's dtype first, as gelu_fwd / gelu_bwd / the norms write them into it, so
-// the casts, amax, GEMMs and bias gradient see what the unfused ops would have produced (CUDA: the same bytes).
-enum class Fp8Act { None, Gelu, DGelu, Norm };
+//   Swiglu  (fp8_linear_fwd's fx): the operand [n, in] is swiglu(x), x [n, 2 in] = [gate | up] the pre-activation;
+//   DSwiglu (fp8_linear_bwd's fdy): the operand [n, out] is swiglu_bwd(dy, act_input), dy [n, out / 2] the gradient
+//           of swiglu's output and act_input [n, out] the pre-activation.
+// The values are rounded to the given tensor's dtype first, as gelu_fwd / gelu_bwd / swiglu_fwd / swiglu_bwd / the
+// norms write them into it, so the casts, amax, GEMMs and bias gradient see what the unfused ops would have produced
+// (CUDA: the same bytes).
+enum class Fp8Act { None, Gelu, DGelu, Norm, Swiglu, DSwiglu };
 
 // Fp8Act::Norm's norm: y = (x - mean) rstd weight + bias over x's last dim, with the statistics a norm forward wrote
 // for x (layernorm_fwd / add_layernorm_fwd; RMSNorm: rmsnorm_fwd / add_rmsnorm_fwd, mean and bias undefined) — the
@@ -219,7 +223,7 @@ struct Fp8Norm {
 //   scale: [2] = {scale, scale_inv} (the cast multiplies by scale, the GEMM's output by the scale_invs).
 //   amax:  [1] or undefined; when defined the op takes amax = max(amax, max |x|) of the UNSCALED input (the
 //          delayed recipe's history slot; the tensorwise recipe records it with fp8_amax before the scale).
-//   act / act_input / norm: Fp8Act (None: the tensor itself; act_input: DGelu's, norm: Norm's).
+//   act / act_input / norm: Fp8Act (None: the tensor itself; act_input: DGelu's and DSwiglu's, norm: Norm's).
 struct Fp8Operand {
   Tensor scale;
   Tensor amax{};
@@ -229,7 +233,8 @@ struct Fp8Operand {
   Fp8Norm norm{};
 };
 // The values of operand f given the tensor t (ops.h Fp8Act), as a tensor of t's dtype: t itself, or the activation
-// written out by gelu_fwd / gelu_bwd / the norm's forward (the unfused form, where a backend's cast cannot apply it).
+// written out by gelu_fwd / gelu_bwd / swiglu_fwd / swiglu_bwd / the norm's forward (the unfused form, where a backend's
+// cast cannot apply it; Swiglu halves t's last dim, DSwiglu doubles it).
 Tensor fp8_operand_values(const char* op, const Tensor& t, const Fp8Operand& f, Stream s = {});
 
 // What an FP8 linear's forward keeps for its backward (fp8_linear_fwd's `saved`; Transformer Engine keeps the same):

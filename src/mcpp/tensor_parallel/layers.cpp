@@ -81,19 +81,20 @@ void fp8_forward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor& y, const Te
 }
 
 // The FP8 backward: dx [n, in] (skipped when null), dw += dy^T x, db += sum dy, with the forward's x / w scales.
-// gelu_pre_act (null: none): dy is the gradient of gelu(y); the layer's own dy * gelu'(gelu_pre_act), applied in
-// dy's cast.
+// pre_act (null: none): dy is the gradient of act(y), pre_act = y; the layer's own gradient (dy_act DGelu:
+// dy * gelu'(pre_act); DSwiglu: swiglu_bwd(dy, pre_act)) is taken in dy's cast.
 void fp8_backward(Fp8LinearState& st, ParallelLinearCtx& ctx, Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy,
-                  const Tensor& w, ops::GradWrite gw, const Tensor* gelu_pre_act = nullptr) {
-  MCPP_CHECK(!gelu_pre_act || st.delayed(), "{}: an activation fused into the FP8 gradient cast needs the delayed "
-             "recipe", st.prefix());
+                  const Tensor& w, ops::GradWrite gw, const Tensor* pre_act = nullptr,
+                  ops::Fp8Act dy_act = ops::Fp8Act::DGelu) {
+  MCPP_CHECK(!pre_act || st.delayed(), "{}: an activation fused into the FP8 gradient cast needs the delayed recipe",
+             st.prefix());
   if (st.blockwise()) {
     ops::fp8_block_linear_bwd(dx, dw, db, dy, ctx.x, w, st.grad_format(), gw);
     return;
   }
   MCPP_CHECK(ctx.fp8_x_scale.defined(), "FP8 linear backward without its forward's scales");
   ops::Fp8Operand g = st.backward(dy);
-  if (gelu_pre_act) g.act = ops::Fp8Act::DGelu, g.act_input = *gelu_pre_act;
+  if (pre_act) g.act = dy_act, g.act_input = *pre_act;
   ops::fp8_linear_bwd(dx, dw, db, dy, ctx.x, w, g, {.scale = ctx.fp8_x_scale}, {.scale = ctx.fp8_w_scale},
                       &ctx.fp8_saved, gw);
   ctx.fp8_saved = {};
@@ -241,10 +242,14 @@ Tensor ColumnParallelLinear::forward_gelu(ParallelLinearCtx& ctx, const Tensor& 
   return m.ret(act.view(with_last(full.shape(), out_local_)));  // [s, b, out/tp]
 }
 
-Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor* gelu_pre_act) const {
+Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor* pre_act,
+                                      ops::Fp8Act dy_act) const {
   const ModuleScope m(name_, dy, ModuleScope::kBackward);
-  MCPP_CHECK(!gelu_pre_act || fp8_fuses_gelu(), "{}: a GELU folded into the backward needs FP8 delayed scaling", name_);
-  Tensor dy2 = rows(dy, out_local_);                                              // [s*b, out/tp]
+  MCPP_CHECK(!pre_act || fp8_fuses_act(), "{}: an activation folded into the backward needs FP8 delayed scaling",
+             name_);
+  MCPP_CHECK(dy_act == ops::Fp8Act::DGelu || dy_act == ops::Fp8Act::DSwiglu, "{}: dy_act is DGelu or DSwiglu", name_);
+  const bool dswiglu = pre_act && dy_act == ops::Fp8Act::DSwiglu;
+  Tensor dy2 = rows(dy, dswiglu ? out_local_ / 2 : out_local_);  // [s*b, out/tp] (DSwiglu: [s*b, out/2tp])
   Tensor dx = Tensor::empty({input_rows(ctx), opt_.input_size}, dy.dtype(), dy.device());  // [s*b, in] partial
   Tensor* db_acc = bias_ ? &bias_->main_grad : nullptr;
   Tensor dx_full = dx.view(with_last(dy.shape(), opt_.input_size));  // [s, b, in]
@@ -254,7 +259,7 @@ Tensor ColumnParallelLinear::backward(ParallelLinearCtx& ctx, const Tensor& dy, 
   };
   const ops::GradWrite gw = grad_write(weight_, bias_);
   if (fp8_) {  // dgrad and wgrad in one call, then dx's reduction (no overlap with the wgrad)
-    fp8_backward(*fp8_, ctx, &dx, weight_->main_grad, db_acc, dy2, weight_->data, gw, gelu_pre_act);
+    fp8_backward(*fp8_, ctx, &dx, weight_->main_grad, db_acc, dy2, weight_->data, gw, pre_act, dy_act);
     grads_ready();
     if (tp_->size() == 1) return m.ret(dx_full);
     AsyncResult red =
@@ -300,9 +305,11 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& params, const std::strin
 Tensor RowParallelLinear::forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute,
                                   ops::Fp8Act x_act) const {
   const ModuleScope m(name_, x);
-  MCPP_CHECK(x_act == ops::Fp8Act::None || fp8_fuses_gelu(), "{}: an input activation needs FP8 delayed scaling",
+  MCPP_CHECK(x_act == ops::Fp8Act::None || fp8_fuses_act(), "{}: an input activation needs FP8 delayed scaling",
              name_);
-  ctx.x = rows(x, in_local_);  // [s*b, in/tp]
+  MCPP_CHECK(x_act == ops::Fp8Act::None || x_act == ops::Fp8Act::Gelu || x_act == ops::Fp8Act::Swiglu,
+             "{}: the input activation is Gelu or Swiglu", name_);
+  ctx.x = rows(x, x_act == ops::Fp8Act::Swiglu ? 2 * in_local_ : in_local_);  // [s*b, in/tp] (Swiglu: [s*b, 2 in/tp])
   // tp == 1: the reduction is the identity, so the bias rides in the GEMM (a cuBLASLt epilogue on CUDA, FP8 too); an
   // expert's linear adds it on group rank 0 only and leaves the reduction to the dispatcher.
   const bool expert = opt_.explicit_expert_comm;

@@ -92,13 +92,15 @@ class ColumnParallelLinear {
   // act [s, b, out/tp] = gelu(forward(x)); pre_act is set to the pre-activation [s*b, out/tp].
   Tensor forward_gelu(ParallelLinearCtx& ctx, const Tensor& x, Tensor& pre_act,
                       const Fp8Recompute* fp8_recompute = nullptr) const;
-  // gelu_pre_act (null: none): dy is the gradient of gelu(this layer's output) and the layer's own gradient is
-  // dy * gelu'(gelu_pre_act [s*b, out/tp]), applied in the FP8 gradient cast (fp8_fuses_gelu() only).
-  Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor* gelu_pre_act = nullptr) const;
+  // pre_act (null: none): dy is the gradient of act(this layer's output), pre_act [s*b, out/tp] that output, and the
+  // layer's own gradient, dy * gelu'(pre_act) (dy_act DGelu) or swiglu_bwd(dy [s, b, out/2tp], pre_act) (DSwiglu), is
+  // taken in the FP8 gradient cast (fp8_fuses_act() only).
+  Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy, const Tensor* pre_act = nullptr,
+                  ops::Fp8Act dy_act = ops::Fp8Act::DGelu) const;
   // FP8 delayed scaling: an activation can ride in the FP8 casts (the scale is known before the tensor is read).
-  bool fp8_fuses_gelu() const { return fp8_ && fp8_->delayed(); }
+  bool fp8_fuses_act() const { return fp8_ && fp8_->delayed(); }
   // ... and the input's norm, where x is not all-gathered between the norm and the cast (no SP).
-  bool fp8_fuses_norm() const { return fp8_fuses_gelu() && !opt_.sequence_parallel; }
+  bool fp8_fuses_norm() const { return fp8_fuses_act() && !opt_.sequence_parallel; }
   // Sets ctx's saved input again from x, the forward's input recomputed (selective recompute "layernorm": the
   // caller dropped ctx.x after the forward): under SP the all-gather again (a plain one with --tp-comm-overlap too:
   // the same rows), no GEMM.
@@ -128,10 +130,11 @@ class RowParallelLinear {
   RowParallelLinear(ParameterRegistry& params, const std::string& prefix, const ParallelLinearOptions& opt,
                     comm::CommPtr tp);
   // x [s, b, in/tp]; fp8_recompute as ColumnParallelLinear's. x_act Gelu: the layer's input is gelu(x), applied in
-  // the FP8 input cast, so gelu(x) is never written (fp8_fuses_gelu() only).
+  // the FP8 input cast, so gelu(x) is never written; Swiglu: x [s, b, 2 in/tp] is [gate | up] and the input
+  // swiglu(x) (fp8_fuses_act() only).
   Tensor forward(ParallelLinearCtx& ctx, const Tensor& x, const Fp8Recompute* fp8_recompute = nullptr,
                  ops::Fp8Act x_act = ops::Fp8Act::None) const;
-  bool fp8_fuses_gelu() const { return fp8_ && fp8_->delayed(); }  // as ColumnParallelLinear's
+  bool fp8_fuses_act() const { return fp8_ && fp8_->delayed(); }  // as ColumnParallelLinear's
   // -> dx [s, b, in/tp]. bias_grad_elsewhere: the caller has taken (or takes) the bias grad and its
   // grad_ready from the residual stream (residual_bias()); only dx and the weight grad here.
   Tensor backward(ParallelLinearCtx& ctx, const Tensor& dy, bool bias_grad_elsewhere = false) const;

@@ -42,10 +42,11 @@ Tensor MLP::forward(MLPCtx& ctx, const Tensor& x, const tensor_parallel::Fp8Reco
   const ModuleScope m("mlp", x);
   MCPP_CHECK(!x_norm || fuses_input_norm(), "mlp: the input's norm in fc1's cast needs FP8 delayed scaling");
   Tensor y;
-  if (fp8_gelu()) {  // FP8 delayed: fc1's output is the pre-activation; GELU rides in fc2's input cast
-    Tensor h1 = linear_fc1_.forward(ctx.fc1, x, fp8_recompute, x_norm);         // [s, b, f/tp]
-    ctx.pre_act = h1.view({-1, ffn_});                                          // [n, f/tp], kept for backward
-    y = linear_fc2_.forward(ctx.fc2, h1, fp8_recompute, ops::Fp8Act::Gelu);    // [s(/tp), b, h]
+  if (fp8_act_in_casts()) {  // FP8 delayed: fc1's output is the pre-activation; the activation rides in fc2's cast
+    Tensor h1 = linear_fc1_.forward(ctx.fc1, x, fp8_recompute, x_norm);  // [s, b, f/tp] (SwiGLU: [s, b, 2f/tp])
+    ctx.pre_act = h1.view({-1, h1.size(-1)});                             // [n, f/tp] or [n, 2f/tp], kept for backward
+    y = linear_fc2_.forward(ctx.fc2, h1, fp8_recompute,
+                            swiglu_ ? ops::Fp8Act::Swiglu : ops::Fp8Act::Gelu);  // [s(/tp), b, h]
   } else if (!swiglu_) {  // GELU: bias + GELU ride in fc1's GEMM (linear_gelu_fwd); pre_act kept for backward
     Tensor act = linear_fc1_.forward_gelu(ctx.fc1, x, ctx.pre_act, fp8_recompute);  // [s, b, f/tp]; pre_act [n, f/tp]
     y = linear_fc2_.forward(ctx.fc2, act, fp8_recompute);             // [s(/tp), b, h]
@@ -68,9 +69,11 @@ Tensor MLP::backward(MLPCtx& ctx, const Tensor& dy, bool output_bias_grad_elsewh
     else ops::gelu_fwd(act, ctx.pre_act);
     ctx.fc2.x = act;
   }
-  if (fp8_gelu()) {  // FP8 delayed: fc2 returns the gradient of gelu's output; gelu' rides in fc1's gradient cast
+  if (fp8_act_in_casts()) {  // FP8 delayed: fc2 returns the gradient of the activation's output; the activation's
+                             // backward rides in fc1's gradient cast
     Tensor dact = linear_fc2_.backward(ctx.fc2, dy, output_bias_grad_elsewhere);  // [s, b, f/tp]
-    return m.ret(linear_fc1_.backward(ctx.fc1, dact, &ctx.pre_act));             // [s(/tp), b, h]
+    return m.ret(linear_fc1_.backward(ctx.fc1, dact, &ctx.pre_act,
+                                      swiglu_ ? ops::Fp8Act::DSwiglu : ops::Fp8Act::DGelu));  // [s(/tp), b, h]
   }
   if (!swiglu_) {  // GELU: gelu' rides in fc2's dgrad GEMM (linear_dgelu_bwd); fc1's bias grad in fc1's wgrad
     Tensor dpre = linear_fc2_.backward_dgelu(ctx.fc2, dy, ctx.pre_act, output_bias_grad_elsewhere);  // [s, b, f/tp]

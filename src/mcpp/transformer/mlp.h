@@ -51,10 +51,11 @@ class MLP {
   // set it again from the recomputed x before the backward.
   void release_input(MLPCtx& ctx) const { ctx.fc1.x = Tensor(); }
   void restore_input(MLPCtx& ctx, const Tensor& x) const { linear_fc1_.restore_input(ctx.fc1, x); }
-  // GELU under FP8 delayed scaling: gelu in fc2's input cast and gelu' in fc1's gradient cast (Transformer Engine's
-  // fused activation casts), so neither the activation nor its gradient is written in the activations' dtype.
-  bool fp8_gelu() const {
-    return !swiglu_ && !recompute_act_ && linear_fc1_.fp8_fuses_gelu() && linear_fc2_.fp8_fuses_gelu();
+  // The activation (GELU or SwiGLU) under FP8 delayed scaling: the activation in fc2's input cast and its gradient in
+  // fc1's gradient cast (Transformer Engine's fused activation casts), so neither the activation nor its gradient is
+  // written in the activations' dtype.
+  bool fp8_act_in_casts() const {
+    return !recompute_act_ && linear_fc1_.fp8_fuses_act() && linear_fc2_.fp8_fuses_act();
   }
   // The input's norm in fc1's FP8 input cast (ColumnParallelLinear::fp8_fuses_norm; not for routed experts).
   bool fuses_input_norm() const { return !recompute_act_ && linear_fc1_.fp8_fuses_norm(); }

@@ -143,11 +143,12 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
   require_cpu_f32(op, "w", w);
   MCPP_CHECK(w.ndim() == 2, "{}: w must be [out, in]; got {}", op, w.str());
   const int64_t out = w.size(0), in = w.size(1);
-  MCPP_CHECK(x.ndim() >= 1 && x.size(-1) == in && y.size(-1) == out && x.numel() / in == y.numel() / out,
-             "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, in, out, x.str(), y.str());
-  const int64_t n = x.numel() / in;
   MCPP_CHECK(fw.act == Fp8Act::None, "{}: the weight's operand takes no activation", op);
-  Tensor qx = quantized(op, fp8_operand_values(op, x, fx), fx, true), qw = quantized(op, w, fw, true);
+  const Tensor xv = fp8_operand_values(op, x, fx);  // x, or its activation / norm ([.., in] either way)
+  MCPP_CHECK(xv.ndim() >= 1 && xv.size(-1) == in && y.size(-1) == out && xv.numel() / in == y.numel() / out,
+             "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, in, out, x.str(), y.str());
+  const int64_t n = xv.numel() / in;
+  Tensor qx = quantized(op, xv, fx, true), qw = quantized(op, w, fw, true);
   const float alpha = scale_of(op, fx.scale, 1) * scale_of(op, fw.scale, 1);
   sgemm(y.data<float>(), qx.data<float>(), qw.data<float>(), n, out, in, false, true, 1.0f, 0.0f);
   float* py = y.data<float>();
@@ -161,13 +162,13 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
                     GradWrite grad_write, Stream) {
   const char* op = "fp8_linear_bwd";
   const bool saved_x = saved && saved->x.defined(), saved_w = saved && saved->w.defined();
-  const Tensor& xs = saved_x ? saved->x : x;  // [n, in] either way
-  const int64_t n = detail::linear_bwd_rows(op, dw_acc, dy, xs, w), out = w.size(0), in = w.size(1);
+  MCPP_CHECK(fw.act == Fp8Act::None, "{}: the weight's operand takes no activation", op);
+  const Tensor xs = saved_x ? saved->x : fp8_operand_values(op, x, fx);  // [n, in] either way
+  const Tensor dyv = fp8_operand_values(op, dy, fdy);  // dy, or its activation's gradient ([n, out] either way)
+  const int64_t n = detail::linear_bwd_rows(op, dw_acc, dyv, xs, w), out = w.size(0), in = w.size(1);
   if (saved_w)
     MCPP_CHECK(saved->w.shape() == w.shape(), "{}: saved w must be the forward's q(w) {}; got {}", op, w.str(),
                saved->w.str());
-  MCPP_CHECK(fw.act == Fp8Act::None, "{}: the weight's operand takes no activation", op);
-  const Tensor dyv = fp8_operand_values(op, dy, fdy);  // dy, or dy * gelu'(pre-activation)
   Tensor qdy = quantized(op, dyv, fdy, true);
   const float dy_inv = scale_of(op, fdy.scale, 1);
   if (dx) {  // dx[n,in] = q(dy)[n,out] @ q(w)[out,in]
@@ -180,7 +181,7 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
     for (int64_t i = 0; i < n * in; ++i) p[i] *= alpha;
   }
   // dw[out,in] (+)= (q(dy)^T @ q(x)) * scale_invs: the product rounded once, then added (as cuBLASLt's beta = 1)
-  const Tensor qx = saved_x ? saved->x : quantized(op, fp8_operand_values(op, x, fx), fx, false);
+  const Tensor qx = saved_x ? saved->x : quantized(op, xs, fx, false);
   const float alpha = dy_inv * scale_of(op, fx.scale, 1);
   Tensor prod = Tensor::empty({out, in});
   sgemm(prod.data<float>(), qdy.data<float>(), qx.data<float>(), out, in, n, true, false, 1.0f, 0.0f);

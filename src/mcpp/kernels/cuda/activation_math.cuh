@@ -2,6 +2,8 @@
 // FP8 casts that apply an activation on the fly (fp8_kernels.cu), so both write the same values:
 //   gelu:      y = 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi)
 //   gelu_grad: dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 * 0.044715 x^2), t = tanh(k (x + 0.044715 x^3))
+//   swiglu:    y = silu(gate) up = gate / (1 + exp(-gate)) up
+//   swiglu's gradients, s = sigmoid(gate): dgate = dy up s (1 + gate (1 - s)), dup = dy gate s
 // and a norm's output given its row statistics (norms_kernels.cu's 16-byte path, and the casts of ops.h Fp8Act::Norm):
 //   norm_apply: y = (x - mean) rstd gamma + beta, each step rounded once (RMSNorm: mean 0, beta 0)
 #pragma once
@@ -16,6 +18,13 @@ __device__ __forceinline__ float gelu_grad(float v) {
   const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
   return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
 }
+
+__device__ __forceinline__ float swiglu(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
+__device__ __forceinline__ float swiglu_dgate(float dy, float gate, float up) {
+  const float s = 1.0f / (1.0f + expf(-gate));
+  return dy * up * s * (1.0f + gate * (1.0f - s));
+}
+__device__ __forceinline__ float swiglu_dup(float dy, float gate) { return dy * gate * (1.0f / (1.0f + expf(-gate))); }
 
 __device__ __forceinline__ float norm_apply(float x, float mean, float rstd, float gamma, float beta) {
   return __fmaf_rn(__fmul_rn(__fsub_rn(x, mean), rstd), gamma, beta);

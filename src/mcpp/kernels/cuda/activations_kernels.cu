@@ -1,7 +1,7 @@
 // Device code for activations.cpp and dropout.cpp (math as the CPU reference, in float32):
 //   gelu:   y = gelu(x), dx = dy gelu'(x) (activation_math.cuh)
 //   swiglu: x[rows, 2f] = [gate | up]; y = silu(gate) * up;
-//           dgate = dy up s (1 + gate (1 - s)), dup = dy silu(gate), s = sigmoid(gate)
+//           dgate = dy up s (1 + gate (1 - s)), dup = dy silu(gate), s = sigmoid(gate) (activation_math.cuh)
 //   dropout: Philox-4x32-10 exactly as core/rng.h — element i uses counter (offset + i/4, 0), word i%4,
 //            uniform = (word >> 8) * 2^-24; keep iff uniform >= p. One thread per 4-element group, so
 //            one Philox call per 4 elements, and the mask equals the CPU's bit for bit (vec8_ok: 8 elements
@@ -45,17 +45,15 @@ __global__ void gelu_bwd_vec_kernel(FOut dx, FIn dy, FIn x, int64_t n8) {
 __global__ void swiglu_fwd_kernel(FOut y, FIn x, int64_t rows, int64_t f) {
   MCPP_GRID_STRIDE(i, rows * f) {
     const int64_t r = i / f, c = i - r * f;
-    const float g = x[r * 2 * f + c], u = x[r * 2 * f + f + c];
-    y.set(i, g / (1.0f + expf(-g)) * u);
+    y.set(i, swiglu(x[r * 2 * f + c], x[r * 2 * f + f + c]));
   }
 }
 __global__ void swiglu_bwd_kernel(FOut dx, FIn dy, FIn x, int64_t rows, int64_t f) {
   MCPP_GRID_STRIDE(i, rows * f) {
     const int64_t r = i / f, c = i - r * f;
     const float g = x[r * 2 * f + c], u = x[r * 2 * f + f + c], d = dy[i];
-    const float sg = 1.0f / (1.0f + expf(-g));
-    dx.set(r * 2 * f + c, d * u * sg * (1.0f + g * (1.0f - sg)));
-    dx.set(r * 2 * f + f + c, d * g * sg);
+    dx.set(r * 2 * f + c, swiglu_dgate(d, g, u));
+    dx.set(r * 2 * f + f + c, swiglu_dup(d, g));
   }
 }
 

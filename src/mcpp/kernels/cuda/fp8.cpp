@@ -102,13 +102,16 @@ TransposedCast transposed_cast(const char* op, const char* arg, const Tensor* sa
   return c;
 }
 
-// fdy's activation for dy's cast pass: DGelu's gelu' of act_input (dy's shape), or none.
-Fp8CastAct dgelu_of(const char* op, const Fp8Operand& fdy, const Tensor& dy) {
-  if (fdy.act != Fp8Act::DGelu) return {};
-  MCPP_CHECK(fdy.act_input.defined() && fdy.act_input.numel() == dy.numel() && fdy.act_input.dtype() == dy.dtype(),
-             "{}: the DGelu operand's act_input must be like dy {}; got {}", op, dy.str(),
+// fdy's activation for dy's cast pass: DGelu's gelu' of act_input (dy's shape), DSwiglu's swiglu_bwd of dy and
+// act_input (twice dy's columns), or none.
+Fp8CastAct dy_act_of(const char* op, const Fp8Operand& fdy, const Tensor& dy) {
+  if (fdy.act != Fp8Act::DGelu && fdy.act != Fp8Act::DSwiglu) return {};
+  const int64_t want = (fdy.act == Fp8Act::DSwiglu ? 2 : 1) * dy.numel();
+  MCPP_CHECK(fdy.act_input.defined() && fdy.act_input.numel() == want && fdy.act_input.dtype() == dy.dtype(),
+             "{}: the {} operand's act_input must have {} elements of dy's dtype (dy {}); got {}", op,
+             fdy.act == Fp8Act::DGelu ? "DGelu" : "DSwiglu", want, dy.str(),
              fdy.act_input.defined() ? fdy.act_input.str() : std::string("none"));
-  return {.act = 2, .aux = fin_of(op, "fdy.act_input", fdy.act_input)};
+  return {.act = fdy.act == Fp8Act::DGelu ? 2 : 5, .aux = fin_of(op, "fdy.act_input", fdy.act_input)};
 }
 
 // fx's Norm for x's cast-transpose pass (x [n, in] the norm's input): its statistics applied in the cast where the
@@ -187,17 +190,20 @@ void fp8_linear_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
   const char* op = "fp8_linear_fwd";
   const cudaStream_t s = stream_of(stream);
   MCPP_CHECK(w.ndim() == 2, "{}: w must be [out, in]; got {}", op, w.str());
-  const int64_t out = w.size(0), in = w.size(1), n = x.numel() / std::max<int64_t>(in, 1);
-  MCPP_CHECK(x.size(-1) == in && y.size(-1) == out && y.numel() == n * out,
-             "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, in, out, x.str(), y.str());
+  const int64_t out = w.size(0), in = w.size(1);
+  const int64_t x_cols = fx.act == Fp8Act::Swiglu ? 2 * in : in, n = x.numel() / std::max<int64_t>(x_cols, 1);
+  MCPP_CHECK(x.size(-1) == x_cols && y.size(-1) == out && y.numel() == n * out,
+             "{}: x [.., {}] and y [.., {}] must have matching rows; got x {}, y {}", op, x_cols, out, x.str(),
+             y.str());
   require_multiple_of_16(op, n, in, out);
-  MCPP_CHECK(fw.act == Fp8Act::None && fx.act != Fp8Act::DGelu, "{}: fx takes None, Gelu or Norm, fw no activation",
-             op);
+  MCPP_CHECK(fw.act == Fp8Act::None && fx.act != Fp8Act::DGelu && fx.act != Fp8Act::DSwiglu,
+             "{}: fx takes None, Gelu, Swiglu or Norm, fw no activation", op);
   Tensor qx = fp8_bytes(n * in), qw = fp8_bytes(out * in);
-  // fx.act Gelu / Norm: with saved, applied in x's cast-transpose pass (Norm: where its statistics apply); else
-  // written out first
+  // fx.act Gelu / Swiglu / Norm: with saved, applied in x's cast-transpose pass (Norm: where its statistics apply);
+  // else written out first
   Fp8CastAct xact;
   if (saved && fx.act == Fp8Act::Gelu) xact.act = 1;
+  if (saved && fx.act == Fp8Act::Swiglu) xact.act = 4;
   if (saved && fx.act == Fp8Act::Norm) xact = norm_of(op, fx, x, n, in);
   const bool in_cast = fx.act == Fp8Act::None || xact.act != 0;
   const Tensor xv = in_cast ? x : fp8_operand_values(op, x, fx, stream);
@@ -238,27 +244,32 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
   const char* op = "fp8_linear_bwd";
   const cudaStream_t s = stream_of(stream);
   const bool saved_x = saved && saved->x.defined(), saved_w = saved && saved->w.defined();
+  MCPP_CHECK(fw.act == Fp8Act::None && (fdy.act == Fp8Act::None || fdy.act == Fp8Act::DGelu ||
+                                        fdy.act == Fp8Act::DSwiglu) &&
+                 fx.act != Fp8Act::DGelu && fx.act != Fp8Act::DSwiglu,
+             "{}: fdy takes None, DGelu or DSwiglu, fx no gradient activation, fw no activation", op);
+  // dy's values [n, out]: dy itself, or its activation's gradient (DSwiglu: dy [n, out / 2], act_input [n, out])
+  const Fp8CastAct dy_act = dy_act_of(op, fdy, dy);
+  const Tensor& dy_rows = fdy.act == Fp8Act::DSwiglu ? fdy.act_input : dy;  // [n, out]
   int64_t n = 0;
   if (saved_x) {  // x is not read: the rows from dy
     MCPP_CHECK(w.ndim() == 2 && dw_acc.shape() == w.shape(), "{}: w [out, in] and dw_acc like w; got w {}, dw_acc {}",
                op, w.str(), dw_acc.str());
     require_float(op, "dw_acc", dw_acc, /*bf16_ok=*/false);
-    n = dy.numel() / std::max<int64_t>(w.size(0), 1);
-    MCPP_CHECK(dy.numel() == n * w.size(0), "{}: dy must be [n, {}]; got {}", op, w.size(0), dy.str());
+    n = dy_rows.numel() / std::max<int64_t>(w.size(0), 1);
+    MCPP_CHECK(dy_rows.numel() == n * w.size(0), "{}: dy must be [n, {}]; got {}", op, w.size(0), dy_rows.str());
   } else {
-    n = linear_bwd_rows(op, dw_acc, dy, x, w);
+    n = linear_bwd_rows(op, dw_acc, dy_rows, x, w);
   }
   const int64_t out = w.size(0), in = w.size(1);
   require_multiple_of_16(op, n, in, out);
   MCPP_CHECK(!(fdy.format == Fp8Format::E5M2 && fw.format == Fp8Format::E5M2) &&
                  !(fdy.format == Fp8Format::E5M2 && fx.format == Fp8Format::E5M2),
              "{}: cuBLASLt has no e5m2 x e5m2 GEMM", op);
-  MCPP_CHECK(fw.act == Fp8Act::None && fdy.act != Fp8Act::Gelu && fx.act != Fp8Act::DGelu,
-             "{}: fdy takes None or DGelu, fx None or Gelu, fw no activation", op);
   ScaleInvSlots sinv = scale_inv_slots(3);  // dy, and w and x where not saved
   float* sdy = sinv.slot(0);
   // q(dy) [n, out] (dgrad's B) and q(dy)^T [out, n] (wgrad's B) in one pass, recording dy's amax, with the bias
-  // gradient's column sums of dy and fdy's DGelu (dy * gelu'(act_input)) in the same pass
+  // gradient's column sums of dy and fdy's DGelu (dy * gelu'(act_input)) or DSwiglu in the same pass
   Tensor qdy = fp8_bytes(n * out), qdyt = fp8_bytes(n * out);
   Fp8Dbias dbias;
   Tensor partial;
@@ -271,7 +282,7 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
   }
   launch_fp8_cast_transpose(dx ? bytes_of(qdy) : nullptr, bytes_of(qdyt), fin_of(op, "dy", dy), n, out,
                             scale_ptr(op, "fdy.scale", fdy.scale), amax_ptr(op, &fdy.amax), fmt_of(fdy.format), s,
-                            sdy, dbias, dgelu_of(op, fdy, dy));
+                            sdy, dbias, dy_act);
   if (dx) {  // dx[n,in] = q(dy)[n,out] . (q(w)^T [in,out])^T
     MCPP_CHECK(dx->numel() == n * in, "{}: dx must have {} elements; got {}", op, n * in, dx->str());
     const TransposedCast wt = transposed_cast(op, "w", saved_w ? &saved->w : nullptr, w, out, in, fw, sinv.slot(1), s);

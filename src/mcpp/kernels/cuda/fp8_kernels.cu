@@ -27,33 +27,64 @@ __device__ __forceinline__ float round_to(float v, int kind) {
   if (kind == kF16) return __half2float(__float2half_rn(v));
   return v;
 }
-// Fp8CastAct's activation of element (r, c) of value v, rounded to the input's kind.
+// Element (r, c) of a cast's input [rows, cols] with Fp8CastAct's activation applied and rounded to in's kind, as the
+// activation's own kernel writes it: in[r, c] (act 0), gelu (1), dy gelu' (2), the norm (3); Swiglu (4) reads
+// in [rows, 2 cols] = [gate | up], DSwiglu (5) in [rows, cols / 2] (the gradient of swiglu's output) and aux
+// [rows, cols] (the pre-activation), its output [dgate | dup].
 template <int kAct>
-__device__ __forceinline__ float activated(float v, const Fp8CastAct& a, int64_t r, int64_t c, int64_t cols,
-                                           int kind) {
-  if constexpr (kAct == 1) return round_to(gelu(v), kind);
-  if constexpr (kAct == 2) return round_to(v * gelu_grad(a.aux[r * cols + c]), kind);
+__device__ __forceinline__ float load_act(const FIn& in, const Fp8CastAct& a, int64_t r, int64_t c, int64_t cols) {
+  if constexpr (kAct == 4) return round_to(swiglu(in[r * 2 * cols + c], in[r * 2 * cols + cols + c]), in.kind);
+  if constexpr (kAct == 5) {
+    const int64_t f = cols / 2, j = c < f ? c : c - f;
+    const float d = in[r * f + j], g = a.aux[r * cols + j];
+    return round_to(c < f ? swiglu_dgate(d, g, a.aux[r * cols + f + j]) : swiglu_dup(d, g), in.kind);
+  }
+  const float v = in[r * cols + c];
+  if constexpr (kAct == 1) return round_to(gelu(v), in.kind);
+  if constexpr (kAct == 2) return round_to(v * gelu_grad(a.aux[r * cols + c]), in.kind);
   if constexpr (kAct == 3)
     return round_to(norm_apply(v, a.mean ? a.mean[r] : 0.0f, a.rstd[r], a.gamma[c], a.beta.p ? a.beta[c] : 0.0f),
-                    kind);
+                    in.kind);
   return v;
 }
-// The same for the 8 elements (r, c .. c + 8) of v (c a multiple of 8; the act's tensors 16-byte aligned).
+// The same for the 8 elements (r, c .. c + 8) (c a multiple of 8, DSwiglu: of 16; the tensors 16-byte aligned).
 template <int kAct>
-__device__ __forceinline__ void activated8(float (&v)[8], const Fp8CastAct& a, int64_t r, int64_t c, int64_t cols,
-                                           int kind) {
-  if constexpr (kAct == 1 || kAct == 2) {
-    float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if constexpr (kAct == 2) load8(a.aux, (r * cols + c) / 8, x);
+__device__ __forceinline__ void load_act8(float (&v)[8], const FIn& in, const Fp8CastAct& a, int64_t r, int64_t c,
+                                          int64_t cols) {
+  if constexpr (kAct == 4) {
+    float u[8];
+    load8(in, (r * 2 * cols + c) / 8, v);
+    load8(in, (r * 2 * cols + cols + c) / 8, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = round_to(kAct == 1 ? gelu(v[k]) : v[k] * gelu_grad(x[k]), kind);
-  } else if constexpr (kAct == 3) {
-    float g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    load8(a.gamma, c / 8, g);
-    if (a.beta.p) load8(a.beta, c / 8, b);
-    const float mu = a.mean ? a.mean[r] : 0.0f, rs = a.rstd[r];
+    for (int k = 0; k < 8; ++k) v[k] = round_to(swiglu(v[k], u[k]), in.kind);
+  } else if constexpr (kAct == 5) {
+    const int64_t f = cols / 2, j = c < f ? c : c - f;  // f a multiple of 8: the 8 columns lie in one half
+    float g[8], u[8];
+    load8(in, (r * f + j) / 8, v);
+    load8(a.aux, (r * cols + j) / 8, g);
+    if (c < f) {
+      load8(a.aux, (r * cols + f + j) / 8, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = round_to(norm_apply(v[k], mu, rs, g[k], b[k]), kind);
+      for (int k = 0; k < 8; ++k) v[k] = round_to(swiglu_dgate(v[k], g[k], u[k]), in.kind);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = round_to(swiglu_dup(v[k], g[k]), in.kind);
+    }
+  } else {
+    load8(in, (r * cols + c) / 8, v);
+    if constexpr (kAct == 1 || kAct == 2) {
+      float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if constexpr (kAct == 2) load8(a.aux, (r * cols + c) / 8, x);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = round_to(kAct == 1 ? gelu(v[k]) : v[k] * gelu_grad(x[k]), in.kind);
+    } else if constexpr (kAct == 3) {
+      float g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      load8(a.gamma, c / 8, g);
+      if (a.beta.p) load8(a.beta, c / 8, b);
+      const float mu = a.mean ? a.mean[r] : 0.0f, rs = a.rstd[r];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = round_to(norm_apply(v[k], mu, rs, g[k], b[k]), in.kind);
+    }
   }
 }
 
@@ -161,7 +192,7 @@ __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t r
   for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
     const int64_t r = r0 + j, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const float x = activated<kAct>(in[r * cols + c], act, r, c, cols, in.kind);
+      const float x = load_act<kAct>(in, act, r, c, cols);
       m = fmaxf(m, fabsf(x));
       csum += x;
       const uint8_t b = to_fp8(__fmul_rn(x, s), fmt);
@@ -212,8 +243,7 @@ __global__ void cast_transpose8_kernel(uint8_t* q, uint8_t* qt, FIn in, int64_t 
     uint2 b = make_uint2(0u, 0u);
     if (r < rows && c < cols) {  // cols % 8 == 0: all 8 columns are inside
       float v[8];
-      load8(in, (r * cols + c) / 8, v);
-      activated8<kAct>(v, act, r, c, cols, in.kind);
+      load_act8<kAct>(v, in, act, r, c, cols);
       b = cast8(v, s, fmt, m);
       if (q) *reinterpret_cast<uint2*>(q + r * cols + c) = b;
       if constexpr (kDbias) {
@@ -356,7 +386,8 @@ void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, in
                                float* amax, int fmt, cudaStream_t s, float* sinv_out, Fp8Dbias dbias,
                                Fp8CastAct act) {
   if (rows == 0 || cols == 0) return;
-  const bool vec = rows % 8 == 0 && vec8_ok(cols, {in.p, q, qt, act.aux.p, act.gamma.p, act.beta.p}),
+  const bool vec = rows % 8 == 0 && vec8_ok(cols, {in.p, q, qt, act.aux.p, act.gamma.p, act.beta.p}) &&
+                   (act.act != 5 || cols % 16 == 0),
              db = dbias.db != nullptr;
   const int64_t tile = vec ? kVTile : kTile;
   const dim3 grid(static_cast<unsigned>((cols + tile - 1) / tile), static_cast<unsigned>((rows + tile - 1) / tile));
@@ -366,6 +397,10 @@ void launch_fp8_cast_transpose(uint8_t* q, uint8_t* qt, FIn in, int64_t rows, in
     cast_transpose_any<2>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act);
   else if (act.act == 3)
     cast_transpose_any<3>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act);
+  else if (act.act == 4)
+    cast_transpose_any<4>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act);
+  else if (act.act == 5)
+    cast_transpose_any<5>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act);
   else
     cast_transpose_any<0>(vec, db, grid, q, qt, in, rows, cols, scale, amax, fmt, s, sinv_out, dbias.partial, act);
   if (db)  // the tiles' partial column sums -> db

@@ -24,9 +24,10 @@ struct Fp8Dbias {
 };
 int64_t fp8_dbias_parts(int64_t rows);
 // The activation a cast-transpose applies to its input first (ops.h Fp8Act), the result rounded to in's dtype as
-// launch_gelu_fwd / launch_gelu_bwd / launch_norm_fwd write it: act 0 none, 1 gelu(in), 2 in * gelu'(aux) (aux: in's
-// shape), 3 the norm of in's rows from their statistics (norm_apply: (in - mean[r]) rstd[r] gamma[c] + beta[c]; mean
-// and beta null: RMSNorm).
+// launch_gelu_fwd / launch_gelu_bwd / launch_norm_fwd / launch_swiglu_fwd / launch_swiglu_bwd write it: act 0 none,
+// 1 gelu(in), 2 in * gelu'(aux) (aux: in's shape), 3 the norm of in's rows from their statistics (norm_apply:
+// (in - mean[r]) rstd[r] gamma[c] + beta[c]; mean and beta null: RMSNorm), 4 swiglu of in [rows, 2 cols], 5 swiglu's
+// gradient [dgate | dup] from in [rows, cols / 2] (the output's gradient) and aux [rows, cols] (the pre-activation).
 struct Fp8CastAct {
   int act = 0;
   FIn aux{nullptr, kF32};
