@@ -191,9 +191,9 @@ TEST(Fp8Recompute, LinearContextsHoldTheSavedCastsNotTheInput) {
 }
 
 // Which layers apply their norms in the FP8 casts (TransformerLayerCtx::*_in_cast after a training forward): under the
-// delayed recipe input_layernorm in linear_qkv's cast and pre_mlp_layernorm in a dense MLP's fc1 cast; not a MoE layer's
-// (the router reads the norm's output), not under the tensorwise recipe (its amax is taken before the cast), not with
-// "layernorm" recompute, and not the MLP's under "mlp" recompute (its re-run reads the kept norm output).
+// delayed recipe input_layernorm in linear_qkv's cast and pre_mlp_layernorm in a dense MLP's fc1 cast; not a MoE
+// layer's (the router reads the norm's output), not under the tensorwise recipe (its amax is taken before the cast),
+// not with "layernorm" recompute, and not the MLP's under "mlp" recompute (its re-run reads the kept norm output).
 TEST(Fp8Recompute, NormsInTheCastsWhereTheyMay) {
   struct Case {
     std::string style, recipe;

@@ -208,6 +208,10 @@ void fp8_linear_bwd(Tensor* dx, Tensor& dw_acc, Tensor* db_acc, const Tensor& dy
                   saved ? &saved->w : nullptr}),
                 dx, dw_acc, db_acc, dy, x, w, fdy, fx, fw, saved, grad_write, s);
 }
+void check_fp8_norm(const char* op, const Fp8Norm& norm) {
+  MCPP_CHECK(norm.rstd.defined() && norm.weight.defined() && norm.mean.defined() == norm.bias.defined(),
+             "{}: the Norm operand needs rstd and weight, and mean with bias (LayerNorm) or neither (RMSNorm)", op);
+}
 Tensor fp8_operand_values(const char* op, const Tensor& t, const Fp8Operand& f, Stream s) {
   if (f.act == Fp8Act::None) return t;
   if (f.act == Fp8Act::Swiglu || f.act == Fp8Act::DSwiglu) {
@@ -227,8 +231,7 @@ Tensor fp8_operand_values(const char* op, const Tensor& t, const Fp8Operand& f, 
     gelu_fwd(v, t, s);
   } else if (f.act == Fp8Act::Norm) {  // the norm again on t: the statistics (into scratch) and y are the forward's
     const Fp8Norm& nm = f.norm;
-    MCPP_CHECK(nm.rstd.defined() && nm.weight.defined() && nm.mean.defined() == nm.bias.defined(),
-               "{}: the Norm operand needs rstd and weight, and mean with bias (LayerNorm) or neither (RMSNorm)", op);
+    check_fp8_norm(op, nm);
     const int64_t n = nm.rstd.numel();
     Tensor x = t.view({n, -1}), y = v.view({n, -1}), rstd = Tensor::empty({n}, DType::F32, t.device());
     if (nm.mean.defined()) {

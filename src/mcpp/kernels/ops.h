@@ -218,6 +218,9 @@ struct Fp8Norm {
   Tensor mean, rstd, weight, bias;
   float eps = 0.0f;
 };
+// An Fp8Norm's parts, checked by both backends (mcpp::Error naming the op): rstd and weight, and mean with bias
+// (LayerNorm) or neither (RMSNorm). Their shapes and dtypes are each backend's.
+void check_fp8_norm(const char* op, const Fp8Norm& norm);
 
 // One operand of an FP8 GEMM: its scaling state, float32 on the op's device.
 //   scale: [2] = {scale, scale_inv} (the cast multiplies by scale, the GEMM's output by the scale_invs).
@@ -233,8 +236,8 @@ struct Fp8Operand {
   Fp8Norm norm{};
 };
 // The values of operand f given the tensor t (ops.h Fp8Act), as a tensor of t's dtype: t itself, or the activation
-// written out by gelu_fwd / gelu_bwd / swiglu_fwd / swiglu_bwd / the norm's forward (the unfused form, where a backend's
-// cast cannot apply it; Swiglu halves t's last dim, DSwiglu doubles it).
+// written out by gelu_fwd / gelu_bwd / swiglu_fwd / swiglu_bwd / the norm's forward (the unfused form, where a
+// backend's cast cannot apply it; Swiglu halves t's last dim, DSwiglu doubles it).
 Tensor fp8_operand_values(const char* op, const Tensor& t, const Fp8Operand& f, Stream s = {});
 
 // What an FP8 linear's forward keeps for its backward (fp8_linear_fwd's `saved`; Transformer Engine keeps the same):

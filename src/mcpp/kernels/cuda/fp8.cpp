@@ -119,8 +119,7 @@ Fp8CastAct dy_act_of(const char* op, const Fp8Operand& fdy, const Tensor& dy) {
 // caller casts fp8_operand_values' re-run of the norm instead.
 Fp8CastAct norm_of(const char* op, const Fp8Operand& fx, const Tensor& x, int64_t n, int64_t in) {
   const Fp8Norm& nm = fx.norm;
-  MCPP_CHECK(nm.rstd.defined() && nm.weight.defined() && nm.mean.defined() == nm.bias.defined(),
-             "{}: the Norm operand needs rstd and weight, and mean with bias (LayerNorm) or neither (RMSNorm)", op);
+  check_fp8_norm(op, nm);
   const float* rstd = row_stat(op, "fx.norm.rstd", nm.rstd, n);
   const float* mean = nm.mean.defined() ? row_stat(op, "fx.norm.mean", nm.mean, n) : nullptr;
   require_numel(op, "fx.norm.weight", nm.weight, in, "in = w.size(1)");

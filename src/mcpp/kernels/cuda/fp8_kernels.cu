@@ -47,7 +47,7 @@ __device__ __forceinline__ float load_act(const FIn& in, const Fp8CastAct& a, in
                     in.kind);
   return v;
 }
-// The same for the 8 elements (r, c .. c + 8) (c a multiple of 8, DSwiglu: of 16; the tensors 16-byte aligned).
+// The same for the 8 elements (r, c .. c + 8) (c and cols multiples of 8, DSwiglu: cols of 16; 16-byte aligned).
 template <int kAct>
 __device__ __forceinline__ void load_act8(float (&v)[8], const FIn& in, const Fp8CastAct& a, int64_t r, int64_t c,
                                           int64_t cols) {

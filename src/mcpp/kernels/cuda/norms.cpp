@@ -123,9 +123,9 @@ void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const
                    float eps, Stream stream) {
   const char* op = "layernorm_fwd";
   const RowDims d = row_dims(op, x, gamma);
-  launch_norm_fwd(y_of(op, y, x), FOut{nullptr, kF32}, row_stat(op, "mean", mean, d.n), row_stat(op, "rstd", rstd, d.n),
-                  fin_of(op, "x", x), FIn{nullptr, kF32}, fin_of(op, "gamma", gamma), beta_of(op, beta, d.h), d.n,
-                  d.h, eps, stream_of(stream));
+  launch_norm_fwd(y_of(op, y, x), FOut{nullptr, kF32}, row_stat(op, "mean", mean, d.n),
+                  row_stat(op, "rstd", rstd, d.n), fin_of(op, "x", x), FIn{nullptr, kF32}, fin_of(op, "gamma", gamma),
+                  beta_of(op, beta, d.h), d.n, d.h, eps, stream_of(stream));
 }
 
 void add_layernorm_fwd(Tensor& sum, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
