@@ -9,7 +9,12 @@
 # With --moe-grouped-gemm (one grouped GEMM per linear for all experts, sizes on the device): dropless and padded, eager
 # and with --enable-cuda-graph (dropless is capturable with it: no host read of the counts).
 # SET: all (default) or grouped (dense, the sequential dropless / padded / padded-graph baselines and the four grouped
-# runs only: the before / after of issue 35's grouped-GEMM MoE in one short call).
+# runs only: the before / after of issue 35's grouped-GEMM MoE in one short call), or deepseek: DeepSeek-V3's layout
+# (configs/deepseek-v3-tiny.toml: MLA with query compression and latent norms, YaRN, a dense first layer, then MoE
+# layers of 8 experts in 4 groups, top-2 of the best 2 groups by sigmoid scores, the expert bias, routed scaling 2.5,
+# a shared expert, the sequence-wise balance loss, one MTP depth) at the 124M widths (d 768, 12 layers, T 1024), its
+# MoE step (dropless, padded, padded + CUDA graph) against its dense equivalent: the same model with every MLP dense
+# and as wide as a token's active experts (top-2 x 1536 + the shared 1536 = 4608), so both run the same FLOPs a token.
 # usage (device machine, repo root, device_carry/ carried): bench/gpu/moe_steps.sh OUT [B] [CAPACITY] [SET]
 set -u
 OUT=$1
@@ -24,6 +29,21 @@ DS="--num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 0.001 --moe-router-
   --moe-router-num-groups 4 --moe-router-group-topk 2 --moe-router-enable-expert-bias
   --moe-router-load-balancing-type seq_aux_loss --moe-router-topk-scaling-factor 2.5"
 GRAPH="--enable-cuda-graph --cuda-graph-warmup-steps 3"
+if [ "$SET" = deepseek ]; then
+  DSV3="--normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights
+    --disable-bias-linear --multi-latent-attention --q-lora-rank 384 --kv-lora-rank 256 --qk-head-dim 64
+    --qk-pos-emb-head-dim 32 --v-head-dim 64 --qk-layernorm --rope-type yarn --rotary-scaling-factor 4 --mscale 1.0
+    --mscale-all-dim 1.0 --original-max-position-embeddings 256 --mtp-num-layers 1 --ffn-hidden-size 4608"
+  DSV3_MOE="--num-experts 8 --moe-layer-freq [0]+[1]*11 --moe-ffn-hidden-size 1536 --moe-router-topk 2
+    --moe-router-score-function sigmoid --moe-router-num-groups 4 --moe-router-group-topk 2
+    --moe-router-topk-scaling-factor 2.5 --moe-router-enable-expert-bias --moe-router-load-balancing-type seq_aux_loss
+    --moe-aux-loss-coeff 1e-4 --moe-shared-expert-intermediate-size 1536"
+  run_train ds_dense 1 $DSV3
+  run_train ds_moe_dropless 1 $DSV3 $DSV3_MOE
+  run_train ds_moe_padded 1 $DSV3 $DSV3_MOE $PAD
+  run_train ds_moe_padded_graph 1 $DSV3 $DSV3_MOE $PAD $GRAPH
+  RUNS="ds_dense ds_moe_dropless ds_moe_padded ds_moe_padded_graph"
+else
 run_train dense 1
 run_train moe_dropless 1 $MOE --moe-z-loss-coeff 0.001
 run_train moe_padded 1 $MOE --moe-z-loss-coeff 0.001 $PAD
@@ -52,6 +72,7 @@ run_train moe_shared_gate 1 $MOE --moe-z-loss-coeff 0.001 --moe-shared-expert-in
 run_train moe_balanced 1 $MOE --moe-z-loss-coeff 0.001 --moe-router-force-load-balancing
 run_train moe_jitter 1 $MOE --moe-z-loss-coeff 0.001 --moe-input-jitter-eps 0.01
 RUNS="$RUNS deepseek_padded deepseek_padded_graph moe_sinkhorn moe_recompute moe_shared_gate moe_balanced moe_jitter"
+fi
 fi
 echo "== MoE steps, 124M B$B, capacity $CAP (ms per iteration, iterations 21-30; lm loss at 30; router losses)"
 for r in $RUNS; do

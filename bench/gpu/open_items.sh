@@ -1,8 +1,10 @@
 #!/bin/bash
-# The device checks still open after session 8 (issues 34-36), as one batch that fits a session's device time in
+# The device checks still open (issues 35-36), as one batch that fits a session's device time in
 # order of importance, each step under what is left of BUDGET seconds (default 560: one call). SKIP='a b' skips steps
 # by name; ONLY='a b' runs only those. Steps:
-#   fp8_tests   CudaFp8.*, CudaFp8Training.* and CudaMemoryPlan.* (the fused scale updates, the planner's FP8 casts)
+#   fp8_tests   CudaFp8.*, CudaFp8Training.* and CudaMemoryPlan.* (the fused scale updates, the planner's FP8 casts,
+#               the norms and SwiGLU in the casts: CudaFp8.NormInTheCast*, CudaFp8.SwigluInTheCast*,
+#               CudaFp8Training.NormsInTheCastsEqualTheNormsWrittenOut)
 #   fp8_speed   GPT 1.3B bf16 / FP8 delayed / FP8 tensorwise and PyTorch's FP8 anchor at 1.3B in the same call
 #               (the same-call ratio issue 35 asks for; the anchor compiles and runs its bf16 and FP8 models: ~260 s),
 #               then the 8B-width Llama slice (bf16, delayed, blockwise)
@@ -11,6 +13,7 @@
 #   sft         bench/gpu/sft_curve.sh (the SFT curve of an imported Qwen3-1.7B-shaped model; failed in session 7)
 #   experiments E12 (the 1-rank launch fix, 1e77ed5), E09, E10 gpu tier, results tarred to OUT/res.tgz
 #   moe         bench/gpu/moe_steps.sh all (every MoE row, incl. DeepSeek's router)
+#   moe_ds      bench/gpu/moe_steps.sh deepseek (DeepSeek-V3's layout at the 124M widths: MoE vs its dense equivalent)
 #   spm         tests/device/tokenizer_check.py, spm-unigram only
 #   regress     bench/regress timings: the GPU baseline (--update, into OUT/timings.json: commit it as
 #               bench/baselines/timings_KIND.json), then the drill it must catch (a 2 ms sleep at every step)
@@ -55,6 +58,7 @@ if want experiments; then
   [ -d /tmp/res ] && tar czf "$OUT/res.tgz" -C /tmp res
 fi
 want moe && step moe 200 bench/gpu/moe_steps.sh "$OUT/moe" 16 1.0 all
+want moe_ds && step moe_ds 120 bench/gpu/moe_steps.sh "$OUT/moe_ds" 16 1.0 deepseek
 want spm && step spm 40 python3 tests/device/tokenizer_check.py "$MCPP" /tmp/tok --mb 12 --families spm-unigram
 if want regress; then
   KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo nvidia-h200 || echo nvidia-h100-x1)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
+#include "kernels/norm_forward.h"
 #include "mcpp/kernels/gemm_autotune.h"
 #include "mcpp/training/trainer.h"
 #include "training/trainer_test_util.h"
@@ -382,14 +383,8 @@ TEST(CudaFp8, NormInTheCastIsTheNormThenTheLinear) {
       SCOPED_TRACE(std::string(layernorm ? "LayerNorm" : "RMSNorm") + (add ? ", fused add" : ""));
       Tensor x = add ? Tensor::empty({n, h}, DType::BF16, Device::CUDA) : a, none;
       Tensor ln = poisoned({n, h}, DType::BF16), mean = stat(), rstd = stat(), mean2 = stat(), rstd2 = stat();
-      auto norm = [&](Tensor& y, Tensor& m, Tensor& r) {  // the norm of a (+ b) into y (undefined: statistics only)
-        if (add && layernorm) ops::add_layernorm_fwd(x, y, m, r, a, b, gamma, &beta, 1e-5f, {});
-        else if (add) ops::add_rmsnorm_fwd(x, y, r, a, b, gamma, 1e-5f, {});
-        else if (layernorm) ops::layernorm_fwd(y, m, r, x, gamma, &beta, 1e-5f);
-        else ops::rmsnorm_fwd(y, r, x, gamma, 1e-5f);
-      };
-      norm(ln, mean, rstd);
-      norm(none, mean2, rstd2);
+      testing::norm_forward(layernorm, add, x, ln, mean, rstd, a, b, gamma, beta, 1e-5f);
+      testing::norm_forward(layernorm, add, x, none, mean2, rstd2, a, b, gamma, beta, 1e-5f);  // statistics only
       EXPECT_TRUE(same(rstd2, rstd, n * 4)) << "the statistics without the output";
       if (layernorm) EXPECT_TRUE(same(mean2, mean, n * 4));
       ops::Fp8Operand fx = operand(448.0f / 4.0f), fx_norm = operand(448.0f / 4.0f), fw = operand(4480.0f);

@@ -19,6 +19,7 @@
 
 #include "core/core_test_util.h"
 #include "kernels/grad_check.h"
+#include "kernels/norm_forward.h"
 #include "mcpp/core/error.h"
 #include "mcpp/kernels/ops.h"
 
@@ -425,14 +426,8 @@ TEST(Fp8Linear, NormInTheCastIsTheNormThenTheLinear) {
       Tensor x = add ? Tensor::empty({n, h}) : a, ln = Tensor::empty({n, h}), none;
       Tensor mean = Tensor::empty({n}), rstd = Tensor::empty({n}), mean2 = Tensor::empty({n}),
              rstd2 = Tensor::empty({n});
-      auto norm = [&](Tensor& y, Tensor& m, Tensor& r) {  // the norm of a (+ b) into y (undefined: statistics only)
-        if (add && layernorm) ops::add_layernorm_fwd(x, y, m, r, a, b, gamma, &beta, 1e-5f, {});
-        else if (add) ops::add_rmsnorm_fwd(x, y, r, a, b, gamma, 1e-5f, {});
-        else if (layernorm) ops::layernorm_fwd(y, m, r, x, gamma, &beta, 1e-5f);
-        else ops::rmsnorm_fwd(y, r, x, gamma, 1e-5f);
-      };
-      norm(ln, mean, rstd);
-      norm(none, mean2, rstd2);
+      testing::norm_forward(layernorm, add, x, ln, mean, rstd, a, b, gamma, beta, 1e-5f);
+      testing::norm_forward(layernorm, add, x, none, mean2, rstd2, a, b, gamma, beta, 1e-5f);  // statistics only
       EXPECT_TRUE(identical(rstd2, rstd)) << "the statistics without the output";
       if (layernorm) EXPECT_TRUE(identical(mean2, mean));
       ops::Fp8Operand fx = operand(448.0f / 4.0f), fx_norm = operand(448.0f / 4.0f);

@@ -264,6 +264,8 @@ void check_fp8_tp_equivalence(const std::string& style, bool sequence_parallel) 
 }
 TEST(TensorParallel, Gpt2Fp8MatchesSingleRank) { check_fp8_tp_equivalence("gpt2", false); }
 TEST(TensorParallel, LlamaFp8SequenceParallelMatchesSingleRank) { check_fp8_tp_equivalence("llama", true); }
+// Without SP the norms ride in linear_qkv's and fc1's casts (RMSNorm here; gpt2 above: LayerNorm), SwiGLU in fc2's.
+TEST(TensorParallel, LlamaFp8MatchesSingleRank) { check_fp8_tp_equivalence("llama", false); }
 // --tp-comm-overlap: the SP all-gathers as rings with the GEMM per chunk (fc1 GELU fused and SwiGLU paths,
 // the output layer, the dgrad of the row-parallel layers).
 TEST(TensorParallel, Gpt2SequenceParallelCommOverlapMatchesSingleRank) { check_tp_equivalence("gpt2", true, true); }

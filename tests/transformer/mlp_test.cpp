@@ -26,6 +26,13 @@ struct Weights {
   Parameter *w1, *b1, *w2, *b2;
 };
 
+// A fresh delayed FP8 state's operand: scale 1.
+ops::Fp8Operand unit(ops::Fp8Format fmt = ops::Fp8Format::E4M3) {
+  Tensor sc = Tensor::empty({2});
+  sc.fill_(1.0f);
+  return ops::Fp8Operand{.scale = sc, .format = fmt};
+}
+
 TEST(MlpGelu, FusedPathIsBitwiseTheUnfusedOps) {
   TransformerConfig c = testing::tiny_config("gpt2");  // h 32, f 128, biases, GELU
   c.validate();
@@ -97,11 +104,6 @@ TEST(MlpGelu, Fp8DelayedAppliesTheActivationInTheCasts) {
   const Tensor y_mlp = mlp.forward(ctx, x);
   const Tensor dx_mlp = mlp.backward(ctx, dy);
 
-  auto unit = [](ops::Fp8Format fmt = ops::Fp8Format::E4M3) {  // a fresh delayed state's operand: scale 1
-    Tensor sc = Tensor::empty({2});
-    sc.fill_(1.0f);
-    return ops::Fp8Operand{.scale = sc, .format = fmt};
-  };
   const ops::Fp8Operand fx = unit(), fw = unit(), fdy = unit(ops::Fp8Format::E5M2);
   Tensor x2 = x.view({n, h}), dy2 = dy.view({n, h});
   Tensor pre = Tensor::empty({n, f}), act = Tensor::empty({n, f}), y = Tensor::empty({n, h});
@@ -142,11 +144,6 @@ TEST(MlpSwiglu, Fp8DelayedAppliesTheActivationInTheCasts) {
   const Tensor y_mlp = mlp.forward(ctx, x);
   const Tensor dx_mlp = mlp.backward(ctx, dy);
 
-  auto unit = [](ops::Fp8Format fmt = ops::Fp8Format::E4M3) {  // a fresh delayed state's operand: scale 1
-    Tensor sc = Tensor::empty({2});
-    sc.fill_(1.0f);
-    return ops::Fp8Operand{.scale = sc, .format = fmt};
-  };
   const ops::Fp8Operand fx = unit(), fw = unit(), fdy = unit(ops::Fp8Format::E5M2);
   Tensor pre = Tensor::empty({n, 2 * f}), act = Tensor::empty({n, f}), y = Tensor::empty({n, h});
   ops::fp8_linear_fwd(pre, x.view({n, h}), w1->data, nullptr, fx, fw, nullptr);
