@@ -20,11 +20,12 @@ __device__ __forceinline__ float gelu_grad(float v) {
 }
 
 __device__ __forceinline__ float swiglu(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
-__device__ __forceinline__ float swiglu_dgate(float dy, float gate, float up) {
-  const float s = 1.0f / (1.0f + expf(-gate));
+// The gradients take s = swiglu_sigmoid(gate), computed once by a caller that needs both.
+__device__ __forceinline__ float swiglu_sigmoid(float gate) { return 1.0f / (1.0f + expf(-gate)); }
+__device__ __forceinline__ float swiglu_dgate(float dy, float gate, float up, float s) {
   return dy * up * s * (1.0f + gate * (1.0f - s));
 }
-__device__ __forceinline__ float swiglu_dup(float dy, float gate) { return dy * gate * (1.0f / (1.0f + expf(-gate))); }
+__device__ __forceinline__ float swiglu_dup(float dy, float gate, float s) { return dy * gate * s; }
 
 __device__ __forceinline__ float norm_apply(float x, float mean, float rstd, float gamma, float beta) {
   return __fmaf_rn(__fmul_rn(__fsub_rn(x, mean), rstd), gamma, beta);

@@ -52,8 +52,9 @@ __global__ void swiglu_bwd_kernel(FOut dx, FIn dy, FIn x, int64_t rows, int64_t 
   MCPP_GRID_STRIDE(i, rows * f) {
     const int64_t r = i / f, c = i - r * f;
     const float g = x[r * 2 * f + c], u = x[r * 2 * f + f + c], d = dy[i];
-    dx.set(r * 2 * f + c, swiglu_dgate(d, g, u));
-    dx.set(r * 2 * f + f + c, swiglu_dup(d, g));
+    const float sg = swiglu_sigmoid(g);
+    dx.set(r * 2 * f + c, swiglu_dgate(d, g, u, sg));
+    dx.set(r * 2 * f + f + c, swiglu_dup(d, g, sg));
   }
 }
 

@@ -36,8 +36,8 @@ __device__ __forceinline__ float load_act(const FIn& in, const Fp8CastAct& a, in
   if constexpr (kAct == 4) return round_to(swiglu(in[r * 2 * cols + c], in[r * 2 * cols + cols + c]), in.kind);
   if constexpr (kAct == 5) {
     const int64_t f = cols / 2, j = c < f ? c : c - f;
-    const float d = in[r * f + j], g = a.aux[r * cols + j];
-    return round_to(c < f ? swiglu_dgate(d, g, a.aux[r * cols + f + j]) : swiglu_dup(d, g), in.kind);
+    const float d = in[r * f + j], g = a.aux[r * cols + j], s = swiglu_sigmoid(g);
+    return round_to(c < f ? swiglu_dgate(d, g, a.aux[r * cols + f + j], s) : swiglu_dup(d, g, s), in.kind);
   }
   const float v = in[r * cols + c];
   if constexpr (kAct == 1) return round_to(gelu(v), in.kind);
@@ -65,10 +65,10 @@ __device__ __forceinline__ void load_act8(float (&v)[8], const FIn& in, const Fp
     if (c < f) {
       load8(a.aux, (r * cols + f + j) / 8, u);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = round_to(swiglu_dgate(v[k], g[k], u[k]), in.kind);
+      for (int k = 0; k < 8; ++k) v[k] = round_to(swiglu_dgate(v[k], g[k], u[k], swiglu_sigmoid(g[k])), in.kind);
     } else {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = round_to(swiglu_dup(v[k], g[k]), in.kind);
+      for (int k = 0; k < 8; ++k) v[k] = round_to(swiglu_dup(v[k], g[k], swiglu_sigmoid(g[k])), in.kind);
     }
   } else {
     load8(in, (r * cols + c) / 8, v);
