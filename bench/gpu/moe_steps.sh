@@ -9,7 +9,9 @@
 # With --moe-grouped-gemm (one grouped GEMM per linear for all experts, sizes on the device): dropless and padded, eager
 # and with --enable-cuda-graph (dropless is capturable with it: no host read of the counts).
 # SET: all (default) or grouped (dense, the sequential dropless / padded / padded-graph baselines and the four grouped
-# runs only: the before / after of issue 35's grouped-GEMM MoE in one short call), or deepseek: DeepSeek-V3's layout
+# runs only: the before / after of issue 35's grouped-GEMM MoE in one short call), or padded (the sequential
+# padded-graph run and the grouped padded ones, eager and graphed: the padded layers' batched cuBLASLt GEMMs against
+# one GEMM an expert), or deepseek: DeepSeek-V3's layout
 # (configs/deepseek-v3-tiny.toml: MLA with query compression and latent norms, YaRN, a dense first layer, then MoE
 # layers of 8 experts in 4 groups, top-2 of the best 2 groups by sigmoid scores, the expert bias, routed scaling 2.5,
 # a shared expert, the sequence-wise balance loss, one MTP depth) at the 124M widths (d 768, 12 layers, T 1024), its
@@ -43,6 +45,12 @@ if [ "$SET" = deepseek ]; then
   run_train ds_moe_padded 1 $DSV3 $DSV3_MOE $PAD
   run_train ds_moe_padded_graph 1 $DSV3 $DSV3_MOE $PAD $GRAPH
   RUNS="ds_dense ds_moe_dropless ds_moe_padded ds_moe_padded_graph"
+elif [ "$SET" = padded ]; then
+  GG="--moe-grouped-gemm"
+  run_train moe_padded_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GRAPH
+  run_train moe_padded_grouped 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG
+  run_train moe_padded_grouped_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG $GRAPH
+  RUNS="moe_padded_graph moe_padded_grouped moe_padded_grouped_graph"
 else
 run_train dense 1
 run_train moe_dropless 1 $MOE --moe-z-loss-coeff 0.001

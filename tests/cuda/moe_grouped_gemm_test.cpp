@@ -4,7 +4,10 @@
 //     empty groups among them (first, middle, last), more rows than one tile and widths that are not multiples of the
 //     tiles: fp32 (the FMA kernel), bf16 at widths that are multiples of 8 (the tensor-core kernel) and at odd widths
 //     (the FMA kernel on bf16). The counts live on the device only;
-//   - a GPT MoE trained with --moe-grouped-gemm gives SequentialMLP's losses (fp32 and bf16), dropless and padded;
+//   - the same ops with the counts on the host (cuBLASLt, kernels/cuda/grouped_gemm_lt.cpp): one pointer-array batched
+//     GEMM per op when every group has the same rows, one GEMM per group otherwise (the path counted);
+//   - a GPT MoE trained with --moe-grouped-gemm gives SequentialMLP's losses (fp32 and bf16), dropless and padded (the
+//     padded layers on the batched path); padded under --enable-cuda-graph gives the eager run's;
 //   - dropless MoE with --moe-grouped-gemm under --enable-cuda-graph gives the eager run's losses (the counts read on
 //     the device at every replay).
 #include <filesystem>
@@ -33,8 +36,10 @@ std::vector<Tensor> on_device(const std::vector<Tensor>& ts, DType dt) {
 // Tolerances (relative L2 against the CPU on the same bf16-representable inputs): fp32 outputs differ by the
 // summation order only (1e-5); bf16 activations carry one output rounding (2^-9 per element: 4e-3); the weight grads
 // are fp32 sums of bf16 products (order only: 1e-5) and the bias grads fp32 serial sums (1e-5).
-void check(DType dt, int64_t in, int64_t out, const std::vector<int64_t>& rows) {
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " in " << in << " out " << out);
+// host_counts: the counts passed as a host tensor (the cuBLASLt path) instead of a device one.
+void check(DType dt, int64_t in, int64_t out, const std::vector<int64_t>& rows, bool host_counts = false) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " in " << in << " out " << out
+                                    << (host_counts ? " host counts" : " device counts"));
   const int64_t g = static_cast<int64_t>(rows.size());
   int64_t m = 0;
   for (int64_t r : rows) m += r;
@@ -47,7 +52,8 @@ void check(DType dt, int64_t in, int64_t out, const std::vector<int64_t>& rows) 
     dw0.push_back(rnd({out, in}, 50 + static_cast<uint64_t>(i)));
     db0.push_back(rnd({out}, 70 + static_cast<uint64_t>(i)));
   }
-  const Tensor counts = counts_of(rows, Device::CPU), dcounts = counts_of(rows, Device::CUDA);
+  const Tensor counts = counts_of(rows, Device::CPU);
+  const Tensor dcounts = host_counts ? counts : counts_of(rows, Device::CUDA);
   // forward with and without biases
   Tensor y_cpu = Tensor::empty({m, out}), y0_cpu = Tensor::empty({m, out});
   ops::cpu::grouped_linear_fwd(y_cpu, x, w, b, counts, {});
@@ -116,6 +122,24 @@ TEST(CudaMoeGroupedGemm, SizesComeFromTheDeviceCounts) {  // one launch, other c
   check(DType::BF16, 64, 64, {28, 100});
 }
 
+// Host counts: every group the same rows runs one batched cuBLASLt GEMM per op (fwd, dgrad, and the wgrad twice);
+// uneven rows (empty groups among them) one GEMM per group. bf16 and fp32, both widths' orders (fc1's and fc2's).
+TEST(CudaMoeGroupedGemm, HostCountsRunCublasLtBatchedOrPerGroup) {
+  MCPP_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F32}) {
+    const ops::GroupedGemmPathCounts before = ops::cuda_grouped_gemm_path_counts();
+    check(dt, 96, 384, {256, 256, 256, 256}, true);
+    check(dt, 384, 96, {130, 130, 130}, true);
+    const ops::GroupedGemmPathCounts mid = ops::cuda_grouped_gemm_path_counts();
+    EXPECT_EQ(mid.batched - before.batched, 2 * 5) << dtype_name(dt);  // fwd x2 (bias or not), dgrad, wgrad x2
+    EXPECT_EQ(mid.per_group, before.per_group) << dtype_name(dt);
+    check(dt, 72, 136, kRows, true);
+    const ops::GroupedGemmPathCounts after = ops::cuda_grouped_gemm_path_counts();
+    EXPECT_EQ(after.per_group - mid.per_group, 5) << dtype_name(dt);
+    EXPECT_EQ(after.batched, mid.batched) << dtype_name(dt);
+  }
+}
+
 // The tiny GPU config with 4 experts top-2 (dropless unless padded), grouped or not; 8 iterations.
 Config moe_config(const std::filesystem::path& dir, bool bf16, bool grouped, bool padded) {
   Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
@@ -144,13 +168,33 @@ TEST(CudaMoeGroupedGemm, GptTrainingMatchesSequentialExperts) {
     for (bool padded : {false, true}) {
       SCOPED_TRACE(::testing::Message() << (bf16 ? "bf16" : "fp32") << (padded ? " padded" : " dropless"));
       const TrainSummary seq = Trainer(moe_config(dir, bf16, false, padded), 99, training_test::single()).train();
+      const int64_t batched = ops::cuda_grouped_gemm_path_counts().batched;
       const TrainSummary grp = Trainer(moe_config(dir, bf16, true, padded), 99, training_test::single()).train();
+      if (padded) EXPECT_GT(ops::cuda_grouped_gemm_path_counts().batched, batched);  // the batched GEMMs ran
       ASSERT_EQ(seq.losses.size(), 8u);
       ASSERT_EQ(grp.losses.size(), 8u);
       const double tol = bf16 ? 1e-2 : 1e-4;
       for (size_t i = 0; i < 8; ++i)
         EXPECT_NEAR(grp.losses[i], seq.losses[i], tol * seq.losses[i]) << "iteration " << i + 1;
     }
+  std::filesystem::remove_all(dir);
+}
+
+// Padded with grouped GEMMs under graphs: the batched GEMMs' address tables are written on the stream, so the
+// replays run on the step's buffers (the same kernels: 1e-5 relative).
+TEST(CudaMoeGroupedGemm, PaddedWithGraphsMatchesEagerTraining) {
+  MCPP_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_moe_gg_pad_" + std::to_string(::getpid()));
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    Config c = moe_config(dir, bf16, true, true);
+    const TrainSummary eager = Trainer(c, 99, training_test::single()).train();
+    const TrainSummary graphed = training_test::train_graphed(c);
+    ASSERT_EQ(graphed.losses.size(), 8u);
+    EXPECT_EQ(graphed.cuda_graph_replays, 6);
+    for (size_t i = 0; i < 8; ++i)
+      EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-5 * eager.losses[i]) << "iteration " << i + 1;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -294,9 +294,9 @@ GroupedLinearShape check_grouped_linear(const char* op, const Tensor& x, const T
              "{}: the activations must be [m, in] and [m, out]; got {} and {}", op, x.defined() ? x.str() : "undefined",
              y.defined() ? y.str() : "undefined");
   MCPP_CHECK(counts.defined() && counts.dtype() == DType::I64 && counts.ndim() == 1 && counts.size(0) >= 1 &&
-                 counts.size(0) <= kMaxGemmGroups && counts.device() == x.device(),
-             "{}: counts must be int64 [G] (1 <= G <= {}) on the activations' device; got {}", op, kMaxGemmGroups,
-             counts.defined() ? counts.str() : "undefined");
+                 counts.size(0) <= kMaxGemmGroups && (counts.device() == x.device() || counts.device() == Device::CPU),
+             "{}: counts must be int64 [G] (1 <= G <= {}) on the activations' device or the host; got {}", op,
+             kMaxGemmGroups, counts.defined() ? counts.str() : "undefined");
   const GroupedLinearShape g{.m = x.size(0), .in = x.size(1), .out = y.size(1), .groups = counts.size(0)};
   MCPP_CHECK(static_cast<int64_t>(w.size()) == g.groups, "{}: {} weights for {} groups", op, w.size(), g.groups);
   MCPP_CHECK(bias.empty() || static_cast<int64_t>(bias.size()) == g.groups, "{}: {} biases for {} groups", op,
@@ -315,15 +315,15 @@ GroupedLinearShape check_grouped_linear(const char* op, const Tensor& x, const T
 
 void grouped_linear_fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::vector<Tensor>& bias,
                         const Tensor& counts, Stream s) {
-  MCPP_DISPATCH(grouped_linear_fwd, ({&y, &x, &counts}), y, x, w, bias, counts, s);
+  MCPP_DISPATCH(grouped_linear_fwd, ({&y, &x}), y, x, w, bias, counts, s);
 }
 void grouped_linear_dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& counts,
                           Stream s) {
-  MCPP_DISPATCH(grouped_linear_dgrad, ({&dx, &dy, &counts}), dx, dy, w, counts, s);
+  MCPP_DISPATCH(grouped_linear_dgrad, ({&dx, &dy}), dx, dy, w, counts, s);
 }
 void grouped_linear_wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_acc, const Tensor& dy, const Tensor& x,
                           const Tensor& counts, GradWrite grad_write, Stream s) {
-  MCPP_DISPATCH(grouped_linear_wgrad, ({&dy, &x, &counts}), dw_acc, db_acc, dy, x, counts, grad_write, s);
+  MCPP_DISPATCH(grouped_linear_wgrad, ({&dy, &x}), dw_acc, db_acc, dy, x, counts, grad_write, s);
 }
 void moe_permute(Tensor& out, const Tensor& x, const Tensor& idx, Stream s) {
   MCPP_DISPATCH(moe_permute, ({&out, &x, &idx}), out, x, idx, s);

@@ -172,6 +172,13 @@ struct EpilogueFusionCounts {
 };
 EpilogueFusionCounts cuda_epilogue_fusion_counts();
 
+// Which path the CUDA grouped_linear_* calls with host counts took in this process (tests and benches read it; zero
+// in a build without CUDA): one cuBLASLt pointer-array batched GEMM, or one GEMM per group.
+struct GroupedGemmPathCounts {
+  int64_t batched = 0, per_group = 0;
+};
+GroupedGemmPathCounts cuda_grouped_gemm_path_counts();
+
 // How many CUDA attention calls ran on cuDNN's fused flash attention in this process (tests; all zero
 // without CUDA or cuDNN). bwd_gqa: backward calls with nq != ng among bwd; bwd_gqa_repeat: those of them
 // without an engine for the native GQA graph, run as the MHA graph on k/v repeated to nq heads.

@@ -1,13 +1,14 @@
-// CUDA grouped GEMMs of the MoE experts (ops.inc grouped_linear_*), kernels in grouped_gemm_kernels.cu: one launch per
-// op for every group, the group sizes read on the device from counts (int64 [G]; never on the host, so a captured
-// step replays with new counts). Shapes, dtypes and devices are checked here (ops::check_grouped_linear); the counts'
-// values are not (they must be >= 0 and sum to the buffer's rows: the router's counts are). bf16 operands with widths
-// that are multiples of 8 and 16-byte aligned pointers run the tensor-core kernel, anything else the FMA kernel.
-// Async on stream_of(stream).
+// CUDA grouped GEMMs of the MoE experts (ops.inc grouped_linear_*). Counts on the device: kernels in
+// grouped_gemm_kernels.cu, one launch per op for every group, the group sizes read on the device (int64 [G]; never on
+// the host, so a captured step replays with new counts). Counts on the host: cuBLASLt (grouped_gemm_lt.h).
+// Shapes, dtypes and devices are checked here (ops::check_grouped_linear); the device counts' values are not (they
+// must be >= 0 and sum to the buffer's rows: the router's counts are). bf16 operands with widths that are multiples of
+// 8 and 16-byte aligned pointers run the tensor-core kernel, anything else the FMA kernel. Async on stream_of(stream).
 #include <cstdint>
 
 #include "mcpp/kernels/cuda/cuda_check.h"
 #include "mcpp/kernels/cuda/grouped_gemm_launch.h"
+#include "mcpp/kernels/cuda/grouped_gemm_lt.h"
 #include "mcpp/kernels/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -48,6 +49,7 @@ void grouped_linear_fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w
                         const Tensor& counts, Stream stream) {
   const GroupedLinearShape s = check_grouped_linear("grouped_linear_fwd", x, y, w, bias, counts);
   const Kind k = check_kinds("grouped_linear_fwd", x, y, w, bias);
+  if (counts.device() == Device::CPU) return grouped_lt::fwd(y, x, w, bias, counts, stream_of(stream));
   // C[rows, out] = A[rows, in] (k-major) B, B(k, n) = w_g[n, k] (k-major); groups split the rows
   GroupedGemmArgs a{.counts = counts.data<int64_t>(), .groups = static_cast<int>(s.groups), .group_rows_m = true,
                     .a_kmajor = true, .b_kmajor = true, .overwrite = true, .in_kind = k, .out_kind = k,
@@ -65,6 +67,7 @@ void grouped_linear_dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor
                           Stream stream) {
   const GroupedLinearShape s = check_grouped_linear("grouped_linear_dgrad", dx, dy, w, {}, counts);
   const Kind k = check_kinds("grouped_linear_dgrad", dy, dx, w, {});
+  if (counts.device() == Device::CPU) return grouped_lt::dgrad(dx, dy, w, counts, stream_of(stream));
   // C[rows, in] = A[rows, out] (k-major) B, B(k = o, n = i) = w_g[o, i] (n-major); groups split the rows
   GroupedGemmArgs a{.counts = counts.data<int64_t>(), .groups = static_cast<int>(s.groups), .group_rows_m = true,
                     .a_kmajor = true, .b_kmajor = false, .overwrite = true, .in_kind = k, .out_kind = k,
@@ -87,6 +90,10 @@ void grouped_linear_wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_a
     MCPP_CHECK(t.dtype() == dw_acc[0].dtype() && (t.dtype() == DType::F32 || t.dtype() == x.dtype()),
                "{}: the weight grads must be float32 or the activations' dtype, all one; got {}", op, t.str());
   const bool overwrite = grad_write == GradWrite::Overwrite;
+  for (const Tensor& t : dbs)
+    MCPP_CHECK(t.dtype() == dbs[0].dtype(), "{}: the bias grads must have one dtype; got {}", op, t.str());
+  if (counts.device() == Device::CPU)
+    return grouped_lt::wgrad(dw_acc, db_acc, dy, x, counts, overwrite, stream_of(stream));
   // C_g[out, in] = A[out, rows_g] B[rows_g, in]: A(m = o, k = r) = dy[r, o] (m-major), B(k = r, n = i) = x[r, i]
   // (n-major); groups split the reduction
   GroupedGemmArgs a{.counts = counts.data<int64_t>(), .groups = static_cast<int>(s.groups), .group_rows_m = false,
@@ -98,10 +105,9 @@ void grouped_linear_wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_a
   launch_grouped_gemm(a, tensor_cores(k, s, {dy.raw(), x.raw()}, {}), stream_of(stream));
   if (db_acc.empty()) return;
   const Kind kb = require_float(op, "db_acc", db_acc[0]);
-  for (const Tensor& t : dbs)
-    MCPP_CHECK(t.dtype() == db_acc[0].dtype(), "{}: the bias grads must have one dtype; got {}", op, t.str());
   GroupedBiasGradArgs b{.counts = counts.data<int64_t>(), .groups = static_cast<int>(s.groups),
-                        .overwrite = overwrite, .db_kind = kb, .n = s.out, .dy = FIn{dy.raw(), k}, .db = {}};
+                        .overwrite = overwrite, .db_kind = kb, .n = s.out, .dy = FIn{dy.raw(), k}, .db = {},
+                        .row_lo = {}};
   for (int64_t g = 0; g < s.groups; ++g) b.db[g] = db_acc[static_cast<size_t>(g)].raw();
   launch_grouped_bias_grad(b, stream_of(stream));
 }

@@ -11,6 +11,8 @@
 //   FMA (fp32, f16, or widths not multiples of 8): BM = BN = 64, BK = 16, each thread a 4 x 4 block in fp32.
 //   The epilogue adds the group's bias (forward), or the old C (wgrad accumulate), and rounds once to C's dtype.
 // The bias gradient: one thread per (column, group), a serial fp32 sum over the group's rows (deterministic).
+#include <algorithm>
+
 #include "mcpp/kernels/cuda/attention_mma.cuh"
 #include "mcpp/kernels/cuda/device_utils.cuh"
 #include "mcpp/kernels/cuda/grouped_gemm_launch.h"
@@ -200,14 +202,38 @@ __global__ void grouped_bias_grad_kernel(const __grid_constant__ GroupedBiasGrad
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int g = static_cast<int>(blockIdx.y);
   if (c >= p.n || !p.db[g]) return;
-  int64_t lo = 0;
-  for (int i = 0; i < g; ++i) lo += p.counts[i];
-  const int64_t hi = lo + p.counts[g];
+  int64_t lo = 0, hi = 0;
+  if (p.counts) {
+    for (int i = 0; i < g; ++i) lo += p.counts[i];
+    hi = lo + p.counts[g];
+  } else {
+    lo = p.row_lo[g];
+    hi = p.row_lo[g + 1];
+  }
   float s = 0.0f;
   for (int64_t r = lo; r < hi; ++r) s += p.dy[r * p.n + c];
   const FOut db{p.db[g], p.db_kind};
   if (p.overwrite) db.set(c, s);
   else if (hi > lo) db.set(c, db.get(c) + s);
+}
+
+// One thread per (element of a row, group's row block): y += the group's bias, rounded once to y's dtype.
+__global__ void grouped_bias_add_kernel(const __grid_constant__ GroupedBiasAddArgs p) {
+  const int g = static_cast<int>(blockIdx.y);
+  if (!p.bias[g]) return;
+  const int64_t lo = p.row_lo[g], count = (p.row_lo[g + 1] - lo) * p.n;
+  const FIn b{p.bias[g], p.bias_kind};
+  const FOut y{p.y, p.y_kind};
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = lo * p.n + i;
+    y.set(e, y.get(e) + b[i % p.n]);
+  }
+}
+
+__global__ void pointer_table_kernel(const void** out, const __grid_constant__ PointerTableArgs p) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < p.n) out[i] = p.p[i];
 }
 }  // namespace
 
@@ -230,6 +256,22 @@ void launch_grouped_bias_grad(const GroupedBiasGradArgs& a, cudaStream_t s) {
   if (a.n == 0) return;
   const dim3 grid(static_cast<unsigned>((a.n + kThreads - 1) / kThreads), static_cast<unsigned>(a.groups));
   grouped_bias_grad_kernel<<<grid, kThreads, 0, s>>>(a);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_grouped_bias_add(const GroupedBiasAddArgs& a, cudaStream_t s) {
+  if (a.n == 0 || a.groups == 0) return;
+  int64_t most = 0;  // the largest group's elements
+  for (int g = 0; g < a.groups; ++g) most = std::max(most, (a.row_lo[g + 1] - a.row_lo[g]) * a.n);
+  if (most == 0) return;
+  const int64_t blocks = std::min<int64_t>((most + kThreads - 1) / kThreads, 1024);
+  grouped_bias_add_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.groups)), kThreads, 0, s>>>(a);
+  MCPP_CUDA_LAUNCH_CHECK();
+}
+
+void launch_pointer_table(const void** out, const PointerTableArgs& a, cudaStream_t s) {
+  if (a.n == 0) return;
+  pointer_table_kernel<<<1, 3 * kMaxGroupedGemmGroups, 0, s>>>(out, a);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

@@ -28,7 +28,8 @@ struct GroupedGemmArgs {
   const void* bias[kMaxGroupedGemmGroups];  // per group or null (group_rows_m only)
 };
 void launch_grouped_gemm(const GroupedGemmArgs& a, bool tensor_cores, cudaStream_t s);
-// db[g][c] (+)= sum of dy[r, c] over group g's rows (dy [rows, n]); null entries skipped.
+// db[g][c] (+)= sum of dy[r, c] over group g's rows (dy [rows, n]); null entries skipped. The rows: from counts (on
+// the device), or when counts is null group g's rows are [row_lo[g], row_lo[g + 1]) (the sizes known on the host).
 struct GroupedBiasGradArgs {
   const int64_t* counts;
   int groups;
@@ -37,7 +38,27 @@ struct GroupedBiasGradArgs {
   int64_t n;
   FIn dy;
   void* db[kMaxGroupedGemmGroups];
+  int64_t row_lo[kMaxGroupedGemmGroups + 1];
 };
 void launch_grouped_bias_grad(const GroupedBiasGradArgs& a, cudaStream_t s);
+
+// ---- The host-count path (grouped_gemm_lt.cpp: cuBLASLt GEMMs, the sizes known on the host).
+// y[r, c] += bias[g][c] for the rows [row_lo[g], row_lo[g + 1]) of group g (y [rows, n], ld n; null biases skipped).
+struct GroupedBiasAddArgs {
+  int groups;
+  int y_kind, bias_kind;
+  int64_t n;
+  void* y;
+  const void* bias[kMaxGroupedGemmGroups];
+  int64_t row_lo[kMaxGroupedGemmGroups + 1];
+};
+void launch_grouped_bias_add(const GroupedBiasAddArgs& a, cudaStream_t s);
+// out[i] = p[i] for i < n: a pointer-array batched GEMM's A / B / D address arrays, written on the stream (so a
+// captured graph replays them with the call).
+struct PointerTableArgs {
+  int n;
+  const void* p[3 * kMaxGroupedGemmGroups];
+};
+void launch_pointer_table(const void** out, const PointerTableArgs& a, cudaStream_t s);
 
 }  // namespace mcpp::cuda_detail

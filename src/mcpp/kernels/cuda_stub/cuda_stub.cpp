@@ -73,6 +73,7 @@ void trace_range_pop() {}
 
 namespace ops {
 EpilogueFusionCounts cuda_epilogue_fusion_counts() { return {}; }  // no CUDA ops ever run
+GroupedGemmPathCounts cuda_grouped_gemm_path_counts() { return {}; }
 CudnnAttentionCounts cuda_cudnn_attention_counts() { return {}; }
 int64_t set_cudnn_plan_cache_capacity(int64_t capacity) {
   MCPP_CHECK(capacity >= 1, "set_cudnn_plan_cache_capacity: capacity must be >= 1, got {}", capacity);

@@ -4,9 +4,11 @@
 //   x [rows, h] -> ops::grouped_linear_fwd with every expert's fc1 -> pre_act [rows, f or 2f] (per expert-TP rank)
 //   -> GELU / SwiGLU -> act [rows, f] -> ops::grouped_linear_fwd with every fc2 -> [rows, h]
 // backward: fc2's dgrad and wgrad (+ bias grads), the activation's backward, fc1's dgrad and wgrad — five grouped
-// launches plus the activation, whatever the number of experts. counts (int64 [El] on x's device: rows per local
-// expert, in order, summing to rows) are read on the device only, so a dropless layer at EP 1 needs no host read of
-// the router's counts (moe_layer.h) and runs under CUDA graphs.
+// launches plus the activation, whatever the number of experts. counts (int64 [El]: rows per local expert, in order,
+// summing to rows) on x's device are read on the device only, so a dropless layer at EP 1 needs no host read of the
+// router's counts (moe_layer.h) and runs under CUDA graphs; on the host (a layer padded to capacity or dropping over
+// it, EP > 1: the dispatcher's plan) the CUDA ops run cuBLASLt, one batched GEMM per linear when every expert has the
+// same rows (padded), else one GEMM per expert (ops.inc).
 // The parameters are SequentialMLP's (the same keys, shards and init: checkpoints and results are interchangeable);
 // their grads accumulate into main_grad (overwritten when every grad of one grouped GEMM is stale: an expert without
 // rows then gets zero grads), each reported ready in SequentialMLP's order. fc2's bias is added on expert-TP rank 0
@@ -23,7 +25,7 @@ class GroupedMLP {
  public:
   // experts: the registered experts (their parameters); config: the layer's; etp_rank: this rank in expert-TP.
   GroupedMLP(const SequentialMLP& experts, const TransformerConfig& config, int etp_rank);
-  // x [rows, h] grouped by local expert, counts int64 [El] on x's device -> [rows, h].
+  // x [rows, h] grouped by local expert, counts int64 [El] on x's device or the host -> [rows, h].
   Tensor forward(ExpertsCtx& ctx, const Tensor& x, const Tensor& counts) const;
   Tensor backward(ExpertsCtx& ctx, const Tensor& dy) const;
 

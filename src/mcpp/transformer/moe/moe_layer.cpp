@@ -64,12 +64,11 @@ const Tensor& MoELayer::rows(int64_t n, Device dev) const {
   return rows_;
 }
 
-const Tensor& MoELayer::expert_counts(const std::vector<int64_t>& counts, Device dev) const {
-  if (!counts_.defined() || counts_.device() != dev || counts_host_ != counts) {
-    Tensor h = Tensor::empty({static_cast<int64_t>(counts.size())}, DType::I64);
-    std::copy(counts.begin(), counts.end(), h.data<int64_t>());
-    counts_ = h.to(dev);
-    counts_host_ = counts;
+const Tensor& MoELayer::expert_counts(const std::vector<int64_t>& counts) const {
+  if (!counts_.defined() || counts_.numel() != static_cast<int64_t>(counts.size()) ||
+      !std::equal(counts.begin(), counts.end(), counts_.data<int64_t>())) {
+    counts_ = Tensor::empty({static_cast<int64_t>(counts.size())}, DType::I64);
+    std::copy(counts.begin(), counts.end(), counts_.data<int64_t>());
   }
   return counts_;
 }
@@ -97,10 +96,9 @@ Tensor MoELayer::forward(MoELayerCtx& ctx, const Tensor& x, LossTracker* losses,
   Tensor out;
   {
     const ModuleScope experts_scope("experts", grouped);
-    if (grouped_)  // the per-expert rows on the device: the router's (dropless, EP 1) or the plan's, copied
+    if (grouped_)  // the per-expert rows: the router's on the device (dropless, EP 1), else the plan's on the host
       out = experts_scope.ret(grouped_->forward(
-          ctx.experts, grouped,
-          device_counts_ ? ctx.router.counts : expert_counts(ctx.plan.tokens_per_local_expert, x.device())));
+          ctx.experts, grouped, device_counts_ ? ctx.router.counts : expert_counts(ctx.plan.tokens_per_local_expert)));
     else
       out = experts_scope.ret(experts_.forward(ctx.experts, grouped, ctx.plan.tokens_per_local_expert));
   }
@@ -239,7 +237,7 @@ int64_t MoELayer::saved_bytes(const TransformerConfig& m, const ActivationDims& 
                   + ((m.swiglu ? 3 : 2) - (m.recomputes("moe_act") ? 1 : 0))  // every expert's MLP context (moe_act:
                         * d.etp * rows * (m.moe_ffn_hidden_size / d.etp) * d.e;  // without the activation's output)
   // grouped GEMM, dropless at EP 1 and expert-TP 1: the router's int64 [E] counts, the grouped experts' row counts on
-  // the device (RouterCtx::counts; otherwise the layer's cached copy of the plan's: module state)
+  // the device (RouterCtx::counts; otherwise the plan's, on the host)
   if (counts_on_device(m, d.ep, d.etp)) bytes += m.num_moe_experts * 8;
   if (m.moe_shared_expert_intermediate_size > 0) {  // a dense MLP of width fs per TP rank on every token
     // its fc1 input gathered under SP (else the router's) and its MLP context; none when recomputed

@@ -94,10 +94,9 @@ class MoELayer {
   SequentialMLP experts_;
   std::unique_ptr<GroupedMLP> grouped_;  // moe_grouped_gemm: runs experts_' parameters
   bool device_counts_ = false;            // grouped, dropless, EP 1, expert-TP 1: the router's device counts
-  // the host counts' device copy (grouped with host counts; kept while they repeat: none in a capture)
-  const Tensor& expert_counts(const std::vector<int64_t>& counts, Device dev) const;
+  // grouped with the plan's counts: them as an int64 host tensor (the ops then run cuBLASLt; kept while they repeat)
+  const Tensor& expert_counts(const std::vector<int64_t>& counts) const;
   mutable Tensor counts_;
-  mutable std::vector<int64_t> counts_host_;
   std::unique_ptr<MLP> shared_experts_;  // moe_shared_expert_intermediate_size > 0
   Parameter* shared_gate_ = nullptr;     // [1, h] moe_shared_expert_gate
   const Tensor& rows(int64_t n, Device dev) const;  // int32 [n, 1] = 0..n-1 on dev (cached: none in a capture)
