@@ -157,11 +157,12 @@ int tune(gemm_lt::LtState& st, BatchedPlan& p, const BatchedKey& k, const void**
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The rows of each group and their offsets; uniform = the one row count when every group has it (> 0), else 0.
+// The host counts are checked (each >= 0, summing to the buffer's m rows): the kernels and cuBLASLt trust them.
 struct Rows {
   std::vector<int64_t> count, lo;  // lo has groups + 1 entries
   int64_t uniform = 0;
 };
-Rows rows_of(const Tensor& counts) {
+Rows rows_of(const Tensor& counts, int64_t m) {
   Rows r;
   const int64_t* c = counts.data<int64_t>();
   r.lo.push_back(0);
@@ -170,6 +171,7 @@ Rows rows_of(const Tensor& counts) {
     r.count.push_back(c[g]);
     r.lo.push_back(r.lo.back() + c[g]);
   }
+  MCPP_CHECK(r.lo.back() == m, "grouped_linear: the counts sum to {} rows; the buffer has {}", r.lo.back(), m);
   r.uniform = r.count[0];
   for (int64_t n : r.count)
     if (n != r.uniform) r.uniform = 0;
@@ -232,7 +234,7 @@ GroupedBiasAddArgs bias_add_args(Tensor& y, const std::vector<Tensor>& bias, con
 
 void fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::vector<Tensor>& bias,
          const Tensor& counts, cudaStream_t s) {
-  const Rows r = rows_of(counts);
+  const Rows r = rows_of(counts, x.size(0));
   const auto groups = static_cast<int>(w.size());
   const Kind k = require_float("grouped_linear_fwd", "x", x);
   if (r.uniform > 0 && groups > 1) {
@@ -257,7 +259,7 @@ void fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::ve
 }
 
 void dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& counts, cudaStream_t s) {
-  const Rows r = rows_of(counts);
+  const Rows r = rows_of(counts, dy.size(0));
   const auto groups = static_cast<int>(w.size());
   const Kind k = require_float("grouped_linear_dgrad", "dy", dy);
   if (r.uniform > 0 && groups > 1) {
@@ -280,7 +282,7 @@ void dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Ten
 
 void wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_acc, const Tensor& dy, const Tensor& x,
            const Tensor& counts, bool overwrite, cudaStream_t s) {
-  const Rows r = rows_of(counts);
+  const Rows r = rows_of(counts, x.size(0));
   const auto groups = static_cast<int>(dw_acc.size());
   const Kind k = require_float("grouped_linear_wgrad", "x", x);
   bool done = false;

@@ -1,7 +1,8 @@
 // The grouped GEMMs whose group sizes are on the host (grouped_gemm_lt.cpp: cuBLASLt, one pointer-array batched GEMM
 // when every group has the same rows), called by grouped_gemm.cpp's ops for a host counts tensor. Shapes and dtypes
-// are checked by the caller (ops::check_grouped_linear); counts: int64 [G] on the host. Async on s. Not part of the
-// kernel interface (kernels/ops.h): only src/mcpp/kernels/cuda includes this.
+// are checked by the caller (ops::check_grouped_linear); counts: int64 [G] on the host, each >= 0, summing to the
+// rows (checked here). Async on s. Not part of the kernel interface (kernels/ops.h): only src/mcpp/kernels/cuda
+// includes this.
 #pragma once
 #include <cuda_runtime.h>
 
