@@ -11,6 +11,8 @@
 //   FMA (fp32, f16, or widths not multiples of 8): BM = BN = 64, BK = 16, each thread a 4 x 4 block in fp32.
 //   The epilogue adds the group's bias (forward), or the old C (wgrad accumulate), and rounds once to C's dtype.
 // The bias gradient: one thread per (column, group), a serial fp32 sum over the group's rows (deterministic).
+// For the host-count path (grouped_gemm_lt.cpp): the biases added over host row ranges after a batched GEMM, and the
+// writer of a batched GEMM's address tables.
 #include <algorithm>
 
 #include "mcpp/kernels/cuda/attention_mma.cuh"
@@ -265,7 +267,8 @@ void launch_grouped_bias_add(const GroupedBiasAddArgs& a, cudaStream_t s) {
   for (int g = 0; g < a.groups; ++g) most = std::max(most, (a.row_lo[g + 1] - a.row_lo[g]) * a.n);
   if (most == 0) return;
   const int64_t blocks = std::min<int64_t>((most + kThreads - 1) / kThreads, 1024);
-  grouped_bias_add_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.groups)), kThreads, 0, s>>>(a);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.groups));
+  grouped_bias_add_kernel<<<grid, kThreads, 0, s>>>(a);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
