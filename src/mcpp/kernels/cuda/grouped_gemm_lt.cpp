@@ -221,6 +221,18 @@ const void* at_row(const Tensor& t, int64_t row) {
   return static_cast<const char*>(t.raw()) + row * t.size(1) * static_cast<int64_t>(dtype_size(t.dtype()));
 }
 
+// A batched GEMM's per-group addresses: each group's first row of a grouped buffer, or each group's own tensor.
+std::vector<const void*> group_rows(const Tensor& t, const Rows& r) {
+  std::vector<const void*> out;
+  for (size_t g = 0; g + 1 < r.lo.size(); ++g) out.push_back(at_row(t, r.lo[g]));
+  return out;
+}
+std::vector<const void*> raws(const std::vector<Tensor>& ts) {
+  std::vector<const void*> out;
+  for (const Tensor& t : ts) out.push_back(t.raw());
+  return out;
+}
+
 GroupedBiasAddArgs bias_add_args(Tensor& y, const std::vector<Tensor>& bias, const Rows& r) {
   GroupedBiasAddArgs a{.groups = static_cast<int>(r.count.size()),
                        .y_kind = require_float("grouped_linear_fwd", "y", y),
@@ -238,14 +250,8 @@ void fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::ve
   const auto groups = static_cast<int>(w.size());
   const Kind k = require_float("grouped_linear_fwd", "x", x);
   if (r.uniform > 0 && groups > 1) {
-    std::vector<const void*> a, b, d;
-    for (int g = 0; g < groups; ++g) {
-      a.push_back(w[static_cast<size_t>(g)].raw());
-      b.push_back(at_row(x, r.lo[static_cast<size_t>(g)]));
-      d.push_back(at_row(y, r.lo[static_cast<size_t>(g)]));
-    }
     const BatchedKey key{static_cast<int>(Gemm::Fwd), groups, r.uniform, x.size(1), y.size(1), k, k, false};
-    if (batched(key, a, b, d, s)) {
+    if (batched(key, raws(w), group_rows(x, r), group_rows(y, r), s)) {
       if (!bias.empty()) launch_grouped_bias_add(bias_add_args(y, bias, r), s);
       return;
     }
@@ -263,14 +269,8 @@ void dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Ten
   const auto groups = static_cast<int>(w.size());
   const Kind k = require_float("grouped_linear_dgrad", "dy", dy);
   if (r.uniform > 0 && groups > 1) {
-    std::vector<const void*> a, b, d;
-    for (int g = 0; g < groups; ++g) {
-      a.push_back(w[static_cast<size_t>(g)].raw());
-      b.push_back(at_row(dy, r.lo[static_cast<size_t>(g)]));
-      d.push_back(at_row(dx, r.lo[static_cast<size_t>(g)]));
-    }
     const BatchedKey key{static_cast<int>(Gemm::Dgrad), groups, r.uniform, dx.size(1), dy.size(1), k, k, false};
-    if (batched(key, a, b, d, s)) return;
+    if (batched(key, raws(w), group_rows(dy, r), group_rows(dx, r), s)) return;
   }
   ++g_per_group;
   for (size_t g = 0; g < r.count.size(); ++g) {
@@ -287,15 +287,9 @@ void wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_acc, const Tenso
   const Kind k = require_float("grouped_linear_wgrad", "x", x);
   bool done = false;
   if (r.uniform > 0 && groups > 1) {
-    std::vector<const void*> a, b, d;
-    for (int g = 0; g < groups; ++g) {
-      a.push_back(at_row(x, r.lo[static_cast<size_t>(g)]));
-      b.push_back(at_row(dy, r.lo[static_cast<size_t>(g)]));
-      d.push_back(dw_acc[static_cast<size_t>(g)].raw());
-    }
     const BatchedKey key{static_cast<int>(Gemm::Wgrad), groups, r.uniform, x.size(1), dy.size(1), k,
                          require_float("grouped_linear_wgrad", "dw_acc", dw_acc[0]), !overwrite};
-    done = batched(key, a, b, d, s);
+    done = batched(key, group_rows(x, r), group_rows(dy, r), raws(dw_acc), s);
   }
   if (!done) ++g_per_group;
   for (size_t g = 0; g < r.count.size() && !done; ++g) {
