@@ -4,8 +4,10 @@
 //     empty groups among them (first, middle, last), more rows than one tile and widths that are not multiples of the
 //     tiles: fp32 (the FMA kernel), bf16 at widths that are multiples of 8 (the tensor-core kernel) and at odd widths
 //     (the FMA kernel on bf16). The counts live on the device only;
+//   - the fused GELU ops (grouped_linear_gelu_fwd with and without biases, grouped_linear_dgelu_bwd) the same ways;
 //   - the same ops with the counts on the host (cuBLASLt, kernels/cuda/grouped_gemm_lt.cpp): one pointer-array batched
-//     GEMM per op when every group has the same rows, one GEMM per group otherwise (the path counted);
+//     GEMM per op when every group has the same rows, the bias / GELU / gelu' in its epilogue, one GEMM per group
+//     otherwise (the paths counted);
 //   - a GPT MoE trained with --moe-grouped-gemm gives SequentialMLP's losses (fp32 and bf16), dropless and padded (the
 //     padded layers on the batched path); padded under --enable-cuda-graph gives the eager run's;
 //   - dropless MoE with --moe-grouped-gemm under --enable-cuda-graph gives the eager run's losses (the counts read on
@@ -63,12 +65,31 @@ void check(DType dt, int64_t in, int64_t out, const std::vector<int64_t>& rows, 
   ops::grouped_linear_fwd(y0, dev(x, dt), on_device(w, dt), {}, dcounts);
   EXPECT_REL(host(y), y_cpu, tol);
   EXPECT_REL(host(y0), y0_cpu, tol);
+  // fc1 + GELU, with and without biases: act and the pre_act kept
+  for (bool with_bias : {true, false}) {
+    SCOPED_TRACE(with_bias ? "gelu fwd, bias" : "gelu fwd");
+    Tensor act_cpu = Tensor::empty({m, out}), pre_cpu = Tensor::empty({m, out});
+    ops::cpu::grouped_linear_gelu_fwd(act_cpu, pre_cpu, x, w, with_bias ? b : std::vector<Tensor>{}, counts, {});
+    Tensor act = poisoned({m, out}, dt), pre = poisoned({m, out}, dt);
+    ops::grouped_linear_gelu_fwd(act, pre, dev(x, dt), on_device(w, dt),
+                                 with_bias ? on_device(b, dt) : std::vector<Tensor>{}, dcounts);
+    EXPECT_REL(host(act), act_cpu, tol);
+    EXPECT_REL(host(pre), pre_cpu, tol);
+  }
   // dgrad
   Tensor dx_cpu = Tensor::empty({m, in});
   ops::cpu::grouped_linear_dgrad(dx_cpu, dy, w, counts, {});
   Tensor dx = poisoned({m, in}, dt);
   ops::grouped_linear_dgrad(dx, dev(dy, dt), on_device(w, dt), dcounts);
   EXPECT_REL(host(dx), dx_cpu, tol);
+  // fc2's dgrad with gelu': w_g [out, in] read as fc2's, pre_act [m, in] the kept GELU input
+  {
+    Tensor pre = rnd({m, in}, 3, dt), dpre_cpu = Tensor::empty({m, in});
+    ops::cpu::grouped_linear_dgelu_bwd(dpre_cpu, dy, w, pre, counts, {});
+    Tensor dpre = poisoned({m, in}, dt);
+    ops::grouped_linear_dgelu_bwd(dpre, dev(dy, dt), on_device(w, dt), dev(pre, dt), dcounts);
+    EXPECT_REL(host(dpre), dpre_cpu, tol);
+  }
   // wgrad into fp32 main grads: accumulate onto old values, and overwrite (poisoned: every element written, the empty
   // groups' too)
   for (bool overwrite : {false, true}) {
@@ -122,7 +143,8 @@ TEST(CudaMoeGroupedGemm, SizesComeFromTheDeviceCounts) {  // one launch, other c
   check(DType::BF16, 64, 64, {28, 100});
 }
 
-// Host counts: every group the same rows runs one batched cuBLASLt GEMM per op (fwd, dgrad, and the wgrad twice);
+// Host counts: every group the same rows runs one batched cuBLASLt GEMM per op (fwd and the GELU fwd each with and
+// without biases, dgrad, the gelu' dgrad, the wgrad twice), the bias, GELU and gelu' in the epilogues of four of them;
 // uneven rows (empty groups among them) one GEMM per group. bf16 and fp32, both widths' orders (fc1's and fc2's).
 TEST(CudaMoeGroupedGemm, HostCountsRunCublasLtBatchedOrPerGroup) {
   MCPP_REQUIRE_CUDA();
@@ -131,11 +153,12 @@ TEST(CudaMoeGroupedGemm, HostCountsRunCublasLtBatchedOrPerGroup) {
     check(dt, 96, 384, {256, 256, 256, 256}, true);
     check(dt, 384, 96, {130, 130, 130}, true);
     const ops::GroupedGemmPathCounts mid = ops::cuda_grouped_gemm_path_counts();
-    EXPECT_EQ(mid.batched - before.batched, 2 * 5) << dtype_name(dt);  // fwd x2 (bias or not), dgrad, wgrad x2
+    EXPECT_EQ(mid.batched - before.batched, 2 * 8) << dtype_name(dt);
+    EXPECT_EQ(mid.batched_epilogue - before.batched_epilogue, 2 * 4) << dtype_name(dt);  // fwd, GELU x2, gelu'
     EXPECT_EQ(mid.per_group, before.per_group) << dtype_name(dt);
     check(dt, 72, 136, kRows, true);
     const ops::GroupedGemmPathCounts after = ops::cuda_grouped_gemm_path_counts();
-    EXPECT_EQ(after.per_group - mid.per_group, 5) << dtype_name(dt);
+    EXPECT_EQ(after.per_group - mid.per_group, 8) << dtype_name(dt);
     EXPECT_EQ(after.batched, mid.batched) << dtype_name(dt);
   }
 }
@@ -158,8 +181,8 @@ Config moe_config(const std::filesystem::path& dir, bool bf16, bool grouped, boo
   return c;
 }
 
-// Grouped vs SequentialMLP on the GPU: other GEMM kernels (summation order; bf16: the GELU no longer in fc1's cuBLASLt
-// epilogue), the same routing. fp32: 1e-4 relative per iteration's loss (order-of-summation drift over 8 Adam
+// Grouped vs SequentialMLP on the GPU: other GEMM kernels (summation order; bf16, dropless: the GELU not in fc1's
+// cuBLASLt epilogue), the same routing. fp32: 1e-4 relative per iteration's loss (order-of-summation drift over 8 Adam
 // steps); bf16: 1e-2 (bf16 roundings of the activations in other places).
 TEST(CudaMoeGroupedGemm, GptTrainingMatchesSequentialExperts) {
   MCPP_REQUIRE_CUDA();

@@ -325,6 +325,14 @@ void grouped_linear_wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_a
                           const Tensor& counts, GradWrite grad_write, Stream s) {
   MCPP_DISPATCH(grouped_linear_wgrad, ({&dy, &x}), dw_acc, db_acc, dy, x, counts, grad_write, s);
 }
+void grouped_linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const std::vector<Tensor>& w,
+                             const std::vector<Tensor>& bias, const Tensor& counts, Stream s) {
+  MCPP_DISPATCH(grouped_linear_gelu_fwd, ({&act, &pre_act, &x}), act, pre_act, x, w, bias, counts, s);
+}
+void grouped_linear_dgelu_bwd(Tensor& dpre, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& pre_act,
+                              const Tensor& counts, Stream s) {
+  MCPP_DISPATCH(grouped_linear_dgelu_bwd, ({&dpre, &dy, &pre_act}), dpre, dy, w, pre_act, counts, s);
+}
 void moe_permute(Tensor& out, const Tensor& x, const Tensor& idx, Stream s) {
   MCPP_DISPATCH(moe_permute, ({&out, &x, &idx}), out, x, idx, s);
 }

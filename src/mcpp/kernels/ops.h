@@ -173,9 +173,10 @@ struct EpilogueFusionCounts {
 EpilogueFusionCounts cuda_epilogue_fusion_counts();
 
 // Which path the CUDA grouped_linear_* calls with host counts took in this process (tests and benches read it; zero
-// in a build without CUDA): one cuBLASLt pointer-array batched GEMM, or one GEMM per group.
+// in a build without CUDA): one cuBLASLt pointer-array batched GEMM (batched_epilogue of them with a bias / GELU /
+// gelu' epilogue), or one GEMM per group.
 struct GroupedGemmPathCounts {
-  int64_t batched = 0, per_group = 0;
+  int64_t batched = 0, batched_epilogue = 0, per_group = 0;
 };
 GroupedGemmPathCounts cuda_grouped_gemm_path_counts();
 

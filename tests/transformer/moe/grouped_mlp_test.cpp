@@ -101,6 +101,45 @@ TEST(GroupedGemmOps, MatchThePerGroupDefinitions) {
   }
 }
 
+// The fused GELU ops are linear_gelu_fwd / linear_dgelu_bwd on each group's rows, bit for bit (what SequentialMLP runs).
+TEST(GroupedGemmOps, GeluOpsAreThePerGroupFusedOps) {
+  const std::vector<int64_t> rows = {5, 0, 17, 1, 0, 9};
+  const int64_t g = static_cast<int64_t>(rows.size()), in = 12, out = 7;
+  int64_t m = 0;
+  for (int64_t r : rows) m += r;
+  // fc1 + GELU: x [m, in] -> act, pre [m, out]; fc2's dgrad + gelu': dy [m, out] @ w_g [out, in] -> dpre [m, in]
+  Tensor counts = counts_of(rows), x = random_tensor({m, in}, 1), dy = random_tensor({m, out}, 2);
+  Tensor pre_in = random_tensor({m, in}, 3);  // the kept GELU input of the dgrad
+  std::vector<Tensor> w, b;
+  for (int64_t i = 0; i < g; ++i) {
+    w.push_back(random_tensor({out, in}, 10 + i));
+    b.push_back(random_tensor({out}, 30 + i));
+  }
+  Tensor dpre = Tensor::empty({m, in});
+  ops::grouped_linear_dgelu_bwd(dpre, dy, w, pre_in, counts);
+  for (bool with_bias : {true, false}) {
+    SCOPED_TRACE(with_bias ? "bias" : "no bias");
+    Tensor act = Tensor::empty({m, out}), pre = Tensor::empty({m, out});
+    ops::grouped_linear_gelu_fwd(act, pre, x, w, with_bias ? b : std::vector<Tensor>{}, counts);
+    int64_t r0 = 0;
+    for (int64_t e = 0; e < g; ++e) {
+      const int64_t r = rows[static_cast<size_t>(e)];
+      if (r == 0) continue;
+      const Tensor& we = w[static_cast<size_t>(e)];
+      Tensor act_e = Tensor::empty({r, out}), pre_e = Tensor::empty({r, out}), dpre_e = Tensor::empty({r, in});
+      ops::linear_gelu_fwd(act_e, pre_e, x.narrow0(r0, r), we, with_bias ? &b[static_cast<size_t>(e)] : nullptr);
+      ops::linear_dgelu_bwd(dpre_e, nullptr, dy.narrow0(r0, r), we, pre_in.narrow0(r0, r));
+      EXPECT_EQ(max_abs_diff(act.narrow0(r0, r), act_e), 0.0) << "group " << e;
+      EXPECT_EQ(max_abs_diff(pre.narrow0(r0, r), pre_e), 0.0) << "group " << e;
+      EXPECT_EQ(max_abs_diff(dpre.narrow0(r0, r), dpre_e), 0.0) << "group " << e;
+      r0 += r;
+    }
+  }
+  Tensor act = Tensor::empty({m, out});  // pre_act of another shape: a named error
+  EXPECT_NE(error_of([&] { ops::grouped_linear_gelu_fwd(act, pre_in, x, w, {}, counts); }).find("pre_act"),
+            std::string::npos);
+}
+
 TEST(GroupedGemmOps, BadSizesAreNamedErrors) {
   Tensor x = random_tensor({6, 4}, 1), y = Tensor::empty({6, 3});
   std::vector<Tensor> w = {random_tensor({3, 4}, 2), random_tensor({3, 4}, 3)};

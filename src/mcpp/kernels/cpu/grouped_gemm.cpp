@@ -1,6 +1,7 @@
 // CPU grouped GEMMs of the MoE experts (ops.inc grouped_linear_*), the reference for the CUDA kernels: each group's
-// rows run through cpu::linear_fwd / the GEMMs of cpu::linear_bwd on row views of the grouped buffer, so the grouped
-// path is bitwise the per-expert (SequentialMLP) path. float32; counts int64 [G] read on the host.
+// rows run through cpu::linear_fwd / the GEMMs of cpu::linear_bwd (linear_gelu_fwd / linear_dgelu_bwd for the fused
+// ops) on row views of the grouped buffer, so the grouped path is bitwise the per-expert (SequentialMLP) path.
+// float32; counts int64 [G] read on the host.
 #include <vector>
 
 #include "mcpp/core/error.h"
@@ -20,6 +21,11 @@ std::vector<int64_t> group_offsets(const char* op, const Tensor& counts, int64_t
   }
   MCPP_CHECK(off.back() == m, "{}: the groups' rows sum to {}, the buffer has {}", op, off.back(), m);
   return off;
+}
+
+void check_same_shape(const char* op, const Tensor& a, const Tensor& pre_act) {
+  MCPP_CHECK(pre_act.shape() == a.shape(), "{}: pre_act must have the shape of the output; got {} and {}", op,
+             pre_act.str(), a.str());
 }
 }  // namespace
 
@@ -46,6 +52,33 @@ void grouped_linear_dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor
     Tensor dxg = dx.narrow0(r0, r);  // [r, in] = dy[r, out] @ w_g[out, in]  (linear_bwd's dgrad GEMM)
     detail::require_cpu_f32("grouped_linear_dgrad", "dx", dxg);
     cpu::gemm(dxg, dy.narrow0(r0, r), w[static_cast<size_t>(g)], GemmOptions{}, stream);
+  }
+}
+
+void grouped_linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const std::vector<Tensor>& w,
+                             const std::vector<Tensor>& bias, const Tensor& counts, Stream stream) {
+  const GroupedLinearShape s = check_grouped_linear("grouped_linear_gelu_fwd", x, act, w, bias, counts);
+  check_same_shape("grouped_linear_gelu_fwd", act, pre_act);
+  const std::vector<int64_t> off = group_offsets("grouped_linear_gelu_fwd", counts, s.m);
+  for (int64_t g = 0; g < s.groups; ++g) {
+    const int64_t r0 = off[static_cast<size_t>(g)], r = off[static_cast<size_t>(g + 1)] - r0;
+    if (r == 0) continue;
+    Tensor ag = act.narrow0(r0, r), pg = pre_act.narrow0(r0, r);  // [r, out]: gelu(x_g w_g^T (+ b_g)), its input
+    cpu::linear_gelu_fwd(ag, pg, x.narrow0(r0, r), w[static_cast<size_t>(g)],
+                         bias.empty() ? nullptr : &bias[static_cast<size_t>(g)], stream);
+  }
+}
+
+void grouped_linear_dgelu_bwd(Tensor& dpre, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& pre_act,
+                              const Tensor& counts, Stream stream) {
+  const GroupedLinearShape s = check_grouped_linear("grouped_linear_dgelu_bwd", dpre, dy, w, {}, counts);
+  check_same_shape("grouped_linear_dgelu_bwd", dpre, pre_act);
+  const std::vector<int64_t> off = group_offsets("grouped_linear_dgelu_bwd", counts, s.m);
+  for (int64_t g = 0; g < s.groups; ++g) {
+    const int64_t r0 = off[static_cast<size_t>(g)], r = off[static_cast<size_t>(g + 1)] - r0;
+    if (r == 0) continue;
+    Tensor dg = dpre.narrow0(r0, r);  // [r, in] = (dy_g[r, out] @ w_g[out, in]) * gelu'(pre_act_g)
+    cpu::linear_dgelu_bwd(dg, nullptr, dy.narrow0(r0, r), w[static_cast<size_t>(g)], pre_act.narrow0(r0, r), stream);
   }
 }
 

@@ -144,6 +144,8 @@ int tune(LtState& st, Plan& p, const PlanKey& key, const Epilogue& e, const Oper
 // cuBLASLt's configuration of one algorithm, short: "a<id> t<tile> s<stages> k<split-k> r<reduction> w<swizzle>
 // c<cluster shape>" (the cublasLtMatmulTile_t / StagesId / ClusterShape enum values).
 std::string algo_config(const cublasLtMatmulAlgo_t& algo);
+// An epilogue's short name in tuning records ("plain", "BIAS", "GELU_AUX_BIAS", ...).
+const char* epilogue_name(cublasLtEpilogue_t k);
 // The timing scratch (outputs) and events of one tuning, outside the caching pool, released on every exit; cudaFree
 // synchronizes the device, so no launch still writes the scratch when it is freed. mem null: no memory (not timed).
 struct TuneScratch {

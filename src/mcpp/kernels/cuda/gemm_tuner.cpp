@@ -13,6 +13,17 @@ namespace mcpp::ops::cuda {
 namespace gemm_lt {
 namespace {
 
+const char* kind_name(int k) { return k == kBF16 ? "bf16" : k == kF16 ? "f16" : "f32"; }
+size_t elt_bytes(int k) { return k == kF32 ? 4 : 2; }
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
 const char* epilogue_name(cublasLtEpilogue_t k) {
   switch (k) {
     case CUBLASLT_EPILOGUE_DEFAULT: return "plain";
@@ -25,16 +36,6 @@ const char* epilogue_name(cublasLtEpilogue_t k) {
     default: return "other";
   }
 }
-const char* kind_name(int k) { return k == kBF16 ? "bf16" : k == kF16 ? "f16" : "f32"; }
-size_t elt_bytes(int k) { return k == kF32 ? 4 : 2; }
-size_t round256(size_t b) { return (b + 255) / 256 * 256; }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> int64_t {

@@ -1,6 +1,7 @@
 // CUDA grouped GEMMs of the MoE experts (ops.inc grouped_linear_*). Counts on the device: kernels in
 // grouped_gemm_kernels.cu, one launch per op for every group, the group sizes read on the device (int64 [G]; never on
-// the host, so a captured step replays with new counts). Counts on the host: cuBLASLt (grouped_gemm_lt.h).
+// the host, so a captured step replays with new counts; the fused GELU ops: that GEMM, then gelu_fwd / gelu_bwd).
+// Counts on the host: cuBLASLt (grouped_gemm_lt.h, GELU and gelu' in its epilogues).
 // Shapes, dtypes and devices are checked here (ops::check_grouped_linear); the device counts' values are not (they
 // must be >= 0 and sum to the buffer's rows: the router's counts are). bf16 operands with widths that are multiples of
 // 8 and 16-byte aligned pointers run the tensor-core kernel, anything else the FMA kernel. Async on stream_of(stream).
@@ -33,6 +34,12 @@ Kind check_kinds(const char* op, const Tensor& x, const Tensor& y, const std::ve
   return k;
 }
 
+// pre_act: the output's shape and dtype (the GELU's input kept for backward).
+void check_pre_act(const char* op, const Tensor& pre_act, const Tensor& out) {
+  MCPP_CHECK(pre_act.shape() == out.shape() && pre_act.dtype() == out.dtype() && pre_act.device() == out.device(),
+             "{}: pre_act must have the output's shape, dtype and device; got {} and {}", op, pre_act.str(), out.str());
+}
+
 // The tensor-core kernel's conditions: bf16, the widths multiples of 8 (16-byte chunks), the operands 16-byte aligned.
 bool tensor_cores(Kind k, const GroupedLinearShape& s, std::initializer_list<const void*> operands,
                   const std::vector<Tensor>& w) {
@@ -61,6 +68,26 @@ void grouped_linear_fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w
     a.bias[g] = bias.empty() ? nullptr : bias[static_cast<size_t>(g)].raw();
   }
   launch_grouped_gemm(a, tensor_cores(k, s, {x.raw()}, w), stream_of(stream));
+}
+
+void grouped_linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const std::vector<Tensor>& w,
+                             const std::vector<Tensor>& bias, const Tensor& counts, Stream stream) {
+  check_grouped_linear("grouped_linear_gelu_fwd", x, act, w, bias, counts);
+  check_kinds("grouped_linear_gelu_fwd", x, act, w, bias);
+  check_pre_act("grouped_linear_gelu_fwd", pre_act, act);
+  if (counts.device() == Device::CPU) return grouped_lt::gelu_fwd(act, pre_act, x, w, bias, counts, stream_of(stream));
+  grouped_linear_fwd(pre_act, x, w, bias, counts, stream);  // the grouped kernel, then GELU over the buffer
+  gelu_fwd(act, pre_act, stream);
+}
+
+void grouped_linear_dgelu_bwd(Tensor& dpre, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& pre_act,
+                              const Tensor& counts, Stream stream) {
+  check_grouped_linear("grouped_linear_dgelu_bwd", dpre, dy, w, {}, counts);
+  check_kinds("grouped_linear_dgelu_bwd", dy, dpre, w, {});
+  check_pre_act("grouped_linear_dgelu_bwd", pre_act, dpre);
+  if (counts.device() == Device::CPU) return grouped_lt::dgelu_bwd(dpre, dy, w, pre_act, counts, stream_of(stream));
+  grouped_linear_dgrad(dpre, dy, w, counts, stream);  // the grouped kernel, then gelu' in place
+  gelu_bwd(dpre, dpre, pre_act, stream);
 }
 
 void grouped_linear_dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& counts,

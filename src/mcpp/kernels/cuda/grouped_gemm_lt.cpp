@@ -2,10 +2,15 @@
 // capacity or dropping over it, EP > 1), on cuBLASLt instead of grouped_gemm_kernels.cu:
 //   every group the same rows r > 0 (a padded layer): one pointer-array batched GEMM
 //     (CUBLASLT_BATCH_MODE_POINTER_ARRAY, batch = the groups; each group's A / B / D address read from device arrays,
-//     since the experts' parameters lie in the buffer in reverse registration order, at no common stride), the biases
-//     then added by one kernel (fwd; y rounded once by the GEMM and once with the bias);
-//   otherwise, or where cuBLASLt has no batched algorithm for the shape: one GEMM per group with rows (linear_fwd with
-//     its bias epilogue, gemm). An empty group's grads are zeroed under Overwrite.
+//     since the experts' parameters lie in the buffer in reverse registration order, at no common stride), with the
+//     epilogue the per-group GEMM would have (gemm.cpp's): the bias (BIAS), bias + GELU with pre_act kept
+//     (GELU_AUX(_BIAS), the GELU MLP's fc1) or gelu' on the dgrad (DGELU, its fc2). The epilogue's vector and aux are
+//     one buffer each at one stride a group (CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, ..._EPILOGUE_AUX_BATCH_STRIDE):
+//     the biases are packed into [groups, out] by one kernel first, pre_act is the grouped buffer. Where cuBLASLt has
+//     no batched algorithm with the epilogue: the batched GEMM without it, then the bias-add kernel / gelu_fwd /
+//     gelu_bwd;
+//   otherwise, or where cuBLASLt has no batched algorithm for the shape: one GEMM per group with rows (linear_fwd,
+//     linear_gelu_fwd, linear_dgelu_bwd with their epilogues; gemm). An empty group's grads are zeroed under Overwrite.
 // The bias grads either way: fp32 ones by the deterministic column-sum kernel on each group's rows (gemm.cpp's),
 // others by grouped_gemm_kernels.cu's serial sum.
 // Row-major tensors as column-major cuBLASLt operands (the probe bench/gpu/batched_probe.cu times these ways):
@@ -34,13 +39,26 @@ using gemm_lt::cuda_type;
 namespace {
 enum class Gemm { Fwd, Dgrad, Wgrad };
 
+// The epilogue of a batched GEMM (fwd, dgrad): bias = each group's bias [out] (BIAS, GELU_AUX_BIAS; packed into one
+// [groups, out] buffer, vec, for the call), aux = pre_act [groups * rows, D's rows] (written by GELU_AUX(_BIAS), read
+// by DGELU): each at one stride a group.
+struct BatchedEpilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  const std::vector<Tensor>* bias = nullptr;
+  void* aux = nullptr;
+  const void* vec = nullptr;  // set by batched()
+  Kind k_vec = kF32;
+};
+
 struct BatchedKey {
   int gemm, groups;
   int64_t rows, in, out;
   int k_in, k_out;  // Kind of A / B, of D
   bool accumulate;
-  auto tie() const { return std::tie(gemm, groups, rows, in, out, k_in, k_out, accumulate); }
+  int epilogue = CUBLASLT_EPILOGUE_DEFAULT, k_vec = kF32;
+  auto tie() const { return std::tie(gemm, groups, rows, in, out, k_in, k_out, accumulate, epilogue, k_vec); }
   bool operator<(const BatchedKey& o) const { return tie() < o.tie(); }
+  int64_t d_rows() const { return gemm == static_cast<int>(Gemm::Dgrad) ? in : out; }  // column-major D's rows
 };
 
 struct BatchedPlan {
@@ -51,7 +69,7 @@ struct BatchedPlan {
   int tuned = -1;                           // the autotuned index; -1 = not tuned yet
 };
 
-std::atomic<int64_t> g_batched{0}, g_per_group{0};  // cuda_grouped_gemm_path_counts
+std::atomic<int64_t> g_batched{0}, g_epilogue{0}, g_per_group{0};  // cuda_grouped_gemm_path_counts
 
 std::map<BatchedKey, BatchedPlan>& plans() {
   static auto* m = new std::map<BatchedKey, BatchedPlan>();  // lives for the process, as gemm_lt's cache
@@ -68,7 +86,35 @@ cublasLtMatrixLayout_t batched_layout(cudaDataType_t t, int64_t rows, int64_t co
   return l;
 }
 
-BatchedPlan make_plan(gemm_lt::LtState& st, const BatchedKey& k) {
+// The epilogue's pointers on op (they change from call to call; the plan's other attributes do not).
+cublasStatus_t set_epilogue_pointers(cublasLtMatmulDesc_t op, const BatchedEpilogue& e) {
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  if (e.vec) st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.vec, sizeof(e.vec));
+  if (st == CUBLAS_STATUS_SUCCESS && e.aux)
+    st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux));
+  return st;
+}
+
+// The epilogue's attributes on op; false when cuBLASLt refuses one (the plan then has no algorithm).
+bool set_epilogue(cublasLtMatmulDesc_t op, const BatchedKey& k, const BatchedEpilogue& e) {
+  if (e.kind == CUBLASLT_EPILOGUE_DEFAULT) return true;
+  auto set = [&](cublasLtMatmulDescAttributes_t a, const auto& v) {
+    return cublasLtMatmulDescSetAttribute(op, a, &v, sizeof(v)) == CUBLAS_STATUS_SUCCESS;
+  };
+  bool ok = set(CUBLASLT_MATMUL_DESC_EPILOGUE, e.kind);
+  if (e.vec) {
+    const cudaDataType_t t = cuda_type(e.k_vec);
+    ok = ok && set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, t) && set(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, k.out);
+  }
+  if (e.aux) {
+    const int64_t ld = k.d_rows(), stride = k.d_rows() * k.rows;  // aux is laid out as D
+    ok = ok && set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld) &&
+         set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, stride);
+  }
+  return ok && set_epilogue_pointers(op, e) == CUBLAS_STATUS_SUCCESS;
+}
+
+BatchedPlan make_plan(gemm_lt::LtState& st, const BatchedKey& k, const BatchedEpilogue& e) {
   BatchedPlan p;
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const auto g = static_cast<Gemm>(k.gemm);
@@ -76,6 +122,7 @@ BatchedPlan make_plan(gemm_lt::LtState& st, const BatchedKey& k) {
   const cublasOperation_t opb = g == Gemm::Wgrad ? CUBLAS_OP_T : CUBLAS_OP_N;
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   MCPP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  if (!set_epilogue(p.op, k, e)) return p;  // ok false: the caller runs the plain GEMM and the passes
   const cudaDataType_t tin = cuda_type(static_cast<Kind>(k.k_in)), tout = cuda_type(static_cast<Kind>(k.k_out));
   switch (g) {  // the stored shapes (rows x cols, column-major) of A, B, D; see the header
     case Gemm::Fwd:
@@ -112,7 +159,8 @@ BatchedPlan make_plan(gemm_lt::LtState& st, const BatchedKey& k) {
 const char* gemm_name(int g) { return g == 0 ? "fwd" : g == 1 ? "dgrad" : "wgrad"; }
 
 // Times p's candidates on this call's operands (table: the [A | B | D] address arrays of 3 x groups entries), each
-// writing its D into a scratch (C, read under accumulate, stays the caller's), and returns the index to run.
+// writing its D into a scratch (C, read under accumulate, stays the caller's; a GELU_AUX epilogue's pre_act is
+// written in place, as the call then writes it again), and returns the index to run.
 int tune(gemm_lt::LtState& st, BatchedPlan& p, const BatchedKey& k, const void** table, cudaStream_t s) {
   const int g = k.groups;
   // each group's C[m, n] = op(A)[m, kk] op(B)[kk, n] in row-major terms (GemmTuneRecord's): fwd y[rows, out] over
@@ -123,8 +171,9 @@ int tune(gemm_lt::LtState& st, BatchedPlan& p, const BatchedKey& k, const void**
   const size_t per = (static_cast<size_t>(m * n) * (k.k_out == kF32 ? 4 : 2) + 255) / 256 * 256;  // one group's D
   gemm_lt::TuneScratch sc(per * static_cast<size_t>(g) + 4 * static_cast<size_t>(g) * sizeof(void*));
   GemmTuneRecord rec;
-  rec.gemm = fmt::format("batched {} x {} groups: m{} n{} k{} ->{} beta{}", gemm_name(k.gemm), g, m, n, kk,
-                         k.k_out == kF32 ? "f32" : "bf16", k.accumulate ? 1 : 0);
+  rec.gemm = fmt::format("batched {} x {} groups: m{} n{} k{} ->{} beta{} {}", gemm_name(k.gemm), g, m, n, kk,
+                         k.k_out == kF32 ? "f32" : "bf16", k.accumulate ? 1 : 0,
+                         gemm_lt::epilogue_name(static_cast<cublasLtEpilogue_t>(k.epilogue)));
   rec.m = m, rec.n = n, rec.k = kk;
   for (const cublasLtMatmulAlgo_t& a : p.algos) rec.candidate_config.push_back(gemm_lt::algo_config(a));
   auto done = [&](int chosen, const char* note) {
@@ -178,23 +227,40 @@ Rows rows_of(const Tensor& counts, int64_t m) {
   return r;
 }
 
-// One pointer-array batched GEMM: D_g = op(A_g) op(B_g) (+ D_g under accumulate) for every group, the address arrays
-// written on the stream. False (nothing run) when the shape has no batched algorithm or an address is not 16-byte
-// aligned (cuBLASLt's kernels read 16-byte vectors; the per-group GEMMs handle any alignment).
-bool batched(const BatchedKey& key, const std::vector<const void*>& a, const std::vector<const void*>& b,
-             const std::vector<const void*>& d, cudaStream_t s) {
+// One pointer-array batched GEMM: D_g = epilogue(op(A_g) op(B_g) (+ D_g under accumulate)) for every group, the
+// address arrays written on the stream. False (nothing run) when the shape has no batched algorithm (with this
+// epilogue) or an address is not 16-byte aligned (cuBLASLt's kernels read 16-byte vectors; the per-group GEMMs handle
+// any alignment).
+bool batched(BatchedKey key, const std::vector<const void*>& a, const std::vector<const void*>& b,
+             const std::vector<const void*>& d, cudaStream_t s, BatchedEpilogue e = {}) {
   for (const auto* list : {&a, &b, &d})
     for (const void* p : *list)
       if (!aligned16(p)) return false;
+  if (e.aux && !aligned16(e.aux)) return false;
+  const int g = key.groups;
+  if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // the allocations below
+  Tensor table = Tensor::empty({3 * g}, DType::I64, Device::CUDA);  // [A | B | D] addresses
+  Tensor packed;                                                    // [groups, out]: the biases at one stride
+  if (e.bias) {
+    packed = Tensor::empty({g, key.out}, (*e.bias)[0].dtype(), Device::CUDA);
+    e.vec = packed.raw();
+    e.k_vec = require_float("grouped_linear_fwd", "bias", (*e.bias)[0]);
+  }
+  key.epilogue = e.kind;
+  key.k_vec = e.k_vec;
   gemm_lt::LtState& st = gemm_lt::lt_state();
   const std::lock_guard<std::mutex> lock(st.mu);
   auto it = plans().find(key);
-  if (it == plans().end()) it = plans().emplace(key, make_plan(st, key)).first;
+  if (it == plans().end()) it = plans().emplace(key, make_plan(st, key, e)).first;
   BatchedPlan& p = it->second;
   if (!p.ok) return false;
-  const int g = key.groups;
-  if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));  // the table's allocation
-  Tensor table = Tensor::empty({3 * g}, DType::I64, Device::CUDA);  // [A | B | D] addresses
+  if (e.bias) {
+    GroupedVectorsArgs pack{.groups = g, .to_packed = true, .accumulate = false, .packed_kind = e.k_vec,
+                            .v_kind = e.k_vec, .n = key.out, .packed = packed.raw(), .v = {}};
+    for (int i = 0; i < g; ++i) pack.v[i] = (*e.bias)[static_cast<size_t>(i)].raw();
+    launch_grouped_vectors(pack, s);
+  }
+  MCPP_CUBLAS_CHECK(set_epilogue_pointers(p.op, e));
   PointerTableArgs args{.n = 3 * g, .p = {}};
   for (int i = 0; i < g; ++i) {
     args.p[i] = a[static_cast<size_t>(i)];
@@ -214,6 +280,7 @@ bool batched(const BatchedKey& key, const std::vector<const void*>& a, const std
                                    gemm_lt::kWorkspaceBytes, s));
   if (s != compute_stream()) MCPP_CUDA_CHECK(cudaStreamSynchronize(s));  // before the table is freed on compute
   ++g_batched;
+  if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) ++g_epilogue;
   return true;
 }
 
@@ -242,20 +309,41 @@ GroupedBiasAddArgs bias_add_args(Tensor& y, const std::vector<Tensor>& bias, con
   for (size_t g = 0; g < r.lo.size(); ++g) a.row_lo[g] = r.lo[g];
   return a;
 }
+
+// The batched forward y = x W_g^T (+ bias_g) of every group (r.uniform rows each), the bias in the epilogue (BIAS)
+// or, where cuBLASLt has no such algorithm, added by one kernel after (y then rounded twice). False: nothing run.
+bool batched_fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::vector<Tensor>& bias,
+                 const Rows& r, cudaStream_t s) {
+  const auto groups = static_cast<int>(w.size());
+  if (r.uniform == 0 || groups < 2) return false;
+  const Kind k = require_float("grouped_linear_fwd", "x", x);
+  const BatchedKey key{static_cast<int>(Gemm::Fwd), groups, r.uniform, x.size(1), y.size(1), k, k, false};
+  if (!bias.empty() &&
+      batched(key, raws(w), group_rows(x, r), group_rows(y, r), s, {.kind = CUBLASLT_EPILOGUE_BIAS, .bias = &bias}))
+    return true;
+  if (!batched(key, raws(w), group_rows(x, r), group_rows(y, r), s)) return false;
+  if (!bias.empty()) launch_grouped_bias_add(bias_add_args(y, bias, r), s);
+  return true;
+}
+
+// The batched dgrad dx = dy W_g of every group (r.uniform rows each), times gelu'(pre_act) in the epilogue (DGELU)
+// when pre_act is given. False: nothing run (with pre_act: no batched DGELU algorithm).
+bool batched_dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Tensor* pre_act, const Rows& r,
+                   cudaStream_t s) {
+  const auto groups = static_cast<int>(w.size());
+  if (r.uniform == 0 || groups < 2) return false;
+  const Kind k = require_float("grouped_linear_dgrad", "dy", dy);
+  const BatchedKey key{static_cast<int>(Gemm::Dgrad), groups, r.uniform, dx.size(1), dy.size(1), k, k, false};
+  BatchedEpilogue e;
+  if (pre_act) e = {.kind = CUBLASLT_EPILOGUE_DGELU, .aux = pre_act->raw()};
+  return batched(key, raws(w), group_rows(dy, r), group_rows(dx, r), s, e);
+}
 }  // namespace
 
 void fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::vector<Tensor>& bias,
          const Tensor& counts, cudaStream_t s) {
   const Rows r = rows_of(counts, x.size(0));
-  const auto groups = static_cast<int>(w.size());
-  const Kind k = require_float("grouped_linear_fwd", "x", x);
-  if (r.uniform > 0 && groups > 1) {
-    const BatchedKey key{static_cast<int>(Gemm::Fwd), groups, r.uniform, x.size(1), y.size(1), k, k, false};
-    if (batched(key, raws(w), group_rows(x, r), group_rows(y, r), s)) {
-      if (!bias.empty()) launch_grouped_bias_add(bias_add_args(y, bias, r), s);
-      return;
-    }
-  }
+  if (batched_fwd(y, x, w, bias, r, s)) return;
   ++g_per_group;
   for (size_t g = 0; g < r.count.size(); ++g) {
     if (r.count[g] == 0) continue;
@@ -264,19 +352,55 @@ void fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::ve
   }
 }
 
+void gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const std::vector<Tensor>& w,
+              const std::vector<Tensor>& bias, const Tensor& counts, cudaStream_t s) {
+  const Rows r = rows_of(counts, x.size(0));
+  const auto groups = static_cast<int>(w.size());
+  const Kind k = require_float("grouped_linear_gelu_fwd", "x", x);
+  if (r.uniform > 0 && groups > 1) {
+    const BatchedKey key{static_cast<int>(Gemm::Fwd), groups, r.uniform, x.size(1), act.size(1), k, k, false};
+    const BatchedEpilogue e{.kind = bias.empty() ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+                            .bias = bias.empty() ? nullptr : &bias, .aux = pre_act.raw()};
+    if (batched(key, raws(w), group_rows(x, r), group_rows(act, r), s, e)) return;
+    if (batched_fwd(pre_act, x, w, bias, r, s)) {  // no batched GELU algorithm: the GEMM, then the GELU
+      ops::cuda::gelu_fwd(act, pre_act, Stream{s});
+      return;
+    }
+  }
+  ++g_per_group;
+  for (size_t g = 0; g < r.count.size(); ++g) {
+    if (r.count[g] == 0) continue;
+    Tensor ag = act.narrow0(r.lo[g], r.count[g]), pg = pre_act.narrow0(r.lo[g], r.count[g]);
+    ops::cuda::linear_gelu_fwd(ag, pg, x.narrow0(r.lo[g], r.count[g]), w[g], bias.empty() ? nullptr : &bias[g],
+                               Stream{s});
+  }
+}
+
 void dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& counts, cudaStream_t s) {
   const Rows r = rows_of(counts, dy.size(0));
-  const auto groups = static_cast<int>(w.size());
-  const Kind k = require_float("grouped_linear_dgrad", "dy", dy);
-  if (r.uniform > 0 && groups > 1) {
-    const BatchedKey key{static_cast<int>(Gemm::Dgrad), groups, r.uniform, dx.size(1), dy.size(1), k, k, false};
-    if (batched(key, raws(w), group_rows(dy, r), group_rows(dx, r), s)) return;
-  }
+  if (batched_dgrad(dx, dy, w, nullptr, r, s)) return;
   ++g_per_group;
   for (size_t g = 0; g < r.count.size(); ++g) {
     if (r.count[g] == 0) continue;
     Tensor dxg = dx.narrow0(r.lo[g], r.count[g]);
     ops::cuda::gemm(dxg, dy.narrow0(r.lo[g], r.count[g]), w[g], GemmOptions{}, Stream{s});  // [r, out] @ [out, in]
+  }
+}
+
+void dgelu_bwd(Tensor& dpre, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& pre_act,
+               const Tensor& counts, cudaStream_t s) {
+  const Rows r = rows_of(counts, dy.size(0));
+  if (batched_dgrad(dpre, dy, w, &pre_act, r, s)) return;
+  if (batched_dgrad(dpre, dy, w, nullptr, r, s)) {  // no batched DGELU algorithm: the GEMM, then gelu' in place
+    ops::cuda::gelu_bwd(dpre, dpre, pre_act, Stream{s});
+    return;
+  }
+  ++g_per_group;
+  for (size_t g = 0; g < r.count.size(); ++g) {
+    if (r.count[g] == 0) continue;
+    Tensor dg = dpre.narrow0(r.lo[g], r.count[g]);
+    ops::cuda::linear_dgelu_bwd(dg, nullptr, dy.narrow0(r.lo[g], r.count[g]), w[g],
+                                pre_act.narrow0(r.lo[g], r.count[g]), Stream{s});
   }
 }
 
@@ -323,5 +447,6 @@ void wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_acc, const Tenso
 }  // namespace mcpp::ops::cuda::grouped_lt
 
 mcpp::ops::GroupedGemmPathCounts mcpp::ops::cuda_grouped_gemm_path_counts() {
-  return {cuda::grouped_lt::g_batched.load(), cuda::grouped_lt::g_per_group.load()};
+  return {cuda::grouped_lt::g_batched.load(), cuda::grouped_lt::g_epilogue.load(),
+          cuda::grouped_lt::g_per_group.load()};
 }

@@ -77,10 +77,13 @@ Tensor GroupedMLP::forward(ExpertsCtx& ctx, const Tensor& x, const Tensor& count
   ctx.x = x;
   ctx.counts = counts;
   ctx.pre_act = Tensor::empty({rows, f1}, x.dtype(), x.device());  // [rows, f or 2f] (per expert-TP rank)
-  ops::grouped_linear_fwd(ctx.pre_act, x, fc1_.weights(), fc1_.biases(), counts);
   ctx.act = Tensor::empty({rows, swiglu_ ? f1 / 2 : f1}, x.dtype(), x.device());  // [rows, f]
-  if (swiglu_) ops::swiglu_fwd(ctx.act, ctx.pre_act);
-  else ops::gelu_fwd(ctx.act, ctx.pre_act);
+  if (swiglu_) {
+    ops::grouped_linear_fwd(ctx.pre_act, x, fc1_.weights(), fc1_.biases(), counts);
+    ops::swiglu_fwd(ctx.act, ctx.pre_act);
+  } else {  // bias + GELU in fc1's GEMM (its epilogue on CUDA with host counts), pre_act kept for backward
+    ops::grouped_linear_gelu_fwd(ctx.act, ctx.pre_act, x, fc1_.weights(), fc1_.biases(), counts);
+  }
   Tensor y = Tensor::empty({rows, h}, x.dtype(), x.device());  // [rows, h] (partial sums over expert-TP)
   ops::grouped_linear_fwd(y, ctx.act, fc2_.weights(), fc2_bias_ ? fc2_.biases() : std::vector<Tensor>{}, counts);
   if (recompute_act_) ctx.act = Tensor();  // moe_act: re-run from pre_act in backward
@@ -108,12 +111,16 @@ Tensor GroupedMLP::backward(ExpertsCtx& ctx, const Tensor& dy) const {
     if (swiglu_) ops::swiglu_fwd(ctx.act, ctx.pre_act);
     else ops::gelu_fwd(ctx.act, ctx.pre_act);
   }
-  Tensor dact = Tensor::empty(ctx.act.shape(), dy.dtype(), dy.device());  // [rows, f]
-  linear_backward(fc2_, &dact, dy, ctx.act, ctx.counts);
-  ctx.act = Tensor();
   Tensor dpre = Tensor::empty(ctx.pre_act.shape(), dy.dtype(), dy.device());  // [rows, f or 2f]
-  if (swiglu_) ops::swiglu_bwd(dpre, dact, ctx.pre_act);
-  else ops::gelu_bwd(dpre, dact, ctx.pre_act);
+  if (swiglu_) {
+    Tensor dact = Tensor::empty(ctx.act.shape(), dy.dtype(), dy.device());  // [rows, f]
+    linear_backward(fc2_, &dact, dy, ctx.act, ctx.counts);
+    ops::swiglu_bwd(dpre, dact, ctx.pre_act);
+  } else {  // gelu' in fc2's dgrad GEMM (its epilogue on CUDA with host counts), then fc2's wgrad
+    ops::grouped_linear_dgelu_bwd(dpre, dy, fc2_.weights(), ctx.pre_act, ctx.counts);
+    linear_backward(fc2_, nullptr, dy, ctx.act, ctx.counts);
+  }
+  ctx.act = Tensor();
   ctx.pre_act = Tensor();
   Tensor dx = Tensor::empty(ctx.x.shape(), dy.dtype(), dy.device());  // [rows, h]
   linear_backward(fc1_, &dx, dpre, ctx.x, ctx.counts);
