@@ -10,8 +10,9 @@
 # and with --enable-cuda-graph (dropless is capturable with it: no host read of the counts).
 # SET: all (default) or grouped (dense, the sequential dropless / padded / padded-graph baselines and the four grouped
 # runs only: the before / after of issue 35's grouped-GEMM MoE in one short call), or padded (the sequential
-# padded-graph run and the grouped padded ones, eager and graphed: the padded layers' batched cuBLASLt GEMMs against
-# one GEMM an expert), or deepseek: DeepSeek-V3's layout
+# padded-graph run and the grouped padded ones, eager and graphed, with the batched GEMMs' bias / GELU / gelu' in passes
+# and in their epilogues (MCPP_GROUPED_GEMM_EPILOGUES=1): the padded layers' batched cuBLASLt GEMMs against one GEMM an
+# expert), or deepseek: DeepSeek-V3's layout
 # (configs/deepseek-v3-tiny.toml: MLA with query compression and latent norms, YaRN, a dense first layer, then MoE
 # layers of 8 experts in 4 groups, top-2 of the best 2 groups by sigmoid scores, the expert bias, routed scaling 2.5,
 # a shared expert, the sequence-wise balance loss, one MTP depth) at the 124M widths (d 768, 12 layers, T 1024), its
@@ -50,7 +51,9 @@ elif [ "$SET" = padded ]; then
   run_train moe_padded_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GRAPH
   run_train moe_padded_grouped 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG
   run_train moe_padded_grouped_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG $GRAPH
-  RUNS="moe_padded_graph moe_padded_grouped moe_padded_grouped_graph"
+  MCPP_GROUPED_GEMM_EPILOGUES=1 run_train moe_padded_grouped_epi 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG
+  MCPP_GROUPED_GEMM_EPILOGUES=1 run_train moe_padded_grouped_epi_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG $GRAPH
+  RUNS="moe_padded_graph moe_padded_grouped moe_padded_grouped_graph moe_padded_grouped_epi moe_padded_grouped_epi_graph"
 else
 run_train dense 1
 run_train moe_dropless 1 $MOE --moe-z-loss-coeff 0.001

@@ -13,8 +13,11 @@
 #   sft         bench/gpu/sft_curve.sh (the SFT curve of an imported Qwen3-1.7B-shaped model; failed in session 7)
 #   experiments E12 (the 1-rank launch fix, 1e77ed5), E09, E10 gpu tier, results tarred to OUT/res.tgz
 #   moe         bench/gpu/moe_steps.sh all (every MoE row, incl. DeepSeek's router)
+#   epi_probe   bench/gpu/batched_epilogue_probe.cu (built here by nvcc): do cuBLASLt's pointer-array batched GEMMs take
+#               the bias / GELU / gelu' / bias-grad epilogues, equal to one call per expert, and how fast
 #   moe_tests   CudaMoeGroupedGemm.* (the grouped GEMMs on the device counts' kernels and on cuBLASLt with host counts)
-#   moe_pad     bench/gpu/moe_steps.sh padded (the padded layers' batched grouped GEMMs against one GEMM an expert)
+#   moe_pad     bench/gpu/moe_steps.sh padded (the padded layers' batched grouped GEMMs against one GEMM an expert;
+#               with MCPP_GROUPED_GEMM_EPILOGUES=1 too)
 #   moe_ds      bench/gpu/moe_steps.sh deepseek (DeepSeek-V3's layout at the 124M widths: MoE vs its dense equivalent)
 #   spm         tests/device/tokenizer_check.py, spm-unigram only
 #   regress     bench/regress timings: the GPU baseline (--update, into OUT/timings.json: commit it as
@@ -38,7 +41,7 @@ step() {
   timeout $(( $(left) - 5 )) "$@" > "$OUT/$name.out" 2>&1
   rc=$?
   echo "== $name: rc $rc, $((SECONDS - s)) s"
-  grep -v '^  [a-z_0-9]* \.\.\.' "$OUT/$name.out" | grep -E '^\{|PASS|FAIL|error|rc |==|ms' | tail -${TAILN:-14} | cut -c1-400
+  grep -v '^  [a-z_0-9]* \.\.\.' "$OUT/$name.out" | grep -E '^\{|PASS|FAIL|error|rc |==|ms|batched|fused' | tail -${TAILN:-14} | cut -c1-400
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 want fp8_tests && step fp8_tests 40 bash -c "cd /tmp && $C/bin/mcpp_tests --gtest_filter='CudaFp8.*:CudaFp8Training.*:CudaMemoryPlan.*'"
@@ -60,8 +63,10 @@ if want experiments; then
   [ -d /tmp/res ] && tar czf "$OUT/res.tgz" -C /tmp res
 fi
 want moe && step moe 200 bench/gpu/moe_steps.sh "$OUT/moe" 16 1.0 all
+want epi_probe && step epi_probe 60 bash -c "export LD_LIBRARY_PATH=/usr/local/cuda/lib64:\$LD_LIBRARY_PATH &&
+  nvcc -O3 -arch=sm_90 -o /tmp/bep bench/gpu/batched_epilogue_probe.cu -lcublasLt && /tmp/bep"
 want moe_tests && step moe_tests 40 bash -c "cd /tmp && $C/bin/mcpp_tests --gtest_filter='CudaMoeGroupedGemm.*'"
-want moe_pad && step moe_pad 90 bench/gpu/moe_steps.sh "$OUT/moe_pad" 16 1.0 padded
+want moe_pad && step moe_pad 140 bench/gpu/moe_steps.sh "$OUT/moe_pad" 16 1.0 padded
 want moe_ds && step moe_ds 120 bench/gpu/moe_steps.sh "$OUT/moe_ds" 16 1.0 deepseek
 want spm && step spm 40 python3 tests/device/tokenizer_check.py "$MCPP" /tmp/tok --mb 12 --families spm-unigram
 if want regress; then

@@ -6,12 +6,14 @@
 //     (the FMA kernel on bf16). The counts live on the device only;
 //   - the fused GELU ops (grouped_linear_gelu_fwd with and without biases, grouped_linear_dgelu_bwd) the same ways;
 //   - the same ops with the counts on the host (cuBLASLt, kernels/cuda/grouped_gemm_lt.cpp): one pointer-array batched
-//     GEMM per op when every group has the same rows, the bias / GELU / gelu' in its epilogue, one GEMM per group
-//     otherwise (the paths counted);
+//     GEMM per op when every group has the same rows, the bias / GELU / gelu' in its epilogue
+//     (MCPP_GROUPED_GEMM_EPILOGUES=1) or in passes after it, one GEMM per group otherwise (the paths counted);
 //   - a GPT MoE trained with --moe-grouped-gemm gives SequentialMLP's losses (fp32 and bf16), dropless and padded (the
-//     padded layers on the batched path); padded under --enable-cuda-graph gives the eager run's;
+//     padded layers on the batched path, with and without its epilogues); padded under --enable-cuda-graph gives the
+//     eager run's;
 //   - dropless MoE with --moe-grouped-gemm under --enable-cuda-graph gives the eager run's losses (the counts read on
 //     the device at every replay).
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -143,24 +145,38 @@ TEST(CudaMoeGroupedGemm, SizesComeFromTheDeviceCounts) {  // one launch, other c
   check(DType::BF16, 64, 64, {28, 100});
 }
 
+// MCPP_GROUPED_GEMM_EPILOGUES (grouped_gemm_lt.cpp: the batched GEMMs' epilogues, off until proven on a device) for
+// the scope.
+struct GroupedEpilogues {
+  explicit GroupedEpilogues(bool on) { ::setenv("MCPP_GROUPED_GEMM_EPILOGUES", on ? "1" : "0", 1); }
+  ~GroupedEpilogues() { ::unsetenv("MCPP_GROUPED_GEMM_EPILOGUES"); }
+  GroupedEpilogues(const GroupedEpilogues&) = delete;
+  GroupedEpilogues& operator=(const GroupedEpilogues&) = delete;
+};
+
 // Host counts: every group the same rows runs one batched cuBLASLt GEMM per op (fwd and the GELU fwd each with and
-// without biases, dgrad, the gelu' dgrad, the wgrad twice), the bias, GELU and gelu' in the epilogues of four of them;
-// uneven rows (empty groups among them) one GEMM per group. bf16 and fp32, both widths' orders (fc1's and fc2's).
+// without biases, dgrad, the gelu' dgrad, the wgrad twice), with MCPP_GROUPED_GEMM_EPILOGUES=1 the bias, GELU and
+// gelu' in the epilogues of four of them (else in passes after); uneven rows (empty groups among them) one GEMM per
+// group. bf16 and fp32, both widths' orders (fc1's and fc2's).
 TEST(CudaMoeGroupedGemm, HostCountsRunCublasLtBatchedOrPerGroup) {
   MCPP_REQUIRE_CUDA();
-  for (DType dt : {DType::BF16, DType::F32}) {
-    const ops::GroupedGemmPathCounts before = ops::cuda_grouped_gemm_path_counts();
-    check(dt, 96, 384, {256, 256, 256, 256}, true);
-    check(dt, 384, 96, {130, 130, 130}, true);
-    const ops::GroupedGemmPathCounts mid = ops::cuda_grouped_gemm_path_counts();
-    EXPECT_EQ(mid.batched - before.batched, 2 * 8) << dtype_name(dt);
-    EXPECT_EQ(mid.batched_epilogue - before.batched_epilogue, 2 * 4) << dtype_name(dt);  // fwd, GELU x2, gelu'
-    EXPECT_EQ(mid.per_group, before.per_group) << dtype_name(dt);
-    check(dt, 72, 136, kRows, true);
-    const ops::GroupedGemmPathCounts after = ops::cuda_grouped_gemm_path_counts();
-    EXPECT_EQ(after.per_group - mid.per_group, 8) << dtype_name(dt);
-    EXPECT_EQ(after.batched, mid.batched) << dtype_name(dt);
-  }
+  for (bool epilogues : {false, true})
+    for (DType dt : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(epilogues ? "epilogues" : "passes");
+      const GroupedEpilogues scope(epilogues);
+      const ops::GroupedGemmPathCounts before = ops::cuda_grouped_gemm_path_counts();
+      check(dt, 96, 384, {256, 256, 256, 256}, true);
+      check(dt, 384, 96, {130, 130, 130}, true);
+      const ops::GroupedGemmPathCounts mid = ops::cuda_grouped_gemm_path_counts();
+      EXPECT_EQ(mid.batched - before.batched, 2 * 8) << dtype_name(dt);
+      EXPECT_EQ(mid.batched_epilogue - before.batched_epilogue, epilogues ? 2 * 4 : 0)  // fwd, GELU x2, gelu'
+          << dtype_name(dt);
+      EXPECT_EQ(mid.per_group, before.per_group) << dtype_name(dt);
+      check(dt, 72, 136, kRows, true);
+      const ops::GroupedGemmPathCounts after = ops::cuda_grouped_gemm_path_counts();
+      EXPECT_EQ(after.per_group - mid.per_group, 8) << dtype_name(dt);
+      EXPECT_EQ(after.batched, mid.batched) << dtype_name(dt);
+    }
 }
 
 // The tiny GPU config with 4 experts top-2 (dropless unless padded), grouped or not; 8 iterations.
@@ -188,8 +204,11 @@ TEST(CudaMoeGroupedGemm, GptTrainingMatchesSequentialExperts) {
   MCPP_REQUIRE_CUDA();
   const auto dir = std::filesystem::temp_directory_path() / ("mcpp_cuda_moe_gg_" + std::to_string(::getpid()));
   for (bool bf16 : {false, true})
-    for (bool padded : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << (bf16 ? "bf16" : "fp32") << (padded ? " padded" : " dropless"));
+    for (int variant = 0; variant < 3; ++variant) {  // dropless; padded; padded with the batched GEMMs' epilogues
+      const bool padded = variant > 0;
+      const GroupedEpilogues scope(variant == 2);
+      SCOPED_TRACE(::testing::Message() << (bf16 ? "bf16" : "fp32") << (padded ? " padded" : " dropless")
+                                        << (variant == 2 ? " epilogues" : ""));
       const TrainSummary seq = Trainer(moe_config(dir, bf16, false, padded), 99, training_test::single()).train();
       const int64_t batched = ops::cuda_grouped_gemm_path_counts().batched;
       const TrainSummary grp = Trainer(moe_config(dir, bf16, true, padded), 99, training_test::single()).train();
@@ -223,9 +242,13 @@ void check_graphs_match_eager(bool padded) {
 }
 
 // Padded: the batched GEMMs' address tables are written on the stream, so the replays run on the step's buffers.
-TEST(CudaMoeGroupedGemm, PaddedWithGraphsMatchesEagerTraining) {
+TEST(CudaMoeGroupedGemm, PaddedWithGraphsMatchesEagerTraining) {  // the batched GEMMs, with and without epilogues
   MCPP_REQUIRE_CUDA();
-  check_graphs_match_eager(true);
+  for (bool epilogues : {false, true}) {
+    SCOPED_TRACE(epilogues ? "epilogues" : "passes");
+    const GroupedEpilogues scope(epilogues);
+    check_graphs_match_eager(true);
+  }
 }
 
 // Dropless: the replays route with the router's device counts each step, as the eager steps do.
