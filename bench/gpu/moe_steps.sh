@@ -53,7 +53,8 @@ elif [ "$SET" = padded ]; then
   run_train moe_padded_grouped_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG $GRAPH
   MCPP_GROUPED_GEMM_EPILOGUES=1 run_train moe_padded_grouped_epi 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG
   MCPP_GROUPED_GEMM_EPILOGUES=1 run_train moe_padded_grouped_epi_graph 1 $MOE --moe-z-loss-coeff 0.001 $PAD $GG $GRAPH
-  RUNS="moe_padded_graph moe_padded_grouped moe_padded_grouped_graph moe_padded_grouped_epi moe_padded_grouped_epi_graph"
+  RUNS="moe_padded_graph moe_padded_grouped moe_padded_grouped_graph moe_padded_grouped_epi
+    moe_padded_grouped_epi_graph"
 else
 run_train dense 1
 run_train moe_dropless 1 $MOE --moe-z-loss-coeff 0.001
