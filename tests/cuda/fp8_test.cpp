@@ -386,7 +386,9 @@ TEST(CudaFp8, NormInTheCastIsTheNormThenTheLinear) {
       testing::norm_forward(layernorm, add, x, ln, mean, rstd, a, b, gamma, beta, 1e-5f);
       testing::norm_forward(layernorm, add, x, none, mean2, rstd2, a, b, gamma, beta, 1e-5f);  // statistics only
       EXPECT_TRUE(same(rstd2, rstd, n * 4)) << "the statistics without the output";
-      if (layernorm) EXPECT_TRUE(same(mean2, mean, n * 4));
+      if (layernorm) {
+        EXPECT_TRUE(same(mean2, mean, n * 4));
+      }
       ops::Fp8Operand fx = operand(448.0f / 4.0f), fx_norm = operand(448.0f / 4.0f), fw = operand(4480.0f);
       fx_norm.act = ops::Fp8Act::Norm;
       fx_norm.norm = {.mean = layernorm ? mean2 : Tensor(), .rstd = rstd2, .weight = gamma,

@@ -23,6 +23,15 @@ std::vector<int64_t> group_offsets(const char* op, const Tensor& counts, int64_t
   return off;
 }
 
+// fn(g, rows) for every group with rows (off: group_offsets), rows(t) = t's rows of group g.
+template <class F>
+void for_groups(const std::vector<int64_t>& off, F&& fn) {
+  for (size_t g = 0; g + 1 < off.size(); ++g) {
+    const int64_t r0 = off[g], r = off[g + 1] - r0;
+    if (r > 0) fn(g, [&](const Tensor& t) { return t.narrow0(r0, r); });
+  }
+}
+
 void check_same_shape(const char* op, const Tensor& a, const Tensor& pre_act) {
   MCPP_CHECK(pre_act.shape() == a.shape(), "{}: pre_act must have the shape of the output; got {} and {}", op,
              pre_act.str(), a.str());
@@ -32,54 +41,40 @@ void check_same_shape(const char* op, const Tensor& a, const Tensor& pre_act) {
 void grouped_linear_fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::vector<Tensor>& bias,
                         const Tensor& counts, Stream stream) {
   const GroupedLinearShape s = check_grouped_linear("grouped_linear_fwd", x, y, w, bias, counts);
-  const std::vector<int64_t> off = group_offsets("grouped_linear_fwd", counts, s.m);
-  for (int64_t g = 0; g < s.groups; ++g) {
-    const int64_t r0 = off[static_cast<size_t>(g)], r = off[static_cast<size_t>(g + 1)] - r0;
-    if (r == 0) continue;
-    Tensor yg = y.narrow0(r0, r);  // [r, out] = x[r, in] @ w_g^T (+ b_g)
-    cpu::linear_fwd(yg, x.narrow0(r0, r), w[static_cast<size_t>(g)],
-                    bias.empty() ? nullptr : &bias[static_cast<size_t>(g)], stream);
-  }
+  for_groups(group_offsets("grouped_linear_fwd", counts, s.m), [&](size_t g, auto rows) {
+    Tensor yg = rows(y);  // [r, out] = x[r, in] @ w_g^T (+ b_g)
+    cpu::linear_fwd(yg, rows(x), w[g], bias.empty() ? nullptr : &bias[g], stream);
+  });
 }
 
 void grouped_linear_dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& counts,
                           Stream stream) {
   const GroupedLinearShape s = check_grouped_linear("grouped_linear_dgrad", dx, dy, w, {}, counts);
-  const std::vector<int64_t> off = group_offsets("grouped_linear_dgrad", counts, s.m);
-  for (int64_t g = 0; g < s.groups; ++g) {
-    const int64_t r0 = off[static_cast<size_t>(g)], r = off[static_cast<size_t>(g + 1)] - r0;
-    if (r == 0) continue;
-    Tensor dxg = dx.narrow0(r0, r);  // [r, in] = dy[r, out] @ w_g[out, in]  (linear_bwd's dgrad GEMM)
+  for_groups(group_offsets("grouped_linear_dgrad", counts, s.m), [&](size_t g, auto rows) {
+    Tensor dxg = rows(dx);  // [r, in] = dy[r, out] @ w_g[out, in]  (linear_bwd's dgrad GEMM)
     detail::require_cpu_f32("grouped_linear_dgrad", "dx", dxg);
-    cpu::gemm(dxg, dy.narrow0(r0, r), w[static_cast<size_t>(g)], GemmOptions{}, stream);
-  }
+    cpu::gemm(dxg, rows(dy), w[g], GemmOptions{}, stream);
+  });
 }
 
 void grouped_linear_gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const std::vector<Tensor>& w,
                              const std::vector<Tensor>& bias, const Tensor& counts, Stream stream) {
   const GroupedLinearShape s = check_grouped_linear("grouped_linear_gelu_fwd", x, act, w, bias, counts);
   check_same_shape("grouped_linear_gelu_fwd", act, pre_act);
-  const std::vector<int64_t> off = group_offsets("grouped_linear_gelu_fwd", counts, s.m);
-  for (int64_t g = 0; g < s.groups; ++g) {
-    const int64_t r0 = off[static_cast<size_t>(g)], r = off[static_cast<size_t>(g + 1)] - r0;
-    if (r == 0) continue;
-    Tensor ag = act.narrow0(r0, r), pg = pre_act.narrow0(r0, r);  // [r, out]: gelu(x_g w_g^T (+ b_g)), its input
-    cpu::linear_gelu_fwd(ag, pg, x.narrow0(r0, r), w[static_cast<size_t>(g)],
-                         bias.empty() ? nullptr : &bias[static_cast<size_t>(g)], stream);
-  }
+  for_groups(group_offsets("grouped_linear_gelu_fwd", counts, s.m), [&](size_t g, auto rows) {
+    Tensor ag = rows(act), pg = rows(pre_act);  // [r, out]: gelu(x_g w_g^T (+ b_g)), its input
+    cpu::linear_gelu_fwd(ag, pg, rows(x), w[g], bias.empty() ? nullptr : &bias[g], stream);
+  });
 }
 
 void grouped_linear_dgelu_bwd(Tensor& dpre, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& pre_act,
                               const Tensor& counts, Stream stream) {
   const GroupedLinearShape s = check_grouped_linear("grouped_linear_dgelu_bwd", dpre, dy, w, {}, counts);
   check_same_shape("grouped_linear_dgelu_bwd", dpre, pre_act);
-  const std::vector<int64_t> off = group_offsets("grouped_linear_dgelu_bwd", counts, s.m);
-  for (int64_t g = 0; g < s.groups; ++g) {
-    const int64_t r0 = off[static_cast<size_t>(g)], r = off[static_cast<size_t>(g + 1)] - r0;
-    if (r == 0) continue;
-    Tensor dg = dpre.narrow0(r0, r);  // [r, in] = (dy_g[r, out] @ w_g[out, in]) * gelu'(pre_act_g)
-    cpu::linear_dgelu_bwd(dg, nullptr, dy.narrow0(r0, r), w[static_cast<size_t>(g)], pre_act.narrow0(r0, r), stream);
-  }
+  for_groups(group_offsets("grouped_linear_dgelu_bwd", counts, s.m), [&](size_t g, auto rows) {
+    Tensor dg = rows(dpre);  // [r, in] = (dy_g[r, out] @ w_g[out, in]) * gelu'(pre_act_g)
+    cpu::linear_dgelu_bwd(dg, nullptr, rows(dy), w[g], rows(pre_act), stream);
+  });
 }
 
 void grouped_linear_wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_acc, const Tensor& dy, const Tensor& x,

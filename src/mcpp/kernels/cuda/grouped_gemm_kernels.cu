@@ -12,7 +12,7 @@
 //   The epilogue adds the group's bias (forward), or the old C (wgrad accumulate), and rounds once to C's dtype.
 // The bias gradient: one thread per (column, group), a serial fp32 sum over the group's rows (deterministic).
 // For the host-count path (grouped_gemm_lt.cpp): the biases added over host row ranges after a batched GEMM, and the
-// writer of a batched GEMM's address tables, and the packing of its epilogue vectors.
+// writer of a batched GEMM's address tables, and the packing of its epilogue's biases.
 #include <algorithm>
 
 #include "mcpp/kernels/cuda/attention_mma.cuh"
@@ -233,17 +233,13 @@ __global__ void grouped_bias_add_kernel(const __grid_constant__ GroupedBiasAddAr
   }
 }
 
-__global__ void grouped_vectors_kernel(const __grid_constant__ GroupedVectorsArgs p) {
+__global__ void pack_vectors_kernel(const __grid_constant__ PackVectorsArgs p) {
   const int g = static_cast<int>(blockIdx.y);
-  if (!p.v[g]) return;
-  const FOut v{p.v[g], p.v_kind};
-  const FOut packed{p.packed, p.packed_kind};
+  const FIn v{p.v[g], p.kind};
+  const FOut packed{p.packed, p.kind};
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < p.n;
-       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t e = g * p.n + c;
-    if (p.to_packed) packed.set(e, v.get(c));
-    else v.set(c, p.accumulate ? v.get(c) + packed.get(e) : packed.get(e));
-  }
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    packed.set(g * p.n + c, v[c]);  // exact: the same dtype
 }
 
 __global__ void pointer_table_kernel(const void** out, const __grid_constant__ PointerTableArgs p) {
@@ -285,10 +281,10 @@ void launch_grouped_bias_add(const GroupedBiasAddArgs& a, cudaStream_t s) {
   MCPP_CUDA_LAUNCH_CHECK();
 }
 
-void launch_grouped_vectors(const GroupedVectorsArgs& a, cudaStream_t s) {
+void launch_pack_vectors(const PackVectorsArgs& a, cudaStream_t s) {
   if (a.n == 0 || a.groups == 0) return;
   const int64_t blocks = std::min<int64_t>((a.n + kThreads - 1) / kThreads, 64);
-  grouped_vectors_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.groups)), kThreads, 0, s>>>(a);
+  pack_vectors_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.groups)), kThreads, 0, s>>>(a);
   MCPP_CUDA_LAUNCH_CHECK();
 }
 

@@ -53,18 +53,16 @@ struct GroupedBiasAddArgs {
   int64_t row_lo[kMaxGroupedGemmGroups + 1];
 };
 void launch_grouped_bias_add(const GroupedBiasAddArgs& a, cudaStream_t s);
-// Between one packed buffer [groups, n] and one vector per group, for a batched GEMM's epilogue vectors (it reads the
-// biases and writes the bias grads at one stride): to_packed: packed[g, c] = v[g][c]; else v[g][c] = packed[g, c]
-// (+ v[g][c] when accumulate), in v's dtype. Null entries skipped.
-struct GroupedVectorsArgs {
+// packed[g, c] = v[g][c] (packed [groups, n], one dtype): the per-group biases at the one stride a batched GEMM's
+// epilogue reads them (CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE).
+struct PackVectorsArgs {
   int groups;
-  bool to_packed, accumulate;
-  int packed_kind, v_kind;
+  int kind;
   int64_t n;
   void* packed;
-  void* v[kMaxGroupedGemmGroups];
+  const void* v[kMaxGroupedGemmGroups];
 };
-void launch_grouped_vectors(const GroupedVectorsArgs& a, cudaStream_t s);
+void launch_pack_vectors(const PackVectorsArgs& a, cudaStream_t s);
 // out[i] = p[i] for i < n: a pointer-array batched GEMM's A / B / D address arrays, written on the stream (so a
 // captured graph replays them with the call).
 struct PointerTableArgs {

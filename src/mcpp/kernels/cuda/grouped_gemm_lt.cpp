@@ -258,10 +258,9 @@ bool batched(BatchedKey key, const std::vector<const void*>& a, const std::vecto
   BatchedPlan& p = it->second;
   if (!p.ok) return false;
   if (e.bias) {
-    GroupedVectorsArgs pack{.groups = g, .to_packed = true, .accumulate = false, .packed_kind = e.k_vec,
-                            .v_kind = e.k_vec, .n = key.out, .packed = packed.raw(), .v = {}};
+    PackVectorsArgs pack{.groups = g, .kind = e.k_vec, .n = key.out, .packed = packed.raw(), .v = {}};
     for (int i = 0; i < g; ++i) pack.v[i] = (*e.bias)[static_cast<size_t>(i)].raw();
-    launch_grouped_vectors(pack, s);
+    launch_pack_vectors(pack, s);
   }
   MCPP_CUBLAS_CHECK(set_epilogue_pointers(p.op, e));
   PointerTableArgs args{.n = 3 * g, .p = {}};
@@ -321,6 +320,16 @@ GroupedBiasAddArgs bias_add_args(Tensor& y, const std::vector<Tensor>& bias, con
   return a;
 }
 
+// The per-group path (counted once): fn(g, rows) for every group with rows, rows(t) = t's rows of group g.
+template <class F>
+void per_group(const Rows& r, F&& fn) {
+  ++g_per_group;
+  for (size_t g = 0; g < r.count.size(); ++g) {
+    if (r.count[g] == 0) continue;
+    fn(g, [&](const Tensor& t) { return t.narrow0(r.lo[g], r.count[g]); });
+  }
+}
+
 // The batched forward y = x W_g^T (+ bias_g) of every group (r.uniform rows each), the bias in the epilogue (BIAS)
 // or, where cuBLASLt has no such algorithm, added by one kernel after (y then rounded twice). False: nothing run.
 bool batched_fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::vector<Tensor>& bias,
@@ -355,12 +364,10 @@ void fwd(Tensor& y, const Tensor& x, const std::vector<Tensor>& w, const std::ve
          const Tensor& counts, cudaStream_t s) {
   const Rows r = rows_of(counts, x.size(0));
   if (batched_fwd(y, x, w, bias, r, s)) return;
-  ++g_per_group;
-  for (size_t g = 0; g < r.count.size(); ++g) {
-    if (r.count[g] == 0) continue;
-    Tensor yg = y.narrow0(r.lo[g], r.count[g]);
-    ops::cuda::linear_fwd(yg, x.narrow0(r.lo[g], r.count[g]), w[g], bias.empty() ? nullptr : &bias[g], Stream{s});
-  }
+  per_group(r, [&](size_t g, auto rows) {
+    Tensor yg = rows(y);
+    ops::cuda::linear_fwd(yg, rows(x), w[g], bias.empty() ? nullptr : &bias[g], Stream{s});
+  });
 }
 
 void gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const std::vector<Tensor>& w,
@@ -378,24 +385,19 @@ void gelu_fwd(Tensor& act, Tensor& pre_act, const Tensor& x, const std::vector<T
       return;
     }
   }
-  ++g_per_group;
-  for (size_t g = 0; g < r.count.size(); ++g) {
-    if (r.count[g] == 0) continue;
-    Tensor ag = act.narrow0(r.lo[g], r.count[g]), pg = pre_act.narrow0(r.lo[g], r.count[g]);
-    ops::cuda::linear_gelu_fwd(ag, pg, x.narrow0(r.lo[g], r.count[g]), w[g], bias.empty() ? nullptr : &bias[g],
-                               Stream{s});
-  }
+  per_group(r, [&](size_t g, auto rows) {
+    Tensor ag = rows(act), pg = rows(pre_act);
+    ops::cuda::linear_gelu_fwd(ag, pg, rows(x), w[g], bias.empty() ? nullptr : &bias[g], Stream{s});
+  });
 }
 
 void dgrad(Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& counts, cudaStream_t s) {
   const Rows r = rows_of(counts, dy.size(0));
   if (batched_dgrad(dx, dy, w, nullptr, r, s)) return;
-  ++g_per_group;
-  for (size_t g = 0; g < r.count.size(); ++g) {
-    if (r.count[g] == 0) continue;
-    Tensor dxg = dx.narrow0(r.lo[g], r.count[g]);
-    ops::cuda::gemm(dxg, dy.narrow0(r.lo[g], r.count[g]), w[g], GemmOptions{}, Stream{s});  // [r, out] @ [out, in]
-  }
+  per_group(r, [&](size_t g, auto rows) {
+    Tensor dxg = rows(dx);
+    ops::cuda::gemm(dxg, rows(dy), w[g], GemmOptions{}, Stream{s});  // [r, out] @ [out, in]
+  });
 }
 
 void dgelu_bwd(Tensor& dpre, const Tensor& dy, const std::vector<Tensor>& w, const Tensor& pre_act,
@@ -406,13 +408,10 @@ void dgelu_bwd(Tensor& dpre, const Tensor& dy, const std::vector<Tensor>& w, con
     ops::cuda::gelu_bwd(dpre, dpre, pre_act, Stream{s});
     return;
   }
-  ++g_per_group;
-  for (size_t g = 0; g < r.count.size(); ++g) {
-    if (r.count[g] == 0) continue;
-    Tensor dg = dpre.narrow0(r.lo[g], r.count[g]);
-    ops::cuda::linear_dgelu_bwd(dg, nullptr, dy.narrow0(r.lo[g], r.count[g]), w[g],
-                                pre_act.narrow0(r.lo[g], r.count[g]), Stream{s});
-  }
+  per_group(r, [&](size_t g, auto rows) {
+    Tensor dg = rows(dpre);
+    ops::cuda::linear_dgelu_bwd(dg, nullptr, rows(dy), w[g], rows(pre_act), Stream{s});
+  });
 }
 
 void wgrad(std::vector<Tensor>& dw_acc, std::vector<Tensor>& db_acc, const Tensor& dy, const Tensor& x,

@@ -81,7 +81,7 @@ Tensor GroupedMLP::forward(ExpertsCtx& ctx, const Tensor& x, const Tensor& count
   if (swiglu_) {
     ops::grouped_linear_fwd(ctx.pre_act, x, fc1_.weights(), fc1_.biases(), counts);
     ops::swiglu_fwd(ctx.act, ctx.pre_act);
-  } else {  // bias + GELU in fc1's GEMM (its epilogue on CUDA with host counts), pre_act kept for backward
+  } else {  // bias + GELU with fc1's GEMM (grouped_mlp.h: in its epilogue where cuBLASLt runs it), pre_act kept
     ops::grouped_linear_gelu_fwd(ctx.act, ctx.pre_act, x, fc1_.weights(), fc1_.biases(), counts);
   }
   Tensor y = Tensor::empty({rows, h}, x.dtype(), x.device());  // [rows, h] (partial sums over expert-TP)
@@ -116,7 +116,7 @@ Tensor GroupedMLP::backward(ExpertsCtx& ctx, const Tensor& dy) const {
     Tensor dact = Tensor::empty(ctx.act.shape(), dy.dtype(), dy.device());  // [rows, f]
     linear_backward(fc2_, &dact, dy, ctx.act, ctx.counts);
     ops::swiglu_bwd(dpre, dact, ctx.pre_act);
-  } else {  // gelu' in fc2's dgrad GEMM (its epilogue on CUDA with host counts), then fc2's wgrad
+  } else {  // gelu' with fc2's dgrad GEMM (in its epilogue where cuBLASLt runs it), then fc2's wgrad
     ops::grouped_linear_dgelu_bwd(dpre, dy, fc2_.weights(), ctx.pre_act, ctx.counts);
     linear_backward(fc2_, nullptr, dy, ctx.act, ctx.counts);
   }

@@ -5,9 +5,9 @@
 //   -> GELU / SwiGLU -> act [rows, f] -> ops::grouped_linear_fwd with every fc2 -> [rows, h]
 // backward: fc2's dgrad and wgrad (+ bias grads), the activation's backward, fc1's dgrad and wgrad — five grouped
 // launches plus the activation, whatever the number of experts. GELU rides in fc1's forward GEMM and gelu' in fc2's
-// dgrad (ops::grouped_linear_gelu_fwd / grouped_linear_dgelu_bwd: cuBLASLt epilogues with host counts), as in
-// SequentialMLP's linear_gelu_fwd / linear_dgelu_bwd. counts (int64 [El]: rows per local expert, in order,
-// summing to rows) on x's device are read on the device only, so a dropless layer at EP 1 needs no host read of the
+// dgrad (ops::grouped_linear_gelu_fwd / grouped_linear_dgelu_bwd: cuBLASLt epilogues with host counts under
+// MCPP_GROUPED_GEMM_EPILOGUES=1, grouped_gemm_lt.cpp), as in SequentialMLP's linear_gelu_fwd / linear_dgelu_bwd.
+// counts (int64 [El]: rows per local expert, in order, summing to rows) on x's device are read on the device only, so a dropless layer at EP 1 needs no host read of the
 // router's counts (moe_layer.h) and runs under CUDA graphs; on the host (a layer padded to capacity or dropping over
 // it, EP > 1: the dispatcher's plan) the CUDA ops run cuBLASLt, one batched GEMM per linear when every expert has the
 // same rows (padded), else one GEMM per expert (ops.inc).
