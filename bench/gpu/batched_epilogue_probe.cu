@@ -21,20 +21,8 @@
 #include <functional>
 #include <vector>
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    auto e_ = (x);                                                                    \
-    if (e_ != 0) {                                                                    \
-      std::printf("error %d at %s:%d\n", static_cast<int>(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "probe_util.cuh"
 
-__global__ void fill_bf16(__nv_bfloat16* x, long n, float scale, float phase) {
-  const long step = static_cast<long>(gridDim.x) * blockDim.x;
-  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += step)
-    x[i] = __float2bfloat16(scale * __sinf(0.37f * static_cast<float>(i % 99991) + phase));
-}
 // the pass an epilogue replaces, as a stand-in of its cost: y = f(y) over n elements (read + write)
 __global__ void touch_bf16(__nv_bfloat16* y, long n) {
   const long step = static_cast<long>(gridDim.x) * blockDim.x;
@@ -43,30 +31,7 @@ __global__ void touch_bf16(__nv_bfloat16* y, long n) {
 }
 
 namespace {
-constexpr int E = 8, H = 768, F = 3072, CAP = 4096, ROWS = E * CAP;
-cublasLtHandle_t lt;
-cudaStream_t s;
-void* workspace;
-constexpr size_t kWorkspace = 32u << 20;
-
-float time_us(const std::function<void()>& body) {
-  cudaEvent_t t0, t1;
-  CK(cudaEventCreate(&t0));
-  CK(cudaEventCreate(&t1));
-  for (int i = 0; i < 3; ++i) body();
-  std::vector<float> v;
-  for (int r = 0; r < 7; ++r) {
-    CK(cudaEventRecord(t0, s));
-    for (int i = 0; i < 10; ++i) body();
-    CK(cudaEventRecord(t1, s));
-    CK(cudaEventSynchronize(t1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, t0, t1));
-    v.push_back(ms * 1000 / 10);
-  }
-  std::sort(v.begin(), v.end());
-  return v[3];
-}
+using namespace moe_probe;
 
 // One column-major GEMM per expert D[m, n] = op(A) op(B) (+ epilogue); vec: the bias (input) or bias grad (output)
 // buffer, vec_stride elements an expert apart; aux: pre_act, aux_stride elements an expert apart, ld m.
@@ -135,17 +100,7 @@ Plan plan(const Gemm& g, bool with_epilogue, int expert) {
   p.la = layout(CUDA_R_16BF, ar, ac, g.lda, batched);
   p.lb = layout(CUDA_R_16BF, br, bc, g.ldb, batched);
   p.ld = layout(out_t, g.m, g.n, g.ldd, batched);
-  cublasLtMatmulPreference_t pref;
-  CK(cublasLtMatmulPreferenceCreate(&pref));
-  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                          sizeof(kWorkspace)));
-  cublasLtMatmulHeuristicResult_t res[8];
-  int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.la, p.lb, p.ld, p.ld, pref, 8, res, &found) !=
-      CUBLAS_STATUS_SUCCESS)
-    found = 0;
-  for (int i = 0; i < found; ++i) p.algos.push_back(res[i].algo);
-  CK(cublasLtMatmulPreferenceDestroy(pref));
+  p.algos = candidates(p.desc, p.la, p.lb, p.ld);
   return p;
 }
 
@@ -274,7 +229,7 @@ int main() {
         std::printf("\n");
       }
       ++ok;
-      const float us = time_us([&] { CK(call()); });
+      const float us = time_us(s, [&] { CK(call()); });
       if (best_fused < 0 || us < best_fused) best_fused = us;
     }
     for (size_t i = 0; i < plain.algos.size(); ++i) {
@@ -283,10 +238,10 @@ int main() {
                               ptrs + 2 * E, plain.ld, &plain.algos[i], workspace, kWorkspace, s);
       };
       if (call() != CUBLAS_STATUS_SUCCESS) continue;
-      const float us = time_us([&] { CK(call()); });
+      const float us = time_us(s, [&] { CK(call()); });
       if (best_plain < 0 || us < best_plain) best_plain = us;
     }
-    const float pass = time_us([&] { touch_bf16<<<1024, 256, 0, s>>>(scratch, g.pass_elems); });
+    const float pass = time_us(s, [&] { touch_bf16<<<1024, 256, 0, s>>>(scratch, g.pass_elems); });
     std::printf("    us, best of the candidates that ran (%d): fused %.1f | plain %.1f + a %ld-element pass %.1f = "
                 "%.1f\n", ok, best_fused, best_plain, g.pass_elems, pass, best_plain + pass);
     CK(cudaFree(ptrs));

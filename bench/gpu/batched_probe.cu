@@ -18,27 +18,10 @@
 #include <functional>
 #include <vector>
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    auto e_ = (x);                                                                    \
-    if (e_ != 0) {                                                                    \
-      std::printf("error %d at %s:%d\n", static_cast<int>(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
-__global__ void fill_bf16(__nv_bfloat16* x, long n, float scale) {
-  const long step = static_cast<long>(gridDim.x) * blockDim.x;
-  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += step)
-    x[i] = __float2bfloat16(scale * __sinf(0.37f * static_cast<float>(i % 99991) + 1.3f));
-}
+#include "probe_util.cuh"
 
 namespace {
-constexpr int E = 8, H = 768, F = 3072, CAP = 4096, ROWS = E * CAP;
-cublasLtHandle_t lt;
-cudaStream_t s;
-void* workspace;
-constexpr size_t kWorkspace = 32u << 20;
+using namespace moe_probe;
 
 enum class Mode { PerExpert, Strided, PointerArray, Dense };
 
@@ -67,27 +50,6 @@ cublasLtMatrixLayout_t layout(cudaDataType t, int rows, int cols, int ld, Mode m
   return l;
 }
 
-float time_us(const std::function<void()>& body) {
-  cudaEvent_t t0, t1;
-  CK(cudaEventCreate(&t0));
-  CK(cudaEventCreate(&t1));
-  for (int i = 0; i < 3; ++i) body();
-  std::vector<float> v;
-  for (int r = 0; r < 7; ++r) {
-    CK(cudaEventRecord(t0, s));
-    for (int i = 0; i < 10; ++i) body();
-    CK(cudaEventRecord(t1, s));
-    CK(cudaEventSynchronize(t1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, t0, t1));
-    v.push_back(ms * 1000 / 10);
-  }
-  std::sort(v.begin(), v.end());
-  CK(cudaEventDestroy(t0));
-  CK(cudaEventDestroy(t1));
-  return v[3];
-}
-
 // Times g one way; returns {heuristic #0 us, best us, candidates} (negative: cuBLASLt has no algorithm).
 struct Timing {
   float first = -1, best = -1;
@@ -110,13 +72,7 @@ Timing run(const Gemm& g, Mode mode) {
   cublasLtMatrixLayout_t la = layout(CUDA_R_16BF, ar, ac, g.lda, mode, sa / 2);
   cublasLtMatrixLayout_t lb = layout(CUDA_R_16BF, br, bc, g.ldb, mode, sb / 2);
   cublasLtMatrixLayout_t ld = layout(out_t, g.m, n, g.ldd, mode, sd / (g.fp32_out ? 4 : 2));
-  cublasLtMatmulPreference_t pref;
-  CK(cublasLtMatmulPreferenceCreate(&pref));
-  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                          sizeof(kWorkspace)));
-  cublasLtMatmulHeuristicResult_t res[8];
-  int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 8, res, &found);
+  const std::vector<cublasLtMatmulAlgo_t> algos = candidates(desc, la, lb, ld);
   Timing t;
   void** ptrs = nullptr;
   if (mode == Mode::PointerArray) {  // [a | b | d] pointer arrays on the device
@@ -128,29 +84,28 @@ Timing run(const Gemm& g, Mode mode) {
     CK(cudaMemcpy(ptrs, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
   }
   const float one = 1, beta = g.accumulate ? 1.0f : 0.0f;
-  if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-    t.candidates = found;
-    for (int i = 0; i < found; ++i) {
+  if (!algos.empty()) {
+    t.candidates = static_cast<int>(algos.size());
+    for (size_t i = 0; i < algos.size(); ++i) {
       auto call = [&] {
         if (mode == Mode::PerExpert) {
           for (int e = 0; e < E; ++e)
-            CK(cublasLtMatmul(lt, desc, &one, g.a[e], la, g.b[e], lb, &beta, g.d[e], ld, g.d[e], ld, &res[i].algo,
+            CK(cublasLtMatmul(lt, desc, &one, g.a[e], la, g.b[e], lb, &beta, g.d[e], ld, g.d[e], ld, &algos[i],
                               workspace, kWorkspace, s));
         } else if (mode == Mode::PointerArray) {
           CK(cublasLtMatmul(lt, desc, &one, ptrs, la, ptrs + E, lb, &beta, ptrs + 2 * E, ld, ptrs + 2 * E, ld,
-                            &res[i].algo, workspace, kWorkspace, s));
+                            &algos[i], workspace, kWorkspace, s));
         } else {
-          CK(cublasLtMatmul(lt, desc, &one, g.a[0], la, g.b[0], lb, &beta, g.d[0], ld, g.d[0], ld, &res[i].algo,
+          CK(cublasLtMatmul(lt, desc, &one, g.a[0], la, g.b[0], lb, &beta, g.d[0], ld, g.d[0], ld, &algos[i],
                             workspace, kWorkspace, s));
         }
       };
-      const float us = time_us(call);
+      const float us = time_us(s, call);
       if (i == 0) t.first = us;
       if (t.best < 0 || us < t.best) t.best = us;
     }
   }
   if (ptrs) CK(cudaFree(ptrs));
-  CK(cublasLtMatmulPreferenceDestroy(pref));
   CK(cublasLtMatrixLayoutDestroy(la));
   CK(cublasLtMatrixLayoutDestroy(lb));
   CK(cublasLtMatrixLayoutDestroy(ld));

@@ -179,6 +179,20 @@ TEST(CudaMoeGroupedGemm, HostCountsRunCublasLtBatchedOrPerGroup) {
     }
 }
 
+// A switch value other than 0 / 1 is an error naming the variable, raised before any GEMM runs.
+TEST(CudaMoeGroupedGemm, BadEpilogueSwitchIsANamedError) {
+  MCPP_REQUIRE_CUDA();
+  const GroupedEpilogues scope(true);
+  ::setenv("MCPP_GROUPED_GEMM_EPILOGUES", "yes", 1);
+  const int64_t in = 64, out = 64;
+  std::vector<Tensor> w = {dev(rnd({out, in}, 1), DType::BF16), dev(rnd({out, in}, 2), DType::BF16)};
+  Tensor x = dev(rnd({32, in}, 3), DType::BF16), act = poisoned({32, out}, DType::BF16),
+         pre = poisoned({32, out}, DType::BF16);
+  const std::string e = training_test::error_of(
+      [&] { ops::grouped_linear_gelu_fwd(act, pre, x, w, {}, counts_of({16, 16}, Device::CPU)); });
+  EXPECT_NE(e.find("MCPP_GROUPED_GEMM_EPILOGUES must be 0 or 1; got 'yes'"), std::string::npos) << e;
+}
+
 // The tiny GPU config with 4 experts top-2 (dropless unless padded), grouped or not; 8 iterations.
 Config moe_config(const std::filesystem::path& dir, bool bf16, bool grouped, bool padded) {
   Config c = training_test::gpu_train_config(training_test::make_corpus(dir));
